@@ -1,0 +1,185 @@
+"""The error tree. Every failure tether reports carries a stable ``code``.
+
+::
+
+    TetherError                      code, message, next_action, details
+    ├── UsageError                   you used tether wrong (bad input, bad config)
+    │   ├── ConfigError              config_invalid
+    │   ├── CodeTooLarge             code_too_large
+    │   ├── ProgramSyntaxError       syntax_error
+    │   ├── TypeCheckError           type_check_failed
+    │   ├── UnknownTool              unknown_tool
+    │   ├── InvalidArguments         invalid_arguments
+    │   ├── RunNotFound              run_not_found
+    │   ├── AlreadyDecided           already_decided
+    │   ├── RunExpired               run_expired
+    │   └── NotPaused                not_paused
+    ├── LimitExceeded                a limit stopped the program
+    │   ├── (codes) memory_limit, time_limit, call_limit, budget_exceeded,
+    │   │           call_timeout, output_limit, log_limit, overloaded
+    └── WorldError                   the world failed (a tool, the sandbox, the store)
+        ├── ToolError                tool_error
+        ├── SandboxCrashed           sandbox_crashed
+        ├── SnapshotTampered         snapshot_tampered
+        ├── ExecutionDiverged        execution_diverged
+        ├── WriteOutcomeUnknown      write_outcome_unknown
+        └── StoreError               store_error
+
+Errors that happen *inside* a program (a tool that failed, a write that was
+declined) reach the program as ordinary Python exceptions whose message starts
+with ``[code]`` so the program can branch on it; the run's own error code is
+decided by the host's record of what happened, never by text the program
+produced.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TetherError(Exception):
+    """Base of every error tether raises on purpose."""
+
+    code: str = "internal_error"
+    next_action: str = "Report this as a bug in tether."
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        next_action: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        if next_action is not None:
+            self.next_action = next_action
+        self.details = details or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "message": self.message,
+            "next_action": self.next_action,
+            "details": self.details,
+        }
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+
+# --- you used it wrong -------------------------------------------------------
+
+
+class UsageError(TetherError):
+    code = "usage_error"
+    next_action = "Fix the input and try again."
+
+
+class ConfigError(UsageError):
+    code = "config_invalid"
+    next_action = "Fix the named key in the config file."
+
+
+class CodeTooLarge(UsageError):
+    code = "code_too_large"
+    next_action = "Send a shorter program: move data into tool calls instead of literals."
+
+
+class ProgramSyntaxError(UsageError):
+    code = "syntax_error"
+    next_action = "Fix the syntax at the given line and column; nothing was run."
+
+
+class TypeCheckError(UsageError):
+    code = "type_check_failed"
+    next_action = "Fix the calls the checker names (use describe() for signatures); nothing was run."
+
+
+class UnknownTool(UsageError):
+    code = "unknown_tool"
+    next_action = "Use search() to find the right address."
+
+
+class InvalidArguments(UsageError):
+    code = "invalid_arguments"
+    next_action = "Call describe() on the tool and pass keyword arguments matching its signature."
+
+
+class RunNotFound(UsageError):
+    code = "run_not_found"
+    next_action = "Check the run id (tether runs list)."
+
+
+class AlreadyDecided(UsageError):
+    code = "already_decided"
+    next_action = "The pending call was already decided; read the run with `tether runs show`."
+
+
+class RunExpired(UsageError):
+    code = "run_expired"
+    next_action = "Start the program again; the paused run passed its time to live."
+
+
+class NotPaused(UsageError):
+    code = "not_paused"
+    next_action = "Only a paused run can be resumed; read its status with `tether runs show`."
+
+
+# --- a limit stopped it ------------------------------------------------------
+
+
+class LimitExceeded(TetherError):
+    """A configured limit stopped the program. ``code`` names the limit."""
+
+    code = "limit_exceeded"
+    next_action = "Do less work per run, or raise the limit in [limits]."
+
+
+class Overloaded(LimitExceeded):
+    code = "overloaded"
+    next_action = "Retry after retry_after_ms."
+
+
+# --- the world failed --------------------------------------------------------
+
+
+class WorldError(TetherError):
+    code = "world_error"
+    next_action = "Retry later; the failure was outside the program."
+
+
+class ToolError(WorldError):
+    code = "tool_error"
+    next_action = "Read the tool's message; fix the arguments or retry if the failure was transient."
+
+
+class SandboxCrashed(WorldError):
+    code = "sandbox_crashed"
+    next_action = "The sandbox worker died; retry the run. Calls already made are in the journal."
+
+
+class SnapshotTampered(WorldError):
+    code = "snapshot_tampered"
+    next_action = "The stored snapshot failed verification; nothing was resumed. Start the program again."
+
+
+class ExecutionDiverged(WorldError):
+    code = "execution_diverged"
+    next_action = "Replay did not match the journal; nothing further was sent. Start the program again."
+
+
+class WriteOutcomeUnknown(WorldError):
+    code = "write_outcome_unknown"
+    next_action = (
+        "Check with the tool's owner whether the write happened before doing it again; "
+        "tether will not re-send it."
+    )
+
+
+class StoreError(WorldError):
+    code = "store_error"
+    next_action = "Check the store (TETHER_HOME or [store] url) is reachable and writable."

@@ -1,0 +1,146 @@
+"""The store protocol: the one interface every backend (SQLite, Postgres) implements.
+
+Every method is one transaction. State changes that two processes could race
+on are compare-and-set: they name the state they expect and return ``False``
+when it was not there, so exactly one process wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+# Run statuses. Terminal ones never change again.
+RUN_QUEUED = "queued"
+RUN_RUNNING = "running"
+RUN_PAUSED = "paused"
+RUN_COMPLETED = "completed"
+RUN_FAILED = "failed"
+RUN_CANCELLED = "cancelled"
+TERMINAL_RUN_STATUSES = frozenset({RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED})
+
+# Call (journal entry) states — see docs/protocol.md.
+# reads:  pending -> done | failed
+# writes: asked -> approved | declined ; approved -> sending -> sent | failed | unknown ; denied
+CALL_PENDING = "pending"
+CALL_DONE = "done"
+CALL_FAILED = "failed"
+CALL_ASKED = "asked"
+CALL_APPROVED = "approved"
+CALL_DECLINED = "declined"
+CALL_DENIED = "denied"
+CALL_SENDING = "sending"
+CALL_SENT = "sent"
+CALL_UNKNOWN = "unknown"
+SETTLED_CALL_STATES = frozenset({CALL_DONE, CALL_FAILED, CALL_SENT, CALL_DECLINED, CALL_DENIED, CALL_UNKNOWN})
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    status: str
+    program: str
+    # Pinned environment: {"clock": iso8601, "seed": int}
+    environment: dict[str, Any]
+    # Policy and limits in force when the run started (JSON).
+    policy: dict[str, Any]
+    limits: dict[str, Any]
+    created_at: float
+    updated_at: float
+    principal: str | None = None
+    owner: str | None = None
+    lease_until: float | None = None
+    expires_at: float | None = None
+    result: Any = None  # JSON result envelope fields once terminal
+    error: dict[str, Any] | None = None
+    # What the run waits on while paused: {"seq", "address", "args", "annotations"}.
+    pending: dict[str, Any] | None = None
+    # The decision taken on the pending call (approve/decline/cancel) and its reason.
+    decision: dict[str, Any] | None = None
+    session: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CallRecord:
+    run_id: str
+    seq: int
+    op: str  # "tool" | "search" | "describe" | "sources" | ...
+    address: str
+    args: dict[str, Any]
+    key: str  # hash(op, address, canonical args)
+    kind: str  # "read" | "write"
+    state: str
+    outcome: Any = None  # JSON value returned to the program
+    error: dict[str, Any] | None = None  # {"code", "message"} raised in the program
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+@dataclass
+class SnapshotRecord:
+    run_id: str
+    seq: int  # the number of calls issued when the dump was taken
+    monty_version: str
+    data: bytes
+    mac: str  # hex HMAC-SHA256 over (run_id, seq, monty_version, data)
+    pending: list[dict[str, Any]]  # calls the dump waits on: [{"seq","op","address","args"}]
+    created_at: float
+    kind: str = "pause"  # "pause" | "checkpoint" | "session"
+
+
+@dataclass
+class EventRecord:
+    event_id: int
+    run_id: str
+    type: str
+    data: dict[str, Any]
+    created_at: float
+
+
+class Conflict(Exception):
+    """A unique key already existed (another process recorded it first)."""
+
+
+class Store(Protocol):
+    """What the runtime needs from durable storage."""
+
+    url: str
+
+    # -- housekeeping
+    def close(self) -> None: ...
+    def secret(self) -> bytes:
+        """The store's signing secret (created once, kept with the store)."""
+
+    # -- runs
+    def create_run(self, run: RunRecord) -> None:
+        """Insert a run; raises Conflict if the id exists."""
+
+    def get_run(self, run_id: str) -> RunRecord | None: ...
+    def update_run(self, run_id: str, expect_status: Sequence[str] | None, **fields: Any) -> bool:
+        """Set ``fields`` if the run's status is in ``expect_status`` (any, if None). CAS."""
+
+    def list_runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]: ...
+    def claim_run(self, run_id: str, owner: str, lease_until: float, now: float) -> bool:
+        """Take ownership when the run has no owner, the owner is ``owner``, or its lease expired."""
+
+    def runs_with_expired_lease(self, now: float) -> list[RunRecord]:
+        """Runs in status running whose lease ended before ``now``."""
+
+    # -- journal
+    def record_call(self, call: CallRecord) -> None:
+        """Insert a journal entry; raises Conflict if (run_id, seq) exists."""
+
+    def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], **fields: Any) -> bool:
+        """Set ``fields`` if the entry's state is in ``expect_state``. CAS."""
+
+    def get_call(self, run_id: str, seq: int) -> CallRecord | None: ...
+    def get_calls(self, run_id: str) -> list[CallRecord]: ...
+
+    # -- snapshots
+    def put_snapshot(self, snapshot: SnapshotRecord) -> None: ...
+    def latest_snapshot(self, run_id: str) -> SnapshotRecord | None: ...
+
+    # -- events (timeline, cells)
+    def add_event(self, run_id: str, type: str, data: dict[str, Any], now: float) -> int: ...
+    def get_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[EventRecord]: ...

@@ -1,0 +1,101 @@
+"""The tool model: what a tool is, independent of where it comes from."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from ..errors import UsageError
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# A tool's handler receives the validated keyword arguments as one dict and
+# returns a JSON-compatible value (or raises). Sources build handlers; the
+# effect boundary is the only caller.
+Handler = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Annotations:
+    """Hints with the meaning of MCP tool annotations.
+
+    ``read_only`` is what the policy reads: a tool not marked read-only is a
+    write, so an unannotated tool is governed like a write.
+    """
+
+    read_only: bool = False
+    destructive: bool = False
+    idempotent: bool = False
+    open_world: bool = False
+
+    def to_dict(self) -> dict[str, bool]:
+        return {
+            "read_only": self.read_only,
+            "destructive": self.destructive,
+            "idempotent": self.idempotent,
+            "open_world": self.open_world,
+        }
+
+
+def check_identifier(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _IDENT.match(value):
+        raise UsageError(
+            f"{what} {value!r} is not a valid Python identifier",
+            code="invalid_tool_definition",
+            next_action=f"Name the {what} with letters, digits and underscores, not starting with a digit.",
+        )
+    return value
+
+
+def split_address(address: str) -> tuple[str, str]:
+    namespace, sep, name = address.partition(".")
+    if not sep:
+        raise UsageError(
+            f"tool address {address!r} must be 'namespace.name'",
+            code="invalid_tool_definition",
+            next_action="Write the address as namespace.name.",
+        )
+    return namespace, name
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One callable tool, addressed ``namespace.name``."""
+
+    namespace: str
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    handler: Handler = field(compare=False, repr=False)
+    title: str | None = None
+    output_schema: dict[str, Any] | None = None
+    annotations: Annotations = Annotations()
+    source: str = "python"
+
+    def __post_init__(self) -> None:
+        check_identifier(self.namespace, "namespace")
+        check_identifier(self.name, "tool name")
+        if self.input_schema.get("type", "object") != "object":
+            raise UsageError(
+                f"tool {self.address}: input schema must describe an object",
+                code="invalid_tool_definition",
+                next_action="Give the tool keyword parameters.",
+            )
+
+    @property
+    def address(self) -> str:
+        return f"{self.namespace}.{self.name}"
+
+    @property
+    def is_write(self) -> bool:
+        return not self.annotations.read_only
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON shape search results and `describe` share."""
+        return {
+            "address": self.address,
+            "title": self.title,
+            "description": self.description,
+            "annotations": self.annotations.to_dict(),
+        }
