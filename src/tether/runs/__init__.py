@@ -1,0 +1,1 @@
+"""Runs: execute, pause, resume, recover; the effect boundary, policy and journal decisions."""

@@ -1,0 +1,543 @@
+"""The effect boundary: the one function every host call passes through.
+
+Data path, top to bottom (P-1):
+
+    program ──> sandbox ──> EffectBoundary.call(seq, op, address, args)
+                               │ decide(): replay or live?        (journal.py, pure)
+                               │ decide_call(): may this run?     (policy.py, pure)
+                               │ record intent (write-ahead)      (store)
+                               │ dispatch to the tool's source    (with per-call timeout)
+                               │ record outcome                   (store)
+    program <── sandbox <──────┘ value, or an exception raised in the program
+
+One :class:`EffectBoundary` serves one *attempt*: a fresh run, a restore from
+a snapshot, or a replay from the journal. Nothing else dispatches tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from ..errors import (
+    ExecutionDiverged,
+    InvalidArguments,
+    LimitExceeded,
+    TetherError,
+    UnknownTool,
+    WriteOutcomeUnknown,
+)
+from ..sandbox.monty import GuestRaise, Stopped
+from ..store.base import (
+    CALL_APPROVED,
+    CALL_ASKED,
+    CALL_DECLINED,
+    CALL_DENIED,
+    CALL_DONE,
+    CALL_FAILED,
+    CALL_PENDING,
+    CALL_SENDING,
+    CALL_SENT,
+    CALL_UNKNOWN,
+    CallRecord,
+    Store,
+)
+from . import journal, policy as policy_mod
+from .result import to_json_value
+
+if TYPE_CHECKING:
+    from ..sandbox.monty import Execution
+    from ..tools.model import Tool
+    from .limits import Limits
+
+BUILTIN_OPS = ("search", "describe", "sources")
+
+
+class Paused(Stopped):
+    """The attempt stopped because a write waits for a decision."""
+
+    def __init__(self, pending: dict[str, Any]) -> None:
+        super().__init__("paused")
+        self.pending = pending
+
+
+class Cancelled(Stopped):
+    def __init__(self, reason: str = "cancelled") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# An inline approver decides a write at once instead of pausing the run:
+# it gets the pending call and returns ("approve" | "decline", reason | None).
+Approver = Callable[[dict[str, Any]], Awaitable[tuple[str, str | None]]]
+
+
+@dataclass
+class CallStat:
+    seq: int
+    op: str
+    address: str
+    kind: str
+    state: str
+    ms: float
+    started: float  # seconds since the attempt began
+    ended: float
+
+
+def guest_error(code: str, message: str, exc_type: str) -> GuestRaise:
+    """An exception to raise in the program; its message starts with ``[code]``."""
+    return GuestRaise(exc_type, f"[{code}] {message}")
+
+
+def _exc_type_for(exc: BaseException) -> str:
+    """Keep a tool's built-in exception type (LookupError, ValueError...) for the program."""
+    name = type(exc).__name__
+    cls = getattr(builtins, name, None)
+    if isinstance(cls, type) and issubclass(cls, Exception) and name not in ("Exception",):
+        return name
+    return "RuntimeError"
+
+
+@dataclass
+class AttemptState:
+    """What one attempt knows while it drives the program."""
+
+    issued: int = 0  # seqs handed out so far
+    writes_spent: int = 0
+    inflight: int = 0
+    host_seconds: float = 0.0
+    inflight_since: float | None = None
+    pausing: bool = False
+    held: list[dict[str, Any]] = field(default_factory=list)
+    restore_pending: list[dict[str, Any]] | None = None
+    answering: bool = False
+    raised: dict[str, str] = field(default_factory=dict)  # message raised in program -> code
+    stats: list[CallStat] = field(default_factory=list)
+    checkpoint_at_seq: int = 0
+    checkpoint_at_time: float = 0.0
+    failure: TetherError | None = None
+    unknown_writes: list[dict[str, Any]] = field(default_factory=list)
+
+
+class EffectBoundary:
+    """Serves host calls for one attempt of one run."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        store: Store,
+        catalog: Any,
+        policy: policy_mod.Policy,
+        limits: "Limits",
+        journal_entries: list[CallRecord],
+        on_approval: Approver | None,
+        builtins_impl: dict[str, Callable[[tuple, dict], Awaitable[Any]]],
+        pause_sink: Callable[["EffectBoundary", dict[str, Any]], Awaitable[None]],
+        checkpoint_sink: Callable[["EffectBoundary", CallRecord], Awaitable[None]] | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.run_id = run_id
+        self.store = store
+        self.catalog = catalog
+        self.policy = policy
+        self.limits = limits
+        self.on_approval = on_approval
+        self.builtins_impl = builtins_impl
+        self._pause_sink = pause_sink
+        self._checkpoint_sink = checkpoint_sink
+        self.clock = clock
+        self.journal: dict[int, CallRecord] = {e.seq: e for e in journal_entries}
+        self.last_recorded_seq = max(self.journal, default=0)
+        self.state = AttemptState()
+        self.state.writes_spent = sum(
+            1 for e in journal_entries if e.kind == "write" and e.state in (CALL_APPROVED, CALL_SENDING, CALL_SENT, CALL_UNKNOWN, CALL_FAILED)
+        )
+        self.execution: "Execution | None" = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._release = asyncio.Event()
+        self._dispatches: set[asyncio.Task] = set()
+        self._t0 = time.perf_counter()
+
+    # -- the sandbox's entry point ---------------------------------------------
+
+    async def host(self, name: str, args: tuple, kwargs: dict) -> Any:
+        """Host function for the sandbox: map the name to (op, address, args) and call."""
+        if name.startswith("tools."):
+            op, address = "tool", name[len("tools."):]
+            if args:
+                self.state.issued += 1
+                seq = self.state.issued
+                err = guest_error(
+                    "invalid_arguments",
+                    f"{address} takes keyword arguments only; call it as await tools.{address}(name=value, ...)",
+                    "TypeError",
+                )
+                await self._record_rejected(seq, op, address, {"_positional": list(args), **kwargs}, "read", err)
+                raise err
+            call_args = dict(kwargs)
+        else:
+            op, address = name, name
+            call_args = {"args": list(args), "kwargs": dict(kwargs)}
+        self.state.issued += 1
+        return await self.call(self.state.issued, op, address, call_args)
+
+    async def answer_restored(self, call_ids: list[int]) -> dict[int, Any]:
+        """Settle the calls a restored snapshot waits on, by seq, in seq order."""
+        pending = sorted(self.state.restore_pending or [], key=lambda c: c["seq"])
+        ids = sorted(call_ids)
+        if len(ids) != len(pending):
+            raise SnapshotMismatch(f"snapshot waits on {len(ids)} calls, the record names {len(pending)}")
+        self.state.answering = True
+
+        async def one(call: dict[str, Any]) -> Any:
+            try:
+                return await self.call(call["seq"], call["op"], call["address"], call["args"])
+            except GuestRaise as exc:
+                return exc
+
+        results = await asyncio.gather(*(one(c) for c in pending))
+        self.state.answering = False
+        return dict(zip(ids, results))
+
+    # -- the boundary ----------------------------------------------------------
+
+    async def call(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
+        st = self.state
+        if st.pausing or (self.execution is not None and self.execution.stopping):
+            return await self._hold(seq, op, address, args)
+        if seq > self.limits.host_calls:
+            self._fail(
+                LimitExceeded(
+                    f"the program made more than {self.limits.host_calls} host calls; call {seq} was not sent",
+                    code="call_limit",
+                    next_action="Make fewer calls per run: batch, page, or reduce upstream; or raise limits.host_calls.",
+                )
+            )
+            return await self._hold(seq, op, address, args)
+        try:
+            key = journal.call_key(op, address, args)
+        except (TypeError, ValueError):
+            key = journal.call_key(op, address, to_json_value(args)[0])
+        decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
+        if decision.action == journal.DIVERGED:
+            self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
+                                         details={"seq": seq, "address": address}))
+            return await self._hold(seq, op, address, args)
+        if decision.action == journal.REPLAY:
+            return self._replay(decision.entry)
+        if decision.action == journal.UNKNOWN:
+            await self._mark_unknown(decision.entry)
+            return await self._hold(seq, op, address, args)
+
+        started = self.clock()
+        st.inflight += 1
+        self._idle.clear()
+        if st.inflight_since is None:
+            st.inflight_since = time.perf_counter()
+        try:
+            if op == "tool":
+                return await self._tool_call(seq, address, args, key, decision, started)
+            return await self._builtin_call(seq, op, address, args, key, decision)
+        finally:
+            st.inflight -= 1
+            if st.inflight == 0:
+                if st.inflight_since is not None:
+                    st.host_seconds += time.perf_counter() - st.inflight_since
+                st.inflight_since = None
+                self._idle.set()
+
+    async def _builtin_call(self, seq, op, address, args, key, decision) -> Any:
+        impl = self.builtins_impl.get(op)
+        t = time.perf_counter()
+        await self._record_intent(seq, op, address, args, key, "read", CALL_PENDING, decision.entry)
+        try:
+            if impl is None:
+                raise GuestRaise("NameError", f"name {op!r} is not defined")
+            value = await impl(tuple(args.get("args", ())), dict(args.get("kwargs", {})))
+        except GuestRaise as exc:
+            await self._record_outcome(seq, CALL_PENDING, CALL_FAILED, error={"type": exc.exc_type, "message": exc.message})
+            self._stat(seq, op, address, "read", CALL_FAILED, t)
+            raise
+        value = to_json_value(value)[0]
+        await self._record_outcome(seq, CALL_PENDING, CALL_DONE, outcome=value)
+        self._stat(seq, op, address, "read", CALL_DONE, t)
+        return value
+
+    async def _tool_call(self, seq, address, args, key, decision, started) -> Any:
+        t = time.perf_counter()
+        try:
+            tool: Tool = self.catalog.get(address)
+        except UnknownTool as exc:
+            err = guest_error("unknown_tool", exc.message, "LookupError")
+            await self._record_rejected(seq, "tool", address, args, "read", err, key=key, existing=decision.entry)
+            raise err from None
+        kind = "write" if tool.is_write else "read"
+        try:
+            valid = self.catalog.validate_args(address, args)
+        except InvalidArguments as exc:
+            err = guest_error("invalid_arguments", exc.message, "TypeError")
+            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, existing=decision.entry)
+            raise err from None
+
+        if kind == "read":
+            verdict = policy_mod.decide_call(self.policy, address, False, 0)
+            if verdict == policy_mod.DENY:
+                err = guest_error("call_denied", f"policy denies {address}; it was not called", "PermissionError")
+                await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CALL_DENIED,
+                                            existing=decision.entry)
+                raise err
+            await self._record_intent(seq, "tool", address, args, key, kind, CALL_PENDING, decision.entry)
+            return await self._dispatch(seq, tool, valid, CALL_PENDING, CALL_DONE, t)
+
+        # A write. SEND: approved earlier (by resume), never marked sending.
+        if decision.action == journal.SEND:
+            return await self._send(seq, tool, valid, t)
+        if decision.action == journal.ASK:
+            return await self._ask(seq, tool, args, valid, t, entry=decision.entry)
+
+        verdict = policy_mod.decide_call(self.policy, address, True, self.state.writes_spent)
+        if verdict == policy_mod.DENY:
+            err = guest_error("write_denied", f"policy denies the write {address}; it was not sent", "PermissionError")
+            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CALL_DENIED,
+                                        existing=decision.entry)
+            raise err
+        if verdict == policy_mod.OVER_BUDGET:
+            err = guest_error(
+                "budget_exceeded",
+                f"the run's write budget of {self.policy.write_budget} is spent; {address} was not sent",
+                "PermissionError",
+            )
+            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CALL_DENIED,
+                                        existing=decision.entry)
+            raise err
+        if verdict == policy_mod.ALLOW:
+            await self._record_intent(seq, "tool", address, args, key, kind, CALL_APPROVED, decision.entry)
+            return await self._send(seq, tool, valid, t)
+        # ask
+        await self._record_intent(seq, "tool", address, args, key, kind, CALL_ASKED, decision.entry)
+        return await self._ask(seq, tool, args, valid, t)
+
+    async def _ask(self, seq, tool, args, valid, t, entry: CallRecord | None = None) -> Any:
+        pending = {
+            "seq": seq,
+            "op": "tool",
+            "address": tool.address,
+            "args": args,
+            "annotations": tool.annotations.to_dict(),
+            "description": tool.description,
+        }
+        if self.on_approval is not None:
+            verdict, reason = await self.on_approval(pending)
+            if verdict == "approve":
+                await self._cas(seq, [CALL_ASKED], state=CALL_APPROVED)
+                return await self._send(seq, tool, valid, t)
+            err = guest_error(
+                "write_declined",
+                f"the write {tool.address} was declined{': ' + reason if reason else ''}; it was not sent",
+                "PermissionError",
+            )
+            await self._cas(seq, [CALL_ASKED], state=CALL_DECLINED, error=_err_json(err), finished_at=self.clock())
+            self._remember(err)
+            raise err
+        # Pause: only the first write to ask pauses; later ones are held and
+        # asked again, in seq order, when the run continues (P-4).
+        if self.state.pausing:
+            return await self._hold(seq, "tool", tool.address, args)
+        self.state.pausing = True
+        # Reads in flight finish and are journaled before the pause is stored.
+        self.state.inflight -= 1  # this call waits, it is not dispatching
+        try:
+            while self.state.inflight > 0:
+                self._idle.clear()
+                await self._idle.wait()
+            for _ in range(3):
+                await asyncio.sleep(0)
+        finally:
+            self.state.inflight += 1
+        await self._pause_sink(self, pending)
+        # The program must not see the pause: stop the execution and keep
+        # this call unanswered until the worker is gone.
+        self.execution.stop(Paused(pending))
+        await self._release.wait()
+        raise Stopped("paused")
+
+    async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
+        # P-7: `sending` is committed before the request leaves.
+        if not await self._cas(seq, [CALL_APPROVED], state=CALL_SENDING, started_at=self.clock()):
+            raise self._fail(ExecutionDiverged(f"call {seq} was not in state approved; nothing was sent"))
+        self.state.writes_spent += 1
+        return await self._dispatch(seq, tool, args, CALL_SENDING, CALL_SENT, t)
+
+    async def _dispatch(self, seq: int, tool: "Tool", args: dict[str, Any], from_state: str, ok_state: str, t: float) -> Any:
+        is_write = from_state == CALL_SENDING
+        # The dispatch runs in its own task so that stopping the program
+        # (cancel, pause, limit) never interrupts a request on the wire: it
+        # finishes and its outcome is journaled (P-8).
+        task = asyncio.ensure_future(self._invoke(tool, args))
+        self._dispatches.add(task)
+        task.add_done_callback(self._dispatches.discard)
+        try:
+            value = await asyncio.shield(task)
+        except asyncio.TimeoutError:
+            if is_write:
+                entry = {"seq": seq, "address": tool.address}
+                self.state.unknown_writes.append(entry)
+                err = guest_error(
+                    "write_outcome_unknown",
+                    f"{tool.address} did not answer within {self.limits.call_timeout_seconds:g} s; it may or may not "
+                    "have happened and tether will not re-send it",
+                    "TimeoutError",
+                )
+                await self._record_outcome(seq, from_state, CALL_UNKNOWN, error=_err_json(err))
+                self._stat(seq, "tool", tool.address, "write", CALL_UNKNOWN, t)
+            else:
+                err = guest_error(
+                    "call_timeout",
+                    f"{tool.address} did not answer within {self.limits.call_timeout_seconds:g} s",
+                    "TimeoutError",
+                )
+                await self._record_outcome(seq, from_state, CALL_FAILED, error=_err_json(err))
+                self._stat(seq, "tool", tool.address, "read", CALL_FAILED, t)
+            self._remember(err)
+            raise err from None
+        except asyncio.CancelledError:
+            # Our caller was cancelled; the shielded dispatch goes on and
+            # is journaled by _finish_late.
+            task.add_done_callback(lambda tk: asyncio.ensure_future(self._finish_late(tk, seq, from_state, ok_state)))
+            raise
+        except GuestRaise:
+            raise
+        except Exception as exc:  # the tool failed
+            err = _tool_error(tool.address, exc)
+            await self._record_outcome(seq, from_state, CALL_FAILED, error=_err_json(err))
+            self._stat(seq, "tool", tool.address, "write" if is_write else "read", CALL_FAILED, t)
+            self._remember(err)
+            raise err from None
+        value, notes = to_json_value(value)
+        await self._record_outcome(seq, from_state, ok_state, outcome=value)
+        self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state, t)
+        await self._maybe_checkpoint(seq)
+        return value
+
+    async def _invoke(self, tool: "Tool", args: dict[str, Any]) -> Any:
+        return await asyncio.wait_for(tool.handler(args), timeout=self.limits.call_timeout_seconds)
+
+    async def _finish_late(self, task: asyncio.Task, seq: int, from_state: str, ok_state: str) -> None:
+        try:
+            value = task.result()
+        except BaseException as exc:  # noqa: BLE001 - recorded, not raised
+            state = CALL_UNKNOWN if from_state == CALL_SENDING and isinstance(exc, (asyncio.TimeoutError, asyncio.CancelledError)) else CALL_FAILED
+            await self._record_outcome(seq, from_state, state, error={"type": type(exc).__name__, "message": str(exc)})
+            return
+        await self._record_outcome(seq, from_state, ok_state, outcome=to_json_value(value)[0])
+
+    async def drain(self) -> None:
+        """Wait for requests already on the wire to finish and be journaled."""
+        while self._dispatches:
+            await asyncio.gather(*list(self._dispatches), return_exceptions=True)
+            await asyncio.sleep(0)
+
+    # -- replay, hold, fail ------------------------------------------------------
+
+    def _replay(self, entry: CallRecord) -> Any:
+        if entry.error:
+            err = GuestRaise(entry.error.get("type", "RuntimeError"), entry.error.get("message", ""))
+            self._remember_code(err.message)
+            raise err
+        return entry.outcome
+
+    async def _hold(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
+        """Park a call issued while the attempt is stopping; it is not journaled."""
+        self.state.held.append({"seq": seq, "op": op, "address": address, "args": args})
+        await self._release.wait()
+        raise Stopped("stopped")
+
+    def release_held(self) -> None:
+        self._release.set()
+
+    def _fail(self, error: TetherError) -> TetherError:
+        if self.state.failure is None:
+            self.state.failure = error
+        if self.execution is not None:
+            self.execution.stop(error)
+        return error
+
+    async def _mark_unknown(self, entry: CallRecord) -> None:
+        await self._cas(entry.seq, [CALL_SENDING], state=CALL_UNKNOWN, finished_at=self.clock(),
+                        error={"type": "TimeoutError", "message": f"[write_outcome_unknown] {entry.address} may or may not have happened"})
+        self._fail(
+            WriteOutcomeUnknown(
+                f"the write {entry.address} (call {entry.seq}) was being sent when the run's process stopped; "
+                "whether it happened is unknown and it was not sent again",
+                details={"seq": entry.seq, "address": entry.address, "args": entry.args},
+            )
+        )
+
+    # -- journal ------------------------------------------------------------------
+
+    async def _record_intent(self, seq, op, address, args, key, kind, state, existing: CallRecord | None) -> None:
+        now = self.clock()
+        if existing is not None:
+            # A read left pending by a dead attempt is re-issued under the same seq.
+            self.store.update_call(self.run_id, seq, [existing.state], state=state, started_at=now,
+                                   outcome=None, error=None, finished_at=None)
+            return
+        record = CallRecord(self.run_id, seq, op, address, args, key, kind, state, started_at=now)
+        self.store.record_call(record)
+        self.journal[seq] = record
+
+    async def _record_outcome(self, seq: int, from_state: str, state: str, *, outcome: Any = None,
+                              error: dict[str, Any] | None = None) -> None:
+        self.store.update_call(self.run_id, seq, [from_state], state=state, outcome=outcome, error=error,
+                               finished_at=self.clock())
+
+    async def _cas(self, seq: int, expect: list[str], **fields: Any) -> bool:
+        return self.store.update_call(self.run_id, seq, expect, **fields)
+
+    async def _record_rejected(self, seq, op, address, args, kind, err: GuestRaise, *, key=None,
+                               state=CALL_FAILED, existing: CallRecord | None = None) -> None:
+        key = key or journal.call_key(op, address, to_json_value(args)[0])
+        now = self.clock()
+        if existing is None:
+            self.store.record_call(CallRecord(self.run_id, seq, op, address, to_json_value(args)[0], key, kind, state,
+                                              error=_err_json(err), started_at=now, finished_at=now))
+        self._remember(err)
+
+    def _remember(self, err: GuestRaise) -> None:
+        self._remember_code(err.message)
+
+    def _remember_code(self, message: str) -> None:
+        if message.startswith("[") and "]" in message:
+            self.state.raised[message] = message[1:message.index("]")]
+
+    def _stat(self, seq, op, address, kind, state, t) -> None:
+        now = time.perf_counter()
+        self.state.stats.append(CallStat(seq, op, address, kind, state, (now - t) * 1000, t - self._t0, now - self._t0))
+
+    async def _maybe_checkpoint(self, seq: int) -> None:
+        if self._checkpoint_sink is None or self.state.pausing or self.state.inflight != 1:
+            return
+        await self._checkpoint_sink(self, self.journal[seq])
+
+
+class SnapshotMismatch(Exception):
+    """A restored snapshot does not match its record: fall back to replay."""
+
+
+def _err_json(err: GuestRaise) -> dict[str, Any]:
+    return {"type": err.exc_type, "message": err.message}
+
+
+def _tool_error(address: str, exc: BaseException) -> GuestRaise:
+    if isinstance(exc, TetherError):
+        message = exc.message
+    else:
+        message = str(exc) or type(exc).__name__
+    if len(message) > 2000:
+        message = message[:2000] + "…"
+    return guest_error("tool_error", f"{address}: {message}", _exc_type_for(exc))

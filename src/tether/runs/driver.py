@@ -1,0 +1,349 @@
+"""Drive one attempt of a run: build the sandbox, run or restore, record the end.
+
+Kept apart from :mod:`runtime` so the lifecycle (execute/resume/recover) reads
+on its own and this file holds the mechanics of one attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ExecutionDiverged, LimitExceeded, SandboxCrashed, TetherError, WriteOutcomeUnknown
+from ..sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxLimits, SandboxSpec, Stopped
+from ..store.base import (
+    CALL_APPROVED,
+    CALL_SENDING,
+    CALL_SENT,
+    RUN_COMPLETED,
+    RUN_FAILED,
+    RUN_PAUSED,
+    RUN_RUNNING,
+    CallRecord,
+    RunRecord,
+)
+from .boundary import Approver, BUILTIN_OPS, Cancelled, EffectBoundary, Paused, SnapshotMismatch
+from .limits import Limits
+from .policy import Policy
+from .result import RunResult, preview, to_json_value
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+BUILTINS = BUILTIN_OPS
+
+
+class LogBuffer:
+    """print() output, capped at ``limit`` bytes; what is dropped is counted."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.parts: list[str] = []
+        self.size = 0
+        self.dropped = 0
+
+    def __call__(self, stream: str, text: str) -> None:
+        n = len(text.encode())
+        if self.size + n > self.limit:
+            room = max(0, self.limit - self.size)
+            if room:
+                self.parts.append(text.encode()[:room].decode("utf-8", "ignore"))
+                self.size += room
+            self.dropped += n - room
+            return
+        self.parts.append(text)
+        self.size += n
+
+    def lines(self) -> list[str]:
+        text = "".join(self.parts)
+        out = text.splitlines()
+        if self.dropped:
+            out.append(f"[logs truncated: {self.dropped} bytes dropped over the {self.limit}-byte limit]")
+        return out
+
+
+def _stubs(rt: "Runtime") -> Any:
+    from ..tools.stubs import build_stubs
+
+    version = getattr(rt.catalog, "version", None)
+    cached = rt._stubs_cache
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    stubs = build_stubs(rt.catalog)
+    rt._stubs_cache = (version, stubs)
+    return stubs
+
+
+def build_spec(rt: "Runtime", run: RunRecord, limits: Limits) -> SandboxSpec:
+    namespaces: dict[str, list[str]] = {}
+    for tool in rt.catalog.tools():
+        namespaces.setdefault(tool.namespace, []).append(tool.name)
+    type_check = bool(run.meta.get("type_check", rt.type_check))
+    stubs = _stubs(rt) if type_check else None
+    return SandboxSpec(
+        namespaces={ns: tuple(names) for ns, names in namespaces.items()},
+        builtins=BUILTINS,
+        sync_builtins=(),
+        limits=SandboxLimits(
+            memory_bytes=limits.memory_bytes,
+            run_seconds=limits.run_seconds,
+            host_calls=limits.host_calls,
+            recursion_depth=limits.recursion_depth,
+        ),
+        clock=_dt.datetime.fromisoformat(run.environment["clock"]),
+        seed=int(run.environment["seed"]),
+        type_check=type_check,
+        prelude_stubs=getattr(stubs, "prelude", None),
+        tools_stubs=getattr(stubs, "tools_module", None),
+        namespace_stubs=dict(getattr(stubs, "namespace_modules", {}) or {}),
+    )
+
+
+def _builtins(rt: "Runtime") -> dict[str, Any]:
+    async def search(args: tuple, kwargs: dict) -> Any:
+        query = args[0] if args else kwargs.pop("query", "")
+        return rt.search(query, **kwargs)
+
+    async def describe(args: tuple, kwargs: dict) -> Any:
+        target = args[0] if args else kwargs.get("address", kwargs.get("addresses", []))
+        return rt.describe(target)
+
+    async def sources(args: tuple, kwargs: dict) -> Any:
+        return rt.sources()
+
+    return {"search": _guarded(search), "describe": _guarded(describe), "sources": _guarded(sources)}
+
+
+def _guarded(fn: Any) -> Any:
+    from ..sandbox.monty import GuestRaise
+
+    async def call(args: tuple, kwargs: dict) -> Any:
+        try:
+            return await fn(args, dict(kwargs))
+        except TypeError as exc:
+            raise GuestRaise("TypeError", f"[invalid_arguments] {exc}") from None
+        except TetherError as exc:
+            raise GuestRaise("ValueError", f"[{exc.code}] {exc.message}") from None
+
+    return call
+
+
+async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float) -> RunResult:
+    """One attempt. ``mode`` is "fresh" or "continue" (restore, else replay)."""
+    limits = Limits.from_dict(run.limits)
+    policy = Policy.from_dict(run.policy)
+    entries = rt.store.get_calls(run.run_id) if mode != "fresh" else []
+
+    # P-11: a write left `sending` by a dead attempt is never re-sent.
+    for e in entries:
+        if e.state == CALL_SENDING:
+            rt.store.update_call(run.run_id, e.seq, [CALL_SENDING], state="unknown", finished_at=rt.clock(),
+                                 error={"type": "TimeoutError",
+                                        "message": f"[write_outcome_unknown] {e.address} may or may not have happened"})
+            err = WriteOutcomeUnknown(
+                f"the write {e.address} (call {e.seq}) was being sent when the run's process stopped; whether it "
+                "happened is unknown and it was not sent again",
+                details={"seq": e.seq, "address": e.address, "args": e.args},
+            )
+            return rt._finish(run, RUN_FAILED, error=err.to_dict(), calls=len(entries))
+
+    snapshot = None
+    if mode != "fresh":
+        snapshot = rt.store.latest_snapshot(run.run_id)
+        if snapshot is not None:
+            rt.verify_snapshot(snapshot)  # raises SnapshotTampered: refuse, do not replay past a forgery
+            if snapshot.monty_version != MONTY_VERSION:
+                snapshot = None  # another build cannot load it: replay from the journal (P-12)
+
+    t_setup = time.perf_counter()
+    spec = build_spec(rt, run, limits)
+    logs = LogBuffer(limits.log_bytes)
+    if snapshot is not None and isinstance(run.result, dict):
+        # A restore continues the program where it stopped: keep what it
+        # printed before. A replay prints it all again by itself.
+        for line in run.result.get("logs", []):
+            logs("stdout", line + "\n")
+
+    async def pause_sink(boundary: EffectBoundary, pending: dict[str, Any]) -> None:
+        st = boundary.state
+        data = await boundary.execution.dump()
+        if st.answering and st.restore_pending is not None:
+            waits_on = list(st.restore_pending)
+        else:
+            waits_on = [pending_call(pending)] + list(st.held)
+        waits_on.sort(key=lambda c: c["seq"])
+        rt.store.put_snapshot(rt.snapshot_record(run.run_id, st.issued, data, waits_on, "pause"))
+        now = rt.clock()
+        expires = now + rt.approval_ttl_seconds
+        public = {k: pending[k] for k in ("seq", "address", "args", "annotations")}
+        envelope = paused_envelope(run.run_id, public, expires, logs, boundary, t0)
+        rt.store.update_run(run.run_id, [RUN_RUNNING], status=RUN_PAUSED, pending=public, expires_at=expires,
+                            owner=None, lease_until=None, updated_at=now, decision=None,
+                            result=envelope.to_dict())
+        boundary.paused_envelope = envelope
+
+    async def checkpoint_sink(boundary: EffectBoundary, entry: CallRecord) -> None:
+        st = boundary.state
+        now = rt.clock()
+        if (st.issued - st.checkpoint_at_seq < rt.checkpoint_every_calls
+                and now - (st.checkpoint_at_time or run.created_at) < rt.checkpoint_every_seconds):
+            return
+        data = await boundary.execution.dump()
+        st.checkpoint_at_seq, st.checkpoint_at_time = st.issued, now
+        rt.store.put_snapshot(rt.snapshot_record(
+            run.run_id, st.issued, data,
+            [{"seq": entry.seq, "op": entry.op, "address": entry.address, "args": entry.args}], "checkpoint"))
+        rt.store.update_run(run.run_id, [RUN_RUNNING], lease_until=now + rt.lease_seconds, updated_at=now)
+
+    boundary = EffectBoundary(
+        run_id=run.run_id,
+        store=rt.store,
+        catalog=rt.catalog,
+        policy=policy,
+        limits=limits,
+        journal_entries=entries,
+        on_approval=on_approval,
+        builtins_impl=_builtins(rt),
+        pause_sink=pause_sink,
+        checkpoint_sink=checkpoint_sink,
+        clock=rt.clock,
+    )
+    boundary.paused_envelope = None
+    rt._boundaries[run.run_id] = boundary
+    heartbeat = asyncio.ensure_future(_heartbeat(rt, run.run_id))
+    setup_ms = (time.perf_counter() - t_setup) * 1000
+    t_exec = time.perf_counter()
+    attempt_kind = "fresh" if mode == "fresh" else ("restore" if snapshot is not None else "replay")
+    try:
+        async with rt.pool.execution(spec, boundary.host, logs) as execution:
+            boundary.execution = execution
+            try:
+                if attempt_kind == "restore":
+                    boundary.state.issued = snapshot.seq
+                    boundary.state.restore_pending = list(snapshot.pending)
+                    try:
+                        value = await execution.resume(snapshot.data, boundary.answer_restored)
+                    except SnapshotMismatch:
+                        attempt_kind = "replay"
+                        boundary.state.issued = 0
+                        value = None
+                if attempt_kind != "restore":
+                    value = await execution.run(run.program)
+            finally:
+                boundary.release_held()
+                await boundary.drain()
+    except Paused:
+        return boundary.paused_envelope
+    except Cancelled as exc:
+        return rt._finish(run, "cancelled", error={"code": "cancelled", "message": exc.reason,
+                                                   "next_action": "Start a new run if the work is still needed.",
+                                                   "details": {}},
+                          logs=logs.lines(), calls=boundary.state.issued,
+                          diagnostics=_diagnostics(boundary, setup_ms, t_exec, t0, attempt_kind))
+    except (TetherError, ProgramFailed, Stopped) as exc:
+        failure = boundary.state.failure if isinstance(exc, Stopped) and boundary.state.failure else exc
+        return _failed(rt, run, boundary, failure, logs, setup_ms, t_exec, t0, attempt_kind)
+    finally:
+        heartbeat.cancel()
+        rt._boundaries.pop(run.run_id, None)
+
+    if boundary.state.failure is not None:
+        return _failed(rt, run, boundary, boundary.state.failure, logs, setup_ms, t_exec, t0, attempt_kind)
+    # P-13: a write the journal holds beyond what the program issued means
+    # the replay took another path; report it, send nothing more.
+    extra = [e for s, e in boundary.journal.items() if s > boundary.state.issued and e.kind == "write"
+             and e.state in (CALL_APPROVED, CALL_SENDING, CALL_SENT)]
+    if extra:
+        err = ExecutionDiverged(
+            f"the replay finished without repeating the recorded write {extra[0].address} (call {extra[0].seq})",
+            details={"seq": extra[0].seq})
+        return _failed(rt, run, boundary, err, logs, setup_ms, t_exec, t0, attempt_kind)
+
+    result, notes = to_json_value(value)
+    result, cut = preview(result, limits.result_bytes)
+    if cut:
+        notes.append(
+            f"result truncated: {cut['kept_bytes']} of {cut['original_bytes']} bytes kept; the "
+            f"{boundary.state.issued} calls this run made were made and are journaled (tether runs show {run.run_id})"
+        )
+    if boundary.state.unknown_writes:
+        notes.append("writes with unknown outcome (not re-sent): "
+                     + ", ".join(f"{w['address']} (call {w['seq']})" for w in boundary.state.unknown_writes))
+    diag = _diagnostics(boundary, setup_ms, t_exec, t0, attempt_kind)
+    if cut:
+        diag["result_truncated"] = cut
+    return rt._finish(run, RUN_COMPLETED, result=result, logs=logs.lines(), calls=boundary.state.issued,
+                      diagnostics=diag, notes=notes)
+
+
+def pending_call(pending: dict[str, Any]) -> dict[str, Any]:
+    return {"seq": pending["seq"], "op": pending["op"], "address": pending["address"], "args": pending["args"]}
+
+
+def paused_envelope(run_id: str, pending: dict, expires: float, logs: LogBuffer, boundary: EffectBoundary,
+                    t0: float) -> RunResult:
+    args = ", ".join(f"{k}={v!r}" for k, v in pending["args"].items())
+    return RunResult(
+        status="paused",
+        run_id=run_id,
+        logs=logs.lines(),
+        calls=boundary.state.issued,
+        pending=pending,
+        expires_at=expires,
+        instructions=(
+            f"The program paused before the write {pending['address']}({args}); nothing has been sent. "
+            f"Ask the user to approve or decline it, then resume run {run_id} with decision "
+            "'approve', 'decline' (the program gets a PermissionError) or 'cancel' (the run stops)."
+        ),
+        diagnostics={"calls": boundary.state.issued, "total_ms": round((time.perf_counter() - t0) * 1000, 3)},
+    )
+
+
+def _failed(rt, run, boundary, exc, logs, setup_ms, t_exec, t0, attempt_kind) -> RunResult:
+    if isinstance(exc, ProgramFailed):
+        text = f"{exc.exc_type}: {exc.message}"
+        # P-14: the code comes from the host's own record of what it raised
+        # into the program, never from text the program made up.
+        code = boundary.state.raised.get(exc.message) if exc.message in boundary.state.raised else None
+        error = {
+            "code": code or "program_error",
+            "message": f"the program raised {text}" + (f" (line {exc.line})" if exc.line else ""),
+            "next_action": "Fix the program or handle the exception; calls already made are in the journal.",
+            "details": {"type": exc.exc_type, "traceback": exc.traceback},
+        }
+    elif isinstance(exc, TetherError):
+        error = exc.to_dict()
+    else:
+        error = SandboxCrashed(f"the run stopped: {exc}").to_dict()
+    return rt._finish(run, RUN_FAILED, error=error, logs=logs.lines(), calls=boundary.state.issued,
+                      diagnostics=_diagnostics(boundary, setup_ms, t_exec, t0, attempt_kind))
+
+
+def _diagnostics(boundary: EffectBoundary, setup_ms: float, t_exec: float, t0: float, attempt: str) -> dict[str, Any]:
+    now = time.perf_counter()
+    stats = boundary.state.stats
+    return {
+        "attempt": attempt,
+        "setup_ms": round(setup_ms, 3),
+        "execution_ms": round((now - t_exec) * 1000, 3),
+        "total_ms": round((now - t0) * 1000, 3),
+        "host_ms": round(boundary.state.host_seconds * 1000, 3),
+        "calls": len(stats),
+        "writes": sum(1 for s in stats if s.kind == "write"),
+        "per_call": [
+            {"seq": s.seq, "op": s.op, "address": s.address, "state": s.state, "ms": round(s.ms, 3),
+             "start_ms": round(s.started * 1000, 3), "end_ms": round(s.ended * 1000, 3)}
+            for s in stats
+        ],
+    }
+
+
+async def _heartbeat(rt: "Runtime", run_id: str) -> None:
+    """Keep this process's lease on the run while the attempt lives."""
+    interval = max(rt.lease_seconds / 3, 0.05)
+    while True:
+        await asyncio.sleep(interval)
+        now = rt.clock()
+        rt.store.update_run(run_id, [RUN_RUNNING], lease_until=now + rt.lease_seconds)

@@ -1,0 +1,85 @@
+"""Pure journal decisions shared by every backend: replay or live?
+
+The boundary numbers calls in the order the program issues them (``seq``).
+On a fresh run the journal is empty and every call is live. After a restore
+or during a replay, the journal already holds entries; :func:`decide` says,
+for one call, what the boundary must do. It reads nothing and writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..store.base import (
+    CALL_APPROVED,
+    CALL_ASKED,
+    CALL_DECLINED,
+    CALL_DENIED,
+    CALL_DONE,
+    CALL_FAILED,
+    CALL_PENDING,
+    CALL_SENDING,
+    CALL_SENT,
+    CALL_UNKNOWN,
+    CallRecord,
+)
+
+
+def canonical_json(value: Any) -> str:
+    """One spelling per value: sorted keys, no spaces, UTF-8 kept."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def call_key(op: str, address: str, args: dict[str, Any]) -> str:
+    """The identity of a call: what it does and with which arguments (P-3)."""
+    digest = hashlib.sha256()
+    digest.update(canonical_json([op, address, args]).encode())
+    return digest.hexdigest()
+
+
+# What the boundary does with one call.
+LIVE = "live"  # not journaled (or a read left pending): decide policy, dispatch
+REPLAY = "replay"  # settled: answer from the journal, send nothing
+ASK = "ask"  # a write awaiting a decision: pause (or ask inline) again
+SEND = "send"  # approved but never marked sending: safe to send now
+UNKNOWN = "unknown"  # marked sending, no outcome: the write may have happened
+DIVERGED = "diverged"  # the program asks for something else than the journal holds
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str
+    entry: CallRecord | None = None
+    reason: str = ""
+
+
+def decide(entry: CallRecord | None, key: str, seq: int, last_recorded_seq: int) -> Decision:
+    """Replay or live for the call at ``seq`` with identity ``key`` (P-5, P-6)."""
+    if entry is None:
+        if seq <= last_recorded_seq:
+            # A gap below the last recorded call means the program took a
+            # different path than the one the journal recorded.
+            return Decision(DIVERGED, None, f"call {seq} is missing from the journal but later calls are recorded")
+        return Decision(LIVE)
+    if entry.key != key:
+        return Decision(
+            DIVERGED,
+            entry,
+            f"call {seq} was journaled as {entry.op} {entry.address} with other arguments",
+        )
+    state = entry.state
+    if state in (CALL_DONE, CALL_FAILED, CALL_SENT, CALL_DECLINED, CALL_DENIED, CALL_UNKNOWN):
+        return Decision(REPLAY, entry)
+    if state == CALL_PENDING:
+        # A read whose outcome was never recorded: reads are safe to re-issue.
+        return Decision(LIVE, entry)
+    if state == CALL_ASKED:
+        return Decision(ASK, entry)
+    if state == CALL_APPROVED:
+        return Decision(SEND, entry)
+    if state == CALL_SENDING:
+        return Decision(UNKNOWN, entry)
+    return Decision(DIVERGED, entry, f"call {seq} is in unexpected state {state!r}")

@@ -1,0 +1,36 @@
+"""Limits in force for a run, as one value object recorded on the run."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Limits:
+    # 64 KiB: a program is instructions, not data; larger inputs belong in tool calls.
+    code_bytes: int = 65_536
+    # 64 MiB of sandbox heap: ample for reducing tool results, small enough to keep a pool cheap.
+    memory_bytes: int = 64 * 1024 * 1024
+    # Wall time of the program's own execution; time inside host calls does not count.
+    run_seconds: float = 60.0
+    # 50 host calls: a program that needs more should page or reduce upstream.
+    host_calls: int = 50
+    # 15 s per call: an interactive agent cannot wait longer for one answer.
+    call_timeout_seconds: float = 15.0
+    # 30,000 characters: about what an agent can read back without drowning its context.
+    result_bytes: int = 30_000
+    log_bytes: int = 30_000
+    recursion_depth: int = 1000
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Limits":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def replace(self, **changes: Any) -> "Limits":
+        return dataclasses.replace(self, **changes)

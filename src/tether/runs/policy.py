@@ -1,0 +1,68 @@
+"""May this call run? A pure decision, shared by every backend (P-2)."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any
+
+ALLOW = "allow"
+ASK = "ask"
+DENY = "deny"
+OVER_BUDGET = "over_budget"
+ACTIONS = (ALLOW, ASK, DENY)
+
+
+@dataclass(frozen=True)
+class Rule:
+    match: str  # a glob over "namespace.tool"
+    action: str
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What happens to writes. Reads (tools annotated read-only) always run."""
+
+    writes: str = ASK
+    write_budget: int = 10
+    rules: tuple[Rule, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "writes": self.writes,
+            "write_budget": self.write_budget,
+            "rules": [{"match": r.match, "action": r.action} for r in self.rules],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Policy":
+        return cls(
+            writes=data.get("writes", ASK),
+            write_budget=int(data.get("write_budget", 10)),
+            rules=tuple(Rule(r["match"], r["action"]) for r in data.get("rules", ())),
+        )
+
+
+def rule_action(policy: Policy, address: str) -> str:
+    """The first matching rule's action, else the default for writes."""
+    for rule in policy.rules:
+        if fnmatch.fnmatchcase(address, rule.match):
+            return rule.action
+    return policy.writes
+
+
+def decide_call(policy: Policy, address: str, is_write: bool, writes_spent: int) -> str:
+    """allow / ask / deny / over_budget for one call.
+
+    A rule can deny a read too (an operator may fence off a namespace), but
+    only writes ask and spend budget.
+    """
+    action = rule_action(policy, address)
+    if not is_write:
+        explicit = any(fnmatch.fnmatchcase(address, r.match) for r in policy.rules)
+        return DENY if explicit and action == DENY else ALLOW
+    if action == DENY:
+        return DENY
+    if writes_spent >= policy.write_budget:
+        return OVER_BUDGET
+    return action

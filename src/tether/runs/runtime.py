@@ -1,0 +1,387 @@
+"""The runtime: execute programs, pause them, resume them anywhere, recover them.
+
+A run's life (docs/protocol.md has the numbered clauses):
+
+    execute ─> running ─┬─> completed | failed
+                        ├─> paused ── resume(approve|decline) ─> running ...
+                        │          └─ resume(cancel) / ttl ─> cancelled | failed
+                        └─> (process dies) ── recover ─> running ...
+
+Each stretch of running in one process is an *attempt*: fresh (the program
+from its first line), restore (a signed snapshot loaded into a fresh worker)
+or replay (the program from its first line, answered from the journal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import hashlib
+import hmac
+import os
+import secrets
+import socket
+import time
+from typing import Any, Callable, Iterable
+
+from ..errors import (
+    AlreadyDecided,
+    CodeTooLarge,
+    ExecutionDiverged,
+    NotPaused,
+    RunExpired,
+    RunNotFound,
+    SnapshotTampered,
+    TetherError,
+    UsageError,
+)
+from ..sandbox.monty import (
+    MONTY_VERSION,
+    ProgramFailed,
+    SandboxLimits,
+    SandboxPool,
+    SandboxSpec,
+    Stopped,
+)
+from ..store.base import (
+    CALL_ASKED,
+    CALL_APPROVED,
+    CALL_DECLINED,
+    CALL_SENDING,
+    CALL_UNKNOWN,
+    RUN_CANCELLED,
+    RUN_COMPLETED,
+    RUN_FAILED,
+    RUN_PAUSED,
+    RUN_RUNNING,
+    TERMINAL_RUN_STATUSES,
+    CallRecord,
+    Conflict,
+    RunRecord,
+    SnapshotRecord,
+    Store,
+)
+from .boundary import Approver, BUILTIN_OPS, Cancelled, EffectBoundary, Paused, SnapshotMismatch
+from .limits import Limits
+from .policy import Policy
+from .result import RunResult, preview, to_json_value
+
+DECISIONS = ("approve", "decline", "cancel")
+
+
+def sign_snapshot(secret: bytes, run_id: str, seq: int, version: str, data: bytes) -> str:
+    """HMAC over everything a restore trusts: whose state, at which call, which build (P-9)."""
+    msg = b"\x00".join([run_id.encode(), str(seq).encode(), version.encode(), hashlib.sha256(data).digest()])
+    return hmac.new(secret, msg, hashlib.sha256).hexdigest()
+
+
+def check_code_size(code: str, limit: int) -> None:
+    # UTF-8 takes 1-4 bytes per character, so the length alone often decides
+    # without encoding a huge string.
+    if not isinstance(code, str):
+        raise UsageError("code must be a string", code="invalid_arguments")
+    if len(code) > limit:
+        raise CodeTooLarge(f"the program is over the {limit}-byte limit ({len(code)} characters); nothing was run",
+                           details={"limit": limit})
+    if len(code) * 4 > limit:
+        size = len(code.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            raise CodeTooLarge(f"the program is {size} bytes, over the {limit}-byte limit; nothing was run",
+                               details={"limit": limit, "bytes": size})
+
+
+class Runtime:
+    """Runs programs against a catalog of tools, durably.
+
+    ``async with Runtime(tools=[...]) as rt: result = await rt.execute(code)``
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Store | None = None,
+        catalog: Any = None,
+        tools: Iterable[Any] = (),
+        policy: Policy | None = None,
+        limits: Limits | None = None,
+        pool: SandboxPool | None = None,
+        min_workers: int = 1,
+        max_workers: int = 2,
+        type_check: bool = True,
+        approval_ttl_seconds: float = 86_400.0,
+        lease_seconds: float = 30.0,
+        checkpoint_every_calls: int = 100,
+        checkpoint_every_seconds: float = 30.0,
+        clock: Callable[[], float] = time.time,
+        owner: str | None = None,
+    ) -> None:
+        from ..store import open_store
+        from ..tools.catalog import Catalog
+
+        self.store: Store = store if store is not None else open_store("sqlite:///:memory:")
+        self.catalog = catalog if catalog is not None else Catalog()
+        self.policy = policy or Policy()
+        self.limits = limits or Limits()
+        self.type_check = type_check
+        self.approval_ttl_seconds = approval_ttl_seconds
+        self.lease_seconds = lease_seconds
+        self.checkpoint_every_calls = checkpoint_every_calls
+        self.checkpoint_every_seconds = checkpoint_every_seconds
+        self.clock = clock
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._own_pool = pool is None
+        self.pool = pool or SandboxPool(
+            min_workers=min_workers,
+            max_workers=max_workers,
+            # Above the run's own time limit: this watchdog only catches a
+            # step the VM cannot interrupt.
+            request_timeout=self.limits.run_seconds + 5.0,
+        )
+        self._secret = self.store.secret()
+        self._active: dict[str, asyncio.Future] = {}
+        self._boundaries: dict[str, EffectBoundary] = {}
+        self._stubs_cache: tuple[Any, Any] | None = None
+        if tools:
+            self.add_tools(*tools)
+
+    # -- setup -------------------------------------------------------------------
+
+    def add_tools(self, *items: Any) -> None:
+        """Add Tools, @tool functions, modules or lists of them."""
+        from ..tools.model import Tool
+
+        for item in items:
+            if isinstance(item, Tool):
+                self.catalog.add(item)
+            elif hasattr(item, "__tether_tool__"):
+                self.catalog.add(item.__tether_tool__)
+            elif isinstance(item, (list, tuple)):
+                self.add_tools(*item)
+            else:
+                from ..sources.python import tools_from_module
+
+                self.catalog.add_many(tools_from_module(item))
+
+    async def __aenter__(self) -> "Runtime":
+        await self.pool.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._own_pool:
+            await self.pool.close()
+
+    # -- catalog -----------------------------------------------------------------
+
+    def search(self, query: str = "", namespace: str | None = None, limit: int = 12, offset: int = 0) -> dict:
+        from ..tools.search import search
+
+        return search(self.catalog, query, namespace=namespace, limit=limit, offset=offset)
+
+    def describe(self, addresses: str | list[str]) -> list[dict]:
+        from ..tools.describe import describe
+
+        return describe(self.catalog, addresses)
+
+    def sources(self) -> list[dict]:
+        from ..tools.describe import list_sources
+
+        return list_sources(self.catalog)
+
+    def model_description(self) -> str:
+        from ..tools.prompt import model_description
+
+        return model_description(self.catalog, self.limits.to_dict())
+
+    # -- execute -----------------------------------------------------------------
+
+    async def execute(
+        self,
+        code: str,
+        *,
+        on_approval: Approver | None = None,
+        principal: str | None = None,
+        type_check: bool | None = None,
+    ) -> RunResult:
+        """Run ``code``; returns completed, failed or paused."""
+        t0 = time.perf_counter()
+        check_code_size(code, self.limits.code_bytes)
+        now = self.clock()
+        clock = _dt.datetime.fromtimestamp(round(now, 3), _dt.timezone.utc)
+        run = RunRecord(
+            run_id=f"run_{secrets.token_hex(8)}",
+            status=RUN_RUNNING,
+            program=code,
+            environment={"clock": clock.isoformat(), "seed": secrets.randbits(63)},
+            policy=self.policy.to_dict(),
+            limits=self.limits.to_dict(),
+            created_at=now,
+            updated_at=now,
+            principal=principal,
+            owner=self.owner,
+            lease_until=now + self.lease_seconds,
+            meta={"type_check": self.type_check if type_check is None else type_check},
+        )
+        self.store.create_run(run)
+        return await self._attempt(run, mode="fresh", on_approval=on_approval, t0=t0)
+
+    # -- resume ------------------------------------------------------------------
+
+    async def resume(
+        self,
+        run_id: str,
+        decision: str,
+        reason: str | None = None,
+        *,
+        seq: int | None = None,
+        principal: str | None = None,
+        on_approval: Approver | None = None,
+    ) -> RunResult:
+        """Decide the paused call of ``run_id`` and continue the run (P-10)."""
+        t0 = time.perf_counter()
+        if decision not in DECISIONS:
+            raise UsageError(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}",
+                             code="invalid_arguments")
+        run = self._get_run(run_id, principal)
+        now = self.clock()
+        if run.status == RUN_PAUSED:
+            pending_seq = (run.pending or {}).get("seq")
+            if seq is not None and seq != pending_seq:
+                return await self._duplicate(run, seq, decision)
+            if run.expires_at is not None and now > run.expires_at:
+                self._finish(run, RUN_FAILED, error=RunExpired(f"run {run_id} passed its approval time to live").to_dict())
+                raise RunExpired(f"run {run_id} waited longer than its approval time to live; nothing was sent")
+            record = {"seq": pending_seq, "decision": decision, "reason": reason, "at": now}
+            decisions = dict(run.meta.get("decisions", {}))
+            decisions[str(pending_seq)] = record
+            meta = {**run.meta, "decisions": decisions}
+            new_status = RUN_CANCELLED if decision == "cancel" else RUN_RUNNING
+            if not self.store.update_run(run_id, [RUN_PAUSED], status=new_status, decision=record, meta=meta,
+                                         owner=self.owner, lease_until=now + self.lease_seconds, updated_at=now):
+                # Someone else decided first: behave as their duplicate.
+                return await self.resume(run_id, decision, reason, seq=pending_seq, principal=principal)
+            run = self._get_run(run_id, principal)
+            if decision == "approve":
+                self.store.update_call(run_id, pending_seq, [CALL_ASKED], state=CALL_APPROVED)
+            else:
+                from .boundary import guest_error
+
+                why = "cancelled" if decision == "cancel" else "declined"
+                err = guest_error(f"write_{why}",
+                                  f"the write {run.pending['address']} was {why}{': ' + reason if reason else ''}; it was not sent",
+                                  "PermissionError")
+                self.store.update_call(run_id, pending_seq, [CALL_ASKED], state=CALL_DECLINED,
+                                       error={"type": err.exc_type, "message": err.message}, finished_at=now)
+            if decision == "cancel":
+                return self._finish(run, RUN_CANCELLED, error={
+                    "code": "cancelled", "message": f"the run was cancelled at the write {run.pending['address']}; "
+                    "nothing further was sent", "next_action": "Start a new run if the work is still needed.",
+                    "details": {"reason": reason}}, t0=t0)
+            return await self._attempt(run, mode="continue", on_approval=on_approval, t0=t0)
+        # Not paused: a duplicate of a decision already taken, or a misuse.
+        last = run.decision
+        if last is None:
+            if run.status in TERMINAL_RUN_STATUSES:
+                raise NotPaused(f"run {run_id} is {run.status}; there is nothing to resume")
+            raise NotPaused(f"run {run_id} is {run.status} and has no pending call")
+        return await self._duplicate(run, seq if seq is not None else last["seq"], decision)
+
+    async def _duplicate(self, run: RunRecord, seq: int, decision: str) -> RunResult:
+        taken = run.meta.get("decisions", {}).get(str(seq))
+        if taken is None:
+            raise NotPaused(f"run {run.run_id} has no pending call {seq}")
+        if taken["decision"] != decision:
+            raise AlreadyDecided(
+                f"call {seq} of run {run.run_id} was already decided: {taken['decision']}",
+                details={"decision": taken["decision"], "seq": seq},
+            )
+        return await self.wait_for_run(run.run_id)
+
+    async def wait_for_run(self, run_id: str, timeout: float = 300.0) -> RunResult:
+        """Wait until the run is not running; return its recorded outcome."""
+        fut = self._active.get(run_id)
+        if fut is not None:
+            return await asyncio.shield(fut)
+        delay = 0.02
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.store.get_run(run_id)
+            if run is None:
+                raise RunNotFound(f"no run {run_id}")
+            if run.status != RUN_RUNNING and run.result is not None:
+                return RunResult.from_dict(run.result)
+            if time.monotonic() > deadline:
+                return RunResult(status=run.status, run_id=run_id)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def _get_run(self, run_id: str, principal: str | None) -> RunRecord:
+        run = self.store.get_run(run_id) if isinstance(run_id, str) else None
+        # Another principal's run does not exist for this caller.
+        if run is None or (principal is not None and run.principal is not None and run.principal != principal):
+            raise RunNotFound(f"no run {run_id!r}")
+        return run
+
+    def get_run(self, run_id: str, principal: str | None = None) -> RunRecord:
+        return self._get_run(run_id, principal)
+
+    # -- recover -----------------------------------------------------------------
+
+    async def recover(self) -> list[RunResult]:
+        """Continue runs whose owner died (lease expired) (P-11)."""
+        out = []
+        now = self.clock()
+        for run in self.store.runs_with_expired_lease(now):
+            if not self.store.claim_run(run.run_id, self.owner, now + self.lease_seconds, now):
+                continue
+            run = self.store.get_run(run.run_id)
+            out.append(await self._attempt(run, mode="continue", on_approval=None, t0=time.perf_counter()))
+        return out
+
+    # -- attempts ------------------------------------------------------------------
+
+    async def _attempt(self, run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float) -> RunResult:
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._active[run.run_id] = fut
+        try:
+            result = await self._attempt_inner(run, mode=mode, on_approval=on_approval, t0=t0)
+            fut.set_result(result)
+            return result
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved
+            raise
+        finally:
+            self._active.pop(run.run_id, None)
+
+    async def _attempt_inner(self, run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float) -> RunResult:
+        from .driver import drive
+
+        return await drive(self, run, mode=mode, on_approval=on_approval, t0=t0)
+
+    # -- finishing -----------------------------------------------------------------
+
+    def _finish(self, run: RunRecord, status: str, *, result: Any = None, error: dict | None = None,
+                logs: list[str] | None = None, calls: int = 0, diagnostics: dict | None = None,
+                notes: list[str] | None = None, t0: float | None = None) -> RunResult:
+        envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
+                             calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
+        now = self.clock()
+        self.store.update_run(run.run_id, None, status=status, result=envelope.to_dict(), error=error,
+                              updated_at=now, owner=None, lease_until=None, pending=None)
+        return envelope
+
+    def snapshot_record(self, run_id: str, seq: int, data: bytes, pending: list[dict], kind: str) -> SnapshotRecord:
+        mac = sign_snapshot(self._secret, run_id, seq, MONTY_VERSION, data)
+        return SnapshotRecord(run_id, seq, MONTY_VERSION, data, mac, pending, self.clock(), kind)
+
+    def verify_snapshot(self, snap: SnapshotRecord) -> None:
+        expected = sign_snapshot(self._secret, snap.run_id, snap.seq, snap.monty_version, snap.data)
+        if not hmac.compare_digest(expected, snap.mac):
+            raise SnapshotTampered(
+                f"the stored snapshot of run {snap.run_id} at call {snap.seq} failed its signature check; "
+                "nothing was resumed or sent",
+                details={"seq": snap.seq},
+            )

@@ -1,0 +1,1 @@
+"""The sandbox adapter. Only ``tether.sandbox.monty`` imports pydantic_monty."""

@@ -1,0 +1,372 @@
+"""The only module that imports ``pydantic_monty``.
+
+Monty's API has broken between releases (renamed limit keys, removed
+constructor arguments, a changed ``external_lookup``), so everything tether
+needs from it is expressed here in tether's own terms:
+
+* :class:`SandboxPool` — one pool of worker processes for the whole process.
+* :class:`Execution` — one program's life in one checked-out worker: run it
+  fresh (``feed_run``: one worker round trip per host call, the fastest way
+  Monty offers), or continue it from a dump (``load_snapshot``), dump it while
+  a host call is in flight, and stop it.
+* :class:`GuestRaise` — what a host function raises to raise an exception
+  *inside* the program.
+* Monty's exceptions are mapped to :mod:`tether.errors` or to
+  :class:`ProgramFailed` (an exception the program did not catch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import pydantic_monty as _pm
+
+from ..errors import LimitExceeded, ProgramSyntaxError, SandboxCrashed, TypeCheckError
+
+MONTY_VERSION: str = f"pydantic-monty-{_pm.__version__}"
+
+# A host function gets the sandbox-side function name ("tools.ns.tool" or a
+# built-in name), positional args and keyword args, and returns a value the
+# sandbox receives, or raises GuestRaise.
+HostFunction = Callable[[str, tuple, dict], Awaitable[Any]]
+# Built-ins the program calls without awaiting (emit) get a plain function.
+SyncHostFunction = Callable[[str, tuple, dict], Any]
+
+
+class GuestRaise(Exception):
+    """Raise ``exc_type(message)`` inside the program (a built-in exception type)."""
+
+    def __init__(self, exc_type: str, message: str) -> None:
+        super().__init__(message)
+        self.exc_type = exc_type
+        self.message = message
+
+    def to_exception(self) -> BaseException:
+        cls = getattr(builtins, self.exc_type, None)
+        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+            cls = RuntimeError
+        return cls(self.message)
+
+
+class Stopped(Exception):
+    """The execution was stopped on purpose (a pause, a cancel or a limit)."""
+
+
+@dataclass
+class ProgramFailed(Exception):
+    """The program raised an exception it did not catch."""
+
+    exc_type: str
+    message: str
+    traceback: list[dict[str, Any]] = field(default_factory=list)
+    line: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.exc_type}: {self.message}"
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    memory_bytes: int
+    run_seconds: float
+    host_calls: int
+    recursion_depth: int = 1000
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything the program sees besides its own code."""
+
+    namespaces: dict[str, tuple[str, ...]]  # namespace -> tool names
+    builtins: tuple[str, ...]  # awaited host functions reachable by bare name
+    sync_builtins: tuple[str, ...]  # plain host functions (e.g. emit)
+    limits: SandboxLimits
+    clock: _dt.datetime
+    seed: int
+    type_check: bool = True
+    prelude_stubs: str | None = None  # type_check_stubs text
+    tools_stubs: str | None = None  # stubs of the `tools` module
+    namespace_stubs: dict[str, str] = field(default_factory=dict)
+
+
+def _limits(limits: SandboxLimits) -> dict[str, Any]:
+    return {
+        "max_memory": limits.memory_bytes,
+        "max_feed_duration_secs": limits.run_seconds,
+        "max_recursion_depth": limits.recursion_depth,
+        # Imports, name lookups and future resolutions count as suspensions
+        # too; tether enforces its own host-call limit at the effect
+        # boundary, so Monty's must sit above it, never below.
+        "max_suspensions": max(1000, limits.host_calls * 4 + 100),
+    }
+
+
+class SandboxPool:
+    """A pool of Monty worker processes, shared by every run of the process."""
+
+    def __init__(self, *, min_workers: int = 1, max_workers: int = 2, request_timeout: float = 120.0) -> None:
+        self.max_workers = max_workers
+        self._pool = _pm.AsyncMonty(
+            min_processes=min_workers,
+            max_processes=max_workers,
+            # Always set: `10**(10**8)` cannot be interrupted inside the VM,
+            # only by killing the worker. Host calls do not count against it.
+            request_timeout=request_timeout,
+        )
+        self._started = False
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        async with self._lock:
+            if not self._started:
+                await self._pool.__aenter__()
+                self._started = True
+
+    async def close(self) -> None:
+        async with self._lock:
+            if self._started:
+                self._started = False
+                await self._pool.__aexit__(None, None, None)
+
+    def execution(
+        self,
+        spec: SandboxSpec,
+        host: HostFunction,
+        print_sink: Callable[[str, str], None],
+        sync_host: SyncHostFunction | None = None,
+    ) -> "Execution":
+        return Execution(self, spec, host, print_sink, sync_host)
+
+
+class Execution:
+    """One program in one worker. Use as ``async with``; never reused after a limit trips."""
+
+    def __init__(
+        self,
+        pool: SandboxPool,
+        spec: SandboxSpec,
+        host: HostFunction,
+        print_sink: Callable[[str, str], None],
+        sync_host: SyncHostFunction | None = None,
+    ) -> None:
+        self._pool = pool
+        self._sync_host = sync_host
+        self._spec = spec
+        self._host = host
+        self._print = print_sink
+        self._session: Any = None
+        self._cm: Any = None
+        self._held: Any = None  # a restored snapshot not yet answered
+        self._stop = asyncio.Event()
+        self._stop_error: BaseException | None = None
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def __aenter__(self) -> "Execution":
+        await self._pool.start()
+        spec = self._spec
+        modules = {ns: _pm.ExternalModule(self._tool_functions(ns, names), stubs=spec.namespace_stubs.get(ns))
+                   for ns, names in spec.namespaces.items()}
+        tools = _pm.ExternalModule(modules, stubs=spec.tools_stubs)
+        self._cm = self._pool._pool.checkout(
+            limits=_limits(spec.limits),
+            type_check=spec.type_check,
+            type_check_stubs=spec.prelude_stubs if spec.type_check else None,
+            os_policy={"datetime": spec.clock, "random_start": {"seed": spec.seed}, "sleep": "zero"},
+            external_modules={"tools": tools},
+        )
+        try:
+            self._session = await self._cm.__aenter__()
+        except _pm.MontyError as exc:
+            raise SandboxCrashed(f"could not start a sandbox worker: {exc}") from None
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        cm, self._cm = self._cm, None
+        if cm is not None:
+            try:
+                await cm.__aexit__(None, None, None)
+            except Exception:
+                # A worker that died or was cancelled mid-feed is replaced by
+                # the pool; there is nothing to return.
+                pass
+
+    # -- host functions -----------------------------------------------------
+
+    def _wrap(self, name: str) -> Callable[..., Awaitable[Any]]:
+        host = self._host
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await host(name, args, kwargs)
+            except GuestRaise as exc:
+                raise exc.to_exception() from None
+
+        return call
+
+    def _wrap_sync(self, name: str) -> Callable[..., Any]:
+        sync_host = self._sync_host
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if sync_host is None:
+                raise RuntimeError(f"{name} is not available")
+            try:
+                return sync_host(name, args, kwargs)
+            except GuestRaise as exc:
+                raise exc.to_exception() from None
+
+        return call
+
+    def _tool_functions(self, ns: str, names: tuple[str, ...]) -> dict[str, Any]:
+        return {name: self._wrap(f"tools.{ns}.{name}") for name in names}
+
+    def _lookup(self) -> dict[str, Any]:
+        table: dict[str, Any] = {name: self._wrap(name) for name in self._spec.builtins}
+        table.update({name: self._wrap_sync(name) for name in self._spec.sync_builtins})
+        return table
+
+    # -- driving ------------------------------------------------------------
+
+    def stop(self, error: BaseException | None = None) -> None:
+        """Stop the program at its next chance; ``run``/``resume`` raise ``error`` (or Stopped)."""
+        if self._stop_error is None:
+            self._stop_error = error or Stopped()
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    async def dump(self) -> bytes:
+        """Serialise the program's state; valid while a host call is in flight."""
+        if self._held is not None:
+            return self._held.dump()
+        try:
+            return await self._session.dump()
+        except _pm.MontyError as exc:
+            raise SandboxCrashed(f"could not dump the sandbox: {exc}") from None
+
+    async def run(self, code: str) -> Any:
+        """Run ``code`` from the start; returns the value of its last expression."""
+        return await self._until_stopped(
+            self._session.feed_run(code, external_lookup=self._lookup(), print_callback=self._print)
+        )
+
+    async def resume(self, dump: bytes, answer: Callable[[list[int]], Awaitable[dict[int, Any]]]) -> Any:
+        """Continue from ``dump``; ``answer(call_ids)`` settles the calls the dump waits on.
+
+        ``answer`` returns, per call id, a value or a :class:`GuestRaise`.
+        """
+
+        async def drive() -> Any:
+            try:
+                snap = await self._session.load_snapshot(dump, external_lookup=self._lookup(), print_callback=self._print)
+            except _pm.MontyError as exc:
+                raise SandboxCrashed(f"could not load the snapshot: {exc}") from None
+            if isinstance(snap, _pm.AsyncFunctionSnapshot) and not snap.is_os_function:
+                # Answer through a future so one code path settles every
+                # restored call, single or gathered.
+                snap = await snap.resume({"future": ...})
+            if isinstance(snap, _pm.AsyncFutureSnapshot):
+                self._held = snap
+                results = await answer(list(snap.pending_call_ids))
+                self._held = None
+                snap = await snap.resume({cid: _settled(v) for cid, v in results.items()})
+            while not isinstance(snap, _pm.MontyComplete):
+                snap = await snap.resume_auto()
+            return snap.output
+
+        return await self._until_stopped(drive())
+
+    async def _until_stopped(self, work: Awaitable[Any]) -> Any:
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            stop.cancel()
+            await asyncio.gather(task, stop, return_exceptions=True)
+            raise
+        if stop.done() and self._stop_error is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise self._stop_error
+        stop.cancel()
+        try:
+            return task.result()
+        except _pm.MontyError as exc:
+            raise map_monty_error(exc, self._spec.limits) from None
+
+
+def _settled(value: Any) -> dict[str, Any]:
+    if isinstance(value, GuestRaise):
+        return {"exc_type": value.exc_type, "message": value.message}
+    return {"return_value": value}
+
+
+def map_monty_error(exc: BaseException, limits: SandboxLimits) -> BaseException:
+    """Translate a Monty error into tether's terms (a tether error or ProgramFailed)."""
+    if isinstance(exc, _pm.MontySyntaxError):
+        frames = _frames(exc)
+        where = frames[-1] if frames else {}
+        line, col = where.get("line"), where.get("column")
+        loc = f" at line {line}, column {col}" if line else ""
+        return ProgramSyntaxError(f"syntax error{loc}: {exc.display('msg')}", details={"line": line, "column": col})
+    if isinstance(exc, _pm.MontyTypingError):
+        return TypeCheckError(
+            "the program was rejected by the type checker before running",
+            details={"diagnostics": exc.display()},
+        )
+    if isinstance(exc, _pm.MontyCrashedError):
+        if exc.timed_out:
+            return LimitExceeded(
+                f"the program ran past the {limits.run_seconds:g} s time limit in one uninterruptible step "
+                "and its worker was stopped",
+                code="time_limit",
+            )
+        return SandboxCrashed(f"the sandbox worker died: {exc}")
+    if isinstance(exc, _pm.MontyRuntimeError):
+        inner = exc.exception()
+        exc_type = type(inner).__name__
+        message = str(inner)
+        frames = _frames(exc)
+        if exc_type == "MemoryError" and "memory limit exceeded" in message:
+            return LimitExceeded(
+                f"the program used more than {limits.memory_bytes} bytes of memory", code="memory_limit"
+            )
+        if exc_type == "TimeoutError" and "time limit exceeded" in message:
+            return LimitExceeded(
+                f"the program ran longer than the {limits.run_seconds:g} s time limit "
+                "(time inside tool calls does not count)",
+                code="time_limit",
+            )
+        if exc_type == "RecursionError":
+            return ProgramFailed(exc_type, message, frames, frames[-1]["line"] if frames else None)
+        return ProgramFailed(exc_type, message, frames, frames[-1]["line"] if frames else None)
+    if isinstance(exc, _pm.MontyError):
+        return SandboxCrashed(f"sandbox error: {exc}")
+    return exc
+
+
+def _frames(exc: Any) -> list[dict[str, Any]]:
+    try:
+        frames = exc.traceback()
+    except Exception:
+        return []
+    out = []
+    for frame in frames:
+        # Only the program's own frames: the host's are nobody's business.
+        if frame.filename != "main.py":
+            continue
+        out.append({"line": frame.line, "column": frame.column, "function": frame.function_name,
+                    "source": frame.source_line})
+    return out
+
+
+def is_monty_error(exc: BaseException) -> bool:
+    return isinstance(exc, _pm.MontyError)
