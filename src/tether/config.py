@@ -1,0 +1,667 @@
+"""Configuration: one TOML file, validated, with every problem reported at once.
+
+``load_config(path)`` reads ``tether.toml`` (or defaults when there is none),
+applies the environment (``TETHER_HOME``, ``TETHER_STORE_URL``,
+``TETHER_SECRET``, ``TETHER_TOKEN``) and returns a frozen :class:`Config`.
+
+A bad file raises one :class:`~tether.errors.ConfigError` listing every bad
+key, one line each, in the form ``<file>: <toml.path>: <what is expected>``.
+Pydantic does the checking; its errors are rewritten here into those lines
+because a raw validation dump names Python types, not the keys a user wrote.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import keyword
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
+
+from .errors import ConfigError
+
+__all__ = [
+    "BearerAuth",
+    "Config",
+    "HeaderAuth",
+    "LimitsConfig",
+    "McpSource",
+    "OpenApiSource",
+    "PolicyConfig",
+    "PythonSource",
+    "QueryAuth",
+    "Rule",
+    "SandboxConfig",
+    "ServerConfig",
+    "Source",
+    "StoreConfig",
+    "load_config",
+]
+
+DEFAULT_FILE = "tether.toml"
+DEFAULT_HOME = ".tether"
+_REDACTED = "<redacted>"
+
+
+class _Expected:
+    """What a key must hold, in the words an error message uses."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+# Scalars are strict so that TOML's `"5"` or `true` is an error rather than a
+# silently coerced 5 or 1: a config typo should never change a limit.
+PositiveInt = Annotated[int, Strict(), Field(gt=0), _Expected("must be a positive integer")]
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0), _Expected("must be a non-negative integer")]
+Seconds = Annotated[float, Strict(), Field(gt=0), _Expected("must be a positive number of seconds")]
+Bool = Annotated[bool, Strict(), _Expected("must be true or false")]
+Text = Annotated[str, Strict(), Field(min_length=1), _Expected("must be a non-empty string")]
+Port = Annotated[
+    int,
+    Strict(),
+    Field(ge=0, le=65535),
+    _Expected("must be a port number from 0 to 65535 (0 picks a free port)"),
+]
+StrTable = Annotated[dict[str, Annotated[str, Strict()]], _Expected("must be a table of strings")]
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_STORE_SCHEMES = ("sqlite:///", "postgresql://", "postgres://")
+
+
+# Custom checks raise with an empty message: the key's _Expected text says
+# what was wrong, so the message is written once.
+def _check_identifier(value: str) -> str:
+    # ASCII and not a keyword: the namespace is written `tools.<namespace>`.
+    if not _IDENTIFIER.fullmatch(value) or keyword.iskeyword(value):
+        raise PydanticCustomError("identifier", "")
+    return value
+
+
+def _check_env_name(value: str) -> str:
+    if not _IDENTIFIER.fullmatch(value):
+        raise PydanticCustomError("env_name", "")
+    return value
+
+
+def _check_http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise PydanticCustomError("http_url", "")
+    return value
+
+
+def _check_store_url(value: str) -> str:
+    if not value.startswith(_STORE_SCHEMES):
+        raise PydanticCustomError("store_url", "")
+    return value
+
+
+def _check_glob(value: str) -> str:
+    if value != "*" and "." not in value:
+        raise PydanticCustomError("glob", "")
+    return value
+
+
+Identifier = Annotated[
+    str,
+    Strict(),
+    AfterValidator(_check_identifier),
+    _Expected(
+        "must be a Python identifier (ASCII letters, digits and underscores, not starting with a digit)"
+    ),
+]
+EnvName = Annotated[
+    str, Strict(), AfterValidator(_check_env_name), _Expected("must be the name of an environment variable")
+]
+HttpUrl = Annotated[
+    str, Strict(), AfterValidator(_check_http_url), _Expected("must be an http:// or https:// URL")
+]
+StoreUrl = Annotated[
+    str,
+    Strict(),
+    AfterValidator(_check_store_url),
+    _Expected("must be a sqlite:///path or postgresql:// URL"),
+]
+Glob = Annotated[
+    str,
+    Strict(),
+    AfterValidator(_check_glob),
+    _Expected("must be a 'namespace.tool' glob such as 'helpdesk.*', or '*'"),
+]
+StrList = Annotated[
+    list[Annotated[str, Strict()]], Field(min_length=1), _Expected("must be a non-empty list of strings")
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- [limits] ----------------------------------------------------------------
+
+
+class LimitsConfig(_Section):
+    # 64 KiB: longer model-written programs are nearly always data pasted into
+    # literals, which belongs in tool calls (connecta uses the same cap).
+    code_bytes: PositiveInt = 65536
+    # 64 MiB: tens of thousands of records as dicts fit; a pool of workers
+    # still fits a small container (executor's QuickJS cap is the same).
+    memory_bytes: PositiveInt = 64 * 1024 * 1024
+    # Interpreter time only, host calls excluded so a slow tool cannot use up
+    # the run; 60 s is ~400M loop iterations, far beyond any honest reduce step.
+    run_seconds: Seconds = 60
+    # Room to fan out over a page of results (connecta allows 20), well under
+    # Monty's default ceiling of 1000 suspensions.
+    host_calls: PositiveInt = 50
+    # Long enough for a slow API, short enough that a hung tool frees its
+    # worker before the caller gives up (connecta's per-call figure).
+    call_timeout_seconds: Seconds = 15
+    # ~7.5k tokens of preview: what a model can read without losing the
+    # thread; executor truncates at the same 30,000 characters.
+    result_bytes: PositiveInt = 30000
+    # print() output shares the result's context budget, so the same size.
+    log_bytes: PositiveInt = 30000
+    # CPython's and Monty's default, so recursion behaves as the model expects.
+    recursion_depth: PositiveInt = 1000
+
+
+# --- [policy] ----------------------------------------------------------------
+
+
+class Rule(_Section):
+    """One policy rule; the first rule whose glob matches a tool address wins."""
+
+    match: Glob
+    action: Literal["allow", "ask", "deny"]
+
+    def matches(self, address: str) -> bool:
+        return fnmatch.fnmatchcase(address, self.match)
+
+
+class PolicyConfig(_Section):
+    # An unannotated tool counts as a write, so the safe default is a human
+    # in the loop; trusted setups say "allow" explicitly.
+    writes: Literal["ask", "allow", "deny"] = "ask"
+    # More than 10 writes in one run is usually a loop gone wrong (agents were
+    # seen re-sending one billable write 9 times after a truncated result).
+    write_budget: PositiveInt = 10
+    rules: Annotated[
+        list[Rule], _Expected('must be a list of tables like {match = "helpdesk.*", action = "ask"}')
+    ] = Field(default_factory=list)
+    # A day for a human to answer; after that the data the run read is stale.
+    approval_ttl_seconds: Seconds = 86400
+    # A snapshot costs a few KB and milliseconds; these bound what recovery
+    # replays to 100 calls or 30 s of work.
+    checkpoint_every_calls: PositiveInt = 100
+    checkpoint_every_seconds: Seconds = 30
+
+    def rule_for(self, address: str) -> Rule | None:
+        """The first rule matching ``namespace.tool``, or None."""
+        return next((rule for rule in self.rules if rule.matches(address)), None)
+
+
+# --- [store] -----------------------------------------------------------------
+
+
+class StoreConfig(_Section):
+    # Relative to the default TETHER_HOME; load_config writes the absolute
+    # path of the home in force.
+    url: StoreUrl = f"sqlite:///{DEFAULT_HOME}/tether.db"
+
+
+# --- [sandbox] ---------------------------------------------------------------
+
+
+class SandboxConfig(_Section):
+    # One warm worker starts a run in ~0.1 ms instead of ~5 ms cold.
+    min_workers: PositiveInt = 1
+    # Each worker may hold memory_bytes; two keep a laptop's footprint small.
+    max_workers: PositiveInt = 2
+    # Catches wrong argument names before any tool is called, for ~10 ms.
+    type_check: Bool = True
+
+    @model_validator(mode="after")
+    def _workers_order(self) -> SandboxConfig:
+        if self.min_workers > self.max_workers:
+            raise PydanticCustomError(
+                "tether",
+                "must not exceed max_workers ({max}) (got {min})",
+                {"key": "min_workers", "min": self.min_workers, "max": self.max_workers},
+            )
+        return self
+
+
+# --- [server] ----------------------------------------------------------------
+
+
+class ServerConfig(_Section):
+    # Loopback: nothing is exposed until someone chooses to.
+    host: Text = "127.0.0.1"
+    port: Port = 8765
+    # TETHER_TOKEN wins over this, so the file need not hold a secret.
+    token: Text | None = None
+    allow_unauthenticated_loopback: Bool = False
+    # Defaults to sandbox.max_workers (filled in by Config): more concurrent
+    # runs than workers would only wait for a worker inside the sandbox.
+    max_concurrent_runs: PositiveInt = 2
+    # Enough to absorb a burst from a few agents; beyond that callers get
+    # `overloaded` with a retry hint instead of waiting blind.
+    queue_depth: NonNegativeInt = 16
+    queue_timeout_seconds: Seconds = 10
+
+
+# --- [[sources]] -------------------------------------------------------------
+
+
+class PythonSource(_Section):
+    type: Literal["python"]
+    # A dotted module name or a path to a .py file (relative to the config file).
+    module: Text
+    # Defaults to the module's TETHER_NAMESPACE.
+    namespace: Identifier | None = None
+
+
+class McpSource(_Section):
+    type: Literal["mcp"]
+    namespace: Identifier
+    command: StrList | None = None
+    url: HttpUrl | None = None
+    env: StrTable = Field(default_factory=dict)
+    headers: StrTable = Field(default_factory=dict)
+    cwd: Text | None = None
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpSource:
+        if (self.command is None) == (self.url is None):
+            raise PydanticCustomError(
+                "tether", "set exactly one of 'command' (a stdio server) or 'url' (an HTTP server)"
+            )
+        if self.url is not None and (self.env or self.cwd is not None):
+            raise PydanticCustomError("tether", "'env' and 'cwd' apply only to a 'command' server")
+        if self.command is not None and self.headers:
+            raise PydanticCustomError("tether", "'headers' apply only to a 'url' server")
+        return self
+
+
+class BearerAuth(_Section):
+    type: Literal["bearer"]
+    token_env: EnvName
+
+
+class HeaderAuth(_Section):
+    type: Literal["header"]
+    name: Text
+    value_env: EnvName
+
+
+class QueryAuth(_Section):
+    type: Literal["query"]
+    name: Text
+    value_env: EnvName
+
+
+Auth = Annotated[BearerAuth | HeaderAuth | QueryAuth, Field(discriminator="type")]
+
+
+class OpenApiSource(_Section):
+    type: Literal["openapi"]
+    namespace: Identifier
+    # A path (relative to the config file) or an http(s) URL.
+    spec: Text
+    base_url: HttpUrl | None = None
+    auth: Auth | None = None
+    headers: StrTable = Field(default_factory=dict)
+
+
+Source = Annotated[PythonSource | McpSource | OpenApiSource, Field(discriminator="type")]
+
+# --- the whole file ----------------------------------------------------------
+
+
+class Config(_Section):
+    """The configuration in force. Build it with :func:`load_config` or :meth:`from_dict`."""
+
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    sources: Annotated[list[Source], _Expected("must be an array of tables, written [[sources]]")] = Field(
+        default_factory=list
+    )
+
+    _home: Path = Path(DEFAULT_HOME)
+    _path: Path | None = None
+    _secret: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_defaults(cls, data: Any) -> Any:
+        # max_concurrent_runs follows sandbox.max_workers unless set. Done on
+        # the raw data so the field stays a plain int after validation.
+        if not isinstance(data, dict):
+            return data
+        server, sandbox = data.get("server", {}), data.get("sandbox", {})
+        if isinstance(server, dict) and isinstance(sandbox, dict) and "max_concurrent_runs" not in server:
+            workers = sandbox.get("max_workers", SandboxConfig.model_fields["max_workers"].default)
+            if type(workers) is int and workers > 0:
+                data = {**data, "server": {**server, "max_concurrent_runs": workers}}
+        return data
+
+    @property
+    def home(self) -> Path:
+        """TETHER_HOME (absolute once loaded): where the default store and local state live."""
+        return self._home
+
+    @property
+    def path(self) -> Path | None:
+        """The file this config was read from; None when only defaults apply."""
+        return self._path
+
+    @property
+    def secret(self) -> str | None:
+        """TETHER_SECRET, if set. Never written to the config file or to_dict()."""
+        return self._secret
+
+    @classmethod
+    def from_dict(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        source: str = "<config>",
+        base_dir: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Config:
+        """Validate parsed TOML. ``source`` names the file in error messages;
+        relative source paths resolve against ``base_dir`` (default: cwd)."""
+        env = os.environ if env is None else env
+        problems: list[tuple[str, str]] = []  # (TOML path, what is wrong)
+        config: Config | None = None
+        try:
+            config = cls.model_validate(dict(data))
+        except ValidationError as exc:
+            problems += _describe_errors(exc)
+        problems += _duplicate_namespaces(data.get("sources"))
+        # File order reads best: a typo'd [limts] sits beside [limits] errors.
+        order = {key: index for index, key in enumerate(data)}
+        problems.sort(key=lambda problem: order.get(re.split(r"[.\[]", problem[0])[0], len(order)))
+        errors = [{"file": source, "key": key, "message": message} for key, message in problems]
+        home = _home_from(env)
+        store_url = env.get("TETHER_STORE_URL") or None
+        if store_url is not None and not store_url.startswith(_STORE_SCHEMES):
+            message = f"must be a sqlite:///path or postgresql:// URL (got {_redact_url(store_url)!r})"
+            errors.append({"env": "TETHER_STORE_URL", "message": message})
+        if errors or config is None:
+            raise ConfigError(
+                "\n".join(
+                    f"{error['file']}: {error['key']}: {error['message']}"
+                    if "file" in error
+                    else f"{error['env']}: {error['message']}"
+                    for error in errors
+                ),
+                details={"file": source, "errors": errors},
+            )
+
+        if store_url is None and "url" not in config.store.model_fields_set:
+            store_url = f"sqlite:///{home / 'tether.db'}"
+        server = config.server
+        if env.get("TETHER_TOKEN"):
+            server = server.model_copy(update={"token": env["TETHER_TOKEN"]})
+        config = config.model_copy(
+            update={
+                "store": config.store.model_copy(update={"url": store_url or config.store.url}),
+                "server": server,
+                "sources": [_resolve_paths(s, base_dir or Path.cwd()) for s in config.sources],
+            }
+        )
+        config._home = home
+        config._secret = env.get("TETHER_SECRET") or None
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config in force as JSON, for recording with a run. Secrets are
+        redacted: tokens, MCP env and header values, a store URL's password."""
+        out = self.model_dump(mode="json")
+        out["home"] = str(self.home)
+        out["store"]["url"] = _redact_url(self.store.url)
+        if out["server"]["token"] is not None:
+            out["server"]["token"] = _REDACTED
+        for source in out["sources"]:
+            for table in ("env", "headers"):
+                if table in source:
+                    source[table] = {key: _REDACTED for key in source[table]}
+        return out
+
+
+def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> Config:
+    """Load ``path``; with None, ``./tether.toml`` if it exists, else defaults.
+
+    ``env`` replaces ``os.environ`` (for tests). Raises ConfigError listing
+    every problem found.
+    """
+    if path is None:
+        if not Path(DEFAULT_FILE).is_file():
+            return Config.from_dict({}, source="<defaults>", env=env)
+        path = DEFAULT_FILE
+    file = Path(path)
+    name = str(path)
+    try:
+        text = file.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{name}: file not found", details={"file": name}) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{name}: not UTF-8 text (bad byte at offset {exc.start})", details={"file": name}
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read ({exc.strerror})", details={"file": name}) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line, column = _error_position(str(exc), text)
+        reason = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)$", "", str(exc))
+        raise ConfigError(
+            f"{name}: invalid TOML at line {line}, column {column}: {reason}",
+            details={"file": name, "line": line, "column": column},
+        ) from None
+    config = Config.from_dict(data, source=name, base_dir=file.resolve().parent, env=env)
+    config._path = file.resolve()
+    return config
+
+
+# --- helpers -----------------------------------------------------------------
+
+
+def _home_from(env: Mapping[str, str]) -> Path:
+    return Path(env.get("TETHER_HOME") or DEFAULT_HOME).expanduser().resolve()
+
+
+def _error_position(message: str, text: str) -> tuple[int, int]:
+    found = re.search(r"at line (\d+), column (\d+)", message)
+    if found:
+        return int(found.group(1)), int(found.group(2))
+    lines = text.split("\n")
+    return len(lines), len(lines[-1]) + 1
+
+
+def _redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", f":{_REDACTED}@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _is_url(value: str) -> bool:
+    return urlsplit(value).scheme in ("http", "https")
+
+
+def _resolve_paths(source: Any, base: Path) -> Any:
+    # Paths in the file are relative to the file, not to wherever tether runs.
+    if isinstance(source, PythonSource) and (source.module.endswith(".py") or "/" in source.module):
+        return source.model_copy(update={"module": str((base / source.module).resolve())})
+    if isinstance(source, OpenApiSource) and not _is_url(source.spec):
+        return source.model_copy(update={"spec": str((base / source.spec).resolve())})
+    if isinstance(source, McpSource) and source.cwd is not None:
+        return source.model_copy(update={"cwd": str((base / source.cwd).resolve())})
+    return source
+
+
+def _duplicate_namespaces(sources: Any) -> list[tuple[str, str]]:
+    # Read from the raw data so a duplicate is reported alongside every other
+    # problem, not only once the rest of the file is valid.
+    seen: dict[str, int] = {}
+    problems: list[tuple[str, str]] = []
+    for index, source in enumerate(sources if isinstance(sources, list) else []):
+        namespace = source.get("namespace") if isinstance(source, dict) else None
+        if not isinstance(namespace, str):
+            continue
+        if namespace in seen:
+            problems.append(
+                (
+                    f"sources[{index}].namespace",
+                    f"namespace {namespace!r} is already used by sources[{seen[namespace]}]; "
+                    "namespaces must be unique",
+                )
+            )
+        else:
+            seen[namespace] = index
+    return problems
+
+
+# --- pydantic errors -> one line per bad key ---------------------------------
+
+
+def _describe_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    found: dict[tuple[str, str], None] = {}
+    for error in exc.errors():
+        path, field, holder = _walk(error["loc"])
+        if error["type"] == "union_tag_invalid":
+            path += ".type"
+        elif error["type"] == "tether" and "key" in error.get("ctx", {}):
+            # A cross-key check names the key it blames; pydantic cannot.
+            path += f".{error['ctx']['key']}"
+        secret = path.endswith(".token") or ".env." in path or ".headers." in path
+        if path == "store.url" and isinstance(error.get("input"), str):
+            error = {**error, "input": _redact_url(error["input"])}
+        # A union member can fail the same way twice; say it once.
+        found[(path or "(top level)", _explain(error, field, holder, secret=secret))] = None
+    return list(found)
+
+
+def _unwrap(tp: Any) -> Any:
+    """Strip Annotated and Optional down to the type that holds the value."""
+    while True:
+        if get_origin(tp) is Annotated:
+            tp = get_args(tp)[0]
+        elif get_origin(tp) in (Union, UnionType) and type(None) in get_args(tp):
+            rest = [arg for arg in get_args(tp) if arg is not type(None)]
+            tp = rest[0] if len(rest) == 1 else Union[tuple(rest)]  # noqa: UP007
+        else:
+            return tp
+
+
+def _walk(loc: tuple[int | str, ...]) -> tuple[str, FieldInfo | None, type[BaseModel] | None]:
+    """Turn a pydantic location into a TOML path, plus the FieldInfo of the
+    last key named and the model holding it (for unknown-key suggestions)."""
+    tp: Any = Config
+    field: FieldInfo | None = None
+    holder: type[BaseModel] | None = None
+    path = ""
+    for part in loc:
+        tp = _unwrap(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            holder, field = tp, tp.model_fields.get(str(part))
+            tp = field.annotation if field is not None else None
+            path += f".{part}" if path else str(part)
+        elif get_origin(tp) in (Union, UnionType):
+            # A tagged union puts the tag in the location; it is not a key.
+            tp = next((arg for arg in get_args(tp) if part in _tags(arg)), None)
+        elif get_origin(tp) is list:
+            tp = get_args(tp)[0]
+            path += f"[{part}]"
+        elif get_origin(tp) is dict:
+            tp = get_args(tp)[1]
+            path += f".{part}" if re.fullmatch(r"[A-Za-z0-9_-]+", str(part)) else f".{str(part)!r}"
+        else:
+            path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path, field, holder
+
+
+def _tags(model: Any) -> tuple[Any, ...]:
+    model = _unwrap(model)
+    if isinstance(model, type) and issubclass(model, BaseModel) and "type" in model.model_fields:
+        return get_args(model.model_fields["type"].annotation)
+    return ()
+
+
+def _expected(field: FieldInfo | None) -> str | None:
+    """The key's _Expected text, or a description derived from its type."""
+    if field is None:
+        return None
+    metadata = list(field.metadata)
+    # `Alias | None` keeps the alias's metadata one level down.
+    for arg in get_args(field.annotation):
+        metadata += getattr(arg, "__metadata__", ())
+    for item in metadata:
+        if isinstance(item, _Expected):
+            return item.text
+    annotation = _unwrap(field.annotation)
+    if get_origin(annotation) is Literal:
+        return "must be one of " + ", ".join(repr(value) for value in get_args(annotation))
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "must be a table"
+    return None
+
+
+def _got(value: Any, *, secret: bool = False) -> str:
+    if secret and not isinstance(value, (dict, list, bool)):
+        # Name the type only: the value may be a credential.
+        return f"a value of type {type(value).__name__}"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def _explain(error: Any, field: FieldInfo | None, holder: type[BaseModel] | None, *, secret: bool) -> str:
+    kind, loc = error["type"], error["loc"]
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        known = list(holder.model_fields) if holder is not None else []
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        if close:
+            return f"unknown key {key!r} (did you mean {close[0]!r}?)"
+        return f"unknown key {key!r} (expected one of: {', '.join(known)})"
+    if kind == "union_tag_not_found":
+        union = field.annotation if field is not None and loc[-1] == "auth" else Source
+        tags = ", ".join(repr(tag) for arg in get_args(_unwrap(union)) for tag in _tags(arg))
+        return f"missing key 'type' (expected one of {tags})"
+    if kind == "union_tag_invalid":
+        return f"must be one of {error['ctx']['expected_tags']} (got {error['ctx']['tag']!r})"
+    if kind in ("model_type", "model_attributes_type"):
+        return f"must be a table (got {_got(error['input'])})"
+    if kind == "tether":
+        return str(error["msg"])
+    expected = _expected(field)
+    if kind == "missing":
+        return f"required key missing (it {expected})" if expected else "required key missing"
+    if expected is None:
+        # Not reached by any key tether defines; keep pydantic's wording
+        # rather than claim an expectation we do not know.
+        return f"{error['msg']} (got {_got(error['input'], secret=secret)})"
+    return f"{expected} (got {_got(error['input'], secret=secret)})"
