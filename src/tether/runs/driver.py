@@ -306,11 +306,12 @@ def _failed(rt, run, boundary, exc, logs, setup_ms, t_exec, t0, attempt_kind) ->
         text = f"{exc.exc_type}: {exc.message}"
         # P-14: the code comes from the host's own record of what it raised
         # into the program, never from text the program made up.
-        code = boundary.state.raised.get(exc.message) if exc.message in boundary.state.raised else None
+        code = boundary.state.raised.get(exc.message)
+        sandbox_code, hint = _classify(rt, exc) if code is None else (None, None)
         error = {
-            "code": code or "program_error",
+            "code": code or sandbox_code or "program_error",
             "message": f"the program raised {text}" + (f" (line {exc.line})" if exc.line else ""),
-            "next_action": "Fix the program or handle the exception; calls already made are in the journal.",
+            "next_action": hint or "Fix the program or handle the exception; calls already made are in the journal.",
             "details": {"type": exc.exc_type, "traceback": exc.traceback},
         }
     elif isinstance(exc, TetherError):
@@ -319,6 +320,31 @@ def _failed(rt, run, boundary, exc, logs, setup_ms, t_exec, t0, attempt_kind) ->
         error = SandboxCrashed(f"the run stopped: {exc}").to_dict()
     return rt._finish(run, RUN_FAILED, error=error, logs=logs.lines(), calls=boundary.state.issued,
                       diagnostics=_diagnostics(boundary, setup_ms, t_exec, t0, attempt_kind))
+
+
+def _classify(rt: "Runtime", exc: ProgramFailed) -> tuple[str | None, str | None]:
+    """Name what the sandbox itself refused, so the model knows what to write instead."""
+    msg = exc.message
+    if exc.exc_type == "AttributeError" and msg.startswith("module 'tools"):
+        # module 'tools.ns' has no attribute 'x' / module 'tools' has no attribute 'ns'
+        parts = msg.split("'")
+        if len(parts) >= 4:
+            module, attr = parts[1], parts[3]
+            address = (module[len("tools."):] + "." + attr) if module.startswith("tools.") else attr
+            suggestions = rt.catalog.suggest(address) if hasattr(rt.catalog, "suggest") else []
+            hint = "Use search() to find the right address"
+            if suggestions:
+                hint += f"; did you mean {', '.join(suggestions[:3])}?"
+            return "unknown_tool", hint + "."
+    if exc.exc_type == "ModuleNotFoundError":
+        return "module_unavailable", ("That module is not available in the sandbox; tools are the way to reach "
+                                      "the outside world (import tools).")
+    if "not supported in this environment" in msg or (exc.exc_type == "PermissionError" and "Permission denied" in msg):
+        return "sandbox_denied", ("The sandbox has no files, environment, network or processes; use a tool "
+                                  "for that.")
+    if exc.exc_type == "RecursionError":
+        return "recursion_limit", "Recurse less deeply, or iterate instead."
+    return None, None
 
 
 def _diagnostics(boundary: EffectBoundary, setup_ms: float, t_exec: float, t0: float, attempt: str) -> dict[str, Any]:

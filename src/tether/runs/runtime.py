@@ -141,6 +141,8 @@ class Runtime:
         self._active: dict[str, asyncio.Future] = {}
         self._boundaries: dict[str, EffectBoundary] = {}
         self._stubs_cache: tuple[Any, Any] | None = None
+        self.config: Any = None  # set by tether.app.open_runtime
+        self.source_status: list[Any] = []
         if tools:
             self.add_tools(*tools)
 
@@ -204,8 +206,13 @@ class Runtime:
         on_approval: Approver | None = None,
         principal: str | None = None,
         type_check: bool | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> RunResult:
-        """Run ``code``; returns completed, failed or paused."""
+        """Run ``code``; returns completed, failed or paused.
+
+        ``meta`` is recorded on the run (e.g. which tool modules it used, so a
+        resume in another process can load the same ones).
+        """
         t0 = time.perf_counter()
         check_code_size(code, self.limits.code_bytes)
         now = self.clock()
@@ -222,7 +229,7 @@ class Runtime:
             principal=principal,
             owner=self.owner,
             lease_until=now + self.lease_seconds,
-            meta={"type_check": self.type_check if type_check is None else type_check},
+            meta={**(meta or {}), "type_check": self.type_check if type_check is None else type_check},
         )
         self.store.create_run(run)
         return await self._attempt(run, mode="fresh", on_approval=on_approval, t0=t0)

@@ -345,8 +345,6 @@ def map_monty_error(exc: BaseException, limits: SandboxLimits) -> BaseException:
                 "(time inside tool calls does not count)",
                 code="time_limit",
             )
-        if exc_type == "RecursionError":
-            return ProgramFailed(exc_type, message, frames, frames[-1]["line"] if frames else None)
         return ProgramFailed(exc_type, message, frames, frames[-1]["line"] if frames else None)
     if isinstance(exc, _pm.MontyError):
         return SandboxCrashed(f"sandbox error: {exc}")
@@ -360,8 +358,9 @@ def _frames(exc: Any) -> list[dict[str, Any]]:
         return []
     out = []
     for frame in frames:
-        # Only the program's own frames: the host's are nobody's business.
-        if frame.filename != "main.py":
+        # Only the program's own frames (the REPL names them <python-input-N>):
+        # the host's are nobody's business.
+        if not (frame.filename.startswith("<python-input") or frame.filename == "main.py"):
             continue
         out.append({"line": frame.line, "column": frame.column, "function": frame.function_name,
                     "source": frame.source_line})

@@ -1,0 +1,388 @@
+"""The ``tether`` command line.
+
+Exit codes: 0 completed, 1 failed (or cancelled), 2 bad usage, 3 paused.
+Every command that prints a result takes ``--json`` for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import TetherError, UsageError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PAUSED = 0, 1, 2, 3
+
+
+def _exit_code(status: str) -> int:
+    return {"completed": EXIT_OK, "paused": EXIT_PAUSED}.get(status, EXIT_FAILED)
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def _print_result(result: Any, as_json: bool) -> int:
+    data = result.to_dict()
+    if as_json:
+        _print_json(data)
+        return _exit_code(result.status)
+    for line in data.get("logs") or []:
+        print(line)
+    status = data["status"]
+    if status == "completed":
+        value = data["result"]
+        print(value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False))
+    elif status == "paused":
+        p = data["pending"]
+        args = ", ".join(f"{k}={v!r}" for k, v in p["args"].items())
+        print(f"paused: run {data['run_id']} waits for approval of call {p['seq']}: {p['address']}({args})")
+        print(f"  approve: tether resume {data['run_id']} --approve")
+        print(f"  decline: tether resume {data['run_id']} --decline --reason '...'")
+        print(f"  cancel:  tether resume {data['run_id']} --cancel")
+    else:
+        err = data.get("error") or {}
+        print(f"{status}: [{err.get('code')}] {err.get('message')}", file=sys.stderr)
+        if err.get("details", {}).get("diagnostics"):
+            print(err["details"]["diagnostics"], file=sys.stderr)
+        if err.get("next_action"):
+            print(f"next: {err['next_action']}", file=sys.stderr)
+    for note in data.get("notes") or []:
+        print(f"note: {note}", file=sys.stderr)
+    return _exit_code(status)
+
+
+def _read_program(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read program {path}: {exc.strerror}", code="file_not_found",
+                         next_action="Pass the path of a Python file, or - for standard input.") from None
+
+
+def _runtime(args: argparse.Namespace, tools: Sequence[str] = ()) -> Any:
+    from .app import open_runtime
+
+    type_check = False if getattr(args, "no_check", False) else None
+    return open_runtime(config_path=args.config, tools=tools, type_check=type_check)
+
+
+async def _ask_inline(pending: dict) -> tuple[str, str | None]:
+    args = ", ".join(f"{k}={v!r}" for k, v in pending["args"].items())
+    prompt = f"Allow write {pending['address']}({args})? [y/N] "
+    answer = await asyncio.to_thread(input, prompt)
+    return ("approve", None) if answer.strip().lower() in ("y", "yes") else ("decline", "declined at the terminal")
+
+
+# -- commands ---------------------------------------------------------------------
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    from .app import resolve_tool_spec
+
+    code = _read_program(args.program)
+    tools = [resolve_tool_spec(t) for t in args.tools]
+    async with _runtime(args, tools) as rt:
+        interactive = sys.stdin.isatty() and sys.stdout.isatty() and not args.no_prompt and not args.json
+        result = await rt.execute(code, on_approval=_ask_inline if interactive else None,
+                                  meta={"tools": tools, "config": _abs(args.config)})
+        return _print_result(result, args.json)
+
+
+def _abs(path: str | None) -> str | None:
+    return str(Path(path).resolve()) if path else None
+
+
+async def cmd_resume(args: argparse.Namespace) -> int:
+    decision = "approve" if args.approve else "decline" if args.decline else "cancel"
+    tools, config = _recorded_setup(args)
+    args.config = config
+    async with _runtime(args, tools) as rt:
+        result = await rt.resume(args.run_id, decision, args.reason, seq=args.seq)
+        return _print_result(result, args.json)
+
+
+def _recorded_setup(args: argparse.Namespace) -> tuple[list[str], str | None]:
+    """The tools and config a run was started with, so resume needs no flags."""
+    from .config import load_config
+    from .store import open_store
+
+    config = load_config(args.config)
+    store = open_store(config.store.url)
+    try:
+        run = store.get_run(args.run_id)
+    finally:
+        store.close()
+    recorded = (run.meta if run else {}) or {}
+    tools = list(args.tools or recorded.get("tools") or [])
+    return tools, args.config or recorded.get("config")
+
+
+async def cmd_runs_list(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .store import open_store
+
+    store = open_store(load_config(args.config).store.url)
+    try:
+        runs = store.list_runs(status=args.status, limit=args.limit)
+    finally:
+        store.close()
+    rows = [{"run_id": r.run_id, "status": r.status, "created_at": r.created_at, "updated_at": r.updated_at,
+             "pending": (r.pending or {}).get("address"), "error": (r.error or {}).get("code")} for r in runs]
+    if args.json:
+        _print_json(rows)
+        return EXIT_OK
+    if not rows:
+        print("no runs")
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"]))
+        extra = f" waits on {r['pending']}" if r["pending"] else (f" [{r['error']}]" if r["error"] else "")
+        print(f"{r['run_id']}  {r['status']:<9}  {when}{extra}")
+    return EXIT_OK
+
+
+async def cmd_runs_show(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .runs.inspect import run_timeline
+    from .store import open_store
+
+    store = open_store(load_config(args.config).store.url)
+    try:
+        data = run_timeline(store, args.run_id)
+    finally:
+        store.close()
+    if args.json:
+        _print_json(data)
+        return EXIT_OK
+    print(f"run {data['run_id']}: {data['status']}")
+    print("program:")
+    for i, line in enumerate(data["program"].splitlines(), 1):
+        print(f"  {i:>3} | {line}")
+    print("calls:")
+    for c in data["calls"]:
+        ms = f"{c['ms']:.1f} ms" if c.get("ms") is not None else "-"
+        print(f"  #{c['seq']:<3} {c['kind']:<5} {c['address']:<32} {c['state']:<9} {ms}")
+    if data.get("pending"):
+        print(f"pending: call {data['pending']['seq']} {data['pending']['address']}")
+    outcome = data.get("outcome") or {}
+    if outcome.get("error"):
+        print(f"error: [{outcome['error'].get('code')}] {outcome['error'].get('message')}")
+    elif data["status"] == "completed":
+        print("result:", json.dumps(outcome.get("result"), ensure_ascii=False)[:2000])
+    return EXIT_OK
+
+
+async def cmd_recover(args: argparse.Namespace) -> int:
+    async with _runtime(args, list(args.tools)) as rt:
+        results = await rt.recover()
+    if args.json:
+        _print_json([r.to_dict() for r in results])
+    else:
+        if not results:
+            print("no runs to recover")
+        for r in results:
+            code = (r.error or {}).get("code")
+            print(f"{r.run_id}: {r.status}" + (f" [{code}]" if code else ""))
+    return EXIT_OK
+
+
+async def cmd_tools_search(args: argparse.Namespace) -> int:
+    async with _runtime(args, list(args.tools)) as rt:
+        found = rt.search(args.query, namespace=args.namespace, limit=args.limit, offset=args.offset)
+    if args.json:
+        _print_json(found)
+        return EXIT_OK
+    for item in found["results"]:
+        ro = "read " if item["annotations"]["read_only"] else "write"
+        print(f"{item['address']:<36} {ro}  {(item.get('description') or '').splitlines()[0][:70] if item.get('description') else ''}")
+    if found.get("next_offset") is not None:
+        print(f"... more: --offset {found['next_offset']}")
+    return EXIT_OK
+
+
+async def cmd_tools_describe(args: argparse.Namespace) -> int:
+    async with _runtime(args, list(args.tools)) as rt:
+        described = rt.describe(list(args.address))
+    if args.json:
+        _print_json(described)
+        return EXIT_OK
+    status = EXIT_OK
+    for d in described:
+        if d.get("error"):
+            status = EXIT_FAILED
+            print(f"{d['address']}: unknown tool; did you mean: {', '.join(d.get('suggestions') or []) or '-'}")
+            continue
+        if d.get("types"):
+            print(d["types"])
+        print(d["signature"])
+        if d.get("description"):
+            print(f'    """{d["description"]}"""')
+        print()
+    return status
+
+
+async def cmd_sources_list(args: argparse.Namespace) -> int:
+    async with _runtime(args, list(args.tools)) as rt:
+        statuses = [s.to_dict() for s in rt.source_status]
+        namespaces = rt.sources()
+    if args.json:
+        _print_json({"sources": statuses, "namespaces": namespaces})
+        return EXIT_OK
+    for s in statuses:
+        state = f"{s['tools']} tools" if s["ok"] else f"FAILED: {s['error']}"
+        print(f"{s['source']:<24} {s['type']:<8} {state}")
+        for p in s["problems"]:
+            print(f"    skipped {p.get('operation')}: {p.get('problem')}")
+    if not statuses:
+        print("no sources configured (add [[sources]] to tether.toml or pass --tools)")
+    return EXIT_OK if all(s["ok"] for s in statuses) else EXIT_FAILED
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import DEMO_PROGRAM
+
+    print("tether demo: a help desk with customers, tickets and comments.\n")
+    print("The program an agent would send:\n")
+    for line in DEMO_PROGRAM.strip().splitlines():
+        print(f"    {line}")
+    print()
+    async with _runtime(args, ["tether.demo.helpdesk"]) as rt:
+        result = await rt.execute(DEMO_PROGRAM, meta={"tools": ["tether.demo.helpdesk"]})
+    if args.json:
+        _print_json(result.to_dict())
+        return _exit_code(result.status)
+    code = _print_result(result, False)
+    d = result.diagnostics
+    print(f"\n{result.calls} host calls in {d.get('total_ms', 0):.1f} ms (run {result.run_id}; "
+          f"see: tether runs show {result.run_id})")
+    return code
+
+
+async def cmd_prompt(args: argparse.Namespace) -> int:
+    async with _runtime(args, list(args.tools)) as rt:
+        print(rt.model_description())
+    return EXIT_OK
+
+
+async def cmd_serve(args: argparse.Namespace) -> int:
+    from .server.mcp import serve
+
+    return await serve(args)
+
+
+# -- parser -------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tether", description="Run model-written Python against tools, durably.")
+    p.add_argument("--config", help="path to tether.toml (default: ./tether.toml if present)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser, tools: bool = True) -> None:
+        sp.add_argument("--json", action="store_true", help="print JSON for scripts")
+        if tools:
+            sp.add_argument("--tools", action="append", default=[],
+                            help="a .py file or dotted module with @tool functions (repeatable)")
+
+    sp = sub.add_parser("run", help="run a program")
+    sp.add_argument("program", help="path to a .py file, or - for standard input")
+    sp.add_argument("--no-check", action="store_true", help="skip the static type check")
+    sp.add_argument("--no-prompt", action="store_true", help="never ask y/n at a pause; exit 3 instead")
+    common(sp)
+    sp.set_defaults(func=cmd_run)
+
+    sp = sub.add_parser("resume", help="decide a paused run's pending write and continue it")
+    sp.add_argument("run_id")
+    g = sp.add_mutually_exclusive_group(required=True)
+    g.add_argument("--approve", action="store_true")
+    g.add_argument("--decline", action="store_true")
+    g.add_argument("--cancel", action="store_true")
+    sp.add_argument("--reason", help="told to the program when declining")
+    sp.add_argument("--seq", type=int, help="the pending call this decision is for (exactly-once decisions)")
+    common(sp)
+    sp.set_defaults(func=cmd_resume)
+
+    runs = sub.add_parser("runs", help="list and inspect runs").add_subparsers(dest="runs_command", required=True)
+    sp = runs.add_parser("list")
+    sp.add_argument("--status")
+    sp.add_argument("--limit", type=int, default=50)
+    common(sp, tools=False)
+    sp.set_defaults(func=cmd_runs_list)
+    sp = runs.add_parser("show")
+    sp.add_argument("run_id")
+    common(sp, tools=False)
+    sp.set_defaults(func=cmd_runs_show)
+
+    sp = sub.add_parser("recover", help="continue runs whose process died")
+    common(sp)
+    sp.set_defaults(func=cmd_recover)
+
+    tools = sub.add_parser("tools", help="search and describe tools").add_subparsers(dest="tools_command", required=True)
+    sp = tools.add_parser("search")
+    sp.add_argument("query", nargs="?", default="")
+    sp.add_argument("--namespace")
+    sp.add_argument("--limit", type=int, default=12)
+    sp.add_argument("--offset", type=int, default=0)
+    common(sp)
+    sp.set_defaults(func=cmd_tools_search)
+    sp = tools.add_parser("describe")
+    sp.add_argument("address", nargs="+")
+    common(sp)
+    sp.set_defaults(func=cmd_tools_describe)
+
+    sources = sub.add_parser("sources", help="configured tool sources").add_subparsers(dest="sources_command", required=True)
+    sp = sources.add_parser("list")
+    common(sp)
+    sp.set_defaults(func=cmd_sources_list)
+
+    sp = sub.add_parser("demo", help="run the built-in help desk demo")
+    common(sp, tools=False)
+    sp.add_argument("--no-check", action="store_true", help=argparse.SUPPRESS)
+    sp.set_defaults(func=cmd_demo)
+
+    sp = sub.add_parser("prompt", help="print the model-facing description of the sandbox API")
+    common(sp)
+    sp.set_defaults(func=cmd_prompt)
+
+    sp = sub.add_parser("serve", help="serve tether over MCP")
+    g = sp.add_mutually_exclusive_group(required=True)
+    g.add_argument("--stdio", action="store_true", help="MCP over standard input/output")
+    g.add_argument("--http", metavar="HOST:PORT", help="MCP over streamable HTTP")
+    sp.add_argument("--dev", action="store_true", help="allow HTTP without a token on a loopback address")
+    common(sp)
+    sp.set_defaults(func=cmd_serve)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = asyncio.run(args.func(args))
+    except TetherError as exc:
+        if getattr(args, "json", False):
+            _print_json({"status": "error", "error": exc.to_dict()})
+        else:
+            print(f"error: {exc}", file=sys.stderr)
+            print(f"next: {exc.next_action}", file=sys.stderr)
+        code = EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
+    except KeyboardInterrupt:
+        code = 130
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The sandbox's native runtime can abort during interpreter shutdown
+    # after real async host calls (seen with pydantic-monty 1.4.0); every
+    # resource is closed by now, so leave without running finalizers.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

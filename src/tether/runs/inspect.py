@@ -1,0 +1,42 @@
+"""Read-only views of a run for people: the timeline of `tether runs show`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import RunNotFound
+from ..store.base import Store
+
+
+def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
+    run = store.get_run(run_id)
+    if run is None:
+        raise RunNotFound(f"no run {run_id!r}")
+    calls = []
+    for c in store.get_calls(run_id):
+        ms = None
+        if c.started_at is not None and c.finished_at is not None:
+            ms = round((c.finished_at - c.started_at) * 1000, 3)
+        calls.append({
+            "seq": c.seq, "op": c.op, "address": c.address, "args": c.args, "kind": c.kind, "state": c.state,
+            "started_at": c.started_at, "finished_at": c.finished_at, "ms": ms,
+            "error": c.error,
+        })
+    snap = store.latest_snapshot(run_id)
+    return {
+        "run_id": run.run_id,
+        "status": run.status,
+        "program": run.program,
+        "environment": run.environment,
+        "policy": run.policy,
+        "limits": run.limits,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "pending": run.pending,
+        "expires_at": run.expires_at,
+        "decision": run.decision,
+        "calls": calls,
+        "snapshot": None if snap is None else {"seq": snap.seq, "kind": snap.kind, "bytes": len(snap.data),
+                                               "monty_version": snap.monty_version},
+        "outcome": run.result,
+    }

@@ -1,0 +1,58 @@
+"""Small tool sets for runtime tests (real async functions, no mocks)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tether.tools.model import Annotations, Tool
+
+ID_SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+
+
+class Recorder:
+    """Tools that record every delivery, in order, with start/end events."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.events: list[tuple[str, str, Any]] = []
+        self.deliveries: list[tuple[str, dict]] = []
+
+    def tools(self) -> list[Tool]:
+        async def get_ticket(args: dict) -> Any:
+            self.events.append(("start", "get_ticket", args["id"]))
+            await asyncio.sleep(self.delay)
+            self.events.append(("end", "get_ticket", args["id"]))
+            if args["id"] < 0:
+                raise LookupError(f"ticket {args['id']} does not exist")
+            return {"id": args["id"], "title": f"ticket {args['id']}", "status": "open"}
+
+        async def close_ticket(args: dict) -> Any:
+            self.deliveries.append(("close_ticket", dict(args)))
+            return {"id": args["id"], "status": "closed"}
+
+        async def add_comment(args: dict) -> Any:
+            self.deliveries.append(("add_comment", dict(args)))
+            return {"ticket": args["id"], "comment": len(self.deliveries)}
+
+        async def slow(args: dict) -> Any:
+            await asyncio.sleep(args.get("seconds", 10))
+            return "late"
+
+        async def slow_write(args: dict) -> Any:
+            self.deliveries.append(("slow_write", dict(args)))
+            await asyncio.sleep(args.get("seconds", 10))
+            return "late"
+
+        comment_schema = {"type": "object", "properties": {"id": {"type": "integer"}, "body": {"type": "string"}},
+                          "required": ["id", "body"]}
+        slow_schema = {"type": "object", "properties": {"seconds": {"type": "number"}}}
+        return [
+            Tool("helpdesk", "get_ticket", "Get one ticket by id.", ID_SCHEMA, get_ticket,
+                 annotations=Annotations(read_only=True)),
+            Tool("helpdesk", "close_ticket", "Close a ticket.", ID_SCHEMA, close_ticket,
+                 annotations=Annotations(destructive=True)),
+            Tool("helpdesk", "add_comment", "Add a comment to a ticket.", comment_schema, add_comment),
+            Tool("slowpoke", "wait", "Answers late.", slow_schema, slow, annotations=Annotations(read_only=True)),
+            Tool("slowpoke", "write", "A write that answers late.", slow_schema, slow_write),
+        ]

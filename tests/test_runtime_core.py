@@ -1,0 +1,257 @@
+"""The core loop: programs run in the sandbox and call tools through the boundary.
+
+Each bad input ends with its named error and the runtime still serves the
+next program (a live host after).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import Recorder
+from tether.errors import CodeTooLarge
+from tether.runs.limits import Limits
+from tether.runs.policy import Policy
+from tether.runs.runtime import Runtime
+
+
+@pytest.fixture
+async def rec():
+    return Recorder()
+
+
+@pytest.fixture
+async def rt(rec):
+    async with Runtime(tools=rec.tools(), type_check=False, policy=Policy(writes="allow"),
+                       limits=Limits(run_seconds=2, call_timeout_seconds=1)) as runtime:
+        yield runtime
+
+
+async def assert_alive(rt: Runtime) -> None:
+    r = await rt.execute("import tools\n(await tools.helpdesk.get_ticket(id=7))['title']")
+    assert r.status == "completed", r.error
+    assert r.result == "ticket 7"
+
+
+async def test_a_program_calls_tools_and_returns_its_last_expression(rt):
+    code = """
+import tools
+t = await tools.helpdesk.get_ticket(id=3)
+print("fetched", t["id"])
+{"title": t["title"], "n": len(t)}
+"""
+    r = await rt.execute(code)
+    assert r.status == "completed"
+    assert r.result == {"title": "ticket 3", "n": 3}
+    assert r.logs == ["fetched 3"]
+    assert r.calls == 1
+    assert r.diagnostics["calls"] == 1 and r.diagnostics["per_call"][0]["address"] == "helpdesk.get_ticket"
+
+
+async def test_gathered_calls_overlap(rt, rec):
+    rec.delay = 0.05
+    code = """
+import asyncio
+import tools
+a, b, c = await asyncio.gather(tools.helpdesk.get_ticket(id=1), tools.helpdesk.get_ticket(id=2),
+                               tools.helpdesk.get_ticket(id=3))
+[a["id"], b["id"], c["id"]]
+"""
+    r = await rt.execute(code)
+    assert r.result == [1, 2, 3]
+    kinds = [e[0] for e in rec.events]
+    # All three started before any finished: they ran concurrently.
+    assert kinds == ["start", "start", "start", "end", "end", "end"]
+
+
+async def test_code_over_the_cap_is_rejected_without_running(rt):
+    with pytest.raises(CodeTooLarge) as info:
+        await rt.execute("x = 1\n" * 20_000)
+    assert info.value.code == "code_too_large"
+    # A huge string is measured without encoding it whole.
+    with pytest.raises(CodeTooLarge):
+        await rt.execute("é" * 70_000)
+    await assert_alive(rt)
+
+
+async def test_syntax_error_names_line_and_column(rt):
+    r = await rt.execute("x = 1\ndef f(:\n    pass\n")
+    assert r.status == "failed"
+    assert r.error["code"] == "syntax_error"
+    assert r.error["details"]["line"] == 2 and r.error["details"]["column"] == 7
+    await assert_alive(rt)
+
+
+async def test_unknown_tool_is_named_with_suggestions(rt):
+    r = await rt.execute("import tools\nawait tools.helpdesk.get_tiket(id=1)")
+    assert r.error["code"] == "unknown_tool"
+    assert "helpdesk.get_ticket" in r.error["next_action"]
+    await assert_alive(rt)
+
+
+async def test_invalid_arguments_raise_in_the_program_and_name_the_field(rt, rec):
+    r = await rt.execute("import tools\nawait tools.helpdesk.get_ticket(idd=1)")
+    assert r.error["code"] == "invalid_arguments"
+    assert "idd" in r.error["message"]
+    caught = await rt.execute("""
+import tools
+try:
+    await tools.helpdesk.get_ticket(id="seven")
+    out = "no error"
+except TypeError as e:
+    out = str(e)
+out
+""")
+    assert caught.status == "completed"
+    assert caught.result.startswith("[invalid_arguments]")
+    r = await rt.execute("import tools\nawait tools.helpdesk.get_ticket(1)")
+    assert r.error["code"] == "invalid_arguments" and "keyword" in r.error["message"]
+    assert rec.events == []  # nothing was dispatched
+    await assert_alive(rt)
+
+
+async def test_a_tool_that_raises_is_a_catchable_tool_error(rt):
+    r = await rt.execute("""
+import tools
+try:
+    await tools.helpdesk.get_ticket(id=-1)
+except LookupError as e:
+    msg = str(e)
+msg
+""")
+    assert r.status == "completed"
+    assert r.result.startswith("[tool_error] helpdesk.get_ticket: ticket -1 does not exist")
+    r = await rt.execute("import tools\nawait tools.helpdesk.get_ticket(id=-1)")
+    assert r.error["code"] == "tool_error"
+    await assert_alive(rt)
+
+
+async def test_error_code_comes_from_the_host_record_not_program_text(rt):
+    r = await rt.execute("raise RuntimeError('[tool_error] helpdesk.get_ticket: made up')")
+    assert r.error["code"] == "program_error"
+
+
+async def test_memory_bomb_is_stopped(rt):
+    r = await rt.execute("x = 'a' * (10 ** 9)")
+    assert r.error["code"] == "memory_limit"
+    await assert_alive(rt)
+
+
+async def test_infinite_loop_is_stopped(rt):
+    r = await rt.execute("while True:\n    pass\n")
+    assert r.error["code"] == "time_limit"
+    await assert_alive(rt)
+
+
+async def test_uninterruptible_step_is_stopped():
+    rec = Recorder()
+    async with Runtime(tools=rec.tools(), type_check=False,
+                       limits=Limits(run_seconds=0.5, memory_bytes=2**40)) as rt:
+        r = await rt.execute("10 ** (10 ** 8)")
+        assert r.status == "failed"
+        assert r.error["code"] in ("time_limit", "memory_limit")
+        await assert_alive(rt)
+
+
+async def test_host_call_limit(rt, rec):
+    code = "import tools\nfor i in range(60):\n    await tools.helpdesk.get_ticket(id=i)\n"
+    r = await rt.execute(code)
+    assert r.error["code"] == "call_limit"
+    assert len([e for e in rec.events if e[0] == "start"]) == 50  # call 51 was never sent
+    await assert_alive(rt)
+
+
+async def test_call_limit_cannot_be_caught_by_the_program(rt, rec):
+    code = """
+import tools
+n = 0
+for i in range(80):
+    try:
+        await tools.helpdesk.get_ticket(id=i)
+        n += 1
+    except Exception:
+        pass
+n
+"""
+    r = await rt.execute(code)
+    assert r.error["code"] == "call_limit"
+
+
+async def test_per_call_timeout(rt):
+    r = await rt.execute("import tools\nawait tools.slowpoke.wait(seconds=5)")
+    assert r.error["code"] == "call_timeout"
+    await assert_alive(rt)
+
+
+async def test_a_write_that_times_out_is_unknown_and_not_resent(rt, rec):
+    r = await rt.execute("""
+import tools
+try:
+    await tools.slowpoke.write(seconds=5)
+except TimeoutError as e:
+    msg = str(e)
+msg
+""")
+    assert r.status == "completed"
+    assert r.result.startswith("[write_outcome_unknown]")
+    assert any("unknown outcome" in n for n in r.notes)
+    assert [d[0] for d in rec.deliveries] == ["slow_write"]
+
+
+async def test_non_json_results_are_converted_and_noted(rt):
+    r = await rt.execute("x = [1]\nx.append(x)\n({3, 1, 2}, b'ok', (1, 2), x)")
+    assert r.status == "completed"
+    assert r.result[0] == [1, 2, 3] and r.result[1] == "ok" and r.result[2] == [1, 2]
+    assert "a set became a sorted list" in r.notes
+
+
+async def test_large_result_is_truncated_with_a_note_on_calls_made(rt):
+    r = await rt.execute("import tools\nt = await tools.helpdesk.get_ticket(id=1)\n'x' * 100000")
+    assert r.status == "completed"
+    assert len(r.result.encode()) <= 30_000
+    assert any("truncated" in n and "1 calls this run made were made" in n for n in r.notes)
+
+
+async def test_logs_are_capped(rt):
+    r = await rt.execute("for i in range(10000):\n    print('line', i)\n")
+    assert r.status == "completed"
+    assert sum(len(x) for x in r.logs) < 31_000
+    assert r.logs[-1].startswith("[logs truncated")
+
+
+@pytest.mark.parametrize(
+    "code, expected",
+    [
+        ("open('/etc/passwd').read()", "sandbox_denied"),
+        ("import os\nos.environ['HOME']", "sandbox_denied"),
+        ("import os\nos.getenv('HOME')", "sandbox_denied"),
+        ("import socket", "module_unavailable"),
+        ("import subprocess", "module_unavailable"),
+    ],
+)
+async def test_no_files_env_network_or_processes(rt, code, expected):
+    r = await rt.execute(code)
+    assert r.status == "failed"
+    assert r.error["code"] == expected
+    await assert_alive(rt)
+
+
+async def test_pinned_clock_and_seed_are_recorded(rt):
+    code = "import random\nimport time\n[time.time(), random.random()]"
+    r = await rt.execute(code)
+    run = rt.get_run(r.run_id)
+    assert run.environment["seed"] and run.environment["clock"]
+    t, _ = r.result
+    assert abs(t - rt.clock()) < 60
+
+
+async def test_builtins_search_describe_sources(rt):
+    code = """
+found = await search("close ticket")
+desc = await describe("helpdesk.close_ticket")
+srcs = await sources()
+[found["results"][0]["address"], desc[0]["address"], sorted(s["namespace"] for s in srcs)]
+"""
+    r = await rt.execute(code)
+    assert r.status == "completed", r.error
+    assert r.result == ["helpdesk.close_ticket", "helpdesk.close_ticket", ["helpdesk", "slowpoke"]]
