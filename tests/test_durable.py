@@ -1,0 +1,330 @@
+"""Durable runs: pause, resume, replay, tamper, diverge. Test names cite docs/protocol.md clauses."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from helpers import Recorder
+from tether.errors import AlreadyDecided, RunExpired, RunNotFound, SnapshotTampered
+from tether.runs.limits import Limits
+from tether.runs.policy import Policy, Rule
+from tether.runs.runtime import Runtime
+from tether.store import open_store
+
+WRITE_PROGRAM = """
+import asyncio
+import tools
+a, b = await asyncio.gather(tools.helpdesk.get_ticket(id=1), tools.helpdesk.get_ticket(id=2))
+print("read", a["id"], b["id"])
+closed = await tools.helpdesk.close_ticket(id=1)
+print("closed", closed["id"])
+{"a": a["title"], "closed": closed["status"]}
+"""
+
+
+class Clock:
+    """An injectable clock: durability tests move time instead of sleeping."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def store_url(tmp_path):
+    return f"sqlite:///{tmp_path}/tether.db"
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+def make_runtime(store_url, rec, clock=None, **kw) -> Runtime:
+    kw.setdefault("type_check", False)
+    return Runtime(store=open_store(store_url), tools=rec.tools(), clock=clock or Clock(), **kw)
+
+
+async def test_p4_a_write_needing_approval_pauses_and_holds_no_worker(store_url, clock):
+    rec = Recorder()
+    async with make_runtime(store_url, rec, clock) as rt:
+        r = await rt.execute(WRITE_PROGRAM)
+        assert r.status == "paused"
+        assert r.pending["address"] == "helpdesk.close_ticket" and r.pending["args"] == {"id": 1}
+        assert r.pending["annotations"]["destructive"] is True
+        assert r.expires_at == clock.now + 86_400
+        assert "approve" in r.instructions
+        assert rec.deliveries == []  # nothing sent before the decision
+        assert r.logs == ["read 1 2"]
+        run = rt.get_run(r.run_id)
+        assert run.status == "paused" and run.owner is None
+        snap = rt.store.latest_snapshot(r.run_id)
+        assert snap.kind == "pause" and len(snap.data) > 0
+        calls = rt.store.get_calls(r.run_id)
+        assert [(c.seq, c.kind, c.state) for c in calls] == [(1, "read", "done"), (2, "read", "done"), (3, "write", "asked")]
+
+
+async def test_p10_approve_sends_once_and_completes_in_another_runtime(store_url, clock):
+    rec = Recorder()
+    async with make_runtime(store_url, rec, clock) as rt:
+        paused = await rt.execute(WRITE_PROGRAM)
+    # A second runtime over the same store: a different owner, a fresh pool.
+    async with make_runtime(store_url, rec, clock) as rt2:
+        done = await rt2.resume(paused.run_id, "approve")
+        assert done.status == "completed", done.error
+        assert done.result == {"a": "ticket 1", "closed": "closed"}
+        assert done.logs == ["read 1 2", "closed 1"]
+        assert done.diagnostics["attempt"] == "restore"
+        assert rec.deliveries == [("close_ticket", {"id": 1})]
+        # P-10: repeating the decision returns the recorded outcome, sends nothing.
+        again = await rt2.resume(paused.run_id, "approve")
+        assert again.to_dict() == done.to_dict()
+        assert len(rec.deliveries) == 1
+        with pytest.raises(AlreadyDecided):
+            await rt2.resume(paused.run_id, "decline")
+        with pytest.raises(RunNotFound):
+            await rt2.resume("run_nope", "approve")
+
+
+async def test_p10_decline_raises_permission_error_the_program_can_handle(store_url):
+    rec = Recorder()
+    code = """
+import tools
+try:
+    await tools.helpdesk.close_ticket(id=4)
+    outcome = "closed"
+except PermissionError as e:
+    outcome = str(e)
+outcome
+"""
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute(code)
+        r = await rt.resume(paused.run_id, "decline", "customer asked to keep it open")
+        assert r.status == "completed"
+        assert r.result.startswith("[write_declined]") and "customer asked to keep it open" in r.result
+        assert rec.deliveries == []
+
+
+async def test_p10_cancel_ends_the_run_and_sends_nothing(store_url):
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute(WRITE_PROGRAM)
+        r = await rt.resume(paused.run_id, "cancel")
+        assert r.status == "cancelled"
+        assert rec.deliveries == []
+        assert rt.get_run(paused.run_id).status == "cancelled"
+
+
+async def test_p10_concurrent_duplicate_resumes_send_once(store_url):
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute(WRITE_PROGRAM)
+        a, b, c = await asyncio.gather(*(rt.resume(paused.run_id, "approve") for _ in range(3)))
+        assert a.status == b.status == c.status == "completed"
+        assert a.result == b.result == c.result
+        assert rec.deliveries == [("close_ticket", {"id": 1})]
+
+
+async def test_p10_resume_past_ttl_is_refused(store_url, clock):
+    rec = Recorder()
+    async with make_runtime(store_url, rec, clock, approval_ttl_seconds=60) as rt:
+        paused = await rt.execute(WRITE_PROGRAM)
+        clock.now += 61
+        with pytest.raises(RunExpired):
+            await rt.resume(paused.run_id, "approve")
+        assert rec.deliveries == []
+
+
+async def test_p10_another_principal_sees_no_run(store_url):
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute(WRITE_PROGRAM, principal="alice")
+        with pytest.raises(RunNotFound):
+            await rt.resume(paused.run_id, "approve", principal="mallory")
+        r = await rt.resume(paused.run_id, "approve", principal="alice")
+        assert r.status == "completed"
+
+
+async def test_p4_gathered_writes_pause_in_seq_order(store_url):
+    rec = Recorder()
+    code = """
+import asyncio
+import tools
+x, y, t = await asyncio.gather(tools.helpdesk.add_comment(id=1, body="first"),
+                               tools.helpdesk.add_comment(id=1, body="second"),
+                               tools.helpdesk.get_ticket(id=9))
+[x["comment"], y["comment"], t["id"]]
+"""
+    async with make_runtime(store_url, rec) as rt:
+        r = await rt.execute(code)
+        assert r.status == "paused" and r.pending["seq"] == 1
+        r = await rt.resume(r.run_id, "approve")
+        assert r.status == "paused" and r.pending["seq"] == 2
+        assert rec.deliveries == [("add_comment", {"id": 1, "body": "first"})]
+        r = await rt.resume(r.run_id, "approve")
+        assert r.status == "completed", r.error
+        assert r.result == [1, 2, 9]
+        assert [d[1]["body"] for d in rec.deliveries] == ["first", "second"]
+
+
+async def test_p9_a_changed_snapshot_byte_is_refused(store_url):
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute(WRITE_PROGRAM)
+        store = rt.store
+        snap = store.latest_snapshot(paused.run_id)
+        data = bytearray(snap.data)
+        data[len(data) // 2] ^= 0x01
+        snap.data = bytes(data)
+        store.put_snapshot(snap)
+        with pytest.raises(SnapshotTampered) as info:
+            await rt.resume(paused.run_id, "approve")
+        assert info.value.code == "snapshot_tampered"
+        assert rec.deliveries == []
+
+
+async def test_p12_another_monty_version_falls_back_to_replay(store_url):
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute(WRITE_PROGRAM)
+        snap = rt.store.latest_snapshot(paused.run_id)
+        snap.monty_version = "pydantic-monty-0.0.1"
+        # Re-sign as the store would have: only the version differs.
+        snap.mac = rt.snapshot_record(snap.run_id, snap.seq, snap.data, snap.pending, snap.kind).mac
+        from tether.runs.runtime import sign_snapshot
+
+        snap.mac = sign_snapshot(rt._secret, snap.run_id, snap.seq, snap.monty_version, snap.data)
+        rt.store.put_snapshot(snap)
+        reads_before = len(rec.events)
+        r = await rt.resume(paused.run_id, "approve")
+        assert r.status == "completed", r.error
+        assert r.diagnostics["attempt"] == "replay"
+        assert r.result == {"a": "ticket 1", "closed": "closed"}
+        assert rec.deliveries == [("close_ticket", {"id": 1})]
+        assert len(rec.events) == reads_before  # reads were answered from the journal
+
+
+async def test_p6_journal_altered_so_replay_differs_is_execution_diverged(store_url):
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute(WRITE_PROGRAM)
+        run = rt.get_run(paused.run_id)
+        # The program now asks for ticket 5 first: the journal says ticket 1.
+        rt.store.update_run(run.run_id, None, program=WRITE_PROGRAM.replace("id=1)", "id=5)", 1))
+        snap = rt.store.latest_snapshot(run.run_id)
+        snap.monty_version = "pydantic-monty-0.0.1"
+        from tether.runs.runtime import sign_snapshot
+
+        snap.mac = sign_snapshot(rt._secret, snap.run_id, snap.seq, snap.monty_version, snap.data)
+        rt.store.put_snapshot(snap)
+        r = await rt.resume(paused.run_id, "approve")
+        assert r.status == "failed"
+        assert r.error["code"] == "execution_diverged"
+        assert rec.deliveries == []
+
+
+async def test_p2_policy_deny_and_rules(store_url):
+    rec = Recorder()
+    policy = Policy(writes="ask", rules=(Rule("helpdesk.add_*", "allow"), Rule("helpdesk.close_ticket", "deny")))
+    code = """
+import tools
+c = await tools.helpdesk.add_comment(id=1, body="hi")
+try:
+    await tools.helpdesk.close_ticket(id=1)
+    res = "closed"
+except PermissionError as e:
+    res = str(e)
+[c["ticket"], res]
+"""
+    async with make_runtime(store_url, rec, policy=policy) as rt:
+        r = await rt.execute(code)
+        assert r.status == "completed", r.error
+        assert r.result[0] == 1 and r.result[1].startswith("[write_denied]")
+        assert rec.deliveries == [("add_comment", {"id": 1, "body": "hi"})]
+        states = [c.state for c in rt.store.get_calls(r.run_id)]
+        assert states == ["sent", "denied"]
+
+
+async def test_p2_write_budget(store_url):
+    rec = Recorder()
+    code = """
+import tools
+n = 0
+for i in range(5):
+    try:
+        await tools.helpdesk.add_comment(id=i, body="x")
+        n += 1
+    except PermissionError as e:
+        last = str(e)
+[n, last]
+"""
+    async with make_runtime(store_url, rec, policy=Policy(writes="allow", write_budget=3)) as rt:
+        r = await rt.execute(code)
+        assert r.result[0] == 3 and r.result[1].startswith("[budget_exceeded]")
+        assert len(rec.deliveries) == 3
+
+
+async def test_inline_approval_decides_without_pausing(store_url):
+    rec = Recorder()
+    asked = []
+
+    async def approver(pending):
+        asked.append(pending["address"])
+        return ("approve", None) if pending["args"]["id"] == 1 else ("decline", "not that one")
+
+    code = """
+import tools
+a = await tools.helpdesk.close_ticket(id=1)
+try:
+    await tools.helpdesk.close_ticket(id=2)
+except PermissionError as e:
+    b = str(e)
+[a["status"], b]
+"""
+    async with make_runtime(store_url, rec) as rt:
+        r = await rt.execute(code, on_approval=approver)
+        assert r.status == "completed"
+        assert r.result[0] == "closed" and "not that one" in r.result[1]
+        assert asked == ["helpdesk.close_ticket", "helpdesk.close_ticket"]
+        assert rec.deliveries == [("close_ticket", {"id": 1})]
+
+
+async def test_p5_replay_uses_the_pinned_environment(store_url):
+    rec = Recorder()
+    code = """
+import random
+import time
+import tools
+print(random.random(), time.time())
+await tools.helpdesk.close_ticket(id=3)
+'ok'
+"""
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute(code)
+        snap = rt.store.latest_snapshot(paused.run_id)
+        from tether.runs.runtime import sign_snapshot
+
+        snap.monty_version = "other"
+        snap.mac = sign_snapshot(rt._secret, snap.run_id, snap.seq, snap.monty_version, snap.data)
+        rt.store.put_snapshot(snap)
+        replayed = await rt.resume(paused.run_id, "approve")
+        assert replayed.diagnostics["attempt"] == "replay"
+        # The replay re-ran the program from its first line with the same
+        # clock instant and seed, so it printed the same values again.
+        assert replayed.logs == paused.logs
+        other = await rt.execute(code)
+        assert other.logs != paused.logs  # a new run gets its own seed
+
+
+async def test_p15_checkpoints_bound_what_recovery_replays(store_url, clock):
+    rec = Recorder()
+    code = "import tools\nfor i in range(12):\n    await tools.helpdesk.get_ticket(id=i)\n'done'"
+    async with make_runtime(store_url, rec, clock, checkpoint_every_calls=5) as rt:
+        r = await rt.execute(code)
+        assert r.status == "completed"
+        snap = rt.store.latest_snapshot(r.run_id)
+        assert snap.kind == "checkpoint" and snap.seq == 10
