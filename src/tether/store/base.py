@@ -112,6 +112,9 @@ class Store(Protocol):
     def secret(self) -> bytes:
         """The store's signing secret (created once, kept with the store)."""
 
+    def store_size_bytes(self) -> int:
+        """Bytes the store occupies (files on disk, or the tables' relations)."""
+
     # -- runs
     def create_run(self, run: RunRecord) -> None:
         """Insert a run; raises Conflict if the id exists."""
@@ -126,6 +129,13 @@ class Store(Protocol):
 
     def runs_with_expired_lease(self, now: float) -> list[RunRecord]:
         """Runs in status running whose lease ended before ``now``."""
+
+    def paused_runs_past_expiry(self, now: float, limit: int = 100) -> list[RunRecord]:
+        """Runs in status paused whose ``expires_at`` is before ``now``, the longest expired first."""
+
+    def count_runs(self, status: str | None = None) -> int: ...
+    def delete_run(self, run_id: str) -> bool:
+        """Remove a run with its journal, snapshots and events; False if there was none."""
 
     # -- journal
     def record_call(self, call: CallRecord) -> None:

@@ -1,0 +1,614 @@
+"""The tables, their migrations, and the Store protocol written once in SQL.
+
+Both backends run the same statements through ``SQLStore``; a backend only
+supplies a connection, how a transaction begins, how its driver reports a
+duplicate key, and where the signing secret lives. Statements use ``?``
+placeholders; the Postgres backend rewrites them to ``%s``.
+
+Migrations are numbered, forward-only and never edited once released: a new
+column is a new entry at the end of the list, written out as literal SQL per
+backend (not generated from the field lists below, which change with the code).
+``schema_version`` holds one row per applied migration; a store refuses to
+open a database written by a newer tether.
+
+Semantics beyond ``base.py`` that both backends share:
+
+- JSON columns hold canonical text (sorted keys, no spaces, ASCII escapes), so
+  lone surrogates and ``\\u0000`` round-trip and both backends store the same
+  bytes. ``None`` is SQL ``NULL``.
+- A run whose status is terminal keeps it: ``update_run`` that would change
+  it returns False whatever ``expect_status`` says (restating the same status
+  with other fields is allowed), and ``claim_run`` refuses such a run.
+- ``put_snapshot`` keeps one snapshot per (run, kind): the new one replaces
+  the previous of its kind. ``latest_snapshot`` is the one written last,
+  whatever its kind (write order, not the writers' clocks).
+- Calls, snapshots and events belong to a run: writing one for a run that does
+  not exist raises ``RunNotFound``; ``delete_run`` removes them with the run.
+- ``list_runs`` returns the newest first.
+- Driver errors reach callers as ``StoreError``; a duplicate key as ``Conflict``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import fields as dataclass_fields
+from typing import Any, Callable, ContextManager, Iterator, Sequence
+
+from ..errors import RunNotFound, StoreError
+from .base import (
+    CALL_APPROVED,
+    CALL_ASKED,
+    CALL_DECLINED,
+    CALL_DENIED,
+    CALL_DONE,
+    CALL_FAILED,
+    CALL_PENDING,
+    CALL_SENDING,
+    CALL_SENT,
+    CALL_UNKNOWN,
+    RUN_CANCELLED,
+    RUN_COMPLETED,
+    RUN_FAILED,
+    RUN_PAUSED,
+    RUN_QUEUED,
+    RUN_RUNNING,
+    TERMINAL_RUN_STATUSES,
+    CallRecord,
+    Conflict,
+    EventRecord,
+    RunRecord,
+    SnapshotRecord,
+)
+
+RUN_STATUSES = frozenset({RUN_QUEUED, RUN_RUNNING, RUN_PAUSED, RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED})
+CALL_STATES = frozenset(
+    {
+        CALL_PENDING,
+        CALL_DONE,
+        CALL_FAILED,
+        CALL_ASKED,
+        CALL_APPROVED,
+        CALL_DECLINED,
+        CALL_DENIED,
+        CALL_SENDING,
+        CALL_SENT,
+        CALL_UNKNOWN,
+    }
+)
+# Spelled into SQL as literals: statuses are fixed strings, never user input,
+# and a literal lets the planner use the partial indexes below.
+_TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in sorted(TERMINAL_RUN_STATUSES)) + ")"
+
+# ---------------------------------------------------------------------------
+# Migrations. Append only.
+
+SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        """CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY,
+            status TEXT NOT NULL,
+            program TEXT NOT NULL,
+            environment TEXT NOT NULL,
+            policy TEXT NOT NULL,
+            limits TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            principal TEXT,
+            owner TEXT,
+            lease_until REAL,
+            expires_at REAL,
+            result TEXT,
+            error TEXT,
+            pending TEXT,
+            decision TEXT,
+            session TEXT,
+            meta TEXT NOT NULL
+        )""",
+        "CREATE INDEX runs_created ON runs (created_at)",
+        "CREATE INDEX runs_status_created ON runs (status, created_at)",
+        # Partial: the recovery and expiry sweeps only look at these statuses.
+        "CREATE INDEX runs_lease ON runs (lease_until) WHERE status = 'running'",
+        "CREATE INDEX runs_expiry ON runs (expires_at) WHERE status = 'paused'",
+        # The primary key (run_id, seq) is also the index for reading a run's journal.
+        """CREATE TABLE calls (
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            op TEXT NOT NULL,
+            address TEXT NOT NULL,
+            args TEXT NOT NULL,
+            key TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            state TEXT NOT NULL,
+            outcome TEXT,
+            error TEXT,
+            started_at REAL,
+            finished_at REAL,
+            PRIMARY KEY (run_id, seq)
+        )""",
+        # AUTOINCREMENT so an id is never reused after a delete: ids are write order.
+        """CREATE TABLE snapshots (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            kind TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            monty_version TEXT NOT NULL,
+            data BLOB NOT NULL,
+            mac TEXT NOT NULL,
+            pending TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            UNIQUE (run_id, kind)
+        )""",
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            type TEXT NOT NULL,
+            data TEXT NOT NULL,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX events_run ON events (run_id, id)",
+    ),
+]
+
+# Same tables. JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make
+# the two backends store different bytes. The secret lives in a table because
+# a Postgres store has no directory of its own.
+POSTGRES_MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        """CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY,
+            status TEXT NOT NULL,
+            program TEXT NOT NULL,
+            environment TEXT NOT NULL,
+            policy TEXT NOT NULL,
+            limits TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL,
+            principal TEXT,
+            owner TEXT,
+            lease_until DOUBLE PRECISION,
+            expires_at DOUBLE PRECISION,
+            result TEXT,
+            error TEXT,
+            pending TEXT,
+            decision TEXT,
+            session TEXT,
+            meta TEXT NOT NULL
+        )""",
+        "CREATE INDEX runs_created ON runs (created_at)",
+        "CREATE INDEX runs_status_created ON runs (status, created_at)",
+        "CREATE INDEX runs_lease ON runs (lease_until) WHERE status = 'running'",
+        "CREATE INDEX runs_expiry ON runs (expires_at) WHERE status = 'paused'",
+        """CREATE TABLE calls (
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            op TEXT NOT NULL,
+            address TEXT NOT NULL,
+            args TEXT NOT NULL,
+            key TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            state TEXT NOT NULL,
+            outcome TEXT,
+            error TEXT,
+            started_at DOUBLE PRECISION,
+            finished_at DOUBLE PRECISION,
+            PRIMARY KEY (run_id, seq)
+        )""",
+        """CREATE TABLE snapshots (
+            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            kind TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            monty_version TEXT NOT NULL,
+            data BYTEA NOT NULL,
+            mac TEXT NOT NULL,
+            pending TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            UNIQUE (run_id, kind)
+        )""",
+        """CREATE TABLE events (
+            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            type TEXT NOT NULL,
+            data TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE INDEX events_run ON events (run_id, id)",
+        "CREATE TABLE store_secret (id INTEGER PRIMARY KEY CHECK (id = 1), value BYTEA NOT NULL)",
+    ),
+]
+
+# ---------------------------------------------------------------------------
+# Rows <-> records. A column's kind says how it is encoded; names match the
+# record fields so one list drives INSERT, SELECT and UPDATE. A field added to
+# a record therefore needs a migration adding its column, or every query fails.
+
+_JSON = "json"
+_PLAIN = "plain"
+_BLOB = "blob"
+
+
+def _columns(record: type, json_fields: set[str], blob_fields: set[str] | None = None) -> dict[str, str]:
+    kinds = {}
+    for f in dataclass_fields(record):
+        kinds[f.name] = _JSON if f.name in json_fields else _BLOB if f.name in (blob_fields or ()) else _PLAIN
+    return kinds
+
+
+RUN_COLUMNS = _columns(
+    RunRecord, {"environment", "policy", "limits", "result", "error", "pending", "decision", "meta"}
+)
+CALL_COLUMNS = _columns(CallRecord, {"args", "outcome", "error"})
+SNAPSHOT_COLUMNS = _columns(SnapshotRecord, {"pending"}, {"data"})
+EVENT_COLUMNS = {"id": _PLAIN, "run_id": _PLAIN, "type": _PLAIN, "data": _JSON, "created_at": _PLAIN}
+
+# Fields an update may set: everything but the key.
+_RUN_UPDATABLE = frozenset(RUN_COLUMNS) - {"run_id"}
+_CALL_UPDATABLE = frozenset(CALL_COLUMNS) - {"run_id", "seq"}
+
+
+def dump_json(value: Any) -> str | None:
+    if value is None:
+        return None
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _encode(kinds: dict[str, str], name: str, value: Any) -> Any:
+    kind = kinds[name]
+    if kind == _JSON:
+        return dump_json(value)
+    if kind == _BLOB:
+        return bytes(value)
+    return value
+
+
+def _decode(kinds: dict[str, str], row: Sequence[Any]) -> dict[str, Any]:
+    """A row selected with ``_select(table, kinds)``, by field name."""
+    out = {}
+    for (name, kind), value in zip(kinds.items(), row):
+        if value is not None and kind == _JSON:
+            value = json.loads(value)
+        elif value is not None and kind == _BLOB:
+            value = bytes(value)
+        out[name] = value
+    return out
+
+
+def _select(table: str, kinds: dict[str, str]) -> str:
+    return f"SELECT {', '.join(kinds)} FROM {table}"
+
+
+def _insert(table: str, kinds: dict[str, str]) -> str:
+    return f"INSERT INTO {table} ({', '.join(kinds)}) VALUES ({', '.join('?' * len(kinds))})"
+
+
+_SELECT_RUN = _select("runs", RUN_COLUMNS)
+_SELECT_CALL = _select("calls", CALL_COLUMNS)
+_SELECT_SNAPSHOT = _select("snapshots", SNAPSHOT_COLUMNS)
+_SELECT_EVENT = _select("events", EVENT_COLUMNS)
+_INSERT_RUN = _insert("runs", RUN_COLUMNS)
+_INSERT_CALL = _insert("calls", CALL_COLUMNS)
+_INSERT_SNAPSHOT = _insert("snapshots", SNAPSHOT_COLUMNS)
+
+
+def _run(row: Sequence[Any]) -> RunRecord:
+    return RunRecord(**_decode(RUN_COLUMNS, row))
+
+
+def _call(row: Sequence[Any]) -> CallRecord:
+    return CallRecord(**_decode(CALL_COLUMNS, row))
+
+
+def _event(row: Sequence[Any]) -> EventRecord:
+    values = _decode(EVENT_COLUMNS, row)
+    values["event_id"] = values.pop("id")
+    return EventRecord(**values)
+
+
+def _expected(expect: Sequence[str], what: str) -> tuple[str, ...]:
+    # A bare string is a Sequence[str] of letters and would silently match nothing.
+    if isinstance(expect, str):
+        raise TypeError(f"{what} must be a list of strings, not the string {expect!r}")
+    return tuple(expect)
+
+
+def _in(n: int) -> str:
+    return "(" + ", ".join("?" * n) + ")"
+
+
+# ---------------------------------------------------------------------------
+# The secret
+
+
+def secret_from_env() -> bytes | None:
+    """``TETHER_SECRET``: 64 hex digits are the key itself; any other text is hashed to one."""
+    raw = os.environ.get("TETHER_SECRET")
+    if not raw:
+        return None
+    try:
+        key = bytes.fromhex(raw)
+    except ValueError:
+        key = b""
+    return key if len(key) == 32 else hashlib.sha256(raw.encode()).digest()
+
+
+# ---------------------------------------------------------------------------
+# The shared implementation
+
+
+class Tx:
+    """One open transaction: ``run`` executes a statement with ``?`` placeholders."""
+
+    __slots__ = ("cursor", "_fix")
+
+    def __init__(self, cursor: Any, fix: Callable[[str], str]) -> None:
+        self.cursor = cursor
+        self._fix = fix
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        self.cursor.execute(self._fix(sql), params)
+        return self.cursor
+
+
+class SQLStore:
+    """The Store protocol over a DB-API connection; subclasses bind a driver."""
+
+    url: str
+    migrations: list[tuple[str, ...]]
+    # Where the store is, for messages: the url without a password.
+    where: str
+    driver_error: type[Exception]
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- what a backend supplies
+
+    def _begin(self, write: bool) -> ContextManager[Tx]:
+        """Open a transaction on a live connection; commit on exit, roll back on error."""
+        raise NotImplementedError
+
+    def _violation(self, exc: Exception) -> str | None:
+        """``"unique"``, ``"foreign_key"`` or None for a driver error."""
+        raise NotImplementedError
+
+    def _lock_run(self, tx: Tx, run_id: str) -> bool:
+        """Serialize writers of one run's snapshots and events; False if the run is missing."""
+        return tx.run("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is not None
+
+    def secret(self) -> bytes:
+        raise NotImplementedError
+
+    def store_size_bytes(self) -> int:
+        raise NotImplementedError
+
+    def _disconnect(self) -> None:
+        raise NotImplementedError
+
+    # -- transactions and errors
+
+    @contextmanager
+    def _transaction(self, write: bool, conflict: str | None = None, run_id: str | None = None) -> Iterator[Tx]:
+        """One protocol method's transaction, with driver errors translated at this boundary."""
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"the store at {self.where} is closed", next_action="Open the store again.")
+            try:
+                with self._begin(write) as tx:
+                    yield tx
+            except self.driver_error as exc:
+                violation = self._violation(exc)
+                if violation == "unique":
+                    raise Conflict(conflict or f"a row with this key already exists: {exc}") from exc
+                if violation == "foreign_key" and run_id is not None:
+                    raise _no_run(run_id) from exc
+                raise StoreError(f"the store at {self.where} failed: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._disconnect()
+
+    def __enter__(self) -> SQLStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- schema
+
+    def _migrate(self, tx: Tx) -> None:
+        """Bring the schema up to date inside the caller's (locked) transaction."""
+        tx.run("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
+        current = tx.run("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+        known = len(self.migrations)
+        if current > known:
+            raise StoreError(
+                f"the store at {self.url} has schema version {current}; this tether knows up to {known}",
+                next_action="Upgrade tether, or point it at another store.",
+            )
+        for version in range(current + 1, known + 1):
+            for statement in self.migrations[version - 1]:
+                tx.run(statement)
+            tx.run("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (version, time.time()))
+
+    def schema_version(self) -> int:
+        with self._transaction(write=False) as tx:
+            return tx.run("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+
+    # -- runs
+
+    def create_run(self, run: RunRecord) -> None:
+        _check_status(run.status)
+        values = [_encode(RUN_COLUMNS, n, getattr(run, n)) for n in RUN_COLUMNS]
+        with self._transaction(write=True, conflict=f"run {run.run_id!r} already exists") as tx:
+            tx.run(_INSERT_RUN, values)
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        with self._transaction(write=False) as tx:
+            row = tx.run(f"{_SELECT_RUN} WHERE run_id = ?", (run_id,)).fetchone()
+        return None if row is None else _run(row)
+
+    def update_run(self, run_id: str, expect_status: Sequence[str] | None, **fields: Any) -> bool:
+        unknown = fields.keys() - _RUN_UPDATABLE
+        if unknown:
+            raise TypeError(f"update_run cannot set {sorted(unknown)}; settable: {sorted(_RUN_UPDATABLE)}")
+        if "status" in fields:
+            _check_status(fields["status"])
+        where, params = "run_id = ?", [run_id]
+        if expect_status is not None:
+            expected = _expected(expect_status, "expect_status")
+            if not expected:
+                return False
+            where += f" AND status IN {_in(len(expected))}"
+            params += expected
+        if "status" in fields:
+            # Restating a terminal status is allowed: finishing writes the result envelope with it.
+            where += f" AND (status NOT IN {_TERMINAL_SQL} OR status = ?)"
+            params.append(fields["status"])
+        with self._transaction(write=bool(fields)) as tx:
+            if not fields:
+                return tx.run(f"SELECT 1 FROM runs WHERE {where}", params).fetchone() is not None
+            sets = ", ".join(f"{name} = ?" for name in fields)
+            values = [_encode(RUN_COLUMNS, n, v) for n, v in fields.items()]
+            return tx.run(f"UPDATE runs SET {sets} WHERE {where}", values + params).rowcount == 1
+
+    def list_runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]:
+        with self._transaction(write=False) as tx:
+            if status is None:
+                rows = tx.run(f"{_SELECT_RUN} ORDER BY created_at DESC, run_id DESC LIMIT ?", (limit,))
+            else:
+                rows = tx.run(
+                    f"{_SELECT_RUN} WHERE status = ? ORDER BY created_at DESC, run_id DESC LIMIT ?",
+                    (status, limit),
+                )
+            return [_run(row) for row in rows.fetchall()]
+
+    def count_runs(self, status: str | None = None) -> int:
+        with self._transaction(write=False) as tx:
+            if status is None:
+                return tx.run("SELECT COUNT(*) FROM runs").fetchone()[0]
+            return tx.run("SELECT COUNT(*) FROM runs WHERE status = ?", (status,)).fetchone()[0]
+
+    def claim_run(self, run_id: str, owner: str, lease_until: float, now: float) -> bool:
+        # A run without a lease is not held by anyone, whatever its owner says.
+        sql = (
+            "UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?"
+            f" AND status NOT IN {_TERMINAL_SQL}"
+            " AND (owner IS NULL OR owner = ? OR lease_until IS NULL OR lease_until < ?)"
+        )
+        with self._transaction(write=True) as tx:
+            return tx.run(sql, (owner, lease_until, run_id, owner, now)).rowcount == 1
+
+    def runs_with_expired_lease(self, now: float) -> list[RunRecord]:
+        sql = f"{_SELECT_RUN} WHERE status = 'running' AND lease_until < ? ORDER BY lease_until"
+        with self._transaction(write=False) as tx:
+            return [_run(row) for row in tx.run(sql, (now,)).fetchall()]
+
+    def paused_runs_past_expiry(self, now: float, limit: int = 100) -> list[RunRecord]:
+        sql = f"{_SELECT_RUN} WHERE status = 'paused' AND expires_at < ? ORDER BY expires_at LIMIT ?"
+        with self._transaction(write=False) as tx:
+            return [_run(row) for row in tx.run(sql, (now, limit)).fetchall()]
+
+    def delete_run(self, run_id: str) -> bool:
+        with self._transaction(write=True) as tx:
+            return tx.run("DELETE FROM runs WHERE run_id = ?", (run_id,)).rowcount == 1
+
+    # -- journal
+
+    def record_call(self, call: CallRecord) -> None:
+        _check_state(call.state)
+        values = [_encode(CALL_COLUMNS, n, getattr(call, n)) for n in CALL_COLUMNS]
+        conflict = f"call {call.seq} of run {call.run_id!r} is already recorded"
+        with self._transaction(write=True, conflict=conflict, run_id=call.run_id) as tx:
+            tx.run(_INSERT_CALL, values)
+
+    def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], **fields: Any) -> bool:
+        unknown = fields.keys() - _CALL_UPDATABLE
+        if unknown:
+            raise TypeError(f"update_call cannot set {sorted(unknown)}; settable: {sorted(_CALL_UPDATABLE)}")
+        if "state" in fields:
+            _check_state(fields["state"])
+        expected = _expected(expect_state, "expect_state")
+        if not expected:
+            return False
+        where = f"run_id = ? AND seq = ? AND state IN {_in(len(expected))}"
+        params = [run_id, seq, *expected]
+        with self._transaction(write=bool(fields)) as tx:
+            if not fields:
+                return tx.run(f"SELECT 1 FROM calls WHERE {where}", params).fetchone() is not None
+            sets = ", ".join(f"{name} = ?" for name in fields)
+            values = [_encode(CALL_COLUMNS, n, v) for n, v in fields.items()]
+            return tx.run(f"UPDATE calls SET {sets} WHERE {where}", values + params).rowcount == 1
+
+    def get_call(self, run_id: str, seq: int) -> CallRecord | None:
+        with self._transaction(write=False) as tx:
+            row = tx.run(f"{_SELECT_CALL} WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
+        return None if row is None else _call(row)
+
+    def get_calls(self, run_id: str) -> list[CallRecord]:
+        with self._transaction(write=False) as tx:
+            rows = tx.run(f"{_SELECT_CALL} WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
+        return [_call(row) for row in rows]
+
+    # -- snapshots
+
+    def put_snapshot(self, snapshot: SnapshotRecord) -> None:
+        values = [_encode(SNAPSHOT_COLUMNS, n, getattr(snapshot, n)) for n in SNAPSHOT_COLUMNS]
+        with self._transaction(write=True, run_id=snapshot.run_id) as tx:
+            if not self._lock_run(tx, snapshot.run_id):
+                raise _no_run(snapshot.run_id)
+            # Older snapshots of the same kind are never read again: keep one per kind.
+            tx.run("DELETE FROM snapshots WHERE run_id = ? AND kind = ?", (snapshot.run_id, snapshot.kind))
+            tx.run(_INSERT_SNAPSHOT, values)
+
+    def latest_snapshot(self, run_id: str) -> SnapshotRecord | None:
+        sql = f"{_SELECT_SNAPSHOT} WHERE run_id = ? ORDER BY id DESC LIMIT 1"
+        with self._transaction(write=False) as tx:
+            row = tx.run(sql, (run_id,)).fetchone()
+        return None if row is None else SnapshotRecord(**_decode(SNAPSHOT_COLUMNS, row))
+
+    # -- events
+
+    def add_event(self, run_id: str, type: str, data: dict[str, Any], now: float) -> int:
+        sql = "INSERT INTO events (run_id, type, data, created_at) VALUES (?, ?, ?, ?) RETURNING id"
+        with self._transaction(write=True, run_id=run_id) as tx:
+            # Ids must become visible in id order for a reader's cursor to miss none.
+            if not self._lock_run(tx, run_id):
+                raise _no_run(run_id)
+            return tx.run(sql, (run_id, type, dump_json(data), now)).fetchone()[0]
+
+    def get_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[EventRecord]:
+        sql = f"{_SELECT_EVENT} WHERE run_id = ? AND id > ? ORDER BY id LIMIT ?"
+        with self._transaction(write=False) as tx:
+            return [_event(row) for row in tx.run(sql, (run_id, after, limit)).fetchall()]
+
+
+def _check_status(status: str) -> None:
+    if status not in RUN_STATUSES:
+        raise ValueError(f"unknown run status {status!r}; one of {sorted(RUN_STATUSES)}")
+
+
+def _check_state(state: str) -> None:
+    if state not in CALL_STATES:
+        raise ValueError(f"unknown call state {state!r}; one of {sorted(CALL_STATES)}")
+
+
+def _no_run(run_id: str) -> RunNotFound:
+    return RunNotFound(f"run {run_id!r} does not exist in the store")
+
+
+__all__ = [
+    "POSTGRES_MIGRATIONS",
+    "SQLITE_MIGRATIONS",
+    "SQLStore",
+    "Tx",
+    "dump_json",
+    "secret_from_env",
+]

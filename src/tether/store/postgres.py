@@ -1,0 +1,139 @@
+"""The shared store: PostgreSQL through psycopg 3, for several hosts on one database.
+
+The tables live in their own schema (``tether`` unless told otherwise), so
+they never meet an application's tables of the same name in a shared
+database. Each store object holds one connection behind a lock; a connection
+that broke is replaced on the next call, never retried inside one, because a
+commit whose answer was lost may have happened.
+
+Compare-and-set is a conditional ``UPDATE ... WHERE status IN (...)``: under
+READ COMMITTED a second writer waits for the first row lock, then re-checks
+its condition against the committed row, so exactly one wins. Writers of a
+run's snapshots and events first lock the run row (``FOR NO KEY UPDATE``,
+which does not block journal inserts checking their foreign key): event ids
+then become visible in id order within a run, and a reader polling with a
+cursor misses none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Iterator
+
+import psycopg
+import psycopg.conninfo
+
+from ..errors import ConfigError
+from ._schema import POSTGRES_MIGRATIONS, SQLStore, Tx, secret_from_env
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_CONNECT_TIMEOUT_S = 10
+_SECRET_BYTES = 32
+
+
+@lru_cache(maxsize=256)
+def _placeholders(sql: str) -> str:
+    return sql.replace("?", "%s")
+
+
+class PostgresStore(SQLStore):
+    migrations = POSTGRES_MIGRATIONS
+    driver_error = psycopg.Error
+
+    def __init__(self, url: str, secret: bytes | None = None, schema: str = "tether") -> None:
+        super().__init__()
+        if not _SCHEMA_NAME.fullmatch(schema):
+            raise ConfigError(f"postgres schema {schema!r} must be a lower-case identifier")
+        try:
+            params = psycopg.conninfo.conninfo_to_dict(url)
+        except psycopg.ProgrammingError as exc:
+            raise ConfigError(f"postgres store url is not valid: {exc}") from None
+        self.url = url
+        self.schema = schema
+        shown = {k: params[k] for k in ("user", "host", "port", "dbname") if k in params}
+        self.where = f"postgresql [{' '.join(f'{k}={v}' for k, v in shown.items())} schema={schema}]"
+        self._connect_timeout = None if "connect_timeout" in params else _CONNECT_TIMEOUT_S
+        self._conn: psycopg.Connection | None = None
+        self._pid = 0
+        self._secret = secret if secret is not None else secret_from_env()
+        with self._transaction(write=True) as tx:
+            # Openers of one schema take turns, so concurrent first starts create it once.
+            tx.run("SELECT pg_advisory_xact_lock(?)", (_lock_key(schema),))
+            if tx.run("SELECT 1 FROM pg_namespace WHERE nspname = ?", (schema,)).fetchone() is None:
+                tx.run(f"CREATE SCHEMA {schema}")
+            self._migrate(tx)
+            if self._secret is None:
+                tx.run(
+                    "INSERT INTO store_secret (id, value) VALUES (1, ?) ON CONFLICT (id) DO NOTHING",
+                    (secrets.token_bytes(_SECRET_BYTES),),
+                )
+                self._secret = bytes(tx.run("SELECT value FROM store_secret WHERE id = 1").fetchone()[0])
+
+    # -- connection
+
+    def _connection(self) -> psycopg.Connection:
+        conn = self._conn
+        # After fork() the socket is the parent's; after a failure it is dead.
+        if conn is None or conn.closed or conn.broken or self._pid != os.getpid():
+            kwargs = {} if self._connect_timeout is None else {"connect_timeout": self._connect_timeout}
+            conn = psycopg.connect(self.url, autocommit=False, application_name="tether", **kwargs)
+            conn.execute("SELECT set_config('search_path', %s, false)", (self.schema,))
+            conn.commit()
+            self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    @contextmanager
+    def _begin(self, write: bool) -> Iterator[Tx]:
+        conn = self._connection()
+        try:
+            with conn.cursor() as cursor:
+                yield Tx(cursor, _placeholders)
+            conn.commit()
+        except BaseException:
+            if not conn.broken:
+                try:
+                    conn.rollback()
+                except psycopg.Error:
+                    pass  # the connection died too; the error being raised says why
+            raise
+
+    def _violation(self, exc: Exception) -> str | None:
+        if isinstance(exc, psycopg.errors.UniqueViolation):
+            return "unique"
+        if isinstance(exc, psycopg.errors.ForeignKeyViolation):
+            return "foreign_key"
+        return None
+
+    def _lock_run(self, tx: Tx, run_id: str) -> bool:
+        return tx.run("SELECT 1 FROM runs WHERE run_id = ? FOR NO KEY UPDATE", (run_id,)).fetchone() is not None
+
+    def _disconnect(self) -> None:
+        if self._conn is not None and self._pid == os.getpid():
+            self._conn.close()
+        self._conn = None
+
+    # -- secret and size
+
+    def secret(self) -> bytes:
+        assert self._secret is not None
+        return self._secret
+
+    def store_size_bytes(self) -> int:
+        sql = (
+            "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = ? AND c.relkind = 'r'"
+        )
+        with self._transaction(write=False) as tx:
+            return int(tx.run(sql, (self.schema,)).fetchone()[0])
+
+
+def _lock_key(schema: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"tether.migrate.{schema}".encode()).digest()[:8], "big", signed=True)
+
+
+__all__ = ["PostgresStore"]
