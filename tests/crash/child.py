@@ -1,0 +1,104 @@
+"""The runtime process of the crash tests: start a run, or recover runs.
+
+    child.py STORE_URL SERVER_URL start|recover [KILL_AT]
+
+KILL_AT = "<seam>:<n>" SIGKILLs this process right after the n-th commit of
+that seam: record (a call journaled), sending (a write marked sending),
+outcome (a call's outcome recorded), snapshot (a snapshot stored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+
+import httpx
+
+from tether.runs.policy import Policy
+from tether.runs.runtime import Runtime
+from tether.store.sqlite import SQLiteStore
+from tether.tools.model import Annotations, Tool
+
+PROGRAM = """
+import asyncio
+import tools
+total = 0
+for i in range(1, 7):
+    a, b = await asyncio.gather(tools.shop.get_item(id=i), tools.shop.get_item(id=i + 100))
+    r = await tools.shop.charge(order="order-" + str(i), amount=a["price"])
+    total += a["price"]
+{"total": total, "last": r["charged"]}
+"""
+
+
+class KillingStore(SQLiteStore):
+    def __init__(self, url: str, kill_at: str | None) -> None:
+        super().__init__(url)
+        self.seam, self.n = (kill_at.split(":")[0], int(kill_at.split(":")[1])) if kill_at else (None, 0)
+        self.counts: dict[str, int] = {}
+
+    def _hit(self, seam: str) -> None:
+        self.counts[seam] = self.counts.get(seam, 0) + 1
+        if seam == self.seam and self.counts[seam] == self.n:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def record_call(self, call):
+        super().record_call(call)
+        self._hit("record")
+
+    def update_call(self, run_id, seq, expect_state, **fields):
+        ok = super().update_call(run_id, seq, expect_state, **fields)
+        state = fields.get("state")
+        if state == "sending":
+            self._hit("sending")
+        elif state in ("sent", "done", "failed"):
+            self._hit("outcome")
+        return ok
+
+    def put_snapshot(self, snapshot):
+        super().put_snapshot(snapshot)
+        self._hit("snapshot")
+
+
+def shop_tools(base: str) -> list[Tool]:
+    client = httpx.AsyncClient(base_url=base, timeout=5)
+
+    async def get_item(args):
+        return (await client.get("/item", params={"id": args["id"]})).json()
+
+    async def charge(args):
+        return (await client.post("/charge", json=args)).json()
+
+    return [
+        Tool("shop", "get_item", "Read an item.", {"type": "object", "properties": {"id": {"type": "integer"}},
+                                                   "required": ["id"]}, get_item,
+             annotations=Annotations(read_only=True)),
+        Tool("shop", "charge", "Charge an order (a write).",
+             {"type": "object", "properties": {"order": {"type": "string"}, "amount": {"type": "integer"}},
+              "required": ["order", "amount"]}, charge),
+    ]
+
+
+async def main() -> None:
+    store_url, server, mode = sys.argv[1:4]
+    kill_at = sys.argv[4] if len(sys.argv) > 4 else None
+    store = KillingStore(store_url, kill_at)
+    rt = Runtime(store=store, tools=shop_tools(server), type_check=False, policy=Policy(writes="allow"),
+                 lease_seconds=0.3, checkpoint_every_calls=4)
+    async with rt:
+        if mode == "start":
+            result = await rt.execute(PROGRAM)
+            out = [result.to_dict()]
+        else:
+            out = [r.to_dict() for r in await rt.recover()]
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    sys.stdout.flush()
+    os._exit(0)
