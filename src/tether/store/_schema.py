@@ -363,11 +363,21 @@ class SQLStore:
     where: str
     driver_error: type[Exception]
 
-    def __init__(self) -> None:
+    def __init__(self, secret: bytes | None) -> None:
         self._lock = threading.Lock()
         self._closed = False
+        self._conn: Any = None
+        self._pid = 0
+        # None until the backend loads or creates the stored one while opening.
+        self._secret = secret if secret is not None else secret_from_env()
 
     # -- what a backend supplies
+
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _usable(self, conn: Any) -> bool:
+        return True
 
     def _begin(self, write: bool) -> ContextManager[Tx]:
         """Open a transaction on a live connection; commit on exit, roll back on error."""
@@ -381,14 +391,27 @@ class SQLStore:
         """Serialize writers of one run's snapshots and events; False if the run is missing."""
         return tx.run("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is not None
 
-    def secret(self) -> bytes:
-        raise NotImplementedError
-
     def store_size_bytes(self) -> int:
         raise NotImplementedError
 
+    # -- connection and secret
+
+    def _connection(self) -> Any:
+        # A connection inherited through fork() shares the parent's file or
+        # socket: the child opens its own instead of touching it.
+        if self._conn is None or self._pid != os.getpid() or not self._usable(self._conn):
+            self._conn = self._connect()
+            self._pid = os.getpid()
+        return self._conn
+
     def _disconnect(self) -> None:
-        raise NotImplementedError
+        if self._conn is not None and self._pid == os.getpid():
+            self._conn.close()
+        self._conn = None
+
+    def secret(self) -> bytes:
+        assert self._secret is not None, "set while opening"
+        return self._secret
 
     # -- transactions and errors
 

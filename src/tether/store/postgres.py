@@ -18,7 +18,6 @@ cursor misses none.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import secrets
 from contextlib import contextmanager
@@ -29,7 +28,7 @@ import psycopg
 import psycopg.conninfo
 
 from ..errors import ConfigError
-from ._schema import POSTGRES_MIGRATIONS, SQLStore, Tx, secret_from_env
+from ._schema import POSTGRES_MIGRATIONS, SQLStore, Tx
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _CONNECT_TIMEOUT_S = 10
@@ -46,7 +45,7 @@ class PostgresStore(SQLStore):
     driver_error = psycopg.Error
 
     def __init__(self, url: str, secret: bytes | None = None, schema: str = "tether") -> None:
-        super().__init__()
+        super().__init__(secret)
         if not _SCHEMA_NAME.fullmatch(schema):
             raise ConfigError(f"postgres schema {schema!r} must be a lower-case identifier")
         try:
@@ -58,34 +57,38 @@ class PostgresStore(SQLStore):
         shown = {k: params[k] for k in ("user", "host", "port", "dbname") if k in params}
         self.where = f"postgresql [{' '.join(f'{k}={v}' for k, v in shown.items())} schema={schema}]"
         self._connect_timeout = None if "connect_timeout" in params else _CONNECT_TIMEOUT_S
-        self._conn: psycopg.Connection | None = None
-        self._pid = 0
-        self._secret = secret if secret is not None else secret_from_env()
-        with self._transaction(write=True) as tx:
-            # Openers of one schema take turns, so concurrent first starts create it once.
-            tx.run("SELECT pg_advisory_xact_lock(?)", (_lock_key(schema),))
-            if tx.run("SELECT 1 FROM pg_namespace WHERE nspname = ?", (schema,)).fetchone() is None:
-                tx.run(f"CREATE SCHEMA {schema}")
-            self._migrate(tx)
-            if self._secret is None:
-                tx.run(
-                    "INSERT INTO store_secret (id, value) VALUES (1, ?) ON CONFLICT (id) DO NOTHING",
-                    (secrets.token_bytes(_SECRET_BYTES),),
-                )
-                self._secret = bytes(tx.run("SELECT value FROM store_secret WHERE id = 1").fetchone()[0])
+        try:
+            with self._transaction(write=True) as tx:
+                # Openers of one schema take turns, so concurrent first starts create it once.
+                tx.run("SELECT pg_advisory_xact_lock(?)", (_lock_key(schema),))
+                if tx.run("SELECT 1 FROM pg_namespace WHERE nspname = ?", (schema,)).fetchone() is None:
+                    tx.run(f"CREATE SCHEMA {schema}")
+                self._migrate(tx)
+                if self._secret is None:
+                    tx.run(
+                        "INSERT INTO store_secret (id, value) VALUES (1, ?) ON CONFLICT (id) DO NOTHING",
+                        (secrets.token_bytes(_SECRET_BYTES),),
+                    )
+                    self._secret = bytes(tx.run("SELECT value FROM store_secret WHERE id = 1").fetchone()[0])
+        except BaseException:
+            self.close()  # a store that failed to open holds no connection
+            raise
 
     # -- connection
 
-    def _connection(self) -> psycopg.Connection:
-        conn = self._conn
-        # After fork() the socket is the parent's; after a failure it is dead.
-        if conn is None or conn.closed or conn.broken or self._pid != os.getpid():
-            kwargs = {} if self._connect_timeout is None else {"connect_timeout": self._connect_timeout}
-            conn = psycopg.connect(self.url, autocommit=False, application_name="tether", **kwargs)
+    def _connect(self) -> psycopg.Connection:
+        kwargs = {} if self._connect_timeout is None else {"connect_timeout": self._connect_timeout}
+        conn = psycopg.connect(self.url, autocommit=False, application_name="tether", **kwargs)
+        try:
             conn.execute("SELECT set_config('search_path', %s, false)", (self.schema,))
             conn.commit()
-            self._conn, self._pid = conn, os.getpid()
+        except BaseException:
+            conn.close()
+            raise
         return conn
+
+    def _usable(self, conn: psycopg.Connection) -> bool:
+        return not (conn.closed or conn.broken)
 
     @contextmanager
     def _begin(self, write: bool) -> Iterator[Tx]:
@@ -112,16 +115,7 @@ class PostgresStore(SQLStore):
     def _lock_run(self, tx: Tx, run_id: str) -> bool:
         return tx.run("SELECT 1 FROM runs WHERE run_id = ? FOR NO KEY UPDATE", (run_id,)).fetchone() is not None
 
-    def _disconnect(self) -> None:
-        if self._conn is not None and self._pid == os.getpid():
-            self._conn.close()
-        self._conn = None
-
-    # -- secret and size
-
-    def secret(self) -> bytes:
-        assert self._secret is not None
-        return self._secret
+    # -- size
 
     def store_size_bytes(self) -> int:
         sql = (

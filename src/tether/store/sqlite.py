@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import ConfigError, StoreError
-from ._schema import SQLITE_MIGRATIONS, SQLStore, Tx, secret_from_env
+from ._schema import SQLITE_MIGRATIONS, SQLStore, Tx
 
 _MEMORY = ":memory:"
 # Transactions here last milliseconds; five seconds of waiting for the write
@@ -45,7 +45,7 @@ class SQLiteStore(SQLStore):
     driver_error = sqlite3.Error
 
     def __init__(self, url: str, secret: bytes | None = None) -> None:
-        super().__init__()
+        super().__init__(secret)
         if not url.startswith("sqlite:///"):
             raise ConfigError(f"sqlite store url {url!r} must start with sqlite:///")
         self.url = self.where = url
@@ -58,23 +58,16 @@ class SQLiteStore(SQLStore):
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"cannot create the directory for {self.path}: {exc}") from exc
-        self._conn: sqlite3.Connection | None = None
-        self._pid = 0
-        self._secret = secret if secret is not None else secret_from_env()
-        with self._transaction(write=True) as tx:
-            self._migrate(tx)
-            if self._secret is None:
-                self._secret = self._secret_file() if self.path is not None else secrets.token_bytes(_SECRET_BYTES)
+        try:
+            with self._transaction(write=True) as tx:
+                self._migrate(tx)
+                if self._secret is None:
+                    self._secret = self._secret_file() if self.path is not None else secrets.token_bytes(_SECRET_BYTES)
+        except BaseException:
+            self.close()  # a store that failed to open holds no connection
+            raise
 
     # -- connection
-
-    def _connection(self) -> sqlite3.Connection:
-        # A connection inherited through fork() shares the parent's file state:
-        # the child opens its own instead of touching it.
-        if self._conn is None or self._pid != os.getpid():
-            self._conn = self._connect()
-            self._pid = os.getpid()
-        return self._conn
 
     def _connect(self) -> sqlite3.Connection:
         target = _MEMORY if self.path is None else str(self.path)
@@ -110,16 +103,7 @@ class SQLiteStore(SQLStore):
             return "foreign_key"
         return None
 
-    def _disconnect(self) -> None:
-        if self._conn is not None and self._pid == os.getpid():
-            self._conn.close()
-        self._conn = None
-
-    # -- secret and size
-
-    def secret(self) -> bytes:
-        assert self._secret is not None
-        return self._secret
+    # -- secret file and size
 
     def _secret_file(self) -> bytes:
         """Read ``<db>.secret``, creating it first if missing; call under the write lock."""
