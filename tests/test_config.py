@@ -193,13 +193,6 @@ def test_full_file(tmp_path: Path) -> None:
     assert isinstance(weather.auth, QueryAuth) and weather.auth.name == "appid"
 
 
-def test_first_matching_rule_wins(tmp_path: Path) -> None:
-    policy = load_config(write(tmp_path, FULL), env={}).policy
-    assert policy.rule_for("helpdesk.close_ticket") == Rule(match="helpdesk.close_*", action="ask")
-    assert policy.rule_for("helpdesk.get_ticket") == Rule(match="helpdesk.*", action="allow")
-    assert policy.rule_for("github.create_issue") is None
-
-
 def test_explicit_max_concurrent_runs_is_kept(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, "[sandbox]\nmax_workers = 4\n[server]\nmax_concurrent_runs = 1\n"), env={})
     assert config.server.max_concurrent_runs == 1

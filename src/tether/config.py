@@ -13,7 +13,6 @@ because a raw validation dump names Python types, not the keys a user wrote.
 from __future__ import annotations
 
 import difflib
-import fnmatch
 import keyword
 import os
 import re
@@ -180,13 +179,11 @@ class LimitsConfig(_Section):
 
 
 class Rule(_Section):
-    """One policy rule; the first rule whose glob matches a tool address wins."""
+    """One policy rule; the first rule whose glob matches a tool address wins
+    (decided by tether.runs.policy, which these rules feed)."""
 
     match: Glob
     action: Literal["allow", "ask", "deny"]
-
-    def matches(self, address: str) -> bool:
-        return fnmatch.fnmatchcase(address, self.match)
 
 
 class PolicyConfig(_Section):
@@ -205,10 +202,6 @@ class PolicyConfig(_Section):
     # replays to 100 calls or 30 s of work.
     checkpoint_every_calls: PositiveInt = 100
     checkpoint_every_seconds: Seconds = 30
-
-    def rule_for(self, address: str) -> Rule | None:
-        """The first rule matching ``namespace.tool``, or None."""
-        return next((rule for rule in self.rules if rule.matches(address)), None)
 
 
 # --- [store] -----------------------------------------------------------------
