@@ -157,6 +157,8 @@ class EffectBoundary:
             1 for e in journal_entries if e.kind == "write" and e.state in (CALL_APPROVED, CALL_SENDING, CALL_SENT, CALL_UNKNOWN, CALL_FAILED)
         )
         self.execution: "Execution | None" = None
+        self.on_progress: Callable[[int, str], None] | None = None
+        self.paused_envelope: Any = None
         self._idle = asyncio.Event()
         self._idle.set()
         self._release = asyncio.Event()
@@ -165,44 +167,76 @@ class EffectBoundary:
 
     # -- the sandbox's entry point ---------------------------------------------
 
-    async def host(self, name: str, args: tuple, kwargs: dict) -> Any:
-        """Host function for the sandbox: map the name to (op, address, args) and call."""
+    def _parse(self, name: str, args: tuple, kwargs: dict) -> tuple[str, str, dict[str, Any], GuestRaise | None]:
+        """(op, address, call args, error) for a sandbox call."""
         if name.startswith("tools."):
-            op, address = "tool", name[len("tools."):]
+            address = name[len("tools."):]
             if args:
-                self.state.issued += 1
-                seq = self.state.issued
                 err = guest_error(
                     "invalid_arguments",
                     f"{address} takes keyword arguments only; call it as await tools.{address}(name=value, ...)",
                     "TypeError",
                 )
-                await self._record_rejected(seq, op, address, {"_positional": list(args), **kwargs}, "read", err)
-                raise err
-            call_args = dict(kwargs)
-        else:
-            op, address = name, name
-            call_args = {"args": list(args), "kwargs": dict(kwargs)}
-        self.state.issued += 1
-        return await self.call(self.state.issued, op, address, call_args)
+                return "tool", address, {"_positional": list(args), **kwargs}, err
+            return "tool", address, dict(kwargs), None
+        return name, name, {"args": list(args), "kwargs": dict(kwargs)}, None
 
-    async def answer_restored(self, call_ids: list[int]) -> dict[int, Any]:
-        """Settle the calls a restored snapshot waits on, by seq, in seq order."""
-        pending = sorted(self.state.restore_pending or [], key=lambda c: c["seq"])
-        ids = sorted(call_ids)
-        if len(ids) != len(pending):
-            raise SnapshotMismatch(f"snapshot waits on {len(ids)} calls, the record names {len(pending)}")
+    async def host(self, name: str, args: tuple, kwargs: dict) -> Any:
+        """Host function for the sandbox: map the name to (op, address, args) and call."""
+        op, address, call_args, err = self._parse(name, args, kwargs)
+        self.state.issued += 1
+        seq = self.state.issued
+        if err is not None:
+            await self._record_rejected(seq, op, address, call_args, "read", err)
+            raise err
+        return await self.call(seq, op, address, call_args)
+
+    async def answer_restored(self, call_ids: list[int], announced: list[Any]) -> dict[int, Any]:
+        """Settle the calls a restored snapshot waits on (P-9).
+
+        Calls the worker re-announced are matched to the snapshot's record by
+        what they are; a re-announced call the record lacks is new and gets
+        the next seq. The rest are matched by order: seqs and call ids both
+        grow in the order the program issued the calls. Everything is mapped
+        before anything is sent, so a mismatch can still fall back to replay.
+        """
+        record = sorted(self.state.restore_pending or [], key=lambda c: c["seq"])
+        plan: list[tuple[int, int, str, str, dict[str, Any], GuestRaise | None]] = []
+        for ann in sorted(announced, key=lambda a: a.call_id):
+            op, address, call_args, err = self._parse(ann.name, ann.args, ann.kwargs)
+            match = next((r for r in record if r["op"] == op and r["address"] == address and r["args"] == call_args),
+                         None)
+            if match is not None:
+                record.remove(match)
+                plan.append((ann.call_id, match["seq"], op, address, call_args, err))
+            else:
+                self.state.issued += 1
+                plan.append((ann.call_id, self.state.issued, op, address, call_args, err))
+        announced_ids = {a.call_id for a in announced}
+        rest = sorted(cid for cid in call_ids if cid not in announced_ids)
+        if len(rest) != len(record):
+            raise SnapshotMismatch(f"snapshot waits on {len(rest)} earlier calls, the record names {len(record)}")
+        plan += [(cid, r["seq"], r["op"], r["address"], r["args"], None) for cid, r in zip(rest, record)]
+        wanted = set(call_ids)
+        plan.sort(key=lambda p: p[1])
+        # If answering pauses again, the new dump waits on every call of the plan.
+        self.state.restore_pending = [{"seq": p[1], "op": p[2], "address": p[3], "args": p[4]}
+                                      for p in plan if p[0] in wanted]
         self.state.answering = True
 
-        async def one(call: dict[str, Any]) -> Any:
+        async def one(seq: int, op: str, address: str, call_args: dict, err: GuestRaise | None) -> Any:
             try:
-                return await self.call(call["seq"], call["op"], call["address"], call["args"])
+                if err is not None:
+                    await self._record_rejected(seq, op, address, call_args, "read", err,
+                                                existing=self.journal.get(seq))
+                    raise err
+                return await self.call(seq, op, address, call_args)
             except GuestRaise as exc:
                 return exc
 
-        results = await asyncio.gather(*(one(c) for c in pending))
+        results = await asyncio.gather(*(one(*p[1:]) for p in plan))
         self.state.answering = False
-        return dict(zip(ids, results))
+        return {p[0]: r for p, r in zip(plan, results) if p[0] in wanted}
 
     # -- the boundary ----------------------------------------------------------
 
@@ -239,10 +273,14 @@ class EffectBoundary:
         self._idle.clear()
         if st.inflight_since is None:
             st.inflight_since = time.perf_counter()
+        error: GuestRaise | None = None
         try:
             if op == "tool":
-                return await self._tool_call(seq, address, args, key, decision, started)
-            return await self._builtin_call(seq, op, address, args, key, decision)
+                value = await self._tool_call(seq, address, args, key, decision, started)
+            else:
+                value = await self._builtin_call(seq, op, address, args, key, decision)
+        except GuestRaise as exc:
+            error = exc
         finally:
             st.inflight -= 1
             if st.inflight == 0:
@@ -250,6 +288,14 @@ class EffectBoundary:
                     st.host_seconds += time.perf_counter() - st.inflight_since
                 st.inflight_since = None
                 self._idle.set()
+        if st.pausing and not st.answering:
+            # A pause began while this call was out: its outcome is journaled,
+            # but handing it back now would let the program run on while the
+            # pause is being dumped. It is answered from the journal on resume.
+            return await self._hold(seq, op, address, args)
+        if error is not None:
+            raise error
+        return value
 
     async def _builtin_call(self, seq, op, address, args, key, decision) -> Any:
         impl = self.builtins_impl.get(op)
@@ -460,6 +506,12 @@ class EffectBoundary:
     def release_held(self) -> None:
         self._release.set()
 
+    def reset_for_replay(self) -> None:
+        """Start over from call 1 after a restore that could not be used."""
+        self.state = AttemptState(writes_spent=self.state.writes_spent)
+        self._release = asyncio.Event()
+        self._idle.set()
+
     def _fail(self, error: TetherError) -> TetherError:
         if self.state.failure is None:
             self.state.failure = error
@@ -518,6 +570,8 @@ class EffectBoundary:
     def _stat(self, seq, op, address, kind, state, t) -> None:
         now = time.perf_counter()
         self.state.stats.append(CallStat(seq, op, address, kind, state, (now - t) * 1000, t - self._t0, now - self._t0))
+        if self.on_progress is not None:
+            self.on_progress(len(self.state.stats), address)
 
     async def _maybe_checkpoint(self, seq: int) -> None:
         if self._checkpoint_sink is None or self.state.pausing or self.state.inflight != 1:

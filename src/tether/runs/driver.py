@@ -130,7 +130,8 @@ def _guarded(fn: Any) -> Any:
     return call
 
 
-async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float) -> RunResult:
+async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float,
+                on_progress: Any = None) -> RunResult:
     """One attempt. ``mode`` is "fresh" or "continue" (restore, else replay)."""
     limits = Limits.from_dict(run.limits)
     policy = Policy.from_dict(run.policy)
@@ -211,29 +212,34 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
         clock=rt.clock,
     )
     boundary.paused_envelope = None
+    boundary.on_progress = on_progress
     rt._boundaries[run.run_id] = boundary
-    heartbeat = asyncio.ensure_future(_heartbeat(rt, run.run_id))
+    heartbeat = asyncio.ensure_future(_heartbeat(rt, run.run_id, boundary))
     setup_ms = (time.perf_counter() - t_setup) * 1000
     t_exec = time.perf_counter()
     attempt_kind = "fresh" if mode == "fresh" else ("restore" if snapshot is not None else "replay")
-    try:
+    async def run_once(kind: str) -> Any:
         async with rt.pool.execution(spec, boundary.host, logs) as execution:
             boundary.execution = execution
             try:
-                if attempt_kind == "restore":
+                if kind == "restore":
                     boundary.state.issued = snapshot.seq
                     boundary.state.restore_pending = list(snapshot.pending)
-                    try:
-                        value = await execution.resume(snapshot.data, boundary.answer_restored)
-                    except SnapshotMismatch:
-                        attempt_kind = "replay"
-                        boundary.state.issued = 0
-                        value = None
-                if attempt_kind != "restore":
-                    value = await execution.run(run.program)
+                    return await execution.resume(snapshot.data, boundary.answer_restored)
+                return await execution.run(run.program)
             finally:
                 boundary.release_held()
                 await boundary.drain()
+
+    try:
+        try:
+            value = await run_once(attempt_kind)
+        except SnapshotMismatch:
+            # Nothing was sent: the mapping is checked before any dispatch.
+            attempt_kind = "replay"
+            boundary.reset_for_replay()
+            logs.__init__(limits.log_bytes)
+            value = await run_once("replay")
     except Paused:
         return boundary.paused_envelope
     except Cancelled as exc:
@@ -366,10 +372,14 @@ def _diagnostics(boundary: EffectBoundary, setup_ms: float, t_exec: float, t0: f
     }
 
 
-async def _heartbeat(rt: "Runtime", run_id: str) -> None:
-    """Keep this process's lease on the run while the attempt lives."""
+async def _heartbeat(rt: "Runtime", run_id: str, boundary: EffectBoundary) -> None:
+    """Keep this process's lease on the run while the attempt lives; see cancel requests."""
     interval = max(rt.lease_seconds / 3, 0.05)
     while True:
         await asyncio.sleep(interval)
         now = rt.clock()
         rt.store.update_run(run_id, [RUN_RUNNING], lease_until=now + rt.lease_seconds)
+        run = rt.store.get_run(run_id)
+        reason = (run.meta or {}).get("cancel_requested") if run else None
+        if reason and boundary.execution is not None:
+            boundary.execution.stop(Cancelled(reason))

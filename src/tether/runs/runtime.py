@@ -207,6 +207,7 @@ class Runtime:
         principal: str | None = None,
         type_check: bool | None = None,
         meta: dict[str, Any] | None = None,
+        on_progress: Callable[[int, str], None] | None = None,
     ) -> RunResult:
         """Run ``code``; returns completed, failed or paused.
 
@@ -232,7 +233,7 @@ class Runtime:
             meta={**(meta or {}), "type_check": self.type_check if type_check is None else type_check},
         )
         self.store.create_run(run)
-        return await self._attempt(run, mode="fresh", on_approval=on_approval, t0=t0)
+        return await self._attempt(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress)
 
     # -- resume ------------------------------------------------------------------
 
@@ -245,6 +246,7 @@ class Runtime:
         seq: int | None = None,
         principal: str | None = None,
         on_approval: Approver | None = None,
+        on_progress: Callable[[int, str], None] | None = None,
     ) -> RunResult:
         """Decide the paused call of ``run_id`` and continue the run (P-10)."""
         t0 = time.perf_counter()
@@ -286,7 +288,8 @@ class Runtime:
                     "code": "cancelled", "message": f"the run was cancelled at the write {run.pending['address']}; "
                     "nothing further was sent", "next_action": "Start a new run if the work is still needed.",
                     "details": {"reason": reason}}, t0=t0)
-            return await self._attempt(run, mode="continue", on_approval=on_approval, t0=t0)
+            return await self._attempt(run, mode="continue", on_approval=on_approval, t0=t0,
+                                       on_progress=on_progress)
         # Not paused: a duplicate of a decision already taken, or a misuse.
         last = run.decision
         if last is None:
@@ -334,6 +337,25 @@ class Runtime:
     def get_run(self, run_id: str, principal: str | None = None) -> RunRecord:
         return self._get_run(run_id, principal)
 
+    # -- cancel ------------------------------------------------------------------
+
+    async def cancel(self, run_id: str, reason: str = "cancelled by the client", *,
+                     principal: str | None = None) -> RunResult:
+        """Stop a run: nothing further is sent; a write already on the wire finishes and is journaled."""
+        run = self._get_run(run_id, principal)
+        if run.status == RUN_PAUSED:
+            return await self.resume(run_id, "cancel", reason, seq=(run.pending or {}).get("seq"),
+                                     principal=principal)
+        if run.status in TERMINAL_RUN_STATUSES:
+            return RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run_id)
+        boundary = self._boundaries.get(run_id)
+        if boundary is not None and boundary.execution is not None:
+            boundary.execution.stop(Cancelled(reason))
+            return await self.wait_for_run(run_id)
+        # Running in another process: a durable request its heartbeat sees.
+        self.store.update_run(run_id, [RUN_RUNNING], meta={**run.meta, "cancel_requested": reason})
+        return await self.wait_for_run(run_id, timeout=max(self.lease_seconds, 1.0) * 2)
+
     # -- recover -----------------------------------------------------------------
 
     async def recover(self) -> list[RunResult]:
@@ -349,11 +371,14 @@ class Runtime:
 
     # -- attempts ------------------------------------------------------------------
 
-    async def _attempt(self, run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float) -> RunResult:
+    async def _attempt(self, run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float,
+                       on_progress: Callable[[int, str], None] | None = None) -> RunResult:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._active[run.run_id] = fut
         try:
-            result = await self._attempt_inner(run, mode=mode, on_approval=on_approval, t0=t0)
+            from .driver import drive
+
+            result = await drive(self, run, mode=mode, on_approval=on_approval, t0=t0, on_progress=on_progress)
             fut.set_result(result)
             return result
         except BaseException as exc:
@@ -362,11 +387,6 @@ class Runtime:
             raise
         finally:
             self._active.pop(run.run_id, None)
-
-    async def _attempt_inner(self, run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float) -> RunResult:
-        from .driver import drive
-
-        return await drive(self, run, mode=mode, on_approval=on_approval, t0=t0)
 
     # -- finishing -----------------------------------------------------------------
 

@@ -52,6 +52,16 @@ class GuestRaise(Exception):
         return cls(self.message)
 
 
+@dataclass(frozen=True)
+class Announced:
+    """A host call a restored program (re-)announced: its id, name and arguments."""
+
+    call_id: int
+    name: str
+    args: tuple
+    kwargs: dict
+
+
 class Stopped(Exception):
     """The execution was stopped on purpose (a pause, a cancel or a limit)."""
 
@@ -256,10 +266,14 @@ class Execution:
             self._session.feed_run(code, external_lookup=self._lookup(), print_callback=self._print)
         )
 
-    async def resume(self, dump: bytes, answer: Callable[[list[int]], Awaitable[dict[int, Any]]]) -> Any:
-        """Continue from ``dump``; ``answer(call_ids)`` settles the calls the dump waits on.
+    async def resume(self, dump: bytes, answer: Callable[[list[int], list["Announced"]], Awaitable[dict[int, Any]]]) -> Any:
+        """Continue from ``dump``; ``answer`` settles the calls the restored program waits on.
 
-        ``answer`` returns, per call id, a value or a :class:`GuestRaise`.
+        A dump taken while host calls are in flight restores as a future
+        snapshot waiting on some call ids, sometimes after re-announcing
+        calls the worker had issued but not yet handed over. ``answer`` gets
+        the ids waited on and the re-announced calls (with their names and
+        arguments) and returns, per id, a value or a :class:`GuestRaise`.
         """
 
         async def drive() -> Any:
@@ -267,13 +281,16 @@ class Execution:
                 snap = await self._session.load_snapshot(dump, external_lookup=self._lookup(), print_callback=self._print)
             except _pm.MontyError as exc:
                 raise SandboxCrashed(f"could not load the snapshot: {exc}") from None
-            if isinstance(snap, _pm.AsyncFunctionSnapshot) and not snap.is_os_function:
-                # Answer through a future so one code path settles every
-                # restored call, single or gathered.
-                snap = await snap.resume({"future": ...})
+            announced: list[Announced] = []
+            while not isinstance(snap, (_pm.AsyncFutureSnapshot, _pm.MontyComplete)):
+                if isinstance(snap, _pm.AsyncFunctionSnapshot) and not snap.is_os_function:
+                    announced.append(Announced(snap.call_id, snap.function_name, tuple(snap.args), dict(snap.kwargs)))
+                    snap = await snap.resume({"future": ...})
+                else:
+                    snap = await snap.resume_auto()
             if isinstance(snap, _pm.AsyncFutureSnapshot):
                 self._held = snap
-                results = await answer(list(snap.pending_call_ids))
+                results = await answer(list(snap.pending_call_ids), announced)
                 self._held = None
                 snap = await snap.resume({cid: _settled(v) for cid, v in results.items()})
             while not isinstance(snap, _pm.MontyComplete):
