@@ -1,0 +1,116 @@
+"""The command line, as a user runs it: real processes, a real store on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TETHER = [sys.executable, "-m", "tether.cli"]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def env(tmp_path):
+    e = dict(os.environ)
+    e["TETHER_HOME"] = str(tmp_path / "home")
+    e["NOTES_FILE"] = str(tmp_path / "notes.jsonl")
+    e.pop("TETHER_STORE_URL", None)
+    return e
+
+
+def tether(args, env, cwd, stdin=None):
+    return subprocess.run(TETHER + args, env=env, cwd=cwd, capture_output=True, text=True, input=stdin, timeout=120)
+
+
+def test_p10_pause_in_one_process_resume_from_another(tmp_path, env):
+    program = tmp_path / "prog.py"
+    program.write_text(
+        "import tools\n"
+        "before = await tools.notes.list_notes()\n"
+        "await tools.notes.add_note(text='hello')\n"
+        "{'before': len(before), 'after': len(await tools.notes.list_notes())}\n"
+    )
+    first = tether(["run", str(program), "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
+    assert first.returncode == 3, first.stderr
+    paused = json.loads(first.stdout)
+    assert paused["status"] == "paused"
+    assert paused["pending"]["address"] == "notes.add_note"
+    assert not Path(env["NOTES_FILE"]).exists()  # nothing sent
+
+    # Another process, no --tools: the run recorded which tools it used.
+    second = tether(["resume", paused["run_id"], "--approve", "--json"], env, tmp_path)
+    assert second.returncode == 0, second.stderr
+    done = json.loads(second.stdout)
+    assert done["status"] == "completed"
+    assert done["result"] == {"before": 0, "after": 1}
+    assert Path(env["NOTES_FILE"]).read_text().count("hello") == 1
+
+    again = tether(["resume", paused["run_id"], "--approve", "--json"], env, tmp_path)
+    assert json.loads(again.stdout)["result"] == done["result"]
+    assert Path(env["NOTES_FILE"]).read_text().count("hello") == 1
+
+    shown = tether(["runs", "show", paused["run_id"], "--json"], env, tmp_path)
+    timeline = json.loads(shown.stdout)
+    assert [(c["address"], c["state"]) for c in timeline["calls"]] == [
+        ("notes.list_notes", "done"), ("notes.add_note", "sent"), ("notes.list_notes", "done")]
+    listed = tether(["runs", "list", "--json"], env, tmp_path)
+    assert [r["status"] for r in json.loads(listed.stdout)] == ["completed"]
+
+
+def test_run_exit_codes_and_human_output(tmp_path, env):
+    ok = tmp_path / "ok.py"
+    ok.write_text("print('hi')\n1 + 1\n")
+    r = tether(["run", str(ok)], env, tmp_path)
+    assert r.returncode == 0 and r.stdout.splitlines() == ["hi", "2"]
+    bad = tmp_path / "bad.py"
+    bad.write_text("1/0\n")
+    r = tether(["run", str(bad)], env, tmp_path)
+    assert r.returncode == 1
+    assert "program_error" in r.stderr and "ZeroDivisionError" in r.stderr
+    r = tether(["run", str(tmp_path / "missing.py")], env, tmp_path)
+    assert r.returncode == 2 and "cannot read program" in r.stderr
+    r = tether(["resume", "run_nope", "--approve"], env, tmp_path)
+    assert r.returncode == 2 and "run_not_found" in r.stderr
+
+
+def test_type_check_rejects_a_wrong_argument_before_running(tmp_path, env):
+    prog = tmp_path / "typo.py"
+    prog.write_text("import tools\nawait tools.notes.add_note(txt='x')\n")
+    r = tether(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
+    out = json.loads(r.stdout)
+    assert r.returncode == 1
+    assert out["error"]["code"] == "type_check_failed"
+    assert "txt" in out["error"]["details"]["diagnostics"]
+    assert not Path(env["NOTES_FILE"]).exists()
+    r = tether(["run", str(prog), "--no-check", "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
+    assert json.loads(r.stdout)["error"]["code"] == "invalid_arguments"
+
+
+def test_demo_runs(tmp_path, env):
+    r = tether(["demo"], env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "host calls" in r.stdout
+
+
+def test_tools_search_and_describe(tmp_path, env):
+    r = tether(["tools", "search", "close ticket", "--tools", "tether.demo.helpdesk", "--json"], env, tmp_path)
+    found = json.loads(r.stdout)
+    assert found["results"][0]["address"] == "helpdesk.close_ticket"
+    r = tether(["tools", "describe", "helpdesk.close_ticket", "--tools", "tether.demo.helpdesk"], env, tmp_path)
+    assert r.returncode == 0 and "async def" in r.stdout and "ticket_id" in r.stdout
+    r = tether(["tools", "describe", "helpdesk.close_tiket", "--tools", "tether.demo.helpdesk"], env, tmp_path)
+    assert r.returncode == 1 and "did you mean" in r.stdout and "helpdesk.close_ticket" in r.stdout
+
+
+def test_bad_config_is_one_clear_error_per_key(tmp_path, env):
+    (tmp_path / "tether.toml").write_text("[limits]\nhost_calls = -1\n[limts]\nx = 1\n")
+    r = tether(["run", "-"], env, tmp_path, stdin="1")
+    assert r.returncode == 2
+    assert "limits.host_calls" in r.stderr and "did you mean 'limits'" in r.stderr
