@@ -1,0 +1,38 @@
+# Every target sets itself up: a fresh clone needs only `make run` or `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: install run demo test test-fast bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "tether needs Python >= 3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@rm -f $(VENV)/.installed-*
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+# The main job on the embedded default (SQLite under ./.tether): the help desk demo.
+run: $(STAMP)
+	$(BIN)/tether demo
+
+demo: run
+
+# The whole suite. Postgres contract tests start a throwaway cluster when
+# PostgreSQL's binaries are installed (.ci/setup-postgres.sh installs them).
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+# Without the tests that spawn processes or wait on real time.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .tether .pytest_cache
