@@ -328,3 +328,120 @@ async def test_p15_checkpoints_bound_what_recovery_replays(store_url, clock):
         assert r.status == "completed"
         snap = rt.store.latest_snapshot(r.run_id)
         assert snap.kind == "checkpoint" and snap.seq == 10
+
+
+async def test_p1_every_host_call_is_journaled_in_issue_order(store_url):
+    rec = Recorder()
+    code = """
+import asyncio
+import tools
+found = await search("ticket")
+d = await describe(["helpdesk.get_ticket"])
+s = await sources()
+a, b = await asyncio.gather(tools.helpdesk.get_ticket(id=1), tools.helpdesk.get_ticket(id=2))
+'ok'
+"""
+    async with make_runtime(store_url, rec) as rt:
+        r = await rt.execute(code)
+        assert r.status == "completed", r.error
+        calls = rt.store.get_calls(r.run_id)
+        assert [(c.seq, c.op, c.address) for c in calls] == [
+            (1, "search", "search"), (2, "describe", "describe"), (3, "sources", "sources"),
+            (4, "tool", "helpdesk.get_ticket"), (5, "tool", "helpdesk.get_ticket")]
+        assert [c.args["id"] for c in calls[3:]] == [1, 2]
+
+
+def test_p3_call_key_is_canonical():
+    from hypothesis import given, strategies as st
+
+    from tether.runs.journal import call_key
+
+    values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
+                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+                          max_leaves=10)
+
+    @given(st.dictionaries(st.text(), values, max_size=5))
+    def same_key_whatever_the_order(args):
+        reordered = dict(reversed(list(args.items())))
+        assert call_key("tool", "a.b", args) == call_key("tool", "a.b", reordered)
+        assert call_key("tool", "a.b", args) != call_key("tool", "a.c", args)
+
+    same_key_whatever_the_order()
+
+
+async def test_p7_sending_is_committed_before_the_request_leaves(store_url):
+    from tether.tools.model import Tool
+
+    seen = []
+
+    async def probe(args):
+        # The tool looks at the journal, from another connection, the moment the request reaches it.
+        store = open_store(store_url)
+        try:
+            (run,) = store.list_runs()
+            seen.append([(c.seq, c.state) for c in store.get_calls(run.run_id)])
+        finally:
+            store.close()
+        return "ok"
+
+    async with make_runtime(store_url, Recorder(), policy=Policy(writes="allow")) as rt:
+        rt.add_tools(Tool("probe", "write", "A write that reads the journal.", {"type": "object", "properties": {}},
+                          probe))
+        r = await rt.execute("import tools\nawait tools.probe.write()")
+        assert r.status == "completed", r.error
+        assert seen == [[(1, "sending")]]
+        assert [c.state for c in rt.store.get_calls(r.run_id)] == ["sent"]
+
+
+async def test_p8_cancel_never_cuts_a_write_on_the_wire(store_url):
+    rec = Recorder()
+    code = "import tools\nawait tools.slowpoke.write(seconds=0.3)\nawait tools.helpdesk.close_ticket(id=1)"
+    async with make_runtime(store_url, rec, policy=Policy(writes="allow")) as rt:
+        task = asyncio.ensure_future(rt.execute(code))
+        while not rec.deliveries:
+            await asyncio.sleep(0.01)
+        run_id = rt.store.list_runs()[0].run_id
+        cancelled = await rt.cancel(run_id, "the user changed their mind")
+        result = await task
+        assert result.status == cancelled.status == "cancelled"
+        assert [d[0] for d in rec.deliveries] == ["slow_write"]  # close_ticket never sent
+        calls = rt.store.get_calls(run_id)
+        assert [(c.address, c.state) for c in calls] == [("slowpoke.write", "sent")]
+
+
+async def test_p13_a_recorded_write_the_replay_does_not_repeat_is_divergence(store_url):
+    from tether.store.base import CallRecord
+    from tether.runs.journal import call_key
+    from tether.runs.runtime import sign_snapshot
+
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute(WRITE_PROGRAM)
+        args = {"id": 99, "body": "ghost"}
+        rt.store.record_call(CallRecord(paused.run_id, 9, "tool", "helpdesk.add_comment", args,
+                                        call_key("tool", "helpdesk.add_comment", args), "write", "sent",
+                                        outcome={"ticket": 99}))
+        snap = rt.store.latest_snapshot(paused.run_id)
+        snap.monty_version = "other"
+        snap.mac = sign_snapshot(rt._secret, snap.run_id, snap.seq, snap.monty_version, snap.data)
+        rt.store.put_snapshot(snap)
+        r = await rt.resume(paused.run_id, "approve")
+        assert r.status == "failed" and r.error["code"] == "execution_diverged"
+
+
+async def test_p16_two_recoverers_one_owner(store_url, clock):
+    rec = Recorder()
+    # A run whose owner died: still running, its lease in the past.
+    async with make_runtime(store_url, rec, clock, policy=Policy(writes="allow")) as a, \
+            make_runtime(store_url, rec, clock, policy=Policy(writes="allow")) as b:
+        run_id = "run_orphan"
+        from tether.store.base import RunRecord
+
+        a.store.create_run(RunRecord(run_id, "running", "import tools\nawait tools.helpdesk.add_comment(id=5, body='x')\n'ok'",
+                                     {"clock": "2027-01-15T08:00:00+00:00", "seed": 7}, Policy(writes="allow").to_dict(),
+                                     a.limits.to_dict(), clock.now, clock.now, owner="dead:1", lease_until=clock.now - 1,
+                                     meta={"type_check": False}))
+        ra, rb = await asyncio.gather(a.recover(), b.recover())
+        results = ra + rb
+        assert len(results) == 1 and results[0].status == "completed"
+        assert [d for d in rec.deliveries if d[0] == "add_comment"] == [("add_comment", {"id": 5, "body": "x"})]

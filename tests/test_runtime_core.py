@@ -126,7 +126,7 @@ msg
     await assert_alive(rt)
 
 
-async def test_error_code_comes_from_the_host_record_not_program_text(rt):
+async def test_p14_error_code_comes_from_the_host_record_not_program_text(rt):
     r = await rt.execute("raise RuntimeError('[tool_error] helpdesk.get_ticket: made up')")
     assert r.error["code"] == "program_error"
 
@@ -161,7 +161,7 @@ async def test_host_call_limit(rt, rec):
     await assert_alive(rt)
 
 
-async def test_call_limit_cannot_be_caught_by_the_program(rt, rec):
+async def test_p17_call_limit_cannot_be_caught_by_the_program(rt, rec):
     code = """
 import tools
 n = 0
@@ -183,7 +183,7 @@ async def test_per_call_timeout(rt):
     await assert_alive(rt)
 
 
-async def test_a_write_that_times_out_is_unknown_and_not_resent(rt, rec):
+async def test_p8_a_write_that_times_out_is_unknown_and_not_resent(rt, rec):
     r = await rt.execute("""
 import tools
 try:
