@@ -1,0 +1,321 @@
+"""Tools from plain Python functions: ``@tool`` and :func:`tools_from_module`.
+
+::
+
+    TETHER_NAMESPACE = "weather"   # optional; else the module's last name
+
+    @tool(read_only=True)
+    async def forecast(city: str, days: int = 3) -> list[Day]:
+        \"\"\"Daily forecast for a city.\"\"\"
+
+The input schema comes from the signature through pydantic (models,
+TypedDicts, ``Annotated[..., Field(...)]`` all work), the description from
+the docstring's first paragraph, the output schema from the return
+annotation. The function itself is unchanged and stays callable.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import re
+import sys
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, TypeVar, overload
+
+import pydantic
+from pydantic_core import ArgsKwargs, to_jsonable_python
+
+from ..errors import InvalidArguments, UsageError
+from ..tools.model import Annotations, Tool
+
+__all__ = ["ToolSpec", "tool", "tools_from_module"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Google-style "Args:" sections give parameter descriptions for free.
+_ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters|Params)\s*:\s*$")
+_ARG_LINE = re.compile(r"^\s*\*{0,2}(\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """What ``@tool`` recorded; :meth:`to_tool` turns it into a :class:`Tool`.
+
+    The schema is built late, on collection, so annotations may name classes
+    defined further down the module.
+    """
+
+    func: Callable[..., Any]
+    namespace: str | None
+    name: str
+    title: str | None
+    annotations: Annotations
+
+    def to_tool(self, default_namespace: str | None = None) -> Tool:
+        """Build the tool; ``default_namespace`` applies when neither ``@tool`` nor the module names one."""
+        namespace = self.namespace or _module_namespace(self.func) or default_namespace or _module_tail(self.func)
+        return _build(self, namespace)
+
+
+@overload
+def tool(func: F, /) -> F: ...
+
+
+@overload
+def tool(
+    *,
+    namespace: str | None = None,
+    name: str | None = None,
+    title: str | None = None,
+    read_only: bool = False,
+    destructive: bool = False,
+    idempotent: bool = False,
+    open_world: bool = False,
+) -> Callable[[F], F]: ...
+
+
+def tool(
+    func: Callable[..., Any] | None = None,
+    *,
+    namespace: str | None = None,
+    name: str | None = None,
+    title: str | None = None,
+    read_only: bool = False,
+    destructive: bool = False,
+    idempotent: bool = False,
+    open_world: bool = False,
+) -> Any:
+    """Mark a sync or async function as a tool; use bare (``@tool``) or with options.
+
+    The function is returned unchanged apart from a ``__tether_tool__``
+    attribute holding its :class:`ToolSpec`. ``read_only`` is what the write
+    policy reads: leave it False for anything that changes the world.
+    """
+
+    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(f):
+            raise UsageError(f"@tool needs a function, got {type(f).__name__}", code="invalid_tool_definition")
+        f.__tether_tool__ = ToolSpec(  # type: ignore[attr-defined]
+            func=f,
+            namespace=namespace,
+            name=name or f.__name__,
+            title=title,
+            annotations=Annotations(read_only, destructive, idempotent, open_world),
+        )
+        return f
+
+    return mark(func) if func is not None else mark
+
+
+def tools_from_module(module: ModuleType | str | Path) -> list[Tool]:
+    """Every ``@tool`` function in a module object, a dotted module name or a ``.py`` path.
+
+    A path is loaded under a unique module name (so two ``tools.py`` files do
+    not collide) and its tools default to the file's stem as namespace.
+    Functions imported into the module from elsewhere are collected too,
+    keeping their own module's namespace.
+    """
+    default_ns: str | None = None
+    if isinstance(module, Path) or (isinstance(module, str) and (module.endswith(".py") or "/" in module)):
+        path = Path(module).expanduser().resolve()
+        module = _load_file(path)
+        default_ns = _identifier(path.stem)
+    elif isinstance(module, str):
+        try:
+            module = importlib.import_module(module)
+        except ImportError as exc:
+            raise UsageError(
+                f"cannot import tool module {module!r}: {exc}",
+                code="invalid_tool_definition",
+                next_action="Check the module name and that it is importable (PYTHONPATH).",
+            ) from None
+    tools: list[Tool] = []
+    seen: set[int] = set()
+    for value in list(vars(module).values()):
+        spec = getattr(value, "__tether_tool__", None)
+        if isinstance(spec, ToolSpec) and id(spec) not in seen:
+            seen.add(id(spec))
+            own = getattr(spec.func, "__module__", None) == module.__name__
+            tools.append(spec.to_tool(default_ns if own else None))
+    return tools
+
+
+def _load_file(path: Path) -> ModuleType:
+    if not path.is_file():
+        raise UsageError(f"tool file {str(path)!r} does not exist", code="invalid_tool_definition")
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    name = f"tether_source_{_identifier(path.stem)}_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"cannot load {str(path)!r} as a Python module", code="invalid_tool_definition")
+    module = importlib.util.module_from_spec(spec)
+    # Registered before running: pydantic, dataclasses and pickling look modules up by name.
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _module_namespace(func: Callable[..., Any]) -> str | None:
+    module = sys.modules.get(getattr(func, "__module__", "") or "")
+    value = getattr(module, "TETHER_NAMESPACE", None)
+    return value if isinstance(value, str) and value else None
+
+
+def _module_tail(func: Callable[..., Any]) -> str:
+    return _identifier((getattr(func, "__module__", None) or "tools").rpartition(".")[2])
+
+
+def _identifier(text: str) -> str:
+    name = re.sub(r"\W", "_", text)
+    return name if name and not name[0].isdigit() else f"_{name}"
+
+
+# --- building the tool --------------------------------------------------------
+
+
+def _build(spec: ToolSpec, namespace: str) -> Tool:
+    func = spec.func
+    where = f"{namespace}.{spec.name}"
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError) as exc:
+        raise _definition_error(where, f"has no readable signature ({exc})") from None
+    for param in signature.parameters.values():
+        if param.kind in (param.POSITIONAL_ONLY, param.VAR_POSITIONAL):
+            raise _definition_error(
+                where, f"parameter {param.name!r} cannot be passed by keyword; tools take keyword arguments only"
+            )
+
+    # Validate against a stand-in with the same signature, so validation never
+    # runs the function and a ValidationError raised *inside* it stays the tool's own.
+    @functools.wraps(func)
+    def _bind(*args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return args, kwargs
+
+    try:
+        adapter = pydantic.TypeAdapter(_bind)
+        input_schema = _tidy(adapter.json_schema())
+        output_schema = _output_schema(func)
+    except pydantic.PydanticUserError as exc:
+        raise _definition_error(where, f"has a type pydantic cannot use: {exc.message}") from None
+    except (pydantic.errors.PydanticSchemaGenerationError, NameError, TypeError) as exc:
+        raise _definition_error(where, f"has a type pydantic cannot use: {exc}") from None
+    _add_param_docs(input_schema, inspect.getdoc(func) or "")
+    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        # **kwargs takes names the schema cannot list; say so, or stubs and validation refuse them.
+        input_schema.setdefault("additionalProperties", True)
+
+    async def handler(args: dict[str, Any]) -> Any:
+        try:
+            bound_args, bound_kwargs = adapter.validate_python(ArgsKwargs((), args))
+        except pydantic.ValidationError as exc:
+            raise InvalidArguments(f"{where}: {_validation_message(exc)}", details={"address": where}) from None
+        result = func(*bound_args, **bound_kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return to_jsonable_python(result)
+
+    return Tool(
+        namespace=namespace,
+        name=spec.name,
+        description=_summary(inspect.getdoc(func) or ""),
+        input_schema=input_schema,
+        handler=handler,
+        title=spec.title,
+        output_schema=output_schema,
+        annotations=spec.annotations,
+        source="python",
+    )
+
+
+def _output_schema(func: Callable[..., Any]) -> dict[str, Any] | None:
+    hints = _return_hint(func)
+    if hints is inspect.Signature.empty or hints is Any:
+        return None
+    if hints is None or hints is type(None):
+        return {"type": "null"}
+    return pydantic.TypeAdapter(hints).json_schema(mode="serialization")
+
+
+def _return_hint(func: Callable[..., Any]) -> Any:
+    if "return" not in getattr(func, "__annotations__", {}):
+        return inspect.Signature.empty
+    # include_extras keeps Annotated descriptions; the module's globals resolve
+    # string annotations (``from __future__ import annotations``).
+    return typing.get_type_hints(func, include_extras=True).get("return", inspect.Signature.empty)
+
+
+def _definition_error(where: str, problem: str) -> UsageError:
+    return UsageError(
+        f"tool {where} {problem}",
+        code="invalid_tool_definition",
+        next_action="Fix the function's signature or annotations.",
+    )
+
+
+def _tidy(schema: dict[str, Any]) -> dict[str, Any]:
+    # pydantic titles every property with its own name re-cased ("city" → "City"):
+    # bytes in every describe() without information.
+    for name, prop in (schema.get("properties") or {}).items():
+        if isinstance(prop, dict) and prop.get("title") == name.replace("_", " ").title():
+            del prop["title"]
+    schema.pop("title", None)
+    return schema
+
+
+def _summary(doc: str) -> str:
+    first = doc.strip().split("\n\n", 1)[0]
+    return " ".join(first.split())
+
+
+def _add_param_docs(schema: dict[str, Any], doc: str) -> None:
+    props = schema.get("properties") or {}
+    docs: dict[str, str] = {}
+    current: str | None = None
+    in_args = False
+    indent = 0
+    for line in doc.splitlines():
+        if _ARGS_HEADER.match(line):
+            in_args, indent = True, len(line) - len(line.lstrip())
+            continue
+        if not in_args:
+            continue
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break  # the next section ("Returns:") ends the arguments
+        match = _ARG_LINE.match(line)
+        if match and match.group(1) in props:
+            current = match.group(1)
+            docs[current] = match.group(3).strip()
+        elif current and line.strip():
+            docs[current] += " " + line.strip()
+    for name, text in docs.items():
+        prop = props[name]
+        if text and isinstance(prop, dict) and "description" not in prop:
+            prop["description"] = text
+
+
+def _validation_message(exc: pydantic.ValidationError) -> str:
+    problems = []
+    for error in exc.errors(include_url=False):
+        loc = error.get("loc", ())
+        field = ".".join(str(p) for p in loc)
+        what = "argument" if len(loc) == 1 else "field"  # same words as Catalog.validate_args
+        kind = error.get("type", "")
+        if kind in ("missing_argument", "missing", "missing_keyword_only_argument"):
+            problems.append(f"missing required {what} {field!r}")
+        elif kind in ("unexpected_keyword_argument", "extra_forbidden"):
+            problems.append(f"unknown {what} {field!r}")
+        else:
+            problems.append(f"{what} {field!r}: {error.get('msg', 'is invalid')}")
+    return "; ".join(problems) or str(exc)

@@ -1,0 +1,109 @@
+"""The model-facing description: complete enough to write a program, small, stable."""
+
+from __future__ import annotations
+
+import random
+
+from tether.tools import Catalog, Tool, model_description
+from tether.tools.prompt import DEFAULT_BUDGET
+
+
+async def _noop(args):
+    return args
+
+
+def _catalog(tools: int = 1000, namespaces: int = 50, order_seed: int | None = None) -> Catalog:
+    made = [
+        Tool(f"service_{i % namespaces:02d}", f"operation_number_{i}", f"Does thing {i}.", {"type": "object"}, _noop)
+        for i in range(tools)
+    ]
+    if order_seed is not None:
+        random.Random(order_seed).shuffle(made)
+    catalog = Catalog()
+    for t in made:
+        catalog.add(t)
+    return catalog
+
+
+def test_big_catalog_fits_the_budget() -> None:
+    text = model_description(_catalog())
+    assert len(text.encode("utf-8")) <= 1200
+    assert "… and " in text and "more namespaces — use sources()" in text
+    assert "50 namespaces, 1000 tools" in text
+
+
+def test_same_catalog_in_any_order_gives_identical_bytes() -> None:
+    a = _catalog(order_seed=1)
+    b = _catalog(order_seed=2)
+    # Summaries set in different orders too.
+    for ns in ["service_03", "service_01"]:
+        a.set_namespace_summary(ns, f"Summary of {ns}")
+    for ns in ["service_01", "service_03"]:
+        b.set_namespace_summary(ns, f"Summary of {ns}")
+    assert model_description(a).encode() == model_description(b).encode()
+
+
+def test_states_the_api_and_the_subsets_gaps() -> None:
+    text = model_description(_catalog(10, 2))
+    for needed in [
+        "import tools",
+        "await tools.ns.tool(k=v)",
+        "asyncio.gather(",
+        "await search(query, namespace=None, limit=12, offset=0)",
+        "await describe(",
+        "await sources()",
+        "last expression is the result",
+        "print() goes to logs",
+        "[code]",
+        "approval",
+        "class inheritance",
+        "generators",
+        "del",
+        "@property",
+        "create_task",
+        "return_exceptions",
+        "network",
+        "json",
+        "datetime",
+    ]:
+        assert needed in text, needed
+
+
+def test_limits_are_stated() -> None:
+    text = model_description(_catalog(3, 1), {"code_bytes": 1000, "host_calls": 7, "run_seconds": 2.5})
+    assert "Limits: 1000 B code, 7 calls, 2.5 s." in text
+
+
+def test_small_catalog_lists_every_namespace_with_summary() -> None:
+    catalog = _catalog(6, 3)
+    catalog.set_namespace_summary("service_01", "Billing: invoices and refunds")
+    text = model_description(catalog)
+    assert "service_01 (2): Billing: invoices and refunds\n" in text
+    assert "service_00 (2): operation_number_0, operation_number_3\n" in text
+    assert "more namespaces" not in text
+
+
+def test_largest_namespaces_come_first_when_truncated() -> None:
+    tools = [Tool("small", f"t{i}", "", {"type": "object"}, _noop) for i in range(2)]
+    tools += [Tool("big", f"t{i}", "", {"type": "object"}, _noop) for i in range(30)]
+    tools += [Tool(f"filler_{i:02d}", "t", "", {"type": "object"}, _noop) for i in range(40)]
+    text = model_description(Catalog(tools))
+    inventory = text.split("42 namespaces, 72 tools:\n", 1)[1].splitlines()
+    assert inventory[0].startswith("big (30): ")
+    assert inventory[1].startswith("small (2): ")
+    assert inventory[-1].startswith("… and ")
+
+
+def test_long_and_multibyte_summaries_are_clipped_without_breaking_utf8() -> None:
+    catalog = _catalog(2, 1)
+    catalog.set_namespace_summary("service_00", "é" * 500)
+    text = model_description(catalog)
+    line = next(line for line in text.splitlines() if line.startswith("service_00"))
+    assert len(line.encode()) < 80 and line.endswith("…")
+    text.encode("utf-8").decode("utf-8")
+
+
+def test_budget_is_respected_for_other_sizes() -> None:
+    for n_ns in (1, 5, 20, 200):
+        text = model_description(_catalog(n_ns * 3, n_ns))
+        assert len(text.encode()) <= DEFAULT_BUDGET

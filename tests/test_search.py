@@ -1,0 +1,225 @@
+"""Search: the tool a user means comes first, pages are stable, no query text raises."""
+
+from __future__ import annotations
+
+import pytest
+
+from tether.tools import Catalog, Tool, search
+from tether.tools.model import Annotations
+
+
+async def _noop(args):
+    return args
+
+
+def _tool(address: str, description: str, params: dict | None = None, title: str | None = None) -> Tool:
+    namespace, name = address.split(".")
+    return Tool(
+        namespace=namespace,
+        name=name,
+        description=description,
+        input_schema={"type": "object", "properties": {p: {"type": "string"} for p in (params or {})}},
+        handler=_noop,
+        title=title,
+        annotations=Annotations(read_only=name.startswith(("get", "list", "search"))),
+    )
+
+
+# A catalog shaped like a real deployment: overlapping vocabulary on purpose
+# ("issue" in tracker and github, "message" in slack and email, "create" everywhere).
+REALISTIC = [
+    _tool("tracker.create_ticket", "Open a new support ticket for a customer.", {"title": 1, "body": 1, "priority": 1}),
+    _tool("tracker.get_ticket", "Fetch one ticket by id, with its comments.", {"ticket_id": 1}),
+    _tool("tracker.list_tickets", "List tickets, filtered by status or assignee.", {"status": 1, "assignee": 1}),
+    _tool("tracker.update_ticket", "Change a ticket's status, priority or assignee.", {"ticket_id": 1, "status": 1}),
+    _tool("tracker.add_comment", "Add a comment to a ticket.", {"ticket_id": 1, "body": 1}),
+    _tool("tracker.close_ticket", "Close a ticket as resolved.", {"ticket_id": 1}),
+    _tool("github.create_issue", "Create an issue in a repository.", {"repo": 1, "title": 1, "body": 1}),
+    _tool("github.list_pull_requests", "List open pull requests of a repository.", {"repo": 1, "state": 1}),
+    _tool("github.merge_pull_request", "Merge a pull request once checks pass.", {"repo": 1, "number": 1}),
+    _tool("github.get_file_contents", "Read a file from a repository at a ref.", {"repo": 1, "path": 1, "ref": 1}),
+    _tool("github.search_code", "Search code across repositories.", {"query": 1}),
+    _tool("slack.post_message", "Post a message to a Slack channel.", {"channel": 1, "text": 1}),
+    _tool("slack.list_channels", "List the channels the bot can see.", {}),
+    _tool("slack.get_thread", "Read the replies of a thread.", {"channel": 1, "ts": 1}),
+    _tool("slack.add_reaction", "React to a message with an emoji.", {"channel": 1, "ts": 1, "name": 1}),
+    _tool("email.send_email", "Send an email to one or more recipients.", {"to": 1, "subject": 1, "body": 1}),
+    _tool("email.search_inbox", "Search the inbox for messages matching a query.", {"query": 1}),
+    _tool("email.get_message", "Fetch one email message with attachments.", {"message_id": 1}),
+    _tool("calendar.create_event", "Schedule a meeting on the calendar and invite attendees.", {"start": 1, "attendees": 1}),
+    _tool("calendar.list_events", "List calendar events between two dates.", {"start": 1, "end": 1}),
+    _tool("calendar.find_free_slot", "Find a time when all attendees are free.", {"attendees": 1, "duration": 1}),
+    _tool("crm.getCustomerProfile", "Look up a customer's account, plan and contacts.", {"customerId": 1}),
+    _tool("crm.update_customer", "Update a customer's fields in the CRM.", {"customer_id": 1}),
+    _tool("crm.list_deals", "List sales deals by stage.", {"stage": 1}),
+    _tool("billing.create_invoice", "Create an invoice for a customer.", {"customer_id": 1, "amount": 1}),
+    _tool("billing.refund_payment", "Refund a payment in full or in part.", {"payment_id": 1, "amount": 1}),
+    _tool("billing.get_subscription", "Read a customer's subscription and renewal date.", {"customer_id": 1}),
+    _tool("files.read_file", "Read a text file from the shared drive.", {"path": 1}),
+    _tool("files.write_file", "Write a text file to the shared drive.", {"path": 1, "content": 1}),
+    _tool("files.list_directory", "List files in a folder of the shared drive.", {"path": 1}),
+]
+
+
+@pytest.fixture
+def catalog() -> Catalog:
+    return Catalog(REALISTIC)
+
+
+def _top(catalog: Catalog, query: str, **kw) -> list[str]:
+    return [r["address"] for r in search(catalog, query, **kw)["results"]]
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("create a ticket", "tracker.create_ticket"),
+        ("open a support ticket for a customer", "tracker.create_ticket"),
+        ("post message to slack channel", "slack.post_message"),
+        ("list open pull requests", "github.list_pull_requests"),
+        ("merge PR", "github.merge_pull_request"),
+        ("refund", "billing.refund_payment"),
+        ("send an email", "email.send_email"),
+        ("schedule a meeting", "calendar.create_event"),
+        ("customer profile", "crm.getCustomerProfile"),
+        ("close_ticket", "tracker.close_ticket"),
+        ("tracker.get_ticket", "tracker.get_ticket"),
+        ("list tickets by status", "tracker.list_tickets"),
+    ],
+)
+def test_most_relevant_tool_ranks_first(catalog: Catalog, query: str, expected: str) -> None:
+    assert _top(catalog, query)[0] == expected
+
+
+def test_name_match_outranks_description_mention(catalog: Catalog) -> None:
+    # "issue" is github.create_issue's name; no tracker tool is called that.
+    assert _top(catalog, "create issue")[0] == "github.create_issue"
+
+
+def test_camel_and_snake_case_names_match_plain_words(catalog: Catalog) -> None:
+    assert "crm.getCustomerProfile" in _top(catalog, "profile")
+    assert "tracker.get_ticket" in _top(catalog, "ticket")
+
+
+def test_prefix_of_a_word_matches(catalog: Catalog) -> None:
+    assert _top(catalog, "subscr")[0] == "billing.get_subscription"
+
+
+def test_plural_finds_singular_names(catalog: Catalog) -> None:
+    top = _top(catalog, "tickets")
+    assert set(top[:5]) <= {t.address for t in REALISTIC if "ticket" in t.name}
+
+
+def test_parameter_names_are_searchable(catalog: Catalog) -> None:
+    assert set(_top(catalog, "customerId")) >= {"crm.getCustomerProfile"}
+    assert set(_top(catalog, "attendees")[:2]) == {"calendar.create_event", "calendar.find_free_slot"}
+
+
+def test_results_carry_summary_and_positive_score(catalog: Catalog) -> None:
+    result = search(catalog, "refund")["results"][0]
+    assert result["address"] == "billing.refund_payment"
+    assert result["description"] == "Refund a payment in full or in part."
+    assert result["annotations"]["read_only"] is False
+    assert result["score"] > 0
+
+
+def test_scores_are_non_increasing(catalog: Catalog) -> None:
+    scores = [r["score"] for r in search(catalog, "customer ticket email", limit=50)["results"]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_pagination_walks_all_matches_once(catalog: Catalog) -> None:
+    first = search(catalog, "list", limit=2)
+    total = first["total"]
+    assert total >= 5
+    seen, offset = [], 0
+    while offset is not None:
+        page = search(catalog, "list", limit=2, offset=offset)
+        assert page["total"] == total
+        assert len(page["results"]) <= 2
+        seen += [r["address"] for r in page["results"]]
+        offset = page["next_offset"]
+    assert len(seen) == total == len(set(seen))
+    assert seen == _top(catalog, "list", limit=100)
+
+
+def test_next_offset_is_none_on_last_page(catalog: Catalog) -> None:
+    page = search(catalog, "refund", limit=12)
+    assert page["total"] == len(page["results"])
+    assert page["next_offset"] is None
+    assert search(catalog, "list", limit=1)["next_offset"] == 1
+
+
+def test_offset_past_the_end_is_empty(catalog: Catalog) -> None:
+    page = search(catalog, "ticket", offset=500)
+    assert page["results"] == [] and page["next_offset"] is None and page["total"] > 0
+
+
+def test_namespace_filter(catalog: Catalog) -> None:
+    results = _top(catalog, "create", namespace="billing")
+    assert results == ["billing.create_invoice"]
+    assert search(catalog, "create", namespace="nope")["total"] == 0
+
+
+def test_empty_query_with_namespace_lists_it_alphabetically(catalog: Catalog) -> None:
+    page = search(catalog, "", namespace="slack")
+    assert [r["address"] for r in page["results"]] == [
+        "slack.add_reaction",
+        "slack.get_thread",
+        "slack.list_channels",
+        "slack.post_message",
+    ]
+    assert page["total"] == 4 and page["next_offset"] is None
+
+
+def test_empty_query_pages_through_everything(catalog: Catalog) -> None:
+    page = search(catalog, "", limit=10)
+    assert page["total"] == len(REALISTIC) and page["next_offset"] == 10
+
+
+def test_limit_is_clamped(catalog: Catalog) -> None:
+    assert len(search(catalog, "", limit=0)["results"]) == 1
+    assert len(search(catalog, "", limit=10_000)["results"]) == len(REALISTIC)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        '"',
+        '"unbalanced',
+        "*",
+        "ticket*",
+        "-ticket",
+        "NOT ticket",
+        "ticket AND OR NOT",
+        "NEAR(ticket email)",
+        "title:ticket",
+        "^ticket",
+        "(((",
+        "'; DROP TABLE tools; --",
+        "\x00\x01",
+        "🎫 ticket",
+        "tickét",
+        "a" * 10_000,
+        "ticket " * 500,
+        "   ",
+        "{tracker}: ticket",
+    ],
+)
+def test_nasty_queries_never_raise(catalog: Catalog, query: str) -> None:
+    page = search(catalog, query)
+    assert isinstance(page["results"], list)
+    if "ticket" in query.lower():
+        assert page["total"] > 0
+
+
+def test_index_follows_catalog_changes(catalog: Catalog) -> None:
+    assert search(catalog, "weather")["total"] == 0
+    catalog.add(_tool("weather.forecast", "Daily weather forecast for a city.", {"city": 1}))
+    assert _top(catalog, "weather")[0] == "weather.forecast"
+    catalog.remove("weather.forecast")
+    assert search(catalog, "weather")["total"] == 0
+
+
+def test_empty_catalog() -> None:
+    assert search(Catalog(), "anything") == {"results": [], "total": 0, "next_offset": None}
