@@ -1,5 +1,50 @@
-"""tether: a durable code-mode execution engine for AI agents."""
+"""tether: a durable code-mode execution engine for AI agents.
 
-from .errors import TetherError
+The public API is what this module exports; everything else is private to the
+package and may change.
+"""
 
-__all__ = ["TetherError"]
+from .errors import (
+    AlreadyDecided,
+    ExecutionDiverged,
+    LimitExceeded,
+    RunExpired,
+    RunNotFound,
+    SnapshotTampered,
+    TetherError,
+    ToolError,
+    UsageError,
+    WorldError,
+    WriteOutcomeUnknown,
+)
+from .runs.limits import Limits
+from .runs.policy import Policy, Rule
+from .runs.result import RunResult
+from .runs.runtime import Runtime
+from .sources.python import tool, tools_from_module
+from .tools.catalog import Catalog
+from .tools.model import Annotations, Tool
+
+__all__ = [
+    "AlreadyDecided",
+    "Annotations",
+    "Catalog",
+    "ExecutionDiverged",
+    "LimitExceeded",
+    "Limits",
+    "Policy",
+    "Rule",
+    "RunExpired",
+    "RunNotFound",
+    "RunResult",
+    "Runtime",
+    "SnapshotTampered",
+    "TetherError",
+    "Tool",
+    "ToolError",
+    "UsageError",
+    "WorldError",
+    "WriteOutcomeUnknown",
+    "tool",
+    "tools_from_module",
+]

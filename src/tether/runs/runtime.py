@@ -156,7 +156,7 @@ class Runtime:
             if isinstance(item, Tool):
                 self.catalog.add(item)
             elif hasattr(item, "__tether_tool__"):
-                self.catalog.add(item.__tether_tool__)
+                self.catalog.add(item.__tether_tool__.to_tool())
             elif isinstance(item, (list, tuple)):
                 self.add_tools(*item)
             else:

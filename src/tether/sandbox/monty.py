@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import keyword
 import datetime as _dt
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -232,7 +233,10 @@ class Execution:
         return call
 
     def _tool_functions(self, ns: str, names: tuple[str, ...]) -> dict[str, Any]:
-        return {name: self._wrap(f"tools.{ns}.{name}") for name in names}
+        # Monty refuses keyword keys and hides "_" ones; such tools cannot be
+        # called as attributes anyway, so they are left out of the module.
+        return {name: self._wrap(f"tools.{ns}.{name}") for name in names
+                if name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")}
 
     def _lookup(self) -> dict[str, Any]:
         table: dict[str, Any] = {name: self._wrap(name) for name in self._spec.builtins}

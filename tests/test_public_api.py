@@ -1,0 +1,36 @@
+"""The public API is small and deliberate: exports are sorted and import cleanly."""
+
+import tether
+
+
+def test_exports_are_sorted_and_resolve():
+    assert tether.__all__ == sorted(tether.__all__)
+    for name in tether.__all__:
+        assert getattr(tether, name) is not None
+
+
+def test_every_error_has_a_stable_code_and_next_action():
+    import inspect
+
+    from tether import errors
+
+    codes = {}
+    for name, cls in inspect.getmembers(errors, inspect.isclass):
+        if issubclass(cls, errors.TetherError):
+            assert cls.code and cls.next_action, name
+            codes.setdefault(cls.code, name)
+    assert len(codes) >= 15
+
+
+async def test_readme_python_api_example_works():
+    from tether import Runtime, tool
+
+    @tool(read_only=True, namespace="helpdesk")
+    def get_ticket(ticket_id: str) -> dict:
+        """Get one ticket."""
+        return {"id": ticket_id, "status": "open"}
+
+    async with Runtime(tools=[get_ticket]) as rt:
+        result = await rt.execute("import tools\n(await tools.helpdesk.get_ticket(ticket_id='T1'))['status']")
+        assert result.status == "completed" and result.result == "open"
+        assert rt.search("ticket")["results"][0]["address"] == "helpdesk.get_ticket"
