@@ -1,0 +1,772 @@
+"""Tools from an OpenAPI 3.0/3.1 document: one tool per operation, called over HTTP.
+
+An operation becomes a tool whose keyword arguments are its path, query and
+header parameters plus its JSON body. Anything this module cannot call
+faithfully (cookie parameters, non-JSON bodies, callbacks, external ``$ref``s)
+is reported in ``source.problems`` and that operation alone is skipped: a
+half-understood operation sending the wrong request would be worse than none.
+
+Credentials come from the ``auth`` config and the environment at call time.
+They are never part of a tool's schema, and parameters the spec declares for
+them are dropped, so a program can neither see nor override them.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import keyword
+import os
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urljoin, urlsplit
+
+import httpx
+
+from ..errors import ConfigError, InvalidArguments, ToolError, UsageError
+from ..tools.model import Annotations, Tool, check_identifier
+
+__all__ = ["OpenAPISource"]
+
+DEFAULT_TIMEOUT = 30.0
+
+# Enough of an error body to see what the API objected to, never a whole page.
+ERROR_BODY_LIMIT = 1000
+
+_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+_READ_METHODS = {"get", "head", "options"}
+# OpenAPI says these header parameters are ignored: the client owns them.
+_RESERVED_HEADERS = {"accept", "content-type", "authorization"}
+# Values under these keys are data, not schemas: never chase $refs into them.
+_LITERAL_KEYS = {"example", "examples", "default", "enum", "const"}
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class _Unsupported(Exception):
+    """An operation uses something this module does not call; it is skipped."""
+
+
+# --- auth -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Auth:
+    kind: str  # bearer | header | query
+    name: str  # header or query parameter name
+    env: str
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], namespace: str) -> _Auth:
+        kind = raw.get("type")
+        where = f"auth of OpenAPI source {namespace!r}"
+        if kind == "bearer" and isinstance(raw.get("token_env"), str):
+            return cls("bearer", "Authorization", raw["token_env"])
+        if kind in ("header", "query") and isinstance(raw.get("name"), str) and isinstance(raw.get("value_env"), str):
+            return cls(kind, raw["name"], raw["value_env"])
+        raise ConfigError(
+            f"{where}: expected {{'type': 'bearer', 'token_env': ...}}, "
+            f"{{'type': 'header', 'name': ..., 'value_env': ...}} or "
+            f"{{'type': 'query', 'name': ..., 'value_env': ...}}, got keys {sorted(raw)}"
+        )
+
+    def value(self) -> str:
+        found = os.environ.get(self.env)
+        if not found:
+            raise ConfigError(
+                f"the auth environment variable {self.env} is not set",
+                next_action=f"Set {self.env} in tether's environment.",
+            )
+        return f"Bearer {found}" if self.kind == "bearer" else found
+
+    def covers(self, location: str, name: str) -> bool:
+        if self.kind == "query":
+            return location == "query" and name == self.name
+        return location == "header" and name.lower() == self.name.lower()
+
+
+# --- $ref resolution and 3.0 → JSON Schema ---------------------------------------
+
+
+class _Refs:
+    def __init__(self, doc: Mapping[str, Any]) -> None:
+        self.doc = doc
+
+    def lookup(self, ref: str) -> Any:
+        if not ref.startswith("#"):
+            raise _Unsupported(f"external $ref {ref!r} is not supported")
+        node: Any = self.doc
+        for part in [p for p in ref[1:].split("/") if p]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, Mapping) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise _Unsupported(f"$ref {ref!r} does not resolve")
+        return node
+
+    def deref(self, node: Any) -> Any:
+        """Follow a chain of $refs (parameters, bodies, responses)."""
+        seen: set[str] = set()
+        while isinstance(node, Mapping) and isinstance(node.get("$ref"), str):
+            if node["$ref"] in seen:
+                raise _Unsupported(f"circular $ref {node['$ref']!r}")
+            seen.add(node["$ref"])
+            node = self.lookup(node["$ref"])
+        return node
+
+    def inline(self, node: Any, active: tuple[str, ...] = ()) -> Any:
+        """A schema with every local $ref inlined; a ref back into itself becomes ``{}``."""
+        if isinstance(node, list):
+            return [self.inline(v, active) for v in node]
+        if not isinstance(node, Mapping):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            if ref in active:
+                return {}
+            target = self.inline(self.lookup(ref), (*active, ref))
+            siblings = {k: v for k, v in node.items() if k != "$ref"}
+            if not siblings:
+                return target
+            # 3.1 allows keywords beside $ref; they refine the target.
+            return {**(target if isinstance(target, dict) else {}), **self.inline(siblings, active)}
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "properties" and isinstance(value, Mapping):
+                # Property names are not keywords: a property called "default" is a schema.
+                out[key] = {name: self.inline(sub, active) for name, sub in value.items()}
+            elif key in _LITERAL_KEYS:
+                out[key] = copy.deepcopy(value)
+            else:
+                out[key] = self.inline(value, active)
+        return out
+
+
+def _json_schema(node: Any, *, request: bool) -> Any:
+    """OpenAPI 3.0 schema dialect to JSON Schema; 3.1 schemas pass through.
+
+    In a request, ``readOnly`` properties are dropped: the server sets them.
+    """
+    if isinstance(node, list):
+        return [_json_schema(v, request=request) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _LITERAL_KEYS:
+            out[key] = value
+        elif key in ("nullable", "discriminator", "xml", "externalDocs"):
+            continue
+        elif key == "properties" and isinstance(value, dict):
+            props = {
+                name: _json_schema(sub, request=request)
+                for name, sub in value.items()
+                if not (request and isinstance(sub, dict) and sub.get("readOnly"))
+            }
+            out[key] = props
+        elif isinstance(value, (dict, list)):
+            out[key] = _json_schema(value, request=request)
+        else:
+            out[key] = value
+    if request and isinstance(out.get("properties"), dict) and isinstance(out.get("required"), list):
+        out["required"] = [n for n in out["required"] if n in out["properties"]]
+    for bound in ("Minimum", "Maximum"):
+        flag = out.get(f"exclusive{bound}")
+        if isinstance(flag, bool):
+            del out[f"exclusive{bound}"]
+            if flag and bound.lower() in out:
+                out[f"exclusive{bound}"] = out.pop(bound.lower())
+    if node.get("nullable") is True:
+        kind = out.get("type")
+        if isinstance(kind, str):
+            out["type"] = [kind, "null"]
+        elif kind is None and out:
+            out = {"anyOf": [out, {"type": "null"}]}
+    return out
+
+
+# --- operations -----------------------------------------------------------------
+
+
+@dataclass
+class _Param:
+    arg: str  # keyword argument name
+    location: str  # path | query | header | body (one body property) | body* (the whole body)
+    wire: str  # name on the wire
+    style: str = "form"
+    explode: bool = True
+
+
+@dataclass
+class _Operation:
+    name: str
+    method: str
+    path: str
+    params: list[_Param] = field(default_factory=list)
+    media_type: str | None = None
+    body_required: bool = False
+    server: str | None = None
+
+
+class OpenAPISource:
+    """Tools generated from an OpenAPI 3.0/3.1 document, one per operation.
+
+    ``spec`` is a path, an http(s) URL or an already-parsed dict (JSON, or
+    YAML when PyYAML is installed). ``base_url`` defaults to the spec's first
+    ``servers`` entry. ``auth`` is one of ``{"type": "bearer", "token_env":
+    ...}``, ``{"type": "header", "name": ..., "value_env": ...}`` or ``{"type":
+    "query", "name": ..., "value_env": ...}`` (or a list of them); the values
+    are read from the environment at each call. ``headers`` are sent on every
+    request (``${NAME}`` is replaced from the environment at start).
+
+    ``await start()`` loads the spec; ``problems`` then lists the operations
+    skipped and why; ``tools()``; ``await close()``.
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        spec: str | os.PathLike[str] | Mapping[str, Any],
+        *,
+        base_url: str | None = None,
+        auth: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        try:
+            check_identifier(namespace, "namespace")
+        except UsageError as exc:
+            raise ConfigError(exc.message) from None
+        self.namespace = namespace
+        self.problems: list[dict[str, str]] = []
+        self._spec = spec
+        self._base_url = str(base_url) if base_url is not None else None  # may be a pydantic URL
+        raw_auth = [] if auth is None else [auth] if isinstance(auth, Mapping) else list(auth)
+        self._auth = [_Auth.parse(a, namespace) for a in raw_auth]
+        self._headers = dict(headers or {})
+        self._timeout = timeout
+        self._tools: list[Tool] | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    def __repr__(self) -> str:
+        spec = "<dict>" if isinstance(self._spec, Mapping) else repr(os.fspath(self._spec))
+        return f"OpenAPISource(namespace={self.namespace!r}, spec={spec})"
+
+    async def __aenter__(self) -> OpenAPISource:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    # -- lifecycle --
+
+    async def start(self) -> None:
+        """Load the spec, check auth is configured, and build one tool per operation."""
+        for a in self._auth:
+            a.value()  # a missing variable is a load error, not a first-call surprise
+        where = f"of OpenAPI source {self.namespace!r}"
+        headers = {k: _expand(v, f"header {k!r} {where}") for k, v in self._headers.items()}
+        doc, spec_url = await self._load()
+        base_url = self._base_url or self._default_base_url(doc, spec_url)
+        self._tools = self._build(doc, base_url)
+        if self._client is not None:
+            await self._client.aclose()
+        try:
+            # No redirects: httpx strips only Authorization when a redirect leaves
+            # the origin, so an API-key header would follow it to another host.
+            self._client = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=self._timeout)
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise ConfigError(f"OpenAPI source {self.namespace!r}: invalid base URL {base_url!r}: {exc}") from None
+
+    def tools(self) -> list[Tool]:
+        """The tools built at :meth:`start`."""
+        if self._tools is None:
+            raise UsageError(
+                f"OpenAPI source {self.namespace!r} is not started",
+                code="source_not_started",
+                next_action="Call and await start() before tools().",
+            )
+        return list(self._tools)
+
+    async def close(self) -> None:
+        """Close the HTTP client."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    # -- loading --
+
+    async def _load(self) -> tuple[dict[str, Any], str | None]:
+        where = f"OpenAPI source {self.namespace!r}"
+        if isinstance(self._spec, Mapping):
+            doc: Any = copy.deepcopy(dict(self._spec))
+            spec_url = None
+        else:
+            location = os.fspath(self._spec)
+            if location.startswith(("http://", "https://")):
+                spec_url = location
+                try:
+                    async with httpx.AsyncClient(timeout=self._timeout, follow_redirects=True) as client:
+                        response = await client.get(location)
+                except httpx.HTTPError as exc:
+                    raise ConfigError(f"{where}: cannot fetch the spec {location}: {exc}") from None
+                if response.status_code != 200:
+                    raise ConfigError(f"{where}: fetching the spec {location} returned HTTP {response.status_code}")
+                text = response.text
+            else:
+                spec_url = None
+                try:
+                    text = Path(location).read_text(encoding="utf-8")
+                except OSError as exc:
+                    raise ConfigError(f"{where}: cannot read the spec {location}: {exc.strerror}") from None
+            doc = _parse(text, f"{where}: spec {location}")
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{where}: the spec is not a JSON/YAML object")
+        version = str(doc.get("openapi", ""))
+        if not (version.startswith("3.0") or version.startswith("3.1")):
+            found = f"swagger {doc['swagger']}" if "swagger" in doc else f"openapi {version or '(missing)'}"
+            raise ConfigError(
+                f"{where}: only OpenAPI 3.0 and 3.1 are supported, the spec is {found}",
+                next_action="Convert the spec to OpenAPI 3 (e.g. with swagger2openapi).",
+            )
+        return doc, spec_url
+
+    def _default_base_url(self, doc: Mapping[str, Any], spec_url: str | None) -> str:
+        servers = doc.get("servers") or []
+        url = _server_url(servers[0]) if servers and isinstance(servers[0], Mapping) else None
+        if url is None:
+            raise ConfigError(
+                f"OpenAPI source {self.namespace!r}: the spec has no servers entry",
+                next_action="Pass base_url.",
+            )
+        if "{" in url:
+            raise ConfigError(
+                f"OpenAPI source {self.namespace!r}: the spec's server URL {url!r} has variables without defaults",
+                next_action="Pass base_url.",
+            )
+        if not urlsplit(url).scheme:
+            if spec_url is None:
+                raise ConfigError(
+                    f"OpenAPI source {self.namespace!r}: the spec's server URL {url!r} is relative",
+                    next_action="Pass base_url, or load the spec from its URL.",
+                )
+            url = urljoin(spec_url, url)
+        return url
+
+    # -- building tools --
+
+    def _build(self, doc: dict[str, Any], base_url: str) -> list[Tool]:
+        refs = _Refs(doc)
+        self.problems = []
+        tools: list[Tool] = []
+        taken: set[str] = set()
+        paths = doc.get("paths") or {}
+        if not isinstance(paths, Mapping):
+            raise ConfigError(f"OpenAPI source {self.namespace!r}: 'paths' is not an object")
+        for path, item in paths.items():
+            try:
+                item = refs.deref(item)
+            except _Unsupported as exc:
+                self.problems.append({"operation": str(path), "problem": str(exc)})
+                continue
+            if not isinstance(item, Mapping):
+                continue
+            for method in _METHODS:
+                op = item.get(method)
+                if not isinstance(op, Mapping):
+                    continue
+                label = f"{method.upper()} {path}"
+                try:
+                    tool = self._tool(refs, str(path), method, item, op, taken, base_url)
+                    taken.add(tool.name)
+                    tools.append(tool)
+                except _Unsupported as exc:
+                    self.problems.append({"operation": label, "problem": str(exc)})
+                except UsageError as exc:
+                    self.problems.append({"operation": label, "problem": exc.message})
+                except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+                    # A malformed definition costs that operation, not the source.
+                    self.problems.append({"operation": label, "problem": f"malformed operation ({exc!r})"})
+        return tools
+
+    def _tool(
+        self,
+        refs: _Refs,
+        path: str,
+        method: str,
+        item: Mapping[str, Any],
+        op: Mapping[str, Any],
+        taken: set[str],
+        base_url: str,
+    ) -> Tool:
+        if op.get("callbacks"):
+            raise _Unsupported("callbacks are not supported")
+        name = _unique(_operation_name(op.get("operationId"), method, path), taken)
+        operation = _Operation(name=name, method=method.upper(), path=path)
+        servers = op.get("servers") or item.get("servers")
+        if servers and isinstance(servers[0], Mapping) and (url := _server_url(servers[0])):
+            operation.server = urljoin(base_url.rstrip("/") + "/", url)
+
+        properties: dict[str, Any] = {}
+        required: list[str] = []
+        # Operation parameters override path-level ones with the same (in, name).
+        declared: dict[tuple[str, str], Mapping[str, Any]] = {}
+        for raw in [*(item.get("parameters") or []), *(op.get("parameters") or [])]:
+            param = refs.deref(raw)
+            if not isinstance(param, Mapping) or not isinstance(param.get("name"), str):
+                raise _Unsupported("a parameter has no name")
+            declared[(str(param.get("in")), param["name"])] = param
+        for (location, wire), param in declared.items():
+            if location == "cookie":
+                raise _Unsupported(f"cookie parameter {wire!r} is not supported")
+            if location not in ("path", "query", "header"):
+                raise _Unsupported(f"parameter {wire!r} has unknown location {location!r}")
+            if location == "header" and (wire.lower() in _RESERVED_HEADERS or wire.lower() in self._static_headers()):
+                continue
+            if any(a.covers(location, wire) for a in self._auth):
+                continue  # auth supplies it; a program must not see or set it
+            if "schema" not in param:
+                raise _Unsupported(f"parameter {wire!r} uses 'content' instead of 'schema'")
+            style = param.get("style") or ("form" if location == "query" else "simple")
+            allowed = {"query": {"form", "spaceDelimited", "pipeDelimited", "deepObject"}}.get(location, {"simple"})
+            if style not in allowed:
+                raise _Unsupported(f"{location} parameter {wire!r} uses style {style!r}")
+            schema = _json_schema(refs.inline(param["schema"]), request=True)
+            if param.get("description") and isinstance(schema, dict) and "description" not in schema:
+                schema = {**schema, "description": param["description"]}
+            arg = _arg_name(wire, location, properties)
+            properties[arg] = schema
+            if param.get("required") or location == "path":
+                required.append(arg)
+            explode = param.get("explode", style == "form")
+            operation.params.append(_Param(arg, location, wire, style, bool(explode)))
+
+        in_path = {p.wire for p in operation.params if p.location == "path"}
+        for wire in re.findall(r"\{([^}]+)\}", path):
+            if wire not in in_path:
+                raise _Unsupported(f"path parameter {wire!r} is not declared")
+
+        if op.get("requestBody") is not None:
+            self._body(refs, refs.deref(op["requestBody"]), operation, properties, required)
+
+        return Tool(
+            namespace=self.namespace,
+            name=name,
+            description=_description(op, operation),
+            input_schema={
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
+            },
+            handler=self._handler(operation),
+            title=op.get("summary") if isinstance(op.get("summary"), str) else None,
+            output_schema=_output_schema(refs, op),
+            annotations=Annotations(
+                read_only=method in _READ_METHODS,
+                destructive=method == "delete",
+                idempotent=method in ("put", "delete") or method in _READ_METHODS,
+            ),
+            source="openapi",
+        )
+
+    def _body(
+        self,
+        refs: _Refs,
+        body: Any,
+        operation: _Operation,
+        properties: dict[str, Any],
+        required: list[str],
+    ) -> None:
+        content = body.get("content") if isinstance(body, Mapping) else None
+        if not content:
+            return
+        media_type = next((m for m in content if m.split(";")[0].strip() == "application/json"), None) or next(
+            (m for m in content if _is_json(m)), None
+        )
+        if media_type is None:
+            raise _Unsupported(f"request body type {', '.join(content)} is not supported (JSON only)")
+        operation.media_type = media_type
+        operation.body_required = bool(body.get("required"))
+        schema = _json_schema(refs.inline((content[media_type] or {}).get("schema") or {}), request=True)
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        is_object = isinstance(schema, dict) and schema.get("type") in ("object", None)
+        composite = isinstance(schema, dict) and any(k in schema for k in ("allOf", "anyOf", "oneOf"))
+        if is_object and isinstance(props, dict) and props and not composite:
+            args = {wire: _arg_name(wire, "body", {}) for wire in props}
+            if len(set(args.values())) == len(args) and not set(args.values()) & properties.keys():
+                for wire, arg in args.items():
+                    properties[arg] = props[wire]
+                    operation.params.append(_Param(arg, "body", wire))
+                if operation.body_required:
+                    required.extend(args[w] for w in schema.get("required") or [] if w in args)
+                return
+        arg = _unique("body", set(properties))
+        if isinstance(schema, dict) and body.get("description") and "description" not in schema:
+            schema = {**schema, "description": body["description"]}
+        properties[arg] = schema
+        if operation.body_required:
+            required.append(arg)
+        operation.params.append(_Param(arg, "body*", "body"))
+
+    def _static_headers(self) -> set[str]:
+        return {k.lower() for k in self._headers}
+
+    # -- calling --
+
+    def _handler(self, operation: _Operation) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+        async def handler(args: dict[str, Any]) -> Any:
+            return await self._call(operation, args)
+
+        handler.__qualname__ = f"openapi:{self.namespace}.{operation.name}"
+        return handler
+
+    async def _call(self, op: _Operation, args: dict[str, Any]) -> Any:
+        client = self._client
+        if client is None:
+            raise ToolError(
+                f"OpenAPI source {self.namespace!r} is closed",
+                details={"source": self.namespace, "code": "source_closed"},
+            )
+        path = op.path
+        query: list[tuple[str, str]] = []
+        headers: dict[str, str] = {}
+        body: Any = None
+        has_body = False
+        for p in op.params:
+            if p.arg not in args:
+                continue
+            value = args[p.arg]
+            if p.location == "body":
+                body = body if has_body else {}
+                body[p.wire] = value
+                has_body = True
+            elif p.location == "body*":
+                body, has_body = value, True
+            elif value is None:
+                continue
+            elif p.location == "path":
+                segment = quote(_simple(value, p.explode), safe="")
+                if segment in (".", ".."):
+                    # A dot segment would be normalised away and hit another endpoint.
+                    raise InvalidArguments(f"{op.name}: path parameter {p.arg!r} cannot be {segment!r}")
+                path = path.replace("{" + p.wire + "}", segment)
+            elif p.location == "header":
+                headers[p.wire] = _simple(value, p.explode)
+            else:
+                query.extend(_query(p, value))
+        if op.body_required and not has_body and op.media_type is not None:
+            body, has_body = {}, True
+        secrets: list[str] = []
+        for a in self._auth:
+            value = a.value()
+            secrets.append(value)
+            if a.kind == "query":
+                query.append((a.name, value))
+            else:
+                headers[a.name] = value
+        content = None
+        if has_body:
+            headers["Content-Type"] = op.media_type or "application/json"
+            content = json.dumps(body).encode()
+        url = op.server.rstrip("/") + "/" + path.lstrip("/") if op.server else path.lstrip("/")
+        label = f"{op.method} {op.path}"
+        details: dict[str, Any] = {"source": self.namespace, "tool": op.name}
+        try:
+            response = await client.request(op.method, url, params=query, headers=headers, content=content)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise ToolError(
+                f"{label}: could not reach the API ({type(exc).__name__}); the request was not sent",
+                details={**details, "code": "transport_error", "sent": False},
+            ) from None
+        except httpx.HTTPError as exc:
+            unknown = "" if op.method.lower() in _READ_METHODS else "; whether it took effect is unknown"
+            raise ToolError(
+                f"{label}: the request failed ({type(exc).__name__}: {_redact(str(exc), secrets)}){unknown}",
+                details={**details, "code": "transport_error", "sent": True},
+            ) from None
+        if not 200 <= response.status_code < 300:
+            excerpt = _redact(response.text, secrets)
+            if len(excerpt) > ERROR_BODY_LIMIT:
+                excerpt = excerpt[:ERROR_BODY_LIMIT] + "… (truncated)"
+            raise ToolError(
+                f"{label} returned HTTP {response.status_code}: {excerpt or '(empty body)'}",
+                details={**details, "code": "http_status", "status": response.status_code},
+            )
+        if response.status_code == 204 or not response.content:
+            return None
+        if _is_json(response.headers.get("content-type", "")):
+            try:
+                return response.json()
+            except ValueError:
+                pass
+        return response.text
+
+
+# --- helpers --------------------------------------------------------------------
+
+
+def _parse(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as json_error:
+        if importlib.util.find_spec("yaml") is None:
+            if text.lstrip().startswith(("{", "[")):
+                raise ConfigError(f"{where} is not valid JSON: {json_error}") from None
+            raise ConfigError(
+                f"{where} is not JSON, and YAML specs need PyYAML, which is not installed",
+                next_action="Install pyyaml, or convert the spec to JSON.",
+            ) from None
+    import yaml
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where} is neither valid JSON nor valid YAML: {exc}") from None
+    return _string_keys(doc)
+
+
+def _string_keys(node: Any) -> Any:
+    # YAML reads `200:` as an int; OpenAPI keys are strings.
+    if isinstance(node, dict):
+        return {str(k): _string_keys(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_string_keys(v) for v in node]
+    return node
+
+
+def _server_url(server: Mapping[str, Any]) -> str | None:
+    url = server.get("url")
+    if not isinstance(url, str):
+        return None
+    for var, spec in (server.get("variables") or {}).items():
+        if isinstance(spec, Mapping) and "default" in spec:
+            url = url.replace("{" + var + "}", str(spec["default"]))
+    return url
+
+
+def _is_json(media_type: str) -> bool:
+    base = media_type.split(";")[0].strip().lower()
+    return base == "application/json" or base.endswith("+json")
+
+
+def _snake(text: str) -> str:
+    text = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", text)
+    text = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", text)
+    return re.sub(r"[^0-9a-zA-Z]+", "_", text).strip("_").lower()
+
+
+def _identifier(text: str, fallback: str) -> str:
+    ident = text or fallback
+    if ident[0].isdigit():
+        ident = f"{fallback}_{ident}"
+    if keyword.iskeyword(ident) or keyword.issoftkeyword(ident):
+        ident += "_"
+    return ident
+
+
+def _operation_name(operation_id: Any, method: str, path: str) -> str:
+    if isinstance(operation_id, str) and _snake(operation_id):
+        return _identifier(_snake(operation_id), "op")
+    return _identifier(_snake(f"{method}_{path}"), "op")
+
+
+def _arg_name(wire: str, location: str, taken: Mapping[str, Any]) -> str:
+    # Valid identifiers keep the API's own spelling; others are snake_cased.
+    arg = wire if wire.isidentifier() else _snake(wire)
+    arg = _identifier(arg, "arg")
+    if arg in taken:
+        arg = _unique(f"{arg}_{location}", set(taken))
+    return arg
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, n = name, 2
+    while candidate in taken:
+        candidate, n = f"{name}_{n}", n + 1
+    return candidate
+
+
+def _description(op: Mapping[str, Any], operation: _Operation) -> str:
+    parts = [s.strip() for s in (op.get("summary"), op.get("description")) if isinstance(s, str) and s.strip()]
+    if len(parts) == 2 and parts[0] == parts[1]:
+        parts.pop()
+    text = "\n\n".join(parts) or f"{operation.method} {operation.path}"
+    return f"(deprecated) {text}" if op.get("deprecated") else text
+
+
+def _output_schema(refs: _Refs, op: Mapping[str, Any]) -> dict[str, Any] | None:
+    responses = op.get("responses") or {}
+    for status, response in sorted(responses.items(), key=lambda kv: str(kv[0])):
+        if not str(status).startswith("2"):
+            continue
+        try:
+            response = refs.deref(response)
+            for media_type, media in ((response or {}).get("content") or {}).items():
+                if _is_json(media_type) and isinstance(media, Mapping) and isinstance(media.get("schema"), Mapping):
+                    return _json_schema(refs.inline(media["schema"]), request=False)
+        except _Unsupported:
+            return None  # the output schema only informs; it never blocks a call
+        return None
+    return None
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def _simple(value: Any, explode: bool) -> str:
+    if isinstance(value, list):
+        return ",".join(_scalar(v) for v in value)
+    if isinstance(value, dict):
+        pairs = [f"{k}={_scalar(v)}" if explode else f"{k},{_scalar(v)}" for k, v in value.items()]
+        return ",".join(pairs)
+    return _scalar(value)
+
+
+def _query(p: _Param, value: Any) -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        if p.style == "deepObject":
+            return [(f"{p.wire}[{k}]", _scalar(v)) for k, v in value.items()]
+        if p.explode:
+            return [(str(k), _scalar(v)) for k, v in value.items()]
+        return [(p.wire, ",".join(f"{k},{_scalar(v)}" for k, v in value.items()))]
+    if isinstance(value, list):
+        if p.explode and p.style == "form":
+            return [(p.wire, _scalar(v)) for v in value]
+        sep = {"spaceDelimited": " ", "pipeDelimited": "|"}.get(p.style, ",")
+        return [(p.wire, sep.join(_scalar(v) for v in value))]
+    return [(p.wire, _scalar(value))]
+
+
+def _expand(value: str, where: str) -> str:
+    def sub(match: re.Match[str]) -> str:
+        var = match.group(1)
+        found = os.environ.get(var)
+        if found is None:
+            raise ConfigError(
+                f"{where} references ${{{var}}}, which is not set",
+                next_action=f"Set the environment variable {var} before starting tether.",
+            )
+        return found
+
+    return _ENV_REF.sub(sub, value)
+
+
+def _redact(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+            if secret.startswith("Bearer "):
+                text = text.replace(secret[len("Bearer ") :], "***")
+    return text
