@@ -42,6 +42,7 @@ from ..store.base import (
     CALL_SENDING,
     CALL_SENT,
     CALL_UNKNOWN,
+    CALL_WAITING,
     CallRecord,
     Store,
 )
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from .limits import Limits
 
 BUILTIN_OPS = ("search", "describe", "sources")
+WAIT_OPS = ("wait_for", "wait_for_signal", "sleep")
 
 
 class Paused(Stopped):
@@ -61,6 +63,14 @@ class Paused(Stopped):
 
     def __init__(self, pending: dict[str, Any]) -> None:
         super().__init__("paused")
+        self.pending = pending
+
+
+class Parked(Stopped):
+    """The attempt stopped because the run waits on a wait, a signal or a timer."""
+
+    def __init__(self, pending: dict[str, Any]) -> None:
+        super().__init__("parked")
         self.pending = pending
 
 
@@ -158,6 +168,10 @@ class EffectBoundary:
         )
         self.execution: "Execution | None" = None
         self.on_progress: Callable[[int, str], None] | None = None
+        self.secret: bytes = b""
+        self.session: str | None = None
+        # Sleeps up to this long are waited out in the worker instead of parking.
+        self.inline_sleep_seconds: float = 1.0
         self.paused_envelope: Any = None
         self._idle = asyncio.Event()
         self._idle.set()
@@ -267,6 +281,9 @@ class EffectBoundary:
         if decision.action == journal.UNKNOWN:
             await self._mark_unknown(decision.entry)
             return await self._hold(seq, op, address, args)
+        if decision.action == journal.WAIT and op not in WAIT_OPS:
+            self._fail(ExecutionDiverged(f"call {seq} was journaled as a wait", details={"seq": seq}))
+            return await self._hold(seq, op, address, args)
 
         started = self.clock()
         st.inflight += 1
@@ -277,6 +294,8 @@ class EffectBoundary:
         try:
             if op == "tool":
                 value = await self._tool_call(seq, address, args, key, decision, started)
+            elif op in WAIT_OPS:
+                value = await self._wait_call(seq, op, args, key, decision)
             else:
                 value = await self._builtin_call(seq, op, address, args, key, decision)
         except GuestRaise as exc:
@@ -296,6 +315,97 @@ class EffectBoundary:
         if error is not None:
             raise error
         return value
+
+    async def _wait_call(self, seq: int, op: str, args: dict[str, Any], key: str, decision: Any) -> Any:
+        """wait_for / wait_for_signal / sleep: settle now, or park the run (P-18)."""
+        from ..store.base import (
+            WAIT_CANCELLED, WAIT_FAILED, WAIT_PENDING, WAIT_RESOLVED, WAIT_REVOKED, WAIT_TIMEOUT, WaitRecord,
+        )
+        from .waits import SIGNAL_PREFIX, SLEEP_PREFIX, wait_key
+
+        pos, kw = list(args.get("args", ())), dict(args.get("kwargs", {}))
+        t = time.perf_counter()
+        try:
+            if op == "sleep":
+                seconds = float(pos[0] if pos else kw.get("seconds", 0))
+                name, timeout = f"{SLEEP_PREFIX}{seq}", max(seconds, 0.0)
+            else:
+                name = pos[0] if pos else kw.get("name")
+                timeout = pos[1] if len(pos) > 1 else kw.get("timeout")
+                if not isinstance(name, str) or not name:
+                    raise TypeError("needs a non-empty name")
+                if timeout is not None:
+                    timeout = float(timeout)
+                if op == "wait_for_signal":
+                    name = SIGNAL_PREFIX + name
+        except (TypeError, ValueError, IndexError) as exc:
+            err = guest_error("invalid_arguments", f"{op}: {exc}", "TypeError")
+            await self._record_rejected(seq, op, op, args, "wait", err, key=key, existing=decision.entry)
+            raise err from None
+        entry = decision.entry
+        now = self.clock()
+        if entry is None:
+            entry = CallRecord(self.run_id, seq, op, name, args, key, "wait", CALL_WAITING, started_at=now)
+            self.store.record_call(entry)
+            self.journal[seq] = entry
+        # The deadline counts from when the program first reached the wait, so
+        # a restart continues with only the remaining time.
+        deadline = None if timeout is None else (entry.started_at or now) + timeout
+        wkey = wait_key(self.secret, self.run_id, name)
+        row = self.store.create_wait(WaitRecord(wkey, self.run_id, name, WAIT_PENDING, now, seq=seq,
+                                                deadline=deadline, session=self.session))
+        if row.status == WAIT_PENDING and deadline is not None and now >= deadline:
+            status = WAIT_RESOLVED if op == "sleep" else WAIT_TIMEOUT
+            _, row = self.store.settle_wait(WaitRecord(wkey, self.run_id, name, status, now, seq=seq,
+                                                       resolved_at=now))
+        if row.status == WAIT_PENDING and op == "sleep" and deadline - now <= self.inline_sleep_seconds:
+            # A short sleep is cheaper to wait out than to park.
+            await asyncio.sleep(max(0.0, deadline - now))
+            _, row = self.store.settle_wait(WaitRecord(wkey, self.run_id, name, WAIT_RESOLVED, self.clock(),
+                                                       seq=seq, resolved_at=self.clock()))
+        if row.status == WAIT_PENDING:
+            pending = {"kind": "sleep" if op == "sleep" else ("signal" if op == "wait_for_signal" else "wait"),
+                       "seq": seq, "op": op, "address": op, "args": args, "name": name, "key": wkey,
+                       "deadline": deadline}
+            return await self._park(pending)
+        # Settled: journal the outcome, then answer the program.
+        if row.status == WAIT_RESOLVED:
+            self.store.update_call(self.run_id, seq, [CALL_WAITING], state=CALL_DONE, outcome=row.value,
+                                   finished_at=self.clock())
+            self._stat(seq, op, name, "wait", CALL_DONE, t)
+            return row.value
+        if row.status == WAIT_TIMEOUT:
+            err = guest_error("wait_timeout", f"{name} was not resolved within {timeout:g} s", "TimeoutError")
+        elif row.status == WAIT_FAILED:
+            err = guest_error("wait_failed", f"{name}: {(row.error or {}).get('message', 'failed')}", "RuntimeError")
+        elif row.status == WAIT_CANCELLED:
+            err = guest_error("wait_cancelled", f"{name} was cancelled", "RuntimeError")
+        else:
+            err = guest_error("wait_revoked", f"{name} was revoked", "RuntimeError")
+        self.store.update_call(self.run_id, seq, [CALL_WAITING], state=CALL_FAILED, error=_err_json(err),
+                               finished_at=self.clock())
+        self._stat(seq, op, name, "wait", CALL_FAILED, t)
+        self._remember(err)
+        raise err
+
+    async def _park(self, pending: dict[str, Any]) -> Any:
+        """Stop the program until the wait is settled; like a pause, but for the world to answer."""
+        if self.state.pausing:
+            return await self._hold(pending["seq"], pending["op"], pending["address"], pending["args"])
+        self.state.pausing = True
+        self.state.inflight -= 1
+        try:
+            while self.state.inflight > 0:
+                self._idle.clear()
+                await self._idle.wait()
+            for _ in range(3):
+                await asyncio.sleep(0)
+        finally:
+            self.state.inflight += 1
+        await self._pause_sink(self, pending)
+        self.execution.stop(Parked(pending))
+        await self._release.wait()
+        raise Stopped("parked")
 
     async def _builtin_call(self, seq, op, address, args, key, decision) -> Any:
         impl = self.builtins_impl.get(op)

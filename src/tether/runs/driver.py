@@ -21,10 +21,11 @@ from ..store.base import (
     RUN_FAILED,
     RUN_PAUSED,
     RUN_RUNNING,
+    RUN_WAITING,
     CallRecord,
     RunRecord,
 )
-from .boundary import Approver, BUILTIN_OPS, Cancelled, EffectBoundary, Paused, SnapshotMismatch
+from .boundary import Approver, BUILTIN_OPS, Cancelled, EffectBoundary, Parked, Paused, SnapshotMismatch
 from .limits import Limits
 from .policy import Policy
 from .result import RunResult, preview, to_json_value
@@ -32,7 +33,9 @@ from .result import RunResult, preview, to_json_value
 if TYPE_CHECKING:
     from .runtime import Runtime
 
-BUILTINS = BUILTIN_OPS
+# Awaited built-ins the program reaches by bare name; emit is a plain call.
+BUILTINS = BUILTIN_OPS + ("wait_for", "wait_for_signal", "yield_control")
+SYNC_BUILTINS = ("emit",)
 
 
 class LogBuffer:
@@ -85,7 +88,7 @@ def build_spec(rt: "Runtime", run: RunRecord, limits: Limits) -> SandboxSpec:
     return SandboxSpec(
         namespaces={ns: tuple(names) for ns, names in namespaces.items()},
         builtins=BUILTINS,
-        sync_builtins=(),
+        sync_builtins=SYNC_BUILTINS,
         limits=SandboxLimits(
             memory_bytes=limits.memory_bytes,
             run_seconds=limits.run_seconds,
@@ -177,10 +180,16 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
         waits_on.sort(key=lambda c: c["seq"])
         rt.store.put_snapshot(rt.snapshot_record(run.run_id, st.issued, data, waits_on, "pause"))
         now = rt.clock()
-        expires = now + rt.approval_ttl_seconds
-        public = {k: pending[k] for k in ("seq", "address", "args", "annotations")}
-        envelope = paused_envelope(run.run_id, public, expires, logs, boundary, t0)
-        rt.store.update_run(run.run_id, [RUN_RUNNING], status=RUN_PAUSED, pending=public, expires_at=expires,
+        if "kind" in pending:  # parked on a wait, a signal or a timer (P-18)
+            public = {k: pending[k] for k in ("kind", "seq", "name", "key", "deadline")}
+            envelope = waiting_envelope(run.run_id, public, logs, boundary, t0)
+            status, expires = RUN_WAITING, pending["deadline"]
+        else:
+            public = {k: pending[k] for k in ("seq", "address", "args", "annotations")}
+            expires = now + rt.approval_ttl_seconds
+            envelope = paused_envelope(run.run_id, public, expires, logs, boundary, t0)
+            status = RUN_PAUSED
+        rt.store.update_run(run.run_id, [RUN_RUNNING], status=status, pending=public, expires_at=expires,
                             owner=None, lease_until=None, updated_at=now, decision=None,
                             result=envelope.to_dict())
         boundary.paused_envelope = envelope
@@ -213,6 +222,9 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
     )
     boundary.paused_envelope = None
     boundary.on_progress = on_progress
+    boundary.secret = rt._secret
+    boundary.session = run.session
+    boundary.inline_sleep_seconds = rt.inline_sleep_seconds
     rt._boundaries[run.run_id] = boundary
     heartbeat = asyncio.ensure_future(_heartbeat(rt, run.run_id, boundary))
     setup_ms = (time.perf_counter() - t_setup) * 1000
@@ -240,9 +252,10 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
             boundary.reset_for_replay()
             logs.__init__(limits.log_bytes)
             value = await run_once("replay")
-    except Paused:
+    except (Paused, Parked):
         return boundary.paused_envelope
     except Cancelled as exc:
+        rt._settle_waits_cancelled(run.run_id)
         return rt._finish(run, "cancelled", error={"code": "cancelled", "message": exc.reason,
                                                    "next_action": "Start a new run if the work is still needed.",
                                                    "details": {}},
@@ -305,6 +318,22 @@ def paused_envelope(run_id: str, pending: dict, expires: float, logs: LogBuffer,
         ),
         diagnostics={"calls": boundary.state.issued, "total_ms": round((time.perf_counter() - t0) * 1000, 3)},
     )
+
+
+def waiting_envelope(run_id: str, pending: dict, logs: LogBuffer, boundary: EffectBoundary, t0: float) -> RunResult:
+    kind = pending["kind"]
+    if kind == "sleep":
+        text = "The program sleeps; the run holds no worker and continues after its deadline."
+    elif kind == "signal":
+        text = (f"The program waits for the signal {pending['name'][len('signal:'):]!r}: "
+                f"tether runs signal {run_id} NAME JSON")
+    else:
+        text = (f"The program waits for {pending['name']!r}; resolve it with its key: "
+                f"tether waits resolve KEY --value JSON")
+    return RunResult(status="waiting", run_id=run_id, logs=logs.lines(), calls=boundary.state.issued,
+                     pending=pending, expires_at=pending.get("deadline"), instructions=text,
+                     diagnostics={"calls": boundary.state.issued,
+                                  "total_ms": round((time.perf_counter() - t0) * 1000, 3)})
 
 
 def _failed(rt, run, boundary, exc, logs, setup_ms, t_exec, t0, attempt_kind) -> RunResult:

@@ -24,6 +24,7 @@ from ..store.base import (
     CALL_SENDING,
     CALL_SENT,
     CALL_UNKNOWN,
+    CALL_WAITING,
     CallRecord,
 )
 
@@ -47,6 +48,7 @@ ASK = "ask"  # a write awaiting a decision: pause (or ask inline) again
 SEND = "send"  # approved but never marked sending: safe to send now
 UNKNOWN = "unknown"  # marked sending, no outcome: the write may have happened
 DIVERGED = "diverged"  # the program asks for something else than the journal holds
+WAIT = "wait"  # parked on a wait, signal or timer: look at the wait again
 
 
 @dataclass(frozen=True)
@@ -82,4 +84,6 @@ def decide(entry: CallRecord | None, key: str, seq: int, last_recorded_seq: int)
         return Decision(SEND, entry)
     if state == CALL_SENDING:
         return Decision(UNKNOWN, entry)
+    if state == CALL_WAITING:
+        return Decision(WAIT, entry)
     return Decision(DIVERGED, entry, f"call {seq} is in unexpected state {state!r}")

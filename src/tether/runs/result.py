@@ -96,7 +96,7 @@ def preview(value: Any, max_bytes: int) -> tuple[Any, dict[str, Any] | None]:
 class RunResult:
     """What a run reports: the envelope of the Python API and ``--json``."""
 
-    status: str  # completed | failed | paused | cancelled | running
+    status: str  # completed | failed | paused | waiting | cancelled | running | queued
     run_id: str
     result: Any = None
     logs: list[str] = field(default_factory=list)
@@ -124,7 +124,7 @@ class RunResult:
         }
         if self.notes:
             out["notes"] = self.notes
-        if self.status == "paused":
+        if self.status in ("paused", "waiting"):
             out["pending"] = self.pending
             out["expires_at"] = self.expires_at
             out["instructions"] = self.instructions

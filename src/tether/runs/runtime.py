@@ -53,7 +53,9 @@ from ..store.base import (
     RUN_COMPLETED,
     RUN_FAILED,
     RUN_PAUSED,
+    RUN_QUEUED,
     RUN_RUNNING,
+    RUN_WAITING,
     TERMINAL_RUN_STATUSES,
     CallRecord,
     Conflict,
@@ -67,6 +69,12 @@ from .policy import Policy
 from .result import RunResult, preview, to_json_value
 
 DECISIONS = ("approve", "decline", "cancel")
+
+
+def _wait_view(w: Any) -> dict[str, Any]:
+    return {"key": w.key, "run_id": w.run_id, "name": w.name, "status": w.status, "seq": w.seq,
+            "deadline": w.deadline, "value": w.value, "error": w.error, "created_at": w.created_at,
+            "resolved_at": w.resolved_at}
 
 
 def sign_snapshot(secret: bytes, run_id: str, seq: int, version: str, data: bytes) -> str:
@@ -141,6 +149,7 @@ class Runtime:
         self._active: dict[str, asyncio.Future] = {}
         self._boundaries: dict[str, EffectBoundary] = {}
         self._stubs_cache: tuple[Any, Any] | None = None
+        self.inline_sleep_seconds = 1.0
         self.config: Any = None  # set by tether.app.open_runtime
         self.source_status: list[Any] = []
         if tools:
@@ -216,11 +225,18 @@ class Runtime:
         """
         t0 = time.perf_counter()
         check_code_size(code, self.limits.code_bytes)
+        run = self._new_run(code, principal=principal, meta=meta, type_check=type_check, status=RUN_RUNNING)
+        self.store.create_run(run)
+        return await self._attempt(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress)
+
+    def _new_run(self, code: str, *, principal: str | None, meta: dict[str, Any] | None,
+                 type_check: bool | None, status: str) -> RunRecord:
         now = self.clock()
         clock = _dt.datetime.fromtimestamp(round(now, 3), _dt.timezone.utc)
-        run = RunRecord(
+        running = status == RUN_RUNNING
+        return RunRecord(
             run_id=f"run_{secrets.token_hex(8)}",
-            status=RUN_RUNNING,
+            status=status,
             program=code,
             environment={"clock": clock.isoformat(), "seed": secrets.randbits(63)},
             policy=self.policy.to_dict(),
@@ -228,12 +244,10 @@ class Runtime:
             created_at=now,
             updated_at=now,
             principal=principal,
-            owner=self.owner,
-            lease_until=now + self.lease_seconds,
+            owner=self.owner if running else None,
+            lease_until=now + self.lease_seconds if running else None,
             meta={**(meta or {}), "type_check": self.type_check if type_check is None else type_check},
         )
-        self.store.create_run(run)
-        return await self._attempt(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress)
 
     # -- resume ------------------------------------------------------------------
 
@@ -337,6 +351,112 @@ class Runtime:
     def get_run(self, run_id: str, principal: str | None = None) -> RunRecord:
         return self._get_run(run_id, principal)
 
+    # -- waits, signals, timers (P-18) -------------------------------------------
+
+    def wait_key(self, run_id: str, name: str) -> str:
+        from .waits import wait_key
+
+        return wait_key(self._secret, run_id, name)
+
+    def list_waits(self, run_id: str | None = None, *, principal: str | None = None,
+                   status: str | None = "pending") -> list[dict[str, Any]]:
+        """Pending waits with their keys (capabilities: show them only to whoever may resolve them)."""
+        if run_id is not None:
+            self._get_run(run_id, principal)
+        return [_wait_view(w) for w in self.store.list_waits(run_id=run_id, status=status)]
+
+    async def resolve_wait(self, key: str, value: Any = None, *, error: str | None = None,
+                           continue_run: bool = True) -> dict[str, Any]:
+        """Settle a wait: the first resolution wins; the run continues here if it was parked on it."""
+        from ..store.base import WAIT_FAILED, WAIT_RESOLVED, WAIT_REVOKED, WaitRecord
+        from .waits import parse_wait_key
+
+        parsed = parse_wait_key(self._secret, key)
+        run = self.store.get_run(parsed[0]) if parsed else None
+        existing = self.store.get_wait(key) if parsed else None
+        if run is None or (existing is not None and existing.status == WAIT_REVOKED):
+            return {"status": "unknown_or_revoked", "key": key,
+                    "next_action": "Check the key (tether waits list); the wait may have been revoked."}
+        run_id, name = parsed
+        if existing is None and run.status in TERMINAL_RUN_STATUSES:
+            return {"status": "unknown_or_revoked", "key": key, "next_action": f"Run {run_id} has ended."}
+        now = self.clock()
+        status = WAIT_FAILED if error is not None else WAIT_RESOLVED
+        err = {"message": error} if error is not None else None
+        value = to_json_value(value)[0]
+        accepted, row = self.store.settle_wait(WaitRecord(key, run_id, name, status, now, value=value, error=err,
+                                                          resolved_at=now))
+        out = {"status": "accepted" if accepted else "already_resolved", "key": key, "wait": _wait_view(row)}
+        if accepted and continue_run:
+            result = await self.wake(run_id, key=key)
+            if result is not None:
+                out["run"] = result.to_dict()
+        return out
+
+    async def signal(self, run_id: str, name: str, value: Any = None, *, principal: str | None = None) -> dict:
+        """Send a named signal; `await wait_for_signal(name)` receives it (kept if it comes first)."""
+        from .waits import SIGNAL_PREFIX
+
+        self._get_run(run_id, principal)
+        return await self.resolve_wait(self.wait_key(run_id, SIGNAL_PREFIX + name), value)
+
+    def revoke_waits(self, *, run_id: str | None = None, session: str | None = None) -> int:
+        """Revoke every pending wait of a run or a session; their keys stop working."""
+        from ..store.base import WAIT_REVOKED, WaitRecord
+
+        now, n = self.clock(), 0
+        for w in self.store.list_waits(run_id=run_id, session=session):
+            accepted, _ = self.store.settle_wait(WaitRecord(w.key, w.run_id, w.name, WAIT_REVOKED, now, resolved_at=now))
+            n += accepted
+        return n
+
+    async def wake(self, run_id: str, key: str | None = None) -> RunResult | None:
+        """Continue a waiting run in this process if it is parked on ``key`` (or its deadline came)."""
+        run = self.store.get_run(run_id)
+        if run is None or run.status != RUN_WAITING:
+            return None
+        if key is not None and (run.pending or {}).get("key") != key:
+            return None  # parked elsewhere; the resolution is kept for when it gets there
+        now = self.clock()
+        if not self.store.update_run(run_id, [RUN_WAITING], status=RUN_RUNNING, owner=self.owner,
+                                     lease_until=now + self.lease_seconds, updated_at=now):
+            return None  # another process took it
+        run = self.store.get_run(run_id)
+        return await self._attempt(run, mode="continue", on_approval=None, t0=time.perf_counter())
+
+    async def wake_due(self) -> list[RunResult]:
+        """Continue runs whose timer or wait deadline has come."""
+        out = []
+        for run in self.store.runs_due(self.clock()):
+            result = await self.wake(run.run_id)
+            if result is not None:
+                out.append(result)
+        return out
+
+    # -- background runs -----------------------------------------------------------
+
+    def start(self, code: str, *, principal: str | None = None, meta: dict[str, Any] | None = None,
+              type_check: bool | None = None) -> str:
+        """Queue ``code`` as a background run; a worker executes it. Returns the run id at once."""
+        check_code_size(code, self.limits.code_bytes)
+        run = self._new_run(code, principal=principal, meta=meta, type_check=type_check, status=RUN_QUEUED)
+        self.store.create_run(run)
+        return run.run_id
+
+    async def run_queued(self, limit: int = 1) -> list[RunResult]:
+        """Claim up to ``limit`` queued runs (oldest first) and run them here."""
+        out = []
+        for run in reversed(self.store.list_runs(status=RUN_QUEUED, limit=1000)):
+            if len(out) >= limit:
+                break
+            now = self.clock()
+            if not self.store.update_run(run.run_id, [RUN_QUEUED], status=RUN_RUNNING, owner=self.owner,
+                                         lease_until=now + self.lease_seconds, updated_at=now):
+                continue
+            out.append(await self._attempt(self.store.get_run(run.run_id), mode="fresh", on_approval=None,
+                                           t0=time.perf_counter()))
+        return out
+
     # -- cancel ------------------------------------------------------------------
 
     async def cancel(self, run_id: str, reason: str = "cancelled by the client", *,
@@ -348,6 +468,15 @@ class Runtime:
                                      principal=principal)
         if run.status in TERMINAL_RUN_STATUSES:
             return RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run_id)
+        if run.status in (RUN_QUEUED, RUN_WAITING):
+            # Nothing is executing: end it here. Its waits end with it.
+            if self.store.update_run(run_id, [run.status], status=RUN_CANCELLED, updated_at=self.clock(),
+                                     owner=None, lease_until=None):
+                self._settle_waits_cancelled(run_id)
+                return self._finish(run, RUN_CANCELLED, error={
+                    "code": "cancelled", "message": f"the run was cancelled: {reason}; nothing further was sent",
+                    "next_action": "Start a new run if the work is still needed.", "details": {}})
+            return await self.cancel(run_id, reason, principal=principal)
         boundary = self._boundaries.get(run_id)
         if boundary is not None and boundary.execution is not None:
             boundary.execution.stop(Cancelled(reason))
@@ -355,6 +484,13 @@ class Runtime:
         # Running in another process: a durable request its heartbeat sees.
         self.store.update_run(run_id, [RUN_RUNNING], meta={**run.meta, "cancel_requested": reason})
         return await self.wait_for_run(run_id, timeout=max(self.lease_seconds, 1.0) * 2)
+
+    def _settle_waits_cancelled(self, run_id: str) -> None:
+        from ..store.base import WAIT_CANCELLED, WaitRecord
+
+        now = self.clock()
+        for w in self.store.list_waits(run_id=run_id):
+            self.store.settle_wait(WaitRecord(w.key, w.run_id, w.name, WAIT_CANCELLED, now, resolved_at=now))
 
     # -- recover -----------------------------------------------------------------
 

@@ -29,6 +29,7 @@ import pydantic_monty as _pm
 from ..errors import LimitExceeded, ProgramSyntaxError, SandboxCrashed, TypeCheckError
 
 MONTY_VERSION: str = f"pydantic-monty-{_pm.__version__}"
+_SLEEPS = ("asyncio.sleep", "time.sleep")
 
 # A host function gets the sandbox-side function name ("tools.ns.tool" or a
 # built-in name), positional args and keyword args, and returns a value the
@@ -187,7 +188,8 @@ class Execution:
             limits=_limits(spec.limits),
             type_check=spec.type_check,
             type_check_stubs=spec.prelude_stubs if spec.type_check else None,
-            os_policy={"datetime": spec.clock, "random_start": {"seed": spec.seed}, "sleep": "zero"},
+            # Sleeps come to the host: a long one parks the run (a durable timer).
+            os_policy={"datetime": spec.clock, "random_start": {"seed": spec.seed}, "sleep": "call_host"},
             external_modules={"tools": tools},
         )
         try:
@@ -216,8 +218,24 @@ class Execution:
                 return await host(name, args, kwargs)
             except GuestRaise as exc:
                 raise exc.to_exception() from None
+            except Stopped:
+                raise RuntimeError("the run is stopping") from None
+            except Exception as exc:
+                raise self._host_failure(exc) from None
 
         return call
+
+    def _host_failure(self, exc: Exception) -> BaseException:
+        """A failure of tether itself (or its store) during a host call ends the run; the program never sees it."""
+        from ..errors import TetherError
+
+        if isinstance(exc, TetherError):
+            error: TetherError = exc
+        else:
+            error = TetherError(f"tether failed while serving a host call: {type(exc).__name__}: {exc}",
+                                code="internal_error")
+        self.stop(error)
+        return RuntimeError("the run is stopping")
 
     def _wrap_sync(self, name: str) -> Callable[..., Any]:
         sync_host = self._sync_host
@@ -237,6 +255,23 @@ class Execution:
         # called as attributes anyway, so they are left out of the module.
         return {name: self._wrap(f"tools.{ns}.{name}") for name in names
                 if name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")}
+
+    def _os(self, *, name: str, args: tuple, kwargs: dict, is_async: bool = False, **_: Any) -> Any:
+        # Sync on purpose: NOT_HANDLED (Monty's own refusal of files, env...)
+        # must be returned directly; only a sleep is answered by a coroutine.
+        if name in _SLEEPS:
+            return self._sleep(tuple(args), dict(kwargs))
+        return _pm.NOT_HANDLED
+
+    async def _sleep(self, args: tuple, kwargs: dict) -> Any:
+        try:
+            return await self._host("sleep", args, kwargs)
+        except GuestRaise as exc:
+            raise exc.to_exception() from None
+        except Stopped:
+            raise RuntimeError("the run is stopping") from None
+        except Exception as exc:
+            raise self._host_failure(exc) from None
 
     def _lookup(self) -> dict[str, Any]:
         table: dict[str, Any] = {name: self._wrap(name) for name in self._spec.builtins}
@@ -267,7 +302,7 @@ class Execution:
     async def run(self, code: str) -> Any:
         """Run ``code`` from the start; returns the value of its last expression."""
         return await self._until_stopped(
-            self._session.feed_run(code, external_lookup=self._lookup(), print_callback=self._print)
+            self._session.feed_run(code, external_lookup=self._lookup(), print_callback=self._print, os=self._os)
         )
 
     async def resume(self, dump: bytes, answer: Callable[[list[int], list["Announced"]], Awaitable[dict[int, Any]]]) -> Any:
@@ -282,13 +317,16 @@ class Execution:
 
         async def drive() -> Any:
             try:
-                snap = await self._session.load_snapshot(dump, external_lookup=self._lookup(), print_callback=self._print)
+                snap = await self._session.load_snapshot(dump, external_lookup=self._lookup(), print_callback=self._print,
+                                                         os=self._os)
             except _pm.MontyError as exc:
                 raise SandboxCrashed(f"could not load the snapshot: {exc}") from None
             announced: list[Announced] = []
             while not isinstance(snap, (_pm.AsyncFutureSnapshot, _pm.MontyComplete)):
-                if isinstance(snap, _pm.AsyncFunctionSnapshot) and not snap.is_os_function:
-                    announced.append(Announced(snap.call_id, snap.function_name, tuple(snap.args), dict(snap.kwargs)))
+                if isinstance(snap, _pm.AsyncFunctionSnapshot) and (
+                        not snap.is_os_function or snap.function_name in _SLEEPS):
+                    name = "sleep" if snap.is_os_function else snap.function_name
+                    announced.append(Announced(snap.call_id, name, tuple(snap.args), dict(snap.kwargs)))
                     snap = await snap.resume({"future": ...})
                 else:
                     snap = await snap.resume_auto()

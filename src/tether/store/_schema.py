@@ -57,7 +57,11 @@ from .base import (
     RUN_PAUSED,
     RUN_QUEUED,
     RUN_RUNNING,
+    RUN_WAITING,
+    CALL_WAITING,
     TERMINAL_RUN_STATUSES,
+    WAIT_PENDING,
+    WaitRecord,
     CallRecord,
     Conflict,
     EventRecord,
@@ -65,7 +69,9 @@ from .base import (
     SnapshotRecord,
 )
 
-RUN_STATUSES = frozenset({RUN_QUEUED, RUN_RUNNING, RUN_PAUSED, RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED})
+RUN_STATUSES = frozenset(
+    {RUN_QUEUED, RUN_RUNNING, RUN_PAUSED, RUN_WAITING, RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED}
+)
 CALL_STATES = frozenset(
     {
         CALL_PENDING,
@@ -78,6 +84,7 @@ CALL_STATES = frozenset(
         CALL_SENDING,
         CALL_SENT,
         CALL_UNKNOWN,
+        CALL_WAITING,
     }
 )
 # Spelled into SQL as literals: statuses are fixed strings, never user input,
@@ -152,6 +159,26 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX events_run ON events (run_id, id)",
     ),
+    (
+        # 2: durable waits. No foreign key: a resolution may be buffered
+        # before its run reaches the wait, and waits outlive nothing else.
+        """CREATE TABLE waits (
+            key TEXT PRIMARY KEY,
+            run_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            status TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            seq INTEGER,
+            value TEXT,
+            error TEXT,
+            deadline REAL,
+            resolved_at REAL,
+            session TEXT
+        )""",
+        "CREATE INDEX waits_run ON waits (run_id, status)",
+        "CREATE INDEX waits_session ON waits (session) WHERE session IS NOT NULL",
+        "CREATE INDEX runs_wake ON runs (expires_at) WHERE status = 'waiting'",
+    ),
 ]
 
 # Same tables. JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make
@@ -220,6 +247,24 @@ POSTGRES_MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX events_run ON events (run_id, id)",
         "CREATE TABLE store_secret (id INTEGER PRIMARY KEY CHECK (id = 1), value BYTEA NOT NULL)",
     ),
+    (
+        """CREATE TABLE waits (
+            key TEXT PRIMARY KEY,
+            run_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            status TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            seq INTEGER,
+            value TEXT,
+            error TEXT,
+            deadline DOUBLE PRECISION,
+            resolved_at DOUBLE PRECISION,
+            session TEXT
+        )""",
+        "CREATE INDEX waits_run ON waits (run_id, status)",
+        "CREATE INDEX waits_session ON waits (session) WHERE session IS NOT NULL",
+        "CREATE INDEX runs_wake ON runs (expires_at) WHERE status = 'waiting'",
+    ),
 ]
 
 # ---------------------------------------------------------------------------
@@ -244,6 +289,7 @@ RUN_COLUMNS = _columns(
 )
 CALL_COLUMNS = _columns(CallRecord, {"args", "outcome", "error"})
 SNAPSHOT_COLUMNS = _columns(SnapshotRecord, {"pending"}, {"data"})
+WAIT_COLUMNS = _columns(WaitRecord, {"value", "error"})
 EVENT_COLUMNS = {"id": _PLAIN, "run_id": _PLAIN, "type": _PLAIN, "data": _JSON, "created_at": _PLAIN}
 
 # Fields an update may set: everything but the key.
@@ -290,6 +336,8 @@ _SELECT_RUN = _select("runs", RUN_COLUMNS)
 _SELECT_CALL = _select("calls", CALL_COLUMNS)
 _SELECT_SNAPSHOT = _select("snapshots", SNAPSHOT_COLUMNS)
 _SELECT_EVENT = _select("events", EVENT_COLUMNS)
+_SELECT_WAIT = _select("waits", WAIT_COLUMNS)
+_INSERT_WAIT = _insert("waits", WAIT_COLUMNS)
 _INSERT_RUN = _insert("runs", RUN_COLUMNS)
 _INSERT_CALL = _insert("calls", CALL_COLUMNS)
 _INSERT_SNAPSHOT = _insert("snapshots", SNAPSHOT_COLUMNS)
@@ -596,6 +644,60 @@ class SQLStore:
         with self._transaction(write=False) as tx:
             row = tx.run(sql, (run_id,)).fetchone()
         return None if row is None else SnapshotRecord(**_decode(SNAPSHOT_COLUMNS, row))
+
+    # -- waits
+
+    def create_wait(self, wait: WaitRecord) -> WaitRecord:
+        values = [_encode(WAIT_COLUMNS, n, getattr(wait, n)) for n in WAIT_COLUMNS]
+        with self._transaction(write=True) as tx:
+            row = tx.run(f"{_SELECT_WAIT} WHERE key = ?", (wait.key,)).fetchone()
+            if row is not None:
+                found = WaitRecord(**_decode(WAIT_COLUMNS, row))
+                if found.seq is None and wait.seq is not None:
+                    # A resolution buffered before the run reached its wait: attach it.
+                    tx.run("UPDATE waits SET seq = ?, deadline = ? WHERE key = ?", (wait.seq, wait.deadline, wait.key))
+                    found.seq, found.deadline = wait.seq, wait.deadline
+                return found
+            tx.run(_INSERT_WAIT, values)
+            return wait
+
+    def get_wait(self, key: str) -> WaitRecord | None:
+        with self._transaction(write=False) as tx:
+            row = tx.run(f"{_SELECT_WAIT} WHERE key = ?", (key,)).fetchone()
+        return None if row is None else WaitRecord(**_decode(WAIT_COLUMNS, row))
+
+    def settle_wait(self, wait: WaitRecord) -> tuple[bool, WaitRecord]:
+        with self._transaction(write=True) as tx:
+            row = tx.run(f"{_SELECT_WAIT} WHERE key = ?", (wait.key,)).fetchone()
+            if row is None:
+                values = [_encode(WAIT_COLUMNS, n, getattr(wait, n)) for n in WAIT_COLUMNS]
+                tx.run(_INSERT_WAIT, values)
+                return True, wait
+            found = WaitRecord(**_decode(WAIT_COLUMNS, row))
+            if found.status != WAIT_PENDING:
+                return False, found
+            tx.run(
+                "UPDATE waits SET status = ?, value = ?, error = ?, resolved_at = ? WHERE key = ? AND status = ?",
+                (wait.status, dump_json(wait.value), dump_json(wait.error), wait.resolved_at, wait.key, WAIT_PENDING),
+            )
+            found.status, found.value, found.error, found.resolved_at = wait.status, wait.value, wait.error, wait.resolved_at
+            return True, found
+
+    def list_waits(self, run_id: str | None = None, status: str | None = WAIT_PENDING,
+                   session: str | None = None) -> list[WaitRecord]:
+        where, params = [], []
+        for column, value in (("run_id", run_id), ("status", status), ("session", session)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = _SELECT_WAIT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created_at, key"
+        with self._transaction(write=False) as tx:
+            return [WaitRecord(**_decode(WAIT_COLUMNS, row)) for row in tx.run(sql, params).fetchall()]
+
+    def runs_due(self, now: float, limit: int = 100) -> list[RunRecord]:
+        sql = f"{_SELECT_RUN} WHERE status = 'waiting' AND expires_at <= ? ORDER BY expires_at LIMIT ?"
+        with self._transaction(write=False) as tx:
+            return [_run(row) for row in tx.run(sql, (now, limit)).fetchall()]
 
     # -- events
 

@@ -14,6 +14,8 @@ from typing import Any, Protocol, Sequence
 RUN_QUEUED = "queued"
 RUN_RUNNING = "running"
 RUN_PAUSED = "paused"
+# Parked on a durable wait, a signal or a sleep; expires_at is when it wakes.
+RUN_WAITING = "waiting"
 RUN_COMPLETED = "completed"
 RUN_FAILED = "failed"
 RUN_CANCELLED = "cancelled"
@@ -32,6 +34,7 @@ CALL_DENIED = "denied"
 CALL_SENDING = "sending"
 CALL_SENT = "sent"
 CALL_UNKNOWN = "unknown"
+CALL_WAITING = "waiting"  # a wait_for / wait_for_signal / sleep the run is parked on
 SETTLED_CALL_STATES = frozenset({CALL_DONE, CALL_FAILED, CALL_SENT, CALL_DECLINED, CALL_DENIED, CALL_UNKNOWN})
 
 
@@ -87,6 +90,32 @@ class SnapshotRecord:
     pending: list[dict[str, Any]]  # calls the dump waits on: [{"seq","op","address","args"}]
     created_at: float
     kind: str = "pause"  # "pause" | "checkpoint" | "session"
+
+
+# Wait statuses. "pending" is the only one that changes.
+WAIT_PENDING = "pending"
+WAIT_RESOLVED = "resolved"
+WAIT_FAILED = "failed"  # resolved with an error
+WAIT_TIMEOUT = "timeout"
+WAIT_CANCELLED = "cancelled"
+WAIT_REVOKED = "revoked"
+
+
+@dataclass
+class WaitRecord:
+    """A keyed, one-shot promise a run can park on (durable wait, signal, timer)."""
+
+    key: str
+    run_id: str
+    name: str
+    status: str
+    created_at: float
+    seq: int | None = None  # the call that waits; None while a resolution is buffered
+    value: Any = None
+    error: dict[str, Any] | None = None
+    deadline: float | None = None
+    resolved_at: float | None = None
+    session: str | None = None
 
 
 @dataclass
@@ -150,6 +179,22 @@ class Store(Protocol):
     # -- snapshots
     def put_snapshot(self, snapshot: SnapshotRecord) -> None: ...
     def latest_snapshot(self, run_id: str) -> SnapshotRecord | None: ...
+
+    # -- waits
+    def create_wait(self, wait: WaitRecord) -> WaitRecord:
+        """Insert a pending wait; if its key exists (a buffered resolution), return that row."""
+
+    def get_wait(self, key: str) -> WaitRecord | None: ...
+    def settle_wait(self, wait: WaitRecord) -> tuple[bool, WaitRecord]:
+        """First settlement wins: pending (or absent, buffered) -> ``wait.status``.
+
+        Returns (accepted, the row as stored).
+        """
+
+    def list_waits(self, run_id: str | None = None, status: str | None = WAIT_PENDING,
+                   session: str | None = None) -> list[WaitRecord]: ...
+    def runs_due(self, now: float, limit: int = 100) -> list[RunRecord]:
+        """Waiting runs whose wake-up time (expires_at) has come."""
 
     # -- events (timeline, cells)
     def add_event(self, run_id: str, type: str, data: dict[str, Any], now: float) -> int: ...

@@ -1,0 +1,99 @@
+"""The runner: executes queued runs, wakes timers and due waits, takes over orphans.
+
+Any number of workers may share a store; every claim is a compare-and-set, so
+each run executes in one place. A run whose worker died is taken over once its
+lease expires (P-11, P-16).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+
+async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds: float = 0.2,
+               idle_exit_seconds: float | None = None, concurrency: int | None = None) -> int:
+    """Serve the store until ``stop`` is set (or idle for ``idle_exit_seconds``). Returns runs handled."""
+    stop = stop or asyncio.Event()
+    slots = asyncio.Semaphore(concurrency or rt.pool.max_workers)
+    tasks: set[asyncio.Task] = set()
+    handled = 0
+    idle_since = time.monotonic()
+
+    async def one(coro) -> None:
+        async with slots:
+            with contextlib.suppress(Exception):
+                await coro
+
+    while not stop.is_set():
+        busy = bool(tasks)
+        free = max(0, (concurrency or rt.pool.max_workers) - len(tasks))
+        if free:
+            for coro in _claims(rt, free):
+                task = asyncio.ensure_future(one(coro))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                handled += 1
+                busy = True
+        if busy:
+            idle_since = time.monotonic()
+        elif idle_exit_seconds is not None and time.monotonic() - idle_since > idle_exit_seconds:
+            break
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), poll_seconds)
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return handled
+
+
+def _claims(rt: "Runtime", free: int):
+    """Coroutines for work this worker may take now, most urgent first."""
+    from ..store.base import RUN_QUEUED
+
+    now = rt.clock()
+    out = []
+    # Orphans first: their writes wait on us.
+    for run in rt.store.runs_with_expired_lease(now)[:free]:
+        if rt.store.claim_run(run.run_id, rt.owner, now + rt.lease_seconds, now):
+            out.append(rt._attempt(rt.store.get_run(run.run_id), mode="continue", on_approval=None,
+                                   t0=time.perf_counter()))
+    for run in rt.store.runs_due(now, limit=free - len(out)) if len(out) < free else []:
+        out.append(rt.wake(run.run_id))
+    if len(out) < free:
+        for run in reversed(rt.store.list_runs(status=RUN_QUEUED, limit=1000)):
+            if len(out) >= free:
+                break
+            if rt.store.update_run(run.run_id, [RUN_QUEUED], status="running", owner=rt.owner,
+                                   lease_until=now + rt.lease_seconds, updated_at=now):
+                out.append(rt._attempt(rt.store.get_run(run.run_id), mode="fresh", on_approval=None,
+                                       t0=time.perf_counter()))
+    return out
+
+
+# -- one worker per home, started on demand ---------------------------------------
+
+
+def pid_file(home: Path) -> Path:
+    return home / "worker.pid"
+
+
+def worker_alive(home: Path) -> int | None:
+    """The pid of a live worker for this home, if any."""
+    try:
+        pid = int(pid_file(home).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid

@@ -1,0 +1,184 @@
+"""Durable waits, signals, sleeps and background runs (P-18, P-19)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from helpers import Recorder
+from tether.runs.policy import Policy
+from tether.runs.runtime import Runtime
+from tether.store import open_store
+
+
+class Clock:
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def store_url(tmp_path):
+    return f"sqlite:///{tmp_path}/tether.db"
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+def runtime(store_url, clock, rec=None, **kw) -> Runtime:
+    return Runtime(store=open_store(store_url), tools=(rec or Recorder()).tools(), clock=clock, type_check=False,
+                   policy=Policy(writes="allow"), **kw)
+
+
+WAIT_PROGRAM = """
+import tools
+print("asking")
+answer = await wait_for("approval", timeout=3600)
+await tools.helpdesk.add_comment(id=1, body=answer["note"])
+answer["note"]
+"""
+
+
+async def test_p18_a_wait_parks_the_run_and_a_resolution_continues_it_elsewhere(store_url, clock):
+    rec = Recorder()
+    async with runtime(store_url, clock, rec) as rt:
+        parked = await rt.execute(WAIT_PROGRAM)
+        assert parked.status == "waiting"
+        assert parked.pending["kind"] == "wait" and parked.pending["name"] == "approval"
+        assert rt.get_run(parked.run_id).owner is None  # no worker, no owner
+        (listed,) = rt.list_waits(parked.run_id)
+        key = listed["key"]
+        assert key == parked.pending["key"] and parked.run_id not in key  # not derivable from the run id
+    async with runtime(store_url, clock, rec) as rt2:
+        out = await rt2.resolve_wait(key, {"note": "go ahead"})
+        assert out["status"] == "accepted"
+        assert out["run"]["status"] == "completed" and out["run"]["result"] == "go ahead"
+        assert out["run"]["logs"] == ["asking"]
+        assert rec.deliveries == [("add_comment", {"id": 1, "body": "go ahead"})]
+        # P-18: the first resolution wins; later ones learn the terminal value.
+        again = await rt2.resolve_wait(key, {"note": "something else"})
+        assert again["status"] == "already_resolved" and again["wait"]["value"] == {"note": "go ahead"}
+        assert len(rec.deliveries) == 1
+
+
+async def test_p18_a_forged_or_unknown_key_is_rejected(store_url, clock):
+    async with runtime(store_url, clock) as rt:
+        parked = await rt.execute(WAIT_PROGRAM)
+        key = parked.pending["key"]
+        forged = key[:-4] + ("0000" if not key.endswith("0000") else "1111")
+        assert (await rt.resolve_wait(forged, {"note": "x"}))["status"] == "unknown_or_revoked"
+        assert (await rt.resolve_wait("w1.garbage.key", 1))["status"] == "unknown_or_revoked"
+        other = Runtime(store=open_store(f"{store_url}-other"), type_check=False)
+        # A key signed by another store's secret is as good as forged here.
+        assert (await rt.resolve_wait(other.wait_key(parked.run_id, "approval"), 1))["status"] == "unknown_or_revoked"
+        assert rt.get_run(parked.run_id).status == "waiting"
+
+
+async def test_p18_a_resolution_before_the_wait_is_kept(store_url, clock):
+    code = """
+first = await wait_for_signal("go")
+second = await wait_for("later")
+[first, second]
+"""
+    async with runtime(store_url, clock) as rt:
+        run_id = rt.start(code)
+        # Both arrive before the run has even started.
+        assert (await rt.signal(run_id, "go", 1))["status"] == "accepted"
+        assert (await rt.resolve_wait(rt.wait_key(run_id, "later"), 2))["status"] == "accepted"
+        (result,) = await rt.run_queued()
+        assert result.status == "completed" and result.result == [1, 2]
+
+
+async def test_p18_a_wait_times_out_with_timeout_error_in_the_program(store_url, clock):
+    code = """
+try:
+    await wait_for("reply", timeout=60)
+    out = "answered"
+except TimeoutError as e:
+    out = str(e)
+out
+"""
+    async with runtime(store_url, clock) as rt:
+        parked = await rt.execute(code)
+        assert parked.status == "waiting" and parked.expires_at == clock.now + 60
+        clock.now += 30
+        assert await rt.wake_due() == []  # not yet
+        clock.now += 31
+        (done,) = await rt.wake_due()
+        assert done.status == "completed" and done.result.startswith("[wait_timeout]")
+        assert (await rt.resolve_wait(parked.pending["key"], 1))["status"] == "already_resolved"
+
+
+async def test_p18_cancelling_a_run_cancels_its_waits(store_url, clock):
+    async with runtime(store_url, clock) as rt:
+        parked = await rt.execute(WAIT_PROGRAM)
+        r = await rt.cancel(parked.run_id)
+        assert r.status == "cancelled"
+        (w,) = rt.list_waits(parked.run_id, status=None)
+        assert w["status"] == "cancelled"
+        assert (await rt.resolve_wait(parked.pending["key"], {"note": "late"}))["status"] == "already_resolved"
+
+
+async def test_p18_revoke_removes_every_wait(store_url, clock):
+    async with runtime(store_url, clock) as rt:
+        parked = await rt.execute(WAIT_PROGRAM)
+        assert rt.revoke_waits(run_id=parked.run_id) == 1
+        assert (await rt.resolve_wait(parked.pending["key"], {"note": "x"}))["status"] == "unknown_or_revoked"
+        assert rt.list_waits(parked.run_id) == []
+
+
+async def test_p18_a_sleep_is_a_durable_timer_across_runtimes(store_url, clock):
+    code = """
+import asyncio
+import time
+t0 = time.time()
+await asyncio.sleep(300)
+'woke'
+"""
+    async with runtime(store_url, clock) as rt:
+        parked = await rt.execute(code)
+        assert parked.status == "waiting" and parked.pending["kind"] == "sleep"
+        assert parked.expires_at == clock.now + 300
+    # A new runtime ("after a restart"), 200 s later: 100 s remain, nothing wakes.
+    clock.now += 200
+    async with runtime(store_url, clock) as rt2:
+        assert await rt2.wake_due() == []
+        assert rt2.get_run(parked.run_id).expires_at == parked.expires_at
+        clock.now += 100
+        (done,) = await rt2.wake_due()
+        assert done.status == "completed" and done.result == "woke"
+
+
+async def test_short_sleeps_are_waited_out_in_place(store_url, clock):
+    async with runtime(store_url, clock) as rt:
+        r = await rt.execute("import asyncio\nawait asyncio.sleep(0.05)\n'ok'")
+        assert r.status == "completed" and r.result == "ok"
+
+
+async def test_p19_background_runs_are_queued_and_run_by_a_worker(store_url, clock):
+    from tether.runs.worker import work
+
+    rec = Recorder()
+    async with runtime(store_url, clock, rec) as rt:
+        ids = [rt.start(f"import tools\nawait tools.helpdesk.add_comment(id={i}, body='bg')\n{i}") for i in range(3)]
+        assert all(rt.get_run(i).status == "queued" for i in ids)
+        stop = asyncio.Event()
+        worker = asyncio.ensure_future(work(rt, stop=stop, poll_seconds=0.01))
+        results = [await rt.wait_for_run(i, timeout=30) for i in ids]
+        stop.set()
+        await worker
+        assert [r.result for r in results] == [0, 1, 2]
+        assert sorted(d[1]["id"] for d in rec.deliveries) == [0, 1, 2]
+
+
+async def test_p19_cancel_a_queued_run(store_url, clock):
+    async with runtime(store_url, clock) as rt:
+        run_id = rt.start("1")
+        r = await rt.cancel(run_id)
+        assert r.status == "cancelled"
+        assert await rt.run_queued() == []
