@@ -76,6 +76,8 @@ async def open_runtime(
         approval_ttl_seconds=config.policy.approval_ttl_seconds,
         checkpoint_every_calls=config.policy.checkpoint_every_calls,
         checkpoint_every_seconds=config.policy.checkpoint_every_seconds,
+        # How long a dead process keeps its runs before another takes them over.
+        lease_seconds=float(os.environ.get("TETHER_LEASE_SECONDS", "30")),
     )
     runtime.config = config
     runtime.source_status = []

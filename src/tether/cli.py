@@ -266,6 +266,185 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     return code
 
 
+# -- long work: background runs, waits, signals --------------------------------------
+
+
+def _home(args: argparse.Namespace) -> Path:
+    from .config import load_config
+
+    return load_config(args.config).home
+
+
+def _ensure_worker(args: argparse.Namespace, tools: Sequence[str]) -> int | None:
+    """Start a detached worker for this home unless one is alive: users need not know a runner exists."""
+    import subprocess
+
+    from .runs.worker import worker_alive
+
+    home = _home(args)
+    pid = worker_alive(home)
+    if pid is not None:
+        return pid
+    home.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "tether.cli"]
+    if args.config:
+        cmd += ["--config", str(Path(args.config).resolve())]
+    cmd += ["worker", "--idle-exit", "60"]
+    for t in tools:
+        cmd += ["--tools", t]
+    env = dict(os.environ, TETHER_HOME=str(home))
+    with open(home / "worker.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                start_new_session=True, cwd=os.getcwd())
+    return proc.pid
+
+
+async def cmd_start(args: argparse.Namespace) -> int:
+    from .app import resolve_tool_spec
+
+    code = _read_program(args.program)
+    tools = [resolve_tool_spec(t) for t in args.tools]
+    async with _runtime(args, tools) as rt:
+        run_id = rt.start(code, meta={"tools": tools, "config": _abs(args.config)},
+                          type_check=False if args.no_check else None)
+    worker = None if args.no_worker else _ensure_worker(args, tools)
+    if args.json:
+        _print_json({"run_id": run_id, "status": "queued", "worker_pid": worker})
+    else:
+        print(run_id)
+    return EXIT_OK
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    from .runs.worker import pid_file, work, worker_alive
+
+    home = _home(args)
+    home.mkdir(parents=True, exist_ok=True)
+    other = worker_alive(home)
+    if other is not None and other != os.getpid():
+        print(f"a worker is already running for {home} (pid {other})", file=sys.stderr)
+        return EXIT_OK
+    pid_file(home).write_text(str(os.getpid()))
+    try:
+        async with _runtime(args, list(args.tools)) as rt:
+            handled = await work(rt, poll_seconds=args.poll, idle_exit_seconds=args.idle_exit)
+    finally:
+        if worker_alive(home) == os.getpid():
+            pid_file(home).unlink(missing_ok=True)
+    print(f"worker {os.getpid()} handled {handled} runs", file=sys.stderr)
+    return EXIT_OK
+
+
+async def cmd_runs_await(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .runs.result import RunResult
+    from .store import open_store
+
+    store = open_store(load_config(args.config).store.url)
+    deadline = time.monotonic() + args.timeout
+    delay = 0.05
+    try:
+        while True:
+            run = store.get_run(args.run_id)
+            if run is None:
+                raise_not_found(args.run_id)
+            if run.status not in ("queued", "running", "waiting") and run.result is not None:
+                return _print_result(RunResult.from_dict(run.result), args.json)
+            if time.monotonic() > deadline:
+                if args.json:
+                    _print_json({"status": run.status, "run_id": run.run_id, "timed_out": True})
+                else:
+                    print(f"run {run.run_id} is still {run.status} after {args.timeout:g} s", file=sys.stderr)
+                return 4
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+    finally:
+        store.close()
+
+
+def raise_not_found(run_id: str) -> None:
+    from .errors import RunNotFound
+
+    raise RunNotFound(f"no run {run_id!r}")
+
+
+async def cmd_runs_cancel(args: argparse.Namespace) -> int:
+    tools, config = _recorded_setup(args)
+    args.config = config
+    async with _runtime(args, tools) as rt:
+        result = await rt.cancel(args.run_id, args.reason or "cancelled from the command line")
+    if result.status != "cancelled":
+        return _print_result(result, args.json)
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        print(f"{args.run_id}: cancelled")
+    return EXIT_OK
+
+
+async def cmd_runs_signal(args: argparse.Namespace) -> int:
+    value = _json_arg(args.value)
+    tools, config = _recorded_setup(args)
+    args.config = config
+    async with _runtime(args, tools) as rt:
+        out = await rt.signal(args.run_id, args.name, value)
+    return _print_wait_outcome(out, args.json)
+
+
+def _json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"not valid JSON: {exc.msg} at column {exc.colno}", code="invalid_arguments",
+                         next_action='Quote JSON for the shell, e.g. \'{"ok": true}\' or \'"text"\'.') from None
+
+
+def _print_wait_outcome(out: dict, as_json: bool) -> int:
+    if as_json:
+        _print_json(out)
+    else:
+        print(out["status"])
+        run = out.get("run")
+        if run:
+            print(f"run {run['run_id']}: {run['status']}")
+        if out.get("next_action"):
+            print(f"next: {out['next_action']}", file=sys.stderr)
+    return EXIT_OK if out["status"] in ("accepted", "already_resolved") else EXIT_FAILED
+
+
+async def cmd_waits_list(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .runs.runtime import Runtime
+    from .store import open_store
+
+    store = open_store(load_config(args.config).store.url)
+    try:
+        rt = Runtime(store=store, type_check=False)
+        waits = rt.list_waits(args.run)
+    finally:
+        store.close()
+    if args.json:
+        _print_json(waits)
+        return EXIT_OK
+    if not waits:
+        print("no pending waits")
+    for w in waits:
+        due = "" if w["deadline"] is None else f" (times out {time.strftime('%H:%M:%S', time.localtime(w['deadline']))})"
+        print(f"{w['run_id']}  {w['name']:<20} {w['key']}{due}")
+    return EXIT_OK
+
+
+async def cmd_waits_resolve(args: argparse.Namespace) -> int:
+    from .waits_cli import recorded_setup_for_key
+
+    value = None if args.error is not None else _json_arg(args.value)
+    tools, config = recorded_setup_for_key(args)
+    args.config = config
+    async with _runtime(args, tools) as rt:
+        out = await rt.resolve_wait(args.key, value, error=args.error)
+    return _print_wait_outcome(out, args.json)
+
+
 async def cmd_prompt(args: argparse.Namespace) -> int:
     async with _runtime(args, list(args.tools)) as rt:
         print(rt.model_description())
@@ -320,6 +499,50 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("run_id")
     common(sp, tools=False)
     sp.set_defaults(func=cmd_runs_show)
+
+    sp = runs.add_parser("await", help="wait until a run ends (or pauses)")
+    sp.add_argument("run_id")
+    sp.add_argument("--timeout", type=float, default=300.0)
+    common(sp, tools=False)
+    sp.set_defaults(func=cmd_runs_await)
+    sp = runs.add_parser("cancel", help="cancel a run: nothing further is sent")
+    sp.add_argument("run_id")
+    sp.add_argument("--reason")
+    common(sp)
+    sp.set_defaults(func=cmd_runs_cancel)
+    sp = runs.add_parser("signal", help="send a named signal to a run (await wait_for_signal(name))")
+    sp.add_argument("run_id")
+    sp.add_argument("name")
+    sp.add_argument("value", help="a JSON value")
+    common(sp)
+    sp.set_defaults(func=cmd_runs_signal)
+
+    sp = sub.add_parser("start", help="queue a program as a background run; prints its run id")
+    sp.add_argument("program", help="path to a .py file, or - for standard input")
+    sp.add_argument("--no-check", action="store_true", help="skip the static type check")
+    sp.add_argument("--no-worker", action="store_true", help="do not start a worker if none is alive")
+    common(sp)
+    sp.set_defaults(func=cmd_start)
+
+    sp = sub.add_parser("worker", help="run queued runs, timers and orphans for this store")
+    sp.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
+                    help="exit after this long with nothing to do")
+    sp.add_argument("--poll", type=float, default=0.2, metavar="SECONDS")
+    common(sp)
+    sp.set_defaults(func=cmd_worker)
+
+    waits = sub.add_parser("waits", help="durable waits").add_subparsers(dest="waits_command", required=True)
+    sp = waits.add_parser("list", help="pending waits with their keys")
+    sp.add_argument("--run")
+    common(sp, tools=False)
+    sp.set_defaults(func=cmd_waits_list)
+    sp = waits.add_parser("resolve", help="resolve a wait by its key; the first resolution wins")
+    sp.add_argument("key")
+    g = sp.add_mutually_exclusive_group(required=True)
+    g.add_argument("--value", help="a JSON value")
+    g.add_argument("--error", help="fail the wait with this message")
+    common(sp)
+    sp.set_defaults(func=cmd_waits_resolve)
 
     sp = sub.add_parser("recover", help="continue runs whose process died")
     common(sp)

@@ -1,0 +1,97 @@
+"""Background runs from the command line: start, a worker nobody started by hand, takeover after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TETHER = [sys.executable, "-m", "tether.cli"]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def env(tmp_path):
+    e = dict(os.environ)
+    e["TETHER_HOME"] = str(tmp_path / "home")
+    e["NOTES_FILE"] = str(tmp_path / "notes.jsonl")
+    e["TETHER_LEASE_SECONDS"] = "1"
+    e.pop("TETHER_STORE_URL", None)
+    return e
+
+
+def tether(args, env, cwd, timeout=120):
+    return subprocess.run(TETHER + args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def stop_worker(env):
+    pid_file = Path(env["TETHER_HOME"]) / "worker.pid"
+    if pid_file.exists():
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def test_p19_start_runs_without_anyone_starting_a_worker(tmp_path, env):
+    prog = tmp_path / "job.py"
+    prog.write_text("import tools\nawait tools.notes.add_note(text='bg')\nlen(await tools.notes.list_notes())\n")
+    (tmp_path / "tether.toml").write_text('[policy]\nwrites = "allow"\n')
+    try:
+        started = tether(["start", str(prog), "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
+        assert started.returncode == 0, started.stderr
+        run_id = json.loads(started.stdout)["run_id"]
+        done = tether(["runs", "await", run_id, "--timeout", "60", "--json"], env, tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert json.loads(done.stdout)["result"] == 1
+    finally:
+        stop_worker(env)
+
+
+def test_p19_a_run_whose_worker_was_killed_is_taken_over_without_resending(tmp_path, env):
+    # Five slow writes; the first worker is SIGKILLed in the middle.
+    prog = tmp_path / "slow.py"
+    prog.write_text(
+        "import asyncio\nimport tools\n"
+        "for i in range(5):\n"
+        "    await tools.notes.add_note(text='n' + str(i))\n"
+        "    await asyncio.sleep(0.4)\n"
+        "len(await tools.notes.list_notes())\n"
+    )
+    (tmp_path / "tether.toml").write_text('[policy]\nwrites = "allow"\n')
+    tools = ["--tools", str(FIXTURES / "notes_tools.py")]
+    started = tether(["start", str(prog), "--no-worker", "--json"] + tools, env, tmp_path)
+    run_id = json.loads(started.stdout)["run_id"]
+    first = subprocess.Popen(TETHER + ["worker"] + tools, env=env, cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    notes = Path(env["NOTES_FILE"])
+    deadline = time.monotonic() + 60
+    while not (notes.exists() and len(notes.read_text().splitlines()) >= 2):
+        assert time.monotonic() < deadline, "the first worker never wrote"
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    (Path(env["TETHER_HOME"]) / "worker.pid").unlink(missing_ok=True)
+    second = subprocess.Popen(TETHER + ["worker", "--idle-exit", "3"] + tools, env=env, cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        done = tether(["runs", "await", run_id, "--timeout", "60", "--json"], env, tmp_path)
+        out = json.loads(done.stdout)
+    finally:
+        second.kill()
+        second.wait()
+    texts = [json.loads(line)["text"] for line in notes.read_text().splitlines()]
+    assert len(texts) == len(set(texts)), f"a write was delivered twice: {texts}"
+    if out["status"] == "completed":
+        assert texts == [f"n{i}" for i in range(5)] and out["result"] == 5
+    else:
+        # Killed between the sending mark and the outcome: reported, never re-sent.
+        assert out["error"]["code"] == "write_outcome_unknown"
