@@ -544,6 +544,10 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp)
     sp.set_defaults(func=cmd_waits_resolve)
 
+    from . import cells_cli
+
+    cells_cli.add_parser(sub, common, sys.modules[__name__])
+
     sp = sub.add_parser("recover", help="continue runs whose process died")
     common(sp)
     sp.set_defaults(func=cmd_recover)

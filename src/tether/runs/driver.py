@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from .runtime import Runtime
 
 # Awaited built-ins the program reaches by bare name; emit is a plain call.
+EMIT_BUDGET_BYTES = 4 * 1024 * 1024
 BUILTINS = BUILTIN_OPS + ("wait_for", "wait_for_signal", "yield_control")
 SYNC_BUILTINS = ("emit",)
 
@@ -104,7 +106,7 @@ def build_spec(rt: "Runtime", run: RunRecord, limits: Limits) -> SandboxSpec:
     )
 
 
-def _builtins(rt: "Runtime") -> dict[str, Any]:
+def _builtins(rt: "Runtime", run_id: str) -> dict[str, Any]:
     async def search(args: tuple, kwargs: dict) -> Any:
         query = args[0] if args else kwargs.pop("query", "")
         return rt.search(query, **kwargs)
@@ -116,7 +118,45 @@ def _builtins(rt: "Runtime") -> dict[str, Any]:
     async def sources(args: tuple, kwargs: dict) -> Any:
         return rt.sources()
 
-    return {"search": _guarded(search), "describe": _guarded(describe), "sources": _guarded(sources)}
+    async def yield_control(args: tuple, kwargs: dict) -> Any:
+        # Journaled like any call, so a replay does not yield twice.
+        rt.event(run_id, "yielded", {})
+        return None
+
+    return {"search": _guarded(search), "describe": _guarded(describe), "sources": _guarded(sources),
+            "yield_control": _guarded(yield_control)}
+
+
+class Emitter:
+    """emit(value): an output event, stored at once so any process can stream it (P-20).
+
+    A replay re-runs the program from its first line; the outputs it already
+    stored are not stored again.
+    """
+
+    def __init__(self, rt: "Runtime", run_id: str, skip: int, budget: int) -> None:
+        self.rt, self.run_id, self.skip, self.budget = rt, run_id, skip, budget
+        self.count = 0
+
+    def __call__(self, name: str, args: tuple, kwargs: dict) -> Any:
+        from ..sandbox.monty import GuestRaise
+
+        if name != "emit":
+            raise GuestRaise("NameError", f"name {name!r} is not defined")
+        if len(args) + len(kwargs) != 1:
+            raise GuestRaise("TypeError", "[invalid_arguments] emit takes one value: emit(value)")
+        value = args[0] if args else next(iter(kwargs.values()))
+        self.count += 1
+        if self.count <= self.skip:
+            return None
+        value, notes = to_json_value(value)
+        size = len(json.dumps(value, ensure_ascii=False).encode())
+        if size > self.budget:
+            value = {"type": "text", "text": f"[output of {size} bytes dropped: over the {self.budget}-byte budget]"}
+        else:
+            self.budget -= size
+        self.rt.event(self.run_id, "output", {"value": value, "n": self.count})
+        return None
 
 
 def _guarded(fn: Any) -> Any:
@@ -192,6 +232,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
         rt.store.update_run(run.run_id, [RUN_RUNNING], status=status, pending=public, expires_at=expires,
                             owner=None, lease_until=None, updated_at=now, decision=None,
                             result=envelope.to_dict())
+        rt.event(run.run_id, "paused" if status == RUN_PAUSED else "waiting", {"pending": public})
         boundary.paused_envelope = envelope
 
     async def checkpoint_sink(boundary: EffectBoundary, entry: CallRecord) -> None:
@@ -215,7 +256,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
         limits=limits,
         journal_entries=entries,
         on_approval=on_approval,
-        builtins_impl=_builtins(rt),
+        builtins_impl=_builtins(rt, run.run_id),
         pause_sink=pause_sink,
         checkpoint_sink=checkpoint_sink,
         clock=rt.clock,
@@ -230,8 +271,16 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
     setup_ms = (time.perf_counter() - t_setup) * 1000
     t_exec = time.perf_counter()
     attempt_kind = "fresh" if mode == "fresh" else ("restore" if snapshot is not None else "replay")
+    already_emitted = 0
+    if mode != "fresh":
+        already_emitted = sum(1 for e in rt.store.get_events(run.run_id, limit=100_000) if e.type == "output")
+    # One output budget per run: images and large values are cut, not dropped silently.
+    emitter = Emitter(rt, run.run_id, 0, EMIT_BUDGET_BYTES)
+
     async def run_once(kind: str) -> Any:
-        async with rt.pool.execution(spec, boundary.host, logs) as execution:
+        # A restore continues past earlier emits; a replay repeats them.
+        emitter.count, emitter.skip = (already_emitted, 0) if kind == "restore" else (0, already_emitted)
+        async with rt.pool.execution(spec, boundary.host, logs, emitter) as execution:
             boundary.execution = execution
             try:
                 if kind == "restore":

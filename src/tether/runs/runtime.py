@@ -148,6 +148,7 @@ class Runtime:
         self._secret = self.store.secret()
         self._active: dict[str, asyncio.Future] = {}
         self._boundaries: dict[str, EffectBoundary] = {}
+        self._cell_tasks: dict[str, asyncio.Task] = {}
         self._stubs_cache: tuple[Any, Any] | None = None
         self.inline_sleep_seconds = 1.0
         self.config: Any = None  # set by tether.app.open_runtime
@@ -181,6 +182,10 @@ class Runtime:
         await self.close()
 
     async def close(self) -> None:
+        for task in list(self._cell_tasks.values()):
+            task.cancel()
+        if self._cell_tasks:
+            await asyncio.gather(*self._cell_tasks.values(), return_exceptions=True)
         if self._own_pool:
             await self.pool.close()
 
@@ -457,6 +462,28 @@ class Runtime:
                                            t0=time.perf_counter()))
         return out
 
+    # -- cells (P-20) ----------------------------------------------------------------
+
+    async def start_cell(self, code: str, *, yield_after_ms: int = 1000, principal: str | None = None,
+                         meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Start a program and return an observation as soon as it yields, ends, pauses or time passes."""
+        from .cells import start_cell
+
+        return await start_cell(self, code, yield_after_ms=yield_after_ms, principal=principal, meta=meta)
+
+    async def wait_cell(self, cell_id: str, *, after: int = 0, timeout_ms: int = 30_000,
+                        principal: str | None = None) -> dict[str, Any]:
+        """Long-poll a cell's events after ``after``; works from any process sharing the store."""
+        from .cells import wait_cell
+
+        return await wait_cell(self, cell_id, after=after, timeout_ms=timeout_ms, principal=principal)
+
+    async def terminate_cell(self, cell_id: str, *, principal: str | None = None) -> dict[str, Any]:
+        """Stop a cell: nothing further is sent; a write on the wire finishes and is journaled."""
+        from .cells import terminate_cell
+
+        return await terminate_cell(self, cell_id, principal=principal)
+
     # -- cancel ------------------------------------------------------------------
 
     async def cancel(self, run_id: str, reason: str = "cancelled by the client", *,
@@ -534,7 +561,14 @@ class Runtime:
         now = self.clock()
         self.store.update_run(run.run_id, None, status=status, result=envelope.to_dict(), error=error,
                               updated_at=now, owner=None, lease_until=None, pending=None)
+        # The timeline event a cell observer waits for (P-20).
+        kind = {"completed": "completed", "failed": "failed"}.get(status, "terminated")
+        data = {"result": result, "notes": notes or []} if status == "completed" else {"error": error}
+        self.event(run.run_id, kind, data)
         return envelope
+
+    def event(self, run_id: str, type: str, data: dict[str, Any]) -> int:
+        return self.store.add_event(run_id, type, to_json_value(data)[0], self.clock())
 
     def snapshot_record(self, run_id: str, seq: int, data: bytes, pending: list[dict], kind: str) -> SnapshotRecord:
         mac = sign_snapshot(self._secret, run_id, seq, MONTY_VERSION, data)

@@ -1,0 +1,135 @@
+"""`tether cells ...`: start a cell on the worker, wait on it, watch it live, terminate it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+def _print_obs(obs: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        sys.stdout.write(json.dumps(obs, indent=2, ensure_ascii=False) + "\n")
+    else:
+        for e in obs["events"]:
+            line = format_event(e)
+            if line:
+                print(line)
+        print(f"[{obs['status']}] cell {obs['cell_id']} cursor {obs['cursor']}")
+    return EXIT_FAILED if obs["status"] in ("failed", "terminated") else EXIT_OK
+
+
+def format_event(e: dict[str, Any]) -> str | None:
+    t = e["type"]
+    if t == "output":
+        v = e.get("value")
+        return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+    if t == "completed":
+        return "result: " + json.dumps(e.get("result"), ensure_ascii=False)
+    if t in ("failed", "terminated"):
+        err = e.get("error") or {}
+        return f"{t}: [{err.get('code')}] {err.get('message')}"
+    if t in ("paused", "waiting"):
+        p = e.get("pending") or {}
+        return f"{t}: waits on {p.get('address') or p.get('name')} (call {p.get('seq')})"
+    return None
+
+
+def progress_bar(value: Any, width: int = 30) -> str | None:
+    """A bar for emit({"progress": done, "total": n}); None for other outputs."""
+    if not (isinstance(value, dict) and isinstance(value.get("progress"), (int, float))
+            and isinstance(value.get("total"), (int, float)) and value["total"] > 0):
+        return None
+    frac = max(0.0, min(1.0, value["progress"] / value["total"]))
+    filled = int(frac * width)
+    label = f" {value.get('label')}" if value.get("label") else ""
+    return f"[{'#' * filled}{'.' * (width - filled)}] {value['progress']}/{value['total']}{label}"
+
+
+async def start(args: argparse.Namespace, runtime: Callable[..., Any], ensure_worker: Callable[..., Any],
+                read_program: Callable[[str], str]) -> int:
+    from .app import resolve_tool_spec
+    from .runs.cells import observation, wait_events
+
+    code = read_program(args.program)
+    tools = [resolve_tool_spec(t) for t in args.tools]
+    async with runtime(args, tools) as rt:
+        cell_id = rt.start(code, meta={"tools": tools, "cell": True})
+        ensure_worker(args, tools)
+        events = await wait_events(rt, cell_id, 0, args.yield_after_ms)
+        return _print_obs(observation(rt, cell_id, events, 0), args.json)
+
+
+async def wait(args: argparse.Namespace, runtime: Callable[..., Any]) -> int:
+    async with runtime(args, []) as rt:
+        obs = await rt.wait_cell(args.cell_id, after=args.after, timeout_ms=args.timeout_ms)
+    return _print_obs(obs, args.json)
+
+
+async def watch(args: argparse.Namespace, runtime: Callable[..., Any]) -> int:
+    """Follow a cell until it stops: outputs as lines, progress as one redrawn bar."""
+    tty = sys.stdout.isatty()
+    async with runtime(args, []) as rt:
+        cursor, bar_shown = args.after, False
+        while True:
+            obs = await rt.wait_cell(args.cell_id, after=cursor, timeout_ms=30_000)
+            for e in obs["events"]:
+                bar = progress_bar(e.get("value")) if e["type"] == "output" else None
+                if bar is not None:
+                    if tty:
+                        sys.stdout.write("\r" + bar)
+                        sys.stdout.flush()
+                        bar_shown = True
+                    else:
+                        print(bar)
+                    continue
+                line = format_event(e)
+                if line:
+                    if bar_shown:
+                        sys.stdout.write("\n")
+                        bar_shown = False
+                    print(line)
+            cursor = obs["cursor"]
+            if obs["status"] != "running":
+                if bar_shown:
+                    sys.stdout.write("\n")
+                print(f"[{obs['status']}] cell {obs['cell_id']}")
+                return EXIT_FAILED if obs["status"] in ("failed", "terminated") else EXIT_OK
+
+
+async def terminate(args: argparse.Namespace, runtime: Callable[..., Any], recorded_setup: Callable[..., Any]) -> int:
+    args.run_id = args.cell_id
+    tools, config = recorded_setup(args)
+    args.config = config
+    async with runtime(args, tools) as rt:
+        obs = await rt.terminate_cell(args.cell_id)
+    _print_obs(obs, args.json)
+    return EXIT_OK
+
+
+def add_parser(sub: Any, common: Callable[..., None], cli: Any) -> None:
+    cells = sub.add_parser("cells", help="observe programs while they run").add_subparsers(
+        dest="cells_command", required=True)
+    sp = cells.add_parser("start", help="start a program on the worker and print its first observation")
+    sp.add_argument("program")
+    sp.add_argument("--yield-after-ms", type=int, default=1000)
+    common(sp)
+    sp.set_defaults(func=lambda a: start(a, cli._runtime, cli._ensure_worker, cli._read_program))
+    sp = cells.add_parser("wait", help="long-poll a cell's events after a cursor")
+    sp.add_argument("cell_id")
+    sp.add_argument("--after", type=int, default=0)
+    sp.add_argument("--timeout-ms", type=int, default=30_000)
+    common(sp, tools=False)
+    sp.set_defaults(func=lambda a: wait(a, cli._runtime))
+    sp = cells.add_parser("watch", help="follow a cell live until it stops")
+    sp.add_argument("cell_id")
+    sp.add_argument("--after", type=int, default=0)
+    common(sp, tools=False)
+    sp.set_defaults(func=lambda a: watch(a, cli._runtime))
+    sp = cells.add_parser("terminate", help="stop a cell; nothing further is sent")
+    sp.add_argument("cell_id")
+    common(sp)
+    sp.set_defaults(func=lambda a: terminate(a, cli._runtime, cli._recorded_setup))

@@ -1,0 +1,125 @@
+"""Cells: observe a run while it runs (P-20)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import Recorder
+from tether.runs.policy import Policy
+from tether.runs.runtime import Runtime
+from tether.store import open_store
+
+LOOP = """
+import asyncio
+import tools
+done = 0
+for i in range(10):
+    await tools.helpdesk.get_ticket(id=i)
+    done += 1
+    if done % 5 == 0:
+        emit({"progress": done, "total": 10})
+        await yield_control()
+    await asyncio.sleep(0.02)
+{"done": done}
+"""
+
+
+@pytest.fixture
+def store_url(tmp_path):
+    return f"sqlite:///{tmp_path}/tether.db"
+
+
+def runtime(store_url, rec=None, **kw) -> Runtime:
+    return Runtime(store=open_store(store_url), tools=(rec or Recorder()).tools(), type_check=False, **kw)
+
+
+async def test_p20_a_cell_yields_streams_and_completes(store_url):
+    async with runtime(store_url) as rt:
+        first = await rt.start_cell(LOOP, yield_after_ms=10_000)
+        assert first["status"] == "running"
+        assert [e["type"] for e in first["events"]] == ["output", "yielded"]
+        assert first["events"][0]["value"] == {"progress": 5, "total": 10}
+        ids = [e["id"] for e in first["events"]]
+        assert ids == sorted(ids) and first["cursor"] == ids[-1]
+        nxt = await rt.wait_cell(first["cell_id"], after=first["cursor"], timeout_ms=10_000)
+        assert [e["type"] for e in nxt["events"]] == ["output", "yielded"]
+        last = await rt.wait_cell(first["cell_id"], after=nxt["cursor"], timeout_ms=10_000)
+        assert last["status"] == "completed" and last["result"] == {"done": 10}
+        assert [e["type"] for e in last["events"]] == ["completed"]
+
+
+async def test_p20_yield_after_ms_returns_while_the_program_runs(store_url):
+    async with runtime(store_url) as rt:
+        obs = await rt.start_cell("import asyncio\nawait asyncio.sleep(0.5)\nemit('late')\n1", yield_after_ms=50)
+        assert obs["status"] == "running" and obs["events"] == []
+        done = await rt.wait_cell(obs["cell_id"], after=obs["cursor"], timeout_ms=10_000)
+        assert done["status"] == "completed"
+        assert [e["type"] for e in done["events"]] == ["output", "completed"]
+
+
+async def test_p20_terminate_sends_nothing_further(store_url):
+    rec = Recorder()
+    code = "import asyncio\nimport tools\nfor i in range(100):\n    await tools.helpdesk.add_comment(id=i, body='x')\n    await asyncio.sleep(0.05)\n"
+    async with runtime(store_url, rec, policy=Policy(writes="allow", write_budget=1000),
+                       limits=None) as rt:
+        obs = await rt.start_cell(code, yield_after_ms=120)
+        out = await rt.terminate_cell(obs["cell_id"])
+        assert out["status"] == "terminated"
+        sent = len(rec.deliveries)
+        await asyncio.sleep(0.2)
+        assert len(rec.deliveries) == sent < 100
+        assert out["events"][-1]["type"] == "terminated"
+
+
+async def test_p20_a_write_needing_approval_shows_as_a_paused_event(store_url):
+    rec = Recorder()
+    async with runtime(store_url, rec) as rt:
+        obs = await rt.start_cell("import tools\nawait tools.helpdesk.close_ticket(id=1)\n'closed'", yield_after_ms=5000)
+        assert obs["status"] == "paused" and obs["events"][-1]["type"] == "paused"
+        assert obs["pending"]["address"] == "helpdesk.close_ticket"
+        r = await rt.resume(obs["cell_id"], "approve")
+        assert r.status == "completed"
+        done = await rt.wait_cell(obs["cell_id"], after=obs["cursor"], timeout_ms=1000)
+        assert done["status"] == "completed" and done["events"][-1]["type"] == "completed"
+
+
+async def test_p20_a_cell_is_observed_from_a_second_process(store_url, tmp_path):
+    async with runtime(store_url) as rt:
+        obs = await rt.start_cell(LOOP, yield_after_ms=10_000)
+        script = tmp_path / "observer.py"
+        script.write_text(
+            "import asyncio, json, os, sys\n"
+            "from tether.runs.runtime import Runtime\n"
+            "from tether.store import open_store\n"
+            "async def main():\n"
+            "    rt = Runtime(store=open_store(sys.argv[1]), type_check=False)\n"
+            "    cursor, types = int(sys.argv[3]), []\n"
+            "    while True:\n"
+            "        o = await rt.wait_cell(sys.argv[2], after=cursor, timeout_ms=10000)\n"
+            "        types += [e['type'] for e in o['events']]\n"
+            "        cursor = o['cursor']\n"
+            "        if o['status'] != 'running':\n"
+            "            print(json.dumps({'status': o['status'], 'types': types, 'result': o.get('result')}))\n"
+            "            break\n"
+            "asyncio.run(main())\n"
+            "sys.stdout.flush()\n"
+            "os._exit(0)\n"
+        )
+        proc = await asyncio.create_subprocess_exec(sys.executable, str(script), store_url, obs["cell_id"],
+                                                    str(obs["cursor"]), stdout=subprocess.PIPE)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        seen = json.loads(out)
+        assert seen == {"status": "completed", "types": ["output", "yielded", "completed"], "result": {"done": 10}}
+
+
+async def test_p20_emit_budget_cuts_oversized_output(store_url):
+    async with runtime(store_url) as rt:
+        obs = await rt.start_cell("emit('x' * (5 * 1024 * 1024))\nemit('small')\n1", yield_after_ms=10_000)
+        outs = [e for e in obs["events"] if e["type"] == "output"]
+        assert "dropped" in outs[0]["value"]["text"] and outs[1]["value"] == "small"
