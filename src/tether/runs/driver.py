@@ -277,6 +277,8 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
     # One output budget per run: images and large values are cut, not dropped silently.
     emitter = Emitter(rt, run.run_id, 0, EMIT_BUDGET_BYTES)
 
+    session_base = session_state_at_start(rt, run) if run.session else None
+
     async def run_once(kind: str) -> Any:
         # A restore continues past earlier emits; a replay repeats them.
         emitter.count, emitter.skip = (already_emitted, 0) if kind == "restore" else (0, already_emitted)
@@ -286,8 +288,13 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
                 if kind == "restore":
                     boundary.state.issued = snapshot.seq
                     boundary.state.restore_pending = list(snapshot.pending)
-                    return await execution.resume(snapshot.data, boundary.answer_restored)
-                return await execution.run(run.program)
+                    value = await execution.resume(snapshot.data, boundary.answer_restored)
+                else:
+                    value = await execution.run(run.program, session_base)
+                if run.session:
+                    # The globals the next execute of this session starts from (P-21).
+                    rt._save_session(run.session, run.principal, await execution.dump())
+                return value
             finally:
                 boundary.release_held()
                 await boundary.drain()
@@ -344,6 +351,20 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
         diag["result_truncated"] = cut
     return rt._finish(run, RUN_COMPLETED, result=result, logs=logs.lines(), calls=boundary.state.issued,
                       diagnostics=diag, notes=notes)
+
+
+def session_state_at_start(rt: "Runtime", run: RunRecord) -> bytes | None:
+    """The session globals this run started from, recorded on the run so a replay starts there too."""
+    import base64
+
+    base = (run.meta or {}).get("session_base")
+    if not base:
+        return None
+    data = base64.b64decode(base["data"])
+    if base.get("monty_version") != MONTY_VERSION:
+        return None
+    rt.verify_session_blob(run.session, run.principal, data, base["mac"])
+    return data
 
 
 def pending_call(pending: dict[str, Any]) -> dict[str, Any]:

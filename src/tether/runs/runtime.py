@@ -151,6 +151,8 @@ class Runtime:
         self._cell_tasks: dict[str, asyncio.Task] = {}
         self._stubs_cache: tuple[Any, Any] | None = None
         self.inline_sleep_seconds = 1.0
+        # An idle REPL session is forgotten after this long.
+        self.session_ttl_seconds = 3600.0
         self.config: Any = None  # set by tether.app.open_runtime
         self.source_status: list[Any] = []
         if tools:
@@ -222,8 +224,12 @@ class Runtime:
         type_check: bool | None = None,
         meta: dict[str, Any] | None = None,
         on_progress: Callable[[int, str], None] | None = None,
+        session: str | None = None,
     ) -> RunResult:
         """Run ``code``; returns completed, failed or paused.
+
+        With ``session``, the program starts from the globals the session's
+        last completed execute left (in any process) and leaves its own.
 
         ``meta`` is recorded on the run (e.g. which tool modules it used, so a
         resume in another process can load the same ones).
@@ -231,8 +237,54 @@ class Runtime:
         t0 = time.perf_counter()
         check_code_size(code, self.limits.code_bytes)
         run = self._new_run(code, principal=principal, meta=meta, type_check=type_check, status=RUN_RUNNING)
+        notes: list[str] = []
+        if session is not None:
+            run.session = session
+            run.principal = principal or "local"
+            run.meta["session_base"] = self._session_base(session, run.principal, notes)
         self.store.create_run(run)
-        return await self._attempt(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress)
+        result = await self._attempt(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress)
+        result.notes = notes + result.notes
+        return result
+
+    # -- REPL sessions (P-21) -------------------------------------------------------
+
+    def _session_mac(self, name: str, principal: str, data: bytes) -> str:
+        return sign_snapshot(self._secret, f"session:{principal}:{name}", 0, MONTY_VERSION, data)
+
+    def verify_session_blob(self, name: str, principal: str | None, data: bytes, mac: str) -> None:
+        if not hmac.compare_digest(self._session_mac(name, principal or "local", data), mac):
+            raise SnapshotTampered(f"the stored state of session {name!r} failed its signature check; nothing ran")
+
+    def _session_base(self, name: str, principal: str, notes: list[str]) -> dict[str, Any] | None:
+        import base64
+
+        rec = self.store.get_session(name, principal)
+        if rec is None:
+            return None
+        if rec.expires_at is not None and rec.expires_at < self.clock():
+            self.store.delete_session(name, principal)
+            notes.append(f"session {name!r} had expired; it started empty")
+            return None
+        if rec.monty_version != MONTY_VERSION:
+            notes.append(f"session {name!r} was saved by {rec.monty_version} and cannot be loaded; it started empty")
+            return None
+        self.verify_session_blob(name, principal, rec.data, rec.mac)
+        return {"data": base64.b64encode(rec.data).decode(), "mac": rec.mac, "monty_version": rec.monty_version}
+
+    def _save_session(self, name: str, principal: str | None, data: bytes) -> None:
+        from ..store.base import SessionRecord
+
+        principal = principal or "local"
+        now = self.clock()
+        self.store.put_session(SessionRecord(name, principal, MONTY_VERSION, data,
+                                             self._session_mac(name, principal, data), now,
+                                             now + self.session_ttl_seconds))
+
+    def reset_session(self, name: str, *, principal: str | None = None) -> bool:
+        """Forget a session's globals and revoke its waits."""
+        self.revoke_waits(session=name)
+        return self.store.delete_session(name, principal or "local")
 
     def _new_run(self, code: str, *, principal: str | None, meta: dict[str, Any] | None,
                  type_check: bool | None, status: str) -> RunRecord:

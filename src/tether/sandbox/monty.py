@@ -299,8 +299,13 @@ class Execution:
         except _pm.MontyError as exc:
             raise SandboxCrashed(f"could not dump the sandbox: {exc}") from None
 
-    async def run(self, code: str) -> Any:
-        """Run ``code`` from the start; returns the value of its last expression."""
+    async def run(self, code: str, session_state: bytes | None = None) -> Any:
+        """Run ``code`` from the start (after loading a REPL session's globals); returns its last value."""
+        if session_state is not None:
+            try:
+                await self._session.load_session(session_state)
+            except _pm.MontyError as exc:
+                raise SandboxCrashed(f"could not load the session state: {exc}") from None
         return await self._until_stopped(
             self._session.feed_run(code, external_lookup=self._lookup(), print_callback=self._print, os=self._os)
         )

@@ -59,6 +59,7 @@ from .base import (
     RUN_RUNNING,
     RUN_WAITING,
     CALL_WAITING,
+    SessionRecord,
     TERMINAL_RUN_STATUSES,
     WAIT_PENDING,
     WaitRecord,
@@ -179,6 +180,19 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX waits_session ON waits (session) WHERE session IS NOT NULL",
         "CREATE INDEX runs_wake ON runs (expires_at) WHERE status = 'waiting'",
     ),
+    (
+        # 3: REPL sessions.
+        """CREATE TABLE sessions (
+            name TEXT NOT NULL,
+            principal TEXT NOT NULL,
+            monty_version TEXT NOT NULL,
+            data BLOB NOT NULL,
+            mac TEXT NOT NULL,
+            updated_at REAL NOT NULL,
+            expires_at REAL,
+            PRIMARY KEY (name, principal)
+        )""",
+    ),
 ]
 
 # Same tables. JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make
@@ -265,6 +279,18 @@ POSTGRES_MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX waits_session ON waits (session) WHERE session IS NOT NULL",
         "CREATE INDEX runs_wake ON runs (expires_at) WHERE status = 'waiting'",
     ),
+    (
+        """CREATE TABLE sessions (
+            name TEXT NOT NULL,
+            principal TEXT NOT NULL,
+            monty_version TEXT NOT NULL,
+            data BYTEA NOT NULL,
+            mac TEXT NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION,
+            PRIMARY KEY (name, principal)
+        )""",
+    ),
 ]
 
 # ---------------------------------------------------------------------------
@@ -290,6 +316,7 @@ RUN_COLUMNS = _columns(
 CALL_COLUMNS = _columns(CallRecord, {"args", "outcome", "error"})
 SNAPSHOT_COLUMNS = _columns(SnapshotRecord, {"pending"}, {"data"})
 WAIT_COLUMNS = _columns(WaitRecord, {"value", "error"})
+SESSION_COLUMNS = _columns(SessionRecord, set(), {"data"})
 EVENT_COLUMNS = {"id": _PLAIN, "run_id": _PLAIN, "type": _PLAIN, "data": _JSON, "created_at": _PLAIN}
 
 # Fields an update may set: everything but the key.
@@ -698,6 +725,24 @@ class SQLStore:
         sql = f"{_SELECT_RUN} WHERE status = 'waiting' AND expires_at <= ? ORDER BY expires_at LIMIT ?"
         with self._transaction(write=False) as tx:
             return [_run(row) for row in tx.run(sql, (now, limit)).fetchall()]
+
+    # -- REPL sessions
+
+    def put_session(self, session: SessionRecord) -> None:
+        values = [_encode(SESSION_COLUMNS, n, getattr(session, n)) for n in SESSION_COLUMNS]
+        with self._transaction(write=True) as tx:
+            tx.run("DELETE FROM sessions WHERE name = ? AND principal = ?", (session.name, session.principal))
+            tx.run(_insert("sessions", SESSION_COLUMNS), values)
+
+    def get_session(self, name: str, principal: str) -> SessionRecord | None:
+        sql = f"{_select('sessions', SESSION_COLUMNS)} WHERE name = ? AND principal = ?"
+        with self._transaction(write=False) as tx:
+            row = tx.run(sql, (name, principal)).fetchone()
+        return None if row is None else SessionRecord(**_decode(SESSION_COLUMNS, row))
+
+    def delete_session(self, name: str, principal: str) -> bool:
+        with self._transaction(write=True) as tx:
+            return tx.run("DELETE FROM sessions WHERE name = ? AND principal = ?", (name, principal)).rowcount == 1
 
     # -- events
 

@@ -119,6 +119,19 @@ class WaitRecord:
 
 
 @dataclass
+class SessionRecord:
+    """A REPL session's globals between executes: a signed, idle sandbox dump."""
+
+    name: str
+    principal: str
+    monty_version: str
+    data: bytes
+    mac: str
+    updated_at: float
+    expires_at: float | None = None
+
+
+@dataclass
 class EventRecord:
     event_id: int
     run_id: str
@@ -195,6 +208,13 @@ class Store(Protocol):
                    session: str | None = None) -> list[WaitRecord]: ...
     def runs_due(self, now: float, limit: int = 100) -> list[RunRecord]:
         """Waiting runs whose wake-up time (expires_at) has come."""
+
+    # -- REPL sessions
+    def put_session(self, session: SessionRecord) -> None:
+        """Insert or replace the session (name, principal)."""
+
+    def get_session(self, name: str, principal: str) -> SessionRecord | None: ...
+    def delete_session(self, name: str, principal: str) -> bool: ...
 
     # -- events (timeline, cells)
     def add_event(self, run_id: str, type: str, data: dict[str, Any], now: float) -> int: ...

@@ -1,0 +1,631 @@
+"""tether as an MCP server: two tools, ``execute`` and ``resume``.
+
+    client ──tools/call execute {code}──> admission ──> Runtime.execute ──> RunResult
+                                             │ (slot held only while a program runs)
+           <── text + structuredContent ──────┘  completed | failed | cancelled | paused
+
+A write that needs approval becomes, depending on what the client can do:
+
+* a form put to the user inside the same tool call, when the client declares
+  form elicitation: on 2025-11-25 (legacy) a server→client ``elicitation/create``
+  sent from ``on_approval`` while the write waits; on 2026-07-28 (modern) an
+  ``InputRequiredResult`` whose request state names the paused run, so whichever
+  process receives the client's answer continues that run;
+* otherwise a paused result telling the model what to ask the user and how to
+  call ``resume``.
+
+docs/mcp.md is the user-facing account of this surface and the reasons for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import secrets
+import sys
+import threading
+from typing import Annotated, Any, Callable, Literal, Mapping
+
+from mcp.server.elicitation import AcceptedElicitation, DeclinedElicitation, render_elicitation_schema
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.request_state import RequestStateSecurity
+from mcp_types import (
+    CallToolResult,
+    ElicitRequest,
+    ElicitRequestFormParams,
+    ElicitResult,
+    InputRequiredResult,
+    TextContent,
+    ToolAnnotations,
+)
+from mcp_types.version import is_version_at_least
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import InvalidArguments, Overloaded, RunNotFound, TetherError, UsageError
+from ..runs.result import RunResult
+from .admission import Admission
+from .auth import LOCAL, BearerAuth, is_loopback, principal_from_headers, split_tokens
+
+SERVER_NAME = "tether"
+# The first protocol revision without server→client requests mid-call.
+MODERN = "2026-07-28"
+# The key of the one input request tether makes per round.
+APPROVAL_KEY = "approval"
+# Argument values quoted to the user are cut here: a form is read, not scrolled.
+MAX_ARGS_CHARS = 600
+
+INLINE, INPUT_REQUIRED = "inline", "input_required"
+
+
+# -- wire shapes -------------------------------------------------------------------
+
+
+class ApprovalForm(BaseModel):
+    """The form a paused write is put to the user as."""
+
+    decision: Literal["approve", "decline"] = Field(
+        description="approve: send the write. decline: do not send it; the program is told and goes on.")
+    reason: str | None = Field(default=None, description="Optional; told to the program when declining.")
+
+
+APPROVAL_SCHEMA = render_elicitation_schema(ApprovalForm)
+
+
+class RunEnvelope(BaseModel):
+    """The output schema of ``execute`` and ``resume``: a run's result envelope."""
+
+    status: str = Field(description="completed | failed | paused | cancelled")
+    run_id: str | None = None
+    result: Any = None
+    logs: list[str] = Field(default_factory=list)
+    error: dict[str, Any] | None = None
+    calls: int = 0
+    diagnostics: dict[str, Any] | None = None
+    pending: dict[str, Any] | None = None
+    expires_at: float | None = None
+    instructions: str | None = None
+    notes: list[str] | None = None
+
+
+class ExecuteArguments(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    code: str
+    diagnostics: bool = False
+
+
+class ResumeArguments(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run_id: str
+    decision: Literal["approve", "decline", "cancel"]
+    reason: str | None = None
+    seq: int | None = None
+
+
+_ARGUMENTS: dict[str, type[BaseModel]] = {"execute": ExecuteArguments, "resume": ResumeArguments}
+_USAGE = {
+    "execute": 'Call execute with {"code": "<a Python program>"} (and optionally "diagnostics": true).',
+    "resume": 'Call resume with {"run_id": "run_...", "decision": "approve" | "decline" | "cancel", '
+              '"seq": <pending.seq>, "reason": "..."} taken from the paused result.',
+}
+
+RESUME_DESCRIPTION = (
+    "Decide the write a paused run waits on, then continue the run. decision: 'approve' sends the write; "
+    "'decline' does not send it and the program gets a PermissionError (with your reason) and goes on; "
+    "'cancel' stops the run. Pass the seq from the paused result so a repeated call cannot decide a "
+    "different write. Returns the run's next result, which may pause again."
+)
+INSTRUCTIONS = (
+    "Call execute with one Python program that uses the tools listed in its description. "
+    "A write may pause the run: its result says what to ask the user and how to call resume."
+)
+
+
+# -- the server ----------------------------------------------------------------------
+
+
+class TetherServer:
+    """The MCP surface over one Runtime. ``.mcp`` is the SDK server to run or connect to."""
+
+    def __init__(
+        self,
+        rt: Any,
+        *,
+        admission: Admission | None = None,
+        principal_of: Callable[[Context], str] | None = None,
+        run_meta: Mapping[str, Any] | None = None,
+        name: str = SERVER_NAME,
+    ) -> None:
+        self.rt = rt
+        self.admission = admission or Admission(rt.pool.max_workers, queue_depth=16, queue_timeout=10.0)
+        self.principal_of = principal_of or (lambda ctx: LOCAL)
+        self.run_meta = dict(run_meta or {})
+        self._background: set[asyncio.Task] = set()
+        secret = rt.store.secret()
+        # One key for the SDK's sealing of request state and one for tether's
+        # own signature inside it, both derived from the store's secret: every
+        # process sharing the store can open and verify what another minted.
+        self._state_mac_key = hmac.new(secret, b"tether/mcp/request-state/mac", hashlib.sha256).digest()
+        seal_key = hmac.new(secret, b"tether/mcp/request-state/seal", hashlib.sha256).digest()
+        security = RequestStateSecurity(
+            keys=[seal_key],
+            # A paused run waits this long for its decision; the answer to the
+            # form is good for as long as the run is.
+            ttl=float(rt.approval_ttl_seconds),
+            # tether binds the principal into its own signature, and reports a
+            # mismatch as run_not_found like every other foreign run.
+            bind_principal=None,
+            audience=name,
+        )
+        self.mcp: MCPServer = MCPServer(name, instructions=INSTRUCTIONS, log_level="WARNING",
+                                        request_state_security=security)
+        self.mcp.middleware.append(_check_arguments)
+        self.mcp.add_tool(self.execute, name="execute", title="Run a Python program against the tools",
+                          description=rt.model_description(), annotations=ToolAnnotations(
+                              readOnlyHint=False, destructiveHint=_writes_unasked(rt.policy),
+                              idempotentHint=False, openWorldHint=True))
+        self.mcp.add_tool(self.resume, name="resume", title="Decide a paused write and continue the run",
+                          description=RESUME_DESCRIPTION, annotations=ToolAnnotations(
+                              readOnlyHint=False, destructiveHint=True, idempotentHint=False,
+                              openWorldHint=True))
+
+    async def close(self) -> None:
+        """Wait for cancellations handed to the background to finish."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    # -- tools ---------------------------------------------------------------------
+
+    async def execute(
+        self,
+        code: Annotated[str, Field(description="The Python program. Its last expression is the result.")],
+        ctx: Context,
+        diagnostics: Annotated[bool, Field(description="Include per-call timings in the result.")] = False,
+    ) -> Annotated[CallToolResult, RunEnvelope] | InputRequiredResult:
+        principal = self.principal_of(ctx)
+        if ctx.request_state is not None:
+            return await self._answer(ctx, principal, diagnostics)
+        asks = _elicitation(ctx)
+        approver = self._approver(ctx) if asks == INLINE else None
+        tag = secrets.token_hex(8)
+        meta = {**self.run_meta, "mcp_call": tag}
+        try:
+            result = await self._run(
+                lambda progress: self.rt.execute(code, on_approval=approver, principal=principal, meta=meta,
+                                                 on_progress=progress),
+                ctx, principal, run_id=lambda: self._run_tagged(tag))
+        except TetherError as exc:
+            return error_result(exc)
+        return self._respond(result, asks, principal, diagnostics)
+
+    async def resume(
+        self,
+        run_id: Annotated[str, Field(description="The run_id of the paused result.")],
+        decision: Annotated[Literal["approve", "decline", "cancel"], Field(description="What to do with the write.")],
+        ctx: Context,
+        reason: Annotated[str | None, Field(description="Why; told to the program when declining.")] = None,
+        seq: Annotated[int | None, Field(description="pending.seq of the paused result.")] = None,
+    ) -> Annotated[CallToolResult, RunEnvelope]:
+        principal = self.principal_of(ctx)
+        asks = _elicitation(ctx)
+        # A resumed run may pause at a later write: a legacy client with forms
+        # gets that one as a form too. (A modern one gets the paused result
+        # from resume; input-required rounds belong to execute's own call.)
+        approver = self._approver(ctx) if asks == INLINE else None
+        try:
+            result = await self._run(
+                lambda progress: self.rt.resume(run_id, decision, reason, seq=seq, principal=principal,
+                                                on_approval=approver, on_progress=progress),
+                ctx, principal, run_id=lambda: run_id)
+        except TetherError as exc:
+            return error_result(exc)
+        return run_result(result, diagnostics=False)
+
+    # -- running -------------------------------------------------------------------
+
+    async def _run(self, start: Callable[[Any], Any], ctx: Context, principal: str, *,
+                   run_id: Callable[[], str | None]) -> RunResult:
+        """Run ``start(on_progress)`` in a slot; a cancelled request cancels its run."""
+        slot = await self.admission.acquire()
+        progress = _Progress(ctx)
+        started = False
+
+        async def begin() -> RunResult:
+            nonlocal started
+            started = True
+            return await start(progress)
+
+        # The runtime call gets its own task so that a cancelled request does
+        # not tear the run apart mid-step: the run is stopped through the
+        # runtime, journaled as cancelled, and the slot is freed when it ends.
+        task = asyncio.ensure_future(begin())
+        task.add_done_callback(lambda _t: slot.release())
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            progress.stop()
+            current = run_id() if started else None
+            if current is None:
+                task.cancel()  # nothing started, or nothing left to stop
+            else:
+                self._spawn(self._cancel(current, principal, task))
+            raise
+        except BaseException:
+            progress.stop()
+            raise
+        await progress.flush()
+        return result
+
+    async def _cancel(self, run_id: str, principal: str, task: asyncio.Future) -> None:
+        with contextlib.suppress(Exception):
+            await self.rt.cancel(run_id, "the MCP client cancelled the request; nothing further was sent",
+                                 principal=principal)
+        with contextlib.suppress(BaseException):
+            await task
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _run_tagged(self, tag: str) -> str | None:
+        # Runtime.execute names the run only when it returns; the tag recorded
+        # in the run's meta finds it among the runs this process is driving.
+        for run_id in list(self.rt._active):
+            run = self.rt.store.get_run(run_id)
+            if run is not None and (run.meta or {}).get("mcp_call") == tag:
+                return run_id
+        return None
+
+    def _respond(self, result: RunResult, asks: str | None, principal: str, diagnostics: bool) -> Any:
+        if result.status == "paused" and asks == INPUT_REQUIRED and result.pending:
+            return self._input_required(result, principal)
+        return run_result(result, diagnostics=diagnostics)
+
+    # -- approval: legacy (inline) ---------------------------------------------------
+
+    def _approval_message(self, pending: Mapping[str, Any]) -> str:
+        description = pending.get("description")
+        if description is None and pending.get("address") in self.rt.catalog:
+            description = self.rt.catalog.get(pending["address"]).description
+        return approval_message(pending, description)
+
+    def _approver(self, ctx: Context) -> Callable[[dict], Any]:
+        async def approve(pending: dict) -> tuple[str, str | None]:
+            try:
+                answer = await ctx.elicit(self._approval_message(pending), ApprovalForm)
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                raise
+            except Exception as exc:  # the client could not ask: the safe answer is no
+                return "decline", f"the approval form could not be shown ({type(exc).__name__}); it was not sent"
+            if isinstance(answer, AcceptedElicitation):
+                return answer.data.decision, answer.data.reason
+            if isinstance(answer, DeclinedElicitation):
+                return "decline", "the user declined it"
+            # Dismissed: tether must decide now, and not sending is the safe choice.
+            return "decline", "the user dismissed the approval form"
+
+        return approve
+
+    # -- approval: modern (input required) -----------------------------------------
+
+    def _input_required(self, result: RunResult, principal: str) -> InputRequiredResult:
+        pending = result.pending or {}
+        request = ElicitRequest(params=ElicitRequestFormParams(message=self._approval_message(pending),
+                                                               requested_schema=APPROVAL_SCHEMA))
+        state = self._sign_state(result.run_id, int(pending["seq"]), principal)
+        return InputRequiredResult(input_requests={APPROVAL_KEY: request}, request_state=state)
+
+    async def _answer(self, ctx: Context, principal: str, diagnostics: bool) -> Any:
+        """The client's answer to a form: decide the named run's write and continue it."""
+        try:
+            run_id, seq = self._open_state(ctx.request_state or "", principal)
+            reply = (ctx.input_responses or {}).get(APPROVAL_KEY)
+            if reply is None:
+                # A retry without an answer: ask again if the run still waits on it.
+                run = self.rt.get_run(run_id, principal)
+                paused = run.result if run.status == "paused" else None
+                if paused and (run.pending or {}).get("seq") == seq:
+                    return self._input_required(RunResult.from_dict(paused), principal)
+                return run_result(RunResult.from_dict(run.result) if run.result else
+                                  RunResult(status=run.status, run_id=run_id), diagnostics=diagnostics)
+            decision, reason = _decision(reply)
+            if decision is None:
+                # Dismissed without a choice: nothing is decided and the run
+                # stays paused; the model can ask in words and call resume.
+                run = self.rt.get_run(run_id, principal)
+                return run_result(RunResult.from_dict(run.result) if run.result else
+                                  RunResult(status=run.status, run_id=run_id), diagnostics=diagnostics)
+            try:
+                result = await self._run(
+                    lambda progress: self.rt.resume(run_id, decision, reason, seq=seq, principal=principal,
+                                                    on_progress=progress),
+                    ctx, principal, run_id=lambda: run_id)
+            except Overloaded as exc:
+                # The answer cannot be acted on now, and the model never saw
+                # this run: name it, so the decision is not lost with the form.
+                call = json.dumps({"run_id": run_id, "seq": seq, "decision": decision, "reason": reason})
+                exc.next_action = (f"Nothing was decided and run {run_id} is still paused. After retry_after_ms, "
+                                   f"call the resume tool with {call}.")
+                return error_result(exc, run_id=run_id)
+        except TetherError as exc:
+            return error_result(exc)
+        return self._respond(result, INPUT_REQUIRED, principal, diagnostics)
+
+    def _sign_state(self, run_id: str, seq: int, principal: str) -> str:
+        body = {"v": 1, "run_id": run_id, "seq": seq}
+        return json.dumps({**body, "mac": self._mac(run_id, seq, principal)}, separators=(",", ":"))
+
+    def _open_state(self, state: str, principal: str) -> tuple[str, int]:
+        try:
+            data = json.loads(state)
+            run_id, seq, mac = data["run_id"], data["seq"], data["mac"]
+            valid = (data.get("v") == 1 and isinstance(run_id, str) and type(seq) is int and isinstance(mac, str)
+                     and hmac.compare_digest(mac, self._mac(run_id, seq, principal)))
+        except (ValueError, KeyError, TypeError):
+            valid = False
+        if not valid:
+            # Forged, or minted for another principal: that run does not exist for this caller.
+            raise RunNotFound("the request state names no run of yours; start the program again",
+                              next_action="Call execute again; the answered form belonged to another run.")
+        return run_id, seq
+
+    def _mac(self, run_id: str, seq: int, principal: str) -> str:
+        msg = b"\x00".join([run_id.encode(), str(seq).encode(), principal.encode()])
+        return hmac.new(self._state_mac_key, msg, hashlib.sha256).hexdigest()
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+class _Progress:
+    """Turns the runtime's synchronous ``on_progress`` into progress notifications.
+
+    Only the latest count is sent: a burst of calls becomes one notification,
+    and counts only ever go up, as the protocol asks.
+    """
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._latest: tuple[int, str] | None = None
+        self._sent: tuple[int, str] | None = None
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task | None = None
+
+    def __call__(self, done: int, address: str) -> None:
+        self._latest = (done, address)
+        self._wake.set()
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._latest != self._sent:
+                latest = self._latest
+                assert latest is not None
+                self._sent = latest
+                with contextlib.suppress(Exception):
+                    await self._ctx.report_progress(latest[0], None, f"{latest[0]} tool calls done; last: {latest[1]}")
+            if self._closing:
+                return
+
+    async def flush(self) -> None:
+        """Send what is left before the result goes out."""
+        if self._task is None:
+            return
+        self._closing = True
+        self._wake.set()
+        with contextlib.suppress(Exception):
+            await self._task
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+def _elicitation(ctx: Context) -> str | None:
+    """How a paused write can be put to this client's user, if at all."""
+    caps = ctx.client_capabilities
+    form = caps.elicitation if caps is not None else None
+    # A bare `elicitation: {}` predates modes and means forms; url-only does not.
+    if form is None or (form.form is None and form.url is not None):
+        return None
+    version = ctx.protocol_version
+    if version is not None and is_version_at_least(version, MODERN):
+        return INPUT_REQUIRED
+    return INLINE if getattr(ctx.session, "can_send_request", True) else None
+
+
+def _decision(reply: Any) -> tuple[str | None, str | None]:
+    """(decision, reason) from a form answer; (None, None) when the user made no choice."""
+    if not isinstance(reply, ElicitResult):
+        raise InvalidArguments("the answer to the approval form is not an elicitation result; nothing was decided")
+    if reply.action == "decline":
+        return "decline", "the user declined it"
+    if reply.action == "cancel":
+        return None, None
+    try:
+        form = ApprovalForm.model_validate(reply.content or {})
+    except ValidationError:
+        raise InvalidArguments("the approval form came back without a valid decision; nothing was decided",
+                               next_action="Answer the form with decision 'approve' or 'decline'.") from None
+    return form.decision, form.reason
+
+
+def _writes_unasked(policy: Any) -> bool:
+    """Whether a write can go out without anyone approving it: only then is execute destructive."""
+    return policy.writes == "allow" or any(rule.action == "allow" for rule in policy.rules)
+
+
+def approval_message(pending: Mapping[str, Any], description: str | None = None) -> str:
+    args = ", ".join(f"{k}={v!r}" for k, v in (pending.get("args") or {}).items())
+    if len(args) > MAX_ARGS_CHARS:
+        args = args[:MAX_ARGS_CHARS] + "…"
+    text = f"A program wants to call {pending.get('address')}({args}). Allow this write?"
+    if (pending.get("annotations") or {}).get("destructive"):
+        text += " The tool is marked destructive."
+    lines = (description or "").strip().splitlines()
+    if lines:
+        text += f"\n\n{pending.get('address')}: {lines[0]}"
+    return text
+
+
+def resume_instructions(result: RunResult) -> str:
+    pending = result.pending or {}
+    args = ", ".join(f"{k}={v!r}" for k, v in (pending.get("args") or {}).items())
+    if len(args) > MAX_ARGS_CHARS:
+        args = args[:MAX_ARGS_CHARS] + "…"
+    call = json.dumps({"run_id": result.run_id, "seq": pending.get("seq"), "decision": "approve"})
+    return (
+        f"The program paused before the write {pending.get('address')}({args}); nothing has been sent. "
+        f"Ask the user whether to allow it. Then call the resume tool with {call}, or with "
+        "\"decision\": \"decline\" and a \"reason\" (the program gets a PermissionError and goes on), "
+        "or \"decision\": \"cancel\" (the run stops)."
+    )
+
+
+def run_result(result: RunResult, *, diagnostics: bool) -> CallToolResult:
+    data = result.to_dict()
+    if not diagnostics:
+        data.pop("diagnostics", None)
+    lead = ""
+    if result.status == "paused":
+        data["instructions"] = resume_instructions(result)
+        lead = data["instructions"] + "\n"
+    elif result.error:
+        err = result.error
+        lead = f"[{err.get('code')}] {err.get('message')}\nnext: {err.get('next_action')}\n"
+    text = lead + json.dumps(data, ensure_ascii=False, default=str)
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data,
+                          is_error=result.status in ("failed", "cancelled"))
+
+
+def error_result(exc: TetherError, *, run_id: str | None = None) -> CallToolResult:
+    """A tool error for what stopped a request before or around a run (bad input, overload, unknown run)."""
+    data = {"status": "error", "run_id": run_id, "error": exc.to_dict()}
+    text = f"[{exc.code}] {exc.message}\nnext: {exc.next_action}\n" + json.dumps(data, ensure_ascii=False, default=str)
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data, is_error=True)
+
+
+async def _check_arguments(ctx: Any, call_next: Any) -> Any:
+    """Malformed arguments to execute/resume get a named error, not the SDK's validation dump."""
+    params = ctx.params if ctx.method == "tools/call" else None
+    model = _ARGUMENTS.get(params.get("name")) if params else None
+    if model is not None:
+        try:
+            model.model_validate(params.get("arguments") or {})
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+                                 for e in exc.errors())
+            return error_result(InvalidArguments(
+                f"{params['name']} got arguments it cannot use ({problems}); nothing was run",
+                next_action=_USAGE[params["name"]]))
+    return await call_next(ctx)
+
+
+# -- tether serve ----------------------------------------------------------------------
+
+
+def parse_address(value: str, default_host: str, default_port: int) -> tuple[str, int]:
+    """``HOST:PORT``, ``[::1]:PORT``, ``:PORT`` or ``HOST`` (the missing part from [server])."""
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else rest
+    elif value.count(":") == 1:
+        host, port = value.split(":")
+    else:  # a bare host, or a bare IPv6 address
+        host, port = value, ""
+    host = host or default_host
+    try:
+        number = int(port) if port else default_port
+    except ValueError:
+        raise UsageError(f"--http takes HOST:PORT, not {value!r}", code="invalid_arguments",
+                         next_action="Pass e.g. --http 127.0.0.1:8765.") from None
+    if not 0 < number < 65536:
+        raise UsageError(f"port {number} is out of range", code="invalid_arguments",
+                         next_action="Pass a port between 1 and 65535.")
+    return host, number
+
+
+def check_http_auth(host: str, tokens: tuple[str, ...], dev: bool) -> None:
+    """Refuse to serve HTTP that anyone could call: a token, or --dev on loopback."""
+    if dev and not is_loopback(host):
+        raise UsageError(
+            f"--dev serves without a token, so it binds only to a loopback address, not {host}; nothing was started",
+            code="unsafe_bind", next_action="Bind to 127.0.0.1 with --dev, or set TETHER_TOKEN and drop --dev.")
+    if not tokens and not dev:
+        raise UsageError(
+            "serving MCP over HTTP needs a bearer token; nothing was started",
+            code="token_required",
+            next_action="Set TETHER_TOKEN (or [server] token in tether.toml), or pass --dev to serve "
+                        "without one on 127.0.0.1.")
+
+
+async def serve(args: Any) -> int:
+    """``tether serve --stdio | --http HOST:PORT [--dev]``: serve until stdin closes or a signal."""
+    from pathlib import Path
+
+    from ..app import open_runtime, resolve_tool_spec
+    from ..config import load_config
+
+    config = load_config(args.config)
+    tools = [resolve_tool_spec(t) for t in args.tools]
+    tokens = split_tokens(config.server.token)
+    host = port = None
+    if args.http:
+        host, port = parse_address(args.http, config.server.host, config.server.port)
+        check_http_auth(host, tokens, args.dev or config.server.allow_unauthenticated_loopback)
+    run_meta = {"tools": tools, "config": str(Path(args.config).resolve()) if args.config else None}
+    async with open_runtime(config, tools=tools) as rt:
+        server = TetherServer(
+            rt,
+            admission=Admission(config.server.max_concurrent_runs, config.server.queue_depth,
+                                config.server.queue_timeout_seconds),
+            # Without tokens nobody is told apart: stdio, and --dev on loopback.
+            principal_of=(lambda ctx: principal_from_headers(ctx.headers)) if args.http and tokens else None,
+            run_meta=run_meta,
+        )
+        try:
+            if args.stdio:
+                await server.mcp.run_stdio_async()
+            else:
+                await _serve_http(server, host, port, tokens)
+        finally:
+            await server.close()
+    return 0
+
+
+async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[str, ...]) -> None:
+    import signal
+
+    import uvicorn
+
+    class Uvicorn(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            # uvicorn re-raises SIGINT/SIGTERM once it has shut down, which
+            # would kill the process before tether closes its runtime; here a
+            # signal only asks it to stop, and `tether serve` returns normally.
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    app = BearerAuth(server.mcp.streamable_http_app(host=host), tokens)
+    shown = f"[{host}]" if ":" in host else host
+    auth = "bearer token required" if tokens else "no token (--dev, loopback only)"
+    print(f"tether: serving MCP at http://{shown}:{port}/mcp ({auth})", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
+                            # Open SSE streams would otherwise hold a shutdown forever.
+                            timeout_graceful_shutdown=5)
+    await Uvicorn(config).serve()
