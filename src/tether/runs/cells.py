@@ -2,8 +2,9 @@
 
 ``start_cell`` starts a program and returns an *observation* as soon as the
 program yields, ends, pauses, or ``yield_after_ms`` passes; the program keeps
-running. ``wait_cell`` long-polls the run's stored events after a cursor, so any
-process sharing the store can observe a cell. ``terminate_cell`` cancels it.
+running. ``wait_cell`` long-polls the run's stored events after a cursor and
+returns as soon as there are any (outputs stream), stopping at the first yield,
+pause or end, so any process sharing the store can observe a cell. ``terminate_cell`` cancels it.
 A cell's id is its run id.
 """
 
@@ -59,12 +60,18 @@ async def wait_events(rt: "Runtime", cell_id: str, after: int, timeout_ms: int,
     collected: list[Any] = []
     cursor = after
     delay = 0.005
+    # Events stored by this process wake us at once; other processes' events
+    # are found by polling the store (backing off to 50 ms).
+    signal = rt._event_signals.setdefault(cell_id, asyncio.Event())
     while True:
+        signal.clear()
         new = rt.store.get_events(cell_id, after=cursor)
         for i, e in enumerate(new):
-            if e.type in stop_on:
+            if e.type in STOPPING_EVENTS:
                 # One stop per observation: the observer sees every yield.
                 return collected + new[: i + 1]
+        if new and any(e.type in stop_on for e in new):
+            return collected + new
         if new:
             collected += new
             cursor = new[-1].event_id
@@ -77,12 +84,14 @@ async def wait_events(rt: "Runtime", cell_id: str, after: int, timeout_ms: int,
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return collected
+        waiters = {asyncio.ensure_future(signal.wait())}
         if task is not None and not task.done():
-            # Woken early by the run itself when it executes here.
-            done, _ = await asyncio.wait({task}, timeout=min(delay, remaining))
-        else:
-            await asyncio.sleep(min(delay, remaining))
-        delay = min(delay * 2, 0.2)
+            waiters.add(task)
+        done, _ = await asyncio.wait(waiters, timeout=min(delay, remaining), return_when=asyncio.FIRST_COMPLETED)
+        for w in waiters:
+            if w is not task and not w.done():
+                w.cancel()
+        delay = min(delay * 2, 0.05)
 
 
 async def start_cell(rt: "Runtime", code: str, *, yield_after_ms: int = 1000, principal: str | None = None,
@@ -103,10 +112,14 @@ async def start_cell(rt: "Runtime", code: str, *, yield_after_ms: int = 1000, pr
     return observation(rt, run_id, events, 0)
 
 
+# A long-poll returns as soon as anything new is there: outputs stream.
+ANY_EVENT = frozenset({"output"}) | STOPPING_EVENTS
+
+
 async def wait_cell(rt: "Runtime", cell_id: str, *, after: int = 0, timeout_ms: int = 30_000,
                     principal: str | None = None) -> dict[str, Any]:
     rt._get_run(cell_id, principal)
-    events = await wait_events(rt, cell_id, after, timeout_ms, task=rt._cell_tasks.get(cell_id))
+    events = await wait_events(rt, cell_id, after, timeout_ms, stop_on=ANY_EVENT, task=rt._cell_tasks.get(cell_id))
     return observation(rt, cell_id, events, after)
 
 

@@ -149,6 +149,7 @@ class Runtime:
         self._active: dict[str, asyncio.Future] = {}
         self._boundaries: dict[str, EffectBoundary] = {}
         self._cell_tasks: dict[str, asyncio.Task] = {}
+        self._event_signals: dict[str, asyncio.Event] = {}
         self._stubs_cache: tuple[Any, Any] | None = None
         self.inline_sleep_seconds = 1.0
         # An idle REPL session is forgotten after this long.
@@ -620,7 +621,11 @@ class Runtime:
         return envelope
 
     def event(self, run_id: str, type: str, data: dict[str, Any]) -> int:
-        return self.store.add_event(run_id, type, to_json_value(data)[0], self.clock())
+        event_id = self.store.add_event(run_id, type, to_json_value(data)[0], self.clock())
+        signal = self._event_signals.get(run_id)
+        if signal is not None:
+            signal.set()
+        return event_id
 
     def snapshot_record(self, run_id: str, seq: int, data: bytes, pending: list[dict], kind: str) -> SnapshotRecord:
         mac = sign_snapshot(self._secret, run_id, seq, MONTY_VERSION, data)
