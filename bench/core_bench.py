@@ -1,0 +1,280 @@
+"""Core: what one warm `execute` costs against bare Monty, FastMCP Code Mode and plain CPython.
+
+Every contender runs the same program (10 sequentially awaited calls of the
+same tool function, then a reduce) in the same process, interleaved round
+by round. The baseline is bare Monty driven the fastest way it offers: one
+pool reused, ``checkout(external_modules=...)`` + ``feed_run(code)`` with
+async host functions. Target: tether's warm execute (type check off, i.e.
+the engine itself) at most 1.2x that floor.
+
+    python bench/core_bench.py [--quick] [--rounds N]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+from typing import Any
+
+import common
+from common import CALLS, EXPECTED, FASTMCP_PROGRAM, PROGRAM, get
+
+import pydantic_monty as pm
+
+from tether.runs.runtime import Runtime
+from tether.tools.catalog import Catalog
+from tether.tools.stubs import build_stubs
+
+TARGET_RATIO = 1.2
+
+LABELS = {
+    "bare_feed_run": "bare Monty feed_run (baseline)",
+    "bare_feed_start": "bare Monty feed_start loop",
+    "bare_feed_run_tc": "bare Monty feed_run + type check",
+    "tether_tc_off": "tether execute, type check off",
+    "tether_tc_on": "tether execute, type check on (default)",
+    "fastmcp": "FastMCP Code Mode (in-memory client)",
+    "fastmcp_warm": "FastMCP Code Mode, warm-pool provider",
+    "cpython": "CPython, functions awaited directly",
+    "bare_0": "bare Monty, program without calls",
+    "tether_0": "tether execute tc off, program without calls",
+}
+# A program without host calls: splits tether's cost into per-execute and per-call parts.
+PROGRAM_0 = "import tools\ntotal = 0\nfor i in range(10):\n    total += i * 2\ntotal\n"
+
+
+def bare_modules(stubs: Any = None) -> dict[str, Any]:
+    bench = pm.ExternalModule({"get": get}, stubs=stubs.namespace_modules["bench"] if stubs else None)
+    return {"tools": pm.ExternalModule({"bench": bench}, stubs=stubs.tools_module if stubs else None)}
+
+
+class WarmPoolProvider:
+    """A FastMCP SandboxProvider that reuses one Monty pool (FastMCP's default starts a pool per execute)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    async def run(self, code: str, *, inputs: dict | None = None, external_functions: dict | None = None) -> Any:
+        async with self.pool.checkout(limits={"max_feed_duration_secs": 30.0, "max_memory": 100_000_000}) as session:
+            return await session.feed_run(code, inputs=inputs or None, external_lookup=external_functions)
+
+
+async def feed_start_loop(pool: Any, modules: dict[str, Any]) -> Any:
+    """Drive the program by answering every call with a future, then the future snapshot."""
+    fns = {"tools.bench.get": get}
+    async with pool.checkout(external_modules=modules) as session:
+        snap = await session.feed_start(PROGRAM)
+        pending: dict[int, Any] = {}
+        while not isinstance(snap, pm.MontyComplete):
+            if isinstance(snap, pm.AsyncFunctionSnapshot) and not snap.is_os_function:
+                pending[snap.call_id] = fns[snap.function_name](*snap.args, **snap.kwargs)
+                snap = await snap.resume({"future": ...})
+            elif isinstance(snap, pm.AsyncFutureSnapshot):
+                ids = list(snap.pending_call_ids)
+                values = await asyncio.gather(*(pending.pop(i) for i in ids))
+                snap = await snap.resume({i: {"return_value": v} for i, v in zip(ids, values)})
+            else:
+                snap = await snap.resume_auto()
+        return snap.output
+
+
+async def run(rounds: int, warmup: int) -> dict[str, Any]:
+    from fastmcp import Client, FastMCP
+    from fastmcp.experimental.transforms.code_mode import CodeMode
+
+    catalog = Catalog(common.bench_tools())
+    stubs = build_stubs(catalog)
+    diag: dict[str, list[dict[str, Any]]] = {"tether_tc_off": [], "tether_tc_on": []}
+
+    async with (
+        pm.AsyncMonty(min_processes=1, max_processes=2) as pool,
+        pm.AsyncMonty(min_processes=1, max_processes=2) as fm_pool,
+        Runtime(tools=common.bench_tools(), type_check=True) as rt,
+    ):
+        modules = bare_modules()
+        modules_tc = bare_modules(stubs)
+
+        async def bare_feed_run() -> Any:
+            async with pool.checkout(external_modules=modules) as session:
+                return await session.feed_run(PROGRAM)
+
+        async def bare_feed_run_tc() -> Any:
+            async with pool.checkout(type_check=True, type_check_stubs=stubs.prelude,
+                                     external_modules=modules_tc) as session:
+                return await session.feed_run(PROGRAM)
+
+        async def bare_0() -> Any:
+            async with pool.checkout(external_modules=modules) as session:
+                return await session.feed_run(PROGRAM_0)
+
+        async def tether(type_check: bool, code: str = PROGRAM) -> Any:
+            result = await rt.execute(code, type_check=type_check)
+            if result.status != "completed":
+                raise RuntimeError(f"tether run {result.status}: {result.error}")
+            return result
+
+        mcp = FastMCP("bench")
+        mcp.tool(get)
+        mcp.add_transform(CodeMode())
+        mcp_warm = FastMCP("bench-warm")
+        mcp_warm.tool(get)
+        mcp_warm.add_transform(CodeMode(sandbox_provider=WarmPoolProvider(fm_pool)))
+
+        async with Client(mcp) as client, Client(mcp_warm) as client_warm:
+
+            async def fastmcp(c: Any = client) -> Any:
+                r = await c.call_tool("execute", {"code": FASTMCP_PROGRAM})
+                return r
+
+            contenders = {
+                "bare_feed_run": bare_feed_run,
+                "tether_tc_off": lambda: tether(False),
+                "tether_tc_on": lambda: tether(True),
+                "bare_feed_start": lambda: feed_start_loop(pool, modules),
+                "bare_feed_run_tc": bare_feed_run_tc,
+                "fastmcp": fastmcp,
+                "fastmcp_warm": lambda: fastmcp(client_warm),
+                "cpython": common.cpython_direct,
+                "bare_0": bare_0,
+                "tether_0": lambda: tether(False, PROGRAM_0),
+            }
+
+            def check(name: str, value: Any) -> None:
+                if name.startswith("tether"):
+                    diag.setdefault(name, []).append(value.diagnostics)
+                    value = value.result
+                elif name.startswith("fastmcp"):
+                    value = int(value.content[0].text)
+                if value != EXPECTED:
+                    raise RuntimeError(f"{name} computed {value!r}, not {EXPECTED}")
+
+            samples = await common.interleave(contenders, rounds, warmup, after_each=check)
+
+    rows = common.ratio_rows(samples, "bare_feed_run", LABELS)
+    with tempfile.TemporaryDirectory() as tmp:
+        parts = await call_parts(500 if rounds < 100 else 5000, tmp)
+    return {"rows": rows, "phases": phases(diag), "parts": parts}
+
+
+async def call_parts(iterations: int, store_dir: str) -> list[dict[str, Any]]:
+    """What one read costs inside the effect boundary, piece by piece (µs, p50 of batches).
+
+    The pieces are the ones EffectBoundary.call / _tool_call / _dispatch run for
+    a read, timed on their own so a fix can be aimed at the biggest.
+    """
+    import time
+
+    from tether.runs import journal, policy
+    from tether.runs.result import to_json_value
+    from tether.store import open_store
+    from tether.store.base import CallRecord, RunRecord
+
+    catalog = Catalog(common.bench_tools())
+    tool = catalog.get("bench.get")
+    args = {"id": 3}
+    stores = {"memory": open_store("sqlite:///:memory:"), "file": open_store(f"sqlite:///{store_dir}/parts.db")}
+    for st in stores.values():
+        st.create_run(RunRecord(run_id="r", status="running", program="", environment={}, policy={}, limits={},
+                                created_at=0.0, updated_at=0.0))
+    seq = [0]
+
+    def journal_pair(st: Any) -> None:
+        seq[0] += 1
+        st.record_call(CallRecord("r", seq[0], "tool", "bench.get", args, "k", "read", "pending", started_at=0.0))
+        st.update_call("r", seq[0], ["pending"], state="done", outcome={"id": 3, "value": 6}, finished_at=0.0)
+
+    async def plain() -> Any:
+        return await tool.handler(args)
+
+    async def task_shield_wait_for() -> Any:
+        task = asyncio.ensure_future(asyncio.wait_for(tool.handler(args), timeout=15.0))
+        return await asyncio.shield(task)
+
+    parts: list[tuple[str, Any, bool]] = [
+        ("catalog.get", lambda: catalog.get("bench.get"), False),
+        ("catalog.validate_args (jsonschema)", lambda: catalog.validate_args("bench.get", args), False),
+        ("journal.call_key (json + sha256)", lambda: journal.call_key("tool", "bench.get", args), False),
+        ("policy.decide_call", lambda: policy.decide_call(policy.Policy(), "bench.get", False, 0), False),
+        ("to_json_value(result)", lambda: to_json_value({"id": 3, "value": 6}), False),
+        ("journal intent+outcome, memory SQLite", lambda: journal_pair(stores["memory"]), False),
+        ("journal intent+outcome, file SQLite", lambda: journal_pair(stores["file"]), False),
+        ("tool.handler (pydantic validate + jsonable)", plain, True),
+        ("handler via task+shield+wait_for (_dispatch)", task_shield_wait_for, True),
+    ]
+    # Interleaved like the contenders: one batch of each piece per round.
+    batch = 20
+    per: dict[str, list[float]] = {label: [] for label, _, _ in parts}
+    for _ in range(max(5, iterations // batch)):
+        for label, fn, is_async in parts:
+            t = time.perf_counter()
+            for _ in range(batch):
+                if is_async:
+                    await fn()
+                else:
+                    fn()
+            per[label].append((time.perf_counter() - t) / batch)
+    out = [{"part": label, "us": round(statistics.median(xs) * 1e6, 1)} for label, xs in per.items()]
+    for st in stores.values():
+        st.close()
+    return out
+
+
+def phases(diag: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """p50 of tether's own per-phase diagnostics, per contender."""
+    out = []
+    for name, ds in diag.items():
+        if name == "tether_0":
+            continue
+        per_call = [c["ms"] for d in ds for c in d.get("per_call", [])]
+        out.append({
+            "label": LABELS[name],
+            "setup_ms": statistics.median(d["setup_ms"] for d in ds),
+            "execution_ms": statistics.median(d["execution_ms"] for d in ds),
+            "host_ms": round(statistics.median(d["host_ms"] for d in ds), 3),
+            "total_ms": round(statistics.median(d["total_ms"] for d in ds), 3),
+            "per_call_ms": statistics.median(per_call) if per_call else float("nan"),
+        })
+    return out
+
+
+def main() -> None:
+    args = common.parser(__doc__.splitlines()[0], rounds=200, quick_rounds=20).parse_args()
+    rounds, warmup = common.rounds_of(args)
+    out = asyncio.run(run(rounds, warmup))
+    rows, by = out["rows"], {r["contender"]: r for r in out["rows"]}
+    print(common.table(rows, common.RATIO_COLUMNS,
+                       title=f"core: {CALLS} sequential awaited calls + reduce, {rounds} interleaved rounds "
+                             f"(ratios against bare Monty feed_run)"))
+    print()
+    print(common.table(out["phases"], [("label", "tether phase p50"), ("setup_ms", "setup ms"),
+                                       ("execution_ms", "execution ms"), ("host_ms", "host ms"),
+                                       ("per_call_ms", "per call ms"), ("total_ms", "total ms")]))
+    print()
+    print(common.table(out["parts"], [("part", "one read inside the boundary, piece by piece"), ("us", "p50 µs")]))
+    base = by["bare_feed_run"]["p50_ms"]
+    where = {
+        "type_check_ms": round(by["tether_tc_on"]["p50_ms"] - by["tether_tc_off"]["p50_ms"], 3),
+        "monty_type_check_ms": round(by["bare_feed_run_tc"]["p50_ms"] - base, 3),
+        "tether_overhead_per_execute_ms": round(by["tether_0"]["p50_ms"] - by["bare_0"]["p50_ms"], 3),
+        "tether_overhead_per_call_ms": round(((by["tether_tc_off"]["p50_ms"] - by["tether_0"]["p50_ms"])
+                                              - (base - by["bare_0"]["p50_ms"])) / CALLS, 3),
+        "fastmcp_overhead_per_call_ms": round((by["fastmcp_warm"]["p50_ms"] - base) / CALLS, 3),
+    }
+    print()
+    print("where time goes (p50 differences): " + ", ".join(f"{k}={v}" for k, v in where.items()))
+    targets = [
+        common.target("tether execute (type check off) / bare Monty", by["tether_tc_off"]["paired_ratio"],
+                      TARGET_RATIO, "x"),
+        common.target("tether execute (type check on, default) / bare Monty", by["tether_tc_on"]["paired_ratio"],
+                      TARGET_RATIO, "x"),
+    ]
+    print()
+    print(common.table(targets, common.TARGET_COLUMNS))
+    common.emit("core", args.quick, {"rounds": rounds, "rows": rows, "phases": out["phases"], "parts": out["parts"],
+                                     "where": where,
+                                     "targets": targets})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Run every benchmark, each in its own process, and print the targets together.
+
+    python bench/run_all.py [--quick] [--only core,search,durable]
+
+Each benchmark prints its own tables; this script passes ``--quick`` on,
+reads each one's final JSON line, prints every target as met or missed and
+ends with one JSON line of its own. It exits non-zero only when a benchmark
+crashed: a missed target is a finding, not a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHES = {"core": "core_bench.py", "search": "search_bench.py", "durable": "durable_bench.py"}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="pass --quick to every benchmark")
+    p.add_argument("--only", default=",".join(BENCHES), help="comma-separated subset of " + ", ".join(BENCHES))
+    args = p.parse_args()
+    wanted = [b.strip() for b in args.only.split(",") if b.strip()]
+    unknown = [b for b in wanted if b not in BENCHES]
+    if unknown:
+        p.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHES)}")
+
+    sys.path.insert(0, str(HERE))
+    import common  # noqa: E402 - after the path is set
+
+    results, targets, crashed = {}, [], []
+    for name in wanted:
+        cmd = [sys.executable, str(HERE / BENCHES[name])] + (["--quick"] if args.quick else [])
+        print(f"=== {name}: {' '.join(cmd[1:])}", flush=True)
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        took = time.perf_counter() - t
+        lines = proc.stdout.rstrip("\n").splitlines()
+        # Everything but the benchmark's JSON line, which is summarised below.
+        body = lines[:-1] if lines and lines[-1].startswith("{") else lines
+        print("\n".join(body))
+        print(f"--- {name}: {took:.1f} s, exit {proc.returncode}\n", flush=True)
+        if proc.returncode != 0 or not lines or not lines[-1].startswith("{"):
+            crashed.append(name)
+            continue
+        data = json.loads(lines[-1])
+        results[name] = data
+        targets += [{**t, "target": f"{name}: {t['target']}"} for t in data.get("targets", [])]
+
+    print(common.table(targets, common.TARGET_COLUMNS, title="=== targets (printed, never asserted)"))
+    if crashed:
+        print(f"crashed: {', '.join(crashed)}")
+    met = sum(1 for t in targets if t["met"])
+    print(json.dumps({"bench": "all", "quick": args.quick, "met": met, "missed": len(targets) - met,
+                      "crashed": crashed, "targets": targets}))
+    return 1 if crashed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
