@@ -296,8 +296,6 @@ class TetherServer:
         async def approve(pending: dict) -> tuple[str, str | None]:
             try:
                 answer = await ctx.elicit(self._approval_message(pending), ApprovalForm)
-            except (asyncio.CancelledError, KeyboardInterrupt):
-                raise
             except Exception as exc:  # the client could not ask: the safe answer is no
                 return "decline", f"the approval form could not be shown ({type(exc).__name__}); it was not sent"
             if isinstance(answer, AcceptedElicitation):
@@ -329,15 +327,12 @@ class TetherServer:
                 paused = run.result if run.status == "paused" else None
                 if paused and (run.pending or {}).get("seq") == seq:
                     return self._input_required(RunResult.from_dict(paused), principal)
-                return run_result(RunResult.from_dict(run.result) if run.result else
-                                  RunResult(status=run.status, run_id=run_id), diagnostics=diagnostics)
+                return run_result(_recorded(run), diagnostics=diagnostics)
             decision, reason = _decision(reply)
             if decision is None:
                 # Dismissed without a choice: nothing is decided and the run
                 # stays paused; the model can ask in words and call resume.
-                run = self.rt.get_run(run_id, principal)
-                return run_result(RunResult.from_dict(run.result) if run.result else
-                                  RunResult(status=run.status, run_id=run_id), diagnostics=diagnostics)
+                return run_result(_recorded(self.rt.get_run(run_id, principal)), diagnostics=diagnostics)
             try:
                 result = await self._run(
                     lambda progress: self.rt.resume(run_id, decision, reason, seq=seq, principal=principal,
@@ -428,6 +423,11 @@ class _Progress:
             self._task.cancel()
 
 
+def _recorded(run: Any) -> RunResult:
+    """A run's last recorded envelope (a paused run keeps its paused one)."""
+    return RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run.run_id)
+
+
 def _elicitation(ctx: Context) -> str | None:
     """How a paused write can be put to this client's user, if at all."""
     caps = ctx.client_capabilities
@@ -515,7 +515,8 @@ def error_result(exc: TetherError, *, run_id: str | None = None) -> CallToolResu
 async def _check_arguments(ctx: Any, call_next: Any) -> Any:
     """Malformed arguments to execute/resume get a named error, not the SDK's validation dump."""
     params = ctx.params if ctx.method == "tools/call" else None
-    model = _ARGUMENTS.get(params.get("name")) if params else None
+    name = params.get("name") if params else None
+    model = _ARGUMENTS.get(name) if isinstance(name, str) else None
     if model is not None:
         try:
             model.model_validate(params.get("arguments") or {})
@@ -523,8 +524,7 @@ async def _check_arguments(ctx: Any, call_next: Any) -> Any:
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
                                  for e in exc.errors())
             return error_result(InvalidArguments(
-                f"{params['name']} got arguments it cannot use ({problems}); nothing was run",
-                next_action=_USAGE[params["name"]]))
+                f"{name} got arguments it cannot use ({problems}); nothing was run", next_action=_USAGE[name]))
     return await call_next(ctx)
 
 

@@ -1,0 +1,494 @@
+"""The MCP server through the real ``mcp`` client, in memory, in both protocol eras.
+
+``legacy`` is 2025-11-25 (initialize handshake, server→client requests mid-call);
+``modern`` is 2026-07-28 (no back channel: input-required results and request state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp_types import ElicitResult, InputRequiredResult
+
+from helpers import Recorder
+from tether.runs.limits import Limits
+from tether.runs.policy import Policy
+from tether.runs.runtime import Runtime
+from tether.server.admission import Admission
+from tether.server.mcp import TetherServer
+from tether.store import open_store
+
+ERAS = [pytest.param("legacy", id="legacy"), pytest.param("auto", id="modern")]
+
+CLOSE_3 = "import tools\nawait tools.helpdesk.close_ticket(id=3)"
+CLOSE_3_CAUGHT = """
+import tools
+try:
+    r = await tools.helpdesk.close_ticket(id=3)
+except PermissionError as e:
+    r = str(e)
+r
+"""
+
+
+@pytest.fixture
+def rec():
+    return Recorder()
+
+
+@pytest.fixture
+async def rt(rec):
+    async with Runtime(tools=rec.tools(), type_check=False,
+                       limits=Limits(run_seconds=10, call_timeout_seconds=5)) as runtime:
+        yield runtime
+
+
+@pytest.fixture
+def server(rt):
+    return TetherServer(rt)
+
+
+class Forms:
+    """An elicitation callback that answers every form the same way and keeps what it was shown."""
+
+    def __init__(self, action: str = "accept", decision: str = "approve", reason: str | None = None) -> None:
+        self.action, self.decision, self.reason = action, decision, reason
+        self.messages: list[str] = []
+
+    async def __call__(self, context, params):
+        self.messages.append(params.message)
+        if self.action != "accept":
+            return ElicitResult(action=self.action)
+        content = {"decision": self.decision}
+        if self.reason:
+            content["reason"] = self.reason
+        return ElicitResult(action="accept", content=content)
+
+
+async def wait_status(rt: Runtime, run_id: str, status: str, timeout: float = 5.0) -> None:
+    with anyio.fail_after(timeout):
+        while rt.store.get_run(run_id).status != status:
+            await asyncio.sleep(0.02)
+
+
+# -- the surface ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_two_tools_with_a_bounded_byte_stable_description(server, rt, rec, mode):
+    async with Client(server.mcp, mode=mode) as c:
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+    assert set(tools) == {"execute", "resume"}
+    assert tools["execute"].description == rt.model_description()
+    assert len(tools["execute"].description.encode()) <= 1200
+    # Byte-stable: the same tools added in another order describe themselves identically.
+    async with Runtime(tools=list(reversed(rec.tools())), type_check=False, limits=rt.limits) as other:
+        async with Client(TetherServer(other).mcp, mode=mode) as c:
+            again = {t.name: t for t in (await c.list_tools()).tools}
+    assert again["execute"].description == tools["execute"].description
+    assert tools["resume"].annotations.destructive_hint is True
+    # Writes ask by default, so execute itself sends nothing without consent.
+    assert tools["execute"].annotations.destructive_hint is False
+    assert tools["execute"].input_schema["required"] == ["code"]
+    assert set(tools["resume"].input_schema["required"]) == {"run_id", "decision"}
+    assert tools["execute"].output_schema["properties"]["status"]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_execute_returns_text_and_the_run_result(server, mode):
+    async with Client(server.mcp, mode=mode) as c:
+        r = await c.call_tool("execute", {"code": "import tools\nprint('hi')\n(await tools.helpdesk.get_ticket(id=3))"})
+        assert not r.is_error
+        data = r.structured_content
+        assert data["status"] == "completed" and data["result"]["title"] == "ticket 3"
+        assert data["logs"] == ["hi"] and data["calls"] == 1
+        assert "diagnostics" not in data
+        assert '"ticket 3"' in r.content[0].text
+        r = await c.call_tool("execute", {"code": "1 + 1", "diagnostics": True})
+        assert r.structured_content["result"] == 2 and "total_ms" in r.structured_content["diagnostics"]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_failed_run_is_a_tool_error_with_code_message_and_next_action(server, mode):
+    async with Client(server.mcp, mode=mode) as c:
+        r = await c.call_tool("execute", {"code": "import tools\nawait tools.helpdesk.get_ticket(id=-1)"})
+    assert r.is_error
+    err = r.structured_content["error"]
+    assert r.structured_content["status"] == "failed" and err["code"] == "tool_error"
+    text = r.content[0].text
+    assert text.startswith("[tool_error] ") and err["message"] in text and f"next: {err['next_action']}" in text
+
+
+# -- pause and resume without elicitation --------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_paused_write_says_what_to_ask_and_how_to_resume(server, rec, mode):
+    async with Client(server.mcp, mode=mode) as c:
+        r = await c.call_tool("execute", {"code": CLOSE_3})
+        assert not r.is_error
+        data = r.structured_content
+        assert data["status"] == "paused" and rec.deliveries == []
+        run_id, seq = data["run_id"], data["pending"]["seq"]
+        text = r.content[0].text
+        assert "helpdesk.close_ticket(id=3)" in text and "Ask the user" in text
+        assert f'"run_id": "{run_id}"' in text and f'"seq": {seq}' in text and "resume" in text
+        assert server.admission.running == 0  # a paused run holds no slot
+
+        r = await c.call_tool("resume", {"run_id": run_id, "decision": "approve", "seq": seq})
+        assert r.structured_content["status"] == "completed", r.content[0].text
+        assert r.structured_content["result"] == {"id": 3, "status": "closed"}
+        # The same decision again is answered from the record; nothing is sent twice.
+        again = await c.call_tool("resume", {"run_id": run_id, "decision": "approve", "seq": seq})
+        assert again.structured_content["result"] == {"id": 3, "status": "closed"}
+        other = await c.call_tool("resume", {"run_id": run_id, "decision": "decline", "seq": seq})
+        assert other.is_error and other.structured_content["error"]["code"] == "already_decided"
+    assert rec.deliveries == [("close_ticket", {"id": 3})]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_decline_and_cancel_through_resume(server, rt, rec, mode):
+    async with Client(server.mcp, mode=mode) as c:
+        paused = (await c.call_tool("execute", {"code": CLOSE_3_CAUGHT})).structured_content
+        r = await c.call_tool("resume", {"run_id": paused["run_id"], "decision": "decline", "reason": "not today"})
+        assert "not today" in r.structured_content["result"]
+        paused = (await c.call_tool("execute", {"code": CLOSE_3})).structured_content
+        r = await c.call_tool("resume", {"run_id": paused["run_id"], "decision": "cancel"})
+        assert r.is_error and r.structured_content["status"] == "cancelled"
+    assert rec.deliveries == []
+
+
+# -- elicitation ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_form_elicitation_decides_the_write_within_the_call(server, rt, rec, mode):
+    forms = Forms()
+    async with Client(server.mcp, mode=mode, elicitation_callback=forms) as c:
+        r = await c.call_tool("execute", {"code": CLOSE_3})
+    assert r.structured_content["status"] == "completed", r.content[0].text
+    assert r.structured_content["result"] == {"id": 3, "status": "closed"}
+    assert rec.deliveries == [("close_ticket", {"id": 3})]
+    assert len(forms.messages) == 1
+    assert "helpdesk.close_ticket(id=3)" in forms.messages[0] and "destructive" in forms.messages[0]
+    calls = rt.store.get_calls(r.structured_content["run_id"])
+    assert [(c.address, c.state) for c in calls] == [("helpdesk.close_ticket", "sent")]
+    assert server.admission.running == 0
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_declined_form_is_not_sent_and_the_program_hears_why(server, rec, mode):
+    forms = Forms(decision="decline", reason="ticket is still open upstream")
+    async with Client(server.mcp, mode=mode, elicitation_callback=forms) as c:
+        r = await c.call_tool("execute", {"code": CLOSE_3_CAUGHT})
+    assert r.structured_content["status"] == "completed"
+    assert "ticket is still open upstream" in r.structured_content["result"]
+    assert rec.deliveries == []
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_form_the_user_declines_outright_is_not_sent(server, rec, mode):
+    async with Client(server.mcp, mode=mode, elicitation_callback=Forms(action="decline")) as c:
+        r = await c.call_tool("execute", {"code": CLOSE_3_CAUGHT})
+    assert "declined" in r.structured_content["result"]
+    assert rec.deliveries == []
+
+
+async def test_modern_a_dismissed_form_leaves_the_run_paused_for_resume(server, rec):
+    async with Client(server.mcp, mode="auto", elicitation_callback=Forms(action="cancel")) as c:
+        r = await c.call_tool("execute", {"code": CLOSE_3})
+        data = r.structured_content
+        assert data["status"] == "paused" and "resume" in r.content[0].text
+        r = await c.call_tool("resume", {"run_id": data["run_id"], "decision": "approve", "seq": data["pending"]["seq"]})
+    assert r.structured_content["status"] == "completed"
+    assert rec.deliveries == [("close_ticket", {"id": 3})]
+
+
+async def test_legacy_a_dismissed_form_declines_because_the_write_must_be_decided_now(server, rec):
+    async with Client(server.mcp, mode="legacy", elicitation_callback=Forms(action="cancel")) as c:
+        r = await c.call_tool("execute", {"code": CLOSE_3_CAUGHT})
+    assert "dismissed" in r.structured_content["result"]
+    assert rec.deliveries == []
+
+
+async def test_modern_each_write_is_its_own_round(server, rec):
+    forms = Forms()
+    code = "import tools\nawait tools.helpdesk.close_ticket(id=1)\nawait tools.helpdesk.close_ticket(id=2)\n'ok'"
+    async with Client(server.mcp, mode="auto", elicitation_callback=forms) as c:
+        r = await c.call_tool("execute", {"code": code})
+    assert r.structured_content["result"] == "ok"
+    assert rec.deliveries == [("close_ticket", {"id": 1}), ("close_ticket", {"id": 2})]
+    assert len(forms.messages) == 2
+
+
+async def test_modern_the_request_state_lets_another_process_continue_the_run(tmp_path, rec):
+    """The input-required result names the paused run; a second runtime on the same store answers it."""
+    url = f"sqlite:///{tmp_path}/tether.db"
+    store_a, store_b = open_store(url), open_store(url)
+    try:
+        async with Runtime(store=store_a, tools=rec.tools(), type_check=False) as rt_a, \
+                Runtime(store=store_b, tools=rec.tools(), type_check=False) as rt_b:
+            a, b = TetherServer(rt_a), TetherServer(rt_b)
+            args = {"code": CLOSE_3}
+            async with Client(a.mcp, mode="auto", elicitation_callback=Forms()) as ca:
+                first = await ca.session.call_tool("execute", args, allow_input_required=True)
+            assert isinstance(first, InputRequiredResult) and set(first.input_requests) == {"approval"}
+            assert rec.deliveries == []
+            answer = {"approval": ElicitResult(action="accept", content={"decision": "approve"})}
+            async with Client(b.mcp, mode="auto") as cb:
+                r = await cb.call_tool("execute", args, input_responses=answer, request_state=first.request_state)
+            assert r.structured_content["status"] == "completed", r.content[0].text
+            assert rec.deliveries == [("close_ticket", {"id": 3})]
+            # Answering the same form again cannot send it twice.
+            async with Client(b.mcp, mode="auto") as cb:
+                again = await cb.call_tool("execute", args, input_responses=answer, request_state=first.request_state)
+            assert again.structured_content["result"] == {"id": 3, "status": "closed"}
+            assert rec.deliveries == [("close_ticket", {"id": 3})]
+    finally:
+        store_a.close()
+        store_b.close()
+
+
+async def test_modern_request_state_is_bound_to_its_principal(rt, rec):
+    who = {"p": "token:alice"}
+    server = TetherServer(rt, principal_of=lambda ctx: who["p"])
+    async with Client(server.mcp, mode="auto", elicitation_callback=Forms()) as c:
+        first = await c.session.call_tool("execute", {"code": CLOSE_3}, allow_input_required=True)
+        assert isinstance(first, InputRequiredResult)
+        who["p"] = "token:mallory"
+        answer = {"approval": ElicitResult(action="accept", content={"decision": "approve"})}
+        r = await c.call_tool("execute", {"code": CLOSE_3}, input_responses=answer, request_state=first.request_state)
+    assert r.is_error and r.structured_content["error"]["code"] == "run_not_found"
+    assert rec.deliveries == []
+
+
+async def test_modern_an_answer_that_meets_a_full_server_names_the_run_to_resume(rt, rec):
+    server = TetherServer(rt, admission=Admission(1, queue_depth=0, queue_timeout=1))
+    async with Client(server.mcp, mode="auto", elicitation_callback=Forms()) as c:
+        first = await c.session.call_tool("execute", {"code": CLOSE_3}, allow_input_required=True)
+        assert isinstance(first, InputRequiredResult)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.call_tool, "execute", {"code": "import tools\nawait tools.slowpoke.wait(seconds=0.5)"})
+            with anyio.fail_after(2):
+                while server.admission.running == 0:
+                    await asyncio.sleep(0.01)
+            answer = {"approval": ElicitResult(action="accept", content={"decision": "approve"})}
+            r = await c.call_tool("execute", {"code": CLOSE_3}, input_responses=answer,
+                                  request_state=first.request_state)
+        assert r.is_error and r.structured_content["error"]["code"] == "overloaded"
+        run_id = r.structured_content["run_id"]
+        assert run_id and f'"run_id": "{run_id}"' in r.content[0].text and "still paused" in r.content[0].text
+        assert rec.deliveries == []
+        r = await c.call_tool("resume", {"run_id": run_id, "decision": "approve"})
+        assert r.structured_content["status"] == "completed"
+    assert rec.deliveries == [("close_ticket", {"id": 3})]
+
+
+# -- errors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_malformed_arguments_get_named_errors_and_the_server_keeps_serving(server, mode):
+    bad = [
+        ("execute", {}, "code: Field required"),
+        ("execute", {"code": 5}, "code:"),
+        ("execute", {"code": "1", "extra": True}, "extra:"),
+        ("resume", {"run_id": "run_x"}, "decision: Field required"),
+        ("resume", {"run_id": "run_x", "decision": "maybe"}, "decision:"),
+        ("resume", {"run_id": 7, "decision": "approve"}, "run_id:"),
+    ]
+    async with Client(server.mcp, mode=mode) as c:
+        for name, args, problem in bad:
+            r = await c.call_tool(name, args)
+            assert r.is_error, (name, args)
+            assert r.structured_content["error"]["code"] == "invalid_arguments"
+            assert r.content[0].text.startswith("[invalid_arguments]") and problem in r.content[0].text
+            assert "next: Call " + name in r.content[0].text
+        r = await c.call_tool("resume", {"run_id": "run_nope", "decision": "approve"})
+        assert r.is_error and r.structured_content["error"]["code"] == "run_not_found"
+        done = (await c.call_tool("execute", {"code": "1"})).structured_content
+        r = await c.call_tool("resume", {"run_id": done["run_id"], "decision": "approve"})
+        assert r.structured_content["error"]["code"] == "not_paused"
+        r = await c.call_tool("execute", {"code": "x" * 70_000})
+        assert r.structured_content["error"]["code"] == "code_too_large"
+        r = await c.call_tool("execute", {"code": "1 +"})
+        assert r.is_error and r.structured_content["error"]["code"] == "syntax_error"
+        assert (await c.call_tool("execute", {"code": "40 + 2"})).structured_content["result"] == 42
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_another_principals_run_does_not_exist(rt, rec, mode):
+    who = {"p": "token:alice"}
+    server = TetherServer(rt, principal_of=lambda ctx: who["p"])
+    async with Client(server.mcp, mode=mode) as c:
+        paused = (await c.call_tool("execute", {"code": CLOSE_3})).structured_content
+        who["p"] = "token:mallory"
+        r = await c.call_tool("resume", {"run_id": paused["run_id"], "decision": "approve"})
+        assert r.is_error and r.structured_content["error"]["code"] == "run_not_found"
+        who["p"] = "token:alice"
+        r = await c.call_tool("resume", {"run_id": paused["run_id"], "decision": "approve"})
+        assert r.structured_content["status"] == "completed"
+    assert rec.deliveries == [("close_ticket", {"id": 3})]
+
+
+# -- progress, cancellation, admission ------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_progress_notifications_follow_the_calls(server, mode):
+    seen: list[tuple[float, str | None]] = []
+
+    async def progress(value, total, message):
+        seen.append((value, message))
+
+    code = "import tools\nfor i in range(4):\n    await tools.helpdesk.get_ticket(id=i)\n'done'"
+    async with Client(server.mcp, mode=mode) as c:
+        r = await c.call_tool("execute", {"code": code}, progress_callback=progress)
+    assert r.structured_content["result"] == "done"
+    values = [v for v, _ in seen]
+    assert values and values == sorted(set(values)) and values[-1] == 4
+    assert "helpdesk.get_ticket" in seen[-1][1]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_cancelled_request_cancels_its_run_and_sends_nothing_more(server, rt, rec, mode):
+    rt.policy = Policy(writes="allow")
+    code = "import tools\nawait tools.slowpoke.wait(seconds=1)\nawait tools.helpdesk.close_ticket(id=3)"
+    async with Client(server.mcp, mode=mode) as c:
+        with anyio.move_on_after(0.5):
+            await c.call_tool("execute", {"code": code})
+        runs = rt.store.list_runs()
+        assert len(runs) == 1
+        await wait_status(rt, runs[0].run_id, "cancelled")
+        await server.close()
+        assert server.admission.running == 0
+        # still serving
+        assert (await c.call_tool("execute", {"code": "1"})).structured_content["result"] == 1
+    await asyncio.sleep(0.1)
+    assert rec.deliveries == []
+    assert rt.store.get_run(runs[0].run_id).status == "cancelled"
+
+
+async def test_legacy_cancelling_while_the_form_is_open_cancels_the_run(server, rt, rec):
+    opened = asyncio.Event()
+
+    async def never_answers(context, params):
+        opened.set()
+        await asyncio.sleep(30)
+
+    async with Client(server.mcp, mode="legacy", elicitation_callback=never_answers) as c:
+        async with anyio.create_task_group() as tg:
+            async def call():
+                with anyio.move_on_after(5):
+                    await c.call_tool("execute", {"code": CLOSE_3})
+            tg.start_soon(call)
+            await opened.wait()
+            tg.cancel_scope.cancel()
+        run_id = rt.store.list_runs()[0].run_id
+        await wait_status(rt, run_id, "cancelled")
+    assert rec.deliveries == []
+
+
+async def test_a_request_cancelled_while_queued_never_starts(rt):
+    server = TetherServer(rt, admission=Admission(1, queue_depth=4, queue_timeout=30))
+    async with Client(server.mcp, mode="legacy") as c:
+        async with anyio.create_task_group() as tg:
+            async def long():
+                await c.call_tool("execute", {"code": "import tools\nawait tools.slowpoke.wait(seconds=0.6)"})
+            tg.start_soon(long)
+            with anyio.fail_after(2):
+                while server.admission.running == 0:
+                    await asyncio.sleep(0.01)
+            with anyio.move_on_after(0.2):
+                await c.call_tool("execute", {"code": "'should never run'"})
+            # the cancel notification reaches the server a moment later
+            with anyio.fail_after(2):
+                while server.admission.queued:
+                    await asyncio.sleep(0.01)
+        assert len(rt.store.list_runs()) == 1
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_overload_two_slots_a_queue_of_two_and_ten_long_runs(rec, mode):
+    async with Runtime(tools=rec.tools(), type_check=False, policy=Policy(writes="allow"), max_workers=2,
+                       limits=Limits(run_seconds=10, call_timeout_seconds=5)) as rt:
+        server = TetherServer(rt, admission=Admission(2, queue_depth=2, queue_timeout=30))
+
+        async def one(i: int):
+            # seconds differ a little per run, so each delivery says which run sent it
+            async with Client(server.mcp, mode=mode) as c:
+                return await c.call_tool("execute", {"code": f"import tools\nawait tools.slowpoke.write(seconds={1 + i / 1000})"})
+
+        results = await asyncio.gather(*[one(i) for i in range(10)])
+    ok = [r for r in results if not r.is_error]
+    over = [r for r in results if r.is_error]
+    assert len(ok) == 4 and all(r.structured_content["status"] == "completed" for r in ok)
+    assert len(over) == 6
+    for r in over:
+        err = r.structured_content["error"]
+        assert err["code"] == "overloaded" and err["details"]["retry_after_ms"] > 0
+        assert r.content[0].text.startswith("[overloaded]")
+    # none lost, none twice: exactly the four admitted runs delivered, once each
+    sent = [args["seconds"] for _, args in rec.deliveries]
+    assert len(sent) == 4 and len(set(sent)) == 4
+    assert len(rt.store.list_runs()) == 4
+
+
+# -- over standard input/output: `tether serve --stdio` as a subprocess --------------------
+
+COMMENT = "import tools\nawait tools.helpdesk.add_comment(ticket_id='T1001', body={body!r})"
+COUNT = "import tools\nlen([c for c in await tools.helpdesk.list_comments(ticket_id='T1001') if c['body'] == {body!r}])"
+
+
+def stdio_server(home) -> StdioServerParameters:
+    # The client closes the server's stdin on exit and waits for the process to end.
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "tether.cli", "serve", "--stdio", "--tools", "tether.demo.helpdesk"],
+        env={"TETHER_HOME": str(home)},
+    )
+
+
+def journal(home, run_id: str) -> list[tuple[str, str]]:
+    store = open_store(f"sqlite:///{home}/tether.db")
+    try:
+        return [(c.address, c.state) for c in store.get_calls(run_id)]
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ERAS)
+async def test_stdio_execute_pause_resume_and_named_errors(tmp_path, mode):
+    body = f"resumed over stdio ({mode})"
+    async with Client(stdio_server(tmp_path), mode=mode) as c:
+        r = await c.call_tool("execute", {"code": "import tools\nlen(await tools.helpdesk.search_customers(query=''))"})
+        assert r.structured_content["status"] == "completed" and r.structured_content["result"] > 0
+        paused = (await c.call_tool("execute", {"code": COMMENT.format(body=body)})).structured_content
+        assert paused["status"] == "paused" and paused["pending"]["address"] == "helpdesk.add_comment"
+        r = await c.call_tool("resume", {"run_id": paused["run_id"], "decision": "approve",
+                                         "seq": paused["pending"]["seq"]})
+        assert r.structured_content["status"] == "completed", r.content[0].text
+        r = await c.call_tool("execute", {"code": 12})
+        assert r.is_error and r.structured_content["error"]["code"] == "invalid_arguments"
+        assert (await c.call_tool("execute", {"code": COUNT.format(body=body)})).structured_content["result"] == 1
+    assert journal(tmp_path, paused["run_id"]) == [("helpdesk.add_comment", "sent")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ERAS)
+async def test_stdio_form_elicitation_sends_the_write_exactly_once(tmp_path, mode):
+    body = f"approved in a form ({mode})"
+    forms = Forms()
+    async with Client(stdio_server(tmp_path), mode=mode, elicitation_callback=forms) as c:
+        r = await c.call_tool("execute", {"code": COMMENT.format(body=body)})
+        assert r.structured_content["status"] == "completed", r.content[0].text
+        assert r.structured_content["result"]["body"] == body
+        assert (await c.call_tool("execute", {"code": COUNT.format(body=body)})).structured_content["result"] == 1
+    assert len(forms.messages) == 1 and "helpdesk.add_comment" in forms.messages[0]
+    assert journal(tmp_path, r.structured_content["run_id"]) == [("helpdesk.add_comment", "sent")]
