@@ -255,3 +255,13 @@ srcs = await sources()
     r = await rt.execute(code)
     assert r.status == "completed", r.error
     assert r.result == ["helpdesk.close_ticket", "helpdesk.close_ticket", ["helpdesk", "slowpoke"]]
+
+
+async def test_concurrent_runs_keep_their_own_calls(rt):
+    import asyncio
+
+    code = "import tools\n[(await tools.helpdesk.get_ticket(id={i}))['id'] for _ in range(3)]"
+    results = await asyncio.gather(*(rt.execute(code.replace("{i}", str(i))) for i in range(2)))
+    assert [r.result for r in results] == [[0, 0, 0], [1, 1, 1]]
+    for i, r in enumerate(results):
+        assert [c.args["id"] for c in rt.store.get_calls(r.run_id)] == [i, i, i]

@@ -49,6 +49,12 @@ class KillingStore(SQLiteStore):
         super().record_call(call)
         self._hit("record")
 
+    def record_calls(self, calls):
+        super().record_calls(calls)
+        # A batch of settled reads: their intents and outcomes at once.
+        self._hit("record")
+        self._hit("outcome")
+
     def update_call(self, run_id, seq, expect_state, **fields):
         ok = super().update_call(run_id, seq, expect_state, **fields)
         state = fields.get("state")

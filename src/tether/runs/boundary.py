@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 
 BUILTIN_OPS = ("search", "describe", "sources")
 WAIT_OPS = ("wait_for", "wait_for_signal", "sleep")
+# A write in one of these states has spent the run's write budget.
+SPENT_STATES = ("approved", "sending", "sent", "unknown", "failed")
 
 
 class Paused(Stopped):
@@ -149,6 +151,7 @@ class EffectBoundary:
         pause_sink: Callable[["EffectBoundary", dict[str, Any]], Awaitable[None]],
         checkpoint_sink: Callable[["EffectBoundary", CallRecord], Awaitable[None]] | None,
         clock: Callable[[], float],
+        writes_spent: int | None = None,
     ) -> None:
         self.run_id = run_id
         self.store = store
@@ -163,10 +166,13 @@ class EffectBoundary:
         self.journal: dict[int, CallRecord] = {e.seq: e for e in journal_entries}
         self.last_recorded_seq = max(self.journal, default=0)
         self.state = AttemptState()
-        self.state.writes_spent = sum(
-            1 for e in journal_entries if e.kind == "write" and e.state in (CALL_APPROVED, CALL_SENDING, CALL_SENT, CALL_UNKNOWN, CALL_FAILED)
-        )
+        self.state.writes_spent = (writes_spent if writes_spent is not None
+                                   else sum(1 for e in journal_entries if e.kind == "write" and e.state in SPENT_STATES))
         self.execution: "Execution | None" = None
+        self._unsaved: dict[int, CallRecord] = {}
+        self._flushed_at = time.monotonic()
+        self.flush_every_calls = 64
+        self.flush_every_seconds = 0.25
         self.on_progress: Callable[[int, str], None] | None = None
         self.secret: bytes = b""
         self.session: str | None = None
@@ -345,6 +351,7 @@ class EffectBoundary:
         entry = decision.entry
         now = self.clock()
         if entry is None:
+            self.flush()
             entry = CallRecord(self.run_id, seq, op, name, args, key, "wait", CALL_WAITING, started_at=now)
             self.store.record_call(entry)
             self.journal[seq] = entry
@@ -410,7 +417,10 @@ class EffectBoundary:
     async def _builtin_call(self, seq, op, address, args, key, decision) -> Any:
         impl = self.builtins_impl.get(op)
         t = time.perf_counter()
-        await self._record_intent(seq, op, address, args, key, "read", CALL_PENDING, decision.entry)
+        if decision.entry is not None:
+            await self._record_intent(seq, op, address, args, key, "read", CALL_PENDING, decision.entry)
+        else:
+            self._buffered_intent(seq, op, address, args, key)
         try:
             if impl is None:
                 raise GuestRaise("NameError", f"name {op!r} is not defined")
@@ -434,7 +444,7 @@ class EffectBoundary:
             raise err from None
         kind = "write" if tool.is_write else "read"
         try:
-            valid = self.catalog.validate_args(address, args)
+            valid = args if (kind == "read" and tool.validates_args) else self.catalog.validate_args(address, args)
         except InvalidArguments as exc:
             err = guest_error("invalid_arguments", exc.message, "TypeError")
             await self._record_rejected(seq, "tool", address, args, kind, err, key=key, existing=decision.entry)
@@ -447,7 +457,11 @@ class EffectBoundary:
                 await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CALL_DENIED,
                                             existing=decision.entry)
                 raise err
-            await self._record_intent(seq, "tool", address, args, key, kind, CALL_PENDING, decision.entry)
+            if decision.entry is not None:
+                # A read a dead attempt left pending: re-issue it under its seq.
+                await self._record_intent(seq, "tool", address, args, key, kind, CALL_PENDING, decision.entry)
+            else:
+                self._buffered_intent(seq, "tool", address, args, key)
             return await self._dispatch(seq, tool, valid, CALL_PENDING, CALL_DONE, t)
 
         # A write. SEND: approved earlier (by resume), never marked sending.
@@ -531,14 +545,20 @@ class EffectBoundary:
 
     async def _dispatch(self, seq: int, tool: "Tool", args: dict[str, Any], from_state: str, ok_state: str, t: float) -> Any:
         is_write = from_state == CALL_SENDING
-        # The dispatch runs in its own task so that stopping the program
-        # (cancel, pause, limit) never interrupts a request on the wire: it
-        # finishes and its outcome is journaled (P-8).
-        task = asyncio.ensure_future(self._invoke(tool, args))
-        self._dispatches.add(task)
-        task.add_done_callback(self._dispatches.discard)
+        task = None
         try:
-            value = await asyncio.shield(task)
+            if is_write:
+                # A write runs in its own task so that stopping the program
+                # (cancel, pause, limit) never interrupts it on the wire: it
+                # finishes and its outcome is journaled (P-8).
+                task = asyncio.ensure_future(self._invoke(tool, args))
+                self._dispatches.add(task)
+                task.add_done_callback(self._dispatches.discard)
+                value = await asyncio.shield(task)
+            else:
+                # A read cut short is re-issued later (P-5): await it in place,
+                # which saves a task and two event-loop turns per call.
+                value = await self._invoke(tool, args)
         except asyncio.TimeoutError:
             if is_write:
                 entry = {"seq": seq, "address": tool.address}
@@ -562,14 +582,19 @@ class EffectBoundary:
             self._remember(err)
             raise err from None
         except asyncio.CancelledError:
-            # Our caller was cancelled; the shielded dispatch goes on and
-            # is journaled by _finish_late.
-            task.add_done_callback(lambda tk: asyncio.ensure_future(self._finish_late(tk, seq, from_state, ok_state)))
+            # Our caller was cancelled; a shielded write goes on and is
+            # journaled by _finish_late. A read stays pending.
+            if task is not None:
+                task.add_done_callback(
+                    lambda tk: asyncio.ensure_future(self._finish_late(tk, seq, from_state, ok_state)))
             raise
         except GuestRaise:
             raise
         except Exception as exc:  # the tool failed
-            err = _tool_error(tool.address, exc)
+            if isinstance(exc, InvalidArguments):
+                err = guest_error("invalid_arguments", exc.message, "TypeError")
+            else:
+                err = _tool_error(tool.address, exc)
             await self._record_outcome(seq, from_state, CALL_FAILED, error=_err_json(err))
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", CALL_FAILED, t)
             self._remember(err)
@@ -581,7 +606,8 @@ class EffectBoundary:
         return value
 
     async def _invoke(self, tool: "Tool", args: dict[str, Any]) -> Any:
-        return await asyncio.wait_for(tool.handler(args), timeout=self.limits.call_timeout_seconds)
+        async with asyncio.timeout(self.limits.call_timeout_seconds):
+            return await tool.handler(args)
 
     async def _finish_late(self, task: asyncio.Task, seq: int, from_state: str, ok_state: str) -> None:
         try:
@@ -616,8 +642,10 @@ class EffectBoundary:
     def release_held(self) -> None:
         self._release.set()
 
-    def reset_for_replay(self) -> None:
-        """Start over from call 1 after a restore that could not be used."""
+    def reset_for_replay(self, entries: list[CallRecord]) -> None:
+        """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""
+        self.journal = {e.seq: e for e in entries}
+        self.last_recorded_seq = max(self.journal, default=0)
         self.state = AttemptState(writes_spent=self.state.writes_spent)
         self._release = asyncio.Event()
         self._idle.set()
@@ -642,7 +670,36 @@ class EffectBoundary:
 
     # -- journal ------------------------------------------------------------------
 
+    # Reads are journaled in batches (P-7): a read's entry is written with its
+    # outcome, at the latest before the next write, wait, snapshot or the end
+    # of the attempt. A crash loses at most the tail of reads after the last
+    # write, and those are simply issued again; writes never wait in a buffer.
+
+    def _buffered_intent(self, seq: int, op: str, address: str, args: dict, key: str) -> None:
+        record = CallRecord(self.run_id, seq, op, address, args, key, "read", CALL_PENDING, started_at=self.clock())
+        self._unsaved[seq] = record
+        self.journal[seq] = record
+
+    def flush(self) -> None:
+        """Write the settled reads still held in memory, in one transaction."""
+        if not self._unsaved:
+            return
+        settled = [r for r in self._unsaved.values() if r.state != CALL_PENDING]
+        if not settled:
+            return
+        settled.sort(key=lambda r: r.seq)
+        self.store.record_calls(settled)
+        for r in settled:
+            del self._unsaved[r.seq]
+        self._flushed_at = time.monotonic()
+
+    def _maybe_flush(self) -> None:
+        if len(self._unsaved) >= self.flush_every_calls or time.monotonic() - self._flushed_at > self.flush_every_seconds:
+            self.flush()
+
     async def _record_intent(self, seq, op, address, args, key, kind, state, existing: CallRecord | None) -> None:
+        if kind != "read":
+            self.flush()
         now = self.clock()
         if existing is not None:
             # A read left pending by a dead attempt is re-issued under the same seq.
@@ -655,6 +712,11 @@ class EffectBoundary:
 
     async def _record_outcome(self, seq: int, from_state: str, state: str, *, outcome: Any = None,
                               error: dict[str, Any] | None = None) -> None:
+        buffered = self._unsaved.get(seq)
+        if buffered is not None:
+            buffered.state, buffered.outcome, buffered.error, buffered.finished_at = state, outcome, error, self.clock()
+            self._maybe_flush()
+            return
         self.store.update_call(self.run_id, seq, [from_state], state=state, outcome=outcome, error=error,
                                finished_at=self.clock())
 
@@ -666,8 +728,11 @@ class EffectBoundary:
         key = key or journal.call_key(op, address, to_json_value(args)[0])
         now = self.clock()
         if existing is None:
-            self.store.record_call(CallRecord(self.run_id, seq, op, address, to_json_value(args)[0], key, kind, state,
-                                              error=_err_json(err), started_at=now, finished_at=now))
+            record = CallRecord(self.run_id, seq, op, address, to_json_value(args)[0], key, kind, state,
+                                error=_err_json(err), started_at=now, finished_at=now)
+            self._unsaved[seq] = record
+            self.journal[seq] = record
+            self.flush()
         self._remember(err)
 
     def _remember(self, err: GuestRaise) -> None:

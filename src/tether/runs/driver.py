@@ -26,7 +26,16 @@ from ..store.base import (
     CallRecord,
     RunRecord,
 )
-from .boundary import Approver, BUILTIN_OPS, Cancelled, EffectBoundary, Parked, Paused, SnapshotMismatch
+from .boundary import (
+    BUILTIN_OPS,
+    SPENT_STATES,
+    Approver,
+    Cancelled,
+    EffectBoundary,
+    Parked,
+    Paused,
+    SnapshotMismatch,
+)
 from .limits import Limits
 from .policy import Policy
 from .result import RunResult, preview, to_json_value
@@ -81,14 +90,24 @@ def _stubs(rt: "Runtime") -> Any:
     return stubs
 
 
-def build_spec(rt: "Runtime", run: RunRecord, limits: Limits) -> SandboxSpec:
-    namespaces: dict[str, list[str]] = {}
-    for tool in rt.catalog.tools():
-        namespaces.setdefault(tool.namespace, []).append(tool.name)
-    type_check = bool(run.meta.get("type_check", rt.type_check))
+def _namespaces(rt: "Runtime") -> dict[str, tuple[str, ...]]:
+    def group() -> dict[str, tuple[str, ...]]:
+        out: dict[str, list[str]] = {}
+        for tool in rt.catalog.tools():
+            out.setdefault(tool.namespace, []).append(tool.name)
+        return {ns: tuple(names) for ns, names in out.items()}
+
+    memo = getattr(rt.catalog, "memo", None)
+    return memo("sandbox-namespaces", group) if memo else group()
+
+
+def build_spec(rt: "Runtime", run: RunRecord, limits: Limits, *, continuing: bool = False) -> SandboxSpec:
+    # A program that already passed the check at its first attempt is not
+    # checked again when it continues (restore or replay).
+    type_check = bool(run.meta.get("type_check", rt.type_check)) and not continuing
     stubs = _stubs(rt) if type_check else None
     return SandboxSpec(
-        namespaces={ns: tuple(names) for ns, names in namespaces.items()},
+        namespaces=_namespaces(rt),
         builtins=BUILTINS,
         sync_builtins=SYNC_BUILTINS,
         limits=SandboxLimits(
@@ -103,6 +122,7 @@ def build_spec(rt: "Runtime", run: RunRecord, limits: Limits) -> SandboxSpec:
         prelude_stubs=getattr(stubs, "prelude", None),
         tools_stubs=getattr(stubs, "tools_module", None),
         namespace_stubs=dict(getattr(stubs, "namespace_modules", {}) or {}),
+        modules_key=(id(rt.catalog), getattr(rt.catalog, "version", None), type_check),
     )
 
 
@@ -178,10 +198,10 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
     """One attempt. ``mode`` is "fresh" or "continue" (restore, else replay)."""
     limits = Limits.from_dict(run.limits)
     policy = Policy.from_dict(run.policy)
-    entries = rt.store.get_calls(run.run_id) if mode != "fresh" else []
+    stuck = rt.store.get_calls(run.run_id, states=[CALL_SENDING]) if mode != "fresh" else []
 
     # P-11: a write left `sending` by a dead attempt is never re-sent.
-    for e in entries:
+    for e in stuck:
         if e.state == CALL_SENDING:
             rt.store.update_call(run.run_id, e.seq, [CALL_SENDING], state="unknown", finished_at=rt.clock(),
                                  error={"type": "TimeoutError",
@@ -191,18 +211,29 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
                 "happened is unknown and it was not sent again",
                 details={"seq": e.seq, "address": e.address, "args": e.args},
             )
-            return rt._finish(run, RUN_FAILED, error=err.to_dict(), calls=len(entries))
+            return rt._finish(run, RUN_FAILED, error=err.to_dict(), calls=e.seq)
 
     snapshot = None
+    entries: list[CallRecord] = []
+    writes_spent = None
     if mode != "fresh":
         snapshot = rt.store.latest_snapshot(run.run_id)
         if snapshot is not None:
             rt.verify_snapshot(snapshot)  # raises SnapshotTampered: refuse, do not replay past a forgery
             if snapshot.monty_version != MONTY_VERSION:
                 snapshot = None  # another build cannot load it: replay from the journal (P-12)
+        if snapshot is not None:
+            # A restore never re-issues calls before its snapshot: read only the
+            # calls it waits on and those after, so resuming does not slow down
+            # with the length of the journal.
+            low = min([p["seq"] for p in snapshot.pending] + [snapshot.seq + 1])
+            entries = rt.store.get_calls(run.run_id, after=low - 1)
+            writes_spent = rt.store.count_calls(run.run_id, kind="write", states=SPENT_STATES)
+        else:
+            entries = rt.store.get_calls(run.run_id)
 
     t_setup = time.perf_counter()
-    spec = build_spec(rt, run, limits)
+    spec = build_spec(rt, run, limits, continuing=mode != "fresh")
     logs = LogBuffer(limits.log_bytes)
     if snapshot is not None and isinstance(run.result, dict):
         # A restore continues the program where it stopped: keep what it
@@ -211,6 +242,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
             logs("stdout", line + "\n")
 
     async def pause_sink(boundary: EffectBoundary, pending: dict[str, Any]) -> None:
+        boundary.flush()
         st = boundary.state
         data = await boundary.execution.dump()
         if st.answering and st.restore_pending is not None:
@@ -241,6 +273,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
         if (st.issued - st.checkpoint_at_seq < rt.checkpoint_every_calls
                 and now - (st.checkpoint_at_time or run.created_at) < rt.checkpoint_every_seconds):
             return
+        boundary.flush()
         data = await boundary.execution.dump()
         st.checkpoint_at_seq, st.checkpoint_at_time = st.issued, now
         rt.store.put_snapshot(rt.snapshot_record(
@@ -255,6 +288,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
         policy=policy,
         limits=limits,
         journal_entries=entries,
+        writes_spent=writes_spent,
         on_approval=on_approval,
         builtins_impl=_builtins(rt, run.run_id),
         pause_sink=pause_sink,
@@ -298,6 +332,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
             finally:
                 boundary.release_held()
                 await boundary.drain()
+                boundary.flush()
 
     try:
         try:
@@ -305,7 +340,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
         except SnapshotMismatch:
             # Nothing was sent: the mapping is checked before any dispatch.
             attempt_kind = "replay"
-            boundary.reset_for_replay()
+            boundary.reset_for_replay(rt.store.get_calls(run.run_id))
             logs.__init__(limits.log_bytes)
             value = await run_once("replay")
     except (Paused, Parked):

@@ -614,10 +614,12 @@ class Runtime:
         now = self.clock()
         self.store.update_run(run.run_id, None, status=status, result=envelope.to_dict(), error=error,
                               updated_at=now, owner=None, lease_until=None, pending=None)
-        # The timeline event a cell observer waits for (P-20).
-        kind = {"completed": "completed", "failed": "failed"}.get(status, "terminated")
-        data = {"result": result, "notes": notes or []} if status == "completed" else {"error": error}
-        self.event(run.run_id, kind, data)
+        # The event a cell observer waits for (P-20); a plain execute has no
+        # observer and saves the write.
+        if (run.meta or {}).get("cell") or run.run_id in self._event_signals:
+            kind = {"completed": "completed", "failed": "failed"}.get(status, "terminated")
+            data = {"result": result, "notes": notes or []} if status == "completed" else {"error": error}
+            self.event(run.run_id, kind, data)
         return envelope
 
     def event(self, run_id: str, type: str, data: dict[str, Any]) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextvars
 import keyword
 import datetime as _dt
 from dataclasses import dataclass, field
@@ -103,6 +104,8 @@ class SandboxSpec:
     prelude_stubs: str | None = None  # type_check_stubs text
     tools_stubs: str | None = None  # stubs of the `tools` module
     namespace_stubs: dict[str, str] = field(default_factory=dict)
+    # Identifies the catalog (and its stubs): the `tools` module is reused while it is the same.
+    modules_key: Any = None
 
 
 def _limits(limits: SandboxLimits) -> dict[str, Any]:
@@ -115,6 +118,23 @@ def _limits(limits: SandboxLimits) -> dict[str, Any]:
         # boundary, so Monty's must sit above it, never below.
         "max_suspensions": max(1000, limits.host_calls * 4 + 100),
     }
+
+
+_CURRENT: contextvars.ContextVar["Execution"] = contextvars.ContextVar("tether_execution")
+
+
+def _tool_functions(ns: str, names: tuple[str, ...]) -> dict[str, Any]:
+    # Monty refuses keyword keys and hides "_" ones; such tools cannot be
+    # called as attributes anyway, so they are left out of the module.
+    return {name: _routed(f"tools.{ns}.{name}") for name in names
+            if name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")}
+
+
+def _routed(name: str) -> Callable[..., Awaitable[Any]]:
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        return await _CURRENT.get()._call(name, args, kwargs)
+
+    return call
 
 
 class SandboxPool:
@@ -131,6 +151,7 @@ class SandboxPool:
         )
         self._started = False
         self._lock = asyncio.Lock()
+        self._modules: tuple[Any, Any] | None = None
 
     async def start(self) -> None:
         async with self._lock:
@@ -143,6 +164,24 @@ class SandboxPool:
             if self._started:
                 self._started = False
                 await self._pool.__aexit__(None, None, None)
+
+    def tools_module(self, spec: SandboxSpec) -> Any:
+        """The `tools` module for a catalog, built once per catalog version.
+
+        Its functions find the execution they serve through a context
+        variable (Monty runs host callbacks in the caller's context), so one
+        module serves every run; rebuilding it per run cost time in
+        proportion to the catalog.
+        """
+        key = spec.modules_key
+        if key is not None and self._modules is not None and self._modules[0] == key:
+            return self._modules[1]
+        modules = {ns: _pm.ExternalModule(_tool_functions(ns, names), stubs=spec.namespace_stubs.get(ns))
+                   for ns, names in spec.namespaces.items()}
+        tools = _pm.ExternalModule(modules, stubs=spec.tools_stubs)
+        if key is not None:
+            self._modules = (key, tools)
+        return tools
 
     def execution(
         self,
@@ -181,9 +220,7 @@ class Execution:
     async def __aenter__(self) -> "Execution":
         await self._pool.start()
         spec = self._spec
-        modules = {ns: _pm.ExternalModule(self._tool_functions(ns, names), stubs=spec.namespace_stubs.get(ns))
-                   for ns, names in spec.namespaces.items()}
-        tools = _pm.ExternalModule(modules, stubs=spec.tools_stubs)
+        tools = self._pool.tools_module(spec)
         self._cm = self._pool._pool.checkout(
             limits=_limits(spec.limits),
             type_check=spec.type_check,
@@ -210,18 +247,19 @@ class Execution:
 
     # -- host functions -----------------------------------------------------
 
-    def _wrap(self, name: str) -> Callable[..., Awaitable[Any]]:
-        host = self._host
+    async def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+        try:
+            return await self._host(name, args, kwargs)
+        except GuestRaise as exc:
+            raise exc.to_exception() from None
+        except Stopped:
+            raise RuntimeError("the run is stopping") from None
+        except Exception as exc:
+            raise self._host_failure(exc) from None
 
+    def _wrap(self, name: str) -> Callable[..., Awaitable[Any]]:
         async def call(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return await host(name, args, kwargs)
-            except GuestRaise as exc:
-                raise exc.to_exception() from None
-            except Stopped:
-                raise RuntimeError("the run is stopping") from None
-            except Exception as exc:
-                raise self._host_failure(exc) from None
+            return await self._call(name, args, kwargs)
 
         return call
 
@@ -250,11 +288,6 @@ class Execution:
 
         return call
 
-    def _tool_functions(self, ns: str, names: tuple[str, ...]) -> dict[str, Any]:
-        # Monty refuses keyword keys and hides "_" ones; such tools cannot be
-        # called as attributes anyway, so they are left out of the module.
-        return {name: self._wrap(f"tools.{ns}.{name}") for name in names
-                if name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")}
 
     def _os(self, *, name: str, args: tuple, kwargs: dict, is_async: bool = False, **_: Any) -> Any:
         # Sync on purpose: NOT_HANDLED (Monty's own refusal of files, env...)
@@ -301,6 +334,9 @@ class Execution:
 
     async def run(self, code: str, session_state: bytes | None = None) -> Any:
         """Run ``code`` from the start (after loading a REPL session's globals); returns its last value."""
+        # Monty captures the caller's context when the feed is created: the
+        # `tools` functions find this execution through it.
+        _CURRENT.set(self)
         if session_state is not None:
             try:
                 await self._session.load_session(session_state)
@@ -319,6 +355,8 @@ class Execution:
         the ids waited on and the re-announced calls (with their names and
         arguments) and returns, per id, a value or a :class:`GuestRaise`.
         """
+
+        _CURRENT.set(self)
 
         async def drive() -> Any:
             try:

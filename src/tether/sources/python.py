@@ -236,6 +236,7 @@ def _build(spec: ToolSpec, namespace: str) -> Tool:
         output_schema=output_schema,
         annotations=spec.annotations,
         source="python",
+        validates_args=True,
     )
 
 

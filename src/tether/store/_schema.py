@@ -627,6 +627,18 @@ class SQLStore:
         with self._transaction(write=True, conflict=conflict, run_id=call.run_id) as tx:
             tx.run(_INSERT_CALL, values)
 
+    def record_calls(self, calls: Sequence[CallRecord]) -> None:
+        if not calls:
+            return
+        for call in calls:
+            _check_state(call.state)
+        rows = [[_encode(CALL_COLUMNS, n, getattr(c, n)) for n in CALL_COLUMNS] for c in calls]
+        run_id = calls[0].run_id
+        conflict = f"a call of run {run_id!r} in seqs {calls[0].seq}..{calls[-1].seq} is already recorded"
+        with self._transaction(write=True, conflict=conflict, run_id=run_id) as tx:
+            for row in rows:
+                tx.run(_INSERT_CALL, row)
+
     def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], **fields: Any) -> bool:
         unknown = fields.keys() - _CALL_UPDATABLE
         if unknown:
@@ -650,10 +662,34 @@ class SQLStore:
             row = tx.run(f"{_SELECT_CALL} WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
         return None if row is None else _call(row)
 
-    def get_calls(self, run_id: str) -> list[CallRecord]:
+    def get_calls(self, run_id: str, after: int | None = None, states: Sequence[str] | None = None) -> list[CallRecord]:
+        where, params = "run_id = ?", [run_id]
+        if after is not None:
+            where += " AND seq > ?"
+            params.append(after)
+        if states is not None:
+            expected = _expected(states, "states")
+            if not expected:
+                return []
+            where += f" AND state IN {_in(len(expected))}"
+            params += expected
         with self._transaction(write=False) as tx:
-            rows = tx.run(f"{_SELECT_CALL} WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
+            rows = tx.run(f"{_SELECT_CALL} WHERE {where} ORDER BY seq", params).fetchall()
         return [_call(row) for row in rows]
+
+    def count_calls(self, run_id: str, kind: str | None = None, states: Sequence[str] | None = None) -> int:
+        where, params = "run_id = ?", [run_id]
+        if kind is not None:
+            where += " AND kind = ?"
+            params.append(kind)
+        if states is not None:
+            expected = _expected(states, "states")
+            if not expected:
+                return 0
+            where += f" AND state IN {_in(len(expected))}"
+            params += expected
+        with self._transaction(write=False) as tx:
+            return tx.run(f"SELECT COUNT(*) FROM calls WHERE {where}", params).fetchone()[0]
 
     # -- snapshots
 

@@ -183,11 +183,18 @@ class Store(Protocol):
     def record_call(self, call: CallRecord) -> None:
         """Insert a journal entry; raises Conflict if (run_id, seq) exists."""
 
+    def record_calls(self, calls: Sequence[CallRecord]) -> None:
+        """Insert several entries in one transaction (a batch of settled reads); Conflict if any exists."""
+
     def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], **fields: Any) -> bool:
         """Set ``fields`` if the entry's state is in ``expect_state``. CAS."""
 
     def get_call(self, run_id: str, seq: int) -> CallRecord | None: ...
-    def get_calls(self, run_id: str) -> list[CallRecord]: ...
+    def get_calls(self, run_id: str, after: int | None = None,
+                  states: Sequence[str] | None = None) -> list[CallRecord]:
+        """Entries (with seq > ``after`` and in ``states``, when given), by seq."""
+
+    def count_calls(self, run_id: str, kind: str | None = None, states: Sequence[str] | None = None) -> int: ...
 
     # -- snapshots
     def put_snapshot(self, snapshot: SnapshotRecord) -> None: ...

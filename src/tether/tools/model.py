@@ -72,6 +72,10 @@ class Tool:
     output_schema: dict[str, Any] | None = None
     annotations: Annotations = Annotations()
     source: str = "python"
+    # The handler checks its own arguments (raising InvalidArguments): the
+    # boundary may then skip its JSON Schema check for reads, where a
+    # malformed call costs nothing. Writes are always checked before policy.
+    validates_args: bool = False
 
     def __post_init__(self) -> None:
         check_identifier(self.namespace, "namespace")
