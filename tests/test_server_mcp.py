@@ -83,7 +83,7 @@ async def wait_status(rt: Runtime, run_id: str, status: str, timeout: float = 5.
 async def test_two_tools_with_a_bounded_byte_stable_description(server, rt, rec, mode):
     async with Client(server.mcp, mode=mode) as c:
         tools = {t.name: t for t in (await c.list_tools()).tools}
-    assert set(tools) == {"execute", "resume"}
+    assert set(tools) == {"execute", "resume", "cell_start", "cell_wait", "cell_terminate"}
     assert tools["execute"].description == rt.model_description()
     assert len(tools["execute"].description.encode()) <= 1200
     # Byte-stable: the same tools added in another order describe themselves identically.

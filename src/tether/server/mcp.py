@@ -94,6 +94,25 @@ class ExecuteArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
     code: str
     diagnostics: bool = False
+    session: str | None = None
+
+
+class CellStartArguments(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    code: str
+    yield_after_ms: int = Field(default=1000, ge=0, le=600_000)
+
+
+class CellWaitArguments(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cell_id: str
+    after: int = Field(default=0, ge=0)
+    timeout_ms: int = Field(default=30_000, ge=0, le=600_000)
+
+
+class CellTerminateArguments(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cell_id: str
 
 
 class ResumeArguments(BaseModel):
@@ -104,12 +123,28 @@ class ResumeArguments(BaseModel):
     seq: int | None = None
 
 
-_ARGUMENTS: dict[str, type[BaseModel]] = {"execute": ExecuteArguments, "resume": ResumeArguments}
+_ARGUMENTS: dict[str, type[BaseModel]] = {
+    "execute": ExecuteArguments, "resume": ResumeArguments, "cell_start": CellStartArguments,
+    "cell_wait": CellWaitArguments, "cell_terminate": CellTerminateArguments,
+}
 _USAGE = {
     "execute": 'Call execute with {"code": "<a Python program>"} (and optionally "diagnostics": true).',
     "resume": 'Call resume with {"run_id": "run_...", "decision": "approve" | "decline" | "cancel", '
               '"seq": <pending.seq>, "reason": "..."} taken from the paused result.',
+    "cell_start": 'Call cell_start with {"code": "<a Python program>", "yield_after_ms": 1000}.',
+    "cell_wait": 'Call cell_wait with {"cell_id": "run_...", "after": <cursor>, "timeout_ms": 30000}.',
+    "cell_terminate": 'Call cell_terminate with {"cell_id": "run_..."}.',
 }
+CELL_START_DESCRIPTION = (
+    "Start a long program as a cell and get an observation as soon as it yields (await yield_control()), "
+    "ends, pauses, or yield_after_ms passes; the program keeps running. emit(value) in the program adds "
+    "output events. Returns {status, cell_id, cursor, events, result?, error?}; follow it with cell_wait."
+)
+CELL_WAIT_DESCRIPTION = (
+    "Wait for a cell's events after a cursor (from cell_start or a previous cell_wait). Returns as soon "
+    "as there are any, stopping at a yield, pause or end, or after timeout_ms with what came."
+)
+CELL_TERMINATE_DESCRIPTION = "Stop a cell: nothing further is sent; a write already on the wire finishes."
 
 RESUME_DESCRIPTION = (
     "Decide the write a paused run waits on, then continue the run. decision: 'approve' sends the write; "
@@ -171,6 +206,19 @@ class TetherServer:
                               readOnlyHint=False, destructiveHint=True, idempotentHint=False,
                               openWorldHint=True))
 
+        self.mcp.add_tool(self.cell_start, name="cell_start", title="Start a long program and observe it",
+                          description=CELL_START_DESCRIPTION, annotations=ToolAnnotations(
+                              readOnlyHint=False, destructiveHint=_writes_unasked(rt.policy),
+                              idempotentHint=False, openWorldHint=True))
+        self.mcp.add_tool(self.cell_wait, name="cell_wait", title="Wait for a cell's next events",
+                          description=CELL_WAIT_DESCRIPTION, annotations=ToolAnnotations(
+                              readOnlyHint=True, destructiveHint=False, idempotentHint=True,
+                              openWorldHint=False))
+        self.mcp.add_tool(self.cell_terminate, name="cell_terminate", title="Stop a cell",
+                          description=CELL_TERMINATE_DESCRIPTION, annotations=ToolAnnotations(
+                              readOnlyHint=False, destructiveHint=True, idempotentHint=True,
+                              openWorldHint=False))
+
     async def close(self) -> None:
         """Wait for cancellations handed to the background to finish."""
         if self._background:
@@ -183,6 +231,7 @@ class TetherServer:
         code: Annotated[str, Field(description="The Python program. Its last expression is the result.")],
         ctx: Context,
         diagnostics: Annotated[bool, Field(description="Include per-call timings in the result.")] = False,
+        session: Annotated[str | None, Field(description="Keep globals across executes under this name.")] = None,
     ) -> Annotated[CallToolResult, RunEnvelope] | InputRequiredResult:
         principal = self.principal_of(ctx)
         if ctx.request_state is not None:
@@ -194,7 +243,7 @@ class TetherServer:
         try:
             result = await self._run(
                 lambda progress: self.rt.execute(code, on_approval=approver, principal=principal, meta=meta,
-                                                 on_progress=progress),
+                                                 on_progress=progress, session=session),
                 ctx, principal, run_id=lambda: self._run_tagged(tag))
         except TetherError as exc:
             return error_result(exc)
@@ -222,6 +271,58 @@ class TetherServer:
         except TetherError as exc:
             return error_result(exc)
         return run_result(result, diagnostics=False)
+
+    # -- cells -----------------------------------------------------------------------
+
+    async def cell_start(
+        self,
+        code: Annotated[str, Field(description="The Python program.")],
+        ctx: Context,
+        yield_after_ms: Annotated[int, Field(description="Return an observation after this long at most.")] = 1000,
+    ) -> CallToolResult:
+        principal = self.principal_of(ctx)
+        try:
+            # A running cell holds a sandbox worker: it takes a run slot until it ends or parks.
+            slot = await self.admission.acquire()
+            try:
+                obs = await self.rt.start_cell(code, yield_after_ms=yield_after_ms, principal=principal,
+                                               meta=dict(self.run_meta))
+            except BaseException:
+                slot.release()
+                raise
+            task = self.rt._cell_tasks.get(obs["cell_id"])
+            if task is None:
+                slot.release()
+            else:
+                task.add_done_callback(lambda _t: slot.release())
+        except TetherError as exc:
+            return error_result(exc)
+        return observation_result(obs)
+
+    async def cell_wait(
+        self,
+        cell_id: Annotated[str, Field(description="The cell_id from cell_start.")],
+        ctx: Context,
+        after: Annotated[int, Field(description="The cursor of the last observation.")] = 0,
+        timeout_ms: Annotated[int, Field(description="Wait at most this long.")] = 30_000,
+    ) -> CallToolResult:
+        try:
+            obs = await self.rt.wait_cell(cell_id, after=after, timeout_ms=timeout_ms,
+                                          principal=self.principal_of(ctx))
+        except TetherError as exc:
+            return error_result(exc)
+        return observation_result(obs)
+
+    async def cell_terminate(
+        self,
+        cell_id: Annotated[str, Field(description="The cell_id from cell_start.")],
+        ctx: Context,
+    ) -> CallToolResult:
+        try:
+            obs = await self.rt.terminate_cell(cell_id, principal=self.principal_of(ctx))
+        except TetherError as exc:
+            return error_result(exc)
+        return observation_result(obs)
 
     # -- running -------------------------------------------------------------------
 
@@ -503,6 +604,20 @@ def run_result(result: RunResult, *, diagnostics: bool) -> CallToolResult:
     text = lead + json.dumps(data, ensure_ascii=False, default=str)
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data,
                           is_error=result.status in ("failed", "cancelled"))
+
+
+def observation_result(obs: dict[str, Any]) -> CallToolResult:
+    """A cell observation as text (outputs first) and structured content."""
+    lines = [f"[{obs['status']}] cell {obs['cell_id']} cursor {obs['cursor']}"]
+    for e in obs["events"]:
+        if e["type"] == "output":
+            v = e.get("value")
+            lines.append(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
+        else:
+            lines.append(f"<{e['type']}>")
+    text = "\n".join(lines) + "\n" + json.dumps(obs, ensure_ascii=False, default=str)
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=obs,
+                          is_error=obs["status"] == "failed")
 
 
 def error_result(exc: TetherError, *, run_id: str | None = None) -> CallToolResult:

@@ -1,0 +1,69 @@
+"""Cells and REPL sessions through the real MCP client (P-20, P-21)."""
+
+from __future__ import annotations
+
+import pytest
+from mcp import Client
+
+from helpers import Recorder
+from tether.runs.runtime import Runtime
+from tether.server.mcp import TetherServer
+
+ERAS = [pytest.param("legacy", id="legacy"), pytest.param("auto", id="modern")]
+
+JOB = """
+import tools
+n = 0
+for i in range(6):
+    await tools.helpdesk.get_ticket(id=i)
+    n += 1
+    if n % 3 == 0:
+        emit({"progress": n, "total": 6})
+        await yield_control()
+n
+"""
+
+
+@pytest.fixture
+async def server():
+    async with Runtime(tools=Recorder().tools(), type_check=False) as rt:
+        yield TetherServer(rt)
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_p20_cell_start_wait_over_mcp(server, mode):
+    async with Client(server.mcp, mode=mode) as c:
+        r = await c.call_tool("cell_start", {"code": JOB, "yield_after_ms": 10_000})
+        obs = r.structured_content
+        assert not r.is_error and obs["status"] == "running"
+        assert [e["type"] for e in obs["events"]] == ["output", "yielded"]
+        types = []
+        while obs["status"] == "running":
+            r = await c.call_tool("cell_wait", {"cell_id": obs["cell_id"], "after": obs["cursor"], "timeout_ms": 10_000})
+            obs = r.structured_content
+            types += [e["type"] for e in obs["events"]]
+        assert obs["status"] == "completed" and obs["result"] == 6
+        assert types == ["output", "yielded", "completed"]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_p20_cell_terminate_and_bad_input_over_mcp(server, mode):
+    async with Client(server.mcp, mode=mode) as c:
+        r = await c.call_tool("cell_start", {"code": "import asyncio\nwhile True:\n    await asyncio.sleep(0.05)\n",
+                                              "yield_after_ms": 50})
+        cell = r.structured_content["cell_id"]
+        r = await c.call_tool("cell_terminate", {"cell_id": cell})
+        assert r.structured_content["status"] == "terminated"
+        r = await c.call_tool("cell_wait", {"cell_id": "run_nope"})
+        assert r.is_error and r.structured_content["error"]["code"] == "run_not_found"
+        r = await c.call_tool("cell_start", {"code": 5})
+        assert r.is_error and r.structured_content["error"]["code"] == "invalid_arguments"
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_p21_execute_with_a_session_keeps_globals(server, mode):
+    async with Client(server.mcp, mode=mode) as c:
+        r = await c.call_tool("execute", {"code": "x = 20", "session": "nb"})
+        assert not r.is_error
+        r = await c.call_tool("execute", {"code": "x + 1", "session": "nb"})
+        assert r.structured_content["result"] == 21
