@@ -56,3 +56,13 @@ class Recorder:
             Tool("slowpoke", "wait", "Answers late.", slow_schema, slow, annotations=Annotations(read_only=True)),
             Tool("slowpoke", "write", "A write that answers late.", slow_schema, slow_write),
         ]
+
+
+class Clock:
+    """An injectable clock: durability tests move time instead of sleeping."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from helpers import Recorder
+from helpers import Clock, Recorder
 from tether.errors import AlreadyDecided, RunExpired, RunNotFound, SnapshotTampered
 from tether.runs.limits import Limits
 from tether.runs.policy import Policy, Rule
@@ -24,14 +24,6 @@ print("closed", closed["id"])
 """
 
 
-class Clock:
-    """An injectable clock: durability tests move time instead of sleeping."""
-
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import Recorder
+from helpers import Clock, Recorder
 from tether.errors import SnapshotTampered
 from tether.runs.runtime import Runtime
 from tether.store import open_store
@@ -43,12 +43,6 @@ async def test_p21_a_failed_execute_keeps_the_previous_state(store_url):
 
 
 async def test_p21_reset_and_expiry(store_url):
-    class Clock:
-        now = 1_800_000_000.0
-
-        def __call__(self):
-            return self.now
-
     clock = Clock()
     async with runtime(store_url, clock=clock, type_check=False) as rt:
         await rt.execute("x = 1", session="s")

@@ -6,18 +6,12 @@ import asyncio
 
 import pytest
 
-from helpers import Recorder
+from helpers import Clock, Recorder
 from tether.runs.policy import Policy
 from tether.runs.runtime import Runtime
 from tether.store import open_store
 
 
-class Clock:
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -397,10 +397,15 @@ class EffectBoundary:
 
     async def _park(self, pending: dict[str, Any]) -> Any:
         """Stop the program until the wait is settled; like a pause, but for the world to answer."""
+        return await self._stop_at(pending, Parked(pending))
+
+    async def _stop_at(self, pending: dict[str, Any], stop: Stopped) -> Any:
+        """Pause or park at this call (P-4, P-18): the first call to stop wins; later ones are held."""
         if self.state.pausing:
             return await self._hold(pending["seq"], pending["op"], pending["address"], pending["args"])
         self.state.pausing = True
-        self.state.inflight -= 1
+        # Calls in flight finish and are journaled before the snapshot is stored.
+        self.state.inflight -= 1  # this call waits, it is not dispatching
         try:
             while self.state.inflight > 0:
                 self._idle.clear()
@@ -410,9 +415,11 @@ class EffectBoundary:
         finally:
             self.state.inflight += 1
         await self._pause_sink(self, pending)
-        self.execution.stop(Parked(pending))
+        # The program must not see the stop: end the execution and keep this
+        # call unanswered until the worker is gone.
+        self.execution.stop(stop)
         await self._release.wait()
-        raise Stopped("parked")
+        raise Stopped(str(stop))
 
     async def _builtin_call(self, seq, op, address, args, key, decision) -> Any:
         impl = self.builtins_impl.get(op)
@@ -516,25 +523,7 @@ class EffectBoundary:
             raise err
         # Pause: only the first write to ask pauses; later ones are held and
         # asked again, in seq order, when the run continues (P-4).
-        if self.state.pausing:
-            return await self._hold(seq, "tool", tool.address, args)
-        self.state.pausing = True
-        # Reads in flight finish and are journaled before the pause is stored.
-        self.state.inflight -= 1  # this call waits, it is not dispatching
-        try:
-            while self.state.inflight > 0:
-                self._idle.clear()
-                await self._idle.wait()
-            for _ in range(3):
-                await asyncio.sleep(0)
-        finally:
-            self.state.inflight += 1
-        await self._pause_sink(self, pending)
-        # The program must not see the pause: stop the execution and keep
-        # this call unanswered until the worker is gone.
-        self.execution.stop(Paused(pending))
-        await self._release.wait()
-        raise Stopped("paused")
+        return await self._stop_at(pending, Paused(pending))
 
     async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
         # P-7: `sending` is committed before the request leaves.

@@ -297,14 +297,7 @@ class Execution:
         return _pm.NOT_HANDLED
 
     async def _sleep(self, args: tuple, kwargs: dict) -> Any:
-        try:
-            return await self._host("sleep", args, kwargs)
-        except GuestRaise as exc:
-            raise exc.to_exception() from None
-        except Stopped:
-            raise RuntimeError("the run is stopping") from None
-        except Exception as exc:
-            raise self._host_failure(exc) from None
+        return await self._call("sleep", args, kwargs)
 
     def _lookup(self) -> dict[str, Any]:
         table: dict[str, Any] = {name: self._wrap(name) for name in self._spec.builtins}

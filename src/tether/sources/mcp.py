@@ -49,6 +49,7 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
+from ._names import identifier as _identifier, unique as _unique
 from ..errors import ConfigError, ToolError, UsageError
 from ..tools.model import Annotations, Tool, check_identifier
 
@@ -531,7 +532,7 @@ class MCPSource:
         tools: list[Tool] = []
         taken: set[str] = set()
         for upstream in listed:
-            name = _unique(_identifier(upstream.name), taken)
+            name = _unique(_identifier(upstream.name, "t"), taken)
             hints = upstream.annotations
             try:
                 tool = Tool(
@@ -717,20 +718,6 @@ def _session_gone(exc: MCPError) -> bool:
     return exc.code == INVALID_REQUEST and exc.message == "Session terminated"
 
 
-def _identifier(name: str) -> str:
-    ident = re.sub(r"[^0-9A-Za-z_]+", "_", name).strip("_") or "tool"
-    if ident[0].isdigit():
-        ident = f"t_{ident}"
-    if keyword.iskeyword(ident) or keyword.issoftkeyword(ident):
-        ident += "_"
-    return ident
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    candidate, n = name, 2
-    while candidate in taken:
-        candidate, n = f"{name}_{n}", n + 1
-    return candidate
 
 
 def _expand(value: str, where: str) -> str:

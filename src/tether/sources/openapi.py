@@ -27,6 +27,7 @@ from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
 
+from ._names import identifier as _identifier, unique as _unique
 from ..errors import ConfigError, InvalidArguments, ToolError, UsageError
 from ..tools.model import Annotations, Tool, check_identifier
 
@@ -662,13 +663,6 @@ def _snake(text: str) -> str:
     return re.sub(r"[^0-9a-zA-Z]+", "_", text).strip("_").lower()
 
 
-def _identifier(text: str, fallback: str) -> str:
-    ident = text or fallback
-    if ident[0].isdigit():
-        ident = f"{fallback}_{ident}"
-    if keyword.iskeyword(ident) or keyword.issoftkeyword(ident):
-        ident += "_"
-    return ident
 
 
 def _operation_name(operation_id: Any, method: str, path: str) -> str:
@@ -686,11 +680,6 @@ def _arg_name(wire: str, location: str, taken: Mapping[str, Any]) -> str:
     return arg
 
 
-def _unique(name: str, taken: set[str]) -> str:
-    candidate, n = name, 2
-    while candidate in taken:
-        candidate, n = f"{name}_{n}", n + 1
-    return candidate
 
 
 def _description(op: Mapping[str, Any], operation: _Operation) -> str:
