@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import collections
 import contextlib
 import logging
@@ -82,6 +83,8 @@ async def overhead(iterations: int) -> None:
         p50 = statistics.median(values)
         print(f"  {label:<26} p50 {p50 * 1000:7.2f} ms   p99 {pct(values, 0.99) * 1000:7.2f} ms   "
               f"x{p50 / base:.2f} of the API")
+        RESULT.setdefault("overhead", []).append(
+            {"variant": label, "p50_ms": round(p50 * 1000, 3), "ratio_to_api": round(p50 / base, 3)})
 
 
 async def _time(fn, iterations: int) -> list[float]:
@@ -194,6 +197,12 @@ async def load(clients: int, duration: float, mode: str, workers: int, queue_dep
           f"p99 {pct(ok_latencies, 0.99) * 1000:.1f} ms")
     print(f"  latency, all responses:  p50 {pct(latencies, 0.5) * 1000:.1f} ms, "
           f"p99 {pct(latencies, 0.99) * 1000:.1f} ms")
+    RESULT["load"] = {"clients": clients, "seconds": round(wall, 1), "completed": done, "errors": errors,
+                      "p50_ms_completed": round(pct(ok_latencies, 0.5) * 1000, 1),
+                      "p99_ms_completed": round(pct(ok_latencies, 0.99) * 1000, 1)}
+
+
+RESULT: dict = {}
 
 
 def main() -> None:
@@ -208,7 +217,10 @@ def main() -> None:
     p.add_argument("--queue-timeout", type=float, default=10.0)
     p.add_argument("--skip-overhead", action="store_true")
     p.add_argument("--skip-load", action="store_true")
+    p.add_argument("--quick", action="store_true", help="30 runs per variant; 10 clients for 5 s")
     args = p.parse_args()
+    if args.quick:
+        args.iterations, args.clients, args.duration = 30, 10, 5.0
     # The HTTP client logs every request at INFO; thousands of lines say nothing here.
     for name in ("httpx", "httpx2", "mcp"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -220,6 +232,7 @@ def main() -> None:
             await load(args.clients, args.duration, args.mode, args.workers, args.queue_depth, args.queue_timeout)
 
     asyncio.run(run())
+    print(json.dumps({"bench": "mcp", **RESULT}))
     sys.stdout.flush()
     # pydantic-monty can abort at interpreter shutdown after async host calls;
     # everything is closed and printed by now.

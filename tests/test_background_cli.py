@@ -95,3 +95,33 @@ def test_p19_a_run_whose_worker_was_killed_is_taken_over_without_resending(tmp_p
     else:
         # Killed between the sending mark and the outcome: reported, never re-sent.
         assert out["error"]["code"] == "write_outcome_unknown"
+
+
+def test_p18_a_sleep_survives_a_worker_restart_with_only_the_remaining_time(tmp_path, env):
+    from tether.store import open_store
+
+    prog = tmp_path / "nap.py"
+    prog.write_text("import asyncio\nawait asyncio.sleep(4)\n'woke'\n")
+    started = tether(["start", str(prog), "--no-worker", "--json"], env, tmp_path)
+    run_id = json.loads(started.stdout)["run_id"]
+    # The first worker runs the program until it parks on the sleep, then exits idle.
+    first = subprocess.run(TETHER + ["worker", "--idle-exit", "0.5"], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    store = open_store(f"sqlite:///{env['TETHER_HOME']}/tether.db")
+    run = store.get_run(run_id)
+    assert run.status == "waiting" and run.pending["kind"] == "sleep"
+    deadline = run.expires_at
+    time.sleep(2)  # nothing is running the program now
+    second = subprocess.Popen(TETHER + ["worker", "--idle-exit", "2"], env=env, cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    restarted_at = time.time()
+    try:
+        done = tether(["runs", "await", run_id, "--timeout", "60", "--json"], env, tmp_path)
+    finally:
+        second.wait(timeout=60)
+    assert json.loads(done.stdout)["result"] == "woke"
+    finished = store.get_run(run_id).updated_at
+    store.close()
+    # Woken at its original deadline, not a full 4 s after the new worker started.
+    assert deadline <= finished < restarted_at + 3.5

@@ -84,7 +84,7 @@ async def open_runtime(
     closers: list[Any] = []
     try:
         for spec in tools:
-            runtime.add_tools(_load_python(resolve_tool_spec(spec)))
+            runtime.add_tools(_load_python(resolve_tool_spec(spec)))  # checks namespaces
             runtime.source_status.append(SourceStatus(spec, "python", True, tools=len(runtime.catalog)))
         for source in config.sources:
             status = await _load_source(runtime, source, closers)
@@ -119,6 +119,7 @@ async def _load_source(runtime: Runtime, source: Any, closers: list[Any]) -> Sou
                 import dataclasses
 
                 found = [dataclasses.replace(t, namespace=source.namespace) for t in found]
+            runtime.check_namespaces(found)
             runtime.catalog.add_many(found)
             return SourceStatus(name, kind, True, tools=len(found))
         if kind == "mcp":
@@ -126,17 +127,19 @@ async def _load_source(runtime: Runtime, source: Any, closers: list[Any]) -> Sou
 
             mcp = MCPSource(namespace=source.namespace, command=source.command, url=source.url,
                             env=source.env or None, headers=source.headers or None, cwd=source.cwd)
+            runtime.check_namespaces([mcp])
             await mcp.start()
             closers.append(mcp.close)
             found = mcp.tools()
             runtime.catalog.add_many(found)
-            return SourceStatus(name, kind, True, tools=len(found))
+            return SourceStatus(name, kind, True, tools=len(found), problems=list(getattr(mcp, "problems", [])))
         if kind == "openapi":
             from .sources.openapi import OpenAPISource
 
             api = OpenAPISource(namespace=source.namespace, spec=source.spec, base_url=source.base_url,
                                 auth=source.auth.model_dump() if source.auth else None,
                                 headers=source.headers or None)
+            runtime.check_namespaces([api])
             start = getattr(api, "start", None)
             if start is not None:
                 await start()

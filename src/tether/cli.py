@@ -233,9 +233,10 @@ async def cmd_sources_list(args: argparse.Namespace) -> int:
     async with _runtime(args, list(args.tools)) as rt:
         statuses = [s.to_dict() for s in rt.source_status]
         namespaces = rt.sources()
+    all_ok = all(s["ok"] for s in statuses)
     if args.json:
         _print_json({"sources": statuses, "namespaces": namespaces})
-        return EXIT_OK
+        return EXIT_OK if all_ok else EXIT_FAILED
     for s in statuses:
         state = f"{s['tools']} tools" if s["ok"] else f"FAILED: {s['error']}"
         print(f"{s['source']:<24} {s['type']:<8} {state}")
@@ -259,7 +260,11 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result.to_dict())
         return _exit_code(result.status)
-    code = _print_result(result, False)
+    if result.status == "completed" and isinstance(result.result, dict) and "by_priority" in result.result:
+        _print_demo_summary(result.result)
+        code = EXIT_OK
+    else:
+        code = _print_result(result, False)
     d = result.diagnostics
     print(f"\n{result.calls} host calls in {d.get('total_ms', 0):.1f} ms (run {result.run_id}; "
           f"see: tether runs show {result.run_id})")
@@ -443,6 +448,19 @@ async def cmd_waits_resolve(args: argparse.Namespace) -> int:
     async with _runtime(args, tools) as rt:
         out = await rt.resolve_wait(args.key, value, error=args.error)
     return _print_wait_outcome(out, args.json)
+
+
+def _print_demo_summary(r: dict) -> None:
+    print("The program's result, for people:\n")
+    print(f"  tools it found:     {', '.join(r.get('tools_found') or [])}")
+    prio = ", ".join(f"{k} {v}" for k, v in sorted(r["by_priority"].items(), key=lambda kv: -kv[1]))
+    print(f"  open tickets:       {r.get('open_tickets')} ({prio})")
+    busiest = ", ".join(f"{b['customer']} ({b['open']})" for b in r.get("busiest_customers") or [])
+    print(f"  busiest customers:  {busiest}")
+    print("  oldest open tickets:")
+    for t in r.get("oldest_open") or []:
+        who = t.get("assignee") or "unassigned"
+        print(f"    {t['id']}  {t['opened']}  {t['priority']:<7} {t['title'][:40]:<40}  {t['customer']} · {who}")
 
 
 async def cmd_prompt(args: argparse.Namespace) -> int:

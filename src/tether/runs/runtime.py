@@ -167,15 +167,32 @@ class Runtime:
 
         for item in items:
             if isinstance(item, Tool):
+                self.check_namespaces([item])
                 self.catalog.add(item)
             elif hasattr(item, "__tether_tool__"):
-                self.catalog.add(item.__tether_tool__.to_tool())
+                self.add_tools(item.__tether_tool__.to_tool())
             elif isinstance(item, (list, tuple)):
                 self.add_tools(*item)
             else:
                 from ..sources.python import tools_from_module
 
-                self.catalog.add_many(tools_from_module(item))
+                found = tools_from_module(item)
+                self.check_namespaces(found)
+                self.catalog.add_many(found)
+
+    def check_namespaces(self, tools: Iterable[Any]) -> None:
+        """Refuse namespaces the sandbox keeps for its own modules (`tools.time` cannot exist)."""
+        from ..errors import ConfigError
+        from ..sandbox.monty import reserved_module_names
+
+        reserved = reserved_module_names()
+        for ns in sorted({t.namespace for t in tools} & reserved):
+            raise ConfigError(
+                f"namespace {ns!r} is the name of a module the sandbox provides, so tools.{ns} cannot exist",
+                code="namespace_reserved",
+                next_action=f"Give the source another namespace, e.g. {ns + '_tools'!r} "
+                            "(namespace = ... in [[sources]], or TETHER_NAMESPACE / @tool(namespace=...)).",
+            )
 
     async def __aenter__(self) -> "Runtime":
         await self.pool.start()

@@ -120,6 +120,28 @@ def _limits(limits: SandboxLimits) -> dict[str, Any]:
     }
 
 
+_CANDIDATE_MODULES = (
+    "asyncio base64 binascii bisect collections copy csv dataclasses datetime decimal functools hashlib "
+    "itertools json math os pathlib random re sys time tomllib typing unicodedata io string textwrap operator "
+    "heapq statistics uuid urllib logging abc enum types struct array weakref contextlib warnings builtins"
+).split()
+_reserved: frozenset[str] | None = None
+
+
+def reserved_module_names() -> frozenset[str]:
+    """Names Monty keeps for its own modules: a tool namespace cannot use them (``tools.time`` is refused)."""
+    global _reserved
+    if _reserved is None:
+        found = set()
+        for name in _CANDIDATE_MODULES:
+            try:
+                _pm.ExternalModule({name: _pm.ExternalModule({})})
+            except ValueError:
+                found.add(name)
+        _reserved = frozenset(found)
+    return _reserved
+
+
 _CURRENT: contextvars.ContextVar["Execution"] = contextvars.ContextVar("tether_execution")
 
 
