@@ -194,7 +194,7 @@ async def test_execute_pause_and_resume_over_http(served, mode):
 
     async with connect(served.url, ALPHA, mode) as c:
         names = {t.name for t in (await c.list_tools()).tools}
-        assert names == {"execute", "resume"}
+        assert names == {"execute", "resume", "cell_start", "cell_wait", "cell_terminate"}
         r = await c.call_tool("execute", {"code": "import tools\nlen(await tools.helpdesk.list_tickets(status='open'))"},
                               progress_callback=on_progress)
         assert r.structured_content["status"] == "completed" and r.structured_content["result"] > 0
