@@ -151,6 +151,9 @@ class Runtime:
         self._cell_tasks: dict[str, asyncio.Task] = {}
         self._event_signals: dict[str, asyncio.Event] = {}
         self._stubs_cache: tuple[Any, Any] | None = None
+        # Recorded on every run; computed once (dataclasses.asdict deep-copies).
+        self._policy_dict = self.policy.to_dict()
+        self._limits_dict = self.limits.to_dict()
         self.inline_sleep_seconds = 1.0
         # An idle REPL session is forgotten after this long.
         self.session_ttl_seconds = 3600.0
@@ -314,8 +317,8 @@ class Runtime:
             status=status,
             program=code,
             environment={"clock": clock.isoformat(), "seed": secrets.randbits(63)},
-            policy=self.policy.to_dict(),
-            limits=self.limits.to_dict(),
+            policy=self._policy_dict,
+            limits=self._limits_dict,
             created_at=now,
             updated_at=now,
             principal=principal,

@@ -236,6 +236,7 @@ class Execution:
         self._held: Any = None  # a restored snapshot not yet answered
         self._stop = asyncio.Event()
         self._stop_error: BaseException | None = None
+        self._task: asyncio.Future | None = None
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -333,6 +334,8 @@ class Execution:
         if self._stop_error is None:
             self._stop_error = error or Stopped()
         self._stop.set()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
 
     @property
     def stopping(self) -> bool:
@@ -400,24 +403,30 @@ class Execution:
         return await self._until_stopped(drive())
 
     async def _until_stopped(self, work: Awaitable[Any]) -> Any:
-        task = asyncio.ensure_future(work)
-        stop = asyncio.ensure_future(self._stop.wait())
+        # The feed runs in its own task so stop() can cancel it: one task,
+        # no watcher, on the hot path of every run.
+        task = self._task = asyncio.ensure_future(work)
         try:
-            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+            return await asyncio.shield(task)
         except asyncio.CancelledError:
-            task.cancel()
-            stop.cancel()
-            await asyncio.gather(task, stop, return_exceptions=True)
-            raise
-        if stop.done() and self._stop_error is not None:
+            if self._stop_error is not None and not _cancelling_us():
+                await asyncio.gather(task, return_exceptions=True)
+                raise self._stop_error from None
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            raise self._stop_error
-        stop.cancel()
-        try:
-            return task.result()
+            raise
         except _pm.MontyError as exc:
+            if self._stop_error is not None:
+                raise self._stop_error from None
             raise map_monty_error(exc, self._spec.limits) from None
+        finally:
+            self._task = None
+
+
+def _cancelling_us() -> bool:
+    """Whether the caller's own task is being cancelled (not just the feed we shield)."""
+    current = asyncio.current_task()
+    return bool(current is not None and current.cancelling())
 
 
 def _settled(value: Any) -> dict[str, Any]:
