@@ -28,6 +28,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from .errors import ConfigError
+from .runs.limits import Limits
 
 __all__ = [
     "BearerAuth",
@@ -150,29 +151,34 @@ class _Section(BaseModel):
 # --- [limits] ----------------------------------------------------------------
 
 
+# The runtime's own defaults (tether.runs.limits.Limits) are the one source of
+# these numbers; the comments below say why each is what it is.
+_LIMITS = Limits()
+
+
 class LimitsConfig(_Section):
     # 64 KiB: longer model-written programs are nearly always data pasted into
     # literals, which belongs in tool calls (connecta uses the same cap).
-    code_bytes: PositiveInt = 65536
+    code_bytes: PositiveInt = _LIMITS.code_bytes
     # 64 MiB: tens of thousands of records as dicts fit; a pool of workers
     # still fits a small container (executor's QuickJS cap is the same).
-    memory_bytes: PositiveInt = 64 * 1024 * 1024
+    memory_bytes: PositiveInt = _LIMITS.memory_bytes
     # Interpreter time only, host calls excluded so a slow tool cannot use up
     # the run; 60 s is ~400M loop iterations, far beyond any honest reduce step.
-    run_seconds: Seconds = 60
+    run_seconds: Seconds = _LIMITS.run_seconds
     # Room to fan out over a page of results (connecta allows 20), well under
     # Monty's default ceiling of 1000 suspensions.
-    host_calls: PositiveInt = 50
+    host_calls: PositiveInt = _LIMITS.host_calls
     # Long enough for a slow API, short enough that a hung tool frees its
     # worker before the caller gives up (connecta's per-call figure).
-    call_timeout_seconds: Seconds = 15
+    call_timeout_seconds: Seconds = _LIMITS.call_timeout_seconds
     # ~7.5k tokens of preview: what a model can read without losing the
     # thread; executor truncates at the same 30,000 characters.
-    result_bytes: PositiveInt = 30000
+    result_bytes: PositiveInt = _LIMITS.result_bytes
     # print() output shares the result's context budget, so the same size.
-    log_bytes: PositiveInt = 30000
+    log_bytes: PositiveInt = _LIMITS.log_bytes
     # CPython's and Monty's default, so recursion behaves as the model expects.
-    recursion_depth: PositiveInt = 1000
+    recursion_depth: PositiveInt = _LIMITS.recursion_depth
 
 
 # --- [policy] ----------------------------------------------------------------
