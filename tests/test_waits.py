@@ -176,3 +176,32 @@ async def test_p19_cancel_a_queued_run(store_url, clock):
         r = await rt.cancel(run_id)
         assert r.status == "cancelled"
         assert await rt.run_queued() == []
+
+
+async def test_p18_a_paused_write_is_a_wait_whose_key_decides_it(store_url, clock):
+    rec = Recorder()
+    async with Runtime(store=open_store(store_url), tools=rec.tools(), clock=clock, type_check=False) as rt:
+        paused = await rt.execute("import tools\nawait tools.helpdesk.close_ticket(id=8)\n'done'")
+        assert paused.status == "paused"
+        (w,) = rt.list_waits(paused.run_id)
+        assert w["name"] == "approval:1" and w["key"] == paused.pending["key"]
+        bad = await rt.resolve_wait(w["key"], {"decision": "maybe"})
+        assert bad["status"] == "invalid_value" and rec.deliveries == []
+        out = await rt.resolve_wait(w["key"], {"decision": "approve"})
+        assert out["status"] == "accepted" and out["run"]["status"] == "completed"
+        assert rec.deliveries == [("close_ticket", {"id": 8})]
+        again = await rt.resolve_wait(w["key"], {"decision": "decline"})
+        assert again["status"] == "already_resolved" and again["wait"]["value"]["decision"] == "approve"
+        # resume() and the key are one mechanism: the recorded outcome either way.
+        assert (await rt.resume(paused.run_id, "approve")).result == "done"
+        assert len(rec.deliveries) == 1
+
+
+async def test_p18_resume_settles_the_approval_wait(store_url, clock):
+    async with Runtime(store=open_store(store_url), tools=Recorder().tools(), clock=clock, type_check=False) as rt:
+        paused = await rt.execute("import tools\nawait tools.helpdesk.close_ticket(id=8)\n'done'")
+        await rt.resume(paused.run_id, "decline", "not today")
+        (w,) = rt.list_waits(paused.run_id, status=None)
+        assert w["status"] == "resolved" and w["value"] == {"decision": "decline", "reason": "not today"}
+        out = await rt.resolve_wait(paused.pending["key"], {"decision": "approve"})
+        assert out["status"] == "already_resolved"

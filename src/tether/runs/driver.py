@@ -259,6 +259,9 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
         else:
             public = {k: pending[k] for k in ("seq", "address", "args", "annotations")}
             expires = now + rt.approval_ttl_seconds
+            # A paused write is also a durable wait (P-18): its key resolves it
+            # like resume() does, from anywhere that holds the key.
+            public["key"] = rt.approval_wait(run, pending["seq"], expires)
             envelope = paused_envelope(run.run_id, public, expires, logs, boundary, t0)
             status = RUN_PAUSED
         rt.store.update_run(run.run_id, [RUN_RUNNING], status=status, pending=public, expires_at=expires,
@@ -419,7 +422,8 @@ def paused_envelope(run_id: str, pending: dict, expires: float, logs: LogBuffer,
         instructions=(
             f"The program paused before the write {pending['address']}({args}); nothing has been sent. "
             f"Ask the user to approve or decline it, then resume run {run_id} with decision "
-            "'approve', 'decline' (the program gets a PermissionError) or 'cancel' (the run stops)."
+            "'approve', 'decline' (the program gets a PermissionError) or 'cancel' (the run stops); "
+            "whoever holds pending.key may instead resolve it with {\"decision\": ...}."
         ),
         diagnostics={"calls": boundary.state.issued, "total_ms": round((time.perf_counter() - t0) * 1000, 3)},
     )

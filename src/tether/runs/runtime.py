@@ -364,6 +364,7 @@ class Runtime:
                 # Someone else decided first: behave as their duplicate.
                 return await self.resume(run_id, decision, reason, seq=pending_seq, principal=principal)
             run = self._get_run(run_id, principal)
+            self._settle_approval(run_id, pending_seq, decision, reason)
             if decision == "approve":
                 self.store.update_call(run_id, pending_seq, [CALL_ASKED], state=CALL_APPROVED)
             else:
@@ -456,6 +457,10 @@ class Runtime:
             return {"status": "unknown_or_revoked", "key": key,
                     "next_action": "Check the key (tether waits list); the wait may have been revoked."}
         run_id, name = parsed
+        from .waits import APPROVAL_PREFIX
+
+        if name.startswith(APPROVAL_PREFIX) and continue_run:
+            return await self._resolve_approval(key, run_id, name, value, error)
         if existing is None and run.status in TERMINAL_RUN_STATUSES:
             return {"status": "unknown_or_revoked", "key": key, "next_action": f"Run {run_id} has ended."}
         now = self.clock()
@@ -470,6 +475,54 @@ class Runtime:
             if result is not None:
                 out["run"] = result.to_dict()
         return out
+
+    def approval_wait(self, run: RunRecord, seq: int, deadline: float) -> str:
+        """Create the wait a paused write is (named approval:<seq>) and return its key."""
+        from ..store.base import WAIT_PENDING, WaitRecord
+        from .waits import APPROVAL_PREFIX
+
+        name = f"{APPROVAL_PREFIX}{seq}"
+        key = self.wait_key(run.run_id, name)
+        self.store.create_wait(WaitRecord(key, run.run_id, name, WAIT_PENDING, self.clock(), seq=seq,
+                                          deadline=deadline, session=run.session))
+        return key
+
+    async def _resolve_approval(self, key: str, run_id: str, name: str, value: Any,
+                                error: str | None) -> dict[str, Any]:
+        """Resolving an approval wait is deciding the paused write: resume() does the work."""
+        from ..store.base import WAIT_PENDING
+
+        seq = int(name.split(":", 1)[1])
+        if error is not None:
+            decision, reason = "decline", error
+        elif isinstance(value, str):
+            decision, reason = value, None
+        elif isinstance(value, dict):
+            decision, reason = value.get("decision"), value.get("reason")
+        else:
+            decision, reason = None, None
+        if decision not in DECISIONS:
+            return {"status": "invalid_value", "key": key,
+                    "next_action": 'Resolve an approval with {"decision": "approve" | "decline" | "cancel", '
+                                   '"reason": "..."}.'}
+        row = self.store.get_wait(key)
+        if row is not None and row.status != WAIT_PENDING:
+            return {"status": "already_resolved", "key": key, "wait": _wait_view(row)}
+        try:
+            result = await self.resume(run_id, decision, reason, seq=seq)
+        except AlreadyDecided:
+            return {"status": "already_resolved", "key": key, "wait": _wait_view(self.store.get_wait(key))}
+        return {"status": "accepted", "key": key, "wait": _wait_view(self.store.get_wait(key)),
+                "run": result.to_dict()}
+
+    def _settle_approval(self, run_id: str, seq: int, decision: str, reason: str | None) -> None:
+        from ..store.base import WAIT_RESOLVED, WaitRecord
+        from .waits import APPROVAL_PREFIX
+
+        name = f"{APPROVAL_PREFIX}{seq}"
+        now = self.clock()
+        self.store.settle_wait(WaitRecord(self.wait_key(run_id, name), run_id, name, WAIT_RESOLVED, now, seq=seq,
+                                          value={"decision": decision, "reason": reason}, resolved_at=now))
 
     async def signal(self, run_id: str, name: str, value: Any = None, *, principal: str | None = None) -> dict:
         """Send a named signal; `await wait_for_signal(name)` receives it (kept if it comes first)."""

@@ -16,6 +16,8 @@ import json
 KEY_VERSION = "w1"
 SIGNAL_PREFIX = "signal:"
 SLEEP_PREFIX = "sleep:"
+# A paused write is a wait named approval:<seq>; its value is the decision.
+APPROVAL_PREFIX = "approval:"
 
 
 def _b64(data: bytes) -> str:
