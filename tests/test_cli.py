@@ -114,3 +114,46 @@ def test_bad_config_is_one_clear_error_per_key(tmp_path, env):
     r = tether(["run", "-"], env, tmp_path, stdin="1")
     assert r.returncode == 2
     assert "limits.host_calls" in r.stderr and "did you mean 'limits'" in r.stderr
+
+
+def test_in_a_terminal_run_asks_y_n_at_a_pause(tmp_path, env):
+    """A real pseudo-terminal: the user types y and the write is sent; no resume needed."""
+    import pty
+    import select
+
+    prog = tmp_path / "ask.py"
+    prog.write_text("import tools\nawait tools.notes.add_note(text='typed yes')\n'done'\n")
+    main, child = pty.openpty()
+    proc = subprocess.Popen(TETHER + ["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py")],
+                            env=env, cwd=tmp_path, stdin=child, stdout=child, stderr=child, close_fds=True)
+    os.close(child)
+    seen = b""
+    try:
+        deadline = 60
+        import time as _time
+
+        end = _time.monotonic() + deadline
+        while b"[y/N]" not in seen and _time.monotonic() < end:
+            ready, _, _ = select.select([main], [], [], 0.5)
+            if ready:
+                seen += os.read(main, 4096)
+        assert b"Allow write notes.add_note(text='typed yes')? [y/N]" in seen
+        os.write(main, b"y\n")
+        assert proc.wait(timeout=60) == 0
+        while True:
+            ready, _, _ = select.select([main], [], [], 0.2)
+            if not ready:
+                break
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(main)
+    assert b"done" in seen
+    assert Path(env["NOTES_FILE"]).read_text().count("typed yes") == 1

@@ -128,6 +128,7 @@ async def _load_source(runtime: Runtime, source: Any, closers: list[Any]) -> Sou
             mcp = MCPSource(namespace=source.namespace, command=source.command, url=source.url,
                             env=source.env or None, headers=source.headers or None, cwd=source.cwd)
             runtime.check_namespaces([mcp])
+            mcp.elicitation_handler = runtime.elicitation_handler(source.namespace)
             await mcp.start()
             closers.append(mcp.close)
             found = mcp.tools()

@@ -82,6 +82,25 @@ async def _ask_inline(pending: dict) -> tuple[str, str | None]:
     return ("approve", None) if answer.strip().lower() in ("y", "yes") else ("decline", "declined at the terminal")
 
 
+async def _ask_question(question: dict) -> dict:
+    """An upstream tool's form, asked field by field at the terminal."""
+    schema = question.get("schema") or {}
+    if question.get("mode") != "form":
+        return {"action": "decline"}
+    print(f"{question['address']} asks: {question['message']}")
+    content: dict = {}
+    for name, prop in (schema.get("properties") or {}).items():
+        raw = await asyncio.to_thread(input, f"  {prop.get('title') or name}: ")
+        kind = prop.get("type")
+        try:
+            content[name] = (int(raw) if kind == "integer" else float(raw) if kind == "number"
+                             else raw.strip().lower() in ("y", "yes", "true", "1") if kind == "boolean" else raw)
+        except ValueError:
+            return {"action": "decline"}
+    sure = await asyncio.to_thread(input, "Send these answers? [y/N] ")
+    return {"action": "accept", "content": content} if sure.strip().lower() in ("y", "yes") else {"action": "decline"}
+
+
 # -- commands ---------------------------------------------------------------------
 
 
@@ -93,6 +112,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     async with _runtime(args, tools) as rt:
         interactive = sys.stdin.isatty() and sys.stdout.isatty() and not args.no_prompt and not args.json
         result = await rt.execute(code, on_approval=_ask_inline if interactive else None,
+                                  on_question=_ask_question if interactive else None,
                                   meta={"tools": tools, "config": _abs(args.config)})
         return _print_result(result, args.json)
 

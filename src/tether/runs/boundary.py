@@ -174,6 +174,9 @@ class EffectBoundary:
         self.flush_every_calls = 64
         self.flush_every_seconds = 0.25
         self.on_progress: Callable[[int, str], None] | None = None
+        self.on_question: Any = None
+        # Tools with a call on the wire now: an upstream's question is tied to its run by these.
+        self.inflight_addresses: dict[str, int] = {}
         self.secret: bytes = b""
         self.session: str | None = None
         # Sleeps up to this long are waited out in the worker instead of parking.
@@ -595,8 +598,13 @@ class EffectBoundary:
         return value
 
     async def _invoke(self, tool: "Tool", args: dict[str, Any]) -> Any:
-        async with asyncio.timeout(self.limits.call_timeout_seconds):
-            return await tool.handler(args)
+        address = tool.address
+        self.inflight_addresses[address] = self.inflight_addresses.get(address, 0) + 1
+        try:
+            async with asyncio.timeout(self.limits.call_timeout_seconds):
+                return await tool.handler(args)
+        finally:
+            self.inflight_addresses[address] -= 1
 
     async def _finish_late(self, task: asyncio.Task, seq: int, from_state: str, ok_state: str) -> None:
         try:

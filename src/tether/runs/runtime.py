@@ -22,7 +22,7 @@ import os
 import secrets
 import socket
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 from ..errors import (
     AlreadyDecided,
@@ -69,6 +69,9 @@ from .policy import Policy
 from .result import RunResult, preview, to_json_value
 
 DECISIONS = ("approve", "decline", "cancel")
+# Puts an upstream tool's question (an MCP elicitation) to the run's user:
+# {"run_id","address","message","mode","schema","url"} -> {"action", "content"}.
+Asker = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 def _wait_view(w: Any) -> dict[str, Any]:
@@ -246,6 +249,7 @@ class Runtime:
         meta: dict[str, Any] | None = None,
         on_progress: Callable[[int, str], None] | None = None,
         session: str | None = None,
+        on_question: Asker | None = None,
     ) -> RunResult:
         """Run ``code``; returns completed, failed or paused.
 
@@ -264,7 +268,8 @@ class Runtime:
             run.principal = principal or "local"
             run.meta["session_base"] = self._session_base(session, run.principal, notes)
         self.store.create_run(run)
-        result = await self._attempt(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress)
+        result = await self._attempt(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress,
+                                     on_question=on_question)
         result.notes = notes + result.notes
         return result
 
@@ -339,6 +344,7 @@ class Runtime:
         principal: str | None = None,
         on_approval: Approver | None = None,
         on_progress: Callable[[int, str], None] | None = None,
+        on_question: Asker | None = None,
     ) -> RunResult:
         """Decide the paused call of ``run_id`` and continue the run (P-10)."""
         t0 = time.perf_counter()
@@ -382,7 +388,7 @@ class Runtime:
                     "nothing further was sent", "next_action": "Start a new run if the work is still needed.",
                     "details": {"reason": reason}}, t0=t0)
             return await self._attempt(run, mode="continue", on_approval=on_approval, t0=t0,
-                                       on_progress=on_progress)
+                                       on_progress=on_progress, on_question=on_question)
         # Not paused: a duplicate of a decision already taken, or a misuse.
         last = run.decision
         if last is None:
@@ -588,6 +594,41 @@ class Runtime:
                                            t0=time.perf_counter()))
         return out
 
+    # -- questions from upstream tools ------------------------------------------------
+
+    def elicitation_handler(self, namespace: str) -> Callable[[Any], Awaitable[Any]]:
+        """For an MCP source: put an upstream's mid-call question to the user of the run that made the call.
+
+        The question goes to the run's ``on_question`` (an MCP client's form in
+        the 2025-11-25 era, the terminal for ``tether run``). A run without one
+        — or a question that cannot be tied to exactly one run — is declined:
+        the upstream call is open and cannot wait in a durable pause.
+        """
+        from ..sources.mcp import ElicitationResponse
+
+        async def handle(request: Any) -> Any:
+            prefix = f"{namespace}."
+            wanted = f"{namespace}.{request.tool}" if request.tool else None
+            candidates = [b for b in list(self._boundaries.values())
+                          if any(n > 0 and (a == wanted if wanted else a.startswith(prefix))
+                                 for a, n in b.inflight_addresses.items())]
+            if len(candidates) != 1 or candidates[0].on_question is None:
+                return ElicitationResponse("decline")
+            boundary = candidates[0]
+            question = {"run_id": boundary.run_id, "address": wanted or namespace, "message": request.message,
+                        "mode": request.mode, "schema": request.requested_schema, "url": request.url}
+            self.event(boundary.run_id, "question", {k: question[k] for k in ("address", "message", "mode")})
+            try:
+                answer = await boundary.on_question(question)
+            except Exception:  # the user could not be asked: not answering is the safe reply
+                return ElicitationResponse("decline")
+            action = answer.get("action") if isinstance(answer, dict) else None
+            if action not in ("accept", "decline", "cancel"):
+                return ElicitationResponse("decline")
+            return ElicitationResponse(action, answer.get("content") if action == "accept" else None)
+
+        return handle
+
     # -- cells (P-20) ----------------------------------------------------------------
 
     async def start_cell(self, code: str, *, yield_after_ms: int = 1000, principal: str | None = None,
@@ -661,13 +702,15 @@ class Runtime:
     # -- attempts ------------------------------------------------------------------
 
     async def _attempt(self, run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float,
-                       on_progress: Callable[[int, str], None] | None = None) -> RunResult:
+                       on_progress: Callable[[int, str], None] | None = None,
+                       on_question: Asker | None = None) -> RunResult:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._active[run.run_id] = fut
         try:
             from .driver import drive
 
-            result = await drive(self, run, mode=mode, on_approval=on_approval, t0=t0, on_progress=on_progress)
+            result = await drive(self, run, mode=mode, on_approval=on_approval, t0=t0, on_progress=on_progress,
+                                 on_question=on_question)
             fut.set_result(result)
             return result
         except BaseException as exc:

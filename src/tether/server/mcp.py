@@ -238,12 +238,13 @@ class TetherServer:
             return await self._answer(ctx, principal, diagnostics)
         asks = _elicitation(ctx)
         approver = self._approver(ctx) if asks == INLINE else None
+        asker = self._asker(ctx) if asks == INLINE else None
         tag = secrets.token_hex(8)
         meta = {**self.run_meta, "mcp_call": tag}
         try:
             result = await self._run(
                 lambda progress: self.rt.execute(code, on_approval=approver, principal=principal, meta=meta,
-                                                 on_progress=progress, session=session),
+                                                 on_progress=progress, session=session, on_question=asker),
                 ctx, principal, run_id=lambda: self._run_tagged(tag))
         except TetherError as exc:
             return error_result(exc)
@@ -407,6 +408,19 @@ class TetherServer:
             return "decline", "the user dismissed the approval form"
 
         return approve
+
+    def _asker(self, ctx: Context) -> Callable[[dict], Any]:
+        """Put an upstream tool's question to this client's user, as the upstream's own form (2025 era)."""
+
+        async def ask(question: dict) -> dict:
+            if question.get("mode") != "form" or not question.get("schema"):
+                return {"action": "decline"}
+            message = f"{question['address']} asks: {question['message']}"
+            reply = await ctx.request_context.session.elicit_form(message, question["schema"],
+                                                                  related_request_id=ctx.request_id)
+            return {"action": reply.action, "content": reply.content}
+
+        return ask
 
     # -- approval: modern (input required) -----------------------------------------
 
