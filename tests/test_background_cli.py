@@ -125,3 +125,21 @@ def test_p18_a_sleep_survives_a_worker_restart_with_only_the_remaining_time(tmp_
     store.close()
     # Woken at its original deadline, not a full 4 s after the new worker started.
     assert deadline <= finished < restarted_at + 3.5
+
+
+def test_p19_tether_serve_is_also_a_runner(tmp_path, env):
+    prog = tmp_path / "bg.py"
+    prog.write_text("1 + 41\n")
+    started = tether(["start", str(prog), "--no-worker", "--json"], env, tmp_path)
+    run_id = json.loads(started.stdout)["run_id"]
+    server = subprocess.Popen(TETHER + ["serve", "--stdio"], env=env, cwd=tmp_path, stdin=subprocess.PIPE,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        done = tether(["runs", "await", run_id, "--timeout", "60", "--json"], env, tmp_path)
+        assert json.loads(done.stdout)["result"] == 42
+    finally:
+        server.stdin.close()  # end of input ends a stdio server
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()

@@ -107,7 +107,14 @@ async def start_cell(rt: "Runtime", code: str, *, yield_after_ms: int = 1000, pr
     run = rt.store.get_run(run_id)
     task = asyncio.ensure_future(rt._attempt(run, mode="fresh", on_approval=None, t0=time.perf_counter()))
     rt._cell_tasks[run_id] = task
-    task.add_done_callback(lambda t: (rt._cell_tasks.pop(run_id, None), t.exception() if not t.cancelled() else None))
+    def done(t: asyncio.Task) -> None:
+        rt._cell_tasks.pop(run_id, None)
+        # Observers in this process were woken by the final event; later ones poll the store.
+        rt._event_signals.pop(run_id, None)
+        if not t.cancelled():
+            t.exception()  # retrieved: the outcome is in the store
+
+    task.add_done_callback(done)
     events = await wait_events(rt, run_id, 0, yield_after_ms, task=task)
     return observation(rt, run_id, events, 0)
 

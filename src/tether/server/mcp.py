@@ -719,12 +719,21 @@ async def serve(args: Any) -> int:
             principal_of=(lambda ctx: principal_from_headers(ctx.headers)) if args.http and tokens else None,
             run_meta=run_meta,
         )
+        # The server is also a runner (P-19): it executes queued runs, wakes
+        # timers and due waits, and takes over runs whose process died.
+        from ..runs.worker import work
+
+        stop_worker = asyncio.Event()
+        runner = asyncio.ensure_future(work(rt, stop=stop_worker))
         try:
             if args.stdio:
                 await server.mcp.run_stdio_async()
             else:
                 await _serve_http(server, host, port, tokens)
         finally:
+            stop_worker.set()
+            with contextlib.suppress(Exception):
+                await runner
             await server.close()
     return 0
 
