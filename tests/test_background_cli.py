@@ -143,3 +143,27 @@ def test_p19_tether_serve_is_also_a_runner(tmp_path, env):
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
+
+
+def test_waits_from_the_command_line(tmp_path, env):
+    """run parks on a wait (exit 3, key shown); waits list/resolve continue it; a second resolve is refused."""
+    prog = tmp_path / "w.py"
+    prog.write_text("v = await wait_for('go-ahead')\nv['n'] * 2\n")
+    r = tether(["run", str(prog), "--json"], env, tmp_path)
+    assert r.returncode == 3
+    parked = json.loads(r.stdout)
+    assert parked["status"] == "waiting"
+    listed = json.loads(tether(["waits", "list", "--json"], env, tmp_path).stdout)
+    assert [w["key"] for w in listed] == [parked["pending"]["key"]]
+    done = tether(["waits", "resolve", parked["pending"]["key"], "--value", '{"n": 21}', "--json"], env, tmp_path)
+    assert done.returncode == 0
+    out = json.loads(done.stdout)
+    assert out["status"] == "accepted" and out["run"]["result"] == 42
+    again = tether(["waits", "resolve", parked["pending"]["key"], "--value", '{"n": 1}', "--json"], env, tmp_path)
+    assert json.loads(again.stdout)["status"] == "already_resolved"
+    key = parked["pending"]["key"]
+    forged_key = key[:-1] + ("0" if key[-1] != "0" else "1")
+    forged = tether(["waits", "resolve", forged_key, "--value", "1"], env, tmp_path)
+    assert forged.returncode == 1 and "unknown_or_revoked" in forged.stdout
+    bad = tether(["waits", "resolve", parked["pending"]["key"], "--value", "{not json"], env, tmp_path)
+    assert bad.returncode == 2 and "not valid JSON" in bad.stderr

@@ -1,6 +1,7 @@
 """The ``tether`` command line.
 
-Exit codes: 0 completed, 1 failed (or cancelled), 2 bad usage, 3 paused.
+Exit codes: 0 completed, 1 failed (or cancelled), 2 bad usage, 3 paused or
+waiting (the run continues later), 4 `runs await` timed out.
 Every command that prints a result takes ``--json`` for scripts.
 """
 
@@ -21,7 +22,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PAUSED = 0, 1, 2, 3
 
 
 def _exit_code(status: str) -> int:
-    return {"completed": EXIT_OK, "paused": EXIT_PAUSED}.get(status, EXIT_FAILED)
+    # A run parked on a wait or a timer is not a failure: like a pause, it continues later.
+    return {"completed": EXIT_OK, "paused": EXIT_PAUSED, "waiting": EXIT_PAUSED}.get(status, EXIT_FAILED)
 
 
 def _print_json(data: Any) -> None:
@@ -46,6 +48,12 @@ def _print_result(result: Any, as_json: bool) -> int:
         print(f"  approve: tether resume {data['run_id']} --approve")
         print(f"  decline: tether resume {data['run_id']} --decline --reason '...'")
         print(f"  cancel:  tether resume {data['run_id']} --cancel")
+    elif status == "waiting":
+        p = data["pending"]
+        print(f"waiting: run {data['run_id']} is parked ({p['kind']} {p['name']}); it holds no worker")
+        print(f"  {data.get('instructions')}")
+        if p["kind"] == "wait":
+            print(f"  key: {p['key']}")
     else:
         err = data.get("error") or {}
         print(f"{status}: [{err.get('code')}] {err.get('message')}", file=sys.stderr)
@@ -114,7 +122,10 @@ async def cmd_run(args: argparse.Namespace) -> int:
         result = await rt.execute(code, on_approval=_ask_inline if interactive else None,
                                   on_question=_ask_question if interactive else None,
                                   meta={"tools": tools, "config": _abs(args.config)})
-        return _print_result(result, args.json)
+    if result.status == "waiting" and result.expires_at is not None:
+        # A timer or a timeout must fire with nobody watching: make sure a worker will.
+        _ensure_worker(args, tools)
+    return _print_result(result, args.json)
 
 
 def _abs(path: str | None) -> str | None:
@@ -483,6 +494,28 @@ def _print_demo_summary(r: dict) -> None:
         print(f"    {t['id']}  {t['opened']}  {t['priority']:<7} {t['title'][:40]:<40}  {t['customer']} · {who}")
 
 
+async def cmd_waits_revoke(args: argparse.Namespace) -> int:
+    if not (args.run or args.session):
+        raise UsageError("say whose waits to revoke: --run RUN_ID or --session NAME", code="invalid_arguments")
+    async with _runtime(args, []) as rt:
+        n = rt.revoke_waits(run_id=args.run, session=args.session)
+    if args.json:
+        _print_json({"revoked": n})
+    else:
+        print(f"revoked {n} waits")
+    return EXIT_OK
+
+
+async def cmd_sessions_reset(args: argparse.Namespace) -> int:
+    async with _runtime(args, []) as rt:
+        existed = rt.reset_session(args.name)
+    if args.json:
+        _print_json({"session": args.name, "reset": existed})
+    else:
+        print(f"session {args.name}: " + ("reset" if existed else "no stored state (its waits, if any, are revoked)"))
+    return EXIT_OK
+
+
 async def cmd_prompt(args: argparse.Namespace) -> int:
     async with _runtime(args, list(args.tools)) as rt:
         print(rt.model_description())
@@ -585,6 +618,18 @@ def build_parser() -> argparse.ArgumentParser:
     from . import cells_cli
 
     cells_cli.add_parser(sub, common, sys.modules[__name__])
+
+    sp = waits.add_parser("revoke", help="revoke every pending wait of a run or a session")
+    sp.add_argument("--run")
+    sp.add_argument("--session")
+    common(sp, tools=False)
+    sp.set_defaults(func=cmd_waits_revoke)
+
+    sessions = sub.add_parser("sessions", help="REPL sessions").add_subparsers(dest="sessions_command", required=True)
+    sp = sessions.add_parser("reset", help="forget a session's globals and revoke its waits")
+    sp.add_argument("name")
+    common(sp, tools=False)
+    sp.set_defaults(func=cmd_sessions_reset)
 
     sp = sub.add_parser("recover", help="continue runs whose process died")
     common(sp)
