@@ -29,6 +29,7 @@ Built-ins: `await search(query, namespace=None, limit=12, offset=0)` ranks tools
 `await describe(address or list)` gives signatures; `await sources()` lists namespaces. \
 Code is type-checked first. The last expression is the result; print() goes to logs. \
 A failing tool raises; its message starts with [code]. Writes may pause for approval.
+Also: emit(v) streams output; `await wait_for(name)` parks until resolved.
 Unsupported: class inheritance/custom exceptions, generators, del, @property/staticmethod/classmethod, \
 create_task, asyncio.wait_for, gather(return_exceptions=), files, network, env.
 Modules: asyncio base64 bisect collections copy csv dataclasses datetime decimal functools \
