@@ -205,3 +205,21 @@ async def test_p18_resume_settles_the_approval_wait(store_url, clock):
         assert w["status"] == "resolved" and w["value"] == {"decision": "decline", "reason": "not today"}
         out = await rt.resolve_wait(paused.pending["key"], {"decision": "approve"})
         assert out["status"] == "already_resolved"
+
+
+async def test_p10_a_worker_ends_paused_runs_past_their_ttl(store_url, clock):
+    from tether.errors import NotPaused
+
+    async with runtime(store_url, clock, approval_ttl_seconds=60) as rt:
+        rt.policy = Policy(writes="ask")
+        rt._policy_dict = rt.policy.to_dict()
+        paused = await rt.execute("import tools\nawait tools.helpdesk.close_ticket(id=1)")
+        assert paused.status == "paused"
+        assert rt.expire_paused() == []
+        clock.now += 61
+        assert rt.expire_paused() == [paused.run_id]
+        run = rt.get_run(paused.run_id)
+        assert run.status == "failed" and run.error["code"] == "run_expired"
+        with pytest.raises(NotPaused):
+            await rt.resume(paused.run_id, "approve")
+        assert (await rt.resolve_wait(paused.pending["key"], {"decision": "approve"}))["status"] == "unknown_or_revoked"

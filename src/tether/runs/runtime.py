@@ -570,6 +570,18 @@ class Runtime:
                 out.append(result)
         return out
 
+    def expire_paused(self) -> list[str]:
+        """End paused runs past their approval time to live (`run_expired`); nothing was sent for them."""
+        ended = []
+        for run in self.store.paused_runs_past_expiry(self.clock()):
+            err = RunExpired(f"run {run.run_id} waited longer than its approval time to live; "
+                             f"the write {(run.pending or {}).get('address')} was not sent")
+            if self.store.update_run(run.run_id, [RUN_PAUSED], status=RUN_FAILED, updated_at=self.clock()):
+                self.revoke_waits(run_id=run.run_id)
+                self._finish(run, RUN_FAILED, error=err.to_dict())
+                ended.append(run.run_id)
+        return ended
+
     # -- background runs -----------------------------------------------------------
 
     def start(self, code: str, *, principal: str | None = None, meta: dict[str, Any] | None = None,

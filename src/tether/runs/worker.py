@@ -59,6 +59,7 @@ def _claims(rt: "Runtime", free: int):
 
     now = rt.clock()
     out = []
+    rt.expire_paused()
     # Orphans first: their writes wait on us.
     for run in rt.store.runs_with_expired_lease(now)[:free]:
         if rt.store.claim_run(run.run_id, rt.owner, now + rt.lease_seconds, now):
