@@ -437,3 +437,26 @@ async def test_p16_two_recoverers_one_owner(store_url, clock):
         results = ra + rb
         assert len(results) == 1 and results[0].status == "completed"
         assert [d for d in rec.deliveries if d[0] == "add_comment"] == [("add_comment", {"id": 5, "body": "x"})]
+
+
+async def test_p4_a_program_that_catches_everything_cannot_act_after_the_pause(store_url):
+    """The stop unwinds the program; whatever it tries while unwinding is neither sent nor recorded."""
+    rec = Recorder()
+    code = """
+import tools
+try:
+    await tools.helpdesk.close_ticket(id=1)
+except Exception as e:
+    await tools.helpdesk.add_comment(id=1, body="caught " + str(e))
+finally:
+    await tools.helpdesk.add_comment(id=2, body="finally")
+'end'
+"""
+    async with make_runtime(store_url, rec, policy=Policy(writes="ask", rules=(Rule("helpdesk.add_*", "allow"),))) as rt:
+        paused = await rt.execute(code)
+        assert paused.status == "paused" and paused.pending["address"] == "helpdesk.close_ticket"
+        assert rec.deliveries == []
+        assert [c.address for c in rt.store.get_calls(paused.run_id)] == ["helpdesk.close_ticket"]
+        done = await rt.resume(paused.run_id, "approve")
+        assert done.status == "completed" and done.result == "end"
+        assert rec.deliveries == [("close_ticket", {"id": 1}), ("add_comment", {"id": 2, "body": "finally"})]

@@ -418,11 +418,11 @@ class EffectBoundary:
         finally:
             self.state.inflight += 1
         await self._pause_sink(self, pending)
-        # The program must not see the stop: end the execution and keep this
-        # call unanswered until the worker is gone.
+        # The state is saved: end the execution and unwind the program; what it
+        # does while unwinding is never sent nor recorded.
         self.execution.stop(stop)
-        await self._release.wait()
-        raise Stopped(str(stop))
+        self.release_held()
+        raise _UNWIND
 
     async def _builtin_call(self, seq, op, address, args, key, decision) -> Any:
         impl = self.builtins_impl.get(op)
@@ -631,10 +631,15 @@ class EffectBoundary:
         return entry.outcome
 
     async def _hold(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
-        """Park a call issued while the attempt is stopping; it is not journaled."""
+        """Park a call issued while the attempt is stopping; it is not journaled.
+
+        Once the stop is recorded the call is answered with a BaseException,
+        which unwinds the program (its state is already saved, or no longer wanted)
+        so its worker can be reused instead of killed.
+        """
         self.state.held.append({"seq": seq, "op": op, "address": address, "args": args})
         await self._release.wait()
-        raise Stopped("stopped")
+        raise _UNWIND
 
     def release_held(self) -> None:
         self._release.set()
@@ -652,6 +657,7 @@ class EffectBoundary:
             self.state.failure = error
         if self.execution is not None:
             self.execution.stop(error)
+            self.release_held()
         return error
 
     async def _mark_unknown(self, entry: CallRecord) -> None:
@@ -749,6 +755,12 @@ class EffectBoundary:
         if self._checkpoint_sink is None or self.state.pausing or self.state.inflight != 1:
             return
         await self._checkpoint_sink(self, self.journal[seq])
+
+
+# What a call held by a stopping run answers: the program unwinds (a bare
+# BaseException is not caught by `except Exception`), and nothing it does after
+# is sent or recorded.
+_UNWIND = GuestRaise("BaseException", "the run stopped here")
 
 
 class SnapshotMismatch(Exception):

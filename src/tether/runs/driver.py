@@ -522,3 +522,4 @@ async def _heartbeat(rt: "Runtime", run_id: str, boundary: EffectBoundary) -> No
         reason = (run.meta or {}).get("cancel_requested") if run else None
         if reason and boundary.execution is not None:
             boundary.execution.stop(Cancelled(reason))
+            boundary.release_held()

@@ -686,6 +686,7 @@ class Runtime:
         boundary = self._boundaries.get(run_id)
         if boundary is not None and boundary.execution is not None:
             boundary.execution.stop(Cancelled(reason))
+            boundary.release_held()
             return await self.wait_for_run(run_id)
         # Running in another process: a durable request its heartbeat sees.
         self.store.update_run(run_id, [RUN_RUNNING], meta={**run.meta, "cancel_requested": reason})

@@ -31,6 +31,8 @@ from ..errors import LimitExceeded, ProgramSyntaxError, SandboxCrashed, TypeChec
 
 MONTY_VERSION: str = f"pydantic-monty-{_pm.__version__}"
 _SLEEPS = ("asyncio.sleep", "time.sleep")
+# How long a stopping program may take to unwind before its worker is killed.
+STOP_GRACE_SECONDS = 0.25
 
 # A host function gets the sandbox-side function name ("tools.ns.tool" or a
 # built-in name), positional args and keyword args, and returns a value the
@@ -50,7 +52,10 @@ class GuestRaise(Exception):
 
     def to_exception(self) -> BaseException:
         cls = getattr(builtins, self.exc_type, None)
-        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        # A bare BaseException is how a stopping run is wound down (see
+        # Execution.stop): `except Exception` does not catch it, and unlike
+        # SystemExit it does not escape asyncio's task machinery.
+        if not (isinstance(cls, type) and (issubclass(cls, Exception) or cls is BaseException)):
             cls = RuntimeError
         return cls(self.message)
 
@@ -330,10 +335,20 @@ class Execution:
     # -- driving ------------------------------------------------------------
 
     def stop(self, error: BaseException | None = None) -> None:
-        """Stop the program at its next chance; ``run``/``resume`` raise ``error`` (or Stopped)."""
+        """Stop the program; ``run``/``resume`` raise ``error`` (or Stopped).
+
+        The host answers the program's pending calls with a bare BaseException
+        (see the boundary), so it usually ends by itself and its worker goes back to the
+        pool; a program that does not end within STOP_GRACE_SECONDS is cut off,
+        which costs its worker process.
+        """
         if self._stop_error is None:
             self._stop_error = error or Stopped()
-        self._stop.set()
+        if not self._stop.is_set():
+            self._stop.set()
+            asyncio.get_running_loop().call_later(STOP_GRACE_SECONDS, self._cut_off)
+
+    def _cut_off(self) -> None:
         if self._task is not None and not self._task.done():
             self._task.cancel()
 
@@ -407,7 +422,10 @@ class Execution:
         # no watcher, on the hot path of every run.
         task = self._task = asyncio.ensure_future(work)
         try:
-            return await asyncio.shield(task)
+            value = await asyncio.shield(task)
+            if self._stop_error is not None:
+                raise self._stop_error
+            return value
         except asyncio.CancelledError:
             if self._stop_error is not None and not _cancelling_us():
                 await asyncio.gather(task, return_exceptions=True)
