@@ -124,7 +124,7 @@ def test_p18_a_sleep_survives_a_worker_restart_with_only_the_remaining_time(tmp_
     finished = store.get_run(run_id).updated_at
     store.close()
     # Woken at its original deadline, not a full 4 s after the new worker started.
-    assert deadline <= finished < restarted_at + 3.5
+    assert deadline <= finished < restarted_at + 3.9  # a full 4 s restart would end after +4
 
 
 def test_p19_tether_serve_is_also_a_runner(tmp_path, env):
