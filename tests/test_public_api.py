@@ -34,3 +34,18 @@ async def test_readme_python_api_example_works():
         result = await rt.execute("import tools\n(await tools.helpdesk.get_ticket(ticket_id='T1'))['status']")
         assert result.status == "completed" and result.result == "open"
         assert rt.search("ticket")["results"][0]["address"] == "helpdesk.get_ticket"
+
+
+def test_the_readme_config_example_is_valid(tmp_path):
+    import re
+    from pathlib import Path
+
+    from tether.config import load_config
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    (block,) = re.findall(r"```toml\n(.*?)```", readme, re.S)
+    path = tmp_path / "tether.toml"
+    path.write_text(block)
+    config = load_config(path)
+    assert [s.type for s in config.sources] == ["python", "mcp", "openapi"]
+    assert config.policy.rules[0].match == "helpdesk.add_*"
