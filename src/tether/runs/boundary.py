@@ -46,7 +46,7 @@ from ..store.base import (
     CallRecord,
     Store,
 )
-from . import journal, policy as policy_mod
+from . import journal, policy as policy_mod, telemetry
 from .result import to_json_value
 
 if TYPE_CHECKING:
@@ -175,6 +175,7 @@ class EffectBoundary:
         self.flush_every_seconds = 0.25
         self.on_progress: Callable[[int, str], None] | None = None
         self.on_question: Any = None
+        self.span: Any = None  # the run's OpenTelemetry span, when one is recording
         # Tools with a call on the wire now: an upstream's question is tied to its run by these.
         self.inflight_addresses: dict[str, int] = {}
         self.secret: bytes = b""
@@ -748,6 +749,8 @@ class EffectBoundary:
     def _stat(self, seq, op, address, kind, state, t) -> None:
         now = time.perf_counter()
         self.state.stats.append(CallStat(seq, op, address, kind, state, (now - t) * 1000, t - self._t0, now - self._t0))
+        if self.span is not None:
+            telemetry.record_call(self.span, seq, op, address, kind, state, now - t)
         if self.on_progress is not None:
             self.on_progress(len(self.state.stats), address)
 

@@ -194,7 +194,7 @@ def _guarded(fn: Any) -> Any:
 
 
 async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float,
-                on_progress: Any = None, on_question: Any = None) -> RunResult:
+                on_progress: Any = None, on_question: Any = None, span: Any = None) -> RunResult:
     """One attempt. ``mode`` is "fresh" or "continue" (restore, else replay)."""
     limits = Limits.from_dict(run.limits)
     policy = Policy.from_dict(run.policy)
@@ -301,6 +301,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
     boundary.paused_envelope = None
     boundary.on_progress = on_progress
     boundary.on_question = on_question
+    boundary.span = span
     boundary.secret = rt._secret
     boundary.session = run.session
     boundary.inline_sleep_seconds = rt.inline_sleep_seconds

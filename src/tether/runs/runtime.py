@@ -720,10 +720,16 @@ class Runtime:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._active[run.run_id] = fut
         try:
+            from . import telemetry
             from .driver import drive
 
-            result = await drive(self, run, mode=mode, on_approval=on_approval, t0=t0, on_progress=on_progress,
-                                 on_question=on_question)
+            with telemetry.run_span(run.run_id, mode) as span:
+                result = await drive(self, run, mode=mode, on_approval=on_approval, t0=t0, on_progress=on_progress,
+                                     on_question=on_question, span=span if span.is_recording() else None)
+                if span.is_recording():
+                    span.set_attribute("tether.status", result.status)
+                    if result.error:
+                        span.set_attribute("tether.error", str(result.error.get("code")))
             fut.set_result(result)
             return result
         except BaseException as exc:
