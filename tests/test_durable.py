@@ -8,7 +8,6 @@ import pytest
 
 from helpers import Clock, Recorder
 from tether.errors import AlreadyDecided, RunExpired, RunNotFound, SnapshotTampered
-from tether.runs.limits import Limits
 from tether.runs.policy import Policy, Rule
 from tether.runs.runtime import Runtime
 from tether.store import open_store

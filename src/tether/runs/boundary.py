@@ -329,7 +329,7 @@ class EffectBoundary:
     async def _wait_call(self, seq: int, op: str, args: dict[str, Any], key: str, decision: Any) -> Any:
         """wait_for / wait_for_signal / sleep: settle now, or park the run (P-18)."""
         from ..store.base import (
-            WAIT_CANCELLED, WAIT_FAILED, WAIT_PENDING, WAIT_RESOLVED, WAIT_REVOKED, WAIT_TIMEOUT, WaitRecord,
+            WAIT_CANCELLED, WAIT_FAILED, WAIT_PENDING, WAIT_RESOLVED, WAIT_TIMEOUT, WaitRecord,
         )
         from .waits import SIGNAL_PREFIX, SLEEP_PREFIX, wait_key
 

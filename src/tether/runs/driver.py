@@ -12,7 +12,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ExecutionDiverged, LimitExceeded, SandboxCrashed, TetherError, WriteOutcomeUnknown
+from ..errors import ExecutionDiverged, SandboxCrashed, TetherError, WriteOutcomeUnknown
 from ..sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxLimits, SandboxSpec, Stopped
 from ..store.base import (
     CALL_APPROVED,

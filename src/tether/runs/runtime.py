@@ -27,46 +27,35 @@ from typing import Any, Awaitable, Callable, Iterable
 from ..errors import (
     AlreadyDecided,
     CodeTooLarge,
-    ExecutionDiverged,
     NotPaused,
     RunExpired,
     RunNotFound,
     SnapshotTampered,
-    TetherError,
     UsageError,
 )
 from ..sandbox.monty import (
     MONTY_VERSION,
-    ProgramFailed,
-    SandboxLimits,
     SandboxPool,
-    SandboxSpec,
-    Stopped,
 )
 from ..store.base import (
     CALL_ASKED,
     CALL_APPROVED,
     CALL_DECLINED,
-    CALL_SENDING,
-    CALL_UNKNOWN,
     RUN_CANCELLED,
-    RUN_COMPLETED,
     RUN_FAILED,
     RUN_PAUSED,
     RUN_QUEUED,
     RUN_RUNNING,
     RUN_WAITING,
     TERMINAL_RUN_STATUSES,
-    CallRecord,
-    Conflict,
     RunRecord,
     SnapshotRecord,
     Store,
 )
-from .boundary import Approver, BUILTIN_OPS, Cancelled, EffectBoundary, Paused, SnapshotMismatch
+from .boundary import Approver, Cancelled, EffectBoundary
 from .limits import Limits
 from .policy import Policy
-from .result import RunResult, preview, to_json_value
+from .result import RunResult, to_json_value
 
 DECISIONS = ("approve", "decline", "cancel")
 # Puts an upstream tool's question (an MCP elicitation) to the run's user:

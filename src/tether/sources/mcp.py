@@ -17,7 +17,6 @@ import asyncio
 import contextvars
 import importlib.metadata
 import json
-import keyword
 import logging
 import os
 import re

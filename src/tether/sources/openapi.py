@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import keyword
 import os
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
