@@ -7,6 +7,12 @@ import os
 import pytest
 
 
+@pytest.fixture
+def store_url(tmp_path):
+    """A SQLite store file of this test's own: what two runtimes ("two processes") share."""
+    return f"sqlite:///{tmp_path}/tether.db"
+
+
 @pytest.fixture(scope="session")
 def pg_url():
     """A PostgreSQL URL for this session: ``TETHER_TEST_PG_URL``, else a throwaway cluster (tests/pg.py).

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 
 from helpers import Recorder
 from tether.runs.policy import Policy
@@ -27,11 +26,6 @@ for i in range(10):
     await asyncio.sleep(0.02)
 {"done": done}
 """
-
-
-@pytest.fixture
-def store_url(tmp_path):
-    return f"sqlite:///{tmp_path}/tether.db"
 
 
 def runtime(store_url, rec=None, **kw) -> Runtime:

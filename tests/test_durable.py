@@ -26,11 +26,6 @@ print("closed", closed["id"])
 
 
 @pytest.fixture
-def store_url(tmp_path):
-    return f"sqlite:///{tmp_path}/tether.db"
-
-
-@pytest.fixture
 def clock():
     return Clock()
 

@@ -10,11 +10,6 @@ from tether.runs.runtime import Runtime
 from tether.store import open_store
 
 
-@pytest.fixture
-def store_url(tmp_path):
-    return f"sqlite:///{tmp_path}/tether.db"
-
-
 def runtime(store_url, **kw) -> Runtime:
     return Runtime(store=open_store(store_url), tools=Recorder().tools(), **kw)
 

@@ -15,11 +15,6 @@ from tether.store import open_store
 
 
 @pytest.fixture
-def store_url(tmp_path):
-    return f"sqlite:///{tmp_path}/tether.db"
-
-
-@pytest.fixture
 def clock():
     return Clock()
 
