@@ -351,6 +351,17 @@ def test_get_calls_orders_by_seq(store):
     assert store.get_calls("other") == []
 
 
+def test_journal_bytes_counts_stored_arguments_and_outcomes(store):
+    store.create_run(make_run())
+    assert store.journal_bytes("r1") == 0
+    store.record_call(make_call(seq=1, args={"text": "é" * 10}))
+    store.record_call(make_call(seq=2, state="done", args={}, outcome="x" * 1000))
+    # Stored text escapes non-ASCII: "é" costs six bytes, as on disk.
+    expected = len('{"text":"' + "\\u00e9" * 10 + '"}') + len("{}") + len('"' + "x" * 1000 + '"')
+    assert store.journal_bytes("r1") == expected
+    assert store.journal_bytes("other") == 0
+
+
 # ---------------------------------------------------------------------------
 # Snapshots
 

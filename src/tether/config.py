@@ -179,6 +179,12 @@ class LimitsConfig(_Section):
     log_bytes: PositiveInt = _LIMITS.log_bytes
     # CPython's and Monty's default, so recursion behaves as the model expects.
     recursion_depth: PositiveInt = _LIMITS.recursion_depth
+    # A call's arguments and its outcome are each journaled up to this many
+    # bytes (as stored); a larger read result fails its call, larger write
+    # arguments fail before sending (result_too_large / arguments_too_large).
+    journal_value_bytes: PositiveInt = _LIMITS.journal_value_bytes
+    # What one run may write to its journal in total (journal_limit past it).
+    journal_bytes: PositiveInt = _LIMITS.journal_bytes
 
 
 # --- [policy] ----------------------------------------------------------------

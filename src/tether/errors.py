@@ -15,7 +15,7 @@
     │   ├── RunExpired               run_expired
     │   └── NotPaused                not_paused
     ├── LimitExceeded                a limit stopped the program
-    │   ├── (codes) memory_limit, time_limit, call_limit, budget_exceeded,
+    │   ├── (codes) memory_limit, time_limit, call_limit, journal_limit, budget_exceeded,
     │   │           call_timeout, output_limit, log_limit, overloaded
     └── WorldError                   the world failed (a tool, the sandbox, the store)
         ├── ToolError                tool_error

@@ -183,6 +183,9 @@ class EffectBoundary:
         # Sleeps up to this long are waited out in the worker instead of parking.
         self.inline_sleep_seconds: float = 1.0
         self.paused_envelope: Any = None
+        # Bytes of arguments and outcomes this run has journaled (P-22);
+        # the driver sets what earlier attempts wrote.
+        self.journaled_bytes = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._release = asyncio.Event()
@@ -278,9 +281,9 @@ class EffectBoundary:
             )
             return await self._hold(seq, op, address, args)
         try:
-            key = journal.call_key(op, address, args)
+            key, size = journal.call_key_and_size(op, address, args)
         except (TypeError, ValueError):
-            key = journal.call_key(op, address, to_json_value(args)[0])
+            key, size = journal.call_key_and_size(op, address, to_json_value(args)[0])
         decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
         if decision.action == journal.DIVERGED:
             self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
@@ -294,6 +297,14 @@ class EffectBoundary:
         if decision.action == journal.WAIT and op not in WAIT_OPS:
             self._fail(ExecutionDiverged(f"call {seq} was journaled as a wait", details={"seq": seq}))
             return await self._hold(seq, op, address, args)
+        if decision.entry is None:
+            # P-22: arguments too large to journal are refused before anything is sent.
+            refused = self._journal_room(size, address, "arguments")
+            if refused is not None:
+                if self.state.failure is not None:
+                    return await self._hold(seq, op, address, args)
+                await self._record_rejected(seq, op, address, {"_omitted_bytes": size}, "read", refused, key=key)
+                raise refused
 
         started = self.clock()
         st.inflight += 1
@@ -381,6 +392,14 @@ class EffectBoundary:
             return await self._park(pending)
         # Settled: journal the outcome, then answer the program.
         if row.status == WAIT_RESOLVED:
+            refused = self._journal_room(journal.value_size(row.value), name, "result")
+            if refused is not None:
+                self.store.update_call(self.run_id, seq, [CALL_WAITING], state=CALL_FAILED, error=_err_json(refused),
+                                       finished_at=self.clock())
+                if self.state.failure is not None:
+                    return await self._hold(seq, op, op, args)
+                self._remember(refused)
+                raise refused
             self.store.update_call(self.run_id, seq, [CALL_WAITING], state=CALL_DONE, outcome=row.value,
                                    finished_at=self.clock())
             self._stat(seq, op, name, "wait", CALL_DONE, t)
@@ -441,6 +460,14 @@ class EffectBoundary:
             self._stat(seq, op, address, "read", CALL_FAILED, t)
             raise
         value = to_json_value(value)[0]
+        refused = self._journal_room(journal.value_size(value), op, "result")
+        if refused is not None:
+            await self._record_outcome(seq, CALL_PENDING, CALL_FAILED, error=_err_json(refused))
+            self._stat(seq, op, address, "read", CALL_FAILED, t)
+            if self.state.failure is not None:
+                return await self._hold(seq, op, address, args)
+            self._remember(refused)
+            raise refused
         await self._record_outcome(seq, CALL_PENDING, CALL_DONE, outcome=value)
         self._stat(seq, op, address, "read", CALL_DONE, t)
         return value
@@ -593,6 +620,16 @@ class EffectBoundary:
             self._remember(err)
             raise err from None
         value, notes = to_json_value(value)
+        refused = self._journal_room(journal.value_size(value), tool.address, "result", sent=is_write)
+        if refused is not None:
+            # P-22: neither the store nor the sandbox gets the value. A write
+            # happened all the same: its entry says so, and it is never re-sent.
+            await self._record_outcome(seq, from_state, ok_state if is_write else CALL_FAILED, error=_err_json(refused))
+            self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state if is_write else CALL_FAILED, t)
+            if self.state.failure is not None:
+                return await self._hold(seq, "tool", tool.address, args)
+            self._remember(refused)
+            raise refused
         await self._record_outcome(seq, from_state, ok_state, outcome=value)
         self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state, t)
         await self._maybe_checkpoint(seq)
@@ -614,7 +651,12 @@ class EffectBoundary:
             state = CALL_UNKNOWN if from_state == CALL_SENDING and isinstance(exc, (asyncio.TimeoutError, asyncio.CancelledError)) else CALL_FAILED
             await self._record_outcome(seq, from_state, state, error={"type": type(exc).__name__, "message": str(exc)})
             return
-        await self._record_outcome(seq, from_state, ok_state, outcome=to_json_value(value)[0])
+        value = to_json_value(value)[0]
+        refused = self._journal_room(journal.value_size(value), f"call {seq}", "result", sent=True)
+        if refused is not None:
+            await self._record_outcome(seq, from_state, ok_state, error=_err_json(refused))
+            return
+        await self._record_outcome(seq, from_state, ok_state, outcome=value)
 
     async def drain(self) -> None:
         """Wait for requests already on the wire to finish and be journaled."""
@@ -652,6 +694,34 @@ class EffectBoundary:
         self.state = AttemptState(writes_spent=self.state.writes_spent)
         self._release = asyncio.Event()
         self._idle.set()
+
+    def _journal_room(self, size: int, what: str, part: str, *, sent: bool = False) -> GuestRaise | None:
+        """Count a value of ``size`` bytes against the journal's limits (P-22); the error if it does not fit.
+
+        A value over ``journal_value_bytes`` (or over what the sandbox could
+        hold) fails its call; a value that would take the run's journal past
+        ``journal_bytes`` ends the run with ``journal_limit``.
+        """
+        limits = self.limits
+        cap = limits.journal_value_bytes if part == "arguments" else min(limits.journal_value_bytes,
+                                                                          limits.memory_bytes)
+        done = "it was sent and happened, but its result was not kept" if sent else (
+            "it was not sent" if part == "arguments" else "it was not kept or given to the program")
+        if size > cap:
+            return guest_error(f"{part}_too_large",
+                               f"the {part} of {what} {'are' if part == 'arguments' else 'is'} {size} bytes, over the {cap}-byte limit "
+                               f"(limits.journal_value_bytes); {done}", "ValueError")
+        if self.journaled_bytes + size > limits.journal_bytes:
+            err = LimitExceeded(
+                f"the run's journal would pass its {limits.journal_bytes}-byte total with the {size}-byte "
+                f"{part} of {what}; {done}, and the run stopped",
+                code="journal_limit",
+                next_action="Ask tools for less (filter, page, reduce upstream), or raise limits.journal_bytes.",
+            )
+            self._fail(err)
+            return guest_error("journal_limit", err.message, "ValueError")
+        self.journaled_bytes += size
+        return None
 
     def _fail(self, error: TetherError) -> TetherError:
         if self.state.failure is None:

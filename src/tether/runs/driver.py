@@ -305,6 +305,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
     boundary.secret = rt._secret
     boundary.session = run.session
     boundary.inline_sleep_seconds = rt.inline_sleep_seconds
+    boundary.journaled_bytes = rt.store.journal_bytes(run.run_id) if mode != "fresh" else 0
     rt._boundaries[run.run_id] = boundary
     heartbeat = asyncio.ensure_future(_heartbeat(rt, run.run_id, boundary))
     setup_ms = (time.perf_counter() - t_setup) * 1000

@@ -36,9 +36,18 @@ def canonical_json(value: Any) -> str:
 
 def call_key(op: str, address: str, args: dict[str, Any]) -> str:
     """The identity of a call: what it does and with which arguments (P-3)."""
-    digest = hashlib.sha256()
-    digest.update(canonical_json([op, address, args]).encode())
-    return digest.hexdigest()
+    return call_key_and_size(op, address, args)[0]
+
+
+def call_key_and_size(op: str, address: str, args: dict[str, Any]) -> tuple[str, int]:
+    """The call's key and the size in bytes of what identifies it, from one serialization."""
+    data = canonical_json([op, address, args]).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def value_size(value: Any) -> int:
+    """Bytes of a JSON value's text: what journaling it costs (P-22)."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
 
 
 # What the boundary does with one call.

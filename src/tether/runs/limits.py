@@ -23,6 +23,14 @@ class Limits:
     result_bytes: int = 30_000
     log_bytes: int = 30_000
     recursion_depth: int = 1000
+    # 1 MiB per journaled value (a call's arguments, or its outcome): a tool
+    # result the program can still reduce, far below the sandbox heap; a value
+    # over it fails its call instead of filling the store (Cloudflare's code
+    # mode caps each logged value at the same 1 MB).
+    journal_value_bytes: int = 1024 * 1024
+    # 64 MiB of journal per run: ~60 calls at the per-value cap, or thousands
+    # of ordinary ones; past it the run ends (journal_limit).
+    journal_bytes: int = 64 * 1024 * 1024
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -691,6 +691,13 @@ class SQLStore:
         with self._transaction(write=False) as tx:
             return tx.run(f"SELECT COUNT(*) FROM calls WHERE {where}", params).fetchone()[0]
 
+    def journal_bytes(self, run_id: str) -> int:
+        # Stored JSON is ASCII (non-ASCII is escaped), so characters are bytes on both backends.
+        sql = ("SELECT COALESCE(SUM(LENGTH(args) + COALESCE(LENGTH(outcome), 0)), 0)"
+               " FROM calls WHERE run_id = ?")
+        with self._transaction(write=False) as tx:
+            return int(tx.run(sql, (run_id,)).fetchone()[0])
+
     # -- snapshots
 
     def put_snapshot(self, snapshot: SnapshotRecord) -> None:

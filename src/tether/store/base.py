@@ -195,6 +195,8 @@ class Store(Protocol):
         """Entries (with seq > ``after`` and in ``states``, when given), by seq."""
 
     def count_calls(self, run_id: str, kind: str | None = None, states: Sequence[str] | None = None) -> int: ...
+    def journal_bytes(self, run_id: str) -> int:
+        """Bytes of the run's journaled arguments and outcomes, as stored (P-22)."""
 
     # -- snapshots
     def put_snapshot(self, snapshot: SnapshotRecord) -> None: ...
