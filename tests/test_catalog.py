@@ -211,7 +211,7 @@ def test_validating_an_unknown_tool_raises_unknown_tool(catalog: Catalog) -> Non
 def test_describe_gives_signature_types_and_schema(catalog: Catalog) -> None:
     [entry] = describe(catalog, "tracker.create_ticket")
     assert entry["address"] == "tracker.create_ticket"
-    assert entry["signature"].startswith("async def tools.tracker.create_ticket(*, title: str,")
+    assert entry["signature"].startswith("async def tools.tracker.create_ticket(title: str,")
     assert "class CreateTicketOwner(TypedDict):" in entry["types"]
     assert entry["description"] == "Open a ticket."
     assert entry["annotations"]["read_only"] is False
@@ -223,5 +223,5 @@ def test_describe_a_list_partly_succeeds(catalog: Catalog) -> None:
     assert [e["address"] for e in entries] == ["tracker.get_ticket", "tracker.get_tiket", "slack.post_message"]
     assert entries[1]["error"] == "unknown_tool" and "signature" not in entries[1]
     assert entries[1]["suggestions"][0] == "tracker.get_ticket"
-    assert entries[0]["signature"] == "async def tools.tracker.get_ticket(*, id: int) -> Any"
+    assert entries[0]["signature"] == "async def tools.tracker.get_ticket(id: int) -> Any"
     assert entries[0]["types"] == ""

@@ -47,7 +47,8 @@ def test_states_the_api_and_the_subsets_gaps() -> None:
     text = model_description(_catalog(10, 2))
     for needed in [
         "import tools",
-        "await tools.ns.tool(k=v)",
+        "await tools.ns.tool(a, k=v)",
+            "by position or keyword",
         "asyncio.gather(",
         "await search(query, namespace=None, limit=12, offset=0)",
         "await describe(",

@@ -100,7 +100,7 @@ def test_stubs_from_a_python_tool_keep_its_types() -> None:
     t = create_ticket.__tether_tool__.to_tool()
     signature = build_stubs(Catalog([t])).tool_stubs[t.address].signature
     assert signature == (
-        "async def tools.tracker.create_ticket(*, title: str, priority: int = 3, "
+        "async def tools.tracker.create_ticket(title: str, priority: int = 3, "
         'status: Literal["open", "closed"] = "open", owner: Owner | Mapping[str, Any] | None = None, '
         "window: Window | Mapping[str, Any] | None = None) -> Ticket"
     )
@@ -219,7 +219,7 @@ def test_positional_only_parameters_are_refused() -> None:
     def f(a: int, /) -> int:
         return a
 
-    with pytest.raises(UsageError, match="keyword arguments only") as info:
+    with pytest.raises(UsageError, match="needs a name") as info:
         tool(f, ).__tether_tool__.to_tool("ns")
     assert info.value.code == "invalid_tool_definition"
 
@@ -234,3 +234,19 @@ def test_unsupported_types_are_a_definition_error() -> None:
     with pytest.raises(UsageError, match="pydantic cannot use") as info:
         tool(f).__tether_tool__.to_tool("ns")
     assert info.value.code == "invalid_tool_definition"
+
+
+def test_keyword_only_parameters_stay_keyword_only() -> None:
+    from tether.tools.binding import bind
+
+    def move(src: str, dst: str = "/tmp", *, force: bool = False, mode: int) -> str:
+        return src
+
+    t = tool(move).__tether_tool__.to_tool("fs")
+    assert t.keyword_only == ("force", "mode")
+    assert build_stubs(Catalog([t])).tool_stubs[t.address].signature == (
+        "async def tools.fs.move(src: str, dst: str = \"/tmp\", *, force: bool = False, mode: int) -> str"
+    )
+    assert bind(t, ("a", "b"), {"mode": 1}) == {"src": "a", "dst": "b", "mode": 1}
+    with pytest.raises(InvalidArguments, match=r"takes 2 positional arguments but 3 were given; signature: tools\.fs\.move\("):
+        bind(t, ("a", "b", True), {"mode": 1})

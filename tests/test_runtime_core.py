@@ -104,10 +104,31 @@ out
 """)
     assert caught.status == "completed"
     assert caught.result.startswith("[invalid_arguments]")
-    r = await rt.execute("import tools\nawait tools.helpdesk.get_ticket(1)")
-    assert r.error["code"] == "invalid_arguments" and "keyword" in r.error["message"]
+    r = await rt.execute("import tools\nawait tools.helpdesk.get_ticket(1, 2)")
+    assert r.error["code"] == "invalid_arguments"
+    assert "takes 1 positional argument but 2 were given" in r.error["message"]
+    assert "signature: tools.helpdesk.get_ticket(id: int)" in r.error["message"]
+    r = await rt.execute("import tools\nawait tools.helpdesk.get_ticket(1, id=1)")
+    assert r.error["code"] == "invalid_arguments" and "multiple values for argument 'id'" in r.error["message"]
     assert rec.events == []  # nothing was dispatched
     await assert_alive(rt)
+
+
+async def test_positional_calls_bind_in_signature_order_and_journal_as_keywords(rt, rec):
+    # Positional, keyword and mixed: the same call for the tool and the journal.
+    r = await rt.execute("""
+import tools
+a = await tools.helpdesk.get_ticket(3)
+get = tools.helpdesk.get_ticket
+b = await get(4)
+[a["id"], b["id"]]
+""")
+    assert r.status == "completed", r.error
+    assert r.result == [3, 4]
+    calls = rt.store.get_calls(r.run_id)
+    assert [c.args for c in calls] == [{"id": 3}, {"id": 4}]
+    same = await rt.execute("import tools\nawait tools.helpdesk.get_ticket(id=3)")
+    assert rt.store.get_calls(same.run_id)[0].key == calls[0].key
 
 
 async def test_a_tool_that_raises_is_a_catchable_tool_error(rt):

@@ -44,7 +44,7 @@ def test_scalars_required_and_optional() -> None:
         },
         required=["s", "n"],
     )
-    assert _sig(tool) == "*, s: str, i: int = 3, n: float, b: bool = False, z: None = ...) -> Any"
+    assert _sig(tool) == "s: str, n: float, i: int = 3, b: bool = False, z: None = ...) -> Any"
 
 
 def test_enum_const_and_nullable_unions() -> None:
@@ -78,7 +78,7 @@ def test_arrays_are_sequences_in_and_lists_out() -> None:
         required=["tags"],
         output={"type": "array", "items": {"type": "integer"}},
     )
-    assert _sig(tool) == "*, tags: Sequence[str], any: Sequence[Any] = ...) -> list[int]"
+    assert _sig(tool) == "tags: Sequence[str], any: Sequence[Any] = ...) -> list[int]"
 
 
 def test_nested_objects_become_typed_dicts() -> None:
@@ -99,7 +99,7 @@ def test_nested_objects_become_typed_dicts() -> None:
     stubs = build_stubs(Catalog([tool]))
     entry = stubs.tool_stubs["crm.add_contact"]
     assert entry.signature == (
-        "async def tools.crm.add_contact(*, owner: AddContactOwner | Mapping[str, Any], "
+        "async def tools.crm.add_contact(owner: AddContactOwner | Mapping[str, Any], "
         "meta: Mapping[str, int] = ...) -> AddContactResult"
     )
     assert "class AddContactOwner(TypedDict):\n    name: str\n    address: NotRequired[AddContactOwnerAddress]\n" in entry.types
@@ -122,7 +122,7 @@ def test_refs_resolve_to_shared_named_classes_and_recursion_terminates() -> None
     module = stubs.namespace_modules["tree"]
     assert module.count("class Node(TypedDict):") == 1  # shared by both tools
     assert "    children: NotRequired[list[Node]]\n" in module
-    assert "async def put(*, root: Node | Mapping[str, Any], s: Literal[\"a\", \"b\"] = ...) -> Any: ..." in module
+    assert "async def put(root: Node | Mapping[str, Any], s: Literal[\"a\", \"b\"] = ...) -> Any: ..." in module
     assert "async def get() -> Node: ..." in module
     assert "class Node(TypedDict):" in stubs.tool_stubs["tree.get"].types
 
@@ -141,18 +141,18 @@ def test_unknown_constructs_fall_back_to_any() -> None:
         {"a": {}, "b": {"$ref": "http://example.com/x"}, "c": {"allOf": [{"type": "string"}, {"minLength": 1}]}, "d": {"type": "weird"}},
         required=["a", "b", "c", "d"],
     )
-    assert _sig(tool) == "*, a: Any, b: Any, c: Any, d: Any) -> Any"
+    assert _sig(tool) == "a: Any, b: Any, c: Any, d: Any) -> Any"
 
 
 def test_unwritable_parameter_names_make_the_tool_loose() -> None:
     # "from" is a keyword and "user-id" not an identifier: only **{...} can pass them.
     tool = _tool("mail.search", {"from": {"type": "string"}, "user-id": {"type": "integer"}, "q": {"type": "string"}})
-    assert _sig(tool) == "**kwargs: Any) -> Any"
+    assert _sig(tool) == "*args: Any, **kwargs: Any) -> Any"
 
 
 def test_declared_extra_properties_add_kwargs() -> None:
     tool = _tool("kv.put", {"key": {"type": "string"}}, ["key"], additionalProperties={"type": "integer"})
-    assert _sig(tool) == "*, key: str, **kwargs: int) -> Any"
+    assert _sig(tool) == "key: str, **kwargs: int) -> Any"
 
 
 def test_typed_dict_keys_that_are_not_identifiers_use_the_functional_form() -> None:
@@ -165,7 +165,7 @@ def test_tool_named_like_a_builtin_does_not_shadow_annotations() -> None:
     tool = _tool("tickets.list", {"ids": {"type": "array", "items": {"type": "integer"}}}, output={"type": "array", "items": {"type": "string"}})
     module = build_stubs(Catalog([tool])).namespace_modules["tickets"]
     assert "from builtins import list as _list" in module
-    assert "async def list(*, ids: Sequence[int] = ...) -> _list[str]: ..." in module
+    assert "async def list(ids: Sequence[int] = ...) -> _list[str]: ..." in module
 
 
 def test_unreachable_names_are_left_out() -> None:
@@ -234,7 +234,7 @@ async def _run(code: str) -> tuple[str, object, list[str]]:
     calls: list[str] = []
 
     def handler(address: str):
-        async def call(**kwargs):
+        async def call(*args, **kwargs):
             calls.append(address)
             return {"id": 7, "title": kwargs.get("title", "")} if address.endswith("create_ticket") else [1, 2]
 
@@ -288,6 +288,9 @@ checker = pytest.mark.slow  # starts a real Monty worker and its bundled ty chec
         ('import tools\n(await tools.tracker.create_ticket(title="x", owner={"name": "a"}, labels=["l"]))["id"]', 7),
         ('from tools import tracker\nt = await tracker.create_ticket(title="x", status="closed")\nt["title"]', "x"),
         ("import tools.slack\nawait tools.slack.post_message(channel='c', text='t')", [1, 2]),
+        # Positional and mixed calls, in the order describe() shows.
+        ("import tools.slack\nawait tools.slack.post_message('c', 't')", [1, 2]),
+        ('import tools as t\nmake = t.tracker.create_ticket\n(await make("x", 2, status="open"))["id"]', 7),
         (
             'import asyncio\nimport tools\nlabels = []\nlabels.append("a")\nowner = {"name": "n"}\n'
             'a, b = await asyncio.gather(tools.tracker.list(limit=2), tools.tracker.create_ticket(title="y", owner=owner, labels=labels))\n'
@@ -317,6 +320,8 @@ async def test_checker_accepts_correct_programs(code: str, expected: object) -> 
         ('import tools\nawait tools.tracker.create_ticket(title=5)', "Expected `str`, found `Literal[5]`"),
         ('import tools\nawait tools.tracker.create_ticket(title="x", status="pending")', 'Expected `Literal["open", "closed"]`'),
         ("import tools\nawait tools.tracker.lst()", "has no member `lst`"),
+        ('import tools\nawait tools.slack.post_message("c", "t", "x")', "Too many positional arguments"),
+        ('import tools\nawait tools.slack.post_message("c", channel="d", text="t")', "Multiple values provided for parameter"),
         ("import tools\nawait tools.trackr.list()", "has no member `trackr`"),
         ('import tools\nt = await tools.tracker.create_ticket(title="x")\nt["nope"]', 'Unknown key "nope"'),
         ('await search(qery="x")', "Argument `qery` does not match any known parameter of function `search`"),
@@ -345,7 +350,7 @@ def test_class_names_never_collide_with_keywords_or_tools() -> None:
     module = build_stubs(Catalog([tool])).namespace_modules["t"]
     assert "class None_(TypedDict):" in module
     assert "class Result2(TypedDict):" in module
-    assert "async def Result(*, x: None_ | Mapping[str, Any]) -> Result2: ..." in module
+    assert "async def Result(x: None_ | Mapping[str, Any]) -> Result2: ..." in module
 
 
 EDGE_TOOLS = [
@@ -402,3 +407,13 @@ async def test_checker_accepts_edge_case_stubs() -> None:
             assert value == [1, {"h": {"content-type": "json"}}, {"from": "x"}]
             with pytest.raises(pm.MontyTypingError, match="unknown-argument"):
                 await session.feed_run("import tools\nawait tools.tickets.list(idz=[1])")
+
+
+def test_positional_order_is_required_first_then_optional_in_schema_order() -> None:
+    from tether.tools.binding import bind, parameters
+
+    tool = _tool("t.f", {"a": {"type": "integer", "default": 1}, "b": {"type": "string"}, "c": {"type": "boolean"}},
+                 required=["b"])
+    assert parameters(tool).positional == ("b", "a", "c")
+    assert _sig(tool) == "b: str, a: int = 1, c: bool = ...) -> Any"
+    assert bind(tool, ("x", 2), {"c": True}) == {"b": "x", "a": 2, "c": True}

@@ -106,7 +106,7 @@ class UnknownTool(UsageError):
 
 class InvalidArguments(UsageError):
     code = "invalid_arguments"
-    next_action = "Call describe() on the tool and pass keyword arguments matching its signature."
+    next_action = "Call describe() on the tool and pass arguments matching its signature (by position or keyword)."
 
 
 class RunNotFound(UsageError):

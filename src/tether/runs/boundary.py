@@ -31,6 +31,7 @@ from ..errors import (
     WriteOutcomeUnknown,
 )
 from ..sandbox.monty import GuestRaise, Stopped
+from ..tools import binding
 from ..store.base import (
     CALL_APPROVED,
     CALL_ASKED,
@@ -199,12 +200,16 @@ class EffectBoundary:
         if name.startswith("tools."):
             address = name[len("tools."):]
             if args:
-                err = guest_error(
-                    "invalid_arguments",
-                    f"{address} takes keyword arguments only; call it as await tools.{address}(name=value, ...)",
-                    "TypeError",
-                )
-                return "tool", address, {"_positional": list(args), **kwargs}, err
+                # Positional arguments are bound to names here, so the journal,
+                # policy and validation all see one keyword dict (tools.binding).
+                try:
+                    return "tool", address, binding.bind(self.catalog.get(address), args, kwargs), None
+                except UnknownTool:
+                    pass  # refused as unknown_tool by the call itself
+                except InvalidArguments as exc:
+                    err = guest_error("invalid_arguments", exc.message, "TypeError")
+                    return "tool", address, {"_positional": list(args), **kwargs}, err
+                return "tool", address, {"_positional": list(args), **kwargs}, None
             return "tool", address, dict(kwargs), None
         return name, name, {"args": list(args), "kwargs": dict(kwargs)}, None
 

@@ -193,8 +193,10 @@ def _build(spec: ToolSpec, namespace: str) -> Tool:
         raise _definition_error(where, f"has no readable signature ({exc})") from None
     for param in signature.parameters.values():
         if param.kind in (param.POSITIONAL_ONLY, param.VAR_POSITIONAL):
+            # A call is journaled as one keyword dict (tools.binding): every
+            # parameter needs a name it can be bound to.
             raise _definition_error(
-                where, f"parameter {param.name!r} cannot be passed by keyword; tools take keyword arguments only"
+                where, f"parameter {param.name!r} cannot be passed by keyword; every tool parameter needs a name"
             )
 
     # Validate against a stand-in with the same signature, so validation never
@@ -237,6 +239,7 @@ def _build(spec: ToolSpec, namespace: str) -> Tool:
         annotations=spec.annotations,
         source="python",
         validates_args=True,
+        keyword_only=tuple(p.name for p in signature.parameters.values() if p.kind is p.KEYWORD_ONLY),
     )
 
 

@@ -10,7 +10,8 @@ from ..errors import UsageError
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-# A tool's handler receives the validated keyword arguments as one dict and
+# A tool's handler receives the validated arguments as one keyword dict (a
+# positional call is bound to names first, see tools.binding) and
 # returns a JSON-compatible value (or raises). Sources build handlers; the
 # effect boundary is the only caller.
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -76,6 +77,9 @@ class Tool:
     # boundary may then skip its JSON Schema check for reads, where a
     # malformed call costs nothing. Writes are always checked before policy.
     validates_args: bool = False
+    # Parameters that may only be passed by keyword (a Python tool's ``*, x``);
+    # the others may also be passed by position (see tools.binding).
+    keyword_only: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_identifier(self.namespace, "namespace")

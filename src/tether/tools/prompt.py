@@ -24,7 +24,7 @@ _DEFAULT_LIMITS = {"code_bytes": 65536, "host_calls": 50, "run_seconds": 60}
 
 _API = """\
 Write one Python program (sandboxed subset, top-level await). `import tools`, call \
-`await tools.ns.tool(k=v)` (all async; keyword args, not **dict). Parallel: `await asyncio.gather(f(), g())`. \
+`await tools.ns.tool(a, k=v)` (all async; args by position or keyword, as describe() shows). Parallel: `await asyncio.gather(f(), g())`. \
 Built-ins: `await search(query, namespace=None, limit=12, offset=0)` ranks tools; \
 `await describe(address or list)` gives signatures; `await sources()` lists namespaces. \
 Code is type-checked first. The last expression is the result; print() goes to logs. \

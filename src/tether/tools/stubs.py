@@ -1,7 +1,7 @@
 '''Type stubs for the sandbox's checker, generated from the catalog.
 
 Monty runs the bundled ``ty`` checker before a program executes. With these
-stubs a call with a missing, unknown or ill-typed keyword argument, an unknown
+stubs a call with a missing, unknown or ill-typed argument, an unknown
 tool or an unknown namespace is refused with a diagnostic that names the
 argument and points at the declaration — before any tool runs.
 
@@ -81,6 +81,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
+from .binding import parameters
 from .catalog import Catalog, accepts_extra_args
 from .model import Tool
 
@@ -141,7 +142,7 @@ _MISSING = object()
 class ToolStub:
     """One tool's declaration as ``describe()`` shows it."""
 
-    signature: str  # "async def tools.ns.name(*, a: int) -> Ret"
+    signature: str  # "async def tools.ns.name(a: int, *, b: str = ...) -> Ret"
     types: str  # the class definitions the signature refers to, or ""
 
 
@@ -162,7 +163,7 @@ def build_stubs(catalog: Catalog) -> Stubs:
 
 
 def render_signature(tool: Tool) -> str:
-    """``async def tools.ns.name(*, ...) -> ...`` for one tool on its own."""
+    """``async def tools.ns.name(...) -> ...`` for one tool on its own."""
     module = _Module([tool.name])
     return module.add_tool(tool).signature
 
@@ -308,23 +309,32 @@ class _Module:
         schema = tool.input_schema
         root = _Root(schema)
         props = schema.get("properties") or {}
-        required = set(schema.get("required") or [])
         if not all(name.isidentifier() and not keyword.iskeyword(name) for name in props):
             # A name like "from" or "user-id" can only be passed as **{...}, and ty
             # checks a **{...} against every parameter: only full looseness admits it.
-            return f"**kwargs: {self.n['Any']}"
-        parts: list[str] = []
-        for name, prop in props.items():
-            annotation = self._type(prop, root, f"{base}{_camel(name)}", 0, inputs=True)
-            if name in required:
-                parts.append(f"{name}: {annotation}")
-            else:
-                parts.append(f"{name}: {annotation} = {self._default(prop, annotation)}")
+            return f"*args: {self.n['Any']}, **kwargs: {self.n['Any']}"
+        # Python's calling convention (tools.binding): positional-or-keyword
+        # parameters in binding order, then the keyword-only ones after `*`.
+        params = parameters(tool)
+
+        def one(name: str) -> str:
+            annotation = self._type(props[name], root, f"{base}{_camel(name)}", 0, inputs=True)
+            if name in params.required:
+                return f"{name}: {annotation}"
+            return f"{name}: {annotation} = {self._default(props[name], annotation)}"
+
+        parts = [one(name) for name in params.positional]
+        keyword_only = [one(name) for name in params.keyword_only]
+        extra = None
         if accepts_extra_args(schema):
-            extra = schema.get("additionalProperties")
-            kind = self._type(extra, root, f"{base}Extra", 0, inputs=True) if isinstance(extra, dict) else self.n["Any"]
-            return ", ".join(["*", *parts, f"**kwargs: {kind}"]) if parts else f"**kwargs: {kind}"
-        return ", ".join(["*", *parts]) if parts else ""
+            more = schema.get("additionalProperties")
+            kind = self._type(more, root, f"{base}Extra", 0, inputs=True) if isinstance(more, dict) else self.n["Any"]
+            extra = f"**kwargs: {kind}"
+        if keyword_only:
+            parts += ["*", *keyword_only]
+        if extra:
+            parts.append(extra)
+        return ", ".join(parts)
 
     def _default(self, prop: Any, annotation: str) -> str:
         value = prop.get("default", _MISSING) if isinstance(prop, dict) else _MISSING
