@@ -1,6 +1,6 @@
 """``tether serve --http`` in a subprocess, driven by the real ``mcp`` client in both protocol eras.
 
-One server serves the module (bearer tokens ``alpha-token`` and ``beta-token``,
+One server serves the module (bearer tokens ``alpha-token-…`` and ``beta-token-…``,
 two run slots, a queue of two). Writes are counted by the ``ledger`` tools the
 server loads from a file: each delivery appends a line the test reads back.
 """
@@ -30,7 +30,7 @@ from tether.store import open_store
 pytestmark = pytest.mark.slow
 
 ERAS = [pytest.param("legacy", id="legacy"), pytest.param("auto", id="modern")]
-ALPHA, BETA = "alpha-token", "beta-token"
+ALPHA, BETA = "alpha-token-0123456789", "beta-token-0123456789"
 
 LEDGER_TOOLS = '''\
 """Writes that leave a line in the file named by $LEDGER, so a test can count deliveries."""

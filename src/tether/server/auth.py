@@ -3,19 +3,35 @@
 A run belongs to the principal that started it; every other principal gets
 ``run_not_found`` for it. The principal is a hash of the bearer token (so the
 store never holds a token), or ``local`` where there is no token: standard
-input/output, and ``--dev`` HTTP on a loopback address.
+input/output, the CLI, the Python API, and ``--dev`` HTTP on a loopback address.
+
+One request, one identity (P-23): the middleware reads the request's raw
+headers, refuses a request with more than one ``Authorization`` header or one
+it cannot parse, checks the single token, and records the principal derived
+from *that* token in the ASGI scope. Nothing downstream reads the headers
+again, so no other header can name the caller.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 LOCAL = "local"
+# Where the middleware leaves the verified principal for the MCP tools.
+SCOPE_KEY = "tether.principal"
+# A shorter token can be guessed or typed from memory; 16 characters of a
+# random alphabet are ~96 bits (`openssl rand -hex 16` gives 32).
+MIN_TOKEN_CHARS = 16
 _LOOPBACK_NAMES = ("localhost",)
+# RFC 7235 token68: what a bearer credential may be made of.
+_TOKEN68 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=")
+
+HEALTH_PATH, READY_PATH = "/healthz", "/readyz"
 
 
 def split_tokens(value: str | None) -> tuple[str, ...]:
@@ -25,28 +41,71 @@ def split_tokens(value: str | None) -> tuple[str, ...]:
     return tuple(t.strip() for t in value.split(",") if t.strip())
 
 
+def short_tokens(tokens: Iterable[str]) -> list[int]:
+    """The lengths of the tokens shorter than MIN_TOKEN_CHARS (never the tokens themselves)."""
+    return [len(t) for t in tokens if len(t) < MIN_TOKEN_CHARS]
+
+
+def well_formed(token: str) -> bool:
+    """Whether ``token`` can be sent as one bearer credential (RFC 7235 token68)."""
+    return bool(token) and set(token) <= _TOKEN68
+
+
 def principal_for_token(token: str) -> str:
     # 16 bytes of SHA-256: unique per token, and the store never learns one.
     return "token:" + hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
-def bearer(headers: Mapping[str, str] | None) -> str | None:
-    """The token of an ``Authorization: Bearer`` header, if there is one."""
-    if not headers:
-        return None
-    value = headers.get("authorization") or headers.get("Authorization")
-    if not value:
-        return None
+class CredentialProblem(Exception):
+    """Why a request's credentials cannot be used: an HTTP status and a code."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def bearer_token(raw_headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The one bearer token of a request, from its raw ASGI header list; else CredentialProblem.
+
+    Every ``Authorization`` header counts, whatever its case: two of them are
+    refused rather than choosing one, since a proxy, a framework and this
+    check could each choose differently.
+    """
+    values = [v for k, v in raw_headers if k.lower() == b"authorization"]
+    if not values:
+        raise CredentialProblem(401, "missing_token", "the request has no Authorization: Bearer token")
+    if len(values) > 1:
+        raise CredentialProblem(400, "ambiguous_credentials",
+                                f"the request has {len(values)} Authorization headers; send exactly one")
+    try:
+        value = values[0].decode("ascii")
+    except UnicodeDecodeError:
+        raise CredentialProblem(400, "malformed_credentials",
+                                "the Authorization header is not ASCII") from None
     scheme, _, token = value.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
+    if scheme.lower() != "bearer":
+        raise CredentialProblem(401, "missing_token",
+                                "the request has no Authorization: Bearer token (another scheme was sent)")
+    token = token.strip(" ")
+    # A comma is how proxies join repeated headers; anything outside token68
+    # (spaces, a second scheme) means this is not one bearer credential.
+    if not well_formed(token):
+        raise CredentialProblem(400, "malformed_credentials",
+                                "the Authorization header is not `Bearer <token>` with one token")
+    return token
 
 
-def principal_from_headers(headers: Mapping[str, str] | None) -> str:
-    """The principal of a request the auth middleware already let through."""
-    token = bearer(headers)
-    return principal_for_token(token) if token is not None else LOCAL
+def principal_of_request(ctx: Any) -> str:
+    """The principal the middleware verified for this MCP request (it never re-reads headers)."""
+    request = getattr(getattr(ctx, "request_context", None), "request", None)
+    principal = (getattr(request, "scope", None) or {}).get(SCOPE_KEY)
+    if not isinstance(principal, str):
+        # Unreachable behind BearerAuth; failing closed keeps it that way if it ever is.
+        from ..errors import UsageError
+
+        raise UsageError("the request carries no verified principal; nothing was run", code="unauthenticated",
+                         next_action="Send `Authorization: Bearer <token>`.")
+    return principal
 
 
 def is_loopback(host: str) -> bool:
@@ -59,10 +118,10 @@ def is_loopback(host: str) -> bool:
 
 
 class BearerAuth:
-    """ASGI middleware: every HTTP request carries one of ``tokens``, or gets a 401 JSON error.
+    """ASGI middleware: every HTTP request carries exactly one of ``tokens``, or gets a JSON error.
 
-    With no tokens (``--dev`` on loopback) it lets everything through; the
-    caller decides whether that is allowed.
+    With no tokens (``--dev`` on loopback) it lets everything through as
+    ``local``; the caller decides whether that is allowed.
     """
 
     def __init__(self, app: Any, tokens: Sequence[str]) -> None:
@@ -70,13 +129,17 @@ class BearerAuth:
         self.tokens = tuple(t.encode() for t in tokens)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not self.tokens:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        token = bearer(headers)
-        if token is None:
-            await _unauthorized(send, "missing_token", "the request has no Authorization: Bearer token")
+        if not self.tokens:
+            scope[SCOPE_KEY] = LOCAL
+            await self.app(scope, receive, send)
+            return
+        try:
+            token = bearer_token(scope.get("headers", []))
+        except CredentialProblem as problem:
+            await _refuse(send, problem)
             return
         presented = token.encode()
         # Compare with every token, always, so timing tells nothing about which one nearly matched.
@@ -84,21 +147,57 @@ class BearerAuth:
         for known in self.tokens:
             matched |= hmac.compare_digest(presented, known)
         if not matched:
-            await _unauthorized(send, "invalid_token", "the bearer token is not one this server accepts")
+            await _refuse(send, CredentialProblem(401, "invalid_token", "the bearer token is not one this server accepts"))
             return
+        # The principal comes from the token just verified, and from nothing else.
+        scope[SCOPE_KEY] = principal_for_token(token)
         await self.app(scope, receive, send)
 
 
-async def _unauthorized(send: Any, code: str, message: str) -> None:
-    body = json.dumps({"error": {
-        "code": code,
-        "message": message,
-        "next_action": "Send `Authorization: Bearer <token>` with the token the server was started with "
-                       "(TETHER_TOKEN or [server] token).",
-    }}).encode()
-    await send({"type": "http.response.start", "status": 401, "headers": [
+class HealthRoutes:
+    """``GET /healthz`` and ``GET /readyz``, answered before authentication.
+
+    ``/healthz`` says only that the process serves HTTP. ``/readyz`` also
+    asks the store one cheap question; either way the body holds a status
+    and nothing about the deployment (no version, store URL or error text).
+    """
+
+    def __init__(self, app: Any, ready: Callable[[], Awaitable[bool]], *, timeout: float = 2.0) -> None:
+        self.app, self.ready, self.timeout = app, ready, timeout
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path = scope.get("path") if scope["type"] == "http" else None
+        if path not in (HEALTH_PATH, READY_PATH):
+            await self.app(scope, receive, send)
+            return
+        if scope.get("method") not in ("GET", "HEAD"):
+            await _json(send, 405, {"status": "method_not_allowed"}, [(b"allow", b"GET, HEAD")])
+            return
+        if path == HEALTH_PATH:
+            await _json(send, 200, {"status": "ok"})
+            return
+        try:
+            ok = await asyncio.wait_for(self.ready(), self.timeout)
+        except Exception:  # the store is down, slow or refusing: not ready, and why stays in the server's log
+            ok = False
+        await _json(send, 200 if ok else 503, {"status": "ready" if ok else "unavailable"})
+
+
+async def _json(send: Any, status: int, data: dict, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps(data).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        (b"www-authenticate", b'Bearer realm="tether"'),
+        (b"cache-control", b"no-store"),
+        *(extra or []),
     ]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _refuse(send: Any, problem: CredentialProblem) -> None:
+    await _json(send, problem.status, {"error": {
+        "code": problem.code,
+        "message": problem.message,
+        "next_action": "Send exactly one `Authorization: Bearer <token>` header with the token the server was "
+                       "started with (TETHER_TOKEN or [server] token).",
+    }}, [(b"www-authenticate", b'Bearer realm="tether"')])

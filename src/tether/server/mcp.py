@@ -47,7 +47,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import InvalidArguments, Overloaded, RunNotFound, TetherError, UsageError
 from ..runs.result import RunResult
 from .admission import Admission
-from .auth import LOCAL, BearerAuth, is_loopback, principal_from_headers, split_tokens
+from .auth import (
+    LOCAL,
+    MIN_TOKEN_CHARS,
+    BearerAuth,
+    HealthRoutes,
+    is_loopback,
+    principal_of_request,
+    short_tokens,
+    split_tokens,
+    well_formed,
+)
 
 SERVER_NAME = "tether"
 # The first protocol revision without server→client requests mid-call.
@@ -693,6 +703,22 @@ def check_http_auth(host: str, tokens: tuple[str, ...], dev: bool) -> None:
             code="token_required",
             next_action="Set TETHER_TOKEN (or [server] token in tether.toml), or pass --dev to serve "
                         "without one on 127.0.0.1.")
+    if not all(well_formed(t) for t in tokens):
+        raise UsageError(
+            "a bearer token may hold only letters, digits and -._~+/= (RFC 7235 token68); nothing was started",
+            code="token_invalid",
+            next_action="Generate one with `openssl rand -hex 32` and set it as TETHER_TOKEN.")
+    short = short_tokens(tokens)
+    if short and not dev:
+        raise UsageError(
+            f"{len(short)} bearer token(s) shorter than {MIN_TOKEN_CHARS} characters (lengths "
+            f"{', '.join(map(str, short))}); a short token can be guessed, so nothing was started",
+            code="token_too_short",
+            next_action="Generate one with `openssl rand -hex 32` and set it as TETHER_TOKEN "
+                        "(--dev accepts short tokens on loopback, with a warning).")
+    if short:
+        print(f"tether: warning: a bearer token is shorter than {MIN_TOKEN_CHARS} characters; "
+              "accepted only because of --dev", file=sys.stderr, flush=True)
 
 
 async def serve(args: Any) -> int:
@@ -716,7 +742,7 @@ async def serve(args: Any) -> int:
             admission=Admission(config.server.max_concurrent_runs, config.server.queue_depth,
                                 config.server.queue_timeout_seconds),
             # Without tokens nobody is told apart: stdio, and --dev on loopback.
-            principal_of=(lambda ctx: principal_from_headers(ctx.headers)) if args.http and tokens else None,
+            principal_of=principal_of_request if args.http and tokens else None,
             run_meta=run_meta,
         )
         # The server is also a runner (P-19): it executes queued runs, wakes
@@ -759,7 +785,14 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    app = BearerAuth(server.mcp.streamable_http_app(host=host), tokens)
+    async def ready() -> bool:
+        # One cheap read through the store's own connection: a store that
+        # answers it can serve runs. Off the loop, as every store call should be.
+        await asyncio.to_thread(server.rt.store.get_run, "run_readiness_probe")
+        return True
+
+    # Health first: a balancer's probe carries no token.
+    app = HealthRoutes(BearerAuth(server.mcp.streamable_http_app(host=host), tokens), ready)
     shown = f"[{host}]" if ":" in host else host
     auth = "bearer token required" if tokens else "no token (--dev, loopback only)"
     print(f"tether: serving MCP at http://{shown}:{port}/mcp ({auth})", file=sys.stderr, flush=True)
