@@ -111,3 +111,45 @@ def test_a_short_token_refuses_to_start_unless_dev(tmp_path):
                            "serve", "--http", "127.0.0.1:1"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "[token_too_short]" in done.stderr and "next:" in done.stderr and "'x'" not in done.stderr
+
+
+# -- owners (P-24) -------------------------------------------------------------------------
+
+
+def cli(served, *args: str) -> subprocess.CompletedProcess:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "TETHER_STORE_URL")}
+    env.update(TETHER_HOME=str(served.home), LEDGER=str(served.ledger))
+    root = served.home.parent
+    return subprocess.run([sys.executable, "-m", "tether.cli", "--config", str(root / "tether.toml"), *args],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+async def test_p24_a_token_cannot_touch_a_run_started_from_the_cli(served):
+    root = served.home.parent
+    program = root / "local_write.py"
+    program.write_text("import tools\nawait tools.ledger.guarded_write(tag='cli-owned')")
+    done = cli(served, "run", str(program), "--tools", str(root / "ledger_tools.py"), "--no-prompt", "--json")
+    assert done.returncode == 3, done.stderr
+    run_id = json.loads(done.stdout)["run_id"]
+    for token in (ALPHA, BETA):
+        status, body, _ = raw(served, "POST", "/mcp", [f"Authorization: Bearer {token}"], resume_call(run_id))
+        assert status == 200 and body["result"]["structuredContent"]["error"]["code"] == "run_not_found"
+    assert "cli-owned" not in served.tags()
+    # The CLI's own user decides it.
+    done = cli(served, "resume", run_id, "--approve", "--json")
+    assert done.returncode == 0, done.stderr
+    assert served.tags().count("cli-owned") == 1
+
+
+async def test_p24_the_cli_decides_only_local_runs_but_may_cancel_any(served):
+    async with connect(served.url, ALPHA, "auto") as alice:
+        paused = (await alice.call_tool(
+            "execute", {"code": "import tools\nawait tools.ledger.guarded_write(tag='token-owned')"})).structured_content
+    done = cli(served, "resume", paused["run_id"], "--approve")
+    assert done.returncode == 2 and "run_not_found" in done.stderr
+    done = cli(served, "runs", "cancel", paused["run_id"], "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "cancelled"
+    assert "token-owned" not in served.tags()

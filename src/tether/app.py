@@ -78,6 +78,7 @@ async def open_runtime(
         checkpoint_every_seconds=config.policy.checkpoint_every_seconds,
         # How long a dead process keeps its runs before another takes them over.
         lease_seconds=float(os.environ.get("TETHER_LEASE_SECONDS", "30")),
+        local_runs=config.server.local_runs,
     )
     runtime.config = config
     runtime.source_status = []

@@ -408,7 +408,12 @@ async def cmd_runs_cancel(args: argparse.Namespace) -> int:
     tools, config = _recorded_setup(args)
     args.config = config
     async with _runtime(args, tools) as rt:
-        result = await rt.cancel(args.run_id, args.reason or "cancelled from the command line")
+        # Whoever runs the CLI against the store is its operator: ending a
+        # run (which sends nothing) is theirs whoever owns it. Deciding a
+        # write (`tether resume`) acts as `local` like every other command.
+        run = rt.store.get_run(args.run_id)
+        result = await rt.cancel(args.run_id, args.reason or "cancelled from the command line",
+                                 principal=run.principal if run is not None else None)
     if result.status != "cancelled":
         return _print_result(result, args.json)
     if args.json:

@@ -257,6 +257,10 @@ class ServerConfig(_Section):
     # TETHER_TOKEN wins over this, so the file need not hold a secret.
     token: Text | None = None
     allow_unauthenticated_loopback: Bool = False
+    # Runs started without a token (CLI, Python API, stdio) belong to `local`.
+    # "private": callers with a token never see them; "shared": they may act
+    # on them too (one trusted team behind one server).
+    local_runs: Literal["private", "shared"] = "private"
     # Defaults to sandbox.max_workers (filled in by Config): more concurrent
     # runs than workers would only wait for a worker inside the sandbox.
     max_concurrent_runs: PositiveInt = 2

@@ -41,6 +41,7 @@ from ..store.base import (
     CALL_ASKED,
     CALL_APPROVED,
     CALL_DECLINED,
+    LOCAL_PRINCIPAL,
     RUN_CANCELLED,
     RUN_FAILED,
     RUN_PAUSED,
@@ -114,6 +115,8 @@ class Runtime:
         checkpoint_every_seconds: float = 30.0,
         clock: Callable[[], float] = time.time,
         owner: str | None = None,
+        principal: str = LOCAL_PRINCIPAL,
+        local_runs: str = "private",
     ) -> None:
         from ..store import open_store
         from ..tools.catalog import Catalog
@@ -129,6 +132,16 @@ class Runtime:
         self.checkpoint_every_seconds = checkpoint_every_seconds
         self.clock = clock
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        # Whose runs a call without an explicit principal starts and acts on
+        # (the CLI's, the Python API's); and whether callers with a token may
+        # act on those runs too ([server] local_runs).
+        if not isinstance(principal, str) or not principal:
+            raise UsageError("principal must be a non-empty string", code="invalid_arguments")
+        if local_runs not in ("private", "shared"):
+            raise UsageError(f"local_runs must be 'private' or 'shared', not {local_runs!r}",
+                             code="invalid_arguments")
+        self.principal = principal
+        self.local_runs = local_runs
         self._own_pool = pool is None
         self.pool = pool or SandboxPool(
             min_workers=min_workers,
@@ -254,7 +267,6 @@ class Runtime:
         notes: list[str] = []
         if session is not None:
             run.session = session
-            run.principal = principal or "local"
             run.meta["session_base"] = self._session_base(session, run.principal, notes)
         self.store.create_run(run)
         result = await self._attempt(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress,
@@ -268,7 +280,7 @@ class Runtime:
         return sign_snapshot(self._secret, f"session:{principal}:{name}", 0, MONTY_VERSION, data)
 
     def verify_session_blob(self, name: str, principal: str | None, data: bytes, mac: str) -> None:
-        if not hmac.compare_digest(self._session_mac(name, principal or "local", data), mac):
+        if not hmac.compare_digest(self._session_mac(name, principal or self.principal, data), mac):
             raise SnapshotTampered(f"the stored state of session {name!r} failed its signature check; nothing ran")
 
     def _session_base(self, name: str, principal: str, notes: list[str]) -> dict[str, Any] | None:
@@ -290,7 +302,7 @@ class Runtime:
     def _save_session(self, name: str, principal: str | None, data: bytes) -> None:
         from ..store.base import SessionRecord
 
-        principal = principal or "local"
+        principal = principal or self.principal
         now = self.clock()
         self.store.put_session(SessionRecord(name, principal, MONTY_VERSION, data,
                                              self._session_mac(name, principal, data), now,
@@ -299,7 +311,7 @@ class Runtime:
     def reset_session(self, name: str, *, principal: str | None = None) -> bool:
         """Forget a session's globals and revoke its waits."""
         self.revoke_waits(session=name)
-        return self.store.delete_session(name, principal or "local")
+        return self.store.delete_session(name, principal or self.principal)
 
     def _new_run(self, code: str, *, principal: str | None, meta: dict[str, Any] | None,
                  type_check: bool | None, status: str) -> RunRecord:
@@ -315,7 +327,7 @@ class Runtime:
             limits=self._limits_dict,
             created_at=now,
             updated_at=now,
-            principal=principal,
+            principal=principal or self.principal,
             owner=self.owner if running else None,
             lease_until=now + self.lease_seconds if running else None,
             meta={**(meta or {}), "type_check": self.type_check if type_check is None else type_check},
@@ -418,9 +430,18 @@ class Runtime:
     def _get_run(self, run_id: str, principal: str | None) -> RunRecord:
         run = self.store.get_run(run_id) if isinstance(run_id, str) else None
         # Another principal's run does not exist for this caller.
-        if run is None or (principal is not None and run.principal is not None and run.principal != principal):
+        if run is None or not self.may_act_on(run, principal):
             raise RunNotFound(f"no run {run_id!r}")
         return run
+
+    def may_act_on(self, run: RunRecord, principal: str | None) -> bool:
+        """Whether ``principal`` (None: this runtime's own) may see and act on ``run``. Never skipped."""
+        caller = principal if principal is not None else self.principal
+        # A row from before every run had an owner was started locally (migration 4).
+        owner = run.principal if run.principal is not None else LOCAL_PRINCIPAL
+        if owner == caller:
+            return True
+        return owner == LOCAL_PRINCIPAL and self.local_runs == "shared"
 
     def get_run(self, run_id: str, principal: str | None = None) -> RunRecord:
         return self._get_run(run_id, principal)
@@ -455,7 +476,8 @@ class Runtime:
         from .waits import APPROVAL_PREFIX
 
         if name.startswith(APPROVAL_PREFIX) and continue_run:
-            return await self._resolve_approval(key, run_id, name, value, error)
+            # The key is the capability: whoever holds it decides as the run's owner.
+            return await self._resolve_approval(key, run_id, name, value, error, run.principal)
         if existing is None and run.status in TERMINAL_RUN_STATUSES:
             return {"status": "unknown_or_revoked", "key": key, "next_action": f"Run {run_id} has ended."}
         now = self.clock()
@@ -483,7 +505,7 @@ class Runtime:
         return key
 
     async def _resolve_approval(self, key: str, run_id: str, name: str, value: Any,
-                                error: str | None) -> dict[str, Any]:
+                                error: str | None, owner: str | None) -> dict[str, Any]:
         """Resolving an approval wait is deciding the paused write: resume() does the work."""
         from ..store.base import WAIT_PENDING
 
@@ -504,7 +526,7 @@ class Runtime:
         if row is not None and row.status != WAIT_PENDING:
             return {"status": "already_resolved", "key": key, "wait": _wait_view(row)}
         try:
-            result = await self.resume(run_id, decision, reason, seq=seq)
+            result = await self.resume(run_id, decision, reason, seq=seq, principal=owner)
         except AlreadyDecided:
             return {"status": "already_resolved", "key": key, "wait": _wait_view(self.store.get_wait(key))}
         return {"status": "accepted", "key": key, "wait": _wait_view(self.store.get_wait(key)),

@@ -193,6 +193,12 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
             PRIMARY KEY (name, principal)
         )""",
     ),
+    (
+        # 4: every run has an owner. Runs from before had none (the CLI and the
+        # Python API set no principal) and skipped the owner check; they were
+        # all started locally.
+        "UPDATE runs SET principal = 'local' WHERE principal IS NULL",
+    ),
 ]
 
 # Same tables. JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make
@@ -290,6 +296,9 @@ POSTGRES_MIGRATIONS: list[tuple[str, ...]] = [
             expires_at DOUBLE PRECISION,
             PRIMARY KEY (name, principal)
         )""",
+    ),
+    (
+        "UPDATE runs SET principal = 'local' WHERE principal IS NULL",
     ),
 ]
 

@@ -19,6 +19,9 @@ RUN_WAITING = "waiting"
 RUN_COMPLETED = "completed"
 RUN_FAILED = "failed"
 RUN_CANCELLED = "cancelled"
+# The principal of runs started without a token: the CLI, the Python API, stdio, --dev HTTP.
+LOCAL_PRINCIPAL = "local"
+
 TERMINAL_RUN_STATUSES = frozenset({RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED})
 
 # Call (journal entry) states — see docs/protocol.md.
@@ -50,6 +53,7 @@ class RunRecord:
     limits: dict[str, Any]
     created_at: float
     updated_at: float
+    # Who the run belongs to (a token's hash, or LOCAL_PRINCIPAL); only they may act on it.
     principal: str | None = None
     owner: str | None = None
     lease_until: float | None = None
