@@ -23,11 +23,13 @@ from .runs.result import RunResult
 from .runs.runtime import Runtime
 from .sources.python import tool, tools_from_module
 from .tools.catalog import Catalog
+from .tools.context import CallContext, current_call
 from .tools.model import Annotations, Tool
 
 __all__ = [
     "AlreadyDecided",
     "Annotations",
+    "CallContext",
     "Catalog",
     "ExecutionDiverged",
     "LimitExceeded",
@@ -45,6 +47,7 @@ __all__ = [
     "UsageError",
     "WorldError",
     "WriteOutcomeUnknown",
+    "current_call",
     "tool",
     "tools_from_module",
 ]

@@ -32,6 +32,8 @@ from ..errors import (
 )
 from ..sandbox.monty import GuestRaise, Stopped
 from ..tools import binding
+from ..tools import context as call_context
+from ..tools.context import idempotency_key
 from ..store.base import (
     CALL_APPROVED,
     CALL_ASKED,
@@ -563,7 +565,7 @@ class EffectBoundary:
 
     async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
         # P-7: `sending` is committed before the request leaves.
-        if not await self._cas(seq, [CALL_APPROVED], state=CALL_SENDING, started_at=self.clock()):
+        if not await self._cas(seq, [CALL_APPROVED], state=CALL_SENDING, started_at=self.clock(), sends=1):
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state approved; nothing was sent"))
         self.state.writes_spent += 1
         return await self._dispatch(seq, tool, args, CALL_SENDING, CALL_SENT, t)
@@ -576,14 +578,14 @@ class EffectBoundary:
                 # A write runs in its own task so that stopping the program
                 # (cancel, pause, limit) never interrupts it on the wire: it
                 # finishes and its outcome is journaled (P-8).
-                task = asyncio.ensure_future(self._invoke(tool, args))
+                task = asyncio.ensure_future(self._invoke(tool, args, seq))
                 self._dispatches.add(task)
                 task.add_done_callback(self._dispatches.discard)
                 value = await asyncio.shield(task)
             else:
                 # A read cut short is re-issued later (P-5): await it in place,
                 # which saves a task and two event-loop turns per call.
-                value = await self._invoke(tool, args)
+                value = await self._invoke(tool, args, seq)
         except asyncio.TimeoutError:
             if is_write:
                 entry = {"seq": seq, "address": tool.address}
@@ -640,13 +642,18 @@ class EffectBoundary:
         await self._maybe_checkpoint(seq)
         return value
 
-    async def _invoke(self, tool: "Tool", args: dict[str, Any]) -> Any:
+    async def _invoke(self, tool: "Tool", args: dict[str, Any], seq: int, send: int = 1) -> Any:
         address = tool.address
         self.inflight_addresses[address] = self.inflight_addresses.get(address, 0) + 1
+        # The tool (and the source building its request) reads the call's
+        # idempotency key from here (P-25).
+        token = call_context.enter(call_context.CallContext(
+            self.run_id, seq, address, self._idempotency_key(seq), send, "write" if tool.is_write else "read"))
         try:
             async with asyncio.timeout(self.limits.call_timeout_seconds):
                 return await tool.handler(args)
         finally:
+            call_context.leave(token)
             self.inflight_addresses[address] -= 1
 
     async def _finish_late(self, task: asyncio.Task, seq: int, from_state: str, ok_state: str) -> None:
@@ -755,7 +762,8 @@ class EffectBoundary:
     # write, and those are simply issued again; writes never wait in a buffer.
 
     def _buffered_intent(self, seq: int, op: str, address: str, args: dict, key: str) -> None:
-        record = CallRecord(self.run_id, seq, op, address, args, key, "read", CALL_PENDING, started_at=self.clock())
+        record = CallRecord(self.run_id, seq, op, address, args, key, "read", CALL_PENDING, started_at=self.clock(),
+                            idempotency_key=self._idempotency_key(seq) if op == "tool" else None)
         self._unsaved[seq] = record
         self.journal[seq] = record
 
@@ -785,9 +793,17 @@ class EffectBoundary:
             self.store.update_call(self.run_id, seq, [existing.state], state=state, started_at=now,
                                    outcome=None, error=None, finished_at=None)
             return
-        record = CallRecord(self.run_id, seq, op, address, args, key, kind, state, started_at=now)
+        record = CallRecord(self.run_id, seq, op, address, args, key, kind, state, started_at=now,
+                            idempotency_key=self._idempotency_key(seq) if op == "tool" else None)
         self.store.record_call(record)
         self.journal[seq] = record
+
+    def _idempotency_key(self, seq: int) -> str:
+        """The recorded key if the journal has one, else the derived one (P-25)."""
+        entry = self.journal.get(seq)
+        if entry is not None and entry.idempotency_key:
+            return entry.idempotency_key
+        return idempotency_key(self.run_id, seq)
 
     async def _record_outcome(self, seq: int, from_state: str, state: str, *, outcome: Any = None,
                               error: dict[str, Any] | None = None) -> None:

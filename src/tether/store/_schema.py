@@ -199,6 +199,11 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
         # all started locally.
         "UPDATE runs SET principal = 'local' WHERE principal IS NULL",
     ),
+    (
+        # 5: idempotency keys (P-25) and how often a write was sent (P-26).
+        "ALTER TABLE calls ADD COLUMN idempotency_key TEXT",
+        "ALTER TABLE calls ADD COLUMN sends INTEGER NOT NULL DEFAULT 0",
+    ),
 ]
 
 # Same tables. JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make
@@ -299,6 +304,10 @@ POSTGRES_MIGRATIONS: list[tuple[str, ...]] = [
     ),
     (
         "UPDATE runs SET principal = 'local' WHERE principal IS NULL",
+    ),
+    (
+        "ALTER TABLE calls ADD COLUMN idempotency_key TEXT",
+        "ALTER TABLE calls ADD COLUMN sends INTEGER NOT NULL DEFAULT 0",
     ),
 ]
 

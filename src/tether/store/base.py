@@ -82,6 +82,10 @@ class CallRecord:
     error: dict[str, Any] | None = None  # {"code", "message"} raised in the program
     started_at: float | None = None
     finished_at: float | None = None
+    # Sent to the tool with every send of this call (P-25); tool calls only.
+    idempotency_key: str | None = None
+    # How many times a write was sent: 1, or more when re-sent by key (P-26).
+    sends: int = 0
 
 
 @dataclass
