@@ -66,3 +66,49 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class KeyedApi:
+    """tests/fixtures/keyed_api.py in its own process: a payments API that dedupes by idempotency key.
+
+    ``effects()`` reads its ledger (one entry per charge that took effect),
+    ``requests()`` every request it received.
+    """
+
+    FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
+    SPEC = FIXTURES / "keyed_api.json"
+
+    def __init__(self, tmp) -> None:
+        import subprocess
+        import sys
+        import time
+
+        self.ledger, self.requests_file, port_file = tmp / "ledger.jsonl", tmp / "requests.jsonl", tmp / "port"
+        self.proc = subprocess.Popen([sys.executable, str(self.FIXTURES / "keyed_api.py"), str(self.ledger),
+                                      str(self.requests_file), str(port_file)])
+        deadline = time.monotonic() + 10
+        while not port_file.exists():
+            assert time.monotonic() < deadline and self.proc.poll() is None, "keyed API did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{port_file.read_text()}"
+
+    @staticmethod
+    def _lines(path) -> list[dict]:
+        import json
+
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def effects(self) -> list[dict]:
+        return self._lines(self.ledger)
+
+    def requests(self) -> list[dict]:
+        return self._lines(self.requests_file)
+
+    def control(self, **settings: Any) -> None:
+        import httpx
+
+        httpx.post(self.url + "/_control", json=settings, timeout=5).raise_for_status()
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()

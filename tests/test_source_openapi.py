@@ -255,7 +255,8 @@ async def test_unreachable_api_is_a_tool_error():
             tools = {t.name: t for t in source.tools()}
             with pytest.raises(ToolError) as info:
                 await tools["get_user"].handler({"user_id": 1})
-    assert info.value.details == {"source": "users", "tool": "get_user", "code": "transport_error", "sent": False}
+    assert info.value.details == {"source": "users", "tool": "get_user", "code": "transport_error", "sent": False,
+                                  "outcome": "not_sent"}
 
 
 async def test_yaml_and_version_checks(tmp_path):

@@ -116,10 +116,12 @@ async def _load_source(runtime: Runtime, source: Any, closers: list[Any]) -> Sou
             from .sources.python import tools_from_module
 
             found = tools_from_module(source.module)
-            if source.namespace:
-                import dataclasses
+            import dataclasses
 
+            if source.namespace:
                 found = [dataclasses.replace(t, namespace=source.namespace) for t in found]
+            if source.idempotency == "key":
+                found = [dataclasses.replace(t, idempotency="key") for t in found]
             runtime.check_namespaces(found)
             runtime.catalog.add_many(found)
             return SourceStatus(name, kind, True, tools=len(found))
@@ -127,7 +129,8 @@ async def _load_source(runtime: Runtime, source: Any, closers: list[Any]) -> Sou
             from .sources.mcp import MCPSource
 
             mcp = MCPSource(namespace=source.namespace, command=source.command, url=source.url,
-                            env=source.env or None, headers=source.headers or None, cwd=source.cwd)
+                            env=source.env or None, headers=source.headers or None, cwd=source.cwd,
+                            idempotency=source.idempotency)
             runtime.check_namespaces([mcp])
             mcp.elicitation_handler = runtime.elicitation_handler(source.namespace)
             await mcp.start()
@@ -140,7 +143,8 @@ async def _load_source(runtime: Runtime, source: Any, closers: list[Any]) -> Sou
 
             api = OpenAPISource(namespace=source.namespace, spec=source.spec, base_url=source.base_url,
                                 auth=source.auth.model_dump() if source.auth else None,
-                                headers=source.headers or None)
+                                headers=source.headers or None, idempotency=source.idempotency,
+                                idempotency_header=source.idempotency_header or None)
             runtime.check_namespaces([api])
             start = getattr(api, "start", None)
             if start is not None:

@@ -272,6 +272,10 @@ class ServerConfig(_Section):
 
 # --- [[sources]] -------------------------------------------------------------
 
+# "key": the source's tools dedupe by idempotency key, so a write whose outcome
+# was lost is re-sent with the same key (P-26). "none" never re-sends.
+Idempotency = Literal["none", "key"]
+
 
 class PythonSource(_Section):
     type: Literal["python"]
@@ -279,6 +283,8 @@ class PythonSource(_Section):
     module: Text
     # Defaults to the module's TETHER_NAMESPACE.
     namespace: Identifier | None = None
+    # "key" marks every write tool of the module; @tool(idempotent_with_key=True) marks one.
+    idempotency: Idempotency = "none"
 
 
 class McpSource(_Section):
@@ -289,6 +295,7 @@ class McpSource(_Section):
     env: StrTable = Field(default_factory=dict)
     headers: StrTable = Field(default_factory=dict)
     cwd: Text | None = None
+    idempotency: Idempotency = "none"
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpSource:
@@ -331,6 +338,19 @@ class OpenApiSource(_Section):
     base_url: HttpUrl | None = None
     auth: Auth | None = None
     headers: StrTable = Field(default_factory=dict)
+    idempotency: Idempotency = "none"
+    # The header that carries the key on non-safe requests; false sends none.
+    idempotency_header: Annotated[
+        Text | Literal[False], _Expected("must be a header name, or false to send no key")
+    ] = "Idempotency-Key"
+
+    @model_validator(mode="after")
+    def _key_needs_header(self) -> OpenApiSource:
+        if self.idempotency == "key" and self.idempotency_header is False:
+            raise PydanticCustomError(
+                "tether", "idempotency = \"key\" needs idempotency_header: the API must receive the key"
+            )
+        return self
 
 
 Source = Annotated[PythonSource | McpSource | OpenApiSource, Field(discriminator="type")]

@@ -50,7 +50,8 @@ from pydantic import BaseModel
 
 from ._names import identifier as _identifier, unique as _unique
 from ..errors import ConfigError, ToolError, UsageError
-from ..tools.model import Annotations, Tool, check_identifier
+from ..tools.context import current_call
+from ..tools.model import IDEMPOTENCY_MODES, Annotations, Tool, check_identifier
 
 __all__ = ["ElicitationHandler", "ElicitationRequest", "ElicitationResponse", "MCPSource"]
 
@@ -59,6 +60,10 @@ logger = logging.getLogger(__name__)
 # Long enough for a cold `npx`/`uvx` start that downloads the server on first
 # use; a hung upstream still cannot hold a call longer than the caller's timeout.
 DEFAULT_CONNECT_TIMEOUT = 60.0
+
+# Where a tool call's idempotency key travels: the request's `_meta` (P-25).
+# MCP reserves prefixes naming modelcontextprotocol/mcp; this one is tether's.
+IDEMPOTENCY_META_KEY = "tether/idempotency-key"
 
 # Enough for an error message to be actionable, short enough that a server
 # dumping a traceback or a page of HTML cannot flood the program's context.
@@ -309,6 +314,11 @@ class MCPSource:
     negotiation: ``"auto"`` (2026-era when the server speaks it) or
     ``"legacy"`` (2025-era handshake only).
 
+    Every tool call carries its idempotency key in the request's ``_meta``
+    under ``"tether/idempotency-key"``. ``idempotency="key"`` says the server
+    dedupes by that key, so tether may re-send a write whose outcome it lost
+    (P-26); the server's ``idempotentHint`` alone never does.
+
     Use ``await start()`` (connect and list tools), ``tools()``, then
     ``await close()``; or ``async with``.
     """
@@ -325,6 +335,7 @@ class MCPSource:
         elicitation_handler: ElicitationHandler | None = None,
         mode: Literal["auto", "legacy"] = "auto",
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        idempotency: str = "none",
     ) -> None:
         try:
             check_identifier(namespace, "namespace")
@@ -355,6 +366,9 @@ class MCPSource:
         self._headers = dict(headers or {})
         self._mode = mode
         self._connect_timeout = connect_timeout
+        if idempotency not in IDEMPOTENCY_MODES:
+            raise ConfigError(f"MCP source {namespace!r}: 'idempotency' must be 'none' or 'key', not {idempotency!r}")
+        self._idempotency = idempotency
         self._tools: list[Tool] | None = None
         self._upstream: dict[str, str] = {}
         self._conn: _Connection | None = None
@@ -550,6 +564,8 @@ class MCPSource:
                         open_world=bool(hints and hints.open_world_hint),
                     ),
                     source="mcp",
+                    # idempotentHint alone never allows a re-send (D-15): only a declared key does.
+                    idempotency=self._idempotency,
                 )
             except UsageError as exc:
                 self.problems.append({"operation": upstream.name, "problem": exc.message})
@@ -571,12 +587,14 @@ class MCPSource:
         token = _current_call.set(call)
         address = f"{self.namespace}.{name}"
         details = {"source": self.namespace, "tool": name, "upstream_tool": upstream}
+        ctx = current_call()
+        meta: Any = {IDEMPOTENCY_META_KEY: ctx.key} if ctx is not None else None
         try:
             for attempt in (1, 2):
                 conn = await self._live()
                 conn.in_flight.add(call)
                 try:
-                    return _result_value(await conn.client.call_tool(upstream, args), address, details)
+                    return _result_value(await conn.client.call_tool(upstream, args, meta=meta), address, details)
                 except MCPError as exc:
                     if exc.code != CONNECTION_CLOSED and not _session_gone(exc):
                         raise ToolError(
@@ -611,7 +629,7 @@ class MCPSource:
                 call.sent = 0
             raise ToolError(
                 f"{address}: the MCP server went away again after reconnecting; the call was not sent",
-                details={**details, "code": "upstream_unavailable"},
+                details={**details, "code": "upstream_unavailable", "outcome": "not_sent"},
             )
         finally:
             _current_call.reset(token)

@@ -28,7 +28,8 @@ import httpx
 
 from ._names import identifier as _identifier, unique as _unique
 from ..errors import ConfigError, InvalidArguments, ToolError, UsageError
-from ..tools.model import Annotations, Tool, check_identifier
+from ..tools.context import current_call
+from ..tools.model import IDEMPOTENCY_MODES, Annotations, Tool, check_identifier
 
 __all__ = ["OpenAPISource"]
 
@@ -39,6 +40,9 @@ ERROR_BODY_LIMIT = 1000
 
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 _READ_METHODS = {"get", "head", "options"}
+# RFC 9110 safe methods: every other request carries the idempotency key (P-25).
+_SAFE_METHODS = {"get", "head", "options", "trace"}
+DEFAULT_IDEMPOTENCY_HEADER = "Idempotency-Key"
 # OpenAPI says these header parameters are ignored: the client owns them.
 _RESERVED_HEADERS = {"accept", "content-type", "authorization"}
 # Values under these keys are data, not schemas: never chase $refs into them.
@@ -224,6 +228,11 @@ class OpenAPISource:
     are read from the environment at each call. ``headers`` are sent on every
     request (``${NAME}`` is replaced from the environment at start).
 
+    A request whose method is not safe carries the call's idempotency key in
+    the ``idempotency_header`` (``None`` sends none). ``idempotency="key"``
+    says the API dedupes by that key, so tether may re-send a write whose
+    outcome it lost (P-26).
+
     ``await start()`` loads the spec; ``problems`` then lists the operations
     skipped and why; ``tools()``; ``await close()``.
     """
@@ -237,6 +246,8 @@ class OpenAPISource:
         auth: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        idempotency: str = "none",
+        idempotency_header: str | None = DEFAULT_IDEMPOTENCY_HEADER,
     ) -> None:
         try:
             check_identifier(namespace, "namespace")
@@ -250,6 +261,16 @@ class OpenAPISource:
         self._auth = [_Auth.parse(a, namespace) for a in raw_auth]
         self._headers = dict(headers or {})
         self._timeout = timeout
+        if idempotency not in IDEMPOTENCY_MODES:
+            raise ConfigError(f"OpenAPI source {namespace!r}: 'idempotency' must be 'none' or 'key', not {idempotency!r}")
+        if idempotency == "key" and not idempotency_header:
+            raise ConfigError(
+                f"OpenAPI source {namespace!r}: idempotency = 'key' needs the key sent; "
+                "idempotency_header is off",
+                next_action="Name the header the API reads the key from, or drop idempotency = 'key'.",
+            )
+        self._idempotency = idempotency
+        self._idempotency_header = idempotency_header or None
         self._tools: list[Tool] | None = None
         self._client: httpx.AsyncClient | None = None
 
@@ -427,7 +448,9 @@ class OpenAPISource:
                 raise _Unsupported(f"cookie parameter {wire!r} is not supported")
             if location not in ("path", "query", "header"):
                 raise _Unsupported(f"parameter {wire!r} has unknown location {location!r}")
-            if location == "header" and (wire.lower() in _RESERVED_HEADERS or wire.lower() in self._static_headers()):
+            if location == "header" and (wire.lower() in _RESERVED_HEADERS or wire.lower() in self._static_headers()
+                                         or wire.lower() == (self._idempotency_header or "").lower()):
+                # The idempotency key is tether's to set (P-25), never the program's.
                 continue
             if any(a.covers(location, wire) for a in self._auth):
                 continue  # auth supplies it; a program must not see or set it
@@ -474,6 +497,7 @@ class OpenAPISource:
                 idempotent=method in ("put", "delete") or method in _READ_METHODS,
             ),
             source="openapi",
+            idempotency=self._idempotency,
         )
 
     def _body(
@@ -571,6 +595,9 @@ class OpenAPISource:
                 query.append((a.name, value))
             else:
                 headers[a.name] = value
+        call = current_call()
+        if call is not None and self._idempotency_header and op.method.lower() not in _SAFE_METHODS:
+            headers[self._idempotency_header] = call.key
         content = None
         if has_body:
             headers["Content-Type"] = op.media_type or "application/json"
@@ -583,21 +610,27 @@ class OpenAPISource:
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise ToolError(
                 f"{label}: could not reach the API ({type(exc).__name__}); the request was not sent",
-                details={**details, "code": "transport_error", "sent": False},
+                details={**details, "code": "transport_error", "sent": False, "outcome": "not_sent"},
             ) from None
         except httpx.HTTPError as exc:
             unknown = "" if op.method.lower() in _READ_METHODS else "; whether it took effect is unknown"
             raise ToolError(
                 f"{label}: the request failed ({type(exc).__name__}: {_redact(str(exc), secrets)}){unknown}",
-                details={**details, "code": "transport_error", "sent": True},
+                details={**details, "code": "transport_error", "sent": True, "outcome": "unknown"},
             ) from None
         if not 200 <= response.status_code < 300:
             excerpt = _redact(response.text, secrets)
             if len(excerpt) > ERROR_BODY_LIMIT:
                 excerpt = excerpt[:ERROR_BODY_LIMIT] + "… (truncated)"
+            status = {"code": "http_status", "status": response.status_code}
+            if response.status_code == 409 and call is not None and call.send > 1 and self._idempotency_header \
+                    and op.method.lower() not in _SAFE_METHODS:
+                # An earlier send with this key is still being processed
+                # (the IETF Idempotency-Key draft's 409): its outcome is not known yet.
+                status["outcome"] = "in_progress"
             raise ToolError(
                 f"{label} returned HTTP {response.status_code}: {excerpt or '(empty body)'}",
-                details={**details, "code": "http_status", "status": response.status_code},
+                details={**details, **status},
             )
         if response.status_code == 204 or not response.content:
             return None

@@ -8,7 +8,13 @@
     async def forecast(city: str, days: int = 3) -> list[Day]:
         \"\"\"Daily forecast for a city.\"\"\"
 
-The input schema comes from the signature through pydantic (models,
+    @tool(idempotent_with_key=True)
+    async def refund(order: str, call: CallContext) -> dict:
+        \"\"\"Refund an order; the payment API dedupes by call.key.\"\"\"
+
+A parameter annotated :class:`~tether.CallContext` is not part of the
+schema: it receives the call's context (seq, run id, idempotency key, send)
+— the same value ``tether.current_call()`` returns. The input schema comes from the signature through pydantic (models,
 TypedDicts, ``Annotated[..., Field(...)]`` all work), the description from
 the docstring's first paragraph, the output schema from the return
 annotation. The function itself is unchanged and stays callable.
@@ -26,6 +32,7 @@ import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
+import types
 from types import ModuleType
 from typing import Any, Callable, TypeVar, overload
 
@@ -33,6 +40,7 @@ import pydantic
 from pydantic_core import ArgsKwargs, to_jsonable_python
 
 from ..errors import InvalidArguments, UsageError
+from ..tools.context import CallContext, current_call
 from ..tools.model import Annotations, Tool
 
 __all__ = ["ToolSpec", "tool", "tools_from_module"]
@@ -57,6 +65,7 @@ class ToolSpec:
     name: str
     title: str | None
     annotations: Annotations
+    idempotency: str = "none"
 
     def to_tool(self, default_namespace: str | None = None) -> Tool:
         """Build the tool; ``default_namespace`` applies when neither ``@tool`` nor the module names one."""
@@ -78,6 +87,7 @@ def tool(
     destructive: bool = False,
     idempotent: bool = False,
     open_world: bool = False,
+    idempotent_with_key: bool = False,
 ) -> Callable[[F], F]: ...
 
 
@@ -91,12 +101,17 @@ def tool(
     destructive: bool = False,
     idempotent: bool = False,
     open_world: bool = False,
+    idempotent_with_key: bool = False,
 ) -> Any:
     """Mark a sync or async function as a tool; use bare (``@tool``) or with options.
 
     The function is returned unchanged apart from a ``__tether_tool__``
     attribute holding its :class:`ToolSpec`. ``read_only`` is what the write
     policy reads: leave it False for anything that changes the world.
+    ``idempotent_with_key`` promises that the function makes repeated calls
+    with one idempotency key (``current_call().key``) take effect once, so
+    tether may call it again with the same key when a call's outcome was lost
+    (P-26); ``idempotent`` alone is a hint and never does.
     """
 
     def mark(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -108,6 +123,7 @@ def tool(
             name=name or f.__name__,
             title=title,
             annotations=Annotations(read_only, destructive, idempotent, open_world),
+            idempotency="key" if idempotent_with_key else "none",
         )
         return f
 
@@ -205,6 +221,14 @@ def _build(spec: ToolSpec, namespace: str) -> Tool:
     def _bind(*args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return args, kwargs
 
+    # Parameters annotated CallContext are filled by tether, not by the program.
+    context_params = _context_params(func, signature)
+    if context_params:
+        _bind.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[p for p in signature.parameters.values() if p.name not in context_params])
+        _bind.__annotations__ = {k: v for k, v in getattr(func, "__annotations__", {}).items()
+                                 if k not in context_params}
+
     try:
         adapter = pydantic.TypeAdapter(_bind)
         input_schema = _tidy(adapter.json_schema())
@@ -223,6 +247,9 @@ def _build(spec: ToolSpec, namespace: str) -> Tool:
             bound_args, bound_kwargs = adapter.validate_python(ArgsKwargs((), args))
         except pydantic.ValidationError as exc:
             raise InvalidArguments(f"{where}: {_validation_message(exc)}", details={"address": where}) from None
+        if context_params:
+            call = current_call()
+            bound_kwargs.update((name, call) for name in context_params)
         result = func(*bound_args, **bound_kwargs)
         if inspect.isawaitable(result):
             result = await result
@@ -239,8 +266,24 @@ def _build(spec: ToolSpec, namespace: str) -> Tool:
         annotations=spec.annotations,
         source="python",
         validates_args=True,
-        keyword_only=tuple(p.name for p in signature.parameters.values() if p.kind is p.KEYWORD_ONLY),
+        keyword_only=tuple(p.name for p in signature.parameters.values() if p.kind is p.KEYWORD_ONLY
+                           and p.name not in context_params),
+        idempotency=spec.idempotency,
     )
+
+
+def _context_params(func: Callable[..., Any], signature: inspect.Signature) -> set[str]:
+    try:
+        hints = typing.get_type_hints(func)
+    except Exception:  # unresolvable hints are reported by the schema builder
+        hints = {}
+    found = set()
+    for name in signature.parameters:
+        hint = hints.get(name)
+        if hint is CallContext or (typing.get_origin(hint) in (typing.Union, types.UnionType)
+                                   and CallContext in typing.get_args(hint)):
+            found.add(name)
+    return found
 
 
 def _output_schema(func: Callable[..., Any]) -> dict[str, Any] | None:

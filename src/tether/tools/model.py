@@ -16,6 +16,11 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # effect boundary is the only caller.
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 
+# What a tool promises about its idempotency key (P-25, P-26): "none", or
+# "key" when the callee dedupes by the key, so tether may re-send a write
+# whose outcome it lost with the same key.
+IDEMPOTENCY_MODES = ("none", "key")
+
 
 @dataclass(frozen=True)
 class Annotations:
@@ -80,10 +85,17 @@ class Tool:
     # Parameters that may only be passed by keyword (a Python tool's ``*, x``);
     # the others may also be passed by position (see tools.binding).
     keyword_only: tuple[str, ...] = ()
+    idempotency: str = "none"
 
     def __post_init__(self) -> None:
         check_identifier(self.namespace, "namespace")
         check_identifier(self.name, "tool name")
+        if self.idempotency not in IDEMPOTENCY_MODES:
+            raise UsageError(
+                f"tool {self.address}: idempotency must be 'none' or 'key', not {self.idempotency!r}",
+                code="invalid_tool_definition",
+                next_action="Say 'key' only when the tool dedupes calls by their idempotency key.",
+            )
         if self.input_schema.get("type", "object") != "object":
             raise UsageError(
                 f"tool {self.address}: input schema must describe an object",
@@ -98,6 +110,11 @@ class Tool:
     @property
     def is_write(self) -> bool:
         return not self.annotations.read_only
+
+    @property
+    def dedupes_by_key(self) -> bool:
+        """The callee makes repeated sends with one idempotency key take effect once (P-26)."""
+        return self.idempotency == "key"
 
     def summary(self) -> dict[str, Any]:
         """The JSON shape search results and `describe` share."""
