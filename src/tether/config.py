@@ -36,6 +36,7 @@ __all__ = [
     "HeaderAuth",
     "LimitsConfig",
     "McpSource",
+    "NotifyConfig",
     "OpenApiSource",
     "PolicyConfig",
     "PythonSource",
@@ -268,6 +269,29 @@ class ServerConfig(_Section):
     # `overloaded` with a retry hint instead of waiting blind.
     queue_depth: NonNegativeInt = 16
     queue_timeout_seconds: Seconds = 10
+    # Where people reach this server (behind a proxy, its public address):
+    # approval links are built on it. Without it there are no links.
+    public_url: HttpUrl | None = None
+    # How a paused write is put to an MCP client's user: "url" sends the
+    # approval link (URL-mode elicitation), "form" a form, "auto" the link
+    # when the client declares URL elicitation and public_url is set.
+    approvals: Annotated[Literal["url", "form", "auto"], _Expected("must be one of 'url', 'form', 'auto'")] = "auto"
+
+
+# --- [[notify]] --------------------------------------------------------------
+
+NotifyEvent = Literal["paused", "waiting", "failed", "completed", "cancelled"]
+
+
+class NotifyConfig(_Section):
+    # Where the signed JSON event is POSTed.
+    url: HttpUrl
+    # The HMAC-SHA256 signing secret comes from the environment, never the file.
+    secret_env: EnvName
+    events: Annotated[list[NotifyEvent], Field(min_length=1),
+                      _Expected("must be a non-empty list of 'paused', 'waiting', 'failed', 'completed', "
+                                "'cancelled'")] = Field(
+        default_factory=lambda: ["paused", "waiting", "failed", "completed", "cancelled"])
 
 
 # --- [[sources]] -------------------------------------------------------------
@@ -367,6 +391,9 @@ class Config(_Section):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     sources: Annotated[list[Source], _Expected("must be an array of tables, written [[sources]]")] = Field(
+        default_factory=list
+    )
+    notify: Annotated[list[NotifyConfig], _Expected("must be an array of tables, written [[notify]]")] = Field(
         default_factory=list
     )
 

@@ -755,7 +755,7 @@ async def serve(args: Any) -> int:
             if args.stdio:
                 await server.mcp.run_stdio_async()
             else:
-                await _serve_http(server, host, port, tokens)
+                await _serve_http(server, host, port, tokens, public_url=config.server.public_url)
         finally:
             stop_worker.set()
             with contextlib.suppress(Exception):
@@ -764,10 +764,13 @@ async def serve(args: Any) -> int:
     return 0
 
 
-async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[str, ...]) -> None:
+async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[str, ...], *,
+                      public_url: str | None = None) -> None:
     import signal
 
     import uvicorn
+
+    from .console import Console, Router
 
     class Uvicorn(uvicorn.Server):
         @contextlib.contextmanager
@@ -791,12 +794,19 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
         await asyncio.to_thread(server.rt.store.get_run, "run_readiness_probe")
         return True
 
-    # Health first: a balancer's probe carries no token.
-    app = HealthRoutes(BearerAuth(server.mcp.streamable_http_app(host=host), tokens), ready)
+    # Health first: a balancer's probe carries no token. The console signs
+    # people in with the same tokens and has its own checks; MCP requests
+    # keep the bearer check.
+    console = Console(server.rt, tokens=tokens, admission=server.admission, public_url=public_url)
+    app = HealthRoutes(Router(console.app, BearerAuth(server.mcp.streamable_http_app(host=host), tokens)), ready)
     shown = f"[{host}]" if ":" in host else host
     auth = "bearer token required" if tokens else "no token (--dev, loopback only)"
-    print(f"tether: serving MCP at http://{shown}:{port}/mcp ({auth})", file=sys.stderr, flush=True)
+    print(f"tether: serving MCP at http://{shown}:{port}/mcp ({auth}), the console at "
+          f"http://{shown}:{port}/console/", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                             # Open SSE streams would otherwise hold a shutdown forever.
                             timeout_graceful_shutdown=5)
-    await Uvicorn(config).serve()
+    try:
+        await Uvicorn(config).serve()
+    finally:
+        await console.close()

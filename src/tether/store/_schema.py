@@ -66,6 +66,8 @@ from .base import (
     CallRecord,
     Conflict,
     EventRecord,
+    OUTBOX_PENDING,
+    OutboxRecord,
     RunRecord,
     SnapshotRecord,
 )
@@ -204,6 +206,25 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE calls ADD COLUMN idempotency_key TEXT",
         "ALTER TABLE calls ADD COLUMN sends INTEGER NOT NULL DEFAULT 0",
     ),
+    (
+        # 6: the notification outbox (webhooks) and the console's change feed.
+        """CREATE TABLE outbox (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            target TEXT NOT NULL,
+            event_id TEXT NOT NULL,
+            body TEXT NOT NULL,
+            status TEXT NOT NULL,
+            attempts INTEGER NOT NULL,
+            next_at REAL NOT NULL,
+            claimed_until REAL,
+            last_error TEXT,
+            created_at REAL NOT NULL,
+            delivered_at REAL,
+            UNIQUE (target, event_id)
+        )""",
+        "CREATE INDEX outbox_due ON outbox (next_at) WHERE status = 'pending'",
+        "CREATE INDEX runs_updated ON runs (updated_at)",
+    ),
 ]
 
 # Same tables. JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make
@@ -309,6 +330,24 @@ POSTGRES_MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE calls ADD COLUMN idempotency_key TEXT",
         "ALTER TABLE calls ADD COLUMN sends INTEGER NOT NULL DEFAULT 0",
     ),
+    (
+        """CREATE TABLE outbox (
+            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            target TEXT NOT NULL,
+            event_id TEXT NOT NULL,
+            body TEXT NOT NULL,
+            status TEXT NOT NULL,
+            attempts INTEGER NOT NULL,
+            next_at DOUBLE PRECISION NOT NULL,
+            claimed_until DOUBLE PRECISION,
+            last_error TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            delivered_at DOUBLE PRECISION,
+            UNIQUE (target, event_id)
+        )""",
+        "CREATE INDEX outbox_due ON outbox (next_at) WHERE status = 'pending'",
+        "CREATE INDEX runs_updated ON runs (updated_at)",
+    ),
 ]
 
 # ---------------------------------------------------------------------------
@@ -335,6 +374,7 @@ CALL_COLUMNS = _columns(CallRecord, {"args", "outcome", "error"})
 SNAPSHOT_COLUMNS = _columns(SnapshotRecord, {"pending"}, {"data"})
 WAIT_COLUMNS = _columns(WaitRecord, {"value", "error"})
 SESSION_COLUMNS = _columns(SessionRecord, set(), {"data"})
+OUTBOX_COLUMNS = _columns(OutboxRecord, set())
 EVENT_COLUMNS = {"id": _PLAIN, "run_id": _PLAIN, "type": _PLAIN, "data": _JSON, "created_at": _PLAIN}
 
 # Fields an update may set: everything but the key.
@@ -819,6 +859,53 @@ class SQLStore:
         sql = f"{_SELECT_EVENT} WHERE run_id = ? AND id > ? ORDER BY id LIMIT ?"
         with self._transaction(write=False) as tx:
             return [_event(row) for row in tx.run(sql, (run_id, after, limit)).fetchall()]
+
+    # -- changes
+
+    def runs_updated_since(self, since: float, limit: int = 200) -> list[RunRecord]:
+        sql = f"{_SELECT_RUN} WHERE updated_at >= ? ORDER BY updated_at, run_id LIMIT ?"
+        with self._transaction(write=False) as tx:
+            return [_run(row) for row in tx.run(sql, (since, limit)).fetchall()]
+
+    # -- notification outbox
+
+    def add_outbox(self, target: str, event_id: str, body: str, now: float) -> bool:
+        sql = ("INSERT INTO outbox (target, event_id, body, status, attempts, next_at, created_at)"
+               " VALUES (?, ?, ?, ?, 0, ?, ?)")
+        try:
+            with self._transaction(write=True) as tx:
+                tx.run(sql, (target, event_id, body, OUTBOX_PENDING, now, now))
+        except Conflict:
+            return False
+        return True
+
+    def claim_outbox(self, now: float, lease_seconds: float, limit: int = 20) -> list[OutboxRecord]:
+        select = (f"{_select('outbox', OUTBOX_COLUMNS)} WHERE status = ? AND next_at <= ?"
+                  " AND (claimed_until IS NULL OR claimed_until < ?) ORDER BY next_at, id LIMIT ?")
+        claim = ("UPDATE outbox SET claimed_until = ? WHERE id = ? AND status = ?"
+                 " AND (claimed_until IS NULL OR claimed_until < ?)")
+        out = []
+        with self._transaction(write=True) as tx:
+            rows = tx.run(select, (OUTBOX_PENDING, now, now, limit)).fetchall()
+            for row in rows:
+                rec = OutboxRecord(**_decode(OUTBOX_COLUMNS, row))
+                if tx.run(claim, (now + lease_seconds, rec.id, OUTBOX_PENDING, now)).rowcount == 1:
+                    rec.claimed_until = now + lease_seconds
+                    out.append(rec)
+        return out
+
+    def settle_outbox(self, id: int, *, status: str, attempts: int, next_at: float,
+                      last_error: str | None = None, delivered_at: float | None = None) -> None:
+        sql = ("UPDATE outbox SET status = ?, attempts = ?, next_at = ?, last_error = ?, delivered_at = ?,"
+               " claimed_until = NULL WHERE id = ?")
+        with self._transaction(write=True) as tx:
+            tx.run(sql, (status, attempts, next_at, last_error, delivered_at, id))
+
+    def list_outbox(self, status: str | None = None, limit: int = 100) -> list[OutboxRecord]:
+        where, params = ("WHERE status = ? ", [status]) if status is not None else ("", [])
+        sql = f"{_select('outbox', OUTBOX_COLUMNS)} {where}ORDER BY id LIMIT ?"
+        with self._transaction(write=False) as tx:
+            return [OutboxRecord(**_decode(OUTBOX_COLUMNS, row)) for row in tx.run(sql, params + [limit]).fetchall()]
 
 
 def _check_status(status: str) -> None:

@@ -148,6 +148,29 @@ class EventRecord:
     created_at: float
 
 
+# Outbox statuses: a notification is pending until delivered, or given up on.
+OUTBOX_PENDING = "pending"
+OUTBOX_DELIVERED = "delivered"
+OUTBOX_FAILED = "failed"
+
+
+@dataclass
+class OutboxRecord:
+    """A notification to deliver to one target (a webhook), retried until it is taken or given up."""
+
+    id: int
+    target: str
+    event_id: str
+    body: str  # the JSON event, exactly as it is signed and sent
+    status: str
+    attempts: int
+    next_at: float
+    created_at: float
+    claimed_until: float | None = None
+    last_error: str | None = None
+    delivered_at: float | None = None
+
+
 class Conflict(Exception):
     """A unique key already existed (another process recorded it first)."""
 
@@ -236,3 +259,20 @@ class Store(Protocol):
     # -- events (timeline, cells)
     def add_event(self, run_id: str, type: str, data: dict[str, Any], now: float) -> int: ...
     def get_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[EventRecord]: ...
+
+    # -- changes (the console's live feed)
+    def runs_updated_since(self, since: float, limit: int = 200) -> list[RunRecord]:
+        """Runs whose ``updated_at`` is at or after ``since``, the oldest change first."""
+
+    # -- notification outbox
+    def add_outbox(self, target: str, event_id: str, body: str, now: float) -> bool:
+        """Queue one notification for ``target``; False if that event was already queued for it."""
+
+    def claim_outbox(self, now: float, lease_seconds: float, limit: int = 20) -> list[OutboxRecord]:
+        """Pending notifications due by ``now``, each claimed for ``lease_seconds`` (CAS: one claimer wins)."""
+
+    def settle_outbox(self, id: int, *, status: str, attempts: int, next_at: float,
+                      last_error: str | None = None, delivered_at: float | None = None) -> None:
+        """Record a delivery attempt and release the claim."""
+
+    def list_outbox(self, status: str | None = None, limit: int = 100) -> list[OutboxRecord]: ...

@@ -1,0 +1,278 @@
+"""Approvals where people are: approval links, and deciding a paused write on someone's behalf.
+
+An approval link is a capability URL ``<public_url>/approve/<token>``: whoever
+holds it may decide one pending write, no login needed. The token names the
+run, the write's seq and the moment the approval's time to live ends, and is
+signed with a key derived from the store's secret, so every process sharing
+the store mints and accepts the same links. It decides once: after a
+decision, after the time to live, or altered by a single character, it
+decides nothing and says why.
+
+:func:`decide` is the one way the console and the links decide a write. It
+records who decided and through what (``console``, ``link``) as a ``decided``
+event in the run's timeline, then continues the run in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import RunNotFound, TetherError
+from ..store.base import RUN_PAUSED, RunRecord
+
+TOKEN_VERSION = "a1"
+# How long a decision waits for the run to move on before the page answers:
+# a short write finishes inside it and the page shows the outcome; a long one
+# goes on in the background and the page shows it running.
+SETTLE_SECONDS = 3.0
+# A string argument longer than this, or spanning lines, is folded on the page.
+FOLD_CHARS = 160
+
+
+def derived_key(secret: bytes, purpose: str) -> bytes:
+    """One key per purpose from the store's secret: a link key cannot sign a session, nor the reverse."""
+    return hmac.new(secret, f"tether/{purpose}".encode(), hashlib.sha256).digest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def link_token(secret: bytes, run_id: str, seq: int, expires_at: float) -> str:
+    payload = _b64(json.dumps([run_id, seq, round(expires_at, 3)], separators=(",", ":")).encode())
+    # The MAC covers the payload's text, not its decoded bytes: base64 has
+    # spare bits, and a changed character must never decode to the same token.
+    mac = hmac.new(derived_key(secret, "approval-link"), f"{TOKEN_VERSION}.{payload}".encode(),
+                   hashlib.sha256).hexdigest()
+    return f"{TOKEN_VERSION}.{payload}.{mac}"
+
+
+@dataclass(frozen=True)
+class LinkClaim:
+    run_id: str
+    seq: int
+    expires_at: float
+
+
+def open_token(secret: bytes, token: str) -> LinkClaim | None:
+    """The claim of a genuine token; None for a forged, altered or malformed one."""
+    if not isinstance(token, str) or token.count(".") != 2 or len(token) > 1024:
+        return None
+    version, payload, mac = token.split(".")
+    if version != TOKEN_VERSION:
+        return None
+    expected = hmac.new(derived_key(secret, "approval-link"), f"{version}.{payload}".encode(),
+                        hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, mac):
+        return None
+    try:
+        run_id, seq, expires_at = json.loads(_unb64(payload))
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(run_id, str) or type(seq) is not int or not isinstance(expires_at, (int, float)):
+        return None
+    return LinkClaim(run_id, seq, float(expires_at))
+
+
+def approval_url(public_url: str | None, secret: bytes, run_id: str, seq: int, expires_at: float) -> str | None:
+    """The link for one pending write, or None when no public URL is configured."""
+    if not public_url:
+        return None
+    return f"{public_url.rstrip('/')}/approve/{link_token(secret, run_id, seq, expires_at)}"
+
+
+def run_links(public_url: str | None, secret: bytes, run: RunRecord) -> list[dict[str, Any]]:
+    """``[{seq, address, url}]`` for each write the run waits on."""
+    if run.status != RUN_PAUSED or run.expires_at is None:
+        return []
+    return [{"seq": w["seq"], "address": w["address"],
+             "url": approval_url(public_url, secret, run.run_id, w["seq"], run.expires_at)}
+            for w in pending_writes(run)]
+
+
+# -- what waits ---------------------------------------------------------------------
+
+
+def pending_writes(run: RunRecord) -> list[dict[str, Any]]:
+    """The writes a paused run waits on: ``[{seq, address, args, annotations}]``.
+
+    Today a pause holds one write (``run.pending``); a batch pause lists
+    several, and this is the one place that reads them.
+    """
+    if run.status != RUN_PAUSED or not run.pending:
+        return []
+    batch = run.pending.get("writes")
+    items = batch if isinstance(batch, list) else [run.pending]
+    return [{k: w.get(k) for k in ("seq", "address", "args", "annotations")} for w in items if "seq" in w]
+
+
+def visible(run: RunRecord, principal: str) -> bool:
+    """The runtime's rule: a run is its principal's; a run started without one (CLI, Python) is anyone's."""
+    return run.principal is None or run.principal == principal
+
+
+# -- deciding --------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What came of a decision: ``ok``, or why nothing was decided (``code`` + ``message``)."""
+
+    ok: bool
+    code: str | None = None
+    message: str | None = None
+    status: str | None = None  # the run's status when the page answered
+
+
+class Decider:
+    """Decides pending writes for the console and approval links; continues runs in the background."""
+
+    def __init__(self, rt: Any, admission: Any = None, settle_seconds: float = SETTLE_SECONDS) -> None:
+        self.rt = rt
+        self.admission = admission
+        self.settle_seconds = settle_seconds
+        self._tasks: set[asyncio.Task] = set()
+
+    async def decide(self, run_id: str, seqs: list[int], decision: str, reason: str | None, *,
+                     principal: str | None, who: str, via: str, origin: str | None = None) -> Outcome:
+        """Decide the writes ``seqs`` of a paused run; nothing is decided unless each is still pending."""
+        if decision not in ("approve", "decline"):
+            return Outcome(False, "invalid_arguments", "a decision is approve or decline")
+        try:
+            run = self.rt.get_run(run_id, principal)
+        except RunNotFound:
+            return Outcome(False, "run_not_found", f"there is no run {run_id} for you")
+        waiting = {w["seq"] for w in pending_writes(run)}
+        if not seqs or any(s not in waiting for s in seqs):
+            return self._not_pending(run, seqs)
+        if run.expires_at is not None and self.rt.clock() > run.expires_at:
+            return Outcome(False, "run_expired", "the approval's time to live has passed; nothing was decided "
+                           "and nothing was sent", status=run.status)
+        outcome = Outcome(True)
+        for seq in sorted(seqs):
+            outcome = await self._decide_one(run_id, seq, decision, reason, principal=principal, who=who,
+                                             via=via, origin=origin)
+            if not outcome.ok:
+                break
+        return outcome
+
+    def _not_pending(self, run: RunRecord, seqs: list[int]) -> Outcome:
+        taken = [d for s in seqs if (d := (run.meta or {}).get("decisions", {}).get(str(s)))]
+        if taken:
+            d = taken[0]
+            return Outcome(False, "already_decided",
+                           f"write {d.get('seq')} was already decided: {d.get('decision')}; nothing more was decided",
+                           status=run.status)
+        return Outcome(False, "not_paused", f"run {run.run_id} is {run.status} and does not wait on "
+                       f"write {', '.join(map(str, seqs))}; nothing was decided", status=run.status)
+
+    async def _decide_one(self, run_id: str, seq: int, decision: str, reason: str | None, *,
+                          principal: str | None, who: str, via: str, origin: str | None) -> Outcome:
+        started = self.rt.clock()
+        announced = asyncio.Event()
+
+        def taken() -> bool:
+            run = self.rt.store.get_run(run_id)
+            record = ((run.meta or {}).get("decisions", {}).get(str(seq)) if run else None) or {}
+            return record.get("decision") == decision and (record.get("at") or 0) >= started - 1
+
+        def announce() -> None:
+            # Who decided, and through what, goes into the run's timeline.
+            self.rt.event(run_id, "decided", {"seq": seq, "decision": decision, "reason": reason, "by": who,
+                                              "via": via, "from": origin})
+            announced.set()
+
+        async def go() -> Any:
+            async with self._slot():
+                inner = asyncio.ensure_future(self.rt.resume(run_id, decision, reason, seq=seq, principal=principal))
+                # The decision is recorded before the run continues: announce
+                # it as soon as it is in the store, not when the run ends.
+                while not inner.done() and not announced.is_set():
+                    if taken():
+                        announce()
+                        break
+                    await asyncio.wait({inner}, timeout=0.02)
+                try:
+                    return await inner
+                finally:
+                    if not announced.is_set() and (not inner.cancelled() and inner.exception() is None) and taken():
+                        announce()
+
+        task = asyncio.ensure_future(go())
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        waiter = asyncio.ensure_future(announced.wait())
+        try:
+            await asyncio.wait({task, waiter}, timeout=self.settle_seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if not announced.is_set():
+            if not task.done():
+                return Outcome(True, status="queued", message="the decision waits for a free run slot")
+            exc = task.exception() if not task.cancelled() else None
+            if isinstance(exc, TetherError):
+                return Outcome(False, exc.code, f"{exc.message}; nothing was decided")
+            if exc is not None:
+                return Outcome(False, "internal_error", f"the decision failed ({type(exc).__name__}); "
+                               "check the run before trying again")
+            return Outcome(False, "already_decided", "someone else decided this write first; nothing was decided")
+        # Decided: give a quick run the rest of the moment to finish, so the
+        # page can show its outcome.
+        with contextlib.suppress(Exception):
+            await asyncio.wait({task}, timeout=self.settle_seconds)
+        run = self.rt.store.get_run(run_id)
+        return Outcome(True, status=run.status if run else None)
+
+    def _slot(self) -> Any:
+        return self.admission.slot() if self.admission is not None else contextlib.nullcontext()
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: the page already reported what it could
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+# -- rendering arguments for people --------------------------------------------------------
+
+
+def render_value(value: Any) -> dict[str, Any]:
+    """How one argument is shown: ``{"kind": "text"|"folded"|"json", "text", "head"?, "chars"?}``."""
+    if isinstance(value, str):
+        if len(value) > FOLD_CHARS or "\n" in value:
+            head = value.splitlines()[0] if value else ""
+            return {"kind": "folded", "text": value, "head": head[:FOLD_CHARS], "chars": len(value)}
+        return {"kind": "text", "text": json.dumps(value, ensure_ascii=False)}
+    text = json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str)
+    if len(text) > FOLD_CHARS * 2:
+        return {"kind": "folded", "text": text, "head": text.splitlines()[0] + " …", "chars": len(text)}
+    return {"kind": "json", "text": text}
+
+
+def describe_write(rt: Any, write: dict[str, Any]) -> dict[str, Any]:
+    """A pending write with its arguments rendered and what its tool's description says."""
+    address = write.get("address")
+    description = None
+    try:
+        if address in rt.catalog:
+            description = rt.catalog.get(address).description
+    except Exception:  # a catalog that cannot say is not a reason to hide the write
+        description = None
+    annotations = write.get("annotations") or {}
+    return {**write, "description": (description or "").strip() or None,
+            "destructive": bool(annotations.get("destructive")),
+            "rendered_args": [{"name": k, **render_value(v)} for k, v in (write.get("args") or {}).items()]}

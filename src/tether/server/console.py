@@ -1,0 +1,549 @@
+"""The web console (``/console/``) and approval links (``/approve/<token>``) of ``tether serve --http``.
+
+Server-rendered pages (Starlette + Jinja2): they work without JavaScript; one
+static script swaps in fresh content when the server-sent event feed says a
+run changed. Security, in the order a request meets it:
+
+* responses carry a CSP without inline scripts, ``frame-ancestors 'none'``,
+  ``Referrer-Policy: no-referrer`` (an approval link is a capability and must
+  not leak through a Referer) and ``Cache-Control: no-store``;
+* the console needs a session: signing in with one of the server's bearer
+  tokens sets an HttpOnly, SameSite=Strict cookie (Secure over TLS) naming the
+  token's principal, signed with a key derived from the store's secret;
+* every form carries a CSRF token bound to the session (or, before there is
+  one, to a SameSite=Strict cookie set with the form);
+* a principal sees and decides only its runs (runs started without a
+  principal, from the CLI or Python, are anyone's: the runtime's own rule);
+* every decision is recorded with who made it and through what.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Sequence
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..errors import RunNotFound
+from ..runs.inspect import run_timeline
+from ..store.base import RUN_PAUSED, TERMINAL_RUN_STATUSES
+from .approvals import Decider, derived_key, describe_write, open_token, pending_writes, visible
+from .auth import LOCAL, principal_for_token
+
+HERE = Path(__file__).parent
+SESSION_COOKIE = "tether_session"
+PRESESSION_COOKIE = "tether_csrf"
+# A working day: long enough not to sign people out mid-task, short enough
+# that a forgotten browser does not hold decisions open for long.
+SESSION_SECONDS = 12 * 3600
+# The change feed polls the store (runs may be decided or continued by any
+# process sharing it); a fifth of a second keeps a pause on screen well
+# within a second without a noticeable load.
+FEED_POLL_SECONDS = 0.2
+# An event stream ends after this long and the browser reconnects: a server
+# shutting down never waits on a forgotten tab for more than this.
+STREAM_SECONDS = 300.0
+KEEPALIVE_SECONDS = 15.0
+MAX_REASON_CHARS = 2000
+RUN_LIST_LIMIT = 200
+STATUSES = ("paused", "waiting", "running", "queued", "completed", "failed", "cancelled")
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-store"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
+
+
+# -- template helpers ------------------------------------------------------------------
+
+
+def _when(ts: float | None) -> str:
+    if not ts:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def _short(text: str | None) -> str:
+    text = text or ""
+    return text if len(text) <= 20 else text[:18] + "…"
+
+
+def _compact(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str)
+
+
+def _environment() -> Environment:
+    env = Environment(loader=FileSystemLoader(str(HERE / "templates")), autoescape=select_autoescape(default=True),
+                      trim_blocks=False, lstrip_blocks=False)
+    env.filters.update(when=_when, short=_short, compact=_compact, pretty=_pretty)
+    return env
+
+
+class SecurityHeaders:
+    """ASGI middleware: the console's headers on every response it sends."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                names = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [(k, v) for k, v in SECURITY_HEADERS if k not in names]
+                message = {**message, "headers": list(message.get("headers", [])) + extra}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+# -- the change feed ----------------------------------------------------------------------
+
+
+class RunFeed:
+    """One poller of the store's run changes, fanned out to every open event stream."""
+
+    def __init__(self, store: Any, poll_seconds: float = FEED_POLL_SECONDS) -> None:
+        self.store = store
+        self.poll_seconds = poll_seconds
+        self._queues: set[asyncio.Queue] = set()
+        self._task: asyncio.Task | None = None
+        self._since = time.time()
+        self._seen: dict[str, tuple[float, str]] = {}
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[asyncio.Queue]:
+        queue: asyncio.Queue = asyncio.Queue(maxsize=256)
+        self._queues.add(queue)
+        if self._task is None or self._task.done():
+            self._since = time.time() - 1.0
+            self._task = asyncio.ensure_future(self._poll())
+        try:
+            yield queue
+        finally:
+            self._queues.discard(queue)
+            if not self._queues and self._task is not None:
+                self._task.cancel()
+                self._task = None
+
+    async def _poll(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a store hiccup must not end the feed
+                self._tick()
+            await asyncio.sleep(self.poll_seconds)
+
+    def _tick(self) -> None:
+        # Clocks of processes sharing a store differ a little: look back two
+        # seconds and drop what was already announced.
+        for run in self.store.runs_updated_since(self._since - 2.0, limit=500):
+            mark = (run.updated_at, run.status)
+            if self._seen.get(run.run_id) == mark:
+                continue
+            self._seen[run.run_id] = mark
+            self._since = max(self._since, run.updated_at)
+            change = {"run_id": run.run_id, "status": run.status, "principal": run.principal,
+                      "waits_on": (run.pending or {}).get("address") if run.status == RUN_PAUSED else None}
+            for queue in list(self._queues):
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(change)
+        horizon = self._since - 10.0
+        if len(self._seen) > 5000:
+            self._seen = {k: v for k, v in self._seen.items() if v[0] >= horizon}
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+# -- the app --------------------------------------------------------------------------
+
+
+class Console:
+    """Builds the Starlette app serving ``/console`` and ``/approve`` over one Runtime."""
+
+    def __init__(self, rt: Any, *, tokens: Sequence[str], admission: Any = None, public_url: str | None = None,
+                 decider: Decider | None = None) -> None:
+        self.rt = rt
+        self.tokens = tuple(tokens)
+        self.dev = not self.tokens
+        self.public_url = public_url
+        self.decider = decider or Decider(rt, admission)
+        secret = rt.store.secret()
+        self._secret = secret
+        self._session_key = derived_key(secret, "console/session")
+        self._csrf_key = derived_key(secret, "console/csrf")
+        self._principals = {principal_for_token(t) for t in self.tokens} if self.tokens else {LOCAL}
+        self.templates = _environment()
+        self.feed = RunFeed(rt.store)
+        routes = [
+            Route("/console", self.home, methods=["GET"]),
+            Route("/console/", self.home, methods=["GET"]),
+            Route("/console/login", self.login_form, methods=["GET"]),
+            Route("/console/login", self.login, methods=["POST"]),
+            Route("/console/logout", self.logout, methods=["POST"]),
+            Route("/console/events", self.events, methods=["GET"]),
+            Route("/console/runs/{run_id}", self.run_page, methods=["GET"]),
+            Route("/console/runs/{run_id}/decide", self.decide, methods=["POST"]),
+            Route("/approve/{token}", self.link_page, methods=["GET"]),
+            Route("/approve/{token}", self.link_decide, methods=["POST"]),
+            Mount("/console/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+        ]
+        self.app = SecurityHeaders(Starlette(routes=routes))
+
+    async def close(self) -> None:
+        self.feed.close()
+        await self.decider.close()
+
+    # -- sessions and CSRF ------------------------------------------------------------
+
+    def _sign(self, key: bytes, payload: str) -> str:
+        return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+
+    def make_session(self, principal: str) -> str:
+        body = json.dumps({"p": principal, "n": secrets.token_urlsafe(16), "e": int(time.time() + SESSION_SECONDS)},
+                          separators=(",", ":"))
+        payload = base64.urlsafe_b64encode(body.encode()).decode().rstrip("=")
+        return f"s1.{payload}.{self._sign(self._session_key, payload)}"
+
+    def session(self, request: Request) -> dict[str, Any] | None:
+        """``{"p": principal, "n": nonce}`` of a valid session cookie, else None."""
+        value = request.cookies.get(SESSION_COOKIE, "")
+        parts = value.split(".")
+        if len(parts) != 3 or parts[0] != "s1":
+            return None
+        if not hmac.compare_digest(self._sign(self._session_key, parts[1]), parts[2]):
+            return None
+        try:
+            data = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+        except ValueError:
+            return None
+        # A session outlives neither its time nor the token it was opened with.
+        if not isinstance(data, dict) or data.get("e", 0) < time.time() or data.get("p") not in self._principals:
+            return None
+        return data
+
+    def csrf_for(self, nonce: str) -> str:
+        return self._sign(self._csrf_key, nonce)[:40]
+
+    def _presession(self, request: Request) -> tuple[str, bool]:
+        """The pre-session CSRF nonce of this browser, and whether it must be set now."""
+        nonce = request.cookies.get(PRESESSION_COOKIE)
+        if nonce and 16 <= len(nonce) <= 64:
+            return nonce, False
+        return secrets.token_urlsafe(24), True
+
+    def _csrf_ok(self, nonce: str | None, presented: Any) -> bool:
+        return bool(nonce) and isinstance(presented, str) and hmac.compare_digest(self.csrf_for(nonce), presented)
+
+    def _secure(self, request: Request) -> bool:
+        return request.url.scheme == "https" or (self.public_url or "").startswith("https://")
+
+    def _set_cookie(self, response: Response, request: Request, name: str, value: str, *, path: str,
+                    max_age: int | None) -> None:
+        response.set_cookie(name, value, max_age=max_age, path=path, httponly=True, samesite="strict",
+                            secure=self._secure(request))
+
+    # -- rendering ---------------------------------------------------------------------
+
+    def render(self, name: str, code: int = 200, **context: Any) -> HTMLResponse:
+        html = self.templates.get_template(name).render(**context)
+        return HTMLResponse(html, status_code=code)
+
+    def message(self, heading: str, message: str, *, status: int, tone: str = "bad", detail: str | None = None,
+                link: dict[str, str] | None = None, **context: Any) -> HTMLResponse:
+        return self.render("message.html", status, heading=heading, message=message, tone=tone, detail=detail,
+                           link=link, **context)
+
+    def _login_redirect(self) -> RedirectResponse:
+        return RedirectResponse("/console/login", status_code=303)
+
+    # -- sign in and out ---------------------------------------------------------------
+
+    async def login_form(self, request: Request) -> Response:
+        if self.session(request) is not None:
+            return RedirectResponse("/console/", status_code=303)
+        return self._login_page(request)
+
+    def _login_page(self, request: Request, error: str | None = None, status: int = 200) -> Response:
+        nonce, fresh = self._presession(request)
+        response = self.render("login.html", status, csrf=self.csrf_for(nonce), dev=self.dev, error=error)
+        if fresh:
+            self._set_cookie(response, request, PRESESSION_COOKIE, nonce, path="/", max_age=None)
+        return response
+
+    async def login(self, request: Request) -> Response:
+        form = await request.form()
+        if not self._csrf_ok(request.cookies.get(PRESESSION_COOKIE), form.get("csrf")):
+            return self._login_page(request, "The form had expired; sign in again.", status=403)
+        token = form.get("token")
+        principal = None
+        if self.dev:
+            principal = LOCAL
+        elif isinstance(token, str) and token:
+            presented = token.strip().encode()
+            matched = False
+            for known in self.tokens:  # compare with every token, always
+                if hmac.compare_digest(presented, known.encode()):
+                    matched, principal = True, principal_for_token(known)
+            if not matched:
+                principal = None
+        if principal is None:
+            return self._login_page(request, "That is not a token this server accepts.", status=401)
+        response = RedirectResponse("/console/", status_code=303)
+        self._set_cookie(response, request, SESSION_COOKIE, self.make_session(principal), path="/",
+                         max_age=SESSION_SECONDS)
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        session = self.session(request)
+        form = await request.form()
+        if session is None or not self._csrf_ok(session["n"], form.get("csrf")):
+            return self._login_redirect()
+        response = RedirectResponse("/console/login", status_code=303)
+        response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict",
+                               secure=self._secure(request))
+        return response
+
+    # -- pages -------------------------------------------------------------------------
+
+    def _visible_runs(self, principal: str, status: str | None) -> list[Any]:
+        # The store lists runs newest first; another principal's are left out here.
+        runs = self.rt.store.list_runs(status=status or None, limit=RUN_LIST_LIMIT * 5)
+        return [r for r in runs if visible(r, principal)][:RUN_LIST_LIMIT]
+
+    async def home(self, request: Request) -> Response:
+        session = self.session(request)
+        if session is None:
+            return self._login_redirect()
+        status = request.query_params.get("status") or None
+        if status not in STATUSES:
+            status = None
+        runs = self._visible_runs(session["p"], status)
+        everything = runs if status is None else self._visible_runs(session["p"], None)
+        counts = [(s, n) for s in STATUSES if (n := sum(1 for r in everything if r.status == s))]
+        rows = [{"run_id": r.run_id, "status": r.status, "principal": r.principal, "updated_at": r.updated_at,
+                 "waits": ", ".join(w["address"] for w in pending_writes(r)) or None,
+                 "error": (r.error or {}).get("code")} for r in runs]
+        return self.render("runs.html", principal=session["p"], csrf=self.csrf_for(session["n"]), live="all",
+                           runs=rows, status=status, statuses=STATUSES, counts=counts)
+
+    def _run_context(self, run: Any) -> dict[str, Any]:
+        timeline = run_timeline(self.rt.store, run.run_id)
+        outcome = run.result if isinstance(run.result, dict) else None
+        logs = (outcome or {}).get("logs") or []
+        events = [e for e in self.rt.store.get_events(run.run_id, limit=500) if e.type != "output"][-100:]
+        return {"run": run, "calls": timeline["calls"], "events": events, "logs": logs,
+                "outcome": outcome if run.status in TERMINAL_RUN_STATUSES else None,
+                "writes": [describe_write(self.rt, w) for w in pending_writes(run)]}
+
+    async def run_page(self, request: Request) -> Response:
+        session = self.session(request)
+        if session is None:
+            return self._login_redirect()
+        try:
+            run = self.rt.get_run(request.path_params["run_id"], session["p"])
+        except RunNotFound:
+            return self.message("No such run", "There is no run with that id for you.", status=404,
+                                principal=session["p"], csrf=self.csrf_for(session["n"]),
+                                link={"href": "/console/", "text": "All runs"})
+        flash = request.query_params.get("flash")
+        return self.render("run.html", principal=session["p"], csrf=self.csrf_for(session["n"]),
+                           live=run.run_id, flash=_FLASHES.get(flash or "", None),
+                           flash_error=(flash or "").startswith("e_"), **self._run_context(run))
+
+    async def decide(self, request: Request) -> Response:
+        session = self.session(request)
+        if session is None:
+            return self._login_redirect()
+        run_id = request.path_params["run_id"]
+        form = await request.form()
+        csrf = self.csrf_for(session["n"])
+        if not self._csrf_ok(session["n"], form.get("csrf")):
+            return self.message("Refused", "This form's security token is not valid, so nothing was decided.",
+                                status=403, detail="Reload the run's page and decide again.",
+                                principal=session["p"], csrf=csrf,
+                                link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
+        try:
+            run = self.rt.get_run(run_id, session["p"])
+        except RunNotFound:
+            return self.message("No such run", "There is no run with that id for you; nothing was decided.",
+                                status=404, principal=session["p"], csrf=csrf)
+        decision, reason, seqs = _read_decision(form, run)
+        if decision is None or seqs is None:
+            return self.message("Nothing decided", "The form named no decision or no write.", status=400,
+                                principal=session["p"], csrf=csrf,
+                                link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
+        outcome = await self.decider.decide(run_id, seqs, decision, reason, principal=session["p"],
+                                            who=session["p"], via="console", origin=_origin(request))
+        if not outcome.ok:
+            return self.message("Nothing decided", outcome.message or "Nothing was decided.", status=409,
+                                principal=session["p"], csrf=csrf,
+                                link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
+        return RedirectResponse(f"/console/runs/{run_id}?flash={'approved' if decision == 'approve' else 'declined'}",
+                                status_code=303)
+
+    # -- the live feed ----------------------------------------------------------------
+
+    async def events(self, request: Request) -> Response:
+        session = self.session(request)
+        if session is None:
+            return Response("sign in first", status_code=401, media_type="text/plain")
+        principal = session["p"]
+
+        async def stream() -> AsyncIterator[bytes]:
+            yield b"retry: 1000\n\n"
+            deadline = time.monotonic() + STREAM_SECONDS
+            async with self.feed.subscribe() as queue:
+                while time.monotonic() < deadline:
+                    try:
+                        change = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
+                    except asyncio.TimeoutError:
+                        yield b": keepalive\n\n"
+                        continue
+                    if change["principal"] is not None and change["principal"] != principal:
+                        continue
+                    data = {k: change[k] for k in ("run_id", "status", "waits_on")}
+                    yield f"event: run\ndata: {json.dumps(data)}\n\n".encode()
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"x-accel-buffering": "no"})
+
+    # -- approval links --------------------------------------------------------------------
+
+    def _link_state(self, token: str) -> tuple[Any, Any, Response | None]:
+        """(claim, run, None) for a link that may decide now, else (.., .., the page saying why not)."""
+        claim = open_token(self._secret, token)
+        if claim is None:
+            return None, None, self.message(
+                "This approval link is not valid", "The link is incomplete or was altered, so it decides nothing.",
+                status=404, detail="Copy the whole link from the message it came in, or ask for a new one.")
+        run = self.rt.store.get_run(claim.run_id)
+        if run is None:
+            return claim, None, self.message("This approval link is not valid",
+                                             "The run it names no longer exists; nothing was decided.", status=404)
+        decided = (run.meta or {}).get("decisions", {}).get(str(claim.seq))
+        if decided is not None:
+            verb = {"approve": "approved", "decline": "declined", "cancel": "cancelled"}.get(decided.get("decision"),
+                                                                                           decided.get("decision"))
+            return claim, run, self.message(
+                "Already decided", f"This write was already {verb} ({_when(decided.get('at'))}). "
+                "An approval link decides once; nothing more was decided.", status=409, tone="info",
+                detail=f"The run is {run.status}.")
+        expiry = min(claim.expires_at, run.expires_at or claim.expires_at)
+        if self.rt.clock() > expiry:
+            return claim, run, self.message(
+                "This approval link has expired", f"It was good until {_when(expiry)}; nothing was decided "
+                "and nothing was sent.", status=410, detail="Approvals wait as long as the approval time to live.")
+        if claim.seq not in {w["seq"] for w in pending_writes(run)}:
+            return claim, run, self.message(
+                "Nothing to decide", f"The run is {run.status} and no longer waits on this write; "
+                "nothing was decided.", status=409, tone="info")
+        return claim, run, None
+
+    async def link_page(self, request: Request) -> Response:
+        token = request.path_params["token"]
+        claim, run, refusal = self._link_state(token)
+        if refusal is not None:
+            return refusal
+        write = next(w for w in pending_writes(run) if w["seq"] == claim.seq)
+        nonce, fresh = self._presession(request)
+        response = self.render("approve.html", run=run, token=token, csrf=self.csrf_for(nonce),
+                               w=describe_write(self.rt, write),
+                               expires_at=min(claim.expires_at, run.expires_at or claim.expires_at))
+        if fresh:
+            self._set_cookie(response, request, PRESESSION_COOKIE, nonce, path="/", max_age=None)
+        return response
+
+    async def link_decide(self, request: Request) -> Response:
+        token = request.path_params["token"]
+        form = await request.form()
+        claim, run, refusal = self._link_state(token)
+        if refusal is not None:
+            return refusal
+        if not self._csrf_ok(request.cookies.get(PRESESSION_COOKIE), form.get("csrf")):
+            return self.message("Refused", "This form's security token is not valid, so nothing was decided.",
+                                status=403, detail="Open the approval link again and decide from that page.")
+        decision, reason, seqs = _read_decision(form, run)
+        if decision is None or seqs != [claim.seq]:
+            return self.message("Nothing decided", "The form named no decision, or another write than its "
+                                "link; nothing was decided.", status=400)
+        outcome = await self.decider.decide(run.run_id, seqs, decision, reason, principal=None,
+                                            who="approval link", via="link", origin=_origin(request))
+        if not outcome.ok:
+            return self.message("Nothing decided", outcome.message or "Nothing was decided.", status=409)
+        verb = "Approved" if decision == "approve" else "Declined"
+        sent = "The write was sent." if decision == "approve" else "The write was not sent; the program was told."
+        status = outcome.status or "running"
+        return self.message(verb, f"{sent} The run is {status}.", status=200, tone="ok",
+                            detail="This link has been used and decides nothing more.")
+
+
+_FLASHES = {"approved": "Approved: the run continues.", "declined": "Declined: the program was told."}
+
+
+def _read_decision(form: Any, run: Any) -> tuple[str | None, str | None, list[int] | None]:
+    decision = form.get("decision")
+    if decision not in ("approve", "decline"):
+        return None, None, None
+    reason = form.get("reason")
+    reason = reason.strip()[:MAX_REASON_CHARS] if isinstance(reason, str) and reason.strip() else None
+    raw = form.get("seq")
+    if raw == "all":
+        return decision, reason, [w["seq"] for w in pending_writes(run)] or None
+    try:
+        return decision, reason, [int(str(raw))]
+    except ValueError:
+        return None, None, None
+
+
+def _origin(request: Request) -> str | None:
+    client = request.client
+    return client.host if client is not None else None
+
+
+# -- one HTTP app for MCP and the console -----------------------------------------------------------
+
+
+class Router:
+    """ASGI: ``/console`` and ``/approve`` go to the console (its own auth); everything else to ``other``."""
+
+    PREFIXES = ("/console/", "/approve/")
+
+    def __init__(self, console_app: Any, other: Any) -> None:
+        self.console_app = console_app
+        self.other = other
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            path = scope.get("path", "")
+            if path == "/console" or path.startswith(self.PREFIXES):
+                await self.console_app(scope, receive, send)
+                return
+        await self.other(scope, receive, send)
