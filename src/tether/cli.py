@@ -185,9 +185,15 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
     from .runs.inspect import run_timeline
     from .store import open_store
 
-    store = open_store(load_config(args.config).store.url)
+    from .server.approvals import run_links
+
+    config = load_config(args.config)
+    store = open_store(config.store.url)
     try:
         data = run_timeline(store, args.run_id)
+        run = store.get_run(args.run_id)
+        # Approval links need [server] public_url: where people reach the server.
+        data["approval_links"] = run_links(config.server.public_url, store.secret(), run) if run else []
     finally:
         store.close()
     if args.json:
@@ -202,7 +208,12 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
         ms = f"{c['ms']:.1f} ms" if c.get("ms") is not None else "-"
         print(f"  #{c['seq']:<3} {c['kind']:<5} {c['address']:<32} {c['state']:<9} {ms}")
     if data.get("pending"):
-        print(f"pending: call {data['pending']['seq']} {data['pending']['address']}")
+        print(f"pending: call {data['pending']['seq']} {data['pending'].get('address') or data['pending'].get('name')}")
+    for link in data["approval_links"]:
+        if link["url"]:
+            print(f"approve or decline call {link['seq']} at: {link['url']}")
+    if data["status"] == "paused" and data["approval_links"] and not data["approval_links"][0]["url"]:
+        print("(set [server] public_url in tether.toml to get an approval link for it)")
     outcome = data.get("outcome") or {}
     if outcome.get("error"):
         print(f"error: [{outcome['error'].get('code')}] {outcome['error'].get('message')}")

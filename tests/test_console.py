@@ -1,0 +1,228 @@
+"""The console and approval links in process (httpx over ASGI): tokens, sessions, CSRF, principals, the feed.
+
+The browser tests (test_console_browser.py) drive the same pages in chromium
+against a served process; these check the rules one by one, quickly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import httpx
+import pytest
+
+from tether import Runtime, tool
+from tether.server.approvals import link_token, open_token, render_value
+from tether.server.auth import principal_for_token
+from tether.server.console import Console
+
+sent: list[dict] = []
+
+
+@tool(namespace="shop")
+def refund(order_id: str, amount: float) -> dict:
+    """Refund an order: sends money back to the customer."""
+    sent.append({"order_id": order_id, "amount": amount})
+    return {"refunded": amount}
+
+
+PROGRAM = """import tools
+try:
+    out = await tools.shop.refund(order_id="A1", amount=12.5)
+except Exception as e:
+    out = "not sent: " + str(e)
+out"""
+ALICE, BOB = "alice-token", "bob-token"
+
+
+@pytest.fixture
+async def rt():
+    sent.clear()
+    async with Runtime(tools=[refund]) as runtime:
+        yield runtime
+
+
+def client(console: Console) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=console.app), base_url="http://console.test")
+
+
+def csrf_of(html: str) -> str:
+    return re.search(r'name="csrf" value="([^"]+)"', html).group(1)
+
+
+async def sign_in(c: httpx.AsyncClient, token: str) -> httpx.Response:
+    page = await c.get("/console/login")
+    return await c.post("/console/login", data={"csrf": csrf_of(page.text), "token": token})
+
+
+async def test_a_link_token_altered_anywhere_by_one_character_opens_nothing():
+    secret = b"k" * 32
+    token = link_token(secret, "run_0123456789abcdef", 3, 1_900_000_000.0)
+    claim = open_token(secret, token)
+    assert (claim.run_id, claim.seq, claim.expires_at) == ("run_0123456789abcdef", 3, 1_900_000_000.0)
+    for i, ch in enumerate(token):
+        for other in {"A", "a", "0", "_", "."} - {ch}:
+            assert open_token(secret, token[:i] + other + token[i + 1:]) is None, (i, other)
+    assert open_token(b"x" * 32, token) is None  # another store's secret
+
+
+async def test_signing_in_needs_one_of_the_servers_tokens_and_a_csrf_token(rt):
+    console = Console(rt, tokens=[ALICE, BOB])
+    async with client(console) as c:
+        assert (await c.get("/console/")).headers["location"] == "/console/login"
+        wrong = await sign_in(c, "nope")
+        assert wrong.status_code == 401 and "not a token this server accepts" in wrong.text
+        no_csrf = await c.post("/console/login", data={"token": ALICE})
+        assert no_csrf.status_code == 403 and "tether_session" not in no_csrf.headers.get("set-cookie", "")
+        ok = await sign_in(c, ALICE)
+        assert ok.status_code == 303
+        cookie = ok.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie and "secure" not in cookie
+        assert (await c.get("/console/")).status_code == 200
+
+
+async def test_a_session_ends_with_the_token_it_was_opened_with(rt):
+    async with client(Console(rt, tokens=[ALICE])) as c:
+        await sign_in(c, ALICE)
+        cookies = c.cookies
+    # The server restarted with another token: the old cookie opens nothing.
+    async with client(Console(rt, tokens=[BOB])) as c:
+        c.cookies = cookies
+        assert (await c.get("/console/")).status_code == 303
+
+
+async def test_a_principal_sees_and_decides_only_its_runs(rt):
+    mine = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
+    theirs = await rt.execute(PROGRAM, principal=principal_for_token(BOB))
+    async with client(Console(rt, tokens=[ALICE, BOB])) as c:
+        await sign_in(c, ALICE)
+        listing = (await c.get("/console/")).text
+        assert mine.run_id in listing and theirs.run_id not in listing
+        page = await c.get(f"/console/runs/{theirs.run_id}")
+        assert page.status_code == 404
+        csrf = csrf_of((await c.get(f"/console/runs/{mine.run_id}")).text)
+        refused = await c.post(f"/console/runs/{theirs.run_id}/decide",
+                               data={"csrf": csrf, "seq": "1", "decision": "approve"})
+        assert refused.status_code == 404 and "nothing was decided" in refused.text
+    assert rt.get_run(theirs.run_id).status == "paused" and sent == []
+
+
+async def test_every_decision_records_who_and_through_what(rt):
+    paused = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
+    async with client(Console(rt, tokens=[ALICE])) as c:
+        await sign_in(c, ALICE)
+        csrf = csrf_of((await c.get(f"/console/runs/{paused.run_id}")).text)
+        forged = await c.post(f"/console/runs/{paused.run_id}/decide",
+                              data={"csrf": csrf[::-1], "seq": "1", "decision": "approve"})
+        assert forged.status_code == 403 and rt.get_run(paused.run_id).status == "paused"
+        done = await c.post(f"/console/runs/{paused.run_id}/decide",
+                            data={"csrf": csrf, "seq": "1", "decision": "decline", "reason": "over the limit"})
+        assert done.status_code == 303
+        again = await c.post(f"/console/runs/{paused.run_id}/decide",
+                             data={"csrf": csrf, "seq": "1", "decision": "approve"})
+        assert again.status_code == 409 and "already decided" in again.text
+    result = await rt.wait_for_run(paused.run_id)
+    assert "over the limit" in result.result and sent == []
+    decided = [e.data for e in rt.store.get_events(paused.run_id) if e.type == "decided"]
+    assert decided == [{"seq": 1, "decision": "decline", "reason": "over the limit",
+                        "by": principal_for_token(ALICE), "via": "console", "from": "127.0.0.1"}]
+
+
+async def test_an_approval_link_needs_no_login_and_decides_once(rt):
+    paused = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
+    token = link_token(rt.store.secret(), paused.run_id, 1, paused.expires_at)
+    async with client(Console(rt, tokens=[ALICE])) as c:
+        page = await c.get(f"/approve/{token}")
+        assert page.status_code == 200 and "sends money back to the customer" in page.text
+        csrf = csrf_of(page.text)
+        no_cookie = await httpx.AsyncClient(transport=httpx.ASGITransport(app=Console(rt, tokens=[ALICE]).app),
+                                            base_url="http://console.test").post(
+            f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})
+        assert no_cookie.status_code == 403
+        other_seq = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "2", "decision": "approve"})
+        assert other_seq.status_code == 400
+        ok = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})
+        assert ok.status_code == 200 and "The write was sent" in ok.text
+        twice = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})
+        assert twice.status_code == 409 and "already approved" in twice.text
+    assert sent == [{"order_id": "A1", "amount": 12.5}]
+    assert (await rt.wait_for_run(paused.run_id)).result == {"refunded": 12.5}
+
+
+async def test_an_expired_link_decides_nothing(rt):
+    paused = await rt.execute(PROGRAM)
+    token = link_token(rt.store.secret(), paused.run_id, 1, rt.clock() - 5)
+    async with client(Console(rt, tokens=[ALICE])) as c:
+        page = await c.get(f"/approve/{token}")
+        assert page.status_code == 410 and "expired" in page.text
+        fresh = link_token(rt.store.secret(), paused.run_id, 1, paused.expires_at)
+        csrf = csrf_of((await c.get(f"/approve/{fresh}")).text)
+        late = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})
+        assert late.status_code == 410
+    assert rt.get_run(paused.run_id).status == "paused" and sent == []
+
+
+async def test_the_feed_announces_a_pause_to_its_principal_only(rt, unused_port):
+    import uvicorn
+
+    console = Console(rt, tokens=[ALICE, BOB])
+    # httpx's ASGI transport buffers whole bodies: an event stream needs a real server.
+    server = uvicorn.Server(uvicorn.Config(console.app, host="127.0.0.1", port=unused_port, log_level="warning",
+                                           lifespan="off"))
+    serving = asyncio.ensure_future(server.serve())
+    seen: list[dict] = []
+    ready: list[str] = []
+
+    async def listen(token: str) -> None:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{unused_port}") as c:
+            await sign_in(c, token)
+            async with c.stream("GET", "/console/events") as response:
+                assert response.headers["content-type"].startswith("text/event-stream")
+                async for line in response.aiter_lines():
+                    if line.startswith("retry:"):
+                        ready.append(token)
+                    if line.startswith("data: "):
+                        seen.append({"viewer": token, **json.loads(line[6:])})
+
+    for _ in range(500):
+        if server.started:
+            break
+        await asyncio.sleep(0.02)
+    listeners = [asyncio.ensure_future(listen(t)) for t in (ALICE, BOB)]
+    for _ in range(500):
+        if len(ready) == 2 or any(t.done() for t in listeners):
+            break
+        await asyncio.sleep(0.02)
+    assert len(ready) == 2, [t.exception() for t in listeners if t.done()]
+    paused = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
+    for _ in range(200):
+        if any(s["run_id"] == paused.run_id and s["status"] == "paused" for s in seen):
+            break
+        await asyncio.sleep(0.05)
+    for task in listeners:
+        task.cancel()
+    await asyncio.gather(*listeners, return_exceptions=True)
+    server.should_exit = True
+    await serving
+    await console.close()
+    assert {"viewer": ALICE, "run_id": paused.run_id, "status": "paused", "waits_on": "shop.refund"} in seen
+    assert not [s for s in seen if s["viewer"] == BOB]
+
+
+@pytest.fixture
+def unused_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_arguments_are_rendered_for_people():
+    assert render_value("short") == {"kind": "text", "text": '"short"'}
+    folded = render_value("line one\nline two")
+    assert folded["kind"] == "folded" and folded["head"] == "line one" and folded["text"] == "line one\nline two"
+    assert render_value("x" * 500)["chars"] == 500
+    assert render_value({"b": 1, "a": [1, 2]})["text"] == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}'

@@ -1,0 +1,360 @@
+"""The console and approval links in a real browser (Debian's chromium, driven by Playwright).
+
+One ``tether serve --http`` subprocess (tokens ``alpha-token`` and
+``beta-token``) serves the module; runs are queued into its store and its
+runner executes them, so every pause, decision and continuation below happens
+in the server, as it would for an agent's run. Writes go through the
+``ledger`` tools, which append a line per delivery: "sent once" is read back
+from that file.
+
+Skipped when chromium or Playwright is missing on a developer machine; under
+CI (``CI=true``) their absence is a failure. Screenshots of each page are
+saved under ``$TETHER_TEST_ARTIFACTS`` (default: a pytest temporary
+directory) and their paths printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tether.runs.runtime import Runtime
+from tether.server.approvals import link_token
+from tether.server.auth import principal_for_token
+from tether.store import open_store
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = os.environ.get("TETHER_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ALPHA, BETA = "alpha-token", "beta-token"
+
+LEDGER_TOOLS = '''\
+"""Writes that leave a line in the file named by $LEDGER, so a test can count deliveries."""
+import os
+
+from tether.sources.python import tool
+
+TETHER_NAMESPACE = "ledger"
+
+
+@tool
+async def guarded_write(tag: str, note: str = "") -> str:
+    """Record `tag` in the ledger. Asks for approval first: it changes what the ledger holds."""
+    with open(os.environ["LEDGER"], "a", encoding="utf-8") as f:
+        f.write(tag + "\\n")
+    return tag
+'''
+
+CONFIG = """\
+[server]
+public_url = "{public_url}"
+
+[sandbox]
+max_workers = 2
+"""
+
+
+def _missing() -> str | None:
+    if not os.path.exists(CHROMIUM):
+        return f"no browser at {CHROMIUM} (bash .ci/setup-chromium.sh installs Debian's chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install -e '.[test]')"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.ledger = root / "ledger.txt"
+        self.config = root / "tether.toml"
+        self.db = f"sqlite:///{root / 'home' / 'tether.db'}"
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "ledger_tools.py").write_text(LEDGER_TOOLS)
+        self.config.write_text(CONFIG.format(public_url=self.base))
+        self.env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "TETHER_STORE_URL")}
+        self.env.update(TETHER_HOME=str(root / "home"), LEDGER=str(self.ledger), TETHER_TOKEN=f"{ALPHA},{BETA}")
+        self.log = root / "server.log"
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tether.cli", "--config", str(self.config), "serve", "--http",
+                 f"127.0.0.1:{self.port}", "--tools", str(root / "ledger_tools.py")],
+                env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode}: {self.log.read_text()}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                break
+            assert time.monotonic() < deadline, f"server did not listen: {self.log.read_text()}"
+            time.sleep(0.05)
+        self.store = open_store(self.db)
+        self.rt = Runtime(store=self.store)
+
+    def tags(self) -> list[str]:
+        return self.ledger.read_text().splitlines() if self.ledger.exists() else []
+
+    def queue(self, code: str, token: str = ALPHA) -> str:
+        """Queue a run as the principal of ``token``; the server's runner executes it."""
+        return self.rt.start(code, principal=principal_for_token(token))
+
+    def wait_status(self, run_id: str, status: str, timeout: float = 30.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.store.get_run(run_id)
+            if run is not None and run.status == status:
+                return run
+            assert time.monotonic() < deadline, f"run {run_id} is {run and run.status}, not {status}"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.store.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    reason = _missing()
+    if reason:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"browser tests must run in CI: {reason}")
+        pytest.skip(reason)
+    s = Server(tmp_path_factory.mktemp("console"))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    root = os.environ.get("TETHER_TEST_ARTIFACTS")
+    where = Path(root) if root else tmp_path_factory.mktemp("screenshots")
+    where.mkdir(parents=True, exist_ok=True)
+    saved: list[Path] = []
+
+    def shot(page, name: str) -> Path:
+        path = where / f"{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        saved.append(path)
+        return path
+
+    yield shot
+    print("\nscreenshots:\n" + "\n".join(f"  {p}" for p in saved))
+
+
+def signed_in(browser, server, token: str = ALPHA):
+    context = browser.new_context(viewport={"width": 1100, "height": 760})
+    page = context.new_page()
+    page.goto(f"{server.base}/console/")
+    assert page.url.endswith("/console/login")
+    page.fill("#token", token)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{server.base}/console/")
+    return context, page
+
+
+def program(tag: str) -> str:
+    return (f"import tools\n"
+            f"try:\n"
+            f"    out = await tools.ledger.guarded_write(tag={tag!r}, note='Refund of 120.00 EUR for order 4417, "
+            f"requested by the customer on the phone; the order arrived damaged.')\n"
+            f"except Exception as e:\n"
+            f"    out = 'not sent: ' + str(e)\n"
+            f"out")
+
+
+# -- the console ---------------------------------------------------------------------
+
+
+def test_a_pause_appears_live_is_approved_in_the_page_and_the_write_is_sent_once(browser, server, shots):
+    context, page = signed_in(browser, server)
+    try:
+        run_id = server.queue(program("console-approve"))
+        row = page.locator(f"tr[data-run='{run_id}'][data-status='paused']")
+        # No reload: the server-sent event feed brings the pause to the open page.
+        row.wait_for(timeout=15_000)
+        run = server.store.get_run(run_id)
+        print(f"\npause on screen {time.time() - run.updated_at:.3f} s after it was stored")
+        shots(page, "console-runs")
+        row.locator("a").click()
+        page.wait_for_url(f"**/console/runs/{run_id}")
+        write = page.locator("article.write")
+        assert "ledger.guarded_write" in write.inner_text()
+        assert "it changes what the ledger holds" in write.inner_text()  # the tool's description
+        assert "order 4417" in write.inner_text()  # arguments, readably
+        shots(page, "console-run-paused")
+        write.locator("button[value=approve]").click()
+        page.locator("#run-status.completed").wait_for(timeout=15_000)
+        assert json.loads(page.locator("#result").inner_text()) == "console-approve"
+        shots(page, "console-run-completed")
+        assert server.tags().count("console-approve") == 1
+        timeline = page.locator(".timeline").inner_text()
+        assert "decided call 1: approve by token:" in timeline and "via console" in timeline
+    finally:
+        context.close()
+
+
+def test_a_decline_with_a_reason_reaches_the_program(browser, server, shots):
+    context, page = signed_in(browser, server)
+    try:
+        run_id = server.queue(program("console-decline"))
+        server.wait_status(run_id, "paused")
+        page.goto(f"{server.base}/console/runs/{run_id}")
+        page.fill("article.write textarea", "the refund is over the limit")
+        page.locator("article.write button[value=decline]").click()
+        page.locator("#run-status.completed").wait_for(timeout=15_000)
+        result = json.loads(page.locator("#result").inner_text())
+        assert result.startswith("not sent: ") and "the refund is over the limit" in result
+        assert "console-decline" not in server.tags()
+        shots(page, "console-run-declined")
+    finally:
+        context.close()
+
+
+def test_another_principals_run_is_invisible(browser, server):
+    theirs = server.queue(program("beta-only"), token=BETA)
+    server.wait_status(theirs, "paused")
+    context, page = signed_in(browser, server, ALPHA)
+    try:
+        assert page.locator(f"tr[data-run='{theirs}']").count() == 0
+        response = page.goto(f"{server.base}/console/runs/{theirs}")
+        assert response.status == 404 and "no run with that id for you" in page.inner_text("main")
+        response = page.goto(f"{server.base}/console/?status=paused")
+        assert theirs not in page.content()
+    finally:
+        context.close()
+    context, page = signed_in(browser, server, BETA)
+    try:
+        page.goto(f"{server.base}/console/runs/{theirs}")
+        assert page.locator("article.write").count() == 1
+    finally:
+        context.close()
+
+
+def test_a_forged_csrf_token_is_refused_and_nothing_is_decided(browser, server, shots):
+    run_id = server.queue(program("forged"))
+    server.wait_status(run_id, "paused")
+    context, page = signed_in(browser, server)
+    try:
+        page.goto(f"{server.base}/console/runs/{run_id}")
+        page.eval_on_selector("article.write input[name=csrf]", "el => el.value = 'f' + el.value.slice(1)")
+        response_status = []
+        page.on("response", lambda r: response_status.append(r.status) if r.request.method == "POST" else None)
+        page.locator("article.write button[value=approve]").click()
+        page.wait_for_load_state()
+        assert response_status == [403]
+        assert "nothing was decided" in page.inner_text("main")
+        shots(page, "console-csrf-refused")
+        assert server.store.get_run(run_id).status == "paused" and "forged" not in server.tags()
+    finally:
+        context.close()
+
+
+# -- approval links -------------------------------------------------------------------------
+
+
+def _link_from_cli(server, run_id: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "tether.cli", "--config", str(server.config), "runs", "show",
+                          run_id], env=server.env, capture_output=True, text=True, timeout=60, check=True).stdout
+    found = re.search(r"approve or decline call 1 at: (\S+)", out)
+    assert found, out
+    return found.group(1)
+
+
+def test_an_approval_link_decides_once_without_login(browser, server, shots):
+    run_id = server.queue(program("link-approve"))
+    server.wait_status(run_id, "paused")
+    link = _link_from_cli(server, run_id)
+    assert link.startswith(f"{server.base}/approve/")
+    context = browser.new_context(viewport={"width": 900, "height": 700})
+    try:
+        page = context.new_page()
+        page.goto(link)
+        assert "ledger.guarded_write" in page.inner_text("article.write")
+        shots(page, "approval-link")
+        page.locator("button[value=approve]").click()
+        page.wait_for_load_state()
+        assert "The write was sent. The run is completed." in page.inner_text("#message")
+        shots(page, "approval-link-approved")
+        assert server.tags().count("link-approve") == 1
+        # Opened again: a clear page, nothing decided.
+        response = page.goto(link)
+        assert response.status == 409 and "already approved" in page.inner_text("#message")
+        # One character altered.
+        last = link[-1]
+        response = page.goto(link[:-1] + ("0" if last != "0" else "1"))
+        assert response.status == 404 and "altered" in page.inner_text("#message")
+        assert server.tags().count("link-approve") == 1
+        events = [e for e in server.store.get_events(run_id) if e.type == "decided"]
+        assert [(e.data["decision"], e.data["via"]) for e in events] == [("approve", "link")]
+    finally:
+        context.close()
+
+
+def test_an_expired_link_is_refused(browser, server, shots):
+    run_id = server.queue(program("link-expired"))
+    run = server.wait_status(run_id, "paused")
+    # A link minted with the server's key whose time to live is over.
+    stale = link_token(server.store.secret(), run_id, run.pending["seq"], time.time() - 1)
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        response = page.goto(f"{server.base}/approve/{stale}")
+        assert response.status == 410 and "expired" in page.inner_text("h1")
+        assert page.locator("button[value=approve]").count() == 0
+        shots(page, "approval-link-expired")
+        assert server.store.get_run(run_id).status == "paused" and "link-expired" not in server.tags()
+    finally:
+        context.close()
+
+
+def test_console_pages_forbid_framing_and_inline_scripts(server):
+    import httpx
+
+    response = httpx.get(f"{server.base}/console/login")
+    csp = response.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp
+    assert response.headers["x-frame-options"] == "DENY" and response.headers["referrer-policy"] == "no-referrer"
+    assert "<script>" not in response.text
+    cookie = response.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie
