@@ -34,7 +34,7 @@ try:
 except Exception as e:
     out = "not sent: " + str(e)
 out"""
-ALICE, BOB = "alice-token", "bob-token"
+ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789"
 
 
 @pytest.fixture

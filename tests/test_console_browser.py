@@ -1,7 +1,7 @@
 """The console and approval links in a real browser (Debian's chromium, driven by Playwright).
 
-One ``tether serve --http`` subprocess (tokens ``alpha-token`` and
-``beta-token``) serves the module; runs are queued into its store and its
+One ``tether serve --http`` subprocess (two tokens, alpha and
+beta) serves the module; runs are queued into its store and its
 runner executes them, so every pause, decision and continuation below happens
 in the server, as it would for an agent's run. Writes go through the
 ``ledger`` tools, which append a line per delivery: "sent once" is read back
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow
 CHROMIUM = os.environ.get("TETHER_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-ALPHA, BETA = "alpha-token", "beta-token"
+ALPHA, BETA = "alpha-token-0123456789", "beta-token-0123456789"
 
 LEDGER_TOOLS = '''\
 """Writes that leave a line in the file named by $LEDGER, so a test can count deliveries."""
