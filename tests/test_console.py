@@ -106,7 +106,7 @@ async def test_a_principal_sees_and_decides_only_its_runs(rt):
         refused = await c.post(f"/console/runs/{theirs.run_id}/decide",
                                data={"csrf": csrf, "seq": "1", "decision": "approve"})
         assert refused.status_code == 404 and "nothing was decided" in refused.text
-    assert rt.get_run(theirs.run_id).status == "paused" and sent == []
+    assert rt.store.get_run(theirs.run_id).status == "paused" and sent == []
 
 
 async def test_every_decision_records_who_and_through_what(rt):
@@ -116,7 +116,7 @@ async def test_every_decision_records_who_and_through_what(rt):
         csrf = csrf_of((await c.get(f"/console/runs/{paused.run_id}")).text)
         forged = await c.post(f"/console/runs/{paused.run_id}/decide",
                               data={"csrf": csrf[::-1], "seq": "1", "decision": "approve"})
-        assert forged.status_code == 403 and rt.get_run(paused.run_id).status == "paused"
+        assert forged.status_code == 403 and rt.store.get_run(paused.run_id).status == "paused"
         done = await c.post(f"/console/runs/{paused.run_id}/decide",
                             data={"csrf": csrf, "seq": "1", "decision": "decline", "reason": "over the limit"})
         assert done.status_code == 303
@@ -161,7 +161,7 @@ async def test_an_expired_link_decides_nothing(rt):
         csrf = csrf_of((await c.get(f"/approve/{fresh}")).text)
         late = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})
         assert late.status_code == 410
-    assert rt.get_run(paused.run_id).status == "paused" and sent == []
+    assert rt.store.get_run(paused.run_id).status == "paused" and sent == []
 
 
 async def test_the_feed_announces_a_pause_to_its_principal_only(rt, unused_port):

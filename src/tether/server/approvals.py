@@ -117,9 +117,6 @@ def pending_writes(run: RunRecord) -> list[dict[str, Any]]:
     return [{k: w.get(k) for k in ("seq", "address", "args", "annotations")} for w in items if "seq" in w]
 
 
-def visible(run: RunRecord, principal: str) -> bool:
-    """The runtime's rule: a run is its principal's; a run started without one (CLI, Python) is anyone's."""
-    return run.principal is None or run.principal == principal
 
 
 # -- deciding --------------------------------------------------------------------------

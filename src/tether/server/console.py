@@ -12,8 +12,8 @@ run changed. Security, in the order a request meets it:
   token's principal, signed with a key derived from the store's secret;
 * every form carries a CSRF token bound to the session (or, before there is
   one, to a SameSite=Strict cookie set with the form);
-* a principal sees and decides only its runs (runs started without a
-  principal, from the CLI or Python, are anyone's: the runtime's own rule);
+* a principal sees and decides only the runs it may act on: the runtime's
+  own rule (``Runtime.may_act_on``), so the console never widens it;
 * every decision is recorded with who made it and through what.
 """
 
@@ -40,7 +40,7 @@ from starlette.staticfiles import StaticFiles
 from ..errors import RunNotFound
 from ..runs.inspect import run_timeline
 from ..store.base import RUN_PAUSED, TERMINAL_RUN_STATUSES
-from .approvals import Decider, derived_key, describe_write, open_token, pending_writes, visible
+from .approvals import Decider, derived_key, describe_write, open_token, pending_writes
 from .auth import LOCAL, principal_for_token
 
 HERE = Path(__file__).parent
@@ -168,7 +168,7 @@ class RunFeed:
                 continue
             self._seen[run.run_id] = mark
             self._since = max(self._since, run.updated_at)
-            change = {"run_id": run.run_id, "status": run.status, "principal": run.principal,
+            change = {"run_id": run.run_id, "status": run.status, "run": run,
                       "waits_on": (run.pending or {}).get("address") if run.status == RUN_PAUSED else None}
             for queue in list(self._queues):
                 with contextlib.suppress(asyncio.QueueFull):
@@ -336,7 +336,7 @@ class Console:
     def _visible_runs(self, principal: str, status: str | None) -> list[Any]:
         # The store lists runs newest first; another principal's are left out here.
         runs = self.rt.store.list_runs(status=status or None, limit=RUN_LIST_LIMIT * 5)
-        return [r for r in runs if visible(r, principal)][:RUN_LIST_LIMIT]
+        return [r for r in runs if self.rt.may_act_on(r, principal)][:RUN_LIST_LIMIT]
 
     async def home(self, request: Request) -> Response:
         session = self.session(request)
@@ -427,7 +427,7 @@ class Console:
                     except asyncio.TimeoutError:
                         yield b": keepalive\n\n"
                         continue
-                    if change["principal"] is not None and change["principal"] != principal:
+                    if not self.rt.may_act_on(change["run"], principal):
                         continue
                     data = {k: change[k] for k in ("run_id", "status", "waits_on")}
                     yield f"event: run\ndata: {json.dumps(data)}\n\n".encode()
@@ -494,7 +494,8 @@ class Console:
         if decision is None or seqs != [claim.seq]:
             return self.message("Nothing decided", "The form named no decision, or another write than its "
                                 "link; nothing was decided.", status=400)
-        outcome = await self.decider.decide(run.run_id, seqs, decision, reason, principal=None,
+        # The link is the capability: it acts as the run's own principal.
+        outcome = await self.decider.decide(run.run_id, seqs, decision, reason, principal=run.principal,
                                             who="approval link", via="link", origin=_origin(request))
         if not outcome.ok:
             return self.message("Nothing decided", outcome.message or "Nothing was decided.", status=409)
