@@ -142,9 +142,31 @@ msg
 """)
     assert r.status == "completed"
     assert r.result.startswith("[tool_error] helpdesk.get_ticket: ticket -1 does not exist")
-    r = await rt.execute("import tools\nawait tools.helpdesk.get_ticket(id=-1)")
+    r = await rt.execute("import tools\nawait tools.helpdesk.get_ticket(id=2)\nawait tools.helpdesk.get_ticket(id=-1)")
     assert r.error["code"] == "tool_error"
+    # The run names the call that failed, from the host's record, with the tool's message.
+    assert r.error["details"]["call"] == {"seq": 2, "address": "helpdesk.get_ticket"}
+    assert "ticket -1 does not exist" in r.error["message"]
     await assert_alive(rt)
+
+
+async def test_an_uncaught_call_failure_reports_its_code_and_call(rt):
+    # invalid_arguments raised at run time, and call_timeout, each with its call.
+    r = await rt.execute("import tools\nt = await tools.helpdesk.get_ticket(id=1)\nawait tools.helpdesk.get_ticket(id='x')")
+    assert r.error["code"] == "invalid_arguments"
+    assert r.error["details"]["call"] == {"seq": 2, "address": "helpdesk.get_ticket"}
+    r = await rt.execute("import tools\nawait tools.slowpoke.wait()")
+    assert r.error["code"] == "call_timeout"
+    assert r.error["details"]["call"] == {"seq": 1, "address": "slowpoke.wait"}
+    # The program's own exception, even after a caught tool failure, stays program_error.
+    r = await rt.execute("""
+import tools
+try:
+    await tools.helpdesk.get_ticket(id=-1)
+except LookupError as e:
+    raise ValueError("giving up: " + str(e))
+""")
+    assert r.error["code"] == "program_error" and "call" not in r.error["details"]
 
 
 async def test_p14_error_code_comes_from_the_host_record_not_program_text(rt):

@@ -116,6 +116,16 @@ def _exc_type_for(exc: BaseException) -> str:
     return "RuntimeError"
 
 
+@dataclass(frozen=True)
+class RaisedError:
+    """An exception the boundary raised into the program: its code and the call it came from."""
+
+    code: str
+    exc_type: str
+    seq: int
+    address: str
+
+
 @dataclass
 class AttemptState:
     """What one attempt knows while it drives the program."""
@@ -129,7 +139,7 @@ class AttemptState:
     held: list[dict[str, Any]] = field(default_factory=list)
     restore_pending: list[dict[str, Any]] | None = None
     answering: bool = False
-    raised: dict[str, str] = field(default_factory=dict)  # message raised in program -> code
+    raised: dict[str, "RaisedError"] = field(default_factory=dict)  # message raised in program -> its call
     stats: list[CallStat] = field(default_factory=list)
     checkpoint_at_seq: int = 0
     checkpoint_at_time: float = 0.0
@@ -405,7 +415,7 @@ class EffectBoundary:
                                        finished_at=self.clock())
                 if self.state.failure is not None:
                     return await self._hold(seq, op, op, args)
-                self._remember(refused)
+                self._remember(refused, seq, name)
                 raise refused
             self.store.update_call(self.run_id, seq, [CALL_WAITING], state=CALL_DONE, outcome=row.value,
                                    finished_at=self.clock())
@@ -422,7 +432,7 @@ class EffectBoundary:
         self.store.update_call(self.run_id, seq, [CALL_WAITING], state=CALL_FAILED, error=_err_json(err),
                                finished_at=self.clock())
         self._stat(seq, op, name, "wait", CALL_FAILED, t)
-        self._remember(err)
+        self._remember(err, seq, name)
         raise err
 
     async def _park(self, pending: dict[str, Any]) -> Any:
@@ -473,7 +483,7 @@ class EffectBoundary:
             self._stat(seq, op, address, "read", CALL_FAILED, t)
             if self.state.failure is not None:
                 return await self._hold(seq, op, address, args)
-            self._remember(refused)
+            self._remember(refused, seq, address)
             raise refused
         await self._record_outcome(seq, CALL_PENDING, CALL_DONE, outcome=value)
         self._stat(seq, op, address, "read", CALL_DONE, t)
@@ -557,7 +567,7 @@ class EffectBoundary:
                 "PermissionError",
             )
             await self._cas(seq, [CALL_ASKED], state=CALL_DECLINED, error=_err_json(err), finished_at=self.clock())
-            self._remember(err)
+            self._remember(err, seq, tool.address)
             raise err
         # Pause: only the first write to ask pauses; later ones are held and
         # asked again, in seq order, when the run continues (P-4).
@@ -606,7 +616,7 @@ class EffectBoundary:
                 )
                 await self._record_outcome(seq, from_state, CALL_FAILED, error=_err_json(err))
                 self._stat(seq, "tool", tool.address, "read", CALL_FAILED, t)
-            self._remember(err)
+            self._remember(err, seq, tool.address)
             raise err from None
         except asyncio.CancelledError:
             # Our caller was cancelled; a shielded write goes on and is
@@ -624,7 +634,7 @@ class EffectBoundary:
                 err = _tool_error(tool.address, exc)
             await self._record_outcome(seq, from_state, CALL_FAILED, error=_err_json(err))
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", CALL_FAILED, t)
-            self._remember(err)
+            self._remember(err, seq, tool.address)
             raise err from None
         value, notes = to_json_value(value)
         refused = self._journal_room(journal.value_size(value), tool.address, "result", sent=is_write)
@@ -635,7 +645,7 @@ class EffectBoundary:
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state if is_write else CALL_FAILED, t)
             if self.state.failure is not None:
                 return await self._hold(seq, "tool", tool.address, args)
-            self._remember(refused)
+            self._remember(refused, seq, tool.address)
             raise refused
         await self._record_outcome(seq, from_state, ok_state, outcome=value)
         self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state, t)
@@ -681,7 +691,7 @@ class EffectBoundary:
     def _replay(self, entry: CallRecord) -> Any:
         if entry.error:
             err = GuestRaise(entry.error.get("type", "RuntimeError"), entry.error.get("message", ""))
-            self._remember_code(err.message)
+            self._remember(err, entry.seq, entry.address)
             raise err
         return entry.outcome
 
@@ -828,14 +838,13 @@ class EffectBoundary:
             self._unsaved[seq] = record
             self.journal[seq] = record
             self.flush()
-        self._remember(err)
+        self._remember(err, seq, address)
 
-    def _remember(self, err: GuestRaise) -> None:
-        self._remember_code(err.message)
-
-    def _remember_code(self, message: str) -> None:
+    def _remember(self, err: GuestRaise, seq: int, address: str) -> None:
+        """Record what the host raised into the program, so an uncaught one is reported as this call's (P-14)."""
+        message = err.message
         if message.startswith("[") and "]" in message:
-            self.state.raised[message] = message[1:message.index("]")]
+            self.state.raised[message] = RaisedError(message[1:message.index("]")], err.exc_type, seq, address)
 
     def _stat(self, seq, op, address, kind, state, t) -> None:
         now = time.perf_counter()

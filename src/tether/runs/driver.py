@@ -451,22 +451,50 @@ def waiting_envelope(run_id: str, pending: dict, logs: LogBuffer, boundary: Effe
 def _failed(rt, run, boundary, exc, logs, setup_ms, t_exec, t0, attempt_kind) -> RunResult:
     if isinstance(exc, ProgramFailed):
         text = f"{exc.exc_type}: {exc.message}"
+        where = f" (line {exc.line})" if exc.line else ""
         # P-14: the code comes from the host's own record of what it raised
         # into the program, never from text the program made up.
-        code = boundary.state.raised.get(exc.message)
-        sandbox_code, hint = _classify(rt, exc) if code is None else (None, None)
-        error = {
-            "code": code or sandbox_code or "program_error",
-            "message": f"the program raised {text}" + (f" (line {exc.line})" if exc.line else ""),
-            "next_action": hint or "Fix the program or handle the exception; calls already made are in the journal.",
-            "details": {"type": exc.exc_type, "traceback": exc.traceback},
-        }
+        raised = boundary.state.raised.get(exc.message)
+        if raised is not None and raised.exc_type == exc.exc_type:
+            error = {
+                "code": raised.code,
+                "message": f"call {raised.seq} ({raised.address}) failed and the program did not catch it{where}: "
+                           f"{exc.message}",
+                "next_action": _CALL_HINTS.get(raised.code, "Handle the failure in the program (try/except on "
+                                                            "the [code]) or fix the call; calls already made are "
+                                                            "in the journal."),
+                "details": {"type": exc.exc_type, "call": {"seq": raised.seq, "address": raised.address},
+                            "traceback": exc.traceback},
+            }
+        else:
+            sandbox_code, hint = _classify(rt, exc)
+            error = {
+                "code": sandbox_code or "program_error",
+                "message": f"the program raised {text}{where}",
+                "next_action": hint or "Fix the program or handle the exception; calls already made are in the journal.",
+                "details": {"type": exc.exc_type, "traceback": exc.traceback},
+            }
     elif isinstance(exc, TetherError):
         error = exc.to_dict()
     else:
         error = SandboxCrashed(f"the run stopped: {exc}").to_dict()
     return rt._finish(run, RUN_FAILED, error=error, logs=logs.lines(), calls=boundary.state.issued,
                       diagnostics=_diagnostics(boundary, setup_ms, t_exec, t0, attempt_kind))
+
+
+# What to do about a call's failure that ended the program, by its code.
+_CALL_HINTS = {
+    "tool_error": "Read the tool's message; fix the arguments, retry if it was transient, or catch it "
+                  "(except Exception as e: the message starts with [tool_error]).",
+    "invalid_arguments": "Call describe() on the tool and pass arguments matching its signature.",
+    "unknown_tool": "Use search() to find the right address.",
+    "call_timeout": "The tool was too slow; retry, ask for less, or raise limits.call_timeout_seconds.",
+    "write_declined": "The user declined the write; it was not sent. Catch PermissionError to go on without it.",
+    "write_denied": "Policy denies this write; it was not sent. Do without it or ask for the policy to change.",
+    "call_denied": "Policy denies this tool; it was not called.",
+    "budget_exceeded": "The run's write budget is spent; split the work into several runs.",
+    "write_outcome_unknown": "Check whether the write happened before doing it again; tether will not re-send it.",
+}
 
 
 def _classify(rt: "Runtime", exc: ProgramFailed) -> tuple[str | None, str | None]:
