@@ -80,17 +80,24 @@ def test_run_exit_codes_and_human_output(tmp_path, env):
     assert r.returncode == 2 and "run_not_found" in r.stderr
 
 
-def test_type_check_rejects_a_wrong_argument_before_running(tmp_path, env):
+def test_the_check_rejects_a_wrong_argument_before_running(tmp_path, env):
+    # The default check (calls) names the argument, with its line, before anything runs.
     prog = tmp_path / "typo.py"
     prog.write_text("import tools\nawait tools.notes.add_note(txt='x')\n")
     r = tether(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
     out = json.loads(r.stdout)
     assert r.returncode == 1
-    assert out["error"]["code"] == "type_check_failed"
-    assert "txt" in out["error"]["details"]["diagnostics"]
+    assert out["error"]["code"] == "invalid_arguments"
+    assert "unknown argument 'txt'" in out["error"]["message"] and out["error"]["details"]["line"] == 2
+    assert out["calls"] == 0
     assert not Path(env["NOTES_FILE"]).exists()
     r = tether(["run", str(prog), "--no-check", "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
-    assert json.loads(r.stdout)["error"]["code"] == "invalid_arguments"
+    out = json.loads(r.stdout)
+    assert out["error"]["code"] == "invalid_arguments" and out["calls"] == 1  # refused at the boundary instead
+    # A positional call runs through the CLI.
+    prog.write_text("import tools\nawait tools.notes.add_note('x')\n'ok'\n")
+    r = tether(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py"), "--json", "--no-prompt"], env, tmp_path)
+    assert json.loads(r.stdout)["status"] in ("completed", "paused"), r.stdout
 
 
 def test_demo_runs(tmp_path, env):

@@ -132,7 +132,8 @@ def test_defaults_without_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert config.policy.rules == []
     assert config.policy.approval_ttl_seconds == 86400
     assert (config.policy.checkpoint_every_calls, config.policy.checkpoint_every_seconds) == (100, 30)
-    assert (config.sandbox.min_workers, config.sandbox.max_workers, config.sandbox.type_check) == (1, 2, True)
+    assert (config.sandbox.min_workers, config.sandbox.max_workers, config.sandbox.check) == (1, 2, "calls")
+    assert config.sandbox.type_check is None  # the older switch, unset
     assert (config.server.host, config.server.port, config.server.token) == ("127.0.0.1", 8765, None)
     assert config.server.allow_unauthenticated_loopback is False
     assert config.server.max_concurrent_runs == config.sandbox.max_workers
@@ -404,7 +405,7 @@ def test_a_bad_token_is_not_echoed(tmp_path: Path) -> None:
         ),
         (
             "[sandbox]\ncolour = 1",
-            "sandbox.colour: unknown key 'colour' (expected one of: min_workers, max_workers, type_check)",
+            "sandbox.colour: unknown key 'colour' (expected one of: min_workers, max_workers, check, type_check)",
         ),
     ],
 )

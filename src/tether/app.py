@@ -73,6 +73,7 @@ async def open_runtime(
         min_workers=config.sandbox.min_workers,
         max_workers=config.sandbox.max_workers,
         type_check=config.sandbox.type_check if type_check is None else type_check,
+        check=config.sandbox.check if type_check is None and config.sandbox.type_check is None else None,
         approval_ttl_seconds=config.policy.approval_ttl_seconds,
         checkpoint_every_calls=config.policy.checkpoint_every_calls,
         checkpoint_every_seconds=config.policy.checkpoint_every_seconds,

@@ -234,8 +234,14 @@ class SandboxConfig(_Section):
     min_workers: PositiveInt = 1
     # Each worker may hold memory_bytes; two keep a laptop's footprint small.
     max_workers: PositiveInt = 2
-    # Catches wrong argument names before any tool is called, for ~10 ms.
-    type_check: Bool = True
+    # The pre-run check (README "The pre-run check"). "calls": tether's own
+    # check of every tool call the program makes (addresses, arity, argument
+    # names, literal values), microseconds; "full": also the bundled type
+    # checker on stubs of what the program reaches, ~10-30 ms the first time a
+    # program is seen; "off".
+    check: Literal["calls", "full", "off"] = "calls"
+    # The older switch: false means check = "off", true means "full".
+    type_check: Bool | None = None
 
     @model_validator(mode="after")
     def _workers_order(self) -> SandboxConfig:

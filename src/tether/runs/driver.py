@@ -12,7 +12,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ExecutionDiverged, SandboxCrashed, TetherError, WriteOutcomeUnknown
+from ..errors import ExecutionDiverged, LimitExceeded, SandboxCrashed, TetherError, TypeCheckError, WriteOutcomeUnknown
 from ..sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxLimits, SandboxSpec, Stopped
 from ..store.base import (
     CALL_APPROVED,
@@ -36,6 +36,8 @@ from .boundary import (
     Paused,
     SnapshotMismatch,
 )
+from ..tools.precheck import EVERYTHING, Reach, check_program
+from ..tools.stubs import stubs_for
 from .limits import Limits
 from .policy import Policy
 from .result import RunResult, preview, to_json_value
@@ -78,16 +80,19 @@ class LogBuffer:
         return out
 
 
-def _stubs(rt: "Runtime") -> Any:
-    from ..tools.stubs import build_stubs
+def run_check_mode(rt: "Runtime", run: RunRecord) -> str:
+    """The check mode recorded on the run (older runs recorded a type_check flag)."""
+    mode = run.meta.get("check")
+    if mode is None:
+        return "full" if run.meta.get("type_check", rt.type_check) else "off"
+    return mode
 
-    version = getattr(rt.catalog, "version", None)
-    cached = rt._stubs_cache
-    if cached is not None and cached[0] == version:
-        return cached[1]
-    stubs = build_stubs(rt.catalog)
-    rt._stubs_cache = (version, stubs)
-    return stubs
+
+def precheck(rt: "Runtime", run: RunRecord) -> Reach | None:
+    """The pre-run check of a fresh run (tools.precheck); raises what it finds, before any call."""
+    if run_check_mode(rt, run) == "off":
+        return None
+    return check_program(run.program, rt.catalog)
 
 
 def _namespaces(rt: "Runtime") -> dict[str, tuple[str, ...]]:
@@ -101,11 +106,19 @@ def _namespaces(rt: "Runtime") -> dict[str, tuple[str, ...]]:
     return memo("sandbox-namespaces", group) if memo else group()
 
 
-def build_spec(rt: "Runtime", run: RunRecord, limits: Limits, *, continuing: bool = False) -> SandboxSpec:
+def build_spec(rt: "Runtime", run: RunRecord, limits: Limits, *, continuing: bool = False,
+               reach: Reach | None = None) -> SandboxSpec:
     # A program that already passed the check at its first attempt is not
     # checked again when it continues (restore or replay).
-    type_check = bool(run.meta.get("type_check", rt.type_check)) and not continuing
-    stubs = _stubs(rt) if type_check else None
+    type_check = run_check_mode(rt, run) == "full" and not continuing
+    stubs = None
+    if type_check:
+        reach = reach or EVERYTHING
+        stubs = stubs_for(rt.catalog, reach.addresses, reach.namespaces, reach.everything)
+        if rt.verdicts.get(_verdict_key(run.program, stubs)) is True:
+            # The same program against the same stubs passed before: the
+            # checker would say the same again.
+            type_check = False
     return SandboxSpec(
         namespaces=_namespaces(rt),
         builtins=BUILTINS,
@@ -122,8 +135,32 @@ def build_spec(rt: "Runtime", run: RunRecord, limits: Limits, *, continuing: boo
         prelude_stubs=getattr(stubs, "prelude", None),
         tools_stubs=getattr(stubs, "tools_module", None),
         namespace_stubs=dict(getattr(stubs, "namespace_modules", {}) or {}),
-        modules_key=(id(rt.catalog), getattr(rt.catalog, "version", None), type_check),
+        modules_key=(id(rt.catalog), getattr(rt.catalog, "version", None)),
     )
+
+
+def _verdict_key(code: str, stubs: Any) -> str:
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for part in (code, stubs.prelude, stubs.tools_module, *sorted(stubs.namespace_modules.items())):
+        h.update(repr(part).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def remember_verdict(rt: "Runtime", spec: SandboxSpec, code: str, passed: bool) -> None:
+    """Record that the checker passed (or refused) this program against these stubs."""
+    from ..tools.stubs import Stubs
+
+    if not spec.type_check:
+        return
+    stubs = Stubs(prelude=spec.prelude_stubs or "", tools_module=spec.tools_stubs or "",
+                  namespace_modules=spec.namespace_stubs, tool_stubs={})
+    verdicts = rt.verdicts
+    verdicts[_verdict_key(code, stubs)] = passed
+    if len(verdicts) > 1024:
+        verdicts.pop(next(iter(verdicts)))
 
 
 def _builtins(rt: "Runtime", run_id: str) -> dict[str, Any]:
@@ -233,7 +270,13 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
             entries = rt.store.get_calls(run.run_id)
 
     t_setup = time.perf_counter()
-    spec = build_spec(rt, run, limits, continuing=mode != "fresh")
+    reach, refused = None, None
+    if mode == "fresh":
+        try:
+            reach = precheck(rt, run)
+        except TetherError as exc:
+            refused = exc  # reported below, before the sandbox starts: nothing runs
+    spec = build_spec(rt, run, limits, continuing=mode != "fresh", reach=reach)
     logs = LogBuffer(limits.log_bytes)
     if snapshot is not None and isinstance(run.result, dict):
         # A restore continues the program where it stopped: keep what it
@@ -330,7 +373,15 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
                     boundary.state.restore_pending = list(snapshot.pending)
                     value = await execution.resume(snapshot.data, boundary.answer_restored)
                 else:
-                    value = await execution.run(run.program, session_base)
+                    try:
+                        value = await execution.run(run.program, session_base)
+                    except TypeCheckError:
+                        remember_verdict(rt, spec, run.program, False)
+                        raise
+                    except (ProgramFailed, Stopped, LimitExceeded):
+                        remember_verdict(rt, spec, run.program, True)  # it ran: the check passed
+                        raise
+                    remember_verdict(rt, spec, run.program, True)
                 if run.session:
                     # The globals the next execute of this session starts from (P-21).
                     rt._save_session(run.session, run.principal, await execution.dump())
@@ -342,6 +393,8 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
 
     try:
         try:
+            if refused is not None:
+                raise refused
             value = await run_once(attempt_kind)
         except SnapshotMismatch:
             # Nothing was sent: the mapping is checked before any dispatch.

@@ -76,6 +76,18 @@ def sign_snapshot(secret: bytes, run_id: str, seq: int, version: str, data: byte
     return hmac.new(secret, msg, hashlib.sha256).hexdigest()
 
 
+CHECK_MODES = ("calls", "full", "off")
+
+
+def check_mode(check: str | None, type_check: bool | None = None) -> str:
+    """The check mode from ``check`` or the older ``type_check`` flag; "calls" by default."""
+    if check is None:
+        return "calls" if type_check is None else ("full" if type_check else "off")
+    if check not in CHECK_MODES:
+        raise UsageError(f"check must be one of {', '.join(CHECK_MODES)} (got {check!r})", code="usage_error")
+    return check
+
+
 def check_code_size(code: str, limit: int) -> None:
     # UTF-8 takes 1-4 bytes per character, so the length alone often decides
     # without encoding a huge string.
@@ -108,7 +120,8 @@ class Runtime:
         pool: SandboxPool | None = None,
         min_workers: int = 1,
         max_workers: int = 2,
-        type_check: bool = True,
+        type_check: bool | None = None,
+        check: str | None = None,
         approval_ttl_seconds: float = 86_400.0,
         lease_seconds: float = 30.0,
         checkpoint_every_calls: int = 100,
@@ -125,7 +138,10 @@ class Runtime:
         self.catalog = catalog if catalog is not None else Catalog()
         self.policy = policy or Policy()
         self.limits = limits or Limits()
-        self.type_check = type_check
+        # The pre-run check (README "The pre-run check"): "calls" (default),
+        # "full" (also the bundled type checker) or "off"; type_check=False/True
+        # is the older spelling of "off"/"full".
+        self.check = check_mode(check, type_check)
         self.approval_ttl_seconds = approval_ttl_seconds
         self.lease_seconds = lease_seconds
         self.checkpoint_every_calls = checkpoint_every_calls
@@ -155,7 +171,8 @@ class Runtime:
         self._boundaries: dict[str, EffectBoundary] = {}
         self._cell_tasks: dict[str, asyncio.Task] = {}
         self._event_signals: dict[str, asyncio.Event] = {}
-        self._stubs_cache: tuple[Any, Any] | None = None
+        # Verdicts of the bundled type checker by (program, stubs): a resent program is not checked twice.
+        self.verdicts: dict[str, bool] = {}
         # Recorded on every run; computed once (dataclasses.asdict deep-copies).
         self._policy_dict = self.policy.to_dict()
         self._limits_dict = self.limits.to_dict()
@@ -248,6 +265,7 @@ class Runtime:
         on_approval: Approver | None = None,
         principal: str | None = None,
         type_check: bool | None = None,
+        check: str | None = None,
         meta: dict[str, Any] | None = None,
         on_progress: Callable[[int, str], None] | None = None,
         session: str | None = None,
@@ -263,7 +281,8 @@ class Runtime:
         """
         t0 = time.perf_counter()
         check_code_size(code, self.limits.code_bytes)
-        run = self._new_run(code, principal=principal, meta=meta, type_check=type_check, status=RUN_RUNNING)
+        run = self._new_run(code, principal=principal, meta=meta, check=self._check_for(check, type_check),
+                            status=RUN_RUNNING)
         notes: list[str] = []
         if session is not None:
             run.session = session
@@ -313,8 +332,16 @@ class Runtime:
         self.revoke_waits(session=name)
         return self.store.delete_session(name, principal or self.principal)
 
+    @property
+    def type_check(self) -> bool:
+        """Whether the bundled type checker runs before programs (check mode "full")."""
+        return self.check == "full"
+
+    def _check_for(self, check: str | None, type_check: bool | None) -> str:
+        return self.check if check is None and type_check is None else check_mode(check, type_check)
+
     def _new_run(self, code: str, *, principal: str | None, meta: dict[str, Any] | None,
-                 type_check: bool | None, status: str) -> RunRecord:
+                 check: str, status: str) -> RunRecord:
         now = self.clock()
         clock = _dt.datetime.fromtimestamp(round(now, 3), _dt.timezone.utc)
         running = status == RUN_RUNNING
@@ -330,7 +357,7 @@ class Runtime:
             principal=principal or self.principal,
             owner=self.owner if running else None,
             lease_until=now + self.lease_seconds if running else None,
-            meta={**(meta or {}), "type_check": self.type_check if type_check is None else type_check},
+            meta={**(meta or {}), "check": check},
         )
 
     # -- resume ------------------------------------------------------------------
@@ -596,10 +623,11 @@ class Runtime:
     # -- background runs -----------------------------------------------------------
 
     def start(self, code: str, *, principal: str | None = None, meta: dict[str, Any] | None = None,
-              type_check: bool | None = None) -> str:
+              type_check: bool | None = None, check: str | None = None) -> str:
         """Queue ``code`` as a background run; a worker executes it. Returns the run id at once."""
         check_code_size(code, self.limits.code_bytes)
-        run = self._new_run(code, principal=principal, meta=meta, type_check=type_check, status=RUN_QUEUED)
+        run = self._new_run(code, principal=principal, meta=meta, check=self._check_for(check, type_check),
+                            status=RUN_QUEUED)
         self.store.create_run(run)
         return run.run_id
 

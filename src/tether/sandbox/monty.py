@@ -178,7 +178,7 @@ class SandboxPool:
         )
         self._started = False
         self._lock = asyncio.Lock()
-        self._modules: tuple[Any, Any] | None = None
+        self._modules: tuple[Any, dict[str, Any], Any, dict[tuple[str, str], Any]] | None = None
 
     async def start(self) -> None:
         async with self._lock:
@@ -193,22 +193,35 @@ class SandboxPool:
                 await self._pool.__aexit__(None, None, None)
 
     def tools_module(self, spec: SandboxSpec) -> Any:
-        """The `tools` module for a catalog, built once per catalog version.
+        """The `tools` module a run imports.
 
         Its functions find the execution they serve through a context
-        variable (Monty runs host callbacks in the caller's context), so one
-        module serves every run; rebuilding it per run cost time in
-        proportion to the catalog.
+        variable (Monty runs host callbacks in the caller's context), so the
+        modules are built once per catalog version and shared by every run;
+        rebuilding them per run cost time in proportion to the catalog. A
+        checked run gets stubs for only what its program reaches: the
+        namespaces it names carry their (cached) stubbed module, the rest the
+        shared plain one.
         """
         key = spec.modules_key
-        if key is not None and self._modules is not None and self._modules[0] == key:
-            return self._modules[1]
-        modules = {ns: _pm.ExternalModule(_tool_functions(ns, names), stubs=spec.namespace_stubs.get(ns))
-                   for ns, names in spec.namespaces.items()}
-        tools = _pm.ExternalModule(modules, stubs=spec.tools_stubs)
-        if key is not None:
-            self._modules = (key, tools)
-        return tools
+        if key is None or self._modules is None or self._modules[0] != key:
+            plain = {ns: _pm.ExternalModule(_tool_functions(ns, names)) for ns, names in spec.namespaces.items()}
+            self._modules = (key, plain, _pm.ExternalModule(plain), {})
+        _, plain, unchecked, stubbed = self._modules
+        if not spec.type_check:
+            return unchecked
+        modules = dict(plain)
+        for ns, text in spec.namespace_stubs.items():
+            if ns not in plain:
+                continue
+            module = stubbed.get((ns, text))
+            if module is None:
+                module = _pm.ExternalModule(_tool_functions(ns, spec.namespaces[ns]), stubs=text)
+                if len(stubbed) > 256:
+                    stubbed.clear()
+                stubbed[(ns, text)] = module
+            modules[ns] = module
+        return _pm.ExternalModule(modules, stubs=spec.tools_stubs)
 
     def execution(
         self,
@@ -462,6 +475,12 @@ def map_monty_error(exc: BaseException, limits: SandboxLimits) -> BaseException:
         loc = f" at line {line}, column {col}" if line else ""
         return ProgramSyntaxError(f"syntax error{loc}: {exc.display('msg')}", details={"line": line, "column": col})
     if isinstance(exc, _pm.MontyTypingError):
+        text = exc.display()
+        if "error[invalid-syntax]" in text:
+            # The checker parses first: a syntax error is a syntax error, not a typing one.
+            line, col, msg = _first_diagnostic(text)
+            loc = f" at line {line}, column {col}" if line else ""
+            return ProgramSyntaxError(f"syntax error{loc}: {msg}", details={"line": line, "column": col})
         return TypeCheckError(
             "the program was rejected by the type checker before running",
             details={"diagnostics": exc.display()},
@@ -495,6 +514,16 @@ def map_monty_error(exc: BaseException, limits: SandboxLimits) -> BaseException:
     return exc
 
 
+def _first_diagnostic(text: str) -> tuple[int | None, int | None, str]:
+    """(line, column, message) of the first diagnostic in the checker's rendered text."""
+    import re
+
+    head = re.search(r"error\[[\w-]+\]: (.*)", text)
+    where = re.search(r"--> [^:\n]+:(\d+):(\d+)", text)
+    msg = head.group(1).strip() if head else "invalid syntax"
+    return (int(where.group(1)), int(where.group(2)), msg) if where else (None, None, msg)
+
+
 def _frames(exc: Any) -> list[dict[str, Any]]:
     try:
         frames = exc.traceback()
@@ -513,3 +542,28 @@ def _frames(exc: Any) -> list[dict[str, Any]]:
 
 def is_monty_error(exc: BaseException) -> bool:
     return isinstance(exc, _pm.MontyError)
+
+
+async def probe_names(pool: SandboxPool) -> tuple[list[str], list[str]]:
+    """(built-in names, importable modules) this sandbox accepts at run time.
+
+    The candidates are CPython's own builtins and standard-library modules;
+    each is tried inside the sandbox. Tests check every one passes the
+    pre-run check, so a Monty release that adds a name cannot make the check
+    refuse programs that would run.
+    """
+    import sys
+
+    names = [n for n in dir(builtins) if not n.startswith("_")]
+    modules = sorted(m for m in sys.stdlib_module_names if m.isidentifier() and not m.startswith("_"))
+    probe_names_code = "out = []\n" + "".join(
+        f"try:\n    {n}\n    out.append({n!r})\nexcept NameError:\n    pass\n" for n in names
+        if not keyword.iskeyword(n)) + "out"
+    probe_modules_code = "out = []\n" + "".join(
+        f"try:\n    import {m}\n    out.append({m!r})\nexcept Exception:\n    pass\n" for m in modules) + "out"
+    await pool.start()
+    found = []
+    for code in (probe_names_code, probe_modules_code):
+        async with pool._pool.checkout(limits=_limits(SandboxLimits(64 * 1024 * 1024, 30.0, 0))) as session:
+            found.append(list(await session.feed_run(code)))
+    return found[0], found[1]

@@ -122,7 +122,29 @@ def emit(value: Any) -> None: ...
 async def yield_control() -> None: ...
 async def wait_for(name: str, timeout: float | None = None) -> Any: ...
 async def wait_for_signal(name: str) -> Any: ...
-'''
+''' + (
+    # Names the sandbox has at run time but the bundled checker's builtins
+    # lack (tests/test_check_names.py probes both, so a new release cannot
+    # drift): without these, `except PermissionError` — what a declined write
+    # raises — would be refused by the check.
+    "class ImportError(Exception): ...\n"
+    "class ModuleNotFoundError(ImportError): ...\n"
+    "class FileExistsError(OSError): ...\n"
+    "class FileNotFoundError(OSError): ...\n"
+    "class IsADirectoryError(OSError): ...\n"
+    "class NotADirectoryError(OSError): ...\n"
+    "class PermissionError(OSError): ...\n"
+    "class UnboundLocalError(NameError): ...\n"
+    "class UnicodeDecodeError(ValueError): ...\n"
+    "class UnicodeEncodeError(ValueError): ...\n"
+    "def filter(function: Any, iterable: Any, /) -> Any: ...\n"
+    "def format(value: Any, format_spec: str = '', /) -> str: ...\n"
+    "def getattr(o: Any, name: str, default: Any = ..., /) -> Any: ...\n"
+    "def hasattr(o: Any, name: str, /) -> bool: ...\n"
+    "def map(function: Any, *iterables: Any) -> Any: ...\n"
+    "def open(*args: Any, **kwargs: Any) -> Any: ...\n"
+    "def setattr(o: Any, name: str, value: Any, /) -> None: ...\n"
+)
 
 # Names the generated text spells; a tool of the same name would shadow them
 # in its module, so they are then imported under an alias.
@@ -173,9 +195,41 @@ def callable_name(name: str) -> bool:
     return name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")
 
 
-def _build(catalog: Catalog) -> Stubs:
+def stubs_for(catalog: Catalog, addresses: Iterable[str] = (), namespaces: Iterable[str] = (),
+              everything: bool = False) -> Stubs:
+    """Stubs for only what a program reaches (see tools.precheck): the check costs O(program), not O(catalog).
+
+    ``addresses`` are the tools it names, ``namespaces`` those it reaches
+    dynamically (all their tools); ``everything`` gives the whole catalog's.
+    Cached per catalog version and reach.
+    """
+    if everything:
+        return build_stubs(catalog)
+    key = ("stubs-for", frozenset(addresses), frozenset(namespaces))
+    cache = catalog.memo("stubs-for", dict)
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    wanted_ns = set(namespaces)
+    picked: dict[str, Tool] = {}
+    for address in key[1]:
+        if address in catalog:
+            tool = catalog.get(address)
+            picked[tool.address] = tool
+    if wanted_ns:
+        for tool in catalog.tools():
+            if tool.namespace in wanted_ns:
+                picked[tool.address] = tool
+    stubs = _build(catalog, sorted(picked.values(), key=lambda t: t.address))
+    if len(cache) > 512:
+        cache.clear()
+    cache[key] = stubs
+    return stubs
+
+
+def _build(catalog: Catalog, tools: Iterable[Tool] | None = None) -> Stubs:
     by_ns: dict[str, list[Tool]] = {}
-    for tool in catalog.tools():
+    for tool in catalog.tools() if tools is None else tools:
         if callable_name(tool.namespace) and callable_name(tool.name):
             by_ns.setdefault(tool.namespace, []).append(tool)
     modules: dict[str, str] = {}
