@@ -143,6 +143,20 @@ await asyncio.sleep(300)
         assert done.status == "completed" and done.result == "woke"
 
 
+async def test_a_sleep_past_max_sleep_seconds_fails_before_parking(store_url, clock):
+    async with runtime(store_url, clock) as rt:
+        r = await rt.execute("import time\ntime.sleep(10**9)")
+        assert r.status == "failed" and r.error["code"] == "sleep_too_long"
+        assert "max_sleep_seconds" in r.error["message"] and r.error["details"]["call"]["seq"] == 1
+        assert rt.list_waits(r.run_id) == []
+        # The program may catch it; a sleep within the bound still parks.
+        r = await rt.execute("import asyncio\ntry:\n    await asyncio.sleep(31 * 86400)\nexcept ValueError as e:\n"
+                             "    out = str(e)[:16]\nout")
+        assert r.result == "[sleep_too_long]"
+        r = await rt.execute("import asyncio\nawait asyncio.sleep(29 * 86400)")
+        assert r.status == "waiting"
+
+
 async def test_short_sleeps_are_waited_out_in_place(store_url, clock):
     async with runtime(store_url, clock) as rt:
         r = await rt.execute("import asyncio\nawait asyncio.sleep(0.05)\n'ok'")

@@ -186,6 +186,9 @@ class LimitsConfig(_Section):
     journal_value_bytes: PositiveInt = _LIMITS.journal_value_bytes
     # What one run may write to its journal in total (journal_limit past it).
     journal_bytes: PositiveInt = _LIMITS.journal_bytes
+    # A program's sleep parks the run as a durable timer; one longer than this
+    # fails with sleep_too_long before parking (30 days).
+    max_sleep_seconds: Seconds = _LIMITS.max_sleep_seconds
 
 
 # --- [policy] ----------------------------------------------------------------

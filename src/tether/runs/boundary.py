@@ -367,6 +367,12 @@ class EffectBoundary:
             if op == "sleep":
                 seconds = float(pos[0] if pos else kw.get("seconds", 0))
                 name, timeout = f"{SLEEP_PREFIX}{seq}", max(seconds, 0.0)
+                if timeout > self.limits.max_sleep_seconds and decision.entry is None:
+                    err = guest_error("sleep_too_long",
+                                      f"a sleep of {seconds:g} s is longer than limits.max_sleep_seconds "
+                                      f"({self.limits.max_sleep_seconds:g} s); the run was not parked", "ValueError")
+                    await self._record_rejected(seq, op, op, args, "wait", err, key=key)
+                    raise err
             else:
                 name = pos[0] if pos else kw.get("name")
                 timeout = pos[1] if len(pos) > 1 else kw.get("timeout")

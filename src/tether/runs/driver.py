@@ -547,6 +547,7 @@ _CALL_HINTS = {
     "call_denied": "Policy denies this tool; it was not called.",
     "budget_exceeded": "The run's write budget is spent; split the work into several runs.",
     "write_outcome_unknown": "Check whether the write happened before doing it again; tether will not re-send it.",
+    "sleep_too_long": "Sleep at most limits.max_sleep_seconds, or raise it in [limits].",
 }
 
 

@@ -31,6 +31,9 @@ class Limits:
     # 64 MiB of journal per run: ~60 calls at the per-value cap, or thousands
     # of ordinary ones; past it the run ends (journal_limit).
     journal_bytes: int = 64 * 1024 * 1024
+    # 30 days per durable sleep: longer is a bug (a sleep of 10**9 s parked a
+    # run for 31 years), not a schedule; it fails with sleep_too_long instead.
+    max_sleep_seconds: float = 30 * 86400.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
