@@ -104,9 +104,30 @@ async def open_runtime(
 
 
 def _load_python(spec: str) -> list[Any]:
+    """The tools of a ``--tools`` module or file; a module that cannot load is a named error, not a traceback."""
     from .sources.python import tools_from_module
 
-    return tools_from_module(spec)
+    try:
+        return tools_from_module(spec)
+    except TetherError:
+        raise
+    except SyntaxError as exc:
+        raise ConfigError(f"--tools {spec}: syntax error on line {exc.lineno}: {exc.msg}; nothing was run",
+                          code="tools_invalid", details={"tools": spec, "line": exc.lineno},
+                          next_action=f"Fix {exc.filename or spec} (python -m py_compile shows the error).") from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module's own code raised while importing
+        raise ConfigError(f"--tools {spec}: importing it raised {type(exc).__name__}: {_short(exc)}; nothing was run",
+                          code="tools_invalid", details={"tools": spec, "type": type(exc).__name__},
+                          next_action=f"Fix the error {spec} raises at import time (python -c 'import ...' "
+                                      "shows the traceback).") from None
+
+
+def _short(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001
+        return "(no message)"
+    return text if len(text) <= 500 else text[:500] + "…"
 
 
 async def _load_source(runtime: Runtime, source: Any, closers: list[Any]) -> SourceStatus:

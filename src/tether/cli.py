@@ -67,13 +67,19 @@ def _print_result(result: Any, as_json: bool) -> int:
 
 
 def _read_program(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
     try:
-        return Path(path).read_text(encoding="utf-8")
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read program {path}: {exc.strerror}", code="file_not_found",
                          next_action="Pass the path of a Python file, or - for standard input.") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        where = "standard input" if path == "-" else path
+        line = data[:exc.start].count(b"\n") + 1
+        raise UsageError(f"the program in {where} is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}); "
+                         "nothing was run", code="program_not_utf8",
+                         next_action="Save the program as UTF-8 (Python's own default) and run it again.") from None
 
 
 def _runtime(args: argparse.Namespace, tools: Sequence[str] = ()) -> Any:

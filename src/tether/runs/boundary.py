@@ -111,7 +111,9 @@ def _exc_type_for(exc: BaseException) -> str:
     """Keep a tool's built-in exception type (LookupError, ValueError...) for the program."""
     name = type(exc).__name__
     cls = getattr(builtins, name, None)
-    if isinstance(cls, type) and issubclass(cls, Exception) and name not in ("Exception",):
+    # Only types the sandbox can raise with a message (UnicodeDecodeError cannot be).
+    if isinstance(cls, type) and issubclass(cls, Exception) and name not in ("Exception",) \
+            and not issubclass(cls, UnicodeError):
         return name
     return "RuntimeError"
 
@@ -145,6 +147,8 @@ class AttemptState:
     checkpoint_at_time: float = 0.0
     failure: TetherError | None = None
     unknown_writes: list[dict[str, Any]] = field(default_factory=list)
+    # What had to change in tool results to make them JSON, by address (for the run's notes).
+    conversions: dict[str, list[str]] = field(default_factory=dict)
 
 
 class EffectBoundary:
@@ -643,6 +647,9 @@ class EffectBoundary:
             self._remember(err, seq, tool.address)
             raise err from None
         value, notes = to_json_value(value)
+        if notes:
+            seen = self.state.conversions.setdefault(tool.address, [])
+            seen.extend(n for n in notes if n not in seen)
         refused = self._journal_room(journal.value_size(value), tool.address, "result", sent=is_write)
         if refused is not None:
             # P-22: neither the store nor the sandbox gets the value. A write
@@ -668,6 +675,11 @@ class EffectBoundary:
         try:
             async with asyncio.timeout(self.limits.call_timeout_seconds):
                 return await tool.handler(args)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # A tool's sys.exit() or KeyboardInterrupt is the tool failing, not
+            # a request to end the host: the run (and the CLI) carry on and report it.
+            raise ToolAborted(f"the tool raised {type(exc).__name__}{_exit_detail(exc)}; tether does not exit "
+                              "for a tool") from None
         finally:
             call_context.leave(token)
             self.inflight_addresses[address] -= 1
@@ -880,11 +892,24 @@ def _err_json(err: GuestRaise) -> dict[str, Any]:
     return {"type": err.exc_type, "message": err.message}
 
 
+class ToolAborted(RuntimeError):
+    """A tool raised SystemExit or KeyboardInterrupt; reported as the tool's failure."""
+
+
+def _exit_detail(exc: BaseException) -> str:
+    code = getattr(exc, "code", None)
+    return f"({code!r})" if code is not None and isinstance(code, (int, str)) and len(str(code)) < 100 else ""
+
+
 def _tool_error(address: str, exc: BaseException) -> GuestRaise:
     if isinstance(exc, TetherError):
         message = exc.message
     else:
-        message = str(exc) or type(exc).__name__
+        try:
+            message = str(exc) or type(exc).__name__
+        except Exception:  # noqa: BLE001 - a hostile __str__ still names the failure
+            message = type(exc).__name__
+        message = to_json_value(message)[0] if isinstance(message, str) else type(exc).__name__
     if len(message) > 2000:
         message = message[:2000] + "…"
     return guest_error("tool_error", f"{address}: {message}", _exc_type_for(exc))

@@ -437,6 +437,8 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
             f"result truncated: {cut['kept_bytes']} of {cut['original_bytes']} bytes kept; the "
             f"{boundary.state.issued} calls this run made were made and are journaled (tether runs show {run.run_id})"
         )
+    for address, changes in boundary.state.conversions.items():
+        notes.append(f"results of {address} were converted to JSON: {'; '.join(changes[:5])}")
     if boundary.state.unknown_writes:
         notes.append("writes with unknown outcome (not re-sent): "
                      + ", ".join(f"{w['address']} (call {w['seq']})" for w in boundary.state.unknown_writes))
@@ -523,7 +525,7 @@ def _failed(rt, run, boundary, exc, logs, setup_ms, t_exec, t0, attempt_kind) ->
             sandbox_code, hint = _classify(rt, exc)
             error = {
                 "code": sandbox_code or "program_error",
-                "message": f"the program raised {text}{where}",
+                "message": f"the program raised {_cap(text)}{where}",
                 "next_action": hint or "Fix the program or handle the exception; calls already made are in the journal.",
                 "details": {"type": exc.exc_type, "traceback": exc.traceback},
             }
@@ -549,6 +551,16 @@ _CALL_HINTS = {
     "write_outcome_unknown": "Check whether the write happened before doing it again; tether will not re-send it.",
     "sleep_too_long": "Sleep at most limits.max_sleep_seconds, or raise it in [limits].",
 }
+
+
+# An error message is read by a model: past this it is data, not a reason.
+MAX_ERROR_MESSAGE_CHARS = 2000
+
+
+def _cap(text: str) -> str:
+    if len(text) <= MAX_ERROR_MESSAGE_CHARS:
+        return text
+    return f"{text[:MAX_ERROR_MESSAGE_CHARS]}… [{len(text) - MAX_ERROR_MESSAGE_CHARS} characters cut]"
 
 
 def _classify(rt: "Runtime", exc: ProgramFailed) -> tuple[str | None, str | None]:

@@ -15,16 +15,42 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_DEPTH = 64
+# Python refuses to print an int of more digits than this (sys.int_max_str_digits,
+# CVE-2020-10735), and so would json.dumps: such an int becomes a string.
+MAX_INT_DIGITS = 4300
+# Up to here the string is exact (a few ms); past it, conversion is quadratic
+# and nobody reads the digits: it becomes "~1.2345e+N" with a note.
+MAX_EXACT_INT_DIGITS = 20_000
+MAX_REPR_CHARS = 1000
+_LOG10_2 = math.log10(2)
 
 
 def to_json_value(value: Any) -> tuple[Any, list[str]]:
-    """Convert ``value`` to plain JSON types; return it with notes on what changed."""
+    """Convert ``value`` to plain JSON types; return it with notes on what changed.
+
+    Total: whatever ``value`` is — a huge int, a string that is not valid
+    Unicode, a cycle, an object whose ``repr`` raises — the result is JSON that
+    ``json.dumps(..., allow_nan=False)`` accepts and UTF-8 can encode, and
+    anything that had to change is noted.
+    """
     notes: list[str] = []
     seen: set[int] = set()
 
     def conv(v: Any, depth: int) -> Any:
-        if v is None or isinstance(v, (bool, int, str)):
+        try:
+            return convert(v, depth)
+        except Exception as exc:  # noqa: BLE001 - nothing a value does may stop the conversion
+            notes.append(f"a value of type {_type_name(v)} could not be converted ({type(exc).__name__}) "
+                         "and became a placeholder")
+            return f"<{_type_name(v)}>"
+
+    def convert(v: Any, depth: int) -> Any:
+        if v is None or isinstance(v, bool):
             return v
+        if isinstance(v, int):
+            return _int(v, notes)
+        if isinstance(v, str):
+            return _text(v, notes)
         if isinstance(v, float):
             if math.isfinite(v):
                 return v
@@ -47,8 +73,11 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
             out = {}
             for k, x in v.items():
                 if not isinstance(k, str):
-                    notes.append(f"dict key {k!r} became a string")
-                    k = str(k) if not isinstance(k, (tuple, frozenset)) else json.dumps(conv(k, depth + 1))
+                    notes.append(f"a dict key of type {_type_name(k)} became a string")
+                    key = conv(k, depth + 1)
+                    k = key if isinstance(key, str) else json.dumps(key, ensure_ascii=False)
+                else:
+                    k = _text(k, notes)
                 out[k] = conv(x, depth + 1)
             seen.discard(ident)
             return out
@@ -58,8 +87,8 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
             try:
                 return sorted(items)
             except TypeError:
-                return sorted(items, key=repr)
-        if isinstance(v, (bytes, bytearray)):
+                return sorted(items, key=lambda x: json.dumps(x, sort_keys=True))
+        if isinstance(v, (bytes, bytearray, memoryview)):
             try:
                 text = bytes(v).decode("utf-8")
                 notes.append("bytes became UTF-8 text")
@@ -68,18 +97,80 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
                 notes.append("bytes became base64 text")
                 return base64.b64encode(bytes(v)).decode("ascii")
         if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            return conv(dataclasses.asdict(v), depth + 1)
+            seen.add(ident)
+            out = {f.name: conv(getattr(v, f.name, None), depth + 1) for f in dataclasses.fields(v)}
+            seen.discard(ident)
+            return out
         attrs = getattr(v, "attributes", None)
         if isinstance(attrs, dict):  # Monty's proxy for an instance of a program-defined class
             notes.append(f"an instance of {getattr(v, 'name', 'a class')} became a dict")
             return conv(attrs, depth + 1)
-        notes.append(f"a {type(v).__name__} became its repr")
-        return repr(v)
+        notes.append(f"a value of type {_type_name(v)} became its repr")
+        return _text(safe_repr(v), notes)
 
     converted = conv(value, 0)
     # Keep notes short and unique: a set of 10,000 elements is one note.
     unique = list(dict.fromkeys(notes))
     return converted, unique
+
+
+def _type_name(v: Any) -> str:
+    try:
+        return type(v).__name__
+    except Exception:  # noqa: BLE001
+        return "value"
+
+
+def safe_repr(v: Any, limit: int = MAX_REPR_CHARS) -> str:
+    """``repr(v)`` cut to ``limit`` characters, or ``<type>`` when repr itself fails."""
+    try:
+        text = repr(v)
+    except Exception:  # noqa: BLE001 - a hostile __repr__, a huge int, a deep structure
+        return f"<{_type_name(v)}>"
+    if not isinstance(text, str):
+        return f"<{_type_name(v)}>"
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _int(v: int, notes: list[str]) -> Any:
+    v = int(v)  # an int subclass (an enum) is its value
+    bits = v.bit_length()
+    # Cheap bound first: bits * log10(2) is within one of the digit count.
+    if bits * _LOG10_2 < MAX_INT_DIGITS - 1:
+        return v
+    digits = int(bits * _LOG10_2) + 1
+    if digits <= MAX_EXACT_INT_DIGITS:
+        import decimal
+
+        with decimal.localcontext() as ctx:
+            ctx.prec = MAX_EXACT_INT_DIGITS + 10
+            text = format(decimal.Decimal(v), "f")
+        if len(text.lstrip("-")) <= MAX_INT_DIGITS:
+            return v
+        notes.append(f"an int of {len(text.lstrip('-'))} digits became a string (JSON numbers stop at "
+                     f"{MAX_INT_DIGITS} digits)")
+        return text
+    # Leading digits from the top 64 bits; the exponent from the bit length.
+    shift = max(bits - 64, 0)
+    top = abs(v) >> shift
+    exponent10 = math.log10(top) + shift * _LOG10_2
+    power = int(exponent10)
+    mantissa = 10 ** (exponent10 - power)
+    notes.append(f"an int of about {power + 1} digits became an approximate string")
+    return f"{'-' if v < 0 else ''}~{mantissa:.6f}e+{power}"
+
+
+def _text(s: str, notes: list[str]) -> str:
+    if s.isascii():
+        return s
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        # Lone surrogates (e.g. bytes decoded with surrogateescape): not
+        # Unicode, so neither JSON nor the store could carry them.
+        notes.append("a string that was not valid Unicode had its unpaired surrogates escaped")
+        return s.encode("utf-8", "backslashreplace").decode("utf-8")
+    return str(s)
 
 
 def preview(value: Any, max_bytes: int) -> tuple[Any, dict[str, Any] | None]:

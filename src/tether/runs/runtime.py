@@ -18,6 +18,7 @@ import asyncio
 import datetime as _dt
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 import socket
@@ -25,6 +26,7 @@ import time
 from typing import Any, Awaitable, Callable, Iterable
 
 from ..errors import (
+    TetherError,
     AlreadyDecided,
     CodeTooLarge,
     NotPaused,
@@ -57,6 +59,8 @@ from .boundary import Approver, Cancelled, EffectBoundary
 from .limits import Limits
 from .policy import Policy
 from .result import RunResult, to_json_value
+
+_log = logging.getLogger("tether.runs")
 
 DECISIONS = ("approve", "decline", "cancel")
 # Puts an upstream tool's question (an MCP elicitation) to the run's user:
@@ -101,6 +105,19 @@ def check_code_size(code: str, limit: int) -> None:
         if size > limit:
             raise CodeTooLarge(f"the program is {size} bytes, over the {limit}-byte limit; nothing was run",
                                details={"limit": limit, "bytes": size})
+
+
+# A session name is a label a model picks, stored and signed with its state:
+# long enough for a UUID plus a prefix, short enough not to carry data.
+MAX_SESSION_NAME_CHARS = 128
+
+
+def check_session_name(name: Any) -> None:
+    if not isinstance(name, str) or not name or len(name) > MAX_SESSION_NAME_CHARS or not name.isprintable():
+        shown = f"{len(name)} characters" if isinstance(name, str) else type(name).__name__
+        raise UsageError(f"a session name is 1 to {MAX_SESSION_NAME_CHARS} printable characters (got {shown}); "
+                         "nothing was run", code="invalid_arguments",
+                         next_action="Pick a short name such as 'notebook' or 'analysis-1'.")
 
 
 class Runtime:
@@ -281,6 +298,8 @@ class Runtime:
         """
         t0 = time.perf_counter()
         check_code_size(code, self.limits.code_bytes)
+        if session is not None:
+            check_session_name(session)
         run = self._new_run(code, principal=principal, meta=meta, check=self._check_for(check, type_check),
                             status=RUN_RUNNING)
         notes: list[str] = []
@@ -328,9 +347,15 @@ class Runtime:
                                              now + self.session_ttl_seconds))
 
     def reset_session(self, name: str, *, principal: str | None = None) -> bool:
-        """Forget a session's globals and revoke its waits."""
-        self.revoke_waits(session=name)
-        return self.store.delete_session(name, principal or self.principal)
+        """Forget a session's globals and revoke its waits (this principal's session only)."""
+        caller = principal or self.principal
+        # Sessions are per (name, principal): another principal's session of
+        # the same name, and its waits, are not this caller's to end.
+        for run_id in {w.run_id for w in self.store.list_waits(session=name)}:
+            run = self.store.get_run(run_id)
+            if run is not None and (run.principal or LOCAL_PRINCIPAL) == caller:
+                self.revoke_waits(run_id=run_id)
+        return self.store.delete_session(name, caller)
 
     @property
     def type_check(self) -> bool:
@@ -769,14 +794,52 @@ class Runtime:
                     span.set_attribute("tether.status", result.status)
                     if result.error:
                         span.set_attribute("tether.error", str(result.error.get("code")))
-            fut.set_result(result)
-            return result
+        except TetherError as exc:
+            # A named failure outside the program (a tampered snapshot, the
+            # store): the caller is told; the run is handled by its own rules.
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved
+            self._active.pop(run.run_id, None)
+            raise
+        except Exception as exc:  # a bug or a value tether could not handle: the run ends, the host goes on
+            result = self._fail_internal(run, exc)
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # mark retrieved
-            raise
-        finally:
             self._active.pop(run.run_id, None)
+            raise
+        fut.set_result(result)
+        self._active.pop(run.run_id, None)
+        return result
+
+    def _fail_internal(self, run: RunRecord, exc: BaseException) -> RunResult:
+        """End a run that tether itself failed: `failed` with `internal_error`, never left `running`.
+
+        The traceback goes to the log under a correlation id; the envelope
+        carries only the id, so nothing of the host leaks to the caller.
+        """
+        correlation = secrets.token_hex(8)
+        _log.error("internal error in run %s (correlation id %s)", run.run_id, correlation, exc_info=exc)
+        error = TetherError(
+            f"tether failed while running or finishing this run ({type(exc).__name__}); correlation id {correlation}",
+            code="internal_error",
+            next_action="Report this as a bug in tether with the correlation id (the server's log has the details); "
+                        "calls already made are in the journal (tether runs show).",
+            details={"correlation_id": correlation},
+        ).to_dict()
+        envelope = RunResult(status=RUN_FAILED, run_id=run.run_id, error=error)
+        try:
+            ended = self.store.update_run(run.run_id, [RUN_RUNNING], status=RUN_FAILED, result=envelope.to_dict(),
+                                          error=error, updated_at=self.clock(), owner=None, lease_until=None,
+                                          pending=None)
+            if not ended:  # it had already ended (or paused) before the failure: that record stands
+                current = self.store.get_run(run.run_id)
+                if current is not None and current.result:
+                    return RunResult.from_dict(current.result)
+        except Exception:  # noqa: BLE001 - the store failed too: the lease lapses and recovery takes it
+            _log.exception("could not record the internal error of run %s (correlation id %s)",
+                           run.run_id, correlation)
+        return envelope
 
     # -- finishing -----------------------------------------------------------------
 

@@ -57,7 +57,10 @@ class GuestRaise(Exception):
         # SystemExit it does not escape asyncio's task machinery.
         if not (isinstance(cls, type) and (issubclass(cls, Exception) or cls is BaseException)):
             cls = RuntimeError
-        return cls(self.message)
+        try:
+            return cls(self.message)
+        except TypeError:  # UnicodeDecodeError and kin take five arguments, not a message
+            return RuntimeError(f"{self.exc_type}: {self.message}")
 
 
 @dataclass(frozen=True)
@@ -498,9 +501,19 @@ def map_monty_error(exc: BaseException, limits: SandboxLimits) -> BaseException:
         exc_type = type(inner).__name__
         message = str(inner)
         frames = _frames(exc)
-        if exc_type == "MemoryError" and "memory limit exceeded" in message:
+        if exc_type == "MemoryError":
+            # Whatever the allocation that failed, it failed against the sandbox's heap limit.
             return LimitExceeded(
                 f"the program used more than {limits.memory_bytes} bytes of memory", code="memory_limit"
+            )
+        if exc_type == "RuntimeError" and "suspension limit" in message:
+            # emit() and imports suspend the VM too; Monty stops the program
+            # at its ceiling, uncatchable: the run made too many host calls.
+            return LimitExceeded(
+                f"the program suspended more than {_limits(limits)['max_suspensions']} times (host calls, emit() "
+                "and imports each count); the sandbox stopped it",
+                code="call_limit",
+                next_action="Batch the work: fewer, larger tool calls and emit()s per run.",
             )
         if exc_type == "TimeoutError" and "time limit exceeded" in message:
             return LimitExceeded(
@@ -537,7 +550,22 @@ def _frames(exc: Any) -> list[dict[str, Any]]:
             continue
         out.append({"line": frame.line, "column": frame.column, "function": frame.function_name,
                     "source": frame.source_line})
-    return out
+    return cap_frames(out)
+
+
+# A recursion error carries a frame per level (1,000 of them, 160 KB): the
+# first frames say where it started, the last where it broke.
+KEPT_FRAMES = 5
+
+
+def cap_frames(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first and last KEPT_FRAMES frames, with one frame in between counting the rest."""
+    if len(frames) <= 2 * KEPT_FRAMES + 1:
+        return frames
+    omitted = len(frames) - 2 * KEPT_FRAMES
+    marker = {"line": None, "column": None, "function": f"... {omitted} frames omitted ...", "source": None,
+              "omitted": omitted}
+    return frames[:KEPT_FRAMES] + [marker] + frames[-KEPT_FRAMES:]
 
 
 def is_monty_error(exc: BaseException) -> bool:

@@ -104,7 +104,7 @@ class ExecuteArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
     code: str
     diagnostics: bool = False
-    session: str | None = None
+    session: str | None = Field(default=None, min_length=1, max_length=128)
 
 
 class CellStartArguments(BaseModel):

@@ -37,7 +37,7 @@ from types import ModuleType
 from typing import Any, Callable, TypeVar, overload
 
 import pydantic
-from pydantic_core import ArgsKwargs, to_jsonable_python
+from pydantic_core import ArgsKwargs, PydanticSerializationError, to_jsonable_python
 
 from ..errors import InvalidArguments, UsageError
 from ..tools.context import CallContext, current_call
@@ -253,7 +253,12 @@ def _build(spec: ToolSpec, namespace: str) -> Tool:
         result = func(*bound_args, **bound_kwargs)
         if inspect.isawaitable(result):
             result = await result
-        return to_jsonable_python(result)
+        try:
+            return to_jsonable_python(result)
+        except (ValueError, PydanticSerializationError):
+            # Bytes that are not UTF-8, a type pydantic cannot serialize: the
+            # boundary's conversion takes any value and notes what it changed.
+            return result
 
     return Tool(
         namespace=namespace,

@@ -111,7 +111,14 @@ class SQLiteStore(SQLStore):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            key = path.read_bytes()
+            try:
+                key = path.read_bytes()
+            except OSError as exc:  # a directory, no permission: say so, no traceback
+                raise StoreError(
+                    f"cannot read the secret file {path}: {exc.strerror}",
+                    next_action=f"Make {path} a readable file of {_SECRET_BYTES} bytes (or remove it to make a new "
+                                "one; runs paused earlier could then no longer be resumed), or set TETHER_SECRET.",
+                ) from None
             if len(key) != _SECRET_BYTES:
                 raise StoreError(
                     f"the secret file {path} holds {len(key)} bytes, not {_SECRET_BYTES}",

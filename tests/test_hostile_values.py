@@ -1,0 +1,230 @@
+"""Nothing a program or a tool hands back crashes the host (issue 8, item 3).
+
+Every conversion of program or tool output — the result, a tool's return
+value, print() output, emit(), an exception's message — is total: each run
+below ends in a terminal state with an envelope that is strict JSON and
+valid UTF-8, recorded in the store the same way, and renders as MCP text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import decimal
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tether.runs.result import to_json_value
+from tether.runs.runtime import Runtime
+from tether.server.mcp import run_result
+from tether.tools.model import Annotations, Tool
+
+# The value the next tool call returns or raises with; the tools read it here.
+CURRENT: dict[str, object] = {}
+
+
+class BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("repr refused")
+
+    __str__ = __repr__
+
+
+class Boom(Exception):
+    """An exception whose message is whatever the test hands it (str() may itself fail)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _tools() -> list[Tool]:
+    async def give(args: dict) -> object:
+        return CURRENT["value"]
+
+    async def fail(args: dict) -> object:
+        raise Boom(CURRENT["value"])
+
+    async def give_bytes(args: dict) -> object:
+        return b"\x00\xff raw"
+
+    read = Annotations(read_only=True)
+    return [Tool(namespace="t", name=name, description=name, input_schema={"type": "object"}, handler=fn,
+                 annotations=read) for name, fn in (("give", give), ("fail", fail), ("give_bytes", give_bytes))]
+
+
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def rt(loop):
+    runtime = Runtime(tools=_tools(), type_check=False, max_workers=1)
+    loop.run_until_complete(runtime.__aenter__())
+    yield runtime
+    loop.run_until_complete(runtime.close())
+
+
+def check_envelope(rt: Runtime, result) -> None:
+    """The run ended, and what it reports can be sent anywhere."""
+    assert result.status in ("completed", "failed"), result
+    data = result.to_dict()
+    text = json.dumps(data, allow_nan=False, ensure_ascii=False)
+    text.encode("utf-8")  # no lone surrogates
+    if result.status == "failed":
+        assert result.error["code"] and result.error["message"] and result.error["next_action"]
+        assert result.error["code"] != "internal_error", result.error
+        assert len(json.dumps(result.error)) < 30_000
+    stored = rt.store.get_run(result.run_id)
+    assert stored.status == result.status and stored.owner is None
+    mcp = run_result(result, diagnostics=False)
+    mcp.content[0].text.encode("utf-8")
+
+
+def nested(depth: int) -> list:
+    v: list = []
+    for _ in range(depth):
+        v = [v]
+    return v
+
+
+def cyclic() -> list:
+    v: list = [1]
+    v.append(v)
+    return v
+
+
+LEAVES = st.one_of(
+    st.none(), st.booleans(), st.integers(),
+    st.sampled_from([5000, -5000, 30000, 4299]).map(lambda e: (7 if e == 4299 else 1) * 10**abs(e) * (-1 if e < 0 else 1)),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20), st.sampled_from(["\udcff", "a\ud800b", "\x00", "é\u2028"]),
+    st.binary(max_size=20), st.builds(object), st.builds(BadRepr),
+    st.just(decimal.Decimal("1.5")), st.datetimes(), st.just(datetime.timedelta(seconds=3)),
+    st.just(ValueError("an exception as a value")), st.just(math.pi),
+)
+HOST_VALUES = st.one_of(
+    st.recursive(
+        LEAVES,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4), st.tuples(inner, inner), st.frozensets(st.integers(), max_size=4),
+            st.dictionaries(st.one_of(st.text(max_size=5), st.integers(), st.just(5000).map(lambda e: 10**e), st.none(),
+                                      st.tuples(st.integers())), inner, max_size=4)),
+        max_leaves=15),
+    st.integers(60, 3000).map(nested),
+    st.builds(cyclic),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(value=HOST_VALUES, shape=st.sampled_from(["result", "print", "emit", "raise", "key"]))
+def test_any_value_a_tool_returns_or_raises_ends_the_run_with_an_envelope(rt, loop, value, shape):
+    CURRENT["value"] = value
+    code = {
+        "result": "import tools\nawait tools.t.give()",
+        "print": "import tools\nx = await tools.t.give()\nprint(x)\nprint(repr(x))\nlen(str(x))",
+        "emit": "import tools\nemit(await tools.t.give())\n'ok'",
+        "raise": "import tools\nawait tools.t.fail()",
+        "key": "import tools\nx = await tools.t.give()\n{str(type(x)): x, 'n': [x, x]}",
+    }[shape]
+    result = loop.run_until_complete(rt.execute(code))
+    check_envelope(rt, result)
+    if shape == "raise":
+        assert result.status == "failed" and result.error["code"] == "tool_error"
+
+
+EXPRESSIONS = st.recursive(
+    st.one_of(
+        st.sampled_from(["10**5000", "-10**5000", "10**20000", "2**100000", "float('nan')", "float('-inf')",
+                         "b'\\xff\\xfe'", "b'ok'", "None", "True", "'\\u2028'", "1.5", "{1, 2, 3}",
+                         "frozenset({'a'})", "(1, 2)", "range(3)", "print", "len"]),
+        st.integers().map(str), st.text(max_size=10).map(repr)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3).map(lambda xs: "[" + ", ".join(xs) + "]"),
+        st.tuples(inner, inner).map(lambda kv: "{" + f"str({kv[0]}): {kv[1]}" + "}"),
+        st.tuples(st.integers(1, 200), inner).map(lambda d: "[" * d[0] + d[1] + "]" * d[0]),
+    ),
+    max_leaves=10)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(expr=EXPRESSIONS, shape=st.sampled_from(["result", "print", "emit", "raise"]))
+def test_any_value_a_program_makes_ends_the_run_with_an_envelope(rt, loop, expr, shape):
+    code = {
+        "result": f"x = {expr}\nx",
+        "print": f"x = {expr}\nprint(x)\n1",
+        "emit": f"emit({expr})\n1",
+        "raise": f"raise ValueError({expr})",
+    }[shape]
+    result = loop.run_until_complete(rt.execute(code))
+    check_envelope(rt, result)
+
+
+# -- the cases the issue reproduced ---------------------------------------------------
+
+
+def test_a_huge_int_result_completes_as_a_string_with_a_note(rt, loop):
+    r = loop.run_until_complete(rt.execute("10**5000"))
+    check_envelope(rt, r)
+    assert r.status == "completed" and r.result == "1" + "0" * 5000
+    assert any("5001 digits" in n for n in r.notes)
+
+
+def test_a_tool_returning_a_huge_int_bytes_or_nan_is_converted_with_a_note(rt, loop):
+    for value, note in ((10**5000, "5001 digits"), (float("nan"), "non-finite"), (b"\xff", "base64")):
+        CURRENT["value"] = value
+        r = loop.run_until_complete(rt.execute("import tools\nawait tools.t.give()"))
+        check_envelope(rt, r)
+        assert r.status == "completed" and any(note in n and "t.give" in n for n in r.notes), r.notes
+
+
+def test_a_tool_returning_bytes_reaches_the_program_as_text(rt, loop):
+    r = loop.run_until_complete(rt.execute("import tools\nx = await tools.t.give_bytes()\n[type(x).__name__, x]"))
+    check_envelope(rt, r)
+    assert r.result[0] == "str" and any("base64" in n for n in r.notes)
+
+
+def test_a_recursion_error_keeps_the_first_and_last_frames(rt, loop):
+    r = loop.run_until_complete(rt.execute("def f(n):\n    return f(n + 1)\nf(0)"))
+    check_envelope(rt, r)
+    assert r.error["code"] == "recursion_limit"
+    frames = r.error["details"]["traceback"]
+    assert len(frames) == 11 and frames[5]["omitted"] > 900
+    assert frames[0]["function"] == "<module>" and frames[-1]["function"] == "f"
+    assert len(run_result(r, diagnostics=False).content[0].text) < 10_000
+
+
+def test_a_huge_exception_message_is_cut(rt, loop):
+    r = loop.run_until_complete(rt.execute("raise ValueError('x' * 1_000_000)"))
+    check_envelope(rt, r)
+    assert r.error["code"] == "program_error" and "characters cut" in r.error["message"]
+    assert len(r.error["message"]) < 3000
+
+
+def test_emit_past_the_suspension_limit_is_a_limit(rt, loop):
+    r = loop.run_until_complete(rt.execute("for i in range(5000):\n    emit(i)\n1"))
+    check_envelope(rt, r)
+    assert r.error["code"] == "call_limit" and "emit()" in r.error["message"]
+
+
+def test_a_memory_error_is_the_memory_limit(rt, loop):
+    for code in ("x = [0] * 10**9\n1", "x = 'ab' * 2**40\n1", "try:\n    x = [0] * 10**9\nexcept MemoryError:\n    1"):
+        r = loop.run_until_complete(rt.execute(code))
+        check_envelope(rt, r)
+        assert r.error["code"] == "memory_limit", r.error
+
+
+def test_to_json_value_is_strict_json_for_hostile_values():
+    for value in (10**5000, 10**100000, -(2**70000), "\udcff", {10**5000: 1}, BadRepr(), [BadRepr()],
+                  nested(10_000), cyclic(), {(1, 2): "tuple key"}, float("inf")):
+        out, notes = to_json_value(value)
+        json.dumps(out, allow_nan=False, ensure_ascii=False).encode("utf-8")
+        assert notes
