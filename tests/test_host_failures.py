@@ -30,7 +30,7 @@ class FailsToRecordCompletion(SQLiteStore):
         return super().update_run(run_id, expect_status, **fields)
 
 
-async def test_a_failure_inside_the_host_while_finishing_ends_the_run_failed(tmp_path, caplog):
+async def test_p26_a_failure_inside_the_host_while_finishing_ends_the_run_failed(tmp_path, caplog):
     store = FailsToRecordCompletion(f"sqlite:///{tmp_path}/t.db")
     caplog.set_level(logging.ERROR, logger="tether.runs")
     async with Runtime(store=store, type_check=False) as rt:
@@ -71,7 +71,7 @@ def raw() -> bytes:
 '''
 
 
-async def test_a_tool_that_exits_or_interrupts_fails_its_call_and_the_run_ends(tmp_path):
+async def test_p26_a_tool_that_exits_or_interrupts_fails_its_call_and_the_run_ends(tmp_path):
     async with Runtime(tools=tools_from_module(tools_file(tmp_path, EXITING)), type_check=False) as rt:
         for name, what in (("leave", "SystemExit(3)"), ("interrupt", "KeyboardInterrupt")):
             r = await rt.execute(f"import tools\nawait tools.h.{name}()")

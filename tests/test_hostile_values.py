@@ -1,4 +1,4 @@
-"""Nothing a program or a tool hands back crashes the host (issue 8, item 3).
+"""Nothing a program or a tool hands back crashes the host (P-26).
 
 Every conversion of program or tool output — the result, a tool's return
 value, print() output, emit(), an exception's message — is total: each run
@@ -125,7 +125,7 @@ HOST_VALUES = st.one_of(
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(value=HOST_VALUES, shape=st.sampled_from(["result", "print", "emit", "raise", "key"]))
-def test_any_value_a_tool_returns_or_raises_ends_the_run_with_an_envelope(rt, loop, value, shape):
+def test_p26_any_value_a_tool_returns_or_raises_ends_the_run_with_an_envelope(rt, loop, value, shape):
     CURRENT["value"] = value
     code = {
         "result": "import tools\nawait tools.t.give()",
@@ -157,7 +157,7 @@ EXPRESSIONS = st.recursive(
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(expr=EXPRESSIONS, shape=st.sampled_from(["result", "print", "emit", "raise"]))
-def test_any_value_a_program_makes_ends_the_run_with_an_envelope(rt, loop, expr, shape):
+def test_p26_any_value_a_program_makes_ends_the_run_with_an_envelope(rt, loop, expr, shape):
     code = {
         "result": f"x = {expr}\nx",
         "print": f"x = {expr}\nprint(x)\n1",
@@ -171,7 +171,7 @@ def test_any_value_a_program_makes_ends_the_run_with_an_envelope(rt, loop, expr,
 # -- the cases the issue reproduced ---------------------------------------------------
 
 
-def test_a_huge_int_result_completes_as_a_string_with_a_note(rt, loop):
+def test_p26_a_huge_int_result_completes_as_a_string_with_a_note(rt, loop):
     r = loop.run_until_complete(rt.execute("10**5000"))
     check_envelope(rt, r)
     assert r.status == "completed" and r.result == "1" + "0" * 5000
@@ -192,7 +192,7 @@ def test_a_tool_returning_bytes_reaches_the_program_as_text(rt, loop):
     assert r.result[0] == "str" and any("base64" in n for n in r.notes)
 
 
-def test_a_recursion_error_keeps_the_first_and_last_frames(rt, loop):
+def test_p26_a_recursion_error_keeps_the_first_and_last_frames(rt, loop):
     r = loop.run_until_complete(rt.execute("def f(n):\n    return f(n + 1)\nf(0)"))
     check_envelope(rt, r)
     assert r.error["code"] == "recursion_limit"
@@ -209,13 +209,13 @@ def test_a_huge_exception_message_is_cut(rt, loop):
     assert len(r.error["message"]) < 3000
 
 
-def test_emit_past_the_suspension_limit_is_a_limit(rt, loop):
+def test_p26_emit_past_the_suspension_limit_is_a_limit(rt, loop):
     r = loop.run_until_complete(rt.execute("for i in range(5000):\n    emit(i)\n1"))
     check_envelope(rt, r)
     assert r.error["code"] == "call_limit" and "emit()" in r.error["message"]
 
 
-def test_a_memory_error_is_the_memory_limit(rt, loop):
+def test_p26_a_memory_error_is_the_memory_limit(rt, loop):
     for code in ("x = [0] * 10**9\n1", "x = 'ab' * 2**40\n1", "try:\n    x = [0] * 10**9\nexcept MemoryError:\n    1"):
         r = loop.run_until_complete(rt.execute(code))
         check_envelope(rt, r)
