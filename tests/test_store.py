@@ -704,3 +704,32 @@ def test_a_broken_postgres_connection_is_replaced_on_the_next_call(backend):
     with pytest.raises(StoreError):
         store.get_run("r1")
     assert store.get_run("r1") == make_run()
+
+
+# -- notification outbox and the change feed ------------------------------------------
+
+
+def test_the_outbox_queues_once_claims_once_and_keeps_attempts(store):
+    assert store.add_outbox("https://a", "evt_1", '{"x":1}', 10.0)
+    assert not store.add_outbox("https://a", "evt_1", '{"x":1}', 11.0)  # the same event, queued again
+    assert store.add_outbox("https://b", "evt_1", '{"x":1}', 10.0)  # another target gets its own
+    assert store.claim_outbox(5.0, 60.0) == []  # not due yet
+    claimed = store.claim_outbox(10.0, 60.0)
+    assert [(c.target, c.event_id, c.attempts) for c in claimed] == [("https://a", "evt_1", 0), ("https://b", "evt_1", 0)]
+    assert store.claim_outbox(20.0, 60.0) == []  # held by the first claimer
+    store.settle_outbox(claimed[0].id, status="pending", attempts=1, next_at=30.0, last_error="HTTP 500")
+    store.settle_outbox(claimed[1].id, status="delivered", attempts=1, next_at=10.0, delivered_at=12.0)
+    [again] = store.claim_outbox(30.0, 60.0)
+    assert (again.target, again.attempts, again.last_error) == ("https://a", 1, "HTTP 500")
+    # A claim whose holder died lapses.
+    assert [c.id for c in store.claim_outbox(100.0, 60.0)] == [again.id]
+    assert [r.status for r in store.list_outbox()] == ["pending", "delivered"]
+    assert [r.target for r in store.list_outbox(status="delivered")] == ["https://b"]
+
+
+def test_runs_updated_since_lists_changes_oldest_first(store):
+    store.create_run(make_run("r1", updated_at=5.0))
+    store.create_run(make_run("r2", updated_at=7.0))
+    assert [r.run_id for r in store.runs_updated_since(6.0)] == ["r2"]
+    store.update_run("r1", None, updated_at=9.0)
+    assert [r.run_id for r in store.runs_updated_since(0.0)] == ["r2", "r1"]

@@ -94,7 +94,11 @@ async def open_runtime(
             if strict_sources and not status.ok:
                 raise ConfigError(f"source {status.name} failed to load: {status.error}")
         await runtime.pool.start()
-        yield runtime
+        from .server.notify import notifications
+
+        # [[notify]] webhooks: queued as runs pause and end, delivered in the background.
+        async with notifications(runtime, config):
+            yield runtime
     finally:
         for close in reversed(closers):
             with contextlib.suppress(Exception):

@@ -311,6 +311,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
                             owner=None, lease_until=None, updated_at=now, decision=None,
                             result=envelope.to_dict())
         rt.event(run.run_id, "paused" if status == RUN_PAUSED else "waiting", {"pending": public})
+        rt.announce(run.run_id, status, {"pending": public, "expires_at": expires})
         boundary.paused_envelope = envelope
 
     async def checkpoint_sink(boundary: EffectBoundary, entry: CallRecord) -> None:

@@ -198,6 +198,9 @@ class Runtime:
         self.session_ttl_seconds = 3600.0
         self.config: Any = None  # set by tether.app.open_runtime
         self.source_status: list[Any] = []
+        # Told when a run pauses, parks, or ends: (run_id, kind, data). Used
+        # by notifications; a listener must be quick and never raises into a run.
+        self.listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         if tools:
             self.add_tools(*tools)
 
@@ -851,6 +854,7 @@ class Runtime:
         now = self.clock()
         self.store.update_run(run.run_id, None, status=status, result=envelope.to_dict(), error=error,
                               updated_at=now, owner=None, lease_until=None, pending=None)
+        self.announce(run.run_id, status, {"error": error} if error else {})
         # The event a cell observer waits for (P-20); a plain execute has no
         # observer and saves the write.
         if (run.meta or {}).get("cell") or run.run_id in self._event_signals:
@@ -858,6 +862,14 @@ class Runtime:
             data = {"result": result, "notes": notes or []} if status == "completed" else {"error": error}
             self.event(run.run_id, kind, data)
         return envelope
+
+    def announce(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
+        """Tell the listeners a run paused, parked or ended; nothing a listener does reaches the run."""
+        for listener in list(self.listeners):
+            try:
+                listener(run_id, kind, data)
+            except Exception:  # a notification that cannot be queued must not change the run
+                pass
 
     def event(self, run_id: str, type: str, data: dict[str, Any]) -> int:
         event_id = self.store.add_event(run_id, type, to_json_value(data)[0], self.clock())
