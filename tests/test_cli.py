@@ -164,3 +164,56 @@ def test_in_a_terminal_run_asks_y_n_at_a_pause(tmp_path, env):
         os.close(main)
     assert b"done" in seen
     assert Path(env["NOTES_FILE"]).read_text().count("typed yes") == 1
+
+
+def _notes(env) -> list[str]:
+    path = Path(env["NOTES_FILE"])
+    return [json.loads(line)["text"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_p23_repeating_the_printed_resume_line_does_not_decide_the_next_write(tmp_path, env):
+    prog = tmp_path / "two.py"
+    prog.write_text("import tools\nawait tools.notes.add_note(text='a')\nawait tools.notes.add_note(text='b')\n'done'\n")
+    first = tether(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py")], env, tmp_path)
+    assert first.returncode == 3, first.stderr
+    line = next(x for x in first.stdout.splitlines() if x.strip().startswith("approve:"))
+    command = line.split("approve:", 1)[1].split()
+    assert command[:2] == ["tether", "resume"] and "--seq" in command  # the pause names its write
+    r = tether(command[1:], env, tmp_path)
+    assert r.returncode == 3 and "call 2: notes.add_note(text='b')" in r.stdout
+    again = tether(command[1:], env, tmp_path)  # the retry, the double click
+    assert again.returncode == 3 and "call 2: notes.add_note(text='b')" in again.stdout
+    assert _notes(env) == ["a"]
+    # Without --seq, outside a terminal, it would be a guess: refused with what waits.
+    blind = tether(command[1:4], env, tmp_path)
+    assert blind.returncode == 2 and "seq_required" in blind.stderr and "call 2 notes.add_note" in blind.stderr
+    assert _notes(env) == ["a"]
+
+
+def test_p22_a_gathered_batch_is_listed_and_decided_per_write_from_the_cli(tmp_path, env):
+    prog = tmp_path / "batch.py"
+    prog.write_text(
+        "import asyncio\nimport tools\n"
+        "async def add(t):\n"
+        "    try:\n"
+        "        await tools.notes.add_note(text=t)\n"
+        "        return 'sent ' + t\n"
+        "    except Exception as e:\n"
+        "        return str(e)\n"
+        "await asyncio.gather(add('x'), add('y'), add('z'))\n")
+    first = tether(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py")], env, tmp_path)
+    assert first.returncode == 3, first.stderr
+    assert "3 writes issued together" in first.stdout
+    for text, seq in (("x", 1), ("y", 2), ("z", 3)):
+        assert f"call {seq}: notes.add_note(text='{text}')" in first.stdout
+    run_id = first.stdout.split()[2]
+    r = tether(["resume", run_id, "--approve", "--seq", "2"], env, tmp_path)
+    assert r.returncode == 3 and "[approved]" in r.stdout and _notes(env) == []
+    r = tether(["resume", run_id, "--decline", "--seq", "1", "--seq", "3", "--reason", "one is enough", "--json"],
+               env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)["result"]
+    assert out[1] == "sent y" and out[0].startswith("[write_declined]") and "one is enough" in out[2]
+    assert _notes(env) == ["y"]
+    shown = tether(["runs", "show", run_id], env, tmp_path)
+    assert "decided: call 2 approve by" in shown.stdout and "via cli" in shown.stdout

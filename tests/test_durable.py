@@ -135,7 +135,9 @@ async def test_p10_another_principal_sees_no_run(store_url):
         assert r.status == "completed"
 
 
-async def test_p4_gathered_writes_pause_in_seq_order(store_url):
+async def test_p4_p22_gathered_writes_pause_once_as_a_batch(store_url):
+    # Before batches, these two writes paused one after the other; now one
+    # pause lists both and each is decided by its seq (P-22).
     rec = Recorder()
     code = """
 import asyncio
@@ -148,10 +150,8 @@ x, y, t = await asyncio.gather(tools.helpdesk.add_comment(id=1, body="first"),
     async with make_runtime(store_url, rec) as rt:
         r = await rt.execute(code)
         assert r.status == "paused" and r.pending["seq"] == 1
-        r = await rt.resume(r.run_id, "approve")
-        assert r.status == "paused" and r.pending["seq"] == 2
-        assert rec.deliveries == [("add_comment", {"id": 1, "body": "first"})]
-        r = await rt.resume(r.run_id, "approve")
+        assert [w["seq"] for w in r.pending["writes"]] == [1, 2]
+        r = await rt.decide(r.run_id, {1: "approve", 2: "approve"})
         assert r.status == "completed", r.error
         assert r.result == [1, 2, 9]
         assert [d[1]["body"] for d in rec.deliveries] == ["first", "second"]

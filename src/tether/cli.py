@@ -42,12 +42,7 @@ def _print_result(result: Any, as_json: bool) -> int:
         value = data["result"]
         print(value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False))
     elif status == "paused":
-        p = data["pending"]
-        args = ", ".join(f"{k}={v!r}" for k, v in p["args"].items())
-        print(f"paused: run {data['run_id']} waits for approval of call {p['seq']}: {p['address']}({args})")
-        print(f"  approve: tether resume {data['run_id']} --approve")
-        print(f"  decline: tether resume {data['run_id']} --decline --reason '...'")
-        print(f"  cancel:  tether resume {data['run_id']} --cancel")
+        _print_pause(data["run_id"], data["pending"])
     elif status == "waiting":
         p = data["pending"]
         print(f"waiting: run {data['run_id']} is parked ({p['kind']} {p['name']}); it holds no worker")
@@ -64,6 +59,30 @@ def _print_result(result: Any, as_json: bool) -> int:
     for note in data.get("notes") or []:
         print(f"note: {note}", file=sys.stderr)
     return _exit_code(status)
+
+
+def _call_text(w: dict) -> str:
+    args = ", ".join(f"{k}={v!r}" for k, v in (w.get("args") or {}).items())
+    return f"call {w['seq']}: {w['address']}({args})"
+
+
+def _print_pause(run_id: str, pending: dict) -> None:
+    """The writes a pause waits on, each with the commands that decide it by its seq (P-23)."""
+    writes = pending.get("writes") or [pending]
+    undecided = [w for w in writes if not w.get("decision")]
+    if len(writes) == 1:
+        print(f"paused: run {run_id} waits for approval of {_call_text(writes[0])}")
+    else:
+        print(f"paused: run {run_id} waits for approval of {len(writes)} writes issued together:")
+        for w in writes:
+            taken = w.get("decision")
+            print(f"  {_call_text(w)}" + (f"  [{taken['decision']}d]" if taken else ""))
+    seqs = " ".join(f"--seq {w['seq']}" for w in undecided)
+    print(f"  approve: tether resume {run_id} --approve {seqs}")
+    print(f"  decline: tether resume {run_id} --decline {seqs} --reason '...'")
+    if len(undecided) > 1:
+        print("  (name some seqs to decide those; the run continues once every write is decided)")
+    print(f"  cancel:  tether resume {run_id} --cancel")
 
 
 def _read_program(path: str) -> str:
@@ -142,9 +161,42 @@ async def cmd_resume(args: argparse.Namespace) -> int:
     decision = "approve" if args.approve else "decline" if args.decline else "cancel"
     tools, config = _recorded_setup(args)
     args.config = config
+    actor = _local_user()
     async with _runtime(args, tools) as rt:
-        result = await rt.resume(args.run_id, decision, args.reason, seq=args.seq)
+        seqs = list(args.seq or [])
+        if args.all:
+            seqs += [w.seq for w in rt.pending(args.run_id) if w.decision is None]
+        elif not seqs and decision != "cancel" and sys.stdin.isatty() and sys.stdout.isatty() and not args.json:
+            # No seq: the person at the terminal is shown each write and says which (P-23).
+            waiting = rt.pending(args.run_id)
+            seqs = await _confirm_each(waiting, decision)
+            if waiting and not seqs:
+                print("nothing decided")
+                return EXIT_PAUSED
+        if seqs:
+            result = await rt.decide(args.run_id, {s: (decision, args.reason) for s in seqs}, actor=actor, via="cli")
+        else:
+            result = await rt.resume(args.run_id, decision, args.reason, actor=actor, via="cli")
         return _print_result(result, args.json)
+
+
+async def _confirm_each(pending: list, decision: str) -> list[int]:
+    chosen = []
+    for w in pending:
+        if w.decision is None:
+            answer = await asyncio.to_thread(input, f"{decision} {_call_text(w.to_dict())}? [y/N] ")
+            if answer.strip().lower() in ("y", "yes"):
+                chosen.append(w.seq)
+    return chosen
+
+
+def _local_user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in this environment: the run's owner stands for it
+        return "local"
 
 
 def _recorded_setup(args: argparse.Namespace) -> tuple[list[str], str | None]:
@@ -213,7 +265,12 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
     for c in data["calls"]:
         ms = f"{c['ms']:.1f} ms" if c.get("ms") is not None else "-"
         print(f"  #{c['seq']:<3} {c['kind']:<5} {c['address']:<32} {c['state']:<9} {ms}")
-    if data.get("pending"):
+    for d in data.get("decisions") or []:
+        why = f" ({d['reason']})" if d.get("reason") else ""
+        print(f"decided: call {d['seq']} {d['decision']}{why} by {d.get('actor')} via {d.get('via')}")
+    if data.get("pending") and data["status"] == "paused":
+        _print_pause(data["run_id"], data["pending"])
+    elif data.get("pending"):
         print(f"pending: call {data['pending']['seq']} {data['pending'].get('address') or data['pending'].get('name')}")
     for link in data["approval_links"]:
         if link["url"]:
@@ -578,7 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--decline", action="store_true")
     g.add_argument("--cancel", action="store_true")
     sp.add_argument("--reason", help="told to the program when declining")
-    sp.add_argument("--seq", type=int, help="the pending call this decision is for (exactly-once decisions)")
+    sp.add_argument("--seq", type=int, action="append",
+                    help="a paused write this decision is for (repeatable); see the pause or `runs show`")
+    sp.add_argument("--all", action="store_true", help="decide every write the pause waits on")
     common(sp)
     sp.set_defaults(func=cmd_resume)
 

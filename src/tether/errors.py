@@ -13,7 +13,9 @@
     │   ├── RunNotFound              run_not_found
     │   ├── AlreadyDecided           already_decided
     │   ├── RunExpired               run_expired
-    │   └── NotPaused                not_paused
+    │   ├── NotPaused                not_paused
+    │   ├── SeqRequired              seq_required
+    │   └── WriteNotPending          write_not_pending
     ├── LimitExceeded                a limit stopped the program
     │   ├── (codes) memory_limit, time_limit, call_limit, journal_limit, budget_exceeded,
     │   │           call_timeout, output_limit, log_limit, overloaded
@@ -127,6 +129,20 @@ class RunExpired(UsageError):
 class NotPaused(UsageError):
     code = "not_paused"
     next_action = "Only a paused run can be resumed; read its status with `tether runs show`."
+
+
+class SeqRequired(UsageError):
+    """A decision that does not name its write, on a run that asked about more than one (P-23)."""
+
+    code = "seq_required"
+    next_action = "Name the write the decision is for: --seq N (CLI), seq=N (Python, MCP resume)."
+
+
+class WriteNotPending(UsageError):
+    """A decision naming a write the run does not wait on; details.pending lists those it does (P-23)."""
+
+    code = "write_not_pending"
+    next_action = "Decide a write the run waits on now: list them with `tether runs show RUN` (or rt.pending)."
 
 
 # --- a limit stopped it ------------------------------------------------------

@@ -59,8 +59,10 @@ if TYPE_CHECKING:
 
 BUILTIN_OPS = ("search", "describe", "sources")
 WAIT_OPS = ("wait_for", "wait_for_signal", "sleep")
-# A write in one of these states has spent the run's write budget.
-SPENT_STATES = ("approved", "sending", "sent", "unknown", "failed")
+# A write in one of these states has spent the run's write budget. An
+# approved write spends it when it is sent (`_send` counts it), so counting
+# `approved` here too would charge a resumed write twice.
+SPENT_STATES = ("sending", "sent", "unknown", "failed")
 
 
 class Paused(Stopped):
@@ -149,6 +151,9 @@ class AttemptState:
     unknown_writes: list[dict[str, Any]] = field(default_factory=list)
     # What had to change in tool results to make them JSON, by address (for the run's notes).
     conversions: dict[str, list[str]] = field(default_factory=dict)
+    # While a write pause forms: the other writes that ask, issued with it (P-22).
+    batch: list[dict[str, Any]] | None = None
+    last_arrival: float = 0.0  # time.monotonic() of the latest call the program issued
 
 
 class EffectBoundary:
@@ -199,6 +204,9 @@ class EffectBoundary:
         self.session: str | None = None
         # Sleeps up to this long are waited out in the worker instead of parking.
         self.inline_sleep_seconds: float = 1.0
+        # A write pause is stored once the program has issued no call for this
+        # long, so writes issued together (asyncio.gather) pause as one batch (P-22).
+        self.batch_window_seconds: float = 0.05
         self.paused_envelope: Any = None
         # Bytes of arguments and outcomes this run has journaled (P-22);
         # the driver sets what earlier attempts wrote.
@@ -290,7 +298,10 @@ class EffectBoundary:
 
     async def call(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
         st = self.state
+        st.last_arrival = time.monotonic()
         if st.pausing or (self.execution is not None and self.execution.stopping):
+            if st.batch is not None and op == "tool" and not (self.execution is not None and self.execution.stopping):
+                return await self._join_batch(seq, address, args)
             return await self._hold(seq, op, address, args)
         if seq > self.limits.host_calls:
             self._fail(
@@ -453,17 +464,32 @@ class EffectBoundary:
         """Pause or park at this call (P-4, P-18): the first call to stop wins; later ones are held."""
         if self.state.pausing:
             return await self._hold(pending["seq"], pending["op"], pending["address"], pending["args"])
-        self.state.pausing = True
+        st = self.state
+        st.pausing = True
+        is_write_pause = isinstance(stop, Paused)
+        if is_write_pause:
+            st.batch = []
         # Calls in flight finish and are journaled before the snapshot is stored.
-        self.state.inflight -= 1  # this call waits, it is not dispatching
+        st.inflight -= 1  # this call waits, it is not dispatching
         try:
-            while self.state.inflight > 0:
-                self._idle.clear()
-                await self._idle.wait()
-            for _ in range(3):
-                await asyncio.sleep(0)
+            while True:
+                while st.inflight > 0:
+                    self._idle.clear()
+                    await self._idle.wait()
+                for _ in range(3):
+                    await asyncio.sleep(0)
+                # Gathered calls reach the host one sandbox round trip apart:
+                # a write pause waits until the program has gone quiet.
+                quiet = time.monotonic() - st.last_arrival
+                if not is_write_pause or (quiet >= self.batch_window_seconds and st.inflight == 0):
+                    break
+                await asyncio.sleep(self.batch_window_seconds - quiet)
         finally:
-            self.state.inflight += 1
+            st.inflight += 1
+        if is_write_pause:
+            batch, st.batch = st.batch or [], None
+            writes = sorted([{k: v for k, v in pending.items() if k != "writes"}] + batch, key=lambda w: w["seq"])
+            pending["writes"] = writes
         await self._pause_sink(self, pending)
         # The state is saved: end the execution and unwind the program; what it
         # does while unwinding is never sent nor recorded.
@@ -558,14 +584,7 @@ class EffectBoundary:
         return await self._ask(seq, tool, args, valid, t)
 
     async def _ask(self, seq, tool, args, valid, t, entry: CallRecord | None = None) -> Any:
-        pending = {
-            "seq": seq,
-            "op": "tool",
-            "address": tool.address,
-            "args": args,
-            "annotations": tool.annotations.to_dict(),
-            "description": tool.description,
-        }
+        pending = _pending_write(seq, tool, args)
         if self.on_approval is not None:
             verdict, reason = await self.on_approval(pending)
             if verdict == "approve":
@@ -579,9 +598,44 @@ class EffectBoundary:
             await self._cas(seq, [CALL_ASKED], state=CALL_DECLINED, error=_err_json(err), finished_at=self.clock())
             self._remember(err, seq, tool.address)
             raise err
-        # Pause: only the first write to ask pauses; later ones are held and
-        # asked again, in seq order, when the run continues (P-4).
+        # Pause: the first write to ask pauses the run; writes issued with it
+        # that ask too join its batch (P-22); other calls are held (P-4).
         return await self._stop_at(pending, Paused(pending))
+
+    async def _join_batch(self, seq: int, address: str, args: dict[str, Any]) -> Any:
+        """A call issued while a write pause forms: a write that would ask joins the pause (P-22).
+
+        Everything else — reads, writes that policy allows or denies, a write
+        past the budget counting the batch, invalid calls — is held and issued
+        again when the run continues, exactly as before batches existed.
+        """
+        st = self.state
+        batch = st.batch
+        joined = False
+        try:
+            tool = self.catalog.get(address)
+        except UnknownTool:
+            tool = None
+        if tool is not None and tool.is_write and seq <= self.limits.host_calls and batch is not None:
+            try:
+                self.catalog.validate_args(address, args)
+                key = journal.call_key("tool", address, args)
+            except (InvalidArguments, TypeError, ValueError):
+                key = None
+            if key is not None:
+                decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
+                if decision.action == journal.ASK:
+                    joined = True  # asked before this attempt and still undecided
+                elif decision.action == journal.LIVE and decision.entry is None:
+                    # The first write of the pause and the batch are not spent yet
+                    # but may all be approved: count them against the budget.
+                    prospective = st.writes_spent + 1 + len(batch)
+                    if policy_mod.decide_call(self.policy, address, True, prospective) == policy_mod.ASK:
+                        await self._record_intent(seq, "tool", address, args, key, "write", CALL_ASKED, None)
+                        joined = True
+        if joined and st.batch is batch:
+            batch.append(_pending_write(seq, tool, args))
+        return await self._hold(seq, "tool", address, args)
 
     async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
         # P-7: `sending` is committed before the request leaves.
@@ -886,6 +940,18 @@ _UNWIND = GuestRaise("BaseException", "the run stopped here")
 
 class SnapshotMismatch(Exception):
     """A restored snapshot does not match its record: fall back to replay."""
+
+
+def _pending_write(seq: int, tool: "Tool", args: dict[str, Any]) -> dict[str, Any]:
+    """A write that asks, as a pause lists it."""
+    return {
+        "seq": seq,
+        "op": "tool",
+        "address": tool.address,
+        "args": args,
+        "annotations": tool.annotations.to_dict(),
+        "description": tool.description,
+    }
 
 
 def _err_json(err: GuestRaise) -> dict[str, Any]:

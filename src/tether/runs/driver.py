@@ -300,11 +300,17 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
             envelope = waiting_envelope(run.run_id, public, logs, boundary, t0)
             status, expires = RUN_WAITING, pending["deadline"]
         else:
-            public = {k: pending[k] for k in ("seq", "address", "args", "annotations")}
             expires = now + rt.approval_ttl_seconds
-            # A paused write is also a durable wait (P-18): its key resolves it
-            # like resume() does, from anywhere that holds the key.
-            public["key"] = rt.approval_wait(run, pending["seq"], expires)
+            writes = []
+            for w in pending.get("writes") or [pending]:
+                one = {k: w[k] for k in ("seq", "address", "args", "annotations")}
+                # A paused write is also a durable wait (P-18): its key resolves it
+                # like resume() does, from anywhere that holds the key.
+                one["key"] = rt.approval_wait(run, w["seq"], expires)
+                writes.append(one)
+            # The first write at the top level, as before batches; every write
+            # of the pause, that one included, under "writes" (P-22).
+            public = {**next(w for w in writes if w["seq"] == pending["seq"]), "writes": writes}
             envelope = paused_envelope(run.run_id, public, expires, logs, boundary, t0)
             status = RUN_PAUSED
         rt.store.update_run(run.run_id, [RUN_RUNNING], status=status, pending=public, expires_at=expires,
@@ -350,6 +356,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
     boundary.session = run.session
     boundary.inline_sleep_seconds = rt.inline_sleep_seconds
     boundary.journaled_bytes = rt.store.journal_bytes(run.run_id) if mode != "fresh" else 0
+    boundary.batch_window_seconds = rt.batch_window_seconds
     rt._boundaries[run.run_id] = boundary
     heartbeat = asyncio.ensure_future(_heartbeat(rt, run.run_id, boundary))
     setup_ms = (time.perf_counter() - t_setup) * 1000
@@ -470,7 +477,6 @@ def pending_call(pending: dict[str, Any]) -> dict[str, Any]:
 
 def paused_envelope(run_id: str, pending: dict, expires: float, logs: LogBuffer, boundary: EffectBoundary,
                     t0: float) -> RunResult:
-    args = ", ".join(f"{k}={v!r}" for k, v in pending["args"].items())
     return RunResult(
         status="paused",
         run_id=run_id,
@@ -478,13 +484,29 @@ def paused_envelope(run_id: str, pending: dict, expires: float, logs: LogBuffer,
         calls=boundary.state.issued,
         pending=pending,
         expires_at=expires,
-        instructions=(
-            f"The program paused before the write {pending['address']}({args}); nothing has been sent. "
-            f"Ask the user to approve or decline it, then resume run {run_id} with decision "
-            "'approve', 'decline' (the program gets a PermissionError) or 'cancel' (the run stops); "
-            "whoever holds pending.key may instead resolve it with {\"decision\": ...}."
-        ),
+        instructions=pause_instructions(run_id, pending),
         diagnostics={"calls": boundary.state.issued, "total_ms": round((time.perf_counter() - t0) * 1000, 3)},
+    )
+
+
+def pause_instructions(run_id: str, pending: dict) -> str:
+    """What to do with a paused run, naming each write by its seq (P-22, P-23)."""
+    writes = pending.get("writes") or [pending]
+
+    def show(w: dict) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in (w.get("args") or {}).items())
+        return f"call {w['seq']} {w['address']}({args})"
+
+    if len(writes) == 1:
+        head = f"The program paused before the write {show(writes[0])}; nothing has been sent. "
+    else:
+        head = (f"The program paused before {len(writes)} writes issued together: "
+                + "; ".join(show(w) for w in writes) + ". Nothing has been sent. ")
+    return head + (
+        f"Ask the user to approve or decline each, then resume run {run_id} naming the write by its seq, with "
+        "decision 'approve', 'decline' (the program gets a PermissionError) or 'cancel' (the run stops); "
+        "the run continues once every write of the pause is decided. "
+        "Whoever holds a write's key may instead resolve it with {\"decision\": ...}."
     )
 
 

@@ -23,6 +23,13 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
             "error": c.error,
         })
     snap = store.latest_snapshot(run_id)
+    # Who decided each paused write, and from where (P-24).
+    decisions = [{k: e.data.get(k) for k in ("seq", "address", "decision", "reason", "actor", "via", "at")}
+                 for e in store.get_events(run_id, limit=100_000) if e.type == "decided"]
+    pending = run.pending
+    if pending and pending.get("writes"):
+        by_seq = {d["seq"]: d for d in decisions}
+        pending = {**pending, "writes": [{**w, "decision": by_seq.get(w["seq"])} for w in pending["writes"]]}
     return {
         "run_id": run.run_id,
         "status": run.status,
@@ -32,9 +39,10 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
         "limits": run.limits,
         "created_at": run.created_at,
         "updated_at": run.updated_at,
-        "pending": run.pending,
+        "pending": pending,
         "expires_at": run.expires_at,
         "decision": run.decision,
+        "decisions": decisions,
         "calls": calls,
         "snapshot": None if snap is None else {"seq": snap.seq, "kind": snap.kind, "bytes": len(snap.data),
                                                "monty_version": snap.monty_version},

@@ -29,7 +29,6 @@ from ..errors import (
     TetherError,
     AlreadyDecided,
     CodeTooLarge,
-    NotPaused,
     RunExpired,
     RunNotFound,
     SnapshotTampered,
@@ -40,9 +39,6 @@ from ..sandbox.monty import (
     SandboxPool,
 )
 from ..store.base import (
-    CALL_ASKED,
-    CALL_APPROVED,
-    CALL_DECLINED,
     LOCAL_PRINCIPAL,
     RUN_CANCELLED,
     RUN_FAILED,
@@ -56,13 +52,13 @@ from ..store.base import (
     Store,
 )
 from .boundary import Approver, Cancelled, EffectBoundary
+from .decisions import DECISIONS
 from .limits import Limits
 from .policy import Policy
 from .result import RunResult, to_json_value
 
 _log = logging.getLogger("tether.runs")
 
-DECISIONS = ("approve", "decline", "cancel")
 # Puts an upstream tool's question (an MCP elicitation) to the run's user:
 # {"run_id","address","message","mode","schema","url"} -> {"action", "content"}.
 Asker = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -194,6 +190,8 @@ class Runtime:
         self._policy_dict = self.policy.to_dict()
         self._limits_dict = self.limits.to_dict()
         self.inline_sleep_seconds = 1.0
+        # How long a forming write pause waits for more writes issued with it (P-22).
+        self.batch_window_seconds = 0.05
         # An idle REPL session is forgotten after this long.
         self.session_ttl_seconds = 3600.0
         self.config: Any = None  # set by tether.app.open_runtime
@@ -398,71 +396,57 @@ class Runtime:
         *,
         seq: int | None = None,
         principal: str | None = None,
+        actor: str | None = None,
+        via: str = "python",
         on_approval: Approver | None = None,
         on_progress: Callable[[int, str], None] | None = None,
         on_question: Asker | None = None,
     ) -> RunResult:
-        """Decide the paused call of ``run_id`` and continue the run (P-10)."""
+        """Decide the paused write ``seq`` of ``run_id``; the run continues once its pause is decided (P-10).
+
+        Without ``seq`` the decision is taken only when the run has asked about
+        exactly one write in its life; otherwise it is refused (``seq_required``)
+        with the pending writes, so it cannot land on a write nobody saw (P-23).
+        """
+        from .decisions import decide, unnamed_target
+
         t0 = time.perf_counter()
         if decision not in DECISIONS:
             raise UsageError(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}",
                              code="invalid_arguments")
-        run = self._get_run(run_id, principal)
-        now = self.clock()
-        if run.status == RUN_PAUSED:
-            pending_seq = (run.pending or {}).get("seq")
-            if seq is not None and seq != pending_seq:
-                return await self._duplicate(run, seq, decision)
-            if run.expires_at is not None and now > run.expires_at:
-                self._finish(run, RUN_FAILED, error=RunExpired(f"run {run_id} passed its approval time to live").to_dict())
-                raise RunExpired(f"run {run_id} waited longer than its approval time to live; nothing was sent")
-            record = {"seq": pending_seq, "decision": decision, "reason": reason, "at": now}
-            decisions = dict(run.meta.get("decisions", {}))
-            decisions[str(pending_seq)] = record
-            meta = {**run.meta, "decisions": decisions}
-            new_status = RUN_CANCELLED if decision == "cancel" else RUN_RUNNING
-            if not self.store.update_run(run_id, [RUN_PAUSED], status=new_status, decision=record, meta=meta,
-                                         owner=self.owner, lease_until=now + self.lease_seconds, updated_at=now):
-                # Someone else decided first: behave as their duplicate.
-                return await self.resume(run_id, decision, reason, seq=pending_seq, principal=principal)
-            run = self._get_run(run_id, principal)
-            self._settle_approval(run_id, pending_seq, decision, reason)
-            if decision == "approve":
-                self.store.update_call(run_id, pending_seq, [CALL_ASKED], state=CALL_APPROVED)
-            else:
-                from .boundary import guest_error
+        if seq is None:
+            seq = unnamed_target(self, self._get_run(run_id, principal), decision)
+        return await decide(self, run_id, {seq: (decision, reason)}, principal=principal, actor=actor, via=via,
+                            on_approval=on_approval, on_progress=on_progress, on_question=on_question, t0=t0)
 
-                why = "cancelled" if decision == "cancel" else "declined"
-                err = guest_error(f"write_{why}",
-                                  f"the write {run.pending['address']} was {why}{': ' + reason if reason else ''}; it was not sent",
-                                  "PermissionError")
-                self.store.update_call(run_id, pending_seq, [CALL_ASKED], state=CALL_DECLINED,
-                                       error={"type": err.exc_type, "message": err.message}, finished_at=now)
-            if decision == "cancel":
-                return self._finish(run, RUN_CANCELLED, error={
-                    "code": "cancelled", "message": f"the run was cancelled at the write {run.pending['address']}; "
-                    "nothing further was sent", "next_action": "Start a new run if the work is still needed.",
-                    "details": {"reason": reason}}, t0=t0)
-            return await self._attempt(run, mode="continue", on_approval=on_approval, t0=t0,
-                                       on_progress=on_progress, on_question=on_question)
-        # Not paused: a duplicate of a decision already taken, or a misuse.
-        last = run.decision
-        if last is None:
-            if run.status in TERMINAL_RUN_STATUSES:
-                raise NotPaused(f"run {run_id} is {run.status}; there is nothing to resume")
-            raise NotPaused(f"run {run_id} is {run.status} and has no pending call")
-        return await self._duplicate(run, seq if seq is not None else last["seq"], decision)
+    async def decide(
+        self,
+        run_id: str,
+        decisions: dict[int, Any],
+        *,
+        principal: str | None = None,
+        actor: str | None = None,
+        via: str = "python",
+        on_approval: Approver | None = None,
+        on_progress: Callable[[int, str], None] | None = None,
+        on_question: Asker | None = None,
+    ) -> RunResult:
+        """Decide writes of a paused run, each by seq: ``{3: "approve", 4: ("decline", "why")}`` (P-22..P-24).
 
-    async def _duplicate(self, run: RunRecord, seq: int, decision: str) -> RunResult:
-        taken = run.meta.get("decisions", {}).get(str(seq))
-        if taken is None:
-            raise NotPaused(f"run {run.run_id} has no pending call {seq}")
-        if taken["decision"] != decision:
-            raise AlreadyDecided(
-                f"call {seq} of run {run.run_id} was already decided: {taken['decision']}",
-                details={"decision": taken["decision"], "seq": seq},
-            )
-        return await self.wait_for_run(run.run_id)
+        Returns the paused envelope while writes of the pause are undecided,
+        else the run's next result. ``actor`` (who) and ``via`` (from where:
+        python, cli, mcp, console, link, key, prompt) are recorded with each decision.
+        """
+        from .decisions import decide
+
+        return await decide(self, run_id, decisions, principal=principal, actor=actor, via=via,
+                            on_approval=on_approval, on_progress=on_progress, on_question=on_question)
+
+    def pending(self, run_id: str, *, principal: str | None = None) -> list[Any]:
+        """The writes a paused run waits on, each a :class:`~tether.PendingWrite` (empty when not paused)."""
+        from .decisions import pending_writes
+
+        return pending_writes(self, self._get_run(run_id, principal))
 
     async def wait_for_run(self, run_id: str, timeout: float = 300.0) -> RunResult:
         """Wait until the run is not running; return its recorded outcome."""
@@ -581,20 +565,11 @@ class Runtime:
         if row is not None and row.status != WAIT_PENDING:
             return {"status": "already_resolved", "key": key, "wait": _wait_view(row)}
         try:
-            result = await self.resume(run_id, decision, reason, seq=seq, principal=owner)
+            result = await self.resume(run_id, decision, reason, seq=seq, principal=owner, via="key")
         except AlreadyDecided:
             return {"status": "already_resolved", "key": key, "wait": _wait_view(self.store.get_wait(key))}
         return {"status": "accepted", "key": key, "wait": _wait_view(self.store.get_wait(key)),
                 "run": result.to_dict()}
-
-    def _settle_approval(self, run_id: str, seq: int, decision: str, reason: str | None) -> None:
-        from ..store.base import WAIT_RESOLVED, WaitRecord
-        from .waits import APPROVAL_PREFIX
-
-        name = f"{APPROVAL_PREFIX}{seq}"
-        now = self.clock()
-        self.store.settle_wait(WaitRecord(self.wait_key(run_id, name), run_id, name, WAIT_RESOLVED, now, seq=seq,
-                                          value={"decision": decision, "reason": reason}, resolved_at=now))
 
     async def signal(self, run_id: str, name: str, value: Any = None, *, principal: str | None = None) -> dict:
         """Send a named signal; `await wait_for_signal(name)` receives it (kept if it comes first)."""

@@ -130,7 +130,7 @@ class ResumeArguments(BaseModel):
     run_id: str
     decision: Literal["approve", "decline", "cancel"]
     reason: str | None = None
-    seq: int | None = None
+    seq: int | list[int] | None = None
 
 
 _ARGUMENTS: dict[str, type[BaseModel]] = {
@@ -140,7 +140,7 @@ _ARGUMENTS: dict[str, type[BaseModel]] = {
 _USAGE = {
     "execute": 'Call execute with {"code": "<a Python program>"} (and optionally "diagnostics": true).',
     "resume": 'Call resume with {"run_id": "run_...", "decision": "approve" | "decline" | "cancel", '
-              '"seq": <pending.seq>, "reason": "..."} taken from the paused result.',
+              '"seq": <a seq of pending.writes, or a list of them>, "reason": "..."} taken from the paused result.',
     "cell_start": 'Call cell_start with {"code": "<a Python program>", "yield_after_ms": 1000}.',
     "cell_wait": 'Call cell_wait with {"cell_id": "run_...", "after": <cursor>, "timeout_ms": 30000}.',
     "cell_terminate": 'Call cell_terminate with {"cell_id": "run_..."}.',
@@ -157,10 +157,12 @@ CELL_WAIT_DESCRIPTION = (
 CELL_TERMINATE_DESCRIPTION = "Stop a cell: nothing further is sent; a write already on the wire finishes."
 
 RESUME_DESCRIPTION = (
-    "Decide the write a paused run waits on, then continue the run. decision: 'approve' sends the write; "
-    "'decline' does not send it and the program gets a PermissionError (with your reason) and goes on; "
-    "'cancel' stops the run. Pass the seq from the paused result so a repeated call cannot decide a "
-    "different write. Returns the run's next result, which may pause again."
+    "Decide writes a paused run waits on, then continue the run. A pause lists its writes in "
+    "pending.writes (several when the program issued them together); seq names the write, or a list of "
+    "writes, this decision is for. decision: 'approve' sends it; 'decline' does not send it and the "
+    "program gets a PermissionError (with your reason) and goes on; 'cancel' stops the run. Decide the "
+    "writes of a pause in one call or several (e.g. approve some, decline others); the run continues once "
+    "all are decided. Returns the run's next result, which may pause again."
 )
 INSTRUCTIONS = (
     "Call execute with one Python program that uses the tools listed in its description. "
@@ -266,7 +268,9 @@ class TetherServer:
         decision: Annotated[Literal["approve", "decline", "cancel"], Field(description="What to do with the write.")],
         ctx: Context,
         reason: Annotated[str | None, Field(description="Why; told to the program when declining.")] = None,
-        seq: Annotated[int | None, Field(description="pending.seq of the paused result.")] = None,
+        seq: Annotated[int | list[int] | None, Field(
+            description="The seq of the write this decision is for (from pending.writes), or a list of them. "
+                        "Required once the run has asked about more than one write.")] = None,
     ) -> Annotated[CallToolResult, RunEnvelope]:
         principal = self.principal_of(ctx)
         asks = _elicitation(ctx)
@@ -274,11 +278,16 @@ class TetherServer:
         # gets that one as a form too. (A modern one gets the paused result
         # from resume; input-required rounds belong to execute's own call.)
         approver = self._approver(ctx) if asks == INLINE else None
+
+        def decide(progress: Any) -> Any:
+            if isinstance(seq, list):
+                return self.rt.decide(run_id, {s: (decision, reason) for s in seq}, principal=principal,
+                                      actor=principal, via="mcp", on_approval=approver, on_progress=progress)
+            return self.rt.resume(run_id, decision, reason, seq=seq, principal=principal, actor=principal,
+                                  via="mcp", on_approval=approver, on_progress=progress)
+
         try:
-            result = await self._run(
-                lambda progress: self.rt.resume(run_id, decision, reason, seq=seq, principal=principal,
-                                                on_approval=approver, on_progress=progress),
-                ctx, principal, run_id=lambda: run_id)
+            result = await self._run(decide, ctx, principal, run_id=lambda: run_id)
         except TetherError as exc:
             return error_result(exc)
         return run_result(result, diagnostics=False)
@@ -435,7 +444,8 @@ class TetherServer:
     # -- approval: modern (input required) -----------------------------------------
 
     def _input_required(self, result: RunResult, principal: str) -> InputRequiredResult:
-        pending = result.pending or {}
+        # One form per round: the first write of the pause still undecided (P-22).
+        pending = _first_undecided(result.pending or {})
         request = ElicitRequest(params=ElicitRequestFormParams(message=self._approval_message(pending),
                                                                requested_schema=APPROVAL_SCHEMA))
         state = self._sign_state(result.run_id, int(pending["seq"]), principal)
@@ -450,7 +460,7 @@ class TetherServer:
                 # A retry without an answer: ask again if the run still waits on it.
                 run = self.rt.get_run(run_id, principal)
                 paused = run.result if run.status == "paused" else None
-                if paused and (run.pending or {}).get("seq") == seq:
+                if paused and _first_undecided(RunResult.from_dict(paused).pending or {}).get("seq") == seq:
                     return self._input_required(RunResult.from_dict(paused), principal)
                 return run_result(_recorded(run), diagnostics=diagnostics)
             decision, reason = _decision(reply)
@@ -461,7 +471,7 @@ class TetherServer:
             try:
                 result = await self._run(
                     lambda progress: self.rt.resume(run_id, decision, reason, seq=seq, principal=principal,
-                                                    on_progress=progress),
+                                                    actor=principal, via="mcp", on_progress=progress),
                     ctx, principal, run_id=lambda: run_id)
             except Overloaded as exc:
                 # The answer cannot be acted on now, and the model never saw
@@ -548,6 +558,11 @@ class _Progress:
             self._task.cancel()
 
 
+def _first_undecided(pending: Mapping[str, Any]) -> Mapping[str, Any]:
+    writes = [w for w in (pending.get("writes") or [pending]) if not w.get("decision")]
+    return writes[0] if writes else pending
+
+
 def _recorded(run: Any) -> RunResult:
     """A run's last recorded envelope (a paused run keeps its paused one)."""
     return RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run.run_id)
@@ -602,13 +617,26 @@ def approval_message(pending: Mapping[str, Any], description: str | None = None)
 
 def resume_instructions(result: RunResult) -> str:
     pending = result.pending or {}
-    args = ", ".join(f"{k}={v!r}" for k, v in (pending.get("args") or {}).items())
-    if len(args) > MAX_ARGS_CHARS:
-        args = args[:MAX_ARGS_CHARS] + "…"
-    call = json.dumps({"run_id": result.run_id, "seq": pending.get("seq"), "decision": "approve"})
+    writes = [w for w in (pending.get("writes") or [pending]) if not w.get("decision")] or [pending]
+
+    def show(w: Mapping[str, Any]) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in (w.get("args") or {}).items())
+        if len(args) > MAX_ARGS_CHARS // len(writes):
+            args = args[:MAX_ARGS_CHARS // len(writes)] + "…"
+        return f"{w.get('address')}({args}) [seq {w.get('seq')}]"
+
+    seq: Any = writes[0].get("seq") if len(writes) == 1 else [w.get("seq") for w in writes]
+    call = json.dumps({"run_id": result.run_id, "seq": seq, "decision": "approve"})
+    if len(writes) == 1:
+        head = f"The program paused before the write {show(writes[0])}; nothing has been sent. "
+        ask = "Ask the user whether to allow it. "
+    else:
+        head = (f"The program paused before {len(writes)} writes: " + "; ".join(show(w) for w in writes)
+                + ". Nothing has been sent. ")
+        ask = ("Ask the user about each; decide them together or one seq at a time (the run continues once "
+               "all are decided). ")
     return (
-        f"The program paused before the write {pending.get('address')}({args}); nothing has been sent. "
-        f"Ask the user whether to allow it. Then call the resume tool with {call}, or with "
+        head + ask + f"Then call the resume tool with {call}, or with "
         "\"decision\": \"decline\" and a \"reason\" (the program gets a PermissionError and goes on), "
         "or \"decision\": \"cancel\" (the run stops)."
     )

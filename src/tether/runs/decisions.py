@@ -1,0 +1,312 @@
+"""Decisions on paused writes: which write, taken by whom, from where (P-10, P-22..P-24).
+
+A pause lists every write that waits (one, or a batch issued together). Each
+write is decided on its own, by its seq: the journal entry's compare-and-set
+``asked -> approved | declined`` is the decision, so of two deciders exactly
+one wins and a repeat changes nothing. The run continues once every write of
+the pause is decided; a ``cancel`` of any of them ends the run.
+
+    rt.pending(run_id)                      -> [PendingWrite, ...]
+    rt.decide(run_id, {3: "approve", 4: ("decline", "why")}, actor=..., via=...)
+    rt.resume(run_id, "approve", seq=3)     -> the same, for one write
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+from ..errors import AlreadyDecided, NotPaused, RunExpired, SeqRequired, UsageError, WriteNotPending
+from ..store.base import (
+    CALL_APPROVED,
+    CALL_ASKED,
+    CALL_DECLINED,
+    CALL_FAILED,
+    CALL_SENDING,
+    CALL_SENT,
+    CALL_UNKNOWN,
+    RUN_CANCELLED,
+    RUN_FAILED,
+    RUN_PAUSED,
+    RUN_RUNNING,
+    RunRecord,
+)
+from .result import RunResult
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+DECISIONS = ("approve", "decline", "cancel")
+# Where a decision came from, recorded with it (P-24).
+CHANNELS = ("python", "cli", "mcp", "console", "link", "key", "prompt")
+# Journal states of a write someone approved (it may have been sent since).
+_APPROVED_STATES = (CALL_APPROVED, CALL_SENDING, CALL_SENT, CALL_FAILED, CALL_UNKNOWN)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A decision taken on one write (P-24)."""
+
+    seq: int
+    decision: str  # approve | decline | cancel
+    reason: str | None = None
+    actor: str | None = None  # who: a principal, a user name the console knows
+    via: str | None = None  # from where: one of CHANNELS
+    at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PendingWrite:
+    """One write of a pause, as an approver sees it (P-22)."""
+
+    run_id: str
+    seq: int
+    address: str
+    args: dict[str, Any]
+    annotations: dict[str, Any] = field(default_factory=dict)
+    description: str | None = None
+    key: str | None = None  # the approval key: a capability that decides this write alone
+    expires_at: float | None = None
+    decision: Decision | None = None  # taken already; the run waits on the rest of its batch
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["decision"] = self.decision.to_dict() if self.decision else None
+        return out
+
+
+def batch_of(run: RunRecord) -> list[dict[str, Any]]:
+    """The writes a paused run waits on (a pause stored before batches lists one)."""
+    if run.status != RUN_PAUSED or not run.pending:
+        return []
+    return list(run.pending.get("writes") or [run.pending])
+
+
+def taken(entry: Any) -> str | None:
+    """The decision the journal holds for a write, if one was taken by someone."""
+    if entry is None or entry.kind != "write":
+        return None
+    if entry.state in _APPROVED_STATES:
+        return "approve"
+    if entry.state == CALL_DECLINED:
+        message = (entry.error or {}).get("message", "")
+        return "cancel" if message.startswith("[write_cancelled]") else "decline"
+    return None
+
+
+def _recorded_decision(rt: "Runtime", run_id: str, seq: int, entry: Any) -> Decision | None:
+    from .waits import APPROVAL_PREFIX
+
+    which = taken(entry)
+    if which is None:
+        return None
+    row = rt.store.get_wait(rt.wait_key(run_id, f"{APPROVAL_PREFIX}{seq}"))
+    value = (row.value if row is not None else None) or {}
+    if not isinstance(value, dict):
+        value = {}
+    return Decision(seq, which, value.get("reason"), value.get("actor"), value.get("via"),
+                    row.resolved_at if row is not None else None)
+
+
+def pending_writes(rt: "Runtime", run: RunRecord) -> list[PendingWrite]:
+    out = []
+    for w in batch_of(run):
+        entry = rt.store.get_call(run.run_id, w["seq"])
+        description = None
+        if w["address"] in rt.catalog:
+            description = rt.catalog.get(w["address"]).description
+        out.append(PendingWrite(run.run_id, w["seq"], w["address"], w.get("args") or {}, w.get("annotations") or {},
+                                description, w.get("key"), run.expires_at,
+                                _recorded_decision(rt, run.run_id, w["seq"], entry)))
+    return out
+
+
+def _pending_text(writes: list[PendingWrite]) -> str:
+    if not writes:
+        return "it waits on no write"
+    return "it waits on " + ", ".join(
+        f"call {w.seq} {w.address}" + (f" ({w.decision.decision}d)" if w.decision else "") for w in writes)
+
+
+def _pending_details(writes: list[PendingWrite]) -> list[dict[str, Any]]:
+    return [{"seq": w.seq, "address": w.address, "args": w.args,
+             "decision": w.decision.decision if w.decision else None} for w in writes]
+
+
+def _parse(decisions: Mapping[Any, Any]) -> dict[int, tuple[str, str | None]]:
+    if not isinstance(decisions, Mapping) or not decisions:
+        raise UsageError("decisions must map each write's seq to a decision, e.g. {3: 'approve'}",
+                         code="invalid_arguments")
+    out: dict[int, tuple[str, str | None]] = {}
+    for seq, value in decisions.items():
+        if isinstance(seq, bool) or not isinstance(seq, (int, str)) or not str(seq).isdigit():
+            raise UsageError(f"a decision is keyed by the write's seq (an integer), not {seq!r}",
+                             code="invalid_arguments")
+        decision, reason = (value, None) if isinstance(value, str) else (tuple(value) + (None,))[:2]
+        if decision not in DECISIONS:
+            raise UsageError(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}",
+                             code="invalid_arguments")
+        if reason is not None and not isinstance(reason, str):
+            raise UsageError("a decision's reason must be text", code="invalid_arguments")
+        out[int(seq)] = (decision, reason)
+    return out
+
+
+def unnamed_target(rt: "Runtime", run: RunRecord, decision: str) -> int:
+    """The write a decision without seq is for, when it can only be one (P-23).
+
+    That is the case when the run has asked about exactly one write in its
+    whole life: whoever saw any pause of it saw that write. Otherwise the
+    decision could land on a write its sender never saw (a repeated command
+    after the run moved on to the next write) and is refused with the list.
+    """
+    from .waits import APPROVAL_PREFIX
+
+    asked = sorted({w.seq for w in rt.store.list_waits(run_id=run.run_id, status=None)
+                    if w.name.startswith(APPROVAL_PREFIX) and w.seq is not None})
+    batch = batch_of(run)
+    if decision == "cancel" and batch:
+        return batch[0]["seq"]  # cancel ends the run, whichever write it names
+    if len(asked) == 1:
+        return asked[0]
+    if not asked and len(batch) == 1:
+        return batch[0]["seq"]
+    if not asked and not batch:
+        raise NotPaused(f"run {run.run_id} is {run.status} and has no write waiting for a decision")
+    writes = pending_writes(rt, run)
+    raise SeqRequired(
+        f"run {run.run_id} has asked about more than one write, so a decision must name its write; "
+        f"{_pending_text(writes)}; nothing was decided",
+        details={"pending": _pending_details(writes)})
+
+
+def _paused_view(rt: "Runtime", run: RunRecord) -> RunResult:
+    """The run's paused envelope with the decisions its batch holds so far."""
+    result = RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run.run_id)
+    if result.pending:
+        decided = {w.seq: w.decision for w in pending_writes(rt, run) if w.decision}
+        writes = [dict(w, decision=decided[w["seq"]].to_dict() if w["seq"] in decided else None)
+                  for w in result.pending.get("writes") or [result.pending]]
+        result.pending = {**result.pending, "writes": writes}
+    return result
+
+
+async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, principal: str | None = None,
+                 actor: str | None = None, via: str = "python", on_approval: Any = None, on_progress: Any = None,
+                 on_question: Any = None, t0: float | None = None) -> RunResult:
+    """Decide writes of a paused run by seq; continue it once its whole pause is decided (P-10, P-22..P-24)."""
+    import time
+
+    t0 = time.perf_counter() if t0 is None else t0
+    wanted = _parse(decisions)
+    if via not in CHANNELS:
+        raise UsageError(f"via must be one of {', '.join(CHANNELS)}, not {via!r}", code="invalid_arguments")
+    run = rt._get_run(run_id, principal)
+    actor = actor or (principal if principal is not None else getattr(rt, "principal", None)) or "local"
+    batch = {w["seq"]: w for w in batch_of(run)}
+    fresh: dict[int, tuple[str, str | None]] = {}
+    for seq, (decision, reason) in sorted(wanted.items()):
+        entry = rt.store.get_call(run_id, seq)
+        already = taken(entry)
+        if already is not None:
+            if already != decision:
+                raise AlreadyDecided(f"call {seq} of run {run_id} was already decided: {already}; "
+                                     f"nothing was changed", details={"decision": already, "seq": seq})
+            continue  # a repeat of a decision taken: it changes nothing (P-23)
+        if seq in batch and entry is not None and entry.state == CALL_ASKED:
+            fresh[seq] = (decision, reason)
+            continue
+        if run.status != RUN_PAUSED:
+            raise NotPaused(f"run {run_id} is {run.status}; call {seq} is not a write waiting for a decision")
+        writes = pending_writes(rt, run)
+        raise WriteNotPending(f"call {seq} of run {run_id} is not a write waiting for a decision; "
+                              f"{_pending_text(writes)}; nothing was decided",
+                              details={"seq": seq, "pending": _pending_details(writes)})
+
+    if run.status != RUN_PAUSED:
+        # Every named write was decided before: return what the run did since.
+        return await rt.wait_for_run(run_id)
+    now = rt.clock()
+    if fresh and run.expires_at is not None and now > run.expires_at:
+        rt._finish(run, RUN_FAILED, error=RunExpired(f"run {run_id} passed its approval time to live").to_dict())
+        raise RunExpired(f"run {run_id} waited longer than its approval time to live; nothing was sent")
+
+    if any(d == "cancel" for d, _ in fresh.values()):
+        return await _cancel(rt, run, fresh, actor, via, now, t0, principal)
+    last = None
+    for seq, (decision, reason) in fresh.items():
+        last = _record(rt, run, batch[seq], decision, reason, actor, via, now)
+    # The run continues when nothing in its pause is left undecided; whoever
+    # sees that first continues it (paused -> running is a compare-and-set).
+    undecided = [s for s in batch if (e := rt.store.get_call(run_id, s)) is not None and e.state == CALL_ASKED]
+    if undecided:
+        return _paused_view(rt, rt.store.get_run(run_id))
+    record = last or (run.decision or {})
+    if not rt.store.update_run(run_id, [RUN_PAUSED], status=RUN_RUNNING, decision=record, owner=rt.owner,
+                               lease_until=now + rt.lease_seconds, updated_at=now):
+        return await rt.wait_for_run(run_id)
+    run = rt._get_run(run_id, principal)
+    return await rt._attempt(run, mode="continue", on_approval=on_approval, t0=t0, on_progress=on_progress,
+                             on_question=on_question)
+
+
+def _record(rt: "Runtime", run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
+            actor: str, via: str, now: float, expect: tuple[str, ...] = (CALL_ASKED,)) -> dict[str, Any]:
+    """Take one decision: the journal's compare-and-set decides who wins (P-23); then say who (P-24)."""
+    from .boundary import guest_error
+
+    seq = write["seq"]
+    if decision == "approve":
+        won = rt.store.update_call(run.run_id, seq, list(expect), state=CALL_APPROVED)
+    else:
+        why = "cancelled" if decision == "cancel" else "declined"
+        err = guest_error(f"write_{why}",
+                          f"the write {write['address']} was {why}{': ' + reason if reason else ''}; it was not sent",
+                          "PermissionError")
+        won = rt.store.update_call(run.run_id, seq, list(expect), state=CALL_DECLINED,
+                                   error={"type": err.exc_type, "message": err.message}, finished_at=now)
+    if not won:
+        already = taken(rt.store.get_call(run.run_id, seq))
+        if already != decision:
+            raise AlreadyDecided(f"call {seq} of run {run.run_id} was already decided: {already}; nothing was changed",
+                                 details={"decision": already, "seq": seq})
+    record = {"seq": seq, "decision": decision, "reason": reason, "actor": actor, "via": via, "at": now}
+    if won:
+        _settle_approval(rt, run.run_id, seq, record)
+        rt.event(run.run_id, "decided", {**record, "address": write["address"]})
+    return record
+
+
+def _settle_approval(rt: "Runtime", run_id: str, seq: int, record: dict[str, Any]) -> None:
+    from ..store.base import WAIT_RESOLVED, WaitRecord
+    from .waits import APPROVAL_PREFIX
+
+    name = f"{APPROVAL_PREFIX}{seq}"
+    now = rt.clock()
+    value = {k: record[k] for k in ("decision", "reason", "actor", "via")}
+    rt.store.settle_wait(WaitRecord(rt.wait_key(run_id, name), run_id, name, WAIT_RESOLVED, now, seq=seq,
+                                    value=value, resolved_at=now))
+
+
+async def _cancel(rt: "Runtime", run: RunRecord, fresh: dict[int, tuple[str, str | None]], actor: str, via: str,
+                  now: float, t0: float, principal: str | None) -> RunResult:
+    """A cancel of any write of the pause ends the run; no write of it is sent (P-10)."""
+    seq, (_, reason) = next((s, v) for s, v in fresh.items() if v[0] == "cancel")
+    record = {"seq": seq, "decision": "cancel", "reason": reason, "actor": actor, "via": via, "at": now}
+    if not rt.store.update_run(run.run_id, [RUN_PAUSED], status=RUN_CANCELLED, decision=record, owner=rt.owner,
+                               lease_until=now + rt.lease_seconds, updated_at=now):
+        # The run moved on meanwhile: decide again against what it is now.
+        return await decide(rt, run.run_id, dict(fresh), principal=principal, actor=actor, via=via, t0=t0)
+    for write in batch_of(run):
+        entry = rt.store.get_call(run.run_id, write["seq"])
+        # A write approved earlier in this batch was not sent, and now never will be.
+        if entry is not None and entry.state in (CALL_ASKED, CALL_APPROVED):
+            _record(rt, run, write, "cancel", reason if write["seq"] == seq else None, actor, via, now,
+                    expect=(CALL_ASKED, CALL_APPROVED))
+    address = next(w["address"] for w in batch_of(run) if w["seq"] == seq)
+    return rt._finish(run, RUN_CANCELLED, error={
+        "code": "cancelled", "message": f"the run was cancelled at the write {address}; nothing further was sent",
+        "next_action": "Start a new run if the work is still needed.", "details": {"reason": reason}}, t0=t0)
