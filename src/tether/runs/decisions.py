@@ -1,4 +1,4 @@
-"""Decisions on paused writes: which write, taken by whom, from where (P-10, P-22..P-24).
+"""Decisions on paused writes: which write, taken by whom, from where (P-10, P-25..P-27).
 
 A pause lists every write that waits (one, or a batch issued together). Each
 write is decided on its own, by its seq: the journal entry's compare-and-set
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .runtime import Runtime
 
 DECISIONS = ("approve", "decline", "cancel")
-# Where a decision came from, recorded with it (P-24).
+# Where a decision came from, recorded with it (P-27).
 CHANNELS = ("python", "cli", "mcp", "console", "link", "key", "prompt")
 # Journal states of a write someone approved (it may have been sent since).
 _APPROVED_STATES = (CALL_APPROVED, CALL_SENDING, CALL_SENT, CALL_FAILED, CALL_UNKNOWN)
@@ -45,7 +45,7 @@ _APPROVED_STATES = (CALL_APPROVED, CALL_SENDING, CALL_SENT, CALL_FAILED, CALL_UN
 
 @dataclass(frozen=True)
 class Decision:
-    """A decision taken on one write (P-24)."""
+    """A decision taken on one write (P-27)."""
 
     seq: int
     decision: str  # approve | decline | cancel
@@ -60,7 +60,7 @@ class Decision:
 
 @dataclass(frozen=True)
 class PendingWrite:
-    """One write of a pause, as an approver sees it (P-22)."""
+    """One write of a pause, as an approver sees it (P-25)."""
 
     run_id: str
     seq: int
@@ -156,7 +156,7 @@ def _parse(decisions: Mapping[Any, Any]) -> dict[int, tuple[str, str | None]]:
 
 
 def unnamed_target(rt: "Runtime", run: RunRecord, decision: str) -> int:
-    """The write a decision without seq is for, when it can only be one (P-23).
+    """The write a decision without seq is for, when it can only be one (P-26).
 
     That is the case when the run has asked about exactly one write in its
     whole life: whoever saw any pause of it saw that write. Otherwise the
@@ -197,7 +197,7 @@ def _paused_view(rt: "Runtime", run: RunRecord) -> RunResult:
 async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, principal: str | None = None,
                  actor: str | None = None, via: str = "python", on_approval: Any = None, on_progress: Any = None,
                  on_question: Any = None, t0: float | None = None) -> RunResult:
-    """Decide writes of a paused run by seq; continue it once its whole pause is decided (P-10, P-22..P-24)."""
+    """Decide writes of a paused run by seq; continue it once its whole pause is decided (P-10, P-25..P-27)."""
     import time
 
     t0 = time.perf_counter() if t0 is None else t0
@@ -215,7 +215,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
             if already != decision:
                 raise AlreadyDecided(f"call {seq} of run {run_id} was already decided: {already}; "
                                      f"nothing was changed", details={"decision": already, "seq": seq})
-            continue  # a repeat of a decision taken: it changes nothing (P-23)
+            continue  # a repeat of a decision taken: it changes nothing (P-26)
         if seq in batch and entry is not None and entry.state == CALL_ASKED:
             fresh[seq] = (decision, reason)
             continue
@@ -255,7 +255,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
 
 def _record(rt: "Runtime", run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
             actor: str, via: str, now: float, expect: tuple[str, ...] = (CALL_ASKED,)) -> dict[str, Any]:
-    """Take one decision: the journal's compare-and-set decides who wins (P-23); then say who (P-24)."""
+    """Take one decision: the journal's compare-and-set decides who wins (P-26); then say who (P-27)."""
     from .boundary import guest_error
 
     seq = write["seq"]

@@ -190,7 +190,7 @@ class Runtime:
         self._policy_dict = self.policy.to_dict()
         self._limits_dict = self.limits.to_dict()
         self.inline_sleep_seconds = 1.0
-        # How long a forming write pause waits for more writes issued with it (P-22).
+        # How long a forming write pause waits for more writes issued with it (P-25).
         self.batch_window_seconds = 0.05
         # An idle REPL session is forgotten after this long.
         self.session_ttl_seconds = 3600.0
@@ -406,7 +406,7 @@ class Runtime:
 
         Without ``seq`` the decision is taken only when the run has asked about
         exactly one write in its life; otherwise it is refused (``seq_required``)
-        with the pending writes, so it cannot land on a write nobody saw (P-23).
+        with the pending writes, so it cannot land on a write nobody saw (P-26).
         """
         from .decisions import decide, unnamed_target
 
@@ -431,7 +431,7 @@ class Runtime:
         on_progress: Callable[[int, str], None] | None = None,
         on_question: Asker | None = None,
     ) -> RunResult:
-        """Decide writes of a paused run, each by seq: ``{3: "approve", 4: ("decline", "why")}`` (P-22..P-24).
+        """Decide writes of a paused run, each by seq: ``{3: "approve", 4: ("decline", "why")}`` (P-25..P-27).
 
         Returns the paused envelope while writes of the pause are undecided,
         else the run's next result. ``actor`` (who) and ``via`` (from where:
