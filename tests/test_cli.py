@@ -171,7 +171,7 @@ def _notes(env) -> list[str]:
     return [json.loads(line)["text"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_p26_repeating_the_printed_resume_line_does_not_decide_the_next_write(tmp_path, env):
+def test_p28_repeating_the_printed_resume_line_does_not_decide_the_next_write(tmp_path, env):
     prog = tmp_path / "two.py"
     prog.write_text("import tools\nawait tools.notes.add_note(text='a')\nawait tools.notes.add_note(text='b')\n'done'\n")
     first = tether(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py")], env, tmp_path)
@@ -190,7 +190,7 @@ def test_p26_repeating_the_printed_resume_line_does_not_decide_the_next_write(tm
     assert _notes(env) == ["a"]
 
 
-def test_p25_a_gathered_batch_is_listed_and_decided_per_write_from_the_cli(tmp_path, env):
+def test_p27_a_gathered_batch_is_listed_and_decided_per_write_from_the_cli(tmp_path, env):
     prog = tmp_path / "batch.py"
     prog.write_text(
         "import asyncio\nimport tools\n"

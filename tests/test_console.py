@@ -126,8 +126,8 @@ async def test_every_decision_records_who_and_through_what(rt):
     result = await rt.wait_for_run(paused.run_id)
     assert "over the limit" in result.result and sent == []
     decided = [e.data for e in rt.store.get_events(paused.run_id) if e.type == "decided"]
-    assert decided == [{"seq": 1, "decision": "decline", "reason": "over the limit",
-                        "by": principal_for_token(ALICE), "via": "console", "from": "127.0.0.1"}]
+    assert [(d["seq"], d["decision"], d["reason"], d["actor"], d["via"], d["origin"]) for d in decided] == [
+        (1, "decline", "over the limit", principal_for_token(ALICE), "console", "127.0.0.1")]
 
 
 async def test_an_approval_link_needs_no_login_and_decides_once(rt):

@@ -1,4 +1,4 @@
-"""Decisions on paused writes: batches (P-25), naming the write (P-26), who decided (P-27)."""
+"""Decisions on paused writes: batches (P-27), naming the write (P-28), who decided (P-29)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def make_runtime(store_url, rec, **kw) -> Runtime:
     return Runtime(store=open_store(store_url), tools=rec.tools(), **kw)
 
 
-async def test_p25_gathered_writes_pause_once_listing_each(store_url):
+async def test_p27_gathered_writes_pause_once_listing_each(store_url):
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:
         r = await rt.execute(GATHER3)
@@ -67,7 +67,7 @@ async def test_p25_gathered_writes_pause_once_listing_each(store_url):
         assert pending[0].description == "Add a comment to a ticket." and pending[0].expires_at == r.expires_at
 
 
-async def test_p25_approve_one_decline_two_each_call_sees_its_outcome_in_another_runtime(store_url):
+async def test_p27_approve_one_decline_two_each_call_sees_its_outcome_in_another_runtime(store_url):
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:
         paused = await rt.execute(GATHER3)
@@ -94,7 +94,7 @@ async def test_p25_approve_one_decline_two_each_call_sees_its_outcome_in_another
             await rt2.resume(paused.run_id, "approve", seq=2)
 
 
-async def test_p25_cancel_of_one_write_ends_the_run_and_sends_none_of_the_batch(store_url):
+async def test_p27_cancel_of_one_write_ends_the_run_and_sends_none_of_the_batch(store_url):
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:
         paused = await rt.execute(GATHER3)
@@ -107,7 +107,7 @@ async def test_p25_cancel_of_one_write_ends_the_run_and_sends_none_of_the_batch(
         assert states == {2: "declined", 3: "declined", 4: "declined"}
 
 
-async def test_p25_a_batch_counts_against_the_write_budget(store_url):
+async def test_p27_a_batch_counts_against_the_write_budget(store_url):
     rec = Recorder()
     async with make_runtime(store_url, rec, policy=Policy(writes="ask", write_budget=2)) as rt:
         r = await rt.execute(GATHER3)
@@ -119,7 +119,7 @@ async def test_p25_a_batch_counts_against_the_write_budget(store_url):
         assert len(rec.deliveries) == 2
 
 
-async def test_p25_a_declined_write_frees_budget_for_the_one_held(store_url):
+async def test_p27_a_declined_write_frees_budget_for_the_one_held(store_url):
     rec = Recorder()
     async with make_runtime(store_url, rec, policy=Policy(writes="ask", write_budget=2)) as rt:
         r = await rt.execute(GATHER3)
@@ -131,7 +131,7 @@ async def test_p25_a_declined_write_frees_budget_for_the_one_held(store_url):
         assert [d[1]["body"] for d in rec.deliveries] == ["one", "three"]
 
 
-async def test_p26_a_repeated_decision_does_not_touch_the_next_write(store_url):
+async def test_p28_a_repeated_decision_does_not_touch_the_next_write(store_url):
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:
         r = await rt.execute(TWO_PAUSES)
@@ -154,7 +154,7 @@ async def test_p26_a_repeated_decision_does_not_touch_the_next_write(store_url):
         assert done.status == "completed" and len(rec.deliveries) == 2
 
 
-async def test_p26_approve_and_decline_sent_together_decide_only_the_write_they_saw(store_url):
+async def test_p28_approve_and_decline_sent_together_decide_only_the_write_they_saw(store_url):
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:
         r = await rt.execute(TWO_PAUSES)
@@ -172,7 +172,7 @@ async def test_p26_approve_and_decline_sent_together_decide_only_the_write_they_
             assert rt.store.get_call(r.run_id, 2) is None
 
 
-async def test_p26_a_decision_without_seq_is_refused_when_more_than_one_write_waits(store_url):
+async def test_p28_a_decision_without_seq_is_refused_when_more_than_one_write_waits(store_url):
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:
         r = await rt.execute(GATHER3)
@@ -184,7 +184,7 @@ async def test_p26_a_decision_without_seq_is_refused_when_more_than_one_write_wa
         assert rt.get_run(r.run_id).status == "paused" and rec.deliveries == []
 
 
-async def test_p26_a_seq_that_is_not_pending_is_refused_with_the_pending_list(store_url):
+async def test_p28_a_seq_that_is_not_pending_is_refused_with_the_pending_list(store_url):
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:
         r = await rt.execute(GATHER3)
@@ -198,7 +198,7 @@ async def test_p26_a_seq_that_is_not_pending_is_refused_with_the_pending_list(st
         assert rt.store.get_call(r.run_id, 2).state == "asked" and rec.deliveries == []
 
 
-async def test_p26_the_approval_key_names_its_write(store_url):
+async def test_p28_the_approval_key_names_its_write(store_url):
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:
         r = await rt.execute(GATHER3)
@@ -212,7 +212,7 @@ async def test_p26_the_approval_key_names_its_write(store_url):
         assert rec.deliveries == [("add_comment", {"id": 7, "body": "three"})]
 
 
-async def test_p27_each_decision_records_who_and_from_where(store_url):
+async def test_p29_each_decision_records_who_and_from_where(store_url):
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:
         r = await rt.execute(GATHER3)

@@ -137,7 +137,7 @@ async def test_p10_another_principal_sees_no_run(store_url):
 
 async def test_p4_p22_gathered_writes_pause_once_as_a_batch(store_url):
     # Before batches, these two writes paused one after the other; now one
-    # pause lists both and each is decided by its seq (P-25).
+    # pause lists both and each is decided by its seq (P-27).
     rec = Recorder()
     code = """
 import asyncio

@@ -1,4 +1,4 @@
-"""Batch pauses and decisions that name their write, through the real MCP client (P-25..P-27)."""
+"""Batch pauses and decisions that name their write, through the real MCP client (P-29..P-29)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ async def rt(rec):
 
 
 @pytest.mark.parametrize("mode", ERAS)
-async def test_p25_p26_a_batch_is_listed_and_decided_per_write_through_resume(rt, rec, mode):
+async def test_p27_p28_a_batch_is_listed_and_decided_per_write_through_resume(rt, rec, mode):
     async with Client(TetherServer(rt, principal_of=lambda ctx: "token:alice").mcp, mode=mode) as c:
         tools = {t.name: t for t in (await c.list_tools()).tools}
         assert "seq" in tools["resume"].input_schema["properties"]
@@ -70,7 +70,7 @@ async def test_p25_p26_a_batch_is_listed_and_decided_per_write_through_resume(rt
     assert {(d["actor"], d["via"]) for d in decided} == {("token:alice", "mcp")}
 
 
-async def test_p25_modern_forms_ask_each_write_of_a_batch_in_turn(rt, rec):
+async def test_p27_modern_forms_ask_each_write_of_a_batch_in_turn(rt, rec):
     shown: list[str] = []
 
     async def forms(context, params):

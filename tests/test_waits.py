@@ -211,9 +211,10 @@ async def test_p18_resume_settles_the_approval_wait(store_url, clock):
         paused = await rt.execute("import tools\nawait tools.helpdesk.close_ticket(id=8)\n'done'")
         await rt.resume(paused.run_id, "decline", "not today")
         (w,) = rt.list_waits(paused.run_id, status=None)
-        # P-27: the decision is recorded with who took it and from where.
+        # P-29: the decision is recorded with who took it and from where.
         assert w["status"] == "resolved" and w["value"] == {"decision": "decline", "reason": "not today",
-                                                            "actor": "local", "via": "python"}
+                                                            "actor": "local", "via": "python",
+                                                            "origin": None}
         out = await rt.resolve_wait(paused.pending["key"], {"decision": "approve"})
         assert out["status"] == "already_resolved"
 

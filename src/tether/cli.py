@@ -67,7 +67,7 @@ def _call_text(w: dict) -> str:
 
 
 def _print_pause(run_id: str, pending: dict) -> None:
-    """The writes a pause waits on, each with the commands that decide it by its seq (P-26)."""
+    """The writes a pause waits on, each with the commands that decide it by its seq (P-28)."""
     writes = pending.get("writes") or [pending]
     undecided = [w for w in writes if not w.get("decision")]
     if len(writes) == 1:
@@ -167,7 +167,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
         if args.all:
             seqs += [w.seq for w in rt.pending(args.run_id) if w.decision is None]
         elif not seqs and decision != "cancel" and sys.stdin.isatty() and sys.stdout.isatty() and not args.json:
-            # No seq: the person at the terminal is shown each write and says which (P-26).
+            # No seq: the person at the terminal is shown each write and says which (P-28).
             waiting = rt.pending(args.run_id)
             seqs = await _confirm_each(waiting, decision)
             if waiting and not seqs:

@@ -132,14 +132,14 @@ class NotPaused(UsageError):
 
 
 class SeqRequired(UsageError):
-    """A decision that does not name its write, on a run that asked about more than one (P-26)."""
+    """A decision that does not name its write, on a run that asked about more than one (P-28)."""
 
     code = "seq_required"
     next_action = "Name the write the decision is for: --seq N (CLI), seq=N (Python, MCP resume)."
 
 
 class WriteNotPending(UsageError):
-    """A decision naming a write the run does not wait on; details.pending lists those it does (P-26)."""
+    """A decision naming a write the run does not wait on; details.pending lists those it does (P-28)."""
 
     code = "write_not_pending"
     next_action = "Decide a write the run waits on now: list them with `tether runs show RUN` (or rt.pending)."

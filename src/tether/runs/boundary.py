@@ -205,7 +205,7 @@ class EffectBoundary:
         # Sleeps up to this long are waited out in the worker instead of parking.
         self.inline_sleep_seconds: float = 1.0
         # A write pause is stored once the program has issued no call for this
-        # long, so writes issued together (asyncio.gather) pause as one batch (P-25).
+        # long, so writes issued together (asyncio.gather) pause as one batch (P-27).
         self.batch_window_seconds: float = 0.05
         self.paused_envelope: Any = None
         # Bytes of arguments and outcomes this run has journaled (P-22);
@@ -599,11 +599,11 @@ class EffectBoundary:
             self._remember(err, seq, tool.address)
             raise err
         # Pause: the first write to ask pauses the run; writes issued with it
-        # that ask too join its batch (P-25); other calls are held (P-4).
+        # that ask too join its batch (P-27); other calls are held (P-4).
         return await self._stop_at(pending, Paused(pending))
 
     async def _join_batch(self, seq: int, address: str, args: dict[str, Any]) -> Any:
-        """A call issued while a write pause forms: a write that would ask joins the pause (P-25).
+        """A call issued while a write pause forms: a write that would ask joins the pause (P-27).
 
         Everything else — reads, writes that policy allows or denies, a write
         past the budget counting the batch, invalid calls — is held and issued

@@ -1,4 +1,4 @@
-"""Decisions on paused writes: which write, taken by whom, from where (P-10, P-25..P-27).
+"""Decisions on paused writes: which write, taken by whom, from where (P-10, P-29..P-29).
 
 A pause lists every write that waits (one, or a batch issued together). Each
 write is decided on its own, by its seq: the journal entry's compare-and-set
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .runtime import Runtime
 
 DECISIONS = ("approve", "decline", "cancel")
-# Where a decision came from, recorded with it (P-27).
+# Where a decision came from, recorded with it (P-29).
 CHANNELS = ("python", "cli", "mcp", "console", "link", "key", "prompt")
 # Journal states of a write someone approved (it may have been sent since).
 _APPROVED_STATES = (CALL_APPROVED, CALL_SENDING, CALL_SENT, CALL_FAILED, CALL_UNKNOWN)
@@ -45,13 +45,14 @@ _APPROVED_STATES = (CALL_APPROVED, CALL_SENDING, CALL_SENT, CALL_FAILED, CALL_UN
 
 @dataclass(frozen=True)
 class Decision:
-    """A decision taken on one write (P-27)."""
+    """A decision taken on one write (P-29)."""
 
     seq: int
     decision: str  # approve | decline | cancel
     reason: str | None = None
     actor: str | None = None  # who: a principal, a user name the console knows
-    via: str | None = None  # from where: one of CHANNELS
+    via: str | None = None  # through what: one of CHANNELS
+    origin: str | None = None  # where the caller was, when the channel knows (a client address)
     at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -60,7 +61,7 @@ class Decision:
 
 @dataclass(frozen=True)
 class PendingWrite:
-    """One write of a pause, as an approver sees it (P-25)."""
+    """One write of a pause, as an approver sees it (P-27)."""
 
     run_id: str
     seq: int
@@ -97,9 +98,11 @@ def taken(entry: Any) -> str | None:
     return None
 
 
-def _recorded_decision(rt: "Runtime", run_id: str, seq: int, entry: Any) -> Decision | None:
+def recorded_decision(rt: "Runtime", run_id: str, seq: int, entry: Any = None) -> Decision | None:
+    """The decision taken on write ``seq`` of a run, with who took it, or None if none was."""
     from .waits import APPROVAL_PREFIX
 
+    entry = entry if entry is not None else rt.store.get_call(run_id, seq)
     which = taken(entry)
     if which is None:
         return None
@@ -107,7 +110,7 @@ def _recorded_decision(rt: "Runtime", run_id: str, seq: int, entry: Any) -> Deci
     value = (row.value if row is not None else None) or {}
     if not isinstance(value, dict):
         value = {}
-    return Decision(seq, which, value.get("reason"), value.get("actor"), value.get("via"),
+    return Decision(seq, which, value.get("reason"), value.get("actor"), value.get("via"), value.get("origin"),
                     row.resolved_at if row is not None else None)
 
 
@@ -120,7 +123,7 @@ def pending_writes(rt: "Runtime", run: RunRecord) -> list[PendingWrite]:
             description = rt.catalog.get(w["address"]).description
         out.append(PendingWrite(run.run_id, w["seq"], w["address"], w.get("args") or {}, w.get("annotations") or {},
                                 description, w.get("key"), run.expires_at,
-                                _recorded_decision(rt, run.run_id, w["seq"], entry)))
+                                recorded_decision(rt, run.run_id, w["seq"], entry)))
     return out
 
 
@@ -156,7 +159,7 @@ def _parse(decisions: Mapping[Any, Any]) -> dict[int, tuple[str, str | None]]:
 
 
 def unnamed_target(rt: "Runtime", run: RunRecord, decision: str) -> int:
-    """The write a decision without seq is for, when it can only be one (P-26).
+    """The write a decision without seq is for, when it can only be one (P-28).
 
     That is the case when the run has asked about exactly one write in its
     whole life: whoever saw any pause of it saw that write. Otherwise the
@@ -195,9 +198,9 @@ def _paused_view(rt: "Runtime", run: RunRecord) -> RunResult:
 
 
 async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, principal: str | None = None,
-                 actor: str | None = None, via: str = "python", on_approval: Any = None, on_progress: Any = None,
-                 on_question: Any = None, t0: float | None = None) -> RunResult:
-    """Decide writes of a paused run by seq; continue it once its whole pause is decided (P-10, P-25..P-27)."""
+                 actor: str | None = None, via: str = "python", origin: str | None = None, on_approval: Any = None,
+                 on_progress: Any = None, on_question: Any = None, t0: float | None = None) -> RunResult:
+    """Decide writes of a paused run by seq; continue it once its whole pause is decided (P-10, P-29..P-29)."""
     import time
 
     t0 = time.perf_counter() if t0 is None else t0
@@ -205,7 +208,8 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
     if via not in CHANNELS:
         raise UsageError(f"via must be one of {', '.join(CHANNELS)}, not {via!r}", code="invalid_arguments")
     run = rt._get_run(run_id, principal)
-    actor = actor or (principal if principal is not None else getattr(rt, "principal", None)) or "local"
+    who = {"actor": actor or (principal if principal is not None else getattr(rt, "principal", None)) or "local",
+           "via": via, "origin": origin}
     batch = {w["seq"]: w for w in batch_of(run)}
     fresh: dict[int, tuple[str, str | None]] = {}
     for seq, (decision, reason) in sorted(wanted.items()):
@@ -215,7 +219,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
             if already != decision:
                 raise AlreadyDecided(f"call {seq} of run {run_id} was already decided: {already}; "
                                      f"nothing was changed", details={"decision": already, "seq": seq})
-            continue  # a repeat of a decision taken: it changes nothing (P-26)
+            continue  # a repeat of a decision taken: it changes nothing (P-28)
         if seq in batch and entry is not None and entry.state == CALL_ASKED:
             fresh[seq] = (decision, reason)
             continue
@@ -235,10 +239,10 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
         raise RunExpired(f"run {run_id} waited longer than its approval time to live; nothing was sent")
 
     if any(d == "cancel" for d, _ in fresh.values()):
-        return await _cancel(rt, run, fresh, actor, via, now, t0, principal)
+        return await _cancel(rt, run, fresh, who, now, t0, principal)
     last = None
     for seq, (decision, reason) in fresh.items():
-        last = _record(rt, run, batch[seq], decision, reason, actor, via, now)
+        last = _record(rt, run, batch[seq], decision, reason, who, now)
     # The run continues when nothing in its pause is left undecided; whoever
     # sees that first continues it (paused -> running is a compare-and-set).
     undecided = [s for s in batch if (e := rt.store.get_call(run_id, s)) is not None and e.state == CALL_ASKED]
@@ -254,8 +258,8 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
 
 
 def _record(rt: "Runtime", run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
-            actor: str, via: str, now: float, expect: tuple[str, ...] = (CALL_ASKED,)) -> dict[str, Any]:
-    """Take one decision: the journal's compare-and-set decides who wins (P-26); then say who (P-27)."""
+            who: dict[str, Any], now: float, expect: tuple[str, ...] = (CALL_ASKED,)) -> dict[str, Any]:
+    """Take one decision: the journal's compare-and-set decides who wins (P-28); then say who (P-29)."""
     from .boundary import guest_error
 
     seq = write["seq"]
@@ -273,7 +277,7 @@ def _record(rt: "Runtime", run: RunRecord, write: dict[str, Any], decision: str,
         if already != decision:
             raise AlreadyDecided(f"call {seq} of run {run.run_id} was already decided: {already}; nothing was changed",
                                  details={"decision": already, "seq": seq})
-    record = {"seq": seq, "decision": decision, "reason": reason, "actor": actor, "via": via, "at": now}
+    record = {"seq": seq, "decision": decision, "reason": reason, **who, "at": now}
     if won:
         _settle_approval(rt, run.run_id, seq, record)
         rt.event(run.run_id, "decided", {**record, "address": write["address"]})
@@ -286,25 +290,25 @@ def _settle_approval(rt: "Runtime", run_id: str, seq: int, record: dict[str, Any
 
     name = f"{APPROVAL_PREFIX}{seq}"
     now = rt.clock()
-    value = {k: record[k] for k in ("decision", "reason", "actor", "via")}
+    value = {k: record[k] for k in ("decision", "reason", "actor", "via", "origin")}
     rt.store.settle_wait(WaitRecord(rt.wait_key(run_id, name), run_id, name, WAIT_RESOLVED, now, seq=seq,
                                     value=value, resolved_at=now))
 
 
-async def _cancel(rt: "Runtime", run: RunRecord, fresh: dict[int, tuple[str, str | None]], actor: str, via: str,
+async def _cancel(rt: "Runtime", run: RunRecord, fresh: dict[int, tuple[str, str | None]], who: dict[str, Any],
                   now: float, t0: float, principal: str | None) -> RunResult:
     """A cancel of any write of the pause ends the run; no write of it is sent (P-10)."""
     seq, (_, reason) = next((s, v) for s, v in fresh.items() if v[0] == "cancel")
-    record = {"seq": seq, "decision": "cancel", "reason": reason, "actor": actor, "via": via, "at": now}
+    record = {"seq": seq, "decision": "cancel", "reason": reason, **who, "at": now}
     if not rt.store.update_run(run.run_id, [RUN_PAUSED], status=RUN_CANCELLED, decision=record, owner=rt.owner,
                                lease_until=now + rt.lease_seconds, updated_at=now):
         # The run moved on meanwhile: decide again against what it is now.
-        return await decide(rt, run.run_id, dict(fresh), principal=principal, actor=actor, via=via, t0=t0)
+        return await decide(rt, run.run_id, dict(fresh), principal=principal, t0=t0, **who)
     for write in batch_of(run):
         entry = rt.store.get_call(run.run_id, write["seq"])
         # A write approved earlier in this batch was not sent, and now never will be.
         if entry is not None and entry.state in (CALL_ASKED, CALL_APPROVED):
-            _record(rt, run, write, "cancel", reason if write["seq"] == seq else None, actor, via, now,
+            _record(rt, run, write, "cancel", reason if write["seq"] == seq else None, who, now,
                     expect=(CALL_ASKED, CALL_APPROVED))
     address = next(w["address"] for w in batch_of(run) if w["seq"] == seq)
     return rt._finish(run, RUN_CANCELLED, error={

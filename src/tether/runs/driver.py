@@ -309,7 +309,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
                 one["key"] = rt.approval_wait(run, w["seq"], expires)
                 writes.append(one)
             # The first write at the top level, as before batches; every write
-            # of the pause, that one included, under "writes" (P-25).
+            # of the pause, that one included, under "writes" (P-27).
             public = {**next(w for w in writes if w["seq"] == pending["seq"]), "writes": writes}
             envelope = paused_envelope(run.run_id, public, expires, logs, boundary, t0)
             status = RUN_PAUSED
@@ -490,7 +490,7 @@ def paused_envelope(run_id: str, pending: dict, expires: float, logs: LogBuffer,
 
 
 def pause_instructions(run_id: str, pending: dict) -> str:
-    """What to do with a paused run, naming each write by its seq (P-25, P-26)."""
+    """What to do with a paused run, naming each write by its seq (P-27, P-28)."""
     writes = pending.get("writes") or [pending]
 
     def show(w: dict) -> str:

@@ -23,8 +23,8 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
             "error": c.error,
         })
     snap = store.latest_snapshot(run_id)
-    # Who decided each paused write, and from where (P-27).
-    decisions = [{k: e.data.get(k) for k in ("seq", "address", "decision", "reason", "actor", "via", "at")}
+    # Who decided each paused write, and from where (P-29).
+    decisions = [{k: e.data.get(k) for k in ("seq", "address", "decision", "reason", "actor", "via", "origin", "at")}
                  for e in store.get_events(run_id, limit=100_000) if e.type == "decided"]
     pending = run.pending
     if pending and pending.get("writes"):

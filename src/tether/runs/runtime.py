@@ -190,7 +190,7 @@ class Runtime:
         self._policy_dict = self.policy.to_dict()
         self._limits_dict = self.limits.to_dict()
         self.inline_sleep_seconds = 1.0
-        # How long a forming write pause waits for more writes issued with it (P-25).
+        # How long a forming write pause waits for more writes issued with it (P-27).
         self.batch_window_seconds = 0.05
         # An idle REPL session is forgotten after this long.
         self.session_ttl_seconds = 3600.0
@@ -398,6 +398,7 @@ class Runtime:
         principal: str | None = None,
         actor: str | None = None,
         via: str = "python",
+        origin: str | None = None,
         on_approval: Approver | None = None,
         on_progress: Callable[[int, str], None] | None = None,
         on_question: Asker | None = None,
@@ -406,7 +407,7 @@ class Runtime:
 
         Without ``seq`` the decision is taken only when the run has asked about
         exactly one write in its life; otherwise it is refused (``seq_required``)
-        with the pending writes, so it cannot land on a write nobody saw (P-26).
+        with the pending writes, so it cannot land on a write nobody saw (P-28).
         """
         from .decisions import decide, unnamed_target
 
@@ -417,7 +418,8 @@ class Runtime:
         if seq is None:
             seq = unnamed_target(self, self._get_run(run_id, principal), decision)
         return await decide(self, run_id, {seq: (decision, reason)}, principal=principal, actor=actor, via=via,
-                            on_approval=on_approval, on_progress=on_progress, on_question=on_question, t0=t0)
+                            origin=origin, on_approval=on_approval, on_progress=on_progress, on_question=on_question,
+                            t0=t0)
 
     async def decide(
         self,
@@ -427,19 +429,21 @@ class Runtime:
         principal: str | None = None,
         actor: str | None = None,
         via: str = "python",
+        origin: str | None = None,
         on_approval: Approver | None = None,
         on_progress: Callable[[int, str], None] | None = None,
         on_question: Asker | None = None,
     ) -> RunResult:
-        """Decide writes of a paused run, each by seq: ``{3: "approve", 4: ("decline", "why")}`` (P-25..P-27).
+        """Decide writes of a paused run, each by seq: ``{3: "approve", 4: ("decline", "why")}`` (P-29..P-29).
 
         Returns the paused envelope while writes of the pause are undecided,
-        else the run's next result. ``actor`` (who) and ``via`` (from where:
-        python, cli, mcp, console, link, key, prompt) are recorded with each decision.
+        else the run's next result. ``actor`` (who), ``via`` (through what:
+        python, cli, mcp, console, link, key, prompt) and ``origin`` (where the
+        caller was, e.g. a client address) are recorded with each decision.
         """
         from .decisions import decide
 
-        return await decide(self, run_id, decisions, principal=principal, actor=actor, via=via,
+        return await decide(self, run_id, decisions, principal=principal, actor=actor, via=via, origin=origin,
                             on_approval=on_approval, on_progress=on_progress, on_question=on_question)
 
     def pending(self, run_id: str, *, principal: str | None = None) -> list[Any]:

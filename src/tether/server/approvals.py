@@ -8,9 +8,10 @@ the store mints and accepts the same links. It decides once: after a
 decision, after the time to live, or altered by a single character, it
 decides nothing and says why.
 
-:func:`decide` is the one way the console and the links decide a write. It
-records who decided and through what (``console``, ``link``) as a ``decided``
-event in the run's timeline, then continues the run in the background.
+:class:`Decider` is the one way the console and the links decide writes: it
+calls ``Runtime.decide`` (which records who decided, through what — ``console``,
+``link`` — and from where as a ``decided`` event in the run's timeline) and
+lets the run continue in the background.
 """
 
 from __future__ import annotations
@@ -156,65 +157,48 @@ class Decider:
         if run.expires_at is not None and self.rt.clock() > run.expires_at:
             return Outcome(False, "run_expired", "the approval's time to live has passed; nothing was decided "
                            "and nothing was sent", status=run.status)
-        outcome = Outcome(True)
-        for seq in sorted(seqs):
-            outcome = await self._decide_one(run_id, seq, decision, reason, principal=principal, who=who,
-                                             via=via, origin=origin)
-            if not outcome.ok:
-                break
-        return outcome
+        return await self._decide(run_id, sorted(seqs), decision, reason, principal=principal, who=who, via=via,
+                                  origin=origin)
 
     def _not_pending(self, run: RunRecord, seqs: list[int]) -> Outcome:
-        taken = [d for s in seqs if (d := (run.meta or {}).get("decisions", {}).get(str(s)))]
+        from ..runs.decisions import recorded_decision
+
+        taken = [d for s in seqs if (d := recorded_decision(self.rt, run.run_id, s)) is not None]
         if taken:
             d = taken[0]
             return Outcome(False, "already_decided",
-                           f"write {d.get('seq')} was already decided: {d.get('decision')}; nothing more was decided",
+                           f"write {d.seq} was already decided: {d.decision}; nothing more was decided",
                            status=run.status)
         return Outcome(False, "not_paused", f"run {run.run_id} is {run.status} and does not wait on "
                        f"write {', '.join(map(str, seqs))}; nothing was decided", status=run.status)
 
-    async def _decide_one(self, run_id: str, seq: int, decision: str, reason: str | None, *,
-                          principal: str | None, who: str, via: str, origin: str | None) -> Outcome:
-        started = self.rt.clock()
-        announced = asyncio.Event()
+    async def _decide(self, run_id: str, seqs: list[int], decision: str, reason: str | None, *,
+                      principal: str | None, who: str, via: str, origin: str | None) -> Outcome:
+        from ..runs.decisions import taken as taken_of
 
         def taken() -> bool:
-            run = self.rt.store.get_run(run_id)
-            record = ((run.meta or {}).get("decisions", {}).get(str(seq)) if run else None) or {}
-            return record.get("decision") == decision and (record.get("at") or 0) >= started - 1
-
-        def announce() -> None:
-            # Who decided, and through what, goes into the run's timeline.
-            self.rt.event(run_id, "decided", {"seq": seq, "decision": decision, "reason": reason, "by": who,
-                                              "via": via, "from": origin})
-            announced.set()
+            # The journal's compare-and-set is the decision (P-28): once every
+            # named write holds it, the page can say so, whatever the run does next.
+            return all(taken_of(self.rt.store.get_call(run_id, s)) == decision for s in seqs)
 
         async def go() -> Any:
             async with self._slot():
-                inner = asyncio.ensure_future(self.rt.resume(run_id, decision, reason, seq=seq, principal=principal))
-                # The decision is recorded before the run continues: announce
-                # it as soon as it is in the store, not when the run ends.
-                while not inner.done() and not announced.is_set():
-                    if taken():
-                        announce()
-                        break
-                    await asyncio.wait({inner}, timeout=0.02)
-                try:
-                    return await inner
-                finally:
-                    if not announced.is_set() and (not inner.cancelled() and inner.exception() is None) and taken():
-                        announce()
+                # rt.decide records who decided, through what and from where (P-29),
+                # then continues the run once its whole pause is decided.
+                return await self.rt.decide(run_id, {s: (decision, reason) for s in seqs}, principal=principal,
+                                            actor=who, via=via, origin=origin)
 
         task = asyncio.ensure_future(go())
         self._tasks.add(task)
         task.add_done_callback(self._finished)
-        waiter = asyncio.ensure_future(announced.wait())
-        try:
-            await asyncio.wait({task, waiter}, timeout=self.settle_seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-        if not announced.is_set():
+        deadline = asyncio.get_running_loop().time() + self.settle_seconds
+        decided = False
+        while not task.done() and asyncio.get_running_loop().time() < deadline:
+            if taken():
+                decided = True
+                break
+            await asyncio.wait({task}, timeout=0.02)
+        if not decided:
             if not task.done():
                 return Outcome(True, status="queued", message="the decision waits for a free run slot")
             exc = task.exception() if not task.cancelled() else None
@@ -223,7 +207,8 @@ class Decider:
             if exc is not None:
                 return Outcome(False, "internal_error", f"the decision failed ({type(exc).__name__}); "
                                "check the run before trying again")
-            return Outcome(False, "already_decided", "someone else decided this write first; nothing was decided")
+            if not taken():
+                return Outcome(False, "already_decided", "someone else decided this write first; nothing was decided")
         # Decided: give a quick run the rest of the moment to finish, so the
         # page can show its outcome.
         with contextlib.suppress(Exception):

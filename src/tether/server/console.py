@@ -40,6 +40,7 @@ from starlette.staticfiles import StaticFiles
 from ..errors import RunNotFound
 from ..runs.inspect import run_timeline
 from ..store.base import RUN_PAUSED, TERMINAL_RUN_STATUSES
+from ..runs.decisions import recorded_decision
 from .approvals import Decider, derived_key, describe_write, open_token, pending_writes
 from .auth import LOCAL, principal_for_token
 
@@ -448,12 +449,12 @@ class Console:
         if run is None:
             return claim, None, self.message("This approval link is not valid",
                                              "The run it names no longer exists; nothing was decided.", status=404)
-        decided = (run.meta or {}).get("decisions", {}).get(str(claim.seq))
+        decided = recorded_decision(self.rt, run.run_id, claim.seq)
         if decided is not None:
-            verb = {"approve": "approved", "decline": "declined", "cancel": "cancelled"}.get(decided.get("decision"),
-                                                                                           decided.get("decision"))
+            verb = {"approve": "approved", "decline": "declined", "cancel": "cancelled"}.get(decided.decision,
+                                                                                           decided.decision)
             return claim, run, self.message(
-                "Already decided", f"This write was already {verb} ({_when(decided.get('at'))}). "
+                "Already decided", f"This write was already {verb} ({_when(decided.at)}). "
                 "An approval link decides once; nothing more was decided.", status=409, tone="info",
                 detail=f"The run is {run.status}.")
         expiry = min(claim.expires_at, run.expires_at or claim.expires_at)

@@ -444,7 +444,7 @@ class TetherServer:
     # -- approval: modern (input required) -----------------------------------------
 
     def _input_required(self, result: RunResult, principal: str) -> InputRequiredResult:
-        # One form per round: the first write of the pause still undecided (P-25).
+        # One form per round: the first write of the pause still undecided (P-27).
         pending = _first_undecided(result.pending or {})
         request = ElicitRequest(params=ElicitRequestFormParams(message=self._approval_message(pending),
                                                                requested_schema=APPROVAL_SCHEMA))
