@@ -1,4 +1,4 @@
-"""Batch pauses and decisions that name their write, through the real MCP client (P-29..P-29)."""
+"""Batch pauses and decisions that name their write, through the real MCP client (P-27..P-29)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Decisions on paused writes: which write, taken by whom, from where (P-10, P-29..P-29).
+"""Decisions on paused writes: which write, taken by whom, from where (P-10, P-27..P-29).
 
 A pause lists every write that waits (one, or a batch issued together). Each
 write is decided on its own, by its seq: the journal entry's compare-and-set
@@ -200,7 +200,7 @@ def _paused_view(rt: "Runtime", run: RunRecord) -> RunResult:
 async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, principal: str | None = None,
                  actor: str | None = None, via: str = "python", origin: str | None = None, on_approval: Any = None,
                  on_progress: Any = None, on_question: Any = None, t0: float | None = None) -> RunResult:
-    """Decide writes of a paused run by seq; continue it once its whole pause is decided (P-10, P-29..P-29)."""
+    """Decide writes of a paused run by seq; continue it once its whole pause is decided (P-10, P-27..P-29)."""
     import time
 
     t0 = time.perf_counter() if t0 is None else t0

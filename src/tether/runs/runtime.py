@@ -434,7 +434,7 @@ class Runtime:
         on_progress: Callable[[int, str], None] | None = None,
         on_question: Asker | None = None,
     ) -> RunResult:
-        """Decide writes of a paused run, each by seq: ``{3: "approve", 4: ("decline", "why")}`` (P-29..P-29).
+        """Decide writes of a paused run, each by seq: ``{3: "approve", 4: ("decline", "why")}`` (P-27..P-29).
 
         Returns the paused envelope while writes of the pause are undecided,
         else the run's next result. ``actor`` (who), ``via`` (through what:
