@@ -118,6 +118,9 @@ VALID: list[tuple[str, Any]] = [
     ('import tools\nops = {"read": tools.fs.read}\nawait ops["read"]("x")', "contents of x"),
     ('import tools\nname = "read"\nawait getattr(tools.fs, name)("y")', "contents of y"),
     ('import tools\nns = getattr(tools, "fs")\nawait ns.read("z")', "contents of z"),
+    ('import tools\nm = tools\nawait m.fs.read("q")', "contents of q"),
+    ('import tools\ndef pick(mod):\n    return mod.fs\nawait pick(tools).read("p")', "contents of p"),
+    ('import tools\ngh = tools.gh\n(await gh.search_issues(query="x"))["query"]', "x"),
     ('import tools\nargs = {"city": "Lima", "days": 2}\nlen(await tools.weather.forecast(**args))', 2),
     ('import tools\npos = ["r.txt"]\nawait tools.fs.sort(*pos)', ["a", "b", "c"]),
     # --- gather and control flow ------------------------------------------------------

@@ -153,7 +153,13 @@ async def test_full_check_stubs_only_what_the_program_reaches():
         spec = build_spec(rt, run, Limits(), reach=precheck(rt, run))
         assert list(spec.namespace_stubs) == ["helpdesk"]
         assert "get_ticket" in spec.namespace_stubs["helpdesk"] and "add_comment" not in spec.namespace_stubs["helpdesk"]
+        # An alias assigned once is followed like an import...
         run = rt._new_run("import tools\nns = tools.slowpoke\nawait ns.wait()", principal=None, meta=None,
+                          check="full", status="running")
+        spec = build_spec(rt, run, Limits(), reach=precheck(rt, run))
+        assert list(spec.namespace_stubs) == ["slowpoke"] and "def write(" not in spec.namespace_stubs["slowpoke"]
+        # ...a namespace reached dynamically gets all its tools.
+        run = rt._new_run("import tools\nawait getattr(tools.slowpoke, 'wait')()", principal=None, meta=None,
                           check="full", status="running")
         spec = build_spec(rt, run, Limits(), reach=precheck(rt, run))
         assert list(spec.namespace_stubs) == ["slowpoke"] and "def write(" in spec.namespace_stubs["slowpoke"]

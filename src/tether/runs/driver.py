@@ -88,10 +88,17 @@ def run_check_mode(rt: "Runtime", run: RunRecord) -> str:
     return mode
 
 
-def precheck(rt: "Runtime", run: RunRecord) -> Reach | None:
-    """The pre-run check of a fresh run (tools.precheck); raises what it finds, before any call."""
+def precheck(rt: "Runtime", run: RunRecord) -> Reach:
+    """The pre-run check of a fresh run (tools.precheck); raises what it finds, before any call.
+
+    With the check off nothing is raised, but what the program reaches still
+    decides how much of the `tools` module its sandbox gets.
+    """
     if run_check_mode(rt, run) == "off":
-        return None
+        try:
+            return check_program(run.program, rt.catalog)
+        except TetherError:
+            return EVERYTHING
     return check_program(run.program, rt.catalog)
 
 
@@ -112,8 +119,11 @@ def build_spec(rt: "Runtime", run: RunRecord, limits: Limits, *, continuing: boo
     # checked again when it continues (restore or replay).
     type_check = run_check_mode(rt, run) == "full" and not continuing
     stubs = None
+    if continuing or run.session or reach is None:
+        # A continuing program must find the module it started with, and a
+        # session's globals may hold `tools` from an earlier execute.
+        reach = EVERYTHING
     if type_check:
-        reach = reach or EVERYTHING
         stubs = stubs_for(rt.catalog, reach.addresses, reach.namespaces, reach.everything)
         if rt.verdicts.get(_verdict_key(run.program, stubs)) is True:
             # The same program against the same stubs passed before: the
@@ -136,6 +146,7 @@ def build_spec(rt: "Runtime", run: RunRecord, limits: Limits, *, continuing: boo
         tools_stubs=getattr(stubs, "tools_module", None),
         namespace_stubs=dict(getattr(stubs, "namespace_modules", {}) or {}),
         modules_key=(id(rt.catalog), getattr(rt.catalog, "version", None)),
+        reach=None if reach.everything else (reach.addresses, reach.namespaces),
     )
 
 

@@ -114,6 +114,9 @@ class SandboxSpec:
     namespace_stubs: dict[str, str] = field(default_factory=dict)
     # Identifies the catalog (and its stubs): the `tools` module is reused while it is the same.
     modules_key: Any = None
+    # What the program reaches (addresses, namespaces reached dynamically), or None
+    # for everything: the worker receives only that part of the `tools` module.
+    reach: tuple[frozenset[str], frozenset[str]] | None = None
 
 
 def _limits(limits: SandboxLimits) -> dict[str, Any]:
@@ -153,11 +156,18 @@ def reserved_module_names() -> frozenset[str]:
 _CURRENT: contextvars.ContextVar["Execution"] = contextvars.ContextVar("tether_execution")
 
 
-def _tool_functions(ns: str, names: tuple[str, ...]) -> dict[str, Any]:
+def _tool_functions(ns: str, names: tuple[str, ...], cache: dict[str, Any]) -> dict[str, Any]:
     # Monty refuses keyword keys and hides "_" ones; such tools cannot be
     # called as attributes anyway, so they are left out of the module.
-    return {name: _routed(f"tools.{ns}.{name}") for name in names
-            if name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")}
+    out = {}
+    for name in names:
+        if name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_"):
+            address = f"tools.{ns}.{name}"
+            fn = cache.get(address)
+            if fn is None:
+                fn = cache[address] = _routed(address)
+            out[name] = fn
+    return out
 
 
 def _routed(name: str) -> Callable[..., Awaitable[Any]]:
@@ -181,7 +191,7 @@ class SandboxPool:
         )
         self._started = False
         self._lock = asyncio.Lock()
-        self._modules: tuple[Any, dict[str, Any], Any, dict[tuple[str, str], Any]] | None = None
+        self._modules: tuple[Any, dict[Any, Any], dict[str, Any]] | None = None
 
     async def start(self) -> None:
         async with self._lock:
@@ -196,35 +206,54 @@ class SandboxPool:
                 await self._pool.__aexit__(None, None, None)
 
     def tools_module(self, spec: SandboxSpec) -> Any:
-        """The `tools` module a run imports.
+        """The `tools` module a run imports: only what its program reaches.
 
         Its functions find the execution they serve through a context
         variable (Monty runs host callbacks in the caller's context), so the
-        modules are built once per catalog version and shared by every run;
-        rebuilding them per run cost time in proportion to the catalog. A
-        checked run gets stubs for only what its program reaches: the
-        namespaces it names carry their (cached) stubbed module, the rest the
-        shared plain one.
+        modules are built once per catalog version and reach and shared by
+        every run. The worker receives the module on `import tools`, in time
+        proportional to its size: a run gets the namespaces and tools its
+        program reaches (a namespace it reaches dynamically in full), not the
+        whole catalog. A checked run's modules carry the stubs of that reach.
         """
         key = spec.modules_key
         if key is None or self._modules is None or self._modules[0] != key:
-            plain = {ns: _pm.ExternalModule(_tool_functions(ns, names)) for ns, names in spec.namespaces.items()}
-            self._modules = (key, plain, _pm.ExternalModule(plain), {})
-        _, plain, unchecked, stubbed = self._modules
-        if not spec.type_check:
-            return unchecked
-        modules = dict(plain)
-        for ns, text in spec.namespace_stubs.items():
-            if ns not in plain:
-                continue
-            module = stubbed.get((ns, text))
-            if module is None:
-                module = _pm.ExternalModule(_tool_functions(ns, spec.namespaces[ns]), stubs=text)
-                if len(stubbed) > 256:
-                    stubbed.clear()
-                stubbed[(ns, text)] = module
-            modules[ns] = module
-        return _pm.ExternalModule(modules, stubs=spec.tools_stubs)
+            self._modules = (key, {}, {})
+        _, modules, functions = self._modules
+        stubs = spec.namespace_stubs if spec.type_check else {}
+        if spec.reach is None:
+            wanted = {ns: None for ns in spec.namespaces}
+        else:
+            addresses, dynamic = spec.reach
+            wanted = {ns: None for ns in dynamic if ns in spec.namespaces}
+            picked: dict[str, set[str]] = {}
+            for address in addresses:
+                ns, _, name = address.partition(".")
+                if ns in spec.namespaces and ns not in wanted:
+                    picked.setdefault(ns, set()).add(name)
+            wanted.update({ns: tuple(sorted(names)) for ns, names in picked.items()})
+        whole_key = ("tools", tuple(wanted.items()) if spec.reach is not None else None, spec.tools_stubs
+                     if spec.type_check else None)
+        if not stubs:
+            hit = modules.get(whole_key)
+            if hit is not None:
+                return hit
+        children = {}
+        for ns, names in wanted.items():
+            stub = stubs.get(ns)
+            child_key = (ns, names, stub)
+            child = modules.get(child_key)
+            if child is None:
+                listed = names if names is not None else spec.namespaces[ns]
+                child = _pm.ExternalModule(_tool_functions(ns, listed, functions), stubs=stub)
+                modules[child_key] = child
+            children[ns] = child
+        tools = _pm.ExternalModule(children, stubs=spec.tools_stubs if spec.type_check else None)
+        if not stubs:
+            modules[whole_key] = tools
+        if len(modules) > 2048:
+            self._modules = (key, {}, functions)
+        return tools
 
     def execution(
         self,

@@ -58,6 +58,8 @@ class _Scan:
     functions: dict[str, str] = field(default_factory=dict)  # name -> address it is bound to
     rebound: set[str] = field(default_factory=set)  # names also assigned otherwise
     origin: dict[str, ast.AST] = field(default_factory=dict)  # name -> the import that bound it
+    bound_otherwise: set[str] = field(default_factory=set)  # bound by def, parameter, except, global...
+    star: bool = False  # `from tools import *`
 
 
 _cache: OrderedDict[tuple[str, int, int], Reach | TetherError] = OrderedDict()
@@ -102,12 +104,15 @@ def _check(code: str, catalog: Catalog) -> Reach:
     except (ValueError, RecursionError, MemoryError):
         return EVERYTHING
     scan = _bindings(tree)
+    _assigned_aliases(tree, scan)
     shadowed = scan.rebound & (scan.modules | set(scan.namespaces) | set(scan.functions))
     for name in shadowed:
         # A name bound both to tools and to something else: judged by the run only.
         scan.modules.discard(name)
         scan.namespaces.pop(name, None)
         scan.functions.pop(name, None)
+    if scan.star:
+        shadowed.add("*")
     if not (scan.modules or scan.namespaces or scan.functions):
         return Reach(everything=bool(shadowed))
     reach = _Walker(scan, catalog).run(tree)
@@ -125,13 +130,47 @@ def _monty_may_parse(exc: SyntaxError) -> bool:
     )
 
 
+def _assigned_aliases(tree: ast.AST, scan: _Scan) -> None:
+    """``gh = tools.github`` / ``get = tools.bench.get``, assigned once: an alias like an import's."""
+    stores: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            stores[node.id] = stores.get(node.id, 0) + 1
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        name, value = node.targets[0].id, node.value
+        if (stores.get(name) != 1 or name in scan.bound_otherwise or name in scan.modules
+                or name in scan.namespaces or name in scan.functions):
+            continue
+        if (isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)
+                and value.value.id in scan.modules):
+            scan.namespaces[name] = value.attr
+        elif (isinstance(value, ast.Attribute) and isinstance(value.value, ast.Attribute)
+                and isinstance(value.value.value, ast.Name) and value.value.value.id in scan.modules):
+            scan.functions[name] = f"{value.value.attr}.{value.attr}"
+        elif (isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)
+                and value.value.id in scan.namespaces):
+            scan.functions[name] = f"{scan.namespaces[value.value.id]}.{value.attr}"
+        else:
+            continue
+        scan.rebound.discard(name)
+        scan.origin[name] = node
+
+
 def _bindings(tree: ast.AST) -> _Scan:
     scan = _Scan()
+
+    def other(name: str) -> None:
+        scan.rebound.add(name)
+        scan.bound_otherwise.add(name)
+
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
                 if parts[0] != _MODULE:
+                    other(alias.asname or parts[0])
                     continue
                 if alias.asname is None:
                     scan.modules.add(_MODULE)  # `import tools.ns` binds `tools`
@@ -143,10 +182,13 @@ def _bindings(tree: ast.AST) -> _Scan:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             parts = node.module.split(".")
             if parts[0] != _MODULE:
+                for alias in node.names:
+                    other(alias.asname or alias.name)
                 continue
             for alias in node.names:
                 bound = alias.asname or alias.name
                 if alias.name == "*":
+                    scan.star = True  # names nobody can list statically: the whole catalog
                     continue
                 if len(parts) == 1:
                     scan.namespaces[bound] = alias.name
@@ -155,26 +197,29 @@ def _bindings(tree: ast.AST) -> _Scan:
                 scan.origin[bound] = node
         elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             scan.rebound.add(node.id)
+            if isinstance(node.ctx, ast.Del):
+                scan.bound_otherwise.add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            scan.rebound.add(node.name)
+            other(node.name)
             if not isinstance(node, ast.ClassDef):
                 args = node.args
                 for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
                     if a is not None:
-                        scan.rebound.add(a.arg)
+                        other(a.arg)
         elif isinstance(node, ast.Lambda):
             for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
-                scan.rebound.add(a.arg)
+                other(a.arg)
         elif isinstance(node, ast.ExceptHandler) and node.name:
-            scan.rebound.add(node.name)
+            other(node.name)
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            scan.rebound.update(node.names)
+            for name in node.names:
+                other(name)
         elif isinstance(node, ast.MatchAs) and node.name:
-            scan.rebound.add(node.name)
+            other(node.name)
         elif isinstance(node, ast.MatchStar) and node.name:
-            scan.rebound.add(node.name)
+            other(node.name)
         elif isinstance(node, ast.MatchMapping) and node.rest:
-            scan.rebound.add(node.rest)
+            other(node.rest)
     return scan
 
 
@@ -193,6 +238,9 @@ class _Walker:
             self._tool(address, self.scan.origin.get(name))
         for name, ns in self.scan.namespaces.items():
             self._namespace(ns, self.scan.origin.get(name))
+        for origin in self.scan.origin.values():
+            if isinstance(origin, ast.Assign):  # `gh = tools.github`: an alias, not a dynamic reach
+                self._seen.update(id(n) for n in ast.walk(origin.value))
         # Calls first, so a call's function is judged with its arguments.
         nodes = list(ast.walk(tree))
         for node in nodes:
