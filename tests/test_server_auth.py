@@ -153,3 +153,29 @@ async def test_p24_the_cli_decides_only_local_runs_but_may_cancel_any(served):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["status"] == "cancelled"
     assert "token-owned" not in served.tags()
+
+
+async def test_p23_a_legacy_session_is_usable_only_with_the_token_that_opened_it(served):
+    import httpx
+
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
+        "clientInfo": {"name": "raw", "version": "0"}}}
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
+               "MCP-Protocol-Version": "2025-11-25"}
+    async with httpx.AsyncClient(timeout=10) as http:
+        opened = await http.post(served.url, json=init, headers={**headers, "Authorization": f"Bearer {ALPHA}"})
+        session = opened.headers["mcp-session-id"]
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        for token, expected in ((BETA, 404), (ALPHA, 200)):
+            r = await http.post(served.url, json=listing, headers={
+                **headers, "Authorization": f"Bearer {token}", "Mcp-Session-Id": session})
+            assert r.status_code == expected, (token, r.status_code, r.text)
+        # The stream a legacy server asks its approval forms on is the session's too.
+        async with http.stream("GET", served.url, headers={
+                "Accept": "text/event-stream", "Authorization": f"Bearer {BETA}", "Mcp-Session-Id": session}) as r:
+            assert r.status_code == 404
+        r = await http.post(served.url, json=listing, headers=httpx.Headers([
+            *headers.items(), ("Authorization", f"Bearer {ALPHA}"), ("Mcp-Session-Id", session),
+            ("Mcp-Session-Id", "another")]))
+        assert r.status_code == 400 and r.json()["error"]["code"] == "ambiguous_credentials"

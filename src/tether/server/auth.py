@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 LOCAL = "local"
@@ -32,6 +33,10 @@ _LOOPBACK_NAMES = ("localhost",)
 _TOKEN68 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=")
 
 HEALTH_PATH, READY_PATH = "/healthz", "/readyz"
+SESSION_HEADER = b"mcp-session-id"
+# Sessions remembered per process; past this the oldest is forgotten and its
+# client must initialize again (idle legacy sessions are long gone by then).
+MAX_BOUND_SESSIONS = 100_000
 
 
 def split_tokens(value: str | None) -> tuple[str, ...]:
@@ -127,6 +132,10 @@ class BearerAuth:
     def __init__(self, app: Any, tokens: Sequence[str]) -> None:
         self.app = app
         self.tokens = tuple(t.encode() for t in tokens)
+        # Legacy (2025-11-25) MCP sessions live in this process's memory, so
+        # their binding to a principal can too: a session id is usable only
+        # with the token that opened it (the SDK does not bind them).
+        self._sessions: OrderedDict[bytes, str] = OrderedDict()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -150,8 +159,35 @@ class BearerAuth:
             await _refuse(send, CredentialProblem(401, "invalid_token", "the bearer token is not one this server accepts"))
             return
         # The principal comes from the token just verified, and from nothing else.
-        scope[SCOPE_KEY] = principal_for_token(token)
-        await self.app(scope, receive, send)
+        principal = principal_for_token(token)
+        scope[SCOPE_KEY] = principal
+        session_ids = [v for k, v in scope.get("headers", []) if k.lower() == SESSION_HEADER]
+        if len(session_ids) > 1:
+            await _refuse(send, CredentialProblem(400, "ambiguous_credentials",
+                                                  f"the request has {len(session_ids)} Mcp-Session-Id headers"))
+            return
+        if session_ids and self._sessions.get(session_ids[0]) != principal:
+            # Another principal's session does not exist for this caller, as
+            # the SDK answers an unknown one. Every session this process holds
+            # was opened through here, so an id it never bound is no session.
+            await _json(send, 404, {"error": {"code": "session_not_found",
+                                              "message": "no MCP session with that id for this token",
+                                              "next_action": "Start a new session (initialize) with your token."}})
+            return
+        await self.app(scope, receive, self._binding_sessions(send, principal))
+
+    def _binding_sessions(self, send: Any, principal: str) -> Any:
+        async def bind(message: dict) -> None:
+            if message.get("type") == "http.response.start":
+                for k, v in message.get("headers", []):
+                    if k.lower() == SESSION_HEADER:
+                        self._sessions.setdefault(v, principal)
+                        self._sessions.move_to_end(v)
+                        while len(self._sessions) > MAX_BOUND_SESSIONS:
+                            self._sessions.popitem(last=False)
+            await send(message)
+
+        return bind
 
 
 class HealthRoutes:
