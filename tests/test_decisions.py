@@ -256,3 +256,16 @@ async def test_p10_a_pause_decided_but_not_continued_is_continued_by_a_repeat(st
         done = await rt.resume(r.run_id, "approve", seq=4)
         assert done.status == "completed", done.error
         assert [d[1]["body"] for d in rec.deliveries] == ["one", "three"]
+
+
+async def test_p29_a_write_decided_inline_is_recorded_too(store_url):
+    rec = Recorder()
+
+    async def approver(pending):
+        return ("approve", None) if pending["args"]["body"] != "two" else ("decline", "not that one")
+
+    async with make_runtime(store_url, rec) as rt:
+        r = await rt.execute(GATHER3, on_approval=approver)
+        assert r.status == "completed", r.error
+        decided = sorted((d["seq"], d["decision"], d["via"]) for d in run_timeline(rt.store, r.run_id)["decisions"])
+        assert decided == [(2, "approve", "prompt"), (3, "decline", "prompt"), (4, "approve", "prompt")]

@@ -85,3 +85,15 @@ async def test_p27_modern_forms_ask_each_write_of_a_batch_in_turn(rt, rec):
     assert data["result"][0] == "closed" and data["result"][2] == "closed"
     assert data["result"][1].startswith("[write_declined]")
     assert len(shown) == 3 and sorted(d[1]["id"] for d in rec.deliveries) == [1, 3]
+
+
+async def test_p29_a_legacy_form_records_the_principal_and_mcp(rt, rec):
+    async def forms(context, params):
+        return ElicitResult(action="accept", content={"decision": "approve"})
+
+    server = TetherServer(rt, principal_of=lambda ctx: "token:carol")
+    async with Client(server.mcp, mode="legacy", elicitation_callback=forms) as c:
+        r = await c.call_tool("execute", {"code": GATHER3})
+    assert r.structured_content["result"] == ["closed", "closed", "closed"]
+    decided = [e.data for e in rt.store.get_events(r.structured_content["run_id"]) if e.type == "decided"]
+    assert len(decided) == 3 and {(d["actor"], d["via"]) for d in decided} == {("token:carol", "mcp")}

@@ -144,7 +144,13 @@ async def cmd_run(args: argparse.Namespace) -> int:
     tools = [resolve_tool_spec(t) for t in args.tools]
     async with _runtime(args, tools) as rt:
         interactive = sys.stdin.isatty() and sys.stdout.isatty() and not args.no_prompt and not args.json
-        result = await rt.execute(code, on_approval=_ask_inline if interactive else None,
+        approver = None
+        if interactive:
+            async def approver(pending: dict) -> tuple[str, str | None]:
+                return await _ask_inline(pending)
+            # Recorded with each decision taken at the prompt (P-29).
+            approver.actor, approver.via = _local_user(), "cli"  # type: ignore[attr-defined]
+        result = await rt.execute(code, on_approval=approver,
                                   on_question=_ask_question if interactive else None,
                                   meta={"tools": tools, "config": _abs(args.config)})
     if result.status == "waiting" and result.expires_at is not None:

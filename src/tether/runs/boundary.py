@@ -587,6 +587,7 @@ class EffectBoundary:
         pending = _pending_write(seq, tool, args)
         if self.on_approval is not None:
             verdict, reason = await self.on_approval(pending)
+            self._record_inline_decision(seq, tool.address, "approve" if verdict == "approve" else "decline", reason)
             if verdict == "approve":
                 await self._cas(seq, [CALL_ASKED], state=CALL_APPROVED)
                 return await self._send(seq, tool, valid, t)
@@ -601,6 +602,13 @@ class EffectBoundary:
         # Pause: the first write to ask pauses the run; writes issued with it
         # that ask too join its batch (P-27); other calls are held (P-4).
         return await self._stop_at(pending, Paused(pending))
+
+    def _record_inline_decision(self, seq: int, address: str, decision: str, reason: str | None) -> None:
+        """Who decided a write asked inline, and through what (P-29): the approver may say, else `prompt`."""
+        who = {"actor": getattr(self.on_approval, "actor", None), "via": getattr(self.on_approval, "via", "prompt"),
+               "origin": None}
+        self.store.add_event(self.run_id, "decided", {"seq": seq, "decision": decision, "reason": reason, **who,
+                                                      "at": self.clock(), "address": address}, self.clock())
 
     async def _join_batch(self, seq: int, address: str, args: dict[str, Any]) -> Any:
         """A call issued while a write pause forms: a write that would ask joins the pause (P-27).

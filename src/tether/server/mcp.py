@@ -426,6 +426,8 @@ class TetherServer:
             # Dismissed: tether must decide now, and not sending is the safe choice.
             return "decline", "the user dismissed the approval form"
 
+        # Recorded with each decision the form takes (P-29).
+        approve.actor, approve.via = self.principal_of(ctx), "mcp"  # type: ignore[attr-defined]
         return approve
 
     def _asker(self, ctx: Context) -> Callable[[dict], Any]:
