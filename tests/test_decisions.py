@@ -269,3 +269,21 @@ async def test_p29_a_write_decided_inline_is_recorded_too(store_url):
         assert r.status == "completed", r.error
         decided = sorted((d["seq"], d["decision"], d["via"]) for d in run_timeline(rt.store, r.run_id)["decisions"])
         assert decided == [(2, "approve", "prompt"), (3, "decline", "prompt"), (4, "approve", "prompt")]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_p28_concurrent_deciders_of_one_batch_in_two_processes_continue_it_once(backend, request):
+    url = request.getfixturevalue("store_url" if backend == "sqlite" else "pg_url")
+    rec = Recorder()
+    async with make_runtime(url, rec) as a, make_runtime(url, rec) as b:
+        paused = await a.execute(GATHER3)
+        outcomes = await asyncio.gather(
+            a.decide(paused.run_id, {2: "approve"}, actor="ann"), b.decide(paused.run_id, {3: "approve"}, actor="ben"),
+            a.decide(paused.run_id, {4: ("decline", "no")}, actor="ann"), b.decide(paused.run_id, {2: "approve"}),
+            return_exceptions=True)
+        assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
+        final = await a.wait_for_run(paused.run_id)
+        assert final.status == "completed", final.error
+        assert sorted(d[1]["body"] for d in rec.deliveries) == ["one", "two"]
+        decided = [e.data["seq"] for e in a.store.get_events(paused.run_id) if e.type == "decided"]
+        assert sorted(decided) == [2, 3, 4]  # the repeat of 2 recorded nothing
