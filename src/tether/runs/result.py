@@ -11,6 +11,7 @@ import base64
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,10 @@ MAX_INT_DIGITS = 4300
 MAX_EXACT_INT_DIGITS = 20_000
 MAX_REPR_CHARS = 1000
 _LOG10_2 = math.log10(2)
+# Ints below this (in absolute value) print without a second look.
+_SAFE_INT = 10 ** (MAX_INT_DIGITS - 1)
+# A str holding one of these cannot be encoded as UTF-8 (so not stored or sent).
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def to_json_value(value: Any) -> tuple[Any, list[str]]:
@@ -37,6 +42,14 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
     seen: set[int] = set()
 
     def conv(v: Any, depth: int) -> Any:
+        # The common values first, without a call: most results are records of these.
+        t = type(v)
+        if t is str and v.isascii():
+            return v
+        if t is int and -_SAFE_INT < v < _SAFE_INT:
+            return v
+        if t is float and math.isfinite(v):
+            return v
         try:
             return convert(v, depth)
         except Exception as exc:  # noqa: BLE001 - nothing a value does may stop the conversion
@@ -163,9 +176,7 @@ def _int(v: int, notes: list[str]) -> Any:
 def _text(s: str, notes: list[str]) -> str:
     if s.isascii():
         return s
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
+    if _SURROGATE.search(s) is not None:
         # Lone surrogates (e.g. bytes decoded with surrogateescape): not
         # Unicode, so neither JSON nor the store could carry them.
         notes.append("a string that was not valid Unicode had its unpaired surrogates escaped")
