@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from tether.tools import Catalog, Tool, search
@@ -223,3 +226,75 @@ def test_index_follows_catalog_changes(catalog: Catalog) -> None:
 
 def test_empty_catalog() -> None:
     assert search(Catalog(), "anything") == {"results": [], "total": 0, "next_offset": None}
+
+
+# --- a slice of GitHub's REST catalog: real names, titles and the distractors that beat them before ---
+
+_GITHUB = json.loads((Path(__file__).parent / "fixtures" / "github_operations.json").read_text())["operations"]
+
+
+@pytest.fixture(scope="module")
+def github() -> Catalog:
+    return Catalog(
+        Tool(
+            namespace="github",
+            name=op["name"],
+            description=op["description"],
+            input_schema={"type": "object", "properties": {p: {"type": "string"} for p in op["params"]}},
+            handler=_noop,
+            title=op["title"],
+            annotations=Annotations(read_only=op["read_only"]),
+            source="openapi",
+        )
+        for op in _GITHUB
+    )
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        # The exact title beats long names that merely contain the words.
+        ("list pull requests", "github.pulls_list"),
+        ("get a repository", "github.repos_get"),
+        ("create an issue", "github.issues_create"),
+        # Verb synonyms: close is an update; "who am I" is the authenticated user.
+        ("close an issue", "github.issues_update"),
+        ("who am I logged in as", "github.users_get_authenticated"),
+        ("my repositories", "github.repos_list_for_authenticated_user"),
+        ("fetch a repo", "github.repos_get"),
+        ("remove a repository", "github.repos_delete"),
+        ("find repositories", "github.search_repos"),
+        # Name tokens as written in code, and a word run together.
+        ("pulls_list", "github.pulls_list"),
+        ("rerun a workflow", "github.actions_re_run_workflow"),
+        # Related forms: assign ~ assignees; "PR" is a pull request.
+        ("assign an issue", "github.issues_add_assignees"),
+        ("request reviewers on a PR", "github.pulls_request_reviewers"),
+    ],
+)
+def test_the_obvious_github_operation_ranks_first(github: Catalog, query: str, expected: str) -> None:
+    assert _top(github, query)[0] == expected
+
+
+def test_a_rare_word_the_query_lacks_counts_against_a_tool(github: Catalog) -> None:
+    # issues_lock and issues_create share "issue"; "lock" was not asked for, "create" was.
+    top = _top(github, "create issue")
+    assert top.index("github.issues_create") < top.index("github.issues_lock")
+
+
+def test_scores_explain_the_order_and_stay_non_increasing(github: Catalog) -> None:
+    page = search(github, "list pull requests", limit=50)
+    scores = [r["score"] for r in page["results"]]
+    assert scores == sorted(scores, reverse=True)
+    assert scores[0] > scores[1]  # the exact match is not a near-tie
+
+
+def test_pages_of_any_size_form_one_order(github: Catalog) -> None:
+    whole = _top(github, "list", limit=100)
+    for size in (1, 3, 7):
+        seen, offset = [], 0
+        while offset is not None:
+            page = search(github, "list", limit=size, offset=offset)
+            seen += [r["address"] for r in page["results"]]
+            offset = page["next_offset"]
+        assert seen == whole
