@@ -287,3 +287,14 @@ async def test_p28_concurrent_deciders_of_one_batch_in_two_processes_continue_it
         assert sorted(d[1]["body"] for d in rec.deliveries) == ["one", "two"]
         decided = [e.data["seq"] for e in a.store.get_events(paused.run_id) if e.type == "decided"]
         assert sorted(decided) == [2, 3, 4]  # the repeat of 2 recorded nothing
+
+
+async def test_p10_cancel_ends_a_batch_that_is_partly_decided(store_url):
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute(GATHER3)
+        await rt.decide(paused.run_id, {2: "approve", 3: "decline"})
+        r = await rt.cancel(paused.run_id, "changed my mind")
+        assert r.status == "cancelled" and rec.deliveries == []
+        states = {c.seq: c.state for c in rt.store.get_calls(paused.run_id) if c.kind == "write"}
+        assert states == {2: "declined", 3: "declined", 4: "declined"}

@@ -215,6 +215,10 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
     for seq, (decision, reason) in sorted(wanted.items()):
         entry = rt.store.get_call(run_id, seq)
         already = taken(entry)
+        if decision == "cancel" and seq in batch and already != "cancel":
+            # Cancel ends the paused run, whatever was decided on this write so far.
+            fresh[seq] = (decision, reason)
+            continue
         if already is not None:
             if already != decision:
                 raise AlreadyDecided(f"call {seq} of run {run_id} was already decided: {already}; "
