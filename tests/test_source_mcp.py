@@ -8,6 +8,7 @@ after close(), that no process carrying it is left.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -160,13 +161,14 @@ async def test_results_names_and_annotations_are_mapped(tag):
         # Structured content wins; the SDK wraps a bare `-> str` as {"result": ...}.
         assert await tools["echo"].handler({"text": "hi"}) == {"result": "hi"}
         assert await tools["add"].handler({"a": 2, "b": 3}) == {"total": 5}
-        # Several text blocks: a list, each parsed as JSON when it is JSON.
-        assert await tools["lines"].handler({}) == [{"n": 1}, "plain words"]
+        # Several text blocks: a list of texts. Text that looks like JSON stays text:
+        # only structuredContent is data.
+        assert await tools["lines"].handler({}) == ['{"n": 1}', "plain words"]
         assert await tools["picture"].handler({}) == {"type": "image", "mime_type": "image/png", "data": "iQ=="}
 
         weird = tools["weird_name_v2"]
         assert source.upstream_name("weird_name_v2") == "weird-name.v2"
-        assert await weird.handler({}) == {"ok": True}
+        assert json.loads(await weird.handler({})) == {"ok": True}  # `-> dict` is text only
         assert weird.annotations.destructive and not weird.annotations.read_only
 
         # No annotations at all: every hint False, so the policy treats it as a write.

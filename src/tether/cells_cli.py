@@ -102,9 +102,9 @@ async def watch(args: argparse.Namespace, runtime: Callable[..., Any]) -> int:
 
 async def terminate(args: argparse.Namespace, runtime: Callable[..., Any], recorded_setup: Callable[..., Any]) -> int:
     args.run_id = args.cell_id
-    tools, config = recorded_setup(args)
+    tools, config, sources = recorded_setup(args)
     args.config = config
-    async with runtime(args, tools) as rt:
+    async with runtime(args, tools, sources=sources) as rt:
         obs = await rt.terminate_cell(args.cell_id)
     _print_obs(obs, args.json)
     return EXIT_OK

@@ -101,11 +101,17 @@ def _read_program(path: str) -> str:
                          next_action="Save the program as UTF-8 (Python's own default) and run it again.") from None
 
 
-def _runtime(args: argparse.Namespace, tools: Sequence[str] = ()) -> Any:
+def _runtime(args: argparse.Namespace, tools: Sequence[str] = (), *, sources: list[dict] | None = None,
+             report: bool = False) -> Any:
     from .app import open_runtime
 
     type_check = False if getattr(args, "no_check", False) else None
-    return open_runtime(config_path=args.config, tools=tools, type_check=type_check)
+    return open_runtime(config_path=args.config, tools=tools, type_check=type_check, sources=sources,
+                        report=_report if report else None)
+
+
+def _report(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 async def _ask_inline(pending: dict) -> tuple[str, str | None]:
@@ -142,7 +148,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
     code = _read_program(args.program)
     tools = [resolve_tool_spec(t) for t in args.tools]
-    async with _runtime(args, tools) as rt:
+    async with _runtime(args, tools, report=True) as rt:
         interactive = sys.stdin.isatty() and sys.stdout.isatty() and not args.no_prompt and not args.json
         approver = None
         if interactive:
@@ -165,10 +171,10 @@ def _abs(path: str | None) -> str | None:
 
 async def cmd_resume(args: argparse.Namespace) -> int:
     decision = "approve" if args.approve else "decline" if args.decline else "cancel"
-    tools, config = _recorded_setup(args)
+    tools, config, sources = _recorded_setup(args)
     args.config = config
     actor = _local_user()
-    async with _runtime(args, tools) as rt:
+    async with _runtime(args, tools, sources=sources) as rt:
         seqs = list(args.seq or [])
         if args.all:
             seqs += [w.seq for w in rt.pending(args.run_id) if w.decision is None]
@@ -205,8 +211,12 @@ def _local_user() -> str:
         return "local"
 
 
-def _recorded_setup(args: argparse.Namespace) -> tuple[list[str], str | None]:
-    """The tools and config a run was started with, so resume needs no flags."""
+def _recorded_setup(args: argparse.Namespace) -> tuple[list[str], str | None, list[dict] | None]:
+    """The tools and sources a run was started with, so resume needs no flags (P-30).
+
+    A run records its sources' definitions; one started before it did records
+    only the config file it named, which is used if it is still there.
+    """
     from .config import load_config
     from .store import open_store
 
@@ -216,9 +226,17 @@ def _recorded_setup(args: argparse.Namespace) -> tuple[list[str], str | None]:
         run = store.get_run(args.run_id)
     finally:
         store.close()
+    return recorded_setup(args, run)
+
+
+def recorded_setup(args: argparse.Namespace, run: Any) -> tuple[list[str], str | None, list[dict] | None]:
     recorded = (run.meta if run else {}) or {}
     tools = list(args.tools or recorded.get("tools") or [])
-    return tools, args.config or recorded.get("config")
+    sources = recorded.get("sources")
+    path = recorded.get("config")
+    if args.config is None and sources is None and path and Path(path).is_file():
+        return tools, path, None
+    return tools, args.config, sources
 
 
 async def cmd_runs_list(args: argparse.Namespace) -> int:
@@ -294,6 +312,7 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
 async def cmd_recover(args: argparse.Namespace) -> int:
     async with _runtime(args, list(args.tools)) as rt:
         results = await rt.recover()
+    left = [r for r in results if (r.error or {}).get("code") == "tools_unavailable"]
     if args.json:
         _print_json([r.to_dict() for r in results])
     else:
@@ -302,7 +321,9 @@ async def cmd_recover(args: argparse.Namespace) -> int:
         for r in results:
             code = (r.error or {}).get("code")
             print(f"{r.run_id}: {r.status}" + (f" [{code}]" if code else ""))
-    return EXIT_OK
+            if r in left:
+                print(f"  {r.error['message']}", file=sys.stderr)
+    return EXIT_FAILED if left else EXIT_OK
 
 
 async def cmd_tools_search(args: argparse.Namespace) -> int:
@@ -342,7 +363,9 @@ async def cmd_tools_describe(args: argparse.Namespace) -> int:
 
 async def cmd_sources_list(args: argparse.Namespace) -> int:
     async with _runtime(args, list(args.tools)) as rt:
-        statuses = [s.to_dict() for s in rt.source_status]
+        if getattr(args, "refresh", False):
+            await rt.source_set.refresh()
+        statuses = [s.status() for s in rt.source_set.statuses()]
         namespaces = rt.sources()
     all_ok = all(s["ok"] for s in statuses)
     if args.json:
@@ -351,6 +374,8 @@ async def cmd_sources_list(args: argparse.Namespace) -> int:
     for s in statuses:
         state = f"{s['tools']} tools" if s["ok"] else f"FAILED: {s['error']}"
         print(f"{s['source']:<24} {s['type']:<8} {state}")
+        if s.get("origin"):
+            print(f"    from {s['origin']}")
         for p in s["problems"]:
             print(f"    skipped {p.get('operation')}: {p.get('problem')}")
     if not statuses:
@@ -442,7 +467,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         return EXIT_OK
     pid_file(home).write_text(str(os.getpid()))
     try:
-        async with _runtime(args, list(args.tools)) as rt:
+        async with _runtime(args, list(args.tools), report=True) as rt:
             handled = await work(rt, poll_seconds=args.poll, idle_exit_seconds=args.idle_exit)
     finally:
         if worker_alive(home) == os.getpid():
@@ -485,9 +510,9 @@ def raise_not_found(run_id: str) -> None:
 
 
 async def cmd_runs_cancel(args: argparse.Namespace) -> int:
-    tools, config = _recorded_setup(args)
+    tools, config, sources = _recorded_setup(args)
     args.config = config
-    async with _runtime(args, tools) as rt:
+    async with _runtime(args, tools, sources=sources) as rt:
         # Whoever runs the CLI against the store is its operator: ending a
         # run (which sends nothing) is theirs whoever owns it. Deciding a
         # write (`tether resume`) acts as `local` like every other command.
@@ -505,9 +530,9 @@ async def cmd_runs_cancel(args: argparse.Namespace) -> int:
 
 async def cmd_runs_signal(args: argparse.Namespace) -> int:
     value = _json_arg(args.value)
-    tools, config = _recorded_setup(args)
+    tools, config, sources = _recorded_setup(args)
     args.config = config
-    async with _runtime(args, tools) as rt:
+    async with _runtime(args, tools, sources=sources) as rt:
         out = await rt.signal(args.run_id, args.name, value)
     return _print_wait_outcome(out, args.json)
 
@@ -559,9 +584,9 @@ async def cmd_waits_resolve(args: argparse.Namespace) -> int:
     from .waits_cli import recorded_setup_for_key
 
     value = None if args.error is not None else _json_arg(args.value)
-    tools, config = recorded_setup_for_key(args)
+    tools, config, sources = recorded_setup_for_key(args)
     args.config = config
-    async with _runtime(args, tools) as rt:
+    async with _runtime(args, tools, sources=sources) as rt:
         out = await rt.resolve_wait(args.key, value, error=args.error)
     return _print_wait_outcome(out, args.json)
 
@@ -736,9 +761,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_tools_describe)
 
     sources = sub.add_parser("sources", help="configured tool sources").add_subparsers(dest="sources_command", required=True)
-    sp = sources.add_parser("list")
+    sp = sources.add_parser("list", help="each source: tools, skipped operations, errors")
     common(sp)
-    sp.set_defaults(func=cmd_sources_list)
+    sp.set_defaults(func=cmd_sources_list, refresh=False)
+    sp = sources.add_parser("refresh", help="start every MCP server and update its cached tool listing")
+    common(sp)
+    sp.set_defaults(func=cmd_sources_list, refresh=True)
 
     sp = sub.add_parser("demo", help="run the built-in help desk demo")
     common(sp, tools=False)

@@ -320,6 +320,11 @@ class PythonSource(_Section):
     idempotency: Idempotency = "none"
 
 
+# A source that has not started in 10 s is hung or misconfigured; a cold
+# `uvx`/`npx` download can take longer, and may raise it per source.
+DEFAULT_START_TIMEOUT = 10.0
+
+
 class McpSource(_Section):
     type: Literal["mcp"]
     namespace: Identifier
@@ -329,6 +334,12 @@ class McpSource(_Section):
     headers: StrTable = Field(default_factory=dict)
     cwd: Text | None = None
     idempotency: Idempotency = "none"
+    start_timeout: Seconds = DEFAULT_START_TIMEOUT
+    # Without progress, a call may take this long (default: [limits] call_timeout_seconds);
+    # each progress notification from the server restarts it ...
+    call_timeout: Seconds | None = None
+    # ... up to this many seconds in all (default: call_timeout, i.e. progress does not extend it).
+    max_call_seconds: Seconds | None = None
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpSource:
@@ -384,6 +395,8 @@ class OpenApiSource(_Section):
                 "tether", "idempotency = \"key\" needs idempotency_header: the API must receive the key"
             )
         return self
+    start_timeout: Seconds = DEFAULT_START_TIMEOUT
+    call_timeout: Seconds | None = None
 
 
 Source = Annotated[PythonSource | McpSource | OpenApiSource, Field(discriminator="type")]

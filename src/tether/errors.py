@@ -21,6 +21,8 @@
     │   │           call_timeout, output_limit, log_limit, overloaded
     └── WorldError                   the world failed (a tool, the sandbox, the store)
         ├── ToolError                tool_error
+        │   └── SourceUnavailable    source_unavailable
+        ├── ToolsUnavailable         tools_unavailable
         ├── SandboxCrashed           sandbox_crashed
         ├── SnapshotTampered         snapshot_tampered
         ├── ExecutionDiverged        execution_diverged
@@ -171,6 +173,24 @@ class WorldError(TetherError):
 class ToolError(WorldError):
     code = "tool_error"
     next_action = "Read the tool's message; fix the arguments or retry if the failure was transient."
+
+
+class SourceUnavailable(ToolError):
+    """A configured source could not be started or reached, so its tools cannot be called."""
+
+    code = "source_unavailable"
+    next_action = "Read the source's error (`tether sources list`); nothing was sent to it."
+
+
+class ToolsUnavailable(WorldError):
+    """A run cannot continue here: sources it was started with cannot be loaded in this process.
+
+    The run is left as it was (paused, waiting, queued or orphaned); nothing was sent.
+    """
+
+    code = "tools_unavailable"
+    next_action = ("Make the named sources loadable here (commands installed, environment variables set, "
+                   "servers up), then repeat the command; the run is unchanged and nothing was sent.")
 
 
 class SandboxCrashed(WorldError):

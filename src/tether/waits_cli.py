@@ -8,7 +8,7 @@ from .config import load_config
 from .store import open_store
 
 
-def recorded_setup_for_key(args: argparse.Namespace) -> tuple[list[str], str | None]:
+def recorded_setup_for_key(args: argparse.Namespace) -> tuple[list[str], str | None, list[dict] | None]:
     """The tools and config of the run a key belongs to, so the run can continue here."""
     from .runs.waits import parse_wait_key
 
@@ -19,5 +19,6 @@ def recorded_setup_for_key(args: argparse.Namespace) -> tuple[list[str], str | N
         run = store.get_run(parsed[0]) if parsed else None
     finally:
         store.close()
-    meta = (run.meta if run else {}) or {}
-    return list(args.tools or meta.get("tools") or []), args.config or meta.get("config")
+    from .cli import recorded_setup
+
+    return recorded_setup(args, run)

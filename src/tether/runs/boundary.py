@@ -27,6 +27,7 @@ from ..errors import (
     InvalidArguments,
     LimitExceeded,
     TetherError,
+    SourceUnavailable,
     UnknownTool,
     WriteOutcomeUnknown,
 )
@@ -668,14 +669,15 @@ class EffectBoundary:
                 # A read cut short is re-issued later (P-5): await it in place,
                 # which saves a task and two event-loop turns per call.
                 value = await self._invoke(tool, args, seq)
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError as exc:
+            # A source that times calls itself says why (e.g. no progress for N s).
+            why = str(exc) or f"did not answer within {tool.timeout_seconds or self.limits.call_timeout_seconds:g} s"
             if is_write:
                 entry = {"seq": seq, "address": tool.address}
                 self.state.unknown_writes.append(entry)
                 err = guest_error(
                     "write_outcome_unknown",
-                    f"{tool.address} did not answer within {self.limits.call_timeout_seconds:g} s; it may or may not "
-                    "have happened and tether will not re-send it",
+                    f"{tool.address}: {why}; it may or may not have happened and tether will not re-send it",
                     "TimeoutError",
                 )
                 await self._record_outcome(seq, from_state, CALL_UNKNOWN, error=_err_json(err))
@@ -683,7 +685,7 @@ class EffectBoundary:
             else:
                 err = guest_error(
                     "call_timeout",
-                    f"{tool.address} did not answer within {self.limits.call_timeout_seconds:g} s",
+                    f"{tool.address}: {why}",
                     "TimeoutError",
                 )
                 await self._record_outcome(seq, from_state, CALL_FAILED, error=_err_json(err))
@@ -735,7 +737,7 @@ class EffectBoundary:
         token = call_context.enter(call_context.CallContext(
             self.run_id, seq, address, self._idempotency_key(seq), send, "write" if tool.is_write else "read"))
         try:
-            async with asyncio.timeout(self.limits.call_timeout_seconds):
+            async with asyncio.timeout(tool.timeout_seconds or self.limits.call_timeout_seconds):
                 return await tool.handler(args)
         except (SystemExit, KeyboardInterrupt) as exc:
             # A tool's sys.exit() or KeyboardInterrupt is the tool failing, not
@@ -986,4 +988,8 @@ def _tool_error(address: str, exc: BaseException) -> GuestRaise:
         message = to_json_value(message)[0] if isinstance(message, str) else type(exc).__name__
     if len(message) > 2000:
         message = message[:2000] + "…"
-    return guest_error("tool_error", f"{address}: {message}", _exc_type_for(exc))
+    # A source's own message may already start with the address: name it once.
+    if not message.startswith(f"{address}:"):
+        message = f"{address}: {message}"
+    code = exc.code if isinstance(exc, SourceUnavailable) else "tool_error"
+    return guest_error(code, message, _exc_type_for(exc))

@@ -244,6 +244,11 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
 
     if any(d == "cancel" for d, _ in fresh.values()):
         return await _cancel(rt, run, fresh, who, now, t0, principal)
+    if fresh:
+        # Before anything is decided (P-30): a run whose sources cannot be loaded here
+        # stays paused, and an approved write's server must answer now or it is not sent.
+        await rt.require_sources(run, live=tuple(batch[s]["address"] for s, (d, _) in fresh.items()
+                                                 if d == "approve"))
     last = None
     for seq, (decision, reason) in fresh.items():
         last = _record(rt, run, batch[seq], decision, reason, who, now)

@@ -32,6 +32,7 @@ from ..errors import (
     RunExpired,
     RunNotFound,
     SnapshotTampered,
+    ToolsUnavailable,
     UsageError,
 )
 from ..sandbox.monty import (
@@ -199,6 +200,8 @@ class Runtime:
         # Told when a run pauses, parks, or ends: (run_id, kind, data). Used
         # by notifications; a listener must be quick and never raises into a run.
         self.listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
+        # The sources loaded in this process (tether.sources.loader.SourceSet), if configured.
+        self.source_set: Any = None
         if tools:
             self.add_tools(*tools)
 
@@ -267,7 +270,48 @@ class Runtime:
     def sources(self) -> list[dict]:
         from ..tools.describe import list_sources
 
-        return list_sources(self.catalog)
+        listed = list_sources(self.catalog)
+        if self.source_set is not None:
+            # A source that failed is listed with its error, so a program is not left guessing.
+            listed += [{"namespace": ns, "tools": 0, "error": error}
+                       for ns, error in sorted(self.source_set.failures().items())]
+        return listed
+
+    async def require_sources(self, run: RunRecord, *, live: tuple[str, ...] = ()) -> None:
+        """Load the sources ``run`` was started with, or raise ToolsUnavailable leaving the run as it is.
+
+        ``live``: addresses the run will call at once (a paused write): their
+        servers must be reachable now, not only their cached listings.
+        """
+        recorded = (run.meta or {}).get("sources")
+        if self.source_set is None or recorded is None:
+            return
+        await self.source_set.require(recorded, live=tuple(a.split(".", 1)[0] for a in live),
+                                      run_id=run.run_id, status=run.status)
+
+    async def _sources_or_note(self, run: RunRecord, out: list[RunResult]) -> bool:
+        """For commands over many runs: one that cannot load its sources is left as it is and reported."""
+        try:
+            await self.require_sources(run)
+            return True
+        except ToolsUnavailable as exc:
+            out.append(RunResult(status=run.status, run_id=run.run_id, error=exc.to_dict()))
+            return False
+
+    def upstream_progress(self, report: Any) -> None:
+        """An upstream server's progress on a call: a `progress` event on the run that made it."""
+        address = f"{report.namespace}.{report.tool}"
+        for boundary in list(self._boundaries.values()):
+            if boundary.inflight_addresses.get(address, 0) > 0:
+                data = {"address": address, "progress": report.progress, "total": report.total,
+                        "message": report.message}
+                if (self.store.get_run(boundary.run_id).meta or {}).get("cell"):
+                    self.event(boundary.run_id, "progress", data)
+                if boundary.on_progress is not None:
+                    fraction = report.progress / report.total if report.total else 0.0
+                    done = len(boundary.state.stats) + min(max(fraction, 0.0), 0.99)
+                    text = f"{address}: {report.message}" if report.message else address
+                    boundary.on_progress(done, text)
 
     def model_description(self) -> str:
         from ..tools.prompt import model_description
@@ -383,7 +427,9 @@ class Runtime:
             principal=principal or self.principal,
             owner=self.owner if running else None,
             lease_until=now + self.lease_seconds if running else None,
-            meta={**(meta or {}), "check": check},
+            meta={**(meta or {}), "check": check,
+                  # What another process needs to load the same tools (P-30).
+                  **({"sources": self.source_set.recorded()} if self.source_set is not None else {})},
         )
 
     # -- resume ------------------------------------------------------------------
@@ -530,8 +576,15 @@ class Runtime:
         accepted, row = self.store.settle_wait(WaitRecord(key, run_id, name, status, now, value=value, error=err,
                                                           resolved_at=now))
         out = {"status": "accepted" if accepted else "already_resolved", "key": key, "wait": _wait_view(row)}
-        if accepted and continue_run:
-            result = await self.wake(run_id, key=key)
+        # A resolution kept while the run could not continue (tools_unavailable) wakes it on a later try.
+        if continue_run and (accepted or (row.status == WAIT_RESOLVED and run.status == RUN_WAITING)):
+            try:
+                result = await self.wake(run_id, key=key)
+            except ToolsUnavailable as exc:
+                raise ToolsUnavailable(
+                    f"{exc.message}; the wait's resolution is kept: resolve it again where the sources load "
+                    "(or let a worker that has them wake the run)",
+                    details={**exc.details, "wait": out["status"]}) from None
             if result is not None:
                 out["run"] = result.to_dict()
         return out
@@ -599,6 +652,7 @@ class Runtime:
             return None
         if key is not None and (run.pending or {}).get("key") != key:
             return None  # parked elsewhere; the resolution is kept for when it gets there
+        await self.require_sources(run)
         now = self.clock()
         if not self.store.update_run(run_id, [RUN_WAITING], status=RUN_RUNNING, owner=self.owner,
                                      lease_until=now + self.lease_seconds, updated_at=now):
@@ -644,6 +698,8 @@ class Runtime:
         for run in reversed(self.store.list_runs(status=RUN_QUEUED, limit=1000)):
             if len(out) >= limit:
                 break
+            if not await self._sources_or_note(run, out):
+                continue
             now = self.clock()
             if not self.store.update_run(run.run_id, [RUN_QUEUED], status=RUN_RUNNING, owner=self.owner,
                                          lease_until=now + self.lease_seconds, updated_at=now):
@@ -752,6 +808,8 @@ class Runtime:
         out = []
         now = self.clock()
         for run in self.store.runs_with_expired_lease(now):
+            if not await self._sources_or_note(run, out):
+                continue
             if not self.store.claim_run(run.run_id, self.owner, now + self.lease_seconds, now):
                 continue
             run = self.store.get_run(run.run_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +27,7 @@ async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds
     tasks: set[asyncio.Task] = set()
     handled = 0
     idle_since = time.monotonic()
+    reported: set[str] = set()
 
     async def one(coro) -> None:
         async with slots:
@@ -36,7 +38,7 @@ async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds
         busy = bool(tasks)
         free = max(0, (concurrency or rt.pool.max_workers) - len(tasks))
         if free:
-            for coro in _claims(rt, free):
+            for coro in await _claims(rt, free, reported):
                 task = asyncio.ensure_future(one(coro))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -53,8 +55,26 @@ async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds
     return handled
 
 
-def _claims(rt: "Runtime", free: int):
-    """Coroutines for work this worker may take now, most urgent first."""
+async def _available(rt: "Runtime", run, reported: set[str]) -> bool:
+    """Whether this worker can load the run's sources; said once per run on stderr when not."""
+    from ..errors import ToolsUnavailable
+
+    try:
+        await rt.require_sources(run)
+        return True
+    except ToolsUnavailable as exc:
+        if run.run_id not in reported:
+            reported.add(run.run_id)
+            print(f"tether worker: {exc.message}", file=sys.stderr, flush=True)
+        return False
+
+
+async def _claims(rt: "Runtime", free: int, reported: set[str]):
+    """Coroutines for work this worker may take now, most urgent first.
+
+    A run whose sources cannot be loaded here is left as it is (P-23) for a
+    process that has them.
+    """
     from ..store.base import RUN_QUEUED
 
     now = rt.clock()
@@ -62,15 +82,20 @@ def _claims(rt: "Runtime", free: int):
     rt.expire_paused()
     # Orphans first: their writes wait on us.
     for run in rt.store.runs_with_expired_lease(now)[:free]:
+        if not await _available(rt, run, reported):
+            continue
         if rt.store.claim_run(run.run_id, rt.owner, now + rt.lease_seconds, now):
             out.append(rt._attempt(rt.store.get_run(run.run_id), mode="continue", on_approval=None,
                                    t0=time.perf_counter()))
     for run in rt.store.runs_due(now, limit=free - len(out)) if len(out) < free else []:
-        out.append(rt.wake(run.run_id))
+        if await _available(rt, run, reported):
+            out.append(rt.wake(run.run_id))
     if len(out) < free:
         for run in reversed(rt.store.list_runs(status=RUN_QUEUED, limit=1000)):
             if len(out) >= free:
                 break
+            if not await _available(rt, run, reported):
+                continue
             if rt.store.update_run(run.run_id, [RUN_QUEUED], status="running", owner=rt.owner,
                                    lease_until=now + rt.lease_seconds, updated_at=now):
                 out.append(rt._attempt(rt.store.get_run(run.run_id), mode="fresh", on_approval=None,

@@ -766,7 +766,10 @@ async def serve(args: Any) -> int:
         host, port = parse_address(args.http, config.server.host, config.server.port)
         check_http_auth(host, tokens, args.dev or config.server.allow_unauthenticated_loopback)
     run_meta = {"tools": tools, "config": str(Path(args.config).resolve()) if args.config else None}
-    async with open_runtime(config, tools=tools) as rt:
+    def report(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    async with open_runtime(config, tools=tools, report=report) as rt:
         server = TetherServer(
             rt,
             admission=Admission(config.server.max_concurrent_runs, config.server.queue_depth,

@@ -16,14 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import importlib.metadata
-import json
 import logging
 import os
 import re
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -48,12 +48,12 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
-from ._names import identifier as _identifier, unique as _unique
-from ..errors import ConfigError, ToolError, UsageError
+from ._mcp_tools import build_tools, listing_json
+from ..errors import ConfigError, SourceUnavailable, ToolError, UsageError
 from ..tools.context import current_call
-from ..tools.model import IDEMPOTENCY_MODES, Annotations, Tool, check_identifier
+from ..tools.model import IDEMPOTENCY_MODES, Tool, check_identifier
 
-__all__ = ["ElicitationHandler", "ElicitationRequest", "ElicitationResponse", "MCPSource"]
+__all__ = ["ElicitationHandler", "ElicitationRequest", "ElicitationResponse", "MCPSource", "ProgressReport"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +119,20 @@ class ElicitationResponse:
 
 
 ElicitationHandler = Callable[[ElicitationRequest], Awaitable[ElicitationResponse]]
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    """A ``notifications/progress`` the server sent during a tool call."""
+
+    namespace: str
+    tool: str
+    progress: float
+    total: float | None
+    message: str | None
+
+
+ProgressHandler = Callable[[ProgressReport], None]
 
 
 # --- knowing whether a call left this process ---------------------------------
@@ -318,6 +332,10 @@ class MCPSource:
     under ``"tether/idempotency-key"``. ``idempotency="key"`` says the server
     dedupes by that key, so tether may re-send a write whose outcome it lost
     (P-26); the server's ``idempotentHint`` alone never does.
+    ``call_timeout`` bounds a call that sends no progress; each progress
+    notification restarts it, up to ``max_call_seconds`` in all (both None:
+    the caller bounds calls). Progress goes to ``progress_handler``. A stdio
+    server's stderr goes to ``errlog`` (default: this process's stderr).
 
     Use ``await start()`` (connect and list tools), ``tools()``, then
     ``await close()``; or ``async with``.
@@ -336,6 +354,10 @@ class MCPSource:
         mode: Literal["auto", "legacy"] = "auto",
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         idempotency: str = "none",
+        call_timeout: float | None = None,
+        max_call_seconds: float | None = None,
+        progress_handler: ProgressHandler | None = None,
+        errlog: TextIO | None = None,
     ) -> None:
         try:
             check_identifier(namespace, "namespace")
@@ -369,6 +391,12 @@ class MCPSource:
         if idempotency not in IDEMPOTENCY_MODES:
             raise ConfigError(f"MCP source {namespace!r}: 'idempotency' must be 'none' or 'key', not {idempotency!r}")
         self._idempotency = idempotency
+        self._call_timeout = call_timeout
+        self._max_call_seconds = max_call_seconds
+        self.progress_handler = progress_handler
+        self._errlog = errlog
+        self.listing: list[dict[str, Any]] = []
+        self.server_info: dict[str, Any] = {}
         self._tools: list[Tool] | None = None
         self._upstream: dict[str, str] = {}
         self._conn: _Connection | None = None
@@ -399,6 +427,7 @@ class MCPSource:
         try:
             conn = await self._live()
             listed = await self._list(conn)
+            self.server_info = _server_info(conn.client)
         except asyncio.CancelledError:
             raise  # teardown continues in the background; close() waits for it
         except BaseException:
@@ -438,6 +467,17 @@ class MCPSource:
             )
         return list(self._tools)
 
+    async def ensure_live(self) -> None:
+        """Connect now if no connection is open (a command that needs the server running)."""
+        try:
+            await self._live()
+        except ConfigError as exc:
+            raise SourceUnavailable(exc.message, details={"source": self.namespace}) from None
+
+    async def call(self, name: str, upstream: str, args: dict[str, Any]) -> Any:
+        """Call upstream tool ``upstream`` as tether tool ``name`` (what a tool's handler does)."""
+        return await self._call(name, upstream, args)
+
     def upstream_name(self, name: str) -> str:
         """The upstream tool name behind tether tool ``name`` (names may be sanitised)."""
         return self._upstream[name]
@@ -464,7 +504,7 @@ class MCPSource:
                 env={k: _expand(v, f"env {k!r} of MCP source {self.namespace!r}") for k, v in self._env.items()},
                 cwd=self._cwd,
             )
-            transport = stdio_client(params)
+            transport = stdio_client(params, errlog=self._errlog or sys.stderr)
         else:
             where = f"of MCP source {self.namespace!r}"
             headers = {k: _expand(v, f"header {k!r} {where}") for k, v in self._headers.items()}
@@ -521,7 +561,7 @@ class MCPSource:
             self._retiring.add(conn.task)
             conn.task.add_done_callback(self._retiring.discard)
 
-    def _connect_error(self, exc: BaseException) -> ToolError | ConfigError:
+    def _connect_error(self, exc: BaseException) -> SourceUnavailable | ConfigError:
         exc = _leaf(exc)
         if isinstance(exc, ConfigError):
             return exc
@@ -531,7 +571,7 @@ class MCPSource:
             message, code = f"no answer within {self._connect_timeout:g}s while connecting", "connect_timeout"
         else:
             message, code = f"could not connect: {_describe(exc)}", "upstream_unavailable"
-        return ToolError(
+        return SourceUnavailable(
             f"MCP source {self.namespace!r}: {message}",
             next_action="Check that the MCP server starts and answers; nothing was sent to it.",
             details={"source": self.namespace, "code": code},
@@ -540,39 +580,13 @@ class MCPSource:
     # -- tools --
 
     def _build_tools(self, listed: list[Any]) -> list[Tool]:
-        self.problems = []
-        self._upstream = {}
-        tools: list[Tool] = []
-        taken: set[str] = set()
-        for upstream in listed:
-            name = _unique(_identifier(upstream.name, "t"), taken)
-            hints = upstream.annotations
-            try:
-                tool = Tool(
-                    namespace=self.namespace,
-                    name=name,
-                    description=upstream.description or upstream.title or "",
-                    input_schema=dict(upstream.input_schema),
-                    handler=self._handler(name, upstream.name),
-                    title=upstream.title or (hints.title if hints is not None else None),
-                    output_schema=dict(upstream.output_schema) if upstream.output_schema is not None else None,
-                    # Missing hints are False, so an unannotated tool is governed as a write.
-                    annotations=Annotations(
-                        read_only=bool(hints and hints.read_only_hint),
-                        destructive=bool(hints and hints.destructive_hint),
-                        idempotent=bool(hints and hints.idempotent_hint),
-                        open_world=bool(hints and hints.open_world_hint),
-                    ),
-                    source="mcp",
-                    # idempotentHint alone never allows a re-send (D-15): only a declared key does.
-                    idempotency=self._idempotency,
-                )
-            except UsageError as exc:
-                self.problems.append({"operation": upstream.name, "problem": exc.message})
-                continue
-            taken.add(name)
-            self._upstream[name] = upstream.name
-            tools.append(tool)
+        self.listing = listing_json(listed)
+        # The ceiling the effect boundary allows; the source times calls out itself first.
+        ceiling = self._max_call_seconds or self._call_timeout
+        tools, self._upstream, self.problems = build_tools(
+            self.namespace, self.listing, self._handler, None if ceiling is None else ceiling + 1.0,
+            # idempotentHint alone never allows a re-send (D-15): only a declared key does.
+            idempotency=self._idempotency)
         return tools
 
     def _handler(self, name: str, upstream: str) -> Callable[[dict[str, Any]], Awaitable[Any]]:
@@ -591,10 +605,14 @@ class MCPSource:
         meta: Any = {IDEMPOTENCY_META_KEY: ctx.key} if ctx is not None else None
         try:
             for attempt in (1, 2):
-                conn = await self._live()
+                try:
+                    conn = await self._live()
+                except ConfigError as exc:  # e.g. a ${VAR} unset since start: nothing was sent
+                    raise SourceUnavailable(f"{address}: {exc.message}; the call was not sent",
+                                            details={**details, "code": "source_unavailable"}) from None
                 conn.in_flight.add(call)
                 try:
-                    return _result_value(await conn.client.call_tool(upstream, args, meta=meta), address, details)
+                    return _result_value(await self._timed_call(conn, name, upstream, args, meta), address, details)
                 except MCPError as exc:
                     if exc.code != CONNECTION_CLOSED and not _session_gone(exc):
                         raise ToolError(
@@ -633,6 +651,39 @@ class MCPSource:
             )
         finally:
             _current_call.reset(token)
+
+    async def _timed_call(self, conn: _Connection, name: str, upstream: str, args: dict[str, Any],
+                          meta: Any = None) -> Any:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        limit = self._call_timeout
+        ceiling = self._max_call_seconds or limit
+        handler = self.progress_handler
+
+        def deadline() -> float | None:
+            if limit is None and ceiling is None:
+                return None
+            return min(loop.time() + (limit or ceiling), started + (ceiling or limit))  # type: ignore[operator]
+
+        async with asyncio.timeout(deadline()) as scope:
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                # Progress means the server is working: the no-progress clock restarts.
+                scope.reschedule(deadline())
+                if handler is not None:
+                    try:
+                        handler(ProgressReport(self.namespace, name, progress, total, message))
+                    except Exception:  # a listener's failure must not fail the call
+                        logger.exception("progress handler of MCP source %r failed", self.namespace)
+
+            try:
+                return await conn.client.call_tool(upstream, args, progress_callback=on_progress, meta=meta)
+            except TimeoutError:
+                if scope.expired():
+                    waited = loop.time() - started
+                    why = (f"no answer or progress for {limit:g} s" if limit is not None and waited < (ceiling or 0)
+                           else f"no answer within {ceiling:g} s")
+                    raise TimeoutError(f"{why}; the server may still be working on it") from None
+                raise
 
     # -- elicitation --
 
@@ -690,7 +741,8 @@ def _result_value(result: CallToolResult, address: str, details: dict[str, Any])
 
 def _block_value(block: Any) -> Any:
     if isinstance(block, TextContent):
-        return _maybe_json(block.text)
+        # Text stays text: a tool that returns data says so with structuredContent.
+        return block.text
     if isinstance(block, (ImageContent, AudioContent)):
         return {"type": block.type, "mime_type": block.mime_type, "data": block.data}
     if isinstance(block, EmbeddedResource):
@@ -714,19 +766,20 @@ def _block_value(block: Any) -> Any:
     return block
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(name)
-
-
-def _maybe_json(text: str) -> Any:
-    try:
-        # NaN/Infinity are Python's extension, not JSON: keep such text as text.
-        return json.loads(text, parse_constant=_reject_constant)
-    except ValueError:
-        return text
-
-
 # --- small helpers ---------------------------------------------------------------
+
+
+def _server_info(client: Client) -> dict[str, Any]:
+    # What the server says about itself, kept with the cached listing so a
+    # catalog can summarise the namespace without starting the server.
+    info = getattr(client, "server_info", None)
+    out: dict[str, Any] = {}
+    if info is not None:
+        out["name"], out["title"], out["version"] = info.name, getattr(info, "title", None), info.version
+    instructions = getattr(client, "instructions", None)
+    if instructions:
+        out["instructions"] = _clip(str(instructions))
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _session_gone(exc: MCPError) -> bool:

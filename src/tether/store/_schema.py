@@ -225,6 +225,11 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX outbox_due ON outbox (next_at) WHERE status = 'pending'",
         "CREATE INDEX runs_updated ON runs (updated_at)",
     ),
+    (
+        # 7: tool listings of sources, keyed by the source's definition, so a
+        # command starts without spawning every MCP server it configures.
+        "CREATE TABLE source_listings (key TEXT PRIMARY KEY, data TEXT NOT NULL, updated_at REAL NOT NULL)",
+    ),
 ]
 
 # Same tables. JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make
@@ -347,6 +352,9 @@ POSTGRES_MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX outbox_due ON outbox (next_at) WHERE status = 'pending'",
         "CREATE INDEX runs_updated ON runs (updated_at)",
+    ),
+    (
+        "CREATE TABLE source_listings (key TEXT PRIMARY KEY, data TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
     ),
 ]
 
@@ -844,6 +852,18 @@ class SQLStore:
     def delete_session(self, name: str, principal: str) -> bool:
         with self._transaction(write=True) as tx:
             return tx.run("DELETE FROM sessions WHERE name = ? AND principal = ?", (name, principal)).rowcount == 1
+
+    # -- source listings (a cache: losing a row costs one server start)
+
+    def get_listing(self, key: str) -> tuple[Any, float] | None:
+        with self._transaction(write=False) as tx:
+            row = tx.run("SELECT data, updated_at FROM source_listings WHERE key = ?", (key,)).fetchone()
+        return None if row is None else (json.loads(row[0]), float(row[1]))
+
+    def put_listing(self, key: str, data: Any, now: float) -> None:
+        with self._transaction(write=True) as tx:
+            tx.run("DELETE FROM source_listings WHERE key = ?", (key,))
+            tx.run("INSERT INTO source_listings (key, data, updated_at) VALUES (?, ?, ?)", (key, dump_json(data), now))
 
     # -- events
 

@@ -86,6 +86,10 @@ class Tool:
     # the others may also be passed by position (see tools.binding).
     keyword_only: tuple[str, ...] = ()
     idempotency: str = "none"
+    # How long the boundary lets one call take; None means [limits]
+    # call_timeout_seconds. A source that bounds calls itself (an MCP server
+    # sending progress) sets its own ceiling here.
+    timeout_seconds: float | None = None
 
     def __post_init__(self) -> None:
         check_identifier(self.namespace, "namespace")

@@ -1,0 +1,481 @@
+"""Sources as runs record them, and the set of sources a process has loaded.
+
+A run records the *definitions* of the sources it started with (P-23), not the
+path of a config file: what another directory, machine, worker or replica
+needs to load the same tools. Secrets stay references: ``${VAR}`` in ``env``
+and ``headers`` and ``token_env``/``value_env`` in ``auth`` are recorded as
+written and resolved where the run continues; a value written literally in
+the config is recorded only as a digest, and is taken from a local config
+whose source has the same namespace and the same value.
+
+:class:`SourceSet` loads definitions concurrently, each bounded by its
+``start_timeout``. An MCP server's tool listing comes from the store's cache
+when there is one, and the server itself starts only when a program first
+calls one of its tools (or a command needs it live).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from ..errors import ConfigError, SourceUnavailable, TetherError, ToolsUnavailable
+
+__all__ = ["LoadedSource", "SourceSet", "definition_key", "record_definition"]
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_LITERAL = "<literal sha256:"
+# A failed source is not retried more often than this by a long-lived process
+# (a worker polls every 0.2 s; a hung server would otherwise cost a start_timeout each time).
+RETRY_SECONDS = 30.0
+DEFAULT_START_TIMEOUT = 10.0
+
+
+# --- definitions ----------------------------------------------------------------
+
+
+def _digest(value: str) -> str:
+    return f"{_LITERAL}{hashlib.sha256(value.encode()).hexdigest()[:32]}>"
+
+
+def record_definition(source: Any) -> dict[str, Any]:
+    """A config source as a run records it: JSON, secrets as references or digests."""
+    data = source.model_dump(mode="json", exclude_none=True) if hasattr(source, "model_dump") else dict(source)
+    for table in ("env", "headers"):
+        if data.get(table):
+            data[table] = {k: v if _ENV_REF.search(v) else _digest(v) for k, v in data[table].items()}
+    return data
+
+
+def definition_key(definition: dict[str, Any]) -> str:
+    """Names one definition: equal definitions load the same tools (the listing cache's key)."""
+    text = json.dumps(definition, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _label(definition: dict[str, Any]) -> str:
+    return str(definition.get("namespace") or definition.get("module") or "?")
+
+
+def _fill_literals(definition: dict[str, Any], local: Iterable[Any]) -> dict[str, Any]:
+    """Put back literal values a run recorded as digests, from a matching local source."""
+    out = dict(definition)
+    for table in ("env", "headers"):
+        values = dict(out.get(table) or {})
+        for key, value in values.items():
+            if not (isinstance(value, str) and value.startswith(_LITERAL)):
+                continue
+            for source in local:
+                if getattr(source, "namespace", None) != definition.get("namespace"):
+                    continue
+                candidate = (getattr(source, table, None) or {}).get(key)
+                if isinstance(candidate, str) and _digest(candidate) == value:
+                    values[key] = candidate
+                    break
+            else:
+                raise ConfigError(
+                    f"{table[:-1] if table == 'headers' else table} {key!r} was written literally in the config the "
+                    "run started with; literal values are not recorded with a run",
+                    next_action=f"Write it as ${{VAR}} in [[sources]] and set VAR, or continue the run where a "
+                                f"config with the same source {definition.get('namespace')!r} is in force.",
+                )
+        if values:
+            out[table] = values
+    return out
+
+
+def _check_resolvable(definition: dict[str, Any]) -> None:
+    """What can be told without starting anything: variables set, command found, file there."""
+    for table in ("env", "headers"):
+        for key, value in (definition.get(table) or {}).items():
+            for var in _ENV_REF.findall(value):
+                if var not in os.environ:
+                    raise ConfigError(f"{table} {key!r} references ${{{var}}}, which is not set",
+                                      next_action=f"Set the environment variable {var}.")
+    auth = definition.get("auth") or {}
+    var = auth.get("token_env") or auth.get("value_env")
+    if var and not os.environ.get(var):
+        raise ConfigError(f"auth needs the environment variable {var}, which is not set",
+                          next_action=f"Set the environment variable {var}.")
+    command = definition.get("command")
+    if command:
+        cwd = definition.get("cwd")
+        exe = command[0]
+        found = (shutil.which(exe) if os.sep not in exe
+                 else exe if os.access(os.path.join(cwd or "", exe), os.X_OK) else None)
+        if found is None:
+            raise ConfigError(f"command {exe!r} is not found or not executable",
+                              next_action=f"Install {exe!r} or fix 'command' in [[sources]].")
+        if cwd is not None and not os.path.isdir(cwd):
+            raise ConfigError(f"cwd {cwd!r} is not a directory")
+    spec = definition.get("spec")
+    if spec and not str(spec).startswith(("http://", "https://")) and not os.path.isfile(spec):
+        raise ConfigError(f"the OpenAPI description {spec} does not exist")
+
+
+def _import_tools(spec: str) -> list[Any]:
+    """The tools of a ``--tools`` module or file; a module that cannot load is a named error, not a traceback."""
+    from .python import tools_from_module
+
+    try:
+        return tools_from_module(spec)
+    except TetherError:
+        raise
+    except SyntaxError as exc:
+        raise ConfigError(f"--tools {spec}: syntax error on line {exc.lineno}: {exc.msg}; nothing was run",
+                          code="tools_invalid", details={"tools": spec, "line": exc.lineno},
+                          next_action=f"Fix {exc.filename or spec} (python -m py_compile shows the error).") from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module's own code raised while importing
+        raise ConfigError(f"--tools {spec}: importing it raised {type(exc).__name__}: {_short(exc)}; nothing was run",
+                          code="tools_invalid", details={"tools": spec, "type": type(exc).__name__},
+                          next_action=f"Fix the error {spec} raises at import time (python -c 'import ...' "
+                                      "shows the traceback).") from None
+
+
+def _short(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001
+        return "(no message)"
+    return text if len(text) <= 500 else text[:500] + "…"
+
+
+# --- one loaded source ------------------------------------------------------------
+
+
+@dataclass
+class LoadedSource:
+    """One source in a process: its definition, its tools or why it has none."""
+
+    definition: dict[str, Any]
+    key: str
+    origin: str | None = None  # "<config file>: sources[i]", for messages
+    namespace: str | None = None
+    ok: bool = False
+    error: str | None = None
+    tools: list[Any] = field(default_factory=list)
+    problems: list[dict[str, str]] = field(default_factory=list)
+    impl: Any = None  # the started source object, if any
+    failed_at: float = 0.0
+    cached: bool = False  # tools came from the listing cache; the server is not started yet
+    exc: BaseException | None = None  # what failed, for callers that must raise it
+
+    @property
+    def type(self) -> str:
+        return str(self.definition.get("type"))
+
+    @property
+    def name(self) -> str:
+        return self.namespace or _label(self.definition)
+
+    def status(self) -> dict[str, Any]:
+        return {"source": self.name, "type": self.type, "ok": self.ok, "tools": len(self.tools),
+                "error": self.error, "problems": self.problems, "origin": self.origin,
+                "started": self.impl is not None and getattr(self.impl, "started", True)}
+
+
+# --- the set ------------------------------------------------------------------------
+
+
+class SourceSet:
+    """The sources loaded in one process, keyed by definition.
+
+    ``runtime`` receives their tools (``catalog``, ``check_namespaces``,
+    ``elicitation_handler``); ``store`` keeps MCP listings; ``log_dir`` gets
+    one ``<namespace>.log`` per stdio server for its stderr.
+    """
+
+    def __init__(self, runtime: Any, *, store: Any = None, log_dir: Path | None = None,
+                 local: Iterable[Any] = (), default_call_timeout: float | None = None,
+                 progress: Callable[[Any], None] | None = None) -> None:
+        self.runtime = runtime
+        self.store = store
+        self.log_dir = log_dir
+        self.local = list(local)  # this process's own config sources (literal values live there)
+        self.default_call_timeout = default_call_timeout
+        self.progress = progress
+        self.loaded: dict[str, LoadedSource] = {}
+        self.own: list[str] = []  # keys of the sources this process was configured with, in order
+        self._lock = asyncio.Lock()
+        self._logs: list[Any] = []
+        self._closing: list[asyncio.Future[None]] = []
+
+    # -- loading
+
+    async def add(self, definitions: list[dict[str, Any]], origins: list[str | None] | None = None,
+                  *, own: bool = True) -> list[LoadedSource]:
+        """Load definitions concurrently; a failure is recorded on its entry, never raised."""
+        origins = origins or [None] * len(definitions)
+        entries = await asyncio.gather(*(self._ensure(d, o) for d, o in zip(definitions, origins)))
+        if own:
+            self.own += [e.key for e in entries if e.key not in self.own]
+        return list(entries)
+
+    async def _ensure(self, definition: dict[str, Any], origin: str | None) -> LoadedSource:
+        key = definition_key(definition)
+        entry = self.loaded.get(key)
+        if entry is not None and (entry.ok or time.monotonic() - entry.failed_at < RETRY_SECONDS):
+            return entry
+        entry = LoadedSource(definition, key, origin or (entry.origin if entry else None),
+                             namespace=definition.get("namespace"))
+        self.loaded[key] = entry
+        try:
+            await self._load(entry)
+            entry.ok, entry.error = True, None
+        except asyncio.TimeoutError:
+            timeout = definition.get("start_timeout", DEFAULT_START_TIMEOUT)
+            self._fail(entry, f"did not start within {timeout:g} s (start_timeout)")
+        except TetherError as exc:
+            self._fail(entry, exc.message)
+            entry.exc = exc
+        except Exception as exc:  # a source that cannot load must not stop the others
+            self._fail(entry, f"{type(exc).__name__}: {exc}")
+            entry.exc = exc
+        return entry
+
+    def _fail(self, entry: LoadedSource, reason: str) -> None:
+        entry.ok, entry.error, entry.failed_at = False, reason, time.monotonic()
+        entry.tools = []
+
+    async def _load(self, entry: LoadedSource) -> None:
+        definition = _fill_literals(entry.definition, self.local)
+        _check_resolvable(definition)
+        kind = definition.get("type")
+        timeout = float(definition.get("start_timeout", DEFAULT_START_TIMEOUT))
+        if kind == "python":
+            found = _import_tools(definition["module"])
+            if definition.get("namespace"):
+                found = [dataclasses.replace(t, namespace=definition["namespace"]) for t in found]
+            if definition.get("idempotency") == "key":
+                found = [dataclasses.replace(t, idempotency="key") for t in found]
+            if found:
+                entry.namespace = found[0].namespace
+        elif kind == "mcp":
+            found = await self._load_mcp(entry, definition, timeout)
+        elif kind == "openapi":
+            from .openapi import OpenAPISource
+
+            api = OpenAPISource(namespace=definition["namespace"], spec=definition["spec"],
+                                base_url=definition.get("base_url"), auth=definition.get("auth"),
+                                headers=definition.get("headers") or None,
+                                idempotency=definition.get("idempotency", "none"),
+                                idempotency_header=definition.get("idempotency_header", "Idempotency-Key") or None,
+                                **({"timeout": definition["call_timeout"]} if definition.get("call_timeout") else {}))
+            try:
+                await asyncio.wait_for(api.start(), timeout)
+            except BaseException:
+                await api.close()
+                raise
+            entry.impl = api
+            entry.problems = list(api.problems)
+            found = api.tools()
+        else:
+            raise ConfigError(f"unknown source type {kind!r}")
+        self._register(entry, found)
+
+    def _register(self, entry: LoadedSource, found: list[Any]) -> None:
+        rt = self.runtime
+        rt.check_namespaces(found)
+        for ns in sorted({t.namespace for t in found}):
+            if any(t.namespace == ns for t in rt.catalog.tools()):
+                raise ConfigError(f"namespace {ns!r} is already taken by another source in this process",
+                                  code="namespace_taken")
+        rt.catalog.add_many(found)
+        entry.tools = list(found)
+
+    # -- MCP: listing from the cache, server on first call
+
+    async def _load_mcp(self, entry: LoadedSource, definition: dict[str, Any], timeout: float) -> list[Any]:
+        from ._mcp_tools import build_tools
+
+        cached = self.store.get_listing(entry.key) if self.store is not None else None
+        if cached is not None:
+            lazy = _LazyMCP(self, entry, definition, timeout)
+            entry.impl, entry.cached = lazy, True
+            data = cached[0]
+            tools, lazy.upstream, entry.problems = build_tools(
+                definition["namespace"], data.get("tools", []), lazy.handler, lazy.ceiling,
+                idempotency=definition.get("idempotency", "none"))
+            lazy.server_info = data.get("server", {})
+            return tools
+        source = self._mcp_source(definition, timeout)
+        try:
+            await asyncio.wait_for(source.start(), timeout)
+        except BaseException:
+            # A server that ignores its stdin closing takes the SDK a few seconds to
+            # stop: let that overlap the program, and wait for it at close().
+            self._closing.append(asyncio.ensure_future(source.close()))
+            raise
+        entry.impl = source
+        entry.problems = list(source.problems)
+        self._remember_listing(entry.key, source)
+        return source.tools()
+
+    def _mcp_source(self, definition: dict[str, Any], timeout: float) -> Any:
+        from .mcp import MCPSource
+
+        namespace = definition["namespace"]
+        errlog = None
+        if self.log_dir is not None and definition.get("command"):
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            errlog = open(self.log_dir / f"{namespace}.log", "a", encoding="utf-8")  # noqa: SIM115
+            self._logs.append(errlog)
+        return MCPSource(
+            namespace=namespace, command=definition.get("command"), url=definition.get("url"),
+            env=definition.get("env") or None, headers=definition.get("headers") or None,
+            cwd=definition.get("cwd"), connect_timeout=timeout, idempotency=definition.get("idempotency", "none"),
+            call_timeout=definition.get("call_timeout") or self.default_call_timeout,
+            max_call_seconds=definition.get("max_call_seconds"),
+            elicitation_handler=self.runtime.elicitation_handler(namespace),
+            progress_handler=self.progress, errlog=errlog,
+        )
+
+    def _remember_listing(self, key: str, source: Any) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.put_listing(key, {"tools": source.listing, "server": source.server_info}, time.time())
+        except TetherError:
+            pass  # a cache: a store that cannot keep it costs the next command one server start
+
+    # -- what runs need
+
+    def recorded(self) -> list[dict[str, Any]]:
+        """The definitions a run started in this process records: the sources whose tools it can see.
+
+        A source that failed here gave the run no tools, so a process that
+        continues the run need not load it either.
+        """
+        return [self.loaded[k].definition for k in self.own if k in self.loaded and self.loaded[k].ok]
+
+    async def require(self, definitions: list[dict[str, Any]], *, live: Iterable[str] = (),
+                      run_id: str | None = None, status: str | None = None) -> None:
+        """Load ``definitions`` here (and start the namespaces in ``live``), or raise ToolsUnavailable."""
+        problems: list[dict[str, str]] = []
+        entries = []
+        async with self._lock:
+            for definition in definitions:
+                ns = definition.get("namespace")
+                other = next((e for e in self.loaded.values()
+                              if ns and e.namespace == ns and e.ok and e.key != definition_key(definition)), None)
+                if other is not None:
+                    problems.append({"source": ns, "reason": "this process has a differently configured source "
+                                     f"under the namespace {ns!r}" + (f" ({other.origin})" if other.origin else "")})
+                    continue
+                entries.append(await self._ensure(definition, None))
+        for entry in entries:
+            if not entry.ok:
+                problems.append({"source": entry.name, "reason": entry.error or "failed to load"})
+            elif entry.namespace in set(live):
+                try:
+                    await entry.impl.ensure_live() if hasattr(entry.impl, "ensure_live") else None
+                except TetherError as exc:
+                    problems.append({"source": entry.name, "reason": exc.message})
+        if problems:
+            names = ", ".join(p["source"] for p in problems)
+            why = "; ".join(f"{p['source']}: {p['reason']}" for p in problems)
+            whose = f"run {run_id}" if run_id else "the run"
+            state = f"; the run stays {status}" if status else ""
+            raise ToolsUnavailable(
+                f"sources {whose} was started with cannot be loaded here ({names}): {why}{state} "
+                "and nothing was sent",
+                details={"run_id": run_id, "status": status, "sources": problems},
+            )
+
+    def failures(self) -> dict[str, str]:
+        """namespace -> error, for every source that failed to load here."""
+        return {e.name: e.error or "failed" for e in self.loaded.values() if not e.ok}
+
+    def statuses(self) -> list[LoadedSource]:
+        return list(self.loaded.values())
+
+    async def refresh(self, keys: Iterable[str] | None = None) -> list[LoadedSource]:
+        """Start MCP sources and re-list their tools into the cache (``tether sources refresh``)."""
+        out = []
+        for entry in list(self.loaded.values()):
+            if keys is not None and entry.key not in set(keys):
+                continue
+            if entry.type == "mcp" and entry.ok:
+                try:
+                    await entry.impl.ensure_live()
+                except TetherError as exc:
+                    self._fail(entry, exc.message)
+            out.append(entry)
+        return out
+
+    async def close(self) -> None:
+        for entry in self.loaded.values():
+            if entry.impl is not None:
+                try:
+                    await entry.impl.close()
+                except Exception:  # noqa: BLE001 - closing must reach every source
+                    pass
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+        for log in self._logs:
+            log.close()
+
+
+class _LazyMCP:
+    """An MCP source whose tools came from the cache: the server starts at the first call."""
+
+    def __init__(self, owner: SourceSet, entry: LoadedSource, definition: dict[str, Any], timeout: float) -> None:
+        self.owner, self.entry, self.definition, self.timeout = owner, entry, definition, timeout
+        self.upstream: dict[str, str] = {}
+        self.server_info: dict[str, Any] = {}
+        ceiling = definition.get("max_call_seconds") or definition.get("call_timeout")
+        self.ceiling = None if ceiling is None else float(ceiling) + 1.0
+        self._source: Any = None
+        self._lock = asyncio.Lock()
+        self.started = False
+
+    @property
+    def problems(self) -> list[dict[str, str]]:
+        return self.entry.problems
+
+    async def ensure_live(self) -> Any:
+        async with self._lock:
+            if self._source is None:
+                source = self.owner._mcp_source(self.definition, self.timeout)
+                try:
+                    await asyncio.wait_for(source.start(), self.timeout)
+                except asyncio.TimeoutError:
+                    await source.close()
+                    raise SourceUnavailable(
+                        f"MCP source {self.entry.name!r} did not start within {self.timeout:g} s (start_timeout); "
+                        "the call was not sent", details={"source": self.entry.name}) from None
+                except TetherError as exc:
+                    await source.close()
+                    raise SourceUnavailable(f"MCP source {self.entry.name!r} is unavailable: {exc.message}; "
+                                            "the call was not sent", details={"source": self.entry.name}) from None
+                self._source, self.started = source, True
+                self.server_info = source.server_info
+                self.owner._remember_listing(self.entry.key, source)
+            return self._source
+
+    def handler(self, name: str, upstream: str) -> Callable[[dict[str, Any]], Any]:
+        async def call(args: dict[str, Any]) -> Any:
+            source = await self.ensure_live()
+            try:
+                wire = source.upstream_name(name)
+            except KeyError:
+                raise SourceUnavailable(f"the MCP server no longer lists {upstream!r}; the call was not sent "
+                                        "(`tether sources refresh` updates the cached listing)",
+                                        details={"source": self.entry.name}) from None
+            return await source.call(name, wire, args)
+
+        call.__qualname__ = f"mcp:{self.entry.name}.{name}"
+        return call
+
+    async def close(self) -> None:
+        if self._source is not None:
+            await self._source.close()

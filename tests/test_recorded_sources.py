@@ -1,0 +1,149 @@
+"""P-23: what a run needs travels with the run.
+
+A run records the definitions of its sources. Another directory, a process
+missing an environment variable, a server that fails to start, a worker
+without the source: none of them fails the run or sends its write; each
+leaves the run as it was, says `tools_unavailable`, and a later attempt with
+the sources available continues it with the write sent once. Real processes,
+a real store on disk, a real MCP server over stdio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TETHER = [sys.executable, "-m", "tether.cli"]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def setup(tmp_path):
+    """Directory A holds tether.toml with one MCP source (a copy of the fixture server)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    server = a / "server.py"
+    shutil.copy(FIXTURES / "mcp_fixture_server.py", server)
+    (a / "tether.toml").write_text(
+        "[[sources]]\n"
+        'type = "mcp"\n'
+        'namespace = "fx"\n'
+        f"command = [{json.dumps(sys.executable)}, {json.dumps(str(server))}]\n"
+        'env = { FX_SECRET = "${FX_SECRET}" }\n'
+    )
+    log = tmp_path / "writes.log"
+    (a / "prog.py").write_text(
+        "import tools\n"
+        f"await tools.fx.record(log={str(log)!r}, text='once')\n"
+        "'sent'\n"
+    )
+    env = dict(os.environ, TETHER_HOME=str(tmp_path / "home"), FX_SECRET="s3cret-value-123")
+    env.pop("TETHER_STORE_URL", None)
+    return a, b, log, env
+
+
+def tether(args, env, cwd):
+    return subprocess.run(TETHER + args, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def _paused(a, env):
+    first = tether(["run", "prog.py", "--json"], env, a)
+    assert first.returncode == 3, first.stdout + first.stderr
+    out = json.loads(first.stdout)
+    assert out["pending"]["address"] == "fx.record"
+    return out["run_id"]
+
+
+def _status(run_id, env, cwd):
+    shown = tether(["runs", "show", run_id, "--json"], env, cwd)
+    return json.loads(shown.stdout)["status"]
+
+
+def _writes(log):
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_p23_resume_from_another_directory_loads_the_recorded_sources(setup):
+    a, b, log, env = setup
+    run_id = _paused(a, env)
+    # Directory B has no tether.toml at all.
+    done = tether(["resume", run_id, "--approve", "--json"], env, b)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["result"] == "sent"
+    assert _writes(log) == ["once"]
+    # The secret was recorded as its reference, never its value.
+    db = Path(env["TETHER_HOME"]) / "tether.db"
+    meta = sqlite3.connect(db).execute("SELECT meta FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]
+    assert "${FX_SECRET}" in meta
+    assert b"s3cret-value-123" not in db.read_bytes()
+
+
+def test_p23_a_missing_env_var_leaves_the_run_paused_and_a_later_resume_sends_once(setup):
+    a, b, log, env = setup
+    run_id = _paused(a, env)
+    without = {k: v for k, v in env.items() if k != "FX_SECRET"}
+    refused = tether(["resume", run_id, "--approve", "--json"], without, b)
+    assert refused.returncode != 0
+    error = json.loads(refused.stdout)["error"]
+    assert error["code"] == "tools_unavailable"
+    assert "fx" in error["message"] and "FX_SECRET" in error["message"]
+    assert _status(run_id, env, b) == "paused"
+    assert _writes(log) == []
+    # Once more, same refusal: nothing was decided the first time.
+    assert tether(["resume", run_id, "--approve", "--json"], without, b).returncode != 0
+
+    done = tether(["resume", run_id, "--approve", "--json"], env, b)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _writes(log) == ["once"]
+
+
+def test_p23_a_source_that_fails_to_start_leaves_the_run_paused(setup):
+    a, b, log, env = setup
+    run_id = _paused(a, env)
+    server = a / "server.py"
+    hidden = a / "server.py.away"
+    server.rename(hidden)  # the command runs, but the server exits at once
+    try:
+        refused = tether(["resume", run_id, "--approve", "--json"], env, b)
+    finally:
+        hidden.rename(server)
+    assert refused.returncode != 0
+    error = json.loads(refused.stdout)["error"]
+    assert error["code"] == "tools_unavailable", error
+    assert error["details"]["sources"][0]["source"] == "fx"
+    assert _status(run_id, env, b) == "paused"
+    assert _writes(log) == []
+
+    done = tether(["resume", run_id, "--approve", "--json"], env, b)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _writes(log) == ["once"]
+
+
+def test_p23_a_worker_without_the_source_leaves_the_run_queued(setup):
+    a, b, log, env = setup
+    with open(a / "tether.toml", "a") as f:
+        f.write('\n[policy]\nwrites = "allow"\n')
+    started = tether(["start", "prog.py", "--no-worker", "--json"], env, a)
+    assert started.returncode == 0, started.stderr
+    run_id = json.loads(started.stdout)["run_id"]
+
+    without = {k: v for k, v in env.items() if k != "FX_SECRET"}
+    idle = tether(["worker", "--idle-exit", "0.5"], without, b)
+    assert "tools_unavailable" in idle.stderr or "FX_SECRET" in idle.stderr, idle.stderr
+    assert _status(run_id, env, b) == "queued"
+    assert _writes(log) == []
+
+    worked = tether(["worker", "--idle-exit", "0.5"], env, b)
+    assert worked.returncode == 0, worked.stderr
+    assert _status(run_id, env, b) == "completed"
+    assert _writes(log) == ["once"]
