@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,8 @@ async def test_p25_mcp_sends_the_key_in_the_request_meta(store_url):
                            policy=Policy(writes="allow")) as rt:
             r = await rt.execute("import tools\nawait tools.fx.request_meta()")
     assert r.status == "completed", r.error
-    assert r.result["meta"]["tether/idempotency-key"] == f"tether-{r.run_id}-1"
+    # `-> dict` comes back as text (no structuredContent), and text stays text.
+    assert json.loads(r.result)["meta"]["tether/idempotency-key"] == f"tether-{r.run_id}-1"
 
 
 async def test_p25_python_tool_may_declare_a_call_context_parameter(store_url):

@@ -1,4 +1,4 @@
-"""P-23: what a run needs travels with the run.
+"""P-30: what a run needs travels with the run.
 
 A run records the definitions of its sources. Another directory, a process
 missing an environment variable, a server that fails to start, a worker
@@ -73,7 +73,7 @@ def _writes(log):
     return log.read_text().splitlines() if log.exists() else []
 
 
-def test_p23_resume_from_another_directory_loads_the_recorded_sources(setup):
+def test_p30_resume_from_another_directory_loads_the_recorded_sources(setup):
     a, b, log, env = setup
     run_id = _paused(a, env)
     # Directory B has no tether.toml at all.
@@ -88,7 +88,7 @@ def test_p23_resume_from_another_directory_loads_the_recorded_sources(setup):
     assert b"s3cret-value-123" not in db.read_bytes()
 
 
-def test_p23_a_missing_env_var_leaves_the_run_paused_and_a_later_resume_sends_once(setup):
+def test_p30_a_missing_env_var_leaves_the_run_paused_and_a_later_resume_sends_once(setup):
     a, b, log, env = setup
     run_id = _paused(a, env)
     without = {k: v for k, v in env.items() if k != "FX_SECRET"}
@@ -107,7 +107,7 @@ def test_p23_a_missing_env_var_leaves_the_run_paused_and_a_later_resume_sends_on
     assert _writes(log) == ["once"]
 
 
-def test_p23_a_source_that_fails_to_start_leaves_the_run_paused(setup):
+def test_p30_a_source_that_fails_to_start_leaves_the_run_paused(setup):
     a, b, log, env = setup
     run_id = _paused(a, env)
     server = a / "server.py"
@@ -129,7 +129,7 @@ def test_p23_a_source_that_fails_to_start_leaves_the_run_paused(setup):
     assert _writes(log) == ["once"]
 
 
-def test_p23_a_worker_without_the_source_leaves_the_run_queued(setup):
+def test_p30_a_worker_without_the_source_leaves_the_run_queued(setup):
     a, b, log, env = setup
     with open(a / "tether.toml", "a") as f:
         f.write('\n[policy]\nwrites = "allow"\n')

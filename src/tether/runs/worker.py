@@ -72,7 +72,7 @@ async def _available(rt: "Runtime", run, reported: set[str]) -> bool:
 async def _claims(rt: "Runtime", free: int, reported: set[str]):
     """Coroutines for work this worker may take now, most urgent first.
 
-    A run whose sources cannot be loaded here is left as it is (P-23) for a
+    A run whose sources cannot be loaded here is left as it is (P-30) for a
     process that has them.
     """
     from ..store.base import RUN_QUEUED

@@ -1,6 +1,6 @@
 """Sources as runs record them, and the set of sources a process has loaded.
 
-A run records the *definitions* of the sources it started with (P-23), not the
+A run records the *definitions* of the sources it started with (P-30), not the
 path of a config file: what another directory, machine, worker or replica
 needs to load the same tools. Secrets stay references: ``${VAR}`` in ``env``
 and ``headers`` and ``token_env``/``value_env`` in ``auth`` are recorded as
