@@ -298,3 +298,29 @@ async def test_p10_cancel_ends_a_batch_that_is_partly_decided(store_url):
         assert r.status == "cancelled" and rec.deliveries == []
         states = {c.seq: c.state for c in rt.store.get_calls(paused.run_id) if c.kind == "write"}
         assert states == {2: "declined", 3: "declined", 4: "declined"}
+
+
+async def test_p27_a_gathered_write_too_large_to_journal_does_not_join_the_batch(store_url):
+    from tether.runs.limits import Limits
+
+    rec = Recorder()
+    code = """
+import asyncio
+import tools
+
+async def comment(body):
+    try:
+        await tools.helpdesk.add_comment(id=7, body=body)
+        return "sent"
+    except Exception as e:
+        return str(e)
+
+await asyncio.gather(comment("small"), comment("x" * 5000))
+"""
+    async with make_runtime(store_url, rec, limits=Limits(journal_value_bytes=2000)) as rt:
+        r = await rt.execute(code)
+        assert [w["args"]["body"] for w in r.pending["writes"]] == ["small"]
+        r = await rt.resume(r.run_id, "approve", seq=r.pending["seq"])
+        assert r.status == "completed", r.error
+        assert r.result[0] == "sent" and r.result[1].startswith("[arguments_too_large]")
+        assert rec.deliveries == [("add_comment", {"id": 7, "body": "small"})]

@@ -628,18 +628,22 @@ class EffectBoundary:
         if tool is not None and tool.is_write and seq <= self.limits.host_calls and batch is not None:
             try:
                 self.catalog.validate_args(address, args)
-                key = journal.call_key("tool", address, args)
+                key, size = journal.call_key_and_size("tool", address, args)
             except (InvalidArguments, TypeError, ValueError):
-                key = None
+                key, size = None, 0
             if key is not None:
                 decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
+                # Arguments the journal cannot take are refused when the call is issued again (P-22).
+                fits = (size <= self.limits.journal_value_bytes
+                        and self.journaled_bytes + size <= self.limits.journal_bytes)
                 if decision.action == journal.ASK:
                     joined = True  # asked before this attempt and still undecided
-                elif decision.action == journal.LIVE and decision.entry is None:
+                elif decision.action == journal.LIVE and decision.entry is None and fits:
                     # The first write of the pause and the batch are not spent yet
                     # but may all be approved: count them against the budget.
                     prospective = st.writes_spent + 1 + len(batch)
                     if policy_mod.decide_call(self.policy, address, True, prospective) == policy_mod.ASK:
+                        self._journal_room(size, address, "arguments")
                         await self._record_intent(seq, "tool", address, args, key, "write", CALL_ASKED, None)
                         joined = True
         if joined and st.batch is batch:
