@@ -217,3 +217,36 @@ def test_p27_a_gathered_batch_is_listed_and_decided_per_write_from_the_cli(tmp_p
     assert _notes(env) == ["y"]
     shown = tether(["runs", "show", run_id], env, tmp_path)
     assert "decided: call 2 approve by" in shown.stdout and "via cli" in shown.stdout
+
+
+def test_p28_resume_without_seq_at_a_terminal_shows_the_write_and_asks(tmp_path, env):
+    """The person at the terminal sees the exact write before the decision is taken for it."""
+    import pty
+    import select
+    import time as _time
+
+    prog = tmp_path / "two.py"
+    prog.write_text("import tools\nawait tools.notes.add_note(text='a')\nawait tools.notes.add_note(text='b')\n'done'\n")
+    first = tether(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
+    run_id = json.loads(first.stdout)["run_id"]
+    assert tether(["resume", run_id, "--approve", "--seq", "1"], env, tmp_path).returncode == 3
+
+    main, child = pty.openpty()
+    proc = subprocess.Popen(TETHER + ["resume", run_id, "--approve"], env=env, cwd=tmp_path,
+                            stdin=child, stdout=child, stderr=child, close_fds=True)
+    os.close(child)
+    seen = b""
+    try:
+        end = _time.monotonic() + 60
+        while b"[y/N]" not in seen and _time.monotonic() < end:
+            ready, _, _ = select.select([main], [], [], 0.5)
+            if ready:
+                seen += os.read(main, 4096)
+        assert b"approve call 2: notes.add_note(text='b')? [y/N]" in seen
+        os.write(main, b"y\n")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(main)
+    assert _notes(env) == ["a", "b"]
