@@ -114,6 +114,18 @@ async def test_execute_returns_text_and_the_run_result(server, mode):
 
 
 @pytest.mark.parametrize("mode", ERAS)
+async def test_execute_takes_positional_calls_and_refuses_a_bad_one_with_the_signature(server, rec, mode):
+    async with Client(server.mcp, mode=mode) as c:
+        r = await c.call_tool("execute", {"code": "import tools as t\n(await t.helpdesk.get_ticket(4))['id']"})
+        assert r.structured_content["status"] == "completed" and r.structured_content["result"] == 4
+        r = await c.call_tool("execute", {"code": "import tools\nawait tools.helpdesk.get_ticket(4, 5)"})
+    err = r.structured_content["error"]
+    # This server runs with the check off: the boundary refuses it, naming the signature; nothing was sent.
+    assert r.is_error and err["code"] == "invalid_arguments", err
+    assert "signature: tools.helpdesk.get_ticket(id: int)" in err["message"] and rec.events[-1][2] == 4
+
+
+@pytest.mark.parametrize("mode", ERAS)
 async def test_a_failed_run_is_a_tool_error_with_code_message_and_next_action(server, mode):
     async with Client(server.mcp, mode=mode) as c:
         r = await c.call_tool("execute", {"code": "import tools\nawait tools.helpdesk.get_ticket(id=-1)"})
