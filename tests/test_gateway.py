@@ -78,17 +78,18 @@ log = await tools.git.git_log(repo_path={str(repo)!r})
         assert not statuses["broken"].ok and statuses["broken"].error  # reported, not fatal
         r = await rt.execute(program, type_check=False)
         assert r.status == "paused" and r.pending["address"] == "git.git_add"
-        r = await rt.resume(r.run_id, "approve")
+        r = await rt.resume(r.run_id, "approve", seq=r.pending["seq"])
         assert r.status == "paused" and r.pending["address"] == "git.git_commit"
+        commit_seq = r.pending["seq"]
         assert "tether: add notes" not in git(repo, "log", "--oneline")  # not before approval
         run_id = r.run_id
     # Approve from another runtime (another process would do the same): the
     # upstream server is started again by the new runtime.
     async with open_runtime(load_config(config)) as rt2:
-        done = await rt2.resume(run_id, "approve")
+        done = await rt2.resume(run_id, "approve", seq=commit_seq)
         assert done.status == "completed", done.error
         assert done.result["untracked_before"] is True
-        again = await rt2.resume(run_id, "approve")
+        again = await rt2.resume(run_id, "approve", seq=commit_seq)
         assert again.result == done.result
     log = git(repo, "log", "--format=%s")
     assert log.splitlines().count("tether: add notes") == 1
