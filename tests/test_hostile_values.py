@@ -51,9 +51,15 @@ def _tools() -> list[Tool]:
     async def give_bytes(args: dict) -> object:
         return b"\x00\xff raw"
 
+    async def echo(args: dict) -> object:
+        return args
+
     read = Annotations(read_only=True)
-    return [Tool(namespace="t", name=name, description=name, input_schema={"type": "object"}, handler=fn,
-                 annotations=read) for name, fn in (("give", give), ("fail", fail), ("give_bytes", give_bytes))]
+    anything = {"type": "object", "additionalProperties": True}
+    return [Tool(namespace="t", name=name, description=name, input_schema=anything, handler=fn,
+                 annotations=read) for name, fn in (("give", give), ("fail", fail), ("give_bytes", give_bytes),
+                                                    ("echo", echo))] + [
+        Tool(namespace="t", name="send", description="a write", input_schema=anything, handler=echo)]
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +77,9 @@ def rt(loop):
     loop.run_until_complete(runtime.close())
 
 
-def check_envelope(rt: Runtime, result) -> None:
-    """The run ended, and what it reports can be sent anywhere."""
-    assert result.status in ("completed", "failed"), result
+def check_envelope(rt: Runtime, result, *, paused: bool = False) -> None:
+    """The run ended (or paused, when asked), and what it reports can be sent anywhere."""
+    assert result.status in (("completed", "failed") + (("paused",) if paused else ())), result
     data = result.to_dict()
     text = json.dumps(data, allow_nan=False, ensure_ascii=False)
     text.encode("utf-8")  # no lone surrogates
@@ -85,6 +91,7 @@ def check_envelope(rt: Runtime, result) -> None:
     assert stored.status == result.status and stored.owner is None
     mcp = run_result(result, diagnostics=False)
     mcp.content[0].text.encode("utf-8")
+    assert len(result.instructions or "") < 5_000
 
 
 def nested(depth: int) -> list:
@@ -156,16 +163,26 @@ EXPRESSIONS = st.recursive(
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
-@given(expr=EXPRESSIONS, shape=st.sampled_from(["result", "print", "emit", "raise"]))
+@given(expr=EXPRESSIONS, shape=st.sampled_from(["result", "print", "emit", "raise", "argument", "write"]))
 def test_p26_any_value_a_program_makes_ends_the_run_with_an_envelope(rt, loop, expr, shape):
     code = {
         "result": f"x = {expr}\nx",
         "print": f"x = {expr}\nprint(x)\n1",
         "emit": f"emit({expr})\n1",
         "raise": f"raise ValueError({expr})",
+        "argument": f"import tools\nawait tools.t.echo(x={expr})",
+        "write": f"import tools\nawait tools.t.send(x={expr}, y=[{expr}])",
     }[shape]
     result = loop.run_until_complete(rt.execute(code))
-    check_envelope(rt, result)
+    check_envelope(rt, result, paused=shape == "write")
+    if result.status == "paused":
+        # What was shown for approval is what is journaled and sent.
+        shown = result.pending["args"]
+        done = loop.run_until_complete(rt.resume(result.run_id, "approve", seq=result.pending["seq"]))
+        check_envelope(rt, done)
+        assert done.status == "completed" and rt.store.get_calls(result.run_id)[-1].args == shown
+        if "<too deep>" not in json.dumps(done.result):  # the echoed result is cut past 64 levels
+            assert done.result == shown
 
 
 # -- the cases the issue reproduced ---------------------------------------------------
@@ -228,3 +245,13 @@ def test_to_json_value_is_strict_json_for_hostile_values():
         out, notes = to_json_value(value)
         json.dumps(out, allow_nan=False, ensure_ascii=False).encode("utf-8")
         assert notes
+
+
+def test_p26_a_write_with_non_json_arguments_is_approved_and_sent_as_journaled(rt, loop):
+    r = loop.run_until_complete(rt.execute("import tools\nawait tools.t.send(n=10**5000, s={3, 1, 2}, b=b'\\xff')"))
+    check_envelope(rt, r, paused=True)
+    assert r.status == "paused" and r.pending["args"]["s"] == [1, 2, 3] and r.pending["args"]["n"][:2] == "10"
+    assert len(r.instructions) < 2000
+    done = loop.run_until_complete(rt.resume(r.run_id, "approve", seq=r.pending["seq"]))
+    check_envelope(rt, done)
+    assert done.result == r.pending["args"] == rt.store.get_calls(r.run_id)[-1].args

@@ -316,7 +316,11 @@ class EffectBoundary:
         try:
             key, size = journal.call_key_and_size(op, address, args)
         except (TypeError, ValueError):
-            key, size = journal.call_key_and_size(op, address, to_json_value(args)[0])
+            # Not JSON as given (a set, bytes, NaN, an int past 4,300 digits):
+            # the call goes on with its JSON form, so what is journaled, shown
+            # for approval and sent are one value (P-26).
+            args = to_json_value(args)[0]
+            key, size = journal.call_key_and_size(op, address, args)
         decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
         if decision.action == journal.DIVERGED:
             self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",

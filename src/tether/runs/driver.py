@@ -506,6 +506,8 @@ def pause_instructions(run_id: str, pending: dict) -> str:
 
     def show(w: dict) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in (w.get("args") or {}).items())
+        if len(args) > 600:  # instructions are read; the arguments are whole in `pending`
+            args = args[:600] + "…"
         return f"call {w['seq']} {w['address']}({args})"
 
     if len(writes) == 1:
