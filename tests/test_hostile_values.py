@@ -255,3 +255,20 @@ def test_p26_a_write_with_non_json_arguments_is_approved_and_sent_as_journaled(r
     done = loop.run_until_complete(rt.resume(r.run_id, "approve", seq=r.pending["seq"]))
     check_envelope(rt, done)
     assert done.result == r.pending["args"] == rt.store.get_calls(r.run_id)[-1].args
+
+
+def test_p26_gathered_writes_with_non_json_arguments_pause_together(rt, loop):
+    code = ("import asyncio\nimport tools\n"
+            "await asyncio.gather(tools.t.send(n=1), tools.t.send(n=10**5000), tools.t.send(s={2, 1}))")
+    r = loop.run_until_complete(rt.execute(code))
+    check_envelope(rt, r, paused=True)
+    for _ in range(5):
+        if r.status != "paused":
+            break
+        writes = r.pending.get("writes") or [r.pending]
+        for w in writes:
+            r = loop.run_until_complete(rt.resume(r.run_id, "approve", seq=w["seq"]))
+        check_envelope(rt, r, paused=True)
+    assert r.status == "completed"
+    sent = [c.args for c in rt.store.get_calls(r.run_id)]
+    assert {"s": [1, 2]} in sent and any(str(a.get("n", "")).startswith("1000") for a in sent)

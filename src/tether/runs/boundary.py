@@ -300,6 +300,14 @@ class EffectBoundary:
     async def call(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
         st = self.state
         st.last_arrival = time.monotonic()
+        try:
+            key, size = journal.call_key_and_size(op, address, args)
+        except (TypeError, ValueError):
+            # Not JSON as given (a set, bytes, NaN, an int past 4,300 digits):
+            # the call goes on with its JSON form, so what is journaled, shown
+            # for approval and sent are one value (P-26).
+            args = to_json_value(args)[0]
+            key, size = journal.call_key_and_size(op, address, args)
         if st.pausing or (self.execution is not None and self.execution.stopping):
             if st.batch is not None and op == "tool" and not (self.execution is not None and self.execution.stopping):
                 return await self._join_batch(seq, address, args)
@@ -313,14 +321,6 @@ class EffectBoundary:
                 )
             )
             return await self._hold(seq, op, address, args)
-        try:
-            key, size = journal.call_key_and_size(op, address, args)
-        except (TypeError, ValueError):
-            # Not JSON as given (a set, bytes, NaN, an int past 4,300 digits):
-            # the call goes on with its JSON form, so what is journaled, shown
-            # for approval and sent are one value (P-26).
-            args = to_json_value(args)[0]
-            key, size = journal.call_key_and_size(op, address, args)
         decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
         if decision.action == journal.DIVERGED:
             self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
