@@ -160,3 +160,21 @@ def test_cli_a_tool_calling_sys_exit_fails_the_run_and_says_so(tmp_path):
         assert store.get_run(out["run_id"]).status == "failed"
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_p26_over_mcp_a_hostile_result_is_an_envelope_not_a_tool_failure(mode):
+    from mcp import Client
+
+    from tether.server.mcp import TetherServer
+
+    async with Runtime(type_check=False) as rt:
+        server = TetherServer(rt)
+        async with Client(server.mcp, mode=mode) as client:
+            for code, status in (("10**5000", "completed"), ("def f(n):\n    return f(n + 1)\nf(0)", "failed"),
+                                 ("[b'\\xff', float('nan'), {1, 2}]", "completed")):
+                r = await client.call_tool("execute", {"code": code})
+                data = r.structured_content
+                assert data["status"] == status and data["run_id"], r.content[0].text[:300]
+                assert len(r.content[0].text) < 30_000
+                assert rt.store.get_run(data["run_id"]).status == status
