@@ -468,6 +468,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     pid_file(home).write_text(str(os.getpid()))
     try:
         async with _runtime(args, list(args.tools), report=True) as rt:
+            rt.source_set.refresh_in_background()
             handled = await work(rt, poll_seconds=args.poll, idle_exit_seconds=args.idle_exit)
     finally:
         if worker_alive(home) == os.getpid():

@@ -608,6 +608,12 @@ def _classify(rt: "Runtime", exc: ProgramFailed) -> tuple[str | None, str | None
         if len(parts) >= 4:
             module, attr = parts[1], parts[3]
             address = (module[len("tools."):] + "." + attr) if module.startswith("tools.") else attr
+            failed = rt.source_set.failures() if rt.source_set is not None else {}
+            namespace = address.split(".", 1)[0]
+            if namespace in failed:
+                # Configured but not loaded: the tool may well exist; its source is what failed.
+                return "source_unavailable", (f"The source {namespace!r} failed to load ({failed[namespace]}); "
+                                              "nothing was sent to it. Fix the source or use another tool.")
             suggestions = rt.catalog.suggest(address) if hasattr(rt.catalog, "suggest") else []
             hint = "Use search() to find the right address"
             if suggestions:

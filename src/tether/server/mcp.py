@@ -782,6 +782,7 @@ async def serve(args: Any) -> int:
         # timers and due waits, and takes over runs whose process died.
         from ..runs.worker import work
 
+        rt.source_set.refresh_in_background()
         stop_worker = asyncio.Event()
         runner = asyncio.ensure_future(work(rt, stop=stop_worker))
         try:

@@ -37,6 +37,10 @@ _LITERAL = "<literal sha256:"
 # A failed source is not retried more often than this by a long-lived process
 # (a worker polls every 0.2 s; a hung server would otherwise cost a start_timeout each time).
 RETRY_SECONDS = 30.0
+# A long-lived process (serve, worker) re-lists a server whose cached listing is
+# older than this, in the background: servers change their tools rarely, and a
+# call to a tool that is gone fails upstream without harm.
+REFRESH_AFTER_SECONDS = 3600.0
 DEFAULT_START_TIMEOUT = 10.0
 
 
@@ -208,6 +212,7 @@ class SourceSet:
         self._lock = asyncio.Lock()
         self._logs: list[Any] = []
         self._closing: list[asyncio.Future[None]] = []
+        self._refreshing: list[asyncio.Task[None]] = []
 
     # -- loading
 
@@ -306,6 +311,7 @@ class SourceSet:
                 definition["namespace"], data.get("tools", []), lazy.handler, lazy.ceiling,
                 idempotency=definition.get("idempotency", "none"))
             lazy.server_info = data.get("server", {})
+            lazy.listing, lazy.cached_at = data.get("tools", []), cached[1]
             return tools
         source = self._mcp_source(definition, timeout)
         try:
@@ -412,7 +418,43 @@ class SourceSet:
             out.append(entry)
         return out
 
+    def refresh_in_background(self, older_than: float = REFRESH_AFTER_SECONDS) -> asyncio.Task[None]:
+        """Re-list, in a task, MCP servers whose cached listing is older than ``older_than`` seconds."""
+
+        async def run() -> None:
+            now = time.time()
+            for entry in list(self.loaded.values()):
+                lazy = entry.impl
+                if isinstance(lazy, _LazyMCP) and not lazy.started and now - lazy.cached_at > older_than:
+                    try:
+                        await lazy.ensure_live()
+                    except TetherError:
+                        pass  # the cached tools stay; a call will say what is wrong
+
+        task = asyncio.ensure_future(run())
+        self._refreshing.append(task)
+        return task
+
+    def _relisted(self, entry: LoadedSource, lazy: _LazyMCP, source: Any) -> None:
+        """A started server's listing replaces the cached one, in the store and in the catalog."""
+        from ._mcp_tools import build_tools
+
+        self._remember_listing(entry.key, source)
+        if source.listing == lazy.listing:
+            return
+        tools, upstream, problems = build_tools(entry.name, source.listing, lazy.handler, lazy.ceiling,
+                                                idempotency=entry.definition.get("idempotency", "none"))
+        catalog = self.runtime.catalog
+        for tool in entry.tools:
+            if tool.address in catalog:
+                catalog.remove(tool.address)
+        catalog.add_many(tools)
+        entry.tools, entry.problems, lazy.upstream, lazy.listing = tools, problems, upstream, source.listing
+
     async def close(self) -> None:
+        for task in self._refreshing:
+            task.cancel()
+        await asyncio.gather(*self._refreshing, return_exceptions=True)
         for entry in self.loaded.values():
             if entry.impl is not None:
                 try:
@@ -432,6 +474,8 @@ class _LazyMCP:
         self.owner, self.entry, self.definition, self.timeout = owner, entry, definition, timeout
         self.upstream: dict[str, str] = {}
         self.server_info: dict[str, Any] = {}
+        self.listing: list[dict[str, Any]] = []
+        self.cached_at = 0.0
         ceiling = definition.get("max_call_seconds") or definition.get("call_timeout")
         self.ceiling = None if ceiling is None else float(ceiling) + 1.0
         self._source: Any = None
@@ -459,7 +503,7 @@ class _LazyMCP:
                                             "the call was not sent", details={"source": self.entry.name}) from None
                 self._source, self.started = source, True
                 self.server_info = source.server_info
-                self.owner._remember_listing(self.entry.key, source)
+                self.owner._relisted(self.entry, self, source)
             return self._source
 
     def handler(self, name: str, upstream: str) -> Callable[[dict[str, Any]], Any]:

@@ -1,0 +1,99 @@
+"""`tether run` start-up with sources configured, against the same with none.
+
+    python bench/sources_bench.py [--quick] [--rounds N] [--warmup N]
+
+Contenders, each a fresh `tether run one.py` process (the program is `1 + 1`:
+it calls no MCP tool), round-robin in one run, one TETHER_HOME each:
+
+- no sources (baseline);
+- four MCP sources (mcp-server-time, mcp-server-git, and two servers from
+  tests/fixtures), tool listings cached in the store: the common case;
+- the same four with an empty cache: every server is started to list its
+  tools (what the first command after a config change pays);
+- four sources where the second pair is replaced by a hung server
+  (`sleep`) with start_timeout = 1: a broken source costs its timeout, once
+  per command, plus the SDK's teardown of a server that ignores stdin.
+
+Target: four cached sources <= 1.3x no sources (paired ratio).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import common
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+BIN = Path(sys.executable).parent
+
+
+def _mcp(namespace: str, command: list[str], extra: str = "") -> str:
+    return (f'[[sources]]\ntype = "mcp"\nnamespace = "{namespace}"\ncommand = {json.dumps(command)}\n{extra}\n')
+
+
+def _configs(repo: Path) -> dict[str, str]:
+    time_server = [str(BIN / "mcp-server-time")]
+    git_server = [str(BIN / "mcp-server-git"), "--repository", str(repo)]
+    fixture = [sys.executable, str(FIXTURES / "mcp_fixture_server.py")]
+    paged = [sys.executable, str(FIXTURES / "mcp_paged_server.py")]
+    four = (_mcp("clock", time_server) + _mcp("git", git_server) + _mcp("fx", fixture) + _mcp("paged", paged))
+    hung = (_mcp("clock", time_server) + _mcp("git", git_server)
+            + _mcp("hung", ["sleep", "1000"], "start_timeout = 1") + _mcp("paged", paged))
+    return {"none": "", "four cached": four, "four, empty cache": four, "one hung (start_timeout 1 s)": hung}
+
+
+def _run(cwd: Path, home: Path, clear_cache: bool) -> float:
+    if clear_cache:
+        shutil.rmtree(home, ignore_errors=True)
+    env = dict(os.environ, TETHER_HOME=str(home))
+    env.pop("TETHER_STORE_URL", None)
+    t = time.perf_counter()
+    proc = subprocess.run([str(BIN / "tether"), "run", "one.py"], cwd=cwd, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - t
+    if proc.returncode != 0 or proc.stdout.strip() != "2":
+        raise SystemExit(f"tether run failed in {cwd}: {proc.stdout}{proc.stderr}")
+    return took
+
+
+def main() -> None:
+    args = common.parser(__doc__.splitlines()[0], rounds=15, quick_rounds=3).parse_args()
+    rounds, warmup = common.rounds_of(args)
+    warmup = min(warmup, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        repo = base / "repo"
+        repo.mkdir()
+        subprocess.run(["git", "init", "-q", str(repo)], check=True)
+        dirs = {}
+        for i, (name, text) in enumerate(_configs(repo).items()):
+            d = base / f"c{i}"
+            d.mkdir()
+            (d / "tether.toml").write_text(text)
+            (d / "one.py").write_text("1 + 1\n")
+            dirs[name] = d
+        samples: dict[str, list[float]] = {name: [] for name in dirs}
+        for r in range(warmup + rounds):
+            names = list(dirs)
+            names = names[r % len(names):] + names[:r % len(names)]
+            for name in names:
+                took = _run(dirs[name], dirs[name] / "home", clear_cache=name == "four, empty cache")
+                if r >= warmup:
+                    samples[name].append(took)
+    rows = common.ratio_rows(samples, "none")
+    print(common.table(rows, common.RATIO_COLUMNS, title="=== tether run of `1 + 1`, wall time per process"))
+    cached = next(r for r in rows if r["contender"] == "four cached")
+    targets = [common.target("four cached MCP sources vs none (x paired)", cached["paired_ratio"], 1.3, "x")]
+    print(common.table(targets, common.TARGET_COLUMNS))
+    common.emit("sources", args.quick, {"rows": rows, "targets": targets})
+
+
+if __name__ == "__main__":
+    main()

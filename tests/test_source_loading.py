@@ -1,0 +1,117 @@
+"""Sources as a user configures them: failures are loud and bounded, start-up stays fast.
+
+Real `tether` processes with real MCP servers (mcp-server-time from PyPI, the
+fixture server) and a hung one (`sleep`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tether.sources._mcp_tools import TASK_REQUIRED, build_tools
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TETHER = [sys.executable, "-m", "tether.cli"]
+BIN = Path(sys.executable).parent
+
+
+def _mcp(namespace: str, command: list[str], extra: str = "") -> str:
+    return f'[[sources]]\ntype = "mcp"\nnamespace = "{namespace}"\ncommand = {json.dumps(command)}\n{extra}\n'
+
+
+@pytest.fixture
+def project(tmp_path):
+    home = tmp_path / "home"
+    env = dict(os.environ, TETHER_HOME=str(home))
+    env.pop("TETHER_STORE_URL", None)
+    return tmp_path, home, env
+
+
+def tether(args, env, cwd, timeout=120):
+    return subprocess.run(TETHER + args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_a_hung_source_is_reported_bounded_and_unavailable_not_unknown(project):
+    cwd, home, env = project
+    (cwd / "tether.toml").write_text(
+        _mcp("hung", ["sleep", "1000"], "start_timeout = 1")
+        + _mcp("fx", [sys.executable, str(FIXTURES / "mcp_fixture_server.py")]))
+    (cwd / "listed.py").write_text("await sources()\n")
+    listed = tether(["run", "listed.py", "--json"], env, cwd)
+    assert listed.returncode == 0, listed.stderr
+    # One line on stderr: which source, where it is configured, why.
+    lines = [ln for ln in listed.stderr.splitlines() if "hung" in ln]
+    assert len(lines) == 1
+    assert "tether.toml: sources[0]" in lines[0] and "start_timeout" in lines[0]
+    namespaces = {s["namespace"]: s for s in json.loads(listed.stdout)["result"]}
+    assert namespaces["fx"]["tools"] > 0
+    assert namespaces["hung"]["tools"] == 0 and "did not start within 1 s" in namespaces["hung"]["error"]
+
+    (cwd / "call.py").write_text("import tools\nawait tools.hung.anything()\n")
+    called = tether(["run", "call.py", "--json", "--no-check"], env, cwd)
+    assert called.returncode == 1
+    assert json.loads(called.stdout)["error"]["code"] == "source_unavailable"
+
+
+@pytest.mark.slow
+def test_upstream_stderr_goes_to_a_log_and_listings_come_from_the_cache(project):
+    cwd, home, env = project
+    (cwd / "tether.toml").write_text(
+        _mcp("fx", [sys.executable, str(FIXTURES / "mcp_fixture_server.py")])
+        + _mcp("clock", [str(BIN / "mcp-server-time")]))
+    (cwd / "one.py").write_text("1 + 1\n")
+    log = home / "logs" / "fx.log"
+
+    first = tether(["run", "one.py"], env, cwd)
+    assert first.returncode == 0 and first.stdout.strip() == "2", first.stderr
+    assert "starting on stdio" not in first.stderr  # the server's banner is not the user's business
+    assert log.read_text().count("starting on stdio") == 1  # started once, to list its tools
+
+    again = tether(["run", "one.py"], env, cwd)
+    assert again.returncode == 0
+    assert log.read_text().count("starting on stdio") == 1  # listing from the cache: not started
+
+    # A program that calls the server starts it then, and only it.
+    (cwd / "echo.py").write_text("import tools\nawait tools.fx.echo(text='hi')\n")
+    echoed = tether(["run", "echo.py", "--json"], env, cwd)
+    assert json.loads(echoed.stdout)["result"] == {"result": "hi"}, echoed.stderr
+    assert log.read_text().count("starting on stdio") == 2
+
+    # A real third-party server from its cached listing, called for real.
+    (cwd / "now.py").write_text("import tools\nawait tools.clock.get_current_time(timezone='UTC')\n")
+    now = tether(["run", "now.py", "--json"], env, cwd)
+    assert now.returncode == 0, now.stdout + now.stderr
+    assert "UTC" in json.dumps(json.loads(now.stdout)["result"])
+
+    refreshed = tether(["sources", "refresh"], env, cwd)
+    assert refreshed.returncode == 0, refreshed.stderr
+    assert log.read_text().count("starting on stdio") == 3
+
+
+@pytest.mark.slow
+def test_sources_list_prints_skipped_operations(project):
+    cwd, home, env = project
+    (cwd / "tether.toml").write_text(
+        f'[[sources]]\ntype = "openapi"\nnamespace = "api"\nspec = "{FIXTURES / "openapi_problems.json"}"\n'
+        'base_url = "http://127.0.0.1:9"\n')
+    listed = tether(["sources", "list"], env, cwd)
+    assert "skipped" in listed.stdout, listed.stdout + listed.stderr
+    assert "tether.toml: sources[0]" in listed.stdout
+
+
+def test_tools_that_require_task_augmentation_are_not_offered_and_say_why():
+    listing = [
+        {"name": "quick", "inputSchema": {"type": "object"}},
+        {"name": "long_job", "inputSchema": {"type": "object"}, "execution": {"taskSupport": "required"}},
+        {"name": "either", "inputSchema": {"type": "object"}, "execution": {"taskSupport": "optional"}},
+    ]
+    tools, upstream, problems = build_tools("ns", listing, lambda name, wire: None)
+    assert [t.name for t in tools] == ["quick", "either"]
+    assert problems == [{"operation": "long_job", "problem": TASK_REQUIRED}]
