@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import InvalidArguments, Overloaded, RunNotFound, TetherError, UsageError
 from ..runs.result import RunResult
+from . import urlmode
 from .admission import Admission
 from .auth import (
     LOCAL,
@@ -184,8 +185,15 @@ class TetherServer:
         principal_of: Callable[[Context], str] | None = None,
         run_meta: Mapping[str, Any] | None = None,
         name: str = SERVER_NAME,
+        approvals: str = "auto",
+        public_url: str | None = None,
+        url_wait_seconds: float | None = None,
     ) -> None:
         self.rt = rt
+        # [server] approvals: how a paused write is put to the client's user (see urlmode).
+        self.approvals = approvals
+        self.public_url = public_url
+        self.url_wait_seconds = urlmode.URL_WAIT_SECONDS if url_wait_seconds is None else url_wait_seconds
         self.admission = admission or Admission(rt.pool.max_workers, queue_depth=16, queue_timeout=10.0)
         self.principal_of = principal_of or (lambda ctx: LOCAL)
         self.run_meta = dict(run_meta or {})
@@ -248,9 +256,10 @@ class TetherServer:
         principal = self.principal_of(ctx)
         if ctx.request_state is not None:
             return await self._answer(ctx, principal, diagnostics)
-        asks = _elicitation(ctx)
+        era, how = self._how(ctx)
+        asks = era if how == "form" else None
         approver = self._approver(ctx) if asks == INLINE else None
-        asker = self._asker(ctx) if asks == INLINE else None
+        asker = self._asker(ctx) if _elicitation(ctx) == INLINE else None
         tag = secrets.token_hex(8)
         meta = {**self.run_meta, "mcp_call": tag}
         try:
@@ -258,9 +267,11 @@ class TetherServer:
                 lambda progress: self.rt.execute(code, on_approval=approver, principal=principal, meta=meta,
                                                  on_progress=progress, session=session, on_question=asker),
                 ctx, principal, run_id=lambda: self._run_tagged(tag))
+            if how == "url" and era == INLINE:
+                result = await urlmode.legacy(self, ctx, result, principal)
         except TetherError as exc:
             return error_result(exc)
-        return self._respond(result, asks, principal, diagnostics)
+        return self._respond(result, era if how else None, principal, diagnostics, how=how)
 
     async def resume(
         self,
@@ -273,11 +284,11 @@ class TetherServer:
                         "Required once the run has asked about more than one write.")] = None,
     ) -> Annotated[CallToolResult, RunEnvelope]:
         principal = self.principal_of(ctx)
-        asks = _elicitation(ctx)
-        # A resumed run may pause at a later write: a legacy client with forms
-        # gets that one as a form too. (A modern one gets the paused result
+        era, how = self._how(ctx)
+        # A resumed run may pause at a later write: a legacy client gets that
+        # one as a form or link too. (A modern one gets the paused result
         # from resume; input-required rounds belong to execute's own call.)
-        approver = self._approver(ctx) if asks == INLINE else None
+        approver = self._approver(ctx) if era == INLINE and how == "form" else None
 
         def decide(progress: Any) -> Any:
             if isinstance(seq, list):
@@ -288,9 +299,11 @@ class TetherServer:
 
         try:
             result = await self._run(decide, ctx, principal, run_id=lambda: run_id)
+            if how == "url" and era == INLINE:
+                result = await urlmode.legacy(self, ctx, result, principal)
         except TetherError as exc:
             return error_result(exc)
-        return run_result(result, diagnostics=False)
+        return run_result(self._with_link(result), diagnostics=False)
 
     # -- cells -----------------------------------------------------------------------
 
@@ -400,10 +413,38 @@ class TetherServer:
                 return run_id
         return None
 
-    def _respond(self, result: RunResult, asks: str | None, principal: str, diagnostics: bool) -> Any:
+    def _respond(self, result: RunResult, asks: str | None, principal: str, diagnostics: bool, *,
+                 how: str | None = "form") -> Any:
         if result.status == "paused" and asks == INPUT_REQUIRED and result.pending:
+            if how == "url":
+                return urlmode.input_required(self, result, principal)
             return self._input_required(result, principal)
-        return run_result(result, diagnostics=diagnostics)
+        return run_result(self._with_link(result), diagnostics=diagnostics)
+
+    def _how(self, ctx: Context) -> tuple[str | None, str | None]:
+        """(era, "form" | "url" | None): how this client's user can be asked about a paused write."""
+        caps = ctx.client_capabilities
+        elicitation = caps.elicitation if caps is not None else None
+        version = ctx.protocol_version
+        if version is not None and is_version_at_least(version, MODERN):
+            era = INPUT_REQUIRED
+        else:
+            era = INLINE if getattr(ctx.session, "can_send_request", True) else None
+        url = elicitation is not None and elicitation.url is not None and bool(self.public_url)
+        if era is not None and url and self.approvals in ("url", "auto"):
+            return era, "url"
+        if self.approvals == "url":
+            return era, None  # never a form: the paused result names the link
+        return (era, "form") if _elicitation(ctx) is not None else (era, None)
+
+    def _with_link(self, result: RunResult) -> RunResult:
+        """A paused result that names its approval link too, when the server has a public URL."""
+        link = urlmode.link_of(self, result)
+        if link is None:
+            return result
+        result = RunResult.from_dict(result.to_dict())
+        result.pending = {**(result.pending or {}), "approval_url": link}
+        return result
 
     # -- approval: legacy (inline) ---------------------------------------------------
 
@@ -458,6 +499,9 @@ class TetherServer:
         try:
             run_id, seq = self._open_state(ctx.request_state or "", principal)
             reply = (ctx.input_responses or {}).get(APPROVAL_KEY)
+            if json.loads(ctx.request_state or "{}").get("m") == "url" and reply is not None:
+                result = await urlmode.answer(self, ctx, run_id, seq, reply, principal)
+                return self._respond(result, INPUT_REQUIRED, principal, diagnostics, how="url")
             if reply is None:
                 # A retry without an answer: ask again if the run still waits on it.
                 run = self.rt.get_run(run_id, principal)
@@ -486,8 +530,10 @@ class TetherServer:
             return error_result(exc)
         return self._respond(result, INPUT_REQUIRED, principal, diagnostics)
 
-    def _sign_state(self, run_id: str, seq: int, principal: str) -> str:
-        body = {"v": 1, "run_id": run_id, "seq": seq}
+    def _sign_state(self, run_id: str, seq: int, principal: str, *, mode: str | None = None) -> str:
+        body: dict[str, Any] = {"v": 1, "run_id": run_id, "seq": seq}
+        if mode is not None:
+            body["m"] = mode  # the request is sealed by the SDK: a client cannot change it
         return json.dumps({**body, "mac": self._mac(run_id, seq, principal)}, separators=(",", ":"))
 
     def _open_state(self, state: str, principal: str) -> tuple[str, int]:
@@ -641,6 +687,8 @@ def resume_instructions(result: RunResult) -> str:
         head + ask + f"Then call the resume tool with {call}, or with "
         "\"decision\": \"decline\" and a \"reason\" (the program gets a PermissionError and goes on), "
         "or \"decision\": \"cancel\" (the run stops)."
+        + (f" A person can also decide it on its approval page: {pending['approval_url']}"
+           if pending.get("approval_url") else "")
     )
 
 
@@ -765,6 +813,11 @@ async def serve(args: Any) -> int:
     if args.http:
         host, port = parse_address(args.http, config.server.host, config.server.port)
         check_http_auth(host, tokens, args.dev or config.server.allow_unauthenticated_loopback)
+    if config.server.approvals == "url" and not config.server.public_url:
+        raise UsageError("[server] approvals = \"url\" sends approval links, and there is no [server] public_url "
+                         "to build them on; nothing was started", code="config_invalid",
+                         next_action="Set [server] public_url to where people reach this server, or use "
+                                     "approvals = \"auto\".")
     run_meta = {"tools": tools, "config": str(Path(args.config).resolve()) if args.config else None}
     def report(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -777,6 +830,8 @@ async def serve(args: Any) -> int:
             # Without tokens nobody is told apart: stdio, and --dev on loopback.
             principal_of=principal_of_request if args.http and tokens else None,
             run_meta=run_meta,
+            approvals=config.server.approvals,
+            public_url=config.server.public_url,
         )
         # The server is also a runner (P-19): it executes queued runs, wakes
         # timers and due waits, and takes over runs whose process died.

@@ -1,0 +1,173 @@
+"""URL-mode elicitation: a paused write reaches the client's user as its approval link, in both eras.
+
+The client here is the real ``mcp`` client, in memory. Its "user" opens the
+link it is sent and decides on the approval page, served by the console app
+over the same runtime — the decision never passes through the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from mcp import Client
+from mcp_types import ElicitResult
+
+from helpers import Recorder
+from tether.runs.limits import Limits
+from tether.runs.runtime import Runtime
+from tether.server.console import Console
+from tether.server.mcp import TetherServer
+from tether.server.urlmode import DECLINED_TO_OPEN
+
+ERAS = [pytest.param("legacy", id="legacy"), pytest.param("auto", id="modern")]
+PUBLIC = "https://tether.example.com"
+CLOSE_3_CAUGHT = """
+import tools
+try:
+    r = await tools.helpdesk.close_ticket(id=3)
+except PermissionError as e:
+    r = str(e)
+r
+"""
+TWO_WRITES = "import tools\nawait tools.helpdesk.close_ticket(id=1)\nawait tools.helpdesk.close_ticket(id=2)\n'ok'"
+
+
+@pytest.fixture
+def rec():
+    return Recorder()
+
+
+@pytest.fixture
+async def rt(rec):
+    async with Runtime(tools=rec.tools(), type_check=False,
+                       limits=Limits(run_seconds=10, call_timeout_seconds=5)) as runtime:
+        yield runtime
+
+
+class Person:
+    """The client's user: accepts to open each approval link, then decides on its page a moment later."""
+
+    def __init__(self, console: Console, action: str = "accept", decision: str = "approve",
+                 reason: str | None = None) -> None:
+        self.console, self.action, self.decision, self.reason = console, action, decision, reason
+        self.asked: list = []
+        self.pages: list[int] = []
+        self._tasks: list[asyncio.Task] = []
+
+    async def __call__(self, context, params):
+        self.asked.append(params)
+        if getattr(params, "mode", None) != "url" or self.action != "accept":
+            return ElicitResult(action=self.action if getattr(params, "mode", None) == "url" else "decline")
+        # The client answers at once; the decision is taken in the browser afterwards.
+        self._tasks.append(asyncio.ensure_future(self.decide(params.url)))
+        return ElicitResult(action="accept")
+
+    async def decide(self, url: str) -> None:
+        await asyncio.sleep(0.05)
+        path = urlsplit(url).path
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=self.console.app),
+                                     base_url=PUBLIC) as browser:
+            page = await browser.get(path)
+            csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+            form = {"csrf": csrf, "seq": re.search(r'name="seq" value="(\d+)"', page.text).group(1),
+                    "decision": self.decision, "reason": self.reason or ""}
+            self.pages.append((await browser.post(path, data=form)).status_code)
+
+
+def served(rt, **options) -> tuple[TetherServer, Console]:
+    server = TetherServer(rt, public_url=PUBLIC, url_wait_seconds=20, **options)
+    return server, Console(rt, tokens=[], public_url=PUBLIC)
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_paused_write_is_sent_as_its_link_and_decided_on_the_page(rt, rec, mode):
+    server, console = served(rt)
+    person = Person(console)
+    async with Client(server.mcp, mode=mode, elicitation_callback=person) as c:
+        r = await c.call_tool("execute", {"code": TWO_WRITES})
+    assert r.structured_content["status"] == "completed", r.content[0].text
+    assert r.structured_content["result"] == "ok"
+    assert rec.deliveries == [("close_ticket", {"id": 1}), ("close_ticket", {"id": 2})]
+    assert [p.mode for p in person.asked] == ["url", "url"]
+    assert all(p.url.startswith(f"{PUBLIC}/approve/a1.") for p in person.asked)
+    assert "helpdesk.close_ticket(id=1)" in person.asked[0].message
+    assert person.pages == [200, 200]
+    decided = [e.data["via"] for e in rt.store.get_events(r.structured_content["run_id"]) if e.type == "decided"]
+    assert decided == ["link", "link"]
+    await console.close()
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_declining_to_open_the_link_declines_the_write(rt, rec, mode):
+    server, console = served(rt)
+    async with Client(server.mcp, mode=mode, elicitation_callback=Person(console, action="decline")) as c:
+        r = await c.call_tool("execute", {"code": CLOSE_3_CAUGHT})
+    assert r.structured_content["status"] == "completed"
+    assert DECLINED_TO_OPEN in r.structured_content["result"] and rec.deliveries == []
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_decline_on_the_page_reaches_the_program_with_its_reason(rt, rec, mode):
+    server, console = served(rt)
+    person = Person(console, decision="decline", reason="not this ticket")
+    async with Client(server.mcp, mode=mode, elicitation_callback=person) as c:
+        r = await c.call_tool("execute", {"code": CLOSE_3_CAUGHT})
+    assert "not this ticket" in r.structured_content["result"] and rec.deliveries == []
+    await console.close()
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_form_mode_keeps_forms_for_a_client_that_does_both(rt, rec, mode):
+    server, console = served(rt, approvals="form")
+    asked = []
+
+    async def forms(context, params):
+        asked.append(getattr(params, "mode", "form"))
+        return ElicitResult(action="accept", content={"decision": "approve"})
+
+    async with Client(server.mcp, mode=mode, elicitation_callback=forms) as c:
+        r = await c.call_tool("execute", {"code": CLOSE_3_CAUGHT})
+    assert r.structured_content["status"] == "completed" and asked == ["form"]
+    assert rec.deliveries == [("close_ticket", {"id": 3})]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_without_elicitation_the_paused_result_names_the_link(rt, rec, mode):
+    server, _ = served(rt, approvals="url")
+    async with Client(server.mcp, mode=mode) as c:
+        r = await c.call_tool("execute", {"code": CLOSE_3_CAUGHT})
+    data = r.structured_content
+    assert data["status"] == "paused"
+    assert data["pending"]["approval_url"].startswith(f"{PUBLIC}/approve/")
+    assert data["pending"]["approval_url"] in data["instructions"] and rec.deliveries == []
+
+
+async def test_without_a_public_url_auto_stays_with_forms(rt, rec):
+    server = TetherServer(rt)  # approvals = "auto", no public_url: nowhere to send a person
+    asked = []
+
+    async def forms(context, params):
+        asked.append(getattr(params, "mode", "form"))
+        return ElicitResult(action="accept", content={"decision": "approve"})
+
+    async with Client(server.mcp, mode="legacy", elicitation_callback=forms) as c:
+        r = await c.call_tool("execute", {"code": CLOSE_3_CAUGHT})
+    assert r.structured_content["status"] == "completed" and asked == ["form"]
+
+
+def test_serve_refuses_url_approvals_without_a_public_url(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "tether.toml").write_text('[server]\napprovals = "url"\n')
+    env = {**os.environ, "TETHER_HOME": str(tmp_path / "home")}
+    env.pop("TETHER_TOKEN", None)
+    proc = subprocess.run([sys.executable, "-m", "tether.cli", "--config", str(tmp_path / "tether.toml"), "serve",
+                           "--http", "127.0.0.1:1", "--dev"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "public_url" in proc.stderr and "nothing was started" in proc.stderr
