@@ -358,3 +358,46 @@ def test_console_pages_forbid_framing_and_inline_scripts(server):
     assert "<script>" not in response.text
     cookie = response.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie
+
+
+BATCH = """import asyncio
+import tools
+
+
+async def one(tag):
+    try:
+        return await tools.ledger.guarded_write(tag=tag)
+    except Exception as e:
+        return "not sent: " + str(e)
+
+
+await asyncio.gather(one("batch-1"), one("batch-2"), one("batch-3"))
+"""
+
+
+def test_a_batch_of_three_one_approved_two_declined(browser, server, shots):
+    run_id = server.queue(BATCH)
+    run = server.wait_status(run_id, "paused")
+    assert len(run.pending["writes"]) == 3
+    context, page = signed_in(browser, server)
+    try:
+        page.goto(f"{server.base}/console/runs/{run_id}")
+        assert page.locator("article.write").count() == 3
+        shots(page, "console-batch")
+        first = page.locator("article.write", has_text="batch-1")
+        first.locator("button[value=approve]").click()
+        page.wait_for_load_state()
+        # Still paused: the other two wait; the approved one is not sent before the batch is decided.
+        assert page.locator("article.write").count() == 2 and "batch-1" not in server.tags()
+        page.fill("#reason-all", "only the first one")
+        page.locator("form.all button[value=decline]").click()
+        page.locator("#run-status.completed").wait_for(timeout=15_000)
+        result = json.loads(page.locator("#result").inner_text())
+        assert result[0] == "batch-1"
+        assert all(r.startswith("not sent: ") and "only the first one" in r for r in result[1:])
+        assert server.tags().count("batch-1") == 1 and "batch-2" not in server.tags() and "batch-3" not in server.tags()
+        timeline = page.locator(".timeline").inner_text()
+        assert timeline.count("via console") == 3
+        shots(page, "console-batch-completed")
+    finally:
+        context.close()

@@ -73,8 +73,9 @@ class Person:
                                      base_url=PUBLIC) as browser:
             page = await browser.get(path)
             csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+            decision = self.decision if isinstance(self.decision, str) else self.decision[len(self.pages)]
             form = {"csrf": csrf, "seq": re.search(r'name="seq" value="(\d+)"', page.text).group(1),
-                    "decision": self.decision, "reason": self.reason or ""}
+                    "decision": decision, "reason": self.reason or ""}
             self.pages.append((await browser.post(path, data=form)).status_code)
 
 
@@ -171,3 +172,33 @@ def test_serve_refuses_url_approvals_without_a_public_url(tmp_path):
                            "--http", "127.0.0.1:1", "--dev"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "public_url" in proc.stderr and "nothing was started" in proc.stderr
+
+
+BATCH = """
+import asyncio
+import tools
+
+
+async def close(n):
+    try:
+        return await tools.helpdesk.close_ticket(id=n)
+    except PermissionError as e:
+        return str(e)
+
+
+await asyncio.gather(close(1), close(2))
+"""
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_batch_pause_sends_one_link_per_write(rt, rec, mode):
+    server, console = served(rt)
+    person = Person(console, decision=["approve", "decline"], reason="only one")
+    async with Client(server.mcp, mode=mode, elicitation_callback=person) as c:
+        r = await c.call_tool("execute", {"code": BATCH})
+    result = r.structured_content["result"]
+    assert r.structured_content["status"] == "completed", r.content[0].text
+    assert result[0] == {"id": 1, "status": "closed"} and "only one" in result[1]
+    assert rec.deliveries == [("close_ticket", {"id": 1})]
+    assert len({p.url for p in person.asked}) == 2
+    await console.close()

@@ -265,9 +265,8 @@ async def cmd_runs_list(args: argparse.Namespace) -> int:
 async def cmd_runs_show(args: argparse.Namespace) -> int:
     from .config import load_config
     from .runs.inspect import run_timeline
-    from .store import open_store
-
     from .server.approvals import run_links
+    from .store import open_store
 
     config = load_config(args.config)
     store = open_store(config.store.url)
@@ -275,7 +274,13 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
         data = run_timeline(store, args.run_id)
         run = store.get_run(args.run_id)
         # Approval links need [server] public_url: where people reach the server.
-        data["approval_links"] = run_links(config.server.public_url, store.secret(), run) if run else []
+        if run is not None and run.status == "paused":
+            from .runs.runtime import Runtime
+
+            # A runtime over the store only (no tools, no workers started): it reads the pause.
+            data["approval_links"] = run_links(Runtime(store=store), config.server.public_url, run)
+        else:
+            data["approval_links"] = []
     finally:
         store.close()
     if args.json:

@@ -93,31 +93,29 @@ def approval_url(public_url: str | None, secret: bytes, run_id: str, seq: int, e
     return f"{public_url.rstrip('/')}/approve/{link_token(secret, run_id, seq, expires_at)}"
 
 
-def run_links(public_url: str | None, secret: bytes, run: RunRecord) -> list[dict[str, Any]]:
+def run_links(rt: Any, public_url: str | None, run: RunRecord) -> list[dict[str, Any]]:
     """``[{seq, address, url}]`` for each write the run waits on."""
     if run.status != RUN_PAUSED or run.expires_at is None:
         return []
     return [{"seq": w["seq"], "address": w["address"],
-             "url": approval_url(public_url, secret, run.run_id, w["seq"], run.expires_at)}
-            for w in pending_writes(run)]
+             "url": approval_url(public_url, rt.store.secret(), run.run_id, w["seq"], run.expires_at)}
+            for w in pending_writes(rt, run)]
 
 
 # -- what waits ---------------------------------------------------------------------
 
 
-def pending_writes(run: RunRecord) -> list[dict[str, Any]]:
-    """The writes a paused run waits on: ``[{seq, address, args, annotations}]``.
+def pending_writes(rt: Any, run: RunRecord) -> list[dict[str, Any]]:
+    """The writes a paused run still waits on (a batch pause's decided ones left out).
 
-    Today a pause holds one write (``run.pending``); a batch pause lists
-    several, and this is the one place that reads them.
+    ``[{seq, address, args, annotations, description}]``, from ``Runtime.pending``.
     """
     if run.status != RUN_PAUSED or not run.pending:
         return []
-    batch = run.pending.get("writes")
-    items = batch if isinstance(batch, list) else [run.pending]
-    return [{k: w.get(k) for k in ("seq", "address", "args", "annotations")} for w in items if "seq" in w]
+    from ..runs.decisions import pending_writes as waiting
 
-
+    return [{"seq": w.seq, "address": w.address, "args": w.args, "annotations": w.annotations,
+             "description": w.description} for w in waiting(rt, run) if w.decision is None]
 
 
 # -- deciding --------------------------------------------------------------------------
@@ -151,7 +149,7 @@ class Decider:
             run = self.rt.get_run(run_id, principal)
         except RunNotFound:
             return Outcome(False, "run_not_found", f"there is no run {run_id} for you")
-        waiting = {w["seq"] for w in pending_writes(run)}
+        waiting = {w["seq"] for w in pending_writes(self.rt, run)}
         if not seqs or any(s not in waiting for s in seqs):
             return self._not_pending(run, seqs)
         if run.expires_at is not None and self.rt.clock() > run.expires_at:
@@ -248,12 +246,13 @@ def render_value(value: Any) -> dict[str, Any]:
 def describe_write(rt: Any, write: dict[str, Any]) -> dict[str, Any]:
     """A pending write with its arguments rendered and what its tool's description says."""
     address = write.get("address")
-    description = None
-    try:
-        if address in rt.catalog:
-            description = rt.catalog.get(address).description
-    except Exception:  # a catalog that cannot say is not a reason to hide the write
-        description = None
+    description = write.get("description")
+    if description is None:
+        try:
+            if address in rt.catalog:
+                description = rt.catalog.get(address).description
+        except Exception:  # a catalog that cannot say is not a reason to hide the write
+            description = None
     annotations = write.get("annotations") or {}
     return {**write, "description": (description or "").strip() or None,
             "destructive": bool(annotations.get("destructive")),

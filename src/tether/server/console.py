@@ -350,7 +350,7 @@ class Console:
         everything = runs if status is None else self._visible_runs(session["p"], None)
         counts = [(s, n) for s in STATUSES if (n := sum(1 for r in everything if r.status == s))]
         rows = [{"run_id": r.run_id, "status": r.status, "principal": r.principal, "updated_at": r.updated_at,
-                 "waits": ", ".join(w["address"] for w in pending_writes(r)) or None,
+                 "waits": ", ".join(w["address"] for w in pending_writes(self.rt, r)) or None,
                  "error": (r.error or {}).get("code")} for r in runs]
         return self.render("runs.html", principal=session["p"], csrf=self.csrf_for(session["n"]), live="all",
                            runs=rows, status=status, statuses=STATUSES, counts=counts)
@@ -362,7 +362,7 @@ class Console:
         events = [e for e in self.rt.store.get_events(run.run_id, limit=500) if e.type != "output"][-100:]
         return {"run": run, "calls": timeline["calls"], "events": events, "logs": logs,
                 "outcome": outcome if run.status in TERMINAL_RUN_STATUSES else None,
-                "writes": [describe_write(self.rt, w) for w in pending_writes(run)]}
+                "writes": [describe_write(self.rt, w) for w in pending_writes(self.rt, run)]}
 
     async def run_page(self, request: Request) -> Response:
         session = self.session(request)
@@ -376,7 +376,7 @@ class Console:
                                 link={"href": "/console/", "text": "All runs"})
         flash = request.query_params.get("flash")
         return self.render("run.html", principal=session["p"], csrf=self.csrf_for(session["n"]),
-                           live=run.run_id, flash=_FLASHES.get(flash or "", None),
+                           live=run.run_id, flash=_flash(flash, run.status),
                            flash_error=(flash or "").startswith("e_"), **self._run_context(run))
 
     async def decide(self, request: Request) -> Response:
@@ -396,7 +396,7 @@ class Console:
         except RunNotFound:
             return self.message("No such run", "There is no run with that id for you; nothing was decided.",
                                 status=404, principal=session["p"], csrf=csrf)
-        decision, reason, seqs = _read_decision(form, run)
+        decision, reason, seqs = _read_decision(form, pending_writes(self.rt, run))
         if decision is None or seqs is None:
             return self.message("Nothing decided", "The form named no decision or no write.", status=400,
                                 principal=session["p"], csrf=csrf,
@@ -462,7 +462,7 @@ class Console:
             return claim, run, self.message(
                 "This approval link has expired", f"It was good until {_when(expiry)}; nothing was decided "
                 "and nothing was sent.", status=410, detail="Approvals wait as long as the approval time to live.")
-        if claim.seq not in {w["seq"] for w in pending_writes(run)}:
+        if claim.seq not in {w["seq"] for w in pending_writes(self.rt, run)}:
             return claim, run, self.message(
                 "Nothing to decide", f"The run is {run.status} and no longer waits on this write; "
                 "nothing was decided.", status=409, tone="info")
@@ -473,7 +473,7 @@ class Console:
         claim, run, refusal = self._link_state(token)
         if refusal is not None:
             return refusal
-        write = next(w for w in pending_writes(run) if w["seq"] == claim.seq)
+        write = next(w for w in pending_writes(self.rt, run) if w["seq"] == claim.seq)
         nonce, fresh = self._presession(request)
         response = self.render("approve.html", run=run, token=token, csrf=self.csrf_for(nonce),
                                w=describe_write(self.rt, write),
@@ -491,7 +491,7 @@ class Console:
         if not self._csrf_ok(request.cookies.get(PRESESSION_COOKIE), form.get("csrf")):
             return self.message("Refused", "This form's security token is not valid, so nothing was decided.",
                                 status=403, detail="Open the approval link again and decide from that page.")
-        decision, reason, seqs = _read_decision(form, run)
+        decision, reason, seqs = _read_decision(form, pending_writes(self.rt, run))
         if decision is None or seqs != [claim.seq]:
             return self.message("Nothing decided", "The form named no decision, or another write than its "
                                 "link; nothing was decided.", status=400)
@@ -510,7 +510,13 @@ class Console:
 _FLASHES = {"approved": "Approved: the run continues.", "declined": "Declined: the program was told."}
 
 
-def _read_decision(form: Any, run: Any) -> tuple[str | None, str | None, list[int] | None]:
+def _flash(key: str | None, status: str) -> str | None:
+    if key in _FLASHES and status == RUN_PAUSED:
+        return "Decided. The run continues once the rest of its writes are decided."
+    return _FLASHES.get(key or "")
+
+
+def _read_decision(form: Any, waiting: list[dict[str, Any]]) -> tuple[str | None, str | None, list[int] | None]:
     decision = form.get("decision")
     if decision not in ("approve", "decline"):
         return None, None, None
@@ -518,7 +524,7 @@ def _read_decision(form: Any, run: Any) -> tuple[str | None, str | None, list[in
     reason = reason.strip()[:MAX_REASON_CHARS] if isinstance(reason, str) and reason.strip() else None
     raw = form.get("seq")
     if raw == "all":
-        return decision, reason, [w["seq"] for w in pending_writes(run)] or None
+        return decision, reason, [w["seq"] for w in waiting] or None
     try:
         return decision, reason, [int(str(raw))]
     except ValueError:

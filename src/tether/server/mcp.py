@@ -48,6 +48,7 @@ from ..errors import InvalidArguments, Overloaded, RunNotFound, TetherError, Usa
 from ..runs.result import RunResult
 from . import urlmode
 from .admission import Admission
+from .approvals import pending_writes
 from .auth import (
     LOCAL,
     MIN_TOKEN_CHARS,
@@ -438,10 +439,22 @@ class TetherServer:
         return (era, "form") if _elicitation(ctx) is not None else (era, None)
 
     def _with_link(self, result: RunResult) -> RunResult:
-        """A paused result that names its approval link too, when the server has a public URL."""
-        link = urlmode.link_of(self, result)
-        if link is None:
+        """A paused result that names the approval link of each write it waits on, when there is a public URL."""
+        if result.status != "paused" or not self.public_url or not result.pending:
             return result
+        run = self.rt.store.get_run(result.run_id)
+        links = {w["seq"]: urlmode.link_to(self, result.run_id, {**w, "expires_at": run.expires_at})
+                 for w in (pending_writes(self.rt, run) if run else [])}
+        if not links:
+            return result
+        result = RunResult.from_dict(result.to_dict())
+        pending = dict(result.pending)
+        if isinstance(pending.get("writes"), list):
+            pending["writes"] = [{**w, "approval_url": links[w["seq"]]} if w.get("seq") in links else w
+                                 for w in pending["writes"]]
+        pending["approval_url"] = links.get(pending.get("seq")) or next(iter(links.values()))
+        result.pending = pending
+        return result
         result = RunResult.from_dict(result.to_dict())
         result.pending = {**(result.pending or {}), "approval_url": link}
         return result

@@ -145,7 +145,7 @@ class Notifier:
             out["console_url"] = f"{self.public_url.rstrip('/')}/console/runs/{run.run_id}"
         if kind == "paused":
             expires = data.get("expires_at")
-            writes = pending_writes(run) or [pending]
+            writes = pending_writes(self.rt, run) or [pending]
             out["expires_at"] = expires
             out["pending"] = [{"seq": w.get("seq"), "address": w.get("address")} for w in writes]
             if self.public_url and expires is not None:

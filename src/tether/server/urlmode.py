@@ -28,7 +28,7 @@ from mcp.server.elicitation import AcceptedUrlElicitation, DeclinedElicitation
 from mcp_types import ElicitRequest, ElicitRequestURLParams, InputRequiredResult
 
 from ..runs.result import RunResult
-from .approvals import approval_url
+from .approvals import approval_url, pending_writes
 
 if TYPE_CHECKING:
     from .mcp import TetherServer
@@ -40,29 +40,43 @@ URL_WAIT_SECONDS = 50.0
 DECLINED_TO_OPEN = "the user declined to open the approval page"
 
 
-def link_of(server: "TetherServer", result: RunResult) -> str | None:
-    pending = result.pending or {}
-    if result.status != "paused" or "seq" not in pending or result.expires_at is None:
+def waiting_write(server: "TetherServer", run_id: str) -> dict[str, Any] | None:
+    """The first write the run still waits on (of its batch), or None."""
+    run = server.rt.store.get_run(run_id)
+    if run is None or run.status != "paused":
         return None
-    return approval_url(server.public_url, server.rt.store.secret(), result.run_id, int(pending["seq"]),
-                        float(result.expires_at))
+    writes = pending_writes(server.rt, run)
+    return {**writes[0], "expires_at": run.expires_at} if writes else None
 
 
-def message(server: "TetherServer", result: RunResult) -> str:
-    return server._approval_message(result.pending or {}) + "\n\nOpen the page to approve or decline it."
+def link_to(server: "TetherServer", run_id: str, write: dict[str, Any]) -> str | None:
+    if write.get("expires_at") is None:
+        return None
+    return approval_url(server.public_url, server.rt.store.secret(), run_id, int(write["seq"]),
+                        float(write["expires_at"]))
 
 
-def elicitation_id(result: RunResult) -> str:
-    return f"{result.run_id}:{(result.pending or {}).get('seq')}"
+def link_of(server: "TetherServer", result: RunResult) -> str | None:
+    """The approval link of the first write a paused result still waits on."""
+    if result.status != "paused" or not server.public_url:
+        return None
+    write = waiting_write(server, result.run_id)
+    return link_to(server, result.run_id, write) if write else None
+
+
+def message(server: "TetherServer", write: dict[str, Any]) -> str:
+    return server._approval_message(write) + "\n\nOpen the page to approve or decline it."
 
 
 async def decided(rt: Any, run_id: str, seq: int, timeout: float) -> bool:
-    """Wait until the run no longer waits on write ``seq`` (decided on the page, or ended)."""
+    """Wait until write ``seq`` is decided (on the page, or anywhere), or the run stops waiting."""
+    from ..runs.decisions import taken
+
     deadline = time.monotonic() + timeout
     delay = 0.05
     while True:
         run = rt.store.get_run(run_id)
-        if run is None or run.status != "paused" or (run.pending or {}).get("seq") != seq:
+        if run is None or run.status != "paused" or taken(rt.store.get_call(run_id, seq)) is not None:
             return True
         if time.monotonic() >= deadline:
             return False
@@ -70,12 +84,28 @@ async def decided(rt: Any, run_id: str, seq: int, timeout: float) -> bool:
         delay = min(delay * 1.5, 0.5)
 
 
+async def settled(server: "TetherServer", run_id: str) -> RunResult:
+    """The run's next result after a decision: paused on the rest of its batch, or where it went next."""
+    for _ in range(200):
+        run = server.rt.store.get_run(run_id)
+        if run is not None and run.status == "paused" and waiting_write(server, run_id) is None:
+            # Every write is decided and the run is about to continue.
+            await asyncio.sleep(0.05)
+            continue
+        break
+    return await server.rt.wait_for_run(run_id)
+
+
 async def legacy(server: "TetherServer", ctx: Any, result: RunResult, principal: str) -> RunResult:
-    """Put each pause of the run to the user as its link, within this call, until the run ends or stays paused."""
-    while result.status == "paused" and (link := link_of(server, result)) is not None:
-        run_id, seq, eid = result.run_id, int(result.pending["seq"]), elicitation_id(result)
+    """Put each write the run waits on to the user as its link, within this call, until the run moves on."""
+    while result.status == "paused" and (write := waiting_write(server, result.run_id)) is not None:
+        link = link_to(server, result.run_id, write)
+        if link is None:
+            return result
+        run_id, seq = result.run_id, int(write["seq"])
+        eid = f"{run_id}:{seq}"
         try:
-            reply = await ctx.elicit_url(message(server, result), link, eid)
+            reply = await ctx.elicit_url(message(server, write), link, eid)
         except Exception:  # the client could not ask: the run stays paused, the link still works
             return result
         if isinstance(reply, AcceptedUrlElicitation):
@@ -83,22 +113,27 @@ async def legacy(server: "TetherServer", ctx: Any, result: RunResult, principal:
                 return result
             with contextlib.suppress(Exception):
                 await ctx.request_context.session.send_elicit_complete(eid, related_request_id=ctx.request_id)
-            result = await server.rt.wait_for_run(run_id)
+            result = await settled(server, run_id)
         elif isinstance(reply, DeclinedElicitation):
             result = await server._run(
                 lambda progress: server.rt.resume(run_id, "decline", DECLINED_TO_OPEN, seq=seq, principal=principal,
-                                                  on_progress=progress),
+                                                  actor=principal, via="mcp", on_progress=progress),
                 ctx, principal, run_id=lambda: run_id)
         else:  # dismissed: nothing decided
             return result
     return result
 
 
-def input_required(server: "TetherServer", result: RunResult, principal: str) -> InputRequiredResult:
-    link = link_of(server, result)
-    request = ElicitRequest(params=ElicitRequestURLParams(message=message(server, result), url=link,
-                                                          elicitation_id=elicitation_id(result)))
-    state = server._sign_state(result.run_id, int((result.pending or {})["seq"]), principal, mode="url")
+def input_required(server: "TetherServer", result: RunResult, principal: str) -> Any:
+    write = waiting_write(server, result.run_id)
+    link = link_to(server, result.run_id, write) if write else None
+    if link is None:
+        from .mcp import run_result
+
+        return run_result(server._with_link(result), diagnostics=False)
+    request = ElicitRequest(params=ElicitRequestURLParams(message=message(server, write), url=link,
+                                                          elicitation_id=f"{result.run_id}:{write['seq']}"))
+    state = server._sign_state(result.run_id, int(write["seq"]), principal, mode="url")
     return InputRequiredResult(input_requests={"approval": request}, request_state=state)
 
 
@@ -107,11 +142,11 @@ async def answer(server: "TetherServer", ctx: Any, run_id: str, seq: int, reply:
     action = getattr(reply, "action", None)
     if action == "accept":
         if await decided(server.rt, run_id, seq, server.url_wait_seconds):
-            return await server.rt.wait_for_run(run_id)
+            return await settled(server, run_id)
     elif action == "decline":
         return await server._run(
             lambda progress: server.rt.resume(run_id, "decline", DECLINED_TO_OPEN, seq=seq, principal=principal,
-                                              on_progress=progress),
+                                              actor=principal, via="mcp", on_progress=progress),
             ctx, principal, run_id=lambda: run_id)
     run = server.rt.get_run(run_id, principal)
     return RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run_id)
