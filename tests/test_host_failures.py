@@ -178,3 +178,22 @@ async def test_p26_over_mcp_a_hostile_result_is_an_envelope_not_a_tool_failure(m
                 assert data["status"] == status and data["run_id"], r.content[0].text[:300]
                 assert len(r.content[0].text) < 30_000
                 assert rt.store.get_run(data["run_id"]).status == status
+
+
+async def test_a_program_with_a_nul_or_a_lone_surrogate_is_refused_before_it_is_stored(store_url):
+    async with Runtime(store=open_store(store_url), type_check=False) as rt:
+        for code in ("x = '\x00'\nx", "'\udcff'"):
+            with pytest.raises(UsageError) as err:
+                await rt.execute(code)
+            assert err.value.code == "syntax_error" and "nothing was run" in err.value.message
+        assert rt.store.list_runs() == []
+        assert (await rt.execute("'a\\x00b'")).result == "a\x00b"  # the escape, as Python writes it, is fine
+
+
+async def test_wait_names_are_bounded_and_printable(store_url):
+    async with Runtime(store=open_store(store_url), type_check=False) as rt:
+        for name in ("'a\\x00b'", "'x' * 201", "'two\\nlines'"):
+            r = await rt.execute(f"await wait_for({name})")
+            assert r.status == "failed" and r.error["code"] == "invalid_arguments", r.error
+        r = await rt.execute("try:\n    await wait_for_signal('\\x00')\nexcept TypeError:\n    x = 'caught'\nx")
+        assert r.result == "caught"

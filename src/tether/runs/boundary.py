@@ -105,6 +105,9 @@ class CallStat:
     ended: float
 
 
+MAX_WAIT_NAME_CHARS = 200
+
+
 def guest_error(code: str, message: str, exc_type: str) -> GuestRaise:
     """An exception to raise in the program; its message starts with ``[code]``."""
     return GuestRaise(exc_type, f"[{code}] {message}")
@@ -398,6 +401,9 @@ class EffectBoundary:
                 timeout = pos[1] if len(pos) > 1 else kw.get("timeout")
                 if not isinstance(name, str) or not name:
                     raise TypeError("needs a non-empty name")
+                if len(name) > MAX_WAIT_NAME_CHARS or not name.isprintable():
+                    # The name is stored and shown as is (and Postgres text holds no NUL).
+                    raise ValueError(f"a wait's name is at most {MAX_WAIT_NAME_CHARS} printable characters")
                 if timeout is not None:
                     timeout = float(timeout)
                 if op == "wait_for_signal":

@@ -26,6 +26,7 @@ import time
 from typing import Any, Awaitable, Callable, Iterable
 
 from ..errors import (
+    ProgramSyntaxError,
     TetherError,
     AlreadyDecided,
     CodeTooLarge,
@@ -102,6 +103,18 @@ def check_code_size(code: str, limit: int) -> None:
         if size > limit:
             raise CodeTooLarge(f"the program is {size} bytes, over the {limit}-byte limit; nothing was run",
                                details={"limit": limit, "bytes": size})
+    # Python refuses both in source too; the store could not keep them either
+    # (Postgres text holds no NUL, UTF-8 no lone surrogate).
+    if "\x00" in code:
+        raise ProgramSyntaxError("the program contains a NUL character (\\x00); nothing was run",
+                                 next_action="Remove the NUL; write '\\x00' in a string literal if you need one.")
+    if not code.isascii():
+        try:
+            code.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ProgramSyntaxError(f"the program is not valid Unicode (an unpaired surrogate at character "
+                                     f"{exc.start}); nothing was run",
+                                     next_action="Send the program as valid UTF-8 text.") from None
 
 
 # A session name is a label a model picks, stored and signed with its state:
