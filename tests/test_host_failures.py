@@ -197,3 +197,33 @@ async def test_wait_names_are_bounded_and_printable(store_url):
             assert r.status == "failed" and r.error["code"] == "invalid_arguments", r.error
         r = await rt.execute("try:\n    await wait_for_signal('\\x00')\nexcept TypeError:\n    x = 'caught'\nx")
         assert r.result == "caught"
+
+
+@pytest.mark.postgres
+async def test_p26_hostile_values_on_postgres(pg_url):
+    import uuid
+
+    import psycopg
+
+    from tether.store.postgres import PostgresStore
+    from tether.tools.model import Annotations, Tool
+
+    async def give(args: dict) -> object:
+        return {"nul": "a\x00b", "surrogate": "\udcff", "big": 10**5000, "raw": b"\x00\xff", "nan": float("nan")}
+
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    tool = Tool(namespace="t", name="give", description="d", input_schema={"type": "object"}, handler=give,
+                annotations=Annotations(read_only=True))
+    try:
+        async with Runtime(store=PostgresStore(pg_url, schema=schema), tools=[tool], type_check=False) as rt:
+            r = await rt.execute("import tools\nx = await tools.t.give()\nprint(x['nul'])\nemit(x)\n[x, 'c\\x00d']")
+            assert r.status == "completed", r.error
+            assert r.result[0]["nul"] == "a\x00b" and r.result[1] == "c\x00d"
+            assert r.result[0]["surrogate"] == "\\udcff" and r.result[0]["big"].startswith("1000")
+            stored = rt.store.get_run(r.run_id)
+            assert stored.status == "completed" and stored.result["result"] == r.result
+            ok = await rt.execute("await wait_for('a\\x00b')")
+            assert ok.error["code"] == "invalid_arguments"
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
