@@ -226,3 +226,11 @@ def test_arguments_are_rendered_for_people():
     assert folded["kind"] == "folded" and folded["head"] == "line one" and folded["text"] == "line one\nline two"
     assert render_value("x" * 500)["chars"] == 500
     assert render_value({"b": 1, "a": [1, 2]})["text"] == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}'
+
+
+async def test_over_tls_the_session_cookie_is_secure(rt):
+    console = Console(rt, tokens=[ALICE], public_url="https://tether.example.com")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=console.app),
+                                 base_url="https://tether.example.com") as c:
+        signed = await sign_in(c, ALICE)
+    assert signed.status_code == 303 and "secure" in signed.headers["set-cookie"].lower()
