@@ -210,12 +210,16 @@ def test_validating_an_unknown_tool_raises_unknown_tool(catalog: Catalog) -> Non
 
 def test_describe_gives_signature_types_and_schema(catalog: Catalog) -> None:
     [entry] = describe(catalog, "tracker.create_ticket")
+    assert list(entry)[:2] == ["address", "signature"]  # the signature comes first
     assert entry["address"] == "tracker.create_ticket"
     assert entry["signature"].startswith("async def tools.tracker.create_ticket(title: str,")
-    assert "class CreateTicketOwner(TypedDict):" in entry["types"]
+    assert "class CreateTicket_owner(TypedDict):" in entry["types"]
     assert entry["description"] == "Open a ticket."
     assert entry["annotations"]["read_only"] is False
-    assert entry["input_schema"] == TICKET_SCHEMA
+    # The schema is what the signature already says: only the full detail repeats it.
+    assert "input_schema" not in entry and "note" not in entry
+    [full] = describe(catalog, "tracker.create_ticket", detail="full")
+    assert full["input_schema"] == TICKET_SCHEMA
 
 
 def test_describe_a_list_partly_succeeds(catalog: Catalog) -> None:

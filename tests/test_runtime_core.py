@@ -300,6 +300,17 @@ srcs = await sources()
     assert r.result == ["helpdesk.close_ticket", "helpdesk.close_ticket", ["helpdesk", "slowpoke"]]
 
 
+async def test_describe_full_detail_from_a_program(rt):
+    code = """
+short = await describe("helpdesk.close_ticket")
+full = await describe(["helpdesk.close_ticket"], detail="full")
+["input_schema" in short[0], full[0]["input_schema"]["type"]]
+"""
+    r = await rt.execute(code)
+    assert r.status == "completed", r.error
+    assert r.result == [False, "object"]
+
+
 async def test_concurrent_runs_keep_their_own_calls(rt):
     import asyncio
 

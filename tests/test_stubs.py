@@ -99,11 +99,12 @@ def test_nested_objects_become_typed_dicts() -> None:
     stubs = build_stubs(Catalog([tool]))
     entry = stubs.tool_stubs["crm.add_contact"]
     assert entry.signature == (
-        "async def tools.crm.add_contact(owner: AddContactOwner | Mapping[str, Any], "
+        "async def tools.crm.add_contact(owner: AddContact_owner | Mapping[str, Any], "
         "meta: Mapping[str, int] = ...) -> AddContactResult"
     )
-    assert "class AddContactOwner(TypedDict):\n    name: str\n    address: NotRequired[AddContactOwnerAddress]\n" in entry.types
-    assert "class AddContactOwnerAddress(TypedDict):\n    city: str\n" in entry.types
+    # Untitled shapes are named by where they sit: Parent_field.
+    assert "class AddContact_owner(TypedDict):\n    name: str\n    address: NotRequired[AddContact_owner_address]\n" in entry.types
+    assert "class AddContact_owner_address(TypedDict):\n    city: str\n" in entry.types
     assert entry.types.endswith("class AddContactResult(TypedDict):\n    id: int")
 
 
@@ -132,7 +133,8 @@ def test_same_name_different_shape_gets_distinct_classes() -> None:
     two = _tool("x.b", {"p": {"$ref": "#/$defs/Item"}}, ["p"], **{"$defs": {"Item": {"type": "object", "properties": {"b": {"type": "string"}}}}})
     module = build_stubs(Catalog([one, two])).namespace_modules["x"]
     assert "class Item(TypedDict):\n    a: NotRequired[int]\n" in module
-    assert "class Item2(TypedDict):\n    b: NotRequired[str]\n" in module
+    # The second shape named Item takes the name of where it sits, not a counter.
+    assert "class B_p(TypedDict):\n    b: NotRequired[str]\n" in module
 
 
 def test_unknown_constructs_fall_back_to_any() -> None:
@@ -158,7 +160,7 @@ def test_declared_extra_properties_add_kwargs() -> None:
 def test_typed_dict_keys_that_are_not_identifiers_use_the_functional_form() -> None:
     tool = _tool("t.f", {"h": {"type": "object", "properties": {"content-type": {"type": "string"}, "class": {"type": "integer"}}, "required": ["class"]}})
     module = build_stubs(Catalog([tool])).namespace_modules["t"]
-    assert 'FH = TypedDict("FH", {"content-type": NotRequired[str], "class": int})' in module
+    assert 'F_h = TypedDict("F_h", {"content-type": NotRequired[str], "class": int})' in module
 
 
 def test_tool_named_like_a_builtin_does_not_shadow_annotations() -> None:
@@ -349,8 +351,8 @@ def test_class_names_never_collide_with_keywords_or_tools() -> None:
                  output={"type": "object", "title": "Result", "properties": {"b": {"type": "string"}}})
     module = build_stubs(Catalog([tool])).namespace_modules["t"]
     assert "class None_(TypedDict):" in module
-    assert "class Result2(TypedDict):" in module
-    assert "async def Result(x: None_ | Mapping[str, Any]) -> Result2: ..." in module
+    assert "class ResultResult(TypedDict):" in module
+    assert "async def Result(x: None_ | Mapping[str, Any]) -> ResultResult: ..." in module
 
 
 EDGE_TOOLS = [

@@ -347,7 +347,7 @@ async def cmd_tools_search(args: argparse.Namespace) -> int:
 
 async def cmd_tools_describe(args: argparse.Namespace) -> int:
     async with _runtime(args, list(args.tools)) as rt:
-        described = rt.describe(list(args.address))
+        described = rt.describe(list(args.address), detail="full" if args.full else "default")
     if args.json:
         _print_json(described)
         return EXIT_OK
@@ -357,11 +357,14 @@ async def cmd_tools_describe(args: argparse.Namespace) -> int:
             status = EXIT_FAILED
             print(f"{d['address']}: unknown tool; did you mean: {', '.join(d.get('suggestions') or []) or '-'}")
             continue
-        if d.get("types"):
-            print(d["types"])
         print(d["signature"])
         if d.get("description"):
             print(f'    """{d["description"]}"""')
+        if d.get("types"):
+            print()
+            print(d["types"])
+        if d.get("note"):
+            print(f"# {d['note']}")
         print()
     return status
 
@@ -763,6 +766,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_tools_search)
     sp = tools.add_parser("describe")
     sp.add_argument("address", nargs="+")
+    sp.add_argument("--full", action="store_true", help="every shape and the whole description (default: at most 2 KB a tool)")
     common(sp)
     sp.set_defaults(func=cmd_tools_describe)
 

@@ -181,7 +181,8 @@ def _builtins(rt: "Runtime", run_id: str) -> dict[str, Any]:
 
     async def describe(args: tuple, kwargs: dict) -> Any:
         target = args[0] if args else kwargs.get("address", kwargs.get("addresses", []))
-        return rt.describe(target)
+        detail = args[1] if len(args) > 1 else kwargs.get("detail", "default")
+        return rt.describe(target, detail=detail)
 
     async def sources(args: tuple, kwargs: dict) -> Any:
         return rt.sources()

@@ -275,10 +275,10 @@ class Runtime:
 
         return search(self.catalog, query, namespace=namespace, limit=limit, offset=offset)
 
-    def describe(self, addresses: str | list[str]) -> list[dict]:
+    def describe(self, addresses: str | list[str], detail: str = "default") -> list[dict]:
         from ..tools.describe import describe
 
-        return describe(self.catalog, addresses)
+        return describe(self.catalog, addresses, detail=detail)
 
     def sources(self) -> list[dict]:
         from ..tools.describe import list_sources

@@ -2,24 +2,48 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
-from ..errors import UnknownTool
+from ..errors import UnknownTool, UsageError
 from .catalog import Catalog
-from .stubs import build_stubs, render_signature
+from .model import Tool
+from .stubs import declaration
+
+# One tool described by default fits this many bytes of JSON: five at once sit
+# well inside a run's result limit, and a model reads the signature, not pages
+# of response fields. detail="full" has no bound.
+DEFAULT_BYTES = 2048
+# The description's head is what says what a tool does; the rest is fine print.
+_DESCRIPTION_CHARS = 320
+DETAILS = ("default", "full")
 
 
-def describe(catalog: Catalog, address_or_list: str | list[str] | tuple[str, ...]) -> list[dict[str, Any]]:
+def describe(
+    catalog: Catalog, address_or_list: str | list[str] | tuple[str, ...], detail: str = "default"
+) -> list[dict[str, Any]]:
     """Describe one tool or several, in the order asked.
 
     Each entry is ``{"address", "signature", "types", "description",
-    "annotations", "input_schema"}``; ``signature`` and ``types`` are the
-    exact declarations the type checker holds the program to. An unknown
-    address gives ``{"address", "error": "unknown_tool", "suggestions"}``
-    instead of raising, so a list can partly succeed.
+    "annotations"}``, signature first: ``signature`` is the Python
+    declaration a call is checked against and ``types`` the shapes it
+    mentions (``TypedDict`` classes named from the schema, nearest first).
+    By default an entry is at most ``DEFAULT_BYTES`` of JSON: shapes that do
+    not fit and the description's tail are left out and ``note`` says what
+    and how to see it. ``detail="full"`` gives every shape, the whole
+    description and the ``input_schema``. An unknown address gives
+    ``{"address", "error": "unknown_tool", "suggestions"}`` instead of
+    raising, so a list can partly succeed.
     """
+    if detail not in DETAILS:
+        raise UsageError(
+            f"describe: detail must be 'default' or 'full', got {detail!r}",
+            code="invalid_arguments",
+            next_action="Call describe(address) or describe(address, detail='full').",
+        )
     addresses = [address_or_list] if isinstance(address_or_list, str) else list(address_or_list)
-    stubs = build_stubs(catalog)
+    cache: dict[tuple[str, str], dict[str, Any]] = catalog.memo("describe", dict)
     out: list[dict[str, Any]] = []
     for address in addresses:
         if not isinstance(address, str):
@@ -30,19 +54,129 @@ def describe(catalog: Catalog, address_or_list: str | list[str] | tuple[str, ...
         except UnknownTool as exc:
             out.append({"address": address, "error": exc.code, "suggestions": exc.details.get("suggestions", [])})
             continue
-        stub = stubs.tool_stubs.get(tool.address)
-        out.append(
-            {
-                "address": tool.address,
-                # A tool the program cannot name (keyword or _private) has no stub.
-                "signature": stub.signature if stub else render_signature(tool),
-                "types": stub.types if stub else "",
-                "description": tool.description,
-                "annotations": tool.annotations.to_dict(),
-                "input_schema": tool.input_schema,
-            }
-        )
+        key = (tool.address, detail)
+        entry = cache.get(key)
+        if entry is None:
+            entry = cache[key] = _full(tool) if detail == "full" else _bounded(tool)
+        out.append(dict(entry))
     return out
+
+
+def _full(tool: Tool) -> dict[str, Any]:
+    signature, shapes = declaration(tool)
+    return {
+        "address": tool.address,
+        "signature": signature,
+        "types": "\n\n".join(text for _, text in shapes),
+        "description": tool.description,
+        "annotations": tool.annotations.to_dict(),
+        "input_schema": tool.input_schema,
+    }
+
+
+def _bounded(tool: Tool) -> dict[str, Any]:
+    """The default entry: signature, then shapes nearest first while they fit."""
+    signature, shapes = declaration(tool)
+    description = _clip(tool.description or "", _DESCRIPTION_CHARS)
+    cut_description = description != (tool.description or "").strip()
+    entry: dict[str, Any] = {"address": tool.address, "signature": signature, "types": "",
+                             "description": description, "annotations": tool.annotations.to_dict()}
+    # A signature past the budget (dozens of enum values) lists a few of each long Literal.
+    entry["signature"], shortened = _shorten_literals(signature, DEFAULT_BYTES - _size(entry) + _size(signature)
+                                                      - _NOTE_BYTES)
+    reserve = _NOTE_BYTES
+    while True:
+        room = DEFAULT_BYTES - _size(entry) - reserve
+        shown: list[str] = []
+        for i, (_, text) in enumerate(shapes):
+            cost = _size(text) - 2 + (len("\\n\\n") if shown else 0)
+            if cost <= room:
+                shown.append(text)
+                room -= cost
+                continue
+            if i == 0:
+                # The first shape is what the tool returns or takes: show its head.
+                partial = _head_of_class(text, room)
+                if partial:
+                    shown.append(partial)
+            break
+        bounded = {**entry, "types": "\n\n".join(shown)}
+        missing = [name for name, text in shapes if text not in shown]
+        if missing or cut_description or shortened or len(shown) < len(shapes):
+            bounded["note"] = _note(tool.address, missing, len(shapes), cut_description, shortened)
+        over = _size(bounded) - DEFAULT_BYTES
+        if over <= 0 or not shown:
+            return bounded
+        reserve += over
+
+
+_LITERAL = re.compile(r"Literal\[((?:\"(?:[^\"\\]|\\.)*\"|[^\]\"])*)\]")
+_MEMBER = re.compile(r"\"(?:[^\"\\]|\\.)*\"|[^,\s][^,]*")
+_KEEP_MEMBERS = 4
+
+
+def _shorten_literals(signature: str, room: int) -> tuple[str, bool]:
+    """Cut the longest ``Literal[...]`` lists to a few values and ``...`` until the signature fits ``room``."""
+    shortened = False
+    while _size(signature) > room:
+        spans = sorted(_LITERAL.finditer(signature), key=lambda m: len(m.group(0)), reverse=True)
+        members = _MEMBER.findall(spans[0].group(1)) if spans else []
+        if len(members) <= _KEEP_MEMBERS:
+            break
+        short = "Literal[" + ", ".join([*members[:_KEEP_MEMBERS], "..."]) + "]"
+        m = spans[0]
+        signature = signature[: m.start()] + short + signature[m.end():]
+        shortened = True
+    return signature, shortened
+
+
+_NOTE_BYTES = 240
+
+
+def _note(address: str, missing: list[str], total: int, cut_description: bool, shortened: bool) -> str:
+    parts = []
+    if shortened:
+        parts.append("long Literal lists end in ...")
+    if missing:
+        names = ", ".join(missing[:4]) + (", …" if len(missing) > 4 else "")
+        parts.append(f"{len(missing)} of {total} shapes not shown ({names})")
+    if cut_description:
+        parts.append("the description is cut")
+    text = "; ".join(parts) or "a shape is cut"
+    note = f"{text}: describe({address!r}, detail='full') shows everything"
+    if _size(note) > _NOTE_BYTES:
+        note = f"some shapes and text not shown: describe({address!r}, detail='full') shows everything"
+    return note
+
+
+def _head_of_class(text: str, room: int) -> str:
+    """The first lines of a class that fit ``room`` bytes, with a line saying how many are left."""
+    lines = text.split("\n")
+    kept: list[str] = []
+    for i, line in enumerate(lines):
+        tail = f"    # … {len(lines) - i} more fields"
+        if _size("\n".join([*kept, line, tail])) > room:
+            if len(kept) <= 1:
+                return ""
+            return "\n".join([*kept, f"    # … {len(lines) - i} more fields"])
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False).encode())
+
+
+def _clip(text: str, limit: int) -> str:
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    # End on a sentence if one ends in the second half, else on a word.
+    stop = cut.rfind(". ")
+    if stop > limit // 2:
+        return cut[: stop + 1] + " …"
+    return cut.rsplit(" ", 1)[0] + " …"
 
 
 def list_sources(catalog: Catalog) -> list[dict[str, Any]]:

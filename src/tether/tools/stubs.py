@@ -86,7 +86,7 @@ from .catalog import Catalog, accepts_extra_args
 from .model import Tool
 
 PRELUDE = '''\
-from typing import Any, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 class _ToolSummary(TypedDict):
     address: str
@@ -107,6 +107,7 @@ class _ToolDescription(TypedDict):
     description: NotRequired[str]
     annotations: NotRequired[dict[str, bool]]
     input_schema: NotRequired[dict[str, Any]]
+    note: NotRequired[str]
     error: NotRequired[str]
     suggestions: NotRequired[list[str]]
 
@@ -116,7 +117,7 @@ class _Source(TypedDict):
     summary: str
 
 async def search(query: str = "", namespace: str | None = None, limit: int = 12, offset: int = 0) -> _SearchResult: ...
-async def describe(address: str | list[str]) -> list[_ToolDescription]: ...
+async def describe(address: str | list[str], detail: Literal["default", "full"] = "default") -> list[_ToolDescription]: ...
 async def sources() -> list[_Source]: ...
 def emit(value: Any) -> None: ...
 async def yield_control() -> None: ...
@@ -190,6 +191,26 @@ def render_signature(tool: Tool) -> str:
     return module.add_tool(tool).signature
 
 
+def declaration(tool: Tool) -> tuple[str, list[tuple[str, str]]]:
+    """One tool's signature and its shapes ``[(class name, class text)]``, nearest first.
+
+    Rendered from the tool alone, so the names depend on its own schema and
+    on nothing else in the catalog: the same text in every process and as
+    the catalog grows. The order is breadth-first from the signature: the
+    shapes it names, then the shapes those name.
+    """
+    module = _Module([tool.name])
+    signature = module.add_tool(tool).signature
+    order: list[str] = []
+    queue = list(module.roots)
+    while queue:
+        name = queue.pop(0)
+        if name not in order:
+            order.append(name)
+            queue.extend(module.class_deps.get(name, ()))
+    return signature, [(name, module.classes[name].rstrip("\n")) for name in order]
+
+
 def callable_name(name: str) -> bool:
     """Whether ``name`` can be written as an attribute in a program."""
     return name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")
@@ -258,6 +279,12 @@ def _camel(text: str) -> str:
     return name + "_" if keyword.iskeyword(name) else name
 
 
+@functools.lru_cache(maxsize=4096)
+def _field(key: str) -> str:
+    """A property name as it appears in a class name: ``PullRequest_user``."""
+    return re.sub(r"[^0-9A-Za-z]+", "_", key).strip("_") or "field"
+
+
 def _literal(value: Any) -> str | None:
     if value is None:
         return "None"
@@ -313,10 +340,13 @@ class _Module:
         # How this module spells each name it uses: aliased where a tool shadows it.
         self.n = {k: (f"_{k}" if k in names else k) for k in (*_BUILTIN_NAMES, *_TYPING_NAMES, *_ABC_NAMES)}
         self.classes: dict[str, str] = {}
-        self.class_deps: dict[str, set[str]] = {}
+        self.class_deps: dict[str, dict[str, None]] = {}
         self.functions: list[str] = []
+        self.roots: list[str] = []  # the classes the last tool's signature names, in order
         self._by_key: dict[tuple[str, str, str], str] = {}
-        self._refs: list[set[str]] = [set()]  # class references of what is being rendered
+        # Class references of what is being rendered, in the order met (dicts as
+        # ordered sets: describe() lists shapes in this order, in every process).
+        self._refs: list[dict[str, None]] = [{}]
         self._resolving: set[tuple[str, str]] = set()
 
     # --- output --------------------------------------------------------------
@@ -334,20 +364,21 @@ class _Module:
         return name if self.n[name] == name else f"{name} as {self.n[name]}"
 
     def add_tool(self, tool: Tool) -> ToolStub:
-        self._refs = [set()]
+        self._refs = [{}]
         base = _camel(tool.name)
         params = self._params(tool, base)
         returns = self.n["Any"]
         if tool.output_schema is not None:
             returns = self._type(tool.output_schema, _Root(tool.output_schema), f"{base}Result", 0, inputs=False)
         self.functions.append(f"async def {tool.name}({params}) -> {returns}: ...\n")
+        self.roots = list(self._refs[0])
         used = self._closure(self._refs[0])
         return ToolStub(
             signature=f"async def tools.{tool.namespace}.{tool.name}({params}) -> {returns}",
             types="".join(self.classes[c] for c in self.classes if c in used).rstrip("\n"),
         )
 
-    def _closure(self, roots: set[str]) -> set[str]:
+    def _closure(self, roots: Iterable[str]) -> set[str]:
         seen: set[str] = set()
         todo = list(roots)
         while todo:
@@ -372,7 +403,7 @@ class _Module:
         params = parameters(tool)
 
         def one(name: str) -> str:
-            annotation = self._type(props[name], root, f"{base}{_camel(name)}", 0, inputs=True)
+            annotation = self._type(props[name], root, f"{base}_{_field(name)}", 0, inputs=True)
             if name in params.required:
                 return f"{name}: {annotation}"
             return f"{name}: {annotation} = {self._default(props[name], annotation)}"
@@ -382,7 +413,7 @@ class _Module:
         extra = None
         if accepts_extra_args(schema):
             more = schema.get("additionalProperties")
-            kind = self._type(more, root, f"{base}Extra", 0, inputs=True) if isinstance(more, dict) else self.n["Any"]
+            kind = self._type(more, root, f"{base}_extra", 0, inputs=True) if isinstance(more, dict) else self.n["Any"]
             extra = f"**kwargs: {kind}"
         if keyword_only:
             parts += ["*", *keyword_only]
@@ -409,7 +440,7 @@ class _Module:
         if not isinstance(schema, dict) or depth > _MAX_DEPTH:
             return any_
         if "$ref" in schema:
-            return self._ref(schema["$ref"], root, depth, inputs=inputs)
+            return self._ref(schema["$ref"], root, hint, depth, inputs=inputs)
         if "const" in schema:
             lit = _literal(schema["const"])
             return f"{self.n['Literal']}[{lit}]" if lit not in (None, "None") else ("None" if lit else any_)
@@ -447,17 +478,19 @@ class _Module:
             return "None"
         if kind == "array":
             items = schema.get("items")
-            item = self._type(items, root, f"{hint}Item", depth + 1, inputs=inputs) if isinstance(items, dict) else n["Any"]
+            # The element is what the field holds many of: it takes the field's name.
+            item = self._type(items, root, hint, depth + 1, inputs=inputs) if isinstance(items, dict) else n["Any"]
             return f"{n['Sequence'] if inputs else n['list']}[{item}]"
         if kind == "object":
             props = schema.get("properties")
             if isinstance(props, dict) and props:
-                # A titled object is usually a model (pydantic inlines the root one): use its name.
+                # A titled object is usually a model (pydantic and OpenAPI sources
+                # inline them): use its name, else where it sits (Parent_field).
                 title = schema.get("title")
-                named = title if isinstance(title, str) and title.strip() else hint
-                return self._object(self._class(schema, root, named, depth, shared=False), inputs=inputs)
+                named = _camel(title) if isinstance(title, str) and title.strip() else hint
+                return self._object(self._class(schema, root, named, depth, path=hint), inputs=inputs)
             extra = schema.get("additionalProperties")
-            value = self._type(extra, root, f"{hint}Value", depth + 1, inputs=inputs) if isinstance(extra, dict) else n["Any"]
+            value = self._type(extra, root, f"{hint}_value", depth + 1, inputs=inputs) if isinstance(extra, dict) else n["Any"]
             return f"{n['Mapping'] if inputs else n['dict']}[{n['str']}, {value}]"
         return n["Any"]
 
@@ -481,7 +514,7 @@ class _Module:
             unique = [m for m in unique if m != "None"] + ["None"]
         return " | ".join(unique)
 
-    def _ref(self, ref: Any, root: _Root, depth: int, *, inputs: bool) -> str:
+    def _ref(self, ref: Any, root: _Root, path: str, depth: int, *, inputs: bool) -> str:
         target = root.resolve(ref) if isinstance(ref, str) else None
         if target is None:
             return self.n["Any"]
@@ -493,8 +526,7 @@ class _Module:
             return self.n["Any"]
         hint = schema.get("title") if isinstance(schema, dict) and isinstance(schema.get("title"), str) else name
         if _is_class(schema) and schema.get("type", "object") == "object" and not schema.get("nullable"):
-            # Named definitions are shared by content across the namespace's tools.
-            return self._object(self._class(schema, root, hint, depth + 1, shared=True), inputs=inputs)
+            return self._object(self._class(schema, root, _camel(hint), depth + 1, path=path), inputs=inputs)
         self._resolving.add(key)
         try:
             return self._type(schema, root, hint, depth + 1, inputs=inputs)
@@ -505,28 +537,33 @@ class _Module:
         n = self.n
         return f"{cls} | {n['Mapping']}[{n['str']}, {n['Any']}]" if inputs else cls
 
-    def _class(self, schema: dict[str, Any], root: _Root, hint: str, depth: int, *, shared: bool) -> str:
-        key: tuple[str, str, str] | None = None
-        if shared:
-            canon = _canon(schema)
-            # A definition that refers to others is only the same if they are too.
-            key = (hint, canon, root.defs_key if '"$ref"' in canon else "")
-            name = self._by_key.get(key)
-            if name is not None:
-                self._refs[-1].add(name)
-                return name
-        name = _camel(hint)
-        if name in self.taken:
+    def _class(self, schema: dict[str, Any], root: _Root, named: str, depth: int, *, path: str) -> str:
+        """The class for an object shape: one per (name, content) in the module.
+
+        Names come from the schema, never from a counter over the catalog: the
+        title or definition name (``SimpleUser``), else the place the shape
+        sits (``PullRequest_user``); the same name with other content takes
+        its place's name, and only if that is taken too a ``_2``. So a tool's
+        names depend on its own schema, and equal shapes share one class.
+        """
+        canon = _canon(schema)
+        # A definition that refers to others is only the same if they are too.
+        key = (named, canon, root.defs_key if '"$ref"' in canon else "")
+        name = self._by_key.get(key)
+        if name is not None:
+            self._refs[-1][name] = None
+            return name
+        name = next((c for c in dict.fromkeys((named, path)) if c.isidentifier() and c not in self.taken), "")
+        if not name:
             i = 2
-            while f"{name}{i}" in self.taken:
+            while f"{path}_{i}" in self.taken:
                 i += 1
-            name = f"{name}{i}"
+            name = f"{path}_{i}"
         self.taken.add(name)
-        if key is not None:
-            self._by_key[key] = name
-        self._refs[-1].add(name)
+        self._by_key[key] = name
+        self._refs[-1][name] = None
         self.classes[name] = ""  # reserve the position; a recursive reference finds the name
-        self._refs.append(set())
+        self._refs.append({})
         try:
             self.classes[name] = self._class_body(name, schema, root, depth)
         finally:
@@ -537,7 +574,7 @@ class _Module:
         required = set(schema.get("required") or [])
         fields: list[tuple[str, str]] = []
         for key, prop in schema["properties"].items():
-            annotation = self._type(prop, root, f"{name}{_camel(key)}", depth + 1, inputs=False)
+            annotation = self._type(prop, root, f"{name}_{_field(key)}", depth + 1, inputs=False)
             if key not in required:
                 annotation = f"{self.n['NotRequired']}[{annotation}]"
             fields.append((key, annotation))
