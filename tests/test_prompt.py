@@ -28,7 +28,7 @@ def _catalog(tools: int = 1000, namespaces: int = 50, order_seed: int | None = N
 def test_big_catalog_fits_the_budget() -> None:
     text = model_description(_catalog())
     assert len(text.encode("utf-8")) <= 1200
-    assert "… and " in text and "more namespaces — use sources()" in text
+    assert "… and " in text and "more namespaces: call sources()" in text
     assert "50 namespaces, 1000 tools" in text
 
 
@@ -90,9 +90,9 @@ def test_largest_namespaces_come_first_when_truncated() -> None:
     tools += [Tool(f"filler_{i:02d}", "t", "", {"type": "object"}, _noop) for i in range(40)]
     text = model_description(Catalog(tools))
     inventory = text.split("42 namespaces, 72 tools:\n", 1)[1].splitlines()
-    assert inventory[0].startswith("big (30): ")
-    assert inventory[1].startswith("small (2): ")
-    assert inventory[-1].startswith("… and ")
+    # Too many for summaries: names with counts, most tools first, then a count of the rest.
+    assert inventory[0].startswith("big (30), small (2), filler_00 (1), ")
+    assert inventory[-1].startswith("… and ") and inventory[-1].endswith("more namespaces: call sources()")
 
 
 def test_long_and_multibyte_summaries_are_clipped_without_breaking_utf8() -> None:
@@ -100,7 +100,7 @@ def test_long_and_multibyte_summaries_are_clipped_without_breaking_utf8() -> Non
     catalog.set_namespace_summary("service_00", "é" * 500)
     text = model_description(catalog)
     line = next(line for line in text.splitlines() if line.startswith("service_00"))
-    assert len(line.encode()) < 80 and line.endswith("…")
+    assert len(line.encode()) <= len("service_00 (2): ") + 90 and line.endswith("…")
     text.encode("utf-8").decode("utf-8")
 
 
@@ -108,3 +108,45 @@ def test_budget_is_respected_for_other_sizes() -> None:
     for n_ns in (1, 5, 20, 200):
         text = model_description(_catalog(n_ns * 3, n_ns))
         assert len(text.encode()) <= DEFAULT_BUDGET
+
+
+def _named(spec: list[tuple[str, int, str]]) -> Catalog:
+    catalog = Catalog(Tool(ns, f"t{i}", "", {"type": "object"}, _noop) for ns, count, _ in spec for i in range(count))
+    for ns, _, summary in spec:
+        catalog.set_namespace_summary(ns, summary)
+    return catalog
+
+
+# Summaries as the sources give them: an OpenAPI info.title, MCP server names and instructions, a docstring.
+GITHUB_AND_THREE_MCP_SERVERS = [
+    ("github", 1221, "GitHub's official OpenAPI spec + Octokit extension"),
+    ("everything", 13, "mcp-servers/everything: This MCP server attempts to exercise all the features of the MCP protocol."),
+    ("git", 12, "mcp-git: Read, search and change a local Git repository"),
+    ("time", 2, "mcp-time: Time and timezone conversion"),
+]
+FIVE = [*GITHUB_AND_THREE_MCP_SERVERS, ("helpdesk", 6, "A help desk with customers, tickets and comments.")]
+
+
+def test_every_namespace_is_named_with_count_and_summary() -> None:
+    for spec in (GITHUB_AND_THREE_MCP_SERVERS, FIVE):
+        text = model_description(_named(spec))
+        assert len(text.encode()) <= DEFAULT_BUDGET
+        assert "more namespaces" not in text
+        lines = text.split(" tools:\n", 1)[1].splitlines()
+        assert [line.split(" (")[0] for line in lines] == [ns for ns, _, _ in sorted(spec, key=lambda s: (-s[1], s[0]))]
+        for line, (ns, count, summary) in zip(lines, sorted(spec, key=lambda s: (-s[1], s[0]))):
+            head, _, shown = line.partition(": ")
+            assert head == f"{ns} ({count})"
+            # Each summary keeps a readable start of what its source says.
+            assert len(shown) >= 16 and summary.startswith(shown.rstrip("…").rstrip())
+
+
+def test_a_short_summary_is_kept_whole_and_long_ones_share_the_rest() -> None:
+    text = model_description(_named(FIVE))
+    assert "time (2): mcp-time: Time and timezone conversion\n" in text
+    assert "github (1221): GitHub's" in text
+
+
+def test_namespace_lines_are_byte_stable() -> None:
+    shuffled = list(reversed(FIVE))
+    assert model_description(_named(FIVE)).encode() == model_description(_named(shuffled)).encode()
