@@ -250,3 +250,17 @@ def test_p28_resume_without_seq_at_a_terminal_shows_the_write_and_asks(tmp_path,
             proc.kill()
         os.close(main)
     assert _notes(env) == ["a", "b"]
+
+
+def test_sources_list_shows_the_summaries_a_program_gets(tmp_path, env):
+    r = tether(["sources", "list", "--tools", "tether.demo.helpdesk"], env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("helpdesk ("))
+    summary = line.split("): ", 1)[1]
+    assert summary.startswith("A small help desk, in memory")
+    program = tmp_path / "p.py"
+    program.write_text("[s['summary'] for s in await sources()]\n")
+    r = tether(["run", str(program), "--tools", "tether.demo.helpdesk", "--json"], env, tmp_path)
+    assert json.loads(r.stdout)["result"] == [summary]
+    r = tether(["prompt", "--tools", "tether.demo.helpdesk"], env, tmp_path)
+    assert f"helpdesk (" in r.stdout and summary[:20] in r.stdout

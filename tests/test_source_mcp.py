@@ -93,6 +93,8 @@ async def test_time_server_tools_annotations_and_structured_call(tag):
         assert _tagged(tag)
         tools = _by_name(source)
         assert {"get_current_time", "convert_time"} <= tools.keys()
+        # The namespace's one line comes from the server's own name.
+        assert source.summary and "time" in source.summary
         now = tools["get_current_time"]
         assert now.source == "mcp" and now.address == "time.get_current_time"
         assert now.annotations.read_only and now.annotations.idempotent and not now.annotations.destructive
@@ -157,6 +159,7 @@ async def test_git_server_reads_and_writes_once(tag, tmp_path):
 
 async def test_results_names_and_annotations_are_mapped(tag):
     async with _fixture_source(tag) as source:
+        assert source.summary == "tether-fixture"
         tools = _by_name(source)
         # Structured content wins; the SDK wraps a bare `-> str` as {"result": ...}.
         assert await tools["echo"].handler({"text": "hi"}) == {"result": "hi"}

@@ -74,6 +74,7 @@ async def users(api, key_env):
 async def test_operations_become_tools(users):
     tools, _, source = users
     assert source.problems == []
+    assert source.summary == "Users"  # info.title: the namespace's one line
     assert sorted(tools) == [
         "boom",
         "create_user",

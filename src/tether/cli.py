@@ -388,6 +388,11 @@ async def cmd_sources_list(args: argparse.Namespace) -> int:
             print(f"    skipped {p.get('operation')}: {p.get('problem')}")
     if not statuses:
         print("no sources configured (add [[sources]] to tether.toml or pass --tools)")
+    # The same lines a program gets from sources() and the prompt names.
+    if namespaces:
+        print("namespaces:")
+    for ns in namespaces:
+        print(f"  {ns['namespace']} ({ns['tools']} tools): {ns['summary']}")
     return EXIT_OK if all(s["ok"] for s in statuses) else EXIT_FAILED
 
 

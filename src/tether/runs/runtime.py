@@ -233,11 +233,14 @@ class Runtime:
             elif isinstance(item, (list, tuple)):
                 self.add_tools(*item)
             else:
-                from ..sources.python import tools_from_module
+                from ..sources.python import module_summary, tools_from_module
 
                 found = tools_from_module(item)
                 self.check_namespaces(found)
                 self.catalog.add_many(found)
+                summary = module_summary(item)
+                for namespace in sorted({t.namespace for t in found} if summary else ()):
+                    self.catalog.set_namespace_summary(namespace, summary)
 
     def check_namespaces(self, tools: Iterable[Any]) -> None:
         """Refuse namespaces the sandbox keeps for its own modules (`tools.time` cannot exist)."""

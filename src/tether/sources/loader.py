@@ -256,8 +256,12 @@ class SourceSet:
         _check_resolvable(definition)
         kind = definition.get("type")
         timeout = float(definition.get("start_timeout", DEFAULT_START_TIMEOUT))
+        summary: str | None = None
         if kind == "python":
+            from .python import module_summary
+
             found = _import_tools(definition["module"])
+            summary = module_summary(definition["module"])
             if definition.get("namespace"):
                 found = [dataclasses.replace(t, namespace=definition["namespace"]) for t in found]
             if definition.get("idempotency") == "key":
@@ -265,7 +269,10 @@ class SourceSet:
             if found:
                 entry.namespace = found[0].namespace
         elif kind == "mcp":
+            from .mcp import server_summary
+
             found = await self._load_mcp(entry, definition, timeout)
+            summary = server_summary(getattr(entry.impl, "server_info", None) or {})
         elif kind == "openapi":
             from .openapi import OpenAPISource
 
@@ -283,11 +290,12 @@ class SourceSet:
             entry.impl = api
             entry.problems = list(api.problems)
             found = api.tools()
+            summary = api.summary
         else:
             raise ConfigError(f"unknown source type {kind!r}")
-        self._register(entry, found)
+        self._register(entry, found, summary)
 
-    def _register(self, entry: LoadedSource, found: list[Any]) -> None:
+    def _register(self, entry: LoadedSource, found: list[Any], summary: str | None = None) -> None:
         rt = self.runtime
         rt.check_namespaces(found)
         for ns in sorted({t.namespace for t in found}):
@@ -296,6 +304,11 @@ class SourceSet:
                                   code="namespace_taken")
         rt.catalog.add_many(found)
         entry.tools = list(found)
+        if summary:
+            # The source's one line (API title, server name, module docstring) for
+            # sources() and the prompt; the same for each namespace it filled.
+            for ns in sorted({t.namespace for t in found}):
+                rt.catalog.set_namespace_summary(ns, summary)
 
     # -- MCP: listing from the cache, server on first call
 

@@ -409,6 +409,11 @@ class MCPSource:
         target = f"command={self._command[0]!r}" if self._command else f"url={_redact_url(self._url or '')!r}"
         return f"MCPSource(namespace={self.namespace!r}, {target})"
 
+    @property
+    def summary(self) -> str | None:
+        """The namespace's one line for sources() and the prompt (see :func:`server_summary`)."""
+        return server_summary(self.server_info)
+
     async def __aenter__(self) -> MCPSource:
         await self.start()
         return self
@@ -809,6 +814,14 @@ def _leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
+
+
+def server_summary(server_info: Mapping[str, Any]) -> str | None:
+    """A namespace's one line from what the server says of itself: its title or name and the
+    first sentence of its instructions (``server_info`` as kept with the cached listing)."""
+    name = str(server_info.get("title") or server_info.get("name") or "")
+    first = " ".join(str(server_info.get("instructions") or "").split()).split(". ")[0].rstrip(".")
+    return (f"{name}: {first}" if name and first else (name or first)) or None
 
 
 def _describe(exc: BaseException) -> str:

@@ -273,6 +273,8 @@ class OpenAPISource:
         self._idempotency_header = idempotency_header or None
         self._tools: list[Tool] | None = None
         self._client: httpx.AsyncClient | None = None
+        # The namespace's one line for sources() and the prompt: the document's info.title.
+        self.summary: str | None = None
 
     def __repr__(self) -> str:
         spec = "<dict>" if isinstance(self._spec, Mapping) else repr(os.fspath(self._spec))
@@ -296,6 +298,7 @@ class OpenAPISource:
         doc, spec_url = await self._load()
         base_url = self._base_url or self._default_base_url(doc, spec_url)
         self._tools = self._build(doc, base_url)
+        self.summary = _info_summary(doc.get("info"))
         if self._client is not None:
             await self._client.aclose()
         try:
@@ -712,6 +715,18 @@ def _arg_name(wire: str, location: str, taken: Mapping[str, Any]) -> str:
     return arg
 
 
+
+
+def _info_summary(info: Any) -> str | None:
+    """``info.title``, and the description's first sentence when the title is all there is to say little."""
+    if not isinstance(info, Mapping):
+        return None
+    title = info.get("title") if isinstance(info.get("title"), str) else ""
+    text = info.get("description") if isinstance(info.get("description"), str) else ""
+    first = " ".join(text.split()).split(". ")[0].rstrip(".")
+    if title and first and len(title) < 40 and first.lower() != title.lower():
+        return f"{title}: {first}"
+    return " ".join((title or first).split()) or None
 
 
 def _description(op: Mapping[str, Any], operation: _Operation) -> str:

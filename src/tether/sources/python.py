@@ -163,11 +163,30 @@ def tools_from_module(module: ModuleType | str | Path) -> list[Tool]:
     return tools
 
 
+def module_summary(module: ModuleType | str | Path) -> str | None:
+    """The first line of a tool module's docstring: its namespace's one line for sources() and the prompt.
+
+    Takes what :func:`tools_from_module` took, after it has loaded it.
+    """
+    if isinstance(module, Path) or (isinstance(module, str) and (module.endswith(".py") or "/" in module)):
+        path = Path(module).expanduser().resolve()
+        module = sys.modules.get(_file_module_name(path))  # type: ignore[assignment]
+    elif isinstance(module, str):
+        module = sys.modules.get(module)  # type: ignore[assignment]
+    doc = inspect.getdoc(module) if isinstance(module, ModuleType) else None
+    line = doc.strip().split("\n\n", 1)[0] if doc else ""
+    return " ".join(line.split()) or None
+
+
+def _file_module_name(path: Path) -> str:
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    return f"tether_source_{_identifier(path.stem)}_{digest}"
+
+
 def _load_file(path: Path) -> ModuleType:
     if not path.is_file():
         raise UsageError(f"tool file {str(path)!r} does not exist", code="invalid_tool_definition")
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    name = f"tether_source_{_identifier(path.stem)}_{digest}"
+    name = _file_module_name(path)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise UsageError(f"cannot load {str(path)!r} as a Python module", code="invalid_tool_definition")
