@@ -37,6 +37,31 @@ def pg_url():
         cluster.stop()
 
 
+# --- ledger counts of the idempotency tests, shown at the end of the run ---------------
+# The crash matrices and the per-call timeout tests add up how many runs ended
+# how, how many requests the keyed API received and how many took effect, so
+# CI output shows them (summed per matrix, in the order first reported).
+_ledgers: dict[str, dict[str, int]] = {}
+
+
+@pytest.fixture
+def ledger_report():
+    def add(matrix: str, **counts: int) -> None:
+        total = _ledgers.setdefault(matrix, {})
+        for name, n in counts.items():
+            total[name] = total.get(name, 0) + n
+
+    return add
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _ledgers:
+        return
+    terminalreporter.section("idempotency ledgers")
+    for matrix, counts in _ledgers.items():
+        terminalreporter.write_line(f"{matrix}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+
+
 # --- leaving the test process ------------------------------------------------
 # pydantic-monty 1.4.0's native runtime sometimes aborts (SIGABRT) during
 # interpreter shutdown after async host calls that really waited, even with

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ from typing import Any
 import pytest
 
 from helpers import Clock, KeyedApi
-from tether import CallContext, current_call, tool
+from tether import CallContext, Limits, current_call, tool
+from tether.errors import ToolError
 from tether.runs.policy import Policy
 from tether.runs.runtime import Runtime
 from tether.sources.mcp import MCPSource
@@ -186,3 +188,194 @@ async def test_p25_python_tool_may_declare_a_call_context_parameter(store_url):
         assert keys == [f"tether-{r.run_id}-1"]
         bad = await rt.execute("import tools\nawait tools.pay.refund(order='o-2', call=None)")
         assert bad.status == "failed" and "call" in bad.error["message"]
+
+
+# --- re-sending with the same key (P-31) ---------------------------------------------
+
+FAST = Limits(call_timeout_seconds=0.3, key_backoff_seconds=0.01)
+# Against the keyed API: the re-sends wait at least 0.05 + 0.1 + 0.2 + 0.4 s
+# in all, longer than the API's 0.5 s of slow processing.
+KEYED = Limits(call_timeout_seconds=0.3, key_backoff_seconds=0.1)
+
+
+class Flaky:
+    """A charge whose first ``bad`` sends fail the given way; it dedupes by key like a payment API."""
+
+    def __init__(self, bad: int, how: str = "hang") -> None:
+        self.bad, self.how = bad, how
+        self.sends: list[CallContext] = []
+        self.effects: dict[str, int] = {}
+
+    def tool(self, **kw) -> Tool:
+        async def charge(args: dict) -> Any:
+            call = current_call()
+            self.sends.append(call)
+            first = call.key not in self.effects
+            self.effects.setdefault(call.key, args["id"])  # the effect, once per key
+            if len(self.sends) <= self.bad:
+                if self.how == "hang":
+                    await asyncio.sleep(30)
+                if self.how == "drop":
+                    raise ConnectionResetError("connection reset by peer")
+                if self.how == "busy":
+                    raise ToolError("HTTP 409: still being processed", details={"outcome": "in_progress"})
+                raise ValueError("card declined")
+            return {"charged": args["id"], "replayed": not first}
+
+        return Tool("shop", "charge", "Charge (a write).", ID_SCHEMA, charge, **kw)
+
+
+async def _charge(store_url: str, flaky: Flaky, limits: Limits = FAST, **tool_kw) -> Any:
+    async with Runtime(store=open_store(store_url), tools=[flaky.tool(**tool_kw)], type_check=False,
+                       policy=Policy(writes="allow"), limits=limits) as rt:
+        r = await rt.execute("import tools\nawait tools.shop.charge(id=7)")
+        return r, rt.store.get_call(r.run_id, 1)
+
+
+async def test_p31_a_write_that_times_out_is_re_sent_with_the_same_key_when_the_tool_dedupes(store_url):
+    flaky = Flaky(bad=1)
+    r, entry = await _charge(store_url, flaky, idempotency="key")
+    assert r.status == "completed", r.error
+    assert r.result == {"charged": 7, "replayed": True}  # the callee made the second send a replay
+    assert [(c.key, c.send) for c in flaky.sends] == [(entry.idempotency_key, 1), (entry.idempotency_key, 2)]
+    assert entry.state == "sent" and entry.sends == 2
+    assert flaky.effects == {entry.idempotency_key: 7}
+
+
+async def test_p31_a_dropped_connection_is_re_sent_too(store_url):
+    flaky = Flaky(bad=2, how="drop")
+    r, entry = await _charge(store_url, flaky, idempotency="key")
+    assert r.status == "completed", r.error
+    assert [c.send for c in flaky.sends] == [1, 2, 3] and entry.sends == 3
+
+
+async def test_p31_a_tool_error_with_a_known_outcome_is_not_re_sent(store_url):
+    flaky = Flaky(bad=1, how="fail")
+    r, entry = await _charge(store_url, flaky, idempotency="key")
+    assert r.status == "failed" and "[tool_error]" in r.error["message"]
+    assert len(flaky.sends) == 1 and entry.state == "failed"
+
+
+@pytest.mark.parametrize("annotations", [Annotations(), Annotations(idempotent=True)], ids=["plain", "idempotent_hint"])
+async def test_p31_without_a_declared_key_nothing_changes(store_url, annotations):
+    # D-18: an idempotent hint is not a promise to dedupe; the write is not re-sent.
+    flaky = Flaky(bad=1)
+    r, entry = await _charge(store_url, flaky, annotations=annotations)
+    assert r.status == "failed" and r.error["code"] == "write_outcome_unknown"
+    assert len(flaky.sends) == 1 and entry.state == "unknown" and entry.sends == 1
+
+
+@pytest.mark.parametrize("how", ["hang", "busy"])
+async def test_p31_re_sends_are_bounded_then_the_outcome_is_unknown(store_url, how):
+    flaky = Flaky(bad=99, how=how)
+    r, entry = await _charge(store_url, flaky, FAST.replace(key_sends=3), idempotency="key")
+    assert r.status == "failed" and r.error["code"] == "write_outcome_unknown"
+    assert "sent 3 times with idempotency key " + entry.idempotency_key in r.error["message"]
+    assert [c.send for c in flaky.sends] == [1, 2, 3]
+    assert entry.state == "unknown" and entry.sends == 3
+
+
+async def _left_sending(store_url: str, sends: int, tool: Tool) -> str:
+    """A run whose process died with its write marked sending (what the crash tests make by SIGKILL)."""
+    async with Runtime(store=open_store(store_url), tools=[tool], type_check=False, clock=Clock()) as rt:
+        paused = await rt.execute("import tools\nawait tools.shop.charge(id=7)")
+        assert paused.status == "paused"
+        assert rt.store.update_call(paused.run_id, 1, ["asked"], state="sending", sends=sends)
+        assert rt.store.update_run(paused.run_id, ["paused"], status="running", owner="dead", lease_until=0.0)
+        return paused.run_id
+
+
+async def test_p31_recovery_re_sends_a_write_left_sending_with_its_recorded_key(store_url):
+    flaky = Flaky(bad=0)
+    run_id = await _left_sending(store_url, 1, flaky.tool(idempotency="key"))
+    async with Runtime(store=open_store(store_url), tools=[flaky.tool(idempotency="key")], type_check=False,
+                       limits=FAST) as rt:
+        (r,) = await rt.recover()
+        entry = rt.store.get_call(run_id, 1)
+    assert r.status == "completed", r.error
+    assert [(c.key, c.send) for c in flaky.sends] == [(entry.idempotency_key, 2)]
+    assert entry.state == "sent" and entry.sends == 2
+
+
+@pytest.mark.parametrize("sends, key", [(1, False), (5, True)], ids=["undeclared", "sends_spent"])
+async def test_p31_recovery_without_a_key_or_sends_left_fails_unknown_as_before(store_url, sends, key):
+    flaky = Flaky(bad=0)
+    kw = {"idempotency": "key"} if key else {}
+    run_id = await _left_sending(store_url, sends, flaky.tool(**kw))
+    async with Runtime(store=open_store(store_url), tools=[flaky.tool(**kw)], type_check=False,
+                       limits=FAST) as rt:
+        (r,) = await rt.recover()
+        assert rt.store.get_call(run_id, 1).state == "unknown"
+    assert r.status == "failed" and r.error["code"] == "write_outcome_unknown"
+    assert flaky.sends == []
+
+
+# --- the keyed API: a per-call timeout, with and without the key declared ------------
+
+
+async def _charge_once(store_url: str, api: KeyedApi, order: str, **source_kw) -> Any:
+    async with OpenAPISource("pay", KeyedApi.SPEC, base_url=api.url, **source_kw) as source:
+        async with Runtime(store=open_store(store_url), tools=source.tools(), type_check=False,
+                           policy=Policy(writes="allow"), limits=KEYED) as rt:
+            r = await rt.execute(CHARGE.replace("ORDER", repr(order)))
+            return r, rt.store.get_call(r.run_id, 2)
+
+
+def _ended(r: Any) -> str:
+    return r.status if r.status != "failed" else r.error["code"]
+
+
+def _ledger(api: KeyedApi, order: str) -> dict[str, int]:
+    return {"requests": sum(q["order"] == order for q in api.requests()),
+            "effects": sum(e["order"] == order for e in api.effects())}
+
+
+@pytest.mark.parametrize("phase", ["answer", "process"])
+async def test_p31_openapi_write_answered_after_the_timeout_takes_effect_once(store_url, api, phase, ledger_report):
+    # "answer": the API charges at once and answers after the timeout;
+    # "process": it holds the key that long first, so a re-send meanwhile gets 409.
+    api.control(slow_first=0.5, slow_phase=phase)
+    try:
+        r, entry = await _charge_once(store_url, api, f"late-{phase}", idempotency="key")
+    finally:
+        api.control(slow_first=0)
+    assert r.status == "completed", r.error
+    assert r.result["charged"] == f"late-{phase}"
+    counts = _ledger(api, f"late-{phase}")
+    ledger_report(f"per-call timeout, key declared, {phase} late", runs=1, **{_ended(r): 1}, **counts)
+    assert counts["effects"] == 1 and counts["requests"] >= 2
+    assert entry.state == "sent" and entry.sends == counts["requests"]
+    assert {q["key"] for q in api.requests() if q["order"] == f"late-{phase}"} == {entry.idempotency_key}
+
+
+async def test_p31_openapi_write_answered_after_the_timeout_without_a_declared_key_is_unknown(
+        store_url, api, ledger_report):
+    api.control(slow_first=1.0, slow_phase="answer")
+    try:
+        r, entry = await _charge_once(store_url, api, "late-undeclared")
+    finally:
+        api.control(slow_first=0)
+    assert r.status == "failed" and r.error["code"] == "write_outcome_unknown"
+    counts = _ledger(api, "late-undeclared")
+    ledger_report("per-call timeout, key undeclared", runs=1, **{_ended(r): 1}, **counts)
+    assert counts == {"requests": 1, "effects": 1}  # it happened, and tether says it does not know
+    assert entry.state == "unknown" and entry.sends == 1
+
+
+def test_p31_config_declares_keys_per_source():
+    from tether.config import Config
+    from tether.errors import ConfigError
+
+    config = Config.from_dict({"sources": [
+        {"type": "openapi", "namespace": "pay", "spec": "p.json", "idempotency": "key"},
+        {"type": "mcp", "namespace": "billing", "command": ["x"], "idempotency": "key"},
+        {"type": "python", "module": "m.py", "idempotency": "key"},
+        {"type": "openapi", "namespace": "plain", "spec": "p.json", "idempotency_header": False},
+    ]})
+    assert [s.idempotency for s in config.sources] == ["key", "key", "key", "none"]
+    assert config.sources[0].idempotency_header == "Idempotency-Key" and config.sources[3].idempotency_header is False
+    with pytest.raises(ConfigError, match="needs idempotency_header"):
+        Config.from_dict({"sources": [{"type": "openapi", "namespace": "pay", "spec": "p.json",
+                                       "idempotency": "key", "idempotency_header": False}]})
+    with pytest.raises(ConfigError, match="idempotency"):
+        Config.from_dict({"sources": [{"type": "mcp", "namespace": "b", "command": ["x"], "idempotency": "yes"}]})

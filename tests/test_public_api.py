@@ -43,9 +43,13 @@ def test_the_readme_config_example_is_valid(tmp_path):
     from tether.config import load_config
 
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    (block,) = re.findall(r"```toml\n(.*?)```", readme, re.S)
+    # The configuration section's example first, then the idempotency one.
+    block, keyed = re.findall(r"```toml\n(.*?)```", readme, re.S)
     path = tmp_path / "tether.toml"
     path.write_text(block)
     config = load_config(path)
     assert [s.type for s in config.sources] == ["python", "mcp", "openapi"]
     assert config.policy.rules[0].match == "helpdesk.add_*"
+    path.write_text(keyed)
+    config = load_config(path)
+    assert [(s.type, s.idempotency) for s in config.sources] == [("openapi", "key"), ("mcp", "key")]

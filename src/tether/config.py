@@ -189,6 +189,12 @@ class LimitsConfig(_Section):
     # A program's sleep parks the run as a durable timer; one longer than this
     # fails with sleep_too_long before parking (30 days).
     max_sleep_seconds: Seconds = _LIMITS.max_sleep_seconds
+    # Sends of one write to a tool that dedupes by idempotency key (P-31):
+    # enough to ride out a restart or a slow answer, few enough that a callee
+    # that never answers still ends in write_outcome_unknown within a minute or two.
+    key_sends: PositiveInt = _LIMITS.key_sends
+    # Doubled per send (0.2, 0.4, 0.8, 1.6 s): a busy API gets room, a crashed one time to come back.
+    key_backoff_seconds: Seconds = _LIMITS.key_backoff_seconds
 
 
 # --- [policy] ----------------------------------------------------------------
@@ -306,7 +312,7 @@ class NotifyConfig(_Section):
 # --- [[sources]] -------------------------------------------------------------
 
 # "key": the source's tools dedupe by idempotency key, so a write whose outcome
-# was lost is re-sent with the same key (P-26). "none" never re-sends.
+# was lost is re-sent with the same key (P-31). "none" never re-sends.
 Idempotency = Literal["none", "key"]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import random
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -219,6 +220,7 @@ class EffectBoundary:
         self._idle.set()
         self._release = asyncio.Event()
         self._dispatches: set[asyncio.Task] = set()
+        self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
         self._t0 = time.perf_counter()
 
     # -- the sandbox's entry point ---------------------------------------------
@@ -331,7 +333,7 @@ class EffectBoundary:
             return await self._hold(seq, op, address, args)
         if decision.action == journal.REPLAY:
             return self._replay(decision.entry)
-        if decision.action == journal.UNKNOWN:
+        if decision.action == journal.UNKNOWN and self._resendable(decision.entry) is None:
             await self._mark_unknown(decision.entry)
             return await self._hold(seq, op, address, args)
         if decision.action == journal.WAIT and op not in WAIT_OPS:
@@ -569,6 +571,9 @@ class EffectBoundary:
         # A write. SEND: approved earlier (by resume), never marked sending.
         if decision.action == journal.SEND:
             return await self._send(seq, tool, valid, t)
+        if decision.action == journal.UNKNOWN:
+            # Left sending by a dead attempt, to a tool that dedupes by key (P-31).
+            return await self._resend(seq, tool, valid, t, decision.entry)
         if decision.action == journal.ASK:
             return await self._ask(seq, tool, args, valid, t, entry=decision.entry)
 
@@ -667,7 +672,18 @@ class EffectBoundary:
         self.state.writes_spent += 1
         return await self._dispatch(seq, tool, args, CALL_SENDING, CALL_SENT, t)
 
-    async def _dispatch(self, seq: int, tool: "Tool", args: dict[str, Any], from_state: str, ok_state: str, t: float) -> Any:
+    def _resendable(self, entry: CallRecord) -> "Tool | None":
+        return resendable(self.catalog, entry, self.limits)
+
+    async def _resend(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, entry: CallRecord) -> Any:
+        # The write was already counted against the budget when first sent.
+        send = max(entry.sends, 1) + 1
+        if not await self._cas(seq, [CALL_SENDING], state=CALL_SENDING, sends=send):
+            raise self._fail(ExecutionDiverged(f"call {seq} was not in state sending; nothing was sent"))
+        return await self._dispatch(seq, tool, args, CALL_SENDING, CALL_SENT, t, send=send)
+
+    async def _dispatch(self, seq: int, tool: "Tool", args: dict[str, Any], from_state: str, ok_state: str, t: float,
+                        send: int = 1) -> Any:
         is_write = from_state == CALL_SENDING
         task = None
         try:
@@ -675,7 +691,7 @@ class EffectBoundary:
                 # A write runs in its own task so that stopping the program
                 # (cancel, pause, limit) never interrupts it on the wire: it
                 # finishes and its outcome is journaled (P-8).
-                task = asyncio.ensure_future(self._invoke(tool, args, seq))
+                task = asyncio.ensure_future(self._deliver(tool, args, seq, send))
                 self._dispatches.add(task)
                 task.add_done_callback(self._dispatches.discard)
                 value = await asyncio.shield(task)
@@ -687,15 +703,7 @@ class EffectBoundary:
             # A source that times calls itself says why (e.g. no progress for N s).
             why = str(exc) or f"did not answer within {tool.timeout_seconds or self.limits.call_timeout_seconds:g} s"
             if is_write:
-                entry = {"seq": seq, "address": tool.address}
-                self.state.unknown_writes.append(entry)
-                err = guest_error(
-                    "write_outcome_unknown",
-                    f"{tool.address}: {why}; it may or may not have happened and tether will not re-send it",
-                    "TimeoutError",
-                )
-                await self._record_outcome(seq, from_state, CALL_UNKNOWN, error=_err_json(err))
-                self._stat(seq, "tool", tool.address, "write", CALL_UNKNOWN, t)
+                err = await self._unknown(seq, tool, t, why)
             else:
                 err = guest_error(
                     "call_timeout",
@@ -716,6 +724,12 @@ class EffectBoundary:
         except GuestRaise:
             raise
         except Exception as exc:  # the tool failed
+            if is_write and tool.dedupes_by_key and _outcome_unknown(exc):
+                # Its sends ran out with the outcome still unknown (P-31).
+                err = await self._unknown(seq, tool, t, _tool_error(tool.address, exc).message
+                                          .removeprefix(f"[tool_error] {tool.address}: "))
+                self._remember(err, seq, tool.address)
+                raise err from None
             if isinstance(exc, InvalidArguments):
                 err = guest_error("invalid_arguments", exc.message, "TypeError")
             else:
@@ -742,6 +756,38 @@ class EffectBoundary:
         self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state, t)
         await self._maybe_checkpoint(seq)
         return value
+
+    async def _unknown(self, seq: int, tool: "Tool", t: float, why: str) -> GuestRaise:
+        """Record a write whose outcome is unknown (P-8, P-31); the error for the program."""
+        self.state.unknown_writes.append({"seq": seq, "address": tool.address})
+        sends = self._sends.get(seq, 1)
+        if sends > 1:
+            why = (f"sent {sends} times with idempotency key {self._idempotency_key(seq)}, its outcome is still "
+                   f"unknown (last send: {why}); it may or may not have happened and tether will not send it again")
+        else:
+            why += "; it may or may not have happened and tether will not re-send it"
+        err = guest_error("write_outcome_unknown", f"{tool.address}: {why}", "TimeoutError")
+        await self._record_outcome(seq, CALL_SENDING, CALL_UNKNOWN, error=_err_json(err))
+        self._stat(seq, "tool", tool.address, "write", CALL_UNKNOWN, t)
+        return err
+
+    async def _deliver(self, tool: "Tool", args: dict[str, Any], seq: int, send: int) -> Any:
+        """Send a write; to a tool that dedupes by key, send it again while its outcome is unknown (P-31).
+
+        Each re-send is journaled (its number, in state `sending`) before it
+        leaves, so a crash mid-way never loses count of the bound.
+        """
+        while True:
+            self._sends[seq] = send
+            try:
+                return await self._invoke(tool, args, seq, send)
+            except Exception as exc:
+                if not (tool.dedupes_by_key and _outcome_unknown(exc) and send < self.limits.key_sends):
+                    raise
+            pause = min(5.0, self.limits.key_backoff_seconds * 2 ** (send - 1))
+            await asyncio.sleep(pause * random.uniform(0.5, 1.0))
+            send += 1
+            await self._cas(seq, [CALL_SENDING], state=CALL_SENDING, sends=send)
 
     async def _invoke(self, tool: "Tool", args: dict[str, Any], seq: int, send: int = 1) -> Any:
         address = tool.address
@@ -976,6 +1022,28 @@ def _pending_write(seq: int, tool: "Tool", args: dict[str, Any]) -> dict[str, An
         "annotations": tool.annotations.to_dict(),
         "description": tool.description,
     }
+def resendable(catalog: Any, entry: CallRecord, limits: "Limits") -> "Tool | None":
+    """The tool, when a write left `sending` may be sent again with its recorded key (P-31)."""
+    if entry.op != "tool" or entry.kind != "write" or max(entry.sends, 1) >= limits.key_sends:
+        return None
+    try:
+        tool = catalog.get(entry.address)
+    except UnknownTool:  # the tool is gone: nothing promises a repeat is harmless
+        return None
+    return tool if tool.dedupes_by_key else None
+
+
+# How a source says a request's outcome is not known: it may not have
+# arrived ("not_sent"), arrived and been lost ("unknown"), or be still
+# processing under its key ("in_progress"). Any of them is worth a re-send
+# with the same key to a callee that dedupes by it, and only to such a callee.
+_UNKNOWN_OUTCOMES = ("unknown", "not_sent", "in_progress")
+
+
+def _outcome_unknown(exc: BaseException) -> bool:
+    if isinstance(exc, (TimeoutError, ConnectionError)):
+        return True
+    return isinstance(exc, TetherError) and exc.details.get("outcome") in _UNKNOWN_OUTCOMES
 
 
 def _err_json(err: GuestRaise) -> dict[str, Any]:

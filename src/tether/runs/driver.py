@@ -35,6 +35,7 @@ from .boundary import (
     Parked,
     Paused,
     SnapshotMismatch,
+    resendable,
 )
 from ..tools.precheck import EVERYTHING, Reach, check_program
 from ..tools.stubs import stubs_for
@@ -249,9 +250,11 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
     policy = Policy.from_dict(run.policy)
     stuck = rt.store.get_calls(run.run_id, states=[CALL_SENDING]) if mode != "fresh" else []
 
-    # P-11: a write left `sending` by a dead attempt is never re-sent.
+    # P-11: a write left `sending` by a dead attempt is never re-sent, unless
+    # its tool dedupes by idempotency key and has sends left (P-31): then the
+    # program's call is re-sent with its recorded key when the run reaches it.
     for e in stuck:
-        if e.state == CALL_SENDING:
+        if e.state == CALL_SENDING and resendable(rt.catalog, e, limits) is None:
             rt.store.update_call(run.run_id, e.seq, [CALL_SENDING], state="unknown", finished_at=rt.clock(),
                                  error={"type": "TimeoutError",
                                         "message": f"[write_outcome_unknown] {e.address} may or may not have happened"})

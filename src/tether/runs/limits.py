@@ -34,6 +34,11 @@ class Limits:
     # 30 days per durable sleep: longer is a bug (a sleep of 10**9 s parked a
     # run for 31 years), not a schedule; it fails with sleep_too_long instead.
     max_sleep_seconds: float = 30 * 86400.0
+    # A write to a tool that dedupes by idempotency key is sent at most this
+    # many times while its outcome is unknown (P-31); across crashes too.
+    key_sends: int = 5
+    # The pause before the first re-send; it doubles with each send, up to 5 s.
+    key_backoff_seconds: float = 0.2
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -331,7 +331,7 @@ class MCPSource:
     Every tool call carries its idempotency key in the request's ``_meta``
     under ``"tether/idempotency-key"``. ``idempotency="key"`` says the server
     dedupes by that key, so tether may re-send a write whose outcome it lost
-    (P-26); the server's ``idempotentHint`` alone never does.
+    (P-31); the server's ``idempotentHint`` alone never does.
     ``call_timeout`` bounds a call that sends no progress; each progress
     notification restarts it, up to ``max_call_seconds`` in all (both None:
     the caller bounds calls). Progress goes to ``progress_handler``. A stdio
@@ -590,7 +590,7 @@ class MCPSource:
         ceiling = self._max_call_seconds or self._call_timeout
         tools, self._upstream, self.problems = build_tools(
             self.namespace, self.listing, self._handler, None if ceiling is None else ceiling + 1.0,
-            # idempotentHint alone never allows a re-send (D-15): only a declared key does.
+            # idempotentHint alone never allows a re-send (D-18): only a declared key does.
             idempotency=self._idempotency)
         return tools
 

@@ -231,7 +231,7 @@ class OpenAPISource:
     A request whose method is not safe carries the call's idempotency key in
     the ``idempotency_header`` (``None`` sends none). ``idempotency="key"``
     says the API dedupes by that key, so tether may re-send a write whose
-    outcome it lost (P-26).
+    outcome it lost (P-31).
 
     ``await start()`` loads the spec; ``problems`` then lists the operations
     skipped and why; ``tools()``; ``await close()``.

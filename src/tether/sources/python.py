@@ -111,7 +111,7 @@ def tool(
     ``idempotent_with_key`` promises that the function makes repeated calls
     with one idempotency key (``current_call().key``) take effect once, so
     tether may call it again with the same key when a call's outcome was lost
-    (P-26); ``idempotent`` alone is a hint and never does.
+    (P-31); ``idempotent`` alone is a hint and never does.
     """
 
     def mark(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -202,7 +202,7 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
         "UPDATE runs SET principal = 'local' WHERE principal IS NULL",
     ),
     (
-        # 5: idempotency keys (P-25) and how often a write was sent (P-26).
+        # 5: idempotency keys (P-25) and how often a write was sent (P-31).
         "ALTER TABLE calls ADD COLUMN idempotency_key TEXT",
         "ALTER TABLE calls ADD COLUMN sends INTEGER NOT NULL DEFAULT 0",
     ),

@@ -84,7 +84,7 @@ class CallRecord:
     finished_at: float | None = None
     # Sent to the tool with every send of this call (P-25); tool calls only.
     idempotency_key: str | None = None
-    # How many times a write was sent: 1, or more when re-sent by key (P-26).
+    # How many times a write was sent: 1, or more when re-sent by key (P-31).
     sends: int = 0
 
 

@@ -21,7 +21,7 @@ class CallContext:
     ``key`` is the call's idempotency key: the same on every send of this
     call, in every process, on replay and on restore. ``send`` counts the
     times this call has been sent: 1 for the first, 2 and up when a write to
-    a tool that dedupes by key is sent again (P-26).
+    a tool that dedupes by key is sent again (P-31).
     """
 
     run_id: str

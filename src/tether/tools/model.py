@@ -16,7 +16,7 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # effect boundary is the only caller.
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 
-# What a tool promises about its idempotency key (P-25, P-26): "none", or
+# What a tool promises about its idempotency key (P-25, P-31): "none", or
 # "key" when the callee dedupes by the key, so tether may re-send a write
 # whose outcome it lost with the same key.
 IDEMPOTENCY_MODES = ("none", "key")
@@ -117,7 +117,7 @@ class Tool:
 
     @property
     def dedupes_by_key(self) -> bool:
-        """The callee makes repeated sends with one idempotency key take effect once (P-26)."""
+        """The callee makes repeated sends with one idempotency key take effect once (P-31)."""
         return self.idempotency == "key"
 
     def summary(self) -> dict[str, Any]:
