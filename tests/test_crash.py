@@ -60,9 +60,10 @@ def _run_started(store_url: str) -> bool:
 
 
 def child(store_url: str, server_url: str, mode: str, kill_at: str | None = None, kill_after: float | None = None,
-          timing: dict | None = None):
+          timing: dict | None = None, env: dict | None = None):
     args = [PY, str(HERE / "child.py"), store_url, server_url, mode] + ([kill_at] if kill_at else [])
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
     if kill_after is not None or timing is not None:
         # Time kill points from the moment the run exists, not from process start.
         while proc.poll() is None and not _run_started(store_url):
@@ -90,11 +91,11 @@ def deliveries(ledger: Path, prefix: str) -> Counter:
 
 
 def run_trial(tmp_path, server, name: str, kill_at: str | None = None, kill_after: float | None = None,
-              timing: dict | None = None):
+              timing: dict | None = None, env: dict | None = None):
     server_url, ledger = server
     db = tmp_path / f"{name}.db"
     store_url = f"sqlite:///{db}"
-    code, out, err = child(store_url, server_url, "start", kill_at, kill_after, timing)
+    code, out, err = child(store_url, server_url, "start", kill_at, kill_after, timing, env)
     killed = code == -signal.SIGKILL
     final = None
     if not killed:
@@ -108,7 +109,7 @@ def run_trial(tmp_path, server, name: str, kill_at: str | None = None, kill_afte
         if not runs or all(r.status != "running" for r in runs):
             break
         time.sleep(0.4)
-        code, out, err = child(store_url, server_url, "recover")
+        code, out, err = child(store_url, server_url, "recover", env=env)
         assert code == 0, err
     store = open_store(store_url)
     runs = store.list_runs()

@@ -3,8 +3,15 @@
     child.py STORE_URL SERVER_URL start|recover [KILL_AT]
 
 KILL_AT = "<seam>:<n>" SIGKILLs this process right after the n-th commit of
-that seam: record (a call journaled), sending (a write marked sending),
-outcome (a call's outcome recorded), snapshot (a snapshot stored).
+that seam: record (a call journaled), sending (a write marked sending, also
+for a re-send), outcome (a call's outcome recorded), snapshot (a snapshot
+stored) — or right before it for delivered (a write's answer arrived, its
+outcome is not yet recorded).
+
+CRASH_API=declared|undeclared in the environment takes the tools from the
+keyed payments API's OpenAPI document (tests/fixtures/keyed_api.json) at
+SERVER_URL, with idempotency = "key" declared or not; otherwise they are
+hand-written HTTP tools for tests/crash/delivery_server.py.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import json
 import os
 import signal
 import sys
+
+from pathlib import Path
 
 import httpx
 
@@ -28,7 +37,7 @@ import tools
 total = 0
 for i in range(1, 7):
     a, b = await asyncio.gather(tools.shop.get_item(id=i), tools.shop.get_item(id=i + 100))
-    r = await tools.shop.charge(order="order-" + str(i), amount=a["price"])
+    r = await tools.shop.CHARGE(order="order-" + str(i), amount=a["price"])
     total += a["price"]
 {"total": total, "last": r["charged"]}
 """
@@ -56,8 +65,10 @@ class KillingStore(SQLiteStore):
         self._hit("outcome")
 
     def update_call(self, run_id, seq, expect_state, **fields):
-        ok = super().update_call(run_id, seq, expect_state, **fields)
         state = fields.get("state")
+        if state == "sent":
+            self._hit("delivered")
+        ok = super().update_call(run_id, seq, expect_state, **fields)
         if state == "sending":
             self._hit("sending")
         elif state in ("sent", "done", "failed"):
@@ -92,11 +103,21 @@ async def main() -> None:
     store_url, server, mode = sys.argv[1:4]
     kill_at = sys.argv[4] if len(sys.argv) > 4 else None
     store = KillingStore(store_url, kill_at)
-    rt = Runtime(store=store, tools=shop_tools(server), type_check=False, policy=Policy(writes="allow"),
+    api = os.environ.get("CRASH_API")
+    if api:
+        from tether.sources.openapi import OpenAPISource
+
+        spec = Path(__file__).parent.parent / "fixtures" / "keyed_api.json"
+        source = OpenAPISource("shop", spec, base_url=server, idempotency="key" if api == "declared" else "none")
+        await source.start()
+        tools, program = source.tools(), PROGRAM.replace("CHARGE", "create_charge")
+    else:
+        tools, program = shop_tools(server), PROGRAM.replace("CHARGE", "charge")
+    rt = Runtime(store=store, tools=tools, type_check=False, policy=Policy(writes="allow"),
                  lease_seconds=0.3, checkpoint_every_calls=4)
     async with rt:
         if mode == "start":
-            result = await rt.execute(PROGRAM)
+            result = await rt.execute(program)
             out = [result.to_dict()]
         else:
             out = [r.to_dict() for r in await rt.recover()]
