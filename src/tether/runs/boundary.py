@@ -784,10 +784,12 @@ class EffectBoundary:
             except Exception as exc:
                 if not (tool.dedupes_by_key and _outcome_unknown(exc) and send < self.limits.key_sends):
                     raise
+                last = exc
             pause = min(5.0, self.limits.key_backoff_seconds * 2 ** (send - 1))
             await asyncio.sleep(pause * random.uniform(0.5, 1.0))
+            if not await self._cas(seq, [CALL_SENDING], state=CALL_SENDING, sends=send + 1):
+                raise last  # no longer ours to send (another process settled it)
             send += 1
-            await self._cas(seq, [CALL_SENDING], state=CALL_SENDING, sends=send)
 
     async def _invoke(self, tool: "Tool", args: dict[str, Any], seq: int, send: int = 1) -> Any:
         address = tool.address
@@ -1030,7 +1032,7 @@ def resendable(catalog: Any, entry: CallRecord, limits: "Limits") -> "Tool | Non
         tool = catalog.get(entry.address)
     except UnknownTool:  # the tool is gone: nothing promises a repeat is harmless
         return None
-    return tool if tool.dedupes_by_key else None
+    return tool if tool.dedupes_by_key and tool.is_write else None
 
 
 # How a source says a request's outcome is not known: it may not have
