@@ -77,6 +77,7 @@ async def test_p27_approve_one_decline_two_each_call_sees_its_outcome_in_another
         assert r.status == "paused" and rec.deliveries == []
         assert [w["decision"] and w["decision"]["decision"] for w in r.pending["writes"]] == [None, "approve", None]
         assert [p.decision and p.decision.decision for p in rt2.pending(paused.run_id)] == [None, "approve", None]
+        assert "call 3" not in r.instructions and "call 2" in r.instructions and "call 4" in r.instructions
         r = await rt2.decide(paused.run_id, {2: ("decline", "duplicate"), 4: ("decline", "too chatty")},
                              actor="bob", via="link")
         assert r.status == "completed", r.error

@@ -194,6 +194,12 @@ def _paused_view(rt: "Runtime", run: RunRecord) -> RunResult:
         writes = [dict(w, decision=decided[w["seq"]].to_dict() if w["seq"] in decided else None)
                   for w in result.pending.get("writes") or [result.pending]]
         result.pending = {**result.pending, "writes": writes}
+        undecided = [w for w in writes if w["decision"] is None]
+        if undecided:
+            from .driver import pause_instructions
+
+            # What is left to decide, not what the pause first asked.
+            result.instructions = pause_instructions(run.run_id, {"writes": undecided})
     return result
 
 
