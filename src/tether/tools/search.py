@@ -1,21 +1,20 @@
-"""Ranked tool search: SQLite FTS5 finds the candidates, a short rerank puts the obvious tool first.
+"""Ranked tool search: an inverted index finds the candidates, a short rerank puts the obvious tool first.
 
 The index is built lazily on the first query and rebuilt when the catalog's
-version changes. Every text is normalised by :mod:`.words` before FTS5 sees
-it (identifiers split, plurals folded), so a query in plain words finds tools
-named in code. Each query word also matches its synonyms (fetch → get,
-remove → delete, my → authenticated), related forms (assign → assignee,
-signature → sign), and a word found nowhere is tried as a prefix (``subscr``
-→ ``subscription``) or as two words run together (``rerun`` → ``re run``).
+version changes. Every text is normalised by :mod:`.words` (identifiers
+split, plurals folded), so a query in plain words finds tools named in code.
+Each query word also matches its synonyms (fetch → get, remove → delete, my →
+authenticated), related forms (assign → assignee, signature → sign), and a
+word found nowhere is tried as a prefix (``subscr`` → ``subscription``) or as
+two words run together (``rerun`` → ``re run``).
 
 Two stages:
 
-1. **Candidates** come from FTS5 in tiers (every word in the tool's identity
-   — name, title, namespace; every word anywhere and some in the identity;
-   every word anywhere; some in the identity; some anywhere). Within a tier,
-   tools with the shortest identity come first (the rowid encodes it, so
-   FTS5 streams them in that order and stops after a few dozen: no ranking
-   function reads every matching row).
+1. **Candidates** come in tiers (every word in the tool's identity — name,
+   title, namespace; every word anywhere and some in the identity; every word
+   anywhere; some in the identity; some anywhere), computed with set
+   operations on per-word postings. Within a tier, tools with the shortest
+   identity come first, and only the tiers a page reaches are ordered.
 2. **Rerank** of the first ``_WINDOW`` candidates by how well the tool's
    identity answers the query: what share of the query its name and title
    cover, and what share of its name and title the query covers (rare words
@@ -25,16 +24,15 @@ Two stages:
    Candidates past the window keep their tier order, so pages of any size
    form one order and never overlap or skip.
 
-User text never reaches FTS5 syntax: each query word becomes quoted indexed
-words, so quotes, ``*``, ``-``, ``NEAR`` or unbalanced parentheses are just
-words.
+No query text is syntax: every word is looked up as a word. See D-20 for why
+this is not SQLite FTS5 with BM25 any more.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
-import sqlite3
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -45,11 +43,6 @@ from .words import NAME_NOISE, STOPWORDS, alternatives, normalise, query_terms, 
 
 __all__ = ["MAX_LIMIT", "SearchIndex", "search", "split_words"]
 
-# Column order of the FTS table.
-_COLUMNS = ("address", "namespace", "name", "title", "description", "params")
-# What a tool is called, as opposed to what its description mentions.
-_IDENTITY = ("address", "name", "title")
-
 # Terms shorter than this get no prefix expansion: "a*" would match everything.
 _MIN_PREFIX = 3
 # A word found nowhere matches the words it starts, at this weight.
@@ -58,7 +51,7 @@ _PREFIX = 0.9
 _MIN_RELATED = 4
 _RELATED = 0.7
 _RELATED_SHORTER = 0.6
-# At most this many indexed words stand for one prefix: the FTS5 query stays small.
+# At most this many indexed words stand for one prefix.
 _MAX_FORMS = 16
 # A query longer than this is someone pasting a document; the head is enough.
 _MAX_TERMS = 16
@@ -90,21 +83,8 @@ class _Features:
     rest: frozenset[str]  # description head and parameter names
 
 
-# FTS5 returns matches in rowid order at no cost, while ranking (BM25 or any
-# ORDER BY on a stored value) reads every matching row first. So a tool's
-# rowid carries its identity's size in the high bits: within a tier the
-# tools with the shortest name and title, the likeliest exact matches, come
-# first, and a tier of thousands of rows is cut after the first few.
-_INDEX_BITS = 24
-_INDEX_MASK = (1 << _INDEX_BITS) - 1
-
-
-def _rowid(index: int, features: _Features) -> int:
-    return ((len(features.name) + len(features.title)) << _INDEX_BITS) | index
-
-
-def _features(tool: Tool) -> tuple[_Features, tuple[str, ...]]:
-    """The rerank's view of a tool, and its FTS5 row (normalised columns)."""
+def _features(tool: Tool) -> tuple[_Features, set[str], set[str]]:
+    """The rerank's view of a tool, and the words it is found by: in its identity, and anywhere else."""
     name_words = normalise(tool.name)
     name = tuple(dict.fromkeys(t for t in name_words if t not in NAME_NOISE)) or tuple(name_words)
     title_words = normalise(tool.title)
@@ -114,15 +94,8 @@ def _features(tool: Tool) -> tuple[_Features, tuple[str, ...]]:
     description = normalise((tool.description or "")[:_DESCRIPTION_CHARS])
     params = normalise(" ".join((tool.input_schema.get("properties") or {}).keys()))
     features = _Features(name, title, frozenset((*name, *title, *namespace)), frozenset((*description, *params)))
-    row = (
-        " ".join((*namespace, *name_words)),
-        " ".join(namespace),
-        " ".join(name_words),
-        " ".join(title_words),
-        " ".join(description),
-        " ".join(params),
-    )
-    return features, row
+    identity = {*namespace, *name_words, *title_words}
+    return features, identity, {*description, *params} - identity
 
 
 def _first_sentence(text: str) -> str:
@@ -139,19 +112,21 @@ class _Term:
     forms: dict[str, float]  # indexed word -> weight: the word itself 1.0, synonyms and related forms below
     idf: float
 
-    def fts(self) -> str:
-        return "(" + " OR ".join(f'"{w}"' for w in self.forms) + ")"
-
 
 class SearchIndex:
-    """An FTS5 index over one catalog, rebuilt when the catalog changes."""
+    """An inverted index over one catalog, rebuilt when the catalog changes."""
 
     def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
         self._lock = threading.Lock()
-        self._db: sqlite3.Connection | None = None
         self._tools: list[Tool] = []
         self._features: list[_Features] = []
+        # word -> the tools that have it in their identity / only elsewhere
+        self._identity: dict[str, set[int]] = {}
+        self._elsewhere: dict[str, set[int]] = {}
+        self._namespaces: dict[str, set[int]] = {}
+        # A tool's place within a tier: shortest identity first, then catalog order.
+        self._order: list[tuple[int, int]] = []
         self._vocab: frozenset[str] = frozenset()
         self._sorted_vocab: list[str] = []
         self._idf: dict[str, float] = {}
@@ -159,42 +134,38 @@ class SearchIndex:
         self._idf_max = 1.0
         self._version = -1
 
-    def _ensure(self) -> sqlite3.Connection:
-        if self._db is not None and self._version == self._catalog.version:
-            return self._db
+    def _ensure(self) -> None:
+        if self._version == self._catalog.version:
+            return
         version = self._catalog.version
         tools = self._catalog.tools()
-        db = sqlite3.connect(":memory:", check_same_thread=False)
-        # The text is normalised already: no stemmer here, or the two would disagree.
-        db.execute(
-            "CREATE VIRTUAL TABLE tools USING fts5("
-            + ", ".join(_COLUMNS)
-            + ", ns UNINDEXED, tokenize='unicode61')"
-        )
-        built = [_features(t) for t in tools]
-        features = [f for f, _ in built]
-        rows = ((_rowid(i, f), *row, tools[i].namespace) for i, (f, row) in enumerate(built))
-        with db:
-            db.executemany("INSERT INTO tools(rowid, " + ", ".join(_COLUMNS) + ", ns) VALUES (?,?,?,?,?,?,?,?)", rows)
-        vocab: set[str] = set()
+        features: list[_Features] = []
+        identity: dict[str, set[int]] = {}
+        elsewhere: dict[str, set[int]] = {}
+        namespaces: dict[str, set[int]] = {}
         df: dict[str, int] = {}
-        for f in features:
-            vocab.update(f.identity)
-            vocab.update(f.rest)
+        for i, tool in enumerate(tools):
+            f, found_by, also = _features(tool)
+            features.append(f)
+            for word in found_by:
+                identity.setdefault(word, set()).add(i)
+            for word in also:
+                elsewhere.setdefault(word, set()).add(i)
+            namespaces.setdefault(tool.namespace, set()).add(i)
             for word in {*f.name, *f.title}:
                 df[word] = df.get(word, 0) + 1
-        if self._db is not None:
-            self._db.close()
         n = max(1, len(tools))
         self._idf = idf = {word: math.log(1 + n / count) for word, count in df.items()}
         self._idf_max = math.log(1 + n)
         self._weights = [
             (tuple(idf[w] for w in f.name), tuple(idf[w] for w in (f.title or f.name))) for f in features
         ]
-        self._db, self._tools, self._features, self._version = db, tools, features, version
-        self._vocab = frozenset(vocab)
-        self._sorted_vocab = sorted(vocab)
-        return db
+        self._order = [(len(f.name) + len(f.title), i) for i, f in enumerate(features)]
+        self._identity, self._elsewhere, self._namespaces = identity, elsewhere, namespaces
+        self._tools, self._features = tools, features
+        self._vocab = frozenset(identity.keys() | elsewhere.keys())
+        self._sorted_vocab = sorted(self._vocab)
+        self._version = version
 
     def _terms(self, query: str) -> list[_Term]:
         words: list[str] = []
@@ -256,33 +227,29 @@ class SearchIndex:
             with self._lock:
                 return self._listing(namespace, limit, offset)
         with self._lock:
-            db = self._ensure()
-            terms = self._terms(query)
-            scope = " AND ns = ?" if namespace else ""
-            extra: tuple[Any, ...] = (namespace,) if namespace else ()
-            # The namespace inside the MATCH too: FTS5 then ranks only that
-            # namespace's rows instead of every match before the filter.
-            ns_words = " ".join(normalise(namespace)) if namespace else ""
-            within = f' AND namespace : "{ns_words}"' if ns_words else ""
-            # A word no tool uses cannot narrow or widen the candidates.
-            groups = [t.fts() for t in terms if t.forms]
-            if not groups:
+            self._ensure()
+            terms = [t for t in self._terms(query) if t.forms]
+            if not terms:
+                # No word of the query is in any tool.
                 return _page([], 0, offset)
+            scope = self._namespaces.get(namespace, set()) if namespace else None
+            in_identity: list[set[int]] = []
+            anywhere: list[set[int]] = []
+            for term in terms:
+                ident = _union(self._identity.get(w) for w in term.forms)
+                other = _union(self._elsewhere.get(w) for w in term.forms)
+                if scope is not None:
+                    ident, other = ident & scope, other & scope
+                in_identity.append(ident)
+                anywhere.append(ident | other)
             # Candidates in tier order, as far as the page (and the rerank window) reach.
             need = max(_WINDOW, offset + limit)
             found: list[int] = []
-            for expression in _tiers(groups):
+            for tier in _tiers(in_identity, anywhere):
                 if len(found) >= need:
                     break
-                found += (
-                    rowid & _INDEX_MASK
-                    for (rowid,) in db.execute(
-                        f"SELECT rowid FROM tools WHERE tools MATCH ?{scope} ORDER BY rowid LIMIT ?",
-                        (f"({expression}){within}", *extra, need - len(found)),
-                    )
-                )
-            anywhere = "(" + " OR ".join(groups) + ")" + within
-            total = db.execute(f"SELECT count(*) FROM tools WHERE tools MATCH ?{scope}", (anywhere, *extra)).fetchone()[0]
+                found += self._first(tier, need - len(found))
+            total = len(set().union(*anywhere))
             merged = _merged(terms)
             idf_total = sum(t.idf for t in terms)
             window = sorted(
@@ -316,10 +283,21 @@ class SearchIndex:
             + _W_TITLE_PRECISION * _precision(f.title or f.name, title_idf, merged)
         )
 
+    def _first(self, tier: set[int], count: int) -> list[int]:
+        """The first ``count`` tools of a tier in its order (shortest identity first)."""
+        order = self._order
+        if len(tier) > 4 * count:
+            return [i for _, i in heapq.nsmallest(count, (order[i] for i in tier))]
+        return [i for _, i in sorted(order[i] for i in tier)[:count]]
+
     def _listing(self, namespace: str | None, limit: int, offset: int) -> dict[str, Any]:
         tools = self._catalog.tools()
         if namespace:
-            tools = [t for t in tools if t.namespace == namespace]
+            by_namespace: dict[str, list[Tool]] = self._catalog.memo("search.by_namespace", dict)
+            if not by_namespace and tools:
+                for t in tools:
+                    by_namespace.setdefault(t.namespace, []).append(t)
+            tools = by_namespace.get(namespace, [])
         results = [{**t.summary(), "score": 0.0} for t in tools[offset : offset + limit]]
         return _page(results, len(tools), offset)
 
@@ -356,22 +334,27 @@ def _best(term: _Term, words: frozenset[str]) -> float:
     return best
 
 
-def _tiers(groups: list[str]) -> list[str]:
-    """FTS5 expressions for each match tier, best first, each excluding the ones above."""
-    every = "(" + " AND ".join(groups) + ")"
-    some = "(" + " OR ".join(groups) + ")"
-    ident = "{" + " ".join(_IDENTITY) + "}"
-    ident_every = f"{ident} : {every}"
-    if len(groups) == 1:
-        return [ident_every, f"{every} NOT {ident_every}"]
-    ident_some = f"{ident} : {some}"
-    return [
-        ident_every,
-        f"({every} AND {ident_some}) NOT {ident_every}",
-        f"{every} NOT {ident_some}",
-        f"{ident_some} NOT {every}",
-        f"{some} NOT ({every} OR {ident_some})",
-    ]
+def _union(sets: Any) -> set[int]:
+    out: set[int] = set()
+    for found in sets:
+        if found:
+            out |= found
+    return out
+
+
+def _tiers(in_identity: list[set[int]], anywhere: list[set[int]]) -> Any:
+    """The candidate tiers, best first, each without the tools of the tiers above; computed as reached."""
+    every_identity = set.intersection(*in_identity)
+    every = set.intersection(*anywhere)
+    yield every_identity
+    if len(in_identity) == 1:
+        yield every - every_identity
+        return
+    some_identity = set().union(*in_identity)
+    yield (every & some_identity) - every_identity
+    yield every - some_identity
+    yield some_identity - every
+    yield set().union(*anywhere) - every - some_identity
 
 
 def _page(results: list[dict[str, Any]], total: int, offset: int) -> dict[str, Any]:
