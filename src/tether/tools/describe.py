@@ -88,22 +88,24 @@ def _bounded(tool: Tool) -> dict[str, Any]:
     while True:
         room = DEFAULT_BYTES - _size(entry) - reserve
         shown: list[str] = []
-        for i, (_, text) in enumerate(shapes):
+        partial_name = ""
+        for name, text in shapes:
             cost = _size(text) - 2 + (len("\\n\\n") if shown else 0)
             if cost <= room:
                 shown.append(text)
                 room -= cost
                 continue
-            if i == 0:
-                # The first shape is what the tool returns or takes: show its head.
+            if room > 0:
+                # The nearest shape that does not fit whole: show its head.
                 partial = _head_of_class(text, room)
                 if partial:
                     shown.append(partial)
+                    partial_name = name
             break
         bounded = {**entry, "types": "\n\n".join(shown)}
-        missing = [name for name, text in shapes if text not in shown]
-        if missing or cut_description or shortened or len(shown) < len(shapes):
-            bounded["note"] = _note(tool.address, missing, len(shapes), cut_description, shortened)
+        missing = [name for name, text in shapes if text not in shown and name != partial_name]
+        if missing or partial_name or cut_description or shortened:
+            bounded["note"] = _note(tool.address, missing, len(shapes), cut_description, shortened, partial_name)
         over = _size(bounded) - DEFAULT_BYTES
         if over <= 0 or not shown:
             return bounded
@@ -133,10 +135,12 @@ def _shorten_literals(signature: str, room: int) -> tuple[str, bool]:
 _NOTE_BYTES = 240
 
 
-def _note(address: str, missing: list[str], total: int, cut_description: bool, shortened: bool) -> str:
+def _note(address: str, missing: list[str], total: int, cut_description: bool, shortened: bool, partial: str) -> str:
     parts = []
     if shortened:
         parts.append("long Literal lists end in ...")
+    if partial:
+        parts.append(f"{partial} is cut")
     if missing:
         names = ", ".join(missing[:4]) + (", …" if len(missing) > 4 else "")
         parts.append(f"{len(missing)} of {total} shapes not shown ({names})")
