@@ -31,6 +31,7 @@ this is not SQLite FTS5 with BM25 any more.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 import threading
@@ -90,12 +91,18 @@ def _features(tool: Tool) -> tuple[_Features, set[str], set[str]]:
     title_words = normalise(tool.title)
     title_text_words = title_words or normalise(_first_sentence(tool.description or ""))
     title = tuple(dict.fromkeys(t for t in title_text_words if t not in STOPWORDS))
-    namespace = normalise(tool.namespace)
+    namespace = _namespace_words(tool.namespace)
     description = normalise((tool.description or "")[:_DESCRIPTION_CHARS])
     params = normalise(" ".join((tool.input_schema.get("properties") or {}).keys()))
-    features = _Features(name, title, frozenset((*name, *title, *namespace)), frozenset((*description, *params)))
+    rest = frozenset((*description, *params))
+    features = _Features(name, title, frozenset((*name, *title, *namespace)), rest)
     identity = {*namespace, *name_words, *title_words}
-    return features, identity, {*description, *params} - identity
+    return features, identity, rest - identity
+
+
+@functools.lru_cache(maxsize=1024)
+def _namespace_words(namespace: str) -> tuple[str, ...]:
+    return tuple(normalise(namespace))
 
 
 def _first_sentence(text: str) -> str:
