@@ -19,7 +19,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHES = {"core": "core_bench.py", "search": "search_bench.py", "durable": "durable_bench.py",
-           "long": "long_bench.py", "mcp": "mcp_bench.py", "check": "check_bench.py"}
+           "long": "long_bench.py", "mcp": "mcp_bench.py", "check": "check_bench.py",
+           "discovery": "discovery_bench.py"}
 
 
 def main() -> int:
