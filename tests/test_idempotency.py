@@ -285,11 +285,18 @@ async def _left_sending(store_url: str, sends: int, tool: Tool) -> str:
         return paused.run_id
 
 
-async def test_p31_recovery_re_sends_a_write_left_sending_with_its_recorded_key(store_url):
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_store(request, store_url):
+    return store_url if request.param == "sqlite" else request.getfixturevalue("pg_url")
+
+
+async def test_p31_recovery_re_sends_a_write_left_sending_with_its_recorded_key(any_store):
+    store_url = any_store
     flaky = Flaky(bad=0)
     run_id = await _left_sending(store_url, 1, flaky.tool(idempotency="key"))
+    # A clock before every real lease: on a shared Postgres this recovers only the run made here.
     async with Runtime(store=open_store(store_url), tools=[flaky.tool(idempotency="key")], type_check=False,
-                       limits=FAST) as rt:
+                       limits=FAST, clock=Clock(1.0)) as rt:
         (r,) = await rt.recover()
         entry = rt.store.get_call(run_id, 1)
     assert r.status == "completed", r.error
@@ -379,3 +386,35 @@ def test_p31_config_declares_keys_per_source():
                                        "idempotency": "key", "idempotency_header": False}]})
     with pytest.raises(ConfigError, match="idempotency"):
         Config.from_dict({"sources": [{"type": "mcp", "namespace": "b", "command": ["x"], "idempotency": "yes"}]})
+
+
+async def test_p31_a_python_source_declared_key_in_config_is_re_sent(tmp_path):
+    from tether.app import open_runtime
+    from tether.config import Config
+
+    module = tmp_path / "payments.py"
+    module.write_text('''
+from tether import current_call, tool
+
+SENDS = []
+
+@tool
+def refund(order: str) -> dict:
+    """Refund an order (a write the payment API dedupes by key)."""
+    SENDS.append(current_call().key)
+    if len(SENDS) == 1:
+        raise ConnectionResetError("connection reset by peer")
+    return {"refunded": order, "sends": len(SENDS)}
+''')
+    config = Config.from_dict({
+        "store": {"url": f"sqlite:///{tmp_path}/t.db"},
+        "policy": {"writes": "allow"},
+        "limits": {"key_backoff_seconds": 0.01},
+        "sandbox": {"type_check": False},
+        "sources": [{"type": "python", "module": str(module), "idempotency": "key"}],
+    })
+    async with open_runtime(config) as rt:
+        r = await rt.execute("import tools\nawait tools.payments.refund(order='A-1')")
+        assert r.status == "completed", r.error
+        assert r.result == {"refunded": "A-1", "sends": 2}
+        assert rt.store.get_call(r.run_id, 1).sends == 2
