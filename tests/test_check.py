@@ -163,3 +163,13 @@ async def test_full_check_stubs_only_what_the_program_reaches():
                           check="full", status="running")
         spec = build_spec(rt, run, Limits(), reach=precheck(rt, run))
         assert list(spec.namespace_stubs) == ["slowpoke"] and "def write(" in spec.namespace_stubs["slowpoke"]
+
+
+async def test_a_declined_write_that_ends_the_program_is_reported_as_that_call():
+    rec = Recorder()
+    async with Runtime(tools=rec.tools()) as rt:
+        paused = await rt.execute("import tools\nawait tools.helpdesk.get_ticket(1)\nawait tools.helpdesk.close_ticket(3)")
+        r = await rt.resume(paused.run_id, "decline", "no")
+    assert r.error["code"] == "write_declined"
+    assert r.error["details"]["call"] == {"seq": 2, "address": "helpdesk.close_ticket"}
+    assert "declined: no" in r.error["message"] and rec.deliveries == []
