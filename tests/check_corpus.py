@@ -165,6 +165,7 @@ VALID: list[tuple[str, Any]] = [
     ('import itertools\nlist(itertools.islice(itertools.count(5), 3))', [5, 6, 7]),
     ('words = ["b", "a", "c"]\nsorted(words, key=lambda w: w, reverse=True)', ["c", "b", "a"]),
     ('data = {"a": 1, "b": 2}\n{k: v * 10 for k, v in data.items() if v > 1}', {"b": 20}),
+    ('def first[T](xs: list[T]) -> T:\n    return xs[0]\nfirst([3, 4])', 3),
     ('def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\nfib(10)', 55),
     ('async def titles(ids):\n    import tools\n    return [(await tools.tracker.get_ticket(i))["title"] for i in ids]\n'
      'await titles([1, 2])', ["ticket 1", "ticket 2"]),

@@ -560,7 +560,9 @@ def _first_diagnostic(text: str) -> tuple[int | None, int | None, str]:
     """(line, column, message) of the first diagnostic in the checker's rendered text."""
     import re
 
-    head = re.search(r"error\[[\w-]+\]: (.*)", text)
+    head = re.search(r"error\[invalid-syntax\]: (.*)", text) or re.search(r"error\[[\w-]+\]: (.*)", text)
+    if head is not None:
+        text = text[head.start():]
     where = re.search(r"--> [^:\n]+:(\d+):(\d+)", text)
     msg = head.group(1).strip() if head else "invalid syntax"
     return (int(where.group(1)), int(where.group(2)), msg) if where else (None, None, msg)

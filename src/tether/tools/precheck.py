@@ -121,13 +121,12 @@ def _check(code: str, catalog: Catalog) -> Reach:
 
 def _monty_may_parse(exc: SyntaxError) -> bool:
     # Python 3.11 refuses what 3.12+ (and Monty) accept: nested quotes in
-    # f-strings, `type` aliases, generic syntax. Refusing those would be a
-    # false rejection; the sandbox's own parser reports real syntax errors.
+    # f-strings, generic functions (`def f[T](x: T)`)... Refusing those would
+    # be a false rejection; the sandbox's own parser reports real syntax
+    # errors, with line and column, before anything runs.
     import sys
 
-    return sys.version_info < (3, 12) and exc.msg is not None and (
-        "f-string" in exc.msg or exc.msg.startswith("invalid syntax")
-    )
+    return sys.version_info < (3, 12)
 
 
 def _assigned_aliases(tree: ast.AST, scan: _Scan) -> None:
