@@ -111,7 +111,7 @@ async def test_every_name_and_module_the_sandbox_accepts_passes_every_check(corp
 # --- the invariant: no write is sent before the program passed the check ---------------------------
 
 
-async def test_p31_no_write_is_sent_before_the_program_passed_the_check():
+async def test_p32_no_write_is_sent_before_the_program_passed_the_check():
     rec = Recorder()
     async with Runtime(tools=rec.tools(), policy=Policy(writes="allow")) as rt:
         # The write comes first; the problem the check finds comes after it.
