@@ -215,3 +215,30 @@ def test_backoff_doubles_and_is_capped():
 @pytest.mark.parametrize("header", ["", "t=abc,v1=00", "v1=00", "t=1"])
 def test_a_malformed_signature_is_not_genuine(header):
     assert not verify(SECRET.encode(), header, "{}")
+
+
+def test_a_webhook_without_its_secret_is_off_and_says_so(capsys):
+    config = Config.from_dict({"notify": [{"url": "https://a.example/hook", "secret_env": "HOOK_SECRET_UNSET"},
+                                          {"url": "https://b.example/hook", "secret_env": "HOOK_SECRET_SET",
+                                           "events": ["failed"]}]}, env={})
+    from tether.server.notify import webhooks_from_config
+
+    hooks = webhooks_from_config(config, env={"HOOK_SECRET_SET": "s3cret"})
+    assert [(h.url, h.secret, h.events) for h in hooks] == [("https://b.example/hook", b"s3cret", frozenset({"failed"}))]
+    err = capsys.readouterr().err
+    assert "notify[0] (https://a.example/hook) is off: $HOOK_SECRET_UNSET is not set" in err
+
+
+async def test_a_wait_is_announced_with_its_name(tmp_path):
+    async with Receiver() as hook, Runtime(tools=[refund]) as rt:
+        notifier = Notifier(rt, [Webhook(hook.url, SECRET.encode(), frozenset({"waiting"}))], poll_seconds=0.02)
+        rt.listeners.append(notifier)
+        delivering = asyncio.ensure_future(notifier.run())
+        try:
+            parked = await rt.execute("await wait_for('invoice-approved')")
+            assert parked.status == "waiting"
+            await hook.wait_for(1)
+        finally:
+            delivering.cancel()
+        event = json.loads(hook.requests[0][1])
+        assert event["type"] == "run.waiting" and event["pending"][0]["name"] == "invoice-approved"
