@@ -816,12 +816,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
     except KeyboardInterrupt:
         code = 130
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # The sandbox's native runtime can abort during interpreter shutdown
-    # after real async host calls (seen with pydantic-monty 1.4.0); every
-    # resource is closed by now, so leave without running finalizers.
-    os._exit(code)
+    # A normal exit: the sandbox pool waits for Monty's last deliveries when it
+    # closes (tether.sandbox.monty, D-21), so interpreter shutdown is safe.
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,11 @@ needs from it is expressed here in tether's own terms:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import builtins
 import contextvars
+import threading
+import time
 import keyword
 import datetime as _dt
 from dataclasses import dataclass, field
@@ -177,6 +180,64 @@ def _routed(name: str) -> Callable[..., Awaitable[Any]]:
     return call
 
 
+# --- leaving cleanly -------------------------------------------------------------
+# Monty's async API is Rust futures on a tokio runtime. When one completes, a
+# tokio thread calls loop.call_soon_threadsafe(), which schedules the result and
+# then writes to the loop's wake-up socket with the GIL released. The loop can
+# see the result, and the program can return from asyncio.run() and start
+# interpreter shutdown, before that thread is back: it then asks for the GIL of
+# a finalizing interpreter, CPython ends the thread with pthread_exit, the
+# unwind crosses Rust frames that may not unwind, and the process aborts
+# (SIGABRT, exit 134) after the program's work is done. tether counts the
+# threads inside call_soon_threadsafe and waits for them (bounded) when a pool
+# closes and at exit. docs/decisions.md D-21; reproduction in
+# tests/test_python_api_exit.py.
+
+_inside = 0
+_inside_lock = threading.Lock()
+# Far above the microseconds a wake-up write takes; a bound so exit never hangs.
+_SETTLE_SECONDS = 2.0
+
+
+def _track_completions(loop: asyncio.AbstractEventLoop) -> None:
+    """Count foreign threads inside ``loop.call_soon_threadsafe`` (installed once per loop)."""
+    if getattr(loop, "_tether_tracked", False):
+        return
+    original = loop.call_soon_threadsafe
+
+    def call_soon_threadsafe(callback: Any, *args: Any, context: Any = None) -> Any:
+        global _inside
+        with _inside_lock:
+            _inside += 1
+        try:
+            return original(callback, *args, context=context)
+        finally:
+            with _inside_lock:
+                _inside -= 1
+
+    try:
+        loop.call_soon_threadsafe = call_soon_threadsafe  # type: ignore[method-assign]
+        loop._tether_tracked = True  # type: ignore[attr-defined]
+    except AttributeError:  # a loop type without instance attributes (uvloop): nothing to count
+        pass
+
+
+async def _settle() -> None:
+    """Wait until no tokio thread is still delivering a result into this process."""
+    deadline = time.monotonic() + _SETTLE_SECONDS
+    while _inside and time.monotonic() < deadline:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0)
+
+
+@atexit.register
+def _settle_at_exit() -> None:
+    # A runtime never closed: its last deliveries may still be in flight.
+    deadline = time.monotonic() + _SETTLE_SECONDS
+    while _inside and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 class SandboxPool:
     """A pool of Monty worker processes, shared by every run of the process."""
 
@@ -196,6 +257,7 @@ class SandboxPool:
     async def start(self) -> None:
         async with self._lock:
             if not self._started:
+                _track_completions(asyncio.get_running_loop())
                 await self._pool.__aenter__()
                 self._started = True
 
@@ -204,6 +266,7 @@ class SandboxPool:
             if self._started:
                 self._started = False
                 await self._pool.__aexit__(None, None, None)
+                await _settle()
 
     def tools_module(self, spec: SandboxSpec) -> Any:
         """The `tools` module a run imports: only what its program reaches.
