@@ -1,4 +1,4 @@
-"""A script using the Python API exits 0, every time (D-21).
+"""A script using the Python API exits 0, every time (D-23).
 
 Before the fix about one run in ten of this script ended with SIGABRT (exit
 134) at interpreter shutdown, after its work was done. Fifty runs, closed and

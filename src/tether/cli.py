@@ -817,7 +817,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:
         code = 130
     # A normal exit: the sandbox pool waits for Monty's last deliveries when it
-    # closes (tether.sandbox.monty, D-21), so interpreter shutdown is safe.
+    # closes (tether.sandbox.monty, D-23), so interpreter shutdown is safe.
     sys.exit(code)
 
 
