@@ -234,3 +234,18 @@ async def test_over_tls_the_session_cookie_is_secure(rt):
                                  base_url="https://tether.example.com") as c:
         signed = await sign_in(c, ALICE)
     assert signed.status_code == 303 and "secure" in signed.headers["set-cookie"].lower()
+
+
+async def test_runs_are_listed_by_status_and_principal(store_url):
+    from tether.store import open_store
+
+    async with Runtime(store=open_store(store_url), tools=[refund], local_runs="shared") as rt:
+        mine = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
+        local = await rt.execute(PROGRAM)
+        done = await rt.execute("1", principal=principal_for_token(ALICE))
+        async with client(Console(rt, tokens=[ALICE])) as c:
+            await sign_in(c, ALICE)
+            paused = (await c.get("/console/?status=paused")).text
+            assert mine.run_id in paused and local.run_id in paused and done.run_id not in paused
+            only_local = (await c.get("/console/?status=paused&principal=local")).text
+            assert local.run_id in only_local and mine.run_id not in only_local

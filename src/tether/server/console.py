@@ -349,11 +349,19 @@ class Console:
         runs = self._visible_runs(session["p"], status)
         everything = runs if status is None else self._visible_runs(session["p"], None)
         counts = [(s, n) for s in STATUSES if (n := sum(1 for r in everything if r.status == s))]
+        # Principals this one may see runs of: its own, and local ones when [server] local_runs shares them.
+        principals = sorted({r.principal or LOCAL for r in everything})
+        who = request.query_params.get("principal") or None
+        if who in principals:
+            runs = [r for r in runs if (r.principal or LOCAL) == who]
+        else:
+            who = None
         rows = [{"run_id": r.run_id, "status": r.status, "principal": r.principal, "updated_at": r.updated_at,
                  "waits": ", ".join(w["address"] for w in pending_writes(self.rt, r)) or None,
                  "error": (r.error or {}).get("code")} for r in runs]
         return self.render("runs.html", principal=session["p"], csrf=self.csrf_for(session["n"]), live="all",
-                           runs=rows, status=status, statuses=STATUSES, counts=counts)
+                           runs=rows, status=status, statuses=STATUSES, counts=counts, principals=principals,
+                           who=who)
 
     def _run_context(self, run: Any) -> dict[str, Any]:
         timeline = run_timeline(self.rt.store, run.run_id)
@@ -407,8 +415,8 @@ class Console:
             return self.message("Nothing decided", outcome.message or "Nothing was decided.", status=409,
                                 principal=session["p"], csrf=csrf,
                                 link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
-        return RedirectResponse(f"/console/runs/{run_id}?flash={'approved' if decision == 'approve' else 'declined'}",
-                                status_code=303)
+        flash = "queued" if outcome.status == "queued" else "approved" if decision == "approve" else "declined"
+        return RedirectResponse(f"/console/runs/{run_id}?flash={flash}", status_code=303)
 
     # -- the live feed ----------------------------------------------------------------
 
@@ -507,11 +515,12 @@ class Console:
                             detail="This link has been used and decides nothing more.")
 
 
-_FLASHES = {"approved": "Approved: the run continues.", "declined": "Declined: the program was told."}
+_FLASHES = {"approved": "Approved: the run continues.", "declined": "Declined: the program was told.",
+            "queued": "The decision waits for a free run slot; this page updates when it is taken."}
 
 
 def _flash(key: str | None, status: str) -> str | None:
-    if key in _FLASHES and status == RUN_PAUSED:
+    if key in ("approved", "declined") and status == RUN_PAUSED:
         return "Decided. The run continues once the rest of its writes are decided."
     return _FLASHES.get(key or "")
 
