@@ -42,7 +42,11 @@ await tools.helpdesk.close_ticket(id=2)
 def make_runtime(store_url, rec, **kw) -> Runtime:
     kw.setdefault("type_check", False)
     kw.setdefault("clock", Clock())
-    return Runtime(store=open_store(store_url), tools=rec.tools(), **kw)
+    rt = Runtime(store=open_store(store_url), tools=rec.tools(), **kw)
+    # These tests are about what a batch means, not how long it takes to form:
+    # a wider window keeps a starved CI machine from splitting one (D-16 measures the default).
+    rt.batch_window_seconds = 0.2
+    return rt
 
 
 async def test_p27_gathered_writes_pause_once_listing_each(store_url):
