@@ -57,7 +57,7 @@ async def sign_in(c: httpx.AsyncClient, token: str) -> httpx.Response:
     return await c.post("/console/login", data={"csrf": csrf_of(page.text), "token": token})
 
 
-async def test_a_link_token_altered_anywhere_by_one_character_opens_nothing():
+async def test_p33_a_link_token_altered_anywhere_by_one_character_opens_nothing():
     secret = b"k" * 32
     token = link_token(secret, "run_0123456789abcdef", 3, 1_900_000_000.0)
     claim = open_token(secret, token)
@@ -130,7 +130,7 @@ async def test_every_decision_records_who_and_through_what(rt):
         (1, "decline", "over the limit", principal_for_token(ALICE), "console", "127.0.0.1")]
 
 
-async def test_an_approval_link_needs_no_login_and_decides_once(rt):
+async def test_p33_an_approval_link_needs_no_login_and_decides_once(rt):
     paused = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
     token = link_token(rt.store.secret(), paused.run_id, 1, paused.expires_at)
     async with client(Console(rt, tokens=[ALICE])) as c:
@@ -151,7 +151,7 @@ async def test_an_approval_link_needs_no_login_and_decides_once(rt):
     assert (await rt.wait_for_run(paused.run_id)).result == {"refunded": 12.5}
 
 
-async def test_an_expired_link_decides_nothing(rt):
+async def test_p33_an_expired_link_decides_nothing(rt):
     paused = await rt.execute(PROGRAM)
     token = link_token(rt.store.secret(), paused.run_id, 1, rt.clock() - 5)
     async with client(Console(rt, tokens=[ALICE])) as c:

@@ -301,7 +301,7 @@ def _link_from_cli(server, run_id: str) -> str:
     return found.group(1)
 
 
-def test_an_approval_link_decides_once_without_login(browser, server, shots):
+def test_p33_an_approval_link_decides_once_without_login(browser, server, shots):
     run_id = server.queue(program("link-approve"))
     server.wait_status(run_id, "paused")
     link = _link_from_cli(server, run_id)
@@ -331,7 +331,7 @@ def test_an_approval_link_decides_once_without_login(browser, server, shots):
         context.close()
 
 
-def test_an_expired_link_is_refused(browser, server, shots):
+def test_p33_an_expired_link_is_refused(browser, server, shots):
     run_id = server.queue(program("link-expired"))
     run = server.wait_status(run_id, "paused")
     # A link minted with the server's key whose time to live is over.

@@ -142,7 +142,7 @@ def refund(order_id: str) -> str:
     return "refunded " + order_id
 
 
-async def test_a_failing_webhook_is_retried_with_backoff_until_it_answers(tmp_path):
+async def test_p34_a_failing_webhook_is_retried_with_backoff_until_it_answers(tmp_path):
     async with Receiver(statuses=[500, 503]) as hook, Runtime(tools=[refund]) as rt:
         notifier = Notifier(rt, [Webhook(hook.url, SECRET.encode(), frozenset({"completed"}))],
                             backoff_base=0.05, poll_seconds=0.02)
@@ -166,7 +166,7 @@ async def test_a_failing_webhook_is_retried_with_backoff_until_it_answers(tmp_pa
         assert all(verify(SECRET.encode(), h["tether-signature"], b.decode()) for h, b in hook.requests)
 
 
-async def test_a_slow_webhook_never_delays_a_run():
+async def test_p34_a_slow_webhook_never_delays_a_run():
     async with Receiver(hold=True) as hook, Runtime(tools=[refund]) as rt:
         notifier = Notifier(rt, [Webhook(hook.url, SECRET.encode(), frozenset({"paused", "completed"}))],
                             poll_seconds=0.02)
@@ -186,7 +186,7 @@ async def test_a_slow_webhook_never_delays_a_run():
             delivering.cancel()
 
 
-async def test_the_outbox_outlives_the_process_that_queued_it(store_url):
+async def test_p34_the_outbox_outlives_the_process_that_queued_it(store_url):
     async with Receiver() as hook:
         from tether.store import open_store
 

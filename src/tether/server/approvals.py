@@ -6,7 +6,7 @@ run, the write's seq and the moment the approval's time to live ends, and is
 signed with a key derived from the store's secret, so every process sharing
 the store mints and accepts the same links. It decides once: after a
 decision, after the time to live, or altered by a single character, it
-decides nothing and says why.
+decides nothing and says why (P-33).
 
 :class:`Decider` is the one way the console and the links decide writes: it
 calls ``Runtime.decide`` (which records who decided, through what — ``console``,

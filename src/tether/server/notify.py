@@ -14,7 +14,7 @@ repeats by it.
 
 Each request is signed: ``Tether-Signature: t=<unix seconds>,v1=<hex>`` where
 ``v1 = HMAC-SHA256(secret, f"{t}.{body}")``. docs/notifications.md shows how
-to verify it (and :func:`verify` is the same check).
+to verify it (and :func:`verify` is the same check). The rules are P-34.
 """
 
 from __future__ import annotations
