@@ -158,6 +158,7 @@ async def test_p25_openapi_header_name_is_configurable_and_can_be_off(store_url,
     assert sent["key"] is None and not any(v.startswith("tether-run_") for v in sent["headers"].values())
 
 
+@pytest.mark.slow  # starts an MCP server process
 async def test_p25_mcp_sends_the_key_in_the_request_meta(store_url):
     source = MCPSource("fx", command=[sys.executable, str(FIXTURES / "mcp_fixture_server.py")])
     async with source:
@@ -418,3 +419,25 @@ def refund(order: str) -> dict:
         assert r.status == "completed", r.error
         assert r.result == {"refunded": "A-1", "sends": 2}
         assert rt.store.get_call(r.run_id, 1).sends == 2
+
+
+@pytest.mark.slow  # starts an MCP server process
+@pytest.mark.parametrize("declared", [True, False], ids=["key_declared", "undeclared"])
+async def test_p31_mcp_server_dying_mid_call_is_re_sent_only_when_it_dedupes(store_url, tmp_path, declared):
+    # The server takes the charge, then dies before answering: a dropped connection.
+    log = tmp_path / "charges.log"
+    source = MCPSource("fx", command=[sys.executable, str(FIXTURES / "mcp_fixture_server.py")],
+                       idempotency="key" if declared else "none")
+    async with source:
+        # Long enough for a re-send to restart the server and reconnect.
+        async with Runtime(store=open_store(store_url), tools=source.tools(), type_check=False,
+                           policy=Policy(writes="allow"), limits=Limits(key_backoff_seconds=0.05)) as rt:
+            r = await rt.execute(f"import tools\nawait tools.fx.charge_once(log={str(log)!r}, order='A-1')")
+            entry = rt.store.get_call(r.run_id, 1)
+    assert log.read_text().splitlines() == [f"{entry.idempotency_key} A-1"]  # took effect once
+    if declared:
+        assert r.status == "completed", r.error
+        assert r.result == {"result": "charged A-1 (replayed)"} and entry.sends == 2
+    else:  # as before: reported, not sent again
+        assert r.status == "failed" and "whether it took effect is unknown" in r.error["message"]
+        assert entry.sends == 1
