@@ -306,6 +306,10 @@ def test_p33_an_approval_link_decides_once_without_login(browser, server, shots)
     server.wait_status(run_id, "paused")
     link = _link_from_cli(server, run_id)
     assert link.startswith(f"{server.base}/approve/")
+    # Someone watches the run in the console while someone else uses the link.
+    watching, console_page = signed_in(browser, server)
+    console_page.goto(f"{server.base}/console/runs/{run_id}")
+    assert console_page.locator("#run-status.paused").count() == 1
     context = browser.new_context(viewport={"width": 900, "height": 700})
     try:
         page = context.new_page()
@@ -316,6 +320,9 @@ def test_p33_an_approval_link_decides_once_without_login(browser, server, shots)
         page.wait_for_load_state()
         assert "The write was sent. The run is completed." in page.inner_text("#message")
         shots(page, "approval-link-approved")
+        # The console page follows without a reload (server-sent events).
+        console_page.locator("#run-status.completed").wait_for(timeout=15_000)
+        assert "via link" in console_page.locator(".timeline").inner_text()
         assert server.tags().count("link-approve") == 1
         # Opened again: a clear page, nothing decided.
         response = page.goto(link)
@@ -329,6 +336,7 @@ def test_p33_an_approval_link_decides_once_without_login(browser, server, shots)
         assert [(e.data["decision"], e.data["via"]) for e in events] == [("approve", "link")]
     finally:
         context.close()
+        watching.close()
 
 
 def test_p33_an_expired_link_is_refused(browser, server, shots):
