@@ -298,6 +298,7 @@ def test_negative_limit(tmp_path: Path) -> None:
             "store.url: must be a sqlite:///path or postgresql:// URL (got 'mysql://h/db')",
         ),
         ('[sandbox]\ntype_check = "yes"', "sandbox.type_check: must be true or false (got 'yes')"),
+        ('[sandbox]\ncheck = "strict"', "sandbox.check: must be one of 'calls', 'full', 'off' (got 'strict')"),
         ("[sandbox]\nmin_workers = 3", "sandbox.min_workers: must not exceed max_workers (2) (got 3)"),
         (
             "[server]\nport = 70000",

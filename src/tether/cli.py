@@ -668,7 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("run", help="run a program")
     sp.add_argument("program", help="path to a .py file, or - for standard input")
-    sp.add_argument("--no-check", action="store_true", help="skip the static type check")
+    sp.add_argument("--no-check", action="store_true", help="skip the pre-run check (check = \"off\")")
     sp.add_argument("--no-prompt", action="store_true", help="never ask y/n at a pause; exit 3 instead")
     common(sp)
     sp.set_defaults(func=cmd_run)
@@ -716,7 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("start", help="queue a program as a background run; prints its run id")
     sp.add_argument("program", help="path to a .py file, or - for standard input")
-    sp.add_argument("--no-check", action="store_true", help="skip the static type check")
+    sp.add_argument("--no-check", action="store_true", help="skip the pre-run check (check = \"off\")")
     sp.add_argument("--no-worker", action="store_true", help="do not start a worker if none is alive")
     common(sp)
     sp.set_defaults(func=cmd_start)
