@@ -167,9 +167,10 @@ async def test_p9_a_changed_snapshot_byte_is_refused(store_url):
         data[len(data) // 2] ^= 0x01
         snap.data = bytes(data)
         store.put_snapshot(snap)
-        with pytest.raises(SnapshotTampered) as info:
-            await rt.resume(paused.run_id, "approve")
-        assert info.value.code == "snapshot_tampered"
+        # The run ends failed at once instead of staying running (P-23 item: stuck runs end).
+        r = await rt.resume(paused.run_id, "approve")
+        assert r.status == "failed" and r.error["code"] == "snapshot_tampered"
+        assert rt.store.get_run(paused.run_id).status == "failed"
         assert rec.deliveries == []
 
 
@@ -178,12 +179,9 @@ async def test_p12_another_monty_version_falls_back_to_replay(store_url):
     async with make_runtime(store_url, rec) as rt:
         paused = await rt.execute(WRITE_PROGRAM)
         snap = rt.store.latest_snapshot(paused.run_id)
-        snap.monty_version = "pydantic-monty-0.0.1"
-        # Re-sign as the store would have: only the version differs.
-        snap.mac = rt.snapshot_record(snap.run_id, snap.seq, snap.data, snap.pending, snap.kind).mac
-        from tether.runs.runtime import sign_snapshot
-
-        snap.mac = sign_snapshot(rt._secret, snap.run_id, snap.seq, snap.monty_version, snap.data)
+        # Signed as the store would have: only the version differs.
+        snap = rt.snapshot_record(snap.run_id, snap.seq, snap.data, snap.pending, snap.kind,
+                                  version="pydantic-monty-0.0.1")
         rt.store.put_snapshot(snap)
         reads_before = len(rec.events)
         r = await rt.resume(paused.run_id, "approve")
@@ -200,13 +198,12 @@ async def test_p6_journal_altered_so_replay_differs_is_execution_diverged(store_
         paused = await rt.execute(WRITE_PROGRAM)
         run = rt.get_run(paused.run_id)
         # The program now asks for ticket 5 first: the journal says ticket 1.
-        rt.store.update_run(run.run_id, None, program=WRITE_PROGRAM.replace("id=1)", "id=5)", 1))
+        # Signed as tether would: this is divergence, not tampering (P-23 has its own tests).
+        run.program = WRITE_PROGRAM.replace("id=1)", "id=5)", 1)
+        rt.store.update_run(run.run_id, None, program=run.program, mac=rt._sign(run).mac)
         snap = rt.store.latest_snapshot(run.run_id)
-        snap.monty_version = "pydantic-monty-0.0.1"
-        from tether.runs.runtime import sign_snapshot
-
-        snap.mac = sign_snapshot(rt._secret, snap.run_id, snap.seq, snap.monty_version, snap.data)
-        rt.store.put_snapshot(snap)
+        rt.store.put_snapshot(rt.snapshot_record(snap.run_id, snap.seq, snap.data, snap.pending, snap.kind,
+                                                 version="pydantic-monty-0.0.1"))
         r = await rt.resume(paused.run_id, "approve")
         assert r.status == "failed"
         assert r.error["code"] == "execution_diverged"
@@ -292,11 +289,8 @@ await tools.helpdesk.close_ticket(id=3)
     async with make_runtime(store_url, rec) as rt:
         paused = await rt.execute(code)
         snap = rt.store.latest_snapshot(paused.run_id)
-        from tether.runs.runtime import sign_snapshot
-
-        snap.monty_version = "other"
-        snap.mac = sign_snapshot(rt._secret, snap.run_id, snap.seq, snap.monty_version, snap.data)
-        rt.store.put_snapshot(snap)
+        rt.store.put_snapshot(rt.snapshot_record(snap.run_id, snap.seq, snap.data, snap.pending, snap.kind,
+                                                 version="other"))
         replayed = await rt.resume(paused.run_id, "approve")
         assert replayed.diagnostics["attempt"] == "replay"
         # The replay re-ran the program from its first line with the same
@@ -398,19 +392,19 @@ async def test_p8_cancel_never_cuts_a_write_on_the_wire(store_url):
 async def test_p13_a_recorded_write_the_replay_does_not_repeat_is_divergence(store_url):
     from tether.store.base import CallRecord
     from tether.runs.journal import call_key
-    from tether.runs.runtime import sign_snapshot
+    from tether.runs.integrity import sign_call
 
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:
         paused = await rt.execute(WRITE_PROGRAM)
         args = {"id": 99, "body": "ghost"}
-        rt.store.record_call(CallRecord(paused.run_id, 9, "tool", "helpdesk.add_comment", args,
-                                        call_key("tool", "helpdesk.add_comment", args), "write", "sent",
-                                        outcome={"ticket": 99}))
+        ghost = CallRecord(paused.run_id, 9, "tool", "helpdesk.add_comment", args,
+                           call_key("tool", "helpdesk.add_comment", args), "write", "sent", outcome={"ticket": 99})
+        ghost.mac = sign_call(rt.keyring, ghost, None)  # recorded by tether, on a path the replay does not take
+        rt.store.record_call(ghost)
         snap = rt.store.latest_snapshot(paused.run_id)
-        snap.monty_version = "other"
-        snap.mac = sign_snapshot(rt._secret, snap.run_id, snap.seq, snap.monty_version, snap.data)
-        rt.store.put_snapshot(snap)
+        rt.store.put_snapshot(rt.snapshot_record(snap.run_id, snap.seq, snap.data, snap.pending, snap.kind,
+                                                 version="other"))
         r = await rt.resume(paused.run_id, "approve")
         assert r.status == "failed" and r.error["code"] == "execution_diverged"
 
@@ -423,10 +417,10 @@ async def test_p16_two_recoverers_one_owner(store_url, clock):
         run_id = "run_orphan"
         from tether.store.base import RunRecord
 
-        a.store.create_run(RunRecord(run_id, "running", "import tools\nawait tools.helpdesk.add_comment(id=5, body='x')\n'ok'",
+        a.store.create_run(a._sign(RunRecord(run_id, "running", "import tools\nawait tools.helpdesk.add_comment(id=5, body='x')\n'ok'",
                                      {"clock": "2027-01-15T08:00:00+00:00", "seed": 7}, Policy(writes="allow").to_dict(),
                                      a.limits.to_dict(), clock.now, clock.now, owner="dead:1", lease_until=clock.now - 1,
-                                     meta={"type_check": False}))
+                                     meta={"type_check": False})))
         ra, rb = await asyncio.gather(a.recover(), b.recover())
         results = ra + rb
         assert len(results) == 1 and results[0].status == "completed"

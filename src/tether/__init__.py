@@ -10,6 +10,7 @@ from .errors import (
     LimitExceeded,
     RunExpired,
     RunNotFound,
+    RunTampered,
     SeqRequired,
     SnapshotTampered,
     TetherError,
@@ -18,6 +19,7 @@ from .errors import (
     WorldError,
     WriteNotPending,
     WriteOutcomeUnknown,
+    WrongSecret,
 )
 from .runs.decisions import Decision, PendingWrite
 from .runs.limits import Limits
@@ -44,6 +46,7 @@ __all__ = [
     "RunExpired",
     "RunNotFound",
     "RunResult",
+    "RunTampered",
     "Runtime",
     "SeqRequired",
     "SnapshotTampered",
@@ -54,6 +57,7 @@ __all__ = [
     "WorldError",
     "WriteNotPending",
     "WriteOutcomeUnknown",
+    "WrongSecret",
     "current_call",
     "tool",
     "tools_from_module",

@@ -211,26 +211,28 @@ def _local_user() -> str:
         return "local"
 
 
-def _recorded_setup(args: argparse.Namespace) -> tuple[list[str], str | None, list[dict] | None]:
-    """The tools and sources a run was started with, so resume needs no flags (P-30).
+def _recorded_setup(args: argparse.Namespace, *,
+                    lenient: bool = False) -> tuple[list[str], str | None, list[dict] | None]:
+    """The tools and sources a run was started with, so resume needs no flags (P-30), once signed (P-32).
 
     A run records its sources' definitions; one started before it did records
     only the config file it named, which is used if it is still there.
     """
     from .config import load_config
     from .store import open_store
+    from .waits_cli import trusted_meta
 
     config = load_config(args.config)
     store = open_store(config.store.url)
     try:
-        run = store.get_run(args.run_id)
+        recorded = trusted_meta(store, store.get_run(args.run_id), lenient=lenient)
     finally:
         store.close()
-    return recorded_setup(args, run)
+    return recorded_setup(args, recorded)
 
 
-def recorded_setup(args: argparse.Namespace, run: Any) -> tuple[list[str], str | None, list[dict] | None]:
-    recorded = (run.meta if run else {}) or {}
+def recorded_setup(args: argparse.Namespace, recorded: dict) -> tuple[list[str], str | None, list[dict] | None]:
+    """``recorded``: a run's meta that verified (``waits_cli.trusted_meta``), or {}."""
     tools = list(args.tools or recorded.get("tools") or [])
     sources = recorded.get("sources")
     path = recorded.get("config")
@@ -524,7 +526,7 @@ def raise_not_found(run_id: str) -> None:
 
 
 async def cmd_runs_cancel(args: argparse.Namespace) -> int:
-    tools, config, sources = _recorded_setup(args)
+    tools, config, sources = _recorded_setup(args, lenient=True)
     args.config = config
     async with _runtime(args, tools, sources=sources) as rt:
         # Whoever runs the CLI against the store is its operator: ending a

@@ -25,6 +25,8 @@
         ├── ToolsUnavailable         tools_unavailable
         ├── SandboxCrashed           sandbox_crashed
         ├── SnapshotTampered         snapshot_tampered
+        ├── RunTampered              run_tampered
+        ├── WrongSecret              wrong_secret
         ├── ExecutionDiverged        execution_diverged
         ├── WriteOutcomeUnknown      write_outcome_unknown
         └── StoreError               store_error
@@ -201,6 +203,22 @@ class SandboxCrashed(WorldError):
 class SnapshotTampered(WorldError):
     code = "snapshot_tampered"
     next_action = "The stored snapshot failed verification; nothing was resumed. Start the program again."
+
+
+class RunTampered(WorldError):
+    """A signed field of a run or its journal changed outside tether (P-23); ``details.fields`` names it."""
+
+    code = "run_tampered"
+    next_action = ("The run's stored state was changed outside tether; nothing was resumed or sent. Find out who "
+                   "can write the store, then start the program again.")
+
+
+class WrongSecret(WorldError):
+    """The run was signed with a secret this process does not hold: not tampering, another key (P-23)."""
+
+    code = "wrong_secret"
+    next_action = ("This store was signed with another key: give this process the secret it was signed with "
+                   "(TETHER_SECRET, or TETHER_SECRET_FILE listing old secrets after the current one).")
 
 
 class ExecutionDiverged(WorldError):

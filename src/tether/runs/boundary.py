@@ -51,7 +51,7 @@ from ..store.base import (
     CallRecord,
     Store,
 )
-from . import journal, policy as policy_mod, telemetry
+from . import integrity, journal, policy as policy_mod, telemetry
 from .result import to_json_value
 
 if TYPE_CHECKING:
@@ -216,6 +216,8 @@ class EffectBoundary:
         # Bytes of arguments and outcomes this run has journaled (P-22);
         # the driver sets what earlier attempts wrote.
         self.journaled_bytes = 0
+        self.keyring: integrity.Keyring = integrity.Keyring(b"")  # the driver sets the run's
+        self._keys: dict[int, str] = {}  # seq -> call key, for chaining MACs (P-23)
         self._idle = asyncio.Event()
         self._idle.set()
         self._release = asyncio.Event()
@@ -326,6 +328,7 @@ class EffectBoundary:
                 )
             )
             return await self._hold(seq, op, address, args)
+        self._keys[seq] = key
         decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
         if decision.action == journal.DIVERGED:
             self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
@@ -419,6 +422,7 @@ class EffectBoundary:
         if entry is None:
             self.flush()
             entry = CallRecord(self.run_id, seq, op, name, args, key, "wait", CALL_WAITING, started_at=now)
+            self._sign(entry)
             self.store.record_call(entry)
             self.journal[seq] = entry
         # The deadline counts from when the program first reached the wait, so
@@ -445,13 +449,13 @@ class EffectBoundary:
         if row.status == WAIT_RESOLVED:
             refused = self._journal_room(journal.value_size(row.value), name, "result")
             if refused is not None:
-                self.store.update_call(self.run_id, seq, [CALL_WAITING], state=CALL_FAILED, error=_err_json(refused),
+                self._update(seq, [CALL_WAITING], state=CALL_FAILED, error=_err_json(refused),
                                        finished_at=self.clock())
                 if self.state.failure is not None:
                     return await self._hold(seq, op, op, args)
                 self._remember(refused, seq, name)
                 raise refused
-            self.store.update_call(self.run_id, seq, [CALL_WAITING], state=CALL_DONE, outcome=row.value,
+            self._update(seq, [CALL_WAITING], state=CALL_DONE, outcome=row.value,
                                    finished_at=self.clock())
             self._stat(seq, op, name, "wait", CALL_DONE, t)
             return row.value
@@ -463,7 +467,7 @@ class EffectBoundary:
             err = guest_error("wait_cancelled", f"{name} was cancelled", "RuntimeError")
         else:
             err = guest_error("wait_revoked", f"{name} was revoked", "RuntimeError")
-        self.store.update_call(self.run_id, seq, [CALL_WAITING], state=CALL_FAILED, error=_err_json(err),
+        self._update(seq, [CALL_WAITING], state=CALL_FAILED, error=_err_json(err),
                                finished_at=self.clock())
         self._stat(seq, op, name, "wait", CALL_FAILED, t)
         self._remember(err, seq, name)
@@ -858,6 +862,7 @@ class EffectBoundary:
         self.journal = {e.seq: e for e in entries}
         self.last_recorded_seq = max(self.journal, default=0)
         self.state = AttemptState(writes_spent=self.state.writes_spent)
+        self._keys = {}
         self._release = asyncio.Event()
         self._idle.set()
 
@@ -929,6 +934,8 @@ class EffectBoundary:
         if not settled:
             return
         settled.sort(key=lambda r: r.seq)
+        for r in settled:
+            self._sign(r)
         self.store.record_calls(settled)
         for r in settled:
             del self._unsaved[r.seq]
@@ -944,11 +951,12 @@ class EffectBoundary:
         now = self.clock()
         if existing is not None:
             # A read left pending by a dead attempt is re-issued under the same seq.
-            self.store.update_call(self.run_id, seq, [existing.state], state=state, started_at=now,
+            self._update(seq, [existing.state], state=state, started_at=now,
                                    outcome=None, error=None, finished_at=None)
             return
         record = CallRecord(self.run_id, seq, op, address, args, key, kind, state, started_at=now,
                             idempotency_key=self._idempotency_key(seq) if op == "tool" else None)
+        self._sign(record)
         self.store.record_call(record)
         self.journal[seq] = record
 
@@ -966,11 +974,35 @@ class EffectBoundary:
             buffered.state, buffered.outcome, buffered.error, buffered.finished_at = state, outcome, error, self.clock()
             self._maybe_flush()
             return
-        self.store.update_call(self.run_id, seq, [from_state], state=state, outcome=outcome, error=error,
+        self._update(seq, [from_state], state=state, outcome=outcome, error=error,
                                finished_at=self.clock())
 
     async def _cas(self, seq: int, expect: list[str], **fields: Any) -> bool:
-        return self.store.update_call(self.run_id, seq, expect, **fields)
+        return self._update(seq, expect, **fields)
+
+    # Every entry is signed when written and re-signed when it moves on (P-23);
+    # its MAC chains to the key of the call before it.
+
+    def _prev_key(self, seq: int) -> str | None:
+        before = self.journal.get(seq - 1)
+        return before.key if before is not None else self._keys.get(seq - 1)
+
+    def _sign(self, record: CallRecord) -> None:
+        record.mac = integrity.sign_call(self.keyring, record, self._prev_key(record.seq))
+
+    def _update(self, seq: int, expect: list[str], **fields: Any) -> bool:
+        entry = self.journal.get(seq)
+        if entry is None:
+            entry = self.store.get_call(self.run_id, seq)
+        if entry is None:
+            return False
+        mac = integrity.resign_call(self.keyring, entry, **fields)
+        if not self.store.update_call(self.run_id, seq, expect, mac=mac, **fields):
+            return False
+        for name, value in fields.items():
+            setattr(entry, name, value)
+        entry.mac = mac
+        return True
 
     async def _record_rejected(self, seq, op, address, args, kind, err: GuestRaise, *, key=None,
                                state=CALL_FAILED, existing: CallRecord | None = None) -> None:

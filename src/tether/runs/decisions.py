@@ -214,6 +214,10 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
     if via not in CHANNELS:
         raise UsageError(f"via must be one of {', '.join(CHANNELS)}, not {via!r}", code="invalid_arguments")
     run = rt._get_run(run_id, principal)
+    if run.status == RUN_PAUSED:
+        refused = _untrusted(rt, run, wanted, t0)
+        if refused is not None:
+            return refused
     who = {"actor": actor or (principal if principal is not None else getattr(rt, "principal", None)) or "local",
            "via": via, "origin": origin}
     batch = {w["seq"]: w for w in batch_of(run)}
@@ -272,21 +276,49 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
                              on_question=on_question)
 
 
+def _untrusted(rt: "Runtime", run: RunRecord, wanted: dict[int, tuple[str, str | None]], t0: float) -> RunResult | None:
+    """Check what a decision acts on before acting (P-30): None when the run and its pause verify.
+
+    A tampered run ends ``run_tampered``; a cancel needs no trusted record and
+    simply ends the run. ``WrongSecret`` propagates and leaves the run paused
+    for a process holding the secret it was signed with.
+    """
+    from ..errors import RunTampered, WrongSecret
+    from .integrity import verify_calls
+
+    cancel = next((reason for decision, reason in wanted.values() if decision == "cancel"), "")
+    try:
+        rt.verify_run(run)
+        verify_calls(rt.keyring, run.run_id, [e for w in batch_of(run)
+                                              if (e := rt.store.get_call(run.run_id, w["seq"])) is not None])
+    except (RunTampered, WrongSecret) as exc:
+        if any(d == "cancel" for d, _ in wanted.values()):
+            ended = rt._cancel_now(run, cancel or "cancelled")
+            if ended is not None:
+                return ended
+        if isinstance(exc, WrongSecret):
+            raise
+        rt.revoke_waits(run_id=run.run_id)
+        return rt._finish(run, RUN_FAILED, error=exc.to_dict(), t0=t0)
+    return None
+
+
 def _record(rt: "Runtime", run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
             who: dict[str, Any], now: float, expect: tuple[str, ...] = (CALL_ASKED,)) -> dict[str, Any]:
     """Take one decision: the journal's compare-and-set decides who wins (P-28); then say who (P-29)."""
     from .boundary import guest_error
 
     seq = write["seq"]
+    entry = rt.store.get_call(run.run_id, seq)
     if decision == "approve":
-        won = rt.store.update_call(run.run_id, seq, list(expect), state=CALL_APPROVED)
+        won = rt.update_call_signed(entry, list(expect), state=CALL_APPROVED)
     else:
         why = "cancelled" if decision == "cancel" else "declined"
         err = guest_error(f"write_{why}",
                           f"the write {write['address']} was {why}{': ' + reason if reason else ''}; it was not sent",
                           "PermissionError")
-        won = rt.store.update_call(run.run_id, seq, list(expect), state=CALL_DECLINED,
-                                   error={"type": err.exc_type, "message": err.message}, finished_at=now)
+        won = rt.update_call_signed(entry, list(expect), state=CALL_DECLINED,
+                                    error={"type": err.exc_type, "message": err.message}, finished_at=now)
     if not won:
         already = taken(rt.store.get_call(run.run_id, seq))
         if already != decision:

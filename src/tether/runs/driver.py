@@ -7,12 +7,23 @@ on its own and this file holds the mechanics of one attempt.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as _dt
 import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ExecutionDiverged, LimitExceeded, SandboxCrashed, TetherError, TypeCheckError, WriteOutcomeUnknown
+from ..errors import (
+    ExecutionDiverged,
+    LimitExceeded,
+    RunTampered,
+    SandboxCrashed,
+    SnapshotTampered,
+    TetherError,
+    TypeCheckError,
+    WriteOutcomeUnknown,
+    WrongSecret,
+)
 from ..sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxLimits, SandboxSpec, Stopped
 from ..store.base import (
     CALL_APPROVED,
@@ -39,6 +50,7 @@ from .boundary import (
 )
 from ..tools.precheck import EVERYTHING, Reach, check_program
 from ..tools.stubs import stubs_for
+from .integrity import sign_run, verify_calls
 from .limits import Limits
 from .policy import Policy
 from .result import RunResult, preview, to_json_value
@@ -246,18 +258,31 @@ def _guarded(fn: Any) -> Any:
 async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float,
                 on_progress: Any = None, on_question: Any = None, span: Any = None) -> RunResult:
     """One attempt. ``mode`` is "fresh" or "continue" (restore, else replay)."""
+    try:
+        return await _drive(rt, run, mode=mode, on_approval=on_approval, t0=t0, on_progress=on_progress,
+                            on_question=on_question, span=span)
+    except (RunTampered, SnapshotTampered, WrongSecret) as exc:
+        # P-23: refused before anything was sent; the run ends here instead of staying running.
+        rt.revoke_waits(run_id=run.run_id)
+        return rt._finish(run, RUN_FAILED, error=exc.to_dict())
+
+
+async def _drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float,
+                 on_progress: Any, on_question: Any, span: Any) -> RunResult:
+    rt.verify_run(run)
     limits = Limits.from_dict(run.limits)
     policy = Policy.from_dict(run.policy)
     stuck = rt.store.get_calls(run.run_id, states=[CALL_SENDING]) if mode != "fresh" else []
+    verify_calls(rt.keyring, run.run_id, stuck)
 
     # P-11: a write left `sending` by a dead attempt is never re-sent, unless
     # its tool dedupes by idempotency key and has sends left (P-31): then the
     # program's call is re-sent with its recorded key when the run reaches it.
     for e in stuck:
         if e.state == CALL_SENDING and resendable(rt.catalog, e, limits) is None:
-            rt.store.update_call(run.run_id, e.seq, [CALL_SENDING], state="unknown", finished_at=rt.clock(),
-                                 error={"type": "TimeoutError",
-                                        "message": f"[write_outcome_unknown] {e.address} may or may not have happened"})
+            rt.update_call_signed(e, [CALL_SENDING], state="unknown", finished_at=rt.clock(),
+                                  error={"type": "TimeoutError",
+                                         "message": f"[write_outcome_unknown] {e.address} may or may not have happened"})
             err = WriteOutcomeUnknown(
                 f"the write {e.address} (call {e.seq}) was being sent when the run's process stopped; whether it "
                 "happened is unknown and it was not sent again",
@@ -279,10 +304,12 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
             # calls it waits on and those after, so resuming does not slow down
             # with the length of the journal.
             low = min([p["seq"] for p in snapshot.pending] + [snapshot.seq + 1])
-            entries = rt.store.get_calls(run.run_id, after=low - 1)
+            # One entry more than needed: the first one's MAC chains to it.
+            entries = rt.store.get_calls(run.run_id, after=low - 2)
             writes_spent = rt.store.count_calls(run.run_id, kind="write", states=SPENT_STATES)
         else:
             entries = rt.store.get_calls(run.run_id)
+        verify_calls(rt.keyring, run.run_id, entries)
 
     t_setup = time.perf_counter()
     reach, refused = None, None
@@ -328,9 +355,11 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
             public = {**next(w for w in writes if w["seq"] == pending["seq"]), "writes": writes}
             envelope = paused_envelope(run.run_id, public, expires, logs, boundary, t0)
             status = RUN_PAUSED
+        # The run's MAC covers what it waits on (P-23).
+        signed = sign_run(rt.keyring, dataclasses.replace(run, pending=public, expires_at=expires))
         rt.store.update_run(run.run_id, [RUN_RUNNING], status=status, pending=public, expires_at=expires,
                             owner=None, lease_until=None, updated_at=now, decision=None,
-                            result=envelope.to_dict())
+                            result=envelope.to_dict(), mac=signed)
         rt.event(run.run_id, "paused" if status == RUN_PAUSED else "waiting", {"pending": public})
         rt.announce(run.run_id, status, {"pending": public, "expires_at": expires})
         boundary.paused_envelope = envelope
@@ -368,6 +397,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
     boundary.on_question = on_question
     boundary.span = span
     boundary.secret = rt._secret
+    boundary.keyring = rt.keyring
     boundary.session = run.session
     boundary.inline_sleep_seconds = rt.inline_sleep_seconds
     boundary.journaled_bytes = rt.store.journal_bytes(run.run_id) if mode != "fresh" else 0

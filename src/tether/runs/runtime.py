@@ -32,9 +32,11 @@ from ..errors import (
     CodeTooLarge,
     RunExpired,
     RunNotFound,
+    RunTampered,
     SnapshotTampered,
     ToolsUnavailable,
     UsageError,
+    WrongSecret,
 )
 from ..sandbox.monty import (
     MONTY_VERSION,
@@ -193,7 +195,11 @@ class Runtime:
             # step the VM cannot interrupt.
             request_timeout=self.limits.run_seconds + 5.0,
         )
-        self._secret = self.store.secret()
+        from .integrity import keyring_for
+
+        # Signs and verifies runs, journals and snapshots (P-23); its current secret keys waits and sessions.
+        self.keyring = keyring_for(self.store)
+        self._secret = self.keyring.current
         self._active: dict[str, asyncio.Future] = {}
         self._boundaries: dict[str, EffectBoundary] = {}
         self._cell_tasks: dict[str, asyncio.Task] = {}
@@ -367,6 +373,7 @@ class Runtime:
         if session is not None:
             run.session = session
             run.meta["session_base"] = self._session_base(session, run.principal, notes)
+        self._sign(run)
         self.store.create_run(run)
         result = await self._attempt(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress,
                                      on_question=on_question)
@@ -527,8 +534,18 @@ class Runtime:
                 raise RunNotFound(f"no run {run_id}")
             if run.status != RUN_RUNNING and run.result is not None:
                 return RunResult.from_dict(run.result)
+            if run.status == RUN_RUNNING and (run.lease_until is None or run.lease_until < self.clock()):
+                # Nobody is running it, so waiting would only time out: say so at once.
+                return RunResult(status=run.status, run_id=run_id, error={
+                    "code": "run_unowned",
+                    "message": f"run {run_id} is marked running but no process owns it (its process stopped)",
+                    "next_action": f"Continue it with `tether recover` (or a worker), or end it with "
+                                   f"`tether runs cancel {run_id}`.", "details": {}})
             if time.monotonic() > deadline:
-                return RunResult(status=run.status, run_id=run_id)
+                return RunResult(status=run.status, run_id=run_id, error={
+                    "code": "still_running",
+                    "message": f"run {run_id} is still {run.status} in process {run.owner} after {timeout:g} s",
+                    "next_action": f"Wait for it with `tether runs await {run_id}`.", "details": {}})
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
@@ -668,6 +685,9 @@ class Runtime:
             return None
         if key is not None and (run.pending or {}).get("key") != key:
             return None  # parked elsewhere; the resolution is kept for when it gets there
+        trusted, ended = self._vet(run)
+        if not trusted:
+            return ended
         await self.require_sources(run)
         now = self.clock()
         if not self.store.update_run(run_id, [RUN_WAITING], status=RUN_RUNNING, owner=self.owner,
@@ -705,6 +725,7 @@ class Runtime:
         check_code_size(code, self.limits.code_bytes)
         run = self._new_run(code, principal=principal, meta=meta, check=self._check_for(check, type_check),
                             status=RUN_QUEUED)
+        self._sign(run)
         self.store.create_run(run)
         return run.run_id
 
@@ -714,6 +735,11 @@ class Runtime:
         for run in reversed(self.store.list_runs(status=RUN_QUEUED, limit=1000)):
             if len(out) >= limit:
                 break
+            trusted, ended = self._vet(run)
+            if not trusted:
+                if ended is not None:
+                    out.append(ended)
+                continue
             if not await self._sources_or_note(run, out):
                 continue
             now = self.clock()
@@ -794,21 +820,31 @@ class Runtime:
             return RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run_id)
         if run.status in (RUN_QUEUED, RUN_WAITING):
             # Nothing is executing: end it here. Its waits end with it.
-            if self.store.update_run(run_id, [run.status], status=RUN_CANCELLED, updated_at=self.clock(),
-                                     owner=None, lease_until=None):
-                self._settle_waits_cancelled(run_id)
-                return self._finish(run, RUN_CANCELLED, error={
-                    "code": "cancelled", "message": f"the run was cancelled: {reason}; nothing further was sent",
-                    "next_action": "Start a new run if the work is still needed.", "details": {}})
-            return await self.cancel(run_id, reason, principal=principal)
+            return self._cancel_now(run, reason) or await self.cancel(run_id, reason, principal=principal)
         boundary = self._boundaries.get(run_id)
         if boundary is not None and boundary.execution is not None:
             boundary.execution.stop(Cancelled(reason))
             boundary.release_held()
             return await self.wait_for_run(run_id)
+        now = self.clock()
+        if run.lease_until is None or run.lease_until < now:
+            # No process owns it (its process stopped): take it, so no recoverer starts it, and end it.
+            if self.store.claim_run(run_id, self.owner, now + self.lease_seconds, now):
+                return self._cancel_now(self.store.get_run(run_id), reason) or await self.cancel(
+                    run_id, reason, principal=principal)
         # Running in another process: a durable request its heartbeat sees.
         self.store.update_run(run_id, [RUN_RUNNING], meta={**run.meta, "cancel_requested": reason})
         return await self.wait_for_run(run_id, timeout=max(self.lease_seconds, 1.0) * 2)
+
+    def _cancel_now(self, run: RunRecord, reason: str) -> RunResult | None:
+        """End a run no process is executing: compare-and-set from its status; None if that changed."""
+        if not self.store.update_run(run.run_id, [run.status], status=RUN_CANCELLED, updated_at=self.clock(),
+                                     owner=None, lease_until=None):
+            return None
+        self._settle_waits_cancelled(run.run_id)
+        return self._finish(run, RUN_CANCELLED, error={
+            "code": "cancelled", "message": f"the run was cancelled: {reason}; nothing further was sent",
+            "next_action": "Start a new run if the work is still needed.", "details": {}})
 
     def _settle_waits_cancelled(self, run_id: str) -> None:
         from ..store.base import WAIT_CANCELLED, WaitRecord
@@ -824,6 +860,11 @@ class Runtime:
         out = []
         now = self.clock()
         for run in self.store.runs_with_expired_lease(now):
+            trusted, ended = self._vet(run)
+            if not trusted:
+                if ended is not None:
+                    out.append(ended)
+                continue
             if not await self._sources_or_note(run, out):
                 continue
             if not self.store.claim_run(run.run_id, self.owner, now + self.lease_seconds, now):
@@ -931,13 +972,67 @@ class Runtime:
             signal.set()
         return event_id
 
-    def snapshot_record(self, run_id: str, seq: int, data: bytes, pending: list[dict], kind: str) -> SnapshotRecord:
-        mac = sign_snapshot(self._secret, run_id, seq, MONTY_VERSION, data)
-        return SnapshotRecord(run_id, seq, MONTY_VERSION, data, mac, pending, self.clock(), kind)
+    def snapshot_record(self, run_id: str, seq: int, data: bytes, pending: list[dict], kind: str,
+                        version: str = MONTY_VERSION) -> SnapshotRecord:
+        from .integrity import sign_snapshot_record
+
+        mac = sign_snapshot_record(self.keyring, run_id, seq, version, data, pending, kind)
+        return SnapshotRecord(run_id, seq, version, data, mac, pending, self.clock(), kind)
+
+    # -- integrity (P-23) ------------------------------------------------------------
+
+    def _sign(self, run: RunRecord) -> RunRecord:
+        from .integrity import sign_run
+
+        run.mac = sign_run(self.keyring, run)
+        return run
+
+    def verify_run(self, run: RunRecord) -> None:
+        """Raise ``RunTampered`` naming the changed fields, or ``WrongSecret``; nothing else."""
+        from .integrity import verify_run
+
+        verify_run(self.keyring, run)
+
+    def check_run(self, run: RunRecord, *, t0: float | None = None) -> RunResult | None:
+        """Verify a run before acting on it: None if it verifies; a tampered run ends failed (returned).
+
+        ``WrongSecret`` propagates: the run is left as it was, for a process holding the right secret.
+        """
+        try:
+            self.verify_run(run)
+        except RunTampered as exc:
+            import logging
+
+            logging.getLogger("tether").error("run %s: %s", run.run_id, exc.message)
+            self.revoke_waits(run_id=run.run_id)
+            return self._finish(run, RUN_FAILED, error=exc.to_dict(), t0=t0)
+        return None
+
+    def _vet(self, run: RunRecord) -> tuple[bool, RunResult | None]:
+        """Before a worker claims a run: (True, None) if it verifies; else (False, the failed envelope
+        of a tampered run, or None for a run signed with a secret not held here, which is left alone)."""
+        try:
+            ended = self.check_run(run)
+        except WrongSecret as exc:
+            import logging
+
+            logging.getLogger("tether").warning("run %s not taken: %s", run.run_id, exc.message)
+            return False, None
+        return ended is None, ended
+
+    def update_call_signed(self, entry: Any, expect: list[str], **fields: Any) -> bool:
+        """Move a journal entry on and re-sign it, keeping its link to the call before (P-23)."""
+        from .integrity import resign_call
+
+        if entry is None:
+            return False
+        mac = resign_call(self.keyring, entry, **fields)
+        return self.store.update_call(entry.run_id, entry.seq, expect, mac=mac, **fields)
 
     def verify_snapshot(self, snap: SnapshotRecord) -> None:
-        expected = sign_snapshot(self._secret, snap.run_id, snap.seq, snap.monty_version, snap.data)
-        if not hmac.compare_digest(expected, snap.mac):
+        from .integrity import verify_snapshot_record
+
+        if not verify_snapshot_record(self.keyring, snap):
             raise SnapshotTampered(
                 f"the stored snapshot of run {snap.run_id} at call {snap.seq} failed its signature check; "
                 "nothing was resumed or sent",

@@ -812,6 +812,19 @@ def check_http_auth(host: str, tokens: tuple[str, ...], dev: bool) -> None:
               "accepted only because of --dev", file=sys.stderr, flush=True)
 
 
+def warn_if_secret_beside_data(store: Any) -> bool:
+    """Say loudly when the signing secret is a row of the database it protects (P-23)."""
+    if type(store).__name__ != "PostgresStore" or getattr(store, "secret_source", None) != "stored":
+        return False
+    print(
+        "WARNING: tether's signing secret is stored in the same Postgres database as the runs it signs.\n"
+        "WARNING: whoever can write those tables can read the secret and forge a run's program, policy or\n"
+        "WARNING: journal. Set TETHER_SECRET or TETHER_SECRET_FILE (a file only this service can read).",
+        file=sys.stderr, flush=True,
+    )
+    return True
+
+
 async def serve(args: Any) -> int:
     """``tether serve --stdio | --http HOST:PORT [--dev]``: serve until stdin closes or a signal."""
     from pathlib import Path
@@ -836,6 +849,7 @@ async def serve(args: Any) -> int:
         print(line, file=sys.stderr, flush=True)
 
     async with open_runtime(config, tools=tools, report=report) as rt:
+        warn_if_secret_beside_data(rt.store)
         server = TetherServer(
             rt,
             admission=Admission(config.server.max_concurrent_runs, config.server.queue_depth,

@@ -37,6 +37,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import fields as dataclass_fields
+from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 from ..errors import RunNotFound, StoreError
@@ -230,6 +231,11 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
         # command starts without spawning every MCP server it configures.
         "CREATE TABLE source_listings (key TEXT PRIMARY KEY, data TEXT NOT NULL, updated_at REAL NOT NULL)",
     ),
+    (
+        # 8: run and journal MACs (P-32). Rows written before stay NULL and are refused on resume.
+        "ALTER TABLE runs ADD COLUMN mac TEXT",
+        "ALTER TABLE calls ADD COLUMN mac TEXT",
+    ),
 ]
 
 # Same tables. JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make
@@ -356,6 +362,10 @@ POSTGRES_MIGRATIONS: list[tuple[str, ...]] = [
     (
         "CREATE TABLE source_listings (key TEXT PRIMARY KEY, data TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
     ),
+    (
+        "ALTER TABLE runs ADD COLUMN mac TEXT",
+        "ALTER TABLE calls ADD COLUMN mac TEXT",
+    ),
 ]
 
 # ---------------------------------------------------------------------------
@@ -376,7 +386,7 @@ def _columns(record: type, json_fields: set[str], blob_fields: set[str] | None =
 
 
 RUN_COLUMNS = _columns(
-    RunRecord, {"environment", "policy", "limits", "result", "error", "pending", "decision", "meta"}
+    RunRecord, {"environment", "policy", "limits", "result", "error", "pending", "decision", "meta", "mac"}
 )
 CALL_COLUMNS = _columns(CallRecord, {"args", "outcome", "error"})
 SNAPSHOT_COLUMNS = _columns(SnapshotRecord, {"pending"}, {"data"})
@@ -465,16 +475,46 @@ def _in(n: int) -> str:
 # The secret
 
 
-def secret_from_env() -> bytes | None:
-    """``TETHER_SECRET``: 64 hex digits are the key itself; any other text is hashed to one."""
-    raw = os.environ.get("TETHER_SECRET")
-    if not raw:
-        return None
+def _key(raw: str) -> bytes:
+    """64 hex digits are the key itself; any other text is hashed to one."""
     try:
         key = bytes.fromhex(raw)
     except ValueError:
         key = b""
     return key if len(key) == 32 else hashlib.sha256(raw.encode()).digest()
+
+
+def secret_from_env() -> bytes | None:
+    """``TETHER_SECRET``, else the first secret of ``TETHER_SECRET_FILE``."""
+    found = secrets_from_env()
+    return found[0][0] if found else None
+
+
+def secrets_from_env() -> tuple[list[bytes], str] | None:
+    """The secrets given outside the store, current first, and where they came from.
+
+    ``TETHER_SECRET`` is one secret. ``TETHER_SECRET_FILE`` names a file of
+    secrets, one a line (``#`` starts a comment): the first signs, the later
+    ones only verify, so a rotated store keeps its older runs verifiable.
+    Either wins over the secret kept with the store.
+    """
+    raw = os.environ.get("TETHER_SECRET")
+    if raw:
+        return [_key(raw)], "env"
+    path = os.environ.get("TETHER_SECRET_FILE")
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise StoreError(f"cannot read the secret file {path} (TETHER_SECRET_FILE): {reason}",
+                         next_action="Point TETHER_SECRET_FILE at a readable file with one secret a line.") from None
+    keys = [_key(line.strip()) for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise StoreError(f"the secret file {path} (TETHER_SECRET_FILE) holds no secret",
+                         next_action="Write one secret a line (e.g. 64 hex digits), the current one first.")
+    return keys, "file"
 
 
 # ---------------------------------------------------------------------------
@@ -510,7 +550,13 @@ class SQLStore:
         self._conn: Any = None
         self._pid = 0
         # None until the backend loads or creates the stored one while opening.
-        self._secret = secret if secret is not None else secret_from_env()
+        self._secret: bytes | None = secret
+        self._previous: list[bytes] = []
+        self.secret_source = "given" if secret is not None else "stored"
+        if secret is None:
+            found = secrets_from_env()
+            if found is not None:
+                (self._secret, *self._previous), self.secret_source = found
 
     # -- what a backend supplies
 
@@ -553,6 +599,9 @@ class SQLStore:
     def secret(self) -> bytes:
         assert self._secret is not None, "set while opening"
         return self._secret
+
+    def previous_secrets(self) -> list[bytes]:
+        return list(self._previous)
 
     # -- transactions and errors
 
@@ -949,4 +998,5 @@ __all__ = [
     "Tx",
     "dump_json",
     "secret_from_env",
+    "secrets_from_env",
 ]

@@ -66,6 +66,8 @@ class RunRecord:
     decision: dict[str, Any] | None = None
     session: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    # The run MAC (P-23): {"secret_id", "fields": {name: mac}}; see runs/integrity.py.
+    mac: dict[str, Any] | None = None
 
 
 @dataclass
@@ -86,6 +88,7 @@ class CallRecord:
     idempotency_key: str | None = None
     # How many times a write was sent: 1, or more when re-sent by key (P-31).
     sends: int = 0
+    mac: str | None = None  # "<secret id>:<prev key>:<hex>" over the entry (P-23)
 
 
 @dataclass
@@ -183,7 +186,12 @@ class Store(Protocol):
     # -- housekeeping
     def close(self) -> None: ...
     def secret(self) -> bytes:
-        """The store's signing secret (created once, kept with the store)."""
+        """The secret that signs: TETHER_SECRET, else TETHER_SECRET_FILE's first, else the one kept with the store."""
+
+    def previous_secrets(self) -> list[bytes]:
+        """Older secrets that still verify (TETHER_SECRET_FILE's later lines)."""
+
+    secret_source: str  # "given" | "env" | "file" | "stored"
 
     def store_size_bytes(self) -> int:
         """Bytes the store occupies (files on disk, or the tables' relations)."""
