@@ -95,7 +95,9 @@ async def test_p25_a_recorded_key_wins_over_the_derivation(store_url):
     seen = Seen()
     async with runtime(store_url, seen) as rt:
         paused = await rt.execute(PROGRAM)
-        assert rt.store.update_call(paused.run_id, 2, ["asked"], idempotency_key="recorded-elsewhere")
+        # Re-signed as tether would have recorded it (an unsigned edit is run_tampered, P-27).
+        assert rt.update_call_signed(rt.store.get_call(paused.run_id, 2), ["asked"],
+                                     idempotency_key="recorded-elsewhere")
         done = await rt.resume(paused.run_id, "approve")
         assert done.status == "completed", done.error
     assert seen.contexts[-1].key == "recorded-elsewhere"

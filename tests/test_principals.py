@@ -107,6 +107,17 @@ def _owner_migration(migrations) -> int:
     return next(i for i, m in enumerate(migrations) if any("principal = 'local'" in s for s in m))
 
 
+def _create_old(store, run: RunRecord) -> None:
+    """Insert ``run`` into a store at an older schema: only the columns that schema has."""
+    from tether.store._schema import RUN_COLUMNS, _encode
+
+    with store._transaction(write=True) as tx:
+        have = [d[0] for d in tx.run("SELECT * FROM runs WHERE 1 = 0").description]
+        cols = [c for c in RUN_COLUMNS if c in have]
+        tx.run(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+               [_encode(RUN_COLUMNS, c, getattr(run, c)) for c in cols])
+
+
 def _old_run(run_id: str) -> RunRecord:
     return RunRecord(run_id=run_id, status="paused", program="1", environment={"clock": "2026-01-01T00:00:00+00:00",
                      "seed": 1}, policy={}, limits={}, created_at=1.0, updated_at=1.0, principal=None, meta={})
@@ -116,8 +127,9 @@ def test_p24_migration_gives_ownerless_sqlite_runs_to_local(tmp_path):
     url = f"sqlite:///{tmp_path}/old.db"
     old = type("OldSQLite", (SQLiteStore,), {"migrations": SQLITE_MIGRATIONS[:_owner_migration(SQLITE_MIGRATIONS)]})
     store = old(url)
-    store.create_run(_old_run("run_old"))
-    assert store.get_run("run_old").principal is None
+    _create_old(store, _old_run("run_old"))
+    with store._transaction(write=False) as tx:
+        assert tx.run("SELECT principal FROM runs WHERE run_id = 'run_old'").fetchone()[0] is None
     store.close()
     store = SQLiteStore(url)
     try:
@@ -136,7 +148,7 @@ def test_p24_migration_gives_ownerless_postgres_runs_to_local(pg_url):
                {"migrations": POSTGRES_MIGRATIONS[:_owner_migration(POSTGRES_MIGRATIONS)]})
     try:
         store = old(pg_url, schema=schema)
-        store.create_run(_old_run("run_old"))
+        _create_old(store, _old_run("run_old"))
         store.close()
         store = PostgresStore(pg_url, schema=schema)
         try:
@@ -153,7 +165,7 @@ async def test_p24_a_migrated_run_is_checked_like_any_other(tmp_path):
     url = f"sqlite:///{tmp_path}/old.db"
     old = type("OldSQLite", (SQLiteStore,), {"migrations": SQLITE_MIGRATIONS[:_owner_migration(SQLITE_MIGRATIONS)]})
     store = old(url)
-    store.create_run(_old_run("run_old"))
+    _create_old(store, _old_run("run_old"))
     store.close()
     async with Runtime(store=open_store(url), type_check=False) as rt:
         with pytest.raises(RunNotFound):
