@@ -95,7 +95,7 @@ async def test_p25_a_recorded_key_wins_over_the_derivation(store_url):
     seen = Seen()
     async with runtime(store_url, seen) as rt:
         paused = await rt.execute(PROGRAM)
-        # Re-signed as tether would have recorded it (an unsigned edit is run_tampered, P-27).
+        # Re-signed as tether would have recorded it (an unsigned edit is run_tampered, P-30).
         assert rt.update_call_signed(rt.store.get_call(paused.run_id, 2), ["asked"],
                                      idempotency_key="recorded-elsewhere")
         done = await rt.resume(paused.run_id, "approve")
