@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from tether.runs.limits import Limits
 from tether.runs.policy import Policy
 from tether.runs.runtime import Runtime

@@ -867,32 +867,16 @@ class EffectBoundary:
         self._idle.set()
 
     def _journal_room(self, size: int, what: str, part: str, *, sent: bool = False) -> GuestRaise | None:
-        """Count a value of ``size`` bytes against the journal's limits (P-22); the error if it does not fit.
-
-        A value over ``journal_value_bytes`` (or over what the sandbox could
-        hold) fails its call; a value that would take the run's journal past
-        ``journal_bytes`` ends the run with ``journal_limit``.
-        """
-        limits = self.limits
-        cap = limits.journal_value_bytes if part == "arguments" else min(limits.journal_value_bytes,
-                                                                          limits.memory_bytes)
-        done = "it was sent and happened, but its result was not kept" if sent else (
-            "it was not sent" if part == "arguments" else "it was not kept or given to the program")
-        if size > cap:
-            return guest_error(f"{part}_too_large",
-                               f"the {part} of {what} {'are' if part == 'arguments' else 'is'} {size} bytes, over the {cap}-byte limit "
-                               f"(limits.journal_value_bytes); {done}", "ValueError")
-        if self.journaled_bytes + size > limits.journal_bytes:
-            err = LimitExceeded(
-                f"the run's journal would pass its {limits.journal_bytes}-byte total with the {size}-byte "
-                f"{part} of {what}; {done}, and the run stopped",
-                code="journal_limit",
-                next_action="Ask tools for less (filter, page, reduce upstream), or raise limits.journal_bytes.",
-            )
-            self._fail(err)
-            return guest_error("journal_limit", err.message, "ValueError")
-        self.journaled_bytes += size
-        return None
+        """Count a value against the journal's limits (P-22); the error to raise if it does not fit."""
+        refused = journal.refuse_value(self.limits, self.journaled_bytes, size, what, part, sent)
+        if refused is None:
+            self.journaled_bytes += size
+            return None
+        code, message = refused
+        if code == "journal_limit":
+            self._fail(LimitExceeded(message, code=code, next_action="Ask tools for less (filter, page, reduce "
+                                     "upstream), or raise limits.journal_bytes."))
+        return guest_error(code, message, "ValueError")
 
     def _fail(self, error: TetherError) -> TetherError:
         if self.state.failure is None:
@@ -991,18 +975,8 @@ class EffectBoundary:
         record.mac = integrity.sign_call(self.keyring, record, self._prev_key(record.seq))
 
     def _update(self, seq: int, expect: list[str], **fields: Any) -> bool:
-        entry = self.journal.get(seq)
-        if entry is None:
-            entry = self.store.get_call(self.run_id, seq)
-        if entry is None:
-            return False
-        mac = integrity.resign_call(self.keyring, entry, **fields)
-        if not self.store.update_call(self.run_id, seq, expect, mac=mac, **fields):
-            return False
-        for name, value in fields.items():
-            setattr(entry, name, value)
-        entry.mac = mac
-        return True
+        entry = self.journal.get(seq) or self.store.get_call(self.run_id, seq)
+        return integrity.update_call_signed(self.store, self.keyring, entry, expect, **fields)
 
     async def _record_rejected(self, seq, op, address, args, kind, err: GuestRaise, *, key=None,
                                state=CALL_FAILED, existing: CallRecord | None = None) -> None:

@@ -11,7 +11,8 @@ secret can say so instead of reporting tampering:
   outcome, chained to the key of the call before it;
 - the **snapshot MAC** (``snapshots.mac``): the dump and the calls it waits on.
 
-Nothing here reads the store; callers pass records in.
+Nothing here reads the store; callers pass records in (and the store to
+write to, for :func:`update_call_signed`).
 """
 
 from __future__ import annotations
@@ -180,6 +181,20 @@ def resign_call(keyring: Keyring, call: "CallRecord", **fields: Any) -> str:
                      None if prev == "-" else prev)
 
 
+def update_call_signed(store: Any, keyring: Keyring, entry: "CallRecord | None", expect: Sequence[str],
+                       **fields: Any) -> bool:
+    """Move a journal entry on (compare-and-set) and re-sign it; on success ``entry`` holds the new values."""
+    if entry is None:
+        return False
+    mac = resign_call(keyring, entry, **fields)
+    if not store.update_call(entry.run_id, entry.seq, list(expect), mac=mac, **fields):
+        return False
+    for name, value in fields.items():
+        setattr(entry, name, value)
+    entry.mac = mac
+    return True
+
+
 def verify_calls(keyring: Keyring, run_id: str, calls: Sequence["CallRecord"]) -> None:
     """Check each entry's MAC and its link to the entry before it (when that one is at hand)."""
     by_seq = {c.seq: c for c in calls}
@@ -229,6 +244,7 @@ __all__ = [
     "sign_snapshot_record",
     "signed_call_fields",
     "signed_run_fields",
+    "update_call_signed",
     "verify_calls",
     "verify_run",
     "verify_snapshot_record",

@@ -50,6 +50,26 @@ def value_size(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
 
 
+def refuse_value(limits: Any, journaled: int, size: int, what: str, part: str, sent: bool) -> tuple[str, str] | None:
+    """Why a value of ``size`` bytes may not be journaled, as (code, message); None if it may (P-22).
+
+    ``part`` is "arguments" or "result". A value over ``journal_value_bytes``
+    (a result also over ``memory_bytes``, what the sandbox could hold) fails
+    its call; one that would take the run past ``journal_bytes`` ends the run.
+    """
+    cap = limits.journal_value_bytes if part == "arguments" else min(limits.journal_value_bytes, limits.memory_bytes)
+    done = "it was sent and happened, but its result was not kept" if sent else (
+        "it was not sent" if part == "arguments" else "it was not kept or given to the program")
+    if size > cap:
+        verb = "are" if part == "arguments" else "is"
+        return (f"{part}_too_large", f"the {part} of {what} {verb} {size} bytes, over the {cap}-byte limit "
+                                     f"(limits.journal_value_bytes); {done}")
+    if journaled + size > limits.journal_bytes:
+        return ("journal_limit", f"the run's journal would pass its {limits.journal_bytes}-byte total with the "
+                                 f"{size}-byte {part} of {what}; {done}, and the run stopped")
+    return None
+
+
 # What the boundary does with one call.
 LIVE = "live"  # not journaled (or a read left pending): decide policy, dispatch
 REPLAY = "replay"  # settled: answer from the journal, send nothing

@@ -1022,12 +1022,9 @@ class Runtime:
 
     def update_call_signed(self, entry: Any, expect: list[str], **fields: Any) -> bool:
         """Move a journal entry on and re-sign it, keeping its link to the call before (P-30)."""
-        from .integrity import resign_call
+        from .integrity import update_call_signed
 
-        if entry is None:
-            return False
-        mac = resign_call(self.keyring, entry, **fields)
-        return self.store.update_call(entry.run_id, entry.seq, expect, mac=mac, **fields)
+        return update_call_signed(self.store, self.keyring, entry, expect, **fields)
 
     def verify_snapshot(self, snap: SnapshotRecord) -> None:
         from .integrity import verify_snapshot_record
