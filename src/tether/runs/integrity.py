@@ -1,4 +1,4 @@
-"""Run state integrity: what a resume or replay acts on is signed, and checked before use (P-30).
+"""Run state integrity: what a resume or replay acts on is signed, and checked before use (P-32).
 
 Three kinds of MAC, all HMAC-SHA256 under the store's signing secret and all
 tagged with the id of the secret that made them, so a store can rotate its
@@ -111,6 +111,7 @@ def signed_run_fields(run: "RunRecord") -> list[tuple[str, Any]]:
         ("meta.config", meta.get("config")),
         ("meta.type_check", meta.get("type_check")),
         ("meta.session_base", meta.get("session_base")),
+        ("meta.sources", meta.get("sources")),  # the source definitions a run travels with (P-30)
         ("pending", run.pending),
         ("expires_at", run.expires_at),
     ]
