@@ -256,7 +256,7 @@ async def test_p10_a_pause_decided_but_not_continued_is_continued_by_a_repeat(st
     async with make_runtime(store_url, rec) as rt:
         r = await rt.execute(GATHER3)
         await rt.decide(r.run_id, {2: "approve", 3: "decline"})
-        # Recorded as that process would have (signed, P-32).
+        # Recorded as that process would have (signed, P-35).
         assert rt.update_call_signed(rt.store.get_call(r.run_id, 4), ["asked"], state="approved")
         assert rt.get_run(r.run_id).status == "paused"
         done = await rt.resume(r.run_id, "approve", seq=4)

@@ -167,7 +167,7 @@ async def test_p9_a_changed_snapshot_byte_is_refused(store_url):
         data[len(data) // 2] ^= 0x01
         snap.data = bytes(data)
         store.put_snapshot(snap)
-        # The run ends failed at once instead of staying running (P-32: stuck runs end).
+        # The run ends failed at once instead of staying running (P-35: stuck runs end).
         r = await rt.resume(paused.run_id, "approve")
         assert r.status == "failed" and r.error["code"] == "snapshot_tampered"
         assert rt.store.get_run(paused.run_id).status == "failed"
@@ -198,7 +198,7 @@ async def test_p6_journal_altered_so_replay_differs_is_execution_diverged(store_
         paused = await rt.execute(WRITE_PROGRAM)
         run = rt.get_run(paused.run_id)
         # The program now asks for ticket 5 first: the journal says ticket 1.
-        # Signed as tether would: this is divergence, not tampering (P-32 has its own tests).
+        # Signed as tether would: this is divergence, not tampering (P-35 has its own tests).
         run.program = WRITE_PROGRAM.replace("id=1)", "id=5)", 1)
         rt.store.update_run(run.run_id, None, program=run.program, mac=rt._sign(run).mac)
         snap = rt.store.latest_snapshot(run.run_id)

@@ -95,7 +95,7 @@ async def test_p25_a_recorded_key_wins_over_the_derivation(store_url):
     seen = Seen()
     async with runtime(store_url, seen) as rt:
         paused = await rt.execute(PROGRAM)
-        # Re-signed as tether would have recorded it (an unsigned edit is run_tampered, P-32).
+        # Re-signed as tether would have recorded it (an unsigned edit is run_tampered, P-35).
         assert rt.update_call_signed(rt.store.get_call(paused.run_id, 2), ["asked"],
                                      idempotency_key="recorded-elsewhere")
         done = await rt.resume(paused.run_id, "approve")
@@ -283,7 +283,7 @@ async def _left_sending(store_url: str, sends: int, tool: Tool) -> str:
     async with Runtime(store=open_store(store_url), tools=[tool], type_check=False, clock=Clock()) as rt:
         paused = await rt.execute("import tools\nawait tools.shop.charge(id=7)")
         assert paused.status == "paused"
-        # Signed as the dead process would have written it (P-32).
+        # Signed as the dead process would have written it (P-35).
         assert rt.update_call_signed(rt.store.get_call(paused.run_id, 1), ["asked"], state="sending", sends=sends)
         assert rt.store.update_run(paused.run_id, ["paused"], status="running", owner="dead", lease_until=0.0)
         return paused.run_id

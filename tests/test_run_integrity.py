@@ -1,4 +1,4 @@
-"""Run state integrity (P-32) and stuck runs ending: each attack edits the stored rows directly,
+"""Run state integrity (P-35) and stuck runs ending: each attack edits the stored rows directly,
 on SQLite and on Postgres, and shows that a resume refuses what was not signed.
 """
 
@@ -97,7 +97,7 @@ async def assert_tampered(backend: Backend, rec: Recorder, run_id: str, field: s
     assert rec.deliveries == []
 
 
-async def test_p32_policy_edited_from_ask_to_allow_sends_nothing(backend):
+async def test_p35_policy_edited_from_ask_to_allow_sends_nothing(backend):
     rec = Recorder()
     run_id = await paused_run(backend, rec)
     backend.sql("UPDATE runs SET policy = ? WHERE run_id = ?",
@@ -105,7 +105,7 @@ async def test_p32_policy_edited_from_ask_to_allow_sends_nothing(backend):
     await assert_tampered(backend, rec, run_id, "policy")
 
 
-async def test_p32_program_edited_and_snapshot_deleted_is_not_replayed(backend):
+async def test_p35_program_edited_and_snapshot_deleted_is_not_replayed(backend):
     rec = Recorder()
     run_id = await paused_run(backend, rec)
     evil = TWO_WRITES.replace("close_ticket(id=2)", "close_ticket(id=666)")
@@ -114,7 +114,7 @@ async def test_p32_program_edited_and_snapshot_deleted_is_not_replayed(backend):
     await assert_tampered(backend, rec, run_id, "program", secret_word="666")
 
 
-async def test_p32_a_forged_journal_outcome_is_not_replayed(backend):
+async def test_p35_a_forged_journal_outcome_is_not_replayed(backend):
     rec = Recorder()
     run_id = await paused_run(backend, rec)
     backend.sql("UPDATE calls SET outcome = ? WHERE run_id = ? AND seq = 1",
@@ -123,14 +123,14 @@ async def test_p32_a_forged_journal_outcome_is_not_replayed(backend):
     await assert_tampered(backend, rec, run_id, "journal[1]", secret_word="forged")
 
 
-async def test_p32_a_write_moved_from_asked_to_approved_is_not_sent(backend):
+async def test_p35_a_write_moved_from_asked_to_approved_is_not_sent(backend):
     rec = Recorder()
     run_id = await paused_run(backend, rec)
     backend.sql("UPDATE calls SET state = 'approved' WHERE run_id = ? AND seq = 2", (run_id,))
     await assert_tampered(backend, rec, run_id, "journal[2]")
 
 
-async def test_p32_the_pending_call_and_limits_are_signed(backend):
+async def test_p35_the_pending_call_and_limits_are_signed(backend):
     rec = Recorder()
     run_id = await paused_run(backend, rec)
     backend.sql("UPDATE runs SET limits = ? WHERE run_id = ?", ('{"host_calls":100000}', run_id))
@@ -141,14 +141,14 @@ async def test_p32_the_pending_call_and_limits_are_signed(backend):
     await assert_tampered(backend, rec2, other, "pending")
 
 
-async def test_p32_a_run_whose_signature_was_removed_is_refused(backend):
+async def test_p35_a_run_whose_signature_was_removed_is_refused(backend):
     rec = Recorder()
     run_id = await paused_run(backend, rec)
     backend.sql("UPDATE runs SET mac = NULL WHERE run_id = ?", (run_id,))
     await assert_tampered(backend, rec, run_id, "mac")
 
 
-async def test_p32_an_untampered_run_still_resumes_in_another_runtime(backend):
+async def test_p35_an_untampered_run_still_resumes_in_another_runtime(backend):
     rec = Recorder()
     run_id = await paused_run(backend, rec)
     async with backend.runtime(rec) as rt:
@@ -159,7 +159,7 @@ async def test_p32_an_untampered_run_still_resumes_in_another_runtime(backend):
     assert rec.deliveries == [("close_ticket", {"id": 1}), ("close_ticket", {"id": 2})]
 
 
-async def test_p32_a_wrong_secret_is_told_apart_and_the_run_stays_paused(backend, monkeypatch):
+async def test_p35_a_wrong_secret_is_told_apart_and_the_run_stays_paused(backend, monkeypatch):
     rec = Recorder()
     run_id = await paused_run(backend, rec)
     monkeypatch.setenv("TETHER_SECRET", "not the secret this store was signed with")
@@ -176,7 +176,7 @@ async def test_p32_a_wrong_secret_is_told_apart_and_the_run_stays_paused(backend
     assert rec.deliveries == [("close_ticket", {"id": 1})]
 
 
-async def test_p32_rotation_keeps_old_runs_verifiable(backend, monkeypatch, tmp_path):
+async def test_p35_rotation_keeps_old_runs_verifiable(backend, monkeypatch, tmp_path):
     rec = Recorder()
     monkeypatch.setenv("TETHER_SECRET", "a" * 64)
     run_id = await paused_run(backend, rec)
@@ -194,7 +194,7 @@ async def test_p32_rotation_keeps_old_runs_verifiable(backend, monkeypatch, tmp_
     assert len(rec.deliveries) == 2
 
 
-async def test_p32_the_recorded_tools_path_is_never_imported_unsigned(backend, tmp_path, monkeypatch):
+async def test_p35_the_recorded_tools_path_is_never_imported_unsigned(backend, tmp_path, monkeypatch):
     # The reported attack: editing meta.tools made `tether resume` import a file and deliver to it.
     from tether import cli
 
@@ -254,7 +254,7 @@ async def orphan(backend: Backend, rec: Recorder) -> str:
     return run_id
 
 
-async def test_p32_a_repeated_resume_reports_a_run_nobody_owns_at_once(backend):
+async def test_p35_a_repeated_resume_reports_a_run_nobody_owns_at_once(backend):
     import asyncio
 
     rec = Recorder()
@@ -266,7 +266,7 @@ async def test_p32_a_repeated_resume_reports_a_run_nobody_owns_at_once(backend):
         assert "tether recover" in r.error["next_action"]
 
 
-async def test_p32_runs_cancel_ends_a_run_nobody_owns(backend):
+async def test_p35_runs_cancel_ends_a_run_nobody_owns(backend):
     rec = Recorder()
     run_id = await orphan(backend, rec)
     async with backend.runtime(rec) as rt:
@@ -277,7 +277,7 @@ async def test_p32_runs_cancel_ends_a_run_nobody_owns(backend):
     assert rec.deliveries == []
 
 
-async def test_p32_runs_cancel_ends_a_tampered_or_foreign_paused_run(backend, monkeypatch):
+async def test_p35_runs_cancel_ends_a_tampered_or_foreign_paused_run(backend, monkeypatch):
     rec = Recorder()
     tampered = await paused_run(backend, rec)
     backend.sql("UPDATE runs SET program = 'x' WHERE run_id = ?", (tampered,))
@@ -290,7 +290,7 @@ async def test_p32_runs_cancel_ends_a_tampered_or_foreign_paused_run(backend, mo
     assert rec.deliveries == []
 
 
-async def test_p32_recovery_ends_a_tampered_running_run_instead_of_looping(backend):
+async def test_p35_recovery_ends_a_tampered_running_run_instead_of_looping(backend):
     rec = Recorder()
     run_id = await orphan(backend, rec)
     backend.sql("UPDATE runs SET policy = ? WHERE run_id = ?", ('{"rules":[],"write_budget":99,"writes":"allow"}', run_id))
@@ -303,7 +303,7 @@ async def test_p32_recovery_ends_a_tampered_running_run_instead_of_looping(backe
     assert rec.deliveries == []
 
 
-async def test_p32_a_tampered_snapshot_ends_the_run_on_recovery(backend):
+async def test_p35_a_tampered_snapshot_ends_the_run_on_recovery(backend):
     rec = Recorder()
     run_id = await orphan(backend, rec)
     backend.sql("UPDATE snapshots SET data = ? WHERE run_id = ?", (b"not a dump", run_id))
@@ -314,7 +314,7 @@ async def test_p32_a_tampered_snapshot_ends_the_run_on_recovery(backend):
     assert rec.deliveries == []
 
 
-def test_p32_serve_warns_when_the_secret_is_a_row_of_the_same_postgres(backend, monkeypatch, capsys):
+def test_p35_serve_warns_when_the_secret_is_a_row_of_the_same_postgres(backend, monkeypatch, capsys):
     from tether.server.mcp import warn_if_secret_beside_data
 
     store = backend.store()
@@ -325,7 +325,7 @@ def test_p32_serve_warns_when_the_secret_is_a_row_of_the_same_postgres(backend, 
     assert warn_if_secret_beside_data(backend.store()) is False
 
 
-def test_p32_a_secret_file_that_cannot_be_read_is_a_clear_error(tmp_path, monkeypatch):
+def test_p35_a_secret_file_that_cannot_be_read_is_a_clear_error(tmp_path, monkeypatch):
     from tether.errors import StoreError
 
     monkeypatch.delenv("TETHER_SECRET", raising=False)

@@ -213,7 +213,7 @@ def _local_user() -> str:
 
 def _recorded_setup(args: argparse.Namespace, *,
                     lenient: bool = False) -> tuple[list[str], str | None, list[dict] | None]:
-    """The tools and sources a run was started with, so resume needs no flags (P-30), once signed (P-32).
+    """The tools and sources a run was started with, so resume needs no flags (P-30), once signed (P-35).
 
     A run records its sources' definitions; one started before it did records
     only the config file it named, which is used if it is still there.

@@ -206,7 +206,7 @@ class SnapshotTampered(WorldError):
 
 
 class RunTampered(WorldError):
-    """A signed field of a run or its journal changed outside tether (P-32); ``details.fields`` names it."""
+    """A signed field of a run or its journal changed outside tether (P-35); ``details.fields`` names it."""
 
     code = "run_tampered"
     next_action = ("The run's stored state was changed outside tether; nothing was resumed or sent. Find out who "
@@ -214,7 +214,7 @@ class RunTampered(WorldError):
 
 
 class WrongSecret(WorldError):
-    """The run was signed with a secret this process does not hold: not tampering, another key (P-32)."""
+    """The run was signed with a secret this process does not hold: not tampering, another key (P-35)."""
 
     code = "wrong_secret"
     next_action = ("This store was signed with another key: give this process the secret it was signed with "

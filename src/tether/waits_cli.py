@@ -26,7 +26,7 @@ def recorded_setup_for_key(args: argparse.Namespace) -> tuple[list[str], str | N
 
 
 def trusted_meta(store, run, *, lenient: bool = False) -> dict:  # type: ignore[no-untyped-def]
-    """A run's recorded setup (tools, config) once its signature verifies, else nothing (P-32).
+    """A run's recorded setup (tools, config) once its signature verifies, else nothing (P-35).
 
     What a run recorded names modules to import and a config to load, so it is
     used only when signed: a tampered run gets no setup here and the runtime

@@ -217,7 +217,7 @@ class EffectBoundary:
         # the driver sets what earlier attempts wrote.
         self.journaled_bytes = 0
         self.keyring: integrity.Keyring = integrity.Keyring(b"")  # the driver sets the run's
-        self._keys: dict[int, str] = {}  # seq -> call key, for chaining MACs (P-32)
+        self._keys: dict[int, str] = {}  # seq -> call key, for chaining MACs (P-35)
         self._idle = asyncio.Event()
         self._idle.set()
         self._release = asyncio.Event()
@@ -964,7 +964,7 @@ class EffectBoundary:
     async def _cas(self, seq: int, expect: list[str], **fields: Any) -> bool:
         return self._update(seq, expect, **fields)
 
-    # Every entry is signed when written and re-signed when it moves on (P-32);
+    # Every entry is signed when written and re-signed when it moves on (P-35);
     # its MAC chains to the key of the call before it.
 
     def _prev_key(self, seq: int) -> str | None:

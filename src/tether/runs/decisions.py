@@ -277,7 +277,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
 
 
 def _untrusted(rt: "Runtime", run: RunRecord, wanted: dict[int, tuple[str, str | None]], t0: float) -> RunResult | None:
-    """Check what a decision acts on before acting (P-32): None when the run and its pause verify.
+    """Check what a decision acts on before acting (P-35): None when the run and its pause verify.
 
     A tampered run ends ``run_tampered``; a cancel needs no trusted record and
     simply ends the run. ``WrongSecret`` propagates and leaves the run paused

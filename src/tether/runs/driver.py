@@ -262,7 +262,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
         return await _drive(rt, run, mode=mode, on_approval=on_approval, t0=t0, on_progress=on_progress,
                             on_question=on_question, span=span)
     except (RunTampered, SnapshotTampered, WrongSecret) as exc:
-        # P-32: refused before anything was sent; the run ends here instead of staying running.
+        # P-35: refused before anything was sent; the run ends here instead of staying running.
         rt.revoke_waits(run_id=run.run_id)
         return rt._finish(run, RUN_FAILED, error=exc.to_dict())
 
@@ -355,7 +355,7 @@ async def _drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Appro
             public = {**next(w for w in writes if w["seq"] == pending["seq"]), "writes": writes}
             envelope = paused_envelope(run.run_id, public, expires, logs, boundary, t0)
             status = RUN_PAUSED
-        # The run's MAC covers what it waits on (P-32).
+        # The run's MAC covers what it waits on (P-35).
         signed = sign_run(rt.keyring, dataclasses.replace(run, pending=public, expires_at=expires))
         rt.store.update_run(run.run_id, [RUN_RUNNING], status=status, pending=public, expires_at=expires,
                             owner=None, lease_until=None, updated_at=now, decision=None,

@@ -1,4 +1,4 @@
-"""Run state integrity: what a resume or replay acts on is signed, and checked before use (P-32).
+"""Run state integrity: what a resume or replay acts on is signed, and checked before use (P-35).
 
 Three kinds of MAC, all HMAC-SHA256 under the store's signing secret and all
 tagged with the id of the secret that made them, so a store can rotate its

@@ -197,7 +197,7 @@ class Runtime:
         )
         from .integrity import keyring_for
 
-        # Signs and verifies runs, journals and snapshots (P-32); its current secret keys waits and sessions.
+        # Signs and verifies runs, journals and snapshots (P-35); its current secret keys waits and sessions.
         self.keyring = keyring_for(self.store)
         self._secret = self.keyring.current
         self._active: dict[str, asyncio.Future] = {}
@@ -979,7 +979,7 @@ class Runtime:
         mac = sign_snapshot_record(self.keyring, run_id, seq, version, data, pending, kind)
         return SnapshotRecord(run_id, seq, version, data, mac, pending, self.clock(), kind)
 
-    # -- integrity (P-32) ------------------------------------------------------------
+    # -- integrity (P-35) ------------------------------------------------------------
 
     def _sign(self, run: RunRecord) -> RunRecord:
         from .integrity import sign_run
@@ -1021,7 +1021,7 @@ class Runtime:
         return ended is None, ended
 
     def update_call_signed(self, entry: Any, expect: list[str], **fields: Any) -> bool:
-        """Move a journal entry on and re-sign it, keeping its link to the call before (P-32)."""
+        """Move a journal entry on and re-sign it, keeping its link to the call before (P-35)."""
         from .integrity import update_call_signed
 
         return update_call_signed(self.store, self.keyring, entry, expect, **fields)

@@ -813,7 +813,7 @@ def check_http_auth(host: str, tokens: tuple[str, ...], dev: bool) -> None:
 
 
 def warn_if_secret_beside_data(store: Any) -> bool:
-    """Say loudly when the signing secret is a row of the database it protects (P-32)."""
+    """Say loudly when the signing secret is a row of the database it protects (P-35)."""
     if type(store).__name__ != "PostgresStore" or getattr(store, "secret_source", None) != "stored":
         return False
     print(

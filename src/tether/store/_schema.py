@@ -232,7 +232,7 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE TABLE source_listings (key TEXT PRIMARY KEY, data TEXT NOT NULL, updated_at REAL NOT NULL)",
     ),
     (
-        # 8: run and journal MACs (P-32). Rows written before stay NULL and are refused on resume.
+        # 8: run and journal MACs (P-35). Rows written before stay NULL and are refused on resume.
         "ALTER TABLE runs ADD COLUMN mac TEXT",
         "ALTER TABLE calls ADD COLUMN mac TEXT",
     ),

@@ -66,7 +66,7 @@ class RunRecord:
     decision: dict[str, Any] | None = None
     session: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
-    # The run MAC (P-32): {"secret_id", "fields": {name: mac}}; see runs/integrity.py.
+    # The run MAC (P-35): {"secret_id", "fields": {name: mac}}; see runs/integrity.py.
     mac: dict[str, Any] | None = None
 
 
@@ -88,7 +88,7 @@ class CallRecord:
     idempotency_key: str | None = None
     # How many times a write was sent: 1, or more when re-sent by key (P-31).
     sends: int = 0
-    mac: str | None = None  # "<secret id>:<prev key>:<hex>" over the entry (P-32)
+    mac: str | None = None  # "<secret id>:<prev key>:<hex>" over the entry (P-35)
 
 
 @dataclass
