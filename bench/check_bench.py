@@ -36,7 +36,6 @@ import pydantic_monty as pm
 
 from tether.runs.runtime import Runtime
 from tether.tools.catalog import Catalog
-from tether.tools.precheck import _cache as precheck_cache
 from tether.tools.precheck import check_program
 
 TARGETS = {"default": 1.5, "off": 1.2, "short": 3.0, "scale": 1.2, "github_check_ms": 10.0, "fastmcp": 3.0}
@@ -187,7 +186,6 @@ async def github(rounds: int) -> dict[str, Any]:
         t = time.perf_counter()
         reach = check_program(code, catalog)
         samples.append(time.perf_counter() - t)
-    precheck_cache.clear()
     out["check"] = common.stats(samples).ms()
     out["reach"] = sorted(reach.addresses) + [f"{ns}.*" for ns in reach.namespaces]
     async with Runtime(catalog=catalog) as rt:

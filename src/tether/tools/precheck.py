@@ -62,29 +62,28 @@ class _Scan:
     star: bool = False  # `from tools import *`
 
 
-_cache: OrderedDict[tuple[str, int, int], Reach | TetherError] = OrderedDict()
-
-
 def check_program(code: str, catalog: Catalog) -> Reach:
     """What ``code`` reaches; raises the first problem found in its tool calls.
 
     Raises ``ProgramSyntaxError`` (``syntax_error``), ``UnknownTool`` or
     ``InvalidArguments`` with ``details`` holding ``line`` and ``column``.
+    Verdicts are remembered per catalog version (``Catalog.memo``).
     """
-    key = (hashlib.blake2b(code.encode(), digest_size=16).hexdigest(), id(catalog), catalog.version)
-    hit = _cache.get(key)
+    cache: OrderedDict[str, Reach | TetherError] = catalog.memo("precheck", OrderedDict)
+    key = hashlib.blake2b(code.encode(), digest_size=16).hexdigest()
+    hit = cache.get(key)
     if hit is None:
         try:
             hit = _check(code, catalog)
         except TetherError as exc:
             hit = exc
-        _cache[key] = hit
-        if len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+        cache[key] = hit
+        if len(cache) > _CACHE_SIZE:
+            cache.popitem(last=False)
     else:
-        _cache.move_to_end(key)
+        cache.move_to_end(key)
     if isinstance(hit, TetherError):
-        raise hit
+        raise hit.with_traceback(None)
     return hit
 
 
