@@ -330,7 +330,9 @@ class Runtime:
                 if (self.store.get_run(boundary.run_id).meta or {}).get("cell"):
                     self.event(boundary.run_id, "progress", data)
                 if boundary.on_progress is not None:
-                    fraction = report.progress / report.total if report.total else 0.0
+                    # A fraction of this call, so the count the client sees keeps rising (MCP asks that).
+                    p = max(report.progress, 0.0)
+                    fraction = p / report.total if report.total else p / (p + 1.0)
                     done = len(boundary.state.stats) + min(max(fraction, 0.0), 0.99)
                     text = f"{address}: {report.message}" if report.message else address
                     boundary.on_progress(done, text)

@@ -246,6 +246,10 @@ class _ConnectTimeout(Exception):
     pass
 
 
+class _SourceTimeout(TimeoutError):
+    """A call this source timed out itself; passes through as a timeout, with its reason."""
+
+
 class _Connection:
     """A client session living in its own task until :meth:`shutdown`."""
 
@@ -627,7 +631,7 @@ class MCPSource:
                     # A 404 for our session id means the server refused the
                     # request unprocessed, so it counts as never sent.
                     unsent = not call.sent or _session_gone(exc)
-                except ToolError:
+                except (ToolError, _SourceTimeout):
                     raise
                 except Exception as exc:
                     if not (conn.broken and not call.sent):
@@ -670,25 +674,28 @@ class MCPSource:
                 return None
             return min(loop.time() + (limit or ceiling), started + (ceiling or limit))  # type: ignore[operator]
 
-        async with asyncio.timeout(deadline()) as scope:
-            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-                # Progress means the server is working: the no-progress clock restarts.
-                scope.reschedule(deadline())
-                if handler is not None:
-                    try:
-                        handler(ProgressReport(self.namespace, name, progress, total, message))
-                    except Exception:  # a listener's failure must not fail the call
-                        logger.exception("progress handler of MCP source %r failed", self.namespace)
+        scope = asyncio.timeout_at(deadline())
 
-            try:
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            # Progress means the server is working: the no-progress clock restarts.
+            scope.reschedule(deadline())
+            if handler is not None:
+                try:
+                    handler(ProgressReport(self.namespace, name, progress, total, message))
+                except Exception:  # a listener's failure must not fail the call
+                    logger.exception("progress handler of MCP source %r failed", self.namespace)
+
+        try:
+            async with scope:
                 return await conn.client.call_tool(upstream, args, progress_callback=on_progress, meta=meta)
-            except TimeoutError:
-                if scope.expired():
-                    waited = loop.time() - started
-                    why = (f"no answer or progress for {limit:g} s" if limit is not None and waited < (ceiling or 0)
-                           else f"no answer within {ceiling:g} s")
-                    raise TimeoutError(f"{why}; the server may still be working on it") from None
+        except TimeoutError:
+            if not scope.expired():
                 raise
+            waited = loop.time() - started
+            ceiling_hit = limit is None or (ceiling is not None and waited >= ceiling - 0.05)
+            why = f"no answer within {ceiling:g} s" if ceiling_hit else f"no answer or progress for {limit:g} s"
+            # The boundary decides what a timeout means (a write's outcome is unknown).
+            raise _SourceTimeout(f"{why}; the server may still be working on it") from None
 
     # -- elicitation --
 

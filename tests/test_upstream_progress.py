@@ -1,0 +1,74 @@
+"""Long upstream calls: progress is requested and forwarded, and keeps a call alive up to max_call_seconds.
+
+A real MCP server over stdio (the fixture's `slow_steps` reports progress after
+each step).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tether.app import open_runtime
+from tether.config import Config
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+pytestmark = pytest.mark.slow
+
+
+def _config(tmp_path, **timeouts) -> Config:
+    source = {"type": "mcp", "namespace": "fx", "command": [sys.executable, str(FIXTURES / "mcp_fixture_server.py")],
+              **timeouts}
+    return Config.from_dict({"sources": [source], "store": {"url": f"sqlite:///{tmp_path}/t.db"},
+                             "sandbox": {"type_check": False}})
+
+
+async def test_progress_restarts_call_timeout_and_reaches_the_caller(tmp_path):
+    config = _config(tmp_path, call_timeout=0.8, max_call_seconds=20)
+    seen: list[tuple[float, str]] = []
+    async with open_runtime(config) as rt:
+        # Five steps of 0.4 s: 2 s in all, never 0.8 s without progress.
+        r = await rt.execute("import tools\nawait tools.fx.slow_steps(steps=5, delay=0.4)",
+                             on_progress=lambda done, text: seen.append((done, text)))
+    assert r.status == "completed", r.error
+    assert r.result == {"result": "5 steps done"}
+    steps = [text for _, text in seen if "step " in text]
+    assert steps == [f"fx.slow_steps: step {i} of 5" for i in range(1, 6)]
+    assert seen[-1] == (1, "fx.slow_steps")  # then the call itself is done
+    counts = [done for done, _ in seen]
+    assert counts == sorted(counts)  # progress only goes up
+
+
+async def test_no_progress_for_call_timeout_is_a_call_timeout(tmp_path):
+    config = _config(tmp_path, call_timeout=0.5, max_call_seconds=20)
+    async with open_runtime(config) as rt:
+        r = await rt.execute("import tools\nawait tools.fx.slow_steps(steps=1, delay=3)")
+    assert r.status == "failed"
+    assert r.error["code"] == "call_timeout", r.error
+    assert "no answer or progress for 0.5 s" in r.error["message"]
+
+
+async def test_progress_does_not_extend_a_call_past_max_call_seconds(tmp_path):
+    config = _config(tmp_path, call_timeout=0.8, max_call_seconds=1.5)
+    async with open_runtime(config) as rt:
+        r = await rt.execute("import tools\nawait tools.fx.slow_steps(steps=20, delay=0.3)")
+    assert r.status == "failed"
+    assert r.error["code"] == "call_timeout", r.error
+    assert "no answer within 1.5 s" in r.error["message"]
+
+
+async def test_a_cell_sees_upstream_progress_as_events(tmp_path):
+    config = _config(tmp_path, call_timeout=5)
+    async with open_runtime(config) as rt:
+        obs = await rt.start_cell("import tools\nawait tools.fx.slow_steps(steps=3, delay=0.2)", yield_after_ms=10_000)
+        events = list(obs["events"])
+        while obs["status"] == "running":
+            obs = await rt.wait_cell(obs["cell_id"], after=obs["cursor"], timeout_ms=10_000)
+            events += obs["events"]
+    progress = [e for e in events if e["type"] == "progress"]
+    assert [e["progress"] for e in progress] == [1, 2, 3], json.dumps(events)
+    assert progress[-1]["address"] == "fx.slow_steps" and progress[-1]["total"] == 3
