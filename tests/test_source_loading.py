@@ -115,3 +115,45 @@ def test_tools_that_require_task_augmentation_are_not_offered_and_say_why():
     tools, upstream, problems = build_tools("ns", listing, lambda name, wire: None)
     assert [t.name for t in tools] == ["quick", "either"]
     assert problems == [{"operation": "long_job", "problem": TASK_REQUIRED}]
+
+
+async def test_an_openapi_description_in_yaml_loads_out_of_the_box(tmp_path):
+    import yaml
+
+    from tether.sources.openapi import OpenAPISource
+
+    doc = json.loads((FIXTURES / "openapi_users.json").read_text())
+    spec = tmp_path / "users.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    from_yaml = OpenAPISource("users", spec=str(spec), base_url="http://127.0.0.1:9")
+    from_json = OpenAPISource("users", spec=str(FIXTURES / "openapi_users.json"), base_url="http://127.0.0.1:9")
+    async with from_yaml, from_json:
+        assert sorted(t.address for t in from_yaml.tools()) == sorted(t.address for t in from_json.tools())
+        assert from_yaml.tools()
+
+
+@pytest.mark.slow
+def test_a_tool_defined_in_the_script_being_run_takes_the_scripts_stem(tmp_path):
+    script = tmp_path / "weather_tools.py"
+    script.write_text(
+        "import asyncio\n"
+        "from tether import Runtime, tool\n\n"
+        "@tool(read_only=True)\n"
+        "async def forecast(city: str) -> str:\n"
+        "    '''The forecast.'''\n"
+        "    return f'sun in {city}'\n\n"
+        "async def main():\n"
+        "    async with Runtime(tools=[forecast], type_check=False) as rt:\n"
+        "        r = await rt.execute(\"import tools\\nawait tools.weather_tools.forecast(city='Oslo')\")\n"
+        "        print(r.result)\n\n"
+        "asyncio.run(main())\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "sun in Oslo"
+
+    inline = subprocess.run(
+        [sys.executable, "-c", "from tether import Runtime, tool\n"
+         "@tool\nasync def f() -> int:\n    '''x'''\n    return 1\nRuntime(tools=[f])\n"],
+        capture_output=True, text=True, timeout=120)
+    assert inline.returncode != 0
+    assert "@tool(namespace=...)" in inline.stderr and "__main__" in inline.stderr

@@ -27,6 +27,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import re
 import sys
 import typing
@@ -208,7 +209,19 @@ def _module_namespace(func: Callable[..., Any]) -> str | None:
 
 
 def _module_tail(func: Callable[..., Any]) -> str:
-    return _identifier((getattr(func, "__module__", None) or "tools").rpartition(".")[2])
+    module = getattr(func, "__module__", None) or "tools"
+    if module == "__main__":
+        # A tool defined in the script being run: `__main__` says nothing, its file's stem does.
+        path = getattr(sys.modules.get("__main__"), "__file__", None)
+        if not path:
+            raise UsageError(
+                f"@tool {getattr(func, '__name__', '?')} is defined in __main__ without a file, so it has no "
+                "namespace to default to: pass @tool(namespace=...)",
+                code="invalid_tool_definition",
+                next_action="Pass @tool(namespace=...) or set TETHER_NAMESPACE = '...' in the script.",
+            )
+        module = os.path.splitext(os.path.basename(path))[0]
+    return _identifier(module.rpartition(".")[2])
 
 
 def _identifier(text: str) -> str:
