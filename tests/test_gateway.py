@@ -106,7 +106,10 @@ def test_sources_list_shows_what_loaded_and_what_failed(tmp_path, repo):
     assert by_name["git"]["ok"] and by_name["git"]["tools"] >= 5
     assert by_name["clock"]["ok"] and by_name["clock"]["tools"] == 2
     assert not by_name["broken"]["ok"] and "no-such-server" in by_name["broken"]["error"]
-    assert {n["namespace"] for n in out["namespaces"]} == {"git", "clock"}
+    assert {n["namespace"] for n in out["namespaces"] if n["tools"]} == {"git", "clock"}
+    # The failed source is listed too, with its error, so a program is not left guessing.
+    (broken,) = [n for n in out["namespaces"] if not n["tools"]]
+    assert broken["namespace"] == "broken" and "no-such-server" in broken["error"]
 
 
 async def test_a_namespace_the_sandbox_keeps_is_refused_with_a_named_error(tmp_path):

@@ -77,6 +77,15 @@ def test_upstream_stderr_goes_to_a_log_and_listings_come_from_the_cache(project)
     again = tether(["run", "one.py"], env, cwd)
     assert again.returncode == 0
     assert log.read_text().count("starting on stdio") == 1  # listing from the cache: not started
+    # Nor is the MCP client stack imported (about a second) for a program that calls no MCP tool.
+    probe = ("import asyncio, sys\nfrom tether.app import open_runtime\n"
+             "async def main():\n    async with open_runtime() as rt:\n"
+             "        assert (await rt.execute('1 + 1')).result == 2\n"
+             "    print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))\n"
+             "asyncio.run(main())\n")
+    probed = subprocess.run([sys.executable, "-c", probe], env=env, cwd=cwd, capture_output=True, text=True,
+                            timeout=120)
+    assert probed.returncode == 0 and probed.stdout.strip() == "[]", probed.stdout + probed.stderr
 
     # A program that calls the server starts it then, and only it.
     (cwd / "echo.py").write_text("import tools\nawait tools.fx.echo(text='hi')\n")

@@ -7,7 +7,7 @@ tools without importing the SDK (about a second) or starting the server.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 from ._names import identifier, unique
 from ..errors import UsageError
@@ -76,3 +76,11 @@ def listing_json(listed: list[Any]) -> list[dict[str, Any]]:
         entry.pop("icons", None)  # not used, and can be large data: URLs
         out.append(entry)
     return out
+
+
+def server_summary(server_info: Mapping[str, Any]) -> str | None:
+    """A namespace's one line from what the server says of itself: its title or name and the
+    first sentence of its instructions (``server_info`` as kept with the cached listing)."""
+    name = str(server_info.get("title") or server_info.get("name") or "")
+    first = " ".join(str(server_info.get("instructions") or "").split()).split(". ")[0].rstrip(".")
+    return (f"{name}: {first}" if name and first else (name or first)) or None

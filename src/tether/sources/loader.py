@@ -240,7 +240,7 @@ class SourceSet:
             timeout = definition.get("start_timeout", DEFAULT_START_TIMEOUT)
             self._fail(entry, f"did not start within {timeout:g} s (start_timeout)")
         except TetherError as exc:
-            self._fail(entry, exc.message)
+            self._fail(entry, str(exc))  # with its [code]: namespace_reserved, config_invalid...
             entry.exc = exc
         except Exception as exc:  # a source that cannot load must not stop the others
             self._fail(entry, f"{type(exc).__name__}: {exc}")
@@ -269,7 +269,7 @@ class SourceSet:
             if found:
                 entry.namespace = found[0].namespace
         elif kind == "mcp":
-            from .mcp import server_summary
+            from ._mcp_tools import server_summary
 
             found = await self._load_mcp(entry, definition, timeout)
             summary = server_summary(getattr(entry.impl, "server_info", None) or {})

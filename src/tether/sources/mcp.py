@@ -48,7 +48,7 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
-from ._mcp_tools import build_tools, listing_json
+from ._mcp_tools import build_tools, listing_json, server_summary
 from ..errors import ConfigError, SourceUnavailable, ToolError, UsageError
 from ..tools.context import current_call
 from ..tools.model import IDEMPOTENCY_MODES, Tool, check_identifier
@@ -821,14 +821,6 @@ def _leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
-
-
-def server_summary(server_info: Mapping[str, Any]) -> str | None:
-    """A namespace's one line from what the server says of itself: its title or name and the
-    first sentence of its instructions (``server_info`` as kept with the cached listing)."""
-    name = str(server_info.get("title") or server_info.get("name") or "")
-    first = " ".join(str(server_info.get("instructions") or "").split()).split(". ")[0].rstrip(".")
-    return (f"{name}: {first}" if name and first else (name or first)) or None
 
 
 def _describe(exc: BaseException) -> str:
