@@ -21,6 +21,7 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import RunTampered, WrongSecret
@@ -47,18 +48,23 @@ class Keyring:
     current: bytes
     previous: tuple[bytes, ...] = ()
 
-    @property
+    @cached_property
+    def _by_id(self) -> dict[str, bytes]:
+        # Computed once: every signature names its secret's id.
+        out: dict[str, bytes] = {}
+        for key in (self.current, *self.previous):
+            out.setdefault(secret_id(key), key)
+        return out
+
+    @cached_property
     def current_id(self) -> str:
         return secret_id(self.current)
 
     def ids(self) -> list[str]:
-        return [secret_id(k) for k in (self.current, *self.previous)]
+        return list(self._by_id)
 
     def get(self, sid: str) -> bytes | None:
-        for key in (self.current, *self.previous):
-            if secret_id(key) == sid:
-                return key
-        return None
+        return self._by_id.get(sid)
 
     def key_for(self, sid: str, what: str) -> bytes:
         key = self.get(sid)
