@@ -166,3 +166,16 @@ def test_a_tool_defined_in_the_script_being_run_takes_the_scripts_stem(tmp_path)
         capture_output=True, text=True, timeout=120)
     assert inline.returncode != 0
     assert "@tool(namespace=...)" in inline.stderr and "__main__" in inline.stderr
+
+
+@pytest.mark.slow
+def test_an_mcp_namespace_keeps_its_summary_when_listed_from_the_cache(project):
+    cwd, home, env = project
+    (cwd / "tether.toml").write_text(_mcp("fx", [sys.executable, str(FIXTURES / "mcp_fixture_server.py")]))
+    (cwd / "listed.py").write_text("[(s['namespace'], s['summary']) for s in await sources()]\n")
+    started = tether(["run", "listed.py", "--json"], env, cwd)
+    cached = tether(["run", "listed.py", "--json"], env, cwd)  # the server is not started this time
+    assert json.loads(started.stdout)["result"] == [["fx", "tether-fixture"]], started.stderr
+    assert json.loads(cached.stdout)["result"] == [["fx", "tether-fixture"]], cached.stderr
+    prompt = tether(["prompt"], env, cwd)
+    assert "fx (" in prompt.stdout and "): tether-fixture\n" in prompt.stdout

@@ -59,7 +59,10 @@ JSON Schema → Python: string/integer/number/boolean/null → str/int/float/
 bool/None; enum/const → ``Literal``; anyOf/oneOf/type lists → unions;
 ``$ref`` into ``$defs``/``definitions`` → the named class; an object with
 properties → a ``TypedDict`` (optional keys ``NotRequired``); an object
-without → ``dict[str, V]``; anything else → ``Any``.
+without → ``dict[str, V]``; anything else → ``Any``. A class is named from the
+schema — its title or definition name (``SimpleUser``), else where it sits
+(``PullRequestSimple_head``) — and equal shapes share one class;
+:func:`declaration` renders one tool alone for ``describe()`` (D-21).
 
 Argument types are loosened where ``ty``'s inference would refuse correct
 programs: arrays are ``Sequence[T]`` (``list`` is invariant, so a
