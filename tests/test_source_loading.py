@@ -179,3 +179,15 @@ def test_an_mcp_namespace_keeps_its_summary_when_listed_from_the_cache(project):
     assert json.loads(cached.stdout)["result"] == [["fx", "tether-fixture"]], cached.stderr
     prompt = tether(["prompt"], env, cwd)
     assert "fx (" in prompt.stdout and "): tether-fixture\n" in prompt.stdout
+
+
+@pytest.mark.slow
+def test_sources_list_names_a_failed_source_beside_the_summaries(project):
+    cwd, home, env = project
+    (cwd / "tether.toml").write_text(
+        _mcp("fx", [sys.executable, str(FIXTURES / "mcp_fixture_server.py")])
+        + _mcp("broken", ["no-such-server-for-tether-tests"]))
+    listed = tether(["sources", "list"], env, cwd)
+    assert listed.returncode == 1  # a source failed: said, not hidden
+    assert "  fx (" in listed.stdout and "): tether-fixture" in listed.stdout
+    assert "  broken (0 tools): unavailable: " in listed.stdout

@@ -394,7 +394,8 @@ async def cmd_sources_list(args: argparse.Namespace) -> int:
     if namespaces:
         print("namespaces:")
     for ns in namespaces:
-        print(f"  {ns['namespace']} ({ns['tools']} tools): {ns['summary']}")
+        what = ns.get("summary") or (f"unavailable: {ns['error']}" if ns.get("error") else "")
+        print(f"  {ns['namespace']} ({ns['tools']} tools): {what}")
     return EXIT_OK if all(s["ok"] for s in statuses) else EXIT_FAILED
 
 
