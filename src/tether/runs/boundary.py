@@ -52,6 +52,7 @@ from ..store.base import (
     Store,
 )
 from . import integrity, journal, policy as policy_mod, telemetry
+from .inputs import wait_name_problem
 from .result import to_json_value
 
 if TYPE_CHECKING:
@@ -104,9 +105,6 @@ class CallStat:
     ms: float
     started: float  # seconds since the attempt began
     ended: float
-
-
-MAX_WAIT_NAME_CHARS = 200
 
 
 def guest_error(code: str, message: str, exc_type: str) -> GuestRaise:
@@ -406,9 +404,9 @@ class EffectBoundary:
                 timeout = pos[1] if len(pos) > 1 else kw.get("timeout")
                 if not isinstance(name, str) or not name:
                     raise TypeError("needs a non-empty name")
-                if len(name) > MAX_WAIT_NAME_CHARS or not name.isprintable():
-                    # The name is stored and shown as is (and Postgres text holds no NUL).
-                    raise ValueError(f"a wait's name is at most {MAX_WAIT_NAME_CHARS} printable characters")
+                problem = wait_name_problem(name)
+                if problem:
+                    raise ValueError(problem)
                 if timeout is not None:
                     timeout = float(timeout)
                 if op == "wait_for_signal":

@@ -26,14 +26,12 @@ import time
 from typing import Any, Awaitable, Callable, Iterable
 
 from ..errors import (
-    ProgramSyntaxError,
-    TetherError,
     AlreadyDecided,
-    CodeTooLarge,
     RunExpired,
     RunNotFound,
     RunTampered,
     SnapshotTampered,
+    TetherError,
     ToolsUnavailable,
     UsageError,
     WrongSecret,
@@ -59,6 +57,7 @@ from .boundary import Approver, Cancelled, EffectBoundary
 from .decisions import DECISIONS
 from .limits import Limits
 from .policy import Policy
+from .inputs import check_code_size, check_session_name
 from .result import RunResult, to_json_value
 
 _log = logging.getLogger("tether.runs")
@@ -90,46 +89,6 @@ def check_mode(check: str | None, type_check: bool | None = None) -> str:
     if check not in CHECK_MODES:
         raise UsageError(f"check must be one of {', '.join(CHECK_MODES)} (got {check!r})", code="usage_error")
     return check
-
-
-def check_code_size(code: str, limit: int) -> None:
-    # UTF-8 takes 1-4 bytes per character, so the length alone often decides
-    # without encoding a huge string.
-    if not isinstance(code, str):
-        raise UsageError("code must be a string", code="invalid_arguments")
-    if len(code) > limit:
-        raise CodeTooLarge(f"the program is over the {limit}-byte limit ({len(code)} characters); nothing was run",
-                           details={"limit": limit})
-    if len(code) * 4 > limit:
-        size = len(code.encode("utf-8", "surrogatepass"))
-        if size > limit:
-            raise CodeTooLarge(f"the program is {size} bytes, over the {limit}-byte limit; nothing was run",
-                               details={"limit": limit, "bytes": size})
-    # Python refuses both in source too; the store could not keep them either
-    # (Postgres text holds no NUL, UTF-8 no lone surrogate).
-    if "\x00" in code:
-        raise ProgramSyntaxError("the program contains a NUL character (\\x00); nothing was run",
-                                 next_action="Remove the NUL; write '\\x00' in a string literal if you need one.")
-    if not code.isascii():
-        try:
-            code.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ProgramSyntaxError(f"the program is not valid Unicode (an unpaired surrogate at character "
-                                     f"{exc.start}); nothing was run",
-                                     next_action="Send the program as valid UTF-8 text.") from None
-
-
-# A session name is a label a model picks, stored and signed with its state:
-# long enough for a UUID plus a prefix, short enough not to carry data.
-MAX_SESSION_NAME_CHARS = 128
-
-
-def check_session_name(name: Any) -> None:
-    if not isinstance(name, str) or not name or len(name) > MAX_SESSION_NAME_CHARS or not name.isprintable():
-        shown = f"{len(name)} characters" if isinstance(name, str) else type(name).__name__
-        raise UsageError(f"a session name is 1 to {MAX_SESSION_NAME_CHARS} printable characters (got {shown}); "
-                         "nothing was run", code="invalid_arguments",
-                         next_action="Pick a short name such as 'notebook' or 'analysis-1'.")
 
 
 class Runtime:

@@ -156,7 +156,8 @@ class BearerAuth:
         for known in self.tokens:
             matched |= hmac.compare_digest(presented, known)
         if not matched:
-            await _refuse(send, CredentialProblem(401, "invalid_token", "the bearer token is not one this server accepts"))
+            await _refuse(send, CredentialProblem(401, "invalid_token",
+                                                  "the bearer token is not one this server accepts"))
             return
         # The principal comes from the token just verified, and from nothing else.
         principal = principal_for_token(token)
