@@ -53,7 +53,7 @@ async def open_runtime(
     ``sources`` are recorded definitions (a run's) to load instead of the
     config's own. ``report`` receives one line per source that failed.
     """
-    from .sources.loader import SourceSet, record_definition
+    from .sources.loader import SourceSet, forward_progress, record_definition
 
     config = config or load_config(config_path)
     store = open_store(store_url or config.store.url)
@@ -74,7 +74,7 @@ async def open_runtime(
     )
     runtime.config = config
     source_set = SourceSet(runtime, store=store, log_dir=config.home / "logs", local=config.sources,
-                           progress=runtime.upstream_progress)
+                           progress=forward_progress(runtime))
     runtime.source_set = source_set
     try:
         python = [{"type": "python", "module": resolve_tool_spec(spec)} for spec in tools]

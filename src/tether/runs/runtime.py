@@ -279,23 +279,6 @@ class Runtime:
             out.append(RunResult(status=run.status, run_id=run.run_id, error=exc.to_dict()))
             return False
 
-    def upstream_progress(self, report: Any) -> None:
-        """An upstream server's progress on a call: a `progress` event on the run that made it."""
-        address = f"{report.namespace}.{report.tool}"
-        for boundary in list(self._boundaries.values()):
-            if boundary.inflight_addresses.get(address, 0) > 0:
-                data = {"address": address, "progress": report.progress, "total": report.total,
-                        "message": report.message}
-                if (self.store.get_run(boundary.run_id).meta or {}).get("cell"):
-                    self.event(boundary.run_id, "progress", data)
-                if boundary.on_progress is not None:
-                    # A fraction of this call, so the count the client sees keeps rising (MCP asks that).
-                    p = max(report.progress, 0.0)
-                    fraction = p / report.total if report.total else p / (p + 1.0)
-                    done = len(boundary.state.stats) + min(max(fraction, 0.0), 0.99)
-                    text = f"{address}: {report.message}" if report.message else address
-                    boundary.on_progress(done, text)
-
     def model_description(self) -> str:
         from ..tools.prompt import model_description
 

@@ -153,6 +153,32 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= 500 else text[:500] + "…"
 
 
+def forward_progress(rt: Any) -> Callable[[Any], None]:
+    """An MCP source's progress reports, delivered to the run whose call they are about.
+
+    A cell gets a ``progress`` event; a client watching the run (``on_progress``,
+    MCP progress notifications) gets a count that keeps rising: the calls done
+    plus a fraction of this one.
+    """
+
+    def forward(report: Any) -> None:
+        address = f"{report.namespace}.{report.tool}"
+        for boundary in list(rt._boundaries.values()):
+            if boundary.inflight_addresses.get(address, 0) <= 0:
+                continue
+            data = {"address": address, "progress": report.progress, "total": report.total,
+                    "message": report.message}
+            if (rt.store.get_run(boundary.run_id).meta or {}).get("cell"):
+                rt.event(boundary.run_id, "progress", data)
+            if boundary.on_progress is not None:
+                p = max(report.progress, 0.0)
+                fraction = p / report.total if report.total else p / (p + 1.0)
+                text = f"{address}: {report.message}" if report.message else address
+                boundary.on_progress(len(boundary.state.stats) + min(fraction, 0.99), text)
+
+    return forward
+
+
 # --- one loaded source ------------------------------------------------------------
 
 
@@ -395,8 +421,10 @@ class SourceSet:
             if not entry.ok:
                 problems.append({"source": entry.name, "reason": entry.error or "failed to load"})
             elif entry.namespace in set(live):
+                start = getattr(entry.impl, "ensure_live", None)  # only MCP servers start lazily
                 try:
-                    await entry.impl.ensure_live() if hasattr(entry.impl, "ensure_live") else None
+                    if start is not None:
+                        await start()
                 except TetherError as exc:
                     problems.append({"source": entry.name, "reason": exc.message})
         if problems:
