@@ -147,3 +147,38 @@ def test_p30_a_worker_without_the_source_leaves_the_run_queued(setup):
     assert worked.returncode == 0, worked.stderr
     assert _status(run_id, env, b) == "completed"
     assert _writes(log) == ["once"]
+
+
+async def test_p30_a_wait_resolved_where_the_sources_cannot_load_is_kept_and_continues_later(tmp_path, monkeypatch):
+    from tether.app import open_runtime
+    from tether.config import Config
+    from tether.errors import ToolsUnavailable
+
+    log = tmp_path / "writes.log"
+    config = Config.from_dict({
+        "sources": [{"type": "mcp", "namespace": "fx", "env": {"FX_SECRET": "${FX_SECRET}"},
+                     "command": [sys.executable, str(FIXTURES / "mcp_fixture_server.py")]}],
+        "store": {"url": f"sqlite:///{tmp_path}/t.db"}, "policy": {"writes": "allow"},
+        "sandbox": {"check": "off"}})
+    program = f"import tools\nv = await wait_for('go')\nawait tools.fx.record(log={str(log)!r}, text=v)\nv\n"
+    monkeypatch.setenv("FX_SECRET", "x")
+    async with open_runtime(config) as rt:
+        parked = await rt.execute(program)
+        assert parked.status == "waiting", parked.error
+        key = parked.pending["key"]
+        recorded = rt.get_run(parked.run_id).meta["sources"]
+
+    monkeypatch.delenv("FX_SECRET")
+    async with open_runtime(config, sources=recorded) as rt:
+        with pytest.raises(ToolsUnavailable) as info:
+            await rt.resolve_wait(key, "once")
+        assert "FX_SECRET" in info.value.message and info.value.details["wait"] == "accepted"
+        assert rt.get_run(parked.run_id).status == "waiting"
+    assert _writes(log) == []
+
+    monkeypatch.setenv("FX_SECRET", "x")
+    async with open_runtime(config, sources=recorded) as rt:
+        out = await rt.resolve_wait(key, "ignored: the first resolution won")
+        assert out["status"] == "already_resolved"
+        assert out["run"]["status"] == "completed" and out["run"]["result"] == "once"
+    assert _writes(log) == ["once"]
