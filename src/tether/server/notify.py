@@ -38,7 +38,7 @@ SCHEMA_VERSION = 1
 # One attempt may take this long; a webhook slower than that is tried again later.
 REQUEST_TIMEOUT_SECONDS = 10.0
 # Retries double from one second up to an hour: fifteen attempts span about
-# four and a half hours, long enough to ride out a receiver's restart or an
+# three hours, long enough to ride out a receiver's restart or an
 # outage, short enough that a stale "approve this" is not delivered the next day.
 BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_CAP_SECONDS = 3600.0
