@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import secrets
 import sqlite3
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -38,6 +39,30 @@ _SECRET_BYTES = 32
 
 def _identity(sql: str) -> str:
     return sql
+
+
+def _enter_wal(conn: sqlite3.Connection) -> None:
+    """Put the file in WAL mode, waiting out a busy database as a write would.
+
+    WAL is a property of the file, so most connections only read it back. The
+    switch, and a first read after a process died mid-transaction (WAL
+    recovery), can answer "database is locked" at once without SQLite's busy
+    handler ever being called; retry within the same busy timeout instead of
+    failing a store open on a loaded machine.
+    """
+    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
 
 class SQLiteStore(SQLStore):
@@ -76,7 +101,7 @@ class SQLiteStore(SQLStore):
         conn = sqlite3.connect(target, timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA foreign_keys = ON")
         if self.path is not None:
-            conn.execute("PRAGMA journal_mode = WAL")
+            _enter_wal(conn)
             # In WAL mode NORMAL loses at most the last commits on power loss,
             # never consistency, and saves an fsync per commit.
             conn.execute("PRAGMA synchronous = NORMAL")
