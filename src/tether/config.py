@@ -291,6 +291,10 @@ class ServerConfig(_Section):
     # approval link (URL-mode elicitation), "form" a form, "auto" the link
     # when the client declares URL elicitation and public_url is set.
     approvals: Annotated[Literal["url", "form", "auto"], _Expected("must be one of 'url', 'form', 'auto'")] = "auto"
+    # Several replicas behind a balancer without sticky routing: no MCP session
+    # is kept in a process's memory, so any replica answers any request
+    # (2025-11-25 clients then get no mid-call requests; see docs/deploy.md).
+    stateless_http: Bool = False
 
 
 # --- [[notify]] --------------------------------------------------------------

@@ -871,7 +871,8 @@ async def serve(args: Any) -> int:
             if args.stdio:
                 await server.mcp.run_stdio_async()
             else:
-                await _serve_http(server, host, port, tokens, public_url=config.server.public_url)
+                await _serve_http(server, host, port, tokens, public_url=config.server.public_url,
+                                  stateless=config.server.stateless_http)
         finally:
             stop_worker.set()
             with contextlib.suppress(Exception):
@@ -881,7 +882,7 @@ async def serve(args: Any) -> int:
 
 
 async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[str, ...], *,
-                      public_url: str | None = None) -> None:
+                      public_url: str | None = None, stateless: bool = False) -> None:
     import signal
 
     import uvicorn
@@ -914,7 +915,7 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
     # people in with the same tokens and has its own checks; MCP requests
     # keep the bearer check.
     console = Console(server.rt, tokens=tokens, admission=server.admission, public_url=public_url)
-    app = HealthRoutes(Router(console.app, BearerAuth(server.mcp.streamable_http_app(host=host), tokens)), ready)
+    app = HealthRoutes(Router(console.app, BearerAuth(server.mcp.streamable_http_app(host=host, stateless_http=stateless), tokens)), ready)
     shown = f"[{host}]" if ":" in host else host
     auth = "bearer token required" if tokens else "no token (--dev, loopback only)"
     print(f"tether: serving MCP at http://{shown}:{port}/mcp ({auth}), the console at "

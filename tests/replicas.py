@@ -1,0 +1,131 @@
+"""Several ``tether serve --http`` replicas on one Postgres (a helper, not a test).
+
+Every replica is a real process with its own ``TETHER_HOME`` (so nothing is
+shared through the file system but the ledger) and the same store URL. A
+:class:`RoundRobin` transport sends each HTTP request of one client to the
+next replica, as a balancer without sticky sessions would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from test_server_http import LEDGER_TOOLS, free_port, stop_server
+
+CONFIG = """\
+[server]
+max_concurrent_runs = 4
+queue_depth = 8
+queue_timeout_seconds = 30
+{server_extra}
+
+[sandbox]
+max_workers = 2
+
+[[policy.rules]]
+match = "ledger.write"
+action = "allow"
+"""
+
+TOOLS = ("--tools", "tether.demo.helpdesk")
+
+
+class Replica:
+    def __init__(self, proc: subprocess.Popen, port: int, log: Path) -> None:
+        self.proc, self.port, self.log = proc, port, log
+        self.base = f"http://127.0.0.1:{port}"
+        self.url = f"{self.base}/mcp"
+
+
+class ReplicaSet:
+    """N replicas sharing ``store_url`` and one ledger file under ``root``."""
+
+    def __init__(self, root: Path, store_url: str, n: int, *, server_extra: str = "",
+                 lease_seconds: float | None = None) -> None:
+        self.root, self.store_url = root, store_url
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "ledger_tools.py").write_text(LEDGER_TOOLS)
+        (root / "tether.toml").write_text(CONFIG.format(server_extra=server_extra))
+        self.ledger = root / "ledger.txt"
+        self.env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "TETHER_STORE_URL")}
+        self.env.update(TETHER_STORE_URL=store_url, LEDGER=str(self.ledger))
+        self.replicas: list[Replica] = []
+        for i in range(n):
+            self.replicas.append(self.start(i))
+        for r in self.replicas:
+            self._wait_ready(r)
+
+    def tools_args(self) -> list[str]:
+        return [*TOOLS, "--tools", str(self.root / "ledger_tools.py")]
+
+    def start(self, i: int) -> Replica:
+        port = free_port()
+        env = dict(self.env, TETHER_HOME=str(self.root / f"home{i}"))
+        log = self.root / f"replica{i}.log"
+        with open(log, "wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tether.cli", "--config", str(self.root / "tether.toml"), "serve",
+                 "--http", f"127.0.0.1:{port}", "--dev", *self.tools_args()],
+                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        return Replica(proc, port, log)
+
+    def _wait_ready(self, r: Replica) -> None:
+        deadline = time.monotonic() + 60
+        while True:
+            if r.proc.poll() is not None:
+                raise AssertionError(f"replica exited {r.proc.returncode}: {r.log.read_text()}")
+            with contextlib.suppress(httpx2.HTTPError):
+                if httpx2.get(f"{r.base}/readyz", timeout=1).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"replica not ready: {r.log.read_text()}")
+            time.sleep(0.1)
+
+    def tags(self) -> list[str]:
+        return self.ledger.read_text().splitlines() if self.ledger.exists() else []
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """``tether`` in another process on the same store: one more replica, without HTTP."""
+        env = dict(self.env, TETHER_HOME=str(self.root / "home-cli"))
+        return subprocess.run([sys.executable, "-m", "tether.cli", "--config", str(self.root / "tether.toml"),
+                               *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+    def stop(self) -> None:
+        for r in self.replicas:
+            stop_server(r.proc)
+
+
+class RoundRobin(httpx2.AsyncBaseTransport):
+    """Each request to the next replica; ``seen`` records which one got each POST."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports, self.i, self.seen = ports, 0, []
+        self.inner = httpx2.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        port = self.ports[self.i % len(self.ports)]
+        self.i += 1
+        if request.method == "POST":
+            self.seen.append(port)
+        request.url = request.url.copy_with(port=port)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@contextlib.asynccontextmanager
+async def connect(url: str, mode: str, *, transport: httpx2.AsyncBaseTransport | None = None, **kwargs):
+    timeout = httpx2.Timeout(30, read=300)
+    async with httpx2.AsyncClient(timeout=timeout, transport=transport) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode=mode, **kwargs) as client:
+            yield client
