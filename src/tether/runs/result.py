@@ -44,7 +44,7 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
     def conv(v: Any, depth: int) -> Any:
         # The common values first, without a call: most results are records of these.
         t = type(v)
-        if t is str and v.isascii():
+        if t is str and (v.isascii() or _SURROGATE.search(v) is None):
             return v
         if t is int and -_SAFE_INT < v < _SAFE_INT:
             return v
@@ -89,7 +89,7 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
                     notes.append(f"a dict key of type {_type_name(k)} became a string")
                     key = conv(k, depth + 1)
                     k = key if isinstance(key, str) else json.dumps(key, ensure_ascii=False)
-                else:
+                elif not k.isascii():
                     k = _text(k, notes)
                 out[k] = conv(x, depth + 1)
             seen.discard(ident)
