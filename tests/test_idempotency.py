@@ -319,6 +319,8 @@ async def test_p31_recovery_without_a_key_or_sends_left_fails_unknown_as_before(
         assert rt.store.get_call(run_id, 1).state == "unknown"
     assert r.status == "failed" and r.error["code"] == "write_outcome_unknown"
     assert flaky.sends == []
+    if key:
+        assert f"sent 5 times with idempotency key tether-{run_id}-1" in r.error["message"]
 
 
 # --- the keyed API: a per-call timeout, with and without the key declared ------------

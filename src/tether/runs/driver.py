@@ -283,9 +283,11 @@ async def _drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Appro
             rt.update_call_signed(e, [CALL_SENDING], state="unknown", finished_at=rt.clock(),
                                   error={"type": "TimeoutError",
                                          "message": f"[write_outcome_unknown] {e.address} may or may not have happened"})
+            sent = (f" (sent {e.sends} times with idempotency key {e.idempotency_key})"
+                    if e.sends > 1 and e.idempotency_key else "")
             err = WriteOutcomeUnknown(
-                f"the write {e.address} (call {e.seq}) was being sent when the run's process stopped; whether it "
-                "happened is unknown and it was not sent again",
+                f"the write {e.address} (call {e.seq}) was being sent{sent} when the run's process stopped; whether "
+                "it happened is unknown and it was not sent again",
                 details={"seq": e.seq, "address": e.address, "args": e.args},
             )
             return rt._finish(run, RUN_FAILED, error=err.to_dict(), calls=e.seq)
