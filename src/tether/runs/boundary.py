@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import random
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -51,7 +50,7 @@ from ..store.base import (
     CallRecord,
     Store,
 )
-from . import integrity, journal, policy as policy_mod, telemetry
+from . import integrity, journal, policy as policy_mod, resend, telemetry
 from .inputs import wait_name_problem
 from .result import to_json_value
 
@@ -675,7 +674,7 @@ class EffectBoundary:
         return await self._dispatch(seq, tool, args, CALL_SENDING, CALL_SENT, t)
 
     def _resendable(self, entry: CallRecord) -> "Tool | None":
-        return resendable(self.catalog, entry, self.limits)
+        return resend.resendable(self.catalog, entry, self.limits)
 
     async def _resend(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, entry: CallRecord) -> Any:
         # The write was already counted against the budget when first sent.
@@ -726,7 +725,7 @@ class EffectBoundary:
         except GuestRaise:
             raise
         except Exception as exc:  # the tool failed
-            if is_write and tool.dedupes_by_key and _outcome_unknown(exc):
+            if is_write and tool.dedupes_by_key and resend.outcome_unknown(exc):
                 # Its sends ran out with the outcome still unknown (P-31).
                 err = await self._unknown(seq, tool, t, _tool_error(tool.address, exc).message
                                           .removeprefix(f"[tool_error] {tool.address}: "))
@@ -762,36 +761,24 @@ class EffectBoundary:
     async def _unknown(self, seq: int, tool: "Tool", t: float, why: str) -> GuestRaise:
         """Record a write whose outcome is unknown (P-8, P-31); the error for the program."""
         self.state.unknown_writes.append({"seq": seq, "address": tool.address})
-        sends = self._sends.get(seq, 1)
-        if sends > 1:
-            why = (f"sent {sends} times with idempotency key {self._idempotency_key(seq)}, its outcome is still "
-                   f"unknown (last send: {why}); it may or may not have happened and tether will not send it again")
-        else:
-            why += "; it may or may not have happened and tether will not re-send it"
-        err = guest_error("write_outcome_unknown", f"{tool.address}: {why}", "TimeoutError")
+        message = resend.unknown_message(tool.address, why, self._sends.get(seq, 1), self._idempotency_key(seq))
+        err = guest_error("write_outcome_unknown", message, "TimeoutError")
         await self._record_outcome(seq, CALL_SENDING, CALL_UNKNOWN, error=_err_json(err))
         self._stat(seq, "tool", tool.address, "write", CALL_UNKNOWN, t)
         return err
 
     async def _deliver(self, tool: "Tool", args: dict[str, Any], seq: int, send: int) -> Any:
-        """Send a write; to a tool that dedupes by key, send it again while its outcome is unknown (P-31).
+        """Send a write; to a tool that dedupes by key, again while its outcome is unknown (P-31).
 
         Each re-send is journaled (its number, in state `sending`) before it
         leaves, so a crash mid-way never loses count of the bound.
         """
-        while True:
-            self._sends[seq] = send
-            try:
-                return await self._invoke(tool, args, seq, send)
-            except Exception as exc:
-                if not (tool.dedupes_by_key and _outcome_unknown(exc) and send < self.limits.key_sends):
-                    raise
-                last = exc
-            pause = min(5.0, self.limits.key_backoff_seconds * 2 ** (send - 1))
-            await asyncio.sleep(pause * random.uniform(0.5, 1.0))
-            if not await self._cas(seq, [CALL_SENDING], state=CALL_SENDING, sends=send + 1):
-                raise last  # no longer ours to send (another process settled it)
-            send += 1
+        async def invoke(n: int) -> Any:
+            self._sends[seq] = n
+            return await self._invoke(tool, args, seq, n)
+
+        return await resend.deliver(tool, send, self.limits, invoke,
+                                    lambda n: self._cas(seq, [CALL_SENDING], state=CALL_SENDING, sends=n))
 
     async def _invoke(self, tool: "Tool", args: dict[str, Any], seq: int, send: int = 1) -> Any:
         address = tool.address
@@ -1028,30 +1015,6 @@ def _pending_write(seq: int, tool: "Tool", args: dict[str, Any]) -> dict[str, An
         "annotations": tool.annotations.to_dict(),
         "description": tool.description,
     }
-def resendable(catalog: Any, entry: CallRecord, limits: "Limits") -> "Tool | None":
-    """The tool, when a write left `sending` may be sent again with its recorded key (P-31)."""
-    if entry.op != "tool" or entry.kind != "write" or max(entry.sends, 1) >= limits.key_sends:
-        return None
-    try:
-        tool = catalog.get(entry.address)
-    except UnknownTool:  # the tool is gone: nothing promises a repeat is harmless
-        return None
-    return tool if tool.dedupes_by_key and tool.is_write else None
-
-
-# How a source says a request's outcome is not known: it may not have
-# arrived ("not_sent"), arrived and been lost ("unknown"), or be still
-# processing under its key ("in_progress"). Any of them is worth a re-send
-# with the same key to a callee that dedupes by it, and only to such a callee.
-_UNKNOWN_OUTCOMES = ("unknown", "not_sent", "in_progress")
-
-
-def _outcome_unknown(exc: BaseException) -> bool:
-    if isinstance(exc, (TimeoutError, ConnectionError)):
-        return True
-    return isinstance(exc, TetherError) and exc.details.get("outcome") in _UNKNOWN_OUTCOMES
-
-
 def _err_json(err: GuestRaise) -> dict[str, Any]:
     return {"type": err.exc_type, "message": err.message}
 

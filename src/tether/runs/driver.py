@@ -46,8 +46,8 @@ from .boundary import (
     Parked,
     Paused,
     SnapshotMismatch,
-    resendable,
 )
+from .resend import resendable
 from ..tools.precheck import EVERYTHING, Reach, check_program
 from ..tools.stubs import stubs_for
 from .integrity import sign_run, verify_calls
