@@ -191,3 +191,15 @@ def test_sources_list_names_a_failed_source_beside_the_summaries(project):
     assert listed.returncode == 1  # a source failed: said, not hidden
     assert "  fx (" in listed.stdout and "): tether-fixture" in listed.stdout
     assert "  broken (0 tools): unavailable: " in listed.stdout
+
+
+@pytest.mark.slow
+def test_serve_and_worker_report_a_failed_source_on_stderr(project):
+    cwd, home, env = project
+    (cwd / "tether.toml").write_text(_mcp("broken", ["/nonexistent/tether-no-such-server"]))
+    served = tether(["serve", "--stdio"], env, cwd)  # stdin closes at once: the server stops
+    worked = tether(["worker", "--idle-exit", "0.2"], env, cwd)
+    for proc in (served, worked):
+        lines = [ln for ln in proc.stderr.splitlines() if "broken" in ln]
+        assert len(lines) == 1, proc.stderr
+        assert "tether.toml: sources[0]" in lines[0] and "not found" in lines[0]
