@@ -20,11 +20,11 @@ FIXTURES = Path(__file__).parent / "fixtures"
 pytestmark = pytest.mark.slow
 
 
-def _config(tmp_path, **timeouts) -> Config:
+def _config(tmp_path, limits=None, **timeouts) -> Config:
     source = {"type": "mcp", "namespace": "fx", "command": [sys.executable, str(FIXTURES / "mcp_fixture_server.py")],
               **timeouts}
     return Config.from_dict({"sources": [source], "store": {"url": f"sqlite:///{tmp_path}/t.db"},
-                             "sandbox": {"type_check": False}})
+                             "sandbox": {"check": "off"}, "limits": limits or {}})
 
 
 async def test_progress_restarts_call_timeout_and_reaches_the_caller(tmp_path):
@@ -48,6 +48,14 @@ async def test_no_progress_for_call_timeout_is_a_call_timeout(tmp_path):
     async with open_runtime(config) as rt:
         r = await rt.execute("import tools\nawait tools.fx.slow_steps(steps=1, delay=3)")
     assert r.status == "failed"
+    assert r.error["code"] == "call_timeout", r.error
+    assert "no answer or progress for 0.5 s" in r.error["message"]
+
+
+async def test_without_call_timeout_the_no_progress_limit_is_the_runs(tmp_path):
+    config = _config(tmp_path, limits={"call_timeout_seconds": 0.5}, max_call_seconds=20)
+    async with open_runtime(config) as rt:
+        r = await rt.execute("import tools\nawait tools.fx.slow_steps(steps=1, delay=3)")
     assert r.error["code"] == "call_timeout", r.error
     assert "no answer or progress for 0.5 s" in r.error["message"]
 

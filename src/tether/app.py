@@ -74,7 +74,8 @@ async def open_runtime(
     )
     runtime.config = config
     source_set = SourceSet(runtime, store=store, log_dir=config.home / "logs", local=config.sources,
-                           progress=forward_progress(runtime))
+                           progress=forward_progress(runtime),
+                           default_call_timeout=config.limits.call_timeout_seconds)
     runtime.source_set = source_set
     try:
         python = [{"type": "python", "module": resolve_tool_spec(spec)} for spec in tools]

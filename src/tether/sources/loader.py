@@ -378,7 +378,10 @@ class SourceSet:
             namespace=namespace, command=definition.get("command"), url=definition.get("url"),
             env=definition.get("env") or None, headers=definition.get("headers") or None,
             cwd=definition.get("cwd"), connect_timeout=timeout, idempotency=definition.get("idempotency", "none"),
-            call_timeout=definition.get("call_timeout") or self.default_call_timeout,
+            # With max_call_seconds, progress extends calls: the no-progress limit then
+            # defaults to [limits] call_timeout_seconds (without it the boundary applies that).
+            call_timeout=definition.get("call_timeout") or (
+                self.default_call_timeout if definition.get("max_call_seconds") else None),
             max_call_seconds=definition.get("max_call_seconds"),
             elicitation_handler=self.runtime.elicitation_handler(namespace),
             progress_handler=self.progress, errlog=errlog,
