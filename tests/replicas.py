@@ -58,6 +58,8 @@ class ReplicaSet:
         self.ledger = root / "ledger.txt"
         self.env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "TETHER_STORE_URL")}
         self.env.update(TETHER_STORE_URL=store_url, LEDGER=str(self.ledger))
+        if lease_seconds is not None:
+            self.env["TETHER_LEASE_SECONDS"] = str(lease_seconds)
         self.replicas: list[Replica] = []
         for i in range(n):
             self.replicas.append(self.start(i))

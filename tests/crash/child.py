@@ -114,7 +114,7 @@ async def main() -> None:
     else:
         tools, program = shop_tools(server), PROGRAM.replace("CHARGE", "charge")
     rt = Runtime(store=store, tools=tools, type_check=False, policy=Policy(writes="allow"),
-                 lease_seconds=0.3, checkpoint_every_calls=4)
+                 lease_seconds=float(os.environ.get("CRASH_LEASE_SECONDS", "0.3")), checkpoint_every_calls=4)
     async with rt:
         if mode == "start":
             result = await rt.execute(program)

@@ -19,9 +19,7 @@ import datetime as _dt
 import hashlib
 import hmac
 import logging
-import os
 import secrets
-import socket
 import time
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -56,6 +54,7 @@ from ..store.base import (
 from .boundary import Approver, Cancelled, EffectBoundary
 from .decisions import DECISIONS
 from .limits import Limits
+from .ownership import new_owner, owner_gone
 from .policy import Policy
 from .inputs import check_code_size, check_session_name
 from .result import RunResult, to_json_value
@@ -135,7 +134,8 @@ class Runtime:
         self.checkpoint_every_calls = checkpoint_every_calls
         self.checkpoint_every_seconds = checkpoint_every_seconds
         self.clock = clock
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        # Names this process's host and pid, so a runtime on the same host can tell it is gone.
+        self.owner = owner or new_owner()
         # Whose runs a call without an explicit principal starts and acts on
         # (the CLI's, the Python API's); and whether callers with a token may
         # act on those runs too ([server] local_runs).
@@ -771,9 +771,11 @@ class Runtime:
             boundary.release_held()
             return await self.wait_for_run(run_id)
         now = self.clock()
-        if run.lease_until is None or run.lease_until < now:
+        gone = owner_gone(run.owner)
+        if run.lease_until is None or run.lease_until < now or gone:
             # No process owns it (its process stopped): take it, so no recoverer starts it, and end it.
-            if self.store.claim_run(run_id, self.owner, now + self.lease_seconds, now):
+            if self.store.claim_run(run_id, self.owner, now + self.lease_seconds, now,
+                                    gone_owner=run.owner if gone else None):
                 return self._cancel_now(self.store.get_run(run_id), reason) or await self.cancel(
                     run_id, reason, principal=principal)
         # Running in another process: a durable request its heartbeat sees.
@@ -800,10 +802,10 @@ class Runtime:
     # -- recover -----------------------------------------------------------------
 
     async def recover(self) -> list[RunResult]:
-        """Continue runs whose owner died (lease expired) (P-11)."""
+        """Continue runs whose owner died: lease expired, or its process on this host is gone (P-11)."""
         out = []
         now = self.clock()
-        for run in self.store.runs_with_expired_lease(now):
+        for run, gone in self.orphans(now):
             trusted, ended = self._vet(run)
             if not trusted:
                 if ended is not None:
@@ -811,10 +813,23 @@ class Runtime:
                 continue
             if not await self._sources_or_note(run, out):
                 continue
-            if not self.store.claim_run(run.run_id, self.owner, now + self.lease_seconds, now):
+            if not self.store.claim_run(run.run_id, self.owner, now + self.lease_seconds, now, gone_owner=gone):
                 continue
             run = self.store.get_run(run.run_id)
             out.append(await self._attempt(run, mode="continue", on_approval=None, t0=time.perf_counter()))
+        return out
+
+    def orphans(self, now: float) -> list[tuple[RunRecord, str | None]]:
+        """Running runs whose owner died, each with the owner to claim it from when that was not the lease.
+
+        The lease says so after it lapses; a process on this host is known gone at once
+        (tether.runs.ownership), so its runs wait for nothing.
+        """
+        out: list[tuple[RunRecord, str | None]] = [(r, None) for r in self.store.runs_with_expired_lease(now)]
+        lapsed = {r.run_id for r, _ in out}
+        for run in self.store.list_runs(status=RUN_RUNNING, limit=1000):
+            if run.run_id not in lapsed and run.owner != self.owner and owner_gone(run.owner):
+                out.append((run, run.owner))
         return out
 
     # -- attempts ------------------------------------------------------------------

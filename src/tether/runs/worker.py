@@ -81,10 +81,10 @@ async def _claims(rt: "Runtime", free: int, reported: set[str]):
     out = []
     rt.expire_paused()
     # Orphans first: their writes wait on us.
-    for run in rt.store.runs_with_expired_lease(now)[:free]:
+    for run, gone in rt.orphans(now)[:free]:
         if not await _available(rt, run, reported):
             continue
-        if rt.store.claim_run(run.run_id, rt.owner, now + rt.lease_seconds, now):
+        if rt.store.claim_run(run.run_id, rt.owner, now + rt.lease_seconds, now, gone_owner=gone):
             out.append(rt._attempt(rt.store.get_run(run.run_id), mode="continue", on_approval=None,
                                    t0=time.perf_counter()))
     for run in rt.store.runs_due(now, limit=free - len(out)) if len(out) < free else []:

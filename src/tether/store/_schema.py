@@ -709,15 +709,16 @@ class SQLStore:
                 return tx.run("SELECT COUNT(*) FROM runs").fetchone()[0]
             return tx.run("SELECT COUNT(*) FROM runs WHERE status = ?", (status,)).fetchone()[0]
 
-    def claim_run(self, run_id: str, owner: str, lease_until: float, now: float) -> bool:
+    def claim_run(self, run_id: str, owner: str, lease_until: float, now: float,
+                  gone_owner: str | None = None) -> bool:
         # A run without a lease is not held by anyone, whatever its owner says.
         sql = (
             "UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?"
             f" AND status NOT IN {_TERMINAL_SQL}"
-            " AND (owner IS NULL OR owner = ? OR lease_until IS NULL OR lease_until < ?)"
+            " AND (owner IS NULL OR owner = ? OR owner = ? OR lease_until IS NULL OR lease_until < ?)"
         )
         with self._transaction(write=True) as tx:
-            return tx.run(sql, (owner, lease_until, run_id, owner, now)).rowcount == 1
+            return tx.run(sql, (owner, lease_until, run_id, owner, gone_owner or owner, now)).rowcount == 1
 
     def runs_with_expired_lease(self, now: float) -> list[RunRecord]:
         sql = f"{_SELECT_RUN} WHERE status = 'running' AND lease_until < ? ORDER BY lease_until"

@@ -205,8 +205,13 @@ class Store(Protocol):
         """Set ``fields`` if the run's status is in ``expect_status`` (any, if None). CAS."""
 
     def list_runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]: ...
-    def claim_run(self, run_id: str, owner: str, lease_until: float, now: float) -> bool:
-        """Take ownership when the run has no owner, the owner is ``owner``, or its lease expired."""
+    def claim_run(self, run_id: str, owner: str, lease_until: float, now: float,
+                  gone_owner: str | None = None) -> bool:
+        """Take ownership when the run has no owner, the owner is ``owner``, or its lease expired.
+
+        ``gone_owner``: also when the owner is still that one, a process known to have ended
+        (tether.runs.ownership); compare-and-set, so a run another process took meanwhile stays its own.
+        """
 
     def runs_with_expired_lease(self, now: float) -> list[RunRecord]:
         """Runs in status running whose lease ended before ``now``."""
