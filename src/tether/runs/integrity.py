@@ -162,6 +162,10 @@ def verify_run(keyring: Keyring, run: "RunRecord") -> None:
 # Journal entries
 
 
+# The signed fields of an entry that change after it is recorded.
+_MUTABLE_CALL_FIELDS = ("state", "outcome", "error", "idempotency_key", "sends")
+
+
 def signed_call_fields(call: "CallRecord") -> list[Any]:
     """What a call's MAC covers: everything replay answers from or decides by (P-5), and what a send carries.
 
@@ -190,9 +194,15 @@ def resign_call(keyring: Keyring, call: "CallRecord", **fields: Any) -> str:
 
 def update_call_signed(store: Any, keyring: Keyring, entry: "CallRecord | None", expect: Sequence[str],
                        **fields: Any) -> bool:
-    """Move a journal entry on (compare-and-set) and re-sign it; on success ``entry`` holds the new values."""
+    """Move a journal entry on (compare-and-set) and re-sign it; on success ``entry`` holds the new values.
+
+    Every signed field that can change is written with the MAC, not only
+    ``fields``: the row then always holds exactly what was signed, even if a
+    process that lost its lease wrote the same entry meanwhile.
+    """
     if entry is None:
         return False
+    fields = {**{name: getattr(entry, name) for name in _MUTABLE_CALL_FIELDS}, **fields}
     mac = resign_call(keyring, entry, **fields)
     if not store.update_call(entry.run_id, entry.seq, list(expect), mac=mac, **fields):
         return False
