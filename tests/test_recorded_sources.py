@@ -182,3 +182,21 @@ async def test_p30_a_wait_resolved_where_the_sources_cannot_load_is_kept_and_con
         assert out["status"] == "already_resolved"
         assert out["run"]["status"] == "completed" and out["run"]["result"] == "once"
     assert _writes(log) == ["once"]
+
+
+def test_p30_a_literal_secret_is_never_recorded_and_comes_from_a_matching_local_config(setup):
+    a, b, log, env = setup
+    toml = (a / "tether.toml").read_text().replace('"${FX_SECRET}"', '"literal-secret-value-42"')
+    (a / "tether.toml").write_text(toml)
+    run_id = _paused(a, env)
+    db = Path(env["TETHER_HOME"]) / "tether.db"
+    assert b"literal-secret-value-42" not in db.read_bytes()
+
+    refused = tether(["resume", run_id, "--approve", "--json"], env, b)  # no config here
+    error = json.loads(refused.stdout)["error"]
+    assert error["code"] == "tools_unavailable" and "written literally" in error["message"]
+    assert _status(run_id, env, b) == "paused"
+
+    done = tether(["resume", run_id, "--approve", "--json"], env, a)  # the config with that value
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _writes(log) == ["once"]

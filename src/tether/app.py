@@ -84,7 +84,7 @@ async def open_runtime(
                 raise entry.exc
         if sources is None:
             where = str(config.path) if config.path else "<config>"
-            definitions = [record_definition(s) for s in config.sources]
+            definitions = [record_definition(s, source_set.secret) for s in config.sources]
             origins: list[str | None] = [f"{where}: sources[{i}]" for i in range(len(definitions))]
         else:
             definitions, origins = list(sources), ["recorded with the run"] * len(sources)

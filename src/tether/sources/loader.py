@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -47,16 +48,18 @@ DEFAULT_START_TIMEOUT = 10.0
 # --- definitions ----------------------------------------------------------------
 
 
-def _digest(value: str) -> str:
-    return f"{_LITERAL}{hashlib.sha256(value.encode()).hexdigest()[:32]}>"
+def _digest(value: str, secret: bytes) -> str:
+    # Keyed by the store's secret: a short literal (a PIN, a weak token) cannot
+    # be recovered from the store by hashing guesses.
+    return f"{_LITERAL}{hmac.new(secret, value.encode(), hashlib.sha256).hexdigest()[:32]}>"
 
 
-def record_definition(source: Any) -> dict[str, Any]:
-    """A config source as a run records it: JSON, secrets as references or digests."""
+def record_definition(source: Any, secret: bytes = b"") -> dict[str, Any]:
+    """A config source as a run records it: JSON, secrets as references or keyed digests."""
     data = source.model_dump(mode="json", exclude_none=True) if hasattr(source, "model_dump") else dict(source)
     for table in ("env", "headers"):
         if data.get(table):
-            data[table] = {k: v if _ENV_REF.search(v) else _digest(v) for k, v in data[table].items()}
+            data[table] = {k: v if _ENV_REF.search(v) else _digest(v, secret) for k, v in data[table].items()}
     return data
 
 
@@ -70,7 +73,7 @@ def _label(definition: dict[str, Any]) -> str:
     return str(definition.get("namespace") or definition.get("module") or "?")
 
 
-def _fill_literals(definition: dict[str, Any], local: Iterable[Any]) -> dict[str, Any]:
+def _fill_literals(definition: dict[str, Any], local: Iterable[Any], secret: bytes) -> dict[str, Any]:
     """Put back literal values a run recorded as digests, from a matching local source."""
     out = dict(definition)
     for table in ("env", "headers"):
@@ -82,7 +85,7 @@ def _fill_literals(definition: dict[str, Any], local: Iterable[Any]) -> dict[str
                 if getattr(source, "namespace", None) != definition.get("namespace"):
                     continue
                 candidate = (getattr(source, table, None) or {}).get(key)
-                if isinstance(candidate, str) and _digest(candidate) == value:
+                if isinstance(candidate, str) and hmac.compare_digest(_digest(candidate, secret), value):
                     values[key] = candidate
                     break
             else:
@@ -229,6 +232,7 @@ class SourceSet:
                  progress: Callable[[Any], None] | None = None) -> None:
         self.runtime = runtime
         self.store = store
+        self.secret: bytes = store.secret() if store is not None else b""
         self.log_dir = log_dir
         self.local = list(local)  # this process's own config sources (literal values live there)
         self.default_call_timeout = default_call_timeout
@@ -278,7 +282,7 @@ class SourceSet:
         entry.tools = []
 
     async def _load(self, entry: LoadedSource) -> None:
-        definition = _fill_literals(entry.definition, self.local)
+        definition = _fill_literals(entry.definition, self.local, self.secret)
         _check_resolvable(definition)
         kind = definition.get("type")
         timeout = float(definition.get("start_timeout", DEFAULT_START_TIMEOUT))
