@@ -446,3 +446,6 @@ async def test_p31_mcp_server_dying_mid_call_is_re_sent_only_when_it_dedupes(sto
     else:  # as before: reported, not sent again
         assert r.status == "failed" and "whether it took effect is unknown" in r.error["message"]
         assert entry.sends == 1
+        # P-8: the request left and its answer was lost, so the write is
+        # unknown (reported as such), not a failure someone might retry.
+        assert entry.state == "unknown" and r.error["code"] == "write_outcome_unknown"

@@ -725,8 +725,9 @@ class EffectBoundary:
         except GuestRaise:
             raise
         except Exception as exc:  # the tool failed
-            if is_write and tool.dedupes_by_key and resend.outcome_unknown(exc):
-                # Its sends ran out with the outcome still unknown (P-31).
+            if is_write and (resend.outcome_unknown(exc) if tool.dedupes_by_key else resend.sent_unanswered(exc)):
+                # Its sends ran out with the outcome still unknown (P-31), or a
+                # source says the request left and no answer came back (P-8).
                 err = await self._unknown(seq, tool, t, _tool_error(tool.address, exc).message
                                           .removeprefix(f"[tool_error] {tool.address}: "))
                 self._remember(err, seq, tool.address)

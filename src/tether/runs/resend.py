@@ -35,6 +35,15 @@ def outcome_unknown(exc: BaseException) -> bool:
     return isinstance(exc, TetherError) and exc.details.get("outcome") in UNKNOWN_OUTCOMES
 
 
+def sent_unanswered(exc: BaseException) -> bool:
+    """Whether a source reports that the request left and its answer was lost.
+
+    For a write that is not declared to dedupe by key this is not a failure
+    but an unknown outcome (P-8): it may have happened, and is never re-sent.
+    """
+    return isinstance(exc, TetherError) and exc.details.get("outcome") == "unknown"
+
+
 def resendable(catalog: Any, entry: "CallRecord", limits: "Limits") -> "Tool | None":
     """The tool, when a write left `sending` may be sent again with its recorded key."""
     if entry.op != "tool" or entry.kind != "write" or max(entry.sends, 1) >= limits.key_sends:
