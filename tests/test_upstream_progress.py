@@ -80,3 +80,23 @@ async def test_a_cell_sees_upstream_progress_as_events(tmp_path):
     progress = [e for e in events if e["type"] == "progress"]
     assert [e["progress"] for e in progress] == [1, 2, 3], json.dumps(events)
     assert progress[-1]["address"] == "fx.slow_steps" and progress[-1]["total"] == 3
+
+
+async def test_tethers_own_mcp_client_sees_upstream_progress(tmp_path):
+    from mcp import Client
+
+    from tether.server.mcp import TetherServer
+
+    seen: list[tuple[float, str | None]] = []
+
+    async def progress(value, total, message):
+        seen.append((value, message))
+
+    async with open_runtime(_config(tmp_path, call_timeout=5)) as rt:
+        async with Client(TetherServer(rt).mcp, mode="legacy") as c:
+            r = await c.call_tool("execute", {"code": "import tools\nawait tools.fx.slow_steps(steps=3, delay=0.2)"},
+                                  progress_callback=progress)
+    assert r.structured_content["result"] == {"result": "3 steps done"}
+    values = [v for v, _ in seen]
+    assert values == sorted(set(values)) and values[-1] == 1  # rising, ending at the one call done
+    assert any("fx.slow_steps: step 3 of 3" in (m or "") for _, m in seen), seen
