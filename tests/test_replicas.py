@@ -173,3 +173,19 @@ async def test_a_run_executing_on_one_replica_is_cancelled_from_another_process(
     assert owner and "home-cli" not in owner
     await asyncio.sleep(0.3)
     assert "after-cancel" not in replicas.tags()
+
+
+async def test_queued_runs_are_shared_by_the_replicas_runners_and_each_runs_once(replicas):
+    from tether.runs.policy import Policy
+    from tether.runs.runtime import Runtime
+
+    # The policy is recorded with each run when it is queued.
+    async with Runtime(store=open_store(replicas.store_url), type_check=False, policy=Policy(writes="allow")) as rt:
+        ids = [rt.start(f"import tools\nawait tools.ledger.write(tag='queued-{i}')\n{i}") for i in range(12)]
+        with anyio.fail_after(120):
+            while any(rt.store.get_run(i).status in ("queued", "running") for i in ids):
+                await asyncio.sleep(0.1)
+        runs = [rt.store.get_run(i) for i in ids]
+    assert [r.status for r in runs] == ["completed"] * 12, [r.error for r in runs]
+    tags = replicas.tags()
+    assert all(tags.count(f"queued-{i}") == 1 for i in range(12)), tags

@@ -262,6 +262,65 @@ def test_runs_with_expired_lease(store):
     assert [r.run_id for r in store.runs_with_expired_lease(now=1000.0)] == ["expired"]
 
 
+def test_claim_queued_takes_the_oldest_first_and_skips_what_it_is_told(store):
+    for i, at in enumerate([1003.0, 1001.0, 1002.0]):
+        store.create_run(make_run(f"q{i}", status="queued", created_at=at))
+    store.create_run(make_run("busy", status="running", owner="x", lease_until=9e9))
+    first = store.claim_queued("me", 1100.0, 1050.0)
+    assert first.run_id == "q1" and first.status == "running" and first.owner == "me" and first.lease_until == 1100.0
+    assert store.claim_queued("me", 1100.0, 1050.0, skip=["q2"]).run_id == "q0"
+    assert store.claim_queued("me", 1100.0, 1050.0, skip=["q2"]) is None
+    assert store.claim_queued("me", 1100.0, 1050.0).run_id == "q2"
+    assert store.claim_queued("me", 1100.0, 1050.0) is None
+
+
+def test_concurrent_claimers_never_take_the_same_queued_run(backend):
+    n, claimers = 60, 4
+    setup = backend.open()
+    for i in range(n):
+        setup.create_run(make_run(f"q{i:03}", status="queued", created_at=1000.0 + i))
+    stores = [backend.open() for _ in range(claimers)]
+    taken: list[list[str]] = [[] for _ in range(claimers)]
+    start = threading.Barrier(claimers)
+
+    def claim(k: int) -> None:
+        start.wait()
+        while (run := stores[k].claim_queued(f"owner{k}", 2000.0, 1500.0)) is not None:
+            taken[k].append(run.run_id)
+
+    threads = [threading.Thread(target=claim, args=(k,)) for k in range(claimers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    every = [r for ids in taken for r in ids]
+    assert sorted(every) == [f"q{i:03}" for i in range(n)]  # each claimed exactly once
+    for k, ids in enumerate(taken):
+        assert all(setup.get_run(r).owner == f"owner{k}" for r in ids)
+
+
+@pytest.mark.postgres
+def test_a_claimer_on_postgres_passes_over_a_row_another_holds_instead_of_waiting(backend):
+    import psycopg
+
+    if backend.kind != "postgres":
+        pytest.skip("row locks are Postgres's")
+    store = backend.open()
+    store.create_run(make_run("old", status="queued", created_at=1000.0))
+    store.create_run(make_run("new", status="queued", created_at=1001.0))
+    with psycopg.connect(backend.url) as other:
+        other.execute(f"SELECT 1 FROM {backend.schema}.runs WHERE run_id = 'old' FOR UPDATE")
+        # Another replica is mid-claim on the oldest: this one takes the next without blocking.
+        store_done: list = []
+        t = threading.Thread(target=lambda: store_done.append(store.claim_queued("me", 2000.0, 1500.0)))
+        t.start()
+        t.join(timeout=20)
+        assert not t.is_alive(), "the claim waited for another transaction's row lock"
+        assert store_done[0].run_id == "new"
+        other.rollback()
+    assert store.claim_queued("me", 2000.0, 1500.0).run_id == "old"
+
+
 def test_paused_runs_past_expiry(store):
     store.create_run(make_run("old", status="paused", expires_at=500.0))
     store.create_run(make_run("older", status="paused", expires_at=400.0))

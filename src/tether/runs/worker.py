@@ -1,7 +1,8 @@
 """The runner: executes queued runs, wakes timers and due waits, takes over orphans.
 
 Any number of workers may share a store; every claim is a compare-and-set, so
-each run executes in one place. A run whose worker died is taken over once its
+each run executes in one place (queued runs on Postgres: ``FOR UPDATE SKIP
+LOCKED``, so replicas polling at once take different runs without waiting). A run whose worker died is taken over once its
 lease expires (P-11, P-16).
 """
 
@@ -75,7 +76,7 @@ async def _claims(rt: "Runtime", free: int, reported: set[str]):
     A run whose sources cannot be loaded here is left as it is (P-30) for a
     process that has them.
     """
-    from ..store.base import RUN_QUEUED
+    from ..store.base import RUN_QUEUED, RUN_RUNNING
 
     now = rt.clock()
     out = []
@@ -90,16 +91,18 @@ async def _claims(rt: "Runtime", free: int, reported: set[str]):
     for run in rt.store.runs_due(now, limit=free - len(out)) if len(out) < free else []:
         if await _available(rt, run, reported):
             out.append(rt.wake(run.run_id))
-    if len(out) < free:
-        for run in reversed(rt.store.list_runs(status=RUN_QUEUED, limit=1000)):
-            if len(out) >= free:
-                break
-            if not await _available(rt, run, reported):
-                continue
-            if rt.store.update_run(run.run_id, [RUN_QUEUED], status="running", owner=rt.owner,
-                                   lease_until=now + rt.lease_seconds, updated_at=now):
-                out.append(rt._attempt(rt.store.get_run(run.run_id), mode="fresh", on_approval=None,
-                                       t0=time.perf_counter()))
+    # Queued runs, oldest first, claimed one at a time so replicas sharing the queue never take the same one.
+    skip: list[str] = []
+    while len(out) < free:
+        run = rt.store.claim_queued(rt.owner, now + rt.lease_seconds, now, skip=skip)
+        if run is None:
+            break
+        if not await _available(rt, run, reported):
+            # Back in the queue for a process that has its sources (this one tries again next round).
+            rt.store.update_run(run.run_id, [RUN_RUNNING], status=RUN_QUEUED, owner=None, lease_until=None)
+            skip.append(run.run_id)
+            continue
+        out.append(rt._attempt(run, mode="fresh", on_approval=None, t0=time.perf_counter()))
     return out
 
 

@@ -720,6 +720,15 @@ class SQLStore:
         with self._transaction(write=True) as tx:
             return tx.run(sql, (owner, lease_until, run_id, owner, gone_owner or owner, now)).rowcount == 1
 
+    def claim_queued(self, owner: str, lease_until: float, now: float,
+                     skip: Sequence[str] = ()) -> RunRecord | None:
+        # One writer at a time (SQLite): oldest first, each a compare-and-set from queued.
+        for run in reversed(self.list_runs(status="queued", limit=1000)):
+            if run.run_id not in skip and self.update_run(run.run_id, ["queued"], status="running", owner=owner,
+                                                          lease_until=lease_until, updated_at=now):
+                return self.get_run(run.run_id)
+        return None
+
     def runs_with_expired_lease(self, now: float) -> list[RunRecord]:
         sql = f"{_SELECT_RUN} WHERE status = 'running' AND lease_until < ? ORDER BY lease_until"
         with self._transaction(write=False) as tx:

@@ -213,6 +213,14 @@ class Store(Protocol):
         (tether.runs.ownership); compare-and-set, so a run another process took meanwhile stays its own.
         """
 
+    def claim_queued(self, owner: str, lease_until: float, now: float,
+                     skip: Sequence[str] = ()) -> RunRecord | None:
+        """The oldest queued run not in ``skip``, now ``running`` under ``owner``; None if there is none.
+
+        Concurrent claimers never get the same run (Postgres: ``FOR UPDATE SKIP LOCKED``, so they
+        do not queue behind each other's row locks either; SQLite: compare-and-set by its one writer).
+        """
+
     def runs_with_expired_lease(self, now: float) -> list[RunRecord]:
         """Runs in status running whose lease ended before ``now``."""
 

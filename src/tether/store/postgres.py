@@ -22,13 +22,14 @@ import re
 import secrets
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import psycopg
 import psycopg.conninfo
 
 from ..errors import ConfigError
 from ._schema import POSTGRES_MIGRATIONS, SQLStore, Tx
+from .base import RunRecord
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _CONNECT_TIMEOUT_S = 10
@@ -114,6 +115,20 @@ class PostgresStore(SQLStore):
 
     def _lock_run(self, tx: Tx, run_id: str) -> bool:
         return tx.run("SELECT 1 FROM runs WHERE run_id = ? FOR NO KEY UPDATE", (run_id,)).fetchone() is not None
+
+    # -- claiming
+
+    def claim_queued(self, owner: str, lease_until: float, now: float,
+                     skip: Sequence[str] = ()) -> RunRecord | None:
+        # Replicas polling the queue at once each lock a different row; none waits for another's.
+        sql = (
+            "UPDATE runs SET status = 'running', owner = ?, lease_until = ?, updated_at = ?"
+            " WHERE run_id = (SELECT run_id FROM runs WHERE status = 'queued' AND NOT (run_id = ANY(?))"
+            " ORDER BY created_at, run_id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING run_id"
+        )
+        with self._transaction(write=True) as tx:
+            row = tx.run(sql, (owner, lease_until, now, list(skip))).fetchone()
+        return None if row is None else self.get_run(row[0])
 
     # -- size
 
