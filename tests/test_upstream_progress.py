@@ -24,7 +24,8 @@ def _config(tmp_path, limits=None, **timeouts) -> Config:
     source = {"type": "mcp", "namespace": "fx", "command": [sys.executable, str(FIXTURES / "mcp_fixture_server.py")],
               **timeouts}
     return Config.from_dict({"sources": [source], "store": {"url": f"sqlite:///{tmp_path}/t.db"},
-                             "sandbox": {"check": "off"}, "limits": limits or {}})
+                             "sandbox": {"check": "off"}, "limits": limits or {},
+                             "policy": {"writes": "allow"}})
 
 
 async def test_progress_restarts_call_timeout_and_reaches_the_caller(tmp_path):
@@ -100,3 +101,11 @@ async def test_tethers_own_mcp_client_sees_upstream_progress(tmp_path):
     values = [v for v, _ in seen]
     assert values == sorted(set(values)) and values[-1] == 1  # rising, ending at the one call done
     assert any("fx.slow_steps: step 3 of 3" in (m or "") for _, m in seen), seen
+
+
+async def test_an_upstream_error_names_the_address_once(tmp_path):
+    async with open_runtime(_config(tmp_path)) as rt:
+        r = await rt.execute("import tools\nawait tools.fx.fail(message='the disk is full')")
+    assert r.status == "failed"
+    message = r.error["message"]
+    assert "the disk is full" in message and message.count("fx.fail:") == 1, message
