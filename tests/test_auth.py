@@ -173,3 +173,22 @@ async def test_other_paths_still_need_the_token():
         r = await http.get("/healthz/../mcp")
         s = await http.get("/healthzz")
     assert r.status_code == 401 and s.status_code == 401
+
+
+async def test_p23_a_websocket_is_refused_not_passed_through():
+    reached, sent = [], []
+
+    async def app(scope, receive, send):
+        reached.append(scope["type"])
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "websocket.connect"}
+
+    scope = {"type": "websocket", "path": "/mcp", "headers": [(b"authorization", f"Bearer {GOOD}".encode())]}
+    await BearerAuth(app, (GOOD,))(scope, receive, send)
+    assert reached == [] and sent == [{"type": "websocket.close", "code": 1008}]
+    await BearerAuth(app, (GOOD,))({"type": "lifespan"}, receive, send)
+    assert reached == ["lifespan"]

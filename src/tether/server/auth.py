@@ -138,6 +138,10 @@ class BearerAuth:
         self._sessions: OrderedDict[bytes, str] = OrderedDict()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket" and self.tokens:
+            # Nothing tether serves speaks WebSocket: refuse rather than pass one through unchecked.
+            await send({"type": "websocket.close", "code": 1008})
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
