@@ -49,7 +49,7 @@ async def test_p20_cell_start_wait_over_mcp(server, mode):
 @pytest.mark.parametrize("mode", ERAS)
 async def test_p20_cell_terminate_and_bad_input_over_mcp(server, mode):
     async with Client(server.mcp, mode=mode) as c:
-        r = await c.call_tool("cell_start", {"code": "import asyncio\nwhile True:\n    await asyncio.sleep(0.05)\n",
+        r = await c.call_tool("cell_start", {"code": "import asyncio\nwhile True:\n    await asyncio.sleep(0.5)\n",
                                               "yield_after_ms": 50})
         cell = r.structured_content["cell_id"]
         r = await c.call_tool("cell_terminate", {"cell_id": cell})
