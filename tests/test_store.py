@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -319,6 +320,26 @@ def test_a_claimer_on_postgres_passes_over_a_row_another_holds_instead_of_waitin
         assert store_done[0].run_id == "new"
         other.rollback()
     assert store.claim_queued("me", 2000.0, 1500.0).run_id == "old"
+
+
+@pytest.mark.postgres
+def test_a_listener_on_postgres_hears_of_events_other_stores_add(backend):
+    if backend.kind != "postgres":
+        pytest.skip("LISTEN/NOTIFY is Postgres's")
+    listener, writer = backend.open(), backend.open()
+    writer.create_run(make_run("r1", status="running"))
+    heard: list[str] = []
+    got = threading.Event()
+    stop = listener.listen(lambda run_id: (heard.append(run_id), got.set()))
+    try:
+        deadline = time.monotonic() + 20
+        # The listener connects in the background: add events until one is heard.
+        while not got.is_set() and time.monotonic() < deadline:
+            writer.add_event("r1", "output", {"n": 1}, 1000.0)
+            got.wait(0.2)
+    finally:
+        stop()
+    assert heard and set(heard) == {"r1"}
 
 
 def test_paused_runs_past_expiry(store):

@@ -61,8 +61,10 @@ async def wait_events(rt: "Runtime", cell_id: str, after: int, timeout_ms: int,
     cursor = after
     delay = 0.005
     # Events stored by this process wake us at once; other processes' events
-    # are found by polling the store (backing off to 50 ms).
+    # too on Postgres (LISTEN/NOTIFY), and polling the store (backing off to
+    # 50 ms) finds them whatever happens to the notifications.
     signal = rt._event_signals.setdefault(cell_id, asyncio.Event())
+    rt.listen_for_events()  # and, on Postgres, other processes' events at once too
     while True:
         signal.clear()
         new = rt.store.get_events(cell_id, after=cursor)

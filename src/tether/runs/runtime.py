@@ -15,6 +15,7 @@ or replay (the program from its first line, answered from the journal).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as _dt
 import hashlib
 import hmac
@@ -163,6 +164,7 @@ class Runtime:
         self._boundaries: dict[str, EffectBoundary] = {}
         self._cell_tasks: dict[str, asyncio.Task] = {}
         self._event_signals: dict[str, asyncio.Event] = {}
+        self._stop_listening: Callable[[], None] | None = None
         # Verdicts of the bundled type checker by (program, stubs): a resent program is not checked twice.
         self.verdicts: dict[str, bool] = {}
         # Recorded on every run; computed once (dataclasses.asdict deep-copies).
@@ -233,6 +235,9 @@ class Runtime:
             task.cancel()
         if self._cell_tasks:
             await asyncio.gather(*self._cell_tasks.values(), return_exceptions=True)
+        if self._stop_listening is not None:
+            self._stop_listening()
+            self._stop_listening = None
         if self._own_pool:
             await self.pool.close()
 
@@ -923,6 +928,24 @@ class Runtime:
                 listener(run_id, kind, data)
             except Exception:  # a notification that cannot be queued must not change the run
                 pass
+
+    def listen_for_events(self) -> None:
+        """Wake observers here when another process stores an event (a store that can say so: Postgres).
+
+        Started by the first observer; without it (SQLite, or the listener down) observers poll.
+        """
+        listen = getattr(self.store, "listen", None)
+        if self._stop_listening is not None or listen is None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def wake(run_id: str) -> None:
+            signal = self._event_signals.get(run_id)
+            if signal is not None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+                    loop.call_soon_threadsafe(signal.set)
+
+        self._stop_listening = listen(wake)
 
     def event(self, run_id: str, type: str, data: dict[str, Any]) -> int:
         event_id = self.store.add_event(run_id, type, to_json_value(data)[0], self.clock())

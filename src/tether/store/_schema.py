@@ -932,7 +932,12 @@ class SQLStore:
             # Ids must become visible in id order for a reader's cursor to miss none.
             if not self._lock_run(tx, run_id):
                 raise _no_run(run_id)
-            return tx.run(sql, (run_id, type, dump_json(data), now)).fetchone()[0]
+            event_id = tx.run(sql, (run_id, type, dump_json(data), now)).fetchone()[0]
+            self._announce_event(tx, run_id)
+            return event_id
+
+    def _announce_event(self, tx: Tx, run_id: str) -> None:
+        """Tell other processes watching this store that ``run_id`` has a new event (Postgres: NOTIFY)."""
 
     def get_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[EventRecord]:
         sql = f"{_SELECT_EVENT} WHERE run_id = ? AND id > ? ORDER BY id LIMIT ?"

@@ -20,9 +20,10 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import threading
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import psycopg
 import psycopg.conninfo
@@ -115,6 +116,39 @@ class PostgresStore(SQLStore):
 
     def _lock_run(self, tx: Tx, run_id: str) -> bool:
         return tx.run("SELECT 1 FROM runs WHERE run_id = ? FOR NO KEY UPDATE", (run_id,)).fetchone() is not None
+
+    # -- events across processes
+
+    def _announce_event(self, tx: Tx, run_id: str) -> None:
+        # Delivered at commit, so a listener that wakes finds the row.
+        tx.run("SELECT pg_notify(?, ?)", (self._channel, run_id))
+
+    @property
+    def _channel(self) -> str:
+        return f"{self.schema}_events"
+
+    def listen(self, on_event: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``on_event(run_id)`` (from a thread) when any process adds an event; returns a stopper.
+
+        One extra connection, listening; if it breaks, it is opened again after a second, and the
+        readers' polling covers the gap: a notification is a hint to look now, never the data.
+        """
+        stopped = threading.Event()
+
+        def loop() -> None:
+            while not stopped.is_set():
+                try:
+                    with psycopg.connect(self.url, autocommit=True, application_name="tether-listen",
+                                         connect_timeout=_CONNECT_TIMEOUT_S) as conn:
+                        conn.execute(f"LISTEN {self._channel}")
+                        while not stopped.is_set():
+                            for note in conn.notifies(timeout=0.5):
+                                on_event(note.payload)
+                except Exception:  # noqa: BLE001 - polling carries on; try again shortly
+                    stopped.wait(1.0)
+
+        threading.Thread(target=loop, name="tether-listen", daemon=True).start()
+        return stopped.set
 
     # -- claiming
 
