@@ -6,6 +6,8 @@ next program (a live host after).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from helpers import Recorder
@@ -129,6 +131,40 @@ b = await get(4)
     assert [c.args for c in calls] == [{"id": 3}, {"id": 4}]
     same = await rt.execute("import tools\nawait tools.helpdesk.get_ticket(id=3)")
     assert rt.store.get_calls(same.run_id)[0].key == calls[0].key
+
+
+async def test_a_tuple_is_an_array_to_every_tool():
+    # Models pass tuples where a tool takes a list ((lat, lon), tuple(ids)); the
+    # JSON Schema check alone refused them ("must be array, got array").
+    from tether.sources import tool
+    from tether.tools.model import Annotations, Tool
+
+    got: list = []
+
+    async def tag(args: dict) -> Any:
+        got.append(args)
+        return args["ids"]
+
+    @tool(namespace="py")
+    async def place(names: list[str], at: tuple[int, int] | None = None) -> dict:
+        """Place names at a point."""
+        return {"names": names, "at": at}
+
+    schema = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"}}},
+              "required": ["ids"]}
+    tools = [Tool("api", "tag", "Tag ids.", schema, tag, annotations=Annotations(read_only=True)), place]
+    async with Runtime(tools=tools, policy=Policy(writes="allow")) as rt:
+        for check in ("calls", "off"):
+            r = await rt.execute("import tools\nids = tuple(range(3))\n"
+                                 "[await tools.api.tag(ids), await tools.py.place(('a', 'b'), at=(1, 2))]", check=check)
+            assert r.status == "completed", r.error
+            assert r.result == [[0, 1, 2], {"names": ["a", "b"], "at": [1, 2]}]
+            assert got[-1] == {"ids": [0, 1, 2]} and type(got[-1]["ids"]) is list  # sent as JSON has it
+            assert [c.args for c in rt.store.get_calls(r.run_id)] == [{"ids": [0, 1, 2]},
+                                                                       {"names": ["a", "b"], "at": [1, 2]}]
+        # A wrong item type inside a tuple is still refused.
+        r = await rt.execute("import tools\nawait tools.api.tag(('x',))", check="off")
+        assert r.error["code"] == "invalid_arguments" and "must be integer" in r.error["message"], r.error
 
 
 async def test_a_tool_that_raises_is_a_catchable_tool_error(rt):

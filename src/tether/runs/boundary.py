@@ -106,6 +106,17 @@ class CallStat:
     ended: float
 
 
+def _holds_tuple(value: Any) -> bool:
+    t = type(value)
+    if t is tuple:
+        return True
+    if t is dict:
+        return any(_holds_tuple(v) for v in value.values())
+    if t is list:
+        return any(_holds_tuple(v) for v in value)
+    return False
+
+
 def guest_error(code: str, message: str, exc_type: str) -> GuestRaise:
     """An exception to raise in the program; its message starts with ``[code]``."""
     return GuestRaise(exc_type, f"[{code}] {message}")
@@ -304,6 +315,10 @@ class EffectBoundary:
     async def call(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
         st = self.state
         st.last_arrival = time.monotonic()
+        if _holds_tuple(args):
+            # A tuple is a JSON array to every tool (`(lat, lon)`, `tuple(ids)`): sent,
+            # validated and journaled as the list it becomes, as a resumed write is (P-26).
+            args = to_json_value(args)[0]
         try:
             key, size = journal.call_key_and_size(op, address, args)
         except (TypeError, ValueError):
