@@ -117,3 +117,27 @@ def test_unknown_detail_is_a_usage_error(github: Catalog) -> None:
     with pytest.raises(UsageError) as info:
         describe(github, "github.pulls_list", detail="everything")
     assert info.value.code == "invalid_arguments"
+
+
+async def test_parameters_a_python_call_cannot_name_are_listed_in_the_order_positions_fill():
+    # An MCP tool taking "from" (a keyword) and "x-trace": the signature can only be
+    # (*args, **kwargs), so describe says the names, the order and the schema.
+    from tether.runs.runtime import Runtime
+
+    async def send(args):
+        return args
+
+    schema = {"type": "object", "properties": {"x-trace": {"type": "string"}, "from": {"type": "string"},
+                                               "to": {"type": "string"}}, "required": ["from", "to"]}
+    mail = Tool("mail", "send", "Send mail.", schema, send, annotations=Annotations(read_only=True), source="mcp")
+    [entry] = describe(Catalog([mail]), "mail.send")
+    assert list(entry)[:3] == ["address", "signature", "parameters"]
+    assert entry["parameters"].endswith(': "from", "to", "x-trace" (optional)')
+    assert entry["input_schema"] == schema and _bytes(entry) <= DEFAULT_BYTES
+    assert describe(Catalog([mail]), "mail.send", detail="full")[0]["parameters"] == entry["parameters"]
+    # The order shown is the order a positional call fills.
+    async with Runtime(tools=[mail]) as rt:
+        r = await rt.execute('import tools\nawait tools.mail.send("a@x", "b@x", "t1")')
+    assert r.result == {"from": "a@x", "to": "b@x", "x-trace": "t1"}, r.error
+    # Tools whose parameters are all Python names need no such line.
+    assert "parameters" not in describe(_catalog(), "github.pulls_list")[0]

@@ -360,6 +360,8 @@ async def cmd_tools_describe(args: argparse.Namespace) -> int:
             print(f"{d['address']}: unknown tool; did you mean: {', '.join(d.get('suggestions') or []) or '-'}")
             continue
         print(d["signature"])
+        if d.get("parameters"):
+            print(f"    # parameters {d['parameters']}")
         if d.get("description"):
             print(f'    """{d["description"]}"""')
         if d.get("types"):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import keyword
 import re
 from typing import Any
 
 from ..errors import UnknownTool, UsageError
+from .binding import parameters
 from .catalog import Catalog
 from .model import Tool
 from .stubs import declaration
@@ -67,6 +69,7 @@ def _full(tool: Tool) -> dict[str, Any]:
     return {
         "address": tool.address,
         "signature": signature,
+        **_parameters(tool),
         "types": "\n\n".join(text for _, text in shapes),
         "description": tool.description,
         "annotations": tool.annotations.to_dict(),
@@ -79,8 +82,11 @@ def _bounded(tool: Tool) -> dict[str, Any]:
     signature, shapes = declaration(tool)
     description = _clip(tool.description or "", _DESCRIPTION_CHARS)
     cut_description = description != (tool.description or "").strip()
-    entry: dict[str, Any] = {"address": tool.address, "signature": signature, "types": "",
+    entry: dict[str, Any] = {"address": tool.address, "signature": signature, **_parameters(tool), "types": "",
                              "description": description, "annotations": tool.annotations.to_dict()}
+    if "parameters" in entry and _size(tool.input_schema) <= DEFAULT_BYTES // 2:
+        # The signature cannot name these parameters: the schema is how their types are seen.
+        entry["input_schema"] = tool.input_schema
     # A signature past the budget (dozens of enum values) lists a few of each long Literal.
     entry["signature"], shortened = _shorten_literals(signature, DEFAULT_BYTES - _size(entry) + _size(signature)
                                                       - _NOTE_BYTES)
@@ -110,6 +116,26 @@ def _bounded(tool: Tool) -> dict[str, Any]:
         if over <= 0 or not shown:
             return bounded
         reserve += over
+
+
+def _parameters(tool: Tool) -> dict[str, str]:
+    """For a tool with a parameter a Python call cannot name (``from``, ``user-id``), how to pass each.
+
+    Its signature is then ``(*args, **kwargs)`` (see stubs), which shows
+    neither the names nor the order positional arguments fill.
+    """
+    props = tool.input_schema.get("properties") or {}
+    if all(name.isidentifier() and not keyword.iskeyword(name) for name in props):
+        return {}
+    params = parameters(tool)
+
+    def one(name: str) -> str:
+        return json.dumps(name, ensure_ascii=False) + ("" if name in params.required else " (optional)")
+
+    text = "by position in this order, or by name as **{\"name\": value}: " + ", ".join(map(one, params.positional))
+    if params.keyword_only:
+        text += "; by name only: " + ", ".join(map(one, params.keyword_only))
+    return {"parameters": text}
 
 
 _LITERAL = re.compile(r"Literal\[((?:\"(?:[^\"\\]|\\.)*\"|[^\]\"])*)\]")
