@@ -130,6 +130,53 @@ async def test_every_decision_records_who_and_through_what(rt):
         (1, "decline", "over the limit", principal_for_token(ALICE), "console", "127.0.0.1")]
 
 
+TWO_BATCHES = """import asyncio
+import tools
+
+
+async def one(order_id):
+    try:
+        return await tools.shop.refund(order_id=order_id, amount=1.0)
+    except Exception as e:
+        return "not sent: " + str(e)
+
+
+first = await asyncio.gather(one("A1"), one("A2"))
+second = await asyncio.gather(one("B1"), one("B2"))
+[first, second]"""
+
+
+async def test_p28_decide_all_covers_only_the_writes_the_page_showed(rt):
+    alice = principal_for_token(ALICE)
+    paused = await rt.execute(TWO_BATCHES, principal=alice)
+    assert [w["seq"] for w in paused.pending["writes"]] == [1, 2]
+    async with client(Console(rt, tokens=[ALICE])) as c:
+        await sign_in(c, ALICE)
+        page = (await c.get(f"/console/runs/{paused.run_id}")).text
+        shown = re.search(r'name="shown" value="([^"]+)"', page).group(1)
+        assert shown == "1,2"
+        # Meanwhile someone else decides the shown batch and the run pauses on the next one.
+        again = await rt.decide(paused.run_id, {1: "approve", 2: "approve"}, principal=alice)
+        assert again.status == "paused" and [w["seq"] for w in again.pending["writes"]] == [3, 4]
+        stale = await c.post(f"/console/runs/{paused.run_id}/decide",
+                             data={"csrf": csrf_of(page), "seq": "all", "shown": shown, "decision": "approve"})
+        assert stale.status_code == 409 and "nothing more was decided" in stale.text
+        assert [w.decision for w in rt.pending(paused.run_id, principal=alice)] == [None, None]
+        no_list = await c.post(f"/console/runs/{paused.run_id}/decide",
+                               data={"csrf": csrf_of(page), "seq": "all", "decision": "approve"})
+        assert no_list.status_code == 400
+        assert [w.decision for w in rt.pending(paused.run_id, principal=alice)] == [None, None]
+        fresh = (await c.get(f"/console/runs/{paused.run_id}")).text
+        assert re.search(r'name="shown" value="([^"]+)"', fresh).group(1) == "3,4"
+        done = await c.post(f"/console/runs/{paused.run_id}/decide",
+                            data={"csrf": csrf_of(fresh), "seq": "all", "shown": "3,4", "decision": "decline"})
+        assert done.status_code == 303
+    result = await rt.wait_for_run(paused.run_id)
+    assert result.result[0] == [{"refunded": 1.0}, {"refunded": 1.0}]
+    assert all(r.startswith("not sent: ") for r in result.result[1])
+    assert [s["order_id"] for s in sent] == ["A1", "A2"]
+
+
 async def test_p33_an_approval_link_needs_no_login_and_decides_once(rt):
     paused = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
     token = link_token(rt.store.secret(), paused.run_id, 1, paused.expires_at)

@@ -404,7 +404,7 @@ class Console:
         except RunNotFound:
             return self.message("No such run", "There is no run with that id for you; nothing was decided.",
                                 status=404, principal=session["p"], csrf=csrf)
-        decision, reason, seqs = _read_decision(form, pending_writes(self.rt, run))
+        decision, reason, seqs = _read_decision(form)
         if decision is None or seqs is None:
             return self.message("Nothing decided", "The form named no decision or no write.", status=400,
                                 principal=session["p"], csrf=csrf,
@@ -499,7 +499,7 @@ class Console:
         if not self._csrf_ok(request.cookies.get(PRESESSION_COOKIE), form.get("csrf")):
             return self.message("Refused", "This form's security token is not valid, so nothing was decided.",
                                 status=403, detail="Open the approval link again and decide from that page.")
-        decision, reason, seqs = _read_decision(form, pending_writes(self.rt, run))
+        decision, reason, seqs = _read_decision(form)
         if decision is None or seqs != [claim.seq]:
             return self.message("Nothing decided", "The form named no decision, or another write than its "
                                 "link; nothing was decided.", status=400)
@@ -525,7 +525,7 @@ def _flash(key: str | None, status: str) -> str | None:
     return _FLASHES.get(key or "")
 
 
-def _read_decision(form: Any, waiting: list[dict[str, Any]]) -> tuple[str | None, str | None, list[int] | None]:
+def _read_decision(form: Any) -> tuple[str | None, str | None, list[int] | None]:
     decision = form.get("decision")
     if decision not in ("approve", "decline"):
         return None, None, None
@@ -533,7 +533,13 @@ def _read_decision(form: Any, waiting: list[dict[str, Any]]) -> tuple[str | None
     reason = reason.strip()[:MAX_REASON_CHARS] if isinstance(reason, str) and reason.strip() else None
     raw = form.get("seq")
     if raw == "all":
-        return decision, reason, [w["seq"] for w in waiting] or None
+        # "All" is the writes the page showed, never whatever waits when the
+        # form arrives: the run may have moved on to writes nobody here saw (P-28).
+        try:
+            shown = [int(s) for s in str(form.get("shown") or "").split(",") if s.strip()]
+        except ValueError:
+            return None, None, None
+        return decision, reason, shown or None
     try:
         return decision, reason, [int(str(raw))]
     except ValueError:
