@@ -167,6 +167,19 @@ async def test_a_tuple_is_an_array_to_every_tool():
         assert r.error["code"] == "invalid_arguments" and "must be integer" in r.error["message"], r.error
 
 
+async def test_a_tool_mapped_by_a_builtin_fails_with_the_idiom_that_works(rt, rec):
+    # map(tools.x.f, ids) is how models often write a fan-out; Monty 1.4.0 cannot
+    # wait inside a native built-in, so the run must say what to write instead.
+    r = await rt.execute("import asyncio\nimport tools\n"
+                         "coros = list(map(tools.helpdesk.get_ticket, [1, 2]))\nawait asyncio.gather(*coros)")
+    assert r.status == "failed" and r.error["code"] == "program_error", r.error
+    assert "comprehension" in r.error["next_action"] and "gather(*[f(x) for x in xs])" in r.error["next_action"]
+    assert rec.events == []
+    r = await rt.execute("import asyncio\nimport tools\n"
+                         "rs = await asyncio.gather(*[tools.helpdesk.get_ticket(i) for i in [1, 2]])\n[t['id'] for t in rs]")
+    assert r.result == [1, 2], r.error
+
+
 async def test_a_tool_that_raises_is_a_catchable_tool_error(rt):
     r = await rt.execute("""
 import tools

@@ -663,6 +663,13 @@ def _classify(rt: "Runtime", exc: ProgramFailed) -> tuple[str | None, str | None
                                   "for that.")
     if exc.exc_type == "RecursionError":
         return "recursion_limit", "Recurse less deeply, or iterate instead."
+    if exc.exc_type == "NotImplementedError" and "cannot suspend in this synchronous context" in msg:
+        # Monty issues a host call when the function is called; map(), sorted() and
+        # the like call it from native code, which cannot wait. The program's own
+        # error (nothing was sent), but the model needs the idiom that works.
+        return None, ("A tool was called from inside map(), filter(), sorted() or another built-in, which cannot "
+                      "wait for it; nothing was sent by that call. Call it in a comprehension or a loop instead: "
+                      "await asyncio.gather(*[f(x) for x in xs]).")
     return None, None
 
 
