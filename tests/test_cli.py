@@ -264,3 +264,15 @@ def test_sources_list_shows_the_summaries_a_program_gets(tmp_path, env):
     assert json.loads(r.stdout)["result"] == [summary]
     r = tether(["prompt", "--tools", "tether.demo.helpdesk"], env, tmp_path)
     assert f"helpdesk (" in r.stdout and summary[:20] in r.stdout
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path, env):
+    # `tether tools search ticket | head -1`: the pipe closes before tether
+    # writes; the command ends quietly with what the reader took.
+    proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "tools", "search", "ticket", "--tools",
+                             "tether.demo.helpdesk"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, cwd=tmp_path)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

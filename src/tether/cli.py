@@ -821,6 +821,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:
+        # The reader went away (`tether runs list | head`): what it wanted was
+        # printed. Point stdout at devnull so the final flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
     # A normal exit: the sandbox pool waits for Monty's last deliveries when it
     # closes (tether.sandbox.monty, D-23), so interpreter shutdown is safe.
     sys.exit(code)
