@@ -139,5 +139,11 @@ async def test_parameters_a_python_call_cannot_name_are_listed_in_the_order_posi
     async with Runtime(tools=[mail]) as rt:
         r = await rt.execute('import tools\nawait tools.mail.send("a@x", "b@x", "t1")')
     assert r.result == {"from": "a@x", "to": "b@x", "x-trace": "t1"}, r.error
+    # A schema too big to show whole is named in the note instead.
+    big = dict(schema, properties={**schema["properties"], **{f"p{i}": {"type": "string", "description": "x" * 80}
+                                                              for i in range(20)}})
+    [entry] = describe(Catalog([Tool("mail", "send", "Send mail.", big, send, source="mcp")]), "mail.send")
+    assert "input_schema" not in entry and "the input schema is left out" in entry["note"]
+    assert _bytes(entry) <= DEFAULT_BYTES
     # Tools whose parameters are all Python names need no such line.
     assert "parameters" not in describe(_catalog(), "github.pulls_list")[0]

@@ -84,9 +84,13 @@ def _bounded(tool: Tool) -> dict[str, Any]:
     cut_description = description != (tool.description or "").strip()
     entry: dict[str, Any] = {"address": tool.address, "signature": signature, **_parameters(tool), "types": "",
                              "description": description, "annotations": tool.annotations.to_dict()}
-    if "parameters" in entry and _size(tool.input_schema) <= DEFAULT_BYTES // 2:
+    schema_cut = False
+    if "parameters" in entry:
         # The signature cannot name these parameters: the schema is how their types are seen.
-        entry["input_schema"] = tool.input_schema
+        if _size(tool.input_schema) <= DEFAULT_BYTES // 2:
+            entry["input_schema"] = tool.input_schema
+        else:
+            schema_cut = True
     # A signature past the budget (dozens of enum values) lists a few of each long Literal.
     entry["signature"], shortened = _shorten_literals(signature, DEFAULT_BYTES - _size(entry) + _size(signature)
                                                       - _NOTE_BYTES)
@@ -110,8 +114,9 @@ def _bounded(tool: Tool) -> dict[str, Any]:
             break
         bounded = {**entry, "types": "\n\n".join(shown)}
         missing = [name for name, text in shapes if text not in shown and name != partial_name]
-        if missing or partial_name or cut_description or shortened:
-            bounded["note"] = _note(tool.address, missing, len(shapes), cut_description, shortened, partial_name)
+        if missing or partial_name or cut_description or shortened or schema_cut:
+            bounded["note"] = _note(tool.address, missing, len(shapes), cut_description, shortened, partial_name,
+                                    schema_cut)
         over = _size(bounded) - DEFAULT_BYTES
         if over <= 0 or not shown:
             return bounded
@@ -161,8 +166,11 @@ def _shorten_literals(signature: str, room: int) -> tuple[str, bool]:
 _NOTE_BYTES = 240
 
 
-def _note(address: str, missing: list[str], total: int, cut_description: bool, shortened: bool, partial: str) -> str:
+def _note(address: str, missing: list[str], total: int, cut_description: bool, shortened: bool, partial: str,
+          schema_cut: bool = False) -> str:
     parts = []
+    if schema_cut:
+        parts.append("the input schema is left out")
     if shortened:
         parts.append("long Literal lists end in ...")
     if partial:
