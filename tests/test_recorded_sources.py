@@ -200,3 +200,29 @@ def test_p30_a_literal_secret_is_never_recorded_and_comes_from_a_matching_local_
     done = tether(["resume", run_id, "--approve", "--json"], env, a)  # the config with that value
     assert done.returncode == 0, done.stdout + done.stderr
     assert _writes(log) == ["once"]
+
+
+async def test_p30_a_worker_never_loads_edited_source_definitions(tmp_path, monkeypatch):
+    # The worker checks a run's sources before claiming it: that check must not load unsigned ones (P-35).
+    from tether.app import open_runtime
+    from tether.runs.worker import work
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "desk.py").write_text('from tether import tool\n\n@tool(namespace="desk", read_only=True)\n'
+                                      'def get(id: int) -> int:\n    """Get."""\n    return id\n')
+    marker = tmp_path / "imported.txt"
+    (tmp_path / "evil.py").write_text(f'open({str(marker)!r}, "w").write("imported")\n')
+    url = f"sqlite:///{tmp_path}/t.db"
+    config = tmp_path / "tether.toml"
+    config.write_text(f'[store]\nurl = "{url}"\n[sandbox]\ncheck = "off"\n'
+                      f'[[sources]]\ntype = "python"\nmodule = "{tmp_path / "desk.py"}"\n')
+    async with open_runtime(config_path=config) as rt:
+        run_id = rt.start("import tools\nawait tools.desk.get(id=1)")
+        rt.store.update_run(run_id, None, meta={**rt.get_run(run_id).meta, "sources": [
+            {"type": "python", "module": str(tmp_path / "evil.py")}]})
+    config.write_text(f'[store]\nurl = "{url}"\n[sandbox]\ncheck = "off"\n')
+    async with open_runtime(config_path=config) as rt:
+        await work(rt, idle_exit_seconds=0.3)
+        run = rt.get_run(run_id)
+    assert not marker.exists()
+    assert run.status == "failed" and run.error["code"] == "run_tampered"

@@ -272,6 +272,9 @@ class Runtime:
         recorded = (run.meta or {}).get("sources")
         if self.source_set is None or recorded is None:
             return
+        # The definitions name commands to spawn and modules to import: only a run whose
+        # record verifies is trusted with that (P-35); RunTampered / WrongSecret otherwise.
+        self.verify_run(run)
         await self.source_set.require(recorded, live=tuple(a.split(".", 1)[0] for a in live),
                                       run_id=run.run_id, status=run.status)
 
@@ -280,6 +283,8 @@ class Runtime:
         try:
             await self.require_sources(run)
             return True
+        except (RunTampered, WrongSecret):
+            return True  # nothing was loaded for it; the attempt vets it and ends or leaves it (P-35)
         except ToolsUnavailable as exc:
             out.append(RunResult(status=run.status, run_id=run.run_id, error=exc.to_dict()))
             return False

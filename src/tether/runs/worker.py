@@ -58,10 +58,14 @@ async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds
 
 async def _available(rt: "Runtime", run, reported: set[str]) -> bool:
     """Whether this worker can load the run's sources; said once per run on stderr when not."""
-    from ..errors import ToolsUnavailable
+    from ..errors import RunTampered, ToolsUnavailable, WrongSecret
 
     try:
         await rt.require_sources(run)
+        return True
+    except (RunTampered, WrongSecret):
+        # Nothing was loaded for it; claiming it takes the usual path, which vets the run
+        # (a tampered run ends run_tampered, one signed with another secret is left alone).
         return True
     except ToolsUnavailable as exc:
         if run.run_id not in reported:
