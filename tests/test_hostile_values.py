@@ -15,7 +15,7 @@ import json
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tether.runs.result import to_json_value
@@ -164,6 +164,7 @@ EXPRESSIONS = st.recursive(
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(expr=EXPRESSIONS, shape=st.sampled_from(["result", "print", "emit", "raise", "argument", "write"]))
+@example(expr="[(1, 2)]", shape="write")  # a tuple inside a write's arguments: shown as journaled
 def test_p26_any_value_a_program_makes_ends_the_run_with_an_envelope(rt, loop, expr, shape):
     code = {
         "result": f"x = {expr}\nx",
