@@ -38,7 +38,6 @@ from ..tools.context import idempotency_key
 from ..store.base import (
     CALL_APPROVED,
     CALL_ASKED,
-    CALL_DECLINED,
     CALL_DENIED,
     CALL_DONE,
     CALL_FAILED,
@@ -52,6 +51,7 @@ from ..store.base import (
 )
 from . import integrity, journal, policy as policy_mod, resend, telemetry
 from .inputs import wait_name_problem
+from .pausing import Parked, Paused, Pauses  # noqa: F401 - Parked, Paused: re-exported for callers
 from .result import to_json_value
 
 if TYPE_CHECKING:
@@ -65,22 +65,6 @@ WAIT_OPS = ("wait_for", "wait_for_signal", "sleep")
 # approved write spends it when it is sent (`_send` counts it), so counting
 # `approved` here too would charge a resumed write twice.
 SPENT_STATES = ("sending", "sent", "unknown", "failed")
-
-
-class Paused(Stopped):
-    """The attempt stopped because a write waits for a decision."""
-
-    def __init__(self, pending: dict[str, Any]) -> None:
-        super().__init__("paused")
-        self.pending = pending
-
-
-class Parked(Stopped):
-    """The attempt stopped because the run waits on a wait, a signal or a timer."""
-
-    def __init__(self, pending: dict[str, Any]) -> None:
-        super().__init__("parked")
-        self.pending = pending
 
 
 class Cancelled(Stopped):
@@ -195,7 +179,6 @@ class EffectBoundary:
         self.limits = limits
         self.on_approval = on_approval
         self.builtins_impl = builtins_impl
-        self._pause_sink = pause_sink
         self._checkpoint_sink = checkpoint_sink
         self.clock = clock
         self.journal: dict[int, CallRecord] = {e.seq: e for e in journal_entries}
@@ -217,9 +200,6 @@ class EffectBoundary:
         self.session: str | None = None
         # Sleeps up to this long are waited out in the worker instead of parking.
         self.inline_sleep_seconds: float = 1.0
-        # A write pause is stored once the program has issued no call for this
-        # long, so writes issued together (asyncio.gather) pause as one batch (P-27).
-        self.batch_window_seconds: float = 0.05
         self.paused_envelope: Any = None
         # Bytes of arguments and outcomes this run has journaled (P-22);
         # the driver sets what earlier attempts wrote.
@@ -228,10 +208,11 @@ class EffectBoundary:
         self._keys: dict[int, str] = {}  # seq -> call key, for chaining MACs (P-35)
         self._idle = asyncio.Event()
         self._idle.set()
-        self._release = asyncio.Event()
         self._dispatches: set[asyncio.Task] = set()
         self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
         self._t0 = time.perf_counter()
+        # Pausing, parking and the calls held while the attempt stops (pausing.py).
+        self.pauses = Pauses(self, pause_sink)
 
     # -- the sandbox's entry point ---------------------------------------------
 
@@ -329,8 +310,8 @@ class EffectBoundary:
             key, size = journal.call_key_and_size(op, address, args)
         if st.pausing or (self.execution is not None and self.execution.stopping):
             if st.batch is not None and op == "tool" and not (self.execution is not None and self.execution.stopping):
-                return await self._join_batch(seq, address, args)
-            return await self._hold(seq, op, address, args)
+                return await self.pauses.join_batch(seq, address, args)
+            return await self.pauses.hold(seq, op, address, args)
         if seq > self.limits.host_calls:
             self._fail(
                 LimitExceeded(
@@ -339,27 +320,27 @@ class EffectBoundary:
                     next_action="Make fewer calls per run: batch, page, or reduce upstream; or raise limits.host_calls.",
                 )
             )
-            return await self._hold(seq, op, address, args)
+            return await self.pauses.hold(seq, op, address, args)
         self._keys[seq] = key
         decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
         if decision.action == journal.DIVERGED:
             self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
                                          details={"seq": seq, "address": address}))
-            return await self._hold(seq, op, address, args)
+            return await self.pauses.hold(seq, op, address, args)
         if decision.action == journal.REPLAY:
             return self._replay(decision.entry)
         if decision.action == journal.UNKNOWN and self._resendable(decision.entry) is None:
             await self._mark_unknown(decision.entry)
-            return await self._hold(seq, op, address, args)
+            return await self.pauses.hold(seq, op, address, args)
         if decision.action == journal.WAIT and op not in WAIT_OPS:
             self._fail(ExecutionDiverged(f"call {seq} was journaled as a wait", details={"seq": seq}))
-            return await self._hold(seq, op, address, args)
+            return await self.pauses.hold(seq, op, address, args)
         if decision.entry is None:
             # P-22: arguments too large to journal are refused before anything is sent.
             refused = self._journal_room(size, address, "arguments")
             if refused is not None:
                 if self.state.failure is not None:
-                    return await self._hold(seq, op, address, args)
+                    return await self.pauses.hold(seq, op, address, args)
                 await self._record_rejected(seq, op, address, {"_omitted_bytes": size}, "read", refused, key=key)
                 raise refused
 
@@ -389,7 +370,7 @@ class EffectBoundary:
             # A pause began while this call was out: its outcome is journaled,
             # but handing it back now would let the program run on while the
             # pause is being dumped. It is answered from the journal on resume.
-            return await self._hold(seq, op, address, args)
+            return await self.pauses.hold(seq, op, address, args)
         if error is not None:
             raise error
         return value
@@ -456,7 +437,7 @@ class EffectBoundary:
             pending = {"kind": "sleep" if op == "sleep" else ("signal" if op == "wait_for_signal" else "wait"),
                        "seq": seq, "op": op, "address": op, "args": args, "name": name, "key": wkey,
                        "deadline": deadline}
-            return await self._park(pending)
+            return await self.pauses.park(pending)
         # Settled: journal the outcome, then answer the program.
         if row.status == WAIT_RESOLVED:
             refused = self._journal_room(journal.value_size(row.value), name, "result")
@@ -464,7 +445,7 @@ class EffectBoundary:
                 self._update(seq, [CALL_WAITING], state=CALL_FAILED, error=_err_json(refused),
                                        finished_at=self.clock())
                 if self.state.failure is not None:
-                    return await self._hold(seq, op, op, args)
+                    return await self.pauses.hold(seq, op, op, args)
                 self._remember(refused, seq, name)
                 raise refused
             self._update(seq, [CALL_WAITING], state=CALL_DONE, outcome=row.value,
@@ -484,47 +465,6 @@ class EffectBoundary:
         self._stat(seq, op, name, "wait", CALL_FAILED, t)
         self._remember(err, seq, name)
         raise err
-
-    async def _park(self, pending: dict[str, Any]) -> Any:
-        """Stop the program until the wait is settled; like a pause, but for the world to answer."""
-        return await self._stop_at(pending, Parked(pending))
-
-    async def _stop_at(self, pending: dict[str, Any], stop: Stopped) -> Any:
-        """Pause or park at this call (P-4, P-18): the first call to stop wins; later ones are held."""
-        if self.state.pausing:
-            return await self._hold(pending["seq"], pending["op"], pending["address"], pending["args"])
-        st = self.state
-        st.pausing = True
-        is_write_pause = isinstance(stop, Paused)
-        if is_write_pause:
-            st.batch = []
-        # Calls in flight finish and are journaled before the snapshot is stored.
-        st.inflight -= 1  # this call waits, it is not dispatching
-        try:
-            while True:
-                while st.inflight > 0:
-                    self._idle.clear()
-                    await self._idle.wait()
-                for _ in range(3):
-                    await asyncio.sleep(0)
-                # Gathered calls reach the host one sandbox round trip apart:
-                # a write pause waits until the program has gone quiet.
-                quiet = time.monotonic() - st.last_arrival
-                if not is_write_pause or (quiet >= self.batch_window_seconds and st.inflight == 0):
-                    break
-                await asyncio.sleep(self.batch_window_seconds - quiet)
-        finally:
-            st.inflight += 1
-        if is_write_pause:
-            batch, st.batch = st.batch or [], None
-            writes = sorted([{k: v for k, v in pending.items() if k != "writes"}] + batch, key=lambda w: w["seq"])
-            pending["writes"] = writes
-        await self._pause_sink(self, pending)
-        # The state is saved: end the execution and unwind the program; what it
-        # does while unwinding is never sent nor recorded.
-        self.execution.stop(stop)
-        self.release_held()
-        raise _UNWIND
 
     async def _builtin_call(self, seq, op, address, args, key, decision) -> Any:
         impl = self.builtins_impl.get(op)
@@ -547,7 +487,7 @@ class EffectBoundary:
             await self._record_outcome(seq, CALL_PENDING, CALL_FAILED, error=_err_json(refused))
             self._stat(seq, op, address, "read", CALL_FAILED, t)
             if self.state.failure is not None:
-                return await self._hold(seq, op, address, args)
+                return await self.pauses.hold(seq, op, address, args)
             self._remember(refused, seq, address)
             raise refused
         await self._record_outcome(seq, CALL_PENDING, CALL_DONE, outcome=value)
@@ -591,7 +531,7 @@ class EffectBoundary:
             # Left sending by a dead attempt, to a tool that dedupes by key (P-31).
             return await self._resend(seq, tool, valid, t, decision.entry)
         if decision.action == journal.ASK:
-            return await self._ask(seq, tool, args, valid, t, entry=decision.entry)
+            return await self.pauses.ask(seq, tool, args, valid, t, entry=decision.entry)
 
         verdict = policy_mod.decide_call(self.policy, address, True, self.state.writes_spent)
         if verdict == policy_mod.DENY:
@@ -613,73 +553,7 @@ class EffectBoundary:
             return await self._send(seq, tool, valid, t)
         # ask
         await self._record_intent(seq, "tool", address, args, key, kind, CALL_ASKED, decision.entry)
-        return await self._ask(seq, tool, args, valid, t)
-
-    async def _ask(self, seq, tool, args, valid, t, entry: CallRecord | None = None) -> Any:
-        pending = _pending_write(seq, tool, args)
-        if self.on_approval is not None:
-            verdict, reason = await self.on_approval(pending)
-            self._record_inline_decision(seq, tool.address, "approve" if verdict == "approve" else "decline", reason)
-            if verdict == "approve":
-                await self._cas(seq, [CALL_ASKED], state=CALL_APPROVED)
-                return await self._send(seq, tool, valid, t)
-            err = guest_error(
-                "write_declined",
-                f"the write {tool.address} was declined{': ' + reason if reason else ''}; it was not sent",
-                "PermissionError",
-            )
-            await self._cas(seq, [CALL_ASKED], state=CALL_DECLINED, error=_err_json(err), finished_at=self.clock())
-            self._remember(err, seq, tool.address)
-            raise err
-        # Pause: the first write to ask pauses the run; writes issued with it
-        # that ask too join its batch (P-27); other calls are held (P-4).
-        return await self._stop_at(pending, Paused(pending))
-
-    def _record_inline_decision(self, seq: int, address: str, decision: str, reason: str | None) -> None:
-        """Who decided a write asked inline, and through what (P-29): the approver may say, else `prompt`."""
-        who = {"actor": getattr(self.on_approval, "actor", None), "via": getattr(self.on_approval, "via", "prompt"),
-               "origin": None}
-        self.store.add_event(self.run_id, "decided", {"seq": seq, "decision": decision, "reason": reason, **who,
-                                                      "at": self.clock(), "address": address}, self.clock())
-
-    async def _join_batch(self, seq: int, address: str, args: dict[str, Any]) -> Any:
-        """A call issued while a write pause forms: a write that would ask joins the pause (P-27).
-
-        Everything else — reads, writes that policy allows or denies, a write
-        past the budget counting the batch, invalid calls — is held and issued
-        again when the run continues, exactly as before batches existed.
-        """
-        st = self.state
-        batch = st.batch
-        joined = False
-        try:
-            tool = self.catalog.get(address)
-        except UnknownTool:
-            tool = None
-        if tool is not None and tool.is_write and seq <= self.limits.host_calls and batch is not None:
-            try:
-                self.catalog.validate_args(address, args)
-                key, size = journal.call_key_and_size("tool", address, args)
-            except (InvalidArguments, TypeError, ValueError):
-                key, size = None, 0
-            if key is not None:
-                decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
-                # Arguments the journal cannot take are refused when the call is issued again (P-22).
-                fits = (size <= self.limits.journal_value_bytes
-                        and self.journaled_bytes + size <= self.limits.journal_bytes)
-                if decision.action == journal.ASK:
-                    joined = True  # asked before this attempt and still undecided
-                elif decision.action == journal.LIVE and decision.entry is None and fits:
-                    # The first write of the pause and the batch are not spent yet
-                    # but may all be approved: count them against the budget.
-                    prospective = st.writes_spent + 1 + len(batch)
-                    if policy_mod.decide_call(self.policy, address, True, prospective) == policy_mod.ASK:
-                        self._journal_room(size, address, "arguments")
-                        await self._record_intent(seq, "tool", address, args, key, "write", CALL_ASKED, None)
-                        joined = True
-        if joined and st.batch is batch:
-            batch.append(_pending_write(seq, tool, args))
-        return await self._hold(seq, "tool", address, args)
+        return await self.pauses.ask(seq, tool, args, valid, t)
 
     async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
         # P-7: `sending` is committed before the request leaves.
@@ -766,7 +640,7 @@ class EffectBoundary:
             await self._record_outcome(seq, from_state, ok_state if is_write else CALL_FAILED, error=_err_json(refused))
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state if is_write else CALL_FAILED, t)
             if self.state.failure is not None:
-                return await self._hold(seq, "tool", tool.address, args)
+                return await self.pauses.hold(seq, "tool", tool.address, args)
             self._remember(refused, seq, tool.address)
             raise refused
         await self._record_outcome(seq, from_state, ok_state, outcome=value)
@@ -844,19 +718,8 @@ class EffectBoundary:
             raise err
         return entry.outcome
 
-    async def _hold(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
-        """Park a call issued while the attempt is stopping; it is not journaled.
-
-        Once the stop is recorded the call is answered with a BaseException,
-        which unwinds the program (its state is already saved, or no longer wanted)
-        so its worker can be reused instead of killed.
-        """
-        self.state.held.append({"seq": seq, "op": op, "address": address, "args": args})
-        await self._release.wait()
-        raise _UNWIND
-
     def release_held(self) -> None:
-        self._release.set()
+        self.pauses.release_held()
 
     def reset_for_replay(self, entries: list[CallRecord]) -> None:
         """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""
@@ -864,7 +727,7 @@ class EffectBoundary:
         self.last_recorded_seq = max(self.journal, default=0)
         self.state = AttemptState(writes_spent=self.state.writes_spent)
         self._keys = {}
-        self._release = asyncio.Event()
+        self.pauses.reset()
         self._idle.set()
 
     def _journal_room(self, size: int, what: str, part: str, *, sent: bool = False) -> GuestRaise | None:
@@ -897,6 +760,28 @@ class EffectBoundary:
                 details={"seq": entry.seq, "address": entry.address, "args": entry.args},
             )
         )
+
+    # -- what the pausing unit calls (pausing.PauseHost) -------------------------
+
+    async def wait_idle(self) -> None:
+        while self.state.inflight > 0:
+            self._idle.clear()
+            await self._idle.wait()
+
+    async def send_approved(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
+        return await self._send(seq, tool, args, t)
+
+    async def move_call(self, seq: int, expect: list[str], **fields: Any) -> bool:
+        return await self._cas(seq, expect, **fields)
+
+    async def record_intent(self, seq, op, address, args, key, kind, state, existing: CallRecord | None) -> None:
+        await self._record_intent(seq, op, address, args, key, kind, state, existing)
+
+    def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
+        return self._journal_room(size, what, part)
+
+    def remember(self, err: GuestRaise, seq: int, address: str) -> None:
+        self._remember(err, seq, address)
 
     # -- journal ------------------------------------------------------------------
 
@@ -1011,26 +896,10 @@ class EffectBoundary:
         await self._checkpoint_sink(self, self.journal[seq])
 
 
-# What a call held by a stopping run answers: the program unwinds (a bare
-# BaseException is not caught by `except Exception`), and nothing it does after
-# is sent or recorded.
-_UNWIND = GuestRaise("BaseException", "the run stopped here")
-
-
 class SnapshotMismatch(Exception):
     """A restored snapshot does not match its record: fall back to replay."""
 
 
-def _pending_write(seq: int, tool: "Tool", args: dict[str, Any]) -> dict[str, Any]:
-    """A write that asks, as a pause lists it."""
-    return {
-        "seq": seq,
-        "op": "tool",
-        "address": tool.address,
-        "args": args,
-        "annotations": tool.annotations.to_dict(),
-        "description": tool.description,
-    }
 def _err_json(err: GuestRaise) -> dict[str, Any]:
     return {"type": err.exc_type, "message": err.message}
 

@@ -403,7 +403,7 @@ async def _drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Appro
     boundary.session = run.session
     boundary.inline_sleep_seconds = rt.inline_sleep_seconds
     boundary.journaled_bytes = rt.store.journal_bytes(run.run_id) if mode != "fresh" else 0
-    boundary.batch_window_seconds = rt.batch_window_seconds
+    boundary.pauses.batch_window_seconds = rt.batch_window_seconds
     rt._boundaries[run.run_id] = boundary
     heartbeat = asyncio.ensure_future(_heartbeat(rt, run.run_id, boundary))
     setup_ms = (time.perf_counter() - t_setup) * 1000

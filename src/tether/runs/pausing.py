@@ -1,0 +1,235 @@
+"""Pausing and parking: how an attempt stops at a host call (P-4, P-18, P-27).
+
+A write that asks pauses the run; a durable wait, a signal or a long sleep
+parks it. Both take one path (:meth:`Pauses.stop_at`): calls in flight finish
+and are journaled, the state is handed to the pause sink (which dumps and
+stores it), and the program is unwound. Calls issued while the attempt stops
+are held, not journaled; a write that would ask joins a forming write pause.
+
+:class:`Pauses` is owned by the :class:`~tether.runs.boundary.EffectBoundary`
+of one attempt and reaches it only through :class:`PauseHost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+
+from ..errors import InvalidArguments, UnknownTool
+from ..sandbox.monty import GuestRaise, Stopped
+from ..store.base import CALL_APPROVED, CALL_ASKED, CALL_DECLINED, CallRecord, Store
+from . import journal, policy as policy_mod
+
+if TYPE_CHECKING:
+    from ..sandbox.monty import Execution
+    from ..tools.model import Tool
+    from .boundary import AttemptState
+    from .limits import Limits
+
+
+class Paused(Stopped):
+    """The attempt stopped because a write waits for a decision."""
+
+    def __init__(self, pending: dict[str, Any]) -> None:
+        super().__init__("paused")
+        self.pending = pending
+
+
+class Parked(Stopped):
+    """The attempt stopped because the run waits on a wait, a signal or a timer."""
+
+    def __init__(self, pending: dict[str, Any]) -> None:
+        super().__init__("parked")
+        self.pending = pending
+
+
+# What a call held by a stopping run answers: the program unwinds (a bare
+# BaseException is not caught by `except Exception`), and nothing it does after
+# is sent or recorded.
+_UNWIND = GuestRaise("BaseException", "the run stopped here")
+
+
+class PauseHost(Protocol):
+    """What the pausing unit needs from the boundary that owns it."""
+
+    run_id: str
+    store: Store
+    catalog: Any
+    policy: policy_mod.Policy
+    limits: "Limits"
+    journal: dict[int, CallRecord]
+    last_recorded_seq: int
+    journaled_bytes: int
+    on_approval: Any
+    state: "AttemptState"
+    execution: "Execution | None"
+    clock: Callable[[], float]
+
+    async def wait_idle(self) -> None:
+        """Return once no call is in flight."""
+
+    async def send_approved(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
+        """Send a write already in state approved; its outcome for the program."""
+
+    async def move_call(self, seq: int, expect: list[str], **fields: Any) -> bool:
+        """Move a journaled call on from one of `expect` (signed, compare-and-set)."""
+
+    async def record_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
+                            state: str, existing: CallRecord | None) -> None:
+        """Journal a call before it is sent (write-ahead)."""
+
+    def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
+        """Count a value against the journal's limits; the error to raise if it does not fit."""
+
+    def remember(self, err: GuestRaise, seq: int, address: str) -> None:
+        """Note an error raised into the program as this call's."""
+
+
+def pending_write(seq: int, tool: "Tool", args: dict[str, Any]) -> dict[str, Any]:
+    """A write that asks, as a pause lists it."""
+    return {
+        "seq": seq,
+        "op": "tool",
+        "address": tool.address,
+        "args": args,
+        "annotations": tool.annotations.to_dict(),
+        "description": tool.description,
+    }
+
+
+class Pauses:
+    """Stops one attempt at a host call: pauses, parks, and the calls held meanwhile."""
+
+    def __init__(self, host: PauseHost, pause_sink: Callable[[Any, dict[str, Any]], Awaitable[None]]) -> None:
+        self.host = host
+        self.pause_sink = pause_sink  # called with (host, pending): saves the state before the program unwinds
+        # A write pause is stored once the program has issued no call for this
+        # long, so writes issued together (asyncio.gather) pause as one batch (P-27).
+        self.batch_window_seconds: float = 0.05
+        self._release = asyncio.Event()
+
+    async def hold(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
+        """Park a call issued while the attempt is stopping; it is not journaled.
+
+        Once the stop is recorded the call is answered with a BaseException,
+        which unwinds the program (its state is already saved, or no longer wanted)
+        so its worker can be reused instead of killed.
+        """
+        self.host.state.held.append({"seq": seq, "op": op, "address": address, "args": args})
+        await self._release.wait()
+        raise _UNWIND
+
+    def release_held(self) -> None:
+        self._release.set()
+
+    def reset(self) -> None:
+        """Hold calls again (the attempt starts over from call 1)."""
+        self._release = asyncio.Event()
+
+    async def park(self, pending: dict[str, Any]) -> Any:
+        """Stop the program until the wait is settled; like a pause, but for the world to answer."""
+        return await self.stop_at(pending, Parked(pending))
+
+    async def ask(self, seq, tool, args, valid, t, entry: CallRecord | None = None) -> Any:
+        host = self.host
+        pending = pending_write(seq, tool, args)
+        if host.on_approval is not None:
+            verdict, reason = await host.on_approval(pending)
+            self._record_inline_decision(seq, tool.address, "approve" if verdict == "approve" else "decline", reason)
+            if verdict == "approve":
+                await host.move_call(seq, [CALL_ASKED], state=CALL_APPROVED)
+                return await host.send_approved(seq, tool, valid, t)
+            err = GuestRaise("PermissionError", f"[write_declined] the write {tool.address} was declined"
+                             f"{': ' + reason if reason else ''}; it was not sent")
+            await host.move_call(seq, [CALL_ASKED], state=CALL_DECLINED,
+                                 error={"type": err.exc_type, "message": err.message}, finished_at=host.clock())
+            host.remember(err, seq, tool.address)
+            raise err
+        # Pause: the first write to ask pauses the run; writes issued with it
+        # that ask too join its batch (P-27); other calls are held (P-4).
+        return await self.stop_at(pending, Paused(pending))
+
+    def _record_inline_decision(self, seq: int, address: str, decision: str, reason: str | None) -> None:
+        """Who decided a write asked inline, and through what (P-29): the approver may say, else `prompt`."""
+        host = self.host
+        who = {"actor": getattr(host.on_approval, "actor", None), "via": getattr(host.on_approval, "via", "prompt"),
+               "origin": None}
+        host.store.add_event(host.run_id, "decided", {"seq": seq, "decision": decision, "reason": reason, **who,
+                                                      "at": host.clock(), "address": address}, host.clock())
+
+    async def join_batch(self, seq: int, address: str, args: dict[str, Any]) -> Any:
+        """A call issued while a write pause forms: a write that would ask joins the pause (P-27).
+
+        Everything else — reads, writes that policy allows or denies, a write
+        past the budget counting the batch, invalid calls — is held and issued
+        again when the run continues, exactly as before batches existed.
+        """
+        host = self.host
+        st = host.state
+        batch = st.batch
+        joined = False
+        try:
+            tool = host.catalog.get(address)
+        except UnknownTool:
+            tool = None
+        if tool is not None and tool.is_write and seq <= host.limits.host_calls and batch is not None:
+            try:
+                host.catalog.validate_args(address, args)
+                key, size = journal.call_key_and_size("tool", address, args)
+            except (InvalidArguments, TypeError, ValueError):
+                key, size = None, 0
+            if key is not None:
+                decision = journal.decide(host.journal.get(seq), key, seq, host.last_recorded_seq)
+                # Arguments the journal cannot take are refused when the call is issued again (P-22).
+                fits = (size <= host.limits.journal_value_bytes
+                        and host.journaled_bytes + size <= host.limits.journal_bytes)
+                if decision.action == journal.ASK:
+                    joined = True  # asked before this attempt and still undecided
+                elif decision.action == journal.LIVE and decision.entry is None and fits:
+                    # The first write of the pause and the batch are not spent yet
+                    # but may all be approved: count them against the budget.
+                    prospective = st.writes_spent + 1 + len(batch)
+                    if policy_mod.decide_call(host.policy, address, True, prospective) == policy_mod.ASK:
+                        host.journal_room(size, address, "arguments")
+                        await host.record_intent(seq, "tool", address, args, key, "write", CALL_ASKED, None)
+                        joined = True
+        if joined and st.batch is batch:
+            batch.append(pending_write(seq, tool, args))
+        return await self.hold(seq, "tool", address, args)
+
+    async def stop_at(self, pending: dict[str, Any], stop: Stopped) -> Any:
+        """Pause or park at this call (P-4, P-18): the first call to stop wins; later ones are held."""
+        host = self.host
+        if host.state.pausing:
+            return await self.hold(pending["seq"], pending["op"], pending["address"], pending["args"])
+        st = host.state
+        st.pausing = True
+        is_write_pause = isinstance(stop, Paused)
+        if is_write_pause:
+            st.batch = []
+        # Calls in flight finish and are journaled before the snapshot is stored.
+        st.inflight -= 1  # this call waits, it is not dispatching
+        try:
+            while True:
+                await host.wait_idle()
+                for _ in range(3):
+                    await asyncio.sleep(0)
+                # Gathered calls reach the host one sandbox round trip apart:
+                # a write pause waits until the program has gone quiet.
+                quiet = time.monotonic() - st.last_arrival
+                if not is_write_pause or (quiet >= self.batch_window_seconds and st.inflight == 0):
+                    break
+                await asyncio.sleep(self.batch_window_seconds - quiet)
+        finally:
+            st.inflight += 1
+        if is_write_pause:
+            batch, st.batch = st.batch or [], None
+            writes = sorted([{k: v for k, v in pending.items() if k != "writes"}] + batch, key=lambda w: w["seq"])
+            pending["writes"] = writes
+        await self.pause_sink(host, pending)
+        # The state is saved: end the execution and unwind the program; what it
+        # does while unwinding is never sent nor recorded.
+        host.execution.stop(stop)
+        self.release_held()
+        raise _UNWIND
