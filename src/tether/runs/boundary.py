@@ -12,12 +12,13 @@ Data path, top to bottom (P-1):
 
 One :class:`EffectBoundary` serves one *attempt*: a fresh run, a restore from
 a snapshot, or a replay from the journal. Nothing else dispatches tools.
+Stopping at a call (a write that asks, a wait, a long sleep) is pausing.py's
+job; the boundary owns its :class:`~tether.runs.pausing.Pauses`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import builtins
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -27,7 +28,6 @@ from ..errors import (
     InvalidArguments,
     LimitExceeded,
     TetherError,
-    SourceUnavailable,
     UnknownTool,
     WriteOutcomeUnknown,
 )
@@ -45,12 +45,11 @@ from ..store.base import (
     CALL_SENDING,
     CALL_SENT,
     CALL_UNKNOWN,
-    CALL_WAITING,
     CallRecord,
     Store,
 )
 from . import integrity, journal, policy as policy_mod, resend, telemetry
-from .inputs import wait_name_problem
+from .guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
 from .pausing import Parked, Paused, Pauses  # noqa: F401 - Parked, Paused: re-exported for callers
 from .result import to_json_value
 
@@ -99,22 +98,6 @@ def _holds_tuple(value: Any) -> bool:
     if t is list:
         return any(_holds_tuple(v) for v in value)
     return False
-
-
-def guest_error(code: str, message: str, exc_type: str) -> GuestRaise:
-    """An exception to raise in the program; its message starts with ``[code]``."""
-    return GuestRaise(exc_type, f"[{code}] {message}")
-
-
-def _exc_type_for(exc: BaseException) -> str:
-    """Keep a tool's built-in exception type (LookupError, ValueError...) for the program."""
-    name = type(exc).__name__
-    cls = getattr(builtins, name, None)
-    # Only types the sandbox can raise with a message (UnicodeDecodeError cannot be).
-    if isinstance(cls, type) and issubclass(cls, Exception) and name not in ("Exception",) \
-            and not issubclass(cls, UnicodeError):
-        return name
-    return "RuntimeError"
 
 
 @dataclass(frozen=True)
@@ -354,7 +337,7 @@ class EffectBoundary:
             if op == "tool":
                 value = await self._tool_call(seq, address, args, key, decision, started)
             elif op in WAIT_OPS:
-                value = await self._wait_call(seq, op, args, key, decision)
+                value = await self.pauses.wait(seq, op, args, key, decision)
             else:
                 value = await self._builtin_call(seq, op, address, args, key, decision)
         except GuestRaise as exc:
@@ -375,97 +358,6 @@ class EffectBoundary:
             raise error
         return value
 
-    async def _wait_call(self, seq: int, op: str, args: dict[str, Any], key: str, decision: Any) -> Any:
-        """wait_for / wait_for_signal / sleep: settle now, or park the run (P-18)."""
-        from ..store.base import (
-            WAIT_CANCELLED, WAIT_FAILED, WAIT_PENDING, WAIT_RESOLVED, WAIT_TIMEOUT, WaitRecord,
-        )
-        from .waits import SIGNAL_PREFIX, SLEEP_PREFIX, wait_key
-
-        pos, kw = list(args.get("args", ())), dict(args.get("kwargs", {}))
-        t = time.perf_counter()
-        try:
-            if op == "sleep":
-                seconds = float(pos[0] if pos else kw.get("seconds", 0))
-                name, timeout = f"{SLEEP_PREFIX}{seq}", max(seconds, 0.0)
-                if timeout > self.limits.max_sleep_seconds and decision.entry is None:
-                    err = guest_error("sleep_too_long",
-                                      f"a sleep of {seconds:g} s is longer than limits.max_sleep_seconds "
-                                      f"({self.limits.max_sleep_seconds:g} s); the run was not parked", "ValueError")
-                    await self._record_rejected(seq, op, op, args, "wait", err, key=key)
-                    raise err
-            else:
-                name = pos[0] if pos else kw.get("name")
-                timeout = pos[1] if len(pos) > 1 else kw.get("timeout")
-                if not isinstance(name, str) or not name:
-                    raise TypeError("needs a non-empty name")
-                problem = wait_name_problem(name)
-                if problem:
-                    raise ValueError(problem)
-                if timeout is not None:
-                    timeout = float(timeout)
-                if op == "wait_for_signal":
-                    name = SIGNAL_PREFIX + name
-        except (TypeError, ValueError, IndexError) as exc:
-            err = guest_error("invalid_arguments", f"{op}: {exc}", "TypeError")
-            await self._record_rejected(seq, op, op, args, "wait", err, key=key, existing=decision.entry)
-            raise err from None
-        entry = decision.entry
-        now = self.clock()
-        if entry is None:
-            self.flush()
-            entry = CallRecord(self.run_id, seq, op, name, args, key, "wait", CALL_WAITING, started_at=now)
-            self._sign(entry)
-            self.store.record_call(entry)
-            self.journal[seq] = entry
-        # The deadline counts from when the program first reached the wait, so
-        # a restart continues with only the remaining time.
-        deadline = None if timeout is None else (entry.started_at or now) + timeout
-        wkey = wait_key(self.secret, self.run_id, name)
-        row = self.store.create_wait(WaitRecord(wkey, self.run_id, name, WAIT_PENDING, now, seq=seq,
-                                                deadline=deadline, session=self.session))
-        if row.status == WAIT_PENDING and deadline is not None and now >= deadline:
-            status = WAIT_RESOLVED if op == "sleep" else WAIT_TIMEOUT
-            _, row = self.store.settle_wait(WaitRecord(wkey, self.run_id, name, status, now, seq=seq,
-                                                       resolved_at=now))
-        if row.status == WAIT_PENDING and op == "sleep" and deadline - now <= self.inline_sleep_seconds:
-            # A short sleep is cheaper to wait out than to park.
-            await asyncio.sleep(max(0.0, deadline - now))
-            _, row = self.store.settle_wait(WaitRecord(wkey, self.run_id, name, WAIT_RESOLVED, self.clock(),
-                                                       seq=seq, resolved_at=self.clock()))
-        if row.status == WAIT_PENDING:
-            pending = {"kind": "sleep" if op == "sleep" else ("signal" if op == "wait_for_signal" else "wait"),
-                       "seq": seq, "op": op, "address": op, "args": args, "name": name, "key": wkey,
-                       "deadline": deadline}
-            return await self.pauses.park(pending)
-        # Settled: journal the outcome, then answer the program.
-        if row.status == WAIT_RESOLVED:
-            refused = self._journal_room(journal.value_size(row.value), name, "result")
-            if refused is not None:
-                self._update(seq, [CALL_WAITING], state=CALL_FAILED, error=_err_json(refused),
-                                       finished_at=self.clock())
-                if self.state.failure is not None:
-                    return await self.pauses.hold(seq, op, op, args)
-                self._remember(refused, seq, name)
-                raise refused
-            self._update(seq, [CALL_WAITING], state=CALL_DONE, outcome=row.value,
-                                   finished_at=self.clock())
-            self._stat(seq, op, name, "wait", CALL_DONE, t)
-            return row.value
-        if row.status == WAIT_TIMEOUT:
-            err = guest_error("wait_timeout", f"{name} was not resolved within {timeout:g} s", "TimeoutError")
-        elif row.status == WAIT_FAILED:
-            err = guest_error("wait_failed", f"{name}: {(row.error or {}).get('message', 'failed')}", "RuntimeError")
-        elif row.status == WAIT_CANCELLED:
-            err = guest_error("wait_cancelled", f"{name} was cancelled", "RuntimeError")
-        else:
-            err = guest_error("wait_revoked", f"{name} was revoked", "RuntimeError")
-        self._update(seq, [CALL_WAITING], state=CALL_FAILED, error=_err_json(err),
-                               finished_at=self.clock())
-        self._stat(seq, op, name, "wait", CALL_FAILED, t)
-        self._remember(err, seq, name)
-        raise err
-
     async def _builtin_call(self, seq, op, address, args, key, decision) -> Any:
         impl = self.builtins_impl.get(op)
         t = time.perf_counter()
@@ -484,7 +376,7 @@ class EffectBoundary:
         value = to_json_value(value)[0]
         refused = self._journal_room(journal.value_size(value), op, "result")
         if refused is not None:
-            await self._record_outcome(seq, CALL_PENDING, CALL_FAILED, error=_err_json(refused))
+            await self._record_outcome(seq, CALL_PENDING, CALL_FAILED, error=err_json(refused))
             self._stat(seq, op, address, "read", CALL_FAILED, t)
             if self.state.failure is not None:
                 return await self.pauses.hold(seq, op, address, args)
@@ -600,7 +492,7 @@ class EffectBoundary:
                     f"{tool.address}: {why}",
                     "TimeoutError",
                 )
-                await self._record_outcome(seq, from_state, CALL_FAILED, error=_err_json(err))
+                await self._record_outcome(seq, from_state, CALL_FAILED, error=err_json(err))
                 self._stat(seq, "tool", tool.address, "read", CALL_FAILED, t)
             self._remember(err, seq, tool.address)
             raise err from None
@@ -617,15 +509,15 @@ class EffectBoundary:
             if is_write and (resend.outcome_unknown(exc) if tool.dedupes_by_key else resend.sent_unanswered(exc)):
                 # Its sends ran out with the outcome still unknown (P-31), or a
                 # source says the request left and no answer came back (P-8).
-                err = await self._unknown(seq, tool, t, _tool_error(tool.address, exc).message
+                err = await self._unknown(seq, tool, t, tool_error(tool.address, exc).message
                                           .removeprefix(f"[tool_error] {tool.address}: "))
                 self._remember(err, seq, tool.address)
                 raise err from None
             if isinstance(exc, InvalidArguments):
                 err = guest_error("invalid_arguments", exc.message, "TypeError")
             else:
-                err = _tool_error(tool.address, exc)
-            await self._record_outcome(seq, from_state, CALL_FAILED, error=_err_json(err))
+                err = tool_error(tool.address, exc)
+            await self._record_outcome(seq, from_state, CALL_FAILED, error=err_json(err))
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", CALL_FAILED, t)
             self._remember(err, seq, tool.address)
             raise err from None
@@ -637,7 +529,7 @@ class EffectBoundary:
         if refused is not None:
             # P-22: neither the store nor the sandbox gets the value. A write
             # happened all the same: its entry says so, and it is never re-sent.
-            await self._record_outcome(seq, from_state, ok_state if is_write else CALL_FAILED, error=_err_json(refused))
+            await self._record_outcome(seq, from_state, ok_state if is_write else CALL_FAILED, error=err_json(refused))
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state if is_write else CALL_FAILED, t)
             if self.state.failure is not None:
                 return await self.pauses.hold(seq, "tool", tool.address, args)
@@ -653,7 +545,7 @@ class EffectBoundary:
         self.state.unknown_writes.append({"seq": seq, "address": tool.address})
         message = resend.unknown_message(tool.address, why, self._sends.get(seq, 1), self._idempotency_key(seq))
         err = guest_error("write_outcome_unknown", message, "TimeoutError")
-        await self._record_outcome(seq, CALL_SENDING, CALL_UNKNOWN, error=_err_json(err))
+        await self._record_outcome(seq, CALL_SENDING, CALL_UNKNOWN, error=err_json(err))
         self._stat(seq, "tool", tool.address, "write", CALL_UNKNOWN, t)
         return err
 
@@ -683,7 +575,7 @@ class EffectBoundary:
         except (SystemExit, KeyboardInterrupt) as exc:
             # A tool's sys.exit() or KeyboardInterrupt is the tool failing, not
             # a request to end the host: the run (and the CLI) carry on and report it.
-            raise ToolAborted(f"the tool raised {type(exc).__name__}{_exit_detail(exc)}; tether does not exit "
+            raise ToolAborted(f"the tool raised {type(exc).__name__}{exit_detail(exc)}; tether does not exit "
                               "for a tool") from None
         finally:
             call_context.leave(token)
@@ -699,7 +591,7 @@ class EffectBoundary:
         value = to_json_value(value)[0]
         refused = self._journal_room(journal.value_size(value), f"call {seq}", "result", sent=True)
         if refused is not None:
-            await self._record_outcome(seq, from_state, ok_state, error=_err_json(refused))
+            await self._record_outcome(seq, from_state, ok_state, error=err_json(refused))
             return
         await self._record_outcome(seq, from_state, ok_state, outcome=value)
 
@@ -782,6 +674,19 @@ class EffectBoundary:
 
     def remember(self, err: GuestRaise, seq: int, address: str) -> None:
         self._remember(err, seq, address)
+
+    async def record_rejected(self, seq, op, address, args, kind, err: GuestRaise, *, key=None,
+                              existing: CallRecord | None = None) -> None:
+        await self._record_rejected(seq, op, address, args, kind, err, key=key, existing=existing)
+
+    def record_new(self, record: CallRecord) -> None:
+        self.flush()
+        self._sign(record)
+        self.store.record_call(record)
+        self.journal[record.seq] = record
+
+    def stat(self, seq, op, address, kind, state, t) -> None:
+        self._stat(seq, op, address, kind, state, t)
 
     # -- journal ------------------------------------------------------------------
 
@@ -870,7 +775,7 @@ class EffectBoundary:
         now = self.clock()
         if existing is None:
             record = CallRecord(self.run_id, seq, op, address, to_json_value(args)[0], key, kind, state,
-                                error=_err_json(err), started_at=now, finished_at=now)
+                                error=err_json(err), started_at=now, finished_at=now)
             self._unsaved[seq] = record
             self.journal[seq] = record
             self.flush()
@@ -898,34 +803,3 @@ class EffectBoundary:
 
 class SnapshotMismatch(Exception):
     """A restored snapshot does not match its record: fall back to replay."""
-
-
-def _err_json(err: GuestRaise) -> dict[str, Any]:
-    return {"type": err.exc_type, "message": err.message}
-
-
-class ToolAborted(RuntimeError):
-    """A tool raised SystemExit or KeyboardInterrupt; reported as the tool's failure."""
-
-
-def _exit_detail(exc: BaseException) -> str:
-    code = getattr(exc, "code", None)
-    return f"({code!r})" if code is not None and isinstance(code, (int, str)) and len(str(code)) < 100 else ""
-
-
-def _tool_error(address: str, exc: BaseException) -> GuestRaise:
-    if isinstance(exc, TetherError):
-        message = exc.message
-    else:
-        try:
-            message = str(exc) or type(exc).__name__
-        except Exception:  # noqa: BLE001 - a hostile __str__ still names the failure
-            message = type(exc).__name__
-        message = to_json_value(message)[0] if isinstance(message, str) else type(exc).__name__
-    if len(message) > 2000:
-        message = message[:2000] + "…"
-    # A source's own message may already start with the address: name it once.
-    if not message.startswith(f"{address}:"):
-        message = f"{address}: {message}"
-    code = exc.code if isinstance(exc, SourceUnavailable) else "tool_error"
-    return guest_error(code, message, _exc_type_for(exc))

@@ -306,7 +306,7 @@ def _untrusted(rt: "Runtime", run: RunRecord, wanted: dict[int, tuple[str, str |
 def _record(rt: "Runtime", run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
             who: dict[str, Any], now: float, expect: tuple[str, ...] = (CALL_ASKED,)) -> dict[str, Any]:
     """Take one decision: the journal's compare-and-set decides who wins (P-28); then say who (P-29)."""
-    from .boundary import guest_error
+    from .guest_errors import guest_error
 
     seq = write["seq"]
     entry = rt.store.get_call(run.run_id, seq)

@@ -18,8 +18,26 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 from ..errors import InvalidArguments, UnknownTool
 from ..sandbox.monty import GuestRaise, Stopped
-from ..store.base import CALL_APPROVED, CALL_ASKED, CALL_DECLINED, CallRecord, Store
+from ..store.base import (
+    CALL_APPROVED,
+    CALL_ASKED,
+    CALL_DECLINED,
+    CALL_DONE,
+    CALL_FAILED,
+    CALL_WAITING,
+    WAIT_CANCELLED,
+    WAIT_FAILED,
+    WAIT_PENDING,
+    WAIT_RESOLVED,
+    WAIT_TIMEOUT,
+    CallRecord,
+    Store,
+    WaitRecord,
+)
 from . import journal, policy as policy_mod
+from .guest_errors import err_json, guest_error
+from .inputs import wait_name_problem
+from .waits import SIGNAL_PREFIX, SLEEP_PREFIX, wait_key
 
 if TYPE_CHECKING:
     from ..sandbox.monty import Execution
@@ -65,6 +83,9 @@ class PauseHost(Protocol):
     state: "AttemptState"
     execution: "Execution | None"
     clock: Callable[[], float]
+    secret: bytes  # signs wait keys
+    session: str | None
+    inline_sleep_seconds: float  # sleeps up to this long are waited out, not parked
 
     async def wait_idle(self) -> None:
         """Return once no call is in flight."""
@@ -84,6 +105,17 @@ class PauseHost(Protocol):
 
     def remember(self, err: GuestRaise, seq: int, address: str) -> None:
         """Note an error raised into the program as this call's."""
+
+    async def record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], kind: str,
+                              err: GuestRaise, *, key: str | None = None,
+                              existing: CallRecord | None = None) -> None:
+        """Journal a call refused before it was sent, as failed with `err`."""
+
+    def record_new(self, record: CallRecord) -> None:
+        """Sign and store a new journal entry, after the reads still buffered."""
+
+    def stat(self, seq: int, op: str, address: str, kind: str, state: str, t: float) -> None:
+        """Count a finished call in the attempt's stats and progress."""
 
 
 def pending_write(seq: int, tool: "Tool", args: dict[str, Any]) -> dict[str, Any]:
@@ -131,6 +163,90 @@ class Pauses:
         """Stop the program until the wait is settled; like a pause, but for the world to answer."""
         return await self.stop_at(pending, Parked(pending))
 
+    async def wait(self, seq: int, op: str, args: dict[str, Any], key: str, decision: Any) -> Any:
+        """wait_for / wait_for_signal / sleep: settle now, or park the run (P-18)."""
+        host = self.host
+        pos, kw = list(args.get("args", ())), dict(args.get("kwargs", {}))
+        t = time.perf_counter()
+        try:
+            if op == "sleep":
+                seconds = float(pos[0] if pos else kw.get("seconds", 0))
+                name, timeout = f"{SLEEP_PREFIX}{seq}", max(seconds, 0.0)
+                if timeout > host.limits.max_sleep_seconds and decision.entry is None:
+                    err = guest_error("sleep_too_long",
+                                      f"a sleep of {seconds:g} s is longer than limits.max_sleep_seconds "
+                                      f"({host.limits.max_sleep_seconds:g} s); the run was not parked", "ValueError")
+                    await host.record_rejected(seq, op, op, args, "wait", err, key=key)
+                    raise err
+            else:
+                name = pos[0] if pos else kw.get("name")
+                timeout = pos[1] if len(pos) > 1 else kw.get("timeout")
+                if not isinstance(name, str) or not name:
+                    raise TypeError("needs a non-empty name")
+                problem = wait_name_problem(name)
+                if problem:
+                    raise ValueError(problem)
+                if timeout is not None:
+                    timeout = float(timeout)
+                if op == "wait_for_signal":
+                    name = SIGNAL_PREFIX + name
+        except (TypeError, ValueError, IndexError) as exc:
+            err = guest_error("invalid_arguments", f"{op}: {exc}", "TypeError")
+            await host.record_rejected(seq, op, op, args, "wait", err, key=key, existing=decision.entry)
+            raise err from None
+        entry = decision.entry
+        now = host.clock()
+        if entry is None:
+            entry = CallRecord(host.run_id, seq, op, name, args, key, "wait", CALL_WAITING, started_at=now)
+            host.record_new(entry)
+        # The deadline counts from when the program first reached the wait, so
+        # a restart continues with only the remaining time.
+        deadline = None if timeout is None else (entry.started_at or now) + timeout
+        wkey = wait_key(host.secret, host.run_id, name)
+        row = host.store.create_wait(WaitRecord(wkey, host.run_id, name, WAIT_PENDING, now, seq=seq,
+                                                deadline=deadline, session=host.session))
+        if row.status == WAIT_PENDING and deadline is not None and now >= deadline:
+            status = WAIT_RESOLVED if op == "sleep" else WAIT_TIMEOUT
+            _, row = host.store.settle_wait(WaitRecord(wkey, host.run_id, name, status, now, seq=seq,
+                                                       resolved_at=now))
+        if row.status == WAIT_PENDING and op == "sleep" and deadline - now <= host.inline_sleep_seconds:
+            # A short sleep is cheaper to wait out than to park.
+            await asyncio.sleep(max(0.0, deadline - now))
+            _, row = host.store.settle_wait(WaitRecord(wkey, host.run_id, name, WAIT_RESOLVED, host.clock(),
+                                                       seq=seq, resolved_at=host.clock()))
+        if row.status == WAIT_PENDING:
+            pending = {"kind": "sleep" if op == "sleep" else ("signal" if op == "wait_for_signal" else "wait"),
+                       "seq": seq, "op": op, "address": op, "args": args, "name": name, "key": wkey,
+                       "deadline": deadline}
+            return await self.park(pending)
+        # Settled: journal the outcome, then answer the program.
+        if row.status == WAIT_RESOLVED:
+            refused = host.journal_room(journal.value_size(row.value), name, "result")
+            if refused is not None:
+                await host.move_call(seq, [CALL_WAITING], state=CALL_FAILED, error=err_json(refused),
+                                      finished_at=host.clock())
+                if host.state.failure is not None:
+                    return await self.hold(seq, op, op, args)
+                host.remember(refused, seq, name)
+                raise refused
+            await host.move_call(seq, [CALL_WAITING], state=CALL_DONE, outcome=row.value,
+                                  finished_at=host.clock())
+            host.stat(seq, op, name, "wait", CALL_DONE, t)
+            return row.value
+        if row.status == WAIT_TIMEOUT:
+            err = guest_error("wait_timeout", f"{name} was not resolved within {timeout:g} s", "TimeoutError")
+        elif row.status == WAIT_FAILED:
+            err = guest_error("wait_failed", f"{name}: {(row.error or {}).get('message', 'failed')}", "RuntimeError")
+        elif row.status == WAIT_CANCELLED:
+            err = guest_error("wait_cancelled", f"{name} was cancelled", "RuntimeError")
+        else:
+            err = guest_error("wait_revoked", f"{name} was revoked", "RuntimeError")
+        await host.move_call(seq, [CALL_WAITING], state=CALL_FAILED, error=err_json(err),
+                              finished_at=host.clock())
+        host.stat(seq, op, name, "wait", CALL_FAILED, t)
+        host.remember(err, seq, name)
+        raise err
+
     async def ask(self, seq, tool, args, valid, t, entry: CallRecord | None = None) -> Any:
         host = self.host
         pending = pending_write(seq, tool, args)
@@ -140,10 +256,13 @@ class Pauses:
             if verdict == "approve":
                 await host.move_call(seq, [CALL_ASKED], state=CALL_APPROVED)
                 return await host.send_approved(seq, tool, valid, t)
-            err = GuestRaise("PermissionError", f"[write_declined] the write {tool.address} was declined"
-                             f"{': ' + reason if reason else ''}; it was not sent")
-            await host.move_call(seq, [CALL_ASKED], state=CALL_DECLINED,
-                                 error={"type": err.exc_type, "message": err.message}, finished_at=host.clock())
+            err = guest_error(
+                "write_declined",
+                f"the write {tool.address} was declined{': ' + reason if reason else ''}; it was not sent",
+                "PermissionError",
+            )
+            await host.move_call(seq, [CALL_ASKED], state=CALL_DECLINED, error=err_json(err),
+                                 finished_at=host.clock())
             host.remember(err, seq, tool.address)
             raise err
         # Pause: the first write to ask pauses the run; writes issued with it
