@@ -300,6 +300,44 @@ def test_concurrent_claimers_never_take_the_same_queued_run(backend):
         assert all(setup.get_run(r).owner == f"owner{k}" for r in ids)
 
 
+def test_concurrent_claimers_never_take_the_same_due_run_or_orphan(backend):
+    n, claimers = 30, 4
+    setup = backend.open()
+    for i in range(n):
+        setup.create_run(make_run(f"due{i:03}", status="waiting", expires_at=1000.0 + i))
+        setup.create_run(make_run(f"orphan{i:03}", status="running", owner="dead", lease_until=1000.0 + i))
+    setup.create_run(make_run("later", status="waiting", expires_at=9e9))
+    setup.create_run(make_run("held", status="running", owner="alive", lease_until=9e9))
+    stores = [backend.open() for _ in range(claimers)]
+    taken: list[list[str]] = [[] for _ in range(claimers)]
+    start = threading.Barrier(claimers)
+
+    def claim(k: int) -> None:
+        start.wait()
+        while (run := stores[k].claim_due(f"owner{k}", 2000.0, 1500.0)) is not None:
+            taken[k].append(run.run_id)
+        while (run := stores[k].claim_orphan(f"owner{k}", 2000.0, 1500.0)) is not None:
+            assert run.owner == "dead"  # the record as it was, for a hand-back
+            taken[k].append(run.run_id)
+
+    threads = [threading.Thread(target=claim, args=(k,)) for k in range(claimers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    every = sorted(r for ids in taken for r in ids)
+    assert every == sorted([f"due{i:03}" for i in range(n)] + [f"orphan{i:03}" for i in range(n)])
+    for k, ids in enumerate(taken):
+        assert all(setup.get_run(r).owner == f"owner{k}" and setup.get_run(r).status == "running" for r in ids)
+    # An orphan handed back is an orphan again, with its dead owner and lapsed lease.
+    run = setup.get_run("orphan000")
+    k = int(run.owner[-1])
+    before = dataclasses.replace(run, owner="dead", lease_until=1000.0)
+    assert stores[k].release_orphan(before, f"owner{k}")
+    assert setup.claim_orphan("me", 2000.0, 1500.0).run_id == "orphan000"
+    assert setup.claim_due("me", 2000.0, 1500.0) is None and setup.claim_orphan("me", 2000.0, 1500.0) is None
+
+
 @pytest.mark.postgres
 def test_a_claimer_on_postgres_passes_over_a_row_another_holds_instead_of_waiting(backend):
     import psycopg

@@ -837,10 +837,13 @@ class Runtime:
         """
         out: list[tuple[RunRecord, str | None]] = [(r, None) for r in self.store.runs_with_expired_lease(now)]
         lapsed = {r.run_id for r, _ in out}
-        for run in self.store.list_runs(status=RUN_RUNNING, limit=1000):
-            if run.run_id not in lapsed and run.owner != self.owner and owner_gone(run.owner):
-                out.append((run, run.owner))
+        out += [(r, r.owner) for r in self.gone_owners() if r.run_id not in lapsed]
         return out
+
+    def gone_owners(self) -> list[RunRecord]:
+        """Running runs whose owner was a process on this host that has ended (lease or not)."""
+        return [r for r in self.store.list_runs(status=RUN_RUNNING, limit=1000)
+                if r.owner != self.owner and owner_gone(r.owner)]
 
     # -- attempts ------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """The runner: executes queued runs, wakes timers and due waits, takes over orphans.
 
 Any number of workers may share a store; every claim is a compare-and-set, so
-each run executes in one place (queued runs on Postgres: ``FOR UPDATE SKIP
-LOCKED``, so replicas polling at once take different runs without waiting). A run whose worker died is taken over once its
+each run executes in one place (on Postgres queued runs, due timers and
+lapsed orphans with ``FOR UPDATE SKIP LOCKED``, so replicas polling at once
+take different runs without waiting). A run whose worker died is taken over once its
 lease expires (P-11, P-16).
 """
 
@@ -80,21 +81,43 @@ async def _claims(rt: "Runtime", free: int, reported: set[str]):
     A run whose sources cannot be loaded here is left as it is (P-30) for a
     process that has them.
     """
-    from ..store.base import RUN_QUEUED, RUN_RUNNING
+    from ..store.base import RUN_QUEUED, RUN_RUNNING, RUN_WAITING
 
     now = rt.clock()
     out = []
     rt.expire_paused()
-    # Orphans first: their writes wait on us.
-    for run, gone in rt.orphans(now)[:free]:
-        if not await _available(rt, run, reported):
+    # Orphans first: their writes wait on us. Those whose lease lapsed are claimed one at a time
+    # (Postgres: SKIP LOCKED); those of a process gone from this host by compare-and-set on its name.
+    skip: list[str] = []
+    while len(out) < free:
+        before = rt.store.claim_orphan(rt.owner, now + rt.lease_seconds, now, skip=skip)
+        if before is None:
+            break
+        if not await _available(rt, before, reported):
+            rt.store.release_orphan(before, rt.owner)  # for a process that has its sources
+            skip.append(before.run_id)
             continue
-        if rt.store.claim_run(run.run_id, rt.owner, now + rt.lease_seconds, now, gone_owner=gone):
+        out.append(rt._attempt(rt.store.get_run(before.run_id), mode="continue", on_approval=None,
+                               t0=time.perf_counter()))
+    for run in rt.gone_owners() if len(out) < free else []:
+        if len(out) >= free or not await _available(rt, run, reported):
+            continue
+        if rt.store.claim_run(run.run_id, rt.owner, now + rt.lease_seconds, now, gone_owner=run.owner):
             out.append(rt._attempt(rt.store.get_run(run.run_id), mode="continue", on_approval=None,
                                    t0=time.perf_counter()))
-    for run in rt.store.runs_due(now, limit=free - len(out)) if len(out) < free else []:
-        if await _available(rt, run, reported):
-            out.append(rt.wake(run.run_id))
+    # Due timers and wait deadlines, the same way.
+    skip = []
+    while len(out) < free:
+        run = rt.store.claim_due(rt.owner, now + rt.lease_seconds, now, skip=skip)
+        if run is None:
+            break
+        trusted, ended = rt._vet(run)
+        if not trusted or not await _available(rt, run, reported):
+            if ended is None:  # not ours to run (another secret, or sources not here): back to waiting
+                rt.store.update_run(run.run_id, [RUN_RUNNING], status=RUN_WAITING, owner=None, lease_until=None)
+            skip.append(run.run_id)
+            continue
+        out.append(rt._attempt(run, mode="continue", on_approval=None, t0=time.perf_counter()))
     # Queued runs, oldest first, claimed one at a time so replicas sharing the queue never take the same one.
     skip: list[str] = []
     while len(out) < free:

@@ -729,6 +729,26 @@ class SQLStore:
                 return self.get_run(run.run_id)
         return None
 
+    def claim_due(self, owner: str, lease_until: float, now: float,
+                  skip: Sequence[str] = ()) -> RunRecord | None:
+        for run in self.runs_due(now):
+            if run.run_id not in skip and self.update_run(run.run_id, ["waiting"], status="running", owner=owner,
+                                                          lease_until=lease_until, updated_at=now):
+                return self.get_run(run.run_id)
+        return None
+
+    def claim_orphan(self, owner: str, lease_until: float, now: float,
+                     skip: Sequence[str] = ()) -> RunRecord | None:
+        for run in self.runs_with_expired_lease(now):
+            if run.run_id not in skip and self.claim_run(run.run_id, owner, lease_until, now):
+                return run
+        return None
+
+    def release_orphan(self, run: RunRecord, owner: str) -> bool:
+        sql = "UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ? AND owner = ? AND status = 'running'"
+        with self._transaction(write=True) as tx:
+            return tx.run(sql, (run.owner, run.lease_until, run.run_id, owner)).rowcount == 1
+
     def runs_with_expired_lease(self, now: float) -> list[RunRecord]:
         sql = f"{_SELECT_RUN} WHERE status = 'running' AND lease_until < ? ORDER BY lease_until"
         with self._transaction(write=False) as tx:

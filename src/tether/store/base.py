@@ -221,6 +221,22 @@ class Store(Protocol):
         do not queue behind each other's row locks either; SQLite: compare-and-set by its one writer).
         """
 
+    def claim_due(self, owner: str, lease_until: float, now: float,
+                  skip: Sequence[str] = ()) -> RunRecord | None:
+        """The waiting run whose timer or wait deadline came first (not in ``skip``), now ``running``
+        under ``owner``; None if there is none. Concurrent claimers never get the same run."""
+
+    def claim_orphan(self, owner: str, lease_until: float, now: float,
+                     skip: Sequence[str] = ()) -> RunRecord | None:
+        """A running run whose lease lapsed (not in ``skip``), now leased to ``owner``; None if none.
+
+        The record returned is as it was before the claim (its dead owner and lapsed lease), so a
+        claimer that cannot continue it can hand it back with ``release_orphan``.
+        """
+
+    def release_orphan(self, run: RunRecord, owner: str) -> bool:
+        """Give back an orphan ``owner`` claimed: its previous owner and lapsed lease again."""
+
     def runs_with_expired_lease(self, now: float) -> list[RunRecord]:
         """Runs in status running whose lease ended before ``now``."""
 

@@ -29,7 +29,7 @@ import psycopg
 import psycopg.conninfo
 
 from ..errors import ConfigError
-from ._schema import POSTGRES_MIGRATIONS, SQLStore, Tx
+from ._schema import _SELECT_RUN, POSTGRES_MIGRATIONS, SQLStore, Tx, _run
 from .base import RunRecord
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -163,6 +163,32 @@ class PostgresStore(SQLStore):
         with self._transaction(write=True) as tx:
             row = tx.run(sql, (owner, lease_until, now, list(skip))).fetchone()
         return None if row is None else self.get_run(row[0])
+
+    def claim_due(self, owner: str, lease_until: float, now: float,
+                  skip: Sequence[str] = ()) -> RunRecord | None:
+        sql = (
+            "UPDATE runs SET status = 'running', owner = ?, lease_until = ?, updated_at = ?"
+            " WHERE run_id = (SELECT run_id FROM runs WHERE status = 'waiting' AND expires_at <= ?"
+            " AND NOT (run_id = ANY(?)) ORDER BY expires_at LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING run_id"
+        )
+        with self._transaction(write=True) as tx:
+            row = tx.run(sql, (owner, lease_until, now, now, list(skip))).fetchone()
+        return None if row is None else self.get_run(row[0])
+
+    def claim_orphan(self, owner: str, lease_until: float, now: float,
+                     skip: Sequence[str] = ()) -> RunRecord | None:
+        # The row as it was is read under the same lock, for release_orphan.
+        pick = (
+            f"{_SELECT_RUN} WHERE status = 'running' AND lease_until < ?"
+            " AND NOT (run_id = ANY(?)) ORDER BY lease_until LIMIT 1 FOR UPDATE SKIP LOCKED"
+        )
+        with self._transaction(write=True) as tx:
+            row = tx.run(pick, (now, list(skip))).fetchone()
+            if row is None:
+                return None
+            before = _run(row)
+            tx.run("UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?", (owner, lease_until, before.run_id))
+        return before
 
     # -- size
 
