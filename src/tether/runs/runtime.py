@@ -17,15 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as _dt
-import hashlib
-import hmac
 import logging
 import secrets
 import time
 from typing import Any, Awaitable, Callable, Iterable
 
 from ..errors import (
-    AlreadyDecided,
     RunExpired,
     RunNotFound,
     RunTampered,
@@ -59,24 +56,14 @@ from .ownership import new_owner, owner_gone
 from .policy import Policy
 from .inputs import check_code_size, check_session_name
 from .result import RunResult, to_json_value
+from .sessions import Sessions, sign_snapshot  # noqa: F401 - sign_snapshot stays importable from here
+from .waits import Waits
 
 _log = logging.getLogger("tether.runs")
 
 # Puts an upstream tool's question (an MCP elicitation) to the run's user:
 # {"run_id","address","message","mode","schema","url"} -> {"action", "content"}.
 Asker = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-
-
-def _wait_view(w: Any) -> dict[str, Any]:
-    return {"key": w.key, "run_id": w.run_id, "name": w.name, "status": w.status, "seq": w.seq,
-            "deadline": w.deadline, "value": w.value, "error": w.error, "created_at": w.created_at,
-            "resolved_at": w.resolved_at}
-
-
-def sign_snapshot(secret: bytes, run_id: str, seq: int, version: str, data: bytes) -> str:
-    """HMAC over everything a restore trusts: whose state, at which call, which build (P-9)."""
-    msg = b"\x00".join([run_id.encode(), str(seq).encode(), version.encode(), hashlib.sha256(data).digest()])
-    return hmac.new(secret, msg, hashlib.sha256).hexdigest()
 
 
 CHECK_MODES = ("calls", "full", "off")
@@ -160,6 +147,8 @@ class Runtime:
         # Signs and verifies runs, journals and snapshots (P-35); its current secret keys waits and sessions.
         self.keyring = keyring_for(self.store)
         self._secret = self.keyring.current
+        self._sessions = Sessions(store=self.store, secret=self._secret, clock=clock)
+        self._waits = Waits(store=self.store, secret=self._secret, clock=clock, wake=self.wake, resume=self.resume)
         self._active: dict[str, asyncio.Future] = {}
         self._boundaries: dict[str, EffectBoundary] = {}
         self._cell_tasks: dict[str, asyncio.Task] = {}
@@ -173,8 +162,6 @@ class Runtime:
         self.inline_sleep_seconds = 1.0
         # How long a forming write pause waits for more writes issued with it (P-27).
         self.batch_window_seconds = 0.05
-        # An idle REPL session is forgotten after this long.
-        self.session_ttl_seconds = 3600.0
         self.config: Any = None  # set by tether.app.open_runtime
         self.source_status: list[Any] = []
         # Told when a run pauses, parks, or ends: (run_id, kind, data). Used
@@ -334,50 +321,31 @@ class Runtime:
         result.notes = notes + result.notes
         return result
 
-    # -- REPL sessions (P-21) -------------------------------------------------------
+    # -- REPL sessions (P-21): tether.runs.sessions ----------------------------------
 
-    def _session_mac(self, name: str, principal: str, data: bytes) -> str:
-        return sign_snapshot(self._secret, f"session:{principal}:{name}", 0, MONTY_VERSION, data)
+    @property
+    def session_ttl_seconds(self) -> float:
+        """An idle REPL session is forgotten after this long."""
+        return self._sessions.ttl_seconds
+
+    @session_ttl_seconds.setter
+    def session_ttl_seconds(self, seconds: float) -> None:
+        self._sessions.ttl_seconds = seconds
 
     def verify_session_blob(self, name: str, principal: str | None, data: bytes, mac: str) -> None:
-        if not hmac.compare_digest(self._session_mac(name, principal or self.principal, data), mac):
-            raise SnapshotTampered(f"the stored state of session {name!r} failed its signature check; nothing ran")
+        self._sessions.verify(name, principal or self.principal, data, mac)
 
     def _session_base(self, name: str, principal: str, notes: list[str]) -> dict[str, Any] | None:
-        import base64
-
-        rec = self.store.get_session(name, principal)
-        if rec is None:
-            return None
-        if rec.expires_at is not None and rec.expires_at < self.clock():
-            self.store.delete_session(name, principal)
-            notes.append(f"session {name!r} had expired; it started empty")
-            return None
-        if rec.monty_version != MONTY_VERSION:
-            notes.append(f"session {name!r} was saved by {rec.monty_version} and cannot be loaded; it started empty")
-            return None
-        self.verify_session_blob(name, principal, rec.data, rec.mac)
-        return {"data": base64.b64encode(rec.data).decode(), "mac": rec.mac, "monty_version": rec.monty_version}
+        return self._sessions.base(name, principal, notes)
 
     def _save_session(self, name: str, principal: str | None, data: bytes) -> None:
-        from ..store.base import SessionRecord
-
-        principal = principal or self.principal
-        now = self.clock()
-        self.store.put_session(SessionRecord(name, principal, MONTY_VERSION, data,
-                                             self._session_mac(name, principal, data), now,
-                                             now + self.session_ttl_seconds))
+        self._sessions.save(name, principal or self.principal, data)
 
     def reset_session(self, name: str, *, principal: str | None = None) -> bool:
         """Forget a session's globals and revoke its waits (this principal's session only)."""
         caller = principal or self.principal
-        # Sessions are per (name, principal): another principal's session of
-        # the same name, and its waits, are not this caller's to end.
-        for run_id in {w.run_id for w in self.store.list_waits(session=name)}:
-            run = self.store.get_run(run_id)
-            if run is not None and (run.principal or LOCAL_PRINCIPAL) == caller:
-                self.revoke_waits(run_id=run_id)
-        return self.store.delete_session(name, caller)
+        self._waits.revoke_session(name, caller)
+        return self._sessions.delete(name, caller)
 
     @property
     def type_check(self) -> bool:
@@ -522,115 +490,35 @@ class Runtime:
     def get_run(self, run_id: str, principal: str | None = None) -> RunRecord:
         return self._get_run(run_id, principal)
 
-    # -- waits, signals, timers (P-18) -------------------------------------------
+    # -- waits, signals, timers (P-18): tether.runs.waits ------------------------------
 
     def wait_key(self, run_id: str, name: str) -> str:
-        from .waits import wait_key
-
-        return wait_key(self._secret, run_id, name)
+        return self._waits.key(run_id, name)
 
     def list_waits(self, run_id: str | None = None, *, principal: str | None = None,
                    status: str | None = "pending") -> list[dict[str, Any]]:
         """Pending waits with their keys (capabilities: show them only to whoever may resolve them)."""
         if run_id is not None:
             self._get_run(run_id, principal)
-        return [_wait_view(w) for w in self.store.list_waits(run_id=run_id, status=status)]
+        return self._waits.views(run_id, status)
 
     async def resolve_wait(self, key: str, value: Any = None, *, error: str | None = None,
                            continue_run: bool = True) -> dict[str, Any]:
         """Settle a wait: the first resolution wins; the run continues here if it was parked on it."""
-        from ..store.base import WAIT_FAILED, WAIT_RESOLVED, WAIT_REVOKED, WaitRecord
-        from .waits import parse_wait_key
-
-        parsed = parse_wait_key(self._secret, key)
-        run = self.store.get_run(parsed[0]) if parsed else None
-        existing = self.store.get_wait(key) if parsed else None
-        if run is None or (existing is not None and existing.status == WAIT_REVOKED):
-            return {"status": "unknown_or_revoked", "key": key,
-                    "next_action": "Check the key (tether waits list); the wait may have been revoked."}
-        run_id, name = parsed
-        from .waits import APPROVAL_PREFIX
-
-        if name.startswith(APPROVAL_PREFIX) and continue_run:
-            # The key is the capability: whoever holds it decides as the run's owner.
-            return await self._resolve_approval(key, run_id, name, value, error, run.principal)
-        if existing is None and run.status in TERMINAL_RUN_STATUSES:
-            return {"status": "unknown_or_revoked", "key": key, "next_action": f"Run {run_id} has ended."}
-        now = self.clock()
-        status = WAIT_FAILED if error is not None else WAIT_RESOLVED
-        err = {"message": error} if error is not None else None
-        value = to_json_value(value)[0]
-        accepted, row = self.store.settle_wait(WaitRecord(key, run_id, name, status, now, value=value, error=err,
-                                                          resolved_at=now))
-        out = {"status": "accepted" if accepted else "already_resolved", "key": key, "wait": _wait_view(row)}
-        # A resolution kept while the run could not continue (tools_unavailable) wakes it on a later try.
-        if continue_run and (accepted or (row.status == WAIT_RESOLVED and run.status == RUN_WAITING)):
-            try:
-                result = await self.wake(run_id, key=key)
-            except ToolsUnavailable as exc:
-                raise ToolsUnavailable(
-                    f"{exc.message}; the wait's resolution is kept: resolve it again where the sources load "
-                    "(or let a worker that has them wake the run)",
-                    details={**exc.details, "wait": out["status"]}) from None
-            if result is not None:
-                out["run"] = result.to_dict()
-        return out
+        return await self._waits.resolve(key, value, error=error, continue_run=continue_run)
 
     def approval_wait(self, run: RunRecord, seq: int, deadline: float) -> str:
         """Create the wait a paused write is (named approval:<seq>) and return its key."""
-        from ..store.base import WAIT_PENDING, WaitRecord
-        from .waits import APPROVAL_PREFIX
-
-        name = f"{APPROVAL_PREFIX}{seq}"
-        key = self.wait_key(run.run_id, name)
-        self.store.create_wait(WaitRecord(key, run.run_id, name, WAIT_PENDING, self.clock(), seq=seq,
-                                          deadline=deadline, session=run.session))
-        return key
-
-    async def _resolve_approval(self, key: str, run_id: str, name: str, value: Any,
-                                error: str | None, owner: str | None) -> dict[str, Any]:
-        """Resolving an approval wait is deciding the paused write: resume() does the work."""
-        from ..store.base import WAIT_PENDING
-
-        seq = int(name.split(":", 1)[1])
-        if error is not None:
-            decision, reason = "decline", error
-        elif isinstance(value, str):
-            decision, reason = value, None
-        elif isinstance(value, dict):
-            decision, reason = value.get("decision"), value.get("reason")
-        else:
-            decision, reason = None, None
-        if decision not in DECISIONS:
-            return {"status": "invalid_value", "key": key,
-                    "next_action": 'Resolve an approval with {"decision": "approve" | "decline" | "cancel", '
-                                   '"reason": "..."}.'}
-        row = self.store.get_wait(key)
-        if row is not None and row.status != WAIT_PENDING:
-            return {"status": "already_resolved", "key": key, "wait": _wait_view(row)}
-        try:
-            result = await self.resume(run_id, decision, reason, seq=seq, principal=owner, via="key")
-        except AlreadyDecided:
-            return {"status": "already_resolved", "key": key, "wait": _wait_view(self.store.get_wait(key))}
-        return {"status": "accepted", "key": key, "wait": _wait_view(self.store.get_wait(key)),
-                "run": result.to_dict()}
+        return self._waits.approval(run, seq, deadline)
 
     async def signal(self, run_id: str, name: str, value: Any = None, *, principal: str | None = None) -> dict:
         """Send a named signal; `await wait_for_signal(name)` receives it (kept if it comes first)."""
-        from .waits import SIGNAL_PREFIX
-
         self._get_run(run_id, principal)
-        return await self.resolve_wait(self.wait_key(run_id, SIGNAL_PREFIX + name), value)
+        return await self._waits.signal(run_id, name, value)
 
     def revoke_waits(self, *, run_id: str | None = None, session: str | None = None) -> int:
         """Revoke every pending wait of a run or a session; their keys stop working."""
-        from ..store.base import WAIT_REVOKED, WaitRecord
-
-        now, n = self.clock(), 0
-        for w in self.store.list_waits(run_id=run_id, session=session):
-            accepted, _ = self.store.settle_wait(WaitRecord(w.key, w.run_id, w.name, WAIT_REVOKED, now, resolved_at=now))
-            n += accepted
-        return n
+        return self._waits.revoke(run_id=run_id, session=session)
 
     async def wake(self, run_id: str, key: str | None = None) -> RunResult | None:
         """Continue a waiting run in this process if it is parked on ``key`` (or its deadline came)."""
@@ -803,11 +691,7 @@ class Runtime:
             "next_action": "Start a new run if the work is still needed.", "details": {}})
 
     def _settle_waits_cancelled(self, run_id: str) -> None:
-        from ..store.base import WAIT_CANCELLED, WaitRecord
-
-        now = self.clock()
-        for w in self.store.list_waits(run_id=run_id):
-            self.store.settle_wait(WaitRecord(w.key, w.run_id, w.name, WAIT_CANCELLED, now, resolved_at=now))
+        self._waits.cancel(run_id)
 
     # -- recover -----------------------------------------------------------------
 
@@ -991,8 +875,6 @@ class Runtime:
         try:
             self.verify_run(run)
         except RunTampered as exc:
-            import logging
-
             logging.getLogger("tether").error("run %s: %s", run.run_id, exc.message)
             self.revoke_waits(run_id=run.run_id)
             return self._finish(run, RUN_FAILED, error=exc.to_dict(), t0=t0)
@@ -1004,8 +886,6 @@ class Runtime:
         try:
             ended = self.check_run(run)
         except WrongSecret as exc:
-            import logging
-
             logging.getLogger("tether").warning("run %s not taken: %s", run.run_id, exc.message)
             return False, None
         return ended is None, ended

@@ -1,9 +1,10 @@
-"""Durable wait keys: signed capabilities naming (run, wait name).
+"""Durable waits (P-18): their keys, and the service that settles and revokes them.
 
-A key is a bearer capability — whoever holds it may resolve the wait — so it
-is signed with the store's secret and cannot be derived from the run id. It is
-deterministic for a (run, name) pair, so a resolution can arrive, be checked
-and be kept before the run reaches the wait.
+A wait key is a signed capability naming (run, wait name). It is a bearer
+capability — whoever holds it may resolve the wait — so it is signed with the
+store's secret and cannot be derived from the run id. It is deterministic for
+a (run, name) pair, so a resolution can arrive, be checked and be kept before
+the run reaches the wait.
 """
 
 from __future__ import annotations
@@ -12,6 +13,23 @@ import base64
 import hashlib
 import hmac
 import json
+from typing import Any, Awaitable, Callable
+
+from ..errors import AlreadyDecided, ToolsUnavailable
+from ..store.base import (
+    LOCAL_PRINCIPAL,
+    RUN_WAITING,
+    TERMINAL_RUN_STATUSES,
+    WAIT_CANCELLED,
+    WAIT_FAILED,
+    WAIT_PENDING,
+    WAIT_RESOLVED,
+    WAIT_REVOKED,
+    RunRecord,
+    Store,
+    WaitRecord,
+)
+from .result import to_json_value
 
 KEY_VERSION = "w1"
 SIGNAL_PREFIX = "signal:"
@@ -49,3 +67,131 @@ def parse_wait_key(secret: bytes, key: str) -> tuple[str, str] | None:
     except (ValueError, TypeError):
         return None
     return run_id, name
+
+
+def wait_view(w: Any) -> dict[str, Any]:
+    return {"key": w.key, "run_id": w.run_id, "name": w.name, "status": w.status, "seq": w.seq,
+            "deadline": w.deadline, "value": w.value, "error": w.error, "created_at": w.created_at,
+            "resolved_at": w.resolved_at}
+
+
+class Waits:
+    """A store's waits, signals and timers (P-18): their keys, settling, revoking.
+
+    Continuing a run once its wait settles is the runtime's work, handed in:
+    ``wake(run_id, key=...)`` continues a parked run here, ``resume(run_id,
+    decision, reason, seq=..., principal=..., via=...)`` decides a paused write.
+    """
+
+    def __init__(self, *, store: Store, secret: bytes, clock: Callable[[], float],
+                 wake: Callable[..., Awaitable[Any]], resume: Callable[..., Awaitable[Any]]) -> None:
+        self.store = store
+        self._secret = secret
+        self.clock = clock
+        self._wake = wake
+        self._resume = resume
+
+    def key(self, run_id: str, name: str) -> str:
+        return wait_key(self._secret, run_id, name)
+
+    def views(self, run_id: str | None, status: str | None) -> list[dict[str, Any]]:
+        return [wait_view(w) for w in self.store.list_waits(run_id=run_id, status=status)]
+
+    async def resolve(self, key: str, value: Any = None, *, error: str | None = None,
+                      continue_run: bool = True) -> dict[str, Any]:
+        """Settle a wait: the first resolution wins; the run continues here if it was parked on it."""
+        parsed = parse_wait_key(self._secret, key)
+        run = self.store.get_run(parsed[0]) if parsed else None
+        existing = self.store.get_wait(key) if parsed else None
+        if run is None or (existing is not None and existing.status == WAIT_REVOKED):
+            return {"status": "unknown_or_revoked", "key": key,
+                    "next_action": "Check the key (tether waits list); the wait may have been revoked."}
+        run_id, name = parsed
+        if name.startswith(APPROVAL_PREFIX) and continue_run:
+            # The key is the capability: whoever holds it decides as the run's owner.
+            return await self._resolve_approval(key, run_id, name, value, error, run.principal)
+        if existing is None and run.status in TERMINAL_RUN_STATUSES:
+            return {"status": "unknown_or_revoked", "key": key, "next_action": f"Run {run_id} has ended."}
+        now = self.clock()
+        status = WAIT_FAILED if error is not None else WAIT_RESOLVED
+        err = {"message": error} if error is not None else None
+        value = to_json_value(value)[0]
+        accepted, row = self.store.settle_wait(WaitRecord(key, run_id, name, status, now, value=value, error=err,
+                                                          resolved_at=now))
+        out = {"status": "accepted" if accepted else "already_resolved", "key": key, "wait": wait_view(row)}
+        # A resolution kept while the run could not continue (tools_unavailable) wakes it on a later try.
+        if continue_run and (accepted or (row.status == WAIT_RESOLVED and run.status == RUN_WAITING)):
+            try:
+                result = await self._wake(run_id, key=key)
+            except ToolsUnavailable as exc:
+                raise ToolsUnavailable(
+                    f"{exc.message}; the wait's resolution is kept: resolve it again where the sources load "
+                    "(or let a worker that has them wake the run)",
+                    details={**exc.details, "wait": out["status"]}) from None
+            if result is not None:
+                out["run"] = result.to_dict()
+        return out
+
+    def approval(self, run: RunRecord, seq: int, deadline: float) -> str:
+        """Create the wait a paused write is (named approval:<seq>) and return its key."""
+        name = f"{APPROVAL_PREFIX}{seq}"
+        key = self.key(run.run_id, name)
+        self.store.create_wait(WaitRecord(key, run.run_id, name, WAIT_PENDING, self.clock(), seq=seq,
+                                          deadline=deadline, session=run.session))
+        return key
+
+    async def _resolve_approval(self, key: str, run_id: str, name: str, value: Any,
+                                error: str | None, owner: str | None) -> dict[str, Any]:
+        """Resolving an approval wait is deciding the paused write: resume() does the work."""
+        from .decisions import DECISIONS
+
+        seq = int(name.split(":", 1)[1])
+        if error is not None:
+            decision, reason = "decline", error
+        elif isinstance(value, str):
+            decision, reason = value, None
+        elif isinstance(value, dict):
+            decision, reason = value.get("decision"), value.get("reason")
+        else:
+            decision, reason = None, None
+        if decision not in DECISIONS:
+            return {"status": "invalid_value", "key": key,
+                    "next_action": 'Resolve an approval with {"decision": "approve" | "decline" | "cancel", '
+                                   '"reason": "..."}.'}
+        row = self.store.get_wait(key)
+        if row is not None and row.status != WAIT_PENDING:
+            return {"status": "already_resolved", "key": key, "wait": wait_view(row)}
+        try:
+            result = await self._resume(run_id, decision, reason, seq=seq, principal=owner, via="key")
+        except AlreadyDecided:
+            return {"status": "already_resolved", "key": key, "wait": wait_view(self.store.get_wait(key))}
+        return {"status": "accepted", "key": key, "wait": wait_view(self.store.get_wait(key)),
+                "run": result.to_dict()}
+
+    async def signal(self, run_id: str, name: str, value: Any = None) -> dict[str, Any]:
+        return await self.resolve(self.key(run_id, SIGNAL_PREFIX + name), value)
+
+    def revoke(self, *, run_id: str | None = None, session: str | None = None) -> int:
+        """Revoke every pending wait of a run or a session; their keys stop working."""
+        now, n = self.clock(), 0
+        for w in self.store.list_waits(run_id=run_id, session=session):
+            accepted, _ = self.store.settle_wait(WaitRecord(w.key, w.run_id, w.name, WAIT_REVOKED, now, resolved_at=now))
+            n += accepted
+        return n
+
+    def revoke_session(self, name: str, principal: str) -> None:
+        """Revoke the waits of ``principal``'s session ``name``.
+
+        Sessions are per (name, principal): another principal's session of
+        the same name, and its waits, are not this caller's to end.
+        """
+        for run_id in {w.run_id for w in self.store.list_waits(session=name)}:
+            run = self.store.get_run(run_id)
+            if run is not None and (run.principal or LOCAL_PRINCIPAL) == principal:
+                self.revoke(run_id=run_id)
+
+    def cancel(self, run_id: str) -> None:
+        """End a cancelled run's waits with it."""
+        now = self.clock()
+        for w in self.store.list_waits(run_id=run_id):
+            self.store.settle_wait(WaitRecord(w.key, w.run_id, w.name, WAIT_CANCELLED, now, resolved_at=now))
