@@ -1,0 +1,283 @@
+"""The tables' migrations, for each backend. Append only.
+
+Migrations are numbered, forward-only and never edited once released: a new
+column is a new entry at the end of the list, written out as literal SQL per
+backend (not generated from the record field lists in ``_schema.py``, which
+change with the code). ``schema_version`` holds one row per applied migration.
+Entry n of a list is schema version n.
+"""
+
+from __future__ import annotations
+
+SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        """CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY,
+            status TEXT NOT NULL,
+            program TEXT NOT NULL,
+            environment TEXT NOT NULL,
+            policy TEXT NOT NULL,
+            limits TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            principal TEXT,
+            owner TEXT,
+            lease_until REAL,
+            expires_at REAL,
+            result TEXT,
+            error TEXT,
+            pending TEXT,
+            decision TEXT,
+            session TEXT,
+            meta TEXT NOT NULL
+        )""",
+        "CREATE INDEX runs_created ON runs (created_at)",
+        "CREATE INDEX runs_status_created ON runs (status, created_at)",
+        # Partial: the recovery and expiry sweeps only look at these statuses.
+        "CREATE INDEX runs_lease ON runs (lease_until) WHERE status = 'running'",
+        "CREATE INDEX runs_expiry ON runs (expires_at) WHERE status = 'paused'",
+        # The primary key (run_id, seq) is also the index for reading a run's journal.
+        """CREATE TABLE calls (
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            op TEXT NOT NULL,
+            address TEXT NOT NULL,
+            args TEXT NOT NULL,
+            key TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            state TEXT NOT NULL,
+            outcome TEXT,
+            error TEXT,
+            started_at REAL,
+            finished_at REAL,
+            PRIMARY KEY (run_id, seq)
+        )""",
+        # AUTOINCREMENT so an id is never reused after a delete: ids are write order.
+        """CREATE TABLE snapshots (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            kind TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            monty_version TEXT NOT NULL,
+            data BLOB NOT NULL,
+            mac TEXT NOT NULL,
+            pending TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            UNIQUE (run_id, kind)
+        )""",
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            type TEXT NOT NULL,
+            data TEXT NOT NULL,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX events_run ON events (run_id, id)",
+    ),
+    (
+        # 2: durable waits. No foreign key: a resolution may be buffered
+        # before its run reaches the wait, and waits outlive nothing else.
+        """CREATE TABLE waits (
+            key TEXT PRIMARY KEY,
+            run_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            status TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            seq INTEGER,
+            value TEXT,
+            error TEXT,
+            deadline REAL,
+            resolved_at REAL,
+            session TEXT
+        )""",
+        "CREATE INDEX waits_run ON waits (run_id, status)",
+        "CREATE INDEX waits_session ON waits (session) WHERE session IS NOT NULL",
+        "CREATE INDEX runs_wake ON runs (expires_at) WHERE status = 'waiting'",
+    ),
+    (
+        # 3: REPL sessions.
+        """CREATE TABLE sessions (
+            name TEXT NOT NULL,
+            principal TEXT NOT NULL,
+            monty_version TEXT NOT NULL,
+            data BLOB NOT NULL,
+            mac TEXT NOT NULL,
+            updated_at REAL NOT NULL,
+            expires_at REAL,
+            PRIMARY KEY (name, principal)
+        )""",
+    ),
+    (
+        # 4: every run has an owner. Runs from before had none (the CLI and the
+        # Python API set no principal) and skipped the owner check; they were
+        # all started locally.
+        "UPDATE runs SET principal = 'local' WHERE principal IS NULL",
+    ),
+    (
+        # 5: idempotency keys (P-25) and how often a write was sent (P-31).
+        "ALTER TABLE calls ADD COLUMN idempotency_key TEXT",
+        "ALTER TABLE calls ADD COLUMN sends INTEGER NOT NULL DEFAULT 0",
+    ),
+    (
+        # 6: the notification outbox (webhooks) and the console's change feed.
+        """CREATE TABLE outbox (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            target TEXT NOT NULL,
+            event_id TEXT NOT NULL,
+            body TEXT NOT NULL,
+            status TEXT NOT NULL,
+            attempts INTEGER NOT NULL,
+            next_at REAL NOT NULL,
+            claimed_until REAL,
+            last_error TEXT,
+            created_at REAL NOT NULL,
+            delivered_at REAL,
+            UNIQUE (target, event_id)
+        )""",
+        "CREATE INDEX outbox_due ON outbox (next_at) WHERE status = 'pending'",
+        "CREATE INDEX runs_updated ON runs (updated_at)",
+    ),
+    (
+        # 7: tool listings of sources, keyed by the source's definition, so a
+        # command starts without spawning every MCP server it configures.
+        "CREATE TABLE source_listings (key TEXT PRIMARY KEY, data TEXT NOT NULL, updated_at REAL NOT NULL)",
+    ),
+    (
+        # 8: run and journal MACs (P-35). Rows written before stay NULL and are refused on resume.
+        "ALTER TABLE runs ADD COLUMN mac TEXT",
+        "ALTER TABLE calls ADD COLUMN mac TEXT",
+    ),
+]
+
+# Same tables. JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make
+# the two backends store different bytes. The secret lives in a table because
+# a Postgres store has no directory of its own.
+POSTGRES_MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        """CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY,
+            status TEXT NOT NULL,
+            program TEXT NOT NULL,
+            environment TEXT NOT NULL,
+            policy TEXT NOT NULL,
+            limits TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL,
+            principal TEXT,
+            owner TEXT,
+            lease_until DOUBLE PRECISION,
+            expires_at DOUBLE PRECISION,
+            result TEXT,
+            error TEXT,
+            pending TEXT,
+            decision TEXT,
+            session TEXT,
+            meta TEXT NOT NULL
+        )""",
+        "CREATE INDEX runs_created ON runs (created_at)",
+        "CREATE INDEX runs_status_created ON runs (status, created_at)",
+        "CREATE INDEX runs_lease ON runs (lease_until) WHERE status = 'running'",
+        "CREATE INDEX runs_expiry ON runs (expires_at) WHERE status = 'paused'",
+        """CREATE TABLE calls (
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            op TEXT NOT NULL,
+            address TEXT NOT NULL,
+            args TEXT NOT NULL,
+            key TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            state TEXT NOT NULL,
+            outcome TEXT,
+            error TEXT,
+            started_at DOUBLE PRECISION,
+            finished_at DOUBLE PRECISION,
+            PRIMARY KEY (run_id, seq)
+        )""",
+        """CREATE TABLE snapshots (
+            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            kind TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            monty_version TEXT NOT NULL,
+            data BYTEA NOT NULL,
+            mac TEXT NOT NULL,
+            pending TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            UNIQUE (run_id, kind)
+        )""",
+        """CREATE TABLE events (
+            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            type TEXT NOT NULL,
+            data TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE INDEX events_run ON events (run_id, id)",
+        "CREATE TABLE store_secret (id INTEGER PRIMARY KEY CHECK (id = 1), value BYTEA NOT NULL)",
+    ),
+    (
+        """CREATE TABLE waits (
+            key TEXT PRIMARY KEY,
+            run_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            status TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            seq INTEGER,
+            value TEXT,
+            error TEXT,
+            deadline DOUBLE PRECISION,
+            resolved_at DOUBLE PRECISION,
+            session TEXT
+        )""",
+        "CREATE INDEX waits_run ON waits (run_id, status)",
+        "CREATE INDEX waits_session ON waits (session) WHERE session IS NOT NULL",
+        "CREATE INDEX runs_wake ON runs (expires_at) WHERE status = 'waiting'",
+    ),
+    (
+        """CREATE TABLE sessions (
+            name TEXT NOT NULL,
+            principal TEXT NOT NULL,
+            monty_version TEXT NOT NULL,
+            data BYTEA NOT NULL,
+            mac TEXT NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION,
+            PRIMARY KEY (name, principal)
+        )""",
+    ),
+    (
+        "UPDATE runs SET principal = 'local' WHERE principal IS NULL",
+    ),
+    (
+        "ALTER TABLE calls ADD COLUMN idempotency_key TEXT",
+        "ALTER TABLE calls ADD COLUMN sends INTEGER NOT NULL DEFAULT 0",
+    ),
+    (
+        """CREATE TABLE outbox (
+            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            target TEXT NOT NULL,
+            event_id TEXT NOT NULL,
+            body TEXT NOT NULL,
+            status TEXT NOT NULL,
+            attempts INTEGER NOT NULL,
+            next_at DOUBLE PRECISION NOT NULL,
+            claimed_until DOUBLE PRECISION,
+            last_error TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            delivered_at DOUBLE PRECISION,
+            UNIQUE (target, event_id)
+        )""",
+        "CREATE INDEX outbox_due ON outbox (next_at) WHERE status = 'pending'",
+        "CREATE INDEX runs_updated ON runs (updated_at)",
+    ),
+    (
+        "CREATE TABLE source_listings (key TEXT PRIMARY KEY, data TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
+    ),
+    (
+        "ALTER TABLE runs ADD COLUMN mac TEXT",
+        "ALTER TABLE calls ADD COLUMN mac TEXT",
+    ),
+]
+
+
+__all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS"]
