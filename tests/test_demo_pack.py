@@ -291,7 +291,7 @@ def test_demo_program_stays_in_the_sandbox_subset() -> None:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "gather":
             assert not node.keywords, "gather takes positional arguments only"
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
-    assert any(c.func.id == "search" and c.args[0].value == "open tickets" for c in calls)  # type: ignore[attr-defined]
+    assert any(c.func.id == "search" and c.args[0].value == "list open tickets" for c in calls)  # type: ignore[attr-defined]
     assert isinstance(tree.body[-1], ast.Expr) and isinstance(tree.body[-1].value, ast.Dict)
 
 

@@ -17,7 +17,7 @@ import asyncio
 import tools
 
 # Find the tools first rather than guessing their names.
-found = await search("open tickets")
+found = await search("list open tickets")
 addresses = [hit["address"] for hit in found["results"]]
 
 # Fan out: every customer's open tickets, fetched in parallel.
