@@ -129,3 +129,24 @@ async def test_p20_emit_budget_cuts_oversized_output(store_url):
         obs = await rt.start_cell("emit('x' * (5 * 1024 * 1024))\nemit('small')\n1", yield_after_ms=10_000)
         outs = [e for e in obs["events"] if e["type"] == "output"]
         assert "dropped" in outs[0]["value"]["text"] and outs[1]["value"] == "small"
+
+
+async def test_p20_a_started_cell_is_never_offered_to_another_processs_runner(store_url):
+    # Another replica's runner claims queued runs the moment they appear; a cell
+    # this process started must not be one of them (it would fail cell_start).
+    other = open_store(store_url)
+    claimed = []
+    async with runtime(store_url) as rt:
+        create = rt.store.create_run
+
+        def create_then_race(run):
+            create(run)
+            now = rt.clock()
+            got = other.claim_queued("other-replica", now + 30, now)
+            claimed.append(got.run_id if got else None)
+
+        rt.store.create_run = create_then_race
+        obs = await rt.start_cell("emit('hi')\n1", yield_after_ms=5_000)
+        assert obs["status"] == "completed" and obs["result"] == 1, obs
+    other.close()
+    assert claimed == [None]

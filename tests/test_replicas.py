@@ -157,7 +157,9 @@ await tools.ledger.write(tag="after-cancel")
 async def test_a_run_executing_on_one_replica_is_cancelled_from_another_process(replicas):
     a, b, _ = replicas.replicas
     async with connect(a.url, "auto") as on_a, connect(b.url, "auto") as on_b:
-        cell_id = (await on_a.call_tool("cell_start", {"code": LONG, "yield_after_ms": 100})).structured_content["cell_id"]
+        started = (await on_a.call_tool("cell_start", {"code": LONG, "yield_after_ms": 100})).structured_content
+        assert "cell_id" in started, started
+        cell_id = started["cell_id"]
         store = open_store(replicas.store_url)
         try:
             with anyio.fail_after(30):

@@ -99,14 +99,18 @@ async def wait_events(rt: "Runtime", cell_id: str, after: int, timeout_ms: int,
 async def start_cell(rt: "Runtime", code: str, *, yield_after_ms: int = 1000, principal: str | None = None,
                      meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start ``code`` in this process and observe it for up to ``yield_after_ms``."""
-    from ..store.base import RUN_QUEUED
+    from ..store.base import RUN_RUNNING
+    from .inputs import check_code_size
 
-    run_id = rt.start(code, principal=principal, meta={**(meta or {}), "cell": True})
-    now = rt.clock()
-    if not rt.store.update_run(run_id, [RUN_QUEUED], status="running", owner=rt.owner,
-                               lease_until=now + rt.lease_seconds, updated_at=now):
-        raise RunNotFound(f"cell {run_id} was taken by another process")
-    run = rt.store.get_run(run_id)
+    # Created already running and owned by this process: a queued row would be
+    # claimed by another replica's runner first now and then (the caller would
+    # hold a cell id it cannot start).
+    check_code_size(code, rt.limits.code_bytes)
+    run = rt._new_run(code, principal=principal, meta={**(meta or {}), "cell": True},
+                      check=rt._check_for(None, None), status=RUN_RUNNING)
+    rt._sign(run)
+    rt.store.create_run(run)
+    run_id = run.run_id
     task = asyncio.ensure_future(rt._attempt(run, mode="fresh", on_approval=None, t0=time.perf_counter()))
     rt._cell_tasks[run_id] = task
     def done(t: asyncio.Task) -> None:
