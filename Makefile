@@ -4,13 +4,13 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: install run demo test test-fast bench clean
+.PHONY: install run demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "tether needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,dev]'
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 
@@ -30,6 +30,10 @@ test: $(STAMP)
 # Without the tests that spawn processes or wait on real time.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The gates CI runs before the suite: lint rules and imports (ruff). Config in pyproject.toml.
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py $(BENCH_ARGS)

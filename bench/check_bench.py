@@ -29,11 +29,10 @@ import sys
 import time
 from typing import Any
 
-import common
-from common import EXPECTED, FASTMCP_PROGRAM, PROGRAM, get
-
 import pydantic_monty as pm
 
+import common
+from common import EXPECTED, FASTMCP_PROGRAM, PROGRAM, get
 from tether.runs.runtime import Runtime
 from tether.tools.catalog import Catalog
 from tether.tools.precheck import check_program

@@ -17,11 +17,10 @@ import statistics
 import tempfile
 from typing import Any
 
-import common
-from common import CALLS, EXPECTED, FASTMCP_PROGRAM, PROGRAM, get
-
 import pydantic_monty as pm
 
+import common
+from common import CALLS, EXPECTED, FASTMCP_PROGRAM, PROGRAM, get
 from tether.runs.runtime import Runtime
 from tether.tools.catalog import Catalog
 from tether.tools.stubs import build_stubs

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import common
-
 from tether.sources.openapi import OpenAPISource
 from tether.tools.catalog import Catalog
 from tether.tools.describe import describe

@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import common
-from common import EXPECTED, PROGRAM, get
-
 import pydantic_monty as pm
 
+import common
+from common import EXPECTED, PROGRAM, get
 from tether.runs.limits import Limits
 from tether.runs.runtime import Runtime, sign_snapshot
 from tether.store import open_store

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import collections
 import contextlib
+import json
 import logging
 import os
 import signal

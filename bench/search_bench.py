@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 import common
-
 from tether.runs.runtime import Runtime
 from tether.tools.catalog import Catalog
 from tether.tools.describe import describe

@@ -13,6 +13,7 @@ import json
 import httpx
 import pytest
 
+from tether.errors import UsageError
 from tether.server.auth import (
     LOCAL,
     SCOPE_KEY,
@@ -23,7 +24,6 @@ from tether.server.auth import (
     principal_for_token,
 )
 from tether.server.mcp import check_http_auth
-from tether.errors import UsageError
 
 GOOD, OTHER = "good-token-0123456789", "other-token-0123456789"
 

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 
-
 from helpers import Recorder
 from tether.runs.limits import Limits
 from tether.runs.policy import Policy

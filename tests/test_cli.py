@@ -263,7 +263,7 @@ def test_sources_list_shows_the_summaries_a_program_gets(tmp_path, env):
     r = tether(["run", str(program), "--tools", "tether.demo.helpdesk", "--json"], env, tmp_path)
     assert json.loads(r.stdout)["result"] == [summary]
     r = tether(["prompt", "--tools", "tether.demo.helpdesk"], env, tmp_path)
-    assert f"helpdesk (" in r.stdout and summary[:20] in r.stdout
+    assert "helpdesk (" in r.stdout and summary[:20] in r.stdout
 
 
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path, env):

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from helpers import Clock, Recorder
-from tether.errors import AlreadyDecided, RunExpired, RunNotFound, SnapshotTampered
+from tether.errors import AlreadyDecided, RunExpired, RunNotFound
 from tether.runs.policy import Policy, Rule
 from tether.runs.runtime import Runtime
 from tether.store import open_store
@@ -332,7 +332,8 @@ a, b = await asyncio.gather(tools.helpdesk.get_ticket(id=1), tools.helpdesk.get_
 
 
 def test_p3_call_key_is_canonical():
-    from hypothesis import given, strategies as st
+    from hypothesis import given
+    from hypothesis import strategies as st
 
     from tether.runs.journal import call_key
 
@@ -390,9 +391,9 @@ async def test_p8_cancel_never_cuts_a_write_on_the_wire(store_url):
 
 
 async def test_p13_a_recorded_write_the_replay_does_not_repeat_is_divergence(store_url):
-    from tether.store.base import CallRecord
-    from tether.runs.journal import call_key
     from tether.runs.integrity import sign_call
+    from tether.runs.journal import call_key
+    from tether.store.base import CallRecord
 
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:

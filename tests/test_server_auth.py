@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 import pytest
-from test_server_http import ALPHA, BETA, connect, start_server, stop_server
 
+from test_server_http import ALPHA, BETA, connect, start_server, stop_server
 from tether.server.auth import principal_for_token
 
 pytestmark = pytest.mark.slow

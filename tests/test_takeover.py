@@ -14,9 +14,8 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 import anyio
+import pytest
 
 from helpers import Clock
 from replicas import ReplicaSet, connect

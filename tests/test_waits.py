@@ -12,8 +12,6 @@ from tether.runs.runtime import Runtime
 from tether.store import open_store
 
 
-
-
 @pytest.fixture
 def clock():
     return Clock()

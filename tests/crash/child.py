@@ -21,7 +21,6 @@ import json
 import os
 import signal
 import sys
-
 from pathlib import Path
 
 import httpx

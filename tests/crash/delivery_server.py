@@ -8,6 +8,7 @@ as two ledger lines with the same order.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -54,7 +55,5 @@ class Server(ThreadingHTTPServer):
 server = Server(("127.0.0.1", 0), Handler)
 with open(PORT_FILE + ".tmp", "w") as f:
     f.write(str(server.server_address[1]))
-import os
-
 os.replace(PORT_FILE + ".tmp", PORT_FILE)
 server.serve_forever()

@@ -32,9 +32,6 @@ from ..errors import (
     WriteOutcomeUnknown,
 )
 from ..sandbox.monty import GuestRaise, Stopped
-from ..tools import binding
-from ..tools import context as call_context
-from ..tools.context import idempotency_key
 from ..store.base import (
     CALL_APPROVED,
     CALL_ASKED,
@@ -48,7 +45,11 @@ from ..store.base import (
     CallRecord,
     Store,
 )
-from . import integrity, journal, policy as policy_mod, resend, telemetry
+from ..tools import binding
+from ..tools import context as call_context
+from ..tools.context import idempotency_key
+from . import integrity, journal, resend, telemetry
+from . import policy as policy_mod
 from .guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
 from .pausing import Parked, Paused, Pauses  # noqa: F401 - Parked, Paused: re-exported for callers
 from .result import to_json_value

@@ -37,6 +37,8 @@ from ..store.base import (
     CallRecord,
     RunRecord,
 )
+from ..tools.precheck import EVERYTHING, Reach, check_program
+from ..tools.stubs import stubs_for
 from .boundary import (
     BUILTIN_OPS,
     SPENT_STATES,
@@ -47,12 +49,10 @@ from .boundary import (
     Paused,
     SnapshotMismatch,
 )
-from .resend import resendable
-from ..tools.precheck import EVERYTHING, Reach, check_program
-from ..tools.stubs import stubs_for
 from .integrity import sign_run, verify_calls
 from .limits import Limits
 from .policy import Policy
+from .resend import resendable
 from .result import RunResult, preview, to_json_value
 
 if TYPE_CHECKING:

@@ -34,7 +34,8 @@ from ..store.base import (
     Store,
     WaitRecord,
 )
-from . import journal, policy as policy_mod
+from . import journal
+from . import policy as policy_mod
 from .guest_errors import err_json, guest_error
 from .inputs import wait_name_problem
 from .waits import SIGNAL_PREFIX, SLEEP_PREFIX, wait_key

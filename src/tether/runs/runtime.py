@@ -51,10 +51,10 @@ from ..store.base import (
 )
 from .boundary import Approver, Cancelled, EffectBoundary
 from .decisions import DECISIONS
+from .inputs import check_code_size, check_session_name
 from .limits import Limits
 from .ownership import new_owner, owner_gone
 from .policy import Policy
-from .inputs import check_code_size, check_session_name
 from .result import RunResult, to_json_value
 from .sessions import Sessions, sign_snapshot  # noqa: F401 - sign_snapshot stays importable from here
 from .waits import Waits

@@ -21,10 +21,10 @@ import asyncio
 import atexit
 import builtins
 import contextvars
+import datetime as _dt
+import keyword
 import threading
 import time
-import keyword
-import datetime as _dt
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -225,7 +225,9 @@ def _track_completions(loop: asyncio.AbstractEventLoop) -> None:
 async def _settle() -> None:
     """Wait until no tokio thread is still delivering a result into this process."""
     deadline = time.monotonic() + _SETTLE_SECONDS
-    while _inside and time.monotonic() < deadline:
+    # Polled: the counter is moved by threads inside call_soon_threadsafe itself, which could not
+    # wake an Event without re-entering the very call being counted.
+    while _inside and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.001)
     await asyncio.sleep(0)
 

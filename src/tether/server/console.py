@@ -38,9 +38,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..errors import RunNotFound
+from ..runs.decisions import recorded_decision
 from ..runs.inspect import run_timeline
 from ..store.base import RUN_PAUSED, TERMINAL_RUN_STATUSES
-from ..runs.decisions import recorded_decision
 from .approvals import Decider, derived_key, describe_write, open_token, pending_writes
 from .auth import LOCAL, principal_for_token
 
@@ -400,7 +400,7 @@ class Console:
                                 principal=session["p"], csrf=csrf,
                                 link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
         try:
-            run = self.rt.get_run(run_id, session["p"])
+            self.rt.get_run(run_id, session["p"])  # only the owner may decide: raises for anyone else
         except RunNotFound:
             return self.message("No such run", "There is no run with that id for you; nothing was decided.",
                                 status=404, principal=session["p"], csrf=csrf)

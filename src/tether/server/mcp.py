@@ -455,9 +455,6 @@ class TetherServer:
         pending["approval_url"] = links.get(pending.get("seq")) or next(iter(links.values()))
         result.pending = pending
         return result
-        result = RunResult.from_dict(result.to_dict())
-        result.pending = {**(result.pending or {}), "approval_url": link}
-        return result
 
     # -- approval: legacy (inline) ---------------------------------------------------
 

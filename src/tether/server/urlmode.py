@@ -115,10 +115,12 @@ async def legacy(server: "TetherServer", ctx: Any, result: RunResult, principal:
                 await ctx.request_context.session.send_elicit_complete(eid, related_request_id=ctx.request_id)
             result = await settled(server, run_id)
         elif isinstance(reply, DeclinedElicitation):
+            # The lambdas run inside this await, before the loop rebinds run_id and seq.
             result = await server._run(
-                lambda progress: server.rt.resume(run_id, "decline", DECLINED_TO_OPEN, seq=seq, principal=principal,
+                lambda progress: server.rt.resume(run_id, "decline", DECLINED_TO_OPEN, seq=seq,  # noqa: B023
+                                                  principal=principal,
                                                   actor=principal, via="mcp", on_progress=progress),
-                ctx, principal, run_id=lambda: run_id)
+                ctx, principal, run_id=lambda: run_id)  # noqa: B023
         else:  # dismissed: nothing decided
             return result
     return result

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Mapping
 
-from ._names import identifier, unique
 from ..errors import UsageError
 from ..tools.model import Annotations, Tool
+from ._names import identifier, unique
 
 HandlerFactory = Callable[[str, str], Callable[[dict[str, Any]], Awaitable[Any]]]
 

@@ -48,10 +48,10 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
-from ._mcp_tools import build_tools, listing_json, server_summary
 from ..errors import ConfigError, SourceUnavailable, ToolError, UsageError
 from ..tools.context import current_call
 from ..tools.model import IDEMPOTENCY_MODES, Tool, check_identifier
+from ._mcp_tools import build_tools, listing_json, server_summary
 
 __all__ = ["ElicitationHandler", "ElicitationRequest", "ElicitationResponse", "MCPSource", "ProgressReport"]
 
@@ -613,7 +613,7 @@ class MCPSource:
         ctx = current_call()
         meta: Any = {IDEMPOTENCY_META_KEY: ctx.key} if ctx is not None else None
         try:
-            for attempt in (1, 2):
+            for _attempt in (1, 2):
                 try:
                     conn = await self._live()
                 except ConfigError as exc:  # e.g. a ${VAR} unset since start: nothing was sent

@@ -13,6 +13,7 @@ them are dropped, so a program can neither see nor override them.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import importlib.util
 import json
@@ -26,10 +27,11 @@ from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
 
-from ._names import identifier as _identifier, unique as _unique
 from ..errors import ConfigError, InvalidArguments, ToolError, UsageError
 from ..tools.context import current_call
 from ..tools.model import IDEMPOTENCY_MODES, Annotations, Tool, check_identifier
+from ._names import identifier as _identifier
+from ._names import unique as _unique
 
 __all__ = ["OpenAPISource"]
 
@@ -346,7 +348,7 @@ class OpenAPISource:
             else:
                 spec_url = None
                 try:
-                    text = Path(location).read_text(encoding="utf-8")
+                    text = await asyncio.to_thread(Path(location).read_text, encoding="utf-8")
                 except OSError as exc:
                     raise ConfigError(f"{where}: cannot read the spec {location}: {exc.strerror}") from None
             doc = _parse(text, f"{where}: spec {location}")

@@ -30,10 +30,10 @@ import inspect
 import os
 import re
 import sys
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-import types
 from types import ModuleType
 from typing import Any, Callable, TypeVar, overload
 

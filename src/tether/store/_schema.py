@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 from ..errors import RunNotFound, StoreError
+from ._migrations import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
 from .base import (
     CALL_APPROVED,
     CALL_ASKED,
@@ -50,6 +51,8 @@ from .base import (
     CALL_SENDING,
     CALL_SENT,
     CALL_UNKNOWN,
+    CALL_WAITING,
+    OUTBOX_PENDING,
     RUN_CANCELLED,
     RUN_COMPLETED,
     RUN_FAILED,
@@ -57,20 +60,17 @@ from .base import (
     RUN_QUEUED,
     RUN_RUNNING,
     RUN_WAITING,
-    CALL_WAITING,
-    SessionRecord,
     TERMINAL_RUN_STATUSES,
     WAIT_PENDING,
-    WaitRecord,
     CallRecord,
     Conflict,
     EventRecord,
-    OUTBOX_PENDING,
     OutboxRecord,
     RunRecord,
+    SessionRecord,
     SnapshotRecord,
+    WaitRecord,
 )
-from ._migrations import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
 
 RUN_STATUSES = frozenset(
     {RUN_QUEUED, RUN_RUNNING, RUN_PAUSED, RUN_WAITING, RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED}
