@@ -233,3 +233,24 @@ async def test_p10_a_worker_ends_paused_runs_past_their_ttl(store_url, clock):
         with pytest.raises(NotPaused):
             await rt.resume(paused.run_id, "approve")
         assert (await rt.resolve_wait(paused.pending["key"], {"decision": "approve"}))["status"] == "unknown_or_revoked"
+
+
+async def test_p18_a_resolution_arriving_while_the_run_parks_continues_it(store_url, clock):
+    # Another process resolves the wait after the run created its wait row but
+    # before the run is recorded `waiting`: the resolver finds the run still
+    # running and leaves it to the process running it, which must continue it
+    # once parked, or the run waits for ever on a settled wait (no deadline
+    # for a worker to wake it at).
+    code = 'v = await wait_for_signal("go")\n["got", v]'
+    async with runtime(store_url, clock) as rt, runtime(store_url, clock) as other:
+        run_id = rt.start(code)
+        key = rt.wait_key(run_id, "signal:go")
+        attempt = asyncio.ensure_future(rt.run_queued())
+        while other.store.get_wait(key) is None:  # the run has reached the wait ...
+            assert not attempt.done(), attempt.result()
+            await asyncio.sleep(0)
+        assert other.get_run(run_id).status == "running"  # ... and is not parked yet
+        assert (await other.signal(run_id, "go", "now"))["status"] == "accepted"
+        (done,) = await attempt
+        assert done.status == "completed" and done.result == ["got", "now"]
+        assert other.get_run(run_id).status == "completed"

@@ -45,6 +45,7 @@ from ..store.base import (
     RUN_RUNNING,
     RUN_WAITING,
     TERMINAL_RUN_STATUSES,
+    WAIT_PENDING,
     RunRecord,
     SnapshotRecord,
     Store,
@@ -763,7 +764,25 @@ class Runtime:
             raise
         fut.set_result(result)
         self._active.pop(run.run_id, None)
+        if result.status == RUN_WAITING:
+            return await self._settled_while_parking(run.run_id, result)
         return result
+
+    async def _settled_while_parking(self, run_id: str, result: RunResult) -> RunResult:
+        """Continue a run whose wait was settled while it was parking (P-18).
+
+        A resolution from another process that lands after the run created its
+        wait row but before it was recorded `waiting` finds the run still
+        running, so wake() there leaves it; nothing else would wake it (a wait
+        without a deadline is never due). Looked at again once parked, it
+        continues here; if the resolver's wake got there first, that one runs it.
+        """
+        key = (result.pending or {}).get("key")
+        wait = self.store.get_wait(key) if key else None
+        if wait is None or wait.status == WAIT_PENDING:
+            return result
+        continued = await self.wake(run_id, key=key)
+        return continued if continued is not None else result
 
     def _fail_internal(self, run: RunRecord, exc: BaseException) -> RunResult:
         """End a run that tether itself failed: `failed` with `internal_error`, never left `running`.
