@@ -57,7 +57,9 @@ async def main():
         print(obs["cell_id"], flush=True)
         sys.stdin.readline()  # B is watching
         if kind == "emit":
-            await rt._cell_tasks[obs["cell_id"]]
+            handle = rt.running(obs["cell_id"])
+            if handle is not None:
+                await handle.result()
         else:
             for i in range(n):
                 while rt.store.get_run(obs["cell_id"]).status != "waiting":
@@ -76,9 +78,9 @@ async def follow(url: str, kind: str, n: int, listen: bool) -> list[float]:
     received: dict[int, float] = {}
     async with Runtime(store=open_store(url), type_check=False) as rt:
         if not listen:
-            rt.listen_for_events = lambda: None  # polling only, the fallback
+            rt.bus.listen = lambda: None  # polling only, the fallback
         else:
-            rt.listen_for_events()
+            rt.bus.listen()
             await asyncio.sleep(0.3)  # the listener's connection is up before A starts
         child.stdin.write("go\n")
         child.stdin.flush()

@@ -11,16 +11,14 @@ A cell's id is its run id.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RunNotFound
+from .events import ANY_EVENT, STOPPING_EVENTS  # noqa: F401 - importable from here, as before
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
-# Events after which an observer has something to act on.
-STOPPING_EVENTS = frozenset({"yielded", "paused", "waiting", "completed", "failed", "terminated"})
 STATUS_OF_EVENT = {"completed": "completed", "failed": "failed", "terminated": "terminated", "paused": "paused"}
 
 
@@ -54,92 +52,32 @@ def observation(rt: "Runtime", cell_id: str, events: list[Any], after: int) -> d
 
 
 async def wait_events(rt: "Runtime", cell_id: str, after: int, timeout_ms: int,
-                      stop_on: frozenset[str] = STOPPING_EVENTS, task: asyncio.Task | None = None) -> list[Any]:
+                      stop_on: frozenset[str] = STOPPING_EVENTS, task: asyncio.Future | None = None) -> list[Any]:
     """Events after ``after``: returns at the first stopping event, or when the time is up with what came."""
-    deadline = time.monotonic() + timeout_ms / 1000
-    collected: list[Any] = []
-    cursor = after
-    delay = 0.005
-    # Events stored by this process wake us at once; other processes' events
-    # too on Postgres (LISTEN/NOTIFY), and polling the store (backing off to
-    # 50 ms) finds them whatever happens to the notifications.
-    signal = rt._event_signals.setdefault(cell_id, asyncio.Event())
-    rt.listen_for_events()  # and, on Postgres, other processes' events at once too
-    while True:
-        signal.clear()
-        new = rt.store.get_events(cell_id, after=cursor)
-        for i, e in enumerate(new):
-            if e.type in STOPPING_EVENTS:
-                # One stop per observation: the observer sees every yield.
-                return collected + new[: i + 1]
-        if new and any(e.type in stop_on for e in new):
-            return collected + new
-        if new:
-            collected += new
-            cursor = new[-1].event_id
-            delay = 0.005
-        run = rt.store.get_run(cell_id)
-        if run is None:
-            raise RunNotFound(f"no cell {cell_id!r}")
-        if run.status in ("completed", "failed", "cancelled") and not new:
-            return collected
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return collected
-        waiters = {asyncio.ensure_future(signal.wait())}
-        if task is not None and not task.done():
-            waiters.add(task)
-        done, _ = await asyncio.wait(waiters, timeout=min(delay, remaining), return_when=asyncio.FIRST_COMPLETED)
-        for w in waiters:
-            if w is not task and not w.done():
-                w.cancel()
-        delay = min(delay * 2, 0.05)
+    return await rt.bus.wait(cell_id, after, timeout_ms, stop_on=stop_on, task=task)
 
 
 async def start_cell(rt: "Runtime", code: str, *, yield_after_ms: int = 1000, principal: str | None = None,
                      meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Start ``code`` in this process and observe it for up to ``yield_after_ms``."""
-    from ..store.base import RUN_RUNNING
-    from .inputs import check_code_size
-
-    # Created already running and owned by this process: a queued row would be
-    # claimed by another replica's runner first now and then (the caller would
-    # hold a cell id it cannot start).
-    check_code_size(code, rt.limits.code_bytes)
-    run = rt._new_run(code, principal=principal, meta={**(meta or {}), "cell": True},
-                      check=rt._check_for(None, None), status=RUN_RUNNING)
-    rt._sign(run)
-    rt.store.create_run(run)
-    run_id = run.run_id
-    task = asyncio.ensure_future(rt._attempt(run, mode="fresh", on_approval=None, t0=time.perf_counter()))
-    rt._cell_tasks[run_id] = task
-    def done(t: asyncio.Task) -> None:
-        rt._cell_tasks.pop(run_id, None)
-        # Observers in this process were woken by the final event; later ones poll the store.
-        rt._event_signals.pop(run_id, None)
-        if not t.cancelled():
-            t.exception()  # retrieved: the outcome is in the store
-
-    task.add_done_callback(done)
-    events = await wait_events(rt, run_id, 0, yield_after_ms, task=task)
-    return observation(rt, run_id, events, 0)
-
-
-# A long-poll returns as soon as anything new is there: outputs stream.
-ANY_EVENT = frozenset({"output"}) | STOPPING_EVENTS
+    """Start ``code`` in this process (a run begun like any other) and observe it for up to ``yield_after_ms``."""
+    handle = await rt.begin(code, principal=principal, meta={**(meta or {}), "cell": True})
+    events = await wait_events(rt, handle.run_id, 0, yield_after_ms, task=handle.task)
+    return observation(rt, handle.run_id, events, 0)
 
 
 async def wait_cell(rt: "Runtime", cell_id: str, *, after: int = 0, timeout_ms: int = 30_000,
                     principal: str | None = None) -> dict[str, Any]:
-    rt._get_run(cell_id, principal)
-    events = await wait_events(rt, cell_id, after, timeout_ms, stop_on=ANY_EVENT, task=rt._cell_tasks.get(cell_id))
+    rt.get_run(cell_id, principal)
+    handle = rt.running(cell_id)
+    events = await wait_events(rt, cell_id, after, timeout_ms, stop_on=ANY_EVENT,
+                               task=handle.task if handle is not None else None)
     return observation(rt, cell_id, events, after)
 
 
 async def terminate_cell(rt: "Runtime", cell_id: str, *, principal: str | None = None) -> dict[str, Any]:
     await rt.cancel(cell_id, "terminated by the observer", principal=principal)
-    task = rt._cell_tasks.get(cell_id)
-    if task is not None:
-        await asyncio.wait({task}, timeout=30)
+    handle = rt.running(cell_id)
+    if handle is not None:
+        await asyncio.wait({handle.task}, timeout=30)
     events = rt.store.get_events(cell_id)
     return observation(rt, cell_id, events, 0)

@@ -213,7 +213,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
     wanted = _parse(decisions)
     if via not in CHANNELS:
         raise UsageError(f"via must be one of {', '.join(CHANNELS)}, not {via!r}", code="invalid_arguments")
-    run = rt._get_run(run_id, principal)
+    run = rt.get_run(run_id, principal)
     if run.status == RUN_PAUSED:
         refused = _untrusted(rt, run, wanted, t0)
         if refused is not None:
@@ -271,9 +271,9 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
     if not rt.store.update_run(run_id, [RUN_PAUSED], status=RUN_RUNNING, decision=record, owner=rt.owner,
                                lease_until=now + rt.lease_seconds, updated_at=now):
         return await rt.wait_for_run(run_id)
-    run = rt._get_run(run_id, principal)
-    return await rt._attempt(run, mode="continue", on_approval=on_approval, t0=t0, on_progress=on_progress,
-                             on_question=on_question)
+    run = rt.get_run(run_id, principal)
+    return await rt.launch(run, mode="continue", on_approval=on_approval, t0=t0, on_progress=on_progress,
+                           on_question=on_question).result()
 
 
 def _untrusted(rt: "Runtime", run: RunRecord, wanted: dict[int, tuple[str, str | None]], t0: float) -> RunResult | None:

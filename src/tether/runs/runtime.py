@@ -15,7 +15,6 @@ or replay (the program from its first line, answered from the journal).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as _dt
 import logging
 import secrets
@@ -52,11 +51,13 @@ from ..store.base import (
 )
 from .boundary import Approver, Cancelled, EffectBoundary
 from .decisions import DECISIONS
+from .events import EventBus
+from .handle import RunHandle
 from .inputs import check_code_size, check_session_name
 from .limits import Limits
 from .ownership import new_owner, owner_gone
 from .policy import Policy
-from .result import RunResult, to_json_value
+from .result import RunResult
 from .sessions import Sessions, sign_snapshot  # noqa: F401 - sign_snapshot stays importable from here
 from .waits import Waits
 
@@ -150,11 +151,11 @@ class Runtime:
         self._secret = self.keyring.current
         self._sessions = Sessions(store=self.store, secret=self._secret, clock=clock)
         self._waits = Waits(store=self.store, secret=self._secret, clock=clock, wake=self.wake, resume=self.resume)
-        self._active: dict[str, asyncio.Future] = {}
+        # Stored run events, this process's observers, and the listeners told when a run pauses or ends.
+        self.bus = EventBus(store=self.store, clock=clock)
+        # The attempts running in this process, by run id (launch adds and removes them).
+        self._running: dict[str, RunHandle] = {}
         self._boundaries: dict[str, EffectBoundary] = {}
-        self._cell_tasks: dict[str, asyncio.Task] = {}
-        self._event_signals: dict[str, asyncio.Event] = {}
-        self._stop_listening: Callable[[], None] | None = None
         # Verdicts of the bundled type checker by (program, stubs): a resent program is not checked twice.
         self.verdicts: dict[str, bool] = {}
         # Recorded on every run; computed once (dataclasses.asdict deep-copies).
@@ -165,9 +166,6 @@ class Runtime:
         self.batch_window_seconds = 0.05
         self.config: Any = None  # set by tether.app.open_runtime
         self.source_status: list[Any] = []
-        # Told when a run pauses, parks, or ends: (run_id, kind, data). Used
-        # by notifications; a listener must be quick and never raises into a run.
-        self.listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         # The sources loaded in this process (tether.sources.loader.SourceSet), if configured.
         self.source_set: Any = None
         if tools:
@@ -219,13 +217,14 @@ class Runtime:
         await self.close()
 
     async def close(self) -> None:
-        for task in list(self._cell_tasks.values()):
-            task.cancel()
-        if self._cell_tasks:
-            await asyncio.gather(*self._cell_tasks.values(), return_exceptions=True)
-        if self._stop_listening is not None:
-            self._stop_listening()
-            self._stop_listening = None
+        # Runs begun and left to run on their own (cells, begin()) stop with the runtime;
+        # an execute's attempt belongs to its caller, who is awaiting it.
+        detached = [h for h in self._running.values() if h.detached]
+        for handle in detached:
+            handle.task.cancel()
+        if detached:
+            await asyncio.gather(*(h.task for h in detached), return_exceptions=True)
+        self.bus.close()
         if self._own_pool:
             await self.pool.close()
 
@@ -305,22 +304,98 @@ class Runtime:
         ``meta`` is recorded on the run (e.g. which tool modules it used, so a
         resume in another process can load the same ones).
         """
+        handle = self._begin(code, on_approval=on_approval, principal=principal, check=self._check_for(check, type_check),
+                             meta=meta, on_progress=on_progress, session=session, on_question=on_question,
+                             detached=False)
+        return await handle.result()
+
+    async def begin(
+        self,
+        code: str,
+        *,
+        on_approval: Approver | None = None,
+        principal: str | None = None,
+        type_check: bool | None = None,
+        check: str | None = None,
+        meta: dict[str, Any] | None = None,
+        on_progress: Callable[[int, str], None] | None = None,
+        session: str | None = None,
+        on_question: Asker | None = None,
+    ) -> RunHandle:
+        """Start ``code`` in this process and return its :class:`RunHandle` at once (``handle.run_id``).
+
+        Takes what :meth:`execute` takes; ``await handle.result()`` is what
+        ``execute`` returns. A run begun and not awaited is stopped when the
+        runtime closes.
+        """
+        return self._begin(code, on_approval=on_approval, principal=principal, check=self._check_for(check, type_check),
+                           meta=meta, on_progress=on_progress, session=session, on_question=on_question,
+                           detached=True)
+
+    def _begin(self, code: str, *, on_approval: Approver | None, principal: str | None, check: str,
+               meta: dict[str, Any] | None, on_progress: Callable[[int, str], None] | None, session: str | None,
+               on_question: Asker | None, detached: bool) -> RunHandle:
         t0 = time.perf_counter()
         check_code_size(code, self.limits.code_bytes)
         if session is not None:
             check_session_name(session)
-        run = self._new_run(code, principal=principal, meta=meta, check=self._check_for(check, type_check),
-                            status=RUN_RUNNING)
+        # Created running and owned by this process: a queued row could be
+        # claimed by another replica's runner first.
+        run = self._new_run(code, principal=principal, meta=meta, check=check, status=RUN_RUNNING)
         notes: list[str] = []
         if session is not None:
             run.session = session
             run.meta["session_base"] = self._session_base(session, run.principal, notes)
         self._sign(run)
         self.store.create_run(run)
-        result = await self._attempt(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress,
-                                     on_question=on_question)
-        result.notes = notes + result.notes
-        return result
+        return self.launch(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress,
+                           on_question=on_question, notes=notes, detached=detached)
+
+    def launch(self, run: RunRecord, *, mode: str, on_approval: Approver | None = None, t0: float | None = None,
+               on_progress: Callable[[int, str], None] | None = None, on_question: Asker | None = None,
+               notes: list[str] | None = None, detached: bool = False) -> RunHandle:
+        """Start an attempt of ``run``, which this process owns (created running, or claimed), here.
+
+        The one start path: execute/begin and cells (``mode="fresh"``), the
+        worker, resume, recover and wake (``"fresh"`` for a claimed queued run,
+        ``"continue"`` otherwise) all come through here.
+        """
+        t0 = time.perf_counter() if t0 is None else t0
+
+        async def attempt() -> RunResult:
+            result = await self._attempt(run, mode=mode, on_approval=on_approval, t0=t0, on_progress=on_progress,
+                                         on_question=on_question)
+            if notes:
+                result.notes = list(notes) + result.notes
+            return result
+
+        task = asyncio.ensure_future(attempt())
+        handle = RunHandle(run.run_id, task, bus=self.bus, cancel=self._cancel_for_handle, detached=detached)
+        self._running[run.run_id] = handle
+        run_id = run.run_id
+
+        def ended(t: asyncio.Task) -> None:
+            if self._running.get(run_id) is handle:
+                del self._running[run_id]
+            # Observers here were woken by the run's last event; later ones poll the store.
+            self.bus.forget(run_id)
+            if not t.cancelled():
+                t.exception()  # retrieved: whoever awaits the handle gets it; the store has the outcome
+
+        task.add_done_callback(ended)
+        return handle
+
+    def boundaries_calling(self, address: str) -> list[EffectBoundary]:
+        """The effect boundaries of attempts here with a call to ``address`` on the wire now."""
+        return [b for b in list(self._boundaries.values()) if b.inflight_addresses.get(address, 0) > 0]
+
+    def running(self, run_id: str) -> RunHandle | None:
+        """The handle of ``run_id``'s attempt if one is running in this process."""
+        return self._running.get(run_id)
+
+    async def _cancel_for_handle(self, run_id: str, reason: str) -> RunResult:
+        run = self.store.get_run(run_id)
+        return await self.cancel(run_id, reason, principal=run.principal if run is not None else None)
 
     # -- REPL sessions (P-21): tether.runs.sessions ----------------------------------
 
@@ -446,9 +521,9 @@ class Runtime:
 
     async def wait_for_run(self, run_id: str, timeout: float = 300.0) -> RunResult:
         """Wait until the run is not running; return its recorded outcome."""
-        fut = self._active.get(run_id)
-        if fut is not None:
-            return await asyncio.shield(fut)
+        handle = self._running.get(run_id)
+        if handle is not None:
+            return await asyncio.shield(handle.task)
         delay = 0.02
         deadline = time.monotonic() + timeout
         while True:
@@ -528,7 +603,7 @@ class Runtime:
             return None
         if key is not None and (run.pending or {}).get("key") != key:
             return None  # parked elsewhere; the resolution is kept for when it gets there
-        trusted, ended = self._vet(run)
+        trusted, ended = self.vet(run)
         if not trusted:
             return ended
         await self.require_sources(run)
@@ -537,7 +612,7 @@ class Runtime:
                                      lease_until=now + self.lease_seconds, updated_at=now):
             return None  # another process took it
         run = self.store.get_run(run_id)
-        return await self._attempt(run, mode="continue", on_approval=None, t0=time.perf_counter())
+        return await self.launch(run, mode="continue").result()
 
     async def wake_due(self) -> list[RunResult]:
         """Continue runs whose timer or wait deadline has come."""
@@ -578,7 +653,7 @@ class Runtime:
         for run in reversed(self.store.list_runs(status=RUN_QUEUED, limit=1000)):
             if len(out) >= limit:
                 break
-            trusted, ended = self._vet(run)
+            trusted, ended = self.vet(run)
             if not trusted:
                 if ended is not None:
                     out.append(ended)
@@ -589,8 +664,7 @@ class Runtime:
             if not self.store.update_run(run.run_id, [RUN_QUEUED], status=RUN_RUNNING, owner=self.owner,
                                          lease_until=now + self.lease_seconds, updated_at=now):
                 continue
-            out.append(await self._attempt(self.store.get_run(run.run_id), mode="fresh", on_approval=None,
-                                           t0=time.perf_counter()))
+            out.append(await self.launch(self.store.get_run(run.run_id), mode="fresh").result())
         return out
 
     # -- questions from upstream tools ------------------------------------------------
@@ -701,7 +775,7 @@ class Runtime:
         out = []
         now = self.clock()
         for run, gone in self.orphans(now):
-            trusted, ended = self._vet(run)
+            trusted, ended = self.vet(run)
             if not trusted:
                 if ended is not None:
                     out.append(ended)
@@ -710,8 +784,7 @@ class Runtime:
                 continue
             if not self.store.claim_run(run.run_id, self.owner, now + self.lease_seconds, now, gone_owner=gone):
                 continue
-            run = self.store.get_run(run.run_id)
-            out.append(await self._attempt(run, mode="continue", on_approval=None, t0=time.perf_counter()))
+            out.append(await self.launch(self.store.get_run(run.run_id), mode="continue").result())
         return out
 
     def orphans(self, now: float) -> list[tuple[RunRecord, str | None]]:
@@ -735,8 +808,6 @@ class Runtime:
     async def _attempt(self, run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float,
                        on_progress: Callable[[int, str], None] | None = None,
                        on_question: Asker | None = None) -> RunResult:
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._active[run.run_id] = fut
         try:
             from . import telemetry
             from .driver import drive
@@ -748,22 +819,12 @@ class Runtime:
                     span.set_attribute("tether.status", result.status)
                     if result.error:
                         span.set_attribute("tether.error", str(result.error.get("code")))
-        except TetherError as exc:
+        except TetherError:
             # A named failure outside the program (a tampered snapshot, the
             # store): the caller is told; the run is handled by its own rules.
-            fut.set_exception(exc)
-            fut.exception()  # mark retrieved
-            self._active.pop(run.run_id, None)
             raise
         except Exception as exc:  # a bug or a value tether could not handle: the run ends, the host goes on
             result = self._fail_internal(run, exc)
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # mark retrieved
-            self._active.pop(run.run_id, None)
-            raise
-        fut.set_result(result)
-        self._active.pop(run.run_id, None)
         if result.status == RUN_WAITING:
             return await self._settled_while_parking(run.run_id, result)
         return result
@@ -826,44 +887,28 @@ class Runtime:
         self.announce(run.run_id, status, {"error": error} if error else {})
         # The event a cell observer waits for (P-20); a plain execute has no
         # observer and saves the write.
-        if (run.meta or {}).get("cell") or run.run_id in self._event_signals:
+        if (run.meta or {}).get("cell") or self.bus.observed(run.run_id):
             kind = {"completed": "completed", "failed": "failed"}.get(status, "terminated")
             data = {"result": result, "notes": notes or []} if status == "completed" else {"error": error}
             self.event(run.run_id, kind, data)
         return envelope
 
+    @property
+    def listeners(self) -> list[Callable[[str, str, dict[str, Any]], None]]:
+        """Told when a run pauses, parks, or ends: (run_id, kind, data); notifications use them."""
+        return self.bus.listeners
+
     def announce(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
         """Tell the listeners a run paused, parked or ended; nothing a listener does reaches the run."""
-        for listener in list(self.listeners):
-            try:
-                listener(run_id, kind, data)
-            except Exception:  # a notification that cannot be queued must not change the run
-                pass
+        self.bus.announce(run_id, kind, data)
 
     def listen_for_events(self) -> None:
-        """Wake observers here when another process stores an event (a store that can say so: Postgres).
-
-        Started by the first observer; without it (SQLite, or the listener down) observers poll.
-        """
-        listen = getattr(self.store, "listen", None)
-        if self._stop_listening is not None or listen is None:
-            return
-        loop = asyncio.get_running_loop()
-
-        def wake(run_id: str) -> None:
-            signal = self._event_signals.get(run_id)
-            if signal is not None:
-                with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
-                    loop.call_soon_threadsafe(signal.set)
-
-        self._stop_listening = listen(wake)
+        """Wake observers here when another process stores an event (Postgres); see EventBus.listen."""
+        self.bus.listen()
 
     def event(self, run_id: str, type: str, data: dict[str, Any]) -> int:
-        event_id = self.store.add_event(run_id, type, to_json_value(data)[0], self.clock())
-        signal = self._event_signals.get(run_id)
-        if signal is not None:
-            signal.set()
-        return event_id
+        """Store an event of ``run_id`` (P-20); observers here wake at once."""
+        return self.bus.emit(run_id, type, data)
 
     def snapshot_record(self, run_id: str, seq: int, data: bytes, pending: list[dict], kind: str,
                         version: str = MONTY_VERSION) -> SnapshotRecord:
@@ -899,7 +944,7 @@ class Runtime:
             return self._finish(run, RUN_FAILED, error=exc.to_dict(), t0=t0)
         return None
 
-    def _vet(self, run: RunRecord) -> tuple[bool, RunResult | None]:
+    def vet(self, run: RunRecord) -> tuple[bool, RunResult | None]:
         """Before a worker claims a run: (True, None) if it verifies; else (False, the failed envelope
         of a tampered run, or None for a run signed with a secret not held here, which is left alone)."""
         try:

@@ -97,27 +97,25 @@ async def _claims(rt: "Runtime", free: int, reported: set[str]):
             rt.store.release_orphan(before, rt.owner)  # for a process that has its sources
             skip.append(before.run_id)
             continue
-        out.append(rt._attempt(rt.store.get_run(before.run_id), mode="continue", on_approval=None,
-                               t0=time.perf_counter()))
+        out.append(rt.launch(rt.store.get_run(before.run_id), mode="continue").result())
     for run in rt.gone_owners() if len(out) < free else []:
         if len(out) >= free or not await _available(rt, run, reported):
             continue
         if rt.store.claim_run(run.run_id, rt.owner, now + rt.lease_seconds, now, gone_owner=run.owner):
-            out.append(rt._attempt(rt.store.get_run(run.run_id), mode="continue", on_approval=None,
-                                   t0=time.perf_counter()))
+            out.append(rt.launch(rt.store.get_run(run.run_id), mode="continue").result())
     # Due timers and wait deadlines, the same way.
     skip = []
     while len(out) < free:
         run = rt.store.claim_due(rt.owner, now + rt.lease_seconds, now, skip=skip)
         if run is None:
             break
-        trusted, ended = rt._vet(run)
+        trusted, ended = rt.vet(run)
         if not trusted or not await _available(rt, run, reported):
             if ended is None:  # not ours to run (another secret, or sources not here): back to waiting
                 rt.store.update_run(run.run_id, [RUN_RUNNING], status=RUN_WAITING, owner=None, lease_until=None)
             skip.append(run.run_id)
             continue
-        out.append(rt._attempt(run, mode="continue", on_approval=None, t0=time.perf_counter()))
+        out.append(rt.launch(run, mode="continue").result())
     # Queued runs, oldest first, claimed one at a time so replicas sharing the queue never take the same one.
     skip: list[str] = []
     while len(out) < free:
@@ -129,7 +127,7 @@ async def _claims(rt: "Runtime", free: int, reported: set[str]):
             rt.store.update_run(run.run_id, [RUN_RUNNING], status=RUN_QUEUED, owner=None, lease_until=None)
             skip.append(run.run_id)
             continue
-        out.append(rt._attempt(run, mode="fresh", on_approval=None, t0=time.perf_counter()))
+        out.append(rt.launch(run, mode="fresh").result())
     return out
 
 

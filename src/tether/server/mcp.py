@@ -1,6 +1,6 @@
 """tether as an MCP server: two tools, ``execute`` and ``resume``.
 
-    client ──tools/call execute {code}──> admission ──> Runtime.execute ──> RunResult
+    client ──tools/call execute {code}──> admission ──> Runtime.begin ──> handle.result()
                                              │ (slot held only while a program runs)
            <── text + structuredContent ──────┘  completed | failed | cancelled | paused
 
@@ -24,7 +24,6 @@ import contextlib
 import hashlib
 import hmac
 import json
-import secrets
 import sys
 import threading
 from typing import Annotated, Any, Callable, Literal, Mapping
@@ -45,6 +44,7 @@ from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import InvalidArguments, Overloaded, RunNotFound, TetherError, UsageError
+from ..runs.handle import RunHandle
 from ..runs.result import RunResult
 from . import urlmode
 from .admission import Admission
@@ -261,13 +261,12 @@ class TetherServer:
         asks = era if how == "form" else None
         approver = self._approver(ctx) if asks == INLINE else None
         asker = self._asker(ctx) if _elicitation(ctx) == INLINE else None
-        tag = secrets.token_hex(8)
-        meta = {**self.run_meta, "mcp_call": tag}
+        meta = dict(self.run_meta)
         try:
             result = await self._run(
-                lambda progress: self.rt.execute(code, on_approval=approver, principal=principal, meta=meta,
-                                                 on_progress=progress, session=session, on_question=asker),
-                ctx, principal, run_id=lambda: self._run_tagged(tag))
+                lambda progress: self.rt.begin(code, on_approval=approver, principal=principal, meta=meta,
+                                               on_progress=progress, session=session, on_question=asker),
+                ctx, principal)
             if how == "url" and era == INLINE:
                 result = await urlmode.legacy(self, ctx, result, principal)
         except TetherError as exc:
@@ -299,7 +298,7 @@ class TetherServer:
                                   via="mcp", on_approval=approver, on_progress=progress)
 
         try:
-            result = await self._run(decide, ctx, principal, run_id=lambda: run_id)
+            result = await self._run(decide, ctx, principal, run_id=run_id)
             if how == "url" and era == INLINE:
                 result = await urlmode.legacy(self, ctx, result, principal)
         except TetherError as exc:
@@ -324,11 +323,11 @@ class TetherServer:
             except BaseException:
                 slot.release()
                 raise
-            task = self.rt._cell_tasks.get(obs["cell_id"])
-            if task is None:
+            handle = self.rt.running(obs["cell_id"])
+            if handle is None:
                 slot.release()
             else:
-                task.add_done_callback(lambda _t: slot.release())
+                handle.add_done_callback(lambda _h: slot.release())
         except TetherError as exc:
             return error_result(exc)
         return observation_result(obs)
@@ -361,16 +360,25 @@ class TetherServer:
     # -- running -------------------------------------------------------------------
 
     async def _run(self, start: Callable[[Any], Any], ctx: Context, principal: str, *,
-                   run_id: Callable[[], str | None]) -> RunResult:
-        """Run ``start(on_progress)`` in a slot; a cancelled request cancels its run."""
+                   run_id: str | None = None) -> RunResult:
+        """Run ``start(on_progress)`` in a slot; a cancelled request cancels its run.
+
+        ``start`` returns the run's handle (a new run: its id is known once it
+        starts) or, continuing ``run_id``, its result.
+        """
         slot = await self.admission.acquire()
         progress = _Progress(ctx)
         started = False
+        current = run_id
 
         async def begin() -> RunResult:
-            nonlocal started
+            nonlocal started, current
             started = True
-            return await start(progress)
+            out = await start(progress)
+            if isinstance(out, RunHandle):
+                current = out.run_id
+                return await out.result()
+            return out
 
         # The runtime call gets its own task so that a cancelled request does
         # not tear the run apart mid-step: the run is stopped through the
@@ -381,8 +389,7 @@ class TetherServer:
             result = await asyncio.shield(task)
         except asyncio.CancelledError:
             progress.stop()
-            current = run_id() if started else None
-            if current is None:
+            if not started or current is None:
                 task.cancel()  # nothing started, or nothing left to stop
             else:
                 self._spawn(self._cancel(current, principal, task))
@@ -404,15 +411,6 @@ class TetherServer:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    def _run_tagged(self, tag: str) -> str | None:
-        # Runtime.execute names the run only when it returns; the tag recorded
-        # in the run's meta finds it among the runs this process is driving.
-        for run_id in list(self.rt._active):
-            run = self.rt.store.get_run(run_id)
-            if run is not None and (run.meta or {}).get("mcp_call") == tag:
-                return run_id
-        return None
 
     def _respond(self, result: RunResult, asks: str | None, principal: str, diagnostics: bool, *,
                  how: str | None = "form") -> Any:

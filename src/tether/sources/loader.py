@@ -166,9 +166,7 @@ def forward_progress(rt: Any) -> Callable[[Any], None]:
 
     def forward(report: Any) -> None:
         address = f"{report.namespace}.{report.tool}"
-        for boundary in list(rt._boundaries.values()):
-            if boundary.inflight_addresses.get(address, 0) <= 0:
-                continue
+        for boundary in rt.boundaries_calling(address):
             data = {"address": address, "progress": report.progress, "total": report.total,
                     "message": report.message}
             if (rt.store.get_run(boundary.run_id).meta or {}).get("cell"):
