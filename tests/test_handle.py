@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from helpers import Recorder
 from tether import Runtime
 from tether.runs.policy import Policy
 from tether.tools.model import Annotations, Tool
-
-from helpers import Recorder
 
 
 class Gate:

@@ -738,11 +738,13 @@ class Runtime:
         if run.status in (RUN_QUEUED, RUN_WAITING):
             # Nothing is executing: end it here. Its waits end with it.
             return self._cancel_now(run, reason) or await self.cancel(run_id, reason, principal=principal)
-        boundary = self._boundaries.get(run_id)
-        if boundary is not None and boundary.execution is not None:
-            boundary.execution.stop(Cancelled(reason))
-            boundary.release_held()
-            return await self.wait_for_run(run_id)
+        if run_id in self._running:
+            # Executing here: stop its program once its sandbox is up (a just-started
+            # attempt may still be preparing), then report how it ended.
+            result = await self._stop_here(run_id, reason)
+            if result.status in (RUN_PAUSED, RUN_WAITING):  # it stopped at a pause first: cancel that
+                return await self.cancel(run_id, reason, principal=principal)
+            return result
         now = self.clock()
         gone = owner_gone(run.owner)
         if run.lease_until is None or run.lease_until < now or gone:
@@ -754,6 +756,19 @@ class Runtime:
         # Running in another process: a durable request its heartbeat sees.
         self.store.update_run(run_id, [RUN_RUNNING], meta={**run.meta, "cancel_requested": reason})
         return await self.wait_for_run(run_id, timeout=max(self.lease_seconds, 1.0) * 2)
+
+    async def _stop_here(self, run_id: str, reason: str) -> RunResult:
+        handle = self._running[run_id]
+        delay = 0.002
+        while not handle.done():
+            boundary = self._boundaries.get(run_id)
+            if boundary is not None and boundary.execution is not None:
+                boundary.execution.stop(Cancelled(reason))
+                boundary.release_held()
+                break
+            await asyncio.wait({handle.task}, timeout=delay)
+            delay = min(delay * 2, 0.05)
+        return await self.wait_for_run(run_id)
 
     def _cancel_now(self, run: RunRecord, reason: str) -> RunResult | None:
         """End a run no process is executing: compare-and-set from its status; None if that changed."""
