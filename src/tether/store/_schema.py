@@ -292,8 +292,8 @@ class SQLStore:
     def _usable(self, conn: Any) -> bool:
         return True
 
-    def _begin(self, write: bool) -> ContextManager[Tx]:
-        """Open a transaction on a live connection; commit on exit, roll back on error."""
+    def _begin(self, conn: Any, write: bool) -> ContextManager[Tx]:
+        """Open a transaction on ``conn``; commit on exit, roll back on error."""
         raise NotImplementedError
 
     def _violation(self, exc: Exception) -> str | None:
@@ -308,6 +308,18 @@ class SQLStore:
         raise NotImplementedError
 
     # -- connection and secret
+
+    @contextmanager
+    def _checkout(self) -> Iterator[Any]:
+        """A live connection for one transaction. Here: the one connection, under the lock (SQLite,
+        whose writers take turns anyway); Postgres hands each thread one of a pool's."""
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            yield self._connection()
+
+    def _closed_error(self) -> StoreError:
+        return StoreError(f"the store at {self.where} is closed", next_action="Open the store again.")
 
     def _connection(self) -> Any:
         # A connection inherited through fork() shares the parent's file or
@@ -334,11 +346,9 @@ class SQLStore:
     @contextmanager
     def _transaction(self, write: bool, conflict: str | None = None, run_id: str | None = None) -> Iterator[Tx]:
         """One protocol method's transaction, with driver errors translated at this boundary."""
-        with self._lock:
-            if self._closed:
-                raise StoreError(f"the store at {self.where} is closed", next_action="Open the store again.")
+        with self._checkout() as conn:
             try:
-                with self._begin(write) as tx:
+                with self._begin(conn, write) as tx:
                     yield tx
             except self.driver_error as exc:
                 violation = self._violation(exc)

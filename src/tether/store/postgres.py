@@ -2,9 +2,12 @@
 
 The tables live in their own schema (``tether`` unless told otherwise), so
 they never meet an application's tables of the same name in a shared
-database. Each store object holds one connection behind a lock; a connection
-that broke is replaced on the next call, never retried inside one, because a
-commit whose answer was lost may have happened.
+database. Each store object keeps a small pool of connections (``pool_size``,
+opened as calls need them, the most recently used first), so calls from
+several threads (the runtime's store threads, docs/decisions.md D-45) run at
+once, each transaction on a connection of its own. A connection that broke is
+replaced on the next call, never retried inside one, because a commit whose
+answer was lost may have happened.
 
 Compare-and-set is a conditional ``UPDATE ... WHERE status IN (...)``: under
 READ COMMITTED a second writer waits for the first row lock, then re-checks
@@ -18,9 +21,11 @@ cursor misses none.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import secrets
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Callable, Iterator, Sequence
@@ -35,6 +40,10 @@ from .base import RunRecord
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _CONNECT_TIMEOUT_S = 10
 _SECRET_BYTES = 32
+# Connections per store object, and so transactions in flight at once: enough
+# to keep tens of concurrent runs off each other's round trips (D-45), few
+# enough that several replicas stay far below Postgres's default 100.
+POOL_SIZE = 8
 
 
 @lru_cache(maxsize=256)
@@ -45,9 +54,19 @@ def _placeholders(sql: str) -> str:
 class PostgresStore(SQLStore):
     migrations = POSTGRES_MIGRATIONS
     driver_error = psycopg.Error
+    # Callers on an event loop run this store's calls in its threads (store/aio.py, D-45).
+    offload = True
 
-    def __init__(self, url: str, secret: bytes | None = None, schema: str = "tether") -> None:
+    def __init__(self, url: str, secret: bytes | None = None, schema: str = "tether",
+                 pool_size: int = POOL_SIZE) -> None:
         super().__init__(secret)
+        if pool_size < 1:
+            raise ConfigError(f"postgres pool_size must be at least 1, not {pool_size}")
+        self.pool_size = pool_size
+        self._pool = _Pool(self._connect, pool_size)
+        self._threads: ThreadPoolExecutor | None = None
+        self._threads_pid = 0
+        self._threads_lock = threading.Lock()
         if not _SCHEMA_NAME.fullmatch(schema):
             raise ConfigError(f"postgres schema {schema!r} must be a lower-case identifier")
         try:
@@ -89,12 +108,38 @@ class PostgresStore(SQLStore):
             raise
         return conn
 
-    def _usable(self, conn: psycopg.Connection) -> bool:
-        return not (conn.closed or conn.broken)
+    @contextmanager
+    def _checkout(self) -> Iterator[psycopg.Connection]:
+        if self._closed:
+            raise self._closed_error()
+        with self._pool.connection() as conn:
+            yield conn
+
+    def _connection(self) -> psycopg.Connection:
+        """The connection the next call from this thread would use (for tests that need one)."""
+        with self._checkout() as conn:
+            return conn
+
+    def close(self) -> None:
+        self._closed = True
+        self._pool.close()
+        with self._threads_lock:
+            threads, self._threads = self._threads, None
+        if threads is not None and self._threads_pid == os.getpid():
+            threads.shutdown(wait=False)  # a call still running finishes in its thread
+
+    def executor(self) -> ThreadPoolExecutor:
+        """The threads offloaded calls run in: one per pooled connection, started as calls need them."""
+        with self._threads_lock:
+            if self._threads is None or self._threads_pid != os.getpid():
+                if self._closed:
+                    raise self._closed_error()
+                self._threads = ThreadPoolExecutor(self.pool_size, thread_name_prefix="tether-store")
+                self._threads_pid = os.getpid()
+            return self._threads
 
     @contextmanager
-    def _begin(self, write: bool) -> Iterator[Tx]:
-        conn = self._connection()
+    def _begin(self, conn: psycopg.Connection, write: bool) -> Iterator[Tx]:
         try:
             with conn.cursor() as cursor:
                 yield Tx(cursor, _placeholders)
@@ -199,6 +244,81 @@ class PostgresStore(SQLStore):
         )
         with self._transaction(write=False) as tx:
             return int(tx.run(sql, (self.schema,)).fetchone()[0])
+
+
+class _Pool:
+    """Up to ``size`` connections, each lent to one transaction at a time.
+
+    Opened lazily and lent most-recently-returned first, so a caller making one
+    call at a time always gets the same connection. One that broke is dropped
+    when it comes back (or is found broken when lent) and replaced by a new one
+    on a later call. After fork() the child opens its own: the parent's sockets
+    are left alone.
+    """
+
+    def __init__(self, connect: Callable[[], psycopg.Connection], size: int) -> None:
+        self._connect = connect
+        self._size = size
+        self._idle: list[psycopg.Connection] = []
+        self._lent = 0
+        self._closed = False
+        self._pid = os.getpid()
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection]:
+        conn = self._take()
+        try:
+            yield conn
+        finally:
+            self._give(conn)
+
+    def _take(self) -> psycopg.Connection:
+        with self._cond:
+            self._after_fork()
+            while True:
+                while self._idle:
+                    conn = self._idle.pop()
+                    if not (conn.closed or conn.broken):
+                        self._lent += 1
+                        return conn
+                    conn.close()
+                if self._lent < self._size:
+                    self._lent += 1
+                    break
+                self._cond.wait()
+        try:
+            return self._connect()  # outside the lock: connecting is a round trip or more
+        except BaseException:
+            with self._cond:
+                self._lent -= 1
+                self._cond.notify()
+            raise
+
+    def _give(self, conn: psycopg.Connection) -> None:
+        with self._cond:
+            if self._pid != os.getpid():
+                return  # lent before a fork: the child does not touch the parent's socket
+            self._lent -= 1
+            keep = not (self._closed or conn.closed or conn.broken)
+            if keep:
+                self._idle.append(conn)
+            self._cond.notify()
+        if not keep:
+            conn.close()
+
+    def _after_fork(self) -> None:
+        if self._pid != os.getpid():
+            self._idle, self._lent, self._pid = [], 0, os.getpid()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            idle = self._idle if self._pid == os.getpid() else []
+            self._idle = []
+            self._cond.notify_all()
+        for conn in idle:
+            conn.close()
 
 
 def _lock_key(schema: str) -> int:

@@ -108,8 +108,7 @@ class SQLiteStore(SQLStore):
         return conn
 
     @contextmanager
-    def _begin(self, write: bool) -> Iterator[Tx]:
-        conn = self._connection()
+    def _begin(self, conn: sqlite3.Connection, write: bool) -> Iterator[Tx]:
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         try:
             yield Tx(conn.cursor(), _identity)
