@@ -1,4 +1,4 @@
-"""The store off the event loop (D-45): Postgres calls run in the store's threads, each on its own connection.
+"""The store off the event loop (D-27): Postgres calls run in the store's threads, each on its own connection.
 
 A call made slow here is one that waits for a row lock the test holds, so
 "slow" lasts exactly until the test lets go: every assertion is on order,
@@ -14,10 +14,10 @@ import uuid
 import psycopg
 import pytest
 
+from test_store import make_run
 from tether.store.aio import AsyncStore
 from tether.store.postgres import PostgresStore
 from tether.store.sqlite import SQLiteStore
-from test_store import make_run
 
 pytestmark = pytest.mark.postgres
 
@@ -74,7 +74,7 @@ def test_threads_run_transactions_at_once_each_on_its_own_connection(pg_url, sch
         blocked = threading.Thread(target=store.update_run, args=("held", ["paused"]), kwargs={"status": "running"})
         blocked.start()
         lock.wait_for_waiter()
-        # One connection behind a lock (before D-45) queued this behind the blocked update.
+        # One connection behind a lock (before D-27) queued this behind the blocked update.
         free = threading.Thread(target=store.update_run, args=("free", ["paused"]), kwargs={"status": "running"})
         free.start()
         free.join(WAIT)

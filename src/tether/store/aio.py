@@ -1,4 +1,4 @@
-"""The store as awaitables, for code on the event loop (docs/decisions.md D-45).
+"""The store as awaitables, for code on the event loop (docs/decisions.md D-27).
 
 A store's methods block until their transaction commits. On Postgres that is
 a network round trip or three, and a blocked event loop stalls every other
@@ -38,7 +38,7 @@ class AsyncStore:
     """Awaitable versions of the store calls made on the event loop's hot path.
 
     Calls run in place unless the store's ``offload`` flag is set (Postgres; a
-    benchmark clears it to measure the loop-blocking path, as before D-45).
+    benchmark clears it to measure the loop-blocking path, as before D-27).
     """
 
     def __init__(self, store: Store) -> None:

@@ -4,7 +4,7 @@ The tables live in their own schema (``tether`` unless told otherwise), so
 they never meet an application's tables of the same name in a shared
 database. Each store object keeps a small pool of connections (``pool_size``,
 opened as calls need them, the most recently used first), so calls from
-several threads (the runtime's store threads, docs/decisions.md D-45) run at
+several threads (the runtime's store threads, docs/decisions.md D-27) run at
 once, each transaction on a connection of its own. A connection that broke is
 replaced on the next call, never retried inside one, because a commit whose
 answer was lost may have happened.
@@ -41,7 +41,7 @@ _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _CONNECT_TIMEOUT_S = 10
 _SECRET_BYTES = 32
 # Connections per store object, and so transactions in flight at once: enough
-# to keep tens of concurrent runs off each other's round trips (D-45), few
+# to keep tens of concurrent runs off each other's round trips (D-27), few
 # enough that several replicas stay far below Postgres's default 100.
 POOL_SIZE = 8
 
@@ -54,7 +54,7 @@ def _placeholders(sql: str) -> str:
 class PostgresStore(SQLStore):
     migrations = POSTGRES_MIGRATIONS
     driver_error = psycopg.Error
-    # Callers on an event loop run this store's calls in its threads (store/aio.py, D-45).
+    # Callers on an event loop run this store's calls in its threads (store/aio.py, D-27).
     offload = True
 
     def __init__(self, url: str, secret: bytes | None = None, schema: str = "tether",
