@@ -35,7 +35,7 @@ def trusted_meta(store, run, *, lenient: bool = False) -> dict:  # type: ignore[
     """
     from .errors import RunTampered, WrongSecret
     from .runs.integrity import keyring_for, verify_run
-    from .store.base import TERMINAL_RUN_STATUSES
+    from .store.states import TERMINAL_RUN_STATUSES
 
     if run is None or run.status in TERMINAL_RUN_STATUSES:
         return {}

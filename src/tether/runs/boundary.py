@@ -33,18 +33,10 @@ from ..errors import (
 )
 from ..sandbox.monty import GuestRaise, Stopped
 from ..store.base import (
-    CALL_APPROVED,
-    CALL_ASKED,
-    CALL_DENIED,
-    CALL_DONE,
-    CALL_FAILED,
-    CALL_PENDING,
-    CALL_SENDING,
-    CALL_SENT,
-    CALL_UNKNOWN,
     CallRecord,
     Store,
 )
+from ..store.states import CallState
 from ..tools import binding
 from ..tools import context as call_context
 from ..tools.context import idempotency_key
@@ -64,7 +56,7 @@ WAIT_OPS = ("wait_for", "wait_for_signal", "sleep")
 # A write in one of these states has spent the run's write budget. An
 # approved write spends it when it is sent (`_send` counts it), so counting
 # `approved` here too would charge a resumed write twice.
-SPENT_STATES = ("sending", "sent", "unknown", "failed")
+SPENT_STATES = (CallState.SENDING, CallState.SENT, CallState.UNKNOWN, CallState.FAILED)
 
 
 class Cancelled(Stopped):
@@ -363,7 +355,7 @@ class EffectBoundary:
         impl = self.builtins_impl.get(op)
         t = time.perf_counter()
         if decision.entry is not None:
-            await self._record_intent(seq, op, address, args, key, "read", CALL_PENDING, decision.entry)
+            await self._record_intent(seq, op, address, args, key, "read", CallState.PENDING, decision.entry)
         else:
             self._buffered_intent(seq, op, address, args, key)
         try:
@@ -371,20 +363,21 @@ class EffectBoundary:
                 raise GuestRaise("NameError", f"name {op!r} is not defined")
             value = await impl(tuple(args.get("args", ())), dict(args.get("kwargs", {})))
         except GuestRaise as exc:
-            await self._record_outcome(seq, CALL_PENDING, CALL_FAILED, error={"type": exc.exc_type, "message": exc.message})
-            self._stat(seq, op, address, "read", CALL_FAILED, t)
+            await self._record_outcome(seq, CallState.PENDING, CallState.FAILED,
+                                       error={"type": exc.exc_type, "message": exc.message})
+            self._stat(seq, op, address, "read", CallState.FAILED, t)
             raise
         value = to_json_value(value)[0]
         refused = self._journal_room(journal.value_size(value), op, "result")
         if refused is not None:
-            await self._record_outcome(seq, CALL_PENDING, CALL_FAILED, error=err_json(refused))
-            self._stat(seq, op, address, "read", CALL_FAILED, t)
+            await self._record_outcome(seq, CallState.PENDING, CallState.FAILED, error=err_json(refused))
+            self._stat(seq, op, address, "read", CallState.FAILED, t)
             if self.state.failure is not None:
                 return await self.pauses.hold(seq, op, address, args)
             self._remember(refused, seq, address)
             raise refused
-        await self._record_outcome(seq, CALL_PENDING, CALL_DONE, outcome=value)
-        self._stat(seq, op, address, "read", CALL_DONE, t)
+        await self._record_outcome(seq, CallState.PENDING, CallState.DONE, outcome=value)
+        self._stat(seq, op, address, "read", CallState.DONE, t)
         return value
 
     async def _tool_call(self, seq, address, args, key, decision, started) -> Any:
@@ -407,15 +400,15 @@ class EffectBoundary:
             verdict = policy_mod.decide_call(self.policy, address, False, 0)
             if verdict == policy_mod.DENY:
                 err = guest_error("call_denied", f"policy denies {address}; it was not called", "PermissionError")
-                await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CALL_DENIED,
+                await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CallState.DENIED,
                                             existing=decision.entry)
                 raise err
             if decision.entry is not None:
                 # A read a dead attempt left pending: re-issue it under its seq.
-                await self._record_intent(seq, "tool", address, args, key, kind, CALL_PENDING, decision.entry)
+                await self._record_intent(seq, "tool", address, args, key, kind, CallState.PENDING, decision.entry)
             else:
                 self._buffered_intent(seq, "tool", address, args, key)
-            return await self._dispatch(seq, tool, valid, CALL_PENDING, CALL_DONE, t)
+            return await self._dispatch(seq, tool, valid, CallState.PENDING, CallState.DONE, t)
 
         # A write. SEND: approved earlier (by resume), never marked sending.
         if decision.action == journal.SEND:
@@ -429,7 +422,7 @@ class EffectBoundary:
         verdict = policy_mod.decide_call(self.policy, address, True, self.state.writes_spent)
         if verdict == policy_mod.DENY:
             err = guest_error("write_denied", f"policy denies the write {address}; it was not sent", "PermissionError")
-            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CALL_DENIED,
+            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CallState.DENIED,
                                         existing=decision.entry)
             raise err
         if verdict == policy_mod.OVER_BUDGET:
@@ -438,22 +431,22 @@ class EffectBoundary:
                 f"the run's write budget of {self.policy.write_budget} is spent; {address} was not sent",
                 "PermissionError",
             )
-            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CALL_DENIED,
+            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CallState.DENIED,
                                         existing=decision.entry)
             raise err
         if verdict == policy_mod.ALLOW:
-            await self._record_intent(seq, "tool", address, args, key, kind, CALL_APPROVED, decision.entry)
+            await self._record_intent(seq, "tool", address, args, key, kind, CallState.APPROVED, decision.entry)
             return await self._send(seq, tool, valid, t)
         # ask
-        await self._record_intent(seq, "tool", address, args, key, kind, CALL_ASKED, decision.entry)
+        await self._record_intent(seq, "tool", address, args, key, kind, CallState.ASKED, decision.entry)
         return await self.pauses.ask(seq, tool, args, valid, t)
 
     async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
         # P-7: `sending` is committed before the request leaves.
-        if not await self._cas(seq, [CALL_APPROVED], state=CALL_SENDING, started_at=self.clock(), sends=1):
+        if not await self._cas(seq, [CallState.APPROVED], state=CallState.SENDING, started_at=self.clock(), sends=1):
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state approved; nothing was sent"))
         self.state.writes_spent += 1
-        return await self._dispatch(seq, tool, args, CALL_SENDING, CALL_SENT, t)
+        return await self._dispatch(seq, tool, args, CallState.SENDING, CallState.SENT, t)
 
     def _resendable(self, entry: CallRecord) -> "Tool | None":
         return resend.resendable(self.catalog, entry, self.limits)
@@ -461,13 +454,13 @@ class EffectBoundary:
     async def _resend(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, entry: CallRecord) -> Any:
         # The write was already counted against the budget when first sent.
         send = max(entry.sends, 1) + 1
-        if not await self._cas(seq, [CALL_SENDING], state=CALL_SENDING, sends=send):
+        if not await self._cas(seq, [CallState.SENDING], state=CallState.SENDING, sends=send):
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state sending; nothing was sent"))
-        return await self._dispatch(seq, tool, args, CALL_SENDING, CALL_SENT, t, send=send)
+        return await self._dispatch(seq, tool, args, CallState.SENDING, CallState.SENT, t, send=send)
 
     async def _dispatch(self, seq: int, tool: "Tool", args: dict[str, Any], from_state: str, ok_state: str, t: float,
                         send: int = 1) -> Any:
-        is_write = from_state == CALL_SENDING
+        is_write = from_state == CallState.SENDING
         task = None
         try:
             if is_write:
@@ -493,8 +486,8 @@ class EffectBoundary:
                     f"{tool.address}: {why}",
                     "TimeoutError",
                 )
-                await self._record_outcome(seq, from_state, CALL_FAILED, error=err_json(err))
-                self._stat(seq, "tool", tool.address, "read", CALL_FAILED, t)
+                await self._record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
+                self._stat(seq, "tool", tool.address, "read", CallState.FAILED, t)
             self._remember(err, seq, tool.address)
             raise err from None
         except asyncio.CancelledError:
@@ -518,8 +511,8 @@ class EffectBoundary:
                 err = guest_error("invalid_arguments", exc.message, "TypeError")
             else:
                 err = tool_error(tool.address, exc)
-            await self._record_outcome(seq, from_state, CALL_FAILED, error=err_json(err))
-            self._stat(seq, "tool", tool.address, "write" if is_write else "read", CALL_FAILED, t)
+            await self._record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
+            self._stat(seq, "tool", tool.address, "write" if is_write else "read", CallState.FAILED, t)
             self._remember(err, seq, tool.address)
             raise err from None
         value, notes = to_json_value(value)
@@ -530,8 +523,9 @@ class EffectBoundary:
         if refused is not None:
             # P-22: neither the store nor the sandbox gets the value. A write
             # happened all the same: its entry says so, and it is never re-sent.
-            await self._record_outcome(seq, from_state, ok_state if is_write else CALL_FAILED, error=err_json(refused))
-            self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state if is_write else CALL_FAILED, t)
+            settled = ok_state if is_write else CallState.FAILED
+            await self._record_outcome(seq, from_state, settled, error=err_json(refused))
+            self._stat(seq, "tool", tool.address, "write" if is_write else "read", settled, t)
             if self.state.failure is not None:
                 return await self.pauses.hold(seq, "tool", tool.address, args)
             self._remember(refused, seq, tool.address)
@@ -546,8 +540,8 @@ class EffectBoundary:
         self.state.unknown_writes.append({"seq": seq, "address": tool.address})
         message = resend.unknown_message(tool.address, why, self._sends.get(seq, 1), self._idempotency_key(seq))
         err = guest_error("write_outcome_unknown", message, "TimeoutError")
-        await self._record_outcome(seq, CALL_SENDING, CALL_UNKNOWN, error=err_json(err))
-        self._stat(seq, "tool", tool.address, "write", CALL_UNKNOWN, t)
+        await self._record_outcome(seq, CallState.SENDING, CallState.UNKNOWN, error=err_json(err))
+        self._stat(seq, "tool", tool.address, "write", CallState.UNKNOWN, t)
         return err
 
     async def _deliver(self, tool: "Tool", args: dict[str, Any], seq: int, send: int) -> Any:
@@ -561,7 +555,7 @@ class EffectBoundary:
             return await self._invoke(tool, args, seq, n)
 
         return await resend.deliver(tool, send, self.limits, invoke,
-                                    lambda n: self._cas(seq, [CALL_SENDING], state=CALL_SENDING, sends=n))
+                                    lambda n: self._cas(seq, [CallState.SENDING], state=CallState.SENDING, sends=n))
 
     async def _invoke(self, tool: "Tool", args: dict[str, Any], seq: int, send: int = 1) -> Any:
         address = tool.address
@@ -586,7 +580,8 @@ class EffectBoundary:
         try:
             value = task.result()
         except BaseException as exc:  # noqa: BLE001 - recorded, not raised
-            state = CALL_UNKNOWN if from_state == CALL_SENDING and isinstance(exc, (asyncio.TimeoutError, asyncio.CancelledError)) else CALL_FAILED
+            lost = from_state == CallState.SENDING and isinstance(exc, (asyncio.TimeoutError, asyncio.CancelledError))
+            state = CallState.UNKNOWN if lost else CallState.FAILED
             await self._record_outcome(seq, from_state, state, error={"type": type(exc).__name__, "message": str(exc)})
             return
         value = to_json_value(value)[0]
@@ -644,7 +639,7 @@ class EffectBoundary:
         return error
 
     async def _mark_unknown(self, entry: CallRecord) -> None:
-        await self._cas(entry.seq, [CALL_SENDING], state=CALL_UNKNOWN, finished_at=self.clock(),
+        await self._cas(entry.seq, [CallState.SENDING], state=CallState.UNKNOWN, finished_at=self.clock(),
                         error={"type": "TimeoutError", "message": f"[write_outcome_unknown] {entry.address} may or may not have happened"})
         self._fail(
             WriteOutcomeUnknown(
@@ -697,7 +692,8 @@ class EffectBoundary:
     # write, and those are simply issued again; writes never wait in a buffer.
 
     def _buffered_intent(self, seq: int, op: str, address: str, args: dict, key: str) -> None:
-        record = CallRecord(self.run_id, seq, op, address, args, key, "read", CALL_PENDING, started_at=self.clock(),
+        record = CallRecord(self.run_id, seq, op, address, args, key, "read", CallState.PENDING,
+                            started_at=self.clock(),
                             idempotency_key=self._idempotency_key(seq) if op == "tool" else None)
         self._unsaved[seq] = record
         self.journal[seq] = record
@@ -706,7 +702,7 @@ class EffectBoundary:
         """Write the settled reads still held in memory, in one transaction."""
         if not self._unsaved:
             return
-        settled = [r for r in self._unsaved.values() if r.state != CALL_PENDING]
+        settled = [r for r in self._unsaved.values() if r.state != CallState.PENDING]
         if not settled:
             return
         settled.sort(key=lambda r: r.seq)
@@ -771,7 +767,7 @@ class EffectBoundary:
         return integrity.update_call_signed(self.store, self.keyring, entry, expect, **fields)
 
     async def _record_rejected(self, seq, op, address, args, kind, err: GuestRaise, *, key=None,
-                               state=CALL_FAILED, existing: CallRecord | None = None) -> None:
+                               state=CallState.FAILED, existing: CallRecord | None = None) -> None:
         key = key or journal.call_key(op, address, to_json_value(args)[0])
         now = self.clock()
         if existing is None:

@@ -14,20 +14,23 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RunNotFound
+from ..store.states import RunStatus
 from .events import ANY_EVENT, STOPPING_EVENTS  # noqa: F401 - importable from here, as before
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
 STATUS_OF_EVENT = {"completed": "completed", "failed": "failed", "terminated": "terminated", "paused": "paused"}
+# What an observer is told for the run's status: a cancelled cell was terminated; a parked one is paused for it.
+_CELL_STATUS = {RunStatus.COMPLETED: "completed", RunStatus.FAILED: "failed", RunStatus.CANCELLED: "terminated",
+                RunStatus.PAUSED: "paused", RunStatus.WAITING: "paused"}
 
 
 def observation(rt: "Runtime", cell_id: str, events: list[Any], after: int) -> dict[str, Any]:
     run = rt.store.get_run(cell_id)
     if run is None:
         raise RunNotFound(f"no cell {cell_id!r}")
-    by_run = {"completed": "completed", "failed": "failed", "cancelled": "terminated", "paused": "paused",
-              "waiting": "paused"}.get(run.status, "running")
+    by_run = _CELL_STATUS.get(run.status, "running")
     cursor = events[-1].event_id if events else after
     # The status the observer has reached: a finished run whose last events
     # it has not read yet is still "running" for it.

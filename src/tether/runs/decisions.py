@@ -18,19 +18,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import AlreadyDecided, NotPaused, RunExpired, SeqRequired, UsageError, WriteNotPending
 from ..store.base import (
-    CALL_APPROVED,
-    CALL_ASKED,
-    CALL_DECLINED,
-    CALL_FAILED,
-    CALL_SENDING,
-    CALL_SENT,
-    CALL_UNKNOWN,
-    RUN_CANCELLED,
-    RUN_FAILED,
-    RUN_PAUSED,
-    RUN_RUNNING,
     RunRecord,
 )
+from ..store.states import CallState, RunStatus
 from .result import RunResult
 
 if TYPE_CHECKING:
@@ -40,7 +30,7 @@ DECISIONS = ("approve", "decline", "cancel")
 # Where a decision came from, recorded with it (P-29).
 CHANNELS = ("python", "cli", "mcp", "console", "link", "key", "prompt")
 # Journal states of a write someone approved (it may have been sent since).
-_APPROVED_STATES = (CALL_APPROVED, CALL_SENDING, CALL_SENT, CALL_FAILED, CALL_UNKNOWN)
+_APPROVED_STATES = (CallState.APPROVED, CallState.SENDING, CallState.SENT, CallState.FAILED, CallState.UNKNOWN)
 
 
 @dataclass(frozen=True)
@@ -81,7 +71,7 @@ class PendingWrite:
 
 def batch_of(run: RunRecord) -> list[dict[str, Any]]:
     """The writes a paused run waits on (a pause stored before batches lists one)."""
-    if run.status != RUN_PAUSED or not run.pending:
+    if run.status != RunStatus.PAUSED or not run.pending:
         return []
     return list(run.pending.get("writes") or [run.pending])
 
@@ -92,7 +82,7 @@ def taken(entry: Any) -> str | None:
         return None
     if entry.state in _APPROVED_STATES:
         return "approve"
-    if entry.state == CALL_DECLINED:
+    if entry.state == CallState.DECLINED:
         message = (entry.error or {}).get("message", "")
         return "cancel" if message.startswith("[write_cancelled]") else "decline"
     return None
@@ -214,7 +204,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
     if via not in CHANNELS:
         raise UsageError(f"via must be one of {', '.join(CHANNELS)}, not {via!r}", code="invalid_arguments")
     run = rt.get_run(run_id, principal)
-    if run.status == RUN_PAUSED:
+    if run.status == RunStatus.PAUSED:
         refused = _untrusted(rt, run, wanted, t0)
         if refused is not None:
             return refused
@@ -234,22 +224,22 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
                 raise AlreadyDecided(f"call {seq} of run {run_id} was already decided: {already}; "
                                      f"nothing was changed", details={"decision": already, "seq": seq})
             continue  # a repeat of a decision taken: it changes nothing (P-28)
-        if seq in batch and entry is not None and entry.state == CALL_ASKED:
+        if seq in batch and entry is not None and entry.state == CallState.ASKED:
             fresh[seq] = (decision, reason)
             continue
-        if run.status != RUN_PAUSED:
+        if run.status != RunStatus.PAUSED:
             raise NotPaused(f"run {run_id} is {run.status}; call {seq} is not a write waiting for a decision")
         writes = pending_writes(rt, run)
         raise WriteNotPending(f"call {seq} of run {run_id} is not a write waiting for a decision; "
                               f"{_pending_text(writes)}; nothing was decided",
                               details={"seq": seq, "pending": _pending_details(writes)})
 
-    if run.status != RUN_PAUSED:
+    if run.status != RunStatus.PAUSED:
         # Every named write was decided before: return what the run did since.
         return await rt.wait_for_run(run_id)
     now = rt.clock()
     if fresh and run.expires_at is not None and now > run.expires_at:
-        rt._finish(run, RUN_FAILED, error=RunExpired(f"run {run_id} passed its approval time to live").to_dict())
+        rt._finish(run, RunStatus.FAILED, error=RunExpired(f"run {run_id} passed its approval time to live").to_dict())
         raise RunExpired(f"run {run_id} waited longer than its approval time to live; nothing was sent")
 
     if any(d == "cancel" for d, _ in fresh.values()):
@@ -264,11 +254,11 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
         last = _record(rt, run, batch[seq], decision, reason, who, now)
     # The run continues when nothing in its pause is left undecided; whoever
     # sees that first continues it (paused -> running is a compare-and-set).
-    undecided = [s for s in batch if (e := rt.store.get_call(run_id, s)) is not None and e.state == CALL_ASKED]
+    undecided = [s for s in batch if (e := rt.store.get_call(run_id, s)) is not None and e.state == CallState.ASKED]
     if undecided:
         return _paused_view(rt, rt.store.get_run(run_id))
     record = last or (run.decision or {})
-    if not rt.store.update_run(run_id, [RUN_PAUSED], status=RUN_RUNNING, decision=record, owner=rt.owner,
+    if not rt.store.update_run(run_id, [RunStatus.PAUSED], status=RunStatus.RUNNING, decision=record, owner=rt.owner,
                                lease_until=now + rt.lease_seconds, updated_at=now):
         return await rt.wait_for_run(run_id)
     run = rt.get_run(run_id, principal)
@@ -299,25 +289,25 @@ def _untrusted(rt: "Runtime", run: RunRecord, wanted: dict[int, tuple[str, str |
         if isinstance(exc, WrongSecret):
             raise
         rt.revoke_waits(run_id=run.run_id)
-        return rt._finish(run, RUN_FAILED, error=exc.to_dict(), t0=t0)
+        return rt._finish(run, RunStatus.FAILED, error=exc.to_dict(), t0=t0)
     return None
 
 
 def _record(rt: "Runtime", run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
-            who: dict[str, Any], now: float, expect: tuple[str, ...] = (CALL_ASKED,)) -> dict[str, Any]:
+            who: dict[str, Any], now: float, expect: tuple[str, ...] = (CallState.ASKED,)) -> dict[str, Any]:
     """Take one decision: the journal's compare-and-set decides who wins (P-28); then say who (P-29)."""
     from .guest_errors import guest_error
 
     seq = write["seq"]
     entry = rt.store.get_call(run.run_id, seq)
     if decision == "approve":
-        won = rt.update_call_signed(entry, list(expect), state=CALL_APPROVED)
+        won = rt.update_call_signed(entry, list(expect), state=CallState.APPROVED)
     else:
         why = "cancelled" if decision == "cancel" else "declined"
         err = guest_error(f"write_{why}",
                           f"the write {write['address']} was {why}{': ' + reason if reason else ''}; it was not sent",
                           "PermissionError")
-        won = rt.update_call_signed(entry, list(expect), state=CALL_DECLINED,
+        won = rt.update_call_signed(entry, list(expect), state=CallState.DECLINED,
                                     error={"type": err.exc_type, "message": err.message}, finished_at=now)
     if not won:
         already = taken(rt.store.get_call(run.run_id, seq))
@@ -332,13 +322,14 @@ def _record(rt: "Runtime", run: RunRecord, write: dict[str, Any], decision: str,
 
 
 def _settle_approval(rt: "Runtime", run_id: str, seq: int, record: dict[str, Any]) -> None:
-    from ..store.base import WAIT_RESOLVED, WaitRecord
+    from ..store.base import WaitRecord
+    from ..store.states import WaitStatus
     from .waits import APPROVAL_PREFIX
 
     name = f"{APPROVAL_PREFIX}{seq}"
     now = rt.clock()
     value = {k: record[k] for k in ("decision", "reason", "actor", "via", "origin")}
-    rt.store.settle_wait(WaitRecord(rt.wait_key(run_id, name), run_id, name, WAIT_RESOLVED, now, seq=seq,
+    rt.store.settle_wait(WaitRecord(rt.wait_key(run_id, name), run_id, name, WaitStatus.RESOLVED, now, seq=seq,
                                     value=value, resolved_at=now))
 
 
@@ -347,17 +338,17 @@ async def _cancel(rt: "Runtime", run: RunRecord, fresh: dict[int, tuple[str, str
     """A cancel of any write of the pause ends the run; no write of it is sent (P-10)."""
     seq, (_, reason) = next((s, v) for s, v in fresh.items() if v[0] == "cancel")
     record = {"seq": seq, "decision": "cancel", "reason": reason, **who, "at": now}
-    if not rt.store.update_run(run.run_id, [RUN_PAUSED], status=RUN_CANCELLED, decision=record, owner=rt.owner,
+    if not rt.store.update_run(run.run_id, [RunStatus.PAUSED], status=RunStatus.CANCELLED, decision=record, owner=rt.owner,
                                lease_until=now + rt.lease_seconds, updated_at=now):
         # The run moved on meanwhile: decide again against what it is now.
         return await decide(rt, run.run_id, dict(fresh), principal=principal, t0=t0, **who)
     for write in batch_of(run):
         entry = rt.store.get_call(run.run_id, write["seq"])
         # A write approved earlier in this batch was not sent, and now never will be.
-        if entry is not None and entry.state in (CALL_ASKED, CALL_APPROVED):
+        if entry is not None and entry.state in (CallState.ASKED, CallState.APPROVED):
             _record(rt, run, write, "cancel", reason if write["seq"] == seq else None, who, now,
-                    expect=(CALL_ASKED, CALL_APPROVED))
+                    expect=(CallState.ASKED, CallState.APPROVED))
     address = next(w["address"] for w in batch_of(run) if w["seq"] == seq)
-    return rt._finish(run, RUN_CANCELLED, error={
+    return rt._finish(run, RunStatus.CANCELLED, error={
         "code": "cancelled", "message": f"the run was cancelled at the write {address}; nothing further was sent",
         "next_action": "Start a new run if the work is still needed.", "details": {"reason": reason}}, t0=t0)

@@ -26,17 +26,10 @@ from ..errors import (
 )
 from ..sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxLimits, SandboxSpec, Stopped
 from ..store.base import (
-    CALL_APPROVED,
-    CALL_SENDING,
-    CALL_SENT,
-    RUN_COMPLETED,
-    RUN_FAILED,
-    RUN_PAUSED,
-    RUN_RUNNING,
-    RUN_WAITING,
     CallRecord,
     RunRecord,
 )
+from ..store.states import CallState, RunStatus
 from ..tools.precheck import EVERYTHING, Reach, check_program
 from ..tools.stubs import stubs_for
 from .boundary import (
@@ -264,7 +257,7 @@ async def drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approv
     except (RunTampered, SnapshotTampered, WrongSecret) as exc:
         # P-35: refused before anything was sent; the run ends here instead of staying running.
         rt.revoke_waits(run_id=run.run_id)
-        return rt._finish(run, RUN_FAILED, error=exc.to_dict())
+        return rt._finish(run, RunStatus.FAILED, error=exc.to_dict())
 
 
 async def _drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float,
@@ -272,15 +265,15 @@ async def _drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Appro
     rt.verify_run(run)
     limits = Limits.from_dict(run.limits)
     policy = Policy.from_dict(run.policy)
-    stuck = rt.store.get_calls(run.run_id, states=[CALL_SENDING]) if mode != "fresh" else []
+    stuck = rt.store.get_calls(run.run_id, states=[CallState.SENDING]) if mode != "fresh" else []
     verify_calls(rt.keyring, run.run_id, stuck)
 
     # P-11: a write left `sending` by a dead attempt is never re-sent, unless
     # its tool dedupes by idempotency key and has sends left (P-31): then the
     # program's call is re-sent with its recorded key when the run reaches it.
     for e in stuck:
-        if e.state == CALL_SENDING and resendable(rt.catalog, e, limits) is None:
-            rt.update_call_signed(e, [CALL_SENDING], state="unknown", finished_at=rt.clock(),
+        if e.state == CallState.SENDING and resendable(rt.catalog, e, limits) is None:
+            rt.update_call_signed(e, [CallState.SENDING], state="unknown", finished_at=rt.clock(),
                                   error={"type": "TimeoutError",
                                          "message": f"[write_outcome_unknown] {e.address} may or may not have happened"})
             sent = (f" (sent {e.sends} times with idempotency key {e.idempotency_key})"
@@ -290,7 +283,7 @@ async def _drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Appro
                 "it happened is unknown and it was not sent again",
                 details={"seq": e.seq, "address": e.address, "args": e.args},
             )
-            return rt._finish(run, RUN_FAILED, error=err.to_dict(), calls=e.seq)
+            return rt._finish(run, RunStatus.FAILED, error=err.to_dict(), calls=e.seq)
 
     snapshot = None
     entries: list[CallRecord] = []
@@ -342,7 +335,7 @@ async def _drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Appro
         if "kind" in pending:  # parked on a wait, a signal or a timer (P-18)
             public = {k: pending[k] for k in ("kind", "seq", "name", "key", "deadline")}
             envelope = waiting_envelope(run.run_id, public, logs, boundary, t0)
-            status, expires = RUN_WAITING, pending["deadline"]
+            status, expires = RunStatus.WAITING, pending["deadline"]
         else:
             expires = now + rt.approval_ttl_seconds
             writes = []
@@ -356,13 +349,13 @@ async def _drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Appro
             # of the pause, that one included, under "writes" (P-27).
             public = {**next(w for w in writes if w["seq"] == pending["seq"]), "writes": writes}
             envelope = paused_envelope(run.run_id, public, expires, logs, boundary, t0)
-            status = RUN_PAUSED
+            status = RunStatus.PAUSED
         # The run's MAC covers what it waits on (P-35).
         signed = sign_run(rt.keyring, dataclasses.replace(run, pending=public, expires_at=expires))
-        rt.store.update_run(run.run_id, [RUN_RUNNING], status=status, pending=public, expires_at=expires,
+        rt.store.update_run(run.run_id, [RunStatus.RUNNING], status=status, pending=public, expires_at=expires,
                             owner=None, lease_until=None, updated_at=now, decision=None,
                             result=envelope.to_dict(), mac=signed)
-        rt.event(run.run_id, "paused" if status == RUN_PAUSED else "waiting", {"pending": public})
+        rt.event(run.run_id, "paused" if status == RunStatus.PAUSED else "waiting", {"pending": public})
         rt.announce(run.run_id, status, {"pending": public, "expires_at": expires})
         boundary.paused_envelope = envelope
 
@@ -378,7 +371,7 @@ async def _drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Appro
         rt.store.put_snapshot(rt.snapshot_record(
             run.run_id, st.issued, data,
             [{"seq": entry.seq, "op": entry.op, "address": entry.address, "args": entry.args}], "checkpoint"))
-        rt.store.update_run(run.run_id, [RUN_RUNNING], lease_until=now + rt.lease_seconds, updated_at=now)
+        rt.store.update_run(run.run_id, [RunStatus.RUNNING], lease_until=now + rt.lease_seconds, updated_at=now)
 
     boundary = EffectBoundary(
         run_id=run.run_id,
@@ -461,7 +454,7 @@ async def _drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Appro
         return boundary.paused_envelope
     except Cancelled as exc:
         rt._settle_waits_cancelled(run.run_id)
-        return rt._finish(run, "cancelled", error={"code": "cancelled", "message": exc.reason,
+        return rt._finish(run, RunStatus.CANCELLED, error={"code": "cancelled", "message": exc.reason,
                                                    "next_action": "Start a new run if the work is still needed.",
                                                    "details": {}},
                           logs=logs.lines(), calls=boundary.state.issued,
@@ -478,7 +471,7 @@ async def _drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Appro
     # P-13: a write the journal holds beyond what the program issued means
     # the replay took another path; report it, send nothing more.
     extra = [e for s, e in boundary.journal.items() if s > boundary.state.issued and e.kind == "write"
-             and e.state in (CALL_APPROVED, CALL_SENDING, CALL_SENT)]
+             and e.state in (CallState.APPROVED, CallState.SENDING, CallState.SENT)]
     if extra:
         err = ExecutionDiverged(
             f"the replay finished without repeating the recorded write {extra[0].address} (call {extra[0].seq})",
@@ -500,7 +493,7 @@ async def _drive(rt: "Runtime", run: RunRecord, *, mode: str, on_approval: Appro
     diag = _diagnostics(boundary, setup_ms, t_exec, t0, attempt_kind)
     if cut:
         diag["result_truncated"] = cut
-    return rt._finish(run, RUN_COMPLETED, result=result, logs=logs.lines(), calls=boundary.state.issued,
+    return rt._finish(run, RunStatus.COMPLETED, result=result, logs=logs.lines(), calls=boundary.state.issued,
                       diagnostics=diag, notes=notes)
 
 
@@ -525,7 +518,7 @@ def pending_call(pending: dict[str, Any]) -> dict[str, Any]:
 def paused_envelope(run_id: str, pending: dict, expires: float, logs: LogBuffer, boundary: EffectBoundary,
                     t0: float) -> RunResult:
     return RunResult(
-        status="paused",
+        status=RunStatus.PAUSED,
         run_id=run_id,
         logs=logs.lines(),
         calls=boundary.state.issued,
@@ -569,7 +562,7 @@ def waiting_envelope(run_id: str, pending: dict, logs: LogBuffer, boundary: Effe
     else:
         text = (f"The program waits for {pending['name']!r}; resolve it with its key: "
                 f"tether waits resolve KEY --value JSON")
-    return RunResult(status="waiting", run_id=run_id, logs=logs.lines(), calls=boundary.state.issued,
+    return RunResult(status=RunStatus.WAITING, run_id=run_id, logs=logs.lines(), calls=boundary.state.issued,
                      pending=pending, expires_at=pending.get("deadline"), instructions=text,
                      diagnostics={"calls": boundary.state.issued,
                                   "total_ms": round((time.perf_counter() - t0) * 1000, 3)})
@@ -605,7 +598,7 @@ def _failed(rt, run, boundary, exc, logs, setup_ms, t_exec, t0, attempt_kind) ->
         error = exc.to_dict()
     else:
         error = SandboxCrashed(f"the run stopped: {exc}").to_dict()
-    return rt._finish(run, RUN_FAILED, error=error, logs=logs.lines(), calls=boundary.state.issued,
+    return rt._finish(run, RunStatus.FAILED, error=error, logs=logs.lines(), calls=boundary.state.issued,
                       diagnostics=_diagnostics(boundary, setup_ms, t_exec, t0, attempt_kind))
 
 
@@ -698,7 +691,7 @@ async def _heartbeat(rt: "Runtime", run_id: str, boundary: EffectBoundary) -> No
     while True:
         await asyncio.sleep(interval)
         now = rt.clock()
-        rt.store.update_run(run_id, [RUN_RUNNING], lease_until=now + rt.lease_seconds)
+        rt.store.update_run(run_id, [RunStatus.RUNNING], lease_until=now + rt.lease_seconds)
         run = rt.store.get_run(run_id)
         reason = (run.meta or {}).get("cancel_requested") if run else None
         if reason and boundary.execution is not None:

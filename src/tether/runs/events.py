@@ -15,13 +15,13 @@ from typing import Any, Callable
 
 from ..errors import RunNotFound
 from ..store.base import Store
+from ..store.states import TERMINAL_RUN_STATUSES
 from .result import to_json_value
 
 # Events after which an observer has something to act on.
 STOPPING_EVENTS = frozenset({"yielded", "paused", "waiting", "completed", "failed", "terminated"})
 # A long-poll returns as soon as anything new is there: outputs stream.
 ANY_EVENT = frozenset({"output"}) | STOPPING_EVENTS
-ENDED_RUN_STATUSES = ("completed", "failed", "cancelled")
 
 # Told when a run pauses, parks, or ends: (run_id, kind, data).
 Listener = Callable[[str, str, dict[str, Any]], None]
@@ -113,7 +113,7 @@ class EventBus:
             run = self.store.get_run(run_id)
             if run is None:
                 raise RunNotFound(f"no cell {run_id!r}")
-            if run.status in ENDED_RUN_STATUSES and not new:
+            if run.status in TERMINAL_RUN_STATUSES and not new:
                 return collected
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -14,19 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..store.base import (
-    CALL_APPROVED,
-    CALL_ASKED,
-    CALL_DECLINED,
-    CALL_DENIED,
-    CALL_DONE,
-    CALL_FAILED,
-    CALL_PENDING,
-    CALL_SENDING,
-    CALL_SENT,
-    CALL_UNKNOWN,
-    CALL_WAITING,
     CallRecord,
 )
+from ..store.states import SETTLED_CALL_STATES, CallState
 
 
 def canonical_json(value: Any) -> str:
@@ -102,17 +92,17 @@ def decide(entry: CallRecord | None, key: str, seq: int, last_recorded_seq: int)
             f"call {seq} was journaled as {entry.op} {entry.address} with other arguments",
         )
     state = entry.state
-    if state in (CALL_DONE, CALL_FAILED, CALL_SENT, CALL_DECLINED, CALL_DENIED, CALL_UNKNOWN):
+    if state in SETTLED_CALL_STATES:
         return Decision(REPLAY, entry)
-    if state == CALL_PENDING:
+    if state == CallState.PENDING:
         # A read whose outcome was never recorded: reads are safe to re-issue.
         return Decision(LIVE, entry)
-    if state == CALL_ASKED:
+    if state == CallState.ASKED:
         return Decision(ASK, entry)
-    if state == CALL_APPROVED:
+    if state == CallState.APPROVED:
         return Decision(SEND, entry)
-    if state == CALL_SENDING:
+    if state == CallState.SENDING:
         return Decision(UNKNOWN, entry)
-    if state == CALL_WAITING:
+    if state == CallState.WAITING:
         return Decision(WAIT, entry)
     return Decision(DIVERGED, entry, f"call {seq} is in unexpected state {state!r}")

@@ -19,21 +19,11 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 from ..errors import InvalidArguments, UnknownTool
 from ..sandbox.monty import GuestRaise, Stopped
 from ..store.base import (
-    CALL_APPROVED,
-    CALL_ASKED,
-    CALL_DECLINED,
-    CALL_DONE,
-    CALL_FAILED,
-    CALL_WAITING,
-    WAIT_CANCELLED,
-    WAIT_FAILED,
-    WAIT_PENDING,
-    WAIT_RESOLVED,
-    WAIT_TIMEOUT,
     CallRecord,
     Store,
     WaitRecord,
 )
+from ..store.states import CallState, WaitStatus
 from . import journal
 from . import policy as policy_mod
 from .guest_errors import err_json, guest_error
@@ -198,53 +188,53 @@ class Pauses:
         entry = decision.entry
         now = host.clock()
         if entry is None:
-            entry = CallRecord(host.run_id, seq, op, name, args, key, "wait", CALL_WAITING, started_at=now)
+            entry = CallRecord(host.run_id, seq, op, name, args, key, "wait", CallState.WAITING, started_at=now)
             host.record_new(entry)
         # The deadline counts from when the program first reached the wait, so
         # a restart continues with only the remaining time.
         deadline = None if timeout is None else (entry.started_at or now) + timeout
         wkey = wait_key(host.secret, host.run_id, name)
-        row = host.store.create_wait(WaitRecord(wkey, host.run_id, name, WAIT_PENDING, now, seq=seq,
+        row = host.store.create_wait(WaitRecord(wkey, host.run_id, name, WaitStatus.PENDING, now, seq=seq,
                                                 deadline=deadline, session=host.session))
-        if row.status == WAIT_PENDING and deadline is not None and now >= deadline:
-            status = WAIT_RESOLVED if op == "sleep" else WAIT_TIMEOUT
+        if row.status == WaitStatus.PENDING and deadline is not None and now >= deadline:
+            status = WaitStatus.RESOLVED if op == "sleep" else WaitStatus.TIMEOUT
             _, row = host.store.settle_wait(WaitRecord(wkey, host.run_id, name, status, now, seq=seq,
                                                        resolved_at=now))
-        if row.status == WAIT_PENDING and op == "sleep" and deadline - now <= host.inline_sleep_seconds:
+        if row.status == WaitStatus.PENDING and op == "sleep" and deadline - now <= host.inline_sleep_seconds:
             # A short sleep is cheaper to wait out than to park.
             await asyncio.sleep(max(0.0, deadline - now))
-            _, row = host.store.settle_wait(WaitRecord(wkey, host.run_id, name, WAIT_RESOLVED, host.clock(),
+            _, row = host.store.settle_wait(WaitRecord(wkey, host.run_id, name, WaitStatus.RESOLVED, host.clock(),
                                                        seq=seq, resolved_at=host.clock()))
-        if row.status == WAIT_PENDING:
+        if row.status == WaitStatus.PENDING:
             pending = {"kind": "sleep" if op == "sleep" else ("signal" if op == "wait_for_signal" else "wait"),
                        "seq": seq, "op": op, "address": op, "args": args, "name": name, "key": wkey,
                        "deadline": deadline}
             return await self.park(pending)
         # Settled: journal the outcome, then answer the program.
-        if row.status == WAIT_RESOLVED:
+        if row.status == WaitStatus.RESOLVED:
             refused = host.journal_room(journal.value_size(row.value), name, "result")
             if refused is not None:
-                await host.move_call(seq, [CALL_WAITING], state=CALL_FAILED, error=err_json(refused),
+                await host.move_call(seq, [CallState.WAITING], state=CallState.FAILED, error=err_json(refused),
                                       finished_at=host.clock())
                 if host.state.failure is not None:
                     return await self.hold(seq, op, op, args)
                 host.remember(refused, seq, name)
                 raise refused
-            await host.move_call(seq, [CALL_WAITING], state=CALL_DONE, outcome=row.value,
+            await host.move_call(seq, [CallState.WAITING], state=CallState.DONE, outcome=row.value,
                                   finished_at=host.clock())
-            host.stat(seq, op, name, "wait", CALL_DONE, t)
+            host.stat(seq, op, name, "wait", CallState.DONE, t)
             return row.value
-        if row.status == WAIT_TIMEOUT:
+        if row.status == WaitStatus.TIMEOUT:
             err = guest_error("wait_timeout", f"{name} was not resolved within {timeout:g} s", "TimeoutError")
-        elif row.status == WAIT_FAILED:
+        elif row.status == WaitStatus.FAILED:
             err = guest_error("wait_failed", f"{name}: {(row.error or {}).get('message', 'failed')}", "RuntimeError")
-        elif row.status == WAIT_CANCELLED:
+        elif row.status == WaitStatus.CANCELLED:
             err = guest_error("wait_cancelled", f"{name} was cancelled", "RuntimeError")
         else:
             err = guest_error("wait_revoked", f"{name} was revoked", "RuntimeError")
-        await host.move_call(seq, [CALL_WAITING], state=CALL_FAILED, error=err_json(err),
+        await host.move_call(seq, [CallState.WAITING], state=CallState.FAILED, error=err_json(err),
                               finished_at=host.clock())
-        host.stat(seq, op, name, "wait", CALL_FAILED, t)
+        host.stat(seq, op, name, "wait", CallState.FAILED, t)
         host.remember(err, seq, name)
         raise err
 
@@ -255,14 +245,14 @@ class Pauses:
             verdict, reason = await host.on_approval(pending)
             self._record_inline_decision(seq, tool.address, "approve" if verdict == "approve" else "decline", reason)
             if verdict == "approve":
-                await host.move_call(seq, [CALL_ASKED], state=CALL_APPROVED)
+                await host.move_call(seq, [CallState.ASKED], state=CallState.APPROVED)
                 return await host.send_approved(seq, tool, valid, t)
             err = guest_error(
                 "write_declined",
                 f"the write {tool.address} was declined{': ' + reason if reason else ''}; it was not sent",
                 "PermissionError",
             )
-            await host.move_call(seq, [CALL_ASKED], state=CALL_DECLINED, error=err_json(err),
+            await host.move_call(seq, [CallState.ASKED], state=CallState.DECLINED, error=err_json(err),
                                  finished_at=host.clock())
             host.remember(err, seq, tool.address)
             raise err
@@ -312,7 +302,7 @@ class Pauses:
                     prospective = st.writes_spent + 1 + len(batch)
                     if policy_mod.decide_call(host.policy, address, True, prospective) == policy_mod.ASK:
                         host.journal_room(size, address, "arguments")
-                        await host.record_intent(seq, "tool", address, args, key, "write", CALL_ASKED, None)
+                        await host.record_intent(seq, "tool", address, args, key, "write", CallState.ASKED, None)
                         joined = True
         if joined and st.batch is batch:
             batch.append(pending_write(seq, tool, args))

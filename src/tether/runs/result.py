@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..store.states import RunStatus
+
 MAX_DEPTH = 64
 # Python refuses to print an int of more digits than this (sys.int_max_str_digits,
 # CVE-2020-10735), and so would json.dumps: such an int becomes a string.
@@ -212,7 +214,7 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return self.status == "completed"
+        return self.status == RunStatus.COMPLETED
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -226,7 +228,7 @@ class RunResult:
         }
         if self.notes:
             out["notes"] = self.notes
-        if self.status in ("paused", "waiting"):
+        if self.status in (RunStatus.PAUSED, RunStatus.WAITING):
             out["pending"] = self.pending
             out["expires_at"] = self.expires_at
             out["instructions"] = self.instructions

@@ -37,18 +37,11 @@ from ..sandbox.monty import (
 )
 from ..store.base import (
     LOCAL_PRINCIPAL,
-    RUN_CANCELLED,
-    RUN_FAILED,
-    RUN_PAUSED,
-    RUN_QUEUED,
-    RUN_RUNNING,
-    RUN_WAITING,
-    TERMINAL_RUN_STATUSES,
-    WAIT_PENDING,
     RunRecord,
     SnapshotRecord,
     Store,
 )
+from ..store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
 from .boundary import Approver, Cancelled, EffectBoundary
 from .decisions import DECISIONS
 from .events import EventBus
@@ -341,7 +334,7 @@ class Runtime:
             check_session_name(session)
         # Created running and owned by this process: a queued row could be
         # claimed by another replica's runner first.
-        run = self._new_run(code, principal=principal, meta=meta, check=check, status=RUN_RUNNING)
+        run = self._new_run(code, principal=principal, meta=meta, check=check, status=RunStatus.RUNNING)
         notes: list[str] = []
         if session is not None:
             run.session = session
@@ -435,7 +428,7 @@ class Runtime:
                  check: str, status: str) -> RunRecord:
         now = self.clock()
         clock = _dt.datetime.fromtimestamp(round(now, 3), _dt.timezone.utc)
-        running = status == RUN_RUNNING
+        running = status == RunStatus.RUNNING
         return RunRecord(
             run_id=f"run_{secrets.token_hex(8)}",
             status=status,
@@ -530,9 +523,9 @@ class Runtime:
             run = self.store.get_run(run_id)
             if run is None:
                 raise RunNotFound(f"no run {run_id}")
-            if run.status != RUN_RUNNING and run.result is not None:
+            if run.status != RunStatus.RUNNING and run.result is not None:
                 return RunResult.from_dict(run.result)
-            if run.status == RUN_RUNNING and (run.lease_until is None or run.lease_until < self.clock()):
+            if run.status == RunStatus.RUNNING and (run.lease_until is None or run.lease_until < self.clock()):
                 # Nobody is running it, so waiting would only time out: say so at once.
                 return RunResult(status=run.status, run_id=run_id, error={
                     "code": "run_unowned",
@@ -599,7 +592,7 @@ class Runtime:
     async def wake(self, run_id: str, key: str | None = None) -> RunResult | None:
         """Continue a waiting run in this process if it is parked on ``key`` (or its deadline came)."""
         run = self.store.get_run(run_id)
-        if run is None or run.status != RUN_WAITING:
+        if run is None or run.status != RunStatus.WAITING:
             return None
         if key is not None and (run.pending or {}).get("key") != key:
             return None  # parked elsewhere; the resolution is kept for when it gets there
@@ -608,7 +601,7 @@ class Runtime:
             return ended
         await self.require_sources(run)
         now = self.clock()
-        if not self.store.update_run(run_id, [RUN_WAITING], status=RUN_RUNNING, owner=self.owner,
+        if not self.store.update_run(run_id, [RunStatus.WAITING], status=RunStatus.RUNNING, owner=self.owner,
                                      lease_until=now + self.lease_seconds, updated_at=now):
             return None  # another process took it
         run = self.store.get_run(run_id)
@@ -629,9 +622,9 @@ class Runtime:
         for run in self.store.paused_runs_past_expiry(self.clock()):
             err = RunExpired(f"run {run.run_id} waited longer than its approval time to live; "
                              f"the write {(run.pending or {}).get('address')} was not sent")
-            if self.store.update_run(run.run_id, [RUN_PAUSED], status=RUN_FAILED, updated_at=self.clock()):
+            if self.store.update_run(run.run_id, [RunStatus.PAUSED], status=RunStatus.FAILED, updated_at=self.clock()):
                 self.revoke_waits(run_id=run.run_id)
-                self._finish(run, RUN_FAILED, error=err.to_dict())
+                self._finish(run, RunStatus.FAILED, error=err.to_dict())
                 ended.append(run.run_id)
         return ended
 
@@ -642,7 +635,7 @@ class Runtime:
         """Queue ``code`` as a background run; a worker executes it. Returns the run id at once."""
         check_code_size(code, self.limits.code_bytes)
         run = self._new_run(code, principal=principal, meta=meta, check=self._check_for(check, type_check),
-                            status=RUN_QUEUED)
+                            status=RunStatus.QUEUED)
         self._sign(run)
         self.store.create_run(run)
         return run.run_id
@@ -650,7 +643,7 @@ class Runtime:
     async def run_queued(self, limit: int = 1) -> list[RunResult]:
         """Claim up to ``limit`` queued runs (oldest first) and run them here."""
         out = []
-        for run in reversed(self.store.list_runs(status=RUN_QUEUED, limit=1000)):
+        for run in reversed(self.store.list_runs(status=RunStatus.QUEUED, limit=1000)):
             if len(out) >= limit:
                 break
             trusted, ended = self.vet(run)
@@ -661,7 +654,7 @@ class Runtime:
             if not await self._sources_or_note(run, out):
                 continue
             now = self.clock()
-            if not self.store.update_run(run.run_id, [RUN_QUEUED], status=RUN_RUNNING, owner=self.owner,
+            if not self.store.update_run(run.run_id, [RunStatus.QUEUED], status=RunStatus.RUNNING, owner=self.owner,
                                          lease_until=now + self.lease_seconds, updated_at=now):
                 continue
             out.append(await self.launch(self.store.get_run(run.run_id), mode="fresh").result())
@@ -730,19 +723,19 @@ class Runtime:
                      principal: str | None = None) -> RunResult:
         """Stop a run: nothing further is sent; a write already on the wire finishes and is journaled."""
         run = self._get_run(run_id, principal)
-        if run.status == RUN_PAUSED:
+        if run.status == RunStatus.PAUSED:
             return await self.resume(run_id, "cancel", reason, seq=(run.pending or {}).get("seq"),
                                      principal=principal)
         if run.status in TERMINAL_RUN_STATUSES:
             return RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run_id)
-        if run.status in (RUN_QUEUED, RUN_WAITING):
+        if run.status in (RunStatus.QUEUED, RunStatus.WAITING):
             # Nothing is executing: end it here. Its waits end with it.
             return self._cancel_now(run, reason) or await self.cancel(run_id, reason, principal=principal)
         if run_id in self._running:
             # Executing here: stop its program once its sandbox is up (a just-started
             # attempt may still be preparing), then report how it ended.
             result = await self._stop_here(run_id, reason)
-            if result.status in (RUN_PAUSED, RUN_WAITING):  # it stopped at a pause first: cancel that
+            if result.status in (RunStatus.PAUSED, RunStatus.WAITING):  # it stopped at a pause first: cancel that
                 return await self.cancel(run_id, reason, principal=principal)
             return result
         now = self.clock()
@@ -754,7 +747,7 @@ class Runtime:
                 return self._cancel_now(self.store.get_run(run_id), reason) or await self.cancel(
                     run_id, reason, principal=principal)
         # Running in another process: a durable request its heartbeat sees.
-        self.store.update_run(run_id, [RUN_RUNNING], meta={**run.meta, "cancel_requested": reason})
+        self.store.update_run(run_id, [RunStatus.RUNNING], meta={**run.meta, "cancel_requested": reason})
         return await self.wait_for_run(run_id, timeout=max(self.lease_seconds, 1.0) * 2)
 
     async def _stop_here(self, run_id: str, reason: str) -> RunResult:
@@ -772,11 +765,11 @@ class Runtime:
 
     def _cancel_now(self, run: RunRecord, reason: str) -> RunResult | None:
         """End a run no process is executing: compare-and-set from its status; None if that changed."""
-        if not self.store.update_run(run.run_id, [run.status], status=RUN_CANCELLED, updated_at=self.clock(),
+        if not self.store.update_run(run.run_id, [run.status], status=RunStatus.CANCELLED, updated_at=self.clock(),
                                      owner=None, lease_until=None):
             return None
         self._settle_waits_cancelled(run.run_id)
-        return self._finish(run, RUN_CANCELLED, error={
+        return self._finish(run, RunStatus.CANCELLED, error={
             "code": "cancelled", "message": f"the run was cancelled: {reason}; nothing further was sent",
             "next_action": "Start a new run if the work is still needed.", "details": {}})
 
@@ -815,7 +808,7 @@ class Runtime:
 
     def gone_owners(self) -> list[RunRecord]:
         """Running runs whose owner was a process on this host that has ended (lease or not)."""
-        return [r for r in self.store.list_runs(status=RUN_RUNNING, limit=1000)
+        return [r for r in self.store.list_runs(status=RunStatus.RUNNING, limit=1000)
                 if r.owner != self.owner and owner_gone(r.owner)]
 
     # -- attempts ------------------------------------------------------------------
@@ -840,7 +833,7 @@ class Runtime:
             raise
         except Exception as exc:  # a bug or a value tether could not handle: the run ends, the host goes on
             result = self._fail_internal(run, exc)
-        if result.status == RUN_WAITING:
+        if result.status == RunStatus.WAITING:
             return await self._settled_while_parking(run.run_id, result)
         return result
 
@@ -855,7 +848,7 @@ class Runtime:
         """
         key = (result.pending or {}).get("key")
         wait = self.store.get_wait(key) if key else None
-        if wait is None or wait.status == WAIT_PENDING:
+        if wait is None or wait.status == WaitStatus.PENDING:
             return result
         continued = await self.wake(run_id, key=key)
         return continued if continued is not None else result
@@ -875,9 +868,9 @@ class Runtime:
                         "calls already made are in the journal (tether runs show).",
             details={"correlation_id": correlation},
         ).to_dict()
-        envelope = RunResult(status=RUN_FAILED, run_id=run.run_id, error=error)
+        envelope = RunResult(status=RunStatus.FAILED, run_id=run.run_id, error=error)
         try:
-            ended = self.store.update_run(run.run_id, [RUN_RUNNING], status=RUN_FAILED, result=envelope.to_dict(),
+            ended = self.store.update_run(run.run_id, [RunStatus.RUNNING], status=RunStatus.FAILED, result=envelope.to_dict(),
                                           error=error, updated_at=self.clock(), owner=None, lease_until=None,
                                           pending=None)
             if not ended:  # it had already ended (or paused) before the failure: that record stands
@@ -903,8 +896,8 @@ class Runtime:
         # The event a cell observer waits for (P-20); a plain execute has no
         # observer and saves the write.
         if (run.meta or {}).get("cell") or self.bus.observed(run.run_id):
-            kind = {"completed": "completed", "failed": "failed"}.get(status, "terminated")
-            data = {"result": result, "notes": notes or []} if status == "completed" else {"error": error}
+            kind = {RunStatus.COMPLETED: "completed", RunStatus.FAILED: "failed"}.get(status, "terminated")
+            data = {"result": result, "notes": notes or []} if status == RunStatus.COMPLETED else {"error": error}
             self.event(run.run_id, kind, data)
         return envelope
 
@@ -956,7 +949,7 @@ class Runtime:
         except RunTampered as exc:
             logging.getLogger("tether").error("run %s: %s", run.run_id, exc.message)
             self.revoke_waits(run_id=run.run_id)
-            return self._finish(run, RUN_FAILED, error=exc.to_dict(), t0=t0)
+            return self._finish(run, RunStatus.FAILED, error=exc.to_dict(), t0=t0)
         return None
 
     def vet(self, run: RunRecord) -> tuple[bool, RunResult | None]:

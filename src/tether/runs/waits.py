@@ -18,17 +18,11 @@ from typing import Any, Awaitable, Callable
 from ..errors import AlreadyDecided, ToolsUnavailable
 from ..store.base import (
     LOCAL_PRINCIPAL,
-    RUN_WAITING,
-    TERMINAL_RUN_STATUSES,
-    WAIT_CANCELLED,
-    WAIT_FAILED,
-    WAIT_PENDING,
-    WAIT_RESOLVED,
-    WAIT_REVOKED,
     RunRecord,
     Store,
     WaitRecord,
 )
+from ..store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
 from .result import to_json_value
 
 KEY_VERSION = "w1"
@@ -103,7 +97,7 @@ class Waits:
         parsed = parse_wait_key(self._secret, key)
         run = self.store.get_run(parsed[0]) if parsed else None
         existing = self.store.get_wait(key) if parsed else None
-        if run is None or (existing is not None and existing.status == WAIT_REVOKED):
+        if run is None or (existing is not None and existing.status == WaitStatus.REVOKED):
             return {"status": "unknown_or_revoked", "key": key,
                     "next_action": "Check the key (tether waits list); the wait may have been revoked."}
         run_id, name = parsed
@@ -113,14 +107,14 @@ class Waits:
         if existing is None and run.status in TERMINAL_RUN_STATUSES:
             return {"status": "unknown_or_revoked", "key": key, "next_action": f"Run {run_id} has ended."}
         now = self.clock()
-        status = WAIT_FAILED if error is not None else WAIT_RESOLVED
+        status = WaitStatus.FAILED if error is not None else WaitStatus.RESOLVED
         err = {"message": error} if error is not None else None
         value = to_json_value(value)[0]
         accepted, row = self.store.settle_wait(WaitRecord(key, run_id, name, status, now, value=value, error=err,
                                                           resolved_at=now))
         out = {"status": "accepted" if accepted else "already_resolved", "key": key, "wait": wait_view(row)}
         # A resolution kept while the run could not continue (tools_unavailable) wakes it on a later try.
-        if continue_run and (accepted or (row.status == WAIT_RESOLVED and run.status == RUN_WAITING)):
+        if continue_run and (accepted or (row.status == WaitStatus.RESOLVED and run.status == RunStatus.WAITING)):
             try:
                 result = await self._wake(run_id, key=key)
             except ToolsUnavailable as exc:
@@ -136,7 +130,7 @@ class Waits:
         """Create the wait a paused write is (named approval:<seq>) and return its key."""
         name = f"{APPROVAL_PREFIX}{seq}"
         key = self.key(run.run_id, name)
-        self.store.create_wait(WaitRecord(key, run.run_id, name, WAIT_PENDING, self.clock(), seq=seq,
+        self.store.create_wait(WaitRecord(key, run.run_id, name, WaitStatus.PENDING, self.clock(), seq=seq,
                                           deadline=deadline, session=run.session))
         return key
 
@@ -159,7 +153,7 @@ class Waits:
                     "next_action": 'Resolve an approval with {"decision": "approve" | "decline" | "cancel", '
                                    '"reason": "..."}.'}
         row = self.store.get_wait(key)
-        if row is not None and row.status != WAIT_PENDING:
+        if row is not None and row.status != WaitStatus.PENDING:
             return {"status": "already_resolved", "key": key, "wait": wait_view(row)}
         try:
             result = await self._resume(run_id, decision, reason, seq=seq, principal=owner, via="key")
@@ -175,7 +169,8 @@ class Waits:
         """Revoke every pending wait of a run or a session; their keys stop working."""
         now, n = self.clock(), 0
         for w in self.store.list_waits(run_id=run_id, session=session):
-            accepted, _ = self.store.settle_wait(WaitRecord(w.key, w.run_id, w.name, WAIT_REVOKED, now, resolved_at=now))
+            revoked = WaitRecord(w.key, w.run_id, w.name, WaitStatus.REVOKED, now, resolved_at=now)
+            accepted, _ = self.store.settle_wait(revoked)
             n += accepted
         return n
 
@@ -194,4 +189,4 @@ class Waits:
         """End a cancelled run's waits with it."""
         now = self.clock()
         for w in self.store.list_waits(run_id=run_id):
-            self.store.settle_wait(WaitRecord(w.key, w.run_id, w.name, WAIT_CANCELLED, now, resolved_at=now))
+            self.store.settle_wait(WaitRecord(w.key, w.run_id, w.name, WaitStatus.CANCELLED, now, resolved_at=now))

@@ -81,7 +81,7 @@ async def _claims(rt: "Runtime", free: int, reported: set[str]):
     A run whose sources cannot be loaded here is left as it is (P-30) for a
     process that has them.
     """
-    from ..store.base import RUN_QUEUED, RUN_RUNNING, RUN_WAITING
+    from ..store.states import RunStatus
 
     now = rt.clock()
     out = []
@@ -112,7 +112,7 @@ async def _claims(rt: "Runtime", free: int, reported: set[str]):
         trusted, ended = rt.vet(run)
         if not trusted or not await _available(rt, run, reported):
             if ended is None:  # not ours to run (another secret, or sources not here): back to waiting
-                rt.store.update_run(run.run_id, [RUN_RUNNING], status=RUN_WAITING, owner=None, lease_until=None)
+                rt.store.update_run(run.run_id, [RunStatus.RUNNING], status=RunStatus.WAITING, owner=None, lease_until=None)
             skip.append(run.run_id)
             continue
         out.append(rt.launch(run, mode="continue").result())
@@ -124,7 +124,7 @@ async def _claims(rt: "Runtime", free: int, reported: set[str]):
             break
         if not await _available(rt, run, reported):
             # Back in the queue for a process that has its sources (this one tries again next round).
-            rt.store.update_run(run.run_id, [RUN_RUNNING], status=RUN_QUEUED, owner=None, lease_until=None)
+            rt.store.update_run(run.run_id, [RunStatus.RUNNING], status=RunStatus.QUEUED, owner=None, lease_until=None)
             skip.append(run.run_id)
             continue
         out.append(rt.launch(run, mode="fresh").result())

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RunNotFound, TetherError
-from ..store.base import RUN_PAUSED, RunRecord
+from ..store.base import RunRecord
+from ..store.states import RunStatus
 
 TOKEN_VERSION = "a1"
 # How long a decision waits for the run to move on before the page answers:
@@ -95,7 +96,7 @@ def approval_url(public_url: str | None, secret: bytes, run_id: str, seq: int, e
 
 def run_links(rt: Any, public_url: str | None, run: RunRecord) -> list[dict[str, Any]]:
     """``[{seq, address, url}]`` for each write the run waits on."""
-    if run.status != RUN_PAUSED or run.expires_at is None:
+    if run.status != RunStatus.PAUSED or run.expires_at is None:
         return []
     return [{"seq": w["seq"], "address": w["address"],
              "url": approval_url(public_url, rt.store.secret(), run.run_id, w["seq"], run.expires_at)}
@@ -110,7 +111,7 @@ def pending_writes(rt: Any, run: RunRecord) -> list[dict[str, Any]]:
 
     ``[{seq, address, args, annotations, description}]``, from ``Runtime.pending``.
     """
-    if run.status != RUN_PAUSED or not run.pending:
+    if run.status != RunStatus.PAUSED or not run.pending:
         return []
     from ..runs.decisions import pending_writes as waiting
 

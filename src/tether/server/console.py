@@ -40,7 +40,7 @@ from starlette.staticfiles import StaticFiles
 from ..errors import RunNotFound
 from ..runs.decisions import recorded_decision
 from ..runs.inspect import run_timeline
-from ..store.base import RUN_PAUSED, TERMINAL_RUN_STATUSES
+from ..store.states import TERMINAL_RUN_STATUSES, RunStatus
 from .approvals import Decider, derived_key, describe_write, open_token, pending_writes
 from .auth import LOCAL, principal_for_token
 
@@ -60,7 +60,9 @@ STREAM_SECONDS = 300.0
 KEEPALIVE_SECONDS = 15.0
 MAX_REASON_CHARS = 2000
 RUN_LIST_LIMIT = 200
-STATUSES = ("paused", "waiting", "running", "queued", "completed", "failed", "cancelled")
+# The console's filter order: what needs someone first.
+STATUSES = (RunStatus.PAUSED, RunStatus.WAITING, RunStatus.RUNNING, RunStatus.QUEUED, RunStatus.COMPLETED,
+            RunStatus.FAILED, RunStatus.CANCELLED)
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -170,7 +172,7 @@ class RunFeed:
             self._seen[run.run_id] = mark
             self._since = max(self._since, run.updated_at)
             change = {"run_id": run.run_id, "status": run.status, "run": run,
-                      "waits_on": (run.pending or {}).get("address") if run.status == RUN_PAUSED else None}
+                      "waits_on": (run.pending or {}).get("address") if run.status == RunStatus.PAUSED else None}
             for queue in list(self._queues):
                 with contextlib.suppress(asyncio.QueueFull):
                     queue.put_nowait(change)
@@ -520,7 +522,7 @@ _FLASHES = {"approved": "Approved: the run continues.", "declined": "Declined: t
 
 
 def _flash(key: str | None, status: str) -> str | None:
-    if key in ("approved", "declined") and status == RUN_PAUSED:
+    if key in ("approved", "declined") and status == RunStatus.PAUSED:
         return "Decided. The run continues once the rest of its writes are decided."
     return _FLASHES.get(key or "")
 

@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import InvalidArguments, Overloaded, RunNotFound, TetherError, UsageError
 from ..runs.handle import RunHandle
 from ..runs.result import RunResult
+from ..store.states import RunStatus
 from . import urlmode
 from .admission import Admission
 from .approvals import pending_writes
@@ -414,7 +415,7 @@ class TetherServer:
 
     def _respond(self, result: RunResult, asks: str | None, principal: str, diagnostics: bool, *,
                  how: str | None = "form") -> Any:
-        if result.status == "paused" and asks == INPUT_REQUIRED and result.pending:
+        if result.status == RunStatus.PAUSED and asks == INPUT_REQUIRED and result.pending:
             if how == "url":
                 return urlmode.input_required(self, result, principal)
             return self._input_required(result, principal)
@@ -438,7 +439,7 @@ class TetherServer:
 
     def _with_link(self, result: RunResult) -> RunResult:
         """A paused result that names the approval link of each write it waits on, when there is a public URL."""
-        if result.status != "paused" or not self.public_url or not result.pending:
+        if result.status != RunStatus.PAUSED or not self.public_url or not result.pending:
             return result
         run = self.rt.store.get_run(result.run_id)
         links = {w["seq"]: urlmode.link_to(self, result.run_id, {**w, "expires_at": run.expires_at})
@@ -513,7 +514,7 @@ class TetherServer:
             if reply is None:
                 # A retry without an answer: ask again if the run still waits on it.
                 run = self.rt.get_run(run_id, principal)
-                paused = run.result if run.status == "paused" else None
+                paused = run.result if run.status == RunStatus.PAUSED else None
                 if paused and _first_undecided(RunResult.from_dict(paused).pending or {}).get("seq") == seq:
                     return self._input_required(RunResult.from_dict(paused), principal)
                 return run_result(_recorded(run), diagnostics=diagnostics)
@@ -705,7 +706,7 @@ def run_result(result: RunResult, *, diagnostics: bool) -> CallToolResult:
     if not diagnostics:
         data.pop("diagnostics", None)
     lead = ""
-    if result.status == "paused":
+    if result.status == RunStatus.PAUSED:
         data["instructions"] = resume_instructions(result)
         lead = data["instructions"] + "\n"
     elif result.error:
@@ -713,7 +714,7 @@ def run_result(result: RunResult, *, diagnostics: bool) -> CallToolResult:
         lead = f"[{err.get('code')}] {err.get('message')}\nnext: {err.get('next_action')}\n"
     text = lead + json.dumps(data, ensure_ascii=False, default=str)
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data,
-                          is_error=result.status in ("failed", "cancelled"))
+                          is_error=result.status in (RunStatus.FAILED, RunStatus.CANCELLED))
 
 
 def observation_result(obs: dict[str, Any]) -> CallToolResult:

@@ -28,6 +28,7 @@ from mcp.server.elicitation import AcceptedUrlElicitation, DeclinedElicitation
 from mcp_types import ElicitRequest, ElicitRequestURLParams, InputRequiredResult
 
 from ..runs.result import RunResult
+from ..store.states import RunStatus
 from .approvals import approval_url, pending_writes
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ DECLINED_TO_OPEN = "the user declined to open the approval page"
 def waiting_write(server: "TetherServer", run_id: str) -> dict[str, Any] | None:
     """The first write the run still waits on (of its batch), or None."""
     run = server.rt.store.get_run(run_id)
-    if run is None or run.status != "paused":
+    if run is None or run.status != RunStatus.PAUSED:
         return None
     writes = pending_writes(server.rt, run)
     return {**writes[0], "expires_at": run.expires_at} if writes else None
@@ -58,7 +59,7 @@ def link_to(server: "TetherServer", run_id: str, write: dict[str, Any]) -> str |
 
 def link_of(server: "TetherServer", result: RunResult) -> str | None:
     """The approval link of the first write a paused result still waits on."""
-    if result.status != "paused" or not server.public_url:
+    if result.status != RunStatus.PAUSED or not server.public_url:
         return None
     write = waiting_write(server, result.run_id)
     return link_to(server, result.run_id, write) if write else None
@@ -76,7 +77,7 @@ async def decided(rt: Any, run_id: str, seq: int, timeout: float) -> bool:
     delay = 0.05
     while True:
         run = rt.store.get_run(run_id)
-        if run is None or run.status != "paused" or taken(rt.store.get_call(run_id, seq)) is not None:
+        if run is None or run.status != RunStatus.PAUSED or taken(rt.store.get_call(run_id, seq)) is not None:
             return True
         if time.monotonic() >= deadline:
             return False
@@ -88,7 +89,7 @@ async def settled(server: "TetherServer", run_id: str) -> RunResult:
     """The run's next result after a decision: paused on the rest of its batch, or where it went next."""
     for _ in range(200):
         run = server.rt.store.get_run(run_id)
-        if run is not None and run.status == "paused" and waiting_write(server, run_id) is None:
+        if run is not None and run.status == RunStatus.PAUSED and waiting_write(server, run_id) is None:
             # Every write is decided and the run is about to continue.
             await asyncio.sleep(0.05)
             continue
@@ -98,7 +99,7 @@ async def settled(server: "TetherServer", run_id: str) -> RunResult:
 
 async def legacy(server: "TetherServer", ctx: Any, result: RunResult, principal: str) -> RunResult:
     """Put each write the run waits on to the user as its link, within this call, until the run moves on."""
-    while result.status == "paused" and (write := waiting_write(server, result.run_id)) is not None:
+    while result.status == RunStatus.PAUSED and (write := waiting_write(server, result.run_id)) is not None:
         link = link_to(server, result.run_id, write)
         if link is None:
             return result

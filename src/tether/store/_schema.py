@@ -41,27 +41,7 @@ from typing import Any, Callable, ContextManager, Iterator, Sequence
 from ..errors import RunNotFound, StoreError
 from ._migrations import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
 from .base import (
-    CALL_APPROVED,
-    CALL_ASKED,
-    CALL_DECLINED,
-    CALL_DENIED,
-    CALL_DONE,
-    CALL_FAILED,
-    CALL_PENDING,
-    CALL_SENDING,
-    CALL_SENT,
-    CALL_UNKNOWN,
-    CALL_WAITING,
     OUTBOX_PENDING,
-    RUN_CANCELLED,
-    RUN_COMPLETED,
-    RUN_FAILED,
-    RUN_PAUSED,
-    RUN_QUEUED,
-    RUN_RUNNING,
-    RUN_WAITING,
-    TERMINAL_RUN_STATUSES,
-    WAIT_PENDING,
     CallRecord,
     Conflict,
     EventRecord,
@@ -71,25 +51,10 @@ from .base import (
     SnapshotRecord,
     WaitRecord,
 )
+from .states import TERMINAL_RUN_STATUSES, CallState, RunStatus, WaitStatus
 
-RUN_STATUSES = frozenset(
-    {RUN_QUEUED, RUN_RUNNING, RUN_PAUSED, RUN_WAITING, RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED}
-)
-CALL_STATES = frozenset(
-    {
-        CALL_PENDING,
-        CALL_DONE,
-        CALL_FAILED,
-        CALL_ASKED,
-        CALL_APPROVED,
-        CALL_DECLINED,
-        CALL_DENIED,
-        CALL_SENDING,
-        CALL_SENT,
-        CALL_UNKNOWN,
-        CALL_WAITING,
-    }
-)
+RUN_STATUSES = frozenset(RunStatus)
+CALL_STATES = frozenset(CallState)
 # Spelled into SQL as literals: statuses are fixed strings, never user input,
 # and a literal lets the planner use the partial indexes (_migrations.py).
 _TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in sorted(TERMINAL_RUN_STATUSES)) + ")"
@@ -173,11 +138,21 @@ _INSERT_SNAPSHOT = _insert("snapshots", SNAPSHOT_COLUMNS)
 
 
 def _run(row: Sequence[Any]) -> RunRecord:
-    return RunRecord(**_decode(RUN_COLUMNS, row))
+    values = _decode(RUN_COLUMNS, row)
+    values["status"] = RunStatus(values["status"])
+    return RunRecord(**values)
 
 
 def _call(row: Sequence[Any]) -> CallRecord:
-    return CallRecord(**_decode(CALL_COLUMNS, row))
+    values = _decode(CALL_COLUMNS, row)
+    values["state"] = CallState(values["state"])
+    return CallRecord(**values)
+
+
+def _wait(row: Sequence[Any]) -> WaitRecord:
+    values = _decode(WAIT_COLUMNS, row)
+    values["status"] = WaitStatus(values["status"])
+    return WaitRecord(**values)
 
 
 def _event(row: Sequence[Any]) -> EventRecord:
@@ -459,17 +434,17 @@ class SQLStore:
     def claim_queued(self, owner: str, lease_until: float, now: float,
                      skip: Sequence[str] = ()) -> RunRecord | None:
         # One writer at a time (SQLite): oldest first, each a compare-and-set from queued.
-        for run in reversed(self.list_runs(status="queued", limit=1000)):
-            if run.run_id not in skip and self.update_run(run.run_id, ["queued"], status="running", owner=owner,
-                                                          lease_until=lease_until, updated_at=now):
+        for run in reversed(self.list_runs(status=RunStatus.QUEUED, limit=1000)):
+            if run.run_id not in skip and self.update_run(run.run_id, [RunStatus.QUEUED], status=RunStatus.RUNNING,
+                                                          owner=owner, lease_until=lease_until, updated_at=now):
                 return self.get_run(run.run_id)
         return None
 
     def claim_due(self, owner: str, lease_until: float, now: float,
                   skip: Sequence[str] = ()) -> RunRecord | None:
         for run in self.runs_due(now):
-            if run.run_id not in skip and self.update_run(run.run_id, ["waiting"], status="running", owner=owner,
-                                                          lease_until=lease_until, updated_at=now):
+            if run.run_id not in skip and self.update_run(run.run_id, [RunStatus.WAITING], status=RunStatus.RUNNING,
+                                                          owner=owner, lease_until=lease_until, updated_at=now):
                 return self.get_run(run.run_id)
         return None
 
@@ -603,7 +578,7 @@ class SQLStore:
         with self._transaction(write=True) as tx:
             row = tx.run(f"{_SELECT_WAIT} WHERE key = ?", (wait.key,)).fetchone()
             if row is not None:
-                found = WaitRecord(**_decode(WAIT_COLUMNS, row))
+                found = _wait(row)
                 if found.seq is None and wait.seq is not None:
                     # A resolution buffered before the run reached its wait: attach it.
                     tx.run("UPDATE waits SET seq = ?, deadline = ? WHERE key = ?", (wait.seq, wait.deadline, wait.key))
@@ -615,7 +590,7 @@ class SQLStore:
     def get_wait(self, key: str) -> WaitRecord | None:
         with self._transaction(write=False) as tx:
             row = tx.run(f"{_SELECT_WAIT} WHERE key = ?", (key,)).fetchone()
-        return None if row is None else WaitRecord(**_decode(WAIT_COLUMNS, row))
+        return None if row is None else _wait(row)
 
     def settle_wait(self, wait: WaitRecord) -> tuple[bool, WaitRecord]:
         with self._transaction(write=True) as tx:
@@ -624,17 +599,18 @@ class SQLStore:
                 values = [_encode(WAIT_COLUMNS, n, getattr(wait, n)) for n in WAIT_COLUMNS]
                 tx.run(_INSERT_WAIT, values)
                 return True, wait
-            found = WaitRecord(**_decode(WAIT_COLUMNS, row))
-            if found.status != WAIT_PENDING:
+            found = _wait(row)
+            if found.status != WaitStatus.PENDING:
                 return False, found
             tx.run(
                 "UPDATE waits SET status = ?, value = ?, error = ?, resolved_at = ? WHERE key = ? AND status = ?",
-                (wait.status, dump_json(wait.value), dump_json(wait.error), wait.resolved_at, wait.key, WAIT_PENDING),
+                (wait.status, dump_json(wait.value), dump_json(wait.error), wait.resolved_at, wait.key,
+                 WaitStatus.PENDING),
             )
             found.status, found.value, found.error, found.resolved_at = wait.status, wait.value, wait.error, wait.resolved_at
             return True, found
 
-    def list_waits(self, run_id: str | None = None, status: str | None = WAIT_PENDING,
+    def list_waits(self, run_id: str | None = None, status: str | None = WaitStatus.PENDING,
                    session: str | None = None) -> list[WaitRecord]:
         where, params = [], []
         for column, value in (("run_id", run_id), ("status", status), ("session", session)):
@@ -643,7 +619,7 @@ class SQLStore:
                 params.append(value)
         sql = _SELECT_WAIT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created_at, key"
         with self._transaction(write=False) as tx:
-            return [WaitRecord(**_decode(WAIT_COLUMNS, row)) for row in tx.run(sql, params).fetchall()]
+            return [_wait(row) for row in tx.run(sql, params).fetchall()]
 
     def runs_due(self, now: float, limit: int = 100) -> list[RunRecord]:
         sql = f"{_SELECT_RUN} WHERE status = 'waiting' AND expires_at <= ? ORDER BY expires_at LIMIT ?"

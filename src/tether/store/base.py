@@ -10,41 +10,45 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
-# Run statuses. Terminal ones never change again.
-RUN_QUEUED = "queued"
-RUN_RUNNING = "running"
-RUN_PAUSED = "paused"
-# Parked on a durable wait, a signal or a sleep; expires_at is when it wakes.
-RUN_WAITING = "waiting"
-RUN_COMPLETED = "completed"
-RUN_FAILED = "failed"
-RUN_CANCELLED = "cancelled"
+from .states import SETTLED_CALL_STATES as SETTLED_CALL_STATES
+from .states import TERMINAL_RUN_STATUSES as TERMINAL_RUN_STATUSES
+from .states import CallState, RunStatus, WaitStatus
+
+# The states are enums in .states; these older names stay importable.
+RUN_QUEUED = RunStatus.QUEUED
+RUN_RUNNING = RunStatus.RUNNING
+RUN_PAUSED = RunStatus.PAUSED
+RUN_WAITING = RunStatus.WAITING
+RUN_COMPLETED = RunStatus.COMPLETED
+RUN_FAILED = RunStatus.FAILED
+RUN_CANCELLED = RunStatus.CANCELLED
 # The principal of runs started without a token: the CLI, the Python API, stdio, --dev HTTP.
 LOCAL_PRINCIPAL = "local"
 
-TERMINAL_RUN_STATUSES = frozenset({RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED})
+CALL_PENDING = CallState.PENDING
+CALL_DONE = CallState.DONE
+CALL_FAILED = CallState.FAILED
+CALL_ASKED = CallState.ASKED
+CALL_APPROVED = CallState.APPROVED
+CALL_DECLINED = CallState.DECLINED
+CALL_DENIED = CallState.DENIED
+CALL_SENDING = CallState.SENDING
+CALL_SENT = CallState.SENT
+CALL_UNKNOWN = CallState.UNKNOWN
+CALL_WAITING = CallState.WAITING
 
-# Call (journal entry) states — see docs/protocol.md.
-# reads:  pending -> done | failed
-# writes: asked -> approved | declined ; approved -> sending -> sent | failed | unknown ; denied
-CALL_PENDING = "pending"
-CALL_DONE = "done"
-CALL_FAILED = "failed"
-CALL_ASKED = "asked"
-CALL_APPROVED = "approved"
-CALL_DECLINED = "declined"
-CALL_DENIED = "denied"
-CALL_SENDING = "sending"
-CALL_SENT = "sent"
-CALL_UNKNOWN = "unknown"
-CALL_WAITING = "waiting"  # a wait_for / wait_for_signal / sleep the run is parked on
-SETTLED_CALL_STATES = frozenset({CALL_DONE, CALL_FAILED, CALL_SENT, CALL_DECLINED, CALL_DENIED, CALL_UNKNOWN})
+WAIT_PENDING = WaitStatus.PENDING
+WAIT_RESOLVED = WaitStatus.RESOLVED
+WAIT_FAILED = WaitStatus.FAILED
+WAIT_TIMEOUT = WaitStatus.TIMEOUT
+WAIT_CANCELLED = WaitStatus.CANCELLED
+WAIT_REVOKED = WaitStatus.REVOKED
 
 
 @dataclass
 class RunRecord:
     run_id: str
-    status: str
+    status: RunStatus
     program: str
     # Pinned environment: {"clock": iso8601, "seed": int}
     environment: dict[str, Any]
@@ -79,7 +83,7 @@ class CallRecord:
     args: dict[str, Any]
     key: str  # hash(op, address, canonical args)
     kind: str  # "read" | "write"
-    state: str
+    state: CallState
     outcome: Any = None  # JSON value returned to the program
     error: dict[str, Any] | None = None  # {"code", "message"} raised in the program
     started_at: float | None = None
@@ -103,15 +107,6 @@ class SnapshotRecord:
     kind: str = "pause"  # "pause" | "checkpoint" | "session"
 
 
-# Wait statuses. "pending" is the only one that changes.
-WAIT_PENDING = "pending"
-WAIT_RESOLVED = "resolved"
-WAIT_FAILED = "failed"  # resolved with an error
-WAIT_TIMEOUT = "timeout"
-WAIT_CANCELLED = "cancelled"
-WAIT_REVOKED = "revoked"
-
-
 @dataclass
 class WaitRecord:
     """A keyed, one-shot promise a run can park on (durable wait, signal, timer)."""
@@ -119,7 +114,7 @@ class WaitRecord:
     key: str
     run_id: str
     name: str
-    status: str
+    status: WaitStatus
     created_at: float
     seq: int | None = None  # the call that waits; None while a resolution is buffered
     value: Any = None
@@ -281,7 +276,7 @@ class Store(Protocol):
         Returns (accepted, the row as stored).
         """
 
-    def list_waits(self, run_id: str | None = None, status: str | None = WAIT_PENDING,
+    def list_waits(self, run_id: str | None = None, status: str | None = WaitStatus.PENDING,
                    session: str | None = None) -> list[WaitRecord]: ...
     def runs_due(self, now: float, limit: int = 100) -> list[RunRecord]:
         """Waiting runs whose wake-up time (expires_at) has come."""
