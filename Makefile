@@ -31,9 +31,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# The gates CI runs before the suite: lint rules and imports (ruff). Config in pyproject.toml.
+# The gates CI runs before the suite: lint rules and imports (ruff), types (mypy). Config in pyproject.toml.
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py $(BENCH_ARGS)

@@ -60,7 +60,7 @@ def parameters(tool: "Tool") -> Parameters:
 _CACHE: dict[int, tuple[Any, tuple[str, ...], Parameters]] = {}
 
 
-def bind(tool: "Tool", args: tuple | list, kwargs: dict[str, Any]) -> dict[str, Any]:
+def bind(tool: "Tool", args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The keyword dict a call ``tool(*args, **kwargs)`` means.
 
     Too many positional arguments, or a positional and a keyword argument for

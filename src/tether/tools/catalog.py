@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import difflib
 import json
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 
 import jsonschema
 from jsonschema.exceptions import SchemaError, ValidationError
+from jsonschema.protocols import Validator
 
 from ..errors import InvalidArguments, UnknownTool, UsageError
 from .model import Tool
@@ -35,7 +36,8 @@ class Catalog:
         self._summaries: dict[str, str] = {}
         self._version = 0
         self._memo: dict[str, tuple[int, Any]] = {}
-        self._validators: dict[str, Any] = {}
+        # False: the tool's schema is itself invalid, so only names are checked.
+        self._validators: dict[str, Validator | Literal[False]] = {}
         self.add_many(tools)
 
     # --- changing it ---------------------------------------------------------
@@ -96,7 +98,7 @@ class Catalog:
     def get(self, address: str) -> Tool:
         """The tool at ``address``; ``UnknownTool`` with suggestions if there is none."""
         key = _normalise(address) if isinstance(address, str) else address
-        tool = self._tools.get(key)  # type: ignore[arg-type]
+        tool = self._tools.get(key)
         if tool is not None:
             return tool
         suggestions = self.suggest(str(address))
@@ -176,7 +178,7 @@ class Catalog:
             )
         return args
 
-    def _validator(self, tool: Tool) -> Any:
+    def _validator(self, tool: Tool) -> Validator | Literal[False]:
         validator = self._validators.get(tool.address)
         if validator is None:
             cls = jsonschema.validators.validator_for(tool.input_schema, default=jsonschema.Draft202012Validator)
@@ -216,7 +218,8 @@ def _derived_summary(tool_names: list[str]) -> str:
 # --- plain-word schema errors -------------------------------------------------
 
 
-def _problems(schema: dict[str, Any], args: dict[str, Any], validator: Any) -> list[dict[str, str]]:
+def _problems(schema: dict[str, Any], args: dict[str, Any],
+              validator: Validator | Literal[False]) -> list[dict[str, str]]:
     problems: list[dict[str, str]] = []
     props = schema.get("properties") or {}
     if not accepts_extra_args(schema) and "additionalProperties" not in schema:
@@ -239,9 +242,11 @@ def _explain(error: ValidationError) -> list[dict[str, str]]:
     where = ".".join(path)
     kind = error.validator
     instance = error.instance
+    # Typed "or unset" for hand-made errors; every error a validator yields has it.
+    value: Any = error.validator_value
     if kind == "required" and isinstance(instance, dict):
         out = []
-        for key in error.validator_value:
+        for key in value:
             if key not in instance:
                 field = ".".join([*path, key])
                 what = "argument" if not path else "field"
@@ -257,11 +262,10 @@ def _explain(error: ValidationError) -> list[dict[str, str]]:
         return out
     subject = f"argument {where!r}" if len(path) == 1 else (f"field {where!r}" if path else "arguments")
     if kind == "type":
-        expected = error.validator_value
-        expected = " or ".join(expected) if isinstance(expected, list) else expected
+        expected = " or ".join(value) if isinstance(value, list) else value
         return [{"field": where, "problem": f"{subject} must be {expected}, got {_json_type(instance)} {_short(instance)}"}]
     if kind == "enum":
-        allowed = ", ".join(_short(v) for v in error.validator_value)
+        allowed = ", ".join(_short(v) for v in value)
         return [{"field": where, "problem": f"{subject} must be one of {allowed}, got {_short(instance)}"}]
     if kind == "const":
         return [{"field": where, "problem": f"{subject} must be {_short(error.validator_value)}, got {_short(instance)}"}]

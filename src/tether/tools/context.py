@@ -53,9 +53,9 @@ def idempotency_key(run_id: str, seq: int) -> str:
     return f"tether-{run_id}-{seq}"
 
 
-def enter(ctx: CallContext) -> contextvars.Token:
+def enter(ctx: CallContext) -> contextvars.Token[CallContext | None]:
     return _CURRENT.set(ctx)
 
 
-def leave(token: contextvars.Token) -> None:
+def leave(token: contextvars.Token[CallContext | None]) -> None:
     _CURRENT.reset(token)

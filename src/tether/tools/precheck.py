@@ -31,6 +31,7 @@ from typing import Any
 from ..errors import InvalidArguments, ProgramSyntaxError, TetherError, UnknownTool
 from .binding import parameters, positional_problem, signature_text
 from .catalog import Catalog, _explain, _unknown, accepts_extra_args
+from .model import Tool
 
 _MODULE = "tools"
 # A parse and a walk are cheap, but agents resend the same program (retries,
@@ -243,24 +244,24 @@ class _Walker:
         nodes = list(ast.walk(tree))
         for node in nodes:
             if isinstance(node, ast.Call):
-                address = self._address(node.func)
-                if address is not None:
-                    tool = self._tool(address, node.func)
+                called = self._address(node.func)
+                if called is not None:
+                    tool = self._tool(called, node.func)
                     if tool is not None:
                         self._call(tool, node)
         for node in nodes:
             if id(node) in self._seen:
                 continue
             if isinstance(node, ast.Attribute):
-                address = self._address(node)
-                if address is not None:
-                    self._tool(address, node)
+                named = self._address(node)
+                if named is not None:
+                    self._tool(named, node)
                     continue
-                ns = self._ns_of(node)
-                if ns is not None:
+                reached = self._ns_of(node)
+                if reached is not None:
                     self._seen.add(id(node.value))
-                    self._namespace(ns, node)
-                    self.namespaces.add(ns)
+                    self._namespace(reached, node)
+                    self.namespaces.add(reached)
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
                 if node.id in self.scan.modules:
                     self.everything = True
@@ -311,7 +312,7 @@ class _Walker:
             details={**_where(node), "address": ns, "suggestions": close},
         )
 
-    def _tool(self, address: str, node: ast.AST | None) -> Any:
+    def _tool(self, address: str, node: ast.AST | None) -> Tool:
         self._namespace(address.partition(".")[0], node)
         try:
             tool = self.catalog.get(address)
@@ -329,7 +330,7 @@ class _Walker:
 
     # -- judging a call -----------------------------------------------------------
 
-    def _call(self, tool: Any, call: ast.Call) -> None:
+    def _call(self, tool: Tool, call: ast.Call) -> None:
         if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
             return  # *args / **kwargs: only the run knows what they hold
         names = [k.arg for k in call.keywords if k.arg is not None]
@@ -356,12 +357,13 @@ class _Walker:
                     continue
                 # Each value against its own property only: a top-level
                 # combinator would misjudge the partial view of the call.
-                for error in validator.descend(value, props[name], path=name):
+                # descend() is on every jsonschema validator class, not on its Validator protocol.
+                for error in validator.descend(value, props[name], path=name):  # type: ignore[attr-defined]
                     found += [p["problem"] for p in _explain(error)]
         if found:
             self._refuse(tool, call, f"{tool.address}: " + "; ".join(dict.fromkeys(found)))
 
-    def _refuse(self, tool: Any, call: ast.Call, message: str) -> None:
+    def _refuse(self, tool: Tool, call: ast.Call, message: str) -> None:
         raise InvalidArguments(
             f"{_at(call)}{message}; nothing was run",
             details={**_where(call), "address": tool.address, "signature": signature_text(tool)},
@@ -389,15 +391,16 @@ def _json(value: Any) -> Any:
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
             return _UNKNOWN
-        items = {k: _json(v) for k, v in value.items()}
-        return _UNKNOWN if any(v is _UNKNOWN for v in items.values()) else items
+        fields = {k: _json(v) for k, v in value.items()}
+        return _UNKNOWN if any(v is _UNKNOWN for v in fields.values()) else fields
     return _UNKNOWN  # bytes, sets, complex: the run decides how they travel
 
 
 def _where(node: ast.AST | None) -> dict[str, Any]:
-    if node is None or not hasattr(node, "lineno"):
+    line = getattr(node, "lineno", None) if node is not None else None
+    if line is None:
         return {}
-    return {"line": node.lineno, "column": node.col_offset + 1}
+    return {"line": line, "column": getattr(node, "col_offset", 0) + 1}
 
 
 def _at(node: ast.AST | None) -> str:

@@ -84,7 +84,7 @@ class _Features:
     rest: frozenset[str]  # description head and parameter names
 
 
-def _features(tool: Tool) -> tuple[_Features, set[str], set[str]]:
+def _features(tool: Tool) -> tuple[_Features, set[str], frozenset[str]]:
     """The rerank's view of a tool, and the words it is found by: in its identity, and anywhere else."""
     name_words = normalise(tool.name)
     name = tuple(dict.fromkeys(t for t in name_words if t not in NAME_NOISE)) or tuple(name_words)

@@ -230,7 +230,7 @@ def stubs_for(catalog: Catalog, addresses: Iterable[str] = (), namespaces: Itera
     if everything:
         return build_stubs(catalog)
     key = ("stubs-for", frozenset(addresses), frozenset(namespaces))
-    cache = catalog.memo("stubs-for", dict)
+    cache: dict[tuple[str, frozenset[str], frozenset[str]], Stubs] = catalog.memo("stubs-for", dict)
     hit = cache.get(key)
     if hit is not None:
         return hit
@@ -527,7 +527,8 @@ class _Module:
             # Only shared classes (below) can refer to themselves; anything else
             # self-referencing has no finite Python spelling.
             return self.n["Any"]
-        hint = schema.get("title") if isinstance(schema, dict) and isinstance(schema.get("title"), str) else name
+        title = schema.get("title") if isinstance(schema, dict) else None
+        hint = title if isinstance(title, str) else name
         if _is_class(schema) and schema.get("type", "object") == "object" and not schema.get("nullable"):
             return self._object(self._class(schema, root, _camel(hint), depth + 1, path=path), inputs=inputs)
         self._resolving.add(key)
