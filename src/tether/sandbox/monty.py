@@ -26,7 +26,7 @@ import keyword
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, cast
 
 import pydantic_monty as _pm
 
@@ -40,9 +40,9 @@ STOP_GRACE_SECONDS = 0.25
 # A host function gets the sandbox-side function name ("tools.ns.tool" or a
 # built-in name), positional args and keyword args, and returns a value the
 # sandbox receives, or raises GuestRaise.
-HostFunction = Callable[[str, tuple, dict], Awaitable[Any]]
+HostFunction = Callable[[str, tuple[Any, ...], dict[str, Any]], Awaitable[Any]]
 # Built-ins the program calls without awaiting (emit) get a plain function.
-SyncHostFunction = Callable[[str, tuple, dict], Any]
+SyncHostFunction = Callable[[str, tuple[Any, ...], dict[str, Any]], Any]
 
 
 class GuestRaise(Exception):
@@ -72,8 +72,8 @@ class Announced:
 
     call_id: int
     name: str
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
 
 
 class Stopped(Exception):
@@ -122,7 +122,7 @@ class SandboxSpec:
     reach: tuple[frozenset[str], frozenset[str]] | None = None
 
 
-def _limits(limits: SandboxLimits) -> dict[str, Any]:
+def _limits(limits: SandboxLimits) -> _pm.ResourceLimits:
     return {
         "max_memory": limits.memory_bytes,
         "max_feed_duration_secs": limits.run_seconds,
@@ -205,7 +205,8 @@ def _track_completions(loop: asyncio.AbstractEventLoop) -> None:
         return
     original = loop.call_soon_threadsafe
 
-    def call_soon_threadsafe(callback: Any, *args: Any, context: Any = None) -> Any:
+    def call_soon_threadsafe(callback: Callable[..., object], *args: Any,
+                             context: contextvars.Context | None = None) -> asyncio.Handle:
         global _inside
         with _inside_lock:
             _inside += 1
@@ -216,7 +217,8 @@ def _track_completions(loop: asyncio.AbstractEventLoop) -> None:
                 _inside -= 1
 
     try:
-        loop.call_soon_threadsafe = call_soon_threadsafe  # type: ignore[method-assign]
+        # Replacing a bound method on this loop instance; mypy sees a class attribute and a generic signature.
+        loop.call_soon_threadsafe = call_soon_threadsafe  # type: ignore[method-assign, assignment]
         loop._tether_tracked = True  # type: ignore[attr-defined]
     except AttributeError:  # a loop type without instance attributes (uvloop): nothing to count
         pass
@@ -287,7 +289,7 @@ class SandboxPool:
         _, modules, functions = self._modules
         stubs = spec.namespace_stubs if spec.type_check else {}
         if spec.reach is None:
-            wanted = {ns: None for ns in spec.namespaces}
+            wanted: dict[str, tuple[str, ...] | None] = {ns: None for ns in spec.namespaces}
         else:
             addresses, dynamic = spec.reach
             wanted = {ns: None for ns in dynamic if ns in spec.namespaces}
@@ -348,10 +350,10 @@ class Execution:
         self._print = print_sink
         self._session: Any = None
         self._cm: Any = None
-        self._held: Any = None  # a restored snapshot not yet answered
+        self._held: _pm.AsyncFutureSnapshot | None = None  # a restored snapshot not yet answered
         self._stop = asyncio.Event()
         self._stop_error: BaseException | None = None
-        self._task: asyncio.Future | None = None
+        self._task: asyncio.Future[Any] | None = None
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -385,7 +387,7 @@ class Execution:
 
     # -- host functions -----------------------------------------------------
 
-    async def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+    async def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             return await self._host(name, args, kwargs)
         except GuestRaise as exc:
@@ -427,14 +429,15 @@ class Execution:
         return call
 
 
-    def _os(self, *, name: str, args: tuple, kwargs: dict, is_async: bool = False, **_: Any) -> Any:
+    def _os(self, *, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], is_async: bool = False,
+            **_: Any) -> Any:
         # Sync on purpose: NOT_HANDLED (Monty's own refusal of files, env...)
         # must be returned directly; only a sleep is answered by a coroutine.
         if name in _SLEEPS:
             return self._sleep(tuple(args), dict(kwargs))
         return _pm.NOT_HANDLED
 
-    async def _sleep(self, args: tuple, kwargs: dict) -> Any:
+    async def _sleep(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return await self._call("sleep", args, kwargs)
 
     def _lookup(self) -> dict[str, Any]:
@@ -471,7 +474,8 @@ class Execution:
         if self._held is not None:
             return self._held.dump()
         try:
-            return await self._session.dump()
+            state: bytes = await self._session.dump()
+            return state
         except _pm.MontyError as exc:
             raise SandboxCrashed(f"could not dump the sandbox: {exc}") from None
 
@@ -557,9 +561,10 @@ def _cancelling_us() -> bool:
     return bool(current is not None and current.cancelling())
 
 
-def _settled(value: Any) -> dict[str, Any]:
+def _settled(value: Any) -> _pm.ExternalSettledResult:
     if isinstance(value, GuestRaise):
-        return {"exc_type": value.exc_type, "message": value.message}
+        # Any built-in exception's name; Monty checks it against its own list when it resumes.
+        return {"exc_type": cast("_pm.ExcType", value.exc_type), "message": value.message}
     return {"return_value": value}
 
 
