@@ -197,6 +197,7 @@ async def test_p35_rotation_keeps_old_runs_verifiable(backend, monkeypatch, tmp_
 async def test_p35_the_recorded_tools_path_is_never_imported_unsigned(backend, tmp_path, monkeypatch):
     # The reported attack: editing meta.tools made `tether resume` import a file and deliver to it.
     from tether import cli
+    from tether.cli.runs import cmd_resume
 
     backend.schema = "tether"  # what a config's postgres url opens
     monkeypatch.chdir(tmp_path)
@@ -231,7 +232,7 @@ def close(id: int) -> str:
     assert paused.status == "paused"
     run_id = paused.run_id
     backend.sql("UPDATE runs SET meta = replace(meta, 'desk.py', 'evil.py') WHERE run_id = ?", (run_id,))
-    code = await cli.cmd_resume(parser.parse_args(["--config", "tether.toml", "resume", run_id, "--approve"]))
+    code = await cmd_resume(parser.parse_args(["--config", "tether.toml", "resume", run_id, "--approve"]))
     assert code == cli.EXIT_FAILED
     assert not marker.exists() and not deliveries.exists()
     run = backend.store().get_run(run_id)

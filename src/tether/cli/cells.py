@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable
+from typing import Any
 
-EXIT_OK, EXIT_FAILED = 0, 1
+from ._common import EXIT_FAILED, EXIT_OK, add_common, ensure_worker, open_rt, read_program, run_setup
 
 
 def _print_obs(obs: dict[str, Any], as_json: bool) -> int:
@@ -49,30 +49,29 @@ def progress_bar(value: Any, width: int = 30) -> str | None:
     return f"[{'#' * filled}{'.' * (width - filled)}] {value['progress']}/{value['total']}{label}"
 
 
-async def start(args: argparse.Namespace, runtime: Callable[..., Any], ensure_worker: Callable[..., Any],
-                read_program: Callable[[str], str]) -> int:
-    from .app import resolve_tool_spec
-    from .runs.cells import observation, wait_events
+async def cmd_cells_start(args: argparse.Namespace) -> int:
+    from ..app import resolve_tool_spec
+    from ..runs.cells import observation, wait_events
 
     code = read_program(args.program)
     tools = [resolve_tool_spec(t) for t in args.tools]
-    async with runtime(args, tools) as rt:
+    async with open_rt(args, tools) as rt:
         cell_id = rt.start(code, meta={"tools": tools, "cell": True})
         ensure_worker(args, tools)
         events = await wait_events(rt, cell_id, 0, args.yield_after_ms)
         return _print_obs(observation(rt, cell_id, events, 0), args.json)
 
 
-async def wait(args: argparse.Namespace, runtime: Callable[..., Any]) -> int:
-    async with runtime(args, []) as rt:
+async def cmd_cells_wait(args: argparse.Namespace) -> int:
+    async with open_rt(args, []) as rt:
         obs = await rt.wait_cell(args.cell_id, after=args.after, timeout_ms=args.timeout_ms)
     return _print_obs(obs, args.json)
 
 
-async def watch(args: argparse.Namespace, runtime: Callable[..., Any]) -> int:
+async def cmd_cells_watch(args: argparse.Namespace) -> int:
     """Follow a cell until it stops: outputs as lines, progress as one redrawn bar."""
     tty = sys.stdout.isatty()
-    async with runtime(args, []) as rt:
+    async with open_rt(args, []) as rt:
         cursor, bar_shown = args.after, False
         while True:
             obs = await rt.wait_cell(args.cell_id, after=cursor, timeout_ms=30_000)
@@ -100,36 +99,36 @@ async def watch(args: argparse.Namespace, runtime: Callable[..., Any]) -> int:
                 return EXIT_FAILED if obs["status"] in ("failed", "terminated") else EXIT_OK
 
 
-async def terminate(args: argparse.Namespace, runtime: Callable[..., Any], recorded_setup: Callable[..., Any]) -> int:
+async def cmd_cells_terminate(args: argparse.Namespace) -> int:
     args.run_id = args.cell_id
-    tools, config, sources = recorded_setup(args)
+    tools, config, sources = run_setup(args)
     args.config = config
-    async with runtime(args, tools, sources=sources) as rt:
+    async with open_rt(args, tools, sources=sources) as rt:
         obs = await rt.terminate_cell(args.cell_id)
     _print_obs(obs, args.json)
     return EXIT_OK
 
 
-def add_parser(sub: Any, common: Callable[..., None], cli: Any) -> None:
+def add_cells(sub: Any) -> None:
     cells = sub.add_parser("cells", help="observe programs while they run").add_subparsers(
         dest="cells_command", required=True)
     sp = cells.add_parser("start", help="start a program on the worker and print its first observation")
     sp.add_argument("program")
     sp.add_argument("--yield-after-ms", type=int, default=1000)
-    common(sp)
-    sp.set_defaults(func=lambda a: start(a, cli._runtime, cli._ensure_worker, cli._read_program))
+    add_common(sp)
+    sp.set_defaults(func=cmd_cells_start)
     sp = cells.add_parser("wait", help="long-poll a cell's events after a cursor")
     sp.add_argument("cell_id")
     sp.add_argument("--after", type=int, default=0)
     sp.add_argument("--timeout-ms", type=int, default=30_000)
-    common(sp, tools=False)
-    sp.set_defaults(func=lambda a: wait(a, cli._runtime))
+    add_common(sp, tools=False)
+    sp.set_defaults(func=cmd_cells_wait)
     sp = cells.add_parser("watch", help="follow a cell live until it stops")
     sp.add_argument("cell_id")
     sp.add_argument("--after", type=int, default=0)
-    common(sp, tools=False)
-    sp.set_defaults(func=lambda a: watch(a, cli._runtime))
+    add_common(sp, tools=False)
+    sp.set_defaults(func=cmd_cells_watch)
     sp = cells.add_parser("terminate", help="stop a cell; nothing further is sent")
     sp.add_argument("cell_id")
-    common(sp)
-    sp.set_defaults(func=lambda a: terminate(a, cli._runtime, cli._recorded_setup))
+    add_common(sp)
+    sp.set_defaults(func=cmd_cells_terminate)

@@ -1,0 +1,234 @@
+"""What the commands share: printing results, opening a runtime, a run's recorded setup."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import UsageError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PAUSED = 0, 1, 2, 3
+EXIT_TIMED_OUT = 4
+
+
+def add_common(sp: argparse.ArgumentParser, tools: bool = True) -> None:
+    """--json on every command; --tools on those that load tools."""
+    sp.add_argument("--json", action="store_true", help="print JSON for scripts")
+    if tools:
+        sp.add_argument("--tools", action="append", default=[],
+                        help="a .py file or dotted module with @tool functions (repeatable)")
+
+
+def exit_code(status: str) -> int:
+    # A run parked on a wait or a timer is not a failure: like a pause, it continues later.
+    return {"completed": EXIT_OK, "paused": EXIT_PAUSED, "waiting": EXIT_PAUSED}.get(status, EXIT_FAILED)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def print_result(result: Any, as_json: bool) -> int:
+    data = result.to_dict()
+    if as_json:
+        print_json(data)
+        return exit_code(result.status)
+    for line in data.get("logs") or []:
+        print(line)
+    status = data["status"]
+    if status == "completed":
+        value = data["result"]
+        print(value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False))
+    elif status == "paused":
+        print_pause(data["run_id"], data["pending"])
+    elif status == "waiting":
+        p = data["pending"]
+        print(f"waiting: run {data['run_id']} is parked ({p['kind']} {p['name']}); it holds no worker")
+        print(f"  {data.get('instructions')}")
+        if p["kind"] == "wait":
+            print(f"  key: {p['key']}")
+    else:
+        err = data.get("error") or {}
+        print(f"{status}: [{err.get('code')}] {err.get('message')}", file=sys.stderr)
+        if err.get("details", {}).get("diagnostics"):
+            print(err["details"]["diagnostics"], file=sys.stderr)
+        if err.get("next_action"):
+            print(f"next: {err['next_action']}", file=sys.stderr)
+    for note in data.get("notes") or []:
+        print(f"note: {note}", file=sys.stderr)
+    return exit_code(status)
+
+
+def call_text(w: dict) -> str:
+    args = ", ".join(f"{k}={v!r}" for k, v in (w.get("args") or {}).items())
+    return f"call {w['seq']}: {w['address']}({args})"
+
+
+def print_pause(run_id: str, pending: dict) -> None:
+    """The writes a pause waits on, each with the commands that decide it by its seq (P-28)."""
+    writes = pending.get("writes") or [pending]
+    undecided = [w for w in writes if not w.get("decision")]
+    if len(writes) == 1:
+        print(f"paused: run {run_id} waits for approval of {call_text(writes[0])}")
+    else:
+        print(f"paused: run {run_id} waits for approval of {len(writes)} writes issued together:")
+        for w in writes:
+            taken = w.get("decision")
+            print(f"  {call_text(w)}" + (f"  [{taken['decision']}d]" if taken else ""))
+    seqs = " ".join(f"--seq {w['seq']}" for w in undecided)
+    print(f"  approve: tether resume {run_id} --approve {seqs}")
+    print(f"  decline: tether resume {run_id} --decline {seqs} --reason '...'")
+    if len(undecided) > 1:
+        print("  (name some seqs to decide those; the run continues once every write is decided)")
+    print(f"  cancel:  tether resume {run_id} --cancel")
+
+
+def read_program(path: str) -> str:
+    try:
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read program {path}: {exc.strerror}", code="file_not_found",
+                         next_action="Pass the path of a Python file, or - for standard input.") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        where = "standard input" if path == "-" else path
+        line = data[:exc.start].count(b"\n") + 1
+        raise UsageError(f"the program in {where} is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}); "
+                         "nothing was run", code="program_not_utf8",
+                         next_action="Save the program as UTF-8 (Python's own default) and run it again.") from None
+
+
+def open_rt(args: argparse.Namespace, tools: Sequence[str] = (), *, sources: list[dict] | None = None,
+            report: bool = False) -> Any:
+    from ..app import open_runtime
+
+    type_check = False if getattr(args, "no_check", False) else None
+    return open_runtime(config_path=args.config, tools=tools, type_check=type_check, sources=sources,
+                        report=_report if report else None)
+
+
+def _report(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def abs_path(path: str | None) -> str | None:
+    return str(Path(path).resolve()) if path else None
+
+
+def local_user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in this environment: the run's owner stands for it
+        return "local"
+
+
+def run_setup(args: argparse.Namespace, *,
+              lenient: bool = False) -> tuple[list[str], str | None, list[dict] | None]:
+    """The tools and sources a run was started with, so resume needs no flags (P-30), once signed (P-35).
+
+    A run records its sources' definitions; one started before it did records
+    only the config file it named, which is used if it is still there.
+    """
+    from ..config import load_config
+    from ..store import open_store
+
+    config = load_config(args.config)
+    store = open_store(config.store.url)
+    try:
+        recorded = trusted_meta(store, store.get_run(args.run_id), lenient=lenient)
+    finally:
+        store.close()
+    return recorded_setup(args, recorded)
+
+
+def recorded_setup(args: argparse.Namespace, recorded: dict) -> tuple[list[str], str | None, list[dict] | None]:
+    """``recorded``: a run's meta that verified (``trusted_meta``), or {}."""
+    tools = list(args.tools or recorded.get("tools") or [])
+    sources = recorded.get("sources")
+    path = recorded.get("config")
+    if args.config is None and sources is None and path and Path(path).is_file():
+        return tools, path, None
+    return tools, args.config, sources
+
+
+def json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"not valid JSON: {exc.msg} at column {exc.colno}", code="invalid_arguments",
+                         next_action='Quote JSON for the shell, e.g. \'{"ok": true}\' or \'"text"\'.') from None
+
+
+def print_wait_outcome(out: dict, as_json: bool) -> int:
+    if as_json:
+        print_json(out)
+    else:
+        print(out["status"])
+        run = out.get("run")
+        if run:
+            print(f"run {run['run_id']}: {run['status']}")
+        if out.get("next_action"):
+            print(f"next: {out['next_action']}", file=sys.stderr)
+    return EXIT_OK if out["status"] in ("accepted", "already_resolved") else EXIT_FAILED
+
+
+def home_of(args: argparse.Namespace) -> Path:
+    from ..config import load_config
+
+    return load_config(args.config).home
+
+
+def ensure_worker(args: argparse.Namespace, tools: Sequence[str]) -> int | None:
+    """Start a detached worker for this home unless one is alive: users need not know a runner exists."""
+    import subprocess
+
+    from ..runs.worker import worker_alive
+
+    home = home_of(args)
+    pid = worker_alive(home)
+    if pid is not None:
+        return pid
+    home.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "tether.cli"]
+    if args.config:
+        cmd += ["--config", str(Path(args.config).resolve())]
+    cmd += ["worker", "--idle-exit", "60"]
+    for t in tools:
+        cmd += ["--tools", t]
+    env = dict(os.environ, TETHER_HOME=str(home))
+    with open(home / "worker.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                start_new_session=True, cwd=os.getcwd())
+    return proc.pid
+
+
+def trusted_meta(store, run, *, lenient: bool = False) -> dict:  # type: ignore[no-untyped-def]
+    """A run's recorded setup (tools, config) once its signature verifies, else nothing (P-35).
+
+    What a run recorded names modules to import and a config to load, so it is
+    used only when signed: a tampered run gets no setup here and the runtime
+    then ends it ``run_tampered``. A run signed with another secret raises
+    ``WrongSecret``, unless ``lenient`` (cancelling needs no setup).
+    """
+    from ..errors import RunTampered, WrongSecret
+    from ..runs.integrity import keyring_for, verify_run
+    from ..store.states import TERMINAL_RUN_STATUSES
+
+    if run is None or run.status in TERMINAL_RUN_STATUSES:
+        return {}
+    try:
+        verify_run(keyring_for(store), run)
+    except RunTampered:
+        return {}
+    except WrongSecret:
+        if lenient:
+            return {}
+        raise
+    return run.meta or {}

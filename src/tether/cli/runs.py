@@ -1,0 +1,384 @@
+"""`tether run`, `resume`, `start`, `worker`, `recover` and `tether runs ...`: a run from start to end."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from ._common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PAUSED,
+    EXIT_TIMED_OUT,
+    abs_path,
+    add_common,
+    call_text,
+    ensure_worker,
+    home_of,
+    json_arg,
+    local_user,
+    open_rt,
+    print_json,
+    print_pause,
+    print_result,
+    print_wait_outcome,
+    read_program,
+    run_setup,
+)
+
+
+async def _ask_inline(pending: dict) -> tuple[str, str | None]:
+    args = ", ".join(f"{k}={v!r}" for k, v in pending["args"].items())
+    prompt = f"Allow write {pending['address']}({args})? [y/N] "
+    answer = await asyncio.to_thread(input, prompt)
+    return ("approve", None) if answer.strip().lower() in ("y", "yes") else ("decline", "declined at the terminal")
+
+
+async def _ask_question(question: dict) -> dict:
+    """An upstream tool's form, asked field by field at the terminal."""
+    schema = question.get("schema") or {}
+    if question.get("mode") != "form":
+        return {"action": "decline"}
+    print(f"{question['address']} asks: {question['message']}")
+    content: dict = {}
+    for name, prop in (schema.get("properties") or {}).items():
+        raw = await asyncio.to_thread(input, f"  {prop.get('title') or name}: ")
+        kind = prop.get("type")
+        try:
+            content[name] = (int(raw) if kind == "integer" else float(raw) if kind == "number"
+                             else raw.strip().lower() in ("y", "yes", "true", "1") if kind == "boolean" else raw)
+        except ValueError:
+            return {"action": "decline"}
+    sure = await asyncio.to_thread(input, "Send these answers? [y/N] ")
+    return {"action": "accept", "content": content} if sure.strip().lower() in ("y", "yes") else {"action": "decline"}
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    from ..app import resolve_tool_spec
+
+    code = read_program(args.program)
+    tools = [resolve_tool_spec(t) for t in args.tools]
+    async with open_rt(args, tools, report=True) as rt:
+        interactive = sys.stdin.isatty() and sys.stdout.isatty() and not args.no_prompt and not args.json
+        approver = None
+        if interactive:
+            async def approver(pending: dict) -> tuple[str, str | None]:
+                return await _ask_inline(pending)
+            # Recorded with each decision taken at the prompt (P-29).
+            approver.actor, approver.via = local_user(), "cli"  # type: ignore[attr-defined]
+        result = await rt.execute(code, on_approval=approver,
+                                  on_question=_ask_question if interactive else None,
+                                  meta={"tools": tools, "config": abs_path(args.config)})
+    if result.status == "waiting" and result.expires_at is not None:
+        # A timer or a timeout must fire with nobody watching: make sure a worker will.
+        ensure_worker(args, tools)
+    return print_result(result, args.json)
+
+
+async def cmd_resume(args: argparse.Namespace) -> int:
+    decision = "approve" if args.approve else "decline" if args.decline else "cancel"
+    tools, config, sources = run_setup(args)
+    args.config = config
+    actor = local_user()
+    async with open_rt(args, tools, sources=sources) as rt:
+        seqs = list(args.seq or [])
+        if args.all:
+            seqs += [w.seq for w in rt.pending(args.run_id) if w.decision is None]
+        elif not seqs and decision != "cancel" and sys.stdin.isatty() and sys.stdout.isatty() and not args.json:
+            # No seq: the person at the terminal is shown each write and says which (P-28).
+            waiting = rt.pending(args.run_id)
+            seqs = await _confirm_each(waiting, decision)
+            if waiting and not seqs:
+                print("nothing decided")
+                return EXIT_PAUSED
+        if seqs:
+            result = await rt.decide(args.run_id, {s: (decision, args.reason) for s in seqs}, actor=actor, via="cli")
+        else:
+            result = await rt.resume(args.run_id, decision, args.reason, actor=actor, via="cli")
+        return print_result(result, args.json)
+
+
+async def _confirm_each(pending: list, decision: str) -> list[int]:
+    chosen = []
+    for w in pending:
+        if w.decision is None:
+            answer = await asyncio.to_thread(input, f"{decision} {call_text(w.to_dict())}? [y/N] ")
+            if answer.strip().lower() in ("y", "yes"):
+                chosen.append(w.seq)
+    return chosen
+
+
+async def cmd_runs_list(args: argparse.Namespace) -> int:
+    from ..config import load_config
+    from ..store import open_store
+
+    store = open_store(load_config(args.config).store.url)
+    try:
+        runs = store.list_runs(status=args.status, limit=args.limit)
+    finally:
+        store.close()
+    rows = [{"run_id": r.run_id, "status": r.status, "created_at": r.created_at, "updated_at": r.updated_at,
+             "pending": (r.pending or {}).get("address"), "error": (r.error or {}).get("code")} for r in runs]
+    if args.json:
+        print_json(rows)
+        return EXIT_OK
+    if not rows:
+        print("no runs")
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"]))
+        extra = f" waits on {r['pending']}" if r["pending"] else (f" [{r['error']}]" if r["error"] else "")
+        print(f"{r['run_id']}  {r['status']:<9}  {when}{extra}")
+    return EXIT_OK
+
+
+async def cmd_runs_show(args: argparse.Namespace) -> int:
+    from ..config import load_config
+    from ..runs.inspect import run_timeline
+    from ..server.approvals import run_links
+    from ..store import open_store
+
+    config = load_config(args.config)
+    store = open_store(config.store.url)
+    try:
+        data = run_timeline(store, args.run_id)
+        run = store.get_run(args.run_id)
+        # Approval links need [server] public_url: where people reach the server.
+        if run is not None and run.status == "paused":
+            from ..runs.runtime import Runtime
+
+            # A runtime over the store only (no tools, no workers started): it reads the pause.
+            data["approval_links"] = run_links(Runtime(store=store), config.server.public_url, run)
+        else:
+            data["approval_links"] = []
+    finally:
+        store.close()
+    if args.json:
+        print_json(data)
+        return EXIT_OK
+    print(f"run {data['run_id']}: {data['status']}")
+    print("program:")
+    for i, line in enumerate(data["program"].splitlines(), 1):
+        print(f"  {i:>3} | {line}")
+    print("calls:")
+    for c in data["calls"]:
+        ms = f"{c['ms']:.1f} ms" if c.get("ms") is not None else "-"
+        print(f"  #{c['seq']:<3} {c['kind']:<5} {c['address']:<32} {c['state']:<9} {ms}")
+    for d in data.get("decisions") or []:
+        why = f" ({d['reason']})" if d.get("reason") else ""
+        print(f"decided: call {d['seq']} {d['decision']}{why} by {d.get('actor')} via {d.get('via')}")
+    if data.get("pending") and data["status"] == "paused":
+        print_pause(data["run_id"], data["pending"])
+    elif data.get("pending"):
+        print(f"pending: call {data['pending']['seq']} {data['pending'].get('address') or data['pending'].get('name')}")
+    for link in data["approval_links"]:
+        if link["url"]:
+            print(f"approve or decline call {link['seq']} at: {link['url']}")
+    if data["status"] == "paused" and data["approval_links"] and not data["approval_links"][0]["url"]:
+        print("(set [server] public_url in tether.toml to get an approval link for it)")
+    outcome = data.get("outcome") or {}
+    if outcome.get("error"):
+        print(f"error: [{outcome['error'].get('code')}] {outcome['error'].get('message')}")
+    elif data["status"] == "completed":
+        print("result:", json.dumps(outcome.get("result"), ensure_ascii=False)[:2000])
+    return EXIT_OK
+
+
+async def cmd_runs_await(args: argparse.Namespace) -> int:
+    from ..config import load_config
+    from ..runs.result import RunResult
+    from ..store import open_store
+
+    store = open_store(load_config(args.config).store.url)
+    deadline = time.monotonic() + args.timeout
+    delay = 0.05
+    try:
+        while True:
+            run = store.get_run(args.run_id)
+            if run is None:
+                raise_not_found(args.run_id)
+            if run.status not in ("queued", "running", "waiting") and run.result is not None:
+                return print_result(RunResult.from_dict(run.result), args.json)
+            if time.monotonic() > deadline:
+                if args.json:
+                    print_json({"status": run.status, "run_id": run.run_id, "timed_out": True})
+                else:
+                    print(f"run {run.run_id} is still {run.status} after {args.timeout:g} s", file=sys.stderr)
+                return EXIT_TIMED_OUT
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+    finally:
+        store.close()
+
+
+def raise_not_found(run_id: str) -> None:
+    from ..errors import RunNotFound
+
+    raise RunNotFound(f"no run {run_id!r}")
+
+
+async def cmd_runs_cancel(args: argparse.Namespace) -> int:
+    tools, config, sources = run_setup(args, lenient=True)
+    args.config = config
+    async with open_rt(args, tools, sources=sources) as rt:
+        # Whoever runs the CLI against the store is its operator: ending a
+        # run (which sends nothing) is theirs whoever owns it. Deciding a
+        # write (`tether resume`) acts as `local` like every other command.
+        run = rt.store.get_run(args.run_id)
+        result = await rt.cancel(args.run_id, args.reason or "cancelled from the command line",
+                                 principal=run.principal if run is not None else None)
+    if result.status != "cancelled":
+        return print_result(result, args.json)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(f"{args.run_id}: cancelled")
+    return EXIT_OK
+
+
+async def cmd_runs_signal(args: argparse.Namespace) -> int:
+    value = json_arg(args.value)
+    tools, config, sources = run_setup(args)
+    args.config = config
+    async with open_rt(args, tools, sources=sources) as rt:
+        out = await rt.signal(args.run_id, args.name, value)
+    return print_wait_outcome(out, args.json)
+
+
+async def cmd_start(args: argparse.Namespace) -> int:
+    from ..app import resolve_tool_spec
+
+    code = read_program(args.program)
+    tools = [resolve_tool_spec(t) for t in args.tools]
+    async with open_rt(args, tools) as rt:
+        run_id = rt.start(code, meta={"tools": tools, "config": abs_path(args.config)},
+                          type_check=False if args.no_check else None)
+    worker = None if args.no_worker else ensure_worker(args, tools)
+    if args.json:
+        print_json({"run_id": run_id, "status": "queued", "worker_pid": worker})
+    else:
+        print(run_id)
+    return EXIT_OK
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    from ..runs.worker import pid_file, work, worker_alive
+
+    home = home_of(args)
+    home.mkdir(parents=True, exist_ok=True)
+    other = worker_alive(home)
+    if other is not None and other != os.getpid():
+        print(f"a worker is already running for {home} (pid {other})", file=sys.stderr)
+        return EXIT_OK
+    pid_file(home).write_text(str(os.getpid()))
+    try:
+        async with open_rt(args, list(args.tools), report=True) as rt:
+            rt.source_set.refresh_in_background()
+            handled = await work(rt, poll_seconds=args.poll, idle_exit_seconds=args.idle_exit)
+    finally:
+        if worker_alive(home) == os.getpid():
+            pid_file(home).unlink(missing_ok=True)
+    print(f"worker {os.getpid()} handled {handled} runs", file=sys.stderr)
+    return EXIT_OK
+
+
+async def cmd_recover(args: argparse.Namespace) -> int:
+    async with open_rt(args, list(args.tools)) as rt:
+        results = await rt.recover()
+    left = [r for r in results if (r.error or {}).get("code") == "tools_unavailable"]
+    if args.json:
+        print_json([r.to_dict() for r in results])
+    else:
+        if not results:
+            print("no runs to recover")
+        for r in results:
+            code = (r.error or {}).get("code")
+            print(f"{r.run_id}: {r.status}" + (f" [{code}]" if code else ""))
+            if r in left:
+                print(f"  {r.error['message']}", file=sys.stderr)
+    return EXIT_FAILED if left else EXIT_OK
+
+
+# -- parsers, one per top-level command (build_parser orders them) --------------------
+
+
+def add_run(sub: Any) -> None:
+    sp = sub.add_parser("run", help="run a program")
+    sp.add_argument("program", help="path to a .py file, or - for standard input")
+    sp.add_argument("--no-check", action="store_true", help="skip the pre-run check (check = \"off\")")
+    sp.add_argument("--no-prompt", action="store_true", help="never ask y/n at a pause; exit 3 instead")
+    add_common(sp)
+    sp.set_defaults(func=cmd_run)
+
+
+def add_resume(sub: Any) -> None:
+    sp = sub.add_parser("resume", help="decide a paused run's pending write and continue it")
+    sp.add_argument("run_id")
+    g = sp.add_mutually_exclusive_group(required=True)
+    g.add_argument("--approve", action="store_true")
+    g.add_argument("--decline", action="store_true")
+    g.add_argument("--cancel", action="store_true")
+    sp.add_argument("--reason", help="told to the program when declining")
+    sp.add_argument("--seq", type=int, action="append",
+                    help="a paused write this decision is for (repeatable); see the pause or `runs show`")
+    sp.add_argument("--all", action="store_true", help="decide every write the pause waits on")
+    add_common(sp)
+    sp.set_defaults(func=cmd_resume)
+
+
+def add_runs(sub: Any) -> None:
+    runs = sub.add_parser("runs", help="list and inspect runs").add_subparsers(dest="runs_command", required=True)
+    sp = runs.add_parser("list")
+    sp.add_argument("--status")
+    sp.add_argument("--limit", type=int, default=50)
+    add_common(sp, tools=False)
+    sp.set_defaults(func=cmd_runs_list)
+    sp = runs.add_parser("show")
+    sp.add_argument("run_id")
+    add_common(sp, tools=False)
+    sp.set_defaults(func=cmd_runs_show)
+
+    sp = runs.add_parser("await", help="wait until a run ends (or pauses)")
+    sp.add_argument("run_id")
+    sp.add_argument("--timeout", type=float, default=300.0)
+    add_common(sp, tools=False)
+    sp.set_defaults(func=cmd_runs_await)
+    sp = runs.add_parser("cancel", help="cancel a run: nothing further is sent")
+    sp.add_argument("run_id")
+    sp.add_argument("--reason")
+    add_common(sp)
+    sp.set_defaults(func=cmd_runs_cancel)
+    sp = runs.add_parser("signal", help="send a named signal to a run (await wait_for_signal(name))")
+    sp.add_argument("run_id")
+    sp.add_argument("name")
+    sp.add_argument("value", help="a JSON value")
+    add_common(sp)
+    sp.set_defaults(func=cmd_runs_signal)
+
+
+def add_start(sub: Any) -> None:
+    sp = sub.add_parser("start", help="queue a program as a background run; prints its run id")
+    sp.add_argument("program", help="path to a .py file, or - for standard input")
+    sp.add_argument("--no-check", action="store_true", help="skip the pre-run check (check = \"off\")")
+    sp.add_argument("--no-worker", action="store_true", help="do not start a worker if none is alive")
+    add_common(sp)
+    sp.set_defaults(func=cmd_start)
+
+
+def add_worker(sub: Any) -> None:
+    sp = sub.add_parser("worker", help="run queued runs, timers and orphans for this store")
+    sp.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
+                    help="exit after this long with nothing to do")
+    sp.add_argument("--poll", type=float, default=0.2, metavar="SECONDS")
+    add_common(sp)
+    sp.set_defaults(func=cmd_worker)
+
+
+def add_recover(sub: Any) -> None:
+    sp = sub.add_parser("recover", help="continue runs whose process died")
+    add_common(sp)
+    sp.set_defaults(func=cmd_recover)

@@ -1,0 +1,76 @@
+"""`tether tools ...` and `tether prompt`: the tools a program finds, and how it is told about them."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ._common import EXIT_FAILED, EXIT_OK, add_common, open_rt, print_json
+
+
+async def cmd_tools_search(args: argparse.Namespace) -> int:
+    async with open_rt(args, list(args.tools)) as rt:
+        found = rt.search(args.query, namespace=args.namespace, limit=args.limit, offset=args.offset)
+    if args.json:
+        print_json(found)
+        return EXIT_OK
+    for item in found["results"]:
+        ro = "read " if item["annotations"]["read_only"] else "write"
+        print(f"{item['address']:<36} {ro}  {(item.get('description') or '').splitlines()[0][:70] if item.get('description') else ''}")
+    if found.get("next_offset") is not None:
+        print(f"... more: --offset {found['next_offset']}")
+    return EXIT_OK
+
+
+async def cmd_tools_describe(args: argparse.Namespace) -> int:
+    async with open_rt(args, list(args.tools)) as rt:
+        described = rt.describe(list(args.address), detail="full" if args.full else "default")
+    if args.json:
+        print_json(described)
+        return EXIT_OK
+    status = EXIT_OK
+    for d in described:
+        if d.get("error"):
+            status = EXIT_FAILED
+            print(f"{d['address']}: unknown tool; did you mean: {', '.join(d.get('suggestions') or []) or '-'}")
+            continue
+        print(d["signature"])
+        if d.get("parameters"):
+            print(f"    # parameters {d['parameters']}")
+        if d.get("description"):
+            print(f'    """{d["description"]}"""')
+        if d.get("types"):
+            print()
+            print(d["types"])
+        if d.get("note"):
+            print(f"# {d['note']}")
+        print()
+    return status
+
+
+async def cmd_prompt(args: argparse.Namespace) -> int:
+    async with open_rt(args, list(args.tools)) as rt:
+        print(rt.model_description())
+    return EXIT_OK
+
+
+def add_tools(sub: Any) -> None:
+    tools = sub.add_parser("tools", help="search and describe tools").add_subparsers(dest="tools_command", required=True)
+    sp = tools.add_parser("search")
+    sp.add_argument("query", nargs="?", default="")
+    sp.add_argument("--namespace")
+    sp.add_argument("--limit", type=int, default=12)
+    sp.add_argument("--offset", type=int, default=0)
+    add_common(sp)
+    sp.set_defaults(func=cmd_tools_search)
+    sp = tools.add_parser("describe")
+    sp.add_argument("address", nargs="+")
+    sp.add_argument("--full", action="store_true", help="every shape and the whole description (default: at most 2 KB a tool)")
+    add_common(sp)
+    sp.set_defaults(func=cmd_tools_describe)
+
+
+def add_prompt(sub: Any) -> None:
+    sp = sub.add_parser("prompt", help="print the model-facing description of the sandbox API")
+    add_common(sp)
+    sp.set_defaults(func=cmd_prompt)
