@@ -37,7 +37,7 @@ parallel: `await asyncio.gather(f(), g())`. Built-ins: `await search(query, name
 The last expression is the result; print() goes to logs. A failing tool raises, message starts with [code]; \
 writes may pause for approval.
 No: class inheritance/custom exceptions, generators, del, @property/staticmethod/classmethod, \
-create_task, asyncio.wait_for, gather(return_exceptions=), files, network, env.
+create_task, asyncio.wait_for, gather(return_exceptions=), ConnectionError, files, network, env.
 Modules: asyncio base64 bisect collections copy csv dataclasses datetime decimal functools \
 hashlib itertools json math random re time tomllib typing unicodedata.
 """
