@@ -146,7 +146,16 @@ class EffectBoundary:
         pause_sink: Callable[["EffectBoundary", dict[str, Any]], Awaitable[None]],
         checkpoint_sink: Callable[["EffectBoundary", CallRecord], Awaitable[None]] | None,
         clock: Callable[[], float],
+        keyring: integrity.Keyring,
         writes_spent: int | None = None,
+        wait_secret: bytes = b"",
+        session: str | None = None,
+        on_progress: Callable[[int, str], None] | None = None,
+        on_question: Any = None,
+        span: Any = None,
+        inline_sleep_seconds: float = 1.0,
+        batch_window_seconds: float = 0.05,
+        journaled_bytes: int = 0,
     ) -> None:
         self.run_id = run_id
         self.store = store
@@ -167,20 +176,19 @@ class EffectBoundary:
         self._flushed_at = time.monotonic()
         self.flush_every_calls = 64
         self.flush_every_seconds = 0.25
-        self.on_progress: Callable[[int, str], None] | None = None
-        self.on_question: Any = None
-        self.span: Any = None  # the run's OpenTelemetry span, when one is recording
+        self.on_progress = on_progress
+        # Puts an upstream tool's mid-call question to the run's user (Runtime.elicitation_handler).
+        self.on_question = on_question
+        self.span = span  # the run's OpenTelemetry span, when one is recording
         # Tools with a call on the wire now: an upstream's question is tied to its run by these.
         self.inflight_addresses: dict[str, int] = {}
-        self.secret: bytes = b""
-        self.session: str | None = None
+        self.secret = wait_secret  # keys the run's waits (P-18)
+        self.session = session
         # Sleeps up to this long are waited out in the worker instead of parking.
-        self.inline_sleep_seconds: float = 1.0
-        self.paused_envelope: Any = None
-        # Bytes of arguments and outcomes this run has journaled (P-22);
-        # the driver sets what earlier attempts wrote.
-        self.journaled_bytes = 0
-        self.keyring: integrity.Keyring = integrity.Keyring(b"")  # the driver sets the run's
+        self.inline_sleep_seconds = inline_sleep_seconds
+        # Bytes of arguments and outcomes this run has journaled (P-22), earlier attempts included.
+        self.journaled_bytes = journaled_bytes
+        self.keyring = keyring  # signs each journal entry (P-35)
         self._keys: dict[int, str] = {}  # seq -> call key, for chaining MACs (P-35)
         self._idle = asyncio.Event()
         self._idle.set()
@@ -188,7 +196,7 @@ class EffectBoundary:
         self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
         self._t0 = time.perf_counter()
         # Pausing, parking and the calls held while the attempt stops (pausing.py).
-        self.pauses = Pauses(self, pause_sink)
+        self.pauses = Pauses(self, pause_sink, batch_window_seconds=batch_window_seconds)
 
     # -- the sandbox's entry point ---------------------------------------------
 

@@ -22,11 +22,11 @@ from ..store.base import (
 )
 from ..store.states import CallState, RunStatus
 from .result import RunResult
+from .waits import DECISIONS  # a paused write is a durable wait: its decisions are what resolve it
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
-DECISIONS = ("approve", "decline", "cancel")
 # Where a decision came from, recorded with it (P-29).
 CHANNELS = ("python", "cli", "mcp", "console", "link", "key", "prompt")
 # Journal states of a write someone approved (it may have been sent since).
@@ -186,7 +186,7 @@ def _paused_view(rt: "Runtime", run: RunRecord) -> RunResult:
         result.pending = {**result.pending, "writes": writes}
         undecided = [w for w in writes if w["decision"] is None]
         if undecided:
-            from .driver import pause_instructions
+            from .envelopes import pause_instructions
 
             # What is left to decide, not what the pause first asked.
             result.instructions = pause_instructions(run.run_id, {"writes": undecided})
@@ -239,7 +239,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
         return await rt.wait_for_run(run_id)
     now = rt.clock()
     if fresh and run.expires_at is not None and now > run.expires_at:
-        rt._finish(run, RunStatus.FAILED, error=RunExpired(f"run {run_id} passed its approval time to live").to_dict())
+        rt.finisher.finish(run, RunStatus.FAILED, error=RunExpired(f"run {run_id} passed its approval time to live").to_dict())
         raise RunExpired(f"run {run_id} waited longer than its approval time to live; nothing was sent")
 
     if any(d == "cancel" for d, _ in fresh.values()):
@@ -283,13 +283,13 @@ def _untrusted(rt: "Runtime", run: RunRecord, wanted: dict[int, tuple[str, str |
                                               if (e := rt.store.get_call(run.run_id, w["seq"])) is not None])
     except (RunTampered, WrongSecret) as exc:
         if any(d == "cancel" for d, _ in wanted.values()):
-            ended = rt._cancel_now(run, cancel or "cancelled")
+            ended = rt.finisher.cancel_now(run, cancel or "cancelled")
             if ended is not None:
                 return ended
         if isinstance(exc, WrongSecret):
             raise
         rt.revoke_waits(run_id=run.run_id)
-        return rt._finish(run, RunStatus.FAILED, error=exc.to_dict(), t0=t0)
+        return rt.finisher.finish(run, RunStatus.FAILED, error=exc.to_dict(), t0=t0)
     return None
 
 
@@ -349,6 +349,6 @@ async def _cancel(rt: "Runtime", run: RunRecord, fresh: dict[int, tuple[str, str
             _record(rt, run, write, "cancel", reason if write["seq"] == seq else None, who, now,
                     expect=(CallState.ASKED, CallState.APPROVED))
     address = next(w["address"] for w in batch_of(run) if w["seq"] == seq)
-    return rt._finish(run, RunStatus.CANCELLED, error={
+    return rt.finisher.finish(run, RunStatus.CANCELLED, error={
         "code": "cancelled", "message": f"the run was cancelled at the write {address}; nothing further was sent",
         "next_action": "Start a new run if the work is still needed.", "details": {"reason": reason}}, t0=t0)

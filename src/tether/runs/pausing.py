@@ -124,12 +124,13 @@ def pending_write(seq: int, tool: "Tool", args: dict[str, Any]) -> dict[str, Any
 class Pauses:
     """Stops one attempt at a host call: pauses, parks, and the calls held meanwhile."""
 
-    def __init__(self, host: PauseHost, pause_sink: Callable[[Any, dict[str, Any]], Awaitable[None]]) -> None:
+    def __init__(self, host: PauseHost, pause_sink: Callable[[Any, dict[str, Any]], Awaitable[None]], *,
+                 batch_window_seconds: float = 0.05) -> None:
         self.host = host
         self.pause_sink = pause_sink  # called with (host, pending): saves the state before the program unwinds
         # A write pause is stored once the program has issued no call for this
         # long, so writes issued together (asyncio.gather) pause as one batch (P-27).
-        self.batch_window_seconds: float = 0.05
+        self.batch_window_seconds = batch_window_seconds
         self._release = asyncio.Event()
 
     async def hold(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:

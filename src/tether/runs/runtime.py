@@ -26,7 +26,6 @@ from ..errors import (
     RunNotFound,
     RunTampered,
     SnapshotTampered,
-    TetherError,
     ToolsUnavailable,
     UsageError,
     WrongSecret,
@@ -44,7 +43,9 @@ from ..store.base import (
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
 from .boundary import Approver, Cancelled, EffectBoundary
 from .decisions import DECISIONS
+from .driver import Attempt, Collaborators, Settings
 from .events import EventBus
+from .finish import Finisher
 from .handle import RunHandle
 from .inputs import check_code_size, check_session_name
 from .limits import Limits
@@ -141,14 +142,18 @@ class Runtime:
 
         # Signs and verifies runs, journals and snapshots (P-35); its current secret keys waits and sessions.
         self.keyring = keyring_for(self.store)
-        self._secret = self.keyring.current
-        self._sessions = Sessions(store=self.store, secret=self._secret, clock=clock)
-        self._waits = Waits(store=self.store, secret=self._secret, clock=clock, wake=self.wake, resume=self.resume)
+        secret = self.keyring.current
+        self._sessions = Sessions(store=self.store, secret=secret, clock=clock)
+        self._waits = Waits(store=self.store, secret=secret, clock=clock, wake=self.wake, resume=self.resume)
         # Stored run events, this process's observers, and the listeners told when a run pauses or ends.
         self.bus = EventBus(store=self.store, clock=clock)
+        # Records how runs end (completed, failed, cancelled, refused, internal errors).
+        self.finisher = Finisher(store=self.store, bus=self.bus, clock=clock, cancel_waits=self._waits.cancel,
+                                 revoke_waits=lambda run_id: self._waits.revoke(run_id=run_id))
         # The attempts running in this process, by run id (launch adds and removes them).
         self._running: dict[str, RunHandle] = {}
-        self._boundaries: dict[str, EffectBoundary] = {}
+        # The effect boundaries of attempts running here, by run id (each attempt adds its own).
+        self._live: dict[str, EffectBoundary] = {}
         # Verdicts of the bundled type checker by (program, stubs): a resent program is not checked twice.
         self.verdicts: dict[str, bool] = {}
         # Recorded on every run; computed once (dataclasses.asdict deep-copies).
@@ -380,7 +385,7 @@ class Runtime:
 
     def boundaries_calling(self, address: str) -> list[EffectBoundary]:
         """The effect boundaries of attempts here with a call to ``address`` on the wire now."""
-        return [b for b in list(self._boundaries.values()) if b.inflight_addresses.get(address, 0) > 0]
+        return [b for b in list(self._live.values()) if b.inflight_addresses.get(address, 0) > 0]
 
     def running(self, run_id: str) -> RunHandle | None:
         """The handle of ``run_id``'s attempt if one is running in this process."""
@@ -406,9 +411,6 @@ class Runtime:
 
     def _session_base(self, name: str, principal: str, notes: list[str]) -> dict[str, Any] | None:
         return self._sessions.base(name, principal, notes)
-
-    def _save_session(self, name: str, principal: str | None, data: bytes) -> None:
-        self._sessions.save(name, principal or self.principal, data)
 
     def reset_session(self, name: str, *, principal: str | None = None) -> bool:
         """Forget a session's globals and revoke its waits (this principal's session only)."""
@@ -624,7 +626,7 @@ class Runtime:
                              f"the write {(run.pending or {}).get('address')} was not sent")
             if self.store.update_run(run.run_id, [RunStatus.PAUSED], status=RunStatus.FAILED, updated_at=self.clock()):
                 self.revoke_waits(run_id=run.run_id)
-                self._finish(run, RunStatus.FAILED, error=err.to_dict())
+                self.finisher.finish(run, RunStatus.FAILED, error=err.to_dict())
                 ended.append(run.run_id)
         return ended
 
@@ -675,7 +677,7 @@ class Runtime:
         async def handle(request: Any) -> Any:
             prefix = f"{namespace}."
             wanted = f"{namespace}.{request.tool}" if request.tool else None
-            candidates = [b for b in list(self._boundaries.values())
+            candidates = [b for b in list(self._live.values())
                           if any(n > 0 and (a == wanted if wanted else a.startswith(prefix))
                                  for a, n in b.inflight_addresses.items())]
             if len(candidates) != 1 or candidates[0].on_question is None:
@@ -730,7 +732,7 @@ class Runtime:
             return RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run_id)
         if run.status in (RunStatus.QUEUED, RunStatus.WAITING):
             # Nothing is executing: end it here. Its waits end with it.
-            return self._cancel_now(run, reason) or await self.cancel(run_id, reason, principal=principal)
+            return self.finisher.cancel_now(run, reason) or await self.cancel(run_id, reason, principal=principal)
         if run_id in self._running:
             # Executing here: stop its program once its sandbox is up (a just-started
             # attempt may still be preparing), then report how it ended.
@@ -744,7 +746,7 @@ class Runtime:
             # No process owns it (its process stopped): take it, so no recoverer starts it, and end it.
             if self.store.claim_run(run_id, self.owner, now + self.lease_seconds, now,
                                     gone_owner=run.owner if gone else None):
-                return self._cancel_now(self.store.get_run(run_id), reason) or await self.cancel(
+                return self.finisher.cancel_now(self.store.get_run(run_id), reason) or await self.cancel(
                     run_id, reason, principal=principal)
         # Running in another process: a durable request its heartbeat sees.
         self.store.update_run(run_id, [RunStatus.RUNNING], meta={**run.meta, "cancel_requested": reason})
@@ -754,7 +756,7 @@ class Runtime:
         handle = self._running[run_id]
         delay = 0.002
         while not handle.done():
-            boundary = self._boundaries.get(run_id)
+            boundary = self._live.get(run_id)
             if boundary is not None and boundary.execution is not None:
                 boundary.execution.stop(Cancelled(reason))
                 boundary.release_held()
@@ -762,19 +764,6 @@ class Runtime:
             await asyncio.wait({handle.task}, timeout=delay)
             delay = min(delay * 2, 0.05)
         return await self.wait_for_run(run_id)
-
-    def _cancel_now(self, run: RunRecord, reason: str) -> RunResult | None:
-        """End a run no process is executing: compare-and-set from its status; None if that changed."""
-        if not self.store.update_run(run.run_id, [run.status], status=RunStatus.CANCELLED, updated_at=self.clock(),
-                                     owner=None, lease_until=None):
-            return None
-        self._settle_waits_cancelled(run.run_id)
-        return self._finish(run, RunStatus.CANCELLED, error={
-            "code": "cancelled", "message": f"the run was cancelled: {reason}; nothing further was sent",
-            "next_action": "Start a new run if the work is still needed.", "details": {}})
-
-    def _settle_waits_cancelled(self, run_id: str) -> None:
-        self._waits.cancel(run_id)
 
     # -- recover -----------------------------------------------------------------
 
@@ -816,26 +805,28 @@ class Runtime:
     async def _attempt(self, run: RunRecord, *, mode: str, on_approval: Approver | None, t0: float,
                        on_progress: Callable[[int, str], None] | None = None,
                        on_question: Asker | None = None) -> RunResult:
-        try:
-            from . import telemetry
-            from .driver import drive
-
-            with telemetry.run_span(run.run_id, mode) as span:
-                result = await drive(self, run, mode=mode, on_approval=on_approval, t0=t0, on_progress=on_progress,
-                                     on_question=on_question, span=span if span.is_recording() else None)
-                if span.is_recording():
-                    span.set_attribute("tether.status", result.status)
-                    if result.error:
-                        span.set_attribute("tether.error", str(result.error.get("code")))
-        except TetherError:
-            # A named failure outside the program (a tampered snapshot, the
-            # store): the caller is told; the run is handled by its own rules.
-            raise
-        except Exception as exc:  # a bug or a value tether could not handle: the run ends, the host goes on
-            result = self._fail_internal(run, exc)
+        attempt = Attempt(run, self._collaborators(), mode=mode, on_approval=on_approval, t0=t0,
+                          on_progress=on_progress, on_question=on_question)
+        result = await attempt.run_to_end()
         if result.status == RunStatus.WAITING:
             return await self._settled_while_parking(run.run_id, result)
         return result
+
+    def _collaborators(self) -> Collaborators:
+        """What an attempt works with; the knobs as they are now (tests and hosts set them after start)."""
+        return Collaborators(
+            store=self.store, keyring=self.keyring, clock=self.clock, catalog=self.catalog, pool=self.pool,
+            bus=self.bus, finisher=self.finisher, waits=self._waits, sessions=self._sessions,
+            settings=Settings(
+                principal=self.principal, type_check=self.type_check,
+                approval_ttl_seconds=self.approval_ttl_seconds, lease_seconds=self.lease_seconds,
+                checkpoint_every_calls=self.checkpoint_every_calls,
+                checkpoint_every_seconds=self.checkpoint_every_seconds,
+                inline_sleep_seconds=self.inline_sleep_seconds, batch_window_seconds=self.batch_window_seconds),
+            verdicts=self.verdicts, live=self._live, search=self.search, describe=self.describe,
+            list_sources=self.sources,
+            source_failures=lambda: self.source_set.failures() if self.source_set is not None else {},
+        )
 
     async def _settled_while_parking(self, run_id: str, result: RunResult) -> RunResult:
         """Continue a run whose wait was settled while it was parking (P-18).
@@ -853,53 +844,7 @@ class Runtime:
         continued = await self.wake(run_id, key=key)
         return continued if continued is not None else result
 
-    def _fail_internal(self, run: RunRecord, exc: BaseException) -> RunResult:
-        """End a run that tether itself failed: `failed` with `internal_error`, never left `running`.
-
-        The traceback goes to the log under a correlation id; the envelope
-        carries only the id, so nothing of the host leaks to the caller.
-        """
-        correlation = secrets.token_hex(8)
-        _log.error("internal error in run %s (correlation id %s)", run.run_id, correlation, exc_info=exc)
-        error = TetherError(
-            f"tether failed while running or finishing this run ({type(exc).__name__}); correlation id {correlation}",
-            code="internal_error",
-            next_action="Report this as a bug in tether with the correlation id (the server's log has the details); "
-                        "calls already made are in the journal (tether runs show).",
-            details={"correlation_id": correlation},
-        ).to_dict()
-        envelope = RunResult(status=RunStatus.FAILED, run_id=run.run_id, error=error)
-        try:
-            ended = self.store.update_run(run.run_id, [RunStatus.RUNNING], status=RunStatus.FAILED, result=envelope.to_dict(),
-                                          error=error, updated_at=self.clock(), owner=None, lease_until=None,
-                                          pending=None)
-            if not ended:  # it had already ended (or paused) before the failure: that record stands
-                current = self.store.get_run(run.run_id)
-                if current is not None and current.result:
-                    return RunResult.from_dict(current.result)
-        except Exception:  # noqa: BLE001 - the store failed too: the lease lapses and recovery takes it
-            _log.exception("could not record the internal error of run %s (correlation id %s)",
-                           run.run_id, correlation)
-        return envelope
-
-    # -- finishing -----------------------------------------------------------------
-
-    def _finish(self, run: RunRecord, status: str, *, result: Any = None, error: dict | None = None,
-                logs: list[str] | None = None, calls: int = 0, diagnostics: dict | None = None,
-                notes: list[str] | None = None, t0: float | None = None) -> RunResult:
-        envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
-                             calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
-        now = self.clock()
-        self.store.update_run(run.run_id, None, status=status, result=envelope.to_dict(), error=error,
-                              updated_at=now, owner=None, lease_until=None, pending=None)
-        self.announce(run.run_id, status, {"error": error} if error else {})
-        # The event a cell observer waits for (P-20); a plain execute has no
-        # observer and saves the write.
-        if (run.meta or {}).get("cell") or self.bus.observed(run.run_id):
-            kind = {RunStatus.COMPLETED: "completed", RunStatus.FAILED: "failed"}.get(status, "terminated")
-            data = {"result": result, "notes": notes or []} if status == RunStatus.COMPLETED else {"error": error}
-            self.event(run.run_id, kind, data)
-        return envelope
+    # -- events (P-20) and listeners: tether.runs.events ----------------------------------
 
     @property
     def listeners(self) -> list[Callable[[str, str, dict[str, Any]], None]]:
@@ -948,8 +893,7 @@ class Runtime:
             self.verify_run(run)
         except RunTampered as exc:
             logging.getLogger("tether").error("run %s: %s", run.run_id, exc.message)
-            self.revoke_waits(run_id=run.run_id)
-            return self._finish(run, RunStatus.FAILED, error=exc.to_dict(), t0=t0)
+            return self.finisher.refused(run, exc, t0=t0)
         return None
 
     def vet(self, run: RunRecord) -> tuple[bool, RunResult | None]:

@@ -30,6 +30,8 @@ SIGNAL_PREFIX = "signal:"
 SLEEP_PREFIX = "sleep:"
 # A paused write is a wait named approval:<seq>; its value is the decision.
 APPROVAL_PREFIX = "approval:"
+# What resolves an approval wait: the decisions a paused write can get (P-10).
+DECISIONS = ("approve", "decline", "cancel")
 
 
 def _b64(data: bytes) -> str:
@@ -137,8 +139,6 @@ class Waits:
     async def _resolve_approval(self, key: str, run_id: str, name: str, value: Any,
                                 error: str | None, owner: str | None) -> dict[str, Any]:
         """Resolving an approval wait is deciding the paused write: resume() does the work."""
-        from .decisions import DECISIONS
-
         seq = int(name.split(":", 1)[1])
         if error is not None:
             decision, reason = "decline", error

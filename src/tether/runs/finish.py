@@ -1,0 +1,99 @@
+"""Ending a run: its envelope recorded, its listeners told, its observers' last event stored.
+
+Every end goes through :class:`Finisher` — an attempt's (completed, failed,
+cancelled), a cancel of a run nobody executes, a tampered run refused, a
+failure of tether itself — so an ended run always carries its envelope.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any, Callable
+
+from ..errors import TetherError
+from ..store.base import RunRecord, Store
+from ..store.states import RunStatus
+from .events import EventBus
+from .result import RunResult
+
+_log = logging.getLogger("tether.runs")
+
+CANCELLED_NEXT_ACTION = "Start a new run if the work is still needed."
+
+
+class Finisher:
+    """Records how runs end; takes its collaborators, not the runtime."""
+
+    def __init__(self, *, store: Store, bus: EventBus, clock: Callable[[], float],
+                 cancel_waits: Callable[[str], None], revoke_waits: Callable[[str], Any]) -> None:
+        self.store = store
+        self.bus = bus
+        self.clock = clock
+        # A cancelled run's waits end with it; a refused (tampered) run's keys stop working.
+        self._cancel_waits = cancel_waits
+        self._revoke_waits = revoke_waits
+
+    def finish(self, run: RunRecord, status: str, *, result: Any = None, error: dict | None = None,
+               logs: list[str] | None = None, calls: int = 0, diagnostics: dict | None = None,
+               notes: list[str] | None = None, t0: float | None = None) -> RunResult:
+        envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
+                             calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
+        self.store.update_run(run.run_id, None, status=status, result=envelope.to_dict(), error=error,
+                              updated_at=self.clock(), owner=None, lease_until=None, pending=None)
+        self.bus.announce(run.run_id, status, {"error": error} if error else {})
+        # The event a cell observer waits for (P-20); a plain execute has no
+        # observer and saves the write.
+        if (run.meta or {}).get("cell") or self.bus.observed(run.run_id):
+            kind = {RunStatus.COMPLETED: "completed", RunStatus.FAILED: "failed"}.get(status, "terminated")
+            data = {"result": result, "notes": notes or []} if status == RunStatus.COMPLETED else {"error": error}
+            self.bus.emit(run.run_id, kind, data)
+        return envelope
+
+    def cancelled(self, run: RunRecord, message: str, *, details: dict | None = None, **fields: Any) -> RunResult:
+        """End ``run`` cancelled, its waits with it (the caller has moved its status, or owns the run)."""
+        self._cancel_waits(run.run_id)
+        return self.finish(run, RunStatus.CANCELLED, error={"code": "cancelled", "message": message,
+                                                      "next_action": CANCELLED_NEXT_ACTION,
+                                                      "details": details or {}}, **fields)
+
+    def cancel_now(self, run: RunRecord, reason: str) -> RunResult | None:
+        """End a run no process is executing: compare-and-set from its status; None if that changed."""
+        if not self.store.update_run(run.run_id, [run.status], status=RunStatus.CANCELLED, updated_at=self.clock(),
+                                     owner=None, lease_until=None):
+            return None
+        return self.cancelled(run, f"the run was cancelled: {reason}; nothing further was sent")
+
+    def refused(self, run: RunRecord, exc: TetherError, *, t0: float | None = None) -> RunResult:
+        """End a run whose record, journal or snapshot failed its check (P-35): nothing was sent."""
+        self._revoke_waits(run.run_id)
+        return self.finish(run, RunStatus.FAILED, error=exc.to_dict(), t0=t0)
+
+    def internal_error(self, run: RunRecord, exc: BaseException) -> RunResult:
+        """End a run that tether itself failed: `failed` with `internal_error`, never left `running`.
+
+        The traceback goes to the log under a correlation id; the envelope
+        carries only the id, so nothing of the host leaks to the caller.
+        """
+        correlation = secrets.token_hex(8)
+        _log.error("internal error in run %s (correlation id %s)", run.run_id, correlation, exc_info=exc)
+        error = TetherError(
+            f"tether failed while running or finishing this run ({type(exc).__name__}); correlation id {correlation}",
+            code="internal_error",
+            next_action="Report this as a bug in tether with the correlation id (the server's log has the details); "
+                        "calls already made are in the journal (tether runs show).",
+            details={"correlation_id": correlation},
+        ).to_dict()
+        envelope = RunResult(status=RunStatus.FAILED, run_id=run.run_id, error=error)
+        try:
+            ended = self.store.update_run(run.run_id, [RunStatus.RUNNING], status=RunStatus.FAILED, result=envelope.to_dict(),
+                                          error=error, updated_at=self.clock(), owner=None, lease_until=None,
+                                          pending=None)
+            if not ended:  # it had already ended (or paused) before the failure: that record stands
+                current = self.store.get_run(run.run_id)
+                if current is not None and current.result:
+                    return RunResult.from_dict(current.result)
+        except Exception:  # noqa: BLE001 - the store failed too: the lease lapses and recovery takes it
+            _log.exception("could not record the internal error of run %s (correlation id %s)",
+                           run.run_id, correlation)
+        return envelope
