@@ -23,7 +23,7 @@ from tether.server.auth import (
     bearer_token,
     principal_for_token,
 )
-from tether.server.mcp import check_http_auth
+from tether.server.start import check_http_auth
 
 GOOD, OTHER = "good-token-0123456789", "other-token-0123456789"
 

@@ -316,7 +316,7 @@ async def test_p35_a_tampered_snapshot_ends_the_run_on_recovery(backend):
 
 
 def test_p35_serve_warns_when_the_secret_is_a_row_of_the_same_postgres(backend, monkeypatch, capsys):
-    from tether.server.mcp import warn_if_secret_beside_data
+    from tether.server.start import warn_if_secret_beside_data
 
     store = backend.store()
     assert warn_if_secret_beside_data(store) is (backend.kind == "postgres")

@@ -9,9 +9,9 @@ from ._common import add_common
 
 
 async def cmd_serve(args: argparse.Namespace) -> int:
-    from ..server.mcp import serve
+    from ..server.start import ServeOptions, serve
 
-    return await serve(args)
+    return await serve(ServeOptions(config_path=args.config, tools=tuple(args.tools), http=args.http, dev=args.dev))
 
 
 def add_serve(sub: Any) -> None:

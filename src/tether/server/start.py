@@ -1,0 +1,215 @@
+"""Starting ``tether serve``: typed options, the checks before anything listens, the transports.
+
+The command line builds a :class:`ServeOptions`; anything else that starts a
+server (a test, an embedding program) builds one the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import UsageError
+from .admission import Admission
+from .auth import (
+    MIN_TOKEN_CHARS,
+    BearerAuth,
+    HealthRoutes,
+    is_loopback,
+    principal_of_request,
+    short_tokens,
+    split_tokens,
+    well_formed,
+)
+from .mcp import TetherServer
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What starts a server; the config file (``[server]``) supplies the rest.
+
+    ``http`` is ``HOST:PORT`` (either part may be left out: ``[server]`` host
+    and port fill it); ``None`` serves over standard input/output.
+    """
+
+    config_path: str | None = None
+    tools: Sequence[str] = ()
+    http: str | None = None
+    dev: bool = False  # allow HTTP without a token, on a loopback address only
+
+
+def parse_address(value: str, default_host: str, default_port: int) -> tuple[str, int]:
+    """``HOST:PORT``, ``[::1]:PORT``, ``:PORT`` or ``HOST`` (the missing part from [server])."""
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else rest
+    elif value.count(":") == 1:
+        host, port = value.split(":")
+    else:  # a bare host, or a bare IPv6 address
+        host, port = value, ""
+    host = host or default_host
+    try:
+        number = int(port) if port else default_port
+    except ValueError:
+        raise UsageError(f"--http takes HOST:PORT, not {value!r}", code="invalid_arguments",
+                         next_action="Pass e.g. --http 127.0.0.1:8765.") from None
+    if not 0 < number < 65536:
+        raise UsageError(f"port {number} is out of range", code="invalid_arguments",
+                         next_action="Pass a port between 1 and 65535.")
+    return host, number
+
+
+def check_http_auth(host: str, tokens: tuple[str, ...], dev: bool) -> None:
+    """Refuse to serve HTTP that anyone could call: a token, or --dev on loopback."""
+    if dev and not is_loopback(host):
+        raise UsageError(
+            f"--dev serves without a token, so it binds only to a loopback address, not {host}; nothing was started",
+            code="unsafe_bind", next_action="Bind to 127.0.0.1 with --dev, or set TETHER_TOKEN and drop --dev.")
+    if not tokens and not dev:
+        raise UsageError(
+            "serving MCP over HTTP needs a bearer token; nothing was started",
+            code="token_required",
+            next_action="Set TETHER_TOKEN (or [server] token in tether.toml), or pass --dev to serve "
+                        "without one on 127.0.0.1.")
+    if not all(well_formed(t) for t in tokens):
+        raise UsageError(
+            "a bearer token may hold only letters, digits and -._~+/= (RFC 7235 token68); nothing was started",
+            code="token_invalid",
+            next_action="Generate one with `openssl rand -hex 32` and set it as TETHER_TOKEN.")
+    short = short_tokens(tokens)
+    if short and not dev:
+        raise UsageError(
+            f"{len(short)} bearer token(s) shorter than {MIN_TOKEN_CHARS} characters (lengths "
+            f"{', '.join(map(str, short))}); a short token can be guessed, so nothing was started",
+            code="token_too_short",
+            next_action="Generate one with `openssl rand -hex 32` and set it as TETHER_TOKEN "
+                        "(--dev accepts short tokens on loopback, with a warning).")
+    if short:
+        print(f"tether: warning: a bearer token is shorter than {MIN_TOKEN_CHARS} characters; "
+              "accepted only because of --dev", file=sys.stderr, flush=True)
+
+
+def warn_if_secret_beside_data(store: Any) -> bool:
+    """Say loudly when the signing secret is a row of the database it protects (P-35)."""
+    if type(store).__name__ != "PostgresStore" or getattr(store, "secret_source", None) != "stored":
+        return False
+    print(
+        "WARNING: tether's signing secret is stored in the same Postgres database as the runs it signs.\n"
+        "WARNING: whoever can write those tables can read the secret and forge a run's program, policy or\n"
+        "WARNING: journal. Set TETHER_SECRET or TETHER_SECRET_FILE (a file only this service can read).",
+        file=sys.stderr, flush=True,
+    )
+    return True
+
+
+def _absolute(path: str | None) -> str | None:
+    # Recorded with each run, so another process can find the same config file.
+    return str(Path(path).resolve()) if path else None
+
+
+async def serve(options: ServeOptions) -> int:
+    """``tether serve --stdio | --http HOST:PORT [--dev]``: serve until stdin closes or a signal."""
+    from ..app import open_runtime, resolve_tool_spec
+    from ..config import load_config
+
+    config = load_config(options.config_path)
+    tools = [resolve_tool_spec(t) for t in options.tools]
+    tokens = split_tokens(config.server.token)
+    address: tuple[str, int] | None = None
+    if options.http is not None:
+        address = parse_address(options.http, config.server.host, config.server.port)
+        check_http_auth(address[0], tokens, options.dev or config.server.allow_unauthenticated_loopback)
+    if config.server.approvals == "url" and not config.server.public_url:
+        raise UsageError("[server] approvals = \"url\" sends approval links, and there is no [server] public_url "
+                         "to build them on; nothing was started", code="config_invalid",
+                         next_action="Set [server] public_url to where people reach this server, or use "
+                                     "approvals = \"auto\".")
+    run_meta = {"tools": tools, "config": _absolute(options.config_path)}
+
+    def report(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    async with open_runtime(config, tools=tools, report=report) as rt:
+        warn_if_secret_beside_data(rt.store)
+        server = TetherServer(
+            rt,
+            admission=Admission(config.server.max_concurrent_runs, config.server.queue_depth,
+                                config.server.queue_timeout_seconds),
+            # Without tokens nobody is told apart: stdio, and --dev on loopback.
+            principal_of=principal_of_request if address is not None and tokens else None,
+            run_meta=run_meta,
+            approvals=config.server.approvals,
+            public_url=config.server.public_url,
+        )
+        # The server is also a runner (P-19): it executes queued runs, wakes
+        # timers and due waits, and takes over runs whose process died.
+        from ..runs.worker import work
+
+        rt.source_set.refresh_in_background()
+        stop_worker = asyncio.Event()
+        runner = asyncio.ensure_future(work(rt, stop=stop_worker))
+        try:
+            if address is None:
+                await server.mcp.run_stdio_async()
+            else:
+                await _serve_http(server, *address, tokens, public_url=config.server.public_url,
+                                  stateless=config.server.stateless_http)
+        finally:
+            stop_worker.set()
+            with contextlib.suppress(Exception):
+                await runner
+            await server.close()
+    return 0
+
+
+async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[str, ...], *,
+                      public_url: str | None = None, stateless: bool = False) -> None:
+    import signal
+
+    import uvicorn
+
+    from .console import Console, Router
+
+    class Uvicorn(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            # uvicorn re-raises SIGINT/SIGTERM once it has shut down, which
+            # would kill the process before tether closes its runtime; here a
+            # signal only asks it to stop, and `tether serve` returns normally.
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    async def ready() -> bool:
+        # One cheap read through the store's own connection: a store that
+        # answers it can serve runs. Off the loop, as every store call should be.
+        await asyncio.to_thread(server.rt.store.get_run, "run_readiness_probe")
+        return True
+
+    # Health first: a balancer's probe carries no token. The console signs
+    # people in with the same tokens and has its own checks; MCP requests
+    # keep the bearer check.
+    console = Console(server.rt, tokens=tokens, admission=server.admission, public_url=public_url)
+    app = HealthRoutes(Router(console.app, BearerAuth(server.mcp.streamable_http_app(host=host, stateless_http=stateless), tokens)), ready)
+    shown = f"[{host}]" if ":" in host else host
+    auth = "bearer token required" if tokens else "no token (--dev, loopback only)"
+    print(f"tether: serving MCP at http://{shown}:{port}/mcp ({auth}), the console at "
+          f"http://{shown}:{port}/console/", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
+                            # Open SSE streams would otherwise hold a shutdown forever.
+                            timeout_graceful_shutdown=5)
+    try:
+        await Uvicorn(config).serve()
+    finally:
+        await console.close()
