@@ -36,7 +36,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from ..errors import RunNotFound, StoreError
 from ._migrations import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
@@ -222,6 +222,17 @@ def secrets_from_env() -> tuple[list[bytes], str] | None:
 # The shared implementation
 
 
+class Cursor(Protocol):
+    """What the store uses of a DB-API cursor (sqlite3's and psycopg's)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
 class Tx:
     """One open transaction: ``run`` executes a statement with ``?`` placeholders."""
 
@@ -231,9 +242,10 @@ class Tx:
         self.cursor = cursor
         self._fix = fix
 
-    def run(self, sql: str, params: Sequence[Any] = ()) -> Any:
+    def run(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         self.cursor.execute(self._fix(sql), params)
-        return self.cursor
+        cursor: Cursor = self.cursor
+        return cursor
 
 
 class SQLStore:
@@ -364,7 +376,8 @@ class SQLStore:
 
     def schema_version(self) -> int:
         with self._transaction(write=False) as tx:
-            return tx.run("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+            count: int = tx.run("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+            return count
 
     # -- runs
 
@@ -417,8 +430,10 @@ class SQLStore:
     def count_runs(self, status: str | None = None) -> int:
         with self._transaction(write=False) as tx:
             if status is None:
-                return tx.run("SELECT COUNT(*) FROM runs").fetchone()[0]
-            return tx.run("SELECT COUNT(*) FROM runs WHERE status = ?", (status,)).fetchone()[0]
+                count: int = tx.run("SELECT COUNT(*) FROM runs").fetchone()[0]
+            else:
+                count = tx.run("SELECT COUNT(*) FROM runs WHERE status = ?", (status,)).fetchone()[0]
+            return count
 
     def claim_run(self, run_id: str, owner: str, lease_until: float, now: float,
                   gone_owner: str | None = None) -> bool:
@@ -519,7 +534,8 @@ class SQLStore:
         return None if row is None else _call(row)
 
     def get_calls(self, run_id: str, after: int | None = None, states: Sequence[str] | None = None) -> list[CallRecord]:
-        where, params = "run_id = ?", [run_id]
+        where = "run_id = ?"
+        params: list[Any] = [run_id]
         if after is not None:
             where += " AND seq > ?"
             params.append(after)
@@ -545,7 +561,8 @@ class SQLStore:
             where += f" AND state IN {_in(len(expected))}"
             params += expected
         with self._transaction(write=False) as tx:
-            return tx.run(f"SELECT COUNT(*) FROM calls WHERE {where}", params).fetchone()[0]
+            count: int = tx.run(f"SELECT COUNT(*) FROM calls WHERE {where}", params).fetchone()[0]
+            return count
 
     def journal_bytes(self, run_id: str) -> int:
         # Stored JSON is ASCII (non-ASCII is escaped), so characters are bytes on both backends.
@@ -664,7 +681,7 @@ class SQLStore:
             # Ids must become visible in id order for a reader's cursor to miss none.
             if not self._lock_run(tx, run_id):
                 raise _no_run(run_id)
-            event_id = tx.run(sql, (run_id, type, dump_json(data), now)).fetchone()[0]
+            event_id: int = tx.run(sql, (run_id, type, dump_json(data), now)).fetchone()[0]
             self._announce_event(tx, run_id)
             return event_id
 

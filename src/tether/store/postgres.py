@@ -28,7 +28,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import psycopg
 import psycopg.conninfo
@@ -98,7 +98,7 @@ class PostgresStore(SQLStore):
     # -- connection
 
     def _connect(self) -> psycopg.Connection:
-        kwargs = {} if self._connect_timeout is None else {"connect_timeout": self._connect_timeout}
+        kwargs: dict[str, Any] = {} if self._connect_timeout is None else {"connect_timeout": self._connect_timeout}
         conn = psycopg.connect(self.url, autocommit=False, application_name="tether", **kwargs)
         try:
             conn.execute("SELECT set_config('search_path', %s, false)", (self.schema,))

@@ -171,8 +171,9 @@ class SQLiteStore(SQLStore):
     def store_size_bytes(self) -> int:
         if self.path is None:
             with self._transaction(write=False) as tx:
-                pages = tx.run("PRAGMA page_count").fetchone()[0]
-                return pages * tx.run("PRAGMA page_size").fetchone()[0]
+                pages: int = tx.run("PRAGMA page_count").fetchone()[0]
+                page_size: int = tx.run("PRAGMA page_size").fetchone()[0]
+                return pages * page_size
         total = 0
         for suffix in ("", "-wal", "-shm"):
             try:
