@@ -406,6 +406,24 @@ async def test_legacy_cancelling_while_the_form_is_open_cancels_the_run(server, 
     assert rec.deliveries == []
 
 
+async def test_modern_cancelling_the_request_that_answered_the_form_cancels_the_run(server, rt, rec):
+    # The form's answer continues the run inside the client's retried request: cancelling that request must
+    # cancel the run, as it does for the request that started it.
+    code = "import tools\nawait tools.helpdesk.close_ticket(id=3)\nawait tools.slowpoke.wait(seconds=30)\n'done'"
+    async with Client(server.mcp, mode="auto", elicitation_callback=Forms()) as c:
+        async with anyio.create_task_group() as tg:
+            async def call():
+                await c.call_tool("execute", {"code": code})
+            tg.start_soon(call)
+            with anyio.fail_after(10):
+                while not rec.deliveries:  # the approved write went out: the answer's request is running
+                    await asyncio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        run_id = rt.store.list_runs()[0].run_id
+        await wait_status(rt, run_id, "cancelled")
+    assert rec.deliveries == [("close_ticket", {"id": 3})]
+
+
 async def test_a_request_cancelled_while_queued_never_starts(rt):
     server = TetherServer(rt, admission=Admission(1, queue_depth=4, queue_timeout=30))
     async with Client(server.mcp, mode="legacy") as c:

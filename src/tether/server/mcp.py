@@ -517,7 +517,7 @@ class TetherServer:
                 result = await self._run(
                     lambda progress: self.rt.resume(run_id, decision, reason, seq=seq, principal=principal,
                                                     actor=principal, via="mcp", on_progress=progress),
-                    ctx, principal, run_id=lambda: run_id)
+                    ctx, principal, run_id=run_id)
             except Overloaded as exc:
                 # The answer cannot be acted on now, and the model never saw
                 # this run: name it, so the decision is not lost with the form.

@@ -116,12 +116,12 @@ async def legacy(server: "TetherServer", ctx: Any, result: RunResult, principal:
                 await ctx.request_context.session.send_elicit_complete(eid, related_request_id=ctx.request_id)
             result = await settled(server, run_id)
         elif isinstance(reply, DeclinedElicitation):
-            # The lambdas run inside this await, before the loop rebinds run_id and seq.
+            # The lambda runs inside this await, before the loop rebinds run_id and seq.
             result = await server._run(
                 lambda progress: server.rt.resume(run_id, "decline", DECLINED_TO_OPEN, seq=seq,  # noqa: B023
                                                   principal=principal,
                                                   actor=principal, via="mcp", on_progress=progress),
-                ctx, principal, run_id=lambda: run_id)  # noqa: B023
+                ctx, principal, run_id=run_id)
         else:  # dismissed: nothing decided
             return result
     return result
@@ -150,6 +150,6 @@ async def answer(server: "TetherServer", ctx: Any, run_id: str, seq: int, reply:
         return await server._run(
             lambda progress: server.rt.resume(run_id, "decline", DECLINED_TO_OPEN, seq=seq, principal=principal,
                                               actor=principal, via="mcp", on_progress=progress),
-            ctx, principal, run_id=lambda: run_id)
+            ctx, principal, run_id=run_id)
     run = server.rt.get_run(run_id, principal)
     return RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run_id)
