@@ -310,7 +310,7 @@ class NotifyConfig(_Section):
     events: Annotated[list[NotifyEvent], Field(min_length=1),
                       _Expected("must be a non-empty list of 'paused', 'waiting', 'failed', 'completed', "
                                 "'cancelled'")] = Field(
-        default_factory=lambda: ["paused", "waiting", "failed", "completed", "cancelled"])
+        default_factory=lambda: list(get_args(NotifyEvent)))
 
 
 # --- [[sources]] -------------------------------------------------------------

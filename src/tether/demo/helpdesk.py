@@ -302,7 +302,7 @@ class HelpDesk:
         return [
             copy.deepcopy(c)
             for c in self._customers.values()
-            if not needle or any(needle in c[key].lower() for key in ("name", "company", "email"))  # type: ignore[literal-required]
+            if not needle or any(needle in c[key].lower() for key in ("name", "company", "email"))
         ]
 
     async def get_customer(self, customer_id: str) -> Customer:

@@ -417,7 +417,7 @@ class SourceSet:
                 ns = definition.get("namespace")
                 other = next((e for e in self.loaded.values()
                               if ns and e.namespace == ns and e.ok and e.key != definition_key(definition)), None)
-                if other is not None:
+                if other is not None and ns:  # (other is found only under a namespace)
                     problems.append({"source": ns, "reason": "this process has a differently configured source "
                                      f"under the namespace {ns!r}" + (f" ({other.origin})" if other.origin else "")})
                     continue

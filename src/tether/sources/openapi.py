@@ -564,7 +564,8 @@ class OpenAPISource:
                 details={"source": self.namespace, "code": "source_closed"},
             )
         path = op.path
-        query: list[tuple[str, str]] = []
+        # httpx's own item type: a list of plain (str, str) pairs would not match it (lists are invariant).
+        query: list[tuple[str, str | int | float | bool | None]] = []
         headers: dict[str, str] = {}
         body: Any = None
         has_body = False
@@ -723,8 +724,9 @@ def _info_summary(info: Any) -> str | None:
     """``info.title``, and the description's first sentence when the title is all there is to say little."""
     if not isinstance(info, Mapping):
         return None
-    title = info.get("title") if isinstance(info.get("title"), str) else ""
-    text = info.get("description") if isinstance(info.get("description"), str) else ""
+    title, text = info.get("title"), info.get("description")
+    title = title if isinstance(title, str) else ""
+    text = text if isinstance(text, str) else ""
     first = " ".join(text.split()).split(". ")[0].rstrip(".")
     if title and first and len(title) < 40 and first.lower() != title.lower():
         return f"{title}: {first}"

@@ -262,7 +262,8 @@ def _build(spec: ToolSpec, namespace: str) -> Tool:
                                  if k not in context_params}
 
     try:
-        adapter = pydantic.TypeAdapter(_bind)
+        # Given a function, pydantic builds the schema of its parameters; its stubs name only types.
+        adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(_bind)  # type: ignore[arg-type]
         input_schema = _tidy(adapter.json_schema())
         output_schema = _output_schema(func)
     except pydantic.PydanticUserError as exc:
