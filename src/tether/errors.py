@@ -29,7 +29,8 @@
         ├── WrongSecret              wrong_secret
         ├── ExecutionDiverged        execution_diverged
         ├── WriteOutcomeUnknown      write_outcome_unknown
-        └── StoreError               store_error
+        ├── StoreError               store_error
+        └── InvalidTransition        invalid_transition (a move the run state table does not list)
 
 Errors that happen *inside* a program (a tool that failed, a write that was
 declined) reach the program as ordinary Python exceptions whose message starts
@@ -237,3 +238,10 @@ class WriteOutcomeUnknown(WorldError):
 class StoreError(WorldError):
     code = "store_error"
     next_action = "Check the store (TETHER_HOME or [store] url) is reachable and writable."
+
+
+class InvalidTransition(WorldError):
+    """A run was asked to make a move its state table does not list (tether.store.states); nothing was written."""
+
+    code = "invalid_transition"
+    next_action = "Report this as a bug in tether; the run was left as it was (tether runs show)."

@@ -29,7 +29,6 @@ from ..errors import (
     LimitExceeded,
     TetherError,
     UnknownTool,
-    WriteOutcomeUnknown,
 )
 from ..sandbox.monty import GuestRaise, Stopped
 from ..store.base import (
@@ -43,6 +42,7 @@ from ..tools.context import idempotency_key
 from . import integrity, journal, resend, telemetry
 from . import policy as policy_mod
 from .guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
+from .lifecycle import outcome_unknown
 from .pausing import Parked, Paused, Pauses  # noqa: F401 - Parked, Paused: re-exported for callers
 from .result import to_json_value
 
@@ -647,15 +647,9 @@ class EffectBoundary:
         return error
 
     async def _mark_unknown(self, entry: CallRecord) -> None:
-        await self._cas(entry.seq, [CallState.SENDING], state=CallState.UNKNOWN, finished_at=self.clock(),
-                        error={"type": "TimeoutError", "message": f"[write_outcome_unknown] {entry.address} may or may not have happened"})
-        self._fail(
-            WriteOutcomeUnknown(
-                f"the write {entry.address} (call {entry.seq}) was being sent when the run's process stopped; "
-                "whether it happened is unknown and it was not sent again",
-                details={"seq": entry.seq, "address": entry.address, "args": entry.args},
-            )
-        )
+        lost, err = outcome_unknown(entry)
+        await self._cas(entry.seq, [CallState.SENDING], finished_at=self.clock(), **lost)
+        self._fail(err)
 
     # -- what the pausing unit calls (pausing.PauseHost) -------------------------
 

@@ -21,6 +21,7 @@ from ..store.base import (
     RunRecord,
 )
 from ..store.states import CallState, RunStatus
+from .lifecycle import cancelled_error
 from .result import RunResult
 from .waits import DECISIONS  # a paused write is a durable wait: its decisions are what resolve it
 
@@ -258,8 +259,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
     if undecided:
         return _paused_view(rt, rt.store.get_run(run_id))
     record = last or (run.decision or {})
-    if not rt.store.update_run(run_id, [RunStatus.PAUSED], status=RunStatus.RUNNING, decision=record, owner=rt.owner,
-                               lease_until=now + rt.lease_seconds, updated_at=now):
+    if not rt.lifecycle.resume(run_id, record):
         return await rt.wait_for_run(run_id)
     run = rt.get_run(run_id, principal)
     return await rt.launch(run, mode="continue", on_approval=on_approval, t0=t0, on_progress=on_progress,
@@ -338,8 +338,7 @@ async def _cancel(rt: "Runtime", run: RunRecord, fresh: dict[int, tuple[str, str
     """A cancel of any write of the pause ends the run; no write of it is sent (P-10)."""
     seq, (_, reason) = next((s, v) for s, v in fresh.items() if v[0] == "cancel")
     record = {"seq": seq, "decision": "cancel", "reason": reason, **who, "at": now}
-    if not rt.store.update_run(run.run_id, [RunStatus.PAUSED], status=RunStatus.CANCELLED, decision=record, owner=rt.owner,
-                               lease_until=now + rt.lease_seconds, updated_at=now):
+    if not rt.lifecycle.cancel_decided(run.run_id, record):
         # The run moved on meanwhile: decide again against what it is now.
         return await decide(rt, run.run_id, dict(fresh), principal=principal, t0=t0, **who)
     for write in batch_of(run):
@@ -349,6 +348,5 @@ async def _cancel(rt: "Runtime", run: RunRecord, fresh: dict[int, tuple[str, str
             _record(rt, run, write, "cancel", reason if write["seq"] == seq else None, who, now,
                     expect=(CallState.ASKED, CallState.APPROVED))
     address = next(w["address"] for w in batch_of(run) if w["seq"] == seq)
-    return rt.finisher.finish(run, RunStatus.CANCELLED, error={
-        "code": "cancelled", "message": f"the run was cancelled at the write {address}; nothing further was sent",
-        "next_action": "Start a new run if the work is still needed.", "details": {"reason": reason}}, t0=t0)
+    return rt.finisher.finish(run, RunStatus.CANCELLED, error=cancelled_error(
+        f"the run was cancelled at the write {address}; nothing further was sent", {"reason": reason}), t0=t0)

@@ -23,7 +23,6 @@ from ..errors import (
     SnapshotTampered,
     TetherError,
     TypeCheckError,
-    WriteOutcomeUnknown,
     WrongSecret,
 )
 from ..sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxPool, SandboxSpec, Stopped
@@ -56,6 +55,7 @@ from .integrity import (
     verify_run,
     verify_snapshot_record,
 )
+from .lifecycle import Lifecycle, outcome_unknown
 from .limits import Limits
 from .policy import Policy
 from .resend import resendable
@@ -97,6 +97,7 @@ class Collaborators:
     pool: SandboxPool
     bus: EventBus
     finisher: Finisher
+    lifecycle: Lifecycle  # makes every change of the run's status and lease
     waits: Waits
     sessions: Sessions
     settings: Settings
@@ -197,16 +198,8 @@ class Attempt:
         verify_calls(d.keyring, run.run_id, stuck)
         for e in stuck:
             if e.state == CallState.SENDING and resendable(d.catalog, e, self.limits) is None:
-                update_call_signed(d.store, d.keyring, e, [CallState.SENDING], state=CallState.UNKNOWN, finished_at=d.clock(),
-                                   error={"type": "TimeoutError",
-                                          "message": f"[write_outcome_unknown] {e.address} may or may not have happened"})
-                sent = (f" (sent {e.sends} times with idempotency key {e.idempotency_key})"
-                        if e.sends > 1 and e.idempotency_key else "")
-                err = WriteOutcomeUnknown(
-                    f"the write {e.address} (call {e.seq}) was being sent{sent} when the run's process stopped; "
-                    "whether it happened is unknown and it was not sent again",
-                    details={"seq": e.seq, "address": e.address, "args": e.args},
-                )
+                lost, err = outcome_unknown(e)
+                update_call_signed(d.store, d.keyring, e, [CallState.SENDING], finished_at=d.clock(), **lost)
                 return d.finisher.finish(run, RunStatus.FAILED, error=err.to_dict(), calls=e.seq)
         return None
 
@@ -397,9 +390,8 @@ class Attempt:
             status = RunStatus.PAUSED
         # The run's MAC covers what it waits on (P-35).
         signed = sign_run(d.keyring, dataclasses.replace(run, pending=public, expires_at=expires))
-        d.store.update_run(run.run_id, [RunStatus.RUNNING], status=status, pending=public, expires_at=expires,
-                           owner=None, lease_until=None, updated_at=now, decision=None,
-                           result=envelope.to_dict(), mac=signed)
+        d.lifecycle.park(run.run_id, status, pending=public, expires_at=expires, envelope=envelope.to_dict(),
+                         mac=signed)
         d.bus.emit(run.run_id, "paused" if status == RunStatus.PAUSED else "waiting", {"pending": public})
         d.bus.announce(run.run_id, status, {"pending": public, "expires_at": expires})
         self.stopped_at = envelope
@@ -418,7 +410,7 @@ class Attempt:
         d.store.put_snapshot(self._snapshot_record(
             st.issued, data,
             [{"seq": entry.seq, "op": entry.op, "address": entry.address, "args": entry.args}], "checkpoint"))
-        d.store.update_run(run.run_id, [RunStatus.RUNNING], lease_until=now + d.settings.lease_seconds, updated_at=now)
+        d.lifecycle.renew(run.run_id, touch=True)
 
     def _snapshot_record(self, seq: int, data: bytes, pending: list[dict], kind: str) -> SnapshotRecord:
         d, run_id = self.deps, self.run.run_id
@@ -431,8 +423,7 @@ class Attempt:
         interval = max(d.settings.lease_seconds / 3, 0.05)
         while True:
             await asyncio.sleep(interval)
-            now = d.clock()
-            d.store.update_run(run_id, [RunStatus.RUNNING], lease_until=now + d.settings.lease_seconds)
+            d.lifecycle.renew(run_id)
             run = d.store.get_run(run_id)
             reason = (run.meta or {}).get("cancel_requested") if run else None
             if reason and boundary.execution is not None:

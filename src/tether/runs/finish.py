@@ -15,19 +15,18 @@ from ..errors import TetherError
 from ..store.base import RunRecord, Store
 from ..store.states import RunStatus
 from .events import EventBus
+from .lifecycle import Lifecycle, cancelled_error
 from .result import RunResult
 
 _log = logging.getLogger("tether.runs")
 
-CANCELLED_NEXT_ACTION = "Start a new run if the work is still needed."
-
-
 class Finisher:
     """Records how runs end; takes its collaborators, not the runtime."""
 
-    def __init__(self, *, store: Store, bus: EventBus, clock: Callable[[], float],
+    def __init__(self, *, store: Store, lifecycle: Lifecycle, bus: EventBus, clock: Callable[[], float],
                  cancel_waits: Callable[[str], None], revoke_waits: Callable[[str], Any]) -> None:
         self.store = store
+        self.lifecycle = lifecycle
         self.bus = bus
         self.clock = clock
         # A cancelled run's waits end with it; a refused (tampered) run's keys stop working.
@@ -39,8 +38,7 @@ class Finisher:
                notes: list[str] | None = None, t0: float | None = None) -> RunResult:
         envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
                              calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
-        self.store.update_run(run.run_id, None, status=status, result=envelope.to_dict(), error=error,
-                              updated_at=self.clock(), owner=None, lease_until=None, pending=None)
+        self.lifecycle.finish(run.run_id, RunStatus(status), envelope.to_dict(), error)
         self.bus.announce(run.run_id, status, {"error": error} if error else {})
         # The event a cell observer waits for (P-20); a plain execute has no
         # observer and saves the write.
@@ -53,14 +51,11 @@ class Finisher:
     def cancelled(self, run: RunRecord, message: str, *, details: dict | None = None, **fields: Any) -> RunResult:
         """End ``run`` cancelled, its waits with it (the caller has moved its status, or owns the run)."""
         self._cancel_waits(run.run_id)
-        return self.finish(run, RunStatus.CANCELLED, error={"code": "cancelled", "message": message,
-                                                      "next_action": CANCELLED_NEXT_ACTION,
-                                                      "details": details or {}}, **fields)
+        return self.finish(run, RunStatus.CANCELLED, error=cancelled_error(message, details), **fields)
 
     def cancel_now(self, run: RunRecord, reason: str) -> RunResult | None:
         """End a run no process is executing: compare-and-set from its status; None if that changed."""
-        if not self.store.update_run(run.run_id, [run.status], status=RunStatus.CANCELLED, updated_at=self.clock(),
-                                     owner=None, lease_until=None):
+        if not self.lifecycle.cancel_idle(run):
             return None
         return self.cancelled(run, f"the run was cancelled: {reason}; nothing further was sent")
 
@@ -86,9 +81,7 @@ class Finisher:
         ).to_dict()
         envelope = RunResult(status=RunStatus.FAILED, run_id=run.run_id, error=error)
         try:
-            ended = self.store.update_run(run.run_id, [RunStatus.RUNNING], status=RunStatus.FAILED, result=envelope.to_dict(),
-                                          error=error, updated_at=self.clock(), owner=None, lease_until=None,
-                                          pending=None)
+            ended = self.lifecycle.fail_internal(run.run_id, envelope.to_dict(), error)
             if not ended:  # it had already ended (or paused) before the failure: that record stands
                 current = self.store.get_run(run.run_id)
                 if current is not None and current.result:

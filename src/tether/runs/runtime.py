@@ -15,6 +15,7 @@ or replay (the program from its first line, answered from the journal).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as _dt
 import logging
 import secrets
@@ -48,6 +49,7 @@ from .events import EventBus
 from .finish import Finisher
 from .handle import RunHandle
 from .inputs import check_code_size, check_session_name
+from .lifecycle import Lifecycle
 from .limits import Limits
 from .ownership import new_owner, owner_gone
 from .policy import Policy
@@ -148,8 +150,10 @@ class Runtime:
         # Stored run events, this process's observers, and the listeners told when a run pauses or ends.
         self.bus = EventBus(store=self.store, clock=clock)
         # Records how runs end (completed, failed, cancelled, refused, internal errors).
-        self.finisher = Finisher(store=self.store, bus=self.bus, clock=clock, cancel_waits=self._waits.cancel,
-                                 revoke_waits=lambda run_id: self._waits.revoke(run_id=run_id))
+        # Every change of a run's status, owner and lease goes through it (runs/lifecycle.py).
+        self.lifecycle = Lifecycle(self.store, owner=self.owner, clock=clock, lease_seconds=lease_seconds)
+        self.finisher = Finisher(store=self.store, lifecycle=self.lifecycle, bus=self.bus, clock=clock,
+                                 cancel_waits=self._waits.cancel, revoke_waits=lambda run_id: self._waits.revoke(run_id=run_id))
         # The attempts running in this process, by run id (launch adds and removes them).
         self._running: dict[str, RunHandle] = {}
         # The effect boundaries of attempts running here, by run id (each attempt adds its own).
@@ -345,7 +349,7 @@ class Runtime:
             run.session = session
             run.meta["session_base"] = self._session_base(session, run.principal, notes)
         self._sign(run)
-        self.store.create_run(run)
+        self.lifecycle.create(run)
         return self.launch(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress,
                            on_question=on_question, notes=notes, detached=detached)
 
@@ -602,9 +606,7 @@ class Runtime:
         if not trusted:
             return ended
         await self.require_sources(run)
-        now = self.clock()
-        if not self.store.update_run(run_id, [RunStatus.WAITING], status=RunStatus.RUNNING, owner=self.owner,
-                                     lease_until=now + self.lease_seconds, updated_at=now):
+        if not self.lifecycle.wake(run_id):
             return None  # another process took it
         run = self.store.get_run(run_id)
         return await self.launch(run, mode="continue").result()
@@ -624,7 +626,7 @@ class Runtime:
         for run in self.store.paused_runs_past_expiry(self.clock()):
             err = RunExpired(f"run {run.run_id} waited longer than its approval time to live; "
                              f"the write {(run.pending or {}).get('address')} was not sent")
-            if self.store.update_run(run.run_id, [RunStatus.PAUSED], status=RunStatus.FAILED, updated_at=self.clock()):
+            if self.lifecycle.expire(run.run_id):
                 self.revoke_waits(run_id=run.run_id)
                 self.finisher.finish(run, RunStatus.FAILED, error=err.to_dict())
                 ended.append(run.run_id)
@@ -639,27 +641,27 @@ class Runtime:
         run = self._new_run(code, principal=principal, meta=meta, check=self._check_for(check, type_check),
                             status=RunStatus.QUEUED)
         self._sign(run)
-        self.store.create_run(run)
+        self.lifecycle.create(run)
         return run.run_id
 
     async def run_queued(self, limit: int = 1) -> list[RunResult]:
         """Claim up to ``limit`` queued runs (oldest first) and run them here."""
-        out = []
-        for run in reversed(self.store.list_runs(status=RunStatus.QUEUED, limit=1000)):
-            if len(out) >= limit:
-                break
+        from .worker import claimed
+
+        out: list[RunResult] = []
+
+        async def usable(run: RunRecord) -> bool:
             trusted, ended = self.vet(run)
             if not trusted:
                 if ended is not None:
                     out.append(ended)
-                continue
-            if not await self._sources_or_note(run, out):
-                continue
-            now = self.clock()
-            if not self.store.update_run(run.run_id, [RunStatus.QUEUED], status=RunStatus.RUNNING, owner=self.owner,
-                                         lease_until=now + self.lease_seconds, updated_at=now):
-                continue
-            out.append(await self.launch(self.store.get_run(run.run_id), mode="fresh").result())
+                return False
+            # Reported as it stays: back in the queue for a process that can load its sources.
+            return await self._sources_or_note(dataclasses.replace(run, status=RunStatus.QUEUED), out)
+
+        async for run in claimed(lambda: len(out) < limit, self.lifecycle.claim_queued, usable,
+                                 lambda r: self.lifecycle.unclaim(r, RunStatus.QUEUED)):
+            out.append(await self.launch(run, mode="fresh").result())
         return out
 
     # -- questions from upstream tools ------------------------------------------------
@@ -744,12 +746,11 @@ class Runtime:
         gone = owner_gone(run.owner)
         if run.lease_until is None or run.lease_until < now or gone:
             # No process owns it (its process stopped): take it, so no recoverer starts it, and end it.
-            if self.store.claim_run(run_id, self.owner, now + self.lease_seconds, now,
-                                    gone_owner=run.owner if gone else None):
+            if self.lifecycle.take_over(run_id, gone_owner=run.owner if gone else None):
                 return self.finisher.cancel_now(self.store.get_run(run_id), reason) or await self.cancel(
                     run_id, reason, principal=principal)
         # Running in another process: a durable request its heartbeat sees.
-        self.store.update_run(run_id, [RunStatus.RUNNING], meta={**run.meta, "cancel_requested": reason})
+        self.lifecycle.request_cancel(run, reason)
         return await self.wait_for_run(run_id, timeout=max(self.lease_seconds, 1.0) * 2)
 
     async def _stop_here(self, run_id: str, reason: str) -> RunResult:
@@ -779,7 +780,7 @@ class Runtime:
                 continue
             if not await self._sources_or_note(run, out):
                 continue
-            if not self.store.claim_run(run.run_id, self.owner, now + self.lease_seconds, now, gone_owner=gone):
+            if not self.lifecycle.take_over(run.run_id, gone_owner=gone):
                 continue
             out.append(await self.launch(self.store.get_run(run.run_id), mode="continue").result())
         return out
@@ -816,7 +817,7 @@ class Runtime:
         """What an attempt works with; the knobs as they are now (tests and hosts set them after start)."""
         return Collaborators(
             store=self.store, keyring=self.keyring, clock=self.clock, catalog=self.catalog, pool=self.pool,
-            bus=self.bus, finisher=self.finisher, waits=self._waits, sessions=self._sessions,
+            bus=self.bus, finisher=self.finisher, waits=self._waits, sessions=self._sessions, lifecycle=self.lifecycle,
             settings=Settings(
                 principal=self.principal, type_check=self.type_check,
                 approval_ttl_seconds=self.approval_ttl_seconds, lease_seconds=self.lease_seconds,

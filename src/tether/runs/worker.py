@@ -15,7 +15,9 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Sequence
+
+from ..store.base import RunRecord
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -75,6 +77,28 @@ async def _available(rt: "Runtime", run, reported: set[str]) -> bool:
         return False
 
 
+async def claimed(room: Callable[[], bool], claim: Callable[[Sequence[str]], RunRecord | None],
+                  usable: Callable[[RunRecord], Awaitable[bool]],
+                  give_back: Callable[[RunRecord], object]) -> AsyncIterator[RunRecord]:
+    """Runs claimed one at a time while there is ``room``, each one this process can run.
+
+    ``claim(skip)`` is a compare-and-set claim (tether.runs.lifecycle), so
+    replicas claiming at once never get the same run. A claimed run that is
+    not ``usable`` here is given back and skipped for this round, for a
+    process that can run it.
+    """
+    skip: list[str] = []
+    while room():
+        run = claim(skip)
+        if run is None:
+            return
+        if not await usable(run):
+            give_back(run)
+            skip.append(run.run_id)
+            continue
+        yield run
+
+
 async def _claims(rt: "Runtime", free: int, reported: set[str]):
     """Coroutines for work this worker may take now, most urgent first.
 
@@ -83,50 +107,36 @@ async def _claims(rt: "Runtime", free: int, reported: set[str]):
     """
     from ..store.states import RunStatus
 
-    now = rt.clock()
+    life = rt.lifecycle
     out = []
+
+    def room() -> bool:
+        return len(out) < free
+
+    async def available(run: RunRecord) -> bool:
+        return await _available(rt, run, reported)
+
+    async def trusted_and_available(run: RunRecord) -> bool:
+        # A tampered run ends failed here (giving it back then changes nothing); one signed
+        # with a secret not held here, or whose sources are not here, goes back to waiting.
+        return rt.vet(run)[0] and await available(run)
+
     rt.expire_paused()
     # Orphans first: their writes wait on us. Those whose lease lapsed are claimed one at a time
     # (Postgres: SKIP LOCKED); those of a process gone from this host by compare-and-set on its name.
-    skip: list[str] = []
-    while len(out) < free:
-        before = rt.store.claim_orphan(rt.owner, now + rt.lease_seconds, now, skip=skip)
-        if before is None:
-            break
-        if not await _available(rt, before, reported):
-            rt.store.release_orphan(before, rt.owner)  # for a process that has its sources
-            skip.append(before.run_id)
-            continue
+    async for before in claimed(room, life.claim_orphan, available, life.release_orphan):
         out.append(rt.launch(rt.store.get_run(before.run_id), mode="continue").result())
-    for run in rt.gone_owners() if len(out) < free else []:
-        if len(out) >= free or not await _available(rt, run, reported):
+    for run in rt.gone_owners() if room() else []:
+        if not room() or not await available(run):
             continue
-        if rt.store.claim_run(run.run_id, rt.owner, now + rt.lease_seconds, now, gone_owner=run.owner):
+        if life.take_over(run.run_id, gone_owner=run.owner):
             out.append(rt.launch(rt.store.get_run(run.run_id), mode="continue").result())
     # Due timers and wait deadlines, the same way.
-    skip = []
-    while len(out) < free:
-        run = rt.store.claim_due(rt.owner, now + rt.lease_seconds, now, skip=skip)
-        if run is None:
-            break
-        trusted, ended = rt.vet(run)
-        if not trusted or not await _available(rt, run, reported):
-            if ended is None:  # not ours to run (another secret, or sources not here): back to waiting
-                rt.store.update_run(run.run_id, [RunStatus.RUNNING], status=RunStatus.WAITING, owner=None, lease_until=None)
-            skip.append(run.run_id)
-            continue
+    async for run in claimed(room, life.claim_due, trusted_and_available,
+                             lambda r: life.unclaim(r, RunStatus.WAITING)):
         out.append(rt.launch(run, mode="continue").result())
-    # Queued runs, oldest first, claimed one at a time so replicas sharing the queue never take the same one.
-    skip: list[str] = []
-    while len(out) < free:
-        run = rt.store.claim_queued(rt.owner, now + rt.lease_seconds, now, skip=skip)
-        if run is None:
-            break
-        if not await _available(rt, run, reported):
-            # Back in the queue for a process that has its sources (this one tries again next round).
-            rt.store.update_run(run.run_id, [RunStatus.RUNNING], status=RunStatus.QUEUED, owner=None, lease_until=None)
-            skip.append(run.run_id)
-            continue
+    # Queued runs, oldest first; one this process cannot load the sources of goes back in the queue.
+    async for run in claimed(room, life.claim_queued, available, lambda r: life.unclaim(r, RunStatus.QUEUED)):
         out.append(rt.launch(run, mode="fresh").result())
     return out
 

@@ -69,18 +69,18 @@ SETTLED_CALL_STATES: frozenset[CallState] = frozenset(
     {CallState.DONE, CallState.FAILED, CallState.SENT, CallState.DECLINED, CallState.DENIED, CallState.UNKNOWN})
 
 _R = RunStatus
-# The moves a run may make, by the status it leaves. Each names the lifecycle
-# function that makes it (tether.runs.lifecycle); nothing else changes a
-# run's status. Restating a status (running -> running: a lease renewed, a
-# run taken over) is not a move and is not listed.
+# The moves a run may make, by the status it leaves; tether.runs.lifecycle
+# makes each (the function named) and nothing else changes a run's status.
+# Restating a status (a lease renewed, a run taken over, a terminal status
+# written again with its envelope) is not a move and is not listed.
 RUN_TRANSITIONS: Mapping[RunStatus, frozenset[RunStatus]] = {
-    # claim_queued; cancel_idle
-    _R.QUEUED: frozenset({_R.RUNNING, _R.CANCELLED}),
-    # pause / park; finish (completed, failed, cancelled); unclaim (a claimer that cannot run it here)
+    # claim_queued; cancel_idle; finish (a tampered record ends failed)
+    _R.QUEUED: frozenset({_R.RUNNING, _R.CANCELLED, _R.FAILED}),
+    # park; finish, fail_internal, cancel_idle; unclaim (claimed where it cannot run)
     _R.RUNNING: frozenset({_R.PAUSED, _R.WAITING, _R.COMPLETED, _R.FAILED, _R.CANCELLED, _R.QUEUED}),
-    # continue_decided; cancel_decided / cancel_idle; expire
+    # resume (its pause decided); cancel_decided, cancel_idle; expire, finish
     _R.PAUSED: frozenset({_R.RUNNING, _R.CANCELLED, _R.FAILED}),
-    # wake / claim_due; cancel_idle; a tampered record ends failed
+    # wake, claim_due; cancel_idle; finish
     _R.WAITING: frozenset({_R.RUNNING, _R.CANCELLED, _R.FAILED}),
     _R.COMPLETED: frozenset(),
     _R.FAILED: frozenset(),
@@ -112,7 +112,7 @@ WAIT_TRANSITIONS: Mapping[WaitStatus, frozenset[WaitStatus]] = {
 
 
 def run_move_allowed(frm: str, to: str) -> bool:
-    """Whether a run in status ``frm`` may move to ``to`` (restating a non-terminal status is allowed)."""
+    """Whether a run in status ``frm`` may move to ``to``; restating its status is allowed."""
     source = RunStatus(frm)
     target = RunStatus(to)
-    return target in RUN_TRANSITIONS[source] or (source is target and not source.terminal)
+    return target in RUN_TRANSITIONS[source] or source is target

@@ -1,0 +1,131 @@
+"""The run lifecycle (runs/lifecycle.py): every status change is a move the state table lists.
+
+A move the table does not list is refused with ``invalid_transition`` and
+leaves the run as it was; a move it lists is made by compare-and-set, so a run
+that changed meanwhile is left to whoever changed it.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+import pytest
+
+from tether.errors import InvalidTransition
+from tether.runs.lifecycle import Lifecycle, check_move
+from tether.store import RunRecord, open_store
+from tether.store.states import RUN_TRANSITIONS, TERMINAL_RUN_STATUSES, RunStatus, run_move_allowed
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "tether"
+
+
+def _run(run_id: str, status: RunStatus) -> RunRecord:
+    return RunRecord(run_id=run_id, status=status, program="1", environment={"clock": "2026-01-01T00:00:00+00:00",
+                     "seed": 1}, policy={}, limits={}, created_at=1000.0, updated_at=1000.0)
+
+
+@pytest.fixture
+def life(store_url):
+    store = open_store(store_url)
+    yield Lifecycle(store, owner="me", clock=lambda: 2000.0, lease_seconds=30.0)
+    store.close()
+
+
+def test_every_pair_of_statuses_moves_exactly_as_the_table_says(life):
+    """All 49 (from, to) pairs on a real store: listed moves are written, others refused with nothing written."""
+    for n, (frm, to) in enumerate(itertools.product(RunStatus, RunStatus)):
+        run_id = f"r{n}"
+        life.store.create_run(_run(run_id, frm))
+        if run_move_allowed(frm, to):
+            assert life._move(run_id, [frm], to, updated_at=2000.0), (frm, to)
+            assert life.store.get_run(run_id).status == to
+        else:
+            with pytest.raises(InvalidTransition) as raised:
+                life._move(run_id, [frm], to, updated_at=2000.0)
+            assert raised.value.code == "invalid_transition"
+            assert raised.value.details == {"run_id": run_id, "from": [str(frm)], "to": str(to)}
+            row = life.store.get_run(run_id)
+            assert row.status == frm and row.updated_at == 1000.0, (frm, to)
+
+
+def test_the_table_has_no_dead_ends():
+    """Terminal statuses never move; every other status can end, and can be reached from where runs start."""
+    for status in TERMINAL_RUN_STATUSES:
+        assert RUN_TRANSITIONS[status] == frozenset()
+    reached = {RunStatus.QUEUED, RunStatus.RUNNING}
+    while True:
+        more = {to for s in reached for to in RUN_TRANSITIONS[s]} - reached
+        if not more:
+            break
+        reached |= more
+    assert reached == set(RunStatus)
+    for status in set(RunStatus) - TERMINAL_RUN_STATUSES:
+        assert RUN_TRANSITIONS[status] & TERMINAL_RUN_STATUSES, status
+
+
+def test_a_listed_move_loses_to_a_change_made_meanwhile(life):
+    life.store.create_run(_run("r", RunStatus.PAUSED))
+    assert life.expire("r")  # paused -> failed
+    assert not life.resume("r", {"seq": 1, "decision": "approve"})  # paused -> running: it is not paused now
+    assert life.store.get_run("r").status == RunStatus.FAILED
+
+
+def test_a_finished_run_keeps_its_outcome(life):
+    life.store.create_run(_run("r", RunStatus.RUNNING))
+    assert life.finish("r", RunStatus.COMPLETED, {"status": "completed", "result": 1}, None)
+    assert not life.finish("r", RunStatus.FAILED, {"status": "failed"}, {"code": "x"})
+    assert not life.cancel_idle(life.store.get_run("r"))
+    row = life.store.get_run("r")
+    assert row.status == RunStatus.COMPLETED and row.result == {"status": "completed", "result": 1}
+
+
+def test_moves_outside_the_table_are_refused_before_anything_is_written(life):
+    with pytest.raises(InvalidTransition):
+        life.create(_run("new", RunStatus.PAUSED))
+    assert life.store.get_run("new") is None
+    life.store.create_run(_run("r", RunStatus.RUNNING))
+    with pytest.raises(InvalidTransition):
+        life.finish("r", RunStatus.QUEUED, {}, None)
+    with pytest.raises(InvalidTransition):
+        life.park("r", RunStatus.COMPLETED, pending={}, expires_at=None, envelope={}, mac={})
+    with pytest.raises(InvalidTransition):
+        life.unclaim(life.store.get_run("r"), RunStatus.PAUSED)
+    with pytest.raises(InvalidTransition):
+        check_move("r", [], RunStatus.RUNNING)
+    row = life.store.get_run("r")
+    assert row.status == RunStatus.RUNNING and row.updated_at == 1000.0
+
+
+def test_claims_take_the_run_for_this_owner_with_a_lease(life):
+    life.store.create_run(_run("q", RunStatus.QUEUED))
+    run = life.claim_queued()
+    assert (run.run_id, run.status, run.owner, run.lease_until) == ("q", RunStatus.RUNNING, "me", 2030.0)
+    assert life.claim_queued() is None
+    assert life.unclaim(run, RunStatus.QUEUED)
+    row = life.store.get_run("q")
+    assert (row.status, row.owner, row.lease_until) == (RunStatus.QUEUED, None, None)
+
+
+def _calls_outside_lifecycle() -> list[str]:
+    """Calls of the store's run compare-and-set methods anywhere but the lifecycle (and the store itself)."""
+    guarded = {"update_run", "create_run", "claim_run", "claim_queued", "claim_due", "claim_orphan",
+               "release_orphan"}
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith("store/") or rel == "runs/lifecycle.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in guarded:
+                # Calls on the lifecycle itself (rt.lifecycle.claim_queued) are what every other place makes.
+                owner = node.func.value
+                via = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+                if via not in ("lifecycle", "life"):
+                    found.append(f"{rel}:{node.lineno} {node.func.attr}")
+    return found
+
+
+def test_only_the_lifecycle_changes_a_runs_status_owner_or_lease():
+    assert _calls_outside_lifecycle() == []
