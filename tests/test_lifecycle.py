@@ -1,7 +1,7 @@
-"""The run lifecycle (runs/lifecycle.py): every status change is a move the state table lists.
+"""The run lifecycle (runs/lifecycle.py): every status change is a transition the state table lists.
 
-A move the table does not list is refused with ``invalid_transition`` and
-leaves the run as it was; a move it lists is made by compare-and-set, so a run
+A transition the table does not list is refused with ``invalid_transition`` and
+leaves the run as it was; a transition it lists is made by compare-and-set, so a run
 that changed meanwhile is left to whoever changed it.
 """
 
@@ -34,7 +34,7 @@ def life(store_url):
 
 
 def test_every_pair_of_statuses_moves_exactly_as_the_table_says(life):
-    """All 49 (from, to) pairs on a real store: listed moves are written, others refused with nothing written."""
+    """All 49 (from, to) pairs on a real store: listed transitions are made, others refused, nothing written."""
     for n, (frm, to) in enumerate(itertools.product(RunStatus, RunStatus)):
         run_id = f"r{n}"
         life.store.create_run(_run(run_id, frm))
@@ -51,7 +51,7 @@ def test_every_pair_of_statuses_moves_exactly_as_the_table_says(life):
 
 
 def test_the_table_has_no_dead_ends():
-    """Terminal statuses never move; every other status can end, and can be reached from where runs start."""
+    """Terminal statuses never transition; every other status can end, and can be reached from where runs start."""
     for status in TERMINAL_RUN_STATUSES:
         assert RUN_TRANSITIONS[status] == frozenset()
     reached = {RunStatus.QUEUED, RunStatus.RUNNING}

@@ -30,7 +30,7 @@
         ├── ExecutionDiverged        execution_diverged
         ├── WriteOutcomeUnknown      write_outcome_unknown
         ├── StoreError               store_error
-        └── InvalidTransition        invalid_transition (a move the run state table does not list)
+        └── InvalidTransition        invalid_transition (not in the run state table: a bug)
 
 Errors that happen *inside* a program (a tool that failed, a write that was
 declined) reach the program as ordinary Python exceptions whose message starts
@@ -241,7 +241,7 @@ class StoreError(WorldError):
 
 
 class InvalidTransition(WorldError):
-    """A run was asked to make a move its state table does not list (tether.store.states); nothing was written."""
+    """A transition the run state table does not list (tether.store.states) was refused; nothing was written."""
 
     code = "invalid_transition"
     next_action = "Report this as a bug in tether; the run was left as it was (tether runs show)."

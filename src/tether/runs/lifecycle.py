@@ -1,10 +1,10 @@
 """The lifecycle: the one place a run changes status, owner or lease.
 
-Every move a run makes is one method of :class:`Lifecycle`. Each checks the
-move against ``RUN_TRANSITIONS`` (tether.store.states) and makes it with the
-store's compare-and-set, so of two processes racing for the same move exactly
+Every transition a run makes is one method of :class:`Lifecycle`. Each checks the
+transition against ``RUN_TRANSITIONS`` (tether.store.states) and makes it with the
+store's compare-and-set, so of two processes racing for the same transition exactly
 one wins; the loser gets ``False`` (or ``None``) and leaves the run to the
-winner. A move the table does not list is a bug in tether: it is refused with
+winner. A transition the table does not list is a bug in tether: it is refused with
 ``InvalidTransition`` and nothing is written.
 
     create          (new) -> queued | running            Runtime._begin, Runtime.start
@@ -24,7 +24,7 @@ winner. A move the table does not list is a bug in tether: it is refused with
     cancel_idle     (not executing) -> cancelled         Runtime._cancel_now
     cancel_decided  paused -> cancelled                  decisions._cancel
 
-``cancelled_error`` and ``outcome_unknown`` are the two records these moves
+``cancelled_error`` and ``outcome_unknown`` are the two records these transitions
 write that used to be spelled out at each place that wrote them.
 """
 
@@ -38,12 +38,13 @@ from ..store.states import RUN_TRANSITIONS, CallState, RunStatus, run_move_allow
 
 
 def check_move(run_id: str, frm: Iterable[str], to: str) -> list[RunStatus]:
-    """The statuses in ``frm`` as enums, if the table lets each move to ``to``; else ``InvalidTransition``."""
+    """The statuses in ``frm`` as enums, if the table allows each one's transition to ``to``; else
+    ``InvalidTransition``."""
     sources = [RunStatus(s) for s in frm]
     refused = [s for s in sources if not run_move_allowed(s, to)]
     if refused or not sources:
         raise InvalidTransition(
-            f"run {run_id} cannot move from {', '.join(refused) or 'no status'} to {to}; nothing was written",
+            f"run {run_id} cannot transition from {', '.join(refused) or 'no status'} to {to}; nothing was written",
             details={"run_id": run_id, "from": [str(s) for s in refused], "to": str(to)})
     return sources
 
@@ -75,7 +76,7 @@ def outcome_unknown(entry: CallRecord) -> tuple[dict[str, Any], WriteOutcomeUnkn
 
 
 class Lifecycle:
-    """Moves runs from status to status for one process (``owner``), each move a compare-and-set."""
+    """Takes runs from status to status for one process (``owner``); each transition is a compare-and-set."""
 
     def __init__(self, store: Store, *, owner: str, clock: Callable[[], float], lease_seconds: float) -> None:
         self.store = store
@@ -186,7 +187,7 @@ class Lifecycle:
     def cancel_idle(self, run: RunRecord) -> bool:
         """End a run no process is executing, from the status it was read in; False if that changed."""
         if RunStatus(run.status).terminal:
-            return False  # it ended meanwhile: a race lost, not a move to refuse
+            return False  # it ended meanwhile: a race lost, not a transition to refuse
         return self._move(run.run_id, [run.status], RunStatus.CANCELLED, updated_at=self.clock(), owner=None,
                           lease_until=None)
 

@@ -1,7 +1,7 @@
-"""Every state a run, a journal entry and a wait can be in, and the moves between them.
+"""Every state a run, a journal entry and a wait can be in, and the transitions between them.
 
 One vocabulary for the whole code base: the store persists these values,
-``tether.runs.lifecycle`` is the one place that moves a run from one to the
+``tether.runs.lifecycle`` is the one place that takes a run from one to the
 next, and the tables below are what it checks. The members are ``str``
 subclasses whose values are the strings stored and sent today, so rows,
 JSON envelopes and run MACs stay byte for byte what they were.
@@ -69,10 +69,10 @@ SETTLED_CALL_STATES: frozenset[CallState] = frozenset(
     {CallState.DONE, CallState.FAILED, CallState.SENT, CallState.DECLINED, CallState.DENIED, CallState.UNKNOWN})
 
 _R = RunStatus
-# The moves a run may make, by the status it leaves; tether.runs.lifecycle
+# The transitions a run may make, by the status it leaves; tether.runs.lifecycle
 # makes each (the function named) and nothing else changes a run's status.
 # Restating a status (a lease renewed, a run taken over, a terminal status
-# written again with its envelope) is not a move and is not listed.
+# written again with its envelope) is not a transition and is not listed.
 RUN_TRANSITIONS: Mapping[RunStatus, frozenset[RunStatus]] = {
     # claim_queued; cancel_idle; finish (a tampered record ends failed)
     _R.QUEUED: frozenset({_R.RUNNING, _R.CANCELLED, _R.FAILED}),
@@ -88,7 +88,7 @@ RUN_TRANSITIONS: Mapping[RunStatus, frozenset[RunStatus]] = {
 }
 
 _C = CallState
-# A journal entry's moves (the boundary and decisions make them; update_call is their compare-and-set).
+# A journal entry's transitions (the boundary and decisions make them; update_call is their compare-and-set).
 CALL_TRANSITIONS: Mapping[CallState, frozenset[CallState]] = {
     _C.PENDING: frozenset({_C.DONE, _C.FAILED}),
     _C.ASKED: frozenset({_C.APPROVED, _C.DECLINED}),
@@ -112,7 +112,7 @@ WAIT_TRANSITIONS: Mapping[WaitStatus, frozenset[WaitStatus]] = {
 
 
 def run_move_allowed(frm: str, to: str) -> bool:
-    """Whether a run in status ``frm`` may move to ``to``; restating its status is allowed."""
+    """Whether a run in status ``frm`` may transition to ``to``; restating its status is allowed."""
     source = RunStatus(frm)
     target = RunStatus(to)
     return target in RUN_TRANSITIONS[source] or source is target
