@@ -57,6 +57,7 @@ from .integrity import (
 )
 from .lifecycle import Lifecycle, outcome_unknown
 from .limits import Limits
+from .notices import CANCEL, wait_a_little
 from .policy import Policy
 from .resend import resendable
 from .result import RunResult, preview, to_json_value
@@ -418,17 +419,26 @@ class Attempt:
         return SnapshotRecord(run_id, seq, MONTY_VERSION, data, mac, pending, d.clock(), kind)
 
     async def _heartbeat(self, boundary: EffectBoundary) -> None:
-        """Keep this process's lease on the run while the attempt lives; see cancel requests."""
+        """Keep this process's lease on the run while the attempt lives; see cancel requests.
+
+        A cancel requested from another process is seen at once when its notice
+        arrives (Postgres), else at the next renewal.
+        """
         d, run_id = self.deps, self.run.run_id
         interval = max(d.settings.lease_seconds / 3, 0.05)
-        while True:
-            await asyncio.sleep(interval)
-            d.lifecycle.renew(run_id)
-            run = d.store.get_run(run_id)
-            reason = (run.meta or {}).get("cancel_requested") if run else None
-            if reason and boundary.execution is not None:
-                boundary.execution.stop(Cancelled(reason))
-                boundary.release_held()
+        with d.bus.notices.watch(CANCEL, run_id) as cancel:
+            d.bus.listen()
+            renewed = time.monotonic()
+            while True:
+                await wait_a_little(cancel, max(0.0, renewed + interval - time.monotonic()))
+                if time.monotonic() - renewed >= interval:
+                    d.lifecycle.renew(run_id)
+                    renewed = time.monotonic()
+                run = d.store.get_run(run_id)
+                reason = (run.meta or {}).get("cancel_requested") if run else None
+                if reason and boundary.execution is not None:
+                    boundary.execution.stop(Cancelled(reason))
+                    boundary.release_held()
 
     # -- finish --------------------------------------------------------------------
 

@@ -9,13 +9,13 @@ Polling the store underneath finds everything whatever happens to the wake-ups.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any, Callable
 
 from ..errors import RunNotFound
 from ..store.base import Store
 from ..store.states import TERMINAL_RUN_STATUSES
+from .notices import ENDED, EVENT, Notices
 from .result import to_json_value
 
 # Events after which an observer has something to act on.
@@ -36,7 +36,9 @@ class EventBus:
         # A listener must be quick and never raises into a run (notifications use them).
         self.listeners: list[Listener] = []
         self._signals: dict[str, asyncio.Event] = {}
-        self._stop_listening: Callable[[], None] | None = None
+        # Other processes' notices (events, cancels, ends); the listener is started on first need.
+        self.notices = Notices(store)
+        self.notices.handlers.append(self._heard)
 
     def emit(self, run_id: str, type: str, data: dict[str, Any]) -> int:
         """Store an event of ``run_id``; observers here wake at once. Returns its id."""
@@ -63,27 +65,22 @@ class EventBus:
                 pass
 
     def listen(self) -> None:
-        """Wake observers here when another process stores an event (a store that can say so: Postgres).
+        """Hear other processes' notices (a store that can say so: Postgres; tether.runs.notices).
 
-        Started by the first observer; without it (SQLite, or the listener down) observers poll.
+        Started by the first observer, waiter or attempt; without it (SQLite, or the listener down) they poll.
         """
-        listen = getattr(self.store, "listen", None)
-        if self._stop_listening is not None or listen is None:
-            return
-        loop = asyncio.get_running_loop()
+        self.notices.start()
 
-        def wake(run_id: str) -> None:
+    def _heard(self, kind: str, run_id: str) -> None:
+        if kind == EVENT:
             signal = self._signals.get(run_id)
             if signal is not None:
-                with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
-                    loop.call_soon_threadsafe(signal.set)
-
-        self._stop_listening = listen(wake)
+                signal.set()
+            # A run's events include its pausing and parking: a waiter for its outcome looks too.
+            self.notices.deliver(f"{ENDED}:{run_id}")
 
     def close(self) -> None:
-        if self._stop_listening is not None:
-            self._stop_listening()
-            self._stop_listening = None
+        self.notices.stop()
 
     async def wait(self, run_id: str, after: int, timeout_ms: int, stop_on: frozenset[str] = STOPPING_EVENTS,
                    task: asyncio.Future | None = None) -> list[Any]:

@@ -16,6 +16,7 @@ from ..store.base import RunRecord, Store
 from ..store.states import RunStatus
 from .events import EventBus
 from .lifecycle import Lifecycle, cancelled_error
+from .notices import ENDED
 from .result import RunResult
 
 _log = logging.getLogger("tether.runs")
@@ -45,7 +46,9 @@ class Finisher:
         if (run.meta or {}).get("cell") or self.bus.observed(run.run_id):
             kind = {RunStatus.COMPLETED: "completed", RunStatus.FAILED: "failed"}.get(status, "terminated")
             data = {"result": result, "notes": notes or []} if status == RunStatus.COMPLETED else {"error": error}
-            self.bus.emit(run.run_id, kind, data)
+            self.bus.emit(run.run_id, kind, data)  # its notice is the "ended" one too
+        else:
+            self.bus.notices.publish(ENDED, run.run_id)  # a waiter in another process looks now
         return envelope
 
     def cancelled(self, run: RunRecord, message: str, *, details: dict | None = None, **fields: Any) -> RunResult:

@@ -51,6 +51,7 @@ from .handle import RunHandle
 from .inputs import check_code_size, check_session_name
 from .lifecycle import Lifecycle
 from .limits import Limits
+from .notices import CANCEL, ENDED, Notices, wait_a_little
 from .ownership import new_owner, owner_gone
 from .policy import Policy
 from .result import RunResult
@@ -523,6 +524,11 @@ class Runtime:
         handle = self._running.get(run_id)
         if handle is not None:
             return await asyncio.shield(handle.task)
+        with self.notices.watch(ENDED, run_id) as ended:
+            self.listen_for_events()
+            return await self._poll_run(run_id, timeout, ended)
+
+    async def _poll_run(self, run_id: str, timeout: float, ended: asyncio.Event) -> RunResult:
         delay = 0.02
         deadline = time.monotonic() + timeout
         while True:
@@ -543,7 +549,8 @@ class Runtime:
                     "code": "still_running",
                     "message": f"run {run_id} is still {run.status} in process {run.owner} after {timeout:g} s",
                     "next_action": f"Wait for it with `tether runs await {run_id}`.", "details": {}})
-            await asyncio.sleep(delay)
+            # A notice that the run stopped running (another process) ends the wait early.
+            await wait_a_little(ended, delay)
             delay = min(delay * 2, 0.5)
 
     def _get_run(self, run_id: str, principal: str | None) -> RunRecord:
@@ -749,8 +756,9 @@ class Runtime:
             if self.lifecycle.take_over(run_id, gone_owner=run.owner if gone else None):
                 return self.finisher.cancel_now(self.store.get_run(run_id), reason) or await self.cancel(
                     run_id, reason, principal=principal)
-        # Running in another process: a durable request its heartbeat sees.
+        # Running in another process: a durable request its heartbeat sees, and a notice so it looks now.
         self.lifecycle.request_cancel(run, reason)
+        self.notices.publish(CANCEL, run_id)
         return await self.wait_for_run(run_id, timeout=max(self.lease_seconds, 1.0) * 2)
 
     async def _stop_here(self, run_id: str, reason: str) -> RunResult:
@@ -857,8 +865,13 @@ class Runtime:
         self.bus.announce(run_id, kind, data)
 
     def listen_for_events(self) -> None:
-        """Wake observers here when another process stores an event (Postgres); see EventBus.listen."""
+        """Hear other processes' notices at once (Postgres); see EventBus.listen and tether.runs.notices."""
         self.bus.listen()
+
+    @property
+    def notices(self) -> Notices:
+        """What other processes on the store say at once (Postgres LISTEN/NOTIFY); polling stays underneath."""
+        return self.bus.notices
 
     def event(self, run_id: str, type: str, data: dict[str, Any]) -> int:
         """Store an event of ``run_id`` (P-20); observers here wake at once."""

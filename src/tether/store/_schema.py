@@ -688,6 +688,12 @@ class SQLStore:
     def _announce_event(self, tx: Tx, run_id: str) -> None:
         """Tell other processes watching this store that ``run_id`` has a new event (Postgres: NOTIFY)."""
 
+    def notify(self, payload: str) -> None:
+        """Tell other processes watching this store something changed (Postgres: NOTIFY; here nothing).
+
+        Their polling finds the change anyway; ``payload`` only says where to look first.
+        """
+
     def get_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[EventRecord]:
         sql = f"{_SELECT_EVENT} WHERE run_id = ? AND id > ? ORDER BY id LIMIT ?"
         with self._transaction(write=False) as tx:

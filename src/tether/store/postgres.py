@@ -168,12 +168,18 @@ class PostgresStore(SQLStore):
         # Delivered at commit, so a listener that wakes finds the row.
         tx.run("SELECT pg_notify(?, ?)", (self._channel, run_id))
 
+    def notify(self, payload: str) -> None:
+        with self._transaction(write=True) as tx:
+            tx.run("SELECT pg_notify(?, ?)", (self._channel, payload))
+
     @property
     def _channel(self) -> str:
         return f"{self.schema}_events"
 
     def listen(self, on_event: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``on_event(run_id)`` (from a thread) when any process adds an event; returns a stopper.
+        """Call ``on_event(payload)`` (from a thread) for every notice on this store; returns a stopper.
+
+        A payload is a run id (an event was added) or ``<kind>:<run id>`` (tether.runs.notices).
 
         One extra connection, listening; if it breaks, it is opened again after a second, and the
         readers' polling covers the gap: a notification is a hint to look now, never the data.

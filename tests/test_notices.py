@@ -1,0 +1,94 @@
+"""Notices across processes on Postgres (LISTEN/NOTIFY): cancellations and wait resolutions arrive at once.
+
+Two runtimes with stores of their own on one Postgres stand for two replicas.
+The executing one's lease is ten minutes, so its renewals (the polling
+fallback) cannot be what ends a wait here: only the notice can, within the
+tests' generous timeouts. Each test first checks the listener hears (a probe
+notice), so no test depends on how fast a connection opens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+
+from helpers import Recorder
+from tether.runs.notices import wait_a_little
+from tether.runs.policy import Policy
+from tether.runs.runtime import Runtime
+from tether.store import open_store
+from tether.tools.model import Annotations, Tool
+
+LONG_LEASE = 600.0
+
+
+async def hears(listener: Runtime, sender: Runtime) -> None:
+    """Return once ``listener`` hears ``sender``'s notices."""
+    with listener.notices.watch("probe", "run_probe") as heard:
+        listener.listen_for_events()
+        with anyio.fail_after(60):
+            while True:
+                sender.notices.publish("probe", "run_probe")
+                if await wait_a_little(heard, 0.2):
+                    return
+
+
+def blocking(started: asyncio.Event) -> Tool:
+    """``slow.block()``: a read that says it started, then answers only after ten minutes."""
+    async def block(args: dict) -> str:
+        started.set()
+        await asyncio.sleep(600)
+        return "late"
+
+    return Tool("slow", "block", "Answers after ten minutes.", {"type": "object", "properties": {}}, block,
+                annotations=Annotations(read_only=True), timeout_seconds=900)
+
+
+def runtimes(pg_url: str, rec: Recorder, *extra: Tool, **a_kwargs) -> tuple[Runtime, Runtime]:
+    a = Runtime(store=open_store(pg_url), tools=[*rec.tools(), *extra], type_check=False,
+                lease_seconds=LONG_LEASE, **a_kwargs)
+    b = Runtime(store=open_store(pg_url), tools=rec.tools(), type_check=False)
+    return a, b
+
+
+async def until_status(rt: Runtime, run_id: str, status: str) -> None:
+    with anyio.fail_after(60):
+        while (run := rt.store.get_run(run_id)) is None or run.status != status:
+            await asyncio.sleep(0.01)
+
+
+CANCELLED_MID_CALL = """
+import tools
+await tools.slow.block()
+await tools.helpdesk.close_ticket(id=7)
+"""
+
+
+async def test_a_cancel_from_another_replica_stops_the_executing_run_without_waiting_for_its_lease(pg_url):
+    rec, started = Recorder(), asyncio.Event()
+    a, b = runtimes(pg_url, rec, blocking(started), policy=Policy(writes="allow"))
+    async with a, b:
+        run_id = a.start(CANCELLED_MID_CALL)
+        worker = asyncio.ensure_future(_run_queued(a, run_id))
+        await until_status(a, run_id, "running")
+        await hears(a, b)
+        with anyio.fail_after(60):
+            await started.wait()  # the cancel lands mid-call
+        with anyio.fail_after(120):
+            out = await b.cancel(run_id, "operator stop")
+            executed = await worker
+    assert out.status == "cancelled", out
+    assert executed.status == "cancelled" and "operator stop" in executed.error["message"]
+    assert rec.deliveries == []  # the write after the cancelled call was never sent
+    assert b.store.get_run(run_id).status == "cancelled"
+
+
+async def _run_queued(rt: Runtime, run_id: str):
+    """Execute one queued run here, as a replica's runner would."""
+    import time
+
+    now = rt.clock()
+    run = rt.store.claim_queued(rt.owner, now + rt.lease_seconds, now)
+    assert run is not None and run.run_id == run_id
+    return await rt._attempt(run, mode="fresh", on_approval=None, t0=time.perf_counter())
