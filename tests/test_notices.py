@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import anyio
+import pytest
 
 from helpers import Recorder
 from tether.runs.notices import wait_a_little
@@ -69,26 +70,58 @@ async def test_a_cancel_from_another_replica_stops_the_executing_run_without_wai
     rec, started = Recorder(), asyncio.Event()
     a, b = runtimes(pg_url, rec, blocking(started), policy=Policy(writes="allow"))
     async with a, b:
-        run_id = a.start(CANCELLED_MID_CALL)
-        worker = asyncio.ensure_future(_run_queued(a, run_id))
-        await until_status(a, run_id, "running")
+        handle = await a.begin(CANCELLED_MID_CALL)
+        run_id = handle.run_id
         await hears(a, b)
         with anyio.fail_after(60):
             await started.wait()  # the cancel lands mid-call
         with anyio.fail_after(120):
             out = await b.cancel(run_id, "operator stop")
-            executed = await worker
+            executed = await handle.result()
     assert out.status == "cancelled", out
     assert executed.status == "cancelled" and "operator stop" in executed.error["message"]
     assert rec.deliveries == []  # the write after the cancelled call was never sent
     assert b.store.get_run(run_id).status == "cancelled"
 
 
-async def _run_queued(rt: Runtime, run_id: str):
-    """Execute one queued run here, as a replica's runner would."""
-    import time
+PARKED = """
+import tools
+await tools.helpdesk.close_ticket(id=1)
+v = await wait_for("go")
+await tools.helpdesk.add_comment(id=1, body=v)
+v
+"""
 
-    now = rt.clock()
-    run = rt.store.claim_queued(rt.owner, now + rt.lease_seconds, now)
-    assert run is not None and run.run_id == run_id
-    return await rt._attempt(run, mode="fresh", on_approval=None, t0=time.perf_counter())
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_a_wait_settled_where_the_run_cannot_continue_is_continued_by_one_runner(backend, request, tmp_path):
+    """Settled without continuing the run (continue_run=False here; a resolver lacking the run's sources
+    likewise): one of two runners continues it, told by a notice on Postgres, by its scan on SQLite."""
+    from tether.runs.worker import work
+
+    url = request.getfixturevalue("pg_url") if backend == "postgres" else f"sqlite:///{tmp_path}/t.db"
+    rec = Recorder()
+
+    def runtime(**kw) -> Runtime:
+        return Runtime(store=open_store(url), tools=rec.tools(), type_check=False,
+                       policy=Policy(writes="allow"), **kw)
+
+    stop = asyncio.Event()
+    async with runtime(lease_seconds=LONG_LEASE) as a1, runtime(lease_seconds=LONG_LEASE) as a2, runtime() as b:
+        runners = [asyncio.ensure_future(work(rt, stop=stop)) for rt in (a1, a2)]
+        try:
+            run_id = b.start(PARKED)
+            await until_status(b, run_id, "waiting")
+            if backend == "postgres":
+                await hears(a1, b)
+                await hears(a2, b)
+            key = b.store.get_run(run_id).pending["key"]
+            out = await b.resolve_wait(key, "go on", continue_run=False)
+            assert out["status"] == "accepted" and "run" not in out, out
+            await until_status(b, run_id, "completed")
+        finally:
+            stop.set()
+            await asyncio.gather(*runners)
+    run = b.store.get_run(run_id)
+    assert run.result["result"] == "go on"
+    assert rec.deliveries == [("close_ticket", {"id": 1}), ("add_comment", {"id": 1, "body": "go on"})]

@@ -51,7 +51,7 @@ from .handle import RunHandle
 from .inputs import check_code_size, check_session_name
 from .lifecycle import Lifecycle
 from .limits import Limits
-from .notices import CANCEL, ENDED, Notices, wait_a_little
+from .notices import CANCEL, ENDED, SETTLED, Notices, wait_a_little
 from .ownership import new_owner, owner_gone
 from .policy import Policy
 from .result import RunResult
@@ -147,7 +147,8 @@ class Runtime:
         self.keyring = keyring_for(self.store)
         secret = self.keyring.current
         self._sessions = Sessions(store=self.store, secret=secret, clock=clock)
-        self._waits = Waits(store=self.store, secret=secret, clock=clock, wake=self.wake, resume=self.resume)
+        self._waits = Waits(store=self.store, secret=secret, clock=clock, wake=self.wake, resume=self.resume,
+                            left=lambda run_id: self.notices.publish(SETTLED, run_id))
         # Stored run events, this process's observers, and the listeners told when a run pauses or ends.
         self.bus = EventBus(store=self.store, clock=clock)
         # Records how runs end (completed, failed, cancelled, refused, internal errors).

@@ -80,12 +80,15 @@ class Waits:
     """
 
     def __init__(self, *, store: Store, secret: bytes, clock: Callable[[], float],
-                 wake: Callable[..., Awaitable[Any]], resume: Callable[..., Awaitable[Any]]) -> None:
+                 wake: Callable[..., Awaitable[Any]], resume: Callable[..., Awaitable[Any]],
+                 left: Callable[[str], None] = lambda run_id: None) -> None:
         self.store = store
         self._secret = secret
         self.clock = clock
         self._wake = wake
         self._resume = resume
+        # Told when a wait was settled and the run not continued here: a runner elsewhere may.
+        self._left = left
 
     def key(self, run_id: str, name: str) -> str:
         return wait_key(self._secret, run_id, name)
@@ -116,16 +119,20 @@ class Waits:
                                                           resolved_at=now))
         out = {"status": "accepted" if accepted else "already_resolved", "key": key, "wait": wait_view(row)}
         # A resolution kept while the run could not continue (tools_unavailable) wakes it on a later try.
+        result = None
         if continue_run and (accepted or (row.status == WaitStatus.RESOLVED and run.status == RunStatus.WAITING)):
             try:
                 result = await self._wake(run_id, key=key)
             except ToolsUnavailable as exc:
+                self._left(run_id)
                 raise ToolsUnavailable(
                     f"{exc.message}; the wait's resolution is kept: resolve it again where the sources load "
                     "(or let a worker that has them wake the run)",
                     details={**exc.details, "wait": out["status"]}) from None
             if result is not None:
                 out["run"] = result.to_dict()
+        if accepted and result is None:
+            self._left(run_id)  # parked here on it, a runner continues it; running, it finds the value itself
         return out
 
     def approval(self, run: RunRecord, seq: int, deadline: float) -> str:

@@ -18,9 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Sequence
 
 from ..store.base import RunRecord
+from .notices import SETTLED
 
 if TYPE_CHECKING:
     from .runtime import Runtime
+
+# How often a runner looks for parked runs whose wait was settled and nobody continued,
+# when no notice named them (SQLite, or a notice lost).
+SETTLED_SCAN_SECONDS = 2.0
 
 
 async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds: float = 0.2,
@@ -32,31 +37,73 @@ async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds
     handled = 0
     idle_since = time.monotonic()
     reported: set[str] = set()
+    # Parked runs whose wait another process settled without continuing them (P-18): named by a
+    # notice at once (Postgres), else found by a scan every SETTLED_SCAN_SECONDS.
+    settled: set[str] = set()
+    nudge = asyncio.Event()
+    scanned = 0.0
+
+    def heard(kind: str, run_id: str) -> None:
+        if kind == SETTLED:
+            settled.add(run_id)
+            nudge.set()
 
     async def one(coro) -> None:
         async with slots:
             with contextlib.suppress(Exception):
                 await coro
 
-    while not stop.is_set():
-        busy = bool(tasks)
-        free = max(0, (concurrency or rt.pool.max_workers) - len(tasks))
-        if free:
-            for coro in await _claims(rt, free, reported):
-                task = asyncio.ensure_future(one(coro))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                handled += 1
-                busy = True
-        if busy:
-            idle_since = time.monotonic()
-        elif idle_exit_seconds is not None and time.monotonic() - idle_since > idle_exit_seconds:
-            break
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), poll_seconds)
+    rt.notices.handlers.append(heard)
+    rt.listen_for_events()
+    try:
+        while not stop.is_set():
+            busy = bool(tasks)
+            free = max(0, (concurrency or rt.pool.max_workers) - len(tasks))
+            if free and time.monotonic() - scanned >= SETTLED_SCAN_SECONDS:
+                settled.update(rt.store.runs_with_settled_wait())
+                scanned = time.monotonic()
+            if free:
+                for coro in await _claims(rt, free, reported, settled):
+                    task = asyncio.ensure_future(one(coro))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    handled += 1
+                    busy = True
+            if busy:
+                idle_since = time.monotonic()
+            elif idle_exit_seconds is not None and time.monotonic() - idle_since > idle_exit_seconds:
+                break
+            await _pause(stop, nudge, poll_seconds)
+    finally:
+        rt.notices.handlers.remove(heard)
     if tasks:
         await asyncio.gather(*tasks, return_exceptions=True)
     return handled
+
+
+async def _pause(stop: asyncio.Event, nudge: asyncio.Event, seconds: float) -> None:
+    """Until the next round: ``seconds``, or less if stopped or nudged by a notice."""
+    waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(nudge.wait())}
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+        nudge.clear()
+
+
+async def _settled_runs(rt: "Runtime", settled: set[str], free: int, reported: set[str]) -> list:
+    """Wake-ups for parked runs whose wait was settled elsewhere; wake() claims each by compare-and-set."""
+    from ..store.states import RunStatus, WaitStatus
+
+    out = []
+    while settled and len(out) < free:
+        run = rt.store.get_run(settled.pop())
+        key = (run.pending or {}).get("key") if run is not None and run.status == RunStatus.WAITING else None
+        wait = rt.store.get_wait(key) if key else None
+        if wait is not None and wait.status != WaitStatus.PENDING and await _available(rt, run, reported):
+            out.append(rt.wake(run.run_id, key=key))
+    return out
 
 
 async def _available(rt: "Runtime", run, reported: set[str]) -> bool:
@@ -99,7 +146,7 @@ async def claimed(room: Callable[[], bool], claim: Callable[[Sequence[str]], Run
         yield run
 
 
-async def _claims(rt: "Runtime", free: int, reported: set[str]):
+async def _claims(rt: "Runtime", free: int, reported: set[str], settled: set[str] | None = None):
     """Coroutines for work this worker may take now, most urgent first.
 
     A run whose sources cannot be loaded here is left as it is (P-30) for a
@@ -108,7 +155,9 @@ async def _claims(rt: "Runtime", free: int, reported: set[str]):
     from ..store.states import RunStatus
 
     life = rt.lifecycle
-    out = []
+    rt.expire_paused()
+    # Runs a resolution is waiting for first: someone is waiting on them.
+    out = await _settled_runs(rt, settled, free, reported) if settled else []
 
     def room() -> bool:
         return len(out) < free
@@ -121,7 +170,6 @@ async def _claims(rt: "Runtime", free: int, reported: set[str]):
         # with a secret not held here, or whose sources are not here, goes back to waiting.
         return rt.vet(run)[0] and await available(run)
 
-    rt.expire_paused()
     # Orphans first: their writes wait on us. Those whose lease lapsed are claimed one at a time
     # (Postgres: SKIP LOCKED); those of a process gone from this host by compare-and-set on its name.
     async for before in claimed(room, life.claim_orphan, available, life.release_orphan):

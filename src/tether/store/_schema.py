@@ -638,6 +638,16 @@ class SQLStore:
         with self._transaction(write=False) as tx:
             return [_wait(row) for row in tx.run(sql, params).fetchall()]
 
+    def runs_with_settled_wait(self, limit: int = 50) -> list[str]:
+        """Parked runs whose wait was settled and that nobody continued (the runners' fallback, P-18)."""
+        # The run's pending names the key it is parked on; LIKE narrows, the exact check is in Python.
+        sql = ("SELECT r.run_id, r.pending, w.key FROM runs r JOIN waits w ON w.run_id = r.run_id"
+               " WHERE r.status = 'waiting' AND w.status <> 'pending' AND w.seq IS NOT NULL"
+               " AND r.pending LIKE ? || w.key || ? LIMIT ?")
+        with self._transaction(write=False) as tx:
+            rows = tx.run(sql, ("%", "%", limit)).fetchall()
+        return [run_id for run_id, pending, key in rows if (json.loads(pending or "{}") or {}).get("key") == key]
+
     def runs_due(self, now: float, limit: int = 100) -> list[RunRecord]:
         sql = f"{_SELECT_RUN} WHERE status = 'waiting' AND expires_at <= ? ORDER BY expires_at LIMIT ?"
         with self._transaction(write=False) as tx:

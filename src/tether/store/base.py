@@ -280,6 +280,8 @@ class Store(Protocol):
                    session: str | None = None) -> list[WaitRecord]: ...
     def runs_due(self, now: float, limit: int = 100) -> list[RunRecord]:
         """Waiting runs whose wake-up time (expires_at) has come."""
+    def runs_with_settled_wait(self, limit: int = 50) -> list[str]:
+        """Ids of parked runs whose wait was settled and that nobody continued."""
 
     # -- REPL sessions
     def put_session(self, session: SessionRecord) -> None:
