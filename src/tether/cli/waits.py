@@ -71,7 +71,8 @@ def recorded_setup_for_key(args: argparse.Namespace) -> tuple[list[str], str | N
     config = load_config(args.config)
     store = open_store(config.store.url)
     try:
-        parsed = parse_wait_key(store.secret(), args.key)
+        previous = getattr(store, "previous_secrets", None)
+        parsed = parse_wait_key([store.secret(), *(previous() if previous else ())], args.key)
         run = store.get_run(parsed[0]) if parsed else None
         meta = trusted_meta(store, run)
     finally:

@@ -28,7 +28,7 @@ from . import journal
 from . import policy as policy_mod
 from .guest_errors import err_json, guest_error
 from .inputs import wait_name_problem
-from .waits import SIGNAL_PREFIX, SLEEP_PREFIX, wait_key
+from .waits import SIGNAL_PREFIX, SLEEP_PREFIX, key_for
 
 if TYPE_CHECKING:
     from ..sandbox.monty import Execution
@@ -75,6 +75,7 @@ class PauseHost(Protocol):
     execution: "Execution | None"
     clock: Callable[[], float]
     secret: bytes  # signs wait keys
+    keyring: Any  # older secrets in it: keys handed out before a rotation stay the waits' keys
     session: str | None
     inline_sleep_seconds: float  # sleeps up to this long are waited out, not parked
 
@@ -194,7 +195,7 @@ class Pauses:
         # The deadline counts from when the program first reached the wait, so
         # a restart continues with only the remaining time.
         deadline = None if timeout is None else (entry.started_at or now) + timeout
-        wkey = wait_key(host.secret, host.run_id, name)
+        wkey = key_for(host.store, host.secret, host.run_id, name, bool(host.keyring.previous))
         row = host.store.create_wait(WaitRecord(wkey, host.run_id, name, WaitStatus.PENDING, now, seq=seq,
                                                 deadline=deadline, session=host.session))
         if row.status == WaitStatus.PENDING and deadline is not None and now >= deadline:

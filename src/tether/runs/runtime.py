@@ -146,9 +146,10 @@ class Runtime:
         # Signs and verifies runs, journals and snapshots (P-35); its current secret keys waits and sessions.
         self.keyring = keyring_for(self.store)
         secret = self.keyring.current
-        self._sessions = Sessions(store=self.store, secret=secret, clock=clock)
+        self._sessions = Sessions(store=self.store, secret=secret, clock=clock, older=self.keyring.previous)
         self._waits = Waits(store=self.store, secret=secret, clock=clock, wake=self.wake, resume=self.resume,
-                            left=lambda run_id: self.notices.publish(SETTLED, run_id))
+                            left=lambda run_id: self.notices.publish(SETTLED, run_id),
+                            older=self.keyring.previous)
         # Stored run events, this process's observers, and the listeners told when a run pauses or ends.
         self.bus = EventBus(store=self.store, clock=clock)
         # Records how runs end (completed, failed, cancelled, refused, internal errors).

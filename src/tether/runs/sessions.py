@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..errors import SnapshotTampered
 from ..sandbox.monty import MONTY_VERSION
@@ -26,17 +26,19 @@ class Sessions:
     """Load, save and forget sessions' globals; ``ttl_seconds``: an idle session is forgotten after this long."""
 
     def __init__(self, *, store: Store, secret: bytes, clock: Callable[[], float],
-                 ttl_seconds: float = 3600.0) -> None:
+                 ttl_seconds: float = 3600.0, older: Sequence[bytes] = ()) -> None:
         self.store = store
         self._secret = secret
+        # A rotated keyring's older secrets: state saved before the rotation still verifies.
+        self._older = tuple(older)
         self.clock = clock
         self.ttl_seconds = ttl_seconds
 
-    def _mac(self, name: str, principal: str, data: bytes) -> str:
-        return sign_snapshot(self._secret, f"session:{principal}:{name}", 0, MONTY_VERSION, data)
+    def _mac(self, name: str, principal: str, data: bytes, secret: bytes | None = None) -> str:
+        return sign_snapshot(secret or self._secret, f"session:{principal}:{name}", 0, MONTY_VERSION, data)
 
     def verify(self, name: str, principal: str, data: bytes, mac: str) -> None:
-        if not hmac.compare_digest(self._mac(name, principal, data), mac):
+        if not any(hmac.compare_digest(self._mac(name, principal, data, s), mac) for s in (self._secret, *self._older)):
             raise SnapshotTampered(f"the stored state of session {name!r} failed its signature check; nothing ran")
 
     def base(self, name: str, principal: str, notes: list[str]) -> dict[str, Any] | None:

@@ -5,6 +5,11 @@ capability — whoever holds it may resolve the wait — so it is signed with th
 store's secret and cannot be derived from the run id. It is deterministic for
 a (run, name) pair, so a resolution can arrive, be checked and be kept before
 the run reaches the wait.
+
+Once handed out, a wait's key stays its key: after the secret is rotated
+(docs/security.md) the run finds its wait by (run, name) and keeps the key
+made under the older secret, which verifies while that secret is kept for
+verification; only waits made after the rotation get keys under the new one.
 """
 
 from __future__ import annotations
@@ -13,9 +18,9 @@ import base64
 import hashlib
 import hmac
 import json
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
-from ..errors import AlreadyDecided, ToolsUnavailable
+from ..errors import AlreadyDecided, ToolsUnavailable, WrongSecret
 from ..store.base import (
     LOCAL_PRINCIPAL,
     RunRecord,
@@ -48,21 +53,36 @@ def wait_key(secret: bytes, run_id: str, name: str) -> str:
     return f"{KEY_VERSION}.{payload}.{mac}"
 
 
-def parse_wait_key(secret: bytes, key: str) -> tuple[str, str] | None:
-    """(run_id, name) for a genuine key; None for a forged or malformed one."""
+def parse_wait_key(secret: bytes | Sequence[bytes], key: str) -> tuple[str, str] | None:
+    """(run_id, name) for a genuine key; None for a forged or malformed one.
+
+    ``secret`` may be several (a keyring's current and older ones): a key made under any of them verifies.
+    """
     if not isinstance(key, str) or key.count(".") != 2:
         return None
     version, payload, mac = key.split(".")
     if version != KEY_VERSION:
         return None
-    expected = hmac.new(secret, f"{version}.{payload}".encode(), hashlib.sha256).hexdigest()[:32]
-    if not hmac.compare_digest(expected, mac):
+    keys = [secret] if isinstance(secret, bytes) else list(secret)
+    signed = f"{version}.{payload}".encode()
+    if not any(hmac.compare_digest(hmac.new(k, signed, hashlib.sha256).hexdigest()[:32], mac) for k in keys):
         return None
     try:
         run_id, name = json.loads(_unb64(payload))
     except (ValueError, TypeError):
         return None
     return run_id, name
+
+
+def key_for(store: Store, secret: bytes, run_id: str, name: str, rotated: bool) -> str:
+    """The key of the wait (run, name) under ``secret``, or, once the secret was ``rotated`` (older ones
+    kept), the key it was handed out with under an older one."""
+    key = wait_key(secret, run_id, name)
+    if rotated and store.get_wait(key) is None:
+        for w in store.list_waits(run_id=run_id, status=None):
+            if w.name == name:
+                return w.key
+    return key
 
 
 def wait_view(w: Any) -> dict[str, Any]:
@@ -81,9 +101,11 @@ class Waits:
 
     def __init__(self, *, store: Store, secret: bytes, clock: Callable[[], float],
                  wake: Callable[..., Awaitable[Any]], resume: Callable[..., Awaitable[Any]],
-                 left: Callable[[str], None] = lambda run_id: None) -> None:
+                 left: Callable[[str], None] = lambda run_id: None, older: Sequence[bytes] = ()) -> None:
         self.store = store
         self._secret = secret
+        # Older secrets (a rotated keyring's): keys made under them still verify.
+        self._verify_with = [secret, *older]
         self.clock = clock
         self._wake = wake
         self._resume = resume
@@ -91,7 +113,7 @@ class Waits:
         self._left = left
 
     def key(self, run_id: str, name: str) -> str:
-        return wait_key(self._secret, run_id, name)
+        return key_for(self.store, self._secret, run_id, name, len(self._verify_with) > 1)
 
     def views(self, run_id: str | None, status: str | None) -> list[dict[str, Any]]:
         return [wait_view(w) for w in self.store.list_waits(run_id=run_id, status=status)]
@@ -99,7 +121,11 @@ class Waits:
     async def resolve(self, key: str, value: Any = None, *, error: str | None = None,
                       continue_run: bool = True) -> dict[str, Any]:
         """Settle a wait: the first resolution wins; the run continues here if it was parked on it."""
-        parsed = parse_wait_key(self._secret, key)
+        parsed = parse_wait_key(self._verify_with, key)
+        if parsed is None and isinstance(key, str) and self.store.get_wait(key) is not None:
+            # tether made this key (it names a stored wait), under a secret no longer held here.
+            raise WrongSecret("the wait key was made with a secret this process does not hold; nothing was "
+                              "resolved or sent", details={"key": key})
         run = self.store.get_run(parsed[0]) if parsed else None
         existing = self.store.get_wait(key) if parsed else None
         if run is None or (existing is not None and existing.status == WaitStatus.REVOKED):

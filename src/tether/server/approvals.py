@@ -23,7 +23,7 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import RunNotFound, TetherError
 from ..store.base import RunRecord
@@ -67,16 +67,21 @@ class LinkClaim:
     expires_at: float
 
 
-def open_token(secret: bytes, token: str) -> LinkClaim | None:
-    """The claim of a genuine token; None for a forged, altered or malformed one."""
+def open_token(secret: bytes | Sequence[bytes], token: str) -> LinkClaim | None:
+    """The claim of a genuine token; None for a forged, altered or malformed one.
+
+    ``secret`` may be several (a keyring's current and older ones): a link handed out before the
+    secret was rotated still opens while the older secret is kept for verification.
+    """
     if not isinstance(token, str) or token.count(".") != 2 or len(token) > 1024:
         return None
     version, payload, mac = token.split(".")
     if version != TOKEN_VERSION:
         return None
-    expected = hmac.new(derived_key(secret, "approval-link"), f"{version}.{payload}".encode(),
-                        hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, mac):
+    signed = f"{version}.{payload}".encode()
+    keys = [secret] if isinstance(secret, bytes) else list(secret)
+    if not any(hmac.compare_digest(hmac.new(derived_key(k, "approval-link"), signed, hashlib.sha256).hexdigest(), mac)
+               for k in keys):
         return None
     try:
         run_id, seq, expires_at = json.loads(_unb64(payload))

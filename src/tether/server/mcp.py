@@ -190,14 +190,16 @@ class TetherServer:
         self.principal_of = principal_of or (lambda ctx: LOCAL)
         self.run_meta = dict(run_meta or {})
         self._background: set[asyncio.Task] = set()
-        secret = rt.store.secret()
         # One key for the SDK's sealing of request state and one for tether's
         # own signature inside it, both derived from the store's secret: every
         # process sharing the store can open and verify what another minted.
-        self._state_mac_key = hmac.new(secret, b"tether/mcp/request-state/mac", hashlib.sha256).digest()
-        seal_key = hmac.new(secret, b"tether/mcp/request-state/seal", hashlib.sha256).digest()
+        # The current secret's keys seal and sign; a rotated keyring's older
+        # ones still open and verify state minted before the rotation.
+        secrets = [rt.keyring.current, *rt.keyring.previous]
+        self._state_mac_keys = [hmac.new(s, b"tether/mcp/request-state/mac", hashlib.sha256).digest() for s in secrets]
+        seal_keys = [hmac.new(s, b"tether/mcp/request-state/seal", hashlib.sha256).digest() for s in secrets]
         security = RequestStateSecurity(
-            keys=[seal_key],
+            keys=seal_keys,
             # A paused run waits this long for its decision; the answer to the
             # form is good for as long as the run is.
             ttl=float(rt.approval_ttl_seconds),
@@ -540,7 +542,8 @@ class TetherServer:
             data = json.loads(state)
             run_id, seq, mac = data["run_id"], data["seq"], data["mac"]
             valid = (data.get("v") == 1 and isinstance(run_id, str) and type(seq) is int and isinstance(mac, str)
-                     and hmac.compare_digest(mac, self._mac(run_id, seq, principal)))
+                     and any(hmac.compare_digest(mac, self._mac(run_id, seq, principal, key))
+                             for key in self._state_mac_keys))
         except (ValueError, KeyError, TypeError):
             valid = False
         if not valid:
@@ -549,9 +552,9 @@ class TetherServer:
                               next_action="Call execute again; the answered form belonged to another run.")
         return run_id, seq
 
-    def _mac(self, run_id: str, seq: int, principal: str) -> str:
+    def _mac(self, run_id: str, seq: int, principal: str, key: bytes | None = None) -> str:
         msg = b"\x00".join([run_id.encode(), str(seq).encode(), principal.encode()])
-        return hmac.new(self._state_mac_key, msg, hashlib.sha256).hexdigest()
+        return hmac.new(key or self._state_mac_keys[0], msg, hashlib.sha256).hexdigest()
 
 
 # -- helpers -------------------------------------------------------------------------

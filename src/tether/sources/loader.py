@@ -73,8 +73,12 @@ def _label(definition: dict[str, Any]) -> str:
     return str(definition.get("namespace") or definition.get("module") or "?")
 
 
-def _fill_literals(definition: dict[str, Any], local: Iterable[Any], secret: bytes) -> dict[str, Any]:
-    """Put back literal values a run recorded as digests, from a matching local source."""
+def _fill_literals(definition: dict[str, Any], local: Iterable[Any], secrets: Iterable[bytes]) -> dict[str, Any]:
+    """Put back literal values a run recorded as digests, from a matching local source.
+
+    A run recorded before the secret was rotated has digests under an older secret: any held one matches.
+    """
+    secrets = list(secrets)
     out = dict(definition)
     for table in ("env", "headers"):
         values = dict(out.get(table) or {})
@@ -85,7 +89,8 @@ def _fill_literals(definition: dict[str, Any], local: Iterable[Any], secret: byt
                 if getattr(source, "namespace", None) != definition.get("namespace"):
                     continue
                 candidate = (getattr(source, table, None) or {}).get(key)
-                if isinstance(candidate, str) and hmac.compare_digest(_digest(candidate, secret), value):
+                if isinstance(candidate, str) and any(hmac.compare_digest(_digest(candidate, s), value)
+                                                      for s in secrets):
                     values[key] = candidate
                     break
             else:
@@ -231,6 +236,8 @@ class SourceSet:
         self.runtime = runtime
         self.store = store
         self.secret: bytes = store.secret() if store is not None else b""
+        previous = getattr(store, "previous_secrets", None)
+        self._verify_with = [self.secret, *(previous() if previous else ())]
         self.log_dir = log_dir
         self.local = list(local)  # this process's own config sources (literal values live there)
         self.default_call_timeout = default_call_timeout
@@ -280,7 +287,7 @@ class SourceSet:
         entry.tools = []
 
     async def _load(self, entry: LoadedSource) -> None:
-        definition = _fill_literals(entry.definition, self.local, self.secret)
+        definition = _fill_literals(entry.definition, self.local, self._verify_with)
         _check_resolvable(definition)
         kind = definition.get("type")
         timeout = float(definition.get("start_timeout", DEFAULT_START_TIMEOUT))
