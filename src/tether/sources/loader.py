@@ -17,23 +17,25 @@ calls one of its tools (or a command needs it live).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import hmac
 import json
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..errors import ConfigError, SourceUnavailable, TetherError, ToolsUnavailable
+from ..tools.model import Tool
+from .base import ENV_REF, Source
+
+if TYPE_CHECKING:
+    from .mcp import MCPSource
 
 __all__ = ["LoadedSource", "SourceSet", "definition_key", "record_definition"]
 
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _LITERAL = "<literal sha256:"
 # A failed source is not retried more often than this by a long-lived process
 # (a worker polls every 0.2 s; a hung server would otherwise cost a start_timeout each time).
@@ -59,7 +61,7 @@ def record_definition(source: Any, secret: bytes = b"") -> dict[str, Any]:
     data = source.model_dump(mode="json", exclude_none=True) if hasattr(source, "model_dump") else dict(source)
     for table in ("env", "headers"):
         if data.get(table):
-            data[table] = {k: v if _ENV_REF.search(v) else _digest(v, secret) for k, v in data[table].items()}
+            data[table] = {k: v if ENV_REF.search(v) else _digest(v, secret) for k, v in data[table].items()}
     return data
 
 
@@ -109,7 +111,7 @@ def _check_resolvable(definition: dict[str, Any]) -> None:
     """What can be told without starting anything: variables set, command found, file there."""
     for table in ("env", "headers"):
         for key, value in (definition.get(table) or {}).items():
-            for var in _ENV_REF.findall(value):
+            for var in ENV_REF.findall(value):
                 if var not in os.environ:
                     raise ConfigError(f"{table} {key!r} references ${{{var}}}, which is not set",
                                       next_action=f"Set the environment variable {var}.")
@@ -132,33 +134,6 @@ def _check_resolvable(definition: dict[str, Any]) -> None:
     spec = definition.get("spec")
     if spec and not str(spec).startswith(("http://", "https://")) and not os.path.isfile(spec):
         raise ConfigError(f"the OpenAPI description {spec} does not exist")
-
-
-def _import_tools(spec: str) -> list[Any]:
-    """The tools of a ``--tools`` module or file; a module that cannot load is a named error, not a traceback."""
-    from .python import tools_from_module
-
-    try:
-        return tools_from_module(spec)
-    except TetherError:
-        raise
-    except SyntaxError as exc:
-        raise ConfigError(f"--tools {spec}: syntax error on line {exc.lineno}: {exc.msg}; nothing was run",
-                          code="tools_invalid", details={"tools": spec, "line": exc.lineno},
-                          next_action=f"Fix {exc.filename or spec} (python -m py_compile shows the error).") from None
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module's own code raised while importing
-        raise ConfigError(f"--tools {spec}: importing it raised {type(exc).__name__}: {_short(exc)}; nothing was run",
-                          code="tools_invalid", details={"tools": spec, "type": type(exc).__name__},
-                          next_action=f"Fix the error {spec} raises at import time (python -c 'import ...' "
-                                      "shows the traceback).") from None
-
-
-def _short(exc: BaseException) -> str:
-    try:
-        text = str(exc)
-    except Exception:  # noqa: BLE001
-        return "(no message)"
-    return text if len(text) <= 500 else text[:500] + "…"
 
 
 def forward_progress(rt: Any) -> Callable[[Any], None]:
@@ -200,7 +175,7 @@ class LoadedSource:
     error: str | None = None
     tools: list[Any] = field(default_factory=list)
     problems: list[dict[str, str]] = field(default_factory=list)
-    impl: Any = None  # the started source object, if any
+    impl: Source | None = None  # the started source, if any
     failed_at: float = 0.0
     cached: bool = False  # tools came from the listing cache; the server is not started yet
     exc: BaseException | None = None  # what failed, for callers that must raise it
@@ -216,7 +191,7 @@ class LoadedSource:
     def status(self) -> dict[str, Any]:
         return {"source": self.name, "type": self.type, "ok": self.ok, "tools": len(self.tools),
                 "error": self.error, "problems": self.problems, "origin": self.origin,
-                "started": self.impl is not None and getattr(self.impl, "started", True)}
+                "started": self.impl is not None and self.impl.started}
 
 
 # --- the set ------------------------------------------------------------------------
@@ -289,48 +264,51 @@ class SourceSet:
     async def _load(self, entry: LoadedSource) -> None:
         definition = _fill_literals(entry.definition, self.local, self._verify_with)
         _check_resolvable(definition)
-        kind = definition.get("type")
         timeout = float(definition.get("start_timeout", DEFAULT_START_TIMEOUT))
-        summary: str | None = None
+        source = self._source(entry, definition, timeout)
+        try:
+            await asyncio.wait_for(source.start(), timeout)
+        except BaseException:
+            # A server that ignores its stdin closing takes the SDK a few seconds to
+            # stop: let that overlap the program, and wait for it at close().
+            self._closing.append(asyncio.ensure_future(source.close()))
+            raise
+        entry.impl = source
+        entry.problems = list(source.problems)
+        found = source.tools()
+        if found:
+            entry.namespace = found[0].namespace
+        if entry.type == "mcp" and not entry.cached:
+            self._remember_listing(entry.key, source)
+        self._register(entry, found, source.summary)
+
+    def _source(self, entry: LoadedSource, definition: dict[str, Any], timeout: float) -> Source:
+        """The source a definition names, not started yet."""
+        kind = definition.get("type")
         if kind == "python":
-            from .python import module_summary
+            from .python import PythonSource
 
-            found = _import_tools(definition["module"])
-            summary = module_summary(definition["module"])
-            if definition.get("namespace"):
-                found = [dataclasses.replace(t, namespace=definition["namespace"]) for t in found]
-            if definition.get("idempotency") == "key":
-                found = [dataclasses.replace(t, idempotency="key") for t in found]
-            if found:
-                entry.namespace = found[0].namespace
-        elif kind == "mcp":
-            from ._mcp_tools import server_summary
-
-            found = await self._load_mcp(entry, definition, timeout)
-            summary = server_summary(getattr(entry.impl, "server_info", None) or {})
-        elif kind == "openapi":
+            return PythonSource(definition["module"], namespace=definition.get("namespace"),
+                                idempotency=definition.get("idempotency", "none"))
+        if kind == "mcp":
+            # The listing from the cache when there is one: the server starts at the first call.
+            cached = self.store.get_listing(entry.key) if self.store is not None else None
+            if cached is not None:
+                entry.cached = True
+                return _LazyMCP(self, entry, definition, timeout, listing=cached[0], cached_at=cached[1])
+            return self._mcp_source(definition, timeout)
+        if kind == "openapi":
             from .openapi import OpenAPISource
 
-            api = OpenAPISource(namespace=definition["namespace"], spec=definition["spec"],
-                                base_url=definition.get("base_url"), auth=definition.get("auth"),
-                                headers=definition.get("headers") or None,
-                                idempotency=definition.get("idempotency", "none"),
-                                idempotency_header=definition.get("idempotency_header", "Idempotency-Key") or None,
-                                **({"timeout": definition["call_timeout"]} if definition.get("call_timeout") else {}))
-            try:
-                await asyncio.wait_for(api.start(), timeout)
-            except BaseException:
-                await api.close()
-                raise
-            entry.impl = api
-            entry.problems = list(api.problems)
-            found = api.tools()
-            summary = api.summary
-        else:
-            raise ConfigError(f"unknown source type {kind!r}")
-        self._register(entry, found, summary)
+            return OpenAPISource(namespace=definition["namespace"], spec=definition["spec"],
+                                 base_url=definition.get("base_url"), auth=definition.get("auth"),
+                                 headers=definition.get("headers") or None,
+                                 idempotency=definition.get("idempotency", "none"),
+                                 idempotency_header=definition.get("idempotency_header", "Idempotency-Key") or None,
+                                 **({"timeout": definition["call_timeout"]} if definition.get("call_timeout") else {}))
+        raise ConfigError(f"unknown source type {kind!r}")
 
-    def _register(self, entry: LoadedSource, found: list[Any], summary: str | None = None) -> None:
+    def _register(self, entry: LoadedSource, found: list[Tool], summary: str | None = None) -> None:
         rt = self.runtime
         rt.check_namespaces(found)
         for ns in sorted({t.namespace for t in found}):
@@ -347,34 +325,7 @@ class SourceSet:
 
     # -- MCP: listing from the cache, server on first call
 
-    async def _load_mcp(self, entry: LoadedSource, definition: dict[str, Any], timeout: float) -> list[Any]:
-        from ._mcp_tools import build_tools
-
-        cached = self.store.get_listing(entry.key) if self.store is not None else None
-        if cached is not None:
-            lazy = _LazyMCP(self, entry, definition, timeout)
-            entry.impl, entry.cached = lazy, True
-            data = cached[0]
-            tools, lazy.upstream, entry.problems = build_tools(
-                definition["namespace"], data.get("tools", []), lazy.handler, lazy.ceiling,
-                idempotency=definition.get("idempotency", "none"))
-            lazy.server_info = data.get("server", {})
-            lazy.listing, lazy.cached_at = data.get("tools", []), cached[1]
-            return tools
-        source = self._mcp_source(definition, timeout)
-        try:
-            await asyncio.wait_for(source.start(), timeout)
-        except BaseException:
-            # A server that ignores its stdin closing takes the SDK a few seconds to
-            # stop: let that overlap the program, and wait for it at close().
-            self._closing.append(asyncio.ensure_future(source.close()))
-            raise
-        entry.impl = source
-        entry.problems = list(source.problems)
-        self._remember_listing(entry.key, source)
-        return source.tools()
-
-    def _mcp_source(self, definition: dict[str, Any], timeout: float) -> Any:
+    def _mcp_source(self, definition: dict[str, Any], timeout: float) -> MCPSource:
         from .mcp import MCPSource
 
         namespace = definition["namespace"]
@@ -432,11 +383,9 @@ class SourceSet:
         for entry in entries:
             if not entry.ok:
                 problems.append({"source": entry.name, "reason": entry.error or "failed to load"})
-            elif entry.namespace in set(live):
-                start = getattr(entry.impl, "ensure_live", None)  # only MCP servers start lazily
+            elif entry.namespace in set(live) and entry.impl is not None:
                 try:
-                    if start is not None:
-                        await start()
+                    await entry.impl.ensure_live()
                 except TetherError as exc:
                     problems.append({"source": entry.name, "reason": exc.message})
         if problems:
@@ -463,7 +412,7 @@ class SourceSet:
         for entry in list(self.loaded.values()):
             if keys is not None and entry.key not in set(keys):
                 continue
-            if entry.type == "mcp" and entry.ok:
+            if entry.type == "mcp" and entry.ok and entry.impl is not None:
                 try:
                     await entry.impl.ensure_live()
                 except TetherError as exc:
@@ -503,6 +452,7 @@ class SourceSet:
                 catalog.remove(tool.address)
         catalog.add_many(tools)
         entry.tools, entry.problems, lazy.upstream, lazy.listing = tools, problems, upstream, source.listing
+        lazy._tools = tools
 
     async def close(self) -> None:
         for task in self._refreshing:
@@ -521,17 +471,19 @@ class SourceSet:
 
 
 class _LazyMCP:
-    """An MCP source whose tools came from the cache: the server starts at the first call."""
+    """An MCP source whose tools come from the listing cache: the server starts at the first call."""
 
-    def __init__(self, owner: SourceSet, entry: LoadedSource, definition: dict[str, Any], timeout: float) -> None:
+    def __init__(self, owner: SourceSet, entry: LoadedSource, definition: dict[str, Any], timeout: float, *,
+                 listing: dict[str, Any], cached_at: float) -> None:
         self.owner, self.entry, self.definition, self.timeout = owner, entry, definition, timeout
         self.upstream: dict[str, str] = {}
-        self.server_info: dict[str, Any] = {}
-        self.listing: list[dict[str, Any]] = []
-        self.cached_at = 0.0
+        self.server_info: dict[str, Any] = listing.get("server", {})
+        self.listing: list[dict[str, Any]] = listing.get("tools", [])
+        self.cached_at = cached_at
         ceiling = definition.get("max_call_seconds") or definition.get("call_timeout")
         self.ceiling = None if ceiling is None else float(ceiling) + 1.0
-        self._source: Any = None
+        self._tools: list[Tool] | None = None
+        self._source: MCPSource | None = None
         self._lock = asyncio.Lock()
         self.started = False
 
@@ -539,7 +491,27 @@ class _LazyMCP:
     def problems(self) -> list[dict[str, str]]:
         return self.entry.problems
 
-    async def ensure_live(self) -> Any:
+    @property
+    def summary(self) -> str | None:
+        from ._mcp_tools import server_summary
+
+        return server_summary(self.server_info)
+
+    async def start(self) -> None:
+        """Build the tools from the cached listing; nothing is started."""
+        from ._mcp_tools import build_tools
+
+        self._tools, self.upstream, self.entry.problems = build_tools(
+            self.definition["namespace"], self.listing, self.handler, self.ceiling,
+            idempotency=self.definition.get("idempotency", "none"))
+
+    def tools(self) -> list[Tool]:
+        return list(self._tools or [])
+
+    async def ensure_live(self) -> None:
+        await self._live()
+
+    async def _live(self) -> MCPSource:
         async with self._lock:
             if self._source is None:
                 source = self.owner._mcp_source(self.definition, self.timeout)
@@ -561,7 +533,7 @@ class _LazyMCP:
 
     def handler(self, name: str, upstream: str) -> Callable[[dict[str, Any]], Any]:
         async def call(args: dict[str, Any]) -> Any:
-            source = await self.ensure_live()
+            source = await self._live()
             try:
                 wire = source.upstream_name(name)
             except KeyError:

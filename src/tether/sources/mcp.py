@@ -18,7 +18,6 @@ import contextvars
 import importlib.metadata
 import logging
 import os
-import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -52,6 +51,7 @@ from ..errors import ConfigError, SourceUnavailable, ToolError, UsageError
 from ..tools.context import current_call
 from ..tools.model import IDEMPOTENCY_MODES, Tool, check_identifier
 from ._mcp_tools import build_tools, listing_json, server_summary
+from .base import expand_env
 
 __all__ = ["ElicitationHandler", "ElicitationRequest", "ElicitationResponse", "MCPSource", "ProgressReport"]
 
@@ -75,7 +75,6 @@ _MAX_LIST_PAGES = 1000
 # The SDK's own defaults for streamable HTTP: reads stay open for SSE streams.
 _HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 try:
     _VERSION = importlib.metadata.version("tether")
@@ -418,6 +417,11 @@ class MCPSource:
         """The namespace's one line for sources() and the prompt (see :func:`server_summary`)."""
         return server_summary(self.server_info)
 
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` has listed the tools (a dropped connection reconnects at the next call)."""
+        return self._tools is not None
+
     async def __aenter__(self) -> MCPSource:
         await self.start()
         return self
@@ -510,13 +514,13 @@ class MCPSource:
             params = StdioServerParameters(
                 command=self._command[0],
                 args=self._command[1:],
-                env={k: _expand(v, f"env {k!r} of MCP source {self.namespace!r}") for k, v in self._env.items()},
+                env={k: expand_env(v, f"env {k!r} of MCP source {self.namespace!r}") for k, v in self._env.items()},
                 cwd=self._cwd,
             )
             transport = stdio_client(params, errlog=self._errlog or sys.stderr)
         else:
             where = f"of MCP source {self.namespace!r}"
-            headers = {k: _expand(v, f"header {k!r} {where}") for k, v in self._headers.items()}
+            headers = {k: expand_env(v, f"header {k!r} {where}") for k, v in self._headers.items()}
             transport = _http_transport(self._url or "", headers)
         return Client(
             _watched(transport, on_end),
@@ -800,20 +804,6 @@ def _session_gone(exc: MCPError) -> bool:
     return exc.code == INVALID_REQUEST and exc.message == "Session terminated"
 
 
-
-
-def _expand(value: str, where: str) -> str:
-    def sub(match: re.Match[str]) -> str:
-        var = match.group(1)
-        found = os.environ.get(var)
-        if found is None:
-            raise ConfigError(
-                f"{where} references ${{{var}}}, which is not set",
-                next_action=f"Set the environment variable {var} before starting tether.",
-            )
-        return found
-
-    return _ENV_REF.sub(sub, value)
 
 
 def _leaf(exc: BaseException) -> BaseException:

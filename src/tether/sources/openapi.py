@@ -32,6 +32,7 @@ from ..tools.context import current_call
 from ..tools.model import IDEMPOTENCY_MODES, Annotations, Tool, check_identifier
 from ._names import identifier as _identifier
 from ._names import unique as _unique
+from .base import expand_env
 
 __all__ = ["OpenAPISource"]
 
@@ -49,7 +50,6 @@ DEFAULT_IDEMPOTENCY_HEADER = "Idempotency-Key"
 _RESERVED_HEADERS = {"accept", "content-type", "authorization"}
 # Values under these keys are data, not schemas: never chase $refs into them.
 _LITERAL_KEYS = {"example", "examples", "default", "enum", "const"}
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class _Unsupported(Exception):
@@ -296,7 +296,7 @@ class OpenAPISource:
         for a in self._auth:
             a.value()  # a missing variable is a load error, not a first-call surprise
         where = f"of OpenAPI source {self.namespace!r}"
-        headers = {k: _expand(v, f"header {k!r} {where}") for k, v in self._headers.items()}
+        headers = {k: expand_env(v, f"header {k!r} {where}") for k, v in self._headers.items()}
         doc, spec_url = await self._load()
         base_url = self._base_url or self._default_base_url(doc, spec_url)
         self._tools = self._build(doc, base_url)
@@ -309,6 +309,13 @@ class OpenAPISource:
             self._client = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=self._timeout)
         except (httpx.InvalidURL, ValueError) as exc:
             raise ConfigError(f"OpenAPI source {self.namespace!r}: invalid base URL {base_url!r}: {exc}") from None
+
+    @property
+    def started(self) -> bool:
+        return self._tools is not None
+
+    async def ensure_live(self) -> None:
+        """Nothing to connect: each call opens its own request."""
 
     def tools(self) -> list[Tool]:
         """The tools built at :meth:`start`."""
@@ -787,20 +794,6 @@ def _query(p: _Param, value: Any) -> list[tuple[str, str]]:
         sep = {"spaceDelimited": " ", "pipeDelimited": "|"}.get(p.style, ",")
         return [(p.wire, sep.join(_scalar(v) for v in value))]
     return [(p.wire, _scalar(value))]
-
-
-def _expand(value: str, where: str) -> str:
-    def sub(match: re.Match[str]) -> str:
-        var = match.group(1)
-        found = os.environ.get(var)
-        if found is None:
-            raise ConfigError(
-                f"{where} references ${{{var}}}, which is not set",
-                next_action=f"Set the environment variable {var} before starting tether.",
-            )
-        return found
-
-    return _ENV_REF.sub(sub, value)
 
 
 def _redact(text: str, secrets: list[str]) -> str:

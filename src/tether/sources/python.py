@@ -1,4 +1,4 @@
-"""Tools from plain Python functions: ``@tool`` and :func:`tools_from_module`.
+"""Tools from plain Python functions: ``@tool``, :func:`tools_from_module` and :class:`PythonSource`.
 
 ::
 
@@ -22,6 +22,7 @@ annotation. The function itself is unchanged and stays callable.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib
@@ -40,11 +41,11 @@ from typing import Any, Callable, TypeVar, overload
 import pydantic
 from pydantic_core import ArgsKwargs, PydanticSerializationError, to_jsonable_python
 
-from ..errors import InvalidArguments, UsageError
+from ..errors import ConfigError, InvalidArguments, TetherError, UsageError
 from ..tools.context import CallContext, current_call
 from ..tools.model import Annotations, Tool
 
-__all__ = ["ToolSpec", "tool", "tools_from_module"]
+__all__ = ["PythonSource", "ToolSpec", "tool", "tools_from_module"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -177,6 +178,76 @@ def module_summary(module: ModuleType | str | Path) -> str | None:
     doc = inspect.getdoc(module) if isinstance(module, ModuleType) else None
     line = doc.strip().split("\n\n", 1)[0] if doc else ""
     return " ".join(line.split()) or None
+
+
+class PythonSource:
+    """A module's (or a ``.py`` file's) ``@tool`` functions as a source (``type = "python"``, ``--tools``).
+
+    ``namespace`` replaces the tools' own; ``idempotency="key"`` says every
+    one of them dedupes by the call's idempotency key. A module that cannot be
+    imported fails :meth:`start` with ``tools_invalid`` naming why, never a traceback.
+    """
+
+    def __init__(self, module: str, *, namespace: str | None = None, idempotency: str = "none") -> None:
+        self.module = module
+        self.namespace = namespace
+        self.idempotency = idempotency
+        self.problems: list[dict[str, str]] = []
+        self.summary: str | None = None
+        self._tools: list[Tool] | None = None
+
+    def __repr__(self) -> str:
+        return f"PythonSource({self.module!r})"
+
+    @property
+    def started(self) -> bool:
+        return self._tools is not None
+
+    async def start(self) -> None:
+        found = _import_tools(self.module)
+        self.summary = module_summary(self.module)
+        if self.namespace:
+            found = [dataclasses.replace(t, namespace=self.namespace) for t in found]
+        if self.idempotency == "key":
+            found = [dataclasses.replace(t, idempotency="key") for t in found]
+        self._tools = found
+
+    def tools(self) -> list[Tool]:
+        if self._tools is None:
+            raise UsageError(f"Python source {self.module!r} is not started", code="source_not_started",
+                             next_action="Call and await start() before tools().")
+        return list(self._tools)
+
+    async def ensure_live(self) -> None:
+        """Nothing to connect: the functions run in this process."""
+
+    async def close(self) -> None:
+        """Nothing to release: an imported module stays imported."""
+
+
+def _import_tools(spec: str) -> list[Tool]:
+    """The tools of a ``--tools`` module or file; a module that cannot load is a named error, not a traceback."""
+    try:
+        return tools_from_module(spec)
+    except TetherError:
+        raise
+    except SyntaxError as exc:
+        raise ConfigError(f"--tools {spec}: syntax error on line {exc.lineno}: {exc.msg}; nothing was run",
+                          code="tools_invalid", details={"tools": spec, "line": exc.lineno},
+                          next_action=f"Fix {exc.filename or spec} (python -m py_compile shows the error).") from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module's own code raised while importing
+        raise ConfigError(f"--tools {spec}: importing it raised {type(exc).__name__}: {_short(exc)}; nothing was run",
+                          code="tools_invalid", details={"tools": spec, "type": type(exc).__name__},
+                          next_action=f"Fix the error {spec} raises at import time (python -c 'import ...' "
+                                      "shows the traceback).") from None
+
+
+def _short(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001
+        return "(no message)"
+    return text if len(text) <= 500 else text[:500] + "…"
 
 
 def _file_module_name(path: Path) -> str:
