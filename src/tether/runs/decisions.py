@@ -36,7 +36,12 @@ _APPROVED_STATES = (CallState.APPROVED, CallState.SENDING, CallState.SENT, CallS
 
 @dataclass(frozen=True)
 class Decision:
-    """A decision taken on one write (P-29)."""
+    """A decision taken on one write (P-29): built once; every record of it is derived from it.
+
+    The journal entry's state is what takes effect (P-28); this says who took
+    it, from where, and why: as the run's ``decision``, its approval wait's
+    value, and the ``decided`` event.
+    """
 
     seq: int
     decision: str  # approve | decline | cancel
@@ -47,7 +52,23 @@ class Decision:
     at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """As the run records it (``runs.decision``)."""
         return asdict(self)
+
+    def wait_value(self) -> dict[str, Any]:
+        """As the write's approval wait is resolved with (its seq is the wait's, its time the wait's)."""
+        return {"decision": self.decision, "reason": self.reason, "actor": self.actor, "via": self.via,
+                "origin": self.origin}
+
+    def event(self, address: str) -> dict[str, Any]:
+        """As the run's ``decided`` event shows it."""
+        return {**self.to_dict(), "address": address}
+
+    @classmethod
+    def from_wait(cls, seq: int, which: str, value: Any, at: float | None) -> "Decision":
+        """The decision ``which`` on write ``seq``, with who took it as its approval wait recorded."""
+        value = value if isinstance(value, dict) else {}
+        return cls(seq, which, value.get("reason"), value.get("actor"), value.get("via"), value.get("origin"), at)
 
 
 @dataclass(frozen=True)
@@ -98,11 +119,9 @@ def recorded_decision(rt: "Runtime", run_id: str, seq: int, entry: Any = None) -
     if which is None:
         return None
     row = rt.store.get_wait(rt.wait_key(run_id, f"{APPROVAL_PREFIX}{seq}"))
-    value = (row.value if row is not None else None) or {}
-    if not isinstance(value, dict):
-        value = {}
-    return Decision(seq, which, value.get("reason"), value.get("actor"), value.get("via"), value.get("origin"),
-                    row.resolved_at if row is not None else None)
+    if row is None:
+        return Decision(seq, which)
+    return Decision.from_wait(seq, which, row.value, row.resolved_at)
 
 
 def pending_writes(rt: "Runtime", run: RunRecord) -> list[PendingWrite]:
@@ -258,7 +277,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
     undecided = [s for s in batch if (e := rt.store.get_call(run_id, s)) is not None and e.state == CallState.ASKED]
     if undecided:
         return _paused_view(rt, rt.store.get_run(run_id))
-    record = last or (run.decision or {})
+    record = last.to_dict() if last is not None else (run.decision or {})
     if not rt.lifecycle.resume(run_id, record):
         return await rt.wait_for_run(run_id)
     run = rt.get_run(run_id, principal)
@@ -294,7 +313,7 @@ def _untrusted(rt: "Runtime", run: RunRecord, wanted: dict[int, tuple[str, str |
 
 
 def _record(rt: "Runtime", run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
-            who: dict[str, Any], now: float, expect: tuple[str, ...] = (CallState.ASKED,)) -> dict[str, Any]:
+            who: dict[str, Any], now: float, expect: tuple[str, ...] = (CallState.ASKED,)) -> Decision:
     """Take one decision: the journal's compare-and-set decides who wins (P-28); then say who (P-29)."""
     from .guest_errors import guest_error
 
@@ -314,31 +333,30 @@ def _record(rt: "Runtime", run: RunRecord, write: dict[str, Any], decision: str,
         if already != decision:
             raise AlreadyDecided(f"call {seq} of run {run.run_id} was already decided: {already}; nothing was changed",
                                  details={"decision": already, "seq": seq})
-    record = {"seq": seq, "decision": decision, "reason": reason, **who, "at": now}
+    record = Decision(seq, decision, reason, **who, at=now)
     if won:
-        _settle_approval(rt, run.run_id, seq, record)
-        rt.event(run.run_id, "decided", {**record, "address": write["address"]})
+        _settle_approval(rt, run.run_id, record)
+        rt.event(run.run_id, "decided", record.event(write["address"]))
     return record
 
 
-def _settle_approval(rt: "Runtime", run_id: str, seq: int, record: dict[str, Any]) -> None:
+def _settle_approval(rt: "Runtime", run_id: str, record: Decision) -> None:
     from ..store.base import WaitRecord
     from ..store.states import WaitStatus
     from .waits import APPROVAL_PREFIX
 
-    name = f"{APPROVAL_PREFIX}{seq}"
+    name = f"{APPROVAL_PREFIX}{record.seq}"
     now = rt.clock()
-    value = {k: record[k] for k in ("decision", "reason", "actor", "via", "origin")}
-    rt.store.settle_wait(WaitRecord(rt.wait_key(run_id, name), run_id, name, WaitStatus.RESOLVED, now, seq=seq,
-                                    value=value, resolved_at=now))
+    rt.store.settle_wait(WaitRecord(rt.wait_key(run_id, name), run_id, name, WaitStatus.RESOLVED, now,
+                                    seq=record.seq, value=record.wait_value(), resolved_at=now))
 
 
 async def _cancel(rt: "Runtime", run: RunRecord, fresh: dict[int, tuple[str, str | None]], who: dict[str, Any],
                   now: float, t0: float, principal: str | None) -> RunResult:
     """A cancel of any write of the pause ends the run; no write of it is sent (P-10)."""
     seq, (_, reason) = next((s, v) for s, v in fresh.items() if v[0] == "cancel")
-    record = {"seq": seq, "decision": "cancel", "reason": reason, **who, "at": now}
-    if not rt.lifecycle.cancel_decided(run.run_id, record):
+    record = Decision(seq, "cancel", reason, **who, at=now)
+    if not rt.lifecycle.cancel_decided(run.run_id, record.to_dict()):
         # The run moved on meanwhile: decide again against what it is now.
         return await decide(rt, run.run_id, dict(fresh), principal=principal, t0=t0, **who)
     for write in batch_of(run):

@@ -264,11 +264,12 @@ class Pauses:
 
     def _record_inline_decision(self, seq: int, address: str, decision: str, reason: str | None) -> None:
         """Who decided a write asked inline, and through what (P-29): the approver may say, else `prompt`."""
+        from .decisions import Decision
+
         host = self.host
-        who = {"actor": getattr(host.on_approval, "actor", None), "via": getattr(host.on_approval, "via", "prompt"),
-               "origin": None}
-        host.store.add_event(host.run_id, "decided", {"seq": seq, "decision": decision, "reason": reason, **who,
-                                                      "at": host.clock(), "address": address}, host.clock())
+        taken = Decision(seq, decision, reason, actor=getattr(host.on_approval, "actor", None),
+                         via=getattr(host.on_approval, "via", "prompt"), at=host.clock())
+        host.store.add_event(host.run_id, "decided", taken.event(address), host.clock())
 
     async def join_batch(self, seq: int, address: str, args: dict[str, Any]) -> Any:
         """A call issued while a write pause forms: a write that would ask joins the pause (P-27).
