@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..errors import (
@@ -38,12 +37,14 @@ from ..store.base import (
 from ..store.states import CallState
 from ..tools import binding
 from ..tools import context as call_context
-from ..tools.context import idempotency_key
 from . import integrity, journal, resend, telemetry
 from . import policy as policy_mod
+from .attempt_state import AttemptState, CallStat, RaisedError
 from .guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
+from .journal_writer import JournalWriter
 from .lifecycle import outcome_unknown
 from .pausing import Parked, Paused, Pauses  # noqa: F401 - Parked, Paused: re-exported for callers
+from .restore import plan_restore
 from .result import to_json_value
 
 if TYPE_CHECKING:
@@ -70,18 +71,6 @@ class Cancelled(Stopped):
 Approver = Callable[[dict[str, Any]], Awaitable[tuple[str, str | None]]]
 
 
-@dataclass
-class CallStat:
-    seq: int
-    op: str
-    address: str
-    kind: str
-    state: str
-    ms: float
-    started: float  # seconds since the attempt began
-    ended: float
-
-
 def _holds_tuple(value: Any) -> bool:
     t = type(value)
     if t is tuple:
@@ -91,42 +80,6 @@ def _holds_tuple(value: Any) -> bool:
     if t is list:
         return any(_holds_tuple(v) for v in value)
     return False
-
-
-@dataclass(frozen=True)
-class RaisedError:
-    """An exception the boundary raised into the program: its code and the call it came from."""
-
-    code: str
-    exc_type: str
-    seq: int
-    address: str
-
-
-@dataclass
-class AttemptState:
-    """What one attempt knows while it drives the program."""
-
-    issued: int = 0  # seqs handed out so far
-    writes_spent: int = 0
-    inflight: int = 0
-    host_seconds: float = 0.0
-    inflight_since: float | None = None
-    pausing: bool = False
-    held: list[dict[str, Any]] = field(default_factory=list)
-    restore_pending: list[dict[str, Any]] | None = None
-    answering: bool = False
-    raised: dict[str, "RaisedError"] = field(default_factory=dict)  # message raised in program -> its call
-    stats: list[CallStat] = field(default_factory=list)
-    checkpoint_at_seq: int = 0
-    checkpoint_at_time: float = 0.0
-    failure: TetherError | None = None
-    unknown_writes: list[dict[str, Any]] = field(default_factory=list)
-    # What had to change in tool results to make them JSON, by address (for the run's notes).
-    conversions: dict[str, list[str]] = field(default_factory=dict)
-    # While a write pause forms: the other writes that ask, issued with it (P-27).
-    batch: list[dict[str, Any]] | None = None
-    last_arrival: float = 0.0  # time.monotonic() of the latest call the program issued
 
 
 class EffectBoundary:
@@ -166,16 +119,13 @@ class EffectBoundary:
         self.builtins_impl = builtins_impl
         self._checkpoint_sink = checkpoint_sink
         self.clock = clock
-        self.journal: dict[int, CallRecord] = {e.seq: e for e in journal_entries}
-        self.last_recorded_seq = max(self.journal, default=0)
+        # The journal as this attempt reads and writes it (journal_writer.py).
+        self.writer = JournalWriter(run_id=run_id, store=store, keyring=keyring, clock=clock,
+                                    entries=journal_entries)
         self.state = AttemptState()
         self.state.writes_spent = (writes_spent if writes_spent is not None
                                    else sum(1 for e in journal_entries if e.kind == "write" and e.state in SPENT_STATES))
         self.execution: "Execution | None" = None
-        self._unsaved: dict[int, CallRecord] = {}
-        self._flushed_at = time.monotonic()
-        self.flush_every_calls = 64
-        self.flush_every_seconds = 0.25
         self.on_progress = on_progress
         # Puts an upstream tool's mid-call question to the run's user (Runtime.elicitation_handler).
         self.on_question = on_question
@@ -189,7 +139,6 @@ class EffectBoundary:
         # Bytes of arguments and outcomes this run has journaled (P-22), earlier attempts included.
         self.journaled_bytes = journaled_bytes
         self.keyring = keyring  # signs each journal entry (P-35)
-        self._keys: dict[int, str] = {}  # seq -> call key, for chaining MACs (P-35)
         self._idle = asyncio.Event()
         self._idle.set()
         self._dispatches: set[asyncio.Task] = set()
@@ -231,34 +180,19 @@ class EffectBoundary:
     async def answer_restored(self, call_ids: list[int], announced: list[Any]) -> dict[int, Any]:
         """Settle the calls a restored snapshot waits on (P-9).
 
-        Calls the worker re-announced are matched to the snapshot's record by
-        what they are; a re-announced call the record lacks is new and gets
-        the next seq. The rest are matched by order: seqs and call ids both
-        grow in the order the program issued the calls. Everything is mapped
-        before anything is sent, so a mismatch can still fall back to replay.
+        The calls are mapped to the snapshot's record first (restore.py), so a
+        mismatch can still fall back to replay; then each is answered through
+        the boundary like any call.
         """
-        record = sorted(self.state.restore_pending or [], key=lambda c: c["seq"])
-        plan: list[tuple[int, int, str, str, dict[str, Any], GuestRaise | None]] = []
-        for ann in sorted(announced, key=lambda a: a.call_id):
-            op, address, call_args, err = self._parse(ann.name, ann.args, ann.kwargs)
-            match = next((r for r in record if r["op"] == op and r["address"] == address and r["args"] == call_args),
-                         None)
-            if match is not None:
-                record.remove(match)
-                plan.append((ann.call_id, match["seq"], op, address, call_args, err))
-            else:
-                self.state.issued += 1
-                plan.append((ann.call_id, self.state.issued, op, address, call_args, err))
-        announced_ids = {a.call_id for a in announced}
-        rest = sorted(cid for cid in call_ids if cid not in announced_ids)
-        if len(rest) != len(record):
-            raise SnapshotMismatch(f"snapshot waits on {len(rest)} earlier calls, the record names {len(record)}")
-        plan += [(cid, r["seq"], r["op"], r["address"], r["args"], None) for cid, r in zip(rest, record)]
+        def next_seq() -> int:
+            self.state.issued += 1
+            return self.state.issued
+
+        plan = plan_restore(self.state.restore_pending or [], call_ids, announced, self._parse, next_seq)
         wanted = set(call_ids)
-        plan.sort(key=lambda p: p[1])
         # If answering pauses again, the new dump waits on every call of the plan.
-        self.state.restore_pending = [{"seq": p[1], "op": p[2], "address": p[3], "args": p[4]}
-                                      for p in plan if p[0] in wanted]
+        self.state.restore_pending = [{"seq": p.seq, "op": p.op, "address": p.address, "args": p.args}
+                                      for p in plan if p.call_id in wanted]
         self.state.answering = True
 
         async def one(seq: int, op: str, address: str, call_args: dict, err: GuestRaise | None) -> Any:
@@ -273,7 +207,7 @@ class EffectBoundary:
 
         results = await asyncio.gather(*(one(*p[1:]) for p in plan))
         self.state.answering = False
-        return {p[0]: r for p, r in zip(plan, results) if p[0] in wanted}
+        return {p.call_id: r for p, r in zip(plan, results) if p.call_id in wanted}
 
     # -- the boundary ----------------------------------------------------------
 
@@ -305,7 +239,7 @@ class EffectBoundary:
                 )
             )
             return await self.pauses.hold(seq, op, address, args)
-        self._keys[seq] = key
+        self.writer.note_key(seq, key)
         decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
         if decision.action == journal.DIVERGED:
             self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
@@ -363,28 +297,28 @@ class EffectBoundary:
         impl = self.builtins_impl.get(op)
         t = time.perf_counter()
         if decision.entry is not None:
-            await self._record_intent(seq, op, address, args, key, "read", CallState.PENDING, decision.entry)
+            await self.writer.record_intent(seq, op, address, args, key, "read", CallState.PENDING, decision.entry)
         else:
-            self._buffered_intent(seq, op, address, args, key)
+            self.writer.buffer_intent(seq, op, address, args, key)
         try:
             if impl is None:
                 raise GuestRaise("NameError", f"name {op!r} is not defined")
             value = await impl(tuple(args.get("args", ())), dict(args.get("kwargs", {})))
         except GuestRaise as exc:
-            await self._record_outcome(seq, CallState.PENDING, CallState.FAILED,
+            await self.writer.record_outcome(seq, CallState.PENDING, CallState.FAILED,
                                        error={"type": exc.exc_type, "message": exc.message})
             self._stat(seq, op, address, "read", CallState.FAILED, t)
             raise
         value = to_json_value(value)[0]
         refused = self._journal_room(journal.value_size(value), op, "result")
         if refused is not None:
-            await self._record_outcome(seq, CallState.PENDING, CallState.FAILED, error=err_json(refused))
+            await self.writer.record_outcome(seq, CallState.PENDING, CallState.FAILED, error=err_json(refused))
             self._stat(seq, op, address, "read", CallState.FAILED, t)
             if self.state.failure is not None:
                 return await self.pauses.hold(seq, op, address, args)
             self._remember(refused, seq, address)
             raise refused
-        await self._record_outcome(seq, CallState.PENDING, CallState.DONE, outcome=value)
+        await self.writer.record_outcome(seq, CallState.PENDING, CallState.DONE, outcome=value)
         self._stat(seq, op, address, "read", CallState.DONE, t)
         return value
 
@@ -413,9 +347,9 @@ class EffectBoundary:
                 raise err
             if decision.entry is not None:
                 # A read a dead attempt left pending: re-issue it under its seq.
-                await self._record_intent(seq, "tool", address, args, key, kind, CallState.PENDING, decision.entry)
+                await self.writer.record_intent(seq, "tool", address, args, key, kind, CallState.PENDING, decision.entry)
             else:
-                self._buffered_intent(seq, "tool", address, args, key)
+                self.writer.buffer_intent(seq, "tool", address, args, key)
             return await self._dispatch(seq, tool, valid, CallState.PENDING, CallState.DONE, t)
 
         # A write. SEND: approved earlier (by resume), never marked sending.
@@ -443,15 +377,15 @@ class EffectBoundary:
                                         existing=decision.entry)
             raise err
         if verdict == policy_mod.ALLOW:
-            await self._record_intent(seq, "tool", address, args, key, kind, CallState.APPROVED, decision.entry)
+            await self.writer.record_intent(seq, "tool", address, args, key, kind, CallState.APPROVED, decision.entry)
             return await self._send(seq, tool, valid, t)
         # ask
-        await self._record_intent(seq, "tool", address, args, key, kind, CallState.ASKED, decision.entry)
+        await self.writer.record_intent(seq, "tool", address, args, key, kind, CallState.ASKED, decision.entry)
         return await self.pauses.ask(seq, tool, args, valid, t)
 
     async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
         # P-7: `sending` is committed before the request leaves.
-        if not await self._cas(seq, [CallState.APPROVED], state=CallState.SENDING, started_at=self.clock(), sends=1):
+        if not await self.writer.move(seq, [CallState.APPROVED], state=CallState.SENDING, started_at=self.clock(), sends=1):
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state approved; nothing was sent"))
         self.state.writes_spent += 1
         return await self._dispatch(seq, tool, args, CallState.SENDING, CallState.SENT, t)
@@ -462,7 +396,7 @@ class EffectBoundary:
     async def _resend(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, entry: CallRecord) -> Any:
         # The write was already counted against the budget when first sent.
         send = max(entry.sends, 1) + 1
-        if not await self._cas(seq, [CallState.SENDING], state=CallState.SENDING, sends=send):
+        if not await self.writer.move(seq, [CallState.SENDING], state=CallState.SENDING, sends=send):
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state sending; nothing was sent"))
         return await self._dispatch(seq, tool, args, CallState.SENDING, CallState.SENT, t, send=send)
 
@@ -494,7 +428,7 @@ class EffectBoundary:
                     f"{tool.address}: {why}",
                     "TimeoutError",
                 )
-                await self._record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
+                await self.writer.record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
                 self._stat(seq, "tool", tool.address, "read", CallState.FAILED, t)
             self._remember(err, seq, tool.address)
             raise err from None
@@ -519,7 +453,7 @@ class EffectBoundary:
                 err = guest_error("invalid_arguments", exc.message, "TypeError")
             else:
                 err = tool_error(tool.address, exc)
-            await self._record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
+            await self.writer.record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", CallState.FAILED, t)
             self._remember(err, seq, tool.address)
             raise err from None
@@ -532,13 +466,13 @@ class EffectBoundary:
             # P-22: neither the store nor the sandbox gets the value. A write
             # happened all the same: its entry says so, and it is never re-sent.
             settled = ok_state if is_write else CallState.FAILED
-            await self._record_outcome(seq, from_state, settled, error=err_json(refused))
+            await self.writer.record_outcome(seq, from_state, settled, error=err_json(refused))
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", settled, t)
             if self.state.failure is not None:
                 return await self.pauses.hold(seq, "tool", tool.address, args)
             self._remember(refused, seq, tool.address)
             raise refused
-        await self._record_outcome(seq, from_state, ok_state, outcome=value)
+        await self.writer.record_outcome(seq, from_state, ok_state, outcome=value)
         self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state, t)
         await self._maybe_checkpoint(seq)
         return value
@@ -546,9 +480,9 @@ class EffectBoundary:
     async def _unknown(self, seq: int, tool: "Tool", t: float, why: str) -> GuestRaise:
         """Record a write whose outcome is unknown (P-8, P-31); the error for the program."""
         self.state.unknown_writes.append({"seq": seq, "address": tool.address})
-        message = resend.unknown_message(tool.address, why, self._sends.get(seq, 1), self._idempotency_key(seq))
+        message = resend.unknown_message(tool.address, why, self._sends.get(seq, 1), self.writer.idempotency_key(seq))
         err = guest_error("write_outcome_unknown", message, "TimeoutError")
-        await self._record_outcome(seq, CallState.SENDING, CallState.UNKNOWN, error=err_json(err))
+        await self.writer.record_outcome(seq, CallState.SENDING, CallState.UNKNOWN, error=err_json(err))
         self._stat(seq, "tool", tool.address, "write", CallState.UNKNOWN, t)
         return err
 
@@ -563,7 +497,7 @@ class EffectBoundary:
             return await self._invoke(tool, args, seq, n)
 
         return await resend.deliver(tool, send, self.limits, invoke,
-                                    lambda n: self._cas(seq, [CallState.SENDING], state=CallState.SENDING, sends=n))
+                                    lambda n: self.writer.move(seq, [CallState.SENDING], state=CallState.SENDING, sends=n))
 
     async def _invoke(self, tool: "Tool", args: dict[str, Any], seq: int, send: int = 1) -> Any:
         address = tool.address
@@ -571,7 +505,7 @@ class EffectBoundary:
         # The tool (and the source building its request) reads the call's
         # idempotency key from here (P-25).
         token = call_context.enter(call_context.CallContext(
-            self.run_id, seq, address, self._idempotency_key(seq), send, "write" if tool.is_write else "read"))
+            self.run_id, seq, address, self.writer.idempotency_key(seq), send, "write" if tool.is_write else "read"))
         try:
             async with asyncio.timeout(tool.timeout_seconds or self.limits.call_timeout_seconds):
                 return await tool.handler(args)
@@ -590,14 +524,14 @@ class EffectBoundary:
         except BaseException as exc:  # noqa: BLE001 - recorded, not raised
             lost = from_state == CallState.SENDING and isinstance(exc, (asyncio.TimeoutError, asyncio.CancelledError))
             state = CallState.UNKNOWN if lost else CallState.FAILED
-            await self._record_outcome(seq, from_state, state, error={"type": type(exc).__name__, "message": str(exc)})
+            await self.writer.record_outcome(seq, from_state, state, error={"type": type(exc).__name__, "message": str(exc)})
             return
         value = to_json_value(value)[0]
         refused = self._journal_room(journal.value_size(value), f"call {seq}", "result", sent=True)
         if refused is not None:
-            await self._record_outcome(seq, from_state, ok_state, error=err_json(refused))
+            await self.writer.record_outcome(seq, from_state, ok_state, error=err_json(refused))
             return
-        await self._record_outcome(seq, from_state, ok_state, outcome=value)
+        await self.writer.record_outcome(seq, from_state, ok_state, outcome=value)
 
     async def drain(self) -> None:
         """Wait for requests already on the wire to finish and be journaled."""
@@ -619,10 +553,8 @@ class EffectBoundary:
 
     def reset_for_replay(self, entries: list[CallRecord]) -> None:
         """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""
-        self.journal = {e.seq: e for e in entries}
-        self.last_recorded_seq = max(self.journal, default=0)
+        self.writer.reset(entries)
         self.state = AttemptState(writes_spent=self.state.writes_spent)
-        self._keys = {}
         self.pauses.reset()
         self._idle.set()
 
@@ -648,7 +580,7 @@ class EffectBoundary:
 
     async def _mark_unknown(self, entry: CallRecord) -> None:
         lost, err = outcome_unknown(entry)
-        await self._cas(entry.seq, [CallState.SENDING], finished_at=self.clock(), **lost)
+        await self.writer.move(entry.seq, [CallState.SENDING], finished_at=self.clock(), **lost)
         self._fail(err)
 
     # -- what the pausing unit calls (pausing.PauseHost) -------------------------
@@ -662,10 +594,10 @@ class EffectBoundary:
         return await self._send(seq, tool, args, t)
 
     async def move_call(self, seq: int, expect: list[str], **fields: Any) -> bool:
-        return await self._cas(seq, expect, **fields)
+        return await self.writer.move(seq, expect, **fields)
 
     async def record_intent(self, seq, op, address, args, key, kind, state, existing: CallRecord | None) -> None:
-        await self._record_intent(seq, op, address, args, key, kind, state, existing)
+        await self.writer.record_intent(seq, op, address, args, key, kind, state, existing)
 
     def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
         return self._journal_room(size, what, part)
@@ -678,106 +610,32 @@ class EffectBoundary:
         await self._record_rejected(seq, op, address, args, kind, err, key=key, existing=existing)
 
     def record_new(self, record: CallRecord) -> None:
-        self.flush()
-        self._sign(record)
-        self.store.record_call(record)
-        self.journal[record.seq] = record
+        self.writer.record_new(record)
 
     def stat(self, seq, op, address, kind, state, t) -> None:
         self._stat(seq, op, address, kind, state, t)
 
-    # -- journal ------------------------------------------------------------------
+    # -- the journal (journal_writer.py) -------------------------------------------
 
-    # Reads are journaled in batches (P-7): a read's entry is written with its
-    # outcome, at the latest before the next write, wait, snapshot or the end
-    # of the attempt. A crash loses at most the tail of reads after the last
-    # write, and those are simply issued again; writes never wait in a buffer.
+    @property
+    def journal(self) -> dict[int, CallRecord]:
+        """The run's journal entries this attempt knows, by seq."""
+        return self.writer.entries
 
-    def _buffered_intent(self, seq: int, op: str, address: str, args: dict, key: str) -> None:
-        record = CallRecord(self.run_id, seq, op, address, args, key, "read", CallState.PENDING,
-                            started_at=self.clock(),
-                            idempotency_key=self._idempotency_key(seq) if op == "tool" else None)
-        self._unsaved[seq] = record
-        self.journal[seq] = record
+    @property
+    def last_recorded_seq(self) -> int:
+        return self.writer.last_recorded_seq
 
     def flush(self) -> None:
-        """Write the settled reads still held in memory, in one transaction."""
-        if not self._unsaved:
-            return
-        settled = [r for r in self._unsaved.values() if r.state != CallState.PENDING]
-        if not settled:
-            return
-        settled.sort(key=lambda r: r.seq)
-        for r in settled:
-            self._sign(r)
-        self.store.record_calls(settled)
-        for r in settled:
-            del self._unsaved[r.seq]
-        self._flushed_at = time.monotonic()
-
-    def _maybe_flush(self) -> None:
-        if len(self._unsaved) >= self.flush_every_calls or time.monotonic() - self._flushed_at > self.flush_every_seconds:
-            self.flush()
-
-    async def _record_intent(self, seq, op, address, args, key, kind, state, existing: CallRecord | None) -> None:
-        if kind != "read":
-            self.flush()
-        now = self.clock()
-        if existing is not None:
-            # A read left pending by a dead attempt is re-issued under the same seq.
-            self._update(seq, [existing.state], state=state, started_at=now,
-                                   outcome=None, error=None, finished_at=None)
-            return
-        record = CallRecord(self.run_id, seq, op, address, args, key, kind, state, started_at=now,
-                            idempotency_key=self._idempotency_key(seq) if op == "tool" else None)
-        self._sign(record)
-        self.store.record_call(record)
-        self.journal[seq] = record
-
-    def _idempotency_key(self, seq: int) -> str:
-        """The recorded key if the journal has one, else the derived one (P-25)."""
-        entry = self.journal.get(seq)
-        if entry is not None and entry.idempotency_key:
-            return entry.idempotency_key
-        return idempotency_key(self.run_id, seq)
-
-    async def _record_outcome(self, seq: int, from_state: str, state: str, *, outcome: Any = None,
-                              error: dict[str, Any] | None = None) -> None:
-        buffered = self._unsaved.get(seq)
-        if buffered is not None:
-            buffered.state, buffered.outcome, buffered.error, buffered.finished_at = state, outcome, error, self.clock()
-            self._maybe_flush()
-            return
-        self._update(seq, [from_state], state=state, outcome=outcome, error=error,
-                               finished_at=self.clock())
-
-    async def _cas(self, seq: int, expect: list[str], **fields: Any) -> bool:
-        return self._update(seq, expect, **fields)
-
-    # Every entry is signed when written and re-signed when it moves on (P-35);
-    # its MAC chains to the key of the call before it.
-
-    def _prev_key(self, seq: int) -> str | None:
-        before = self.journal.get(seq - 1)
-        return before.key if before is not None else self._keys.get(seq - 1)
-
-    def _sign(self, record: CallRecord) -> None:
-        record.mac = integrity.sign_call(self.keyring, record, self._prev_key(record.seq))
-
-    def _update(self, seq: int, expect: list[str], **fields: Any) -> bool:
-        entry = self.journal.get(seq) or self.store.get_call(self.run_id, seq)
-        return integrity.update_call_signed(self.store, self.keyring, entry, expect, **fields)
+        """Write the settled reads still held in memory, in one transaction (P-7)."""
+        self.writer.flush()
 
     async def _record_rejected(self, seq, op, address, args, kind, err: GuestRaise, *, key=None,
                                state=CallState.FAILED, existing: CallRecord | None = None) -> None:
-        key = key or journal.call_key(op, address, to_json_value(args)[0])
-        now = self.clock()
         if existing is None:
-            record = CallRecord(self.run_id, seq, op, address, to_json_value(args)[0], key, kind, state,
-                                error=err_json(err), started_at=now, finished_at=now)
-            self._unsaved[seq] = record
-            self.journal[seq] = record
-            self.flush()
+            json_args = to_json_value(args)[0]
+            self.writer.record_rejected(seq, op, address, json_args, key or journal.call_key(op, address, json_args),
+                                        kind, err_json(err), state)
         self._remember(err, seq, address)
 
     def _remember(self, err: GuestRaise, seq: int, address: str) -> None:
@@ -798,7 +656,3 @@ class EffectBoundary:
         if self._checkpoint_sink is None or self.state.pausing or self.state.inflight != 1:
             return
         await self._checkpoint_sink(self, self.journal[seq])
-
-
-class SnapshotMismatch(Exception):
-    """A restored snapshot does not match its record: fall back to replay."""

@@ -34,7 +34,7 @@ from ..store.base import (
 )
 from ..store.states import CallState, RunStatus
 from . import telemetry
-from .boundary import SPENT_STATES, Approver, Cancelled, EffectBoundary, Parked, Paused, SnapshotMismatch
+from .boundary import SPENT_STATES, Approver, Cancelled, EffectBoundary, Parked, Paused
 from .envelopes import (
     LogBuffer,
     diagnostics,
@@ -60,6 +60,7 @@ from .limits import Limits
 from .notices import CANCEL, wait_a_little
 from .policy import Policy
 from .resend import resendable
+from .restore import SnapshotMismatch
 from .result import RunResult, preview, to_json_value
 from .sessions import Sessions
 from .spec import (

@@ -33,7 +33,7 @@ from .waits import SIGNAL_PREFIX, SLEEP_PREFIX, key_for
 if TYPE_CHECKING:
     from ..sandbox.monty import Execution
     from ..tools.model import Tool
-    from .boundary import AttemptState
+    from .attempt_state import AttemptState
     from .limits import Limits
 
 

@@ -1,0 +1,108 @@
+"""An attempt works from its collaborators alone: no Runtime is needed to run, pause and finish a run."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from helpers import Recorder
+from tether.runs.driver import Attempt, Collaborators, Settings
+from tether.runs.events import EventBus
+from tether.runs.finish import Finisher
+from tether.runs.integrity import keyring_for, sign_run
+from tether.runs.limits import Limits
+from tether.runs.policy import Policy
+from tether.runs.restore import SnapshotMismatch, plan_restore
+from tether.runs.sessions import Sessions
+from tether.runs.waits import Waits
+from tether.sandbox.monty import SandboxPool
+from tether.store import open_store
+from tether.store.base import RunRecord
+from tether.tools.catalog import Catalog
+
+
+async def _unused(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("nothing here continues another run")
+
+
+def collaborators(store: Any, catalog: Catalog, pool: SandboxPool) -> Collaborators:
+    keyring = keyring_for(store)
+    bus = EventBus(store=store, clock=time.time)
+    waits = Waits(store=store, secret=keyring.current, clock=time.time, wake=_unused, resume=_unused)
+    return Collaborators(
+        store=store, keyring=keyring, clock=time.time, catalog=catalog, pool=pool, bus=bus,
+        finisher=Finisher(store=store, bus=bus, clock=time.time, cancel_waits=waits.cancel,
+                          revoke_waits=lambda run_id: waits.revoke(run_id=run_id)),
+        waits=waits, sessions=Sessions(store=store, secret=keyring.current, clock=time.time),
+        settings=Settings(principal="local", type_check=False, approval_ttl_seconds=60.0, lease_seconds=30.0,
+                          checkpoint_every_calls=100, checkpoint_every_seconds=30.0, inline_sleep_seconds=1.0,
+                          batch_window_seconds=0.05),
+        verdicts={}, live={}, search=lambda *a, **k: {"results": []}, describe=lambda *a, **k: [],
+        list_sources=lambda: [], source_failures=dict,
+    )
+
+
+def new_run(d: Collaborators, code: str, policy: Policy) -> RunRecord:
+    now = time.time()
+    run = RunRecord(run_id="run_attempt_test", status="running", program=code,
+                    environment={"clock": "2026-01-01T00:00:00+00:00", "seed": 7}, policy=policy.to_dict(),
+                    limits=Limits().to_dict(), created_at=now, updated_at=now, principal="local", owner="me",
+                    lease_until=now + 30, meta={"check": "calls"})
+    run.mac = sign_run(d.keyring, run)
+    d.store.create_run(run)
+    return run
+
+
+async def test_an_attempt_runs_pauses_and_finishes_with_its_collaborators_only():
+    rec = Recorder()
+    catalog = Catalog()
+    catalog.add_many(rec.tools())
+    store = open_store("sqlite:///:memory:")
+    pool = SandboxPool(max_workers=1)
+    await pool.start()
+    try:
+        d = collaborators(store, catalog, pool)
+        code = "import tools\nt = await tools.helpdesk.get_ticket(id=2)\nawait tools.helpdesk.close_ticket(id=2)\nt['title']"
+        run = new_run(d, code, Policy())
+        paused = await Attempt(run, d, mode="fresh").run_to_end()
+        assert paused.status == "paused" and paused.pending["address"] == "helpdesk.close_ticket"
+        assert store.get_run(run.run_id).status == "paused" and rec.deliveries == []
+        assert d.live == {}  # the attempt took its boundary out when it stopped
+
+        # Approve as a decider would, then continue from the signed snapshot in a new attempt.
+        from tether.runs.integrity import update_call_signed
+
+        update_call_signed(store, d.keyring, store.get_call(run.run_id, 2), ["asked"], state="approved")
+        store.update_run(run.run_id, ["paused"], status="running", owner="me", lease_until=time.time() + 30)
+        done = await Attempt(store.get_run(run.run_id), d, mode="continue").run_to_end()
+        assert done.status == "completed" and done.result == "ticket 2"
+        assert done.diagnostics["attempt"] == "restore"
+        assert rec.deliveries == [("close_ticket", {"id": 2})]
+    finally:
+        await pool.close()
+
+
+class _Announced:
+    def __init__(self, call_id: int, name: str, kwargs: dict) -> None:
+        self.call_id, self.name, self.args, self.kwargs = call_id, name, (), kwargs
+
+
+def _parse(name: str, args: tuple, kwargs: dict) -> tuple[str, str, dict, None]:
+    return "tool", name.removeprefix("tools."), dict(kwargs), None
+
+
+def test_the_restore_plan_matches_announced_calls_by_what_they_are_and_the_rest_by_order():
+    record = [{"seq": 3, "op": "tool", "address": "a.x", "args": {"n": 1}},
+              {"seq": 4, "op": "tool", "address": "a.y", "args": {}}]
+    issued = iter([9])
+    plan = plan_restore(record, [11, 12, 13], [_Announced(12, "tools.a.x", {"n": 1}), _Announced(13, "tools.a.z", {})],
+                        _parse, lambda: next(issued))
+    assert [(p.call_id, p.seq, p.address) for p in plan] == [(12, 3, "a.x"), (11, 4, "a.y"), (13, 9, "a.z")]
+
+
+def test_a_restore_plan_that_cannot_match_falls_back_to_replay():
+    record = [{"seq": 3, "op": "tool", "address": "a.x", "args": {}}]
+    with pytest.raises(SnapshotMismatch):
+        plan_restore(record, [11, 12], [], _parse, lambda: 99)
