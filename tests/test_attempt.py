@@ -12,6 +12,7 @@ from tether.runs.driver import Attempt, Collaborators, Settings
 from tether.runs.events import EventBus
 from tether.runs.finish import Finisher
 from tether.runs.integrity import keyring_for, sign_run
+from tether.runs.lifecycle import Lifecycle
 from tether.runs.limits import Limits
 from tether.runs.policy import Policy
 from tether.runs.restore import SnapshotMismatch, plan_restore
@@ -31,9 +32,10 @@ def collaborators(store: Any, catalog: Catalog, pool: SandboxPool) -> Collaborat
     keyring = keyring_for(store)
     bus = EventBus(store=store, clock=time.time)
     waits = Waits(store=store, secret=keyring.current, clock=time.time, wake=_unused, resume=_unused)
+    lifecycle = Lifecycle(store, owner="me", clock=time.time, lease_seconds=30.0)
     return Collaborators(
-        store=store, keyring=keyring, clock=time.time, catalog=catalog, pool=pool, bus=bus,
-        finisher=Finisher(store=store, bus=bus, clock=time.time, cancel_waits=waits.cancel,
+        store=store, keyring=keyring, clock=time.time, catalog=catalog, pool=pool, bus=bus, lifecycle=lifecycle,
+        finisher=Finisher(store=store, lifecycle=lifecycle, bus=bus, clock=time.time, cancel_waits=waits.cancel,
                           revoke_waits=lambda run_id: waits.revoke(run_id=run_id)),
         waits=waits, sessions=Sessions(store=store, secret=keyring.current, clock=time.time),
         settings=Settings(principal="local", type_check=False, approval_ttl_seconds=60.0, lease_seconds=30.0,
@@ -75,7 +77,7 @@ async def test_an_attempt_runs_pauses_and_finishes_with_its_collaborators_only()
         from tether.runs.integrity import update_call_signed
 
         update_call_signed(store, d.keyring, store.get_call(run.run_id, 2), ["asked"], state="approved")
-        store.update_run(run.run_id, ["paused"], status="running", owner="me", lease_until=time.time() + 30)
+        assert d.lifecycle.resume(run.run_id, {"seq": 2, "decision": "approve"})
         done = await Attempt(store.get_run(run.run_id), d, mode="continue").run_to_end()
         assert done.status == "completed" and done.result == "ticket 2"
         assert done.diagnostics["attempt"] == "restore"
