@@ -11,14 +11,30 @@ A cell's id is its run id.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import RunNotFound
+from ..store.base import RunRecord, Store
 from ..store.states import RunStatus
-from .events import ANY_EVENT, STOPPING_EVENTS  # noqa: F401 - importable from here, as before
+from .events import ANY_EVENT, STOPPING_EVENTS, EventBus  # noqa: F401 - importable from here, as before
+from .handle import RunHandle
+from .result import RunResult
 
-if TYPE_CHECKING:
-    from .runtime import Runtime
+
+class Runs(Protocol):
+    """What cells use of the runtime: its store and event bus, starting, finding and cancelling runs."""
+
+    store: Store
+    bus: EventBus
+
+    async def begin(self, code: str, *, principal: str | None = None,
+                    meta: dict[str, Any] | None = None) -> RunHandle: ...
+
+    def get_run(self, run_id: str, principal: str | None = None) -> RunRecord: ...
+
+    def running(self, run_id: str) -> RunHandle | None: ...
+
+    async def cancel(self, run_id: str, reason: str = ..., *, principal: str | None = None) -> RunResult: ...
 
 STATUS_OF_EVENT = {"completed": "completed", "failed": "failed", "terminated": "terminated", "paused": "paused"}
 # What an observer is told for the run's status: a cancelled cell was terminated; a parked one is paused for it.
@@ -26,7 +42,7 @@ _CELL_STATUS = {RunStatus.COMPLETED: "completed", RunStatus.FAILED: "failed", Ru
                 RunStatus.PAUSED: "paused", RunStatus.WAITING: "paused"}
 
 
-def observation(rt: "Runtime", cell_id: str, events: list[Any], after: int) -> dict[str, Any]:
+def observation(rt: Runs, cell_id: str, events: list[Any], after: int) -> dict[str, Any]:
     run = rt.store.get_run(cell_id)
     if run is None:
         raise RunNotFound(f"no cell {cell_id!r}")
@@ -54,13 +70,13 @@ def observation(rt: "Runtime", cell_id: str, events: list[Any], after: int) -> d
     return out
 
 
-async def wait_events(rt: "Runtime", cell_id: str, after: int, timeout_ms: int,
+async def wait_events(rt: Runs, cell_id: str, after: int, timeout_ms: int,
                       stop_on: frozenset[str] = STOPPING_EVENTS, task: asyncio.Future | None = None) -> list[Any]:
     """Events after ``after``: returns at the first stopping event, or when the time is up with what came."""
     return await rt.bus.wait(cell_id, after, timeout_ms, stop_on=stop_on, task=task)
 
 
-async def start_cell(rt: "Runtime", code: str, *, yield_after_ms: int = 1000, principal: str | None = None,
+async def start_cell(rt: Runs, code: str, *, yield_after_ms: int = 1000, principal: str | None = None,
                      meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """Start ``code`` in this process (a run begun like any other) and observe it for up to ``yield_after_ms``."""
     handle = await rt.begin(code, principal=principal, meta={**(meta or {}), "cell": True})
@@ -68,7 +84,7 @@ async def start_cell(rt: "Runtime", code: str, *, yield_after_ms: int = 1000, pr
     return observation(rt, handle.run_id, events, 0)
 
 
-async def wait_cell(rt: "Runtime", cell_id: str, *, after: int = 0, timeout_ms: int = 30_000,
+async def wait_cell(rt: Runs, cell_id: str, *, after: int = 0, timeout_ms: int = 30_000,
                     principal: str | None = None) -> dict[str, Any]:
     rt.get_run(cell_id, principal)
     handle = rt.running(cell_id)
@@ -77,7 +93,7 @@ async def wait_cell(rt: "Runtime", cell_id: str, *, after: int = 0, timeout_ms: 
     return observation(rt, cell_id, events, after)
 
 
-async def terminate_cell(rt: "Runtime", cell_id: str, *, principal: str | None = None) -> dict[str, Any]:
+async def terminate_cell(rt: Runs, cell_id: str, *, principal: str | None = None) -> dict[str, Any]:
     await rt.cancel(cell_id, "terminated by the observer", principal=principal)
     handle = rt.running(cell_id)
     if handle is not None:
