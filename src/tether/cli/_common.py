@@ -7,9 +7,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:  # the command line imports the engine lazily, to start fast
+    from ..store.base import RunRecord, Store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PAUSED = 0, 1, 2, 3
 EXIT_TIMED_OUT = 4
@@ -209,7 +212,7 @@ def ensure_worker(args: argparse.Namespace, tools: Sequence[str]) -> int | None:
     return proc.pid
 
 
-def trusted_meta(store, run, *, lenient: bool = False) -> dict:  # type: ignore[no-untyped-def]
+def trusted_meta(store: Store, run: RunRecord | None, *, lenient: bool = False) -> dict[str, Any]:
     """A run's recorded setup (tools, config) once its signature verifies, else nothing (P-35).
 
     What a run recorded names modules to import and a config to load, so it is

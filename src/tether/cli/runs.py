@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from ._common import (
     EXIT_FAILED,
@@ -122,7 +122,7 @@ async def cmd_runs_list(args: argparse.Namespace) -> int:
         runs = store.list_runs(status=args.status, limit=args.limit)
     finally:
         store.close()
-    rows = [{"run_id": r.run_id, "status": r.status, "created_at": r.created_at, "updated_at": r.updated_at,
+    rows: list[dict[str, Any]] = [{"run_id": r.run_id, "status": r.status, "created_at": r.created_at, "updated_at": r.updated_at,
              "pending": (r.pending or {}).get("address"), "error": (r.error or {}).get("code")} for r in runs]
     if args.json:
         print_json(rows)
@@ -215,7 +215,7 @@ async def cmd_runs_await(args: argparse.Namespace) -> int:
         store.close()
 
 
-def raise_not_found(run_id: str) -> None:
+def raise_not_found(run_id: str) -> NoReturn:
     from ..errors import RunNotFound
 
     raise RunNotFound(f"no run {run_id!r}")

@@ -263,7 +263,9 @@ class Console:
         return secrets.token_urlsafe(24), True
 
     def _csrf_ok(self, nonce: str | None, presented: Any) -> bool:
-        return bool(nonce) and isinstance(presented, str) and hmac.compare_digest(self.csrf_for(nonce), presented)
+        if not nonce:
+            return False
+        return isinstance(presented, str) and hmac.compare_digest(self.csrf_for(nonce), presented)
 
     def _secure(self, request: Request) -> bool:
         return request.url.scheme == "https" or (self.public_url or "").startswith("https://")

@@ -213,25 +213,25 @@ class TetherServer:
         self.mcp.middleware.append(_check_arguments)
         self.mcp.add_tool(self.execute, name="execute", title="Run a Python program against the tools",
                           description=rt.model_description(), annotations=ToolAnnotations(
-                              readOnlyHint=False, destructiveHint=_writes_unasked(rt.policy),
-                              idempotentHint=False, openWorldHint=True))
+                              read_only_hint=False, destructive_hint=_writes_unasked(rt.policy),
+                              idempotent_hint=False, open_world_hint=True))
         self.mcp.add_tool(self.resume, name="resume", title="Decide a paused write and continue the run",
                           description=RESUME_DESCRIPTION, annotations=ToolAnnotations(
-                              readOnlyHint=False, destructiveHint=True, idempotentHint=False,
-                              openWorldHint=True))
+                              read_only_hint=False, destructive_hint=True, idempotent_hint=False,
+                              open_world_hint=True))
 
         self.mcp.add_tool(self.cell_start, name="cell_start", title="Start a long program and observe it",
                           description=CELL_START_DESCRIPTION, annotations=ToolAnnotations(
-                              readOnlyHint=False, destructiveHint=_writes_unasked(rt.policy),
-                              idempotentHint=False, openWorldHint=True))
+                              read_only_hint=False, destructive_hint=_writes_unasked(rt.policy),
+                              idempotent_hint=False, open_world_hint=True))
         self.mcp.add_tool(self.cell_wait, name="cell_wait", title="Wait for a cell's next events",
                           description=CELL_WAIT_DESCRIPTION, annotations=ToolAnnotations(
-                              readOnlyHint=True, destructiveHint=False, idempotentHint=True,
-                              openWorldHint=False))
+                              read_only_hint=True, destructive_hint=False, idempotent_hint=True,
+                              open_world_hint=False))
         self.mcp.add_tool(self.cell_terminate, name="cell_terminate", title="Stop a cell",
                           description=CELL_TERMINATE_DESCRIPTION, annotations=ToolAnnotations(
-                              readOnlyHint=False, destructiveHint=True, idempotentHint=True,
-                              openWorldHint=False))
+                              read_only_hint=False, destructive_hint=True, idempotent_hint=True,
+                              open_world_hint=False))
 
     async def close(self) -> None:
         """Wait for cancellations handed to the background to finish."""
@@ -418,6 +418,7 @@ class TetherServer:
         caps = ctx.client_capabilities
         elicitation = caps.elicitation if caps is not None else None
         version = ctx.protocol_version
+        era: str | None
         if version is not None and is_version_at_least(version, MODERN):
             era = INPUT_REQUIRED
         else:
@@ -439,7 +440,7 @@ class TetherServer:
         if not links:
             return result
         result = RunResult.from_dict(result.to_dict())
-        pending = dict(result.pending)
+        pending = dict(result.pending or {})
         if isinstance(pending.get("writes"), list):
             pending["writes"] = [{**w, "approval_url": links[w["seq"]]} if w.get("seq") in links else w
                                  for w in pending["writes"]]
@@ -736,7 +737,7 @@ async def _check_arguments(ctx: Any, call_next: Any) -> Any:
     params = ctx.params if ctx.method == "tools/call" else None
     name = params.get("name") if params else None
     model = _ARGUMENTS.get(name) if isinstance(name, str) else None
-    if model is not None:
+    if model is not None and params and isinstance(name, str):  # (a model is found only by a name)
         try:
             model.model_validate(params.get("arguments") or {})
         except ValidationError as exc:

@@ -130,7 +130,7 @@ async def legacy(server: "TetherServer", ctx: Any, result: RunResult, principal:
 def input_required(server: "TetherServer", result: RunResult, principal: str) -> Any:
     write = waiting_write(server, result.run_id)
     link = link_to(server, result.run_id, write) if write else None
-    if link is None:
+    if link is None or write is None:
         from .mcp import run_result
 
         return run_result(server._with_link(result), diagnostics=False)
