@@ -26,6 +26,29 @@ def add_common(sp: argparse.ArgumentParser, tools: bool = True) -> None:
                         help="a .py file or dotted module with @tool functions (repeatable)")
 
 
+def add_acting_as(sp: argparse.ArgumentParser) -> None:
+    """``--as PRINCIPAL``: the operator acts on a run another principal owns (docs/security.md, P-24).
+
+    The command line opens the store itself, so whoever runs it is the store's
+    operator; HTTP callers have no such flag and are held to their token's principal.
+    """
+    sp.add_argument("--as", dest="acting_as", metavar="PRINCIPAL", type=_principal,
+                    help="act on a run owned by PRINCIPAL (e.g. token:… as `tether runs show` prints it); "
+                         "default: local")
+
+
+def _principal(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a principal, e.g. local or token:…")
+    return text.strip()
+
+
+def actor_for(args: argparse.Namespace) -> str:
+    """Who decided, for the run's record: the operator's user name, and whom they acted as."""
+    acting_as = getattr(args, "acting_as", None)
+    return local_user() + (f" (as {acting_as})" if acting_as else "")
+
+
 def exit_code(status: str) -> int:
     # A run parked on a wait or a timer is not a failure: like a pause, it continues later.
     return {"completed": EXIT_OK, "paused": EXIT_PAUSED, "waiting": EXIT_PAUSED}.get(status, EXIT_FAILED)

@@ -16,6 +16,8 @@ from ._common import (
     EXIT_PAUSED,
     EXIT_TIMED_OUT,
     abs_path,
+    actor_for,
+    add_acting_as,
     add_common,
     call_text,
     ensure_worker,
@@ -84,22 +86,24 @@ async def cmd_resume(args: argparse.Namespace) -> int:
     decision = "approve" if args.approve else "decline" if args.decline else "cancel"
     tools, config, sources = run_setup(args)
     args.config = config
-    actor = local_user()
+    actor, principal = actor_for(args), args.acting_as
     async with open_rt(args, tools, sources=sources) as rt:
         seqs = list(args.seq or [])
         if args.all:
-            seqs += [w.seq for w in rt.pending(args.run_id) if w.decision is None]
+            seqs += [w.seq for w in rt.pending(args.run_id, principal=principal) if w.decision is None]
         elif not seqs and decision != "cancel" and sys.stdin.isatty() and sys.stdout.isatty() and not args.json:
             # No seq: the person at the terminal is shown each write and says which (P-28).
-            waiting = rt.pending(args.run_id)
+            waiting = rt.pending(args.run_id, principal=principal)
             seqs = await _confirm_each(waiting, decision)
             if waiting and not seqs:
                 print("nothing decided")
                 return EXIT_PAUSED
         if seqs:
-            result = await rt.decide(args.run_id, {s: (decision, args.reason) for s in seqs}, actor=actor, via="cli")
+            result = await rt.decide(args.run_id, {s: (decision, args.reason) for s in seqs}, principal=principal,
+                                     actor=actor, via="cli")
         else:
-            result = await rt.resume(args.run_id, decision, args.reason, actor=actor, via="cli")
+            result = await rt.resume(args.run_id, decision, args.reason, principal=principal, actor=actor,
+                                     via="cli")
         return print_result(result, args.json)
 
 
@@ -160,7 +164,7 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(data)
         return EXIT_OK
-    print(f"run {data['run_id']}: {data['status']}")
+    print(f"run {data['run_id']}: {data['status']} (principal {data.get('principal') or 'local'})")
     print("program:")
     for i, line in enumerate(data["program"].splitlines(), 1):
         print(f"  {i:>3} | {line}")
@@ -245,7 +249,7 @@ async def cmd_runs_signal(args: argparse.Namespace) -> int:
     tools, config, sources = run_setup(args)
     args.config = config
     async with open_rt(args, tools, sources=sources) as rt:
-        out = await rt.signal(args.run_id, args.name, value)
+        out = await rt.signal(args.run_id, args.name, value, principal=args.acting_as)
     return print_wait_outcome(out, args.json)
 
 
@@ -326,6 +330,7 @@ def add_resume(sub: Any) -> None:
     sp.add_argument("--seq", type=int, action="append",
                     help="a paused write this decision is for (repeatable); see the pause or `runs show`")
     sp.add_argument("--all", action="store_true", help="decide every write the pause waits on")
+    add_acting_as(sp)
     add_common(sp)
     sp.set_defaults(func=cmd_resume)
 
@@ -356,6 +361,7 @@ def add_runs(sub: Any) -> None:
     sp.add_argument("run_id")
     sp.add_argument("name")
     sp.add_argument("value", help="a JSON value")
+    add_acting_as(sp)
     add_common(sp)
     sp.set_defaults(func=cmd_runs_signal)
 

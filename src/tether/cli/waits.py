@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import UsageError
 from ._common import (
     EXIT_OK,
+    add_acting_as,
     add_common,
     json_arg,
     open_rt,
@@ -27,7 +28,7 @@ async def cmd_waits_list(args: argparse.Namespace) -> int:
     store = open_store(load_config(args.config).store.url)
     try:
         rt = Runtime(store=store, type_check=False)
-        waits = rt.list_waits(args.run)
+        waits = rt.list_waits(args.run, principal=args.acting_as)
     finally:
         store.close()
     if args.json:
@@ -84,6 +85,7 @@ def add_waits(sub: Any) -> None:
     waits = sub.add_parser("waits", help="durable waits").add_subparsers(dest="waits_command", required=True)
     sp = waits.add_parser("list", help="pending waits with their keys")
     sp.add_argument("--run")
+    add_acting_as(sp)
     add_common(sp, tools=False)
     sp.set_defaults(func=cmd_waits_list)
     sp = waits.add_parser("resolve", help="resolve a wait by its key; the first resolution wins")

@@ -33,6 +33,8 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
     return {
         "run_id": run.run_id,
         "status": run.status,
+        # Whose run it is (P-24): what an operator names with `--as` to act on it from the command line.
+        "principal": run.principal or "local",
         "program": run.program,
         "environment": run.environment,
         "policy": run.policy,
