@@ -1,9 +1,13 @@
 """A round-robin HTTP proxy on loopback for the chaos test (a helper, not a test).
 
-Forwards each request to the next replica whose ``/readyz`` answered 200 at
-the last probe (every 0.3 s); a replica that refuses the connection is taken
-out at once and the request goes to the next (nothing reached the dead one).
-Responses are streamed through, so SSE works. No stickiness of any kind.
+Forwards each request to the next replica in rotation. A replica leaves the
+rotation when ``/readyz`` fails twice in a row (probed every 0.3 s, 2 s to
+answer: a replica busy under load is slow, not gone) or at once when it
+refuses a connection (the request goes to the next: nothing reached the dead
+one); it comes back when ``/readyz`` answers 200. Responses are streamed
+through, so SSE works. No stickiness of any kind. ``served`` and ``in_flight``
+count requests per replica port; ``broken`` records (``x-chaos-tag`` header,
+port) of each request a replica failed under (its answer cut off or lost).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import socket
 import threading
 import time
+from collections import Counter
 
 import httpx2
 import uvicorn
@@ -26,6 +31,9 @@ class Proxy:
         self.up = set(ports)
         self._turn = itertools.count()
         self._stop = threading.Event()
+        self.served: Counter[int] = Counter()
+        self.in_flight: Counter[int] = Counter()
+        self.broken: set[tuple[str, int]] = set()
         self.client: httpx2.AsyncClient | None = None
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -35,14 +43,22 @@ class Proxy:
     # -- readiness
 
     def _probe(self) -> None:
-        with httpx2.Client(timeout=1.0) as http:
+        with httpx2.Client(timeout=2.0) as http:
+            failed: Counter[int] = Counter()
             while not self._stop.is_set():
                 for port in self.ports:
+                    refused = False
                     try:
                         ok = http.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
+                    except httpx2.ConnectError:
+                        ok, refused = False, True  # nothing listens there any more
                     except httpx2.HTTPError:
                         ok = False
-                    (self.up.add if ok else self.up.discard)(port)
+                    failed[port] = 0 if ok else failed[port] + 1
+                    if ok:
+                        self.up.add(port)
+                    elif refused or failed[port] >= 2:
+                        self.up.discard(port)
                 self._stop.wait(0.3)
 
     def _next(self, tried: set[int]) -> int | None:
@@ -68,15 +84,27 @@ class Proxy:
         while (port := self._next(tried)) is not None:
             tried.add(port)
             url = f"http://127.0.0.1:{port}{scope['path']}" + (f"?{query.decode()}" if query else "")
+            self.in_flight[port] += 1
             try:
-                response = await self.client.send(
-                    self.client.build_request(scope["method"], url, headers=headers, content=body), stream=True)
+                await self._forward(port, url, scope, headers, body, send)
+                return
             except httpx2.ConnectError:
                 self.up.discard(port)  # refused: the request never reached it
                 continue
             except httpx2.HTTPError:
+                self.broken.add((_tag(scope), port))
                 await _json(send, 502, "replica_lost", "the replica failed while taking the request")
                 return
+            finally:
+                self.in_flight[port] -= 1
+        await _json(send, 503, "no_replica_ready", "no replica answered /readyz")
+
+    async def _forward(self, port: int, url: str, scope, headers, body: bytes, send) -> None:
+        assert self.client is not None
+        response = await self.client.send(
+            self.client.build_request(scope["method"], url, headers=headers, content=body), stream=True)
+        self.served[port] += 1
+        try:
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": [(k.encode(), v.encode()) for k, v in response.headers.multi_items()
                                     if k.lower() not in _HOP]})
@@ -84,12 +112,10 @@ class Proxy:
                 async for chunk in response.aiter_raw():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except httpx2.HTTPError:
-                pass  # the replica died mid-response: the stream ends here
-            finally:
-                await response.aclose()
+                self.broken.add((_tag(scope), port))  # the replica died mid-response: the stream ends here
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return
-        await _json(send, 503, "no_replica_ready", "no replica answered /readyz")
+        finally:
+            await response.aclose()
 
     # -- life
 
@@ -114,3 +140,7 @@ async def _json(send, status: int, code: str, message: str) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": body})
+
+
+def _tag(scope) -> str:
+    return next((v.decode() for k, v in scope["headers"] if k.decode().lower() == "x-chaos-tag"), "")

@@ -126,8 +126,9 @@ class RoundRobin(httpx2.AsyncBaseTransport):
 
 
 @contextlib.asynccontextmanager
-async def connect(url: str, mode: str, *, transport: httpx2.AsyncBaseTransport | None = None, **kwargs):
+async def connect(url: str, mode: str, *, transport: httpx2.AsyncBaseTransport | None = None,
+                  headers: dict[str, str] | None = None, **kwargs):
     timeout = httpx2.Timeout(30, read=300)
-    async with httpx2.AsyncClient(timeout=timeout, transport=transport) as http:
+    async with httpx2.AsyncClient(timeout=timeout, transport=transport, headers=headers) as http:
         async with Client(streamable_http_client(url, http_client=http), mode=mode, **kwargs) as client:
             yield client
