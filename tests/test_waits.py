@@ -254,3 +254,21 @@ async def test_p18_a_resolution_arriving_while_the_run_parks_continues_it(store_
         (done,) = await attempt
         assert done.status == "completed" and done.result == ["got", "now"]
         assert other.get_run(run_id).status == "completed"
+
+
+async def test_p19_a_cancel_from_another_process_while_the_run_parks_ends_it(store_url, clock):
+    # The cancel finds the run running in another process and records the request
+    # for that process's heartbeat; the run parks on a wait before the heartbeat
+    # comes (a parked run has none). The cancel must end the parked run, not
+    # report it waiting and leave it there.
+    code = 'import tools\nawait tools.helpdesk.get_ticket(id=1)\nawait wait_for_signal("never")\n"not cancelled"'
+    async with runtime(store_url, clock, Recorder(delay=0.3)) as rt, runtime(store_url, clock) as other:
+        run_id = rt.start(code)
+        attempt = asyncio.ensure_future(rt.run_queued())
+        while other.get_run(run_id).status != "running":
+            await asyncio.sleep(0.01)
+        cancelled = await other.cancel(run_id, "stop")
+        assert cancelled.status == "cancelled", cancelled
+        await attempt
+        assert other.get_run(run_id).status == "cancelled"
+        assert [w["status"] for w in other.list_waits(run_id, status=None)] == ["cancelled"]

@@ -759,9 +759,14 @@ class Runtime:
                 return self.finisher.cancel_now(self.store.get_run(run_id), reason) or await self.cancel(
                     run_id, reason, principal=principal)
         # Running in another process: a durable request its heartbeat sees, and a notice so it looks now.
-        self.lifecycle.request_cancel(run, reason)
+        if not self.lifecycle.request_cancel(run, reason):
+            return await self.cancel(run_id, reason, principal=principal)  # it stopped running meanwhile
         self.notices.publish(CANCEL, run_id)
-        return await self.wait_for_run(run_id, timeout=max(self.lease_seconds, 1.0) * 2)
+        result = await self.wait_for_run(run_id, timeout=max(self.lease_seconds, 1.0) * 2)
+        if result.status in (RunStatus.PAUSED, RunStatus.WAITING):
+            # It paused or parked before its owner saw the request (a parked run has none): end it as it is.
+            return await self.cancel(run_id, reason, principal=principal)
+        return result
 
     async def _stop_here(self, run_id: str, reason: str) -> RunResult:
         handle = self._running[run_id]
