@@ -123,11 +123,15 @@ class Proxy:
         threading.Thread(target=self._probe, daemon=True).start()
         config = uvicorn.Config(self, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started and time.monotonic() < deadline:
             time.sleep(0.02)
+
+    def _serve(self) -> None:
+        self.native_id = threading.get_native_id()  # for its CPU time in /proc
+        self._server.run()
 
     def stop(self) -> None:
         self._stop.set()

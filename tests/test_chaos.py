@@ -207,11 +207,11 @@ async def action(n: int, i: int, kind: str, url: str, mode: str, tally: Tally, o
             if out and out.get("status") == "waiting":
                 key = out["pending"]["key"]
                 await other.settle(kind, tag, out["run_id"], lambda: other.rt.resolve_wait(key, {"ok": "yes"}))
-        else:  # terminate
-            out = await tally.call(c, kind, "cell_start", {"code": program(m, tag,
-                                   "import asyncio\nfor i in range(20):\n    emit(i)\n    await asyncio.sleep(0.5)\n"
-                                   "'not terminated'"), "yield_after_ms": 100}, tag)
-            if out and out.get("status") == "running":
+        else:  # terminate: a cell that runs on, or one about to park on a signal nobody sends
+            body = ("import asyncio\nfor i in range(20):\n    emit(i)\n    await asyncio.sleep(0.5)\n'not terminated'"
+                    if i % 2 else "import asyncio\nemit(0)\nawait asyncio.sleep(0.3)\nawait wait_for_signal('never')")
+            out = await tally.call(c, kind, "cell_start", {"code": program(m, tag, body), "yield_after_ms": 100}, tag)
+            if out and out.get("status") in ("running", "paused"):
                 async with connect(url, mode, headers={"x-chaos-tag": tag}) as stopper:
                     await tally.call(stopper, kind, "cell_terminate", {"cell_id": out["cell_id"]}, tag)
     return retry_after(out)
@@ -254,7 +254,7 @@ def describe(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int | str) -> float:
     """User + system CPU time of a live process, from /proc."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -313,7 +313,8 @@ async def test_replicas_under_load_one_sigkilled(tmp_path, pg_url, monkeypatch):
                 for n in range(CLIENTS):
                     tg.start_soon(one_client, n, proxy.url, tally, other, stop_at)
             elapsed = time.monotonic() - t0
-            cpu = {"test process": sum(resource.getrusage(resource.RUSAGE_SELF)[:2])}
+            cpu = {"test process": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
+                   "of which proxy": cpu_seconds(f"{os.getpid()}/task/{proxy.native_id}")}
             cpu.update({f"replica {i}": cpu_seconds(r.proc.pid) for i, r in enumerate(rs.replicas)
                         if r.proc.poll() is None})
 
@@ -404,8 +405,8 @@ def tag_of(run) -> str:
 
 def kind_of(run) -> str:
     body = run.program
-    for kind, mark in (("signal", "wait_for_signal"), ("wait", "wait_for("), ("terminate", "range(20)"),
-                       ("cell", "emit(1)"), ("timer", "sleep(1.5)"), ("ask", "guarded_write"),
+    for kind, mark in (("terminate", "range(20)"), ("terminate", "'never'"), ("signal", "wait_for_signal"),
+                       ("wait", "wait_for("), ("cell", "emit(1)"), ("timer", "sleep(1.5)"), ("ask", "guarded_write"),
                        ("write", "ledger.write"), ("read", "list_tickets")):
         if mark in body:
             return kind
