@@ -112,3 +112,33 @@ class KeyedApi:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
+
+
+def run_cli(args: list[str], env: dict[str, str], cwd: Any, stdin: str | None = None) -> Any:
+    """``tether ARGS`` run inside this process: ``tether.cli.main`` with ``env`` as the whole environment
+    and ``cwd`` as the working directory, both restored after. Returns what ``subprocess.run`` would
+    (returncode, stdout, stderr as text), for commands whose point is not a process boundary.
+    """
+    import contextlib
+    import io
+    import os
+    import subprocess
+    import sys
+
+    from tether.cli import main
+
+    saved_env, saved_cwd, saved_stdin = dict(os.environ), os.getcwd(), sys.stdin
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(cwd)
+        sys.stdin = io.TextIOWrapper(io.BytesIO((stdin or "").encode()), encoding="utf-8")
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(args)
+    finally:
+        sys.stdin = saved_stdin
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["tether", *args], code, out.getvalue(), err.getvalue())

@@ -1,4 +1,5 @@
-"""The command line, as a user runs it: real processes, a real store on disk."""
+"""The command line, as a user runs it: a real store on disk; real processes where the process boundary
+is the point (pause here, resume there; a terminal; a closed pipe), the rest through ``main()`` in process."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import run_cli
+
 FIXTURES = Path(__file__).parent / "fixtures"
 TETHER = [sys.executable, "-m", "tether.cli"]
 
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
@@ -26,9 +28,16 @@ def env(tmp_path):
 
 
 def tether(args, env, cwd, stdin=None):
+    """In its own process."""
     return subprocess.run(TETHER + args, env=env, cwd=cwd, capture_output=True, text=True, input=stdin, timeout=120)
 
 
+def cli(args, env, cwd, stdin=None):
+    """In this process."""
+    return run_cli(args, env, cwd, stdin)
+
+
+@pytest.mark.slow
 def test_p10_pause_in_one_process_resume_from_another(tmp_path, env):
     program = tmp_path / "prog.py"
     program.write_text(
@@ -37,7 +46,8 @@ def test_p10_pause_in_one_process_resume_from_another(tmp_path, env):
         "await tools.notes.add_note(text='hello')\n"
         "{'before': len(before), 'after': len(await tools.notes.list_notes())}\n"
     )
-    first = tether(["run", str(program), "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
+    # Paused here, in this process; resumed in a process of its own.
+    first = cli(["run", str(program), "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
     assert first.returncode == 3, first.stderr
     paused = json.loads(first.stdout)
     assert paused["status"] == "paused"
@@ -52,31 +62,31 @@ def test_p10_pause_in_one_process_resume_from_another(tmp_path, env):
     assert done["result"] == {"before": 0, "after": 1}
     assert Path(env["NOTES_FILE"]).read_text().count("hello") == 1
 
-    again = tether(["resume", paused["run_id"], "--approve", "--json"], env, tmp_path)
+    again = cli(["resume", paused["run_id"], "--approve", "--json"], env, tmp_path)
     assert json.loads(again.stdout)["result"] == done["result"]
     assert Path(env["NOTES_FILE"]).read_text().count("hello") == 1
 
-    shown = tether(["runs", "show", paused["run_id"], "--json"], env, tmp_path)
+    shown = cli(["runs", "show", paused["run_id"], "--json"], env, tmp_path)
     timeline = json.loads(shown.stdout)
     assert [(c["address"], c["state"]) for c in timeline["calls"]] == [
         ("notes.list_notes", "done"), ("notes.add_note", "sent"), ("notes.list_notes", "done")]
-    listed = tether(["runs", "list", "--json"], env, tmp_path)
+    listed = cli(["runs", "list", "--json"], env, tmp_path)
     assert [r["status"] for r in json.loads(listed.stdout)] == ["completed"]
 
 
 def test_run_exit_codes_and_human_output(tmp_path, env):
     ok = tmp_path / "ok.py"
     ok.write_text("print('hi')\n1 + 1\n")
-    r = tether(["run", str(ok)], env, tmp_path)
+    r = cli(["run", str(ok)], env, tmp_path)
     assert r.returncode == 0 and r.stdout.splitlines() == ["hi", "2"]
     bad = tmp_path / "bad.py"
     bad.write_text("1/0\n")
-    r = tether(["run", str(bad)], env, tmp_path)
+    r = cli(["run", str(bad)], env, tmp_path)
     assert r.returncode == 1
     assert "program_error" in r.stderr and "ZeroDivisionError" in r.stderr
-    r = tether(["run", str(tmp_path / "missing.py")], env, tmp_path)
+    r = cli(["run", str(tmp_path / "missing.py")], env, tmp_path)
     assert r.returncode == 2 and "cannot read program" in r.stderr
-    r = tether(["resume", "run_nope", "--approve"], env, tmp_path)
+    r = cli(["resume", "run_nope", "--approve"], env, tmp_path)
     assert r.returncode == 2 and "run_not_found" in r.stderr
 
 
@@ -84,45 +94,46 @@ def test_the_check_rejects_a_wrong_argument_before_running(tmp_path, env):
     # The default check (calls) names the argument, with its line, before anything runs.
     prog = tmp_path / "typo.py"
     prog.write_text("import tools\nawait tools.notes.add_note(txt='x')\n")
-    r = tether(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
+    r = cli(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
     out = json.loads(r.stdout)
     assert r.returncode == 1
     assert out["error"]["code"] == "invalid_arguments"
     assert "unknown argument 'txt'" in out["error"]["message"] and out["error"]["details"]["line"] == 2
     assert out["calls"] == 0
     assert not Path(env["NOTES_FILE"]).exists()
-    r = tether(["run", str(prog), "--no-check", "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
+    r = cli(["run", str(prog), "--no-check", "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
     out = json.loads(r.stdout)
     assert out["error"]["code"] == "invalid_arguments" and out["calls"] == 1  # refused at the boundary instead
     # A positional call runs through the CLI.
     prog.write_text("import tools\nawait tools.notes.add_note('x')\n'ok'\n")
-    r = tether(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py"), "--json", "--no-prompt"], env, tmp_path)
+    r = cli(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py"), "--json", "--no-prompt"], env, tmp_path)
     assert json.loads(r.stdout)["status"] in ("completed", "paused"), r.stdout
 
 
 def test_demo_runs(tmp_path, env):
-    r = tether(["demo"], env, tmp_path)
+    r = cli(["demo"], env, tmp_path)
     assert r.returncode == 0, r.stderr
     assert "host calls" in r.stdout
 
 
 def test_tools_search_and_describe(tmp_path, env):
-    r = tether(["tools", "search", "close ticket", "--tools", "tether.demo.helpdesk", "--json"], env, tmp_path)
+    r = cli(["tools", "search", "close ticket", "--tools", "tether.demo.helpdesk", "--json"], env, tmp_path)
     found = json.loads(r.stdout)
     assert found["results"][0]["address"] == "helpdesk.close_ticket"
-    r = tether(["tools", "describe", "helpdesk.close_ticket", "--tools", "tether.demo.helpdesk"], env, tmp_path)
+    r = cli(["tools", "describe", "helpdesk.close_ticket", "--tools", "tether.demo.helpdesk"], env, tmp_path)
     assert r.returncode == 0 and "async def" in r.stdout and "ticket_id" in r.stdout
-    r = tether(["tools", "describe", "helpdesk.close_tiket", "--tools", "tether.demo.helpdesk"], env, tmp_path)
+    r = cli(["tools", "describe", "helpdesk.close_tiket", "--tools", "tether.demo.helpdesk"], env, tmp_path)
     assert r.returncode == 1 and "did you mean" in r.stdout and "helpdesk.close_ticket" in r.stdout
 
 
 def test_bad_config_is_one_clear_error_per_key(tmp_path, env):
     (tmp_path / "tether.toml").write_text("[limits]\nhost_calls = -1\n[limts]\nx = 1\n")
-    r = tether(["run", "-"], env, tmp_path, stdin="1")
+    r = cli(["run", "-"], env, tmp_path, stdin="1")
     assert r.returncode == 2
     assert "limits.host_calls" in r.stderr and "did you mean 'limits'" in r.stderr
 
 
+@pytest.mark.slow
 def test_in_a_terminal_run_asks_y_n_at_a_pause(tmp_path, env):
     """A real pseudo-terminal: the user types y and the write is sent; no resume needed."""
     import pty
@@ -174,18 +185,18 @@ def _notes(env) -> list[str]:
 def test_p28_repeating_the_printed_resume_line_does_not_decide_the_next_write(tmp_path, env):
     prog = tmp_path / "two.py"
     prog.write_text("import tools\nawait tools.notes.add_note(text='a')\nawait tools.notes.add_note(text='b')\n'done'\n")
-    first = tether(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py")], env, tmp_path)
+    first = cli(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py")], env, tmp_path)
     assert first.returncode == 3, first.stderr
     line = next(x for x in first.stdout.splitlines() if x.strip().startswith("approve:"))
     command = line.split("approve:", 1)[1].split()
     assert command[:2] == ["tether", "resume"] and "--seq" in command  # the pause names its write
-    r = tether(command[1:], env, tmp_path)
+    r = cli(command[1:], env, tmp_path)
     assert r.returncode == 3 and "call 2: notes.add_note(text='b')" in r.stdout
-    again = tether(command[1:], env, tmp_path)  # the retry, the double click
+    again = cli(command[1:], env, tmp_path)  # the retry, the double click
     assert again.returncode == 3 and "call 2: notes.add_note(text='b')" in again.stdout
     assert _notes(env) == ["a"]
     # Without --seq, outside a terminal, it would be a guess: refused with what waits.
-    blind = tether(command[1:4], env, tmp_path)
+    blind = cli(command[1:4], env, tmp_path)
     assert blind.returncode == 2 and "seq_required" in blind.stderr and "call 2 notes.add_note" in blind.stderr
     assert _notes(env) == ["a"]
 
@@ -201,24 +212,25 @@ def test_p27_a_gathered_batch_is_listed_and_decided_per_write_from_the_cli(tmp_p
         "    except Exception as e:\n"
         "        return str(e)\n"
         "await asyncio.gather(add('x'), add('y'), add('z'))\n")
-    first = tether(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py")], env, tmp_path)
+    first = cli(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py")], env, tmp_path)
     assert first.returncode == 3, first.stderr
     assert "3 writes issued together" in first.stdout
     for text, seq in (("x", 1), ("y", 2), ("z", 3)):
         assert f"call {seq}: notes.add_note(text='{text}')" in first.stdout
     run_id = first.stdout.split()[2]
-    r = tether(["resume", run_id, "--approve", "--seq", "2"], env, tmp_path)
+    r = cli(["resume", run_id, "--approve", "--seq", "2"], env, tmp_path)
     assert r.returncode == 3 and "[approved]" in r.stdout and _notes(env) == []
-    r = tether(["resume", run_id, "--decline", "--seq", "1", "--seq", "3", "--reason", "one is enough", "--json"],
+    r = cli(["resume", run_id, "--decline", "--seq", "1", "--seq", "3", "--reason", "one is enough", "--json"],
                env, tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)["result"]
     assert out[1] == "sent y" and out[0].startswith("[write_declined]") and "one is enough" in out[2]
     assert _notes(env) == ["y"]
-    shown = tether(["runs", "show", run_id], env, tmp_path)
+    shown = cli(["runs", "show", run_id], env, tmp_path)
     assert "decided: call 2 approve by" in shown.stdout and "via cli" in shown.stdout
 
 
+@pytest.mark.slow
 def test_p28_resume_without_seq_at_a_terminal_shows_the_write_and_asks(tmp_path, env):
     """The person at the terminal sees the exact write before the decision is taken for it."""
     import pty
@@ -227,9 +239,9 @@ def test_p28_resume_without_seq_at_a_terminal_shows_the_write_and_asks(tmp_path,
 
     prog = tmp_path / "two.py"
     prog.write_text("import tools\nawait tools.notes.add_note(text='a')\nawait tools.notes.add_note(text='b')\n'done'\n")
-    first = tether(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
+    first = cli(["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py"), "--json"], env, tmp_path)
     run_id = json.loads(first.stdout)["run_id"]
-    assert tether(["resume", run_id, "--approve", "--seq", "1"], env, tmp_path).returncode == 3
+    assert cli(["resume", run_id, "--approve", "--seq", "1"], env, tmp_path).returncode == 3
 
     main, child = pty.openpty()
     proc = subprocess.Popen(TETHER + ["resume", run_id, "--approve"], env=env, cwd=tmp_path,
@@ -253,19 +265,20 @@ def test_p28_resume_without_seq_at_a_terminal_shows_the_write_and_asks(tmp_path,
 
 
 def test_sources_list_shows_the_summaries_a_program_gets(tmp_path, env):
-    r = tether(["sources", "list", "--tools", "tether.demo.helpdesk"], env, tmp_path)
+    r = cli(["sources", "list", "--tools", "tether.demo.helpdesk"], env, tmp_path)
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.strip().startswith("helpdesk ("))
     summary = line.split("): ", 1)[1]
     assert summary.startswith("A small help desk, in memory")
     program = tmp_path / "p.py"
     program.write_text("[s['summary'] for s in await sources()]\n")
-    r = tether(["run", str(program), "--tools", "tether.demo.helpdesk", "--json"], env, tmp_path)
+    r = cli(["run", str(program), "--tools", "tether.demo.helpdesk", "--json"], env, tmp_path)
     assert json.loads(r.stdout)["result"] == [summary]
-    r = tether(["prompt", "--tools", "tether.demo.helpdesk"], env, tmp_path)
+    r = cli(["prompt", "--tools", "tether.demo.helpdesk"], env, tmp_path)
     assert "helpdesk (" in r.stdout and summary[:20] in r.stdout
 
 
+@pytest.mark.slow
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path, env):
     # `tether tools search ticket | head -1`: the pipe closes before tether
     # writes; the command ends quietly with what the reader took.
