@@ -4,8 +4,10 @@ A run records the definitions of its sources. Another directory, a process
 missing an environment variable, a server that fails to start, a worker
 without the source: none of them fails the run or sends its write; each
 leaves the run as it was, says `tools_unavailable`, and a later attempt with
-the sources available continues it with the write sent once. Real processes,
-a real store on disk, a real MCP server over stdio.
+the sources available continues it with the write sent once. A real store on
+disk, a real MCP server over stdio; commands run through ``main()`` in this
+process (each opens its own runtime, as a process would), workers in processes
+of their own.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TETHER = [sys.executable, "-m", "tether.cli"]
@@ -53,11 +57,17 @@ def setup(tmp_path):
 
 
 def tether(args, env, cwd):
+    """In its own process."""
     return subprocess.run(TETHER + args, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
+def cli(args, env, cwd):
+    """In this process."""
+    return run_cli(args, env, cwd)
+
+
 def _paused(a, env):
-    first = tether(["run", "prog.py", "--json"], env, a)
+    first = cli(["run", "prog.py", "--json"], env, a)
     assert first.returncode == 3, first.stdout + first.stderr
     out = json.loads(first.stdout)
     assert out["pending"]["address"] == "fx.record"
@@ -65,7 +75,7 @@ def _paused(a, env):
 
 
 def _status(run_id, env, cwd):
-    shown = tether(["runs", "show", run_id, "--json"], env, cwd)
+    shown = cli(["runs", "show", run_id, "--json"], env, cwd)
     return json.loads(shown.stdout)["status"]
 
 
@@ -77,7 +87,7 @@ def test_p30_resume_from_another_directory_loads_the_recorded_sources(setup):
     a, b, log, env = setup
     run_id = _paused(a, env)
     # Directory B has no tether.toml at all.
-    done = tether(["resume", run_id, "--approve", "--json"], env, b)
+    done = cli(["resume", run_id, "--approve", "--json"], env, b)
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["result"] == "sent"
     assert _writes(log) == ["once"]
@@ -92,7 +102,7 @@ def test_p30_a_missing_env_var_leaves_the_run_paused_and_a_later_resume_sends_on
     a, b, log, env = setup
     run_id = _paused(a, env)
     without = {k: v for k, v in env.items() if k != "FX_SECRET"}
-    refused = tether(["resume", run_id, "--approve", "--json"], without, b)
+    refused = cli(["resume", run_id, "--approve", "--json"], without, b)
     assert refused.returncode != 0
     error = json.loads(refused.stdout)["error"]
     assert error["code"] == "tools_unavailable"
@@ -100,9 +110,9 @@ def test_p30_a_missing_env_var_leaves_the_run_paused_and_a_later_resume_sends_on
     assert _status(run_id, env, b) == "paused"
     assert _writes(log) == []
     # Once more, same refusal: nothing was decided the first time.
-    assert tether(["resume", run_id, "--approve", "--json"], without, b).returncode != 0
+    assert cli(["resume", run_id, "--approve", "--json"], without, b).returncode != 0
 
-    done = tether(["resume", run_id, "--approve", "--json"], env, b)
+    done = cli(["resume", run_id, "--approve", "--json"], env, b)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _writes(log) == ["once"]
 
@@ -114,7 +124,7 @@ def test_p30_a_source_that_fails_to_start_leaves_the_run_paused(setup):
     hidden = a / "server.py.away"
     server.rename(hidden)  # the command runs, but the server exits at once
     try:
-        refused = tether(["resume", run_id, "--approve", "--json"], env, b)
+        refused = cli(["resume", run_id, "--approve", "--json"], env, b)
     finally:
         hidden.rename(server)
     assert refused.returncode != 0
@@ -124,7 +134,7 @@ def test_p30_a_source_that_fails_to_start_leaves_the_run_paused(setup):
     assert _status(run_id, env, b) == "paused"
     assert _writes(log) == []
 
-    done = tether(["resume", run_id, "--approve", "--json"], env, b)
+    done = cli(["resume", run_id, "--approve", "--json"], env, b)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _writes(log) == ["once"]
 
@@ -133,7 +143,7 @@ def test_p30_a_worker_without_the_source_leaves_the_run_queued(setup):
     a, b, log, env = setup
     with open(a / "tether.toml", "a") as f:
         f.write('\n[policy]\nwrites = "allow"\n')
-    started = tether(["start", "prog.py", "--no-worker", "--json"], env, a)
+    started = cli(["start", "prog.py", "--no-worker", "--json"], env, a)
     assert started.returncode == 0, started.stderr
     run_id = json.loads(started.stdout)["run_id"]
 
@@ -192,12 +202,12 @@ def test_p30_a_literal_secret_is_never_recorded_and_comes_from_a_matching_local_
     db = Path(env["TETHER_HOME"]) / "tether.db"
     assert b"literal-secret-value-42" not in db.read_bytes()
 
-    refused = tether(["resume", run_id, "--approve", "--json"], env, b)  # no config here
+    refused = cli(["resume", run_id, "--approve", "--json"], env, b)  # no config here
     error = json.loads(refused.stdout)["error"]
     assert error["code"] == "tools_unavailable" and "written literally" in error["message"]
     assert _status(run_id, env, b) == "paused"
 
-    done = tether(["resume", run_id, "--approve", "--json"], env, a)  # the config with that value
+    done = cli(["resume", run_id, "--approve", "--json"], env, a)  # the config with that value
     assert done.returncode == 0, done.stdout + done.stderr
     assert _writes(log) == ["once"]
 
