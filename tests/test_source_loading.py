@@ -1,7 +1,8 @@
 """Sources as a user configures them: failures are loud and bounded, start-up stays fast.
 
-Real `tether` processes with real MCP servers (mcp-server-time from PyPI, the
-fixture server) and a hung one (`sleep`).
+Real MCP servers (mcp-server-time from PyPI, the fixture server) and a hung
+one (`sleep`); commands through ``main()`` in this process, `serve` and
+`worker` (and the start-up probe) in processes of their own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import run_cli
 from tether.sources._mcp_tools import TASK_REQUIRED, build_tools
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -34,7 +36,13 @@ def project(tmp_path):
 
 
 def tether(args, env, cwd, timeout=120):
+    """In its own process."""
     return subprocess.run(TETHER + args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def cli(args, env, cwd):
+    """In this process (each command opens its own runtime, as a process would)."""
+    return run_cli(args, env, cwd)
 
 
 @pytest.mark.slow
@@ -44,7 +52,7 @@ def test_a_hung_source_is_reported_bounded_and_unavailable_not_unknown(project):
         _mcp("hung", ["sleep", "1000"], "start_timeout = 1")
         + _mcp("fx", [sys.executable, str(FIXTURES / "mcp_fixture_server.py")]))
     (cwd / "listed.py").write_text("await sources()\n")
-    listed = tether(["run", "listed.py", "--json"], env, cwd)
+    listed = cli(["run", "listed.py", "--json"], env, cwd)
     assert listed.returncode == 0, listed.stderr
     # One line on stderr: which source, where it is configured, why.
     lines = [ln for ln in listed.stderr.splitlines() if "hung" in ln]
@@ -55,7 +63,7 @@ def test_a_hung_source_is_reported_bounded_and_unavailable_not_unknown(project):
     assert namespaces["hung"]["tools"] == 0 and "did not start within 1 s" in namespaces["hung"]["error"]
 
     (cwd / "call.py").write_text("import tools\nawait tools.hung.anything()\n")
-    called = tether(["run", "call.py", "--json", "--no-check"], env, cwd)
+    called = cli(["run", "call.py", "--json", "--no-check"], env, cwd)
     assert called.returncode == 1
     assert json.loads(called.stdout)["error"]["code"] == "source_unavailable"
 
@@ -69,12 +77,12 @@ def test_upstream_stderr_goes_to_a_log_and_listings_come_from_the_cache(project)
     (cwd / "one.py").write_text("1 + 1\n")
     log = home / "logs" / "fx.log"
 
-    first = tether(["run", "one.py"], env, cwd)
+    first = cli(["run", "one.py"], env, cwd)
     assert first.returncode == 0 and first.stdout.strip() == "2", first.stderr
     assert "starting on stdio" not in first.stderr  # the server's banner is not the user's business
     assert log.read_text().count("starting on stdio") == 1  # started once, to list its tools
 
-    again = tether(["run", "one.py"], env, cwd)
+    again = cli(["run", "one.py"], env, cwd)
     assert again.returncode == 0
     assert log.read_text().count("starting on stdio") == 1  # listing from the cache: not started
     # Nor is the MCP client stack imported (about a second) for a program that calls no MCP tool.
@@ -89,17 +97,17 @@ def test_upstream_stderr_goes_to_a_log_and_listings_come_from_the_cache(project)
 
     # A program that calls the server starts it then, and only it.
     (cwd / "echo.py").write_text("import tools\nawait tools.fx.echo(text='hi')\n")
-    echoed = tether(["run", "echo.py", "--json"], env, cwd)
+    echoed = cli(["run", "echo.py", "--json"], env, cwd)
     assert json.loads(echoed.stdout)["result"] == {"result": "hi"}, echoed.stderr
     assert log.read_text().count("starting on stdio") == 2
 
     # A real third-party server from its cached listing, called for real.
     (cwd / "now.py").write_text("import tools\nawait tools.clock.get_current_time(timezone='UTC')\n")
-    now = tether(["run", "now.py", "--json"], env, cwd)
+    now = cli(["run", "now.py", "--json"], env, cwd)
     assert now.returncode == 0, now.stdout + now.stderr
     assert "UTC" in json.dumps(json.loads(now.stdout)["result"])
 
-    refreshed = tether(["sources", "refresh"], env, cwd)
+    refreshed = cli(["sources", "refresh"], env, cwd)
     assert refreshed.returncode == 0, refreshed.stderr
     assert log.read_text().count("starting on stdio") == 3
 
@@ -110,7 +118,7 @@ def test_sources_list_prints_skipped_operations(project):
     (cwd / "tether.toml").write_text(
         f'[[sources]]\ntype = "openapi"\nnamespace = "api"\nspec = "{FIXTURES / "openapi_problems.json"}"\n'
         'base_url = "http://127.0.0.1:9"\n')
-    listed = tether(["sources", "list"], env, cwd)
+    listed = cli(["sources", "list"], env, cwd)
     assert "skipped" in listed.stdout, listed.stdout + listed.stderr
     assert "tether.toml: sources[0]" in listed.stdout
 
@@ -173,11 +181,11 @@ def test_an_mcp_namespace_keeps_its_summary_when_listed_from_the_cache(project):
     cwd, home, env = project
     (cwd / "tether.toml").write_text(_mcp("fx", [sys.executable, str(FIXTURES / "mcp_fixture_server.py")]))
     (cwd / "listed.py").write_text("[(s['namespace'], s['summary']) for s in await sources()]\n")
-    started = tether(["run", "listed.py", "--json"], env, cwd)
-    cached = tether(["run", "listed.py", "--json"], env, cwd)  # the server is not started this time
+    started = cli(["run", "listed.py", "--json"], env, cwd)
+    cached = cli(["run", "listed.py", "--json"], env, cwd)  # the server is not started this time
     assert json.loads(started.stdout)["result"] == [["fx", "tether-fixture"]], started.stderr
     assert json.loads(cached.stdout)["result"] == [["fx", "tether-fixture"]], cached.stderr
-    prompt = tether(["prompt"], env, cwd)
+    prompt = cli(["prompt"], env, cwd)
     assert "fx (" in prompt.stdout and "): tether-fixture\n" in prompt.stdout
 
 
@@ -187,7 +195,7 @@ def test_sources_list_names_a_failed_source_beside_the_summaries(project):
     (cwd / "tether.toml").write_text(
         _mcp("fx", [sys.executable, str(FIXTURES / "mcp_fixture_server.py")])
         + _mcp("broken", ["no-such-server-for-tether-tests"]))
-    listed = tether(["sources", "list"], env, cwd)
+    listed = cli(["sources", "list"], env, cwd)
     assert listed.returncode == 1  # a source failed: said, not hidden
     assert "  fx (" in listed.stdout and "): tether-fixture" in listed.stdout
     assert "  broken (0 tools): unavailable: " in listed.stdout
