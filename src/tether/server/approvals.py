@@ -23,11 +23,15 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import RunNotFound, TetherError
 from ..store.base import RunRecord
 from ..store.states import RunStatus
+
+if TYPE_CHECKING:
+    from ..runs.runtime import Runtime
+    from .admission import Admission
 
 TOKEN_VERSION = "a1"
 # How long a decision waits for the run to move on before the page answers:
@@ -99,7 +103,7 @@ def approval_url(public_url: str | None, secret: bytes, run_id: str, seq: int, e
     return f"{public_url.rstrip('/')}/approve/{link_token(secret, run_id, seq, expires_at)}"
 
 
-def run_links(rt: Any, public_url: str | None, run: RunRecord) -> list[dict[str, Any]]:
+def run_links(rt: Runtime, public_url: str | None, run: RunRecord) -> list[dict[str, Any]]:
     """``[{seq, address, url}]`` for each write the run waits on."""
     if run.status != RunStatus.PAUSED or run.expires_at is None:
         return []
@@ -111,7 +115,7 @@ def run_links(rt: Any, public_url: str | None, run: RunRecord) -> list[dict[str,
 # -- what waits ---------------------------------------------------------------------
 
 
-def pending_writes(rt: Any, run: RunRecord) -> list[dict[str, Any]]:
+def pending_writes(rt: Runtime, run: RunRecord) -> list[dict[str, Any]]:
     """The writes a paused run still waits on (a batch pause's decided ones left out).
 
     ``[{seq, address, args, annotations, description}]``, from ``Runtime.pending``.
@@ -140,7 +144,7 @@ class Outcome:
 class Decider:
     """Decides pending writes for the console and approval links; continues runs in the background."""
 
-    def __init__(self, rt: Any, admission: Any = None, settle_seconds: float = SETTLE_SECONDS) -> None:
+    def __init__(self, rt: Runtime, admission: Admission | None = None, settle_seconds: float = SETTLE_SECONDS) -> None:
         self.rt = rt
         self.admission = admission
         self.settle_seconds = settle_seconds
@@ -249,13 +253,13 @@ def render_value(value: Any) -> dict[str, Any]:
     return {"kind": "json", "text": text}
 
 
-def describe_write(rt: Any, write: dict[str, Any]) -> dict[str, Any]:
+def describe_write(rt: Runtime, write: dict[str, Any]) -> dict[str, Any]:
     """A pending write with its arguments rendered and what its tool's description says."""
     address = write.get("address")
     description = write.get("description")
     if description is None:
         try:
-            if address in rt.catalog:
+            if isinstance(address, str) and address in rt.catalog:
                 description = rt.catalog.get(address).description
         except Exception:  # a catalog that cannot say is not a reason to hide the write
             description = None

@@ -28,7 +28,7 @@ import json
 import secrets
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -43,6 +43,11 @@ from ..runs.inspect import run_timeline
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus
 from .approvals import Decider, derived_key, describe_write, open_token, pending_writes
 from .auth import LOCAL, principal_for_token
+
+if TYPE_CHECKING:
+    from ..runs.runtime import Runtime
+    from ..store.base import Store
+    from .admission import Admission
 
 HERE = Path(__file__).parent
 SESSION_COOKIE = "tether_session"
@@ -133,7 +138,7 @@ class SecurityHeaders:
 class RunFeed:
     """One poller of the store's run changes, fanned out to every open event stream."""
 
-    def __init__(self, store: Any, poll_seconds: float = FEED_POLL_SECONDS) -> None:
+    def __init__(self, store: Store, poll_seconds: float = FEED_POLL_SECONDS) -> None:
         self.store = store
         self.poll_seconds = poll_seconds
         self._queues: set[asyncio.Queue] = set()
@@ -191,8 +196,8 @@ class RunFeed:
 class Console:
     """Builds the Starlette app serving ``/console`` and ``/approve`` over one Runtime."""
 
-    def __init__(self, rt: Any, *, tokens: Sequence[str], admission: Any = None, public_url: str | None = None,
-                 decider: Decider | None = None) -> None:
+    def __init__(self, rt: Runtime, *, tokens: Sequence[str], admission: Admission | None = None,
+                 public_url: str | None = None, decider: Decider | None = None) -> None:
         self.rt = rt
         self.tokens = tuple(tokens)
         self.dev = not self.tokens

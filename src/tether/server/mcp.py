@@ -24,7 +24,7 @@ import contextlib
 import hashlib
 import hmac
 import json
-from typing import Annotated, Any, Callable, Literal, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Mapping
 
 from mcp.server.elicitation import AcceptedElicitation, DeclinedElicitation, render_elicitation_schema
 from mcp.server.mcpserver import Context, MCPServer
@@ -51,6 +51,9 @@ from .approvals import pending_writes
 from .auth import (
     LOCAL,
 )
+
+if TYPE_CHECKING:
+    from ..runs.runtime import Runtime
 
 SERVER_NAME = "tether"
 # The first protocol revision without server→client requests mid-call.
@@ -171,7 +174,7 @@ class TetherServer:
 
     def __init__(
         self,
-        rt: Any,
+        rt: Runtime,
         *,
         admission: Admission | None = None,
         principal_of: Callable[[Context], str] | None = None,
@@ -435,8 +438,10 @@ class TetherServer:
         if result.status != RunStatus.PAUSED or not self.public_url or not result.pending:
             return result
         run = self.rt.store.get_run(result.run_id)
+        if run is None:
+            return result
         links = {w["seq"]: urlmode.link_to(self, result.run_id, {**w, "expires_at": run.expires_at})
-                 for w in (pending_writes(self.rt, run) if run else [])}
+                 for w in pending_writes(self.rt, run)}
         if not links:
             return result
         result = RunResult.from_dict(result.to_dict())

@@ -29,10 +29,13 @@ import random
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..store.base import OUTBOX_DELIVERED, OUTBOX_FAILED, OUTBOX_PENDING, OutboxRecord
 from .approvals import approval_url, pending_writes
+
+if TYPE_CHECKING:
+    from ..runs.runtime import Runtime
 
 SCHEMA_VERSION = 1
 # One attempt may take this long; a webhook slower than that is tried again later.
@@ -104,7 +107,7 @@ def backoff(attempts: int, base: float = BACKOFF_BASE_SECONDS) -> float:
 class Notifier:
     """Queues events for the webhooks (a Runtime listener) and delivers them from the outbox."""
 
-    def __init__(self, rt: Any, webhooks: list[Webhook], *, public_url: str | None = None,
+    def __init__(self, rt: Runtime, webhooks: list[Webhook], *, public_url: str | None = None,
                  backoff_base: float = BACKOFF_BASE_SECONDS, poll_seconds: float = POLL_SECONDS,
                  timeout: float = REQUEST_TIMEOUT_SECONDS) -> None:
         self.rt = rt
@@ -216,7 +219,7 @@ class Notifier:
 
 
 @contextlib.asynccontextmanager
-async def notifications(rt: Any, config: Any, **options: Any):
+async def notifications(rt: Runtime, config: Any, **options: Any):
     """Queue and deliver ``config``'s webhooks for as long as the block runs (nothing when none are set)."""
     hooks = webhooks_from_config(config)
     if not hooks:

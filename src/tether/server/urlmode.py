@@ -32,6 +32,7 @@ from ..store.states import RunStatus
 from .approvals import approval_url, pending_writes
 
 if TYPE_CHECKING:
+    from ..runs.runtime import Runtime
     from .mcp import TetherServer
 
 # How long a call waits for a decision on the approval page before it returns
@@ -69,7 +70,7 @@ def message(server: "TetherServer", write: dict[str, Any]) -> str:
     return server._approval_message(write) + "\n\nOpen the page to approve or decline it."
 
 
-async def decided(rt: Any, run_id: str, seq: int, timeout: float) -> bool:
+async def decided(rt: Runtime, run_id: str, seq: int, timeout: float) -> bool:
     """Wait until write ``seq`` is decided (on the page, or anywhere), or the run stops waiting."""
     from ..runs.decisions import taken
 

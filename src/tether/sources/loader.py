@@ -32,6 +32,8 @@ from ..tools.model import Tool
 from .base import ENV_REF, Source
 
 if TYPE_CHECKING:
+    from ..runs.runtime import Runtime
+    from ..store.base import Store
     from .mcp import MCPSource
 
 __all__ = ["LoadedSource", "SourceSet", "definition_key", "record_definition"]
@@ -136,7 +138,7 @@ def _check_resolvable(definition: dict[str, Any]) -> None:
         raise ConfigError(f"the OpenAPI description {spec} does not exist")
 
 
-def forward_progress(rt: Any) -> Callable[[Any], None]:
+def forward_progress(rt: Runtime) -> Callable[[Any], None]:
     """An MCP source's progress reports, delivered to the run whose call they are about.
 
     A cell gets a ``progress`` event; a client watching the run (``on_progress``,
@@ -149,7 +151,8 @@ def forward_progress(rt: Any) -> Callable[[Any], None]:
         for boundary in rt.boundaries_calling(address):
             data = {"address": address, "progress": report.progress, "total": report.total,
                     "message": report.message}
-            if (rt.store.get_run(boundary.run_id).meta or {}).get("cell"):
+            run = rt.store.get_run(boundary.run_id)  # a live boundary's run exists; None only if deleted under it
+            if run is not None and (run.meta or {}).get("cell"):
                 rt.event(boundary.run_id, "progress", data)
             if boundary.on_progress is not None:
                 p = max(report.progress, 0.0)
@@ -205,7 +208,7 @@ class SourceSet:
     one ``<namespace>.log`` per stdio server for its stderr.
     """
 
-    def __init__(self, runtime: Any, *, store: Any = None, log_dir: Path | None = None,
+    def __init__(self, runtime: Runtime, *, store: Store | None = None, log_dir: Path | None = None,
                  local: Iterable[Any] = (), default_call_timeout: float | None = None,
                  progress: Callable[[Any], None] | None = None) -> None:
         self.runtime = runtime
