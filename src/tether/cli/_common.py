@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import UsageError
+from ..store.states import RunStatus
 
 if TYPE_CHECKING:  # the command line imports the engine lazily, to start fast
     from ..store.base import RunRecord, Store
@@ -51,7 +52,8 @@ def actor_for(args: argparse.Namespace) -> str:
 
 def exit_code(status: str) -> int:
     # A run parked on a wait or a timer is not a failure: like a pause, it continues later.
-    return {"completed": EXIT_OK, "paused": EXIT_PAUSED, "waiting": EXIT_PAUSED}.get(status, EXIT_FAILED)
+    return {RunStatus.COMPLETED: EXIT_OK, RunStatus.PAUSED: EXIT_PAUSED, RunStatus.WAITING: EXIT_PAUSED}.get(
+        status, EXIT_FAILED)
 
 
 def print_json(data: Any) -> None:
@@ -66,12 +68,12 @@ def print_result(result: Any, as_json: bool) -> int:
     for line in data.get("logs") or []:
         print(line)
     status = data["status"]
-    if status == "completed":
+    if status == RunStatus.COMPLETED:
         value = data["result"]
         print(value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False))
-    elif status == "paused":
+    elif status == RunStatus.PAUSED:
         print_pause(data["run_id"], data["pending"])
-    elif status == "waiting":
+    elif status == RunStatus.WAITING:
         p = data["pending"]
         print(f"waiting: run {data['run_id']} is parked ({p['kind']} {p['name']}); it holds no worker")
         print(f"  {data.get('instructions')}")

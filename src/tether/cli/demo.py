@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..store.states import RunStatus
 from ._common import EXIT_OK, add_common, exit_code, open_rt, print_json, print_result
 
 
@@ -21,7 +22,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_dict())
         return exit_code(result.status)
-    if result.status == "completed" and isinstance(result.result, dict) and "by_priority" in result.result:
+    if result.status == RunStatus.COMPLETED and isinstance(result.result, dict) and "by_priority" in result.result:
         _print_demo_summary(result.result)
         code = EXIT_OK
     else:

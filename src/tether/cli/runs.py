@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Any, NoReturn
 
+from ..store.states import RunStatus
 from ._common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -76,7 +77,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         result = await rt.execute(code, on_approval=approver,
                                   on_question=_ask_question if interactive else None,
                                   meta={"tools": tools, "config": abs_path(args.config)})
-    if result.status == "waiting" and result.expires_at is not None:
+    if result.status == RunStatus.WAITING and result.expires_at is not None:
         # A timer or a timeout must fire with nobody watching: make sure a worker will.
         ensure_worker(args, tools)
     return print_result(result, args.json)
@@ -152,7 +153,7 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
         data = run_timeline(store, args.run_id)
         run = store.get_run(args.run_id)
         # Approval links need [server] public_url: where people reach the server.
-        if run is not None and run.status == "paused":
+        if run is not None and run.status == RunStatus.PAUSED:
             from ..runs.runtime import Runtime
 
             # A runtime over the store only (no tools, no workers started): it reads the pause.
@@ -175,19 +176,19 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
     for d in data.get("decisions") or []:
         why = f" ({d['reason']})" if d.get("reason") else ""
         print(f"decided: call {d['seq']} {d['decision']}{why} by {d.get('actor')} via {d.get('via')}")
-    if data.get("pending") and data["status"] == "paused":
+    if data.get("pending") and data["status"] == RunStatus.PAUSED:
         print_pause(data["run_id"], data["pending"])
     elif data.get("pending"):
         print(f"pending: call {data['pending']['seq']} {data['pending'].get('address') or data['pending'].get('name')}")
     for link in data["approval_links"]:
         if link["url"]:
             print(f"approve or decline call {link['seq']} at: {link['url']}")
-    if data["status"] == "paused" and data["approval_links"] and not data["approval_links"][0]["url"]:
+    if data["status"] == RunStatus.PAUSED and data["approval_links"] and not data["approval_links"][0]["url"]:
         print("(set [server] public_url in tether.toml to get an approval link for it)")
     outcome = data.get("outcome") or {}
     if outcome.get("error"):
         print(f"error: [{outcome['error'].get('code')}] {outcome['error'].get('message')}")
-    elif data["status"] == "completed":
+    elif data["status"] == RunStatus.COMPLETED:
         print("result:", json.dumps(outcome.get("result"), ensure_ascii=False)[:2000])
     return EXIT_OK
 
@@ -205,7 +206,7 @@ async def cmd_runs_await(args: argparse.Namespace) -> int:
             run = store.get_run(args.run_id)
             if run is None:
                 raise_not_found(args.run_id)
-            if run.status not in ("queued", "running", "waiting") and run.result is not None:
+            if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING) and run.result is not None:
                 return print_result(RunResult.from_dict(run.result), args.json)
             if time.monotonic() > deadline:
                 if args.json:
@@ -235,7 +236,7 @@ async def cmd_runs_cancel(args: argparse.Namespace) -> int:
         run = rt.store.get_run(args.run_id)
         result = await rt.cancel(args.run_id, args.reason or "cancelled from the command line",
                                  principal=run.principal if run is not None else None)
-    if result.status != "cancelled":
+    if result.status != RunStatus.CANCELLED:
         return print_result(result, args.json)
     if args.json:
         print_json(result.to_dict())
@@ -263,7 +264,7 @@ async def cmd_start(args: argparse.Namespace) -> int:
                           type_check=False if args.no_check else None)
     worker = None if args.no_worker else ensure_worker(args, tools)
     if args.json:
-        print_json({"run_id": run_id, "status": "queued", "worker_pid": worker})
+        print_json({"run_id": run_id, "status": RunStatus.QUEUED, "worker_pid": worker})
     else:
         print(run_id)
     return EXIT_OK
