@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TetherError
+
+if TYPE_CHECKING:
+    from .pending import AskedWrite
 
 
 @dataclass
@@ -52,5 +55,5 @@ class AttemptState:
     # What had to change in tool results to make them JSON, by address (for the run's notes).
     conversions: dict[str, list[str]] = field(default_factory=dict)
     # While a write pause forms: the other writes that ask, issued with it (P-27).
-    batch: list[dict[str, Any]] | None = None
+    batch: list["AskedWrite"] | None = None
     last_arrival: float = 0.0  # time.monotonic() of the latest call the program issued

@@ -41,7 +41,6 @@ from .envelopes import (
     failure_error,
     pause_instructions,  # noqa: F401 - importable from here, as before
     paused_envelope,
-    pending_call,
     waiting_envelope,
 )
 from .events import EventBus
@@ -58,6 +57,7 @@ from .integrity import (
 from .lifecycle import Lifecycle, outcome_unknown
 from .limits import Limits
 from .notices import CANCEL, wait_a_little
+from .pending import ParkedWait, Stop
 from .policy import Policy
 from .resend import resendable
 from .restore import SnapshotMismatch
@@ -358,7 +358,7 @@ class Attempt:
 
     # -- pause / park, checkpoints ----------------------------------------------------
 
-    async def pause(self, boundary: EffectBoundary, pending: dict[str, Any]) -> None:
+    async def pause(self, boundary: EffectBoundary, stop: Stop) -> None:
         """Stop at a host call: store the signed dump, mark the run paused or waiting (P-10, P-18)."""
         d, run = self.deps, self.run
         boundary.flush()
@@ -368,26 +368,22 @@ class Attempt:
         if st.answering and st.restore_pending is not None:
             waits_on = list(st.restore_pending)
         else:
-            waits_on = [pending_call(pending)] + list(st.held)
+            waits_on = [stop.call()] + list(st.held)
         waits_on.sort(key=lambda c: c["seq"])
         d.store.put_snapshot(self._snapshot_record(st.issued, data, waits_on, "pause"))
         now = d.clock()
-        if "kind" in pending:  # parked on a wait, a signal or a timer (P-18)
-            public = {k: pending[k] for k in ("kind", "seq", "name", "key", "deadline")}
+        if isinstance(stop, ParkedWait):  # parked on a wait, a signal or a timer (P-18)
+            public = stop.stored()
             envelope = waiting_envelope(run.run_id, public, self.logs, boundary, self.t0)
-            status, expires = RunStatus.WAITING, pending["deadline"]
+            status, expires = RunStatus.WAITING, stop.deadline
         else:
             expires = now + d.settings.approval_ttl_seconds
-            writes = []
-            for w in pending.get("writes") or [pending]:
-                one = {k: w[k] for k in ("seq", "address", "args", "annotations")}
-                # A paused write is also a durable wait (P-18): its key resolves it
-                # like resume() does, from anywhere that holds the key.
-                one["key"] = d.waits.approval(run, w["seq"], expires)
-                writes.append(one)
+            # A paused write is also a durable wait (P-18): its key resolves it
+            # like resume() does, from anywhere that holds the key.
+            writes = [w.stored(d.waits.approval(run, w.seq, expires)) for w in stop.writes]
             # The first write at the top level, as before batches; every write
             # of the pause, that one included, under "writes" (P-27).
-            public = {**next(w for w in writes if w["seq"] == pending["seq"]), "writes": writes}
+            public = {**next(w for w in writes if w["seq"] == stop.first.seq), "writes": writes}
             envelope = paused_envelope(run.run_id, public, expires, self.logs, boundary, self.t0)
             status = RunStatus.PAUSED
         # The run's MAC covers what it waits on (P-35).

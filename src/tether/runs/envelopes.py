@@ -48,10 +48,6 @@ class LogBuffer:
         return out
 
 
-def pending_call(pending: dict[str, Any]) -> dict[str, Any]:
-    return {"seq": pending["seq"], "op": pending["op"], "address": pending["address"], "args": pending["args"]}
-
-
 def paused_envelope(run_id: str, pending: dict, expires: float, logs: LogBuffer, boundary: "EffectBoundary",
                     t0: float) -> RunResult:
     return RunResult(

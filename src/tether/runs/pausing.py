@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, Protocol
 
 from ..errors import InvalidArguments, UnknownTool
 from ..sandbox.monty import GuestRaise, Stopped
@@ -28,6 +28,7 @@ from . import journal
 from . import policy as policy_mod
 from .guest_errors import err_json, guest_error
 from .inputs import wait_name_problem
+from .pending import AskedWrite, ParkedWait, Stop, WritePause
 from .waits import SIGNAL_PREFIX, SLEEP_PREFIX, key_for
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 class Paused(Stopped):
     """The attempt stopped because a write waits for a decision."""
 
-    def __init__(self, pending: dict[str, Any]) -> None:
+    def __init__(self, pending: AskedWrite) -> None:
         super().__init__("paused")
         self.pending = pending
 
@@ -48,7 +49,7 @@ class Paused(Stopped):
 class Parked(Stopped):
     """The attempt stopped because the run waits on a wait, a signal or a timer."""
 
-    def __init__(self, pending: dict[str, Any]) -> None:
+    def __init__(self, pending: ParkedWait) -> None:
         super().__init__("parked")
         self.pending = pending
 
@@ -110,22 +111,10 @@ class PauseHost(Protocol):
         """Count a finished call in the attempt's stats and progress."""
 
 
-def pending_write(seq: int, tool: "Tool", args: dict[str, Any]) -> dict[str, Any]:
-    """A write that asks, as a pause lists it."""
-    return {
-        "seq": seq,
-        "op": "tool",
-        "address": tool.address,
-        "args": args,
-        "annotations": tool.annotations.to_dict(),
-        "description": tool.description,
-    }
-
-
 class Pauses:
     """Stops one attempt at a host call: pauses, parks, and the calls held meanwhile."""
 
-    def __init__(self, host: PauseHost, pause_sink: Callable[[Any, dict[str, Any]], Awaitable[None]], *,
+    def __init__(self, host: PauseHost, pause_sink: Callable[[Any, Stop], Awaitable[None]], *,
                  batch_window_seconds: float = 0.05) -> None:
         self.host = host
         self.pause_sink = pause_sink  # called with (host, pending): saves the state before the program unwinds
@@ -152,7 +141,7 @@ class Pauses:
         """Hold calls again (the attempt starts over from call 1)."""
         self._release = asyncio.Event()
 
-    async def park(self, pending: dict[str, Any]) -> Any:
+    async def park(self, pending: ParkedWait) -> Any:
         """Stop the program until the wait is settled; like a pause, but for the world to answer."""
         return await self.stop_at(pending, Parked(pending))
 
@@ -208,10 +197,9 @@ class Pauses:
             _, row = host.store.settle_wait(WaitRecord(wkey, host.run_id, name, WaitStatus.RESOLVED, host.clock(),
                                                        seq=seq, resolved_at=host.clock()))
         if row.status == WaitStatus.PENDING:
-            pending = {"kind": "sleep" if op == "sleep" else ("signal" if op == "wait_for_signal" else "wait"),
-                       "seq": seq, "op": op, "address": op, "args": args, "name": name, "key": wkey,
-                       "deadline": deadline}
-            return await self.park(pending)
+            kind: Literal["wait", "signal", "sleep"] = (
+                "sleep" if op == "sleep" else "signal" if op == "wait_for_signal" else "wait")
+            return await self.park(ParkedWait(kind, seq, op, args, name, wkey, deadline))
         # Settled: journal the outcome, then answer the program.
         if row.status == WaitStatus.RESOLVED:
             refused = host.journal_room(journal.value_size(row.value), name, "result")
@@ -242,9 +230,9 @@ class Pauses:
 
     async def ask(self, seq, tool, args, valid, t, entry: CallRecord | None = None) -> Any:
         host = self.host
-        pending = pending_write(seq, tool, args)
+        pending = AskedWrite.of(seq, tool, args)
         if host.on_approval is not None:
-            verdict, reason = await host.on_approval(pending)
+            verdict, reason = await host.on_approval(pending.for_approver())
             self._record_inline_decision(seq, tool.address, "approve" if verdict == "approve" else "decline", reason)
             if verdict == "approve":
                 await host.move_call(seq, [CallState.ASKED], state=CallState.APPROVED)
@@ -308,14 +296,15 @@ class Pauses:
                         await host.record_intent(seq, "tool", address, args, key, "write", CallState.ASKED, None)
                         joined = True
         if joined and st.batch is batch:
-            batch.append(pending_write(seq, tool, args))
+            batch.append(AskedWrite.of(seq, tool, args))
         return await self.hold(seq, "tool", address, args)
 
-    async def stop_at(self, pending: dict[str, Any], stop: Stopped) -> Any:
+    async def stop_at(self, pending: AskedWrite | ParkedWait, stop: Stopped) -> Any:
         """Pause or park at this call (P-4, P-18): the first call to stop wins; later ones are held."""
         host = self.host
         if host.state.pausing:
-            return await self.hold(pending["seq"], pending["op"], pending["address"], pending["args"])
+            call = pending.call()
+            return await self.hold(call["seq"], call["op"], call["address"], call["args"])
         st = host.state
         st.pausing = True
         is_write_pause = isinstance(stop, Paused)
@@ -336,11 +325,13 @@ class Pauses:
                 await asyncio.sleep(self.batch_window_seconds - quiet)
         finally:
             st.inflight += 1
-        if is_write_pause:
+        stopped: Stop
+        if isinstance(pending, AskedWrite):
             batch, st.batch = st.batch or [], None
-            writes = sorted([{k: v for k, v in pending.items() if k != "writes"}] + batch, key=lambda w: w["seq"])
-            pending["writes"] = writes
-        await self.pause_sink(host, pending)
+            stopped = WritePause(pending, tuple(sorted([pending, *batch], key=lambda w: w.seq)))
+        else:
+            stopped = pending
+        await self.pause_sink(host, stopped)
         # The state is saved: end the execution and unwind the program; what it
         # does while unwinding is never sent nor recorded.
         host.execution.stop(stop)

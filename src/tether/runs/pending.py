@@ -1,0 +1,80 @@
+"""What a stopped attempt waits on: the writes of a pause, or the wait it parks on (P-18, P-27).
+
+Built where the attempt stops (runs/pausing.py), handed to the pause sink
+(``driver.Attempt.pause``), which stores it on the run as plain JSON
+(``runs.pending``): the record's type says pause or park, where a dict's keys
+used to. What is stored, signed and returned is exactly the dict it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+if TYPE_CHECKING:
+    from ..tools.model import Tool
+
+
+@dataclass(frozen=True)
+class AskedWrite:
+    """A write that asks for a decision, as a pause lists it."""
+
+    seq: int
+    address: str
+    args: dict[str, Any]
+    annotations: dict[str, Any]
+    description: str | None = None
+    op: ClassVar[str] = "tool"
+
+    @classmethod
+    def of(cls, seq: int, tool: "Tool", args: dict[str, Any]) -> "AskedWrite":
+        return cls(seq, tool.address, args, tool.annotations.to_dict(), tool.description)
+
+    def for_approver(self) -> dict[str, Any]:
+        """What an inline approver is given (``execute(on_approval=...)``)."""
+        return {"seq": self.seq, "op": self.op, "address": self.address, "args": self.args,
+                "annotations": self.annotations, "description": self.description}
+
+    def call(self) -> dict[str, Any]:
+        """The call a pause snapshot waits on."""
+        return {"seq": self.seq, "op": self.op, "address": self.address, "args": self.args}
+
+    def stored(self, key: str) -> dict[str, Any]:
+        """As the run lists it, with its approval key (the durable wait it also is)."""
+        return {"seq": self.seq, "address": self.address, "args": self.args, "annotations": self.annotations,
+                "key": key}
+
+
+@dataclass(frozen=True)
+class WritePause:
+    """A pause: the write that asked first and every write of its batch, that one included, by seq (P-27)."""
+
+    first: AskedWrite
+    writes: tuple[AskedWrite, ...]
+
+    def call(self) -> dict[str, Any]:
+        return self.first.call()
+
+
+@dataclass(frozen=True)
+class ParkedWait:
+    """The wait, signal or sleep a run parks on (P-18)."""
+
+    kind: Literal["wait", "signal", "sleep"]
+    seq: int
+    op: str  # wait_for | wait_for_signal | sleep
+    args: dict[str, Any]
+    name: str
+    key: str
+    deadline: float | None
+
+    def call(self) -> dict[str, Any]:
+        return {"seq": self.seq, "op": self.op, "address": self.op, "args": self.args}
+
+    def stored(self) -> dict[str, Any]:
+        """As the run records what it waits on."""
+        return {"kind": self.kind, "seq": self.seq, "name": self.name, "key": self.key, "deadline": self.deadline}
+
+
+# Where an attempt stops.
+Stop = WritePause | ParkedWait
