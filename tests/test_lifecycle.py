@@ -108,6 +108,34 @@ def test_claims_take_the_run_for_this_owner_with_a_lease(life):
     assert (row.status, row.owner, row.lease_until) == (RunStatus.QUEUED, None, None)
 
 
+async def test_what_a_stopped_run_waits_on_is_stored_in_the_shape_runs_were_signed_with(store_url):
+    """A pause and a park store ``pending`` with exactly these keys: stored runs and their MACs depend on it."""
+    from helpers import Clock, Recorder
+
+    from tether.runs.runtime import Runtime
+
+    rec = Recorder()
+    async with Runtime(store=open_store(store_url), tools=rec.tools(), clock=Clock(), type_check=False) as rt:
+        paused = await rt.execute("import tools\nawait tools.helpdesk.close_ticket(id=1)")
+        row = rt.store.get_run(paused.run_id)
+        assert row.status == RunStatus.PAUSED and row.pending == paused.pending
+        (write,) = row.pending["writes"]
+        assert set(row.pending) == {"seq", "address", "args", "annotations", "key", "writes"}
+        assert set(write) == {"seq", "address", "args", "annotations", "key"}
+        assert {k: row.pending[k] for k in ("seq", "address", "args")} == {
+            "seq": 1, "address": "helpdesk.close_ticket", "args": {"id": 1}}
+        assert rt.store.latest_snapshot(paused.run_id).pending == [
+            {"seq": 1, "op": "tool", "address": "helpdesk.close_ticket", "args": {"id": 1}}]
+
+        parked = await rt.execute("await wait_for('go', timeout=60)")
+        row = rt.store.get_run(parked.run_id)
+        assert row.status == RunStatus.WAITING and row.pending == parked.pending
+        assert set(row.pending) == {"kind", "seq", "name", "key", "deadline"}
+        assert (row.pending["kind"], row.pending["seq"], row.pending["name"]) == ("wait", 1, "go")
+        (call,) = rt.store.latest_snapshot(parked.run_id).pending
+        assert (call["seq"], call["op"], call["address"]) == (1, "wait_for", "wait_for")
+
+
 def _calls_outside_lifecycle() -> list[str]:
     """Calls of the store's run compare-and-set methods anywhere but the lifecycle (and the store itself)."""
     guarded = {"update_run", "create_run", "claim_run", "claim_queued", "claim_due", "claim_orphan",
