@@ -111,7 +111,6 @@ def test_claims_take_the_run_for_this_owner_with_a_lease(life):
 async def test_what_a_stopped_run_waits_on_is_stored_in_the_shape_runs_were_signed_with(store_url):
     """A pause and a park store ``pending`` with exactly these keys: stored runs and their MACs depend on it."""
     from helpers import Clock, Recorder
-
     from tether.runs.runtime import Runtime
 
     rec = Recorder()
