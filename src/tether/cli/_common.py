@@ -52,8 +52,9 @@ def actor_for(args: argparse.Namespace) -> str:
 
 def exit_code(status: str) -> int:
     # A run parked on a wait or a timer is not a failure: like a pause, it continues later.
-    return {RunStatus.COMPLETED: EXIT_OK, RunStatus.PAUSED: EXIT_PAUSED, RunStatus.WAITING: EXIT_PAUSED}.get(
-        status, EXIT_FAILED)
+    codes: dict[str, int] = {RunStatus.COMPLETED: EXIT_OK, RunStatus.PAUSED: EXIT_PAUSED,
+                             RunStatus.WAITING: EXIT_PAUSED}
+    return codes.get(status, EXIT_FAILED)
 
 
 def print_json(data: Any) -> None:
