@@ -35,7 +35,6 @@ from mcp_types import (
     ElicitRequestFormParams,
     ElicitResult,
     InputRequiredResult,
-    TextContent,
     ToolAnnotations,
 )
 from mcp_types.version import is_version_at_least
@@ -51,6 +50,14 @@ from .approvals import pending_writes
 from .auth import (
     LOCAL,
 )
+from .results import (  # noqa: F401 - importable from here, as before
+    MAX_ARGS_CHARS,
+    approval_message,
+    error_result,
+    observation_result,
+    resume_instructions,
+    run_result,
+)
 
 if TYPE_CHECKING:
     from ..runs.runtime import Runtime
@@ -61,7 +68,6 @@ MODERN = "2026-07-28"
 # The key of the one input request tether makes per round.
 APPROVAL_KEY = "approval"
 # Argument values quoted to the user are cut here: a form is read, not scrolled.
-MAX_ARGS_CHARS = 600
 
 INLINE, INPUT_REQUIRED = "inline", "input_required"
 
@@ -259,7 +265,7 @@ class TetherServer:
         asker = self._asker(ctx) if _elicitation(ctx) == INLINE else None
         meta = dict(self.run_meta)
         try:
-            result = await self._run(
+            result = await self.run_in_slot(
                 lambda progress: self.rt.begin(code, on_approval=approver, principal=principal, meta=meta,
                                                on_progress=progress, session=session, on_question=asker),
                 ctx, principal)
@@ -294,12 +300,12 @@ class TetherServer:
                                   via="mcp", on_approval=approver, on_progress=progress)
 
         try:
-            result = await self._run(decide, ctx, principal, run_id=run_id)
+            result = await self.run_in_slot(decide, ctx, principal, run_id=run_id)
             if how == "url" and era == INLINE:
                 result = await urlmode.legacy(self, ctx, result, principal)
         except TetherError as exc:
             return error_result(exc)
-        return run_result(self._with_link(result), diagnostics=False)
+        return run_result(self.with_link(result), diagnostics=False)
 
     # -- cells -----------------------------------------------------------------------
 
@@ -355,7 +361,7 @@ class TetherServer:
 
     # -- running -------------------------------------------------------------------
 
-    async def _run(self, start: Callable[[Any], Any], ctx: Context, principal: str, *,
+    async def run_in_slot(self, start: Callable[[Any], Any], ctx: Context, principal: str, *,
                    run_id: str | None = None) -> RunResult:
         """Run ``start(on_progress)`` in a slot; a cancelled request cancels its run.
 
@@ -414,7 +420,7 @@ class TetherServer:
             if how == "url":
                 return urlmode.input_required(self, result, principal)
             return self._input_required(result, principal)
-        return run_result(self._with_link(result), diagnostics=diagnostics)
+        return run_result(self.with_link(result), diagnostics=diagnostics)
 
     def _how(self, ctx: Context) -> tuple[str | None, str | None]:
         """(era, "form" | "url" | None): how this client's user can be asked about a paused write."""
@@ -433,7 +439,7 @@ class TetherServer:
             return era, None  # never a form: the paused result names the link
         return (era, "form") if _elicitation(ctx) is not None else (era, None)
 
-    def _with_link(self, result: RunResult) -> RunResult:
+    def with_link(self, result: RunResult) -> RunResult:
         """A paused result that names the approval link of each write it waits on, when there is a public URL."""
         if result.status != RunStatus.PAUSED or not self.public_url or not result.pending:
             return result
@@ -455,7 +461,7 @@ class TetherServer:
 
     # -- approval: legacy (inline) ---------------------------------------------------
 
-    def _approval_message(self, pending: Mapping[str, Any]) -> str:
+    def approval_message_for(self, pending: Mapping[str, Any]) -> str:
         description = pending.get("description")
         if description is None and pending.get("address") in self.rt.catalog:
             description = self.rt.catalog.get(pending["address"]).description
@@ -464,7 +470,7 @@ class TetherServer:
     def _approver(self, ctx: Context) -> Callable[[dict], Any]:
         async def approve(pending: dict) -> tuple[str, str | None]:
             try:
-                answer = await ctx.elicit(self._approval_message(pending), ApprovalForm)
+                answer = await ctx.elicit(self.approval_message_for(pending), ApprovalForm)
             except Exception as exc:  # the client could not ask: the safe answer is no
                 return "decline", f"the approval form could not be shown ({type(exc).__name__}); it was not sent"
             if isinstance(answer, AcceptedElicitation):
@@ -496,9 +502,9 @@ class TetherServer:
     def _input_required(self, result: RunResult, principal: str) -> InputRequiredResult:
         # One form per round: the first write of the pause still undecided (P-27).
         pending = _first_undecided(result.pending or {})
-        request = ElicitRequest(params=ElicitRequestFormParams(message=self._approval_message(pending),
+        request = ElicitRequest(params=ElicitRequestFormParams(message=self.approval_message_for(pending),
                                                                requested_schema=APPROVAL_SCHEMA))
-        state = self._sign_state(result.run_id, int(pending["seq"]), principal)
+        state = self.sign_state(result.run_id, int(pending["seq"]), principal)
         return InputRequiredResult(input_requests={APPROVAL_KEY: request}, request_state=state)
 
     async def _answer(self, ctx: Context, principal: str, diagnostics: bool) -> Any:
@@ -522,7 +528,7 @@ class TetherServer:
                 # stays paused; the model can ask in words and call resume.
                 return run_result(_recorded(self.rt.get_run(run_id, principal)), diagnostics=diagnostics)
             try:
-                result = await self._run(
+                result = await self.run_in_slot(
                     lambda progress: self.rt.resume(run_id, decision, reason, seq=seq, principal=principal,
                                                     actor=principal, via="mcp", on_progress=progress),
                     ctx, principal, run_id=run_id)
@@ -537,7 +543,7 @@ class TetherServer:
             return error_result(exc)
         return self._respond(result, INPUT_REQUIRED, principal, diagnostics)
 
-    def _sign_state(self, run_id: str, seq: int, principal: str, *, mode: str | None = None) -> str:
+    def sign_state(self, run_id: str, seq: int, principal: str, *, mode: str | None = None) -> str:
         body: dict[str, Any] = {"v": 1, "run_id": run_id, "seq": seq}
         if mode is not None:
             body["m"] = mode  # the request is sealed by the SDK: a client cannot change it
@@ -656,85 +662,6 @@ def _decision(reply: Any) -> tuple[str | None, str | None]:
 def _writes_unasked(policy: Any) -> bool:
     """Whether a write can go out without anyone approving it: only then is execute destructive."""
     return policy.writes == "allow" or any(rule.action == "allow" for rule in policy.rules)
-
-
-def approval_message(pending: Mapping[str, Any], description: str | None = None) -> str:
-    args = ", ".join(f"{k}={v!r}" for k, v in (pending.get("args") or {}).items())
-    if len(args) > MAX_ARGS_CHARS:
-        args = args[:MAX_ARGS_CHARS] + "…"
-    text = f"A program wants to call {pending.get('address')}({args}). Allow this write?"
-    if (pending.get("annotations") or {}).get("destructive"):
-        text += " The tool is marked destructive."
-    lines = (description or "").strip().splitlines()
-    if lines:
-        text += f"\n\n{pending.get('address')}: {lines[0]}"
-    return text
-
-
-def resume_instructions(result: RunResult) -> str:
-    pending = result.pending or {}
-    writes = [w for w in (pending.get("writes") or [pending]) if not w.get("decision")] or [pending]
-
-    def show(w: Mapping[str, Any]) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in (w.get("args") or {}).items())
-        if len(args) > MAX_ARGS_CHARS // len(writes):
-            args = args[:MAX_ARGS_CHARS // len(writes)] + "…"
-        return f"{w.get('address')}({args}) [seq {w.get('seq')}]"
-
-    seq: Any = writes[0].get("seq") if len(writes) == 1 else [w.get("seq") for w in writes]
-    call = json.dumps({"run_id": result.run_id, "seq": seq, "decision": "approve"})
-    if len(writes) == 1:
-        head = f"The program paused before the write {show(writes[0])}; nothing has been sent. "
-        ask = "Ask the user whether to allow it. "
-    else:
-        head = (f"The program paused before {len(writes)} writes: " + "; ".join(show(w) for w in writes)
-                + ". Nothing has been sent. ")
-        ask = ("Ask the user about each; decide them together or one seq at a time (the run continues once "
-               "all are decided). ")
-    return (
-        head + ask + f"Then call the resume tool with {call}, or with "
-        "\"decision\": \"decline\" and a \"reason\" (the program gets a PermissionError and goes on), "
-        "or \"decision\": \"cancel\" (the run stops)."
-        + (f" A person can also decide it on its approval page: {pending['approval_url']}"
-           if pending.get("approval_url") else "")
-    )
-
-
-def run_result(result: RunResult, *, diagnostics: bool) -> CallToolResult:
-    data = result.to_dict()
-    if not diagnostics:
-        data.pop("diagnostics", None)
-    lead = ""
-    if result.status == RunStatus.PAUSED:
-        data["instructions"] = resume_instructions(result)
-        lead = data["instructions"] + "\n"
-    elif result.error:
-        err = result.error
-        lead = f"[{err.get('code')}] {err.get('message')}\nnext: {err.get('next_action')}\n"
-    text = lead + json.dumps(data, ensure_ascii=False, default=str)
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data,
-                          is_error=result.status in (RunStatus.FAILED, RunStatus.CANCELLED))
-
-
-def observation_result(obs: dict[str, Any]) -> CallToolResult:
-    """A cell observation as text (outputs first) and structured content."""
-    lines = [f"[{obs['status']}] cell {obs['cell_id']} cursor {obs['cursor']}"]
-    for e in obs["events"]:
-        if e["type"] == "output":
-            v = e.get("value")
-            lines.append(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
-        else:
-            lines.append(f"<{e['type']}>")
-    text = "\n".join(lines) + "\n" + json.dumps(obs, ensure_ascii=False, default=str)
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=obs,
-                          is_error=obs["status"] == "failed")
-
-
-def error_result(exc: TetherError, *, run_id: str | None = None) -> CallToolResult:
-    """A tool error for what stopped a request before or around a run (bad input, overload, unknown run)."""
-    data = {"status": "error", "run_id": run_id, "error": exc.to_dict()}
-    text = f"[{exc.code}] {exc.message}\nnext: {exc.next_action}\n" + json.dumps(data, ensure_ascii=False, default=str)
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data, is_error=True)
 
 
 async def _check_arguments(ctx: Any, call_next: Any) -> Any:

@@ -30,6 +30,7 @@ from mcp_types import ElicitRequest, ElicitRequestURLParams, InputRequiredResult
 from ..runs.result import RunResult
 from ..store.states import RunStatus
 from .approvals import approval_url, pending_writes
+from .results import run_result
 
 if TYPE_CHECKING:
     from ..runs.runtime import Runtime
@@ -67,7 +68,7 @@ def link_of(server: "TetherServer", result: RunResult) -> str | None:
 
 
 def message(server: "TetherServer", write: dict[str, Any]) -> str:
-    return server._approval_message(write) + "\n\nOpen the page to approve or decline it."
+    return server.approval_message_for(write) + "\n\nOpen the page to approve or decline it."
 
 
 async def decided(rt: Runtime, run_id: str, seq: int, timeout: float) -> bool:
@@ -118,7 +119,7 @@ async def legacy(server: "TetherServer", ctx: Any, result: RunResult, principal:
             result = await settled(server, run_id)
         elif isinstance(reply, DeclinedElicitation):
             # The lambda runs inside this await, before the loop rebinds run_id and seq.
-            result = await server._run(
+            result = await server.run_in_slot(
                 lambda progress: server.rt.resume(run_id, "decline", DECLINED_TO_OPEN, seq=seq,  # noqa: B023
                                                   principal=principal,
                                                   actor=principal, via="mcp", on_progress=progress),
@@ -132,12 +133,11 @@ def input_required(server: "TetherServer", result: RunResult, principal: str) ->
     write = waiting_write(server, result.run_id)
     link = link_to(server, result.run_id, write) if write else None
     if link is None or write is None:
-        from .mcp import run_result
 
-        return run_result(server._with_link(result), diagnostics=False)
+        return run_result(server.with_link(result), diagnostics=False)
     request = ElicitRequest(params=ElicitRequestURLParams(message=message(server, write), url=link,
                                                           elicitation_id=f"{result.run_id}:{write['seq']}"))
-    state = server._sign_state(result.run_id, int(write["seq"]), principal, mode="url")
+    state = server.sign_state(result.run_id, int(write["seq"]), principal, mode="url")
     return InputRequiredResult(input_requests={"approval": request}, request_state=state)
 
 
@@ -148,7 +148,7 @@ async def answer(server: "TetherServer", ctx: Any, run_id: str, seq: int, reply:
         if await decided(server.rt, run_id, seq, server.url_wait_seconds):
             return await settled(server, run_id)
     elif action == "decline":
-        return await server._run(
+        return await server.run_in_slot(
             lambda progress: server.rt.resume(run_id, "decline", DECLINED_TO_OPEN, seq=seq, principal=principal,
                                               actor=principal, via="mcp", on_progress=progress),
             ctx, principal, run_id=run_id)

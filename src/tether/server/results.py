@@ -1,0 +1,98 @@
+"""What the MCP server returns: a run's envelope, a cell's observation, an error, as tool results.
+
+Pure functions of tether's own values, kept apart from the server so that
+urlmode.py and the server both use them without importing each other.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from mcp_types import CallToolResult, TextContent
+
+from ..errors import TetherError
+from ..runs.result import RunResult
+from ..store.states import RunStatus
+
+# Arguments shown in an approval message or instructions are cut past this many characters.
+MAX_ARGS_CHARS = 600
+
+
+def approval_message(pending: Mapping[str, Any], description: str | None = None) -> str:
+    args = ", ".join(f"{k}={v!r}" for k, v in (pending.get("args") or {}).items())
+    if len(args) > MAX_ARGS_CHARS:
+        args = args[:MAX_ARGS_CHARS] + "…"
+    text = f"A program wants to call {pending.get('address')}({args}). Allow this write?"
+    if (pending.get("annotations") or {}).get("destructive"):
+        text += " The tool is marked destructive."
+    lines = (description or "").strip().splitlines()
+    if lines:
+        text += f"\n\n{pending.get('address')}: {lines[0]}"
+    return text
+
+
+def resume_instructions(result: RunResult) -> str:
+    pending = result.pending or {}
+    writes = [w for w in (pending.get("writes") or [pending]) if not w.get("decision")] or [pending]
+
+    def show(w: Mapping[str, Any]) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in (w.get("args") or {}).items())
+        if len(args) > MAX_ARGS_CHARS // len(writes):
+            args = args[:MAX_ARGS_CHARS // len(writes)] + "…"
+        return f"{w.get('address')}({args}) [seq {w.get('seq')}]"
+
+    seq: Any = writes[0].get("seq") if len(writes) == 1 else [w.get("seq") for w in writes]
+    call = json.dumps({"run_id": result.run_id, "seq": seq, "decision": "approve"})
+    if len(writes) == 1:
+        head = f"The program paused before the write {show(writes[0])}; nothing has been sent. "
+        ask = "Ask the user whether to allow it. "
+    else:
+        head = (f"The program paused before {len(writes)} writes: " + "; ".join(show(w) for w in writes)
+                + ". Nothing has been sent. ")
+        ask = ("Ask the user about each; decide them together or one seq at a time (the run continues once "
+               "all are decided). ")
+    return (
+        head + ask + f"Then call the resume tool with {call}, or with "
+        "\"decision\": \"decline\" and a \"reason\" (the program gets a PermissionError and goes on), "
+        "or \"decision\": \"cancel\" (the run stops)."
+        + (f" A person can also decide it on its approval page: {pending['approval_url']}"
+           if pending.get("approval_url") else "")
+    )
+
+
+def run_result(result: RunResult, *, diagnostics: bool) -> CallToolResult:
+    data = result.to_dict()
+    if not diagnostics:
+        data.pop("diagnostics", None)
+    lead = ""
+    if result.status == RunStatus.PAUSED:
+        data["instructions"] = resume_instructions(result)
+        lead = data["instructions"] + "\n"
+    elif result.error:
+        err = result.error
+        lead = f"[{err.get('code')}] {err.get('message')}\nnext: {err.get('next_action')}\n"
+    text = lead + json.dumps(data, ensure_ascii=False, default=str)
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data,
+                          is_error=result.status in (RunStatus.FAILED, RunStatus.CANCELLED))
+
+
+def observation_result(obs: dict[str, Any]) -> CallToolResult:
+    """A cell observation as text (outputs first) and structured content."""
+    lines = [f"[{obs['status']}] cell {obs['cell_id']} cursor {obs['cursor']}"]
+    for e in obs["events"]:
+        if e["type"] == "output":
+            v = e.get("value")
+            lines.append(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
+        else:
+            lines.append(f"<{e['type']}>")
+    text = "\n".join(lines) + "\n" + json.dumps(obs, ensure_ascii=False, default=str)
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=obs,
+                          is_error=obs["status"] == "failed")
+
+
+def error_result(exc: TetherError, *, run_id: str | None = None) -> CallToolResult:
+    """A tool error for what stopped a request before or around a run (bad input, overload, unknown run)."""
+    data = {"status": "error", "run_id": run_id, "error": exc.to_dict()}
+    text = f"[{exc.code}] {exc.message}\nnext: {exc.next_action}\n" + json.dumps(data, ensure_ascii=False, default=str)
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data, is_error=True)
