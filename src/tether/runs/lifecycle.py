@@ -15,13 +15,13 @@ winner. A transition the table does not list is a bug in tether: it is refused w
     claim_orphan    running, lease lapsed -> ours        worker (release_orphan hands it back)
     take_over       running, owner gone -> ours          Runtime.recover, worker, Runtime.cancel
     unclaim         running -> queued | waiting          worker, Runtime.run_queued (cannot run it here)
-    renew           running: lease extended              driver heartbeat and checkpoints
+    renew           running: lease extended              Attempt heartbeat and checkpoints (driver.py)
     request_cancel  running: a cancel its owner sees     Runtime.cancel
-    park            running -> paused | waiting          driver pause_sink
-    finish          -> completed | failed | cancelled    Runtime._finish
-    fail_internal   running -> failed                    Runtime._fail_internal
+    park            running -> paused | waiting          Attempt.pause (driver.py)
+    finish          -> completed | failed | cancelled    Finisher.finish (finish.py)
+    fail_internal   running -> failed                    Finisher.internal_error (finish.py)
     expire          paused -> failed                     Runtime.expire_paused
-    cancel_idle     (not executing) -> cancelled         Runtime._cancel_now
+    cancel_idle     (not executing) -> cancelled         Finisher.cancel_now (finish.py)
     cancel_decided  paused -> cancelled                  decisions._cancel
 
 ``cancelled_error`` and ``outcome_unknown`` are the two records these transitions

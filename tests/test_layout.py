@@ -1,0 +1,118 @@
+"""The run engine's shape stays readable: no import cycle, no reach into the Runtime's private state,
+modules under 1,000 lines (issue 12's done-when, kept true)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from pathlib import Path
+
+SRC = Path(__file__).parent.parent / "src"
+PACKAGE = SRC / "tether"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+@functools.cache
+def _graph() -> dict[str, set[str]]:
+    return _imports(_modules())
+
+
+def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the tether modules it imports, at the top or inside a function; type-only imports aside."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for block in ast.walk(tree)
+                       if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+                       for n in block.body}
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                found = [f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names]
+            else:
+                found = [a.name for a in node.names]
+            for dep in found:
+                # A package's own __init__ is not a cycle of its modules.
+                if dep in modules and dep != name and not name.startswith(dep + "."):
+                    graph.setdefault(name, set()).add(dep)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]], within: str) -> list[list[str]]:
+    nodes = sorted(n for n in graph if n.startswith(within))
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if not w.startswith(within):
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for n in nodes:
+        if n not in index:
+            visit(n)
+    return out
+
+
+def test_the_run_engine_and_the_server_have_no_import_cycle():
+    graph = _graph()
+    assert graph["tether.runs.runtime"] >= {"tether.runs.driver", "tether.runs.handle"}  # the check sees imports
+    for package in ("tether.runs.", "tether.server."):
+        assert _cycles(graph, package) == [], f"import cycle in {package}: {_cycles(graph, package)}"
+
+
+def test_the_attempt_never_imports_the_runtime():
+    graph = _graph()
+    reach = set()
+    todo = ["tether.runs.driver"]
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in reach:
+                reach.add(dep)
+                todo.append(dep)
+    assert "tether.runs.runtime" not in reach
+
+
+def test_nothing_outside_the_runtime_reaches_into_its_private_fields():
+    reach = re.compile(r"\b(?:rt|runtime|self\.rt|server\.rt)\._[a-z]")
+    found = [f"{path.relative_to(SRC)}:{n}: {line.strip()}"
+             for path in PACKAGE.rglob("*.py") if path.name != "runtime.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if reach.search(line)]
+    assert found == []
+
+
+def test_modules_stay_under_a_thousand_lines():
+    long = {str(p.relative_to(SRC)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) >= 1000}
+    assert long == {}
