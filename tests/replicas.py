@@ -125,6 +125,40 @@ class RoundRobin(httpx2.AsyncBaseTransport):
         await self.inner.aclose()
 
 
+class Sticky(httpx2.AsyncBaseTransport):
+    """A balancer with sticky sessions: a request carrying ``Mcp-Session-Id`` goes to the replica that
+    issued that session; one without (an initialize) to the next replica in rotation that is up.
+    ``down(port)`` takes a replica out of rotation, as a balancer's health check would."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.up, self.i = list(ports), 0
+        self.sessions: dict[str, int] = {}
+        self.seen: list[tuple[str | None, int]] = []  # (session, port) of each POST
+        self.inner = httpx2.AsyncHTTPTransport()
+
+    def down(self, port: int) -> None:
+        self.up.remove(port)
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        session = request.headers.get("mcp-session-id")
+        if session is not None and session in self.sessions:
+            port = self.sessions[session]
+        else:
+            port = self.up[self.i % len(self.up)]
+            self.i += 1
+        if request.method == "POST":
+            self.seen.append((session, port))
+        request.url = request.url.copy_with(port=port)
+        response = await self.inner.handle_async_request(request)
+        issued = response.headers.get("mcp-session-id")
+        if issued is not None:
+            self.sessions.setdefault(issued, port)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 @contextlib.asynccontextmanager
 async def connect(url: str, mode: str, *, transport: httpx2.AsyncBaseTransport | None = None,
                   headers: dict[str, str] | None = None, **kwargs):
