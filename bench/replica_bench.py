@@ -147,6 +147,34 @@ asyncio.run(main())
 """
 
 
+async def local_cancels(url: str, n: int) -> list[float]:
+    """The baseline for ``cancels``: the same blocked run cancelled in the process executing it.
+
+    Most of either figure is the sandbox's stop grace (a program blocked in a host call is cut off
+    after STOP_GRACE_SECONDS); what crossing replicas adds is the difference."""
+    from tether.tools.model import Annotations, Tool
+
+    started = asyncio.Event()
+
+    async def block(args: dict) -> None:
+        started.set()
+        await asyncio.sleep(600)
+
+    tool = Tool("slow", "block", "Blocks.", {"type": "object", "properties": {}}, block,
+                annotations=Annotations(read_only=True), timeout_seconds=900)
+    out = []
+    async with Runtime(store=open_store(url), tools=[tool], type_check=False) as rt:
+        for _ in range(n):
+            handle = await rt.begin("import tools\nawait tools.slow.block()")
+            await started.wait()
+            started.clear()
+            t0 = time.time()
+            result = await rt.cancel(handle.run_id, "bench")
+            if result.status == "cancelled":
+                out.append(time.time() - t0)
+    return out
+
+
 async def cancels(url: str, n: int, listen: bool) -> list[float]:
     """A executes runs blocked in a call; B cancels each: latency is B's cancel() call to its return
     with the run cancelled (A stopped it and B heard so)."""
@@ -260,6 +288,8 @@ async def main() -> None:
     try:
         results: dict[str, list[float]] = {}
         for r in range(args.rounds):
+            if "cancel" in (args.only or KINDS):
+                results.setdefault("cancel same process", []).extend(await local_cancels(url, args.n))
             for kind in args.only or KINDS:
                 order = [True, False] if r % 2 == 0 else [False, True]
                 for listen in order:
@@ -269,7 +299,7 @@ async def main() -> None:
         if cluster is not None:
             cluster.stop()
     rows = {}
-    print(f"{'path':<18} {'n':>4} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}  target")
+    print(f"{'path':<20} {'n':>4} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8}  target")
     for key, values in results.items():
         kind = key.split()[0]
         p50 = statistics.median(values) * 1000
@@ -277,7 +307,7 @@ async def main() -> None:
                      "p99_ms": round(p(values, 0.99), 1), "max_ms": round(max(values) * 1000, 1)}
         target = TARGETS.get(kind)
         verdict = "" if target is None else f"≤ {target:g} ms p50: {'met' if p50 <= target else 'missed'}"
-        print(f"{key:<18} {len(values):>4} {p50:>8.1f} {p(values, 0.9):>8.1f} {p(values, 0.99):>8.1f} "
+        print(f"{key:<20} {len(values):>4} {p50:>8.1f} {p(values, 0.9):>8.1f} {p(values, 0.99):>8.1f} "
               f"{max(values) * 1000:>8.1f}  {verdict}")
     if args.json:
         print(json.dumps({"bench": "replica", "results": rows}))
