@@ -114,7 +114,7 @@ class KeyedApi:
         self.proc.wait()
 
 
-def run_cli(args: list[str], env: dict[str, str], cwd: Any, stdin: str | None = None) -> Any:
+def run_cli(args: list[str], env: dict[str, str], cwd: Any, stdin: str | bytes | None = None) -> Any:
     """``tether ARGS`` run inside this process: ``tether.cli.main`` with ``env`` as the whole environment
     and ``cwd`` as the working directory, both restored after. Returns what ``subprocess.run`` would
     (returncode, stdout, stderr as text), for commands whose point is not a process boundary.
@@ -133,7 +133,8 @@ def run_cli(args: list[str], env: dict[str, str], cwd: Any, stdin: str | None = 
         os.environ.clear()
         os.environ.update(env)
         os.chdir(cwd)
-        sys.stdin = io.TextIOWrapper(io.BytesIO((stdin or "").encode()), encoding="utf-8")
+        data = stdin.encode() if isinstance(stdin, str) else stdin or b""
+        sys.stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(args)
     finally:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import run_cli
 from tether.app import open_runtime
 from tether.config import load_config
 
@@ -98,8 +99,7 @@ log = await tools.git.git_log(repo_path={str(repo)!r})
 def test_sources_list_shows_what_loaded_and_what_failed(tmp_path, repo):
     config = write_config(tmp_path, repo)
     env = dict(os.environ, TETHER_HOME=str(tmp_path / "home"))
-    r = subprocess.run([sys.executable, "-m", "tether.cli", "--config", str(config), "sources", "list", "--json"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = run_cli(["--config", str(config), "sources", "list", "--json"], env, tmp_path)
     assert r.returncode == 1  # one source failed
     out = json.loads(r.stdout)
     by_name = {s["source"]: s for s in out["sources"]}

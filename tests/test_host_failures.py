@@ -6,11 +6,10 @@ import json
 import logging
 import os
 import subprocess
-import sys
 
 import pytest
 
-from helpers import Recorder
+from helpers import Recorder, run_cli
 from tether.errors import UsageError
 from tether.runs.runtime import Runtime
 from tether.sources.python import tools_from_module
@@ -113,13 +112,12 @@ async def test_resetting_a_session_ends_only_the_callers_waits(store_url):
 
 
 def tether(tmp_path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    """``tether ARGS`` through ``main()`` in this process: a traceback would fail the test itself."""
     env = {k: v for k, v in os.environ.items() if k not in ("TETHER_STORE_URL", "TETHER_SECRET", "TETHER_TOKEN")}
     env["TETHER_HOME"] = str(tmp_path / "home")
-    return subprocess.run([sys.executable, "-m", "tether.cli", *args], env=env, input=stdin, capture_output=True,
-                          timeout=120, cwd=tmp_path)
+    return run_cli(list(args), env, tmp_path, stdin)
 
 
-@pytest.mark.slow
 def test_cli_names_what_is_wrong_instead_of_a_traceback(tmp_path):
     (tmp_path / "ok.py").write_text("1 + 1")
     (tmp_path / "raises.py").write_text("raise RuntimeError('boom at import')\n")
@@ -133,26 +131,24 @@ def test_cli_names_what_is_wrong_instead_of_a_traceback(tmp_path):
     ]
     for args, stdin, code, error, detail in cases:
         done = tether(tmp_path, *args, stdin=stdin)
-        err = done.stderr.decode()
+        err = done.stderr
         assert done.returncode == code, (args, err)
         assert error in err and detail in err and "next:" in err and "Traceback" not in err, (args, err)
 
 
-@pytest.mark.slow
 def test_cli_reports_a_secret_path_that_is_a_directory(tmp_path):
     (tmp_path / "ok.py").write_text("1 + 1")
     (tmp_path / "home" / "tether.db.secret").mkdir(parents=True)
     done = tether(tmp_path, "run", "ok.py")
-    err = done.stderr.decode()
+    err = done.stderr
     assert done.returncode == 1 and "[store_error]" in err and "secret file" in err and "Traceback" not in err
 
 
-@pytest.mark.slow
 def test_cli_a_tool_calling_sys_exit_fails_the_run_and_says_so(tmp_path):
     tools = tools_file(tmp_path, EXITING)
     (tmp_path / "p.py").write_text("import tools\nawait tools.h.leave()")
     done = tether(tmp_path, "run", "p.py", "--tools", tools, "--json")
-    assert done.returncode == 1, done.stderr.decode()
+    assert done.returncode == 1, done.stderr
     out = json.loads(done.stdout)
     assert out["status"] == "failed" and out["error"]["code"] == "tool_error"
     store = open_store(f"sqlite:///{tmp_path}/home/tether.db")
