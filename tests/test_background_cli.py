@@ -1,4 +1,7 @@
-"""Background runs from the command line: start, a worker nobody started by hand, takeover after SIGKILL."""
+"""Background runs from the command line: start, a worker nobody started by hand, takeover after SIGKILL.
+
+Workers and servers are processes of their own; the commands around them run through ``main()`` in this process.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from helpers import run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TETHER = [sys.executable, "-m", "tether.cli"]
@@ -28,8 +33,8 @@ def env(tmp_path):
     return e
 
 
-def tether(args, env, cwd, timeout=120):
-    return subprocess.run(TETHER + args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def tether(args, env, cwd):
+    return run_cli(args, env, cwd)
 
 
 def stop_worker(env):
