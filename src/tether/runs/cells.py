@@ -71,7 +71,7 @@ def observation(rt: Runs, cell_id: str, events: list[Any], after: int) -> dict[s
 
 
 async def wait_events(rt: Runs, cell_id: str, after: int, timeout_ms: int,
-                      stop_on: frozenset[str] = STOPPING_EVENTS, task: asyncio.Future | None = None) -> list[Any]:
+                      stop_on: frozenset[str] = STOPPING_EVENTS, task: asyncio.Future[Any] | None = None) -> list[Any]:
     """Events after ``after``: returns at the first stopping event, or when the time is up with what came."""
     return await rt.bus.wait(cell_id, after, timeout_ms, stop_on=stop_on, task=task)
 

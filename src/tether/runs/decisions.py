@@ -182,11 +182,13 @@ def unnamed_target(rt: "Runtime", run: RunRecord, decision: str) -> int:
                     if w.name.startswith(APPROVAL_PREFIX) and w.seq is not None})
     batch = batch_of(run)
     if decision == "cancel" and batch:
-        return batch[0]["seq"]  # cancel ends the run, whichever write it names
+        first: int = batch[0]["seq"]
+        return first  # cancel ends the run, whichever write it names
     if len(asked) == 1:
         return asked[0]
     if not asked and len(batch) == 1:
-        return batch[0]["seq"]
+        only: int = batch[0]["seq"]
+        return only
     if not asked and not batch:
         raise NotPaused(f"run {run.run_id} is {run.status} and has no write waiting for a decision")
     writes = pending_writes(rt, run)
@@ -276,7 +278,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
     # sees that first continues it (paused -> running is a compare-and-set).
     undecided = [s for s in batch if (e := rt.store.get_call(run_id, s)) is not None and e.state == CallState.ASKED]
     if undecided:
-        return _paused_view(rt, rt.store.get_run(run_id))
+        return _paused_view(rt, rt.get_run(run_id, principal))
     record = last.to_dict() if last is not None else (run.decision or {})
     if not rt.lifecycle.resume(run_id, record):
         return await rt.wait_for_run(run_id)

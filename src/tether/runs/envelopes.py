@@ -48,7 +48,7 @@ class LogBuffer:
         return out
 
 
-def paused_envelope(run_id: str, pending: dict, expires: float, logs: LogBuffer, boundary: "EffectBoundary",
+def paused_envelope(run_id: str, pending: dict[str, Any], expires: float, logs: LogBuffer, boundary: "EffectBoundary",
                     t0: float) -> RunResult:
     return RunResult(
         status=RunStatus.PAUSED,
@@ -62,11 +62,11 @@ def paused_envelope(run_id: str, pending: dict, expires: float, logs: LogBuffer,
     )
 
 
-def pause_instructions(run_id: str, pending: dict) -> str:
+def pause_instructions(run_id: str, pending: dict[str, Any]) -> str:
     """What to do with a paused run, naming each write by its seq (P-27, P-28)."""
     writes = pending.get("writes") or [pending]
 
-    def show(w: dict) -> str:
+    def show(w: dict[str, Any]) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in (w.get("args") or {}).items())
         if len(args) > 600:  # instructions are read; the arguments are whole in `pending`
             args = args[:600] + "…"
@@ -85,7 +85,7 @@ def pause_instructions(run_id: str, pending: dict) -> str:
     )
 
 
-def waiting_envelope(run_id: str, pending: dict, logs: LogBuffer, boundary: "EffectBoundary", t0: float) -> RunResult:
+def waiting_envelope(run_id: str, pending: dict[str, Any], logs: LogBuffer, boundary: "EffectBoundary", t0: float) -> RunResult:
     kind = pending["kind"]
     if kind == "sleep":
         text = "The program sleeps; the run holds no worker and continues after its deadline."

@@ -83,7 +83,7 @@ class EventBus:
         self.notices.stop()
 
     async def wait(self, run_id: str, after: int, timeout_ms: int, stop_on: frozenset[str] = STOPPING_EVENTS,
-                   task: asyncio.Future | None = None) -> list[Any]:
+                   task: asyncio.Future[Any] | None = None) -> list[Any]:
         """Events after ``after``: returns at the first stopping event, or when the time is up with what came.
 
         ``task``: the run's attempt in this process, if any; its end wakes the wait too.
@@ -115,7 +115,7 @@ class EventBus:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return collected
-            waiters: set[asyncio.Future] = {asyncio.ensure_future(signal.wait())}
+            waiters: set[asyncio.Future[Any]] = {asyncio.ensure_future(signal.wait())}
             if task is not None and not task.done():
                 waiters.add(task)
             await asyncio.wait(waiters, timeout=min(delay, remaining), return_when=asyncio.FIRST_COMPLETED)

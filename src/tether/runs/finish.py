@@ -34,8 +34,8 @@ class Finisher:
         self._cancel_waits = cancel_waits
         self._revoke_waits = revoke_waits
 
-    def finish(self, run: RunRecord, status: str, *, result: Any = None, error: dict | None = None,
-               logs: list[str] | None = None, calls: int = 0, diagnostics: dict | None = None,
+    def finish(self, run: RunRecord, status: str, *, result: Any = None, error: dict[str, Any] | None = None,
+               logs: list[str] | None = None, calls: int = 0, diagnostics: dict[str, Any] | None = None,
                notes: list[str] | None = None, t0: float | None = None) -> RunResult:
         envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
                              calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
@@ -44,14 +44,16 @@ class Finisher:
         # The event a cell observer waits for (P-20); a plain execute has no
         # observer and saves the write.
         if (run.meta or {}).get("cell") or self.bus.observed(run.run_id):
-            kind = {RunStatus.COMPLETED: "completed", RunStatus.FAILED: "failed"}.get(status, "terminated")
+            kinds: dict[str, str] = {RunStatus.COMPLETED: "completed", RunStatus.FAILED: "failed"}
+            kind = kinds.get(status, "terminated")
             data = {"result": result, "notes": notes or []} if status == RunStatus.COMPLETED else {"error": error}
             self.bus.emit(run.run_id, kind, data)  # its notice is the "ended" one too
         else:
             self.bus.notices.publish(ENDED, run.run_id)  # a waiter in another process looks now
         return envelope
 
-    def cancelled(self, run: RunRecord, message: str, *, details: dict | None = None, **fields: Any) -> RunResult:
+    def cancelled(self, run: RunRecord, message: str, *, details: dict[str, Any] | None = None,
+                  **fields: Any) -> RunResult:
         """End ``run`` cancelled, its waits with it (the caller has moved its status, or owns the run)."""
         self._cancel_waits(run.run_id)
         return self.finish(run, RunStatus.CANCELLED, error=cancelled_error(message, details), **fields)

@@ -57,7 +57,7 @@ class JournalWriter:
 
     # -- writing -----------------------------------------------------------------
 
-    def buffer_intent(self, seq: int, op: str, address: str, args: dict, key: str) -> None:
+    def buffer_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str) -> None:
         """A read's intent, held until its outcome and written with it."""
         record = CallRecord(self.run_id, seq, op, address, args, key, "read", CallState.PENDING, started_at=self.clock(),
                             idempotency_key=self.idempotency_key(seq) if op == "tool" else None)
@@ -83,8 +83,8 @@ class JournalWriter:
         if len(self._unsaved) >= self.flush_every_calls or time.monotonic() - self._flushed_at > self.flush_every_seconds:
             self.flush()
 
-    async def record_intent(self, seq: int, op: str, address: str, args: dict, key: str, kind: str, state: str,
-                            existing: CallRecord | None) -> None:
+    async def record_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
+                            state: CallState, existing: CallRecord | None) -> None:
         """Write a call's intent ahead of sending it (P-7); buffered reads go first so the order holds."""
         if kind != "read":
             self.flush()
@@ -105,7 +105,7 @@ class JournalWriter:
         self.store.record_call(record)
         self.entries[record.seq] = record
 
-    async def record_outcome(self, seq: int, from_state: str, state: str, *, outcome: Any = None,
+    async def record_outcome(self, seq: int, from_state: CallState, state: CallState, *, outcome: Any = None,
                              error: dict[str, Any] | None = None) -> None:
         buffered = self._unsaved.get(seq)
         if buffered is not None:
@@ -114,8 +114,8 @@ class JournalWriter:
             return
         await self.move(seq, [from_state], state=state, outcome=outcome, error=error, finished_at=self.clock())
 
-    def record_rejected(self, seq: int, op: str, address: str, args: dict, key: str, kind: str,
-                        error: dict[str, Any], state: str = CallState.FAILED) -> None:
+    def record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
+                        error: dict[str, Any], state: CallState = CallState.FAILED) -> None:
         """A call refused before it was sent (unknown tool, bad arguments, denied): its entry, written now."""
         now = self.clock()
         record = CallRecord(self.run_id, seq, op, address, args, key, kind, state, error=error, started_at=now,

@@ -57,7 +57,7 @@ def resendable(catalog: Any, entry: "CallRecord", limits: "Limits") -> "Tool | N
 
 def backoff(limits: "Limits", send: int) -> float:
     """Seconds to wait after send number ``send`` before the next: doubling, capped, jittered."""
-    pause = min(MAX_BACKOFF_SECONDS, limits.key_backoff_seconds * 2 ** (send - 1))
+    pause: float = min(MAX_BACKOFF_SECONDS, limits.key_backoff_seconds * 2 ** (send - 1))
     return pause * random.uniform(0.5, 1.0)
 
 

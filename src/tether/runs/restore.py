@@ -25,7 +25,7 @@ class PlannedCall(NamedTuple):
 
 
 # (name, args, kwargs) from the worker -> (op, address, call args, error), as the boundary parses a call.
-Parse = Callable[[str, tuple, dict], tuple[str, str, dict[str, Any], "GuestRaise | None"]]
+Parse = Callable[[str, tuple[Any, ...], dict[str, Any]], tuple[str, str, dict[str, Any], "GuestRaise | None"]]
 
 
 def plan_restore(record: list[dict[str, Any]], call_ids: list[int], announced: list[Any], parse: Parse,

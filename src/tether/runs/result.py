@@ -80,12 +80,12 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
             return "<cycle>"
         if isinstance(v, (list, tuple)):
             seen.add(ident)
-            out = [conv(x, depth + 1) for x in v]
+            listed = [conv(x, depth + 1) for x in v]
             seen.discard(ident)
-            return out
+            return listed
         if isinstance(v, dict):
             seen.add(ident)
-            out = {}
+            out: dict[str, Any] = {}
             for k, x in v.items():
                 if not isinstance(k, str):
                     notes.append(f"a dict key of type {_type_name(k)} became a string")
@@ -113,9 +113,9 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
                 return base64.b64encode(bytes(v)).decode("ascii")
         if dataclasses.is_dataclass(v) and not isinstance(v, type):
             seen.add(ident)
-            out = {f.name: conv(getattr(v, f.name, None), depth + 1) for f in dataclasses.fields(v)}
+            fields = {f.name: conv(getattr(v, f.name, None), depth + 1) for f in dataclasses.fields(v)}
             seen.discard(ident)
-            return out
+            return fields
         attrs = getattr(v, "attributes", None)
         if isinstance(attrs, dict):  # Monty's proxy for an instance of a program-defined class
             notes.append(f"an instance of {getattr(v, 'name', 'a class')} became a dict")

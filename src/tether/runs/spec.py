@@ -34,7 +34,7 @@ class SpecSource(Protocol):
 
 def run_check_mode(src: SpecSource, run: RunRecord) -> str:
     """The check mode recorded on the run (older runs recorded a type_check flag)."""
-    mode = run.meta.get("check")
+    mode: str | None = run.meta.get("check")
     if mode is None:
         return "full" if run.meta.get("type_check", src.type_check) else "off"
     return mode

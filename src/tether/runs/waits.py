@@ -128,7 +128,7 @@ class Waits:
                               "resolved or sent", details={"key": key})
         run = self.store.get_run(parsed[0]) if parsed else None
         existing = self.store.get_wait(key) if parsed else None
-        if run is None or (existing is not None and existing.status == WaitStatus.REVOKED):
+        if parsed is None or run is None or (existing is not None and existing.status == WaitStatus.REVOKED):
             return {"status": "unknown_or_revoked", "key": key,
                     "next_action": "Check the key (tether waits list); the wait may have been revoked."}
         run_id, name = parsed
@@ -173,6 +173,8 @@ class Waits:
                                 error: str | None, owner: str | None) -> dict[str, Any]:
         """Resolving an approval wait is deciding the paused write: resume() does the work."""
         seq = int(name.split(":", 1)[1])
+        decision: str | None
+        reason: str | None
         if error is not None:
             decision, reason = "decline", error
         elif isinstance(value, str):

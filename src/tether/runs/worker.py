@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from ..store.base import RunRecord
 from .notices import SETTLED
@@ -33,7 +33,7 @@ async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds
     """Serve the store until ``stop`` is set (or idle for ``idle_exit_seconds``). Returns runs handled."""
     stop = stop or asyncio.Event()
     slots = asyncio.Semaphore(concurrency or rt.pool.max_workers)
-    tasks: set[asyncio.Task] = set()
+    tasks: set[asyncio.Task[None]] = set()
     handled = 0
     idle_since = time.monotonic()
     reported: set[str] = set()
@@ -48,7 +48,7 @@ async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds
             settled.add(run_id)
             nudge.set()
 
-    async def one(coro) -> None:
+    async def one(coro: Awaitable[Any]) -> None:
         async with slots:
             with contextlib.suppress(Exception):
                 await coro
@@ -92,21 +92,22 @@ async def _pause(stop: asyncio.Event, nudge: asyncio.Event, seconds: float) -> N
         nudge.clear()
 
 
-async def _settled_runs(rt: "Runtime", settled: set[str], free: int, reported: set[str]) -> list:
+async def _settled_runs(rt: "Runtime", settled: set[str], free: int, reported: set[str]) -> list[Awaitable[Any]]:
     """Wake-ups for parked runs whose wait was settled elsewhere; wake() claims each by compare-and-set."""
     from ..store.states import RunStatus, WaitStatus
 
-    out = []
+    out: list[Awaitable[Any]] = []
     while settled and len(out) < free:
         run = rt.store.get_run(settled.pop())
         key = (run.pending or {}).get("key") if run is not None and run.status == RunStatus.WAITING else None
         wait = rt.store.get_wait(key) if key else None
-        if wait is not None and wait.status != WaitStatus.PENDING and await _available(rt, run, reported):
+        if (run is not None and wait is not None and wait.status != WaitStatus.PENDING
+                and await _available(rt, run, reported)):
             out.append(rt.wake(run.run_id, key=key))
     return out
 
 
-async def _available(rt: "Runtime", run, reported: set[str]) -> bool:
+async def _available(rt: "Runtime", run: RunRecord, reported: set[str]) -> bool:
     """Whether this worker can load the run's sources; said once per run on stderr when not."""
     from ..errors import RunTampered, ToolsUnavailable, WrongSecret
 
@@ -146,7 +147,8 @@ async def claimed(room: Callable[[], bool], claim: Callable[[Sequence[str]], Run
         yield run
 
 
-async def _claims(rt: "Runtime", free: int, reported: set[str], settled: set[str] | None = None):
+async def _claims(rt: "Runtime", free: int, reported: set[str],
+                  settled: set[str] | None = None) -> list[Awaitable[Any]]:
     """Coroutines for work this worker may take now, most urgent first.
 
     A run whose sources cannot be loaded here is left as it is (P-30) for a
@@ -172,13 +174,15 @@ async def _claims(rt: "Runtime", free: int, reported: set[str], settled: set[str
 
     # Orphans first: their writes wait on us. Those whose lease lapsed are claimed one at a time
     # (Postgres: SKIP LOCKED); those of a process gone from this host by compare-and-set on its name.
+    # (A claimed run is read again for its new owner; it is None only if deleted meanwhile.)
     async for before in claimed(room, life.claim_orphan, available, life.release_orphan):
-        out.append(rt.launch(rt.store.get_run(before.run_id), mode="continue").result())
+        if (taken := rt.store.get_run(before.run_id)) is not None:
+            out.append(rt.launch(taken, mode="continue").result())
     for run in rt.gone_owners() if room() else []:
         if not room() or not await available(run):
             continue
-        if life.take_over(run.run_id, gone_owner=run.owner):
-            out.append(rt.launch(rt.store.get_run(run.run_id), mode="continue").result())
+        if life.take_over(run.run_id, gone_owner=run.owner) and (taken := rt.store.get_run(run.run_id)) is not None:
+            out.append(rt.launch(taken, mode="continue").result())
     # Due timers and wait deadlines, the same way.
     async for run in claimed(room, life.claim_due, trusted_and_available,
                              lambda r: life.unclaim(r, RunStatus.WAITING)):
