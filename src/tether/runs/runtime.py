@@ -759,30 +759,22 @@ class Runtime:
 
     async def recover(self) -> list[RunResult]:
         """Continue runs whose owner died: lease expired, or its process on this host is gone (P-11)."""
-        out = []
-        now = self.clock()
-        for run, gone in self.orphans(now):
+        from .worker import orphans_taken
+
+        out: list[RunResult] = []
+
+        async def usable(run: RunRecord) -> bool:
+            # A tampered run ends failed; one signed with another secret, or whose sources
+            # cannot be loaded here, is left to a process that can continue it.
             trusted, ended = self.vet(run)
             if not trusted:
                 if ended is not None:
                     out.append(ended)
-                continue
-            if not await self._sources_or_note(run, out):
-                continue
-            if not self.lifecycle.take_over(run.run_id, gone_owner=gone):
-                continue
-            out.append(await self.launch(self.store.get_run(run.run_id), mode="continue").result())
-        return out
+                return False
+            return await self._sources_or_note(run, out)
 
-    def orphans(self, now: float) -> list[tuple[RunRecord, str | None]]:
-        """Running runs whose owner died, each with the owner to claim it from when that was not the lease.
-
-        The lease says so after it lapses; a process on this host is known gone at once
-        (tether.runs.ownership), so its runs wait for nothing.
-        """
-        out: list[tuple[RunRecord, str | None]] = [(r, None) for r in self.store.runs_with_expired_lease(now)]
-        lapsed = {r.run_id for r, _ in out}
-        out += [(r, r.owner) for r in self.gone_owners() if r.run_id not in lapsed]
+        async for run in orphans_taken(self, lambda: True, usable):
+            out.append(await self.launch(run, mode="continue").result())
         return out
 
     def gone_owners(self) -> list[RunRecord]:

@@ -147,6 +147,26 @@ async def claimed(room: Callable[[], bool], claim: Callable[[Sequence[str]], Run
         yield run
 
 
+async def orphans_taken(rt: "Runtime", room: Callable[[], bool],
+                        usable: Callable[[RunRecord], Awaitable[bool]]) -> AsyncIterator[RunRecord]:
+    """Running runs whose owner died, taken over here one at a time while there is ``room`` (P-11).
+
+    Those whose lease lapsed are claimed by compare-and-set (Postgres: SKIP LOCKED) and
+    handed back if not ``usable`` here; those of a process known gone from this host are
+    taken from that owner at once, lease or not. Each is yielded as it is now, owned here.
+    """
+    life = rt.lifecycle
+    async for before in claimed(room, life.claim_orphan, usable, life.release_orphan):
+        run = rt.store.get_run(before.run_id)
+        if run is not None:
+            yield run
+    for gone in rt.gone_owners() if room() else []:
+        if room() and await usable(gone) and life.take_over(gone.run_id, gone_owner=gone.owner):
+            run = rt.store.get_run(gone.run_id)
+            if run is not None:
+                yield run
+
+
 async def _claims(rt: "Runtime", free: int, reported: set[str],
                   settled: set[str] | None = None) -> list[Awaitable[Any]]:
     """Coroutines for work this worker may take now, most urgent first.
@@ -172,17 +192,9 @@ async def _claims(rt: "Runtime", free: int, reported: set[str],
         # with a secret not held here, or whose sources are not here, goes back to waiting.
         return rt.vet(run)[0] and await available(run)
 
-    # Orphans first: their writes wait on us. Those whose lease lapsed are claimed one at a time
-    # (Postgres: SKIP LOCKED); those of a process gone from this host by compare-and-set on its name.
-    # (A claimed run is read again for its new owner; it is None only if deleted meanwhile.)
-    async for before in claimed(room, life.claim_orphan, available, life.release_orphan):
-        if (taken := rt.store.get_run(before.run_id)) is not None:
-            out.append(rt.launch(taken, mode="continue").result())
-    for run in rt.gone_owners() if room() else []:
-        if not room() or not await available(run):
-            continue
-        if life.take_over(run.run_id, gone_owner=run.owner) and (taken := rt.store.get_run(run.run_id)) is not None:
-            out.append(rt.launch(taken, mode="continue").result())
+    # Orphans first: their writes wait on us.
+    async for run in orphans_taken(rt, room, available):
+        out.append(rt.launch(run, mode="continue").result())
     # Due timers and wait deadlines, the same way.
     async for run in claimed(room, life.claim_due, trusted_and_available,
                              lambda r: life.unclaim(r, RunStatus.WAITING)):
