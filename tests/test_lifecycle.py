@@ -156,3 +156,52 @@ def _calls_outside_lifecycle() -> list[str]:
 
 def test_only_the_lifecycle_changes_a_runs_status_owner_or_lease():
     assert _calls_outside_lifecycle() == []
+
+
+async def test_every_journal_entry_state_change_a_run_makes_is_listed_in_the_call_table(store_url):
+    """Reads, writes approved, declined and cancelled in a batch, writes policy allows, waits settled and
+    timed out: each compare-and-set of a journal entry is a transition CALL_TRANSITIONS lists."""
+    from helpers import Clock, Recorder
+    from tether.runs.policy import Policy
+    from tether.runs.runtime import Runtime
+    from tether.store.states import CALL_TRANSITIONS, CallState
+
+    seen: set[tuple[str, str]] = set()
+    store = open_store(store_url)
+    update_call = store.update_call
+
+    def recording(run_id, seq, expect_state, **fields):  # the store's own method, its moves noted
+        moved = update_call(run_id, seq, expect_state, **fields)
+        if moved and "state" in fields:
+            seen.update((CallState(frm), CallState(fields["state"])) for frm in expect_state)
+        return moved
+
+    store.update_call = recording
+    rec, clock = Recorder(), Clock()
+    gather = ("import asyncio\nimport tools\n"
+              "async def c(n):\n    try:\n        return await tools.helpdesk.add_comment(id=n, body='x')\n"
+              "    except PermissionError:\n        return None\n"
+              "await asyncio.gather(c(1), c(2))\n")
+    async with Runtime(store=store, tools=rec.tools(), clock=clock, type_check=False) as rt:
+        one = await rt.execute("import tools\nawait tools.helpdesk.get_ticket(id=1)\n"
+                               "await tools.helpdesk.close_ticket(id=1)")
+        assert (await rt.resume(one.run_id, "approve")).status == "completed"
+        two = await rt.execute(gather)
+        assert (await rt.decide(two.run_id, {1: "approve", 2: "decline"})).status == "completed"
+        three = await rt.execute(gather)
+        await rt.decide(three.run_id, {1: "approve"})
+        assert (await rt.decide(three.run_id, {2: "cancel"})).status == "cancelled"
+        parked = await rt.execute("await wait_for('go', timeout=600)")
+        await rt.resolve_wait(parked.pending["key"], 1)
+        timed = await rt.execute("try:\n    await wait_for('never', timeout=60)\nexcept TimeoutError:\n    pass")
+        clock.now += 120
+        assert [r.status for r in await rt.wake_due()] == ["completed"]
+        assert timed.status == "waiting"
+    async with Runtime(store=store, tools=rec.tools(), clock=clock, type_check=False,
+                       policy=Policy(writes="allow")) as rt:
+        assert (await rt.execute("import tools\nawait tools.helpdesk.close_ticket(id=2)")).status == "completed"
+    store.close()
+    C = CallState
+    assert {(C.ASKED, C.APPROVED), (C.ASKED, C.DECLINED), (C.APPROVED, C.SENDING), (C.SENDING, C.SENT),
+            (C.APPROVED, C.DECLINED), (C.WAITING, C.DONE), (C.WAITING, C.FAILED)} <= seen
+    assert [(frm, to) for frm, to in sorted(seen) if to not in CALL_TRANSITIONS[frm]] == []
