@@ -183,6 +183,7 @@ async def test_every_journal_entry_state_change_a_run_makes_is_listed_in_the_cal
               "    except PermissionError:\n        return None\n"
               "await asyncio.gather(c(1), c(2))\n")
     async with Runtime(store=store, tools=rec.tools(), clock=clock, type_check=False) as rt:
+        rt.batch_window_seconds = 0.5  # a starved machine must not split a batch (D-16)
         one = await rt.execute("import tools\nawait tools.helpdesk.get_ticket(id=1)\n"
                                "await tools.helpdesk.close_ticket(id=1)")
         assert (await rt.resume(one.run_id, "approve")).status == "completed"
