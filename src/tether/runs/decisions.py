@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import AlreadyDecided, NotPaused, RunExpired, SeqRequired, UsageError, WriteNotPending
 from ..store.base import (
+    CallRecord,
     RunRecord,
 )
 from ..store.states import CallState, RunStatus
@@ -98,7 +99,7 @@ def batch_of(run: RunRecord) -> list[dict[str, Any]]:
     return list(run.pending.get("writes") or [run.pending])
 
 
-def taken(entry: Any) -> str | None:
+def taken(entry: CallRecord | None) -> str | None:
     """The decision the journal holds for a write, if one was taken by someone."""
     if entry is None or entry.kind != "write":
         return None
@@ -110,7 +111,7 @@ def taken(entry: Any) -> str | None:
     return None
 
 
-def recorded_decision(rt: "Runtime", run_id: str, seq: int, entry: Any = None) -> Decision | None:
+def recorded_decision(rt: "Runtime", run_id: str, seq: int, entry: CallRecord | None = None) -> Decision | None:
     """The decision taken on write ``seq`` of a run, with who took it, or None if none was."""
     from .waits import APPROVAL_PREFIX
 

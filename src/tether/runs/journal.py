@@ -17,6 +17,7 @@ from ..store.base import (
     CallRecord,
 )
 from ..store.states import SETTLED_CALL_STATES, CallState
+from .limits import Limits
 
 
 def canonical_json(value: Any) -> str:
@@ -40,7 +41,7 @@ def value_size(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
 
 
-def refuse_value(limits: Any, journaled: int, size: int, what: str, part: str, sent: bool) -> tuple[str, str] | None:
+def refuse_value(limits: Limits, journaled: int, size: int, what: str, part: str, sent: bool) -> tuple[str, str] | None:
     """Why a value of ``size`` bytes may not be journaled, as (code, message); None if it may (P-22).
 
     ``part`` is "arguments" or "result". A value over ``journal_value_bytes``

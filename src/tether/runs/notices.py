@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
+
+if TYPE_CHECKING:
+    from ..store.base import Store
 
 EVENT, CANCEL, ENDED, SETTLED = "event", "cancel", "ended", "settled"
 
@@ -38,7 +41,7 @@ def decode(payload: str) -> tuple[str, str]:
 class Notices:
     """One listener per runtime, and the waiters it wakes, by (kind, run id)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         self._waiters: dict[tuple[str, str], set[asyncio.Event]] = {}
         self._stop: Callable[[], None] | None = None

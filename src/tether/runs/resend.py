@@ -15,6 +15,7 @@ from ..errors import TetherError, UnknownTool
 
 if TYPE_CHECKING:
     from ..store.base import CallRecord
+    from ..tools.catalog import Catalog
     from ..tools.model import Tool
     from .limits import Limits
 
@@ -44,7 +45,7 @@ def sent_unanswered(exc: BaseException) -> bool:
     return isinstance(exc, TetherError) and exc.details.get("outcome") == "unknown"
 
 
-def resendable(catalog: Any, entry: "CallRecord", limits: "Limits") -> "Tool | None":
+def resendable(catalog: Catalog, entry: "CallRecord", limits: "Limits") -> "Tool | None":
     """The tool, when a write left `sending` may be sent again with its recorded key."""
     if entry.op != "tool" or entry.kind != "write" or max(entry.sends, 1) >= limits.key_sends:
         return None

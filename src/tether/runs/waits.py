@@ -85,7 +85,7 @@ def key_for(store: Store, secret: bytes, run_id: str, name: str, rotated: bool) 
     return key
 
 
-def wait_view(w: Any) -> dict[str, Any]:
+def wait_view(w: WaitRecord) -> dict[str, Any]:
     return {"key": w.key, "run_id": w.run_id, "name": w.name, "status": w.status, "seq": w.seq,
             "deadline": w.deadline, "value": w.value, "error": w.error, "created_at": w.created_at,
             "resolved_at": w.resolved_at}
@@ -193,9 +193,12 @@ class Waits:
         try:
             result = await self._resume(run_id, decision, reason, seq=seq, principal=owner, via="key")
         except AlreadyDecided:
-            return {"status": "already_resolved", "key": key, "wait": wait_view(self.store.get_wait(key))}
-        return {"status": "accepted", "key": key, "wait": wait_view(self.store.get_wait(key)),
-                "run": result.to_dict()}
+            return {"status": "already_resolved", "key": key, "wait": self._view(key)}
+        return {"status": "accepted", "key": key, "wait": self._view(key), "run": result.to_dict()}
+
+    def _view(self, key: str) -> dict[str, Any] | None:
+        row = self.store.get_wait(key)  # an approval's wait row exists while its key does
+        return wait_view(row) if row is not None else None
 
     async def signal(self, run_id: str, name: str, value: Any = None) -> dict[str, Any]:
         return await self.resolve(self.key(run_id, SIGNAL_PREFIX + name), value)

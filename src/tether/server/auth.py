@@ -22,6 +22,8 @@ import json
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 LOCAL = "local"
 # Where the middleware leaves the verified principal for the MCP tools.
 SCOPE_KEY = "tether.principal"
@@ -129,7 +131,7 @@ class BearerAuth:
     ``local``; the caller decides whether that is allowed.
     """
 
-    def __init__(self, app: Any, tokens: Sequence[str]) -> None:
+    def __init__(self, app: ASGIApp, tokens: Sequence[str]) -> None:
         self.app = app
         self.tokens = tuple(t.encode() for t in tokens)
         # Legacy (2025-11-25) MCP sessions live in this process's memory, so
@@ -137,7 +139,7 @@ class BearerAuth:
         # with the token that opened it (the SDK does not bind them).
         self._sessions: OrderedDict[bytes, str] = OrderedDict()
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and self.tokens:
             # Nothing tether serves speaks WebSocket: refuse rather than pass one through unchecked.
             await send({"type": "websocket.close", "code": 1008})
@@ -181,8 +183,8 @@ class BearerAuth:
             return
         await self.app(scope, receive, self._binding_sessions(send, principal))
 
-    def _binding_sessions(self, send: Any, principal: str) -> Any:
-        async def bind(message: dict) -> None:
+    def _binding_sessions(self, send: Send, principal: str) -> Send:
+        async def bind(message: Message) -> None:
             if message.get("type") == "http.response.start":
                 for k, v in message.get("headers", []):
                     if k.lower() == SESSION_HEADER:
@@ -203,10 +205,10 @@ class HealthRoutes:
     and nothing about the deployment (no version, store URL or error text).
     """
 
-    def __init__(self, app: Any, ready: Callable[[], Awaitable[bool]], *, timeout: float = 2.0) -> None:
+    def __init__(self, app: ASGIApp, ready: Callable[[], Awaitable[bool]], *, timeout: float = 2.0) -> None:
         self.app, self.ready, self.timeout = app, ready, timeout
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path") if scope["type"] == "http" else None
         if path not in (HEALTH_PATH, READY_PATH):
             await self.app(scope, receive, send)
@@ -224,7 +226,7 @@ class HealthRoutes:
         await _json(send, 200 if ok else 503, {"status": "ready" if ok else "unavailable"})
 
 
-async def _json(send: Any, status: int, data: dict, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _json(send: Send, status: int, data: dict, extra: list[tuple[bytes, bytes]] | None = None) -> None:
     body = json.dumps(data).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"),
@@ -235,7 +237,7 @@ async def _json(send: Any, status: int, data: dict, extra: list[tuple[bytes, byt
     await send({"type": "http.response.body", "body": body})
 
 
-async def _refuse(send: Any, problem: CredentialProblem) -> None:
+async def _refuse(send: Send, problem: CredentialProblem) -> None:
     await _json(send, problem.status, {"error": {
         "code": problem.code,
         "message": problem.message,

@@ -36,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import RunNotFound
 from ..runs.decisions import recorded_decision
@@ -46,7 +47,7 @@ from .auth import LOCAL, principal_for_token
 
 if TYPE_CHECKING:
     from ..runs.runtime import Runtime
-    from ..store.base import Store
+    from ..store.base import RunRecord, Store
     from .admission import Admission
 
 HERE = Path(__file__).parent
@@ -114,15 +115,15 @@ def _environment() -> Environment:
 class SecurityHeaders:
     """ASGI middleware: the console's headers on every response it sends."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
 
-        async def send_with_headers(message: dict) -> None:
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 names = {k.lower() for k, _ in message.get("headers", [])}
                 extra = [(k, v) for k, v in SECURITY_HEADERS if k not in names]
@@ -372,7 +373,7 @@ class Console:
                            runs=rows, status=status, statuses=STATUSES, counts=counts, principals=principals,
                            who=who)
 
-    def _run_context(self, run: Any) -> dict[str, Any]:
+    def _run_context(self, run: RunRecord) -> dict[str, Any]:
         timeline = run_timeline(self.rt.store, run.run_id)
         outcome = run.result if isinstance(run.result, dict) else None
         logs = (outcome or {}).get("logs") or []
@@ -568,11 +569,11 @@ class Router:
 
     PREFIXES = ("/console/", "/approve/")
 
-    def __init__(self, console_app: Any, other: Any) -> None:
+    def __init__(self, console_app: ASGIApp, other: ASGIApp) -> None:
         self.console_app = console_app
         self.other = other
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path = scope.get("path", "")
             if path == "/console" or path.startswith(self.PREFIXES):

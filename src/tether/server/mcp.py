@@ -60,7 +60,9 @@ from .results import (  # noqa: F401 - importable from here, as before
 )
 
 if TYPE_CHECKING:
+    from ..runs.policy import Policy
     from ..runs.runtime import Runtime
+    from ..store.base import RunRecord
 
 SERVER_NAME = "tether"
 # The first protocol revision without server→client requests mid-call.
@@ -625,7 +627,7 @@ def _first_undecided(pending: Mapping[str, Any]) -> Mapping[str, Any]:
     return writes[0] if writes else pending
 
 
-def _recorded(run: Any) -> RunResult:
+def _recorded(run: RunRecord) -> RunResult:
     """A run's last recorded envelope (a paused run keeps its paused one)."""
     return RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run.run_id)
 
@@ -659,7 +661,7 @@ def _decision(reply: Any) -> tuple[str | None, str | None]:
     return form.decision, form.reason
 
 
-def _writes_unasked(policy: Any) -> bool:
+def _writes_unasked(policy: Policy) -> bool:
     """Whether a write can go out without anyone approving it: only then is execute destructive."""
     return policy.writes == "allow" or any(rule.action == "allow" for rule in policy.rules)
 

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..store.base import OUTBOX_DELIVERED, OUTBOX_FAILED, OUTBOX_PENDING, OutboxRecord
+from ..store.base import OUTBOX_DELIVERED, OUTBOX_FAILED, OUTBOX_PENDING, OutboxRecord, RunRecord
 from .approvals import approval_url, pending_writes
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class Notifier:
         if self._wake is not None:
             self._wake.set()
 
-    def event(self, run: Any, kind: str, data: dict[str, Any]) -> dict[str, Any]:
+    def event(self, run: RunRecord, kind: str, data: dict[str, Any]) -> dict[str, Any]:
         pending = data.get("pending") or {}
         seq = pending.get("seq")
         # Deterministic: the same transition queued twice (a retried finish) is one event.
