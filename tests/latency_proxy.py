@@ -18,6 +18,18 @@ import asyncio
 import threading
 import time
 from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import psycopg.conninfo
+
+
+def target_of(url: str) -> tuple[str, int] | str:
+    """Where a proxy for ``url`` forwards: the server's unix socket, or its host and port."""
+    parsed = urlparse(url)
+    query = parse_qs(parsed.query)
+    host = (query.get("host") or [parsed.hostname or "localhost"])[0]
+    port = int((query.get("port") or [parsed.port or 5432])[0])
+    return f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port)
 
 
 class LatencyProxy:
@@ -51,8 +63,11 @@ class LatencyProxy:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def url(self, dbname: str = "postgres", user: str = "postgres") -> str:
-        return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
+    def url(self, behind: str) -> str:
+        """``behind`` (the server's URL) reached through this proxy."""
+        params = psycopg.conninfo.conninfo_to_dict(behind)
+        params.update(host="127.0.0.1", port=str(self.port))
+        return psycopg.conninfo.make_conninfo(**params)
 
     # -- the proxy's own loop
 

@@ -377,17 +377,21 @@ class EffectBoundary:
                                         existing=decision.entry)
             raise err
         if verdict == policy_mod.ALLOW:
+            # Spent before the intent is stored (an await): writes issued with this one are
+            # checked against the budget meanwhile, and must count it.
+            self.state.writes_spent += 1
             await self.writer.record_intent(seq, "tool", address, args, key, kind, CallState.APPROVED, decision.entry)
-            return await self._send(seq, tool, valid, t)
+            return await self._send(seq, tool, valid, t, spent=True)
         # ask
         await self.writer.record_intent(seq, "tool", address, args, key, kind, CallState.ASKED, decision.entry)
         return await self.pauses.ask(seq, tool, args, valid, t)
 
-    async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
+    async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, spent: bool = False) -> Any:
+        if not spent:
+            self.state.writes_spent += 1  # before the await below, for the same reason as in _tool_call
         # P-7: `sending` is committed before the request leaves.
         if not await self.writer.move(seq, [CallState.APPROVED], state=CallState.SENDING, started_at=self.clock(), sends=1):
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state approved; nothing was sent"))
-        self.state.writes_spent += 1
         return await self._dispatch(seq, tool, args, CallState.SENDING, CallState.SENT, t)
 
     def _resendable(self, entry: CallRecord) -> "Tool | None":
@@ -590,6 +594,9 @@ class EffectBoundary:
             self._idle.clear()
             await self._idle.wait()
 
+    def woke_idle(self) -> None:
+        self._idle.set()
+
     async def send_approved(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
         return await self._send(seq, tool, args, t)
 
@@ -609,8 +616,8 @@ class EffectBoundary:
                               existing: CallRecord | None = None) -> None:
         await self._record_rejected(seq, op, address, args, kind, err, key=key, existing=existing)
 
-    def record_new(self, record: CallRecord) -> None:
-        self.writer.record_new(record)
+    async def record_new(self, record: CallRecord) -> None:
+        await self.writer.record_new(record)
 
     def stat(self, seq, op, address, kind, state, t) -> None:
         self._stat(seq, op, address, kind, state, t)
@@ -626,15 +633,15 @@ class EffectBoundary:
     def last_recorded_seq(self) -> int:
         return self.writer.last_recorded_seq
 
-    def flush(self) -> None:
+    async def flush(self) -> None:
         """Write the settled reads still held in memory, in one transaction (P-7)."""
-        self.writer.flush()
+        await self.writer.flush()
 
     async def _record_rejected(self, seq, op, address, args, kind, err: GuestRaise, *, key=None,
                                state=CallState.FAILED, existing: CallRecord | None = None) -> None:
         if existing is None:
             json_args = to_json_value(args)[0]
-            self.writer.record_rejected(seq, op, address, json_args, key or journal.call_key(op, address, json_args),
+            await self.writer.record_rejected(seq, op, address, json_args, key or journal.call_key(op, address, json_args),
                                         kind, err_json(err), state)
         self._remember(err, seq, address)
 

@@ -26,6 +26,7 @@ from ..errors import (
     WrongSecret,
 )
 from ..sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxPool, SandboxSpec, Stopped
+from ..store.aio import AsyncStore
 from ..store.base import (
     CallRecord,
     RunRecord,
@@ -131,6 +132,8 @@ class Attempt:
                  on_question: Any = None) -> None:
         self.run = run
         self.deps = deps
+        # The store as the attempt awaits it: on Postgres its calls leave the event loop (D-27).
+        self.astore = AsyncStore(deps.store)
         self.mode = mode
         self.on_approval = on_approval
         self.on_progress = on_progress
@@ -171,7 +174,7 @@ class Attempt:
 
     async def _run_refusing_forgeries(self) -> RunResult:
         try:
-            ended = self.prepare()
+            ended = await self.prepare()
             if ended is not None:
                 return ended
             return await self.execute()
@@ -181,33 +184,33 @@ class Attempt:
 
     # -- prepare: verify, settle what a dead attempt left, restore or replay ---------
 
-    def prepare(self) -> RunResult | None:
+    async def prepare(self) -> RunResult | None:
         """Verify the run and read what continuing it needs; an envelope if it ends here."""
         d, run = self.deps, self.run
         verify_run(d.keyring, run)
         if self.mode != "fresh":
-            ended = self._settle_stuck_writes()
+            ended = await self._settle_stuck_writes()
             if ended is not None:
                 return ended
-            self._restore_or_replay()
+            await self._restore_or_replay()
         return None
 
-    def _settle_stuck_writes(self) -> RunResult | None:
+    async def _settle_stuck_writes(self) -> RunResult | None:
         """P-11: a write left `sending` by a dead attempt is never re-sent, unless its tool dedupes by
         idempotency key and has sends left (P-31): then it is re-sent with its recorded key when reached."""
         d, run = self.deps, self.run
-        stuck = d.store.get_calls(run.run_id, states=[CallState.SENDING])
+        stuck = await self.astore.get_calls(run.run_id, states=[CallState.SENDING])
         verify_calls(d.keyring, run.run_id, stuck)
         for e in stuck:
             if e.state == CallState.SENDING and resendable(d.catalog, e, self.limits) is None:
                 lost, err = outcome_unknown(e)
                 update_call_signed(d.store, d.keyring, e, [CallState.SENDING], finished_at=d.clock(), **lost)
-                return d.finisher.finish(run, RunStatus.FAILED, error=err.to_dict(), calls=e.seq)
+                return await d.finisher.end_attempt(run, RunStatus.FAILED, error=err.to_dict(), calls=e.seq)
         return None
 
-    def _restore_or_replay(self) -> None:
+    async def _restore_or_replay(self) -> None:
         d, run = self.deps, self.run
-        snapshot = d.store.latest_snapshot(run.run_id)
+        snapshot = await self.astore.latest_snapshot(run.run_id)
         if snapshot is not None:
             if not verify_snapshot_record(d.keyring, snapshot):
                 # Refuse, do not replay past a forgery.
@@ -222,15 +225,15 @@ class Attempt:
             # with the length of the journal.
             low = min([p["seq"] for p in snapshot.pending] + [snapshot.seq + 1])
             # One entry more than needed: the first one's MAC chains to it.
-            self.entries = d.store.get_calls(run.run_id, after=low - 2)
-            self.writes_spent = d.store.count_calls(run.run_id, kind="write", states=SPENT_STATES)
+            self.entries = await self.astore.get_calls(run.run_id, after=low - 2)
+            self.writes_spent = await self.astore.count_calls(run.run_id, kind="write", states=SPENT_STATES)
             if isinstance(run.result, dict):
                 # A restore continues the program where it stopped: keep what it
                 # printed before. A replay prints it all again by itself.
                 for line in run.result.get("logs", []):
                     self.logs("stdout", line + "\n")
         else:
-            self.entries = d.store.get_calls(run.run_id)
+            self.entries = await self.astore.get_calls(run.run_id)
         verify_calls(d.keyring, run.run_id, self.entries)
         self.snapshot = snapshot
         self.kind = "restore" if snapshot is not None else "replay"
@@ -247,14 +250,16 @@ class Attempt:
             except TetherError as exc:
                 refused = exc  # reported below, before the sandbox starts: nothing runs
         spec = build_spec(d, run, self.limits, continuing=self.mode != "fresh", reach=reach)
-        boundary = self.boundary = self._boundary()
+        journaled = await self.astore.journal_bytes(run.run_id) if self.mode != "fresh" else 0
+        boundary = self.boundary = self._boundary(journaled)
         d.live[run.run_id] = boundary
         heartbeat = asyncio.ensure_future(self._heartbeat(boundary))
         self.setup_ms = (time.perf_counter() - t_setup) * 1000
         self.t_exec = time.perf_counter()
         already_emitted = 0
         if self.mode != "fresh":
-            already_emitted = sum(1 for e in d.store.get_events(run.run_id, limit=100_000) if e.type == "output")
+            already_emitted = sum(1 for e in await self.astore.get_events(run.run_id, limit=100_000)
+                                  if e.type == "output")
         # One output budget per run: images and large values are cut, not dropped silently.
         emitter = Emitter(d.bus, run.run_id, 0, EMIT_BUDGET_BYTES)
         session_base = self._session_base() if run.session else None
@@ -266,7 +271,7 @@ class Attempt:
             except SnapshotMismatch:
                 # Nothing was sent: the mapping is checked before any dispatch.
                 self.kind = "replay"
-                boundary.reset_for_replay(d.store.get_calls(run.run_id))
+                boundary.reset_for_replay(await self.astore.get_calls(run.run_id))
                 self.logs = LogBuffer(self.limits.log_bytes)
                 value = await self._run_once(spec, emitter, already_emitted, session_base)
         except (Paused, Parked):
@@ -277,12 +282,12 @@ class Attempt:
                                         diagnostics=self._diagnostics())
         except (TetherError, ProgramFailed, Stopped) as exc:
             failure = boundary.state.failure if isinstance(exc, Stopped) and boundary.state.failure else exc
-            return self._failed(failure)
+            return await self._failed(failure)
         finally:
             heartbeat.cancel()
             if d.live.get(run.run_id) is boundary:
                 del d.live[run.run_id]
-        return self._completed(value)
+        return await self._completed(value)
 
     async def _run_once(self, spec: SandboxSpec, emitter: "Emitter", already_emitted: int,
                         session_base: bytes | None) -> Any:
@@ -316,9 +321,9 @@ class Attempt:
             finally:
                 boundary.release_held()
                 await boundary.drain()
-                boundary.flush()
+                await boundary.flush()
 
-    def _boundary(self) -> EffectBoundary:
+    def _boundary(self, journaled_bytes: int) -> EffectBoundary:
         d, run = self.deps, self.run
         return EffectBoundary(
             run_id=run.run_id,
@@ -341,7 +346,7 @@ class Attempt:
             span=self.span,
             inline_sleep_seconds=d.settings.inline_sleep_seconds,
             batch_window_seconds=d.settings.batch_window_seconds,
-            journaled_bytes=d.store.journal_bytes(run.run_id) if self.mode != "fresh" else 0,
+            journaled_bytes=journaled_bytes,
         )
 
     def _session_base(self) -> bytes | None:
@@ -361,7 +366,7 @@ class Attempt:
     async def pause(self, boundary: EffectBoundary, stop: Stop) -> None:
         """Stop at a host call: store the signed dump, mark the run paused or waiting (P-10, P-18)."""
         d, run = self.deps, self.run
-        boundary.flush()
+        await boundary.flush()
         st = boundary.state
         assert boundary.execution is not None
         data = await boundary.execution.dump()
@@ -370,7 +375,7 @@ class Attempt:
         else:
             waits_on = [stop.call()] + list(st.held)
         waits_on.sort(key=lambda c: c["seq"])
-        d.store.put_snapshot(self._snapshot_record(st.issued, data, waits_on, "pause"))
+        await self.astore.put_snapshot(self._snapshot_record(st.issued, data, waits_on, "pause"))
         now = d.clock()
         if isinstance(stop, ParkedWait):  # parked on a wait, a signal or a timer (P-18)
             public = stop.stored()
@@ -388,8 +393,8 @@ class Attempt:
             status = RunStatus.PAUSED
         # The run's MAC covers what it waits on (P-35).
         signed = sign_run(d.keyring, dataclasses.replace(run, pending=public, expires_at=expires))
-        d.lifecycle.park(run.run_id, status, pending=public, expires_at=expires, envelope=envelope.to_dict(),
-                         mac=signed)
+        await self.astore.call(d.lifecycle.park, run.run_id, status, pending=public, expires_at=expires,
+                               envelope=envelope.to_dict(), mac=signed)
         d.bus.emit(run.run_id, "paused" if status == RunStatus.PAUSED else "waiting", {"pending": public})
         d.bus.announce(run.run_id, status, {"pending": public, "expires_at": expires})
         self.stopped_at = envelope
@@ -401,14 +406,14 @@ class Attempt:
         if (st.issued - st.checkpoint_at_seq < d.settings.checkpoint_every_calls
                 and now - (st.checkpoint_at_time or run.created_at) < d.settings.checkpoint_every_seconds):
             return
-        boundary.flush()
+        await boundary.flush()
         assert boundary.execution is not None
         data = await boundary.execution.dump()
         st.checkpoint_at_seq, st.checkpoint_at_time = st.issued, now
-        d.store.put_snapshot(self._snapshot_record(
+        await self.astore.put_snapshot(self._snapshot_record(
             st.issued, data,
             [{"seq": entry.seq, "op": entry.op, "address": entry.address, "args": entry.args}], "checkpoint"))
-        d.lifecycle.renew(run.run_id, touch=True)
+        await self.astore.call(d.lifecycle.renew, run.run_id, touch=True)
 
     def _snapshot_record(self, seq: int, data: bytes, pending: list[dict], kind: str) -> SnapshotRecord:
         d, run_id = self.deps, self.run.run_id
@@ -429,9 +434,9 @@ class Attempt:
             while True:
                 await wait_a_little(cancel, max(0.0, renewed + interval - time.monotonic()))
                 if time.monotonic() - renewed >= interval:
-                    d.lifecycle.renew(run_id)
+                    await self.astore.call(d.lifecycle.renew, run_id)
                     renewed = time.monotonic()
-                run = d.store.get_run(run_id)
+                run = await self.astore.get_run(run_id)
                 reason = (run.meta or {}).get("cancel_requested") if run else None
                 if reason and boundary.execution is not None:
                     boundary.execution.stop(Cancelled(reason))
@@ -439,17 +444,17 @@ class Attempt:
 
     # -- finish --------------------------------------------------------------------
 
-    def _completed(self, value: Any) -> RunResult:
+    async def _completed(self, value: Any) -> RunResult:
         d, run, boundary = self.deps, self.run, self.boundary
         assert boundary is not None
         if boundary.state.failure is not None:
-            return self._failed(boundary.state.failure)
+            return await self._failed(boundary.state.failure)
         # P-13: a write the journal holds beyond what the program issued means
         # the replay took another path; report it, send nothing more.
         extra = [e for s, e in boundary.journal.items() if s > boundary.state.issued and e.kind == "write"
                  and e.state in (CallState.APPROVED, CallState.SENDING, CallState.SENT)]
         if extra:
-            return self._failed(ExecutionDiverged(
+            return await self._failed(ExecutionDiverged(
                 f"the replay finished without repeating the recorded write {extra[0].address} (call {extra[0].seq})",
                 details={"seq": extra[0].seq}))
         result, notes = to_json_value(value)
@@ -468,16 +473,16 @@ class Attempt:
         diag = self._diagnostics()
         if cut:
             diag["result_truncated"] = cut
-        return d.finisher.finish(run, RunStatus.COMPLETED, result=result, logs=self.logs.lines(),
-                                 calls=boundary.state.issued, diagnostics=diag, notes=notes)
+        return await d.finisher.end_attempt(run, RunStatus.COMPLETED, result=result, logs=self.logs.lines(),
+                                            calls=boundary.state.issued, diagnostics=diag, notes=notes)
 
-    def _failed(self, exc: BaseException) -> RunResult:
+    async def _failed(self, exc: BaseException) -> RunResult:
         d, boundary = self.deps, self.boundary
         assert boundary is not None
         suggest = getattr(d.catalog, "suggest", None)
         error = failure_error(exc, boundary, d.source_failures, suggest or (lambda _address: []))
-        return d.finisher.finish(self.run, RunStatus.FAILED, error=error, logs=self.logs.lines(),
-                                 calls=boundary.state.issued, diagnostics=self._diagnostics())
+        return await d.finisher.end_attempt(self.run, RunStatus.FAILED, error=error, logs=self.logs.lines(),
+                                            calls=boundary.state.issued, diagnostics=self._diagnostics())
 
     def _diagnostics(self) -> dict[str, Any]:
         assert self.boundary is not None

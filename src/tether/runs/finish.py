@@ -12,6 +12,7 @@ import secrets
 from typing import Any, Callable
 
 from ..errors import TetherError
+from ..store.aio import AsyncStore
 from ..store.base import RunRecord, Store
 from ..store.states import RunStatus
 from .events import EventBus
@@ -27,6 +28,7 @@ class Finisher:
     def __init__(self, *, store: Store, lifecycle: Lifecycle, bus: EventBus, clock: Callable[[], float],
                  cancel_waits: Callable[[str], None], revoke_waits: Callable[[str], Any]) -> None:
         self.store = store
+        self.astore = AsyncStore(store)
         self.lifecycle = lifecycle
         self.bus = bus
         self.clock = clock
@@ -40,6 +42,19 @@ class Finisher:
         envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
                              calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
         self.lifecycle.finish(run.run_id, RunStatus(status), envelope.to_dict(), error)
+        return self._ended(run, envelope)
+
+    async def end_attempt(self, run: RunRecord, status: str, *, result: Any = None,
+                          error: dict[str, Any] | None = None, logs: list[str] | None = None, calls: int = 0,
+                          diagnostics: dict[str, Any] | None = None, notes: list[str] | None = None) -> RunResult:
+        """``finish`` for an attempt's own end, the store write awaited: off the event loop on Postgres (D-27)."""
+        envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
+                             calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
+        await self.astore.call(self.lifecycle.finish, run.run_id, RunStatus(status), envelope.to_dict(), error)
+        return self._ended(run, envelope)
+
+    def _ended(self, run: RunRecord, envelope: RunResult) -> RunResult:
+        status, result, error, notes = envelope.status, envelope.result, envelope.error, envelope.notes
         self.bus.announce(run.run_id, status, {"error": error} if error else {})
         # The event a cell observer waits for (P-20); a plain execute has no
         # observer and saves the write.

@@ -202,14 +202,23 @@ def update_call_signed(store: Any, keyring: Keyring, entry: "CallRecord | None",
     """
     if entry is None:
         return False
-    fields = {**{name: getattr(entry, name) for name in _MUTABLE_CALL_FIELDS}, **fields}
-    mac = resign_call(keyring, entry, **fields)
-    if not store.update_call(entry.run_id, entry.seq, list(expect), mac=mac, **fields):
+    fields = signed_update(keyring, entry, **fields)
+    if not store.update_call(entry.run_id, entry.seq, list(expect), **fields):
         return False
+    apply_update(entry, fields)
+    return True
+
+
+def signed_update(keyring: Keyring, entry: "CallRecord", **fields: Any) -> dict[str, Any]:
+    """What ``update_call_signed`` writes: every signed field that can change, and the new MAC (``mac``)."""
+    fields = {**{name: getattr(entry, name) for name in _MUTABLE_CALL_FIELDS}, **fields}
+    return {**fields, "mac": resign_call(keyring, entry, **fields)}
+
+
+def apply_update(entry: "CallRecord", fields: dict[str, Any]) -> None:
+    """Give ``entry`` the values a signed update stored."""
     for name, value in fields.items():
         setattr(entry, name, value)
-    entry.mac = mac
-    return True
 
 
 def verify_calls(keyring: Keyring, run_id: str, calls: Sequence["CallRecord"]) -> None:

@@ -10,9 +10,11 @@ the key of the call before it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Callable
 
+from ..store.aio import AsyncStore
 from ..store.base import CallRecord, Store
 from ..store.states import CallState
 from ..tools.context import idempotency_key
@@ -26,6 +28,10 @@ class JournalWriter:
                  entries: list[CallRecord], flush_every_calls: int = 64, flush_every_seconds: float = 0.25) -> None:
         self.run_id = run_id
         self.store = store
+        # Every write is awaited: on Postgres it leaves the event loop (D-27).
+        self.astore = AsyncStore(store)
+        # One flush at a time: a write's intent waits for the reads a flush already took (P-7).
+        self._flushing = asyncio.Lock()
         self.keyring = keyring
         self.clock = clock
         self.flush_every_calls = flush_every_calls
@@ -64,30 +70,31 @@ class JournalWriter:
         self._unsaved[seq] = record
         self.entries[seq] = record
 
-    def flush(self) -> None:
+    async def flush(self) -> None:
         """Write the settled reads still held in memory, in one transaction."""
         if not self._unsaved:
-            return
-        settled = [r for r in self._unsaved.values() if r.state != CallState.PENDING]
-        if not settled:
-            return
-        settled.sort(key=lambda r: r.seq)
-        for r in settled:
-            self._sign(r)
-        self.store.record_calls(settled)
-        for r in settled:
-            del self._unsaved[r.seq]
-        self._flushed_at = time.monotonic()
+            return  # nothing buffered, and so no flush in flight either
+        async with self._flushing:
+            settled = [r for r in self._unsaved.values() if r.state != CallState.PENDING]
+            if not settled:
+                return
+            settled.sort(key=lambda r: r.seq)
+            for r in settled:
+                self._sign(r)
+            await self.astore.record_calls(settled)
+            for r in settled:
+                del self._unsaved[r.seq]
+            self._flushed_at = time.monotonic()
 
-    def _maybe_flush(self) -> None:
+    async def _maybe_flush(self) -> None:
         if len(self._unsaved) >= self.flush_every_calls or time.monotonic() - self._flushed_at > self.flush_every_seconds:
-            self.flush()
+            await self.flush()
 
     async def record_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
                             state: CallState, existing: CallRecord | None) -> None:
         """Write a call's intent ahead of sending it (P-7); buffered reads go first so the order holds."""
         if kind != "read":
-            self.flush()
+            await self.flush()
         now = self.clock()
         if existing is not None:
             # A read left pending by a dead attempt is re-issued under the same seq.
@@ -96,13 +103,13 @@ class JournalWriter:
             return
         record = CallRecord(self.run_id, seq, op, address, args, key, kind, state, started_at=now,
                             idempotency_key=self.idempotency_key(seq) if op == "tool" else None)
-        self.record_new(record)
+        await self.record_new(record)
 
-    def record_new(self, record: CallRecord) -> None:
+    async def record_new(self, record: CallRecord) -> None:
         """Write an entry now (a write's, a wait's), after the reads before it."""
-        self.flush()
+        await self.flush()
         self._sign(record)
-        self.store.record_call(record)
+        await self.astore.record_call(record)
         self.entries[record.seq] = record
 
     async def record_outcome(self, seq: int, from_state: CallState, state: CallState, *, outcome: Any = None,
@@ -110,11 +117,11 @@ class JournalWriter:
         buffered = self._unsaved.get(seq)
         if buffered is not None:
             buffered.state, buffered.outcome, buffered.error, buffered.finished_at = state, outcome, error, self.clock()
-            self._maybe_flush()
+            await self._maybe_flush()
             return
         await self.move(seq, [from_state], state=state, outcome=outcome, error=error, finished_at=self.clock())
 
-    def record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
+    async def record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
                         error: dict[str, Any], state: CallState = CallState.FAILED) -> None:
         """A call refused before it was sent (unknown tool, bad arguments, denied): its entry, written now."""
         now = self.clock()
@@ -122,12 +129,21 @@ class JournalWriter:
                             finished_at=now)
         self._unsaved[seq] = record
         self.entries[seq] = record
-        self.flush()
+        await self.flush()
 
     async def move(self, seq: int, expect: list[str], **fields: Any) -> bool:
-        """Compare-and-set an entry from one of ``expect`` to ``fields``, re-signed (P-35)."""
-        entry = self.entries.get(seq) or self.store.get_call(self.run_id, seq)
-        return integrity.update_call_signed(self.store, self.keyring, entry, expect, **fields)
+        """Compare-and-set an entry from one of ``expect`` to ``fields``, re-signed (P-35).
+
+        The entry in memory changes only once the store has the change.
+        """
+        entry = self.entries.get(seq) or await self.astore.get_call(self.run_id, seq)
+        if entry is None:
+            return False
+        signed = integrity.signed_update(self.keyring, entry, **fields)
+        if not await self.astore.update_call(entry.run_id, entry.seq, list(expect), **signed):
+            return False
+        integrity.apply_update(entry, signed)
+        return True
 
     # -- signing -------------------------------------------------------------------
 

@@ -13,8 +13,9 @@ of one attempt and reaches it only through :class:`PauseHost`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, Protocol
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
 
 from ..errors import InvalidArguments, UnknownTool
 from ..sandbox.monty import GuestRaise, Stopped
@@ -83,6 +84,9 @@ class PauseHost(Protocol):
     async def wait_idle(self) -> None:
         """Return once no call is in flight."""
 
+    def woke_idle(self) -> None:
+        """Wake ``wait_idle`` after ``state.inflight`` was lowered to 0 outside a call's own end."""
+
     async def send_approved(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
         """Send a write already in state approved; its outcome for the program."""
 
@@ -104,7 +108,7 @@ class PauseHost(Protocol):
                               existing: CallRecord | None = None) -> None:
         """Journal a call refused before it was sent, as failed with `err`."""
 
-    def record_new(self, record: CallRecord) -> None:
+    async def record_new(self, record: CallRecord) -> None:
         """Sign and store a new journal entry, after the reads still buffered."""
 
     def stat(self, seq: int, op: str, address: str, kind: str, state: str, t: float) -> None:
@@ -136,6 +140,21 @@ class Pauses:
 
     def release_held(self) -> None:
         self._release.set()
+
+    @contextlib.asynccontextmanager
+    async def _in_flight(self, delta: int = 1) -> AsyncIterator[None]:
+        """Count this call in (or, with -1, out of) the calls in flight a stop waits for, while inside."""
+        self._count(delta)
+        try:
+            yield
+        finally:
+            self._count(-delta)
+
+    def _count(self, delta: int) -> None:
+        st = self.host.state
+        st.inflight += delta
+        if st.inflight == 0:
+            self.host.woke_idle()
 
     def reset(self) -> None:
         """Hold calls again (the attempt starts over from call 1)."""
@@ -180,7 +199,7 @@ class Pauses:
         now = host.clock()
         if entry is None:
             entry = CallRecord(host.run_id, seq, op, name, args, key, "wait", CallState.WAITING, started_at=now)
-            host.record_new(entry)
+            await host.record_new(entry)
         # The deadline counts from when the program first reached the wait, so
         # a restart continues with only the remaining time.
         deadline = None if timeout is None else (entry.started_at or now) + timeout
@@ -293,7 +312,10 @@ class Pauses:
                     prospective = st.writes_spent + 1 + len(batch)
                     if policy_mod.decide_call(host.policy, address, True, prospective) == policy_mod.ASK:
                         host.journal_room(size, address, "arguments")
-                        await host.record_intent(seq, "tool", address, args, key, "write", CallState.ASKED, None)
+                        # Counted in flight while its intent is stored (an await, off the loop on
+                        # Postgres): the pause waits for it to join before the state is saved.
+                        async with self._in_flight():
+                            await host.record_intent(seq, "tool", address, args, key, "write", CallState.ASKED, None)
                         joined = True
         if joined and st.batch is batch:
             batch.append(AskedWrite.of(seq, tool, args))
@@ -302,10 +324,16 @@ class Pauses:
     async def stop_at(self, pending: AskedWrite | ParkedWait, stop: Stopped) -> Any:
         """Pause or park at this call (P-4, P-18): the first call to stop wins; later ones are held."""
         host = self.host
-        if host.state.pausing:
-            call = pending.call()
-            return await self.hold(call["seq"], call["op"], call["address"], call["args"])
         st = host.state
+        if st.pausing:
+            # A call issued before the stop began that reached it after (its intent was being
+            # stored): a write that asks joins a forming batch (P-27), as join_batch takes one
+            # issued later; either way it is held, and no longer in flight.
+            if isinstance(pending, AskedWrite) and st.batch is not None:
+                st.batch.append(pending)
+            call = pending.call()
+            async with self._in_flight(-1):
+                return await self.hold(call["seq"], call["op"], call["address"], call["args"])
         st.pausing = True
         is_write_pause = isinstance(stop, Paused)
         if is_write_pause:

@@ -35,6 +35,7 @@ from ..sandbox.monty import (
     MONTY_VERSION,
     SandboxPool,
 )
+from ..store.aio import AsyncStore
 from ..store.base import (
     LOCAL_PRINCIPAL,
     RunRecord,
@@ -109,6 +110,8 @@ class Runtime:
         from ..tools.catalog import Catalog
 
         self.store: Store = store if store is not None else open_store("sqlite:///:memory:")
+        # The store as code on the event loop awaits it: Postgres calls run off the loop (D-27).
+        self.astore = AsyncStore(self.store)
         self.catalog = catalog if catalog is not None else Catalog()
         self.policy = policy or Policy()
         self.limits = limits or Limits()
@@ -309,7 +312,7 @@ class Runtime:
         ``meta`` is recorded on the run (e.g. which tool modules it used, so a
         resume in another process can load the same ones).
         """
-        handle = self._begin(code, on_approval=on_approval, principal=principal, check=self._check_for(check, type_check),
+        handle = await self._begin(code, on_approval=on_approval, principal=principal, check=self._check_for(check, type_check),
                              meta=meta, on_progress=on_progress, session=session, on_question=on_question,
                              detached=False)
         return await handle.result()
@@ -333,11 +336,11 @@ class Runtime:
         ``execute`` returns. A run begun and not awaited is stopped when the
         runtime closes.
         """
-        return self._begin(code, on_approval=on_approval, principal=principal, check=self._check_for(check, type_check),
+        return await self._begin(code, on_approval=on_approval, principal=principal, check=self._check_for(check, type_check),
                            meta=meta, on_progress=on_progress, session=session, on_question=on_question,
                            detached=True)
 
-    def _begin(self, code: str, *, on_approval: Approver | None, principal: str | None, check: str,
+    async def _begin(self, code: str, *, on_approval: Approver | None, principal: str | None, check: str,
                meta: dict[str, Any] | None, on_progress: Callable[[int, str], None] | None, session: str | None,
                on_question: Asker | None, detached: bool) -> RunHandle:
         t0 = time.perf_counter()
@@ -352,7 +355,7 @@ class Runtime:
             run.session = session
             run.meta["session_base"] = self._session_base(session, run.principal, notes)
         self._sign(run)
-        self.lifecycle.create(run)
+        await self.astore.call(self.lifecycle.create, run)
         return self.launch(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress,
                            on_question=on_question, notes=notes, detached=detached)
 

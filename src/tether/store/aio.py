@@ -21,7 +21,7 @@ import functools
 from concurrent.futures import Executor
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
-from .base import CallRecord, RunRecord, SnapshotRecord, Store
+from .base import CallRecord, EventRecord, RunRecord, SnapshotRecord, Store
 
 T = TypeVar("T")
 
@@ -90,6 +90,9 @@ class AsyncStore:
     async def record_calls(self, calls: Sequence[CallRecord]) -> None:
         await self.call(self.store.record_calls, calls)
 
+    async def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], **fields: Any) -> bool:
+        return await self.call(self.store.update_call, run_id, seq, expect_state, **fields)
+
     async def get_call(self, run_id: str, seq: int) -> CallRecord | None:
         return await self.call(self.store.get_call, run_id, seq)
 
@@ -113,6 +116,9 @@ class AsyncStore:
 
     async def add_event(self, run_id: str, type: str, data: dict[str, Any], now: float) -> int:
         return await self.call(self.store.add_event, run_id, type, data, now)
+
+    async def get_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[EventRecord]:
+        return await self.call(self.store.get_events, run_id, after, limit)
 
 
 def _recancel(times: int) -> None:
