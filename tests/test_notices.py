@@ -125,3 +125,23 @@ async def test_a_wait_settled_where_the_run_cannot_continue_is_continued_by_one_
     run = b.store.get_run(run_id)
     assert run.result["result"] == "go on"
     assert rec.deliveries == [("close_ticket", {"id": 1}), ("add_comment", {"id": 1, "body": "go on"})]
+
+
+async def test_a_run_parked_on_a_revoked_wait_is_woken_with_wait_revoked(tmp_path):
+    """Revoking a parked run's wait (a session reset does) no longer leaves the run parked for ever."""
+    from tether.runs.worker import work
+
+    url = f"sqlite:///{tmp_path}/t.db"
+    stop = asyncio.Event()
+    async with Runtime(store=open_store(url), type_check=False) as runner, \
+            Runtime(store=open_store(url), type_check=False) as b:
+        task = asyncio.ensure_future(work(runner, stop=stop))
+        try:
+            run_id = b.start('try:\n    await wait_for("go")\nexcept RuntimeError as e:\n    out = str(e)\nout')
+            await until_status(b, run_id, "waiting")
+            assert b.revoke_waits(run_id=run_id) == 1
+            await until_status(b, run_id, "completed")
+        finally:
+            stop.set()
+            await task
+        assert "wait_revoked" in b.store.get_run(run_id).result["result"]
