@@ -60,26 +60,3 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("idempotency ledgers")
     for matrix, counts in _ledgers.items():
         terminalreporter.write_line(f"{matrix}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
-
-
-# --- leaving the test process ------------------------------------------------
-# pydantic-monty 1.4.0's native runtime sometimes aborts (SIGABRT) during
-# interpreter shutdown after async host calls that really waited, even with
-# every pool closed (seen here in about 1 run in 4). The test results are
-# final by then, so the last hook leaves with pytest's own exit status
-# instead of running the interpreter's finalizers.
-_exit_status: list[int] = []
-
-
-def pytest_sessionfinish(session, exitstatus):
-    _exit_status.append(int(exitstatus))
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config):
-    import sys
-
-    if _exit_status and os.environ.get("TETHER_TEST_NO_HARD_EXIT") != "1":
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(_exit_status[0])
