@@ -141,3 +141,36 @@ async def test_a_run_whose_store_call_is_stuck_does_not_hold_up_another_run(rt, 
     ended = await asyncio.wait_for(slow.result(), WAIT)
     assert ended.status == "completed" and ended.result == 250
     assert rt.store.get_run(slow.run_id).status == "completed"
+
+
+class LoopWatchingStore(PostgresStore):
+    """A Postgres store that notes each transaction begun on the event loop's own thread."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.on_loop: list[str] = []
+        self.loop_thread: threading.Thread | None = None
+        super().__init__(*args, **kwargs)
+
+    def _transaction(self, *args, **kwargs):
+        if threading.current_thread() is self.loop_thread:
+            import traceback
+
+            self.on_loop.append(" <- ".join(f.name for f in reversed(traceback.extract_stack(limit=5)[:-1])))
+        return super()._transaction(*args, **kwargs)
+
+
+async def test_a_read_only_run_makes_no_store_call_on_the_event_loop(pg_url, schema):
+    gates.append(Gate())
+    gates[-1].open.set()
+    store = LoopWatchingStore(pg_url, schema=schema)
+    try:
+        async with Runtime(store=store, tools=[price], max_workers=2) as runtime:
+            store.loop_thread = threading.current_thread()
+            results = await asyncio.gather(*[runtime.execute(PROGRAM.format(sku=f"s{i}")) for i in range(3)])
+            store.loop_thread = None
+        assert [r.status for r in results] == ["completed"] * 3
+        # Created, journaled, ended and announced: all of it in the store's threads.
+        assert store.on_loop == []
+        assert [c.state for c in store.get_calls(results[0].run_id)] == ["done"]
+    finally:
+        store.close()

@@ -42,7 +42,9 @@ class Finisher:
         envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
                              calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
         self.lifecycle.finish(run.run_id, RunStatus(status), envelope.to_dict(), error)
-        return self._ended(run, envelope)
+        if not self._told(run, envelope):
+            self.bus.notices.publish(ENDED, run.run_id)  # a waiter in another process looks now
+        return envelope
 
     async def end_attempt(self, run: RunRecord, status: str, *, result: Any = None,
                           error: dict[str, Any] | None = None, logs: list[str] | None = None, calls: int = 0,
@@ -51,9 +53,13 @@ class Finisher:
         envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
                              calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
         await self.astore.call(self.lifecycle.finish, run.run_id, RunStatus(status), envelope.to_dict(), error)
-        return self._ended(run, envelope)
+        if not self._told(run, envelope):
+            # A NOTIFY is a transaction too: off the loop with the rest.
+            await self.astore.call(self.bus.notices.publish, ENDED, run.run_id)
+        return envelope
 
-    def _ended(self, run: RunRecord, envelope: RunResult) -> RunResult:
+    def _told(self, run: RunRecord, envelope: RunResult) -> bool:
+        """Tell this process's listeners and observers; False if the end still needs its ENDED notice."""
         status, result, error, notes = envelope.status, envelope.result, envelope.error, envelope.notes
         self.bus.announce(run.run_id, status, {"error": error} if error else {})
         # The event a cell observer waits for (P-20); a plain execute has no
@@ -63,9 +69,8 @@ class Finisher:
             kind = kinds.get(status, "terminated")
             data = {"result": result, "notes": notes or []} if status == RunStatus.COMPLETED else {"error": error}
             self.bus.emit(run.run_id, kind, data)  # its notice is the "ended" one too
-        else:
-            self.bus.notices.publish(ENDED, run.run_id)  # a waiter in another process looks now
-        return envelope
+            return True
+        return False
 
     def cancelled(self, run: RunRecord, message: str, *, details: dict[str, Any] | None = None,
                   **fields: Any) -> RunResult:
