@@ -58,7 +58,7 @@ class RunHandle:
         """The run's stored events after the cursor ``after``, as they come, until the attempt ends.
 
         Each is a ``RunEvent`` (``event_id``, ``type``, ``data``): ``output`` for each
-        ``emit(value)``, ``yielded``, ``question``, ``progress``, ``decided``, ``paused``,
+        ``emit(value)``, ``yielded``, ``question``, ``decided``, ``progress`` (cells), ``paused``,
         ``waiting``, and ``completed`` / ``failed`` / ``terminated`` at the end.
         """
         cursor = after
