@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 
 import psycopg
@@ -54,11 +55,12 @@ class RowLock:
                                  (self.pid,)).fetchone()[0]
 
     def wait_for_waiter(self) -> None:
-        """Return once a store call waits on this lock (polls a state, not a duration)."""
-        done = threading.Event()
-        while not done.wait(0.01):
-            if self.waiters() > 0:
-                return
+        """Return once a store call waits on this lock (polls a state; WAIT bounds a hang, never a pass)."""
+        pause = threading.Event()
+        deadline = time.monotonic() + WAIT
+        while self.waiters() == 0:
+            assert time.monotonic() < deadline, "no store call came to wait on the lock"
+            pause.wait(0.01)
 
     def release(self) -> None:
         if not self.conn.closed:

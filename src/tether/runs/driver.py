@@ -385,7 +385,7 @@ class Attempt:
             expires = now + d.settings.approval_ttl_seconds
             # A paused write is also a durable wait (P-18): its key resolves it
             # like resume() does, from anywhere that holds the key.
-            writes = [w.stored(d.waits.approval(run, w.seq, expires)) for w in stop.writes]
+            writes = [w.stored(await self.astore.call(d.waits.approval, run, w.seq, expires)) for w in stop.writes]
             # The first write at the top level, as before batches; every write
             # of the pause, that one included, under "writes" (P-27).
             public = {**next(w for w in writes if w["seq"] == stop.first.seq), "writes": writes}
@@ -395,7 +395,7 @@ class Attempt:
         signed = sign_run(d.keyring, dataclasses.replace(run, pending=public, expires_at=expires))
         await self.astore.call(d.lifecycle.park, run.run_id, status, pending=public, expires_at=expires,
                                envelope=envelope.to_dict(), mac=signed)
-        d.bus.emit(run.run_id, "paused" if status == RunStatus.PAUSED else "waiting", {"pending": public})
+        await d.bus.emit_awaited(run.run_id, "paused" if status == RunStatus.PAUSED else "waiting", {"pending": public})
         d.bus.announce(run.run_id, status, {"pending": public, "expires_at": expires})
         self.stopped_at = envelope
 
@@ -509,7 +509,7 @@ def builtins_for(d: Collaborators, run_id: str) -> dict[str, Any]:
 
     async def yield_control(args: tuple, kwargs: dict) -> Any:
         # Journaled like any call, so a replay does not yield twice.
-        d.bus.emit(run_id, "yielded", {})
+        await d.bus.emit_awaited(run_id, "yielded", {})
         return None
 
     return {"search": _guarded(search), "describe": _guarded(describe), "sources": _guarded(sources),

@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import RunNotFound
+from ..store.aio import AsyncStore
 from ..store.base import Store
 from ..store.states import TERMINAL_RUN_STATUSES
 from .notices import ENDED, EVENT, Notices
@@ -43,10 +44,19 @@ class EventBus:
     def emit(self, run_id: str, type: str, data: dict[str, Any]) -> int:
         """Store an event of ``run_id``; observers here wake at once. Returns its id."""
         event_id = self.store.add_event(run_id, type, to_json_value(data)[0], self.clock())
+        self._wake(run_id)
+        return event_id
+
+    async def emit_awaited(self, run_id: str, type: str, data: dict[str, Any]) -> int:
+        """``emit`` with the store write awaited: off the event loop on Postgres (D-27)."""
+        event_id = await AsyncStore(self.store).add_event(run_id, type, to_json_value(data)[0], self.clock())
+        self._wake(run_id)
+        return event_id
+
+    def _wake(self, run_id: str) -> None:
         signal = self._signals.get(run_id)
         if signal is not None:
             signal.set()
-        return event_id
 
     def observed(self, run_id: str) -> bool:
         """Whether an observer in this process follows ``run_id`` (its end is then worth an event)."""

@@ -42,7 +42,10 @@ class Finisher:
         envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
                              calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
         self.lifecycle.finish(run.run_id, RunStatus(status), envelope.to_dict(), error)
-        if not self._told(run, envelope):
+        event = self._told(run, envelope)
+        if event is not None:
+            self.bus.emit(run.run_id, *event)  # its notice is the "ended" one too
+        else:
             self.bus.notices.publish(ENDED, run.run_id)  # a waiter in another process looks now
         return envelope
 
@@ -53,13 +56,16 @@ class Finisher:
         envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
                              calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
         await self.astore.call(self.lifecycle.finish, run.run_id, RunStatus(status), envelope.to_dict(), error)
-        if not self._told(run, envelope):
+        event = self._told(run, envelope)
+        if event is not None:
+            await self.bus.emit_awaited(run.run_id, *event)
+        else:
             # A NOTIFY is a transaction too: off the loop with the rest.
             await self.astore.call(self.bus.notices.publish, ENDED, run.run_id)
         return envelope
 
-    def _told(self, run: RunRecord, envelope: RunResult) -> bool:
-        """Tell this process's listeners and observers; False if the end still needs its ENDED notice."""
+    def _told(self, run: RunRecord, envelope: RunResult) -> tuple[str, dict[str, Any]] | None:
+        """Tell this process's listeners; the event observers wait for (P-20), if any observes the run."""
         status, result, error, notes = envelope.status, envelope.result, envelope.error, envelope.notes
         self.bus.announce(run.run_id, status, {"error": error} if error else {})
         # The event a cell observer waits for (P-20); a plain execute has no
@@ -68,9 +74,8 @@ class Finisher:
             kinds: dict[str, str] = {RunStatus.COMPLETED: "completed", RunStatus.FAILED: "failed"}
             kind = kinds.get(status, "terminated")
             data = {"result": result, "notes": notes or []} if status == RunStatus.COMPLETED else {"error": error}
-            self.bus.emit(run.run_id, kind, data)  # its notice is the "ended" one too
-            return True
-        return False
+            return kind, data
+        return None
 
     def cancelled(self, run: RunRecord, message: str, *, details: dict[str, Any] | None = None,
                   **fields: Any) -> RunResult:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Liter
 
 from ..errors import InvalidArguments, UnknownTool
 from ..sandbox.monty import GuestRaise, Stopped
+from ..store.aio import AsyncStore
 from ..store.base import (
     CallRecord,
     Store,
@@ -203,18 +204,19 @@ class Pauses:
         # The deadline counts from when the program first reached the wait, so
         # a restart continues with only the remaining time.
         deadline = None if timeout is None else (entry.started_at or now) + timeout
-        wkey = key_for(host.store, host.secret, host.run_id, name, bool(host.keyring.previous))
-        row = host.store.create_wait(WaitRecord(wkey, host.run_id, name, WaitStatus.PENDING, now, seq=seq,
-                                                deadline=deadline, session=host.session))
+        astore = AsyncStore(host.store)  # off the event loop on Postgres (D-27)
+        wkey = await astore.call(key_for, host.store, host.secret, host.run_id, name, bool(host.keyring.previous))
+        row = await astore.call(host.store.create_wait, WaitRecord(
+            wkey, host.run_id, name, WaitStatus.PENDING, now, seq=seq, deadline=deadline, session=host.session))
         if row.status == WaitStatus.PENDING and deadline is not None and now >= deadline:
             status = WaitStatus.RESOLVED if op == "sleep" else WaitStatus.TIMEOUT
-            _, row = host.store.settle_wait(WaitRecord(wkey, host.run_id, name, status, now, seq=seq,
-                                                       resolved_at=now))
+            _, row = await astore.call(host.store.settle_wait, WaitRecord(wkey, host.run_id, name, status, now,
+                                                                          seq=seq, resolved_at=now))
         if row.status == WaitStatus.PENDING and op == "sleep" and deadline - now <= host.inline_sleep_seconds:
             # A short sleep is cheaper to wait out than to park.
             await asyncio.sleep(max(0.0, deadline - now))
-            _, row = host.store.settle_wait(WaitRecord(wkey, host.run_id, name, WaitStatus.RESOLVED, host.clock(),
-                                                       seq=seq, resolved_at=host.clock()))
+            _, row = await astore.call(host.store.settle_wait, WaitRecord(
+                wkey, host.run_id, name, WaitStatus.RESOLVED, host.clock(), seq=seq, resolved_at=host.clock()))
         if row.status == WaitStatus.PENDING:
             kind: Literal["wait", "signal", "sleep"] = (
                 "sleep" if op == "sleep" else "signal" if op == "wait_for_signal" else "wait")
@@ -252,7 +254,8 @@ class Pauses:
         pending = AskedWrite.of(seq, tool, args)
         if host.on_approval is not None:
             verdict, reason = await host.on_approval(pending.for_approver())
-            self._record_inline_decision(seq, tool.address, "approve" if verdict == "approve" else "decline", reason)
+            await self._record_inline_decision(seq, tool.address, "approve" if verdict == "approve" else "decline",
+                                               reason)
             if verdict == "approve":
                 await host.move_call(seq, [CallState.ASKED], state=CallState.APPROVED)
                 return await host.send_approved(seq, tool, valid, t)
@@ -269,14 +272,14 @@ class Pauses:
         # that ask too join its batch (P-27); other calls are held (P-4).
         return await self.stop_at(pending, Paused(pending))
 
-    def _record_inline_decision(self, seq: int, address: str, decision: str, reason: str | None) -> None:
+    async def _record_inline_decision(self, seq: int, address: str, decision: str, reason: str | None) -> None:
         """Who decided a write asked inline, and through what (P-29): the approver may say, else `prompt`."""
         from .decisions import Decision
 
         host = self.host
         taken = Decision(seq, decision, reason, actor=getattr(host.on_approval, "actor", None),
                          via=getattr(host.on_approval, "via", "prompt"), at=host.clock())
-        host.store.add_event(host.run_id, "decided", taken.event(address), host.clock())
+        await AsyncStore(host.store).add_event(host.run_id, "decided", taken.event(address), host.clock())
 
     async def join_batch(self, seq: int, address: str, args: dict[str, Any]) -> Any:
         """A call issued while a write pause forms: a write that would ask joins the pause (P-27).
