@@ -12,6 +12,8 @@ import itertools
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tether.errors import InvalidTransition
 from tether.runs.lifecycle import Lifecycle, check_move
@@ -206,3 +208,60 @@ async def test_every_journal_entry_state_change_a_run_makes_is_listed_in_the_cal
     assert {(C.ASKED, C.APPROVED), (C.ASKED, C.DECLINED), (C.APPROVED, C.SENDING), (C.SENDING, C.SENT),
             (C.APPROVED, C.DECLINED), (C.WAITING, C.DONE), (C.WAITING, C.FAILED)} <= seen
     assert [(frm, to) for frm, to in sorted(seen) if to not in CALL_TRANSITIONS[frm]] == []
+
+
+_OPS = ["claim_queued", "claim_due", "wake", "resume", "claim_orphan", "take_over", "unclaim_queued",
+        "unclaim_waiting", "renew", "request_cancel", "park_paused", "park_waiting", "complete", "fail",
+        "cancel", "fail_internal", "expire", "cancel_idle", "cancel_decided", "lapse"]
+_ENDS = {"complete": RunStatus.COMPLETED, "fail": RunStatus.FAILED, "cancel": RunStatus.CANCELLED}
+
+
+def _step(op: str, life: Lifecycle, before: RunRecord, at: float) -> object:
+    if op in _ENDS:
+        return life.finish("r", _ENDS[op], {"status": str(_ENDS[op])}, {"code": op})
+    if op in ("park_paused", "park_waiting"):
+        to = RunStatus.PAUSED if op == "park_paused" else RunStatus.WAITING
+        return life.park("r", to, pending={"seq": 1}, expires_at=at + 50, envelope={}, mac={})
+    if op in ("unclaim_queued", "unclaim_waiting"):
+        return life.unclaim(before, RunStatus.QUEUED if op == "unclaim_queued" else RunStatus.WAITING)
+    if op in ("request_cancel", "cancel_idle"):
+        return life.request_cancel(before, "x") if op == "request_cancel" else life.cancel_idle(before)
+    if op in ("claim_queued", "claim_due", "claim_orphan"):
+        return getattr(life, op)()
+    if op in ("resume", "cancel_decided"):
+        return getattr(life, op)("r", {"seq": 1})
+    if op == "fail_internal":
+        return life.fail_internal("r", {"status": "failed"}, {"code": "internal_error"})
+    return getattr(life, op)("r")  # wake, take_over, renew, expire
+
+
+@settings(max_examples=80, deadline=None)
+@given(start=st.sampled_from([RunStatus.QUEUED, RunStatus.RUNNING]),
+       steps=st.lists(st.tuples(st.sampled_from(_OPS), st.sampled_from(["a", "b"])), max_size=25))
+def test_any_sequence_of_lifecycle_calls_by_two_processes_only_makes_listed_transitions(start, steps):
+    """Two processes calling the lifecycle in any order: each status change is in the table, an ended run
+    keeps its status (only finishing it as that status writes its envelope), and a running run changes
+    hands only to the process that claimed it (or back to the owner it was handed back to)."""
+    store = open_store("sqlite:///:memory:")
+    now = [2000.0]
+    lives = {o: Lifecycle(store, owner=o, clock=lambda: now[0], lease_seconds=30.0) for o in ("a", "b")}
+    run = _run("r", start)
+    if start == RunStatus.RUNNING:
+        run.owner, run.lease_until = "a", now[0] + 30.0
+    lives["a"].create(run)
+    for op, who in steps:
+        before = store.get_run("r")
+        if op == "lapse":
+            now[0] += 100.0  # every lease lapses
+            continue
+        _step(op, lives[who], before, now[0])
+        after = store.get_run("r")
+        assert run_move_allowed(before.status, after.status), (op, before.status, after.status)
+        if before.status in TERMINAL_RUN_STATUSES:
+            assert after.status == before.status, op
+            if _ENDS.get(op) != before.status:
+                assert (after.result, after.error) == (before.result, before.error), op
+        if after.status == RunStatus.RUNNING and (after.owner, after.lease_until) != (before.owner,
+                                                                                    before.lease_until):
+            assert after.owner in (who, before.owner), op
+    store.close()
