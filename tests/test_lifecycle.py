@@ -265,3 +265,15 @@ def test_any_sequence_of_lifecycle_calls_by_two_processes_only_makes_listed_tran
                                                                                     before.lease_until):
             assert after.owner in (who, before.owner), op
     store.close()
+
+
+async def test_a_runtime_claims_runs_for_the_lease_it_is_given_even_when_changed_later(store_url):
+    from helpers import Clock
+    from tether.runs.runtime import Runtime
+
+    clock = Clock()
+    async with Runtime(store=open_store(store_url), clock=clock, lease_seconds=30.0) as rt:
+        rt.lease_seconds = 5.0
+        run_id = rt.start("1")
+        claimed = rt.lifecycle.claim_queued()
+        assert (claimed.run_id, claimed.owner, claimed.lease_until) == (run_id, rt.owner, clock.now + 5.0)

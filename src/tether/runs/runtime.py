@@ -120,7 +120,6 @@ class Runtime:
         # is the older spelling of "off"/"full".
         self.check = check_mode(check, type_check)
         self.approval_ttl_seconds = approval_ttl_seconds
-        self.lease_seconds = lease_seconds
         self.checkpoint_every_calls = checkpoint_every_calls
         self.checkpoint_every_seconds = checkpoint_every_seconds
         self.clock = clock
@@ -178,6 +177,15 @@ class Runtime:
         self.source_set: Any = None
         if tools:
             self.add_tools(*tools)
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a claim on a run lasts without renewal; the lifecycle's, so the two never differ."""
+        return self.lifecycle.lease_seconds
+
+    @lease_seconds.setter
+    def lease_seconds(self, seconds: float) -> None:
+        self.lifecycle.lease_seconds = seconds
 
     # -- setup -------------------------------------------------------------------
 
