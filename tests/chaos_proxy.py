@@ -1,10 +1,11 @@
 """A round-robin HTTP proxy on loopback for the chaos test (a helper, not a test).
 
 Forwards each request to the next replica in rotation. A replica leaves the
-rotation when ``/readyz`` fails twice in a row (probed every 0.3 s, 2 s to
-answer: a replica busy under load is slow, not gone) or at once when it
+rotation when ``/readyz`` fails three times in a row (probed every 0.3 s, 5 s
+to answer: a replica busy under load is slow, not gone) or at once when it
 refuses a connection (the request goes to the next: nothing reached the dead
-one); it comes back when ``/readyz`` answers 200. Responses are streamed
+one); it comes back when ``/readyz`` answers 200. When no replica is in the
+rotation the proxy fails open, as balancers do, and tries them all. Responses are streamed
 through, so SSE works. No stickiness of any kind. ``served`` and ``in_flight``
 count requests per replica port; ``broken`` records (``x-chaos-tag`` header,
 port) of each request a replica failed under (its answer cut off or lost).
@@ -34,6 +35,7 @@ class Proxy:
         self.served: Counter[int] = Counter()
         self.in_flight: Counter[int] = Counter()
         self.broken: set[tuple[str, int]] = set()
+        self.errors: Counter[str] = Counter()  # answers >= 400: status, and who gave it
         self.client: httpx2.AsyncClient | None = None
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -43,7 +45,7 @@ class Proxy:
     # -- readiness
 
     def _probe(self) -> None:
-        with httpx2.Client(timeout=2.0) as http:
+        with httpx2.Client(timeout=5.0) as http:
             failed: Counter[int] = Counter()
             while not self._stop.is_set():
                 for port in self.ports:
@@ -57,12 +59,13 @@ class Proxy:
                     failed[port] = 0 if ok else failed[port] + 1
                     if ok:
                         self.up.add(port)
-                    elif refused or failed[port] >= 2:
+                    elif refused or failed[port] >= 3:
                         self.up.discard(port)
                 self._stop.wait(0.3)
 
     def _next(self, tried: set[int]) -> int | None:
-        ready = [p for p in self.ports if p in self.up and p not in tried]
+        pool = self.up or set(self.ports)  # none ready: fail open
+        ready = [p for p in self.ports if p in pool and p not in tried]
         return ready[next(self._turn) % len(ready)] if ready else None
 
     # -- ASGI
@@ -71,7 +74,10 @@ class Proxy:
         if scope["type"] != "http":
             return
         if self.client is None:
-            self.client = httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=300))
+            # No cap on connections: 100 clients' open SSE answers would fill httpx's default pool of 100
+            # and the next request would wait for a free connection until it timed out.
+            self.client = httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=300),
+                                             limits=httpx2.Limits(max_connections=None, max_keepalive_connections=50))
         body = b""
         while True:
             message = await receive()
@@ -91,12 +97,14 @@ class Proxy:
             except httpx2.ConnectError:
                 self.up.discard(port)  # refused: the request never reached it
                 continue
-            except httpx2.HTTPError:
+            except httpx2.HTTPError as exc:
                 self.broken.add((_tag(scope), port))
+                self.errors[f"502 replica_lost ({type(exc).__name__})"] += 1
                 await _json(send, 502, "replica_lost", "the replica failed while taking the request")
                 return
             finally:
                 self.in_flight[port] -= 1
+        self.errors["503 no_replica_ready"] += 1
         await _json(send, 503, "no_replica_ready", "no replica answered /readyz")
 
     async def _forward(self, port: int, url: str, scope, headers, body: bytes, send) -> None:
@@ -104,6 +112,8 @@ class Proxy:
         response = await self.client.send(
             self.client.build_request(scope["method"], url, headers=headers, content=body), stream=True)
         self.served[port] += 1
+        if response.status_code >= 400:
+            self.errors[f"{response.status_code} from replica {port}"] += 1
         try:
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": [(k.encode(), v.encode()) for k, v in response.headers.multi_items()
@@ -111,8 +121,9 @@ class Proxy:
             try:
                 async for chunk in response.aiter_raw():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except httpx2.HTTPError:
+            except httpx2.HTTPError as exc:
                 self.broken.add((_tag(scope), port))  # the replica died mid-response: the stream ends here
+                self.errors[f"cut mid-answer ({type(exc).__name__})"] += 1
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await response.aclose()
@@ -140,6 +151,7 @@ class Proxy:
 
 
 async def _json(send, status: int, code: str, message: str) -> None:
+    """An answer of the proxy's own (``Proxy.errors`` counts them)."""
     body = json.dumps({"error": {"code": code, "message": message}}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json")]})

@@ -20,8 +20,10 @@ kind; a quarter of the clients speak the 2025-11-25 era):
 
 The other client that signals and resolves uses the Python API in its own
 process on the store (this one; MCP has no tool for it), as `tether runs
-signal` and `tether waits resolve` would: the run continues where the
-resolution finds it.
+signal` and `tether waits resolve` would. Half the time it continues a parked
+run itself, as they do; half the time it only records the resolution and a
+replica's runner continues the run (told by a notice). A resolution that lands
+while the run is still parking is seen by the process parking it.
 
 Afterwards: every run the test started has ended or is legitimately paused
 or waiting (its decision or resolution was lost with a call the kill cut
@@ -198,7 +200,11 @@ async def action(n: int, i: int, kind: str, url: str, mode: str, tally: Tally, o
                                    f"await tools.ledger.write(tag='{tag}-' + v)\nv"), "yield_after_ms": 50}, tag)
             if out and "cell_id" in out:
                 run_id = out["cell_id"]
-                await other.settle(kind, tag, run_id, lambda: other.rt.signal(run_id, "go", "now"))
+                if i % 2:  # continued by the process that signals, if parked (as `tether runs signal`) ...
+                    await other.settle(kind, tag, run_id, lambda: other.rt.signal(run_id, "go", "now"))
+                else:  # ... or by a replica's runner, told by a notice
+                    key = other.rt.wait_key(run_id, "signal:go")
+                    await other.settle(kind, tag, run_id, lambda: other.rt.resolve_wait(key, "now", continue_run=False))
                 await follow(tally, url, mode, kind, tag, out, stop_at + 30)
         elif kind == "wait":
             out = await tally.call(c, kind, "execute", {"code": program(m, tag,
@@ -206,7 +212,8 @@ async def action(n: int, i: int, kind: str, url: str, mode: str, tally: Tally, o
                                    f"await tools.ledger.write(tag='{tag}-' + v['ok'])\nv")}, tag)
             if out and out.get("status") == "waiting":
                 key = out["pending"]["key"]
-                await other.settle(kind, tag, out["run_id"], lambda: other.rt.resolve_wait(key, {"ok": "yes"}))
+                await other.settle(kind, tag, out["run_id"],
+                                   lambda: other.rt.resolve_wait(key, {"ok": "yes"}, continue_run=bool(i % 2)))
         else:  # terminate: a cell that runs on, or one about to park on a signal nobody sends
             body = ("import asyncio\nfor i in range(20):\n    emit(i)\n    await asyncio.sleep(0.5)\n'not terminated'"
                     if i % 2 else "import asyncio\nemit(0)\nawait asyncio.sleep(0.3)\nawait wait_for_signal('never')")
@@ -248,10 +255,10 @@ async def one_client(n: int, url: str, tally: Tally, other: OtherClient, stop_at
 
 
 def describe(exc: BaseException) -> str:
-    """An exception's type, with those it groups: a client's connection fails as an ExceptionGroup."""
+    """An exception's type and message, with those it groups: a client's connection fails as an ExceptionGroup."""
     if isinstance(exc, BaseExceptionGroup):
         return f"{type(exc).__name__}[{','.join(sorted({describe(e) for e in exc.exceptions}))}]"
-    return type(exc).__name__
+    return f"{type(exc).__name__}({str(exc)[:160]})"
 
 
 def cpu_seconds(pid: int | str) -> float:
@@ -307,9 +314,20 @@ async def test_replicas_under_load_one_sigkilled(tmp_path, pg_url, monkeypatch):
                 at_kill.update(served=proxy.served[victim.port], in_flight=proxy.in_flight[victim.port],
                                all_served=dict(proxy.served), all_in_flight=dict(proxy.in_flight), up=set(proxy.up))
 
+            lag: list[float] = []
+
+            async def lag_meter():
+                # How late this process's event loop runs a 0.1 s sleep: the load generator's own delay,
+                # which every latency below includes.
+                while time.monotonic() < stop_at:
+                    t = time.monotonic()
+                    await anyio.sleep(0.1)
+                    lag.append(time.monotonic() - t - 0.1)
+
             async with anyio.create_task_group() as tg:
                 if KILL:
                     tg.start_soon(killer)
+                tg.start_soon(lag_meter)
                 for n in range(CLIENTS):
                     tg.start_soon(one_client, n, proxy.url, tally, other, stop_at)
             elapsed = time.monotonic() - t0
@@ -345,12 +363,23 @@ async def test_replicas_under_load_one_sigkilled(tmp_path, pg_url, monkeypatch):
     statuses = Counter(r.status for r in runs)
     print(f"\nchaos: {REPLICAS} replicas, {CLIENTS} clients, {elapsed:.1f} s, kill={KILL}: {len(answered)} calls "
           f"answered ({len(answered) / elapsed:.1f}/s), p50 {statistics.median(latencies) * 1000:.0f} ms, "
-          f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms; {len(runs)} runs; outcomes {dict(outcomes)}; "
+          f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms; {len(runs)} runs; outcomes {dict(outcomes)}; "
           f"statuses {dict(statuses)}; by kind "
           f"{ {k: dict(Counter(r.status for r in runs if kind_of(r) == k)) for k in KINDS} }; "
           f"replica 0 at the kill: {at_kill.get('served')} requests served, {at_kill.get('in_flight')} in flight, "
           f"{len(at_kill.get('held', []))} runs held; {at_kill}; CPU s {({k: round(v, 1) for k, v in cpu.items()})}")
 
+    by_call: dict[str, list[float]] = {}
+    for c in answered:
+        by_call.setdefault(f"{c.kind}/{c.tool}", []).append(c.t1 - c.t0)
+    took = [r.updated_at - r.created_at for r in runs if kind_of(r) in ("read", "write") and r.status == "completed"]
+    print(f"reads and writes, created to ended in the store: p50 {statistics.median(took) * 1000:.0f} ms, "
+          f"p99 {percentile(took, 0.99) * 1000:.0f} ms (n={len(took)})")
+    print(f"load generator's event loop late by p50 {statistics.median(lag) * 1000:.0f} ms, "
+          f"p99 {percentile(lag, 0.99) * 1000:.0f} ms, max {max(lag) * 1000:.0f} ms")
+    print(f"proxy: served {dict(proxy.served)}, answers >= 400 {dict(proxy.errors)}")
+    print("p50 by call: " + ", ".join(f"{k} {statistics.median(v) * 1000:.0f} ms (n={len(v)})"
+                                      for k, v in sorted(by_call.items())))
     # Never a hang; every call answered with a status or a named error; a transport error only for a
     # call on the wire when the replica died (the proxy routes by /readyz and skips a refusing one).
     assert not [c for c in tally.calls if c.outcome == "hang"], [c for c in tally.calls if c.outcome == "hang"]
