@@ -1,24 +1,32 @@
 """A round-robin HTTP proxy on loopback for the chaos test (a helper, not a test).
 
-Forwards each request to the next replica in rotation. A replica leaves the
-rotation when ``/readyz`` fails three times in a row (probed every 0.3 s, 5 s
-to answer: a replica busy under load is slow, not gone) or at once when it
-refuses a connection (the request goes to the next: nothing reached the dead
-one); it comes back when ``/readyz`` answers 200. When no replica is in the
-rotation the proxy fails open, as balancers do, and tries them all. Responses are streamed
-through, so SSE works. No stickiness of any kind. ``served`` and ``in_flight``
-count requests per replica port; ``broken`` records (``x-chaos-tag`` header,
-port) of each request a replica failed under (its answer cut off or lost).
+Runs in a process of its own (:class:`ProxyProcess` starts it), as a balancer
+would: in the test's process it would compete for one interpreter with the
+clients it serves. Forwards each request to the next replica in rotation. A
+replica leaves the rotation when ``/readyz`` fails three times in a row
+(probed every 0.3 s, 5 s to answer: a replica busy under load is slow, not
+gone) or at once when it refuses a connection (the request goes to the next:
+nothing reached the dead one); it comes back when ``/readyz`` answers 200.
+When no replica is in the rotation the proxy fails open, as balancers do, and
+tries them all. Responses are streamed through, so SSE works. No stickiness
+of any kind. ``GET /_proxy/stats`` says, per replica port, the requests served
+and in flight, the answers of 400 and more, and (``x-chaos-tag`` header, port)
+of each request a replica failed under (its answer cut off or lost).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import httpx2
 import uvicorn
@@ -27,7 +35,7 @@ _HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive
 
 
 class Proxy:
-    def __init__(self, ports: list[int]) -> None:
+    def __init__(self, ports: list[int], port: int) -> None:
         self.ports = ports
         self.up = set(ports)
         self._turn = itertools.count()
@@ -37,10 +45,7 @@ class Proxy:
         self.broken: set[tuple[str, int]] = set()
         self.errors: Counter[str] = Counter()  # answers >= 400: status, and who gave it
         self.client: httpx2.AsyncClient | None = None
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.port = port
 
     # -- readiness
 
@@ -70,8 +75,18 @@ class Proxy:
 
     # -- ASGI
 
+    def stats(self) -> dict:
+        return {"served": self.served, "in_flight": self.in_flight, "up": sorted(self.up),
+                "errors": self.errors, "broken": sorted(self.broken)}
+
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
+            return
+        if scope["path"] == "/_proxy/stats":
+            body = json.dumps(self.stats()).encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
             return
         if self.client is None:
             # No cap on connections: 100 clients' open SSE answers would fill httpx's default pool of 100
@@ -130,24 +145,50 @@ class Proxy:
 
     # -- life
 
-    def start(self) -> None:
+    def run(self) -> None:
         threading.Thread(target=self._probe, daemon=True).start()
         config = uvicorn.Config(self, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
+        uvicorn.Server(config).run()  # until SIGTERM
+        self._stop.set()
 
-    def _serve(self) -> None:
-        self.native_id = threading.get_native_id()  # for its CPU time in /proc
-        self._server.run()
+
+class ProxyProcess:
+    """The proxy in its own process, in front of replicas on ``ports``."""
+
+    def __init__(self, ports: list[int], log: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.log = log
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen([sys.executable, __file__, str(self.port), *map(str, ports)],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx2.HTTPError):
+                self.stats()
+                return
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"the proxy did not start: {log.read_text()}")
+            time.sleep(0.05)
+
+    def stats(self) -> dict:
+        data = httpx2.get(f"http://127.0.0.1:{self.port}/_proxy/stats", timeout=30).json()
+        for k in ("served", "in_flight"):
+            data[k] = {int(p): n for p, n in data[k].items()}
+        data["broken"] = {(tag, port) for tag, port in data["broken"]}
+        return data
 
     def stop(self) -> None:
-        self._stop.set()
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
 
 
 async def _json(send, status: int, code: str, message: str) -> None:
@@ -160,3 +201,7 @@ async def _json(send, status: int, code: str, message: str) -> None:
 
 def _tag(scope) -> str:
     return next((v.decode() for k, v in scope["headers"] if k.decode().lower() == "x-chaos-tag"), "")
+
+
+if __name__ == "__main__":
+    Proxy([int(p) for p in sys.argv[2:]], int(sys.argv[1])).run()

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import anyio
 import pytest
 
-from chaos_proxy import Proxy
+from chaos_proxy import ProxyProcess
 from replicas import ReplicaSet, connect
 from tether.app import open_runtime
 from tether.errors import TetherError
@@ -275,8 +275,7 @@ def percentile(values: list[float], q: float) -> float:
 
 async def test_replicas_under_load_one_sigkilled(tmp_path, pg_url, monkeypatch):
     rs = ReplicaSet(tmp_path / "rs", pg_url, REPLICAS, server_extra="stateless_http = true", lease_seconds=10)
-    proxy = Proxy([r.port for r in rs.replicas])
-    proxy.start()
+    proxy = ProxyProcess([r.port for r in rs.replicas], tmp_path / "rs" / "proxy.log")
     tally = Tally(f"chaos{uuid.uuid4().hex[:8]}")
     # The other client's process: the replicas' tools, config and ledger, a home of its own.
     for k in ("TETHER_STORE_URL", "LEDGER", "TETHER_LEASE_SECONDS"):
@@ -311,8 +310,10 @@ async def test_replicas_under_load_one_sigkilled(tmp_path, pg_url, monkeypatch):
                 tally.kill_time = time.monotonic()
                 victim.proc.send_signal(signal.SIGKILL)
                 at_kill.update(held=[r.run_id for r in runs], on_wire=[r.run_id for r in on_wire])
-                at_kill.update(served=proxy.served[victim.port], in_flight=proxy.in_flight[victim.port],
-                               all_served=dict(proxy.served), all_in_flight=dict(proxy.in_flight), up=set(proxy.up))
+                seen = await anyio.to_thread.run_sync(proxy.stats)
+                at_kill.update(served=seen["served"].get(victim.port, 0),
+                               in_flight=seen["in_flight"].get(victim.port, 0),
+                               all_served=seen["served"], all_in_flight=seen["in_flight"], up=seen["up"])
 
             lag: list[float] = []
 
@@ -332,7 +333,7 @@ async def test_replicas_under_load_one_sigkilled(tmp_path, pg_url, monkeypatch):
                     tg.start_soon(one_client, n, proxy.url, tally, other, stop_at)
             elapsed = time.monotonic() - t0
             cpu = {"test process": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
-                   "of which proxy": cpu_seconds(f"{os.getpid()}/task/{proxy.native_id}")}
+                   "proxy": cpu_seconds(proxy.proc.pid)}
             cpu.update({f"replica {i}": cpu_seconds(r.proc.pid) for i, r in enumerate(rs.replicas)
                         if r.proc.poll() is None})
 
@@ -349,6 +350,7 @@ async def test_replicas_under_load_one_sigkilled(tmp_path, pg_url, monkeypatch):
                 calls = {r.run_id: store.get_calls(r.run_id) for r in runs}
             finally:
                 store.close()
+            seen = proxy.stats()
     finally:
         proxy.stop()
         rs.stop()
@@ -363,7 +365,8 @@ async def test_replicas_under_load_one_sigkilled(tmp_path, pg_url, monkeypatch):
     statuses = Counter(r.status for r in runs)
     print(f"\nchaos: {REPLICAS} replicas, {CLIENTS} clients, {elapsed:.1f} s, kill={KILL}: {len(answered)} calls "
           f"answered ({len(answered) / elapsed:.1f}/s), p50 {statistics.median(latencies) * 1000:.0f} ms, "
-          f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms; {len(runs)} runs; outcomes {dict(outcomes)}; "
+          f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms; {len(runs)} runs; "
+          f"outcomes {dict(outcomes)}; "
           f"statuses {dict(statuses)}; by kind "
           f"{ {k: dict(Counter(r.status for r in runs if kind_of(r) == k)) for k in KINDS} }; "
           f"replica 0 at the kill: {at_kill.get('served')} requests served, {at_kill.get('in_flight')} in flight, "
@@ -377,7 +380,7 @@ async def test_replicas_under_load_one_sigkilled(tmp_path, pg_url, monkeypatch):
           f"p99 {percentile(took, 0.99) * 1000:.0f} ms (n={len(took)})")
     print(f"load generator's event loop late by p50 {statistics.median(lag) * 1000:.0f} ms, "
           f"p99 {percentile(lag, 0.99) * 1000:.0f} ms, max {max(lag) * 1000:.0f} ms")
-    print(f"proxy: served {dict(proxy.served)}, answers >= 400 {dict(proxy.errors)}")
+    print(f"proxy: served {seen['served']}, answers >= 400 {seen['errors']}")
     print("p50 by call: " + ", ".join(f"{k} {statistics.median(v) * 1000:.0f} ms (n={len(v)})"
                                       for k, v in sorted(by_call.items())))
     # Never a hang; every call answered with a status or a named error; a transport error only for a
@@ -389,8 +392,8 @@ async def test_replicas_under_load_one_sigkilled(tmp_path, pg_url, monkeypatch):
     lost = [c for c in tally.calls if c.outcome.startswith("transport:")]
     assert KILL or not lost, lost
     for c in lost:  # each one a request the killed replica failed under, after the kill
-        assert (c.tag, victim.port) in proxy.broken and c.t1 >= tally.kill_time, (c, tally.kill_time)
-    assert {port for _, port in proxy.broken} <= ({victim.port} if KILL else set()), proxy.broken
+        assert (c.tag, victim.port) in seen["broken"] and c.t1 >= tally.kill_time, (c, tally.kill_time)
+    assert {port for _, port in seen["broken"]} <= ({victim.port} if KILL else set()), seen["broken"]
 
     if KILL:  # the kill hit a replica at work
         assert at_kill["served"] > 0 and at_kill["held"], at_kill
