@@ -316,6 +316,7 @@ async def test_replicas_under_load_one_sigkilled(tmp_path, pg_url, monkeypatch):
                                all_served=seen["served"], all_in_flight=seen["in_flight"], up=seen["up"])
 
             lag: list[float] = []
+            lag_at: list[float] = []
 
             async def lag_meter():
                 # How late this process's event loop runs a 0.1 s sleep: the load generator's own delay,
@@ -324,6 +325,7 @@ async def test_replicas_under_load_one_sigkilled(tmp_path, pg_url, monkeypatch):
                     t = time.monotonic()
                     await anyio.sleep(0.1)
                     lag.append(time.monotonic() - t - 0.1)
+                    lag_at.append(t - t0)
 
             async with anyio.create_task_group() as tg:
                 if KILL:
@@ -379,7 +381,8 @@ async def test_replicas_under_load_one_sigkilled(tmp_path, pg_url, monkeypatch):
     print(f"reads and writes, created to ended in the store: p50 {statistics.median(took) * 1000:.0f} ms, "
           f"p99 {percentile(took, 0.99) * 1000:.0f} ms (n={len(took)})")
     print(f"load generator's event loop late by p50 {statistics.median(lag) * 1000:.0f} ms, "
-          f"p99 {percentile(lag, 0.99) * 1000:.0f} ms, max {max(lag) * 1000:.0f} ms")
+          f"p99 {percentile(lag, 0.99) * 1000:.0f} ms, max {max(lag) * 1000:.0f} ms "
+          f"at +{lag_at[lag.index(max(lag))]:.1f} s (the kill at +{(tally.kill_time or t0) - t0:.1f} s)")
     print(f"proxy: served {seen['served']}, answers >= 400 {seen['errors']}")
     print("p50 by call: " + ", ".join(f"{k} {statistics.median(v) * 1000:.0f} ms (n={len(v)})"
                                       for k, v in sorted(by_call.items())))
