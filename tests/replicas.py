@@ -50,8 +50,9 @@ class ReplicaSet:
     """N replicas sharing ``store_url`` and one ledger file under ``root``."""
 
     def __init__(self, root: Path, store_url: str, n: int, *, server_extra: str = "",
-                 lease_seconds: float | None = None) -> None:
+                 lease_seconds: float | None = None, env_of: dict[int, dict[str, str]] | None = None) -> None:
         self.root, self.store_url = root, store_url
+        self.env_of = env_of or {}  # per replica, e.g. a secret file of its own
         root.mkdir(parents=True, exist_ok=True)
         (root / "ledger_tools.py").write_text(LEDGER_TOOLS)
         (root / "tether.toml").write_text(CONFIG.format(server_extra=server_extra))
@@ -71,7 +72,7 @@ class ReplicaSet:
 
     def start(self, i: int) -> Replica:
         port = free_port()
-        env = dict(self.env, TETHER_HOME=str(self.root / f"home{i}"))
+        env = dict(self.env, TETHER_HOME=str(self.root / f"home{i}"), **self.env_of.get(i, {}))
         log = self.root / f"replica{i}.log"
         with open(log, "wb") as err:
             proc = subprocess.Popen(

@@ -7,6 +7,7 @@ old only; new first with old kept (verifies only); new only.
 
 from __future__ import annotations
 
+import httpx2
 import pytest
 
 from helpers import Recorder
@@ -91,3 +92,51 @@ async def test_pauses_waits_links_and_sessions_survive_a_rotation_and_removing_t
         # What the new secret made goes on.
         done = await c.resolve_wait(fresh.pending["key"], "new")
         assert done["run"]["status"] == "completed" and done["run"]["result"] == ["got", "new"], done
+
+
+class Switch(httpx2.AsyncBaseTransport):
+    """Every request to the first replica until ``switch()``, then to the second."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports, self.to = ports, 0
+        self.inner = httpx2.AsyncHTTPTransport()
+
+    def switch(self) -> None:
+        self.to = 1
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        request.url = request.url.copy_with(port=self.ports[self.to])
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest.mark.slow
+async def test_request_state_sealed_before_a_rotation_opens_on_a_rotated_replica(pg_url, tmp_path):
+    """A 2026-07-28 input-required round trip: asked by a replica on the old secret, answered to one
+    that put the new secret first and kept the old; the write is sent once."""
+    from mcp_types import ElicitResult
+
+    from replicas import ReplicaSet, connect
+
+    old_only, rotated = tmp_path / "old", tmp_path / "rotated"
+    old_only.write_text(OLD + "\n")
+    rotated.write_text(f"{NEW}\n{OLD}\n")
+    rs = ReplicaSet(tmp_path / "replicas", pg_url, 2, env_of={0: {"TETHER_SECRET_FILE": str(old_only)},
+                                                             1: {"TETHER_SECRET_FILE": str(rotated)}})
+    try:
+        route = Switch([r.port for r in rs.replicas])
+
+        async def approve_on_the_other(context, params):
+            route.switch()  # the retry carrying the answer (and the sealed state) goes to the rotated replica
+            return ElicitResult(action="accept", content={"decision": "approve"})
+
+        code = "import tools\nawait tools.ledger.guarded_write(tag='rotated-state')"
+        async with connect(rs.replicas[0].url, "auto", transport=route,
+                           elicitation_callback=approve_on_the_other) as client:
+            r = await client.call_tool("execute", {"code": code})
+        assert r.structured_content["status"] == "completed", r.content[0].text
+        assert route.to == 1 and rs.tags().count("rotated-state") == 1
+    finally:
+        rs.stop()
