@@ -243,7 +243,8 @@ async def test_hung_call_honours_caller_timeout_and_source_recovers(tag):
         started = time.monotonic()
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(tools["hang"].handler({}), 0.5)
-        assert time.monotonic() - started < 2.0
+        # A hung call never returns; the bound only tells "honoured" from "hung" (loaded machines are slow).
+        assert time.monotonic() - started < 20
         assert await tools["echo"].handler({"text": "still here"}) == {"result": "still here"}
 
 
@@ -255,8 +256,9 @@ async def test_silent_upstream_connect_honours_timeouts(tag):
         await source.start()
     assert info.value.details["code"] == "connect_timeout"
     # A failed start has already stopped the server: 0.5s timeout plus the SDK's
-    # 2s grace for a server to exit on stdin EOF before it is terminated.
-    assert time.monotonic() - started < 4.5
+    # 2s grace for a server to exit on stdin EOF before it is terminated (about
+    # 2.5 s; the bound is far from that and far from the server's 120 s sleep).
+    assert time.monotonic() - started < 30
     assert not _tagged(tag)
     await source.close()
 
