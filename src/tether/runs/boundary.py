@@ -49,8 +49,10 @@ from .result import to_json_value
 
 if TYPE_CHECKING:
     from ..sandbox.monty import Execution
+    from ..tools.catalog import Catalog
     from ..tools.model import Tool
     from .limits import Limits
+    from .pending import Stop
 
 BUILTIN_OPS = ("search", "describe", "sources")
 WAIT_OPS = ("wait_for", "wait_for_signal", "sleep")
@@ -90,13 +92,13 @@ class EffectBoundary:
         *,
         run_id: str,
         store: Store,
-        catalog: Any,
+        catalog: Catalog,
         policy: policy_mod.Policy,
         limits: "Limits",
         journal_entries: list[CallRecord],
         on_approval: Approver | None,
-        builtins_impl: dict[str, Callable[[tuple, dict], Awaitable[Any]]],
-        pause_sink: Callable[["EffectBoundary", dict[str, Any]], Awaitable[None]],
+        builtins_impl: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Awaitable[Any]]],
+        pause_sink: Callable[["EffectBoundary", Stop], Awaitable[None]],
         checkpoint_sink: Callable[["EffectBoundary", CallRecord], Awaitable[None]] | None,
         clock: Callable[[], float],
         keyring: integrity.Keyring,
@@ -141,7 +143,7 @@ class EffectBoundary:
         self.keyring = keyring  # signs each journal entry (P-35)
         self._idle = asyncio.Event()
         self._idle.set()
-        self._dispatches: set[asyncio.Task] = set()
+        self._dispatches: set[asyncio.Task[Any]] = set()
         self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
         self._t0 = time.perf_counter()
         # Pausing, parking and the calls held while the attempt stops (pausing.py).
@@ -149,7 +151,8 @@ class EffectBoundary:
 
     # -- the sandbox's entry point ---------------------------------------------
 
-    def _parse(self, name: str, args: tuple, kwargs: dict) -> tuple[str, str, dict[str, Any], GuestRaise | None]:
+    def _parse(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+               ) -> tuple[str, str, dict[str, Any], GuestRaise | None]:
         """(op, address, call args, error) for a sandbox call."""
         if name.startswith("tools."):
             address = name[len("tools."):]
@@ -167,7 +170,7 @@ class EffectBoundary:
             return "tool", address, dict(kwargs), None
         return name, name, {"args": list(args), "kwargs": dict(kwargs)}, None
 
-    async def host(self, name: str, args: tuple, kwargs: dict) -> Any:
+    async def host(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Host function for the sandbox: map the name to (op, address, args) and call."""
         op, address, call_args, err = self._parse(name, args, kwargs)
         self.state.issued += 1
@@ -195,7 +198,7 @@ class EffectBoundary:
                                       for p in plan if p.call_id in wanted]
         self.state.answering = True
 
-        async def one(seq: int, op: str, address: str, call_args: dict, err: GuestRaise | None) -> Any:
+        async def one(seq: int, op: str, address: str, call_args: dict[str, Any], err: GuestRaise | None) -> Any:
             try:
                 if err is not None:
                     await self._record_rejected(seq, op, address, call_args, "read", err,
@@ -246,9 +249,9 @@ class EffectBoundary:
                                          details={"seq": seq, "address": address}))
             return await self.pauses.hold(seq, op, address, args)
         if decision.action == journal.REPLAY:
-            return self._replay(decision.entry)
-        if decision.action == journal.UNKNOWN and self._resendable(decision.entry) is None:
-            await self._mark_unknown(decision.entry)
+            return self._replay(_entry(decision))
+        if decision.action == journal.UNKNOWN and self._resendable(_entry(decision)) is None:
+            await self._mark_unknown(_entry(decision))
             return await self.pauses.hold(seq, op, address, args)
         if decision.action == journal.WAIT and op not in WAIT_OPS:
             self._fail(ExecutionDiverged(f"call {seq} was journaled as a wait", details={"seq": seq}))
@@ -293,7 +296,8 @@ class EffectBoundary:
             raise error
         return value
 
-    async def _builtin_call(self, seq, op, address, args, key, decision) -> Any:
+    async def _builtin_call(self, seq: int, op: str, address: str, args: dict[str, Any], key: str,
+                            decision: journal.Decision) -> Any:
         impl = self.builtins_impl.get(op)
         t = time.perf_counter()
         if decision.entry is not None:
@@ -322,7 +326,8 @@ class EffectBoundary:
         self._stat(seq, op, address, "read", CallState.DONE, t)
         return value
 
-    async def _tool_call(self, seq, address, args, key, decision, started) -> Any:
+    async def _tool_call(self, seq: int, address: str, args: dict[str, Any], key: str, decision: journal.Decision,
+                         started: float) -> Any:
         t = time.perf_counter()
         try:
             tool: Tool = self.catalog.get(address)
@@ -357,7 +362,7 @@ class EffectBoundary:
             return await self._send(seq, tool, valid, t)
         if decision.action == journal.UNKNOWN:
             # Left sending by a dead attempt, to a tool that dedupes by key (P-31).
-            return await self._resend(seq, tool, valid, t, decision.entry)
+            return await self._resend(seq, tool, valid, t, _entry(decision))
         if decision.action == journal.ASK:
             return await self.pauses.ask(seq, tool, args, valid, t, entry=decision.entry)
 
@@ -404,7 +409,7 @@ class EffectBoundary:
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state sending; nothing was sent"))
         return await self._dispatch(seq, tool, args, CallState.SENDING, CallState.SENT, t, send=send)
 
-    async def _dispatch(self, seq: int, tool: "Tool", args: dict[str, Any], from_state: str, ok_state: str, t: float,
+    async def _dispatch(self, seq: int, tool: "Tool", args: dict[str, Any], from_state: CallState, ok_state: CallState, t: float,
                         send: int = 1) -> Any:
         is_write = from_state == CallState.SENDING
         task = None
@@ -522,7 +527,7 @@ class EffectBoundary:
             call_context.leave(token)
             self.inflight_addresses[address] -= 1
 
-    async def _finish_late(self, task: asyncio.Task, seq: int, from_state: str, ok_state: str) -> None:
+    async def _finish_late(self, task: asyncio.Task[Any], seq: int, from_state: CallState, ok_state: CallState) -> None:
         try:
             value = task.result()
         except BaseException as exc:  # noqa: BLE001 - recorded, not raised
@@ -603,7 +608,8 @@ class EffectBoundary:
     async def move_call(self, seq: int, expect: list[str], **fields: Any) -> bool:
         return await self.writer.move(seq, expect, **fields)
 
-    async def record_intent(self, seq, op, address, args, key, kind, state, existing: CallRecord | None) -> None:
+    async def record_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
+                            state: CallState, existing: CallRecord | None) -> None:
         await self.writer.record_intent(seq, op, address, args, key, kind, state, existing)
 
     def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
@@ -612,14 +618,14 @@ class EffectBoundary:
     def remember(self, err: GuestRaise, seq: int, address: str) -> None:
         self._remember(err, seq, address)
 
-    async def record_rejected(self, seq, op, address, args, kind, err: GuestRaise, *, key=None,
-                              existing: CallRecord | None = None) -> None:
+    async def record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], kind: str,
+                              err: GuestRaise, *, key: str | None = None, existing: CallRecord | None = None) -> None:
         await self._record_rejected(seq, op, address, args, kind, err, key=key, existing=existing)
 
     async def record_new(self, record: CallRecord) -> None:
         await self.writer.record_new(record)
 
-    def stat(self, seq, op, address, kind, state, t) -> None:
+    def stat(self, seq: int, op: str, address: str, kind: str, state: str, t: float) -> None:
         self._stat(seq, op, address, kind, state, t)
 
     # -- the journal (journal_writer.py) -------------------------------------------
@@ -637,8 +643,9 @@ class EffectBoundary:
         """Write the settled reads still held in memory, in one transaction (P-7)."""
         await self.writer.flush()
 
-    async def _record_rejected(self, seq, op, address, args, kind, err: GuestRaise, *, key=None,
-                               state=CallState.FAILED, existing: CallRecord | None = None) -> None:
+    async def _record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], kind: str,
+                               err: GuestRaise, *, key: str | None = None, state: CallState = CallState.FAILED,
+                               existing: CallRecord | None = None) -> None:
         if existing is None:
             json_args = to_json_value(args)[0]
             await self.writer.record_rejected(seq, op, address, json_args, key or journal.call_key(op, address, json_args),
@@ -651,7 +658,7 @@ class EffectBoundary:
         if message.startswith("[") and "]" in message:
             self.state.raised[message] = RaisedError(message[1:message.index("]")], err.exc_type, seq, address)
 
-    def _stat(self, seq, op, address, kind, state, t) -> None:
+    def _stat(self, seq: int, op: str, address: str, kind: str, state: str, t: float) -> None:
         now = time.perf_counter()
         self.state.stats.append(CallStat(seq, op, address, kind, state, (now - t) * 1000, t - self._t0, now - self._t0))
         if self.span is not None:
@@ -663,3 +670,10 @@ class EffectBoundary:
         if self._checkpoint_sink is None or self.state.pausing or self.state.inflight != 1:
             return
         await self._checkpoint_sink(self, self.journal[seq])
+
+
+def _entry(decision: journal.Decision) -> CallRecord:
+    """The journal entry a replayed or unknown call's decision always carries (journal.decide)."""
+    if decision.entry is None:
+        raise RuntimeError(f"journal decision {decision.action!r} without its entry")
+    return decision.entry

@@ -14,7 +14,7 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import (
     ExecutionDiverged,
@@ -35,7 +35,7 @@ from ..store.base import (
 )
 from ..store.states import CallState, RunStatus
 from . import telemetry
-from .boundary import SPENT_STATES, Approver, Cancelled, EffectBoundary, Parked, Paused
+from .boundary import SPENT_STATES, Approver, Cancelled, EffectBoundary
 from .envelopes import (
     LogBuffer,
     diagnostics,
@@ -58,6 +58,7 @@ from .integrity import (
 from .lifecycle import Lifecycle, outcome_unknown
 from .limits import Limits
 from .notices import CANCEL, wait_a_little
+from .pausing import Parked, Paused
 from .pending import ParkedWait, Stop
 from .policy import Policy
 from .resend import resendable
@@ -71,6 +72,9 @@ from .spec import (
     run_check_mode,  # noqa: F401 - importable from here, as before
 )
 from .waits import Waits
+
+if TYPE_CHECKING:
+    from ..tools.catalog import Catalog
 
 EMIT_BUDGET_BYTES = 4 * 1024 * 1024
 
@@ -96,7 +100,7 @@ class Collaborators:
     store: Store
     keyring: Keyring  # signs and verifies the run, its journal and its snapshots (P-35)
     clock: Callable[[], float]
-    catalog: Any  # tether.tools.catalog.Catalog
+    catalog: Catalog
     pool: SandboxPool
     bus: EventBus
     finisher: Finisher
@@ -112,7 +116,7 @@ class Collaborators:
     # The program's search / describe / sources built-ins.
     search: Callable[..., Any]
     describe: Callable[..., Any]
-    list_sources: Callable[[], list[dict]]
+    list_sources: Callable[[], list[dict[str, Any]]]
     # Sources configured here that failed to load, by namespace (a refusal names them).
     source_failures: Callable[[], dict[str, str]]
 
@@ -358,7 +362,8 @@ class Attempt:
         data = base64.b64decode(base["data"])
         if base.get("monty_version") != MONTY_VERSION:
             return None
-        self.deps.sessions.verify(run.session, run.principal or self.deps.settings.principal, data, base["mac"])
+        # str(): the name the base was signed under; a base without a session fails the check, as before.
+        self.deps.sessions.verify(str(run.session), run.principal or self.deps.settings.principal, data, base["mac"])
         return data
 
     # -- pause / park, checkpoints ----------------------------------------------------
@@ -415,7 +420,7 @@ class Attempt:
             [{"seq": entry.seq, "op": entry.op, "address": entry.address, "args": entry.args}], "checkpoint"))
         await self.astore.call(d.lifecycle.renew, run.run_id, touch=True)
 
-    def _snapshot_record(self, seq: int, data: bytes, pending: list[dict], kind: str) -> SnapshotRecord:
+    def _snapshot_record(self, seq: int, data: bytes, pending: list[dict[str, Any]], kind: str) -> SnapshotRecord:
         d, run_id = self.deps, self.run.run_id
         mac = sign_snapshot_record(d.keyring, run_id, seq, MONTY_VERSION, data, pending, kind)
         return SnapshotRecord(run_id, seq, MONTY_VERSION, data, mac, pending, d.clock(), kind)
@@ -495,19 +500,19 @@ class Attempt:
 def builtins_for(d: Collaborators, run_id: str) -> dict[str, Any]:
     """search / describe / sources / yield_control, as host calls through the boundary."""
 
-    async def search(args: tuple, kwargs: dict) -> Any:
+    async def search(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         query = args[0] if args else kwargs.pop("query", "")
         return d.search(query, **kwargs)
 
-    async def describe(args: tuple, kwargs: dict) -> Any:
+    async def describe(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         target = args[0] if args else kwargs.get("address", kwargs.get("addresses", []))
         detail = args[1] if len(args) > 1 else kwargs.get("detail", "default")
         return d.describe(target, detail=detail)
 
-    async def sources(args: tuple, kwargs: dict) -> Any:
+    async def sources(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return d.list_sources()
 
-    async def yield_control(args: tuple, kwargs: dict) -> Any:
+    async def yield_control(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Journaled like any call, so a replay does not yield twice.
         await d.bus.emit_awaited(run_id, "yielded", {})
         return None
@@ -527,7 +532,7 @@ class Emitter:
         self.bus, self.run_id, self.skip, self.budget = bus, run_id, skip, budget
         self.count = 0
 
-    def __call__(self, name: str, args: tuple, kwargs: dict) -> Any:
+    def __call__(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         from ..sandbox.monty import GuestRaise
 
         if name != "emit":
@@ -551,7 +556,7 @@ class Emitter:
 def _guarded(fn: Any) -> Any:
     from ..sandbox.monty import GuestRaise
 
-    async def call(args: tuple, kwargs: dict) -> Any:
+    async def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             return await fn(args, dict(kwargs))
         except TypeError as exc:

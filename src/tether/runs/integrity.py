@@ -225,7 +225,8 @@ def verify_calls(keyring: Keyring, run_id: str, calls: Sequence["CallRecord"]) -
     """Check each entry's MAC and its link to the entry before it (when that one is at hand)."""
     by_seq = {c.seq: c for c in calls}
     for call in calls:
-        parts = call.mac.split(":") if isinstance(getattr(call, "mac", None), str) else []
+        mac = getattr(call, "mac", None)
+        parts = mac.split(":") if isinstance(mac, str) else []
         if len(parts) != 3:
             raise RunTampered(f"journal[{call.seq}] (the entry of call {call.seq}) of run {run_id} carries no valid "
                               "signature; nothing was resumed or sent", details={"fields": [f"journal[{call.seq}]"]})

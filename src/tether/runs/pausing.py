@@ -35,8 +35,11 @@ from .waits import SIGNAL_PREFIX, SLEEP_PREFIX, key_for
 
 if TYPE_CHECKING:
     from ..sandbox.monty import Execution
+    from ..tools.catalog import Catalog
     from ..tools.model import Tool
     from .attempt_state import AttemptState
+    from .boundary import Approver
+    from .integrity import Keyring
     from .limits import Limits
 
 
@@ -67,20 +70,26 @@ class PauseHost(Protocol):
 
     run_id: str
     store: Store
-    catalog: Any
+    catalog: Catalog
     policy: policy_mod.Policy
     limits: "Limits"
-    journal: dict[int, CallRecord]
-    last_recorded_seq: int
     journaled_bytes: int
-    on_approval: Any
+    on_approval: Approver | None
     state: "AttemptState"
     execution: "Execution | None"
     clock: Callable[[], float]
     secret: bytes  # signs wait keys
-    keyring: Any  # older secrets in it: keys handed out before a rotation stay the waits' keys
+    keyring: Keyring  # older secrets in it: keys handed out before a rotation stay the waits' keys
     session: str | None
     inline_sleep_seconds: float  # sleeps up to this long are waited out, not parked
+
+    @property
+    def journal(self) -> dict[int, CallRecord]:
+        """The run's journal entries this attempt knows, by seq."""
+
+    @property
+    def last_recorded_seq(self) -> int:
+        """The highest seq earlier attempts recorded: a live call past it is new."""
 
     async def wait_idle(self) -> None:
         """Return once no call is in flight."""
@@ -95,7 +104,7 @@ class PauseHost(Protocol):
         """Move a journaled call on from one of `expect` (signed, compare-and-set)."""
 
     async def record_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
-                            state: str, existing: CallRecord | None) -> None:
+                            state: CallState, existing: CallRecord | None) -> None:
         """Journal a call before it is sent (write-ahead)."""
 
     def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
@@ -170,6 +179,8 @@ class Pauses:
         host = self.host
         pos, kw = list(args.get("args", ())), dict(args.get("kwargs", {}))
         t = time.perf_counter()
+        name: str
+        timeout: float | None
         try:
             if op == "sleep":
                 seconds = float(pos[0] if pos else kw.get("seconds", 0))
@@ -181,15 +192,15 @@ class Pauses:
                     await host.record_rejected(seq, op, op, args, "wait", err, key=key)
                     raise err
             else:
-                name = pos[0] if pos else kw.get("name")
-                timeout = pos[1] if len(pos) > 1 else kw.get("timeout")
-                if not isinstance(name, str) or not name:
+                given = pos[0] if pos else kw.get("name")
+                given_timeout = pos[1] if len(pos) > 1 else kw.get("timeout")
+                if not isinstance(given, str) or not given:
                     raise TypeError("needs a non-empty name")
+                name = given
                 problem = wait_name_problem(name)
                 if problem:
                     raise ValueError(problem)
-                if timeout is not None:
-                    timeout = float(timeout)
+                timeout = float(given_timeout) if given_timeout is not None else None
                 if op == "wait_for_signal":
                     name = SIGNAL_PREFIX + name
         except (TypeError, ValueError, IndexError) as exc:
@@ -212,7 +223,9 @@ class Pauses:
             status = WaitStatus.RESOLVED if op == "sleep" else WaitStatus.TIMEOUT
             _, row = await astore.call(host.store.settle_wait, WaitRecord(wkey, host.run_id, name, status, now,
                                                                           seq=seq, resolved_at=now))
-        if row.status == WaitStatus.PENDING and op == "sleep" and deadline - now <= host.inline_sleep_seconds:
+        # (A sleep always has a deadline.)
+        if (row.status == WaitStatus.PENDING and op == "sleep" and deadline is not None
+                and deadline - now <= host.inline_sleep_seconds):
             # A short sleep is cheaper to wait out than to park.
             await asyncio.sleep(max(0.0, deadline - now))
             _, row = await astore.call(host.store.settle_wait, WaitRecord(
@@ -249,7 +262,8 @@ class Pauses:
         host.remember(err, seq, name)
         raise err
 
-    async def ask(self, seq, tool, args, valid, t, entry: CallRecord | None = None) -> Any:
+    async def ask(self, seq: int, tool: Tool, args: dict[str, Any], valid: dict[str, Any], t: float,
+                  entry: CallRecord | None = None) -> Any:
         host = self.host
         pending = AskedWrite.of(seq, tool, args)
         if host.on_approval is not None:
@@ -320,7 +334,7 @@ class Pauses:
                         async with self._in_flight():
                             await host.record_intent(seq, "tool", address, args, key, "write", CallState.ASKED, None)
                         joined = True
-        if joined and st.batch is batch:
+        if joined and tool is not None and batch is not None and st.batch is batch:
             batch.append(AskedWrite.of(seq, tool, args))
         return await self.hold(seq, "tool", address, args)
 
@@ -365,6 +379,7 @@ class Pauses:
         await self.pause_sink(host, stopped)
         # The state is saved: end the execution and unwind the program; what it
         # does while unwinding is never sent nor recorded.
-        host.execution.stop(stop)
+        if host.execution is not None:  # set for as long as a program runs, which is when a call stops
+            host.execution.stop(stop)
         self.release_held()
         raise _UNWIND

@@ -20,7 +20,7 @@ import datetime as _dt
 import logging
 import secrets
 import time
-from typing import Any, Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 from ..errors import (
     RunExpired,
@@ -44,7 +44,6 @@ from ..store.base import (
 )
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
 from .boundary import Approver, Cancelled, EffectBoundary
-from .decisions import DECISIONS
 from .driver import Attempt, Collaborators, Settings
 from .events import EventBus
 from .finish import Finisher
@@ -57,7 +56,10 @@ from .ownership import new_owner, owner_gone
 from .policy import Policy
 from .result import RunResult
 from .sessions import Sessions, sign_snapshot  # noqa: F401 - sign_snapshot stays importable from here
-from .waits import Waits
+from .waits import DECISIONS, Waits
+
+if TYPE_CHECKING:
+    from ..tools.catalog import Catalog
 
 _log = logging.getLogger("tether.runs")
 
@@ -88,7 +90,7 @@ class Runtime:
         self,
         *,
         store: Store | None = None,
-        catalog: Any = None,
+        catalog: Catalog | None = None,
         tools: Iterable[Any] = (),
         policy: Policy | None = None,
         limits: Limits | None = None,
@@ -208,8 +210,9 @@ class Runtime:
                 self.check_namespaces(found)
                 self.catalog.add_many(found)
                 summary = module_summary(item)
-                for namespace in sorted({t.namespace for t in found} if summary else ()):
-                    self.catalog.set_namespace_summary(namespace, summary)
+                if summary:
+                    for namespace in sorted({t.namespace for t in found}):
+                        self.catalog.set_namespace_summary(namespace, summary)
 
     def check_namespaces(self, tools: Iterable[Any]) -> None:
         """Refuse namespaces the sandbox keeps for its own modules (`tools.time` cannot exist)."""
@@ -246,17 +249,17 @@ class Runtime:
 
     # -- catalog -----------------------------------------------------------------
 
-    def search(self, query: str = "", namespace: str | None = None, limit: int = 12, offset: int = 0) -> dict:
+    def search(self, query: str = "", namespace: str | None = None, limit: int = 12, offset: int = 0) -> dict[str, Any]:
         from ..tools.search import search
 
         return search(self.catalog, query, namespace=namespace, limit=limit, offset=offset)
 
-    def describe(self, addresses: str | list[str], detail: str = "default") -> list[dict]:
+    def describe(self, addresses: str | list[str], detail: str = "default") -> list[dict[str, Any]]:
         from ..tools.describe import describe
 
         return describe(self.catalog, addresses, detail=detail)
 
-    def sources(self) -> list[dict]:
+    def sources(self) -> list[dict[str, Any]]:
         from ..tools.describe import list_sources
 
         listed = list_sources(self.catalog)
@@ -361,7 +364,7 @@ class Runtime:
         notes: list[str] = []
         if session is not None:
             run.session = session
-            run.meta["session_base"] = self._session_base(session, run.principal, notes)
+            run.meta["session_base"] = self._session_base(session, run.principal or self.principal, notes)
         self._sign(run)
         await self.astore.call(self.lifecycle.create, run)
         return self.launch(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress,
@@ -390,7 +393,7 @@ class Runtime:
         self._running[run.run_id] = handle
         run_id = run.run_id
 
-        def ended(t: asyncio.Task) -> None:
+        def ended(t: asyncio.Task[Any]) -> None:
             if self._running.get(run_id) is handle:
                 del self._running[run_id]
             # Observers here were woken by the run's last event; later ones poll the store.
@@ -445,7 +448,7 @@ class Runtime:
         return self.check if check is None and type_check is None else check_mode(check, type_check)
 
     def _new_run(self, code: str, *, principal: str | None, meta: dict[str, Any] | None,
-                 check: str, status: str) -> RunRecord:
+                 check: str, status: RunStatus) -> RunRecord:
         now = self.clock()
         clock = _dt.datetime.fromtimestamp(round(now, 3), _dt.timezone.utc)
         running = status == RunStatus.RUNNING
@@ -606,7 +609,7 @@ class Runtime:
         """Create the wait a paused write is (named approval:<seq>) and return its key."""
         return self._waits.approval(run, seq, deadline)
 
-    async def signal(self, run_id: str, name: str, value: Any = None, *, principal: str | None = None) -> dict:
+    async def signal(self, run_id: str, name: str, value: Any = None, *, principal: str | None = None) -> dict[str, Any]:
         """Send a named signal; `await wait_for_signal(name)` receives it (kept if it comes first)."""
         self._get_run(run_id, principal)
         return await self._waits.signal(run_id, name, value)
@@ -629,6 +632,8 @@ class Runtime:
         if not self.lifecycle.wake(run_id):
             return None  # another process took it
         run = self.store.get_run(run_id)
+        if run is None:  # deleted since it was woken
+            return None
         return await self.launch(run, mode="continue").result()
 
     async def wake_due(self) -> list[RunResult]:
@@ -741,7 +746,8 @@ class Runtime:
         if run.lease_until is None or run.lease_until < now or gone:
             # No process owns it (its process stopped): take it, so no recoverer starts it, and end it.
             if self.lifecycle.take_over(run_id, gone_owner=run.owner if gone else None):
-                return self.finisher.cancel_now(self.store.get_run(run_id), reason) or await self.cancel(
+                taken = self.store.get_run(run_id)
+                return (self.finisher.cancel_now(taken, reason) if taken is not None else None) or await self.cancel(
                     run_id, reason, principal=principal)
         # Running in another process: a durable request its heartbeat sees, and a notice so it looks now.
         if not self.lifecycle.request_cancel(run, reason):
@@ -861,7 +867,7 @@ class Runtime:
         """Store an event of ``run_id`` (P-20); observers here wake at once."""
         return self.bus.emit(run_id, type, data)
 
-    def snapshot_record(self, run_id: str, seq: int, data: bytes, pending: list[dict], kind: str,
+    def snapshot_record(self, run_id: str, seq: int, data: bytes, pending: list[dict[str, Any]], kind: str,
                         version: str = MONTY_VERSION) -> SnapshotRecord:
         from .integrity import sign_snapshot_record
 

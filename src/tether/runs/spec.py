@@ -7,7 +7,7 @@ and ``type_check`` (a runtime, or an attempt's collaborators).
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import TetherError
 from ..sandbox.monty import SandboxLimits, SandboxSpec
@@ -17,6 +17,9 @@ from ..tools.stubs import stubs_for
 from .boundary import BUILTIN_OPS
 from .limits import Limits
 
+if TYPE_CHECKING:
+    from ..tools.catalog import Catalog
+
 # Awaited built-ins the program reaches by bare name; emit is a plain call.
 BUILTINS = BUILTIN_OPS + ("wait_for", "wait_for_signal", "yield_control")
 SYNC_BUILTINS = ("emit",)
@@ -25,8 +28,11 @@ SYNC_BUILTINS = ("emit",)
 class SpecSource(Protocol):
     """What building a sandbox spec reads: the catalog, remembered checker verdicts, the default check."""
 
-    catalog: Any
-    verdicts: dict[str, bool]
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def verdicts(self) -> dict[str, bool]: ...
 
     @property
     def type_check(self) -> bool: ...
