@@ -59,6 +59,7 @@ from .sessions import Sessions, sign_snapshot  # noqa: F401 - sign_snapshot stay
 from .waits import DECISIONS, Waits
 
 if TYPE_CHECKING:
+    from ..sources.loader import SourceSet
     from ..tools.catalog import Catalog
 
 _log = logging.getLogger("tether.runs")
@@ -176,7 +177,7 @@ class Runtime:
         self.config: Any = None  # set by tether.app.open_runtime
         self.source_status: list[Any] = []
         # The sources loaded in this process (tether.sources.loader.SourceSet), if configured.
-        self.source_set: Any = None
+        self.source_set: SourceSet | None = None
         if tools:
             self.add_tools(*tools)
 

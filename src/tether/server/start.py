@@ -150,7 +150,8 @@ async def serve(options: ServeOptions) -> int:
         # timers and due waits, and takes over runs whose process died.
         from ..runs.worker import work
 
-        rt.source_set.refresh_in_background()
+        if rt.source_set is not None:  # open_runtime always sets it
+            rt.source_set.refresh_in_background()
         stop_worker = asyncio.Event()
         runner = asyncio.ensure_future(work(rt, stop=stop_worker))
         try:
