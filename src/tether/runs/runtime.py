@@ -59,6 +59,7 @@ from .sessions import Sessions, sign_snapshot  # noqa: F401 - sign_snapshot stay
 from .waits import DECISIONS, Waits
 
 if TYPE_CHECKING:
+    from ..config import Config
     from ..sources.loader import SourceSet
     from ..tools.catalog import Catalog
 
@@ -174,7 +175,7 @@ class Runtime:
         self.inline_sleep_seconds = 1.0
         # How long a forming write pause waits for more writes issued with it (P-27).
         self.batch_window_seconds = 0.05
-        self.config: Any = None  # set by tether.app.open_runtime
+        self.config: Config | None = None  # set by tether.app.open_runtime
         self.source_status: list[Any] = []
         # The sources loaded in this process (tether.sources.loader.SourceSet), if configured.
         self.source_set: SourceSet | None = None
