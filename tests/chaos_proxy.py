@@ -90,9 +90,12 @@ class Proxy:
             return
         if self.client is None:
             # No cap on connections: 100 clients' open SSE answers would fill httpx's default pool of 100
-            # and the next request would wait for a free connection until it timed out.
+            # and the next request would wait for a free connection until it timed out. Idle connections
+            # are dropped after 2 s, before uvicorn closes them at 5 s: with both at 5 s, a request sent on
+            # a connection uvicorn was closing failed as if the (living) replica had broken it.
             self.client = httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=300),
-                                             limits=httpx2.Limits(max_connections=None, max_keepalive_connections=50))
+                                             limits=httpx2.Limits(max_connections=None, max_keepalive_connections=50,
+                                                                  keepalive_expiry=2.0))
         body = b""
         while True:
             message = await receive()
