@@ -10,54 +10,23 @@ call a Python function. The order positional arguments fill is the one
   then the optional ones.
 
 Stubs (the declaration), ``describe`` (the text) and the effect boundary (the
-call) all read :func:`parameters`, so they cannot disagree. The journal always
+call) all read :func:`tools.params.parameters`, so they cannot disagree. The journal always
 records the bound keyword dict: a call made positionally and the same call
 made by keyword are one call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArguments
+from .params import Parameters, parameters
+from .stubs import render_signature
 
 if TYPE_CHECKING:
     from .model import Tool
 
-
-@dataclass(frozen=True)
-class Parameters:
-    """A tool's parameters as a Python signature sees them."""
-
-    positional: tuple[str, ...]  # may be passed by position, in this order
-    keyword_only: tuple[str, ...]  # by keyword only, in the schema's order
-    required: frozenset[str]
-
-
-def parameters(tool: "Tool") -> Parameters:
-    """The calling convention of ``tool`` (cached on the tool's schema object)."""
-    schema = tool.input_schema
-    cached = _CACHE.get(id(schema))
-    if cached is not None and cached[0] is schema and cached[1] == tool.keyword_only:
-        return cached[2]
-    props = schema.get("properties") or {}
-    required = frozenset(n for n in (schema.get("required") or []) if n in props)
-    keyword_only = frozenset(tool.keyword_only)
-    order = [n for n in props if n in required] + [n for n in props if n not in required]
-    result = Parameters(
-        positional=tuple(n for n in order if n not in keyword_only),
-        keyword_only=tuple(n for n in props if n in keyword_only),
-        required=required,
-    )
-    if len(_CACHE) > 50_000:
-        _CACHE.clear()
-    _CACHE[id(schema)] = (schema, tool.keyword_only, result)
-    return result
-
-
-# id(schema) -> (schema, keyword_only, Parameters); the schema is kept so its id stays unique.
-_CACHE: dict[int, tuple[Any, tuple[str, ...], Parameters]] = {}
+__all__ = ["Parameters", "bind", "parameters", "positional_problem", "signature_text"]
 
 
 def bind(tool: "Tool", args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +75,5 @@ def _refused(tool: "Tool", problem: str) -> InvalidArguments:
 
 def signature_text(tool: "Tool") -> str:
     """``tools.ns.name(a: int, b: str = ..., *, c: bool = ...)``: the call shape, for messages."""
-    from .stubs import render_signature
-
     text = render_signature(tool)
     return text[len("async def "):] if text.startswith("async def ") else text

@@ -170,7 +170,7 @@ class Catalog:
                 f"{tool.address}: arguments must be keyword arguments (an object), got {_json_type(args)}",
                 details={"address": tool.address, "errors": [{"field": "", "problem": "not an object"}]},
             )
-        problems = _problems(tool.input_schema, args, self._validator(tool))
+        problems = _problems(tool.input_schema, args, self.validator(tool))
         if problems:
             raise InvalidArguments(
                 f"{tool.address}: " + "; ".join(p["problem"] for p in problems),
@@ -178,7 +178,7 @@ class Catalog:
             )
         return args
 
-    def _validator(self, tool: Tool) -> Validator | Literal[False]:
+    def validator(self, tool: Tool) -> Validator | Literal[False]:
         validator = self._validators.get(tool.address)
         if validator is None:
             cls = jsonschema.validators.validator_for(tool.input_schema, default=jsonschema.Draft202012Validator)

@@ -8,9 +8,9 @@ import re
 from typing import Any
 
 from ..errors import UnknownTool, UsageError
-from .binding import parameters
 from .catalog import Catalog
 from .model import Tool
+from .params import parameters
 from .stubs import declaration
 
 # One tool described by default fits this many bytes of JSON: five at once sit

@@ -349,7 +349,7 @@ class _Walker:
             found += [_unknown(n, props) for n in given if n not in props]
         # A Python read validates its own arguments with coercion ("5" -> 5):
         # its values are left to it, so nothing it would accept is refused.
-        validator = self.catalog._validator(tool) if not (tool.validates_args and not tool.is_write) else False
+        validator = self.catalog.validator(tool) if not (tool.validates_args and not tool.is_write) else False
         if validator is not False:
             for name, node in given.items():
                 value = _literal(node) if name in props else _UNKNOWN

@@ -84,9 +84,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from .binding import parameters
 from .catalog import Catalog, accepts_extra_args
 from .model import Tool
+from .params import parameters
 
 PRELUDE = '''\
 from typing import Any, Literal, NotRequired, TypedDict
