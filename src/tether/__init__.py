@@ -7,6 +7,7 @@ package and may change.
 from .errors import (
     AlreadyDecided,
     ExecutionDiverged,
+    IdempotencyConflict,
     LimitExceeded,
     RunExpired,
     RunNotFound,
@@ -38,6 +39,7 @@ __all__ = [
     "Catalog",
     "Decision",
     "ExecutionDiverged",
+    "IdempotencyConflict",
     "LimitExceeded",
     "Limits",
     "PendingWrite",

@@ -15,7 +15,8 @@
     │   ├── RunExpired               run_expired
     │   ├── NotPaused                not_paused
     │   ├── SeqRequired              seq_required
-    │   └── WriteNotPending          write_not_pending
+    │   ├── WriteNotPending          write_not_pending
+    │   └── IdempotencyConflict      idempotency_conflict
     ├── LimitExceeded                a limit stopped the program
     │   ├── (codes) memory_limit, time_limit, call_limit, journal_limit, budget_exceeded,
     │   │           call_timeout, output_limit, log_limit, overloaded
@@ -148,6 +149,17 @@ class WriteNotPending(UsageError):
 
     code = "write_not_pending"
     next_action = "Decide a write the run waits on now: list them with `tether runs show RUN` (or rt.pending)."
+
+
+class IdempotencyConflict(UsageError):
+    """A run key already names a run started with another program, session or options (P-36).
+
+    ``details.run_id`` names that run; nothing was started or sent for this request.
+    """
+
+    code = "idempotency_conflict"
+    next_action = ("Use a new key for a different program; reuse a key only to retry the very same request "
+                   "(read the named run with `tether runs show RUN`).")
 
 
 # --- a limit stopped it ------------------------------------------------------

@@ -28,7 +28,7 @@ class Runs(Protocol):
     bus: EventBus
 
     async def begin(self, code: str, *, principal: str | None = None,
-                    meta: dict[str, Any] | None = None) -> RunHandle: ...
+                    meta: dict[str, Any] | None = None, key: str | None = None) -> RunHandle: ...
 
     def get_run(self, run_id: str, principal: str | None = None) -> RunRecord: ...
 
@@ -77,9 +77,12 @@ async def wait_events(rt: Runs, cell_id: str, after: int, timeout_ms: int,
 
 
 async def start_cell(rt: Runs, code: str, *, yield_after_ms: int = 1000, principal: str | None = None,
-                     meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Start ``code`` in this process (a run begun like any other) and observe it for up to ``yield_after_ms``."""
-    handle = await rt.begin(code, principal=principal, meta={**(meta or {}), "cell": True})
+                     meta: dict[str, Any] | None = None, key: str | None = None) -> dict[str, Any]:
+    """Start ``code`` in this process (a run begun like any other) and observe it for up to ``yield_after_ms``.
+
+    With a ``key`` that already names a cell (P-36), that cell is observed from its first event.
+    """
+    handle = await rt.begin(code, principal=principal, meta={**(meta or {}), "cell": True}, key=key)
     events = await wait_events(rt, handle.run_id, 0, yield_after_ms, task=handle.task)
     return observation(rt, handle.run_id, events, 0)
 

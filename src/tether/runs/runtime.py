@@ -43,6 +43,7 @@ from ..store.base import (
     Store,
 )
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
+from . import run_keys
 from .boundary import Approver, Cancelled, EffectBoundary
 from .driver import Attempt, Collaborators, Settings
 from .events import EventBus
@@ -55,6 +56,7 @@ from .notices import CANCEL, ENDED, SETTLED, Notices, wait_a_little
 from .ownership import new_owner, owner_gone
 from .policy import Policy
 from .result import RunResult
+from .run_keys import check_run_key
 from .sessions import Sessions, sign_snapshot  # noqa: F401 - sign_snapshot stays importable from here
 from .waits import DECISIONS, Waits
 
@@ -173,6 +175,9 @@ class Runtime:
         self._policy_dict = self.policy.to_dict()
         self._limits_dict = self.limits.to_dict()
         self.inline_sleep_seconds = 1.0
+        # How long a repeated keyed request waits for the run its key names to stop running
+        # before it gets a `running` envelope (P-36): the run's own time limit, and a margin.
+        self.rejoin_wait_seconds = self.limits.run_seconds + 10.0
         # How long a forming write pause waits for more writes issued with it (P-27).
         self.batch_window_seconds = 0.05
         self.config: Config | None = None  # set by tether.app.open_runtime
@@ -316,18 +321,24 @@ class Runtime:
         on_progress: Callable[[int, str], None] | None = None,
         session: str | None = None,
         on_question: Asker | None = None,
+        key: str | None = None,
     ) -> RunResult:
         """Run ``code``; returns completed, failed or paused.
 
         With ``session``, the program starts from the globals the session's
         last completed execute left (in any process) and leaves its own.
 
+        With ``key`` (P-36), (principal, key) names one run: a repeat of the
+        request gets that run's envelope (awaiting it if it still runs, here or
+        in another process) and never starts a second run; the same key with
+        another program, session or options raises ``IdempotencyConflict``.
+
         ``meta`` is recorded on the run (e.g. which tool modules it used, so a
         resume in another process can load the same ones).
         """
         handle = await self._begin(code, on_approval=on_approval, principal=principal, check=self._check_for(check, type_check),
                              meta=meta, on_progress=on_progress, session=session, on_question=on_question,
-                             detached=False)
+                             detached=False, key=key)
         return await handle.result()
 
     async def begin(
@@ -342,24 +353,28 @@ class Runtime:
         on_progress: Callable[[int, str], None] | None = None,
         session: str | None = None,
         on_question: Asker | None = None,
+        key: str | None = None,
     ) -> RunHandle:
         """Start ``code`` in this process and return its :class:`RunHandle` at once (``handle.run_id``).
 
         Takes what :meth:`execute` takes; ``await handle.result()`` is what
         ``execute`` returns. A run begun and not awaited is stopped when the
-        runtime closes.
+        runtime closes. With a ``key`` that already names a run, the handle is
+        that run's (its ``result()`` as :meth:`execute` describes).
         """
         return await self._begin(code, on_approval=on_approval, principal=principal, check=self._check_for(check, type_check),
                            meta=meta, on_progress=on_progress, session=session, on_question=on_question,
-                           detached=True)
+                           detached=True, key=key)
 
     async def _begin(self, code: str, *, on_approval: Approver | None, principal: str | None, check: str,
                meta: dict[str, Any] | None, on_progress: Callable[[int, str], None] | None, session: str | None,
-               on_question: Asker | None, detached: bool) -> RunHandle:
+               on_question: Asker | None, detached: bool, key: str | None = None) -> RunHandle:
         t0 = time.perf_counter()
         check_code_size(code, self.limits.code_bytes)
         if session is not None:
             check_session_name(session)
+        if key is not None:
+            check_run_key(key)
         # Created running and owned by this process: a queued row could be
         # claimed by another replica's runner first.
         run = self._new_run(code, principal=principal, meta=meta, check=check, status=RunStatus.RUNNING)
@@ -367,8 +382,19 @@ class Runtime:
         if session is not None:
             run.session = session
             run.meta["session_base"] = self._session_base(session, run.principal or self.principal, notes)
+        if key is not None:
+            run_keys.mark(run, key, run_keys.request_fingerprint(code, session=session, check=check, meta=meta))
         self._sign(run)
-        await self.astore.call(self.lifecycle.create, run)
+        if key is None:
+            await self.astore.call(self.lifecycle.create, run)
+        else:
+            existing = await self.astore.call(run_keys.create_or_find, self, run)
+            if existing is not None:
+                # A repeat of the request that started it: its run, never a second one.
+                task = asyncio.ensure_future(run_keys.rejoin(self, existing, wait_seconds=self.rejoin_wait_seconds,
+                                                             detached=detached))
+                return RunHandle(existing.run_id, task, bus=self.bus, cancel=self._cancel_for_handle,
+                                 detached=detached)
         return self.launch(run, mode="fresh", on_approval=on_approval, t0=t0, on_progress=on_progress,
                            on_question=on_question, notes=notes, detached=detached)
 
@@ -662,14 +688,23 @@ class Runtime:
     # -- background runs -----------------------------------------------------------
 
     def start(self, code: str, *, principal: str | None = None, meta: dict[str, Any] | None = None,
-              type_check: bool | None = None, check: str | None = None) -> str:
-        """Queue ``code`` as a background run; a worker executes it. Returns the run id at once."""
+              type_check: bool | None = None, check: str | None = None, key: str | None = None) -> str:
+        """Queue ``code`` as a background run; a worker executes it. Returns the run id at once.
+
+        With ``key`` (P-36): the id of the run the key already names, if any, instead of a second run.
+        """
         check_code_size(code, self.limits.code_bytes)
-        run = self._new_run(code, principal=principal, meta=meta, check=self._check_for(check, type_check),
-                            status=RunStatus.QUEUED)
+        mode = self._check_for(check, type_check)
+        run = self._new_run(code, principal=principal, meta=meta, check=mode, status=RunStatus.QUEUED)
+        if key is not None:
+            run_keys.mark(run, check_run_key(key), run_keys.request_fingerprint(code, session=None, check=mode,
+                                                                                meta=meta))
         self._sign(run)
-        self.lifecycle.create(run)
-        return run.run_id
+        if key is None:
+            self.lifecycle.create(run)
+            return run.run_id
+        existing = run_keys.create_or_find(self, run)
+        return run.run_id if existing is None else existing.run_id
 
     async def run_queued(self, limit: int = 1) -> list[RunResult]:
         """Claim up to ``limit`` queued runs (oldest first) and run them here."""
@@ -703,11 +738,14 @@ class Runtime:
     # -- cells (P-20) ----------------------------------------------------------------
 
     async def start_cell(self, code: str, *, yield_after_ms: int = 1000, principal: str | None = None,
-                         meta: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Start a program and return an observation as soon as it yields, ends, pauses or time passes."""
+                         meta: dict[str, Any] | None = None, key: str | None = None) -> dict[str, Any]:
+        """Start a program and return an observation as soon as it yields, ends, pauses or time passes.
+
+        With ``key`` (P-36), a repeat observes the cell the key already names, from its first event.
+        """
         from .cells import start_cell
 
-        return await start_cell(self, code, yield_after_ms=yield_after_ms, principal=principal, meta=meta)
+        return await start_cell(self, code, yield_after_ms=yield_after_ms, principal=principal, meta=meta, key=key)
 
     async def wait_cell(self, cell_id: str, *, after: int = 0, timeout_ms: int = 30_000,
                         principal: str | None = None) -> dict[str, Any]:

@@ -147,6 +147,12 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE runs ADD COLUMN mac TEXT",
         "ALTER TABLE calls ADD COLUMN mac TEXT",
     ),
+    (
+        # 9: run keys (P-36). The unique index, not a read before the insert, is what lets
+        # two requests with one key start one run; rows without a key are not indexed.
+        "ALTER TABLE runs ADD COLUMN run_key TEXT",
+        "CREATE UNIQUE INDEX runs_key ON runs (principal, run_key) WHERE run_key IS NOT NULL",
+    ),
 ]
 
 # Same tables. JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make
@@ -276,6 +282,10 @@ POSTGRES_MIGRATIONS: list[tuple[str, ...]] = [
     (
         "ALTER TABLE runs ADD COLUMN mac TEXT",
         "ALTER TABLE calls ADD COLUMN mac TEXT",
+    ),
+    (
+        "ALTER TABLE runs ADD COLUMN run_key TEXT",
+        "CREATE UNIQUE INDEX runs_key ON runs (principal, run_key) WHERE run_key IS NOT NULL",
     ),
 ]
 

@@ -87,7 +87,7 @@ OUTBOX_COLUMNS = _columns(OutboxRecord, set())
 EVENT_COLUMNS = {"id": _PLAIN, "run_id": _PLAIN, "type": _PLAIN, "data": _JSON, "created_at": _PLAIN}
 
 # Fields an update may set: everything but the key.
-_RUN_UPDATABLE = frozenset(RUN_COLUMNS) - {"run_id"}
+_RUN_UPDATABLE = frozenset(RUN_COLUMNS) - {"run_id", "run_key"}
 _CALL_UPDATABLE = frozenset(CALL_COLUMNS) - {"run_id", "seq"}
 
 
@@ -390,6 +390,11 @@ class SQLStore:
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._transaction(write=False) as tx:
             row = tx.run(f"{_SELECT_RUN} WHERE run_id = ?", (run_id,)).fetchone()
+        return None if row is None else _run(row)
+
+    def get_run_by_key(self, principal: str, run_key: str) -> RunRecord | None:
+        with self._transaction(write=False) as tx:
+            row = tx.run(f"{_SELECT_RUN} WHERE principal = ? AND run_key = ?", (principal, run_key)).fetchone()
         return None if row is None else _run(row)
 
     def update_run(self, run_id: str, expect_status: Sequence[str] | None, **fields: Any) -> bool:

@@ -72,6 +72,8 @@ class RunRecord:
     meta: dict[str, Any] = field(default_factory=dict)
     # The run MAC (P-35): {"secret_id", "fields": {name: mac}}; see runs/integrity.py.
     mac: dict[str, Any] | None = None
+    # The caller's key for the request that started it (P-36): (principal, run_key) names one run.
+    run_key: str | None = None
 
 
 @dataclass
@@ -196,6 +198,9 @@ class Store(Protocol):
         """Insert a run; raises Conflict if the id exists."""
 
     def get_run(self, run_id: str) -> RunRecord | None: ...
+    def get_run_by_key(self, principal: str, run_key: str) -> RunRecord | None:
+        """The run ``principal`` started with ``run_key`` (P-36), if it is kept."""
+
     def update_run(self, run_id: str, expect_status: Sequence[str] | None, **fields: Any) -> bool:
         """Set ``fields`` if the run's status is in ``expect_status`` (any, if None). CAS."""
 
