@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -289,3 +290,54 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path, env):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+@pytest.mark.slow
+def test_p36_run_again_with_its_key_continues_a_killed_run_and_sends_nothing_twice(tmp_path, env):
+    # The first `tether run --key` is SIGKILLed mid-program; the same command again gets that run,
+    # taken over from the dead process (P-36, P-11), not a second run that writes the notes again.
+    prog = tmp_path / "slow.py"
+    prog.write_text(
+        "import asyncio\nimport tools\n"
+        "for i in range(4):\n"
+        "    await tools.notes.add_note(text='n' + str(i))\n"
+        "    await asyncio.sleep(0.4)\n"
+        "len(await tools.notes.list_notes())\n"
+    )
+    (tmp_path / "tether.toml").write_text('[policy]\nwrites = "allow"\n')
+    args = ["run", str(prog), "--tools", str(FIXTURES / "notes_tools.py"), "--key", "job-1", "--json"]
+    first = subprocess.Popen(TETHER + args, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    notes = Path(env["NOTES_FILE"])
+    deadline = time.monotonic() + 60
+    while not (notes.exists() and len(notes.read_text().splitlines()) >= 2):
+        assert time.monotonic() < deadline and first.poll() is None, "the first run never wrote"
+        time.sleep(0.05)
+    first.kill()
+    first.wait()
+    again = cli(args, env, tmp_path)
+    out = json.loads(again.stdout)
+    texts = [json.loads(line)["text"] for line in notes.read_text().splitlines()]
+    assert len(texts) == len(set(texts)), f"a note was written twice: {texts}"
+    if out["status"] == "completed":
+        assert out["result"] == 4 and texts == ["n0", "n1", "n2", "n3"]
+    else:  # killed between a write's sending mark and its outcome: reported, never re-sent
+        assert out["error"]["code"] == "write_outcome_unknown", out
+    listed = json.loads(cli(["runs", "list", "--json"], env, tmp_path).stdout)
+    assert [r["run_id"] for r in listed] == [out["run_id"]]
+
+
+def test_p36_start_with_a_key_queues_one_run_and_refuses_another_program(tmp_path, env):
+    prog = tmp_path / "job.py"
+    prog.write_text("1 + 1\n")
+    args = ["start", str(prog), "--no-worker", "--key", "nightly-2026-12-01", "--json"]
+    first = json.loads(cli(args, env, tmp_path).stdout)
+    second = json.loads(cli(args, env, tmp_path).stdout)
+    assert first["run_id"] == second["run_id"] and second["status"] == "queued"
+    prog.write_text("2 + 2\n")
+    refused = cli(args, env, tmp_path)
+    error = json.loads(refused.stdout)["error"]
+    assert refused.returncode == 2 and error["code"] == "idempotency_conflict"
+    assert error["details"]["run_id"] == first["run_id"] and first["run_id"] in error["message"]
+    listed = json.loads(cli(["runs", "list", "--json"], env, tmp_path).stdout)
+    assert [r["run_id"] for r in listed] == [first["run_id"]]

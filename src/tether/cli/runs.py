@@ -76,7 +76,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             approver.actor, approver.via = local_user(), "cli"  # type: ignore[attr-defined]
         result = await rt.execute(code, on_approval=approver,
                                   on_question=_ask_question if interactive else None,
-                                  meta={"tools": tools, "config": abs_path(args.config)})
+                                  meta={"tools": tools, "config": abs_path(args.config)}, key=args.key)
     if result.status == RunStatus.WAITING and result.expires_at is not None:
         # A timer or a timeout must fire with nobody watching: make sure a worker will.
         ensure_worker(args, tools)
@@ -261,10 +261,13 @@ async def cmd_start(args: argparse.Namespace) -> int:
     tools = [resolve_tool_spec(t) for t in args.tools]
     async with open_rt(args, tools) as rt:
         run_id = rt.start(code, meta={"tools": tools, "config": abs_path(args.config)},
-                          type_check=False if args.no_check else None)
+                          type_check=False if args.no_check else None, key=args.key)
+        # With --key the run may have been started before (P-36): say where it is now.
+        run = rt.store.get_run(run_id)
+        status = run.status if run is not None else RunStatus.QUEUED
     worker = None if args.no_worker else ensure_worker(args, tools)
     if args.json:
-        print_json({"run_id": run_id, "status": RunStatus.QUEUED, "worker_pid": worker})
+        print_json({"run_id": run_id, "status": status, "worker_pid": worker})
     else:
         print(run_id)
     return EXIT_OK
@@ -316,6 +319,9 @@ def add_run(sub: Any) -> None:
     sp.add_argument("program", help="path to a .py file, or - for standard input")
     sp.add_argument("--no-check", action="store_true", help="skip the pre-run check (check = \"off\")")
     sp.add_argument("--no-prompt", action="store_true", help="never ask y/n at a pause; exit 3 instead")
+    sp.add_argument("--key", metavar="KEY",
+                    help="an idempotency key for this request: run again with the same key and the same program, "
+                         "and you get the run it started, never a second run (P-36)")
     add_common(sp)
     sp.set_defaults(func=cmd_run)
 
@@ -372,6 +378,9 @@ def add_start(sub: Any) -> None:
     sp.add_argument("program", help="path to a .py file, or - for standard input")
     sp.add_argument("--no-check", action="store_true", help="skip the pre-run check (check = \"off\")")
     sp.add_argument("--no-worker", action="store_true", help="do not start a worker if none is alive")
+    sp.add_argument("--key", metavar="KEY",
+                    help="an idempotency key for this request: run again with the same key and the same program, "
+                         "and you get the run it started, never a second run (P-36)")
     add_common(sp)
     sp.set_defaults(func=cmd_start)
 
