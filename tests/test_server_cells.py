@@ -67,3 +67,21 @@ async def test_p21_execute_with_a_session_keeps_globals(server, mode):
         assert not r.is_error
         r = await c.call_tool("execute", {"code": "x + 1", "session": "nb"})
         assert r.structured_content["result"] == 21
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_p36_cell_start_with_a_key_twice_observes_one_cell(server, mode):
+    async with Client(server.mcp, mode=mode) as c:
+        first = (await c.call_tool("cell_start", {"code": JOB, "yield_after_ms": 10_000, "key": "c1"})).structured_content
+        again = (await c.call_tool("cell_start", {"code": JOB, "yield_after_ms": 10_000, "key": "c1"})).structured_content
+        assert again["cell_id"] == first["cell_id"]
+        # Observed from its first event, as the first request saw it.
+        assert again["events"][0] == first["events"][0]
+        refused = await c.call_tool("cell_start", {"code": JOB + "\n1", "key": "c1"})
+        assert refused.is_error and refused.structured_content["error"]["code"] == "idempotency_conflict"
+        obs = again
+        while obs["status"] == "running":
+            obs = (await c.call_tool("cell_wait", {"cell_id": obs["cell_id"], "after": obs["cursor"],
+                                                   "timeout_ms": 10_000})).structured_content
+        assert obs["status"] == "completed" and obs["result"] == 6
+    assert len(server.rt.store.list_runs()) == 1

@@ -22,6 +22,7 @@ from tether.runs.runtime import Runtime
 from tether.server.admission import Admission
 from tether.server.mcp import TetherServer
 from tether.store import open_store
+from tether.tools.prompt import KEY_NOTE
 
 ERAS = [pytest.param("legacy", id="legacy"), pytest.param("auto", id="modern")]
 
@@ -84,8 +85,13 @@ async def test_two_tools_with_a_bounded_byte_stable_description(server, rt, rec,
     async with Client(server.mcp, mode=mode) as c:
         tools = {t.name: t for t in (await c.list_tools()).tools}
     assert set(tools) == {"execute", "resume", "cell_start", "cell_wait", "cell_terminate"}
+    # The model description, then how to retry a request whose reply was lost (P-36), within the same budget.
     assert tools["execute"].description == rt.model_description()
+    assert tools["execute"].description.endswith("\n" + KEY_NOTE + "\n")
     assert len(tools["execute"].description.encode()) <= 1200
+    key = tools["execute"].input_schema["properties"]["key"]
+    assert "same key" in key["description"] and "never a second run" in key["description"]
+    assert "same key" in tools["cell_start"].input_schema["properties"]["key"]["description"]
     # Byte-stable: the same tools added in another order describe themselves identically.
     async with Runtime(tools=list(reversed(rec.tools())), type_check=False, limits=rt.limits) as other:
         async with Client(TetherServer(other).mcp, mode=mode) as c:
@@ -522,3 +528,88 @@ async def test_stdio_form_elicitation_sends_the_write_exactly_once(tmp_path, mod
         assert (await c.call_tool("execute", {"code": COUNT.format(body=body)})).structured_content["result"] == 1
     assert len(forms.messages) == 1 and "helpdesk.add_comment" in forms.messages[0]
     assert journal(tmp_path, r.structured_content["run_id"]) == [("helpdesk.add_comment", "sent")]
+
+
+# -- run keys (P-36) ------------------------------------------------------------------------
+
+
+def allowing(rec: Recorder) -> Runtime:
+    return Runtime(tools=rec.tools(), type_check=False, policy=Policy(writes="allow"),
+                   limits=Limits(run_seconds=10, call_timeout_seconds=5))
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_p36_execute_with_a_key_twice_is_one_run_and_another_program_is_refused(rec, mode):
+    async with allowing(rec) as rt, Client(TetherServer(rt).mcp, mode=mode) as c:
+        first = (await c.call_tool("execute", {"code": CLOSE_3, "key": "k-1"})).structured_content
+        again = (await c.call_tool("execute", {"code": CLOSE_3, "key": "k-1"})).structured_content
+        assert first["status"] == again["status"] == "completed" and again["run_id"] == first["run_id"]
+        refused = await c.call_tool("execute", {"code": CLOSE_3 + "\n1", "key": "k-1"})
+        err = refused.structured_content["error"]
+        assert refused.is_error and err["code"] == "idempotency_conflict"
+        assert err["details"]["run_id"] == first["run_id"] and "nothing was started or sent" in err["message"]
+        bad = await c.call_tool("execute", {"code": CLOSE_3, "key": ""})
+        assert bad.is_error and bad.structured_content["error"]["code"] == "invalid_arguments"
+        assert len(rt.store.list_runs()) == 1
+    assert rec.deliveries == [("close_ticket", {"id": 3})]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_p36_a_repeat_of_a_paused_keyed_execute_gets_the_pause(server, rt, rec, mode):
+    async with Client(server.mcp, mode=mode) as c:
+        first = (await c.call_tool("execute", {"code": CLOSE_3, "key": "p"})).structured_content
+        again = (await c.call_tool("execute", {"code": CLOSE_3, "key": "p"})).structured_content
+        assert first["status"] == again["status"] == "paused" and again["run_id"] == first["run_id"]
+        assert "resume" in again["instructions"]
+        done = await c.call_tool("resume", {"run_id": first["run_id"], "decision": "approve"})
+        assert done.structured_content["status"] == "completed"
+        after = (await c.call_tool("execute", {"code": CLOSE_3, "key": "p"})).structured_content
+        assert after["status"] == "completed" and after["run_id"] == first["run_id"]
+    assert rec.deliveries == [("close_ticket", {"id": 3})]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_p36_a_cancelled_keyed_request_says_its_run_started_and_a_retry_gets_that_run(rec, mode):
+    code = "import tools\nawait tools.slowpoke.wait(seconds=1)\nawait tools.helpdesk.close_ticket(id=3)"
+    async with allowing(rec) as rt, Client(TetherServer(rt).mcp, mode=mode) as c:
+        with anyio.move_on_after(0.5):
+            await c.call_tool("execute", {"code": code, "key": "gone"})
+        (run,) = rt.store.list_runs()
+        await wait_status(rt, run.run_id, "cancelled")
+        retry = await c.call_tool("execute", {"code": code, "key": "gone"})
+        assert len(rt.store.list_runs()) == 1
+    out = retry.structured_content
+    assert out["status"] == "cancelled" and out["run_id"] == run.run_id
+    assert out["error"]["details"]["run_started"] is True and out["error"]["details"]["run_id"] == run.run_id
+    assert "new key" in out["error"]["next_action"]
+    assert rec.deliveries == []
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_p36_overloaded_says_whether_the_keyed_run_started_and_a_settled_one_is_answered(rec, mode):
+    async with allowing(rec) as rt:
+        server = TetherServer(rt, admission=Admission(1, queue_depth=0, queue_timeout=1))
+        async with Client(server.mcp, mode=mode) as c:
+            done = (await c.call_tool("execute", {"code": CLOSE_3, "key": "earlier"})).structured_content
+            async with anyio.create_task_group() as tg:
+                async def long():
+                    await c.call_tool("execute", {"code": "import tools\nawait tools.slowpoke.wait(seconds=1)",
+                                                  "key": "long"})
+                tg.start_soon(long)
+                with anyio.fail_after(5):
+                    while server.admission.running == 0:
+                        await asyncio.sleep(0.01)
+                fresh = await c.call_tool("execute", {"code": "1", "key": "new"})
+                err = fresh.structured_content["error"]
+                assert fresh.is_error and err["code"] == "overloaded"
+                assert err["details"]["run_started"] is False and err["details"]["run_id"] is None
+                assert "same key" in err["next_action"]
+                running = await c.call_tool("execute", {"code": "import tools\nawait tools.slowpoke.wait(seconds=1)",
+                                                        "key": "long"})
+                err = running.structured_content["error"]
+                assert err["code"] == "overloaded" and err["details"]["run_started"] is True
+                assert running.structured_content["run_id"] == err["details"]["run_id"]
+                # A retry of a run that already ended needs no slot: it is answered with that run.
+                settled = (await c.call_tool("execute", {"code": CLOSE_3, "key": "earlier"})).structured_content
+                assert settled["status"] == "completed" and settled["run_id"] == done["run_id"]
+    assert rec.deliveries == [("close_ticket", {"id": 3})]

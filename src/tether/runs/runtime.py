@@ -303,9 +303,10 @@ class Runtime:
             return False
 
     def model_description(self) -> str:
-        from ..tools.prompt import model_description
+        """The ``execute`` tool's description: the sandbox API, the catalog, how to retry by key (P-36)."""
+        from ..tools.prompt import execute_description
 
-        return model_description(self.catalog, self.limits.to_dict())
+        return execute_description(self.catalog, self.limits.to_dict())
 
     # -- execute -----------------------------------------------------------------
 

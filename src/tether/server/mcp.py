@@ -43,8 +43,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import InvalidArguments, Overloaded, RunNotFound, TetherError
 from ..runs.handle import RunHandle
 from ..runs.result import RunResult
+from ..runs.run_keys import MAX_RUN_KEY_CHARS
 from ..store.states import RunStatus
-from . import urlmode
+from . import keyed, urlmode
 from .admission import Admission
 from .approvals import pending_writes
 from .auth import (
@@ -104,17 +105,27 @@ class RunEnvelope(BaseModel):
     notes: list[str] | None = None
 
 
+# What the model reads about a run key, in execute's and cell_start's input schema (P-36).
+KEY_DESCRIPTION = (
+    "Idempotency key for this request: a new unique value (e.g. a UUID) per program you mean to run once. "
+    "If the reply is lost (timeout, disconnect, error before a result), call again with the same key and "
+    "the same code: you get the run it started (its result, its pause, or its progress), never a second run. "
+    "The same key with different code is refused (idempotency_conflict)."
+)
+
 class ExecuteArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
     code: str
     diagnostics: bool = False
     session: str | None = Field(default=None, min_length=1, max_length=128)
+    key: str | None = Field(default=None, min_length=1, max_length=MAX_RUN_KEY_CHARS)
 
 
 class CellStartArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
     code: str
     yield_after_ms: int = Field(default=1000, ge=0, le=600_000)
+    key: str | None = Field(default=None, min_length=1, max_length=MAX_RUN_KEY_CHARS)
 
 
 class CellWaitArguments(BaseModel):
@@ -142,7 +153,8 @@ _ARGUMENTS: dict[str, type[BaseModel]] = {
     "cell_wait": CellWaitArguments, "cell_terminate": CellTerminateArguments,
 }
 _USAGE = {
-    "execute": 'Call execute with {"code": "<a Python program>"} (and optionally "diagnostics": true).',
+    "execute": 'Call execute with {"code": "<a Python program>"} (and optionally "key": "<a unique id, reused '
+               'on a retry>", "diagnostics": true).',
     "resume": 'Call resume with {"run_id": "run_...", "decision": "approve" | "decline" | "cancel", '
               '"seq": <a seq of pending.writes, or a list of them>, "reason": "..."} taken from the paused result.',
     "cell_start": 'Call cell_start with {"code": "<a Python program>", "yield_after_ms": 1000}.',
@@ -257,6 +269,7 @@ class TetherServer:
         ctx: Context,
         diagnostics: Annotated[bool, Field(description="Include per-call timings in the result.")] = False,
         session: Annotated[str | None, Field(description="Keep globals across executes under this name.")] = None,
+        key: Annotated[str | None, Field(description=KEY_DESCRIPTION)] = None,
     ) -> Annotated[CallToolResult, RunEnvelope] | InputRequiredResult:
         principal = self.principal_of(ctx)
         if ctx.request_state is not None:
@@ -266,16 +279,25 @@ class TetherServer:
         approver = self._approver(ctx) if asks == INLINE else None
         asker = self._asker(ctx) if _elicitation(ctx) == INLINE else None
         meta = dict(self.run_meta)
+
+        def begin(progress: Any) -> Any:
+            return self.rt.begin(code, on_approval=approver, principal=principal, meta=meta,
+                                 on_progress=progress, session=session, on_question=asker, key=key)
+
         try:
-            result = await self.run_in_slot(
-                lambda progress: self.rt.begin(code, on_approval=approver, principal=principal, meta=meta,
-                                               on_progress=progress, session=session, on_question=asker),
-                ctx, principal)
+            try:
+                result = await self.run_in_slot(begin, ctx, principal)
+            except Overloaded as exc:
+                # A retry of a request whose run has stopped running needs no slot to be answered;
+                # any other is told whether a run was started for it, and which (P-36).
+                if key is None or not await keyed.settled(self.rt, principal, key):
+                    return keyed.overloaded(self.rt, exc, principal, key)
+                result = await (await begin(None)).result()
             if how == "url" and era == INLINE:
                 result = await urlmode.legacy(self, ctx, result, principal)
         except TetherError as exc:
             return error_result(exc)
-        return self._respond(result, era if how else None, principal, diagnostics, how=how)
+        return self._respond(keyed.cancelled(result, key), era if how else None, principal, diagnostics, how=how)
 
     async def resume(
         self,
@@ -316,14 +338,18 @@ class TetherServer:
         code: Annotated[str, Field(description="The Python program.")],
         ctx: Context,
         yield_after_ms: Annotated[int, Field(description="Return an observation after this long at most.")] = 1000,
+        key: Annotated[str | None, Field(description=KEY_DESCRIPTION)] = None,
     ) -> CallToolResult:
         principal = self.principal_of(ctx)
         try:
             # A running cell holds a sandbox worker: it takes a run slot until it ends or parks.
-            slot = await self.admission.acquire()
+            try:
+                slot = await self.admission.acquire()
+            except Overloaded as exc:
+                return keyed.overloaded(self.rt, exc, principal, key)
             try:
                 obs = await self.rt.start_cell(code, yield_after_ms=yield_after_ms, principal=principal,
-                                               meta=dict(self.run_meta))
+                                               meta=dict(self.run_meta), key=key)
             except BaseException:
                 slot.release()
                 raise

@@ -43,6 +43,17 @@ hashlib itertools json math random re time tomllib typing unicodedata.
 """
 
 
+# The last line of execute's description (P-36): a request whose reply was lost is retried, not run again.
+KEY_NOTE = ("Pass a new `key` per program; if a reply is lost, call again with the same key and code: "
+            "you get that run, never a second one.")
+
+
+def execute_description(catalog: Catalog, limits: Mapping[str, Any] | None = None) -> str:
+    """What the ``execute`` tool says: the model description, then how to retry, within the same budget."""
+    note = KEY_NOTE + "\n"
+    return model_description(catalog, limits, budget=DEFAULT_BUDGET - len(note.encode())) + note
+
+
 def model_description(
     catalog: Catalog, limits: Mapping[str, Any] | None = None, *, budget: int = DEFAULT_BUDGET
 ) -> str:
