@@ -191,3 +191,27 @@ async def test_queued_runs_are_shared_by_the_replicas_runners_and_each_runs_once
     assert [r.status for r in runs] == ["completed"] * 12, [r.error for r in runs]
     tags = replicas.tags()
     assert all(tags.count(f"queued-{i}") == 1 for i in range(12)), tags
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"], ids=["legacy-stateless", "modern"])
+async def test_p36_a_keyed_retry_on_another_replica_while_the_first_runs_gets_that_run(replicas, mode):
+    # The client's first request is still running the program on replica a when its retry (same key)
+    # reaches replica b: b waits for the run a executes and answers with its outcome; nothing runs twice.
+    a, b, _ = replicas.replicas
+    tag = f"keyed-retry-{mode}"
+    code = f"import tools\nawait tools.ledger.write(tag='{tag}')\nawait tools.ledger.wait(seconds=1.5)\n'{tag}'"
+    async with connect(a.url, mode) as on_a, connect(b.url, mode) as on_b:
+        first = asyncio.ensure_future(on_a.call_tool("execute", {"code": code, "key": tag}))
+        with anyio.fail_after(30):
+            while tag not in replicas.tags():  # the write is done; a is in the program's slow read
+                await asyncio.sleep(0.02)
+        retried = (await on_b.call_tool("execute", {"code": code, "key": tag})).structured_content
+        original = (await first).structured_content
+    assert retried["status"] == original["status"] == "completed", (retried, original)
+    assert retried["run_id"] == original["run_id"] and retried["result"] == tag
+    assert replicas.tags().count(tag) == 1
+    store = open_store(replicas.store_url)
+    try:
+        assert [r.run_id for r in store.list_runs(limit=200) if r.run_key == tag] == [original["run_id"]]
+    finally:
+        store.close()

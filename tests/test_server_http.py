@@ -210,6 +210,22 @@ async def test_execute_pause_and_resume_over_http(served, mode):
 
 
 @pytest.mark.parametrize("mode", ERAS)
+async def test_p36_a_keyed_execute_over_http_is_one_run_per_token_and_key(served, mode):
+    tag = f"keyed-{mode}"
+    code = f"import tools\nawait tools.ledger.write(tag='{tag}')"
+    async with connect(served.url, ALPHA, mode) as alice, connect(served.url, BETA, mode) as bob:
+        first = (await alice.call_tool("execute", {"code": code, "key": tag})).structured_content
+        # A new connection, as a client that lost the first one would open: the same run.
+        async with connect(served.url, ALPHA, mode) as again:
+            retried = (await again.call_tool("execute", {"code": code, "key": tag})).structured_content
+        # The key is alice's: bob's request with the same key is his own run.
+        theirs = (await bob.call_tool("execute", {"code": code, "key": tag})).structured_content
+    assert first["status"] == retried["status"] == theirs["status"] == "completed"
+    assert retried["run_id"] == first["run_id"] != theirs["run_id"]
+    assert served.tags().count(tag) == 2
+
+
+@pytest.mark.parametrize("mode", ERAS)
 async def test_form_elicitation_over_http_sends_the_write_exactly_once(served, mode):
     tag = f"form-{mode}"
     async with connect(served.url, ALPHA, mode, elicitation_callback=approve) as c:
