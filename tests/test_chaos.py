@@ -32,7 +32,10 @@ off); no write reached the ledger (an O_APPEND file the tool writes, outside
 tether) twice, and every write journaled sent reached it; every unknown write
 is reported `write_outcome_unknown`; every call ended with a result, a named
 error (`overloaded` among them) or, for a call in flight on the killed replica
-only, a transport error — none hung. Throughput and p50/p99 are printed
+only, a transport error — none hung. Every run-starting request carries its
+action's tag as its run key (P-36), and one cut off by the kill is sent again
+with that key on a new connection: no tag has two runs, and every retry that
+is answered names the run its key started. Throughput and p50/p99 are printed
 (bench/README.md has the figures).
 """
 
@@ -65,6 +68,7 @@ REPLICAS = int(os.environ.get("CHAOS_REPLICAS", "3"))
 KILL = os.environ.get("CHAOS_KILL", "1") == "1" and REPLICAS > 1
 KILL_AT = float(os.environ.get("CHAOS_KILL_AT", str(SECONDS / 2)))
 CALL_LIMIT = 120.0  # one call (or connecting) taking longer than this is a hang
+RETRIES = 5  # a run-starting request cut off by the kill is sent again with its key this many times at most
 SETTLE_LIMIT = 180.0  # for what the clients left running to end once they stop
 KINDS = ("read", "write", "ask", "timer", "cell", "signal", "wait", "terminate")
 RUN_STATUSES = {"completed", "failed", "paused", "waiting", "running", "terminated", "cancelled"}
@@ -87,9 +91,36 @@ class Tally:
     cut_off: set[str] = field(default_factory=set)  # tags of actions a transport error interrupted
     resolved: set[str] = field(default_factory=set)  # run ids another client resolved or signalled
     undecided: set[str] = field(default_factory=set)  # tags of asks whose resume stayed overloaded
+    # Run-starting requests retried with their key after a transport error: tag -> (tries, the answer's
+    # outcome, the run id it named, or None if every try was cut off too).
+    retried: dict[str, tuple[int, str, str | None]] = field(default_factory=dict)
     kill_time: float | None = None
 
     async def call(self, client, kind: str, tool: str, args: dict, tag: str):
+        return (await self._call(client, kind, tool, args, tag))[0]
+
+    async def start(self, url: str, mode: str, client, kind: str, tool: str, args: dict, tag: str):
+        """A run-starting call (execute, cell_start) with the action's tag as its key (P-36). Cut off by a
+        transport error, it is sent again with the same key on a new connection, as a client that cannot
+        know whether its program ran would: the answer must be the run the first request started."""
+        args = {**args, "key": tag}
+        out, c = await self._call(client, kind, tool, args, tag)
+        tries = 0
+        while c.outcome.startswith("transport:") and tries < RETRIES:
+            tries += 1
+            await anyio.sleep(0.2 * tries)
+            try:
+                async with connect(url, mode, headers={"x-chaos-tag": tag}) as again:
+                    out, c = await self._call(again, kind, tool, args, tag)
+            except Exception as exc:  # connecting failed: try again
+                c = Call(kind, "connect", tag, time.monotonic(), time.monotonic(), f"transport:{describe(exc)}")
+                self.calls.append(c)
+        if tries:
+            named = (out or {}).get("run_id") or (out or {}).get("cell_id")
+            self.retried[tag] = (tries, c.outcome, named if not c.outcome.startswith("transport:") else None)
+        return out
+
+    async def _call(self, client, kind: str, tool: str, args: dict, tag: str):
         c = Call(kind, tool, tag, time.monotonic())
         self.calls.append(c)
         try:
@@ -97,11 +128,11 @@ class Tally:
                 r = await client.call_tool(tool, args)
         except TimeoutError:
             c.outcome, c.t1 = "hang", time.monotonic()
-            return None
+            return None, c
         except Exception as exc:  # the replica died under the call, or its stream was cut
             c.outcome, c.t1 = f"transport:{describe(exc)}", time.monotonic()
             self.cut_off.add(tag)
-            return None
+            return None, c
         except BaseException:  # cancelled: the client's connection failed around it (one_client records why)
             c.outcome, c.t1 = "transport:cancelled", time.monotonic()
             self.cut_off.add(tag)
@@ -110,7 +141,7 @@ class Tally:
         sc = r.structured_content or {}
         code = (sc.get("error") or {}).get("code") if sc.get("status") == "error" else None
         c.outcome = f"error:{code}" if sc.get("status") == "error" else str(sc.get("status"))
-        return sc
+        return sc, c
 
     def answered(self) -> list[Call]:
         return [c for c in self.calls if c.outcome != "hang" and not c.outcome.startswith("transport:")]
@@ -166,13 +197,13 @@ async def action(n: int, i: int, kind: str, url: str, mode: str, tally: Tally, o
     out = None
     async with connect(url, mode, headers={"x-chaos-tag": tag}) as c:
         if kind == "read":
-            out = await tally.call(c, kind, "execute", {"code": program(m, tag,
+            out = await tally.start(url, mode, c, kind, "execute", {"code": program(m, tag,
                                    "import tools\nlen(await tools.helpdesk.list_tickets(status='open'))")}, tag)
         elif kind == "write":
-            out = await tally.call(c, kind, "execute", {"code": program(m, tag,
+            out = await tally.start(url, mode, c, kind, "execute", {"code": program(m, tag,
                                    f"import tools\nawait tools.ledger.write(tag='{tag}', seconds=0.2)")}, tag)
         elif kind == "ask":
-            out = await tally.call(c, kind, "execute", {"code": program(m, tag,
+            out = await tally.start(url, mode, c, kind, "execute", {"code": program(m, tag,
                                    f"import tools\nawait tools.ledger.guarded_write(tag='{tag}')")}, tag)
             if out and out.get("status") == "paused":
                 # Decided on a new connection: the proxy's next replica, not the one that paused it.
@@ -188,15 +219,15 @@ async def action(n: int, i: int, kind: str, url: str, mode: str, tally: Tally, o
                         break
                     await anyio.sleep(wait * (0.5 + random.random()))
         elif kind == "timer":
-            out = await tally.call(c, kind, "execute", {"code": program(m, tag,
+            out = await tally.start(url, mode, c, kind, "execute", {"code": program(m, tag,
                                    "import asyncio\nawait asyncio.sleep(1.5)\n'woke'")}, tag)
         elif kind == "cell":
-            out = await tally.call(c, kind, "cell_start", {"code": program(m, tag,
+            out = await tally.start(url, mode, c, kind, "cell_start", {"code": program(m, tag,
                                    "import asyncio\nemit(1)\nawait asyncio.sleep(0.2)\nemit(2)\n'celled'"),
                                    "yield_after_ms": 100}, tag)
             await follow(tally, url, mode, kind, tag, out, stop_at + 30)
         elif kind == "signal":
-            out = await tally.call(c, kind, "cell_start", {"code": program(m, tag,
+            out = await tally.start(url, mode, c, kind, "cell_start", {"code": program(m, tag,
                                    "import tools\nemit('ready')\nv = await wait_for_signal('go')\n"
                                    f"await tools.ledger.write(tag='{tag}-' + v)\nv"), "yield_after_ms": 50}, tag)
             if out and "cell_id" in out:
@@ -208,7 +239,7 @@ async def action(n: int, i: int, kind: str, url: str, mode: str, tally: Tally, o
                     await other.settle(kind, tag, run_id, lambda: other.rt.resolve_wait(key, "now", continue_run=False))
                 await follow(tally, url, mode, kind, tag, out, stop_at + 30)
         elif kind == "wait":
-            out = await tally.call(c, kind, "execute", {"code": program(m, tag,
+            out = await tally.start(url, mode, c, kind, "execute", {"code": program(m, tag,
                                    "import tools\nv = await wait_for('answer', timeout=600)\n"
                                    f"await tools.ledger.write(tag='{tag}-' + v['ok'])\nv")}, tag)
             if out and out.get("status") == "waiting":
@@ -218,7 +249,7 @@ async def action(n: int, i: int, kind: str, url: str, mode: str, tally: Tally, o
         else:  # terminate: a cell that runs on, or one about to park on a signal nobody sends
             body = ("import asyncio\nfor i in range(20):\n    emit(i)\n    await asyncio.sleep(0.5)\n'not terminated'"
                     if i % 2 else "import asyncio\nemit(0)\nawait asyncio.sleep(0.3)\nawait wait_for_signal('never')")
-            out = await tally.call(c, kind, "cell_start", {"code": program(m, tag, body), "yield_after_ms": 100}, tag)
+            out = await tally.start(url, mode, c, kind, "cell_start", {"code": program(m, tag, body), "yield_after_ms": 100}, tag)
             if out and out.get("status") in ("running", "paused"):
                 async with connect(url, mode, headers={"x-chaos-tag": tag}) as stopper:
                     await tally.call(stopper, kind, "cell_terminate", {"cell_id": out["cell_id"]}, tag)
@@ -441,6 +472,18 @@ async def test_replicas_under_load_one_sigkilled(tmp_path, pg_url, monkeypatch):
                 assert run.error["code"] == "write_outcome_unknown", run.error  # sent, outcome lost: said so
     print(f"writes by journal state: {dict(checked)}; ledger lines {sum(ledger.values())}")
     assert checked["sent"] > 0
+
+    # Retries (P-36): every action's run-starting request carried its tag as the key, so no tag has two
+    # runs, and every retry that was answered named the one run its key started.
+    per_tag = Counter(tag_of(r) for r in runs)
+    assert not [t for t, n in per_tag.items() if n > 1], [t for t, n in per_tag.items() if n > 1]
+    by_tag = {tag_of(r): r for r in runs}
+    answered_retries = {t: v for t, v in tally.retried.items() if v[2] is not None}
+    for tag, (_tries, outcome, named) in answered_retries.items():
+        assert tag in by_tag and by_tag[tag].run_id == named and by_tag[tag].run_key == tag, (tag, outcome, named)
+    print(f"retried with their key: {len(tally.retried)} requests ({sum(v[0] for v in tally.retried.values())} "
+          f"tries), {len(answered_retries)} answered with their run, outcomes "
+          f"{dict(Counter(v[1] for v in tally.retried.values()))}; runs per key: max {max(per_tag.values())}")
 
 
 def tag_of(run) -> str:

@@ -43,9 +43,15 @@ def check_run_key(key: Any) -> str:
     return key
 
 
+# Recorded by the process that serves a request (its tool modules, its config file), not chosen by the
+# caller: a retry served by another replica, configured from another path, is the same request.
+HOST_META = frozenset({"tools", "config"})
+
+
 def request_fingerprint(code: str, *, session: str | None, check: str, meta: dict[str, Any] | None) -> str:
-    """What makes two requests the same request: the program, the session and the options."""
-    body = json.dumps({"program": code, "session": session, "check": check, "meta": meta or {}},
+    """What makes two requests the same request: the program, the session and the caller's options."""
+    options = {k: v for k, v in (meta or {}).items() if k not in HOST_META}
+    body = json.dumps({"program": code, "session": session, "check": check, "meta": options},
                       sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()
 
