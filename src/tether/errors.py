@@ -15,7 +15,8 @@
     │   ├── RunExpired               run_expired
     │   ├── NotPaused                not_paused
     │   ├── SeqRequired              seq_required
-    │   └── WriteNotPending          write_not_pending
+    │   ├── WriteNotPending          write_not_pending
+    │   └── ApprovalElsewhere        approval_elsewhere
     ├── LimitExceeded                a limit stopped the program
     │   ├── (codes) memory_limit, time_limit, call_limit, journal_limit, budget_exceeded,
     │   │           call_timeout, output_limit, log_limit, overloaded
@@ -148,6 +149,17 @@ class WriteNotPending(UsageError):
 
     code = "write_not_pending"
     next_action = "Decide a write the run waits on now: list them with `tether runs show RUN` (or rt.pending)."
+
+
+class ApprovalElsewhere(UsageError):
+    """An approve that arrived where a person cannot be told from the agent (docs/security.md).
+
+    Nothing was decided and nothing was sent; the message says where a person approves.
+    """
+
+    code = "approval_elsewhere"
+    next_action = ("Tell the user a write waits for their approval on the console or the approval link delivered "
+                   "to them; you may still call resume with decision 'decline' or 'cancel'.")
 
 
 # --- a limit stopped it ------------------------------------------------------
