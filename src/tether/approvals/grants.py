@@ -52,7 +52,7 @@ def server_access(server: Any, env_tokens: Sequence[str], env: Mapping[str, str]
                          next_action="Give each [[server.tokens]] entry (and TETHER_TOKEN) its own token.")
     if not http or not everyone:
         # Standard input/output, or --dev: one person's own machine, where the
-        # agent and the operator share the store (D-40); self_approval may still say no.
+        # agent and the operator share the store (D-30); self_approval may still say no.
         self_approval = True if configured is None else bool(configured)
         return Access(Access.open().grants, self_approval=self_approval, links=links, local_runs=local_runs), \
             (tokens if http else ())
@@ -66,6 +66,6 @@ def server_access(server: Any, env_tokens: Sequence[str], env: Mapping[str, str]
         for other in approves_for:
             targets.update([ANY] if other == ANY else by_name.get(other, []))
         grants.append(Grant(principal_of(token), name, rights, frozenset(targets)))
-    # Unset: a token over HTTP is somebody else's hands (the agent's); see D-40.
+    # Unset: a token over HTTP is somebody else's hands (the agent's); see D-30.
     self_approval = bool(configured) if configured is not None else not http
     return Access.of(grants, self_approval=self_approval, links=links, local_runs=local_runs), tokens

@@ -461,7 +461,7 @@ class TetherServer:
         return signed_in_required(run, [s for s in seqs if isinstance(s, int)] if seqs is not None else None)
 
     def paused_result(self, result: RunResult, *, diagnostics: bool) -> CallToolResult:
-        """A run's result for the model: a paused one says how to decide it, and carries no approval link (D-41)."""
+        """A run's result for the model: a paused one says how to decide it, and carries no approval link (D-31)."""
         if result.status != RunStatus.PAUSED:
             return run_result(result, diagnostics=diagnostics)
         here = self.access.self_approval and not self._needs_sign_in(result)

@@ -33,7 +33,7 @@ def approval_message(pending: Mapping[str, Any], description: str | None = None)
 
 
 def resume_instructions(result: RunResult, *, approve_here: bool = True, elsewhere: str | None = None) -> str:
-    """What the model is told about a paused run. It never carries an approval link (D-41).
+    """What the model is told about a paused run. It never carries an approval link (D-31).
 
     ``approve_here``: whether an approve through ``resume`` would be taken;
     otherwise ``elsewhere`` says where a person approves, and resume is named
