@@ -298,3 +298,47 @@ def test_who_may_decide():
     assert may_decide(a, None, AGENT_P, "approve", Channel.LINK_CAPABILITY).code == "sign_in_required"
     cap = access(links="capability")
     assert may_decide(cap, None, AGENT_P, "approve", Channel.LINK_CAPABILITY).ok
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+def test_tokens_get_their_rights_from_the_configuration():
+    from tether.approvals.grants import server_access
+    from tether.config import Config
+    from tether.errors import UsageError
+
+    config = Config.from_dict({"server": {"tokens": [
+        {"name": "agent", "token_env": "AGENT_TOKEN", "rights": ["run"]},
+        {"name": "pat", "token_env": "PAT_TOKEN", "rights": ["approve"], "approves_for": ["agent", "TETHER_TOKEN"]},
+    ]}}, env={})
+    env = {"AGENT_TOKEN": AGENT, "PAT_TOKEN": PAT}
+    legacy = "legacy-token-0123456789"
+    got, tokens = server_access(config.server, (legacy,), env, principal_for_token, http=True)
+    assert set(tokens) == {legacy, AGENT, PAT} and got.self_approval is False and got.links == "signed_in"
+    pat = got.grant(PAT_P)
+    assert pat.name == "pat" and pat.approves_for == {AGENT_P, principal_for_token(legacy)}
+    assert got.grant(principal_for_token(legacy)).rights == {RUN, APPROVE}  # TETHER_TOKEN: as before, minus self-approval
+    assert got.grant(principal_for_token(legacy)).name == "TETHER_TOKEN"
+    # Standard input/output tells nobody apart: the one principal is local, and it approves its own writes (D-30).
+    stdio, _ = server_access(config.server, (legacy,), env, principal_for_token, http=False)
+    assert stdio.self_approval is True and set(stdio.grants) == {"local"}
+    with pytest.raises(UsageError) as missing:
+        server_access(config.server, (), {"AGENT_TOKEN": AGENT}, principal_for_token, http=True)
+    assert missing.value.code == "token_required" and "PAT_TOKEN" in missing.value.message
+    strict = Config.from_dict({"server": {"self_approval": False}}, env={})
+    assert server_access(strict.server, (), {}, principal_for_token, http=False)[0].self_approval is False
+
+
+async def test_an_inline_approver_is_not_asked_about_a_signed_in_tool_unless_it_is_the_operators_prompt(rt, rec):
+    asked: list[str] = []
+
+    async def form(pending):
+        asked.append(pending["address"])
+        return "approve", None
+
+    paused = await rt.execute(CLOSE, on_approval=form)
+    assert paused.status == "paused" and asked == [] and rec.deliveries == []
+    form.signed_in = True  # what `tether run` marks its terminal prompt with: the operator
+    done = await rt.execute(CLOSE, on_approval=form)
+    assert done.status == "completed" and asked == ["helpdesk.close_ticket"]

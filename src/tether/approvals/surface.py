@@ -36,11 +36,13 @@ def where_to_approve(public_url: str | None, run_id: str) -> str:
             "the approval link delivered to them, or with `tether runs approve` on the store")
 
 
-def refusal(verdict: Verdict, run_id: str, public_url: str | None) -> TetherError:
+def refusal(verdict: Verdict, run_id: str, public_url: str | None, *, paused: bool = True) -> TetherError:
     """The error a surface reports for a refused decision: nothing was decided, nothing was sent."""
     if verdict.code == "run_not_found":
         return RunNotFound(f"no run {run_id!r}")
-    text = f"{verdict.message}; nothing was decided and nothing was sent; run {run_id} stays paused"
+    text = f"{verdict.message}; nothing was decided and nothing was sent"
+    if paused:
+        text += f"; run {run_id} stays paused"
     if verdict.code == "approval_elsewhere":
         return ApprovalElsewhere(f"{text}. {where_to_approve(public_url, run_id)[0].upper()}"
                                  f"{where_to_approve(public_url, run_id)[1:]}.")

@@ -451,7 +451,8 @@ class TetherServer:
         run = self.rt.get_run(run_id, principal)
         verdict = may_decide(self.access, self._grant(principal), run.principal, "approve", channel,
                              signed_in_required=signed_in_required(run, seqs))
-        return None if verdict.ok else refusal(verdict, run_id, self.public_url)
+        return None if verdict.ok else refusal(verdict, run_id, self.public_url,
+                                               paused=run.status == RunStatus.PAUSED)
 
     def _needs_sign_in(self, result: RunResult, *, first_only: bool = False) -> bool:
         run = self.rt.store.get_run(result.run_id) if result.run_id else None
