@@ -342,3 +342,17 @@ async def test_an_inline_approver_is_not_asked_about_a_signed_in_tool_unless_it_
     form.signed_in = True  # what `tether run` marks its terminal prompt with: the operator
     done = await rt.execute(CLOSE, on_approval=form)
     assert done.status == "completed" and asked == ["helpdesk.close_ticket"]
+
+
+async def test_a_paused_cell_shows_the_agent_no_key_and_no_approve_call(rt, rec):
+    server, _ = served(rt)
+    async with Client(server.mcp, mode="legacy") as c:
+        obs = (await c.call_tool("cell_start", {"code": COMMENT, "yield_after_ms": 5000})).structured_content
+        assert obs["status"] == "paused"
+        text = str(obs)
+        assert "'key'" not in text and "/approve/" not in text
+        assert "console/runs/" + obs["cell_id"] in obs["instructions"]
+        assert '"decision": "approve"' not in obs["instructions"]
+        r = await c.call_tool("resume", {"run_id": obs["cell_id"], "decision": "approve", "seq": 1})
+        assert r.structured_content["error"]["code"] == "approval_elsewhere"
+    assert rec.deliveries == []

@@ -342,6 +342,11 @@ class ServerConfig(_Section):
         names = [t.name for t in self.tokens]
         if len(set(names)) != len(names):
             raise PydanticCustomError("tether", "[[server.tokens]] names must be unique", {"key": "tokens"})
+        reserved = [n for n in names if n == "*" or n.startswith("TETHER_TOKEN")]
+        if reserved:
+            # Those names stand for TETHER_TOKEN's tokens and for everyone in approves_for and the timeline.
+            raise PydanticCustomError("tether", "[[server.tokens]] name {name!r} is reserved",
+                                      {"key": "tokens", "name": reserved[0]})
         known = set(names) | {"*", "TETHER_TOKEN"}
         for t in self.tokens:
             unknown = [n for n in t.approves_for if n not in known]

@@ -350,7 +350,7 @@ class TetherServer:
                 handle.add_done_callback(lambda _h: slot.release())
         except TetherError as exc:
             return error_result(exc)
-        return observation_result(obs)
+        return self.observation(obs)
 
     async def cell_wait(
         self,
@@ -364,7 +364,7 @@ class TetherServer:
                                           principal=self.principal_of(ctx))
         except TetherError as exc:
             return error_result(exc)
-        return observation_result(obs)
+        return self.observation(obs)
 
     async def cell_terminate(
         self,
@@ -375,7 +375,7 @@ class TetherServer:
             obs = await self.rt.terminate_cell(cell_id, principal=self.principal_of(ctx))
         except TetherError as exc:
             return error_result(exc)
-        return observation_result(obs)
+        return self.observation(obs)
 
     # -- running -------------------------------------------------------------------
 
@@ -460,6 +460,15 @@ class TetherServer:
             return False
         seqs = [_first_undecided(result.pending or {}).get("seq")] if first_only else None
         return signed_in_required(run, [s for s in seqs if isinstance(s, int)] if seqs is not None else None)
+
+    def observation(self, obs: dict[str, Any]) -> CallToolResult:
+        """A cell's observation for the model: a paused one says how to decide it, with no key or link (D-31)."""
+        if obs.get("status") != "paused":
+            return observation_result(obs)
+        paused = RunResult(status=RunStatus.PAUSED, run_id=obs["cell_id"], pending=obs.get("pending"))
+        here = self.access.self_approval and not self._needs_sign_in(paused)
+        return observation_result(obs, approve_here=here,
+                                  elsewhere=None if here else where_to_approve(self.public_url, obs["cell_id"]))
 
     def paused_result(self, result: RunResult, *, diagnostics: bool) -> CallToolResult:
         """A run's result for the model: a paused one says how to decide it, and carries no approval link (D-31)."""

@@ -104,8 +104,19 @@ def run_result(result: RunResult, *, diagnostics: bool, approve_here: bool = Tru
                           is_error=result.status in (RunStatus.FAILED, RunStatus.CANCELLED))
 
 
-def observation_result(obs: dict[str, Any]) -> CallToolResult:
-    """A cell observation as text (outputs first) and structured content."""
+def observation_result(obs: dict[str, Any], *, approve_here: bool = True,
+                       elsewhere: str | None = None) -> CallToolResult:
+    """A cell observation as text (outputs first) and structured content.
+
+    A paused cell's pending writes, in the observation and in its ``paused``
+    events, lose their approval keys, and its instructions are the MCP ones
+    (D-31): what the model reads decides nothing.
+    """
+    events = [_without_capabilities(e) if e.get("type") == "paused" else e for e in obs.get("events") or []]
+    obs = {**_without_capabilities(obs), "events": events}
+    if obs.get("status") == "paused" and isinstance(obs.get("pending"), dict):
+        paused = RunResult(status=RunStatus.PAUSED, run_id=obs["cell_id"], pending=obs["pending"])
+        obs["instructions"] = resume_instructions(paused, approve_here=approve_here, elsewhere=elsewhere)
     lines = [f"[{obs['status']}] cell {obs['cell_id']} cursor {obs['cursor']}"]
     for e in obs["events"]:
         if e["type"] == "output":
