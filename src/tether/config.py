@@ -345,7 +345,7 @@ class ServerConfig(_Section):
         reserved = [n for n in names if n == "*" or n.startswith("TETHER_TOKEN")]
         if reserved:
             # Those names stand for TETHER_TOKEN's tokens and for everyone in approves_for and the timeline.
-            raise PydanticCustomError("tether", "[[server.tokens]] name {name!r} is reserved",
+            raise PydanticCustomError("tether", "[[server.tokens]] name '{name}' is reserved",
                                       {"key": "tokens", "name": reserved[0]})
         known = set(names) | {"*", "TETHER_TOKEN"}
         for t in self.tokens:
