@@ -29,14 +29,21 @@ def signed_in_required(run: Any, seqs: Iterable[int] | None = None) -> bool:
                for w in batch(run) if wanted is None or w.get("seq") in wanted)
 
 
-def where_to_approve(public_url: str | None, run_id: str) -> str:
-    """Where a person approves a run's writes, in words an agent can pass on."""
-    console = f"{public_url.rstrip('/')}/console/runs/{run_id}" if public_url else f"/console/runs/{run_id} on this server"
-    return (f"a person approves it on the console at {console} (signed in with a token that may approve), through "
-            "the approval link delivered to them, or with `tether runs approve` on the store")
+def where_to_approve(public_url: str | None, run_id: str, *, console: bool = True) -> str:
+    """Where a person approves a run's writes, in words an agent can pass on.
+
+    ``console``: whether this server has one (HTTP); a public URL implies it.
+    """
+    store = f"with `tether runs approve {run_id} --seq N` on the store"
+    if not public_url and not console:
+        return f"a person approves it {store}"
+    where = f"{public_url.rstrip('/')}/console/runs/{run_id}" if public_url else f"/console/runs/{run_id} on this server"
+    return (f"a person approves it on the console at {where} (signed in with a token that may approve), through "
+            f"the approval link delivered to them, or {store}")
 
 
-def refusal(verdict: Verdict, run_id: str, public_url: str | None, *, paused: bool = True) -> TetherError:
+def refusal(verdict: Verdict, run_id: str, public_url: str | None, *, paused: bool = True,
+            console: bool = True) -> TetherError:
     """The error a surface reports for a refused decision: nothing was decided, nothing was sent."""
     if verdict.code == "run_not_found":
         return RunNotFound(f"no run {run_id!r}")
@@ -44,7 +51,7 @@ def refusal(verdict: Verdict, run_id: str, public_url: str | None, *, paused: bo
     if paused:
         text += f"; run {run_id} stays paused"
     if verdict.code == "approval_elsewhere":
-        return ApprovalElsewhere(f"{text}. {where_to_approve(public_url, run_id)[0].upper()}"
-                                 f"{where_to_approve(public_url, run_id)[1:]}.")
+        where = where_to_approve(public_url, run_id, console=console)
+        return ApprovalElsewhere(f"{text}. {where[0].upper()}{where[1:]}.")
     return UsageError(text, code=verdict.code or "approval_refused",
                       next_action="Ask a person whose token may approve this run's writes to decide it.")

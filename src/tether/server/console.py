@@ -218,6 +218,8 @@ class Console:
         self._csrf_key = derived_key(secret, "console/csrf")
         self._principals = set(self.access.grants) if self.tokens else {LOCAL}
         self.templates = _environment()
+        # Who is signed in, by the name their token has in the configuration.
+        self.templates.filters["named"] = self._name
         self.feed = RunFeed(rt.store)
         routes = [
             Route("/console", self.home, methods=["GET"]),

@@ -194,8 +194,11 @@ class TetherServer:
         public_url: str | None = None,
         url_wait_seconds: float | None = None,
         access: Access | None = None,
+        console: bool = False,
     ) -> None:
         self.rt = rt
+        # Whether people reach a console on this server (HTTP): where approvals are sent.
+        self.console = console
         # Who may decide what (tether.approvals): `tether serve` passes the
         # server's; without one, nobody is told apart (standard input/output).
         self.access = access or Access.open(local_runs=getattr(rt, "local_runs", "private"))
@@ -452,7 +455,7 @@ class TetherServer:
         verdict = may_decide(self.access, self._grant(principal), run.principal, "approve", channel,
                              signed_in_required=signed_in_required(run, seqs))
         return None if verdict.ok else refusal(verdict, run_id, self.public_url,
-                                               paused=run.status == RunStatus.PAUSED)
+                                               paused=run.status == RunStatus.PAUSED, console=self.console)
 
     def _needs_sign_in(self, result: RunResult, *, first_only: bool = False) -> bool:
         run = self.rt.store.get_run(result.run_id) if result.run_id else None
@@ -467,8 +470,7 @@ class TetherServer:
             return observation_result(obs)
         paused = RunResult(status=RunStatus.PAUSED, run_id=obs["cell_id"], pending=obs.get("pending"))
         here = self.access.self_approval and not self._needs_sign_in(paused)
-        return observation_result(obs, approve_here=here,
-                                  elsewhere=None if here else where_to_approve(self.public_url, obs["cell_id"]))
+        return observation_result(obs, approve_here=here, elsewhere=None if here else self._where(obs["cell_id"]))
 
     def paused_result(self, result: RunResult, *, diagnostics: bool) -> CallToolResult:
         """A run's result for the model: a paused one says how to decide it, and carries no approval link (D-31)."""
@@ -476,7 +478,10 @@ class TetherServer:
             return run_result(result, diagnostics=diagnostics)
         here = self.access.self_approval and not self._needs_sign_in(result)
         return run_result(result, diagnostics=diagnostics, approve_here=here,
-                          elsewhere=None if here else where_to_approve(self.public_url, result.run_id))
+                          elsewhere=None if here else self._where(result.run_id))
+
+    def _where(self, run_id: str) -> str:
+        return where_to_approve(self.public_url, run_id, console=self.console)
 
     def _how(self, ctx: Context) -> tuple[str | None, str | None]:
         """(era, "form" | "url" | None): how this client's user can be asked about a paused write."""

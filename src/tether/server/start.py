@@ -154,6 +154,7 @@ async def serve(options: ServeOptions) -> int:
             approvals=config.server.approvals,
             public_url=config.server.public_url,
             access=access,
+            console=address is not None,
         )
         # The server is also a runner (P-19): it executes queued runs, wakes
         # timers and due waits, and takes over runs whose process died.
