@@ -33,6 +33,10 @@ def server_access(server: Any, env_tokens: Sequence[str], env: Mapping[str, str]
     local_runs = getattr(server, "local_runs", "private")
     links = getattr(server, "links", SIGNED_IN)
     configured = getattr(server, "self_approval", None)
+    if not http:
+        # Standard input/output: one person's own client; tokens play no part (D-30).
+        return Access(Access.open().grants, self_approval=True if configured is None else bool(configured),
+                      links=links, local_runs=local_runs), ()
     named: list[tuple[str, str, frozenset[str], list[str]]] = []
     for table in tables:
         value = (env.get(table.token_env) or "").strip()
@@ -50,12 +54,10 @@ def server_access(server: Any, env_tokens: Sequence[str], env: Mapping[str, str]
         raise UsageError("two configured tokens are the same token, so their rights cannot be told apart; "
                          "nothing was started", code="config_invalid",
                          next_action="Give each [[server.tokens]] entry (and TETHER_TOKEN) its own token.")
-    if not http or not everyone:
-        # Standard input/output, or --dev: one person's own machine, where the
-        # agent and the operator share the store (D-30); self_approval may still say no.
+    if not everyone:
+        # --dev on loopback: nobody is told apart, as on standard input/output (D-30).
         self_approval = True if configured is None else bool(configured)
-        return Access(Access.open().grants, self_approval=self_approval, links=links, local_runs=local_runs), \
-            (tokens if http else ())
+        return Access(Access.open().grants, self_approval=self_approval, links=links, local_runs=local_runs), ()
     by_name: dict[str, list[str]] = {}
     for name, token, _, _ in everyone:
         key = ENV_NAME if name.startswith(ENV_NAME) else name
