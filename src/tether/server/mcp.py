@@ -468,17 +468,25 @@ class TetherServer:
         """A cell's observation for the model: a paused one says how to decide it, with no key or link (D-31)."""
         if obs.get("status") != "paused":
             return observation_result(obs)
-        paused = RunResult(status=RunStatus.PAUSED, run_id=obs["cell_id"], pending=obs.get("pending"))
-        here = self.access.self_approval and not self._needs_sign_in(paused)
+        here = self._approves_here(obs["cell_id"])
         return observation_result(obs, approve_here=here, elsewhere=None if here else self._where(obs["cell_id"]))
 
     def paused_result(self, result: RunResult, *, diagnostics: bool) -> CallToolResult:
         """A run's result for the model: a paused one says how to decide it, and carries no approval link (D-31)."""
         if result.status != RunStatus.PAUSED:
             return run_result(result, diagnostics=diagnostics)
-        here = self.access.self_approval and not self._needs_sign_in(result)
+        here = self._approves_here(result.run_id)
         return run_result(result, diagnostics=diagnostics, approve_here=here,
                           elsewhere=None if here else self._where(result.run_id))
+
+    def _approves_here(self, run_id: str) -> bool:
+        """Whether the run's own principal may approve its waiting writes through resume (what to tell the model)."""
+        run = self.rt.store.get_run(run_id)
+        if run is None:
+            return False
+        owner = run.principal or LOCAL
+        return may_decide(self.access, self._grant(owner), owner, "approve", Channel.RESUME,
+                          signed_in_required=signed_in_required(run)).ok
 
     def _where(self, run_id: str) -> str:
         return where_to_approve(self.public_url, run_id, console=self.console)
