@@ -320,7 +320,7 @@ def test_tokens_get_their_rights_from_the_configuration():
     assert pat.name == "pat" and pat.approves_for == {AGENT_P, principal_for_token(legacy)}
     assert got.grant(principal_for_token(legacy)).rights == {RUN, APPROVE}  # TETHER_TOKEN: as before, minus self-approval
     assert got.grant(principal_for_token(legacy)).name == "TETHER_TOKEN"
-    # Standard input/output tells nobody apart: the one principal is local, and it approves its own writes (D-30).
+    # Standard input/output tells nobody apart: the one principal is local, and it approves its own writes (D-31).
     stdio, _ = server_access(config.server, (legacy,), {}, principal_for_token, http=False)  # no token needed
     assert stdio.self_approval is True and set(stdio.grants) == {"local"}
     with pytest.raises(UsageError) as missing:

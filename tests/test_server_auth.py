@@ -88,7 +88,7 @@ async def test_p23_duplicate_authorization_headers_never_reach_a_run(served):
         store.close()
     assert tag not in served.tags()
     # The only door left is the owner's own single token, and it declines or cancels:
-    # approving is a person's, elsewhere (D-30).
+    # approving is a person's, elsewhere (D-31).
     status, body, _ = raw(served, "POST", "/mcp", [f"authorization: bearer {BETA}"], resume_call(paused["run_id"]))
     assert status == 200 and body["result"]["structuredContent"]["error"]["code"] == "run_not_found"
     status, body, _ = raw(served, "POST", "/mcp", [f"Authorization: Bearer {ALPHA}"], resume_call(paused["run_id"]))

@@ -203,7 +203,7 @@ async def test_execute_pause_and_resume_over_http(served, mode):
         paused = r.structured_content
         assert paused["status"] == "paused" and "resume" in r.content[0].text
         assert tag not in served.tags()
-        # Over HTTP the token that ran the program does not approve its writes (D-30):
+        # Over HTTP the token that ran the program does not approve its writes (D-31):
         # resume says where a person approves, and sends nothing.
         r = await c.call_tool("resume", {"run_id": paused["run_id"], "decision": "approve",
                                          "seq": paused["pending"]["seq"]})

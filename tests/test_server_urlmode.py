@@ -138,7 +138,7 @@ async def test_form_mode_keeps_forms_for_a_client_that_does_both(rt, rec, mode):
 
 @pytest.mark.parametrize("mode", ERAS)
 async def test_without_elicitation_the_paused_result_carries_no_link(rt, rec, mode):
-    # The model reads the result: an approval link in it would be a capability in the agent's hands (D-31).
+    # The model reads the result: an approval link in it would be a capability in the agent's hands (D-32).
     server, _ = served(rt, approvals="url")
     async with Client(server.mcp, mode=mode) as c:
         r = await c.call_tool("execute", {"code": CLOSE_3_CAUGHT})

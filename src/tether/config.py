@@ -329,7 +329,7 @@ class ServerConfig(_Section):
     # (MCP `resume`, the console signed in with its token, a link page). RISK:
     # the agent holds that token, so with true a prompt-injected model can
     # approve what it was told to ask about. Unset: false over HTTP with
-    # tokens, true on standard input/output and --dev (docs/decisions.md D-30).
+    # tokens, true on standard input/output and --dev (docs/decisions.md D-31).
     self_approval: Bool | None = None
     # How an approval link decides: "signed_in" (the page shows the write to
     # whoever holds the link; deciding needs a console sign-in) or

@@ -34,7 +34,7 @@ def server_access(server: Any, env_tokens: Sequence[str], env: Mapping[str, str]
     links = getattr(server, "links", SIGNED_IN)
     configured = getattr(server, "self_approval", None)
     if not http:
-        # Standard input/output: one person's own client; tokens play no part (D-30).
+        # Standard input/output: one person's own client; tokens play no part (D-31).
         return Access(Access.open().grants, self_approval=True if configured is None else bool(configured),
                       links=links, local_runs=local_runs), ()
     named: list[tuple[str, str, frozenset[str], list[str]]] = []
@@ -55,7 +55,7 @@ def server_access(server: Any, env_tokens: Sequence[str], env: Mapping[str, str]
                          "nothing was started", code="config_invalid",
                          next_action="Give each [[server.tokens]] entry (and TETHER_TOKEN) its own token.")
     if not everyone:
-        # --dev on loopback: nobody is told apart, as on standard input/output (D-30).
+        # --dev on loopback: nobody is told apart, as on standard input/output (D-31).
         self_approval = True if configured is None else bool(configured)
         return Access(Access.open().grants, self_approval=self_approval, links=links, local_runs=local_runs), ()
     by_name: dict[str, list[str]] = {}
@@ -68,6 +68,6 @@ def server_access(server: Any, env_tokens: Sequence[str], env: Mapping[str, str]
         for other in approves_for:
             targets.update([ANY] if other == ANY else by_name.get(other, []))
         grants.append(Grant(principal_of(token), name, rights, frozenset(targets)))
-    # Unset: a token over HTTP is somebody else's hands (the agent's); see D-30.
+    # Unset: a token over HTTP is somebody else's hands (the agent's); see D-31.
     self_approval = bool(configured) if configured is not None else not http
     return Access.of(grants, self_approval=self_approval, links=links, local_runs=local_runs), tokens

@@ -465,14 +465,14 @@ class TetherServer:
         return signed_in_required(run, [s for s in seqs if isinstance(s, int)] if seqs is not None else None)
 
     def observation(self, obs: dict[str, Any]) -> CallToolResult:
-        """A cell's observation for the model: a paused one says how to decide it, with no key or link (D-31)."""
+        """A cell's observation for the model: a paused one says how to decide it, with no key or link (D-32)."""
         if obs.get("status") != "paused":
             return observation_result(obs)
         here = self._approves_here(obs["cell_id"])
         return observation_result(obs, approve_here=here, elsewhere=None if here else self._where(obs["cell_id"]))
 
     def paused_result(self, result: RunResult, *, diagnostics: bool) -> CallToolResult:
-        """A run's result for the model: a paused one says how to decide it, and carries no approval link (D-31)."""
+        """A run's result for the model: a paused one says how to decide it, and carries no approval link (D-32)."""
         if result.status != RunStatus.PAUSED:
             return run_result(result, diagnostics=diagnostics)
         here = self._approves_here(result.run_id)

@@ -33,7 +33,7 @@ def approval_message(pending: Mapping[str, Any], description: str | None = None)
 
 
 def resume_instructions(result: RunResult, *, approve_here: bool = True, elsewhere: str | None = None) -> str:
-    """What the model is told about a paused run. It never carries an approval link (D-31).
+    """What the model is told about a paused run. It never carries an approval link (D-32).
 
     ``approve_here``: whether an approve through ``resume`` would be taken;
     otherwise ``elsewhere`` says where a person approves, and resume is named
@@ -110,7 +110,7 @@ def observation_result(obs: dict[str, Any], *, approve_here: bool = True,
 
     A paused cell's pending writes, in the observation and in its ``paused``
     events, lose their approval keys, and its instructions are the MCP ones
-    (D-31): what the model reads decides nothing.
+    (D-32): what the model reads decides nothing.
     """
     events = [_without_capabilities(e) if e.get("type") == "paused" else e for e in obs.get("events") or []]
     obs = {**_without_capabilities(obs), "events": events}
