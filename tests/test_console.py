@@ -14,9 +14,10 @@ import httpx
 import pytest
 
 from tether import Runtime, tool
+from tether.approvals import APPROVE, RUN, Access, Grant
 from tether.server.approvals import link_token, open_token, render_value
 from tether.server.auth import principal_for_token
-from tether.server.console import Console
+from tether.server.console import CAPABILITY_HOLDER, Console
 
 sent: list[dict] = []
 
@@ -35,6 +36,19 @@ except Exception as e:
     out = "not sent: " + str(e)
 out"""
 ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789"
+# A person who approves the agents' writes ([[server.tokens]] with rights = ["approve"], approves_for = ["*"]).
+PAT = "pat-token-0123456789abc"
+
+
+def access(*, self_approval: bool = False, links: str = "signed_in") -> Access:
+    return Access.of([Grant(principal_for_token(ALICE), "alice", frozenset({RUN, APPROVE})),
+                      Grant(principal_for_token(BOB), "bob", frozenset({RUN, APPROVE})),
+                      Grant(principal_for_token(PAT), "pat", frozenset({APPROVE}), frozenset({"*"}))],
+                     self_approval=self_approval, links=links)
+
+
+def console_for(rt, **options) -> Console:
+    return Console(rt, tokens=[ALICE, BOB, PAT], access=access(**options))
 
 
 @pytest.fixture
@@ -111,7 +125,7 @@ async def test_a_principal_sees_and_decides_only_its_runs(rt):
 
 async def test_every_decision_records_who_and_through_what(rt):
     paused = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
-    async with client(Console(rt, tokens=[ALICE])) as c:
+    async with client(console_for(rt)) as c:
         await sign_in(c, ALICE)
         csrf = csrf_of((await c.get(f"/console/runs/{paused.run_id}")).text)
         forged = await c.post(f"/console/runs/{paused.run_id}/decide",
@@ -122,12 +136,13 @@ async def test_every_decision_records_who_and_through_what(rt):
         assert done.status_code == 303
         again = await c.post(f"/console/runs/{paused.run_id}/decide",
                              data={"csrf": csrf, "seq": "1", "decision": "approve"})
-        assert again.status_code == 409 and "already decided" in again.text
+        assert again.status_code == 403 and "nothing was sent" in again.text
     result = await rt.wait_for_run(paused.run_id)
     assert "over the limit" in result.result and sent == []
     decided = [e.data for e in rt.store.get_events(paused.run_id) if e.type == "decided"]
+    # Who decided is the token's name, the person, never a channel.
     assert [(d["seq"], d["decision"], d["reason"], d["actor"], d["via"], d["origin"]) for d in decided] == [
-        (1, "decline", "over the limit", principal_for_token(ALICE), "console", "127.0.0.1")]
+        (1, "decline", "over the limit", "alice", "console", "127.0.0.1")]
 
 
 TWO_BATCHES = """import asyncio
@@ -150,8 +165,8 @@ async def test_p28_decide_all_covers_only_the_writes_the_page_showed(rt):
     alice = principal_for_token(ALICE)
     paused = await rt.execute(TWO_BATCHES, principal=alice)
     assert [w["seq"] for w in paused.pending["writes"]] == [1, 2]
-    async with client(Console(rt, tokens=[ALICE])) as c:
-        await sign_in(c, ALICE)
+    async with client(console_for(rt)) as c:
+        await sign_in(c, PAT)  # a person who approves alice's runs
         page = (await c.get(f"/console/runs/{paused.run_id}")).text
         shown = re.search(r'name="shown" value="([^"]+)"', page).group(1)
         assert shown == "1,2"
@@ -177,17 +192,26 @@ async def test_p28_decide_all_covers_only_the_writes_the_page_showed(rt):
     assert [s["order_id"] for s in sent] == ["A1", "A2"]
 
 
-async def test_p33_an_approval_link_needs_no_login_and_decides_once(rt):
+async def test_p33_an_approval_link_shows_its_write_and_decides_once_for_a_signed_in_approver(rt):
     paused = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
     token = link_token(rt.store.secret(), paused.run_id, 1, paused.expires_at)
-    async with client(Console(rt, tokens=[ALICE])) as c:
+    async with client(console_for(rt)) as c:
         page = await c.get(f"/approve/{token}")
+        # Anyone holding the link sees the write; the form asks for a sign-in first.
         assert page.status_code == 200 and "sends money back to the customer" in page.text
+        assert 'value="approve"' not in page.text and f"/console/login?next=/approve/{token}" in page.text
+        unsigned = await c.post(f"/approve/{token}", data={"csrf": "x", "seq": "1", "decision": "approve"})
+        assert unsigned.status_code == 403 and sent == []
+        signed = await sign_in(c, PAT)
+        assert signed.status_code == 303
+        page = await c.get(f"/console/login?next=/approve/{token}")
+        assert page.headers["location"] == f"/approve/{token}"
+        page = await c.get(f"/approve/{token}")
         csrf = csrf_of(page.text)
-        no_cookie = await httpx.AsyncClient(transport=httpx.ASGITransport(app=Console(rt, tokens=[ALICE]).app),
+        no_cookie = await httpx.AsyncClient(transport=httpx.ASGITransport(app=console_for(rt).app),
                                             base_url="http://console.test").post(
             f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})
-        assert no_cookie.status_code == 403
+        assert no_cookie.status_code in (401, 403)
         other_seq = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "2", "decision": "approve"})
         assert other_seq.status_code == 400
         ok = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})
@@ -196,14 +220,30 @@ async def test_p33_an_approval_link_needs_no_login_and_decides_once(rt):
         assert twice.status_code == 409 and "already approved" in twice.text
     assert sent == [{"order_id": "A1", "amount": 12.5}]
     assert (await rt.wait_for_run(paused.run_id)).result == {"refunded": 12.5}
+    decided = [e.data for e in rt.store.get_events(paused.run_id) if e.type == "decided"]
+    assert [(d["actor"], d["via"]) for d in decided] == [("pat", "link")]
+
+
+async def test_a_capability_link_decides_without_sign_in_only_when_configured_and_says_so(rt):
+    paused = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
+    token = link_token(rt.store.secret(), paused.run_id, 1, paused.expires_at)
+    async with client(console_for(rt, links="capability")) as c:
+        page = await c.get(f"/approve/{token}")
+        assert 'value="approve"' in page.text
+        ok = await c.post(f"/approve/{token}", data={"csrf": csrf_of(page.text), "seq": "1", "decision": "approve"})
+        assert ok.status_code == 200 and "The write was sent" in ok.text
+    decided = [e.data for e in rt.store.get_events(paused.run_id) if e.type == "decided"]
+    assert [(d["actor"], d["via"]) for d in decided] == [(CAPABILITY_HOLDER, "link")]
+    assert decided[0]["actor"] != "approval link"
 
 
 async def test_p33_an_expired_link_decides_nothing(rt):
     paused = await rt.execute(PROGRAM)
     token = link_token(rt.store.secret(), paused.run_id, 1, rt.clock() - 5)
-    async with client(Console(rt, tokens=[ALICE])) as c:
+    async with client(console_for(rt)) as c:
         page = await c.get(f"/approve/{token}")
         assert page.status_code == 410 and "expired" in page.text
+        await sign_in(c, PAT)
         fresh = link_token(rt.store.secret(), paused.run_id, 1, paused.expires_at)
         csrf = csrf_of((await c.get(f"/approve/{fresh}")).text)
         late = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})

@@ -1,7 +1,8 @@
 """The console and approval links in a real browser (Debian's chromium, driven by Playwright).
 
-One ``tether serve --http`` subprocess (two tokens, alpha and
-beta) serves the module; runs are queued into its store and its
+One ``tether serve --http`` subprocess (TETHER_TOKEN holds two tokens, alpha
+and beta, that run programs; ``[[server.tokens]]`` adds pat, a person who
+approves their writes) serves the module; runs are queued into its store and its
 runner executes them, so every pause, decision and continuation below happens
 in the server, as it would for an agent's run. Writes go through the
 ``ledger`` tools, which append a line per delivery: "sent once" is read back
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+from mcp_types import ElicitResult
 
 from tether.runs.runtime import Runtime
 from tether.server.approvals import link_token
@@ -38,6 +40,7 @@ CHROMIUM = os.environ.get("TETHER_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ALPHA, BETA = "alpha-token-0123456789", "beta-token-0123456789"
+PAT = "pat-token-0123456789abcdef"
 
 LEDGER_TOOLS = '''\
 """Writes that leave a line in the file named by $LEDGER, so a test can count deliveries."""
@@ -54,11 +57,30 @@ async def guarded_write(tag: str, note: str = "") -> str:
     with open(os.environ["LEDGER"], "a", encoding="utf-8") as f:
         f.write(tag + "\\n")
     return tag
+
+
+@tool
+async def pay(tag: str, amount: float) -> str:
+    """Pay `amount` and record `tag`. Its policy rule requires a signed-in approver."""
+    with open(os.environ["LEDGER"], "a", encoding="utf-8") as f:
+        f.write(tag + "\\n")
+    return tag
 '''
 
 CONFIG = """\
 [server]
 public_url = "{public_url}"
+
+[[server.tokens]]
+name = "pat"
+token_env = "PAT_TOKEN"
+rights = ["approve"]
+approves_for = ["TETHER_TOKEN"]
+
+[[policy.rules]]
+match = "ledger.pay"
+action = "ask"
+approver = "signed_in"
 
 [sandbox]
 max_workers = 2
@@ -93,7 +115,8 @@ class Server:
         (root / "ledger_tools.py").write_text(LEDGER_TOOLS)
         self.config.write_text(CONFIG.format(public_url=self.base))
         self.env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "TETHER_STORE_URL")}
-        self.env.update(TETHER_HOME=str(root / "home"), LEDGER=str(self.ledger), TETHER_TOKEN=f"{ALPHA},{BETA}")
+        self.env.update(TETHER_HOME=str(root / "home"), LEDGER=str(self.ledger), TETHER_TOKEN=f"{ALPHA},{BETA}",
+                        PAT_TOKEN=PAT)
         self.log = root / "server.log"
         with open(self.log, "wb") as err:
             self.proc = subprocess.Popen(
@@ -206,7 +229,7 @@ def program(tag: str) -> str:
 
 
 def test_a_pause_appears_live_is_approved_in_the_page_and_the_write_is_sent_once(browser, server, shots):
-    context, page = signed_in(browser, server)
+    context, page = signed_in(browser, server, PAT)  # a person who approves alpha's writes
     try:
         run_id = server.queue(program("console-approve"))
         row = page.locator(f"tr[data-run='{run_id}'][data-status='paused']")
@@ -228,7 +251,7 @@ def test_a_pause_appears_live_is_approved_in_the_page_and_the_write_is_sent_once
         shots(page, "console-run-completed")
         assert server.tags().count("console-approve") == 1
         timeline = page.locator(".timeline").inner_text()
-        assert "decided call 1: approve by token:" in timeline and "via console" in timeline
+        assert "decided call 1: approve by pat" in timeline and "via console" in timeline
     finally:
         context.close()
 
@@ -273,7 +296,7 @@ def test_another_principals_run_is_invisible(browser, server):
 def test_a_forged_csrf_token_is_refused_and_nothing_is_decided(browser, server, shots):
     run_id = server.queue(program("forged"))
     server.wait_status(run_id, "paused")
-    context, page = signed_in(browser, server)
+    context, page = signed_in(browser, server, PAT)
     try:
         page.goto(f"{server.base}/console/runs/{run_id}")
         # A different first character, whatever the real one is (a fixed 'f'
@@ -303,7 +326,7 @@ def _link_from_cli(server, run_id: str) -> str:
     return found.group(1)
 
 
-def test_p33_an_approval_link_decides_once_without_login(browser, server, shots):
+def test_p33_an_approval_link_shows_its_write_and_decides_once_after_sign_in(browser, server, shots):
     run_id = server.queue(program("link-approve"))
     server.wait_status(run_id, "paused")
     link = _link_from_cli(server, run_id)
@@ -316,14 +339,22 @@ def test_p33_an_approval_link_decides_once_without_login(browser, server, shots)
     try:
         page = context.new_page()
         page.goto(link)
+        # Whoever holds the link sees the write; deciding needs a signed-in approver.
         assert "ledger.guarded_write" in page.inner_text("article.write")
+        assert page.locator("button[value=approve]").count() == 0
         shots(page, "approval-link")
+        page.locator("a", has_text="Sign in to decide").click()
+        page.wait_for_url(re.compile(r".*/console/login\?next=/approve/.*"))
+        page.fill("#token", PAT)
+        page.click("button[type=submit]")
+        page.wait_for_url(link)
         page.locator("button[value=approve]").click()
         page.wait_for_load_state()
         assert "The write was sent. The run is completed." in page.inner_text("#message")
         shots(page, "approval-link-approved")
         # The console page follows without a reload (server-sent events).
         console_page.locator("#run-status.completed").wait_for(timeout=15_000)
+        assert "approve by pat" in console_page.locator(".timeline").inner_text()
         assert "via link" in console_page.locator(".timeline").inner_text()
         assert server.tags().count("link-approve") == 1
         # Opened again: a clear page, nothing decided.
@@ -389,7 +420,7 @@ def test_a_batch_of_three_one_approved_two_declined(browser, server, shots):
     run_id = server.queue(BATCH)
     run = server.wait_status(run_id, "paused")
     assert len(run.pending["writes"]) == 3
-    context, page = signed_in(browser, server)
+    context, page = signed_in(browser, server, PAT)
     try:
         page.goto(f"{server.base}/console/runs/{run_id}")
         assert page.locator("article.write").count() == 3
@@ -411,3 +442,113 @@ def test_a_batch_of_three_one_approved_two_declined(browser, server, shots):
         shots(page, "console-batch-completed")
     finally:
         context.close()
+
+
+# -- the agent as an adversary of approvals (issue 19) ----------------------------------------
+
+
+class CompromisedAgent:
+    """Holds the run's token (alpha), reads every result, answers its client's questions itself, and fetches URLs."""
+
+    def __init__(self, server) -> None:
+        self.server = server
+        self.tried: dict[str, object] = {}
+        self.links: list[str] = []
+        self.forms = 0
+
+    async def elicit(self, context, params):
+        if getattr(params, "mode", None) != "url":
+            self.forms += 1  # a form it answers itself
+            return ElicitResult(action="accept", content={"decision": "approve"})
+        self.links.append(params.url)
+        await self.fetch_and_approve(params.url)
+        return ElicitResult(action="cancel")  # dismissed: the call returns the paused result
+
+    async def fetch_and_approve(self, link: str) -> None:
+        import httpx
+
+        def csrf(text: str) -> str:
+            found = re.search(r'name="csrf" value="([^"]+)"', text)
+            return found.group(1) if found else "none"
+
+        async with httpx.AsyncClient(base_url=self.server.base) as web:
+            page = await web.get(link)
+            self.tried["link GET"] = page.status_code
+            self.tried["approve button on the link"] = 'value="approve"' in page.text
+            form = {"csrf": csrf(page.text), "seq": "1", "decision": "approve"}
+            self.tried["link POST"] = (await web.post(link, data=form)).status_code
+            login = await web.get("/console/login")
+            signed = await web.post("/console/login", data={"csrf": csrf(login.text), "token": ALPHA})
+            self.tried["console sign-in with its token"] = signed.status_code
+            page = await web.get(link)
+            form["csrf"] = csrf(page.text)
+            self.tried["link POST signed in"] = (await web.post(link, data=form)).status_code
+            # The link names its run (its payload is base64 JSON; only its signature is secret).
+            import base64
+
+            payload = link.rsplit("/approve/", 1)[1].split(".")[1]
+            run_id = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))[0]
+            page = await web.get(f"/console/runs/{run_id}")
+            form["csrf"] = csrf(page.text)
+            self.tried["console POST"] = (await web.post(f"/console/runs/{run_id}/decide", data=form)).status_code
+
+    async def attack(self, code: str) -> dict:
+        from mcp.shared.exceptions import MCPError
+
+        from test_server_http import connect
+
+        url = f"{self.server.base}/mcp"
+        async with connect(url, ALPHA, "legacy", elicitation_callback=self.elicit) as agent:
+            r = await agent.call_tool("execute", {"code": code})
+            paused = r.structured_content
+            self.tried["result text"] = r.content[0].text
+            for seq in (1, [1], None):
+                args = {"run_id": paused["run_id"], "decision": "approve", **({"seq": seq} if seq else {})}
+                out = await agent.call_tool("resume", args)
+                self.tried[f"resume seq={seq}"] = out.structured_content["error"]["code"]
+        async with connect(url, ALPHA, "auto", elicitation_callback=self.elicit) as agent:
+            answer = {"approval": ElicitResult(action="accept", content={"decision": "approve"})}
+            state = json.dumps({"v": 1, "run_id": paused["run_id"], "seq": 1, "mac": "0" * 64})
+            try:
+                out = await agent.call_tool("execute", {"code": code}, input_responses=answer, request_state=state)
+                self.tried["input-required retry"] = out.structured_content["error"]["code"]
+            except MCPError as exc:
+                self.tried["input-required retry"] = f"refused: {exc}"
+        return paused
+
+
+def test_a_compromised_agent_cannot_approve_and_a_person_in_the_console_can(browser, server, shots):
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    agent = CompromisedAgent(server)
+    code = ("import tools\n"
+            "await tools.ledger.pay(tag='agent-pay', amount=10000)")
+    # The agent runs on its own event loop (Playwright's sync API owns this thread's).
+    with ThreadPoolExecutor(1) as pool:
+        paused = pool.submit(asyncio.run, agent.attack(code)).result(timeout=120)
+    tried = agent.tried
+    assert paused["status"] == "paused" and agent.forms == 0  # never put to the client's form
+    assert len(agent.links) == 1  # URL-mode elicitation delivered the link to the client...
+    assert "/approve/" not in str(tried["result text"]) and '"key"' not in str(tried["result text"])  # ...not the model
+    assert tried["link GET"] == 200 and tried["approve button on the link"] is False
+    assert tried["link POST"] in (401, 403) and tried["console sign-in with its token"] == 303
+    assert tried["link POST signed in"] == 403 and tried["console POST"] == 403
+    assert {tried[f"resume seq={s}"] for s in (1, [1], None)} == {"approval_elsewhere"}
+    assert str(tried["input-required retry"]).startswith("refused") or tried["input-required retry"] == "run_not_found"
+    run_id = paused["run_id"]
+    assert server.store.get_run(run_id).status == "paused" and "agent-pay" not in server.tags()
+    # A person signs in with their own token and approves in the console.
+    context, page = signed_in(browser, server, PAT)
+    try:
+        page.goto(f"{server.base}/console/runs/{run_id}")
+        write = page.locator("article.write")
+        assert "ledger.pay" in write.inner_text() and "10000" in write.inner_text()
+        shots(page, "console-person-approves-agent-write")
+        write.locator("button[value=approve]").click()
+        page.locator("#run-status.completed").wait_for(timeout=15_000)
+        timeline = page.locator(".timeline").inner_text()
+        assert "approve by pat" in timeline and "via console" in timeline
+    finally:
+        context.close()
+    assert server.tags().count("agent-pay") == 1

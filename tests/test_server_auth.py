@@ -52,9 +52,9 @@ def raw(served, method: str, path: str, headers: list[str], body: dict | None = 
     return status, parsed, head.decode("latin-1")
 
 
-def resume_call(run_id: str, seq: int = 1) -> dict:
+def resume_call(run_id: str, seq: int = 1, decision: str = "approve") -> dict:
     return {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": "resume", "arguments": {"run_id": run_id, "decision": "approve", "seq": seq},
+            "params": {"name": "resume", "arguments": {"run_id": run_id, "decision": decision, "seq": seq},
                        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
                                  "io.modelcontextprotocol/clientCapabilities": {},
                                  "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"}}}}
@@ -87,12 +87,16 @@ async def test_p23_duplicate_authorization_headers_never_reach_a_run(served):
     finally:
         store.close()
     assert tag not in served.tags()
-    # The only door left is the owner's own single token.
+    # The only door left is the owner's own single token, and it declines or cancels:
+    # approving is a person's, elsewhere (D-31).
     status, body, _ = raw(served, "POST", "/mcp", [f"authorization: bearer {BETA}"], resume_call(paused["run_id"]))
     assert status == 200 and body["result"]["structuredContent"]["error"]["code"] == "run_not_found"
     status, body, _ = raw(served, "POST", "/mcp", [f"Authorization: Bearer {ALPHA}"], resume_call(paused["run_id"]))
-    assert status == 200 and body["result"]["structuredContent"]["status"] == "completed"
-    assert served.tags().count(tag) == 1
+    assert status == 200 and body["result"]["structuredContent"]["error"]["code"] == "approval_elsewhere"
+    status, body, _ = raw(served, "POST", "/mcp", [f"Authorization: Bearer {ALPHA}"],
+                          resume_call(paused["run_id"], decision="cancel"))
+    assert status == 200 and body["result"]["structuredContent"]["status"] == "cancelled"
+    assert tag not in served.tags()
 
 
 def test_healthz_and_readyz_answer_without_a_token(served):

@@ -137,14 +137,15 @@ async def test_form_mode_keeps_forms_for_a_client_that_does_both(rt, rec, mode):
 
 
 @pytest.mark.parametrize("mode", ERAS)
-async def test_without_elicitation_the_paused_result_names_the_link(rt, rec, mode):
+async def test_without_elicitation_the_paused_result_carries_no_link(rt, rec, mode):
+    # The model reads the result: an approval link in it would be a capability in the agent's hands (D-32).
     server, _ = served(rt, approvals="url")
     async with Client(server.mcp, mode=mode) as c:
         r = await c.call_tool("execute", {"code": CLOSE_3_CAUGHT})
     data = r.structured_content
-    assert data["status"] == "paused"
-    assert data["pending"]["approval_url"].startswith(f"{PUBLIC}/approve/")
-    assert data["pending"]["approval_url"] in data["instructions"] and rec.deliveries == []
+    assert data["status"] == "paused" and rec.deliveries == []
+    assert "/approve/" not in r.content[0].text and "approval_url" not in r.content[0].text
+    assert all("key" not in w for w in data["pending"]["writes"])
 
 
 async def test_without_a_public_url_auto_stays_with_forms(rt, rec):

@@ -22,7 +22,7 @@ from .store import open_store
 def policy_from_config(config: Config) -> Policy:
     p = config.policy
     return Policy(writes=p.writes, write_budget=p.write_budget,
-                  rules=tuple(Rule(r.match, r.action) for r in p.rules))
+                  rules=tuple(Rule(r.match, r.action, r.approver) for r in p.rules))
 
 
 def limits_from_config(config: Config) -> Limits:

@@ -206,6 +206,10 @@ class Rule(_Section):
 
     match: Glob
     action: Literal["allow", "ask", "deny"]
+    # "signed_in": the tool's writes are decided only by a signed-in approver
+    # (the console, a signed-in link page) or the operator, never by an MCP
+    # client's approval form (money, deletes, pushes: docs/security.md).
+    approver: Literal["any", "signed_in"] = "any"
 
 
 class PolicyConfig(_Section):
@@ -266,6 +270,28 @@ class SandboxConfig(_Section):
 # --- [server] ----------------------------------------------------------------
 
 
+Right = Literal["run", "approve", "operate"]
+
+
+class TokenConfig(_Section):
+    """One bearer token and what its holder may do (``[[server.tokens]]``; docs/security.md)."""
+
+    # Shown in the console and recorded with each decision this token takes.
+    name: Annotated[str, Strict(), Field(min_length=1, max_length=64), _Expected("must be a short non-empty name")]
+    # The token itself comes from the environment, never the file.
+    token_env: EnvName
+    # run: execute, see and cancel its runs, decline their writes; approve: decide
+    # writes (of the runs of `approves_for`; its own only with self_approval);
+    # operate: everything, on every principal's runs.
+    rights: Annotated[list[Right], Field(min_length=1),
+                      _Expected("must be a non-empty list of 'run', 'approve', 'operate'")] = Field(
+        default_factory=lambda: list[Right](["run"]))
+    # Names of other [[server.tokens]] (or "TETHER_TOKEN", or "*" for every
+    # principal) whose runs this token may approve.
+    approves_for: Annotated[list[Annotated[str, Strict()]], _Expected("must be a list of token names")] = Field(
+        default_factory=list)
+
+
 class ServerConfig(_Section):
     # Loopback: nothing is exposed until someone chooses to.
     host: Text = "127.0.0.1"
@@ -295,6 +321,40 @@ class ServerConfig(_Section):
     # is kept in a process's memory, so any replica answers any request
     # (2025-11-25 clients then get no mid-call requests; see docs/deploy.md).
     stateless_http: Bool = False
+    # Named tokens with rights; TETHER_TOKEN / `token` stay accepted beside them
+    # (rights run and approve, its own runs only: see self_approval).
+    tokens: Annotated[list[TokenConfig], _Expected("must be an array of tables, written [[server.tokens]]")] = Field(
+        default_factory=list)
+    # Whether the principal that ran a program may approve its own writes
+    # (MCP `resume`, the console signed in with its token, a link page). RISK:
+    # the agent holds that token, so with true a prompt-injected model can
+    # approve what it was told to ask about. Unset: false over HTTP with
+    # tokens, true on standard input/output and --dev (docs/decisions.md D-31).
+    self_approval: Bool | None = None
+    # How an approval link decides: "signed_in" (the page shows the write to
+    # whoever holds the link; deciding needs a console sign-in) or
+    # "capability" (holding the link is enough). RISK of "capability": whoever
+    # gets the link (a forwarded e-mail, an agent that fetched it) approves.
+    links: Literal["signed_in", "capability"] = "signed_in"
+
+    @model_validator(mode="after")
+    def _known_approvers(self) -> "ServerConfig":
+        names = [t.name for t in self.tokens]
+        if len(set(names)) != len(names):
+            raise PydanticCustomError("tether", "[[server.tokens]] names must be unique", {"key": "tokens"})
+        reserved = [n for n in names if n == "*" or n.startswith("TETHER_TOKEN")]
+        if reserved:
+            # Those names stand for TETHER_TOKEN's tokens and for everyone in approves_for and the timeline.
+            raise PydanticCustomError("tether", "[[server.tokens]] name '{name}' is reserved",
+                                      {"key": "tokens", "name": reserved[0]})
+        known = set(names) | {"*", "TETHER_TOKEN"}
+        for t in self.tokens:
+            unknown = [n for n in t.approves_for if n not in known]
+            if unknown:
+                raise PydanticCustomError(
+                    "tether", "approves_for names {unknown}, not a [[server.tokens]] name, 'TETHER_TOKEN' or '*'",
+                    {"key": "tokens", "unknown": ", ".join(unknown)})
+        return self
 
 
 # --- [[notify]] --------------------------------------------------------------

@@ -16,7 +16,8 @@
     │   ├── NotPaused                not_paused
     │   ├── SeqRequired              seq_required
     │   ├── WriteNotPending          write_not_pending
-    │   └── IdempotencyConflict      idempotency_conflict
+    │   ├── IdempotencyConflict      idempotency_conflict
+    │   └── ApprovalElsewhere        approval_elsewhere
     ├── LimitExceeded                a limit stopped the program
     │   ├── (codes) memory_limit, time_limit, call_limit, journal_limit, budget_exceeded,
     │   │           call_timeout, output_limit, log_limit, overloaded
@@ -160,6 +161,17 @@ class IdempotencyConflict(UsageError):
     code = "idempotency_conflict"
     next_action = ("Use a new key for a different program; reuse a key only to retry the very same request "
                    "(read the named run with `tether runs show RUN`).")
+
+
+class ApprovalElsewhere(UsageError):
+    """An approve that arrived where a person cannot be told from the agent (docs/security.md).
+
+    Nothing was decided and nothing was sent; the message says where a person approves.
+    """
+
+    code = "approval_elsewhere"
+    next_action = ("Tell the user a write waits for their approval on the console or the approval link delivered "
+                   "to them; you may still call resume with decision 'decline' or 'cancel'.")
 
 
 # --- a limit stopped it ------------------------------------------------------

@@ -74,6 +74,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
                 return await _ask_inline(pending)
             # Recorded with each decision taken at the prompt (P-29).
             approver.actor, approver.via = local_user(), "cli"  # type: ignore[attr-defined]
+            # The person at this terminal holds the store: the operator, who may decide
+            # writes whose rule requires a signed-in approver.
+            approver.signed_in = True  # type: ignore[attr-defined]
         result = await rt.execute(code, on_approval=approver,
                                   on_question=_ask_question if interactive else None,
                                   meta={"tools": tools, "config": abs_path(args.config)}, key=args.key)

@@ -266,7 +266,13 @@ class Pauses:
                   entry: CallRecord | None = None) -> Any:
         host = self.host
         pending = AskedWrite.of(seq, tool, args)
-        if host.on_approval is not None:
+        # A rule that requires a signed-in approver keeps the write from an inline
+        # approver (an MCP client's form): the run pauses for the console, a
+        # signed-in link page or the operator, unless the approver is the operator's own prompt.
+        inline = host.on_approval is not None and (
+            policy_mod.rule_approver(host.policy, tool.address) != "signed_in"
+            or getattr(host.on_approval, "signed_in", False))
+        if host.on_approval is not None and inline:
             verdict, reason = await host.on_approval(pending.for_approver())
             await self._record_inline_decision(seq, tool.address, "approve" if verdict == "approve" else "decline",
                                                reason)

@@ -17,6 +17,9 @@ ACTIONS = (ALLOW, ASK, DENY)
 class Rule:
     match: str  # a glob over "namespace.tool"
     action: str
+    # "signed_in": only a signed-in approver (console, signed-in link page) decides
+    # this tool's writes; "any" also lets the client's own approval form decide.
+    approver: str = "any"
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,9 @@ class Policy:
         return {
             "writes": self.writes,
             "write_budget": self.write_budget,
-            "rules": [{"match": r.match, "action": r.action} for r in self.rules],
+            # `approver` only when set: a run recorded before it existed keeps its signature.
+            "rules": [{"match": r.match, "action": r.action, **({"approver": r.approver} if r.approver != "any" else {})}
+                      for r in self.rules],
         }
 
     @classmethod
@@ -39,7 +44,7 @@ class Policy:
         return cls(
             writes=data.get("writes", ASK),
             write_budget=int(data.get("write_budget", 10)),
-            rules=tuple(Rule(r["match"], r["action"]) for r in data.get("rules", ())),
+            rules=tuple(Rule(r["match"], r["action"], r.get("approver", "any")) for r in data.get("rules", ())),
         )
 
 
@@ -49,6 +54,14 @@ def rule_action(policy: Policy, address: str) -> str:
         if fnmatch.fnmatchcase(address, rule.match):
             return rule.action
     return policy.writes
+
+
+def rule_approver(policy: Policy, address: str) -> str:
+    """Who may decide a write to ``address``: the first matching rule's ``approver`` ("any" without one)."""
+    for rule in policy.rules:
+        if fnmatch.fnmatchcase(address, rule.match):
+            return rule.approver
+    return "any"
 
 
 def decide_call(policy: Policy, address: str, is_write: bool, writes_spent: int) -> str:

@@ -1,7 +1,8 @@
 """Approvals where people are: approval links, and deciding a paused write on someone's behalf.
 
-An approval link is a capability URL ``<public_url>/approve/<token>``: whoever
-holds it may decide one pending write, no login needed. The token names the
+An approval link is a URL ``<public_url>/approve/<token>`` for one pending
+write: whoever holds it sees the write; deciding needs a signed-in approver
+unless ``[server] links = "capability"`` (tether.approvals says who may). The token names the
 run, the write's seq and the moment the approval's time to live ends, and is
 signed with a key derived from the store's secret, so every process sharing
 the store mints and accepts the same links. It decides once: after a
@@ -11,7 +12,8 @@ decides nothing and says why (P-33).
 :class:`Decider` is the one way the console and the links decide writes: it
 calls ``Runtime.decide`` (which records who decided, through what — ``console``,
 ``link`` — and from where as a ``decided`` event in the run's timeline) and
-lets the run continue in the background.
+lets the run continue in the background. Whether the caller may decide is
+asked before, of ``tether.approvals.may_decide``.
 """
 
 from __future__ import annotations

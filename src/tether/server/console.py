@@ -12,9 +12,13 @@ run changed. Security, in the order a request meets it:
   token's principal, signed with a key derived from the store's secret;
 * every form carries a CSRF token bound to the session (or, before there is
   one, to a SameSite=Strict cookie set with the form);
-* a principal sees and decides only the runs it may act on: the runtime's
-  own rule (``Runtime.may_act_on``), so the console never widens it;
-* every decision is recorded with who made it and through what.
+* a principal sees the runs it may act on and decides only the writes its
+  rights allow: ``tether.approvals`` answers both, as for every surface. The
+  principal that ran a program does not approve its writes unless
+  ``self_approval`` says so;
+* an approval link shows its write to whoever holds it; deciding on it needs
+  a signed-in approver unless ``[server] links = "capability"``;
+* every decision is recorded with who made it (the token's name) and through what.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..approvals import Access, Channel, Grant, may_decide, may_see
+from ..approvals.surface import signed_in_required
 from ..errors import RunNotFound
 from ..runs.decisions import recorded_decision
 from ..runs.inspect import run_timeline
@@ -198,18 +204,22 @@ class Console:
     """Builds the Starlette app serving ``/console`` and ``/approve`` over one Runtime."""
 
     def __init__(self, rt: Runtime, *, tokens: Sequence[str], admission: Admission | None = None,
-                 public_url: str | None = None, decider: Decider | None = None) -> None:
+                 public_url: str | None = None, decider: Decider | None = None,
+                 access: Access | None = None) -> None:
         self.rt = rt
         self.tokens = tuple(tokens)
         self.dev = not self.tokens
+        self.access = access or _default_access(rt, self.tokens)
         self.public_url = public_url
         self.decider = decider or Decider(rt, admission)
         secret = rt.store.secret()
         self._secret = secret
         self._session_key = derived_key(secret, "console/session")
         self._csrf_key = derived_key(secret, "console/csrf")
-        self._principals = {principal_for_token(t) for t in self.tokens} if self.tokens else {LOCAL}
+        self._principals = set(self.access.grants) if self.tokens else {LOCAL}
         self.templates = _environment()
+        # Who is signed in, by the name their token has in the configuration.
+        self.templates.filters["named"] = self._name
         self.feed = RunFeed(rt.store)
         routes = [
             Route("/console", self.home, methods=["GET"]),
@@ -298,21 +308,25 @@ class Console:
     # -- sign in and out ---------------------------------------------------------------
 
     async def login_form(self, request: Request) -> Response:
+        after = _next_page(request.query_params.get("next"))
         if self.session(request) is not None:
-            return RedirectResponse("/console/", status_code=303)
-        return self._login_page(request)
+            return RedirectResponse(after or "/console/", status_code=303)
+        return self._login_page(request, after=after)
 
-    def _login_page(self, request: Request, error: str | None = None, status: int = 200) -> Response:
+    def _login_page(self, request: Request, error: str | None = None, status: int = 200, *,
+                    after: str | None = None) -> Response:
         nonce, fresh = self._presession(request)
-        response = self.render("login.html", status, csrf=self.csrf_for(nonce), dev=self.dev, error=error)
+        response = self.render("login.html", status, csrf=self.csrf_for(nonce), dev=self.dev, error=error,
+                               next=after)
         if fresh:
             self._set_cookie(response, request, PRESESSION_COOKIE, nonce, path="/", max_age=None)
         return response
 
     async def login(self, request: Request) -> Response:
         form = await request.form()
+        after = _next_page(form.get("next"))
         if not self._csrf_ok(request.cookies.get(PRESESSION_COOKIE), form.get("csrf")):
-            return self._login_page(request, "The form had expired; sign in again.", status=403)
+            return self._login_page(request, "The form had expired; sign in again.", status=403, after=after)
         token = form.get("token")
         principal = None
         if self.dev:
@@ -325,9 +339,9 @@ class Console:
                     matched, principal = True, principal_for_token(known)
             if not matched:
                 principal = None
-        if principal is None:
-            return self._login_page(request, "That is not a token this server accepts.", status=401)
-        response = RedirectResponse("/console/", status_code=303)
+        if principal is None or (not self.dev and self.access.grant(principal) is None):
+            return self._login_page(request, "That is not a token this server accepts.", status=401, after=after)
+        response = RedirectResponse(after or "/console/", status_code=303)
         self._set_cookie(response, request, SESSION_COOKIE, self.make_session(principal), path="/",
                          max_age=SESSION_SECONDS)
         return response
@@ -347,7 +361,28 @@ class Console:
     def _visible_runs(self, principal: str, status: str | None) -> list[Any]:
         # The store lists runs newest first; another principal's are left out here.
         runs = self.rt.store.list_runs(status=status or None, limit=RUN_LIST_LIMIT * 5)
-        return [r for r in runs if self.rt.may_act_on(r, principal)][:RUN_LIST_LIMIT]
+        grant = self.grant(principal)
+        return [r for r in runs if may_see(self.access, grant, r.principal)][:RUN_LIST_LIMIT]
+
+    def grant(self, principal: str) -> Grant | None:
+        """The rights of a signed-in principal (None: it has none here, so it sees nothing)."""
+        return self.access.grant(principal)
+
+    def _run_for(self, run_id: str, principal: str) -> RunRecord:
+        """A run this principal may see (its own, or one it approves for); RunNotFound otherwise."""
+        run = self.rt.store.get_run(run_id) if isinstance(run_id, str) else None
+        if run is None or not may_see(self.access, self.grant(principal), run.principal):
+            raise RunNotFound(f"no run {run_id!r}")
+        return run
+
+    def _approve_note(self, run: RunRecord, principal: str) -> str | None:
+        """Why this principal cannot approve the run's writes here (the page offers decline only), or None."""
+        verdict = may_decide(self.access, self.grant(principal), run.principal, "approve", Channel.CONSOLE)
+        return None if verdict.ok else _REFUSALS.get(verdict.code or "", verdict.message)
+
+    def _name(self, principal: str | None) -> str:
+        grant = self.access.grant(principal)
+        return grant.name if grant is not None else (principal or "anyone")
 
     async def home(self, request: Request) -> Response:
         session = self.session(request)
@@ -366,7 +401,8 @@ class Console:
             runs = [r for r in runs if (r.principal or LOCAL) == who]
         else:
             who = None
-        rows = [{"run_id": r.run_id, "status": r.status, "principal": r.principal, "updated_at": r.updated_at,
+        rows = [{"run_id": r.run_id, "status": r.status, "principal": self._name(r.principal),
+                 "updated_at": r.updated_at,
                  "waits": ", ".join(w["address"] for w in pending_writes(self.rt, r)) or None,
                  "error": (r.error or {}).get("code")} for r in runs]
         return self.render("runs.html", principal=session["p"], csrf=self.csrf_for(session["n"]), live="all",
@@ -387,7 +423,7 @@ class Console:
         if session is None:
             return self._login_redirect()
         try:
-            run = self.rt.get_run(request.path_params["run_id"], session["p"])
+            run = self._run_for(request.path_params["run_id"], session["p"])
         except RunNotFound:
             return self.message("No such run", "There is no run with that id for you.", status=404,
                                 principal=session["p"], csrf=self.csrf_for(session["n"]),
@@ -395,7 +431,8 @@ class Console:
         flash = request.query_params.get("flash")
         return self.render("run.html", principal=session["p"], csrf=self.csrf_for(session["n"]),
                            live=run.run_id, flash=_flash(flash, run.status),
-                           flash_error=(flash or "").startswith("e_"), **self._run_context(run))
+                           flash_error=(flash or "").startswith("e_"), owner_name=self._name(run.principal),
+                           approve_note=self._approve_note(run, session["p"]), **self._run_context(run))
 
     async def decide(self, request: Request) -> Response:
         session = self.session(request)
@@ -410,7 +447,7 @@ class Console:
                                 principal=session["p"], csrf=csrf,
                                 link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
         try:
-            self.rt.get_run(run_id, session["p"])  # only the owner may decide: raises for anyone else
+            run = self._run_for(run_id, session["p"])  # a run it may not see does not exist for it
         except RunNotFound:
             return self.message("No such run", "There is no run with that id for you; nothing was decided.",
                                 status=404, principal=session["p"], csrf=csrf)
@@ -419,8 +456,17 @@ class Console:
             return self.message("Nothing decided", "The form named no decision or no write.", status=400,
                                 principal=session["p"], csrf=csrf,
                                 link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
-        outcome = await self.decider.decide(run_id, seqs, decision, reason, principal=session["p"],
-                                            who=session["p"], via="console", origin=_origin(request))
+        grant = self.grant(session["p"])
+        verdict = may_decide(self.access, grant, run.principal, decision, Channel.CONSOLE,
+                             signed_in_required=signed_in_required(run, seqs))
+        if not verdict.ok:
+            return self.message("Nothing decided", f"{_REFUSALS.get(verdict.code or '', verdict.message)} "
+                                "Nothing was decided and nothing was sent.", status=403,
+                                principal=session["p"], csrf=csrf,
+                                link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
+        # Authorised above: the decision acts on the run as its owner's, recorded as this person's.
+        outcome = await self.decider.decide(run_id, seqs, decision, reason, principal=run.principal,
+                                            who=self._name(session["p"]), via="console", origin=_origin(request))
         if not outcome.ok:
             return self.message("Nothing decided", outcome.message or "Nothing was decided.", status=409,
                                 principal=session["p"], csrf=csrf,
@@ -446,7 +492,7 @@ class Console:
                     except asyncio.TimeoutError:
                         yield b": keepalive\n\n"
                         continue
-                    if not self.rt.may_act_on(change["run"], principal):
+                    if not may_see(self.access, self.grant(principal), change["run"].principal):
                         continue
                     data = {k: change[k] for k in ("run_id", "status", "waits_on")}
                     yield f"event: run\ndata: {json.dumps(data)}\n\n".encode()
@@ -486,15 +532,36 @@ class Console:
                 "nothing was decided.", status=409, tone="info")
         return claim, run, None
 
+    def _link_session(self, request: Request) -> dict[str, Any] | None:
+        """Who is deciding on a link page: a console session; under --dev nobody is told apart, so `local`."""
+        session = self.session(request)
+        if session is None and self.dev:
+            nonce, _ = self._presession(request)
+            return {"p": LOCAL, "n": nonce, "dev": True}
+        return session
+
+    def _csrf_nonce(self, request: Request, session: dict[str, Any] | None) -> str | None:
+        if session is not None and not session.get("dev"):
+            return str(session["n"])
+        return request.cookies.get(PRESESSION_COOKIE)
+
     async def link_page(self, request: Request) -> Response:
         token = request.path_params["token"]
         claim, run, refusal = self._link_state(token)
         if refusal is not None:
             return refusal
         write = next(w for w in pending_writes(self.rt, run) if w["seq"] == claim.seq)
+        session = self._link_session(request)
         nonce, fresh = self._presession(request)
-        response = self.render("approve.html", run=run, token=token, csrf=self.csrf_for(nonce),
-                               w=describe_write(self.rt, write),
+        signed = session is not None and not session.get("dev")
+        # The page shows the write to whoever holds the link; deciding needs a
+        # signed-in approver unless links are capabilities (docs/security.md).
+        sign_in = session is None and self.access.links != "capability"
+        note = self._approve_note(run, session["p"]) if session is not None else None
+        response = self.render("approve.html", run=run, token=token,
+                               csrf=self.csrf_for(session["n"] if signed and session else nonce),
+                               w=describe_write(self.rt, write), sign_in=sign_in, approve_note=note,
+                               principal=session["p"] if signed and session else None,
                                expires_at=min(claim.expires_at, run.expires_at or claim.expires_at))
         if fresh:
             self._set_cookie(response, request, PRESESSION_COOKIE, nonce, path="/", max_age=None)
@@ -506,16 +573,29 @@ class Console:
         claim, run, refusal = self._link_state(token)
         if refusal is not None:
             return refusal
-        if not self._csrf_ok(request.cookies.get(PRESESSION_COOKIE), form.get("csrf")):
+        session = self._link_session(request)
+        if not self._csrf_ok(self._csrf_nonce(request, session), form.get("csrf")):
             return self.message("Refused", "This form's security token is not valid, so nothing was decided.",
                                 status=403, detail="Open the approval link again and decide from that page.")
         decision, reason, seqs = _read_decision(form)
         if decision is None or seqs != [claim.seq]:
             return self.message("Nothing decided", "The form named no decision, or another write than its "
                                 "link; nothing was decided.", status=400)
-        # The link is the capability: it acts as the run's own principal.
+        needs = signed_in_required(run, seqs)
+        if session is not None:
+            channel, grant, who = Channel.LINK, self.grant(session["p"]), self._name(session["p"])
+        else:
+            channel, grant, who = Channel.LINK_CAPABILITY, None, CAPABILITY_HOLDER
+        verdict = may_decide(self.access, grant, run.principal, decision, channel, signed_in_required=needs)
+        if not verdict.ok:
+            return self.message("Nothing decided", f"{_REFUSALS.get(verdict.code or '', verdict.message)} "
+                                "Nothing was decided and nothing was sent.",
+                                status=401 if verdict.code == "sign_in_required" else 403,
+                                link={"href": f"/console/login?next=/approve/{token}", "text": "Sign in"}
+                                if verdict.code == "sign_in_required" else None)
+        # Authorised above: the decision acts on the run as its owner's, recorded as whoever took it.
         outcome = await self.decider.decide(run.run_id, seqs, decision, reason, principal=run.principal,
-                                            who="approval link", via="link", origin=_origin(request))
+                                            who=who, via="link", origin=_origin(request))
         if not outcome.ok:
             return self.message("Nothing decided", outcome.message or "Nothing was decided.", status=409)
         verb = "Approved" if decision == "approve" else "Declined"
@@ -523,6 +603,36 @@ class Console:
         status = outcome.status or "running"
         return self.message(verb, f"{sent} The run is {status}.", status=200, tone="ok",
                             detail="This link has been used and decides nothing more.")
+
+
+# Who a capability-mode link decision is recorded as: nobody signed in, so no person can be named.
+CAPABILITY_HOLDER = "whoever held the approval link (links = capability, not signed in)"
+_REFUSALS = {
+    "self_approval": "You started this run: the principal that ran a program does not approve its own writes "
+                     "here ([server] self_approval is off). A person with a token that may approve decides it; "
+                     "you may decline it.",
+    "not_an_approver": "Your token may run programs but not approve writes; you may decline it.",
+    "sign_in_required": "Deciding on an approval link needs a signed-in approver: sign in, then decide.",
+    "approval_elsewhere": "This tool's policy rule requires a signed-in approver.",
+}
+
+
+def _next_page(value: Any) -> str | None:
+    """Where to go after signing in: a console or approval page of this server, never elsewhere."""
+    if isinstance(value, str) and value.startswith(("/console/", "/approve/")) and "//" not in value \
+            and "\\" not in value and len(value) < 2048:
+        return value
+    return None
+
+
+def _default_access(rt: Runtime, tokens: Sequence[str]) -> Access:
+    """A console built with tokens alone: each may run and approve, its own runs only, with no self-approval."""
+    from types import SimpleNamespace
+
+    from ..approvals.grants import server_access
+
+    server = SimpleNamespace(local_runs=getattr(rt, "local_runs", "private"))
+    return server_access(server, tuple(tokens), {}, principal_for_token, http=True)[0]
 
 
 _FLASHES = {"approved": "Approved: the run continues.", "declined": "Declined: the program was told.",

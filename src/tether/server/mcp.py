@@ -40,6 +40,9 @@ from mcp_types import (
 from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..approvals import Access, Channel, Grant, may_decide
+from ..approvals.rights import APPROVE, RUN
+from ..approvals.surface import refusal, signed_in_required, where_to_approve
 from ..errors import InvalidArguments, Overloaded, RunNotFound, TetherError
 from ..runs.handle import RunHandle
 from ..runs.result import RunResult
@@ -47,7 +50,6 @@ from ..runs.run_keys import MAX_RUN_KEY_CHARS
 from ..store.states import RunStatus
 from . import keyed, urlmode
 from .admission import Admission
-from .approvals import pending_writes
 from .auth import (
     LOCAL,
 )
@@ -203,8 +205,15 @@ class TetherServer:
         approvals: str = "auto",
         public_url: str | None = None,
         url_wait_seconds: float | None = None,
+        access: Access | None = None,
+        console: bool = False,
     ) -> None:
         self.rt = rt
+        # Whether people reach a console on this server (HTTP): where approvals are sent.
+        self.console = console
+        # Who may decide what (tether.approvals): `tether serve` passes the
+        # server's; without one, nobody is told apart (standard input/output).
+        self.access = access or Access.open(local_runs=getattr(rt, "local_runs", "private"))
         # [server] approvals: how a paused write is put to the client's user (see urlmode).
         self.approvals = approvals
         self.public_url = public_url
@@ -315,6 +324,16 @@ class TetherServer:
         # one as a form or link too. (A modern one gets the paused result
         # from resume; input-required rounds belong to execute's own call.)
         approver = self._approver(ctx) if era == INLINE and how == "form" else None
+        if decision == "approve":
+            # resume is the agent's own call: an approve through it is taken only
+            # when the configuration lets a principal approve its own writes.
+            try:
+                refused = self._refused(run_id, principal, Channel.RESUME,
+                                        seq if isinstance(seq, list) else None if seq is None else [seq])
+            except TetherError as exc:
+                return error_result(exc)
+            if refused is not None:
+                return error_result(refused, run_id=run_id)
 
         def decide(progress: Any) -> Any:
             if isinstance(seq, list):
@@ -329,7 +348,7 @@ class TetherServer:
                 result = await urlmode.legacy(self, ctx, result, principal)
         except TetherError as exc:
             return error_result(exc)
-        return run_result(self.with_link(result), diagnostics=False)
+        return self.paused_result(result, diagnostics=False)
 
     # -- cells -----------------------------------------------------------------------
 
@@ -360,7 +379,7 @@ class TetherServer:
                 handle.add_done_callback(lambda _h: slot.release())
         except TetherError as exc:
             return error_result(exc)
-        return observation_result(obs)
+        return self.observation(obs)
 
     async def cell_wait(
         self,
@@ -374,7 +393,7 @@ class TetherServer:
                                           principal=self.principal_of(ctx))
         except TetherError as exc:
             return error_result(exc)
-        return observation_result(obs)
+        return self.observation(obs)
 
     async def cell_terminate(
         self,
@@ -385,7 +404,7 @@ class TetherServer:
             obs = await self.rt.terminate_cell(cell_id, principal=self.principal_of(ctx))
         except TetherError as exc:
             return error_result(exc)
-        return observation_result(obs)
+        return self.observation(obs)
 
     # -- running -------------------------------------------------------------------
 
@@ -447,8 +466,56 @@ class TetherServer:
         if result.status == RunStatus.PAUSED and asks == INPUT_REQUIRED and result.pending:
             if how == "url":
                 return urlmode.input_required(self, result, principal)
-            return self._input_required(result, principal)
-        return run_result(self.with_link(result), diagnostics=diagnostics)
+            if not self._needs_sign_in(result, first_only=True):
+                return self._input_required(result, principal)
+        return self.paused_result(result, diagnostics=diagnostics)
+
+    def _grant(self, principal: str) -> Grant:
+        # Behind BearerAuth every principal has a grant; a server built without
+        # an Access (an embedding, a test) treats each caller as one that runs programs.
+        return self.access.grant(principal) or Grant(principal, principal, frozenset({RUN, APPROVE}))
+
+    def _refused(self, run_id: str, principal: str, channel: str, seqs: list[int] | None) -> TetherError | None:
+        """Why ``principal`` may not approve writes ``seqs`` of the run through ``channel``; None when it may."""
+        run = self.rt.get_run(run_id, principal)
+        verdict = may_decide(self.access, self._grant(principal), run.principal, "approve", channel,
+                             signed_in_required=signed_in_required(run, seqs))
+        return None if verdict.ok else refusal(verdict, run_id, self.public_url,
+                                               paused=run.status == RunStatus.PAUSED, console=self.console)
+
+    def _needs_sign_in(self, result: RunResult, *, first_only: bool = False) -> bool:
+        run = self.rt.store.get_run(result.run_id) if result.run_id else None
+        if run is None:
+            return False
+        seqs = [_first_undecided(result.pending or {}).get("seq")] if first_only else None
+        return signed_in_required(run, [s for s in seqs if isinstance(s, int)] if seqs is not None else None)
+
+    def observation(self, obs: dict[str, Any]) -> CallToolResult:
+        """A cell's observation for the model: a paused one says how to decide it, with no key or link (D-32)."""
+        if obs.get("status") != "paused":
+            return observation_result(obs)
+        here = self._approves_here(obs["cell_id"])
+        return observation_result(obs, approve_here=here, elsewhere=None if here else self._where(obs["cell_id"]))
+
+    def paused_result(self, result: RunResult, *, diagnostics: bool) -> CallToolResult:
+        """A run's result for the model: a paused one says how to decide it, and carries no approval link (D-32)."""
+        if result.status != RunStatus.PAUSED:
+            return run_result(result, diagnostics=diagnostics)
+        here = self._approves_here(result.run_id)
+        return run_result(result, diagnostics=diagnostics, approve_here=here,
+                          elsewhere=None if here else self._where(result.run_id))
+
+    def _approves_here(self, run_id: str) -> bool:
+        """Whether the run's own principal may approve its waiting writes through resume (what to tell the model)."""
+        run = self.rt.store.get_run(run_id)
+        if run is None:
+            return False
+        owner = run.principal or LOCAL
+        return may_decide(self.access, self._grant(owner), owner, "approve", Channel.RESUME,
+                          signed_in_required=signed_in_required(run)).ok
+
+    def _where(self, run_id: str) -> str:
+        return where_to_approve(self.public_url, run_id, console=self.console)
 
     def _how(self, ctx: Context) -> tuple[str | None, str | None]:
         """(era, "form" | "url" | None): how this client's user can be asked about a paused write."""
@@ -466,26 +533,6 @@ class TetherServer:
         if self.approvals == "url":
             return era, None  # never a form: the paused result names the link
         return (era, "form") if _elicitation(ctx) is not None else (era, None)
-
-    def with_link(self, result: RunResult) -> RunResult:
-        """A paused result that names the approval link of each write it waits on, when there is a public URL."""
-        if result.status != RunStatus.PAUSED or not self.public_url or not result.pending:
-            return result
-        run = self.rt.store.get_run(result.run_id)
-        if run is None:
-            return result
-        links = {w["seq"]: urlmode.link_to(self, result.run_id, {**w, "expires_at": run.expires_at})
-                 for w in pending_writes(self.rt, run)}
-        if not links:
-            return result
-        result = RunResult.from_dict(result.to_dict())
-        pending = dict(result.pending or {})
-        if isinstance(pending.get("writes"), list):
-            pending["writes"] = [{**w, "approval_url": links[w["seq"]]} if w.get("seq") in links else w
-                                 for w in pending["writes"]]
-        pending["approval_url"] = links.get(pending.get("seq")) or next(iter(links.values()))
-        result.pending = pending
-        return result
 
     # -- approval: legacy (inline) ---------------------------------------------------
 
@@ -549,12 +596,16 @@ class TetherServer:
                 paused = run.result if run.status == RunStatus.PAUSED else None
                 if paused and _first_undecided(RunResult.from_dict(paused).pending or {}).get("seq") == seq:
                     return self._input_required(RunResult.from_dict(paused), principal)
-                return run_result(_recorded(run), diagnostics=diagnostics)
+                return self.paused_result(_recorded(run), diagnostics=diagnostics)
             decision, reason = _decision(reply)
+            if decision == "approve":
+                refused = self._refused(run_id, principal, Channel.FORM, [seq])
+                if refused is not None:
+                    return error_result(refused, run_id=run_id)
             if decision is None:
                 # Dismissed without a choice: nothing is decided and the run
                 # stays paused; the model can ask in words and call resume.
-                return run_result(_recorded(self.rt.get_run(run_id, principal)), diagnostics=diagnostics)
+                return self.paused_result(_recorded(self.rt.get_run(run_id, principal)), diagnostics=diagnostics)
             try:
                 result = await self.run_in_slot(
                     lambda progress: self.rt.resume(run_id, decision, reason, seq=seq, principal=principal,

@@ -32,7 +32,13 @@ def approval_message(pending: Mapping[str, Any], description: str | None = None)
     return text
 
 
-def resume_instructions(result: RunResult) -> str:
+def resume_instructions(result: RunResult, *, approve_here: bool = True, elsewhere: str | None = None) -> str:
+    """What the model is told about a paused run. It never carries an approval link (D-32).
+
+    ``approve_here``: whether an approve through ``resume`` would be taken;
+    otherwise ``elsewhere`` says where a person approves, and resume is named
+    only for declining and cancelling.
+    """
     pending = result.pending or {}
     writes = [w for w in (pending.get("writes") or [pending]) if not w.get("decision")] or [pending]
 
@@ -43,31 +49,52 @@ def resume_instructions(result: RunResult) -> str:
         return f"{w.get('address')}({args}) [seq {w.get('seq')}]"
 
     seq: Any = writes[0].get("seq") if len(writes) == 1 else [w.get("seq") for w in writes]
-    call = json.dumps({"run_id": result.run_id, "seq": seq, "decision": "approve"})
     if len(writes) == 1:
         head = f"The program paused before the write {show(writes[0])}; nothing has been sent. "
-        ask = "Ask the user whether to allow it. "
     else:
         head = (f"The program paused before {len(writes)} writes: " + "; ".join(show(w) for w in writes)
                 + ". Nothing has been sent. ")
+    if not approve_here:
+        call = json.dumps({"run_id": result.run_id, "seq": seq, "decision": "decline"})
+        return (head + f"It waits for a person's approval: {elsewhere or 'a person approves it elsewhere'}. "
+                "Tell the user it waits for them; you cannot approve it yourself (resume answers an approve with "
+                f"approval_elsewhere). To stop it instead, call the resume tool with {call} and a \"reason\" "
+                "(the program gets a PermissionError and goes on), or \"decision\": \"cancel\" (the run stops).")
+    call = json.dumps({"run_id": result.run_id, "seq": seq, "decision": "approve"})
+    if len(writes) == 1:
+        ask = "Ask the user whether to allow it. "
+    else:
         ask = ("Ask the user about each; decide them together or one seq at a time (the run continues once "
                "all are decided). ")
     return (
         head + ask + f"Then call the resume tool with {call}, or with "
         "\"decision\": \"decline\" and a \"reason\" (the program gets a PermissionError and goes on), "
         "or \"decision\": \"cancel\" (the run stops)."
-        + (f" A person can also decide it on its approval page: {pending['approval_url']}"
-           if pending.get("approval_url") else "")
     )
 
 
-def run_result(result: RunResult, *, diagnostics: bool) -> CallToolResult:
+def _without_capabilities(data: dict[str, Any]) -> dict[str, Any]:
+    """A paused envelope without approval links or approval wait keys: the model's copy decides nothing."""
+    pending = data.get("pending")
+    if not isinstance(pending, dict):
+        return data
+    drop = ("approval_url", "key")
+    pending = {k: v for k, v in pending.items() if k not in drop}
+    if isinstance(pending.get("writes"), list):
+        pending["writes"] = [{k: v for k, v in w.items() if k not in drop} if isinstance(w, dict) else w
+                             for w in pending["writes"]]
+    return {**data, "pending": pending}
+
+
+def run_result(result: RunResult, *, diagnostics: bool, approve_here: bool = True,
+               elsewhere: str | None = None) -> CallToolResult:
     data = result.to_dict()
     if not diagnostics:
         data.pop("diagnostics", None)
     lead = ""
     if result.status == RunStatus.PAUSED:
-        data["instructions"] = resume_instructions(result)
+        data = _without_capabilities(data)
+        data["instructions"] = resume_instructions(result, approve_here=approve_here, elsewhere=elsewhere)
         lead = data["instructions"] + "\n"
     elif result.error:
         err = result.error
@@ -77,8 +104,19 @@ def run_result(result: RunResult, *, diagnostics: bool) -> CallToolResult:
                           is_error=result.status in (RunStatus.FAILED, RunStatus.CANCELLED))
 
 
-def observation_result(obs: dict[str, Any]) -> CallToolResult:
-    """A cell observation as text (outputs first) and structured content."""
+def observation_result(obs: dict[str, Any], *, approve_here: bool = True,
+                       elsewhere: str | None = None) -> CallToolResult:
+    """A cell observation as text (outputs first) and structured content.
+
+    A paused cell's pending writes, in the observation and in its ``paused``
+    events, lose their approval keys, and its instructions are the MCP ones
+    (D-32): what the model reads decides nothing.
+    """
+    events = [_without_capabilities(e) if e.get("type") == "paused" else e for e in obs.get("events") or []]
+    obs = {**_without_capabilities(obs), "events": events}
+    if obs.get("status") == "paused" and isinstance(obs.get("pending"), dict):
+        paused = RunResult(status=RunStatus.PAUSED, run_id=obs["cell_id"], pending=obs["pending"])
+        obs["instructions"] = resume_instructions(paused, approve_here=approve_here, elsewhere=elsewhere)
     lines = [f"[{obs['status']}] cell {obs['cell_id']} cursor {obs['cursor']}"]
     for e in obs["events"]:
         if e["type"] == "output":

@@ -21,6 +21,7 @@ from .auth import (
     BearerAuth,
     HealthRoutes,
     is_loopback,
+    principal_for_token,
     principal_of_request,
     short_tokens,
     split_tokens,
@@ -119,10 +120,17 @@ async def serve(options: ServeOptions) -> int:
 
     config = load_config(options.config_path)
     tools = [resolve_tool_spec(t) for t in options.tools]
-    tokens = split_tokens(config.server.token)
+    import os
+
+    from ..approvals.grants import server_access
+
     address: tuple[str, int] | None = None
     if options.http is not None:
         address = parse_address(options.http, config.server.host, config.server.port)
+    # Every token the server accepts, each with its rights ([[server.tokens]], TETHER_TOKEN).
+    access, tokens = server_access(config.server, split_tokens(config.server.token), os.environ,
+                                   principal_for_token, http=address is not None)
+    if address is not None:
         check_http_auth(address[0], tokens, options.dev or config.server.allow_unauthenticated_loopback)
     if config.server.approvals == "url" and not config.server.public_url:
         raise UsageError("[server] approvals = \"url\" sends approval links, and there is no [server] public_url "
@@ -145,6 +153,8 @@ async def serve(options: ServeOptions) -> int:
             run_meta=run_meta,
             approvals=config.server.approvals,
             public_url=config.server.public_url,
+            access=access,
+            console=address is not None,
         )
         # The server is also a runner (P-19): it executes queued runs, wakes
         # timers and due waits, and takes over runs whose process died.
@@ -201,7 +211,8 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
     # Health first: a balancer's probe carries no token. The console signs
     # people in with the same tokens and has its own checks; MCP requests
     # keep the bearer check.
-    console = Console(server.rt, tokens=tokens, admission=server.admission, public_url=public_url)
+    console = Console(server.rt, tokens=tokens, admission=server.admission, public_url=public_url,
+                      access=server.access)
     app = HealthRoutes(Router(console.app, BearerAuth(server.mcp.streamable_http_app(host=host, stateless_http=stateless), tokens)), ready)
     shown = f"[{host}]" if ":" in host else host
     auth = "bearer token required" if tokens else "no token (--dev, loopback only)"

@@ -30,7 +30,6 @@ from mcp_types import ElicitRequest, ElicitRequestURLParams, InputRequiredResult
 from ..runs.result import RunResult
 from ..store.states import RunStatus
 from .approvals import approval_url, pending_writes
-from .results import run_result
 
 if TYPE_CHECKING:
     from ..runs.runtime import Runtime
@@ -133,8 +132,7 @@ def input_required(server: "TetherServer", result: RunResult, principal: str) ->
     write = waiting_write(server, result.run_id)
     link = link_to(server, result.run_id, write) if write else None
     if link is None or write is None:
-
-        return run_result(server.with_link(result), diagnostics=False)
+        return server.paused_result(result, diagnostics=False)
     request = ElicitRequest(params=ElicitRequestURLParams(message=message(server, write), url=link,
                                                           elicitation_id=f"{result.run_id}:{write['seq']}"))
     state = server.sign_state(result.run_id, int(write["seq"]), principal, mode="url")
