@@ -411,3 +411,62 @@ def test_a_batch_of_three_one_approved_two_declined(browser, server, shots):
         shots(page, "console-batch-completed")
     finally:
         context.close()
+
+
+# -- console edges (issue 19, point 7) --------------------------------------------------------
+
+
+def test_a_rebound_host_name_reaches_no_console_page(browser, server, shots):
+    # DNS rebinding: the attacker's name resolves to the server's loopback address.
+    run_id = server.queue(program("rebound"))
+    server.wait_status(run_id, "paused")
+    token = link_token(server.store.secret(), run_id, 1, server.store.get_run(run_id).expires_at)
+    # A browser of its own, whose resolver maps the attacker's name.
+    b = browser.browser_type.launch(
+        executable_path=CHROMIUM, headless=True,
+        args=[*CHROMIUM_FLAGS, "--host-resolver-rules=MAP rebind.attacker.test 127.0.0.1"])
+    try:
+        page = b.new_page()
+        evil = f"http://rebind.attacker.test:{server.port}"
+        for path in ("/console/login", "/console/", f"/approve/{token}"):
+            response = page.goto(evil + path)
+            assert response.status == 421, (path, response.status)
+        shots(page, "console-rebound-host")
+        # The page's own script posts the decision: refused before the form is read.
+        status = page.evaluate("""async (path) => (await fetch(path, {method: 'POST',
+            headers: {'content-type': 'application/x-www-form-urlencoded'},
+            body: 'seq=1&decision=approve'})).status""", f"/approve/{token}")
+        assert status == 421
+    finally:
+        b.close()
+    assert server.store.get_run(run_id).status == "paused" and "rebound" not in server.tags()
+
+
+def test_signing_out_ends_the_session_on_the_server(browser, server, shots):
+    run_id = server.queue(program("after-sign-out"))
+    server.wait_status(run_id, "paused")
+    context, page = signed_in(browser, server)
+    try:
+        page.goto(f"{server.base}/console/runs/{run_id}")
+        csrf = page.get_attribute("article.write input[name=csrf]", "value")
+        kept = context.cookies()
+        page.click("form.who button[type=submit]")
+        page.wait_for_url(f"{server.base}/console/login")
+    finally:
+        context.close()
+    # Someone who copied the cookie before the sign-out presents it again.
+    thief = browser.new_context()
+    try:
+        thief.add_cookies(kept)
+        page = thief.new_page()
+        page.goto(f"{server.base}/console/runs/{run_id}")
+        assert page.url.endswith("/console/login")
+        shots(page, "console-cookie-after-sign-out")
+        status = page.evaluate("""async ([path, csrf]) => (await fetch(path, {method: 'POST', redirect: 'manual',
+            headers: {'content-type': 'application/x-www-form-urlencoded'},
+            body: 'csrf=' + csrf + '&seq=1&decision=approve'})).type""",
+                               [f"/console/runs/{run_id}/decide", csrf])
+        assert status == "opaqueredirect"  # to the sign-in page
+    finally:
+        thief.close()
+    assert server.store.get_run(run_id).status == "paused" and "after-sign-out" not in server.tags()

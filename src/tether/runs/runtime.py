@@ -587,6 +587,11 @@ class Runtime:
             return True
         return owner == LOCAL_PRINCIPAL and self.local_runs == "shared"
 
+    def visible_principals(self, principal: str | None) -> list[str]:
+        """Whose runs ``principal`` may see, for a store query: :meth:`may_act_on` as a filter."""
+        caller = principal if principal is not None else self.principal
+        return sorted({caller, LOCAL_PRINCIPAL} if self.local_runs == "shared" else {caller})
+
     def get_run(self, run_id: str, principal: str | None = None) -> RunRecord:
         return self._get_run(run_id, principal)
 

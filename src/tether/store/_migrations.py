@@ -147,6 +147,14 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE runs ADD COLUMN mac TEXT",
         "ALTER TABLE calls ADD COLUMN mac TEXT",
     ),
+    (
+        # 9: the store holds no live capability (issue 19). Outbox bodies carry a MAC
+        # under the store's secret; console sessions signed out before they expire;
+        # run lists filtered by principal in SQL.
+        "ALTER TABLE outbox ADD COLUMN mac TEXT",
+        "CREATE TABLE console_signouts (session TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+        "CREATE INDEX runs_principal_created ON runs (principal, created_at)",
+    ),
 ]
 
 # Same tables. JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make
@@ -276,6 +284,11 @@ POSTGRES_MIGRATIONS: list[tuple[str, ...]] = [
     (
         "ALTER TABLE runs ADD COLUMN mac TEXT",
         "ALTER TABLE calls ADD COLUMN mac TEXT",
+    ),
+    (
+        "ALTER TABLE outbox ADD COLUMN mac TEXT",
+        "CREATE TABLE console_signouts (session TEXT PRIMARY KEY, expires_at DOUBLE PRECISION NOT NULL)",
+        "CREATE INDEX runs_principal_created ON runs (principal, created_at)",
     ),
 ]
 

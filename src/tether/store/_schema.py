@@ -41,6 +41,7 @@ from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 from ..errors import RunNotFound, StoreError
 from ._migrations import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
 from .base import (
+    LOCAL_PRINCIPAL,
     OUTBOX_PENDING,
     CallRecord,
     Conflict,
@@ -416,15 +417,24 @@ class SQLStore:
             values = [_encode(RUN_COLUMNS, n, v) for n, v in fields.items()]
             return tx.run(f"UPDATE runs SET {sets} WHERE {where}", values + params).rowcount == 1
 
-    def list_runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]:
+    def list_runs(self, status: str | None = None, limit: int = 100,
+                  principals: Sequence[str] | None = None) -> list[RunRecord]:
+        where: list[str] = []
+        params: list[Any] = []
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        if principals is not None:
+            # Filtered here, not after the LIMIT: another principal's newest runs must not hide these.
+            names = sorted(set(principals))
+            either = [f"principal IN ({', '.join('?' for _ in names)})"] if names else []
+            if LOCAL_PRINCIPAL in names:
+                either.append("principal IS NULL")  # rows from before every run had an owner (migration 4)
+            where.append(f"({' OR '.join(either)})" if either else "1 = 0")
+            params += names
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
         with self._transaction(write=False) as tx:
-            if status is None:
-                rows = tx.run(f"{_SELECT_RUN} ORDER BY created_at DESC, run_id DESC LIMIT ?", (limit,))
-            else:
-                rows = tx.run(
-                    f"{_SELECT_RUN} WHERE status = ? ORDER BY created_at DESC, run_id DESC LIMIT ?",
-                    (status, limit),
-                )
+            rows = tx.run(f"{_SELECT_RUN}{clause} ORDER BY created_at DESC, run_id DESC LIMIT ?", (*params, limit))
             return [_run(row) for row in rows.fetchall()]
 
     def count_runs(self, status: str | None = None) -> int:
@@ -718,12 +728,12 @@ class SQLStore:
 
     # -- notification outbox
 
-    def add_outbox(self, target: str, event_id: str, body: str, now: float) -> bool:
-        sql = ("INSERT INTO outbox (target, event_id, body, status, attempts, next_at, created_at)"
-               " VALUES (?, ?, ?, ?, 0, ?, ?)")
+    def add_outbox(self, target: str, event_id: str, body: str, now: float, mac: str | None = None) -> bool:
+        sql = ("INSERT INTO outbox (target, event_id, body, status, attempts, next_at, created_at, mac)"
+               " VALUES (?, ?, ?, ?, 0, ?, ?, ?)")
         try:
             with self._transaction(write=True) as tx:
-                tx.run(sql, (target, event_id, body, OUTBOX_PENDING, now, now))
+                tx.run(sql, (target, event_id, body, OUTBOX_PENDING, now, now, mac))
         except Conflict:
             return False
         return True
@@ -755,6 +765,18 @@ class SQLStore:
         sql = f"{_select('outbox', OUTBOX_COLUMNS)} {where}ORDER BY id LIMIT ?"
         with self._transaction(write=False) as tx:
             return [OutboxRecord(**_decode(OUTBOX_COLUMNS, row)) for row in tx.run(sql, params + [limit]).fetchall()]
+
+    # -- console sign-outs
+
+    def sign_out(self, session: str, expires_at: float, now: float) -> None:
+        with self._transaction(write=True) as tx:
+            tx.run("DELETE FROM console_signouts WHERE expires_at < ?", (now,))
+            tx.run("DELETE FROM console_signouts WHERE session = ?", (session,))
+            tx.run("INSERT INTO console_signouts (session, expires_at) VALUES (?, ?)", (session, expires_at))
+
+    def signed_out(self, session: str) -> bool:
+        with self._transaction(write=False) as tx:
+            return tx.run("SELECT 1 FROM console_signouts WHERE session = ?", (session,)).fetchone() is not None
 
 
 def _check_status(status: str) -> None:

@@ -159,7 +159,7 @@ class OutboxRecord:
     id: int
     target: str
     event_id: str
-    body: str  # the JSON event, exactly as it is signed and sent
+    body: str  # the JSON event as queued (approval links are added when it is sent)
     status: str
     attempts: int
     next_at: float
@@ -167,6 +167,7 @@ class OutboxRecord:
     claimed_until: float | None = None
     last_error: str | None = None
     delivered_at: float | None = None
+    mac: str | None = None  # the body signed under the store's secret: a row tether did not queue is not sent
 
 
 class Conflict(Exception):
@@ -199,7 +200,10 @@ class Store(Protocol):
     def update_run(self, run_id: str, expect_status: Sequence[str] | None, **fields: Any) -> bool:
         """Set ``fields`` if the run's status is in ``expect_status`` (any, if None). CAS."""
 
-    def list_runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]: ...
+    def list_runs(self, status: str | None = None, limit: int = 100,
+                  principals: Sequence[str] | None = None) -> list[RunRecord]:
+        """The newest runs first; with ``principals``, only theirs (a NULL principal is ``local``)."""
+
     def claim_run(self, run_id: str, owner: str, lease_until: float, now: float,
                   gone_owner: str | None = None) -> bool:
         """Take ownership when the run has no owner, the owner is ``owner``, or its lease expired.
@@ -305,7 +309,7 @@ class Store(Protocol):
         """Runs whose ``updated_at`` is at or after ``since``, the oldest change first."""
 
     # -- notification outbox
-    def add_outbox(self, target: str, event_id: str, body: str, now: float) -> bool:
+    def add_outbox(self, target: str, event_id: str, body: str, now: float, mac: str | None = None) -> bool:
         """Queue one notification for ``target``; False if that event was already queued for it."""
 
     def claim_outbox(self, now: float, lease_seconds: float, limit: int = 20) -> list[OutboxRecord]:
@@ -316,3 +320,9 @@ class Store(Protocol):
         """Record a delivery attempt and release the claim."""
 
     def list_outbox(self, status: str | None = None, limit: int = 100) -> list[OutboxRecord]: ...
+
+    # -- console sign-outs (a signed-out session is refused by every process sharing the store)
+    def sign_out(self, session: str, expires_at: float, now: float) -> None:
+        """Record that the console session ``session`` (a digest) ended; forgotten once it would have expired."""
+
+    def signed_out(self, session: str) -> bool: ...
