@@ -28,6 +28,7 @@ Semantics beyond ``base.py`` that both backends share:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -51,6 +52,7 @@ from .base import (
     SessionRecord,
     SnapshotRecord,
     WaitRecord,
+    wait_digest,
 )
 from .states import TERMINAL_RUN_STATUSES, CallState, RunStatus, WaitStatus
 
@@ -601,37 +603,40 @@ class SQLStore:
     # -- waits
 
     def create_wait(self, wait: WaitRecord) -> WaitRecord:
-        values = [_encode(WAIT_COLUMNS, n, getattr(wait, n)) for n in WAIT_COLUMNS]
+        stored = dataclasses.replace(wait, key=wait_digest(wait.key))
+        values = [_encode(WAIT_COLUMNS, n, getattr(stored, n)) for n in WAIT_COLUMNS]
         with self._transaction(write=True) as tx:
-            row = tx.run(f"{_SELECT_WAIT} WHERE key = ?", (wait.key,)).fetchone()
+            row = tx.run(f"{_SELECT_WAIT} WHERE key IN (?, ?)", (stored.key, wait.key)).fetchone()
             if row is not None:
                 found = _wait(row)
                 if found.seq is None and wait.seq is not None:
                     # A resolution buffered before the run reached its wait: attach it.
-                    tx.run("UPDATE waits SET seq = ?, deadline = ? WHERE key = ?", (wait.seq, wait.deadline, wait.key))
+                    tx.run("UPDATE waits SET seq = ?, deadline = ? WHERE key = ?", (wait.seq, wait.deadline, found.key))
                     found.seq, found.deadline = wait.seq, wait.deadline
                 return found
             tx.run(_INSERT_WAIT, values)
-            return wait
+            return stored
 
     def get_wait(self, key: str) -> WaitRecord | None:
+        # The digest; or the key itself, for a row written before keys were kept as digests.
         with self._transaction(write=False) as tx:
-            row = tx.run(f"{_SELECT_WAIT} WHERE key = ?", (key,)).fetchone()
+            row = tx.run(f"{_SELECT_WAIT} WHERE key IN (?, ?)", (wait_digest(key), key)).fetchone()
         return None if row is None else _wait(row)
 
     def settle_wait(self, wait: WaitRecord) -> tuple[bool, WaitRecord]:
+        stored = dataclasses.replace(wait, key=wait_digest(wait.key))
         with self._transaction(write=True) as tx:
-            row = tx.run(f"{_SELECT_WAIT} WHERE key = ?", (wait.key,)).fetchone()
+            row = tx.run(f"{_SELECT_WAIT} WHERE key IN (?, ?)", (stored.key, wait.key)).fetchone()
             if row is None:
-                values = [_encode(WAIT_COLUMNS, n, getattr(wait, n)) for n in WAIT_COLUMNS]
+                values = [_encode(WAIT_COLUMNS, n, getattr(stored, n)) for n in WAIT_COLUMNS]
                 tx.run(_INSERT_WAIT, values)
-                return True, wait
+                return True, stored
             found = _wait(row)
             if found.status != WaitStatus.PENDING:
                 return False, found
             tx.run(
                 "UPDATE waits SET status = ?, value = ?, error = ?, resolved_at = ? WHERE key = ? AND status = ?",
-                (wait.status, dump_json(wait.value), dump_json(wait.error), wait.resolved_at, wait.key,
+                (wait.status, dump_json(wait.value), dump_json(wait.error), wait.resolved_at, found.key,
                  WaitStatus.PENDING),
             )
             found.status, found.value, found.error, found.resolved_at = wait.status, wait.value, wait.error, wait.resolved_at
@@ -650,13 +655,19 @@ class SQLStore:
 
     def runs_with_settled_wait(self, limit: int = 50) -> list[str]:
         """Parked runs whose wait was settled and that nobody continued (the runners' fallback, P-18)."""
-        # The run's pending names the key it is parked on; LIKE narrows, the exact check is in Python.
+        # The run's pending names the wait it is parked on (the store keeps only its key's digest):
+        # LIKE on its seq narrows (dump_json sorts keys, "seq" last), the exact check is in Python.
         sql = ("SELECT r.run_id, r.pending, w.key FROM runs r JOIN waits w ON w.run_id = r.run_id"
                " WHERE r.status = 'waiting' AND w.status <> 'pending' AND w.seq IS NOT NULL"
-               " AND r.pending LIKE ? || w.key || ? LIMIT ?")
+               " AND r.pending LIKE ? || w.seq || ? LIMIT ?")
         with self._transaction(write=False) as tx:
-            rows = tx.run(sql, ("%", "%", limit)).fetchall()
-        return [run_id for run_id, pending, key in rows if (json.loads(pending or "{}") or {}).get("key") == key]
+            rows = tx.run(sql, ('%"seq":', "}", limit)).fetchall()
+        out = []
+        for run_id, pending, key in rows:
+            parked = (json.loads(pending or "{}") or {}).get("key")
+            if isinstance(parked, str) and key in (parked, wait_digest(parked)) and run_id not in out:
+                out.append(run_id)
+        return out
 
     def runs_due(self, now: float, limit: int = 100) -> list[RunRecord]:
         sql = f"{_SELECT_RUN} WHERE status = 'waiting' AND expires_at <= ? ORDER BY expires_at LIMIT ?"

@@ -8,6 +8,7 @@ when it was not there, so exactly one process wins.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import hashlib
 from typing import Any, Protocol, Sequence
 
 from .states import SETTLED_CALL_STATES as SETTLED_CALL_STATES
@@ -107,9 +108,26 @@ class SnapshotRecord:
     kind: str = "pause"  # "pause" | "checkpoint" | "session"
 
 
+WAIT_DIGEST_PREFIX = "wd1."
+
+
+def wait_digest(key: str) -> str:
+    """What the store keeps of a wait key: its digest, which resolves nothing (a digest maps to itself).
+
+    A wait key is a bearer capability (an approval's decides a write), so a
+    reader of the ``waits`` table must not find one there.
+    """
+    if key.startswith(WAIT_DIGEST_PREFIX):
+        return key
+    return WAIT_DIGEST_PREFIX + hashlib.sha256(key.encode()).hexdigest()
+
+
 @dataclass
 class WaitRecord:
-    """A keyed, one-shot promise a run can park on (durable wait, signal, timer)."""
+    """A keyed, one-shot promise a run can park on (durable wait, signal, timer).
+
+    Given to the store with its key; read back from it with the key's digest (:func:`wait_digest`).
+    """
 
     key: str
     run_id: str
