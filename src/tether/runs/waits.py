@@ -27,9 +27,9 @@ from typing import Any, Awaitable, Callable, Sequence
 from ..errors import AlreadyDecided, ToolsUnavailable, WrongSecret
 from ..store.base import (
     LOCAL_PRINCIPAL,
+    WAIT_DIGEST_PREFIX,
     RunRecord,
     Store,
-    WAIT_DIGEST_PREFIX,
     WaitRecord,
     wait_digest,
 )

@@ -7,8 +7,8 @@ when it was not there, so exactly one process wins.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import hashlib
+from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from .states import SETTLED_CALL_STATES as SETTLED_CALL_STATES
