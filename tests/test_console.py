@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tether import Runtime, tool
-from tether.server.approvals import link_token, open_token, render_value
+from tether.server.approvals import link_token, open_token
 from tether.server.auth import principal_for_token
 from tether.server.console import Console
 
@@ -265,14 +265,6 @@ def unused_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def test_arguments_are_rendered_for_people():
-    assert render_value("short") == {"kind": "text", "text": '"short"'}
-    folded = render_value("line one\nline two")
-    assert folded["kind"] == "folded" and folded["head"] == "line one" and folded["text"] == "line one\nline two"
-    assert render_value("x" * 500)["chars"] == 500
-    assert render_value({"b": 1, "a": [1, 2]})["text"] == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}'
 
 
 async def test_over_tls_the_session_cookie_is_secure(rt):

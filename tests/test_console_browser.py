@@ -219,8 +219,11 @@ def test_a_pause_appears_live_is_approved_in_the_page_and_the_write_is_sent_once
         page.wait_for_url(f"**/console/runs/{run_id}")
         write = page.locator("article.write")
         assert "ledger.guarded_write" in write.inner_text()
-        assert "it changes what the ledger holds" in write.inner_text()  # the tool's description
         assert "order 4417" in write.inner_text()  # arguments, readably
+        # The tool's description is folded under the arguments; one click shows it.
+        assert "it changes what the ledger holds" not in write.inner_text()
+        write.locator("details.tool-doc summary").click()
+        assert "it changes what the ledger holds" in write.inner_text()
         shots(page, "console-run-paused")
         write.locator("button[value=approve]").click()
         page.locator("#run-status.completed").wait_for(timeout=15_000)
@@ -470,3 +473,28 @@ def test_signing_out_ends_the_session_on_the_server(browser, server, shots):
     finally:
         thief.close()
     assert server.store.get_run(run_id).status == "paused" and "after-sign-out" not in server.tags()
+
+
+def test_a_bidi_argument_is_shown_escaped_and_flagged_on_the_link_page(browser, server, shots):
+    # "\u202e666-REKCATTA\u202c" renders as ATTACKER-666; a long note first used to push the rest away.
+    code = ("import tools\n"
+            f"await tools.ledger.guarded_write(note={'n' * 3000!r}, tag='\\u202e666-REKCATTA\\u202c')\n")
+    run_id = server.queue(code)
+    server.wait_status(run_id, "paused")
+    link = _link_from_cli(server, run_id)
+    context = browser.new_context(viewport={"width": 1100, "height": 760})
+    try:
+        page = context.new_page()
+        page.goto(link)
+        write = page.locator("article.write")
+        text = write.inner_text()
+        assert "\u202e" not in text and "ATTACKER" not in text
+        assert "\\u202e666-REKCATTA\\u202c" in text and "control characters" in text
+        assert "more characters" in text and "tag" in text
+        # Both arguments are on the first screen, above the fold.
+        box = page.locator("dl.args dt", has_text="tag").bounding_box()
+        assert box is not None and box["y"] < 760
+        shots(page, "approval-link-bidi-escaped")
+    finally:
+        context.close()
+    assert server.store.get_run(run_id).status == "paused"

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
@@ -50,6 +51,7 @@ from ..errors import RunNotFound
 from ..runs.decisions import recorded_decision
 from ..runs.inspect import run_timeline
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus
+from ..tools.shown import escape as escape_controls
 from .approvals import Decider, derived_key, describe_write, open_token, pending_writes
 from .auth import LOCAL, allowed_hosts, host_allowed, principal_for_token
 
@@ -118,9 +120,17 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str)
 
 
+def _shown(value: Any) -> Any:
+    # Every text a page shows (arguments, logs, results, reasons, errors): control and
+    # format characters as escapes, so a bidi override cannot make it read as something else.
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return escape_controls(value, keep_lines=True)
+    return value
+
+
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(str(HERE / "templates")), autoescape=select_autoescape(default=True),
-                      trim_blocks=False, lstrip_blocks=False)
+                      trim_blocks=False, lstrip_blocks=False, finalize=_shown)
     env.filters.update(when=_when, short=_short, compact=_compact, pretty=_pretty)
     return env
 
