@@ -156,7 +156,7 @@ def test_in_a_terminal_run_asks_y_n_at_a_pause(tmp_path, env):
             ready, _, _ = select.select([main], [], [], 0.5)
             if ready:
                 seen += os.read(main, 4096)
-        assert b"Allow write notes.add_note(text='typed yes')? [y/N]" in seen
+        assert b"Allow write notes.add_note(text=\"typed yes\")? [y/N]" in seen
         os.write(main, b"y\n")
         assert proc.wait(timeout=60) == 0
         while True:
@@ -192,9 +192,9 @@ def test_p28_repeating_the_printed_resume_line_does_not_decide_the_next_write(tm
     command = line.split("approve:", 1)[1].split()
     assert command[:2] == ["tether", "resume"] and "--seq" in command  # the pause names its write
     r = cli(command[1:], env, tmp_path)
-    assert r.returncode == 3 and "call 2: notes.add_note(text='b')" in r.stdout
+    assert r.returncode == 3 and "call 2: notes.add_note(text=\"b\")" in r.stdout
     again = cli(command[1:], env, tmp_path)  # the retry, the double click
-    assert again.returncode == 3 and "call 2: notes.add_note(text='b')" in again.stdout
+    assert again.returncode == 3 and "call 2: notes.add_note(text=\"b\")" in again.stdout
     assert _notes(env) == ["a"]
     # Without --seq, outside a terminal, it would be a guess: refused with what waits.
     blind = cli(command[1:4], env, tmp_path)
@@ -217,7 +217,7 @@ def test_p27_a_gathered_batch_is_listed_and_decided_per_write_from_the_cli(tmp_p
     assert first.returncode == 3, first.stderr
     assert "3 writes issued together" in first.stdout
     for text, seq in (("x", 1), ("y", 2), ("z", 3)):
-        assert f"call {seq}: notes.add_note(text='{text}')" in first.stdout
+        assert f"call {seq}: notes.add_note(text=\"{text}\")" in first.stdout
     run_id = first.stdout.split()[2]
     r = cli(["resume", run_id, "--approve", "--seq", "2"], env, tmp_path)
     assert r.returncode == 3 and "[approved]" in r.stdout and _notes(env) == []
@@ -255,7 +255,7 @@ def test_p28_resume_without_seq_at_a_terminal_shows_the_write_and_asks(tmp_path,
             ready, _, _ = select.select([main], [], [], 0.5)
             if ready:
                 seen += os.read(main, 4096)
-        assert b"approve call 2: notes.add_note(text='b')? [y/N]" in seen
+        assert b"approve call 2: notes.add_note(text=\"b\")? [y/N]" in seen
         os.write(main, b"y\n")
         assert proc.wait(timeout=60) == 0
     finally:

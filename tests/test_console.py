@@ -15,7 +15,7 @@ import pytest
 
 from tether import Runtime, tool
 from tether.approvals import APPROVE, RUN, Access, Grant
-from tether.server.approvals import link_token, open_token, render_value
+from tether.server.approvals import link_token, open_token
 from tether.server.auth import principal_for_token
 from tether.server.console import CAPABILITY_HOLDER, Console
 
@@ -59,7 +59,7 @@ async def rt():
 
 
 def client(console: Console) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=console.app), base_url="http://console.test")
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=console.app), base_url="http://127.0.0.1:8000")
 
 
 def csrf_of(html: str) -> str:
@@ -209,7 +209,7 @@ async def test_p33_an_approval_link_shows_its_write_and_decides_once_for_a_signe
         page = await c.get(f"/approve/{token}")
         csrf = csrf_of(page.text)
         no_cookie = await httpx.AsyncClient(transport=httpx.ASGITransport(app=console_for(rt).app),
-                                            base_url="http://console.test").post(
+                                            base_url="http://127.0.0.1:8000").post(
             f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})
         assert no_cookie.status_code in (401, 403)
         other_seq = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "2", "decision": "approve"})
@@ -307,14 +307,6 @@ def unused_port():
         return s.getsockname()[1]
 
 
-def test_arguments_are_rendered_for_people():
-    assert render_value("short") == {"kind": "text", "text": '"short"'}
-    folded = render_value("line one\nline two")
-    assert folded["kind"] == "folded" and folded["head"] == "line one" and folded["text"] == "line one\nline two"
-    assert render_value("x" * 500)["chars"] == 500
-    assert render_value({"b": 1, "a": [1, 2]})["text"] == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}'
-
-
 async def test_over_tls_the_session_cookie_is_secure(rt):
     console = Console(rt, tokens=[ALICE], public_url="https://tether.example.com")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=console.app),
@@ -336,3 +328,124 @@ async def test_runs_are_listed_by_status_and_principal(store_url):
             assert mine.run_id in paused and local.run_id in paused and done.run_id not in paused
             only_local = (await c.get("/console/?status=paused&principal=local")).text
             assert local.run_id in only_local and mine.run_id not in only_local
+
+
+# -- console edges (issue 19, point 7) ---------------------------------------------------------
+
+
+async def raw(app, method: str, path: str, headers: dict[str, str], chunks: list[bytes] = ()) -> tuple[int, int]:
+    """One request straight to the ASGI app: (status, body bytes the app pulled from the client)."""
+    pulled = 0
+    queue = list(chunks)
+    status: list[int] = []
+
+    async def receive():
+        nonlocal pulled
+        if queue:
+            chunk = queue.pop(0)
+            pulled += len(chunk)
+            return {"type": "http.request", "body": chunk, "more_body": bool(queue)}
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()], "scheme": "http",
+             "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 5555), "http_version": "1.1",
+             "root_path": ""}
+    await app(scope, receive, send)
+    return status[0], pulled
+
+
+@pytest.mark.parametrize("tokens", [[ALICE], []], ids=["token", "dev"])
+async def test_a_forged_host_reaches_no_console_page_in_any_mode(rt, tokens):
+    # DNS rebinding: a web page under the attacker's name resolved to 127.0.0.1.
+    paused = await rt.execute(PROGRAM)
+    console = Console(rt, tokens=tokens, host="127.0.0.1")
+    token = link_token(rt.store.secret(), paused.run_id, 1, paused.expires_at)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=console.app),
+                                 base_url="http://rebind.attacker.example:8000") as evil:
+        for path in ("/console/login", "/console/", f"/approve/{token}"):
+            assert (await evil.get(path)).status_code == 421, path
+        posted = await evil.post(f"/approve/{token}", data={"seq": "1", "decision": "approve"})
+        assert posted.status_code == 421 and posted.text == "Invalid Host header"
+        signed = await evil.post("/console/login", data={"token": ALICE})
+        assert signed.status_code == 421 and "set-cookie" not in signed.headers
+    # The real names still work: loopback, and public_url's host.
+    async with client(console) as c:
+        assert (await c.get("/console/login")).status_code == 200
+    public = Console(rt, tokens=tokens, host="127.0.0.1", public_url="https://tether.example.com")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=public.app),
+                                 base_url="https://tether.example.com") as c:
+        assert (await c.get("/console/login")).status_code == 200
+    assert rt.store.get_run(paused.run_id).status == "paused" and sent == []
+
+
+async def test_form_bodies_are_checked_before_they_are_read(rt):
+    from tether.server.console import MAX_FORM_BYTES
+
+    paused = await rt.execute(PROGRAM)
+    console = Console(rt, tokens=[ALICE])
+    token = link_token(rt.store.secret(), paused.run_id, 1, paused.expires_at)
+    host = {"host": "127.0.0.1:8000"}
+    form = {**host, "content-type": "application/x-www-form-urlencoded"}
+    megabyte = [b"a" * 65536] * 16
+    for path in ("/console/login", "/console/logout", f"/approve/{token}"):
+        # Declared too large: refused before a byte is read.
+        assert await raw(console.app, "POST", path, {**form, "content-length": str(2**28)}, megabyte) == (413, 0)
+        # Not declared (chunked): read up to the cap and no further.
+        status, pulled = await raw(console.app, "POST", path, form, megabyte)
+        assert status == 413 and pulled <= MAX_FORM_BYTES + 65536, (path, pulled)
+        # Not a form: refused unread.
+        assert await raw(console.app, "POST", path, {**host, "content-type": "multipart/form-data; boundary=x"},
+                         megabyte) == (415, 0)
+        assert await raw(console.app, "POST", path, {**host, "content-type": "application/json"}, [b"{}"]) == (415, 0)
+    assert rt.store.get_run(paused.run_id).status == "paused" and sent == []
+
+
+async def test_a_cookie_reused_after_signing_out_opens_nothing_anywhere(store_url):
+    from tether.store import open_store
+
+    async with Runtime(store=open_store(store_url), tools=[refund]) as rt:
+        paused = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
+        async with client(Console(rt, tokens=[ALICE])) as c:
+            await sign_in(c, ALICE)
+            page = await c.get(f"/console/runs/{paused.run_id}")
+            kept = dict(c.cookies)
+            out = await c.post("/console/logout", data={"csrf": csrf_of(page.text)})
+            assert out.status_code == 303
+        # The same cookie, presented again, to this process and to another one on the same store.
+        async with Runtime(store=open_store(store_url), tools=[refund]) as other:
+            for console in (Console(rt, tokens=[ALICE]), Console(other, tokens=[ALICE])):
+                async with client(console) as c:
+                    c.cookies.update(kept)
+                    assert (await c.get("/console/")).headers.get("location") == "/console/login"
+                    decided = await c.post(f"/console/runs/{paused.run_id}/decide",
+                                           data={"csrf": csrf_of(page.text), "seq": "1", "decision": "approve"})
+                    assert decided.status_code == 303 and decided.headers["location"] == "/console/login"
+            # Signing in again opens a new session.
+            async with client(Console(other, tokens=[ALICE])) as c:
+                await sign_in(c, ALICE)
+                assert (await c.get("/console/")).status_code == 200
+        assert rt.store.get_run(paused.run_id).status == "paused" and sent == []
+
+
+async def test_another_principals_thousand_newest_runs_do_not_hide_yours(store_url):
+    import dataclasses
+
+    from tether.store import open_store
+
+    async with Runtime(store=open_store(store_url), tools=[refund]) as rt:
+        mine = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
+        theirs = await rt.execute(PROGRAM, principal=principal_for_token(BOB))
+        template = rt.store.get_run(theirs.run_id)
+        for i in range(1000):  # newer than Alice's, paused, Bob's
+            rt.store.create_run(dataclasses.replace(template, run_id=f"run_bob{i:06d}",
+                                                    created_at=template.created_at + 1 + i))
+        async with client(Console(rt, tokens=[ALICE, BOB])) as c:
+            await sign_in(c, ALICE)
+            for page in ("/console/", "/console/?status=paused"):
+                listing = (await c.get(page)).text
+                assert mine.run_id in listing and "run_bob" not in listing, page

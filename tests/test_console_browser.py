@@ -242,8 +242,11 @@ def test_a_pause_appears_live_is_approved_in_the_page_and_the_write_is_sent_once
         page.wait_for_url(f"**/console/runs/{run_id}")
         write = page.locator("article.write")
         assert "ledger.guarded_write" in write.inner_text()
-        assert "it changes what the ledger holds" in write.inner_text()  # the tool's description
         assert "order 4417" in write.inner_text()  # arguments, readably
+        # The tool's description is folded under the arguments; one click shows it.
+        assert "it changes what the ledger holds" not in write.inner_text()
+        write.locator("details.tool-doc summary").click()
+        assert "it changes what the ledger holds" in write.inner_text()
         shots(page, "console-run-paused")
         write.locator("button[value=approve]").click()
         page.locator("#run-status.completed").wait_for(timeout=15_000)
@@ -552,3 +555,87 @@ def test_a_compromised_agent_cannot_approve_and_a_person_in_the_console_can(brow
     finally:
         context.close()
     assert server.tags().count("agent-pay") == 1
+
+
+# -- console edges (issue 19, point 7) --------------------------------------------------------
+
+
+def test_a_rebound_host_name_reaches_no_console_page(browser, server, shots):
+    # DNS rebinding: the attacker's name resolves to the server's loopback address.
+    run_id = server.queue(program("rebound"))
+    server.wait_status(run_id, "paused")
+    token = link_token(server.store.secret(), run_id, 1, server.store.get_run(run_id).expires_at)
+    # A browser of its own, whose resolver maps the attacker's name.
+    b = browser.browser_type.launch(
+        executable_path=CHROMIUM, headless=True,
+        args=[*CHROMIUM_FLAGS, "--host-resolver-rules=MAP rebind.attacker.test 127.0.0.1"])
+    try:
+        page = b.new_page()
+        evil = f"http://rebind.attacker.test:{server.port}"
+        for path in ("/console/login", "/console/", f"/approve/{token}"):
+            response = page.goto(evil + path)
+            assert response.status == 421, (path, response.status)
+        shots(page, "console-rebound-host")
+        # The page's own script posts the decision: refused before the form is read.
+        status = page.evaluate("""async (path) => (await fetch(path, {method: 'POST',
+            headers: {'content-type': 'application/x-www-form-urlencoded'},
+            body: 'seq=1&decision=approve'})).status""", f"/approve/{token}")
+        assert status == 421
+    finally:
+        b.close()
+    assert server.store.get_run(run_id).status == "paused" and "rebound" not in server.tags()
+
+
+def test_signing_out_ends_the_session_on_the_server(browser, server, shots):
+    run_id = server.queue(program("after-sign-out"))
+    server.wait_status(run_id, "paused")
+    context, page = signed_in(browser, server)
+    try:
+        page.goto(f"{server.base}/console/runs/{run_id}")
+        csrf = page.get_attribute("article.write input[name=csrf]", "value")
+        kept = context.cookies()
+        page.click("form.who button[type=submit]")
+        page.wait_for_url(f"{server.base}/console/login")
+    finally:
+        context.close()
+    # Someone who copied the cookie before the sign-out presents it again.
+    thief = browser.new_context()
+    try:
+        thief.add_cookies(kept)
+        page = thief.new_page()
+        page.goto(f"{server.base}/console/runs/{run_id}")
+        assert page.url.endswith("/console/login")
+        shots(page, "console-cookie-after-sign-out")
+        status = page.evaluate("""async ([path, csrf]) => (await fetch(path, {method: 'POST', redirect: 'manual',
+            headers: {'content-type': 'application/x-www-form-urlencoded'},
+            body: 'csrf=' + csrf + '&seq=1&decision=approve'})).type""",
+                               [f"/console/runs/{run_id}/decide", csrf])
+        assert status == "opaqueredirect"  # to the sign-in page
+    finally:
+        thief.close()
+    assert server.store.get_run(run_id).status == "paused" and "after-sign-out" not in server.tags()
+
+
+def test_a_bidi_argument_is_shown_escaped_and_flagged_on_the_link_page(browser, server, shots):
+    # "\u202e666-REKCATTA\u202c" renders as ATTACKER-666; a long note first used to push the rest away.
+    code = ("import tools\n"
+            f"await tools.ledger.guarded_write(note={'n' * 3000!r}, tag='\\u202e666-REKCATTA\\u202c')\n")
+    run_id = server.queue(code)
+    server.wait_status(run_id, "paused")
+    link = _link_from_cli(server, run_id)
+    context = browser.new_context(viewport={"width": 1100, "height": 760})
+    try:
+        page = context.new_page()
+        page.goto(link)
+        write = page.locator("article.write")
+        text = write.inner_text()
+        assert "\u202e" not in text and "ATTACKER" not in text
+        assert "\\u202e666-REKCATTA\\u202c" in text and "control characters" in text
+        assert "more characters" in text and "tag" in text
+        # Both arguments are on the first screen, above the fold.
+        box = page.locator("dl.args dt", has_text="tag").bounding_box()
+        assert box is not None and box["y"] < 760
+        shots(page, "approval-link-bidi-escaped")
+    finally:
+        context.close()
+    assert server.store.get_run(run_id).status == "paused"

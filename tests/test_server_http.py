@@ -346,6 +346,18 @@ async def test_dev_serves_loopback_without_a_token(tmp_path):
             assert store.get_run(r.structured_content["run_id"]).principal == "local"
         finally:
             store.close()
+        # DNS rebinding (issue 19): under --dev anyone who reaches the console may sign in, so a page
+        # under another name that resolved to 127.0.0.1 must reach neither the console nor /mcp.
+        base = s.url.rsplit("/mcp", 1)[0]
+        forged = {"host": "rebind.attacker.example"}
+        async with httpx.AsyncClient(base_url=base) as http:
+            assert (await http.get("/console/login", headers=forged)).status_code == 421
+            posted = await http.post("/console/login", headers=forged, data={"token": ""})
+            assert posted.status_code == 421 and "set-cookie" not in posted.headers
+            assert (await http.post("/mcp", headers={**forged, "content-type": "application/json"},
+                                    content=b"{}")).status_code == 421
+            assert (await http.get("/console/login")).status_code == 200  # its own name still works
     finally:
         stop_server(s.proc)
     assert s.proc.returncode == 0, s.log.read_text()
+    assert s.tags() == []

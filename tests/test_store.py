@@ -851,3 +851,26 @@ def test_runs_updated_since_lists_changes_oldest_first(store):
     assert [r.run_id for r in store.runs_updated_since(6.0)] == ["r2"]
     store.update_run("r1", None, updated_at=9.0)
     assert [r.run_id for r in store.runs_updated_since(0.0)] == ["r2", "r1"]
+
+
+def test_runs_are_listed_by_principal_in_the_query_not_after_the_limit(store):
+    store.create_run(make_run("mine", principal="alice", created_at=1.0))
+    store.create_run(make_run("old-local", principal=None, created_at=2.0))
+    for i in range(30):
+        store.create_run(make_run(f"theirs{i:02d}", principal="bob", created_at=10.0 + i))
+    assert [r.run_id for r in store.list_runs(limit=5, principals=["alice"])] == ["mine"]
+    # A row without a principal is local's (migration 4).
+    assert [r.run_id for r in store.list_runs(limit=5, principals=["alice", "local"])] == ["old-local", "mine"]
+    assert [r.run_id for r in store.list_runs(status="paused", limit=2, principals=["bob"])] == ["theirs29",
+                                                                                                 "theirs28"]
+    assert store.list_runs(principals=[]) == []
+    assert len(store.list_runs(limit=100)) == 32
+
+
+def test_a_signed_out_console_session_is_remembered_until_it_would_have_expired(store):
+    assert not store.signed_out("s1")
+    store.sign_out("s1", expires_at=100.0, now=10.0)
+    store.sign_out("s1", expires_at=100.0, now=11.0)  # twice is once
+    assert store.signed_out("s1") and not store.signed_out("s2")
+    store.sign_out("s2", expires_at=300.0, now=200.0)  # past s1's expiry: s1 is forgotten
+    assert not store.signed_out("s1") and store.signed_out("s2")

@@ -21,7 +21,9 @@ from .rights import (
     may_decide,
     may_see,
     needs_signed_in,
+    visible_owners,
 )
 
 __all__ = ["APPROVE", "CAPABILITY", "OPERATE", "OPERATOR", "RIGHTS", "RUN", "SIGNED_IN", "Access", "Channel",
-           "Grant", "Verdict", "may_decide", "may_see", "needs_signed_in"]
+           "Grant", "Verdict", "may_decide", "may_see", "needs_signed_in",
+           "visible_owners"]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import UsageError
 from ..store.states import RunStatus
+from ..tools.shown import escape, show_call
 
 if TYPE_CHECKING:  # the command line imports the engine lazily, to start fast
     from ..store.base import RunRecord, Store
@@ -66,35 +67,39 @@ def print_result(result: Any, as_json: bool) -> int:
     if as_json:
         print_json(data)
         return exit_code(result.status)
+    # What a program printed or returned goes to a terminal: control characters are shown
+    # escaped (an ANSI "conceal" or an OSC 52 clipboard write is text here, not an effect).
+    # --json stays exact.
     for line in data.get("logs") or []:
-        print(line)
+        print(escape(str(line), keep_lines=True))
     status = data["status"]
     if status == RunStatus.COMPLETED:
         value = data["result"]
-        print(value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False))
+        print(escape(value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False),
+                     keep_lines=True))
     elif status == RunStatus.PAUSED:
         print_pause(data["run_id"], data["pending"])
     elif status == RunStatus.WAITING:
         p = data["pending"]
-        print(f"waiting: run {data['run_id']} is parked ({p['kind']} {p['name']}); it holds no worker")
-        print(f"  {data.get('instructions')}")
+        print(f"waiting: run {data['run_id']} is parked ({p['kind']} {escape(p['name'])}); it holds no worker")
+        print(f"  {escape(str(data.get('instructions')))}")
         if p["kind"] == "wait":
             print(f"  key: {p['key']}")
     else:
         err = data.get("error") or {}
-        print(f"{status}: [{err.get('code')}] {err.get('message')}", file=sys.stderr)
+        print(escape(f"{status}: [{err.get('code')}] {err.get('message')}", keep_lines=True), file=sys.stderr)
         if err.get("details", {}).get("diagnostics"):
-            print(err["details"]["diagnostics"], file=sys.stderr)
+            print(escape(str(err["details"]["diagnostics"]), keep_lines=True), file=sys.stderr)
         if err.get("next_action"):
-            print(f"next: {err['next_action']}", file=sys.stderr)
+            print(escape(f"next: {err['next_action']}", keep_lines=True), file=sys.stderr)
     for note in data.get("notes") or []:
-        print(f"note: {note}", file=sys.stderr)
+        print(escape(f"note: {note}", keep_lines=True), file=sys.stderr)
     return exit_code(status)
 
 
-def call_text(w: dict) -> str:
-    args = ", ".join(f"{k}={v!r}" for k, v in (w.get("args") or {}).items())
-    return f"call {w['seq']}: {w['address']}({args})"
+def call_text(w: dict, budget: int = 600) -> str:
+    """A write as the terminal shows it: every argument named, values shortened evenly, escaped."""
+    return f"call {w['seq']}: " + show_call(str(w["address"]), w.get("args"), budget=budget).line()
 
 
 def print_pause(run_id: str, pending: dict) -> None:

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from ..tools.shown import escape
 from ._common import EXIT_FAILED, EXIT_OK, add_common, ensure_worker, open_rt, read_program, run_setup
 
 
@@ -17,7 +18,7 @@ def _print_obs(obs: dict[str, Any], as_json: bool) -> int:
         for e in obs["events"]:
             line = format_event(e)
             if line:
-                print(line)
+                print(escape(line, keep_lines=True))
         print(f"[{obs['status']}] cell {obs['cell_id']} cursor {obs['cursor']}")
     return EXIT_FAILED if obs["status"] in ("failed", "terminated") else EXIT_OK
 
@@ -90,7 +91,7 @@ async def cmd_cells_watch(args: argparse.Namespace) -> int:
                     if bar_shown:
                         sys.stdout.write("\n")
                         bar_shown = False
-                    print(line)
+                    print(escape(line, keep_lines=True))
             cursor = obs["cursor"]
             if obs["status"] != "running":
                 if bar_shown:

@@ -11,6 +11,7 @@ import time
 from typing import Any, NoReturn
 
 from ..store.states import RunStatus
+from ..tools.shown import show_call
 from ._common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -22,6 +23,7 @@ from ._common import (
     add_common,
     call_text,
     ensure_worker,
+    escape,
     home_of,
     json_arg,
     local_user,
@@ -36,8 +38,7 @@ from ._common import (
 
 
 async def _ask_inline(pending: dict) -> tuple[str, str | None]:
-    args = ", ".join(f"{k}={v!r}" for k, v in pending["args"].items())
-    prompt = f"Allow write {pending['address']}({args})? [y/N] "
+    prompt = f"Allow write {show_call(str(pending['address']), pending.get('args')).line()}? [y/N] "
     answer = await asyncio.to_thread(input, prompt)
     return ("approve", None) if answer.strip().lower() in ("y", "yes") else ("decline", "declined at the terminal")
 
@@ -171,18 +172,19 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
     print(f"run {data['run_id']}: {data['status']} (principal {data.get('principal') or 'local'})")
     print("program:")
     for i, line in enumerate(data["program"].splitlines(), 1):
-        print(f"  {i:>3} | {line}")
+        print(f"  {i:>3} | {escape(line)}")
     print("calls:")
     for c in data["calls"]:
         ms = f"{c['ms']:.1f} ms" if c.get("ms") is not None else "-"
-        print(f"  #{c['seq']:<3} {c['kind']:<5} {c['address']:<32} {c['state']:<9} {ms}")
+        print(f"  #{c['seq']:<3} {c['kind']:<5} {escape(str(c['address'])):<32} {c['state']:<9} {ms}")
     for d in data.get("decisions") or []:
-        why = f" ({d['reason']})" if d.get("reason") else ""
+        why = f" ({escape(str(d['reason']))})" if d.get("reason") else ""
         print(f"decided: call {d['seq']} {d['decision']}{why} by {d.get('actor')} via {d.get('via')}")
     if data.get("pending") and data["status"] == RunStatus.PAUSED:
         print_pause(data["run_id"], data["pending"])
     elif data.get("pending"):
-        print(f"pending: call {data['pending']['seq']} {data['pending'].get('address') or data['pending'].get('name')}")
+        print(f"pending: call {data['pending']['seq']} "
+              f"{escape(str(data['pending'].get('address') or data['pending'].get('name')))}")
     for link in data["approval_links"]:
         if link["url"]:
             print(f"approve or decline call {link['seq']} at: {link['url']}")
@@ -190,9 +192,9 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
         print("(set [server] public_url in tether.toml to get an approval link for it)")
     outcome = data.get("outcome") or {}
     if outcome.get("error"):
-        print(f"error: [{outcome['error'].get('code')}] {outcome['error'].get('message')}")
+        print(escape(f"error: [{outcome['error'].get('code')}] {outcome['error'].get('message')}", keep_lines=True))
     elif data["status"] == RunStatus.COMPLETED:
-        print("result:", json.dumps(outcome.get("result"), ensure_ascii=False)[:2000])
+        print("result:", escape(json.dumps(outcome.get("result"), ensure_ascii=False)[:2000]))
     return EXIT_OK
 
 

@@ -126,14 +126,18 @@ def recorded_decision(rt: "Runtime", run_id: str, seq: int, entry: CallRecord | 
 
 
 def pending_writes(rt: "Runtime", run: RunRecord) -> list[PendingWrite]:
+    from .waits import APPROVAL_PREFIX
+
     out = []
     for w in batch_of(run):
         entry = rt.store.get_call(run.run_id, w["seq"])
         description = None
         if w["address"] in rt.catalog:
             description = rt.catalog.get(w["address"]).description
+        # The store holds no approval key (it is a capability): recomputed for whoever may see this run.
+        key = w.get("key") or rt.wait_key(run.run_id, f"{APPROVAL_PREFIX}{w['seq']}")
         out.append(PendingWrite(run.run_id, w["seq"], w["address"], w.get("args") or {}, w.get("annotations") or {},
-                                description, w.get("key"), run.expires_at,
+                                description, key, run.expires_at,
                                 recorded_decision(rt, run.run_id, w["seq"], entry)))
     return out
 

@@ -59,7 +59,7 @@ from .lifecycle import Lifecycle, outcome_unknown
 from .limits import Limits
 from .notices import CANCEL, wait_a_little
 from .pausing import Parked, Paused
-from .pending import ParkedWait, Stop
+from .pending import ParkedWait, Stop, without_approval_keys
 from .policy import Policy
 from .resend import resendable
 from .restore import SnapshotMismatch
@@ -396,12 +396,16 @@ class Attempt:
             public = {**next(w for w in writes if w["seq"] == stop.first.seq), "writes": writes}
             envelope = paused_envelope(run.run_id, public, expires, self.logs, boundary, self.t0)
             status = RunStatus.PAUSED
+        # The store keeps no approval key (a capability that decides a write): only this
+        # attempt's caller gets it; whoever may see the run later gets it recomputed.
+        kept = without_approval_keys(public)
+        stored = envelope if kept is public else dataclasses.replace(envelope, pending=kept)
         # The run's MAC covers what it waits on (P-35).
-        signed = sign_run(d.keyring, dataclasses.replace(run, pending=public, expires_at=expires))
-        await self.astore.call(d.lifecycle.park, run.run_id, status, pending=public, expires_at=expires,
-                               envelope=envelope.to_dict(), mac=signed)
-        await d.bus.emit_awaited(run.run_id, "paused" if status == RunStatus.PAUSED else "waiting", {"pending": public})
-        d.bus.announce(run.run_id, status, {"pending": public, "expires_at": expires})
+        signed = sign_run(d.keyring, dataclasses.replace(run, pending=kept, expires_at=expires))
+        await self.astore.call(d.lifecycle.park, run.run_id, status, pending=kept, expires_at=expires,
+                               envelope=stored.to_dict(), mac=signed)
+        await d.bus.emit_awaited(run.run_id, "paused" if status == RunStatus.PAUSED else "waiting", {"pending": kept})
+        d.bus.announce(run.run_id, status, {"pending": kept, "expires_at": expires})
         self.stopped_at = envelope
 
     async def checkpoint(self, boundary: EffectBoundary, entry: CallRecord) -> None:

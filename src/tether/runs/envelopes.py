@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..errors import SandboxCrashed, TetherError
 from ..sandbox.monty import ProgramFailed
 from ..store.states import RunStatus
+from ..tools.shown import show_call
 from .result import RunResult
 
 if TYPE_CHECKING:
@@ -67,10 +68,9 @@ def pause_instructions(run_id: str, pending: dict[str, Any]) -> str:
     writes = pending.get("writes") or [pending]
 
     def show(w: dict[str, Any]) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in (w.get("args") or {}).items())
-        if len(args) > 600:  # instructions are read; the arguments are whole in `pending`
-            args = args[:600] + "…"
-        return f"call {w['seq']} {w['address']}({args})"
+        # Instructions are read: every argument named, the values sharing 600 characters, escaped
+        # (tools/shown.py); the arguments are whole in `pending`.
+        return f"call {w['seq']} " + show_call(str(w["address"]), w.get("args"), budget=600 // len(writes)).line()
 
     if len(writes) == 1:
         head = f"The program paused before the write {show(writes[0])}; nothing has been sent. "

@@ -216,7 +216,7 @@ class Pauses:
         # a restart continues with only the remaining time.
         deadline = None if timeout is None else (entry.started_at or now) + timeout
         astore = AsyncStore(host.store)  # off the event loop on Postgres (D-27)
-        wkey = await astore.call(key_for, host.store, host.secret, host.run_id, name, bool(host.keyring.previous))
+        wkey = await astore.call(key_for, host.store, host.secret, host.run_id, name, host.keyring.previous)
         row = await astore.call(host.store.create_wait, WaitRecord(
             wkey, host.run_id, name, WaitStatus.PENDING, now, seq=seq, deadline=deadline, session=host.session))
         if row.status == WaitStatus.PENDING and deadline is not None and now >= deadline:

@@ -78,3 +78,14 @@ class ParkedWait:
 
 # Where an attempt stops.
 Stop = WritePause | ParkedWait
+
+
+def without_approval_keys(pending: dict[str, Any]) -> dict[str, Any]:
+    """A pause as the store keeps it: every write but its approval key, a capability that decides it.
+
+    A parked wait (no ``writes``) is returned as it is: its key names what the run waits on.
+    """
+    if "writes" not in pending:
+        return pending
+    writes = [{k: v for k, v in w.items() if k != "key"} for w in pending["writes"]]
+    return {**{k: v for k, v in pending.items() if k != "key"}, "writes": writes}

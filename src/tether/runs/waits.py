@@ -6,6 +6,10 @@ store's secret and cannot be derived from the run id. It is deterministic for
 a (run, name) pair, so a resolution can arrive, be checked and be kept before
 the run reaches the wait.
 
+The store keeps only a key's digest (``store.base.wait_digest``): a reader of
+the ``waits`` table finds nothing that resolves a wait or decides a write.
+Whoever may see a wait gets its key recomputed from the secret.
+
 Once handed out, a wait's key stays its key: after the secret is rotated
 (docs/security.md) the run finds its wait by (run, name) and keeps the key
 made under the older secret, which verifies while that secret is kept for
@@ -23,9 +27,11 @@ from typing import Any, Awaitable, Callable, Sequence
 from ..errors import AlreadyDecided, ToolsUnavailable, WrongSecret
 from ..store.base import (
     LOCAL_PRINCIPAL,
+    WAIT_DIGEST_PREFIX,
     RunRecord,
     Store,
     WaitRecord,
+    wait_digest,
 )
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
 from .result import to_json_value
@@ -74,19 +80,28 @@ def parse_wait_key(secret: bytes | Sequence[bytes], key: str) -> tuple[str, str]
     return run_id, name
 
 
-def key_for(store: Store, secret: bytes, run_id: str, name: str, rotated: bool) -> str:
-    """The key of the wait (run, name) under ``secret``, or, once the secret was ``rotated`` (older ones
+def key_for(store: Store, secret: bytes, run_id: str, name: str, older: Sequence[bytes] = ()) -> str:
+    """The key of the wait (run, name) under ``secret``, or, once the secret was rotated (``older`` ones
     kept), the key it was handed out with under an older one."""
     key = wait_key(secret, run_id, name)
-    if rotated and store.get_wait(key) is None:
+    if older and store.get_wait(key) is None:
         for w in store.list_waits(run_id=run_id, status=None):
             if w.name == name:
-                return w.key
+                return key_of(w, [secret, *older]) or key
     return key
 
 
-def wait_view(w: WaitRecord) -> dict[str, Any]:
-    return {"key": w.key, "run_id": w.run_id, "name": w.name, "status": w.status, "seq": w.seq,
+def key_of(w: WaitRecord, secrets: Sequence[bytes]) -> str | None:
+    """The key a stored wait (which holds only its digest) was handed out with, under a secret held here."""
+    for secret in secrets:
+        key = wait_key(secret, w.run_id, w.name)
+        if w.key in (wait_digest(key), key):
+            return key
+    return None
+
+
+def wait_view(w: WaitRecord, key: str | None = None) -> dict[str, Any]:
+    return {"key": key, "run_id": w.run_id, "name": w.name, "status": w.status, "seq": w.seq,
             "deadline": w.deadline, "value": w.value, "error": w.error, "created_at": w.created_at,
             "resolved_at": w.resolved_at}
 
@@ -113,16 +128,18 @@ class Waits:
         self._left = left
 
     def key(self, run_id: str, name: str) -> str:
-        return key_for(self.store, self._secret, run_id, name, len(self._verify_with) > 1)
+        return key_for(self.store, self._secret, run_id, name, self._verify_with[1:])
 
     def views(self, run_id: str | None, status: str | None) -> list[dict[str, Any]]:
-        return [wait_view(w) for w in self.store.list_waits(run_id=run_id, status=status)]
+        return [wait_view(w, key_of(w, self._verify_with))
+                for w in self.store.list_waits(run_id=run_id, status=status)]
 
     async def resolve(self, key: str, value: Any = None, *, error: str | None = None,
                       continue_run: bool = True) -> dict[str, Any]:
         """Settle a wait: the first resolution wins; the run continues here if it was parked on it."""
         parsed = parse_wait_key(self._verify_with, key)
-        if parsed is None and isinstance(key, str) and self.store.get_wait(key) is not None:
+        if (parsed is None and isinstance(key, str) and not key.startswith(WAIT_DIGEST_PREFIX)
+                and self.store.get_wait(key) is not None):
             # tether made this key (it names a stored wait), under a secret no longer held here.
             raise WrongSecret("the wait key was made with a secret this process does not hold; nothing was "
                               "resolved or sent", details={"key": key})
@@ -143,7 +160,7 @@ class Waits:
         value = to_json_value(value)[0]
         accepted, row = self.store.settle_wait(WaitRecord(key, run_id, name, status, now, value=value, error=err,
                                                           resolved_at=now))
-        out = {"status": "accepted" if accepted else "already_resolved", "key": key, "wait": wait_view(row)}
+        out = {"status": "accepted" if accepted else "already_resolved", "key": key, "wait": wait_view(row, key)}
         # A resolution kept while the run could not continue (tools_unavailable) wakes it on a later try.
         result = None
         if continue_run and (accepted or (row.status == WaitStatus.RESOLVED and run.status == RunStatus.WAITING)):
@@ -189,7 +206,7 @@ class Waits:
                                    '"reason": "..."}.'}
         row = self.store.get_wait(key)
         if row is not None and row.status != WaitStatus.PENDING:
-            return {"status": "already_resolved", "key": key, "wait": wait_view(row)}
+            return {"status": "already_resolved", "key": key, "wait": wait_view(row, key)}
         try:
             result = await self._resume(run_id, decision, reason, seq=seq, principal=owner, via="key")
         except AlreadyDecided:
@@ -198,7 +215,7 @@ class Waits:
 
     def _view(self, key: str) -> dict[str, Any] | None:
         row = self.store.get_wait(key)  # an approval's wait row exists while its key does
-        return wait_view(row) if row is not None else None
+        return wait_view(row, key) if row is not None else None
 
     async def signal(self, run_id: str, name: str, value: Any = None) -> dict[str, Any]:
         return await self.resolve(self.key(run_id, SIGNAL_PREFIX + name), value)

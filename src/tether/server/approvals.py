@@ -40,8 +40,8 @@ TOKEN_VERSION = "a1"
 # a short write finishes inside it and the page shows the outcome; a long one
 # goes on in the background and the page shows it running.
 SETTLE_SECONDS = 3.0
-# A string argument longer than this, or spanning lines, is folded on the page.
-FOLD_CHARS = 160
+# Room for a write's values on its page before each folds (its whole value is one click away).
+PAGE_ARGS_CHARS = 1200
 
 
 def derived_key(secret: bytes, purpose: str) -> bytes:
@@ -239,24 +239,14 @@ class Decider:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
 
-# -- rendering arguments for people --------------------------------------------------------
-
-
-def render_value(value: Any) -> dict[str, Any]:
-    """How one argument is shown: ``{"kind": "text"|"folded"|"json", "text", "head"?, "chars"?}``."""
-    if isinstance(value, str):
-        if len(value) > FOLD_CHARS or "\n" in value:
-            head = value.splitlines()[0] if value else ""
-            return {"kind": "folded", "text": value, "head": head[:FOLD_CHARS], "chars": len(value)}
-        return {"kind": "text", "text": json.dumps(value, ensure_ascii=False)}
-    text = json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str)
-    if len(text) > FOLD_CHARS * 2:
-        return {"kind": "folded", "text": text, "head": text.splitlines()[0] + " …", "chars": len(text)}
-    return {"kind": "json", "text": text}
+# -- showing a write to people ---------------------------------------------------------------
 
 
 def describe_write(rt: Runtime, write: dict[str, Any]) -> dict[str, Any]:
-    """A pending write with its arguments rendered and what its tool's description says."""
+    """A pending write as its page shows it: ``shown`` (tools/shown.py: every argument named, escaped,
+    flagged, values shortened evenly, the description last) and whether its tool is destructive."""
+    from ..tools.shown import show_call
+
     address = write.get("address")
     description = write.get("description")
     if description is None:
@@ -266,6 +256,5 @@ def describe_write(rt: Runtime, write: dict[str, Any]) -> dict[str, Any]:
         except Exception:  # a catalog that cannot say is not a reason to hide the write
             description = None
     annotations = write.get("annotations") or {}
-    return {**write, "description": (description or "").strip() or None,
-            "destructive": bool(annotations.get("destructive")),
-            "rendered_args": [{"name": k, **render_value(v)} for k, v in (write.get("args") or {}).items()]}
+    shown = show_call(str(address), write.get("args"), description=description, budget=PAGE_ARGS_CHARS)
+    return {**write, "shown": shown, "destructive": bool(annotations.get("destructive"))}

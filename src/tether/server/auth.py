@@ -124,6 +124,52 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _host_name(header: str) -> str:
+    """The name part of a ``Host`` header: ``[::1]:8000`` -> ``::1``, ``Example.com:443`` -> ``example.com``."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def allowed_hosts(bind_host: str, public_url: str | None) -> frozenset[str] | None:
+    """The ``Host`` names a browser may use to reach this server, or None for any.
+
+    A DNS-rebinding page reaches a loopback server under the attacker's own
+    name, so a loopback bind answers only loopback names (the MCP SDK's rule
+    for ``/mcp``), a specific address only itself, and ``public_url``'s host
+    always. Only a wildcard bind (``0.0.0.0``, ``::``) without ``public_url``
+    cannot know its names and accepts any.
+    """
+    names: set[str] = set()
+    if is_loopback(bind_host):
+        names |= {"localhost", "127.0.0.1", "::1"}
+    else:
+        try:
+            wildcard = ipaddress.ip_address(bind_host.strip("[]")).is_unspecified
+        except ValueError:
+            wildcard = False
+        if not wildcard:
+            names.add(_host_name(bind_host if ":" not in bind_host.strip("[]") else f"[{bind_host.strip('[]')}]"))
+        elif not public_url:
+            return None
+        else:
+            names |= {"localhost", "127.0.0.1", "::1"}
+    if public_url:
+        from urllib.parse import urlsplit
+
+        public = urlsplit(public_url).hostname
+        if public:
+            names.add(public.lower())
+    return frozenset(names)
+
+
+def host_allowed(header: str | None, allowed: frozenset[str] | None) -> bool:
+    if allowed is None:
+        return True
+    return bool(header) and _host_name(header or "") in allowed
+
+
 class BearerAuth:
     """ASGI middleware: every HTTP request carries exactly one of ``tokens``, or gets a JSON error.
 

@@ -4,12 +4,20 @@ Server-rendered pages (Starlette + Jinja2): they work without JavaScript; one
 static script swaps in fresh content when the server-sent event feed says a
 run changed. Security, in the order a request meets it:
 
+* a request whose ``Host`` is not a name of this server (loopback names on a
+  loopback bind, ``public_url``'s host) is refused with 421 before anything
+  else, ``--dev`` included: a DNS-rebinding page cannot reach the console;
+* form bodies are read only when they say they are a form and only up to
+  ``MAX_FORM_BYTES``: an unauthenticated POST cannot make the server buffer
+  more than that;
 * responses carry a CSP without inline scripts, ``frame-ancestors 'none'``,
   ``Referrer-Policy: no-referrer`` (an approval link is a capability and must
   not leak through a Referer) and ``Cache-Control: no-store``;
 * the console needs a session: signing in with one of the server's bearer
   tokens sets an HttpOnly, SameSite=Strict cookie (Secure over TLS) naming the
   token's principal, signed with a key derived from the store's secret;
+  signing out records the session as ended in the store, so the cookie opens
+  nothing afterwards, in any process sharing the store;
 * every form carries a CSRF token bound to the session (or, before there is
   one, to a SameSite=Strict cookie set with the form);
 * a principal sees the runs it may act on and decides only the writes its
@@ -35,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
@@ -42,14 +51,15 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..approvals import Access, Channel, Grant, may_decide, may_see
+from ..approvals import Access, Channel, Grant, may_decide, may_see, visible_owners
 from ..approvals.surface import signed_in_required
 from ..errors import RunNotFound
 from ..runs.decisions import recorded_decision
 from ..runs.inspect import run_timeline
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus
+from ..tools.shown import escape as escape_controls
 from .approvals import Decider, derived_key, describe_write, open_token, pending_writes
-from .auth import LOCAL, principal_for_token
+from .auth import LOCAL, allowed_hosts, host_allowed, principal_for_token
 
 if TYPE_CHECKING:
     from ..runs.runtime import Runtime
@@ -71,6 +81,11 @@ FEED_POLL_SECONDS = 0.2
 STREAM_SECONDS = 300.0
 KEEPALIVE_SECONDS = 15.0
 MAX_REASON_CHARS = 2000
+# The console's forms are a token, a CSRF token, a decision, seqs and a reason
+# (MAX_REASON_CHARS, up to 3 bytes a character escaped as 9): 32 KB holds any
+# genuine one and bounds what an unauthenticated POST can make the server read.
+MAX_FORM_BYTES = 32 * 1024
+FORM_TYPE = "application/x-www-form-urlencoded"
 RUN_LIST_LIMIT = 200
 # The console's filter order: what needs someone first.
 STATUSES = (RunStatus.PAUSED, RunStatus.WAITING, RunStatus.RUNNING, RunStatus.QUEUED, RunStatus.COMPLETED,
@@ -111,22 +126,37 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str)
 
 
+def _shown(value: Any) -> Any:
+    # Every text a page shows (arguments, logs, results, reasons, errors): control and
+    # format characters as escapes, so a bidi override cannot make it read as something else.
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return escape_controls(value, keep_lines=True)
+    return value
+
+
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(str(HERE / "templates")), autoescape=select_autoescape(default=True),
-                      trim_blocks=False, lstrip_blocks=False)
+                      trim_blocks=False, lstrip_blocks=False, finalize=_shown)
     env.filters.update(when=_when, short=_short, compact=_compact, pretty=_pretty)
     return env
 
 
 class SecurityHeaders:
-    """ASGI middleware: the console's headers on every response it sends."""
+    """ASGI middleware: a request for another host is refused (421); the console's headers on every response."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, hosts: frozenset[str] | None = None) -> None:
         self.app = app
+        self.hosts = hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        host = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"host"), None)
+        if not host_allowed(host, self.hosts):
+            # The body is never read: the same answer /mcp gives a rebound name.
+            await Response("Invalid Host header", status_code=421, media_type="text/plain",
+                           headers=dict((k.decode(), v.decode()) for k, v in SECURITY_HEADERS))(scope, receive, send)
             return
 
         async def send_with_headers(message: Message) -> None:
@@ -205,7 +235,7 @@ class Console:
 
     def __init__(self, rt: Runtime, *, tokens: Sequence[str], admission: Admission | None = None,
                  public_url: str | None = None, decider: Decider | None = None,
-                 access: Access | None = None) -> None:
+                 access: Access | None = None, host: str = "127.0.0.1") -> None:
         self.rt = rt
         self.tokens = tuple(tokens)
         self.dev = not self.tokens
@@ -234,7 +264,8 @@ class Console:
             Route("/approve/{token}", self.link_decide, methods=["POST"]),
             Mount("/console/static", StaticFiles(directory=str(HERE / "static")), name="static"),
         ]
-        self.app = SecurityHeaders(Starlette(routes=routes))
+        # ``host`` is the address the server binds: which Host names reach it (server/auth.py).
+        self.app = SecurityHeaders(Starlette(routes=routes), allowed_hosts(host, public_url))
 
     async def close(self) -> None:
         self.feed.close()
@@ -263,10 +294,43 @@ class Console:
             data = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
         except ValueError:
             return None
-        # A session outlives neither its time nor the token it was opened with.
+        # A session outlives neither its time nor the token it was opened with, nor its signing out.
         if not isinstance(data, dict) or data.get("e", 0) < time.time() or data.get("p") not in self._principals:
             return None
+        if not isinstance(data.get("n"), str) or self.rt.store.signed_out(_session_id(data["n"])):
+            return None
         return data
+
+    async def form(self, request: Request) -> Any:
+        """The request's form, or the Response refusing it: read only if it is a form and small.
+
+        Checked before a byte of the body is read: the declared type, then the
+        declared length; the body is then read up to ``MAX_FORM_BYTES`` and no
+        further, whatever the length header said.
+        """
+        from urllib.parse import parse_qsl
+
+        from starlette.datastructures import FormData
+
+        kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if kind != FORM_TYPE:
+            return Response(f"a form is sent as {FORM_TYPE}; nothing was read or decided", status_code=415,
+                            media_type="text/plain")
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > MAX_FORM_BYTES):
+            return _too_large()
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM_BYTES:
+                return _too_large()
+        try:
+            fields: list[tuple[str, Any]] = parse_qsl(body.decode("utf-8"), keep_blank_values=True,
+                                                      max_num_fields=64)
+            return FormData(fields)
+        except (UnicodeDecodeError, ValueError):
+            return Response("the form could not be read; nothing was decided", status_code=400,
+                            media_type="text/plain")
 
     def csrf_for(self, nonce: str) -> str:
         return self._sign(self._csrf_key, nonce)[:40]
@@ -323,7 +387,9 @@ class Console:
         return response
 
     async def login(self, request: Request) -> Response:
-        form = await request.form()
+        form = await self.form(request)
+        if isinstance(form, Response):
+            return form
         after = _next_page(form.get("next"))
         if not self._csrf_ok(request.cookies.get(PRESESSION_COOKIE), form.get("csrf")):
             return self._login_page(request, "The form had expired; sign in again.", status=403, after=after)
@@ -348,9 +414,13 @@ class Console:
 
     async def logout(self, request: Request) -> Response:
         session = self.session(request)
-        form = await request.form()
+        form = await self.form(request)
+        if isinstance(form, Response):
+            return form
         if session is None or not self._csrf_ok(session["n"], form.get("csrf")):
             return self._login_redirect()
+        # Deleting the cookie only asks the browser; the store's record ends the session for everyone.
+        self.rt.store.sign_out(_session_id(session["n"]), float(session.get("e", 0)), time.time())
         response = RedirectResponse("/console/login", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict",
                                secure=self._secure(request))
@@ -359,10 +429,14 @@ class Console:
     # -- pages -------------------------------------------------------------------------
 
     def _visible_runs(self, principal: str, status: str | None) -> list[Any]:
-        # The store lists runs newest first; another principal's are left out here.
-        runs = self.rt.store.list_runs(status=status or None, limit=RUN_LIST_LIMIT * 5)
+        # Filtered by the store, not after it: another principal's newest runs must not crowd these out.
         grant = self.grant(principal)
-        return [r for r in runs if may_see(self.access, grant, r.principal)][:RUN_LIST_LIMIT]
+        owners = visible_owners(self.access, grant)
+        if owners is not None and not owners:
+            return []
+        runs = self.rt.store.list_runs(status=status or None, limit=RUN_LIST_LIMIT,
+                                       principals=None if owners is None else sorted(owners))
+        return [r for r in runs if may_see(self.access, grant, r.principal)]
 
     def grant(self, principal: str) -> Grant | None:
         """The rights of a signed-in principal (None: it has none here, so it sees nothing)."""
@@ -439,7 +513,9 @@ class Console:
         if session is None:
             return self._login_redirect()
         run_id = request.path_params["run_id"]
-        form = await request.form()
+        form = await self.form(request)
+        if isinstance(form, Response):
+            return form
         csrf = self.csrf_for(session["n"])
         if not self._csrf_ok(session["n"], form.get("csrf")):
             return self.message("Refused", "This form's security token is not valid, so nothing was decided.",
@@ -569,7 +645,9 @@ class Console:
 
     async def link_decide(self, request: Request) -> Response:
         token = request.path_params["token"]
-        form = await request.form()
+        form = await self.form(request)
+        if isinstance(form, Response):
+            return form
         claim, run, refusal = self._link_state(token)
         if refusal is not None:
             return refusal
@@ -633,6 +711,16 @@ def _default_access(rt: Runtime, tokens: Sequence[str]) -> Access:
 
     server = SimpleNamespace(local_runs=getattr(rt, "local_runs", "private"))
     return server_access(server, tuple(tokens), {}, principal_for_token, http=True)[0]
+
+
+def _session_id(nonce: str) -> str:
+    # What the store keeps of a signed-out session: a digest, which cannot be turned back into a cookie.
+    return hashlib.sha256(f"tether/console-session/{nonce}".encode()).hexdigest()
+
+
+def _too_large() -> Response:
+    return Response(f"a form is at most {MAX_FORM_BYTES} bytes; nothing was read further or decided",
+                    status_code=413, media_type="text/plain")
 
 
 _FLASHES = {"approved": "Approved: the run continues.", "declined": "Declined: the program was told.",

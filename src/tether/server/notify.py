@@ -15,6 +15,12 @@ repeats by it.
 Each request is signed: ``Tether-Signature: t=<unix seconds>,v1=<hex>`` where
 ``v1 = HMAC-SHA256(secret, f"{t}.{body}")``. docs/notifications.md shows how
 to verify it (and :func:`verify` is the same check). The rules are P-34.
+
+The outbox holds no live capability and signs nothing it did not queue: a row
+carries the event as queued, MACed under the store's secret, and approval
+links are minted only as the request is built. A row whose MAC does not
+verify (inserted or edited by someone without the secret) is given up unsent,
+so the webhook's secret never signs a body tether did not write.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..store.base import OUTBOX_DELIVERED, OUTBOX_FAILED, OUTBOX_PENDING, OutboxRecord, RunRecord
+from ..tools.shown import show_call
 from .approvals import approval_url, pending_writes
 
 if TYPE_CHECKING:
@@ -53,6 +60,8 @@ POLL_SECONDS = 0.5
 # Receivers should refuse a signature older than this (replay window).
 TOLERANCE_SECONDS = 300
 KINDS = ("paused", "waiting", "failed", "completed", "cancelled")
+# What an outbox row's MAC is made for: it can never pass for another purpose's.
+OUTBOX_PURPOSE = "tether/outbox/v1"
 
 
 def sign(secret: bytes, timestamp: int, body: str) -> str:
@@ -131,7 +140,7 @@ class Notifier:
         body = json.dumps(event, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
         now = self.rt.clock()
         for hook in wanted:
-            self.rt.store.add_outbox(hook.url, event["id"], body, now)
+            self.rt.store.add_outbox(hook.url, event["id"], body, now, mac=self._mac(hook.url, event["id"], body))
         if self._wake is not None:
             self._wake.set()
 
@@ -150,17 +159,44 @@ class Notifier:
             expires = data.get("expires_at")
             writes = pending_writes(self.rt, run) or [pending]
             out["expires_at"] = expires
-            out["pending"] = [{"seq": w.get("seq"), "address": w.get("address")} for w in writes]
-            if self.public_url and expires is not None:
-                for item in out["pending"]:
-                    item["approval_url"] = approval_url(self.public_url, self.rt.store.secret(), run.run_id,
-                                                        item["seq"], expires)
+            # Every argument named, values shortened evenly and control characters escaped
+            # (tools/shown.py): what a receiver shows a person is what the console shows.
+            out["pending"] = [{"seq": w.get("seq"), "address": w.get("address"),
+                               **show_call(str(w.get("address")), w.get("args")).to_dict()} for w in writes]
         elif kind == "waiting":
             out["pending"] = [{"seq": seq, "name": pending.get("name"), "deadline": pending.get("deadline")}]
         error = data.get("error")
         if error:
             out["error"] = {"code": error.get("code"), "message": error.get("message")}
         return out
+
+    def _mac(self, target: str, event_id: str, body: str, key: bytes | None = None) -> str:
+        from ..runs.integrity import Keyring, secret_id
+
+        key = self.rt.keyring.current if key is None else key
+        return f"{secret_id(key)}.{Keyring.mac(key, OUTBOX_PURPOSE, target, event_id, body)}"
+
+    def genuine(self, item: OutboxRecord) -> bool:
+        """Whether tether queued this row as it is: its MAC verifies under a secret this process holds."""
+        sid, _, _ = (item.mac or "").partition(".")
+        key = self.rt.keyring.get(sid)
+        return key is not None and hmac.compare_digest(self._mac(item.target, item.event_id, item.body, key),
+                                                       item.mac or "")
+
+    def outgoing(self, item: OutboxRecord) -> str:
+        """The body as sent: the queued event, with approval links minted now (never stored)."""
+        if not self.public_url:
+            return item.body
+        event = json.loads(item.body)
+        expires = event.get("expires_at")
+        run_id = (event.get("run") or {}).get("run_id")
+        if event.get("type") != "run.paused" or expires is None or not isinstance(run_id, str):
+            return item.body
+        for write in event.get("pending") or []:
+            if isinstance(write, dict) and type(write.get("seq")) is int:
+                write["approval_url"] = approval_url(self.public_url, self.rt.keyring.current, run_id,
+                                                     write["seq"], float(expires))
+        return json.dumps(event, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
 
     # -- delivering ----------------------------------------------------------------
 
@@ -192,14 +228,21 @@ class Notifier:
             self.rt.store.settle_outbox(item.id, status=OUTBOX_FAILED, attempts=item.attempts, next_at=item.next_at,
                                         last_error="the webhook is no longer configured")
             return
-        event_type = json.loads(item.body).get("type", "")
+        if not self.genuine(item):
+            # Not queued by tether (or altered since): the webhook's secret must not sign it.
+            self.rt.store.settle_outbox(item.id, status=OUTBOX_FAILED, attempts=item.attempts, next_at=item.next_at,
+                                        last_error="not sent: the row's signature does not verify under this "
+                                                   "store's secret (inserted or altered outside tether)")
+            return
+        body = self.outgoing(item)
+        event_type = json.loads(body).get("type", "")
         headers = {"content-type": "application/json", "user-agent": "tether-notify/1",
                    "tether-event": event_type, "tether-event-id": item.event_id,
                    "tether-delivery-attempt": str(attempts),
-                   "tether-signature": signature_header(hook.secret, item.body, time.time())}
+                   "tether-signature": signature_header(hook.secret, body, time.time())}
         error = None
         try:
-            response = await http.post(hook.url, content=item.body.encode(), headers=headers)
+            response = await http.post(hook.url, content=body.encode(), headers=headers)
             if 200 <= response.status_code < 300:
                 # The last failure stays on the row: why it took more than one attempt.
                 self.rt.store.settle_outbox(item.id, status=OUTBOX_DELIVERED, attempts=attempts,

@@ -14,22 +14,21 @@ from mcp_types import CallToolResult, TextContent
 from ..errors import TetherError
 from ..runs.result import RunResult
 from ..store.states import RunStatus
+from ..tools.shown import show_call
 
-# Arguments shown in an approval message or instructions are cut past this many characters.
+# Room for the values of the writes shown in an approval message or instructions (tools/shown.py).
 MAX_ARGS_CHARS = 600
 
 
 def approval_message(pending: Mapping[str, Any], description: str | None = None) -> str:
-    args = ", ".join(f"{k}={v!r}" for k, v in (pending.get("args") or {}).items())
-    if len(args) > MAX_ARGS_CHARS:
-        args = args[:MAX_ARGS_CHARS] + "…"
-    text = f"A program wants to call {pending.get('address')}({args}). Allow this write?"
+    """The question an MCP form asks: every argument named and escaped, the tool's description last."""
+    shown = show_call(str(pending.get("address")), pending.get("args"), description=description,
+                      budget=MAX_ARGS_CHARS)
+    text = f"A program wants to call {shown.line()}. Allow this write?"
     if (pending.get("annotations") or {}).get("destructive"):
         text += " The tool is marked destructive."
-    lines = (description or "").strip().splitlines()
-    if lines:
-        text += f"\n\n{pending.get('address')}: {lines[0]}"
-    return text
+    about = shown.about()
+    return text + (f"\n\n{about}" if about else "")
 
 
 def resume_instructions(result: RunResult, *, approve_here: bool = True, elsewhere: str | None = None) -> str:
@@ -43,10 +42,8 @@ def resume_instructions(result: RunResult, *, approve_here: bool = True, elsewhe
     writes = [w for w in (pending.get("writes") or [pending]) if not w.get("decision")] or [pending]
 
     def show(w: Mapping[str, Any]) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in (w.get("args") or {}).items())
-        if len(args) > MAX_ARGS_CHARS // len(writes):
-            args = args[:MAX_ARGS_CHARS // len(writes)] + "…"
-        return f"{w.get('address')}({args}) [seq {w.get('seq')}]"
+        line = show_call(str(w.get("address")), w.get("args"), budget=MAX_ARGS_CHARS // len(writes)).line()
+        return f"{line} [seq {w.get('seq')}]"
 
     seq: Any = writes[0].get("seq") if len(writes) == 1 else [w.get("seq") for w in writes]
     if len(writes) == 1:

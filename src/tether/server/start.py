@@ -211,9 +211,11 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
     # Health first: a balancer's probe carries no token. The console signs
     # people in with the same tokens and has its own checks; MCP requests
     # keep the bearer check.
-    console = Console(server.rt, tokens=tokens, admission=server.admission, public_url=public_url,
+    console = Console(server.rt, tokens=tokens, admission=server.admission, public_url=public_url, host=host,
                       access=server.access)
-    app = HealthRoutes(Router(console.app, BearerAuth(server.mcp.streamable_http_app(host=host, stateless_http=stateless), tokens)), ready)
+    mcp_app = server.mcp.streamable_http_app(host=host, stateless_http=stateless,
+                                             transport_security=_mcp_hosts(host, public_url))
+    app = HealthRoutes(Router(console.app, BearerAuth(mcp_app, tokens)), ready)
     shown = f"[{host}]" if ":" in host else host
     auth = "bearer token required" if tokens else "no token (--dev, loopback only)"
     print(f"tether: serving MCP at http://{shown}:{port}/mcp ({auth}), the console at "
@@ -225,3 +227,23 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
         await Uvicorn(config).serve()
     finally:
         await console.close()
+
+
+def _mcp_hosts(host: str, public_url: str | None) -> Any:
+    """The SDK's Host and Origin checks for ``/mcp`` on a loopback bind, with ``public_url``'s host added.
+
+    None leaves the SDK's own rule (loopback names on a loopback bind, no check
+    otherwise); the console applies the same names (``auth.allowed_hosts``).
+    """
+    if not public_url or not is_loopback(host):
+        return None
+    from urllib.parse import urlsplit
+
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    public = urlsplit(public_url)
+    loopback = ["127.0.0.1", "localhost", "[::1]"]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{h}:*" for h in loopback] + [public.netloc, f"{public.hostname}:*"],
+        allowed_origins=[f"http://{h}:*" for h in loopback] + [f"{public.scheme}://{public.netloc}"])

@@ -11,7 +11,10 @@ whose source has the same namespace and the same value.
 :class:`SourceSet` loads definitions concurrently, each bounded by its
 ``start_timeout``. An MCP server's tool listing comes from the store's cache
 when there is one, and the server itself starts only when a program first
-calls one of its tools (or a command needs it live).
+calls one of its tools (or a command needs it live). A cached listing says
+which tools are reads, so it is signed under the store's secret like run
+state (P-35): a row that does not verify is not used, and the server is
+listed live before anything is sent.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ RETRY_SECONDS = 30.0
 # call to a tool that is gone fails upstream without harm.
 REFRESH_AFTER_SECONDS = 3600.0
 DEFAULT_START_TIMEOUT = 10.0
+# What the listing cache's MAC is made for: a listing's MAC can never pass for another purpose's.
+LISTING_PURPOSE = "tether/source-listing/v1"
 
 
 # --- definitions ----------------------------------------------------------------
@@ -295,7 +300,7 @@ class SourceSet:
                                 idempotency=definition.get("idempotency", "none"))
         if kind == "mcp":
             # The listing from the cache when there is one: the server starts at the first call.
-            cached = self.store.get_listing(entry.key) if self.store is not None else None
+            cached = self._signed_listing(entry.key)
             if cached is not None:
                 entry.cached = True
                 return _LazyMCP(self, entry, definition, timeout, listing=cached[0], cached_at=cached[1])
@@ -353,10 +358,41 @@ class SourceSet:
     def _remember_listing(self, key: str, source: Any) -> None:
         if self.store is None:
             return
+        from ..runs.integrity import Keyring, secret_id
+
+        data: dict[str, Any] = {"tools": source.listing, "server": source.server_info}
+        data["mac"] = {"sid": secret_id(self.secret),
+                       "mac": Keyring.mac(self.secret, LISTING_PURPOSE, key, data["tools"], data["server"])}
         try:
-            self.store.put_listing(key, {"tools": source.listing, "server": source.server_info}, time.time())
+            self.store.put_listing(key, data, time.time())
         except TetherError:
             pass  # a cache: a store that cannot keep it costs the next command one server start
+
+    def _signed_listing(self, key: str) -> tuple[dict[str, Any], float] | None:
+        """The cached listing of ``key`` if tether signed it for that key, else None.
+
+        Whether a tool is a read comes from its listing (``readOnlyHint``), so
+        an unsigned, altered or moved row is never used: the server is then
+        listed live, before any call is sent, and the cache rewritten signed.
+        """
+        if self.store is None:
+            return None
+        try:
+            cached = self.store.get_listing(key)
+        except TetherError:
+            return None
+        if cached is None or not isinstance(cached[0], dict):
+            return None
+        from ..runs.integrity import Keyring, secret_id
+
+        data, mac = cached[0], cached[0].get("mac")
+        if not isinstance(mac, dict) or not isinstance(mac.get("mac"), str):
+            return None
+        signer = next((k for k in self._verify_with if secret_id(k) == mac.get("sid")), None)
+        if signer is None or not hmac.compare_digest(
+                Keyring.mac(signer, LISTING_PURPOSE, key, data.get("tools"), data.get("server")), mac["mac"]):
+            return None
+        return data, cached[1]
 
     # -- what runs need
 

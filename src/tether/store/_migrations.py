@@ -153,6 +153,14 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE runs ADD COLUMN run_key TEXT",
         "CREATE UNIQUE INDEX runs_key ON runs (principal, run_key) WHERE run_key IS NOT NULL",
     ),
+    (
+        # 10: the store holds no live capability (issue 19). Outbox bodies carry a MAC
+        # under the store's secret; console sessions signed out before they expire;
+        # run lists filtered by principal in SQL.
+        "ALTER TABLE outbox ADD COLUMN mac TEXT",
+        "CREATE TABLE console_signouts (session TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+        "CREATE INDEX runs_principal_created ON runs (principal, created_at)",
+    ),
 ]
 
 # Same tables. JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make
@@ -286,6 +294,11 @@ POSTGRES_MIGRATIONS: list[tuple[str, ...]] = [
     (
         "ALTER TABLE runs ADD COLUMN run_key TEXT",
         "CREATE UNIQUE INDEX runs_key ON runs (principal, run_key) WHERE run_key IS NOT NULL",
+    ),
+    (
+        "ALTER TABLE outbox ADD COLUMN mac TEXT",
+        "CREATE TABLE console_signouts (session TEXT PRIMARY KEY, expires_at DOUBLE PRECISION NOT NULL)",
+        "CREATE INDEX runs_principal_created ON runs (principal, created_at)",
     ),
 ]
 

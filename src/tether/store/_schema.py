@@ -28,6 +28,7 @@ Semantics beyond ``base.py`` that both backends share:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -41,6 +42,7 @@ from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 from ..errors import RunNotFound, StoreError
 from ._migrations import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
 from .base import (
+    LOCAL_PRINCIPAL,
     OUTBOX_PENDING,
     CallRecord,
     Conflict,
@@ -50,6 +52,7 @@ from .base import (
     SessionRecord,
     SnapshotRecord,
     WaitRecord,
+    wait_digest,
 )
 from .states import TERMINAL_RUN_STATUSES, CallState, RunStatus, WaitStatus
 
@@ -421,15 +424,24 @@ class SQLStore:
             values = [_encode(RUN_COLUMNS, n, v) for n, v in fields.items()]
             return tx.run(f"UPDATE runs SET {sets} WHERE {where}", values + params).rowcount == 1
 
-    def list_runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]:
+    def list_runs(self, status: str | None = None, limit: int = 100,
+                  principals: Sequence[str] | None = None) -> list[RunRecord]:
+        where: list[str] = []
+        params: list[Any] = []
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        if principals is not None:
+            # Filtered here, not after the LIMIT: another principal's newest runs must not hide these.
+            names = sorted(set(principals))
+            either = [f"principal IN ({', '.join('?' for _ in names)})"] if names else []
+            if LOCAL_PRINCIPAL in names:
+                either.append("principal IS NULL")  # rows from before every run had an owner (migration 4)
+            where.append(f"({' OR '.join(either)})" if either else "1 = 0")
+            params += names
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
         with self._transaction(write=False) as tx:
-            if status is None:
-                rows = tx.run(f"{_SELECT_RUN} ORDER BY created_at DESC, run_id DESC LIMIT ?", (limit,))
-            else:
-                rows = tx.run(
-                    f"{_SELECT_RUN} WHERE status = ? ORDER BY created_at DESC, run_id DESC LIMIT ?",
-                    (status, limit),
-                )
+            rows = tx.run(f"{_SELECT_RUN}{clause} ORDER BY created_at DESC, run_id DESC LIMIT ?", (*params, limit))
             return [_run(row) for row in rows.fetchall()]
 
     def count_runs(self, status: str | None = None) -> int:
@@ -596,37 +608,40 @@ class SQLStore:
     # -- waits
 
     def create_wait(self, wait: WaitRecord) -> WaitRecord:
-        values = [_encode(WAIT_COLUMNS, n, getattr(wait, n)) for n in WAIT_COLUMNS]
+        stored = dataclasses.replace(wait, key=wait_digest(wait.key))
+        values = [_encode(WAIT_COLUMNS, n, getattr(stored, n)) for n in WAIT_COLUMNS]
         with self._transaction(write=True) as tx:
-            row = tx.run(f"{_SELECT_WAIT} WHERE key = ?", (wait.key,)).fetchone()
+            row = tx.run(f"{_SELECT_WAIT} WHERE key IN (?, ?)", (stored.key, wait.key)).fetchone()
             if row is not None:
                 found = _wait(row)
                 if found.seq is None and wait.seq is not None:
                     # A resolution buffered before the run reached its wait: attach it.
-                    tx.run("UPDATE waits SET seq = ?, deadline = ? WHERE key = ?", (wait.seq, wait.deadline, wait.key))
+                    tx.run("UPDATE waits SET seq = ?, deadline = ? WHERE key = ?", (wait.seq, wait.deadline, found.key))
                     found.seq, found.deadline = wait.seq, wait.deadline
                 return found
             tx.run(_INSERT_WAIT, values)
-            return wait
+            return stored
 
     def get_wait(self, key: str) -> WaitRecord | None:
+        # The digest; or the key itself, for a row written before keys were kept as digests.
         with self._transaction(write=False) as tx:
-            row = tx.run(f"{_SELECT_WAIT} WHERE key = ?", (key,)).fetchone()
+            row = tx.run(f"{_SELECT_WAIT} WHERE key IN (?, ?)", (wait_digest(key), key)).fetchone()
         return None if row is None else _wait(row)
 
     def settle_wait(self, wait: WaitRecord) -> tuple[bool, WaitRecord]:
+        stored = dataclasses.replace(wait, key=wait_digest(wait.key))
         with self._transaction(write=True) as tx:
-            row = tx.run(f"{_SELECT_WAIT} WHERE key = ?", (wait.key,)).fetchone()
+            row = tx.run(f"{_SELECT_WAIT} WHERE key IN (?, ?)", (stored.key, wait.key)).fetchone()
             if row is None:
-                values = [_encode(WAIT_COLUMNS, n, getattr(wait, n)) for n in WAIT_COLUMNS]
+                values = [_encode(WAIT_COLUMNS, n, getattr(stored, n)) for n in WAIT_COLUMNS]
                 tx.run(_INSERT_WAIT, values)
-                return True, wait
+                return True, stored
             found = _wait(row)
             if found.status != WaitStatus.PENDING:
                 return False, found
             tx.run(
                 "UPDATE waits SET status = ?, value = ?, error = ?, resolved_at = ? WHERE key = ? AND status = ?",
-                (wait.status, dump_json(wait.value), dump_json(wait.error), wait.resolved_at, wait.key,
+                (wait.status, dump_json(wait.value), dump_json(wait.error), wait.resolved_at, found.key,
                  WaitStatus.PENDING),
             )
             found.status, found.value, found.error, found.resolved_at = wait.status, wait.value, wait.error, wait.resolved_at
@@ -645,13 +660,19 @@ class SQLStore:
 
     def runs_with_settled_wait(self, limit: int = 50) -> list[str]:
         """Parked runs whose wait was settled and that nobody continued (the runners' fallback, P-18)."""
-        # The run's pending names the key it is parked on; LIKE narrows, the exact check is in Python.
+        # The run's pending names the wait it is parked on (the store keeps only its key's digest):
+        # LIKE on its seq narrows (dump_json sorts keys, "seq" last), the exact check is in Python.
         sql = ("SELECT r.run_id, r.pending, w.key FROM runs r JOIN waits w ON w.run_id = r.run_id"
                " WHERE r.status = 'waiting' AND w.status <> 'pending' AND w.seq IS NOT NULL"
-               " AND r.pending LIKE ? || w.key || ? LIMIT ?")
+               " AND r.pending LIKE ? || w.seq || ? LIMIT ?")
         with self._transaction(write=False) as tx:
-            rows = tx.run(sql, ("%", "%", limit)).fetchall()
-        return [run_id for run_id, pending, key in rows if (json.loads(pending or "{}") or {}).get("key") == key]
+            rows = tx.run(sql, ('%"seq":', "}", limit)).fetchall()
+        out = []
+        for run_id, pending, key in rows:
+            parked = (json.loads(pending or "{}") or {}).get("key")
+            if isinstance(parked, str) and key in (parked, wait_digest(parked)) and run_id not in out:
+                out.append(run_id)
+        return out
 
     def runs_due(self, now: float, limit: int = 100) -> list[RunRecord]:
         sql = f"{_SELECT_RUN} WHERE status = 'waiting' AND expires_at <= ? ORDER BY expires_at LIMIT ?"
@@ -723,12 +744,12 @@ class SQLStore:
 
     # -- notification outbox
 
-    def add_outbox(self, target: str, event_id: str, body: str, now: float) -> bool:
-        sql = ("INSERT INTO outbox (target, event_id, body, status, attempts, next_at, created_at)"
-               " VALUES (?, ?, ?, ?, 0, ?, ?)")
+    def add_outbox(self, target: str, event_id: str, body: str, now: float, mac: str | None = None) -> bool:
+        sql = ("INSERT INTO outbox (target, event_id, body, status, attempts, next_at, created_at, mac)"
+               " VALUES (?, ?, ?, ?, 0, ?, ?, ?)")
         try:
             with self._transaction(write=True) as tx:
-                tx.run(sql, (target, event_id, body, OUTBOX_PENDING, now, now))
+                tx.run(sql, (target, event_id, body, OUTBOX_PENDING, now, now, mac))
         except Conflict:
             return False
         return True
@@ -760,6 +781,18 @@ class SQLStore:
         sql = f"{_select('outbox', OUTBOX_COLUMNS)} {where}ORDER BY id LIMIT ?"
         with self._transaction(write=False) as tx:
             return [OutboxRecord(**_decode(OUTBOX_COLUMNS, row)) for row in tx.run(sql, params + [limit]).fetchall()]
+
+    # -- console sign-outs
+
+    def sign_out(self, session: str, expires_at: float, now: float) -> None:
+        with self._transaction(write=True) as tx:
+            tx.run("DELETE FROM console_signouts WHERE expires_at < ?", (now,))
+            tx.run("DELETE FROM console_signouts WHERE session = ?", (session,))
+            tx.run("INSERT INTO console_signouts (session, expires_at) VALUES (?, ?)", (session, expires_at))
+
+    def signed_out(self, session: str) -> bool:
+        with self._transaction(write=False) as tx:
+            return tx.run("SELECT 1 FROM console_signouts WHERE session = ?", (session,)).fetchone() is not None
 
 
 def _check_status(status: str) -> None:

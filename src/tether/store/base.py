@@ -7,6 +7,7 @@ when it was not there, so exactly one process wins.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
@@ -109,9 +110,26 @@ class SnapshotRecord:
     kind: str = "pause"  # "pause" | "checkpoint" | "session"
 
 
+WAIT_DIGEST_PREFIX = "wd1."
+
+
+def wait_digest(key: str) -> str:
+    """What the store keeps of a wait key: its digest, which resolves nothing (a digest maps to itself).
+
+    A wait key is a bearer capability (an approval's decides a write), so a
+    reader of the ``waits`` table must not find one there.
+    """
+    if key.startswith(WAIT_DIGEST_PREFIX):
+        return key
+    return WAIT_DIGEST_PREFIX + hashlib.sha256(key.encode()).hexdigest()
+
+
 @dataclass
 class WaitRecord:
-    """A keyed, one-shot promise a run can park on (durable wait, signal, timer)."""
+    """A keyed, one-shot promise a run can park on (durable wait, signal, timer).
+
+    Given to the store with its key; read back from it with the key's digest (:func:`wait_digest`).
+    """
 
     key: str
     run_id: str
@@ -161,7 +179,7 @@ class OutboxRecord:
     id: int
     target: str
     event_id: str
-    body: str  # the JSON event, exactly as it is signed and sent
+    body: str  # the JSON event as queued (approval links are added when it is sent)
     status: str
     attempts: int
     next_at: float
@@ -169,6 +187,7 @@ class OutboxRecord:
     claimed_until: float | None = None
     last_error: str | None = None
     delivered_at: float | None = None
+    mac: str | None = None  # the body signed under the store's secret: a row tether did not queue is not sent
 
 
 class Conflict(Exception):
@@ -204,7 +223,10 @@ class Store(Protocol):
     def update_run(self, run_id: str, expect_status: Sequence[str] | None, **fields: Any) -> bool:
         """Set ``fields`` if the run's status is in ``expect_status`` (any, if None). CAS."""
 
-    def list_runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]: ...
+    def list_runs(self, status: str | None = None, limit: int = 100,
+                  principals: Sequence[str] | None = None) -> list[RunRecord]:
+        """The newest runs first; with ``principals``, only theirs (a NULL principal is ``local``)."""
+
     def claim_run(self, run_id: str, owner: str, lease_until: float, now: float,
                   gone_owner: str | None = None) -> bool:
         """Take ownership when the run has no owner, the owner is ``owner``, or its lease expired.
@@ -310,7 +332,7 @@ class Store(Protocol):
         """Runs whose ``updated_at`` is at or after ``since``, the oldest change first."""
 
     # -- notification outbox
-    def add_outbox(self, target: str, event_id: str, body: str, now: float) -> bool:
+    def add_outbox(self, target: str, event_id: str, body: str, now: float, mac: str | None = None) -> bool:
         """Queue one notification for ``target``; False if that event was already queued for it."""
 
     def claim_outbox(self, now: float, lease_seconds: float, limit: int = 20) -> list[OutboxRecord]:
@@ -321,3 +343,9 @@ class Store(Protocol):
         """Record a delivery attempt and release the claim."""
 
     def list_outbox(self, status: str | None = None, limit: int = 100) -> list[OutboxRecord]: ...
+
+    # -- console sign-outs (a signed-out session is refused by every process sharing the store)
+    def sign_out(self, session: str, expires_at: float, now: float) -> None:
+        """Record that the console session ``session`` (a digest) ended; forgotten once it would have expired."""
+
+    def signed_out(self, session: str) -> bool: ...
