@@ -29,6 +29,7 @@ from ..errors import (
     TetherError,
     UnknownTool,
 )
+from ..hostwork import HostWorkTimeout
 from ..sandbox.monty import GuestRaise, Stopped
 from ..store.base import (
     CallRecord,
@@ -312,6 +313,9 @@ class EffectBoundary:
             await self.writer.record_outcome(seq, CallState.PENDING, CallState.FAILED,
                                        error={"type": exc.exc_type, "message": exc.message})
             self._stat(seq, op, address, "read", CallState.FAILED, t)
+            if exc.message.startswith(f"[{HostWorkTimeout.code}]"):
+                # Uncaught, the run ends with this call's code, not program_error (P-14).
+                self._remember(exc, seq, op)
             raise
         value = to_json_value(value)[0]
         refused = self._journal_room(journal.value_size(value), op, "result")

@@ -25,6 +25,7 @@ from ..errors import (
     TypeCheckError,
     WrongSecret,
 )
+from ..hostwork import HostBudget, HostWorkTimeout
 from ..sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxPool, SandboxSpec, Stopped
 from ..store.aio import AsyncStore
 from ..store.base import (
@@ -145,6 +146,8 @@ class Attempt:
         self.t0 = time.perf_counter() if t0 is None else t0
         self.span: Any = None
         self.limits = Limits.from_dict(run.limits)
+        # Host work done for this program (built-ins, the check, stubs) counts against its time limit.
+        self.host_budget = HostBudget(self.limits.run_seconds)
         self.policy = Policy.from_dict(run.policy)
         self.logs = LogBuffer(self.limits.log_bytes)
         self.snapshot: SnapshotRecord | None = None
@@ -250,10 +253,15 @@ class Attempt:
         reach, refused = None, None
         if self.mode == "fresh":
             try:
-                reach = precheck(d, run)
+                reach = await self.host_budget.run(precheck, d, run, what="the pre-run check")
             except TetherError as exc:
                 refused = exc  # reported below, before the sandbox starts: nothing runs
-        spec = build_spec(d, run, self.limits, continuing=self.mode != "fresh", reach=reach)
+        spec: SandboxSpec | None = None
+        try:
+            spec = await self.host_budget.run(build_spec, d, run, self.limits, continuing=self.mode != "fresh",
+                                              reach=reach, what="building the program's type stubs")
+        except HostWorkTimeout as exc:
+            refused = exc
         journaled = await self.astore.journal_bytes(run.run_id) if self.mode != "fresh" else 0
         boundary = self.boundary = self._boundary(journaled)
         d.live[run.run_id] = boundary
@@ -269,8 +277,8 @@ class Attempt:
         session_base = self._session_base() if run.session else None
         try:
             try:
-                if refused is not None:
-                    raise refused
+                if refused is not None or spec is None:
+                    raise refused or AssertionError("no sandbox spec")
                 value = await self._run_once(spec, emitter, already_emitted, session_base)
             except SnapshotMismatch:
                 # Nothing was sent: the mapping is checked before any dispatch.
@@ -338,7 +346,7 @@ class Attempt:
             journal_entries=self.entries,
             writes_spent=self.writes_spent,
             on_approval=self.on_approval,
-            builtins_impl=builtins_for(d, run.run_id),
+            builtins_impl=builtins_for(d, run.run_id, self.host_budget),
             pause_sink=self.pause,
             checkpoint_sink=self.checkpoint,
             clock=d.clock,
@@ -497,20 +505,25 @@ class Attempt:
 # -- what the program reaches besides tools ----------------------------------------
 
 
-def builtins_for(d: Collaborators, run_id: str) -> dict[str, Any]:
-    """search / describe / sources / yield_control, as host calls through the boundary."""
+def builtins_for(d: Collaborators, run_id: str, budget: HostBudget) -> dict[str, Any]:
+    """search / describe / sources / yield_control, as host calls through the boundary.
+
+    The first three leave the event loop and spend the attempt's host budget
+    (hostwork.py): a catalog large or odd enough to make one slow fails that
+    call with ``host_work_timeout`` while every other run goes on.
+    """
 
     async def search(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         query = args[0] if args else kwargs.pop("query", "")
-        return d.search(query, **kwargs)
+        return await budget.run(d.search, query, what="search()", **kwargs)
 
     async def describe(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         target = args[0] if args else kwargs.get("address", kwargs.get("addresses", []))
         detail = args[1] if len(args) > 1 else kwargs.get("detail", "default")
-        return d.describe(target, detail=detail)
+        return await budget.run(d.describe, target, detail=detail, what="describe()")
 
     async def sources(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return d.list_sources()
+        return await budget.run(d.list_sources, what="sources()")
 
     async def yield_control(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Journaled like any call, so a replay does not yield twice.
@@ -559,6 +572,8 @@ def _guarded(fn: Any) -> Any:
     async def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             return await fn(args, dict(kwargs))
+        except HostWorkTimeout as exc:
+            raise GuestRaise("TimeoutError", f"[{exc.code}] {exc.message}") from None
         except TypeError as exc:
             raise GuestRaise("TypeError", f"[invalid_arguments] {exc}") from None
         except TetherError as exc:

@@ -93,7 +93,7 @@ class Catalog:
 
     def tools(self) -> list[Tool]:
         """All tools, sorted by address so every derived text is order-independent."""
-        return list(self.memo("catalog.tools", lambda: sorted(self._tools.values(), key=lambda t: t.address)))
+        return list(self.memo("catalog.tools", lambda: sorted(list(self._tools.values()), key=lambda t: t.address)))
 
     def get(self, address: str) -> Tool:
         """The tool at ``address``; ``UnknownTool`` with suggestions if there is none."""

@@ -1,0 +1,124 @@
+"""Host work done for a program is bounded: a slow describe() fails its call by name within the run's
+time limit, off the event loop, while other runs go on (issue 18, point 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from tether.hostwork import HostWorkTimeout, LoopWatchdog, off_loop
+from tether.runs.limits import Limits
+from tether.runs.runtime import Runtime
+from tether.tools import Tool
+from tether.tools.model import Annotations
+
+
+async def _noop(args: dict[str, Any]) -> dict[str, Any]:
+    return args
+
+
+def _huge_output(shapes: int) -> dict[str, Any]:
+    # Thousands of named shapes: describing them is seconds of honest, linear work.
+    return {"type": "object", "properties": {
+        f"f{i}": {"type": "object", "title": f"Shape {i}", "properties": {
+            f"g{j}": {"type": "string", "enum": [f"v{k}" for k in range(20)]} for j in range(10)}}
+        for i in range(shapes)}}
+
+
+def _tools() -> list[Tool]:
+    return [
+        Tool("big", "report", "A report with very many shapes.", {"type": "object", "properties": {}}, _noop,
+             output_schema=_huge_output(20_000), annotations=Annotations(read_only=True)),
+        Tool("small", "echo", "Echo.", {"type": "object", "properties": {"x": {"type": "integer"}}}, _noop,
+             annotations=Annotations(read_only=True)),
+    ]
+
+
+class _LagMeter:
+    """The longest the event loop went without running a 10 ms ticker."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            self.worst = max(self.worst, now - last)
+            last = now
+
+    def __enter__(self) -> _LagMeter:
+        self._task = asyncio.ensure_future(self._tick())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+async def test_a_slow_describe_fails_its_call_by_name_within_the_run_limit_while_another_run_completes() -> None:
+    async with Runtime(tools=_tools(), limits=Limits(run_seconds=1.0)) as rt:
+        with _LagMeter() as lag:
+            t = time.monotonic()
+            slow = asyncio.ensure_future(rt.execute('await describe("big.report")'))
+            await asyncio.sleep(0.05)
+            other = await rt.execute("import tools\nawait tools.small.echo(x=1)")
+            result = await slow
+            took = time.monotonic() - t
+    assert other.status == "completed" and other.result == {"x": 1}
+    assert result.status == "failed" and result.error is not None
+    assert result.error["code"] == "host_work_timeout", result.error
+    assert "describe()" in result.error["message"] and "nothing was sent" in result.error["message"]
+    # Ended by the 1 s limit, not by describe finishing (several seconds here); generous for a loaded machine.
+    assert took < 10, took
+    # The loop was never held: a hang would show as the whole describe.
+    assert lag.worst < 1.0, lag.worst
+
+
+async def test_the_program_can_catch_the_named_timeout_and_go_on() -> None:
+    code = (
+        "try:\n    await describe('big.report')\n    got = 'described'\n"
+        "except TimeoutError as e:\n    got = str(e)[:19]\n"
+        "import tools\n[got, await tools.small.echo(x=2)]"
+    )
+    async with Runtime(tools=_tools(), limits=Limits(run_seconds=1.0)) as rt:
+        r = await rt.execute(code)
+    assert r.status == "completed", r.error
+    assert r.result == ["[host_work_timeout]", {"x": 2}]
+
+
+async def test_off_loop_names_what_overran_and_leaves_the_loop_free() -> None:
+    def spin() -> int:
+        end = time.monotonic() + 1.5
+        n = 0
+        while time.monotonic() < end:
+            n += 1
+        return n
+
+    with _LagMeter() as lag:
+        try:
+            await off_loop(spin, seconds=0.2, what="spinning")
+        except HostWorkTimeout as exc:
+            assert exc.code == "host_work_timeout" and "spinning" in exc.message
+        else:
+            raise AssertionError("no timeout")
+    assert lag.worst < 1.0
+
+
+async def test_the_watchdog_names_the_run_and_call_holding_the_loop() -> None:
+    lines: list[str] = []
+    dog = LoopWatchdog(asyncio.get_running_loop(), threshold=0.3, interval=0.05, report=lines.append).start()
+    try:
+        def hold(run_id: str, seq: int, op: str) -> None:
+            time.sleep(0.8)  # the loop thread itself, as a runaway step on the loop would
+
+        hold("run_culprit", 7, "describe")
+        assert dog.stuck
+        await asyncio.sleep(0.4)
+        assert not dog.stuck
+    finally:
+        dog.stop()
+    assert any("run run_culprit call 7 (describe)" in line for line in lines), lines
