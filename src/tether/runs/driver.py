@@ -285,6 +285,7 @@ class Attempt:
                 self.kind = "replay"
                 boundary.reset_for_replay(await self.astore.get_calls(run.run_id))
                 self.logs = LogBuffer(self.limits.log_bytes)
+                assert spec is not None  # a mismatch comes from running it
                 value = await self._run_once(spec, emitter, already_emitted, session_base)
         except (Paused, Parked):
             assert self.stopped_at is not None
