@@ -284,6 +284,12 @@ class ServerConfig(_Section):
     # `overloaded` with a retry hint instead of waiting blind.
     queue_depth: NonNegativeInt = 16
     queue_timeout_seconds: Seconds = 10
+    # The event loop is stuck when it has not run a watchdog's beat for this long: /readyz answers 503
+    # and the log names the run and call it is executing (docs/deploy.md).
+    loop_stall_seconds: Seconds = 2
+    # SIGTERM or SIGINT: past this the process exits whatever a run is doing; its lease lapses and
+    # another process takes the run over (P-16), or quarantines it (P-36).
+    shutdown_grace_seconds: Seconds = 15
     # Where people reach this server (behind a proxy, its public address):
     # approval links are built on it. Without it there are no links.
     public_url: HttpUrl | None = None

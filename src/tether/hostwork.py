@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
+import queue
 import sys
 import threading
 import time
@@ -35,9 +37,44 @@ from .errors import LimitExceeded
 T = TypeVar("T")
 log = logging.getLogger("tether.hostwork")
 
+class _Workers:
+    """Daemon threads taking host work from a queue.
+
+    Not a ThreadPoolExecutor: the interpreter joins those threads at exit, so
+    one step that never ends would keep a stopped server from exiting.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._queue: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._queue.put((future, functools.partial(fn, *args, **kwargs)))
+        with self._lock:
+            if len(self._threads) < self.size:
+                thread = threading.Thread(target=self._work, name=f"tether-hostwork-{len(self._threads)}",
+                                          daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            future, work = self._queue.get()
+            if not future.set_running_or_notify_cancel():
+                continue  # abandoned before it started
+            try:
+                future.set_result(work())
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
+                future.set_exception(exc)
+
+
 # Two threads: one overrunning step leaves the other for everyone else, and
 # more would only share the same GIL.
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="tether-hostwork")
+_POOL = _Workers(2)
 
 
 class HostWorkTimeout(LimitExceeded):
