@@ -195,6 +195,9 @@ class LimitsConfig(_Section):
     key_sends: PositiveInt = _LIMITS.key_sends
     # Doubled per send (0.2, 0.4, 0.8, 1.6 s): a busy API gets room, a crashed one time to come back.
     key_backoff_seconds: Seconds = _LIMITS.key_backoff_seconds
+    # Attempts in a row that end with their process gone before the run is
+    # quarantined (run_quarantined, P-36) instead of taken over again.
+    quarantine_after: PositiveInt = _LIMITS.quarantine_after
 
 
 # --- [policy] ----------------------------------------------------------------

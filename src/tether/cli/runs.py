@@ -188,6 +188,11 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
     outcome = data.get("outcome") or {}
     if outcome.get("error"):
         print(f"error: [{outcome['error'].get('code')}] {outcome['error'].get('message')}")
+        for a in (outcome["error"].get("details") or {}).get("attempts") or []:
+            # A quarantined run (P-36): each attempt that ended with its process gone.
+            print(f"  attempt of {a.get('owner')}: {a.get('ended')}, noticed by {a.get('taken_by')}")
+        if outcome["error"].get("next_action"):
+            print(f"next: {outcome['error']['next_action']}")
     elif data["status"] == RunStatus.COMPLETED:
         print("result:", json.dumps(outcome.get("result"), ensure_ascii=False)[:2000])
     return EXIT_OK

@@ -62,6 +62,7 @@ from .notices import CANCEL, wait_a_little
 from .pausing import Parked, Paused
 from .pending import ParkedWait, Stop
 from .policy import Policy
+from .quarantine import takeovers, without_takeovers
 from .resend import resendable
 from .restore import SnapshotMismatch
 from .result import RunResult, preview, to_json_value
@@ -407,8 +408,11 @@ class Attempt:
             status = RunStatus.PAUSED
         # The run's MAC covers what it waits on (P-35).
         signed = sign_run(d.keyring, dataclasses.replace(run, pending=public, expires_at=expires))
+        # An attempt that parks ended normally: the takeovers before it no longer count (P-36).
+        fresh = await self.astore.get_run(run.run_id) if takeovers(run) else None
         await self.astore.call(d.lifecycle.park, run.run_id, status, pending=public, expires_at=expires,
-                               envelope=envelope.to_dict(), mac=signed)
+                               envelope=envelope.to_dict(), mac=signed,
+                               meta=without_takeovers(fresh.meta if fresh is not None else None))
         await d.bus.emit_awaited(run.run_id, "paused" if status == RunStatus.PAUSED else "waiting", {"pending": public})
         d.bus.announce(run.run_id, status, {"pending": public, "expires_at": expires})
         self.stopped_at = envelope
