@@ -122,3 +122,14 @@ async def test_the_watchdog_names_the_run_and_call_holding_the_loop() -> None:
     finally:
         dog.stop()
     assert any("run run_culprit call 7 (describe)" in line for line in lines), lines
+
+
+async def test_a_value_repeated_by_reference_is_cut_instead_of_expanding_on_the_host() -> None:
+    # Five levels of [x] * 100: 10**10 elements once every reference is a copy, a few KB in the sandbox.
+    code = "v = [0] * 100\nfor _ in range(4):\n    v = [v] * 100\nv"
+    async with Runtime() as rt:
+        with _LagMeter() as lag:
+            r = await rt.execute(code)
+    assert r.status == "completed", r.error
+    assert any("expands past" in n and "the rest was cut" in n for n in r.notes), r.notes
+    assert lag.worst < 5.0, lag.worst  # about a second of capped conversion; unbounded it never ends
