@@ -133,3 +133,48 @@ async def test_a_value_repeated_by_reference_is_cut_instead_of_expanding_on_the_
     assert r.status == "completed", r.error
     assert any("expands past" in n and "the rest was cut" in n for n in r.notes), r.notes
     assert lag.worst < 5.0, lag.worst  # about a second of capped conversion; unbounded it never ends
+
+
+def _ref_chain(levels: int) -> dict[str, Any]:
+    # Each component names the one before three times: 3**levels nodes once inlined, 25 components on disk.
+    comps: dict[str, Any] = {"a0": {"type": "string"}}
+    for i in range(1, levels + 1):
+        comps[f"a{i}"] = {"type": "object", "properties": {k: {"$ref": f"#/components/schemas/a{i - 1}"}
+                                                             for k in "pqr"}}
+    top = {"$ref": f"#/components/schemas/a{levels}"}
+    return {"openapi": "3.0.3", "info": {"title": "refs", "version": "1"},
+            "servers": [{"url": "http://127.0.0.1:9"}], "components": {"schemas": comps},
+            "paths": {"/x": {"get": {"operationId": "fetch", "responses": {"200": {
+                "description": "ok", "content": {"application/json": {"schema": top}}}}},
+                "post": {"operationId": "send", "requestBody": {"content": {"application/json": {"schema": top}}},
+                         "responses": {"200": {"description": "ok"}}}}}}
+
+
+async def test_a_description_whose_refs_expand_exponentially_loads_within_bounds(tmp_path) -> None:
+    from tether.sources.openapi import OpenAPISource
+
+    with _LagMeter() as lag:
+        async with OpenAPISource("refs", _ref_chain(24)) as source:
+            tools = {t.name: t for t in source.tools()}
+    # The response shape is left out and the operation whose body cannot be inlined is skipped, said why.
+    assert list(tools) == ["fetch"] and tools["fetch"].output_schema is None
+    assert any("expands past" in str(p) for p in source.problems), source.problems
+    assert lag.worst < 1.0, lag.worst
+
+
+async def test_yaml_aliases_nested_in_a_spec_are_read_once_off_the_loop(tmp_path) -> None:
+    from tether.sources.openapi import OpenAPISource
+
+    lines = ["openapi: 3.0.3", "info: {title: lol, version: '1'}", "servers: [{url: 'http://127.0.0.1:9'}]",
+             "x-a0: &a0 {type: string, description: lol}"]
+    lines += [f"x-a{i}: &a{i} {{type: object, properties: {{p: *a{i - 1}, q: *a{i - 1}, r: *a{i - 1}}}}}"
+              for i in range(1, 25)]
+    lines += ["paths:", "  /x:", "    get:", "      operationId: x", "      responses:", "        '200':",
+              "          description: ok", "          content:", "            application/json:",
+              "              schema: *a24"]
+    spec = tmp_path / "laughs.yaml"
+    spec.write_text("\n".join(lines) + "\n")
+    with _LagMeter() as lag:
+        async with OpenAPISource("lol", spec) as source:
+            assert [t.name for t in source.tools()] == ["x"]
+    assert lag.worst < 1.0, lag.worst

@@ -98,9 +98,15 @@ class _Auth:
 # --- $ref resolution and 3.0 → JSON Schema ---------------------------------------
 
 
+# The most nodes one operation's schema may have once its $refs are inlined: the
+# largest in GitHub's, Box's and OpenAI's descriptions have 1,300 to 5,500.
+MAX_INLINED_NODES = 200_000
+
+
 class _Refs:
     def __init__(self, doc: Mapping[str, Any]) -> None:
         self.doc = doc
+        self._left = MAX_INLINED_NODES
 
     def lookup(self, ref: str) -> Any:
         if not ref.startswith("#"):
@@ -126,31 +132,44 @@ class _Refs:
             node = self.lookup(node["$ref"])
         return node
 
-    def inline(self, node: Any, active: tuple[str, ...] = ()) -> Any:
-        """A schema with every local $ref inlined; a ref back into itself becomes ``{}``."""
+    def inline(self, node: Any) -> Any:
+        """A schema with every local $ref inlined; a ref back into itself becomes ``{}``.
+
+        A ref used several times is copied each time, so a few components that
+        each name the one before twice expand exponentially: past
+        ``MAX_INLINED_NODES`` the schema is refused (``_Unsupported``).
+        """
+        self._left = MAX_INLINED_NODES
+        return self._inline(node, ())
+
+    def _inline(self, node: Any, active: tuple[str, ...]) -> Any:
+        if isinstance(node, (list, Mapping)):
+            self._left -= 1
+            if self._left < 0:
+                raise _Unsupported(f"a schema expands past {MAX_INLINED_NODES:,} nodes once its $refs are inlined")
         if isinstance(node, list):
-            return [self.inline(v, active) for v in node]
+            return [self._inline(v, active) for v in node]
         if not isinstance(node, Mapping):
             return node
         ref = node.get("$ref")
         if isinstance(ref, str):
             if ref in active:
                 return {}
-            target = self.inline(self.lookup(ref), (*active, ref))
+            target = self._inline(self.lookup(ref), (*active, ref))
             siblings = {k: v for k, v in node.items() if k != "$ref"}
             if not siblings:
                 return target
             # 3.1 allows keywords beside $ref; they refine the target.
-            return {**(target if isinstance(target, dict) else {}), **self.inline(siblings, active)}
+            return {**(target if isinstance(target, dict) else {}), **self._inline(siblings, active)}
         out: dict[str, Any] = {}
         for key, value in node.items():
             if key == "properties" and isinstance(value, Mapping):
                 # Property names are not keywords: a property called "default" is a schema.
-                out[key] = {name: self.inline(sub, active) for name, sub in value.items()}
+                out[key] = {name: self._inline(sub, active) for name, sub in value.items()}
             elif key in _LITERAL_KEYS:
                 out[key] = copy.deepcopy(value)
             else:
-                out[key] = self.inline(value, active)
+                out[key] = self._inline(value, active)
         return out
 
 
