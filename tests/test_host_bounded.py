@@ -178,3 +178,18 @@ async def test_yaml_aliases_nested_in_a_spec_are_read_once_off_the_loop(tmp_path
         async with OpenAPISource("lol", spec) as source:
             assert [t.name for t in source.tools()] == ["x"]
     assert lag.worst < 1.0, lag.worst
+
+
+async def test_a_pattern_that_backtracks_is_not_run_against_the_programs_string() -> None:
+    # ^(a+)+$ against 40 a's and a "!" would hold the loop (and the GIL) for hours in Python's engine.
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"},
+                                               "n": {"type": "string", "pattern": "^[0-9]+$"}}}
+    tool = Tool("rx", "take", "Take s.", schema, _noop, annotations=Annotations(read_only=True))
+    async with Runtime(tools=[tool]) as rt:
+        with _LagMeter() as lag:
+            r = await rt.execute("import tools\nawait tools.rx.take(s='" + "a" * 40 + "!')")
+            checked = await rt.execute("import tools\nawait tools.rx.take(n='12x')")
+    assert r.status == "completed", r.error  # left to the tool, which validates its own input
+    assert lag.worst < 1.0, lag.worst
+    # A pattern that cannot backtrack is still checked before the call.
+    assert checked.status == "failed" and checked.error["code"] == "invalid_arguments", checked.error
