@@ -63,6 +63,26 @@ async def test_a_run_at_its_takeover_limit_is_ended_quarantined_and_nothing_runs
     assert CALLS == [] and stored is not None and stored.status == "failed" and stored.owner is None
 
 
+async def test_the_console_says_why_a_run_was_quarantined(store_url):
+    import httpx
+
+    from tether.server.console import Console
+
+    clock = Clock()
+    run_id = _orphaned(store_url, clock, "import tools\nawait tools.probe.ping(n=3)", Limits(quarantine_after=1))
+    token = "alice-token-0123456789"
+    async with Runtime(store=open_store(store_url), tools=[ping], clock=clock, type_check=False,
+                       local_runs="shared") as rt:
+        await rt.recover()
+        transport = httpx.ASGITransport(app=Console(rt, tokens=[token]).app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://console.test") as c:
+            login = (await c.get("/console/login")).text
+            csrf = login.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+            await c.post("/console/login", data={"csrf": csrf, "token": token})
+            page = (await c.get(f"/console/runs/{run_id}")).text
+    assert "[run_quarantined]" in page and "attempt of elsewhere:1:dead: its lease lapsed" in page, page
+
+
 async def test_a_takeover_below_the_limit_is_recorded_and_the_run_goes_on(store_url):
     clock = Clock()
     CALLS.clear()
