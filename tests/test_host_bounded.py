@@ -18,18 +18,16 @@ async def _noop(args: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
-def _huge_output(shapes: int) -> dict[str, Any]:
-    # Thousands of named shapes: describing them is seconds of honest, linear work.
-    return {"type": "object", "properties": {
-        f"f{i}": {"type": "object", "title": f"Shape {i}", "properties": {
-            f"g{j}": {"type": "string", "enum": [f"v{k}" for k in range(20)]} for j in range(10)}}
-        for i in range(shapes)}}
+# A catalog of 2,000 tools and a program that asks describe() about 300 addresses
+# it misspelled: each unknown address is compared with every address for
+# suggestions, seconds of honest work in all (about 0.1 s each here).
+MISSPELLED = "[f'big.report_{i}_itemz' for i in range(300)]"
 
 
 def _tools() -> list[Tool]:
     return [
-        Tool("big", "report", "A report with very many shapes.", {"type": "object", "properties": {}}, _noop,
-             output_schema=_huge_output(20_000), annotations=Annotations(read_only=True)),
+        *(Tool("big", f"report_{i}_items", "A report.", {"type": "object", "properties": {"a": {"type": "string"}}},
+               _noop, annotations=Annotations(read_only=True)) for i in range(2000)),
         Tool("small", "echo", "Echo.", {"type": "object", "properties": {"x": {"type": "integer"}}}, _noop,
              annotations=Annotations(read_only=True)),
     ]
@@ -63,7 +61,7 @@ async def test_a_slow_describe_fails_its_call_by_name_within_the_run_limit_while
     async with Runtime(tools=_tools(), limits=Limits(run_seconds=1.0)) as rt:
         with _LagMeter() as lag:
             t = time.monotonic()
-            slow = asyncio.ensure_future(rt.execute('await describe("big.report")'))
+            slow = asyncio.ensure_future(rt.execute(f"await describe({MISSPELLED})"))
             await asyncio.sleep(0.05)
             other = await rt.execute("import tools\nawait tools.small.echo(x=1)")
             result = await slow
@@ -72,7 +70,7 @@ async def test_a_slow_describe_fails_its_call_by_name_within_the_run_limit_while
     assert result.status == "failed" and result.error is not None
     assert result.error["code"] == "host_work_timeout", result.error
     assert "describe()" in result.error["message"] and "nothing was sent" in result.error["message"]
-    # Ended by the 1 s limit, not by describe finishing (several seconds here); generous for a loaded machine.
+    # Ended by the 1 s limit, not by describe finishing (30 s here); generous for a loaded machine.
     assert took < 10, took
     # The loop was never held: a hang would show as the whole describe.
     assert lag.worst < 1.0, lag.worst
@@ -80,7 +78,7 @@ async def test_a_slow_describe_fails_its_call_by_name_within_the_run_limit_while
 
 async def test_the_program_can_catch_the_named_timeout_and_go_on() -> None:
     code = (
-        "try:\n    await describe('big.report')\n    got = 'described'\n"
+        f"try:\n    await describe({MISSPELLED})\n    got = 'described'\n"
         "except TimeoutError as e:\n    got = str(e)[:19]\n"
         "import tools\n[got, await tools.small.echo(x=2)]"
     )
@@ -106,6 +104,27 @@ async def test_off_loop_names_what_overran_and_leaves_the_loop_free() -> None:
         else:
             raise AssertionError("no timeout")
     assert lag.worst < 1.0
+
+
+async def test_abandoned_work_stops_at_its_next_checkpoint() -> None:
+    from tether.hostwork import checkpoint
+
+    rounds: list[int] = []
+
+    def long_loop() -> None:
+        for i in range(10_000):
+            checkpoint()
+            rounds.append(i)
+            time.sleep(0.01)
+
+    try:
+        await off_loop(long_loop, seconds=0.2, what="a long loop")
+    except HostWorkTimeout:
+        pass
+    await asyncio.sleep(0.5)
+    stopped_at = len(rounds)
+    await asyncio.sleep(0.5)
+    assert len(rounds) == stopped_at < 1000, (stopped_at, len(rounds))
 
 
 async def test_the_watchdog_names_the_run_and_call_holding_the_loop() -> None:

@@ -66,10 +66,29 @@ class _Workers:
             future, work = self._queue.get()
             if not future.set_running_or_notify_cancel():
                 continue  # abandoned before it started
+            _job.future = future
             try:
                 future.set_result(work())
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
                 future.set_exception(exc)
+            finally:
+                _job.future = None
+
+
+# The job a host-work thread is running, so long loops in it can see it was abandoned.
+_job = threading.local()
+
+
+def checkpoint() -> None:
+    """In a step run by ``off_loop``: stop here if its caller has stopped waiting for it.
+
+    A thread cannot be stopped from outside; a step with a long loop of its own
+    (describe() over many addresses) calls this each time round so that an
+    abandoned step frees its thread instead of running to the end.
+    """
+    future = getattr(_job, "future", None)
+    if future is not None and getattr(future, "abandoned", False):
+        raise HostWorkTimeout("abandoned host work stopped at a checkpoint")
 
 
 # Two threads: one overrunning step leaves the other for everyone else, and
@@ -89,7 +108,8 @@ async def off_loop(fn: Callable[..., T], *args: Any, seconds: float, what: str, 
     try:
         return await asyncio.wait_for(asyncio.wrap_future(future), max(seconds, 0.001))
     except TimeoutError:
-        future.cancel()  # not started yet (the threads were busy): it never will be
+        if not future.cancel():  # not started yet (the threads were busy): it never will be
+            future.abandoned = True  # type: ignore[attr-defined]  # running: its next checkpoint() ends it
         raise HostWorkTimeout(
             f"{what} did not finish within {seconds:.3g} s of host time and was abandoned; nothing was sent",
             details={"what": what, "seconds": round(seconds, 3)},

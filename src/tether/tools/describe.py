@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from ..errors import UnknownTool, UsageError
+from ..hostwork import checkpoint
 from .catalog import Catalog
 from .model import Tool
 from .params import parameters
@@ -48,6 +49,7 @@ def describe(
     cache: dict[tuple[str, str], dict[str, Any]] = catalog.memo("describe", dict)
     out: list[dict[str, Any]] = []
     for address in addresses:
+        checkpoint()  # many addresses (each unknown one is compared with the whole catalog) take long
         if not isinstance(address, str):
             out.append({"address": repr(address), "error": "unknown_tool", "suggestions": []})
             continue
