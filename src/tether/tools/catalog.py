@@ -97,6 +97,10 @@ class Catalog:
         """All tools, sorted by address so every derived text is order-independent."""
         return list(self.memo("catalog.tools", lambda: sorted(list(self._tools.values()), key=lambda t: t.address)))
 
+    def find(self, address: str) -> Tool | None:
+        """The tool at ``address``, or None: no suggestions are looked for (see ``get``)."""
+        return self._tools.get(_normalise(address) if isinstance(address, str) else address)
+
     def get(self, address: str) -> Tool:
         """The tool at ``address``; ``UnknownTool`` with suggestions if there is none."""
         key = _normalise(address) if isinstance(address, str) else address
