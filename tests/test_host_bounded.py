@@ -212,3 +212,12 @@ async def test_a_pattern_that_backtracks_is_not_run_against_the_programs_string(
     assert lag.worst < 1.0, lag.worst
     # A pattern that cannot backtrack is still checked before the call.
     assert checked.status == "failed" and checked.error["code"] == "invalid_arguments", checked.error
+
+
+async def test_a_misspelled_tool_gets_suggestions_found_off_the_loop() -> None:
+    async with Runtime(tools=_tools()) as rt:
+        with _LagMeter() as lag:
+            r = await rt.execute("import tools\nawait tools.big.report_7_itemz()", check="off")
+    assert r.status == "failed" and r.error["code"] == "unknown_tool", r.error
+    assert "big.report_7_items" in r.error["next_action"], r.error
+    assert lag.worst < 1.0, lag.worst

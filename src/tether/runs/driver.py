@@ -25,7 +25,7 @@ from ..errors import (
     TypeCheckError,
     WrongSecret,
 )
-from ..hostwork import HostBudget, HostWorkTimeout
+from ..hostwork import HostBudget, HostWorkTimeout, off_loop
 from ..sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxPool, SandboxSpec, Stopped
 from ..store.aio import AsyncStore
 from ..store.base import (
@@ -498,7 +498,13 @@ class Attempt:
         d, boundary = self.deps, self.boundary
         assert boundary is not None
         suggest = getattr(d.catalog, "suggest", None)
-        error = failure_error(exc, boundary, d.source_failures, suggest or (lambda _address: []))
+        try:
+            # A misspelled tool gets suggestions: comparing it with a large catalog's addresses is
+            # a tenth of a second or more, off the loop, and given up for none after a few seconds.
+            error = await off_loop(failure_error, exc, boundary, d.source_failures,
+                                   suggest or (lambda _address: []), seconds=5.0, what="suggesting tools")
+        except HostWorkTimeout:
+            error = failure_error(exc, boundary, d.source_failures, lambda _address: [])
         return await d.finisher.end_attempt(self.run, RunStatus.FAILED, error=error, logs=self.logs.lines(),
                                             calls=boundary.state.issued, diagnostics=self._diagnostics())
 
