@@ -1,4 +1,4 @@
-"""Poison runs are quarantined (P-36): a run whose attempts keep ending with their process gone is ended
+"""Poison runs are quarantined (P-39): a run whose attempts keep ending with their process gone is ended
 ``run_quarantined`` by the process that would take it over next, and nothing of it runs there.
 
 The first tests take runs over inside one test process (an injected clock

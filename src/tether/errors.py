@@ -30,7 +30,7 @@
         ├── ExecutionDiverged        execution_diverged
         ├── WriteOutcomeUnknown      write_outcome_unknown
         ├── StoreError               store_error
-        ├── RunQuarantined           run_quarantined (its attempts kept ending with their process gone, P-36)
+        ├── RunQuarantined           run_quarantined (its attempts kept ending with their process gone, P-39)
         └── InvalidTransition        invalid_transition (not in the run state table: a bug)
 
 Errors that happen *inside* a program (a tool that failed, a write that was

@@ -189,7 +189,7 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
     if outcome.get("error"):
         print(f"error: [{outcome['error'].get('code')}] {outcome['error'].get('message')}")
         for a in (outcome["error"].get("details") or {}).get("attempts") or []:
-            # A quarantined run (P-36): each attempt that ended with its process gone.
+            # A quarantined run (P-39): each attempt that ended with its process gone.
             print(f"  attempt of {a.get('owner')}: {a.get('ended')}, noticed by {a.get('taken_by')}")
         if outcome["error"].get("next_action"):
             print(f"next: {outcome['error']['next_action']}")

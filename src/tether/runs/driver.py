@@ -408,7 +408,7 @@ class Attempt:
             status = RunStatus.PAUSED
         # The run's MAC covers what it waits on (P-35).
         signed = sign_run(d.keyring, dataclasses.replace(run, pending=public, expires_at=expires))
-        # An attempt that parks ended normally: the takeovers before it no longer count (P-36).
+        # An attempt that parks ended normally: the takeovers before it no longer count (P-39).
         fresh = await self.astore.get_run(run.run_id) if takeovers(run) else None
         await self.astore.call(d.lifecycle.park, run.run_id, status, pending=public, expires_at=expires,
                                envelope=envelope.to_dict(), mac=signed,

@@ -159,7 +159,7 @@ class Lifecycle:
              envelope: dict[str, Any], mac: dict[str, Any], meta: dict[str, Any] | None = None) -> bool:
         """Stop at a write that asks (paused) or a wait (waiting); no process holds the run meanwhile.
 
-        ``meta``: the run's meta as it is to be from now (an attempt that parks clears its takeovers, P-36).
+        ``meta``: the run's meta as it is to be from now (an attempt that parks clears its takeovers, P-39).
         """
         if to not in (RunStatus.PAUSED, RunStatus.WAITING):
             raise InvalidTransition(f"run {run_id} cannot park as {to}; nothing was written",
@@ -169,7 +169,7 @@ class Lifecycle:
                           lease_until=None, updated_at=self.clock(), decision=None, result=envelope, mac=mac, **more)
 
     def note_takeover(self, run_id: str, meta: dict[str, Any]) -> bool:
-        """Record on a run just taken over here how its earlier attempts ended (``meta``, P-36)."""
+        """Record on a run just taken over here how its earlier attempts ended (``meta``, P-39)."""
         return self.store.update_run(run_id, [RunStatus.RUNNING], owner=self.owner, meta=meta)
 
     # -- ending ---------------------------------------------------------------------------

@@ -41,7 +41,7 @@ class Limits:
     key_backoff_seconds: float = 0.2
     # A run whose attempts end this many times in a row with its process gone
     # (a crash, a hang killed, a lease lost) is ended run_quarantined instead
-    # of being taken over again (P-36): one program must not take down every
+    # of being taken over again (P-39): one program must not take down every
     # replica in turn. Three: a deploy or two may interrupt an honest run.
     quarantine_after: int = 3
 

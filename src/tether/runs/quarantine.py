@@ -1,4 +1,4 @@
-"""Poison runs (P-36): a run whose attempts keep ending with their process gone is ended, not taken over again.
+"""Poison runs (P-39): a run whose attempts keep ending with their process gone is ended, not taken over again.
 
 A takeover is the only sign a process leaves when it dies holding a run: it
 crashed, it was killed because the run held it past its limits, or it lost

@@ -157,7 +157,7 @@ async def orphans_taken(rt: "Runtime", room: Callable[[], bool],
     handed back if not ``usable`` here; those of a process known gone from this host are
     taken from that owner at once, lease or not. Each is yielded as it is now, owned here,
     with this takeover recorded on it; one taken over too many times in a row is ended
-    ``run_quarantined`` instead and handed to ``quarantined`` (P-36).
+    ``run_quarantined`` instead and handed to ``quarantined`` (P-39).
     """
     life = rt.lifecycle
     async for before in claimed(room, life.claim_orphan, usable, life.release_orphan):
