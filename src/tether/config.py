@@ -195,6 +195,9 @@ class LimitsConfig(_Section):
     key_sends: PositiveInt = _LIMITS.key_sends
     # Doubled per send (0.2, 0.4, 0.8, 1.6 s): a busy API gets room, a crashed one time to come back.
     key_backoff_seconds: Seconds = _LIMITS.key_backoff_seconds
+    # Attempts in a row that end with their process gone before the run is
+    # quarantined (run_quarantined, P-39) instead of taken over again.
+    quarantine_after: PositiveInt = _LIMITS.quarantine_after
 
 
 # --- [policy] ----------------------------------------------------------------
@@ -310,6 +313,12 @@ class ServerConfig(_Section):
     # `overloaded` with a retry hint instead of waiting blind.
     queue_depth: NonNegativeInt = 16
     queue_timeout_seconds: Seconds = 10
+    # The event loop is stuck when it has not run a watchdog's beat for this long: /readyz answers 503
+    # and the log names the run and call it is executing (docs/deploy.md).
+    loop_stall_seconds: Seconds = 2
+    # SIGTERM or SIGINT: past this the process exits whatever a run is doing; its lease lapses and
+    # another process takes the run over (P-16), or quarantines it (P-39).
+    shutdown_grace_seconds: Seconds = 15
     # Where people reach this server (behind a proxy, its public address):
     # approval links are built on it. Without it there are no links.
     public_url: HttpUrl | None = None

@@ -32,6 +32,7 @@
         ├── ExecutionDiverged        execution_diverged
         ├── WriteOutcomeUnknown      write_outcome_unknown
         ├── StoreError               store_error
+        ├── RunQuarantined           run_quarantined (its attempts kept ending with their process gone, P-39)
         └── InvalidTransition        invalid_transition (not in the run state table: a bug)
 
 Errors that happen *inside* a program (a tool that failed, a write that was
@@ -262,6 +263,12 @@ class WriteOutcomeUnknown(WorldError):
 class StoreError(WorldError):
     code = "store_error"
     next_action = "Check the store (TETHER_HOME or [store] url) is reachable and writable."
+
+
+class RunQuarantined(WorldError):
+    code = "run_quarantined"
+    next_action = ("Read details.attempts and the run's last calls (`tether runs show RUN`): find what the program "
+                   "or a tool does that stops its process, fix it, then start the program again as a new run.")
 
 
 class InvalidTransition(WorldError):

@@ -193,6 +193,11 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
     outcome = data.get("outcome") or {}
     if outcome.get("error"):
         print(escape(f"error: [{outcome['error'].get('code')}] {outcome['error'].get('message')}", keep_lines=True))
+        for a in (outcome["error"].get("details") or {}).get("attempts") or []:
+            # A quarantined run (P-39): each attempt that ended with its process gone.
+            print(escape(f"  attempt of {a.get('owner')}: {a.get('ended')}, noticed by {a.get('taken_by')}"))
+        if outcome["error"].get("next_action"):
+            print(escape(f"next: {outcome['error']['next_action']}"))
     elif data["status"] == RunStatus.COMPLETED:
         print("result:", escape(json.dumps(outcome.get("result"), ensure_ascii=False)[:2000]))
     return EXIT_OK

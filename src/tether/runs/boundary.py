@@ -29,6 +29,7 @@ from ..errors import (
     TetherError,
     UnknownTool,
 )
+from ..hostwork import HostWorkTimeout, off_loop
 from ..sandbox.monty import GuestRaise, Stopped
 from ..store.base import (
     CallRecord,
@@ -160,9 +161,9 @@ class EffectBoundary:
                 # Positional arguments are bound to names here, so the journal,
                 # policy and validation all see one keyword dict (tools.binding).
                 try:
-                    return "tool", address, binding.bind(self.catalog.get(address), args, kwargs), None
-                except UnknownTool:
-                    pass  # refused as unknown_tool by the call itself
+                    found = self.catalog.find(address)
+                    if found is not None:  # an unknown one is refused as unknown_tool by the call itself
+                        return "tool", address, binding.bind(found, args, kwargs), None
                 except InvalidArguments as exc:
                     err = guest_error("invalid_arguments", exc.message, "TypeError")
                     return "tool", address, {"_positional": list(args), **kwargs}, err
@@ -312,6 +313,9 @@ class EffectBoundary:
             await self.writer.record_outcome(seq, CallState.PENDING, CallState.FAILED,
                                        error={"type": exc.exc_type, "message": exc.message})
             self._stat(seq, op, address, "read", CallState.FAILED, t)
+            if exc.message.startswith(f"[{HostWorkTimeout.code}]"):
+                # Uncaught, the run ends with this call's code, not program_error (P-14).
+                self._remember(exc, seq, op)
             raise
         value = to_json_value(value)[0]
         refused = self._journal_room(journal.value_size(value), op, "result")
@@ -329,12 +333,12 @@ class EffectBoundary:
     async def _tool_call(self, seq: int, address: str, args: dict[str, Any], key: str, decision: journal.Decision,
                          started: float) -> Any:
         t = time.perf_counter()
-        try:
-            tool: Tool = self.catalog.get(address)
-        except UnknownTool as exc:
-            err = guest_error("unknown_tool", exc.message, "LookupError")
+        found = self.catalog.find(address)
+        if found is None:
+            err = guest_error("unknown_tool", (await self._no_such_tool(address)).message, "LookupError")
             await self._record_rejected(seq, "tool", address, args, "read", err, key=key, existing=decision.entry)
             raise err from None
+        tool: Tool = found
         kind = "write" if tool.is_write else "read"
         try:
             valid = args if (kind == "read" and tool.validates_args) else self.catalog.validate_args(address, args)
@@ -651,6 +655,17 @@ class EffectBoundary:
             await self.writer.record_rejected(seq, op, address, json_args, key or journal.call_key(op, address, json_args),
                                         kind, err_json(err), state)
         self._remember(err, seq, address)
+
+    async def _no_such_tool(self, address: str) -> UnknownTool:
+        """The unknown_tool error with suggestions, found off the event loop: comparing an address with
+        every address of a large catalog takes a tenth of a second or more (without them if it takes 2 s)."""
+        try:
+            await off_loop(self.catalog.get, address, seconds=2.0, what="suggesting tools")
+        except UnknownTool as exc:
+            return exc
+        except HostWorkTimeout:
+            pass
+        return UnknownTool(f"no tool {address!r}", details={"address": address, "suggestions": []})
 
     def _remember(self, err: GuestRaise, seq: int, address: str) -> None:
         """Record what the host raised into the program, so an uncaught one is reported as this call's (P-14)."""

@@ -25,6 +25,7 @@ from ..errors import (
     TypeCheckError,
     WrongSecret,
 )
+from ..hostwork import HostBudget, HostWorkTimeout, off_loop
 from ..sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxPool, SandboxSpec, Stopped
 from ..store.aio import AsyncStore
 from ..store.base import (
@@ -61,6 +62,7 @@ from .notices import CANCEL, wait_a_little
 from .pausing import Parked, Paused
 from .pending import ParkedWait, Stop, without_approval_keys
 from .policy import Policy
+from .quarantine import takeovers, without_takeovers
 from .resend import resendable
 from .restore import SnapshotMismatch
 from .result import RunResult, preview, to_json_value
@@ -145,6 +147,8 @@ class Attempt:
         self.t0 = time.perf_counter() if t0 is None else t0
         self.span: Any = None
         self.limits = Limits.from_dict(run.limits)
+        # Host work done for this program (built-ins, the check, stubs) counts against its time limit.
+        self.host_budget = HostBudget(self.limits.run_seconds)
         self.policy = Policy.from_dict(run.policy)
         self.logs = LogBuffer(self.limits.log_bytes)
         self.snapshot: SnapshotRecord | None = None
@@ -250,10 +254,15 @@ class Attempt:
         reach, refused = None, None
         if self.mode == "fresh":
             try:
-                reach = precheck(d, run)
+                reach = await self.host_budget.run(precheck, d, run, what="the pre-run check")
             except TetherError as exc:
                 refused = exc  # reported below, before the sandbox starts: nothing runs
-        spec = build_spec(d, run, self.limits, continuing=self.mode != "fresh", reach=reach)
+        spec: SandboxSpec | None = None
+        try:
+            spec = await self.host_budget.run(build_spec, d, run, self.limits, continuing=self.mode != "fresh",
+                                              reach=reach, what="building the program's type stubs")
+        except HostWorkTimeout as exc:
+            refused = exc
         journaled = await self.astore.journal_bytes(run.run_id) if self.mode != "fresh" else 0
         boundary = self.boundary = self._boundary(journaled)
         d.live[run.run_id] = boundary
@@ -269,14 +278,15 @@ class Attempt:
         session_base = self._session_base() if run.session else None
         try:
             try:
-                if refused is not None:
-                    raise refused
+                if refused is not None or spec is None:
+                    raise refused or AssertionError("no sandbox spec")
                 value = await self._run_once(spec, emitter, already_emitted, session_base)
             except SnapshotMismatch:
                 # Nothing was sent: the mapping is checked before any dispatch.
                 self.kind = "replay"
                 boundary.reset_for_replay(await self.astore.get_calls(run.run_id))
                 self.logs = LogBuffer(self.limits.log_bytes)
+                assert spec is not None  # a mismatch comes from running it
                 value = await self._run_once(spec, emitter, already_emitted, session_base)
         except (Paused, Parked):
             assert self.stopped_at is not None
@@ -338,7 +348,7 @@ class Attempt:
             journal_entries=self.entries,
             writes_spent=self.writes_spent,
             on_approval=self.on_approval,
-            builtins_impl=builtins_for(d, run.run_id),
+            builtins_impl=builtins_for(d, run.run_id, self.host_budget),
             pause_sink=self.pause,
             checkpoint_sink=self.checkpoint,
             clock=d.clock,
@@ -402,8 +412,11 @@ class Attempt:
         stored = envelope if kept is public else dataclasses.replace(envelope, pending=kept)
         # The run's MAC covers what it waits on (P-35).
         signed = sign_run(d.keyring, dataclasses.replace(run, pending=kept, expires_at=expires))
+        # An attempt that parks ended normally: the takeovers before it no longer count (P-39).
+        fresh = await self.astore.get_run(run.run_id) if takeovers(run) else None
         await self.astore.call(d.lifecycle.park, run.run_id, status, pending=kept, expires_at=expires,
-                               envelope=stored.to_dict(), mac=signed)
+                               envelope=stored.to_dict(), mac=signed,
+                               meta=without_takeovers(fresh.meta if fresh is not None else None))
         await d.bus.emit_awaited(run.run_id, "paused" if status == RunStatus.PAUSED else "waiting", {"pending": kept})
         d.bus.announce(run.run_id, status, {"pending": kept, "expires_at": expires})
         self.stopped_at = envelope
@@ -489,7 +502,13 @@ class Attempt:
         d, boundary = self.deps, self.boundary
         assert boundary is not None
         suggest = getattr(d.catalog, "suggest", None)
-        error = failure_error(exc, boundary, d.source_failures, suggest or (lambda _address: []))
+        try:
+            # A misspelled tool gets suggestions: comparing it with a large catalog's addresses is
+            # a tenth of a second or more, off the loop, and given up for none after a few seconds.
+            error = await off_loop(failure_error, exc, boundary, d.source_failures,
+                                   suggest or (lambda _address: []), seconds=5.0, what="suggesting tools")
+        except HostWorkTimeout:
+            error = failure_error(exc, boundary, d.source_failures, lambda _address: [])
         return await d.finisher.end_attempt(self.run, RunStatus.FAILED, error=error, logs=self.logs.lines(),
                                             calls=boundary.state.issued, diagnostics=self._diagnostics())
 
@@ -501,20 +520,25 @@ class Attempt:
 # -- what the program reaches besides tools ----------------------------------------
 
 
-def builtins_for(d: Collaborators, run_id: str) -> dict[str, Any]:
-    """search / describe / sources / yield_control, as host calls through the boundary."""
+def builtins_for(d: Collaborators, run_id: str, budget: HostBudget) -> dict[str, Any]:
+    """search / describe / sources / yield_control, as host calls through the boundary.
+
+    The first three leave the event loop and spend the attempt's host budget
+    (hostwork.py): a catalog large or odd enough to make one slow fails that
+    call with ``host_work_timeout`` while every other run goes on.
+    """
 
     async def search(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         query = args[0] if args else kwargs.pop("query", "")
-        return d.search(query, **kwargs)
+        return await budget.run(d.search, query, what="search()", **kwargs)
 
     async def describe(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         target = args[0] if args else kwargs.get("address", kwargs.get("addresses", []))
         detail = args[1] if len(args) > 1 else kwargs.get("detail", "default")
-        return d.describe(target, detail=detail)
+        return await budget.run(d.describe, target, detail=detail, what="describe()")
 
     async def sources(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return d.list_sources()
+        return await budget.run(d.list_sources, what="sources()")
 
     async def yield_control(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Journaled like any call, so a replay does not yield twice.
@@ -563,6 +587,8 @@ def _guarded(fn: Any) -> Any:
     async def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             return await fn(args, dict(kwargs))
+        except HostWorkTimeout as exc:
+            raise GuestRaise("TimeoutError", f"[{exc.code}] {exc.message}") from None
         except TypeError as exc:
             raise GuestRaise("TypeError", f"[invalid_arguments] {exc}") from None
         except TetherError as exc:

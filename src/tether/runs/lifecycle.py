@@ -156,13 +156,21 @@ class Lifecycle:
                                      meta={**run.meta, "cancel_requested": reason})
 
     def park(self, run_id: str, to: RunStatus, *, pending: dict[str, Any], expires_at: float | None,
-             envelope: dict[str, Any], mac: dict[str, Any]) -> bool:
-        """Stop at a write that asks (paused) or a wait (waiting); no process holds the run meanwhile."""
+             envelope: dict[str, Any], mac: dict[str, Any], meta: dict[str, Any] | None = None) -> bool:
+        """Stop at a write that asks (paused) or a wait (waiting); no process holds the run meanwhile.
+
+        ``meta``: the run's meta as it is to be from now (an attempt that parks clears its takeovers, P-39).
+        """
         if to not in (RunStatus.PAUSED, RunStatus.WAITING):
             raise InvalidTransition(f"run {run_id} cannot park as {to}; nothing was written",
                                     details={"run_id": run_id, "from": [str(RunStatus.RUNNING)], "to": str(to)})
+        more = {"meta": meta} if meta is not None else {}
         return self._move(run_id, [RunStatus.RUNNING], to, pending=pending, expires_at=expires_at, owner=None,
-                          lease_until=None, updated_at=self.clock(), decision=None, result=envelope, mac=mac)
+                          lease_until=None, updated_at=self.clock(), decision=None, result=envelope, mac=mac, **more)
+
+    def note_takeover(self, run_id: str, meta: dict[str, Any]) -> bool:
+        """Record on a run just taken over here how its earlier attempts ended (``meta``, P-39)."""
+        return self.store.update_run(run_id, [RunStatus.RUNNING], owner=self.owner, meta=meta)
 
     # -- ending ---------------------------------------------------------------------------
 

@@ -39,6 +39,11 @@ class Limits:
     key_sends: int = 5
     # The pause before the first re-send; it doubles with each send, up to 5 s.
     key_backoff_seconds: float = 0.2
+    # A run whose attempts end this many times in a row with its process gone
+    # (a crash, a hang killed, a lease lost) is ended run_quarantined instead
+    # of being taken over again (P-39): one program must not take down every
+    # replica in turn. Three: a deploy or two may interrupt an honest run.
+    quarantine_after: int = 3
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -25,6 +25,11 @@ MAX_INT_DIGITS = 4300
 # and nobody reads the digits: it becomes "~1.2345e+N" with a note.
 MAX_EXACT_INT_DIGITS = 20_000
 MAX_REPR_CHARS = 1000
+# The most a converted value holds: far past a journaled value (1 MiB) or a
+# result preview, and about a second of conversion. Conversion is linear in
+# what it produces, so these bound its time whatever the value (issue 18).
+MAX_EXPANDED_ITEMS = 2_000_000
+MAX_EXPANDED_CHARS = 64 * 1024 * 1024
 _LOG10_2 = math.log10(2)
 # Ints below this (in absolute value) print without a second look.
 _SAFE_INT = 10 ** (MAX_INT_DIGITS - 1)
@@ -42,11 +47,19 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
     """
     notes: list[str] = []
     seen: set[int] = set()
+    # What the converted value may hold, counted as it expands: a container the
+    # program repeats by reference ([a] * 100, nested) is one object in the
+    # sandbox and a copy per appearance here, so its size is not bounded by the
+    # sandbox heap and could grow exponentially with the nesting.
+    left = [MAX_EXPANDED_ITEMS, MAX_EXPANDED_CHARS]
 
     def conv(v: Any, depth: int) -> Any:
         # The common values first, without a call: most results are records of these.
         t = type(v)
         if t is str and (v.isascii() or _SURROGATE.search(v) is None):
+            left[1] -= len(v)
+            if left[1] < 0:
+                return _cut_off(notes)
             return v
         if t is int and -_SAFE_INT < v < _SAFE_INT:
             return v
@@ -78,6 +91,10 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
         if ident in seen:
             notes.append("a reference cycle was cut")
             return "<cycle>"
+        if isinstance(v, (list, tuple, dict, set, frozenset)):
+            left[0] -= len(v)
+            if left[0] < 0:
+                return _cut_off(notes)
         if isinstance(v, (list, tuple)):
             seen.add(ident)
             listed = [conv(x, depth + 1) for x in v]
@@ -127,6 +144,12 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
     # Keep notes short and unique: a set of 10,000 elements is one note.
     unique = list(dict.fromkeys(notes))
     return converted, unique
+
+
+def _cut_off(notes: list[str]) -> str:
+    notes.append(f"the value expands past {MAX_EXPANDED_ITEMS:,} elements or {MAX_EXPANDED_CHARS:,} characters "
+                 "(a container or string repeated by reference counts each time it appears); the rest was cut")
+    return "<cut>"
 
 
 def _type_name(v: Any) -> str:

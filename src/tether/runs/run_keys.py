@@ -23,6 +23,7 @@ from ..errors import IdempotencyConflict, UsageError
 from ..store.base import Conflict, RunRecord
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus
 from .ownership import owner_gone
+from .quarantine import continue_or_quarantine
 from .result import RunResult
 
 if TYPE_CHECKING:
@@ -157,4 +158,12 @@ async def _take_over(rt: "Runtime", run: RunRecord, detached: bool) -> RunResult
     taken = await rt.astore.get_run(run.run_id)
     if taken is None or taken.status in TERMINAL_RUN_STATUSES:
         return None
-    return await rt.launch(taken, mode="continue", detached=detached).result()
+    # A retry is a takeover like the worker's: it counts towards quarantine (P-39), so a run that
+    # wedges every process cannot be revived forever by a client that keeps retrying its key.
+    going_on, quarantined = await continue_or_quarantine(
+        rt, taken, gone_owner=run.owner, how="process_gone" if gone else "lease_lapsed")
+    if quarantined is not None:
+        return quarantined
+    if going_on is None:
+        return None
+    return await rt.launch(going_on, mode="continue", detached=detached).result()

@@ -831,7 +831,7 @@ class Runtime:
                 return False
             return await self._sources_or_note(run, out)
 
-        async for run in orphans_taken(self, lambda: True, usable):
+        async for run in orphans_taken(self, lambda: True, usable, out.append):
             out.append(await self.launch(run, mode="continue").result())
         return out
 

@@ -21,6 +21,7 @@ from ..store.base import RunRecord
 from .notices import SETTLED
 
 if TYPE_CHECKING:
+    from .result import RunResult
     from .runtime import Runtime
 
 # How often a runner looks for parked runs whose wait was settled and nobody continued,
@@ -148,23 +149,45 @@ async def claimed(room: Callable[[], bool], claim: Callable[[Sequence[str]], Run
 
 
 async def orphans_taken(rt: "Runtime", room: Callable[[], bool],
-                        usable: Callable[[RunRecord], Awaitable[bool]]) -> AsyncIterator[RunRecord]:
+                        usable: Callable[[RunRecord], Awaitable[bool]],
+                        quarantined: Callable[[RunResult], None] | None = None) -> AsyncIterator[RunRecord]:
     """Running runs whose owner died, taken over here one at a time while there is ``room`` (P-11).
 
     Those whose lease lapsed are claimed by compare-and-set (Postgres: SKIP LOCKED) and
     handed back if not ``usable`` here; those of a process known gone from this host are
-    taken from that owner at once, lease or not. Each is yielded as it is now, owned here.
+    taken from that owner at once, lease or not. Each is yielded as it is now, owned here,
+    with this takeover recorded on it; one taken over too many times in a row is ended
+    ``run_quarantined`` instead and handed to ``quarantined`` (P-39).
     """
     life = rt.lifecycle
     async for before in claimed(room, life.claim_orphan, usable, life.release_orphan):
         run = rt.store.get_run(before.run_id)
+        if run is not None:
+            run = await _counted(rt, run, before.owner, "lease_lapsed", quarantined)
         if run is not None:
             yield run
     for gone in rt.gone_owners() if room() else []:
         if room() and await usable(gone) and life.take_over(gone.run_id, gone_owner=gone.owner):
             run = rt.store.get_run(gone.run_id)
             if run is not None:
+                run = await _counted(rt, run, gone.owner, "process_gone", quarantined)
+            if run is not None:
                 yield run
+
+
+async def _counted(rt: "Runtime", run: RunRecord, gone_owner: str | None, how: str,
+                   quarantined: Callable[[RunResult], None] | None) -> RunRecord | None:
+    from .quarantine import continue_or_quarantine
+
+    going_on, ended = await continue_or_quarantine(rt, run, gone_owner=gone_owner, how=how)
+    if ended is not None:
+        error = ended.error or {}
+        print(f"tether: run {run.run_id} quarantined ({error.get('code')}): "
+              f"{len(error.get('details', {}).get('attempts', []))} attempts in a row ended with their process gone",
+              file=sys.stderr, flush=True)
+        if quarantined is not None:
+            quarantined(ended)
+    return going_on
 
 
 async def _claims(rt: "Runtime", free: int, reported: set[str],

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..approvals import Access
 from ..errors import UsageError
 from .admission import Admission
 from .auth import (
@@ -115,7 +116,7 @@ def _absolute(path: str | None) -> str | None:
 
 async def serve(options: ServeOptions) -> int:
     """``tether serve --stdio | --http HOST:PORT [--dev]``: serve until stdin closes or a signal."""
-    from ..app import open_runtime, resolve_tool_spec
+    from ..app import resolve_tool_spec
     from ..config import load_config
 
     config = load_config(options.config_path)
@@ -141,6 +142,21 @@ async def serve(options: ServeOptions) -> int:
 
     def report(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
+
+    from ..hostwork import LoopWatchdog
+
+    watchdog = LoopWatchdog(asyncio.get_running_loop(), threshold=config.server.loop_stall_seconds,
+                            report=report).start()
+    try:
+        return await _serve_runtime(options, config, tools, tokens, access, address, run_meta, report, watchdog)
+    finally:
+        watchdog.stop()
+
+
+async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], tokens: tuple[str, ...],
+                         access: Access, address: tuple[str, int] | None, run_meta: dict[str, Any], report: Any,
+                         watchdog: Any) -> int:
+    from ..app import open_runtime
 
     async with open_runtime(config, tools=tools, report=report) as rt:
         warn_if_secret_beside_data(rt.store)
@@ -169,7 +185,8 @@ async def serve(options: ServeOptions) -> int:
                 await server.mcp.run_stdio_async()
             else:
                 await _serve_http(server, *address, tokens, public_url=config.server.public_url,
-                                  stateless=config.server.stateless_http)
+                                  stateless=config.server.stateless_http, watchdog=watchdog,
+                                  grace=config.server.shutdown_grace_seconds, report=report)
         finally:
             stop_worker.set()
             with contextlib.suppress(Exception):
@@ -179,7 +196,8 @@ async def serve(options: ServeOptions) -> int:
 
 
 async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[str, ...], *,
-                      public_url: str | None = None, stateless: bool = False) -> None:
+                      public_url: str | None = None, stateless: bool = False, watchdog: Any = None,
+                      grace: float = 15.0, report: Any = print) -> None:
     import signal
 
     import uvicorn
@@ -195,14 +213,25 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
             if threading.current_thread() is not threading.main_thread():
                 yield
                 return
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            previous = {sig: signal.signal(sig, self.stop_within_grace) for sig in (signal.SIGINT, signal.SIGTERM)}
             try:
                 yield
             finally:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
+        def stop_within_grace(self, sig: int, frame: Any) -> None:
+            # A run holding the loop (or a shutdown waiting on one) must not keep the process alive: the
+            # grace period is counted from the first signal by a thread, which the loop cannot hold up.
+            if not self.should_exit:
+                timer = threading.Timer(grace, _exit_after_grace, (grace, report))
+                timer.daemon = True
+                timer.start()
+            self.handle_exit(sig, frame)
+
     async def ready() -> bool:
+        if watchdog is not None and watchdog.stuck:
+            return False  # the loop is stuck: a balancer should send work elsewhere
         # One cheap read through the store's own connection: a store that
         # answers it can serve runs. Off the loop, as every store call should be.
         await asyncio.to_thread(server.rt.store.get_run, "run_readiness_probe")
@@ -247,3 +276,11 @@ def _mcp_hosts(host: str, public_url: str | None) -> Any:
         enable_dns_rebinding_protection=True,
         allowed_hosts=[f"{h}:*" for h in loopback] + [public.netloc, f"{public.hostname}:*"],
         allowed_origins=[f"http://{h}:*" for h in loopback] + [f"{public.scheme}://{public.netloc}"])
+
+
+def _exit_after_grace(grace: float, report: Any) -> None:
+    import os
+
+    report(f"tether: still stopping {grace:g} s after the signal (shutdown_grace_seconds); exiting now. Runs still "
+           "running here keep their lease until it lapses, then another process takes them over")
+    os._exit(1)

@@ -9,7 +9,9 @@ describe are derived from it; they cache what they derive with
 from __future__ import annotations
 
 import difflib
+import functools
 import json
+import re
 from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 
 import jsonschema
@@ -93,7 +95,11 @@ class Catalog:
 
     def tools(self) -> list[Tool]:
         """All tools, sorted by address so every derived text is order-independent."""
-        return list(self.memo("catalog.tools", lambda: sorted(self._tools.values(), key=lambda t: t.address)))
+        return list(self.memo("catalog.tools", lambda: sorted(list(self._tools.values()), key=lambda t: t.address)))
+
+    def find(self, address: str) -> Tool | None:
+        """The tool at ``address``, or None: no suggestions are looked for (see ``get``)."""
+        return self._tools.get(_normalise(address) if isinstance(address, str) else address)
 
     def get(self, address: str) -> Tool:
         """The tool at ``address``; ``UnknownTool`` with suggestions if there is none."""
@@ -111,12 +117,13 @@ class Catalog:
     def suggest(self, address: str, limit: int = 5) -> list[str]:
         """Addresses close to ``address``: by whole address, then by tool name alone."""
         wanted = _normalise(address).lower()
-        by_lower = {a.lower(): a for a in self._tools}
+        tools = list(self._tools.values())  # one copy: the loop may add tools while a thread suggests
+        by_lower = {t.address.lower(): t.address for t in tools}
         found = difflib.get_close_matches(wanted, list(by_lower), n=limit, cutoff=0.6)
         # A right name in the wrong (or no) namespace is the commonest slip.
         name = wanted.rpartition(".")[2]
         by_name: dict[str, list[str]] = {}
-        for tool in self._tools.values():
+        for tool in tools:
             by_name.setdefault(tool.name.lower(), []).append(tool.address)
         for close in difflib.get_close_matches(name, list(by_name), n=limit, cutoff=0.75):
             found.extend(a.lower() for a in sorted(by_name[close]))
@@ -146,11 +153,14 @@ class Catalog:
 
     def memo(self, key: str, build: Callable[[], T]) -> T:
         """Return ``build()``'s value, rebuilt only when the catalog has changed."""
+        # Built on the host-work threads too (hostwork.py) while the loop may add tools: a value is kept
+        # under the version it was built from, so one built across a change is built again next time.
+        version = self._version
         hit = self._memo.get(key)
-        if hit is not None and hit[0] == self._version:
+        if hit is not None and hit[0] == version:
             return hit[1]  # type: ignore[no-any-return]
         value = build()
-        self._memo[key] = (self._version, value)
+        self._memo[key] = (version, value)
         return value
 
     # --- arguments -----------------------------------------------------------
@@ -181,7 +191,8 @@ class Catalog:
     def validator(self, tool: Tool) -> Validator | Literal[False]:
         validator = self._validators.get(tool.address)
         if validator is None:
-            cls = jsonschema.validators.validator_for(tool.input_schema, default=jsonschema.Draft202012Validator)
+            cls = _bounded(jsonschema.validators.validator_for(tool.input_schema,
+                                                               default=jsonschema.Draft202012Validator))
             try:
                 cls.check_schema(tool.input_schema)
                 validator = cls(tool.input_schema)
@@ -191,6 +202,76 @@ class Catalog:
                 validator = False
             self._validators[tool.address] = validator
         return validator
+
+
+# A string this long is matched only against a pattern with at most one unbounded repeat: two in a row
+# (``a*a*$``) already take time quadratic in its length.
+_LONG_MATCH = 10_000
+
+
+def _bounded(cls: Any) -> Any:
+    """``cls`` whose ``pattern`` checks cannot hold the host: Python's regex engine backtracks, holding the GIL.
+
+    A schema's pattern comes from a tool's description and the string from the
+    program: ``^(a+)+$`` against 40 ``a`` and a ``!`` takes hours. A pattern
+    that can backtrack exponentially (a repeat inside a repeat, an alternation
+    under a repeat, a backreference) is not checked here — the tool's own
+    validation still applies — and a long string is only matched against
+    patterns that are linear in it.
+    """
+    bounded = _BOUNDED.get(cls)
+    if bounded is None:
+        pattern = cls.VALIDATORS.get("pattern")
+
+        def checked(validator: Any, regex: Any, instance: Any, schema: Any) -> Any:
+            if isinstance(regex, str) and isinstance(instance, str):
+                repeats = _backtracking(regex)
+                if repeats is None or (repeats > 1 and len(instance) > _LONG_MATCH):
+                    return None
+            return pattern(validator, regex, instance, schema) if pattern is not None else None
+
+        bounded = _BOUNDED[cls] = (jsonschema.validators.extend(cls, {"pattern": checked})  # type: ignore[no-untyped-call]
+                                   if pattern else cls)
+    return bounded
+
+
+_BOUNDED: dict[Any, Any] = {}
+
+
+@functools.lru_cache(maxsize=1024)
+def _backtracking(regex: str) -> int | None:
+    """How many long repeats ``regex`` has, or None if it can backtrack exponentially (or is not valid)."""
+    try:
+        parsed = re._parser.parse(regex)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - an invalid pattern is the schema's problem, not a check to run
+        return None
+    count = 0
+
+    def walk(items: Any, under: bool) -> bool:
+        nonlocal count
+        for op, av in items:
+            name = str(op)
+            if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+                # A repeat of a few (\d{1,3}, (...){3}) backtracks a bounded amount, even nested.
+                nests = av[1] > 8
+                if nests and under:
+                    return True
+                count += av[1] > 64
+                if walk(av[2], under or nests):
+                    return True
+            elif name == "BRANCH":
+                if under or any(walk(b, under) for b in av[1]):
+                    return True
+            elif name in ("GROUPREF", "GROUPREF_EXISTS"):
+                return True
+            elif name == "SUBPATTERN":
+                if walk(av[-1], under):
+                    return True
+            elif name in ("ASSERT", "ASSERT_NOT", "ATOMIC_GROUP") and walk(av[-1], under):
+                return True
+        return False
+
+    return None if walk(parsed, False) else count
 
 
 def accepts_extra_args(schema: dict[str, Any]) -> bool:

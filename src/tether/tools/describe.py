@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from ..errors import UnknownTool, UsageError
+from ..hostwork import checkpoint
 from .catalog import Catalog
 from .model import Tool
 from .params import parameters
@@ -48,6 +49,7 @@ def describe(
     cache: dict[tuple[str, str], dict[str, Any]] = catalog.memo("describe", dict)
     out: list[dict[str, Any]] = []
     for address in addresses:
+        checkpoint()  # many addresses (each unknown one is compared with the whole catalog) take long
         if not isinstance(address, str):
             out.append({"address": repr(address), "error": "unknown_tool", "suggestions": []})
             continue
@@ -118,9 +120,32 @@ def _bounded(tool: Tool) -> dict[str, Any]:
             bounded["note"] = _note(tool.address, missing, len(shapes), cut_description, shortened, partial_name,
                                     schema_cut)
         over = _size(bounded) - DEFAULT_BYTES
-        if over <= 0 or not shown:
+        if over > 0 and not shown:
+            return _fit_description(bounded, tool, over)
+        if over <= 0:
             return bounded
         reserve += over
+
+
+def _fit_description(entry: dict[str, Any], tool: Tool, over: int) -> dict[str, Any]:
+    """An entry whose signature leaves no room for shapes: the description gives way, down to nothing.
+
+    The signature is what a call is checked against, so it is never cut past
+    its Literal lists; when it alone is over the budget the entry is too, and
+    the note says so.
+    """
+    description = entry["description"]
+    keep = len(description) - over - len(" …")
+    fitted = {**entry, "description": _clip(description, keep) if keep > 40 else "",
+              "note": f"a long signature leaves no room for shapes or the whole description: "
+                      f"describe({tool.address!r}, detail='full') shows everything"}
+    if _size(fitted) > DEFAULT_BYTES:
+        fitted["note"] = _SIGNATURE_NOTE.format(address=tool.address)
+    return fitted
+
+
+_SIGNATURE_NOTE = ("the signature alone is over the default size and is shown whole: "
+                   "describe({address!r}, detail='full') shows its shapes and description")
 
 
 def _parameters(tool: Tool) -> dict[str, str]:
@@ -149,18 +174,36 @@ _KEEP_MEMBERS = 4
 
 
 def _shorten_literals(signature: str, room: int) -> tuple[str, bool]:
-    """Cut the longest ``Literal[...]`` lists to a few values and ``...`` until the signature fits ``room``."""
-    shortened = False
-    while _size(signature) > room:
-        spans = sorted(_LITERAL.finditer(signature), key=lambda m: len(m.group(0)), reverse=True)
-        members = _MEMBER.findall(spans[0].group(1)) if spans else []
-        if len(members) <= _KEEP_MEMBERS:
-            break
+    """Cut the longest ``Literal[...]`` lists to a few values and ``...`` until the signature fits ``room``.
+
+    Each list is cut at most once, longest first, so the work is one pass over
+    the signature whatever it holds: a signature still over ``room`` once every
+    long list is cut (a union of dozens of shapes) is returned as it then is.
+    """
+    size = _size(signature)
+    if size <= room:
+        return signature, False
+    cuts: list[tuple[int, int, str]] = []
+    for m in sorted(_LITERAL.finditer(signature), key=lambda m: len(m.group(0)), reverse=True):
+        members = _MEMBER.findall(m.group(1))
+        if len(members) <= _KEEP_MEMBERS + 1:
+            # Four values and "..." is as short as a list gets; cutting it again would change nothing.
+            continue
         short = "Literal[" + ", ".join([*members[:_KEEP_MEMBERS], "..."]) + "]"
-        m = spans[0]
-        signature = signature[: m.start()] + short + signature[m.end():]
-        shortened = True
-    return signature, shortened
+        cuts.append((m.start(), m.end(), short))
+        # JSON escapes each character on its own, so a cut's saving adds up.
+        size -= _size(m.group(0)) - _size(short)
+        if size <= room:
+            break
+    if not cuts:
+        return signature, False
+    pieces: list[str] = []
+    at = 0
+    for start, end, short in sorted(cuts):
+        pieces += [signature[at:start], short]
+        at = end
+    pieces.append(signature[at:])
+    return "".join(pieces), True
 
 
 _NOTE_BYTES = 240

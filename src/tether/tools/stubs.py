@@ -75,6 +75,7 @@ are exact, so reading an undeclared key of a result is refused.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import keyword
@@ -204,12 +205,13 @@ def declaration(tool: Tool) -> tuple[str, list[tuple[str, str]]]:
     """
     module = _Module([tool.name])
     signature = module.add_tool(tool).signature
-    order: list[str] = []
-    queue = list(module.roots)
+    # Linear in the shapes (a set and a deque): a tool with 40,000 of them took 40 s with a list for both.
+    order: dict[str, None] = {}
+    queue = collections.deque(module.roots)
     while queue:
-        name = queue.pop(0)
+        name = queue.popleft()
         if name not in order:
-            order.append(name)
+            order[name] = None
             queue.extend(module.class_deps.get(name, ()))
     return signature, [(name, module.classes[name].rstrip("\n")) for name in order]
 
