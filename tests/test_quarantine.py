@@ -241,3 +241,22 @@ def _own_database(url: str) -> str:
     # postgresql:///postgres?host=... : the database is the path; urlunsplit would drop the empty host.
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}/{name}" + (f"?{parts.query}" if parts.query else "")
+
+
+async def test_a_client_retrying_its_run_key_counts_as_a_takeover_and_is_quarantined(store_url):
+    # P-36 and P-39 together: a retry with the key of a run whose owner died takes the run over, as the
+    # worker would; it must count, or a client retrying its key would revive a poison run forever.
+    clock = Clock()
+    CALLS.clear()
+    code = "import tools\nawait tools.probe.ping(n=4)"
+    with_tools = dict(tools=[ping], clock=clock, limits=Limits(quarantine_after=1), type_check=False)
+    ghost = Runtime(store=open_store(store_url), owner="elsewhere:1:dead", **with_tools)
+    run_id = ghost.start(code, key="retry-me")
+    assert ghost.lifecycle.claim_queued() is not None
+    clock.now += 120
+    async with Runtime(store=open_store(store_url), **with_tools) as rt:
+        again = await rt.execute(code, key="retry-me")
+        stored = rt.store.get_run(run_id)
+    assert again.run_id == run_id and again.status == "failed", again
+    assert again.error["code"] == "run_quarantined"
+    assert CALLS == [] and stored is not None and stored.status == "failed"
