@@ -1,0 +1,294 @@
+"""tether as an OAuth 2.1 resource server, against a real identity provider (npm oidc-provider, tests/idp).
+
+One IdP and one ``tether serve --http`` with an ``[auth]`` section serve the
+module. Access tokens come from the IdP itself: through the official MCP SDK
+client's OAuth flow (discovery from tether's Protected Resource Metadata,
+dynamic registration, PKCE, the IdP's own sign-in pages), or from its token
+endpoint (client credentials). Tokens the IdP would never issue (expired, a
+foreign key, alg none) are signed here with the IdP's own key or another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+from mcp import Client
+from mcp.client.auth import OAuthClientProvider
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from tests.idp.run import IdP, free_port, log_in, new_key, start_idp
+from tests.test_server_http import LEDGER_TOOLS, stop_server
+
+pytestmark = pytest.mark.slow
+
+STATIC = "static-token-0123456789abcdef"
+CONSOLE_SECRET = "console-secret-" + "x" * 32
+
+
+class Served:
+    def __init__(self, proc, base: str, idp: IdP, root: Path) -> None:
+        self.proc, self.base, self.idp, self.root = proc, base, idp, root
+        self.mcp = base + "/mcp"
+
+    def show(self, run_id: str) -> dict:
+        out = subprocess.run([sys.executable, "-m", "tether.cli", "--config", str(self.root / "tether.toml"),
+                              "runs", "show", run_id, "--json"], env=self.env(), capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    def env(self) -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "TETHER_STORE_URL")}
+        env.update(TETHER_HOME=str(self.root / "home"), LEDGER=str(self.root / "ledger.txt"),
+                   CONSOLE_SECRET=CONSOLE_SECRET, TETHER_TOKEN=STATIC)
+        return env
+
+
+def config_text(base: str, issuer: str) -> str:
+    return f"""\
+[server]
+public_url = "{base}"
+
+[auth]
+issuer = "{issuer}"
+console_client_id = "tether-console"
+console_client_secret_env = "CONSOLE_SECRET"
+
+[auth.rights.approve]
+claim = "groups"
+values = ["approvers"]
+
+[[policy.rules]]
+match = "ledger.write"
+action = "allow"
+"""
+
+
+def start(root: Path, idp: IdP, port: int) -> Served:
+    root.mkdir(parents=True, exist_ok=True)
+    base = f"http://127.0.0.1:{port}"
+    (root / "ledger_tools.py").write_text(LEDGER_TOOLS)
+    (root / "tether.toml").write_text(config_text(base, idp.issuer))
+    served = Served(None, base, idp, root)
+    log = root / "server.log"
+    with open(log, "wb") as err:
+        served.proc = subprocess.Popen(
+            [sys.executable, "-m", "tether.cli", "--config", str(root / "tether.toml"), "serve",
+             "--http", f"127.0.0.1:{port}", "--tools", str(root / "ledger_tools.py")],
+            env=served.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 60
+    while True:
+        if served.proc.poll() is not None:
+            raise AssertionError(f"server exited {served.proc.returncode}: {log.read_text()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                break
+        if time.monotonic() > deadline:
+            stop_server(served.proc)
+            raise AssertionError(f"server did not listen: {log.read_text()}")
+        time.sleep(0.1)
+    return served
+
+
+def idp_clients(base: str) -> list[dict]:
+    return [
+        {"client_id": "agent-cc", "client_secret": "agent-secret-" + "y" * 32, "grant_types": ["client_credentials"],
+         "redirect_uris": [], "response_types": []},
+        {"client_id": "tether-console", "client_secret": CONSOLE_SECRET, "grant_types": ["authorization_code"],
+         "redirect_uris": [f"{base}/console/oidc/callback"], "response_types": ["code"]},
+    ]
+
+
+OTHER_RESOURCE = "http://127.0.0.1:1/elsewhere"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("oauth")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    idp = start_idp(root / "idp", resources=[base + "/mcp", OTHER_RESOURCE], clients=idp_clients(base))
+    try:
+        s = start(root / "tether", idp, port)
+        try:
+            yield s
+        finally:
+            stop_server(s.proc)
+    finally:
+        idp.stop()
+
+
+class Memory:
+    """The SDK client's token storage, in memory (one per simulated client application)."""
+
+    def __init__(self) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self):
+        return self.tokens
+
+    async def set_tokens(self, tokens):
+        self.tokens = tokens
+
+    async def get_client_info(self):
+        return self.client
+
+    async def set_client_info(self, info):
+        self.client = info
+
+
+def oauth_for(url: str, user: str, storage: Memory) -> OAuthClientProvider:
+    """The SDK's OAuth client; its browser step is ``user`` signing in on the IdP's own pages."""
+    landed: dict[str, str] = {}
+
+    async def redirect(authorization_url: str) -> None:
+        import anyio
+
+        landed["url"] = await anyio.to_thread.run_sync(log_in, authorization_url, user)
+
+    async def callback() -> AuthorizationCodeResult:
+        query = parse_qs(urlsplit(landed["url"]).query)
+        return AuthorizationCodeResult(code=query["code"][0], state=query.get("state", [None])[0],
+                                       iss=query.get("iss", [None])[0])
+
+    metadata = OAuthClientMetadata(client_name="an MCP client", redirect_uris=["http://127.0.0.1:9/callback"],
+                                   grant_types=["authorization_code", "refresh_token"], response_types=["code"],
+                                   token_endpoint_auth_method="none")
+    return OAuthClientProvider(url, metadata, storage, redirect_handler=redirect, callback_handler=callback)
+
+
+@contextlib.asynccontextmanager
+async def connect(url: str, *, auth=None, token: str | None = None):
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    async with create_mcp_http_client(headers=headers, auth=auth) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
+            yield client
+
+
+async def execute(client, code: str) -> dict:
+    result = await client.call_tool("execute", {"code": code})
+    assert not result.is_error, result.content
+    return result.structured_content
+
+
+# -- metadata and challenges ----------------------------------------------------------
+
+
+def test_protected_resource_metadata_names_the_idp_and_the_scopes(served):
+    for path in ("/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp"):
+        r = httpx.get(served.base + path)
+        assert r.status_code == 200, (path, r.text)
+        data = r.json()
+        assert data["resource"] == served.mcp
+        assert data["authorization_servers"] == [served.idp.issuer] or \
+            [a.rstrip("/") for a in data["authorization_servers"]] == [served.idp.issuer]
+        assert {"tether:run", "tether:approve", "tether:operate"} <= set(data["scopes_supported"])
+
+
+def post_mcp(served, token: str | None) -> httpx.Response:
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return httpx.post(served.mcp, headers=headers, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+
+
+def test_a_request_without_a_token_is_told_where_to_get_one(served):
+    r = post_mcp(served, None)
+    assert r.status_code == 401
+    challenge = r.headers["www-authenticate"]
+    assert challenge.startswith("Bearer ")
+    assert f'resource_metadata="{served.base}/.well-known/oauth-protected-resource/mcp"' in challenge
+
+
+def claims_for(served, **over) -> dict:
+    now = int(time.time())
+    return {"iss": served.idp.issuer, "sub": "alice", "aud": served.mcp, "iat": now, "exp": now + 300,
+            "scope": "tether:run", "client_id": "agent-cc", **over}
+
+
+@pytest.mark.parametrize("case", ["another_audience", "expired", "unknown_key", "alg_none", "another_issuer"])
+def test_tokens_that_are_not_for_tether_are_refused_with_invalid_token(served, case):
+    idp = served.idp
+    if case == "another_audience":
+        # A real token from the IdP, for another resource server.
+        token = idp.client_token(OTHER_RESOURCE, "tether:run")["access_token"]
+    elif case == "expired":
+        now = int(time.time())
+        token = idp.sign(claims_for(served, iat=now - 3600, exp=now - 600))
+    elif case == "unknown_key":
+        key, _ = new_key("not-the-idps")
+        token = idp.sign(claims_for(served), key=key, kid="not-the-idps")
+    elif case == "another_issuer":
+        token = idp.sign(claims_for(served, iss="http://127.0.0.1:2/evil"))
+    else:
+        token = idp.sign(claims_for(served), alg="none")
+    r = post_mcp(served, token)
+    assert r.status_code == 401, r.text
+    challenge = r.headers["www-authenticate"]
+    assert 'error="invalid_token"' in challenge and "resource_metadata=" in challenge, challenge
+    assert r.json()["error"]["code"] == "invalid_token"
+
+
+def test_a_token_without_tether_run_is_403_insufficient_scope_naming_it(served):
+    token = served.idp.client_token(served.mcp, "tether:approve")["access_token"]
+    r = post_mcp(served, token)
+    assert r.status_code == 403, r.text
+    challenge = r.headers["www-authenticate"]
+    assert 'error="insufficient_scope"' in challenge and 'scope="tether:run"' in challenge, challenge
+    assert "resource_metadata=" in challenge
+
+
+def test_a_real_idp_token_with_tether_run_is_accepted(served):
+    token = served.idp.client_token(served.mcp, "tether:run")["access_token"]
+    assert post_mcp(served, token).status_code == 200
+
+
+def test_static_tokens_keep_working_beside_oauth(served):
+    assert post_mcp(served, STATIC).status_code == 200
+    assert post_mcp(served, "static-token-but-wrong-0000").status_code == 401
+
+
+# -- the MCP SDK client's OAuth flow ------------------------------------------------------
+
+
+async def test_the_sdk_client_signs_in_at_the_idp_and_runs_a_program(served):
+    storage = Memory()
+    async with connect(served.mcp, auth=oauth_for(served.mcp, "alice", storage)) as client:
+        out = await execute(client, "import tools\nawait tools.ledger.write(tag='from-oauth')\n'done'")
+    assert out["status"] == "completed", out
+    assert storage.tokens is not None and storage.client is not None  # registered itself, then got a token
+    shown = served.show(out["run_id"])
+    assert shown["principal"] == f"oauth:{served.idp.issuer}#alice"
+    assert shown["principal_name"] == "Alice Agent-Owner <alice@example.test>"
+
+
+async def test_the_principal_is_the_same_across_two_access_tokens_of_one_user(served):
+    runs, tokens = [], []
+    for _ in range(2):
+        storage = Memory()  # a fresh client application: its own registration, sign-in and token
+        async with connect(served.mcp, auth=oauth_for(served.mcp, "alice", storage)) as client:
+            runs.append((await execute(client, "1 + 1"))["run_id"])
+        tokens.append(storage.tokens.access_token)
+    assert tokens[0] != tokens[1]
+    principals = {served.show(r)["principal"] for r in runs}
+    assert principals == {f"oauth:{served.idp.issuer}#alice"}
+    # So the second token acts on a run the first one started (another principal would get run_not_found).
+    async with connect(served.mcp, token=tokens[0]) as client:
+        paused = await execute(client, "import tools\nawait tools.ledger.guarded_write(tag='never')")
+    assert paused["status"] == "paused", paused
+    async with connect(served.mcp, token=tokens[1]) as client:
+        result = await client.call_tool("resume", {"run_id": paused["run_id"], "decision": "decline"})
+    # The decline was taken: the run went on and its program saw the write refused.
+    assert "write_declined" in result.content[0].text and "run_not_found" not in result.content[0].text
