@@ -485,7 +485,8 @@ class Console:
         flash = request.query_params.get("flash")
         return self.render("run.html", principal=session["p"], csrf=self.csrf_for(session["n"]),
                            live=run.run_id, flash=_flash(flash, run.status),
-                           flash_error=(flash or "").startswith("e_"), owner_name=self._name(run.principal),
+                           flash_error=(flash or "").startswith("e_"),
+                           owner_name=(run.meta or {}).get("principal_name") or self._name(run.principal),
                            approve_note=self._approve_note(run, session["p"]), **self._run_context(run))
 
     async def decide(self, request: Request) -> Response:

@@ -1,0 +1,112 @@
+"""People sign in to the console through the identity provider's own login page (headless Chromium).
+
+An agent's run (alice's access token, from the MCP SDK client's OAuth flow)
+pauses at a write. alice signs in to the console through the IdP: she sees the
+write and cannot approve it (she has no approve right, and she ran it). bob, in
+the IdP's "approvers" group, signs in the same way and approves it: the write
+is sent once and the timeline names him.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from tests.test_console_browser import CHROMIUM, CHROMIUM_FLAGS, _missing
+from tests.test_oauth import Memory, connect, execute, oauth_for, served  # noqa: F401 - served is a fixture
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def browser(served):  # noqa: F811 - the fixture imported above
+    reason = _missing()
+    if reason:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"browser tests must run in CI: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def sign_in_through_the_idp(browser, served, user: str):  # noqa: F811
+    context = browser.new_context(viewport={"width": 1100, "height": 760})
+    page = context.new_page()
+    page.goto(f"{served.base}/console/")
+    assert page.url.endswith("/console/login")
+    page.click("#oidc")
+    # The IdP's own pages: its login form, then its consent form.
+    page.wait_for_url(re.compile(re.escape(served.idp.issuer) + r"/interaction/.*"))
+    page.fill("input[name=login]", user)
+    page.fill("input[name=password]", "correct horse")
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(re.escape(served.idp.issuer) + r"/interaction/.*"))
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{served.base}/console/")
+    return context, page
+
+
+def ledger(served) -> list[str]:  # noqa: F811
+    path = served.root / "ledger.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def agent_run(served, tag: str) -> str:  # noqa: F811
+    async with connect(served.mcp, auth=oauth_for(served.mcp, "alice", Memory())) as client:
+        out = await execute(client, f"import tools\nawait tools.ledger.guarded_write(tag={tag!r})\n'sent'")
+    assert out["status"] == "paused", out
+    return out["run_id"]
+
+
+def test_an_approver_signed_in_through_the_idp_approves_an_agents_write(browser, served):  # noqa: F811
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    # Playwright's sync API holds this thread's event loop: the agent runs on another thread.
+    with ThreadPoolExecutor(1) as pool:
+        run_id = pool.submit(asyncio.run, agent_run(served, "oidc-approve")).result(timeout=120)
+    run_page = f"{served.base}/console/runs/{run_id}"
+
+    # alice (no approve right; she ran it) sees the write and cannot decide it.
+    context, page = sign_in_through_the_idp(browser, served, "alice")
+    try:
+        assert "Alice Agent-Owner" in page.locator("header").inner_text()
+        page.goto(run_page)
+        assert page.locator("article.write").count() == 1
+        assert "guarded_write" in page.locator("article.write").inner_text()
+        assert page.locator("button[value=approve]").count() == 0
+        csrf = page.locator("input[name=csrf]").first.get_attribute("value")
+        refused = context.request.post(run_page + "/decide", form={"csrf": csrf, "decision": "approve", "seq": "1"},
+                                       max_redirects=0)
+        assert refused.status == 403, refused.text()
+        assert "nothing was sent" in refused.text().lower()
+        assert "oidc-approve" not in ledger(served)
+    finally:
+        context.close()
+
+    # bob is in the IdP's "approvers" group: [auth.rights.approve] makes him an approver.
+    context, page = sign_in_through_the_idp(browser, served, "bob")
+    try:
+        assert "Bob Approver" in page.locator("header").inner_text()
+        page.goto(run_page)
+        assert "Alice Agent-Owner" in page.locator(".meta").first.inner_text()
+        page.locator("article.write button[value=approve]").click()
+        page.wait_for_url(re.compile(r".*flash=approved.*"))
+        page.wait_for_selector("#result", timeout=30_000)
+        timeline = page.locator(".timeline").inner_text()
+        assert re.search(r"call 1: approve by Bob Approver", timeline), timeline
+        assert "via console" in timeline
+    finally:
+        context.close()
+    assert ledger(served).count("oidc-approve") == 1
+    shown = served.show(run_id)
+    assert [(d["decision"], d["actor"]) for d in shown["decisions"]] == \
+        [("approve", "Bob Approver <bob@example.test>")]
