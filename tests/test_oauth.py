@@ -110,6 +110,7 @@ def idp_clients(base: str) -> list[dict]:
 
 
 OTHER_RESOURCE = "http://127.0.0.1:1/elsewhere"
+OPAQUE_RESOURCE = "http://127.0.0.1:1/opaque"
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +118,7 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("oauth")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    idp = start_idp(root / "idp", resources=[base + "/mcp", OTHER_RESOURCE], clients=idp_clients(base))
+    idp = start_idp(root / "idp", resources=[base + "/mcp", OTHER_RESOURCE, OPAQUE_RESOURCE], clients=idp_clients(base))
     try:
         s = start(root / "tether", idp, port)
         try:
@@ -292,3 +293,56 @@ async def test_the_principal_is_the_same_across_two_access_tokens_of_one_user(se
         result = await client.call_tool("resume", {"run_id": paused["run_id"], "decision": "decline"})
     # The decline was taken: the run went on and its program saw the write refused.
     assert "write_declined" in result.content[0].text and "run_not_found" not in result.content[0].text
+
+
+# -- opaque tokens: introspection --------------------------------------------------------
+
+
+async def test_an_opaque_token_is_checked_by_introspection(served):
+    from tether.server.auth import CredentialProblem
+    from tether.server.oauth import ResourceServer
+
+    idp = served.idp
+    opaque = OPAQUE_RESOURCE
+    discovery = httpx.get(idp.issuer + "/.well-known/openid-configuration").json()
+    cc = idp.clients["agent-cc"]
+    resource = ResourceServer(issuer=idp.issuer, audience=opaque, jwks_url=discovery["jwks_uri"],
+                              algorithms=["RS256"], leeway=30, introspection_url=discovery["introspection_endpoint"],
+                              client_id=cc["client_id"], client_secret=cc["client_secret"], discovery=discovery)
+    token = idp.client_token(opaque, "tether:run tether:approve")["access_token"]
+    assert token.count(".") != 2  # really opaque
+    who = await resource.identify(token)
+    assert who.principal == f"oauth:{idp.issuer}#agent-cc" and who.rights == {"run", "approve"}
+    # A token for another resource introspects as active, and is still not for this one.
+    other = idp.client_token(served.mcp, "tether:run")["access_token"]
+    with pytest.raises(CredentialProblem) as refused:
+        await ResourceServer(issuer=idp.issuer, audience=opaque, jwks_url=None, algorithms=["RS256"], leeway=30,
+                             introspection_url=discovery["introspection_endpoint"], client_id=cc["client_id"],
+                             client_secret=cc["client_secret"])._introspect(other)
+    assert refused.value.code == "invalid_token"
+    with pytest.raises(CredentialProblem):
+        await resource.identify("not-a-token-the-idp-issued-0123456789")
+
+
+# -- start-up checks --------------------------------------------------------------------
+
+
+def test_serve_refuses_an_auth_section_it_cannot_use_and_names_the_field(served, tmp_path):
+    idp = served.idp
+    cases = [
+        (f'issuer = "http://127.0.0.1:{free_port()}"\naudience = "{served.mcp}"', "[auth] issuer"),
+        (f'issuer = "{idp.issuer}"\naudience = "{served.mcp}"\njwks_url = "{idp.issuer}/no-keys-here"',
+         "[auth] jwks_url"),
+        (f'issuer = "{idp.issuer}"\naudience = "{served.mcp}"\nconsole_client_id = "c"\n'
+         'console_client_secret_env = "UNSET_SECRET_FOR_TEST"', "console_client_secret_env"),
+        (f'issuer = "{idp.issuer}"', "[auth] has no audience"),
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "UNSET_SECRET_FOR_TEST")}
+    env["TETHER_HOME"] = str(tmp_path / "home")
+    for body, named in cases:
+        (tmp_path / "tether.toml").write_text(f"[auth]\n{body}\n")
+        done = subprocess.run([sys.executable, "-m", "tether.cli", "--config", str(tmp_path / "tether.toml"),
+                               "serve", "--http", f"127.0.0.1:{free_port()}"], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 2, (body, done.stderr)
+        assert named in done.stderr and "nothing was started" in done.stderr and "next:" in done.stderr, done.stderr

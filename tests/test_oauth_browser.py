@@ -13,7 +13,6 @@ import os
 import re
 
 import pytest
-
 from tests.test_console_browser import CHROMIUM, CHROMIUM_FLAGS, _missing
 from tests.test_oauth import Memory, connect, execute, oauth_for, served  # noqa: F401 - served is a fixture
 

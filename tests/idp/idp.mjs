@@ -30,7 +30,9 @@ const provider = new Provider(config.issuer, {
       defaultResource: (ctx, client, oneOf) => oneOf,
       getResourceServerInfo: (ctx, resource) => {
         if (!config.resources.includes(resource)) throw new Error(`unknown resource ${resource}`);
-        return { scope: SCOPES, audience: resource, accessTokenFormat: 'jwt', accessTokenTTL: 600,
+        // Resources named .../opaque get opaque tokens, checked by introspection (RFC 7662).
+        const format = resource.endsWith('/opaque') ? 'opaque' : 'jwt';
+        return { scope: SCOPES, audience: resource, accessTokenFormat: format, accessTokenTTL: 600,
                  jwt: { sign: { alg: 'RS256' } } };
       },
     },

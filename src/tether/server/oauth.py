@@ -266,11 +266,15 @@ class ResourceServer:
         audiences = audiences if isinstance(audiences, list) else [audiences]
         if self.audience not in audiences:
             raise _invalid(f"the access token is for another audience, not {self.audience}")
-        if data.get("iss", self.issuer) != self.issuer or not isinstance(data.get("sub"), str):
+        if data.get("iss", self.issuer) != self.issuer:
             raise _invalid(f"the access token is from another issuer, not {self.issuer}")
+        # A client's own token (client credentials) has no user: the client is its subject, as in its JWT form.
+        subject = data.get("sub") or data.get("client_id")
+        if not isinstance(subject, str):
+            raise _invalid("the introspected token names no subject")
         if isinstance(data.get("exp"), (int, float)) and data["exp"] + self.leeway < time.time():
             raise _invalid("the access token has expired")
-        return self.identity({**data, "iss": self.issuer})
+        return self.identity({**data, "iss": self.issuer, "sub": subject})
 
     async def verify_token(self, token: str) -> AccessToken | None:
         """The MCP SDK's TokenVerifier protocol, for embeddings that use the SDK's own auth middleware."""
