@@ -111,6 +111,7 @@ def idp_clients(base: str) -> list[dict]:
 
 OTHER_RESOURCE = "http://127.0.0.1:1/elsewhere"
 OPAQUE_RESOURCE = "http://127.0.0.1:1/opaque"
+OTHER_OPAQUE = "http://127.0.0.1:1/opaque-other/opaque"
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +119,7 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("oauth")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    idp = start_idp(root / "idp", resources=[base + "/mcp", OTHER_RESOURCE, OPAQUE_RESOURCE], clients=idp_clients(base))
+    idp = start_idp(root / "idp", resources=[base + "/mcp", OTHER_RESOURCE, OPAQUE_RESOURCE, OTHER_OPAQUE], clients=idp_clients(base))
     try:
         s = start(root / "tether", idp, port)
         try:
@@ -298,30 +299,28 @@ async def test_the_principal_is_the_same_across_two_access_tokens_of_one_user(se
 # -- opaque tokens: introspection --------------------------------------------------------
 
 
-async def test_an_opaque_token_is_checked_by_introspection(served):
+def test_an_opaque_token_is_checked_by_introspection(served):
+    import asyncio
+
     from tether.server.auth import CredentialProblem
     from tether.server.oauth import ResourceServer
 
     idp = served.idp
-    opaque = OPAQUE_RESOURCE
     discovery = httpx.get(idp.issuer + "/.well-known/openid-configuration").json()
     cc = idp.clients["agent-cc"]
-    resource = ResourceServer(issuer=idp.issuer, audience=opaque, jwks_url=discovery["jwks_uri"],
+    resource = ResourceServer(issuer=idp.issuer, audience=OPAQUE_RESOURCE, jwks_url=discovery["jwks_uri"],
                               algorithms=["RS256"], leeway=30, introspection_url=discovery["introspection_endpoint"],
                               client_id=cc["client_id"], client_secret=cc["client_secret"], discovery=discovery)
-    token = idp.client_token(opaque, "tether:run tether:approve")["access_token"]
+    token = idp.client_token(OPAQUE_RESOURCE, "tether:run tether:approve")["access_token"]
     assert token.count(".") != 2  # really opaque
-    who = await resource.identify(token)
+    who = asyncio.run(resource.identify(token))
     assert who.principal == f"oauth:{idp.issuer}#agent-cc" and who.rights == {"run", "approve"}
-    # A token for another resource introspects as active, and is still not for this one.
-    other = idp.client_token(served.mcp, "tether:run")["access_token"]
-    with pytest.raises(CredentialProblem) as refused:
-        await ResourceServer(issuer=idp.issuer, audience=opaque, jwks_url=None, algorithms=["RS256"], leeway=30,
-                             introspection_url=discovery["introspection_endpoint"], client_id=cc["client_id"],
-                             client_secret=cc["client_secret"])._introspect(other)
-    assert refused.value.code == "invalid_token"
-    with pytest.raises(CredentialProblem):
-        await resource.identify("not-a-token-the-idp-issued-0123456789")
+    # Active at the IdP, but issued for another resource: not a token for this one.
+    other = idp.client_token(OTHER_OPAQUE, "tether:run")
+    for refused_token in (other["access_token"], "not-a-token-the-idp-issued-0123456789"):
+        with pytest.raises(CredentialProblem) as refused:
+            asyncio.run(resource.identify(refused_token))
+        assert refused.value.code == "invalid_token"
 
 
 # -- start-up checks --------------------------------------------------------------------
