@@ -4,17 +4,23 @@ An agent's run (alice's access token, from the MCP SDK client's OAuth flow)
 pauses at a write. alice signs in to the console through the IdP: she sees the
 write and cannot approve it (she has no approve right, and she ran it). bob, in
 the IdP's "approvers" group, signs in the same way and approves it: the write
-is sent once and the timeline names him.
+is sent once and the timeline names him. A sign-in begun on one replica
+finishes on another, and its session works on both.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
+import time
 
+import httpx
 import pytest
+from tests.idp.run import free_port
 from tests.test_console_browser import CHROMIUM, CHROMIUM_FLAGS, _missing
-from tests.test_oauth import Memory, connect, execute, oauth_for, served  # noqa: F401 - served is a fixture
+from tests.test_oauth import Memory, Served, connect, execute, oauth_for, served, stop_server  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.slow
 
@@ -109,3 +115,44 @@ def test_an_approver_signed_in_through_the_idp_approves_an_agents_write(browser,
     shown = served.show(run_id)
     assert [(d["decision"], d["actor"]) for d in shown["decisions"]] == \
         [("approve", "Bob Approver <bob@example.test>")]
+
+
+def test_a_sign_in_begun_on_one_replica_finishes_on_another_and_its_session_works_on_both(  # noqa: F811
+        browser, served, tmp_path):
+    """Two replicas on one store (one secret): the IdP's redirect lands on the first, the sign-in began on the second."""
+    port = free_port()
+    other = Served(None, f"http://127.0.0.1:{port}", served.idp, served.root)
+    with open(tmp_path / "replica.log", "wb") as err:
+        other.proc = subprocess.Popen(
+            [sys.executable, "-m", "tether.cli", "--config", str(served.root / "tether.toml"), "serve",
+             "--http", f"127.0.0.1:{port}", "--tools", str(served.root / "ledger_tools.py")],
+            env=served.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(other.base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert other.proc.poll() is None and time.monotonic() < deadline, (tmp_path / "replica.log").read_text()
+            time.sleep(0.1)
+        context = browser.new_context()
+        page = context.new_page()
+        # Begin on the second replica; the IdP sends the browser back to the public URL (the first).
+        page.goto(f"{other.base}/console/oidc/start")
+        page.wait_for_url(re.compile(re.escape(served.idp.issuer) + r"/interaction/.*"))
+        page.fill("input[name=login]", "bob")
+        page.fill("input[name=password]", "correct horse")
+        page.click("button[type=submit]")
+        page.wait_for_url(re.compile(re.escape(served.idp.issuer) + r"/interaction/.*"))
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{served.base}/console/")
+        assert "Bob Approver" in page.locator("header").inner_text()
+        # The session the first replica made is good on the second (cookies are per host, not per port).
+        page.goto(f"{other.base}/console/")
+        assert page.url == f"{other.base}/console/"
+        assert "Bob Approver" in page.locator("header").inner_text()
+        context.close()
+    finally:
+        stop_server(other.proc)
