@@ -114,12 +114,13 @@ OPAQUE_RESOURCE = "http://127.0.0.1:1/opaque"
 OTHER_OPAQUE = "http://127.0.0.1:1/opaque-other/opaque"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("oauth")
+@contextlib.contextmanager
+def serving(root: Path):
+    """A real IdP and a ``tether serve --http`` that trusts it."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    idp = start_idp(root / "idp", resources=[base + "/mcp", OTHER_RESOURCE, OPAQUE_RESOURCE, OTHER_OPAQUE], clients=idp_clients(base))
+    idp = start_idp(root / "idp", resources=[base + "/mcp", OTHER_RESOURCE, OPAQUE_RESOURCE, OTHER_OPAQUE],
+                    clients=idp_clients(base))
     try:
         s = start(root / "tether", idp, port)
         try:
@@ -128,6 +129,12 @@ def served(tmp_path_factory):
             stop_server(s.proc)
     finally:
         idp.stop()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("oauth")) as s:
+        yield s
 
 
 class Memory:

@@ -20,13 +20,19 @@ import httpx
 import pytest
 from tests.idp.run import free_port
 from tests.test_console_browser import CHROMIUM, CHROMIUM_FLAGS, _missing
-from tests.test_oauth import Memory, Served, connect, execute, oauth_for, served, stop_server  # noqa: F401 - fixture
+from tests.test_oauth import Memory, Served, connect, execute, oauth_for, serving, stop_server
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def browser(served):  # noqa: F811 - the fixture imported above
+def served(tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("oauth-browser")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser(served):
     reason = _missing()
     if reason:
         if os.environ.get("CI", "").lower() == "true":
@@ -42,7 +48,7 @@ def browser(served):  # noqa: F811 - the fixture imported above
             b.close()
 
 
-def sign_in_through_the_idp(browser, served, user: str):  # noqa: F811
+def sign_in_through_the_idp(browser, served, user: str):
     context = browser.new_context(viewport={"width": 1100, "height": 760})
     page = context.new_page()
     page.goto(f"{served.base}/console/")
@@ -59,19 +65,19 @@ def sign_in_through_the_idp(browser, served, user: str):  # noqa: F811
     return context, page
 
 
-def ledger(served) -> list[str]:  # noqa: F811
+def ledger(served) -> list[str]:
     path = served.root / "ledger.txt"
     return path.read_text().splitlines() if path.exists() else []
 
 
-async def agent_run(served, tag: str) -> str:  # noqa: F811
+async def agent_run(served, tag: str) -> str:
     async with connect(served.mcp, auth=oauth_for(served.mcp, "alice", Memory())) as client:
         out = await execute(client, f"import tools\nawait tools.ledger.guarded_write(tag={tag!r})\n'sent'")
     assert out["status"] == "paused", out
     return out["run_id"]
 
 
-def test_an_approver_signed_in_through_the_idp_approves_an_agents_write(browser, served):  # noqa: F811
+def test_an_approver_signed_in_through_the_idp_approves_an_agents_write(browser, served):
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
@@ -117,7 +123,7 @@ def test_an_approver_signed_in_through_the_idp_approves_an_agents_write(browser,
         [("approve", "Bob Approver <bob@example.test>")]
 
 
-def test_a_sign_in_begun_on_one_replica_finishes_on_another_and_its_session_works_on_both(  # noqa: F811
+def test_a_sign_in_begun_on_one_replica_finishes_on_another_and_its_session_works_on_both(
         browser, served, tmp_path):
     """Two replicas on one store (one secret): the IdP's redirect lands on the first, the sign-in began on the second."""
     port = free_port()
