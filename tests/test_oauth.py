@@ -322,6 +322,10 @@ def test_an_opaque_token_is_checked_by_introspection(served):
     assert token.count(".") != 2  # really opaque
     who = asyncio.run(resource.identify(token))
     assert who.principal == f"oauth:{idp.issuer}#agent-cc" and who.rights == {"run", "approve"}
+    # The same check through the MCP SDK's TokenVerifier shape, for embeddings that use the SDK's middleware.
+    checked = asyncio.run(resource.verify_token(token))
+    assert checked is not None and checked.subject == "agent-cc" and checked.resource == OPAQUE_RESOURCE
+    assert asyncio.run(resource.verify_token("not-a-token-the-idp-issued-0123456789")) is None
     # Active at the IdP, but issued for another resource: not a token for this one.
     other = idp.client_token(OTHER_OPAQUE, "tether:run")
     for refused_token in (other["access_token"], "not-a-token-the-idp-issued-0123456789"):
@@ -352,3 +356,78 @@ def test_serve_refuses_an_auth_section_it_cannot_use_and_names_the_field(served,
                               text=True, timeout=60)
         assert done.returncode == 2, (body, done.stderr)
         assert named in done.stderr and "nothing was started" in done.stderr and "next:" in done.stderr, done.stderr
+
+
+# -- key rotation --------------------------------------------------------------------------
+
+
+def public(jwk: dict) -> dict:
+    return {k: v for k, v in jwk.items() if k not in ("d", "p", "q", "dp", "dq", "qi")}
+
+
+def test_a_rotated_key_is_picked_up_and_made_up_key_ids_do_not_flood_the_idp():
+    """The JWKS is served over real HTTP and changed under the server, as an IdP rotating its key does."""
+    import asyncio
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import jwt
+
+    from tether.server.auth import CredentialProblem
+    from tether.server.oauth import ResourceServer
+
+    old_key, old_jwk = new_key("2026-old")
+    new_key_, new_jwk = new_key("2026-new")
+    # What an IdP publishes: the public halves (a private key slipped in is ignored, below).
+    private_too = dict(new_jwk, kid="2026-private")
+    old_jwk, new_jwk = (public(j) for j in (old_jwk, new_jwk))
+    published = {"keys": [old_jwk, private_too]}
+    fetches = []
+
+    class Jwks(BaseHTTPRequestHandler):
+        def do_GET(self):
+            fetches.append(self.path)
+            body = json.dumps(published).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Jwks)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    issuer, audience = "http://issuer.test", "http://tether.test/mcp"
+    resource = ResourceServer(issuer=issuer, audience=audience, jwks_url=f"http://127.0.0.1:{http.server_port}/jwks",
+                              algorithms=["RS256"], leeway=0)
+
+    def token(key, kid):
+        now = int(time.time())
+        return jwt.encode({"iss": issuer, "aud": audience, "sub": "alice", "iat": now, "exp": now + 60,
+                           "scope": "tether:run"}, key, algorithm="RS256", headers={"kid": kid})
+
+    async def scenario():
+        await resource.refresh_keys()
+        assert (await resource.identify(token(old_key, "2026-old"))).subject == "alice"
+        with pytest.raises(CredentialProblem):
+            await resource.identify(token(new_key_, "2026-private"))
+        published["keys"] = [new_jwk]  # the IdP rotates
+        # Within 30 s of the last fetch an unknown kid is refused without asking the IdP again,
+        # however many arrive.
+        for _ in range(20):
+            with pytest.raises(CredentialProblem):
+                await resource.identify(token(new_key_, "2026-new"))
+        assert len(fetches) == 1
+        resource._fetched_at -= 31  # half a minute later
+        assert (await resource.identify(token(new_key_, "2026-new"))).subject == "alice"
+        assert len(fetches) == 2
+        # The withdrawn key no longer verifies.
+        with pytest.raises(CredentialProblem):
+            await resource.identify(token(old_key, "2026-old"))
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        http.shutdown()

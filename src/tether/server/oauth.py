@@ -183,7 +183,9 @@ class ResourceServer:
             data = response.json()
         keys: dict[str, jwt.PyJWK] = {}
         for entry in data.get("keys", []) if isinstance(data, dict) else []:
-            if not isinstance(entry, dict) or entry.get("use", "sig") != "sig":
+            # A private key published by mistake ("d") verifies nothing: PyJWT would build a
+            # signing key from it, so it is skipped rather than failing every check.
+            if not isinstance(entry, dict) or entry.get("use", "sig") != "sig" or "d" in entry:
                 continue
             try:
                 key = jwt.PyJWK(entry)
@@ -239,6 +241,8 @@ class ResourceServer:
             raise _invalid(f"the access token is from another issuer, not {self.issuer}") from None
         except jwt.PyJWTError as exc:
             raise _invalid(f"the access token is not valid here ({exc})") from None
+        except Exception:  # noqa: BLE001 - e.g. a key of another type under the kid: refused, never a 500
+            raise _invalid("the access token's signature could not be verified with the issuer's key") from None
         return self.identity(claims)
 
     def identity(self, claims: Mapping[str, Any]) -> Identity:
