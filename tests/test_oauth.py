@@ -301,6 +301,10 @@ async def test_the_principal_is_the_same_across_two_access_tokens_of_one_user(se
         result = await client.call_tool("resume", {"run_id": paused["run_id"], "decision": "decline"})
     # The decline was taken: the run went on and its program saw the write refused.
     assert "write_declined" in result.content[0].text and "run_not_found" not in result.content[0].text
+    # The timeline names the person the token stands for.
+    decided = served.show(paused["run_id"])["decisions"]
+    assert [(d["decision"], d["actor"], d["via"]) for d in decided] == \
+        [("decline", "Alice Agent-Owner <alice@example.test>", "mcp")]
 
 
 # -- opaque tokens: introspection --------------------------------------------------------

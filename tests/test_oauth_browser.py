@@ -107,6 +107,8 @@ def test_an_approver_signed_in_through_the_idp_approves_an_agents_write(browser,
     context, page = sign_in_through_the_idp(browser, served, "bob")
     try:
         assert "Bob Approver" in page.locator("header").inner_text()
+        # An approver sees everyone's runs; the list names whose each is.
+        assert "Alice Agent-Owner" in page.locator("table").inner_text()
         page.goto(run_page)
         assert "Alice Agent-Owner" in page.locator(".meta").first.inner_text()
         page.locator("article.write button[value=approve]").click()

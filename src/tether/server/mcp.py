@@ -340,8 +340,8 @@ class TetherServer:
         def decide(progress: Any) -> Any:
             if isinstance(seq, list):
                 return self.rt.decide(run_id, {s: (decision, reason) for s in seq}, principal=principal,
-                                      actor=principal, via="mcp", on_approval=approver, on_progress=progress)
-            return self.rt.resume(run_id, decision, reason, seq=seq, principal=principal, actor=principal,
+                                      actor=_actor(ctx, principal), via="mcp", on_approval=approver, on_progress=progress)
+            return self.rt.resume(run_id, decision, reason, seq=seq, principal=principal, actor=_actor(ctx, principal),
                                   via="mcp", on_approval=approver, on_progress=progress)
 
         try:
@@ -614,7 +614,7 @@ class TetherServer:
             try:
                 result = await self.run_in_slot(
                     lambda progress: self.rt.resume(run_id, decision, reason, seq=seq, principal=principal,
-                                                    actor=principal, via="mcp", on_progress=progress),
+                                                    actor=_actor(ctx, principal), via="mcp", on_progress=progress),
                     ctx, principal, run_id=run_id)
             except Overloaded as exc:
                 # The answer cannot be acted on now, and the model never saw
@@ -702,6 +702,12 @@ class _Progress:
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+
+
+def _actor(ctx: Context, principal: str) -> str:
+    """Who the timeline says decided: the person an access token names, else the principal."""
+    identity = request_scope_value(ctx, IDENTITY_KEY)
+    return identity.shown if identity is not None else principal
 
 
 def _first_undecided(pending: Mapping[str, Any]) -> Mapping[str, Any]:
