@@ -435,3 +435,31 @@ def test_a_rotated_key_is_picked_up_and_made_up_key_ids_do_not_flood_the_idp():
         asyncio.run(scenario())
     finally:
         http.shutdown()
+
+
+# -- console sign-in: the parts a browser test does not show ----------------------------------
+
+
+def test_console_sign_in_leaves_for_the_idp_with_pkce_and_refuses_an_answer_it_did_not_ask_for(served):
+    with httpx.Client(follow_redirects=False) as browser:
+        assert 'id="oidc"' in browser.get(served.base + "/console/login").text
+        r = browser.get(served.base + "/console/oidc/start", params={"next": "/console/runs/x"})
+        assert r.status_code == 303
+        sent = parse_qs(urlsplit(r.headers["location"]).query)
+        assert r.headers["location"].startswith(served.idp.issuer + "/auth?")
+        assert sent["code_challenge_method"] == ["S256"] and len(sent["code_challenge"][0]) >= 43
+        assert sent["response_type"] == ["code"] and sent["client_id"] == ["tether-console"]
+        assert sent["state"][0] and sent["nonce"][0] and "openid" in sent["scope"][0].split()
+        flow = browser.cookies.get("tether_oidc")
+        assert flow
+        # An answer with another state (a login CSRF, or a code stolen from elsewhere) signs nobody in.
+        r = browser.get(served.base + "/console/oidc/callback", params={"code": "stolen", "state": "other"})
+        assert r.status_code == 401 and "does not belong to this sign-in" in r.text
+        assert "tether_session" not in r.headers.get("set-cookie", "")
+    # Without the flow cookie (another browser), or with one altered by a character, nobody is signed in.
+    for cookie in (None, flow[:-1] + ("0" if flow[-1] != "0" else "1")):
+        cookies = {"tether_oidc": cookie} if cookie else {}
+        r = httpx.get(served.base + "/console/oidc/callback", params={"code": "x", "state": sent["state"][0]},
+                      cookies=cookies)
+        assert r.status_code == 401 and "another browser" in r.text
+        assert "tether_session" not in r.headers.get("set-cookie", "")

@@ -371,7 +371,7 @@ class Console:
             return self._login_redirect()
         from .signin import FLOW_COOKIE
 
-        url, flow = self.sign_in.start(_next_page(request.query_params.get("next")))
+        url, flow = await self.sign_in.start(_next_page(request.query_params.get("next")))
         response = RedirectResponse(url, status_code=303)
         # Lax, not Strict: the browser must send it on the IdP's redirect back here.
         response.set_cookie(FLOW_COOKIE, flow, max_age=600, path="/console/oidc/", httponly=True, samesite="lax",

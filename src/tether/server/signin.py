@@ -76,12 +76,12 @@ class OidcSignIn:
 
     # -- leaving for the IdP ----------------------------------------------------------
 
-    def start(self, after: str | None) -> tuple[str, str]:
+    async def start(self, after: str | None) -> tuple[str, str]:
         """(the IdP URL to send the browser to, the flow cookie to set)."""
         flow = Flow(state=generate_token(32), nonce=generate_token(32), verifier=generate_token(64), after=after)
-        client = self._client()
-        url, _ = client.create_authorization_url(self.authorization_endpoint, state=flow.state, nonce=flow.nonce,
-                                                 code_verifier=flow.verifier)
+        async with self._client() as client:
+            url, _ = client.create_authorization_url(self.authorization_endpoint, state=flow.state, nonce=flow.nonce,
+                                                     code_verifier=flow.verifier)
         return url, self._seal(flow)
 
     def _seal(self, flow: Flow) -> str:
