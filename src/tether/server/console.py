@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import contextvars
 import hashlib
 import hmac
 import json
@@ -57,6 +58,9 @@ if TYPE_CHECKING:
     from .admission import Admission
 
 HERE = Path(__file__).parent
+# The rights of the person whose signed session cookie this request carries (IdP sign-in): per
+# request, so two sessions of one person signed in with different rights never borrow each other's.
+_SESSION_GRANT: contextvars.ContextVar[Grant | None] = contextvars.ContextVar("tether_session_grant", default=None)
 SESSION_COOKIE = "tether_session"
 PRESESSION_COOKIE = "tether_csrf"
 # A working day: long enough not to sign people out mid-task, short enough
@@ -220,9 +224,9 @@ class Console:
         self._session_key = derived_key(secret, "console/session")
         self._csrf_key = derived_key(secret, "console/csrf")
         self._principals = set(self.access.grants) if self.tokens else {LOCAL}
-        # People signed in through the IdP: their rights travel in their signed session
-        # cookie (any replica reads them); this remembers the latest one seen per person.
-        self._people: dict[str, Grant] = {}
+        # People signed in through the IdP: their rights travel in their signed session cookie
+        # (any replica reads them, per request); this remembers their names for pages that list them.
+        self._people: dict[str, str] = {}
         if sign_in is not None:
             sign_in.bind(derived_key(secret, "console/oidc"))
         self.templates = _environment()
@@ -265,6 +269,7 @@ class Console:
 
     def session(self, request: Request) -> dict[str, Any] | None:
         """``{"p": principal, "n": nonce}`` of a valid session cookie, else None."""
+        _SESSION_GRANT.set(None)  # whatever this request carries decides, and nothing before it
         value = request.cookies.get(SESSION_COOKIE, "")
         parts = value.split(".")
         if len(parts) != 3 or parts[0] != "s1":
@@ -280,8 +285,10 @@ class Console:
             return None
         person = data.get("u")
         if isinstance(person, dict) and self.sign_in is not None and isinstance(data.get("p"), str):
-            self._people[data["p"]] = Grant(data["p"], str(person.get("n")), frozenset(person.get("r") or ()),
-                                            frozenset(person.get("a") or ()))
+            grant = Grant(data["p"], str(person.get("n")), frozenset(person.get("r") or ()),
+                          frozenset(person.get("a") or ()))
+            _SESSION_GRANT.set(grant)
+            self._people[grant.principal] = grant.name
             return data
         if data.get("p") not in self._principals:
             return None
@@ -390,7 +397,7 @@ class Console:
             return self.message("Not signed in", f"Signing in did not complete: {exc}.", status=401,
                                 link={"href": "/console/login", "text": "Sign in again"})
         grant = person.grant()
-        self._people[grant.principal] = grant
+        self._people[grant.principal] = grant.name
         # A 200 page that moves on, not a redirect: the session cookie is SameSite=Strict and this
         # request came from the IdP's site, so the browser must make the next request from here.
         after = (flow.after if flow is not None else None) or "/console/"
@@ -420,7 +427,10 @@ class Console:
 
     def grant(self, principal: str) -> Grant | None:
         """The rights of a signed-in principal (None: it has none here, so it sees nothing)."""
-        return self.access.grant(principal) or self._people.get(principal)
+        signed_in = _SESSION_GRANT.get()
+        if signed_in is not None and signed_in.principal == principal:
+            return signed_in
+        return self.access.grant(principal)
 
     def _run_for(self, run_id: str, principal: str) -> RunRecord:
         """A run this principal may see (its own, or one it approves for); RunNotFound otherwise."""
@@ -436,7 +446,9 @@ class Console:
 
     def _name(self, principal: str | None) -> str:
         grant = self.grant(principal) if principal is not None else None
-        return grant.name if grant is not None else (principal or "anyone")
+        if grant is not None:
+            return grant.name
+        return self._people.get(principal or "") or principal or "anyone"
 
     async def home(self, request: Request) -> Response:
         session = self.session(request)
