@@ -10,7 +10,10 @@ foreign key, alg none) are signed here with the IdP's own key or another.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import hmac
 import json
 import os
 import subprocess
@@ -21,6 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from cryptography.hazmat.primitives import serialization
 from mcp import Client
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
@@ -221,13 +225,18 @@ def test_a_request_without_a_token_is_told_where_to_get_one(served):
     assert f'resource_metadata="{served.base}/.well-known/oauth-protected-resource/mcp"' in challenge
 
 
+def b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
 def claims_for(served, **over) -> dict:
     now = int(time.time())
     return {"iss": served.idp.issuer, "sub": "alice", "aud": served.mcp, "iat": now, "exp": now + 300,
             "scope": "tether:run", "client_id": "agent-cc", **over}
 
 
-@pytest.mark.parametrize("case", ["another_audience", "expired", "unknown_key", "alg_none", "another_issuer"])
+@pytest.mark.parametrize("case", ["another_audience", "expired", "unknown_key", "alg_none", "another_issuer",
+                                  "hs256_with_the_public_key", "hostile_header"])
 def test_tokens_that_are_not_for_tether_are_refused_with_invalid_token(served, case):
     idp = served.idp
     if case == "another_audience":
@@ -241,12 +250,24 @@ def test_tokens_that_are_not_for_tether_are_refused_with_invalid_token(served, c
         token = idp.sign(claims_for(served), key=key, kid="not-the-idps")
     elif case == "another_issuer":
         token = idp.sign(claims_for(served, iss="http://127.0.0.1:2/evil"))
+    elif case == "hs256_with_the_public_key":
+        # The classic confusion: an HMAC keyed with the IdP's public key, which anyone has.
+        public = idp.key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                   serialization.PublicFormat.SubjectPublicKeyInfo)
+        segments = [json.dumps({"alg": "HS256", "kid": idp.kid}), json.dumps(claims_for(served))]
+        signing = ".".join(b64(x.encode()) for x in segments)
+        mac = hmac.new(public, signing.encode(), hashlib.sha256).digest()
+        token = signing + "." + b64(mac)
+    elif case == "hostile_header":
+        header = json.dumps({"alg": "RS256\r\nSet-Cookie: x=1 \u00e9\"", "kid": idp.kid})
+        token = ".".join(b64(x.encode()) for x in (header, json.dumps(claims_for(served)), "sig"))
     else:
         token = idp.sign(claims_for(served), alg="none")
     r = post_mcp(served, token)
     assert r.status_code == 401, r.text
     challenge = r.headers["www-authenticate"]
     assert 'error="invalid_token"' in challenge and "resource_metadata=" in challenge, challenge
+    assert challenge.isascii() and "\r" not in challenge and "set-cookie" not in r.headers
     assert r.json()["error"]["code"] == "invalid_token"
 
 

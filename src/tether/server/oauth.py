@@ -323,7 +323,8 @@ class MetadataRoutes:
 
 
 def _quoted(text: str) -> str:
-    return text.replace("\\", "").replace('"', "'")
+    # Inside a quoted-string of a header: printable ASCII only (a token's `alg` is the caller's text).
+    return "".join(c if " " <= c <= "~" and c not in '"\\' else "?" for c in text)
 
 
 def _invalid(message: str) -> CredentialProblem:
