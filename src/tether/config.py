@@ -392,7 +392,8 @@ class AuthConfig(_Section):
     # Clock skew allowed on exp/nbf/iat between the IdP and this server.
     leeway_seconds: Annotated[int, Strict(), Field(ge=0, le=300),
                               _Expected("must be a whole number of seconds from 0 to 300")] = 30
-    # RFC 7662 introspection for tokens that are not JWTs (opaque tokens).
+    # RFC 7662 introspection for tokens that are not JWTs (opaque tokens); tether authenticates to it
+    # with the console client below (console_client_id and its secret).
     introspection_url: HttpUrl | None = None
     # The console's OpenID Connect client; its secret comes from the environment, never the file.
     console_client_id: Text | None = None

@@ -29,7 +29,7 @@ from pydantic import AnyHttpUrl
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..approvals.rights import ANY, APPROVE, OPERATE, RIGHTS, RUN, Grant
+from ..approvals.rights import ANY, APPROVE, OPERATE, RIGHTS, Grant
 from ..errors import UsageError
 from .auth import CredentialProblem
 
@@ -356,5 +356,5 @@ async def _discover(issuer: str) -> dict[str, Any]:
                      next_action="Check [auth] issuer and that the IdP is reachable from this server.")
 
 
-__all__ = ["OPERATE", "RUN", "SCOPES", "Identity", "MetadataRoutes", "ResourceServer", "principal_for_subject",
+__all__ = ["SCOPES", "Identity", "MetadataRoutes", "ResourceServer", "principal_for_subject",
            "rights_of"]
