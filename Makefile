@@ -24,7 +24,14 @@ demo: run
 
 # The whole suite. Postgres contract tests start a throwaway cluster when
 # PostgreSQL's binaries are installed (.ci/setup-postgres.sh installs them).
-test: $(STAMP)
+# The OAuth tests run a real OpenID provider (npm oidc-provider, pinned by tests/idp/package-lock.json).
+IDP := tests/idp/node_modules/.installed
+
+$(IDP): tests/idp/package.json tests/idp/package-lock.json
+	cd tests/idp && npm ci --no-audit --no-fund
+	@touch $(IDP)
+
+test: $(STAMP) $(IDP)
 	$(BIN)/python -m pytest -q
 
 # Without the tests that spawn processes or wait on real time.

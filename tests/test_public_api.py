@@ -43,13 +43,17 @@ def test_the_readme_config_example_is_valid(tmp_path):
     from tether.config import load_config
 
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    # The configuration section's example first, then the idempotency one.
-    block, keyed = re.findall(r"```toml\n(.*?)```", readme, re.S)
+    # The OAuth steps' snippet, the configuration section's example, then the idempotency one.
+    oauth, block, keyed = re.findall(r"```toml\n(.*?)```", readme, re.S)
     path = tmp_path / "tether.toml"
     path.write_text(block)
     config = load_config(path)
     assert [s.type for s in config.sources] == ["python", "mcp", "openapi"]
     assert config.policy.rules[0].match == "helpdesk.add_*"
+    assert config.auth is not None and config.auth.rights["approve"].values == ["tether-approvers"]
+    path.write_text("\n".join(line.strip() for line in oauth.splitlines()))
+    config = load_config(path)
+    assert config.auth is not None and config.auth.console_client_secret_env == "TETHER_CONSOLE_SECRET"
     path.write_text(keyed)
     config = load_config(path)
     assert [(s.type, s.idempotency) for s in config.sources] == [("openapi", "key"), ("mcp", "key")]

@@ -366,6 +366,59 @@ class ServerConfig(_Section):
         return self
 
 
+# --- [auth] ------------------------------------------------------------------
+
+
+JwsAlgorithm = Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
+
+
+class ClaimRight(_Section):
+    """A right given to whoever's token (or console sign-in) has ``claim`` holding one of ``values``."""
+
+    claim: Text
+    values: StrList
+
+
+class AuthConfig(_Section):
+    """An OAuth 2.1 authorization server (the organisation's IdP) whose tokens tether accepts (docs/security.md).
+
+    Agents send access tokens the IdP issued for tether's resource (its
+    audience); people sign in to the console with OpenID Connect against the
+    same issuer. Static tokens ([server] token, [[server.tokens]]) keep working beside it.
+    """
+
+    # The IdP's issuer identifier, exactly as its tokens' `iss` says it.
+    issuer: HttpUrl
+    # tether's canonical resource URL: the `aud` its access tokens must name.
+    # Unset: [server] public_url + "/mcp".
+    audience: HttpUrl | None = None
+    # Unset: the `jwks_uri` of the issuer's discovery document.
+    jwks_url: HttpUrl | None = None
+    # Pinned: a token naming any other algorithm (or `none`) is refused before its key is looked up.
+    algorithms: Annotated[list[JwsAlgorithm], Field(min_length=1),
+                          _Expected("must be a non-empty list of JWS algorithms such as 'RS256'")] = Field(
+        default_factory=lambda: list[JwsAlgorithm](["RS256"]))
+    # Clock skew allowed on exp/nbf/iat between the IdP and this server.
+    leeway_seconds: Annotated[int, Strict(), Field(ge=0, le=300),
+                              _Expected("must be a whole number of seconds from 0 to 300")] = 30
+    # RFC 7662 introspection for tokens that are not JWTs (opaque tokens); tether authenticates to it
+    # with the console client below (console_client_id and its secret).
+    introspection_url: HttpUrl | None = None
+    # The console's OpenID Connect client; its secret comes from the environment, never the file.
+    console_client_id: Text | None = None
+    console_client_secret_env: EnvName | None = None
+    # Rights besides the scopes tether:run / tether:approve / tether:operate,
+    # e.g. [auth.rights.approve] claim = "groups", values = ["approvers"].
+    rights: dict[Right, ClaimRight] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _console_client(self) -> "AuthConfig":
+        if self.console_client_secret_env and not self.console_client_id:
+            raise PydanticCustomError("tether", "console_client_secret_env needs console_client_id",
+                                      {"key": "console_client_id"})
+        return self
+
+
 # --- [[notify]] --------------------------------------------------------------
 
 NotifyEvent = Literal["paused", "waiting", "failed", "completed", "cancelled"]
@@ -497,6 +550,7 @@ class Config(_Section):
     notify: Annotated[list[NotifyConfig], _Expected("must be an array of tables, written [[notify]]")] = Field(
         default_factory=list
     )
+    auth: AuthConfig | None = None
 
     _home: Path = Path(DEFAULT_HOME)
     _path: Path | None = None

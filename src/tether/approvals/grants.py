@@ -23,7 +23,8 @@ def env_token_name(index: int, count: int) -> str:
 
 
 def server_access(server: Any, env_tokens: Sequence[str], env: Mapping[str, str],
-                  principal_of: Callable[[str], str], *, http: bool) -> tuple[Access, tuple[str, ...]]:
+                  principal_of: Callable[[str], str], *, http: bool,
+                  oauth: bool = False) -> tuple[Access, tuple[str, ...]]:
     """The Access of a server and every token it accepts, from its ``[server]`` section.
 
     ``http`` without any token is ``--dev`` on loopback; standard input/output
@@ -54,6 +55,9 @@ def server_access(server: Any, env_tokens: Sequence[str], env: Mapping[str, str]
         raise UsageError("two configured tokens are the same token, so their rights cannot be told apart; "
                          "nothing was started", code="config_invalid",
                          next_action="Give each [[server.tokens]] entry (and TETHER_TOKEN) its own token.")
+    if not everyone and oauth:
+        # Only the identity provider's users: their rights come with their tokens and sign-ins.
+        return Access.of([], self_approval=bool(configured), links=links, local_runs=local_runs), ()
     if not everyone:
         # --dev on loopback: nobody is told apart, as on standard input/output (D-31).
         self_approval = True if configured is None else bool(configured)

@@ -169,7 +169,8 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(data)
         return EXIT_OK
-    print(f"run {data['run_id']}: {data['status']} (principal {data.get('principal') or 'local'})")
+    named = f", {data['principal_name']}" if data.get("principal_name") else ""
+    print(f"run {data['run_id']}: {data['status']} (principal {data.get('principal') or 'local'}{named})")
     print("program:")
     for i, line in enumerate(data["program"].splitlines(), 1):
         print(f"  {i:>3} | {escape(line)}")

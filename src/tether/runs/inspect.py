@@ -35,6 +35,8 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
         "status": run.status,
         # Whose run it is (P-24): what an operator names with `--as` to act on it from the command line.
         "principal": run.principal or "local",
+        # The name or e-mail an access token gave for it, when the run was started with one.
+        "principal_name": (run.meta or {}).get("principal_name"),
         "program": run.program,
         "environment": run.environment,
         "policy": run.policy,

@@ -20,13 +20,19 @@ import hmac
 import ipaddress
 import json
 from collections import OrderedDict
-from typing import Any, Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from .oauth import ResourceServer
 
 LOCAL = "local"
 # Where the middleware leaves the verified principal for the MCP tools.
 SCOPE_KEY = "tether.principal"
+# An access token's rights and who it names (OAuth): per request, since two
+# tokens of one user may carry different scopes.
+GRANT_KEY, IDENTITY_KEY = "tether.grant", "tether.identity"
 # A shorter token can be guessed or typed from memory; 16 characters of a
 # random alphabet are ~96 bits (`openssl rand -hex 16` gives 32).
 MIN_TOKEN_CHARS = 16
@@ -174,45 +180,66 @@ class BearerAuth:
     """ASGI middleware: every HTTP request carries exactly one of ``tokens``, or gets a JSON error.
 
     With no tokens (``--dev`` on loopback) it lets everything through as
-    ``local``; the caller decides whether that is allowed.
+    ``local``; the caller decides whether that is allowed. With a
+    ``resource`` server ([auth]), a token that is none of ``tokens`` is checked
+    as an access token from the identity provider, and refusals carry the
+    challenge that sends an MCP client to tether's Protected Resource Metadata.
     """
 
-    def __init__(self, app: ASGIApp, tokens: Sequence[str]) -> None:
+    def __init__(self, app: ASGIApp, tokens: Sequence[str], resource: ResourceServer | None = None) -> None:
         self.app = app
         self.tokens = tuple(t.encode() for t in tokens)
+        self.resource = resource
         # Legacy (2025-11-25) MCP sessions live in this process's memory, so
         # their binding to a principal can too: a session id is usable only
         # with the token that opened it (the SDK does not bind them).
         self._sessions: OrderedDict[bytes, str] = OrderedDict()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket" and self.tokens:
+        if scope["type"] == "websocket" and (self.tokens or self.resource):
             # Nothing tether serves speaks WebSocket: refuse rather than pass one through unchecked.
             await send({"type": "websocket.close", "code": 1008})
             return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if not self.tokens:
+        if not self.tokens and self.resource is None:
             scope[SCOPE_KEY] = LOCAL
             await self.app(scope, receive, send)
             return
         try:
             token = bearer_token(scope.get("headers", []))
         except CredentialProblem as problem:
-            await _refuse(send, problem)
+            await self._refuse(send, problem)
             return
         presented = token.encode()
         # Compare with every token, always, so timing tells nothing about which one nearly matched.
         matched = False
         for known in self.tokens:
             matched |= hmac.compare_digest(presented, known)
-        if not matched:
-            await _refuse(send, CredentialProblem(401, "invalid_token",
-                                                  "the bearer token is not one this server accepts"))
+        if matched:
+            # The principal comes from the token just verified, and from nothing else.
+            principal = principal_for_token(token)
+        elif self.resource is not None:
+            try:
+                identity = await self.resource.identify(token)
+            except CredentialProblem as problem:
+                await self._refuse(send, problem)
+                return
+            grant = identity.grant()
+            if not grant.can("run"):
+                # RFC 6750 §3.1: the token is good, the scope is not enough; the
+                # challenge names the scope so a client can step up.
+                await self._refuse(send, CredentialProblem(
+                    403, "insufficient_scope", "the access token lacks the scope tether:run, which calling "
+                    "tether's MCP tools needs"), scope="tether:run")
+                return
+            principal = identity.principal
+            scope[GRANT_KEY], scope[IDENTITY_KEY] = grant, identity
+        else:
+            await self._refuse(send, CredentialProblem(401, "invalid_token",
+                                                       "the bearer token is not one this server accepts"))
             return
-        # The principal comes from the token just verified, and from nothing else.
-        principal = principal_for_token(token)
         scope[SCOPE_KEY] = principal
         session_ids = [v for k, v in scope.get("headers", []) if k.lower() == SESSION_HEADER]
         if len(session_ids) > 1:
@@ -241,6 +268,19 @@ class BearerAuth:
             await send(message)
 
         return bind
+
+    async def _refuse(self, send: Send, problem: CredentialProblem, *, scope: str | None = None) -> None:
+        if self.resource is None:
+            await _refuse(send, problem)
+            return
+        next_action = ("Get an access token with the scope tether:run from the identity provider named in "
+                       f"{self.resource.metadata_url}." if problem.code == "insufficient_scope" else
+                       "Send exactly one `Authorization: Bearer <token>` header: one of the server's tokens, or an "
+                       f"access token for {self.resource.audience} from the identity provider named in "
+                       f"{self.resource.metadata_url}.")
+        await _json(send, problem.status, {"error": {"code": problem.code, "message": problem.message,
+                                                     "next_action": next_action}},
+                    [(b"www-authenticate", self.resource.challenge(problem, scope=scope))])
 
 
 class HealthRoutes:
@@ -290,3 +330,9 @@ async def _refuse(send: Send, problem: CredentialProblem) -> None:
         "next_action": "Send exactly one `Authorization: Bearer <token>` header with the token the server was "
                        "started with (TETHER_TOKEN or [server] token).",
     }}, [(b"www-authenticate", b'Bearer realm="tether"')])
+
+
+def request_scope_value(ctx: Any, key: str) -> Any:
+    """What the middleware recorded under ``key`` for this MCP request (an access token's grant or identity)."""
+    request = getattr(getattr(ctx, "request_context", None), "request", None)
+    return (getattr(request, "scope", None) or {}).get(key)

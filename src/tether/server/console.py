@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import contextvars
 import hashlib
 import hmac
 import json
@@ -67,6 +68,9 @@ if TYPE_CHECKING:
     from .admission import Admission
 
 HERE = Path(__file__).parent
+# The rights of the person whose signed session cookie this request carries (IdP sign-in): per
+# request, so two sessions of one person signed in with different rights never borrow each other's.
+_SESSION_GRANT: contextvars.ContextVar[Grant | None] = contextvars.ContextVar("tether_session_grant", default=None)
 SESSION_COOKIE = "tether_session"
 PRESESSION_COOKIE = "tether_csrf"
 # A working day: long enough not to sign people out mid-task, short enough
@@ -235,10 +239,14 @@ class Console:
 
     def __init__(self, rt: Runtime, *, tokens: Sequence[str], admission: Admission | None = None,
                  public_url: str | None = None, decider: Decider | None = None,
-                 access: Access | None = None, host: str = "127.0.0.1") -> None:
+                 access: Access | None = None, host: str = "127.0.0.1", sign_in: Any = None,
+                 dev: bool | None = None) -> None:
         self.rt = rt
+        # OpenID Connect sign-in against [auth]'s issuer (server/signin.py), beside token sign-in.
+        self.sign_in = sign_in
         self.tokens = tuple(tokens)
-        self.dev = not self.tokens
+        # Nobody is told apart only without tokens *and* without an identity provider (--dev).
+        self.dev = not self.tokens if dev is None else dev
         self.access = access or _default_access(rt, self.tokens)
         self.public_url = public_url
         self.decider = decider or Decider(rt, admission)
@@ -247,6 +255,11 @@ class Console:
         self._session_key = derived_key(secret, "console/session")
         self._csrf_key = derived_key(secret, "console/csrf")
         self._principals = set(self.access.grants) if self.tokens else {LOCAL}
+        # People signed in through the IdP: their rights travel in their signed session cookie
+        # (any replica reads them, per request); this remembers their names for pages that list them.
+        self._people: dict[str, str] = {}
+        if sign_in is not None:
+            sign_in.bind(derived_key(secret, "console/oidc"))
         self.templates = _environment()
         # Who is signed in, by the name their token has in the configuration.
         self.templates.filters["named"] = self._name
@@ -257,6 +270,8 @@ class Console:
             Route("/console/login", self.login_form, methods=["GET"]),
             Route("/console/login", self.login, methods=["POST"]),
             Route("/console/logout", self.logout, methods=["POST"]),
+            Route("/console/oidc/start", self.oidc_start, methods=["GET"]),
+            Route("/console/oidc/callback", self.oidc_callback, methods=["GET"]),
             Route("/console/events", self.events, methods=["GET"]),
             Route("/console/runs/{run_id}", self.run_page, methods=["GET"]),
             Route("/console/runs/{run_id}/decide", self.decide, methods=["POST"]),
@@ -276,14 +291,17 @@ class Console:
     def _sign(self, key: bytes, payload: str) -> str:
         return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
 
-    def make_session(self, principal: str) -> str:
-        body = json.dumps({"p": principal, "n": secrets.token_urlsafe(16), "e": int(time.time() + SESSION_SECONDS)},
-                          separators=(",", ":"))
+    def make_session(self, principal: str, person: Grant | None = None) -> str:
+        data: dict[str, Any] = {"p": principal, "n": secrets.token_urlsafe(16), "e": int(time.time() + SESSION_SECONDS)}
+        if person is not None:
+            data["u"] = {"n": person.name, "r": sorted(person.rights), "a": sorted(person.approves_for)}
+        body = json.dumps(data, separators=(",", ":"))
         payload = base64.urlsafe_b64encode(body.encode()).decode().rstrip("=")
         return f"s1.{payload}.{self._sign(self._session_key, payload)}"
 
     def session(self, request: Request) -> dict[str, Any] | None:
         """``{"p": principal, "n": nonce}`` of a valid session cookie, else None."""
+        _SESSION_GRANT.set(None)  # whatever this request carries decides, and nothing before it
         value = request.cookies.get(SESSION_COOKIE, "")
         parts = value.split(".")
         if len(parts) != 3 or parts[0] != "s1":
@@ -294,10 +312,19 @@ class Console:
             data = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
         except ValueError:
             return None
-        # A session outlives neither its time nor the token it was opened with, nor its signing out.
-        if not isinstance(data, dict) or data.get("e", 0) < time.time() or data.get("p") not in self._principals:
+        # A session outlives neither its time, nor its signing out, nor the token it was opened with.
+        if not isinstance(data, dict) or data.get("e", 0) < time.time():
             return None
         if not isinstance(data.get("n"), str) or self.rt.store.signed_out(_session_id(data["n"])):
+            return None
+        person = data.get("u")
+        if isinstance(person, dict) and self.sign_in is not None and isinstance(data.get("p"), str):
+            grant = Grant(data["p"], str(person.get("n")), frozenset(person.get("r") or ()),
+                          frozenset(person.get("a") or ()))
+            _SESSION_GRANT.set(grant)
+            self._people[grant.principal] = grant.name
+            return data
+        if data.get("p") not in self._principals:
             return None
         return data
 
@@ -381,7 +408,7 @@ class Console:
                     after: str | None = None) -> Response:
         nonce, fresh = self._presession(request)
         response = self.render("login.html", status, csrf=self.csrf_for(nonce), dev=self.dev, error=error,
-                               next=after)
+                               next=after, oidc=self.sign_in is not None, tokens=bool(self.tokens))
         if fresh:
             self._set_cookie(response, request, PRESESSION_COOKIE, nonce, path="/", max_age=None)
         return response
@@ -412,6 +439,41 @@ class Console:
                          max_age=SESSION_SECONDS)
         return response
 
+    async def oidc_start(self, request: Request) -> Response:
+        """Off to the identity provider's own sign-in page (authorization code + PKCE)."""
+        if self.sign_in is None:
+            return self._login_redirect()
+        from .signin import FLOW_COOKIE
+
+        url, flow = await self.sign_in.start(_next_page(request.query_params.get("next")))
+        response = RedirectResponse(url, status_code=303)
+        # Lax, not Strict: the browser must send it on the IdP's redirect back here.
+        response.set_cookie(FLOW_COOKIE, flow, max_age=600, path="/console/oidc/", httponly=True, samesite="lax",
+                            secure=self._secure(request))
+        return response
+
+    async def oidc_callback(self, request: Request) -> Response:
+        if self.sign_in is None:
+            return self._login_redirect()
+        from .signin import FLOW_COOKIE, SignInFailed
+
+        flow = self.sign_in.open_flow(request.cookies.get(FLOW_COOKIE))
+        try:
+            person = await self.sign_in.finish(dict(request.query_params), flow)
+        except SignInFailed as exc:
+            return self.message("Not signed in", f"Signing in did not complete: {exc}.", status=401,
+                                link={"href": "/console/login", "text": "Sign in again"})
+        grant = person.grant()
+        self._people[grant.principal] = grant.name
+        # A 200 page that moves on, not a redirect: the session cookie is SameSite=Strict and this
+        # request came from the IdP's site, so the browser must make the next request from here.
+        after = (flow.after if flow is not None else None) or "/console/"
+        response = self.render("signed_in.html", 200, after=after, who=grant.name)
+        self._set_cookie(response, request, SESSION_COOKIE, self.make_session(grant.principal, grant), path="/",
+                         max_age=SESSION_SECONDS)
+        response.delete_cookie(FLOW_COOKIE, path="/console/oidc/")
+        return response
+
     async def logout(self, request: Request) -> Response:
         session = self.session(request)
         form = await self.form(request)
@@ -440,6 +502,9 @@ class Console:
 
     def grant(self, principal: str) -> Grant | None:
         """The rights of a signed-in principal (None: it has none here, so it sees nothing)."""
+        signed_in = _SESSION_GRANT.get()
+        if signed_in is not None and signed_in.principal == principal:
+            return signed_in
         return self.access.grant(principal)
 
     def _run_for(self, run_id: str, principal: str) -> RunRecord:
@@ -455,8 +520,10 @@ class Console:
         return None if verdict.ok else _REFUSALS.get(verdict.code or "", verdict.message)
 
     def _name(self, principal: str | None) -> str:
-        grant = self.access.grant(principal)
-        return grant.name if grant is not None else (principal or "anyone")
+        grant = self.grant(principal) if principal is not None else None
+        if grant is not None:
+            return grant.name
+        return self._people.get(principal or "") or principal or "anyone"
 
     async def home(self, request: Request) -> Response:
         session = self.session(request)
@@ -505,7 +572,8 @@ class Console:
         flash = request.query_params.get("flash")
         return self.render("run.html", principal=session["p"], csrf=self.csrf_for(session["n"]),
                            live=run.run_id, flash=_flash(flash, run.status),
-                           flash_error=(flash or "").startswith("e_"), owner_name=self._name(run.principal),
+                           flash_error=(flash or "").startswith("e_"),
+                           owner_name=(run.meta or {}).get("principal_name") or self._name(run.principal),
                            approve_note=self._approve_note(run, session["p"]), **self._run_context(run))
 
     async def decide(self, request: Request) -> Response:

@@ -50,9 +50,7 @@ from ..runs.run_keys import MAX_RUN_KEY_CHARS
 from ..store.states import RunStatus
 from . import keyed, urlmode
 from .admission import Admission
-from .auth import (
-    LOCAL,
-)
+from .auth import GRANT_KEY, IDENTITY_KEY, LOCAL, request_scope_value
 from .results import (  # noqa: F401 - importable from here, as before
     MAX_ARGS_CHARS,
     approval_message,
@@ -288,6 +286,10 @@ class TetherServer:
         approver = self._approver(ctx) if asks == INLINE else None
         asker = self._asker(ctx) if _elicitation(ctx) == INLINE else None
         meta = dict(self.run_meta)
+        identity = request_scope_value(ctx, IDENTITY_KEY)
+        if identity is not None:
+            # Who the access token names, as the IdP put it: shown by runs show, the console and the timeline.
+            meta["principal_name"] = identity.shown
 
         def begin(progress: Any) -> Any:
             return self.rt.begin(code, on_approval=approver, principal=principal, meta=meta,
@@ -329,7 +331,7 @@ class TetherServer:
             # when the configuration lets a principal approve its own writes.
             try:
                 refused = self._refused(run_id, principal, Channel.RESUME,
-                                        seq if isinstance(seq, list) else None if seq is None else [seq])
+                                        seq if isinstance(seq, list) else None if seq is None else [seq], ctx=ctx)
             except TetherError as exc:
                 return error_result(exc)
             if refused is not None:
@@ -338,8 +340,8 @@ class TetherServer:
         def decide(progress: Any) -> Any:
             if isinstance(seq, list):
                 return self.rt.decide(run_id, {s: (decision, reason) for s in seq}, principal=principal,
-                                      actor=principal, via="mcp", on_approval=approver, on_progress=progress)
-            return self.rt.resume(run_id, decision, reason, seq=seq, principal=principal, actor=principal,
+                                      actor=_actor(ctx, principal), via="mcp", on_approval=approver, on_progress=progress)
+            return self.rt.resume(run_id, decision, reason, seq=seq, principal=principal, actor=_actor(ctx, principal),
                                   via="mcp", on_approval=approver, on_progress=progress)
 
         try:
@@ -475,10 +477,13 @@ class TetherServer:
         # an Access (an embedding, a test) treats each caller as one that runs programs.
         return self.access.grant(principal) or Grant(principal, principal, frozenset({RUN, APPROVE}))
 
-    def _refused(self, run_id: str, principal: str, channel: str, seqs: list[int] | None) -> TetherError | None:
+    def _refused(self, run_id: str, principal: str, channel: str, seqs: list[int] | None, *,
+                 ctx: Context | None = None) -> TetherError | None:
         """Why ``principal`` may not approve writes ``seqs`` of the run through ``channel``; None when it may."""
         run = self.rt.get_run(run_id, principal)
-        verdict = may_decide(self.access, self._grant(principal), run.principal, "approve", channel,
+        # An access token's rights are its own (they come with each request); a static token's are configured.
+        grant = request_scope_value(ctx, GRANT_KEY) if ctx is not None else None
+        verdict = may_decide(self.access, grant or self._grant(principal), run.principal, "approve", channel,
                              signed_in_required=signed_in_required(run, seqs))
         return None if verdict.ok else refusal(verdict, run_id, self.public_url,
                                                paused=run.status == RunStatus.PAUSED, console=self.console)
@@ -599,7 +604,7 @@ class TetherServer:
                 return self.paused_result(_recorded(run), diagnostics=diagnostics)
             decision, reason = _decision(reply)
             if decision == "approve":
-                refused = self._refused(run_id, principal, Channel.FORM, [seq])
+                refused = self._refused(run_id, principal, Channel.FORM, [seq], ctx=ctx)
                 if refused is not None:
                     return error_result(refused, run_id=run_id)
             if decision is None:
@@ -609,7 +614,7 @@ class TetherServer:
             try:
                 result = await self.run_in_slot(
                     lambda progress: self.rt.resume(run_id, decision, reason, seq=seq, principal=principal,
-                                                    actor=principal, via="mcp", on_progress=progress),
+                                                    actor=_actor(ctx, principal), via="mcp", on_progress=progress),
                     ctx, principal, run_id=run_id)
             except Overloaded as exc:
                 # The answer cannot be acted on now, and the model never saw
@@ -697,6 +702,12 @@ class _Progress:
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+
+
+def _actor(ctx: Context, principal: str) -> str:
+    """Who the timeline says decided: the person an access token names, else the principal."""
+    identity = request_scope_value(ctx, IDENTITY_KEY)
+    return identity.shown if identity is not None else principal
 
 
 def _first_undecided(pending: Mapping[str, Any]) -> Mapping[str, Any]:

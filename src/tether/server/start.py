@@ -66,13 +66,13 @@ def parse_address(value: str, default_host: str, default_port: int) -> tuple[str
     return host, number
 
 
-def check_http_auth(host: str, tokens: tuple[str, ...], dev: bool) -> None:
-    """Refuse to serve HTTP that anyone could call: a token, or --dev on loopback."""
+def check_http_auth(host: str, tokens: tuple[str, ...], dev: bool, *, oauth: bool = False) -> None:
+    """Refuse to serve HTTP that anyone could call: a token, an identity provider ([auth]), or --dev on loopback."""
     if dev and not is_loopback(host):
         raise UsageError(
             f"--dev serves without a token, so it binds only to a loopback address, not {host}; nothing was started",
             code="unsafe_bind", next_action="Bind to 127.0.0.1 with --dev, or set TETHER_TOKEN and drop --dev.")
-    if not tokens and not dev:
+    if not tokens and not dev and not oauth:
         raise UsageError(
             "serving MCP over HTTP needs a bearer token; nothing was started",
             code="token_required",
@@ -130,9 +130,17 @@ async def serve(options: ServeOptions) -> int:
         address = parse_address(options.http, config.server.host, config.server.port)
     # Every token the server accepts, each with its rights ([[server.tokens]], TETHER_TOKEN).
     access, tokens = server_access(config.server, split_tokens(config.server.token), os.environ,
-                                   principal_for_token, http=address is not None)
+                                   principal_for_token, http=address is not None,
+                                   oauth=address is not None and config.auth is not None)
+    resource = None
     if address is not None:
-        check_http_auth(address[0], tokens, options.dev or config.server.allow_unauthenticated_loopback)
+        check_http_auth(address[0], tokens, options.dev or config.server.allow_unauthenticated_loopback,
+                        oauth=config.auth is not None)
+        if config.auth is not None:
+            from .oauth import ResourceServer
+
+            # Checked now, against the IdP itself: a wrong issuer or unreachable keys refuse to start.
+            resource = await ResourceServer.from_config(config.auth, config.server.public_url, os.environ)
     if config.server.approvals == "url" and not config.server.public_url:
         raise UsageError("[server] approvals = \"url\" sends approval links, and there is no [server] public_url "
                          "to build them on; nothing was started", code="config_invalid",
@@ -165,7 +173,7 @@ async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], t
             admission=Admission(config.server.max_concurrent_runs, config.server.queue_depth,
                                 config.server.queue_timeout_seconds),
             # Without tokens nobody is told apart: stdio, and --dev on loopback.
-            principal_of=principal_of_request if address is not None and tokens else None,
+            principal_of=principal_of_request if address is not None and (tokens or resource) else None,
             run_meta=run_meta,
             approvals=config.server.approvals,
             public_url=config.server.public_url,
@@ -186,7 +194,8 @@ async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], t
             else:
                 await _serve_http(server, *address, tokens, public_url=config.server.public_url,
                                   stateless=config.server.stateless_http, watchdog=watchdog,
-                                  grace=config.server.shutdown_grace_seconds, report=report)
+                                  grace=config.server.shutdown_grace_seconds, report=report, resource=resource,
+                                  auth=config.auth)
         finally:
             stop_worker.set()
             with contextlib.suppress(Exception):
@@ -197,7 +206,7 @@ async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], t
 
 async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[str, ...], *,
                       public_url: str | None = None, stateless: bool = False, watchdog: Any = None,
-                      grace: float = 15.0, report: Any = print) -> None:
+                      grace: float = 15.0, report: Any = print, resource: Any = None, auth: Any = None) -> None:
     import signal
 
     import uvicorn
@@ -241,13 +250,20 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
     # people in with the same tokens and has its own checks; MCP requests
     # keep the bearer check.
     console = Console(server.rt, tokens=tokens, admission=server.admission, public_url=public_url, host=host,
-                      access=server.access)
+                      access=server.access, sign_in=_sign_in(server, resource, auth, public_url, host, port),
+                      dev=not tokens and resource is None)
     mcp_app = server.mcp.streamable_http_app(host=host, stateless_http=stateless,
                                              transport_security=_mcp_hosts(host, public_url))
-    app = HealthRoutes(Router(console.app, BearerAuth(mcp_app, tokens)), ready)
+    mcp: Any = BearerAuth(mcp_app, tokens, resource)
+    if resource is not None:
+        from .oauth import MetadataRoutes
+
+        mcp = MetadataRoutes(mcp, resource)
+    app = HealthRoutes(Router(console.app, mcp), ready)
     shown = f"[{host}]" if ":" in host else host
-    auth = "bearer token required" if tokens else "no token (--dev, loopback only)"
-    print(f"tether: serving MCP at http://{shown}:{port}/mcp ({auth}), the console at "
+    how = ("bearer token or OAuth access token" if resource is not None else
+           "bearer token required" if tokens else "no token (--dev, loopback only)")
+    print(f"tether: serving MCP at http://{shown}:{port}/mcp ({how}), the console at "
           f"http://{shown}:{port}/console/", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                             # Open SSE streams would otherwise hold a shutdown forever.
@@ -284,3 +300,14 @@ def _exit_after_grace(grace: float, report: Any) -> None:
     report(f"tether: still stopping {grace:g} s after the signal (shutdown_grace_seconds); exiting now. Runs still "
            "running here keep their lease until it lapses, then another process takes them over")
     os._exit(1)
+
+
+def _sign_in(server: TetherServer, resource: Any, auth: Any, public_url: str | None, host: str, port: int) -> Any:
+    """The console's OpenID Connect sign-in, when [auth] names a console client; else None (token sign-in only)."""
+    if resource is None or auth is None or not auth.console_client_id:
+        return None
+    from .signin import OidcSignIn
+
+    base = (public_url or f"http://{'[' + host + ']' if ':' in host else host}:{port}").rstrip("/")
+    return OidcSignIn(resource, client_id=auth.console_client_id, client_secret=resource.client_secret,
+                      redirect_uri=f"{base}/console/oidc/callback")
