@@ -156,13 +156,14 @@ async def serve(options: ServeOptions) -> int:
     watchdog = LoopWatchdog(asyncio.get_running_loop(), threshold=config.server.loop_stall_seconds,
                             report=report).start()
     try:
-        return await _serve_runtime(options, config, tools, tokens, access, address, run_meta, report, watchdog)
+        return await _serve_runtime(options, config, tools, tokens, access, resource, address, run_meta, report,
+                                    watchdog)
     finally:
         watchdog.stop()
 
 
 async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], tokens: tuple[str, ...],
-                         access: Access, address: tuple[str, int] | None, run_meta: dict[str, Any], report: Any,
+                         access: Access, resource: Any, address: tuple[str, int] | None, run_meta: dict[str, Any], report: Any,
                          watchdog: Any) -> int:
     from ..app import open_runtime
 
