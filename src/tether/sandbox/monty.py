@@ -477,6 +477,16 @@ class Execution:
             state: bytes = await self._session.dump()
             return state
         except _pm.MontyError as exc:
+            if isinstance(exc, _pm.MontyRuntimeError) and type(exc.exception()).__name__ == "MemoryError":
+                # Serialising needs room beside what the program holds (measured: a dump fails once the
+                # state passes about a quarter of max_memory) and the worker is terminated when it runs out.
+                raise LimitExceeded(
+                    f"the program's state is too large to save within the {self._spec.limits.memory_bytes}-byte "
+                    "memory limit: saving it needs room beside what the program holds",
+                    code="memory_limit",
+                    next_action="Hold less in memory (drop or shrink large values before a write that asks, a "
+                                "wait or a sleep), or raise [limits] memory_bytes.",
+                ) from None
             raise SandboxCrashed(f"could not dump the sandbox: {exc}") from None
 
     async def run(self, code: str, session_state: bytes | None = None) -> Any:
@@ -547,10 +557,14 @@ class Execution:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             raise
-        except _pm.MontyError as exc:
+        except Exception as exc:
+            # Stopped on purpose: whatever the feed ended with (a worker a failed dump terminated ends it
+            # with a RuntimeError, not a MontyError), the reason is the stop's.
             if self._stop_error is not None:
                 raise self._stop_error from None
-            raise map_monty_error(exc, self._spec.limits) from None
+            if isinstance(exc, _pm.MontyError):
+                raise map_monty_error(exc, self._spec.limits) from None
+            raise
         finally:
             self._task = None
 
