@@ -41,6 +41,7 @@ __all__ = [
     "PolicyConfig",
     "PythonSource",
     "QueryAuth",
+    "RetentionConfig",
     "Rule",
     "SandboxConfig",
     "ServerConfig",
@@ -68,6 +69,7 @@ NonNegativeInt = Annotated[int, Strict(), Field(ge=0), _Expected("must be a non-
 Seconds = Annotated[float, Strict(), Field(gt=0), _Expected("must be a positive number of seconds")]
 Bool = Annotated[bool, Strict(), _Expected("must be true or false")]
 Text = Annotated[str, Strict(), Field(min_length=1), _Expected("must be a non-empty string")]
+Days = Annotated[float, Strict(), Field(ge=0), _Expected("must be a number of days, 0 to keep forever")]
 Port = Annotated[
     int,
     Strict(),
@@ -233,6 +235,32 @@ class StoreConfig(_Section):
     # Relative to the default TETHER_HOME; load_config writes the absolute
     # path of the home in force.
     url: StoreUrl = f"sqlite:///{DEFAULT_HOME}/tether.db"
+
+
+# --- [retention] -------------------------------------------------------------
+
+
+class RetentionConfig(_Section):
+    """How long ended runs are kept (tether.store.retention); paused, waiting and running runs always are."""
+
+    # A month answers "what did that agent do last week?"; failures are kept
+    # longer because they are what someone comes back to investigate.
+    completed_days: Days = 30
+    failed_days: Days = 90
+    cancelled_days: Days = 30
+    # true: a run past its days keeps its row, result and journal (audit);
+    # only its snapshots, events and waits go.
+    keep_journals: Bool = False
+    # The worker prunes this many runs per transaction, every so often: short
+    # transactions never hold SQLite's one writer for long.
+    batch: PositiveInt = 100
+    every_seconds: Seconds = 300
+
+    def rules(self) -> Any:
+        from .store.retention import RetentionRules
+
+        days = {"completed": self.completed_days, "failed": self.failed_days, "cancelled": self.cancelled_days}
+        return RetentionRules({k: (v or None) for k, v in days.items()}, keep_journals=self.keep_journals)
 
 
 # --- [sandbox] ---------------------------------------------------------------
@@ -422,6 +450,7 @@ class Config(_Section):
     store: StoreConfig = Field(default_factory=StoreConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
     sources: Annotated[list[Source], _Expected("must be an array of tables, written [[sources]]")] = Field(
         default_factory=list
     )

@@ -353,6 +353,9 @@ def add_runs(sub: Any) -> None:
     sp.add_argument("run_id")
     add_common(sp, tools=False)
     sp.set_defaults(func=cmd_runs_show)
+    from .store import add_prune
+
+    add_prune(runs)
 
     sp = runs.add_parser("await", help="wait until a run ends (or pauses)")
     sp.add_argument("run_id")

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..errors import (
     ExecutionDiverged,
     LimitExceeded,
-    SandboxCrashed,
     RunTampered,
+    SandboxCrashed,
     SnapshotTampered,
     TetherError,
     TypeCheckError,

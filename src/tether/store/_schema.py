@@ -256,6 +256,8 @@ class SQLStore:
     # Where the store is, for messages: the url without a password.
     where: str
     driver_error: type[Exception]
+    # SQL for the byte length of a column ("{}" is the column), for retention's estimates.
+    octets: str = "LENGTH({})"
 
     def __init__(self, secret: bytes | None) -> None:
         self._lock = threading.Lock()

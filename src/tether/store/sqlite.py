@@ -68,6 +68,8 @@ def _enter_wal(conn: sqlite3.Connection) -> None:
 class SQLiteStore(SQLStore):
     migrations = SQLITE_MIGRATIONS
     driver_error = sqlite3.Error
+    # The byte length of a TEXT or BLOB value (retention's estimates).
+    octets = "LENGTH(CAST({} AS BLOB))"
 
     def __init__(self, url: str, secret: bytes | None = None) -> None:
         super().__init__(secret)
