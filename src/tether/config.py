@@ -34,8 +34,10 @@ __all__ = [
     "BearerAuth",
     "Config",
     "HeaderAuth",
+    "LogConfig",
     "LimitsConfig",
     "McpSource",
+    "MetricsConfig",
     "NotifyConfig",
     "OpenApiSource",
     "PolicyConfig",
@@ -263,6 +265,21 @@ class RetentionConfig(_Section):
         return RetentionRules({k: (v or None) for k, v in days.items()}, keep_journals=self.keep_journals)
 
 
+# --- [log] and [metrics] -----------------------------------------------------
+
+
+class LogConfig(_Section):
+    # "json": one object per line with run_id / correlation_id fields, for a log pipeline.
+    format: Literal["text", "json"] = "text"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class MetricsConfig(_Section):
+    # GET /metrics is always served behind the token on the main listener;
+    # "host:port" here adds a listener without a token, for a scrape network.
+    listen: Text | None = None
+
+
 # --- [sandbox] ---------------------------------------------------------------
 
 
@@ -323,6 +340,16 @@ class ServerConfig(_Section):
     # is kept in a process's memory, so any replica answers any request
     # (2025-11-25 clients then get no mid-call requests; see docs/deploy.md).
     stateless_http: Bool = False
+    # Connection hygiene (a proxy in front should time out first; docs/deploy.md).
+    # A connection idle between requests is closed after this long.
+    keep_alive_seconds: Seconds = 5
+    # A request's headers must arrive within this long of the connection opening,
+    # and its body within body_timeout_seconds of its headers: slow senders
+    # (slowloris) do not hold a connection slot.
+    header_timeout_seconds: Seconds = 10
+    body_timeout_seconds: Seconds = 30
+    # Open connections beyond this are refused with 503 instead of queued.
+    max_connections: PositiveInt = 1000
 
 
 # --- [[notify]] --------------------------------------------------------------
@@ -451,6 +478,8 @@ class Config(_Section):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     sources: Annotated[list[Source], _Expected("must be an array of tables, written [[sources]]")] = Field(
         default_factory=list
     )

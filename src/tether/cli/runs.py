@@ -285,6 +285,9 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     pid_file(home).write_text(str(os.getpid()))
     try:
         async with open_rt(args, list(args.tools), report=True) as rt:
+            from ..logs import configure_from
+
+            configure_from(rt.config.log if rt.config is not None else None)
             rt.source_set.refresh_in_background()
             handled = await work(rt, poll_seconds=args.poll, idle_exit_seconds=args.idle_exit)
     finally:

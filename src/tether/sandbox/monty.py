@@ -256,6 +256,7 @@ class SandboxPool:
         )
         self._started = False
         self._lock = asyncio.Lock()
+        self.busy = 0  # executions holding a worker now (metrics)
         self._modules: tuple[Any, dict[Any, Any], dict[str, Any]] | None = None
 
     async def start(self) -> None:
@@ -373,11 +374,13 @@ class Execution:
             self._session = await self._cm.__aenter__()
         except _pm.MontyError as exc:
             raise SandboxCrashed(f"could not start a sandbox worker: {exc}") from None
+        self._pool.busy += 1
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         cm, self._cm = self._cm, None
         if cm is not None:
+            self._pool.busy -= 1
             try:
                 await cm.__aexit__(None, None, None)
             except Exception:

@@ -118,6 +118,9 @@ async def serve(options: ServeOptions) -> int:
     from ..config import load_config
 
     config = load_config(options.config_path)
+    from ..logs import configure_from
+
+    configure_from(config.log)
     tools = [resolve_tool_spec(t) for t in options.tools]
     tokens = split_tokens(config.server.token)
     address: tuple[str, int] | None = None
@@ -159,7 +162,8 @@ async def serve(options: ServeOptions) -> int:
                 await server.mcp.run_stdio_async()
             else:
                 await _serve_http(server, *address, tokens, public_url=config.server.public_url,
-                                  stateless=config.server.stateless_http)
+                                  stateless=config.server.stateless_http, settings=config.server,
+                                  metrics_listen=config.metrics.listen)
         finally:
             stop_worker.set()
             with contextlib.suppress(Exception):
@@ -169,12 +173,16 @@ async def serve(options: ServeOptions) -> int:
 
 
 async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[str, ...], *,
-                      public_url: str | None = None, stateless: bool = False) -> None:
+                      public_url: str | None = None, stateless: bool = False, settings: Any = None,
+                      metrics_listen: str | None = None) -> None:
     import signal
 
     import uvicorn
 
+    from ..config import ServerConfig
+    from .connections import BodyDeadline, uvicorn_options
     from .console import Console, Router
+    from .metrics import MetricsApp, MetricsRoute
 
     class Uvicorn(uvicorn.Server):
         @contextlib.contextmanager
@@ -202,15 +210,35 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
     # people in with the same tokens and has its own checks; MCP requests
     # keep the bearer check.
     console = Console(server.rt, tokens=tokens, admission=server.admission, public_url=public_url)
-    app = HealthRoutes(Router(console.app, BearerAuth(server.mcp.streamable_http_app(host=host, stateless_http=stateless), tokens)), ready)
+    mcp_app = BearerAuth(server.mcp.streamable_http_app(host=host, stateless_http=stateless), tokens)
+    settings = settings or ServerConfig()
+    app = BodyDeadline(HealthRoutes(Router(console.app, MetricsRoute(mcp_app, server.rt, tokens)), ready),
+                       settings.body_timeout_seconds)
     shown = f"[{host}]" if ":" in host else host
     auth = "bearer token required" if tokens else "no token (--dev, loopback only)"
     print(f"tether: serving MCP at http://{shown}:{port}/mcp ({auth}), the console at "
           f"http://{shown}:{port}/console/", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                             # Open SSE streams would otherwise hold a shutdown forever.
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, **uvicorn_options(settings))
+    scrape = None
+    if metrics_listen:
+        # No token on this listener: it is for a network only the scraper reaches (docs/deploy.md).
+        m_host, m_port = parse_address(metrics_listen, "127.0.0.1", 9464)
+        scrape = Uvicorn(uvicorn.Config(MetricsApp(server.rt), host=m_host, port=m_port, log_level="warning",
+                                        lifespan="off", **uvicorn_options(settings)))
+        print(f"tether: metrics at http://{m_host}:{m_port}/metrics (no token)", file=sys.stderr, flush=True)
+    main = Uvicorn(config)
     try:
-        await Uvicorn(config).serve()
+        if scrape is None:
+            await main.serve()
+        else:
+            side = asyncio.ensure_future(scrape.serve())
+            try:
+                await main.serve()
+            finally:
+                scrape.should_exit = True
+                with contextlib.suppress(Exception):
+                    await side
     finally:
         await console.close()

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from ..errors import RunNotFound, StoreError
+from ..metrics import timed_store_call
 from ._migrations import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
 from .base import (
     OUTBOX_PENDING,
@@ -335,7 +336,7 @@ class SQLStore:
     @contextmanager
     def _transaction(self, write: bool, conflict: str | None = None, run_id: str | None = None) -> Iterator[Tx]:
         """One protocol method's transaction, with driver errors translated at this boundary."""
-        with self._checkout() as conn:
+        with self._checkout() as conn, timed_store_call(write):
             try:
                 with self._begin(conn, write) as tx:
                     yield tx

@@ -202,4 +202,20 @@ def stats(any_store: Store, rules: RetentionRules, now: float) -> dict[str, Any]
             "prune": prune(store, rules, now, dry_run=True).to_dict()}
 
 
-__all__ = ["BATCH", "ENDED", "PruneReport", "RetentionRules", "prune", "prune_all", "stats"]
+
+
+def live_counts(any_store: Store, now: float) -> dict[str, Any]:
+    """What metrics read at each scrape: runs by status, pauses with their oldest, outbox backlog, size."""
+    store = _sql(any_store)
+    with store._transaction(write=False) as tx:
+        by_status = {row[0]: int(row[1]) for row in
+                     tx.run("SELECT status, COUNT(*) FROM runs GROUP BY status").fetchall()}
+        pauses = {row[0]: (int(row[1]), row[2]) for row in tx.run(
+            "SELECT status, COUNT(*), MIN(updated_at) FROM runs WHERE status IN ('paused', 'waiting') "
+            "GROUP BY status").fetchall()}
+        backlog = int(tx.run("SELECT COUNT(*) FROM outbox WHERE status = 'pending'").fetchone()[0])
+    return {"runs_by_status": by_status, "pauses": pauses, "outbox_pending": backlog,
+            "size_bytes": store.store_size_bytes()}
+
+
+__all__ = ["BATCH", "ENDED", "PruneReport", "RetentionRules", "live_counts", "prune", "prune_all", "stats"]
