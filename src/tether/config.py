@@ -43,6 +43,8 @@ __all__ = [
     "PolicyConfig",
     "PythonSource",
     "QueryAuth",
+    "QuotaConfig",
+    "QuotasConfig",
     "RetentionConfig",
     "Rule",
     "SandboxConfig",
@@ -265,6 +267,46 @@ class RetentionConfig(_Section):
         return RetentionRules({k: (v or None) for k, v in days.items()}, keep_journals=self.keep_journals)
 
 
+# --- [quotas] ----------------------------------------------------------------
+
+
+class QuotaConfig(_Section):
+    """One principal's quotas (tether.runs.quotas); 0 is unlimited."""
+
+    # Generous defaults: they stop one runaway agent, not normal work.
+    concurrent_runs: NonNegativeInt = 256  # queued or running
+    runs_per_period: NonNegativeInt = 10_000
+    period_seconds: Seconds = 3600
+    # Off by default: measuring it reads every row a principal owns (once a
+    # minute per principal and process), which a CLI start would pay each time.
+    stored_bytes: NonNegativeInt = 0
+    repl_sessions: NonNegativeInt = 1000
+    # ~38 KB each in the MCP SDK (measured): 1,000 idle sessions cost one token ~38 MB.
+    mcp_sessions: NonNegativeInt = 1000
+
+    def quota(self) -> Any:
+        from .runs.quotas import Quota
+
+        return Quota(concurrent_runs=self.concurrent_runs or None, runs_per_period=self.runs_per_period or None,
+                     period_seconds=self.period_seconds, stored_bytes=self.stored_bytes or None,
+                     repl_sessions=self.repl_sessions or None, mcp_sessions=self.mcp_sessions or None)
+
+
+class QuotasConfig(QuotaConfig):
+    # Per principal (the id `tether runs list` and the console show, "local" without a
+    # token): a table with any of the keys above; the rest come from here.
+    principals: Annotated[dict[str, QuotaConfig], _Expected("must be a table of tables, one per principal")] = Field(
+        default_factory=dict)
+
+    def quotas(self) -> Any:
+        from .runs.quotas import Quotas
+
+        base = self.model_dump(exclude={"principals"})
+        overrides = {p: QuotaConfig(**{**base, **q.model_dump(exclude_unset=True)}).quota()
+                     for p, q in self.principals.items()}
+        return Quotas(default=self.quota(), principals=overrides)
+
+
 # --- [log] and [metrics] -----------------------------------------------------
 
 
@@ -478,6 +520,7 @@ class Config(_Section):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    quotas: QuotasConfig = Field(default_factory=QuotasConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     sources: Annotated[list[Source], _Expected("must be an array of tables, written [[sources]]")] = Field(

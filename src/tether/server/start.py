@@ -210,7 +210,9 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
     # people in with the same tokens and has its own checks; MCP requests
     # keep the bearer check.
     console = Console(server.rt, tokens=tokens, admission=server.admission, public_url=public_url)
-    mcp_app = BearerAuth(server.mcp.streamable_http_app(host=host, stateless_http=stateless), tokens)
+    quotas = server.rt.quotas
+    mcp_app = BearerAuth(server.mcp.streamable_http_app(host=host, stateless_http=stateless), tokens,
+                         session_quota=(lambda p: quotas.of(p).mcp_sessions) if quotas is not None else None)
     settings = settings or ServerConfig()
     app = BodyDeadline(HealthRoutes(Router(console.app, MetricsRoute(mcp_app, server.rt, tokens)), ready),
                        settings.body_timeout_seconds)

@@ -104,6 +104,11 @@ def _where(rules: RetentionRules, now: float) -> tuple[str, list[Any]]:
     return where, params
 
 
+def payload_bytes(store: SQLStore, table: str) -> str:
+    """SQL for one row's payload bytes in ``table`` (runs, calls, snapshots, events, waits)."""
+    return _size(store, table)
+
+
 def _size(store: SQLStore, table: str) -> str:
     return " + ".join(f"COALESCE({store.octets.format(c)}, 0)" for c in _PAYLOAD[table])
 
@@ -218,4 +223,4 @@ def live_counts(any_store: Store, now: float) -> dict[str, Any]:
             "size_bytes": store.store_size_bytes()}
 
 
-__all__ = ["BATCH", "ENDED", "PruneReport", "RetentionRules", "live_counts", "prune", "prune_all", "stats"]
+__all__ = ["BATCH", "ENDED", "PruneReport", "RetentionRules", "live_counts", "payload_bytes", "prune", "prune_all", "stats"]
