@@ -108,3 +108,20 @@ async def test_the_separate_listener_app_needs_no_token_and_serves_only_metrics(
         assert r.status_code == 200 and "tether_runs" in _families(r.text)
         assert (await client.get("/mcp")).status_code == 404
         assert (await client.post("/metrics")).status_code == 405
+
+
+async def test_the_sample_dashboard_graphs_only_series_tether_exports(served):
+    import json
+    import re
+    from pathlib import Path
+
+    rt, client = served
+    await rt.execute("1")
+    names = {s.name for f in text_string_to_metric_families(await _scrape(client)) for s in f.samples}
+    names |= {f.name for f in text_string_to_metric_families(await _scrape(client))}
+    dashboard = json.loads((Path(__file__).parent.parent / "deploy" / "grafana-tether.json").read_text())
+    used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"\btether_\w+", t["expr"])}
+    assert len(used) >= 12
+    # A _bucket series exists once a histogram has an observation; its family is what must exist.
+    missing = {m for m in used if m not in names and m.removesuffix("_bucket") not in names}
+    assert not missing

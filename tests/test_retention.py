@@ -212,3 +212,44 @@ async def test_the_worker_prunes_in_batches(tmp_path):
         assert [store.get_run(r) for r in ended] == [None, None, None]
         assert store.get_run(paused).status == "paused"
     store.close()
+
+
+def test_a_backup_taken_while_serving_restores_and_its_paused_run_resumes(tmp_path):
+    import asyncio
+    import shutil
+
+    url = f"sqlite:///{tmp_path}/live/tether.db"
+    (tmp_path / "tether.toml").write_text(f'[store]\nurl = "{url}"\n')
+    from tether.store import open_store
+
+    rec = Recorder()
+
+    async def pause_one(store):
+        async with Runtime(store=store, tools=rec.tools(), type_check=False) as rt:
+            return await rt.execute(ASK)
+
+    live = open_store(url)
+    paused = asyncio.run(pause_one(live))
+    env = {**os.environ, "TETHER_HOME": str(tmp_path / "home")}
+    env.pop("TETHER_STORE_URL", None)
+    out = run_cli(["store", "backup", str(tmp_path / "copy" / "tether.db"), "--json"], env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["bytes"] > 0 and data["secret"] == f"{tmp_path}/live/tether.db.secret"
+    # The live store is untouched and still serving.
+    assert live.get_run(paused.run_id).status == "paused"
+    again = run_cli(["store", "backup", str(tmp_path / "copy" / "tether.db")], env, tmp_path)
+    assert again.returncode != 0 and "exists" in again.stderr  # never overwrites
+    live.close()
+    # Restore: the copy and the secret, kept apart, put back together.
+    shutil.copy(data["secret"], tmp_path / "copy" / "tether.db.secret")
+
+    async def resume(store):
+        async with Runtime(store=store, tools=rec.tools(), type_check=False) as rt:
+            return await rt.resume(paused.run_id, "approve")
+
+    restored = open_store(f"sqlite:///{tmp_path}/copy/tether.db")
+    done = asyncio.run(resume(restored))
+    restored.close()
+    assert done.status == "completed" and done.result == "closed"
+    assert rec.deliveries == [("close_ticket", {"id": 4})]

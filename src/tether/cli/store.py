@@ -72,6 +72,35 @@ async def cmd_runs_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def cmd_store_backup(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..errors import UsageError
+    from ..store.sqlite import SQLiteStore
+
+    store, _ = _open(args)
+    try:
+        if not isinstance(store, SQLiteStore) or store.path is None:
+            raise UsageError("tether store backup copies a SQLite store; nothing was written",
+                             code="config_invalid",
+                             next_action="Back up Postgres with pg_dump (docs/deploy.md \"Backups\").")
+        dest = Path(args.dest).expanduser().resolve()
+        size = store.backup_to(dest)
+        secret = Path(f"{store.path}.secret")
+    finally:
+        store.close()
+    data = {"backup": str(dest), "bytes": size,
+            "secret": str(secret) if secret.exists() else None}
+    if args.json:
+        print_json(data)
+        return EXIT_OK
+    print(f"backed up {store.path} to {dest} ({_size(size)})")
+    if data["secret"]:
+        print(f"not copied: the signing secret {secret}; keep a copy of it apart from the data and restore it "
+              f"as {dest}.secret (or set TETHER_SECRET), or the copy's paused runs cannot be resumed")
+    return EXIT_OK
+
+
 def add_prune(runs: Any) -> None:
     sp = runs.add_parser("prune", help="forget ended runs past their [retention] days (never paused, waiting, running)")
     sp.add_argument("--dry-run", action="store_true", help="count what would go; change nothing")
@@ -85,3 +114,7 @@ def add_store(sub: Any) -> None:
     sp = store.add_parser("stats", help="size, rows, runs by status, what a prune would free")
     add_common(sp, tools=False)
     sp.set_defaults(func=cmd_store_stats)
+    sp = store.add_parser("backup", help="a consistent copy of a SQLite store while it serves (not its secret)")
+    sp.add_argument("dest", help="the new file to write")
+    add_common(sp, tools=False)
+    sp.set_defaults(func=cmd_store_backup)
