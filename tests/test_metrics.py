@@ -77,6 +77,14 @@ async def test_every_series_is_parsed_and_moves_after_a_run(served):
     assert done.status == "completed"
     failed = await rt.execute("1/0")
     assert failed.status == "failed"
+    # An answer `overloaded`: one slot, held, no queue.
+    from tether.errors import Overloaded
+    from tether.server.admission import Admission
+
+    admission = Admission(1, queue_depth=0, queue_timeout=1)
+    async with admission.slot():
+        with pytest.raises(Overloaded):
+            await admission.acquire()
 
     after_text = await _scrape(client)
     assert set(SERIES) <= _families(after_text)
@@ -90,6 +98,7 @@ async def test_every_series_is_parsed_and_moves_after_a_run(served):
     assert moved("tether_runs_ended_total", status="failed", code="program_error") == 1
     assert moved("tether_calls_total", kind="write", outcome="sent") == 2
     assert moved("tether_approval_latency_seconds_count") == 1
+    assert moved("tether_overloaded_answers_total") == 1
     assert moved("tether_store_call_seconds_count", access="write") > 0
     assert moved("tether_store_call_seconds_count", access="read") > 0
     assert after[("tether_runs", (("status", "completed"),))] == 1

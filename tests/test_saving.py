@@ -89,3 +89,26 @@ async def test_a_session_state_that_cannot_be_saved_is_a_note_and_a_retry_sends_
         # The session goes on from its previous state.
         after = await rt.execute("kept", session="s")
         assert after.status == "completed" and after.result == "before"
+
+
+async def test_with_the_default_30_s_checkpoint_interval_too(store_url):
+    """The case seen in the field: no special settings, a run that outlives the 30 s checkpoint interval."""
+    from tether.tools.model import Annotations, Tool
+
+    clock = Clock()
+    rec = Recorder()
+
+    async def tick(args: dict) -> int:
+        clock.now += 31  # the run has now been going longer than checkpoint_every_seconds
+        return 1
+
+    tools = rec.tools() + [Tool("clock", "tick", "Let time pass.", {"type": "object"}, tick,
+                                annotations=Annotations(read_only=True))]
+    async with Runtime(store=open_store(store_url), tools=tools, clock=clock, type_check=False,
+                       policy=Policy(writes="allow")) as rt:
+        assert rt.checkpoint_every_seconds == 30 and rt.checkpoint_every_calls == 100
+        r = await rt.execute(BIG + "await tools.clock.tick()\nawait tools.helpdesk.add_comment(id=3, body='last')\n"
+                             "len(big)")
+        assert r.status == "completed", r.error
+        assert any("checkpoints were skipped" in n for n in r.notes)
+        assert rec.deliveries == [COMMENT, ("add_comment", {"id": 3, "body": "last"})]
