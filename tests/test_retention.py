@@ -253,3 +253,29 @@ def test_a_backup_taken_while_serving_restores_and_its_paused_run_resumes(tmp_pa
     restored.close()
     assert done.status == "completed" and done.result == "closed"
     assert rec.deliveries == [("close_ticket", {"id": 4})]
+
+
+async def test_what_quotas_and_metrics_read_works_on_both_stores(open_backend):
+    from tether.errors import QuotaExceeded
+    from tether.runs.quotas import Quota, Quotas
+    from tether.store import usage
+    from tether.store.retention import live_counts
+
+    clock = Clock()
+    store = open_backend()
+    async with runtime(store, clock) as rt:
+        await rt.execute(WRITE, session="s")
+        await rt.execute(ASK)
+        rt.start("1")
+        assert usage.active_runs(store, "local") == 1
+        assert usage.runs_started_since(store, "local", clock.now - 1) == 3
+        assert usage.runs_started_since(store, "someone", clock.now - 1) == 0
+        assert usage.stored_bytes(store, "local") > 2000
+        assert usage.repl_sessions(store, "local", clock.now) == {"s"}
+        live = live_counts(store, clock.now + 5)
+        assert live["runs_by_status"] == {"completed": 1, "paused": 1, "queued": 1}
+        assert live["pauses"]["paused"][0] == 1 and clock.now + 5 - live["pauses"]["paused"][1] >= 5
+        assert live["outbox_pending"] == 0 and live["size_bytes"] > 0
+        rt.quotas = Quotas(default=Quota(concurrent_runs=1))
+        with pytest.raises(QuotaExceeded):
+            await rt.execute("2")
