@@ -144,7 +144,10 @@ def prune(any_store: Store, rules: RetentionRules, now: float, *, limit: int | N
             if not ids:
                 _forget_leftovers(store, tx, rules, now, report)
                 return report
-            scope, scope_params = f"run_id IN ({', '.join('?' for _ in ids)})", list(ids)
+            # Every statement re-checks that the run has ended, whatever happened since the select.
+            scope = (f"run_id IN (SELECT run_id FROM runs WHERE run_id IN ({', '.join('?' for _ in ids)}) "
+                     f"AND status IN ({', '.join('?' for _ in ENDED)}))")
+            scope_params = list(ids) + list(ENDED)
         _measure(store, tx, scope, scope_params, report, rules.keep_journals)
         if not rules.keep_journals:
             n, size = tx.run(f"SELECT COUNT(*), COALESCE(SUM({_size(store, 'runs')}), 0) FROM runs WHERE {scope}",
@@ -157,10 +160,8 @@ def prune(any_store: Store, rules: RetentionRules, now: float, *, limit: int | N
             for table in ("waits", "snapshots", "events"):
                 tx.run(f"DELETE FROM {table} WHERE {scope}", scope_params)
             if not rules.keep_journals:
-                # Checked again under the delete: only ended runs, whatever happened since the select.
                 tx.run(f"DELETE FROM calls WHERE {scope}", scope_params)
-                tx.run(f"DELETE FROM runs WHERE {scope} AND status IN ({', '.join('?' for _ in ENDED)})",
-                       scope_params + list(ENDED))
+                tx.run(f"DELETE FROM runs WHERE {scope}", scope_params)
         _forget_leftovers(store, tx, rules, now, report)
     return report
 
