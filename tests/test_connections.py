@@ -34,13 +34,13 @@ async def _echo(scope, receive, send):
 
 
 @contextlib.asynccontextmanager
-async def listening(**server):
+async def listening(max_body: int = 1 << 20, **server):
     settings = Config.from_dict({"server": {"header_timeout_seconds": 0.3, "body_timeout_seconds": 0.3,
                                             "keep_alive_seconds": 0.3, **server}}).server
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = uvicorn.Config(BodyDeadline(_echo, settings.body_timeout_seconds), host="127.0.0.1", port=port,
+    config = uvicorn.Config(BodyDeadline(_echo, settings.body_timeout_seconds, max_body), host="127.0.0.1", port=port,
                             log_level="warning", lifespan="off", **uvicorn_options(settings))
     srv = uvicorn.Server(config)
     task = asyncio.ensure_future(srv.serve())
@@ -82,6 +82,16 @@ async def test_a_body_that_never_finishes_gets_408_and_the_app_never_sees_it():
         answer = await _closed(reader)
         assert answer.startswith(b"HTTP/1.1 408")
         assert b"request_timeout" in answer and b"nothing was done" in answer
+        writer.close()
+
+
+async def test_a_body_past_the_bound_gets_413():
+    async with listening(max_body=1000) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n" + b"x" * 2000)
+        await writer.drain()
+        answer = await _closed(reader)
+        assert answer.startswith(b"HTTP/1.1 413") and b"request_too_large" in answer
         writer.close()
 
 

@@ -67,31 +67,39 @@ def protocol_with_header_timeout(seconds: float) -> type[H11Protocol]:
     return HeaderTimedH11
 
 
-class BodyDeadline:
-    """ASGI middleware: a request body is read in full within ``seconds`` of its headers, or answered 408."""
+# Bodies are read here before the application sees them, so they are bounded here too: well above the
+# MCP SDK's own 4 MiB (which answers 413 itself) and anything the console posts.
+MAX_BODY_BYTES = 16 * 1024 * 1024
 
-    def __init__(self, app: ASGIApp, seconds: float) -> None:
-        self.app, self.seconds = app, seconds
+
+class BodyDeadline:
+    """ASGI middleware: a request body is read in full within ``seconds`` of its headers, or answered 408
+    (413 past ``max_bytes``); the application gets it only once complete."""
+
+    def __init__(self, app: ASGIApp, seconds: float, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app, self.seconds, self.max_bytes = app, seconds, max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not _has_body(scope):
             await self.app(scope, receive, send)
             return
         messages: list[Message] = []
+        size = 0
         try:
             async with asyncio.timeout(self.seconds):
                 while True:
                     message = await receive()
                     messages.append(message)
+                    size += len(message.get("body", b""))
+                    if size > self.max_bytes:
+                        await _refuse(send, 413, "request_too_large",
+                                      f"the request body is larger than {self.max_bytes} bytes; nothing was done")
+                        return
                     if message["type"] != "http.request" or not message.get("more_body", False):
                         break
         except TimeoutError:
-            body = json.dumps({"error": {"code": "request_timeout", "message": f"the request body did not arrive "
-                               f"within {self.seconds:g} s; nothing was done"}}).encode()
-            await send({"type": "http.response.start", "status": 408, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close")]})
-            await send({"type": "http.response.body", "body": body})
+            await _refuse(send, 408, "request_timeout",
+                          f"the request body did not arrive within {self.seconds:g} s; nothing was done")
             return
         replay = iter(messages)
 
@@ -101,6 +109,14 @@ class BodyDeadline:
             return await receive()
 
         await self.app(scope, replayed, send)
+
+
+async def _refuse(send: Send, status: int, code: str, message: str) -> None:
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _has_body(scope: Scope) -> bool:
@@ -119,4 +135,4 @@ def uvicorn_options(server: Any) -> dict[str, Any]:
             "limit_concurrency": server.max_connections}
 
 
-__all__ = ["BodyDeadline", "protocol_with_header_timeout", "uvicorn_options"]
+__all__ = ["MAX_BODY_BYTES", "BodyDeadline", "protocol_with_header_timeout", "uvicorn_options"]
