@@ -438,10 +438,10 @@ class Attempt:
         if (st.issued - st.checkpoint_at_seq < d.settings.checkpoint_every_calls
                 and now - (st.checkpoint_at_time or run.created_at) < d.settings.checkpoint_every_seconds):
             return
-        await boundary.flush()
-        assert boundary.execution is not None
         if self.checkpoints_off:
             return
+        await boundary.flush()
+        assert boundary.execution is not None
         try:
             data = await boundary.execution.dump()
         except (LimitExceeded, SandboxCrashed) as exc:
