@@ -23,7 +23,9 @@ from .result import RunResult
 
 _log = logging.getLogger("tether.runs")
 
+
 def _ended(run: RunRecord, status: str, error: dict[str, Any] | None) -> None:
+    """Count the end and log it, one line a pipeline can read (run_id, status, code as fields)."""
     metrics.run_ended(status, error)
     code = (error or {}).get("code")
     _log.info("run %s %s%s", run.run_id, status, f" [{code}]" if code else "",
