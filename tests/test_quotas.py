@@ -175,3 +175,12 @@ def test_mcp_sessions_a_flood_from_one_token_never_touches_another(server):
                                                "mcp-protocol-version": "2025-11-25"})
         assert ended.status_code in (200, 204)
         assert _open(client, server, ALPHA).status_code == 200
+        # The same server serves /metrics behind the token (wired in `tether serve`).
+        from prometheus_client.parser import text_string_to_metric_families
+
+        metrics_url = server.removesuffix("/mcp") + "/metrics"
+        assert client.get(metrics_url).status_code == 401
+        scraped = client.get(metrics_url, headers={"authorization": f"Bearer {BETA}"})
+        assert scraped.status_code == 200
+        families = {f.name for f in text_string_to_metric_families(scraped.text)}
+        assert {"tether_runs", "tether_sandbox_workers", "tether_store_call_seconds"} <= families
