@@ -118,8 +118,8 @@ def _free_port() -> int:
 
 @pytest.fixture
 def server(tmp_path):
-    (tmp_path / "tether.toml").write_text("[quotas]\nmcp_sessions = 2\n")
-    port = _free_port()
+    port, scrape_port = _free_port(), _free_port()
+    (tmp_path / "tether.toml").write_text(f'[quotas]\nmcp_sessions = 2\n[metrics]\nlisten = "127.0.0.1:{scrape_port}"\n')
     env = {k: v for k, v in os.environ.items() if k != "TETHER_STORE_URL"}
     env.update(TETHER_HOME=str(tmp_path / "home"), TETHER_TOKEN=f"{ALPHA},{BETA}")
     log = tmp_path / "server.log"
@@ -136,7 +136,7 @@ def server(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield f"http://127.0.0.1:{port}/mcp", f"http://127.0.0.1:{scrape_port}/metrics"
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -155,6 +155,7 @@ def _usable(client: httpx.Client, url: str, token: str, session: str) -> bool:
 
 @pytest.mark.slow
 def test_mcp_sessions_a_flood_from_one_token_never_touches_another(server):
+    server, scrape_url = server
     with httpx.Client(timeout=30) as client:
         beta = _open(client, server, BETA).headers["mcp-session-id"]
         alpha = [_open(client, server, ALPHA).headers["mcp-session-id"] for _ in range(2)]
@@ -184,3 +185,7 @@ def test_mcp_sessions_a_flood_from_one_token_never_touches_another(server):
         assert scraped.status_code == 200
         families = {f.name for f in text_string_to_metric_families(scraped.text)}
         assert {"tether_runs", "tether_sandbox_workers", "tether_store_call_seconds"} <= families
+        # [metrics] listen: its own listener, no token, nothing else served there.
+        side = client.get(scrape_url)
+        assert side.status_code == 200 and "tether_runs" in side.text
+        assert client.post(scrape_url.removesuffix("/metrics") + "/mcp", json=INIT).status_code == 404

@@ -200,6 +200,13 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
+    class SideListener(uvicorn.Server):
+        # Ends with the main listener and takes no signals: installing its own handler would replace the
+        # main one's, and the first SIGTERM would stop only this listener (seen).
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            yield
+
     async def ready() -> bool:
         # One cheap read through the store's own connection: a store that
         # answers it can serve runs. Off the loop, as every store call should be.
@@ -227,8 +234,8 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
     if metrics_listen:
         # No token on this listener: it is for a network only the scraper reaches (docs/deploy.md).
         m_host, m_port = parse_address(metrics_listen, "127.0.0.1", 9464)
-        scrape = Uvicorn(uvicorn.Config(MetricsApp(server.rt), host=m_host, port=m_port, log_level="warning",
-                                        lifespan="off", **uvicorn_options(settings)))
+        scrape = SideListener(uvicorn.Config(MetricsApp(server.rt), host=m_host, port=m_port,
+                                              log_level="warning", lifespan="off", **uvicorn_options(settings)))
         print(f"tether: metrics at http://{m_host}:{m_port}/metrics (no token)", file=sys.stderr, flush=True)
     main = Uvicorn(config)
     try:
