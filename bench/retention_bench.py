@@ -6,7 +6,7 @@
 2. Metrics: a `/metrics` rendering (counters plus the store read at scrape) on that store, and the cost
    of timing one store transaction.
 3. Saving: the largest string a program can hold under the default 64 MiB limit and still pause
-   (a dump needs room beside the state, P-37), found by bisection over fresh runs.
+   (a dump needs room beside the state, P-41), found by bisection over fresh runs.
 
     python bench/retention_bench.py [--quick] [--json]
 

@@ -153,10 +153,6 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
         "ALTER TABLE runs ADD COLUMN run_key TEXT",
         "CREATE UNIQUE INDEX runs_key ON runs (principal, run_key) WHERE run_key IS NOT NULL",
     ),
-    (
-        # Per-principal quotas count a principal's recent and active runs at each start.
-        "CREATE INDEX runs_principal ON runs (principal, created_at)",
-    ),
 ]
 
 # Same tables. JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make
@@ -290,10 +286,6 @@ POSTGRES_MIGRATIONS: list[tuple[str, ...]] = [
     (
         "ALTER TABLE runs ADD COLUMN run_key TEXT",
         "CREATE UNIQUE INDEX runs_key ON runs (principal, run_key) WHERE run_key IS NOT NULL",
-    ),
-    (
-        # Per-principal quotas count a principal's recent and active runs at each start.
-        "CREATE INDEX runs_principal ON runs (principal, created_at)",
     ),
 ]
 
