@@ -71,6 +71,7 @@ async def open_runtime(
         # How long a dead process keeps its runs before another takes them over.
         lease_seconds=float(os.environ.get("TETHER_LEASE_SECONDS", "30")),
         local_runs=config.server.local_runs,
+        quotas=config.quotas.quotas(),
     )
     runtime.config = config
     source_set = SourceSet(runtime, store=store, log_dir=config.home / "logs", local=config.sources,

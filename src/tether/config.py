@@ -34,13 +34,18 @@ __all__ = [
     "BearerAuth",
     "Config",
     "HeaderAuth",
+    "LogConfig",
     "LimitsConfig",
     "McpSource",
+    "MetricsConfig",
     "NotifyConfig",
     "OpenApiSource",
     "PolicyConfig",
     "PythonSource",
     "QueryAuth",
+    "QuotaConfig",
+    "QuotasConfig",
+    "RetentionConfig",
     "Rule",
     "SandboxConfig",
     "ServerConfig",
@@ -68,6 +73,7 @@ NonNegativeInt = Annotated[int, Strict(), Field(ge=0), _Expected("must be a non-
 Seconds = Annotated[float, Strict(), Field(gt=0), _Expected("must be a positive number of seconds")]
 Bool = Annotated[bool, Strict(), _Expected("must be true or false")]
 Text = Annotated[str, Strict(), Field(min_length=1), _Expected("must be a non-empty string")]
+Days = Annotated[float, Strict(), Field(ge=0), _Expected("must be a number of days, 0 to keep forever")]
 Port = Annotated[
     int,
     Strict(),
@@ -242,6 +248,87 @@ class StoreConfig(_Section):
     url: StoreUrl = f"sqlite:///{DEFAULT_HOME}/tether.db"
 
 
+# --- [retention] -------------------------------------------------------------
+
+
+class RetentionConfig(_Section):
+    """How long ended runs are kept (tether.store.retention); paused, waiting and running runs always are."""
+
+    # A month answers "what did that agent do last week?"; failures are kept
+    # longer because they are what someone comes back to investigate.
+    completed_days: Days = 30
+    failed_days: Days = 90
+    cancelled_days: Days = 30
+    # true: a run past its days keeps its row, result and journal (audit);
+    # only its snapshots, events and waits go.
+    keep_journals: Bool = False
+    # The worker prunes this many runs per transaction, every so often: short
+    # transactions never hold SQLite's one writer for long.
+    batch: PositiveInt = 100
+    every_seconds: Seconds = 300
+
+    def rules(self) -> Any:
+        from .store.retention import RetentionRules
+
+        days = {"completed": self.completed_days, "failed": self.failed_days, "cancelled": self.cancelled_days}
+        return RetentionRules({k: (v or None) for k, v in days.items()}, keep_journals=self.keep_journals)
+
+
+# --- [quotas] ----------------------------------------------------------------
+
+
+class QuotaConfig(_Section):
+    """One principal's quotas (tether.runs.quotas); 0 is unlimited."""
+
+    # Generous defaults: they stop one runaway agent, not normal work.
+    concurrent_runs: NonNegativeInt = 256  # queued or running
+    runs_per_period: NonNegativeInt = 10_000
+    period_seconds: Seconds = 3600
+    # Off by default: measuring it reads every row a principal owns (once a
+    # minute per principal and process), which a CLI start would pay each time.
+    stored_bytes: NonNegativeInt = 0
+    repl_sessions: NonNegativeInt = 1000
+    # ~38 KB each in the MCP SDK (measured): 1,000 idle sessions cost one token ~38 MB.
+    mcp_sessions: NonNegativeInt = 1000
+
+    def quota(self) -> Any:
+        from .runs.quotas import Quota
+
+        return Quota(concurrent_runs=self.concurrent_runs or None, runs_per_period=self.runs_per_period or None,
+                     period_seconds=self.period_seconds, stored_bytes=self.stored_bytes or None,
+                     repl_sessions=self.repl_sessions or None, mcp_sessions=self.mcp_sessions or None)
+
+
+class QuotasConfig(QuotaConfig):
+    # Per principal (the id `tether runs list` and the console show, "local" without a
+    # token): a table with any of the keys above; the rest come from here.
+    principals: Annotated[dict[str, QuotaConfig], _Expected("must be a table of tables, one per principal")] = Field(
+        default_factory=dict)
+
+    def quotas(self) -> Any:
+        from .runs.quotas import Quotas
+
+        base = self.model_dump(exclude={"principals"})
+        overrides = {p: QuotaConfig(**{**base, **q.model_dump(exclude_unset=True)}).quota()
+                     for p, q in self.principals.items()}
+        return Quotas(default=self.quota(), principals=overrides)
+
+
+# --- [log] and [metrics] -----------------------------------------------------
+
+
+class LogConfig(_Section):
+    # "json": one object per line with run_id / correlation_id fields, for a log pipeline.
+    format: Literal["text", "json"] = "text"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class MetricsConfig(_Section):
+    # GET /metrics is always served behind the token on the main listener;
+    # "host:port" here adds a listener without a token, for a scrape network.
+    listen: Text | None = None
+
+
 # --- [sandbox] ---------------------------------------------------------------
 
 
@@ -330,6 +417,16 @@ class ServerConfig(_Section):
     # is kept in a process's memory, so any replica answers any request
     # (2025-11-25 clients then get no mid-call requests; see docs/deploy.md).
     stateless_http: Bool = False
+    # Connection hygiene (a proxy in front should time out first; docs/deploy.md).
+    # A connection idle between requests is closed after this long.
+    keep_alive_seconds: Seconds = 5
+    # A request's headers must arrive within this long of the connection opening,
+    # and its body within body_timeout_seconds of its headers: slow senders
+    # (slowloris) do not hold a connection slot.
+    header_timeout_seconds: Seconds = 10
+    body_timeout_seconds: Seconds = 30
+    # Open connections beyond this are refused with 503 instead of queued.
+    max_connections: PositiveInt = 1000
     # Named tokens with rights; TETHER_TOKEN / `token` stay accepted beside them
     # (rights run and approve, its own runs only: see self_approval).
     tokens: Annotated[list[TokenConfig], _Expected("must be an array of tables, written [[server.tokens]]")] = Field(
@@ -544,6 +641,10 @@ class Config(_Section):
     store: StoreConfig = Field(default_factory=StoreConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    quotas: QuotasConfig = Field(default_factory=QuotasConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     sources: Annotated[list[Source], _Expected("must be an array of tables, written [[sources]]")] = Field(
         default_factory=list
     )

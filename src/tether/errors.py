@@ -21,6 +21,7 @@
     ├── LimitExceeded                a limit stopped the program
     │   ├── (codes) memory_limit, time_limit, call_limit, journal_limit, budget_exceeded,
     │   │           call_timeout, output_limit, log_limit, overloaded
+    │   └── QuotaExceeded            quota_exceeded (a principal's [quotas]: nothing was started)
     └── WorldError                   the world failed (a tool, the sandbox, the store)
         ├── ToolError                tool_error
         │   └── SourceUnavailable    source_unavailable
@@ -188,6 +189,13 @@ class LimitExceeded(TetherError):
 class Overloaded(LimitExceeded):
     code = "overloaded"
     next_action = "Retry after retry_after_ms."
+
+
+class QuotaExceeded(LimitExceeded):
+    """A principal's [quotas] entry refused a start; ``details`` names the quota, its limit and the use."""
+
+    code = "quota_exceeded"
+    next_action = "Free some of what the quota counts, or ask the operator to raise it in [quotas]."
 
 
 # --- the world failed --------------------------------------------------------

@@ -18,7 +18,7 @@ import sys
 from typing import Sequence
 
 from ..errors import TetherError, UsageError
-from . import cells, demo, runs, serve, sessions, sources, tools, waits
+from . import cells, demo, runs, serve, sessions, sources, store, tools, waits
 from ._common import EXIT_FAILED, EXIT_OK, EXIT_PAUSED, EXIT_TIMED_OUT, EXIT_USAGE, print_json
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_PAUSED", "EXIT_TIMED_OUT", "EXIT_USAGE", "build_parser", "main"]
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     cells.add_cells(sub)
     sessions.add_sessions(sub)
     runs.add_recover(sub)
+    store.add_store(sub)
     tools.add_tools(sub)
     sources.add_sources(sub)
     demo.add_demo(sub)

@@ -296,6 +296,9 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     pid_file(home).write_text(str(os.getpid()))
     try:
         async with open_rt(args, list(args.tools), report=True) as rt:
+            from ..logs import configure_from
+
+            configure_from(rt.config.log if rt.config is not None else None)
             rt.source_set.refresh_in_background()
             handled = await work(rt, poll_seconds=args.poll, idle_exit_seconds=args.idle_exit)
     finally:
@@ -364,6 +367,9 @@ def add_runs(sub: Any) -> None:
     sp.add_argument("run_id")
     add_common(sp, tools=False)
     sp.set_defaults(func=cmd_runs_show)
+    from .store import add_prune
+
+    add_prune(runs)
 
     sp = runs.add_parser("await", help="wait until a run ends (or pauses)")
     sp.add_argument("run_id")

@@ -22,6 +22,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from .. import metrics
 from ..errors import (
     ExecutionDiverged,
     InvalidArguments,
@@ -676,6 +677,7 @@ class EffectBoundary:
     def _stat(self, seq: int, op: str, address: str, kind: str, state: str, t: float) -> None:
         now = time.perf_counter()
         self.state.stats.append(CallStat(seq, op, address, kind, state, (now - t) * 1000, t - self._t0, now - self._t0))
+        metrics.call_settled(op, kind, state)
         if self.span is not None:
             telemetry.record_call(self.span, seq, op, address, kind, state, now - t)
         if self.on_progress is not None:

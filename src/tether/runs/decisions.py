@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
+from .. import metrics
 from ..errors import AlreadyDecided, NotPaused, RunExpired, SeqRequired, UsageError, WriteNotPending
 from ..store.base import (
     CallRecord,
@@ -279,6 +280,8 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
     last = None
     for seq, (decision, reason) in fresh.items():
         last = _record(rt, run, batch[seq], decision, reason, who, now)
+        # The run's updated_at is when it paused: nothing touches a paused run but a decision.
+        metrics.APPROVAL_SECONDS.observe(max(0.0, now - run.updated_at))
     # The run continues when nothing in its pause is left undecided; whoever
     # sees that first continues it (paused -> running is a compare-and-set).
     undecided = [s for s in batch if (e := rt.store.get_call(run_id, s)) is not None and e.state == CallState.ASKED]

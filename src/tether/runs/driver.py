@@ -20,6 +20,7 @@ from ..errors import (
     ExecutionDiverged,
     LimitExceeded,
     RunTampered,
+    SandboxCrashed,
     SnapshotTampered,
     TetherError,
     TypeCheckError,
@@ -159,6 +160,8 @@ class Attempt:
         self.setup_ms = 0.0
         self.t_exec = 0.0
         self.stopped_at: RunResult | None = None  # the paused / waiting envelope, once it stops at a call
+        self.checkpoints_off: str | None = None  # why, once a checkpoint could not be taken
+        self.extra_notes: list[str] = []
 
     # -- the whole attempt ---------------------------------------------------------
 
@@ -283,11 +286,11 @@ class Attempt:
                 value = await self._run_once(spec, emitter, already_emitted, session_base)
             except SnapshotMismatch:
                 # Nothing was sent: the mapping is checked before any dispatch.
-                self.kind = "replay"
-                boundary.reset_for_replay(await self.astore.get_calls(run.run_id))
-                self.logs = LogBuffer(self.limits.log_bytes)
                 assert spec is not None  # a mismatch comes from running it
-                value = await self._run_once(spec, emitter, already_emitted, session_base)
+                value = await self._replay(spec, emitter, already_emitted, session_base)
+            except _CheckpointSkipped:
+                assert spec is not None  # a checkpoint is taken while the program runs
+                value = await self._replay(spec, emitter, max(already_emitted, emitter.count), session_base)
         except (Paused, Parked):
             assert self.stopped_at is not None
             return self.stopped_at
@@ -302,6 +305,14 @@ class Attempt:
             if d.live.get(run.run_id) is boundary:
                 del d.live[run.run_id]
         return await self._completed(value)
+
+    async def _replay(self, spec: SandboxSpec, emitter: "Emitter", already_emitted: int,
+                      session_base: bytes | None) -> Any:
+        assert self.boundary is not None
+        self.kind = "replay"
+        self.boundary.reset_for_replay(await self.astore.get_calls(self.run.run_id))
+        self.logs = LogBuffer(self.limits.log_bytes)
+        return await self._run_once(spec, emitter, already_emitted, session_base)
 
     async def _run_once(self, spec: SandboxSpec, emitter: "Emitter", already_emitted: int,
                         session_base: bytes | None) -> Any:
@@ -329,8 +340,15 @@ class Attempt:
                         raise
                     remember_verdict(d, spec, run.program, True)
                 if run.session:
-                    # The globals the next execute of this session starts from (P-21).
-                    d.sessions.save(run.session, run.principal or d.settings.principal, await execution.dump())
+                    # The globals the next execute of this session starts from (P-21). The run is done and its
+                    # writes are sent: state that cannot be saved is a note, never a failure to retry.
+                    try:
+                        state = await execution.dump()
+                    except (LimitExceeded, SandboxCrashed) as exc:
+                        self.extra_notes.append(f"the session state was not saved ({exc.message}); session "
+                                                f"{run.session!r} keeps the globals of its previous execute")
+                    else:
+                        d.sessions.save(run.session, run.principal or d.settings.principal, state)
                 return value
             finally:
                 boundary.release_held()
@@ -384,7 +402,17 @@ class Attempt:
         await boundary.flush()
         st = boundary.state
         assert boundary.execution is not None
-        data = await boundary.execution.dump()
+        try:
+            data = await boundary.execution.dump()
+        except (LimitExceeded, SandboxCrashed) as exc:
+            # Before anything of this stop is stored or sent: the run fails here, the write that asked unsent.
+            call = stop.call()
+            # The run ends here: a wait it was parking on is cancelled with it (as a cancel does), not left open.
+            await self.astore.call(d.waits.cancel, run.run_id)
+            raise type(exc)(f"the run could not be {'parked' if isinstance(stop, ParkedWait) else 'paused'} at call "
+                            f"{call['seq']} ({call['address']}): {exc.message}; nothing of that call was sent (the "
+                            "calls before it are in the journal)", code=exc.code, next_action=exc.next_action,
+                            details={"call": call}) from None
         if st.answering and st.restore_pending is not None:
             waits_on = list(st.restore_pending)
         else:
@@ -428,9 +456,20 @@ class Attempt:
         if (st.issued - st.checkpoint_at_seq < d.settings.checkpoint_every_calls
                 and now - (st.checkpoint_at_time or run.created_at) < d.settings.checkpoint_every_seconds):
             return
+        if self.checkpoints_off:
+            return
         await boundary.flush()
         assert boundary.execution is not None
-        data = await boundary.execution.dump()
+        try:
+            data = await boundary.execution.dump()
+        except (LimitExceeded, SandboxCrashed) as exc:
+            # A checkpoint is an optimisation: never a reason to fail the run. The failed dump may have cost
+            # the worker, so the attempt goes on by replaying the journal (nothing is sent twice, P-13)
+            # without checkpoints.
+            self.checkpoints_off = (f"checkpoints were skipped from call {entry.seq} on ({exc.message}); the run "
+                                    "went on by replaying its journal in a fresh worker, nothing was sent twice")
+            boundary.execution.stop(_CheckpointSkipped())
+            return
         st.checkpoint_at_seq, st.checkpoint_at_time = st.issued, now
         await self.astore.put_snapshot(self._snapshot_record(
             st.issued, data,
@@ -487,6 +526,9 @@ class Attempt:
                 f"{boundary.state.issued} calls this run made were made and are journaled "
                 f"(tether runs show {run.run_id})"
             )
+        if self.checkpoints_off:
+            notes.append(self.checkpoints_off)
+        notes.extend(self.extra_notes)
         for address, changes in boundary.state.conversions.items():
             notes.append(f"results of {address} were converted to JSON: {'; '.join(changes[:5])}")
         if boundary.state.unknown_writes:
@@ -547,6 +589,10 @@ def builtins_for(d: Collaborators, run_id: str, budget: HostBudget) -> dict[str,
 
     return {"search": _guarded(search), "describe": _guarded(describe), "sources": _guarded(sources),
             "yield_control": _guarded(yield_control)}
+
+
+class _CheckpointSkipped(Exception):
+    """A checkpoint's dump failed and may have cost the worker: the attempt replays without checkpoints."""
 
 
 class Emitter:

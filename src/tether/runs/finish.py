@@ -11,6 +11,7 @@ import logging
 import secrets
 from typing import Any, Callable
 
+from .. import metrics
 from ..errors import TetherError
 from ..store.aio import AsyncStore
 from ..store.base import RunRecord, Store
@@ -21,6 +22,15 @@ from .notices import ENDED
 from .result import RunResult
 
 _log = logging.getLogger("tether.runs")
+
+
+def _ended(run: RunRecord, status: str, error: dict[str, Any] | None) -> None:
+    """Count the end and log it, one line a pipeline can read (run_id, status, code as fields)."""
+    metrics.run_ended(status, error)
+    code = (error or {}).get("code")
+    _log.info("run %s %s%s", run.run_id, status, f" [{code}]" if code else "",
+              extra={"run_id": run.run_id, "status": status, "code": code, "principal": run.principal})
+
 
 class Finisher:
     """Records how runs end; takes its collaborators, not the runtime."""
@@ -42,6 +52,7 @@ class Finisher:
         envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
                              calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
         self.lifecycle.finish(run.run_id, RunStatus(status), envelope.to_dict(), error)
+        _ended(run, status, error)
         event = self._told(run, envelope)
         if event is not None:
             self.bus.emit(run.run_id, *event)  # its notice is the "ended" one too
@@ -56,6 +67,7 @@ class Finisher:
         envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
                              calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
         await self.astore.call(self.lifecycle.finish, run.run_id, RunStatus(status), envelope.to_dict(), error)
+        _ended(run, status, error)
         event = self._told(run, envelope)
         if event is not None:
             await self.bus.emit_awaited(run.run_id, *event)
@@ -101,7 +113,8 @@ class Finisher:
         carries only the id, so nothing of the host leaks to the caller.
         """
         correlation = secrets.token_hex(8)
-        _log.error("internal error in run %s (correlation id %s)", run.run_id, correlation, exc_info=exc)
+        _log.error("internal error in run %s (correlation id %s)", run.run_id, correlation, exc_info=exc,
+                   extra={"run_id": run.run_id, "correlation_id": correlation})
         error = TetherError(
             f"tether failed while running or finishing this run ({type(exc).__name__}); correlation id {correlation}",
             code="internal_error",

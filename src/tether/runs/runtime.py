@@ -55,6 +55,7 @@ from .limits import Limits
 from .notices import CANCEL, ENDED, SETTLED, Notices, wait_a_little
 from .ownership import new_owner, owner_gone
 from .policy import Policy
+from .quotas import Quotas, check_run_start
 from .result import RunResult
 from .run_keys import check_run_key
 from .sessions import Sessions, sign_snapshot  # noqa: F401 - sign_snapshot stays importable from here
@@ -111,6 +112,7 @@ class Runtime:
         owner: str | None = None,
         principal: str = LOCAL_PRINCIPAL,
         local_runs: str = "private",
+        quotas: Quotas | None = None,
     ) -> None:
         from ..store import open_store
         from ..tools.catalog import Catalog
@@ -126,6 +128,7 @@ class Runtime:
         # is the older spelling of "off"/"full".
         self.check = check_mode(check, type_check)
         self.approval_ttl_seconds = approval_ttl_seconds
+        self.quotas = quotas  # per-principal limits on starting runs ([quotas]); None: none
         self.checkpoint_every_calls = checkpoint_every_calls
         self.checkpoint_every_seconds = checkpoint_every_seconds
         self.clock = clock
@@ -385,6 +388,7 @@ class Runtime:
             run.meta["session_base"] = self._session_base(session, run.principal or self.principal, notes)
         if key is not None:
             run_keys.mark(run, key, run_keys.request_fingerprint(code, session=session, check=check, meta=meta))
+        await self.astore.call(check_run_start, self.quotas, self.store, run, session, self.clock())
         self._sign(run)
         if key is None:
             await self.astore.call(self.lifecycle.create, run)
@@ -700,6 +704,7 @@ class Runtime:
         if key is not None:
             run_keys.mark(run, check_run_key(key), run_keys.request_fingerprint(code, session=None, check=mode,
                                                                                 meta=meta))
+        check_run_start(self.quotas, self.store, run, None, self.clock())
         self._sign(run)
         if key is None:
             self.lifecycle.create(run)

@@ -43,6 +43,7 @@ async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds
     settled: set[str] = set()
     nudge = asyncio.Event()
     scanned = 0.0
+    prune_at = 0.0  # [retention]: a first batch at start, then every every_seconds
 
     def heard(kind: str, run_id: str) -> None:
         if kind == SETTLED:
@@ -70,6 +71,10 @@ async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds
                     task.add_done_callback(tasks.discard)
                     handled += 1
                     busy = True
+            if time.monotonic() >= prune_at:
+                delay = await _prune_batch(rt)
+                prune_at = time.monotonic() + delay
+                busy = busy or delay == 0  # more ended runs are due: not idle yet
             if busy:
                 idle_since = time.monotonic()
             elif idle_exit_seconds is not None and time.monotonic() - idle_since > idle_exit_seconds:
@@ -80,6 +85,27 @@ async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds
     if tasks:
         await asyncio.gather(*tasks, return_exceptions=True)
     return handled
+
+
+async def _prune_batch(rt: "Runtime") -> float:
+    """Forget one batch of ended runs past their [retention] days; seconds until the next batch.
+
+    One short transaction per batch; a full batch means more are due, so the next comes next round.
+    A store failure here is the next round's business, never the worker's end.
+    """
+    from ..store.aio import AsyncStore
+    from ..store.retention import prune
+
+    retention = rt.config.retention if rt.config is not None else None
+    if retention is None:
+        return float("inf")
+    try:
+        report = await AsyncStore(rt.store).call(prune, rt.store, retention.rules(), rt.clock(),
+                                                 limit=retention.batch)
+    except Exception as exc:  # noqa: BLE001 - reported, retried next round
+        print(f"tether worker: retention prune failed: {exc}", file=sys.stderr, flush=True)
+        return retention.every_seconds
+    return 0.0 if report.runs >= retention.batch else retention.every_seconds
 
 
 async def _pause(stop: asyncio.Event, nudge: asyncio.Event, seconds: float) -> None:

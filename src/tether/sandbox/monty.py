@@ -256,6 +256,7 @@ class SandboxPool:
         )
         self._started = False
         self._lock = asyncio.Lock()
+        self.busy = 0  # executions holding a worker now (metrics)
         self._modules: tuple[Any, dict[Any, Any], dict[str, Any]] | None = None
 
     async def start(self) -> None:
@@ -373,11 +374,13 @@ class Execution:
             self._session = await self._cm.__aenter__()
         except _pm.MontyError as exc:
             raise SandboxCrashed(f"could not start a sandbox worker: {exc}") from None
+        self._pool.busy += 1
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         cm, self._cm = self._cm, None
         if cm is not None:
+            self._pool.busy -= 1
             try:
                 await cm.__aexit__(None, None, None)
             except Exception:
@@ -477,6 +480,16 @@ class Execution:
             state: bytes = await self._session.dump()
             return state
         except _pm.MontyError as exc:
+            if isinstance(exc, _pm.MontyRuntimeError) and type(exc.exception()).__name__ == "MemoryError":
+                # Serialising needs room beside what the program holds (measured: a dump fails once the
+                # state passes about a quarter of max_memory) and the worker is terminated when it runs out.
+                raise LimitExceeded(
+                    f"the program's state is too large to save within the {self._spec.limits.memory_bytes}-byte "
+                    "memory limit: saving it needs room beside what the program holds",
+                    code="memory_limit",
+                    next_action="Hold less in memory (drop or shrink large values before a write that asks, a "
+                                "wait or a sleep), or raise [limits] memory_bytes.",
+                ) from None
             raise SandboxCrashed(f"could not dump the sandbox: {exc}") from None
 
     async def run(self, code: str, session_state: bytes | None = None) -> Any:
@@ -547,10 +560,14 @@ class Execution:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             raise
-        except _pm.MontyError as exc:
+        except Exception as exc:
+            # Stopped on purpose: whatever the feed ended with (a worker a failed dump terminated ends it
+            # with a RuntimeError, not a MontyError), the reason is the stop's.
             if self._stop_error is not None:
                 raise self._stop_error from None
-            raise map_monty_error(exc, self._spec.limits) from None
+            if isinstance(exc, _pm.MontyError):
+                raise map_monty_error(exc, self._spec.limits) from None
+            raise
         finally:
             self._task = None
 

@@ -21,6 +21,7 @@ import statistics
 import time
 from typing import AsyncIterator, Callable
 
+from .. import metrics
 from ..errors import Overloaded
 
 # Enough recent runs for a median that follows a change of workload within
@@ -131,6 +132,7 @@ class Admission:
     # -- internals -----------------------------------------------------------------
 
     def _overloaded(self, message: str) -> Overloaded:
+        metrics.OVERLOADED.inc()
         return Overloaded(
             message,
             details={"retry_after_ms": self.retry_after_ms(), "running": self._running, "queued": self.queued,

@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Sequence
 
@@ -45,6 +46,8 @@ SESSION_HEADER = b"mcp-session-id"
 # Sessions remembered per process; past this the oldest is forgotten and its
 # client must initialize again (idle legacy sessions are long gone by then).
 MAX_BOUND_SESSIONS = 100_000
+# The MCP SDK closes a stateful session idle this long (its default): a binding idle longer is no session.
+SESSION_IDLE_SECONDS = 1800.0
 
 
 def split_tokens(value: str | None) -> tuple[str, ...]:
@@ -186,7 +189,9 @@ class BearerAuth:
     challenge that sends an MCP client to tether's Protected Resource Metadata.
     """
 
-    def __init__(self, app: ASGIApp, tokens: Sequence[str], resource: ResourceServer | None = None) -> None:
+    def __init__(self, app: ASGIApp, tokens: Sequence[str], resource: ResourceServer | None = None, *,
+                 session_quota: Callable[[str], int | None] | None = None,
+                 idle_seconds: float = SESSION_IDLE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
         self.app = app
         self.tokens = tuple(t.encode() for t in tokens)
         self.resource = resource
@@ -194,6 +199,11 @@ class BearerAuth:
         # their binding to a principal can too: a session id is usable only
         # with the token that opened it (the SDK does not bind them).
         self._sessions: OrderedDict[bytes, str] = OrderedDict()
+        # Per principal, its sessions by last use: what its mcp_sessions quota counts, and the only
+        # sessions a flood of its own can push out (never another principal's).
+        self._owned: dict[str, OrderedDict[bytes, float]] = {}
+        self.session_quota = session_quota
+        self.idle_seconds, self.clock = idle_seconds, clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and (self.tokens or self.resource):
@@ -254,17 +264,64 @@ class BearerAuth:
                                               "message": "no MCP session with that id for this token",
                                               "next_action": "Start a new session (initialize) with your token."}})
             return
-        await self.app(scope, receive, self._binding_sessions(send, principal))
+        if session_ids:
+            self._owned.setdefault(principal, OrderedDict())[session_ids[0]] = self.clock()
+            self._owned[principal].move_to_end(session_ids[0])
+        elif scope.get("method") == "POST" and (refused := self._over_quota(principal)) is not None:
+            await _json(send, 429, {"error": refused})
+            return
+        ending = session_ids[0] if session_ids and scope.get("method") == "DELETE" else None
+        await self.app(scope, receive, self._binding_sessions(send, principal, ending))
 
-    def _binding_sessions(self, send: Send, principal: str) -> Send:
+    def open_sessions(self, principal: str) -> int:
+        """MCP sessions ``principal`` used within the SDK's idle time (older ones the SDK has closed)."""
+        owned = self._owned.get(principal)
+        if not owned:
+            return 0
+        cutoff = self.clock() - self.idle_seconds
+        while owned and next(iter(owned.values())) < cutoff:
+            self._unbind(principal, next(iter(owned)))
+        return len(owned)
+
+    def _over_quota(self, principal: str) -> dict[str, Any] | None:
+        """The quota_exceeded error a new session (a POST without a session id) gets, if any."""
+        limit = self.session_quota(principal) if self.session_quota is not None else None
+        if limit is None:
+            return None
+        used = self.open_sessions(principal)
+        if used < limit:
+            return None
+        return {"code": "quota_exceeded",
+                "message": f"this token has {used} open MCP sessions; its mcp_sessions quota is {limit}; no "
+                           "session was opened",
+                "next_action": "Reuse an open session, end ones you no longer need (HTTP DELETE /mcp with its "
+                               f"Mcp-Session-Id), or wait: sessions idle {self.idle_seconds:g} s are closed.",
+                "details": {"quota": "mcp_sessions", "limit": limit, "used": used}}
+
+    def _unbind(self, principal: str, session: bytes) -> None:
+        self._sessions.pop(session, None)
+        owned = self._owned.get(principal)
+        if owned is not None:
+            owned.pop(session, None)
+            if not owned:
+                del self._owned[principal]
+
+    def _binding_sessions(self, send: Send, principal: str, ending: bytes | None) -> Send:
         async def bind(message: Message) -> None:
             if message.get("type") == "http.response.start":
+                if ending is not None and 200 <= int(message.get("status", 500)) < 300:
+                    self._unbind(principal, ending)  # the client ended it
                 for k, v in message.get("headers", []):
-                    if k.lower() == SESSION_HEADER:
+                    if k.lower() == SESSION_HEADER and ending is None:
                         self._sessions.setdefault(v, principal)
                         self._sessions.move_to_end(v)
-                        while len(self._sessions) > MAX_BOUND_SESSIONS:
-                            self._sessions.popitem(last=False)
+                        owned = self._owned.setdefault(principal, OrderedDict())
+                        owned[v] = self.clock()
+                        owned.move_to_end(v)
+                        while len(self._sessions) > MAX_BOUND_SESSIONS and len(owned) > 1:
+                            # Past the process's bound, the oldest session of the principal adding one
+                            # goes: one token's flood never pushes out another's sessions.
+                            self._unbind(principal, next(iter(owned)))
             await send(message)
 
         return bind

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
+from .. import metrics
 from ..store.base import OUTBOX_DELIVERED, OUTBOX_FAILED, OUTBOX_PENDING, OutboxRecord, RunRecord
 from ..tools.shown import show_call
 from .approvals import approval_url, pending_writes
@@ -252,6 +253,7 @@ class Notifier:
             error = f"HTTP {response.status_code}"
         except Exception as exc:  # the receiver is down, slow or refusing: try again later
             error = f"{type(exc).__name__}: {exc}"[:300]
+        metrics.WEBHOOK_FAILURES.inc()
         now = self.rt.clock()
         if attempts >= MAX_ATTEMPTS:
             self.rt.store.settle_outbox(item.id, status=OUTBOX_FAILED, attempts=attempts, next_at=now,

@@ -120,6 +120,9 @@ async def serve(options: ServeOptions) -> int:
     from ..config import load_config
 
     config = load_config(options.config_path)
+    from ..logs import configure_from
+
+    configure_from(config.log)
     tools = [resolve_tool_spec(t) for t in options.tools]
     import os
 
@@ -196,7 +199,7 @@ async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], t
                 await _serve_http(server, *address, tokens, public_url=config.server.public_url,
                                   stateless=config.server.stateless_http, watchdog=watchdog,
                                   grace=config.server.shutdown_grace_seconds, report=report, resource=resource,
-                                  auth=config.auth)
+                                  auth=config.auth, settings=config.server, metrics_listen=config.metrics.listen)
         finally:
             stop_worker.set()
             with contextlib.suppress(Exception):
@@ -207,12 +210,16 @@ async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], t
 
 async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[str, ...], *,
                       public_url: str | None = None, stateless: bool = False, watchdog: Any = None,
-                      grace: float = 15.0, report: Any = print, resource: Any = None, auth: Any = None) -> None:
+                      grace: float = 15.0, report: Any = print, resource: Any = None, auth: Any = None,
+                      settings: Any = None, metrics_listen: str | None = None) -> None:
     import signal
 
     import uvicorn
 
+    from ..config import ServerConfig
+    from .connections import BodyDeadline, uvicorn_options
     from .console import Console, Router
+    from .metrics import MetricsApp, MetricsRoute
 
     class Uvicorn(uvicorn.Server):
         @contextlib.contextmanager
@@ -239,6 +246,13 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
                 timer.start()
             self.handle_exit(sig, frame)
 
+    class SideListener(uvicorn.Server):
+        # Ends with the main listener and takes no signals: installing its own handler would replace the
+        # main one's, and the first SIGTERM would stop only this listener (seen).
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            yield
+
     async def ready() -> bool:
         if watchdog is not None and watchdog.stuck:
             return False  # the loop is stuck: a balancer should send work elsewhere
@@ -253,14 +267,18 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
     console = Console(server.rt, tokens=tokens, admission=server.admission, public_url=public_url, host=host,
                       access=server.access, sign_in=_sign_in(server, resource, auth, public_url, host, port),
                       dev=not tokens and resource is None)
+    quotas = server.rt.quotas
     mcp_app = server.mcp.streamable_http_app(host=host, stateless_http=stateless,
                                              transport_security=_mcp_hosts(host, public_url))
-    mcp: Any = BearerAuth(mcp_app, tokens, resource)
+    mcp: Any = BearerAuth(mcp_app, tokens, resource,
+                          session_quota=(lambda p: quotas.of(p).mcp_sessions) if quotas is not None else None)
     if resource is not None:
         from .oauth import MetadataRoutes
 
         mcp = MetadataRoutes(mcp, resource)
-    app = HealthRoutes(Router(console.app, mcp), ready)
+    settings = settings or ServerConfig()
+    app = BodyDeadline(HealthRoutes(Router(console.app, MetricsRoute(mcp, server.rt, tokens)), ready),
+                       settings.body_timeout_seconds)
     shown = f"[{host}]" if ":" in host else host
     how = ("bearer token or OAuth access token" if resource is not None else
            "bearer token required" if tokens else "no token (--dev, loopback only)")
@@ -268,9 +286,26 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
           f"http://{shown}:{port}/console/", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                             # Open SSE streams would otherwise hold a shutdown forever.
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, **uvicorn_options(settings))
+    scrape = None
+    if metrics_listen:
+        # No token on this listener: it is for a network only the scraper reaches (docs/deploy.md).
+        m_host, m_port = parse_address(metrics_listen, "127.0.0.1", 9464)
+        scrape = SideListener(uvicorn.Config(MetricsApp(server.rt), host=m_host, port=m_port,
+                                              log_level="warning", lifespan="off", **uvicorn_options(settings)))
+        print(f"tether: metrics at http://{m_host}:{m_port}/metrics (no token)", file=sys.stderr, flush=True)
+    main = Uvicorn(config)
     try:
-        await Uvicorn(config).serve()
+        if scrape is None:
+            await main.serve()
+        else:
+            side = asyncio.ensure_future(scrape.serve())
+            try:
+                await main.serve()
+            finally:
+                scrape.should_exit = True
+                with contextlib.suppress(Exception):
+                    await side
     finally:
         await console.close()
 

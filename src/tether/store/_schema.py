@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from ..errors import RunNotFound, StoreError
+from ..metrics import timed_store_call
 from ._migrations import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
 from .base import (
     LOCAL_PRINCIPAL,
@@ -259,6 +260,8 @@ class SQLStore:
     # Where the store is, for messages: the url without a password.
     where: str
     driver_error: type[Exception]
+    # SQL for the byte length of a column ("{}" is the column), for retention's estimates.
+    octets: str = "LENGTH({})"
 
     def __init__(self, secret: bytes | None) -> None:
         self._lock = threading.Lock()
@@ -336,7 +339,7 @@ class SQLStore:
     @contextmanager
     def _transaction(self, write: bool, conflict: str | None = None, run_id: str | None = None) -> Iterator[Tx]:
         """One protocol method's transaction, with driver errors translated at this boundary."""
-        with self._checkout() as conn:
+        with self._checkout() as conn, timed_store_call(write):
             try:
                 with self._begin(conn, write) as tx:
                     yield tx

@@ -54,6 +54,8 @@ def _placeholders(sql: str) -> str:
 class PostgresStore(SQLStore):
     migrations = POSTGRES_MIGRATIONS
     driver_error = psycopg.Error
+    # The byte length of a TEXT or BYTEA value (retention's estimates).
+    octets = "OCTET_LENGTH({})"
     # Callers on an event loop run this store's calls in its threads (store/aio.py, D-27).
     offload = True
 

@@ -68,6 +68,8 @@ def _enter_wal(conn: sqlite3.Connection) -> None:
 class SQLiteStore(SQLStore):
     migrations = SQLITE_MIGRATIONS
     driver_error = sqlite3.Error
+    # The byte length of a TEXT or BLOB value (retention's estimates).
+    octets = "LENGTH(CAST({} AS BLOB))"
 
     def __init__(self, url: str, secret: bytes | None = None) -> None:
         super().__init__(secret)
@@ -167,6 +169,24 @@ class SQLiteStore(SQLStore):
             path.unlink(missing_ok=True)
             raise StoreError(f"cannot write the secret file {path}: {exc}") from exc
         return key
+
+    def backup_to(self, dest: Path) -> int:
+        """A consistent copy of the database at ``dest`` (SQLite's online backup, while others write); its bytes.
+
+        The signing secret (``<db>.secret``) is not part of it: back it up separately, or the copy's runs
+        cannot be resumed (docs/deploy.md "Backups").
+        """
+        if dest.exists():
+            raise StoreError(f"{dest} exists; nothing was written", next_action="Name a new file.")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        target = sqlite3.connect(dest)
+        try:
+            with self._checkout() as conn:
+                # In one step: a copy made in steps restarts whenever another process writes between them.
+                conn.backup(target)
+        finally:
+            target.close()
+        return dest.stat().st_size
 
     def store_size_bytes(self) -> int:
         if self.path is None:
