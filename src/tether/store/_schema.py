@@ -236,16 +236,53 @@ class Cursor(Protocol):
 class Tx:
     """One open transaction: ``run`` executes a statement with ``?`` placeholders."""
 
-    __slots__ = ("cursor", "_fix")
+    __slots__ = ("cursor", "_fix", "statements")
 
     def __init__(self, cursor: Any, fix: Callable[[str], str]) -> None:
         self.cursor = cursor
         self._fix = fix
+        self.statements = 0
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        self.statements += 1
         self.cursor.execute(self._fix(sql), params)
         cursor: Cursor = self.cursor
         return cursor
+
+
+class StoreCounts:
+    """What one store object asked of its database since it opened: transactions, statements, round trips.
+
+    ``round_trips`` are the waits for the server a backend with a wire pays (Postgres: each statement, and the
+    ``BEGIN`` and ``COMMIT`` psycopg sends apart), counted as the driver sends them and checked against the
+    wire in tests/test_store_counts.py; SQLite runs in-process and pays none. Not counted: connection
+    handshakes (``connections`` opened are counted apart) and the one extra wait psycopg spends preparing a
+    statement on a connection, once, at its fifth use there. The benchmarks report the difference across one
+    run (bench/README.md); the counts are the store object's, not a run's, so they include any other run's
+    work in between.
+    """
+
+    __slots__ = ("transactions", "statements", "round_trips", "connections", "_lock")
+
+    def __init__(self) -> None:
+        self.transactions = self.statements = self.round_trips = self.connections = 0
+        self._lock = threading.Lock()
+
+    def add(self, statements: int, round_trips: int) -> None:
+        with self._lock:
+            self.transactions += 1
+            self.statements += statements
+            self.round_trips += round_trips
+
+    def connected(self, round_trips: int) -> None:
+        with self._lock:
+            self.connections += 1
+            self.round_trips += round_trips
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {"transactions": self.transactions, "statements": self.statements,
+                    "round_trips": self.round_trips, "connections": self.connections}
 
 
 class SQLStore:
@@ -261,6 +298,7 @@ class SQLStore:
         self._lock = threading.Lock()
         self._closed = False
         self._conn: Any = None
+        self.counts = StoreCounts()
         self._pid = 0
         # None until the backend loads or creates the stored one while opening.
         self._secret: bytes | None = secret
@@ -286,6 +324,10 @@ class SQLStore:
     def _violation(self, exc: Exception) -> str | None:
         """``"unique"``, ``"foreign_key"`` or None for a driver error."""
         raise NotImplementedError
+
+    def _round_trips(self, statements: int) -> int:
+        """The round trips a transaction of ``statements`` statements costs (none in-process)."""
+        return 0
 
     def _lock_run(self, tx: Tx, run_id: str) -> bool:
         """Serialize writers of one run's snapshots and events; False if the run is missing."""
@@ -334,6 +376,7 @@ class SQLStore:
     def _transaction(self, write: bool, conflict: str | None = None, run_id: str | None = None) -> Iterator[Tx]:
         """One protocol method's transaction, with driver errors translated at this boundary."""
         with self._checkout() as conn:
+            tx: Tx | None = None
             try:
                 with self._begin(conn, write) as tx:
                     yield tx
@@ -344,6 +387,9 @@ class SQLStore:
                 if violation == "foreign_key" and run_id is not None:
                     raise _no_run(run_id) from exc
                 raise StoreError(f"the store at {self.where} failed: {exc}") from exc
+            finally:
+                if tx is not None:
+                    self.counts.add(tx.statements, self._round_trips(tx.statements))
 
     def close(self) -> None:
         with self._lock:
@@ -775,6 +821,7 @@ __all__ = [
     "POSTGRES_MIGRATIONS",
     "SQLITE_MIGRATIONS",
     "SQLStore",
+    "StoreCounts",
     "Tx",
     "dump_json",
     "secret_from_env",

@@ -106,7 +106,12 @@ class PostgresStore(SQLStore):
         except BaseException:
             conn.close()
             raise
+        self.counts.connected(self._round_trips(1))
         return conn
+
+    def _round_trips(self, statements: int) -> int:
+        # psycopg sends BEGIN before the first statement and COMMIT after the last, each waited for.
+        return statements + 2 if statements else 0
 
     @contextmanager
     def _checkout(self) -> Iterator[psycopg.Connection]:
