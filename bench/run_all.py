@@ -20,7 +20,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHES = {"core": "core_bench.py", "search": "search_bench.py", "durable": "durable_bench.py",
            "long": "long_bench.py", "mcp": "mcp_bench.py", "check": "check_bench.py",
-           "discovery": "discovery_bench.py", "sources": "sources_bench.py", "roundtrip": "roundtrip_bench.py"}
+           "discovery": "discovery_bench.py", "sources": "sources_bench.py", "roundtrip": "roundtrip_bench.py",
+           "serve": "serve_bench.py"}
 
 
 def main() -> int:
