@@ -1,7 +1,7 @@
 """Round trips: what one run asks of its store — transactions, statements and, on Postgres, round trips.
 
-Counted by the store itself (``store.counts``, held to the wire by
-tests/test_store_counts.py), as the difference across each step on a warm
+Counted by the store itself (``store.traffic``, held to the wire by
+tests/test_store_traffic.py), as the difference across each step on a warm
 runtime with nothing else running, so the figures are exact counts, not
 timings: the machine's load does not move them. Steps:
 
@@ -45,9 +45,9 @@ KEYS = ("transactions", "statements", "round_trips")
 
 
 async def count(store: Any, step: Callable[[], Awaitable[Any]]) -> tuple[dict[str, int], Any]:
-    before = store.counts.snapshot()
+    before = store.traffic.snapshot()
     value = await step()
-    after = store.counts.snapshot()
+    after = store.traffic.snapshot()
     return {k: after[k] - before[k] for k in KEYS}, value
 
 
