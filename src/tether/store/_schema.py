@@ -92,10 +92,14 @@ _RUN_UPDATABLE = frozenset(RUN_COLUMNS) - {"run_id"}
 _CALL_UPDATABLE = frozenset(CALL_COLUMNS) - {"run_id", "seq"}
 
 
+# Built once: json.dumps with options builds a new encoder on each call (same bytes either way).
+_JSON_COLUMN = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def dump_json(value: Any) -> str | None:
     if value is None:
         return None
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return _JSON_COLUMN.encode(value)
 
 
 def _encode(kinds: dict[str, str], name: str, value: Any) -> Any:
