@@ -130,7 +130,7 @@ class Served:
 
 
 @contextlib.contextmanager
-def servers(tmp: Path, with_pg: bool) -> Iterator[tuple[dict[str, Served], str]]:
+def servers(tmp: Path, with_pg: bool, only: set[str]) -> Iterator[tuple[dict[str, Served], str]]:
     """Every server started; yields them and a note on what was skipped."""
     base_env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "TETHER_STORE_URL")}
     src = str(HERE.parent / "src")
@@ -142,10 +142,13 @@ def servers(tmp: Path, with_pg: bool) -> Iterator[tuple[dict[str, Served], str]]
     cluster, note = None, ""
     started: dict[str, Served] = {}
     try:
-        started["floor"] = Served("floor", [sys.executable, str(HERE / "serve_peers.py"), "floor", "{port}"],
-                                  base_env, tmp / "floor.log")
-        started["tether_file"] = Served("tether_file", tether, {**base_env, "TETHER_HOME": str(tmp / "home_file")},
-                                        tmp / "tether_file.log")
+        if "floor" in only:
+            started["floor"] = Served("floor", [sys.executable, str(HERE / "serve_peers.py"), "floor", "{port}"],
+                                      base_env, tmp / "floor.log")
+        if "tether_file" in only:
+            started["tether_file"] = Served("tether_file", tether,
+                                            {**base_env, "TETHER_HOME": str(tmp / "home_file")},
+                                            tmp / "tether_file.log")
         if with_pg:
             import pg
 
@@ -160,10 +163,11 @@ def servers(tmp: Path, with_pg: bool) -> Iterator[tuple[dict[str, Served], str]]
                     tmp / "tether_pg.log", db_pid=db_pid)
             else:
                 note = f"tether on Postgres skipped: {reason}"
-        else:
+        elif "tether_pg" in only:
             note = "tether on Postgres skipped (--no-pg)"
-        started["fastmcp"] = Served("fastmcp", [sys.executable, str(HERE / "serve_peers.py"), "fastmcp", "{port}"],
-                                    base_env, tmp / "fastmcp.log")
+        if "fastmcp" in only:
+            peer = [sys.executable, str(HERE / "serve_peers.py"), "fastmcp", "{port}"]
+            started["fastmcp"] = Served("fastmcp", peer, base_env, tmp / "fastmcp.log")
         for s in started.values():
             s.wait_listening()
         yield started, note
@@ -293,6 +297,8 @@ def main() -> None:
     p.add_argument("--mode", choices=("legacy", "auto"), default="legacy",
                    help="protocol era of the clients: legacy (2025-11-25, every server speaks it) or auto")
     p.add_argument("--no-pg", action="store_true", help="leave out tether on Postgres")
+    p.add_argument("--only", default=None, help="comma-separated subset of " + ", ".join(LABELS)
+                   + " (targets need their servers)")
     args = p.parse_args()
     clients = args.clients or (8 if args.quick else 16)
     seconds = args.seconds or (2.0 if args.quick else 5.0)
@@ -300,8 +306,12 @@ def main() -> None:
     for name in ("httpx", "httpx2", "mcp"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
+    only = set(args.only.split(",")) if args.only else set(LABELS)
+    unknown = only - set(LABELS)
+    if unknown:
+        p.error(f"unknown server(s) {', '.join(sorted(unknown))}; choose from {', '.join(LABELS)}")
     with tempfile.TemporaryDirectory(prefix="tether-serve-bench-") as tmp, \
-            servers(Path(tmp), not args.no_pg) as (started, note):
+            servers(Path(tmp), not args.no_pg and "tether_pg" in only, only) as (started, note):
         print(f"serve: {clients} MCP clients ({args.mode}) over streamable HTTP, {rounds} rounds of {seconds:g} s "
               f"windows per server, rotated; the core program ({common.CALLS} reads)", flush=True)
         if note:
@@ -321,11 +331,13 @@ def main() -> None:
         targets.append({"target": name, "value": value, "limit": f">= {limit}", "unit": "x",
                         "met": bool(value >= limit)})
 
-    at_least("serving, tether defaults / floor (programs/s, paired)", by["tether_file"]["x_floor_paired"],
-             TARGETS["floor"])
-    at_least("serving, tether defaults / FastMCP Code Mode (programs/s, paired)",
-             by["tether_file"]["x_fastmcp_paired"], TARGETS["fastmcp"])
-    if "tether_pg" in by:
+    if "tether_file" in by and "floor" in by:
+        at_least("serving, tether defaults / floor (programs/s, paired)", by["tether_file"]["x_floor_paired"],
+                 TARGETS["floor"])
+    if "tether_file" in by and "fastmcp" in by:
+        at_least("serving, tether defaults / FastMCP Code Mode (programs/s, paired)",
+                 by["tether_file"]["x_fastmcp_paired"], TARGETS["fastmcp"])
+    if "tether_pg" in by and "tether_file" in by:
         at_least("serving, Postgres / file store (programs/s, paired)", by["tether_pg"]["x_tether_file_paired"],
                  TARGETS["postgres"])
     print()
