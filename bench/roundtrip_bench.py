@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -129,7 +130,7 @@ def main() -> None:
     if not args.no_pg:
         import pg
 
-        url = args.pg_url
+        url = args.pg_url or os.environ.get("TETHER_TEST_PG_URL")
         if url is None and pg.missing_reason() is None:
             cluster = pg.start()
             url = cluster.url

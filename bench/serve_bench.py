@@ -154,12 +154,15 @@ def servers(tmp: Path, with_pg: bool, only: set[str]) -> Iterator[tuple[dict[str
 
             reason = pg.missing_reason()
             if reason is None:
-                cluster = pg.start()
-                pid_file = cluster.directory / "data" / "postmaster.pid"
-                db_pid = int(pid_file.read_text().split()[0])
+                # A server of the caller's (TETHER_TEST_PG_URL) is used as it is; its CPU is not counted.
+                url, db_pid = os.environ.get("TETHER_TEST_PG_URL"), None
+                if url is None:
+                    cluster = pg.start()
+                    url = cluster.url
+                    db_pid = int((cluster.directory / "data" / "postmaster.pid").read_text().split()[0])
                 started["tether_pg"] = Served(
                     "tether_pg", tether,
-                    {**base_env, "TETHER_HOME": str(tmp / "home_pg"), "TETHER_STORE_URL": cluster.url},
+                    {**base_env, "TETHER_HOME": str(tmp / "home_pg"), "TETHER_STORE_URL": url},
                     tmp / "tether_pg.log", db_pid=db_pid)
             else:
                 note = f"tether on Postgres skipped: {reason}"

@@ -25,6 +25,7 @@ are counted by the store (``store.traffic``) and shown beside the times
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -69,16 +70,23 @@ async def one_round(rt: Runtime, runs: int) -> float:
 async def main() -> None:
     p = common.parser(__doc__.splitlines()[0], rounds=5, quick_rounds=2)
     p.add_argument("--pg-url")
-    p.add_argument("--runs", type=int, default=RUNS)
+    p.add_argument("--runs", type=int, default=None, help=f"concurrent runs a round (default {RUNS}; 20 with --quick)")
     p.add_argument("--delay-ms", type=float, default=DELAY * 1000)
     args = p.parse_args()
+    if args.runs is None:
+        args.runs = 20 if args.quick else RUNS
     rounds, _ = common.rounds_of(args)
     warmup = 1
     cluster = None
-    url = args.pg_url
+    url = args.pg_url or os.environ.get("TETHER_TEST_PG_URL")
     if url is None:
         import pg
 
+        reason = pg.missing_reason()
+        if reason is not None:
+            print(f"skipped: no Postgres to measure ({reason})")
+            common.emit("store_latency", args.quick, {"skipped": reason, "targets": []})
+            return
         cluster = pg.start()
         url = cluster.url
     proxy = LatencyProxy(target_of(url), args.delay_ms / 1000).start()
