@@ -139,6 +139,7 @@ _SELECT_WAIT = _select("waits", WAIT_COLUMNS)
 _INSERT_WAIT = _insert("waits", WAIT_COLUMNS)
 _INSERT_RUN = _insert("runs", RUN_COLUMNS)
 _INSERT_CALL = _insert("calls", CALL_COLUMNS)
+_INSERT_SNAPSHOT = _insert("snapshots", SNAPSHOT_COLUMNS)
 # Rows per multi-row INSERT: journal batches fit in one statement, far below SQLite's 32,766 and Postgres's
 # 65,535 parameters.
 _ROWS_PER_INSERT = 100
@@ -149,7 +150,6 @@ def _insert_rows(insert: str, columns: int, rows: int) -> str:
     """``insert`` (one row of ``columns`` placeholders) extended to ``rows`` rows."""
     one = "(" + ", ".join("?" * columns) + ")"
     return insert[: insert.rindex(" VALUES ")] + " VALUES " + ", ".join([one] * rows)
-_INSERT_SNAPSHOT = _insert("snapshots", SNAPSHOT_COLUMNS)
 
 
 def _run(row: Sequence[Any]) -> RunRecord:

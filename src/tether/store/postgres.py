@@ -155,7 +155,8 @@ class PostgresStore(SQLStore):
                 with conn.cursor() as cursor:
                     yield Tx(cursor, _placeholders, single=True)
             finally:
-                if not conn.closed:
+                # A broken connection is dropped by the pool; changing it would only hide why it broke.
+                if not (conn.closed or conn.broken):
                     conn.autocommit = False
             return
         try:
