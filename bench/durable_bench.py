@@ -240,13 +240,13 @@ async def respawn_cost(url: str, pairs: int) -> dict[str, Any]:
 
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0], rounds=20, quick_rounds=3)
-    p.add_argument("--runs", type=int, default=None, help="paused runs for (iv) (default 10,000; 300 with --quick)")
+    p.add_argument("--runs", type=int, default=None, help="paused runs for (iv) (default 10,000; 100 with --quick)")
     p.add_argument("--type-check", choices=("on", "off"), default="on",
                    help="type check for the resume/replay runs of (i) and (ii) (default on, tether's default)")
     args = p.parse_args()
     rounds, warmup = common.rounds_of(args)
     warmup = min(warmup, 2)
-    runs = args.runs if args.runs is not None else (300 if args.quick else 10_000)
+    runs = args.runs if args.runs is not None else (100 if args.quick else 10_000)
     tc = args.type_check == "on"
 
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp_s:
