@@ -57,6 +57,7 @@ TARGETS = {"floor": 0.7, "fastmcp": 3.0, "postgres": 0.7}
 LABELS = {"floor": "floor: MCP SDK server + warm bare Monty", "tether_file": "tether serve, defaults (file store)",
           "tether_pg": "tether serve, Postgres store", "fastmcp": "FastMCP Code Mode (defaults)"}
 _TICK = os.sysconf("SC_CLK_TCK")
+WINDOW_GRACE_S = 120.0
 
 
 # --- processes ----------------------------------------------------------------------
@@ -241,7 +242,12 @@ async def window(s: Served, clients: int, seconds: float, mode: str) -> dict[str
                 if code == "overloaded":
                     await asyncio.sleep(data["error"]["details"]["retry_after_ms"] / 1000)
 
-    await asyncio.gather(*(client() for _ in range(clients)))
+    # Bounded: a server that stops answering ends the benchmark (a crash, seen in CI), never hangs it.
+    try:
+        await asyncio.wait_for(asyncio.gather(*(client() for _ in range(clients))), seconds + WINDOW_GRACE_S)
+    except TimeoutError:
+        raise SystemExit(f"{s.name}: the window of {seconds:g} s had not ended {WINDOW_GRACE_S:g} s later "
+                         f"(connected {connected}/{clients}); its log: {s.log}") from None
     wall = time.perf_counter() - clock["start"]
     return {"completed": len(latencies), "wall": wall, "latencies": latencies, "errors": errors,
             "cpu": s.cpu() - clock["cpu"], "client_cpu": time.process_time() - clock["self"]}
