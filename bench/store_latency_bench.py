@@ -11,10 +11,10 @@ Contenders, measured in the same run, interleaved:
   D-27 (the store's ``offload`` flag cleared): one run's round trip stalls all.
 - ``offloaded_tx``: Postgres calls run in the store's thread pool, each
   thread on a connection of its own (D-27), every statement wrapped in BEGIN
-  and COMMIT as before D-30 (the store's ``autocommit_single`` cleared; inline
+  and COMMIT as before D-40 (the store's ``autocommit_single`` cleared; inline
   is so too);
 - ``offloaded``: the default, as ``offloaded_tx`` but a store method that runs
-  one statement runs it in autocommit (D-30): one round trip instead of three.
+  one statement runs it in autocommit (D-40): one round trip instead of three.
 
 Targets, printed as met or missed, never asserted: (issue 12) offloaded ≥ 5×
 faster than inline, i.e. inline/offloaded_tx p50 ≥ 5; round trips per run
@@ -47,7 +47,7 @@ except ImportError:  # a checkout from before D-27: only today's path exists
     AsyncStore = None  # type: ignore[assignment,misc]
 
 RUNS = 50
-LABELS = {"inline": "inline (before D-27)", "offloaded_tx": "offloaded, BEGIN/COMMIT each (before D-30)",
+LABELS = {"inline": "inline (before D-27)", "offloaded_tx": "offloaded, BEGIN/COMMIT each (before D-40)",
           "offloaded": "offloaded, one statement in autocommit"}
 DELAY = 0.005
 PROGRAM = """\
@@ -100,7 +100,7 @@ async def main() -> None:
             rt = Runtime(store=store, tools=common.bench_tools(), max_workers=4)
             # Calls in place, on the loop, as before D-27 (and as main did).
             store.offload = name != "inline"
-            # BEGIN and COMMIT around every statement, as before D-30 (issue 24).
+            # BEGIN and COMMIT around every statement, as before D-40 (issue 24).
             if hasattr(store, "autocommit_single"):
                 store.autocommit_single = name == "offloaded"
             await rt.__aenter__()

@@ -76,7 +76,7 @@ async def test_postgres_round_trips_counted_are_the_ones_on_the_wire(pg_url):
                         assert after["statements"] > counted["statements"]
                         if label == "10 reads":
                             # Created, its reads journaled in one statement, ended, announced: one wait each,
-                            # as each runs without BEGIN and COMMIT (D-30).
+                            # as each runs without BEGIN and COMMIT (D-40).
                             assert after["round_trips"] - counted["round_trips"] <= 4, after
                     wire, counted = settle(proxy), store.traffic.snapshot()
                     resumed = await rt.resume(result.run_id, "approve")

@@ -400,7 +400,7 @@ class SQLStore:
         """One protocol method's transaction, with driver errors translated at this boundary.
 
         ``single``: the method runs exactly one statement (enforced by ``Tx.run``), so a backend whose
-        ``BEGIN`` and ``COMMIT`` are round trips of their own may leave them out (Postgres, D-30).
+        ``BEGIN`` and ``COMMIT`` are round trips of their own may leave them out (Postgres, D-40).
         """
         with self._checkout() as conn:
             tx: Tx | None = None
