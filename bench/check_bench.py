@@ -236,7 +236,11 @@ def main() -> None:
          "limit": f">= {TARGETS['fastmcp']}", "unit": "x", "met": fastmcp_vs_default >= TARGETS["fastmcp"]},
     ]
     gh: dict[str, Any] = {}
-    if not args.no_github:
+    import discovery_bench
+
+    if not args.no_github and args.quick and not discovery_bench.cached():
+        print(f"\nD. skipped: {discovery_bench.NOT_CACHED}")
+    elif not args.no_github:
         gh = asyncio.run(github(rounds))
         print()
         print(f"D. GitHub REST catalog ({gh['operations']} operations), program reaches {gh['reach']}")

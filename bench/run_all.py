@@ -20,7 +20,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHES = {"core": "core_bench.py", "search": "search_bench.py", "durable": "durable_bench.py",
            "long": "long_bench.py", "mcp": "mcp_bench.py", "check": "check_bench.py",
-           "discovery": "discovery_bench.py", "sources": "sources_bench.py", "retention": "retention_bench.py"}
+           "discovery": "discovery_bench.py", "sources": "sources_bench.py", "retention": "retention_bench.py",
+           "roundtrip": "roundtrip_bench.py",
+           "serve": "serve_bench.py", "store_latency": "store_latency_bench.py"}
+# Not run here: replica_bench.py (two processes on Postgres, minutes long, no quick mode).
+NOT_RUN = {"replica_bench.py"}
+QUICK_TIMEOUT_S = 600
 
 
 def main() -> int:
@@ -41,7 +46,16 @@ def main() -> int:
         cmd = [sys.executable, str(HERE / BENCHES[name])] + (["--quick"] if args.quick else [])
         print(f"=== {name}: {' '.join(cmd[1:])}", flush=True)
         t = time.perf_counter()
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        try:
+            # A quick pass is CI's (.ci/run): a benchmark that hangs fails it instead of holding it.
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True,
+                                  timeout=QUICK_TIMEOUT_S if args.quick else None)
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            print(out)
+            print(f"--- {name}: still running after {QUICK_TIMEOUT_S} s, stopped\n", flush=True)
+            crashed.append(name)
+            continue
         took = time.perf_counter() - t
         lines = proc.stdout.rstrip("\n").splitlines()
         # Everything but the benchmark's JSON line, which is summarised below.

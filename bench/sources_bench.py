@@ -66,7 +66,8 @@ def _run(cwd: Path, home: Path, clear_cache: bool) -> float:
 def main() -> None:
     args = common.parser(__doc__.splitlines()[0], rounds=15, quick_rounds=3).parse_args()
     rounds, warmup = common.rounds_of(args)
-    warmup = min(warmup, 2)
+    # Each round starts tether processes and MCP servers: one warm-up round is enough for the smoke pass.
+    warmup = min(warmup, 1 if args.quick and args.warmup is None else 2)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         repo = base / "repo"

@@ -9,7 +9,9 @@ cannot stall the proxy.
 
 ``in_flight`` counts the connections that sent bytes not yet answered;
 ``peak`` is its highest value so far: two store calls overlapped on the wire
-when ``peak > 1``.
+when ``peak > 1``. ``round_trips`` counts the times a connection sent a
+request while none of its earlier ones was unanswered: the waits a client
+paid, as the wire saw them (what the store's own counts are checked against).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class LatencyProxy:
         self.port = 0
         self.in_flight = 0
         self.peak = 0
+        self.round_trips = 0
         self.connections = 0
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -109,6 +112,7 @@ class LatencyProxy:
                 waiting[0] = value
                 self.in_flight += 1 if value else -1
                 self.peak = max(self.peak, self.in_flight)
+                self.round_trips += 1 if value else 0
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, waiting: list[bool], *,
                     request: bool) -> None:

@@ -436,6 +436,19 @@ def test_recording_a_seq_twice_conflicts_and_keeps_the_first(store):
     store.record_call(make_call("r2"))
 
 
+def test_a_journal_batch_of_any_size_is_recorded_whole_or_not_at_all(store):
+    # Batches are written as multi-row INSERTs of up to 100 rows: 250 calls take three statements, one transaction.
+    store.create_run(make_run())
+    batch = [make_call(seq=i, state="done", outcome={"n": i}) for i in range(1, 251)]
+    store.record_calls(batch)
+    assert store.get_calls("r1") == batch
+    store.create_run(make_run("r2"))
+    clash = [make_call("r2", seq=i) for i in range(1, 151)] + [make_call("r2", seq=7, address="again")]
+    with pytest.raises(Conflict):
+        store.record_calls(clash)
+    assert store.get_calls("r2") == []  # the first 150 rows were not kept either
+
+
 def test_recording_a_call_for_a_missing_run_names_the_run(store):
     with pytest.raises(RunNotFound, match="nope"):
         store.record_call(make_call("nope"))

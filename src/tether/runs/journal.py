@@ -19,10 +19,13 @@ from ..store.base import (
 from ..store.states import SETTLED_CALL_STATES, CallState
 from .limits import Limits
 
+# Built once: json.dumps with options builds a new encoder on each call (same text either way).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
 
 def canonical_json(value: Any) -> str:
     """One spelling per value: sorted keys, no spaces, UTF-8 kept."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def call_key(op: str, address: str, args: dict[str, Any]) -> str:

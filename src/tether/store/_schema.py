@@ -36,6 +36,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import fields as dataclass_fields
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
@@ -95,10 +96,14 @@ _RUN_UPDATABLE = frozenset(RUN_COLUMNS) - {"run_id", "run_key"}
 _CALL_UPDATABLE = frozenset(CALL_COLUMNS) - {"run_id", "seq"}
 
 
+# Built once: json.dumps with options builds a new encoder on each call (same bytes either way).
+_JSON_COLUMN = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def dump_json(value: Any) -> str | None:
     if value is None:
         return None
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return _JSON_COLUMN.encode(value)
 
 
 def _encode(kinds: dict[str, str], name: str, value: Any) -> Any:
@@ -139,6 +144,16 @@ _INSERT_WAIT = _insert("waits", WAIT_COLUMNS)
 _INSERT_RUN = _insert("runs", RUN_COLUMNS)
 _INSERT_CALL = _insert("calls", CALL_COLUMNS)
 _INSERT_SNAPSHOT = _insert("snapshots", SNAPSHOT_COLUMNS)
+# Rows per multi-row INSERT: journal batches fit in one statement, far below SQLite's 32,766 and Postgres's
+# 65,535 parameters.
+_ROWS_PER_INSERT = 100
+
+
+@lru_cache(maxsize=128)
+def _insert_rows(insert: str, columns: int, rows: int) -> str:
+    """``insert`` (one row of ``columns`` placeholders) extended to ``rows`` rows."""
+    one = "(" + ", ".join("?" * columns) + ")"
+    return insert[: insert.rindex(" VALUES ")] + " VALUES " + ", ".join([one] * rows)
 
 
 def _run(row: Sequence[Any]) -> RunRecord:
@@ -240,16 +255,57 @@ class Cursor(Protocol):
 class Tx:
     """One open transaction: ``run`` executes a statement with ``?`` placeholders."""
 
-    __slots__ = ("cursor", "_fix")
+    __slots__ = ("cursor", "_fix", "statements", "single")
 
-    def __init__(self, cursor: Any, fix: Callable[[str], str]) -> None:
+    def __init__(self, cursor: Any, fix: Callable[[str], str], single: bool = False) -> None:
         self.cursor = cursor
         self._fix = fix
+        self.statements = 0
+        # Declared one statement: a backend may run it without BEGIN and COMMIT, so a second would not be atomic.
+        self.single = single
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        if self.single and self.statements:
+            raise AssertionError("a transaction declared single ran a second statement; declare it single=False")
+        self.statements += 1
         self.cursor.execute(self._fix(sql), params)
         cursor: Cursor = self.cursor
         return cursor
+
+
+class StoreTraffic:
+    """What one store object asked of its database since it opened: transactions, statements, round trips.
+
+    ``round_trips`` are the waits for the server a backend with a wire pays (Postgres: each statement, and the
+    ``BEGIN`` and ``COMMIT`` psycopg sends apart), counted as the driver sends them and checked against the
+    wire in tests/test_store_traffic.py; SQLite runs in-process and pays none. Not counted: connection
+    handshakes (``connections`` opened are counted apart) and the one extra wait psycopg spends preparing a
+    statement on a connection, once, at its fifth use there. The benchmarks report the difference across one
+    run (bench/README.md); the counts are the store object's, not a run's, so they include any other run's
+    work in between.
+    """
+
+    __slots__ = ("transactions", "statements", "round_trips", "connections", "_lock")
+
+    def __init__(self) -> None:
+        self.transactions = self.statements = self.round_trips = self.connections = 0
+        self._lock = threading.Lock()
+
+    def add(self, statements: int, round_trips: int) -> None:
+        with self._lock:
+            self.transactions += 1
+            self.statements += statements
+            self.round_trips += round_trips
+
+    def connected(self, round_trips: int) -> None:
+        with self._lock:
+            self.connections += 1
+            self.round_trips += round_trips
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {"transactions": self.transactions, "statements": self.statements,
+                    "round_trips": self.round_trips, "connections": self.connections}
 
 
 class SQLStore:
@@ -267,6 +323,7 @@ class SQLStore:
         self._lock = threading.Lock()
         self._closed = False
         self._conn: Any = None
+        self.traffic = StoreTraffic()
         self._pid = 0
         # None until the backend loads or creates the stored one while opening.
         self._secret: bytes | None = secret
@@ -285,13 +342,20 @@ class SQLStore:
     def _usable(self, conn: Any) -> bool:
         return True
 
-    def _begin(self, conn: Any, write: bool) -> ContextManager[Tx]:
-        """Open a transaction on ``conn``; commit on exit, roll back on error."""
+    def _begin(self, conn: Any, write: bool, single: bool = False) -> ContextManager[Tx]:
+        """Open a transaction on ``conn``; commit on exit, roll back on error.
+
+        ``single``: the caller runs exactly one statement, which is atomic by itself.
+        """
         raise NotImplementedError
 
     def _violation(self, exc: Exception) -> str | None:
         """``"unique"``, ``"foreign_key"`` or None for a driver error."""
         raise NotImplementedError
+
+    def _round_trips(self, statements: int, single: bool = False) -> int:
+        """The round trips a transaction of ``statements`` statements costs (none in-process)."""
+        return 0
 
     def _lock_run(self, tx: Tx, run_id: str) -> bool:
         """Serialize writers of one run's snapshots and events; False if the run is missing."""
@@ -337,11 +401,17 @@ class SQLStore:
     # -- transactions and errors
 
     @contextmanager
-    def _transaction(self, write: bool, conflict: str | None = None, run_id: str | None = None) -> Iterator[Tx]:
-        """One protocol method's transaction, with driver errors translated at this boundary."""
+    def _transaction(self, write: bool, conflict: str | None = None, run_id: str | None = None,
+                     single: bool = False) -> Iterator[Tx]:
+        """One protocol method's transaction, with driver errors translated at this boundary.
+
+        ``single``: the method runs exactly one statement (enforced by ``Tx.run``), so a backend whose
+        ``BEGIN`` and ``COMMIT`` are round trips of their own may leave them out (Postgres, D-40).
+        """
         with self._checkout() as conn, timed_store_call(write):
+            tx: Tx | None = None
             try:
-                with self._begin(conn, write) as tx:
+                with self._begin(conn, write, single) as tx:
                     yield tx
             except self.driver_error as exc:
                 violation = self._violation(exc)
@@ -350,6 +420,9 @@ class SQLStore:
                 if violation == "foreign_key" and run_id is not None:
                     raise _no_run(run_id) from exc
                 raise StoreError(f"the store at {self.where} failed: {exc}") from exc
+            finally:
+                if tx is not None:
+                    self.traffic.add(tx.statements, self._round_trips(tx.statements, tx.single))
 
     def close(self) -> None:
         with self._lock:
@@ -390,11 +463,11 @@ class SQLStore:
     def create_run(self, run: RunRecord) -> None:
         _check_status(run.status)
         values = [_encode(RUN_COLUMNS, n, getattr(run, n)) for n in RUN_COLUMNS]
-        with self._transaction(write=True, conflict=f"run {run.run_id!r} already exists") as tx:
+        with self._transaction(write=True, conflict=f"run {run.run_id!r} already exists", single=True) as tx:
             tx.run(_INSERT_RUN, values)
 
     def get_run(self, run_id: str) -> RunRecord | None:
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             row = tx.run(f"{_SELECT_RUN} WHERE run_id = ?", (run_id,)).fetchone()
         return None if row is None else _run(row)
 
@@ -420,7 +493,7 @@ class SQLStore:
             # Restating a terminal status is allowed: finishing writes the result envelope with it.
             where += f" AND (status NOT IN {_TERMINAL_SQL} OR status = ?)"
             params.append(fields["status"])
-        with self._transaction(write=bool(fields)) as tx:
+        with self._transaction(write=bool(fields), single=True) as tx:
             if not fields:
                 return tx.run(f"SELECT 1 FROM runs WHERE {where}", params).fetchone() is not None
             sets = ", ".join(f"{name} = ?" for name in fields)
@@ -443,12 +516,12 @@ class SQLStore:
             where.append(f"({' OR '.join(either)})" if either else "1 = 0")
             params += names
         clause = f" WHERE {' AND '.join(where)}" if where else ""
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             rows = tx.run(f"{_SELECT_RUN}{clause} ORDER BY created_at DESC, run_id DESC LIMIT ?", (*params, limit))
             return [_run(row) for row in rows.fetchall()]
 
     def count_runs(self, status: str | None = None) -> int:
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             if status is None:
                 count: int = tx.run("SELECT COUNT(*) FROM runs").fetchone()[0]
             else:
@@ -463,7 +536,7 @@ class SQLStore:
             f" AND status NOT IN {_TERMINAL_SQL}"
             " AND (owner IS NULL OR owner = ? OR owner = ? OR lease_until IS NULL OR lease_until < ?)"
         )
-        with self._transaction(write=True) as tx:
+        with self._transaction(write=True, single=True) as tx:
             return tx.run(sql, (owner, lease_until, run_id, owner, gone_owner or owner, now)).rowcount == 1
 
     def claim_queued(self, owner: str, lease_until: float, now: float,
@@ -492,21 +565,21 @@ class SQLStore:
 
     def release_orphan(self, run: RunRecord, owner: str) -> bool:
         sql = "UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ? AND owner = ? AND status = 'running'"
-        with self._transaction(write=True) as tx:
+        with self._transaction(write=True, single=True) as tx:
             return tx.run(sql, (run.owner, run.lease_until, run.run_id, owner)).rowcount == 1
 
     def runs_with_expired_lease(self, now: float) -> list[RunRecord]:
         sql = f"{_SELECT_RUN} WHERE status = 'running' AND lease_until < ? ORDER BY lease_until"
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             return [_run(row) for row in tx.run(sql, (now,)).fetchall()]
 
     def paused_runs_past_expiry(self, now: float, limit: int = 100) -> list[RunRecord]:
         sql = f"{_SELECT_RUN} WHERE status = 'paused' AND expires_at < ? ORDER BY expires_at LIMIT ?"
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             return [_run(row) for row in tx.run(sql, (now, limit)).fetchall()]
 
     def delete_run(self, run_id: str) -> bool:
-        with self._transaction(write=True) as tx:
+        with self._transaction(write=True, single=True) as tx:
             return tx.run("DELETE FROM runs WHERE run_id = ?", (run_id,)).rowcount == 1
 
     # -- journal
@@ -515,7 +588,7 @@ class SQLStore:
         _check_state(call.state)
         values = [_encode(CALL_COLUMNS, n, getattr(call, n)) for n in CALL_COLUMNS]
         conflict = f"call {call.seq} of run {call.run_id!r} is already recorded"
-        with self._transaction(write=True, conflict=conflict, run_id=call.run_id) as tx:
+        with self._transaction(write=True, conflict=conflict, run_id=call.run_id, single=True) as tx:
             tx.run(_INSERT_CALL, values)
 
     def record_calls(self, calls: Sequence[CallRecord]) -> None:
@@ -526,9 +599,11 @@ class SQLStore:
         rows = [[_encode(CALL_COLUMNS, n, getattr(c, n)) for n in CALL_COLUMNS] for c in calls]
         run_id = calls[0].run_id
         conflict = f"a call of run {run_id!r} in seqs {calls[0].seq}..{calls[-1].seq} is already recorded"
-        with self._transaction(write=True, conflict=conflict, run_id=run_id) as tx:
-            for row in rows:
-                tx.run(_INSERT_CALL, row)
+        # One statement per chunk of rows, not per row: on Postgres each statement is a round trip.
+        chunks = [rows[i:i + _ROWS_PER_INSERT] for i in range(0, len(rows), _ROWS_PER_INSERT)]
+        with self._transaction(write=True, conflict=conflict, run_id=run_id, single=len(chunks) == 1) as tx:
+            for chunk in chunks:
+                tx.run(_insert_rows(_INSERT_CALL, len(CALL_COLUMNS), len(chunk)), [v for row in chunk for v in row])
 
     def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], **fields: Any) -> bool:
         unknown = fields.keys() - _CALL_UPDATABLE
@@ -541,7 +616,7 @@ class SQLStore:
             return False
         where = f"run_id = ? AND seq = ? AND state IN {_in(len(expected))}"
         params = [run_id, seq, *expected]
-        with self._transaction(write=bool(fields)) as tx:
+        with self._transaction(write=bool(fields), single=True) as tx:
             if not fields:
                 return tx.run(f"SELECT 1 FROM calls WHERE {where}", params).fetchone() is not None
             sets = ", ".join(f"{name} = ?" for name in fields)
@@ -549,7 +624,7 @@ class SQLStore:
             return tx.run(f"UPDATE calls SET {sets} WHERE {where}", values + params).rowcount == 1
 
     def get_call(self, run_id: str, seq: int) -> CallRecord | None:
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             row = tx.run(f"{_SELECT_CALL} WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
         return None if row is None else _call(row)
 
@@ -565,7 +640,7 @@ class SQLStore:
                 return []
             where += f" AND state IN {_in(len(expected))}"
             params += expected
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             rows = tx.run(f"{_SELECT_CALL} WHERE {where} ORDER BY seq", params).fetchall()
         return [_call(row) for row in rows]
 
@@ -580,7 +655,7 @@ class SQLStore:
                 return 0
             where += f" AND state IN {_in(len(expected))}"
             params += expected
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             count: int = tx.run(f"SELECT COUNT(*) FROM calls WHERE {where}", params).fetchone()[0]
             return count
 
@@ -588,7 +663,7 @@ class SQLStore:
         # Stored JSON is ASCII (non-ASCII is escaped), so characters are bytes on both backends.
         sql = ("SELECT COALESCE(SUM(LENGTH(args) + COALESCE(LENGTH(outcome), 0)), 0)"
                " FROM calls WHERE run_id = ?")
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             return int(tx.run(sql, (run_id,)).fetchone()[0])
 
     # -- snapshots
@@ -604,7 +679,7 @@ class SQLStore:
 
     def latest_snapshot(self, run_id: str) -> SnapshotRecord | None:
         sql = f"{_SELECT_SNAPSHOT} WHERE run_id = ? ORDER BY id DESC LIMIT 1"
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             row = tx.run(sql, (run_id,)).fetchone()
         return None if row is None else SnapshotRecord(**_decode(SNAPSHOT_COLUMNS, row))
 
@@ -627,7 +702,7 @@ class SQLStore:
 
     def get_wait(self, key: str) -> WaitRecord | None:
         # The digest; or the key itself, for a row written before keys were kept as digests.
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             row = tx.run(f"{_SELECT_WAIT} WHERE key IN (?, ?)", (wait_digest(key), key)).fetchone()
         return None if row is None else _wait(row)
 
@@ -658,7 +733,7 @@ class SQLStore:
                 where.append(f"{column} = ?")
                 params.append(value)
         sql = _SELECT_WAIT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created_at, key"
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             return [_wait(row) for row in tx.run(sql, params).fetchall()]
 
     def runs_with_settled_wait(self, limit: int = 50) -> list[str]:
@@ -668,7 +743,7 @@ class SQLStore:
         sql = ("SELECT r.run_id, r.pending, w.key FROM runs r JOIN waits w ON w.run_id = r.run_id"
                " WHERE r.status = 'waiting' AND w.status <> 'pending' AND w.seq IS NOT NULL"
                " AND r.pending LIKE ? || w.seq || ? LIMIT ?")
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             rows = tx.run(sql, ('%"seq":', "}", limit)).fetchall()
         out = []
         for run_id, pending, key in rows:
@@ -679,7 +754,7 @@ class SQLStore:
 
     def runs_due(self, now: float, limit: int = 100) -> list[RunRecord]:
         sql = f"{_SELECT_RUN} WHERE status = 'waiting' AND expires_at <= ? ORDER BY expires_at LIMIT ?"
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             return [_run(row) for row in tx.run(sql, (now, limit)).fetchall()]
 
     # -- REPL sessions
@@ -692,18 +767,18 @@ class SQLStore:
 
     def get_session(self, name: str, principal: str) -> SessionRecord | None:
         sql = f"{_select('sessions', SESSION_COLUMNS)} WHERE name = ? AND principal = ?"
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             row = tx.run(sql, (name, principal)).fetchone()
         return None if row is None else SessionRecord(**_decode(SESSION_COLUMNS, row))
 
     def delete_session(self, name: str, principal: str) -> bool:
-        with self._transaction(write=True) as tx:
+        with self._transaction(write=True, single=True) as tx:
             return tx.run("DELETE FROM sessions WHERE name = ? AND principal = ?", (name, principal)).rowcount == 1
 
     # -- source listings (a cache: losing a row costs one server start)
 
     def get_listing(self, key: str) -> tuple[Any, float] | None:
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             row = tx.run("SELECT data, updated_at FROM source_listings WHERE key = ?", (key,)).fetchone()
         return None if row is None else (json.loads(row[0]), float(row[1]))
 
@@ -735,14 +810,14 @@ class SQLStore:
 
     def get_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[EventRecord]:
         sql = f"{_SELECT_EVENT} WHERE run_id = ? AND id > ? ORDER BY id LIMIT ?"
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             return [_event(row) for row in tx.run(sql, (run_id, after, limit)).fetchall()]
 
     # -- changes
 
     def runs_updated_since(self, since: float, limit: int = 200) -> list[RunRecord]:
         sql = f"{_SELECT_RUN} WHERE updated_at >= ? ORDER BY updated_at, run_id LIMIT ?"
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             return [_run(row) for row in tx.run(sql, (since, limit)).fetchall()]
 
     # -- notification outbox
@@ -751,7 +826,7 @@ class SQLStore:
         sql = ("INSERT INTO outbox (target, event_id, body, status, attempts, next_at, created_at, mac)"
                " VALUES (?, ?, ?, ?, 0, ?, ?, ?)")
         try:
-            with self._transaction(write=True) as tx:
+            with self._transaction(write=True, single=True) as tx:
                 tx.run(sql, (target, event_id, body, OUTBOX_PENDING, now, now, mac))
         except Conflict:
             return False
@@ -776,13 +851,13 @@ class SQLStore:
                       last_error: str | None = None, delivered_at: float | None = None) -> None:
         sql = ("UPDATE outbox SET status = ?, attempts = ?, next_at = ?, last_error = ?, delivered_at = ?,"
                " claimed_until = NULL WHERE id = ?")
-        with self._transaction(write=True) as tx:
+        with self._transaction(write=True, single=True) as tx:
             tx.run(sql, (status, attempts, next_at, last_error, delivered_at, id))
 
     def list_outbox(self, status: str | None = None, limit: int = 100) -> list[OutboxRecord]:
         where, params = ("WHERE status = ? ", [status]) if status is not None else ("", [])
         sql = f"{_select('outbox', OUTBOX_COLUMNS)} {where}ORDER BY id LIMIT ?"
-        with self._transaction(write=False) as tx:
+        with self._transaction(write=False, single=True) as tx:
             return [OutboxRecord(**_decode(OUTBOX_COLUMNS, row)) for row in tx.run(sql, params + [limit]).fetchall()]
 
     # -- console sign-outs
@@ -816,6 +891,7 @@ __all__ = [
     "POSTGRES_MIGRATIONS",
     "SQLITE_MIGRATIONS",
     "SQLStore",
+    "StoreTraffic",
     "Tx",
     "dump_json",
     "secret_from_env",

@@ -58,6 +58,9 @@ class PostgresStore(SQLStore):
     octets = "OCTET_LENGTH({})"
     # Callers on an event loop run this store's calls in its threads (store/aio.py, D-27).
     offload = True
+    # A method that runs one statement runs it in autocommit (D-40); cleared, it is wrapped in BEGIN and
+    # COMMIT like the rest, as before (bench/store_latency_bench.py measures both).
+    autocommit_single = True
 
     def __init__(self, url: str, secret: bytes | None = None, schema: str = "tether",
                  pool_size: int = POOL_SIZE) -> None:
@@ -108,7 +111,12 @@ class PostgresStore(SQLStore):
         except BaseException:
             conn.close()
             raise
+        self.traffic.connected(self._round_trips(1))
         return conn
+
+    def _round_trips(self, statements: int, single: bool = False) -> int:
+        # psycopg sends BEGIN before the first statement and COMMIT after the last, each waited for.
+        return statements if single and self.autocommit_single else statements + 2 if statements else 0
 
     @contextmanager
     def _checkout(self) -> Iterator[psycopg.Connection]:
@@ -141,10 +149,21 @@ class PostgresStore(SQLStore):
             return self._threads
 
     @contextmanager
-    def _begin(self, conn: psycopg.Connection, write: bool) -> Iterator[Tx]:
+    def _begin(self, conn: psycopg.Connection, write: bool, single: bool = False) -> Iterator[Tx]:
+        if single and self.autocommit_single:
+            # One statement is atomic by itself: without BEGIN and COMMIT it costs one round trip, not three.
+            conn.autocommit = True
+            try:
+                with conn.cursor() as cursor:
+                    yield Tx(cursor, _placeholders, single=True)
+            finally:
+                # A broken connection is dropped by the pool; changing it would only hide why it broke.
+                if not (conn.closed or conn.broken):
+                    conn.autocommit = False
+            return
         try:
             with conn.cursor() as cursor:
-                yield Tx(cursor, _placeholders)
+                yield Tx(cursor, _placeholders, single=single)
             conn.commit()
         except BaseException:
             if not conn.broken:
@@ -171,7 +190,7 @@ class PostgresStore(SQLStore):
         tx.run("SELECT pg_notify(?, ?)", (self._channel, run_id))
 
     def notify(self, payload: str) -> None:
-        with self._transaction(write=True) as tx:
+        with self._transaction(write=True, single=True) as tx:
             tx.run("SELECT pg_notify(?, ?)", (self._channel, payload))
 
     @property

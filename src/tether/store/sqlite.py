@@ -110,10 +110,11 @@ class SQLiteStore(SQLStore):
         return conn
 
     @contextmanager
-    def _begin(self, conn: sqlite3.Connection, write: bool) -> Iterator[Tx]:
+    def _begin(self, conn: sqlite3.Connection, write: bool, single: bool = False) -> Iterator[Tx]:
+        # BEGIN and COMMIT stay for one statement too: in-process they cost no round trip.
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         try:
-            yield Tx(conn.cursor(), _identity)
+            yield Tx(conn.cursor(), _identity, single=single)
             conn.execute("COMMIT")
         except BaseException:
             # Also after a failed COMMIT: a transaction left open would refuse the next BEGIN.

@@ -1,0 +1,127 @@
+"""The store counts what it asks of its database, and on Postgres the count is what the wire sees (issue 24).
+
+The benchmarks report statements and round trips per run from ``store.traffic``
+(bench/README.md); these tests hold that count to the truth: on Postgres, the
+waits tests/latency_proxy.py saw on the wire between tether and the server.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import psycopg
+import pytest
+
+from latency_proxy import LatencyProxy, target_of
+from tether import Runtime
+from tether.sources.python import tool
+from tether.store import Conflict
+from tether.store.base import RunRecord
+from tether.store.postgres import PostgresStore
+from tether.store.sqlite import SQLiteStore
+
+WAIT = 60.0  # a bound for a hang on a loaded machine, never reached by a pass
+
+
+@tool(namespace="shop", read_only=True)
+async def price(sku: int) -> dict:
+    """The price of one item (read-only)."""
+    return {"sku": sku, "cents": 250}
+
+
+@tool(namespace="shop", destructive=True)
+async def buy(sku: int) -> dict:
+    """Buy one item (a write: the default policy asks first)."""
+    return {"sku": sku, "bought": True}
+
+
+READS = "import tools\ntotal = 0\nfor i in range(10):\n    total += (await tools.shop.price(sku=i))['cents']\ntotal\n"
+WRITE = "import tools\n(await tools.shop.buy(sku=1))['bought']\n"
+
+
+def settle(proxy: LatencyProxy) -> int:
+    """The wire's count once no request is in flight (the proxy forwards in its own thread)."""
+    deadline = time.monotonic() + WAIT
+    while proxy.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    return proxy.round_trips
+
+
+@pytest.mark.postgres
+async def test_postgres_round_trips_counted_are_the_ones_on_the_wire(pg_url):
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    try:
+        with LatencyProxy(target_of(pg_url), 0.0) as proxy:
+            store = PostgresStore(proxy.url(pg_url), schema=schema)
+            try:
+                async with Runtime(store=store, tools=[price, buy]) as rt:
+                    # Warm: connections and the listener open, and psycopg has prepared each statement on its
+                    # fifth use on a connection (one uncounted wait, once; the pool hands out the last used first).
+                    for _ in range(6):
+                        paused = await rt.execute(WRITE)
+                        await rt.execute(READS)
+                        await rt.resume(paused.run_id, "approve")
+                    for label, step in [
+                        ("10 reads", lambda: rt.execute(READS)),
+                        ("a write that pauses", lambda: rt.execute(WRITE)),
+                    ]:
+                        wire, counted = settle(proxy), store.traffic.snapshot()
+                        result = await step()
+                        assert result.status in ("completed", "paused"), result.error
+                        after = store.traffic.snapshot()
+                        assert after["connections"] == counted["connections"], label
+                        assert after["round_trips"] - counted["round_trips"] == settle(proxy) - wire, label
+                        assert after["statements"] > counted["statements"]
+                        if label == "10 reads":
+                            # Created, its reads journaled in one statement, ended, announced: one wait each,
+                            # as each runs without BEGIN and COMMIT (D-40).
+                            assert after["round_trips"] - counted["round_trips"] <= 4, after
+                    wire, counted = settle(proxy), store.traffic.snapshot()
+                    resumed = await rt.resume(result.run_id, "approve")
+                    assert resumed.status == "completed" and resumed.result is True, resumed.error
+                    assert store.traffic.snapshot()["round_trips"] - counted["round_trips"] == settle(proxy) - wire
+            finally:
+                store.close()
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+async def test_sqlite_counts_statements_and_transactions_and_no_round_trips(tmp_path):
+    store = SQLiteStore(f"sqlite:///{tmp_path}/t.db")
+    async with Runtime(store=store, tools=[price]) as rt:
+        before = store.traffic.snapshot()
+        result = await rt.execute(READS)
+        assert result.status == "completed" and result.result == 2500
+        after = store.traffic.snapshot()
+    assert after["transactions"] > before["transactions"]
+    assert after["statements"] >= after["transactions"] - before["transactions"] + before["statements"]
+    assert after["round_trips"] == 0  # in-process: nothing waits on a wire
+
+
+@pytest.mark.postgres
+def test_postgres_statement_failing_without_begin_leaves_the_connection_for_the_next_transaction(pg_url):
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    store = PostgresStore(pg_url, schema=schema, pool_size=1)
+    try:
+        run = RunRecord(run_id="r1", status="running", program="1", environment={}, policy={}, limits={},
+                        created_at=0.0, updated_at=0.0)
+        store.create_run(run)
+        with pytest.raises(Conflict):
+            store.create_run(run)  # one statement, run without BEGIN: it fails alone
+        conn = store._connection()
+        assert conn.autocommit is False and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        before = store.traffic.snapshot()
+        # A transaction of several statements is still one: BEGIN, the statements, COMMIT.
+        store.add_event("r1", "output", {"i": 1}, 1.0)
+        after = store.traffic.snapshot()
+        assert after["round_trips"] - before["round_trips"] == after["statements"] - before["statements"] + 2
+        assert [e.data for e in store.get_events("r1")] == [{"i": 1}]
+        assert store.update_run("r1", ["running"], status="completed", updated_at=2.0)
+        assert store.get_run("r1").status == "completed"
+    finally:
+        store.close()
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
