@@ -1,9 +1,10 @@
 """Tools from an OpenAPI 3.0/3.1 document: one tool per operation, called over HTTP.
 
 An operation becomes a tool whose keyword arguments are its path, query and
-header parameters plus its JSON body. Anything this module cannot call
-faithfully (cookie parameters, non-JSON bodies, callbacks, external ``$ref``s)
-is reported in ``source.problems`` and that operation alone is skipped: a
+header parameters plus its request body (see ``_openapi_bodies`` for the one
+flattening rule and how multipart, text and binary bodies are passed). Anything
+this module cannot call faithfully (cookie parameters, callbacks, external
+``$ref``s) is reported in ``source.problems`` and that operation alone is skipped: a
 half-understood operation sending the wrong request would be worse than none.
 
 Credentials come from the ``auth`` config and the environment at call time.
@@ -30,16 +31,16 @@ import httpx
 from ..errors import ConfigError, InvalidArguments, ToolError, UsageError
 from ..tools.context import current_call
 from ..tools.model import IDEMPOTENCY_MODES, Annotations, Tool, check_identifier
+from . import _openapi_bodies as bodies
 from ._names import identifier as _identifier
 from ._names import unique as _unique
+from ._openapi_http import excerpt, http_error, redact
 from .base import expand_env
 
 __all__ = ["OpenAPISource"]
 
 DEFAULT_TIMEOUT = 30.0
 
-# Enough of an error body to see what the API objected to, never a whole page.
-ERROR_BODY_LIMIT = 1000
 
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 _READ_METHODS = {"get", "head", "options"}
@@ -150,7 +151,41 @@ class _Refs:
                 out[key] = copy.deepcopy(value)
             else:
                 out[key] = self.inline(value, active)
+        if isinstance(node.get("discriminator"), Mapping):
+            _tag_variants(node, out)
         return out
+
+
+def _tag_variants(node: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """A discriminated union's tag property, in each variant, as the one value that variant takes.
+
+    The tag of a variant is known only from its $ref (the mapping, or the
+    schema's name), so it is written in while the refs are still visible:
+    a stub then shows it as ``Literal["..."]``.
+    """
+    prop = node["discriminator"].get("propertyName")
+    mapping = node["discriminator"].get("mapping") or {}
+    by_ref = {ref: tag for tag, ref in mapping.items() if isinstance(ref, str)} if isinstance(mapping, Mapping) else {}
+    if not isinstance(prop, str):
+        return
+    for combinator in ("oneOf", "anyOf"):
+        raw, inlined = node.get(combinator), out.get(combinator)
+        if not isinstance(raw, list) or not isinstance(inlined, list):
+            continue
+        for i, (variant, schema) in enumerate(zip(raw, inlined)):
+            ref = variant.get("$ref") if isinstance(variant, Mapping) else None
+            if not isinstance(ref, str) or not isinstance(schema, dict):
+                continue
+            tag = by_ref.get(ref, ref.rsplit("/", 1)[-1])
+            props = schema.get("properties")
+            current = props.get(prop) if isinstance(props, dict) else None
+            if isinstance(current, dict) and ("const" in current or len(current.get("enum") or []) == 1):
+                continue  # the variant says its tag itself
+            tag_schema = {"type": "string", "enum": [tag]}
+            if isinstance(props, dict):
+                inlined[i] = {**schema, "properties": {**props, prop: {**(current or {}), **tag_schema}}}
+            else:
+                inlined[i] = {**schema, "allOf": [*(schema.get("allOf") or []), {"properties": {prop: tag_schema}}]}
 
 
 def _json_schema(node: Any, *, request: bool) -> Any:
@@ -206,6 +241,8 @@ class _Param:
     wire: str  # name on the wire
     style: str = "form"
     explode: bool = True
+    as_json: bool = False  # a `content:` parameter whose media type is JSON: sent as JSON text
+    binary: bool = False  # a multipart file field
 
 
 @dataclass
@@ -215,6 +252,7 @@ class _Operation:
     path: str
     params: list[_Param] = field(default_factory=list)
     media_type: str | None = None
+    body_kind: str = "json"  # see _openapi_bodies.body_kind
     body_required: bool = False
     server: str | None = None
 
@@ -466,8 +504,17 @@ class OpenAPISource:
                 continue
             if any(a.covers(location, wire) for a in self._auth):
                 continue  # auth supplies it; a program must not see or set it
+            as_json = False
             if "schema" not in param:
-                raise _Unsupported(f"parameter {wire!r} uses 'content' instead of 'schema'")
+                # `content:` instead of `schema:` (Directus's filters): one media type says how it is encoded.
+                content = param.get("content")
+                if not isinstance(content, Mapping) or len(content) != 1:
+                    raise _Unsupported(f"parameter {wire!r} has neither 'schema' nor one 'content' entry")
+                media_type, media = next(iter(content.items()))
+                as_json = _is_json(str(media_type))
+                param = {**param, "schema": (media or {}).get("schema") or {}}
+                if as_json and isinstance(param["schema"], Mapping) and param.get("description") is None:
+                    param["description"] = "sent as JSON text"
             style = param.get("style") or ("form" if location == "query" else "simple")
             allowed = {"query": {"form", "spaceDelimited", "pipeDelimited", "deepObject"}}.get(location, {"simple"})
             if style not in allowed:
@@ -480,7 +527,7 @@ class OpenAPISource:
             if param.get("required") or location == "path":
                 required.append(arg)
             explode = param.get("explode", style == "form")
-            operation.params.append(_Param(arg, location, wire, style, bool(explode)))
+            operation.params.append(_Param(arg, location, wire, style, bool(explode), as_json=as_json))
 
         in_path = {p.wire for p in operation.params if p.location == "path"}
         for wire in re.findall(r"\{([^}]+)\}", path):
@@ -507,6 +554,7 @@ class OpenAPISource:
                 read_only=method in _READ_METHODS,
                 destructive=method == "delete",
                 idempotent=method in ("put", "delete") or method in _READ_METHODS,
+                open_world=True,  # every call goes to an API outside tether
             ),
             source="openapi",
             idempotency=self._idempotency,
@@ -521,31 +569,39 @@ class OpenAPISource:
         required: list[str],
     ) -> None:
         content = body.get("content") if isinstance(body, Mapping) else None
-        if not content:
+        if not content or not isinstance(content, Mapping):
             return
-        media_type = next((m for m in content if m.split(";")[0].strip() == "application/json"), None) or next(
-            (m for m in content if _is_json(m)), None
-        )
-        if media_type is None:
-            raise _Unsupported(f"request body type {', '.join(content)} is not supported (JSON only)")
-        operation.media_type = media_type
+        media_type = bodies.pick_media_type(dict(content))
+        kind = bodies.body_kind(media_type)
+        operation.media_type, operation.body_kind = media_type, kind
         operation.body_required = bool(body.get("required"))
         schema = _json_schema(refs.inline((content[media_type] or {}).get("schema") or {}), request=True)
-        props = schema.get("properties") if isinstance(schema, dict) else None
-        is_object = isinstance(schema, dict) and schema.get("type") in ("object", None)
-        composite = isinstance(schema, dict) and any(k in schema for k in ("allOf", "anyOf", "oneOf"))
-        if is_object and isinstance(props, dict) and props and not composite:
+        view = bodies.object_view(schema) if kind in ("json", "form", "multipart") else None
+        if view is not None and view[0]:
+            props, names = view
             args = {wire: _arg_name(wire, "body", {}) for wire in props}
-            if len(set(args.values())) == len(args) and not set(args.values()) & properties.keys():
+            clash = sorted(set(args.values()) & properties.keys())
+            if len(set(args.values())) == len(args) and not clash:
                 for wire, arg in args.items():
-                    properties[arg] = props[wire]
-                    operation.params.append(_Param(arg, "body", wire))
+                    binary = kind == "multipart" and bodies.is_file_schema(props[wire])
+                    properties[arg] = bodies.file_schema(props[wire]) if binary else props[wire]
+                    operation.params.append(_Param(arg, "body", wire, binary=binary))
                 if operation.body_required:
-                    required.extend(args[w] for w in schema.get("required") or [] if w in args)
+                    required.extend(args[w] for w in names if w in args)
                 return
+            why = (f"one object, not separate arguments: its {', '.join(map(repr, clash))} has the name of a "
+                   "path, query or header parameter") if clash else "one object"
+        else:
+            why = {"text": "text", "binary": "binary content: base64 text or bytes"}.get(kind, "one value")
         arg = _unique("body", set(properties))
-        if isinstance(schema, dict) and body.get("description") and "description" not in schema:
-            schema = {**schema, "description": body["description"]}
+        if kind == "binary":
+            schema = dict(bodies.BINARY_ARG)
+        elif kind == "text" and not (isinstance(schema, dict) and schema.get("type") == "string"):
+            schema = {"type": "string"}
+        text = body.get("description") if isinstance(body.get("description"), str) else ""
+        if isinstance(schema, dict):
+            # describe() shows why the body is one argument here.
+            schema = {**schema, "description": f"The request body ({media_type}), {why}." + (f" {text}" if text else "")}
         properties[arg] = schema
         if operation.body_required:
             required.append(arg)
@@ -588,6 +644,16 @@ class OpenAPISource:
                 body, has_body = value, True
             elif value is None:
                 continue
+            elif p.as_json:
+                value = json.dumps(value)
+                if p.location == "query":
+                    query.append((p.wire, value))
+                    continue
+                if p.location == "header":
+                    headers[p.wire] = value
+                    continue
+            if p.location in ("body", "body*"):
+                pass
             elif p.location == "path":
                 segment = quote(_simple(value, p.explode), safe="")
                 if segment in (".", ".."):
@@ -611,15 +677,15 @@ class OpenAPISource:
         call = current_call()
         if call is not None and self._idempotency_header and op.method.lower() not in _SAFE_METHODS:
             headers[self._idempotency_header] = call.key
-        content = None
-        if has_body:
+        content, files, form = self._encode_body(op, body if has_body else None, has_body)
+        if has_body and op.body_kind != "multipart":
             headers["Content-Type"] = op.media_type or "application/json"
-            content = json.dumps(body).encode()
         url = op.server.rstrip("/") + "/" + path.lstrip("/") if op.server else path.lstrip("/")
         label = f"{op.method} {op.path}"
         details: dict[str, Any] = {"source": self.namespace, "tool": op.name}
         try:
-            response = await client.request(op.method, url, params=query, headers=headers, content=content)
+            response = await client.request(op.method, url, params=query, headers=headers, content=content,
+                                            data=form, files=files)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise ToolError(
                 f"{label}: could not reach the API ({type(exc).__name__}); the request was not sent",
@@ -628,32 +694,66 @@ class OpenAPISource:
         except httpx.HTTPError as exc:
             unknown = "" if op.method.lower() in _READ_METHODS else "; whether it took effect is unknown"
             raise ToolError(
-                f"{label}: the request failed ({type(exc).__name__}: {_redact(str(exc), secrets)}){unknown}",
+                f"{label}: the request failed ({type(exc).__name__}: {redact(str(exc), secrets)}){unknown}",
                 details={**details, "code": "transport_error", "sent": True, "outcome": "unknown"},
             ) from None
         if not 200 <= response.status_code < 300:
-            excerpt = _redact(response.text, secrets)
-            if len(excerpt) > ERROR_BODY_LIMIT:
-                excerpt = excerpt[:ERROR_BODY_LIMIT] + "… (truncated)"
-            status = {"code": "http_status", "status": response.status_code}
-            if response.status_code == 409 and call is not None and call.send > 1 and self._idempotency_header \
-                    and op.method.lower() not in _SAFE_METHODS:
-                # An earlier send with this key is still being processed
-                # (the IETF Idempotency-Key draft's 409): its outcome is not known yet.
-                status["outcome"] = "in_progress"
-            raise ToolError(
-                f"{label} returned HTTP {response.status_code}: {excerpt or '(empty body)'}",
-                details={**details, **status},
-            )
+            raise http_error(response, label, details, secrets,
+                              in_progress=response.status_code == 409 and call is not None and call.send > 1
+                              and bool(self._idempotency_header) and op.method.lower() not in _SAFE_METHODS)
         if response.status_code == 204 or not response.content:
             return None
         if _is_json(response.headers.get("content-type", "")):
             try:
                 return response.json()
-            except ValueError:
-                pass
+            except ValueError as exc:
+                # Labelled JSON but not JSON: a proxy's error page, a truncated answer. Saying so beats a string
+                # the program would take for the API's data.
+                raise ToolError(
+                    f"{label} answered HTTP {response.status_code} with a body labelled JSON that is not JSON "
+                    f"({exc}); the request was sent",
+                    details={**details, "code": "malformed_json", "status": response.status_code,
+                             "body": excerpt(redact(response.text, secrets))},
+                ) from None
         return response.text
 
+    def _encode_body(self, op: _Operation, body: Any, has_body: bool) -> tuple[
+            bytes | None, list[tuple[str, tuple[str | None, bytes, str | None]]] | None, dict[str, Any] | None]:
+        """(content, files, form data) for httpx, by the operation's body kind."""
+        if not has_body:
+            return None, None, None
+        where = f"{op.name}: the request body"
+        if op.body_kind == "json":
+            return json.dumps(body).encode(), None, None
+        if op.body_kind == "text":
+            if not isinstance(body, str):
+                raise InvalidArguments(f"{where} is text ({op.media_type}): pass a str")
+            return body.encode(), None, None
+        if op.body_kind == "binary":
+            return bodies.encode_binary(body, where)[0], None, None
+        if not isinstance(body, Mapping):
+            raise InvalidArguments(f"{where} is a form ({op.media_type}): pass a dict of its fields")
+        binary = {p.wire for p in op.params if p.binary}
+        fields: dict[str, Any] = {}
+        parts: list[tuple[str, tuple[str | None, bytes, str | None]]] = []
+        for name, value in body.items():
+            if value is None:
+                continue
+            if name in binary:
+                for i, item in enumerate(value if isinstance(value, list) else [value]):
+                    data, filename, content_type = bodies.encode_binary(item, f"{op.name}: {name!r}")
+                    parts.append((name, (filename or f"{name}{i or ''}", data,
+                                         content_type or "application/octet-stream")))
+            elif op.body_kind == "multipart":
+                # Every field a part of its own (no filename): httpx sends multipart only when given parts.
+                for item in value if isinstance(value, list) else [value]:
+                    parts.append((name, (None, bodies.form_value(item).encode(), None)))
+            else:
+                fields[name] = ([bodies.form_value(v) for v in value] if isinstance(value, list)
+                                else bodies.form_value(value))
+        if op.body_kind == "multipart":
+            return None, parts, None
+        return None, None, fields
 
 # --- helpers --------------------------------------------------------------------
 
@@ -794,12 +894,3 @@ def _query(p: _Param, value: Any) -> list[tuple[str, str]]:
         sep = {"spaceDelimited": " ", "pipeDelimited": "|"}.get(p.style, ",")
         return [(p.wire, sep.join(_scalar(v) for v in value))]
     return [(p.wire, _scalar(value))]
-
-
-def _redact(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-            if secret.startswith("Bearer "):
-                text = text.replace(secret[len("Bearer ") :], "***")
-    return text
