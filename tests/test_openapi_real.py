@@ -211,3 +211,50 @@ async def test_http_error_carries_status_body_and_retry_after(echo):
         assert "labelled JSON that is not JSON" in caught.value.message
     finally:
         await source.close()
+
+
+async def test_full_describe_of_a_huge_tool_pages_by_section(echo):
+    """describe(detail="full") of chat completions (44 KB of schema) stays under the result limit, section-wise."""
+    from tether.tools.describe import FULL_BYTES
+
+    base_url, _, _ = echo
+    source, tools = await _source("openai", base_url)
+    try:
+        catalog = _catalog(source)
+        address = "openai.create_chat_completion"
+        [full] = describe(catalog, address, detail="full")
+        assert len(json.dumps(full, ensure_ascii=False).encode()) <= FULL_BYTES
+        assert full["signature"].startswith("async def tools.openai.create_chat_completion(")
+        assert "input_schema" not in full and "describe('openai.create_chat_completion', detail='input_schema')" \
+            in full["note"]
+
+        # The input schema, page by page, is the whole schema again.
+        properties: dict = {}
+        offset = 0
+        pages = 0
+        while offset is not None:
+            [page] = describe(catalog, address, detail="input_schema", offset=offset)
+            assert len(json.dumps(page, ensure_ascii=False).encode()) <= FULL_BYTES * 2
+            properties.update(page["input_schema"]["properties"])
+            offset, pages = page["next_offset"], pages + 1
+        assert pages > 1 and properties == tools["create_chat_completion"].input_schema["properties"]
+
+        [types] = describe(catalog, address, detail="types")
+        assert "class DeveloperMessage(TypedDict)" in types["types"]
+    finally:
+        await source.close()
+
+
+def test_cli_describe_full_shows_the_input_schema(tmp_path, echo):
+    from helpers import run_cli
+
+    base_url, _, _ = echo
+    (tmp_path / "tether.toml").write_text(
+        f'[[sources]]\ntype = "openapi"\nnamespace = "github"\nspec = "{FIXTURES / "real_github_trim.json"}"\n'
+        f'base_url = "{base_url}"\n')
+    env = {**__import__("os").environ, "TETHER_HOME": str(tmp_path / "home")}
+    env.pop("TETHER_STORE_URL", None)
+    r = run_cli(["tools", "describe", "github.issues_add_labels", "--full"], env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    schema_text = r.stdout.split("# input_schema\n", 1)[1]
+    assert '"labels"' in schema_text and '"issue_number"' in schema_text

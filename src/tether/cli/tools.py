@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from ._common import EXIT_FAILED, EXIT_OK, add_common, open_rt, print_json
@@ -42,6 +43,10 @@ async def cmd_tools_describe(args: argparse.Namespace) -> int:
         if d.get("types"):
             print()
             print(d["types"])
+        if d.get("input_schema") is not None and args.full:
+            print()
+            print("# input_schema")
+            print(json.dumps(d["input_schema"], indent=2, ensure_ascii=False))
         if d.get("note"):
             print(f"# {d['note']}")
         print()

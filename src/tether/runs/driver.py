@@ -507,7 +507,8 @@ def builtins_for(d: Collaborators, run_id: str) -> dict[str, Any]:
     async def describe(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         target = args[0] if args else kwargs.get("address", kwargs.get("addresses", []))
         detail = args[1] if len(args) > 1 else kwargs.get("detail", "default")
-        return d.describe(target, detail=detail)
+        offset = args[2] if len(args) > 2 else kwargs.get("offset", 0)
+        return d.describe(target, detail=detail, offset=offset)
 
     async def sources(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return d.list_sources()
