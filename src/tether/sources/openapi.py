@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import importlib.util
 import json
 import os
@@ -34,6 +35,7 @@ from ..tools.model import IDEMPOTENCY_MODES, Annotations, Tool, check_identifier
 from . import _openapi_bodies as bodies
 from ._names import identifier as _identifier
 from ._names import unique as _unique
+from ._openapi_compiled import CompiledCache, Outputs, compile_catalog, compile_outputs, compiled_key
 from ._openapi_http import excerpt, http_error, redact
 from .base import expand_env
 
@@ -257,6 +259,13 @@ class _Operation:
     server: str | None = None
 
 
+def restore_operation(raw: Mapping[str, Any]) -> _Operation:
+    """An operation from its compiled form (``dataclasses.asdict``)."""
+    fields = dict(raw)
+    params = [_Param(**p) for p in fields.pop("params")]
+    return _Operation(**fields, params=params)
+
+
 class OpenAPISource:
     """Tools generated from an OpenAPI 3.0/3.1 document, one per operation.
 
@@ -273,6 +282,9 @@ class OpenAPISource:
     says the API dedupes by that key, so tether may re-send a write whose
     outcome it lost (P-31).
 
+    ``cache`` keeps the compiled catalog (see ``_openapi_compiled``), keyed by
+    the spec's digest and this compiler: a later start skips parsing.
+
     ``await start()`` loads the spec; ``problems`` then lists the operations
     skipped and why; ``tools()``; ``await close()``.
     """
@@ -288,6 +300,7 @@ class OpenAPISource:
         timeout: float = DEFAULT_TIMEOUT,
         idempotency: str = "none",
         idempotency_header: str | None = DEFAULT_IDEMPOTENCY_HEADER,
+        cache: CompiledCache | None = None,
     ) -> None:
         try:
             check_identifier(namespace, "namespace")
@@ -312,7 +325,10 @@ class OpenAPISource:
         self._idempotency = idempotency
         self._idempotency_header = idempotency_header or None
         self._tools: list[Tool] | None = None
+        self._operations: dict[str, _Operation] = {}
+        self._cache = cache
         self._client: httpx.AsyncClient | None = None
+        self._client_args: dict[str, Any] | None = None  # set by start(), cleared by close()
         # The namespace's one line for sources() and the prompt: the document's info.title.
         self.summary: str | None = None
 
@@ -335,18 +351,35 @@ class OpenAPISource:
             a.value()  # a missing variable is a load error, not a first-call surprise
         where = f"of OpenAPI source {self.namespace!r}"
         headers = {k: expand_env(v, f"header {k!r} {where}") for k, v in self._headers.items()}
-        doc, spec_url = await self._load()
-        base_url = self._base_url or self._default_base_url(doc, spec_url)
-        self._tools = self._build(doc, base_url)
-        self.summary = _info_summary(doc.get("info"))
+        text, spec_url = await self._read()
+        key = compiled_key(self._compile_inputs(), text) if self._cache is not None and text is not None else None
+        restored = self._restore(key, spec_url) if key else None
+        if restored is not None:
+            base_url = restored
+        else:
+            spec = self._spec
+            doc = self._check(copy.deepcopy(dict(spec)) if isinstance(spec, Mapping)
+                              else _parse(_decode(text or b"", f"OpenAPI source {self.namespace!r}: spec "
+                                                  f"{os.fspath(spec)}"),
+                                          f"OpenAPI source {self.namespace!r}: spec {os.fspath(spec)}"))
+            base_url = self._base_url or self._default_base_url(doc, spec_url)
+            self._operations = {}
+            self._tools = self._build(doc, base_url)
+            self.summary = _info_summary(doc.get("info"))
+            if self._cache is not None and key:
+                self._cache.put(f"{key}:outputs", compile_outputs(self._tools))
+                self._cache.put(key, compile_catalog(self._tools, self._operations, self.problems, self.summary,
+                                                     doc.get("servers") or []))
         if self._client is not None:
             await self._client.aclose()
+            self._client = None
         try:
-            # No redirects: httpx strips only Authorization when a redirect leaves
-            # the origin, so an API-key header would follow it to another host.
-            self._client = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=self._timeout)
+            httpx.URL(base_url)
         except (httpx.InvalidURL, ValueError) as exc:
             raise ConfigError(f"OpenAPI source {self.namespace!r}: invalid base URL {base_url!r}: {exc}") from None
+        # The client is made at the first call: loading its TLS roots costs ~0.1 s a
+        # source, which a run that never calls this API should not pay.
+        self._client_args = {"base_url": base_url, "headers": headers, "timeout": self._timeout}
 
     @property
     def started(self) -> bool:
@@ -367,36 +400,73 @@ class OpenAPISource:
 
     async def close(self) -> None:
         """Close the HTTP client."""
+        self._client_args = None
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
 
     # -- loading --
 
-    async def _load(self) -> tuple[dict[str, Any], str | None]:
+    def _compile_inputs(self) -> dict[str, Any]:
+        """Everything besides the spec's text that the tools built from it depend on."""
+        return {"namespace": self.namespace, "base_url": self._base_url,
+                "auth": [[a.kind, a.name] for a in self._auth], "headers": sorted(self._static_headers()),
+                "idempotency": self._idempotency, "idempotency_header": self._idempotency_header}
+
+    def _restore(self, key: str, spec_url: str | None) -> str | None:
+        """Tools from a compiled catalog; the base URL, or None when there is nothing usable."""
+        compiled = self._cache.get(key) if self._cache is not None else None
+        if compiled is None or self._cache is None:
+            return None
+        outputs = Outputs(self._cache, key)
+        try:
+            base_url = self._base_url or self._default_base_url({"servers": compiled["servers"]}, spec_url)
+            operations = {name: restore_operation(raw) for name, raw in compiled["operations"].items()}
+            tools = [self._restored_tool(entry, operations[entry["name"]],
+                                         outputs.loader(entry["name"]) if entry.get("has_output") else None)
+                     for entry in compiled["tools"]]
+        except (KeyError, TypeError, ValueError, UsageError):
+            return None  # a cache from another shape: build afresh
+        self._operations, self._tools = operations, tools
+        self.problems, self.summary = list(compiled["problems"]), compiled["summary"]
+        return base_url
+
+    def _restored_tool(self, entry: Mapping[str, Any], operation: _Operation, outputs: Any) -> Tool:
+        method = operation.method.lower()
+        return Tool(
+            namespace=self.namespace, name=entry["name"], description=entry["description"],
+            input_schema=entry["input_schema"], handler=self._handler(operation), title=entry.get("title"),
+            output_schema_loader=outputs,
+            # From the (signed) method, never from a stored flag: the policy reads read_only.
+            annotations=_annotations(method), source="openapi", idempotency=self._idempotency,
+        )
+
+    async def _read(self) -> tuple[bytes | None, str | None]:
+        """The spec's bytes and the URL it came from (None, None for a spec given as a dict)."""
         where = f"OpenAPI source {self.namespace!r}"
         if isinstance(self._spec, Mapping):
-            doc: Any = copy.deepcopy(dict(self._spec))
-            spec_url = None
+            return None, None
+        location = os.fspath(self._spec)
+        if location.startswith(("http://", "https://")):
+            spec_url = location
+            try:
+                async with httpx.AsyncClient(timeout=self._timeout, follow_redirects=True) as client:
+                    response = await client.get(location)
+            except httpx.HTTPError as exc:
+                raise ConfigError(f"{where}: cannot fetch the spec {location}: {exc}") from None
+            if response.status_code != 200:
+                raise ConfigError(f"{where}: fetching the spec {location} returned HTTP {response.status_code}")
+            text = response.content
         else:
-            location = os.fspath(self._spec)
-            if location.startswith(("http://", "https://")):
-                spec_url = location
-                try:
-                    async with httpx.AsyncClient(timeout=self._timeout, follow_redirects=True) as client:
-                        response = await client.get(location)
-                except httpx.HTTPError as exc:
-                    raise ConfigError(f"{where}: cannot fetch the spec {location}: {exc}") from None
-                if response.status_code != 200:
-                    raise ConfigError(f"{where}: fetching the spec {location} returned HTTP {response.status_code}")
-                text = response.text
-            else:
-                spec_url = None
-                try:
-                    text = await asyncio.to_thread(Path(location).read_text, encoding="utf-8")
-                except OSError as exc:
-                    raise ConfigError(f"{where}: cannot read the spec {location}: {exc.strerror}") from None
-            doc = _parse(text, f"{where}: spec {location}")
+            spec_url = None
+            try:
+                text = await asyncio.to_thread(Path(location).read_bytes)
+            except OSError as exc:
+                raise ConfigError(f"{where}: cannot read the spec {location}: {exc.strerror}") from None
+        return text, spec_url
+
+    def _check(self, doc: Any) -> dict[str, Any]:
+        where = f"OpenAPI source {self.namespace!r}"
         if not isinstance(doc, dict):
             raise ConfigError(f"{where}: the spec is not a JSON/YAML object")
         version = str(doc.get("openapi", ""))
@@ -406,7 +476,7 @@ class OpenAPISource:
                 f"{where}: only OpenAPI 3.0 and 3.1 are supported, the spec is {found}",
                 next_action="Convert the spec to OpenAPI 3 (e.g. with swagger2openapi).",
             )
-        return doc, spec_url
+        return doc
 
     def _default_base_url(self, doc: Mapping[str, Any], spec_url: str | None) -> str:
         servers = doc.get("servers") or []
@@ -480,6 +550,7 @@ class OpenAPISource:
             raise _Unsupported("callbacks are not supported")
         name = _unique(_operation_name(op.get("operationId"), method, path), taken)
         operation = _Operation(name=name, method=method.upper(), path=path)
+        self._operations[name] = operation
         servers = op.get("servers") or item.get("servers")
         if servers and isinstance(servers[0], Mapping) and (url := _server_url(servers[0])):
             operation.server = urljoin(base_url.rstrip("/") + "/", url)
@@ -550,12 +621,7 @@ class OpenAPISource:
             handler=self._handler(operation),
             title=op.get("summary") if isinstance(op.get("summary"), str) else None,
             output_schema=_output_schema(refs, op),
-            annotations=Annotations(
-                read_only=method in _READ_METHODS,
-                destructive=method == "delete",
-                idempotent=method in ("put", "delete") or method in _READ_METHODS,
-                open_world=True,  # every call goes to an API outside tether
-            ),
+            annotations=_annotations(method),
             source="openapi",
             idempotency=self._idempotency,
         )
@@ -621,6 +687,10 @@ class OpenAPISource:
 
     async def _call(self, op: _Operation, args: dict[str, Any]) -> Any:
         client = self._client
+        if client is None and self._client_args is not None:
+            # No redirects: httpx strips only Authorization when a redirect leaves
+            # the origin, so an API-key header would follow it to another host.
+            client = self._client = httpx.AsyncClient(**self._client_args)
         if client is None:
             raise ToolError(
                 f"OpenAPI source {self.namespace!r} is closed",
@@ -758,6 +828,13 @@ class OpenAPISource:
 # --- helpers --------------------------------------------------------------------
 
 
+def _decode(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
 def _parse(text: str, where: str) -> Any:
     try:
         return json.loads(text)
@@ -771,8 +848,10 @@ def _parse(text: str, where: str) -> Any:
             ) from None
     import yaml
 
+    # libyaml, when PyYAML was built with it, parses OpenAI's 3 MB YAML ~5x faster.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader, C or pure Python
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where} is neither valid JSON nor valid YAML: {exc}") from None
     return _string_keys(doc)
@@ -838,6 +917,16 @@ def _info_summary(info: Any) -> str | None:
     if title and first and len(title) < 40 and first.lower() != title.lower():
         return f"{title}: {first}"
     return " ".join((title or first).split()) or None
+
+
+@functools.lru_cache(maxsize=None)
+def _annotations(method: str) -> Annotations:
+    return Annotations(
+        read_only=method in _READ_METHODS,
+        destructive=method == "delete",
+        idempotent=method in ("put", "delete") or method in _READ_METHODS,
+        open_world=True,  # every call goes to an API outside tether
+    )
 
 
 def _description(op: Mapping[str, Any], operation: _Operation) -> str:

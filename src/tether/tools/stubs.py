@@ -374,8 +374,9 @@ class _Module:
         base = _camel(tool.name)
         params = self._params(tool, base)
         returns = self.n["Any"]
-        if tool.output_schema is not None:
-            returns = self._type(tool.output_schema, _Root(tool.output_schema), f"{base}Result", 0, inputs=False)
+        output_schema = tool.returns_schema()
+        if output_schema is not None:
+            returns = self._type(output_schema, _Root(output_schema), f"{base}Result", 0, inputs=False)
         self.functions.append(f"async def {tool.name}({params}) -> {returns}: ...\n")
         self.roots = list(self._refs[0])
         used = self._closure(self._refs[0])
