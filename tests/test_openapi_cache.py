@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tether.sources.loader import _SignedCatalogs
 from tether.sources._openapi_compiled import compiled_key
+from tether.sources.loader import _SignedCatalogs
 from tether.sources.openapi import OpenAPISource
 from tether.store import open_store
 
