@@ -97,8 +97,13 @@ def call_text(w: dict) -> str:
     return f"call {w['seq']}: {w['address']}({args})"
 
 
-def print_pause(run_id: str, pending: dict) -> None:
-    """The writes a pause waits on, each with the commands that decide it by its seq (P-28)."""
+def print_pause(run_id: str, pending: dict, owner: str | None = None) -> None:
+    """The writes a pause waits on, each with the commands that decide it by its seq (P-28).
+
+    For a run another principal owns (started over HTTP with a token), the
+    commands carry the ``--as`` that acts for it: without it they answer run_not_found.
+    """
+    acting = f" --as {owner}" if owner and owner != "local" else ""
     writes = pending.get("writes") or [pending]
     undecided = [w for w in writes if not w.get("decision")]
     if len(writes) == 1:
@@ -109,11 +114,13 @@ def print_pause(run_id: str, pending: dict) -> None:
             taken = w.get("decision")
             print(f"  {call_text(w)}" + (f"  [{taken['decision']}d]" if taken else ""))
     seqs = " ".join(f"--seq {w['seq']}" for w in undecided)
-    print(f"  approve: tether resume {run_id} --approve {seqs}")
-    print(f"  decline: tether resume {run_id} --decline {seqs} --reason '...'")
+    print(f"  approve: tether resume {run_id} --approve {seqs}{acting}")
+    print(f"  decline: tether resume {run_id} --decline {seqs} --reason '...'{acting}")
     if len(undecided) > 1:
         print("  (name some seqs to decide those; the run continues once every write is decided)")
-    print(f"  cancel:  tether resume {run_id} --cancel")
+    print(f"  cancel:  tether resume {run_id} --cancel{acting}")
+    if acting:
+        print(f"  (the run is owned by {owner}: --as acts for it)")
 
 
 def read_program(path: str) -> str:
