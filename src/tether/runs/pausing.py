@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
 
@@ -267,7 +268,10 @@ class Pauses:
         host = self.host
         pending = AskedWrite.of(seq, tool, args)
         if host.on_approval is not None:
-            verdict, reason = await host.on_approval(pending.for_approver())
+            from .decisions import approval_verdict
+
+            answer = host.on_approval(pending.for_approver())
+            verdict, reason = approval_verdict(await answer if inspect.isawaitable(answer) else answer)
             await self._record_inline_decision(seq, tool.address, "approve" if verdict == "approve" else "decline",
                                                reason)
             if verdict == "approve":
