@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -73,7 +74,7 @@ def print_result(result: Any, as_json: bool) -> int:
         value = data["result"]
         print(value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False))
     elif status == RunStatus.PAUSED:
-        print_pause(data["run_id"], data["pending"])
+        print_pause(data["run_id"], data["pending"], expires_at=data.get("expires_at"))
     elif status == RunStatus.WAITING:
         p = data["pending"]
         print(f"waiting: run {data['run_id']} is parked ({p['kind']} {p['name']}); it holds no worker")
@@ -93,11 +94,20 @@ def print_result(result: Any, as_json: bool) -> int:
 
 
 def call_text(w: dict) -> str:
-    args = ", ".join(f"{k}={v!r}" for k, v in (w.get("args") or {}).items())
+    from ..runs.redaction import shown_args
+
+    args = ", ".join(f"{k}={v!r}" for k, v in shown_args(w).items())
     return f"call {w['seq']}: {w['address']}({args})"
 
 
-def print_pause(run_id: str, pending: dict, owner: str | None = None) -> None:
+def when(moment: float | None) -> str:
+    """A Unix time as people read it: ISO-8601 in UTC, to the second."""
+    if moment is None:
+        return "-"
+    return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def print_pause(run_id: str, pending: dict, owner: str | None = None, expires_at: float | None = None) -> None:
     """The writes a pause waits on, each with the commands that decide it by its seq (P-28).
 
     For a run another principal owns (started over HTTP with a token), the
@@ -121,6 +131,8 @@ def print_pause(run_id: str, pending: dict, owner: str | None = None) -> None:
     print(f"  cancel:  tether resume {run_id} --cancel{acting}")
     if acting:
         print(f"  (the run is owned by {owner}: --as acts for it)")
+    if expires_at is not None:
+        print(f"  the pause expires at {when(expires_at)}")
 
 
 def read_program(path: str) -> str:

@@ -202,7 +202,7 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
         why = f" ({d['reason']})" if d.get("reason") else ""
         print(f"decided: call {d['seq']} {d['decision']}{why} by {d.get('actor')} via {d.get('via')}")
     if data.get("pending") and data["status"] == RunStatus.PAUSED:
-        print_pause(data["run_id"], data["pending"], owner=data.get("principal"))
+        print_pause(data["run_id"], data["pending"], owner=data.get("principal"), expires_at=data.get("expires_at"))
     elif data.get("pending"):
         print(f"pending: call {data['pending']['seq']} {data['pending'].get('address') or data['pending'].get('name')}")
     for link in data["approval_links"]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..errors import SandboxCrashed, TetherError
 from ..sandbox.monty import ProgramFailed
 from ..store.states import RunStatus
+from .redaction import shown_args
 from .result import RunResult
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def pause_instructions(run_id: str, pending: dict[str, Any]) -> str:
     writes = pending.get("writes") or [pending]
 
     def show(w: dict[str, Any]) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in (w.get("args") or {}).items())
+        args = ", ".join(f"{k}={v!r}" for k, v in shown_args(w).items())
         if len(args) > 600:  # instructions are read; the arguments are whole in `pending`
             args = args[:600] + "…"
         return f"call {w['seq']} {w['address']}({args})"

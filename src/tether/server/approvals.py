@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import RunNotFound, TetherError
+from ..runs.redaction import secret_args, shown_args
 from ..store.base import RunRecord
 from ..store.states import RunStatus
 
@@ -264,6 +265,10 @@ def describe_write(rt: Runtime, write: dict[str, Any]) -> dict[str, Any]:
         except Exception:  # a catalog that cannot say is not a reason to hide the write
             description = None
     annotations = write.get("annotations") or {}
-    return {**write, "description": (description or "").strip() or None,
+    if "secret_args" not in write and isinstance(address, str) and address in rt.catalog:
+        # A pause recorded before secret_args were: the tool's schema still says which.
+        write = {**write, "secret_args": secret_args(rt.catalog.get(address))}
+    shown = shown_args(write)
+    return {**write, "args": shown, "description": (description or "").strip() or None,
             "destructive": bool(annotations.get("destructive")),
-            "rendered_args": [{"name": k, **render_value(v)} for k, v in (write.get("args") or {}).items()]}
+            "rendered_args": [{"name": k, **render_value(v)} for k, v in shown.items()]}

@@ -630,7 +630,7 @@ class _Progress:
                 assert latest is not None
                 self._sent = latest
                 with contextlib.suppress(Exception):
-                    await self._ctx.report_progress(latest[0], None, f"{latest[0]} tool calls done; last: {latest[1]}")
+                    await self._ctx.report_progress(latest[0], None, f"{int(latest[0])} tool calls done; last: {latest[1]}")
             if self._closing:
                 return
 
