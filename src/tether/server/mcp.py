@@ -542,6 +542,11 @@ class TetherServer:
             reply = (ctx.input_responses or {}).get(APPROVAL_KEY)
             if json.loads(ctx.request_state or "{}").get("m") == "url" and reply is not None:
                 result = await urlmode.answer(self, ctx, run_id, seq, reply, principal)
+                if urlmode.still_waits_on(self, result, seq):
+                    # Nobody decided on the page within the wait (or the link was dismissed):
+                    # the paused envelope (run id, link, how to resume), not the same link again,
+                    # which would loop until the client's round limit and lose the run id.
+                    return run_result(self.with_link(result), diagnostics=diagnostics)
                 return self._respond(result, INPUT_REQUIRED, principal, diagnostics, how="url")
             if reply is None:
                 # A retry without an answer: ask again if the run still waits on it.
