@@ -657,6 +657,8 @@ class OpenAPISource:
                 return
             why = (f"one object, not separate arguments: its {', '.join(map(repr, clash))} has the name of a "
                    "path, query or header parameter") if clash else "one object"
+        elif view is not None:
+            why = "one object whose keys are free-form"
         else:
             why = {"text": "text", "binary": "binary content: base64 text or bytes"}.get(kind, "one value")
         arg = _unique("body", set(properties))
