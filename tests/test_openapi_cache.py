@@ -60,6 +60,9 @@ async def test_second_start_reads_the_compiled_catalog(store, tmp_path):
     third = await _start(spec, store)
     assert _key(third, spec) != key
     assert third.tools()[0].output_schema is not None and store.get_listing(f"openapi:{_key(third, spec)}")
+    # The compilation of the old text is dropped, not kept forever.
+    for stale in (key, f"{key}:outputs"):
+        assert json.loads(store.get_listing(f"openapi:{stale}")[0]["body"]) == {"gone": True}
 
 
 async def test_a_tampered_entry_cannot_make_a_write_a_read(store, tmp_path):
@@ -70,7 +73,7 @@ async def test_a_tampered_entry_cannot_make_a_write_a_read(store, tmp_path):
     row = store.get_listing(f"openapi:{key}")[0]
     body = json.loads(row["body"])
     for op in body["operations"].values():
-        op["method"] = "GET"  # every POST now claims to be a read
+        op[1] = "GET"  # the method (an operation's second field): every POST now claims to be a read
     store.put_listing(f"openapi:{key}", {"mac": row["mac"], "body": json.dumps(body)}, 0.0)
 
     again = await _start(spec, store)

@@ -22,14 +22,14 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-from dataclasses import asdict
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["CompiledCache", "Outputs", "compile_catalog", "compile_outputs", "compiled_key"]
+__all__ = ["CompiledCache", "Outputs", "compile_catalog", "compile_outputs", "compiled_key", "remember"]
 
 # Bumped when the compiled layout changes shape.
-FORMAT = 1
+FORMAT = 2
 
 
 class CompiledCache(Protocol):
@@ -66,6 +66,27 @@ def compiled_key(inputs: dict[str, Any], text: bytes) -> str:
     h.update(b"\n")
     h.update(hashlib.sha256(text).digest())
     return h.hexdigest()[:40]
+
+
+def latest_key(inputs: dict[str, Any], location: str) -> str:
+    """Where the key of a source's latest compilation is kept, so the one before it can be dropped."""
+    text = json.dumps([inputs, location], sort_keys=True, separators=(",", ":"))
+    return "latest:" + hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def remember(cache: CompiledCache, inputs: dict[str, Any], location: str, key: str,
+             compiled: dict[str, Any], outputs: dict[str, Any]) -> None:
+    """Store a compilation and drop the previous one of the same source (an edited spec, an upgrade)."""
+    pointer = latest_key(inputs, location)
+    previous = cache.get(pointer)
+    cache.put(f"{key}:outputs", outputs)
+    cache.put(key, compiled)
+    cache.put(pointer, {"key": key})
+    old = previous.get("key") if isinstance(previous, dict) else None
+    if isinstance(old, str) and old != key:
+        # A tombstone: the store's cache has no delete, and a miss is all a stale entry is good for.
+        cache.put(old, {"gone": True})
+        cache.put(f"{old}:outputs", {"gone": True})
 
 
 def compile_catalog(tools: list[Any], operations: dict[str, Any], problems: list[dict[str, str]],
@@ -112,4 +133,13 @@ class Outputs:
 
 def _used(tools: list[Any], operations: dict[str, Any]) -> dict[str, Any]:
     names = {t.name for t in tools}
-    return {name: asdict(op) for name, op in operations.items() if name in names}
+    return {name: _row(op) for name, op in operations.items() if name in names}
+
+
+def _row(value: Any) -> Any:
+    """A dataclass as the list of its fields' values, nested ones too: a third of the bytes of asdict()."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return [_row(getattr(value, f.name)) for f in fields(value)]
+    if isinstance(value, list):
+        return [_row(v) for v in value]
+    return value

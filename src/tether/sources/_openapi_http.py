@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ToolError
 from ._openapi_bodies import body_kind
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["ERROR_BODY_LIMIT", "excerpt", "http_error", "redact", "retry_after"]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -24,10 +25,8 @@ import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urljoin, urlsplit
-
-import httpx
 
 from ..errors import ConfigError, InvalidArguments, ToolError, UsageError
 from ..tools.context import current_call
@@ -35,9 +34,12 @@ from ..tools.model import IDEMPOTENCY_MODES, Annotations, Tool, check_identifier
 from . import _openapi_bodies as bodies
 from ._names import identifier as _identifier
 from ._names import unique as _unique
-from ._openapi_compiled import CompiledCache, Outputs, compile_catalog, compile_outputs, compiled_key
+from ._openapi_compiled import CompiledCache, Outputs, compile_catalog, compile_outputs, compiled_key, remember
 from ._openapi_http import excerpt, http_error, redact
 from .base import expand_env
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["OpenAPISource"]
 
@@ -259,11 +261,12 @@ class _Operation:
     server: str | None = None
 
 
-def restore_operation(raw: Mapping[str, Any]) -> _Operation:
-    """An operation from its compiled form (``dataclasses.asdict``)."""
-    fields = dict(raw)
-    params = [_Param(**p) for p in fields.pop("params")]
-    return _Operation(**fields, params=params)
+def restore_operation(raw: list[Any]) -> _Operation:
+    """An operation from its compiled form: its fields' values in order, each parameter's too."""
+    values = dict(zip((f.name for f in dataclasses.fields(_Operation)), raw, strict=True))
+    names = [f.name for f in dataclasses.fields(_Param)]
+    values["params"] = [_Param(**dict(zip(names, p, strict=True))) for p in values["params"]]
+    return _Operation(**values)
 
 
 class OpenAPISource:
@@ -327,7 +330,7 @@ class OpenAPISource:
         self._tools: list[Tool] | None = None
         self._operations: dict[str, _Operation] = {}
         self._cache = cache
-        self._client: httpx.AsyncClient | None = None
+        self._client: httpx.AsyncClient | None = None  # made at the first call
         self._client_args: dict[str, Any] | None = None  # set by start(), cleared by close()
         # The namespace's one line for sources() and the prompt: the document's info.title.
         self.summary: str | None = None
@@ -366,17 +369,23 @@ class OpenAPISource:
             self._operations = {}
             self._tools = self._build(doc, base_url)
             self.summary = _info_summary(doc.get("info"))
-            if self._cache is not None and key:
-                self._cache.put(f"{key}:outputs", compile_outputs(self._tools))
-                self._cache.put(key, compile_catalog(self._tools, self._operations, self.problems, self.summary,
-                                                     doc.get("servers") or []))
+            if self._cache is not None and key and not isinstance(spec, Mapping):
+                remember(self._cache, self._compile_inputs(), os.fspath(spec), key,
+                         compile_catalog(self._tools, self._operations, self.problems, self.summary,
+                                         doc.get("servers") or []),
+                         compile_outputs(self._tools))
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        why = "it needs http(s)://host"
         try:
-            httpx.URL(base_url)
-        except (httpx.InvalidURL, ValueError) as exc:
-            raise ConfigError(f"OpenAPI source {self.namespace!r}: invalid base URL {base_url!r}: {exc}") from None
+            parts = urlsplit(base_url)
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+        except ValueError as exc:  # a bad port, an unbalanced [
+            valid, why = False, str(exc)
+        if not valid:
+            raise ConfigError(f"OpenAPI source {self.namespace!r}: invalid base URL {base_url!r}: {why}",
+                              next_action="Give base_url as http(s)://host[:port]/path.")
         # The client is made at the first call: loading its TLS roots costs ~0.1 s a
         # source, which a run that never calls this API should not pay.
         self._client_args = {"base_url": base_url, "headers": headers, "timeout": self._timeout}
@@ -449,6 +458,8 @@ class OpenAPISource:
         location = os.fspath(self._spec)
         if location.startswith(("http://", "https://")):
             spec_url = location
+            import httpx
+
             try:
                 async with httpx.AsyncClient(timeout=self._timeout, follow_redirects=True) as client:
                     response = await client.get(location)
@@ -692,6 +703,8 @@ class OpenAPISource:
         if client is None and self._client_args is not None:
             # No redirects: httpx strips only Authorization when a redirect leaves
             # the origin, so an API-key header would follow it to another host.
+            import httpx
+
             client = self._client = httpx.AsyncClient(**self._client_args)
         if client is None:
             raise ToolError(
@@ -755,6 +768,8 @@ class OpenAPISource:
         url = op.server.rstrip("/") + "/" + path.lstrip("/") if op.server else path.lstrip("/")
         label = f"{op.method} {op.path}"
         details: dict[str, Any] = {"source": self.namespace, "tool": op.name}
+        import httpx  # imported when a call is made: a run that never calls the API does not pay for it
+
         try:
             response = await client.request(op.method, url, params=query, headers=headers, content=content,
                                             data=form, files=files)
