@@ -261,11 +261,14 @@ class _Operation:
     server: str | None = None
 
 
+_OPERATION_FIELDS = tuple(f.name for f in dataclasses.fields(_Operation))
+_PARAM_FIELDS = tuple(f.name for f in dataclasses.fields(_Param))
+
+
 def restore_operation(raw: list[Any]) -> _Operation:
     """An operation from its compiled form: its fields' values in order, each parameter's too."""
-    values = dict(zip((f.name for f in dataclasses.fields(_Operation)), raw, strict=True))
-    names = [f.name for f in dataclasses.fields(_Param)]
-    values["params"] = [_Param(**dict(zip(names, p, strict=True))) for p in values["params"]]
+    values = dict(zip(_OPERATION_FIELDS, raw, strict=True))
+    values["params"] = [_Param(**dict(zip(_PARAM_FIELDS, p, strict=True))) for p in values["params"]]
     return _Operation(**values)
 
 
