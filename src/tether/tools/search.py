@@ -140,6 +140,7 @@ class SearchIndex:
         self._weights: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
         self._idf_max = 1.0
         self._version = -1
+        self._namespace_of: dict[str, str] = {}
 
     def _ensure(self) -> None:
         if self._version == self._catalog.version:
@@ -169,6 +170,8 @@ class SearchIndex:
         ]
         self._order = [(len(f.name) + len(f.title), i) for i, f in enumerate(features)]
         self._identity, self._elsewhere, self._namespaces = identity, elsewhere, namespaces
+        # A namespace whose name is one word: that word, said in a query, names it.
+        self._namespace_of = {words[0]: ns for ns in namespaces if len(words := _namespace_words(ns)) == 1}
         self._tools, self._features = tools, features
         self._vocab = frozenset(identity.keys() | elsewhere.keys())
         self._sorted_vocab = sorted(self._vocab)
@@ -239,6 +242,18 @@ class SearchIndex:
             if not terms:
                 # No word of the query is in any tool.
                 return _page([], 0, offset)
+            if namespace is None:
+                # "log in to directus": a word naming one of several namespaces says where to look
+                # (a person names the product), and is not itself something the tool must say.
+                named = [t for t in terms if t.word in self._namespace_of]
+                rest = [t for t in terms if t.word not in self._namespace_of]
+                if named and rest and len(self._namespaces) > 1:
+                    there = self._namespaces[self._namespace_of[named[0].word]]
+                    # Only when the rest of the query is found there: "ticket email" with a namespace
+                    # called email and no ticket in it is a search for both words.
+                    if all(_union(self._identity.get(w) for w in t.forms) & there
+                           or _union(self._elsewhere.get(w) for w in t.forms) & there for t in rest):
+                        namespace, terms = self._namespace_of[named[0].word], rest
             scope = self._namespaces.get(namespace, set()) if namespace else None
             in_identity: list[set[int]] = []
             anywhere: list[set[int]] = []
