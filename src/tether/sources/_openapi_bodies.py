@@ -18,11 +18,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidArguments
 
-__all__ = ["BINARY_ARG", "body_kind", "encode_binary", "file_schema", "object_view", "pick_media_type"]
+__all__ = ["BINARY_ARG", "body_kind", "encode_binary", "encode_body", "file_schema", "object_view", "pick_media_type",
+           "tag_variants"]
 
 # What a program passes for binary content: the schema the tool shows for it.
 BINARY_ARG: dict[str, Any] = {
@@ -171,3 +173,73 @@ def form_value(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return json.dumps(value)
     return "" if value is None else str(value)
+
+
+def tag_variants(node: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """A discriminated union's tag property, in each variant, as the one value that variant takes.
+
+    The tag of a variant is known only from its $ref (the mapping, or the
+    schema's name), so it is written in while the refs are still visible:
+    a stub then shows it as ``Literal["..."]``.
+    """
+    prop = node["discriminator"].get("propertyName")
+    mapping = node["discriminator"].get("mapping") or {}
+    by_ref = {ref: tag for tag, ref in mapping.items() if isinstance(ref, str)} if isinstance(mapping, Mapping) else {}
+    if not isinstance(prop, str):
+        return
+    for combinator in ("oneOf", "anyOf"):
+        raw, inlined = node.get(combinator), out.get(combinator)
+        if not isinstance(raw, list) or not isinstance(inlined, list):
+            continue
+        for i, (variant, schema) in enumerate(zip(raw, inlined)):
+            ref = variant.get("$ref") if isinstance(variant, Mapping) else None
+            if not isinstance(ref, str) or not isinstance(schema, dict):
+                continue
+            tag = by_ref.get(ref, ref.rsplit("/", 1)[-1])
+            props = schema.get("properties")
+            current = props.get(prop) if isinstance(props, dict) else None
+            if isinstance(current, dict) and ("const" in current or len(current.get("enum") or []) == 1):
+                continue  # the variant says its tag itself
+            tag_schema = {"type": "string", "enum": [tag]}
+            if isinstance(props, dict):
+                inlined[i] = {**schema, "properties": {**props, prop: {**(current or {}), **tag_schema}}}
+            else:
+                inlined[i] = {**schema, "allOf": [*(schema.get("allOf") or []), {"properties": {prop: tag_schema}}]}
+
+
+Parts = list[tuple[str, tuple[str | None, bytes, str | None]]]
+
+
+def encode_body(name: str, kind: str, media_type: str | None, binary: set[str],
+                body: Any) -> tuple[bytes | None, Parts | None, dict[str, Any] | None]:
+    """(content, multipart parts, form fields) for httpx, by the operation's body kind."""
+    where = f"{name}: the request body"
+    if kind == "json":
+        return json.dumps(body).encode(), None, None
+    if kind == "text":
+        if not isinstance(body, str):
+            raise InvalidArguments(f"{where} is text ({media_type}): pass a str")
+        return body.encode(), None, None
+    if kind == "binary":
+        return encode_binary(body, where)[0], None, None
+    if not isinstance(body, Mapping):
+        raise InvalidArguments(f"{where} is a form ({media_type}): pass a dict of its fields")
+    fields: dict[str, Any] = {}
+    parts: Parts = []
+    for field_name, value in body.items():
+        if value is None:
+            continue
+        if field_name in binary:
+            for i, item in enumerate(value if isinstance(value, list) else [value]):
+                data, filename, content_type = encode_binary(item, f"{name}: {field_name!r}")
+                parts.append((field_name, (filename or f"{field_name}{i or ''}", data,
+                                           content_type or "application/octet-stream")))
+        elif kind == "multipart":
+            # Every field a part of its own (no filename): httpx sends multipart only when given parts.
+            for item in value if isinstance(value, list) else [value]:
+                parts.append((field_name, (None, form_value(item).encode(), None)))
+        else:
+            fields[field_name] = [form_value(v) for v in value] if isinstance(value, list) else form_value(value)
+    if kind == "multipart":
+        return None, parts, None
+    return None, None, fields

@@ -34,7 +34,15 @@ from ..tools.model import IDEMPOTENCY_MODES, Annotations, Tool, check_identifier
 from . import _openapi_bodies as bodies
 from ._names import identifier as _identifier
 from ._names import unique as _unique
-from ._openapi_compiled import CompiledCache, Outputs, compile_catalog, compile_outputs, compiled_key, remember
+from ._openapi_compiled import (
+    CompiledCache,
+    Outputs,
+    compile_catalog,
+    compile_outputs,
+    compiled_key,
+    no_gc,
+    remember,
+)
 from ._openapi_http import excerpt, http_error, redact
 from .base import expand_env
 
@@ -156,40 +164,8 @@ class _Refs:
             else:
                 out[key] = self.inline(value, active)
         if isinstance(node.get("discriminator"), Mapping):
-            _tag_variants(node, out)
+            bodies.tag_variants(node, out)
         return out
-
-
-def _tag_variants(node: Mapping[str, Any], out: dict[str, Any]) -> None:
-    """A discriminated union's tag property, in each variant, as the one value that variant takes.
-
-    The tag of a variant is known only from its $ref (the mapping, or the
-    schema's name), so it is written in while the refs are still visible:
-    a stub then shows it as ``Literal["..."]``.
-    """
-    prop = node["discriminator"].get("propertyName")
-    mapping = node["discriminator"].get("mapping") or {}
-    by_ref = {ref: tag for tag, ref in mapping.items() if isinstance(ref, str)} if isinstance(mapping, Mapping) else {}
-    if not isinstance(prop, str):
-        return
-    for combinator in ("oneOf", "anyOf"):
-        raw, inlined = node.get(combinator), out.get(combinator)
-        if not isinstance(raw, list) or not isinstance(inlined, list):
-            continue
-        for i, (variant, schema) in enumerate(zip(raw, inlined)):
-            ref = variant.get("$ref") if isinstance(variant, Mapping) else None
-            if not isinstance(ref, str) or not isinstance(schema, dict):
-                continue
-            tag = by_ref.get(ref, ref.rsplit("/", 1)[-1])
-            props = schema.get("properties")
-            current = props.get(prop) if isinstance(props, dict) else None
-            if isinstance(current, dict) and ("const" in current or len(current.get("enum") or []) == 1):
-                continue  # the variant says its tag itself
-            tag_schema = {"type": "string", "enum": [tag]}
-            if isinstance(props, dict):
-                inlined[i] = {**schema, "properties": {**props, prop: {**(current or {}), **tag_schema}}}
-            else:
-                inlined[i] = {**schema, "allOf": [*(schema.get("allOf") or []), {"properties": {prop: tag_schema}}]}
 
 
 def _json_schema(node: Any, *, request: bool) -> Any:
@@ -433,10 +409,11 @@ class OpenAPISource:
         outputs = Outputs(self._cache, key)
         try:
             base_url = self._base_url or self._default_base_url({"servers": compiled["servers"]}, spec_url)
-            operations = {name: restore_operation(raw) for name, raw in compiled["operations"].items()}
-            tools = [self._restored_tool(entry, operations[entry["name"]],
-                                         outputs.loader(entry["name"]) if entry.get("has_output") else None)
-                     for entry in compiled["tools"]]
+            with no_gc():
+                operations = {name: restore_operation(raw) for name, raw in compiled["operations"].items()}
+                tools = [self._restored_tool(entry, operations[entry["name"]],
+                                             outputs.loader(entry["name"]) if entry.get("has_output") else None)
+                         for entry in compiled["tools"]]
         except (KeyError, TypeError, ValueError, UsageError):
             return None  # a cache from another shape: build afresh
         self._operations, self._tools = operations, tools
@@ -765,7 +742,9 @@ class OpenAPISource:
         call = current_call()
         if call is not None and self._idempotency_header and op.method.lower() not in _SAFE_METHODS:
             headers[self._idempotency_header] = call.key
-        content, files, form = self._encode_body(op, body if has_body else None, has_body)
+        content, files, form = (bodies.encode_body(op.name, op.body_kind, op.media_type,
+                                                   {p.wire for p in op.params if p.binary}, body)
+                                if has_body else (None, None, None))
         if has_body and op.body_kind != "multipart":
             headers["Content-Type"] = op.media_type or "application/json"
         url = op.server.rstrip("/") + "/" + path.lstrip("/") if op.server else path.lstrip("/")
@@ -807,43 +786,6 @@ class OpenAPISource:
                 ) from None
         return response.text
 
-    def _encode_body(self, op: _Operation, body: Any, has_body: bool) -> tuple[
-            bytes | None, list[tuple[str, tuple[str | None, bytes, str | None]]] | None, dict[str, Any] | None]:
-        """(content, files, form data) for httpx, by the operation's body kind."""
-        if not has_body:
-            return None, None, None
-        where = f"{op.name}: the request body"
-        if op.body_kind == "json":
-            return json.dumps(body).encode(), None, None
-        if op.body_kind == "text":
-            if not isinstance(body, str):
-                raise InvalidArguments(f"{where} is text ({op.media_type}): pass a str")
-            return body.encode(), None, None
-        if op.body_kind == "binary":
-            return bodies.encode_binary(body, where)[0], None, None
-        if not isinstance(body, Mapping):
-            raise InvalidArguments(f"{where} is a form ({op.media_type}): pass a dict of its fields")
-        binary = {p.wire for p in op.params if p.binary}
-        fields: dict[str, Any] = {}
-        parts: list[tuple[str, tuple[str | None, bytes, str | None]]] = []
-        for name, value in body.items():
-            if value is None:
-                continue
-            if name in binary:
-                for i, item in enumerate(value if isinstance(value, list) else [value]):
-                    data, filename, content_type = bodies.encode_binary(item, f"{op.name}: {name!r}")
-                    parts.append((name, (filename or f"{name}{i or ''}", data,
-                                         content_type or "application/octet-stream")))
-            elif op.body_kind == "multipart":
-                # Every field a part of its own (no filename): httpx sends multipart only when given parts.
-                for item in value if isinstance(value, list) else [value]:
-                    parts.append((name, (None, bodies.form_value(item).encode(), None)))
-            else:
-                fields[name] = ([bodies.form_value(v) for v in value] if isinstance(value, list)
-                                else bodies.form_value(value))
-        if op.body_kind == "multipart":
-            return None, parts, None
-        return None, None, fields
 
 # --- helpers --------------------------------------------------------------------
 
