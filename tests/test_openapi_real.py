@@ -258,3 +258,25 @@ def test_cli_describe_full_shows_the_input_schema(tmp_path, echo):
     assert r.returncode == 0, r.stderr
     schema_text = r.stdout.split("# input_schema\n", 1)[1]
     assert '"labels"' in schema_text and '"issue_number"' in schema_text
+
+
+async def test_a_tool_restored_from_the_compiled_catalog_sends_the_same_request(echo, tmp_path):
+    from tether.sources.loader import _SignedCatalogs
+    from tether.store import open_store
+
+    base_url, seen, _ = echo
+    store = open_store(f"sqlite:///{tmp_path / 't.db'}")
+    try:
+        for _ in range(2):  # compiled, then restored
+            source = OpenAPISource("github", FIXTURES / "real_github_trim.json", base_url=base_url,
+                                   cache=_SignedCatalogs(store, [store.secret()]))
+            await source.start()
+            add = next(t for t in source.tools() if t.name == "issues_add_labels")
+            await add.handler({"owner": "o", "repo": "r", "issue_number": 7, "labels": ["bug"]})
+            await source.close()
+        assert add.output_schema is None  # the second was restored
+        first, second = seen[-2:]
+        assert (first["method"], first["path"], first["body"]) == (second["method"], second["path"], second["body"])
+        assert json.loads(second["body"]) == {"labels": ["bug"]}
+    finally:
+        store.close()

@@ -239,6 +239,7 @@ class _Operation:
 
 _OPERATION_FIELDS = tuple(f.name for f in dataclasses.fields(_Operation))
 _PARAM_FIELDS = tuple(f.name for f in dataclasses.fields(_Param))
+_METHOD_FIELD = _OPERATION_FIELDS.index("method")
 
 
 def restore_operation(raw: list[Any]) -> _Operation:
@@ -409,22 +410,26 @@ class OpenAPISource:
         outputs = Outputs(self._cache, key)
         try:
             base_url = self._base_url or self._default_base_url({"servers": compiled["servers"]}, spec_url)
+            operations = compiled["operations"]
             with no_gc():
-                operations = {name: restore_operation(raw) for name, raw in compiled["operations"].items()}
                 tools = [self._restored_tool(entry, operations[entry["name"]],
                                              outputs.loader(entry["name"]) if entry.get("has_output") else None)
                          for entry in compiled["tools"]]
         except (KeyError, TypeError, ValueError, UsageError):
             return None  # a cache from another shape: build afresh
-        self._operations, self._tools = operations, tools
+        self._operations, self._tools = {}, tools
         self.problems, self.summary = list(compiled["problems"]), compiled["summary"]
         return base_url
 
-    def _restored_tool(self, entry: Mapping[str, Any], operation: _Operation, outputs: Any) -> Tool:
-        method = operation.method.lower()
+    def _restored_tool(self, entry: Mapping[str, Any], raw: list[Any], outputs: Any) -> Tool:
+        method = raw[_METHOD_FIELD]
+        if len(raw) != len(_OPERATION_FIELDS) or not isinstance(method, str) or method.lower() not in _METHODS:
+            raise ValueError("not a compiled operation")
+        method = method.lower()
         return Tool(
             namespace=self.namespace, name=entry["name"], description=entry["description"],
-            input_schema=entry["input_schema"], handler=self._handler(operation), title=entry.get("title"),
+            input_schema=entry["input_schema"], handler=self._compiled_handler(entry["name"], raw),
+            title=entry.get("title"),
             output_schema_loader=outputs,
             # From the (signed) method, never from a stored flag: the policy reads read_only.
             annotations=_annotations(method), source="openapi", idempotency=self._idempotency,
@@ -670,6 +675,18 @@ class OpenAPISource:
         return {k.lower() for k in self._headers}
 
     # -- calling --
+
+    def _compiled_handler(self, name: str, raw: list[Any]) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+        """A restored tool's handler: its operation is rebuilt at its first call (most tools are never called)."""
+        built: list[_Operation] = []
+
+        async def handler(args: dict[str, Any]) -> Any:
+            if not built:
+                built.append(restore_operation(raw))
+            return await self._call(built[0], args)
+
+        handler.__qualname__ = f"openapi:{self.namespace}.{name}"
+        return handler
 
     def _handler(self, operation: _Operation) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         async def handler(args: dict[str, Any]) -> Any:
