@@ -83,3 +83,14 @@ def test_openapi_format_password_and_write_only_are_hidden():
 def test_names_that_look_like_secrets():
     assert all(map(is_secret_name, ["password", "apiKey", "x-api-key", "client_secret", "refresh_token", "PIN"]))
     assert not any(map(is_secret_name, ["max_tokens", "page_token", "title", "spinner", "keyword"]))
+
+
+def test_an_mcp_servers_markdown_instructions_make_a_prose_summary():
+    """A server whose instructions open with headings: the prompt's one line is its first sentence, not '# Usage'."""
+    from tether.sources._mcp_tools import server_summary
+
+    info = {"name": "git", "instructions": "# Git MCP server\n\n## Usage\n\nUse **these tools** like `git_log` "
+                                          "to read a repository. Writes need approval."}
+    assert server_summary(info) == "git: Use these tools like git_log to read a repository"
+    assert server_summary({"name": "time", "instructions": "Time and timezone conversion. More."}) == \
+        "time: Time and timezone conversion"
