@@ -259,6 +259,14 @@ def test_cli_describe_full_shows_the_input_schema(tmp_path, echo):
     schema_text = r.stdout.split("# input_schema\n", 1)[1]
     assert '"labels"' in schema_text and '"issue_number"' in schema_text
 
+    # A tool too big for a program's describe(detail="full") is shown whole on the terminal.
+    (tmp_path / "tether.toml").write_text(
+        f'[[sources]]\ntype = "openapi"\nnamespace = "openai"\nspec = "{FIXTURES / "real_openai_trim.json"}"\n'
+        f'base_url = "{base_url}"\n')
+    r = run_cli(["tools", "describe", "openai.create_chat_completion", "--full"], env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert '"messages"' in r.stdout.split("# input_schema\n", 1)[1] and "left out" not in r.stdout
+
 
 async def test_a_tool_restored_from_the_compiled_catalog_sends_the_same_request(echo, tmp_path):
     from tether.sources.loader import _SignedCatalogs

@@ -25,7 +25,8 @@ async def cmd_tools_search(args: argparse.Namespace) -> int:
 
 async def cmd_tools_describe(args: argparse.Namespace) -> int:
     async with open_rt(args, list(args.tools)) as rt:
-        described = rt.describe(list(args.address), detail="full" if args.full else "default")
+        # --full on a terminal has no result limit to stay under: everything, whatever its size.
+        described = rt.describe(list(args.address), detail="full" if args.full else "default", whole=args.full)
     if args.json:
         print_json(described)
         return EXIT_OK

@@ -28,7 +28,8 @@ DETAILS = ("default", "full", *SECTIONS)
 
 
 def describe(
-    catalog: Catalog, address_or_list: str | list[str] | tuple[str, ...], detail: str = "default", offset: int = 0
+    catalog: Catalog, address_or_list: str | list[str] | tuple[str, ...], detail: str = "default", offset: int = 0,
+    *, whole: bool = False,
 ) -> list[dict[str, Any]]:
     """Describe one tool or several, in the order asked.
 
@@ -43,7 +44,8 @@ def describe(
     that do not fit are left out, largest first, and ``note`` names them.
     ``detail="input_schema" | "types" | "description"`` gives that section
     alone, a page from ``offset`` (properties, shapes or characters) at a
-    time, with ``next_offset`` while more is left. An unknown address gives
+    time, with ``next_offset`` while more is left. ``whole=True`` (the CLI's
+    ``--full``, which has no result limit) gives ``detail="full"`` unbounded. An unknown address gives
     ``{"address", "error": "unknown_tool", "suggestions"}`` instead of
     raising, so a list can partly succeed.
     """
@@ -71,15 +73,15 @@ def describe(
         if detail in SECTIONS:
             out.append(_section(tool, detail, offset))
             continue
-        key = (tool.address, detail)
+        key = (tool.address, detail + (":whole" if whole else ""))
         entry = cache.get(key)
         if entry is None:
-            entry = cache[key] = _full(tool) if detail == "full" else _bounded(tool)
+            entry = cache[key] = _full(tool, whole) if detail == "full" else _bounded(tool)
         out.append(dict(entry))
     return out
 
 
-def _full(tool: Tool) -> dict[str, Any]:
+def _full(tool: Tool, whole: bool = False) -> dict[str, Any]:
     signature, shapes = declaration(tool)
     entry = {
         "address": tool.address,
@@ -90,8 +92,8 @@ def _full(tool: Tool) -> dict[str, Any]:
         "annotations": tool.annotations.to_dict(),
         "input_schema": tool.input_schema,
     }
-    left_out = []
-    for name in sorted(SECTIONS, key=lambda n: -_size(entry[n])):
+    left_out: list[str] = []
+    for name in [] if whole else sorted(SECTIONS, key=lambda n: -_size(entry[n])):
         if _size(entry) + _NOTE_BYTES <= FULL_BYTES:
             break
         del entry[name]
