@@ -52,6 +52,9 @@ _PREFIX = 0.9
 _MIN_RELATED = 4
 _RELATED = 0.7
 _RELATED_SHORTER = 0.6
+# Endings whose stem names the same thing: collaborator, collaboration, collaborating.
+_AGENT_SUFFIXES = ("or", "er", "ion", "ing")
+_MIN_STEM = 6
 # At most this many indexed words stand for one prefix.
 _MAX_FORMS = 16
 # A query longer than this is someone pasting a document; the head is enough.
@@ -196,8 +199,12 @@ class SearchIndex:
             # Found nowhere as typed: the start of a word (``subscr``).
             self._add_prefixed(forms, word, _PREFIX)
         elif len(word) >= _MIN_RELATED:
-            # Related forms: ``assign`` → ``assignee``, ``collaborate`` → ``collaboration``.
+            # Related forms: ``assign`` → ``assignee``, ``collaborate`` → ``collaboration``,
+            # ``collaborator`` → ``collaboration`` (an agent noun's stem).
             self._add_prefixed(forms, word[:-1] if word.endswith("e") else word, _RELATED)
+            for suffix in _AGENT_SUFFIXES:
+                if word.endswith(suffix) and len(word) - len(suffix) >= _MIN_STEM:
+                    self._add_prefixed(forms, word[:-len(suffix)], _RELATED)
         # And the other way: ``signature`` → ``sign``, ``recently`` → ``recent``.
         for cut in range(_MIN_RELATED, len(word) - 1):
             head = word[:cut]
