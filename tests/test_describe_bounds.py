@@ -10,6 +10,7 @@ present.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import threading
@@ -88,7 +89,19 @@ def test_every_generated_schema_is_described_within_bounds(params: dict[str, Any
     [entry] = _within(HANG_SECONDS, lambda: describe(catalog, "gen.op"))
     _check_bounded(entry)
     [full] = _within(HANG_SECONDS, lambda: describe(catalog, "gen.op", detail="full"))
-    assert full["input_schema"] == tool.input_schema
+    if "input_schema" in full:
+        assert full["input_schema"] == tool.input_schema
+    else:
+        # Too large to show whole: the section is named as left out, and paging it gives it all back.
+        assert "input_schema" in full["note"]
+        props: dict[str, Any] = {}
+        offset: int | None = 0
+        while offset is not None:
+            [page] = _within(HANG_SECONDS, functools.partial(describe, catalog, "gen.op", detail="input_schema",
+                                                             offset=offset))
+            props.update(page["input_schema"]["properties"])
+            offset = page["next_offset"]
+        assert props == tool.input_schema["properties"]
 
 
 def test_the_signature_that_looped_is_cut_once_and_said_to_be_long() -> None:

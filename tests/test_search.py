@@ -298,3 +298,19 @@ def test_pages_of_any_size_form_one_order(github: Catalog) -> None:
             seen += [r["address"] for r in page["results"]]
             offset = page["next_offset"]
         assert seen == whole
+
+
+def test_a_namespace_named_in_the_query_says_where_to_look() -> None:
+    """Issue 22: with several APIs loaded, "log in to directus" is Directus's login, not another API's first."""
+    catalog = Catalog([
+        _tool("box.post_oauth2_token", "Request an access token", title="Log in with OAuth"),
+        _tool("directus.login", "Retrieve a temporary access token and refresh token.", title="Log in"),
+        _tool("directus.get_me", "Retrieve the currently authenticated user.", title="Get current user"),
+        _tool("github.users_get_authenticated", "Get the authenticated user", title="Get the authenticated user"),
+        _tool("github.issues_list", "List issues", title="List issues"),
+    ])
+    assert search(catalog, "log in to directus")["results"][0]["address"] == "directus.login"
+    assert search(catalog, "sign in")["results"][0]["address"] in ("directus.login", "box.post_oauth2_token")
+    assert search(catalog, "who am i on github")["results"][0]["address"] == "github.users_get_authenticated"
+    # A namespace word whose namespace has none of the other words is just a word.
+    assert search(catalog, "github login")["total"] > 0

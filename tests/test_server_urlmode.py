@@ -203,3 +203,24 @@ async def test_a_batch_pause_sends_one_link_per_write(rt, rec, mode):
     assert rec.deliveries == [("close_ticket", {"id": 1})]
     assert len({p.url for p in person.asked}) == 2
     await console.close()
+
+
+async def test_modern_an_undecided_link_ends_in_the_paused_envelope_not_another_round(rt, rec):
+    """2026-07-28: the user opens the link but decides nothing within the wait. The retry's answer is the
+    paused envelope (run id, where a person approves, resume), so the model learns how to continue, instead
+    of the same link again until the client's round limit (InputRequiredRoundsExceededError, run id lost).
+    The envelope carries no link: the model reads it (D-32)."""
+    server = TetherServer(rt, public_url=PUBLIC, url_wait_seconds=0.3)
+    asked = []
+
+    async def opens_but_never_decides(context, params):
+        asked.append(params)
+        return ElicitResult(action="accept")
+
+    async with Client(server.mcp, mode="auto", elicitation_callback=opens_but_never_decides) as c:
+        r = await c.call_tool("execute", {"code": CLOSE_3_CAUGHT})
+    data = r.structured_content
+    assert data["status"] == "paused" and data["run_id"].startswith("run_")
+    assert "approval_url" not in data["pending"] and "/approve/" not in data["instructions"]
+    assert data["run_id"] in data["instructions"] and "resume" in data["instructions"]
+    assert len(asked) == 1 and rec.deliveries == []

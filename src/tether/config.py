@@ -757,11 +757,13 @@ class Config(_Section):
 
 
 def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> Config:
-    """Load ``path``; with None, ``./tether.toml`` if it exists, else defaults.
+    """Load ``path``; with None, ``$TETHER_CONFIG`` if set, else ``./tether.toml`` if it exists, else defaults.
 
     ``env`` replaces ``os.environ`` (for tests). Raises ConfigError listing
     every problem found.
     """
+    if path is None:
+        path = (os.environ if env is None else env).get("TETHER_CONFIG") or None
     if path is None:
         if not Path(DEFAULT_FILE).is_file():
             return Config.from_dict({}, source="<defaults>", env=env)

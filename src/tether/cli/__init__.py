@@ -26,7 +26,7 @@ __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_PAUSED", "EXIT_TIMED_OUT", "EXIT_USAG
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether", description="Run model-written Python against tools, durably.")
-    p.add_argument("--config", help="path to tether.toml (default: ./tether.toml if present)")
+    p.add_argument("--config", help="path to tether.toml (default: $TETHER_CONFIG, else ./tether.toml if present)")
     sub = p.add_subparsers(dest="command", required=True)
     # The order `tether --help` lists them in.
     runs.add_run(sub)
@@ -44,7 +44,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_demo(sub)
     tools.add_prompt(sub)
     serve.add_serve(sub)
+    _config_everywhere(p)
     return p
+
+
+_CONFIG_HELP = "path to tether.toml (default: $TETHER_CONFIG, else ./tether.toml if present)"
+
+
+def _config_everywhere(parser: argparse.ArgumentParser) -> None:
+    """``--config`` after the subcommand too (`tether run --config X prog.py`), as people type it.
+
+    SUPPRESS keeps a subcommand that was not given it from overwriting one given before the subcommand.
+    """
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public walk of subparsers
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for child in dict.fromkeys(action.choices.values()):
+                _config_everywhere(child)
+            return
+    if parser.prog != "tether" and not any("--config" in a.option_strings for a in parser._actions):  # noqa: SLF001
+        parser.add_argument("--config", default=argparse.SUPPRESS, help=_CONFIG_HELP)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -78,7 +79,7 @@ def print_result(result: Any, as_json: bool) -> int:
         print(escape(value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False),
                      keep_lines=True))
     elif status == RunStatus.PAUSED:
-        print_pause(data["run_id"], data["pending"])
+        print_pause(data["run_id"], data["pending"], expires_at=data.get("expires_at"))
     elif status == RunStatus.WAITING:
         p = data["pending"]
         print(f"waiting: run {data['run_id']} is parked ({p['kind']} {escape(p['name'])}); it holds no worker")
@@ -98,12 +99,26 @@ def print_result(result: Any, as_json: bool) -> int:
 
 
 def call_text(w: dict, budget: int = 600) -> str:
-    """A write as the terminal shows it: every argument named, values shortened evenly, escaped."""
-    return f"call {w['seq']}: " + show_call(str(w["address"]), w.get("args"), budget=budget).line()
+    """A write as the terminal shows it: every argument named (secrets hidden), values shortened evenly, escaped."""
+    from ..runs.redaction import shown_args
+
+    return f"call {w['seq']}: " + show_call(str(w["address"]), shown_args(w), budget=budget).line()
 
 
-def print_pause(run_id: str, pending: dict) -> None:
-    """The writes a pause waits on, each with the commands that decide it by its seq (P-28)."""
+def when(moment: float | None) -> str:
+    """A Unix time as people read it: ISO-8601 in UTC, to the second."""
+    if moment is None:
+        return "-"
+    return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def print_pause(run_id: str, pending: dict, owner: str | None = None, expires_at: float | None = None) -> None:
+    """The writes a pause waits on, each with the commands that decide it by its seq (P-28).
+
+    For a run another principal owns (started over HTTP with a token), the
+    commands carry the ``--as`` that acts for it: without it they answer run_not_found.
+    """
+    acting = f" --as {owner}" if owner and owner != "local" else ""
     writes = pending.get("writes") or [pending]
     undecided = [w for w in writes if not w.get("decision")]
     if len(writes) == 1:
@@ -114,11 +129,15 @@ def print_pause(run_id: str, pending: dict) -> None:
             taken = w.get("decision")
             print(f"  {call_text(w)}" + (f"  [{taken['decision']}d]" if taken else ""))
     seqs = " ".join(f"--seq {w['seq']}" for w in undecided)
-    print(f"  approve: tether resume {run_id} --approve {seqs}")
-    print(f"  decline: tether resume {run_id} --decline {seqs} --reason '...'")
+    print(f"  approve: tether resume {run_id} --approve {seqs}{acting}")
+    print(f"  decline: tether resume {run_id} --decline {seqs} --reason '...'{acting}")
     if len(undecided) > 1:
         print("  (name some seqs to decide those; the run continues once every write is decided)")
-    print(f"  cancel:  tether resume {run_id} --cancel")
+    print(f"  cancel:  tether resume {run_id} --cancel{acting}")
+    if acting:
+        print(f"  (the run is owned by {owner}: --as acts for it)")
+    if expires_at is not None:
+        print(f"  the pause expires at {when(expires_at)}")
 
 
 def read_program(path: str) -> str:

@@ -10,6 +10,8 @@ import sys
 import time
 from typing import Any, NoReturn
 
+from ..errors import RunNotFound
+from ..runs.redaction import shown_args
 from ..store.states import RunStatus
 from ..tools.shown import show_call
 from ._common import (
@@ -38,7 +40,7 @@ from ._common import (
 
 
 async def _ask_inline(pending: dict) -> tuple[str, str | None]:
-    prompt = f"Allow write {show_call(str(pending['address']), pending.get('args')).line()}? [y/N] "
+    prompt = f"Allow write {show_call(str(pending['address']), shown_args(pending)).line()}? [y/N] "
     answer = await asyncio.to_thread(input, prompt)
     return ("approve", None) if answer.strip().lower() in ("y", "yes") else ("decline", "declined at the terminal")
 
@@ -93,23 +95,47 @@ async def cmd_resume(args: argparse.Namespace) -> int:
     args.config = config
     actor, principal = actor_for(args), args.acting_as
     async with open_rt(args, tools, sources=sources) as rt:
-        seqs = list(args.seq or [])
-        if args.all:
-            seqs += [w.seq for w in rt.pending(args.run_id, principal=principal) if w.decision is None]
-        elif not seqs and decision != "cancel" and sys.stdin.isatty() and sys.stdout.isatty() and not args.json:
-            # No seq: the person at the terminal is shown each write and says which (P-28).
-            waiting = rt.pending(args.run_id, principal=principal)
-            seqs = await _confirm_each(waiting, decision)
-            if waiting and not seqs:
-                print("nothing decided")
-                return EXIT_PAUSED
-        if seqs:
-            result = await rt.decide(args.run_id, {s: (decision, args.reason) for s in seqs}, principal=principal,
-                                     actor=actor, via="cli")
-        else:
-            result = await rt.resume(args.run_id, decision, args.reason, principal=principal, actor=actor,
-                                     via="cli")
-        return print_result(result, args.json)
+        try:
+            return await _resume(args, rt, decision, actor, principal)
+        except RunNotFound as exc:
+            raise _owned_elsewhere(rt, args.run_id, principal, exc) from None
+
+
+def _owned_elsewhere(rt: Any, run_id: str, principal: str | None, exc: RunNotFound) -> RunNotFound:
+    """run_not_found for a run the store holds under another principal: name the owner and the --as to use.
+
+    The command line opens the store itself, so its user is the store's operator:
+    telling them who owns a run hides nothing they could not read with `runs show`.
+    """
+    run = rt.store.get_run(run_id)
+    owner = getattr(run, "principal", None) or "local"
+    if run is None or owner == (principal or "local"):
+        return exc
+    return RunNotFound(
+        f"run {run_id} is owned by {owner}, not {principal or 'local'}; nothing was decided",
+        next_action=f"Act for its owner: add --as {owner} (e.g. tether resume {run_id} --approve --seq N --as {owner}).",
+        details={"run_id": run_id, "owner": owner},
+    )
+
+
+async def _resume(args: argparse.Namespace, rt: Any, decision: str, actor: str, principal: str | None) -> int:
+    seqs = list(args.seq or [])
+    if args.all:
+        seqs += [w.seq for w in rt.pending(args.run_id, principal=principal) if w.decision is None]
+    elif not seqs and decision != "cancel" and sys.stdin.isatty() and sys.stdout.isatty() and not args.json:
+        # No seq: the person at the terminal is shown each write and says which (P-28).
+        waiting = rt.pending(args.run_id, principal=principal)
+        seqs = await _confirm_each(waiting, decision)
+        if waiting and not seqs:
+            print("nothing decided")
+            return EXIT_PAUSED
+    if seqs:
+        result = await rt.decide(args.run_id, {s: (decision, args.reason) for s in seqs}, principal=principal,
+                                 actor=actor, via="cli")
+    else:
+        result = await rt.resume(args.run_id, decision, args.reason, principal=principal, actor=actor,
+                                 via="cli")
+    return print_result(result, args.json)
 
 
 async def _confirm_each(pending: list, decision: str) -> list[int]:
@@ -182,7 +208,7 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
         why = f" ({escape(str(d['reason']))})" if d.get("reason") else ""
         print(f"decided: call {d['seq']} {d['decision']}{why} by {d.get('actor')} via {d.get('via')}")
     if data.get("pending") and data["status"] == RunStatus.PAUSED:
-        print_pause(data["run_id"], data["pending"])
+        print_pause(data["run_id"], data["pending"], owner=data.get("principal"), expires_at=data.get("expires_at"))
     elif data.get("pending"):
         print(f"pending: call {data['pending']['seq']} "
               f"{escape(str(data['pending'].get('address') or data['pending'].get('name')))}")
@@ -232,8 +258,6 @@ async def cmd_runs_await(args: argparse.Namespace) -> int:
 
 
 def raise_not_found(run_id: str) -> NoReturn:
-    from ..errors import RunNotFound
-
     raise RunNotFound(f"no run {run_id!r}")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from ._common import EXIT_FAILED, EXIT_OK, add_common, open_rt, print_json
@@ -24,7 +25,8 @@ async def cmd_tools_search(args: argparse.Namespace) -> int:
 
 async def cmd_tools_describe(args: argparse.Namespace) -> int:
     async with open_rt(args, list(args.tools)) as rt:
-        described = rt.describe(list(args.address), detail="full" if args.full else "default")
+        # --full on a terminal has no result limit to stay under: everything, whatever its size.
+        described = rt.describe(list(args.address), detail="full" if args.full else "default", whole=args.full)
     if args.json:
         print_json(described)
         return EXIT_OK
@@ -42,6 +44,10 @@ async def cmd_tools_describe(args: argparse.Namespace) -> int:
         if d.get("types"):
             print()
             print(d["types"])
+        if d.get("input_schema") is not None and args.full:
+            print()
+            print("# input_schema")
+            print(json.dumps(d["input_schema"], indent=2, ensure_ascii=False))
         if d.get("note"):
             print(f"# {d['note']}")
         print()

@@ -70,9 +70,10 @@ class Cancelled(Stopped):
         self.reason = reason
 
 
-# An inline approver decides a write at once instead of pausing the run:
-# it gets the pending call and returns ("approve" | "decline", reason | None).
-Approver = Callable[[dict[str, Any]], Awaitable[tuple[str, str | None]]]
+# An inline approver decides a write at once instead of pausing the run: it
+# gets the pending call and answers with any ApprovalAnswer (see
+# decisions.approval_verdict), returned or awaited.
+Approver = Callable[[dict[str, Any]], Any]
 
 
 def _holds_tuple(value: Any) -> bool:

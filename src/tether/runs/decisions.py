@@ -14,7 +14,7 @@ the pause is decided; a ``cancel`` of any of them ends the run.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Union
 
 from .. import metrics
 from ..errors import AlreadyDecided, NotPaused, RunExpired, SeqRequired, UsageError, WriteNotPending
@@ -34,6 +34,40 @@ if TYPE_CHECKING:
 CHANNELS = ("python", "cli", "mcp", "console", "link", "key", "prompt")
 # Journal states of a write someone approved (it may have been sent since).
 _APPROVED_STATES = (CallState.APPROVED, CallState.SENDING, CallState.SENT, CallState.FAILED, CallState.UNKNOWN)
+
+
+# What an inline approver (``execute(on_approval=...)``) may answer.
+ApprovalAnswer = Union["Decision", str, bool, tuple[Union[str, bool], Union[str, None]]]
+_VERDICTS = {"approve": "approve", "decline": "decline", True: "approve", False: "decline"}
+
+
+def approval_verdict(answer: Any) -> tuple[str, str | None]:
+    """An approver's answer as ``(approve | decline, reason)``; anything else is a usage error, never a guess.
+
+    Accepted: ``"approve"`` / ``"decline"``, ``True`` / ``False``, a tuple
+    ``(one of those, reason or None)``, or a :class:`Decision`.
+    """
+    reason: Any = None
+    verdict: Any = answer
+    if isinstance(answer, Decision):
+        verdict, reason = answer.decision, answer.reason
+    elif isinstance(answer, tuple) and len(answer) == 2:
+        verdict, reason = answer
+    found = _VERDICTS.get(verdict) if isinstance(verdict, (str, bool)) else None
+    if found is None or not (reason is None or isinstance(reason, str)):
+        raise UsageError(
+            f"on_approval answered {_show(answer)}; it must answer 'approve' or 'decline', True or False, "
+            "a (verdict, reason) tuple or a tether.Decision. The write was not sent",
+            code="invalid_approval",
+            next_action="Return one of those from the on_approval callback.",
+            details={"answer": _show(answer)},
+        )
+    return found, reason
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "…"
 
 
 @dataclass(frozen=True)

@@ -577,7 +577,8 @@ def builtins_for(d: Collaborators, run_id: str, budget: HostBudget) -> dict[str,
     async def describe(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         target = args[0] if args else kwargs.get("address", kwargs.get("addresses", []))
         detail = args[1] if len(args) > 1 else kwargs.get("detail", "default")
-        return await budget.run(d.describe, target, detail=detail, what="describe()")
+        offset = args[2] if len(args) > 2 else kwargs.get("offset", 0)
+        return await budget.run(d.describe, target, detail=detail, offset=offset, what="describe()")
 
     async def sources(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return await budget.run(d.list_sources, what="sources()")

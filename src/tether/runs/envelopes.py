@@ -6,6 +6,7 @@ the attempt's job (driver.py) and the finisher's (finish.py).
 
 from __future__ import annotations
 
+import ast
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -13,6 +14,7 @@ from ..errors import SandboxCrashed, TetherError
 from ..sandbox.monty import ProgramFailed
 from ..store.states import RunStatus
 from ..tools.shown import show_call
+from .redaction import shown_args
 from .result import RunResult
 
 if TYPE_CHECKING:
@@ -68,9 +70,9 @@ def pause_instructions(run_id: str, pending: dict[str, Any]) -> str:
     writes = pending.get("writes") or [pending]
 
     def show(w: dict[str, Any]) -> str:
-        # Instructions are read: every argument named, the values sharing 600 characters, escaped
-        # (tools/shown.py); the arguments are whole in `pending`.
-        return f"call {w['seq']} " + show_call(str(w["address"]), w.get("args"), budget=600 // len(writes)).line()
+        # Instructions are read: every argument named (secrets hidden, runs/redaction.py), the values
+        # sharing 600 characters, escaped (tools/shown.py); the arguments are whole in `pending`.
+        return f"call {w['seq']} " + show_call(str(w["address"]), shown_args(w), budget=600 // len(writes)).line()
 
     if len(writes) == 1:
         head = f"The program paused before the write {show(writes[0])}; nothing has been sent. "
@@ -114,12 +116,13 @@ def failure_error(exc: BaseException, boundary: "EffectBoundary", failures: Sour
         where = f" (line {exc.line})" if exc.line else ""
         # P-14: the code comes from the host's own record of what it raised
         # into the program, never from text the program made up.
-        raised = boundary.state.raised.get(exc.message)
+        message = _unquoted(exc) or exc.message
+        raised = boundary.state.raised.get(message)
         if raised is not None and raised.exc_type == exc.exc_type:
             error = {
                 "code": raised.code,
                 "message": f"call {raised.seq} ({raised.address}) failed and the program did not catch it{where}: "
-                           f"{exc.message}",
+                           f"{message}",
                 "next_action": _CALL_HINTS.get(raised.code, "Handle the failure in the program (try/except on "
                                                             "the [code]) or fix the call; calls already made are "
                                                             "in the journal."),
@@ -139,6 +142,17 @@ def failure_error(exc: BaseException, boundary: "EffectBoundary", failures: Sour
     else:
         error = SandboxCrashed(f"the run stopped: {exc}").to_dict()
     return error
+
+
+def _unquoted(exc: ProgramFailed) -> str | None:
+    """A KeyError's message as raised: str(KeyError(m)) is repr(m), quotes and escapes added."""
+    if exc.exc_type != "KeyError" or exc.message[:1] not in ("'", '"'):
+        return None
+    try:
+        found = ast.literal_eval(exc.message)
+    except (ValueError, SyntaxError):
+        return None
+    return found if isinstance(found, str) else None
 
 
 # What to do about a call's failure that ended the program, by its code.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
 
@@ -273,7 +274,10 @@ class Pauses:
             policy_mod.rule_approver(host.policy, tool.address) != "signed_in"
             or getattr(host.on_approval, "signed_in", False))
         if host.on_approval is not None and inline:
-            verdict, reason = await host.on_approval(pending.for_approver())
+            from .decisions import approval_verdict
+
+            answer = host.on_approval(pending.for_approver())
+            verdict, reason = approval_verdict(await answer if inspect.isawaitable(answer) else answer)
             await self._record_inline_decision(seq, tool.address, "approve" if verdict == "approve" else "decline",
                                                reason)
             if verdict == "approve":

@@ -24,11 +24,15 @@ class AskedWrite:
     args: dict[str, Any]
     annotations: dict[str, Any]
     description: str | None = None
+    secret_args: tuple[str, ...] = ()  # arguments shown as *** to people (runs/redaction.py)
     op: ClassVar[str] = "tool"
 
     @classmethod
     def of(cls, seq: int, tool: "Tool", args: dict[str, Any]) -> "AskedWrite":
-        return cls(seq, tool.address, args, tool.annotations.to_dict(), tool.description)
+        from .redaction import secret_args
+
+        hidden = tuple(name for name in secret_args(tool) if name in args)
+        return cls(seq, tool.address, args, tool.annotations.to_dict(), tool.description, hidden)
 
     def for_approver(self) -> dict[str, Any]:
         """What an inline approver is given (``execute(on_approval=...)``)."""
@@ -42,7 +46,7 @@ class AskedWrite:
     def stored(self, key: str) -> dict[str, Any]:
         """As the run lists it, with its approval key (the durable wait it also is)."""
         return {"seq": self.seq, "address": self.address, "args": self.args, "annotations": self.annotations,
-                "key": key}
+                "key": key, **({"secret_args": list(self.secret_args)} if self.secret_args else {})}
 
 
 @dataclass(frozen=True)

@@ -264,10 +264,11 @@ class Runtime:
 
         return search(self.catalog, query, namespace=namespace, limit=limit, offset=offset)
 
-    def describe(self, addresses: str | list[str], detail: str = "default") -> list[dict[str, Any]]:
+    def describe(self, addresses: str | list[str], detail: str = "default", offset: int = 0, *,
+                 whole: bool = False) -> list[dict[str, Any]]:
         from ..tools.describe import describe
 
-        return describe(self.catalog, addresses, detail=detail)
+        return describe(self.catalog, addresses, detail=detail, offset=offset, whole=whole)
 
     def sources(self) -> list[dict[str, Any]]:
         from ..tools.describe import list_sources

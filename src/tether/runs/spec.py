@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import TetherError
+from ..errors import SourceUnavailable, TetherError, UnknownTool
 from ..sandbox.monty import SandboxLimits, SandboxSpec
 from ..store.base import RunRecord
 from ..tools.precheck import EVERYTHING, Reach, check_program
@@ -57,7 +57,28 @@ def precheck(src: SpecSource, run: RunRecord) -> Reach:
             return check_program(run.program, src.catalog)
         except TetherError:
             return EVERYTHING
-    return check_program(run.program, src.catalog)
+    try:
+        return check_program(run.program, src.catalog)
+    except UnknownTool as exc:
+        raise _unavailable(exc, getattr(src, "source_failures", None)) or exc from None
+
+
+def _unavailable(exc: UnknownTool, failures: Any) -> SourceUnavailable | None:
+    """An unknown namespace that is a configured source which failed to load: say that, and why."""
+    address = str(exc.details.get("address") or "")
+    namespace = address.partition(".")[0]
+    failed = failures() if callable(failures) else {}
+    reason = failed.get(namespace) if namespace else None
+    if reason is None:
+        return None
+    where = exc.message.split("no namespace", 1)[0] if "no namespace" in exc.message else ""
+    return SourceUnavailable(
+        f"{where}the source {namespace!r} is configured but failed to load: {reason}; nothing was run",
+        next_action=f"Fix what the error names (then `tether sources list` shows {namespace!r} ok), or write the "
+                    "program without it.",
+        details={**exc.details, "source": namespace, "reason": reason,
+                 "suggestions": ["tether sources list", f"tether run --no-check (calls to {namespace} still fail)"]},
+    )
 
 
 def _namespaces(src: SpecSource) -> dict[str, tuple[str, ...]]:

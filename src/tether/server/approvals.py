@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import RunNotFound, TetherError
+from ..runs.redaction import secret_args, shown_args
 from ..store.base import RunRecord
 from ..store.states import RunStatus
 
@@ -256,5 +257,10 @@ def describe_write(rt: Runtime, write: dict[str, Any]) -> dict[str, Any]:
         except Exception:  # a catalog that cannot say is not a reason to hide the write
             description = None
     annotations = write.get("annotations") or {}
-    shown = show_call(str(address), write.get("args"), description=description, budget=PAGE_ARGS_CHARS)
-    return {**write, "shown": shown, "destructive": bool(annotations.get("destructive"))}
+    if "secret_args" not in write and isinstance(address, str) and address in rt.catalog:
+        # A pause recorded before secret_args were: the tool's schema still says which.
+        write = {**write, "secret_args": secret_args(rt.catalog.get(address))}
+    # Secrets hidden (runs/redaction.py), then shown as every surface shows a write (tools/shown.py).
+    args = shown_args(write)
+    shown = show_call(str(address), args, description=description, budget=PAGE_ARGS_CHARS)
+    return {**write, "args": args, "shown": shown, "destructive": bool(annotations.get("destructive"))}

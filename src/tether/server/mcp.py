@@ -594,6 +594,12 @@ class TetherServer:
             reply = (ctx.input_responses or {}).get(APPROVAL_KEY)
             if json.loads(ctx.request_state or "{}").get("m") == "url" and reply is not None:
                 result = await urlmode.answer(self, ctx, run_id, seq, reply, principal)
+                if urlmode.still_waits_on(self, result, seq):
+                    # Nobody decided on the page within the wait (or the link was dismissed):
+                    # the paused envelope (run id, where a person approves, how to resume), not the
+                    # same link again, which would loop until the client's round limit and lose the
+                    # run id. It carries no link: the model reads it (D-32).
+                    return self.paused_result(result, diagnostics=diagnostics)
                 return self._respond(result, INPUT_REQUIRED, principal, diagnostics, how="url")
             if reply is None:
                 # A retry without an answer: ask again if the run still waits on it.
@@ -686,7 +692,7 @@ class _Progress:
                 assert latest is not None
                 self._sent = latest
                 with contextlib.suppress(Exception):
-                    await self._ctx.report_progress(latest[0], None, f"{latest[0]} tool calls done; last: {latest[1]}")
+                    await self._ctx.report_progress(latest[0], None, f"{int(latest[0])} tool calls done; last: {latest[1]}")
             if self._closing:
                 return
 

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from mcp_types import CallToolResult, TextContent
 
 from ..errors import TetherError
+from ..runs.redaction import shown_args
 from ..runs.result import RunResult
 from ..store.states import RunStatus
 from ..tools.shown import show_call
@@ -22,7 +23,7 @@ MAX_ARGS_CHARS = 600
 
 def approval_message(pending: Mapping[str, Any], description: str | None = None) -> str:
     """The question an MCP form asks: every argument named and escaped, the tool's description last."""
-    shown = show_call(str(pending.get("address")), pending.get("args"), description=description,
+    shown = show_call(str(pending.get("address")), shown_args(pending), description=description,
                       budget=MAX_ARGS_CHARS)
     text = f"A program wants to call {shown.line()}. Allow this write?"
     if (pending.get("annotations") or {}).get("destructive"):
@@ -42,7 +43,7 @@ def resume_instructions(result: RunResult, *, approve_here: bool = True, elsewhe
     writes = [w for w in (pending.get("writes") or [pending]) if not w.get("decision")] or [pending]
 
     def show(w: Mapping[str, Any]) -> str:
-        line = show_call(str(w.get("address")), w.get("args"), budget=MAX_ARGS_CHARS // len(writes)).line()
+        line = show_call(str(w.get("address")), shown_args(w), budget=MAX_ARGS_CHARS // len(writes)).line()
         return f"{line} [seq {w.get('seq')}]"
 
     seq: Any = writes[0].get("seq") if len(writes) == 1 else [w.get("seq") for w in writes]

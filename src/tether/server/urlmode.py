@@ -11,7 +11,9 @@ protocol eras:
   returns the run's next result — itself put the same way if it pauses again;
 * 2026-07-28 (modern): the paused result is an input-required result whose
   request is a URL elicitation; the client's retry (after the user opened the
-  link) waits the same way and answers with the run's next result.
+  link) waits the same way and answers with the run's next result; when the
+  wait ends with the write still undecided, with the paused envelope (run id,
+  link, how to resume), not the same link again.
 
 The user declining to open the link declines the write; dismissing it leaves
 the run paused, its result naming the link and the ``resume`` call.
@@ -126,6 +128,14 @@ async def legacy(server: "TetherServer", ctx: Any, result: RunResult, principal:
         else:  # dismissed: nothing decided
             return result
     return result
+
+
+def still_waits_on(server: "TetherServer", result: RunResult, seq: int) -> bool:
+    """The run is still paused on write ``seq``: the page was not used in time."""
+    if result.status != RunStatus.PAUSED:
+        return False
+    write = waiting_write(server, result.run_id)
+    return write is not None and int(write["seq"]) == seq
 
 
 def input_required(server: "TetherServer", result: RunResult, principal: str) -> Any:

@@ -7,6 +7,7 @@ tools without importing the SDK (about a second) or starting the server.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Awaitable, Callable, Mapping
 
 from ..errors import UsageError
@@ -82,5 +83,17 @@ def server_summary(server_info: Mapping[str, Any]) -> str | None:
     """A namespace's one line from what the server says of itself: its title or name and the
     first sentence of its instructions (``server_info`` as kept with the cached listing)."""
     name = str(server_info.get("title") or server_info.get("name") or "")
-    first = " ".join(str(server_info.get("instructions") or "").split()).split(". ")[0].rstrip(".")
+    first = " ".join(_prose(str(server_info.get("instructions") or "")).split()).split(". ")[0].rstrip(".")
     return (f"{name}: {first}" if name and first else (name or first)) or None
+
+
+_MARKUP = re.compile(r"^\s*(#{1,6}\s+|[-*+>]\s+|\d+\.\s+)|\*\*|`+")
+
+
+def _prose(text: str) -> str:
+    """Instructions as prose: markdown headings (a server's "# Usage"), list marks and emphasis left out.
+
+    Headings are titles, not the first sentence; they would read as one in the prompt.
+    """
+    lines = [line for line in text.splitlines() if not re.match(r"^\s*#{1,6}\s", line)]
+    return " ".join(_MARKUP.sub("", line) for line in lines if line.strip())

@@ -313,6 +313,7 @@ class SourceSet:
                                  headers=definition.get("headers") or None,
                                  idempotency=definition.get("idempotency", "none"),
                                  idempotency_header=definition.get("idempotency_header", "Idempotency-Key") or None,
+                                 cache=_SignedCatalogs(self.store, self._verify_with) if self.store is not None else None,
                                  **({"timeout": definition["call_timeout"]} if definition.get("call_timeout") else {}))
         raise ConfigError(f"unknown source type {kind!r}")
 
@@ -507,6 +508,49 @@ class SourceSet:
             await asyncio.gather(*self._closing, return_exceptions=True)
         for log in self._logs:
             log.close()
+
+
+class _SignedCatalogs:
+    """Compiled OpenAPI catalogs in the store's listing cache, each signed with the store's secret.
+
+    A catalog decides which calls are reads, so an entry that does not verify
+    (written by hand, by another deployment, or altered) is ignored and the
+    spec is compiled again, never trusted.
+    """
+
+    def __init__(self, store: Store, secrets: list[bytes]) -> None:
+        self.store, self.secrets = store, secrets
+
+    @staticmethod
+    def _mac(secret: bytes, key: str, body: str) -> str:
+        return hmac.new(secret, f"openapi-catalog:{key}\n{body}".encode(), hashlib.sha256).hexdigest()
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        try:
+            row = self.store.get_listing(f"openapi:{key}")
+        except TetherError:
+            return None
+        data = row[0] if row is not None else None
+        if not (isinstance(data, dict) and isinstance(data.get("body"), str) and isinstance(data.get("mac"), str)):
+            return None
+        if not any(hmac.compare_digest(self._mac(s, key, data["body"]), data["mac"]) for s in self.secrets):
+            return None
+        from ._openapi_compiled import no_gc
+
+        try:
+            with no_gc():
+                found = json.loads(data["body"])
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) else None
+
+    def put(self, key: str, compiled: dict[str, Any]) -> None:
+        body = json.dumps(compiled, separators=(",", ":"), default=str)  # YAML dates in examples
+        try:
+            self.store.put_listing(f"openapi:{key}", {"mac": self._mac(self.secrets[0], key, body), "body": body},
+                                   time.time())
+        except TetherError:
+            pass  # a cache: the next start compiles again
 
 
 class _LazyMCP:

@@ -1,9 +1,10 @@
 """Tools from an OpenAPI 3.0/3.1 document: one tool per operation, called over HTTP.
 
 An operation becomes a tool whose keyword arguments are its path, query and
-header parameters plus its JSON body. Anything this module cannot call
-faithfully (cookie parameters, non-JSON bodies, callbacks, external ``$ref``s)
-is reported in ``source.problems`` and that operation alone is skipped: a
+header parameters plus its request body (see ``_openapi_bodies`` for the one
+flattening rule and how multipart, text and binary bodies are passed). Anything
+this module cannot call faithfully (cookie parameters, callbacks, external
+``$ref``s) is reported in ``source.problems`` and that operation alone is skipped: a
 half-understood operation sending the wrong request would be worse than none.
 
 Credentials come from the ``auth`` config and the environment at call time.
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -22,25 +25,35 @@ import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urljoin, urlsplit
-
-import httpx
 
 from ..errors import ConfigError, InvalidArguments, ToolError, UsageError
 from ..hostwork import in_thread
 from ..tools.context import current_call
 from ..tools.model import IDEMPOTENCY_MODES, Annotations, Tool, check_identifier
+from . import _openapi_bodies as bodies
 from ._names import identifier as _identifier
 from ._names import unique as _unique
+from ._openapi_compiled import (
+    CompiledCache,
+    Outputs,
+    compile_catalog,
+    compile_outputs,
+    compiled_key,
+    no_gc,
+    remember,
+)
+from ._openapi_http import excerpt, http_error, redact
 from .base import expand_env
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["OpenAPISource"]
 
 DEFAULT_TIMEOUT = 30.0
 
-# Enough of an error body to see what the API objected to, never a whole page.
-ERROR_BODY_LIMIT = 1000
 
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 _READ_METHODS = {"get", "head", "options"}
@@ -170,6 +183,8 @@ class _Refs:
                 out[key] = copy.deepcopy(value)
             else:
                 out[key] = self._inline(value, active)
+        if isinstance(node.get("discriminator"), Mapping):
+            bodies.tag_variants(node, out)
         return out
 
 
@@ -226,6 +241,8 @@ class _Param:
     wire: str  # name on the wire
     style: str = "form"
     explode: bool = True
+    as_json: bool = False  # a `content:` parameter whose media type is JSON: sent as JSON text
+    binary: bool = False  # a multipart file field
 
 
 @dataclass
@@ -235,8 +252,21 @@ class _Operation:
     path: str
     params: list[_Param] = field(default_factory=list)
     media_type: str | None = None
+    body_kind: str = "json"  # see _openapi_bodies.body_kind
     body_required: bool = False
     server: str | None = None
+
+
+_OPERATION_FIELDS = tuple(f.name for f in dataclasses.fields(_Operation))
+_PARAM_FIELDS = tuple(f.name for f in dataclasses.fields(_Param))
+_METHOD_FIELD = _OPERATION_FIELDS.index("method")
+
+
+def restore_operation(raw: list[Any]) -> _Operation:
+    """An operation from its compiled form: its fields' values in order, each parameter's too."""
+    values = dict(zip(_OPERATION_FIELDS, raw, strict=True))
+    values["params"] = [_Param(**dict(zip(_PARAM_FIELDS, p, strict=True))) for p in values["params"]]
+    return _Operation(**values)
 
 
 class OpenAPISource:
@@ -255,6 +285,9 @@ class OpenAPISource:
     says the API dedupes by that key, so tether may re-send a write whose
     outcome it lost (P-31).
 
+    ``cache`` keeps the compiled catalog (see ``_openapi_compiled``), keyed by
+    the spec's digest and this compiler: a later start skips parsing.
+
     ``await start()`` loads the spec; ``problems`` then lists the operations
     skipped and why; ``tools()``; ``await close()``.
     """
@@ -270,6 +303,7 @@ class OpenAPISource:
         timeout: float = DEFAULT_TIMEOUT,
         idempotency: str = "none",
         idempotency_header: str | None = DEFAULT_IDEMPOTENCY_HEADER,
+        cache: CompiledCache | None = None,
     ) -> None:
         try:
             check_identifier(namespace, "namespace")
@@ -294,7 +328,10 @@ class OpenAPISource:
         self._idempotency = idempotency
         self._idempotency_header = idempotency_header or None
         self._tools: list[Tool] | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._operations: dict[str, _Operation] = {}
+        self._cache = cache
+        self._client: httpx.AsyncClient | None = None  # made at the first call
+        self._client_args: dict[str, Any] | None = None  # set by start(), cleared by close()
         # The namespace's one line for sources() and the prompt: the document's info.title.
         self.summary: str | None = None
 
@@ -317,20 +354,45 @@ class OpenAPISource:
             a.value()  # a missing variable is a load error, not a first-call surprise
         where = f"of OpenAPI source {self.namespace!r}"
         headers = {k: expand_env(v, f"header {k!r} {where}") for k, v in self._headers.items()}
-        doc, spec_url = await self._load()
-        base_url = self._base_url or self._default_base_url(doc, spec_url)
-        # Building a large description (thousands of operations, deep schemas) is CPU work: off the event loop,
-        # so the loader's start_timeout can end it and nothing else waits on it.
-        self._tools = await in_thread(self._build, doc, base_url)
-        self.summary = _info_summary(doc.get("info"))
+        text, spec_url = await self._read()
+        key = compiled_key(self._compile_inputs(), text) if self._cache is not None and text is not None else None
+        restored = self._restore(key, spec_url) if key else None
+        if restored is not None:
+            base_url = restored
+        else:
+            spec = self._spec
+            if isinstance(spec, Mapping):
+                doc = self._check(copy.deepcopy(dict(spec)))
+            else:
+                where = f"OpenAPI source {self.namespace!r}: spec {os.fspath(spec)}"
+                # Parsing a large description is CPU work: off the event loop, so the loader's
+                # start_timeout can end it and nothing else waits on it.
+                doc = self._check(await in_thread(_parse, _decode(text or b"", where), where))
+            base_url = self._base_url or self._default_base_url(doc, spec_url)
+            self._operations = {}
+            # Building thousands of operations with deep schemas is CPU work too: off the loop as well.
+            self._tools = await in_thread(self._build, doc, base_url)
+            self.summary = _info_summary(doc.get("info"))
+            if self._cache is not None and key and not isinstance(spec, Mapping):
+                remember(self._cache, self._compile_inputs(), os.fspath(spec), key,
+                         compile_catalog(self._tools, self._operations, self.problems, self.summary,
+                                         doc.get("servers") or []),
+                         compile_outputs(self._tools))
         if self._client is not None:
             await self._client.aclose()
+            self._client = None
+        why = "it needs http(s)://host"
         try:
-            # No redirects: httpx strips only Authorization when a redirect leaves
-            # the origin, so an API-key header would follow it to another host.
-            self._client = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=self._timeout)
-        except (httpx.InvalidURL, ValueError) as exc:
-            raise ConfigError(f"OpenAPI source {self.namespace!r}: invalid base URL {base_url!r}: {exc}") from None
+            parts = urlsplit(base_url)
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+        except ValueError as exc:  # a bad port, an unbalanced [
+            valid, why = False, str(exc)
+        if not valid:
+            raise ConfigError(f"OpenAPI source {self.namespace!r}: invalid base URL {base_url!r}: {why}",
+                              next_action="Give base_url as http(s)://host[:port]/path.")
+        # The client is made at the first call: loading its TLS roots costs ~0.1 s a
+        # source, which a run that never calls this API should not pay.
+        self._client_args = {"base_url": base_url, "headers": headers, "timeout": self._timeout}
 
     @property
     def started(self) -> bool:
@@ -351,36 +413,80 @@ class OpenAPISource:
 
     async def close(self) -> None:
         """Close the HTTP client."""
+        self._client_args = None
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
 
     # -- loading --
 
-    async def _load(self) -> tuple[dict[str, Any], str | None]:
+    def _compile_inputs(self) -> dict[str, Any]:
+        """Everything besides the spec's text that the tools built from it depend on."""
+        return {"namespace": self.namespace, "base_url": self._base_url,
+                "auth": [[a.kind, a.name] for a in self._auth], "headers": sorted(self._static_headers()),
+                "idempotency": self._idempotency, "idempotency_header": self._idempotency_header}
+
+    def _restore(self, key: str, spec_url: str | None) -> str | None:
+        """Tools from a compiled catalog; the base URL, or None when there is nothing usable."""
+        compiled = self._cache.get(key) if self._cache is not None else None
+        if compiled is None or self._cache is None:
+            return None
+        outputs = Outputs(self._cache, key)
+        try:
+            base_url = self._base_url or self._default_base_url({"servers": compiled["servers"]}, spec_url)
+            operations = compiled["operations"]
+            with no_gc():
+                tools = [self._restored_tool(entry, operations[entry["name"]],
+                                             outputs.loader(entry["name"]) if entry.get("has_output") else None)
+                         for entry in compiled["tools"]]
+        except (KeyError, TypeError, ValueError, UsageError):
+            return None  # a cache from another shape: build afresh
+        self._operations, self._tools = {}, tools
+        self.problems, self.summary = list(compiled["problems"]), compiled["summary"]
+        return base_url
+
+    def _restored_tool(self, entry: Mapping[str, Any], raw: list[Any], outputs: Any) -> Tool:
+        method = raw[_METHOD_FIELD]
+        if len(raw) != len(_OPERATION_FIELDS) or not isinstance(method, str) or method.lower() not in _METHODS:
+            raise ValueError("not a compiled operation")
+        method = method.lower()
+        return Tool(
+            namespace=self.namespace, name=entry["name"], description=entry["description"],
+            input_schema=entry["input_schema"], handler=self._compiled_handler(entry["name"], raw),
+            title=entry.get("title"),
+            output_schema_loader=outputs,
+            # From the (signed) method, never from a stored flag: the policy reads read_only.
+            annotations=_annotations(method), source="openapi", idempotency=self._idempotency,
+        )
+
+    async def _read(self) -> tuple[bytes | None, str | None]:
+        """The spec's bytes and the URL it came from (None, None for a spec given as a dict)."""
         where = f"OpenAPI source {self.namespace!r}"
         if isinstance(self._spec, Mapping):
-            doc: Any = copy.deepcopy(dict(self._spec))
-            spec_url = None
+            return None, None
+        location = os.fspath(self._spec)
+        if location.startswith(("http://", "https://")):
+            spec_url = location
+            import httpx
+
+            try:
+                async with httpx.AsyncClient(timeout=self._timeout, follow_redirects=True) as client:
+                    response = await client.get(location)
+            except httpx.HTTPError as exc:
+                raise ConfigError(f"{where}: cannot fetch the spec {location}: {exc}") from None
+            if response.status_code != 200:
+                raise ConfigError(f"{where}: fetching the spec {location} returned HTTP {response.status_code}")
+            text = response.content
         else:
-            location = os.fspath(self._spec)
-            if location.startswith(("http://", "https://")):
-                spec_url = location
-                try:
-                    async with httpx.AsyncClient(timeout=self._timeout, follow_redirects=True) as client:
-                        response = await client.get(location)
-                except httpx.HTTPError as exc:
-                    raise ConfigError(f"{where}: cannot fetch the spec {location}: {exc}") from None
-                if response.status_code != 200:
-                    raise ConfigError(f"{where}: fetching the spec {location} returned HTTP {response.status_code}")
-                text = response.text
-            else:
-                spec_url = None
-                try:
-                    text = await asyncio.to_thread(Path(location).read_text, encoding="utf-8")
-                except OSError as exc:
-                    raise ConfigError(f"{where}: cannot read the spec {location}: {exc.strerror}") from None
-            doc = await in_thread(_parse, text, f"{where}: spec {location}")
+            spec_url = None
+            try:
+                text = await asyncio.to_thread(Path(location).read_bytes)
+            except OSError as exc:
+                raise ConfigError(f"{where}: cannot read the spec {location}: {exc.strerror}") from None
+        return text, spec_url
+
+    def _check(self, doc: Any) -> dict[str, Any]:
+        where = f"OpenAPI source {self.namespace!r}"
         if not isinstance(doc, dict):
             raise ConfigError(f"{where}: the spec is not a JSON/YAML object")
         version = str(doc.get("openapi", ""))
@@ -390,7 +496,7 @@ class OpenAPISource:
                 f"{where}: only OpenAPI 3.0 and 3.1 are supported, the spec is {found}",
                 next_action="Convert the spec to OpenAPI 3 (e.g. with swagger2openapi).",
             )
-        return doc, spec_url
+        return doc
 
     def _default_base_url(self, doc: Mapping[str, Any], spec_url: str | None) -> str:
         servers = doc.get("servers") or []
@@ -464,6 +570,7 @@ class OpenAPISource:
             raise _Unsupported("callbacks are not supported")
         name = _unique(_operation_name(op.get("operationId"), method, path), taken)
         operation = _Operation(name=name, method=method.upper(), path=path)
+        self._operations[name] = operation
         servers = op.get("servers") or item.get("servers")
         if servers and isinstance(servers[0], Mapping) and (url := _server_url(servers[0])):
             operation.server = urljoin(base_url.rstrip("/") + "/", url)
@@ -488,8 +595,17 @@ class OpenAPISource:
                 continue
             if any(a.covers(location, wire) for a in self._auth):
                 continue  # auth supplies it; a program must not see or set it
+            as_json = False
             if "schema" not in param:
-                raise _Unsupported(f"parameter {wire!r} uses 'content' instead of 'schema'")
+                # `content:` instead of `schema:` (Directus's filters): one media type says how it is encoded.
+                content = param.get("content")
+                if not isinstance(content, Mapping) or len(content) != 1:
+                    raise _Unsupported(f"parameter {wire!r} has neither 'schema' nor one 'content' entry")
+                media_type, media = next(iter(content.items()))
+                as_json = _is_json(str(media_type))
+                param = {**param, "schema": (media or {}).get("schema") or {}}
+                if as_json and isinstance(param["schema"], Mapping) and param.get("description") is None:
+                    param["description"] = "sent as JSON text"
             style = param.get("style") or ("form" if location == "query" else "simple")
             allowed = {"query": {"form", "spaceDelimited", "pipeDelimited", "deepObject"}}.get(location, {"simple"})
             if style not in allowed:
@@ -502,7 +618,7 @@ class OpenAPISource:
             if param.get("required") or location == "path":
                 required.append(arg)
             explode = param.get("explode", style == "form")
-            operation.params.append(_Param(arg, location, wire, style, bool(explode)))
+            operation.params.append(_Param(arg, location, wire, style, bool(explode), as_json=as_json))
 
         in_path = {p.wire for p in operation.params if p.location == "path"}
         for wire in re.findall(r"\{([^}]+)\}", path):
@@ -525,11 +641,7 @@ class OpenAPISource:
             handler=self._handler(operation),
             title=op.get("summary") if isinstance(op.get("summary"), str) else None,
             output_schema=_output_schema(refs, op),
-            annotations=Annotations(
-                read_only=method in _READ_METHODS,
-                destructive=method == "delete",
-                idempotent=method in ("put", "delete") or method in _READ_METHODS,
-            ),
+            annotations=_annotations(method),
             source="openapi",
             idempotency=self._idempotency,
         )
@@ -543,31 +655,41 @@ class OpenAPISource:
         required: list[str],
     ) -> None:
         content = body.get("content") if isinstance(body, Mapping) else None
-        if not content:
+        if not content or not isinstance(content, Mapping):
             return
-        media_type = next((m for m in content if m.split(";")[0].strip() == "application/json"), None) or next(
-            (m for m in content if _is_json(m)), None
-        )
-        if media_type is None:
-            raise _Unsupported(f"request body type {', '.join(content)} is not supported (JSON only)")
-        operation.media_type = media_type
+        media_type = bodies.pick_media_type(dict(content))
+        kind = bodies.body_kind(media_type)
+        operation.media_type, operation.body_kind = media_type, kind
         operation.body_required = bool(body.get("required"))
         schema = _json_schema(refs.inline((content[media_type] or {}).get("schema") or {}), request=True)
-        props = schema.get("properties") if isinstance(schema, dict) else None
-        is_object = isinstance(schema, dict) and schema.get("type") in ("object", None)
-        composite = isinstance(schema, dict) and any(k in schema for k in ("allOf", "anyOf", "oneOf"))
-        if is_object and isinstance(props, dict) and props and not composite:
+        view = bodies.object_view(schema) if kind in ("json", "form", "multipart") else None
+        if view is not None and view[0]:
+            props, names = view
             args = {wire: _arg_name(wire, "body", {}) for wire in props}
-            if len(set(args.values())) == len(args) and not set(args.values()) & properties.keys():
+            clash = sorted(set(args.values()) & properties.keys())
+            if len(set(args.values())) == len(args) and not clash:
                 for wire, arg in args.items():
-                    properties[arg] = props[wire]
-                    operation.params.append(_Param(arg, "body", wire))
+                    binary = kind == "multipart" and bodies.is_file_schema(props[wire])
+                    properties[arg] = bodies.file_schema(props[wire]) if binary else props[wire]
+                    operation.params.append(_Param(arg, "body", wire, binary=binary))
                 if operation.body_required:
-                    required.extend(args[w] for w in schema.get("required") or [] if w in args)
+                    required.extend(args[w] for w in names if w in args)
                 return
+            why = (f"one object, not separate arguments: its {', '.join(map(repr, clash))} has the name of a "
+                   "path, query or header parameter") if clash else "one object"
+        elif view is not None:
+            why = "one object whose keys are free-form"
+        else:
+            why = {"text": "text", "binary": "binary content: base64 text or bytes"}.get(kind, "one value")
         arg = _unique("body", set(properties))
-        if isinstance(schema, dict) and body.get("description") and "description" not in schema:
-            schema = {**schema, "description": body["description"]}
+        if kind == "binary":
+            schema = dict(bodies.BINARY_ARG)
+        elif kind == "text" and not (isinstance(schema, dict) and schema.get("type") == "string"):
+            schema = {"type": "string"}
+        text = body.get("description") if isinstance(body.get("description"), str) else ""
+        if isinstance(schema, dict):
+            # describe() shows why the body is one argument here.
+            schema = {**schema, "description": f"The request body ({media_type}), {why}." + (f" {text}" if text else "")}
         properties[arg] = schema
         if operation.body_required:
             required.append(arg)
@@ -578,6 +700,18 @@ class OpenAPISource:
 
     # -- calling --
 
+    def _compiled_handler(self, name: str, raw: list[Any]) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+        """A restored tool's handler: its operation is rebuilt at its first call (most tools are never called)."""
+        built: list[_Operation] = []
+
+        async def handler(args: dict[str, Any]) -> Any:
+            if not built:
+                built.append(restore_operation(raw))
+            return await self._call(built[0], args)
+
+        handler.__qualname__ = f"openapi:{self.namespace}.{name}"
+        return handler
+
     def _handler(self, operation: _Operation) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         async def handler(args: dict[str, Any]) -> Any:
             return await self._call(operation, args)
@@ -587,6 +721,12 @@ class OpenAPISource:
 
     async def _call(self, op: _Operation, args: dict[str, Any]) -> Any:
         client = self._client
+        if client is None and self._client_args is not None:
+            # No redirects: httpx strips only Authorization when a redirect leaves
+            # the origin, so an API-key header would follow it to another host.
+            import httpx
+
+            client = self._client = httpx.AsyncClient(**self._client_args)
         if client is None:
             raise ToolError(
                 f"OpenAPI source {self.namespace!r} is closed",
@@ -610,6 +750,16 @@ class OpenAPISource:
                 body, has_body = value, True
             elif value is None:
                 continue
+            elif p.as_json:
+                value = json.dumps(value)
+                if p.location == "query":
+                    query.append((p.wire, value))
+                    continue
+                if p.location == "header":
+                    headers[p.wire] = value
+                    continue
+            if p.location in ("body", "body*"):
+                pass
             elif p.location == "path":
                 segment = quote(_simple(value, p.explode), safe="")
                 if segment in (".", ".."):
@@ -633,15 +783,19 @@ class OpenAPISource:
         call = current_call()
         if call is not None and self._idempotency_header and op.method.lower() not in _SAFE_METHODS:
             headers[self._idempotency_header] = call.key
-        content = None
-        if has_body:
+        content, files, form = (bodies.encode_body(op.name, op.body_kind, op.media_type,
+                                                   {p.wire for p in op.params if p.binary}, body)
+                                if has_body else (None, None, None))
+        if has_body and op.body_kind != "multipart":
             headers["Content-Type"] = op.media_type or "application/json"
-            content = json.dumps(body).encode()
         url = op.server.rstrip("/") + "/" + path.lstrip("/") if op.server else path.lstrip("/")
         label = f"{op.method} {op.path}"
         details: dict[str, Any] = {"source": self.namespace, "tool": op.name}
+        import httpx  # imported when a call is made: a run that never calls the API does not pay for it
+
         try:
-            response = await client.request(op.method, url, params=query, headers=headers, content=content)
+            response = await client.request(op.method, url, params=query, headers=headers, content=content,
+                                            data=form, files=files)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise ToolError(
                 f"{label}: could not reach the API ({type(exc).__name__}); the request was not sent",
@@ -650,34 +804,38 @@ class OpenAPISource:
         except httpx.HTTPError as exc:
             unknown = "" if op.method.lower() in _READ_METHODS else "; whether it took effect is unknown"
             raise ToolError(
-                f"{label}: the request failed ({type(exc).__name__}: {_redact(str(exc), secrets)}){unknown}",
+                f"{label}: the request failed ({type(exc).__name__}: {redact(str(exc), secrets)}){unknown}",
                 details={**details, "code": "transport_error", "sent": True, "outcome": "unknown"},
             ) from None
         if not 200 <= response.status_code < 300:
-            excerpt = _redact(response.text, secrets)
-            if len(excerpt) > ERROR_BODY_LIMIT:
-                excerpt = excerpt[:ERROR_BODY_LIMIT] + "… (truncated)"
-            status = {"code": "http_status", "status": response.status_code}
-            if response.status_code == 409 and call is not None and call.send > 1 and self._idempotency_header \
-                    and op.method.lower() not in _SAFE_METHODS:
-                # An earlier send with this key is still being processed
-                # (the IETF Idempotency-Key draft's 409): its outcome is not known yet.
-                status["outcome"] = "in_progress"
-            raise ToolError(
-                f"{label} returned HTTP {response.status_code}: {excerpt or '(empty body)'}",
-                details={**details, **status},
-            )
+            raise http_error(response, label, details, secrets,
+                              in_progress=response.status_code == 409 and call is not None and call.send > 1
+                              and bool(self._idempotency_header) and op.method.lower() not in _SAFE_METHODS)
         if response.status_code == 204 or not response.content:
             return None
         if _is_json(response.headers.get("content-type", "")):
             try:
                 return response.json()
-            except ValueError:
-                pass
+            except ValueError as exc:
+                # Labelled JSON but not JSON: a proxy's error page, a truncated answer. Saying so beats a string
+                # the program would take for the API's data.
+                raise ToolError(
+                    f"{label} answered HTTP {response.status_code} with a body labelled JSON that is not JSON "
+                    f"({exc}); the request was sent",
+                    details={**details, "code": "malformed_json", "status": response.status_code,
+                             "body": excerpt(redact(response.text, secrets))},
+                ) from None
         return response.text
 
 
 # --- helpers --------------------------------------------------------------------
+
+
+def _decode(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _parse(text: str, where: str) -> Any:
@@ -693,9 +851,10 @@ def _parse(text: str, where: str) -> Any:
             ) from None
     import yaml
 
+    # libyaml, when PyYAML was built with it, parses OpenAI's 3 MB YAML ~5x faster.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        # libyaml's loader when PyYAML has it: the same documents, read about five times faster.
-        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
+        doc = yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader, C or pure Python
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where} is neither valid JSON nor valid YAML: {exc}") from None
     return _string_keys(doc, {})
@@ -773,6 +932,16 @@ def _info_summary(info: Any) -> str | None:
     return " ".join((title or first).split()) or None
 
 
+@functools.lru_cache(maxsize=None)
+def _annotations(method: str) -> Annotations:
+    return Annotations(
+        read_only=method in _READ_METHODS,
+        destructive=method == "delete",
+        idempotent=method in ("put", "delete") or method in _READ_METHODS,
+        open_world=True,  # every call goes to an API outside tether
+    )
+
+
 def _description(op: Mapping[str, Any], operation: _Operation) -> str:
     parts = [s.strip() for s in (op.get("summary"), op.get("description")) if isinstance(s, str) and s.strip()]
     if len(parts) == 2 and parts[0] == parts[1]:
@@ -827,12 +996,3 @@ def _query(p: _Param, value: Any) -> list[tuple[str, str]]:
         sep = {"spaceDelimited": " ", "pipeDelimited": "|"}.get(p.style, ",")
         return [(p.wire, sep.join(_scalar(v) for v in value))]
     return [(p.wire, _scalar(value))]
-
-
-def _redact(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-            if secret.startswith("Bearer "):
-                text = text.replace(secret[len("Bearer ") :], "***")
-    return text

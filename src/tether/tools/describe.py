@@ -16,15 +16,21 @@ from .stubs import declaration
 
 # One tool described by default fits this many bytes of JSON: five at once sit
 # well inside a run's result limit, and a model reads the signature, not pages
-# of response fields. detail="full" has no bound.
+# of response fields.
 DEFAULT_BYTES = 2048
+# detail="full" stays well inside a run's 30 KB result limit: a bigger entry
+# (OpenAI's chat completions: 44 KB) leaves whole sections out, and each is
+# asked for alone, in pages of this size, instead of being cut mid-JSON.
+FULL_BYTES = 16_000
 # The description's head is what says what a tool does; the rest is fine print.
 _DESCRIPTION_CHARS = 320
-DETAILS = ("default", "full")
+SECTIONS = ("input_schema", "types", "description")
+DETAILS = ("default", "full", *SECTIONS)
 
 
 def describe(
-    catalog: Catalog, address_or_list: str | list[str] | tuple[str, ...], detail: str = "default"
+    catalog: Catalog, address_or_list: str | list[str] | tuple[str, ...], detail: str = "default", offset: int = 0,
+    *, whole: bool = False,
 ) -> list[dict[str, Any]]:
     """Describe one tool or several, in the order asked.
 
@@ -35,16 +41,24 @@ def describe(
     By default an entry is at most ``DEFAULT_BYTES`` of JSON: shapes that do
     not fit and the description's tail are left out and ``note`` says what
     and how to see it. ``detail="full"`` gives every shape, the whole
-    description and the ``input_schema``. An unknown address gives
+    description and the ``input_schema`` within ``FULL_BYTES``; sections
+    that do not fit are left out, largest first, and ``note`` names them.
+    ``detail="input_schema" | "types" | "description"`` gives that section
+    alone, a page from ``offset`` (properties, shapes or characters) at a
+    time, with ``next_offset`` while more is left. ``whole=True`` (the CLI's
+    ``--full``, which has no result limit) gives ``detail="full"`` unbounded. An unknown address gives
     ``{"address", "error": "unknown_tool", "suggestions"}`` instead of
     raising, so a list can partly succeed.
     """
     if detail not in DETAILS:
         raise UsageError(
-            f"describe: detail must be 'default' or 'full', got {detail!r}",
+            f"describe: detail must be one of {', '.join(map(repr, DETAILS))}, got {detail!r}",
             code="invalid_arguments",
             next_action="Call describe(address) or describe(address, detail='full').",
         )
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise UsageError(f"describe: offset must be a whole number >= 0, got {offset!r}", code="invalid_arguments",
+                         next_action="Pass the next_offset an earlier describe() returned.")
     addresses = [address_or_list] if isinstance(address_or_list, str) else list(address_or_list)
     cache: dict[tuple[str, str], dict[str, Any]] = catalog.memo("describe", dict)
     out: list[dict[str, Any]] = []
@@ -58,17 +72,20 @@ def describe(
         except UnknownTool as exc:
             out.append({"address": address, "error": exc.code, "suggestions": exc.details.get("suggestions", [])})
             continue
-        key = (tool.address, detail)
+        if detail in SECTIONS:
+            out.append(_section(tool, detail, offset))
+            continue
+        key = (tool.address, detail + (":whole" if whole else ""))
         entry = cache.get(key)
         if entry is None:
-            entry = cache[key] = _full(tool) if detail == "full" else _bounded(tool)
+            entry = cache[key] = _full(tool, whole) if detail == "full" else _bounded(tool)
         out.append(dict(entry))
     return out
 
 
-def _full(tool: Tool) -> dict[str, Any]:
+def _full(tool: Tool, whole: bool = False) -> dict[str, Any]:
     signature, shapes = declaration(tool)
-    return {
+    entry = {
         "address": tool.address,
         "signature": signature,
         **_parameters(tool),
@@ -77,6 +94,48 @@ def _full(tool: Tool) -> dict[str, Any]:
         "annotations": tool.annotations.to_dict(),
         "input_schema": tool.input_schema,
     }
+    left_out: list[str] = []
+    for name in [] if whole else sorted(SECTIONS, key=lambda n: -_size(entry[n])):
+        if _size(entry) + _NOTE_BYTES <= FULL_BYTES:
+            break
+        del entry[name]
+        left_out.append(name)
+    if left_out:
+        asks = ", ".join(f"describe({tool.address!r}, detail={n!r})" for n in left_out)
+        entry["note"] = f"too large to show whole; left out: {', '.join(left_out)}. Each alone, in pages: {asks}"
+    return entry
+
+
+def _section(tool: Tool, name: str, offset: int) -> dict[str, Any]:
+    """One section of a tool's description, a page from ``offset`` at a time."""
+    page: Any
+    if name == "input_schema":
+        props = list((tool.input_schema.get("properties") or {}).items())
+        chosen: dict[str, Any] = {}
+        end = offset
+        for prop, schema in props[offset:]:
+            if chosen and _size(chosen) + _size({prop: schema}) > FULL_BYTES:
+                break
+            chosen[prop] = schema
+            end += 1
+        required = [r for r in tool.input_schema.get("required") or [] if r in chosen]
+        page, total = {**tool.input_schema, "properties": chosen, "required": required}, len(props)
+    elif name == "types":
+        shapes = [text for _, text in declaration(tool)[1]]
+        kept: list[str] = []
+        end = offset
+        for text in shapes[offset:]:
+            if kept and _size(kept) + _size(text) > FULL_BYTES:
+                break
+            kept.append(text)
+            end += 1
+        page, total = "\n\n".join(kept), len(shapes)
+    else:
+        text = tool.description or ""
+        end = min(len(text), offset + FULL_BYTES // 2)  # characters: JSON escapes can double a few
+        page, total = text[offset:end], len(text)
+    return {"address": tool.address, "section": name, name: page, "offset": offset,
+            "next_offset": end if end < total else None}
 
 
 def _bounded(tool: Tool) -> dict[str, Any]:

@@ -90,6 +90,10 @@ class Tool:
     # call_timeout_seconds. A source that bounds calls itself (an MCP server
     # sending progress) sets its own ceiling here.
     timeout_seconds: float | None = None
+    # Where the output schema comes from when it is not in ``output_schema``:
+    # a compiled OpenAPI catalog reads them only when a stub needs one
+    # (GitHub's are 10 of its 12 MB, and most runs never look).
+    output_schema_loader: Callable[[], dict[str, Any] | None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_identifier(self.namespace, "namespace")
@@ -110,6 +114,12 @@ class Tool:
     @property
     def address(self) -> str:
         return f"{self.namespace}.{self.name}"
+
+    def returns_schema(self) -> dict[str, Any] | None:
+        """The output schema, from ``output_schema`` or its loader."""
+        if self.output_schema is not None or self.output_schema_loader is None:
+            return self.output_schema
+        return self.output_schema_loader()
 
     @property
     def is_write(self) -> bool:

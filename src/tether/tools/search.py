@@ -52,6 +52,9 @@ _PREFIX = 0.9
 _MIN_RELATED = 4
 _RELATED = 0.7
 _RELATED_SHORTER = 0.6
+# Endings whose stem names the same thing: collaborator, collaboration, collaborating.
+_AGENT_SUFFIXES = ("or", "er", "ion", "ing")
+_MIN_STEM = 6
 # At most this many indexed words stand for one prefix.
 _MAX_FORMS = 16
 # A query longer than this is someone pasting a document; the head is enough.
@@ -140,6 +143,7 @@ class SearchIndex:
         self._weights: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
         self._idf_max = 1.0
         self._version = -1
+        self._namespace_of: dict[str, str] = {}
 
     def _ensure(self) -> None:
         if self._version == self._catalog.version:
@@ -169,6 +173,8 @@ class SearchIndex:
         ]
         self._order = [(len(f.name) + len(f.title), i) for i, f in enumerate(features)]
         self._identity, self._elsewhere, self._namespaces = identity, elsewhere, namespaces
+        # A namespace whose name is one word: that word, said in a query, names it.
+        self._namespace_of = {words[0]: ns for ns in namespaces if len(words := _namespace_words(ns)) == 1}
         self._tools, self._features = tools, features
         self._vocab = frozenset(identity.keys() | elsewhere.keys())
         self._sorted_vocab = sorted(self._vocab)
@@ -193,8 +199,12 @@ class SearchIndex:
             # Found nowhere as typed: the start of a word (``subscr``).
             self._add_prefixed(forms, word, _PREFIX)
         elif len(word) >= _MIN_RELATED:
-            # Related forms: ``assign`` → ``assignee``, ``collaborate`` → ``collaboration``.
+            # Related forms: ``assign`` → ``assignee``, ``collaborate`` → ``collaboration``,
+            # ``collaborator`` → ``collaboration`` (an agent noun's stem).
             self._add_prefixed(forms, word[:-1] if word.endswith("e") else word, _RELATED)
+            for suffix in _AGENT_SUFFIXES:
+                if word.endswith(suffix) and len(word) - len(suffix) >= _MIN_STEM:
+                    self._add_prefixed(forms, word[:-len(suffix)], _RELATED)
         # And the other way: ``signature`` → ``sign``, ``recently`` → ``recent``.
         for cut in range(_MIN_RELATED, len(word) - 1):
             head = word[:cut]
@@ -239,6 +249,18 @@ class SearchIndex:
             if not terms:
                 # No word of the query is in any tool.
                 return _page([], 0, offset)
+            if namespace is None:
+                # "log in to directus": a word naming one of several namespaces says where to look
+                # (a person names the product), and is not itself something the tool must say.
+                named = [t for t in terms if t.word in self._namespace_of]
+                rest = [t for t in terms if t.word not in self._namespace_of]
+                if named and rest and len(self._namespaces) > 1:
+                    there = self._namespaces[self._namespace_of[named[0].word]]
+                    # Only when the rest of the query is found there: "ticket email" with a namespace
+                    # called email and no ticket in it is a search for both words.
+                    if all(_union(self._identity.get(w) for w in t.forms) & there
+                           or _union(self._elsewhere.get(w) for w in t.forms) & there for t in rest):
+                        namespace, terms = self._namespace_of[named[0].word], rest
             scope = self._namespaces.get(namespace, set()) if namespace else None
             in_identity: list[set[int]] = []
             anywhere: list[set[int]] = []

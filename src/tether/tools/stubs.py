@@ -111,6 +111,9 @@ class _ToolDescription(TypedDict):
     description: NotRequired[str]
     annotations: NotRequired[dict[str, bool]]
     input_schema: NotRequired[dict[str, Any]]
+    section: NotRequired[str]
+    offset: NotRequired[int]
+    next_offset: NotRequired[int | None]
     note: NotRequired[str]
     error: NotRequired[str]
     suggestions: NotRequired[list[str]]
@@ -121,7 +124,7 @@ class _Source(TypedDict):
     summary: str
 
 async def search(query: str = "", namespace: str | None = None, limit: int = 12, offset: int = 0) -> _SearchResult: ...
-async def describe(address: str | list[str], detail: Literal["default", "full"] = "default") -> list[_ToolDescription]: ...
+async def describe(address: str | list[str], detail: Literal["default", "full", "input_schema", "types", "description"] = "default", offset: int = 0) -> list[_ToolDescription]: ...
 async def sources() -> list[_Source]: ...
 def emit(value: Any) -> None: ...
 async def yield_control() -> None: ...
@@ -373,8 +376,9 @@ class _Module:
         base = _camel(tool.name)
         params = self._params(tool, base)
         returns = self.n["Any"]
-        if tool.output_schema is not None:
-            returns = self._type(tool.output_schema, _Root(tool.output_schema), f"{base}Result", 0, inputs=False)
+        output_schema = tool.returns_schema()
+        if output_schema is not None:
+            returns = self._type(output_schema, _Root(output_schema), f"{base}Result", 0, inputs=False)
         self.functions.append(f"async def {tool.name}({params}) -> {returns}: ...\n")
         self.roots = list(self._refs[0])
         used = self._closure(self._refs[0])

@@ -38,7 +38,8 @@ _GROUPS: list[tuple[tuple[str, ...], tuple[str, ...], float]] = [
     (("get", "fetch", "retrieve", "read", "show", "view", "see", "lookup", "detail", "info", "information",
       "inspect", "describe", "load", "download"), ("get", "retrieve", "fetch", "read"), 0.8),
     (("list", "all", "show", "browse", "enumerate", "every"), ("list", "all"), 0.8),
-    (("create", "add", "new", "make", "open", "start", "submit", "post", "insert", "write", "set", "upload"),
+    (("create", "add", "new", "make", "open", "start", "submit", "post", "insert", "write", "set", "upload",
+      "generate", "produce", "compose"),
      ("create", "add", "post", "new", "start"), 0.75),
     (("delete", "remove", "destroy", "drop", "erase", "discard", "trash", "purge", "unset"),
      ("delete", "remove", "destroy"), 0.8),
@@ -120,11 +121,31 @@ def _normalised_chunk(chunk: str) -> tuple[str, ...]:
     return tuple(stem(p.lower()) for p in (_CAMEL.findall(chunk) or [chunk]))
 
 
+# Several query words that an API spells as one (checked before single words).
+_MULTI = {
+    ("log", "in"): ("login",),
+    ("sign", "in"): ("login",),
+    ("log", "out"): ("logout",),
+    ("sign", "out"): ("logout",),
+    ("who", "am", "i"): ("me",),
+}
+
+
 def query_terms(query: str, limit: int) -> list[str]:
     """The distinct words of a query that carry meaning, normalised, at most ``limit``."""
     words: list[str] = []
-    for w in split_words(query):
-        words.extend(_PHRASES.get(w, (w,)))
+    split = split_words(query)
+    i = 0
+    while i < len(split):
+        for size in (3, 2):
+            joined = _MULTI.get(tuple(split[i:i + size]))
+            if joined is not None:
+                words.extend(joined)
+                i += size
+                break
+        else:
+            words.extend(_PHRASES.get(split[i], (split[i],)))
+            i += 1
     terms = list(dict.fromkeys(stem(w) for w in words))
     kept = [t for t in terms if t not in STOPWORDS] or terms
     return kept[:limit]

