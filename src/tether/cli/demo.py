@@ -29,8 +29,26 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         code = print_result(result, False)
     d = result.diagnostics
     print(f"\n{result.calls} host calls in {d.get('total_ms', 0):.1f} ms (run {result.run_id}; "
-          f"see: tether runs show {result.run_id})")
+          f"see: {_tether_command()} runs show {result.run_id})")
     return code
+
+
+def _tether_command() -> str:
+    """How to call tether again from a new shell: `tether` if the PATH finds this one, else its own path.
+
+    After `make run`, tether lives in .venv/bin, which a new shell's PATH does not hold.
+    """
+    import os
+    import shutil
+    import sys
+
+    me = sys.argv[0] if sys.argv and os.path.basename(sys.argv[0]) == "tether" else None
+    if me is None:
+        return "tether"
+    found = shutil.which("tether")
+    if found is not None and os.path.realpath(found) == os.path.realpath(me):
+        return "tether"
+    return os.path.relpath(me) if not os.path.relpath(me).startswith("..") else os.path.abspath(me)
 
 
 def _print_demo_summary(r: dict) -> None:
