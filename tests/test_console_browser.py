@@ -104,7 +104,7 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, extra: str = "") -> None:
         self.root = root
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -113,7 +113,7 @@ class Server:
         self.db = f"sqlite:///{root / 'home' / 'tether.db'}"
         root.mkdir(parents=True, exist_ok=True)
         (root / "ledger_tools.py").write_text(LEDGER_TOOLS)
-        self.config.write_text(CONFIG.format(public_url=self.base))
+        self.config.write_text(CONFIG.format(public_url=self.base) + extra)
         self.env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "TETHER_STORE_URL")}
         self.env.update(TETHER_HOME=str(root / "home"), LEDGER=str(self.ledger), TETHER_TOKEN=f"{ALPHA},{BETA}",
                         PAT_TOKEN=PAT)

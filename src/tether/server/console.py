@@ -53,12 +53,13 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..approvals import Access, Channel, Grant, may_decide, may_see, visible_owners
-from ..approvals.surface import signed_in_required
+from ..approvals.surface import batch, signed_in_required
 from ..errors import RunNotFound
 from ..runs.decisions import recorded_decision
-from ..runs.inspect import run_timeline
+from ..runs.inspect import program_summary, run_timeline
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus
 from ..tools.shown import escape as escape_controls
+from ..tools.shown import mask, redacted, secret_values
 from .approvals import Decider, derived_key, describe_write, open_token, pending_writes
 from .auth import LOCAL, allowed_hosts, host_allowed, principal_for_token
 
@@ -122,7 +123,8 @@ def _short(text: str | None) -> str:
 
 
 def _compact(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    # Every call's arguments are shown with their secrets replaced (tools/shown.py's one rule).
+    text = json.dumps(redacted(value), ensure_ascii=False, sort_keys=True, default=str)
     return text if len(text) <= 300 else text[:300] + "…"
 
 
@@ -542,8 +544,9 @@ class Console:
             runs = [r for r in runs if (r.principal or LOCAL) == who]
         else:
             who = None
-        rows = [{"run_id": r.run_id, "status": r.status, "principal": self._name(r.principal),
-                 "updated_at": r.updated_at,
+        rows = [{"run_id": r.run_id, "status": r.status,
+                 "principal": (r.meta or {}).get("principal_name") or self._name(r.principal),
+                 "updated_at": r.updated_at, "summary": program_summary(r.program),
                  "waits": ", ".join(w["address"] for w in pending_writes(self.rt, r)) or None,
                  "error": (r.error or {}).get("code")} for r in runs]
         return self.render("runs.html", principal=session["p"], csrf=self.csrf_for(session["n"]), live="all",
@@ -555,9 +558,33 @@ class Console:
         outcome = run.result if isinstance(run.result, dict) else None
         logs = (outcome or {}).get("logs") or []
         events = [e for e in self.rt.store.get_events(run.run_id, limit=500) if e.type != "output"][-100:]
-        return {"run": run, "calls": timeline["calls"], "events": events, "logs": logs,
+        calls, secrets = [], set()
+        for c in timeline["calls"]:
+            schema = self._schema(c["address"])
+            secrets |= secret_values(c["args"], schema) if isinstance(c["args"], dict) else set()
+            calls.append({**c, "args": redacted(c["args"], schema)})
+        # A secret a call was given is not shown where the program or its log spelled it out either.
+        program = mask(run.program, secrets)
+        logs = [mask(str(line), secrets) for line in logs]
+        return {"run": run, "program": program, "calls": calls, "events": events, "logs": logs,
                 "outcome": outcome if run.status in TERMINAL_RUN_STATUSES else None,
-                "writes": [describe_write(self.rt, w) for w in pending_writes(self.rt, run)]}
+                "writes": [describe_write(self.rt, w, run) for w in pending_writes(self.rt, run)],
+                "requester": self._requester(run)}
+
+    def _schema(self, address: Any) -> dict[str, Any] | None:
+        # Its format: password and writeOnly fields are secrets too (tools/shown.py).
+        try:
+            return self.rt.catalog.get(address).input_schema if address in self.rt.catalog else None
+        except Exception:  # a catalog that cannot say leaves the rule by names
+            return None
+
+    def _requester(self, run: RunRecord) -> dict[str, Any]:
+        """Who asked for a run's writes: the principal's name, the client it came through, what it says it does."""
+        meta = run.meta or {}
+        client = meta.get("client") if isinstance(meta.get("client"), dict) else None
+        return {"name": meta.get("principal_name") or self._name(run.principal),
+                "client": " ".join(str(client[k]) for k in ("name", "version") if client.get(k)) if client else None,
+                "summary": program_summary(run.program)}
 
     async def run_page(self, request: Request) -> Response:
         session = self.session(request)
@@ -571,7 +598,7 @@ class Console:
                                 link={"href": "/console/", "text": "All runs"})
         flash = request.query_params.get("flash")
         return self.render("run.html", principal=session["p"], csrf=self.csrf_for(session["n"]),
-                           live=run.run_id, flash=_flash(flash, run.status),
+                           live=run.run_id, flash=_flash(self.rt, run, flash, request.query_params.get("seqs")),
                            flash_error=(flash or "").startswith("e_"),
                            owner_name=(run.meta or {}).get("principal_name") or self._name(run.principal),
                            approve_note=self._approve_note(run, session["p"]), **self._run_context(run))
@@ -616,7 +643,8 @@ class Console:
                                 principal=session["p"], csrf=csrf,
                                 link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
         flash = "queued" if outcome.status == "queued" else "approved" if decision == "approve" else "declined"
-        return RedirectResponse(f"/console/runs/{run_id}?flash={flash}", status_code=303)
+        shown = ",".join(str(s) for s in seqs)
+        return RedirectResponse(f"/console/runs/{run_id}?flash={flash}&seqs={shown}", status_code=303)
 
     # -- the live feed ----------------------------------------------------------------
 
@@ -704,7 +732,8 @@ class Console:
         note = self._approve_note(run, session["p"]) if session is not None else None
         response = self.render("approve.html", run=run, token=token,
                                csrf=self.csrf_for(session["n"] if signed and session else nonce),
-                               w=describe_write(self.rt, write), sign_in=sign_in, approve_note=note,
+                               w=describe_write(self.rt, write, run), sign_in=sign_in, approve_note=note,
+                               requester=self._requester(run),
                                principal=session["p"] if signed and session else None,
                                expires_at=min(claim.expires_at, run.expires_at or claim.expires_at))
         if fresh:
@@ -791,14 +820,48 @@ def _too_large() -> Response:
                     status_code=413, media_type="text/plain")
 
 
-_FLASHES = {"approved": "Approved: the run continues.", "declined": "Declined: the program was told.",
-            "queued": "The decision waits for a free run slot; this page updates when it is taken."}
+_FLASHES = {"queued": "The decision waits for a free run slot; this page updates when it is taken."}
 
 
-def _flash(key: str | None, status: str) -> str | None:
-    if key in ("approved", "declined") and status == RunStatus.PAUSED:
-        return "Decided. The run continues once the rest of its writes are decided."
-    return _FLASHES.get(key or "")
+def _flash(rt: Runtime, run: RunRecord, key: str | None, seqs: str | None) -> str | None:
+    """What became of the writes just decided, read from the run and its journal as the page loads.
+
+    The run may have sent the write, continued and paused again at another
+    write before the page is drawn: the text says what is true now.
+    """
+    if key not in ("approved", "declined"):
+        return _FLASHES.get(key or "")
+    try:
+        decided = [int(x) for x in (seqs or "").split(",") if x.strip()][:50]
+    except ValueError:
+        decided = []
+    verb = "Approved" if key == "approved" else "Declined"
+    calls = f"call{'s' if len(decided) > 1 else ''} {', '.join(map(str, decided))}" if decided else "the write"
+    states = [c.state for s in decided if (c := rt.store.get_call(run.run_id, s)) is not None]
+    if key == "approved":
+        if states and all(st in ("sent", "done") for st in states):
+            what = f"{verb} {calls}: sent."
+        elif any(st in ("failed", "unknown") for st in states):
+            what = f"{verb} {calls}: sending did not succeed (see Calls below)."
+        else:
+            what = f"{verb} {calls}: not sent yet."
+    else:
+        what = f"{verb} {calls}: not sent; the program was told."
+    if run.status == RunStatus.PAUSED:
+        waiting = pending_writes(rt, run)
+        same_pause = {w.get("seq") for w in batch(run)} & set(decided)
+        names = ", ".join(f"call {w['seq']} ({w['address']})" for w in waiting[:5])
+        if waiting and same_pause:
+            return (f"{what} The run waits for the rest of this pause to be decided: {names}. "
+                    "Nothing goes on until every one is.")
+        if waiting:
+            return f"{what} The run went on and has paused again, now at {names}."
+        return f"{what} The run is paused."
+    if run.status in (RunStatus.RUNNING, RunStatus.QUEUED):
+        return f"{what} The run goes on ({run.status})."
+    ended = {RunStatus.COMPLETED: "The run has completed.", RunStatus.FAILED: "The run has ended: failed.",
+             RunStatus.CANCELLED: "The run was cancelled."}
+    return f"{what} {ended.get(run.status, f'The run is {run.status}.')}"
 
 
 def _read_decision(form: Any) -> tuple[str | None, str | None, list[int] | None]:

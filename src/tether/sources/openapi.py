@@ -532,6 +532,7 @@ class OpenAPISource:
             ),
             source="openapi",
             idempotency=self._idempotency,
+            target=(operation.method, (operation.server or base_url).rstrip("/") + "/" + path.lstrip("/")),
         )
 
     def _body(

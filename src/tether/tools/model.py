@@ -90,6 +90,9 @@ class Tool:
     # call_timeout_seconds. A source that bounds calls itself (an MCP server
     # sending progress) sets its own ceiling here.
     timeout_seconds: float | None = None
+    # Where a call goes, for the people who approve it: an OpenAPI operation's
+    # (HTTP method, URL template with its {path} parameters); None elsewhere.
+    target: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         check_identifier(self.namespace, "namespace")
