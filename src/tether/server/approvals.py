@@ -265,6 +265,15 @@ def describe_write(rt: Runtime, write: dict[str, Any], run: RunRecord | None = N
             "target": write_target(tool, str(address), write.get("args") or {}, run)}
 
 
+def input_schema(rt: Runtime, address: Any) -> dict[str, Any] | None:
+    """The input schema of the tool at ``address`` in this process's catalog: its ``format: password`` and
+    ``writeOnly`` fields are secrets (tools/shown.py). None when the catalog cannot say."""
+    try:
+        return rt.catalog.get(address).input_schema if isinstance(address, str) and address in rt.catalog else None
+    except Exception:  # a catalog that cannot say leaves the rule by names
+        return None
+
+
 def write_target(tool: Any, address: str, args: dict[str, Any], run: RunRecord | None) -> dict[str, str] | None:
     """Where a write goes, for the person deciding it: ``{"kind", "text"}`` or None when nothing can say.
 

@@ -59,8 +59,8 @@ from ..runs.decisions import recorded_decision
 from ..runs.inspect import program_summary, run_timeline
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus
 from ..tools.shown import escape as escape_controls
-from ..tools.shown import mask, redacted, secret_values
-from .approvals import Decider, derived_key, describe_write, open_token, pending_writes
+from ..tools.shown import mask, mask_source, redacted, secret_values
+from .approvals import Decider, derived_key, describe_write, input_schema, open_token, pending_writes
 from .auth import LOCAL, allowed_hosts, host_allowed, principal_for_token
 
 if TYPE_CHECKING:
@@ -546,7 +546,7 @@ class Console:
             who = None
         rows = [{"run_id": r.run_id, "status": r.status,
                  "principal": (r.meta or {}).get("principal_name") or self._name(r.principal),
-                 "updated_at": r.updated_at, "summary": program_summary(r.program),
+                 "updated_at": r.updated_at, "summary": _summary(r.program),
                  "waits": ", ".join(w["address"] for w in pending_writes(self.rt, r)) or None,
                  "error": (r.error or {}).get("code")} for r in runs]
         return self.render("runs.html", principal=session["p"], csrf=self.csrf_for(session["n"]), live="all",
@@ -560,23 +560,16 @@ class Console:
         events = [e for e in self.rt.store.get_events(run.run_id, limit=500) if e.type != "output"][-100:]
         calls, secrets = [], set()
         for c in timeline["calls"]:
-            schema = self._schema(c["address"])
+            schema = input_schema(self.rt, c["address"])
             secrets |= secret_values(c["args"], schema) if isinstance(c["args"], dict) else set()
             calls.append({**c, "args": redacted(c["args"], schema)})
         # A secret a call was given is not shown where the program or its log spelled it out either.
-        program = mask(run.program, secrets)
+        program = mask(mask_source(run.program), secrets)
         logs = [mask(str(line), secrets) for line in logs]
         return {"run": run, "program": program, "calls": calls, "events": events, "logs": logs,
                 "outcome": outcome if run.status in TERMINAL_RUN_STATUSES else None,
                 "writes": [describe_write(self.rt, w, run) for w in pending_writes(self.rt, run)],
                 "requester": self._requester(run)}
-
-    def _schema(self, address: Any) -> dict[str, Any] | None:
-        # Its format: password and writeOnly fields are secrets too (tools/shown.py).
-        try:
-            return self.rt.catalog.get(address).input_schema if address in self.rt.catalog else None
-        except Exception:  # a catalog that cannot say leaves the rule by names
-            return None
 
     def _requester(self, run: RunRecord) -> dict[str, Any]:
         """Who asked for a run's writes: the principal's name, the client it came through, what it says it does."""
@@ -584,7 +577,7 @@ class Console:
         client = meta.get("client") if isinstance(meta.get("client"), dict) else None
         return {"name": meta.get("principal_name") or self._name(run.principal),
                 "client": " ".join(str(client[k]) for k in ("name", "version") if client.get(k)) if client else None,
-                "summary": program_summary(run.program)}
+                "summary": _summary(run.program)}
 
     async def run_page(self, request: Request) -> Response:
         session = self.session(request)
@@ -862,6 +855,11 @@ def _flash(rt: Runtime, run: RunRecord, key: str | None, seqs: str | None) -> st
     ended = {RunStatus.COMPLETED: "The run has completed.", RunStatus.FAILED: "The run has ended: failed.",
              RunStatus.CANCELLED: "The run was cancelled."}
     return f"{what} {ended.get(run.status, f'The run is {run.status}.')}"
+
+
+def _summary(program: str) -> str | None:
+    # A summary may be a line of code: the literals it gives secret-named arguments are not shown.
+    return program_summary(mask_source(program or ""))
 
 
 def _read_decision(form: Any) -> tuple[str | None, str | None, list[int] | None]:

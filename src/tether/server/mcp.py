@@ -546,10 +546,11 @@ class TetherServer:
     # -- approval: legacy (inline) ---------------------------------------------------
 
     def approval_message_for(self, pending: Mapping[str, Any]) -> str:
-        description = pending.get("description")
-        if description is None and pending.get("address") in self.rt.catalog:
-            description = self.rt.catalog.get(pending["address"]).description
-        return approval_message(pending, description)
+        description, schema = pending.get("description"), None
+        if pending.get("address") in self.rt.catalog:
+            tool = self.rt.catalog.get(pending["address"])
+            description, schema = description if description is not None else tool.description, tool.input_schema
+        return approval_message(pending, description, schema)
 
     def _approver(self, ctx: Context) -> Callable[[dict], Any]:
         async def approve(pending: dict) -> tuple[str, str | None]:

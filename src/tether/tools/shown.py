@@ -178,6 +178,23 @@ def mask(text: str, values: set[str]) -> str:
     return text
 
 
+# A string literal given to a name in source text: `api_key="…"`, `password = '…'`, `"client_secret": "…"`.
+_NAMED_LITERAL = re.compile(r"""(?P<name>[A-Za-z_][\w-]*)(?P<q1>["']?)(?P<sep>\s*(?:=|:)\s*)"""
+                            r"""(?P<q>[rbuRBU]{0,2}["'])(?P<value>(?:\\.|(?!(?P=q)).)*)(?P=q)""")
+
+
+def mask_source(text: str) -> str:
+    """Program text with the string literal given to each secret-named argument or key as ``REDACTED``:
+    ``api_key="sk_…"`` reads ``api_key='[secret, not shown]'``. Values the program computes are not found
+    here; :func:`mask` hides the ones a call was given."""
+    def hide(m: re.Match[str]) -> str:
+        if not secret_name(m.group("name")):
+            return m.group(0)
+        return f"{m.group('name')}{m.group('q1')}{m.group('sep')}{REDACTED!r}"
+
+    return _NAMED_LITERAL.sub(hide, text)
+
+
 def redacted(args: Any, schema: Mapping[str, Any] | None = None) -> Any:
     """``args`` as a person may be shown them: secret values replaced (see :func:`secret_paths`)."""
     if not isinstance(args, Mapping):
@@ -295,5 +312,5 @@ def show_call(address: str, args: Mapping[str, Any] | None, *, description: str 
                      escape(text, keep_lines=True) if text else None)
 
 
-__all__ = ["REDACTED", "ShownArg", "ShownCall", "escape", "mask", "redacted", "secret_name", "secret_paths",
+__all__ = ["REDACTED", "ShownArg", "ShownCall", "escape", "mask", "mask_source", "redacted", "secret_name", "secret_paths",
            "secret_values", "show_call", "suspicious"]
