@@ -127,14 +127,17 @@ def shots(tmp_path_factory):
     return shot
 
 
-def start_as_agent(server, code: str) -> str:
-    """Start ``code`` over /mcp as alpha through a client that names itself; return the paused run's id."""
+def start_as_agent(server, code: str, mode: str = "legacy") -> str:
+    """Start ``code`` over /mcp as alpha through a client that names itself; return the paused run's id.
+
+    ``mode`` "legacy" names the client in its initialize request, "auto" (2026-07-28) in every request's _meta.
+    """
     from mcp_types import Implementation
 
     from test_server_http import connect
 
     async def go() -> str:
-        async with connect(f"{server.base}/mcp", ALPHA, "legacy",
+        async with connect(f"{server.base}/mcp", ALPHA, mode,
                            client_info=Implementation(name="phone-test-agent", version="1.2.3")) as agent:
             result = await agent.call_tool("execute", {"code": code})
             out = result.structured_content
@@ -170,7 +173,7 @@ def in_first_screen(page, locator) -> None:
 @pytest.fixture(scope="module")
 def runs(server):
     """The three paused runs, started once for every width."""
-    return {"openapi": start_as_agent(server, OPENAPI_PROGRAM), "mcp": start_as_agent(server, MCP_PROGRAM),
+    return {"openapi": start_as_agent(server, OPENAPI_PROGRAM), "mcp": start_as_agent(server, MCP_PROGRAM, "auto"),
             "ledger": start_as_agent(server, LEDGER_PROGRAM)}
 
 

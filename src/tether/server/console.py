@@ -767,9 +767,10 @@ class Console:
         if not outcome.ok:
             return self.message("Nothing decided", outcome.message or "Nothing was decided.", status=409)
         verb = "Approved" if decision == "approve" else "Declined"
-        sent = "The write was sent." if decision == "approve" else "The write was not sent; the program was told."
-        status = outcome.status or "running"
-        return self.message(verb, f"{sent} The run is {status}.", status=200, tone="ok",
+        now = self.rt.store.get_run(run.run_id) or run
+        # What is true as the page is drawn: sent or not yet, and whether the run went on or paused again.
+        text = _flash(self.rt, now, "approved" if decision == "approve" else "declined", str(claim.seq))
+        return self.message(verb, text or verb, status=200, tone="ok",
                             detail="This link has been used and decides nothing more.")
 
 
