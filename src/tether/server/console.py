@@ -53,15 +53,16 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..approvals import Access, Channel, Grant, may_decide, may_see, visible_owners
-from ..approvals.surface import batch, signed_in_required
+from ..approvals.surface import signed_in_required
 from ..errors import RunNotFound
 from ..runs.decisions import recorded_decision
-from ..runs.inspect import program_summary, run_timeline
+from ..runs.inspect import run_timeline
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus
 from ..tools.shown import escape as escape_controls
 from ..tools.shown import mask, mask_source, redacted, secret_values
 from .approvals import Decider, derived_key, describe_write, input_schema, open_token, pending_writes
 from .auth import LOCAL, allowed_hosts, host_allowed, principal_for_token
+from .pagetext import flash_text, run_summary
 
 if TYPE_CHECKING:
     from ..runs.runtime import Runtime
@@ -546,7 +547,7 @@ class Console:
             who = None
         rows = [{"run_id": r.run_id, "status": r.status,
                  "principal": (r.meta or {}).get("principal_name") or self._name(r.principal),
-                 "updated_at": r.updated_at, "summary": _summary(r.program),
+                 "updated_at": r.updated_at, "summary": run_summary(r.program),
                  "waits": ", ".join(w["address"] for w in pending_writes(self.rt, r)) or None,
                  "error": (r.error or {}).get("code")} for r in runs]
         return self.render("runs.html", principal=session["p"], csrf=self.csrf_for(session["n"]), live="all",
@@ -577,7 +578,7 @@ class Console:
         client = meta.get("client") if isinstance(meta.get("client"), dict) else None
         return {"name": meta.get("principal_name") or self._name(run.principal),
                 "client": " ".join(str(client[k]) for k in ("name", "version") if client.get(k)) if client else None,
-                "summary": _summary(run.program)}
+                "summary": run_summary(run.program)}
 
     async def run_page(self, request: Request) -> Response:
         session = self.session(request)
@@ -591,7 +592,7 @@ class Console:
                                 link={"href": "/console/", "text": "All runs"})
         flash = request.query_params.get("flash")
         return self.render("run.html", principal=session["p"], csrf=self.csrf_for(session["n"]),
-                           live=run.run_id, flash=_flash(self.rt, run, flash, request.query_params.get("seqs")),
+                           live=run.run_id, flash=flash_text(self.rt, run, flash, request.query_params.get("seqs")),
                            flash_error=(flash or "").startswith("e_"),
                            owner_name=(run.meta or {}).get("principal_name") or self._name(run.principal),
                            approve_note=self._approve_note(run, session["p"]), **self._run_context(run))
@@ -769,7 +770,7 @@ class Console:
         verb = "Approved" if decision == "approve" else "Declined"
         now = self.rt.store.get_run(run.run_id) or run
         # What is true as the page is drawn: sent or not yet, and whether the run went on or paused again.
-        text = _flash(self.rt, now, "approved" if decision == "approve" else "declined", str(claim.seq))
+        text = flash_text(self.rt, now, "approved" if decision == "approve" else "declined", str(claim.seq))
         return self.message(verb, text or verb, status=200, tone="ok",
                             detail="This link has been used and decides nothing more.")
 
@@ -812,55 +813,6 @@ def _session_id(nonce: str) -> str:
 def _too_large() -> Response:
     return Response(f"a form is at most {MAX_FORM_BYTES} bytes; nothing was read further or decided",
                     status_code=413, media_type="text/plain")
-
-
-_FLASHES = {"queued": "The decision waits for a free run slot; this page updates when it is taken."}
-
-
-def _flash(rt: Runtime, run: RunRecord, key: str | None, seqs: str | None) -> str | None:
-    """What became of the writes just decided, read from the run and its journal as the page loads.
-
-    The run may have sent the write, continued and paused again at another
-    write before the page is drawn: the text says what is true now.
-    """
-    if key not in ("approved", "declined"):
-        return _FLASHES.get(key or "")
-    try:
-        decided = [int(x) for x in (seqs or "").split(",") if x.strip()][:50]
-    except ValueError:
-        decided = []
-    verb = "Approved" if key == "approved" else "Declined"
-    calls = f"call{'s' if len(decided) > 1 else ''} {', '.join(map(str, decided))}" if decided else "the write"
-    states = [c.state for s in decided if (c := rt.store.get_call(run.run_id, s)) is not None]
-    if key == "approved":
-        if states and all(st in ("sent", "done") for st in states):
-            what = f"{verb} {calls}: sent."
-        elif any(st in ("failed", "unknown") for st in states):
-            what = f"{verb} {calls}: sending did not succeed (see Calls below)."
-        else:
-            what = f"{verb} {calls}: not sent yet."
-    else:
-        what = f"{verb} {calls}: not sent; the program was told."
-    if run.status == RunStatus.PAUSED:
-        waiting = pending_writes(rt, run)
-        same_pause = {w.get("seq") for w in batch(run)} & set(decided)
-        names = ", ".join(f"call {w['seq']} ({w['address']})" for w in waiting[:5])
-        if waiting and same_pause:
-            return (f"{what} The run waits for the rest of this pause to be decided: {names}. "
-                    "Nothing goes on until every one is.")
-        if waiting:
-            return f"{what} The run went on and has paused again, now at {names}."
-        return f"{what} The run is paused."
-    if run.status in (RunStatus.RUNNING, RunStatus.QUEUED):
-        return f"{what} The run goes on ({run.status})."
-    ended = {RunStatus.COMPLETED: "The run has completed.", RunStatus.FAILED: "The run has ended: failed.",
-             RunStatus.CANCELLED: "The run was cancelled."}
-    return f"{what} {ended.get(run.status, f'The run is {run.status}.')}"
-
-
-def _summary(program: str) -> str | None:
-    # A summary may be a line of code: the literals it gives secret-named arguments are not shown.
-    return program_summary(mask_source(program or ""))
 
 
 def _read_decision(form: Any) -> tuple[str | None, str | None, list[int] | None]:
