@@ -158,6 +158,7 @@ def at_width(browser, server, width: int):
 def fits(page) -> None:
     """Nothing is wider than the screen: the page never scrolls sideways."""
     width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    print(f"{page.url.split('/')[3]}: {width[0]} px wide in a {width[1]} px window")
     assert width[0] <= width[1], f"the page is {width[0]} px wide in a {width[1]} px window"
 
 
