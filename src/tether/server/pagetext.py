@@ -38,8 +38,10 @@ def flash_text(rt: Runtime, run: RunRecord, key: str | None, seqs: str | None) -
     verb = "Approved" if key == "approved" else "Declined"
     calls = f"call{'s' if len(decided) > 1 else ''} {', '.join(map(str, decided))}" if decided else "the write"
     states = [c.state for s in decided if (c := rt.store.get_call(run.run_id, s)) is not None]
-    if key == "approved":
-        if states and all(st in ("sent", "done") for st in states):
+    if not states:  # the page was not told which writes (an old link, an edited address): say no more than known
+        what = f"{verb}."
+    elif key == "approved":
+        if all(st in ("sent", "done") for st in states):
             what = f"{verb} {calls}: sent."
         elif any(st in ("failed", "unknown") for st in states):
             what = f"{verb} {calls}: sending did not succeed (see Calls below)."
