@@ -196,7 +196,7 @@ async def test_a_client_that_fetches_its_approval_link_approves_nothing(rt, rec,
         page = await person.get(path)
         assert 'value="approve"' in page.text
         done = await person.post(path, data={"csrf": csrf_of(page.text), "seq": "1", "decision": "approve"})
-        assert done.status_code == 200 and "The write was sent" in done.text
+        assert done.status_code == 200 and "Approved call 1: sent." in done.text
     assert rec.deliveries == [("add_comment", {"id": 3, "body": "refund 10000 USD"})]
     decided = [e.data for e in rt.store.get_events(data["run_id"]) if e.type == "decided"]
     assert [(d["actor"], d["via"]) for d in decided] == [("pat", "link")]

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import run_cli
 from tether.runs.envelopes import pause_instructions
-from tether.runs.redaction import is_secret_name, shown_args
+from tether.runs.redaction import HIDDEN, is_secret_name, shown_args
 
 TOOLS = (
     '"""Accounts."""\n'
@@ -56,12 +56,12 @@ def test_pause_text_hides_secret_arguments_and_shows_expiry_in_iso(project):
     r = run_cli(["run", "p.py", "--config", str(tmp_path / "conf" / "tether.toml")], env, tmp_path)
     assert "hunter2" not in r.stdout and "sk-live-1" not in r.stdout
     # Values are shown as JSON on every surface (tools/shown.py, D-33).
-    assert 'password="***"' in r.stdout and 'api_key="***"' in r.stdout and 'note="hi"' in r.stdout
+    assert 'password="[secret, not shown]"' in r.stdout and 'api_key="[secret, not shown]"' in r.stdout and 'note="hi"' in r.stdout
     assert re.search(r"expires at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r.stdout), r.stdout
 
     r = run_cli(["run", "p.py", "--json", "--config", str(tmp_path / "conf" / "tether.toml")], env, tmp_path)
     data = json.loads(r.stdout)
-    assert "hunter2" not in data["instructions"] and 'password="***"' in data["instructions"]
+    assert "hunter2" not in data["instructions"] and 'password="[secret, not shown]"' in data["instructions"]
     # The write is sent with its real values once approved: pending keeps them.
     assert data["pending"]["args"]["password"] == "hunter2"
 
@@ -77,7 +77,7 @@ def test_openapi_format_password_and_write_only_are_hidden():
         "login": {"type": "string"}, "pw": {"type": "string", "format": "password"},
         "recovery": {"type": "string", "writeOnly": True}}}, handler, annotations=Annotations())
     write = AskedWrite.of(1, tool, {"login": "ada", "pw": "s3cret", "recovery": "r3c"}).stored("key")
-    assert shown_args(write) == {"login": "ada", "pw": "***", "recovery": "***"}
+    assert shown_args(write) == {"login": "ada", "pw": HIDDEN, "recovery": HIDDEN}
     assert "s3cret" not in pause_instructions("run_x", write) and "r3c" not in pause_instructions("run_x", write)
 
 

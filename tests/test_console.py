@@ -215,7 +215,7 @@ async def test_p33_an_approval_link_shows_its_write_and_decides_once_for_a_signe
         other_seq = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "2", "decision": "approve"})
         assert other_seq.status_code == 400
         ok = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})
-        assert ok.status_code == 200 and "The write was sent" in ok.text
+        assert ok.status_code == 200 and "Approved call 1: sent." in ok.text
         twice = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})
         assert twice.status_code == 409 and "already approved" in twice.text
     assert sent == [{"order_id": "A1", "amount": 12.5}]
@@ -231,7 +231,7 @@ async def test_a_capability_link_decides_without_sign_in_only_when_configured_an
         page = await c.get(f"/approve/{token}")
         assert 'value="approve"' in page.text
         ok = await c.post(f"/approve/{token}", data={"csrf": csrf_of(page.text), "seq": "1", "decision": "approve"})
-        assert ok.status_code == 200 and "The write was sent" in ok.text
+        assert ok.status_code == 200 and "Approved call 1: sent." in ok.text
     decided = [e.data for e in rt.store.get_events(paused.run_id) if e.type == "decided"]
     assert [(d["actor"], d["via"]) for d in decided] == [(CAPABILITY_HOLDER, "link")]
     assert decided[0]["actor"] != "approval link"

@@ -104,7 +104,7 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, extra: str = "") -> None:
         self.root = root
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -113,7 +113,7 @@ class Server:
         self.db = f"sqlite:///{root / 'home' / 'tether.db'}"
         root.mkdir(parents=True, exist_ok=True)
         (root / "ledger_tools.py").write_text(LEDGER_TOOLS)
-        self.config.write_text(CONFIG.format(public_url=self.base))
+        self.config.write_text(CONFIG.format(public_url=self.base) + extra)
         self.env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "TETHER_STORE_URL")}
         self.env.update(TETHER_HOME=str(root / "home"), LEDGER=str(self.ledger), TETHER_TOKEN=f"{ALPHA},{BETA}",
                         PAT_TOKEN=PAT)
@@ -353,7 +353,7 @@ def test_p33_an_approval_link_shows_its_write_and_decides_once_after_sign_in(bro
         page.wait_for_url(link)
         page.locator("button[value=approve]").click()
         page.wait_for_load_state()
-        assert "The write was sent. The run is completed." in page.inner_text("#message")
+        assert "Approved call 1: sent. The run has completed." in page.inner_text("#message")
         shots(page, "approval-link-approved")
         # The console page follows without a reload (server-sent events).
         console_page.locator("#run-status.completed").wait_for(timeout=15_000)
@@ -433,6 +433,8 @@ def test_a_batch_of_three_one_approved_two_declined(browser, server, shots):
         page.wait_for_load_state()
         # Still paused: the other two wait; the approved one is not sent before the batch is decided.
         assert page.locator("article.write").count() == 2 and "batch-1" not in server.tags()
+        notice = page.locator("p.notice").inner_text()
+        assert "Approved call 1: not sent yet." in notice and "waits for the rest of this pause" in notice, notice
         page.fill("#reason-all", "only the first one")
         page.locator("form.all button[value=decline]").click()
         page.locator("#run-status.completed").wait_for(timeout=15_000)

@@ -248,10 +248,10 @@ def _paused_view(rt: "Runtime", run: RunRecord) -> RunResult:
         result.pending = {**result.pending, "writes": writes}
         undecided = [w for w in writes if w["decision"] is None]
         if undecided:
-            from .envelopes import pause_instructions
+            from .envelopes import pause_instructions, tool_schemas
 
             # What is left to decide, not what the pause first asked.
-            result.instructions = pause_instructions(run.run_id, {"writes": undecided})
+            result.instructions = pause_instructions(run.run_id, {"writes": undecided}, tool_schemas(rt.catalog))
     return result
 
 

@@ -60,19 +60,32 @@ def paused_envelope(run_id: str, pending: dict[str, Any], expires: float, logs: 
         calls=boundary.state.issued,
         pending=pending,
         expires_at=expires,
-        instructions=pause_instructions(run_id, pending),
+        instructions=pause_instructions(run_id, pending, tool_schemas(boundary.catalog)),
         diagnostics={"calls": boundary.state.issued, "total_ms": round((time.perf_counter() - t0) * 1000, 3)},
     )
 
 
-def pause_instructions(run_id: str, pending: dict[str, Any]) -> str:
-    """What to do with a paused run, naming each write by its seq (P-27, P-28)."""
+def tool_schemas(catalog: Any) -> Callable[[str], Any]:
+    def schema(address: str) -> Any:
+        # A tool's format: password / writeOnly fields are secrets (tools/shown.py); unknown: names alone.
+        return catalog.get(address).input_schema if address in catalog else None
+
+    return schema
+
+
+def pause_instructions(run_id: str, pending: dict[str, Any], schema: Callable[[str], Any] | None = None) -> str:
+    """What to do with a paused run, naming each write by its seq (P-27, P-28).
+
+    ``schema`` gives a tool's input schema by address, so the fields it marks secret are redacted too.
+    """
     writes = pending.get("writes") or [pending]
 
     def show(w: dict[str, Any]) -> str:
-        # Instructions are read: every argument named (secrets hidden, runs/redaction.py), the values
-        # sharing 600 characters, escaped (tools/shown.py); the arguments are whole in `pending`.
-        return f"call {w['seq']} " + show_call(str(w["address"]), shown_args(w), budget=600 // len(writes)).line()
+        # Instructions are read: every argument named, the values sharing 600 characters, escaped and
+        # secrets hidden (tools/shown.py, and the names the pause recorded); the arguments are whole in `pending`.
+        address = str(w["address"])
+        return f"call {w['seq']} " + show_call(address, shown_args(w), budget=600 // len(writes),
+                                               schema=schema(address) if schema else None).line()
 
     if len(writes) == 1:
         head = f"The program paused before the write {show(writes[0])}; nothing has been sent. "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..errors import RunNotFound
@@ -52,3 +53,27 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
                                                "monty_version": snap.monty_version},
         "outcome": run.result,
     }
+
+
+# Comment lines that say how to read the file, not what the program does.
+_TOOLING_COMMENT = re.compile(r"^(-\*-|(vim?|ex):|coding[:=]|type:|noqa|pragma|fmt:|pyright|mypy|ruff)", re.I)
+SUMMARY_CHARS = 120
+
+
+def program_summary(program: str | None, limit: int = SUMMARY_CHARS) -> str | None:
+    """What a program says it does, for a list of runs: its first comment line, else the first line
+    that calls a tool, else its first statement; shortened to ``limit`` characters."""
+    lines = [line.strip() for line in (program or "").splitlines()]
+    for line in lines:
+        if line.startswith("#") and not line.startswith("#!"):
+            text = line.lstrip("#").strip()
+            if text and not _TOOLING_COMMENT.match(text):
+                return _cut(text, limit)
+    code = [line for line in lines if line and not line.startswith("#")]
+    pick = next((line for line in code if "tools." in line and not line.startswith(("import ", "from "))), None)
+    pick = pick or next((line for line in code if not line.startswith(("import ", "from "))), None)
+    return _cut(pick, limit) if pick else None
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -123,6 +123,7 @@ def signed_run_fields(run: "RunRecord") -> list[tuple[str, Any]]:
         ("meta.type_check", meta.get("type_check")),
         ("meta.session_base", meta.get("session_base")),
         ("meta.sources", meta.get("sources")),  # the source definitions a run travels with (P-30)
+        ("meta.client", meta.get("client")),  # the MCP client that asked, as approvers are shown it
         ("pending", run.pending),
         ("expires_at", run.expires_at),
     ]

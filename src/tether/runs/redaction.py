@@ -1,60 +1,42 @@
-"""Write arguments that look like secrets, hidden where people read a pause (text, CLI, approval pages).
+"""A pending write's arguments as people may see them: the one secret rule of ``tools/shown.py``, applied to
+what a pause recorded.
 
-A write asks a person to approve it, so its arguments are shown; a password
-or token among them should not be (issue 22). An argument is secret when the
-tool's schema says so (``format: password``, ``writeOnly``) or its name says so
-(``password``, ``api_key``, ``client_secret``, ``*_token``…). The journal and
-``pending.args`` keep the values: the write is sent with them once approved.
+A write asks a person to approve it, so its arguments are shown; a password or
+token among them should not be (issue 22). Whether a value is a secret is
+decided in one place, :mod:`tether.tools.shown` (by name, anywhere in an
+argument, and by the tool's schema: ``format: password``, ``writeOnly``). A
+pause also records the tool's secret argument names (``secret_args``), so a
+surface that has no catalog at hand (another process, a later upgrade) still
+hides them. The journal and ``pending.args`` keep the values: the write is sent
+with them once approved.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from ..tools.shown import REDACTED, secret_name, secret_paths
 
 if TYPE_CHECKING:
     from ..tools.model import Tool
 
 __all__ = ["HIDDEN", "is_secret_name", "secret_args", "shown_args"]
 
-HIDDEN = "***"
-_WORDS = {"password", "passwd", "passphrase", "secret", "token", "apikey", "credential", "credentials", "pin",
-          "otp", "cvv", "cvc", "ssn"}
-_PAIRS = {("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"), ("client", "secret")}
-# Tokens that name a page, not a credential.
-_NOT_SECRET = {"page_token", "next_token", "next_page_token", "page_cursor", "continuation_token", "sync_token"}
-
-
-def is_secret_name(name: str) -> bool:
-    """``password``, ``apiKey``, ``x-api-key``, ``client_secret``, ``refresh_token``: yes; ``max_tokens``: no."""
-    snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()
-    if snake in _NOT_SECRET:
-        return False
-    words = [w for w in re.split(r"[^a-z0-9]+", snake) if w]
-    return any(w in _WORDS for w in words) or any(pair in _PAIRS for pair in zip(words, words[1:]))
+HIDDEN = REDACTED
+is_secret_name = secret_name
 
 
 def secret_args(tool: Tool) -> list[str]:
-    """The tool's top-level arguments to hide: by schema (format password, writeOnly) or by name."""
+    """The tool's top-level arguments its schema or their names mark secret (recorded with a pause)."""
     props = tool.input_schema.get("properties") or {}
-    return [name for name, schema in props.items()
-            if is_secret_name(name) or (isinstance(schema, dict)
-                                        and (schema.get("format") == "password" or schema.get("writeOnly") is True))]
+    _, paths = secret_paths({name: "" for name in props}, tool.input_schema)
+    return sorted({path[0] for path in paths if path})
 
 
-def shown_args(write: Mapping[str, Any]) -> dict[str, Any]:
-    """A pending write's arguments as people may see them: secrets (named in ``secret_args`` or by name) hidden."""
+def shown_args(write: Mapping[str, Any], schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``write``'s arguments with every secret hidden: by the shared rule (names, ``schema``) and by the
+    names its pause recorded (``secret_args``)."""
+    shown, _ = secret_paths(write.get("args") or {}, schema)
     named = set(write.get("secret_args") or ())
-    return {k: HIDDEN if k in named or is_secret_name(k) else _nested(v) for k, v in (write.get("args") or {}).items()}
-
-
-def _nested(value: Any, depth: int = 0) -> Any:
-    if depth > 20:
-        return value
-    if isinstance(value, dict):
-        return {k: HIDDEN if isinstance(k, str) and is_secret_name(k) else _nested(v, depth + 1)
-                for k, v in value.items()}
-    if isinstance(value, list):
-        return [_nested(v, depth + 1) for v in value]
-    return value
+    return {k: HIDDEN if k in named else v for k, v in shown.items()}

@@ -243,24 +243,121 @@ class Decider:
 # -- showing a write to people ---------------------------------------------------------------
 
 
-def describe_write(rt: Runtime, write: dict[str, Any]) -> dict[str, Any]:
+def describe_write(rt: Runtime, write: dict[str, Any], run: RunRecord | None = None) -> dict[str, Any]:
     """A pending write as its page shows it: ``shown`` (tools/shown.py: every argument named, escaped,
-    flagged, values shortened evenly, the description last) and whether its tool is destructive."""
+    flagged, secrets redacted, values shortened evenly, the description last), ``target`` (where it goes,
+    see :func:`write_target`) and whether its tool is destructive."""
     from ..tools.shown import show_call
 
     address = write.get("address")
     description = write.get("description")
-    if description is None:
-        try:
-            if isinstance(address, str) and address in rt.catalog:
-                description = rt.catalog.get(address).description
-        except Exception:  # a catalog that cannot say is not a reason to hide the write
-            description = None
+    tool = None
+    try:
+        if isinstance(address, str) and address in rt.catalog:
+            tool = rt.catalog.get(address)
+    except Exception:  # a catalog that cannot say is not a reason to hide the write
+        tool = None
+    if description is None and tool is not None:
+        description = tool.description
     annotations = write.get("annotations") or {}
-    if "secret_args" not in write and isinstance(address, str) and address in rt.catalog:
+    if "secret_args" not in write and tool is not None:
         # A pause recorded before secret_args were: the tool's schema still says which.
-        write = {**write, "secret_args": secret_args(rt.catalog.get(address))}
-    # Secrets hidden (runs/redaction.py), then shown as every surface shows a write (tools/shown.py).
-    args = shown_args(write)
-    shown = show_call(str(address), args, description=description, budget=PAGE_ARGS_CHARS)
-    return {**write, "args": args, "shown": shown, "destructive": bool(annotations.get("destructive"))}
+        write = {**write, "secret_args": secret_args(tool)}
+    shown = show_call(str(address), shown_args(write), description=description, budget=PAGE_ARGS_CHARS,
+                      schema=tool.input_schema if tool is not None else None)
+    return {**write, "shown": shown, "destructive": bool(annotations.get("destructive")),
+            "target": write_target(tool, str(address), write.get("args") or {}, run)}
+
+
+def input_schema(rt: Runtime, address: Any) -> dict[str, Any] | None:
+    """The input schema of the tool at ``address`` in this process's catalog: its ``format: password`` and
+    ``writeOnly`` fields are secrets (tools/shown.py). None when the catalog cannot say."""
+    try:
+        return rt.catalog.get(address).input_schema if isinstance(address, str) and address in rt.catalog else None
+    except Exception:  # a catalog that cannot say leaves the rule by names
+        return None
+
+
+def write_target(tool: Any, address: str, args: dict[str, Any], run: RunRecord | None) -> dict[str, str] | None:
+    """Where a write goes, for the person deciding it: ``{"kind", "text"}`` or None when nothing can say.
+
+    Read from the run's signed source definitions (``meta.sources``, P-35) and
+    from this process's catalog, never from the run's unsigned fields: an MCP
+    tool's server (its command or URL, without credentials), an OpenAPI
+    operation's method and URL with the path parameters filled in.
+    """
+    namespace = address.partition(".")[0]
+    sources = ((run.meta or {}).get("sources") if run is not None else None) or []
+    definition = next((d for d in sources if isinstance(d, dict) and d.get("namespace") == namespace), None)
+    target = getattr(tool, "target", None)
+    if isinstance(target, tuple) and len(target) == 2:
+        method, template = target
+        return {"kind": "http", "method": str(method), "text": _fill_path(str(template), args)}
+    if definition is not None and definition.get("type") == "mcp":
+        if definition.get("url"):
+            return {"kind": "mcp", "text": f"MCP server at {_public_url(str(definition['url']))}"}
+        command = _shown_command([str(c) for c in definition.get("command") or []])
+        if command:
+            return {"kind": "mcp", "text": "MCP server run as " + _shorten(command, 160)}
+    source = getattr(tool, "source", None)
+    if source == "python":
+        return {"kind": "python", "text": "a Python tool in this server's own process"}
+    if source == "mcp":
+        return {"kind": "mcp", "text": f"the MCP server of namespace {namespace!r}"}
+    return None
+
+
+def _shown_command(command: list[str]) -> str:
+    """A server's command line as an approver reads it: programs and scripts by file name, and no value
+    given to a flag named like a secret (``--token X``, ``--api-key=X``)."""
+    from ..tools.shown import REDACTED, secret_name
+
+    out: list[str] = []
+    hide_next = False
+    for word in command:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        flag, eq, _ = word.partition("=")
+        if word.startswith("-") and secret_name(flag.lstrip("-")):
+            out.append(f"{flag}={REDACTED}" if eq else word)
+            hide_next = not eq
+            continue
+        out.append(word.rsplit("/", 1)[-1] if "/" in word and not word.startswith(("-", "@")) else word)
+    return " ".join(out)
+
+
+def _fill_path(template: str, args: dict[str, Any]) -> str:
+    from urllib.parse import quote
+
+    from ..tools.shown import secret_name
+
+    def fill(match: Any) -> str:
+        name = match.group(1)
+        arg = next((a for a in (name, name.replace("-", "_"), name.lower()) if a in args), None)
+        if arg is None or args[arg] is None or secret_name(arg):
+            return match.group(0)
+        return quote(str(args[arg]), safe="")
+
+    import re
+
+    return _public_url(re.sub(r"\{([^}]+)\}", fill, template))
+
+
+def _public_url(url: str) -> str:
+    """A URL as it may be shown: no user or password, no query (an API key can travel in it)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return _shorten(url, 160)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

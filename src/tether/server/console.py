@@ -59,8 +59,10 @@ from ..runs.decisions import recorded_decision
 from ..runs.inspect import run_timeline
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus
 from ..tools.shown import escape as escape_controls
-from .approvals import Decider, derived_key, describe_write, open_token, pending_writes
+from ..tools.shown import mask, mask_source, redacted, secret_values
+from .approvals import Decider, derived_key, describe_write, input_schema, open_token, pending_writes
 from .auth import LOCAL, allowed_hosts, host_allowed, principal_for_token
+from .pagetext import flash_text, run_summary
 
 if TYPE_CHECKING:
     from ..runs.runtime import Runtime
@@ -122,7 +124,8 @@ def _short(text: str | None) -> str:
 
 
 def _compact(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    # Every call's arguments are shown with their secrets replaced (tools/shown.py's one rule).
+    text = json.dumps(redacted(value), ensure_ascii=False, sort_keys=True, default=str)
     return text if len(text) <= 300 else text[:300] + "…"
 
 
@@ -542,8 +545,9 @@ class Console:
             runs = [r for r in runs if (r.principal or LOCAL) == who]
         else:
             who = None
-        rows = [{"run_id": r.run_id, "status": r.status, "principal": self._name(r.principal),
-                 "updated_at": r.updated_at,
+        rows = [{"run_id": r.run_id, "status": r.status,
+                 "principal": (r.meta or {}).get("principal_name") or self._name(r.principal),
+                 "updated_at": r.updated_at, "summary": run_summary(r.program),
                  "waits": ", ".join(w["address"] for w in pending_writes(self.rt, r)) or None,
                  "error": (r.error or {}).get("code")} for r in runs]
         return self.render("runs.html", principal=session["p"], csrf=self.csrf_for(session["n"]), live="all",
@@ -555,9 +559,26 @@ class Console:
         outcome = run.result if isinstance(run.result, dict) else None
         logs = (outcome or {}).get("logs") or []
         events = [e for e in self.rt.store.get_events(run.run_id, limit=500) if e.type != "output"][-100:]
-        return {"run": run, "calls": timeline["calls"], "events": events, "logs": logs,
+        calls, secrets = [], set()
+        for c in timeline["calls"]:
+            schema = input_schema(self.rt, c["address"])
+            secrets |= secret_values(c["args"], schema) if isinstance(c["args"], dict) else set()
+            calls.append({**c, "args": redacted(c["args"], schema)})
+        # A secret a call was given is not shown where the program or its log spelled it out either.
+        program = mask(mask_source(run.program), secrets)
+        logs = [mask(str(line), secrets) for line in logs]
+        return {"run": run, "program": program, "calls": calls, "events": events, "logs": logs,
                 "outcome": outcome if run.status in TERMINAL_RUN_STATUSES else None,
-                "writes": [describe_write(self.rt, w) for w in pending_writes(self.rt, run)]}
+                "writes": [describe_write(self.rt, w, run) for w in pending_writes(self.rt, run)],
+                "requester": self._requester(run)}
+
+    def _requester(self, run: RunRecord) -> dict[str, Any]:
+        """Who asked for a run's writes: the principal's name, the client it came through, what it says it does."""
+        meta = run.meta or {}
+        client = meta.get("client") if isinstance(meta.get("client"), dict) else None
+        return {"name": meta.get("principal_name") or self._name(run.principal),
+                "client": " ".join(str(client[k]) for k in ("name", "version") if client.get(k)) if client else None,
+                "summary": run_summary(run.program)}
 
     async def run_page(self, request: Request) -> Response:
         session = self.session(request)
@@ -571,7 +592,7 @@ class Console:
                                 link={"href": "/console/", "text": "All runs"})
         flash = request.query_params.get("flash")
         return self.render("run.html", principal=session["p"], csrf=self.csrf_for(session["n"]),
-                           live=run.run_id, flash=_flash(flash, run.status),
+                           live=run.run_id, flash=flash_text(self.rt, run, flash, request.query_params.get("seqs")),
                            flash_error=(flash or "").startswith("e_"),
                            owner_name=(run.meta or {}).get("principal_name") or self._name(run.principal),
                            approve_note=self._approve_note(run, session["p"]), **self._run_context(run))
@@ -616,7 +637,8 @@ class Console:
                                 principal=session["p"], csrf=csrf,
                                 link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
         flash = "queued" if outcome.status == "queued" else "approved" if decision == "approve" else "declined"
-        return RedirectResponse(f"/console/runs/{run_id}?flash={flash}", status_code=303)
+        shown = ",".join(str(s) for s in seqs)
+        return RedirectResponse(f"/console/runs/{run_id}?flash={flash}&seqs={shown}", status_code=303)
 
     # -- the live feed ----------------------------------------------------------------
 
@@ -704,7 +726,8 @@ class Console:
         note = self._approve_note(run, session["p"]) if session is not None else None
         response = self.render("approve.html", run=run, token=token,
                                csrf=self.csrf_for(session["n"] if signed and session else nonce),
-                               w=describe_write(self.rt, write), sign_in=sign_in, approve_note=note,
+                               w=describe_write(self.rt, write, run), sign_in=sign_in, approve_note=note,
+                               requester=self._requester(run),
                                principal=session["p"] if signed and session else None,
                                expires_at=min(claim.expires_at, run.expires_at or claim.expires_at))
         if fresh:
@@ -745,9 +768,10 @@ class Console:
         if not outcome.ok:
             return self.message("Nothing decided", outcome.message or "Nothing was decided.", status=409)
         verb = "Approved" if decision == "approve" else "Declined"
-        sent = "The write was sent." if decision == "approve" else "The write was not sent; the program was told."
-        status = outcome.status or "running"
-        return self.message(verb, f"{sent} The run is {status}.", status=200, tone="ok",
+        now = self.rt.store.get_run(run.run_id) or run
+        # What is true as the page is drawn: sent or not yet, and whether the run went on or paused again.
+        text = flash_text(self.rt, now, "approved" if decision == "approve" else "declined", str(claim.seq))
+        return self.message(verb, text or verb, status=200, tone="ok",
                             detail="This link has been used and decides nothing more.")
 
 
@@ -789,16 +813,6 @@ def _session_id(nonce: str) -> str:
 def _too_large() -> Response:
     return Response(f"a form is at most {MAX_FORM_BYTES} bytes; nothing was read further or decided",
                     status_code=413, media_type="text/plain")
-
-
-_FLASHES = {"approved": "Approved: the run continues.", "declined": "Declined: the program was told.",
-            "queued": "The decision waits for a free run slot; this page updates when it is taken."}
-
-
-def _flash(key: str | None, status: str) -> str | None:
-    if key in ("approved", "declined") and status == RunStatus.PAUSED:
-        return "Decided. The run continues once the rest of its writes are decided."
-    return _FLASHES.get(key or "")
 
 
 def _read_decision(form: Any) -> tuple[str | None, str | None, list[int] | None]:

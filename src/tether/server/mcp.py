@@ -290,6 +290,10 @@ class TetherServer:
         if identity is not None:
             # Who the access token names, as the IdP put it: shown by runs show, the console and the timeline.
             meta["principal_name"] = identity.shown
+        client = _client_of(ctx)
+        if client is not None:
+            # Which agent asked, as it named itself: shown to the people who approve its writes.
+            meta["client"] = client
 
         def begin(progress: Any) -> Any:
             return self.rt.begin(code, on_approval=approver, principal=principal, meta=meta,
@@ -542,10 +546,11 @@ class TetherServer:
     # -- approval: legacy (inline) ---------------------------------------------------
 
     def approval_message_for(self, pending: Mapping[str, Any]) -> str:
-        description = pending.get("description")
-        if description is None and pending.get("address") in self.rt.catalog:
-            description = self.rt.catalog.get(pending["address"]).description
-        return approval_message(pending, description)
+        description, schema = pending.get("description"), None
+        if pending.get("address") in self.rt.catalog:
+            tool = self.rt.catalog.get(pending["address"])
+            description, schema = description if description is not None else tool.description, tool.input_schema
+        return approval_message(pending, description, schema)
 
     def _approver(self, ctx: Context) -> Callable[[dict], Any]:
         async def approve(pending: dict) -> tuple[str, str | None]:
@@ -724,6 +729,21 @@ def _first_undecided(pending: Mapping[str, Any]) -> Mapping[str, Any]:
 def _recorded(run: RunRecord) -> RunResult:
     """A run's last recorded envelope (a paused run keeps its paused one)."""
     return RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run.run_id)
+
+
+def _client_of(ctx: Context) -> dict[str, str] | None:
+    """The client's own name and version from its initialize request (``clientInfo``), when it sent one."""
+    params = getattr(getattr(ctx, "session", None), "client_params", None)
+    info = getattr(params, "client_info", None)
+    name = getattr(info, "name", None)
+    if not isinstance(name, str) or not name.strip():
+        return None
+    version = getattr(info, "version", None)
+    # A client names itself: bounded, so a long name cannot fill a page or the store.
+    out = {"name": name.strip()[:80]}
+    if isinstance(version, str) and version.strip():
+        out["version"] = version.strip()[:40]
+    return out
 
 
 def _elicitation(ctx: Context) -> str | None:

@@ -41,7 +41,7 @@ from .. import metrics
 from ..runs.redaction import shown_args
 from ..store.base import OUTBOX_DELIVERED, OUTBOX_FAILED, OUTBOX_PENDING, OutboxRecord, RunRecord
 from ..tools.shown import show_call
-from .approvals import approval_url, pending_writes
+from .approvals import approval_url, input_schema, pending_writes
 
 if TYPE_CHECKING:
     from ..runs.runtime import Runtime
@@ -164,7 +164,8 @@ class Notifier:
             # Every argument named, values shortened evenly and control characters escaped
             # (tools/shown.py): what a receiver shows a person is what the console shows.
             out["pending"] = [{"seq": w.get("seq"), "address": w.get("address"),
-                               **show_call(str(w.get("address")), shown_args(w)).to_dict()} for w in writes]
+                               **show_call(str(w.get("address")), shown_args(w),
+                                           schema=input_schema(self.rt, w.get("address"))).to_dict()} for w in writes]
         elif kind == "waiting":
             out["pending"] = [{"seq": seq, "name": pending.get("name"), "deadline": pending.get("deadline")}]
         error = data.get("error")

@@ -21,10 +21,13 @@ from ..tools.shown import show_call
 MAX_ARGS_CHARS = 600
 
 
-def approval_message(pending: Mapping[str, Any], description: str | None = None) -> str:
-    """The question an MCP form asks: every argument named and escaped, the tool's description last."""
+def approval_message(pending: Mapping[str, Any], description: str | None = None,
+                     schema: Mapping[str, Any] | None = None) -> str:
+    """The question an MCP form asks: every argument named and escaped, secrets hidden (by name, by
+    ``schema``'s ``format: password`` / ``writeOnly``, and by the names the pause recorded), the tool's
+    description last."""
     shown = show_call(str(pending.get("address")), shown_args(pending), description=description,
-                      budget=MAX_ARGS_CHARS)
+                      budget=MAX_ARGS_CHARS, schema=schema)
     text = f"A program wants to call {shown.line()}. Allow this write?"
     if (pending.get("annotations") or {}).get("destructive"):
         text += " The tool is marked destructive."

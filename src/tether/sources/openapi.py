@@ -260,6 +260,8 @@ class _Operation:
 _OPERATION_FIELDS = tuple(f.name for f in dataclasses.fields(_Operation))
 _PARAM_FIELDS = tuple(f.name for f in dataclasses.fields(_Param))
 _METHOD_FIELD = _OPERATION_FIELDS.index("method")
+_PATH_FIELD = _OPERATION_FIELDS.index("path")
+_SERVER_FIELD = _OPERATION_FIELDS.index("server")
 
 
 def restore_operation(raw: list[Any]) -> _Operation:
@@ -437,7 +439,8 @@ class OpenAPISource:
             operations = compiled["operations"]
             with no_gc():
                 tools = [self._restored_tool(entry, operations[entry["name"]],
-                                             outputs.loader(entry["name"]) if entry.get("has_output") else None)
+                                             outputs.loader(entry["name"]) if entry.get("has_output") else None,
+                                             base_url)
                          for entry in compiled["tools"]]
         except (KeyError, TypeError, ValueError, UsageError):
             return None  # a cache from another shape: build afresh
@@ -445,7 +448,7 @@ class OpenAPISource:
         self.problems, self.summary = list(compiled["problems"]), compiled["summary"]
         return base_url
 
-    def _restored_tool(self, entry: Mapping[str, Any], raw: list[Any], outputs: Any) -> Tool:
+    def _restored_tool(self, entry: Mapping[str, Any], raw: list[Any], outputs: Any, base_url: str) -> Tool:
         method = raw[_METHOD_FIELD]
         if len(raw) != len(_OPERATION_FIELDS) or not isinstance(method, str) or method.lower() not in _METHODS:
             raise ValueError("not a compiled operation")
@@ -457,6 +460,8 @@ class OpenAPISource:
             output_schema_loader=outputs,
             # From the (signed) method, never from a stored flag: the policy reads read_only.
             annotations=_annotations(method), source="openapi", idempotency=self._idempotency,
+            # Where the call goes, for approvers (tools.model.Tool.target), as a fresh build sets it.
+            target=(raw[_METHOD_FIELD], (raw[_SERVER_FIELD] or base_url).rstrip("/") + "/" + str(raw[_PATH_FIELD]).lstrip("/")),
         )
 
     async def _read(self) -> tuple[bytes | None, str | None]:
@@ -644,6 +649,7 @@ class OpenAPISource:
             annotations=_annotations(method),
             source="openapi",
             idempotency=self._idempotency,
+            target=(operation.method, (operation.server or base_url).rstrip("/") + "/" + path.lstrip("/")),
         )
 
     def _body(

@@ -94,6 +94,9 @@ class Tool:
     # a compiled OpenAPI catalog reads them only when a stub needs one
     # (GitHub's are 10 of its 12 MB, and most runs never look).
     output_schema_loader: Callable[[], dict[str, Any] | None] | None = field(default=None, compare=False, repr=False)
+    # Where a call goes, for the people who approve it: an OpenAPI operation's
+    # (HTTP method, URL template with its {path} parameters); None elsewhere.
+    target: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         check_identifier(self.namespace, "namespace")
