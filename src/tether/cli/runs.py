@@ -157,13 +157,18 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
         data = run_timeline(store, args.run_id)
         run = store.get_run(args.run_id)
         # Approval links need [server] public_url: where people reach the server.
-        if run is not None and run.status == RunStatus.PAUSED:
+        data["approval_links"] = []
+        if run is not None and run.status in (RunStatus.PAUSED, RunStatus.WAITING):
             from ..runs.runtime import Runtime
 
-            # A runtime over the store only (no tools, no workers started): it reads the pause.
-            data["approval_links"] = run_links(Runtime(store=store), config.server.public_url, run)
-        else:
-            data["approval_links"] = []
+            # A runtime over the store only (no tools, no workers started): it reads the pause, and
+            # recomputes a parked wait's key, of which the record keeps only the digest (D-33).
+            rt = Runtime(store=store)
+            if run.status == RunStatus.PAUSED:
+                data["approval_links"] = run_links(rt, config.server.public_url, run)
+            else:
+                data["outcome"] = rt.recorded(run).to_dict()
+                data["pending"] = data["outcome"].get("pending") or data["pending"]
     finally:
         store.close()
     if args.json:
@@ -186,6 +191,14 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
     elif data.get("pending"):
         print(f"pending: call {data['pending']['seq']} "
               f"{escape(str(data['pending'].get('address') or data['pending'].get('name')))}")
+        if data["pending"].get("kind") == "wait" and data["pending"].get("key"):
+            print(f"  key: {data['pending']['key']}")
+    running = data["status"] in (RunStatus.RUNNING, RunStatus.QUEUED)
+    for t in data["takeovers"] if running else []:
+        # A run taken over after its process went (P-39): each attempt that ended so, in a row, shown
+        # while it still runs, so an operator sees it heading for quarantine (an ended one lists them
+        # in its error).
+        print(escape(f"taken over: attempt of {t.get('owner')} {t.get('ended')}, noticed by {t.get('taken_by')}"))
     for link in data["approval_links"]:
         if link["url"]:
             print(f"approve or decline call {link['seq']} at: {link['url']}")

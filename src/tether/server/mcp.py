@@ -63,7 +63,6 @@ from .results import (  # noqa: F401 - importable from here, as before
 if TYPE_CHECKING:
     from ..runs.policy import Policy
     from ..runs.runtime import Runtime
-    from ..store.base import RunRecord
 
 SERVER_NAME = "tether"
 # The first protocol revision without server→client requests mid-call.
