@@ -298,6 +298,8 @@ async def cmd_start(args: argparse.Namespace) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
+    from ..config import load_config
+    from ..hostwork import GraceOnSignal, LoopWatchdog
     from ..runs.worker import pid_file, work, worker_alive
 
     home = home_of(args)
@@ -306,15 +308,29 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     if other is not None and other != os.getpid():
         print(f"a worker is already running for {home} (pid {other})", file=sys.stderr)
         return EXIT_OK
+    server = load_config(args.config).server
+    loop, stop = asyncio.get_running_loop(), asyncio.Event()
+
+    def report(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    # As in `tether serve` (D-34): a run holding the loop is named, and a signal stops the worker within
+    # the grace period whatever a run is doing (the runs it leaves are taken over). From the start: a
+    # signal while its sources load stops it too.
+    watchdog = LoopWatchdog(loop, threshold=server.loop_stall_seconds, report=report).start()
+    handled = 0
     pid_file(home).write_text(str(os.getpid()))
     try:
-        async with open_rt(args, list(args.tools), report=True) as rt:
-            from ..logs import configure_from
+        with GraceOnSignal(lambda sig: loop.call_soon_threadsafe(stop.set), grace=server.shutdown_grace_seconds,
+                           report=report).installed():
+            async with open_rt(args, list(args.tools), report=True) as rt:
+                from ..logs import configure_from
 
-            configure_from(rt.config.log if rt.config is not None else None)
-            rt.source_set.refresh_in_background()
-            handled = await work(rt, poll_seconds=args.poll, idle_exit_seconds=args.idle_exit)
+                configure_from(rt.config.log if rt.config is not None else None)
+                rt.source_set.refresh_in_background()
+                handled = await work(rt, stop=stop, poll_seconds=args.poll, idle_exit_seconds=args.idle_exit)
     finally:
+        watchdog.stop()
         if worker_alive(home) == os.getpid():
             pid_file(home).unlink(missing_ok=True)
     print(f"worker {os.getpid()} handled {handled} runs", file=sys.stderr)
