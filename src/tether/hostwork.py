@@ -194,7 +194,7 @@ class GraceOnSignal:
     Python runs signal handlers; elsewhere it does nothing.
     """
 
-    def __init__(self, ask: Callable[[int], None], *, grace: float, report: Callable[[str], None]) -> None:
+    def __init__(self, ask: Callable[[int], object], *, grace: float, report: Callable[[str], None]) -> None:
         self.ask, self.grace, self.report = ask, grace, report
         self.asked = False
 
