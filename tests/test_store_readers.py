@@ -8,6 +8,7 @@ inserted for delivery, a paused run's rows read to approve its write.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sqlite3
@@ -218,7 +219,6 @@ async def test_a_read_only_copy_of_the_store_approves_nothing(db, secret_outside
 
 
 async def test_an_inserted_outbox_row_is_never_signed_or_sent(db, secret_outside):
-    import asyncio
 
     import httpx
     import uvicorn
@@ -298,7 +298,7 @@ PARKED = "v = await wait_for('go')\nv"
 WAIT_KEY = re.compile(r"\b(?:wd1|w1)\.[A-Za-z0-9_.-]+")
 
 
-async def test_a_read_only_copy_of_the_store_resolves_no_parked_wait(db, secret_outside):
+async def test_a_read_only_copy_of_the_store_resolves_no_parked_wait(db, secret_outside, tmp_path):
     from tether.runs.runtime import Runtime
     from tether.store import open_store
 
@@ -324,6 +324,13 @@ async def test_a_read_only_copy_of_the_store_resolves_no_parked_wait(db, secret_
         # Whoever may see the run gets the key recomputed from the secret, in its envelope and its list.
         assert (await rt.wait_for_run(parked.run_id)).pending["key"] == handed
         assert [w["key"] for w in rt.list_waits(parked.run_id)] == [handed]
+        # So does the operator's `tether runs show`.
+        env = {k: v for k, v in __import__("os").environ.items() if k != "TETHER_HOME"}
+        env.update(TETHER_STORE_URL=db.url, TETHER_HOME=str(tmp_path / "home"))
+        shown = await asyncio.to_thread(run_cli, ["runs", "show", parked.run_id, "--json"], env, tmp_path)
+        assert json.loads(shown.stdout)["pending"]["key"] == handed, shown.stdout + shown.stderr
+        text = await asyncio.to_thread(run_cli, ["runs", "show", parked.run_id], env, tmp_path)
+        assert f"key: {handed}" in text.stdout, text.stdout + text.stderr
         # A resolution kept for a runner: the runner finds the run by what its record holds.
         out = await rt.resolve_wait(handed, "real", continue_run=False)
         assert out["status"] == "accepted"
