@@ -219,7 +219,6 @@ async def test_a_read_only_copy_of_the_store_approves_nothing(db, secret_outside
 
 
 async def test_an_inserted_outbox_row_is_never_signed_or_sent(db, secret_outside):
-
     import httpx
     import uvicorn
     from starlette.applications import Starlette
