@@ -237,7 +237,9 @@ async def settles(url: str, n: int, listen: bool) -> list[float]:
             if run.status in ("completed", "failed", "cancelled"):
                 break
             if run.status == "waiting":
-                await rt.resolve_wait(run.pending["key"], run.pending["name"], continue_run=False)
+                # The run's record keeps the key's digest (D-33): the key is recomputed from the secret.
+                key = rt.wait_key(run_id, run.pending["name"])
+                await rt.resolve_wait(key, run.pending["name"], continue_run=False)
                 while time.monotonic() < deadline:
                     obs = await rt.wait_cell(run_id, after=cursor, timeout_ms=5000)
                     cursor = obs["cursor"]

@@ -218,6 +218,34 @@ async def test_a_pattern_that_backtracks_is_not_run_against_the_programs_string(
     assert checked.status == "failed" and checked.error["code"] == "invalid_arguments", checked.error
 
 
+async def test_a_key_regex_that_backtracks_is_not_run_against_the_programs_keys() -> None:
+    # patternProperties regexes are matched against the names of the keys the program passes, and
+    # additionalProperties runs them all again: ^(a+)+$ against 30 a's and a "!" takes seconds per match
+    # in Python's engine (40 a's: hours), holding the loop and the GIL.
+    hostile = "^(a+)+$"
+    schema = {"type": "object", "properties": {
+        "m": {"type": "object", "patternProperties": {hostile: {"type": "integer"}, "^n_[0-9]+$": {"type": "integer"}},
+              "additionalProperties": False},
+        "u": {"type": "object", "patternProperties": {hostile: {"type": "integer"}},
+              "unevaluatedProperties": False}}}
+    tool = Tool("rx", "take", "Take m.", schema, _noop, annotations=Annotations(read_only=True))
+    key = "a" * 30 + "!"
+    async with Runtime(tools=[tool]) as rt:
+        with _LagMeter() as lag:
+            r = await rt.execute("import tools\nawait tools.rx.take(m={'" + key + "': 1, 'n_1': 2})")
+            u = await rt.execute("import tools\nawait tools.rx.take(u={'" + key + "': 1})")
+            checked = await rt.execute("import tools\nawait tools.rx.take(m={'n_1': 'two'})")
+            unknown = await rt.execute("import tools\nawait tools.rx.take(m={'zz': 1})")
+    assert r.status == "completed", r.error  # left to the tool, which validates its own input
+    assert u.status == "completed", u.error
+    assert lag.worst < 2.0, lag.worst  # matched here, the three matches take tens of seconds
+    # A key regex that cannot backtrack is still checked before the call.
+    assert checked.status == "failed" and checked.error["code"] == "invalid_arguments", checked.error
+    assert "n_1" in checked.error["message"], checked.error
+    # With a regex left unmatched, additionalProperties cannot tell an unknown key: the tool decides.
+    assert unknown.status == "completed", unknown.error
+
+
 async def test_a_misspelled_tool_gets_suggestions_found_off_the_loop() -> None:
     async with Runtime(tools=_tools()) as rt:
         r = await rt.execute("import tools\nawait tools.big.report_7_itemz()", check="off")

@@ -10,6 +10,8 @@ runs on the same store complete.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Clock
+from helpers import Clock, run_cli
 from tether.runs.limits import Limits
 from tether.runs.quarantine import TAKEOVERS
 from tether.runs.runtime import Runtime
@@ -92,6 +94,41 @@ async def test_a_takeover_below_the_limit_is_recorded_and_the_run_goes_on(store_
         stored = rt.store.get_run(run_id)
     assert result.status == "completed" and result.result == 2 and CALLS == [2]
     assert stored is not None and [t["owner"] for t in stored.meta[TAKEOVERS]] == ["elsewhere:1:dead"]
+
+
+HELD: asyncio.Event | None = None
+
+
+@tool(read_only=True, namespace="probe")
+async def hold() -> str:
+    """Wait until the test lets go."""
+    assert HELD is not None
+    await HELD.wait()
+    return "let go"
+
+
+async def test_runs_show_lists_the_takeovers_of_a_run_that_is_still_running(store_url, tmp_path):
+    """An operator sees a run heading for quarantine while it runs, not only once it has ended (P-39)."""
+    global HELD
+    HELD = asyncio.Event()
+    clock = Clock()
+    run_id = _orphaned(store_url, clock, "import tools\nawait tools.probe.hold()", Limits(quarantine_after=3))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+    env.update(TETHER_HOME=str(tmp_path / "home"), TETHER_STORE_URL=store_url)
+    async with Runtime(store=open_store(store_url), tools=[ping, hold], clock=clock, type_check=False) as rt:
+        recovering = asyncio.ensure_future(rt.recover())
+        while (r := rt.store.get_run(run_id)) is None or not r.meta.get(TAKEOVERS) or r.owner != rt.owner:
+            await asyncio.sleep(0.05)
+        shown = await asyncio.to_thread(run_cli, ["runs", "show", run_id], env, tmp_path)
+        as_json = await asyncio.to_thread(run_cli, ["runs", "show", run_id, "--json"], env, tmp_path)
+        HELD.set()
+        (result,) = await recovering
+    assert result.status == "completed", result.error
+    assert shown.returncode == 0, shown.stderr
+    assert f"run {run_id}: running" in shown.stdout
+    assert "taken over: attempt of elsewhere:1:dead lease_lapsed" in shown.stdout, shown.stdout
+    [taken] = json.loads(as_json.stdout)["takeovers"]
+    assert taken["owner"] == "elsewhere:1:dead" and taken["taken_by"] == rt.owner
 
 
 async def test_an_attempt_that_parks_clears_its_takeovers(store_url):

@@ -8,6 +8,7 @@ inserted for delivery, a paused run's rows read to approve its write.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sqlite3
@@ -218,8 +219,6 @@ async def test_a_read_only_copy_of_the_store_approves_nothing(db, secret_outside
 
 
 async def test_an_inserted_outbox_row_is_never_signed_or_sent(db, secret_outside):
-    import asyncio
-
     import httpx
     import uvicorn
     from starlette.applications import Starlette
@@ -290,3 +289,75 @@ async def test_an_inserted_outbox_row_is_never_signed_or_sent(db, secret_outside
         server.should_exit = True
         await serving
     assert rec.deliveries == []
+
+
+# -- point 5, parked waits: a wait_for key is a capability too ---------------------------------
+
+PARKED = "v = await wait_for('go')\nv"
+WAIT_KEY = re.compile(r"\b(?:wd1|w1)\.[A-Za-z0-9_.-]+")
+
+
+async def test_a_read_only_copy_of_the_store_resolves_no_parked_wait(db, secret_outside, tmp_path):
+    from tether.runs.runtime import Runtime
+    from tether.store import open_store
+
+    async with Runtime(store=open_store(db.url), type_check=False) as rt:
+        parked = await rt.execute(PARKED)
+        assert parked.status == "waiting"
+        # The caller the run parked for was handed the key; the run's record, envelope and events were not.
+        handed = parked.pending["key"]
+        assert handed.startswith("w1.")
+
+    stolen = _every_text(db)
+    assert parked.run_id in stolen and "wait_for" in stolen  # the rows were read
+    assert handed not in stolen
+    assert CAPABILITY.findall(stolen) == []
+
+    # Everything in the rows that looks like a wait key, or its digest, tried as one: nothing resolves.
+    tried = set(WAIT_KEY.findall(stolen))
+    assert any(k.startswith("wd1.") for k in tried)
+    async with Runtime(store=open_store(db.url), type_check=False) as rt:
+        for key in tried:
+            assert (await rt.resolve_wait(key, "forged"))["status"] == "unknown_or_revoked", key
+        assert rt.store.get_run(parked.run_id).status == "waiting"
+        # Whoever may see the run gets the key recomputed from the secret, in its envelope and its list.
+        assert (await rt.wait_for_run(parked.run_id)).pending["key"] == handed
+        assert [w["key"] for w in rt.list_waits(parked.run_id)] == [handed]
+        # So does the operator's `tether runs show`.
+        env = {k: v for k, v in __import__("os").environ.items() if k != "TETHER_HOME"}
+        env.update(TETHER_STORE_URL=db.url, TETHER_HOME=str(tmp_path / "home"))
+        shown = await asyncio.to_thread(run_cli, ["runs", "show", parked.run_id, "--json"], env, tmp_path)
+        assert json.loads(shown.stdout)["pending"]["key"] == handed, shown.stdout + shown.stderr
+        text = await asyncio.to_thread(run_cli, ["runs", "show", parked.run_id], env, tmp_path)
+        assert f"key: {handed}" in text.stdout, text.stdout + text.stderr
+        # A resolution kept for a runner: the runner finds the run by what its record holds.
+        out = await rt.resolve_wait(handed, "real", continue_run=False)
+        assert out["status"] == "accepted"
+        assert parked.run_id in rt.store.runs_with_settled_wait()
+        stored_key = rt.store.get_run(parked.run_id).pending["key"]
+        assert stored_key.startswith("wd1.")
+        done = await rt.wake(parked.run_id, key=stored_key)
+        assert done is not None and done.status == "completed" and done.result == "real"
+
+
+async def test_a_run_parked_before_keys_were_digested_still_continues(db, secret_outside):
+    """A row written by an older tether keeps its wait key in clear: it is found and woken as before."""
+    import dataclasses
+
+    from tether.runs.integrity import sign_run
+    from tether.runs.runtime import Runtime
+    from tether.store import open_store
+
+    async with Runtime(store=open_store(db.url), type_check=False) as rt:
+        parked = await rt.execute(PARKED)
+        handed = parked.pending["key"]
+        run = rt.store.get_run(parked.run_id)
+        old = {**run.pending, "key": handed}
+        older = dataclasses.replace(run, pending=old, result={**run.result, "pending": old})
+        assert rt.store.update_run(run.run_id, ["waiting"], pending=old, result=older.result,
+                                   mac=sign_run(rt.keyring, older))
+        assert (await rt.wait_for_run(run.run_id)).pending["key"] == handed
+        await rt.resolve_wait(handed, "old", continue_run=False)
+        assert run.run_id in rt.store.runs_with_settled_wait()
+        done = await rt.wake(run.run_id, key=rt.store.get_run(run.run_id).pending["key"])
+        assert done is not None and done.status == "completed" and done.result == "old"

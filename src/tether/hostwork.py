@@ -17,19 +17,24 @@ answering and SIGTERM was ignored. Two rules keep that from coming back:
   stuck: it logs once which run and call the loop is executing (read from the
   loop thread's frames) and ``stuck`` stays true until the loop has answered
   on time again; ``/readyz`` reports it (docs/deploy.md).
+- ``GraceOnSignal``: SIGTERM asks the process to stop, and a thread ends it
+  after the grace period if the loop never lets it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
+import os
 import queue
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .errors import LimitExceeded
@@ -177,6 +182,47 @@ class LoopWatchdog:
             frame = frame.f_back
         call = f" call {seq} ({op})" if seq is not None else ""
         return f"run {run_id}{call} at {where}" if run_id else f"no run (at {where})"
+
+
+class GraceOnSignal:
+    """SIGINT and SIGTERM ask the process to stop (``ask``); from the first, a thread counts ``grace``
+    seconds and then exits the process, whatever holds its event loop.
+
+    The serving loop may be held by a run (operator code blocking it, a step that never ends), and a
+    shutdown waits on that loop: a timer on the loop would never fire, a thread's does. ``tether serve``
+    (HTTP and stdio) and ``tether worker`` stop this way. Installed from the main thread only, where
+    Python runs signal handlers; elsewhere it does nothing.
+    """
+
+    def __init__(self, ask: Callable[[int], object], *, grace: float, report: Callable[[str], None]) -> None:
+        self.ask, self.grace, self.report = ask, grace, report
+        self.asked = False
+
+    def handle(self, sig: int, frame: Any = None) -> None:
+        if not self.asked:
+            self.asked = True
+            timer = threading.Timer(self.grace, self._exit)
+            timer.daemon = True
+            timer.start()
+        self.ask(sig)
+
+    def _exit(self) -> None:
+        self.report(f"tether: still stopping {self.grace:g} s after the signal (shutdown_grace_seconds); exiting "
+                    "now. Runs still running here keep their lease until it lapses, then another process takes "
+                    "them over")
+        os._exit(1)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[GraceOnSignal]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def _str_attr(obj: Any, name: str) -> str | None:

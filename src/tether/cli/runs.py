@@ -183,13 +183,18 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
         data = run_timeline(store, args.run_id)
         run = store.get_run(args.run_id)
         # Approval links need [server] public_url: where people reach the server.
-        if run is not None and run.status == RunStatus.PAUSED:
+        data["approval_links"] = []
+        if run is not None and run.status in (RunStatus.PAUSED, RunStatus.WAITING):
             from ..runs.runtime import Runtime
 
-            # A runtime over the store only (no tools, no workers started): it reads the pause.
-            data["approval_links"] = run_links(Runtime(store=store), config.server.public_url, run)
-        else:
-            data["approval_links"] = []
+            # A runtime over the store only (no tools, no workers started): it reads the pause, and
+            # recomputes a parked wait's key, of which the record keeps only the digest (D-33).
+            rt = Runtime(store=store)
+            if run.status == RunStatus.PAUSED:
+                data["approval_links"] = run_links(rt, config.server.public_url, run)
+            else:
+                data["outcome"] = rt.recorded(run).to_dict()
+                data["pending"] = data["outcome"].get("pending") or data["pending"]
     finally:
         store.close()
     if args.json:
@@ -212,6 +217,14 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
     elif data.get("pending"):
         print(f"pending: call {data['pending']['seq']} "
               f"{escape(str(data['pending'].get('address') or data['pending'].get('name')))}")
+        if data["pending"].get("kind") == "wait" and data["pending"].get("key"):
+            print(f"  key: {data['pending']['key']}")
+    running = data["status"] in (RunStatus.RUNNING, RunStatus.QUEUED)
+    for t in data["takeovers"] if running else []:
+        # A run taken over after its process went (P-39): each attempt that ended so, in a row, shown
+        # while it still runs, so an operator sees it heading for quarantine (an ended one lists them
+        # in its error).
+        print(escape(f"taken over: attempt of {t.get('owner')} {t.get('ended')}, noticed by {t.get('taken_by')}"))
     for link in data["approval_links"]:
         if link["url"]:
             print(f"approve or decline call {link['seq']} at: {link['url']}")
@@ -309,6 +322,8 @@ async def cmd_start(args: argparse.Namespace) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
+    from ..config import load_config
+    from ..hostwork import GraceOnSignal, LoopWatchdog
     from ..runs.worker import pid_file, work, worker_alive
 
     home = home_of(args)
@@ -317,15 +332,29 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     if other is not None and other != os.getpid():
         print(f"a worker is already running for {home} (pid {other})", file=sys.stderr)
         return EXIT_OK
+    server = load_config(args.config).server
+    loop, stop = asyncio.get_running_loop(), asyncio.Event()
+
+    def report(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    # As in `tether serve` (D-34): a run holding the loop is named, and a signal stops the worker within
+    # the grace period whatever a run is doing (the runs it leaves are taken over). From the start: a
+    # signal while its sources load stops it too.
+    watchdog = LoopWatchdog(loop, threshold=server.loop_stall_seconds, report=report).start()
+    handled = 0
     pid_file(home).write_text(str(os.getpid()))
     try:
-        async with open_rt(args, list(args.tools), report=True) as rt:
-            from ..logs import configure_from
+        with GraceOnSignal(lambda sig: loop.call_soon_threadsafe(stop.set), grace=server.shutdown_grace_seconds,
+                           report=report).installed():
+            async with open_rt(args, list(args.tools), report=True) as rt:
+                from ..logs import configure_from
 
-            configure_from(rt.config.log if rt.config is not None else None)
-            rt.source_set.refresh_in_background()
-            handled = await work(rt, poll_seconds=args.poll, idle_exit_seconds=args.idle_exit)
+                configure_from(rt.config.log if rt.config is not None else None)
+                rt.source_set.refresh_in_background()
+                handled = await work(rt, stop=stop, poll_seconds=args.poll, idle_exit_seconds=args.idle_exit)
     finally:
+        watchdog.stop()
         if worker_alive(home) == os.getpid():
             pid_file(home).unlink(missing_ok=True)
     print(f"worker {os.getpid()} handled {handled} runs", file=sys.stderr)

@@ -61,7 +61,7 @@ from .lifecycle import Lifecycle, outcome_unknown
 from .limits import Limits
 from .notices import CANCEL, wait_a_little
 from .pausing import Parked, Paused
-from .pending import ParkedWait, Stop, without_approval_keys
+from .pending import ParkedWait, Stop, as_stored
 from .policy import Policy
 from .quarantine import takeovers, without_takeovers
 from .resend import resendable
@@ -434,9 +434,10 @@ class Attempt:
             public = {**next(w for w in writes if w["seq"] == stop.first.seq), "writes": writes}
             envelope = paused_envelope(run.run_id, public, expires, self.logs, boundary, self.t0)
             status = RunStatus.PAUSED
-        # The store keeps no approval key (a capability that decides a write): only this
-        # attempt's caller gets it; whoever may see the run later gets it recomputed.
-        kept = without_approval_keys(public)
+        # The store keeps no wait key (a capability: an approval's decides a write, a parked wait's
+        # feeds the program): only this attempt's caller gets it; whoever may see the run later gets it
+        # recomputed (D-33).
+        kept = as_stored(public)
         stored = envelope if kept is public else dataclasses.replace(envelope, pending=kept)
         # The run's MAC covers what it waits on (P-35).
         signed = sign_run(d.keyring, dataclasses.replace(run, pending=kept, expires_at=expires))

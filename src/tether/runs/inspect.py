@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import RunNotFound
 from ..store.base import Store
+from .quarantine import takeovers
 
 
 def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
@@ -48,6 +49,8 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
         "expires_at": run.expires_at,
         "decision": run.decision,
         "decisions": decisions,
+        # The attempts in a row that ended with their process gone (P-39): seen while the run still runs.
+        "takeovers": takeovers(run),
         "calls": calls,
         "snapshot": None if snap is None else {"seq": snap.seq, "kind": snap.kind, "bytes": len(snap.data),
                                                "monty_version": snap.monty_version},

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from ..store.base import wait_digest
+
 if TYPE_CHECKING:
     from ..tools.model import Tool
 
@@ -84,11 +86,23 @@ class ParkedWait:
 Stop = WritePause | ParkedWait
 
 
-def without_approval_keys(pending: dict[str, Any]) -> dict[str, Any]:
-    """A pause as the store keeps it: every write but its approval key, a capability that decides it.
+def as_stored(pending: dict[str, Any]) -> dict[str, Any]:
+    """What a stop leaves in the run's record, its envelope and its events: no capability (D-33).
 
-    A parked wait (no ``writes``) is returned as it is: its key names what the run waits on.
+    A pause loses its approval keys; a parked wait keeps only its key's digest, which still names
+    the wait the run is parked on (the runners match a settled wait to the run by it) but resolves
+    nothing. Whoever may see the run gets the key recomputed from the secret (``waits.reveal``).
     """
+    if "writes" in pending:
+        return without_approval_keys(pending)
+    key = pending.get("key")
+    if isinstance(key, str):
+        return {**pending, "key": wait_digest(key)}
+    return pending
+
+
+def without_approval_keys(pending: dict[str, Any]) -> dict[str, Any]:
+    """A pause as the store keeps it: every write but its approval key, a capability that decides it."""
     if "writes" not in pending:
         return pending
     writes = [{k: v for k, v in w.items() if k != "key"} for w in pending["writes"]]

@@ -85,12 +85,12 @@ def create_or_find(rt: "Runtime", run: RunRecord) -> RunRecord | None:
     raise Conflict(f"run key {run.run_key!r} kept changing hands; nothing was started")
 
 
-def current_envelope(run: RunRecord) -> RunResult | None:
+def current_envelope(rt: "Runtime", run: RunRecord) -> RunResult | None:
     """The envelope of a run that is not running now (ended, paused, waiting); None while it runs or waits in line."""
     if run.status in (RunStatus.RUNNING, RunStatus.QUEUED):
         return None
     if run.result is not None:
-        return RunResult.from_dict(run.result)
+        return rt.recorded(run)  # a parked wait's key recomputed for the key's holder (D-33)
     return RunResult(status=run.status, run_id=run.run_id, error=run.error)
 
 
@@ -118,7 +118,7 @@ async def rejoin(rt: "Runtime", run: RunRecord, *, wait_seconds: float, detached
         if fresh is None:
             raise Conflict(f"run {run_id} was deleted while a request with its key waited on it")
         run = fresh
-        done = current_envelope(run)
+        done = current_envelope(rt, run)
         if done is not None:
             return done
         left = deadline - time.monotonic()

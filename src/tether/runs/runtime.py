@@ -59,7 +59,7 @@ from .quotas import Quotas, check_run_start
 from .result import RunResult
 from .run_keys import check_run_key
 from .sessions import Sessions, sign_snapshot  # noqa: F401 - sign_snapshot stays importable from here
-from .waits import DECISIONS, Waits
+from .waits import DECISIONS, Waits, same_wait
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -586,7 +586,7 @@ class Runtime:
             if run is None:
                 raise RunNotFound(f"no run {run_id}")
             if run.status != RunStatus.RUNNING and run.result is not None:
-                return RunResult.from_dict(run.result)
+                return self.recorded(run)
             if run.status == RunStatus.RUNNING and (run.lease_until is None or run.lease_until < self.clock()):
                 # Nobody is running it, so waiting would only time out: say so at once.
                 return RunResult(status=run.status, run_id=run_id, error={
@@ -627,6 +627,13 @@ class Runtime:
     def wait_key(self, run_id: str, name: str) -> str:
         return self._waits.key(run_id, name)
 
+    def recorded(self, run: RunRecord) -> RunResult:
+        """A run's last recorded envelope for whoever may see it: a parked wait's key recomputed (D-33)."""
+        result = RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run.run_id)
+        if result.status == RunStatus.WAITING and result.pending:
+            result = dataclasses.replace(result, pending=self._waits.reveal(run.run_id, result.pending))
+        return result
+
     def list_waits(self, run_id: str | None = None, *, principal: str | None = None,
                    status: str | None = "pending") -> list[dict[str, Any]]:
         """Pending waits with their keys (capabilities: show them only to whoever may resolve them)."""
@@ -657,7 +664,7 @@ class Runtime:
         run = self.store.get_run(run_id)
         if run is None or run.status != RunStatus.WAITING:
             return None
-        if key is not None and (run.pending or {}).get("key") != key:
+        if key is not None and not same_wait((run.pending or {}).get("key"), key):
             return None  # parked elsewhere; the resolution is kept for when it gets there
         trusted, ended = self.vet(run)
         if not trusted:

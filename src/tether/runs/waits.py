@@ -100,6 +100,27 @@ def key_of(w: WaitRecord, secrets: Sequence[bytes]) -> str | None:
     return None
 
 
+def same_wait(a: str | None, b: str | None) -> bool:
+    """Whether two keys name one wait, each a key or its digest (a run's record keeps the digest, D-33)."""
+    return isinstance(a, str) and isinstance(b, str) and wait_digest(a) == wait_digest(b)
+
+
+def reveal(pending: dict[str, Any], run_id: str, secrets: Sequence[bytes]) -> dict[str, Any]:
+    """A parked run's ``pending`` for whoever may see the run: its wait key recomputed from the secret.
+
+    The record keeps only the key's digest (``pending.as_stored``); the key is found again under a
+    secret held here (the one it was handed out with, rotations included). Under none, the key is
+    None: the digest is not shown as if it were one. A record from before digests keeps its key.
+    """
+    key, name = pending.get("key"), pending.get("name")
+    if "writes" in pending or not isinstance(key, str) or not key.startswith(WAIT_DIGEST_PREFIX):
+        return pending
+    found = None
+    if isinstance(name, str):
+        found = next((k for k in (wait_key(s, run_id, name) for s in secrets) if wait_digest(k) == key), None)
+    return {**pending, "key": found}
+
+
 def wait_view(w: WaitRecord, key: str | None = None) -> dict[str, Any]:
     return {"key": key, "run_id": w.run_id, "name": w.name, "status": w.status, "seq": w.seq,
             "deadline": w.deadline, "value": w.value, "error": w.error, "created_at": w.created_at,
@@ -129,6 +150,9 @@ class Waits:
 
     def key(self, run_id: str, name: str) -> str:
         return key_for(self.store, self._secret, run_id, name, self._verify_with[1:])
+
+    def reveal(self, run_id: str, pending: dict[str, Any]) -> dict[str, Any]:
+        return reveal(pending, run_id, self._verify_with)
 
     def views(self, run_id: str | None, status: str | None) -> list[dict[str, Any]]:
         return [wait_view(w, key_of(w, self._verify_with))

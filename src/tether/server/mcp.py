@@ -63,7 +63,6 @@ from .results import (  # noqa: F401 - importable from here, as before
 if TYPE_CHECKING:
     from ..runs.policy import Policy
     from ..runs.runtime import Runtime
-    from ..store.base import RunRecord
 
 SERVER_NAME = "tether"
 # The first protocol revision without server→client requests mid-call.
@@ -612,7 +611,7 @@ class TetherServer:
                 paused = run.result if run.status == RunStatus.PAUSED else None
                 if paused and _first_undecided(RunResult.from_dict(paused).pending or {}).get("seq") == seq:
                     return self._input_required(RunResult.from_dict(paused), principal)
-                return self.paused_result(_recorded(run), diagnostics=diagnostics)
+                return self.paused_result(self.rt.recorded(run), diagnostics=diagnostics)
             decision, reason = _decision(reply)
             if decision == "approve":
                 refused = self._refused(run_id, principal, Channel.FORM, [seq], ctx=ctx)
@@ -621,7 +620,7 @@ class TetherServer:
             if decision is None:
                 # Dismissed without a choice: nothing is decided and the run
                 # stays paused; the model can ask in words and call resume.
-                return self.paused_result(_recorded(self.rt.get_run(run_id, principal)), diagnostics=diagnostics)
+                return self.paused_result(self.rt.recorded(self.rt.get_run(run_id, principal)), diagnostics=diagnostics)
             try:
                 result = await self.run_in_slot(
                     lambda progress: self.rt.resume(run_id, decision, reason, seq=seq, principal=principal,
@@ -726,9 +725,6 @@ def _first_undecided(pending: Mapping[str, Any]) -> Mapping[str, Any]:
     return writes[0] if writes else pending
 
 
-def _recorded(run: RunRecord) -> RunResult:
-    """A run's last recorded envelope (a paused run keeps its paused one)."""
-    return RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run.run_id)
 
 
 def _client_of(ctx: Context) -> dict[str, str] | None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..approvals import Access
 from ..errors import UsageError
+from ..hostwork import GraceOnSignal
 from .admission import Admission
 from .auth import (
     MIN_TOKEN_CHARS,
@@ -156,18 +156,32 @@ async def serve(options: ServeOptions) -> int:
 
     from ..hostwork import LoopWatchdog
 
-    watchdog = LoopWatchdog(asyncio.get_running_loop(), threshold=config.server.loop_stall_seconds,
-                            report=report).start()
+    loop = asyncio.get_running_loop()
+    watchdog = LoopWatchdog(loop, threshold=config.server.loop_stall_seconds, report=report).start()
+    # A signal asks the server to stop; by shutdown_grace_seconds the process exits whatever a run is doing.
+    # Over HTTP uvicorn's listener takes the signals while it serves, with the same grace (_serve_http).
+    stopping = asyncio.Event()
+    grace = GraceOnSignal(lambda sig: loop.call_soon_threadsafe(stopping.set),
+                          grace=config.server.shutdown_grace_seconds, report=report)
     try:
-        return await _serve_runtime(options, config, tools, tokens, access, resource, address, run_meta, report,
-                                    watchdog)
+        with grace.installed():
+            code = await _serve_runtime(options, config, tools, tokens, access, resource, address, run_meta,
+                                        report, watchdog, stopping)
     finally:
         watchdog.stop()
+    if address is None and stopping.is_set():
+        # Stopped by a signal while the client kept stdin open: the MCP SDK reads stdin in a thread that
+        # nothing interrupts, and leaving would wait for the client's next line. The runtime is closed,
+        # nothing is left to finish: exit now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], tokens: tuple[str, ...],
                          access: Access, resource: Any, address: tuple[str, int] | None, run_meta: dict[str, Any], report: Any,
-                         watchdog: Any) -> int:
+                         watchdog: Any, stopping: asyncio.Event) -> int:
     from ..app import open_runtime
 
     async with open_runtime(config, tools=tools, report=report) as rt:
@@ -194,7 +208,7 @@ async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], t
         runner = asyncio.ensure_future(work(rt, stop=stop_worker))
         try:
             if address is None:
-                await server.mcp.run_stdio_async()
+                await _serve_stdio(server, stopping)
             else:
                 await _serve_http(server, *address, tokens, public_url=config.server.public_url,
                                   stateless=config.server.stateless_http, watchdog=watchdog,
@@ -208,12 +222,24 @@ async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], t
     return 0
 
 
+async def _serve_stdio(server: TetherServer, stopping: asyncio.Event) -> None:
+    """Serve MCP on stdin/stdout until stdin closes or a signal asks to stop."""
+    stdio = asyncio.ensure_future(server.mcp.run_stdio_async())
+    asked = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait({stdio, asked}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        asked.cancel()
+    if stdio.done():
+        stdio.result()
+    else:
+        stdio.cancel()  # not awaited: its read of stdin ends only with the client's next line (serve exits)
+
+
 async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[str, ...], *,
                       public_url: str | None = None, stateless: bool = False, watchdog: Any = None,
                       grace: float = 15.0, report: Any = print, resource: Any = None, auth: Any = None,
                       settings: Any = None, metrics_listen: str | None = None) -> None:
-    import signal
-
     import uvicorn
 
     from ..config import ServerConfig
@@ -226,25 +252,10 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
         def capture_signals(self) -> Any:
             # uvicorn re-raises SIGINT/SIGTERM once it has shut down, which
             # would kill the process before tether closes its runtime; here a
-            # signal only asks it to stop, and `tether serve` returns normally.
-            if threading.current_thread() is not threading.main_thread():
+            # signal only asks it to stop, and `tether serve` returns normally
+            # (or exits after the grace period if a run holds the loop).
+            with GraceOnSignal(lambda sig: self.handle_exit(sig, None), grace=grace, report=report).installed():
                 yield
-                return
-            previous = {sig: signal.signal(sig, self.stop_within_grace) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-        def stop_within_grace(self, sig: int, frame: Any) -> None:
-            # A run holding the loop (or a shutdown waiting on one) must not keep the process alive: the
-            # grace period is counted from the first signal by a thread, which the loop cannot hold up.
-            if not self.should_exit:
-                timer = threading.Timer(grace, _exit_after_grace, (grace, report))
-                timer.daemon = True
-                timer.start()
-            self.handle_exit(sig, frame)
 
     class SideListener(uvicorn.Server):
         # Ends with the main listener and takes no signals: installing its own handler would replace the
@@ -328,14 +339,6 @@ def _mcp_hosts(host: str, public_url: str | None) -> Any:
         enable_dns_rebinding_protection=True,
         allowed_hosts=[f"{h}:*" for h in loopback] + [public.netloc, f"{public.hostname}:*"],
         allowed_origins=[f"http://{h}:*" for h in loopback] + [f"{public.scheme}://{public.netloc}"])
-
-
-def _exit_after_grace(grace: float, report: Any) -> None:
-    import os
-
-    report(f"tether: still stopping {grace:g} s after the signal (shutdown_grace_seconds); exiting now. Runs still "
-           "running here keep their lease until it lapses, then another process takes them over")
-    os._exit(1)
 
 
 def _sign_in(server: TetherServer, resource: Any, auth: Any, public_url: str | None, host: str, port: int) -> Any:

@@ -160,5 +160,4 @@ async def answer(server: "TetherServer", ctx: Any, run_id: str, seq: int, reply:
             lambda progress: server.rt.resume(run_id, "decline", DECLINED_TO_OPEN, seq=seq, principal=principal,
                                               actor=principal, via="mcp", on_progress=progress),
             ctx, principal, run_id=run_id)
-    run = server.rt.get_run(run_id, principal)
-    return RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run_id)
+    return server.rt.recorded(server.rt.get_run(run_id, principal))

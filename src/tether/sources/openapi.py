@@ -18,7 +18,6 @@ import asyncio
 import copy
 import dataclasses
 import functools
-import importlib.util
 import json
 import os
 import re
@@ -45,6 +44,7 @@ from ._openapi_compiled import (
     remember,
 )
 from ._openapi_http import excerpt, http_error, redact
+from ._openapi_text import decode_spec, parse_spec
 from .base import expand_env
 
 if TYPE_CHECKING:
@@ -369,7 +369,7 @@ class OpenAPISource:
                 where = f"OpenAPI source {self.namespace!r}: spec {os.fspath(spec)}"
                 # Parsing a large description is CPU work: off the event loop, so the loader's
                 # start_timeout can end it and nothing else waits on it.
-                doc = self._check(await in_thread(_parse, _decode(text or b"", where), where))
+                doc = self._check(await in_thread(parse_spec, decode_spec(text or b"", where), where))
             base_url = self._base_url or self._default_base_url(doc, spec_url)
             self._operations = {}
             # Building thousands of operations with deep schemas is CPU work too: off the loop as well.
@@ -835,54 +835,6 @@ class OpenAPISource:
 
 
 # --- helpers --------------------------------------------------------------------
-
-
-def _decode(raw: bytes, where: str) -> str:
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{where} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-
-
-def _parse(text: str, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as json_error:
-        if importlib.util.find_spec("yaml") is None:
-            if text.lstrip().startswith(("{", "[")):
-                raise ConfigError(f"{where} is not valid JSON: {json_error}") from None
-            raise ConfigError(
-                f"{where} is not JSON, and YAML specs need PyYAML, which is not installed",
-                next_action="Install pyyaml, or convert the spec to JSON.",
-            ) from None
-    import yaml
-
-    # libyaml, when PyYAML was built with it, parses OpenAI's 3 MB YAML ~5x faster.
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        doc = yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader, C or pure Python
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where} is neither valid JSON nor valid YAML: {exc}") from None
-    return _string_keys(doc, {})
-
-
-def _string_keys(node: Any, done: dict[int, Any]) -> Any:
-    # YAML reads `200:` as an int; OpenAPI keys are strings. A node reached
-    # again through a YAML alias is converted once: aliases nest, and copying
-    # each would take time exponential in the nesting ("billion laughs").
-    if not isinstance(node, (dict, list)):
-        return node
-    if id(node) in done:
-        return done[id(node)]
-    if isinstance(node, dict):
-        mapping: dict[str, Any] = {}
-        done[id(node)] = mapping
-        mapping.update((str(k), _string_keys(v, done)) for k, v in node.items())
-        return mapping
-    items: list[Any] = []
-    done[id(node)] = items
-    items.extend(_string_keys(v, done) for v in node)
-    return items
 
 
 def _server_url(server: Mapping[str, Any]) -> str | None:

@@ -738,7 +738,7 @@ class SQLStore:
 
     def runs_with_settled_wait(self, limit: int = 50) -> list[str]:
         """Parked runs whose wait was settled and that nobody continued (the runners' fallback, P-18)."""
-        # The run's pending names the wait it is parked on (the store keeps only its key's digest):
+        # The run's pending names the wait it is parked on by its key's digest, as the waits table does:
         # LIKE on its seq narrows (dump_json sorts keys, "seq" last), the exact check is in Python.
         sql = ("SELECT r.run_id, r.pending, w.key FROM runs r JOIN waits w ON w.run_id = r.run_id"
                " WHERE r.status = 'waiting' AND w.status <> 'pending' AND w.seq IS NOT NULL"
@@ -748,7 +748,8 @@ class SQLStore:
         out = []
         for run_id, pending, key in rows:
             parked = (json.loads(pending or "{}") or {}).get("key")
-            if isinstance(parked, str) and key in (parked, wait_digest(parked)) and run_id not in out:
+            # Either may be a digest or (rows from before digests) the key itself.
+            if isinstance(parked, str) and wait_digest(key) == wait_digest(parked) and run_id not in out:
                 out.append(run_id)
         return out
 

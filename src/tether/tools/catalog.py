@@ -9,9 +9,7 @@ describe are derived from it; they cache what they derive with
 from __future__ import annotations
 
 import difflib
-import functools
 import json
-import re
 from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 
 import jsonschema
@@ -20,6 +18,7 @@ from jsonschema.protocols import Validator
 
 from ..errors import InvalidArguments, UnknownTool, UsageError
 from .model import Tool
+from .regexes import bounded
 
 T = TypeVar("T")
 
@@ -191,8 +190,9 @@ class Catalog:
     def validator(self, tool: Tool) -> Validator | Literal[False]:
         validator = self._validators.get(tool.address)
         if validator is None:
-            cls = _bounded(jsonschema.validators.validator_for(tool.input_schema,
-                                                               default=jsonschema.Draft202012Validator))
+            cls = bounded(jsonschema.validators.validator_for(tool.input_schema,
+                                                              default=jsonschema.Draft202012Validator),
+                          tool.input_schema)
             try:
                 cls.check_schema(tool.input_schema)
                 validator = cls(tool.input_schema)
@@ -202,76 +202,6 @@ class Catalog:
                 validator = False
             self._validators[tool.address] = validator
         return validator
-
-
-# A string this long is matched only against a pattern with at most one unbounded repeat: two in a row
-# (``a*a*$``) already take time quadratic in its length.
-_LONG_MATCH = 10_000
-
-
-def _bounded(cls: Any) -> Any:
-    """``cls`` whose ``pattern`` checks cannot hold the host: Python's regex engine backtracks, holding the GIL.
-
-    A schema's pattern comes from a tool's description and the string from the
-    program: ``^(a+)+$`` against 40 ``a`` and a ``!`` takes hours. A pattern
-    that can backtrack exponentially (a repeat inside a repeat, an alternation
-    under a repeat, a backreference) is not checked here — the tool's own
-    validation still applies — and a long string is only matched against
-    patterns that are linear in it.
-    """
-    bounded = _BOUNDED.get(cls)
-    if bounded is None:
-        pattern = cls.VALIDATORS.get("pattern")
-
-        def checked(validator: Any, regex: Any, instance: Any, schema: Any) -> Any:
-            if isinstance(regex, str) and isinstance(instance, str):
-                repeats = _backtracking(regex)
-                if repeats is None or (repeats > 1 and len(instance) > _LONG_MATCH):
-                    return None
-            return pattern(validator, regex, instance, schema) if pattern is not None else None
-
-        bounded = _BOUNDED[cls] = (jsonschema.validators.extend(cls, {"pattern": checked})  # type: ignore[no-untyped-call]
-                                   if pattern else cls)
-    return bounded
-
-
-_BOUNDED: dict[Any, Any] = {}
-
-
-@functools.lru_cache(maxsize=1024)
-def _backtracking(regex: str) -> int | None:
-    """How many long repeats ``regex`` has, or None if it can backtrack exponentially (or is not valid)."""
-    try:
-        parsed = re._parser.parse(regex)  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - an invalid pattern is the schema's problem, not a check to run
-        return None
-    count = 0
-
-    def walk(items: Any, under: bool) -> bool:
-        nonlocal count
-        for op, av in items:
-            name = str(op)
-            if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
-                # A repeat of a few (\d{1,3}, (...){3}) backtracks a bounded amount, even nested.
-                nests = av[1] > 8
-                if nests and under:
-                    return True
-                count += av[1] > 64
-                if walk(av[2], under or nests):
-                    return True
-            elif name == "BRANCH":
-                if under or any(walk(b, under) for b in av[1]):
-                    return True
-            elif name in ("GROUPREF", "GROUPREF_EXISTS"):
-                return True
-            elif name == "SUBPATTERN":
-                if walk(av[-1], under):
-                    return True
-            elif name in ("ASSERT", "ASSERT_NOT", "ATOMIC_GROUP") and walk(av[-1], under):
-                return True
-        return False
-
-    return None if walk(parsed, False) else count
 
 
 def accepts_extra_args(schema: dict[str, Any]) -> bool:
