@@ -18,12 +18,9 @@ verification; only waits made after the rotation get keys under the new one.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
 from typing import Any, Awaitable, Callable, Sequence
 
+from ..approvals.capabilities import WAIT_KEY
 from ..errors import AlreadyDecided, ToolsUnavailable, WrongSecret
 from ..store.base import (
     LOCAL_PRINCIPAL,
@@ -36,7 +33,6 @@ from ..store.base import (
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
 from .result import to_json_value
 
-KEY_VERSION = "w1"
 SIGNAL_PREFIX = "signal:"
 SLEEP_PREFIX = "sleep:"
 # A paused write is a wait named approval:<seq>; its value is the decision.
@@ -45,18 +41,8 @@ APPROVAL_PREFIX = "approval:"
 DECISIONS = ("approve", "decline", "cancel")
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 def wait_key(secret: bytes, run_id: str, name: str) -> str:
-    payload = _b64(json.dumps([run_id, name], separators=(",", ":"), ensure_ascii=False).encode())
-    mac = hmac.new(secret, f"{KEY_VERSION}.{payload}".encode(), hashlib.sha256).hexdigest()[:32]
-    return f"{KEY_VERSION}.{payload}.{mac}"
+    return WAIT_KEY.mint(secret, [run_id, name])
 
 
 def parse_wait_key(secret: bytes | Sequence[bytes], key: str) -> tuple[str, str] | None:
@@ -64,17 +50,8 @@ def parse_wait_key(secret: bytes | Sequence[bytes], key: str) -> tuple[str, str]
 
     ``secret`` may be several (a keyring's current and older ones): a key made under any of them verifies.
     """
-    if not isinstance(key, str) or key.count(".") != 2:
-        return None
-    version, payload, mac = key.split(".")
-    if version != KEY_VERSION:
-        return None
-    keys = [secret] if isinstance(secret, bytes) else list(secret)
-    signed = f"{version}.{payload}".encode()
-    if not any(hmac.compare_digest(hmac.new(k, signed, hashlib.sha256).hexdigest()[:32], mac) for k in keys):
-        return None
     try:
-        run_id, name = json.loads(_unb64(payload))
+        run_id, name = WAIT_KEY.open(secret, key)
     except (ValueError, TypeError):
         return None
     return run_id, name

@@ -19,14 +19,11 @@ asked before, of ``tether.approvals.may_decide``.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
-import hmac
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..approvals.capabilities import APPROVAL_LINK
 from ..errors import RunNotFound, TetherError
 from ..store.base import RunRecord
 from ..store.states import RunStatus
@@ -35,7 +32,6 @@ if TYPE_CHECKING:
     from ..runs.runtime import Runtime
     from .admission import Admission
 
-TOKEN_VERSION = "a1"
 # How long a decision waits for the run to move on before the page answers:
 # a short write finishes inside it and the page shows the outcome; a long one
 # goes on in the background and the page shows it running.
@@ -44,26 +40,8 @@ SETTLE_SECONDS = 3.0
 PAGE_ARGS_CHARS = 1200
 
 
-def derived_key(secret: bytes, purpose: str) -> bytes:
-    """One key per purpose from the store's secret: a link key cannot sign a session, nor the reverse."""
-    return hmac.new(secret, f"tether/{purpose}".encode(), hashlib.sha256).digest()
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 def link_token(secret: bytes, run_id: str, seq: int, expires_at: float) -> str:
-    payload = _b64(json.dumps([run_id, seq, round(expires_at, 3)], separators=(",", ":")).encode())
-    # The MAC covers the payload's text, not its decoded bytes: base64 has
-    # spare bits, and a changed character must never decode to the same token.
-    mac = hmac.new(derived_key(secret, "approval-link"), f"{TOKEN_VERSION}.{payload}".encode(),
-                   hashlib.sha256).hexdigest()
-    return f"{TOKEN_VERSION}.{payload}.{mac}"
+    return APPROVAL_LINK.mint(secret, [run_id, seq, round(expires_at, 3)])
 
 
 @dataclass(frozen=True)
@@ -79,18 +57,8 @@ def open_token(secret: bytes | Sequence[bytes], token: str) -> LinkClaim | None:
     ``secret`` may be several (a keyring's current and older ones): a link handed out before the
     secret was rotated still opens while the older secret is kept for verification.
     """
-    if not isinstance(token, str) or token.count(".") != 2 or len(token) > 1024:
-        return None
-    version, payload, mac = token.split(".")
-    if version != TOKEN_VERSION:
-        return None
-    signed = f"{version}.{payload}".encode()
-    keys = [secret] if isinstance(secret, bytes) else list(secret)
-    if not any(hmac.compare_digest(hmac.new(derived_key(k, "approval-link"), signed, hashlib.sha256).hexdigest(), mac)
-               for k in keys):
-        return None
     try:
-        run_id, seq, expires_at = json.loads(_unb64(payload))
+        run_id, seq, expires_at = APPROVAL_LINK.open(secret, token)
     except (ValueError, TypeError):
         return None
     if not isinstance(run_id, str) or type(seq) is not int or not isinstance(expires_at, (int, float)):
@@ -110,7 +78,7 @@ def run_links(rt: Runtime, public_url: str | None, run: RunRecord) -> list[dict[
     if run.status != RunStatus.PAUSED or run.expires_at is None:
         return []
     return [{"seq": w["seq"], "address": w["address"],
-             "url": approval_url(public_url, rt.store.secret(), run.run_id, w["seq"], run.expires_at)}
+             "url": approval_url(public_url, rt.keyring.current, run.run_id, w["seq"], run.expires_at)}
             for w in pending_writes(rt, run)]
 
 

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Mapping
 
@@ -225,9 +223,8 @@ class TetherServer:
         # process sharing the store can open and verify what another minted.
         # The current secret's keys seal and sign; a rotated keyring's older
         # ones still open and verify state minted before the rotation.
-        secrets = [rt.keyring.current, *rt.keyring.previous]
-        self._state_mac_keys = [hmac.new(s, b"tether/mcp/request-state/mac", hashlib.sha256).digest() for s in secrets]
-        seal_keys = [hmac.new(s, b"tether/mcp/request-state/seal", hashlib.sha256).digest() for s in secrets]
+        self._state_macs = rt.keyring.derive("mcp/request-state/mac")
+        seal_keys = list(rt.keyring.derive("mcp/request-state/seal").keys)
         security = RequestStateSecurity(
             keys=seal_keys,
             # A paused run waits this long for its decision; the answer to the
@@ -631,15 +628,14 @@ class TetherServer:
         body: dict[str, Any] = {"v": 1, "run_id": run_id, "seq": seq}
         if mode is not None:
             body["m"] = mode  # the request is sealed by the SDK: a client cannot change it
-        return json.dumps({**body, "mac": self._mac(run_id, seq, principal)}, separators=(",", ":"))
+        return json.dumps({**body, "mac": self._state_macs.sign(self._signed_state(run_id, seq, principal))}, separators=(",", ":"))
 
     def _open_state(self, state: str, principal: str) -> tuple[str, int]:
         try:
             data = json.loads(state)
             run_id, seq, mac = data["run_id"], data["seq"], data["mac"]
             valid = (data.get("v") == 1 and isinstance(run_id, str) and type(seq) is int and isinstance(mac, str)
-                     and any(hmac.compare_digest(mac, self._mac(run_id, seq, principal, key))
-                             for key in self._state_mac_keys))
+                     and self._state_macs.verifies(self._signed_state(run_id, seq, principal), mac))
         except (ValueError, KeyError, TypeError):
             valid = False
         if not valid:
@@ -648,9 +644,9 @@ class TetherServer:
                               next_action="Call execute again; the answered form belonged to another run.")
         return run_id, seq
 
-    def _mac(self, run_id: str, seq: int, principal: str, key: bytes | None = None) -> str:
-        msg = b"\x00".join([run_id.encode(), str(seq).encode(), principal.encode()])
-        return hmac.new(key or self._state_mac_keys[0], msg, hashlib.sha256).hexdigest()
+    @staticmethod
+    def _signed_state(run_id: str, seq: int, principal: str) -> bytes:
+        return b"\x00".join([run_id.encode(), str(seq).encode(), principal.encode()])
 
 
 # -- helpers -------------------------------------------------------------------------
