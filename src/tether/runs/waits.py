@@ -20,7 +20,11 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Sequence
 
+from ..approvals import service as approvals
 from ..approvals.capabilities import WAIT_KEY
+
+# A paused write is a wait named approval:<seq>; what resolves it is a decision.
+from ..approvals.model import APPROVAL_PREFIX, DECISIONS, approval_wait_name
 from ..errors import AlreadyDecided, ToolsUnavailable, WrongSecret
 from ..store.base import (
     LOCAL_PRINCIPAL,
@@ -35,10 +39,6 @@ from .result import to_json_value
 
 SIGNAL_PREFIX = "signal:"
 SLEEP_PREFIX = "sleep:"
-# A paused write is a wait named approval:<seq>; its value is the decision.
-APPROVAL_PREFIX = "approval:"
-# What resolves an approval wait: the decisions a paused write can get (P-10).
-DECISIONS = ("approve", "decline", "cancel")
 
 
 def wait_key(secret: bytes, run_id: str, name: str) -> str:
@@ -157,26 +157,14 @@ class Waits:
 
     def approval(self, run: RunRecord, seq: int, deadline: float) -> str:
         """Create the wait a paused write is (named approval:<seq>) and return its key."""
-        name = f"{APPROVAL_PREFIX}{seq}"
-        key = self.key(run.run_id, name)
-        self.store.create_wait(WaitRecord(key, run.run_id, name, WaitStatus.PENDING, self.clock(), seq=seq,
-                                          deadline=deadline, session=run.session))
-        return key
+        return approvals.ask(self.store, self.key(run.run_id, approval_wait_name(seq)), run, seq,
+                             deadline, self.clock())
 
     async def _resolve_approval(self, key: str, run_id: str, name: str, value: Any,
                                 error: str | None, owner: str | None) -> dict[str, Any]:
         """Resolving an approval wait is deciding the paused write: resume() does the work."""
         seq = int(name.split(":", 1)[1])
-        decision: str | None
-        reason: str | None
-        if error is not None:
-            decision, reason = "decline", error
-        elif isinstance(value, str):
-            decision, reason = value, None
-        elif isinstance(value, dict):
-            decision, reason = value.get("decision"), value.get("reason")
-        else:
-            decision, reason = None, None
+        decision, reason = approvals.decision_of(value, error)
         if decision not in DECISIONS:
             return {"status": "invalid_value", "key": key,
                     "next_action": 'Resolve an approval with {"decision": "approve" | "decline" | "cancel", '

@@ -9,11 +9,13 @@ the store mints and accepts the same links. It decides once: after a
 decision, after the time to live, or altered by a single character, it
 decides nothing and says why (P-33).
 
-:class:`Decider` is the one way the console and the links decide writes: it
-calls ``Runtime.decide`` (which records who decided, through what — ``console``,
-``link`` — and from where as a ``decided`` event in the run's timeline) and
-lets the run continue in the background. Whether the caller may decide is
-asked before, of ``tether.approvals.may_decide``.
+:class:`Decider` is the console's and the links' adapter to the approvals
+service: it asks ``tether.approvals.service.refusal`` whether a decision would
+take anything (so the page answers at once), then calls ``Runtime.decide``
+(which records who decided, through what — ``console``, ``link`` — and from
+where as a ``decided`` event in the run's timeline) and lets the run continue
+in the background. Whether the caller may decide is asked before, of
+``tether.approvals.may_decide``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..approvals.capabilities import APPROVAL_LINK
-from ..errors import RunNotFound, TetherError
+from ..approvals.model import taken as taken_of
+from ..approvals.service import pending, refusal
+from ..errors import TetherError
 from ..store.base import RunRecord
 from ..store.states import RunStatus
 
@@ -92,10 +96,8 @@ def pending_writes(rt: Runtime, run: RunRecord) -> list[dict[str, Any]]:
     """
     if run.status != RunStatus.PAUSED or not run.pending:
         return []
-    from ..runs.decisions import pending_writes as waiting
-
     return [{"seq": w.seq, "address": w.address, "args": w.args, "annotations": w.annotations,
-             "description": w.description} for w in waiting(rt, run) if w.decision is None]
+             "description": w.description} for w in pending(rt, run) if w.decision is None]
 
 
 # -- deciding --------------------------------------------------------------------------
@@ -123,37 +125,16 @@ class Decider:
     async def decide(self, run_id: str, seqs: list[int], decision: str, reason: str | None, *,
                      principal: str | None, who: str, via: str, origin: str | None = None) -> Outcome:
         """Decide the writes ``seqs`` of a paused run; nothing is decided unless each is still pending."""
-        if decision not in ("approve", "decline"):
-            return Outcome(False, "invalid_arguments", "a decision is approve or decline")
-        try:
-            run = self.rt.get_run(run_id, principal)
-        except RunNotFound:
-            return Outcome(False, "run_not_found", f"there is no run {run_id} for you")
-        waiting = {w["seq"] for w in pending_writes(self.rt, run)}
-        if not seqs or any(s not in waiting for s in seqs):
-            return self._not_pending(run, seqs)
-        if run.expires_at is not None and self.rt.clock() > run.expires_at:
-            return Outcome(False, "run_expired", "the approval's time to live has passed; nothing was decided "
-                           "and nothing was sent", status=run.status)
+        # What would make the decision take nothing is the service's to say (the same rules as decide);
+        # asked first, since the decision itself may wait for a slot.
+        run, refused = refusal(self.rt, run_id, seqs, decision, principal=principal, allowed=("approve", "decline"))
+        if refused is not None:
+            return Outcome(False, refused.code, refused.message, status=run.status if run is not None else None)
         return await self._decide(run_id, sorted(seqs), decision, reason, principal=principal, who=who, via=via,
                                   origin=origin)
 
-    def _not_pending(self, run: RunRecord, seqs: list[int]) -> Outcome:
-        from ..runs.decisions import recorded_decision
-
-        taken = [d for s in seqs if (d := recorded_decision(self.rt, run.run_id, s)) is not None]
-        if taken:
-            d = taken[0]
-            return Outcome(False, "already_decided",
-                           f"write {d.seq} was already decided: {d.decision}; nothing more was decided",
-                           status=run.status)
-        return Outcome(False, "not_paused", f"run {run.run_id} is {run.status} and does not wait on "
-                       f"write {', '.join(map(str, seqs))}; nothing was decided", status=run.status)
-
     async def _decide(self, run_id: str, seqs: list[int], decision: str, reason: str | None, *,
                       principal: str | None, who: str, via: str, origin: str | None) -> Outcome:
-        from ..runs.decisions import taken as taken_of
-
         def taken() -> bool:
             # The journal's compare-and-set is the decision (P-28): once every
             # named write holds it, the page can say so, whatever the run does next.

@@ -53,9 +53,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..approvals import Access, Channel, Grant, may_decide, may_see, visible_owners
 from ..approvals.capabilities import CONSOLE_SESSION, Keyring
+from ..approvals.service import recorded_decision
 from ..approvals.surface import signed_in_required
 from ..errors import RunNotFound
-from ..runs.decisions import recorded_decision
 from ..runs.inspect import run_timeline
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus
 from ..tools.shown import escape as escape_controls
