@@ -1,4 +1,4 @@
-"""How the MCP server puts a paused write to a person: the one interface its approval channels use.
+"""How the MCP server puts a paused write to a person: the approval channels and the one interface they use.
 
 The channels — the inline form (2025 era), the input-required form (2026
 era), the URL page (urlmode.py, both eras) and the paused result itself —
@@ -10,7 +10,11 @@ runtime's one ``decide`` path (``rt.resume`` / ``rt.decide``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol
+
+from mcp.server.elicitation import AcceptedElicitation, DeclinedElicitation, render_elicitation_schema
+from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
+from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
     from ..runs.result import RunResult
@@ -40,3 +44,55 @@ class ApprovalHost(Protocol):
                           run_id: str | None = None) -> RunResult:
         """Run ``start`` (a decision taking effect) within the server's admission control."""
         ...
+
+
+# -- the form channels: inline (2025 era) and input-required (2026 era) -------------------
+
+# The key of the one input request tether makes per round.
+APPROVAL_KEY = "approval"
+
+
+class ApprovalForm(BaseModel):
+    """The form a paused write is put to the user as."""
+
+    decision: Literal["approve", "decline"] = Field(
+        description="approve: send the write. decline: do not send it; the program is told and goes on.")
+    reason: str | None = Field(default=None, description="Optional; told to the program when declining.")
+
+
+APPROVAL_SCHEMA = render_elicitation_schema(ApprovalForm)
+
+
+def first_undecided(pending: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The first write of a pause still waiting for its decision (a pause stored before batches is one)."""
+    writes = [w for w in (pending.get("writes") or [pending]) if not w.get("decision")]
+    return writes[0] if writes else pending
+
+
+def inline_form(host: ApprovalHost, ctx: Any, actor: str) -> Callable[[dict], Any]:
+    """The approver an attempt asks inside the call (2025 era): the client's form, answered by its user."""
+
+    async def approve(pending: dict) -> tuple[str, str | None]:
+        try:
+            answer = await ctx.elicit(host.approval_message_for(pending), ApprovalForm)
+        except Exception as exc:  # the client could not ask: the safe answer is no
+            return "decline", f"the approval form could not be shown ({type(exc).__name__}); it was not sent"
+        if isinstance(answer, AcceptedElicitation):
+            return answer.data.decision, answer.data.reason
+        if isinstance(answer, DeclinedElicitation):
+            return "decline", "the user declined it"
+        # Dismissed: tether must decide now, and not sending is the safe choice.
+        return "decline", "the user dismissed the approval form"
+
+    # Recorded with each decision the form takes (P-29).
+    approve.actor, approve.via = actor, "mcp"  # type: ignore[attr-defined]
+    return approve
+
+
+def input_required_form(host: ApprovalHost, result: RunResult, principal: str) -> InputRequiredResult:
+    """The paused result as an input-required round (2026 era): one form, for the first undecided write (P-27)."""
+    pending = first_undecided(result.pending or {})
+    request = ElicitRequest(params=ElicitRequestFormParams(message=host.approval_message_for(pending),
+                                                           requested_schema=APPROVAL_SCHEMA))
+    state = host.sign_state(result.run_id, int(pending["seq"]), principal)
+    return InputRequiredResult(input_requests={APPROVAL_KEY: request}, request_state=state)
