@@ -106,9 +106,18 @@ class Keyring:
             )
         return key
 
+    @cached_property
+    def _derived(self) -> dict[str, Keyring]:
+        return {}
+
     def derive(self, purpose: str) -> Keyring:
         """The keyring of one purpose: each held secret's key for it, in the same order."""
-        return Keyring(derive(self.current, purpose), tuple(derive(k, purpose) for k in self.previous))
+        # Kept per purpose: a console request or a link opens a token under the same keys each time.
+        ring = self._derived.get(purpose)
+        if ring is None:
+            ring = self._derived[purpose] = Keyring(derive(self.current, purpose),
+                                                    tuple(derive(k, purpose) for k in self.previous))
+        return ring
 
     def sign(self, message: bytes) -> str:
         return mac_hex(self.current, message)

@@ -25,7 +25,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..approvals.capabilities import APPROVAL_LINK
+from ..approvals.capabilities import APPROVAL_LINK, Keyring
 from ..approvals.model import taken as taken_of
 from ..approvals.service import pending, refusal
 from ..errors import TetherError
@@ -55,7 +55,7 @@ class LinkClaim:
     expires_at: float
 
 
-def open_token(secret: bytes | Sequence[bytes], token: str) -> LinkClaim | None:
+def open_token(secret: bytes | Sequence[bytes] | Keyring, token: str) -> LinkClaim | None:
     """The claim of a genuine token; None for a forged, altered or malformed one.
 
     ``secret`` may be several (a keyring's current and older ones): a link handed out before the

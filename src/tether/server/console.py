@@ -635,7 +635,7 @@ class Console:
 
     def _link_state(self, token: str) -> tuple[Any, Any, Response | None]:
         """(claim, run, None) for a link that may decide now, else (.., .., the page saying why not)."""
-        claim = open_token([self.rt.keyring.current, *self.rt.keyring.previous], token)
+        claim = open_token(self.rt.keyring, token)
         if claim is None:
             return None, None, self.message(
                 "This approval link is not valid", "The link is incomplete or was altered, so it decides nothing.",
