@@ -179,10 +179,10 @@ async def test_a_client_that_fetches_its_approval_link_approves_nothing(rt, rec,
             again = await c.session.call_tool("execute", {"code": COMMENT}, allow_input_required=True,
                                               input_responses={"approval": answer},
                                               request_state=first.request_state)
-            assert isinstance(again, InputRequiredResult) and rec.deliveries == []  # still waits for a person
-            # What the model would read once it stops retrying: the run's paused result.
-            r = server.paused_result(await rt.wait_for_run(rt.store.list_runs(status="paused", limit=1)[0].run_id),
-                                     diagnostics=False)
+            # Nobody decided on the page in time: the answer is the paused envelope (issue 22, item 6), which
+            # still waits for a person, not another round with the same link.
+            assert not isinstance(again, InputRequiredResult) and rec.deliveries == []
+            r = again
     assert len(rogue.links) == 1 and rogue.links[0].startswith(f"{PUBLIC}/approve/")
     refused(rogue.answers)
     data = r.structured_content

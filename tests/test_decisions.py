@@ -330,3 +330,46 @@ await asyncio.gather(comment("small"), comment("x" * 5000))
         assert r.status == "completed", r.error
         assert r.result[0] == "sent" and r.result[1].startswith("[arguments_too_large]")
         assert rec.deliveries == [("add_comment", {"id": 7, "body": "small"})]
+
+
+async def test_only_the_approvals_service_creates_and_settles_approval_waits(store_url):
+    """One home for approvals (issue 19 point 8), like the Lifecycle's single ownership of run statuses:
+    a write's approval wait is created when its run pauses and resolved by the decision — through
+    rt.resume, rt.decide, a wait key, and the Decider behind the console and links — and every one of
+    those row writes comes from tether.approvals.service. (Revoking all of an ended run's waits stays
+    with runs/waits.py: it decides nothing.)"""
+    import sys
+
+    from tether.server.approvals import Decider
+
+    writers: set[tuple[str, str]] = set()
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        for method in ("create_wait", "settle_wait"):
+            real = getattr(rt.store, method)
+
+            def noting(record, _real=real, _method=method):
+                if record.name.startswith("approval:") and record.status in ("pending", "resolved"):
+                    writers.add((_method, sys._getframe(1).f_globals["__name__"]))
+                return _real(record)
+
+            setattr(rt.store, method, noting)
+        first = await rt.execute(TWO_PAUSES)
+        (one,) = rt.pending(first.run_id)
+        assert (await rt.resume(first.run_id, "approve", seq=one.seq)).status == "paused"
+        (two,) = rt.pending(first.run_id)
+        out = await rt.resolve_wait(two.key, {"decision": "decline", "reason": "not twice"})
+        assert out["status"] == "accepted"
+        batch = await rt.execute(GATHER3)
+        decider = Decider(rt, settle_seconds=5.0)
+        try:
+            assert (await decider.decide(batch.run_id, [2], "approve", None, principal=None, who="alice",
+                                         via="console")).ok
+        finally:
+            await decider.close()
+        done = await rt.decide(batch.run_id, {3: ("decline", "no"), 4: "approve"}, actor="bob", via="link")
+        assert done.status == "completed"
+    assert rec.deliveries == [("close_ticket", {"id": 1}), ("add_comment", {"id": 7, "body": "one"}),
+                              ("add_comment", {"id": 7, "body": "three"})]
+    assert {m for _, m in writers} == {"tether.approvals.service"}
+    assert {w for w, _ in writers} == {"create_wait", "settle_wait"}  # the check saw both kinds of write

@@ -4,6 +4,7 @@ The public API is what this module exports; everything else is private to the
 package and may change.
 """
 
+from .approvals.model import Decision, PendingWrite
 from .errors import (
     AlreadyDecided,
     ExecutionDiverged,
@@ -22,7 +23,6 @@ from .errors import (
     WriteOutcomeUnknown,
     WrongSecret,
 )
-from .runs.decisions import Decision, PendingWrite
 from .runs.limits import Limits
 from .runs.policy import Policy, Rule
 from .runs.result import RunResult

@@ -65,6 +65,7 @@ async def cmd_waits_revoke(args: argparse.Namespace) -> int:
 
 def recorded_setup_for_key(args: argparse.Namespace) -> tuple[list[str], str | None, list[dict] | None]:
     """The tools and config of the run a key belongs to, so the run can continue here."""
+    from ..approvals.capabilities import keyring_for
     from ..config import load_config
     from ..runs.waits import parse_wait_key
     from ..store import open_store
@@ -72,8 +73,7 @@ def recorded_setup_for_key(args: argparse.Namespace) -> tuple[list[str], str | N
     config = load_config(args.config)
     store = open_store(config.store.url)
     try:
-        previous = getattr(store, "previous_secrets", None)
-        parsed = parse_wait_key([store.secret(), *(previous() if previous else ())], args.key)
+        parsed = parse_wait_key(keyring_for(store).keys, args.key)
         run = store.get_run(parsed[0]) if parsed else None
         meta = trusted_meta(store, run)
     finally:

@@ -18,78 +18,16 @@ write to, for :func:`update_call_signed`).
 from __future__ import annotations
 
 import hashlib
-import hmac
-import json
-from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import RunTampered, WrongSecret
+# The keyring and its MACs live with the other capabilities; importable from here, as before.
+from ..approvals.capabilities import Keyring, keyring_for, same, secret_id
+from ..errors import RunTampered
 
 if TYPE_CHECKING:
     from ..store.base import CallRecord, RunRecord, SnapshotRecord
 
 _FIELD_HEX = 32  # 128 bits per run field: forging one is as hard as forging the whole
-
-
-def secret_id(secret: bytes) -> str:
-    """A short public name for a secret: which key signed a record, without revealing it."""
-    return hashlib.sha256(b"tether/secret-id\x00" + secret).hexdigest()[:12]
-
-
-# One encoder for every MAC: json.dumps with options builds a new encoder on each call, which was a third of
-# what a field's MAC cost (27 MACs per execute, bench/README.md). The same bytes as json.dumps.
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
-def _canonical(value: Any) -> bytes:
-    return _CANONICAL.encode(value).encode()
-
-
-@dataclass(frozen=True)
-class Keyring:
-    """The secret that signs (``current``) and the older ones that still verify."""
-
-    current: bytes
-    previous: tuple[bytes, ...] = ()
-
-    @cached_property
-    def _by_id(self) -> dict[str, bytes]:
-        # Computed once: every signature names its secret's id.
-        out: dict[str, bytes] = {}
-        for key in (self.current, *self.previous):
-            out.setdefault(secret_id(key), key)
-        return out
-
-    @cached_property
-    def current_id(self) -> str:
-        return secret_id(self.current)
-
-    def ids(self) -> list[str]:
-        return list(self._by_id)
-
-    def get(self, sid: str) -> bytes | None:
-        return self._by_id.get(sid)
-
-    def key_for(self, sid: str, what: str) -> bytes:
-        key = self.get(sid)
-        if key is None:
-            raise WrongSecret(
-                f"{what} was signed with another key (secret id {sid}); this process holds {', '.join(self.ids())}. "
-                "Nothing was resumed or sent",
-                details={"signed_with": sid, "held": self.ids()},
-            )
-        return key
-
-    @staticmethod
-    def mac(key: bytes, *parts: Any) -> str:
-        return hmac.new(key, _canonical(list(parts)), hashlib.sha256).hexdigest()
-
-
-def keyring_for(store: Any) -> Keyring:
-    """The keyring of an open store: its current secret and the older ones it was given."""
-    previous = getattr(store, "previous_secrets", None)
-    return Keyring(store.secret(), tuple(previous() if previous else ()))
 
 
 # ---------------------------------------------------------------------------
@@ -154,7 +92,7 @@ def verify_run(keyring: Keyring, run: "RunRecord") -> None:
                 bad.append(name)
             continue
         expected = Keyring.mac(key, "run", run.run_id, name, value)[:_FIELD_HEX]
-        if not isinstance(stored[name], str) or not hmac.compare_digest(expected, stored[name]):
+        if not isinstance(stored[name], str) or not same(expected, stored[name]):
             bad.append(name)
     if bad:
         raise RunTampered(
@@ -241,7 +179,7 @@ def verify_calls(keyring: Keyring, run_id: str, calls: Sequence["CallRecord"]) -
         expected = Keyring.mac(key, "call", prev, *signed_call_fields(call))
         before = by_seq.get(call.seq - 1)
         linked = prev == "-" or before is None or before.key[:16] == prev
-        if not hmac.compare_digest(expected, digest) or not linked:
+        if not same(expected, digest) or not linked:
             raise RunTampered(f"journal[{call.seq}] (the entry of call {call.seq}) of run {run_id} was changed "
                               "outside tether; nothing was resumed or sent", details={"fields": [f"journal[{call.seq}]"]})
 
@@ -264,7 +202,7 @@ def verify_snapshot_record(keyring: Keyring, snap: "SnapshotRecord") -> bool:
     key = keyring.key_for(sid, f"the snapshot of run {snap.run_id}")
     expected = Keyring.mac(key, "snapshot", snap.run_id, snap.seq, snap.monty_version,
                            hashlib.sha256(snap.data).hexdigest(), snap.pending, snap.kind)
-    return hmac.compare_digest(expected, digest)
+    return same(expected, digest)
 
 
 __all__ = [

@@ -11,7 +11,7 @@ winner. A transition the table does not list is a bug in tether: it is refused w
     claim_queued    queued -> running                    worker, Runtime.run_queued
     claim_due       waiting -> running (deadline came)   worker
     wake            waiting -> running (wait settled)    Runtime.wake
-    resume          paused -> running (pause decided)    decisions.decide
+    resume          paused -> running (pause decided)    approvals.service.decide
     claim_orphan    running, lease lapsed -> ours        worker (release_orphan hands it back)
     take_over       running, owner gone -> ours          Runtime.recover, worker, Runtime.cancel
     unclaim         running -> queued | waiting          worker, Runtime.run_queued (cannot run it here)
@@ -20,9 +20,9 @@ winner. A transition the table does not list is a bug in tether: it is refused w
     park            running -> paused | waiting          Attempt.pause (driver.py)
     finish          -> completed | failed | cancelled    Finisher.finish (finish.py)
     fail_internal   running -> failed                    Finisher.internal_error (finish.py)
-    expire          paused -> failed                     Runtime.expire_paused
+    expire          paused -> failed                     approvals.service.expire
     cancel_idle     (not executing) -> cancelled         Finisher.cancel_now (finish.py)
-    cancel_decided  paused -> cancelled                  decisions._cancel
+    cancel_decided  paused -> cancelled                  approvals.service._cancel
 
 ``cancelled_error`` and ``outcome_unknown`` are the two records these transitions
 write that used to be spelled out at each place that wrote them.

@@ -298,7 +298,7 @@ class Pauses:
 
     async def _record_inline_decision(self, seq: int, address: str, decision: str, reason: str | None) -> None:
         """Who decided a write asked inline, and through what (P-29): the approver may say, else `prompt`."""
-        from .decisions import Decision
+        from ..approvals.model import Decision
 
         host = self.host
         taken = Decision(seq, decision, reason, actor=getattr(host.on_approval, "actor", None),

@@ -22,8 +22,8 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
+from ..approvals.model import DECISIONS
 from ..errors import (
-    RunExpired,
     RunNotFound,
     RunTampered,
     SnapshotTampered,
@@ -59,7 +59,7 @@ from .quotas import Quotas, check_run_start
 from .result import RunResult
 from .run_keys import check_run_key
 from .sessions import Sessions, sign_snapshot  # noqa: F401 - sign_snapshot stays importable from here
-from .waits import DECISIONS, Waits, same_wait
+from .waits import Waits, same_wait
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -526,7 +526,7 @@ class Runtime:
         exactly one write in its life; otherwise it is refused (``seq_required``)
         with the pending writes, so it cannot land on a write nobody saw (P-28).
         """
-        from .decisions import decide, unnamed_target
+        from ..approvals.service import decide, unnamed_target
 
         t0 = time.perf_counter()
         if decision not in DECISIONS:
@@ -558,16 +558,16 @@ class Runtime:
         python, cli, mcp, console, link, key, prompt) and ``origin`` (where the
         caller was, e.g. a client address) are recorded with each decision.
         """
-        from .decisions import decide
+        from ..approvals.service import decide
 
         return await decide(self, run_id, decisions, principal=principal, actor=actor, via=via, origin=origin,
                             on_approval=on_approval, on_progress=on_progress, on_question=on_question)
 
     def pending(self, run_id: str, *, principal: str | None = None) -> list[Any]:
         """The writes a paused run waits on, each a :class:`~tether.PendingWrite` (empty when not paused)."""
-        from .decisions import pending_writes
+        from ..approvals.service import pending
 
-        return pending_writes(self, self._get_run(run_id, principal))
+        return pending(self, self._get_run(run_id, principal))
 
     async def wait_for_run(self, run_id: str, timeout: float = 300.0) -> RunResult:
         """Wait until the run is not running; return its recorded outcome."""
@@ -688,15 +688,9 @@ class Runtime:
 
     def expire_paused(self) -> list[str]:
         """End paused runs past their approval time to live (`run_expired`); nothing was sent for them."""
-        ended = []
-        for run in self.store.paused_runs_past_expiry(self.clock()):
-            err = RunExpired(f"run {run.run_id} waited longer than its approval time to live; "
-                             f"the write {(run.pending or {}).get('address')} was not sent")
-            if self.lifecycle.expire(run.run_id):
-                self.revoke_waits(run_id=run.run_id)
-                self.finisher.finish(run, RunStatus.FAILED, error=err.to_dict())
-                ended.append(run.run_id)
-        return ended
+        from ..approvals.service import expire
+
+        return expire(self)
 
     # -- background runs -----------------------------------------------------------
 

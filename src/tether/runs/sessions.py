@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 from typing import Any, Callable, Sequence
 
+from ..approvals.capabilities import mac_hex, same
 from ..errors import SnapshotTampered
 from ..sandbox.monty import MONTY_VERSION
 from ..store.base import SessionRecord, Store
@@ -19,7 +19,7 @@ from ..store.base import SessionRecord, Store
 def sign_snapshot(secret: bytes, run_id: str, seq: int, version: str, data: bytes) -> str:
     """HMAC over everything a restore trusts: whose state, at which call, which build (P-9)."""
     msg = b"\x00".join([run_id.encode(), str(seq).encode(), version.encode(), hashlib.sha256(data).digest()])
-    return hmac.new(secret, msg, hashlib.sha256).hexdigest()
+    return mac_hex(secret, msg)
 
 
 class Sessions:
@@ -38,7 +38,7 @@ class Sessions:
         return sign_snapshot(secret or self._secret, f"session:{principal}:{name}", 0, MONTY_VERSION, data)
 
     def verify(self, name: str, principal: str, data: bytes, mac: str) -> None:
-        if not any(hmac.compare_digest(self._mac(name, principal, data, s), mac) for s in (self._secret, *self._older)):
+        if not any(same(self._mac(name, principal, data, s), mac) for s in (self._secret, *self._older)):
             raise SnapshotTampered(f"the stored state of session {name!r} failed its signature check; nothing ran")
 
     def base(self, name: str, principal: str, notes: list[str]) -> dict[str, Any] | None:

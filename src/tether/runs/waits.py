@@ -18,12 +18,13 @@ verification; only waits made after the rotation get keys under the new one.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
 from typing import Any, Awaitable, Callable, Sequence
 
+from ..approvals import service as approvals
+from ..approvals.capabilities import WAIT_KEY
+
+# A paused write is a wait named approval:<seq>; what resolves it is a decision.
+from ..approvals.model import APPROVAL_PREFIX, DECISIONS, approval_wait_name
 from ..errors import AlreadyDecided, ToolsUnavailable, WrongSecret
 from ..store.base import (
     LOCAL_PRINCIPAL,
@@ -36,27 +37,12 @@ from ..store.base import (
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
 from .result import to_json_value
 
-KEY_VERSION = "w1"
 SIGNAL_PREFIX = "signal:"
 SLEEP_PREFIX = "sleep:"
-# A paused write is a wait named approval:<seq>; its value is the decision.
-APPROVAL_PREFIX = "approval:"
-# What resolves an approval wait: the decisions a paused write can get (P-10).
-DECISIONS = ("approve", "decline", "cancel")
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 def wait_key(secret: bytes, run_id: str, name: str) -> str:
-    payload = _b64(json.dumps([run_id, name], separators=(",", ":"), ensure_ascii=False).encode())
-    mac = hmac.new(secret, f"{KEY_VERSION}.{payload}".encode(), hashlib.sha256).hexdigest()[:32]
-    return f"{KEY_VERSION}.{payload}.{mac}"
+    return WAIT_KEY.mint(secret, [run_id, name])
 
 
 def parse_wait_key(secret: bytes | Sequence[bytes], key: str) -> tuple[str, str] | None:
@@ -64,17 +50,8 @@ def parse_wait_key(secret: bytes | Sequence[bytes], key: str) -> tuple[str, str]
 
     ``secret`` may be several (a keyring's current and older ones): a key made under any of them verifies.
     """
-    if not isinstance(key, str) or key.count(".") != 2:
-        return None
-    version, payload, mac = key.split(".")
-    if version != KEY_VERSION:
-        return None
-    keys = [secret] if isinstance(secret, bytes) else list(secret)
-    signed = f"{version}.{payload}".encode()
-    if not any(hmac.compare_digest(hmac.new(k, signed, hashlib.sha256).hexdigest()[:32], mac) for k in keys):
-        return None
     try:
-        run_id, name = json.loads(_unb64(payload))
+        run_id, name = WAIT_KEY.open(secret, key)
     except (ValueError, TypeError):
         return None
     return run_id, name
@@ -204,26 +181,14 @@ class Waits:
 
     def approval(self, run: RunRecord, seq: int, deadline: float) -> str:
         """Create the wait a paused write is (named approval:<seq>) and return its key."""
-        name = f"{APPROVAL_PREFIX}{seq}"
-        key = self.key(run.run_id, name)
-        self.store.create_wait(WaitRecord(key, run.run_id, name, WaitStatus.PENDING, self.clock(), seq=seq,
-                                          deadline=deadline, session=run.session))
-        return key
+        return approvals.ask(self.store, self.key(run.run_id, approval_wait_name(seq)), run, seq,
+                             deadline, self.clock())
 
     async def _resolve_approval(self, key: str, run_id: str, name: str, value: Any,
                                 error: str | None, owner: str | None) -> dict[str, Any]:
         """Resolving an approval wait is deciding the paused write: resume() does the work."""
         seq = int(name.split(":", 1)[1])
-        decision: str | None
-        reason: str | None
-        if error is not None:
-            decision, reason = "decline", error
-        elif isinstance(value, str):
-            decision, reason = value, None
-        elif isinstance(value, dict):
-            decision, reason = value.get("decision"), value.get("reason")
-        else:
-            decision, reason = None, None
+        decision, reason = approvals.decision_of(value, error)
         if decision not in DECISIONS:
             return {"status": "invalid_value", "key": key,
                     "next_action": 'Resolve an approval with {"decision": "approve" | "decline" | "cancel", '

@@ -9,25 +9,26 @@ the store mints and accepts the same links. It decides once: after a
 decision, after the time to live, or altered by a single character, it
 decides nothing and says why (P-33).
 
-:class:`Decider` is the one way the console and the links decide writes: it
-calls ``Runtime.decide`` (which records who decided, through what — ``console``,
-``link`` — and from where as a ``decided`` event in the run's timeline) and
-lets the run continue in the background. Whether the caller may decide is
-asked before, of ``tether.approvals.may_decide``.
+:class:`Decider` is the console's and the links' adapter to the approvals
+service: it asks ``tether.approvals.service.refusal`` whether a decision would
+take anything (so the page answers at once), then calls ``Runtime.decide``
+(which records who decided, through what — ``console``, ``link`` — and from
+where as a ``decided`` event in the run's timeline) and lets the run continue
+in the background. Whether the caller may decide is asked before, of
+``tether.approvals.may_decide``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
-import hmac
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import RunNotFound, TetherError
+from ..approvals.capabilities import APPROVAL_LINK, Keyring
+from ..approvals.model import taken as taken_of
+from ..approvals.service import pending, refusal
+from ..errors import TetherError
 from ..runs.redaction import secret_args, shown_args
 from ..store.base import RunRecord
 from ..store.states import RunStatus
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from ..runs.runtime import Runtime
     from .admission import Admission
 
-TOKEN_VERSION = "a1"
 # How long a decision waits for the run to move on before the page answers:
 # a short write finishes inside it and the page shows the outcome; a long one
 # goes on in the background and the page shows it running.
@@ -45,26 +45,8 @@ SETTLE_SECONDS = 3.0
 PAGE_ARGS_CHARS = 1200
 
 
-def derived_key(secret: bytes, purpose: str) -> bytes:
-    """One key per purpose from the store's secret: a link key cannot sign a session, nor the reverse."""
-    return hmac.new(secret, f"tether/{purpose}".encode(), hashlib.sha256).digest()
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 def link_token(secret: bytes, run_id: str, seq: int, expires_at: float) -> str:
-    payload = _b64(json.dumps([run_id, seq, round(expires_at, 3)], separators=(",", ":")).encode())
-    # The MAC covers the payload's text, not its decoded bytes: base64 has
-    # spare bits, and a changed character must never decode to the same token.
-    mac = hmac.new(derived_key(secret, "approval-link"), f"{TOKEN_VERSION}.{payload}".encode(),
-                   hashlib.sha256).hexdigest()
-    return f"{TOKEN_VERSION}.{payload}.{mac}"
+    return APPROVAL_LINK.mint(secret, [run_id, seq, round(expires_at, 3)])
 
 
 @dataclass(frozen=True)
@@ -74,24 +56,14 @@ class LinkClaim:
     expires_at: float
 
 
-def open_token(secret: bytes | Sequence[bytes], token: str) -> LinkClaim | None:
+def open_token(secret: bytes | Sequence[bytes] | Keyring, token: str) -> LinkClaim | None:
     """The claim of a genuine token; None for a forged, altered or malformed one.
 
     ``secret`` may be several (a keyring's current and older ones): a link handed out before the
     secret was rotated still opens while the older secret is kept for verification.
     """
-    if not isinstance(token, str) or token.count(".") != 2 or len(token) > 1024:
-        return None
-    version, payload, mac = token.split(".")
-    if version != TOKEN_VERSION:
-        return None
-    signed = f"{version}.{payload}".encode()
-    keys = [secret] if isinstance(secret, bytes) else list(secret)
-    if not any(hmac.compare_digest(hmac.new(derived_key(k, "approval-link"), signed, hashlib.sha256).hexdigest(), mac)
-               for k in keys):
-        return None
     try:
-        run_id, seq, expires_at = json.loads(_unb64(payload))
+        run_id, seq, expires_at = APPROVAL_LINK.open(secret, token)
     except (ValueError, TypeError):
         return None
     if not isinstance(run_id, str) or type(seq) is not int or not isinstance(expires_at, (int, float)):
@@ -111,7 +83,7 @@ def run_links(rt: Runtime, public_url: str | None, run: RunRecord) -> list[dict[
     if run.status != RunStatus.PAUSED or run.expires_at is None:
         return []
     return [{"seq": w["seq"], "address": w["address"],
-             "url": approval_url(public_url, rt.store.secret(), run.run_id, w["seq"], run.expires_at)}
+             "url": approval_url(public_url, rt.keyring.current, run.run_id, w["seq"], run.expires_at)}
             for w in pending_writes(rt, run)]
 
 
@@ -125,10 +97,8 @@ def pending_writes(rt: Runtime, run: RunRecord) -> list[dict[str, Any]]:
     """
     if run.status != RunStatus.PAUSED or not run.pending:
         return []
-    from ..runs.decisions import pending_writes as waiting
-
     return [{"seq": w.seq, "address": w.address, "args": w.args, "annotations": w.annotations,
-             "description": w.description} for w in waiting(rt, run) if w.decision is None]
+             "description": w.description} for w in pending(rt, run) if w.decision is None]
 
 
 # -- deciding --------------------------------------------------------------------------
@@ -156,37 +126,16 @@ class Decider:
     async def decide(self, run_id: str, seqs: list[int], decision: str, reason: str | None, *,
                      principal: str | None, who: str, via: str, origin: str | None = None) -> Outcome:
         """Decide the writes ``seqs`` of a paused run; nothing is decided unless each is still pending."""
-        if decision not in ("approve", "decline"):
-            return Outcome(False, "invalid_arguments", "a decision is approve or decline")
-        try:
-            run = self.rt.get_run(run_id, principal)
-        except RunNotFound:
-            return Outcome(False, "run_not_found", f"there is no run {run_id} for you")
-        waiting = {w["seq"] for w in pending_writes(self.rt, run)}
-        if not seqs or any(s not in waiting for s in seqs):
-            return self._not_pending(run, seqs)
-        if run.expires_at is not None and self.rt.clock() > run.expires_at:
-            return Outcome(False, "run_expired", "the approval's time to live has passed; nothing was decided "
-                           "and nothing was sent", status=run.status)
+        # What would make the decision take nothing is the service's to say (the same rules as decide);
+        # asked first, since the decision itself may wait for a slot.
+        run, refused = refusal(self.rt, run_id, seqs, decision, principal=principal, allowed=("approve", "decline"))
+        if refused is not None:
+            return Outcome(False, refused.code, refused.message, status=run.status if run is not None else None)
         return await self._decide(run_id, sorted(seqs), decision, reason, principal=principal, who=who, via=via,
                                   origin=origin)
 
-    def _not_pending(self, run: RunRecord, seqs: list[int]) -> Outcome:
-        from ..runs.decisions import recorded_decision
-
-        taken = [d for s in seqs if (d := recorded_decision(self.rt, run.run_id, s)) is not None]
-        if taken:
-            d = taken[0]
-            return Outcome(False, "already_decided",
-                           f"write {d.seq} was already decided: {d.decision}; nothing more was decided",
-                           status=run.status)
-        return Outcome(False, "not_paused", f"run {run.run_id} is {run.status} and does not wait on "
-                       f"write {', '.join(map(str, seqs))}; nothing was decided", status=run.status)
-
     async def _decide(self, run_id: str, seqs: list[int], decision: str, reason: str | None, *,
                       principal: str | None, who: str, via: str, origin: str | None) -> Outcome:
-        from ..runs.decisions import taken as taken_of
-
         def taken() -> bool:
             # The journal's compare-and-set is the decision (P-28): once every
             # named write holds it, the page can say so, whatever the run does next.

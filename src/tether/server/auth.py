@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .credentials import CredentialProblem
+
 if TYPE_CHECKING:
     from .oauth import ResourceServer
 
@@ -70,14 +72,6 @@ def well_formed(token: str) -> bool:
 def principal_for_token(token: str) -> str:
     # 16 bytes of SHA-256: unique per token, and the store never learns one.
     return "token:" + hashlib.sha256(token.encode()).hexdigest()[:32]
-
-
-class CredentialProblem(Exception):
-    """Why a request's credentials cannot be used: an HTTP status and a code."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
 
 
 def bearer_token(raw_headers: Iterable[tuple[bytes, bytes]]) -> str:

@@ -32,7 +32,6 @@ run changed. Security, in the order a request meets it:
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import contextvars
 import hashlib
@@ -53,14 +52,15 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..approvals import Access, Channel, Grant, may_decide, may_see, visible_owners
+from ..approvals.capabilities import CONSOLE_SESSION, Keyring
+from ..approvals.service import recorded_decision
 from ..approvals.surface import signed_in_required
 from ..errors import RunNotFound
-from ..runs.decisions import recorded_decision
 from ..runs.inspect import run_timeline
 from ..store.states import TERMINAL_RUN_STATUSES, RunStatus
 from ..tools.shown import escape as escape_controls
 from ..tools.shown import mask, mask_source, redacted, secret_values
-from .approvals import Decider, derived_key, describe_write, input_schema, open_token, pending_writes
+from .approvals import Decider, describe_write, input_schema, open_token, pending_writes
 from .auth import LOCAL, allowed_hosts, host_allowed, principal_for_token
 from .pagetext import flash_text, run_summary
 
@@ -253,16 +253,16 @@ class Console:
         self.access = access or _default_access(rt, self.tokens)
         self.public_url = public_url
         self.decider = decider or Decider(rt, admission)
-        secret = rt.store.secret()
-        self._secret = secret
-        self._session_key = derived_key(secret, "console/session")
-        self._csrf_key = derived_key(secret, "console/csrf")
+        # Sessions, CSRF tokens and the sign-in flow verify under the current secret
+        # only: a rotation signs people out, as it always has.
+        self._keyring = Keyring(rt.keyring.current)
+        self._csrf_keys = self._keyring.derive("console/csrf")
         self._principals = set(self.access.grants) if self.tokens else {LOCAL}
         # People signed in through the IdP: their rights travel in their signed session cookie
         # (any replica reads them, per request); this remembers their names for pages that list them.
         self._people: dict[str, str] = {}
         if sign_in is not None:
-            sign_in.bind(derived_key(secret, "console/oidc"))
+            sign_in.bind(self._keyring)
         self.templates = _environment()
         # Who is signed in, by the name their token has in the configuration.
         self.templates.filters["named"] = self._name
@@ -291,30 +291,17 @@ class Console:
 
     # -- sessions and CSRF ------------------------------------------------------------
 
-    def _sign(self, key: bytes, payload: str) -> str:
-        return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
-
     def make_session(self, principal: str, person: Grant | None = None) -> str:
         data: dict[str, Any] = {"p": principal, "n": secrets.token_urlsafe(16), "e": int(time.time() + SESSION_SECONDS)}
         if person is not None:
             data["u"] = {"n": person.name, "r": sorted(person.rights), "a": sorted(person.approves_for)}
-        body = json.dumps(data, separators=(",", ":"))
-        payload = base64.urlsafe_b64encode(body.encode()).decode().rstrip("=")
-        return f"s1.{payload}.{self._sign(self._session_key, payload)}"
+        return CONSOLE_SESSION.mint(self._keyring, data)
 
     def session(self, request: Request) -> dict[str, Any] | None:
         """``{"p": principal, "n": nonce}`` of a valid session cookie, else None."""
         _SESSION_GRANT.set(None)  # whatever this request carries decides, and nothing before it
         value = request.cookies.get(SESSION_COOKIE, "")
-        parts = value.split(".")
-        if len(parts) != 3 or parts[0] != "s1":
-            return None
-        if not hmac.compare_digest(self._sign(self._session_key, parts[1]), parts[2]):
-            return None
-        try:
-            data = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-        except ValueError:
-            return None
+        data = CONSOLE_SESSION.open(self._keyring, value)
         # A session outlives neither its time, nor its signing out, nor the token it was opened with.
         if not isinstance(data, dict) or data.get("e", 0) < time.time():
             return None
@@ -363,7 +350,7 @@ class Console:
                             media_type="text/plain")
 
     def csrf_for(self, nonce: str) -> str:
-        return self._sign(self._csrf_key, nonce)[:40]
+        return self._csrf_keys.sign(nonce.encode())[:40]
 
     def _presession(self, request: Request) -> tuple[str, bool]:
         """The pre-session CSRF nonce of this browser, and whether it must be set now."""
@@ -670,7 +657,7 @@ class Console:
 
     def _link_state(self, token: str) -> tuple[Any, Any, Response | None]:
         """(claim, run, None) for a link that may decide now, else (.., .., the page saying why not)."""
-        claim = open_token([self.rt.keyring.current, *self.rt.keyring.previous], token)
+        claim = open_token(self.rt.keyring, token)
         if claim is None:
             return None, None, self.message(
                 "This approval link is not valid", "The link is incomplete or was altered, so it decides nothing.",

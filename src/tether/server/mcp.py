@@ -21,18 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Mapping
 
-from mcp.server.elicitation import AcceptedElicitation, DeclinedElicitation, render_elicitation_schema
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.request_state import RequestStateSecurity
 from mcp_types import (
     CallToolResult,
-    ElicitRequest,
-    ElicitRequestFormParams,
     ElicitResult,
     InputRequiredResult,
     ToolAnnotations,
@@ -48,9 +43,10 @@ from ..runs.handle import RunHandle
 from ..runs.result import RunResult
 from ..runs.run_keys import MAX_RUN_KEY_CHARS
 from ..store.states import RunStatus
-from . import keyed, urlmode
+from . import channels, keyed, urlmode
 from .admission import Admission
 from .auth import GRANT_KEY, IDENTITY_KEY, LOCAL, request_scope_value
+from .channels import APPROVAL_KEY, APPROVAL_SCHEMA, ApprovalForm  # noqa: F401 - importable from here, as before
 from .results import (  # noqa: F401 - importable from here, as before
     MAX_ARGS_CHARS,
     approval_message,
@@ -67,25 +63,12 @@ if TYPE_CHECKING:
 SERVER_NAME = "tether"
 # The first protocol revision without server→client requests mid-call.
 MODERN = "2026-07-28"
-# The key of the one input request tether makes per round.
-APPROVAL_KEY = "approval"
 # Argument values quoted to the user are cut here: a form is read, not scrolled.
 
 INLINE, INPUT_REQUIRED = "inline", "input_required"
 
 
 # -- wire shapes -------------------------------------------------------------------
-
-
-class ApprovalForm(BaseModel):
-    """The form a paused write is put to the user as."""
-
-    decision: Literal["approve", "decline"] = Field(
-        description="approve: send the write. decline: do not send it; the program is told and goes on.")
-    reason: str | None = Field(default=None, description="Optional; told to the program when declining.")
-
-
-APPROVAL_SCHEMA = render_elicitation_schema(ApprovalForm)
 
 
 class RunEnvelope(BaseModel):
@@ -224,9 +207,8 @@ class TetherServer:
         # process sharing the store can open and verify what another minted.
         # The current secret's keys seal and sign; a rotated keyring's older
         # ones still open and verify state minted before the rotation.
-        secrets = [rt.keyring.current, *rt.keyring.previous]
-        self._state_mac_keys = [hmac.new(s, b"tether/mcp/request-state/mac", hashlib.sha256).digest() for s in secrets]
-        seal_keys = [hmac.new(s, b"tether/mcp/request-state/seal", hashlib.sha256).digest() for s in secrets]
+        self._state_macs = rt.keyring.derive("mcp/request-state/mac")
+        seal_keys = list(rt.keyring.derive("mcp/request-state/seal").keys)
         security = RequestStateSecurity(
             keys=seal_keys,
             # A paused run waits this long for its decision; the answer to the
@@ -552,21 +534,7 @@ class TetherServer:
         return approval_message(pending, description, schema)
 
     def _approver(self, ctx: Context) -> Callable[[dict], Any]:
-        async def approve(pending: dict) -> tuple[str, str | None]:
-            try:
-                answer = await ctx.elicit(self.approval_message_for(pending), ApprovalForm)
-            except Exception as exc:  # the client could not ask: the safe answer is no
-                return "decline", f"the approval form could not be shown ({type(exc).__name__}); it was not sent"
-            if isinstance(answer, AcceptedElicitation):
-                return answer.data.decision, answer.data.reason
-            if isinstance(answer, DeclinedElicitation):
-                return "decline", "the user declined it"
-            # Dismissed: tether must decide now, and not sending is the safe choice.
-            return "decline", "the user dismissed the approval form"
-
-        # Recorded with each decision the form takes (P-29).
-        approve.actor, approve.via = self.principal_of(ctx), "mcp"  # type: ignore[attr-defined]
-        return approve
+        return channels.inline_form(self, ctx, self.principal_of(ctx))
 
     def _asker(self, ctx: Context) -> Callable[[dict], Any]:
         """Put an upstream tool's question to this client's user, as the upstream's own form (2025 era)."""
@@ -584,12 +552,7 @@ class TetherServer:
     # -- approval: modern (input required) -----------------------------------------
 
     def _input_required(self, result: RunResult, principal: str) -> InputRequiredResult:
-        # One form per round: the first write of the pause still undecided (P-27).
-        pending = _first_undecided(result.pending or {})
-        request = ElicitRequest(params=ElicitRequestFormParams(message=self.approval_message_for(pending),
-                                                               requested_schema=APPROVAL_SCHEMA))
-        state = self.sign_state(result.run_id, int(pending["seq"]), principal)
-        return InputRequiredResult(input_requests={APPROVAL_KEY: request}, request_state=state)
+        return channels.input_required_form(self, result, principal)
 
     async def _answer(self, ctx: Context, principal: str, diagnostics: bool) -> Any:
         """The client's answer to a form: decide the named run's write and continue it."""
@@ -641,15 +604,14 @@ class TetherServer:
         body: dict[str, Any] = {"v": 1, "run_id": run_id, "seq": seq}
         if mode is not None:
             body["m"] = mode  # the request is sealed by the SDK: a client cannot change it
-        return json.dumps({**body, "mac": self._mac(run_id, seq, principal)}, separators=(",", ":"))
+        return json.dumps({**body, "mac": self._state_macs.sign(self._signed_state(run_id, seq, principal))}, separators=(",", ":"))
 
     def _open_state(self, state: str, principal: str) -> tuple[str, int]:
         try:
             data = json.loads(state)
             run_id, seq, mac = data["run_id"], data["seq"], data["mac"]
             valid = (data.get("v") == 1 and isinstance(run_id, str) and type(seq) is int and isinstance(mac, str)
-                     and any(hmac.compare_digest(mac, self._mac(run_id, seq, principal, key))
-                             for key in self._state_mac_keys))
+                     and self._state_macs.verifies(self._signed_state(run_id, seq, principal), mac))
         except (ValueError, KeyError, TypeError):
             valid = False
         if not valid:
@@ -658,9 +620,9 @@ class TetherServer:
                               next_action="Call execute again; the answered form belonged to another run.")
         return run_id, seq
 
-    def _mac(self, run_id: str, seq: int, principal: str, key: bytes | None = None) -> str:
-        msg = b"\x00".join([run_id.encode(), str(seq).encode(), principal.encode()])
-        return hmac.new(key or self._state_mac_keys[0], msg, hashlib.sha256).hexdigest()
+    @staticmethod
+    def _signed_state(run_id: str, seq: int, principal: str) -> bytes:
+        return b"\x00".join([run_id.encode(), str(seq).encode(), principal.encode()])
 
 
 # -- helpers -------------------------------------------------------------------------
@@ -720,9 +682,7 @@ def _actor(ctx: Context, principal: str) -> str:
     return identity.shown if identity is not None else principal
 
 
-def _first_undecided(pending: Mapping[str, Any]) -> Mapping[str, Any]:
-    writes = [w for w in (pending.get("writes") or [pending]) if not w.get("decision")]
-    return writes[0] if writes else pending
+_first_undecided = channels.first_undecided
 
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import hmac
 import json
 import os
 import random
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .. import metrics
+from ..approvals.capabilities import Keyring, mac_hex, same, secret_id
 from ..runs.redaction import shown_args
 from ..store.base import OUTBOX_DELIVERED, OUTBOX_FAILED, OUTBOX_PENDING, OutboxRecord, RunRecord
 from ..tools.shown import show_call
@@ -67,7 +67,7 @@ OUTBOX_PURPOSE = "tether/outbox/v1"
 
 
 def sign(secret: bytes, timestamp: int, body: str) -> str:
-    return hmac.new(secret, f"{timestamp}.{body}".encode(), hashlib.sha256).hexdigest()
+    return mac_hex(secret, f"{timestamp}.{body}".encode())
 
 
 def signature_header(secret: bytes, body: str, now: float) -> str:
@@ -85,7 +85,7 @@ def verify(secret: bytes, header: str, body: str, now: float | None = None,
         return False
     if abs((time.time() if now is None else now) - t) > tolerance:
         return False
-    return hmac.compare_digest(sign(secret, t, body), parts.get("v1", ""))
+    return same(sign(secret, t, body), parts.get("v1", ""))
 
 
 @dataclass(frozen=True)
@@ -174,8 +174,6 @@ class Notifier:
         return out
 
     def _mac(self, target: str, event_id: str, body: str, key: bytes | None = None) -> str:
-        from ..runs.integrity import Keyring, secret_id
-
         key = self.rt.keyring.current if key is None else key
         return f"{secret_id(key)}.{Keyring.mac(key, OUTBOX_PURPOSE, target, event_id, body)}"
 
@@ -183,7 +181,7 @@ class Notifier:
         """Whether tether queued this row as it is: its MAC verifies under a secret this process holds."""
         sid, _, _ = (item.mac or "").partition(".")
         key = self.rt.keyring.get(sid)
-        return key is not None and hmac.compare_digest(self._mac(item.target, item.event_id, item.body, key),
+        return key is not None and same(self._mac(item.target, item.event_id, item.body, key),
                                                        item.mac or "")
 
     def outgoing(self, item: OutboxRecord) -> str:

@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..approvals.rights import ANY, APPROVE, OPERATE, RIGHTS, Grant
 from ..errors import UsageError
-from .auth import CredentialProblem
+from .credentials import CredentialProblem
 
 SCOPE_PREFIX = "tether:"
 SCOPES = tuple(SCOPE_PREFIX + r for r in RIGHTS)

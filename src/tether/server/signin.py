@@ -14,10 +14,6 @@ from the store's secret, so the callback may land on any replica.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
 import secrets
 import time
 from dataclasses import dataclass
@@ -27,6 +23,7 @@ import jwt
 from authlib.common.security import generate_token
 from authlib.integrations.httpx_client import AsyncOAuth2Client
 
+from ..approvals.capabilities import SIGN_IN_FLOW, Keyring
 from .oauth import FETCH_TIMEOUT_SECONDS, Identity, ResourceServer, rights_of
 
 FLOW_COOKIE = "tether_oidc"
@@ -58,15 +55,15 @@ class OidcSignIn:
         self.authorization_endpoint = meta.get("authorization_endpoint")
         self.token_endpoint = meta.get("token_endpoint")
         self.userinfo_endpoint = meta.get("userinfo_endpoint")
-        self._key = b""
+        self._keyring: Keyring | None = None
 
-    def bind(self, key: bytes) -> None:
-        """The key (from the store's secret) that signs the flow cookie."""
-        self._key = key
+    def bind(self, keyring: Keyring) -> None:
+        """The keyring (from the store's secret) that signs the flow cookie."""
+        self._keyring = keyring
 
     @property
     def ready(self) -> bool:
-        return bool(self.authorization_endpoint and self.token_endpoint and self._key)
+        return bool(self.authorization_endpoint and self.token_endpoint and self._keyring)
 
     def _client(self) -> AsyncOAuth2Client:
         return AsyncOAuth2Client(client_id=self.client_id, client_secret=self.client_secret,
@@ -85,22 +82,15 @@ class OidcSignIn:
         return url, self._seal(flow)
 
     def _seal(self, flow: Flow) -> str:
-        body = json.dumps({"s": flow.state, "o": flow.nonce, "v": flow.verifier, "a": flow.after,
-                           "e": int(time.time() + FLOW_SECONDS)}, separators=(",", ":")).encode()
-        payload = base64.urlsafe_b64encode(body).decode().rstrip("=")
-        return f"f1.{payload}.{hmac.new(self._key, payload.encode(), hashlib.sha256).hexdigest()}"
+        if self._keyring is None:  # the console offers sign-in only once bound (``ready``)
+            raise RuntimeError("the sign-in flow is not bound to the store's keyring")
+        return SIGN_IN_FLOW.mint(self._keyring, {"s": flow.state, "o": flow.nonce, "v": flow.verifier,
+                                                 "a": flow.after, "e": int(time.time() + FLOW_SECONDS)})
 
     def open_flow(self, value: str | None) -> Flow | None:
-        parts = (value or "").split(".")
-        if len(parts) != 3 or parts[0] != "f1" or not self._key:
+        if self._keyring is None:
             return None
-        expected = hmac.new(self._key, parts[1].encode(), hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(expected, parts[2]):
-            return None
-        try:
-            data = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-        except ValueError:
-            return None
+        data = SIGN_IN_FLOW.open(self._keyring, value or "")
         if not isinstance(data, dict) or data.get("e", 0) < time.time():
             return None
         return Flow(str(data["s"]), str(data["o"]), str(data["v"]), data.get("a"))

@@ -35,7 +35,7 @@ from .approvals import approval_url, pending_writes
 
 if TYPE_CHECKING:
     from ..runs.runtime import Runtime
-    from .mcp import TetherServer
+    from .channels import ApprovalHost  # what channels use of the server; never mcp.py, which imports this
 
 # How long a call waits for a decision on the approval page before it returns
 # the paused result (the run keeps waiting; the link keeps working). Under
@@ -44,7 +44,7 @@ URL_WAIT_SECONDS = 50.0
 DECLINED_TO_OPEN = "the user declined to open the approval page"
 
 
-def waiting_write(server: "TetherServer", run_id: str) -> dict[str, Any] | None:
+def waiting_write(server: "ApprovalHost", run_id: str) -> dict[str, Any] | None:
     """The first write the run still waits on (of its batch), or None."""
     run = server.rt.store.get_run(run_id)
     if run is None or run.status != RunStatus.PAUSED:
@@ -53,14 +53,14 @@ def waiting_write(server: "TetherServer", run_id: str) -> dict[str, Any] | None:
     return {**writes[0], "expires_at": run.expires_at} if writes else None
 
 
-def link_to(server: "TetherServer", run_id: str, write: dict[str, Any]) -> str | None:
+def link_to(server: "ApprovalHost", run_id: str, write: dict[str, Any]) -> str | None:
     if write.get("expires_at") is None:
         return None
-    return approval_url(server.public_url, server.rt.store.secret(), run_id, int(write["seq"]),
+    return approval_url(server.public_url, server.rt.keyring.current, run_id, int(write["seq"]),
                         float(write["expires_at"]))
 
 
-def link_of(server: "TetherServer", result: RunResult) -> str | None:
+def link_of(server: "ApprovalHost", result: RunResult) -> str | None:
     """The approval link of the first write a paused result still waits on."""
     if result.status != RunStatus.PAUSED or not server.public_url:
         return None
@@ -68,7 +68,7 @@ def link_of(server: "TetherServer", result: RunResult) -> str | None:
     return link_to(server, result.run_id, write) if write else None
 
 
-def message(server: "TetherServer", write: dict[str, Any]) -> str:
+def message(server: "ApprovalHost", write: dict[str, Any]) -> str:
     return server.approval_message_for(write) + "\n\nOpen the page to approve or decline it."
 
 
@@ -88,7 +88,7 @@ async def decided(rt: Runtime, run_id: str, seq: int, timeout: float) -> bool:
         delay = min(delay * 1.5, 0.5)
 
 
-async def settled(server: "TetherServer", run_id: str) -> RunResult:
+async def settled(server: "ApprovalHost", run_id: str) -> RunResult:
     """The run's next result after a decision: paused on the rest of its batch, or where it went next."""
     for _ in range(200):
         run = server.rt.store.get_run(run_id)
@@ -100,7 +100,7 @@ async def settled(server: "TetherServer", run_id: str) -> RunResult:
     return await server.rt.wait_for_run(run_id)
 
 
-async def legacy(server: "TetherServer", ctx: Any, result: RunResult, principal: str) -> RunResult:
+async def legacy(server: "ApprovalHost", ctx: Any, result: RunResult, principal: str) -> RunResult:
     """Put each write the run waits on to the user as its link, within this call, until the run moves on."""
     while result.status == RunStatus.PAUSED and (write := waiting_write(server, result.run_id)) is not None:
         link = link_to(server, result.run_id, write)
@@ -130,7 +130,7 @@ async def legacy(server: "TetherServer", ctx: Any, result: RunResult, principal:
     return result
 
 
-def still_waits_on(server: "TetherServer", result: RunResult, seq: int) -> bool:
+def still_waits_on(server: "ApprovalHost", result: RunResult, seq: int) -> bool:
     """The run is still paused on write ``seq``: the page was not used in time."""
     if result.status != RunStatus.PAUSED:
         return False
@@ -138,7 +138,7 @@ def still_waits_on(server: "TetherServer", result: RunResult, seq: int) -> bool:
     return write is not None and int(write["seq"]) == seq
 
 
-def input_required(server: "TetherServer", result: RunResult, principal: str) -> Any:
+def input_required(server: "ApprovalHost", result: RunResult, principal: str) -> Any:
     write = waiting_write(server, result.run_id)
     link = link_to(server, result.run_id, write) if write else None
     if link is None or write is None:
@@ -149,7 +149,7 @@ def input_required(server: "TetherServer", result: RunResult, principal: str) ->
     return InputRequiredResult(input_requests={"approval": request}, request_state=state)
 
 
-async def answer(server: "TetherServer", ctx: Any, run_id: str, seq: int, reply: Any, principal: str) -> RunResult:
+async def answer(server: "ApprovalHost", ctx: Any, run_id: str, seq: int, reply: Any, principal: str) -> RunResult:
     """A modern client's retry after a URL request: the decision was (or is being) taken on the page."""
     action = getattr(reply, "action", None)
     if action == "accept":

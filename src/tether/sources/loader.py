@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from ..approvals.capabilities import Keyring, keyring_for, mac_hex, same, secret_id
 from ..errors import ConfigError, SourceUnavailable, TetherError, ToolsUnavailable
 from ..tools.model import Tool
 from .base import ENV_REF, Source
@@ -60,7 +60,7 @@ LISTING_PURPOSE = "tether/source-listing/v1"
 def _digest(value: str, secret: bytes) -> str:
     # Keyed by the store's secret: a short literal (a PIN, a weak token) cannot
     # be recovered from the store by hashing guesses.
-    return f"{_LITERAL}{hmac.new(secret, value.encode(), hashlib.sha256).hexdigest()[:32]}>"
+    return f"{_LITERAL}{mac_hex(secret, value.encode())[:32]}>"
 
 
 def record_definition(source: Any, secret: bytes = b"") -> dict[str, Any]:
@@ -98,7 +98,7 @@ def _fill_literals(definition: dict[str, Any], local: Iterable[Any], secrets: It
                 if getattr(source, "namespace", None) != definition.get("namespace"):
                     continue
                 candidate = (getattr(source, table, None) or {}).get(key)
-                if isinstance(candidate, str) and any(hmac.compare_digest(_digest(candidate, s), value)
+                if isinstance(candidate, str) and any(same(_digest(candidate, s), value)
                                                       for s in secrets):
                     values[key] = candidate
                     break
@@ -218,9 +218,9 @@ class SourceSet:
                  progress: Callable[[Any], None] | None = None) -> None:
         self.runtime = runtime
         self.store = store
-        self.secret: bytes = store.secret() if store is not None else b""
-        previous = getattr(store, "previous_secrets", None)
-        self._verify_with = [self.secret, *(previous() if previous else ())]
+        keyring = keyring_for(store) if store is not None else Keyring(b"")
+        self.secret: bytes = keyring.current
+        self._verify_with = list(keyring.keys)
         self.log_dir = log_dir
         self.local = list(local)  # this process's own config sources (literal values live there)
         self.default_call_timeout = default_call_timeout
@@ -359,8 +359,6 @@ class SourceSet:
     def _remember_listing(self, key: str, source: Any) -> None:
         if self.store is None:
             return
-        from ..runs.integrity import Keyring, secret_id
-
         data: dict[str, Any] = {"tools": source.listing, "server": source.server_info}
         data["mac"] = {"sid": secret_id(self.secret),
                        "mac": Keyring.mac(self.secret, LISTING_PURPOSE, key, data["tools"], data["server"])}
@@ -384,13 +382,11 @@ class SourceSet:
             return None
         if cached is None or not isinstance(cached[0], dict):
             return None
-        from ..runs.integrity import Keyring, secret_id
-
         data, mac = cached[0], cached[0].get("mac")
         if not isinstance(mac, dict) or not isinstance(mac.get("mac"), str):
             return None
         signer = next((k for k in self._verify_with if secret_id(k) == mac.get("sid")), None)
-        if signer is None or not hmac.compare_digest(
+        if signer is None or not same(
                 Keyring.mac(signer, LISTING_PURPOSE, key, data.get("tools"), data.get("server")), mac["mac"]):
             return None
         return data, cached[1]
@@ -523,7 +519,8 @@ class _SignedCatalogs:
 
     @staticmethod
     def _mac(secret: bytes, key: str, body: str) -> str:
-        return hmac.new(secret, f"openapi-catalog:{key}\n{body}".encode(), hashlib.sha256).hexdigest()
+        # The bytes it always signed; the MAC itself is the capabilities module's (approvals/capabilities.py).
+        return mac_hex(secret, f"openapi-catalog:{key}\n{body}".encode())
 
     def get(self, key: str) -> dict[str, Any] | None:
         try:
@@ -533,7 +530,7 @@ class _SignedCatalogs:
         data = row[0] if row is not None else None
         if not (isinstance(data, dict) and isinstance(data.get("body"), str) and isinstance(data.get("mac"), str)):
             return None
-        if not any(hmac.compare_digest(self._mac(s, key, data["body"]), data["mac"]) for s in self.secrets):
+        if not any(same(self._mac(s, key, data["body"]), data["mac"]) for s in self.secrets):
             return None
         from ._openapi_compiled import no_gc
 
