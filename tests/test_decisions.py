@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from helpers import Clock, Recorder
-from tether import AlreadyDecided, PendingWrite, SeqRequired, WriteNotPending
+from tether import AlreadyDecided, PendingWrite, SeqRequired, UsageError, WriteNotPending
 from tether.runs.inspect import run_timeline
 from tether.runs.policy import Policy
 from tether.runs.runtime import Runtime
@@ -215,6 +215,20 @@ async def test_p28_the_approval_key_names_its_write(store_url):
         assert out["status"] == "already_resolved"
         await rt.decide(r.run_id, {2: "decline", 3: "decline"})
         assert rec.deliveries == [("add_comment", {"id": 7, "body": "three"})]
+
+
+async def test_an_approval_key_is_not_settled_around_the_approvals_service(store_url):
+    # resolve_wait(..., continue_run=False) settles a wait row and nothing else: for an approval that would
+    # be a decision the journal never took, under whatever name the caller put in the value.
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        r = await rt.execute(GATHER3)
+        keys = {w["seq"]: w["key"] for w in r.pending["writes"]}
+        with pytest.raises(UsageError) as info:
+            await rt.resolve_wait(keys[2], {"decision": "approve", "actor": "someone else"}, continue_run=False)
+        assert info.value.code == "invalid_arguments" and "Nothing was decided or sent" in info.value.message
+        assert [p.seq for p in rt.pending(r.run_id) if p.decision is None] == [2, 3, 4]
+        assert rt.store.get_call(r.run_id, 2).state == "asked" and rec.deliveries == []
 
 
 async def test_p29_each_decision_records_who_and_from_where(store_url):

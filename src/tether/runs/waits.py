@@ -25,7 +25,7 @@ from ..approvals.capabilities import WAIT_KEY
 
 # A paused write is a wait named approval:<seq>; what resolves it is a decision.
 from ..approvals.model import APPROVAL_PREFIX, DECISIONS, approval_wait_name
-from ..errors import AlreadyDecided, ToolsUnavailable, WrongSecret
+from ..errors import AlreadyDecided, ToolsUnavailable, UsageError, WrongSecret
 from ..store.base import (
     LOCAL_PRINCIPAL,
     WAIT_DIGEST_PREFIX,
@@ -150,7 +150,16 @@ class Waits:
             return {"status": "unknown_or_revoked", "key": key,
                     "next_action": "Check the key (tether waits list); the wait may have been revoked."}
         run_id, name = parsed
-        if name.startswith(APPROVAL_PREFIX) and continue_run:
+        if name.startswith(APPROVAL_PREFIX):
+            if not continue_run:
+                # Settling the wait row alone would record a decision the journal never took, and a name in
+                # the timeline nobody checked: an approval is decided by the approvals service, or not at all.
+                raise UsageError(
+                    f"{name} of run {run_id} is a paused write's approval; it is decided through the approvals "
+                    "service, which continues the run, so it cannot be resolved with continue_run=False. Nothing "
+                    "was decided or sent", code="invalid_arguments",
+                    next_action="Resolve the key with continue_run=True, or decide with rt.decide / "
+                                "`tether runs approve`.")
             # The key is the capability: whoever holds it decides as the run's owner.
             return await self._resolve_approval(key, run_id, name, value, error, run.principal)
         if existing is None and run.status in TERMINAL_RUN_STATUSES:
