@@ -8,7 +8,7 @@
 3. Saving: the largest string a program can hold under the default 64 MiB limit and still pause
    (a dump needs room beside the state, P-41), found by bisection over fresh runs.
 
-    python bench/retention_bench.py [--quick] [--json]
+    python bench/retention_bench.py [--quick] [--json]   (--json: the JSON line alone)
 
 Nothing here asserts on time; the figures are printed (and with --json, one JSON line).
 """
@@ -137,10 +137,8 @@ async def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         result = {"growth": await growth(tmp, 2 if args.quick else 5), "saving": await largest_pausable(tmp)}
-    if args.json:
-        print(json.dumps({"bench": "retention", **result}))
-    else:
-        g, s = result["growth"], result["saving"]
+    g, s = result["growth"], result["saving"]
+    if not args.json:
         print(f"growth: {g['runs']} runs x 30 writes x 500 KB in {g['seconds']} s -> {g['store_mb']} MB")
         print(f"store stats {g['stats_ms']} ms (would free {g['would_free_mb']} MB); prune {g['pruned_runs']} runs "
               f"/ {g['pruned_calls']} calls in batches of 2: {g['prune_ms']} ms")
@@ -150,6 +148,8 @@ async def main() -> int:
               f"{g['timed_transaction_us']} us")
         print(f"largest string that still pauses under 64 MiB: {s['largest_pausable_mb']} MB "
               f"({s['first_refused_mb']} MB fails memory_limit, nothing sent)")
+    # Every bench ends with its JSON line (run_all reads it; a bench without one counts as crashed).
+    print(json.dumps({"bench": "retention", "quick": args.quick, **result, "targets": []}))
     return 0
 
 
