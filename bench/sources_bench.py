@@ -20,12 +20,9 @@ Target: four cached sources <= 1.3x no sources (paired ratio).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import common
@@ -50,19 +47,6 @@ def _configs(repo: Path) -> dict[str, str]:
     return {"none": "", "four cached": four, "four, empty cache": four, "one hung (start_timeout 1 s)": hung}
 
 
-def _run(cwd: Path, home: Path, clear_cache: bool) -> float:
-    if clear_cache:
-        shutil.rmtree(home, ignore_errors=True)
-    env = dict(os.environ, TETHER_HOME=str(home))
-    env.pop("TETHER_STORE_URL", None)
-    t = time.perf_counter()
-    proc = subprocess.run([str(BIN / "tether"), "run", "one.py"], cwd=cwd, env=env, capture_output=True, text=True)
-    took = time.perf_counter() - t
-    if proc.returncode != 0 or proc.stdout.strip() != "2":
-        raise SystemExit(f"tether run failed in {cwd}: {proc.stdout}{proc.stderr}")
-    return took
-
-
 def main() -> None:
     args = common.parser(__doc__.splitlines()[0], rounds=15, quick_rounds=3).parse_args()
     rounds, warmup = common.rounds_of(args)
@@ -73,21 +57,8 @@ def main() -> None:
         repo = base / "repo"
         repo.mkdir()
         subprocess.run(["git", "init", "-q", str(repo)], check=True)
-        dirs = {}
-        for i, (name, text) in enumerate(_configs(repo).items()):
-            d = base / f"c{i}"
-            d.mkdir()
-            (d / "tether.toml").write_text(text)
-            (d / "one.py").write_text("1 + 1\n")
-            dirs[name] = d
-        samples: dict[str, list[float]] = {name: [] for name in dirs}
-        for r in range(warmup + rounds):
-            names = list(dirs)
-            names = names[r % len(names):] + names[:r % len(names)]
-            for name in names:
-                took = _run(dirs[name], dirs[name] / "home", clear_cache=name == "four, empty cache")
-                if r >= warmup:
-                    samples[name].append(took)
+        samples = common.cold_start_samples(base, _configs(repo), cleared="four, empty cache", rounds=rounds,
+                                            warmup=warmup)
     rows = common.ratio_rows(samples, "none")
     print(common.table(rows, common.RATIO_COLUMNS, title="=== tether run of `1 + 1`, wall time per process"))
     cached = next(r for r in rows if r["contender"] == "four cached")
