@@ -31,20 +31,7 @@ pytestmark = pytest.mark.slow
 
 GRACE = 3.0
 
-WEDGE_TOOLS = '''\
-import time
-
-from tether.sources.python import tool
-
-TETHER_NAMESPACE = "wedge"
-
-
-@tool(read_only=True)
-def block(seconds: float) -> str:
-    """Hold the thread that calls it for `seconds`."""
-    time.sleep(seconds)
-    return "unblocked"
-'''
+WEDGE_TOOLS = (Path(__file__).parent / "fixtures" / "wedge_tools.py").read_text()
 
 CONFIG = """\
 [server]
