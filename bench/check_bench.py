@@ -33,9 +33,9 @@ import pydantic_monty as pm
 
 import common
 from common import EXPECTED, FASTMCP_PROGRAM, PROGRAM, get
-from tether.runs.runtime import Runtime
-from tether.tools.catalog import Catalog
-from tether.tools.precheck import check_program
+from tether._runtime import Runtime
+from tether._tools.catalog import Catalog
+from tether._tools.precheck import check_program
 
 TARGETS = {"default": 1.5, "off": 1.2, "short": 3.0, "scale": 1.2, "github_check_ms": 10.0, "fastmcp": 3.0}
 

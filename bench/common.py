@@ -26,8 +26,8 @@ _SRC = Path(__file__).resolve().parent.parent / "src"
 if _SRC.is_dir() and str(_SRC) not in sys.path:
     sys.path.insert(0, str(_SRC))
 
-from tether.sources.python import tool  # noqa: E402
-from tether.tools.model import Tool  # noqa: E402
+from tether._sources.python import tool  # noqa: E402
+from tether._tools.model import Tool  # noqa: E402
 
 # --- the bench tools -----------------------------------------------------------
 # One plain async function per tool, used by every contender: tether wraps it

@@ -21,9 +21,9 @@ import pydantic_monty as pm
 
 import common
 from common import CALLS, EXPECTED, FASTMCP_PROGRAM, PROGRAM, get
-from tether.runs.runtime import Runtime
-from tether.tools.catalog import Catalog
-from tether.tools.stubs import build_stubs
+from tether._runtime import Runtime
+from tether._tools.catalog import Catalog
+from tether._tools.stubs import build_stubs
 
 TARGET_RATIO = 1.2
 
@@ -168,10 +168,10 @@ async def call_parts(iterations: int, store_dir: str) -> list[dict[str, Any]]:
     """
     import time
 
-    from tether.runs import journal, policy
-    from tether.runs.result import to_json_value
-    from tether.store import open_store
-    from tether.store.base import CallRecord, RunRecord
+    from tether._engine import journal, policy
+    from tether._engine.result import to_json_value
+    from tether._store import open_store
+    from tether._store.base import CallRecord, RunRecord
 
     catalog = Catalog(common.bench_tools())
     tool = catalog.get("bench.get")

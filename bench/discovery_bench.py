@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import common
-from tether.sources.openapi import OpenAPISource
-from tether.tools.catalog import Catalog
-from tether.tools.describe import describe
-from tether.tools.search import SearchIndex, search
+from tether._sources.openapi import OpenAPISource
+from tether._tools.catalog import Catalog
+from tether._tools.describe import describe
+from tether._tools.search import SearchIndex, search
 
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("TETHER_BENCH_CACHE", Path.home() / ".cache" / "tether-bench"))

@@ -31,9 +31,9 @@ import pydantic_monty as pm
 
 import common
 from common import EXPECTED, PROGRAM, get
-from tether.runs.limits import Limits
-from tether.runs.runtime import Runtime
-from tether.store import open_store
+from tether._engine.limits import Limits
+from tether._runtime import Runtime
+from tether._store import open_store
 
 NS = (1, 100, 1000)
 RESUME_TARGET = 1.5

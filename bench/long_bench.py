@@ -29,9 +29,9 @@ _SRC = Path(__file__).resolve().parent.parent / "src"
 if _SRC.is_dir() and str(_SRC) not in sys.path:
     sys.path.insert(0, str(_SRC))
 
-from tether.runs.policy import Policy  # noqa: E402
-from tether.runs.runtime import Runtime  # noqa: E402
-from tether.store import open_store  # noqa: E402
+from tether._engine.policy import Policy  # noqa: E402
+from tether._runtime import Runtime  # noqa: E402
+from tether._store import open_store  # noqa: E402
 
 
 def monty_workers() -> int:
@@ -62,8 +62,8 @@ for i in range({n}):
 OBSERVER = """
 import asyncio, json, os, sys, time
 sys.path.insert(0, {src!r})
-from tether.runs.runtime import Runtime
-from tether.store import open_store
+from tether._runtime import Runtime
+from tether._store import open_store
 async def main():
     rt = Runtime(store=open_store(sys.argv[1]), type_check=False)
     cursor, lat = 0, []

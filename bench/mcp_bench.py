@@ -57,9 +57,9 @@ def pct(values: list[float], q: float) -> float:
 async def overhead(iterations: int) -> None:
     from mcp import Client
 
+    from tether._runtime import Runtime
+    from tether._server.mcp import TetherServer
     from tether.demo.helpdesk import make_helpdesk
-    from tether.runs.runtime import Runtime
-    from tether.server.mcp import TetherServer
 
     async with Runtime(tools=make_helpdesk()) as rt:
         server = TetherServer(rt)

@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from tether.runs.runtime import Runtime  # noqa: E402
-from tether.store import open_store  # noqa: E402
+from tether._runtime import Runtime  # noqa: E402
+from tether._store import open_store  # noqa: E402
 
 EMITS = """
 import asyncio
@@ -56,8 +56,8 @@ for i in range(N):
 
 CHILD = r"""
 import asyncio, json, sys, time
-from tether.runs.runtime import Runtime
-from tether.store import open_store
+from tether._runtime import Runtime
+from tether._store import open_store
 url, kind, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 async def main():
     async with Runtime(store=open_store(url), type_check=False) as rt:
@@ -120,9 +120,9 @@ async def follow(url: str, kind: str, n: int, listen: bool) -> list[float]:
 
 CANCELLER = r"""
 import asyncio, sys
-from tether.runs.runtime import Runtime
-from tether.store import open_store
-from tether.tools.model import Annotations, Tool
+from tether._runtime import Runtime
+from tether._store import open_store
+from tether._tools.model import Annotations, Tool
 url, n, listen = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 started = asyncio.Event()
 async def block(args):
@@ -152,7 +152,7 @@ async def local_cancels(url: str, n: int) -> list[float]:
 
     Most of either figure is the sandbox's stop grace (a program blocked in a host call is cut off
     after STOP_GRACE_SECONDS); what crossing replicas adds is the difference."""
-    from tether.tools.model import Annotations, Tool
+    from tether._tools.model import Annotations, Tool
 
     started = asyncio.Event()
 
@@ -202,9 +202,9 @@ for i in range(N):
 
 RUNNER = r"""
 import asyncio, sys
-from tether.runs.runtime import Runtime
-from tether.runs.worker import work
-from tether.store import open_store
+from tether._runtime import Runtime
+from tether._engine.worker import work
+from tether._store import open_store
 url, listen = sys.argv[1], sys.argv[2] == "1"
 async def main():
     async with Runtime(store=open_store(url), type_check=False) as rt:

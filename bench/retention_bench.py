@@ -30,12 +30,12 @@ _SRC = Path(__file__).resolve().parent.parent / "src"
 if _SRC.is_dir() and str(_SRC) not in sys.path:
     sys.path.insert(0, str(_SRC))
 
-from tether.metrics import render, timed_store_call  # noqa: E402
-from tether.runs.policy import Policy, Rule  # noqa: E402
-from tether.runs.runtime import Runtime  # noqa: E402
-from tether.sources.python import tool  # noqa: E402
-from tether.store import open_store  # noqa: E402
-from tether.store.retention import DAY, RetentionRules, live_counts, prune_all, stats  # noqa: E402
+from tether._engine.policy import Policy, Rule  # noqa: E402
+from tether._metrics import render, timed_store_call  # noqa: E402
+from tether._runtime import Runtime  # noqa: E402
+from tether._sources.python import tool  # noqa: E402
+from tether._store import open_store  # noqa: E402
+from tether._store.retention import DAY, RetentionRules, live_counts, prune_all, stats  # noqa: E402
 
 WRITES = "import tools\nfor i in range(30):\n    await tools.bench.put(id=i, body='x' * 500000)\n'ok'"
 

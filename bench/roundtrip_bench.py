@@ -34,9 +34,9 @@ from typing import Any, Awaitable, Callable
 
 import common
 from common import EXPECTED, PROGRAM
-from tether.runs.policy import Policy
-from tether.runs.runtime import Runtime
-from tether.store import open_store
+from tether._engine.policy import Policy
+from tether._runtime import Runtime
+from tether._store import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -137,7 +137,7 @@ def main() -> None:
         if url is None:
             pg_note = f"postgres skipped: {pg.missing_reason()}"
         else:
-            from tether.store.postgres import PostgresStore
+            from tether._store.postgres import PostgresStore
 
             schema = f"b_{uuid.uuid4().hex[:12]}"
             try:

@@ -19,12 +19,12 @@ import time
 from typing import Any
 
 import common
-from tether.runs.runtime import Runtime
-from tether.tools.catalog import Catalog
-from tether.tools.describe import describe
-from tether.tools.model import Annotations, Tool
-from tether.tools.search import SearchIndex, search
-from tether.tools.stubs import build_stubs
+from tether._runtime import Runtime
+from tether._tools.catalog import Catalog
+from tether._tools.describe import describe
+from tether._tools.model import Annotations, Tool
+from tether._tools.search import SearchIndex, search
+from tether._tools.stubs import build_stubs
 
 BUILD_TARGET_S = 1.0
 QUERY_TARGET_MS = 2.0

@@ -38,11 +38,11 @@ sys.path.insert(0, str(HERE))
 
 import common  # noqa: E402
 from latency_proxy import LatencyProxy, target_of  # noqa: E402
-from tether.runs.runtime import Runtime  # noqa: E402
-from tether.store.postgres import PostgresStore  # noqa: E402
+from tether._runtime import Runtime  # noqa: E402
+from tether._store.postgres import PostgresStore  # noqa: E402
 
 try:
-    from tether.store.aio import AsyncStore  # noqa: E402
+    from tether._store.aio import AsyncStore  # noqa: E402
 except ImportError:  # a checkout from before D-27: only today's path exists
     AsyncStore = None  # type: ignore[assignment,misc]
 

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from typing_extensions import TypedDict
 
-from tether.sources import tool
-from tether.tools.model import Annotations, Tool
+from tether._sources import tool
+from tether._tools.model import Annotations, Tool
 
 
 class Ticket(TypedDict):

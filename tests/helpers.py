@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tether.tools.model import Annotations, Tool
+from tether._tools.model import Annotations, Tool
 
 ID_SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
 

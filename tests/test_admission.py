@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from tether._server.admission import DEFAULT_RUN_SECONDS, MIN_RETRY_AFTER_MS, Admission
 from tether.errors import Overloaded
-from tether.server.admission import DEFAULT_RUN_SECONDS, MIN_RETRY_AFTER_MS, Admission
 
 
 class FakeClock:

@@ -19,14 +19,14 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitResult, InputRequiredResult
 
 from helpers import Recorder
-from tether.approvals import APPROVE, OPERATE, RUN, Access, Channel, Grant, may_decide, may_see
-from tether.runs.limits import Limits
-from tether.runs.policy import Policy, Rule
-from tether.runs.runtime import Runtime
-from tether.server.approvals import link_token
-from tether.server.auth import principal_for_token
-from tether.server.console import Console
-from tether.server.mcp import TetherServer
+from tether._engine.approvals import APPROVE, OPERATE, RUN, Access, Channel, Grant, may_decide, may_see
+from tether._engine.limits import Limits
+from tether._engine.policy import Policy, Rule
+from tether._runtime import Runtime
+from tether._server.approvals import link_token
+from tether._server.auth import principal_for_token
+from tether._server.console import Console
+from tether._server.mcp import TetherServer
 
 ERAS = [pytest.param("legacy", id="legacy"), pytest.param("auto", id="modern")]
 PUBLIC = "https://tether.example.com"
@@ -304,8 +304,8 @@ def test_who_may_decide():
 
 
 def test_tokens_get_their_rights_from_the_configuration():
-    from tether.approvals.grants import server_access
-    from tether.config import Config
+    from tether._config import Config
+    from tether._engine.approvals.grants import server_access
     from tether.errors import UsageError
 
     config = Config.from_dict({"server": {"tokens": [

@@ -8,20 +8,20 @@ from typing import Any
 import pytest
 
 from helpers import Recorder
-from tether.runs.driver import Attempt, Collaborators, Settings
-from tether.runs.events import EventBus
-from tether.runs.finish import Finisher
-from tether.runs.integrity import keyring_for, sign_run
-from tether.runs.lifecycle import Lifecycle
-from tether.runs.limits import Limits
-from tether.runs.policy import Policy
-from tether.runs.restore import SnapshotMismatch, plan_restore
-from tether.runs.sessions import Sessions
-from tether.runs.waits import Waits
-from tether.sandbox.monty import SandboxPool
-from tether.store import open_store
-from tether.store.base import RunRecord
-from tether.tools.catalog import Catalog
+from tether._engine.driver import Attempt, Collaborators, Settings
+from tether._engine.events import EventBus
+from tether._engine.finish import Finisher
+from tether._engine.integrity import keyring_for, sign_run
+from tether._engine.lifecycle import Lifecycle
+from tether._engine.limits import Limits
+from tether._engine.policy import Policy
+from tether._engine.restore import SnapshotMismatch, plan_restore
+from tether._engine.sessions import Sessions
+from tether._engine.waits import Waits
+from tether._sandbox.monty import SandboxPool
+from tether._store import open_store
+from tether._store.base import RunRecord
+from tether._tools.catalog import Catalog
 
 
 async def _unused(*args: Any, **kwargs: Any) -> Any:
@@ -74,7 +74,7 @@ async def test_an_attempt_runs_pauses_and_finishes_with_its_collaborators_only()
         assert d.live == {}  # the attempt took its boundary out when it stopped
 
         # Approve as a decider would, then continue from the signed snapshot in a new attempt.
-        from tether.runs.integrity import update_call_signed
+        from tether._engine.integrity import update_call_signed
 
         update_call_signed(store, d.keyring, store.get_call(run.run_id, 2), ["asked"], state="approved")
         assert d.lifecycle.resume(run.run_id, {"seq": 2, "decision": "approve"})

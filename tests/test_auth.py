@@ -13,8 +13,7 @@ import json
 import httpx
 import pytest
 
-from tether.errors import UsageError
-from tether.server.auth import (
+from tether._server.auth import (
     LOCAL,
     SCOPE_KEY,
     BearerAuth,
@@ -23,7 +22,8 @@ from tether.server.auth import (
     bearer_token,
     principal_for_token,
 )
-from tether.server.start import check_http_auth
+from tether._server.start import check_http_auth
+from tether.errors import UsageError
 
 GOOD, OTHER = "good-token-0123456789", "other-token-0123456789"
 

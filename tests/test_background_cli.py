@@ -103,7 +103,7 @@ def test_p19_a_run_whose_worker_was_killed_is_taken_over_without_resending(tmp_p
 
 
 def test_p18_a_sleep_survives_a_worker_restart_with_only_the_remaining_time(tmp_path, env):
-    from tether.store import open_store
+    from tether._store import open_store
 
     prog = tmp_path / "nap.py"
     prog.write_text("import asyncio\nawait asyncio.sleep(4)\n'woke'\n")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tether._tools import Catalog, Tool, describe, list_sources
 from tether.errors import InvalidArguments, UnknownTool, UsageError
-from tether.tools import Catalog, Tool, describe, list_sources
 
 
 async def _noop(args):

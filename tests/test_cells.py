@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 from helpers import Recorder
-from tether.runs.limits import Limits
-from tether.runs.policy import Policy
-from tether.runs.runtime import Runtime
-from tether.store import open_store
+from tether._engine.limits import Limits
+from tether._engine.policy import Policy
+from tether._runtime import Runtime
+from tether._store import open_store
 
 LOOP = """
 import asyncio
@@ -100,8 +100,8 @@ async def test_p20_a_cell_is_observed_from_a_second_process(store_url, tmp_path)
         script = tmp_path / "observer.py"
         script.write_text(
             "import asyncio, json, os, sys\n"
-            "from tether.runs.runtime import Runtime\n"
-            "from tether.store import open_store\n"
+            "from tether._runtime import Runtime\n"
+            "from tether._store import open_store\n"
             "async def main():\n"
             "    rt = Runtime(store=open_store(sys.argv[1]), type_check=False)\n"
             "    cursor, types = int(sys.argv[3]), []\n"

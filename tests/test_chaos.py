@@ -56,9 +56,9 @@ import pytest
 
 from chaos_proxy import ProxyProcess
 from replicas import ReplicaSet, connect
-from tether.app import open_runtime
+from tether._app import open_runtime
+from tether._store import open_store
 from tether.errors import TetherError
-from tether.store import open_store
 
 pytestmark = pytest.mark.slow
 

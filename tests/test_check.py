@@ -6,9 +6,9 @@ import pytest
 
 from check_corpus import INVALID, VALID, corpus_tools
 from helpers import Recorder
-from tether.runs.policy import Policy, Rule
-from tether.runs.runtime import Runtime
-from tether.sandbox.monty import probe_names
+from tether._engine.policy import Policy, Rule
+from tether._runtime import Runtime
+from tether._sandbox.monty import probe_names
 
 
 async def _decline_13(pending):
@@ -143,8 +143,8 @@ async def test_a_remembered_pass_skips_the_checker_but_not_the_call_check():
 
 
 async def test_full_check_stubs_only_what_the_program_reaches():
-    from tether.runs.driver import build_spec, precheck
-    from tether.runs.limits import Limits
+    from tether._engine.driver import build_spec, precheck
+    from tether._engine.limits import Limits
 
     rec = Recorder()
     async with Runtime(tools=rec.tools(), check="full") as rt:

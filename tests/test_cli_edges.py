@@ -10,8 +10,8 @@ import re
 import pytest
 
 from helpers import run_cli
-from tether.runs.envelopes import pause_instructions
-from tether.runs.redaction import HIDDEN, is_secret_name, shown_args
+from tether._engine.envelopes import pause_instructions
+from tether._engine.redaction import HIDDEN, is_secret_name, shown_args
 
 TOOLS = (
     '"""Accounts."""\n'
@@ -67,8 +67,8 @@ def test_pause_text_hides_secret_arguments_and_shows_expiry_in_iso(project):
 
 
 def test_openapi_format_password_and_write_only_are_hidden():
-    from tether.runs.pending import AskedWrite
-    from tether.tools.model import Annotations, Tool
+    from tether._engine.pending import AskedWrite
+    from tether._tools.model import Annotations, Tool
 
     async def handler(args):
         return None
@@ -88,7 +88,7 @@ def test_names_that_look_like_secrets():
 
 def test_an_mcp_servers_markdown_instructions_make_a_prose_summary():
     """A server whose instructions open with headings: the prompt's one line is its first sentence, not '# Usage'."""
-    from tether.sources._mcp_tools import server_summary
+    from tether._sources._mcp_tools import server_summary
 
     info = {"name": "git", "instructions": "# Git MCP server\n\n## Usage\n\nUse **these tools** like `git_log` "
                                           "to read a repository. Writes need approval."}

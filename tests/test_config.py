@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tether.config import (
+from tether._config import (
     BearerAuth,
     Config,
     McpSource,

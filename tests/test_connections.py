@@ -15,9 +15,9 @@ import socket
 import pytest
 import uvicorn
 
-from tether.config import Config
-from tether.logs import configure
-from tether.server.connections import BodyDeadline, uvicorn_options
+from tether._config import Config
+from tether._logs import configure
+from tether._server.connections import BodyDeadline, uvicorn_options
 
 HANG = 10.0  # far above every timeout set here
 

@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from tether import Runtime, tool
-from tether.approvals import APPROVE, RUN, Access, Grant
-from tether.server.approvals import link_token, open_token
-from tether.server.auth import principal_for_token
-from tether.server.console import CAPABILITY_HOLDER, Console
+from tether._engine.approvals import APPROVE, RUN, Access, Grant
+from tether._server.approvals import link_token, open_token
+from tether._server.auth import principal_for_token
+from tether._server.console import CAPABILITY_HOLDER, Console
 
 sent: list[dict] = []
 
@@ -316,7 +316,7 @@ async def test_over_tls_the_session_cookie_is_secure(rt):
 
 
 async def test_runs_are_listed_by_status_and_principal(store_url):
-    from tether.store import open_store
+    from tether._store import open_store
 
     async with Runtime(store=open_store(store_url), tools=[refund], local_runs="shared") as rt:
         mine = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
@@ -384,7 +384,7 @@ async def test_a_forged_host_reaches_no_console_page_in_any_mode(rt, tokens):
 
 
 async def test_form_bodies_are_checked_before_they_are_read(rt):
-    from tether.server.console import MAX_FORM_BYTES
+    from tether._server.console import MAX_FORM_BYTES
 
     paused = await rt.execute(PROGRAM)
     console = Console(rt, tokens=[ALICE])
@@ -406,7 +406,7 @@ async def test_form_bodies_are_checked_before_they_are_read(rt):
 
 
 async def test_a_cookie_reused_after_signing_out_opens_nothing_anywhere(store_url):
-    from tether.store import open_store
+    from tether._store import open_store
 
     async with Runtime(store=open_store(store_url), tools=[refund]) as rt:
         paused = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
@@ -435,7 +435,7 @@ async def test_a_cookie_reused_after_signing_out_opens_nothing_anywhere(store_ur
 async def test_another_principals_thousand_newest_runs_do_not_hide_yours(store_url):
     import dataclasses
 
-    from tether.store import open_store
+    from tether._store import open_store
 
     async with Runtime(store=open_store(store_url), tools=[refund]) as rt:
         mine = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))

@@ -29,10 +29,10 @@ from pathlib import Path
 import pytest
 from mcp_types import ElicitResult
 
-from tether.runs.runtime import Runtime
-from tether.server.approvals import link_token
-from tether.server.auth import principal_for_token
-from tether.store import open_store
+from tether._runtime import Runtime
+from tether._server.approvals import link_token
+from tether._server.auth import principal_for_token
+from tether._store import open_store
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ LEDGER_TOOLS = '''\
 """Writes that leave a line in the file named by $LEDGER, so a test can count deliveries."""
 import os
 
-from tether.sources.python import tool
+from tether._sources.python import tool
 
 TETHER_NAMESPACE = "ledger"
 

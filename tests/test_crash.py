@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.store import open_store
+from tether._store import open_store
 
 HERE = Path(__file__).parent / "crash"
 PY = sys.executable

@@ -8,10 +8,10 @@ import pytest
 
 from helpers import Clock, Recorder
 from tether import AlreadyDecided, PendingWrite, SeqRequired, UsageError, WriteNotPending
-from tether.runs.inspect import run_timeline
-from tether.runs.policy import Policy
-from tether.runs.runtime import Runtime
-from tether.store import open_store
+from tether._engine.inspect import run_timeline
+from tether._engine.policy import Policy
+from tether._runtime import Runtime
+from tether._store import open_store
 
 # Three writes issued together, each handling its own outcome, and a read.
 GATHER3 = """
@@ -321,7 +321,7 @@ async def test_p10_cancel_ends_a_batch_that_is_partly_decided(store_url):
 
 
 async def test_p27_a_gathered_write_too_large_to_journal_does_not_join_the_batch(store_url):
-    from tether.runs.limits import Limits
+    from tether._engine.limits import Limits
 
     rec = Recorder()
     code = """
@@ -350,11 +350,11 @@ async def test_only_the_approvals_service_creates_and_settles_approval_waits(sto
     """One home for approvals (issue 19 point 8), like the Lifecycle's single ownership of run statuses:
     a write's approval wait is created when its run pauses and resolved by the decision — through
     rt.resume, rt.decide, a wait key, and the Decider behind the console and links — and every one of
-    those row writes comes from tether.approvals.service. (Revoking all of an ended run's waits stays
+    those row writes comes from tether._engine.approvals.service. (Revoking all of an ended run's waits stays
     with runs/waits.py: it decides nothing.)"""
     import sys
 
-    from tether.server.approvals import Decider
+    from tether._server.approvals import Decider
 
     writers: set[tuple[str, str]] = set()
     rec = Recorder()
@@ -385,5 +385,5 @@ async def test_only_the_approvals_service_creates_and_settles_approval_waits(sto
         assert done.status == "completed"
     assert rec.deliveries == [("close_ticket", {"id": 1}), ("add_comment", {"id": 7, "body": "one"}),
                               ("add_comment", {"id": 7, "body": "three"})]
-    assert {m for _, m in writers} == {"tether.approvals.service"}
+    assert {m for _, m in writers} == {"tether._engine.approvals.service"}
     assert {w for w, _ in writers} == {"create_wait", "settle_wait"}  # the check saw both kinds of write

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from tether._sources.python import tools_from_module
+from tether._tools.model import Tool
 from tether.demo import DEMO_PROGRAM
 from tether.demo import helpdesk as helpdesk_module
 from tether.demo.helpdesk import AGENTS, FIXTURE_NOW, HelpDesk, make_helpdesk
 from tether.errors import InvalidArguments
-from tether.sources.python import tools_from_module
-from tether.tools.model import Tool
 
 READS = ("search_customers", "get_customer", "list_tickets", "get_ticket", "list_comments", "ticket_stats")
 WRITES = ("create_ticket", "add_comment", "close_ticket", "assign_ticket")
@@ -297,7 +297,7 @@ def test_demo_program_stays_in_the_sandbox_subset() -> None:
 
 @pytest.mark.slow
 async def test_demo_program_runs_and_type_checks() -> None:
-    from tether.runs.runtime import Runtime
+    from tether._runtime import Runtime
 
     desk = HelpDesk()
     async with Runtime(tools=desk.tools(), type_check=True) as runtime:

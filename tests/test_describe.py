@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tether._tools import Catalog, Tool, describe
+from tether._tools.describe import DEFAULT_BYTES
+from tether._tools.model import Annotations
 from tether.errors import UsageError
-from tether.tools import Catalog, Tool, describe
-from tether.tools.describe import DEFAULT_BYTES
-from tether.tools.model import Annotations
 
 FIXTURE = Path(__file__).parent / "fixtures" / "github_schemas.json"
 RESULT_LIMIT = 30_000  # a run's result limit (Limits.result_bytes)
@@ -95,7 +95,7 @@ def test_the_same_catalog_describes_identically_in_another_process(github: Catal
     here = json.dumps(describe(github, [t.address for t in github.tools()]), sort_keys=True)
     code = (
         "import json, sys; sys.path.insert(0, 'tests'); import test_describe as t\n"
-        "c = t._catalog(); from tether.tools import describe\n"
+        "c = t._catalog(); from tether._tools import describe\n"
         "print(json.dumps(describe(c, [x.address for x in c.tools()]), sort_keys=True))"
     )
     there = subprocess.run(
@@ -122,7 +122,7 @@ def test_unknown_detail_is_a_usage_error(github: Catalog) -> None:
 async def test_parameters_a_python_call_cannot_name_are_listed_in_the_order_positions_fill():
     # An MCP tool taking "from" (a keyword) and "x-trace": the signature can only be
     # (*args, **kwargs), so describe says the names, the order and the schema.
-    from tether.runs.runtime import Runtime
+    from tether._runtime import Runtime
 
     async def send(args):
         return args

@@ -23,9 +23,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tether.sources.openapi import OpenAPISource
-from tether.tools import Catalog, Tool, describe
-from tether.tools.describe import DEFAULT_BYTES
+from tether._sources.openapi import OpenAPISource
+from tether._tools import Catalog, Tool, describe
+from tether._tools.describe import DEFAULT_BYTES
 
 # Far past what one description takes (milliseconds): only a loop reaches it.
 HANG_SECONDS = 60.0

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 
 from helpers import Clock, Recorder
+from tether._engine.policy import Policy, Rule
+from tether._runtime import Runtime
+from tether._store import open_store
 from tether.errors import AlreadyDecided, RunExpired, RunNotFound
-from tether.runs.policy import Policy, Rule
-from tether.runs.runtime import Runtime
-from tether.store import open_store
 
 WRITE_PROGRAM = """
 import asyncio
@@ -335,7 +335,7 @@ def test_p3_call_key_is_canonical():
     from hypothesis import given
     from hypothesis import strategies as st
 
-    from tether.runs.journal import call_key
+    from tether._engine.journal import call_key
 
     values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
@@ -351,7 +351,7 @@ def test_p3_call_key_is_canonical():
 
 
 async def test_p7_sending_is_committed_before_the_request_leaves(store_url):
-    from tether.tools.model import Tool
+    from tether._tools.model import Tool
 
     seen = []
 
@@ -391,9 +391,9 @@ async def test_p8_cancel_never_cuts_a_write_on_the_wire(store_url):
 
 
 async def test_p13_a_recorded_write_the_replay_does_not_repeat_is_divergence(store_url):
-    from tether.runs.integrity import sign_call
-    from tether.runs.journal import call_key
-    from tether.store.base import CallRecord
+    from tether._engine.integrity import sign_call
+    from tether._engine.journal import call_key
+    from tether._store.base import CallRecord
 
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:
@@ -416,7 +416,7 @@ async def test_p16_two_recoverers_one_owner(store_url, clock):
     async with make_runtime(store_url, rec, clock, policy=Policy(writes="allow")) as a, \
             make_runtime(store_url, rec, clock, policy=Policy(writes="allow")) as b:
         run_id = "run_orphan"
-        from tether.store.base import RunRecord
+        from tether._store.base import RunRecord
 
         a.store.create_run(a._sign(RunRecord(run_id, "running", "import tools\nawait tools.helpdesk.add_comment(id=5, body='x')\n'ok'",
                                      {"clock": "2027-01-15T08:00:00+00:00", "seed": 7}, Policy(writes="allow").to_dict(),

@@ -24,7 +24,7 @@ import pytest
 from dbos import DBOSClient
 
 from helpers import KeyedApi
-from tether.store import open_store
+from tether._store import open_store
 
 pytestmark = pytest.mark.slow
 

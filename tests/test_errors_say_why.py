@@ -11,9 +11,9 @@ import pytest
 
 from helpers import Clock, Recorder, run_cli
 from tether import tool
-from tether.runs.runtime import Runtime
-from tether.sources.python import PythonSource  # noqa: F401 - the module a config names must import
-from tether.store import open_store
+from tether._runtime import Runtime
+from tether._sources.python import PythonSource  # noqa: F401 - the module a config names must import
+from tether._store import open_store
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOKEN = "token:" + "c" * 32

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from helpers import run_cli
-from tether.app import open_runtime
-from tether.config import load_config
+from tether._app import open_runtime
+from tether._config import load_config
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent

@@ -7,8 +7,8 @@ from typing import Any
 
 from helpers import Recorder
 from tether import Runtime
-from tether.runs.policy import Policy
-from tether.tools.model import Annotations, Tool
+from tether._engine.policy import Policy
+from tether._tools.model import Annotations, Tool
 
 
 class Gate:

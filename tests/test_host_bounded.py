@@ -7,11 +7,11 @@ import asyncio
 import time
 from typing import Any
 
-from tether.hostwork import HostWorkTimeout, LoopWatchdog, off_loop
-from tether.runs.limits import Limits
-from tether.runs.runtime import Runtime
-from tether.tools import Tool
-from tether.tools.model import Annotations
+from tether._engine.limits import Limits
+from tether._hostwork import HostWorkTimeout, LoopWatchdog, off_loop
+from tether._runtime import Runtime
+from tether._tools import Tool
+from tether._tools.model import Annotations
 
 
 async def _noop(args: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +89,7 @@ async def test_the_program_can_catch_the_named_timeout_and_go_on() -> None:
 
 
 async def test_off_loop_names_what_overran_and_leaves_the_loop_free() -> None:
-    from tether.hostwork import checkpoint
+    from tether._hostwork import checkpoint
 
     def spin() -> int:
         end = time.monotonic() + 5
@@ -111,7 +111,7 @@ async def test_off_loop_names_what_overran_and_leaves_the_loop_free() -> None:
 
 
 async def test_abandoned_work_stops_at_its_next_checkpoint() -> None:
-    from tether.hostwork import checkpoint
+    from tether._hostwork import checkpoint
 
     rounds: list[int] = []
 
@@ -174,7 +174,7 @@ def _ref_chain(levels: int) -> dict[str, Any]:
 
 
 async def test_a_description_whose_refs_expand_exponentially_loads_within_bounds(tmp_path) -> None:
-    from tether.sources.openapi import OpenAPISource
+    from tether._sources.openapi import OpenAPISource
 
     with _LagMeter() as lag:
         async with OpenAPISource("refs", _ref_chain(24)) as source:
@@ -186,7 +186,7 @@ async def test_a_description_whose_refs_expand_exponentially_loads_within_bounds
 
 
 async def test_yaml_aliases_nested_in_a_spec_are_read_once_off_the_loop(tmp_path) -> None:
-    from tether.sources.openapi import OpenAPISource
+    from tether._sources.openapi import OpenAPISource
 
     lines = ["openapi: 3.0.3", "info: {title: lol, version: '1'}", "servers: [{url: 'http://127.0.0.1:9'}]",
              "x-a0: &a0 {type: string, description: lol}"]

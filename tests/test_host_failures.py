@@ -10,11 +10,11 @@ import subprocess
 import pytest
 
 from helpers import Recorder, run_cli
+from tether._runtime import Runtime
+from tether._sources.python import tools_from_module
+from tether._store import open_store
+from tether._store.sqlite import SQLiteStore
 from tether.errors import UsageError
-from tether.runs.runtime import Runtime
-from tether.sources.python import tools_from_module
-from tether.store import open_store
-from tether.store.sqlite import SQLiteStore
 
 
 class FailsToRecordCompletion(SQLiteStore):
@@ -46,7 +46,7 @@ async def test_p26_a_failure_inside_the_host_while_finishing_ends_the_run_failed
 
 def tools_file(tmp_path, body: str) -> str:
     path = tmp_path / "hostile_tools.py"
-    path.write_text("import sys\nfrom tether.sources.python import tool\nTETHER_NAMESPACE = 'h'\n\n" + body)
+    path.write_text("import sys\nfrom tether._sources.python import tool\nTETHER_NAMESPACE = 'h'\n\n" + body)
     return str(path)
 
 
@@ -162,7 +162,7 @@ def test_cli_a_tool_calling_sys_exit_fails_the_run_and_says_so(tmp_path):
 async def test_p26_over_mcp_a_hostile_result_is_an_envelope_not_a_tool_failure(mode):
     from mcp import Client
 
-    from tether.server.mcp import TetherServer
+    from tether._server.mcp import TetherServer
 
     async with Runtime(type_check=False) as rt:
         server = TetherServer(rt)
@@ -201,8 +201,8 @@ async def test_p26_hostile_values_on_postgres(pg_url):
 
     import psycopg
 
-    from tether.store.postgres import PostgresStore
-    from tether.tools.model import Annotations, Tool
+    from tether._store.postgres import PostgresStore
+    from tether._tools.model import Annotations, Tool
 
     async def give(args: dict) -> object:
         return {"nul": "a\x00b", "surrogate": "\udcff", "big": 10**5000, "raw": b"\x00\xff", "nan": float("nan")}

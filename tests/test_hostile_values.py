@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tether.runs.result import to_json_value
-from tether.runs.runtime import Runtime
-from tether.server.mcp import run_result
-from tether.tools.model import Annotations, Tool
+from tether._engine.result import to_json_value
+from tether._runtime import Runtime
+from tether._server.mcp import run_result
+from tether._tools.model import Annotations, Tool
 
 # The value the next tool call returns or raises with; the tools read it here.
 CURRENT: dict[str, object] = {}

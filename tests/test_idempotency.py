@@ -13,13 +13,13 @@ import pytest
 
 from helpers import Clock, KeyedApi
 from tether import CallContext, Limits, current_call, tool
+from tether._engine.policy import Policy
+from tether._runtime import Runtime
+from tether._sources.mcp import MCPSource
+from tether._sources.openapi import OpenAPISource
+from tether._store import open_store
+from tether._tools.model import Annotations, Tool
 from tether.errors import ToolError
-from tether.runs.policy import Policy
-from tether.runs.runtime import Runtime
-from tether.sources.mcp import MCPSource
-from tether.sources.openapi import OpenAPISource
-from tether.store import open_store
-from tether.tools.model import Annotations, Tool
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -380,7 +380,7 @@ async def test_p31_openapi_write_answered_after_the_timeout_without_a_declared_k
 
 
 def test_p31_config_declares_keys_per_source():
-    from tether.config import Config
+    from tether._config import Config
     from tether.errors import ConfigError
 
     config = Config.from_dict({"sources": [
@@ -399,8 +399,8 @@ def test_p31_config_declares_keys_per_source():
 
 
 async def test_p31_a_python_source_declared_key_in_config_is_re_sent(tmp_path):
-    from tether.app import open_runtime
-    from tether.config import Config
+    from tether._app import open_runtime
+    from tether._config import Config
 
     module = tmp_path / "payments.py"
     module.write_text('''

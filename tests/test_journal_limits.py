@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether.runs.limits import Limits
-from tether.runs.policy import Policy
-from tether.runs.runtime import Runtime
-from tether.store import open_store
-from tether.tools.model import Annotations, Tool
+from tether._engine.limits import Limits
+from tether._engine.policy import Policy
+from tether._runtime import Runtime
+from tether._store import open_store
+from tether._tools.model import Annotations, Tool
 
 MB = 1_000_000
 TEXT = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
@@ -220,8 +220,8 @@ for i in range(5):
 
 
 def test_p22_the_limits_are_config_keys(tmp_path):
-    from tether.app import limits_from_config
-    from tether.config import load_config
+    from tether._app import limits_from_config
+    from tether._config import load_config
 
     path = tmp_path / "tether.toml"
     path.write_text("[limits]\njournal_value_bytes = 4096\njournal_bytes = 65536\n")

@@ -89,9 +89,9 @@ def _cycles(graph: dict[str, set[str]], within: str) -> list[list[str]]:
 
 def test_tether_has_no_import_cycle():
     graph = _graph()
-    assert graph["tether.runs.runtime"] >= {"tether.runs.driver", "tether.runs.handle"}  # the check sees imports
-    assert "tether.tools.stubs" in graph["tether.tools.binding"]  # and imports inside functions or below
-    for package in ("tether.runs.", "tether.server.", "tether."):
+    assert graph["tether._runtime"] >= {"tether._engine.driver", "tether._engine.handle"}  # the check sees imports
+    assert "tether._tools.stubs" in graph["tether._tools.binding"]  # and imports inside functions or below
+    for package in ("tether._engine.", "tether._server.", "tether."):
         assert _cycles(graph, package) == [], f"import cycle in {package}: {_cycles(graph, package)}"
 
 
@@ -99,18 +99,18 @@ def test_approvals_and_the_server_have_no_import_cycle_counting_type_only_import
     # A cycle closed only by a TYPE_CHECKING import is still two modules that cannot change apart
     # (server/mcp.py and urlmode.py were one: the channels now use server/channels.py's interface).
     graph = _imports(_modules(), typing=True)
-    assert "tether.server.channels" in graph["tether.server.urlmode"]  # the check sees type-only imports
-    for package in ("tether.approvals.", "tether.server."):
+    assert "tether._server.channels" in graph["tether._server.urlmode"]  # the check sees type-only imports
+    for package in ("tether._engine.approvals.", "tether._server."):
         assert _cycles(graph, package) == [], f"import cycle in {package}: {_cycles(graph, package)}"
 
 
 def test_only_the_capabilities_module_reads_the_secret_or_computes_a_mac():
     """One HMAC and rotation implementation (issue 19 point 8): every token and stored MAC is made by
-    tether.approvals.capabilities, from the keyring it builds; nothing else reads the store's secret."""
-    home = PACKAGE / "approvals" / "capabilities.py"
+    tether._engine.approvals.capabilities, from the keyring it builds; nothing else reads the store's secret."""
+    home = PACKAGE / "_engine" / "approvals" / "capabilities.py"
     found = []
     for path in PACKAGE.rglob("*.py"):
-        if path == home or path.parent.name == "store":  # the store keeps the secret; it does not sign
+        if path == home or path.parent.name == "_store":  # the store keeps the secret; it does not sign
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -123,19 +123,19 @@ def test_only_the_capabilities_module_reads_the_secret_or_computes_a_mac():
 def test_the_attempt_never_imports_the_runtime():
     graph = _graph()
     reach = set()
-    todo = ["tether.runs.driver"]
+    todo = ["tether._engine.driver"]
     while todo:
         for dep in graph.get(todo.pop(), ()):
             if dep not in reach:
                 reach.add(dep)
                 todo.append(dep)
-    assert "tether.runs.runtime" not in reach
+    assert "tether._runtime" not in reach
 
 
 def test_nothing_outside_the_runtime_reaches_into_its_private_fields():
     reach = re.compile(r"\b(?:rt|runtime|self\.rt|server\.rt)\._[a-z]")
     found = [f"{path.relative_to(SRC)}:{n}: {line.strip()}"
-             for path in PACKAGE.rglob("*.py") if path.name != "runtime.py"
+             for path in PACKAGE.rglob("*.py") if path.name != "_runtime.py"
              for n, line in enumerate(path.read_text().splitlines(), 1) if reach.search(line)]
     assert found == []
 

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tether._engine.lifecycle import Lifecycle, check_move
+from tether._store import RunRecord, open_store
+from tether._store.states import RUN_TRANSITIONS, TERMINAL_RUN_STATUSES, RunStatus, run_move_allowed
 from tether.errors import InvalidTransition
-from tether.runs.lifecycle import Lifecycle, check_move
-from tether.store import RunRecord, open_store
-from tether.store.states import RUN_TRANSITIONS, TERMINAL_RUN_STATUSES, RunStatus, run_move_allowed
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "tether"
 
@@ -113,7 +113,7 @@ def test_claims_take_the_run_for_this_owner_with_a_lease(life):
 async def test_what_a_stopped_run_waits_on_is_stored_in_the_shape_runs_were_signed_with(store_url):
     """A pause and a park store ``pending`` with exactly these keys: stored runs and their MACs depend on it."""
     from helpers import Clock, Recorder
-    from tether.runs.runtime import Runtime
+    from tether._runtime import Runtime
 
     rec = Recorder()
     async with Runtime(store=open_store(store_url), tools=rec.tools(), clock=Clock(), type_check=False) as rt:
@@ -135,7 +135,7 @@ async def test_what_a_stopped_run_waits_on_is_stored_in_the_shape_runs_were_sign
         parked = await rt.execute("await wait_for('go', timeout=60)")
         row = rt.store.get_run(parked.run_id)
         # The parked wait's key is the caller's too: the store keeps its digest (D-33).
-        from tether.store.base import wait_digest
+        from tether._store.base import wait_digest
 
         assert row.status == RunStatus.WAITING and row.pending == {**parked.pending,
                                                                   "key": wait_digest(parked.pending["key"])}
@@ -152,7 +152,7 @@ def _calls_outside_lifecycle() -> list[str]:
     found = []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
-        if rel.startswith("store/") or rel == "runs/lifecycle.py":
+        if rel.startswith("_store/") or rel == "_engine/lifecycle.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in guarded:
@@ -172,9 +172,9 @@ async def test_every_journal_entry_state_change_a_run_makes_is_listed_in_the_cal
     """Reads, writes approved, declined and cancelled in a batch, writes policy allows, waits settled and
     timed out: each compare-and-set of a journal entry is a transition CALL_TRANSITIONS lists."""
     from helpers import Clock, Recorder
-    from tether.runs.policy import Policy
-    from tether.runs.runtime import Runtime
-    from tether.store.states import CALL_TRANSITIONS, CallState
+    from tether._engine.policy import Policy
+    from tether._runtime import Runtime
+    from tether._store.states import CALL_TRANSITIONS, CallState
 
     seen: set[tuple[str, str]] = set()
     store = open_store(store_url)
@@ -277,7 +277,7 @@ def test_any_sequence_of_lifecycle_calls_by_two_processes_only_makes_listed_tran
 
 async def test_a_runtime_claims_runs_for_the_lease_it_is_given_even_when_changed_later(store_url):
     from helpers import Clock
-    from tether.runs.runtime import Runtime
+    from tether._runtime import Runtime
 
     clock = Clock()
     async with Runtime(store=open_store(store_url), clock=clock, lease_seconds=30.0) as rt:

@@ -7,10 +7,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import Recorder
-from tether.runs.policy import Policy, Rule
-from tether.runs.runtime import Runtime
-from tether.server.metrics import MetricsApp, MetricsRoute
-from tether.store import open_store
+from tether._engine.policy import Policy, Rule
+from tether._runtime import Runtime
+from tether._server.metrics import MetricsApp, MetricsRoute
+from tether._store import open_store
 
 TOKEN = "metrics-token-0123456789"
 SERIES = ("tether_runs_ended", "tether_calls", "tether_approval_latency_seconds", "tether_overloaded_answers",
@@ -78,8 +78,8 @@ async def test_every_series_is_parsed_and_moves_after_a_run(served):
     failed = await rt.execute("1/0")
     assert failed.status == "failed"
     # An answer `overloaded`: one slot, held, no queue.
+    from tether._server.admission import Admission
     from tether.errors import Overloaded
-    from tether.server.admission import Admission
 
     admission = Admission(1, queue_depth=0, queue_timeout=1)
     async with admission.slot():

@@ -15,11 +15,11 @@ import anyio
 import pytest
 
 from helpers import Recorder
-from tether.runs.notices import wait_a_little
-from tether.runs.policy import Policy
-from tether.runs.runtime import Runtime
-from tether.store import open_store
-from tether.tools.model import Annotations, Tool
+from tether._engine.notices import wait_a_little
+from tether._engine.policy import Policy
+from tether._runtime import Runtime
+from tether._store import open_store
+from tether._tools.model import Annotations, Tool
 
 LONG_LEASE = 600.0
 
@@ -97,7 +97,7 @@ v
 async def test_a_wait_settled_where_the_run_cannot_continue_is_continued_by_one_runner(backend, request, tmp_path):
     """Settled without continuing the run (continue_run=False here; a resolver lacking the run's sources
     likewise): one of two runners continues it, told by a notice on Postgres, by its scan on SQLite."""
-    from tether.runs.worker import work
+    from tether._engine.worker import work
 
     url = request.getfixturevalue("pg_url") if backend == "postgres" else f"sqlite:///{tmp_path}/t.db"
     rec = Recorder()
@@ -129,7 +129,7 @@ async def test_a_wait_settled_where_the_run_cannot_continue_is_continued_by_one_
 
 async def test_a_run_parked_on_a_revoked_wait_is_woken_with_wait_revoked(tmp_path):
     """Revoking a parked run's wait (a session reset does) no longer leaves the run parked for ever."""
-    from tether.runs.worker import work
+    from tether._engine.worker import work
 
     url = f"sqlite:///{tmp_path}/t.db"
     stop = asyncio.Event()

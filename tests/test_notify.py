@@ -21,9 +21,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tether import Runtime, tool
-from tether.app import open_runtime
-from tether.config import Config
-from tether.server.notify import MAX_ATTEMPTS, Notifier, Webhook, backoff, verify
+from tether._app import open_runtime
+from tether._config import Config
+from tether._server.notify import MAX_ATTEMPTS, Notifier, Webhook, backoff, verify
 
 SECRET = "whsec-test-0123456789"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "notifications.md"
@@ -80,7 +80,7 @@ class Receiver:
 
 
 TOOLS = '''
-from tether.sources.python import tool
+from tether._sources.python import tool
 
 TETHER_NAMESPACE = "shop"
 
@@ -188,7 +188,7 @@ async def test_p34_a_slow_webhook_never_delays_a_run():
 
 async def test_p34_the_outbox_outlives_the_process_that_queued_it(store_url):
     async with Receiver() as hook:
-        from tether.store import open_store
+        from tether._store import open_store
 
         # A process queues the event and stops before delivering it.
         async with Runtime(store=open_store(store_url), tools=[refund]) as first:
@@ -221,7 +221,7 @@ def test_a_webhook_without_its_secret_is_off_and_says_so(capsys):
     config = Config.from_dict({"notify": [{"url": "https://a.example/hook", "secret_env": "HOOK_SECRET_UNSET"},
                                           {"url": "https://b.example/hook", "secret_env": "HOOK_SECRET_SET",
                                            "events": ["failed"]}]}, env={})
-    from tether.server.notify import webhooks_from_config
+    from tether._server.notify import webhooks_from_config
 
     hooks = webhooks_from_config(config, env={"HOOK_SECRET_SET": "s3cret"})
     assert [(h.url, h.secret, h.events) for h in hooks] == [("https://b.example/hook", b"s3cret", frozenset({"failed"}))]

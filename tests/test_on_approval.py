@@ -6,8 +6,8 @@ import pytest
 
 from helpers import Clock, Recorder
 from tether import Decision
-from tether.runs.runtime import Runtime
-from tether.store import open_store
+from tether._runtime import Runtime
+from tether._store import open_store
 
 WRITE = "import tools\nawait tools.helpdesk.close_ticket(id=1)"
 

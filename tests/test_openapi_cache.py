@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tether.sources._openapi_compiled import compiled_key
-from tether.sources.loader import _SignedCatalogs
-from tether.sources.openapi import OpenAPISource
-from tether.store import open_store
+from tether._sources._openapi_compiled import compiled_key
+from tether._sources.loader import _SignedCatalogs
+from tether._sources.openapi import OpenAPISource
+from tether._store import open_store
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

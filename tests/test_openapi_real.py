@@ -23,11 +23,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from tether._sources.openapi import OpenAPISource
+from tether._tools.catalog import Catalog
+from tether._tools.describe import describe
+from tether._tools.stubs import declaration
 from tether.errors import ToolError
-from tether.sources.openapi import OpenAPISource
-from tether.tools.catalog import Catalog
-from tether.tools.describe import describe
-from tether.tools.stubs import declaration
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -215,7 +215,7 @@ async def test_http_error_carries_status_body_and_retry_after(echo):
 
 async def test_full_describe_of_a_huge_tool_pages_by_section(echo):
     """describe(detail="full") of chat completions (44 KB of schema) stays under the result limit, section-wise."""
-    from tether.tools.describe import FULL_BYTES
+    from tether._tools.describe import FULL_BYTES
 
     base_url, _, _ = echo
     source, tools = await _source("openai", base_url)
@@ -269,8 +269,8 @@ def test_cli_describe_full_shows_the_input_schema(tmp_path, echo):
 
 
 async def test_a_tool_restored_from_the_compiled_catalog_sends_the_same_request(echo, tmp_path):
-    from tether.sources.loader import _SignedCatalogs
-    from tether.store import open_store
+    from tether._sources.loader import _SignedCatalogs
+    from tether._store import open_store
 
     base_url, seen, _ = echo
     store = open_store(f"sqlite:///{tmp_path / 't.db'}")

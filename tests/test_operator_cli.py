@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tether.app import open_runtime
+from tether._app import open_runtime
+from tether._store import open_store
 from tether.cli import EXIT_OK, EXIT_USAGE, main
-from tether.store import open_store
 
 TOOLS = str(Path(__file__).parent / "fixtures" / "notes_tools.py")
 TOKEN = "token:" + "c" * 32

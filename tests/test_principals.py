@@ -7,12 +7,12 @@ import uuid
 import pytest
 
 from helpers import Clock, Recorder
+from tether._runtime import Runtime
+from tether._store import RunRecord, open_store
+from tether._store._schema import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
+from tether._store.postgres import PostgresStore
+from tether._store.sqlite import SQLiteStore
 from tether.errors import RunNotFound, UsageError
-from tether.runs.runtime import Runtime
-from tether.store import RunRecord, open_store
-from tether.store._schema import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
-from tether.store.postgres import PostgresStore
-from tether.store.sqlite import SQLiteStore
 
 TOKEN = "token:" + "a" * 32
 WRITE = "import tools\nawait tools.helpdesk.close_ticket(id=1)"
@@ -109,7 +109,7 @@ def _owner_migration(migrations) -> int:
 
 def _create_old(store, run: RunRecord) -> None:
     """Insert ``run`` into a store at an older schema: only the columns that schema has."""
-    from tether.store._schema import RUN_COLUMNS, _encode
+    from tether._store._schema import RUN_COLUMNS, _encode
 
     with store._transaction(write=True) as tx:
         have = [d[0] for d in tx.run("SELECT * FROM runs WHERE 1 = 0").description]
@@ -174,8 +174,8 @@ async def test_p24_a_migrated_run_is_checked_like_any_other(tmp_path):
 
 
 async def test_p24_local_runs_comes_from_the_config(tmp_path):
-    from tether.app import open_runtime
-    from tether.config import load_config
+    from tether._app import open_runtime
+    from tether._config import load_config
     from tether.errors import ConfigError
 
     path = tmp_path / "tether.toml"

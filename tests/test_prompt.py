@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from tether.tools import Catalog, Tool, model_description
-from tether.tools.prompt import DEFAULT_BUDGET
+from tether._tools import Catalog, Tool, model_description
+from tether._tools.prompt import DEFAULT_BUDGET
 
 
 async def _noop(args):

@@ -40,7 +40,7 @@ def test_the_readme_config_example_is_valid(tmp_path):
     import re
     from pathlib import Path
 
-    from tether.config import load_config
+    from tether._config import load_config
 
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     # The OAuth steps' snippet, the configuration section's example, then the idempotency one.

@@ -12,9 +12,9 @@ import pytest
 from pydantic import BaseModel, Field
 from typing_extensions import NotRequired, TypedDict
 
+from tether._sources import tool, tools_from_module
+from tether._tools import Catalog, build_stubs
 from tether.errors import InvalidArguments, UsageError
-from tether.sources import tool, tools_from_module
-from tether.tools import Catalog, build_stubs
 
 
 class Owner(BaseModel):
@@ -173,7 +173,7 @@ def test_tools_from_a_file_path(tmp_path: Path) -> None:
             '''
             from __future__ import annotations
             from pydantic import BaseModel
-            from tether.sources import tool
+            from tether._sources import tool
 
             @tool(read_only=True)
             async def forecast(city: str, days: int = 3) -> list[Day]:
@@ -200,7 +200,7 @@ async def test_tools_from_a_dotted_module_name(tmp_path: Path, monkeypatch: pyte
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "crm.py").write_text(
-        "from tether.sources import tool\n\n@tool\ndef find_customer(email: str) -> dict:\n    return {'email': email}\n"
+        "from tether._sources import tool\n\n@tool\ndef find_customer(email: str) -> dict:\n    return {'email': email}\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     [t] = tools_from_module("mypkg.crm")
@@ -237,7 +237,7 @@ def test_unsupported_types_are_a_definition_error() -> None:
 
 
 def test_keyword_only_parameters_stay_keyword_only() -> None:
-    from tether.tools.binding import bind
+    from tether._tools.binding import bind
 
     def move(src: str, dst: str = "/tmp", *, force: bool = False, mode: int) -> str:
         return src

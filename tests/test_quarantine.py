@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from helpers import Clock, run_cli
-from tether.runs.limits import Limits
-from tether.runs.quarantine import TAKEOVERS
-from tether.runs.runtime import Runtime
-from tether.sources.python import tool, tools_from_module
-from tether.store import open_store
+from tether._engine.limits import Limits
+from tether._engine.quarantine import TAKEOVERS
+from tether._runtime import Runtime
+from tether._sources.python import tool, tools_from_module
+from tether._store import open_store
 
 CALLS: list[int] = []
 
@@ -68,7 +68,7 @@ async def test_a_run_at_its_takeover_limit_is_ended_quarantined_and_nothing_runs
 async def test_the_console_says_why_a_run_was_quarantined(store_url):
     import httpx
 
-    from tether.server.console import Console
+    from tether._server.console import Console
 
     clock = Clock()
     run_id = _orphaned(store_url, clock, "import tools\nawait tools.probe.ping(n=3)", Limits(quarantine_after=1))
@@ -148,7 +148,7 @@ WEDGE_TOOLS = '''\
 import os
 import time
 
-from tether.sources.python import tool
+from tether._sources.python import tool
 
 TETHER_NAMESPACE = "wedge"
 

@@ -13,11 +13,11 @@ import httpx
 import pytest
 
 from helpers import Clock, Recorder
+from tether._engine.policy import Policy
+from tether._engine.quotas import Quota, Quotas
+from tether._runtime import Runtime
+from tether._store import open_store
 from tether.errors import QuotaExceeded
-from tether.runs.policy import Policy
-from tether.runs.quotas import Quota, Quotas
-from tether.runs.runtime import Runtime
-from tether.store import open_store
 
 WRITE = "import tools\nawait tools.helpdesk.add_comment(id=1, body='x' * 4000)\n'ok'"
 

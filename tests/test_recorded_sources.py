@@ -160,8 +160,8 @@ def test_p30_a_worker_without_the_source_leaves_the_run_queued(setup):
 
 
 async def test_p30_a_wait_resolved_where_the_sources_cannot_load_is_kept_and_continues_later(tmp_path, monkeypatch):
-    from tether.app import open_runtime
-    from tether.config import Config
+    from tether._app import open_runtime
+    from tether._config import Config
     from tether.errors import ToolsUnavailable
 
     log = tmp_path / "writes.log"
@@ -214,8 +214,8 @@ def test_p30_a_literal_secret_is_never_recorded_and_comes_from_a_matching_local_
 
 async def test_p30_a_worker_never_loads_edited_source_definitions(tmp_path, monkeypatch):
     # The worker checks a run's sources before claiming it: that check must not load unsigned ones (P-35).
-    from tether.app import open_runtime
-    from tether.runs.worker import work
+    from tether._app import open_runtime
+    from tether._engine.worker import work
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "desk.py").write_text('from tether import tool\n\n@tool(namespace="desk", read_only=True)\n'

@@ -18,7 +18,7 @@ import pytest
 from mcp_types import ElicitResult
 
 from replicas import ReplicaSet, RoundRobin, connect
-from tether.store import open_store
+from tether._store import open_store
 
 pytestmark = pytest.mark.slow
 
@@ -178,8 +178,8 @@ async def test_a_run_executing_on_one_replica_is_cancelled_from_another_process(
 
 
 async def test_queued_runs_are_shared_by_the_replicas_runners_and_each_runs_once(replicas):
-    from tether.runs.policy import Policy
-    from tether.runs.runtime import Runtime
+    from tether._engine.policy import Policy
+    from tether._runtime import Runtime
 
     # The policy is recorded with each run when it is queued.
     async with Runtime(store=open_store(replicas.store_url), type_check=False, policy=Policy(writes="allow")) as rt:

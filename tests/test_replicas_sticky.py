@@ -18,7 +18,7 @@ import pytest
 from mcp_types import ElicitResult
 
 from replicas import ReplicaSet, Sticky, connect
-from tether.store import open_store
+from tether._store import open_store
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,9 @@ import uuid
 import pytest
 
 from helpers import Clock, Recorder, run_cli
-from tether.runs.policy import Policy, Rule
-from tether.runs.runtime import Runtime
-from tether.store.retention import DAY, RetentionRules, prune, prune_all, stats
+from tether._engine.policy import Policy, Rule
+from tether._runtime import Runtime
+from tether._store.retention import DAY, RetentionRules, prune, prune_all, stats
 
 RULES = RetentionRules({"completed": 30, "failed": 90, "cancelled": 30})
 WRITE = "import tools\nawait tools.helpdesk.add_comment(id=1, body='x' * 2000)\nemit('done')\n'ok'"
@@ -30,11 +30,11 @@ def open_backend(request, tmp_path, monkeypatch):
 
     def open_():
         if request.param == "sqlite":
-            from tether.store.sqlite import SQLiteStore
+            from tether._store.sqlite import SQLiteStore
 
             store = SQLiteStore(f"sqlite:///{tmp_path}/tether.db")
         else:
-            from tether.store.postgres import PostgresStore
+            from tether._store.postgres import PostgresStore
 
             if not schemas:
                 schemas.append(f"t_{uuid.uuid4().hex[:16]}")
@@ -165,7 +165,7 @@ def test_cli_runs_prune_and_store_stats(tmp_path):
     url = f"sqlite:///{tmp_path}/tether.db"
     (tmp_path / "tether.toml").write_text(
         f'[store]\nurl = "{url}"\n[retention]\ncompleted_days = 0.000001\nfailed_days = 0\n')
-    from tether.store import open_store
+    from tether._store import open_store
 
     store = open_store(url)
 
@@ -197,9 +197,9 @@ def test_cli_runs_prune_and_store_stats(tmp_path):
 
 
 async def test_the_worker_prunes_in_batches(tmp_path):
-    from tether.config import Config
-    from tether.runs.worker import work
-    from tether.store import open_store
+    from tether._config import Config
+    from tether._engine.worker import work
+    from tether._store import open_store
 
     clock = Clock()
     store = open_store(f"sqlite:///{tmp_path}/tether.db")
@@ -220,7 +220,7 @@ def test_a_backup_taken_while_serving_restores_and_its_paused_run_resumes(tmp_pa
 
     url = f"sqlite:///{tmp_path}/live/tether.db"
     (tmp_path / "tether.toml").write_text(f'[store]\nurl = "{url}"\n')
-    from tether.store import open_store
+    from tether._store import open_store
 
     rec = Recorder()
 
@@ -256,10 +256,10 @@ def test_a_backup_taken_while_serving_restores_and_its_paused_run_resumes(tmp_pa
 
 
 async def test_what_quotas_and_metrics_read_works_on_both_stores(open_backend):
+    from tether._engine.quotas import Quota, Quotas
+    from tether._store import usage
+    from tether._store.retention import live_counts
     from tether.errors import QuotaExceeded
-    from tether.runs.quotas import Quota, Quotas
-    from tether.store import usage
-    from tether.store.retention import live_counts
 
     clock = Clock()
     store = open_backend()

@@ -11,12 +11,12 @@ import httpx2
 import pytest
 
 from helpers import Recorder
+from tether._engine.integrity import secret_id
+from tether._engine.waits import parse_wait_key
+from tether._runtime import Runtime
+from tether._server.approvals import link_token, open_token
+from tether._store import open_store
 from tether.errors import WrongSecret
-from tether.runs.integrity import secret_id
-from tether.runs.runtime import Runtime
-from tether.runs.waits import parse_wait_key
-from tether.server.approvals import link_token, open_token
-from tether.store import open_store
 
 OLD, NEW = "a1" * 32, "b2" * 32
 OLD_KEY, NEW_KEY = bytes.fromhex(OLD), bytes.fromhex(NEW)

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from helpers import Recorder
+from tether._engine.integrity import secret_id
+from tether._engine.policy import Policy
+from tether._runtime import Runtime
+from tether._store import open_store
 from tether.errors import WrongSecret
-from tether.runs.integrity import secret_id
-from tether.runs.policy import Policy
-from tether.runs.runtime import Runtime
-from tether.store import open_store
 
 TWO_WRITES = """
 import tools
@@ -36,7 +36,7 @@ class Backend:
     def store(self) -> Any:
         if self.kind == "sqlite":
             return open_store(self.url)
-        from tether.store.postgres import PostgresStore
+        from tether._store.postgres import PostgresStore
 
         return PostgresStore(self.url, schema=self.schema)
 
@@ -222,7 +222,7 @@ def close(id: int) -> str:
     """Close a ticket."""
     return "stolen"
 ''')
-    from tether.app import open_runtime
+    from tether._app import open_runtime
 
     parser = cli.build_parser()
 
@@ -316,7 +316,7 @@ async def test_p35_a_tampered_snapshot_ends_the_run_on_recovery(backend):
 
 
 def test_p35_serve_warns_when_the_secret_is_a_row_of_the_same_postgres(backend, monkeypatch, capsys):
-    from tether.server.start import warn_if_secret_beside_data
+    from tether._server.start import warn_if_secret_beside_data
 
     store = backend.store()
     assert warn_if_secret_beside_data(store) is (backend.kind == "postgres")
@@ -342,7 +342,7 @@ def test_p35_a_secret_file_that_cannot_be_read_is_a_clear_error(tmp_path, monkey
 
 async def test_p35_edited_source_definitions_are_never_loaded_by_a_worker(backend, tmp_path, monkeypatch):
     # meta.sources (P-30) names modules and commands a worker loads: only once signed.
-    from tether.app import open_runtime
+    from tether._app import open_runtime
 
     backend.schema = "tether"  # what a config's postgres url opens
     monkeypatch.chdir(tmp_path)

@@ -9,9 +9,9 @@ import pytest
 
 from helpers import Recorder
 from tether import IdempotencyConflict
-from tether.runs.policy import Policy
-from tether.runs.runtime import Runtime
-from tether.store import open_store
+from tether._engine.policy import Policy
+from tether._runtime import Runtime
+from tether._store import open_store
 
 WRITE = """
 import tools

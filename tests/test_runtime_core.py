@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from helpers import Recorder
+from tether._engine.limits import Limits
+from tether._engine.policy import Policy
+from tether._runtime import Runtime
 from tether.errors import CodeTooLarge
-from tether.runs.limits import Limits
-from tether.runs.policy import Policy
-from tether.runs.runtime import Runtime
 
 
 @pytest.fixture
@@ -136,8 +136,8 @@ b = await get(4)
 async def test_a_tuple_is_an_array_to_every_tool():
     # Models pass tuples where a tool takes a list ((lat, lon), tuple(ids)); the
     # JSON Schema check alone refused them ("must be array, got array").
-    from tether.sources import tool
-    from tether.tools.model import Annotations, Tool
+    from tether._sources import tool
+    from tether._tools.model import Annotations, Tool
 
     got: list = []
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 
 from helpers import Clock, Recorder
-from tether.runs.limits import Limits
-from tether.runs.policy import Policy, Rule
-from tether.runs.runtime import Runtime
-from tether.store import open_store
+from tether._engine.limits import Limits
+from tether._engine.policy import Policy, Rule
+from tether._runtime import Runtime
+from tether._store import open_store
 
 BIG = "import tools\nimport asyncio\nbig = 'x' * (25 * 1024 * 1024)\n" \
       "await tools.helpdesk.add_comment(id=1, body='sent first')\n"
@@ -93,7 +93,7 @@ async def test_a_session_state_that_cannot_be_saved_is_a_note_and_a_retry_sends_
 
 async def test_with_the_default_30_s_checkpoint_interval_too(store_url):
     """The case seen in the field: no special settings, a run that outlives the 30 s checkpoint interval."""
-    from tether.tools.model import Annotations, Tool
+    from tether._tools.model import Annotations, Tool
 
     clock = Clock()
     rec = Recorder()

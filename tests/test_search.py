@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tether.tools import Catalog, Tool, search
-from tether.tools.model import Annotations
+from tether._tools import Catalog, Tool, search
+from tether._tools.model import Annotations
 
 
 async def _noop(args):

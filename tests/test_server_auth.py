@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from test_server_http import ALPHA, BETA, connect, start_server, stop_server
-from tether.server.auth import principal_for_token
+from tether._server.auth import principal_for_token
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ import pytest
 from mcp import Client
 
 from helpers import Recorder
-from tether.runs.runtime import Runtime
-from tether.server.mcp import TetherServer
+from tether._runtime import Runtime
+from tether._server.mcp import TetherServer
 
 ERAS = [pytest.param("legacy", id="legacy"), pytest.param("auto", id="modern")]
 

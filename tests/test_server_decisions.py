@@ -7,9 +7,9 @@ from mcp import Client
 from mcp_types import ElicitResult
 
 from helpers import Recorder
-from tether.runs.limits import Limits
-from tether.runs.runtime import Runtime
-from tether.server.mcp import TetherServer
+from tether._engine.limits import Limits
+from tether._runtime import Runtime
+from tether._server.mcp import TetherServer
 
 ERAS = [pytest.param("legacy", id="legacy"), pytest.param("auto", id="modern")]
 

@@ -25,7 +25,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import ElicitResult
 
-from tether.store import open_store
+from tether._store import open_store
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ LEDGER_TOOLS = '''\
 import asyncio
 import os
 
-from tether.sources.python import tool
+from tether._sources.python import tool
 
 TETHER_NAMESPACE = "ledger"
 

@@ -16,13 +16,13 @@ from mcp.client.stdio import StdioServerParameters
 from mcp_types import ElicitResult, InputRequiredResult
 
 from helpers import Recorder
-from tether.runs.limits import Limits
-from tether.runs.policy import Policy
-from tether.runs.runtime import Runtime
-from tether.server.admission import Admission
-from tether.server.mcp import TetherServer
-from tether.store import open_store
-from tether.tools.prompt import KEY_NOTE
+from tether._engine.limits import Limits
+from tether._engine.policy import Policy
+from tether._runtime import Runtime
+from tether._server.admission import Admission
+from tether._server.mcp import TetherServer
+from tether._store import open_store
+from tether._tools.prompt import KEY_NOTE
 
 ERAS = [pytest.param("legacy", id="legacy"), pytest.param("auto", id="modern")]
 

@@ -17,11 +17,11 @@ from mcp import Client
 from mcp_types import ElicitResult
 
 from helpers import Recorder
-from tether.runs.limits import Limits
-from tether.runs.runtime import Runtime
-from tether.server.console import Console
-from tether.server.mcp import TetherServer
-from tether.server.urlmode import DECLINED_TO_OPEN
+from tether._engine.limits import Limits
+from tether._runtime import Runtime
+from tether._server.console import Console
+from tether._server.mcp import TetherServer
+from tether._server.urlmode import DECLINED_TO_OPEN
 
 ERAS = [pytest.param("legacy", id="legacy"), pytest.param("auto", id="modern")]
 PUBLIC = "https://tether.example.com"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from helpers import Clock, Recorder
+from tether._runtime import Runtime
+from tether._store import open_store
 from tether.errors import SnapshotTampered
-from tether.runs.runtime import Runtime
-from tether.store import open_store
 
 
 def runtime(store_url, **kw) -> Runtime:

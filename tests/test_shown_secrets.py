@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 from tether import Runtime, tool
-from tether.server.approvals import input_schema, link_token
-from tether.server.results import approval_message
-from tether.sources.openapi import OpenAPISource
-from tether.tools.shown import REDACTED, secret_name, show_call
+from tether._server.approvals import input_schema, link_token
+from tether._server.results import approval_message
+from tether._sources.openapi import OpenAPISource
+from tether._tools.shown import REDACTED, secret_name, show_call
 
 PIN = "4417-2209-pin"
 KEY = "sk_live_abcdef0123456789"
@@ -93,8 +93,8 @@ await tools.vendor.connect_account(account="acme", api_key={KEY!r}, settings={{"
 
 
 async def test_every_surface_shows_a_paused_write_without_its_secrets(rt):
-    from tether.server.console import Console
-    from tether.server.notify import Notifier, Webhook
+    from tether._server.console import Console
+    from tether._server.notify import Notifier, Webhook
 
     rt.listeners.append(Notifier(rt, [Webhook("http://127.0.0.1:9/hook", b"s" * 16, frozenset({"paused"}))]))
     card = await rt.execute(OPENAPI_PROGRAM)

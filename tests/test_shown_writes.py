@@ -16,11 +16,11 @@ import pytest
 
 from helpers import run_cli
 from tether import Runtime, tool
-from tether.runs.envelopes import pause_instructions
-from tether.runs.result import RunResult
-from tether.server.approvals import link_token
-from tether.server.results import approval_message, resume_instructions
-from tether.tools.shown import MAX_NAMED_ARGS, show_call
+from tether._engine.envelopes import pause_instructions
+from tether._engine.result import RunResult
+from tether._server.approvals import link_token
+from tether._server.results import approval_message, resume_instructions
+from tether._tools.shown import MAX_NAMED_ARGS, show_call
 
 sent: list[dict] = []
 REVERSED = "\u202e666-REKCATTA\u202c"  # renders as ATTACKER-666
@@ -92,7 +92,7 @@ async def rt():
 
 
 async def test_the_console_and_link_pages_show_the_escapes_and_fold_the_description(rt):
-    from tether.server.console import Console
+    from tether._server.console import Console
 
     paused = await rt.execute(PROGRAM)
     assert paused.status == "paused"
@@ -115,7 +115,7 @@ async def test_the_console_and_link_pages_show_the_escapes_and_fold_the_descript
 
 
 async def test_a_webhook_body_names_every_argument_escaped(rt):
-    from tether.server.notify import Notifier, Webhook
+    from tether._server.notify import Notifier, Webhook
 
     notifier = Notifier(rt, [Webhook("http://127.0.0.1:9/hook", b"s" * 16, frozenset({"paused"}))])
     rt.listeners.append(notifier)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import run_cli
-from tether.sources._mcp_tools import TASK_REQUIRED, build_tools
+from tether._sources._mcp_tools import TASK_REQUIRED, build_tools
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TETHER = [sys.executable, "-m", "tether.cli"]
@@ -86,7 +86,7 @@ def test_upstream_stderr_goes_to_a_log_and_listings_come_from_the_cache(project)
     assert again.returncode == 0
     assert log.read_text().count("starting on stdio") == 1  # listing from the cache: not started
     # Nor is the MCP client stack imported (about a second) for a program that calls no MCP tool.
-    probe = ("import asyncio, sys\nfrom tether.app import open_runtime\n"
+    probe = ("import asyncio, sys\nfrom tether._app import open_runtime\n"
              "async def main():\n    async with open_runtime() as rt:\n"
              "        assert (await rt.execute('1 + 1')).result == 2\n"
              "    print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))\n"
@@ -137,7 +137,7 @@ def test_tools_that_require_task_augmentation_are_not_offered_and_say_why():
 async def test_an_openapi_description_in_yaml_loads_out_of_the_box(tmp_path):
     import yaml
 
-    from tether.sources.openapi import OpenAPISource
+    from tether._sources.openapi import OpenAPISource
 
     doc = json.loads((FIXTURES / "openapi_users.json").read_text())
     spec = tmp_path / "users.yaml"

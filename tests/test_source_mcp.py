@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tether._sources.mcp import ElicitationRequest, ElicitationResponse, MCPSource
 from tether.errors import ConfigError, ToolError
-from tether.sources.mcp import ElicitationRequest, ElicitationResponse, MCPSource
 
 pytestmark = pytest.mark.slow
 
@@ -396,7 +396,7 @@ def test_interpreter_exit_is_clean(tag, tmp_path):
         textwrap.dedent(
             f"""
             import asyncio
-            from tether.sources.mcp import MCPSource
+            from tether._sources.mcp import MCPSource
 
             async def main():
                 source = MCPSource("fx", command=[{PY!r}, {SERVER!r}], env={{"TETHER_TEST_TAG": {tag!r}}})

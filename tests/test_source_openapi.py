@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import uvicorn
 
+from tether._sources.openapi import OpenAPISource
 from tether.errors import ConfigError, InvalidArguments, ToolError
-from tether.sources.openapi import OpenAPISource
 
 FIXTURES = Path(__file__).parent / "fixtures"
 USERS_SPEC = FIXTURES / "openapi_users.json"

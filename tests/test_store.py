@@ -21,11 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tether._store import CallRecord, Conflict, RunRecord, SnapshotRecord, open_store
+from tether._store._schema import SQLStore
+from tether._store.postgres import PostgresStore
+from tether._store.sqlite import SQLiteStore
 from tether.errors import ConfigError, RunNotFound, StoreError
-from tether.store import CallRecord, Conflict, RunRecord, SnapshotRecord, open_store
-from tether.store._schema import SQLStore
-from tether.store.postgres import PostgresStore
-from tether.store.sqlite import SQLiteStore
 
 # ---------------------------------------------------------------------------
 # Backends
@@ -680,9 +680,9 @@ spec, mode = json.loads(sys.argv[1]), sys.argv[2]
 
 def open_store():
     if spec["kind"] == "sqlite":
-        from tether.store.sqlite import SQLiteStore
+        from tether._store.sqlite import SQLiteStore
         return SQLiteStore(spec["url"])
-    from tether.store.postgres import PostgresStore
+    from tether._store.postgres import PostgresStore
     return PostgresStore(spec["url"], schema=spec["schema"])
 
 if mode == "cas":

@@ -17,8 +17,8 @@ import pytest
 
 from latency_proxy import LatencyProxy, target_of
 from tether import Runtime
-from tether.sources.python import tool
-from tether.store.postgres import PostgresStore
+from tether._sources.python import tool
+from tether._store.postgres import PostgresStore
 
 pytestmark = pytest.mark.postgres
 

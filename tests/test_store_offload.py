@@ -16,9 +16,9 @@ import psycopg
 import pytest
 
 from test_store import make_run
-from tether.store.aio import AsyncStore
-from tether.store.postgres import PostgresStore
-from tether.store.sqlite import SQLiteStore
+from tether._store.aio import AsyncStore
+from tether._store.postgres import PostgresStore
+from tether._store.sqlite import SQLiteStore
 
 pytestmark = pytest.mark.postgres
 
@@ -170,7 +170,7 @@ async def test_a_timeout_around_a_call_still_reads_as_a_timeout(pg_url, schema, 
 
 
 async def test_a_failing_call_raises_in_the_caller(store):
-    from tether.store import Conflict
+    from tether._store import Conflict
 
     astore = AsyncStore(store)
     await astore.create_run(make_run("r1"))

@@ -170,11 +170,11 @@ def secret_outside(monkeypatch):
 
 async def test_a_read_only_copy_of_the_store_approves_nothing(db, secret_outside, monkeypatch):
     from helpers import Recorder
-    from tether.runs.policy import Policy
-    from tether.runs.runtime import Runtime
-    from tether.server.console import Console
-    from tether.server.notify import Notifier, Webhook
-    from tether.store import open_store
+    from tether._engine.policy import Policy
+    from tether._runtime import Runtime
+    from tether._server.console import Console
+    from tether._server.notify import Notifier, Webhook
+    from tether._store import open_store
 
     rec = Recorder()
     async with Runtime(store=open_store(db.url), tools=rec.tools(), policy=Policy(writes="ask"),
@@ -227,10 +227,10 @@ async def test_an_inserted_outbox_row_is_never_signed_or_sent(db, secret_outside
     from starlette.routing import Route
 
     from helpers import Recorder
-    from tether.runs.policy import Policy
-    from tether.runs.runtime import Runtime
-    from tether.server.notify import Notifier, Webhook
-    from tether.store import open_store
+    from tether._engine.policy import Policy
+    from tether._runtime import Runtime
+    from tether._server.notify import Notifier, Webhook
+    from tether._store import open_store
 
     received: list[tuple[dict, bytes]] = []
 
@@ -280,7 +280,7 @@ async def test_an_inserted_outbox_row_is_never_signed_or_sent(db, secret_outside
             event = json.loads(body)
             assert event["run"]["run_id"] == again.run_id
             assert event["pending"][0]["approval_url"].startswith("https://tether.example.com/approve/a1.")
-            from tether.server.notify import verify
+            from tether._server.notify import verify
 
             assert verify(HOOK_SECRET.encode(), headers["tether-signature"], body.decode())
             stored = next(r for r in rt.store.list_outbox(status=None) if again.run_id in r.body)
@@ -298,8 +298,8 @@ WAIT_KEY = re.compile(r"\b(?:wd1|w1)\.[A-Za-z0-9_.-]+")
 
 
 async def test_a_read_only_copy_of_the_store_resolves_no_parked_wait(db, secret_outside, tmp_path):
-    from tether.runs.runtime import Runtime
-    from tether.store import open_store
+    from tether._runtime import Runtime
+    from tether._store import open_store
 
     async with Runtime(store=open_store(db.url), type_check=False) as rt:
         parked = await rt.execute(PARKED)
@@ -344,9 +344,9 @@ async def test_a_run_parked_before_keys_were_digested_still_continues(db, secret
     """A row written by an older tether keeps its wait key in clear: it is found and woken as before."""
     import dataclasses
 
-    from tether.runs.integrity import sign_run
-    from tether.runs.runtime import Runtime
-    from tether.store import open_store
+    from tether._engine.integrity import sign_run
+    from tether._runtime import Runtime
+    from tether._store import open_store
 
     async with Runtime(store=open_store(db.url), type_check=False) as rt:
         parked = await rt.execute(PARKED)

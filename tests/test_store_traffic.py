@@ -15,11 +15,11 @@ import pytest
 
 from latency_proxy import LatencyProxy, target_of
 from tether import Runtime
-from tether.sources.python import tool
-from tether.store import Conflict
-from tether.store.base import RunRecord
-from tether.store.postgres import PostgresStore
-from tether.store.sqlite import SQLiteStore
+from tether._sources.python import tool
+from tether._store import Conflict
+from tether._store.base import RunRecord
+from tether._store.postgres import PostgresStore
+from tether._store.sqlite import SQLiteStore
 
 WAIT = 60.0  # a bound for a hang on a loaded machine, never reached by a pass
 

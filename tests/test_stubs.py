@@ -2,15 +2,15 @@
 
 The ``test_checker_*`` tests run the real ``ty`` checker bundled with
 pydantic-monty: they are the proof that the stub *shape* documented in
-``tether.tools.stubs`` makes a wrong call fail before it runs. They are the
-only place outside ``tether.sandbox.monty`` that imports ``pydantic_monty``.
+``tether._tools.stubs`` makes a wrong call fail before it runs. They are the
+only place outside ``tether._sandbox.monty`` that imports ``pydantic_monty``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tether.tools import Catalog, Tool, build_stubs, render_signature
+from tether._tools import Catalog, Tool, build_stubs, render_signature
 
 
 async def _noop(args):
@@ -420,7 +420,7 @@ async def test_checker_accepts_edge_case_stubs() -> None:
 
 
 def test_positional_order_is_required_first_then_optional_in_schema_order() -> None:
-    from tether.tools.binding import bind, parameters
+    from tether._tools.binding import bind, parameters
 
     tool = _tool("t.f", {"a": {"type": "integer", "default": 1}, "b": {"type": "string"}, "c": {"type": "boolean"}},
                  required=["b"])

@@ -20,9 +20,9 @@ import pytest
 from helpers import Clock
 from replicas import ReplicaSet, connect
 from test_crash import child, deliveries, server  # noqa: F401 - the delivery server fixture
-from tether.runs import ownership
-from tether.runs.runtime import Runtime
-from tether.store import open_store
+from tether._engine import ownership
+from tether._runtime import Runtime
+from tether._store import open_store
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ def crashed_mid_write(tmp_path, server_url: str) -> tuple[str, str]:  # noqa: F8
 
 async def recover_with(store_url: str, server_url: str, clock=None):
     from crash.child import shop_tools
-    from tether.runs.policy import Policy
+    from tether._engine.policy import Policy
 
     rt = Runtime(store=open_store(store_url), tools=shop_tools(server_url), type_check=False,
                  policy=Policy(writes="allow"), **({"clock": clock} if clock else {}))

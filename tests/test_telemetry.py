@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import Recorder
-from tether.runs.runtime import Runtime
+from tether._runtime import Runtime
 
 sdk = pytest.importorskip("opentelemetry.sdk.trace")
 
@@ -15,7 +15,7 @@ async def test_runs_and_calls_become_spans():
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from tether.runs import telemetry
+    from tether._engine import telemetry
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tether.app import open_runtime
-from tether.config import Config
+from tether._app import open_runtime
+from tether._config import Config
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -88,7 +88,7 @@ async def test_a_cell_sees_upstream_progress_as_events(tmp_path):
 async def test_tethers_own_mcp_client_sees_upstream_progress(tmp_path):
     from mcp import Client
 
-    from tether.server.mcp import TetherServer
+    from tether._server.mcp import TetherServer
 
     seen: list[tuple[float, str | None]] = []
 

@@ -9,10 +9,10 @@ import pytest
 from mcp import Client
 from mcp_types import ElicitResult
 
-from tether.runs.policy import Policy
-from tether.runs.runtime import Runtime
-from tether.server.mcp import TetherServer
-from tether.sources.mcp import MCPSource
+from tether._engine.policy import Policy
+from tether._runtime import Runtime
+from tether._server.mcp import TetherServer
+from tether._sources.mcp import MCPSource
 
 pytestmark = pytest.mark.slow
 SERVER = str(Path(__file__).parent / "fixtures" / "mcp_fixture_server.py")

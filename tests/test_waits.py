@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from helpers import Clock, Recorder
-from tether.runs.policy import Policy
-from tether.runs.runtime import Runtime
-from tether.store import open_store
+from tether._engine.policy import Policy
+from tether._runtime import Runtime
+from tether._store import open_store
 
 
 @pytest.fixture
@@ -162,7 +162,7 @@ async def test_short_sleeps_are_waited_out_in_place(store_url, clock):
 
 
 async def test_p19_background_runs_are_queued_and_run_by_a_worker(store_url, clock):
-    from tether.runs.worker import work
+    from tether._engine.worker import work
 
     rec = Recorder()
     async with runtime(store_url, clock, rec) as rt:

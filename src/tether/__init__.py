@@ -4,8 +4,16 @@ The public API is what this module exports; everything else is private to the
 package and may change.
 """
 
-from .approvals.model import Decision, PendingWrite
-from .errors import (
+from tether._engine.approvals.model import Decision, PendingWrite
+from tether._engine.limits import Limits
+from tether._engine.policy import Policy, Rule
+from tether._engine.result import RunResult
+from tether._runtime import Runtime
+from tether._sources.python import tool, tools_from_module
+from tether._tools.catalog import Catalog
+from tether._tools.context import CallContext, current_call
+from tether._tools.model import Annotations, Tool
+from tether.errors import (
     AlreadyDecided,
     ExecutionDiverged,
     IdempotencyConflict,
@@ -23,14 +31,6 @@ from .errors import (
     WriteOutcomeUnknown,
     WrongSecret,
 )
-from .runs.limits import Limits
-from .runs.policy import Policy, Rule
-from .runs.result import RunResult
-from .runs.runtime import Runtime
-from .sources.python import tool, tools_from_module
-from .tools.catalog import Catalog
-from .tools.context import CallContext, current_call
-from .tools.model import Annotations, Tool
 
 __all__ = [
     "AlreadyDecided",

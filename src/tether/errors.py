@@ -280,7 +280,7 @@ class RunQuarantined(WorldError):
 
 
 class InvalidTransition(WorldError):
-    """A transition the run state table does not list (tether.store.states) was refused; nothing was written."""
+    """A transition the run state table does not list (tether._store.states) was refused; nothing was written."""
 
     code = "invalid_transition"
     next_action = "Report this as a bug in tether; the run was left as it was (tether runs show)."

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import httpx
 
-from tether.runs.policy import Policy
-from tether.runs.runtime import Runtime
-from tether.store.sqlite import SQLiteStore
-from tether.tools.model import Annotations, Tool
+from tether._engine.policy import Policy
+from tether._runtime import Runtime
+from tether._store.sqlite import SQLiteStore
+from tether._tools.model import Annotations, Tool
 
 PROGRAM = """
 import asyncio
@@ -104,7 +104,7 @@ async def main() -> None:
     store = KillingStore(store_url, kill_at)
     api = os.environ.get("CRASH_API")
     if api:
-        from tether.sources.openapi import OpenAPISource
+        from tether._sources.openapi import OpenAPISource
 
         spec = Path(__file__).parent.parent / "fixtures" / "keyed_api.json"
         source = OpenAPISource("shop", spec, base_url=server, idempotency="key" if api == "declared" else "none")

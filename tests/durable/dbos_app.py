@@ -26,10 +26,10 @@ from typing import Any
 
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 
-from tether.runs.policy import Policy
-from tether.runs.runtime import Runtime
-from tether.sources.openapi import OpenAPISource
-from tether.store import open_store
+from tether._engine.policy import Policy
+from tether._runtime import Runtime
+from tether._sources.openapi import OpenAPISource
+from tether._store import open_store
 
 STORE_URL, API_URL, SYSDB_URL, MODE, WORKFLOW_ID = sys.argv[1:6]
 APPROVAL = len(sys.argv) > 6 and sys.argv[6] == "approval"

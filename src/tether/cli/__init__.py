@@ -17,9 +17,9 @@ import os
 import sys
 from typing import Sequence
 
-from ..errors import TetherError, UsageError
-from . import cells, demo, runs, serve, sessions, sources, store, tools, waits
-from ._common import EXIT_FAILED, EXIT_OK, EXIT_PAUSED, EXIT_TIMED_OUT, EXIT_USAGE, print_json
+from tether.cli import cells, demo, runs, serve, sessions, sources, store, tools, waits
+from tether.cli._common import EXIT_FAILED, EXIT_OK, EXIT_PAUSED, EXIT_TIMED_OUT, EXIT_USAGE, print_json
+from tether.errors import TetherError, UsageError
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_PAUSED", "EXIT_TIMED_OUT", "EXIT_USAGE", "build_parser", "main"]
 

@@ -10,12 +10,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import UsageError
-from ..store.states import RunStatus
-from ..tools.shown import escape, show_call
+from tether._store.states import RunStatus
+from tether._tools.shown import escape, show_call
+from tether.errors import UsageError
 
 if TYPE_CHECKING:  # the command line imports the engine lazily, to start fast
-    from ..store.base import RunRecord, Store
+    from tether._store.base import RunRecord, Store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PAUSED = 0, 1, 2, 3
 EXIT_TIMED_OUT = 4
@@ -100,7 +100,7 @@ def print_result(result: Any, as_json: bool) -> int:
 
 def call_text(w: dict, budget: int = 600) -> str:
     """A write as the terminal shows it: every argument named (secrets hidden), values shortened evenly, escaped."""
-    from ..runs.redaction import shown_args
+    from tether._engine.redaction import shown_args
 
     return f"call {w['seq']}: " + show_call(str(w["address"]), shown_args(w), budget=budget).line()
 
@@ -158,7 +158,7 @@ def read_program(path: str) -> str:
 
 def open_rt(args: argparse.Namespace, tools: Sequence[str] = (), *, sources: list[dict] | None = None,
             report: bool = False) -> Any:
-    from ..app import open_runtime
+    from tether._app import open_runtime
 
     type_check = False if getattr(args, "no_check", False) else None
     return open_runtime(config_path=args.config, tools=tools, type_check=type_check, sources=sources,
@@ -189,8 +189,8 @@ def run_setup(args: argparse.Namespace, *,
     A run records its sources' definitions; one started before it did records
     only the config file it named, which is used if it is still there.
     """
-    from ..config import load_config
-    from ..store import open_store
+    from tether._config import load_config
+    from tether._store import open_store
 
     config = load_config(args.config)
     store = open_store(config.store.url)
@@ -233,7 +233,7 @@ def print_wait_outcome(out: dict, as_json: bool) -> int:
 
 
 def home_of(args: argparse.Namespace) -> Path:
-    from ..config import load_config
+    from tether._config import load_config
 
     return load_config(args.config).home
 
@@ -242,7 +242,7 @@ def ensure_worker(args: argparse.Namespace, tools: Sequence[str]) -> int | None:
     """Start a detached worker for this home unless one is alive: users need not know a runner exists."""
     import subprocess
 
-    from ..runs.worker import worker_alive
+    from tether._engine.worker import worker_alive
 
     home = home_of(args)
     pid = worker_alive(home)
@@ -270,9 +270,9 @@ def trusted_meta(store: Store, run: RunRecord | None, *, lenient: bool = False) 
     then ends it ``run_tampered``. A run signed with another secret raises
     ``WrongSecret``, unless ``lenient`` (cancelling needs no setup).
     """
-    from ..errors import RunTampered, WrongSecret
-    from ..runs.integrity import keyring_for, verify_run
-    from ..store.states import TERMINAL_RUN_STATUSES
+    from tether._engine.integrity import keyring_for, verify_run
+    from tether._store.states import TERMINAL_RUN_STATUSES
+    from tether.errors import RunTampered, WrongSecret
 
     if run is None or run.status in TERMINAL_RUN_STATUSES:
         return {}

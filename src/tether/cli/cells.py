@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from ..tools.shown import escape
-from ._common import EXIT_FAILED, EXIT_OK, add_common, ensure_worker, open_rt, read_program, run_setup
+from tether._tools.shown import escape
+from tether.cli._common import EXIT_FAILED, EXIT_OK, add_common, ensure_worker, open_rt, read_program, run_setup
 
 
 def _print_obs(obs: dict[str, Any], as_json: bool) -> int:
@@ -51,8 +51,8 @@ def progress_bar(value: Any, width: int = 30) -> str | None:
 
 
 async def cmd_cells_start(args: argparse.Namespace) -> int:
-    from ..app import resolve_tool_spec
-    from ..runs.cells import observation, wait_events
+    from tether._app import resolve_tool_spec
+    from tether._engine.cells import observation, wait_events
 
     code = read_program(args.program)
     tools = [resolve_tool_spec(t) for t in args.tools]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..store.states import RunStatus
-from ._common import EXIT_OK, add_common, exit_code, open_rt, print_json, print_result
+from tether._store.states import RunStatus
+from tether.cli._common import EXIT_OK, add_common, exit_code, open_rt, print_json, print_result
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:
-    from ..demo import DEMO_PROGRAM
+    from tether.demo import DEMO_PROGRAM
 
     print("tether demo: a help desk with customers, tickets and comments.\n")
     print("The program an agent would send:\n")

@@ -10,11 +10,10 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from ..errors import RunNotFound
-from ..runs.redaction import shown_args
-from ..store.states import RunStatus
-from ..tools.shown import show_call
-from ._common import (
+from tether._engine.redaction import shown_args
+from tether._store.states import RunStatus
+from tether._tools.shown import show_call
+from tether.cli._common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_PAUSED,
@@ -37,6 +36,7 @@ from ._common import (
     read_program,
     run_setup,
 )
+from tether.errors import RunNotFound
 
 
 async def _ask_inline(pending: dict) -> tuple[str, str | None]:
@@ -65,7 +65,7 @@ async def _ask_question(question: dict) -> dict:
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
-    from ..app import resolve_tool_spec
+    from tether._app import resolve_tool_spec
 
     code = read_program(args.program)
     tools = [resolve_tool_spec(t) for t in args.tools]
@@ -149,8 +149,8 @@ async def _confirm_each(pending: list, decision: str) -> list[int]:
 
 
 async def cmd_runs_list(args: argparse.Namespace) -> int:
-    from ..config import load_config
-    from ..store import open_store
+    from tether._config import load_config
+    from tether._store import open_store
 
     store = open_store(load_config(args.config).store.url)
     try:
@@ -172,10 +172,10 @@ async def cmd_runs_list(args: argparse.Namespace) -> int:
 
 
 async def cmd_runs_show(args: argparse.Namespace) -> int:
-    from ..config import load_config
-    from ..runs.inspect import run_timeline
-    from ..server.approvals import run_links
-    from ..store import open_store
+    from tether._config import load_config
+    from tether._engine.inspect import run_timeline
+    from tether._server.approvals import run_links
+    from tether._store import open_store
 
     config = load_config(args.config)
     store = open_store(config.store.url)
@@ -185,7 +185,7 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
         # Approval links need [server] public_url: where people reach the server.
         data["approval_links"] = []
         if run is not None and run.status in (RunStatus.PAUSED, RunStatus.WAITING):
-            from ..runs.runtime import Runtime
+            from tether._runtime import Runtime
 
             # A runtime over the store only (no tools, no workers started): it reads the pause, and
             # recomputes a parked wait's key, of which the record keeps only the digest (D-33).
@@ -244,9 +244,9 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
 
 
 async def cmd_runs_await(args: argparse.Namespace) -> int:
-    from ..config import load_config
-    from ..runs.result import RunResult
-    from ..store import open_store
+    from tether._config import load_config
+    from tether._engine.result import RunResult
+    from tether._store import open_store
 
     store = open_store(load_config(args.config).store.url)
     deadline = time.monotonic() + args.timeout
@@ -303,7 +303,7 @@ async def cmd_runs_signal(args: argparse.Namespace) -> int:
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
-    from ..app import resolve_tool_spec
+    from tether._app import resolve_tool_spec
 
     code = read_program(args.program)
     tools = [resolve_tool_spec(t) for t in args.tools]
@@ -322,9 +322,9 @@ async def cmd_start(args: argparse.Namespace) -> int:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
-    from ..config import load_config
-    from ..hostwork import GraceOnSignal, LoopWatchdog
-    from ..runs.worker import pid_file, work, worker_alive
+    from tether._config import load_config
+    from tether._engine.worker import pid_file, work, worker_alive
+    from tether._hostwork import GraceOnSignal, LoopWatchdog
 
     home = home_of(args)
     home.mkdir(parents=True, exist_ok=True)
@@ -348,7 +348,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         with GraceOnSignal(lambda sig: loop.call_soon_threadsafe(stop.set), grace=server.shutdown_grace_seconds,
                            report=report).installed():
             async with open_rt(args, list(args.tools), report=True) as rt:
-                from ..logs import configure_from
+                from tether._logs import configure_from
 
                 configure_from(rt.config.log if rt.config is not None else None)
                 rt.source_set.refresh_in_background()
@@ -420,7 +420,7 @@ def add_runs(sub: Any) -> None:
     sp.add_argument("run_id")
     add_common(sp, tools=False)
     sp.set_defaults(func=cmd_runs_show)
-    from .store import add_prune
+    from tether.cli.store import add_prune
 
     add_prune(runs)
 

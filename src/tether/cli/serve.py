@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import add_common
+from tether.cli._common import add_common
 
 
 async def cmd_serve(args: argparse.Namespace) -> int:
-    from ..server.start import ServeOptions, serve
+    from tether._server.start import ServeOptions, serve
 
     return await serve(ServeOptions(config_path=args.config, tools=tuple(args.tools), http=args.http, dev=args.dev))
 

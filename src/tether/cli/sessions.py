@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import EXIT_OK, add_common, open_rt, print_json
+from tether.cli._common import EXIT_OK, add_common, open_rt, print_json
 
 
 async def cmd_sessions_reset(args: argparse.Namespace) -> int:

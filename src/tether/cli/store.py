@@ -6,12 +6,12 @@ import argparse
 import time
 from typing import Any
 
-from ._common import EXIT_OK, add_common, print_json
+from tether.cli._common import EXIT_OK, add_common, print_json
 
 
 def _open(args: argparse.Namespace) -> tuple[Any, Any]:
-    from ..config import load_config
-    from ..store import open_store
+    from tether._config import load_config
+    from tether._store import open_store
 
     config = load_config(args.config)
     return open_store(config.store.url), config.retention.rules()
@@ -31,7 +31,7 @@ def _kept(rules: Any) -> str:
 
 
 async def cmd_store_stats(args: argparse.Namespace) -> int:
-    from ..store.retention import stats
+    from tether._store.retention import stats
 
     store, rules = _open(args)
     try:
@@ -53,7 +53,7 @@ async def cmd_store_stats(args: argparse.Namespace) -> int:
 
 
 async def cmd_runs_prune(args: argparse.Namespace) -> int:
-    from ..store.retention import prune, prune_all
+    from tether._store.retention import prune, prune_all
 
     store, rules = _open(args)
     try:
@@ -80,8 +80,8 @@ async def cmd_store_backup(args: argparse.Namespace) -> int:
 def _backup(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..errors import UsageError
-    from ..store.sqlite import SQLiteStore
+    from tether._store.sqlite import SQLiteStore
+    from tether.errors import UsageError
 
     store, _ = _open(args)
     try:

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ._common import EXIT_FAILED, EXIT_OK, add_common, open_rt, print_json
+from tether.cli._common import EXIT_FAILED, EXIT_OK, add_common, open_rt, print_json
 
 
 async def cmd_tools_search(args: argparse.Namespace) -> int:

@@ -6,8 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from ..errors import UsageError
-from ._common import (
+from tether.cli._common import (
     EXIT_OK,
     add_acting_as,
     add_common,
@@ -18,12 +17,13 @@ from ._common import (
     recorded_setup,
     trusted_meta,
 )
+from tether.errors import UsageError
 
 
 async def cmd_waits_list(args: argparse.Namespace) -> int:
-    from ..config import load_config
-    from ..runs.runtime import Runtime
-    from ..store import open_store
+    from tether._config import load_config
+    from tether._runtime import Runtime
+    from tether._store import open_store
 
     store = open_store(load_config(args.config).store.url)
     try:
@@ -65,10 +65,10 @@ async def cmd_waits_revoke(args: argparse.Namespace) -> int:
 
 def recorded_setup_for_key(args: argparse.Namespace) -> tuple[list[str], str | None, list[dict] | None]:
     """The tools and config of the run a key belongs to, so the run can continue here."""
-    from ..approvals.capabilities import keyring_for
-    from ..config import load_config
-    from ..runs.waits import parse_wait_key
-    from ..store import open_store
+    from tether._config import load_config
+    from tether._engine.approvals.capabilities import keyring_for
+    from tether._engine.waits import parse_wait_key
+    from tether._store import open_store
 
     config = load_config(args.config)
     store = open_store(config.store.url)

@@ -24,8 +24,8 @@ from typing import Any, Literal, get_args
 # accepts only typing_extensions.TypedDict.
 from typing_extensions import TypedDict
 
-from ..sources.python import tool
-from ..tools.model import Tool
+from tether._sources.python import tool
+from tether._tools.model import Tool
 
 __all__ = [
     "AGENTS",

@@ -1,0 +1,981 @@
+"""Configuration: one TOML file, validated, with every problem reported at once.
+
+``load_config(path)`` reads ``tether.toml`` (or defaults when there is none),
+applies the environment (``TETHER_HOME``, ``TETHER_STORE_URL``,
+``TETHER_SECRET``, ``TETHER_TOKEN``) and returns a frozen :class:`Config`.
+
+A bad file raises one :class:`~tether.errors.ConfigError` listing every bad
+key, one line each, in the form ``<file>: <toml.path>: <what is expected>``.
+Pydantic does the checking; its errors are rewritten here into those lines
+because a raw validation dump names Python types, not the keys a user wrote.
+"""
+
+from __future__ import annotations
+
+import difflib
+import keyword
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
+
+from tether._engine.limits import Limits
+from tether.errors import ConfigError
+
+__all__ = [
+    "BearerAuth",
+    "Config",
+    "HeaderAuth",
+    "LogConfig",
+    "LimitsConfig",
+    "McpSource",
+    "MetricsConfig",
+    "NotifyConfig",
+    "OpenApiSource",
+    "PolicyConfig",
+    "PythonSource",
+    "QueryAuth",
+    "QuotaConfig",
+    "QuotasConfig",
+    "RetentionConfig",
+    "Rule",
+    "SandboxConfig",
+    "ServerConfig",
+    "Source",
+    "StoreConfig",
+    "load_config",
+]
+
+DEFAULT_FILE = "tether.toml"
+DEFAULT_HOME = ".tether"
+_REDACTED = "<redacted>"
+
+
+class _Expected:
+    """What a key must hold, in the words an error message uses."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+# Scalars are strict so that TOML's `"5"` or `true` is an error rather than a
+# silently coerced 5 or 1: a config typo should never change a limit.
+PositiveInt = Annotated[int, Strict(), Field(gt=0), _Expected("must be a positive integer")]
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0), _Expected("must be a non-negative integer")]
+Seconds = Annotated[float, Strict(), Field(gt=0), _Expected("must be a positive number of seconds")]
+Bool = Annotated[bool, Strict(), _Expected("must be true or false")]
+Text = Annotated[str, Strict(), Field(min_length=1), _Expected("must be a non-empty string")]
+Days = Annotated[float, Strict(), Field(ge=0), _Expected("must be a number of days, 0 to keep forever")]
+Port = Annotated[
+    int,
+    Strict(),
+    Field(ge=0, le=65535),
+    _Expected("must be a port number from 0 to 65535 (0 picks a free port)"),
+]
+StrTable = Annotated[dict[str, Annotated[str, Strict()]], _Expected("must be a table of strings")]
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_STORE_SCHEMES = ("sqlite:///", "postgresql://", "postgres://")
+
+
+# Custom checks raise with an empty message: the key's _Expected text says
+# what was wrong, so the message is written once.
+def _check_identifier(value: str) -> str:
+    # ASCII and not a keyword: the namespace is written `tools.<namespace>`.
+    if not _IDENTIFIER.fullmatch(value) or keyword.iskeyword(value):
+        raise PydanticCustomError("identifier", "")
+    return value
+
+
+def _check_env_name(value: str) -> str:
+    if not _IDENTIFIER.fullmatch(value):
+        raise PydanticCustomError("env_name", "")
+    return value
+
+
+def _check_http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise PydanticCustomError("http_url", "")
+    return value
+
+
+def _check_store_url(value: str) -> str:
+    if not value.startswith(_STORE_SCHEMES):
+        raise PydanticCustomError("store_url", "")
+    return value
+
+
+def _check_glob(value: str) -> str:
+    if value != "*" and "." not in value:
+        raise PydanticCustomError("glob", "")
+    return value
+
+
+Identifier = Annotated[
+    str,
+    Strict(),
+    AfterValidator(_check_identifier),
+    _Expected(
+        "must be a Python identifier (ASCII letters, digits and underscores, not starting with a digit)"
+    ),
+]
+EnvName = Annotated[
+    str, Strict(), AfterValidator(_check_env_name), _Expected("must be the name of an environment variable")
+]
+HttpUrl = Annotated[
+    str, Strict(), AfterValidator(_check_http_url), _Expected("must be an http:// or https:// URL")
+]
+StoreUrl = Annotated[
+    str,
+    Strict(),
+    AfterValidator(_check_store_url),
+    _Expected("must be a sqlite:///path or postgresql:// URL"),
+]
+Glob = Annotated[
+    str,
+    Strict(),
+    AfterValidator(_check_glob),
+    _Expected("must be a 'namespace.tool' glob such as 'helpdesk.*', or '*'"),
+]
+StrList = Annotated[
+    list[Annotated[str, Strict()]], Field(min_length=1), _Expected("must be a non-empty list of strings")
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- [limits] ----------------------------------------------------------------
+
+
+# The runtime's own defaults (tether._engine.limits.Limits) are the one source of
+# these numbers; the comments below say why each is what it is.
+_LIMITS = Limits()
+
+
+class LimitsConfig(_Section):
+    # 64 KiB: longer model-written programs are nearly always data pasted into
+    # literals, which belongs in tool calls (connecta uses the same cap).
+    code_bytes: PositiveInt = _LIMITS.code_bytes
+    # 64 MiB: tens of thousands of records as dicts fit; a pool of workers
+    # still fits a small container (executor's QuickJS cap is the same).
+    memory_bytes: PositiveInt = _LIMITS.memory_bytes
+    # Interpreter time only, host calls excluded so a slow tool cannot use up
+    # the run; 60 s is ~400M loop iterations, far beyond any honest reduce step.
+    run_seconds: Seconds = _LIMITS.run_seconds
+    # Room to fan out over a page of results (connecta allows 20), well under
+    # Monty's default ceiling of 1000 suspensions.
+    host_calls: PositiveInt = _LIMITS.host_calls
+    # Long enough for a slow API, short enough that a hung tool frees its
+    # worker before the caller gives up (connecta's per-call figure).
+    call_timeout_seconds: Seconds = _LIMITS.call_timeout_seconds
+    # ~7.5k tokens of preview: what a model can read without losing the
+    # thread; executor truncates at the same 30,000 characters.
+    result_bytes: PositiveInt = _LIMITS.result_bytes
+    # print() output shares the result's context budget, so the same size.
+    log_bytes: PositiveInt = _LIMITS.log_bytes
+    # CPython's and Monty's default, so recursion behaves as the model expects.
+    recursion_depth: PositiveInt = _LIMITS.recursion_depth
+    # A call's arguments and its outcome are each journaled up to this many
+    # bytes (as stored); a larger read result fails its call, larger write
+    # arguments fail before sending (result_too_large / arguments_too_large).
+    journal_value_bytes: PositiveInt = _LIMITS.journal_value_bytes
+    # What one run may write to its journal in total (journal_limit past it).
+    journal_bytes: PositiveInt = _LIMITS.journal_bytes
+    # A program's sleep parks the run as a durable timer; one longer than this
+    # fails with sleep_too_long before parking (30 days).
+    max_sleep_seconds: Seconds = _LIMITS.max_sleep_seconds
+    # Sends of one write to a tool that dedupes by idempotency key (P-31):
+    # enough to ride out a restart or a slow answer, few enough that a callee
+    # that never answers still ends in write_outcome_unknown within a minute or two.
+    key_sends: PositiveInt = _LIMITS.key_sends
+    # Doubled per send (0.2, 0.4, 0.8, 1.6 s): a busy API gets room, a crashed one time to come back.
+    key_backoff_seconds: Seconds = _LIMITS.key_backoff_seconds
+    # Attempts in a row that end with their process gone before the run is
+    # quarantined (run_quarantined, P-39) instead of taken over again.
+    quarantine_after: PositiveInt = _LIMITS.quarantine_after
+
+
+# --- [policy] ----------------------------------------------------------------
+
+
+class Rule(_Section):
+    """One policy rule; the first rule whose glob matches a tool address wins
+    (decided by tether._engine.policy, which these rules feed)."""
+
+    match: Glob
+    action: Literal["allow", "ask", "deny"]
+    # "signed_in": the tool's writes are decided only by a signed-in approver
+    # (the console, a signed-in link page) or the operator, never by an MCP
+    # client's approval form (money, deletes, pushes: docs/security.md).
+    approver: Literal["any", "signed_in"] = "any"
+
+
+class PolicyConfig(_Section):
+    # An unannotated tool counts as a write, so the safe default is a human
+    # in the loop; trusted setups say "allow" explicitly.
+    writes: Literal["ask", "allow", "deny"] = "ask"
+    # More than 10 writes in one run is usually a loop gone wrong (agents were
+    # seen re-sending one billable write 9 times after a truncated result).
+    write_budget: PositiveInt = 10
+    rules: Annotated[
+        list[Rule], _Expected('must be a list of tables like {match = "helpdesk.*", action = "ask"}')
+    ] = Field(default_factory=list)
+    # A day for a human to answer; after that the data the run read is stale.
+    approval_ttl_seconds: Seconds = 86400
+    # A snapshot costs a few KB and milliseconds; these bound what recovery
+    # replays to 100 calls or 30 s of work.
+    checkpoint_every_calls: PositiveInt = 100
+    checkpoint_every_seconds: Seconds = 30
+
+
+# --- [store] -----------------------------------------------------------------
+
+
+class StoreConfig(_Section):
+    # Relative to the default TETHER_HOME; load_config writes the absolute
+    # path of the home in force.
+    url: StoreUrl = f"sqlite:///{DEFAULT_HOME}/tether.db"
+
+
+# --- [retention] -------------------------------------------------------------
+
+
+class RetentionConfig(_Section):
+    """How long ended runs are kept (tether._store.retention); paused, waiting and running runs always are."""
+
+    # A month answers "what did that agent do last week?"; failures are kept
+    # longer because they are what someone comes back to investigate.
+    completed_days: Days = 30
+    failed_days: Days = 90
+    cancelled_days: Days = 30
+    # true: a run past its days keeps its row, result and journal (audit);
+    # only its snapshots, events and waits go.
+    keep_journals: Bool = False
+    # The worker prunes this many runs per transaction, every so often: short
+    # transactions never hold SQLite's one writer for long.
+    batch: PositiveInt = 100
+    every_seconds: Seconds = 300
+
+    def rules(self) -> Any:
+        from tether._store.retention import RetentionRules
+
+        days = {"completed": self.completed_days, "failed": self.failed_days, "cancelled": self.cancelled_days}
+        return RetentionRules({k: (v or None) for k, v in days.items()}, keep_journals=self.keep_journals)
+
+
+# --- [quotas] ----------------------------------------------------------------
+
+
+class QuotaConfig(_Section):
+    """One principal's quotas (tether._engine.quotas); 0 is unlimited."""
+
+    # Generous defaults: they stop one runaway agent, not normal work.
+    concurrent_runs: NonNegativeInt = 256  # queued or running
+    runs_per_period: NonNegativeInt = 10_000
+    period_seconds: Seconds = 3600
+    # Off by default: measuring it reads every row a principal owns (once a
+    # minute per principal and process), which a CLI start would pay each time.
+    stored_bytes: NonNegativeInt = 0
+    repl_sessions: NonNegativeInt = 1000
+    # ~38 KB each in the MCP SDK (measured): 1,000 idle sessions cost one token ~38 MB.
+    mcp_sessions: NonNegativeInt = 1000
+
+    def quota(self) -> Any:
+        from tether._engine.quotas import Quota
+
+        return Quota(concurrent_runs=self.concurrent_runs or None, runs_per_period=self.runs_per_period or None,
+                     period_seconds=self.period_seconds, stored_bytes=self.stored_bytes or None,
+                     repl_sessions=self.repl_sessions or None, mcp_sessions=self.mcp_sessions or None)
+
+
+class QuotasConfig(QuotaConfig):
+    # Per principal (the id `tether runs list` and the console show, "local" without a
+    # token): a table with any of the keys above; the rest come from here.
+    principals: Annotated[dict[str, QuotaConfig], _Expected("must be a table of tables, one per principal")] = Field(
+        default_factory=dict)
+
+    def quotas(self) -> Any:
+        from tether._engine.quotas import Quotas
+
+        base = self.model_dump(exclude={"principals"})
+        overrides = {p: QuotaConfig(**{**base, **q.model_dump(exclude_unset=True)}).quota()
+                     for p, q in self.principals.items()}
+        return Quotas(default=self.quota(), principals=overrides)
+
+
+# --- [log] and [metrics] -----------------------------------------------------
+
+
+class LogConfig(_Section):
+    # "json": one object per line with run_id / correlation_id fields, for a log pipeline.
+    format: Literal["text", "json"] = "text"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class MetricsConfig(_Section):
+    # GET /metrics is always served behind the token on the main listener;
+    # "host:port" here adds a listener without a token, for a scrape network.
+    listen: Text | None = None
+
+
+# --- [sandbox] ---------------------------------------------------------------
+
+
+class SandboxConfig(_Section):
+    # One warm worker starts a run in ~0.1 ms instead of ~5 ms cold.
+    min_workers: PositiveInt = 1
+    # Each worker may hold memory_bytes; two keep a laptop's footprint small.
+    max_workers: PositiveInt = 2
+    # The pre-run check (README "The pre-run check"). "calls": tether's own
+    # check of every tool call the program makes (addresses, arity, argument
+    # names, literal values), microseconds; "full": also the bundled type
+    # checker on stubs of what the program reaches, ~10-30 ms the first time a
+    # program is seen; "off".
+    check: Literal["calls", "full", "off"] = "calls"
+    # The older switch: false means check = "off", true means "full".
+    type_check: Bool | None = None
+
+    @model_validator(mode="after")
+    def _workers_order(self) -> SandboxConfig:
+        if self.min_workers > self.max_workers:
+            raise PydanticCustomError(
+                "tether",
+                "must not exceed max_workers ({max}) (got {min})",
+                {"key": "min_workers", "min": self.min_workers, "max": self.max_workers},
+            )
+        return self
+
+
+# --- [server] ----------------------------------------------------------------
+
+
+Right = Literal["run", "approve", "operate"]
+
+
+class TokenConfig(_Section):
+    """One bearer token and what its holder may do (``[[server.tokens]]``; docs/security.md)."""
+
+    # Shown in the console and recorded with each decision this token takes.
+    name: Annotated[str, Strict(), Field(min_length=1, max_length=64), _Expected("must be a short non-empty name")]
+    # The token itself comes from the environment, never the file.
+    token_env: EnvName
+    # run: execute, see and cancel its runs, decline their writes; approve: decide
+    # writes (of the runs of `approves_for`; its own only with self_approval);
+    # operate: everything, on every principal's runs.
+    rights: Annotated[list[Right], Field(min_length=1),
+                      _Expected("must be a non-empty list of 'run', 'approve', 'operate'")] = Field(
+        default_factory=lambda: list[Right](["run"]))
+    # Names of other [[server.tokens]] (or "TETHER_TOKEN", or "*" for every
+    # principal) whose runs this token may approve.
+    approves_for: Annotated[list[Annotated[str, Strict()]], _Expected("must be a list of token names")] = Field(
+        default_factory=list)
+
+
+class ServerConfig(_Section):
+    # Loopback: nothing is exposed until someone chooses to.
+    host: Text = "127.0.0.1"
+    port: Port = 8765
+    # TETHER_TOKEN wins over this, so the file need not hold a secret.
+    token: Text | None = None
+    allow_unauthenticated_loopback: Bool = False
+    # Runs started without a token (CLI, Python API, stdio) belong to `local`.
+    # "private": callers with a token never see them; "shared": they may act
+    # on them too (one trusted team behind one server).
+    local_runs: Literal["private", "shared"] = "private"
+    # Defaults to sandbox.max_workers (filled in by Config): more concurrent
+    # runs than workers would only wait for a worker inside the sandbox.
+    max_concurrent_runs: PositiveInt = 2
+    # Enough to absorb a burst from a few agents; beyond that callers get
+    # `overloaded` with a retry hint instead of waiting blind.
+    queue_depth: NonNegativeInt = 16
+    queue_timeout_seconds: Seconds = 10
+    # The event loop is stuck when it has not run a watchdog's beat for this long: /readyz answers 503
+    # and the log names the run and call it is executing (docs/deploy.md).
+    loop_stall_seconds: Seconds = 2
+    # SIGTERM or SIGINT: past this the process exits whatever a run is doing; its lease lapses and
+    # another process takes the run over (P-16), or quarantines it (P-39).
+    shutdown_grace_seconds: Seconds = 15
+    # Where people reach this server (behind a proxy, its public address):
+    # approval links are built on it. Without it there are no links.
+    public_url: HttpUrl | None = None
+    # How a paused write is put to an MCP client's user: "url" sends the
+    # approval link (URL-mode elicitation), "form" a form, "auto" the link
+    # when the client declares URL elicitation and public_url is set.
+    approvals: Annotated[Literal["url", "form", "auto"], _Expected("must be one of 'url', 'form', 'auto'")] = "auto"
+    # Several replicas behind a balancer without sticky routing: no MCP session
+    # is kept in a process's memory, so any replica answers any request
+    # (2025-11-25 clients then get no mid-call requests; see docs/deploy.md).
+    stateless_http: Bool = False
+    # Connection hygiene (a proxy in front should time out first; docs/deploy.md).
+    # A connection idle between requests is closed after this long.
+    keep_alive_seconds: Seconds = 5
+    # A request's headers must arrive within this long of the connection opening,
+    # and its body within body_timeout_seconds of its headers: slow senders
+    # (slowloris) do not hold a connection slot.
+    header_timeout_seconds: Seconds = 10
+    body_timeout_seconds: Seconds = 30
+    # Open connections beyond this are refused with 503 instead of queued.
+    max_connections: PositiveInt = 1000
+    # Named tokens with rights; TETHER_TOKEN / `token` stay accepted beside them
+    # (rights run and approve, its own runs only: see self_approval).
+    tokens: Annotated[list[TokenConfig], _Expected("must be an array of tables, written [[server.tokens]]")] = Field(
+        default_factory=list)
+    # Whether the principal that ran a program may approve its own writes
+    # (MCP `resume`, the console signed in with its token, a link page). RISK:
+    # the agent holds that token, so with true a prompt-injected model can
+    # approve what it was told to ask about. Unset: false over HTTP with
+    # tokens, true on standard input/output and --dev (docs/decisions.md D-31).
+    self_approval: Bool | None = None
+    # How an approval link decides: "signed_in" (the page shows the write to
+    # whoever holds the link; deciding needs a console sign-in) or
+    # "capability" (holding the link is enough). RISK of "capability": whoever
+    # gets the link (a forwarded e-mail, an agent that fetched it) approves.
+    links: Literal["signed_in", "capability"] = "signed_in"
+
+    @model_validator(mode="after")
+    def _known_approvers(self) -> "ServerConfig":
+        names = [t.name for t in self.tokens]
+        if len(set(names)) != len(names):
+            raise PydanticCustomError("tether", "[[server.tokens]] names must be unique", {"key": "tokens"})
+        reserved = [n for n in names if n == "*" or n.startswith("TETHER_TOKEN")]
+        if reserved:
+            # Those names stand for TETHER_TOKEN's tokens and for everyone in approves_for and the timeline.
+            raise PydanticCustomError("tether", "[[server.tokens]] name '{name}' is reserved",
+                                      {"key": "tokens", "name": reserved[0]})
+        known = set(names) | {"*", "TETHER_TOKEN"}
+        for t in self.tokens:
+            unknown = [n for n in t.approves_for if n not in known]
+            if unknown:
+                raise PydanticCustomError(
+                    "tether", "approves_for names {unknown}, not a [[server.tokens]] name, 'TETHER_TOKEN' or '*'",
+                    {"key": "tokens", "unknown": ", ".join(unknown)})
+        return self
+
+
+# --- [auth] ------------------------------------------------------------------
+
+
+JwsAlgorithm = Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
+
+
+class ClaimRight(_Section):
+    """A right given to whoever's token (or console sign-in) has ``claim`` holding one of ``values``."""
+
+    claim: Text
+    values: StrList
+
+
+class AuthConfig(_Section):
+    """An OAuth 2.1 authorization server (the organisation's IdP) whose tokens tether accepts (docs/security.md).
+
+    Agents send access tokens the IdP issued for tether's resource (its
+    audience); people sign in to the console with OpenID Connect against the
+    same issuer. Static tokens ([server] token, [[server.tokens]]) keep working beside it.
+    """
+
+    # The IdP's issuer identifier, exactly as its tokens' `iss` says it.
+    issuer: HttpUrl
+    # tether's canonical resource URL: the `aud` its access tokens must name.
+    # Unset: [server] public_url + "/mcp".
+    audience: HttpUrl | None = None
+    # Unset: the `jwks_uri` of the issuer's discovery document.
+    jwks_url: HttpUrl | None = None
+    # Pinned: a token naming any other algorithm (or `none`) is refused before its key is looked up.
+    algorithms: Annotated[list[JwsAlgorithm], Field(min_length=1),
+                          _Expected("must be a non-empty list of JWS algorithms such as 'RS256'")] = Field(
+        default_factory=lambda: list[JwsAlgorithm](["RS256"]))
+    # Clock skew allowed on exp/nbf/iat between the IdP and this server.
+    leeway_seconds: Annotated[int, Strict(), Field(ge=0, le=300),
+                              _Expected("must be a whole number of seconds from 0 to 300")] = 30
+    # RFC 7662 introspection for tokens that are not JWTs (opaque tokens); tether authenticates to it
+    # with the console client below (console_client_id and its secret).
+    introspection_url: HttpUrl | None = None
+    # The console's OpenID Connect client; its secret comes from the environment, never the file.
+    console_client_id: Text | None = None
+    console_client_secret_env: EnvName | None = None
+    # Rights besides the scopes tether:run / tether:approve / tether:operate,
+    # e.g. [auth.rights.approve] claim = "groups", values = ["approvers"].
+    rights: dict[Right, ClaimRight] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _console_client(self) -> "AuthConfig":
+        if self.console_client_secret_env and not self.console_client_id:
+            raise PydanticCustomError("tether", "console_client_secret_env needs console_client_id",
+                                      {"key": "console_client_id"})
+        return self
+
+
+# --- [[notify]] --------------------------------------------------------------
+
+NotifyEvent = Literal["paused", "waiting", "failed", "completed", "cancelled"]
+
+
+class NotifyConfig(_Section):
+    # Where the signed JSON event is POSTed.
+    url: HttpUrl
+    # The HMAC-SHA256 signing secret comes from the environment, never the file.
+    secret_env: EnvName
+    events: Annotated[list[NotifyEvent], Field(min_length=1),
+                      _Expected("must be a non-empty list of 'paused', 'waiting', 'failed', 'completed', "
+                                "'cancelled'")] = Field(
+        default_factory=lambda: list(get_args(NotifyEvent)))
+
+
+# --- [[sources]] -------------------------------------------------------------
+
+# "key": the source's tools dedupe by idempotency key, so a write whose outcome
+# was lost is re-sent with the same key (P-31). "none" never re-sends.
+Idempotency = Literal["none", "key"]
+
+
+class PythonSource(_Section):
+    type: Literal["python"]
+    # A dotted module name or a path to a .py file (relative to the config file).
+    module: Text
+    # Defaults to the module's TETHER_NAMESPACE.
+    namespace: Identifier | None = None
+    # "key" marks every write tool of the module; @tool(idempotent_with_key=True) marks one.
+    idempotency: Idempotency = "none"
+
+
+# A source that has not started in 10 s is hung or misconfigured; a cold
+# `uvx`/`npx` download can take longer, and may raise it per source.
+DEFAULT_START_TIMEOUT = 10.0
+
+
+class McpSource(_Section):
+    type: Literal["mcp"]
+    namespace: Identifier
+    command: StrList | None = None
+    url: HttpUrl | None = None
+    env: StrTable = Field(default_factory=dict)
+    headers: StrTable = Field(default_factory=dict)
+    cwd: Text | None = None
+    idempotency: Idempotency = "none"
+    start_timeout: Seconds = DEFAULT_START_TIMEOUT
+    # Without progress, a call may take this long (default: [limits] call_timeout_seconds);
+    # each progress notification from the server restarts it ...
+    call_timeout: Seconds | None = None
+    # ... up to this many seconds in all (default: call_timeout, i.e. progress does not extend it).
+    max_call_seconds: Seconds | None = None
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpSource:
+        if (self.command is None) == (self.url is None):
+            raise PydanticCustomError(
+                "tether", "set exactly one of 'command' (a stdio server) or 'url' (an HTTP server)"
+            )
+        if self.url is not None and (self.env or self.cwd is not None):
+            raise PydanticCustomError("tether", "'env' and 'cwd' apply only to a 'command' server")
+        if self.command is not None and self.headers:
+            raise PydanticCustomError("tether", "'headers' apply only to a 'url' server")
+        return self
+
+
+class BearerAuth(_Section):
+    type: Literal["bearer"]
+    token_env: EnvName
+
+
+class HeaderAuth(_Section):
+    type: Literal["header"]
+    name: Text
+    value_env: EnvName
+
+
+class QueryAuth(_Section):
+    type: Literal["query"]
+    name: Text
+    value_env: EnvName
+
+
+Auth = Annotated[BearerAuth | HeaderAuth | QueryAuth, Field(discriminator="type")]
+
+
+class OpenApiSource(_Section):
+    type: Literal["openapi"]
+    namespace: Identifier
+    # A path (relative to the config file) or an http(s) URL.
+    spec: Text
+    base_url: HttpUrl | None = None
+    auth: Auth | None = None
+    headers: StrTable = Field(default_factory=dict)
+    idempotency: Idempotency = "none"
+    # The header that carries the key on non-safe requests; false sends none.
+    idempotency_header: Annotated[
+        Text | Literal[False], _Expected("must be a header name, or false to send no key")
+    ] = "Idempotency-Key"
+
+    @model_validator(mode="after")
+    def _key_needs_header(self) -> OpenApiSource:
+        if self.idempotency == "key" and self.idempotency_header is False:
+            raise PydanticCustomError(
+                "tether", "idempotency = \"key\" needs idempotency_header: the API must receive the key"
+            )
+        return self
+    start_timeout: Seconds = DEFAULT_START_TIMEOUT
+    call_timeout: Seconds | None = None
+
+
+Source = Annotated[PythonSource | McpSource | OpenApiSource, Field(discriminator="type")]
+
+# --- the whole file ----------------------------------------------------------
+
+
+class Config(_Section):
+    """The configuration in force. Build it with :func:`load_config` or :meth:`from_dict`."""
+
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    quotas: QuotasConfig = Field(default_factory=QuotasConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    sources: Annotated[list[Source], _Expected("must be an array of tables, written [[sources]]")] = Field(
+        default_factory=list
+    )
+    notify: Annotated[list[NotifyConfig], _Expected("must be an array of tables, written [[notify]]")] = Field(
+        default_factory=list
+    )
+    auth: AuthConfig | None = None
+
+    _home: Path = Path(DEFAULT_HOME)
+    _path: Path | None = None
+    _secret: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_defaults(cls, data: Any) -> Any:
+        # max_concurrent_runs follows sandbox.max_workers unless set. Done on
+        # the raw data so the field stays a plain int after validation.
+        if not isinstance(data, dict):
+            return data
+        server, sandbox = data.get("server", {}), data.get("sandbox", {})
+        if isinstance(server, dict) and isinstance(sandbox, dict) and "max_concurrent_runs" not in server:
+            workers = sandbox.get("max_workers", SandboxConfig.model_fields["max_workers"].default)
+            if type(workers) is int and workers > 0:
+                data = {**data, "server": {**server, "max_concurrent_runs": workers}}
+        return data
+
+    @property
+    def home(self) -> Path:
+        """TETHER_HOME (absolute once loaded): where the default store and local state live."""
+        return self._home
+
+    @property
+    def path(self) -> Path | None:
+        """The file this config was read from; None when only defaults apply."""
+        return self._path
+
+    @property
+    def secret(self) -> str | None:
+        """TETHER_SECRET, if set. Never written to the config file or to_dict()."""
+        return self._secret
+
+    @classmethod
+    def from_dict(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        source: str = "<config>",
+        base_dir: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Config:
+        """Validate parsed TOML. ``source`` names the file in error messages;
+        relative source paths resolve against ``base_dir`` (default: cwd)."""
+        env = os.environ if env is None else env
+        problems: list[tuple[str, str]] = []  # (TOML path, what is wrong)
+        config: Config | None = None
+        try:
+            config = cls.model_validate(dict(data))
+        except ValidationError as exc:
+            problems += _describe_errors(exc)
+        problems += _duplicate_namespaces(data.get("sources"))
+        # File order reads best: a typo'd [limts] sits beside [limits] errors.
+        order = {key: index for index, key in enumerate(data)}
+        problems.sort(key=lambda problem: order.get(re.split(r"[.\[]", problem[0])[0], len(order)))
+        errors = [{"file": source, "key": key, "message": message} for key, message in problems]
+        home = _home_from(env)
+        store_url = env.get("TETHER_STORE_URL") or None
+        if store_url is not None and not store_url.startswith(_STORE_SCHEMES):
+            message = f"must be a sqlite:///path or postgresql:// URL (got {_redact_url(store_url)!r})"
+            errors.append({"env": "TETHER_STORE_URL", "message": message})
+        if errors or config is None:
+            raise ConfigError(
+                "\n".join(
+                    f"{error['file']}: {error['key']}: {error['message']}"
+                    if "file" in error
+                    else f"{error['env']}: {error['message']}"
+                    for error in errors
+                ),
+                details={"file": source, "errors": errors},
+            )
+
+        if store_url is None and "url" not in config.store.model_fields_set:
+            store_url = f"sqlite:///{home / 'tether.db'}"
+        server = config.server
+        if env.get("TETHER_TOKEN"):
+            server = server.model_copy(update={"token": env["TETHER_TOKEN"]})
+        config = config.model_copy(
+            update={
+                "store": config.store.model_copy(update={"url": store_url or config.store.url}),
+                "server": server,
+                "sources": [_resolve_paths(s, base_dir or Path.cwd()) for s in config.sources],
+            }
+        )
+        config._home = home
+        config._secret = env.get("TETHER_SECRET") or None
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config in force as JSON, for recording with a run. Secrets are
+        redacted: tokens, MCP env and header values, a store URL's password."""
+        out = self.model_dump(mode="json")
+        out["home"] = str(self.home)
+        out["store"]["url"] = _redact_url(self.store.url)
+        if out["server"]["token"] is not None:
+            out["server"]["token"] = _REDACTED
+        for source in out["sources"]:
+            for table in ("env", "headers"):
+                if table in source:
+                    source[table] = {key: _REDACTED for key in source[table]}
+        return out
+
+
+def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> Config:
+    """Load ``path``; with None, ``$TETHER_CONFIG`` if set, else ``./tether.toml`` if it exists, else defaults.
+
+    ``env`` replaces ``os.environ`` (for tests). Raises ConfigError listing
+    every problem found.
+    """
+    if path is None:
+        path = (os.environ if env is None else env).get("TETHER_CONFIG") or None
+    if path is None:
+        if not Path(DEFAULT_FILE).is_file():
+            return Config.from_dict({}, source="<defaults>", env=env)
+        path = DEFAULT_FILE
+    file = Path(path)
+    name = str(path)
+    try:
+        text = file.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{name}: file not found", details={"file": name}) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{name}: not UTF-8 text (bad byte at offset {exc.start})", details={"file": name}
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read ({exc.strerror})", details={"file": name}) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line, column = _error_position(str(exc), text)
+        reason = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)$", "", str(exc))
+        raise ConfigError(
+            f"{name}: invalid TOML at line {line}, column {column}: {reason}",
+            details={"file": name, "line": line, "column": column},
+        ) from None
+    config = Config.from_dict(data, source=name, base_dir=file.resolve().parent, env=env)
+    config._path = file.resolve()
+    return config
+
+
+# --- helpers -----------------------------------------------------------------
+
+
+def _home_from(env: Mapping[str, str]) -> Path:
+    return Path(env.get("TETHER_HOME") or DEFAULT_HOME).expanduser().resolve()
+
+
+def _error_position(message: str, text: str) -> tuple[int, int]:
+    found = re.search(r"at line (\d+), column (\d+)", message)
+    if found:
+        return int(found.group(1)), int(found.group(2))
+    lines = text.split("\n")
+    return len(lines), len(lines[-1]) + 1
+
+
+def _redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", f":{_REDACTED}@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _is_url(value: str) -> bool:
+    return urlsplit(value).scheme in ("http", "https")
+
+
+def _resolve_paths(source: Any, base: Path) -> Any:
+    # Paths in the file are relative to the file, not to wherever tether runs.
+    if isinstance(source, PythonSource) and (source.module.endswith(".py") or "/" in source.module):
+        return source.model_copy(update={"module": str((base / source.module).resolve())})
+    if isinstance(source, OpenApiSource) and not _is_url(source.spec):
+        return source.model_copy(update={"spec": str((base / source.spec).resolve())})
+    if isinstance(source, McpSource) and source.cwd is not None:
+        return source.model_copy(update={"cwd": str((base / source.cwd).resolve())})
+    return source
+
+
+def _duplicate_namespaces(sources: Any) -> list[tuple[str, str]]:
+    # Read from the raw data so a duplicate is reported alongside every other
+    # problem, not only once the rest of the file is valid.
+    seen: dict[str, int] = {}
+    problems: list[tuple[str, str]] = []
+    for index, source in enumerate(sources if isinstance(sources, list) else []):
+        namespace = source.get("namespace") if isinstance(source, dict) else None
+        if not isinstance(namespace, str):
+            continue
+        if namespace in seen:
+            problems.append(
+                (
+                    f"sources[{index}].namespace",
+                    f"namespace {namespace!r} is already used by sources[{seen[namespace]}]; "
+                    "namespaces must be unique",
+                )
+            )
+        else:
+            seen[namespace] = index
+    return problems
+
+
+# --- pydantic errors -> one line per bad key ---------------------------------
+
+
+def _describe_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    found: dict[tuple[str, str], None] = {}
+    for error in exc.errors():
+        path, field, holder = _walk(error["loc"])
+        if error["type"] == "union_tag_invalid":
+            path += ".type"
+        elif error["type"] == "tether" and "key" in error.get("ctx", {}):
+            # A cross-key check names the key it blames; pydantic cannot.
+            path += f".{error['ctx']['key']}"
+        secret = path.endswith(".token") or ".env." in path or ".headers." in path
+        if path == "store.url" and isinstance(error.get("input"), str):
+            error = {**error, "input": _redact_url(error["input"])}
+        # A union member can fail the same way twice; say it once.
+        found[(path or "(top level)", _explain(error, field, holder, secret=secret))] = None
+    return list(found)
+
+
+def _unwrap(tp: Any) -> Any:
+    """Strip Annotated and Optional down to the type that holds the value."""
+    while True:
+        if get_origin(tp) is Annotated:
+            tp = get_args(tp)[0]
+        elif get_origin(tp) in (Union, UnionType) and type(None) in get_args(tp):
+            rest = [arg for arg in get_args(tp) if arg is not type(None)]
+            tp = rest[0] if len(rest) == 1 else Union[tuple(rest)]  # noqa: UP007
+        else:
+            return tp
+
+
+def _walk(loc: tuple[int | str, ...]) -> tuple[str, FieldInfo | None, type[BaseModel] | None]:
+    """Turn a pydantic location into a TOML path, plus the FieldInfo of the
+    last key named and the model holding it (for unknown-key suggestions)."""
+    tp: Any = Config
+    field: FieldInfo | None = None
+    holder: type[BaseModel] | None = None
+    path = ""
+    for part in loc:
+        tp = _unwrap(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            holder, field = tp, tp.model_fields.get(str(part))
+            tp = field.annotation if field is not None else None
+            path += f".{part}" if path else str(part)
+        elif get_origin(tp) in (Union, UnionType):
+            # A tagged union puts the tag in the location; it is not a key.
+            tp = next((arg for arg in get_args(tp) if part in _tags(arg)), None)
+        elif get_origin(tp) is list:
+            tp = get_args(tp)[0]
+            path += f"[{part}]"
+        elif get_origin(tp) is dict:
+            tp = get_args(tp)[1]
+            path += f".{part}" if re.fullmatch(r"[A-Za-z0-9_-]+", str(part)) else f".{str(part)!r}"
+        else:
+            path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path, field, holder
+
+
+def _tags(model: Any) -> tuple[Any, ...]:
+    model = _unwrap(model)
+    if isinstance(model, type) and issubclass(model, BaseModel) and "type" in model.model_fields:
+        return get_args(model.model_fields["type"].annotation)
+    return ()
+
+
+def _expected(field: FieldInfo | None) -> str | None:
+    """The key's _Expected text, or a description derived from its type."""
+    if field is None:
+        return None
+    metadata = list(field.metadata)
+    # `Alias | None` keeps the alias's metadata one level down.
+    for arg in get_args(field.annotation):
+        metadata += getattr(arg, "__metadata__", ())
+    for item in metadata:
+        if isinstance(item, _Expected):
+            return item.text
+    annotation = _unwrap(field.annotation)
+    if get_origin(annotation) is Literal:
+        return "must be one of " + ", ".join(repr(value) for value in get_args(annotation))
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "must be a table"
+    return None
+
+
+def _got(value: Any, *, secret: bool = False) -> str:
+    if secret and not isinstance(value, (dict, list, bool)):
+        # Name the type only: the value may be a credential.
+        return f"a value of type {type(value).__name__}"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def _explain(error: Any, field: FieldInfo | None, holder: type[BaseModel] | None, *, secret: bool) -> str:
+    kind, loc = error["type"], error["loc"]
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        known = list(holder.model_fields) if holder is not None else []
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        if close:
+            return f"unknown key {key!r} (did you mean {close[0]!r}?)"
+        return f"unknown key {key!r} (expected one of: {', '.join(known)})"
+    if kind == "union_tag_not_found":
+        union = field.annotation if field is not None and loc[-1] == "auth" else Source
+        tags = ", ".join(repr(tag) for arg in get_args(_unwrap(union)) for tag in _tags(arg))
+        return f"missing key 'type' (expected one of {tags})"
+    if kind == "union_tag_invalid":
+        return f"must be one of {error['ctx']['expected_tags']} (got {error['ctx']['tag']!r})"
+    if kind in ("model_type", "model_attributes_type"):
+        return f"must be a table (got {_got(error['input'])})"
+    if kind == "tether":
+        return str(error["msg"])
+    expected = _expected(field)
+    if kind == "missing":
+        return f"required key missing (it {expected})" if expected else "required key missing"
+    if expected is None:
+        # Not reached by any key tether defines; keep pydantic's wording
+        # rather than claim an expectation we do not know.
+        return f"{error['msg']} (got {_got(error['input'], secret=secret)})"
+    return f"{expected} (got {_got(error['input'], secret=secret)})"

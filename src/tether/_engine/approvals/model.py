@@ -1,0 +1,140 @@
+"""The approvals model: an asked write, the pause that holds it, a pending write, a decision (P-10, P-27..P-29).
+
+Pure data and the rules read off the journal; no store writes, no runtime.
+The service (service.py) is what acts on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Union
+
+from tether._store.base import CallRecord, RunRecord
+from tether._store.states import CallState, RunStatus
+from tether.errors import UsageError
+
+# A paused write is a durable wait named approval:<seq>; its value is the decision.
+APPROVAL_PREFIX = "approval:"
+# What resolves an approval wait: the decisions a paused write can get (P-10).
+DECISIONS = ("approve", "decline", "cancel")
+
+
+def approval_wait_name(seq: int) -> str:
+    """The name of the wait write ``seq`` of a pause is."""
+    return f"{APPROVAL_PREFIX}{seq}"
+
+
+# Where a decision came from, recorded with it (P-29).
+CHANNELS = ("python", "cli", "mcp", "console", "link", "key", "prompt")
+# Journal states of a write someone approved (it may have been sent since).
+_APPROVED_STATES = (CallState.APPROVED, CallState.SENDING, CallState.SENT, CallState.FAILED, CallState.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A decision taken on one write (P-29): built once; every record of it is derived from it.
+
+    The journal entry's state is what takes effect (P-28); this says who took
+    it, from where, and why: as the run's ``decision``, its approval wait's
+    value, and the ``decided`` event.
+    """
+
+    seq: int
+    decision: str  # approve | decline | cancel
+    reason: str | None = None
+    actor: str | None = None  # who: a principal, a user name the console knows
+    via: str | None = None  # through what: one of CHANNELS
+    origin: str | None = None  # where the caller was, when the channel knows (a client address)
+    at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the run records it (``runs.decision``)."""
+        return asdict(self)
+
+    def wait_value(self) -> dict[str, Any]:
+        """As the write's approval wait is resolved with (its seq is the wait's, its time the wait's)."""
+        return {"decision": self.decision, "reason": self.reason, "actor": self.actor, "via": self.via,
+                "origin": self.origin}
+
+    def event(self, address: str) -> dict[str, Any]:
+        """As the run's ``decided`` event shows it."""
+        return {**self.to_dict(), "address": address}
+
+    @classmethod
+    def from_wait(cls, seq: int, which: str, value: Any, at: float | None) -> "Decision":
+        """The decision ``which`` on write ``seq``, with who took it as its approval wait recorded."""
+        value = value if isinstance(value, dict) else {}
+        return cls(seq, which, value.get("reason"), value.get("actor"), value.get("via"), value.get("origin"), at)
+
+
+@dataclass(frozen=True)
+class PendingWrite:
+    """One write of a pause, as an approver sees it (P-27)."""
+
+    run_id: str
+    seq: int
+    address: str
+    args: dict[str, Any]
+    annotations: dict[str, Any] = field(default_factory=dict)
+    description: str | None = None
+    key: str | None = None  # the approval key: a capability that decides this write alone
+    expires_at: float | None = None
+    decision: Decision | None = None  # taken already; the run waits on the rest of its batch
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["decision"] = self.decision.to_dict() if self.decision else None
+        return out
+
+
+# What an inline approver (``execute(on_approval=...)``) may answer.
+ApprovalAnswer = Union["Decision", str, bool, tuple[Union[str, bool], Union[str, None]]]
+_VERDICTS = {"approve": "approve", "decline": "decline", True: "approve", False: "decline"}
+
+
+def approval_verdict(answer: Any) -> tuple[str, str | None]:
+    """An approver's answer as ``(approve | decline, reason)``; anything else is a usage error, never a guess.
+
+    Accepted: ``"approve"`` / ``"decline"``, ``True`` / ``False``, a tuple
+    ``(one of those, reason or None)``, or a :class:`Decision`.
+    """
+    reason: Any = None
+    verdict: Any = answer
+    if isinstance(answer, Decision):
+        verdict, reason = answer.decision, answer.reason
+    elif isinstance(answer, tuple) and len(answer) == 2:
+        verdict, reason = answer
+    found = _VERDICTS.get(verdict) if isinstance(verdict, (str, bool)) else None
+    if found is None or not (reason is None or isinstance(reason, str)):
+        raise UsageError(
+            f"on_approval answered {_show(answer)}; it must answer 'approve' or 'decline', True or False, "
+            "a (verdict, reason) tuple or a tether.Decision. The write was not sent",
+            code="invalid_approval",
+            next_action="Return one of those from the on_approval callback.",
+            details={"answer": _show(answer)},
+        )
+    return found, reason
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "…"
+
+
+def batch_of(run: RunRecord) -> list[dict[str, Any]]:
+    """The writes a paused run waits on (a pause stored before batches lists one)."""
+    if run.status != RunStatus.PAUSED or not run.pending:
+        return []
+    return list(run.pending.get("writes") or [run.pending])
+
+
+def taken(entry: CallRecord | None) -> str | None:
+    """The decision the journal holds for a write, if one was taken by someone."""
+    if entry is None or entry.kind != "write":
+        return None
+    if entry.state in _APPROVED_STATES:
+        return "approve"
+    if entry.state == CallState.DECLINED:
+        message = (entry.error or {}).get("message", "")
+        return "cancel" if message.startswith("[write_cancelled]") else "decline"
+    return None

@@ -1,0 +1,373 @@
+"""The approvals service: the one place approval waits are created and settled (issue 19 point 8).
+
+A pause lists every write that waits (one, or a batch issued together). Each
+write is decided on its own, by its seq: the journal entry's compare-and-set
+``asked -> approved | declined`` is the decision, so of two deciders exactly
+one wins and a repeat changes nothing (P-28). The run continues once every
+write of the pause is decided; a ``cancel`` of any of them ends the run.
+
+    ask(...)          a paused write's approval wait, created when the run pauses (driver, via Waits)
+    pending(rt, run)  -> [PendingWrite, ...]                       (rt.pending)
+    decide(rt, run_id, {3: "approve", 4: ("decline", "why")}, actor=..., via=...)
+                      every surface's decision: Python, CLI, MCP resume and forms, the console,
+                      approval links (server/approvals.py's Decider), wait keys (runs/waits.py)
+    refusal(...)      why a decision would take nothing, asked before queueing one (Decider)
+    expire(rt)        paused runs past their approval time to live end run_expired
+
+Who may decide is asked before, of ``tether._engine.approvals.may_decide``; the
+capabilities that name a write (wait keys, links) are made in capabilities.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from tether import _metrics as metrics
+from tether._engine.approvals.model import (
+    APPROVAL_PREFIX,
+    CHANNELS,
+    DECISIONS,
+    Decision,
+    PendingWrite,
+    approval_wait_name,
+    batch_of,
+    taken,
+)
+from tether._engine.lifecycle import cancelled_error
+from tether._engine.result import RunResult
+from tether._store.base import CallRecord, RunRecord, Store, WaitRecord
+from tether._store.states import CallState, RunStatus, WaitStatus
+from tether.errors import (
+    AlreadyDecided,
+    NotPaused,
+    RunExpired,
+    RunNotFound,
+    SeqRequired,
+    TetherError,
+    UsageError,
+    WriteNotPending,
+)
+
+if TYPE_CHECKING:
+    from tether._runtime import Runtime
+
+
+def ask(store: Store, key: str, run: RunRecord, seq: int, deadline: float, now: float) -> str:
+    """Create the wait paused write ``seq`` is, under ``key``; return the key."""
+    store.create_wait(WaitRecord(key, run.run_id, approval_wait_name(seq), WaitStatus.PENDING, now, seq=seq,
+                                 deadline=deadline, session=run.session))
+    return key
+
+
+def decision_of(value: Any, error: str | None) -> tuple[str | None, str | None]:
+    """(decision, reason) an approval wait is resolved with by its key; decision None when it names none."""
+    if error is not None:
+        return "decline", error
+    if isinstance(value, str):
+        return value, None
+    if isinstance(value, dict):
+        return value.get("decision"), value.get("reason")
+    return None, None
+
+
+def recorded_decision(rt: "Runtime", run_id: str, seq: int, entry: CallRecord | None = None) -> Decision | None:
+    """The decision taken on write ``seq`` of a run, with who took it, or None if none was."""
+    entry = entry if entry is not None else rt.store.get_call(run_id, seq)
+    which = taken(entry)
+    if which is None:
+        return None
+    row = rt.store.get_wait(rt.wait_key(run_id, approval_wait_name(seq)))
+    if row is None:
+        return Decision(seq, which)
+    return Decision.from_wait(seq, which, row.value, row.resolved_at)
+
+
+def pending(rt: "Runtime", run: RunRecord) -> list[PendingWrite]:
+    """The writes of a run's pause, each with its key and any decision taken (empty when not paused)."""
+    out = []
+    for w in batch_of(run):
+        entry = rt.store.get_call(run.run_id, w["seq"])
+        description = None
+        if w["address"] in rt.catalog:
+            description = rt.catalog.get(w["address"]).description
+        # The store holds no approval key (it is a capability): recomputed for whoever may see this run.
+        key = w.get("key") or rt.wait_key(run.run_id, approval_wait_name(w["seq"]))
+        out.append(PendingWrite(run.run_id, w["seq"], w["address"], w.get("args") or {}, w.get("annotations") or {},
+                                description, key, run.expires_at,
+                                recorded_decision(rt, run.run_id, w["seq"], entry)))
+    return out
+
+
+def _pending_text(writes: list[PendingWrite]) -> str:
+    if not writes:
+        return "it waits on no write"
+    return "it waits on " + ", ".join(
+        f"call {w.seq} {w.address}" + (f" ({w.decision.decision}d)" if w.decision else "") for w in writes)
+
+
+def _pending_details(writes: list[PendingWrite]) -> list[dict[str, Any]]:
+    return [{"seq": w.seq, "address": w.address, "args": w.args,
+             "decision": w.decision.decision if w.decision else None} for w in writes]
+
+
+def _parse(decisions: Mapping[Any, Any]) -> dict[int, tuple[str, str | None]]:
+    if not isinstance(decisions, Mapping) or not decisions:
+        raise UsageError("decisions must map each write's seq to a decision, e.g. {3: 'approve'}",
+                         code="invalid_arguments")
+    out: dict[int, tuple[str, str | None]] = {}
+    for seq, value in decisions.items():
+        if isinstance(seq, bool) or not isinstance(seq, (int, str)) or not str(seq).isdigit():
+            raise UsageError(f"a decision is keyed by the write's seq (an integer), not {seq!r}",
+                             code="invalid_arguments")
+        decision, reason = (value, None) if isinstance(value, str) else (tuple(value) + (None,))[:2]
+        if decision not in DECISIONS:
+            raise UsageError(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}",
+                             code="invalid_arguments")
+        if reason is not None and not isinstance(reason, str):
+            raise UsageError("a decision's reason must be text", code="invalid_arguments")
+        out[int(seq)] = (decision, reason)
+    return out
+
+
+def unnamed_target(rt: "Runtime", run: RunRecord, decision: str) -> int:
+    """The write a decision without seq is for, when it can only be one (P-28).
+
+    That is the case when the run has asked about exactly one write in its
+    whole life: whoever saw any pause of it saw that write. Otherwise the
+    decision could land on a write its sender never saw (a repeated command
+    after the run moved on to the next write) and is refused with the list.
+    """
+    asked = sorted({w.seq for w in rt.store.list_waits(run_id=run.run_id, status=None)
+                    if w.name.startswith(APPROVAL_PREFIX) and w.seq is not None})
+    batch = batch_of(run)
+    if decision == "cancel" and batch:
+        first: int = batch[0]["seq"]
+        return first  # cancel ends the run, whichever write it names
+    if len(asked) == 1:
+        return asked[0]
+    if not asked and len(batch) == 1:
+        only: int = batch[0]["seq"]
+        return only
+    if not asked and not batch:
+        raise NotPaused(f"run {run.run_id} is {run.status} and has no write waiting for a decision")
+    writes = pending(rt, run)
+    raise SeqRequired(
+        f"run {run.run_id} has asked about more than one write, so a decision must name its write; "
+        f"{_pending_text(writes)}; nothing was decided",
+        details={"pending": _pending_details(writes)})
+
+
+def _paused_view(rt: "Runtime", run: RunRecord) -> RunResult:
+    """The run's paused envelope with the decisions its batch holds so far."""
+    result = RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run.run_id)
+    if result.pending:
+        decided = {w.seq: w.decision for w in pending(rt, run) if w.decision}
+        writes = [dict(w, decision=decided[w["seq"]].to_dict() if w["seq"] in decided else None)
+                  for w in result.pending.get("writes") or [result.pending]]
+        result.pending = {**result.pending, "writes": writes}
+        undecided = [w for w in writes if w["decision"] is None]
+        if undecided:
+            from tether._engine.envelopes import pause_instructions, tool_schemas
+
+            # What is left to decide, not what the pause first asked.
+            result.instructions = pause_instructions(run.run_id, {"writes": undecided}, tool_schemas(rt.catalog))
+    return result
+
+
+async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, principal: str | None = None,
+                 actor: str | None = None, via: str = "python", origin: str | None = None, on_approval: Any = None,
+                 on_progress: Any = None, on_question: Any = None, t0: float | None = None) -> RunResult:
+    """Decide writes of a paused run by seq; continue it once its whole pause is decided (P-10, P-27..P-29)."""
+    import time
+
+    t0 = time.perf_counter() if t0 is None else t0
+    wanted = _parse(decisions)
+    if via not in CHANNELS:
+        raise UsageError(f"via must be one of {', '.join(CHANNELS)}, not {via!r}", code="invalid_arguments")
+    run = rt.get_run(run_id, principal)
+    if run.status == RunStatus.PAUSED:
+        refused = _untrusted(rt, run, wanted, t0)
+        if refused is not None:
+            return refused
+    who = {"actor": actor or (principal if principal is not None else getattr(rt, "principal", None)) or "local",
+           "via": via, "origin": origin}
+    batch = {w["seq"]: w for w in batch_of(run)}
+    fresh: dict[int, tuple[str, str | None]] = {}
+    for seq, (decision, reason) in sorted(wanted.items()):
+        entry = rt.store.get_call(run_id, seq)
+        already = taken(entry)
+        if decision == "cancel" and seq in batch and already != "cancel":
+            # Cancel ends the paused run, whatever was decided on this write so far.
+            fresh[seq] = (decision, reason)
+            continue
+        if already is not None:
+            if already != decision:
+                raise AlreadyDecided(f"call {seq} of run {run_id} was already decided: {already}; "
+                                     f"nothing was changed", details={"decision": already, "seq": seq})
+            continue  # a repeat of a decision taken: it changes nothing (P-28)
+        if seq in batch and entry is not None and entry.state == CallState.ASKED:
+            fresh[seq] = (decision, reason)
+            continue
+        if run.status != RunStatus.PAUSED:
+            raise NotPaused(f"run {run_id} is {run.status}; call {seq} is not a write waiting for a decision")
+        writes = pending(rt, run)
+        raise WriteNotPending(f"call {seq} of run {run_id} is not a write waiting for a decision; "
+                              f"{_pending_text(writes)}; nothing was decided",
+                              details={"seq": seq, "pending": _pending_details(writes)})
+
+    if run.status != RunStatus.PAUSED:
+        # Every named write was decided before: return what the run did since.
+        return await rt.wait_for_run(run_id)
+    now = rt.clock()
+    if fresh and run.expires_at is not None and now > run.expires_at:
+        rt.finisher.finish(run, RunStatus.FAILED, error=RunExpired(f"run {run_id} passed its approval time to live").to_dict())
+        raise RunExpired(f"run {run_id} waited longer than its approval time to live; nothing was sent")
+
+    if any(d == "cancel" for d, _ in fresh.values()):
+        return await _cancel(rt, run, fresh, who, now, t0, principal)
+    if fresh:
+        # Before anything is decided (P-30): a run whose sources cannot be loaded here
+        # stays paused, and an approved write's server must answer now or it is not sent.
+        await rt.require_sources(run, live=tuple(batch[s]["address"] for s, (d, _) in fresh.items()
+                                                 if d == "approve"))
+    last = None
+    for seq, (decision, reason) in fresh.items():
+        last = _record(rt, run, batch[seq], decision, reason, who, now)
+        # The run's updated_at is when it paused: nothing touches a paused run but a decision.
+        metrics.APPROVAL_SECONDS.observe(max(0.0, now - run.updated_at))
+    # The run continues when nothing in its pause is left undecided; whoever
+    # sees that first continues it (paused -> running is a compare-and-set).
+    undecided = [s for s in batch if (e := rt.store.get_call(run_id, s)) is not None and e.state == CallState.ASKED]
+    if undecided:
+        return _paused_view(rt, rt.get_run(run_id, principal))
+    record = last.to_dict() if last is not None else (run.decision or {})
+    if not rt.lifecycle.resume(run_id, record):
+        return await rt.wait_for_run(run_id)
+    run = rt.get_run(run_id, principal)
+    return await rt.launch(run, mode="continue", on_approval=on_approval, t0=t0, on_progress=on_progress,
+                           on_question=on_question).result()
+
+
+def _untrusted(rt: "Runtime", run: RunRecord, wanted: dict[int, tuple[str, str | None]], t0: float) -> RunResult | None:
+    """Check what a decision acts on before acting (P-35): None when the run and its pause verify.
+
+    A tampered run ends ``run_tampered``; a cancel needs no trusted record and
+    simply ends the run. ``WrongSecret`` propagates and leaves the run paused
+    for a process holding the secret it was signed with.
+    """
+    from tether._engine.integrity import verify_calls
+    from tether.errors import RunTampered, WrongSecret
+
+    cancel = next((reason for decision, reason in wanted.values() if decision == "cancel"), "")
+    try:
+        rt.verify_run(run)
+        verify_calls(rt.keyring, run.run_id, [e for w in batch_of(run)
+                                              if (e := rt.store.get_call(run.run_id, w["seq"])) is not None])
+    except (RunTampered, WrongSecret) as exc:
+        if any(d == "cancel" for d, _ in wanted.values()):
+            ended = rt.finisher.cancel_now(run, cancel or "cancelled")
+            if ended is not None:
+                return ended
+        if isinstance(exc, WrongSecret):
+            raise
+        rt.revoke_waits(run_id=run.run_id)
+        return rt.finisher.finish(run, RunStatus.FAILED, error=exc.to_dict(), t0=t0)
+    return None
+
+
+def _record(rt: "Runtime", run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
+            who: dict[str, Any], now: float, expect: tuple[str, ...] = (CallState.ASKED,)) -> Decision:
+    """Take one decision: the journal's compare-and-set decides who wins (P-28); then say who (P-29)."""
+    from tether._engine.guest_errors import guest_error
+
+    seq = write["seq"]
+    entry = rt.store.get_call(run.run_id, seq)
+    if decision == "approve":
+        won = rt.update_call_signed(entry, list(expect), state=CallState.APPROVED)
+    else:
+        why = "cancelled" if decision == "cancel" else "declined"
+        err = guest_error(f"write_{why}",
+                          f"the write {write['address']} was {why}{': ' + reason if reason else ''}; it was not sent",
+                          "PermissionError")
+        won = rt.update_call_signed(entry, list(expect), state=CallState.DECLINED,
+                                    error={"type": err.exc_type, "message": err.message}, finished_at=now)
+    if not won:
+        already = taken(rt.store.get_call(run.run_id, seq))
+        if already != decision:
+            raise AlreadyDecided(f"call {seq} of run {run.run_id} was already decided: {already}; nothing was changed",
+                                 details={"decision": already, "seq": seq})
+    record = Decision(seq, decision, reason, **who, at=now)
+    if won:
+        _settle_approval(rt, run.run_id, record)
+        rt.event(run.run_id, "decided", record.event(write["address"]))
+    return record
+
+
+def _settle_approval(rt: "Runtime", run_id: str, record: Decision) -> None:
+    name = approval_wait_name(record.seq)
+    now = rt.clock()
+    rt.store.settle_wait(WaitRecord(rt.wait_key(run_id, name), run_id, name, WaitStatus.RESOLVED, now,
+                                    seq=record.seq, value=record.wait_value(), resolved_at=now))
+
+
+async def _cancel(rt: "Runtime", run: RunRecord, fresh: dict[int, tuple[str, str | None]], who: dict[str, Any],
+                  now: float, t0: float, principal: str | None) -> RunResult:
+    """A cancel of any write of the pause ends the run; no write of it is sent (P-10)."""
+    seq, (_, reason) = next((s, v) for s, v in fresh.items() if v[0] == "cancel")
+    record = Decision(seq, "cancel", reason, **who, at=now)
+    if not rt.lifecycle.cancel_decided(run.run_id, record.to_dict()):
+        # The run moved on meanwhile: decide again against what it is now.
+        return await decide(rt, run.run_id, dict(fresh), principal=principal, t0=t0, **who)
+    for write in batch_of(run):
+        entry = rt.store.get_call(run.run_id, write["seq"])
+        # A write approved earlier in this batch was not sent, and now never will be.
+        if entry is not None and entry.state in (CallState.ASKED, CallState.APPROVED):
+            _record(rt, run, write, "cancel", reason if write["seq"] == seq else None, who, now,
+                    expect=(CallState.ASKED, CallState.APPROVED))
+    address = next(w["address"] for w in batch_of(run) if w["seq"] == seq)
+    return rt.finisher.finish(run, RunStatus.CANCELLED, error=cancelled_error(
+        f"the run was cancelled at the write {address}; nothing further was sent", {"reason": reason}), t0=t0)
+
+
+def refusal(rt: "Runtime", run_id: str, seqs: list[int], decision: str, *, principal: str | None,
+            allowed: tuple[str, ...] = DECISIONS) -> tuple[RunRecord | None, TetherError | None]:
+    """(the run, why a decision on writes ``seqs`` would take nothing — or None when it would take effect).
+
+    Asked by a surface that queues the decision (the console and links answer
+    at once, and decide in the background); ``decide`` itself refuses the same
+    cases as it acts.
+    """
+    if decision not in allowed:
+        return None, UsageError(f"a decision is {' or '.join(allowed)}", code="invalid_arguments")
+    try:
+        run = rt.get_run(run_id, principal)
+    except RunNotFound:
+        return None, RunNotFound(f"there is no run {run_id} for you")
+    waiting = {w.seq for w in pending(rt, run) if w.decision is None}
+    if not seqs or any(s not in waiting for s in seqs):
+        decided = [d for s in seqs if (d := recorded_decision(rt, run.run_id, s)) is not None]
+        if decided:
+            d = decided[0]
+            return run, AlreadyDecided(f"write {d.seq} was already decided: {d.decision}; nothing more was decided")
+        return run, NotPaused(f"run {run.run_id} is {run.status} and does not wait on "
+                              f"write {', '.join(map(str, seqs))}; nothing was decided")
+    if run.expires_at is not None and rt.clock() > run.expires_at:
+        return run, RunExpired("the approval's time to live has passed; nothing was decided and nothing was sent")
+    return run, None
+
+
+def expire(rt: "Runtime") -> list[str]:
+    """End paused runs past their approval time to live (`run_expired`); nothing was sent for them."""
+    ended = []
+    for run in rt.store.paused_runs_past_expiry(rt.clock()):
+        err = RunExpired(f"run {run.run_id} waited longer than its approval time to live; "
+                         f"the write {(run.pending or {}).get('address')} was not sent")
+        if rt.lifecycle.expire(run.run_id):
+            rt.revoke_waits(run_id=run.run_id)
+            rt.finisher.finish(run, RunStatus.FAILED, error=err.to_dict())
+            ended.append(run.run_id)
+    return ended
+
+
+__all__ = ["APPROVAL_PREFIX", "CHANNELS", "DECISIONS", "Decision", "PendingWrite", "ask", "batch_of", "decide",
+           "decision_of", "expire", "pending", "recorded_decision", "refusal", "taken", "unnamed_target"]

@@ -1,0 +1,688 @@
+"""The effect boundary: the one function every host call passes through.
+
+Data path, top to bottom (P-1):
+
+    program ──> sandbox ──> EffectBoundary.call(seq, op, address, args)
+                               │ decide(): replay or live?        (journal.py, pure)
+                               │ decide_call(): may this run?     (policy.py, pure)
+                               │ record intent (write-ahead)      (store)
+                               │ dispatch to the tool's source    (with per-call timeout)
+                               │ record outcome                   (store)
+    program <── sandbox <──────┘ value, or an exception raised in the program
+
+One :class:`EffectBoundary` serves one *attempt*: a fresh run, a restore from
+a snapshot, or a replay from the journal. Nothing else dispatches tools.
+Stopping at a call (a write that asks, a wait, a long sleep) is pausing.py's
+job; the boundary owns its :class:`~tether._engine.pausing.Pauses`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from tether import _metrics as metrics
+from tether._engine import integrity, journal, resend, telemetry
+from tether._engine import policy as policy_mod
+from tether._engine.attempt_state import AttemptState, CallStat, RaisedError
+from tether._engine.guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
+from tether._engine.journal_writer import JournalWriter
+from tether._engine.lifecycle import outcome_unknown
+from tether._engine.pausing import Parked, Paused, Pauses  # noqa: F401 - Parked, Paused: re-exported for callers
+from tether._engine.restore import plan_restore
+from tether._engine.result import to_json_value
+from tether._hostwork import HostWorkTimeout, off_loop
+from tether._sandbox.monty import GuestRaise, Stopped
+from tether._store.base import CallRecord, Store
+from tether._store.states import CallState
+from tether._tools import binding
+from tether._tools import context as call_context
+from tether.errors import ExecutionDiverged, InvalidArguments, LimitExceeded, TetherError, UnknownTool
+
+if TYPE_CHECKING:
+    from tether._engine.limits import Limits
+    from tether._engine.pending import Stop
+    from tether._sandbox.monty import Execution
+    from tether._tools.catalog import Catalog
+    from tether._tools.model import Tool
+
+BUILTIN_OPS = ("search", "describe", "sources")
+WAIT_OPS = ("wait_for", "wait_for_signal", "sleep")
+# A write in one of these states has spent the run's write budget. An
+# approved write spends it when it is sent (`_send` counts it), so counting
+# `approved` here too would charge a resumed write twice.
+SPENT_STATES = (CallState.SENDING, CallState.SENT, CallState.UNKNOWN, CallState.FAILED)
+
+
+class Cancelled(Stopped):
+    def __init__(self, reason: str = "cancelled") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# An inline approver decides a write at once instead of pausing the run: it
+# gets the pending call and answers with any ApprovalAnswer (see
+# decisions.approval_verdict), returned or awaited.
+Approver = Callable[[dict[str, Any]], Any]
+
+
+def _holds_tuple(value: Any) -> bool:
+    t = type(value)
+    if t is tuple:
+        return True
+    if t is dict:
+        return any(_holds_tuple(v) for v in value.values())
+    if t is list:
+        return any(_holds_tuple(v) for v in value)
+    return False
+
+
+class EffectBoundary:
+    """Serves host calls for one attempt of one run."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        store: Store,
+        catalog: Catalog,
+        policy: policy_mod.Policy,
+        limits: "Limits",
+        journal_entries: list[CallRecord],
+        on_approval: Approver | None,
+        builtins_impl: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Awaitable[Any]]],
+        pause_sink: Callable[["EffectBoundary", Stop], Awaitable[None]],
+        checkpoint_sink: Callable[["EffectBoundary", CallRecord], Awaitable[None]] | None,
+        clock: Callable[[], float],
+        keyring: integrity.Keyring,
+        writes_spent: int | None = None,
+        wait_secret: bytes = b"",
+        session: str | None = None,
+        on_progress: Callable[[int, str], None] | None = None,
+        on_question: Any = None,
+        span: Any = None,
+        inline_sleep_seconds: float = 1.0,
+        batch_window_seconds: float = 0.05,
+        journaled_bytes: int = 0,
+    ) -> None:
+        self.run_id = run_id
+        self.store = store
+        self.catalog = catalog
+        self.policy = policy
+        self.limits = limits
+        self.on_approval = on_approval
+        self.builtins_impl = builtins_impl
+        self._checkpoint_sink = checkpoint_sink
+        self.clock = clock
+        # The journal as this attempt reads and writes it (journal_writer.py).
+        self.writer = JournalWriter(run_id=run_id, store=store, keyring=keyring, clock=clock,
+                                    entries=journal_entries)
+        self.state = AttemptState()
+        self.state.writes_spent = (writes_spent if writes_spent is not None
+                                   else sum(1 for e in journal_entries if e.kind == "write" and e.state in SPENT_STATES))
+        self.execution: "Execution | None" = None
+        self.on_progress = on_progress
+        # Puts an upstream tool's mid-call question to the run's user (Runtime.elicitation_handler).
+        self.on_question = on_question
+        self.span = span  # the run's OpenTelemetry span, when one is recording
+        # Tools with a call on the wire now: an upstream's question is tied to its run by these.
+        self.inflight_addresses: dict[str, int] = {}
+        self.secret = wait_secret  # keys the run's waits (P-18)
+        self.session = session
+        # Sleeps up to this long are waited out in the worker instead of parking.
+        self.inline_sleep_seconds = inline_sleep_seconds
+        # Bytes of arguments and outcomes this run has journaled (P-22), earlier attempts included.
+        self.journaled_bytes = journaled_bytes
+        self.keyring = keyring  # signs each journal entry (P-35)
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._dispatches: set[asyncio.Task[Any]] = set()
+        self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
+        self._t0 = time.perf_counter()
+        # Pausing, parking and the calls held while the attempt stops (pausing.py).
+        self.pauses = Pauses(self, pause_sink, batch_window_seconds=batch_window_seconds)
+
+    # -- the sandbox's entry point ---------------------------------------------
+
+    def _parse(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+               ) -> tuple[str, str, dict[str, Any], GuestRaise | None]:
+        """(op, address, call args, error) for a sandbox call."""
+        if name.startswith("tools."):
+            address = name[len("tools."):]
+            if args:
+                # Positional arguments are bound to names here, so the journal,
+                # policy and validation all see one keyword dict (tools.binding).
+                try:
+                    found = self.catalog.find(address)
+                    if found is not None:  # an unknown one is refused as unknown_tool by the call itself
+                        return "tool", address, binding.bind(found, args, kwargs), None
+                except InvalidArguments as exc:
+                    err = guest_error("invalid_arguments", exc.message, "TypeError")
+                    return "tool", address, {"_positional": list(args), **kwargs}, err
+                return "tool", address, {"_positional": list(args), **kwargs}, None
+            return "tool", address, dict(kwargs), None
+        return name, name, {"args": list(args), "kwargs": dict(kwargs)}, None
+
+    async def host(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Host function for the sandbox: map the name to (op, address, args) and call."""
+        op, address, call_args, err = self._parse(name, args, kwargs)
+        self.state.issued += 1
+        seq = self.state.issued
+        if err is not None:
+            await self._record_rejected(seq, op, address, call_args, "read", err)
+            raise err
+        return await self.call(seq, op, address, call_args)
+
+    async def answer_restored(self, call_ids: list[int], announced: list[Any]) -> dict[int, Any]:
+        """Settle the calls a restored snapshot waits on (P-9).
+
+        The calls are mapped to the snapshot's record first (restore.py), so a
+        mismatch can still fall back to replay; then each is answered through
+        the boundary like any call.
+        """
+        def next_seq() -> int:
+            self.state.issued += 1
+            return self.state.issued
+
+        plan = plan_restore(self.state.restore_pending or [], call_ids, announced, self._parse, next_seq)
+        wanted = set(call_ids)
+        # If answering pauses again, the new dump waits on every call of the plan.
+        self.state.restore_pending = [{"seq": p.seq, "op": p.op, "address": p.address, "args": p.args}
+                                      for p in plan if p.call_id in wanted]
+        self.state.answering = True
+
+        async def one(seq: int, op: str, address: str, call_args: dict[str, Any], err: GuestRaise | None) -> Any:
+            try:
+                if err is not None:
+                    await self._record_rejected(seq, op, address, call_args, "read", err,
+                                                existing=self.journal.get(seq))
+                    raise err
+                return await self.call(seq, op, address, call_args)
+            except GuestRaise as exc:
+                return exc
+
+        results = await asyncio.gather(*(one(*p[1:]) for p in plan))
+        self.state.answering = False
+        return {p.call_id: r for p, r in zip(plan, results) if p.call_id in wanted}
+
+    # -- the boundary ----------------------------------------------------------
+
+    async def call(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
+        st = self.state
+        st.last_arrival = time.monotonic()
+        if _holds_tuple(args):
+            # A tuple is a JSON array to every tool (`(lat, lon)`, `tuple(ids)`): sent,
+            # validated and journaled as the list it becomes, as a resumed write is (P-26).
+            args = to_json_value(args)[0]
+        try:
+            key, size = journal.call_key_and_size(op, address, args)
+        except (TypeError, ValueError):
+            # Not JSON as given (a set, bytes, NaN, an int past 4,300 digits):
+            # the call goes on with its JSON form, so what is journaled, shown
+            # for approval and sent are one value (P-26).
+            args = to_json_value(args)[0]
+            key, size = journal.call_key_and_size(op, address, args)
+        if st.pausing or (self.execution is not None and self.execution.stopping):
+            if st.batch is not None and op == "tool" and not (self.execution is not None and self.execution.stopping):
+                return await self.pauses.join_batch(seq, address, args)
+            return await self.pauses.hold(seq, op, address, args)
+        if seq > self.limits.host_calls:
+            self._fail(
+                LimitExceeded(
+                    f"the program made more than {self.limits.host_calls} host calls; call {seq} was not sent",
+                    code="call_limit",
+                    next_action="Make fewer calls per run: batch, page, or reduce upstream; or raise limits.host_calls.",
+                )
+            )
+            return await self.pauses.hold(seq, op, address, args)
+        self.writer.note_key(seq, key)
+        decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
+        if decision.action == journal.DIVERGED:
+            self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
+                                         details={"seq": seq, "address": address}))
+            return await self.pauses.hold(seq, op, address, args)
+        if decision.action == journal.REPLAY:
+            return self._replay(_entry(decision))
+        if decision.action == journal.UNKNOWN and self._resendable(_entry(decision)) is None:
+            await self._mark_unknown(_entry(decision))
+            return await self.pauses.hold(seq, op, address, args)
+        if decision.action == journal.WAIT and op not in WAIT_OPS:
+            self._fail(ExecutionDiverged(f"call {seq} was journaled as a wait", details={"seq": seq}))
+            return await self.pauses.hold(seq, op, address, args)
+        if decision.entry is None:
+            # P-22: arguments too large to journal are refused before anything is sent.
+            refused = self._journal_room(size, address, "arguments")
+            if refused is not None:
+                if self.state.failure is not None:
+                    return await self.pauses.hold(seq, op, address, args)
+                await self._record_rejected(seq, op, address, {"_omitted_bytes": size}, "read", refused, key=key)
+                raise refused
+
+        started = self.clock()
+        st.inflight += 1
+        self._idle.clear()
+        if st.inflight_since is None:
+            st.inflight_since = time.perf_counter()
+        error: GuestRaise | None = None
+        try:
+            if op == "tool":
+                value = await self._tool_call(seq, address, args, key, decision, started)
+            elif op in WAIT_OPS:
+                value = await self.pauses.wait(seq, op, args, key, decision)
+            else:
+                value = await self._builtin_call(seq, op, address, args, key, decision)
+        except GuestRaise as exc:
+            error = exc
+        finally:
+            st.inflight -= 1
+            if st.inflight == 0:
+                if st.inflight_since is not None:
+                    st.host_seconds += time.perf_counter() - st.inflight_since
+                st.inflight_since = None
+                self._idle.set()
+        if st.pausing and not st.answering:
+            # A pause began while this call was out: its outcome is journaled,
+            # but handing it back now would let the program run on while the
+            # pause is being dumped. It is answered from the journal on resume.
+            return await self.pauses.hold(seq, op, address, args)
+        if error is not None:
+            raise error
+        return value
+
+    async def _builtin_call(self, seq: int, op: str, address: str, args: dict[str, Any], key: str,
+                            decision: journal.Decision) -> Any:
+        impl = self.builtins_impl.get(op)
+        t = time.perf_counter()
+        if decision.entry is not None:
+            await self.writer.record_intent(seq, op, address, args, key, "read", CallState.PENDING, decision.entry)
+        else:
+            self.writer.buffer_intent(seq, op, address, args, key)
+        try:
+            if impl is None:
+                raise GuestRaise("NameError", f"name {op!r} is not defined")
+            value = await impl(tuple(args.get("args", ())), dict(args.get("kwargs", {})))
+        except GuestRaise as exc:
+            await self.writer.record_outcome(seq, CallState.PENDING, CallState.FAILED,
+                                       error={"type": exc.exc_type, "message": exc.message})
+            self._stat(seq, op, address, "read", CallState.FAILED, t)
+            if exc.message.startswith(f"[{HostWorkTimeout.code}]"):
+                # Uncaught, the run ends with this call's code, not program_error (P-14).
+                self._remember(exc, seq, op)
+            raise
+        value = to_json_value(value)[0]
+        refused = self._journal_room(journal.value_size(value), op, "result")
+        if refused is not None:
+            await self.writer.record_outcome(seq, CallState.PENDING, CallState.FAILED, error=err_json(refused))
+            self._stat(seq, op, address, "read", CallState.FAILED, t)
+            if self.state.failure is not None:
+                return await self.pauses.hold(seq, op, address, args)
+            self._remember(refused, seq, address)
+            raise refused
+        await self.writer.record_outcome(seq, CallState.PENDING, CallState.DONE, outcome=value)
+        self._stat(seq, op, address, "read", CallState.DONE, t)
+        return value
+
+    async def _tool_call(self, seq: int, address: str, args: dict[str, Any], key: str, decision: journal.Decision,
+                         started: float) -> Any:
+        t = time.perf_counter()
+        found = self.catalog.find(address)
+        if found is None:
+            err = guest_error("unknown_tool", (await self._no_such_tool(address)).message, "LookupError")
+            await self._record_rejected(seq, "tool", address, args, "read", err, key=key, existing=decision.entry)
+            raise err from None
+        tool: Tool = found
+        kind = "write" if tool.is_write else "read"
+        try:
+            valid = args if (kind == "read" and tool.validates_args) else self.catalog.validate_args(address, args)
+        except InvalidArguments as exc:
+            err = guest_error("invalid_arguments", exc.message, "TypeError")
+            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, existing=decision.entry)
+            raise err from None
+
+        if kind == "read":
+            verdict = policy_mod.decide_call(self.policy, address, False, 0)
+            if verdict == policy_mod.DENY:
+                err = guest_error("call_denied", f"policy denies {address}; it was not called", "PermissionError")
+                await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CallState.DENIED,
+                                            existing=decision.entry)
+                raise err
+            if decision.entry is not None:
+                # A read a dead attempt left pending: re-issue it under its seq.
+                await self.writer.record_intent(seq, "tool", address, args, key, kind, CallState.PENDING, decision.entry)
+            else:
+                self.writer.buffer_intent(seq, "tool", address, args, key)
+            return await self._dispatch(seq, tool, valid, CallState.PENDING, CallState.DONE, t)
+
+        # A write. SEND: approved earlier (by resume), never marked sending.
+        if decision.action == journal.SEND:
+            return await self._send(seq, tool, valid, t)
+        if decision.action == journal.UNKNOWN:
+            # Left sending by a dead attempt, to a tool that dedupes by key (P-31).
+            return await self._resend(seq, tool, valid, t, _entry(decision))
+        if decision.action == journal.ASK:
+            return await self.pauses.ask(seq, tool, args, valid, t, entry=decision.entry)
+
+        verdict = policy_mod.decide_call(self.policy, address, True, self.state.writes_spent)
+        if verdict == policy_mod.DENY:
+            err = guest_error("write_denied", f"policy denies the write {address}; it was not sent", "PermissionError")
+            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CallState.DENIED,
+                                        existing=decision.entry)
+            raise err
+        if verdict == policy_mod.OVER_BUDGET:
+            err = guest_error(
+                "budget_exceeded",
+                f"the run's write budget of {self.policy.write_budget} is spent; {address} was not sent",
+                "PermissionError",
+            )
+            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CallState.DENIED,
+                                        existing=decision.entry)
+            raise err
+        if verdict == policy_mod.ALLOW:
+            # Spent before the intent is stored (an await): writes issued with this one are
+            # checked against the budget meanwhile, and must count it.
+            self.state.writes_spent += 1
+            await self.writer.record_intent(seq, "tool", address, args, key, kind, CallState.APPROVED, decision.entry)
+            return await self._send(seq, tool, valid, t, spent=True)
+        # ask
+        await self.writer.record_intent(seq, "tool", address, args, key, kind, CallState.ASKED, decision.entry)
+        return await self.pauses.ask(seq, tool, args, valid, t)
+
+    async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, spent: bool = False) -> Any:
+        if not spent:
+            self.state.writes_spent += 1  # before the await below, for the same reason as in _tool_call
+        # P-7: `sending` is committed before the request leaves.
+        if not await self.writer.move(seq, [CallState.APPROVED], state=CallState.SENDING, started_at=self.clock(), sends=1):
+            raise self._fail(ExecutionDiverged(f"call {seq} was not in state approved; nothing was sent"))
+        return await self._dispatch(seq, tool, args, CallState.SENDING, CallState.SENT, t)
+
+    def _resendable(self, entry: CallRecord) -> "Tool | None":
+        return resend.resendable(self.catalog, entry, self.limits)
+
+    async def _resend(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, entry: CallRecord) -> Any:
+        # The write was already counted against the budget when first sent.
+        send = max(entry.sends, 1) + 1
+        if not await self.writer.move(seq, [CallState.SENDING], state=CallState.SENDING, sends=send):
+            raise self._fail(ExecutionDiverged(f"call {seq} was not in state sending; nothing was sent"))
+        return await self._dispatch(seq, tool, args, CallState.SENDING, CallState.SENT, t, send=send)
+
+    async def _dispatch(self, seq: int, tool: "Tool", args: dict[str, Any], from_state: CallState, ok_state: CallState, t: float,
+                        send: int = 1) -> Any:
+        is_write = from_state == CallState.SENDING
+        task = None
+        try:
+            if is_write:
+                # A write runs in its own task so that stopping the program
+                # (cancel, pause, limit) never interrupts it on the wire: it
+                # finishes and its outcome is journaled (P-8).
+                task = asyncio.ensure_future(self._deliver(tool, args, seq, send))
+                self._dispatches.add(task)
+                task.add_done_callback(self._dispatches.discard)
+                value = await asyncio.shield(task)
+            else:
+                # A read cut short is re-issued later (P-5): await it in place,
+                # which saves a task and two event-loop turns per call.
+                value = await self._invoke(tool, args, seq)
+        except asyncio.TimeoutError as exc:
+            # A source that times calls itself says why (e.g. no progress for N s).
+            why = str(exc) or f"did not answer within {tool.timeout_seconds or self.limits.call_timeout_seconds:g} s"
+            if is_write:
+                err = await self._unknown(seq, tool, t, why)
+            else:
+                err = guest_error(
+                    "call_timeout",
+                    f"{tool.address}: {why}",
+                    "TimeoutError",
+                )
+                await self.writer.record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
+                self._stat(seq, "tool", tool.address, "read", CallState.FAILED, t)
+            self._remember(err, seq, tool.address)
+            raise err from None
+        except asyncio.CancelledError:
+            # Our caller was cancelled; a shielded write goes on and is
+            # journaled by _finish_late. A read stays pending.
+            if task is not None:
+                task.add_done_callback(
+                    lambda tk: asyncio.ensure_future(self._finish_late(tk, seq, from_state, ok_state)))
+            raise
+        except GuestRaise:
+            raise
+        except Exception as exc:  # the tool failed
+            if is_write and (resend.outcome_unknown(exc) if tool.dedupes_by_key else resend.sent_unanswered(exc)):
+                # Its sends ran out with the outcome still unknown (P-31), or a
+                # source says the request left and no answer came back (P-8).
+                err = await self._unknown(seq, tool, t, tool_error(tool.address, exc).message
+                                          .removeprefix(f"[tool_error] {tool.address}: "))
+                self._remember(err, seq, tool.address)
+                raise err from None
+            if isinstance(exc, InvalidArguments):
+                err = guest_error("invalid_arguments", exc.message, "TypeError")
+            else:
+                err = tool_error(tool.address, exc)
+            await self.writer.record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
+            self._stat(seq, "tool", tool.address, "write" if is_write else "read", CallState.FAILED, t)
+            self._remember(err, seq, tool.address)
+            raise err from None
+        value, notes = to_json_value(value)
+        if notes:
+            seen = self.state.conversions.setdefault(tool.address, [])
+            seen.extend(n for n in notes if n not in seen)
+        refused = self._journal_room(journal.value_size(value), tool.address, "result", sent=is_write)
+        if refused is not None:
+            # P-22: neither the store nor the sandbox gets the value. A write
+            # happened all the same: its entry says so, and it is never re-sent.
+            settled = ok_state if is_write else CallState.FAILED
+            await self.writer.record_outcome(seq, from_state, settled, error=err_json(refused))
+            self._stat(seq, "tool", tool.address, "write" if is_write else "read", settled, t)
+            if self.state.failure is not None:
+                return await self.pauses.hold(seq, "tool", tool.address, args)
+            self._remember(refused, seq, tool.address)
+            raise refused
+        await self.writer.record_outcome(seq, from_state, ok_state, outcome=value)
+        self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state, t)
+        await self._maybe_checkpoint(seq)
+        return value
+
+    async def _unknown(self, seq: int, tool: "Tool", t: float, why: str) -> GuestRaise:
+        """Record a write whose outcome is unknown (P-8, P-31); the error for the program."""
+        self.state.unknown_writes.append({"seq": seq, "address": tool.address})
+        message = resend.unknown_message(tool.address, why, self._sends.get(seq, 1), self.writer.idempotency_key(seq))
+        err = guest_error("write_outcome_unknown", message, "TimeoutError")
+        await self.writer.record_outcome(seq, CallState.SENDING, CallState.UNKNOWN, error=err_json(err))
+        self._stat(seq, "tool", tool.address, "write", CallState.UNKNOWN, t)
+        return err
+
+    async def _deliver(self, tool: "Tool", args: dict[str, Any], seq: int, send: int) -> Any:
+        """Send a write; to a tool that dedupes by key, again while its outcome is unknown (P-31).
+
+        Each re-send is journaled (its number, in state `sending`) before it
+        leaves, so a crash mid-way never loses count of the bound.
+        """
+        async def invoke(n: int) -> Any:
+            self._sends[seq] = n
+            return await self._invoke(tool, args, seq, n)
+
+        return await resend.deliver(tool, send, self.limits, invoke,
+                                    lambda n: self.writer.move(seq, [CallState.SENDING], state=CallState.SENDING, sends=n))
+
+    async def _invoke(self, tool: "Tool", args: dict[str, Any], seq: int, send: int = 1) -> Any:
+        address = tool.address
+        self.inflight_addresses[address] = self.inflight_addresses.get(address, 0) + 1
+        # The tool (and the source building its request) reads the call's
+        # idempotency key from here (P-25).
+        token = call_context.enter(call_context.CallContext(
+            self.run_id, seq, address, self.writer.idempotency_key(seq), send, "write" if tool.is_write else "read"))
+        try:
+            async with asyncio.timeout(tool.timeout_seconds or self.limits.call_timeout_seconds):
+                return await tool.handler(args)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # A tool's sys.exit() or KeyboardInterrupt is the tool failing, not
+            # a request to end the host: the run (and the CLI) carry on and report it.
+            raise ToolAborted(f"the tool raised {type(exc).__name__}{exit_detail(exc)}; tether does not exit "
+                              "for a tool") from None
+        finally:
+            call_context.leave(token)
+            self.inflight_addresses[address] -= 1
+
+    async def _finish_late(self, task: asyncio.Task[Any], seq: int, from_state: CallState, ok_state: CallState) -> None:
+        try:
+            value = task.result()
+        except BaseException as exc:  # noqa: BLE001 - recorded, not raised
+            lost = from_state == CallState.SENDING and isinstance(exc, (asyncio.TimeoutError, asyncio.CancelledError))
+            state = CallState.UNKNOWN if lost else CallState.FAILED
+            await self.writer.record_outcome(seq, from_state, state, error={"type": type(exc).__name__, "message": str(exc)})
+            return
+        value = to_json_value(value)[0]
+        refused = self._journal_room(journal.value_size(value), f"call {seq}", "result", sent=True)
+        if refused is not None:
+            await self.writer.record_outcome(seq, from_state, ok_state, error=err_json(refused))
+            return
+        await self.writer.record_outcome(seq, from_state, ok_state, outcome=value)
+
+    async def drain(self) -> None:
+        """Wait for requests already on the wire to finish and be journaled."""
+        while self._dispatches:
+            await asyncio.gather(*list(self._dispatches), return_exceptions=True)
+            await asyncio.sleep(0)
+
+    # -- replay, hold, fail ------------------------------------------------------
+
+    def _replay(self, entry: CallRecord) -> Any:
+        if entry.error:
+            err = GuestRaise(entry.error.get("type", "RuntimeError"), entry.error.get("message", ""))
+            self._remember(err, entry.seq, entry.address)
+            raise err
+        return entry.outcome
+
+    def release_held(self) -> None:
+        self.pauses.release_held()
+
+    def reset_for_replay(self, entries: list[CallRecord]) -> None:
+        """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""
+        self.writer.reset(entries)
+        self.state = AttemptState(writes_spent=self.state.writes_spent)
+        self.pauses.reset()
+        self._idle.set()
+
+    def _journal_room(self, size: int, what: str, part: str, *, sent: bool = False) -> GuestRaise | None:
+        """Count a value against the journal's limits (P-22); the error to raise if it does not fit."""
+        refused = journal.refuse_value(self.limits, self.journaled_bytes, size, what, part, sent)
+        if refused is None:
+            self.journaled_bytes += size
+            return None
+        code, message = refused
+        if code == "journal_limit":
+            self._fail(LimitExceeded(message, code=code, next_action="Ask tools for less (filter, page, reduce "
+                                     "upstream), or raise limits.journal_bytes."))
+        return guest_error(code, message, "ValueError")
+
+    def _fail(self, error: TetherError) -> TetherError:
+        if self.state.failure is None:
+            self.state.failure = error
+        if self.execution is not None:
+            self.execution.stop(error)
+            self.release_held()
+        return error
+
+    async def _mark_unknown(self, entry: CallRecord) -> None:
+        lost, err = outcome_unknown(entry)
+        await self.writer.move(entry.seq, [CallState.SENDING], finished_at=self.clock(), **lost)
+        self._fail(err)
+
+    # -- what the pausing unit calls (pausing.PauseHost) -------------------------
+
+    async def wait_idle(self) -> None:
+        while self.state.inflight > 0:
+            self._idle.clear()
+            await self._idle.wait()
+
+    def woke_idle(self) -> None:
+        self._idle.set()
+
+    async def send_approved(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
+        return await self._send(seq, tool, args, t)
+
+    async def move_call(self, seq: int, expect: list[str], **fields: Any) -> bool:
+        return await self.writer.move(seq, expect, **fields)
+
+    async def record_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
+                            state: CallState, existing: CallRecord | None) -> None:
+        await self.writer.record_intent(seq, op, address, args, key, kind, state, existing)
+
+    def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
+        return self._journal_room(size, what, part)
+
+    def remember(self, err: GuestRaise, seq: int, address: str) -> None:
+        self._remember(err, seq, address)
+
+    async def record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], kind: str,
+                              err: GuestRaise, *, key: str | None = None, existing: CallRecord | None = None) -> None:
+        await self._record_rejected(seq, op, address, args, kind, err, key=key, existing=existing)
+
+    async def record_new(self, record: CallRecord) -> None:
+        await self.writer.record_new(record)
+
+    def stat(self, seq: int, op: str, address: str, kind: str, state: str, t: float) -> None:
+        self._stat(seq, op, address, kind, state, t)
+
+    # -- the journal (journal_writer.py) -------------------------------------------
+
+    @property
+    def journal(self) -> dict[int, CallRecord]:
+        """The run's journal entries this attempt knows, by seq."""
+        return self.writer.entries
+
+    @property
+    def last_recorded_seq(self) -> int:
+        return self.writer.last_recorded_seq
+
+    async def flush(self) -> None:
+        """Write the settled reads still held in memory, in one transaction (P-7)."""
+        await self.writer.flush()
+
+    async def _record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], kind: str,
+                               err: GuestRaise, *, key: str | None = None, state: CallState = CallState.FAILED,
+                               existing: CallRecord | None = None) -> None:
+        if existing is None:
+            json_args = to_json_value(args)[0]
+            await self.writer.record_rejected(seq, op, address, json_args, key or journal.call_key(op, address, json_args),
+                                        kind, err_json(err), state)
+        self._remember(err, seq, address)
+
+    async def _no_such_tool(self, address: str) -> UnknownTool:
+        """The unknown_tool error with suggestions, found off the event loop: comparing an address with
+        every address of a large catalog takes a tenth of a second or more (without them if it takes 2 s)."""
+        try:
+            await off_loop(self.catalog.get, address, seconds=2.0, what="suggesting tools")
+        except UnknownTool as exc:
+            return exc
+        except HostWorkTimeout:
+            pass
+        return UnknownTool(f"no tool {address!r}", details={"address": address, "suggestions": []})
+
+    def _remember(self, err: GuestRaise, seq: int, address: str) -> None:
+        """Record what the host raised into the program, so an uncaught one is reported as this call's (P-14)."""
+        message = err.message
+        if message.startswith("[") and "]" in message:
+            self.state.raised[message] = RaisedError(message[1:message.index("]")], err.exc_type, seq, address)
+
+    def _stat(self, seq: int, op: str, address: str, kind: str, state: str, t: float) -> None:
+        now = time.perf_counter()
+        self.state.stats.append(CallStat(seq, op, address, kind, state, (now - t) * 1000, t - self._t0, now - self._t0))
+        metrics.call_settled(op, kind, state)
+        if self.span is not None:
+            telemetry.record_call(self.span, seq, op, address, kind, state, now - t)
+        if self.on_progress is not None:
+            self.on_progress(len(self.state.stats), address)
+
+    async def _maybe_checkpoint(self, seq: int) -> None:
+        if self._checkpoint_sink is None or self.state.pausing or self.state.inflight != 1:
+            return
+        await self._checkpoint_sink(self, self.journal[seq])
+
+
+def _entry(decision: journal.Decision) -> CallRecord:
+    """The journal entry a replayed or unknown call's decision always carries (journal.decide)."""
+    if decision.entry is None:
+        raise RuntimeError(f"journal decision {decision.action!r} without its entry")
+    return decision.entry

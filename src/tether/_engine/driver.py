@@ -1,0 +1,634 @@
+"""One attempt of a run, as an object: prepare, restore or replay, run, pause or park, finish.
+
+An :class:`Attempt` takes its collaborators (:class:`Collaborators`: the store,
+the keyring that signs, the clock, the catalog, the sandbox pool, the event
+bus, the finisher, the waits and sessions services) and never the runtime, so
+it reads on its own and nothing here reaches into another module's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from tether._engine import telemetry
+from tether._engine.boundary import SPENT_STATES, Approver, Cancelled, EffectBoundary
+from tether._engine.envelopes import (
+    LogBuffer,
+    diagnostics,
+    failure_error,
+    paused_envelope,
+    waiting_envelope,
+)
+from tether._engine.events import EventBus
+from tether._engine.finish import Finisher
+from tether._engine.integrity import (
+    Keyring,
+    sign_run,
+    sign_snapshot_record,
+    update_call_signed,
+    verify_calls,
+    verify_run,
+    verify_snapshot_record,
+)
+from tether._engine.lifecycle import Lifecycle, outcome_unknown
+from tether._engine.limits import Limits
+from tether._engine.notices import CANCEL, wait_a_little
+from tether._engine.pausing import Parked, Paused
+from tether._engine.pending import ParkedWait, Stop, as_stored
+from tether._engine.policy import Policy
+from tether._engine.quarantine import takeovers, without_takeovers
+from tether._engine.resend import resendable
+from tether._engine.restore import SnapshotMismatch
+from tether._engine.result import RunResult, preview, to_json_value
+from tether._engine.sessions import Sessions
+from tether._engine.spec import build_spec, precheck, remember_verdict
+from tether._engine.waits import Waits
+from tether._hostwork import HostBudget, HostWorkTimeout, off_loop
+from tether._sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxPool, SandboxSpec, Stopped
+from tether._store.aio import AsyncStore
+from tether._store.base import CallRecord, RunRecord, SnapshotRecord, Store
+from tether._store.states import CallState, RunStatus
+from tether.errors import (
+    ExecutionDiverged,
+    LimitExceeded,
+    RunTampered,
+    SandboxCrashed,
+    SnapshotTampered,
+    TetherError,
+    TypeCheckError,
+    WrongSecret,
+)
+
+if TYPE_CHECKING:
+    from tether._tools.catalog import Catalog
+
+EMIT_BUDGET_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The runtime's knobs an attempt reads, taken when it starts."""
+
+    principal: str  # whose run a row without one is (rows from before every run had one)
+    type_check: bool  # the check of runs that recorded only the older type_check flag
+    approval_ttl_seconds: float
+    lease_seconds: float
+    checkpoint_every_calls: int
+    checkpoint_every_seconds: float
+    inline_sleep_seconds: float
+    batch_window_seconds: float
+
+
+@dataclass(frozen=True)
+class Collaborators:
+    """Everything an attempt works with. The runtime builds one per attempt; a test can build its own."""
+
+    store: Store
+    keyring: Keyring  # signs and verifies the run, its journal and its snapshots (P-35)
+    clock: Callable[[], float]
+    catalog: Catalog
+    pool: SandboxPool
+    bus: EventBus
+    finisher: Finisher
+    lifecycle: Lifecycle  # makes every change of the run's status and lease
+    waits: Waits
+    sessions: Sessions
+    settings: Settings
+    # Checker verdicts by (program, stubs), shared by the runtime's attempts.
+    verdicts: dict[str, bool]
+    # The effect boundaries of attempts running in this process, by run id: an attempt adds its own
+    # while it runs (upstream questions and progress find their run through them; cancel stops it).
+    live: dict[str, EffectBoundary]
+    # The program's search / describe / sources built-ins.
+    search: Callable[..., Any]
+    describe: Callable[..., Any]
+    list_sources: Callable[[], list[dict[str, Any]]]
+    # Sources configured here that failed to load, by namespace (a refusal names them).
+    source_failures: Callable[[], dict[str, str]]
+
+    @property
+    def type_check(self) -> bool:
+        return self.settings.type_check
+
+
+class Attempt:
+    """One stretch of running a run in this process: fresh, restore (a signed snapshot) or replay (the journal).
+
+    ``mode`` is "fresh" or "continue" (restore when a usable snapshot exists, else replay).
+    """
+
+    def __init__(self, run: RunRecord, deps: Collaborators, *, mode: str, on_approval: Approver | None = None,
+                 t0: float | None = None, on_progress: Callable[[int, str], None] | None = None,
+                 on_question: Any = None) -> None:
+        self.run = run
+        self.deps = deps
+        # The store as the attempt awaits it: on Postgres its calls leave the event loop (D-27).
+        self.astore = AsyncStore(deps.store)
+        self.mode = mode
+        self.on_approval = on_approval
+        self.on_progress = on_progress
+        self.on_question = on_question
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self.span: Any = None
+        self.limits = Limits.from_dict(run.limits)
+        # Host work done for this program (built-ins, the check, stubs) counts against its time limit.
+        self.host_budget = HostBudget(self.limits.run_seconds)
+        self.policy = Policy.from_dict(run.policy)
+        self.logs = LogBuffer(self.limits.log_bytes)
+        self.snapshot: SnapshotRecord | None = None
+        self.entries: list[CallRecord] = []
+        self.writes_spent: int | None = None
+        self.kind = "fresh"  # fresh | restore | replay
+        self.boundary: EffectBoundary | None = None
+        self.setup_ms = 0.0
+        self.t_exec = 0.0
+        self.stopped_at: RunResult | None = None  # the paused / waiting envelope, once it stops at a call
+        self.checkpoints_off: str | None = None  # why, once a checkpoint could not be taken
+        self.extra_notes: list[str] = []
+
+    # -- the whole attempt ---------------------------------------------------------
+
+    async def run_to_end(self) -> RunResult:
+        """Run the attempt; its envelope. A bug in tether ends the run ``internal_error``, never ``running``."""
+        try:
+            with telemetry.run_span(self.run.run_id, self.mode) as span:
+                self.span = span if span.is_recording() else None
+                result = await self._run_refusing_forgeries()
+                if self.span is not None:
+                    span.set_attribute("tether.status", result.status)
+                    if result.error:
+                        span.set_attribute("tether.error", str(result.error.get("code")))
+                return result
+        except TetherError:
+            # A named failure outside the program (the store, sources): the
+            # caller is told; the run is handled by its own rules.
+            raise
+        except Exception as exc:  # a bug or a value tether could not handle: the run ends, the host goes on
+            return self.deps.finisher.internal_error(self.run, exc)
+
+    async def _run_refusing_forgeries(self) -> RunResult:
+        try:
+            ended = await self.prepare()
+            if ended is not None:
+                return ended
+            return await self.execute()
+        except (RunTampered, SnapshotTampered, WrongSecret) as exc:
+            # P-35: refused before anything was sent; the run ends here instead of staying running.
+            return self.deps.finisher.refused(self.run, exc)
+
+    # -- prepare: verify, settle what a dead attempt left, restore or replay ---------
+
+    async def prepare(self) -> RunResult | None:
+        """Verify the run and read what continuing it needs; an envelope if it ends here."""
+        d, run = self.deps, self.run
+        verify_run(d.keyring, run)
+        if self.mode != "fresh":
+            ended = await self._settle_stuck_writes()
+            if ended is not None:
+                return ended
+            await self._restore_or_replay()
+        return None
+
+    async def _settle_stuck_writes(self) -> RunResult | None:
+        """P-11: a write left `sending` by a dead attempt is never re-sent, unless its tool dedupes by
+        idempotency key and has sends left (P-31): then it is re-sent with its recorded key when reached."""
+        d, run = self.deps, self.run
+        stuck = await self.astore.get_calls(run.run_id, states=[CallState.SENDING])
+        verify_calls(d.keyring, run.run_id, stuck)
+        for e in stuck:
+            if e.state == CallState.SENDING and resendable(d.catalog, e, self.limits) is None:
+                lost, err = outcome_unknown(e)
+                update_call_signed(d.store, d.keyring, e, [CallState.SENDING], finished_at=d.clock(), **lost)
+                return await d.finisher.end_attempt(run, RunStatus.FAILED, error=err.to_dict(), calls=e.seq)
+        return None
+
+    async def _restore_or_replay(self) -> None:
+        d, run = self.deps, self.run
+        snapshot = await self.astore.latest_snapshot(run.run_id)
+        if snapshot is not None:
+            if not verify_snapshot_record(d.keyring, snapshot):
+                # Refuse, do not replay past a forgery.
+                raise SnapshotTampered(
+                    f"the stored snapshot of run {snapshot.run_id} at call {snapshot.seq} failed its signature "
+                    "check; nothing was resumed or sent", details={"seq": snapshot.seq})
+            if snapshot.monty_version != MONTY_VERSION:
+                snapshot = None  # another build cannot load it: replay from the journal (P-12)
+        if snapshot is not None:
+            # A restore never re-issues calls before its snapshot: read only the
+            # calls it waits on and those after, so resuming does not slow down
+            # with the length of the journal.
+            low = min([p["seq"] for p in snapshot.pending] + [snapshot.seq + 1])
+            # One entry more than needed: the first one's MAC chains to it.
+            self.entries = await self.astore.get_calls(run.run_id, after=low - 2)
+            self.writes_spent = await self.astore.count_calls(run.run_id, kind="write", states=SPENT_STATES)
+            if isinstance(run.result, dict):
+                # A restore continues the program where it stopped: keep what it
+                # printed before. A replay prints it all again by itself.
+                for line in run.result.get("logs", []):
+                    self.logs("stdout", line + "\n")
+        else:
+            self.entries = await self.astore.get_calls(run.run_id)
+        verify_calls(d.keyring, run.run_id, self.entries)
+        self.snapshot = snapshot
+        self.kind = "restore" if snapshot is not None else "replay"
+
+    # -- run -----------------------------------------------------------------------
+
+    async def execute(self) -> RunResult:
+        d, run = self.deps, self.run
+        t_setup = time.perf_counter()
+        reach, refused = None, None
+        if self.mode == "fresh":
+            try:
+                reach = await self.host_budget.run(precheck, d, run, what="the pre-run check")
+            except TetherError as exc:
+                refused = exc  # reported below, before the sandbox starts: nothing runs
+        spec: SandboxSpec | None = None
+        try:
+            spec = await self.host_budget.run(build_spec, d, run, self.limits, continuing=self.mode != "fresh",
+                                              reach=reach, what="building the program's type stubs")
+        except HostWorkTimeout as exc:
+            refused = exc
+        journaled = await self.astore.journal_bytes(run.run_id) if self.mode != "fresh" else 0
+        boundary = self.boundary = self._boundary(journaled)
+        d.live[run.run_id] = boundary
+        heartbeat = asyncio.ensure_future(self._heartbeat(boundary))
+        self.setup_ms = (time.perf_counter() - t_setup) * 1000
+        self.t_exec = time.perf_counter()
+        already_emitted = 0
+        if self.mode != "fresh":
+            already_emitted = sum(1 for e in await self.astore.get_events(run.run_id, limit=100_000)
+                                  if e.type == "output")
+        # One output budget per run: images and large values are cut, not dropped silently.
+        emitter = Emitter(d.bus, run.run_id, 0, EMIT_BUDGET_BYTES)
+        session_base = self._session_base() if run.session else None
+        try:
+            try:
+                if refused is not None or spec is None:
+                    raise refused or AssertionError("no sandbox spec")
+                value = await self._run_once(spec, emitter, already_emitted, session_base)
+            except SnapshotMismatch:
+                # Nothing was sent: the mapping is checked before any dispatch.
+                assert spec is not None  # a mismatch comes from running it
+                value = await self._replay(spec, emitter, already_emitted, session_base)
+            except _CheckpointSkipped:
+                assert spec is not None  # a checkpoint is taken while the program runs
+                value = await self._replay(spec, emitter, max(already_emitted, emitter.count), session_base)
+        except (Paused, Parked):
+            assert self.stopped_at is not None
+            return self.stopped_at
+        except Cancelled as exc:
+            return d.finisher.cancelled(run, exc.reason, logs=self.logs.lines(), calls=boundary.state.issued,
+                                        diagnostics=self._diagnostics())
+        except (TetherError, ProgramFailed, Stopped) as exc:
+            failure = boundary.state.failure if isinstance(exc, Stopped) and boundary.state.failure else exc
+            return await self._failed(failure)
+        finally:
+            heartbeat.cancel()
+            if d.live.get(run.run_id) is boundary:
+                del d.live[run.run_id]
+        return await self._completed(value)
+
+    async def _replay(self, spec: SandboxSpec, emitter: "Emitter", already_emitted: int,
+                      session_base: bytes | None) -> Any:
+        assert self.boundary is not None
+        self.kind = "replay"
+        self.boundary.reset_for_replay(await self.astore.get_calls(self.run.run_id))
+        self.logs = LogBuffer(self.limits.log_bytes)
+        return await self._run_once(spec, emitter, already_emitted, session_base)
+
+    async def _run_once(self, spec: SandboxSpec, emitter: "Emitter", already_emitted: int,
+                        session_base: bytes | None) -> Any:
+        d, run, boundary = self.deps, self.run, self.boundary
+        assert boundary is not None
+        restore = self.kind == "restore"
+        # A restore continues past earlier emits; a replay repeats them.
+        emitter.count, emitter.skip = (already_emitted, 0) if restore else (0, already_emitted)
+        async with d.pool.execution(spec, boundary.host, self.logs, emitter) as execution:
+            boundary.execution = execution
+            try:
+                if restore:
+                    assert self.snapshot is not None
+                    boundary.state.issued = self.snapshot.seq
+                    boundary.state.restore_pending = list(self.snapshot.pending)
+                    value = await execution.resume(self.snapshot.data, boundary.answer_restored)
+                else:
+                    try:
+                        value = await execution.run(run.program, session_base)
+                    except TypeCheckError:
+                        remember_verdict(d, spec, run.program, False)
+                        raise
+                    except (ProgramFailed, Stopped, LimitExceeded):
+                        remember_verdict(d, spec, run.program, True)  # it ran: the check passed
+                        raise
+                    remember_verdict(d, spec, run.program, True)
+                if run.session:
+                    # The globals the next execute of this session starts from (P-21). The run is done and its
+                    # writes are sent: state that cannot be saved is a note, never a failure to retry.
+                    try:
+                        state = await execution.dump()
+                    except (LimitExceeded, SandboxCrashed) as exc:
+                        self.extra_notes.append(f"the session state was not saved ({exc.message}); session "
+                                                f"{run.session!r} keeps the globals of its previous execute")
+                    else:
+                        d.sessions.save(run.session, run.principal or d.settings.principal, state)
+                return value
+            finally:
+                boundary.release_held()
+                await boundary.drain()
+                await boundary.flush()
+
+    def _boundary(self, journaled_bytes: int) -> EffectBoundary:
+        d, run = self.deps, self.run
+        return EffectBoundary(
+            run_id=run.run_id,
+            store=d.store,
+            catalog=d.catalog,
+            policy=self.policy,
+            limits=self.limits,
+            journal_entries=self.entries,
+            writes_spent=self.writes_spent,
+            on_approval=self.on_approval,
+            builtins_impl=builtins_for(d, run.run_id, self.host_budget),
+            pause_sink=self.pause,
+            checkpoint_sink=self.checkpoint,
+            clock=d.clock,
+            keyring=d.keyring,
+            wait_secret=d.keyring.current,
+            session=run.session,
+            on_progress=self.on_progress,
+            on_question=self.on_question,
+            span=self.span,
+            inline_sleep_seconds=d.settings.inline_sleep_seconds,
+            batch_window_seconds=d.settings.batch_window_seconds,
+            journaled_bytes=journaled_bytes,
+        )
+
+    def _session_base(self) -> bytes | None:
+        """The session globals this run started from, recorded on the run so a replay starts there too."""
+        run = self.run
+        base = (run.meta or {}).get("session_base")
+        if not base:
+            return None
+        data = base64.b64decode(base["data"])
+        if base.get("monty_version") != MONTY_VERSION:
+            return None
+        # str(): the name the base was signed under; a base without a session fails the check, as before.
+        self.deps.sessions.verify(str(run.session), run.principal or self.deps.settings.principal, data, base["mac"])
+        return data
+
+    # -- pause / park, checkpoints ----------------------------------------------------
+
+    async def pause(self, boundary: EffectBoundary, stop: Stop) -> None:
+        """Stop at a host call: store the signed dump, mark the run paused or waiting (P-10, P-18)."""
+        d, run = self.deps, self.run
+        await boundary.flush()
+        st = boundary.state
+        assert boundary.execution is not None
+        try:
+            data = await boundary.execution.dump()
+        except (LimitExceeded, SandboxCrashed) as exc:
+            # Before anything of this stop is stored or sent: the run fails here, the write that asked unsent.
+            call = stop.call()
+            # The run ends here: a wait it was parking on is cancelled with it (as a cancel does), not left open.
+            await self.astore.call(d.waits.cancel, run.run_id)
+            raise type(exc)(f"the run could not be {'parked' if isinstance(stop, ParkedWait) else 'paused'} at call "
+                            f"{call['seq']} ({call['address']}): {exc.message}; nothing of that call was sent (the "
+                            "calls before it are in the journal)", code=exc.code, next_action=exc.next_action,
+                            details={"call": call}) from None
+        if st.answering and st.restore_pending is not None:
+            waits_on = list(st.restore_pending)
+        else:
+            waits_on = [stop.call()] + list(st.held)
+        waits_on.sort(key=lambda c: c["seq"])
+        await self.astore.put_snapshot(self._snapshot_record(st.issued, data, waits_on, "pause"))
+        now = d.clock()
+        if isinstance(stop, ParkedWait):  # parked on a wait, a signal or a timer (P-18)
+            public = stop.stored()
+            envelope = waiting_envelope(run.run_id, public, self.logs, boundary, self.t0)
+            status, expires = RunStatus.WAITING, stop.deadline
+        else:
+            expires = now + d.settings.approval_ttl_seconds
+            # A paused write is also a durable wait (P-18): its key resolves it
+            # like resume() does, from anywhere that holds the key.
+            writes = [w.stored(await self.astore.call(d.waits.approval, run, w.seq, expires)) for w in stop.writes]
+            # The first write at the top level, as before batches; every write
+            # of the pause, that one included, under "writes" (P-27).
+            public = {**next(w for w in writes if w["seq"] == stop.first.seq), "writes": writes}
+            envelope = paused_envelope(run.run_id, public, expires, self.logs, boundary, self.t0)
+            status = RunStatus.PAUSED
+        # The store keeps no wait key (a capability: an approval's decides a write, a parked wait's
+        # feeds the program): only this attempt's caller gets it; whoever may see the run later gets it
+        # recomputed (D-33).
+        kept = as_stored(public)
+        stored = envelope if kept is public else dataclasses.replace(envelope, pending=kept)
+        # The run's MAC covers what it waits on (P-35).
+        signed = sign_run(d.keyring, dataclasses.replace(run, pending=kept, expires_at=expires))
+        # An attempt that parks ended normally: the takeovers before it no longer count (P-39).
+        fresh = await self.astore.get_run(run.run_id) if takeovers(run) else None
+        await self.astore.call(d.lifecycle.park, run.run_id, status, pending=kept, expires_at=expires,
+                               envelope=stored.to_dict(), mac=signed,
+                               meta=without_takeovers(fresh.meta if fresh is not None else None))
+        await d.bus.emit_awaited(run.run_id, "paused" if status == RunStatus.PAUSED else "waiting", {"pending": kept})
+        d.bus.announce(run.run_id, status, {"pending": kept, "expires_at": expires})
+        self.stopped_at = envelope
+
+    async def checkpoint(self, boundary: EffectBoundary, entry: CallRecord) -> None:
+        """A signed dump every so many calls or seconds, so a crash replays little."""
+        d, run, st = self.deps, self.run, boundary.state
+        now = d.clock()
+        if (st.issued - st.checkpoint_at_seq < d.settings.checkpoint_every_calls
+                and now - (st.checkpoint_at_time or run.created_at) < d.settings.checkpoint_every_seconds):
+            return
+        if self.checkpoints_off:
+            return
+        await boundary.flush()
+        assert boundary.execution is not None
+        try:
+            data = await boundary.execution.dump()
+        except (LimitExceeded, SandboxCrashed) as exc:
+            # A checkpoint is an optimisation: never a reason to fail the run. The failed dump may have cost
+            # the worker, so the attempt goes on by replaying the journal (nothing is sent twice, P-13)
+            # without checkpoints.
+            self.checkpoints_off = (f"checkpoints were skipped from call {entry.seq} on ({exc.message}); the run "
+                                    "went on by replaying its journal in a fresh worker, nothing was sent twice")
+            boundary.execution.stop(_CheckpointSkipped())
+            return
+        st.checkpoint_at_seq, st.checkpoint_at_time = st.issued, now
+        await self.astore.put_snapshot(self._snapshot_record(
+            st.issued, data,
+            [{"seq": entry.seq, "op": entry.op, "address": entry.address, "args": entry.args}], "checkpoint"))
+        await self.astore.call(d.lifecycle.renew, run.run_id, touch=True)
+
+    def _snapshot_record(self, seq: int, data: bytes, pending: list[dict[str, Any]], kind: str) -> SnapshotRecord:
+        d, run_id = self.deps, self.run.run_id
+        mac = sign_snapshot_record(d.keyring, run_id, seq, MONTY_VERSION, data, pending, kind)
+        return SnapshotRecord(run_id, seq, MONTY_VERSION, data, mac, pending, d.clock(), kind)
+
+    async def _heartbeat(self, boundary: EffectBoundary) -> None:
+        """Keep this process's lease on the run while the attempt lives; see cancel requests.
+
+        A cancel requested from another process is seen at once when its notice
+        arrives (Postgres), else at the next renewal.
+        """
+        d, run_id = self.deps, self.run.run_id
+        interval = max(d.settings.lease_seconds / 3, 0.05)
+        with d.bus.notices.watch(CANCEL, run_id) as cancel:
+            d.bus.listen()
+            renewed = time.monotonic()
+            while True:
+                await wait_a_little(cancel, max(0.0, renewed + interval - time.monotonic()))
+                if time.monotonic() - renewed >= interval:
+                    await self.astore.call(d.lifecycle.renew, run_id)
+                    renewed = time.monotonic()
+                run = await self.astore.get_run(run_id)
+                reason = (run.meta or {}).get("cancel_requested") if run else None
+                if reason and boundary.execution is not None:
+                    boundary.execution.stop(Cancelled(reason))
+                    boundary.release_held()
+
+    # -- finish --------------------------------------------------------------------
+
+    async def _completed(self, value: Any) -> RunResult:
+        d, run, boundary = self.deps, self.run, self.boundary
+        assert boundary is not None
+        if boundary.state.failure is not None:
+            return await self._failed(boundary.state.failure)
+        # P-13: a write the journal holds beyond what the program issued means
+        # the replay took another path; report it, send nothing more.
+        extra = [e for s, e in boundary.journal.items() if s > boundary.state.issued and e.kind == "write"
+                 and e.state in (CallState.APPROVED, CallState.SENDING, CallState.SENT)]
+        if extra:
+            return await self._failed(ExecutionDiverged(
+                f"the replay finished without repeating the recorded write {extra[0].address} (call {extra[0].seq})",
+                details={"seq": extra[0].seq}))
+        result, notes = to_json_value(value)
+        result, cut = preview(result, self.limits.result_bytes)
+        if cut:
+            notes.append(
+                f"result truncated: {cut['kept_bytes']} of {cut['original_bytes']} bytes kept; the "
+                f"{boundary.state.issued} calls this run made were made and are journaled "
+                f"(tether runs show {run.run_id})"
+            )
+        if self.checkpoints_off:
+            notes.append(self.checkpoints_off)
+        notes.extend(self.extra_notes)
+        for address, changes in boundary.state.conversions.items():
+            notes.append(f"results of {address} were converted to JSON: {'; '.join(changes[:5])}")
+        if boundary.state.unknown_writes:
+            notes.append("writes with unknown outcome (not re-sent): "
+                         + ", ".join(f"{w['address']} (call {w['seq']})" for w in boundary.state.unknown_writes))
+        diag = self._diagnostics()
+        if cut:
+            diag["result_truncated"] = cut
+        return await d.finisher.end_attempt(run, RunStatus.COMPLETED, result=result, logs=self.logs.lines(),
+                                            calls=boundary.state.issued, diagnostics=diag, notes=notes)
+
+    async def _failed(self, exc: BaseException) -> RunResult:
+        d, boundary = self.deps, self.boundary
+        assert boundary is not None
+        suggest = getattr(d.catalog, "suggest", None)
+        try:
+            # A misspelled tool gets suggestions: comparing it with a large catalog's addresses is
+            # a tenth of a second or more, off the loop, and given up for none after a few seconds.
+            error = await off_loop(failure_error, exc, boundary, d.source_failures,
+                                   suggest or (lambda _address: []), seconds=5.0, what="suggesting tools")
+        except HostWorkTimeout:
+            error = failure_error(exc, boundary, d.source_failures, lambda _address: [])
+        return await d.finisher.end_attempt(self.run, RunStatus.FAILED, error=error, logs=self.logs.lines(),
+                                            calls=boundary.state.issued, diagnostics=self._diagnostics())
+
+    def _diagnostics(self) -> dict[str, Any]:
+        assert self.boundary is not None
+        return diagnostics(self.boundary, self.setup_ms, self.t_exec, self.t0, self.kind)
+
+
+# -- what the program reaches besides tools ----------------------------------------
+
+
+def builtins_for(d: Collaborators, run_id: str, budget: HostBudget) -> dict[str, Any]:
+    """search / describe / sources / yield_control, as host calls through the boundary.
+
+    The first three leave the event loop and spend the attempt's host budget
+    (hostwork.py): a catalog large or odd enough to make one slow fails that
+    call with ``host_work_timeout`` while every other run goes on.
+    """
+
+    async def search(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        query = args[0] if args else kwargs.pop("query", "")
+        return await budget.run(d.search, query, what="search()", **kwargs)
+
+    async def describe(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        target = args[0] if args else kwargs.get("address", kwargs.get("addresses", []))
+        detail = args[1] if len(args) > 1 else kwargs.get("detail", "default")
+        offset = args[2] if len(args) > 2 else kwargs.get("offset", 0)
+        return await budget.run(d.describe, target, detail=detail, offset=offset, what="describe()")
+
+    async def sources(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return await budget.run(d.list_sources, what="sources()")
+
+    async def yield_control(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # Journaled like any call, so a replay does not yield twice.
+        await d.bus.emit_awaited(run_id, "yielded", {})
+        return None
+
+    return {"search": _guarded(search), "describe": _guarded(describe), "sources": _guarded(sources),
+            "yield_control": _guarded(yield_control)}
+
+
+class _CheckpointSkipped(Exception):
+    """A checkpoint's dump failed and may have cost the worker: the attempt replays without checkpoints."""
+
+
+class Emitter:
+    """emit(value): an output event, stored at once so any process can stream it (P-20).
+
+    A replay re-runs the program from its first line; the outputs it already
+    stored are not stored again.
+    """
+
+    def __init__(self, bus: EventBus, run_id: str, skip: int, budget: int) -> None:
+        self.bus, self.run_id, self.skip, self.budget = bus, run_id, skip, budget
+        self.count = 0
+
+    def __call__(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from tether._sandbox.monty import GuestRaise
+
+        if name != "emit":
+            raise GuestRaise("NameError", f"name {name!r} is not defined")
+        if len(args) + len(kwargs) != 1:
+            raise GuestRaise("TypeError", "[invalid_arguments] emit takes one value: emit(value)")
+        value = args[0] if args else next(iter(kwargs.values()))
+        self.count += 1
+        if self.count <= self.skip:
+            return None
+        value, notes = to_json_value(value)
+        size = len(json.dumps(value, ensure_ascii=False).encode())
+        if size > self.budget:
+            value = {"type": "text", "text": f"[output of {size} bytes dropped: over the {self.budget}-byte budget]"}
+        else:
+            self.budget -= size
+        self.bus.emit(self.run_id, "output", {"value": value, "n": self.count})
+        return None
+
+
+def _guarded(fn: Any) -> Any:
+    from tether._sandbox.monty import GuestRaise
+
+    async def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return await fn(args, dict(kwargs))
+        except HostWorkTimeout as exc:
+            raise GuestRaise("TimeoutError", f"[{exc.code}] {exc.message}") from None
+        except TypeError as exc:
+            raise GuestRaise("TypeError", f"[invalid_arguments] {exc}") from None
+        except TetherError as exc:
+            raise GuestRaise("ValueError", f"[{exc.code}] {exc.message}") from None
+
+    return call

@@ -1,0 +1,222 @@
+"""Run state integrity: what a resume or replay acts on is signed, and checked before use (P-35).
+
+Three kinds of MAC, all HMAC-SHA256 under the store's signing secret and all
+tagged with the id of the secret that made them, so a store can rotate its
+secret and keep old runs verifiable, and so a process holding the wrong
+secret can say so instead of reporting tampering:
+
+- the **run MAC** (``runs.mac``): one MAC per field of :func:`signed_run_fields`,
+  so a mismatch names the field (never its value);
+- the **call MAC** (``calls.mac``): each journal entry's identity, state and
+  outcome, chained to the key of the call before it;
+- the **snapshot MAC** (``snapshots.mac``): the dump and the calls it waits on.
+
+Nothing here reads the store; callers pass records in (and the store to
+write to, for :func:`update_call_signed`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any, Sequence
+
+# The keyring and its MACs live with the other capabilities; importable from here, as before.
+from tether._engine.approvals.capabilities import Keyring, keyring_for, same, secret_id
+from tether.errors import RunTampered
+
+if TYPE_CHECKING:
+    from tether._store.base import CallRecord, RunRecord, SnapshotRecord
+
+_FIELD_HEX = 32  # 128 bits per run field: forging one is as hard as forging the whole
+
+
+# ---------------------------------------------------------------------------
+# Runs
+
+
+def signed_run_fields(run: "RunRecord") -> list[tuple[str, Any]]:
+    """Every field of a run that a resume, a replay or ``tether resume``'s setup acts on, by name.
+
+    The run MAC is computed over exactly this list, one MAC per entry, so a
+    mismatch names the field. To sign a new field add one line here, e.g.
+    ``("meta.sources", meta.get("sources"))``; runs signed before the field
+    existed still verify while it is None on them.
+
+    Not signed, on purpose: status, owner, lease and timestamps (compare-and-set
+    guards them, and they decide nothing a resume sends), the result envelope,
+    and the record of decisions (``decision``, ``meta.decisions``): a decision
+    takes effect through the journal entry it moves from ``asked`` to
+    ``approved`` or ``declined``, and that entry's MAC covers its state.
+    """
+    meta = run.meta or {}
+    return [
+        ("principal", run.principal),
+        ("session", run.session),
+        ("program", run.program),
+        ("environment", run.environment),
+        ("policy", run.policy),
+        ("limits", run.limits),
+        ("meta.tools", meta.get("tools")),
+        ("meta.config", meta.get("config")),
+        ("meta.type_check", meta.get("type_check")),
+        ("meta.session_base", meta.get("session_base")),
+        ("meta.sources", meta.get("sources")),  # the source definitions a run travels with (P-30)
+        ("meta.client", meta.get("client")),  # the MCP client that asked, as approvers are shown it
+        ("pending", run.pending),
+        ("expires_at", run.expires_at),
+    ]
+
+
+def sign_run(keyring: Keyring, run: "RunRecord") -> dict[str, Any]:
+    key = keyring.current
+    fields = {name: Keyring.mac(key, "run", run.run_id, name, value)[:_FIELD_HEX]
+              for name, value in signed_run_fields(run)}
+    return {"secret_id": keyring.current_id, "fields": fields}
+
+
+def verify_run(keyring: Keyring, run: "RunRecord") -> None:
+    """Raise ``RunTampered`` (naming the fields) or ``WrongSecret``; return when every field verifies."""
+    mac = getattr(run, "mac", None)
+    if not isinstance(mac, dict) or not isinstance(mac.get("fields"), dict) or not isinstance(mac.get("secret_id"), str):
+        raise RunTampered(
+            f"run {run.run_id} carries no valid signature (its mac is missing: recorded by a tether without run "
+            "signatures, or the signature was removed); nothing was resumed or sent",
+            details={"fields": ["mac"]},
+        )
+    key = keyring.key_for(mac["secret_id"], f"run {run.run_id}")
+    stored = mac["fields"]
+    bad = []
+    for name, value in signed_run_fields(run):
+        if name not in stored:
+            if value is not None:
+                bad.append(name)
+            continue
+        expected = Keyring.mac(key, "run", run.run_id, name, value)[:_FIELD_HEX]
+        if not isinstance(stored[name], str) or not same(expected, stored[name]):
+            bad.append(name)
+    if bad:
+        raise RunTampered(
+            f"run {run.run_id} was changed outside tether: {', '.join(bad)} no longer match"
+            f"{'es' if len(bad) == 1 else ''} the run's signature; nothing was resumed or sent",
+            details={"fields": bad},
+        )
+
+
+# ---------------------------------------------------------------------------
+# Journal entries
+
+
+# The signed fields of an entry that change after it is recorded.
+_MUTABLE_CALL_FIELDS = ("state", "outcome", "error", "idempotency_key", "sends")
+
+
+def signed_call_fields(call: "CallRecord") -> list[Any]:
+    """What a call's MAC covers: everything replay answers from or decides by (P-5), and what a send carries.
+
+    Add a journal field that a resume acts on here, in one line.
+    """
+    return [call.run_id, call.seq, call.op, call.address, call.args, call.key, call.kind, call.state,
+            call.outcome, call.error, call.idempotency_key, call.sends]
+
+
+def sign_call(keyring: Keyring, call: "CallRecord", prev_key: str | None) -> str:
+    """``<secret id>:<prev>:<hex>``: the MAC chains to the key of the call before (``-`` when not known)."""
+    prev = (prev_key or "-")[:16]
+    return f"{keyring.current_id}:{prev}:{Keyring.mac(keyring.current, 'call', prev, *signed_call_fields(call))}"
+
+
+def resign_call(keyring: Keyring, call: "CallRecord", **fields: Any) -> str:
+    """The MAC of ``call`` once ``fields`` are applied, keeping the link it was first signed with."""
+    import dataclasses
+
+    parts = call.mac.split(":") if isinstance(call.mac, str) else []
+    prev = parts[1] if len(parts) == 3 else "-"
+    known = {f.name for f in dataclasses.fields(call)}
+    return sign_call(keyring, dataclasses.replace(call, **{k: v for k, v in fields.items() if k in known}),
+                     None if prev == "-" else prev)
+
+
+def update_call_signed(store: Any, keyring: Keyring, entry: "CallRecord | None", expect: Sequence[str],
+                       **fields: Any) -> bool:
+    """Move a journal entry on (compare-and-set) and re-sign it; on success ``entry`` holds the new values.
+
+    Every signed field that can change is written with the MAC, not only
+    ``fields``: the row then always holds exactly what was signed, even if a
+    process that lost its lease wrote the same entry meanwhile.
+    """
+    if entry is None:
+        return False
+    fields = signed_update(keyring, entry, **fields)
+    if not store.update_call(entry.run_id, entry.seq, list(expect), **fields):
+        return False
+    apply_update(entry, fields)
+    return True
+
+
+def signed_update(keyring: Keyring, entry: "CallRecord", **fields: Any) -> dict[str, Any]:
+    """What ``update_call_signed`` writes: every signed field that can change, and the new MAC (``mac``)."""
+    fields = {**{name: getattr(entry, name) for name in _MUTABLE_CALL_FIELDS}, **fields}
+    return {**fields, "mac": resign_call(keyring, entry, **fields)}
+
+
+def apply_update(entry: "CallRecord", fields: dict[str, Any]) -> None:
+    """Give ``entry`` the values a signed update stored."""
+    for name, value in fields.items():
+        setattr(entry, name, value)
+
+
+def verify_calls(keyring: Keyring, run_id: str, calls: Sequence["CallRecord"]) -> None:
+    """Check each entry's MAC and its link to the entry before it (when that one is at hand)."""
+    by_seq = {c.seq: c for c in calls}
+    for call in calls:
+        mac = getattr(call, "mac", None)
+        parts = mac.split(":") if isinstance(mac, str) else []
+        if len(parts) != 3:
+            raise RunTampered(f"journal[{call.seq}] (the entry of call {call.seq}) of run {run_id} carries no valid "
+                              "signature; nothing was resumed or sent", details={"fields": [f"journal[{call.seq}]"]})
+        sid, prev, digest = parts
+        key = keyring.key_for(sid, f"the journal of run {run_id}")
+        expected = Keyring.mac(key, "call", prev, *signed_call_fields(call))
+        before = by_seq.get(call.seq - 1)
+        linked = prev == "-" or before is None or before.key[:16] == prev
+        if not same(expected, digest) or not linked:
+            raise RunTampered(f"journal[{call.seq}] (the entry of call {call.seq}) of run {run_id} was changed "
+                              "outside tether; nothing was resumed or sent", details={"fields": [f"journal[{call.seq}]"]})
+
+
+# ---------------------------------------------------------------------------
+# Snapshots
+
+
+def sign_snapshot_record(keyring: Keyring, run_id: str, seq: int, version: str, data: bytes,
+                         pending: list[dict[str, Any]], kind: str) -> str:
+    digest = hashlib.sha256(data).hexdigest()
+    return f"{keyring.current_id}:{Keyring.mac(keyring.current, 'snapshot', run_id, seq, version, digest, pending, kind)}"
+
+
+def verify_snapshot_record(keyring: Keyring, snap: "SnapshotRecord") -> bool:
+    """True if it verifies; False if changed; ``WrongSecret`` if signed under a key not held."""
+    sid, _, digest = snap.mac.partition(":") if isinstance(snap.mac, str) else ("", "", "")
+    if not digest:
+        return False
+    key = keyring.key_for(sid, f"the snapshot of run {snap.run_id}")
+    expected = Keyring.mac(key, "snapshot", snap.run_id, snap.seq, snap.monty_version,
+                           hashlib.sha256(snap.data).hexdigest(), snap.pending, snap.kind)
+    return same(expected, digest)
+
+
+__all__ = [
+    "Keyring",
+    "keyring_for",
+    "resign_call",
+    "secret_id",
+    "sign_call",
+    "sign_run",
+    "sign_snapshot_record",
+    "signed_call_fields",
+    "signed_run_fields",
+    "update_call_signed",
+    "verify_calls",
+    "verify_run",
+    "verify_snapshot_record",
+]

@@ -1,0 +1,155 @@
+"""The journal as one attempt writes it: intents ahead of sends, reads in batches, every entry signed.
+
+Reads are journaled in batches (P-7): a read's entry is written with its
+outcome, at the latest before the next write, wait, snapshot or the end of the
+attempt. A crash loses at most the tail of reads after the last write, and
+those are simply issued again; writes never wait in a buffer. Every entry is
+signed when written and re-signed when it moves on (P-35); its MAC chains to
+the key of the call before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable
+
+from tether._engine import integrity
+from tether._store.aio import AsyncStore
+from tether._store.base import CallRecord, Store
+from tether._store.states import CallState
+from tether._tools.context import idempotency_key
+
+
+class JournalWriter:
+    """One attempt's view of its run's journal: what was recorded, and what it records now."""
+
+    def __init__(self, *, run_id: str, store: Store, keyring: integrity.Keyring, clock: Callable[[], float],
+                 entries: list[CallRecord], flush_every_calls: int = 64, flush_every_seconds: float = 0.25) -> None:
+        self.run_id = run_id
+        self.store = store
+        # Every write is awaited: on Postgres it leaves the event loop (D-27).
+        self.astore = AsyncStore(store)
+        # One flush at a time: a write's intent waits for the reads a flush already took (P-7).
+        self._flushing = asyncio.Lock()
+        self.keyring = keyring
+        self.clock = clock
+        self.flush_every_calls = flush_every_calls
+        self.flush_every_seconds = flush_every_seconds
+        self.reset(entries)
+
+    def reset(self, entries: list[CallRecord]) -> None:
+        """Start from ``entries`` (a replay after a restore that could not be used reads the whole journal)."""
+        self.entries: dict[int, CallRecord] = {e.seq: e for e in entries}
+        # The highest seq earlier attempts recorded: a live call past it is new.
+        self.last_recorded_seq = max(self.entries, default=0)
+        self._unsaved: dict[int, CallRecord] = {}
+        self._keys: dict[int, str] = {}  # seq -> call key, for chaining MACs (P-35)
+        self._flushed_at = time.monotonic()
+
+    def get(self, seq: int) -> CallRecord | None:
+        return self.entries.get(seq)
+
+    def note_key(self, seq: int, key: str) -> None:
+        """The key of call ``seq`` as issued, which the next entry's MAC chains to."""
+        self._keys[seq] = key
+
+    def idempotency_key(self, seq: int) -> str:
+        """The recorded key if the journal has one, else the derived one (P-25)."""
+        entry = self.entries.get(seq)
+        if entry is not None and entry.idempotency_key:
+            return entry.idempotency_key
+        return idempotency_key(self.run_id, seq)
+
+    # -- writing -----------------------------------------------------------------
+
+    def buffer_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str) -> None:
+        """A read's intent, held until its outcome and written with it."""
+        record = CallRecord(self.run_id, seq, op, address, args, key, "read", CallState.PENDING, started_at=self.clock(),
+                            idempotency_key=self.idempotency_key(seq) if op == "tool" else None)
+        self._unsaved[seq] = record
+        self.entries[seq] = record
+
+    async def flush(self) -> None:
+        """Write the settled reads still held in memory, in one transaction."""
+        if not self._unsaved:
+            return  # nothing buffered, and so no flush in flight either
+        async with self._flushing:
+            settled = [r for r in self._unsaved.values() if r.state != CallState.PENDING]
+            if not settled:
+                return
+            settled.sort(key=lambda r: r.seq)
+            for r in settled:
+                self._sign(r)
+            await self.astore.record_calls(settled)
+            for r in settled:
+                del self._unsaved[r.seq]
+            self._flushed_at = time.monotonic()
+
+    async def _maybe_flush(self) -> None:
+        if len(self._unsaved) >= self.flush_every_calls or time.monotonic() - self._flushed_at > self.flush_every_seconds:
+            await self.flush()
+
+    async def record_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
+                            state: CallState, existing: CallRecord | None) -> None:
+        """Write a call's intent ahead of sending it (P-7); buffered reads go first so the order holds."""
+        if kind != "read":
+            await self.flush()
+        now = self.clock()
+        if existing is not None:
+            # A read left pending by a dead attempt is re-issued under the same seq.
+            await self.move(seq, [existing.state], state=state, started_at=now, outcome=None, error=None,
+                            finished_at=None)
+            return
+        record = CallRecord(self.run_id, seq, op, address, args, key, kind, state, started_at=now,
+                            idempotency_key=self.idempotency_key(seq) if op == "tool" else None)
+        await self.record_new(record)
+
+    async def record_new(self, record: CallRecord) -> None:
+        """Write an entry now (a write's, a wait's), after the reads before it."""
+        await self.flush()
+        self._sign(record)
+        await self.astore.record_call(record)
+        self.entries[record.seq] = record
+
+    async def record_outcome(self, seq: int, from_state: CallState, state: CallState, *, outcome: Any = None,
+                             error: dict[str, Any] | None = None) -> None:
+        buffered = self._unsaved.get(seq)
+        if buffered is not None:
+            buffered.state, buffered.outcome, buffered.error, buffered.finished_at = state, outcome, error, self.clock()
+            await self._maybe_flush()
+            return
+        await self.move(seq, [from_state], state=state, outcome=outcome, error=error, finished_at=self.clock())
+
+    async def record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
+                        error: dict[str, Any], state: CallState = CallState.FAILED) -> None:
+        """A call refused before it was sent (unknown tool, bad arguments, denied): its entry, written now."""
+        now = self.clock()
+        record = CallRecord(self.run_id, seq, op, address, args, key, kind, state, error=error, started_at=now,
+                            finished_at=now)
+        self._unsaved[seq] = record
+        self.entries[seq] = record
+        await self.flush()
+
+    async def move(self, seq: int, expect: list[str], **fields: Any) -> bool:
+        """Compare-and-set an entry from one of ``expect`` to ``fields``, re-signed (P-35).
+
+        The entry in memory changes only once the store has the change.
+        """
+        entry = self.entries.get(seq) or await self.astore.get_call(self.run_id, seq)
+        if entry is None:
+            return False
+        signed = integrity.signed_update(self.keyring, entry, **fields)
+        if not await self.astore.update_call(entry.run_id, entry.seq, list(expect), **signed):
+            return False
+        integrity.apply_update(entry, signed)
+        return True
+
+    # -- signing -------------------------------------------------------------------
+
+    def _prev_key(self, seq: int) -> str | None:
+        before = self.entries.get(seq - 1)
+        return before.key if before is not None else self._keys.get(seq - 1)
+
+    def _sign(self, record: CallRecord) -> None:
+        record.mac = integrity.sign_call(self.keyring, record, self._prev_key(record.seq))

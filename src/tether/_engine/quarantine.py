@@ -1,0 +1,67 @@
+"""Poison runs (P-39): a run whose attempts keep ending with their process gone is ended, not taken over again.
+
+A takeover is the only sign a process leaves when it dies holding a run: it
+crashed, it was killed because the run held it past its limits, or it lost
+its lease. Each process that takes a run over records one line on the run
+(``meta.takeovers``: whose attempt ended, how it was noticed, when, by whom);
+an attempt that parks (paused or waiting) clears them, so they count attempts
+*in a row*. When the run's ``limits.quarantine_after`` is reached, the process
+that would take it over next ends it ``failed`` with ``run_quarantined``
+instead, before anything of the program runs: nothing is sent by that attempt.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tether._engine.limits import Limits
+from tether._engine.result import RunResult
+from tether._store.base import RunRecord
+from tether._store.states import CallState, RunStatus
+from tether.errors import RunQuarantined
+
+if TYPE_CHECKING:
+    from tether._runtime import Runtime
+
+TAKEOVERS = "takeovers"
+
+
+def takeovers(run: RunRecord) -> list[dict[str, Any]]:
+    """The attempts of ``run`` that ended with their process gone, in a row, oldest first."""
+    found = (run.meta or {}).get(TAKEOVERS)
+    return [dict(t) for t in found if isinstance(t, dict)] if isinstance(found, list) else []
+
+
+def without_takeovers(meta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``meta`` for an attempt that ends normally: None when there is nothing to clear (the write is skipped)."""
+    if not meta or TAKEOVERS not in meta:
+        return None
+    return {k: v for k, v in meta.items() if k != TAKEOVERS}
+
+
+async def continue_or_quarantine(rt: Runtime, run: RunRecord, *, gone_owner: str | None,
+                                 how: str) -> tuple[RunRecord | None, RunResult | None]:
+    """Record this takeover of ``run`` (owned here now); the run to continue, or its envelope if quarantined."""
+    now = rt.clock()
+    ended = [*takeovers(run), {"owner": gone_owner, "ended": how, "noticed_at": now, "taken_by": rt.owner}]
+    limit = Limits.from_dict(run.limits).quarantine_after
+    if len(ended) < limit:
+        meta = {**(run.meta or {}), TAKEOVERS: ended}
+        if not await rt.astore.call(rt.lifecycle.note_takeover, run.run_id, meta):
+            return None, None  # no longer ours or no longer running: nothing to continue here
+        return await rt.astore.get_run(run.run_id), None
+    in_doubt = [e.seq for e in await rt.astore.get_calls(run.run_id, states=[CallState.SENDING])]
+    last = await rt.astore.get_calls(run.run_id, after=max(0, await rt.astore.count_calls(run.run_id) - 1))
+    err = RunQuarantined(
+        f"run {run.run_id} was not taken over again: its last {len(ended)} attempts in a row ended with their "
+        f"process gone (a crash, a hang past its limits, or a lost lease; limits.quarantine_after = {limit}). "
+        "Nothing was sent by this attempt"
+        + (f"; the outcome of writes {in_doubt} left sending is unknown and they were not re-sent" if in_doubt
+           else ""),
+        details={"attempts": ended, "calls_in_doubt": in_doubt,
+                 "last_call": {"seq": last[-1].seq, "address": last[-1].address, "state": str(last[-1].state)}
+                 if last else None},
+    )
+    envelope = await rt.finisher.end_attempt(run, RunStatus.FAILED, error=err.to_dict(),
+                                             calls=last[-1].seq if last else 0)
+    return None, envelope

@@ -1,0 +1,169 @@
+"""Run keys: the caller's idempotency key for the request that starts a run (P-36).
+
+A client whose request died (a replica killed, a balancer timeout, a laptop
+asleep) cannot know whether its program ran; a durable workflow engine
+retries a step after a crash. Either way the retry carries the key the first
+request carried, and (principal, key) names one run for as long as the run is
+kept: a repeat gets that run's current envelope, never a second run.
+
+The store's unique index on (principal, run_key) decides which of two requests
+racing with one key starts the run: each tries to insert, exactly one insert
+succeeds, the other reads the winner's row. Nothing here reads before writing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from tether._engine.ownership import owner_gone
+from tether._engine.quarantine import continue_or_quarantine
+from tether._engine.result import RunResult
+from tether._store.base import Conflict, RunRecord
+from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus
+from tether.errors import IdempotencyConflict, UsageError
+
+if TYPE_CHECKING:
+    from tether._runtime import Runtime
+
+# Long enough for a UUID with a prefix, or "<workflow id>:<step>" of a durable engine.
+MAX_RUN_KEY_CHARS = 200
+# Where a keyed run keeps what its request was, to tell a retry from a different request.
+FINGERPRINT = "run_key_request"
+
+
+def check_run_key(key: Any) -> str:
+    if not isinstance(key, str) or not key or len(key) > MAX_RUN_KEY_CHARS or not key.isprintable():
+        shown = f"{len(key)} characters" if isinstance(key, str) else type(key).__name__
+        raise UsageError(f"a run key is 1 to {MAX_RUN_KEY_CHARS} printable characters (got {shown}); "
+                         "nothing was run", code="invalid_arguments",
+                         next_action="Send a key such as a UUID made once per request and reused on its retries.")
+    return key
+
+
+# Recorded by the process that serves a request (its tool modules, its config file), not chosen by the
+# caller: a retry served by another replica, configured from another path, is the same request.
+HOST_META = frozenset({"tools", "config"})
+
+
+def request_fingerprint(code: str, *, session: str | None, check: str, meta: dict[str, Any] | None) -> str:
+    """What makes two requests the same request: the program, the session and the caller's options."""
+    options = {k: v for k, v in (meta or {}).items() if k not in HOST_META}
+    body = json.dumps({"program": code, "session": session, "check": check, "meta": options},
+                      sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def mark(run: RunRecord, key: str, fingerprint: str) -> None:
+    run.run_key = key
+    run.meta[FINGERPRINT] = fingerprint
+
+
+def create_or_find(rt: "Runtime", run: RunRecord) -> RunRecord | None:
+    """Record ``run``; None if it was recorded, else the run its key already names.
+
+    Raises ``IdempotencyConflict`` when that run was started by a different request.
+    """
+    assert run.run_key is not None and run.principal is not None
+    for _ in range(3):
+        try:
+            rt.lifecycle.create(run)
+            return None
+        except Conflict:
+            existing = rt.store.get_run_by_key(run.principal, run.run_key)
+        if existing is None:
+            continue  # the holder of the key was deleted between our insert and our read: try again
+        if existing.meta.get(FINGERPRINT) != run.meta.get(FINGERPRINT):
+            raise IdempotencyConflict(
+                f"the key {run.run_key!r} already names run {existing.run_id} ({existing.status}), started with "
+                "a different program, session or options; nothing was started or sent for this request",
+                details={"run_id": existing.run_id, "status": str(existing.status), "key": run.run_key})
+        return existing
+    raise Conflict(f"run key {run.run_key!r} kept changing hands; nothing was started")
+
+
+def current_envelope(rt: "Runtime", run: RunRecord) -> RunResult | None:
+    """The envelope of a run that is not running now (ended, paused, waiting); None while it runs or waits in line."""
+    if run.status in (RunStatus.RUNNING, RunStatus.QUEUED):
+        return None
+    if run.result is not None:
+        return rt.recorded(run)  # a parked wait's key recomputed for the key's holder (D-33)
+    return RunResult(status=run.status, run_id=run.run_id, error=run.error)
+
+
+def still_running(run_id: str, status: str, waited: float) -> RunResult:
+    return RunResult(status=status, run_id=run_id, error={
+        "code": "still_running",
+        "message": f"run {run_id}, which this key names, is still {status} after {waited:g} s; "
+                   "no second run was started",
+        "next_action": f"Call again with the same key to get its outcome, or wait with `tether runs await {run_id}`.",
+        "details": {"run_id": run_id}})
+
+
+async def rejoin(rt: "Runtime", run: RunRecord, *, wait_seconds: float, detached: bool = False) -> RunResult:
+    """The outcome of a run a repeated request names: at once if it is not running, else once it ends.
+
+    Running in this process: awaited. Running in another: watched through the
+    store until it stops running. Its owner gone (lease lapsed, or its process
+    on this host ended): taken over and continued here, as ``recover`` would.
+    Past ``wait_seconds``: a ``running`` envelope naming the run.
+    """
+    deadline = time.monotonic() + wait_seconds
+    run_id = run.run_id
+    while True:
+        fresh = await rt.astore.get_run(run_id)
+        if fresh is None:
+            raise Conflict(f"run {run_id} was deleted while a request with its key waited on it")
+        run = fresh
+        done = current_envelope(rt, run)
+        if done is not None:
+            return done
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return still_running(run_id, str(run.status), wait_seconds)
+        handle = rt.running(run_id)
+        if handle is not None:
+            finished, _ = await asyncio.wait({handle.task}, timeout=left)
+            if finished:
+                return await asyncio.shield(handle.task)
+            continue
+        if run.status == RunStatus.RUNNING:
+            continued = await _take_over(rt, run, detached)
+            if continued is not None:
+                return continued
+        # Running in another process, or queued for a worker: watch the store.
+        result = await rt.wait_for_run(run_id, timeout=min(left, 5.0))
+        if result.status not in (RunStatus.RUNNING, RunStatus.QUEUED):
+            return result
+        if (result.error or {}).get("code") == "run_unowned":
+            # Its owner is gone but it was not taken here (another process took it, or it is signed
+            # with a secret this process does not hold): look again shortly, not at once.
+            await asyncio.sleep(min(0.2, max(left, 0.0)))
+
+
+async def _take_over(rt: "Runtime", run: RunRecord, detached: bool) -> RunResult | None:
+    """Continue ``run`` here if its owner is gone; None if it has a live owner or another process took it."""
+    gone = owner_gone(run.owner)
+    if not gone and run.lease_until is not None and run.lease_until >= rt.clock():
+        return None
+    trusted, ended = rt.vet(run)
+    if not trusted:
+        return ended
+    await rt.require_sources(run)
+    if not rt.lifecycle.take_over(run.run_id, gone_owner=run.owner if gone else None):
+        return None
+    taken = await rt.astore.get_run(run.run_id)
+    if taken is None or taken.status in TERMINAL_RUN_STATUSES:
+        return None
+    # A retry is a takeover like the worker's: it counts towards quarantine (P-39), so a run that
+    # wedges every process cannot be revived forever by a client that keeps retrying its key.
+    going_on, quarantined = await continue_or_quarantine(
+        rt, taken, gone_owner=run.owner, how="process_gone" if gone else "lease_lapsed")
+    if quarantined is not None:
+        return quarantined
+    if going_on is None:
+        return None
+    return await rt.launch(going_on, mode="continue", detached=detached).result()

@@ -1,0 +1,153 @@
+"""What a sandbox is built with for one attempt: the pre-run check's reach, stubs, limits, the pinned clock.
+
+``build_spec`` and ``precheck`` take anything with ``catalog``, ``verdicts``
+and ``type_check`` (a runtime, or an attempt's collaborators).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tether._engine.boundary import BUILTIN_OPS
+from tether._engine.limits import Limits
+from tether._sandbox.monty import SandboxLimits, SandboxSpec
+from tether._store.base import RunRecord
+from tether._tools.precheck import EVERYTHING, Reach, check_program
+from tether._tools.stubs import stubs_for
+from tether.errors import SourceUnavailable, TetherError, UnknownTool
+
+if TYPE_CHECKING:
+    from tether._tools.catalog import Catalog
+
+# Awaited built-ins the program reaches by bare name; emit is a plain call.
+BUILTINS = BUILTIN_OPS + ("wait_for", "wait_for_signal", "yield_control")
+SYNC_BUILTINS = ("emit",)
+
+
+class SpecSource(Protocol):
+    """What building a sandbox spec reads: the catalog, remembered checker verdicts, the default check."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def verdicts(self) -> dict[str, bool]: ...
+
+    @property
+    def type_check(self) -> bool: ...
+
+
+def run_check_mode(src: SpecSource, run: RunRecord) -> str:
+    """The check mode recorded on the run (older runs recorded a type_check flag)."""
+    mode: str | None = run.meta.get("check")
+    if mode is None:
+        return "full" if run.meta.get("type_check", src.type_check) else "off"
+    return mode
+
+
+def precheck(src: SpecSource, run: RunRecord) -> Reach:
+    """The pre-run check of a fresh run (tools.precheck); raises what it finds, before any call.
+
+    With the check off nothing is raised, but what the program reaches still
+    decides how much of the `tools` module its sandbox gets.
+    """
+    if run_check_mode(src, run) == "off":
+        try:
+            return check_program(run.program, src.catalog)
+        except TetherError:
+            return EVERYTHING
+    try:
+        return check_program(run.program, src.catalog)
+    except UnknownTool as exc:
+        raise _unavailable(exc, getattr(src, "source_failures", None)) or exc from None
+
+
+def _unavailable(exc: UnknownTool, failures: Any) -> SourceUnavailable | None:
+    """An unknown namespace that is a configured source which failed to load: say that, and why."""
+    address = str(exc.details.get("address") or "")
+    namespace = address.partition(".")[0]
+    failed = failures() if callable(failures) else {}
+    reason = failed.get(namespace) if namespace else None
+    if reason is None:
+        return None
+    where = exc.message.split("no namespace", 1)[0] if "no namespace" in exc.message else ""
+    return SourceUnavailable(
+        f"{where}the source {namespace!r} is configured but failed to load: {reason}; nothing was run",
+        next_action=f"Fix what the error names (then `tether sources list` shows {namespace!r} ok), or write the "
+                    "program without it.",
+        details={**exc.details, "source": namespace, "reason": reason,
+                 "suggestions": ["tether sources list", f"tether run --no-check (calls to {namespace} still fail)"]},
+    )
+
+
+def _namespaces(src: SpecSource) -> dict[str, tuple[str, ...]]:
+    def group() -> dict[str, tuple[str, ...]]:
+        out: dict[str, list[str]] = {}
+        for tool in src.catalog.tools():
+            out.setdefault(tool.namespace, []).append(tool.name)
+        return {ns: tuple(names) for ns, names in out.items()}
+
+    memo = getattr(src.catalog, "memo", None)
+    return memo("sandbox-namespaces", group) if memo else group()
+
+
+def build_spec(src: SpecSource, run: RunRecord, limits: Limits, *, continuing: bool = False,
+               reach: Reach | None = None) -> SandboxSpec:
+    # A program that already passed the check at its first attempt is not
+    # checked again when it continues (restore or replay).
+    type_check = run_check_mode(src, run) == "full" and not continuing
+    stubs = None
+    if continuing or run.session or reach is None:
+        # A continuing program must find the module it started with, and a
+        # session's globals may hold `tools` from an earlier execute.
+        reach = EVERYTHING
+    if type_check:
+        stubs = stubs_for(src.catalog, reach.addresses, reach.namespaces, reach.everything)
+        if src.verdicts.get(_verdict_key(run.program, stubs)) is True:
+            # The same program against the same stubs passed before: the
+            # checker would say the same again.
+            type_check = False
+    return SandboxSpec(
+        namespaces=_namespaces(src),
+        builtins=BUILTINS,
+        sync_builtins=SYNC_BUILTINS,
+        limits=SandboxLimits(
+            memory_bytes=limits.memory_bytes,
+            run_seconds=limits.run_seconds,
+            host_calls=limits.host_calls,
+            recursion_depth=limits.recursion_depth,
+        ),
+        clock=_dt.datetime.fromisoformat(run.environment["clock"]),
+        seed=int(run.environment["seed"]),
+        type_check=type_check,
+        prelude_stubs=getattr(stubs, "prelude", None),
+        tools_stubs=getattr(stubs, "tools_module", None),
+        namespace_stubs=dict(getattr(stubs, "namespace_modules", {}) or {}),
+        modules_key=(id(src.catalog), getattr(src.catalog, "version", None)),
+        reach=None if reach.everything else (reach.addresses, reach.namespaces),
+    )
+
+
+def _verdict_key(code: str, stubs: Any) -> str:
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for part in (code, stubs.prelude, stubs.tools_module, *sorted(stubs.namespace_modules.items())):
+        h.update(repr(part).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def remember_verdict(src: SpecSource, spec: SandboxSpec, code: str, passed: bool) -> None:
+    """Record that the checker passed (or refused) this program against these stubs."""
+    from tether._tools.stubs import Stubs
+
+    if not spec.type_check:
+        return
+    stubs = Stubs(prelude=spec.prelude_stubs or "", tools_module=spec.tools_stubs or "",
+                  namespace_modules=spec.namespace_stubs, tool_stubs={})
+    verdicts = src.verdicts
+    verdicts[_verdict_key(code, stubs)] = passed
+    if len(verdicts) > 1024:
+        verdicts.pop(next(iter(verdicts)))

@@ -1,0 +1,276 @@
+"""The runner: executes queued runs, wakes timers and due waits, takes over orphans.
+
+Any number of workers may share a store; every claim is a compare-and-set, so
+each run executes in one place (on Postgres queued runs, due timers and
+lapsed orphans with ``FOR UPDATE SKIP LOCKED``, so replicas polling at once
+take different runs without waiting). A run whose worker died is taken over once its
+lease expires (P-11, P-16).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Sequence
+
+from tether._engine.notices import SETTLED
+from tether._store.base import RunRecord
+
+if TYPE_CHECKING:
+    from tether._engine.result import RunResult
+    from tether._runtime import Runtime
+
+# How often a runner looks for parked runs whose wait was settled and nobody continued,
+# when no notice named them (SQLite, or a notice lost).
+SETTLED_SCAN_SECONDS = 2.0
+
+
+async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds: float = 0.2,
+               idle_exit_seconds: float | None = None, concurrency: int | None = None) -> int:
+    """Serve the store until ``stop`` is set (or idle for ``idle_exit_seconds``). Returns runs handled."""
+    stop = stop or asyncio.Event()
+    slots = asyncio.Semaphore(concurrency or rt.pool.max_workers)
+    tasks: set[asyncio.Task[None]] = set()
+    handled = 0
+    idle_since = time.monotonic()
+    reported: set[str] = set()
+    # Parked runs whose wait another process settled without continuing them (P-18): named by a
+    # notice at once (Postgres), else found by a scan every SETTLED_SCAN_SECONDS.
+    settled: set[str] = set()
+    nudge = asyncio.Event()
+    scanned = 0.0
+    prune_at = 0.0  # [retention]: a first batch at start, then every every_seconds
+
+    def heard(kind: str, run_id: str) -> None:
+        if kind == SETTLED:
+            settled.add(run_id)
+            nudge.set()
+
+    async def one(coro: Awaitable[Any]) -> None:
+        async with slots:
+            with contextlib.suppress(Exception):
+                await coro
+
+    rt.notices.handlers.append(heard)
+    rt.listen_for_events()
+    try:
+        while not stop.is_set():
+            busy = bool(tasks)
+            free = max(0, (concurrency or rt.pool.max_workers) - len(tasks))
+            if free and time.monotonic() - scanned >= SETTLED_SCAN_SECONDS:
+                settled.update(rt.store.runs_with_settled_wait())
+                scanned = time.monotonic()
+            if free:
+                for coro in await _claims(rt, free, reported, settled):
+                    task = asyncio.ensure_future(one(coro))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    handled += 1
+                    busy = True
+            if time.monotonic() >= prune_at:
+                delay = await _prune_batch(rt)
+                prune_at = time.monotonic() + delay
+                busy = busy or delay == 0  # more ended runs are due: not idle yet
+            if busy:
+                idle_since = time.monotonic()
+            elif idle_exit_seconds is not None and time.monotonic() - idle_since > idle_exit_seconds:
+                break
+            await _pause(stop, nudge, poll_seconds)
+    finally:
+        rt.notices.handlers.remove(heard)
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return handled
+
+
+async def _prune_batch(rt: "Runtime") -> float:
+    """Forget one batch of ended runs past their [retention] days; seconds until the next batch.
+
+    One short transaction per batch; a full batch means more are due, so the next comes next round.
+    A store failure here is the next round's business, never the worker's end.
+    """
+    from tether._store.aio import AsyncStore
+    from tether._store.retention import prune
+
+    retention = rt.config.retention if rt.config is not None else None
+    if retention is None:
+        return float("inf")
+    try:
+        report = await AsyncStore(rt.store).call(prune, rt.store, retention.rules(), rt.clock(),
+                                                 limit=retention.batch)
+    except Exception as exc:  # noqa: BLE001 - reported, retried next round
+        print(f"tether worker: retention prune failed: {exc}", file=sys.stderr, flush=True)
+        return retention.every_seconds
+    return 0.0 if report.runs >= retention.batch else retention.every_seconds
+
+
+async def _pause(stop: asyncio.Event, nudge: asyncio.Event, seconds: float) -> None:
+    """Until the next round: ``seconds``, or less if stopped or nudged by a notice."""
+    waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(nudge.wait())}
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+        nudge.clear()
+
+
+async def _settled_runs(rt: "Runtime", settled: set[str], free: int, reported: set[str]) -> list[Awaitable[Any]]:
+    """Wake-ups for parked runs whose wait was settled elsewhere; wake() claims each by compare-and-set."""
+    from tether._store.states import RunStatus, WaitStatus
+
+    out: list[Awaitable[Any]] = []
+    while settled and len(out) < free:
+        run = rt.store.get_run(settled.pop())
+        key = (run.pending or {}).get("key") if run is not None and run.status == RunStatus.WAITING else None
+        wait = rt.store.get_wait(key) if key else None
+        if (run is not None and wait is not None and wait.status != WaitStatus.PENDING
+                and await _available(rt, run, reported)):
+            out.append(rt.wake(run.run_id, key=key))
+    return out
+
+
+async def _available(rt: "Runtime", run: RunRecord, reported: set[str]) -> bool:
+    """Whether this worker can load the run's sources; said once per run on stderr when not."""
+    from tether.errors import RunTampered, ToolsUnavailable, WrongSecret
+
+    try:
+        await rt.require_sources(run)
+        return True
+    except (RunTampered, WrongSecret):
+        # Nothing was loaded for it; claiming it takes the usual path, which vets the run
+        # (a tampered run ends run_tampered, one signed with another secret is left alone).
+        return True
+    except ToolsUnavailable as exc:
+        if run.run_id not in reported:
+            reported.add(run.run_id)
+            print(f"tether worker: {exc.message}", file=sys.stderr, flush=True)
+        return False
+
+
+async def claimed(room: Callable[[], bool], claim: Callable[[Sequence[str]], RunRecord | None],
+                  usable: Callable[[RunRecord], Awaitable[bool]],
+                  give_back: Callable[[RunRecord], object]) -> AsyncIterator[RunRecord]:
+    """Runs claimed one at a time while there is ``room``, each one this process can run.
+
+    ``claim(skip)`` is a compare-and-set claim (tether._engine.lifecycle), so
+    replicas claiming at once never get the same run. A claimed run that is
+    not ``usable`` here is given back and skipped for this round, for a
+    process that can run it.
+    """
+    skip: list[str] = []
+    while room():
+        run = claim(skip)
+        if run is None:
+            return
+        if not await usable(run):
+            give_back(run)
+            skip.append(run.run_id)
+            continue
+        yield run
+
+
+async def orphans_taken(rt: "Runtime", room: Callable[[], bool],
+                        usable: Callable[[RunRecord], Awaitable[bool]],
+                        quarantined: Callable[[RunResult], None] | None = None) -> AsyncIterator[RunRecord]:
+    """Running runs whose owner died, taken over here one at a time while there is ``room`` (P-11).
+
+    Those whose lease lapsed are claimed by compare-and-set (Postgres: SKIP LOCKED) and
+    handed back if not ``usable`` here; those of a process known gone from this host are
+    taken from that owner at once, lease or not. Each is yielded as it is now, owned here,
+    with this takeover recorded on it; one taken over too many times in a row is ended
+    ``run_quarantined`` instead and handed to ``quarantined`` (P-39).
+    """
+    life = rt.lifecycle
+    async for before in claimed(room, life.claim_orphan, usable, life.release_orphan):
+        run = rt.store.get_run(before.run_id)
+        if run is not None:
+            run = await _counted(rt, run, before.owner, "lease_lapsed", quarantined)
+        if run is not None:
+            yield run
+    for gone in rt.gone_owners() if room() else []:
+        if room() and await usable(gone) and life.take_over(gone.run_id, gone_owner=gone.owner):
+            run = rt.store.get_run(gone.run_id)
+            if run is not None:
+                run = await _counted(rt, run, gone.owner, "process_gone", quarantined)
+            if run is not None:
+                yield run
+
+
+async def _counted(rt: "Runtime", run: RunRecord, gone_owner: str | None, how: str,
+                   quarantined: Callable[[RunResult], None] | None) -> RunRecord | None:
+    from tether._engine.quarantine import continue_or_quarantine
+
+    going_on, ended = await continue_or_quarantine(rt, run, gone_owner=gone_owner, how=how)
+    if ended is not None:
+        error = ended.error or {}
+        print(f"tether: run {run.run_id} quarantined ({error.get('code')}): "
+              f"{len(error.get('details', {}).get('attempts', []))} attempts in a row ended with their process gone",
+              file=sys.stderr, flush=True)
+        if quarantined is not None:
+            quarantined(ended)
+    return going_on
+
+
+async def _claims(rt: "Runtime", free: int, reported: set[str],
+                  settled: set[str] | None = None) -> list[Awaitable[Any]]:
+    """Coroutines for work this worker may take now, most urgent first.
+
+    A run whose sources cannot be loaded here is left as it is (P-30) for a
+    process that has them.
+    """
+    from tether._store.states import RunStatus
+
+    life = rt.lifecycle
+    rt.expire_paused()
+    # Runs a resolution is waiting for first: someone is waiting on them.
+    out = await _settled_runs(rt, settled, free, reported) if settled else []
+
+    def room() -> bool:
+        return len(out) < free
+
+    async def available(run: RunRecord) -> bool:
+        return await _available(rt, run, reported)
+
+    async def trusted_and_available(run: RunRecord) -> bool:
+        # A tampered run ends failed here (giving it back then changes nothing); one signed
+        # with a secret not held here, or whose sources are not here, goes back to waiting.
+        return rt.vet(run)[0] and await available(run)
+
+    # Orphans first: their writes wait on us.
+    async for run in orphans_taken(rt, room, available):
+        out.append(rt.launch(run, mode="continue").result())
+    # Due timers and wait deadlines, the same way.
+    async for run in claimed(room, life.claim_due, trusted_and_available,
+                             lambda r: life.unclaim(r, RunStatus.WAITING)):
+        out.append(rt.launch(run, mode="continue").result())
+    # Queued runs, oldest first; one this process cannot load the sources of goes back in the queue.
+    async for run in claimed(room, life.claim_queued, available, lambda r: life.unclaim(r, RunStatus.QUEUED)):
+        out.append(rt.launch(run, mode="fresh").result())
+    return out
+
+
+# -- one worker per home, started on demand ---------------------------------------
+
+
+def pid_file(home: Path) -> Path:
+    return home / "worker.pid"
+
+
+def worker_alive(home: Path) -> int | None:
+    """The pid of a live worker for this home, if any."""
+    try:
+        pid = int(pid_file(home).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid

@@ -1,0 +1,1 @@
+"""The sandbox adapter. Only ``tether._sandbox.monty`` imports pydantic_monty."""

@@ -1,0 +1,312 @@
+"""Approvals where people are: approval links, and deciding a paused write on someone's behalf.
+
+An approval link is a URL ``<public_url>/approve/<token>`` for one pending
+write: whoever holds it sees the write; deciding needs a signed-in approver
+unless ``[server] links = "capability"`` (tether._engine.approvals says who may). The token names the
+run, the write's seq and the moment the approval's time to live ends, and is
+signed with a key derived from the store's secret, so every process sharing
+the store mints and accepts the same links. It decides once: after a
+decision, after the time to live, or altered by a single character, it
+decides nothing and says why (P-33).
+
+:class:`Decider` is the console's and the links' adapter to the approvals
+service: it asks ``tether._engine.approvals.service.refusal`` whether a decision would
+take anything (so the page answers at once), then calls ``Runtime.decide``
+(which records who decided, through what — ``console``, ``link`` — and from
+where as a ``decided`` event in the run's timeline) and lets the run continue
+in the background. Whether the caller may decide is asked before, of
+``tether._engine.approvals.may_decide``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from tether._engine.approvals.capabilities import APPROVAL_LINK, Keyring
+from tether._engine.approvals.model import taken as taken_of
+from tether._engine.approvals.service import pending, refusal
+from tether._engine.redaction import secret_args, shown_args
+from tether._store.base import RunRecord
+from tether._store.states import RunStatus
+from tether.errors import TetherError
+
+if TYPE_CHECKING:
+    from tether._runtime import Runtime
+    from tether._server.admission import Admission
+
+# How long a decision waits for the run to move on before the page answers:
+# a short write finishes inside it and the page shows the outcome; a long one
+# goes on in the background and the page shows it running.
+SETTLE_SECONDS = 3.0
+# Room for a write's values on its page before each folds (its whole value is one click away).
+PAGE_ARGS_CHARS = 1200
+
+
+def link_token(secret: bytes, run_id: str, seq: int, expires_at: float) -> str:
+    return APPROVAL_LINK.mint(secret, [run_id, seq, round(expires_at, 3)])
+
+
+@dataclass(frozen=True)
+class LinkClaim:
+    run_id: str
+    seq: int
+    expires_at: float
+
+
+def open_token(secret: bytes | Sequence[bytes] | Keyring, token: str) -> LinkClaim | None:
+    """The claim of a genuine token; None for a forged, altered or malformed one.
+
+    ``secret`` may be several (a keyring's current and older ones): a link handed out before the
+    secret was rotated still opens while the older secret is kept for verification.
+    """
+    try:
+        run_id, seq, expires_at = APPROVAL_LINK.open(secret, token)
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(run_id, str) or type(seq) is not int or not isinstance(expires_at, (int, float)):
+        return None
+    return LinkClaim(run_id, seq, float(expires_at))
+
+
+def approval_url(public_url: str | None, secret: bytes, run_id: str, seq: int, expires_at: float) -> str | None:
+    """The link for one pending write, or None when no public URL is configured."""
+    if not public_url:
+        return None
+    return f"{public_url.rstrip('/')}/approve/{link_token(secret, run_id, seq, expires_at)}"
+
+
+def run_links(rt: Runtime, public_url: str | None, run: RunRecord) -> list[dict[str, Any]]:
+    """``[{seq, address, url}]`` for each write the run waits on."""
+    if run.status != RunStatus.PAUSED or run.expires_at is None:
+        return []
+    return [{"seq": w["seq"], "address": w["address"],
+             "url": approval_url(public_url, rt.keyring.current, run.run_id, w["seq"], run.expires_at)}
+            for w in pending_writes(rt, run)]
+
+
+# -- what waits ---------------------------------------------------------------------
+
+
+def pending_writes(rt: Runtime, run: RunRecord) -> list[dict[str, Any]]:
+    """The writes a paused run still waits on (a batch pause's decided ones left out).
+
+    ``[{seq, address, args, annotations, description}]``, from ``Runtime.pending``.
+    """
+    if run.status != RunStatus.PAUSED or not run.pending:
+        return []
+    return [{"seq": w.seq, "address": w.address, "args": w.args, "annotations": w.annotations,
+             "description": w.description} for w in pending(rt, run) if w.decision is None]
+
+
+# -- deciding --------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What came of a decision: ``ok``, or why nothing was decided (``code`` + ``message``)."""
+
+    ok: bool
+    code: str | None = None
+    message: str | None = None
+    status: str | None = None  # the run's status when the page answered
+
+
+class Decider:
+    """Decides pending writes for the console and approval links; continues runs in the background."""
+
+    def __init__(self, rt: Runtime, admission: Admission | None = None, settle_seconds: float = SETTLE_SECONDS) -> None:
+        self.rt = rt
+        self.admission = admission
+        self.settle_seconds = settle_seconds
+        self._tasks: set[asyncio.Task] = set()
+
+    async def decide(self, run_id: str, seqs: list[int], decision: str, reason: str | None, *,
+                     principal: str | None, who: str, via: str, origin: str | None = None) -> Outcome:
+        """Decide the writes ``seqs`` of a paused run; nothing is decided unless each is still pending."""
+        # What would make the decision take nothing is the service's to say (the same rules as decide);
+        # asked first, since the decision itself may wait for a slot.
+        run, refused = refusal(self.rt, run_id, seqs, decision, principal=principal, allowed=("approve", "decline"))
+        if refused is not None:
+            return Outcome(False, refused.code, refused.message, status=run.status if run is not None else None)
+        return await self._decide(run_id, sorted(seqs), decision, reason, principal=principal, who=who, via=via,
+                                  origin=origin)
+
+    async def _decide(self, run_id: str, seqs: list[int], decision: str, reason: str | None, *,
+                      principal: str | None, who: str, via: str, origin: str | None) -> Outcome:
+        def taken() -> bool:
+            # The journal's compare-and-set is the decision (P-28): once every
+            # named write holds it, the page can say so, whatever the run does next.
+            return all(taken_of(self.rt.store.get_call(run_id, s)) == decision for s in seqs)
+
+        async def go() -> Any:
+            async with self._slot():
+                # rt.decide records who decided, through what and from where (P-29),
+                # then continues the run once its whole pause is decided.
+                return await self.rt.decide(run_id, {s: (decision, reason) for s in seqs}, principal=principal,
+                                            actor=who, via=via, origin=origin)
+
+        task = asyncio.ensure_future(go())
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        deadline = asyncio.get_running_loop().time() + self.settle_seconds
+        decided = False
+        while not task.done() and asyncio.get_running_loop().time() < deadline:
+            if taken():
+                decided = True
+                break
+            await asyncio.wait({task}, timeout=0.02)
+        if not decided:
+            if not task.done():
+                return Outcome(True, status="queued", message="the decision waits for a free run slot")
+            exc = task.exception() if not task.cancelled() else None
+            if isinstance(exc, TetherError):
+                return Outcome(False, exc.code, f"{exc.message}; nothing was decided")
+            if exc is not None:
+                return Outcome(False, "internal_error", f"the decision failed ({type(exc).__name__}); "
+                               "check the run before trying again")
+            if not taken():
+                return Outcome(False, "already_decided", "someone else decided this write first; nothing was decided")
+        # Decided: give a quick run the rest of the moment to finish, so the
+        # page can show its outcome.
+        with contextlib.suppress(Exception):
+            await asyncio.wait({task}, timeout=self.settle_seconds)
+        run = self.rt.store.get_run(run_id)
+        return Outcome(True, status=run.status if run else None)
+
+    def _slot(self) -> Any:
+        return self.admission.slot() if self.admission is not None else contextlib.nullcontext()
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: the page already reported what it could
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+# -- showing a write to people ---------------------------------------------------------------
+
+
+def describe_write(rt: Runtime, write: dict[str, Any], run: RunRecord | None = None) -> dict[str, Any]:
+    """A pending write as its page shows it: ``shown`` (tools/shown.py: every argument named, escaped,
+    flagged, secrets redacted, values shortened evenly, the description last), ``target`` (where it goes,
+    see :func:`write_target`) and whether its tool is destructive."""
+    from tether._tools.shown import show_call
+
+    address = write.get("address")
+    description = write.get("description")
+    tool = None
+    try:
+        if isinstance(address, str) and address in rt.catalog:
+            tool = rt.catalog.get(address)
+    except Exception:  # a catalog that cannot say is not a reason to hide the write
+        tool = None
+    if description is None and tool is not None:
+        description = tool.description
+    annotations = write.get("annotations") or {}
+    if "secret_args" not in write and tool is not None:
+        # A pause recorded before secret_args were: the tool's schema still says which.
+        write = {**write, "secret_args": secret_args(tool)}
+    shown = show_call(str(address), shown_args(write), description=description, budget=PAGE_ARGS_CHARS,
+                      schema=tool.input_schema if tool is not None else None)
+    return {**write, "shown": shown, "destructive": bool(annotations.get("destructive")),
+            "target": write_target(tool, str(address), write.get("args") or {}, run)}
+
+
+def input_schema(rt: Runtime, address: Any) -> dict[str, Any] | None:
+    """The input schema of the tool at ``address`` in this process's catalog: its ``format: password`` and
+    ``writeOnly`` fields are secrets (tools/shown.py). None when the catalog cannot say."""
+    try:
+        return rt.catalog.get(address).input_schema if isinstance(address, str) and address in rt.catalog else None
+    except Exception:  # a catalog that cannot say leaves the rule by names
+        return None
+
+
+def write_target(tool: Any, address: str, args: dict[str, Any], run: RunRecord | None) -> dict[str, str] | None:
+    """Where a write goes, for the person deciding it: ``{"kind", "text"}`` or None when nothing can say.
+
+    Read from the run's signed source definitions (``meta.sources``, P-35) and
+    from this process's catalog, never from the run's unsigned fields: an MCP
+    tool's server (its command or URL, without credentials), an OpenAPI
+    operation's method and URL with the path parameters filled in.
+    """
+    namespace = address.partition(".")[0]
+    sources = ((run.meta or {}).get("sources") if run is not None else None) or []
+    definition = next((d for d in sources if isinstance(d, dict) and d.get("namespace") == namespace), None)
+    target = getattr(tool, "target", None)
+    if isinstance(target, tuple) and len(target) == 2:
+        method, template = target
+        return {"kind": "http", "method": str(method), "text": _fill_path(str(template), args)}
+    if definition is not None and definition.get("type") == "mcp":
+        if definition.get("url"):
+            return {"kind": "mcp", "text": f"MCP server at {_public_url(str(definition['url']))}"}
+        command = _shown_command([str(c) for c in definition.get("command") or []])
+        if command:
+            return {"kind": "mcp", "text": "MCP server run as " + _shorten(command, 160)}
+    source = getattr(tool, "source", None)
+    if source == "python":
+        return {"kind": "python", "text": "a Python tool in this server's own process"}
+    if source == "mcp":
+        return {"kind": "mcp", "text": f"the MCP server of namespace {namespace!r}"}
+    return None
+
+
+def _shown_command(command: list[str]) -> str:
+    """A server's command line as an approver reads it: programs and scripts by file name, and no value
+    given to a flag named like a secret (``--token X``, ``--api-key=X``)."""
+    from tether._tools.shown import REDACTED, secret_name
+
+    out: list[str] = []
+    hide_next = False
+    for word in command:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        flag, eq, _ = word.partition("=")
+        if word.startswith("-") and secret_name(flag.lstrip("-")):
+            out.append(f"{flag}={REDACTED}" if eq else word)
+            hide_next = not eq
+            continue
+        out.append(word.rsplit("/", 1)[-1] if "/" in word and not word.startswith(("-", "@")) else word)
+    return " ".join(out)
+
+
+def _fill_path(template: str, args: dict[str, Any]) -> str:
+    from urllib.parse import quote
+
+    from tether._tools.shown import secret_name
+
+    def fill(match: Any) -> str:
+        name = match.group(1)
+        arg = next((a for a in (name, name.replace("-", "_"), name.lower()) if a in args), None)
+        if arg is None or args[arg] is None or secret_name(arg):
+            return match.group(0)
+        return quote(str(args[arg]), safe="")
+
+    import re
+
+    return _public_url(re.sub(r"\{([^}]+)\}", fill, template))
+
+
+def _public_url(url: str) -> str:
+    """A URL as it may be shown: no user or password, no query (an API key can travel in it)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return _shorten(url, 160)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,288 @@
+"""Notifications: ``[[notify]]`` webhooks told when a run pauses, waits, fails, completes or is cancelled.
+
+    run pauses/ends ──> Runtime.announce ──> outbox row per webhook (one INSERT, in the store)
+                                                   │
+           deliverer (any tether process) ──claim──┘──> POST signed JSON ──> 2xx: delivered
+                                                             └─ else: retried with backoff, then given up
+
+The run only pays for the INSERT: delivery happens in a background task, with
+its own timeout, so a slow or failing webhook never delays a run. The outbox
+is durable: a notification queued by a process that stops is delivered by the
+next one (``tether serve``, ``tether worker``, or any process that runs with
+the same config), at least once. Each event has an ``id``; receivers drop
+repeats by it.
+
+Each request is signed: ``Tether-Signature: t=<unix seconds>,v1=<hex>`` where
+``v1 = HMAC-SHA256(secret, f"{t}.{body}")``. docs/notifications.md shows how
+to verify it (and :func:`verify` is the same check). The rules are P-34.
+
+The outbox holds no live capability and signs nothing it did not queue: a row
+carries the event as queued, MACed under the store's secret, and approval
+links are minted only as the request is built. A row whose MAC does not
+verify (inserted or edited by someone without the secret) is given up unsent,
+so the webhook's secret never signs a body tether did not write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
+
+from tether import _metrics as metrics
+from tether._engine.approvals.capabilities import Keyring, mac_hex, same, secret_id
+from tether._engine.redaction import shown_args
+from tether._server.approvals import approval_url, input_schema, pending_writes
+from tether._store.base import OUTBOX_DELIVERED, OUTBOX_FAILED, OUTBOX_PENDING, OutboxRecord, RunRecord
+from tether._tools.shown import show_call
+
+if TYPE_CHECKING:
+    from tether._runtime import Runtime
+
+SCHEMA_VERSION = 1
+# One attempt may take this long; a webhook slower than that is tried again later.
+REQUEST_TIMEOUT_SECONDS = 10.0
+# Retries double from one second up to an hour: fifteen attempts span about
+# three hours, long enough to ride out a receiver's restart or an
+# outage, short enough that a stale "approve this" is not delivered the next day.
+BACKOFF_BASE_SECONDS = 1.0
+BACKOFF_CAP_SECONDS = 3600.0
+MAX_ATTEMPTS = 15
+# A claimed notification is another deliverer's again after this long (a
+# deliverer that died mid-attempt); above the request timeout.
+CLAIM_SECONDS = 60.0
+POLL_SECONDS = 0.5
+# Receivers should refuse a signature older than this (replay window).
+TOLERANCE_SECONDS = 300
+KINDS = ("paused", "waiting", "failed", "completed", "cancelled")
+# What an outbox row's MAC is made for: it can never pass for another purpose's.
+OUTBOX_PURPOSE = "tether/outbox/v1"
+
+
+def sign(secret: bytes, timestamp: int, body: str) -> str:
+    return mac_hex(secret, f"{timestamp}.{body}".encode())
+
+
+def signature_header(secret: bytes, body: str, now: float) -> str:
+    t = int(now)
+    return f"t={t},v1={sign(secret, t, body)}"
+
+
+def verify(secret: bytes, header: str, body: str, now: float | None = None,
+           tolerance: int = TOLERANCE_SECONDS) -> bool:
+    """Whether ``header`` signs ``body`` with ``secret`` within ``tolerance`` seconds of ``now``."""
+    try:
+        parts = dict(item.split("=", 1) for item in header.split(","))
+        t = int(parts["t"])
+    except (ValueError, KeyError):
+        return False
+    if abs((time.time() if now is None else now) - t) > tolerance:
+        return False
+    return same(sign(secret, t, body), parts.get("v1", ""))
+
+
+@dataclass(frozen=True)
+class Webhook:
+    url: str
+    secret: bytes
+    events: frozenset[str]
+
+
+def webhooks_from_config(config: Any, env: Mapping[str, str] | None = None) -> list[Webhook]:
+    """The configured webhooks whose secret is set; each one without is reported and left off."""
+    env = os.environ if env is None else env
+    out = []
+    for i, hook in enumerate(getattr(config, "notify", None) or []):
+        secret = env.get(hook.secret_env)
+        if not secret:
+            print(f"tether: notify[{i}] ({hook.url}) is off: ${hook.secret_env} is not set; "
+                  "nothing is sent to it unsigned", file=sys.stderr, flush=True)
+            continue
+        out.append(Webhook(hook.url, secret.encode(), frozenset(hook.events)))
+    return out
+
+
+def backoff(attempts: int, base: float = BACKOFF_BASE_SECONDS) -> float:
+    """Seconds before attempt ``attempts + 1``: doubling, capped, with jitter so receivers are not stampeded."""
+    delay = min(base * (2 ** max(0, attempts - 1)), BACKOFF_CAP_SECONDS)
+    return delay * random.uniform(0.8, 1.2)
+
+
+class Notifier:
+    """Queues events for the webhooks (a Runtime listener) and delivers them from the outbox."""
+
+    def __init__(self, rt: Runtime, webhooks: list[Webhook], *, public_url: str | None = None,
+                 backoff_base: float = BACKOFF_BASE_SECONDS, poll_seconds: float = POLL_SECONDS,
+                 timeout: float = REQUEST_TIMEOUT_SECONDS) -> None:
+        self.rt = rt
+        self.webhooks = {w.url: w for w in webhooks}
+        self.public_url = public_url
+        self.backoff_base = backoff_base
+        self.poll_seconds = poll_seconds
+        self.timeout = timeout
+        self._wake: asyncio.Event | None = None
+
+    # -- queueing (called inside the run's own step: one read, one insert per webhook)
+
+    def __call__(self, run_id: str, kind: str, data: dict[str, Any]) -> None:
+        wanted = [w for w in self.webhooks.values() if kind in w.events]
+        if not wanted:
+            return
+        run = self.rt.store.get_run(run_id)
+        if run is None:
+            return
+        event = self.event(run, kind, data)
+        body = json.dumps(event, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+        now = self.rt.clock()
+        for hook in wanted:
+            self.rt.store.add_outbox(hook.url, event["id"], body, now, mac=self._mac(hook.url, event["id"], body))
+        if self._wake is not None:
+            self._wake.set()
+
+    def event(self, run: RunRecord, kind: str, data: dict[str, Any]) -> dict[str, Any]:
+        pending = data.get("pending") or {}
+        seq = pending.get("seq")
+        # Deterministic: the same transition queued twice (a retried finish) is one event.
+        event_id = "evt_" + hashlib.sha256(f"{run.run_id}:{kind}:{seq}".encode()).hexdigest()[:24]
+        out: dict[str, Any] = {
+            "v": SCHEMA_VERSION, "id": event_id, "type": f"run.{kind}", "created_at": self.rt.clock(),
+            "run": {"run_id": run.run_id, "status": kind, "principal": run.principal, "created_at": run.created_at},
+        }
+        if self.public_url:
+            out["console_url"] = f"{self.public_url.rstrip('/')}/console/runs/{run.run_id}"
+        if kind == "paused":
+            expires = data.get("expires_at")
+            writes = pending_writes(self.rt, run) or [pending]
+            out["expires_at"] = expires
+            # Every argument named, values shortened evenly and control characters escaped
+            # (tools/shown.py): what a receiver shows a person is what the console shows.
+            out["pending"] = [{"seq": w.get("seq"), "address": w.get("address"),
+                               **show_call(str(w.get("address")), shown_args(w),
+                                           schema=input_schema(self.rt, w.get("address"))).to_dict()} for w in writes]
+        elif kind == "waiting":
+            out["pending"] = [{"seq": seq, "name": pending.get("name"), "deadline": pending.get("deadline")}]
+        error = data.get("error")
+        if error:
+            out["error"] = {"code": error.get("code"), "message": error.get("message")}
+        return out
+
+    def _mac(self, target: str, event_id: str, body: str, key: bytes | None = None) -> str:
+        key = self.rt.keyring.current if key is None else key
+        return f"{secret_id(key)}.{Keyring.mac(key, OUTBOX_PURPOSE, target, event_id, body)}"
+
+    def genuine(self, item: OutboxRecord) -> bool:
+        """Whether tether queued this row as it is: its MAC verifies under a secret this process holds."""
+        sid, _, _ = (item.mac or "").partition(".")
+        key = self.rt.keyring.get(sid)
+        return key is not None and same(self._mac(item.target, item.event_id, item.body, key),
+                                                       item.mac or "")
+
+    def outgoing(self, item: OutboxRecord) -> str:
+        """The body as sent: the queued event, with approval links minted now (never stored)."""
+        if not self.public_url:
+            return item.body
+        event = json.loads(item.body)
+        expires = event.get("expires_at")
+        run_id = (event.get("run") or {}).get("run_id")
+        if event.get("type") != "run.paused" or expires is None or not isinstance(run_id, str):
+            return item.body
+        for write in event.get("pending") or []:
+            if isinstance(write, dict) and type(write.get("seq")) is int:
+                write["approval_url"] = approval_url(self.public_url, self.rt.keyring.current, run_id,
+                                                     write["seq"], float(expires))
+        return json.dumps(event, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+
+    # -- delivering ----------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Deliver due notifications until ``stop`` is set (or the task is cancelled)."""
+        import httpx
+
+        self._wake = asyncio.Event()
+        stop = stop or asyncio.Event()
+        async with httpx.AsyncClient(timeout=self.timeout, follow_redirects=False) as http:
+            while not stop.is_set():
+                with contextlib.suppress(Exception):  # a store hiccup must not end delivery
+                    await self.deliver_due(http)
+                self._wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
+
+    async def deliver_due(self, http: Any) -> int:
+        due = self.rt.store.claim_outbox(self.rt.clock(), CLAIM_SECONDS)
+        if due:
+            await asyncio.gather(*(self._deliver(http, item) for item in due))
+        return len(due)
+
+    async def _deliver(self, http: Any, item: OutboxRecord) -> None:
+        hook = self.webhooks.get(item.target)
+        attempts = item.attempts + 1
+        if hook is None:
+            # The webhook was removed from the config: give this one up.
+            self.rt.store.settle_outbox(item.id, status=OUTBOX_FAILED, attempts=item.attempts, next_at=item.next_at,
+                                        last_error="the webhook is no longer configured")
+            return
+        if not self.genuine(item):
+            # Not queued by tether (or altered since): the webhook's secret must not sign it.
+            self.rt.store.settle_outbox(item.id, status=OUTBOX_FAILED, attempts=item.attempts, next_at=item.next_at,
+                                        last_error="not sent: the row's signature does not verify under this "
+                                                   "store's secret (inserted or altered outside tether)")
+            return
+        body = self.outgoing(item)
+        event_type = json.loads(body).get("type", "")
+        headers = {"content-type": "application/json", "user-agent": "tether-notify/1",
+                   "tether-event": event_type, "tether-event-id": item.event_id,
+                   "tether-delivery-attempt": str(attempts),
+                   "tether-signature": signature_header(hook.secret, body, time.time())}
+        error = None
+        try:
+            response = await http.post(hook.url, content=body.encode(), headers=headers)
+            if 200 <= response.status_code < 300:
+                # The last failure stays on the row: why it took more than one attempt.
+                self.rt.store.settle_outbox(item.id, status=OUTBOX_DELIVERED, attempts=attempts,
+                                            next_at=item.next_at, last_error=item.last_error,
+                                            delivered_at=self.rt.clock())
+                return
+            error = f"HTTP {response.status_code}"
+        except Exception as exc:  # the receiver is down, slow or refusing: try again later
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        metrics.WEBHOOK_FAILURES.inc()
+        now = self.rt.clock()
+        if attempts >= MAX_ATTEMPTS:
+            self.rt.store.settle_outbox(item.id, status=OUTBOX_FAILED, attempts=attempts, next_at=now,
+                                        last_error=error)
+        else:
+            self.rt.store.settle_outbox(item.id, status=OUTBOX_PENDING, attempts=attempts,
+                                        next_at=now + backoff(attempts, self.backoff_base), last_error=error)
+
+
+@contextlib.asynccontextmanager
+async def notifications(rt: Runtime, config: Any, **options: Any):
+    """Queue and deliver ``config``'s webhooks for as long as the block runs (nothing when none are set)."""
+    hooks = webhooks_from_config(config)
+    if not hooks:
+        yield None
+        return
+    notifier = Notifier(rt, hooks, public_url=getattr(getattr(config, "server", None), "public_url", None),
+                        **options)
+    rt.listeners.append(notifier)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(notifier.run(stop))
+    try:
+        yield notifier
+    finally:
+        with contextlib.suppress(ValueError):
+            rt.listeners.remove(notifier)
+        stop.set()
+        # A delivery in flight is abandoned, not awaited: its claim lapses and
+        # the next process sends it again.
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task

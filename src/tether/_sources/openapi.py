@@ -1,0 +1,956 @@
+"""Tools from an OpenAPI 3.0/3.1 document: one tool per operation, called over HTTP.
+
+An operation becomes a tool whose keyword arguments are its path, query and
+header parameters plus its request body (see ``_openapi_bodies`` for the one
+flattening rule and how multipart, text and binary bodies are passed). Anything
+this module cannot call faithfully (cookie parameters, callbacks, external
+``$ref``s) is reported in ``source.problems`` and that operation alone is skipped: a
+half-understood operation sending the wrong request would be worse than none.
+
+Credentials come from the ``auth`` config and the environment at call time.
+They are never part of a tool's schema, and parameters the spec declares for
+them are dropped, so a program can neither see nor override them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import functools
+import json
+import os
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urljoin, urlsplit
+
+from tether._hostwork import in_thread
+from tether._sources import _openapi_bodies as bodies
+from tether._sources._names import identifier as _identifier
+from tether._sources._names import unique as _unique
+from tether._sources._openapi_compiled import (
+    CompiledCache,
+    Outputs,
+    compile_catalog,
+    compile_outputs,
+    compiled_key,
+    no_gc,
+    remember,
+)
+from tether._sources._openapi_http import excerpt, http_error, redact
+from tether._sources._openapi_text import decode_spec, parse_spec
+from tether._sources.base import expand_env
+from tether._tools.context import current_call
+from tether._tools.model import IDEMPOTENCY_MODES, Annotations, Tool, check_identifier
+from tether.errors import ConfigError, InvalidArguments, ToolError, UsageError
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["OpenAPISource"]
+
+DEFAULT_TIMEOUT = 30.0
+
+
+_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+_READ_METHODS = {"get", "head", "options"}
+# RFC 9110 safe methods: every other request carries the idempotency key (P-25).
+_SAFE_METHODS = {"get", "head", "options", "trace"}
+DEFAULT_IDEMPOTENCY_HEADER = "Idempotency-Key"
+# OpenAPI says these header parameters are ignored: the client owns them.
+_RESERVED_HEADERS = {"accept", "content-type", "authorization"}
+# Values under these keys are data, not schemas: never chase $refs into them.
+_LITERAL_KEYS = {"example", "examples", "default", "enum", "const"}
+
+
+class _Unsupported(Exception):
+    """An operation uses something this module does not call; it is skipped."""
+
+
+# --- auth -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Auth:
+    kind: str  # bearer | header | query
+    name: str  # header or query parameter name
+    env: str
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], namespace: str) -> _Auth:
+        kind = raw.get("type")
+        where = f"auth of OpenAPI source {namespace!r}"
+        if kind == "bearer" and isinstance(raw.get("token_env"), str):
+            return cls("bearer", "Authorization", raw["token_env"])
+        if kind in ("header", "query") and isinstance(raw.get("name"), str) and isinstance(raw.get("value_env"), str):
+            return cls(kind, raw["name"], raw["value_env"])
+        raise ConfigError(
+            f"{where}: expected {{'type': 'bearer', 'token_env': ...}}, "
+            f"{{'type': 'header', 'name': ..., 'value_env': ...}} or "
+            f"{{'type': 'query', 'name': ..., 'value_env': ...}}, got keys {sorted(raw)}"
+        )
+
+    def value(self) -> str:
+        found = os.environ.get(self.env)
+        if not found:
+            raise ConfigError(
+                f"the auth environment variable {self.env} is not set",
+                next_action=f"Set {self.env} in tether's environment.",
+            )
+        return f"Bearer {found}" if self.kind == "bearer" else found
+
+    def covers(self, location: str, name: str) -> bool:
+        if self.kind == "query":
+            return location == "query" and name == self.name
+        return location == "header" and name.lower() == self.name.lower()
+
+
+# --- $ref resolution and 3.0 → JSON Schema ---------------------------------------
+
+
+# The most nodes one operation's schema may have once its $refs are inlined: the
+# largest in GitHub's, Box's and OpenAI's descriptions have 1,300 to 5,500.
+MAX_INLINED_NODES = 200_000
+
+
+class _Refs:
+    def __init__(self, doc: Mapping[str, Any]) -> None:
+        self.doc = doc
+        self._left = MAX_INLINED_NODES
+
+    def lookup(self, ref: str) -> Any:
+        if not ref.startswith("#"):
+            raise _Unsupported(f"external $ref {ref!r} is not supported")
+        node: Any = self.doc
+        for part in [p for p in ref[1:].split("/") if p]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, Mapping) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise _Unsupported(f"$ref {ref!r} does not resolve")
+        return node
+
+    def deref(self, node: Any) -> Any:
+        """Follow a chain of $refs (parameters, bodies, responses)."""
+        seen: set[str] = set()
+        while isinstance(node, Mapping) and isinstance(node.get("$ref"), str):
+            if node["$ref"] in seen:
+                raise _Unsupported(f"circular $ref {node['$ref']!r}")
+            seen.add(node["$ref"])
+            node = self.lookup(node["$ref"])
+        return node
+
+    def inline(self, node: Any) -> Any:
+        """A schema with every local $ref inlined; a ref back into itself becomes ``{}``.
+
+        A ref used several times is copied each time, so a few components that
+        each name the one before twice expand exponentially: past
+        ``MAX_INLINED_NODES`` the schema is refused (``_Unsupported``).
+        """
+        self._left = MAX_INLINED_NODES
+        return self._inline(node, ())
+
+    def _inline(self, node: Any, active: tuple[str, ...]) -> Any:
+        if isinstance(node, (list, Mapping)):
+            self._left -= 1
+            if self._left < 0:
+                raise _Unsupported(f"a schema expands past {MAX_INLINED_NODES:,} nodes once its $refs are inlined")
+        if isinstance(node, list):
+            return [self._inline(v, active) for v in node]
+        if not isinstance(node, Mapping):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            if ref in active:
+                return {}
+            target = self._inline(self.lookup(ref), (*active, ref))
+            siblings = {k: v for k, v in node.items() if k != "$ref"}
+            if not siblings:
+                return target
+            # 3.1 allows keywords beside $ref; they refine the target.
+            return {**(target if isinstance(target, dict) else {}), **self._inline(siblings, active)}
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "properties" and isinstance(value, Mapping):
+                # Property names are not keywords: a property called "default" is a schema.
+                out[key] = {name: self._inline(sub, active) for name, sub in value.items()}
+            elif key in _LITERAL_KEYS:
+                out[key] = copy.deepcopy(value)
+            else:
+                out[key] = self._inline(value, active)
+        if isinstance(node.get("discriminator"), Mapping):
+            bodies.tag_variants(node, out)
+        return out
+
+
+def _json_schema(node: Any, *, request: bool) -> Any:
+    """OpenAPI 3.0 schema dialect to JSON Schema; 3.1 schemas pass through.
+
+    In a request, ``readOnly`` properties are dropped: the server sets them.
+    """
+    if isinstance(node, list):
+        return [_json_schema(v, request=request) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _LITERAL_KEYS:
+            out[key] = value
+        elif key in ("nullable", "discriminator", "xml", "externalDocs"):
+            continue
+        elif key == "properties" and isinstance(value, dict):
+            props = {
+                name: _json_schema(sub, request=request)
+                for name, sub in value.items()
+                if not (request and isinstance(sub, dict) and sub.get("readOnly"))
+            }
+            out[key] = props
+        elif isinstance(value, (dict, list)):
+            out[key] = _json_schema(value, request=request)
+        else:
+            out[key] = value
+    if request and isinstance(out.get("properties"), dict) and isinstance(out.get("required"), list):
+        out["required"] = [n for n in out["required"] if n in out["properties"]]
+    for bound in ("Minimum", "Maximum"):
+        flag = out.get(f"exclusive{bound}")
+        if isinstance(flag, bool):
+            del out[f"exclusive{bound}"]
+            if flag and bound.lower() in out:
+                out[f"exclusive{bound}"] = out.pop(bound.lower())
+    if node.get("nullable") is True:
+        kind = out.get("type")
+        if isinstance(kind, str):
+            out["type"] = [kind, "null"]
+        elif kind is None and out:
+            out = {"anyOf": [out, {"type": "null"}]}
+    return out
+
+
+# --- operations -----------------------------------------------------------------
+
+
+@dataclass
+class _Param:
+    arg: str  # keyword argument name
+    location: str  # path | query | header | body (one body property) | body* (the whole body)
+    wire: str  # name on the wire
+    style: str = "form"
+    explode: bool = True
+    as_json: bool = False  # a `content:` parameter whose media type is JSON: sent as JSON text
+    binary: bool = False  # a multipart file field
+
+
+@dataclass
+class _Operation:
+    name: str
+    method: str
+    path: str
+    params: list[_Param] = field(default_factory=list)
+    media_type: str | None = None
+    body_kind: str = "json"  # see _openapi_bodies.body_kind
+    body_required: bool = False
+    server: str | None = None
+
+
+_OPERATION_FIELDS = tuple(f.name for f in dataclasses.fields(_Operation))
+_PARAM_FIELDS = tuple(f.name for f in dataclasses.fields(_Param))
+_METHOD_FIELD = _OPERATION_FIELDS.index("method")
+_PATH_FIELD = _OPERATION_FIELDS.index("path")
+_SERVER_FIELD = _OPERATION_FIELDS.index("server")
+
+
+def restore_operation(raw: list[Any]) -> _Operation:
+    """An operation from its compiled form: its fields' values in order, each parameter's too."""
+    values = dict(zip(_OPERATION_FIELDS, raw, strict=True))
+    values["params"] = [_Param(**dict(zip(_PARAM_FIELDS, p, strict=True))) for p in values["params"]]
+    return _Operation(**values)
+
+
+class OpenAPISource:
+    """Tools generated from an OpenAPI 3.0/3.1 document, one per operation.
+
+    ``spec`` is a path, an http(s) URL or an already-parsed dict (JSON, or
+    YAML when PyYAML is installed). ``base_url`` defaults to the spec's first
+    ``servers`` entry. ``auth`` is one of ``{"type": "bearer", "token_env":
+    ...}``, ``{"type": "header", "name": ..., "value_env": ...}`` or ``{"type":
+    "query", "name": ..., "value_env": ...}`` (or a list of them); the values
+    are read from the environment at each call. ``headers`` are sent on every
+    request (``${NAME}`` is replaced from the environment at start).
+
+    A request whose method is not safe carries the call's idempotency key in
+    the ``idempotency_header`` (``None`` sends none). ``idempotency="key"``
+    says the API dedupes by that key, so tether may re-send a write whose
+    outcome it lost (P-31).
+
+    ``cache`` keeps the compiled catalog (see ``_openapi_compiled``), keyed by
+    the spec's digest and this compiler: a later start skips parsing.
+
+    ``await start()`` loads the spec; ``problems`` then lists the operations
+    skipped and why; ``tools()``; ``await close()``.
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        spec: str | os.PathLike[str] | Mapping[str, Any],
+        *,
+        base_url: str | None = None,
+        auth: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        idempotency: str = "none",
+        idempotency_header: str | None = DEFAULT_IDEMPOTENCY_HEADER,
+        cache: CompiledCache | None = None,
+    ) -> None:
+        try:
+            check_identifier(namespace, "namespace")
+        except UsageError as exc:
+            raise ConfigError(exc.message) from None
+        self.namespace = namespace
+        self.problems: list[dict[str, str]] = []
+        self._spec = spec
+        self._base_url = str(base_url) if base_url is not None else None  # may be a pydantic URL
+        raw_auth = [] if auth is None else [auth] if isinstance(auth, Mapping) else list(auth)
+        self._auth = [_Auth.parse(a, namespace) for a in raw_auth]
+        self._headers = dict(headers or {})
+        self._timeout = timeout
+        if idempotency not in IDEMPOTENCY_MODES:
+            raise ConfigError(f"OpenAPI source {namespace!r}: 'idempotency' must be 'none' or 'key', not {idempotency!r}")
+        if idempotency == "key" and not idempotency_header:
+            raise ConfigError(
+                f"OpenAPI source {namespace!r}: idempotency = 'key' needs the key sent; "
+                "idempotency_header is off",
+                next_action="Name the header the API reads the key from, or drop idempotency = 'key'.",
+            )
+        self._idempotency = idempotency
+        self._idempotency_header = idempotency_header or None
+        self._tools: list[Tool] | None = None
+        self._operations: dict[str, _Operation] = {}
+        self._cache = cache
+        self._client: httpx.AsyncClient | None = None  # made at the first call
+        self._client_args: dict[str, Any] | None = None  # set by start(), cleared by close()
+        # The namespace's one line for sources() and the prompt: the document's info.title.
+        self.summary: str | None = None
+
+    def __repr__(self) -> str:
+        spec = "<dict>" if isinstance(self._spec, Mapping) else repr(os.fspath(self._spec))
+        return f"OpenAPISource(namespace={self.namespace!r}, spec={spec})"
+
+    async def __aenter__(self) -> OpenAPISource:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    # -- lifecycle --
+
+    async def start(self) -> None:
+        """Load the spec, check auth is configured, and build one tool per operation."""
+        for a in self._auth:
+            a.value()  # a missing variable is a load error, not a first-call surprise
+        where = f"of OpenAPI source {self.namespace!r}"
+        headers = {k: expand_env(v, f"header {k!r} {where}") for k, v in self._headers.items()}
+        text, spec_url = await self._read()
+        key = compiled_key(self._compile_inputs(), text) if self._cache is not None and text is not None else None
+        restored = self._restore(key, spec_url) if key else None
+        if restored is not None:
+            base_url = restored
+        else:
+            spec = self._spec
+            if isinstance(spec, Mapping):
+                doc = self._check(copy.deepcopy(dict(spec)))
+            else:
+                where = f"OpenAPI source {self.namespace!r}: spec {os.fspath(spec)}"
+                # Parsing a large description is CPU work: off the event loop, so the loader's
+                # start_timeout can end it and nothing else waits on it.
+                doc = self._check(await in_thread(parse_spec, decode_spec(text or b"", where), where))
+            base_url = self._base_url or self._default_base_url(doc, spec_url)
+            self._operations = {}
+            # Building thousands of operations with deep schemas is CPU work too: off the loop as well.
+            self._tools = await in_thread(self._build, doc, base_url)
+            self.summary = _info_summary(doc.get("info"))
+            if self._cache is not None and key and not isinstance(spec, Mapping):
+                remember(self._cache, self._compile_inputs(), os.fspath(spec), key,
+                         compile_catalog(self._tools, self._operations, self.problems, self.summary,
+                                         doc.get("servers") or []),
+                         compile_outputs(self._tools))
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+        why = "it needs http(s)://host"
+        try:
+            parts = urlsplit(base_url)
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+        except ValueError as exc:  # a bad port, an unbalanced [
+            valid, why = False, str(exc)
+        if not valid:
+            raise ConfigError(f"OpenAPI source {self.namespace!r}: invalid base URL {base_url!r}: {why}",
+                              next_action="Give base_url as http(s)://host[:port]/path.")
+        # The client is made at the first call: loading its TLS roots costs ~0.1 s a
+        # source, which a run that never calls this API should not pay.
+        self._client_args = {"base_url": base_url, "headers": headers, "timeout": self._timeout}
+
+    @property
+    def started(self) -> bool:
+        return self._tools is not None
+
+    async def ensure_live(self) -> None:
+        """Nothing to connect: each call opens its own request."""
+
+    def tools(self) -> list[Tool]:
+        """The tools built at :meth:`start`."""
+        if self._tools is None:
+            raise UsageError(
+                f"OpenAPI source {self.namespace!r} is not started",
+                code="source_not_started",
+                next_action="Call and await start() before tools().",
+            )
+        return list(self._tools)
+
+    async def close(self) -> None:
+        """Close the HTTP client."""
+        self._client_args = None
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    # -- loading --
+
+    def _compile_inputs(self) -> dict[str, Any]:
+        """Everything besides the spec's text that the tools built from it depend on."""
+        return {"namespace": self.namespace, "base_url": self._base_url,
+                "auth": [[a.kind, a.name] for a in self._auth], "headers": sorted(self._static_headers()),
+                "idempotency": self._idempotency, "idempotency_header": self._idempotency_header}
+
+    def _restore(self, key: str, spec_url: str | None) -> str | None:
+        """Tools from a compiled catalog; the base URL, or None when there is nothing usable."""
+        compiled = self._cache.get(key) if self._cache is not None else None
+        if compiled is None or self._cache is None:
+            return None
+        outputs = Outputs(self._cache, key)
+        try:
+            base_url = self._base_url or self._default_base_url({"servers": compiled["servers"]}, spec_url)
+            operations = compiled["operations"]
+            with no_gc():
+                tools = [self._restored_tool(entry, operations[entry["name"]],
+                                             outputs.loader(entry["name"]) if entry.get("has_output") else None,
+                                             base_url)
+                         for entry in compiled["tools"]]
+        except (KeyError, TypeError, ValueError, UsageError):
+            return None  # a cache from another shape: build afresh
+        self._operations, self._tools = {}, tools
+        self.problems, self.summary = list(compiled["problems"]), compiled["summary"]
+        return base_url
+
+    def _restored_tool(self, entry: Mapping[str, Any], raw: list[Any], outputs: Any, base_url: str) -> Tool:
+        method = raw[_METHOD_FIELD]
+        if len(raw) != len(_OPERATION_FIELDS) or not isinstance(method, str) or method.lower() not in _METHODS:
+            raise ValueError("not a compiled operation")
+        method = method.lower()
+        return Tool(
+            namespace=self.namespace, name=entry["name"], description=entry["description"],
+            input_schema=entry["input_schema"], handler=self._compiled_handler(entry["name"], raw),
+            title=entry.get("title"),
+            output_schema_loader=outputs,
+            # From the (signed) method, never from a stored flag: the policy reads read_only.
+            annotations=_annotations(method), source="openapi", idempotency=self._idempotency,
+            # Where the call goes, for approvers (tools.model.Tool.target), as a fresh build sets it.
+            target=(raw[_METHOD_FIELD], (raw[_SERVER_FIELD] or base_url).rstrip("/") + "/" + str(raw[_PATH_FIELD]).lstrip("/")),
+        )
+
+    async def _read(self) -> tuple[bytes | None, str | None]:
+        """The spec's bytes and the URL it came from (None, None for a spec given as a dict)."""
+        where = f"OpenAPI source {self.namespace!r}"
+        if isinstance(self._spec, Mapping):
+            return None, None
+        location = os.fspath(self._spec)
+        if location.startswith(("http://", "https://")):
+            spec_url = location
+            import httpx
+
+            try:
+                async with httpx.AsyncClient(timeout=self._timeout, follow_redirects=True) as client:
+                    response = await client.get(location)
+            except httpx.HTTPError as exc:
+                raise ConfigError(f"{where}: cannot fetch the spec {location}: {exc}") from None
+            if response.status_code != 200:
+                raise ConfigError(f"{where}: fetching the spec {location} returned HTTP {response.status_code}")
+            text = response.content
+        else:
+            spec_url = None
+            try:
+                text = await asyncio.to_thread(Path(location).read_bytes)
+            except OSError as exc:
+                raise ConfigError(f"{where}: cannot read the spec {location}: {exc.strerror}") from None
+        return text, spec_url
+
+    def _check(self, doc: Any) -> dict[str, Any]:
+        where = f"OpenAPI source {self.namespace!r}"
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{where}: the spec is not a JSON/YAML object")
+        version = str(doc.get("openapi", ""))
+        if not (version.startswith("3.0") or version.startswith("3.1")):
+            found = f"swagger {doc['swagger']}" if "swagger" in doc else f"openapi {version or '(missing)'}"
+            raise ConfigError(
+                f"{where}: only OpenAPI 3.0 and 3.1 are supported, the spec is {found}",
+                next_action="Convert the spec to OpenAPI 3 (e.g. with swagger2openapi).",
+            )
+        return doc
+
+    def _default_base_url(self, doc: Mapping[str, Any], spec_url: str | None) -> str:
+        servers = doc.get("servers") or []
+        url = _server_url(servers[0]) if servers and isinstance(servers[0], Mapping) else None
+        if url is None:
+            raise ConfigError(
+                f"OpenAPI source {self.namespace!r}: the spec has no servers entry",
+                next_action="Pass base_url.",
+            )
+        if "{" in url:
+            raise ConfigError(
+                f"OpenAPI source {self.namespace!r}: the spec's server URL {url!r} has variables without defaults",
+                next_action="Pass base_url.",
+            )
+        if not urlsplit(url).scheme:
+            if spec_url is None:
+                raise ConfigError(
+                    f"OpenAPI source {self.namespace!r}: the spec's server URL {url!r} is relative",
+                    next_action="Pass base_url, or load the spec from its URL.",
+                )
+            url = urljoin(spec_url, url)
+        return url
+
+    # -- building tools --
+
+    def _build(self, doc: dict[str, Any], base_url: str) -> list[Tool]:
+        refs = _Refs(doc)
+        self.problems = []
+        tools: list[Tool] = []
+        taken: set[str] = set()
+        paths = doc.get("paths") or {}
+        if not isinstance(paths, Mapping):
+            raise ConfigError(f"OpenAPI source {self.namespace!r}: 'paths' is not an object")
+        for path, item in paths.items():
+            try:
+                item = refs.deref(item)
+            except _Unsupported as exc:
+                self.problems.append({"operation": str(path), "problem": str(exc)})
+                continue
+            if not isinstance(item, Mapping):
+                continue
+            for method in _METHODS:
+                op = item.get(method)
+                if not isinstance(op, Mapping):
+                    continue
+                label = f"{method.upper()} {path}"
+                try:
+                    tool = self._tool(refs, str(path), method, item, op, taken, base_url)
+                    taken.add(tool.name)
+                    tools.append(tool)
+                except _Unsupported as exc:
+                    self.problems.append({"operation": label, "problem": str(exc)})
+                except UsageError as exc:
+                    self.problems.append({"operation": label, "problem": exc.message})
+                except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+                    # A malformed definition costs that operation, not the source.
+                    self.problems.append({"operation": label, "problem": f"malformed operation ({exc!r})"})
+        return tools
+
+    def _tool(
+        self,
+        refs: _Refs,
+        path: str,
+        method: str,
+        item: Mapping[str, Any],
+        op: Mapping[str, Any],
+        taken: set[str],
+        base_url: str,
+    ) -> Tool:
+        if op.get("callbacks"):
+            raise _Unsupported("callbacks are not supported")
+        name = _unique(_operation_name(op.get("operationId"), method, path), taken)
+        operation = _Operation(name=name, method=method.upper(), path=path)
+        self._operations[name] = operation
+        servers = op.get("servers") or item.get("servers")
+        if servers and isinstance(servers[0], Mapping) and (url := _server_url(servers[0])):
+            operation.server = urljoin(base_url.rstrip("/") + "/", url)
+
+        properties: dict[str, Any] = {}
+        required: list[str] = []
+        # Operation parameters override path-level ones with the same (in, name).
+        declared: dict[tuple[str, str], Mapping[str, Any]] = {}
+        for raw in [*(item.get("parameters") or []), *(op.get("parameters") or [])]:
+            param = refs.deref(raw)
+            if not isinstance(param, Mapping) or not isinstance(param.get("name"), str):
+                raise _Unsupported("a parameter has no name")
+            declared[(str(param.get("in")), param["name"])] = param
+        for (location, wire), param in declared.items():
+            if location == "cookie":
+                raise _Unsupported(f"cookie parameter {wire!r} is not supported")
+            if location not in ("path", "query", "header"):
+                raise _Unsupported(f"parameter {wire!r} has unknown location {location!r}")
+            if location == "header" and (wire.lower() in _RESERVED_HEADERS or wire.lower() in self._static_headers()
+                                         or wire.lower() == (self._idempotency_header or "").lower()):
+                # The idempotency key is tether's to set (P-25), never the program's.
+                continue
+            if any(a.covers(location, wire) for a in self._auth):
+                continue  # auth supplies it; a program must not see or set it
+            as_json = False
+            if "schema" not in param:
+                # `content:` instead of `schema:` (Directus's filters): one media type says how it is encoded.
+                content = param.get("content")
+                if not isinstance(content, Mapping) or len(content) != 1:
+                    raise _Unsupported(f"parameter {wire!r} has neither 'schema' nor one 'content' entry")
+                media_type, media = next(iter(content.items()))
+                as_json = _is_json(str(media_type))
+                param = {**param, "schema": (media or {}).get("schema") or {}}
+                if as_json and isinstance(param["schema"], Mapping) and param.get("description") is None:
+                    param["description"] = "sent as JSON text"
+            style = param.get("style") or ("form" if location == "query" else "simple")
+            allowed = {"query": {"form", "spaceDelimited", "pipeDelimited", "deepObject"}}.get(location, {"simple"})
+            if style not in allowed:
+                raise _Unsupported(f"{location} parameter {wire!r} uses style {style!r}")
+            schema = _json_schema(refs.inline(param["schema"]), request=True)
+            if param.get("description") and isinstance(schema, dict) and "description" not in schema:
+                schema = {**schema, "description": param["description"]}
+            arg = _arg_name(wire, location, properties)
+            properties[arg] = schema
+            if param.get("required") or location == "path":
+                required.append(arg)
+            explode = param.get("explode", style == "form")
+            operation.params.append(_Param(arg, location, wire, style, bool(explode), as_json=as_json))
+
+        in_path = {p.wire for p in operation.params if p.location == "path"}
+        for wire in re.findall(r"\{([^}]+)\}", path):
+            if wire not in in_path:
+                raise _Unsupported(f"path parameter {wire!r} is not declared")
+
+        if op.get("requestBody") is not None:
+            self._body(refs, refs.deref(op["requestBody"]), operation, properties, required)
+
+        return Tool(
+            namespace=self.namespace,
+            name=name,
+            description=_description(op, operation),
+            input_schema={
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
+            },
+            handler=self._handler(operation),
+            title=op.get("summary") if isinstance(op.get("summary"), str) else None,
+            output_schema=_output_schema(refs, op),
+            annotations=_annotations(method),
+            source="openapi",
+            idempotency=self._idempotency,
+            target=(operation.method, (operation.server or base_url).rstrip("/") + "/" + path.lstrip("/")),
+        )
+
+    def _body(
+        self,
+        refs: _Refs,
+        body: Any,
+        operation: _Operation,
+        properties: dict[str, Any],
+        required: list[str],
+    ) -> None:
+        content = body.get("content") if isinstance(body, Mapping) else None
+        if not content or not isinstance(content, Mapping):
+            return
+        media_type = bodies.pick_media_type(dict(content))
+        kind = bodies.body_kind(media_type)
+        operation.media_type, operation.body_kind = media_type, kind
+        operation.body_required = bool(body.get("required"))
+        schema = _json_schema(refs.inline((content[media_type] or {}).get("schema") or {}), request=True)
+        view = bodies.object_view(schema) if kind in ("json", "form", "multipart") else None
+        if view is not None and view[0]:
+            props, names = view
+            args = {wire: _arg_name(wire, "body", {}) for wire in props}
+            clash = sorted(set(args.values()) & properties.keys())
+            if len(set(args.values())) == len(args) and not clash:
+                for wire, arg in args.items():
+                    binary = kind == "multipart" and bodies.is_file_schema(props[wire])
+                    properties[arg] = bodies.file_schema(props[wire]) if binary else props[wire]
+                    operation.params.append(_Param(arg, "body", wire, binary=binary))
+                if operation.body_required:
+                    required.extend(args[w] for w in names if w in args)
+                return
+            why = (f"one object, not separate arguments: its {', '.join(map(repr, clash))} has the name of a "
+                   "path, query or header parameter") if clash else "one object"
+        elif view is not None:
+            why = "one object whose keys are free-form"
+        else:
+            why = {"text": "text", "binary": "binary content: base64 text or bytes"}.get(kind, "one value")
+        arg = _unique("body", set(properties))
+        if kind == "binary":
+            schema = dict(bodies.BINARY_ARG)
+        elif kind == "text" and not (isinstance(schema, dict) and schema.get("type") == "string"):
+            schema = {"type": "string"}
+        text = body.get("description") if isinstance(body.get("description"), str) else ""
+        if isinstance(schema, dict):
+            # describe() shows why the body is one argument here.
+            schema = {**schema, "description": f"The request body ({media_type}), {why}." + (f" {text}" if text else "")}
+        properties[arg] = schema
+        if operation.body_required:
+            required.append(arg)
+        operation.params.append(_Param(arg, "body*", "body"))
+
+    def _static_headers(self) -> set[str]:
+        return {k.lower() for k in self._headers}
+
+    # -- calling --
+
+    def _compiled_handler(self, name: str, raw: list[Any]) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+        """A restored tool's handler: its operation is rebuilt at its first call (most tools are never called)."""
+        built: list[_Operation] = []
+
+        async def handler(args: dict[str, Any]) -> Any:
+            if not built:
+                built.append(restore_operation(raw))
+            return await self._call(built[0], args)
+
+        handler.__qualname__ = f"openapi:{self.namespace}.{name}"
+        return handler
+
+    def _handler(self, operation: _Operation) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+        async def handler(args: dict[str, Any]) -> Any:
+            return await self._call(operation, args)
+
+        handler.__qualname__ = f"openapi:{self.namespace}.{operation.name}"
+        return handler
+
+    async def _call(self, op: _Operation, args: dict[str, Any]) -> Any:
+        client = self._client
+        if client is None and self._client_args is not None:
+            # No redirects: httpx strips only Authorization when a redirect leaves
+            # the origin, so an API-key header would follow it to another host.
+            import httpx
+
+            client = self._client = httpx.AsyncClient(**self._client_args)
+        if client is None:
+            raise ToolError(
+                f"OpenAPI source {self.namespace!r} is closed",
+                details={"source": self.namespace, "code": "source_closed"},
+            )
+        path = op.path
+        # httpx's own item type: a list of plain (str, str) pairs would not match it (lists are invariant).
+        query: list[tuple[str, str | int | float | bool | None]] = []
+        headers: dict[str, str] = {}
+        body: Any = None
+        has_body = False
+        for p in op.params:
+            if p.arg not in args:
+                continue
+            value = args[p.arg]
+            if p.location == "body":
+                body = body if has_body else {}
+                body[p.wire] = value
+                has_body = True
+            elif p.location == "body*":
+                body, has_body = value, True
+            elif value is None:
+                continue
+            elif p.as_json:
+                value = json.dumps(value)
+                if p.location == "query":
+                    query.append((p.wire, value))
+                    continue
+                if p.location == "header":
+                    headers[p.wire] = value
+                    continue
+            if p.location in ("body", "body*"):
+                pass
+            elif p.location == "path":
+                segment = quote(_simple(value, p.explode), safe="")
+                if segment in (".", ".."):
+                    # A dot segment would be normalised away and hit another endpoint.
+                    raise InvalidArguments(f"{op.name}: path parameter {p.arg!r} cannot be {segment!r}")
+                path = path.replace("{" + p.wire + "}", segment)
+            elif p.location == "header":
+                headers[p.wire] = _simple(value, p.explode)
+            else:
+                query.extend(_query(p, value))
+        if op.body_required and not has_body and op.media_type is not None:
+            body, has_body = {}, True
+        secrets: list[str] = []
+        for a in self._auth:
+            value = a.value()
+            secrets.append(value)
+            if a.kind == "query":
+                query.append((a.name, value))
+            else:
+                headers[a.name] = value
+        call = current_call()
+        if call is not None and self._idempotency_header and op.method.lower() not in _SAFE_METHODS:
+            headers[self._idempotency_header] = call.key
+        content, files, form = (bodies.encode_body(op.name, op.body_kind, op.media_type,
+                                                   {p.wire for p in op.params if p.binary}, body)
+                                if has_body else (None, None, None))
+        if has_body and op.body_kind != "multipart":
+            headers["Content-Type"] = op.media_type or "application/json"
+        url = op.server.rstrip("/") + "/" + path.lstrip("/") if op.server else path.lstrip("/")
+        label = f"{op.method} {op.path}"
+        details: dict[str, Any] = {"source": self.namespace, "tool": op.name}
+        import httpx  # imported when a call is made: a run that never calls the API does not pay for it
+
+        try:
+            response = await client.request(op.method, url, params=query, headers=headers, content=content,
+                                            data=form, files=files)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise ToolError(
+                f"{label}: could not reach the API ({type(exc).__name__}); the request was not sent",
+                details={**details, "code": "transport_error", "sent": False, "outcome": "not_sent"},
+            ) from None
+        except httpx.HTTPError as exc:
+            unknown = "" if op.method.lower() in _READ_METHODS else "; whether it took effect is unknown"
+            raise ToolError(
+                f"{label}: the request failed ({type(exc).__name__}: {redact(str(exc), secrets)}){unknown}",
+                details={**details, "code": "transport_error", "sent": True, "outcome": "unknown"},
+            ) from None
+        if not 200 <= response.status_code < 300:
+            raise http_error(response, label, details, secrets,
+                              in_progress=response.status_code == 409 and call is not None and call.send > 1
+                              and bool(self._idempotency_header) and op.method.lower() not in _SAFE_METHODS)
+        if response.status_code == 204 or not response.content:
+            return None
+        if _is_json(response.headers.get("content-type", "")):
+            try:
+                return response.json()
+            except ValueError as exc:
+                # Labelled JSON but not JSON: a proxy's error page, a truncated answer. Saying so beats a string
+                # the program would take for the API's data.
+                raise ToolError(
+                    f"{label} answered HTTP {response.status_code} with a body labelled JSON that is not JSON "
+                    f"({exc}); the request was sent",
+                    details={**details, "code": "malformed_json", "status": response.status_code,
+                             "body": excerpt(redact(response.text, secrets))},
+                ) from None
+        return response.text
+
+
+# --- helpers --------------------------------------------------------------------
+
+
+def _server_url(server: Mapping[str, Any]) -> str | None:
+    url = server.get("url")
+    if not isinstance(url, str):
+        return None
+    for var, spec in (server.get("variables") or {}).items():
+        if isinstance(spec, Mapping) and "default" in spec:
+            url = url.replace("{" + var + "}", str(spec["default"]))
+    return url
+
+
+def _is_json(media_type: str) -> bool:
+    base = media_type.split(";")[0].strip().lower()
+    return base == "application/json" or base.endswith("+json")
+
+
+def _snake(text: str) -> str:
+    text = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", text)
+    text = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", text)
+    return re.sub(r"[^0-9a-zA-Z]+", "_", text).strip("_").lower()
+
+
+
+
+def _operation_name(operation_id: Any, method: str, path: str) -> str:
+    if isinstance(operation_id, str) and _snake(operation_id):
+        return _identifier(_snake(operation_id), "op")
+    return _identifier(_snake(f"{method}_{path}"), "op")
+
+
+def _arg_name(wire: str, location: str, taken: Mapping[str, Any]) -> str:
+    # Valid identifiers keep the API's own spelling; others are snake_cased.
+    arg = wire if wire.isidentifier() else _snake(wire)
+    arg = _identifier(arg, "arg")
+    if arg in taken:
+        arg = _unique(f"{arg}_{location}", set(taken))
+    return arg
+
+
+
+
+def _info_summary(info: Any) -> str | None:
+    """``info.title``, and the description's first sentence when the title is all there is to say little."""
+    if not isinstance(info, Mapping):
+        return None
+    title, text = info.get("title"), info.get("description")
+    title = title if isinstance(title, str) else ""
+    text = text if isinstance(text, str) else ""
+    first = " ".join(text.split()).split(". ")[0].rstrip(".")
+    if title and first and len(title) < 40 and first.lower() != title.lower():
+        return f"{title}: {first}"
+    return " ".join((title or first).split()) or None
+
+
+@functools.lru_cache(maxsize=None)
+def _annotations(method: str) -> Annotations:
+    return Annotations(
+        read_only=method in _READ_METHODS,
+        destructive=method == "delete",
+        idempotent=method in ("put", "delete") or method in _READ_METHODS,
+        open_world=True,  # every call goes to an API outside tether
+    )
+
+
+def _description(op: Mapping[str, Any], operation: _Operation) -> str:
+    parts = [s.strip() for s in (op.get("summary"), op.get("description")) if isinstance(s, str) and s.strip()]
+    if len(parts) == 2 and parts[0] == parts[1]:
+        parts.pop()
+    text = "\n\n".join(parts) or f"{operation.method} {operation.path}"
+    return f"(deprecated) {text}" if op.get("deprecated") else text
+
+
+def _output_schema(refs: _Refs, op: Mapping[str, Any]) -> dict[str, Any] | None:
+    responses = op.get("responses") or {}
+    for status, response in sorted(responses.items(), key=lambda kv: str(kv[0])):
+        if not str(status).startswith("2"):
+            continue
+        try:
+            response = refs.deref(response)
+            for media_type, media in ((response or {}).get("content") or {}).items():
+                if _is_json(media_type) and isinstance(media, Mapping) and isinstance(media.get("schema"), Mapping):
+                    return _json_schema(refs.inline(media["schema"]), request=False)
+        except _Unsupported:
+            return None  # the output schema only informs; it never blocks a call
+        return None
+    return None
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def _simple(value: Any, explode: bool) -> str:
+    if isinstance(value, list):
+        return ",".join(_scalar(v) for v in value)
+    if isinstance(value, dict):
+        pairs = [f"{k}={_scalar(v)}" if explode else f"{k},{_scalar(v)}" for k, v in value.items()]
+        return ",".join(pairs)
+    return _scalar(value)
+
+
+def _query(p: _Param, value: Any) -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        if p.style == "deepObject":
+            return [(f"{p.wire}[{k}]", _scalar(v)) for k, v in value.items()]
+        if p.explode:
+            return [(str(k), _scalar(v)) for k, v in value.items()]
+        return [(p.wire, ",".join(f"{k},{_scalar(v)}" for k, v in value.items()))]
+    if isinstance(value, list):
+        if p.explode and p.style == "form":
+            return [(p.wire, _scalar(v)) for v in value]
+        sep = {"spaceDelimited": " ", "pipeDelimited": "|"}.get(p.style, ",")
+        return [(p.wire, sep.join(_scalar(v) for v in value))]
+    return [(p.wire, _scalar(value))]

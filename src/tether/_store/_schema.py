@@ -1,0 +1,900 @@
+"""The tables and the Store protocol written once in SQL.
+
+Both backends run the same statements through ``SQLStore``; a backend only
+supplies a connection, how a transaction begins, how its driver reports a
+duplicate key, and where the signing secret lives. Statements use ``?``
+placeholders; the Postgres backend rewrites them to ``%s``.
+
+The migrations are in ``_migrations.py`` (importable from here too);
+``schema_version`` holds one row per applied migration; a store refuses to
+open a database written by a newer tether.
+
+Semantics beyond ``base.py`` that both backends share:
+
+- JSON columns hold canonical text (sorted keys, no spaces, ASCII escapes), so
+  lone surrogates and ``\\u0000`` round-trip and both backends store the same
+  bytes. ``None`` is SQL ``NULL``.
+- A run whose status is terminal keeps it: ``update_run`` that would change
+  it returns False whatever ``expect_status`` says (restating the same status
+  with other fields is allowed), and ``claim_run`` refuses such a run.
+- ``put_snapshot`` keeps one snapshot per (run, kind): the new one replaces
+  the previous of its kind. ``latest_snapshot`` is the one written last,
+  whatever its kind (write order, not the writers' clocks).
+- Calls, snapshots and events belong to a run: writing one for a run that does
+  not exist raises ``RunNotFound``; ``delete_run`` removes them with the run.
+- ``list_runs`` returns the newest first.
+- Driver errors reach callers as ``StoreError``; a duplicate key as ``Conflict``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import fields as dataclass_fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
+
+from tether._metrics import timed_store_call
+from tether._store._migrations import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
+from tether._store.base import (
+    LOCAL_PRINCIPAL,
+    OUTBOX_PENDING,
+    CallRecord,
+    Conflict,
+    EventRecord,
+    OutboxRecord,
+    RunRecord,
+    SessionRecord,
+    SnapshotRecord,
+    WaitRecord,
+    wait_digest,
+)
+from tether._store.states import TERMINAL_RUN_STATUSES, CallState, RunStatus, WaitStatus
+from tether.errors import RunNotFound, StoreError
+
+RUN_STATUSES = frozenset(RunStatus)
+CALL_STATES = frozenset(CallState)
+# Spelled into SQL as literals: statuses are fixed strings, never user input,
+# and a literal lets the planner use the partial indexes (_migrations.py).
+_TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in sorted(TERMINAL_RUN_STATUSES)) + ")"
+
+# ---------------------------------------------------------------------------
+# Rows <-> records. A column's kind says how it is encoded; names match the
+# record fields so one list drives INSERT, SELECT and UPDATE. A field added to
+# a record therefore needs a migration adding its column, or every query fails.
+
+_JSON = "json"
+_PLAIN = "plain"
+_BLOB = "blob"
+
+
+def _columns(record: type, json_fields: set[str], blob_fields: set[str] | None = None) -> dict[str, str]:
+    kinds = {}
+    for f in dataclass_fields(record):
+        kinds[f.name] = _JSON if f.name in json_fields else _BLOB if f.name in (blob_fields or ()) else _PLAIN
+    return kinds
+
+
+RUN_COLUMNS = _columns(
+    RunRecord, {"environment", "policy", "limits", "result", "error", "pending", "decision", "meta", "mac"}
+)
+CALL_COLUMNS = _columns(CallRecord, {"args", "outcome", "error"})
+SNAPSHOT_COLUMNS = _columns(SnapshotRecord, {"pending"}, {"data"})
+WAIT_COLUMNS = _columns(WaitRecord, {"value", "error"})
+SESSION_COLUMNS = _columns(SessionRecord, set(), {"data"})
+OUTBOX_COLUMNS = _columns(OutboxRecord, set())
+EVENT_COLUMNS = {"id": _PLAIN, "run_id": _PLAIN, "type": _PLAIN, "data": _JSON, "created_at": _PLAIN}
+
+# Fields an update may set: everything but the key.
+_RUN_UPDATABLE = frozenset(RUN_COLUMNS) - {"run_id", "run_key"}
+_CALL_UPDATABLE = frozenset(CALL_COLUMNS) - {"run_id", "seq"}
+
+
+# Built once: json.dumps with options builds a new encoder on each call (same bytes either way).
+_JSON_COLUMN = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
+def dump_json(value: Any) -> str | None:
+    if value is None:
+        return None
+    return _JSON_COLUMN.encode(value)
+
+
+def _encode(kinds: dict[str, str], name: str, value: Any) -> Any:
+    kind = kinds[name]
+    if kind == _JSON:
+        return dump_json(value)
+    if kind == _BLOB:
+        return bytes(value)
+    return value
+
+
+def _decode(kinds: dict[str, str], row: Sequence[Any]) -> dict[str, Any]:
+    """A row selected with ``_select(table, kinds)``, by field name."""
+    out = {}
+    for (name, kind), value in zip(kinds.items(), row):
+        if value is not None and kind == _JSON:
+            value = json.loads(value)
+        elif value is not None and kind == _BLOB:
+            value = bytes(value)
+        out[name] = value
+    return out
+
+
+def _select(table: str, kinds: dict[str, str]) -> str:
+    return f"SELECT {', '.join(kinds)} FROM {table}"
+
+
+def _insert(table: str, kinds: dict[str, str]) -> str:
+    return f"INSERT INTO {table} ({', '.join(kinds)}) VALUES ({', '.join('?' * len(kinds))})"
+
+
+_SELECT_RUN = _select("runs", RUN_COLUMNS)
+_SELECT_CALL = _select("calls", CALL_COLUMNS)
+_SELECT_SNAPSHOT = _select("snapshots", SNAPSHOT_COLUMNS)
+_SELECT_EVENT = _select("events", EVENT_COLUMNS)
+_SELECT_WAIT = _select("waits", WAIT_COLUMNS)
+_INSERT_WAIT = _insert("waits", WAIT_COLUMNS)
+_INSERT_RUN = _insert("runs", RUN_COLUMNS)
+_INSERT_CALL = _insert("calls", CALL_COLUMNS)
+_INSERT_SNAPSHOT = _insert("snapshots", SNAPSHOT_COLUMNS)
+# Rows per multi-row INSERT: journal batches fit in one statement, far below SQLite's 32,766 and Postgres's
+# 65,535 parameters.
+_ROWS_PER_INSERT = 100
+
+
+@lru_cache(maxsize=128)
+def _insert_rows(insert: str, columns: int, rows: int) -> str:
+    """``insert`` (one row of ``columns`` placeholders) extended to ``rows`` rows."""
+    one = "(" + ", ".join("?" * columns) + ")"
+    return insert[: insert.rindex(" VALUES ")] + " VALUES " + ", ".join([one] * rows)
+
+
+def _run(row: Sequence[Any]) -> RunRecord:
+    values = _decode(RUN_COLUMNS, row)
+    values["status"] = RunStatus(values["status"])
+    return RunRecord(**values)
+
+
+def _call(row: Sequence[Any]) -> CallRecord:
+    values = _decode(CALL_COLUMNS, row)
+    values["state"] = CallState(values["state"])
+    return CallRecord(**values)
+
+
+def _wait(row: Sequence[Any]) -> WaitRecord:
+    values = _decode(WAIT_COLUMNS, row)
+    values["status"] = WaitStatus(values["status"])
+    return WaitRecord(**values)
+
+
+def _event(row: Sequence[Any]) -> EventRecord:
+    values = _decode(EVENT_COLUMNS, row)
+    values["event_id"] = values.pop("id")
+    return EventRecord(**values)
+
+
+def _expected(expect: Sequence[str], what: str) -> tuple[str, ...]:
+    # A bare string is a Sequence[str] of letters and would silently match nothing.
+    if isinstance(expect, str):
+        raise TypeError(f"{what} must be a list of strings, not the string {expect!r}")
+    return tuple(expect)
+
+
+def _in(n: int) -> str:
+    return "(" + ", ".join("?" * n) + ")"
+
+
+# ---------------------------------------------------------------------------
+# The secret
+
+
+def _key(raw: str) -> bytes:
+    """64 hex digits are the key itself; any other text is hashed to one."""
+    try:
+        key = bytes.fromhex(raw)
+    except ValueError:
+        key = b""
+    return key if len(key) == 32 else hashlib.sha256(raw.encode()).digest()
+
+
+def secret_from_env() -> bytes | None:
+    """``TETHER_SECRET``, else the first secret of ``TETHER_SECRET_FILE``."""
+    found = secrets_from_env()
+    return found[0][0] if found else None
+
+
+def secrets_from_env() -> tuple[list[bytes], str] | None:
+    """The secrets given outside the store, current first, and where they came from.
+
+    ``TETHER_SECRET`` is one secret. ``TETHER_SECRET_FILE`` names a file of
+    secrets, one a line (``#`` starts a comment): the first signs, the later
+    ones only verify, so a rotated store keeps its older runs verifiable.
+    Either wins over the secret kept with the store.
+    """
+    raw = os.environ.get("TETHER_SECRET")
+    if raw:
+        return [_key(raw)], "env"
+    path = os.environ.get("TETHER_SECRET_FILE")
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise StoreError(f"cannot read the secret file {path} (TETHER_SECRET_FILE): {reason}",
+                         next_action="Point TETHER_SECRET_FILE at a readable file with one secret a line.") from None
+    keys = [_key(line.strip()) for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise StoreError(f"the secret file {path} (TETHER_SECRET_FILE) holds no secret",
+                         next_action="Write one secret a line (e.g. 64 hex digits), the current one first.")
+    return keys, "file"
+
+
+# ---------------------------------------------------------------------------
+# The shared implementation
+
+
+class Cursor(Protocol):
+    """What the store uses of a DB-API cursor (sqlite3's and psycopg's)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class Tx:
+    """One open transaction: ``run`` executes a statement with ``?`` placeholders."""
+
+    __slots__ = ("cursor", "_fix", "statements", "single")
+
+    def __init__(self, cursor: Any, fix: Callable[[str], str], single: bool = False) -> None:
+        self.cursor = cursor
+        self._fix = fix
+        self.statements = 0
+        # Declared one statement: a backend may run it without BEGIN and COMMIT, so a second would not be atomic.
+        self.single = single
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        if self.single and self.statements:
+            raise AssertionError("a transaction declared single ran a second statement; declare it single=False")
+        self.statements += 1
+        self.cursor.execute(self._fix(sql), params)
+        cursor: Cursor = self.cursor
+        return cursor
+
+
+class StoreTraffic:
+    """What one store object asked of its database since it opened: transactions, statements, round trips.
+
+    ``round_trips`` are the waits for the server a backend with a wire pays (Postgres: each statement, and the
+    ``BEGIN`` and ``COMMIT`` psycopg sends apart), counted as the driver sends them and checked against the
+    wire in tests/test_store_traffic.py; SQLite runs in-process and pays none. Not counted: connection
+    handshakes (``connections`` opened are counted apart) and the one extra wait psycopg spends preparing a
+    statement on a connection, once, at its fifth use there. The benchmarks report the difference across one
+    run (bench/README.md); the counts are the store object's, not a run's, so they include any other run's
+    work in between.
+    """
+
+    __slots__ = ("transactions", "statements", "round_trips", "connections", "_lock")
+
+    def __init__(self) -> None:
+        self.transactions = self.statements = self.round_trips = self.connections = 0
+        self._lock = threading.Lock()
+
+    def add(self, statements: int, round_trips: int) -> None:
+        with self._lock:
+            self.transactions += 1
+            self.statements += statements
+            self.round_trips += round_trips
+
+    def connected(self, round_trips: int) -> None:
+        with self._lock:
+            self.connections += 1
+            self.round_trips += round_trips
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {"transactions": self.transactions, "statements": self.statements,
+                    "round_trips": self.round_trips, "connections": self.connections}
+
+
+class SQLStore:
+    """The Store protocol over a DB-API connection; subclasses bind a driver."""
+
+    url: str
+    migrations: list[tuple[str, ...]]
+    # Where the store is, for messages: the url without a password.
+    where: str
+    driver_error: type[Exception]
+    # SQL for the byte length of a column ("{}" is the column), for retention's estimates.
+    octets: str = "LENGTH({})"
+
+    def __init__(self, secret: bytes | None) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+        self._conn: Any = None
+        self.traffic = StoreTraffic()
+        self._pid = 0
+        # None until the backend loads or creates the stored one while opening.
+        self._secret: bytes | None = secret
+        self._previous: list[bytes] = []
+        self.secret_source = "given" if secret is not None else "stored"
+        if secret is None:
+            found = secrets_from_env()
+            if found is not None:
+                (self._secret, *self._previous), self.secret_source = found
+
+    # -- what a backend supplies
+
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _usable(self, conn: Any) -> bool:
+        return True
+
+    def _begin(self, conn: Any, write: bool, single: bool = False) -> ContextManager[Tx]:
+        """Open a transaction on ``conn``; commit on exit, roll back on error.
+
+        ``single``: the caller runs exactly one statement, which is atomic by itself.
+        """
+        raise NotImplementedError
+
+    def _violation(self, exc: Exception) -> str | None:
+        """``"unique"``, ``"foreign_key"`` or None for a driver error."""
+        raise NotImplementedError
+
+    def _round_trips(self, statements: int, single: bool = False) -> int:
+        """The round trips a transaction of ``statements`` statements costs (none in-process)."""
+        return 0
+
+    def _lock_run(self, tx: Tx, run_id: str) -> bool:
+        """Serialize writers of one run's snapshots and events; False if the run is missing."""
+        return tx.run("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is not None
+
+    def store_size_bytes(self) -> int:
+        raise NotImplementedError
+
+    # -- connection and secret
+
+    @contextmanager
+    def _checkout(self) -> Iterator[Any]:
+        """A live connection for one transaction. Here: the one connection, under the lock (SQLite,
+        whose writers take turns anyway); Postgres hands each thread one of a pool's."""
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            yield self._connection()
+
+    def _closed_error(self) -> StoreError:
+        return StoreError(f"the store at {self.where} is closed", next_action="Open the store again.")
+
+    def _connection(self) -> Any:
+        # A connection inherited through fork() shares the parent's file or
+        # socket: the child opens its own instead of touching it.
+        if self._conn is None or self._pid != os.getpid() or not self._usable(self._conn):
+            self._conn = self._connect()
+            self._pid = os.getpid()
+        return self._conn
+
+    def _disconnect(self) -> None:
+        if self._conn is not None and self._pid == os.getpid():
+            self._conn.close()
+        self._conn = None
+
+    def secret(self) -> bytes:
+        assert self._secret is not None, "set while opening"
+        return self._secret
+
+    def previous_secrets(self) -> list[bytes]:
+        return list(self._previous)
+
+    # -- transactions and errors
+
+    @contextmanager
+    def _transaction(self, write: bool, conflict: str | None = None, run_id: str | None = None,
+                     single: bool = False) -> Iterator[Tx]:
+        """One protocol method's transaction, with driver errors translated at this boundary.
+
+        ``single``: the method runs exactly one statement (enforced by ``Tx.run``), so a backend whose
+        ``BEGIN`` and ``COMMIT`` are round trips of their own may leave them out (Postgres, D-40).
+        """
+        with self._checkout() as conn, timed_store_call(write):
+            tx: Tx | None = None
+            try:
+                with self._begin(conn, write, single) as tx:
+                    yield tx
+            except self.driver_error as exc:
+                violation = self._violation(exc)
+                if violation == "unique":
+                    raise Conflict(conflict or f"a row with this key already exists: {exc}") from exc
+                if violation == "foreign_key" and run_id is not None:
+                    raise _no_run(run_id) from exc
+                raise StoreError(f"the store at {self.where} failed: {exc}") from exc
+            finally:
+                if tx is not None:
+                    self.traffic.add(tx.statements, self._round_trips(tx.statements, tx.single))
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._disconnect()
+
+    def __enter__(self) -> SQLStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- schema
+
+    def _migrate(self, tx: Tx) -> None:
+        """Bring the schema up to date inside the caller's (locked) transaction."""
+        tx.run("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
+        current = tx.run("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+        known = len(self.migrations)
+        if current > known:
+            raise StoreError(
+                f"the store at {self.url} has schema version {current}; this tether knows up to {known}",
+                next_action="Upgrade tether, or point it at another store.",
+            )
+        for version in range(current + 1, known + 1):
+            for statement in self.migrations[version - 1]:
+                tx.run(statement)
+            tx.run("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (version, time.time()))
+
+    def schema_version(self) -> int:
+        with self._transaction(write=False) as tx:
+            count: int = tx.run("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+            return count
+
+    # -- runs
+
+    def create_run(self, run: RunRecord) -> None:
+        _check_status(run.status)
+        values = [_encode(RUN_COLUMNS, n, getattr(run, n)) for n in RUN_COLUMNS]
+        with self._transaction(write=True, conflict=f"run {run.run_id!r} already exists", single=True) as tx:
+            tx.run(_INSERT_RUN, values)
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        with self._transaction(write=False, single=True) as tx:
+            row = tx.run(f"{_SELECT_RUN} WHERE run_id = ?", (run_id,)).fetchone()
+        return None if row is None else _run(row)
+
+    def get_run_by_key(self, principal: str, run_key: str) -> RunRecord | None:
+        with self._transaction(write=False) as tx:
+            row = tx.run(f"{_SELECT_RUN} WHERE principal = ? AND run_key = ?", (principal, run_key)).fetchone()
+        return None if row is None else _run(row)
+
+    def update_run(self, run_id: str, expect_status: Sequence[str] | None, **fields: Any) -> bool:
+        unknown = fields.keys() - _RUN_UPDATABLE
+        if unknown:
+            raise TypeError(f"update_run cannot set {sorted(unknown)}; settable: {sorted(_RUN_UPDATABLE)}")
+        if "status" in fields:
+            _check_status(fields["status"])
+        where, params = "run_id = ?", [run_id]
+        if expect_status is not None:
+            expected = _expected(expect_status, "expect_status")
+            if not expected:
+                return False
+            where += f" AND status IN {_in(len(expected))}"
+            params += expected
+        if "status" in fields:
+            # Restating a terminal status is allowed: finishing writes the result envelope with it.
+            where += f" AND (status NOT IN {_TERMINAL_SQL} OR status = ?)"
+            params.append(fields["status"])
+        with self._transaction(write=bool(fields), single=True) as tx:
+            if not fields:
+                return tx.run(f"SELECT 1 FROM runs WHERE {where}", params).fetchone() is not None
+            sets = ", ".join(f"{name} = ?" for name in fields)
+            values = [_encode(RUN_COLUMNS, n, v) for n, v in fields.items()]
+            return tx.run(f"UPDATE runs SET {sets} WHERE {where}", values + params).rowcount == 1
+
+    def list_runs(self, status: str | None = None, limit: int = 100,
+                  principals: Sequence[str] | None = None) -> list[RunRecord]:
+        where: list[str] = []
+        params: list[Any] = []
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        if principals is not None:
+            # Filtered here, not after the LIMIT: another principal's newest runs must not hide these.
+            names = sorted(set(principals))
+            either = [f"principal IN ({', '.join('?' for _ in names)})"] if names else []
+            if LOCAL_PRINCIPAL in names:
+                either.append("principal IS NULL")  # rows from before every run had an owner (migration 4)
+            where.append(f"({' OR '.join(either)})" if either else "1 = 0")
+            params += names
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        with self._transaction(write=False, single=True) as tx:
+            rows = tx.run(f"{_SELECT_RUN}{clause} ORDER BY created_at DESC, run_id DESC LIMIT ?", (*params, limit))
+            return [_run(row) for row in rows.fetchall()]
+
+    def count_runs(self, status: str | None = None) -> int:
+        with self._transaction(write=False, single=True) as tx:
+            if status is None:
+                count: int = tx.run("SELECT COUNT(*) FROM runs").fetchone()[0]
+            else:
+                count = tx.run("SELECT COUNT(*) FROM runs WHERE status = ?", (status,)).fetchone()[0]
+            return count
+
+    def claim_run(self, run_id: str, owner: str, lease_until: float, now: float,
+                  gone_owner: str | None = None) -> bool:
+        # A run without a lease is not held by anyone, whatever its owner says.
+        sql = (
+            "UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?"
+            f" AND status NOT IN {_TERMINAL_SQL}"
+            " AND (owner IS NULL OR owner = ? OR owner = ? OR lease_until IS NULL OR lease_until < ?)"
+        )
+        with self._transaction(write=True, single=True) as tx:
+            return tx.run(sql, (owner, lease_until, run_id, owner, gone_owner or owner, now)).rowcount == 1
+
+    def claim_queued(self, owner: str, lease_until: float, now: float,
+                     skip: Sequence[str] = ()) -> RunRecord | None:
+        # One writer at a time (SQLite): oldest first, each a compare-and-set from queued.
+        for run in reversed(self.list_runs(status=RunStatus.QUEUED, limit=1000)):
+            if run.run_id not in skip and self.update_run(run.run_id, [RunStatus.QUEUED], status=RunStatus.RUNNING,
+                                                          owner=owner, lease_until=lease_until, updated_at=now):
+                return self.get_run(run.run_id)
+        return None
+
+    def claim_due(self, owner: str, lease_until: float, now: float,
+                  skip: Sequence[str] = ()) -> RunRecord | None:
+        for run in self.runs_due(now):
+            if run.run_id not in skip and self.update_run(run.run_id, [RunStatus.WAITING], status=RunStatus.RUNNING,
+                                                          owner=owner, lease_until=lease_until, updated_at=now):
+                return self.get_run(run.run_id)
+        return None
+
+    def claim_orphan(self, owner: str, lease_until: float, now: float,
+                     skip: Sequence[str] = ()) -> RunRecord | None:
+        for run in self.runs_with_expired_lease(now):
+            if run.run_id not in skip and self.claim_run(run.run_id, owner, lease_until, now):
+                return run
+        return None
+
+    def release_orphan(self, run: RunRecord, owner: str) -> bool:
+        sql = "UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ? AND owner = ? AND status = 'running'"
+        with self._transaction(write=True, single=True) as tx:
+            return tx.run(sql, (run.owner, run.lease_until, run.run_id, owner)).rowcount == 1
+
+    def runs_with_expired_lease(self, now: float) -> list[RunRecord]:
+        sql = f"{_SELECT_RUN} WHERE status = 'running' AND lease_until < ? ORDER BY lease_until"
+        with self._transaction(write=False, single=True) as tx:
+            return [_run(row) for row in tx.run(sql, (now,)).fetchall()]
+
+    def paused_runs_past_expiry(self, now: float, limit: int = 100) -> list[RunRecord]:
+        sql = f"{_SELECT_RUN} WHERE status = 'paused' AND expires_at < ? ORDER BY expires_at LIMIT ?"
+        with self._transaction(write=False, single=True) as tx:
+            return [_run(row) for row in tx.run(sql, (now, limit)).fetchall()]
+
+    def delete_run(self, run_id: str) -> bool:
+        with self._transaction(write=True, single=True) as tx:
+            return tx.run("DELETE FROM runs WHERE run_id = ?", (run_id,)).rowcount == 1
+
+    # -- journal
+
+    def record_call(self, call: CallRecord) -> None:
+        _check_state(call.state)
+        values = [_encode(CALL_COLUMNS, n, getattr(call, n)) for n in CALL_COLUMNS]
+        conflict = f"call {call.seq} of run {call.run_id!r} is already recorded"
+        with self._transaction(write=True, conflict=conflict, run_id=call.run_id, single=True) as tx:
+            tx.run(_INSERT_CALL, values)
+
+    def record_calls(self, calls: Sequence[CallRecord]) -> None:
+        if not calls:
+            return
+        for call in calls:
+            _check_state(call.state)
+        rows = [[_encode(CALL_COLUMNS, n, getattr(c, n)) for n in CALL_COLUMNS] for c in calls]
+        run_id = calls[0].run_id
+        conflict = f"a call of run {run_id!r} in seqs {calls[0].seq}..{calls[-1].seq} is already recorded"
+        # One statement per chunk of rows, not per row: on Postgres each statement is a round trip.
+        chunks = [rows[i:i + _ROWS_PER_INSERT] for i in range(0, len(rows), _ROWS_PER_INSERT)]
+        with self._transaction(write=True, conflict=conflict, run_id=run_id, single=len(chunks) == 1) as tx:
+            for chunk in chunks:
+                tx.run(_insert_rows(_INSERT_CALL, len(CALL_COLUMNS), len(chunk)), [v for row in chunk for v in row])
+
+    def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], **fields: Any) -> bool:
+        unknown = fields.keys() - _CALL_UPDATABLE
+        if unknown:
+            raise TypeError(f"update_call cannot set {sorted(unknown)}; settable: {sorted(_CALL_UPDATABLE)}")
+        if "state" in fields:
+            _check_state(fields["state"])
+        expected = _expected(expect_state, "expect_state")
+        if not expected:
+            return False
+        where = f"run_id = ? AND seq = ? AND state IN {_in(len(expected))}"
+        params = [run_id, seq, *expected]
+        with self._transaction(write=bool(fields), single=True) as tx:
+            if not fields:
+                return tx.run(f"SELECT 1 FROM calls WHERE {where}", params).fetchone() is not None
+            sets = ", ".join(f"{name} = ?" for name in fields)
+            values = [_encode(CALL_COLUMNS, n, v) for n, v in fields.items()]
+            return tx.run(f"UPDATE calls SET {sets} WHERE {where}", values + params).rowcount == 1
+
+    def get_call(self, run_id: str, seq: int) -> CallRecord | None:
+        with self._transaction(write=False, single=True) as tx:
+            row = tx.run(f"{_SELECT_CALL} WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
+        return None if row is None else _call(row)
+
+    def get_calls(self, run_id: str, after: int | None = None, states: Sequence[str] | None = None) -> list[CallRecord]:
+        where = "run_id = ?"
+        params: list[Any] = [run_id]
+        if after is not None:
+            where += " AND seq > ?"
+            params.append(after)
+        if states is not None:
+            expected = _expected(states, "states")
+            if not expected:
+                return []
+            where += f" AND state IN {_in(len(expected))}"
+            params += expected
+        with self._transaction(write=False, single=True) as tx:
+            rows = tx.run(f"{_SELECT_CALL} WHERE {where} ORDER BY seq", params).fetchall()
+        return [_call(row) for row in rows]
+
+    def count_calls(self, run_id: str, kind: str | None = None, states: Sequence[str] | None = None) -> int:
+        where, params = "run_id = ?", [run_id]
+        if kind is not None:
+            where += " AND kind = ?"
+            params.append(kind)
+        if states is not None:
+            expected = _expected(states, "states")
+            if not expected:
+                return 0
+            where += f" AND state IN {_in(len(expected))}"
+            params += expected
+        with self._transaction(write=False, single=True) as tx:
+            count: int = tx.run(f"SELECT COUNT(*) FROM calls WHERE {where}", params).fetchone()[0]
+            return count
+
+    def journal_bytes(self, run_id: str) -> int:
+        # Stored JSON is ASCII (non-ASCII is escaped), so characters are bytes on both backends.
+        sql = ("SELECT COALESCE(SUM(LENGTH(args) + COALESCE(LENGTH(outcome), 0)), 0)"
+               " FROM calls WHERE run_id = ?")
+        with self._transaction(write=False, single=True) as tx:
+            return int(tx.run(sql, (run_id,)).fetchone()[0])
+
+    # -- snapshots
+
+    def put_snapshot(self, snapshot: SnapshotRecord) -> None:
+        values = [_encode(SNAPSHOT_COLUMNS, n, getattr(snapshot, n)) for n in SNAPSHOT_COLUMNS]
+        with self._transaction(write=True, run_id=snapshot.run_id) as tx:
+            if not self._lock_run(tx, snapshot.run_id):
+                raise _no_run(snapshot.run_id)
+            # Older snapshots of the same kind are never read again: keep one per kind.
+            tx.run("DELETE FROM snapshots WHERE run_id = ? AND kind = ?", (snapshot.run_id, snapshot.kind))
+            tx.run(_INSERT_SNAPSHOT, values)
+
+    def latest_snapshot(self, run_id: str) -> SnapshotRecord | None:
+        sql = f"{_SELECT_SNAPSHOT} WHERE run_id = ? ORDER BY id DESC LIMIT 1"
+        with self._transaction(write=False, single=True) as tx:
+            row = tx.run(sql, (run_id,)).fetchone()
+        return None if row is None else SnapshotRecord(**_decode(SNAPSHOT_COLUMNS, row))
+
+    # -- waits
+
+    def create_wait(self, wait: WaitRecord) -> WaitRecord:
+        stored = dataclasses.replace(wait, key=wait_digest(wait.key))
+        values = [_encode(WAIT_COLUMNS, n, getattr(stored, n)) for n in WAIT_COLUMNS]
+        with self._transaction(write=True) as tx:
+            row = tx.run(f"{_SELECT_WAIT} WHERE key IN (?, ?)", (stored.key, wait.key)).fetchone()
+            if row is not None:
+                found = _wait(row)
+                if found.seq is None and wait.seq is not None:
+                    # A resolution buffered before the run reached its wait: attach it.
+                    tx.run("UPDATE waits SET seq = ?, deadline = ? WHERE key = ?", (wait.seq, wait.deadline, found.key))
+                    found.seq, found.deadline = wait.seq, wait.deadline
+                return found
+            tx.run(_INSERT_WAIT, values)
+            return stored
+
+    def get_wait(self, key: str) -> WaitRecord | None:
+        # The digest; or the key itself, for a row written before keys were kept as digests.
+        with self._transaction(write=False, single=True) as tx:
+            row = tx.run(f"{_SELECT_WAIT} WHERE key IN (?, ?)", (wait_digest(key), key)).fetchone()
+        return None if row is None else _wait(row)
+
+    def settle_wait(self, wait: WaitRecord) -> tuple[bool, WaitRecord]:
+        stored = dataclasses.replace(wait, key=wait_digest(wait.key))
+        with self._transaction(write=True) as tx:
+            row = tx.run(f"{_SELECT_WAIT} WHERE key IN (?, ?)", (stored.key, wait.key)).fetchone()
+            if row is None:
+                values = [_encode(WAIT_COLUMNS, n, getattr(stored, n)) for n in WAIT_COLUMNS]
+                tx.run(_INSERT_WAIT, values)
+                return True, stored
+            found = _wait(row)
+            if found.status != WaitStatus.PENDING:
+                return False, found
+            tx.run(
+                "UPDATE waits SET status = ?, value = ?, error = ?, resolved_at = ? WHERE key = ? AND status = ?",
+                (wait.status, dump_json(wait.value), dump_json(wait.error), wait.resolved_at, found.key,
+                 WaitStatus.PENDING),
+            )
+            found.status, found.value, found.error, found.resolved_at = wait.status, wait.value, wait.error, wait.resolved_at
+            return True, found
+
+    def list_waits(self, run_id: str | None = None, status: str | None = WaitStatus.PENDING,
+                   session: str | None = None) -> list[WaitRecord]:
+        where, params = [], []
+        for column, value in (("run_id", run_id), ("status", status), ("session", session)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = _SELECT_WAIT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created_at, key"
+        with self._transaction(write=False, single=True) as tx:
+            return [_wait(row) for row in tx.run(sql, params).fetchall()]
+
+    def runs_with_settled_wait(self, limit: int = 50) -> list[str]:
+        """Parked runs whose wait was settled and that nobody continued (the runners' fallback, P-18)."""
+        # The run's pending names the wait it is parked on by its key's digest, as the waits table does:
+        # LIKE on its seq narrows (dump_json sorts keys, "seq" last), the exact check is in Python.
+        sql = ("SELECT r.run_id, r.pending, w.key FROM runs r JOIN waits w ON w.run_id = r.run_id"
+               " WHERE r.status = 'waiting' AND w.status <> 'pending' AND w.seq IS NOT NULL"
+               " AND r.pending LIKE ? || w.seq || ? LIMIT ?")
+        with self._transaction(write=False, single=True) as tx:
+            rows = tx.run(sql, ('%"seq":', "}", limit)).fetchall()
+        out = []
+        for run_id, pending, key in rows:
+            parked = (json.loads(pending or "{}") or {}).get("key")
+            # Either may be a digest or (rows from before digests) the key itself.
+            if isinstance(parked, str) and wait_digest(key) == wait_digest(parked) and run_id not in out:
+                out.append(run_id)
+        return out
+
+    def runs_due(self, now: float, limit: int = 100) -> list[RunRecord]:
+        sql = f"{_SELECT_RUN} WHERE status = 'waiting' AND expires_at <= ? ORDER BY expires_at LIMIT ?"
+        with self._transaction(write=False, single=True) as tx:
+            return [_run(row) for row in tx.run(sql, (now, limit)).fetchall()]
+
+    # -- REPL sessions
+
+    def put_session(self, session: SessionRecord) -> None:
+        values = [_encode(SESSION_COLUMNS, n, getattr(session, n)) for n in SESSION_COLUMNS]
+        with self._transaction(write=True) as tx:
+            tx.run("DELETE FROM sessions WHERE name = ? AND principal = ?", (session.name, session.principal))
+            tx.run(_insert("sessions", SESSION_COLUMNS), values)
+
+    def get_session(self, name: str, principal: str) -> SessionRecord | None:
+        sql = f"{_select('sessions', SESSION_COLUMNS)} WHERE name = ? AND principal = ?"
+        with self._transaction(write=False, single=True) as tx:
+            row = tx.run(sql, (name, principal)).fetchone()
+        return None if row is None else SessionRecord(**_decode(SESSION_COLUMNS, row))
+
+    def delete_session(self, name: str, principal: str) -> bool:
+        with self._transaction(write=True, single=True) as tx:
+            return tx.run("DELETE FROM sessions WHERE name = ? AND principal = ?", (name, principal)).rowcount == 1
+
+    # -- source listings (a cache: losing a row costs one server start)
+
+    def get_listing(self, key: str) -> tuple[Any, float] | None:
+        with self._transaction(write=False, single=True) as tx:
+            row = tx.run("SELECT data, updated_at FROM source_listings WHERE key = ?", (key,)).fetchone()
+        return None if row is None else (json.loads(row[0]), float(row[1]))
+
+    def put_listing(self, key: str, data: Any, now: float) -> None:
+        with self._transaction(write=True) as tx:
+            tx.run("DELETE FROM source_listings WHERE key = ?", (key,))
+            tx.run("INSERT INTO source_listings (key, data, updated_at) VALUES (?, ?, ?)", (key, dump_json(data), now))
+
+    # -- events
+
+    def add_event(self, run_id: str, type: str, data: dict[str, Any], now: float) -> int:
+        sql = "INSERT INTO events (run_id, type, data, created_at) VALUES (?, ?, ?, ?) RETURNING id"
+        with self._transaction(write=True, run_id=run_id) as tx:
+            # Ids must become visible in id order for a reader's cursor to miss none.
+            if not self._lock_run(tx, run_id):
+                raise _no_run(run_id)
+            event_id: int = tx.run(sql, (run_id, type, dump_json(data), now)).fetchone()[0]
+            self._announce_event(tx, run_id)
+            return event_id
+
+    def _announce_event(self, tx: Tx, run_id: str) -> None:
+        """Tell other processes watching this store that ``run_id`` has a new event (Postgres: NOTIFY)."""
+
+    def notify(self, payload: str) -> None:
+        """Tell other processes watching this store something changed (Postgres: NOTIFY; here nothing).
+
+        Their polling finds the change anyway; ``payload`` only says where to look first.
+        """
+
+    def get_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[EventRecord]:
+        sql = f"{_SELECT_EVENT} WHERE run_id = ? AND id > ? ORDER BY id LIMIT ?"
+        with self._transaction(write=False, single=True) as tx:
+            return [_event(row) for row in tx.run(sql, (run_id, after, limit)).fetchall()]
+
+    # -- changes
+
+    def runs_updated_since(self, since: float, limit: int = 200) -> list[RunRecord]:
+        sql = f"{_SELECT_RUN} WHERE updated_at >= ? ORDER BY updated_at, run_id LIMIT ?"
+        with self._transaction(write=False, single=True) as tx:
+            return [_run(row) for row in tx.run(sql, (since, limit)).fetchall()]
+
+    # -- notification outbox
+
+    def add_outbox(self, target: str, event_id: str, body: str, now: float, mac: str | None = None) -> bool:
+        sql = ("INSERT INTO outbox (target, event_id, body, status, attempts, next_at, created_at, mac)"
+               " VALUES (?, ?, ?, ?, 0, ?, ?, ?)")
+        try:
+            with self._transaction(write=True, single=True) as tx:
+                tx.run(sql, (target, event_id, body, OUTBOX_PENDING, now, now, mac))
+        except Conflict:
+            return False
+        return True
+
+    def claim_outbox(self, now: float, lease_seconds: float, limit: int = 20) -> list[OutboxRecord]:
+        select = (f"{_select('outbox', OUTBOX_COLUMNS)} WHERE status = ? AND next_at <= ?"
+                  " AND (claimed_until IS NULL OR claimed_until < ?) ORDER BY next_at, id LIMIT ?")
+        claim = ("UPDATE outbox SET claimed_until = ? WHERE id = ? AND status = ?"
+                 " AND (claimed_until IS NULL OR claimed_until < ?)")
+        out = []
+        with self._transaction(write=True) as tx:
+            rows = tx.run(select, (OUTBOX_PENDING, now, now, limit)).fetchall()
+            for row in rows:
+                rec = OutboxRecord(**_decode(OUTBOX_COLUMNS, row))
+                if tx.run(claim, (now + lease_seconds, rec.id, OUTBOX_PENDING, now)).rowcount == 1:
+                    rec.claimed_until = now + lease_seconds
+                    out.append(rec)
+        return out
+
+    def settle_outbox(self, id: int, *, status: str, attempts: int, next_at: float,
+                      last_error: str | None = None, delivered_at: float | None = None) -> None:
+        sql = ("UPDATE outbox SET status = ?, attempts = ?, next_at = ?, last_error = ?, delivered_at = ?,"
+               " claimed_until = NULL WHERE id = ?")
+        with self._transaction(write=True, single=True) as tx:
+            tx.run(sql, (status, attempts, next_at, last_error, delivered_at, id))
+
+    def list_outbox(self, status: str | None = None, limit: int = 100) -> list[OutboxRecord]:
+        where, params = ("WHERE status = ? ", [status]) if status is not None else ("", [])
+        sql = f"{_select('outbox', OUTBOX_COLUMNS)} {where}ORDER BY id LIMIT ?"
+        with self._transaction(write=False, single=True) as tx:
+            return [OutboxRecord(**_decode(OUTBOX_COLUMNS, row)) for row in tx.run(sql, params + [limit]).fetchall()]
+
+    # -- console sign-outs
+
+    def sign_out(self, session: str, expires_at: float, now: float) -> None:
+        with self._transaction(write=True) as tx:
+            tx.run("DELETE FROM console_signouts WHERE expires_at < ?", (now,))
+            tx.run("DELETE FROM console_signouts WHERE session = ?", (session,))
+            tx.run("INSERT INTO console_signouts (session, expires_at) VALUES (?, ?)", (session, expires_at))
+
+    def signed_out(self, session: str) -> bool:
+        with self._transaction(write=False) as tx:
+            return tx.run("SELECT 1 FROM console_signouts WHERE session = ?", (session,)).fetchone() is not None
+
+
+def _check_status(status: str) -> None:
+    if status not in RUN_STATUSES:
+        raise ValueError(f"unknown run status {status!r}; one of {sorted(RUN_STATUSES)}")
+
+
+def _check_state(state: str) -> None:
+    if state not in CALL_STATES:
+        raise ValueError(f"unknown call state {state!r}; one of {sorted(CALL_STATES)}")
+
+
+def _no_run(run_id: str) -> RunNotFound:
+    return RunNotFound(f"run {run_id!r} does not exist in the store")
+
+
+__all__ = [
+    "POSTGRES_MIGRATIONS",
+    "SQLITE_MIGRATIONS",
+    "SQLStore",
+    "StoreTraffic",
+    "Tx",
+    "dump_json",
+    "secret_from_env",
+    "secrets_from_env",
+]

@@ -1,0 +1,351 @@
+"""The store protocol: the one interface every backend (SQLite, Postgres) implements.
+
+Every method is one transaction. State changes that two processes could race
+on are compare-and-set: they name the state they expect and return ``False``
+when it was not there, so exactly one process wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from tether._store.states import SETTLED_CALL_STATES as SETTLED_CALL_STATES
+from tether._store.states import TERMINAL_RUN_STATUSES as TERMINAL_RUN_STATUSES
+from tether._store.states import CallState, RunStatus, WaitStatus
+
+# The states are enums in .states; these older names stay importable.
+RUN_QUEUED = RunStatus.QUEUED
+RUN_RUNNING = RunStatus.RUNNING
+RUN_PAUSED = RunStatus.PAUSED
+RUN_WAITING = RunStatus.WAITING
+RUN_COMPLETED = RunStatus.COMPLETED
+RUN_FAILED = RunStatus.FAILED
+RUN_CANCELLED = RunStatus.CANCELLED
+# The principal of runs started without a token: the CLI, the Python API, stdio, --dev HTTP.
+LOCAL_PRINCIPAL = "local"
+
+CALL_PENDING = CallState.PENDING
+CALL_DONE = CallState.DONE
+CALL_FAILED = CallState.FAILED
+CALL_ASKED = CallState.ASKED
+CALL_APPROVED = CallState.APPROVED
+CALL_DECLINED = CallState.DECLINED
+CALL_DENIED = CallState.DENIED
+CALL_SENDING = CallState.SENDING
+CALL_SENT = CallState.SENT
+CALL_UNKNOWN = CallState.UNKNOWN
+CALL_WAITING = CallState.WAITING
+
+WAIT_PENDING = WaitStatus.PENDING
+WAIT_RESOLVED = WaitStatus.RESOLVED
+WAIT_FAILED = WaitStatus.FAILED
+WAIT_TIMEOUT = WaitStatus.TIMEOUT
+WAIT_CANCELLED = WaitStatus.CANCELLED
+WAIT_REVOKED = WaitStatus.REVOKED
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    status: RunStatus
+    program: str
+    # Pinned environment: {"clock": iso8601, "seed": int}
+    environment: dict[str, Any]
+    # Policy and limits in force when the run started (JSON).
+    policy: dict[str, Any]
+    limits: dict[str, Any]
+    created_at: float
+    updated_at: float
+    # Who the run belongs to (a token's hash, or LOCAL_PRINCIPAL); only they may act on it.
+    principal: str | None = None
+    owner: str | None = None
+    lease_until: float | None = None
+    expires_at: float | None = None
+    result: Any = None  # JSON result envelope fields once terminal
+    error: dict[str, Any] | None = None
+    # What the run waits on while paused: {"seq", "address", "args", "annotations"}.
+    pending: dict[str, Any] | None = None
+    # The decision taken on the pending call (approve/decline/cancel) and its reason.
+    decision: dict[str, Any] | None = None
+    session: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    # The run MAC (P-35): {"secret_id", "fields": {name: mac}}; see runs/integrity.py.
+    mac: dict[str, Any] | None = None
+    # The caller's key for the request that started it (P-36): (principal, run_key) names one run.
+    run_key: str | None = None
+
+
+@dataclass
+class CallRecord:
+    run_id: str
+    seq: int
+    op: str  # "tool" | "search" | "describe" | "sources" | ...
+    address: str
+    args: dict[str, Any]
+    key: str  # hash(op, address, canonical args)
+    kind: str  # "read" | "write"
+    state: CallState
+    outcome: Any = None  # JSON value returned to the program
+    error: dict[str, Any] | None = None  # {"code", "message"} raised in the program
+    started_at: float | None = None
+    finished_at: float | None = None
+    # Sent to the tool with every send of this call (P-25); tool calls only.
+    idempotency_key: str | None = None
+    # How many times a write was sent: 1, or more when re-sent by key (P-31).
+    sends: int = 0
+    mac: str | None = None  # "<secret id>:<prev key>:<hex>" over the entry (P-35)
+
+
+@dataclass
+class SnapshotRecord:
+    run_id: str
+    seq: int  # the number of calls issued when the dump was taken
+    monty_version: str
+    data: bytes
+    mac: str  # hex HMAC-SHA256 over (run_id, seq, monty_version, data)
+    pending: list[dict[str, Any]]  # calls the dump waits on: [{"seq","op","address","args"}]
+    created_at: float
+    kind: str = "pause"  # "pause" | "checkpoint" | "session"
+
+
+WAIT_DIGEST_PREFIX = "wd1."
+
+
+def wait_digest(key: str) -> str:
+    """What the store keeps of a wait key: its digest, which resolves nothing (a digest maps to itself).
+
+    A wait key is a bearer capability (an approval's decides a write), so a
+    reader of the ``waits`` table must not find one there.
+    """
+    if key.startswith(WAIT_DIGEST_PREFIX):
+        return key
+    return WAIT_DIGEST_PREFIX + hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class WaitRecord:
+    """A keyed, one-shot promise a run can park on (durable wait, signal, timer).
+
+    Given to the store with its key; read back from it with the key's digest (:func:`wait_digest`).
+    """
+
+    key: str
+    run_id: str
+    name: str
+    status: WaitStatus
+    created_at: float
+    seq: int | None = None  # the call that waits; None while a resolution is buffered
+    value: Any = None
+    error: dict[str, Any] | None = None
+    deadline: float | None = None
+    resolved_at: float | None = None
+    session: str | None = None
+
+
+@dataclass
+class SessionRecord:
+    """A REPL session's globals between executes: a signed, idle sandbox dump."""
+
+    name: str
+    principal: str
+    monty_version: str
+    data: bytes
+    mac: str
+    updated_at: float
+    expires_at: float | None = None
+
+
+@dataclass
+class EventRecord:
+    event_id: int
+    run_id: str
+    type: str
+    data: dict[str, Any]
+    created_at: float
+
+
+# Outbox statuses: a notification is pending until delivered, or given up on.
+OUTBOX_PENDING = "pending"
+OUTBOX_DELIVERED = "delivered"
+OUTBOX_FAILED = "failed"
+
+
+@dataclass
+class OutboxRecord:
+    """A notification to deliver to one target (a webhook), retried until it is taken or given up."""
+
+    id: int
+    target: str
+    event_id: str
+    body: str  # the JSON event as queued (approval links are added when it is sent)
+    status: str
+    attempts: int
+    next_at: float
+    created_at: float
+    claimed_until: float | None = None
+    last_error: str | None = None
+    delivered_at: float | None = None
+    mac: str | None = None  # the body signed under the store's secret: a row tether did not queue is not sent
+
+
+class Conflict(Exception):
+    """A unique key already existed (another process recorded it first)."""
+
+
+class Store(Protocol):
+    """What the runtime needs from durable storage."""
+
+    url: str
+
+    # -- housekeeping
+    def close(self) -> None: ...
+    def secret(self) -> bytes:
+        """The secret that signs: TETHER_SECRET, else TETHER_SECRET_FILE's first, else the one kept with the store."""
+
+    def previous_secrets(self) -> list[bytes]:
+        """Older secrets that still verify (TETHER_SECRET_FILE's later lines)."""
+
+    secret_source: str  # "given" | "env" | "file" | "stored"
+
+    def store_size_bytes(self) -> int:
+        """Bytes the store occupies (files on disk, or the tables' relations)."""
+
+    # -- runs
+    def create_run(self, run: RunRecord) -> None:
+        """Insert a run; raises Conflict if the id exists."""
+
+    def get_run(self, run_id: str) -> RunRecord | None: ...
+    def get_run_by_key(self, principal: str, run_key: str) -> RunRecord | None:
+        """The run ``principal`` started with ``run_key`` (P-36), if it is kept."""
+
+    def update_run(self, run_id: str, expect_status: Sequence[str] | None, **fields: Any) -> bool:
+        """Set ``fields`` if the run's status is in ``expect_status`` (any, if None). CAS."""
+
+    def list_runs(self, status: str | None = None, limit: int = 100,
+                  principals: Sequence[str] | None = None) -> list[RunRecord]:
+        """The newest runs first; with ``principals``, only theirs (a NULL principal is ``local``)."""
+
+    def claim_run(self, run_id: str, owner: str, lease_until: float, now: float,
+                  gone_owner: str | None = None) -> bool:
+        """Take ownership when the run has no owner, the owner is ``owner``, or its lease expired.
+
+        ``gone_owner``: also when the owner is still that one, a process known to have ended
+        (tether._engine.ownership); compare-and-set, so a run another process took meanwhile stays its own.
+        """
+
+    def claim_queued(self, owner: str, lease_until: float, now: float,
+                     skip: Sequence[str] = ()) -> RunRecord | None:
+        """The oldest queued run not in ``skip``, now ``running`` under ``owner``; None if there is none.
+
+        Concurrent claimers never get the same run (Postgres: ``FOR UPDATE SKIP LOCKED``, so they
+        do not queue behind each other's row locks either; SQLite: compare-and-set by its one writer).
+        """
+
+    def claim_due(self, owner: str, lease_until: float, now: float,
+                  skip: Sequence[str] = ()) -> RunRecord | None:
+        """The waiting run whose timer or wait deadline came first (not in ``skip``), now ``running``
+        under ``owner``; None if there is none. Concurrent claimers never get the same run."""
+
+    def claim_orphan(self, owner: str, lease_until: float, now: float,
+                     skip: Sequence[str] = ()) -> RunRecord | None:
+        """A running run whose lease lapsed (not in ``skip``), now leased to ``owner``; None if none.
+
+        The record returned is as it was before the claim (its dead owner and lapsed lease), so a
+        claimer that cannot continue it can hand it back with ``release_orphan``.
+        """
+
+    def release_orphan(self, run: RunRecord, owner: str) -> bool:
+        """Give back an orphan ``owner`` claimed: its previous owner and lapsed lease again."""
+
+    def runs_with_expired_lease(self, now: float) -> list[RunRecord]:
+        """Runs in status running whose lease ended before ``now``."""
+
+    def paused_runs_past_expiry(self, now: float, limit: int = 100) -> list[RunRecord]:
+        """Runs in status paused whose ``expires_at`` is before ``now``, the longest expired first."""
+
+    def count_runs(self, status: str | None = None) -> int: ...
+    def delete_run(self, run_id: str) -> bool:
+        """Remove a run with its journal, snapshots and events; False if there was none."""
+
+    # -- journal
+    def record_call(self, call: CallRecord) -> None:
+        """Insert a journal entry; raises Conflict if (run_id, seq) exists."""
+
+    def record_calls(self, calls: Sequence[CallRecord]) -> None:
+        """Insert several entries in one transaction (a batch of settled reads); Conflict if any exists."""
+
+    def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], **fields: Any) -> bool:
+        """Set ``fields`` if the entry's state is in ``expect_state``. CAS."""
+
+    def get_call(self, run_id: str, seq: int) -> CallRecord | None: ...
+    def get_calls(self, run_id: str, after: int | None = None,
+                  states: Sequence[str] | None = None) -> list[CallRecord]:
+        """Entries (with seq > ``after`` and in ``states``, when given), by seq."""
+
+    def count_calls(self, run_id: str, kind: str | None = None, states: Sequence[str] | None = None) -> int: ...
+    def journal_bytes(self, run_id: str) -> int:
+        """Bytes of the run's journaled arguments and outcomes, as stored (P-22)."""
+
+    # -- snapshots
+    def put_snapshot(self, snapshot: SnapshotRecord) -> None: ...
+    def latest_snapshot(self, run_id: str) -> SnapshotRecord | None: ...
+
+    # -- waits
+    def create_wait(self, wait: WaitRecord) -> WaitRecord:
+        """Insert a pending wait; if its key exists (a buffered resolution), return that row."""
+
+    def get_wait(self, key: str) -> WaitRecord | None: ...
+    def settle_wait(self, wait: WaitRecord) -> tuple[bool, WaitRecord]:
+        """First settlement wins: pending (or absent, buffered) -> ``wait.status``.
+
+        Returns (accepted, the row as stored).
+        """
+
+    def list_waits(self, run_id: str | None = None, status: str | None = WaitStatus.PENDING,
+                   session: str | None = None) -> list[WaitRecord]: ...
+    def runs_due(self, now: float, limit: int = 100) -> list[RunRecord]:
+        """Waiting runs whose wake-up time (expires_at) has come."""
+    def runs_with_settled_wait(self, limit: int = 50) -> list[str]:
+        """Ids of parked runs whose wait was settled and that nobody continued."""
+
+    # -- REPL sessions
+    def put_session(self, session: SessionRecord) -> None:
+        """Insert or replace the session (name, principal)."""
+
+    def get_session(self, name: str, principal: str) -> SessionRecord | None: ...
+    def delete_session(self, name: str, principal: str) -> bool: ...
+
+    # -- source listings (a cache keyed by a source's definition)
+    def get_listing(self, key: str) -> tuple[Any, float] | None:
+        """The cached listing and when it was stored, or None."""
+
+    def put_listing(self, key: str, data: Any, now: float) -> None: ...
+
+    # -- events (timeline, cells)
+    def add_event(self, run_id: str, type: str, data: dict[str, Any], now: float) -> int: ...
+    def get_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[EventRecord]: ...
+
+    # -- changes (the console's live feed)
+    def runs_updated_since(self, since: float, limit: int = 200) -> list[RunRecord]:
+        """Runs whose ``updated_at`` is at or after ``since``, the oldest change first."""
+
+    # -- notification outbox
+    def add_outbox(self, target: str, event_id: str, body: str, now: float, mac: str | None = None) -> bool:
+        """Queue one notification for ``target``; False if that event was already queued for it."""
+
+    def claim_outbox(self, now: float, lease_seconds: float, limit: int = 20) -> list[OutboxRecord]:
+        """Pending notifications due by ``now``, each claimed for ``lease_seconds`` (CAS: one claimer wins)."""
+
+    def settle_outbox(self, id: int, *, status: str, attempts: int, next_at: float,
+                      last_error: str | None = None, delivered_at: float | None = None) -> None:
+        """Record a delivery attempt and release the claim."""
+
+    def list_outbox(self, status: str | None = None, limit: int = 100) -> list[OutboxRecord]: ...
+
+    # -- console sign-outs (a signed-out session is refused by every process sharing the store)
+    def sign_out(self, session: str, expires_at: float, now: float) -> None:
+        """Record that the console session ``session`` (a digest) ended; forgotten once it would have expired."""
+
+    def signed_out(self, session: str) -> bool: ...

@@ -1,0 +1,58 @@
+"""What a principal holds in the store, for its quotas (tether._engine.quotas)."""
+
+from __future__ import annotations
+
+from tether._store._schema import SQLStore
+from tether._store.base import Store
+from tether._store.retention import payload_bytes
+
+ACTIVE = ("queued", "running")
+
+
+def _sql(store: Store) -> SQLStore:
+    if not isinstance(store, SQLStore):
+        raise TypeError(f"quotas need a SQL store, not {type(store).__name__}")
+    return store
+
+
+def active_runs(any_store: Store, principal: str) -> int:
+    """Runs of ``principal`` queued or running now."""
+    store = _sql(any_store)
+    with store._transaction(write=False) as tx:
+        return int(tx.run("SELECT COUNT(*) FROM runs WHERE principal = ? AND status IN (?, ?)",
+                          (principal, *ACTIVE)).fetchone()[0])
+
+
+def runs_started_since(any_store: Store, principal: str, since: float) -> int:
+    store = _sql(any_store)
+    with store._transaction(write=False) as tx:
+        return int(tx.run("SELECT COUNT(*) FROM runs WHERE principal = ? AND created_at >= ?",
+                          (principal, since)).fetchone()[0])
+
+
+def stored_bytes(any_store: Store, principal: str) -> int:
+    """Payload bytes of ``principal``'s runs (with their journals, snapshots, events) and REPL sessions."""
+    store = _sql(any_store)
+    mine = "run_id IN (SELECT run_id FROM runs WHERE principal = ?)"
+    total = 0
+    with store._transaction(write=False) as tx:
+        for table in ("calls", "snapshots", "events"):
+            total += int(tx.run(f"SELECT COALESCE(SUM({payload_bytes(store, table)}), 0) FROM {table} WHERE {mine}",
+                                (principal,)).fetchone()[0])
+        total += int(tx.run(f"SELECT COALESCE(SUM({payload_bytes(store, 'runs')}), 0) FROM runs WHERE principal = ?",
+                            (principal,)).fetchone()[0])
+        total += int(tx.run(f"SELECT COALESCE(SUM({store.octets.format('data')}), 0) FROM sessions "
+                            "WHERE principal = ?", (principal,)).fetchone()[0])
+    return total
+
+
+def repl_sessions(any_store: Store, principal: str, now: float) -> set[str]:
+    """Names of ``principal``'s REPL sessions kept and not expired."""
+    store = _sql(any_store)
+    with store._transaction(write=False) as tx:
+        rows = tx.run("SELECT name FROM sessions WHERE principal = ? AND (expires_at IS NULL OR expires_at >= ?)",
+                      (principal, now)).fetchall()
+    return {row[0] for row in rows}
+
+
+__all__ = ["active_runs", "repl_sessions", "runs_started_since", "stored_bytes"]

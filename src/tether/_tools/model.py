@@ -1,0 +1,143 @@
+"""The tool model: what a tool is, independent of where it comes from."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from tether.errors import UsageError
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# A tool's handler receives the validated arguments as one keyword dict (a
+# positional call is bound to names first, see tools.binding) and
+# returns a JSON-compatible value (or raises). Sources build handlers; the
+# effect boundary is the only caller.
+Handler = Callable[[dict[str, Any]], Awaitable[Any]]
+
+# What a tool promises about its idempotency key (P-25, P-31): "none", or
+# "key" when the callee dedupes by the key, so tether may re-send a write
+# whose outcome it lost with the same key.
+IDEMPOTENCY_MODES = ("none", "key")
+
+
+@dataclass(frozen=True)
+class Annotations:
+    """Hints with the meaning of MCP tool annotations.
+
+    ``read_only`` is what the policy reads: a tool not marked read-only is a
+    write, so an unannotated tool is governed like a write.
+    """
+
+    read_only: bool = False
+    destructive: bool = False
+    idempotent: bool = False
+    open_world: bool = False
+
+    def to_dict(self) -> dict[str, bool]:
+        return {
+            "read_only": self.read_only,
+            "destructive": self.destructive,
+            "idempotent": self.idempotent,
+            "open_world": self.open_world,
+        }
+
+
+def check_identifier(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _IDENT.match(value):
+        raise UsageError(
+            f"{what} {value!r} is not a valid Python identifier",
+            code="invalid_tool_definition",
+            next_action=f"Name the {what} with letters, digits and underscores, not starting with a digit.",
+        )
+    return value
+
+
+def split_address(address: str) -> tuple[str, str]:
+    namespace, sep, name = address.partition(".")
+    if not sep:
+        raise UsageError(
+            f"tool address {address!r} must be 'namespace.name'",
+            code="invalid_tool_definition",
+            next_action="Write the address as namespace.name.",
+        )
+    return namespace, name
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One callable tool, addressed ``namespace.name``."""
+
+    namespace: str
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    handler: Handler = field(compare=False, repr=False)
+    title: str | None = None
+    output_schema: dict[str, Any] | None = None
+    annotations: Annotations = Annotations()
+    source: str = "python"
+    # The handler checks its own arguments (raising InvalidArguments): the
+    # boundary may then skip its JSON Schema check for reads, where a
+    # malformed call costs nothing. Writes are always checked before policy.
+    validates_args: bool = False
+    # Parameters that may only be passed by keyword (a Python tool's ``*, x``);
+    # the others may also be passed by position (see tools.binding).
+    keyword_only: tuple[str, ...] = ()
+    idempotency: str = "none"
+    # How long the boundary lets one call take; None means [limits]
+    # call_timeout_seconds. A source that bounds calls itself (an MCP server
+    # sending progress) sets its own ceiling here.
+    timeout_seconds: float | None = None
+    # Where the output schema comes from when it is not in ``output_schema``:
+    # a compiled OpenAPI catalog reads them only when a stub needs one
+    # (GitHub's are 10 of its 12 MB, and most runs never look).
+    output_schema_loader: Callable[[], dict[str, Any] | None] | None = field(default=None, compare=False, repr=False)
+    # Where a call goes, for the people who approve it: an OpenAPI operation's
+    # (HTTP method, URL template with its {path} parameters); None elsewhere.
+    target: tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        check_identifier(self.namespace, "namespace")
+        check_identifier(self.name, "tool name")
+        if self.idempotency not in IDEMPOTENCY_MODES:
+            raise UsageError(
+                f"tool {self.address}: idempotency must be 'none' or 'key', not {self.idempotency!r}",
+                code="invalid_tool_definition",
+                next_action="Say 'key' only when the tool dedupes calls by their idempotency key.",
+            )
+        if self.input_schema.get("type", "object") != "object":
+            raise UsageError(
+                f"tool {self.address}: input schema must describe an object",
+                code="invalid_tool_definition",
+                next_action="Give the tool keyword parameters.",
+            )
+
+    @property
+    def address(self) -> str:
+        return f"{self.namespace}.{self.name}"
+
+    def returns_schema(self) -> dict[str, Any] | None:
+        """The output schema, from ``output_schema`` or its loader."""
+        if self.output_schema is not None or self.output_schema_loader is None:
+            return self.output_schema
+        return self.output_schema_loader()
+
+    @property
+    def is_write(self) -> bool:
+        return not self.annotations.read_only
+
+    @property
+    def dedupes_by_key(self) -> bool:
+        """The callee makes repeated sends with one idempotency key take effect once (P-31)."""
+        return self.idempotency == "key"
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON shape search results and `describe` share."""
+        return {
+            "address": self.address,
+            "title": self.title,
+            "description": self.description,
+            "annotations": self.annotations.to_dict(),
+        }

@@ -1,9 +1,0 @@
-"""Decisions on paused writes now live in the approvals package (tether.approvals.service);
-importable from here, as before."""
-
-from ..approvals.model import CHANNELS, ApprovalAnswer, Decision, PendingWrite, approval_verdict, batch_of, taken
-from ..approvals.service import decide, recorded_decision, unnamed_target
-from ..approvals.service import pending as pending_writes
-
-__all__ = ["CHANNELS", "ApprovalAnswer", "Decision", "approval_verdict", "PendingWrite", "batch_of", "decide", "pending_writes", "recorded_decision",
-           "taken", "unnamed_target"]

@@ -1,1 +1,0 @@
-"""The sandbox adapter. Only ``tether.sandbox.monty`` imports pydantic_monty."""
