@@ -55,7 +55,7 @@ def test_pause_text_hides_secret_arguments_and_shows_expiry_in_iso(project):
     tmp_path, env = project
     r = run_cli(["run", "p.py", "--config", str(tmp_path / "conf" / "tether.toml")], env, tmp_path)
     assert "hunter2" not in r.stdout and "sk-live-1" not in r.stdout
-    # Values are shown as JSON on every surface (tools/shown.py, D-33).
+    # Values are shown as JSON on every surface (_tools/shown.py, D-33).
     assert 'password="[secret, not shown]"' in r.stdout and 'api_key="[secret, not shown]"' in r.stdout and 'note="hi"' in r.stdout
     assert re.search(r"expires at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r.stdout), r.stdout
 

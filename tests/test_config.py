@@ -64,7 +64,7 @@ module = "tether.demo.helpdesk"
 
 [[sources]]
 type = "python"
-module = "tools/local.py"
+module = "_tools/local.py"
 namespace = "local"
 
 [[sources]]
@@ -184,7 +184,7 @@ def test_full_file(tmp_path: Path) -> None:
     assert isinstance(helpdesk, PythonSource)
     assert helpdesk.module == "tether.demo.helpdesk" and helpdesk.namespace is None
     # Paths are relative to the config file, not the working directory.
-    assert isinstance(local, PythonSource) and local.module == str(tmp_path.resolve() / "tools/local.py")
+    assert isinstance(local, PythonSource) and local.module == str(tmp_path.resolve() / "_tools/local.py")
     assert isinstance(time, McpSource) and time.command == ["mcp-server-time", "--local-timezone", "UTC"]
     assert time.cwd == str(tmp_path.resolve() / "servers")
     assert isinstance(remote, McpSource) and remote.url == "https://mcp.example.com/mcp"

@@ -351,7 +351,7 @@ async def test_only_the_approvals_service_creates_and_settles_approval_waits(sto
     a write's approval wait is created when its run pauses and resolved by the decision — through
     rt.resume, rt.decide, a wait key, and the Decider behind the console and links — and every one of
     those row writes comes from tether._engine.approvals.service. (Revoking all of an ended run's waits stays
-    with runs/waits.py: it decides nothing.)"""
+    with _engine/waits.py: it decides nothing.)"""
     import sys
 
     from tether._server.approvals import Decider

@@ -97,7 +97,7 @@ def test_tether_has_no_import_cycle():
 
 def test_approvals_and_the_server_have_no_import_cycle_counting_type_only_imports():
     # A cycle closed only by a TYPE_CHECKING import is still two modules that cannot change apart
-    # (server/mcp.py and urlmode.py were one: the channels now use server/channels.py's interface).
+    # (_server/mcp.py and urlmode.py were one: the channels now use _server/channels.py's interface).
     graph = _imports(_modules(), typing=True)
     assert "tether._server.channels" in graph["tether._server.urlmode"]  # the check sees type-only imports
     for package in ("tether._engine.approvals.", "tether._server."):

@@ -1,4 +1,4 @@
-"""The run lifecycle (runs/lifecycle.py): every status change is a transition the state table lists.
+"""The run lifecycle (_engine/lifecycle.py): every status change is a transition the state table lists.
 
 A transition the table does not list is refused with ``invalid_transition`` and
 leaves the run as it was; a transition it lists is made by compare-and-set, so a run

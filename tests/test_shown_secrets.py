@@ -1,6 +1,6 @@
 """Secrets a write carries are not shown to the people who decide it (issue 22, items 5 and 8).
 
-One rule (tools/shown.py: ``secret_paths``): an argument, or a key inside an
+One rule (_tools/shown.py: ``secret_paths``): an argument, or a key inside an
 object argument, named like a secret, or marked ``format: password`` or
 ``writeOnly`` in the tool's schema. These tests put a real OpenAPI operation
 and a Python tool through every surface that shows a paused write — the

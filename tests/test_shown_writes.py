@@ -1,6 +1,6 @@
 """Approval surfaces show the truth (issue 19, point 6).
 
-One pure function (tools/shown.py) shows a write on every surface; these
+One pure function (_tools/shown.py) shows a write on every surface; these
 tests put the issue's attacks through each surface a person reads — the
 console and link pages, the MCP approval form, the CLI, the paused
 envelope's instructions, a webhook's body — and check what reaches them.

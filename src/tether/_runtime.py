@@ -149,7 +149,7 @@ class Runtime:
         # Stored run events, this process's observers, and the listeners told when a run pauses or ends.
         self.bus = EventBus(store=self.store, clock=clock)
         # Records how runs end (completed, failed, cancelled, refused, internal errors).
-        # Every change of a run's status, owner and lease goes through it (runs/lifecycle.py).
+        # Every change of a run's status, owner and lease goes through it (_engine/lifecycle.py).
         self.lifecycle = Lifecycle(self.store, owner=self.owner, clock=clock, lease_seconds=lease_seconds)
         self.finisher = Finisher(store=self.store, lifecycle=self.lifecycle, bus=self.bus, clock=clock,
                                  cancel_waits=self._waits.cancel, revoke_waits=lambda run_id: self._waits.revoke(run_id=run_id))
@@ -723,7 +723,7 @@ class Runtime:
 
     def elicitation_handler(self, namespace: str) -> Callable[[Any], Awaitable[Any]]:
         """For an MCP source: put an upstream's mid-call question to the user of the run that made the call
-        (runs/questions.py)."""
+        (_engine/questions.py)."""
         from tether._engine.questions import elicitation_handler
 
         return elicitation_handler(namespace, self._live, self.bus)

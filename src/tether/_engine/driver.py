@@ -556,7 +556,7 @@ def builtins_for(d: Collaborators, run_id: str, budget: HostBudget) -> dict[str,
     """search / describe / sources / yield_control, as host calls through the boundary.
 
     The first three leave the event loop and spend the attempt's host budget
-    (hostwork.py): a catalog large or odd enough to make one slow fails that
+    (_hostwork.py): a catalog large or odd enough to make one slow fails that
     call with ``host_work_timeout`` while every other run goes on.
     """
 

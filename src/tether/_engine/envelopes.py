@@ -67,7 +67,7 @@ def paused_envelope(run_id: str, pending: dict[str, Any], expires: float, logs: 
 
 def tool_schemas(catalog: Any) -> Callable[[str], Any]:
     def schema(address: str) -> Any:
-        # A tool's format: password / writeOnly fields are secrets (tools/shown.py); unknown: names alone.
+        # A tool's format: password / writeOnly fields are secrets (_tools/shown.py); unknown: names alone.
         return catalog.get(address).input_schema if address in catalog else None
 
     return schema
@@ -82,7 +82,7 @@ def pause_instructions(run_id: str, pending: dict[str, Any], schema: Callable[[s
 
     def show(w: dict[str, Any]) -> str:
         # Instructions are read: every argument named, the values sharing 600 characters, escaped and
-        # secrets hidden (tools/shown.py, and the names the pause recorded); the arguments are whole in `pending`.
+        # secrets hidden (_tools/shown.py, and the names the pause recorded); the arguments are whole in `pending`.
         address = str(w["address"])
         return f"call {w['seq']} " + show_call(address, shown_args(w), budget=600 // len(writes),
                                                schema=schema(address) if schema else None).line()

@@ -1,6 +1,6 @@
 """What a stopped attempt waits on: the writes of a pause, or the wait it parks on (P-18, P-27).
 
-Built where the attempt stops (runs/pausing.py), handed to the pause sink
+Built where the attempt stops (_engine/pausing.py), handed to the pause sink
 (``driver.Attempt.pause``), which stores it on the run as plain JSON
 (``runs.pending``): the record's type says pause or park, where a dict's keys
 used to. What is stored, signed and returned is exactly the dict it was.
@@ -26,7 +26,7 @@ class AskedWrite:
     args: dict[str, Any]
     annotations: dict[str, Any]
     description: str | None = None
-    secret_args: tuple[str, ...] = ()  # arguments shown as *** to people (runs/redaction.py)
+    secret_args: tuple[str, ...] = ()  # arguments shown as *** to people (_engine/redaction.py)
     op: ClassVar[str] = "tool"
 
     @classmethod

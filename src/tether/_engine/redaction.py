@@ -1,4 +1,4 @@
-"""A pending write's arguments as people may see them: the one secret rule of ``tools/shown.py``, applied to
+"""A pending write's arguments as people may see them: the one secret rule of ``_tools/shown.py``, applied to
 what a pause recorded.
 
 A write asks a person to approve it, so its arguments are shown; a password or

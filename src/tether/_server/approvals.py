@@ -193,7 +193,7 @@ class Decider:
 
 
 def describe_write(rt: Runtime, write: dict[str, Any], run: RunRecord | None = None) -> dict[str, Any]:
-    """A pending write as its page shows it: ``shown`` (tools/shown.py: every argument named, escaped,
+    """A pending write as its page shows it: ``shown`` (_tools/shown.py: every argument named, escaped,
     flagged, secrets redacted, values shortened evenly, the description last), ``target`` (where it goes,
     see :func:`write_target`) and whether its tool is destructive."""
     from tether._tools.shown import show_call
@@ -220,7 +220,7 @@ def describe_write(rt: Runtime, write: dict[str, Any], run: RunRecord | None = N
 
 def input_schema(rt: Runtime, address: Any) -> dict[str, Any] | None:
     """The input schema of the tool at ``address`` in this process's catalog: its ``format: password`` and
-    ``writeOnly`` fields are secrets (tools/shown.py). None when the catalog cannot say."""
+    ``writeOnly`` fields are secrets (_tools/shown.py). None when the catalog cannot say."""
     try:
         return rt.catalog.get(address).input_schema if isinstance(address, str) and address in rt.catalog else None
     except Exception:  # a catalog that cannot say leaves the rule by names

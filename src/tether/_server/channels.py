@@ -3,7 +3,7 @@
 The channels — the inline form (2025 era), the input-required form (2026
 era), the URL page (urlmode.py, both eras) and the paused result itself —
 are adapters written against :class:`ApprovalHost`, never against the MCP
-server class, so ``server/mcp.py`` imports them and none imports it back.
+server class, so ``_server/mcp.py`` imports them and none imports it back.
 Whoever may decide is asked of ``tether._engine.approvals``; what decides is the
 runtime's one ``decide`` path (``rt.resume`` / ``rt.decide``).
 """

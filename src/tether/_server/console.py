@@ -124,7 +124,7 @@ def _short(text: str | None) -> str:
 
 
 def _compact(value: Any) -> str:
-    # Every call's arguments are shown with their secrets replaced (tools/shown.py's one rule).
+    # Every call's arguments are shown with their secrets replaced (_tools/shown.py's one rule).
     text = json.dumps(redacted(value), ensure_ascii=False, sort_keys=True, default=str)
     return text if len(text) <= 300 else text[:300] + "…"
 
@@ -245,7 +245,7 @@ class Console:
                  access: Access | None = None, host: str = "127.0.0.1", sign_in: Any = None,
                  dev: bool | None = None) -> None:
         self.rt = rt
-        # OpenID Connect sign-in against [auth]'s issuer (server/signin.py), beside token sign-in.
+        # OpenID Connect sign-in against [auth]'s issuer (_server/signin.py), beside token sign-in.
         self.sign_in = sign_in
         self.tokens = tuple(tokens)
         # Nobody is told apart only without tokens *and* without an identity provider (--dev).
@@ -282,7 +282,7 @@ class Console:
             Route("/approve/{token}", self.link_decide, methods=["POST"]),
             Mount("/console/static", StaticFiles(directory=str(HERE / "static")), name="static"),
         ]
-        # ``host`` is the address the server binds: which Host names reach it (server/auth.py).
+        # ``host`` is the address the server binds: which Host names reach it (_server/auth.py).
         self.app = SecurityHeaders(Starlette(routes=routes), allowed_hosts(host, public_url))
 
     async def close(self) -> None:

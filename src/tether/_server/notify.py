@@ -162,7 +162,7 @@ class Notifier:
             writes = pending_writes(self.rt, run) or [pending]
             out["expires_at"] = expires
             # Every argument named, values shortened evenly and control characters escaped
-            # (tools/shown.py): what a receiver shows a person is what the console shows.
+            # (_tools/shown.py): what a receiver shows a person is what the console shows.
             out["pending"] = [{"seq": w.get("seq"), "address": w.get("address"),
                                **show_call(str(w.get("address")), shown_args(w),
                                            schema=input_schema(self.rt, w.get("address"))).to_dict()} for w in writes]

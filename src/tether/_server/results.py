@@ -17,7 +17,7 @@ from tether._store.states import RunStatus
 from tether._tools.shown import show_call
 from tether.errors import TetherError
 
-# Room for the values of the writes shown in an approval message or instructions (tools/shown.py).
+# Room for the values of the writes shown in an approval message or instructions (_tools/shown.py).
 MAX_ARGS_CHARS = 600
 
 

@@ -519,7 +519,7 @@ class _SignedCatalogs:
 
     @staticmethod
     def _mac(secret: bytes, key: str, body: str) -> str:
-        # The bytes it always signed; the MAC itself is the capabilities module's (approvals/capabilities.py).
+        # The bytes it always signed; the MAC itself is the capabilities module's (_engine/approvals/capabilities.py).
         return mac_hex(secret, f"openapi-catalog:{key}\n{body}".encode())
 
     def get(self, key: str) -> dict[str, Any] | None:

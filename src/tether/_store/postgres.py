@@ -56,7 +56,7 @@ class PostgresStore(SQLStore):
     driver_error = psycopg.Error
     # The byte length of a TEXT or BYTEA value (retention's estimates).
     octets = "OCTET_LENGTH({})"
-    # Callers on an event loop run this store's calls in its threads (store/aio.py, D-27).
+    # Callers on an event loop run this store's calls in its threads (_store/aio.py, D-27).
     offload = True
     # A method that runs one statement runs it in autocommit (D-40); cleared, it is wrapped in BEGIN and
     # COMMIT like the rest, as before (bench/store_latency_bench.py measures both).

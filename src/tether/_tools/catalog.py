@@ -152,7 +152,7 @@ class Catalog:
 
     def memo(self, key: str, build: Callable[[], T]) -> T:
         """Return ``build()``'s value, rebuilt only when the catalog has changed."""
-        # Built on the host-work threads too (hostwork.py) while the loop may add tools: a value is kept
+        # Built on the host-work threads too (_hostwork.py) while the loop may add tools: a value is kept
         # under the version it was built from, so one built across a change is built again next time.
         version = self._version
         hit = self._memo.get(key)

@@ -8,10 +8,10 @@ formats are the ones tokens and stored MACs were always made in, so whatever
 was handed out or stored before keeps verifying (tests/test_rotation.py):
 
 - canonical-JSON MACs named by secret id (:meth:`Keyring.mac`): run fields,
-  journal entries, snapshots (runs/integrity.py), outbox rows (server/notify.py),
-  the MCP listing cache (sources/loader.py);
+  journal entries, snapshots (_engine/integrity.py), outbox rows (_server/notify.py),
+  the MCP listing cache (_sources/loader.py);
 - ``<version>.<payload>.<mac>`` tokens (:class:`TokenFormat`): wait keys
-  (``w1``, runs/waits.py), approval links (``a1``, server/approvals.py),
+  (``w1``, _engine/waits.py), approval links (``a1``, _server/approvals.py),
   console sessions (``s1``) and the sign-in flow cookie (``f1``);
 - MACs over a purpose's own bytes (:func:`mac_hex`): sealed MCP request state,
   session globals, keyed digests of literal source secrets, webhook signatures

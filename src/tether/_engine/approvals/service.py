@@ -10,7 +10,7 @@ write of the pause is decided; a ``cancel`` of any of them ends the run.
     pending(rt, run)  -> [PendingWrite, ...]                       (rt.pending)
     decide(rt, run_id, {3: "approve", 4: ("decline", "why")}, actor=..., via=...)
                       every surface's decision: Python, CLI, MCP resume and forms, the console,
-                      approval links (server/approvals.py's Decider), wait keys (runs/waits.py)
+                      approval links (_server/approvals.py's Decider), wait keys (_engine/waits.py)
     refusal(...)      why a decision would take nothing, asked before queueing one (Decider)
     expire(rt)        paused runs past their approval time to live end run_expired
 
