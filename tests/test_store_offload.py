@@ -16,7 +16,6 @@ import psycopg
 import pytest
 
 from test_store import make_run
-from tether._store.aio import AsyncStore
 from tether._store.postgres import PostgresStore
 from tether._store.sqlite import SQLiteStore
 
@@ -98,7 +97,7 @@ def test_one_caller_at_a_time_keeps_to_one_connection(store):
 
 
 async def test_a_blocked_call_leaves_the_loop_to_other_calls(pg_url, schema, store):
-    astore = AsyncStore(store)
+    astore = store.aio
     assert not astore.inline
     store.create_run(make_run("held"))
     store.create_run(make_run("free"))
@@ -124,7 +123,7 @@ async def test_a_blocked_call_leaves_the_loop_to_other_calls(pg_url, schema, sto
 async def test_a_cancelled_caller_sees_its_call_through_before_the_cancellation(pg_url, schema, store):
     # The transaction is not abandoned half-way: it commits, and the caller is
     # cancelled at its next await, as if the call had run inline.
-    astore = AsyncStore(store)
+    astore = store.aio
     store.create_run(make_run("held"))
     lock = RowLock(pg_url, schema, "held")
     after: list[str] = []
@@ -150,7 +149,7 @@ async def test_a_cancelled_caller_sees_its_call_through_before_the_cancellation(
 
 
 async def test_a_timeout_around_a_call_still_reads_as_a_timeout(pg_url, schema, store):
-    astore = AsyncStore(store)
+    astore = store.aio
     store.create_run(make_run("held"))
     lock = RowLock(pg_url, schema, "held")
 
@@ -172,7 +171,7 @@ async def test_a_timeout_around_a_call_still_reads_as_a_timeout(pg_url, schema, 
 async def test_a_failing_call_raises_in_the_caller(store):
     from tether._store import Conflict
 
-    astore = AsyncStore(store)
+    astore = store.aio
     await astore.create_run(make_run("r1"))
     with pytest.raises(Conflict):
         await astore.create_run(make_run("r1"))
@@ -181,7 +180,7 @@ async def test_a_failing_call_raises_in_the_caller(store):
 async def test_sqlite_calls_run_in_place(tmp_path):
     store = SQLiteStore(f"sqlite:///{tmp_path}/t.db")
     try:
-        astore = AsyncStore(store)
+        astore = store.aio
         assert astore.inline
         seen = await astore.call(threading.current_thread)
         assert seen is threading.current_thread()
@@ -193,7 +192,7 @@ async def test_a_closed_store_refuses_offloaded_calls(pg_url, schema):
     from tether.errors import StoreError
 
     store = PostgresStore(pg_url, schema=schema)
-    astore = AsyncStore(store)
+    astore = store.aio
     await astore.create_run(make_run("r1"))
     store.close()
     with pytest.raises(StoreError):

@@ -41,7 +41,6 @@ from tether._engine.run_keys import check_run_key
 from tether._engine.sessions import Sessions, sign_snapshot  # noqa: F401 - sign_snapshot stays importable from here
 from tether._engine.waits import Waits, same_wait
 from tether._sandbox.monty import MONTY_VERSION, SandboxPool
-from tether._store.aio import AsyncStore
 from tether._store.base import LOCAL_PRINCIPAL, RunRecord, SnapshotRecord, Store
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
 from tether.errors import RunNotFound, RunTampered, SnapshotTampered, ToolsUnavailable, UsageError, WrongSecret
@@ -104,7 +103,7 @@ class Runtime:
 
         self.store: Store = store if store is not None else open_store("sqlite:///:memory:")
         # The store as code on the event loop awaits it: Postgres calls run off the loop (D-27).
-        self.astore = AsyncStore(self.store)
+        self.astore = self.store.aio
         self.catalog = catalog if catalog is not None else Catalog()
         self.policy = policy or Policy()
         self.limits = limits or Limits()
@@ -432,7 +431,7 @@ class Runtime:
         return self._running.get(run_id)
 
     async def _cancel_for_handle(self, run_id: str, reason: str) -> RunResult:
-        run = self.store.get_run(run_id)
+        run = await self.store.aio.get_run(run_id)
         return await self.cancel(run_id, reason, principal=run.principal if run is not None else None)
 
     # -- REPL sessions (P-21): tether._engine.sessions ----------------------------------
@@ -567,7 +566,7 @@ class Runtime:
         delay = 0.02
         deadline = time.monotonic() + timeout
         while True:
-            run = self.store.get_run(run_id)
+            run = await self.store.aio.get_run(run_id)
             if run is None:
                 raise RunNotFound(f"no run {run_id}")
             if run.status != RunStatus.RUNNING and run.result is not None:
@@ -646,7 +645,7 @@ class Runtime:
 
     async def wake(self, run_id: str, key: str | None = None) -> RunResult | None:
         """Continue a waiting run in this process if it is parked on ``key`` (or its deadline came)."""
-        run = self.store.get_run(run_id)
+        run = await self.store.aio.get_run(run_id)
         if run is None or run.status != RunStatus.WAITING:
             return None
         if key is not None and not same_wait((run.pending or {}).get("key"), key):
@@ -657,7 +656,7 @@ class Runtime:
         await self.require_sources(run)
         if not self.lifecycle.wake(run_id):
             return None  # another process took it
-        run = self.store.get_run(run_id)
+        run = await self.store.aio.get_run(run_id)
         if run is None:  # deleted since it was woken
             return None
         return await self.launch(run, mode="continue").result()
@@ -665,7 +664,7 @@ class Runtime:
     async def wake_due(self) -> list[RunResult]:
         """Continue runs whose timer or wait deadline has come."""
         out = []
-        for run in self.store.runs_due(self.clock()):
+        for run in await self.store.aio.runs_due(self.clock()):
             result = await self.wake(run.run_id)
             if result is not None:
                 out.append(result)
@@ -779,7 +778,7 @@ class Runtime:
         if run.lease_until is None or run.lease_until < now or gone:
             # No process owns it (its process stopped): take it, so no recoverer starts it, and end it.
             if self.lifecycle.take_over(run_id, gone_owner=run.owner if gone else None):
-                taken = self.store.get_run(run_id)
+                taken = await self.store.aio.get_run(run_id)
                 return (self.finisher.cancel_now(taken, reason) if taken is not None else None) or await self.cancel(
                     run_id, reason, principal=principal)
         # Running in another process: a durable request its heartbeat sees, and a notice so it looks now.
@@ -870,7 +869,7 @@ class Runtime:
         continues here; if the resolver's wake got there first, that one runs it.
         """
         key = (result.pending or {}).get("key")
-        wait = self.store.get_wait(key) if key else None
+        wait = await self.store.aio.get_wait(key) if key else None
         if wait is None or wait.status == WaitStatus.PENDING:
             return result
         continued = await self.wake(run_id, key=key)

@@ -101,5 +101,5 @@ async def terminate_cell(rt: Runs, cell_id: str, *, principal: str | None = None
     handle = rt.running(cell_id)
     if handle is not None:
         await asyncio.wait({handle.task}, timeout=30)
-    events = rt.store.get_events(cell_id)
+    events = await rt.store.aio.get_events(cell_id)
     return observation(rt, cell_id, events, 0)

@@ -51,7 +51,6 @@ from tether._engine.spec import build_spec, precheck, remember_verdict
 from tether._engine.waits import Waits
 from tether._hostwork import HostBudget, HostWorkTimeout, off_loop
 from tether._sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxPool, SandboxSpec, Stopped
-from tether._store.aio import AsyncStore
 from tether._store.base import CallRecord, RunRecord, SnapshotRecord, Store
 from tether._store.states import CallState, RunStatus
 from tether.errors import (
@@ -129,7 +128,7 @@ class Attempt:
         self.run = run
         self.deps = deps
         # The store as the attempt awaits it: on Postgres its calls leave the event loop (D-27).
-        self.astore = AsyncStore(deps.store)
+        self.astore = deps.store.aio
         self.mode = mode
         self.on_approval = on_approval
         self.on_progress = on_progress

@@ -14,7 +14,6 @@ from typing import Any, Callable
 
 from tether._engine.notices import ENDED, EVENT, Notices
 from tether._engine.result import to_json_value
-from tether._store.aio import AsyncStore
 from tether._store.base import Store
 from tether._store.states import TERMINAL_RUN_STATUSES
 from tether.errors import RunNotFound
@@ -49,7 +48,7 @@ class EventBus:
 
     async def emit_awaited(self, run_id: str, type: str, data: dict[str, Any]) -> int:
         """``emit`` with the store write awaited: off the event loop on Postgres (D-27)."""
-        event_id = await AsyncStore(self.store).add_event(run_id, type, to_json_value(data)[0], self.clock())
+        event_id = await self.store.aio.add_event(run_id, type, to_json_value(data)[0], self.clock())
         self._wake(run_id)
         return event_id
 
@@ -106,7 +105,7 @@ class EventBus:
         self.listen()  # on Postgres, other processes' events at once too
         while True:
             signal.clear()
-            new = self.store.get_events(run_id, after=cursor)
+            new = await self.store.aio.get_events(run_id, after=cursor)
             for i, e in enumerate(new):
                 if e.type in STOPPING_EVENTS:
                     # One stop per observation: the observer sees every yield.
@@ -117,7 +116,7 @@ class EventBus:
                 collected += new
                 cursor = new[-1].event_id
                 delay = 0.005
-            run = self.store.get_run(run_id)
+            run = await self.store.aio.get_run(run_id)
             if run is None:
                 raise RunNotFound(f"no cell {run_id!r}")
             if run.status in TERMINAL_RUN_STATUSES and not new:

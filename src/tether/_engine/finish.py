@@ -16,7 +16,6 @@ from tether._engine.events import EventBus
 from tether._engine.lifecycle import Lifecycle, cancelled_error
 from tether._engine.notices import ENDED
 from tether._engine.result import RunResult
-from tether._store.aio import AsyncStore
 from tether._store.base import RunRecord, Store
 from tether._store.states import RunStatus
 from tether.errors import TetherError
@@ -38,7 +37,7 @@ class Finisher:
     def __init__(self, *, store: Store, lifecycle: Lifecycle, bus: EventBus, clock: Callable[[], float],
                  cancel_waits: Callable[[str], None], revoke_waits: Callable[[str], Any]) -> None:
         self.store = store
-        self.astore = AsyncStore(store)
+        self.astore = store.aio
         self.lifecycle = lifecycle
         self.bus = bus
         self.clock = clock

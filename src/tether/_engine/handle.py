@@ -65,7 +65,7 @@ class RunHandle:
         while True:
             if self._task.done():
                 # Its last events were stored before it ended: one read has them all.
-                for event in self._bus.store.get_events(self.run_id, after=cursor):
+                for event in await self._bus.store.aio.get_events(self.run_id, after=cursor):
                     yield event
                 return
             batch = await self._bus.wait(self.run_id, cursor, poll_ms, stop_on=ANY_EVENT, task=self._task)

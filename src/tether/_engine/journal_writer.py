@@ -15,7 +15,6 @@ import time
 from typing import Any, Callable
 
 from tether._engine import integrity
-from tether._store.aio import AsyncStore
 from tether._store.base import CallRecord, Store
 from tether._store.states import CallState
 from tether._tools.context import idempotency_key
@@ -29,7 +28,7 @@ class JournalWriter:
         self.run_id = run_id
         self.store = store
         # Every write is awaited: on Postgres it leaves the event loop (D-27).
-        self.astore = AsyncStore(store)
+        self.astore = store.aio
         # One flush at a time: a write's intent waits for the reads a flush already took (P-7).
         self._flushing = asyncio.Lock()
         self.keyring = keyring

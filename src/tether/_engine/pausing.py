@@ -25,7 +25,6 @@ from tether._engine.inputs import wait_name_problem
 from tether._engine.pending import AskedWrite, ParkedWait, Stop, WritePause
 from tether._engine.waits import SIGNAL_PREFIX, SLEEP_PREFIX, key_for
 from tether._sandbox.monty import GuestRaise, Stopped
-from tether._store.aio import AsyncStore
 from tether._store.base import CallRecord, Store, WaitRecord
 from tether._store.states import CallState, WaitStatus
 from tether.errors import InvalidArguments, UnknownTool
@@ -212,7 +211,7 @@ class Pauses:
         # The deadline counts from when the program first reached the wait, so
         # a restart continues with only the remaining time.
         deadline = None if timeout is None else (entry.started_at or now) + timeout
-        astore = AsyncStore(host.store)  # off the event loop on Postgres (D-27)
+        astore = host.store.aio  # off the event loop on Postgres (D-27)
         wkey = await astore.call(key_for, host.store, host.secret, host.run_id, name, host.keyring.previous)
         row = await astore.call(host.store.create_wait, WaitRecord(
             wkey, host.run_id, name, WaitStatus.PENDING, now, seq=seq, deadline=deadline, session=host.session))
@@ -299,7 +298,7 @@ class Pauses:
         host = self.host
         taken = Decision(seq, decision, reason, actor=getattr(host.on_approval, "actor", None),
                          via=getattr(host.on_approval, "via", "prompt"), at=host.clock())
-        await AsyncStore(host.store).add_event(host.run_id, "decided", taken.event(address), host.clock())
+        await host.store.aio.add_event(host.run_id, "decided", taken.event(address), host.clock())
 
     async def join_batch(self, seq: int, address: str, args: dict[str, Any]) -> Any:
         """A call issued while a write pause forms: a write that would ask joins the pause (P-27).

@@ -133,12 +133,12 @@ class Waits:
         """Settle a wait: the first resolution wins; the run continues here if it was parked on it."""
         parsed = parse_wait_key(self._verify_with, key)
         if (parsed is None and isinstance(key, str) and not key.startswith(WAIT_DIGEST_PREFIX)
-                and self.store.get_wait(key) is not None):
+                and await self.store.aio.get_wait(key) is not None):
             # tether made this key (it names a stored wait), under a secret no longer held here.
             raise WrongSecret("the wait key was made with a secret this process does not hold; nothing was "
                               "resolved or sent", details={"key": key})
-        run = self.store.get_run(parsed[0]) if parsed else None
-        existing = self.store.get_wait(key) if parsed else None
+        run = await self.store.aio.get_run(parsed[0]) if parsed else None
+        existing = await self.store.aio.get_wait(key) if parsed else None
         if parsed is None or run is None or (existing is not None and existing.status == WaitStatus.REVOKED):
             return {"status": "unknown_or_revoked", "key": key,
                     "next_action": "Check the key (tether waits list); the wait may have been revoked."}
@@ -161,8 +161,8 @@ class Waits:
         status = WaitStatus.FAILED if error is not None else WaitStatus.RESOLVED
         err = {"message": error} if error is not None else None
         value = to_json_value(value)[0]
-        accepted, row = self.store.settle_wait(WaitRecord(key, run_id, name, status, now, value=value, error=err,
-                                                          resolved_at=now))
+        accepted, row = await self.store.aio.settle_wait(WaitRecord(key, run_id, name, status, now, value=value,
+                                                                    error=err, resolved_at=now))
         out = {"status": "accepted" if accepted else "already_resolved", "key": key, "wait": wait_view(row, key)}
         # A resolution kept while the run could not continue (tools_unavailable) wakes it on a later try.
         result = None
@@ -195,7 +195,7 @@ class Waits:
             return {"status": "invalid_value", "key": key,
                     "next_action": 'Resolve an approval with {"decision": "approve" | "decline" | "cancel", '
                                    '"reason": "..."}.'}
-        row = self.store.get_wait(key)
+        row = await self.store.aio.get_wait(key)
         if row is not None and row.status != WaitStatus.PENDING:
             return {"status": "already_resolved", "key": key, "wait": wait_view(row, key)}
         try:

@@ -62,7 +62,7 @@ async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds
             busy = bool(tasks)
             free = max(0, (concurrency or rt.pool.max_workers) - len(tasks))
             if free and time.monotonic() - scanned >= SETTLED_SCAN_SECONDS:
-                settled.update(rt.store.runs_with_settled_wait())
+                settled.update(await rt.store.aio.runs_with_settled_wait())
                 scanned = time.monotonic()
             if free:
                 for coro in await _claims(rt, free, reported, settled):
@@ -93,15 +93,13 @@ async def _prune_batch(rt: "Runtime") -> float:
     One short transaction per batch; a full batch means more are due, so the next comes next round.
     A store failure here is the next round's business, never the worker's end.
     """
-    from tether._store.aio import AsyncStore
     from tether._store.retention import prune
 
     retention = rt.config.retention if rt.config is not None else None
     if retention is None:
         return float("inf")
     try:
-        report = await AsyncStore(rt.store).call(prune, rt.store, retention.rules(), rt.clock(),
-                                                 limit=retention.batch)
+        report = await rt.astore.call(prune, rt.store, retention.rules(), rt.clock(), limit=retention.batch)
     except Exception as exc:  # noqa: BLE001 - reported, retried next round
         print(f"tether worker: retention prune failed: {exc}", file=sys.stderr, flush=True)
         return retention.every_seconds
@@ -125,9 +123,9 @@ async def _settled_runs(rt: "Runtime", settled: set[str], free: int, reported: s
 
     out: list[Awaitable[Any]] = []
     while settled and len(out) < free:
-        run = rt.store.get_run(settled.pop())
+        run = await rt.store.aio.get_run(settled.pop())
         key = (run.pending or {}).get("key") if run is not None and run.status == RunStatus.WAITING else None
-        wait = rt.store.get_wait(key) if key else None
+        wait = await rt.store.aio.get_wait(key) if key else None
         if (run is not None and wait is not None and wait.status != WaitStatus.PENDING
                 and await _available(rt, run, reported)):
             out.append(rt.wake(run.run_id, key=key))
@@ -187,14 +185,14 @@ async def orphans_taken(rt: "Runtime", room: Callable[[], bool],
     """
     life = rt.lifecycle
     async for before in claimed(room, life.claim_orphan, usable, life.release_orphan):
-        run = rt.store.get_run(before.run_id)
+        run = await rt.store.aio.get_run(before.run_id)
         if run is not None:
             run = await _counted(rt, run, before.owner, "lease_lapsed", quarantined)
         if run is not None:
             yield run
     for gone in rt.gone_owners() if room() else []:
         if room() and await usable(gone) and life.take_over(gone.run_id, gone_owner=gone.owner):
-            run = rt.store.get_run(gone.run_id)
+            run = await rt.store.aio.get_run(gone.run_id)
             if run is not None:
                 run = await _counted(rt, run, gone.owner, "process_gone", quarantined)
             if run is not None:

@@ -173,7 +173,7 @@ class Decider:
         # page can show its outcome.
         with contextlib.suppress(Exception):
             await asyncio.wait({task}, timeout=self.settle_seconds)
-        run = self.rt.store.get_run(run_id)
+        run = await self.rt.store.aio.get_run(run_id)
         return Outcome(True, status=run.status if run else None)
 
     def _slot(self) -> Any:

@@ -472,7 +472,7 @@ class Console:
         if session is None or not self._csrf_ok(session["n"], form.get("csrf")):
             return self._login_redirect()
         # Deleting the cookie only asks the browser; the store's record ends the session for everyone.
-        self.rt.store.sign_out(_session_id(session["n"]), float(session.get("e", 0)), time.time())
+        await self.rt.store.aio.sign_out(_session_id(session["n"]), float(session.get("e", 0)), time.time())
         response = RedirectResponse("/console/login", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict",
                                secure=self._secure(request))
@@ -755,7 +755,7 @@ class Console:
         if not outcome.ok:
             return self.message("Nothing decided", outcome.message or "Nothing was decided.", status=409)
         verb = "Approved" if decision == "approve" else "Declined"
-        now = self.rt.store.get_run(run.run_id) or run
+        now = await self.rt.store.aio.get_run(run.run_id) or run
         # What is true as the page is drawn: sent or not yet, and whether the run went on or paused again.
         text = flash_text(self.rt, now, "approved" if decision == "approve" else "declined", str(claim.seq))
         return self.message(verb, text or verb, status=200, tone="ok",

@@ -22,13 +22,16 @@ if TYPE_CHECKING:
 
 async def settled(rt: "Runtime", principal: str, key: str) -> bool:
     """Whether ``key`` names a run that is not running now: its envelope is answered without a run slot."""
-    run = await rt.astore.call(rt.store.get_run_by_key, principal, key)
+    run = await rt.store.aio.get_run_by_key(principal, key)
     return run is not None and run.status not in (RunStatus.RUNNING, RunStatus.QUEUED)
 
 
-def overloaded(rt: "Runtime", exc: Overloaded, principal: str, key: str | None) -> CallToolResult:
-    """``exc`` as a tool error saying whether a run was started for this request (under ``key``, earlier), and which."""
-    run = rt.store.get_run_by_key(principal, key) if key is not None else None
+async def overloaded(rt: "Runtime", exc: Overloaded, principal: str, key: str | None) -> CallToolResult:
+    """``exc`` as a tool error saying whether a run was started for this request (under ``key``, earlier), and which.
+
+    Awaited: an overloaded server is the last one to block its event loop on a store round trip.
+    """
+    run = await rt.store.aio.get_run_by_key(principal, key) if key is not None else None
     exc.details = {**exc.details, "run_started": run is not None, "run_id": run.run_id if run else None}
     if run is None:
         exc.next_action = ("No run was started for this request. After retry_after_ms, call again"

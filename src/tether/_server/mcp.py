@@ -285,7 +285,7 @@ class TetherServer:
                 # A retry of a request whose run has stopped running needs no slot to be answered;
                 # any other is told whether a run was started for it, and which (P-36).
                 if key is None or not await keyed.settled(self.rt, principal, key):
-                    return keyed.overloaded(self.rt, exc, principal, key)
+                    return await keyed.overloaded(self.rt, exc, principal, key)
                 result = await (await begin(None)).result()
             if how == "url" and era == INLINE:
                 result = await urlmode.legacy(self, ctx, result, principal)
@@ -350,7 +350,7 @@ class TetherServer:
             try:
                 slot = await self.admission.acquire()
             except Overloaded as exc:
-                return keyed.overloaded(self.rt, exc, principal, key)
+                return await keyed.overloaded(self.rt, exc, principal, key)
             try:
                 obs = await self.rt.start_cell(code, yield_after_ms=yield_after_ms, principal=principal,
                                                meta=dict(self.run_meta), key=key)

@@ -216,7 +216,7 @@ class Notifier:
                     await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
 
     async def deliver_due(self, http: Any) -> int:
-        due = self.rt.store.claim_outbox(self.rt.clock(), CLAIM_SECONDS)
+        due = await self.rt.store.aio.claim_outbox(self.rt.clock(), CLAIM_SECONDS)
         if due:
             await asyncio.gather(*(self._deliver(http, item) for item in due))
         return len(due)
@@ -226,14 +226,16 @@ class Notifier:
         attempts = item.attempts + 1
         if hook is None:
             # The webhook was removed from the config: give this one up.
-            self.rt.store.settle_outbox(item.id, status=OUTBOX_FAILED, attempts=item.attempts, next_at=item.next_at,
-                                        last_error="the webhook is no longer configured")
+            await self.rt.store.aio.settle_outbox(item.id, status=OUTBOX_FAILED, attempts=item.attempts,
+                                                  next_at=item.next_at,
+                                                  last_error="the webhook is no longer configured")
             return
         if not self.genuine(item):
             # Not queued by tether (or altered since): the webhook's secret must not sign it.
-            self.rt.store.settle_outbox(item.id, status=OUTBOX_FAILED, attempts=item.attempts, next_at=item.next_at,
-                                        last_error="not sent: the row's signature does not verify under this "
-                                                   "store's secret (inserted or altered outside tether)")
+            await self.rt.store.aio.settle_outbox(item.id, status=OUTBOX_FAILED, attempts=item.attempts,
+                                                  next_at=item.next_at,
+                                                  last_error="not sent: the row's signature does not verify under this "
+                                                             "store's secret (inserted or altered outside tether)")
             return
         body = self.outgoing(item)
         event_type = json.loads(body).get("type", "")
@@ -246,9 +248,9 @@ class Notifier:
             response = await http.post(hook.url, content=body.encode(), headers=headers)
             if 200 <= response.status_code < 300:
                 # The last failure stays on the row: why it took more than one attempt.
-                self.rt.store.settle_outbox(item.id, status=OUTBOX_DELIVERED, attempts=attempts,
-                                            next_at=item.next_at, last_error=item.last_error,
-                                            delivered_at=self.rt.clock())
+                await self.rt.store.aio.settle_outbox(item.id, status=OUTBOX_DELIVERED, attempts=attempts,
+                                                      next_at=item.next_at, last_error=item.last_error,
+                                                      delivered_at=self.rt.clock())
                 return
             error = f"HTTP {response.status_code}"
         except Exception as exc:  # the receiver is down, slow or refusing: try again later
@@ -256,11 +258,12 @@ class Notifier:
         metrics.WEBHOOK_FAILURES.inc()
         now = self.rt.clock()
         if attempts >= MAX_ATTEMPTS:
-            self.rt.store.settle_outbox(item.id, status=OUTBOX_FAILED, attempts=attempts, next_at=now,
-                                        last_error=error)
+            await self.rt.store.aio.settle_outbox(item.id, status=OUTBOX_FAILED, attempts=attempts, next_at=now,
+                                                  last_error=error)
         else:
-            self.rt.store.settle_outbox(item.id, status=OUTBOX_PENDING, attempts=attempts,
-                                        next_at=now + backoff(attempts, self.backoff_base), last_error=error)
+            await self.rt.store.aio.settle_outbox(item.id, status=OUTBOX_PENDING, attempts=attempts,
+                                                  next_at=now + backoff(attempts, self.backoff_base),
+                                                  last_error=error)
 
 
 @contextlib.asynccontextmanager

@@ -81,8 +81,8 @@ async def decided(rt: Runtime, run_id: str, seq: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     delay = 0.05
     while True:
-        run = rt.store.get_run(run_id)
-        if run is None or run.status != RunStatus.PAUSED or taken(rt.store.get_call(run_id, seq)) is not None:
+        run = await rt.store.aio.get_run(run_id)
+        if run is None or run.status != RunStatus.PAUSED or taken(await rt.store.aio.get_call(run_id, seq)) is not None:
             return True
         if time.monotonic() >= deadline:
             return False
@@ -93,7 +93,7 @@ async def decided(rt: Runtime, run_id: str, seq: int, timeout: float) -> bool:
 async def settled(server: "ApprovalHost", run_id: str) -> RunResult:
     """The run's next result after a decision: paused on the rest of its batch, or where it went next."""
     for _ in range(200):
-        run = server.rt.store.get_run(run_id)
+        run = await server.rt.store.aio.get_run(run_id)
         if run is not None and run.status == RunStatus.PAUSED and waiting_write(server, run_id) is None:
             # Every write is decided and the run is about to continue.
             await asyncio.sleep(0.05)

@@ -42,6 +42,7 @@ from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from tether._metrics import timed_store_call
 from tether._store._migrations import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
+from tether._store.aio import AsyncStore
 from tether._store.base import (
     LOCAL_PRINCIPAL,
     OUTBOX_PENDING,
@@ -324,6 +325,8 @@ class SQLStore:
         self._closed = False
         self._conn: Any = None
         self.traffic = StoreTraffic()
+        # The one awaitable face of this store, for every caller on an event loop.
+        self.aio = AsyncStore(self)
         self._pid = 0
         # None until the backend loads or creates the stored one while opening.
         self._secret: bytes | None = secret

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from tether._store.states import SETTLED_CALL_STATES as SETTLED_CALL_STATES
 from tether._store.states import TERMINAL_RUN_STATUSES as TERMINAL_RUN_STATUSES
 from tether._store.states import CallState, RunStatus, WaitStatus
+
+if TYPE_CHECKING:
+    from tether._store.aio import AsyncStore
 
 # The states are enums in .states; these older names stay importable.
 RUN_QUEUED = RunStatus.QUEUED
@@ -198,6 +201,8 @@ class Store(Protocol):
     """What the runtime needs from durable storage."""
 
     url: str
+    # The same store as awaitables, made once with it: what code on an event loop calls (_store/aio.py).
+    aio: AsyncStore
 
     # -- housekeeping
     def close(self) -> None: ...

@@ -154,7 +154,7 @@ async def cmd_runs_list(args: argparse.Namespace) -> int:
 
     store = open_store(load_config(args.config).store.url)
     try:
-        runs = store.list_runs(status=args.status, limit=args.limit)
+        runs = await store.aio.list_runs(status=args.status, limit=args.limit)
     finally:
         store.close()
     rows: list[dict[str, Any]] = [{"run_id": r.run_id, "status": r.status, "created_at": r.created_at, "updated_at": r.updated_at,
@@ -181,7 +181,7 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
     store = open_store(config.store.url)
     try:
         data = run_timeline(store, args.run_id)
-        run = store.get_run(args.run_id)
+        run = await store.aio.get_run(args.run_id)
         # Approval links need [server] public_url: where people reach the server.
         data["approval_links"] = []
         if run is not None and run.status in (RunStatus.PAUSED, RunStatus.WAITING):
@@ -253,7 +253,7 @@ async def cmd_runs_await(args: argparse.Namespace) -> int:
     delay = 0.05
     try:
         while True:
-            run = store.get_run(args.run_id)
+            run = await store.aio.get_run(args.run_id)
             if run is None:
                 raise_not_found(args.run_id)
             if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING) and run.result is not None:
@@ -281,7 +281,7 @@ async def cmd_runs_cancel(args: argparse.Namespace) -> int:
         # Whoever runs the CLI against the store is its operator: ending a
         # run (which sends nothing) is theirs whoever owns it. Deciding a
         # write (`tether resume`) acts as `local` like every other command.
-        run = rt.store.get_run(args.run_id)
+        run = await rt.store.aio.get_run(args.run_id)
         result = await rt.cancel(args.run_id, args.reason or "cancelled from the command line",
                                  principal=run.principal if run is not None else None)
     if result.status != RunStatus.CANCELLED:
@@ -311,7 +311,7 @@ async def cmd_start(args: argparse.Namespace) -> int:
         run_id = rt.start(code, meta={"tools": tools, "config": abs_path(args.config)},
                           type_check=False if args.no_check else None, key=args.key)
         # With --key the run may have been started before (P-36): say where it is now.
-        run = rt.store.get_run(run_id)
+        run = await rt.store.aio.get_run(run_id)
         status = run.status if run is not None else RunStatus.QUEUED
     worker = None if args.no_worker else ensure_worker(args, tools)
     if args.json:

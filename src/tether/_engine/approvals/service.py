@@ -194,7 +194,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
     batch = {w["seq"]: w for w in batch_of(run)}
     fresh: dict[int, tuple[str, str | None]] = {}
     for seq, (decision, reason) in sorted(wanted.items()):
-        entry = rt.store.get_call(run_id, seq)
+        entry = await rt.store.aio.get_call(run_id, seq)
         already = taken(entry)
         if decision == "cancel" and seq in batch and already != "cancel":
             # Cancel ends the paused run, whatever was decided on this write so far.
@@ -237,7 +237,8 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
         metrics.APPROVAL_SECONDS.observe(max(0.0, now - run.updated_at))
     # The run continues when nothing in its pause is left undecided; whoever
     # sees that first continues it (paused -> running is a compare-and-set).
-    undecided = [s for s in batch if (e := rt.store.get_call(run_id, s)) is not None and e.state == CallState.ASKED]
+    undecided = [s for s in batch
+                 if (e := await rt.store.aio.get_call(run_id, s)) is not None and e.state == CallState.ASKED]
     if undecided:
         return _paused_view(rt, rt.get_run(run_id, principal))
     record = last.to_dict() if last is not None else (run.decision or {})
@@ -319,7 +320,7 @@ async def _cancel(rt: "Runtime", run: RunRecord, fresh: dict[int, tuple[str, str
         # The run moved on meanwhile: decide again against what it is now.
         return await decide(rt, run.run_id, dict(fresh), principal=principal, t0=t0, **who)
     for write in batch_of(run):
-        entry = rt.store.get_call(run.run_id, write["seq"])
+        entry = await rt.store.aio.get_call(run.run_id, write["seq"])
         # A write approved earlier in this batch was not sent, and now never will be.
         if entry is not None and entry.state in (CallState.ASKED, CallState.APPROVED):
             _record(rt, run, write, "cancel", reason if write["seq"] == seq else None, who, now,

@@ -1,0 +1,93 @@
+"""The store's shape stays as issue 21 left it: code on an event loop reaches the store only through its
+awaitable face (``store.aio``), which is built once with the store, never at a call site.
+
+A sync store call inside ``async def`` runs a transaction on the event loop: on Postgres that is a round
+trip or three during which every other run and the server stand still (docs/decisions.md D-27).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+from tether._store.aio import AsyncStore
+from tether._store.base import Store
+
+PACKAGE = Path(__file__).parent.parent / "src" / "tether"
+
+# Every transaction-running method of the protocol. ``close`` releases connections and the secrets are
+# held in memory since the store opened: none of the three runs a transaction.
+SYNC_METHODS = frozenset(name for name, fn in vars(Store).items()
+                         if callable(fn) and not name.startswith("_")) - {"close", "secret", "previous_secrets"}
+
+
+def _chain(node: ast.expr) -> list[str]:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return parts[::-1]
+
+
+def sync_store_calls_in_async(source: str) -> list[tuple[int, str]]:
+    """(line, call) for each ``<...>.store.<method>(...)`` or ``store.<method>(...)`` made directly in the
+    body of an ``async def``; a nested ``def`` or ``lambda`` is not counted (it may be handed to a thread)."""
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, in_async: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.AsyncFunctionDef):
+                visit(child, True)
+            elif isinstance(child, (ast.FunctionDef, ast.Lambda)):
+                visit(child, False)
+            else:
+                if in_async and isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
+                    chain = _chain(child.func)
+                    if len(chain) >= 2 and chain[-2] == "store" and chain[-1] in SYNC_METHODS:
+                        found.append((child.lineno, ".".join(chain)))
+                visit(child, in_async)
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def test_the_check_sees_a_sync_store_call_planted_in_an_async_def():
+    planted = (
+        "async def handler(rt, run_id):\n"
+        "    run = rt.store.get_run(run_id)\n"            # blocks the loop: found
+        "    ok = await rt.store.aio.get_run(run_id)\n"   # awaited face: fine
+        "    await rt.astore.call(lambda: store.get_run(run_id))\n"  # runs off the loop: fine
+        "    store.close()\n"                              # no transaction: fine
+        "    return store.settle_wait(w)\n"                # found
+        "def sync(store):\n"
+        "    return store.get_run('x')\n"                  # not on a loop: fine
+    )
+    assert sync_store_calls_in_async(planted) == [(2, "rt.store.get_run"), (6, "store.settle_wait")]
+
+
+def test_no_sync_store_call_sits_inside_an_async_def():
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}: {call}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             for line, call in sync_store_calls_in_async(path.read_text())]
+    assert found == [], "await the store's face instead (store.aio.<method>):\n" + "\n".join(found)
+
+
+def test_the_async_face_covers_every_store_method_with_the_same_parameters():
+    for name in SYNC_METHODS:
+        sync, awaitable = inspect.signature(getattr(Store, name)), inspect.signature(getattr(AsyncStore, name))
+        assert inspect.iscoroutinefunction(getattr(AsyncStore, name)), name
+        assert list(sync.parameters) == list(awaitable.parameters), name
+
+
+def test_the_async_face_is_built_only_by_the_store_itself():
+    makers = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "_store":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "AsyncStore":
+                makers.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert makers == [], "use store.aio, the face made with the store:\n" + "\n".join(makers)
