@@ -8,7 +8,7 @@ read of a Python tool marked read-only, and times until all have completed.
 Contenders, measured in the same run, interleaved:
 
 - ``inline``: every store call made on the event loop, as tether did before
-  D-27 (the store's ``offload`` flag cleared): one run's round trip stalls all.
+  D-27 (the store's ``capabilities.offloads`` cleared): one run's round trip stalls all.
 - ``offloaded_tx``: Postgres calls run in the store's thread pool, each
   thread on a connection of its own (D-27), every statement wrapped in BEGIN
   and COMMIT as before D-40 (the store's ``autocommit_single`` cleared; inline
@@ -25,6 +25,7 @@ are counted by the store (``store.traffic``) and shown beside the times
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import statistics
 import sys
@@ -98,8 +99,11 @@ async def main() -> None:
             store = PostgresStore(proxy.url(url), schema=f"bench_{name}")
             stores.append(store)
             rt = Runtime(store=store, tools=common.bench_tools(), max_workers=4)
-            # Calls in place, on the loop, as before D-27 (and as main did).
-            store.offload = name != "inline"
+            # Calls in place, on the loop, as before D-27 (and as main did); a revision before issue 21 read a flag.
+            if hasattr(store, "capabilities"):
+                store.capabilities = dataclasses.replace(store.capabilities, offloads=name != "inline")
+            else:
+                store.offload = name != "inline"
             # BEGIN and COMMIT around every statement, as before D-40 (issue 24).
             if hasattr(store, "autocommit_single"):
                 store.autocommit_single = name == "offloaded"

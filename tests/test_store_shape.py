@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from pathlib import Path
 
+from tether._store import base
 from tether._store.aio import AsyncStore
-from tether._store.base import Store
+from tether._store.base import Capabilities, Store
+from tether._store.postgres import PostgresStore
+from tether._store.sqlite import SQLiteStore
 
 PACKAGE = Path(__file__).parent.parent / "src" / "tether"
 
-# Every transaction-running method of the protocol. ``close`` releases connections and the secrets are
-# held in memory since the store opened: none of the three runs a transaction.
-SYNC_METHODS = frozenset(name for name, fn in vars(Store).items()
-                         if callable(fn) and not name.startswith("_")) - {"close", "secret", "previous_secrets"}
+# Every transaction-running method of the protocol's ports. ``close`` releases connections, the secrets are
+# held in memory since the store opened, and ``listen`` starts a thread: none of them runs a transaction.
+SYNC_METHODS = frozenset(name for name in dir(Store) if not name.startswith("_")
+                         and callable(getattr(Store, name))) - {"close", "secret", "previous_secrets", "listen"}
 
 
 def _chain(node: ast.expr) -> list[str]:
@@ -91,3 +95,37 @@ def test_the_async_face_is_built_only_by_the_store_itself():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "AsyncStore":
                 makers.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert makers == [], "use store.aio, the face made with the store:\n" + "\n".join(makers)
+
+
+def test_what_a_backend_can_do_is_declared_not_guessed():
+    """Optional features are read from ``store.capabilities``, never probed with getattr or a class's name."""
+    probes = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            text = ast.unparse(node)
+            probed = (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                      and node.func.id in ("getattr", "hasattr") and bool(node.args)
+                      and (_chain(node.args[0]) or [""])[-1] == "store")
+            # A class's name tested to decide what to do (naming one in a message is fine).
+            named = isinstance(node, ast.Compare) and re.search(r"type\((\w+\.)*store\)\.__name__", text)
+            if probed or named:
+                probes.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {text}")
+    assert probes == [], "declare it in Capabilities instead:\n" + "\n".join(probes)
+    assert SQLiteStore.capabilities == Capabilities()
+    assert PostgresStore.capabilities == Capabilities(offloads=True, notifies=True, secret_with_data=True)
+
+
+PORTS = [base.RunsPort, base.JournalPort, base.SnapshotsPort, base.WaitsPort, base.SessionsPort, base.EventsPort,
+         base.OutboxPort, base.ListingCachePort, base.SignOutsPort]
+
+
+def test_the_store_is_its_ports_and_each_backend_has_every_port_method_with_the_same_parameters():
+    methods = {name for port in PORTS for name, fn in vars(port).items() if callable(fn) and not name.startswith("_")}
+    assert set(Store.__mro__[1:len(PORTS) + 1]) == set(PORTS)
+    assert len(methods) == sum(len([n for n, f in vars(p).items() if callable(f) and not n.startswith("_")])
+                               for p in PORTS), "a method belongs to one port"
+    for backend in (SQLiteStore, PostgresStore):
+        for name in sorted(methods):
+            declared = inspect.signature(getattr(Store, name))
+            assert list(inspect.signature(getattr(backend, name)).parameters) == list(declared.parameters), \
+                f"{backend.__name__}.{name}"

@@ -54,8 +54,7 @@ class Notices:
 
     def start(self) -> None:
         """Listen (once) on a store that can say when another process changed something; else nothing."""
-        listen = getattr(self.store, "listen", None)
-        if self._stop is not None or listen is None:
+        if self._stop is not None or not self.store.capabilities.notifies:
             return
         loop = asyncio.get_running_loop()
 
@@ -63,7 +62,7 @@ class Notices:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
                 loop.call_soon_threadsafe(self.deliver, payload)
 
-        self._stop = listen(heard)
+        self._stop = self.store.listen(heard)
 
     def stop(self) -> None:
         if self._stop is not None:
@@ -96,11 +95,10 @@ class Notices:
 
     def publish(self, kind: str, run_id: str) -> None:
         """Tell the other processes on this store (and this one's listener); never fails the caller."""
-        notify = getattr(self.store, "notify", None)
-        if notify is None:
-            return
+        if not self.store.capabilities.notifies:
+            return  # nobody would hear it: other processes poll
         with contextlib.suppress(Exception):  # polling covers a notice that could not be sent
-            notify(encode(kind, run_id))
+            self.store.notify(encode(kind, run_id))
 
 
 async def wait_a_little(event: asyncio.Event, seconds: float) -> bool:

@@ -28,6 +28,7 @@ from tether._server.auth import (
     well_formed,
 )
 from tether._server.mcp import TetherServer
+from tether._store.base import Store
 from tether.errors import UsageError
 
 
@@ -96,9 +97,9 @@ def check_http_auth(host: str, tokens: tuple[str, ...], dev: bool, *, oauth: boo
               "accepted only because of --dev", file=sys.stderr, flush=True)
 
 
-def warn_if_secret_beside_data(store: Any) -> bool:
+def warn_if_secret_beside_data(store: Store) -> bool:
     """Say loudly when the signing secret is a row of the database it protects (P-35)."""
-    if type(store).__name__ != "PostgresStore" or getattr(store, "secret_source", None) != "stored":
+    if not store.capabilities.secret_with_data or store.secret_source != "stored":
         return False
     print(
         "WARNING: tether's signing secret is stored in the same Postgres database as the runs it signs.\n"

@@ -1,8 +1,27 @@
-"""Durable storage: one protocol, SQLite (embedded default) and Postgres."""
+"""Durable storage: one protocol made of narrow ports, SQLite (embedded default) and Postgres."""
 
-from tether._store.base import CallRecord, Conflict, EventRecord, RunRecord, SnapshotRecord, Store
+from tether._store.base import (
+    CallRecord,
+    Capabilities,
+    Conflict,
+    EventRecord,
+    EventsPort,
+    JournalPort,
+    ListingCachePort,
+    OutboxPort,
+    RunRecord,
+    RunsPort,
+    SessionsPort,
+    SignOutsPort,
+    SnapshotRecord,
+    SnapshotsPort,
+    Store,
+    WaitsPort,
+)
 
-__all__ = ["CallRecord", "Conflict", "EventRecord", "RunRecord", "SnapshotRecord", "Store", "open_store"]
+__all__ = ["Capabilities", "CallRecord", "Conflict", "EventRecord", "EventsPort", "JournalPort", "ListingCachePort",
+           "OutboxPort", "RunRecord", "RunsPort", "SessionsPort", "SignOutsPort", "SnapshotRecord", "SnapshotsPort",
+           "Store", "WaitsPort", "open_store"]
 
 
 def open_store(url: str) -> Store:

@@ -47,6 +47,7 @@ from tether._store.base import (
     LOCAL_PRINCIPAL,
     OUTBOX_PENDING,
     CallRecord,
+    Capabilities,
     Conflict,
     EventRecord,
     OutboxRecord,
@@ -319,6 +320,8 @@ class SQLStore:
     driver_error: type[Exception]
     # SQL for the byte length of a column ("{}" is the column), for retention's estimates.
     octets: str = "LENGTH({})"
+    # In process, no notices, the secret in a file of its own (SQLite); Postgres declares its own.
+    capabilities = Capabilities()
 
     def __init__(self, secret: bytes | None) -> None:
         self._lock = threading.Lock()
@@ -811,6 +814,10 @@ class SQLStore:
 
         Their polling finds the change anyway; ``payload`` only says where to look first.
         """
+
+    def listen(self, on_event: Callable[[str], None]) -> Callable[[], None]:
+        """Nothing to hear here (``capabilities.notifies`` is false): readers poll. Returns a stopper."""
+        return lambda: None
 
     def get_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[EventRecord]:
         sql = f"{_SELECT_EVENT} WHERE run_id = ? AND id > ? ORDER BY id LIMIT ?"

@@ -2,7 +2,7 @@
 
 A store's methods block until their transaction commits. On Postgres that is
 a network round trip or three, and a blocked event loop stalls every other
-run and the server with it; so for a store that says so (``offload = True``:
+run and the server with it; so for a store that says so (``capabilities.offloads``:
 Postgres) ``AsyncStore`` runs each call in the store's own threads, each on a
 connection of its own. SQLite answers faster inline than a thread hand-off
 costs, so its calls run in place.
@@ -23,6 +23,7 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from tether._store.base import (
     CallRecord,
+    Capabilities,
     EventRecord,
     OutboxRecord,
     RunRecord,
@@ -39,7 +40,7 @@ T = TypeVar("T")
 class Offloading(Protocol):
     """A store whose calls should leave the event loop: it lends the threads they run in."""
 
-    offload: bool
+    capabilities: Capabilities  # whose offloads is true
 
     def executor(self) -> Executor: ...
 
@@ -49,8 +50,8 @@ class AsyncStore:
 
     One per store, made with it (``store.aio``): code inside ``async def`` calls the store only through
     it (tests/test_store_shape.py), so no transaction blocks the loop on a backend that offloads.
-    Calls run in place unless the store's ``offload`` flag is set (Postgres; a
-    benchmark clears it to measure the loop-blocking path, as before D-27).
+    Calls run in place unless the store's capabilities say it ``offloads`` (Postgres; a
+    benchmark clears that to measure the loop-blocking path, as before D-27).
     """
 
     def __init__(self, store: Store) -> None:
@@ -58,7 +59,7 @@ class AsyncStore:
 
     @property
     def inline(self) -> bool:
-        return not getattr(self.store, "offload", False)
+        return not self.store.capabilities.offloads
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)``, a function of the store's (or one that calls it), off the loop if offloading."""
@@ -211,6 +212,9 @@ class AsyncStore:
 
     async def add_event(self, run_id: str, type: str, data: dict[str, Any], now: float) -> int:
         return await self.call(self.store.add_event, run_id, type, data, now)
+
+    async def notify(self, payload: str) -> None:
+        await self.call(self.store.notify, payload)
 
     async def get_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[EventRecord]:
         return await self.call(self.store.get_events, run_id, after, limit)

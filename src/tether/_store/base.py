@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from tether._store.states import SETTLED_CALL_STATES as SETTLED_CALL_STATES
 from tether._store.states import TERMINAL_RUN_STATUSES as TERMINAL_RUN_STATUSES
@@ -197,27 +197,24 @@ class Conflict(Exception):
     """A unique key already existed (another process recorded it first)."""
 
 
-class Store(Protocol):
-    """What the runtime needs from durable storage."""
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do beyond the ports, declared once by its class (never guessed from its name).
 
-    url: str
-    # The same store as awaitables, made once with it: what code on an event loop calls (_store/aio.py).
-    aio: AsyncStore
+    ``offloads``: its calls are network round trips, so callers on an event loop run them in the store's
+    threads (``store.aio``, D-27). ``notifies``: ``listen`` hears ``notify`` from other processes (else
+    they find changes by polling). ``secret_with_data``: a secret the store keeps itself is a row of the
+    database it signs, so whoever can write the data can read the key (P-35); beside it in a file otherwise.
+    """
 
-    # -- housekeeping
-    def close(self) -> None: ...
-    def secret(self) -> bytes:
-        """The secret that signs: TETHER_SECRET, else TETHER_SECRET_FILE's first, else the one kept with the store."""
+    offloads: bool = False
+    notifies: bool = False
+    secret_with_data: bool = False
 
-    def previous_secrets(self) -> list[bytes]:
-        """Older secrets that still verify (TETHER_SECRET_FILE's later lines)."""
 
-    secret_source: str  # "given" | "env" | "file" | "stored"
+class RunsPort(Protocol):
+    """Runs: created, read, compare-and-set, claimed by owners with leases, listed and deleted."""
 
-    def store_size_bytes(self) -> int:
-        """Bytes the store occupies (files on disk, or the tables' relations)."""
-
-    # -- runs
     def create_run(self, run: RunRecord) -> None:
         """Insert a run; raises Conflict if the id exists."""
 
@@ -274,7 +271,13 @@ class Store(Protocol):
     def delete_run(self, run_id: str) -> bool:
         """Remove a run with its journal, snapshots and events; False if there was none."""
 
-    # -- journal
+    def runs_updated_since(self, since: float, limit: int = 200) -> list[RunRecord]:
+        """Runs whose ``updated_at`` is at or after ``since``, the oldest change first."""
+
+
+class JournalPort(Protocol):
+    """The call journal: one row per host call of a run (its write-ahead record)."""
+
     def record_call(self, call: CallRecord) -> None:
         """Insert a journal entry; raises Conflict if (run_id, seq) exists."""
 
@@ -293,11 +296,17 @@ class Store(Protocol):
     def journal_bytes(self, run_id: str) -> int:
         """Bytes of the run's journaled arguments and outcomes, as stored (P-22)."""
 
-    # -- snapshots
+
+class SnapshotsPort(Protocol):
+    """Signed sandbox dumps of a run (pauses, checkpoints)."""
+
     def put_snapshot(self, snapshot: SnapshotRecord) -> None: ...
     def latest_snapshot(self, run_id: str) -> SnapshotRecord | None: ...
 
-    # -- waits
+
+class WaitsPort(Protocol):
+    """Keyed one-shot waits a run parks on, and the runs they wake."""
+
     def create_wait(self, wait: WaitRecord) -> WaitRecord:
         """Insert a pending wait; if its key exists (a buffered resolution), return that row."""
 
@@ -315,28 +324,36 @@ class Store(Protocol):
     def runs_with_settled_wait(self, limit: int = 50) -> list[str]:
         """Ids of parked runs whose wait was settled and that nobody continued."""
 
-    # -- REPL sessions
+
+class SessionsPort(Protocol):
+    """REPL sessions' globals between executes."""
+
     def put_session(self, session: SessionRecord) -> None:
         """Insert or replace the session (name, principal)."""
 
     def get_session(self, name: str, principal: str) -> SessionRecord | None: ...
     def delete_session(self, name: str, principal: str) -> bool: ...
 
-    # -- source listings (a cache keyed by a source's definition)
-    def get_listing(self, key: str) -> tuple[Any, float] | None:
-        """The cached listing and when it was stored, or None."""
 
-    def put_listing(self, key: str, data: Any, now: float) -> None: ...
+class EventsPort(Protocol):
+    """A run's event timeline, and notices to other processes on the same store."""
 
-    # -- events (timeline, cells)
     def add_event(self, run_id: str, type: str, data: dict[str, Any], now: float) -> int: ...
     def get_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[EventRecord]: ...
 
-    # -- changes (the console's live feed)
-    def runs_updated_since(self, since: float, limit: int = 200) -> list[RunRecord]:
-        """Runs whose ``updated_at`` is at or after ``since``, the oldest change first."""
+    def notify(self, payload: str) -> None:
+        """Tell processes listening on this store that something changed (a hint: they poll anyway)."""
 
-    # -- notification outbox
+    def listen(self, on_event: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``on_event(payload)`` from a thread for every notice; returns a stopper.
+
+        Only a store whose ``capabilities.notifies`` hears other processes; elsewhere it hears nothing.
+        """
+
+
+class OutboxPort(Protocol):
+    """Notifications to deliver to webhooks, claimed and retried until taken or given up."""
+
     def add_outbox(self, target: str, event_id: str, body: str, now: float, mac: str | None = None) -> bool:
         """Queue one notification for ``target``; False if that event was already queued for it."""
 
@@ -349,8 +366,46 @@ class Store(Protocol):
 
     def list_outbox(self, status: str | None = None, limit: int = 100) -> list[OutboxRecord]: ...
 
-    # -- console sign-outs (a signed-out session is refused by every process sharing the store)
+
+class ListingCachePort(Protocol):
+    """A cache of source listings keyed by a digest of the source's definition."""
+
+    def get_listing(self, key: str) -> tuple[Any, float] | None:
+        """The cached listing and when it was stored, or None."""
+
+    def put_listing(self, key: str, data: Any, now: float) -> None: ...
+
+
+class SignOutsPort(Protocol):
+    """Console sessions signed out, refused by every process sharing the store."""
+
     def sign_out(self, session: str, expires_at: float, now: float) -> None:
         """Record that the console session ``session`` (a digest) ended; forgotten once it would have expired."""
 
     def signed_out(self, session: str) -> bool: ...
+
+
+class Store(RunsPort, JournalPort, SnapshotsPort, WaitsPort, SessionsPort, EventsPort, OutboxPort, ListingCachePort,
+            SignOutsPort, Protocol):
+    """What the runtime needs from durable storage: every port, and what the backend can do.
+
+    A module that needs one concern may ask for its port alone (``WaitsPort``, ``EventsPort``, ...).
+    """
+
+    url: str
+    # The same store as awaitables, made once with it: what code on an event loop calls (_store/aio.py).
+    aio: AsyncStore
+    capabilities: Capabilities
+
+    # -- housekeeping
+    def close(self) -> None: ...
+    def secret(self) -> bytes:
+        """The secret that signs: TETHER_SECRET, else TETHER_SECRET_FILE's first, else the one kept with the store."""
+
+    def previous_secrets(self) -> list[bytes]:
+        """Older secrets that still verify (TETHER_SECRET_FILE's later lines)."""
+
+    secret_source: str  # "given" | "env" | "file" | "stored"
+
+    def store_size_bytes(self) -> int:
+        """Bytes the store occupies (files on disk, or the tables' relations)."""

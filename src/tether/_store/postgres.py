@@ -34,7 +34,7 @@ import psycopg
 import psycopg.conninfo
 
 from tether._store._schema import _SELECT_RUN, POSTGRES_MIGRATIONS, SQLStore, Tx, _run
-from tether._store.base import RunRecord
+from tether._store.base import Capabilities, RunRecord
 from tether.errors import ConfigError
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -56,8 +56,9 @@ class PostgresStore(SQLStore):
     driver_error = psycopg.Error
     # The byte length of a TEXT or BYTEA value (retention's estimates).
     octets = "OCTET_LENGTH({})"
-    # Callers on an event loop run this store's calls in its threads (_store/aio.py, D-27).
-    offload = True
+    # Callers on an event loop run this store's calls in its threads (_store/aio.py, D-27); other processes
+    # hear its NOTIFYs (listen); a secret it keeps itself is a row beside the data it signs (P-35).
+    capabilities = Capabilities(offloads=True, notifies=True, secret_with_data=True)
     # A method that runs one statement runs it in autocommit (D-40); cleared, it is wrapped in BEGIN and
     # COMMIT like the rest, as before (bench/store_latency_bench.py measures both).
     autocommit_single = True

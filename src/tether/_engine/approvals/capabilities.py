@@ -29,9 +29,12 @@ import hmac
 import json
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from tether.errors import WrongSecret
+
+if TYPE_CHECKING:
+    from tether._store.base import Store
 
 
 def secret_id(secret: bytes) -> str:
@@ -137,13 +140,12 @@ class Keyring:
         return mac_hex(key, _canonical(list(parts)))
 
 
-def keyring_for(store: Any) -> Keyring:
+def keyring_for(store: Store) -> Keyring:
     """The keyring of an open store: its current secret and the older ones it was given.
 
     The one place the store's secret is read: everything else signs through the keyring it returns.
     """
-    previous = getattr(store, "previous_secrets", None)
-    return Keyring(store.secret(), tuple(previous() if previous else ()))
+    return Keyring(store.secret(), tuple(store.previous_secrets()))
 
 
 def as_keyring(secret: bytes | Sequence[bytes] | Keyring) -> Keyring:
