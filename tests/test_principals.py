@@ -9,7 +9,7 @@ import pytest
 from helpers import Clock, Recorder
 from tether._runtime import Runtime
 from tether._store import RunRecord, open_store
-from tether._store._schema import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
+from tether._store._migrations import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
 from tether._store.postgres import PostgresStore
 from tether._store.sqlite import SQLiteStore
 from tether.errors import RunNotFound, UsageError

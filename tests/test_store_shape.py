@@ -12,7 +12,7 @@ import inspect
 import re
 from pathlib import Path
 
-from tether._store import base
+from tether._store import _migrations, base
 from tether._store.aio import AsyncStore
 from tether._store.base import Capabilities, Store
 from tether._store.postgres import PostgresStore
@@ -129,3 +129,42 @@ def test_the_store_is_its_ports_and_each_backend_has_every_port_method_with_the_
             declared = inspect.signature(getattr(Store, name))
             assert list(inspect.signature(getattr(backend, name)).parameters) == list(declared.parameters), \
                 f"{backend.__name__}.{name}"
+
+
+def _sqlite_columns(store: SQLiteStore) -> dict[str, set[str]]:
+    with store._transaction(write=False) as tx:
+        tables = [r[0] for r in tx.run("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()]
+        return {t: {r[1] for r in tx.run(f"PRAGMA table_info({t})").fetchall()}
+                for t in tables if not t.startswith("sqlite_")}
+
+
+def _postgres_columns(store: PostgresStore) -> dict[str, set[str]]:
+    with store._transaction(write=False) as tx:
+        rows = tx.run("SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = ?",
+                      (store.schema,)).fetchall()
+    out: dict[str, set[str]] = {}
+    for table, column in rows:
+        out.setdefault(table, set()).add(column)
+    return out
+
+
+def test_the_one_migration_list_gives_both_backends_the_same_tables(tmp_path, pg_url):
+    """Rendered for each dialect, the list builds the same tables and columns; only Postgres keeps its
+    secret in a table (a SQLite store keeps it in a file beside the database)."""
+    import uuid
+
+    import psycopg
+
+    lite = SQLiteStore(f"sqlite:///{tmp_path / 'shape.db'}")
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    pg = PostgresStore(pg_url, schema=schema)
+    try:
+        on_sqlite, on_postgres = _sqlite_columns(lite), _postgres_columns(pg)
+        assert lite.schema_version() == pg.schema_version() == len(_migrations.MIGRATIONS)
+    finally:
+        lite.close()
+        pg.close()
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    assert set(on_postgres) - set(on_sqlite) == {"store_secret"}
+    assert {t: on_postgres[t] for t in on_sqlite} == on_sqlite

@@ -1,15 +1,49 @@
-"""The tables' migrations, for each backend. Append only.
+"""The tables' migrations: one list, rendered for each backend by its dialect. Append only.
 
 Migrations are numbered, forward-only and never edited once released: a new
-column is a new entry at the end of the list, written out as literal SQL per
-backend (not generated from the record field lists in ``_schema.py``, which
-change with the code). ``schema_version`` holds one row per applied migration.
-Entry n of a list is schema version n.
+column is a new entry at the end of the list, written out as literal SQL (not
+generated from the record field lists in ``_schema.py``, which change with the
+code). Where the backends' SQL differs, a statement names the difference —
+``{real}``, ``{blob}``, ``{serial}`` — and each dialect fills it in; a statement
+only one backend needs is ``Only(dialect, sql)``. ``schema_version`` holds one
+row per applied migration. Entry n of the list is schema version n.
+
+JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make the two
+backends store different bytes.
 """
 
 from __future__ import annotations
 
-SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How one backend spells what the SQL standard leaves open."""
+
+    name: str
+    real: str  # a float column
+    blob: str  # a bytes column
+    serial: str  # an id column: the primary key, assigned in write order and never reused
+
+
+SQLITE = Dialect("sqlite", real="REAL", blob="BLOB", serial="INTEGER PRIMARY KEY AUTOINCREMENT")
+POSTGRES = Dialect("postgres", real="DOUBLE PRECISION", blob="BYTEA",
+                   serial="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY")
+
+
+@dataclass(frozen=True)
+class Only:
+    """A statement for one dialect alone."""
+
+    dialect: Dialect
+    sql: str
+
+
+Statement = str | Only
+
+
+MIGRATIONS: list[tuple[Statement, ...]] = [
     (
         """CREATE TABLE runs (
             run_id TEXT PRIMARY KEY,
@@ -18,12 +52,12 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
             environment TEXT NOT NULL,
             policy TEXT NOT NULL,
             limits TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL,
+            created_at {real} NOT NULL,
+            updated_at {real} NOT NULL,
             principal TEXT,
             owner TEXT,
-            lease_until REAL,
-            expires_at REAL,
+            lease_until {real},
+            expires_at {real},
             result TEXT,
             error TEXT,
             pending TEXT,
@@ -48,31 +82,33 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
             state TEXT NOT NULL,
             outcome TEXT,
             error TEXT,
-            started_at REAL,
-            finished_at REAL,
+            started_at {real},
+            finished_at {real},
             PRIMARY KEY (run_id, seq)
         )""",
-        # AUTOINCREMENT so an id is never reused after a delete: ids are write order.
+        # {serial}: an id is never reused after a delete, so ids are write order.
         """CREATE TABLE snapshots (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            id {serial},
             run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
             kind TEXT NOT NULL,
             seq INTEGER NOT NULL,
             monty_version TEXT NOT NULL,
-            data BLOB NOT NULL,
+            data {blob} NOT NULL,
             mac TEXT NOT NULL,
             pending TEXT NOT NULL,
-            created_at REAL NOT NULL,
+            created_at {real} NOT NULL,
             UNIQUE (run_id, kind)
         )""",
         """CREATE TABLE events (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            id {serial},
             run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
             type TEXT NOT NULL,
             data TEXT NOT NULL,
-            created_at REAL NOT NULL
+            created_at {real} NOT NULL
         )""",
         "CREATE INDEX events_run ON events (run_id, id)",
+        # A Postgres store has no directory of its own to keep its secret beside it (P-35).
+        Only(POSTGRES, "CREATE TABLE store_secret (id INTEGER PRIMARY KEY CHECK (id = 1), value {blob} NOT NULL)"),
     ),
     (
         # 2: durable waits. No foreign key: a resolution may be buffered
@@ -82,12 +118,12 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
             run_id TEXT NOT NULL,
             name TEXT NOT NULL,
             status TEXT NOT NULL,
-            created_at REAL NOT NULL,
+            created_at {real} NOT NULL,
             seq INTEGER,
             value TEXT,
             error TEXT,
-            deadline REAL,
-            resolved_at REAL,
+            deadline {real},
+            resolved_at {real},
             session TEXT
         )""",
         "CREATE INDEX waits_run ON waits (run_id, status)",
@@ -100,10 +136,10 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
             name TEXT NOT NULL,
             principal TEXT NOT NULL,
             monty_version TEXT NOT NULL,
-            data BLOB NOT NULL,
+            data {blob} NOT NULL,
             mac TEXT NOT NULL,
-            updated_at REAL NOT NULL,
-            expires_at REAL,
+            updated_at {real} NOT NULL,
+            expires_at {real},
             PRIMARY KEY (name, principal)
         )""",
     ),
@@ -121,17 +157,17 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
     (
         # 6: the notification outbox (webhooks) and the console's change feed.
         """CREATE TABLE outbox (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            id {serial},
             target TEXT NOT NULL,
             event_id TEXT NOT NULL,
             body TEXT NOT NULL,
             status TEXT NOT NULL,
             attempts INTEGER NOT NULL,
-            next_at REAL NOT NULL,
-            claimed_until REAL,
+            next_at {real} NOT NULL,
+            claimed_until {real},
             last_error TEXT,
-            created_at REAL NOT NULL,
-            delivered_at REAL,
+            created_at {real} NOT NULL,
+            delivered_at {real},
             UNIQUE (target, event_id)
         )""",
         "CREATE INDEX outbox_due ON outbox (next_at) WHERE status = 'pending'",
@@ -140,7 +176,7 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
     (
         # 7: tool listings of sources, keyed by the source's definition, so a
         # command starts without spawning every MCP server it configures.
-        "CREATE TABLE source_listings (key TEXT PRIMARY KEY, data TEXT NOT NULL, updated_at REAL NOT NULL)",
+        "CREATE TABLE source_listings (key TEXT PRIMARY KEY, data TEXT NOT NULL, updated_at {real} NOT NULL)",
     ),
     (
         # 8: run and journal MACs (P-35). Rows written before stay NULL and are refused on resume.
@@ -158,149 +194,21 @@ SQLITE_MIGRATIONS: list[tuple[str, ...]] = [
         # under the store's secret; console sessions signed out before they expire;
         # run lists filtered by principal in SQL.
         "ALTER TABLE outbox ADD COLUMN mac TEXT",
-        "CREATE TABLE console_signouts (session TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
-        "CREATE INDEX runs_principal_created ON runs (principal, created_at)",
-    ),
-]
-
-# Same tables. JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make
-# the two backends store different bytes. The secret lives in a table because
-# a Postgres store has no directory of its own.
-POSTGRES_MIGRATIONS: list[tuple[str, ...]] = [
-    (
-        """CREATE TABLE runs (
-            run_id TEXT PRIMARY KEY,
-            status TEXT NOT NULL,
-            program TEXT NOT NULL,
-            environment TEXT NOT NULL,
-            policy TEXT NOT NULL,
-            limits TEXT NOT NULL,
-            created_at DOUBLE PRECISION NOT NULL,
-            updated_at DOUBLE PRECISION NOT NULL,
-            principal TEXT,
-            owner TEXT,
-            lease_until DOUBLE PRECISION,
-            expires_at DOUBLE PRECISION,
-            result TEXT,
-            error TEXT,
-            pending TEXT,
-            decision TEXT,
-            session TEXT,
-            meta TEXT NOT NULL
-        )""",
-        "CREATE INDEX runs_created ON runs (created_at)",
-        "CREATE INDEX runs_status_created ON runs (status, created_at)",
-        "CREATE INDEX runs_lease ON runs (lease_until) WHERE status = 'running'",
-        "CREATE INDEX runs_expiry ON runs (expires_at) WHERE status = 'paused'",
-        """CREATE TABLE calls (
-            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
-            seq INTEGER NOT NULL,
-            op TEXT NOT NULL,
-            address TEXT NOT NULL,
-            args TEXT NOT NULL,
-            key TEXT NOT NULL,
-            kind TEXT NOT NULL,
-            state TEXT NOT NULL,
-            outcome TEXT,
-            error TEXT,
-            started_at DOUBLE PRECISION,
-            finished_at DOUBLE PRECISION,
-            PRIMARY KEY (run_id, seq)
-        )""",
-        """CREATE TABLE snapshots (
-            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
-            kind TEXT NOT NULL,
-            seq INTEGER NOT NULL,
-            monty_version TEXT NOT NULL,
-            data BYTEA NOT NULL,
-            mac TEXT NOT NULL,
-            pending TEXT NOT NULL,
-            created_at DOUBLE PRECISION NOT NULL,
-            UNIQUE (run_id, kind)
-        )""",
-        """CREATE TABLE events (
-            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
-            type TEXT NOT NULL,
-            data TEXT NOT NULL,
-            created_at DOUBLE PRECISION NOT NULL
-        )""",
-        "CREATE INDEX events_run ON events (run_id, id)",
-        "CREATE TABLE store_secret (id INTEGER PRIMARY KEY CHECK (id = 1), value BYTEA NOT NULL)",
-    ),
-    (
-        """CREATE TABLE waits (
-            key TEXT PRIMARY KEY,
-            run_id TEXT NOT NULL,
-            name TEXT NOT NULL,
-            status TEXT NOT NULL,
-            created_at DOUBLE PRECISION NOT NULL,
-            seq INTEGER,
-            value TEXT,
-            error TEXT,
-            deadline DOUBLE PRECISION,
-            resolved_at DOUBLE PRECISION,
-            session TEXT
-        )""",
-        "CREATE INDEX waits_run ON waits (run_id, status)",
-        "CREATE INDEX waits_session ON waits (session) WHERE session IS NOT NULL",
-        "CREATE INDEX runs_wake ON runs (expires_at) WHERE status = 'waiting'",
-    ),
-    (
-        """CREATE TABLE sessions (
-            name TEXT NOT NULL,
-            principal TEXT NOT NULL,
-            monty_version TEXT NOT NULL,
-            data BYTEA NOT NULL,
-            mac TEXT NOT NULL,
-            updated_at DOUBLE PRECISION NOT NULL,
-            expires_at DOUBLE PRECISION,
-            PRIMARY KEY (name, principal)
-        )""",
-    ),
-    (
-        "UPDATE runs SET principal = 'local' WHERE principal IS NULL",
-    ),
-    (
-        "ALTER TABLE calls ADD COLUMN idempotency_key TEXT",
-        "ALTER TABLE calls ADD COLUMN sends INTEGER NOT NULL DEFAULT 0",
-    ),
-    (
-        """CREATE TABLE outbox (
-            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            target TEXT NOT NULL,
-            event_id TEXT NOT NULL,
-            body TEXT NOT NULL,
-            status TEXT NOT NULL,
-            attempts INTEGER NOT NULL,
-            next_at DOUBLE PRECISION NOT NULL,
-            claimed_until DOUBLE PRECISION,
-            last_error TEXT,
-            created_at DOUBLE PRECISION NOT NULL,
-            delivered_at DOUBLE PRECISION,
-            UNIQUE (target, event_id)
-        )""",
-        "CREATE INDEX outbox_due ON outbox (next_at) WHERE status = 'pending'",
-        "CREATE INDEX runs_updated ON runs (updated_at)",
-    ),
-    (
-        "CREATE TABLE source_listings (key TEXT PRIMARY KEY, data TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
-    ),
-    (
-        "ALTER TABLE runs ADD COLUMN mac TEXT",
-        "ALTER TABLE calls ADD COLUMN mac TEXT",
-    ),
-    (
-        "ALTER TABLE runs ADD COLUMN run_key TEXT",
-        "CREATE UNIQUE INDEX runs_key ON runs (principal, run_key) WHERE run_key IS NOT NULL",
-    ),
-    (
-        "ALTER TABLE outbox ADD COLUMN mac TEXT",
-        "CREATE TABLE console_signouts (session TEXT PRIMARY KEY, expires_at DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE console_signouts (session TEXT PRIMARY KEY, expires_at {real} NOT NULL)",
         "CREATE INDEX runs_principal_created ON runs (principal, created_at)",
     ),
 ]
 
 
-__all__ = ["POSTGRES_MIGRATIONS", "SQLITE_MIGRATIONS"]
+def render(dialect: Dialect) -> list[tuple[str, ...]]:
+    """The migrations as ``dialect`` runs them: entry n is schema version n."""
+    fill = {"real": dialect.real, "blob": dialect.blob, "serial": dialect.serial}
+    return [tuple((s if isinstance(s, str) else s.sql).format(**fill) for s in migration
+                  if isinstance(s, str) or s.dialect == dialect)
+            for migration in MIGRATIONS]
+
+
+SQLITE_MIGRATIONS = render(SQLITE)
+POSTGRES_MIGRATIONS = render(POSTGRES)
+
+__all__ = ["MIGRATIONS", "POSTGRES", "POSTGRES_MIGRATIONS", "SQLITE", "SQLITE_MIGRATIONS", "Dialect", "Only", "render"]

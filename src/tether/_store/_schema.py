@@ -5,7 +5,7 @@ supplies a connection, how a transaction begins, how its driver reports a
 duplicate key, and where the signing secret lives. Statements use ``?``
 placeholders; the Postgres backend rewrites them to ``%s``.
 
-The migrations are in ``_migrations.py`` (importable from here too);
+The migrations are one list in ``_migrations.py``, rendered for each backend's dialect;
 ``schema_version`` holds one row per applied migration; a store refuses to
 open a database written by a newer tether.
 
@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from tether._metrics import timed_store_call
-from tether._store._migrations import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
 from tether._store.aio import AsyncStore
 from tether._store.base import (
     LOCAL_PRINCIPAL,
@@ -899,8 +898,6 @@ def _no_run(run_id: str) -> RunNotFound:
 
 
 __all__ = [
-    "POSTGRES_MIGRATIONS",
-    "SQLITE_MIGRATIONS",
     "SQLStore",
     "StoreTraffic",
     "Tx",

@@ -11,42 +11,13 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
-from tether._store.states import SETTLED_CALL_STATES as SETTLED_CALL_STATES
-from tether._store.states import TERMINAL_RUN_STATUSES as TERMINAL_RUN_STATUSES
 from tether._store.states import CallState, RunStatus, WaitStatus
 
 if TYPE_CHECKING:
     from tether._store.aio import AsyncStore
 
-# The states are enums in .states; these older names stay importable.
-RUN_QUEUED = RunStatus.QUEUED
-RUN_RUNNING = RunStatus.RUNNING
-RUN_PAUSED = RunStatus.PAUSED
-RUN_WAITING = RunStatus.WAITING
-RUN_COMPLETED = RunStatus.COMPLETED
-RUN_FAILED = RunStatus.FAILED
-RUN_CANCELLED = RunStatus.CANCELLED
 # The principal of runs started without a token: the CLI, the Python API, stdio, --dev HTTP.
 LOCAL_PRINCIPAL = "local"
-
-CALL_PENDING = CallState.PENDING
-CALL_DONE = CallState.DONE
-CALL_FAILED = CallState.FAILED
-CALL_ASKED = CallState.ASKED
-CALL_APPROVED = CallState.APPROVED
-CALL_DECLINED = CallState.DECLINED
-CALL_DENIED = CallState.DENIED
-CALL_SENDING = CallState.SENDING
-CALL_SENT = CallState.SENT
-CALL_UNKNOWN = CallState.UNKNOWN
-CALL_WAITING = CallState.WAITING
-
-WAIT_PENDING = WaitStatus.PENDING
-WAIT_RESOLVED = WaitStatus.RESOLVED
-WAIT_FAILED = WaitStatus.FAILED
-WAIT_TIMEOUT = WaitStatus.TIMEOUT
-WAIT_CANCELLED = WaitStatus.CANCELLED
-WAIT_REVOKED = WaitStatus.REVOKED
 
 
 @dataclass

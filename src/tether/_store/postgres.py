@@ -33,7 +33,8 @@ from typing import Any, Callable, Iterator, Sequence
 import psycopg
 import psycopg.conninfo
 
-from tether._store._schema import _SELECT_RUN, POSTGRES_MIGRATIONS, SQLStore, Tx, _run
+from tether._store._migrations import POSTGRES_MIGRATIONS
+from tether._store._schema import _SELECT_RUN, SQLStore, Tx, _run
 from tether._store.base import Capabilities, RunRecord
 from tether.errors import ConfigError
 

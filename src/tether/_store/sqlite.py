@@ -27,7 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from tether._store._schema import SQLITE_MIGRATIONS, SQLStore, Tx
+from tether._store._migrations import SQLITE_MIGRATIONS
+from tether._store._schema import SQLStore, Tx
 from tether.errors import ConfigError, StoreError
 
 _MEMORY = ":memory:"
