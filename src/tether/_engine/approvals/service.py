@@ -186,7 +186,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
         raise UsageError(f"via must be one of {', '.join(CHANNELS)}, not {via!r}", code="invalid_arguments")
     run = rt.get_run(run_id, principal)
     if run.status == RunStatus.PAUSED:
-        refused = _untrusted(rt, run, wanted, t0)
+        refused = await _untrusted(rt, run, wanted, t0)
         if refused is not None:
             return refused
     who = {"actor": actor or (principal if principal is not None else getattr(rt, "principal", None)) or "local",
@@ -249,7 +249,8 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
                            on_question=on_question).result()
 
 
-def _untrusted(rt: "Runtime", run: RunRecord, wanted: dict[int, tuple[str, str | None]], t0: float) -> RunResult | None:
+async def _untrusted(rt: "Runtime", run: RunRecord, wanted: dict[int, tuple[str, str | None]],
+                     t0: float) -> RunResult | None:
     """Check what a decision acts on before acting (P-35): None when the run and its pause verify.
 
     A tampered run ends ``run_tampered``; a cancel needs no trusted record and
@@ -263,7 +264,7 @@ def _untrusted(rt: "Runtime", run: RunRecord, wanted: dict[int, tuple[str, str |
     try:
         rt.verify_run(run)
         verify_calls(rt.keyring, run.run_id, [e for w in batch_of(run)
-                                              if (e := rt.store.get_call(run.run_id, w["seq"])) is not None])
+                                              if (e := await rt.store.aio.get_call(run.run_id, w["seq"])) is not None])
     except (RunTampered, WrongSecret) as exc:
         if any(d == "cancel" for d, _ in wanted.values()):
             ended = rt.finisher.cancel_now(run, cancel or "cancelled")
