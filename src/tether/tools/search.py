@@ -34,6 +34,7 @@ import bisect
 import functools
 import heapq
 import math
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,8 @@ _WINDOW = 40
 # A tool's description is read this far: the summary, not the fine print
 # (GitHub's run to kilobytes of notes on tokens and scopes).
 _DESCRIPTION_CHARS = 600
+# A Markdown link's target: "[Responses](/docs/api-reference/responses)" says "Responses", not "doc api".
+_LINK_TARGET = re.compile(r"\]\([^)\s]*\)")
 
 # The rerank's weights (see _score). Coverage of the query by the identity
 # matters most; how much of the identity the query covers separates an exact
@@ -75,6 +78,9 @@ _W_IDENTITY_COVERAGE = 3.0
 _W_COVERAGE = 1.0
 _W_NAME_PRECISION = 1.5
 _W_TITLE_PRECISION = 1.5
+# In the candidate order, a query word found only outside the identity (the description, a parameter)
+# counts this much of one found in the name or title.
+_ELSEWHERE = 0.3
 
 
 @dataclass(frozen=True)
@@ -91,13 +97,16 @@ def _features(tool: Tool) -> tuple[_Features, set[str], frozenset[str]]:
     """The rerank's view of a tool, and the words it is found by: in its identity, and anywhere else."""
     name_words = normalise(tool.name)
     name = tuple(dict.fromkeys(t for t in name_words if t not in NAME_NOISE)) or tuple(name_words)
-    title_words = normalise(tool.title)
+    # A title is a line; some APIs put a whole description in it (OpenAI's summaries run to paragraphs).
+    # Only its first sentence names the tool: the rest is read like a description.
+    title_words = normalise(_first_sentence(tool.title or ""))
     title_text_words = title_words or normalise(_first_sentence(tool.description or ""))
     title = tuple(dict.fromkeys(t for t in title_text_words if t not in STOPWORDS))
     namespace = _namespace_words(tool.namespace)
-    description = normalise((tool.description or "")[:_DESCRIPTION_CHARS])
+    description = normalise(_LINK_TARGET.sub("]", (tool.description or "")[:_DESCRIPTION_CHARS]))
     params = normalise(" ".join((tool.input_schema.get("properties") or {}).keys()))
-    rest = frozenset((*description, *params))
+    title_rest = normalise(_LINK_TARGET.sub("]", (tool.title or "")[:_DESCRIPTION_CHARS]))
+    rest = frozenset((*description, *params, *title_rest))
     features = _Features(name, title, frozenset((*name, *title, *namespace)), rest)
     identity = {*namespace, *name_words, *title_words}
     return features, identity, rest - identity
@@ -109,7 +118,7 @@ def _namespace_words(namespace: str) -> tuple[str, ...]:
 
 
 def _first_sentence(text: str) -> str:
-    head = text.strip().split("\n", 1)[0][:160]
+    head = _LINK_TARGET.sub("]", text.strip().split("\n", 1)[0][:160])
     cut = head.find(". ")
     return head[: cut + 1] if cut > 0 else head
 
@@ -277,7 +286,10 @@ class SearchIndex:
             for tier in _tiers(in_identity, anywhere):
                 if len(found) >= need:
                     break
-                found += self._first(tier, need - len(found))
+                if isinstance(tier, _Partial):
+                    found += self._heaviest(tier, terms, in_identity, anywhere, need - len(found))
+                else:
+                    found += self._first(tier, need - len(found))
             total = len(set().union(*anywhere))
             merged = _merged(terms)
             idf_total = sum(t.idf for t in terms)
@@ -311,6 +323,23 @@ class SearchIndex:
             + _W_NAME_PRECISION * _precision(f.name, name_idf, merged)
             + _W_TITLE_PRECISION * _precision(f.title or f.name, title_idf, merged)
         )
+
+    def _heaviest(self, tier: "_Partial", terms: list[_Term], in_identity: list[set[int]],
+                  anywhere: list[set[int]], count: int) -> list[int]:
+        """The first ``count`` tools of a partial tier: most of the query's weight in the identity first.
+
+        A tool that says two rare words of the query in its name (``post_zip_downloads`` for "download
+        several files as a zip") must reach the rerank before the hundreds whose title says only a
+        common one (``get_file``); shortest-identity order alone let those fill the window.
+        """
+        weight: dict[int, float] = {}
+        for term, ident, found in zip(terms, in_identity, anywhere):
+            for i in ident & tier:
+                weight[i] = weight.get(i, 0.0) + term.idf
+            for i in (found - ident) & tier:
+                weight[i] = weight.get(i, 0.0) + _ELSEWHERE * term.idf
+        order = self._order
+        return [i for i in heapq.nsmallest(count, weight, key=lambda i: (-weight[i], order[i]))]
 
     def _first(self, tier: set[int], count: int) -> list[int]:
         """The first ``count`` tools of a tier in its order (shortest identity first)."""
@@ -371,19 +400,25 @@ def _union(sets: Any) -> set[int]:
     return out
 
 
+class _Partial(set):  # type: ignore[type-arg]
+    """A tier whose tools match only part of the query: ordered by the weight they match, not by size."""
+
+
 def _tiers(in_identity: list[set[int]], anywhere: list[set[int]]) -> Any:
-    """The candidate tiers, best first, each without the tools of the tiers above; computed as reached."""
+    """The candidate tiers, best first, each without the tools of the tiers above; computed as reached.
+
+    Every word in the identity first; then the tools that say some word of the query in their identity,
+    heaviest first (a rare word in the name outweighs every common word somewhere in the description);
+    then the rest.
+    """
     every_identity = set.intersection(*in_identity)
-    every = set.intersection(*anywhere)
     yield every_identity
     if len(in_identity) == 1:
-        yield every - every_identity
+        yield set.intersection(*anywhere) - every_identity
         return
     some_identity = set().union(*in_identity)
-    yield (every & some_identity) - every_identity
-    yield every - some_identity
-    yield some_identity - every
-    yield set().union(*anywhere) - every - some_identity
+    yield _Partial(some_identity - every_identity)
+    yield _Partial(set().union(*anywhere) - some_identity)
 
 
 def _page(results: list[dict[str, Any]], total: int, offset: int) -> dict[str, Any]:
