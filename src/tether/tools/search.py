@@ -41,7 +41,7 @@ from typing import Any
 
 from .catalog import Catalog
 from .model import Tool
-from .words import NAME_NOISE, STOPWORDS, alternatives, normalise, query_terms, split_words
+from .words import NAME_NOISE, POSSESSIVES, STOPWORDS, alternatives, normalise, query_terms, split_words
 
 __all__ = ["MAX_LIMIT", "SearchIndex", "search", "split_words"]
 
@@ -220,6 +220,8 @@ class SearchIndex:
             if head in vocab and forms.get(head, 0.0) < _RELATED_SHORTER:
                 forms[head] = _RELATED_SHORTER
         idf = max((self._idf.get(w, 0.0) for w, weight in forms.items() if weight >= 0.75), default=0.0)
+        if word in POSSESSIVES:
+            idf = min((self._idf.get(w, idf) for w in forms), default=idf)
         return _Term(word, forms, idf or self._idf_max)
 
     def _add_prefixed(self, forms: dict[str, float], prefix: str, weight: float) -> None:

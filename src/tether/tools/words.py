@@ -27,6 +27,10 @@ STOPWORDS = frozenset(
     "what when where which will with would you your am".split()
 )
 
+# Words that say whose, not what: "list my files" asks for files first. A tool named for "my" or "me"
+# answers them, but the word weighs as little as its commonest form, never like a rare noun.
+POSSESSIVES = frozenset({"my", "mine", "myself"})
+
 # Words in a tool's name that do not say what it does (``get_files_id``).
 NAME_NOISE = frozenset({"id", "ids", "by", "for", "of", "to", "in", "on", "a", "an", "the", "and", "or", "with"})
 
