@@ -78,6 +78,10 @@ _W_IDENTITY_COVERAGE = 3.0
 _W_COVERAGE = 1.0
 _W_NAME_PRECISION = 1.5
 _W_TITLE_PRECISION = 1.5
+# Across namespaces, each tool already placed from the same namespace discounts the next one's score by
+# this share. 0.05 on the combined bench catalog (bench/README.md): 0.02 changed nothing, 0.10 pushed
+# single-API answers ("assign an issue to someone") out of the first three.
+_DIVERSE = 0.05
 # In the candidate order, a query word found only outside the identity (the description, a parameter)
 # counts this much of one found in the name or title.
 _ELSEWHERE = 0.3
@@ -300,6 +304,8 @@ class SearchIndex:
                 key=lambda x: (-x[0], x[1]),
             )
             ordered = [(score, i) for score, _, i in window]
+            if namespace is None and len(self._namespaces) > 1:
+                ordered = self._diverse(ordered)
             floor = ordered[-1][0] if ordered else 0.0
             for i in found[_WINDOW : offset + limit]:
                 # Past the window the tier order stands; a score never rises down the list.
@@ -309,6 +315,32 @@ class SearchIndex:
                 {**self._tools[i].summary(), "score": round(score, 4)} for score, i in ordered[offset : offset + limit]
             ]
         return _page(results, total, offset)
+
+    def _diverse(self, ordered: list[tuple[float, int]]) -> list[tuple[float, int]]:
+        """The window reordered so a namespace's second answer yields to a near-equal first one of another.
+
+        A query that names no API is often answered by several, and one API's near-duplicates must not
+        hide another's answer: for "send a document for signature" GitHub's get / create / delete
+        commit-signature-protection filled the first three places ahead of Box's sign request. Greedy: each place goes to the best score discounted by ``_DIVERSE`` per tool of its namespace
+        already placed, so the reported scores never rise down the page.
+        """
+        tools = self._tools
+        left = list(ordered)
+        shown: dict[str, int] = {}
+        out: list[tuple[float, int]] = []
+        while left:
+            best_k, best = 0, -1.0
+            for k, (score, i) in enumerate(left):
+                if score <= best:
+                    break  # sorted: nothing further can win
+                adjusted = score * (1.0 - _DIVERSE) ** shown.get(tools[i].namespace, 0)
+                if adjusted > best:
+                    best_k, best = k, adjusted
+            _, i = left.pop(best_k)
+            out.append((best, i))
+            ns = tools[i].namespace
+            shown[ns] = shown.get(ns, 0) + 1
+        return out
 
     def _score(self, i: int, terms: list[_Term], merged: dict[str, float], idf_total: float) -> float:
         """How well one candidate answers the query; see the module docstring."""

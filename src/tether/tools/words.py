@@ -43,7 +43,7 @@ _GROUPS: list[tuple[tuple[str, ...], tuple[str, ...], float]] = [
       "inspect", "describe", "load", "download"), ("get", "retrieve", "fetch", "read"), 0.8),
     (("list", "all", "show", "browse", "enumerate", "every"), ("list", "all"), 0.8),
     (("create", "add", "new", "make", "open", "start", "submit", "post", "insert", "write", "set", "upload",
-      "generate", "produce", "compose"),
+      "generate", "produce", "compose", "send"),
      ("create", "add", "post", "new", "start"), 0.75),
     (("delete", "remove", "destroy", "drop", "erase", "discard", "trash", "purge", "unset"),
      ("delete", "remove", "destroy"), 0.8),
@@ -54,6 +54,8 @@ _GROUPS: list[tuple[tuple[str, ...], tuple[str, ...], float]] = [
     (("me", "my", "mine", "myself", "logged", "login", "whoami", "current", "self"),
      ("authenticated", "me", "current", "viewer"), 0.8),
     (("repo", "repository"), ("repo", "repository"), 0.9),
+    # Git names a branch or a tag by a reference (GitHub's git_create_ref, "Create a reference").
+    (("branch", "tag"), ("ref", "reference"), 0.6),
     (("org", "organization", "organisation", "company"), ("org", "organization"), 0.9),
     (("folder", "directory", "dir"), ("folder", "directory"), 0.9),
     (("file", "document", "doc"), ("file", "content", "document"), 0.6),
