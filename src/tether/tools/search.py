@@ -82,6 +82,7 @@ _W_TITLE_PRECISION = 1.5
 # this share. 0.05 on the combined bench catalog (bench/README.md): 0.02 changed nothing, 0.10 pushed
 # single-API answers ("assign an issue to someone") out of the first three.
 _DIVERSE = 0.05
+_KEEP = tuple((1.0 - _DIVERSE) ** k for k in range(_WINDOW))
 # In the candidate order, a query word found only outside the identity (the description, a parameter)
 # counts this much of one found in the name or title.
 _ELSEWHERE = 0.3
@@ -321,26 +322,21 @@ class SearchIndex:
 
         A query that names no API is often answered by several, and one API's near-duplicates must not
         hide another's answer: for "send a document for signature" GitHub's get / create / delete
-        commit-signature-protection filled the first three places ahead of Box's sign request. Greedy: each place goes to the best score discounted by ``_DIVERSE`` per tool of its namespace
-        already placed, so the reported scores never rise down the page.
+        commit-signature-protection filled the first three places ahead of Box's sign request. The k-th
+        tool of a namespace (in score order) is discounted by ``(1 - _DIVERSE) ** k`` -- the same order as
+        placing tools one at a time, each discounted per tool of its namespace already placed -- and the
+        reported scores are the discounted ones, so they never rise down the page.
         """
         tools = self._tools
-        left = list(ordered)
-        shown: dict[str, int] = {}
-        out: list[tuple[float, int]] = []
-        while left:
-            best_k, best = 0, -1.0
-            for k, (score, i) in enumerate(left):
-                if score <= best:
-                    break  # sorted: nothing further can win
-                adjusted = score * (1.0 - _DIVERSE) ** shown.get(tools[i].namespace, 0)
-                if adjusted > best:
-                    best_k, best = k, adjusted
-            _, i = left.pop(best_k)
-            out.append((best, i))
+        seen: dict[str, int] = {}
+        out: list[tuple[float, int, int]] = []
+        for n, (score, i) in enumerate(ordered):
             ns = tools[i].namespace
-            shown[ns] = shown.get(ns, 0) + 1
-        return out
+            k = seen.get(ns, 0)
+            seen[ns] = k + 1
+            out.append((score * _KEEP[k] if k < len(_KEEP) else 0.0, n, i))
+        out.sort(key=lambda x: (-x[0], x[1]))
+        return [(score, i) for score, _, i in out]
 
     def _score(self, i: int, terms: list[_Term], merged: dict[str, float], idf_total: float) -> float:
         """How well one candidate answers the query; see the module docstring."""
@@ -367,13 +363,21 @@ class SearchIndex:
         common one (``get_file``); shortest-identity order alone let those fill the window.
         """
         weight: dict[int, float] = {}
-        for term, ident, found in zip(terms, in_identity, anywhere):
+        for term, ident in zip(terms, in_identity):
             for i in ident & tier:
                 weight[i] = weight.get(i, 0.0) + term.idf
-            for i in (found - ident) & tier:
-                weight[i] = weight.get(i, 0.0) + _ELSEWHERE * term.idf
+        if len(weight) > count:
+            # Only a tool within reach of the count-th heaviest can still get there from its description.
+            reach = heapq.nlargest(count, weight.values())[-1] - _ELSEWHERE * sum(t.idf for t in terms)
+            within: set[int] = {i for i, w in weight.items() if w >= reach}
+        else:
+            within = tier
+        for term, ident, found in zip(terms, in_identity, anywhere):
+            idf = _ELSEWHERE * term.idf
+            for i in (found & within) - ident:
+                weight[i] = weight.get(i, 0.0) + idf
         order = self._order
-        return [i for i in heapq.nsmallest(count, weight, key=lambda i: (-weight[i], order[i]))]
+        return [i for _, _, i in heapq.nsmallest(count, ((-weight[i], order[i], i) for i in within))]
 
     def _first(self, tier: set[int], count: int) -> list[int]:
         """The first ``count`` tools of a tier in its order (shortest identity first)."""
