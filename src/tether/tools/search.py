@@ -204,6 +204,12 @@ class SearchIndex:
                     continue
             words.append(word)
         terms = [self._term(w) for w in dict.fromkeys(words)]
+        # "my" says whose, not what: it never tells tools apart more than the commonest other word asked
+        # ("list my files" is a search for files, not for directus.get_my_permissions).
+        others = [t.idf for t in terms if t.word not in POSSESSIVES and t.forms]
+        if others and len(others) < len(terms):
+            floor = min(others)
+            terms = [_Term(t.word, t.forms, min(t.idf, floor)) if t.word in POSSESSIVES else t for t in terms]
         return terms
 
     def _term(self, word: str) -> _Term:
@@ -225,8 +231,6 @@ class SearchIndex:
             if head in vocab and forms.get(head, 0.0) < _RELATED_SHORTER:
                 forms[head] = _RELATED_SHORTER
         idf = max((self._idf.get(w, 0.0) for w, weight in forms.items() if weight >= 0.75), default=0.0)
-        if word in POSSESSIVES:
-            idf = min((self._idf.get(w, idf) for w in forms), default=idf)
         return _Term(word, forms, idf or self._idf_max)
 
     def _add_prefixed(self, forms: dict[str, float], prefix: str, weight: float) -> None:

@@ -28,7 +28,7 @@ STOPWORDS = frozenset(
 )
 
 # Words that say whose, not what: "list my files" asks for files first. A tool named for "my" or "me"
-# answers them, but the word weighs as little as its commonest form, never like a rare noun.
+# answers them, but the word never weighs more than the commonest other word of the query (search.py).
 POSSESSIVES = frozenset({"my", "mine", "myself"})
 
 # Words in a tool's name that do not say what it does (``get_files_id``).
