@@ -8,13 +8,16 @@ authenticated), related forms (assign → assignee, signature → sign), and a
 word found nowhere is tried as a prefix (``subscr`` → ``subscription``) or as
 two words run together (``rerun`` → ``re run``).
 
-Two stages:
+Three stages:
 
 1. **Candidates** come in tiers (every word in the tool's identity — name,
-   title, namespace; every word anywhere and some in the identity; every word
-   anywhere; some in the identity; some anywhere), computed with set
-   operations on per-word postings. Within a tier, tools with the shortest
-   identity come first, and only the tiers a page reaches are ordered.
+   title, namespace; some in the identity; some anywhere), computed with set
+   operations on per-word postings. In the first tier the tools with the
+   shortest identity come first; in the partial tiers the tools that say the
+   most of the query's weight (rare words weighing more, a word only in the
+   description 0.3 of one in the name or title) come first, so a name with two
+   rare words of the query is not buried under hundreds of titles with one
+   common word. Only the tiers a page reaches are ordered.
 2. **Rerank** of the first ``_WINDOW`` candidates by how well the tool's
    identity answers the query: what share of the query its name and title
    cover, and what share of its name and title the query covers (rare words
@@ -23,9 +26,17 @@ Two stages:
    long names that merely contain the words lose to the exact match.
    Candidates past the window keep their tier order, so pages of any size
    form one order and never overlap or skip.
+3. **Across namespaces** (no ``namespace=``, none named in the query), the
+   k-th tool of a namespace keeps ``0.95 ** k`` of its score, so one API's
+   near-duplicates do not hide another API's answer.
+
+A title is its first sentence (OpenAI's summaries are paragraphs; the rest is
+read as description) and a Markdown link's address is not a word. "my" never
+weighs more than the commonest other word of the query: it says whose.
 
 No query text is syntax: every word is looked up as a word. See D-20 for why
-this is not SQLite FTS5 with BM25 any more.
+this is not SQLite FTS5 with BM25 any more, and D-43 for the rules for several
+APIs in one catalog.
 """
 
 from __future__ import annotations
@@ -366,10 +377,12 @@ class SearchIndex:
         several files as a zip") must reach the rerank before the hundreds whose title says only a
         common one (``get_file``); shortest-identity order alone let those fill the window.
         """
-        weight: dict[int, float] = {}
-        for term, ident in zip(terms, in_identity):
-            for i in ident & tier:
-                weight[i] = weight.get(i, 0.0) + term.idf
+        # The commonest word's tools at once (dict.fromkeys runs in C), then the rarer words' few.
+        hits = sorted(((ident & tier, term.idf) for term, ident in zip(terms, in_identity)), key=lambda h: -len(h[0]))
+        weight: dict[int, float] = dict.fromkeys(hits[0][0], hits[0][1])
+        for found_here, idf in hits[1:]:
+            for i in found_here:
+                weight[i] = weight.get(i, 0.0) + idf
         if len(weight) > count:
             # Only a tool within reach of the count-th heaviest can still get there from its description.
             reach = heapq.nlargest(count, weight.values())[-1] - _ELSEWHERE * sum(t.idf for t in terms)
