@@ -47,6 +47,7 @@ import heapq
 import math
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -305,10 +306,10 @@ class SearchIndex:
             # Candidates in tier order, as far as the page (and the rerank window) reach.
             need = max(_WINDOW, offset + limit)
             found: list[int] = []
-            for tier in _tiers(in_identity, anywhere):
+            for tier, partial in _tiers(in_identity, anywhere):
                 if len(found) >= need:
                     break
-                if isinstance(tier, _Partial):
+                if partial:
                     found += self._heaviest(tier, terms, in_identity, anywhere, need - len(found))
                 else:
                     found += self._first(tier, need - len(found))
@@ -369,7 +370,7 @@ class SearchIndex:
             + _W_TITLE_PRECISION * _precision(f.title or f.name, title_idf, merged)
         )
 
-    def _heaviest(self, tier: "_Partial", terms: list[_Term], in_identity: list[set[int]],
+    def _heaviest(self, tier: set[int], terms: list[_Term], in_identity: list[set[int]],
                   anywhere: list[set[int]], count: int) -> list[int]:
         """The first ``count`` tools of a partial tier: most of the query's weight in the identity first.
 
@@ -455,25 +456,24 @@ def _union(sets: Any) -> set[int]:
     return out
 
 
-class _Partial(set):  # type: ignore[type-arg]
-    """A tier whose tools match only part of the query: ordered by the weight they match, not by size."""
-
-
-def _tiers(in_identity: list[set[int]], anywhere: list[set[int]]) -> Any:
+def _tiers(in_identity: list[set[int]], anywhere: list[set[int]]) -> Iterator[tuple[set[int], bool]]:
     """The candidate tiers, best first, each without the tools of the tiers above; computed as reached.
+
+    Each comes with whether it is partial: its tools match only part of the query, so they are ordered by
+    the weight they match (``_heaviest``) rather than by size.
 
     Every word in the identity first; then the tools that say some word of the query in their identity,
     heaviest first (a rare word in the name outweighs every common word somewhere in the description);
     then the rest.
     """
     every_identity = set.intersection(*in_identity)
-    yield every_identity
+    yield every_identity, False
     if len(in_identity) == 1:
-        yield set.intersection(*anywhere) - every_identity
+        yield set.intersection(*anywhere) - every_identity, False
         return
     some_identity = set().union(*in_identity)
-    yield _Partial(some_identity - every_identity)
-    yield _Partial(set().union(*anywhere) - some_identity)
+    yield some_identity - every_identity, True
+    yield set().union(*anywhere) - some_identity, True
 
 
 def _page(results: list[dict[str, Any]], total: int, offset: int) -> dict[str, Any]:
