@@ -436,3 +436,31 @@ def test_a_markdown_links_address_is_not_a_word_of_the_tool(apis: Catalog) -> No
     # The real create_chat_completion summary links to /docs/api-reference/responses; its text says Responses.
     assert "openai.create_chat_completion" not in _top(apis, "api-reference", limit=50)
     assert "openai.create_chat_completion" in _top(apis, "responses", limit=50)
+
+
+@pytest.mark.parametrize("query", ["get file", "list my files", "delete file lock", "create a comment on a file",
+                                   "download several files as a zip", "get the authenticated user"])
+def test_pages_across_apis_form_one_order(apis: Catalog, query: str) -> None:
+    # Pages reach the partial tiers at every depth: each page size walks the same order as one long page.
+    whole = _top(apis, query, limit=100)
+    for size in (1, 2, 5, 13, 40):
+        seen, offset = [], 0
+        while offset is not None and offset < 100:
+            page = search(apis, query, limit=size, offset=offset)
+            seen += [r["address"] for r in page["results"]]
+            offset = page["next_offset"]
+        assert seen[:100] == whole
+
+
+def test_a_word_many_tools_say_is_counted_lazily_without_losing_a_tool() -> None:
+    # 40 tools say the rare word, 200 the common one, none both: the common word is added only to the
+    # tools already counted (it cannot lift the others past them), and its tools still follow, in order.
+    catalog = Catalog([
+        *(_tool(f"inventory.widget_{n}", "A widget.", title=f"Widget {n}") for n in range(40)),
+        *(_tool(f"store.gadget_{n}", "A gadget.", title=f"Gadget {n}") for n in range(200)),
+        *(_tool(f"misc.thing_{n}", "A thing.", title=f"Thing {n}") for n in range(160)),
+    ])
+    top = _top(catalog, "widget gadget", limit=100)
+    assert {a.split(".")[0] for a in top[:40]} == {"inventory"}
+    assert {a.split(".")[0] for a in top[40:]} == {"store"}
+    assert search(catalog, "widget gadget")["total"] == 240

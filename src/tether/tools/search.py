@@ -98,6 +98,8 @@ _KEEP = tuple((1.0 - _DIVERSE) ** k for k in range(_WINDOW))
 # In the candidate order, a query word found only outside the identity (the description, a parameter)
 # counts this much of one found in the name or title.
 _ELSEWHERE = 0.3
+# A query word said by more than this many times the places wanted is counted lazily (see _heaviest).
+_MANY = 4
 
 
 @dataclass(frozen=True)
@@ -378,15 +380,27 @@ class SearchIndex:
         several files as a zip") must reach the rerank before the hundreds whose title says only a
         common one (``get_file``); shortest-identity order alone let those fill the window.
         """
-        # The commonest word's tools at once (dict.fromkeys runs in C), then the rarer words' few.
-        hits = sorted(((ident & tier, term.idf) for term, ident in zip(terms, in_identity)), key=lambda h: -len(h[0]))
-        weight: dict[int, float] = dict.fromkeys(hits[0][0], hits[0][1])
-        for found_here, idf in hits[1:]:
+        spare = _ELSEWHERE * sum(t.idf for t in terms)
+        # Rarest word first. A word many tools say ("list" in a catalog of list_*) is counted one tool at a
+        # time only while it could still lift a tool not yet counted past the count-th counted one;
+        # after that it is added only to the tools already counted.
+        hits = sorted(((ident & tier, term.idf) for term, ident in zip(terms, in_identity)), key=lambda h: len(h[0]))
+        weight: dict[int, float] = {}
+        for n, (found_here, idf) in enumerate(hits):
+            if len(found_here) > _MANY * count and len(weight) >= count:
+                # An uncounted tool has at most every remaining word in its identity and the counted
+                # ones in its description.
+                rest = sum(h[1] for h in hits[n:]) + _ELSEWHERE * sum(h[1] for h in hits[:n])
+                if heapq.nlargest(count, weight.values())[-1] >= rest:
+                    for later, later_idf in hits[n:]:
+                        for i in weight.keys() & later:
+                            weight[i] += later_idf
+                    break
             for i in found_here:
                 weight[i] = weight.get(i, 0.0) + idf
-        if len(weight) > count:
+        if len(weight) >= count:
             # Only a tool within reach of the count-th heaviest can still get there from its description.
-            reach = heapq.nlargest(count, weight.values())[-1] - _ELSEWHERE * sum(t.idf for t in terms)
+            reach = heapq.nlargest(count, weight.values())[-1] - spare
             within: set[int] = {i for i, w in weight.items() if w >= reach}
         else:
             within = tier
@@ -395,7 +409,7 @@ class SearchIndex:
             for i in (found & within) - ident:
                 weight[i] = weight.get(i, 0.0) + idf
         order = self._order
-        return [i for _, _, i in heapq.nsmallest(count, ((-weight[i], order[i], i) for i in within))]
+        return [i for _, _, i in heapq.nsmallest(count, ((-weight.get(i, 0.0), order[i], i) for i in within))]
 
     def _first(self, tier: set[int], count: int) -> list[int]:
         """The first ``count`` tools of a tier in its order (shortest identity first)."""
