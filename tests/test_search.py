@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -314,3 +315,152 @@ def test_a_namespace_named_in_the_query_says_where_to_look() -> None:
     assert search(catalog, "who am i on github")["results"][0]["address"] == "github.users_get_authenticated"
     # A namespace word whose namespace has none of the other words is just a word.
     assert search(catalog, "github login")["total"] > 0
+
+
+# --- several real APIs in one catalog (issue 22 item 7): the trimmed real specs, and operations named and
+# titled as Box, Directus, OpenAI and GitHub name and title them ---
+
+_FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _real_tools() -> list[Tool]:
+    from tether._sources.openapi import OpenAPISource
+
+    async def load() -> list[Tool]:
+        tools: list[Tool] = []
+        for name in ("github", "openai", "directus", "blockfrost"):
+            # No call is sent: the base URL only has to be valid.
+            async with OpenAPISource(name, _FIXTURES / f"real_{name}_trim.json", base_url="http://127.0.0.1:9") as s:
+                tools += s.tools()
+        return tools
+
+    return asyncio.run(load())
+
+
+# Long summaries as OpenAI writes them: a paragraph where a title would be.
+_OPENAI_CREATE_FILE = (
+    "Upload a file that can be used across various endpoints. Individual files\ncan be up to 512 MB. Uploads "
+    "to this endpoint are rate-limited to 1,000 requests per minute per authenticated\nuser. See the "
+    "[Assistants Tools guide](/docs/assistants/tools) for details."
+)
+# Titles of the commonest kind: a verb and "file", many of them (more than the rerank window holds).
+_FILE_CHORES = [
+    _tool(f"box.{verb}_files_id_{thing}", f"{verb.title()} the {thing} of a file.", title=f"{title} file {thing}")
+    for verb, title in (("get", "Get"), ("put", "Update"), ("delete", "Delete"), ("post", "Create"))
+    for thing in ("watermark", "metadata", "trash", "versions", "tasks", "comments", "collaborations",
+                  "thumbnail", "lock", "classification", "skills", "shared_link", "preview", "representations",
+                  "expiration", "owner", "tags", "description", "retention", "holds")
+]
+
+
+@pytest.fixture(scope="module")
+def apis() -> Catalog:
+    return Catalog([
+        *_real_tools(),
+        *_FILE_CHORES,
+        _tool("box.post_zip_downloads", "Bundles many items into one archive to fetch at once.",
+              title="Create zip download"),
+        _tool("box.get_files_id_content", "Returns the contents of a file in binary format.", title="Download file"),
+        _tool("box.post_sign_requests", "Creates a signature request. This involves preparing a document for "
+              "signing and sending the signature request to signers.", title="Create sign request"),
+        _tool("box.get_users_me", "Retrieves information about the user who is currently authenticated.",
+              title="Get current user"),
+        _tool("github.users_get_authenticated", "OAuth app tokens and personal access tokens (classic) need the "
+              "user scope.", title="Get the authenticated user"),
+        *(_tool(f"github.repos_{verb}_commit_signature_protection", "When authenticated with admin or owner "
+                "permissions to the repository, you can use this endpoint to manage signed commits.",
+                title=f"{verb.title()} commit signature protection") for verb in ("get", "create", "delete")),
+        _tool("github.git_create_ref", "Creates a reference for your repository.", {"owner": 1, "repo": 1, "ref": 1},
+              title="Create a reference"),
+        _tool("github.repos_create_deployment_branch_policy", "Creates a deployment branch or tag policy for an "
+              "environment.", title="Create a deployment branch policy"),
+        _tool("github.pulls_create", "Draft pull requests are available in public repositories.",
+              title="Create a pull request"),
+        _tool("openai.create_file", _OPENAI_CREATE_FILE, title=_OPENAI_CREATE_FILE),
+        _tool("openai.list_files", "Returns a list of files.", title="Returns a list of files."),
+        _tool("directus.get_files", "List the files.", title="List Files"),
+        _tool("directus.get_my_permissions", "List the permissions that apply to the current user.",
+              title="List My Permissions"),
+        _tool("directus.get_me", "Retrieve the currently authenticated user.", title="Retrieve Current User"),
+    ])
+
+
+def test_two_rare_words_in_a_name_outrank_a_common_one_in_many_titles(apis: Catalog) -> None:
+    # Eighty "<verb> file <thing>" titles say "file" (more than the rerank window); one says "zip" and
+    # "download", and the shortest-identity order put it past the window.
+    assert _top(apis, "download several files as a zip")[0] == "box.post_zip_downloads"
+
+
+def test_one_apis_near_duplicates_do_not_hide_another_apis_answer() -> None:
+    # Four reports that answer "report" equally well, three of them GitHub's: Jira's is shown second, after
+    # GitHub's first, not fourth behind GitHub's variants (issue 22: one API's list hid another's answer).
+    catalog = Catalog([
+        *(_tool(f"github.report_{what}", f"The {what} of a report.", title=f"Report {what}")
+          for what in ("history", "owners", "status")),
+        _tool("jira.report_details", "The details of a report.", title="Report details"),
+    ])
+    assert _top(catalog, "report") == ["github.report_history", "jira.report_details", "github.report_owners",
+                                       "github.report_status"]
+    scores = [r["score"] for r in search(catalog, "report")["results"]]
+    assert scores == sorted(scores, reverse=True)
+    # Within one namespace nothing is discounted: the three tie.
+    assert len({r["score"] for r in search(catalog, "report", namespace="github")["results"]}) == 1
+
+
+def test_my_says_whose_not_what(apis: Catalog) -> None:
+    # "my" is in directus.get_my_permissions' name, but the request is for files.
+    top = _top(apis, "list my files")
+    assert set(top[:2]) == {"directus.get_files", "openai.list_files"}
+
+
+def test_a_branch_is_created_as_a_git_reference(apis: Catalog) -> None:
+    assert "github.git_create_ref" in _top(apis, "create a branch")[:2]
+
+
+def test_only_the_first_sentence_of_a_long_title_names_the_tool() -> None:
+    # OpenAI's create_file summary is a paragraph. Its later sentences count as its description does: the
+    # same tool titled with its first sentence and described by the paragraph scores the same.
+    first = _OPENAI_CREATE_FILE.split(". ", 1)[0] + "."
+    catalog = Catalog([
+        _tool("a.create_file", _OPENAI_CREATE_FILE, title=_OPENAI_CREATE_FILE),
+        _tool("b.create_file", _OPENAI_CREATE_FILE, title=first),
+        _tool("c.get_authenticated_user", "The user of the token.", title="Get the authenticated user"),
+    ])
+    for query in ("authenticated user", "requests per minute", "upload a file"):
+        scores = {r["address"]: r["score"] for r in search(catalog, query)["results"]}
+        assert scores["a.create_file"] == scores["b.create_file"], query
+    assert _top(catalog, "authenticated user")[0] == "c.get_authenticated_user"
+
+
+def test_a_markdown_links_address_is_not_a_word_of_the_tool(apis: Catalog) -> None:
+    # The real create_chat_completion summary links to /docs/api-reference/responses; its text says Responses.
+    assert "openai.create_chat_completion" not in _top(apis, "api-reference", limit=50)
+    assert "openai.create_chat_completion" in _top(apis, "responses", limit=50)
+
+
+@pytest.mark.parametrize("query", ["get file", "list my files", "delete file lock", "create a comment on a file",
+                                   "download several files as a zip", "get the authenticated user"])
+def test_pages_across_apis_form_one_order(apis: Catalog, query: str) -> None:
+    # Pages reach the partial tiers at every depth: each page size walks the same order as one long page.
+    whole = _top(apis, query, limit=100)
+    for size in (1, 2, 5, 13, 40):
+        seen, offset = [], 0
+        while offset is not None and offset < 100:
+            page = search(apis, query, limit=size, offset=offset)
+            seen += [r["address"] for r in page["results"]]
+            offset = page["next_offset"]
+        assert seen[:100] == whole
+
+
+def test_a_word_many_tools_say_is_counted_lazily_without_losing_a_tool() -> None:
+    # 40 tools say the rare word, 200 the common one, none both: the common word is added only to the
+    # tools already counted (it cannot lift the others past them), and its tools still follow, in order.
+    catalog = Catalog([
+        *(_tool(f"inventory.widget_{n}", "A widget.", title=f"Widget {n}") for n in range(40)),
+        *(_tool(f"store.gadget_{n}", "A gadget.", title=f"Gadget {n}") for n in range(200)),
+        *(_tool(f"misc.thing_{n}", "A thing.", title=f"Thing {n}") for n in range(160)),
+    ])
+    top = _top(catalog, "widget gadget", limit=100)
+    assert {a.split(".")[0] for a in top[:40]} == {"inventory"}
+    assert {a.split(".")[0] for a in top[40:]} == {"store"}
+    assert search(catalog, "widget gadget")["total"] == 240

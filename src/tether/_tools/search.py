@@ -8,13 +8,16 @@ authenticated), related forms (assign → assignee, signature → sign), and a
 word found nowhere is tried as a prefix (``subscr`` → ``subscription``) or as
 two words run together (``rerun`` → ``re run``).
 
-Two stages:
+Three stages:
 
 1. **Candidates** come in tiers (every word in the tool's identity — name,
-   title, namespace; every word anywhere and some in the identity; every word
-   anywhere; some in the identity; some anywhere), computed with set
-   operations on per-word postings. Within a tier, tools with the shortest
-   identity come first, and only the tiers a page reaches are ordered.
+   title, namespace; some in the identity; some anywhere), computed with set
+   operations on per-word postings. In the first tier the tools with the
+   shortest identity come first; in the partial tiers the tools that say the
+   most of the query's weight (rare words weighing more, a word only in the
+   description 0.3 of one in the name or title) come first, so a name with two
+   rare words of the query is not buried under hundreds of titles with one
+   common word. Only the tiers a page reaches are ordered.
 2. **Rerank** of the first ``_WINDOW`` candidates by how well the tool's
    identity answers the query: what share of the query its name and title
    cover, and what share of its name and title the query covers (rare words
@@ -23,9 +26,17 @@ Two stages:
    long names that merely contain the words lose to the exact match.
    Candidates past the window keep their tier order, so pages of any size
    form one order and never overlap or skip.
+3. **Across namespaces** (no ``namespace=``, none named in the query), the
+   k-th tool of a namespace keeps ``0.95 ** k`` of its score, so one API's
+   near-duplicates do not hide another API's answer.
+
+A title is its first sentence (OpenAI's summaries are paragraphs; the rest is
+read as description) and a Markdown link's address is not a word. "my" never
+weighs more than the commonest other word of the query: it says whose.
 
 No query text is syntax: every word is looked up as a word. See D-20 for why
-this is not SQLite FTS5 with BM25 any more.
+this is not SQLite FTS5 with BM25 any more, and D-44 for the rules for several
+APIs in one catalog.
 """
 
 from __future__ import annotations
@@ -34,13 +45,15 @@ import bisect
 import functools
 import heapq
 import math
+import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from tether._tools.catalog import Catalog
 from tether._tools.model import Tool
-from tether._tools.words import NAME_NOISE, STOPWORDS, alternatives, normalise, query_terms, split_words
+from tether._tools.words import NAME_NOISE, POSSESSIVES, STOPWORDS, alternatives, normalise, query_terms, split_words
 
 __all__ = ["MAX_LIMIT", "SearchIndex", "search", "split_words"]
 
@@ -67,6 +80,8 @@ _WINDOW = 40
 # A tool's description is read this far: the summary, not the fine print
 # (GitHub's run to kilobytes of notes on tokens and scopes).
 _DESCRIPTION_CHARS = 600
+# A Markdown link's target: "[Responses](/docs/api-reference/responses)" says "Responses", not "doc api".
+_LINK_TARGET = re.compile(r"\]\([^)\s]*\)")
 
 # The rerank's weights (see _score). Coverage of the query by the identity
 # matters most; how much of the identity the query covers separates an exact
@@ -75,6 +90,16 @@ _W_IDENTITY_COVERAGE = 3.0
 _W_COVERAGE = 1.0
 _W_NAME_PRECISION = 1.5
 _W_TITLE_PRECISION = 1.5
+# Across namespaces, each tool already placed from the same namespace discounts the next one's score by
+# this share. 0.05 on the combined bench catalog (bench/README.md): 0.02 changed nothing, 0.10 pushed
+# single-API answers ("assign an issue to someone") out of the first three.
+_DIVERSE = 0.05
+_KEEP = tuple((1.0 - _DIVERSE) ** k for k in range(_WINDOW))
+# In the candidate order, a query word found only outside the identity (the description, a parameter)
+# counts this much of one found in the name or title.
+_ELSEWHERE = 0.3
+# A query word said by more than this many times the places wanted is counted lazily (see _heaviest).
+_MANY = 4
 
 
 @dataclass(frozen=True)
@@ -91,13 +116,16 @@ def _features(tool: Tool) -> tuple[_Features, set[str], frozenset[str]]:
     """The rerank's view of a tool, and the words it is found by: in its identity, and anywhere else."""
     name_words = normalise(tool.name)
     name = tuple(dict.fromkeys(t for t in name_words if t not in NAME_NOISE)) or tuple(name_words)
-    title_words = normalise(tool.title)
+    # A title is a line; some APIs put a whole description in it (OpenAI's summaries run to paragraphs).
+    # Only its first sentence names the tool: the rest is read like a description.
+    title_words = normalise(_first_sentence(tool.title or ""))
     title_text_words = title_words or normalise(_first_sentence(tool.description or ""))
     title = tuple(dict.fromkeys(t for t in title_text_words if t not in STOPWORDS))
     namespace = _namespace_words(tool.namespace)
-    description = normalise((tool.description or "")[:_DESCRIPTION_CHARS])
+    description = normalise(_LINK_TARGET.sub("]", (tool.description or "")[:_DESCRIPTION_CHARS]))
     params = normalise(" ".join((tool.input_schema.get("properties") or {}).keys()))
-    rest = frozenset((*description, *params))
+    title_rest = normalise(_LINK_TARGET.sub("]", (tool.title or "")[:_DESCRIPTION_CHARS]))
+    rest = frozenset((*description, *params, *title_rest))
     features = _Features(name, title, frozenset((*name, *title, *namespace)), rest)
     identity = {*namespace, *name_words, *title_words}
     return features, identity, rest - identity
@@ -109,7 +137,7 @@ def _namespace_words(namespace: str) -> tuple[str, ...]:
 
 
 def _first_sentence(text: str) -> str:
-    head = text.strip().split("\n", 1)[0][:160]
+    head = _LINK_TARGET.sub("]", text.strip().split("\n", 1)[0][:160])
     cut = head.find(". ")
     return head[: cut + 1] if cut > 0 else head
 
@@ -190,6 +218,12 @@ class SearchIndex:
                     continue
             words.append(word)
         terms = [self._term(w) for w in dict.fromkeys(words)]
+        # "my" says whose, not what: it never tells tools apart more than the commonest other word asked
+        # ("list my files" is a search for files, not for directus.get_my_permissions).
+        others = [t.idf for t in terms if t.word not in POSSESSIVES and t.forms]
+        if others and len(others) < len(terms):
+            floor = min(others)
+            terms = [_Term(t.word, t.forms, min(t.idf, floor)) if t.word in POSSESSIVES else t for t in terms]
         return terms
 
     def _term(self, word: str) -> _Term:
@@ -274,10 +308,13 @@ class SearchIndex:
             # Candidates in tier order, as far as the page (and the rerank window) reach.
             need = max(_WINDOW, offset + limit)
             found: list[int] = []
-            for tier in _tiers(in_identity, anywhere):
+            for tier, partial in _tiers(in_identity, anywhere):
                 if len(found) >= need:
                     break
-                found += self._first(tier, need - len(found))
+                if partial:
+                    found += self._heaviest(tier, terms, in_identity, anywhere, need - len(found))
+                else:
+                    found += self._first(tier, need - len(found))
             total = len(set().union(*anywhere))
             merged = _merged(terms)
             idf_total = sum(t.idf for t in terms)
@@ -286,6 +323,8 @@ class SearchIndex:
                 key=lambda x: (-x[0], x[1]),
             )
             ordered = [(score, i) for score, _, i in window]
+            if namespace is None and len(self._namespaces) > 1:
+                ordered = self._diverse(ordered)
             floor = ordered[-1][0] if ordered else 0.0
             for i in found[_WINDOW : offset + limit]:
                 # Past the window the tier order stands; a score never rises down the list.
@@ -295,6 +334,27 @@ class SearchIndex:
                 {**self._tools[i].summary(), "score": round(score, 4)} for score, i in ordered[offset : offset + limit]
             ]
         return _page(results, total, offset)
+
+    def _diverse(self, ordered: list[tuple[float, int]]) -> list[tuple[float, int]]:
+        """The window reordered so a namespace's second answer yields to a near-equal first one of another.
+
+        A query that names no API is often answered by several, and one API's near-duplicates must not
+        hide another's answer: for "send a document for signature" GitHub's get / create / delete
+        commit-signature-protection filled the first three places ahead of Box's sign request. The k-th
+        tool of a namespace (in score order) is discounted by ``(1 - _DIVERSE) ** k`` -- the same order as
+        placing tools one at a time, each discounted per tool of its namespace already placed -- and the
+        reported scores are the discounted ones, so they never rise down the page.
+        """
+        tools = self._tools
+        seen: dict[str, int] = {}
+        out: list[tuple[float, int, int]] = []
+        for n, (score, i) in enumerate(ordered):
+            ns = tools[i].namespace
+            k = seen.get(ns, 0)
+            seen[ns] = k + 1
+            out.append((score * _KEEP[k] if k < len(_KEEP) else 0.0, n, i))
+        out.sort(key=lambda x: (-x[0], x[1]))
+        return [(score, i) for score, _, i in out]
 
     def _score(self, i: int, terms: list[_Term], merged: dict[str, float], idf_total: float) -> float:
         """How well one candidate answers the query; see the module docstring."""
@@ -311,6 +371,45 @@ class SearchIndex:
             + _W_NAME_PRECISION * _precision(f.name, name_idf, merged)
             + _W_TITLE_PRECISION * _precision(f.title or f.name, title_idf, merged)
         )
+
+    def _heaviest(self, tier: set[int], terms: list[_Term], in_identity: list[set[int]],
+                  anywhere: list[set[int]], count: int) -> list[int]:
+        """The first ``count`` tools of a partial tier: most of the query's weight in the identity first.
+
+        A tool that says two rare words of the query in its name (``post_zip_downloads`` for "download
+        several files as a zip") must reach the rerank before the hundreds whose title says only a
+        common one (``get_file``); shortest-identity order alone let those fill the window.
+        """
+        spare = _ELSEWHERE * sum(t.idf for t in terms)
+        # Rarest word first. A word many tools say ("list" in a catalog of list_*) is counted one tool at a
+        # time only while it could still lift a tool not yet counted past the count-th counted one;
+        # after that it is added only to the tools already counted.
+        hits = sorted(((ident & tier, term.idf) for term, ident in zip(terms, in_identity)), key=lambda h: len(h[0]))
+        weight: dict[int, float] = {}
+        for n, (found_here, idf) in enumerate(hits):
+            if len(found_here) > _MANY * count and len(weight) >= count:
+                # An uncounted tool has at most every remaining word in its identity and the counted
+                # ones in its description.
+                rest = sum(h[1] for h in hits[n:]) + _ELSEWHERE * sum(h[1] for h in hits[:n])
+                if heapq.nlargest(count, weight.values())[-1] >= rest:
+                    for later, later_idf in hits[n:]:
+                        for i in weight.keys() & later:
+                            weight[i] += later_idf
+                    break
+            for i in found_here:
+                weight[i] = weight.get(i, 0.0) + idf
+        if len(weight) >= count:
+            # Only a tool within reach of the count-th heaviest can still get there from its description.
+            reach = heapq.nlargest(count, weight.values())[-1] - spare
+            within: set[int] = {i for i, w in weight.items() if w >= reach}
+        else:
+            within = tier
+        for term, ident, found in zip(terms, in_identity, anywhere):
+            idf = _ELSEWHERE * term.idf
+            for i in (found & within) - ident:
+                weight[i] = weight.get(i, 0.0) + idf
+        order = self._order
+        return [i for _, _, i in heapq.nsmallest(count, ((-weight.get(i, 0.0), order[i], i) for i in within))]
 
     def _first(self, tier: set[int], count: int) -> list[int]:
         """The first ``count`` tools of a tier in its order (shortest identity first)."""
@@ -371,19 +470,24 @@ def _union(sets: Any) -> set[int]:
     return out
 
 
-def _tiers(in_identity: list[set[int]], anywhere: list[set[int]]) -> Any:
-    """The candidate tiers, best first, each without the tools of the tiers above; computed as reached."""
+def _tiers(in_identity: list[set[int]], anywhere: list[set[int]]) -> Iterator[tuple[set[int], bool]]:
+    """The candidate tiers, best first, each without the tools of the tiers above; computed as reached.
+
+    Each comes with whether it is partial: its tools match only part of the query, so they are ordered by
+    the weight they match (``_heaviest``) rather than by size.
+
+    Every word in the identity first; then the tools that say some word of the query in their identity,
+    heaviest first (a rare word in the name outweighs every common word somewhere in the description);
+    then the rest.
+    """
     every_identity = set.intersection(*in_identity)
-    every = set.intersection(*anywhere)
-    yield every_identity
+    yield every_identity, False
     if len(in_identity) == 1:
-        yield every - every_identity
+        yield set.intersection(*anywhere) - every_identity, False
         return
     some_identity = set().union(*in_identity)
-    yield (every & some_identity) - every_identity
-    yield every - some_identity
-    yield some_identity - every
-    yield set().union(*anywhere) - every - some_identity
+    yield some_identity - every_identity, True
+    yield set().union(*anywhere) - some_identity, True
 
 
 def _page(results: list[dict[str, Any]], total: int, offset: int) -> dict[str, Any]:

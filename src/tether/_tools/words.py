@@ -27,6 +27,10 @@ STOPWORDS = frozenset(
     "what when where which will with would you your am".split()
 )
 
+# Words that say whose, not what: "list my files" asks for files first. A tool named for "my" or "me"
+# answers them, but the word never weighs more than the commonest other word of the query (search.py).
+POSSESSIVES = frozenset({"my", "mine", "myself"})
+
 # Words in a tool's name that do not say what it does (``get_files_id``).
 NAME_NOISE = frozenset({"id", "ids", "by", "for", "of", "to", "in", "on", "a", "an", "the", "and", "or", "with"})
 
@@ -39,7 +43,7 @@ _GROUPS: list[tuple[tuple[str, ...], tuple[str, ...], float]] = [
       "inspect", "describe", "load", "download"), ("get", "retrieve", "fetch", "read"), 0.8),
     (("list", "all", "show", "browse", "enumerate", "every"), ("list", "all"), 0.8),
     (("create", "add", "new", "make", "open", "start", "submit", "post", "insert", "write", "set", "upload",
-      "generate", "produce", "compose"),
+      "generate", "produce", "compose", "send"),
      ("create", "add", "post", "new", "start"), 0.75),
     (("delete", "remove", "destroy", "drop", "erase", "discard", "trash", "purge", "unset"),
      ("delete", "remove", "destroy"), 0.8),
@@ -50,6 +54,8 @@ _GROUPS: list[tuple[tuple[str, ...], tuple[str, ...], float]] = [
     (("me", "my", "mine", "myself", "logged", "login", "whoami", "current", "self"),
      ("authenticated", "me", "current", "viewer"), 0.8),
     (("repo", "repository"), ("repo", "repository"), 0.9),
+    # Git names a branch or a tag by a reference (GitHub's git_create_ref, "Create a reference").
+    (("branch", "tag"), ("ref", "reference"), 0.6),
     (("org", "organization", "organisation", "company"), ("org", "organization"), 0.9),
     (("folder", "directory", "dir"), ("folder", "directory"), 0.9),
     (("file", "document", "doc"), ("file", "content", "document"), 0.6),
