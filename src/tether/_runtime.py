@@ -44,7 +44,16 @@ from tether._sandbox.monty import MONTY_VERSION, SandboxPool
 from tether._store.aio import AsyncStore
 from tether._store.base import LOCAL_PRINCIPAL, RunRecord, SnapshotRecord, Store
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
-from tether.errors import RunNotFound, RunTampered, SnapshotTampered, ToolsUnavailable, UsageError, WrongSecret
+from tether.errors import (
+    InvalidArguments,
+    NamespaceReserved,
+    RunNotFound,
+    RunTampered,
+    SnapshotTampered,
+    ToolsUnavailable,
+    UsageError,
+    WrongSecret,
+)
 
 if TYPE_CHECKING:
     from tether._config import Config
@@ -66,7 +75,7 @@ def check_mode(check: str | None, type_check: bool | None = None) -> str:
     if check is None:
         return "calls" if type_check is None else ("full" if type_check else "off")
     if check not in CHECK_MODES:
-        raise UsageError(f"check must be one of {', '.join(CHECK_MODES)} (got {check!r})", code="usage_error")
+        raise UsageError(f"check must be one of {', '.join(CHECK_MODES)} (got {check!r})")
     return check
 
 
@@ -123,10 +132,9 @@ class Runtime:
         # (the CLI's, the Python API's); and whether callers with a token may
         # act on those runs too ([server] local_runs).
         if not isinstance(principal, str) or not principal:
-            raise UsageError("principal must be a non-empty string", code="invalid_arguments")
+            raise InvalidArguments("principal must be a non-empty string")
         if local_runs not in ("private", "shared"):
-            raise UsageError(f"local_runs must be 'private' or 'shared', not {local_runs!r}",
-                             code="invalid_arguments")
+            raise InvalidArguments(f"local_runs must be 'private' or 'shared', not {local_runs!r}")
         self.principal = principal
         self.local_runs = local_runs
         self._own_pool = pool is None
@@ -212,13 +220,11 @@ class Runtime:
     def check_namespaces(self, tools: Iterable[Any]) -> None:
         """Refuse namespaces the sandbox keeps for its own modules (`tools.time` cannot exist)."""
         from tether._sandbox.monty import reserved_module_names
-        from tether.errors import ConfigError
 
         reserved = reserved_module_names()
         for ns in sorted({t.namespace for t in tools} & reserved):
-            raise ConfigError(
+            raise NamespaceReserved(
                 f"namespace {ns!r} is the name of a module the sandbox provides, so tools.{ns} cannot exist",
-                code="namespace_reserved",
                 next_action=f"Give the source another namespace, e.g. {ns + '_tools'!r} "
                             "(namespace = ... in [[sources]], or TETHER_NAMESPACE / @tool(namespace=...)).",
             )
@@ -515,8 +521,7 @@ class Runtime:
 
         t0 = time.perf_counter()
         if decision not in DECISIONS:
-            raise UsageError(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}",
-                             code="invalid_arguments")
+            raise InvalidArguments(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
         if seq is None:
             seq = unnamed_target(self, self._get_run(run_id, principal), decision)
         return await decide(self, run_id, {seq: (decision, reason)}, principal=principal, actor=actor, via=via,

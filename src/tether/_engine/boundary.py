@@ -32,13 +32,21 @@ from tether._engine.lifecycle import outcome_unknown
 from tether._engine.pausing import Parked, Paused, Pauses  # noqa: F401 - Parked, Paused: re-exported for callers
 from tether._engine.restore import plan_restore
 from tether._engine.result import to_json_value
-from tether._hostwork import HostWorkTimeout, off_loop
+from tether._hostwork import off_loop
 from tether._sandbox.monty import GuestRaise, Stopped
 from tether._store.base import CallRecord, Store
 from tether._store.states import CallState
 from tether._tools import binding
 from tether._tools import context as call_context
-from tether.errors import ExecutionDiverged, InvalidArguments, LimitExceeded, TetherError, UnknownTool
+from tether.errors import (
+    CallLimit,
+    ExecutionDiverged,
+    HostWorkTimeout,
+    InvalidArguments,
+    JournalLimit,
+    TetherError,
+    UnknownTool,
+)
 
 if TYPE_CHECKING:
     from tether._engine.limits import Limits
@@ -229,9 +237,8 @@ class EffectBoundary:
             return await self.pauses.hold(seq, op, address, args)
         if seq > self.limits.host_calls:
             self._fail(
-                LimitExceeded(
+                CallLimit(
                     f"the program made more than {self.limits.host_calls} host calls; call {seq} was not sent",
-                    code="call_limit",
                     next_action="Make fewer calls per run: batch, page, or reduce upstream; or raise limits.host_calls.",
                 )
             )
@@ -572,8 +579,7 @@ class EffectBoundary:
             return None
         code, message = refused
         if code == "journal_limit":
-            self._fail(LimitExceeded(message, code=code, next_action="Ask tools for less (filter, page, reduce "
-                                     "upstream), or raise limits.journal_bytes."))
+            self._fail(JournalLimit(message))
         return guest_error(code, message, "ValueError")
 
     def _fail(self, error: TetherError) -> TetherError:

@@ -49,13 +49,14 @@ from tether._engine.result import RunResult, preview, to_json_value
 from tether._engine.sessions import Sessions
 from tether._engine.spec import build_spec, precheck, remember_verdict
 from tether._engine.waits import Waits
-from tether._hostwork import HostBudget, HostWorkTimeout, off_loop
+from tether._hostwork import HostBudget, off_loop
 from tether._sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxPool, SandboxSpec, Stopped
 from tether._store.aio import AsyncStore
 from tether._store.base import CallRecord, RunRecord, SnapshotRecord, Store
 from tether._store.states import CallState, RunStatus
 from tether.errors import (
     ExecutionDiverged,
+    HostWorkTimeout,
     LimitExceeded,
     RunTampered,
     SandboxCrashed,
@@ -400,7 +401,7 @@ class Attempt:
             await self.astore.call(d.waits.cancel, run.run_id)
             raise type(exc)(f"the run could not be {'parked' if isinstance(stop, ParkedWait) else 'paused'} at call "
                             f"{call['seq']} ({call['address']}): {exc.message}; nothing of that call was sent (the "
-                            "calls before it are in the journal)", code=exc.code, next_action=exc.next_action,
+                            "calls before it are in the journal)", next_action=exc.next_action,
                             details={"call": call}) from None
         if st.answering and st.restore_pending is not None:
             waits_on = list(st.restore_pending)

@@ -24,7 +24,7 @@ from tether._engine.quarantine import continue_or_quarantine
 from tether._engine.result import RunResult
 from tether._store.base import Conflict, RunRecord
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus
-from tether.errors import IdempotencyConflict, UsageError
+from tether.errors import IdempotencyConflict, InvalidArguments
 
 if TYPE_CHECKING:
     from tether._runtime import Runtime
@@ -38,9 +38,9 @@ FINGERPRINT = "run_key_request"
 def check_run_key(key: Any) -> str:
     if not isinstance(key, str) or not key or len(key) > MAX_RUN_KEY_CHARS or not key.isprintable():
         shown = f"{len(key)} characters" if isinstance(key, str) else type(key).__name__
-        raise UsageError(f"a run key is 1 to {MAX_RUN_KEY_CHARS} printable characters (got {shown}); "
-                         "nothing was run", code="invalid_arguments",
-                         next_action="Send a key such as a UUID made once per request and reused on its retries.")
+        raise InvalidArguments(f"a run key is 1 to {MAX_RUN_KEY_CHARS} printable characters (got {shown}); "
+                         "nothing was run",
+                               next_action="Send a key such as a UUID made once per request and reused on its retries.")
     return key
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from tether._engine.approvals.capabilities import Keyring, keyring_for, mac_hex, same, secret_id
 from tether._sources.base import ENV_REF, Source
 from tether._tools.model import Tool
-from tether.errors import ConfigError, SourceUnavailable, TetherError, ToolsUnavailable
+from tether.errors import ConfigError, NamespaceTaken, SourceUnavailable, TetherError, ToolsUnavailable
 
 if TYPE_CHECKING:
     from tether._runtime import Runtime
@@ -322,8 +322,7 @@ class SourceSet:
         rt.check_namespaces(found)
         for ns in sorted({t.namespace for t in found}):
             if any(t.namespace == ns for t in rt.catalog.tools()):
-                raise ConfigError(f"namespace {ns!r} is already taken by another source in this process",
-                                  code="namespace_taken")
+                raise NamespaceTaken(f"namespace {ns!r} is already taken by another source in this process")
         rt.catalog.add_many(found)
         entry.tools = list(found)
         if summary:

@@ -51,7 +51,7 @@ from tether._sources._mcp_tools import build_tools, listing_json, server_summary
 from tether._sources.base import expand_env
 from tether._tools.context import current_call
 from tether._tools.model import IDEMPOTENCY_MODES, Tool, check_identifier
-from tether.errors import ConfigError, SourceUnavailable, ToolError, UsageError
+from tether.errors import ConfigError, SourceNotStarted, SourceUnavailable, ToolError, UsageError
 
 __all__ = ["ElicitationHandler", "ElicitationRequest", "ElicitationResponse", "MCPSource", "ProgressReport"]
 
@@ -473,9 +473,8 @@ class MCPSource:
     def tools(self) -> list[Tool]:
         """The tools listed at :meth:`start`."""
         if self._tools is None:
-            raise UsageError(
+            raise SourceNotStarted(
                 f"MCP source {self.namespace!r} is not started",
-                code="source_not_started",
                 next_action="Call and await start() before tools().",
             )
         return list(self._tools)

@@ -45,7 +45,7 @@ from tether._sources._openapi_text import decode_spec, parse_spec
 from tether._sources.base import expand_env
 from tether._tools.context import current_call
 from tether._tools.model import IDEMPOTENCY_MODES, Annotations, Tool, check_identifier
-from tether.errors import ConfigError, InvalidArguments, ToolError, UsageError
+from tether.errors import ConfigError, InvalidArguments, SourceNotStarted, ToolError, UsageError
 
 if TYPE_CHECKING:
     import httpx
@@ -406,9 +406,8 @@ class OpenAPISource:
     def tools(self) -> list[Tool]:
         """The tools built at :meth:`start`."""
         if self._tools is None:
-            raise UsageError(
+            raise SourceNotStarted(
                 f"OpenAPI source {self.namespace!r} is not started",
-                code="source_not_started",
                 next_action="Call and await start() before tools().",
             )
         return list(self._tools)

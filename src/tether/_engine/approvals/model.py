@@ -11,7 +11,7 @@ from typing import Any, Union
 
 from tether._store.base import CallRecord, RunRecord
 from tether._store.states import CallState, RunStatus
-from tether.errors import UsageError
+from tether.errors import InvalidApproval
 
 # A paused write is a durable wait named approval:<seq>; its value is the decision.
 APPROVAL_PREFIX = "approval:"
@@ -106,10 +106,9 @@ def approval_verdict(answer: Any) -> tuple[str, str | None]:
         verdict, reason = answer
     found = _VERDICTS.get(verdict) if isinstance(verdict, (str, bool)) else None
     if found is None or not (reason is None or isinstance(reason, str)):
-        raise UsageError(
+        raise InvalidApproval(
             f"on_approval answered {_show(answer)}; it must answer 'approve' or 'decline', True or False, "
             "a (verdict, reason) tuple or a tether.Decision. The write was not sent",
-            code="invalid_approval",
             next_action="Return one of those from the on_approval callback.",
             details={"answer": _show(answer)},
         )

@@ -39,12 +39,12 @@ from tether._store.base import CallRecord, RunRecord, Store, WaitRecord
 from tether._store.states import CallState, RunStatus, WaitStatus
 from tether.errors import (
     AlreadyDecided,
+    InvalidArguments,
     NotPaused,
     RunExpired,
     RunNotFound,
     SeqRequired,
     TetherError,
-    UsageError,
     WriteNotPending,
 )
 
@@ -112,19 +112,16 @@ def _pending_details(writes: list[PendingWrite]) -> list[dict[str, Any]]:
 
 def _parse(decisions: Mapping[Any, Any]) -> dict[int, tuple[str, str | None]]:
     if not isinstance(decisions, Mapping) or not decisions:
-        raise UsageError("decisions must map each write's seq to a decision, e.g. {3: 'approve'}",
-                         code="invalid_arguments")
+        raise InvalidArguments("decisions must map each write's seq to a decision, e.g. {3: 'approve'}")
     out: dict[int, tuple[str, str | None]] = {}
     for seq, value in decisions.items():
         if isinstance(seq, bool) or not isinstance(seq, (int, str)) or not str(seq).isdigit():
-            raise UsageError(f"a decision is keyed by the write's seq (an integer), not {seq!r}",
-                             code="invalid_arguments")
+            raise InvalidArguments(f"a decision is keyed by the write's seq (an integer), not {seq!r}")
         decision, reason = (value, None) if isinstance(value, str) else (tuple(value) + (None,))[:2]
         if decision not in DECISIONS:
-            raise UsageError(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}",
-                             code="invalid_arguments")
+            raise InvalidArguments(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
         if reason is not None and not isinstance(reason, str):
-            raise UsageError("a decision's reason must be text", code="invalid_arguments")
+            raise InvalidArguments("a decision's reason must be text")
         out[int(seq)] = (decision, reason)
     return out
 
@@ -183,7 +180,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
     t0 = time.perf_counter() if t0 is None else t0
     wanted = _parse(decisions)
     if via not in CHANNELS:
-        raise UsageError(f"via must be one of {', '.join(CHANNELS)}, not {via!r}", code="invalid_arguments")
+        raise InvalidArguments(f"via must be one of {', '.join(CHANNELS)}, not {via!r}")
     run = rt.get_run(run_id, principal)
     if run.status == RunStatus.PAUSED:
         refused = _untrusted(rt, run, wanted, t0)
@@ -338,7 +335,7 @@ def refusal(rt: "Runtime", run_id: str, seqs: list[int], decision: str, *, princ
     cases as it acts.
     """
     if decision not in allowed:
-        return None, UsageError(f"a decision is {' or '.join(allowed)}", code="invalid_arguments")
+        return None, InvalidArguments(f"a decision is {' or '.join(allowed)}")
     try:
         run = rt.get_run(run_id, principal)
     except RunNotFound:
