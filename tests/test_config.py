@@ -9,13 +9,13 @@ import pytest
 from pydantic import ValidationError
 
 from tether._config import (
-    BearerAuth,
     Config,
-    McpSource,
-    OpenApiSource,
-    PythonSource,
-    QueryAuth,
-    Rule,
+    MCPSourceDefinition,
+    OpenAPISourceDefinition,
+    PythonSourceDefinition,
+    RuleConfig,
+    SourceBearerAuth,
+    SourceQueryAuth,
     load_config,
 )
 from tether.errors import ConfigError
@@ -170,8 +170,8 @@ def test_full_file(tmp_path: Path) -> None:
     assert config.limits.recursion_depth == 200
     assert config.policy.writes == "deny"
     assert config.policy.rules == [
-        Rule(match="helpdesk.close_*", action="ask"),
-        Rule(match="helpdesk.*", action="allow"),
+        RuleConfig(match="helpdesk.close_*", action="ask"),
+        RuleConfig(match="helpdesk.*", action="allow"),
     ]
     assert config.store.url.startswith("postgresql://")
     assert config.sandbox.type_check is False
@@ -181,17 +181,17 @@ def test_full_file(tmp_path: Path) -> None:
     assert config.server.token == "file-token"
 
     helpdesk, local, time, remote, petstore, weather = config.sources
-    assert isinstance(helpdesk, PythonSource)
+    assert isinstance(helpdesk, PythonSourceDefinition)
     assert helpdesk.module == "tether.demo.helpdesk" and helpdesk.namespace is None
     # Paths are relative to the config file, not the working directory.
-    assert isinstance(local, PythonSource) and local.module == str(tmp_path.resolve() / "_tools/local.py")
-    assert isinstance(time, McpSource) and time.command == ["mcp-server-time", "--local-timezone", "UTC"]
+    assert isinstance(local, PythonSourceDefinition) and local.module == str(tmp_path.resolve() / "_tools/local.py")
+    assert isinstance(time, MCPSourceDefinition) and time.command == ["mcp-server-time", "--local-timezone", "UTC"]
     assert time.cwd == str(tmp_path.resolve() / "servers")
-    assert isinstance(remote, McpSource) and remote.url == "https://mcp.example.com/mcp"
-    assert isinstance(petstore, OpenApiSource) and petstore.spec == str(tmp_path.resolve() / "specs/petstore.json")
-    assert petstore.auth == BearerAuth(type="bearer", token_env="PETSTORE_TOKEN")
-    assert isinstance(weather, OpenApiSource) and weather.spec == "https://weather.example.com/openapi.json"
-    assert isinstance(weather.auth, QueryAuth) and weather.auth.name == "appid"
+    assert isinstance(remote, MCPSourceDefinition) and remote.url == "https://mcp.example.com/mcp"
+    assert isinstance(petstore, OpenAPISourceDefinition) and petstore.spec == str(tmp_path.resolve() / "specs/petstore.json")
+    assert petstore.auth == SourceBearerAuth(type="bearer", token_env="PETSTORE_TOKEN")
+    assert isinstance(weather, OpenAPISourceDefinition) and weather.spec == "https://weather.example.com/openapi.json"
+    assert isinstance(weather.auth, SourceQueryAuth) and weather.auth.name == "appid"
 
 
 def test_explicit_max_concurrent_runs_is_kept(tmp_path: Path) -> None:

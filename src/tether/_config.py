@@ -31,25 +31,25 @@ from tether._engine.limits import Limits
 from tether.errors import ConfigError
 
 __all__ = [
-    "BearerAuth",
     "Config",
-    "HeaderAuth",
-    "LogConfig",
     "LimitsConfig",
-    "McpSource",
+    "LogConfig",
+    "MCPSourceDefinition",
     "MetricsConfig",
     "NotifyConfig",
-    "OpenApiSource",
+    "OpenAPISourceDefinition",
     "PolicyConfig",
-    "PythonSource",
-    "QueryAuth",
+    "PythonSourceDefinition",
     "QuotaConfig",
     "QuotasConfig",
     "RetentionConfig",
-    "Rule",
+    "RuleConfig",
     "SandboxConfig",
     "ServerConfig",
-    "Source",
+    "SourceBearerAuth",
+    "SourceDefinition",
+    "SourceHeaderAuth",
+    "SourceQueryAuth",
     "StoreConfig",
     "load_config",
 ]
@@ -209,7 +209,7 @@ class LimitsConfig(_Section):
 # --- [policy] ----------------------------------------------------------------
 
 
-class Rule(_Section):
+class RuleConfig(_Section):
     """One policy rule; the first rule whose glob matches a tool address wins
     (decided by tether._engine.policy, which these rules feed)."""
 
@@ -229,7 +229,7 @@ class PolicyConfig(_Section):
     # seen re-sending one billable write 9 times after a truncated result).
     write_budget: PositiveInt = 10
     rules: Annotated[
-        list[Rule], _Expected('must be a list of tables like {match = "helpdesk.*", action = "ask"}')
+        list[RuleConfig], _Expected('must be a list of tables like {match = "helpdesk.*", action = "ask"}')
     ] = Field(default_factory=list)
     # A day for a human to answer; after that the data the run read is stale.
     approval_ttl_seconds: Seconds = 86400
@@ -539,7 +539,7 @@ class NotifyConfig(_Section):
 Idempotency = Literal["none", "key"]
 
 
-class PythonSource(_Section):
+class PythonSourceDefinition(_Section):
     type: Literal["python"]
     # A dotted module name or a path to a .py file (relative to the config file).
     module: Text
@@ -554,7 +554,7 @@ class PythonSource(_Section):
 DEFAULT_START_TIMEOUT = 10.0
 
 
-class McpSource(_Section):
+class MCPSourceDefinition(_Section):
     type: Literal["mcp"]
     namespace: Identifier
     command: StrList | None = None
@@ -571,7 +571,7 @@ class McpSource(_Section):
     max_call_seconds: Seconds | None = None
 
     @model_validator(mode="after")
-    def _one_transport(self) -> McpSource:
+    def _one_transport(self) -> MCPSourceDefinition:
         if (self.command is None) == (self.url is None):
             raise PydanticCustomError(
                 "tether", "set exactly one of 'command' (a stdio server) or 'url' (an HTTP server)"
@@ -583,33 +583,33 @@ class McpSource(_Section):
         return self
 
 
-class BearerAuth(_Section):
+class SourceBearerAuth(_Section):
     type: Literal["bearer"]
     token_env: EnvName
 
 
-class HeaderAuth(_Section):
+class SourceHeaderAuth(_Section):
     type: Literal["header"]
     name: Text
     value_env: EnvName
 
 
-class QueryAuth(_Section):
+class SourceQueryAuth(_Section):
     type: Literal["query"]
     name: Text
     value_env: EnvName
 
 
-Auth = Annotated[BearerAuth | HeaderAuth | QueryAuth, Field(discriminator="type")]
+SourceAuth = Annotated[SourceBearerAuth | SourceHeaderAuth | SourceQueryAuth, Field(discriminator="type")]
 
 
-class OpenApiSource(_Section):
+class OpenAPISourceDefinition(_Section):
     type: Literal["openapi"]
     namespace: Identifier
     # A path (relative to the config file) or an http(s) URL.
     spec: Text
     base_url: HttpUrl | None = None
-    auth: Auth | None = None
+    auth: SourceAuth | None = None
     headers: StrTable = Field(default_factory=dict)
     idempotency: Idempotency = "none"
     # The header that carries the key on non-safe requests; false sends none.
@@ -618,7 +618,7 @@ class OpenApiSource(_Section):
     ] = "Idempotency-Key"
 
     @model_validator(mode="after")
-    def _key_needs_header(self) -> OpenApiSource:
+    def _key_needs_header(self) -> OpenAPISourceDefinition:
         if self.idempotency == "key" and self.idempotency_header is False:
             raise PydanticCustomError(
                 "tether", "idempotency = \"key\" needs idempotency_header: the API must receive the key"
@@ -628,7 +628,9 @@ class OpenApiSource(_Section):
     call_timeout: Seconds | None = None
 
 
-Source = Annotated[PythonSource | McpSource | OpenApiSource, Field(discriminator="type")]
+SourceDefinition = Annotated[
+    PythonSourceDefinition | MCPSourceDefinition | OpenAPISourceDefinition, Field(discriminator="type")
+]
 
 # --- the whole file ----------------------------------------------------------
 
@@ -645,7 +647,7 @@ class Config(_Section):
     quotas: QuotasConfig = Field(default_factory=QuotasConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
-    sources: Annotated[list[Source], _Expected("must be an array of tables, written [[sources]]")] = Field(
+    sources: Annotated[list[SourceDefinition], _Expected("must be an array of tables, written [[sources]]")] = Field(
         default_factory=list
     )
     notify: Annotated[list[NotifyConfig], _Expected("must be an array of tables, written [[notify]]")] = Field(
@@ -823,11 +825,11 @@ def _is_url(value: str) -> bool:
 
 def _resolve_paths(source: Any, base: Path) -> Any:
     # Paths in the file are relative to the file, not to wherever tether runs.
-    if isinstance(source, PythonSource) and (source.module.endswith(".py") or "/" in source.module):
+    if isinstance(source, PythonSourceDefinition) and (source.module.endswith(".py") or "/" in source.module):
         return source.model_copy(update={"module": str((base / source.module).resolve())})
-    if isinstance(source, OpenApiSource) and not _is_url(source.spec):
+    if isinstance(source, OpenAPISourceDefinition) and not _is_url(source.spec):
         return source.model_copy(update={"spec": str((base / source.spec).resolve())})
-    if isinstance(source, McpSource) and source.cwd is not None:
+    if isinstance(source, MCPSourceDefinition) and source.cwd is not None:
         return source.model_copy(update={"cwd": str((base / source.cwd).resolve())})
     return source
 
@@ -962,7 +964,7 @@ def _explain(error: Any, field: FieldInfo | None, holder: type[BaseModel] | None
             return f"unknown key {key!r} (did you mean {close[0]!r}?)"
         return f"unknown key {key!r} (expected one of: {', '.join(known)})"
     if kind == "union_tag_not_found":
-        union = field.annotation if field is not None and loc[-1] == "auth" else Source
+        union = field.annotation if field is not None and loc[-1] == "auth" else SourceDefinition
         tags = ", ".join(repr(tag) for arg in get_args(_unwrap(union)) for tag in _tags(arg))
         return f"missing key 'type' (expected one of {tags})"
     if kind == "union_tag_invalid":

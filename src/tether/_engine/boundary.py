@@ -298,7 +298,7 @@ class EffectBoundary:
         return value
 
     async def _builtin_call(self, seq: int, op: str, address: str, args: dict[str, Any], key: str,
-                            decision: journal.Decision) -> Any:
+                            decision: journal.JournalAnswer) -> Any:
         impl = self.builtins_impl.get(op)
         t = time.perf_counter()
         if decision.entry is not None:
@@ -330,7 +330,7 @@ class EffectBoundary:
         self._stat(seq, op, address, "read", CallState.DONE, t)
         return value
 
-    async def _tool_call(self, seq: int, address: str, args: dict[str, Any], key: str, decision: journal.Decision,
+    async def _tool_call(self, seq: int, address: str, args: dict[str, Any], key: str, decision: journal.JournalAnswer,
                          started: float) -> Any:
         t = time.perf_counter()
         found = self.catalog.find(address)
@@ -687,7 +687,7 @@ class EffectBoundary:
         await self._checkpoint_sink(self, self.journal[seq])
 
 
-def _entry(decision: journal.Decision) -> CallRecord:
+def _entry(decision: journal.JournalAnswer) -> CallRecord:
     """The journal entry a replayed or unknown call's decision always carries (journal.decide)."""
     if decision.entry is None:
         raise RuntimeError(f"journal decision {decision.action!r} without its entry")
