@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,11 +14,12 @@ from tether._config import (
     MCPSourceDefinition,
     OpenAPISourceDefinition,
     PythonSourceDefinition,
-    RuleConfig,
     SourceBearerAuth,
     SourceQueryAuth,
     load_config,
 )
+from tether._engine.limits import Limits
+from tether._engine.policy import Policy, Rule
 from tether.errors import ConfigError
 
 FULL = """
@@ -129,7 +131,7 @@ def test_defaults_without_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert (config.limits.result_bytes, config.limits.log_bytes, config.limits.recursion_depth) == (30000, 30000, 1000)
     assert config.policy.writes == "ask"
     assert config.policy.write_budget == 10
-    assert config.policy.rules == []
+    assert config.policy.rules == ()
     assert config.policy.approval_ttl_seconds == 86400
     assert (config.policy.checkpoint_every_calls, config.policy.checkpoint_every_seconds) == (100, 30)
     assert (config.sandbox.min_workers, config.sandbox.max_workers, config.sandbox.check) == (1, 2, "calls")
@@ -157,7 +159,21 @@ def test_empty_file_gives_defaults(tmp_path: Path) -> None:
 def test_config_is_frozen(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, ""), env={})
     with pytest.raises(ValidationError, match="frozen"):
+        config.limits = Limits()  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
         config.limits.host_calls = 1000  # type: ignore[misc]
+
+
+def test_limits_and_policy_parse_into_the_engines_own_types(tmp_path: Path) -> None:
+    """One declaration each (issue 21): what [limits] and [policy] parse into is what a Runtime runs with."""
+    config = load_config(write(tmp_path, '[limits]\nhost_calls = 9\n[policy]\nwrites = "allow"\n'), env={})
+    assert type(config.limits) is Limits and config.limits == Limits(host_calls=9)
+    assert isinstance(config.policy, Policy) and config.policy.recorded() == Policy(writes="allow")
+    # Built in Python, a value is checked by the same field types as the file's key.
+    with pytest.raises(ValidationError, match="host_calls"):
+        Limits(host_calls=0)
+    with pytest.raises(ValidationError, match="glob"):
+        Rule("helpdesk", "ask")
 
 
 # --- a full valid file --------------------------------------------------------
@@ -169,10 +185,10 @@ def test_full_file(tmp_path: Path) -> None:
     assert config.limits.host_calls == 7
     assert config.limits.recursion_depth == 200
     assert config.policy.writes == "deny"
-    assert config.policy.rules == [
-        RuleConfig(match="helpdesk.close_*", action="ask"),
-        RuleConfig(match="helpdesk.*", action="allow"),
-    ]
+    assert config.policy.rules == (
+        Rule(match="helpdesk.close_*", action="ask"),
+        Rule(match="helpdesk.*", action="allow"),
+    )
     assert config.store.url.startswith("postgresql://")
     assert config.sandbox.type_check is False
     # Not set in the file, so it follows the sandbox.
