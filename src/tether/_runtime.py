@@ -38,7 +38,7 @@ from tether._engine.policy import Policy
 from tether._engine.quotas import Quotas, check_run_start
 from tether._engine.result import RunResult
 from tether._engine.run_keys import check_run_key
-from tether._engine.sessions import Sessions, sign_snapshot  # noqa: F401 - sign_snapshot stays importable from here
+from tether._engine.sessions import Sessions
 from tether._engine.waits import Waits, same_wait
 from tether._sandbox.monty import MONTY_VERSION, SandboxPool
 from tether._store.aio import AsyncStore
@@ -145,7 +145,7 @@ class Runtime:
             # step the VM cannot interrupt.
             request_timeout=self.limits.run_seconds + 5.0,
         )
-        from tether._engine.integrity import keyring_for
+        from tether._engine.approvals.capabilities import keyring_for
 
         # Signs and verifies runs, journals and snapshots (P-35); its current secret keys waits and sessions.
         self.keyring = keyring_for(self.store)

@@ -23,13 +23,13 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from tether import _metrics as metrics
-from tether._engine import integrity, journal, resend, telemetry
+from tether._engine import journal, resend, telemetry
 from tether._engine import policy as policy_mod
 from tether._engine.attempt_state import AttemptState, CallStat, RaisedError
 from tether._engine.guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
 from tether._engine.journal_writer import JournalWriter
 from tether._engine.lifecycle import outcome_unknown
-from tether._engine.pausing import Parked, Paused, Pauses  # noqa: F401 - Parked, Paused: re-exported for callers
+from tether._engine.pausing import Pauses
 from tether._engine.restore import plan_restore
 from tether._engine.result import to_json_value
 from tether._hostwork import off_loop
@@ -49,6 +49,7 @@ from tether.errors import (
 )
 
 if TYPE_CHECKING:
+    from tether._engine.approvals.capabilities import Keyring
     from tether._engine.limits import Limits
     from tether._engine.pending import Stop
     from tether._sandbox.monty import Execution
@@ -103,7 +104,7 @@ class EffectBoundary:
         pause_sink: Callable[["EffectBoundary", Stop], Awaitable[None]],
         checkpoint_sink: Callable[["EffectBoundary", CallRecord], Awaitable[None]] | None,
         clock: Callable[[], float],
-        keyring: integrity.Keyring,
+        keyring: Keyring,
         writes_spent: int | None = None,
         wait_secret: bytes = b"",
         session: str | None = None,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from tether._engine import telemetry
+from tether._engine.approvals.capabilities import Keyring
 from tether._engine.boundary import SPENT_STATES, Approver, Cancelled, EffectBoundary
 from tether._engine.envelopes import (
     LogBuffer,
@@ -28,7 +29,6 @@ from tether._engine.envelopes import (
 from tether._engine.events import EventBus
 from tether._engine.finish import Finisher
 from tether._engine.integrity import (
-    Keyring,
     sign_run,
     sign_snapshot_record,
     update_call_signed,

@@ -42,7 +42,7 @@ class Policy:
 
     # An unannotated tool counts as a write, so the safe default is a human
     # in the loop; trusted setups say "allow" explicitly.
-    writes: Literal["ask", "allow", "deny"] = ASK
+    writes: Literal["ask", "allow", "deny"] = "ask"
     # More than 10 writes in one run is usually a loop gone wrong (agents were
     # seen re-sending one billable write 9 times after a truncated result).
     write_budget: PositiveInt = 10

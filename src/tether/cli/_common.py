@@ -270,7 +270,8 @@ def trusted_meta(store: Store, run: RunRecord | None, *, lenient: bool = False) 
     then ends it ``run_tampered``. A run signed with another secret raises
     ``WrongSecret``, unless ``lenient`` (cancelling needs no setup).
     """
-    from tether._engine.integrity import keyring_for, verify_run
+    from tether._engine.approvals.capabilities import keyring_for
+    from tether._engine.integrity import verify_run
     from tether._store.states import TERMINAL_RUN_STATUSES
     from tether.errors import RunTampered, WrongSecret
 

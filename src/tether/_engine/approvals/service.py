@@ -366,5 +366,4 @@ def expire(rt: "Runtime") -> list[str]:
     return ended
 
 
-__all__ = ["APPROVAL_PREFIX", "CHANNELS", "DECISIONS", "Decision", "PendingWrite", "ask", "batch_of", "decide",
-           "decision_of", "expire", "pending", "recorded_decision", "refusal", "taken", "unnamed_target"]
+__all__ = ["ask", "decide", "decision_of", "expire", "pending", "recorded_decision", "refusal", "unnamed_target"]
