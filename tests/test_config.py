@@ -9,17 +9,16 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tether._config import (
-    Config,
+from tether._config import Config, load_config
+from tether._engine.limits import Limits
+from tether._engine.policy import Policy, Rule
+from tether._sources.kinds import (
     MCPSourceDefinition,
     OpenAPISourceDefinition,
     PythonSourceDefinition,
     SourceBearerAuth,
     SourceQueryAuth,
-    load_config,
 )
-from tether._engine.limits import Limits
-from tether._engine.policy import Policy, Rule
 from tether.errors import ConfigError
 
 FULL = """

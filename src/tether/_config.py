@@ -35,35 +35,27 @@ from tether._fields import (
     EnvName,
     Expected,
     HttpUrl,
-    Identifier,
     NonNegativeInt,
     Port,
     PositiveInt,
     Seconds,
     StoreUrl,
     StrList,
-    StrTable,
     Text,
 )
+from tether._sources.kinds import SourceDefinition
 from tether.errors import ConfigError
 
 __all__ = [
     "Config",
     "LogConfig",
-    "MCPSourceDefinition",
     "MetricsConfig",
     "NotifyConfig",
-    "OpenAPISourceDefinition",
-    "PythonSourceDefinition",
     "QuotaConfig",
     "QuotasConfig",
     "RetentionConfig",
     "SandboxConfig",
     "ServerConfig",
-    "SourceBearerAuth",
-    "SourceDefinition",
-    "SourceHeaderAuth",
-    "SourceQueryAuth",
     "StoreConfig",
     "load_config",
 ]
@@ -376,104 +368,9 @@ class NotifyConfig(_Section):
 
 
 # --- [[sources]] -------------------------------------------------------------
+# Each table is one of the registered source kinds (tether._sources.kinds): its model, builder and
+# capabilities are registered there, so a new kind does not edit this file.
 
-# "key": the source's tools dedupe by idempotency key, so a write whose outcome
-# was lost is re-sent with the same key (P-31). "none" never re-sends.
-Idempotency = Literal["none", "key"]
-
-
-class PythonSourceDefinition(_Section):
-    type: Literal["python"]
-    # A dotted module name or a path to a .py file (relative to the config file).
-    module: Text
-    # Defaults to the module's TETHER_NAMESPACE.
-    namespace: Identifier | None = None
-    # "key" marks every write tool of the module; @tool(idempotent_with_key=True) marks one.
-    idempotency: Idempotency = "none"
-
-
-# A source that has not started in 10 s is hung or misconfigured; a cold
-# `uvx`/`npx` download can take longer, and may raise it per source.
-DEFAULT_START_TIMEOUT = 10.0
-
-
-class MCPSourceDefinition(_Section):
-    type: Literal["mcp"]
-    namespace: Identifier
-    command: StrList | None = None
-    url: HttpUrl | None = None
-    env: StrTable = Field(default_factory=dict)
-    headers: StrTable = Field(default_factory=dict)
-    cwd: Text | None = None
-    idempotency: Idempotency = "none"
-    start_timeout: Seconds = DEFAULT_START_TIMEOUT
-    # Without progress, a call may take this long (default: [limits] call_timeout_seconds);
-    # each progress notification from the server restarts it ...
-    call_timeout: Seconds | None = None
-    # ... up to this many seconds in all (default: call_timeout, i.e. progress does not extend it).
-    max_call_seconds: Seconds | None = None
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> MCPSourceDefinition:
-        if (self.command is None) == (self.url is None):
-            raise PydanticCustomError(
-                "tether", "set exactly one of 'command' (a stdio server) or 'url' (an HTTP server)"
-            )
-        if self.url is not None and (self.env or self.cwd is not None):
-            raise PydanticCustomError("tether", "'env' and 'cwd' apply only to a 'command' server")
-        if self.command is not None and self.headers:
-            raise PydanticCustomError("tether", "'headers' apply only to a 'url' server")
-        return self
-
-
-class SourceBearerAuth(_Section):
-    type: Literal["bearer"]
-    token_env: EnvName
-
-
-class SourceHeaderAuth(_Section):
-    type: Literal["header"]
-    name: Text
-    value_env: EnvName
-
-
-class SourceQueryAuth(_Section):
-    type: Literal["query"]
-    name: Text
-    value_env: EnvName
-
-
-SourceAuth = Annotated[SourceBearerAuth | SourceHeaderAuth | SourceQueryAuth, Field(discriminator="type")]
-
-
-class OpenAPISourceDefinition(_Section):
-    type: Literal["openapi"]
-    namespace: Identifier
-    # A path (relative to the config file) or an http(s) URL.
-    spec: Text
-    base_url: HttpUrl | None = None
-    auth: SourceAuth | None = None
-    headers: StrTable = Field(default_factory=dict)
-    idempotency: Idempotency = "none"
-    # The header that carries the key on non-safe requests; false sends none.
-    idempotency_header: Annotated[
-        Text | Literal[False], Expected("must be a header name, or false to send no key")
-    ] = "Idempotency-Key"
-
-    @model_validator(mode="after")
-    def _key_needs_header(self) -> OpenAPISourceDefinition:
-        if self.idempotency == "key" and self.idempotency_header is False:
-            raise PydanticCustomError(
-                "tether", "idempotency = \"key\" needs idempotency_header: the API must receive the key"
-            )
-        return self
-    start_timeout: Seconds = DEFAULT_START_TIMEOUT
-    call_timeout: Seconds | None = None
-
-
-SourceDefinition = Annotated[
-    PythonSourceDefinition | MCPSourceDefinition | OpenAPISourceDefinition, Field(discriminator="type")
-]
 
 # --- the whole file ----------------------------------------------------------
 
@@ -579,7 +476,7 @@ class Config(_Section):
             update={
                 "store": config.store.model_copy(update={"url": store_url or config.store.url}),
                 "server": server,
-                "sources": [_resolve_paths(s, base_dir or Path.cwd()) for s in config.sources],
+                "sources": [s.resolved(base_dir or Path.cwd()) for s in config.sources],
             }
         )
         config._home = home
@@ -660,21 +557,6 @@ def _redact_url(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", f":{_REDACTED}@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
-
-
-def _is_url(value: str) -> bool:
-    return urlsplit(value).scheme in ("http", "https")
-
-
-def _resolve_paths(source: Any, base: Path) -> Any:
-    # Paths in the file are relative to the file, not to wherever tether runs.
-    if isinstance(source, PythonSourceDefinition) and (source.module.endswith(".py") or "/" in source.module):
-        return source.model_copy(update={"module": str((base / source.module).resolve())})
-    if isinstance(source, OpenAPISourceDefinition) and not _is_url(source.spec):
-        return source.model_copy(update={"spec": str((base / source.spec).resolve())})
-    if isinstance(source, MCPSourceDefinition) and source.cwd is not None:
-        return source.model_copy(update={"cwd": str((base / source.cwd).resolve())})
-    return source
 
 
 def _duplicate_namespaces(sources: Any) -> list[tuple[str, str]]:

@@ -41,6 +41,7 @@ from typing import Any, Callable, TypeVar, overload
 import pydantic
 from pydantic_core import ArgsKwargs, PydanticSerializationError, to_jsonable_python
 
+from tether._sources.kinds import SourceContext
 from tether._tools.context import CallContext, current_call
 from tether._tools.model import Annotations, Tool
 from tether.errors import (
@@ -229,6 +230,12 @@ class PythonSource:
 
     async def close(self) -> None:
         """Nothing to release: an imported module stays imported."""
+
+
+def from_definition(definition: dict[str, Any], context: SourceContext) -> PythonSource:
+    """A ``python`` source (tether._sources.kinds) from its recorded definition, not started yet."""
+    return PythonSource(definition["module"], namespace=definition.get("namespace"),
+                        idempotency=definition.get("idempotency", "none"))
 
 
 def _import_tools(spec: str) -> list[Tool]:
