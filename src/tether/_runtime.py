@@ -23,8 +23,8 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 from tether._engine import run_keys
-from tether._engine.approvals.model import DECISIONS
-from tether._engine.boundary import Approver, Cancelled, EffectBoundary
+from tether._engine.approvals.model import DECISIONS, Approver
+from tether._engine.boundary import Cancelled, EffectBoundary
 from tether._engine.driver import Attempt, Collaborators, Settings
 from tether._engine.events import EventBus
 from tether._engine.finish import Finisher

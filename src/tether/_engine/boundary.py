@@ -50,6 +50,7 @@ from tether.errors import (
 
 if TYPE_CHECKING:
     from tether._engine.approvals.capabilities import Keyring
+    from tether._engine.approvals.model import Approver
     from tether._engine.limits import Limits
     from tether._engine.pending import Stop
     from tether._sandbox.monty import Execution
@@ -69,11 +70,6 @@ class Cancelled(Stopped):
         super().__init__(reason)
         self.reason = reason
 
-
-# An inline approver decides a write at once instead of pausing the run: it
-# gets the pending call and answers with any ApprovalAnswer (see
-# decisions.approval_verdict), returned or awaited.
-Approver = Callable[[dict[str, Any]], Any]
 
 
 def _holds_tuple(value: Any) -> bool:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tether._engine import telemetry
 from tether._engine.approvals.capabilities import Keyring
-from tether._engine.boundary import SPENT_STATES, Approver, Cancelled, EffectBoundary
+from tether._engine.approvals.model import Approver
+from tether._engine.boundary import SPENT_STATES, Cancelled, EffectBoundary
 from tether._engine.envelopes import (
     LogBuffer,
     diagnostics,

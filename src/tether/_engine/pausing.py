@@ -32,8 +32,8 @@ from tether.errors import InvalidArguments, UnknownTool
 
 if TYPE_CHECKING:
     from tether._engine.approvals.capabilities import Keyring
+    from tether._engine.approvals.model import Approver
     from tether._engine.attempt_state import AttemptState
-    from tether._engine.boundary import Approver
     from tether._engine.limits import Limits
     from tether._sandbox.monty import Execution
     from tether._tools.catalog import Catalog

@@ -27,7 +27,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Protocol
 
 from tether._engine.approvals.capabilities import Keyring, keyring_for, mac_hex, same, secret_id
 from tether._sources.base import ENV_REF, Source
@@ -36,9 +36,10 @@ from tether._tools.model import Tool
 from tether.errors import ConfigError, NamespaceTaken, SourceUnavailable, TetherError, ToolsUnavailable
 
 if TYPE_CHECKING:
-    from tether._runtime import Runtime
+    from tether._engine.boundary import EffectBoundary
     from tether._sources.mcp import MCPSource
     from tether._store.base import Store
+    from tether._tools.catalog import Catalog
 
 __all__ = ["LoadedSource", "SourceSet", "definition_key", "record_definition"]
 
@@ -143,7 +144,7 @@ def _check_resolvable(definition: dict[str, Any]) -> None:
         raise ConfigError(f"the OpenAPI description {spec} does not exist")
 
 
-def forward_progress(rt: Runtime) -> Callable[[Any], None]:
+def forward_progress(rt: SourceHost) -> Callable[[Any], None]:
     """An MCP source's progress reports, delivered to the run whose call they are about.
 
     A cell gets a ``progress`` event; a client watching the run (``on_progress``,
@@ -166,6 +167,25 @@ def forward_progress(rt: Runtime) -> Callable[[Any], None]:
                 boundary.on_progress(len(boundary.state.stats) + min(fraction, 0.99), text)
 
     return forward
+
+
+class SourceHost(Protocol):
+    """What sources need of the process they are loaded into (the Runtime), named here so that the
+    loader does not import the runtime that imports it."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    def check_namespaces(self, tools: Iterable[Any]) -> None: ...
+
+    def elicitation_handler(self, namespace: str) -> Callable[[Any], Awaitable[Any]]: ...
+
+    def boundaries_calling(self, address: str) -> list[EffectBoundary]: ...
+
+    def event(self, run_id: str, type: str, data: dict[str, Any]) -> int: ...
 
 
 # --- one loaded source ------------------------------------------------------------
@@ -213,7 +233,7 @@ class SourceSet:
     one ``<namespace>.log`` per stdio server for its stderr.
     """
 
-    def __init__(self, runtime: Runtime, *, store: Store | None = None, log_dir: Path | None = None,
+    def __init__(self, runtime: SourceHost, *, store: Store | None = None, log_dir: Path | None = None,
                  local: Iterable[Any] = (), default_call_timeout: float | None = None,
                  progress: Callable[[Any], None] | None = None) -> None:
         self.runtime = runtime

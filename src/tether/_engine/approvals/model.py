@@ -7,7 +7,7 @@ The service (service.py) is what acts on them.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 from tether._store.base import CallRecord, RunRecord
 from tether._store.states import CallState, RunStatus
@@ -89,6 +89,11 @@ class PendingWrite:
 
 # What an inline approver (``execute(on_approval=...)``) may answer.
 ApprovalAnswer = Union["Decision", str, bool, tuple[Union[str, bool], Union[str, None]]]
+# An inline approver decides a write at once instead of pausing the run: it
+# gets the pending call and answers with any ApprovalAnswer (see
+# approval_verdict), returned or awaited.
+Approver = Callable[[dict[str, Any]], Any]
+
 _VERDICTS = {"approve": "approve", "decline": "decline", True: "approve", False: "decline"}
 
 
