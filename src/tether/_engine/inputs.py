@@ -48,7 +48,7 @@ def check_session_name(name: Any) -> None:
     if not isinstance(name, str) or not name or len(name) > MAX_SESSION_NAME_CHARS or not name.isprintable():
         shown = f"{len(name)} characters" if isinstance(name, str) else type(name).__name__
         raise InvalidArguments(f"a session name is 1 to {MAX_SESSION_NAME_CHARS} printable characters (got {shown}); "
-                         "nothing was run",
+                               "nothing was run",
                                next_action="Pick a short name such as 'notebook' or 'analysis-1'.")
 
 

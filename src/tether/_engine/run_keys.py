@@ -39,7 +39,7 @@ def check_run_key(key: Any) -> str:
     if not isinstance(key, str) or not key or len(key) > MAX_RUN_KEY_CHARS or not key.isprintable():
         shown = f"{len(key)} characters" if isinstance(key, str) else type(key).__name__
         raise InvalidArguments(f"a run key is 1 to {MAX_RUN_KEY_CHARS} printable characters (got {shown}); "
-                         "nothing was run",
+                               "nothing was run",
                                next_action="Send a key such as a UUID made once per request and reused on its retries.")
     return key
 

@@ -127,15 +127,15 @@ class ResourceServer:
         audience = auth.audience or (public_url.rstrip("/") + "/mcp" if public_url else None)
         if audience is None:
             raise ConfigError("[auth] has no audience, and there is no [server] public_url to derive it from; "
-                             "nothing was started",
+                              "nothing was started",
                               next_action="Set [auth] audience to tether's public /mcp URL (what the IdP puts in "
-                                         "tokens' aud), or set [server] public_url.")
+                                          "tokens' aud), or set [server] public_url.")
         secret = None
         if auth.console_client_secret_env:
             secret = (env.get(auth.console_client_secret_env) or "").strip() or None
             if secret is None:
                 raise ConfigError(f"[auth] console_client_secret_env names ${auth.console_client_secret_env}, which "
-                                 "is not set; nothing was started",
+                                  "is not set; nothing was started",
                                   next_action=f"Set {auth.console_client_secret_env} to the console client's secret.")
         discovery = await _discover(auth.issuer.rstrip("/"))
         # Tokens name the issuer exactly as its discovery document does (a trailing slash included).
@@ -152,12 +152,12 @@ class ResourceServer:
             await server.refresh_keys()
         except Exception as exc:  # noqa: BLE001 - any failure here means the keys cannot be used
             raise ConfigError(f"[auth] jwks_url: the signing keys at {jwks_url} could not be loaded ({exc}); "
-                             "nothing was started",
+                              "nothing was started",
                               next_action="Check that the IdP is reachable from this server and jwks_url is "
-                                         "its JWKS.") from None
+                                          "its JWKS.") from None
         if not server._keys:
             raise ConfigError(f"[auth] jwks_url: {jwks_url} holds no signing key for {', '.join(auth.algorithms)}; "
-                             "nothing was started",
+                              "nothing was started",
                               next_action="Check [auth] algorithms against the keys the IdP publishes.")
         return server
 
@@ -348,11 +348,11 @@ async def _discover(issuer: str) -> dict[str, Any]:
                 continue
             if str(data.get("issuer", "")).rstrip("/") != issuer:
                 raise ConfigError(f"[auth] issuer: {url} names issuer {data.get('issuer')!r}, not {issuer!r}; "
-                                 "nothing was started",
+                                  "nothing was started",
                                   next_action="Set [auth] issuer to exactly the issuer the IdP names.")
             return data
     raise ConfigError(f"[auth] issuer: the discovery document of {issuer} could not be read ({'; '.join(problems)}); "
-                     "nothing was started",
+                      "nothing was started",
                       next_action="Check [auth] issuer and that the IdP is reachable from this server.")
 
 

@@ -150,9 +150,9 @@ async def serve(options: ServeOptions) -> int:
             resource = await ResourceServer.from_config(config.auth, config.server.public_url, os.environ)
     if config.server.approvals == "url" and not config.server.public_url:
         raise ConfigError("[server] approvals = \"url\" sends approval links, and there is no [server] public_url "
-                         "to build them on; nothing was started",
+                          "to build them on; nothing was started",
                           next_action="Set [server] public_url to where people reach this server, or use "
-                                     "approvals = \"auto\".")
+                                      "approvals = \"auto\".")
     run_meta = {"tools": tools, "config": _absolute(options.config_path)}
 
     def report(line: str) -> None:

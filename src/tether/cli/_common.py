@@ -152,7 +152,7 @@ def read_program(path: str) -> str:
         where = "standard input" if path == "-" else path
         line = data[:exc.start].count(b"\n") + 1
         raise ProgramNotUtf8(f"the program in {where} is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}); "
-                         "nothing was run",
+                             "nothing was run",
                              next_action="Save the program as UTF-8 (Python's own default) and run it again.") from None
 
 

@@ -43,9 +43,9 @@ def server_access(server: Any, env_tokens: Sequence[str], env: Mapping[str, str]
         value = (env.get(table.token_env) or "").strip()
         if not value:
             raise TokenRequired(f"[[server.tokens]] {table.name!r} takes its token from ${table.token_env}, which is "
-                             "not set; nothing was started",
+                                "not set; nothing was started",
                                 next_action=f"Set {table.token_env} (e.g. `openssl rand -hex 32`), or remove the "
-                                         "table.")
+                                            "table.")
         named.append((table.name, value, frozenset(table.rights), list(table.approves_for)))
     env_named: list[tuple[str, str, frozenset[str], list[str]]] = [(env_token_name(i, len(env_tokens)), t, frozenset({RUN, APPROVE}), [])
                  for i, t in enumerate(env_tokens)]
@@ -53,7 +53,7 @@ def server_access(server: Any, env_tokens: Sequence[str], env: Mapping[str, str]
     tokens = tuple(t for _, t, _, _ in everyone)
     if len(set(tokens)) != len(tokens):
         raise ConfigError("two configured tokens are the same token, so their rights cannot be told apart; "
-                         "nothing was started",
+                          "nothing was started",
                           next_action="Give each [[server.tokens]] entry (and TETHER_TOKEN) its own token.")
     if not everyone and oauth:
         # Only the identity provider's users: their rights come with their tokens and sign-ins.
