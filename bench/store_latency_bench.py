@@ -43,7 +43,7 @@ from tether._runtime import Runtime  # noqa: E402
 from tether._store.postgres import PostgresStore  # noqa: E402
 
 try:
-    from tether._store.aio import AsyncStore  # noqa: E402
+    from tether._store.base import AsyncStore  # noqa: E402
 except ImportError:  # a checkout from before D-27: only today's path exists
     AsyncStore = None  # type: ignore[assignment,misc]
 

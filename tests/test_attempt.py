@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from helpers import Recorder
+from tether._engine.approvals.capabilities import keyring_for
 from tether._engine.driver import Attempt, Collaborators, Settings
 from tether._engine.events import EventBus
 from tether._engine.finish import Finisher
-from tether._engine.integrity import keyring_for, sign_run
+from tether._engine.integrity import sign_run
 from tether._engine.lifecycle import Lifecycle
 from tether._engine.limits import Limits
 from tether._engine.policy import Policy

@@ -17,11 +17,11 @@ from tether._server.auth import (
     LOCAL,
     SCOPE_KEY,
     BearerAuth,
-    CredentialProblem,
     HealthRoutes,
     bearer_token,
     principal_for_token,
 )
+from tether._server.credentials import CredentialProblem
 from tether._server.start import check_http_auth
 from tether.errors import UsageError
 

@@ -143,8 +143,8 @@ async def test_a_remembered_pass_skips_the_checker_but_not_the_call_check():
 
 
 async def test_full_check_stubs_only_what_the_program_reaches():
-    from tether._engine.driver import build_spec, precheck
     from tether._engine.limits import Limits
+    from tether._engine.spec import build_spec, precheck
 
     rec = Recorder()
     async with Runtime(tools=rec.tools(), check="full") as rt:

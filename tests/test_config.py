@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from tether._config import (
-    BearerAuth,
-    Config,
-    McpSource,
-    OpenApiSource,
-    PythonSource,
-    QueryAuth,
-    Rule,
-    load_config,
+from tether._config import Config, load_config
+from tether._engine.limits import Limits
+from tether._engine.policy import Policy, Rule
+from tether._sources.kinds import (
+    MCPSourceDefinition,
+    OpenAPISourceDefinition,
+    PythonSourceDefinition,
+    SourceBearerAuth,
+    SourceQueryAuth,
 )
 from tether.errors import ConfigError
 
@@ -129,7 +130,7 @@ def test_defaults_without_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert (config.limits.result_bytes, config.limits.log_bytes, config.limits.recursion_depth) == (30000, 30000, 1000)
     assert config.policy.writes == "ask"
     assert config.policy.write_budget == 10
-    assert config.policy.rules == []
+    assert config.policy.rules == ()
     assert config.policy.approval_ttl_seconds == 86400
     assert (config.policy.checkpoint_every_calls, config.policy.checkpoint_every_seconds) == (100, 30)
     assert (config.sandbox.min_workers, config.sandbox.max_workers, config.sandbox.check) == (1, 2, "calls")
@@ -157,7 +158,21 @@ def test_empty_file_gives_defaults(tmp_path: Path) -> None:
 def test_config_is_frozen(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, ""), env={})
     with pytest.raises(ValidationError, match="frozen"):
+        config.limits = Limits()  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
         config.limits.host_calls = 1000  # type: ignore[misc]
+
+
+def test_limits_and_policy_parse_into_the_engines_own_types(tmp_path: Path) -> None:
+    """One declaration each (issue 21): what [limits] and [policy] parse into is what a Runtime runs with."""
+    config = load_config(write(tmp_path, '[limits]\nhost_calls = 9\n[policy]\nwrites = "allow"\n'), env={})
+    assert type(config.limits) is Limits and config.limits == Limits(host_calls=9)
+    assert isinstance(config.policy, Policy) and config.policy.recorded() == Policy(writes="allow")
+    # Built in Python, a value is checked by the same field types as the file's key.
+    with pytest.raises(ValidationError, match="host_calls"):
+        Limits(host_calls=0)
+    with pytest.raises(ValidationError, match="glob"):
+        Rule("helpdesk", "ask")
 
 
 # --- a full valid file --------------------------------------------------------
@@ -169,10 +184,10 @@ def test_full_file(tmp_path: Path) -> None:
     assert config.limits.host_calls == 7
     assert config.limits.recursion_depth == 200
     assert config.policy.writes == "deny"
-    assert config.policy.rules == [
+    assert config.policy.rules == (
         Rule(match="helpdesk.close_*", action="ask"),
         Rule(match="helpdesk.*", action="allow"),
-    ]
+    )
     assert config.store.url.startswith("postgresql://")
     assert config.sandbox.type_check is False
     # Not set in the file, so it follows the sandbox.
@@ -181,17 +196,17 @@ def test_full_file(tmp_path: Path) -> None:
     assert config.server.token == "file-token"
 
     helpdesk, local, time, remote, petstore, weather = config.sources
-    assert isinstance(helpdesk, PythonSource)
+    assert isinstance(helpdesk, PythonSourceDefinition)
     assert helpdesk.module == "tether.demo.helpdesk" and helpdesk.namespace is None
     # Paths are relative to the config file, not the working directory.
-    assert isinstance(local, PythonSource) and local.module == str(tmp_path.resolve() / "_tools/local.py")
-    assert isinstance(time, McpSource) and time.command == ["mcp-server-time", "--local-timezone", "UTC"]
+    assert isinstance(local, PythonSourceDefinition) and local.module == str(tmp_path.resolve() / "_tools/local.py")
+    assert isinstance(time, MCPSourceDefinition) and time.command == ["mcp-server-time", "--local-timezone", "UTC"]
     assert time.cwd == str(tmp_path.resolve() / "servers")
-    assert isinstance(remote, McpSource) and remote.url == "https://mcp.example.com/mcp"
-    assert isinstance(petstore, OpenApiSource) and petstore.spec == str(tmp_path.resolve() / "specs/petstore.json")
-    assert petstore.auth == BearerAuth(type="bearer", token_env="PETSTORE_TOKEN")
-    assert isinstance(weather, OpenApiSource) and weather.spec == "https://weather.example.com/openapi.json"
-    assert isinstance(weather.auth, QueryAuth) and weather.auth.name == "appid"
+    assert isinstance(remote, MCPSourceDefinition) and remote.url == "https://mcp.example.com/mcp"
+    assert isinstance(petstore, OpenAPISourceDefinition) and petstore.spec == str(tmp_path.resolve() / "specs/petstore.json")
+    assert petstore.auth == SourceBearerAuth(type="bearer", token_env="PETSTORE_TOKEN")
+    assert isinstance(weather, OpenAPISourceDefinition) and weather.spec == "https://weather.example.com/openapi.json"
+    assert isinstance(weather.auth, SourceQueryAuth) and weather.auth.name == "appid"
 
 
 def test_explicit_max_concurrent_runs_is_kept(tmp_path: Path) -> None:

@@ -8,10 +8,11 @@ import time
 from typing import Any
 
 from tether._engine.limits import Limits
-from tether._hostwork import HostWorkTimeout, LoopWatchdog, off_loop
+from tether._hostwork import LoopWatchdog, off_loop
 from tether._runtime import Runtime
 from tether._tools import Tool
 from tether._tools.model import Annotations
+from tether.errors import HostWorkTimeout
 
 
 async def _noop(args: dict[str, Any]) -> dict[str, Any]:

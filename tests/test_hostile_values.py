@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tether._engine.result import to_json_value
 from tether._runtime import Runtime
-from tether._server.mcp import run_result
+from tether._server.results import run_result
 from tether._tools.model import Annotations, Tool
 
 # The value the next tool call returns or raises with; the tools read it here.

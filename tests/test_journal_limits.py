@@ -220,11 +220,10 @@ for i in range(5):
 
 
 def test_p22_the_limits_are_config_keys(tmp_path):
-    from tether._app import limits_from_config
     from tether._config import load_config
 
     path = tmp_path / "tether.toml"
     path.write_text("[limits]\njournal_value_bytes = 4096\njournal_bytes = 65536\n")
-    limits = limits_from_config(load_config(path))
+    limits = load_config(path).limits  # the engine's own Limits, parsed
     assert (limits.journal_value_bytes, limits.journal_bytes) == (4096, 65536)
     assert (Limits().journal_value_bytes, Limits().journal_bytes) == (1024 * 1024, 64 * 1024 * 1024)

@@ -334,7 +334,7 @@ async def test_the_principal_is_the_same_across_two_access_tokens_of_one_user(se
 def test_an_opaque_token_is_checked_by_introspection(served):
     import asyncio
 
-    from tether._server.auth import CredentialProblem
+    from tether._server.credentials import CredentialProblem
     from tether._server.oauth import ResourceServer
 
     idp = served.idp
@@ -398,7 +398,7 @@ def test_a_rotated_key_is_picked_up_and_made_up_key_ids_do_not_flood_the_idp():
 
     import jwt
 
-    from tether._server.auth import CredentialProblem
+    from tether._server.credentials import CredentialProblem
     from tether._server.oauth import ResourceServer
 
     old_key, old_jwk = new_key("2026-old")

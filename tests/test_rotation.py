@@ -11,7 +11,7 @@ import httpx2
 import pytest
 
 from helpers import Recorder
-from tether._engine.integrity import secret_id
+from tether._engine.approvals.capabilities import secret_id
 from tether._engine.waits import parse_wait_key
 from tether._runtime import Runtime
 from tether._server.approvals import link_token, open_token

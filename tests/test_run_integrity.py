@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from helpers import Recorder
-from tether._engine.integrity import secret_id
+from tether._engine.approvals.capabilities import secret_id
 from tether._engine.policy import Policy
 from tether._runtime import Runtime
 from tether._store import open_store

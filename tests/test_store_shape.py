@@ -13,8 +13,7 @@ import re
 from pathlib import Path
 
 from tether._store import _migrations, base
-from tether._store.aio import AsyncStore
-from tether._store.base import Capabilities, Store
+from tether._store.base import AsyncStore, Capabilities, Store
 from tether._store.postgres import PostgresStore
 from tether._store.sqlite import SQLiteStore
 

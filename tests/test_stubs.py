@@ -420,7 +420,8 @@ async def test_checker_accepts_edge_case_stubs() -> None:
 
 
 def test_positional_order_is_required_first_then_optional_in_schema_order() -> None:
-    from tether._tools.binding import bind, parameters
+    from tether._tools.binding import bind
+    from tether._tools.params import parameters
 
     tool = _tool("t.f", {"a": {"type": "integer", "default": 1}, "b": {"type": "string"}, "c": {"type": "boolean"}},
                  required=["b"])

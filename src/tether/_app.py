@@ -12,21 +12,9 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from tether._config import Config, load_config
-from tether._engine.limits import Limits
-from tether._engine.policy import Policy, Rule
 from tether._runtime import Runtime
 from tether._store import open_store
 from tether.errors import ConfigError
-
-
-def policy_from_config(config: Config) -> Policy:
-    p = config.policy
-    return Policy(writes=p.writes, write_budget=p.write_budget,
-                  rules=tuple(Rule(r.match, r.action, r.approver) for r in p.rules))
-
-
-def limits_from_config(config: Config) -> Limits:
-    return Limits.from_dict(config.limits.model_dump())
 
 
 def resolve_tool_spec(spec: str) -> str:
@@ -59,8 +47,8 @@ async def open_runtime(
     store = open_store(store_url or config.store.url)
     runtime = Runtime(
         store=store,
-        policy=policy_from_config(config),
-        limits=limits_from_config(config),
+        policy=config.policy.recorded(),
+        limits=config.limits,
         min_workers=config.sandbox.min_workers,
         max_workers=config.sandbox.max_workers,
         type_check=config.sandbox.type_check if type_check is None else type_check,

@@ -13,7 +13,6 @@ because a raw validation dump names Python types, not the keys a user wrote.
 from __future__ import annotations
 
 import difflib
-import keyword
 import os
 import re
 import tomllib
@@ -23,33 +22,40 @@ from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from tether._engine.limits import Limits
+from tether._engine.policy import PolicyConfig
+from tether._fields import (
+    STORE_SCHEMES,
+    Bool,
+    Days,
+    EnvName,
+    Expected,
+    HttpUrl,
+    NonNegativeInt,
+    Port,
+    PositiveInt,
+    Seconds,
+    StoreUrl,
+    StrList,
+    Text,
+)
+from tether._sources.kinds import SourceDefinition
 from tether.errors import ConfigError
 
 __all__ = [
-    "BearerAuth",
     "Config",
-    "HeaderAuth",
     "LogConfig",
-    "LimitsConfig",
-    "McpSource",
     "MetricsConfig",
     "NotifyConfig",
-    "OpenApiSource",
-    "PolicyConfig",
-    "PythonSource",
-    "QueryAuth",
     "QuotaConfig",
     "QuotasConfig",
     "RetentionConfig",
-    "Rule",
     "SandboxConfig",
     "ServerConfig",
-    "Source",
     "StoreConfig",
     "load_config",
 ]
@@ -59,184 +65,13 @@ DEFAULT_HOME = ".tether"
 _REDACTED = "<redacted>"
 
 
-class _Expected:
-    """What a key must hold, in the words an error message uses."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-
-# Scalars are strict so that TOML's `"5"` or `true` is an error rather than a
-# silently coerced 5 or 1: a config typo should never change a limit.
-PositiveInt = Annotated[int, Strict(), Field(gt=0), _Expected("must be a positive integer")]
-NonNegativeInt = Annotated[int, Strict(), Field(ge=0), _Expected("must be a non-negative integer")]
-Seconds = Annotated[float, Strict(), Field(gt=0), _Expected("must be a positive number of seconds")]
-Bool = Annotated[bool, Strict(), _Expected("must be true or false")]
-Text = Annotated[str, Strict(), Field(min_length=1), _Expected("must be a non-empty string")]
-Days = Annotated[float, Strict(), Field(ge=0), _Expected("must be a number of days, 0 to keep forever")]
-Port = Annotated[
-    int,
-    Strict(),
-    Field(ge=0, le=65535),
-    _Expected("must be a port number from 0 to 65535 (0 picks a free port)"),
-]
-StrTable = Annotated[dict[str, Annotated[str, Strict()]], _Expected("must be a table of strings")]
-
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_STORE_SCHEMES = ("sqlite:///", "postgresql://", "postgres://")
-
-
-# Custom checks raise with an empty message: the key's _Expected text says
-# what was wrong, so the message is written once.
-def _check_identifier(value: str) -> str:
-    # ASCII and not a keyword: the namespace is written `tools.<namespace>`.
-    if not _IDENTIFIER.fullmatch(value) or keyword.iskeyword(value):
-        raise PydanticCustomError("identifier", "")
-    return value
-
-
-def _check_env_name(value: str) -> str:
-    if not _IDENTIFIER.fullmatch(value):
-        raise PydanticCustomError("env_name", "")
-    return value
-
-
-def _check_http_url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise PydanticCustomError("http_url", "")
-    return value
-
-
-def _check_store_url(value: str) -> str:
-    if not value.startswith(_STORE_SCHEMES):
-        raise PydanticCustomError("store_url", "")
-    return value
-
-
-def _check_glob(value: str) -> str:
-    if value != "*" and "." not in value:
-        raise PydanticCustomError("glob", "")
-    return value
-
-
-Identifier = Annotated[
-    str,
-    Strict(),
-    AfterValidator(_check_identifier),
-    _Expected(
-        "must be a Python identifier (ASCII letters, digits and underscores, not starting with a digit)"
-    ),
-]
-EnvName = Annotated[
-    str, Strict(), AfterValidator(_check_env_name), _Expected("must be the name of an environment variable")
-]
-HttpUrl = Annotated[
-    str, Strict(), AfterValidator(_check_http_url), _Expected("must be an http:// or https:// URL")
-]
-StoreUrl = Annotated[
-    str,
-    Strict(),
-    AfterValidator(_check_store_url),
-    _Expected("must be a sqlite:///path or postgresql:// URL"),
-]
-Glob = Annotated[
-    str,
-    Strict(),
-    AfterValidator(_check_glob),
-    _Expected("must be a 'namespace.tool' glob such as 'helpdesk.*', or '*'"),
-]
-StrList = Annotated[
-    list[Annotated[str, Strict()]], Field(min_length=1), _Expected("must be a non-empty list of strings")
-]
-
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# --- [limits] ----------------------------------------------------------------
-
-
-# The runtime's own defaults (tether._engine.limits.Limits) are the one source of
-# these numbers; the comments below say why each is what it is.
-_LIMITS = Limits()
-
-
-class LimitsConfig(_Section):
-    # 64 KiB: longer model-written programs are nearly always data pasted into
-    # literals, which belongs in tool calls (connecta uses the same cap).
-    code_bytes: PositiveInt = _LIMITS.code_bytes
-    # 64 MiB: tens of thousands of records as dicts fit; a pool of workers
-    # still fits a small container (executor's QuickJS cap is the same).
-    memory_bytes: PositiveInt = _LIMITS.memory_bytes
-    # Interpreter time only, host calls excluded so a slow tool cannot use up
-    # the run; 60 s is ~400M loop iterations, far beyond any honest reduce step.
-    run_seconds: Seconds = _LIMITS.run_seconds
-    # Room to fan out over a page of results (connecta allows 20), well under
-    # Monty's default ceiling of 1000 suspensions.
-    host_calls: PositiveInt = _LIMITS.host_calls
-    # Long enough for a slow API, short enough that a hung tool frees its
-    # worker before the caller gives up (connecta's per-call figure).
-    call_timeout_seconds: Seconds = _LIMITS.call_timeout_seconds
-    # ~7.5k tokens of preview: what a model can read without losing the
-    # thread; executor truncates at the same 30,000 characters.
-    result_bytes: PositiveInt = _LIMITS.result_bytes
-    # print() output shares the result's context budget, so the same size.
-    log_bytes: PositiveInt = _LIMITS.log_bytes
-    # CPython's and Monty's default, so recursion behaves as the model expects.
-    recursion_depth: PositiveInt = _LIMITS.recursion_depth
-    # A call's arguments and its outcome are each journaled up to this many
-    # bytes (as stored); a larger read result fails its call, larger write
-    # arguments fail before sending (result_too_large / arguments_too_large).
-    journal_value_bytes: PositiveInt = _LIMITS.journal_value_bytes
-    # What one run may write to its journal in total (journal_limit past it).
-    journal_bytes: PositiveInt = _LIMITS.journal_bytes
-    # A program's sleep parks the run as a durable timer; one longer than this
-    # fails with sleep_too_long before parking (30 days).
-    max_sleep_seconds: Seconds = _LIMITS.max_sleep_seconds
-    # Sends of one write to a tool that dedupes by idempotency key (P-31):
-    # enough to ride out a restart or a slow answer, few enough that a callee
-    # that never answers still ends in write_outcome_unknown within a minute or two.
-    key_sends: PositiveInt = _LIMITS.key_sends
-    # Doubled per send (0.2, 0.4, 0.8, 1.6 s): a busy API gets room, a crashed one time to come back.
-    key_backoff_seconds: Seconds = _LIMITS.key_backoff_seconds
-    # Attempts in a row that end with their process gone before the run is
-    # quarantined (run_quarantined, P-39) instead of taken over again.
-    quarantine_after: PositiveInt = _LIMITS.quarantine_after
-
-
-# --- [policy] ----------------------------------------------------------------
-
-
-class Rule(_Section):
-    """One policy rule; the first rule whose glob matches a tool address wins
-    (decided by tether._engine.policy, which these rules feed)."""
-
-    match: Glob
-    action: Literal["allow", "ask", "deny"]
-    # "signed_in": the tool's writes are decided only by a signed-in approver
-    # (the console, a signed-in link page) or the operator, never by an MCP
-    # client's approval form (money, deletes, pushes: docs/security.md).
-    approver: Literal["any", "signed_in"] = "any"
-
-
-class PolicyConfig(_Section):
-    # An unannotated tool counts as a write, so the safe default is a human
-    # in the loop; trusted setups say "allow" explicitly.
-    writes: Literal["ask", "allow", "deny"] = "ask"
-    # More than 10 writes in one run is usually a loop gone wrong (agents were
-    # seen re-sending one billable write 9 times after a truncated result).
-    write_budget: PositiveInt = 10
-    rules: Annotated[
-        list[Rule], _Expected('must be a list of tables like {match = "helpdesk.*", action = "ask"}')
-    ] = Field(default_factory=list)
-    # A day for a human to answer; after that the data the run read is stale.
-    approval_ttl_seconds: Seconds = 86400
-    # A snapshot costs a few KB and milliseconds; these bound what recovery
-    # replays to 100 calls or 30 s of work.
-    checkpoint_every_calls: PositiveInt = 100
-    checkpoint_every_seconds: Seconds = 30
+# --- [limits], [policy] ------------------------------------------------------
+# Parsed straight into the engine's own value objects (tether._engine.limits.Limits,
+# tether._engine.policy.PolicyConfig): each field is declared once, with its reason, there.
 
 
 # --- [store] -----------------------------------------------------------------
@@ -302,7 +137,7 @@ class QuotaConfig(_Section):
 class QuotasConfig(QuotaConfig):
     # Per principal (the id `tether runs list` and the console show, "local" without a
     # token): a table with any of the keys above; the rest come from here.
-    principals: Annotated[dict[str, QuotaConfig], _Expected("must be a table of tables, one per principal")] = Field(
+    principals: Annotated[dict[str, QuotaConfig], Expected("must be a table of tables, one per principal")] = Field(
         default_factory=dict)
 
     def quotas(self) -> Any:
@@ -367,18 +202,18 @@ class TokenConfig(_Section):
     """One bearer token and what its holder may do (``[[server.tokens]]``; docs/security.md)."""
 
     # Shown in the console and recorded with each decision this token takes.
-    name: Annotated[str, Strict(), Field(min_length=1, max_length=64), _Expected("must be a short non-empty name")]
+    name: Annotated[str, Strict(), Field(min_length=1, max_length=64), Expected("must be a short non-empty name")]
     # The token itself comes from the environment, never the file.
     token_env: EnvName
     # run: execute, see and cancel its runs, decline their writes; approve: decide
     # writes (of the runs of `approves_for`; its own only with self_approval);
     # operate: everything, on every principal's runs.
     rights: Annotated[list[Right], Field(min_length=1),
-                      _Expected("must be a non-empty list of 'run', 'approve', 'operate'")] = Field(
+                      Expected("must be a non-empty list of 'run', 'approve', 'operate'")] = Field(
         default_factory=lambda: list[Right](["run"]))
     # Names of other [[server.tokens]] (or "TETHER_TOKEN", or "*" for every
     # principal) whose runs this token may approve.
-    approves_for: Annotated[list[Annotated[str, Strict()]], _Expected("must be a list of token names")] = Field(
+    approves_for: Annotated[list[Annotated[str, Strict()]], Expected("must be a list of token names")] = Field(
         default_factory=list)
 
 
@@ -412,7 +247,7 @@ class ServerConfig(_Section):
     # How a paused write is put to an MCP client's user: "url" sends the
     # approval link (URL-mode elicitation), "form" a form, "auto" the link
     # when the client declares URL elicitation and public_url is set.
-    approvals: Annotated[Literal["url", "form", "auto"], _Expected("must be one of 'url', 'form', 'auto'")] = "auto"
+    approvals: Annotated[Literal["url", "form", "auto"], Expected("must be one of 'url', 'form', 'auto'")] = "auto"
     # Several replicas behind a balancer without sticky routing: no MCP session
     # is kept in a process's memory, so any replica answers any request
     # (2025-11-25 clients then get no mid-call requests; see docs/deploy.md).
@@ -429,7 +264,7 @@ class ServerConfig(_Section):
     max_connections: PositiveInt = 1000
     # Named tokens with rights; TETHER_TOKEN / `token` stay accepted beside them
     # (rights run and approve, its own runs only: see self_approval).
-    tokens: Annotated[list[TokenConfig], _Expected("must be an array of tables, written [[server.tokens]]")] = Field(
+    tokens: Annotated[list[TokenConfig], Expected("must be an array of tables, written [[server.tokens]]")] = Field(
         default_factory=list)
     # Whether the principal that ran a program may approve its own writes
     # (MCP `resume`, the console signed in with its token, a link page). RISK:
@@ -493,11 +328,11 @@ class AuthConfig(_Section):
     jwks_url: HttpUrl | None = None
     # Pinned: a token naming any other algorithm (or `none`) is refused before its key is looked up.
     algorithms: Annotated[list[JwsAlgorithm], Field(min_length=1),
-                          _Expected("must be a non-empty list of JWS algorithms such as 'RS256'")] = Field(
+                          Expected("must be a non-empty list of JWS algorithms such as 'RS256'")] = Field(
         default_factory=lambda: list[JwsAlgorithm](["RS256"]))
     # Clock skew allowed on exp/nbf/iat between the IdP and this server.
     leeway_seconds: Annotated[int, Strict(), Field(ge=0, le=300),
-                              _Expected("must be a whole number of seconds from 0 to 300")] = 30
+                              Expected("must be a whole number of seconds from 0 to 300")] = 30
     # RFC 7662 introspection for tokens that are not JWTs (opaque tokens); tether authenticates to it
     # with the console client below (console_client_id and its secret).
     introspection_url: HttpUrl | None = None
@@ -527,108 +362,15 @@ class NotifyConfig(_Section):
     # The HMAC-SHA256 signing secret comes from the environment, never the file.
     secret_env: EnvName
     events: Annotated[list[NotifyEvent], Field(min_length=1),
-                      _Expected("must be a non-empty list of 'paused', 'waiting', 'failed', 'completed', "
+                      Expected("must be a non-empty list of 'paused', 'waiting', 'failed', 'completed', "
                                 "'cancelled'")] = Field(
         default_factory=lambda: list(get_args(NotifyEvent)))
 
 
 # --- [[sources]] -------------------------------------------------------------
+# Each table is one of the registered source kinds (tether._sources.kinds): its model, builder and
+# capabilities are registered there, so a new kind does not edit this file.
 
-# "key": the source's tools dedupe by idempotency key, so a write whose outcome
-# was lost is re-sent with the same key (P-31). "none" never re-sends.
-Idempotency = Literal["none", "key"]
-
-
-class PythonSource(_Section):
-    type: Literal["python"]
-    # A dotted module name or a path to a .py file (relative to the config file).
-    module: Text
-    # Defaults to the module's TETHER_NAMESPACE.
-    namespace: Identifier | None = None
-    # "key" marks every write tool of the module; @tool(idempotent_with_key=True) marks one.
-    idempotency: Idempotency = "none"
-
-
-# A source that has not started in 10 s is hung or misconfigured; a cold
-# `uvx`/`npx` download can take longer, and may raise it per source.
-DEFAULT_START_TIMEOUT = 10.0
-
-
-class McpSource(_Section):
-    type: Literal["mcp"]
-    namespace: Identifier
-    command: StrList | None = None
-    url: HttpUrl | None = None
-    env: StrTable = Field(default_factory=dict)
-    headers: StrTable = Field(default_factory=dict)
-    cwd: Text | None = None
-    idempotency: Idempotency = "none"
-    start_timeout: Seconds = DEFAULT_START_TIMEOUT
-    # Without progress, a call may take this long (default: [limits] call_timeout_seconds);
-    # each progress notification from the server restarts it ...
-    call_timeout: Seconds | None = None
-    # ... up to this many seconds in all (default: call_timeout, i.e. progress does not extend it).
-    max_call_seconds: Seconds | None = None
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> McpSource:
-        if (self.command is None) == (self.url is None):
-            raise PydanticCustomError(
-                "tether", "set exactly one of 'command' (a stdio server) or 'url' (an HTTP server)"
-            )
-        if self.url is not None and (self.env or self.cwd is not None):
-            raise PydanticCustomError("tether", "'env' and 'cwd' apply only to a 'command' server")
-        if self.command is not None and self.headers:
-            raise PydanticCustomError("tether", "'headers' apply only to a 'url' server")
-        return self
-
-
-class BearerAuth(_Section):
-    type: Literal["bearer"]
-    token_env: EnvName
-
-
-class HeaderAuth(_Section):
-    type: Literal["header"]
-    name: Text
-    value_env: EnvName
-
-
-class QueryAuth(_Section):
-    type: Literal["query"]
-    name: Text
-    value_env: EnvName
-
-
-Auth = Annotated[BearerAuth | HeaderAuth | QueryAuth, Field(discriminator="type")]
-
-
-class OpenApiSource(_Section):
-    type: Literal["openapi"]
-    namespace: Identifier
-    # A path (relative to the config file) or an http(s) URL.
-    spec: Text
-    base_url: HttpUrl | None = None
-    auth: Auth | None = None
-    headers: StrTable = Field(default_factory=dict)
-    idempotency: Idempotency = "none"
-    # The header that carries the key on non-safe requests; false sends none.
-    idempotency_header: Annotated[
-        Text | Literal[False], _Expected("must be a header name, or false to send no key")
-    ] = "Idempotency-Key"
-
-    @model_validator(mode="after")
-    def _key_needs_header(self) -> OpenApiSource:
-        if self.idempotency == "key" and self.idempotency_header is False:
-            raise PydanticCustomError(
-                "tether", "idempotency = \"key\" needs idempotency_header: the API must receive the key"
-            )
-        return self
-    start_timeout: Seconds = DEFAULT_START_TIMEOUT
-    call_timeout: Seconds | None = None
-
-
-Source = Annotated[PythonSource | McpSource | OpenApiSource, Field(discriminator="type")]
 
 # --- the whole file ----------------------------------------------------------
 
@@ -636,7 +378,7 @@ Source = Annotated[PythonSource | McpSource | OpenApiSource, Field(discriminator
 class Config(_Section):
     """The configuration in force. Build it with :func:`load_config` or :meth:`from_dict`."""
 
-    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    limits: Limits = Field(default_factory=Limits)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
@@ -645,10 +387,10 @@ class Config(_Section):
     quotas: QuotasConfig = Field(default_factory=QuotasConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
-    sources: Annotated[list[Source], _Expected("must be an array of tables, written [[sources]]")] = Field(
+    sources: Annotated[list[SourceDefinition], Expected("must be an array of tables, written [[sources]]")] = Field(
         default_factory=list
     )
-    notify: Annotated[list[NotifyConfig], _Expected("must be an array of tables, written [[notify]]")] = Field(
+    notify: Annotated[list[NotifyConfig], Expected("must be an array of tables, written [[notify]]")] = Field(
         default_factory=list
     )
     auth: AuthConfig | None = None
@@ -711,7 +453,7 @@ class Config(_Section):
         errors = [{"file": source, "key": key, "message": message} for key, message in problems]
         home = _home_from(env)
         store_url = env.get("TETHER_STORE_URL") or None
-        if store_url is not None and not store_url.startswith(_STORE_SCHEMES):
+        if store_url is not None and not store_url.startswith(STORE_SCHEMES):
             message = f"must be a sqlite:///path or postgresql:// URL (got {_redact_url(store_url)!r})"
             errors.append({"env": "TETHER_STORE_URL", "message": message})
         if errors or config is None:
@@ -734,7 +476,7 @@ class Config(_Section):
             update={
                 "store": config.store.model_copy(update={"url": store_url or config.store.url}),
                 "server": server,
-                "sources": [_resolve_paths(s, base_dir or Path.cwd()) for s in config.sources],
+                "sources": [s.resolved(base_dir or Path.cwd()) for s in config.sources],
             }
         )
         config._home = home
@@ -817,21 +559,6 @@ def _redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def _is_url(value: str) -> bool:
-    return urlsplit(value).scheme in ("http", "https")
-
-
-def _resolve_paths(source: Any, base: Path) -> Any:
-    # Paths in the file are relative to the file, not to wherever tether runs.
-    if isinstance(source, PythonSource) and (source.module.endswith(".py") or "/" in source.module):
-        return source.model_copy(update={"module": str((base / source.module).resolve())})
-    if isinstance(source, OpenApiSource) and not _is_url(source.spec):
-        return source.model_copy(update={"spec": str((base / source.spec).resolve())})
-    if isinstance(source, McpSource) and source.cwd is not None:
-        return source.model_copy(update={"cwd": str((base / source.cwd).resolve())})
-    return source
-
-
 def _duplicate_namespaces(sources: Any) -> list[tuple[str, str]]:
     # Read from the raw data so a duplicate is reported alongside every other
     # problem, not only once the rest of the file is valid.
@@ -886,23 +613,30 @@ def _unwrap(tp: Any) -> Any:
             return tp
 
 
-def _walk(loc: tuple[int | str, ...]) -> tuple[str, FieldInfo | None, type[BaseModel] | None]:
+def _table_fields(tp: Any) -> dict[str, FieldInfo] | None:
+    """The keys of a table type: a config section (a model) or an engine value object (a pydantic dataclass)."""
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return tp.model_fields
+    return getattr(tp, "__pydantic_fields__", None) if isinstance(tp, type) else None
+
+
+def _walk(loc: tuple[int | str, ...]) -> tuple[str, FieldInfo | None, type | None]:
     """Turn a pydantic location into a TOML path, plus the FieldInfo of the
     last key named and the model holding it (for unknown-key suggestions)."""
     tp: Any = Config
     field: FieldInfo | None = None
-    holder: type[BaseModel] | None = None
+    holder: type | None = None
     path = ""
     for part in loc:
         tp = _unwrap(tp)
-        if isinstance(tp, type) and issubclass(tp, BaseModel):
-            holder, field = tp, tp.model_fields.get(str(part))
+        if (fields := _table_fields(tp)) is not None:
+            holder, field = tp, fields.get(str(part))
             tp = field.annotation if field is not None else None
             path += f".{part}" if path else str(part)
         elif get_origin(tp) in (Union, UnionType):
             # A tagged union puts the tag in the location; it is not a key.
             tp = next((arg for arg in get_args(tp) if part in _tags(arg)), None)
-        elif get_origin(tp) is list:
+        elif get_origin(tp) in (list, tuple):
             tp = get_args(tp)[0]
             path += f"[{part}]"
         elif get_origin(tp) is dict:
@@ -921,7 +655,7 @@ def _tags(model: Any) -> tuple[Any, ...]:
 
 
 def _expected(field: FieldInfo | None) -> str | None:
-    """The key's _Expected text, or a description derived from its type."""
+    """The key's Expected text, or a description derived from its type."""
     if field is None:
         return None
     metadata = list(field.metadata)
@@ -929,12 +663,12 @@ def _expected(field: FieldInfo | None) -> str | None:
     for arg in get_args(field.annotation):
         metadata += getattr(arg, "__metadata__", ())
     for item in metadata:
-        if isinstance(item, _Expected):
+        if isinstance(item, Expected):
             return item.text
     annotation = _unwrap(field.annotation)
     if get_origin(annotation) is Literal:
         return "must be one of " + ", ".join(repr(value) for value in get_args(annotation))
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if _table_fields(annotation) is not None:
         return "must be a table"
     return None
 
@@ -952,22 +686,23 @@ def _got(value: Any, *, secret: bool = False) -> str:
     return repr(value)
 
 
-def _explain(error: Any, field: FieldInfo | None, holder: type[BaseModel] | None, *, secret: bool) -> str:
+def _explain(error: Any, field: FieldInfo | None, holder: type | None, *, secret: bool) -> str:
     kind, loc = error["type"], error["loc"]
-    if kind == "extra_forbidden":
+    # A dataclass (Limits, Policy) reports an unknown key as an unexpected argument.
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
         key = str(loc[-1])
-        known = list(holder.model_fields) if holder is not None else []
+        known = list(_table_fields(holder) or {})
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
         if close:
             return f"unknown key {key!r} (did you mean {close[0]!r}?)"
         return f"unknown key {key!r} (expected one of: {', '.join(known)})"
     if kind == "union_tag_not_found":
-        union = field.annotation if field is not None and loc[-1] == "auth" else Source
+        union = field.annotation if field is not None and loc[-1] == "auth" else SourceDefinition
         tags = ", ".join(repr(tag) for arg in get_args(_unwrap(union)) for tag in _tags(arg))
         return f"missing key 'type' (expected one of {tags})"
     if kind == "union_tag_invalid":
         return f"must be one of {error['ctx']['expected_tags']} (got {error['ctx']['tag']!r})"
-    if kind in ("model_type", "model_attributes_type"):
+    if kind in ("model_type", "model_attributes_type", "dataclass_type", "dataclass_args_type"):
         return f"must be a table (got {_got(error['input'])})"
     if kind == "tether":
         return str(error["msg"])

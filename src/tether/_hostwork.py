@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from tether.errors import LimitExceeded
+from tether.errors import HostWorkTimeout
 
 T = TypeVar("T")
 log = logging.getLogger("tether.hostwork")
@@ -99,12 +99,6 @@ def checkpoint() -> None:
 # Two threads: one overrunning step leaves the other for everyone else, and
 # more would only share the same GIL.
 _POOL = _Workers(2)
-
-
-class HostWorkTimeout(LimitExceeded):
-    code = "host_work_timeout"
-    next_action = ("Ask for less at once (one address to describe(), a narrower search), or raise limits.run_seconds; "
-                   "the same request will take as long again.")
 
 
 async def off_loop(fn: Callable[..., T], *args: Any, seconds: float, what: str, **kwargs: Any) -> T:

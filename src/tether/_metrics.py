@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -105,4 +105,4 @@ class timed_store_call:
         STORE_SECONDS.labels(access=self.access).observe(time.perf_counter() - self.t)
 
 
-__all__ = ["CONTENT_TYPE_LATEST", "REGISTRY", "render", "run_ended", "call_settled"]
+__all__ = ["REGISTRY", "render", "run_ended", "call_settled"]

@@ -23,8 +23,8 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 from tether._engine import run_keys
-from tether._engine.approvals.model import DECISIONS
-from tether._engine.boundary import Approver, Cancelled, EffectBoundary
+from tether._engine.approvals.model import DECISIONS, Approver
+from tether._engine.boundary import Cancelled, EffectBoundary
 from tether._engine.driver import Attempt, Collaborators, Settings
 from tether._engine.events import EventBus
 from tether._engine.finish import Finisher
@@ -38,12 +38,21 @@ from tether._engine.policy import Policy
 from tether._engine.quotas import Quotas, check_run_start
 from tether._engine.result import RunResult
 from tether._engine.run_keys import check_run_key
-from tether._engine.sessions import Sessions, sign_snapshot  # noqa: F401 - sign_snapshot stays importable from here
+from tether._engine.sessions import Sessions
 from tether._engine.waits import Waits, same_wait
 from tether._sandbox.monty import MONTY_VERSION, SandboxPool
 from tether._store.base import LOCAL_PRINCIPAL, RunRecord, SnapshotRecord, Store
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
-from tether.errors import RunNotFound, RunTampered, SnapshotTampered, ToolsUnavailable, UsageError, WrongSecret
+from tether.errors import (
+    InvalidArguments,
+    NamespaceReserved,
+    RunNotFound,
+    RunTampered,
+    SnapshotTampered,
+    ToolsUnavailable,
+    UsageError,
+    WrongSecret,
+)
 
 if TYPE_CHECKING:
     from tether._config import Config
@@ -65,7 +74,7 @@ def check_mode(check: str | None, type_check: bool | None = None) -> str:
     if check is None:
         return "calls" if type_check is None else ("full" if type_check else "off")
     if check not in CHECK_MODES:
-        raise UsageError(f"check must be one of {', '.join(CHECK_MODES)} (got {check!r})", code="usage_error")
+        raise UsageError(f"check must be one of {', '.join(CHECK_MODES)} (got {check!r})")
     return check
 
 
@@ -122,10 +131,9 @@ class Runtime:
         # (the CLI's, the Python API's); and whether callers with a token may
         # act on those runs too ([server] local_runs).
         if not isinstance(principal, str) or not principal:
-            raise UsageError("principal must be a non-empty string", code="invalid_arguments")
+            raise InvalidArguments("principal must be a non-empty string")
         if local_runs not in ("private", "shared"):
-            raise UsageError(f"local_runs must be 'private' or 'shared', not {local_runs!r}",
-                             code="invalid_arguments")
+            raise InvalidArguments(f"local_runs must be 'private' or 'shared', not {local_runs!r}")
         self.principal = principal
         self.local_runs = local_runs
         self._own_pool = pool is None
@@ -136,7 +144,7 @@ class Runtime:
             # step the VM cannot interrupt.
             request_timeout=self.limits.run_seconds + 5.0,
         )
-        from tether._engine.integrity import keyring_for
+        from tether._engine.approvals.capabilities import keyring_for
 
         # Signs and verifies runs, journals and snapshots (P-35); its current secret keys waits and sessions.
         self.keyring = keyring_for(self.store)
@@ -211,13 +219,11 @@ class Runtime:
     def check_namespaces(self, tools: Iterable[Any]) -> None:
         """Refuse namespaces the sandbox keeps for its own modules (`tools.time` cannot exist)."""
         from tether._sandbox.monty import reserved_module_names
-        from tether.errors import ConfigError
 
         reserved = reserved_module_names()
         for ns in sorted({t.namespace for t in tools} & reserved):
-            raise ConfigError(
+            raise NamespaceReserved(
                 f"namespace {ns!r} is the name of a module the sandbox provides, so tools.{ns} cannot exist",
-                code="namespace_reserved",
                 next_action=f"Give the source another namespace, e.g. {ns + '_tools'!r} "
                             "(namespace = ... in [[sources]], or TETHER_NAMESPACE / @tool(namespace=...)).",
             )
@@ -514,8 +520,7 @@ class Runtime:
 
         t0 = time.perf_counter()
         if decision not in DECISIONS:
-            raise UsageError(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}",
-                             code="invalid_arguments")
+            raise InvalidArguments(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
         if seq is None:
             seq = unnamed_target(self, self._get_run(run_id, principal), decision)
         return await decide(self, run_id, {seq: (decision, reason)}, principal=principal, actor=actor, via=via,

@@ -2,45 +2,74 @@
 
 ::
 
-    TetherError                      code, message, next_action, details
-    ├── UsageError                   you used tether wrong (bad input, bad config)
-    │   ├── ConfigError              config_invalid
-    │   ├── CodeTooLarge             code_too_large
-    │   ├── ProgramSyntaxError       syntax_error
-    │   ├── TypeCheckError           type_check_failed
-    │   ├── UnknownTool              unknown_tool
-    │   ├── InvalidArguments         invalid_arguments
-    │   ├── RunNotFound              run_not_found
-    │   ├── AlreadyDecided           already_decided
-    │   ├── RunExpired               run_expired
-    │   ├── NotPaused                not_paused
-    │   ├── SeqRequired              seq_required
-    │   ├── WriteNotPending          write_not_pending
-    │   ├── IdempotencyConflict      idempotency_conflict
-    │   └── ApprovalElsewhere        approval_elsewhere
-    ├── LimitExceeded                a limit stopped the program
-    │   ├── (codes) memory_limit, time_limit, call_limit, journal_limit, budget_exceeded,
-    │   │           call_timeout, output_limit, log_limit, overloaded
-    │   └── QuotaExceeded            quota_exceeded (a principal's [quotas]: nothing was started)
-    └── WorldError                   the world failed (a tool, the sandbox, the store)
-        ├── ToolError                tool_error
-        │   └── SourceUnavailable    source_unavailable
-        ├── ToolsUnavailable         tools_unavailable
-        ├── SandboxCrashed           sandbox_crashed
-        ├── SnapshotTampered         snapshot_tampered
-        ├── RunTampered              run_tampered
-        ├── WrongSecret              wrong_secret
-        ├── ExecutionDiverged        execution_diverged
-        ├── WriteOutcomeUnknown      write_outcome_unknown
-        ├── StoreError               store_error
-        ├── RunQuarantined           run_quarantined (its attempts kept ending with their process gone, P-39)
-        └── InvalidTransition        invalid_transition (not in the run state table: a bug)
+    TetherError                          internal_error (tether itself failed: a bug)
+    ├── UsageError                       usage_error: you used tether wrong (bad input, bad config)
+    │   ├── ConfigError                  config_invalid
+    │   │   ├── NamespaceReserved        namespace_reserved
+    │   │   ├── NamespaceTaken           namespace_taken
+    │   │   └── ToolsInvalid             tools_invalid
+    │   ├── CodeTooLarge                 code_too_large
+    │   ├── ProgramSyntaxError           syntax_error
+    │   ├── TypeCheckError               type_check_failed
+    │   ├── UnknownTool                  unknown_tool
+    │   ├── InvalidArguments             invalid_arguments
+    │   ├── InvalidToolDefinition        invalid_tool_definition
+    │   ├── DuplicateTool                duplicate_tool
+    │   ├── SourceNotStarted             source_not_started
+    │   ├── RunNotFound                  run_not_found
+    │   ├── AlreadyDecided               already_decided
+    │   ├── RunExpired                   run_expired
+    │   ├── NotPaused                    not_paused
+    │   ├── SeqRequired                  seq_required
+    │   ├── WriteNotPending              write_not_pending
+    │   ├── IdempotencyConflict          idempotency_conflict
+    │   ├── ApprovalElsewhere            approval_elsewhere
+    │   ├── ApprovalRefused              approval_refused
+    │   │   ├── SignInRequired           sign_in_required
+    │   │   ├── NotAnApprover            not_an_approver
+    │   │   └── SelfApproval             self_approval
+    │   ├── InvalidApproval              invalid_approval
+    │   ├── Unauthenticated              unauthenticated
+    │   ├── TokenRequired                token_required
+    │   ├── TokenTooShort                token_too_short
+    │   ├── TokenInvalid                 token_invalid
+    │   ├── UnsafeBind                   unsafe_bind
+    │   ├── ProgramFileNotFound          file_not_found
+    │   └── ProgramNotUtf8               program_not_utf8
+    ├── LimitExceeded                    limit_exceeded: a limit stopped the program
+    │   ├── MemoryLimit                  memory_limit
+    │   ├── TimeLimit                    time_limit
+    │   ├── CallLimit                    call_limit
+    │   ├── JournalLimit                 journal_limit
+    │   ├── HostWorkTimeout              host_work_timeout
+    │   ├── Overloaded                   overloaded
+    │   └── QuotaExceeded                quota_exceeded (a principal's [quotas]: nothing was started)
+    └── WorldError                       world_error: the world failed (a tool, the sandbox, the store)
+        ├── ToolError                    tool_error
+        │   └── SourceUnavailable        source_unavailable
+        ├── ToolsUnavailable             tools_unavailable
+        ├── SandboxCrashed               sandbox_crashed
+        ├── SnapshotTampered             snapshot_tampered
+        ├── RunTampered                  run_tampered
+        ├── WrongSecret                  wrong_secret
+        ├── ExecutionDiverged            execution_diverged
+        ├── WriteOutcomeUnknown          write_outcome_unknown
+        ├── StoreError                   store_error
+        ├── RunQuarantined               run_quarantined (its attempts kept ending with their process gone, P-39)
+        └── InvalidTransition            invalid_transition (not in the run state table: a bug)
+
+Each code is one class and each class one code, so ``except InvalidArguments``
+catches every ``invalid_arguments`` (tests/test_errors_tree.py walks the tree
+against every raise site and this list). The code is the class's: a raise site
+chooses the class, never a code.
 
 Errors that happen *inside* a program (a tool that failed, a write that was
 declined) reach the program as ordinary Python exceptions whose message starts
 with ``[code]`` so the program can branch on it; the run's own error code is
 decided by the host's record of what happened, never by text the program
-produced.
+produced. Those in-program codes (``call_timeout``, ``budget_exceeded``,
+``write_declined``, ``arguments_too_large`` …, tether._engine.envelopes) are
+not classes here: no tether call raises them.
 """
 
 from __future__ import annotations
@@ -58,14 +87,11 @@ class TetherError(Exception):
         self,
         message: str,
         *,
-        code: str | None = None,
         next_action: str | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
-        if code is not None:
-            self.code = code
         if next_action is not None:
             self.next_action = next_action
         self.details = details or {}
@@ -95,6 +121,27 @@ class ConfigError(UsageError):
     next_action = "Fix the named key in the config file."
 
 
+class NamespaceReserved(ConfigError):
+    """A source took a namespace tether keeps for itself; nothing was loaded under it."""
+
+    code = "namespace_reserved"
+    next_action = "Give the source another namespace in the config."
+
+
+class NamespaceTaken(ConfigError):
+    """Two sources asked for the same namespace; the second was not loaded."""
+
+    code = "namespace_taken"
+    next_action = "Give each source its own namespace in the config."
+
+
+class ToolsInvalid(ConfigError):
+    """A ``tools`` module named in the config (or ``--tools``) could not be used as one."""
+
+    code = "tools_invalid"
+    next_action = "Fix the named tools module: it must import and define tools."
+
+
 class CodeTooLarge(UsageError):
     code = "code_too_large"
     next_action = "Send a shorter program: move data into tool calls instead of literals."
@@ -118,6 +165,25 @@ class UnknownTool(UsageError):
 class InvalidArguments(UsageError):
     code = "invalid_arguments"
     next_action = "Call describe() on the tool and pass arguments matching its signature (by position or keyword)."
+
+
+class InvalidToolDefinition(UsageError):
+    """A tool as defined in Python (a decorator, a signature, a schema) that tether cannot serve."""
+
+    code = "invalid_tool_definition"
+    next_action = "Fix the tool's definition as the message says; no tool of it was registered."
+
+
+class DuplicateTool(UsageError):
+    code = "duplicate_tool"
+    next_action = "Give each tool its own address (rename one, or load its source under another namespace)."
+
+
+class SourceNotStarted(UsageError):
+    """A source's tools were used before the source was started (a bug in the embedding code)."""
+
+    code = "source_not_started"
+    next_action = "Start the source (await source.start()) before calling or listing its tools."
 
 
 class RunNotFound(UsageError):
@@ -176,6 +242,77 @@ class ApprovalElsewhere(UsageError):
                    "to them; you may still call resume with decision 'decline' or 'cancel'.")
 
 
+class ApprovalRefused(UsageError):
+    """A decision this principal may not take; nothing was decided and nothing was sent."""
+
+    code = "approval_refused"
+    next_action = "Ask a person whose token may approve this run's writes to decide it."
+
+
+class SignInRequired(ApprovalRefused):
+    """A decision on an approval link, which needs a signed-in approver."""
+
+    code = "sign_in_required"
+
+
+class NotAnApprover(ApprovalRefused):
+    """A token that may run programs but not approve writes."""
+
+    code = "not_an_approver"
+
+
+class SelfApproval(ApprovalRefused):
+    """The principal that ran the program approving its own write, where the config says it may not."""
+
+    code = "self_approval"
+
+
+class InvalidApproval(UsageError):
+    """An approval rule or answer (a callback's return, a form) that is not one tether understands."""
+
+    code = "invalid_approval"
+    next_action = "Return or send one of the answers the message lists."
+
+
+class Unauthenticated(UsageError):
+    code = "unauthenticated"
+    next_action = "Send a token this server accepts (Authorization: Bearer ...)."
+
+
+class TokenRequired(UsageError):
+    """A server that listens beyond this machine (or gives approval links) without a token configured."""
+
+    code = "token_required"
+    next_action = "Set TETHER_TOKEN (or [auth] tokens) before serving beyond localhost."
+
+
+class TokenTooShort(UsageError):
+    code = "token_too_short"
+    next_action = "Use a token of at least the length the message names (e.g. `openssl rand -hex 32`)."
+
+
+class TokenInvalid(UsageError):
+    code = "token_invalid"
+    next_action = "Use a token of printable characters without spaces."
+
+
+class UnsafeBind(UsageError):
+    """A bind beyond localhost that the config did not allow."""
+
+    code = "unsafe_bind"
+    next_action = "Bind 127.0.0.1, or put a token and TLS in front and allow the bind as the message says."
+
+
+class ProgramFileNotFound(UsageError):
+    code = "file_not_found"
+    next_action = "Pass the path of a Python file, or - for standard input."
+
+
+class ProgramNotUtf8(UsageError):
+    code = "program_not_utf8"
+    next_action = "Save the program as UTF-8 (Python's own default) and run it again."
+
+
 # --- a limit stopped it ------------------------------------------------------
 
 
@@ -184,6 +321,34 @@ class LimitExceeded(TetherError):
 
     code = "limit_exceeded"
     next_action = "Do less work per run, or raise the limit in [limits]."
+
+
+class MemoryLimit(LimitExceeded):
+    code = "memory_limit"
+    next_action = "Hold less in the program's variables at once, or raise limits.memory_bytes."
+
+
+class TimeLimit(LimitExceeded):
+    code = "time_limit"
+    next_action = "Do less work per run, or raise limits.run_seconds."
+
+
+class CallLimit(LimitExceeded):
+    code = "call_limit"
+    next_action = "Make fewer host calls per run (batch them), or raise limits.host_calls."
+
+
+class JournalLimit(LimitExceeded):
+    code = "journal_limit"
+    next_action = "Ask tools for less (filter, page, reduce upstream), or raise limits.journal_bytes."
+
+
+class HostWorkTimeout(LimitExceeded):
+    """Host work for the program (search, describe, the pre-run check, stubs) ran past its time (tether._hostwork)."""
+
+    code = "host_work_timeout"
+    next_action = ("Ask for less at once (one address to describe(), a narrower search), or raise limits.run_seconds; "
+                   "the same request will take as long again.")
 
 
 class Overloaded(LimitExceeded):

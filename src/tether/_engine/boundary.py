@@ -23,24 +23,34 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from tether import _metrics as metrics
-from tether._engine import integrity, journal, resend, telemetry
+from tether._engine import journal, resend, telemetry
 from tether._engine import policy as policy_mod
 from tether._engine.attempt_state import AttemptState, CallStat, RaisedError
 from tether._engine.guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
 from tether._engine.journal_writer import JournalWriter
 from tether._engine.lifecycle import outcome_unknown
-from tether._engine.pausing import Parked, Paused, Pauses  # noqa: F401 - Parked, Paused: re-exported for callers
+from tether._engine.pausing import Pauses
 from tether._engine.restore import plan_restore
 from tether._engine.result import to_json_value
-from tether._hostwork import HostWorkTimeout, off_loop
+from tether._hostwork import off_loop
 from tether._sandbox.monty import GuestRaise, Stopped
 from tether._store.base import CallRecord, Store
 from tether._store.states import CallState
 from tether._tools import binding
 from tether._tools import context as call_context
-from tether.errors import ExecutionDiverged, InvalidArguments, LimitExceeded, TetherError, UnknownTool
+from tether.errors import (
+    CallLimit,
+    ExecutionDiverged,
+    HostWorkTimeout,
+    InvalidArguments,
+    JournalLimit,
+    TetherError,
+    UnknownTool,
+)
 
 if TYPE_CHECKING:
+    from tether._engine.approvals.capabilities import Keyring
+    from tether._engine.approvals.model import Approver
     from tether._engine.limits import Limits
     from tether._engine.pending import Stop
     from tether._sandbox.monty import Execution
@@ -60,11 +70,6 @@ class Cancelled(Stopped):
         super().__init__(reason)
         self.reason = reason
 
-
-# An inline approver decides a write at once instead of pausing the run: it
-# gets the pending call and answers with any ApprovalAnswer (see
-# decisions.approval_verdict), returned or awaited.
-Approver = Callable[[dict[str, Any]], Any]
 
 
 def _holds_tuple(value: Any) -> bool:
@@ -95,7 +100,7 @@ class EffectBoundary:
         pause_sink: Callable[["EffectBoundary", Stop], Awaitable[None]],
         checkpoint_sink: Callable[["EffectBoundary", CallRecord], Awaitable[None]] | None,
         clock: Callable[[], float],
-        keyring: integrity.Keyring,
+        keyring: Keyring,
         writes_spent: int | None = None,
         wait_secret: bytes = b"",
         session: str | None = None,
@@ -229,9 +234,8 @@ class EffectBoundary:
             return await self.pauses.hold(seq, op, address, args)
         if seq > self.limits.host_calls:
             self._fail(
-                LimitExceeded(
+                CallLimit(
                     f"the program made more than {self.limits.host_calls} host calls; call {seq} was not sent",
-                    code="call_limit",
                     next_action="Make fewer calls per run: batch, page, or reduce upstream; or raise limits.host_calls.",
                 )
             )
@@ -291,7 +295,7 @@ class EffectBoundary:
         return value
 
     async def _builtin_call(self, seq: int, op: str, address: str, args: dict[str, Any], key: str,
-                            decision: journal.Decision) -> Any:
+                            decision: journal.JournalAnswer) -> Any:
         impl = self.builtins_impl.get(op)
         t = time.perf_counter()
         if decision.entry is not None:
@@ -323,7 +327,7 @@ class EffectBoundary:
         self._stat(seq, op, address, "read", CallState.DONE, t)
         return value
 
-    async def _tool_call(self, seq: int, address: str, args: dict[str, Any], key: str, decision: journal.Decision,
+    async def _tool_call(self, seq: int, address: str, args: dict[str, Any], key: str, decision: journal.JournalAnswer,
                          started: float) -> Any:
         t = time.perf_counter()
         found = self.catalog.find(address)
@@ -572,8 +576,7 @@ class EffectBoundary:
             return None
         code, message = refused
         if code == "journal_limit":
-            self._fail(LimitExceeded(message, code=code, next_action="Ask tools for less (filter, page, reduce "
-                                     "upstream), or raise limits.journal_bytes."))
+            self._fail(JournalLimit(message))
         return guest_error(code, message, "ValueError")
 
     def _fail(self, error: TetherError) -> TetherError:
@@ -681,7 +684,7 @@ class EffectBoundary:
         await self._checkpoint_sink(self, self.journal[seq])
 
 
-def _entry(decision: journal.Decision) -> CallRecord:
+def _entry(decision: journal.JournalAnswer) -> CallRecord:
     """The journal entry a replayed or unknown call's decision always carries (journal.decide)."""
     if decision.entry is None:
         raise RuntimeError(f"journal decision {decision.action!r} without its entry")

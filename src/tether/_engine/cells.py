@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from tether._engine.events import ANY_EVENT, STOPPING_EVENTS, EventBus  # noqa: F401 - importable from here, as before
+from tether._engine.events import ANY_EVENT, STOPPING_EVENTS, EventBus
 from tether._engine.handle import RunHandle
 from tether._engine.result import RunResult
 from tether._store.base import RunRecord, Store

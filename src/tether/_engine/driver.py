@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from tether._engine import telemetry
-from tether._engine.boundary import SPENT_STATES, Approver, Cancelled, EffectBoundary
+from tether._engine.approvals.capabilities import Keyring
+from tether._engine.approvals.model import Approver
+from tether._engine.boundary import SPENT_STATES, Cancelled, EffectBoundary
 from tether._engine.envelopes import (
     LogBuffer,
     diagnostics,
@@ -28,7 +30,6 @@ from tether._engine.envelopes import (
 from tether._engine.events import EventBus
 from tether._engine.finish import Finisher
 from tether._engine.integrity import (
-    Keyring,
     sign_run,
     sign_snapshot_record,
     update_call_signed,
@@ -49,12 +50,13 @@ from tether._engine.result import RunResult, preview, to_json_value
 from tether._engine.sessions import Sessions
 from tether._engine.spec import build_spec, precheck, remember_verdict
 from tether._engine.waits import Waits
-from tether._hostwork import HostBudget, HostWorkTimeout, off_loop
+from tether._hostwork import HostBudget, off_loop
 from tether._sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxPool, SandboxSpec, Stopped
 from tether._store.base import CallRecord, RunRecord, SnapshotRecord, Store
 from tether._store.states import CallState, RunStatus
 from tether.errors import (
     ExecutionDiverged,
+    HostWorkTimeout,
     LimitExceeded,
     RunTampered,
     SandboxCrashed,
@@ -399,7 +401,7 @@ class Attempt:
             await self.astore.call(d.waits.cancel, run.run_id)
             raise type(exc)(f"the run could not be {'parked' if isinstance(stop, ParkedWait) else 'paused'} at call "
                             f"{call['seq']} ({call['address']}): {exc.message}; nothing of that call was sent (the "
-                            "calls before it are in the journal)", code=exc.code, next_action=exc.next_action,
+                            "calls before it are in the journal)", next_action=exc.next_action,
                             details={"call": call}) from None
         if st.answering and st.restore_pending is not None:
             waits_on = list(st.restore_pending)

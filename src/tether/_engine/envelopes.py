@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from tether._engine.redaction import shown_args
 from tether._engine.result import RunResult
@@ -18,7 +18,19 @@ from tether._tools.shown import show_call
 from tether.errors import SandboxCrashed, TetherError
 
 if TYPE_CHECKING:
-    from tether._engine.boundary import EffectBoundary
+    from tether._engine.attempt_state import AttemptState
+    from tether._tools.catalog import Catalog
+
+
+class Attempted(Protocol):
+    """What an envelope reads of the attempt's boundary: its state and catalog (the boundary imports
+    what stops it, which builds envelopes, so an envelope names this and not the boundary)."""
+
+    @property
+    def state(self) -> AttemptState: ...
+
+    @property
+    def catalog(self) -> Catalog: ...
 
 
 class LogBuffer:
@@ -51,7 +63,7 @@ class LogBuffer:
         return out
 
 
-def paused_envelope(run_id: str, pending: dict[str, Any], expires: float, logs: LogBuffer, boundary: "EffectBoundary",
+def paused_envelope(run_id: str, pending: dict[str, Any], expires: float, logs: LogBuffer, boundary: Attempted,
                     t0: float) -> RunResult:
     return RunResult(
         status=RunStatus.PAUSED,
@@ -100,7 +112,7 @@ def pause_instructions(run_id: str, pending: dict[str, Any], schema: Callable[[s
     )
 
 
-def waiting_envelope(run_id: str, pending: dict[str, Any], logs: LogBuffer, boundary: "EffectBoundary", t0: float) -> RunResult:
+def waiting_envelope(run_id: str, pending: dict[str, Any], logs: LogBuffer, boundary: Attempted, t0: float) -> RunResult:
     kind = pending["kind"]
     if kind == "sleep":
         text = "The program sleeps; the run holds no worker and continues after its deadline."
@@ -121,7 +133,7 @@ SourceFailures = Callable[[], dict[str, str]]
 Suggest = Callable[[str], list[str]]
 
 
-def failure_error(exc: BaseException, boundary: "EffectBoundary", failures: SourceFailures,
+def failure_error(exc: BaseException, boundary: Attempted, failures: SourceFailures,
                   suggest: Suggest) -> dict[str, Any]:
     """The error of a run that failed with ``exc``: the call it came from (P-14), else what the program did."""
     if isinstance(exc, ProgramFailed):
@@ -232,7 +244,7 @@ def classify(exc: ProgramFailed, failures: SourceFailures, suggest: Suggest) -> 
     return None, None
 
 
-def diagnostics(boundary: "EffectBoundary", setup_ms: float, t_exec: float, t0: float, attempt: str) -> dict[str, Any]:
+def diagnostics(boundary: Attempted, setup_ms: float, t_exec: float, t0: float, attempt: str) -> dict[str, Any]:
     now = time.perf_counter()
     stats = boundary.state.stats
     return {

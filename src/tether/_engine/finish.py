@@ -116,7 +116,6 @@ class Finisher:
                    extra={"run_id": run.run_id, "correlation_id": correlation})
         error = TetherError(
             f"tether failed while running or finishing this run ({type(exc).__name__}); correlation id {correlation}",
-            code="internal_error",
             next_action="Report this as a bug in tether with the correlation id (the server's log has the details); "
                         "calls already made are in the journal (tether runs show).",
             details={"correlation_id": correlation},

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether.errors import CodeTooLarge, ProgramSyntaxError, UsageError
+from tether.errors import CodeTooLarge, InvalidArguments, ProgramSyntaxError
 
 
 def check_code_size(code: str, limit: int) -> None:
     # UTF-8 takes 1-4 bytes per character, so the length alone often decides
     # without encoding a huge string.
     if not isinstance(code, str):
-        raise UsageError("code must be a string", code="invalid_arguments")
+        raise InvalidArguments("code must be a string")
     if len(code) > limit:
         raise CodeTooLarge(f"the program is over the {limit}-byte limit ({len(code)} characters); nothing was run",
                            details={"limit": limit})
@@ -47,9 +47,9 @@ MAX_SESSION_NAME_CHARS = 128
 def check_session_name(name: Any) -> None:
     if not isinstance(name, str) or not name or len(name) > MAX_SESSION_NAME_CHARS or not name.isprintable():
         shown = f"{len(name)} characters" if isinstance(name, str) else type(name).__name__
-        raise UsageError(f"a session name is 1 to {MAX_SESSION_NAME_CHARS} printable characters (got {shown}); "
-                         "nothing was run", code="invalid_arguments",
-                         next_action="Pick a short name such as 'notebook' or 'analysis-1'.")
+        raise InvalidArguments(f"a session name is 1 to {MAX_SESSION_NAME_CHARS} printable characters (got {shown}); "
+                               "nothing was run",
+                               next_action="Pick a short name such as 'notebook' or 'analysis-1'.")
 
 
 # A wait's name is stored and shown as is; 200 characters name anything.

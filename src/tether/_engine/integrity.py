@@ -20,8 +20,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any, Sequence
 
-# The keyring and its MACs live with the other capabilities; importable from here, as before.
-from tether._engine.approvals.capabilities import Keyring, keyring_for, same, secret_id
+from tether._engine.approvals.capabilities import Keyring, same
 from tether.errors import RunTampered
 
 if TYPE_CHECKING:
@@ -206,10 +205,7 @@ def verify_snapshot_record(keyring: Keyring, snap: "SnapshotRecord") -> bool:
 
 
 __all__ = [
-    "Keyring",
-    "keyring_for",
     "resign_call",
-    "secret_id",
     "sign_call",
     "sign_run",
     "sign_snapshot_record",

@@ -73,38 +73,40 @@ WAIT = "wait"  # parked on a wait, signal or timer: look at the wait again
 
 
 @dataclass(frozen=True)
-class Decision:
+class JournalAnswer:
+    """What the journal answers for one call of the program: its action (live, replay, ask, …) and entry."""
+
     action: str
     entry: CallRecord | None = None
     reason: str = ""
 
 
-def decide(entry: CallRecord | None, key: str, seq: int, last_recorded_seq: int) -> Decision:
+def decide(entry: CallRecord | None, key: str, seq: int, last_recorded_seq: int) -> JournalAnswer:
     """Replay or live for the call at ``seq`` with identity ``key`` (P-5, P-6)."""
     if entry is None:
         if seq <= last_recorded_seq:
             # A gap below the last recorded call means the program took a
             # different path than the one the journal recorded.
-            return Decision(DIVERGED, None, f"call {seq} is missing from the journal but later calls are recorded")
-        return Decision(LIVE)
+            return JournalAnswer(DIVERGED, None, f"call {seq} is missing from the journal but later calls are recorded")
+        return JournalAnswer(LIVE)
     if entry.key != key:
-        return Decision(
+        return JournalAnswer(
             DIVERGED,
             entry,
             f"call {seq} was journaled as {entry.op} {entry.address} with other arguments",
         )
     state = entry.state
     if state in SETTLED_CALL_STATES:
-        return Decision(REPLAY, entry)
+        return JournalAnswer(REPLAY, entry)
     if state == CallState.PENDING:
         # A read whose outcome was never recorded: reads are safe to re-issue.
-        return Decision(LIVE, entry)
+        return JournalAnswer(LIVE, entry)
     if state == CallState.ASKED:
-        return Decision(ASK, entry)
+        return JournalAnswer(ASK, entry)
     if state == CallState.APPROVED:
-        return Decision(SEND, entry)
+        return JournalAnswer(SEND, entry)
     if state == CallState.SENDING:
-        return Decision(UNKNOWN, entry)
+        return JournalAnswer(UNKNOWN, entry)
     if state == CallState.WAITING:
-        return Decision(WAIT, entry)
-    return Decision(DIVERGED, entry, f"call {seq} is in unexpected state {state!r}")
+        return JournalAnswer(WAIT, entry)
+    return JournalAnswer(DIVERGED, entry, f"call {seq} is in unexpected state {state!r}")

@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable
 
 from tether._engine import integrity
+from tether._engine.approvals.capabilities import Keyring
 from tether._store.base import CallRecord, Store
 from tether._store.states import CallState
 from tether._tools.context import idempotency_key
@@ -23,7 +24,7 @@ from tether._tools.context import idempotency_key
 class JournalWriter:
     """One attempt's view of its run's journal: what was recorded, and what it records now."""
 
-    def __init__(self, *, run_id: str, store: Store, keyring: integrity.Keyring, clock: Callable[[], float],
+    def __init__(self, *, run_id: str, store: Store, keyring: Keyring, clock: Callable[[], float],
                  entries: list[CallRecord], flush_every_calls: int = 64, flush_every_seconds: float = 0.25) -> None:
         self.run_id = run_id
         self.store = store

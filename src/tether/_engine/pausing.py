@@ -30,9 +30,9 @@ from tether._store.states import CallState, WaitStatus
 from tether.errors import InvalidArguments, UnknownTool
 
 if TYPE_CHECKING:
+    from tether._engine.approvals.capabilities import Keyring
+    from tether._engine.approvals.model import Approver
     from tether._engine.attempt_state import AttemptState
-    from tether._engine.boundary import Approver
-    from tether._engine.integrity import Keyring
     from tether._engine.limits import Limits
     from tether._sandbox.monty import Execution
     from tether._tools.catalog import Catalog
@@ -269,7 +269,7 @@ class Pauses:
             policy_mod.rule_approver(host.policy, tool.address) != "signed_in"
             or getattr(host.on_approval, "signed_in", False))
         if host.on_approval is not None and inline:
-            from tether._engine.decisions import approval_verdict
+            from tether._engine.approvals.model import approval_verdict
 
             answer = host.on_approval(pending.for_approver())
             verdict, reason = approval_verdict(await answer if inspect.isawaitable(answer) else answer)

@@ -1,10 +1,19 @@
-"""May this call run? A pure decision, shared by every backend (P-2)."""
+"""May this call run? A pure decision, shared by every backend (P-2).
+
+:class:`Policy` and :class:`Rule` are declared once: ``[policy]`` in tether.toml parses straight into a
+:class:`PolicyConfig` (a Policy plus the keys of that table that are not recorded on a run), and a Python
+caller builds a Policy checked by the same field types (tether._fields).
+"""
 
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass
+
+from tether._fields import Expected, Glob, PositiveInt, Seconds
 
 ALLOW = "allow"
 ASK = "ask"
@@ -12,25 +21,37 @@ DENY = "deny"
 OVER_BUDGET = "over_budget"
 ACTIONS = (ALLOW, ASK, DENY)
 
+_CHECKED = ConfigDict(extra="forbid")
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, config=_CHECKED)
 class Rule:
-    match: str  # a glob over "namespace.tool"
-    action: str
-    # "signed_in": only a signed-in approver (console, signed-in link page) decides
-    # this tool's writes; "any" also lets the client's own approval form decide.
-    approver: str = "any"
+    """One policy rule; the first rule whose glob matches a tool address wins."""
+
+    match: Glob  # a glob over "namespace.tool"
+    action: Literal["allow", "ask", "deny"]
+    # "signed_in": the tool's writes are decided only by a signed-in approver
+    # (the console, a signed-in link page) or the operator, never by an MCP
+    # client's approval form (money, deletes, pushes: docs/security.md).
+    approver: Literal["any", "signed_in"] = "any"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_CHECKED)
 class Policy:
     """What happens to writes. Reads (tools annotated read-only) always run."""
 
-    writes: str = ASK
-    write_budget: int = 10
-    rules: tuple[Rule, ...] = field(default_factory=tuple)
+    # An unannotated tool counts as a write, so the safe default is a human
+    # in the loop; trusted setups say "allow" explicitly.
+    writes: Literal["ask", "allow", "deny"] = "ask"
+    # More than 10 writes in one run is usually a loop gone wrong (agents were
+    # seen re-sending one billable write 9 times after a truncated result).
+    write_budget: PositiveInt = 10
+    rules: Annotated[
+        tuple[Rule, ...], Expected('must be a list of tables like {match = "helpdesk.*", action = "ask"}')
+    ] = Field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
+        """The policy as a run records it (signed, P-35): these three keys only, whatever the subclass."""
         return {
             "writes": self.writes,
             "write_budget": self.write_budget,
@@ -40,12 +61,29 @@ class Policy:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Policy":
+    def from_dict(cls, data: dict[str, Any]) -> Policy:
         return cls(
             writes=data.get("writes", ASK),
             write_budget=int(data.get("write_budget", 10)),
             rules=tuple(Rule(r["match"], r["action"], r.get("approver", "any")) for r in data.get("rules", ())),
         )
+
+    def recorded(self) -> Policy:
+        """Only the policy, without what a subclass adds (PolicyConfig's timings): what a Runtime runs with."""
+        return Policy(self.writes, self.write_budget, self.rules)
+
+
+@dataclass(frozen=True, config=_CHECKED)
+class PolicyConfig(Policy):
+    """``[policy]`` as tether.toml writes it: the Policy, plus how long a pause waits and how often a run
+    checkpoints (Runtime arguments of their own, never recorded with the policy)."""
+
+    # A day for a human to answer; after that the data the run read is stale.
+    approval_ttl_seconds: Seconds = 86400
+    # A snapshot costs a few KB and milliseconds; these bound what recovery
+    # replays to 100 calls or 30 s of work.
+    checkpoint_every_calls: PositiveInt = 100
+    checkpoint_every_seconds: Seconds = 30
 
 
 def rule_action(policy: Policy, address: str) -> str:

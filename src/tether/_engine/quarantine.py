@@ -21,7 +21,7 @@ from tether._store.states import CallState, RunStatus
 from tether.errors import RunQuarantined
 
 if TYPE_CHECKING:
-    from tether._runtime import Runtime
+    from tether._engine.host import RunHost
 
 TAKEOVERS = "takeovers"
 
@@ -39,7 +39,7 @@ def without_takeovers(meta: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for k, v in meta.items() if k != TAKEOVERS}
 
 
-async def continue_or_quarantine(rt: Runtime, run: RunRecord, *, gone_owner: str | None,
+async def continue_or_quarantine(rt: RunHost, run: RunRecord, *, gone_owner: str | None,
                                  how: str) -> tuple[RunRecord | None, RunResult | None]:
     """Record this takeover of ``run`` (owned here now); the run to continue, or its envelope if quarantined."""
     now = rt.clock()

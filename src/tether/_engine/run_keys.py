@@ -24,10 +24,10 @@ from tether._engine.quarantine import continue_or_quarantine
 from tether._engine.result import RunResult
 from tether._store.base import Conflict, RunRecord
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus
-from tether.errors import IdempotencyConflict, UsageError
+from tether.errors import IdempotencyConflict, InvalidArguments
 
 if TYPE_CHECKING:
-    from tether._runtime import Runtime
+    from tether._engine.host import RunHost
 
 # Long enough for a UUID with a prefix, or "<workflow id>:<step>" of a durable engine.
 MAX_RUN_KEY_CHARS = 200
@@ -38,9 +38,9 @@ FINGERPRINT = "run_key_request"
 def check_run_key(key: Any) -> str:
     if not isinstance(key, str) or not key or len(key) > MAX_RUN_KEY_CHARS or not key.isprintable():
         shown = f"{len(key)} characters" if isinstance(key, str) else type(key).__name__
-        raise UsageError(f"a run key is 1 to {MAX_RUN_KEY_CHARS} printable characters (got {shown}); "
-                         "nothing was run", code="invalid_arguments",
-                         next_action="Send a key such as a UUID made once per request and reused on its retries.")
+        raise InvalidArguments(f"a run key is 1 to {MAX_RUN_KEY_CHARS} printable characters (got {shown}); "
+                               "nothing was run",
+                               next_action="Send a key such as a UUID made once per request and reused on its retries.")
     return key
 
 
@@ -62,7 +62,7 @@ def mark(run: RunRecord, key: str, fingerprint: str) -> None:
     run.meta[FINGERPRINT] = fingerprint
 
 
-def create_or_find(rt: "Runtime", run: RunRecord) -> RunRecord | None:
+def create_or_find(rt: RunHost, run: RunRecord) -> RunRecord | None:
     """Record ``run``; None if it was recorded, else the run its key already names.
 
     Raises ``IdempotencyConflict`` when that run was started by a different request.
@@ -85,7 +85,7 @@ def create_or_find(rt: "Runtime", run: RunRecord) -> RunRecord | None:
     raise Conflict(f"run key {run.run_key!r} kept changing hands; nothing was started")
 
 
-def current_envelope(rt: "Runtime", run: RunRecord) -> RunResult | None:
+def current_envelope(rt: RunHost, run: RunRecord) -> RunResult | None:
     """The envelope of a run that is not running now (ended, paused, waiting); None while it runs or waits in line."""
     if run.status in (RunStatus.RUNNING, RunStatus.QUEUED):
         return None
@@ -103,7 +103,7 @@ def still_running(run_id: str, status: str, waited: float) -> RunResult:
         "details": {"run_id": run_id}})
 
 
-async def rejoin(rt: "Runtime", run: RunRecord, *, wait_seconds: float, detached: bool = False) -> RunResult:
+async def rejoin(rt: RunHost, run: RunRecord, *, wait_seconds: float, detached: bool = False) -> RunResult:
     """The outcome of a run a repeated request names: at once if it is not running, else once it ends.
 
     Running in this process: awaited. Running in another: watched through the
@@ -144,7 +144,7 @@ async def rejoin(rt: "Runtime", run: RunRecord, *, wait_seconds: float, detached
             await asyncio.sleep(min(0.2, max(left, 0.0)))
 
 
-async def _take_over(rt: "Runtime", run: RunRecord, detached: bool) -> RunResult | None:
+async def _take_over(rt: RunHost, run: RunRecord, detached: bool) -> RunResult | None:
     """Continue ``run`` here if its owner is gone; None if it has a live owner or another process took it."""
     gone = owner_gone(run.owner)
     if not gone and run.lease_until is not None and run.lease_until >= rt.clock():

@@ -28,7 +28,7 @@ from tether._engine.approvals.model import APPROVAL_PREFIX, DECISIONS, approval_
 from tether._engine.result import to_json_value
 from tether._store.base import LOCAL_PRINCIPAL, WAIT_DIGEST_PREFIX, RunRecord, Store, WaitRecord, wait_digest
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
-from tether.errors import AlreadyDecided, ToolsUnavailable, UsageError, WrongSecret
+from tether.errors import AlreadyDecided, InvalidArguments, ToolsUnavailable, WrongSecret
 
 SIGNAL_PREFIX = "signal:"
 SLEEP_PREFIX = "sleep:"
@@ -147,10 +147,10 @@ class Waits:
             if not continue_run:
                 # Settling the wait row alone would record a decision the journal never took, and a name in
                 # the timeline nobody checked: an approval is decided by the approvals service, or not at all.
-                raise UsageError(
+                raise InvalidArguments(
                     f"{name} of run {run_id} is a paused write's approval; it is decided through the approvals "
                     "service, which continues the run, so it cannot be resolved with continue_run=False. Nothing "
-                    "was decided or sent", code="invalid_arguments",
+                    "was decided or sent",
                     next_action="Resolve the key with continue_run=True, or decide with rt.decide / "
                                 "`tether runs approve`.")
             # The key is the capability: whoever holds it decides as the run's owner.

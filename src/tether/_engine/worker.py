@@ -21,15 +21,15 @@ from tether._engine.notices import SETTLED
 from tether._store.base import RunRecord
 
 if TYPE_CHECKING:
+    from tether._engine.host import RunHost
     from tether._engine.result import RunResult
-    from tether._runtime import Runtime
 
 # How often a runner looks for parked runs whose wait was settled and nobody continued,
 # when no notice named them (SQLite, or a notice lost).
 SETTLED_SCAN_SECONDS = 2.0
 
 
-async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds: float = 0.2,
+async def work(rt: RunHost, *, stop: asyncio.Event | None = None, poll_seconds: float = 0.2,
                idle_exit_seconds: float | None = None, concurrency: int | None = None) -> int:
     """Serve the store until ``stop`` is set (or idle for ``idle_exit_seconds``). Returns runs handled."""
     stop = stop or asyncio.Event()
@@ -87,7 +87,7 @@ async def work(rt: "Runtime", *, stop: asyncio.Event | None = None, poll_seconds
     return handled
 
 
-async def _prune_batch(rt: "Runtime") -> float:
+async def _prune_batch(rt: RunHost) -> float:
     """Forget one batch of ended runs past their [retention] days; seconds until the next batch.
 
     One short transaction per batch; a full batch means more are due, so the next comes next round.
@@ -117,7 +117,7 @@ async def _pause(stop: asyncio.Event, nudge: asyncio.Event, seconds: float) -> N
         nudge.clear()
 
 
-async def _settled_runs(rt: "Runtime", settled: set[str], free: int, reported: set[str]) -> list[Awaitable[Any]]:
+async def _settled_runs(rt: RunHost, settled: set[str], free: int, reported: set[str]) -> list[Awaitable[Any]]:
     """Wake-ups for parked runs whose wait was settled elsewhere; wake() claims each by compare-and-set."""
     from tether._store.states import RunStatus, WaitStatus
 
@@ -132,7 +132,7 @@ async def _settled_runs(rt: "Runtime", settled: set[str], free: int, reported: s
     return out
 
 
-async def _available(rt: "Runtime", run: RunRecord, reported: set[str]) -> bool:
+async def _available(rt: RunHost, run: RunRecord, reported: set[str]) -> bool:
     """Whether this worker can load the run's sources; said once per run on stderr when not."""
     from tether.errors import RunTampered, ToolsUnavailable, WrongSecret
 
@@ -172,7 +172,7 @@ async def claimed(room: Callable[[], bool], claim: Callable[[Sequence[str]], Run
         yield run
 
 
-async def orphans_taken(rt: "Runtime", room: Callable[[], bool],
+async def orphans_taken(rt: RunHost, room: Callable[[], bool],
                         usable: Callable[[RunRecord], Awaitable[bool]],
                         quarantined: Callable[[RunResult], None] | None = None) -> AsyncIterator[RunRecord]:
     """Running runs whose owner died, taken over here one at a time while there is ``room`` (P-11).
@@ -199,7 +199,7 @@ async def orphans_taken(rt: "Runtime", room: Callable[[], bool],
                 yield run
 
 
-async def _counted(rt: "Runtime", run: RunRecord, gone_owner: str | None, how: str,
+async def _counted(rt: RunHost, run: RunRecord, gone_owner: str | None, how: str,
                    quarantined: Callable[[RunResult], None] | None) -> RunRecord | None:
     from tether._engine.quarantine import continue_or_quarantine
 
@@ -214,7 +214,7 @@ async def _counted(rt: "Runtime", run: RunRecord, gone_owner: str | None, how: s
     return going_on
 
 
-async def _claims(rt: "Runtime", free: int, reported: set[str],
+async def _claims(rt: RunHost, free: int, reported: set[str],
                   settled: set[str] | None = None) -> list[Awaitable[Any]]:
     """Coroutines for work this worker may take now, most urgent first.
 

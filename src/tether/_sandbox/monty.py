@@ -30,7 +30,14 @@ from typing import Any, Awaitable, Callable, cast
 
 import pydantic_monty as _pm
 
-from tether.errors import LimitExceeded, ProgramSyntaxError, SandboxCrashed, TypeCheckError
+from tether.errors import (
+    CallLimit,
+    MemoryLimit,
+    ProgramSyntaxError,
+    SandboxCrashed,
+    TimeLimit,
+    TypeCheckError,
+)
 
 MONTY_VERSION: str = f"pydantic-monty-{_pm.__version__}"
 _SLEEPS = ("asyncio.sleep", "time.sleep")
@@ -413,8 +420,7 @@ class Execution:
         if isinstance(exc, TetherError):
             error: TetherError = exc
         else:
-            error = TetherError(f"tether failed while serving a host call: {type(exc).__name__}: {exc}",
-                                code="internal_error")
+            error = TetherError(f"tether failed while serving a host call: {type(exc).__name__}: {exc}")
         self.stop(error)
         return RuntimeError("the run is stopping")
 
@@ -483,10 +489,9 @@ class Execution:
             if isinstance(exc, _pm.MontyRuntimeError) and type(exc.exception()).__name__ == "MemoryError":
                 # Serialising needs room beside what the program holds (measured: a dump fails once the
                 # state passes about a quarter of max_memory) and the worker is terminated when it runs out.
-                raise LimitExceeded(
+                raise MemoryLimit(
                     f"the program's state is too large to save within the {self._spec.limits.memory_bytes}-byte "
                     "memory limit: saving it needs room beside what the program holds",
-                    code="memory_limit",
                     next_action="Hold less in memory (drop or shrink large values before a write that asks, a "
                                 "wait or a sleep), or raise [limits] memory_bytes.",
                 ) from None
@@ -606,10 +611,9 @@ def map_monty_error(exc: BaseException, limits: SandboxLimits) -> BaseException:
         )
     if isinstance(exc, _pm.MontyCrashedError):
         if exc.timed_out:
-            return LimitExceeded(
+            return TimeLimit(
                 f"the program ran past the {limits.run_seconds:g} s time limit in one uninterruptible step "
                 "and its worker was stopped",
-                code="time_limit",
             )
         return SandboxCrashed(f"the sandbox worker died: {exc}")
     if isinstance(exc, _pm.MontyRuntimeError):
@@ -619,23 +623,21 @@ def map_monty_error(exc: BaseException, limits: SandboxLimits) -> BaseException:
         frames = _frames(exc)
         if exc_type == "MemoryError":
             # Whatever the allocation that failed, it failed against the sandbox's heap limit.
-            return LimitExceeded(
-                f"the program used more than {limits.memory_bytes} bytes of memory", code="memory_limit"
+            return MemoryLimit(
+                f"the program used more than {limits.memory_bytes} bytes of memory"
             )
         if exc_type == "RuntimeError" and "suspension limit" in message:
             # emit() and imports suspend the VM too; Monty stops the program
             # at its ceiling, uncatchable: the run made too many host calls.
-            return LimitExceeded(
+            return CallLimit(
                 f"the program suspended more than {_limits(limits)['max_suspensions']} times (host calls, emit() "
                 "and imports each count); the sandbox stopped it",
-                code="call_limit",
                 next_action="Batch the work: fewer, larger tool calls and emit()s per run.",
             )
         if exc_type == "TimeoutError" and "time limit exceeded" in message:
-            return LimitExceeded(
+            return TimeLimit(
                 f"the program ran longer than the {limits.run_seconds:g} s time limit "
                 "(time inside tool calls does not count)",
-                code="time_limit",
             )
         return ProgramFailed(exc_type, message, frames, frames[-1]["line"] if frames else None)
     if isinstance(exc, _pm.MontyError):

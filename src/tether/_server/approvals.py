@@ -29,6 +29,7 @@ from tether._engine.approvals.capabilities import APPROVAL_LINK, Keyring
 from tether._engine.approvals.model import taken as taken_of
 from tether._engine.approvals.service import pending, refusal
 from tether._engine.redaction import secret_args, shown_args
+from tether._sources.kinds import KINDS
 from tether._store.base import RunRecord
 from tether._store.states import RunStatus
 from tether.errors import TetherError
@@ -242,12 +243,13 @@ def write_target(tool: Any, address: str, args: dict[str, Any], run: RunRecord |
     if isinstance(target, tuple) and len(target) == 2:
         method, template = target
         return {"kind": "http", "method": str(method), "text": _fill_path(str(template), args)}
-    if definition is not None and definition.get("type") == "mcp":
+    kind = KINDS.get(str(definition.get("type"))) if definition is not None else None
+    if definition is not None and kind is not None and kind.title:
         if definition.get("url"):
-            return {"kind": "mcp", "text": f"MCP server at {_public_url(str(definition['url']))}"}
+            return {"kind": kind.name, "text": f"{kind.title} at {_public_url(str(definition['url']))}"}
         command = _shown_command([str(c) for c in definition.get("command") or []])
         if command:
-            return {"kind": "mcp", "text": "MCP server run as " + _shorten(command, 160)}
+            return {"kind": kind.name, "text": f"{kind.title} run as " + _shorten(command, 160)}
     source = getattr(tool, "source", None)
     if source == "python":
         return {"kind": "python", "text": "a Python tool in this server's own process"}

@@ -111,10 +111,9 @@ def principal_of_request(ctx: Any) -> str:
     principal = (getattr(request, "scope", None) or {}).get(SCOPE_KEY)
     if not isinstance(principal, str):
         # Unreachable behind BearerAuth; failing closed keeps it that way if it ever is.
-        from tether.errors import UsageError
-
-        raise UsageError("the request carries no verified principal; nothing was run", code="unauthenticated",
-                         next_action="Send `Authorization: Bearer <token>`.")
+        from tether.errors import Unauthenticated
+        raise Unauthenticated("the request carries no verified principal; nothing was run",
+                              next_action="Send `Authorization: Bearer <token>`.")
     return principal
 
 

@@ -44,7 +44,7 @@ from tether._engine.run_keys import MAX_RUN_KEY_CHARS
 from tether._server import channels, keyed, urlmode
 from tether._server.admission import Admission
 from tether._server.auth import GRANT_KEY, IDENTITY_KEY, LOCAL, request_scope_value
-from tether._server.channels import APPROVAL_KEY, APPROVAL_SCHEMA, ApprovalForm  # noqa: F401 - importable from here, as before
+from tether._server.channels import APPROVAL_KEY, ApprovalForm
 from tether._server.results import (
     approval_message,
     error_result,

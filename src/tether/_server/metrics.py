@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Sequence
 
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tether._metrics import CONTENT_TYPE_LATEST, render
+from tether._metrics import render
 from tether._server.auth import BearerAuth
 from tether._store.retention import live_counts
 

@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tether._engine.approvals.rights import ANY, APPROVE, OPERATE, RIGHTS, Grant
 from tether._server.credentials import CredentialProblem
-from tether.errors import UsageError
+from tether.errors import ConfigError
 
 SCOPE_PREFIX = "tether:"
 SCOPES = tuple(SCOPE_PREFIX + r for r in RIGHTS)
@@ -126,24 +126,24 @@ class ResourceServer:
         """Check ``[auth]`` against the identity provider: discovery reachable, keys loadable; else UsageError."""
         audience = auth.audience or (public_url.rstrip("/") + "/mcp" if public_url else None)
         if audience is None:
-            raise UsageError("[auth] has no audience, and there is no [server] public_url to derive it from; "
-                             "nothing was started", code="config_invalid",
-                             next_action="Set [auth] audience to tether's public /mcp URL (what the IdP puts in "
-                                         "tokens' aud), or set [server] public_url.")
+            raise ConfigError("[auth] has no audience, and there is no [server] public_url to derive it from; "
+                              "nothing was started",
+                              next_action="Set [auth] audience to tether's public /mcp URL (what the IdP puts in "
+                                          "tokens' aud), or set [server] public_url.")
         secret = None
         if auth.console_client_secret_env:
             secret = (env.get(auth.console_client_secret_env) or "").strip() or None
             if secret is None:
-                raise UsageError(f"[auth] console_client_secret_env names ${auth.console_client_secret_env}, which "
-                                 "is not set; nothing was started", code="config_invalid",
-                                 next_action=f"Set {auth.console_client_secret_env} to the console client's secret.")
+                raise ConfigError(f"[auth] console_client_secret_env names ${auth.console_client_secret_env}, which "
+                                  "is not set; nothing was started",
+                                  next_action=f"Set {auth.console_client_secret_env} to the console client's secret.")
         discovery = await _discover(auth.issuer.rstrip("/"))
         # Tokens name the issuer exactly as its discovery document does (a trailing slash included).
         issuer = str(discovery["issuer"])
         jwks_url = auth.jwks_url or _text(discovery.get("jwks_uri"))
         if jwks_url is None:
-            raise UsageError(f"[auth] issuer {issuer}'s discovery document names no jwks_uri; nothing was started",
-                             code="config_invalid", next_action="Set [auth] jwks_url to the IdP's JWKS URL.")
+            raise ConfigError(f"[auth] issuer {issuer}'s discovery document names no jwks_uri; nothing was started",
+                              next_action="Set [auth] jwks_url to the IdP's JWKS URL.")
         server = cls(issuer=issuer, audience=audience, jwks_url=jwks_url, algorithms=auth.algorithms,
                      leeway=auth.leeway_seconds, claim_rights=auth.rights,
                      introspection_url=auth.introspection_url, client_id=auth.console_client_id,
@@ -151,14 +151,14 @@ class ResourceServer:
         try:
             await server.refresh_keys()
         except Exception as exc:  # noqa: BLE001 - any failure here means the keys cannot be used
-            raise UsageError(f"[auth] jwks_url: the signing keys at {jwks_url} could not be loaded ({exc}); "
-                             "nothing was started", code="config_invalid",
-                             next_action="Check that the IdP is reachable from this server and jwks_url is "
-                                         "its JWKS.") from None
+            raise ConfigError(f"[auth] jwks_url: the signing keys at {jwks_url} could not be loaded ({exc}); "
+                              "nothing was started",
+                              next_action="Check that the IdP is reachable from this server and jwks_url is "
+                                          "its JWKS.") from None
         if not server._keys:
-            raise UsageError(f"[auth] jwks_url: {jwks_url} holds no signing key for {', '.join(auth.algorithms)}; "
-                             "nothing was started", code="config_invalid",
-                             next_action="Check [auth] algorithms against the keys the IdP publishes.")
+            raise ConfigError(f"[auth] jwks_url: {jwks_url} holds no signing key for {', '.join(auth.algorithms)}; "
+                              "nothing was started",
+                              next_action="Check [auth] algorithms against the keys the IdP publishes.")
         return server
 
     def routes(self) -> list[Route]:
@@ -347,13 +347,13 @@ async def _discover(issuer: str) -> dict[str, Any]:
                 problems.append(f"{url}: HTTP {response.status_code}")
                 continue
             if str(data.get("issuer", "")).rstrip("/") != issuer:
-                raise UsageError(f"[auth] issuer: {url} names issuer {data.get('issuer')!r}, not {issuer!r}; "
-                                 "nothing was started", code="config_invalid",
-                                 next_action="Set [auth] issuer to exactly the issuer the IdP names.")
+                raise ConfigError(f"[auth] issuer: {url} names issuer {data.get('issuer')!r}, not {issuer!r}; "
+                                  "nothing was started",
+                                  next_action="Set [auth] issuer to exactly the issuer the IdP names.")
             return data
-    raise UsageError(f"[auth] issuer: the discovery document of {issuer} could not be read ({'; '.join(problems)}); "
-                     "nothing was started", code="config_invalid",
-                     next_action="Check [auth] issuer and that the IdP is reachable from this server.")
+    raise ConfigError(f"[auth] issuer: the discovery document of {issuer} could not be read ({'; '.join(problems)}); "
+                      "nothing was started",
+                      next_action="Check [auth] issuer and that the IdP is reachable from this server.")
 
 
 __all__ = ["SCOPES", "Identity", "MetadataRoutes", "ResourceServer", "principal_for_subject",

@@ -29,7 +29,14 @@ from tether._server.auth import (
 )
 from tether._server.mcp import TetherServer
 from tether._store.base import Store
-from tether.errors import UsageError
+from tether.errors import (
+    ConfigError,
+    InvalidArguments,
+    TokenInvalid,
+    TokenRequired,
+    TokenTooShort,
+    UnsafeBind,
+)
 
 
 @dataclass(frozen=True)
@@ -59,37 +66,34 @@ def parse_address(value: str, default_host: str, default_port: int) -> tuple[str
     try:
         number = int(port) if port else default_port
     except ValueError:
-        raise UsageError(f"--http takes HOST:PORT, not {value!r}", code="invalid_arguments",
-                         next_action="Pass e.g. --http 127.0.0.1:8765.") from None
+        raise InvalidArguments(f"--http takes HOST:PORT, not {value!r}",
+                               next_action="Pass e.g. --http 127.0.0.1:8765.") from None
     if not 0 < number < 65536:
-        raise UsageError(f"port {number} is out of range", code="invalid_arguments",
-                         next_action="Pass a port between 1 and 65535.")
+        raise InvalidArguments(f"port {number} is out of range",
+                               next_action="Pass a port between 1 and 65535.")
     return host, number
 
 
 def check_http_auth(host: str, tokens: tuple[str, ...], dev: bool, *, oauth: bool = False) -> None:
     """Refuse to serve HTTP that anyone could call: a token, an identity provider ([auth]), or --dev on loopback."""
     if dev and not is_loopback(host):
-        raise UsageError(
+        raise UnsafeBind(
             f"--dev serves without a token, so it binds only to a loopback address, not {host}; nothing was started",
-            code="unsafe_bind", next_action="Bind to 127.0.0.1 with --dev, or set TETHER_TOKEN and drop --dev.")
+            next_action="Bind to 127.0.0.1 with --dev, or set TETHER_TOKEN and drop --dev.")
     if not tokens and not dev and not oauth:
-        raise UsageError(
+        raise TokenRequired(
             "serving MCP over HTTP needs a bearer token; nothing was started",
-            code="token_required",
             next_action="Set TETHER_TOKEN (or [server] token in tether.toml), or pass --dev to serve "
                         "without one on 127.0.0.1.")
     if not all(well_formed(t) for t in tokens):
-        raise UsageError(
+        raise TokenInvalid(
             "a bearer token may hold only letters, digits and -._~+/= (RFC 7235 token68); nothing was started",
-            code="token_invalid",
             next_action="Generate one with `openssl rand -hex 32` and set it as TETHER_TOKEN.")
     short = short_tokens(tokens)
     if short and not dev:
-        raise UsageError(
+        raise TokenTooShort(
             f"{len(short)} bearer token(s) shorter than {MIN_TOKEN_CHARS} characters (lengths "
             f"{', '.join(map(str, short))}); a short token can be guessed, so nothing was started",
-            code="token_too_short",
             next_action="Generate one with `openssl rand -hex 32` and set it as TETHER_TOKEN "
                         "(--dev accepts short tokens on loopback, with a warning).")
     if short:
@@ -146,10 +150,10 @@ async def serve(options: ServeOptions) -> int:
             # Checked now, against the IdP itself: a wrong issuer or unreachable keys refuse to start.
             resource = await ResourceServer.from_config(config.auth, config.server.public_url, os.environ)
     if config.server.approvals == "url" and not config.server.public_url:
-        raise UsageError("[server] approvals = \"url\" sends approval links, and there is no [server] public_url "
-                         "to build them on; nothing was started", code="config_invalid",
-                         next_action="Set [server] public_url to where people reach this server, or use "
-                                     "approvals = \"auto\".")
+        raise ConfigError("[server] approvals = \"url\" sends approval links, and there is no [server] public_url "
+                          "to build them on; nothing was started",
+                          next_action="Set [server] public_url to where people reach this server, or use "
+                                      "approvals = \"auto\".")
     run_meta = {"tools": tools, "config": _absolute(options.config_path)}
 
     def report(line: str) -> None:

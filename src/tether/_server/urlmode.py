@@ -76,7 +76,7 @@ def message(server: "ApprovalHost", write: dict[str, Any]) -> str:
 
 async def decided(rt: Runtime, run_id: str, seq: int, timeout: float) -> bool:
     """Wait until write ``seq`` is decided (on the page, or anywhere), or the run stops waiting."""
-    from tether._engine.decisions import taken
+    from tether._engine.approvals.model import taken
 
     deadline = time.monotonic() + timeout
     delay = 0.05

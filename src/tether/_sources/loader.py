@@ -27,17 +27,19 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Protocol
 
 from tether._engine.approvals.capabilities import Keyring, keyring_for, mac_hex, same, secret_id
 from tether._sources.base import ENV_REF, Source
+from tether._sources.kinds import DEFAULT_START_TIMEOUT, SourceContext, kind_of
 from tether._tools.model import Tool
-from tether.errors import ConfigError, SourceUnavailable, TetherError, ToolsUnavailable
+from tether.errors import ConfigError, NamespaceTaken, SourceUnavailable, TetherError, ToolsUnavailable
 
 if TYPE_CHECKING:
-    from tether._runtime import Runtime
+    from tether._engine.boundary import EffectBoundary
     from tether._sources.mcp import MCPSource
     from tether._store.base import Store
+    from tether._tools.catalog import Catalog
 
 __all__ = ["LoadedSource", "SourceSet", "definition_key", "record_definition"]
 
@@ -49,7 +51,6 @@ RETRY_SECONDS = 30.0
 # older than this, in the background: servers change their tools rarely, and a
 # call to a tool that is gone fails upstream without harm.
 REFRESH_AFTER_SECONDS = 3600.0
-DEFAULT_START_TIMEOUT = 10.0
 # What the listing cache's MAC is made for: a listing's MAC can never pass for another purpose's.
 LISTING_PURPOSE = "tether/source-listing/v1"
 
@@ -143,7 +144,7 @@ def _check_resolvable(definition: dict[str, Any]) -> None:
         raise ConfigError(f"the OpenAPI description {spec} does not exist")
 
 
-def forward_progress(rt: Runtime) -> Callable[[Any], None]:
+def forward_progress(rt: SourceHost) -> Callable[[Any], None]:
     """An MCP source's progress reports, delivered to the run whose call they are about.
 
     A cell gets a ``progress`` event; a client watching the run (``on_progress``,
@@ -166,6 +167,25 @@ def forward_progress(rt: Runtime) -> Callable[[Any], None]:
                 boundary.on_progress(len(boundary.state.stats) + min(fraction, 0.99), text)
 
     return forward
+
+
+class SourceHost(Protocol):
+    """What sources need of the process they are loaded into (the Runtime), named here so that the
+    loader does not import the runtime that imports it."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    def check_namespaces(self, tools: Iterable[Any]) -> None: ...
+
+    def elicitation_handler(self, namespace: str) -> Callable[[Any], Awaitable[Any]]: ...
+
+    def boundaries_calling(self, address: str) -> list[EffectBoundary]: ...
+
+    def event(self, run_id: str, type: str, data: dict[str, Any]) -> int: ...
 
 
 # --- one loaded source ------------------------------------------------------------
@@ -213,7 +233,7 @@ class SourceSet:
     one ``<namespace>.log`` per stdio server for its stderr.
     """
 
-    def __init__(self, runtime: Runtime, *, store: Store | None = None, log_dir: Path | None = None,
+    def __init__(self, runtime: SourceHost, *, store: Store | None = None, log_dir: Path | None = None,
                  local: Iterable[Any] = (), default_call_timeout: float | None = None,
                  progress: Callable[[Any], None] | None = None) -> None:
         self.runtime = runtime
@@ -286,44 +306,43 @@ class SourceSet:
         found = source.tools()
         if found:
             entry.namespace = found[0].namespace
-        if entry.type == "mcp" and not entry.cached:
+        if kind_of(entry.type).caches_listing and not entry.cached:
             self._remember_listing(entry.key, source)
         self._register(entry, found, source.summary)
 
     def _source(self, entry: LoadedSource, definition: dict[str, Any], timeout: float) -> Source:
         """The source a definition names, not started yet."""
-        kind = definition.get("type")
-        if kind == "python":
-            from tether._sources.python import PythonSource
-
-            return PythonSource(definition["module"], namespace=definition.get("namespace"),
-                                idempotency=definition.get("idempotency", "none"))
-        if kind == "mcp":
+        if kind_of(definition.get("type")).caches_listing:
             # The listing from the cache when there is one: the server starts at the first call.
             cached = self._signed_listing(entry.key)
             if cached is not None:
                 entry.cached = True
                 return _LazyMCP(self, entry, definition, timeout, listing=cached[0], cached_at=cached[1])
-            return self._mcp_source(definition, timeout)
-        if kind == "openapi":
-            from tether._sources.openapi import OpenAPISource
+        return self._build(definition, timeout)
 
-            return OpenAPISource(namespace=definition["namespace"], spec=definition["spec"],
-                                 base_url=definition.get("base_url"), auth=definition.get("auth"),
-                                 headers=definition.get("headers") or None,
-                                 idempotency=definition.get("idempotency", "none"),
-                                 idempotency_header=definition.get("idempotency_header", "Idempotency-Key") or None,
-                                 cache=_SignedCatalogs(self.store, self._verify_with) if self.store is not None else None,
-                                 **({"timeout": definition["call_timeout"]} if definition.get("call_timeout") else {}))
-        raise ConfigError(f"unknown source type {kind!r}")
+    def _build(self, definition: dict[str, Any], timeout: float) -> Any:
+        """The source itself, built by its kind's builder from what this process holds."""
+        kind = kind_of(definition.get("type"))
+        return kind.build(definition, SourceContext(
+            timeout=timeout, errlog=self._errlog, default_call_timeout=self.default_call_timeout,
+            catalogs=_SignedCatalogs(self.store, self._verify_with) if self.store is not None else None,
+            ask=self.runtime.elicitation_handler if kind.asks_questions else None, progress=self.progress))
+
+    def _errlog(self, namespace: str) -> Any:
+        """``<log_dir>/<namespace>.log`` for a stdio server's stderr, closed with the set; None without a log_dir."""
+        if self.log_dir is None:
+            return None
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"{namespace}.log", "a", encoding="utf-8")  # noqa: SIM115 - closed at close()
+        self._logs.append(log)
+        return log
 
     def _register(self, entry: LoadedSource, found: list[Tool], summary: str | None = None) -> None:
         rt = self.runtime
         rt.check_namespaces(found)
         for ns in sorted({t.namespace for t in found}):
             if any(t.namespace == ns for t in rt.catalog.tools()):
-                raise ConfigError(f"namespace {ns!r} is already taken by another source in this process",
-                                  code="namespace_taken")
+                raise NamespaceTaken(f"namespace {ns!r} is already taken by another source in this process")
         rt.catalog.add_many(found)
         entry.tools = list(found)
         if summary:
@@ -332,29 +351,7 @@ class SourceSet:
             for ns in sorted({t.namespace for t in found}):
                 rt.catalog.set_namespace_summary(ns, summary)
 
-    # -- MCP: listing from the cache, server on first call
-
-    def _mcp_source(self, definition: dict[str, Any], timeout: float) -> MCPSource:
-        from tether._sources.mcp import MCPSource
-
-        namespace = definition["namespace"]
-        errlog = None
-        if self.log_dir is not None and definition.get("command"):
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            errlog = open(self.log_dir / f"{namespace}.log", "a", encoding="utf-8")  # noqa: SIM115
-            self._logs.append(errlog)
-        return MCPSource(
-            namespace=namespace, command=definition.get("command"), url=definition.get("url"),
-            env=definition.get("env") or None, headers=definition.get("headers") or None,
-            cwd=definition.get("cwd"), connect_timeout=timeout, idempotency=definition.get("idempotency", "none"),
-            # With max_call_seconds, progress extends calls: the no-progress limit then
-            # defaults to [limits] call_timeout_seconds (without it the boundary applies that).
-            call_timeout=definition.get("call_timeout") or (
-                self.default_call_timeout if definition.get("max_call_seconds") else None),
-            max_call_seconds=definition.get("max_call_seconds"),
-            elicitation_handler=self.runtime.elicitation_handler(namespace),
-            progress_handler=self.progress, errlog=errlog,
-        )
+    # -- a kind that caches its listing (MCP): listing from the cache, server on first call
 
     def _remember_listing(self, key: str, source: Any) -> None:
         if self.store is None:
@@ -448,7 +445,7 @@ class SourceSet:
         for entry in list(self.loaded.values()):
             if keys is not None and entry.key not in set(keys):
                 continue
-            if entry.type == "mcp" and entry.ok and entry.impl is not None:
+            if entry.ok and entry.impl is not None and kind_of(entry.type).caches_listing:
                 try:
                     await entry.impl.ensure_live()
                 except TetherError as exc:
@@ -594,7 +591,7 @@ class _LazyMCP:
     async def _live(self) -> MCPSource:
         async with self._lock:
             if self._source is None:
-                source = self.owner._mcp_source(self.definition, self.timeout)
+                source = self.owner._build(self.definition, self.timeout)
                 try:
                     await asyncio.wait_for(source.start(), self.timeout)
                 except asyncio.TimeoutError:

@@ -49,9 +49,10 @@ from pydantic import BaseModel
 
 from tether._sources._mcp_tools import build_tools, listing_json, server_summary
 from tether._sources.base import expand_env
+from tether._sources.kinds import SourceContext
 from tether._tools.context import current_call
 from tether._tools.model import IDEMPOTENCY_MODES, Tool, check_identifier
-from tether.errors import ConfigError, SourceUnavailable, ToolError, UsageError
+from tether.errors import ConfigError, SourceNotStarted, SourceUnavailable, ToolError, UsageError
 
 __all__ = ["ElicitationHandler", "ElicitationRequest", "ElicitationResponse", "MCPSource", "ProgressReport"]
 
@@ -473,9 +474,8 @@ class MCPSource:
     def tools(self) -> list[Tool]:
         """The tools listed at :meth:`start`."""
         if self._tools is None:
-            raise UsageError(
+            raise SourceNotStarted(
                 f"MCP source {self.namespace!r} is not started",
-                code="source_not_started",
                 next_action="Call and await start() before tools().",
             )
         return list(self._tools)
@@ -740,6 +740,24 @@ class MCPSource:
 
 
 # --- results -------------------------------------------------------------------
+
+
+def from_definition(definition: dict[str, Any], context: SourceContext) -> MCPSource:
+    """An ``mcp`` source (tether._sources.kinds) from its recorded definition, not started yet."""
+    namespace = definition["namespace"]
+    return MCPSource(
+        namespace=namespace, command=definition.get("command"), url=definition.get("url"),
+        env=definition.get("env") or None, headers=definition.get("headers") or None,
+        cwd=definition.get("cwd"), connect_timeout=context.timeout, idempotency=definition.get("idempotency", "none"),
+        # With max_call_seconds, progress extends calls: the no-progress limit then
+        # defaults to [limits] call_timeout_seconds (without it the boundary applies that).
+        call_timeout=definition.get("call_timeout") or (
+            context.default_call_timeout if definition.get("max_call_seconds") else None),
+        max_call_seconds=definition.get("max_call_seconds"),
+        elicitation_handler=context.ask(namespace) if context.ask is not None else None,
+        progress_handler=context.progress,
+        errlog=context.errlog(namespace) if definition.get("command") else None,
+    )
 
 
 def _result_value(result: CallToolResult, address: str, details: dict[str, Any]) -> Any:

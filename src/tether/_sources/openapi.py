@@ -43,9 +43,10 @@ from tether._sources._openapi_compiled import (
 from tether._sources._openapi_http import excerpt, http_error, redact
 from tether._sources._openapi_text import decode_spec, parse_spec
 from tether._sources.base import expand_env
+from tether._sources.kinds import SourceContext
 from tether._tools.context import current_call
 from tether._tools.model import IDEMPOTENCY_MODES, Annotations, Tool, check_identifier
-from tether.errors import ConfigError, InvalidArguments, ToolError, UsageError
+from tether.errors import ConfigError, InvalidArguments, SourceNotStarted, ToolError, UsageError
 
 if TYPE_CHECKING:
     import httpx
@@ -406,9 +407,8 @@ class OpenAPISource:
     def tools(self) -> list[Tool]:
         """The tools built at :meth:`start`."""
         if self._tools is None:
-            raise UsageError(
+            raise SourceNotStarted(
                 f"OpenAPI source {self.namespace!r} is not started",
-                code="source_not_started",
                 next_action="Call and await start() before tools().",
             )
         return list(self._tools)
@@ -835,6 +835,17 @@ class OpenAPISource:
 
 
 # --- helpers --------------------------------------------------------------------
+
+
+def from_definition(definition: dict[str, Any], context: SourceContext) -> OpenAPISource:
+    """An ``openapi`` source (tether._sources.kinds) from its recorded definition, not started yet."""
+    return OpenAPISource(namespace=definition["namespace"], spec=definition["spec"],
+                         base_url=definition.get("base_url"), auth=definition.get("auth"),
+                         headers=definition.get("headers") or None,
+                         idempotency=definition.get("idempotency", "none"),
+                         idempotency_header=definition.get("idempotency_header", "Idempotency-Key") or None,
+                         cache=context.catalogs,
+                         **({"timeout": definition["call_timeout"]} if definition.get("call_timeout") else {}))
 
 
 def _server_url(server: Mapping[str, Any]) -> str | None:

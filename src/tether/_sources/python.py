@@ -41,9 +41,17 @@ from typing import Any, Callable, TypeVar, overload
 import pydantic
 from pydantic_core import ArgsKwargs, PydanticSerializationError, to_jsonable_python
 
+from tether._sources.kinds import SourceContext
 from tether._tools.context import CallContext, current_call
 from tether._tools.model import Annotations, Tool
-from tether.errors import ConfigError, InvalidArguments, TetherError, UsageError
+from tether.errors import (
+    InvalidArguments,
+    InvalidToolDefinition,
+    SourceNotStarted,
+    TetherError,
+    ToolsInvalid,
+    UsageError,
+)
 
 __all__ = ["PythonSource", "ToolSpec", "tool", "tools_from_module"]
 
@@ -118,7 +126,7 @@ def tool(
 
     def mark(f: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(f):
-            raise UsageError(f"@tool needs a function, got {type(f).__name__}", code="invalid_tool_definition")
+            raise InvalidToolDefinition(f"@tool needs a function, got {type(f).__name__}")
         f.__tether_tool__ = ToolSpec(  # type: ignore[attr-defined]
             func=f,
             namespace=namespace,
@@ -149,9 +157,8 @@ def tools_from_module(module: ModuleType | str | Path) -> list[Tool]:
         try:
             module = importlib.import_module(module)
         except ImportError as exc:
-            raise UsageError(
+            raise InvalidToolDefinition(
                 f"cannot import tool module {module!r}: {exc}",
-                code="invalid_tool_definition",
                 next_action="Check the module name and that it is importable (PYTHONPATH).",
             ) from None
     tools: list[Tool] = []
@@ -214,8 +221,8 @@ class PythonSource:
 
     def tools(self) -> list[Tool]:
         if self._tools is None:
-            raise UsageError(f"Python source {self.module!r} is not started", code="source_not_started",
-                             next_action="Call and await start() before tools().")
+            raise SourceNotStarted(f"Python source {self.module!r} is not started",
+                                   next_action="Call and await start() before tools().")
         return list(self._tools)
 
     async def ensure_live(self) -> None:
@@ -225,6 +232,12 @@ class PythonSource:
         """Nothing to release: an imported module stays imported."""
 
 
+def from_definition(definition: dict[str, Any], context: SourceContext) -> PythonSource:
+    """A ``python`` source (tether._sources.kinds) from its recorded definition, not started yet."""
+    return PythonSource(definition["module"], namespace=definition.get("namespace"),
+                        idempotency=definition.get("idempotency", "none"))
+
+
 def _import_tools(spec: str) -> list[Tool]:
     """The tools of a ``--tools`` module or file; a module that cannot load is a named error, not a traceback."""
     try:
@@ -232,14 +245,14 @@ def _import_tools(spec: str) -> list[Tool]:
     except TetherError:
         raise
     except SyntaxError as exc:
-        raise ConfigError(f"--tools {spec}: syntax error on line {exc.lineno}: {exc.msg}; nothing was run",
-                          code="tools_invalid", details={"tools": spec, "line": exc.lineno},
-                          next_action=f"Fix {exc.filename or spec} (python -m py_compile shows the error).") from None
+        raise ToolsInvalid(f"--tools {spec}: syntax error on line {exc.lineno}: {exc.msg}; nothing was run",
+                           details={"tools": spec, "line": exc.lineno},
+                           next_action=f"Fix {exc.filename or spec} (python -m py_compile shows the error).") from None
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module's own code raised while importing
-        raise ConfigError(f"--tools {spec}: importing it raised {type(exc).__name__}: {_short(exc)}; nothing was run",
-                          code="tools_invalid", details={"tools": spec, "type": type(exc).__name__},
-                          next_action=f"Fix the error {spec} raises at import time (python -c 'import ...' "
-                                      "shows the traceback).") from None
+        raise ToolsInvalid(f"--tools {spec}: importing it raised {type(exc).__name__}: {_short(exc)}; nothing was run",
+                           details={"tools": spec, "type": type(exc).__name__},
+                           next_action=f"Fix the error {spec} raises at import time (python -c 'import ...' "
+                                       "shows the traceback).") from None
 
 
 def _short(exc: BaseException) -> str:
@@ -257,11 +270,11 @@ def _file_module_name(path: Path) -> str:
 
 def _load_file(path: Path) -> ModuleType:
     if not path.is_file():
-        raise UsageError(f"tool file {str(path)!r} does not exist", code="invalid_tool_definition")
+        raise InvalidToolDefinition(f"tool file {str(path)!r} does not exist")
     name = _file_module_name(path)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise UsageError(f"cannot load {str(path)!r} as a Python module", code="invalid_tool_definition")
+        raise InvalidToolDefinition(f"cannot load {str(path)!r} as a Python module")
     module = importlib.util.module_from_spec(spec)
     # Registered before running: pydantic, dataclasses and pickling look modules up by name.
     sys.modules[name] = module
@@ -285,10 +298,9 @@ def _module_tail(func: Callable[..., Any]) -> str:
         # A tool defined in the script being run: `__main__` says nothing, its file's stem does.
         path = getattr(sys.modules.get("__main__"), "__file__", None)
         if not path:
-            raise UsageError(
+            raise InvalidToolDefinition(
                 f"@tool {getattr(func, '__name__', '?')} is defined in __main__ without a file, so it has no "
                 "namespace to default to: pass @tool(namespace=...)",
-                code="invalid_tool_definition",
                 next_action="Pass @tool(namespace=...) or set TETHER_NAMESPACE = '...' in the script.",
             )
         module = os.path.splitext(os.path.basename(path))[0]
@@ -413,9 +425,8 @@ def _return_hint(func: Callable[..., Any]) -> Any:
 
 
 def _definition_error(where: str, problem: str) -> UsageError:
-    return UsageError(
+    return InvalidToolDefinition(
         f"tool {where} {problem}",
-        code="invalid_tool_definition",
         next_action="Fix the function's signature or annotations.",
     )
 

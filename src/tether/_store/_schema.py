@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from tether._metrics import timed_store_call
-from tether._store.aio import AsyncStore
 from tether._store.base import (
     LOCAL_PRINCIPAL,
     OUTBOX_PENDING,
+    AsyncStore,
     CallRecord,
     Capabilities,
     Conflict,

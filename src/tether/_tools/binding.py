@@ -19,14 +19,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tether._tools.params import Parameters, parameters
+from tether._tools.params import parameters
 from tether._tools.stubs import render_signature
 from tether.errors import InvalidArguments
 
 if TYPE_CHECKING:
     from tether._tools.model import Tool
 
-__all__ = ["Parameters", "bind", "parameters", "positional_problem", "signature_text"]
+__all__ = ["bind", "positional_problem", "signature_text"]
 
 
 def bind(tool: "Tool", args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:

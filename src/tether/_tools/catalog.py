@@ -18,7 +18,7 @@ from jsonschema.protocols import Validator
 
 from tether._tools.model import Tool
 from tether._tools.regexes import bounded
-from tether.errors import InvalidArguments, UnknownTool, UsageError
+from tether.errors import DuplicateTool, InvalidArguments, UnknownTool
 
 T = TypeVar("T")
 
@@ -46,9 +46,8 @@ class Catalog:
     def add(self, tool: Tool) -> None:
         """Add one tool; an address already present is a ``duplicate_tool`` error."""
         if tool.address in self._tools:
-            raise UsageError(
+            raise DuplicateTool(
                 f"tool {tool.address} is already in the catalog",
-                code="duplicate_tool",
                 next_action="Give one of the tools another name or namespace.",
                 details={"address": tool.address},
             )

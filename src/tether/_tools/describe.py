@@ -12,7 +12,7 @@ from tether._tools.catalog import Catalog
 from tether._tools.model import Tool
 from tether._tools.params import parameters
 from tether._tools.stubs import declaration
-from tether.errors import UnknownTool, UsageError
+from tether.errors import InvalidArguments, UnknownTool
 
 # One tool described by default fits this many bytes of JSON: five at once sit
 # well inside a run's result limit, and a model reads the signature, not pages
@@ -51,14 +51,13 @@ def describe(
     raising, so a list can partly succeed.
     """
     if detail not in DETAILS:
-        raise UsageError(
+        raise InvalidArguments(
             f"describe: detail must be one of {', '.join(map(repr, DETAILS))}, got {detail!r}",
-            code="invalid_arguments",
             next_action="Call describe(address) or describe(address, detail='full').",
         )
     if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-        raise UsageError(f"describe: offset must be a whole number >= 0, got {offset!r}", code="invalid_arguments",
-                         next_action="Pass the next_offset an earlier describe() returned.")
+        raise InvalidArguments(f"describe: offset must be a whole number >= 0, got {offset!r}",
+                               next_action="Pass the next_offset an earlier describe() returned.")
     addresses = [address_or_list] if isinstance(address_or_list, str) else list(address_or_list)
     cache: dict[tuple[str, str], dict[str, Any]] = catalog.memo("describe", dict)
     out: list[dict[str, Any]] = []

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from tether.errors import UsageError
+from tether.errors import InvalidToolDefinition
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -46,9 +46,8 @@ class Annotations:
 
 def check_identifier(value: str, what: str) -> str:
     if not isinstance(value, str) or not _IDENT.match(value):
-        raise UsageError(
+        raise InvalidToolDefinition(
             f"{what} {value!r} is not a valid Python identifier",
-            code="invalid_tool_definition",
             next_action=f"Name the {what} with letters, digits and underscores, not starting with a digit.",
         )
     return value
@@ -57,9 +56,8 @@ def check_identifier(value: str, what: str) -> str:
 def split_address(address: str) -> tuple[str, str]:
     namespace, sep, name = address.partition(".")
     if not sep:
-        raise UsageError(
+        raise InvalidToolDefinition(
             f"tool address {address!r} must be 'namespace.name'",
-            code="invalid_tool_definition",
             next_action="Write the address as namespace.name.",
         )
     return namespace, name
@@ -102,15 +100,13 @@ class Tool:
         check_identifier(self.namespace, "namespace")
         check_identifier(self.name, "tool name")
         if self.idempotency not in IDEMPOTENCY_MODES:
-            raise UsageError(
+            raise InvalidToolDefinition(
                 f"tool {self.address}: idempotency must be 'none' or 'key', not {self.idempotency!r}",
-                code="invalid_tool_definition",
                 next_action="Say 'key' only when the tool dedupes calls by their idempotency key.",
             )
         if self.input_schema.get("type", "object") != "object":
-            raise UsageError(
+            raise InvalidToolDefinition(
                 f"tool {self.address}: input schema must describe an object",
-                code="invalid_tool_definition",
                 next_action="Give the tool keyword parameters.",
             )
 

@@ -28,9 +28,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether._tools.binding import parameters, positional_problem, signature_text
+from tether._tools.binding import positional_problem, signature_text
 from tether._tools.catalog import Catalog, _explain, _unknown, accepts_extra_args
 from tether._tools.model import Tool
+from tether._tools.params import parameters
 from tether.errors import InvalidArguments, ProgramSyntaxError, TetherError, UnknownTool
 
 _MODULE = "tools"

@@ -53,9 +53,9 @@ from typing import Any
 
 from tether._tools.catalog import Catalog
 from tether._tools.model import Tool
-from tether._tools.words import NAME_NOISE, POSSESSIVES, STOPWORDS, alternatives, normalise, query_terms, split_words
+from tether._tools.words import NAME_NOISE, POSSESSIVES, STOPWORDS, alternatives, normalise, query_terms
 
-__all__ = ["MAX_LIMIT", "SearchIndex", "search", "split_words"]
+__all__ = ["MAX_LIMIT", "SearchIndex", "search"]
 
 # Terms shorter than this get no prefix expansion: "a*" would match everything.
 _MIN_PREFIX = 3

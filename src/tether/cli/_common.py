@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from tether._store.states import RunStatus
 from tether._tools.shown import escape, show_call
-from tether.errors import UsageError
+from tether.errors import InvalidArguments, ProgramFileNotFound, ProgramNotUtf8
 
 if TYPE_CHECKING:  # the command line imports the engine lazily, to start fast
     from tether._store.base import RunRecord, Store
@@ -144,16 +144,16 @@ def read_program(path: str) -> str:
     try:
         data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as exc:
-        raise UsageError(f"cannot read program {path}: {exc.strerror}", code="file_not_found",
-                         next_action="Pass the path of a Python file, or - for standard input.") from None
+        raise ProgramFileNotFound(f"cannot read program {path}: {exc.strerror}",
+                                  next_action="Pass the path of a Python file, or - for standard input.") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         where = "standard input" if path == "-" else path
         line = data[:exc.start].count(b"\n") + 1
-        raise UsageError(f"the program in {where} is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}); "
-                         "nothing was run", code="program_not_utf8",
-                         next_action="Save the program as UTF-8 (Python's own default) and run it again.") from None
+        raise ProgramNotUtf8(f"the program in {where} is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}); "
+                             "nothing was run",
+                             next_action="Save the program as UTF-8 (Python's own default) and run it again.") from None
 
 
 def open_rt(args: argparse.Namespace, tools: Sequence[str] = (), *, sources: list[dict] | None = None,
@@ -215,8 +215,8 @@ def json_arg(text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"not valid JSON: {exc.msg} at column {exc.colno}", code="invalid_arguments",
-                         next_action='Quote JSON for the shell, e.g. \'{"ok": true}\' or \'"text"\'.') from None
+        raise InvalidArguments(f"not valid JSON: {exc.msg} at column {exc.colno}",
+                               next_action='Quote JSON for the shell, e.g. \'{"ok": true}\' or \'"text"\'.') from None
 
 
 def print_wait_outcome(out: dict, as_json: bool) -> int:
@@ -270,7 +270,8 @@ def trusted_meta(store: Store, run: RunRecord | None, *, lenient: bool = False) 
     then ends it ``run_tampered``. A run signed with another secret raises
     ``WrongSecret``, unless ``lenient`` (cancelling needs no setup).
     """
-    from tether._engine.integrity import keyring_for, verify_run
+    from tether._engine.approvals.capabilities import keyring_for
+    from tether._engine.integrity import verify_run
     from tether._store.states import TERMINAL_RUN_STATUSES
     from tether.errors import RunTampered, WrongSecret
 

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 from tether._engine.redaction import shown_args
 from tether._store.states import RunStatus
-from tether._tools.shown import show_call
+from tether._tools.shown import escape, show_call
 from tether.cli._common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -24,7 +24,6 @@ from tether.cli._common import (
     add_common,
     call_text,
     ensure_worker,
-    escape,
     home_of,
     json_arg,
     local_user,

@@ -81,14 +81,13 @@ def _backup(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tether._store.sqlite import SQLiteStore
-    from tether.errors import UsageError
+    from tether.errors import ConfigError
 
     store, _ = _open(args)
     try:
         if not isinstance(store, SQLiteStore) or store.path is None:
-            raise UsageError("tether store backup copies a SQLite store; nothing was written",
-                             code="config_invalid",
-                             next_action="Back up Postgres with pg_dump (docs/deploy.md \"Backups\").")
+            raise ConfigError("tether store backup copies a SQLite store; nothing was written",
+                              next_action="Back up Postgres with pg_dump (docs/deploy.md \"Backups\").")
         dest = Path(args.dest).expanduser().resolve()
         size = store.backup_to(dest)
         secret = Path(f"{store.path}.secret")

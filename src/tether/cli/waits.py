@@ -17,7 +17,7 @@ from tether.cli._common import (
     recorded_setup,
     trusted_meta,
 )
-from tether.errors import UsageError
+from tether.errors import InvalidArguments
 
 
 async def cmd_waits_list(args: argparse.Namespace) -> int:
@@ -53,7 +53,7 @@ async def cmd_waits_resolve(args: argparse.Namespace) -> int:
 
 async def cmd_waits_revoke(args: argparse.Namespace) -> int:
     if not (args.run or args.session):
-        raise UsageError("say whose waits to revoke: --run RUN_ID or --session NAME", code="invalid_arguments")
+        raise InvalidArguments("say whose waits to revoke: --run RUN_ID or --session NAME")
     async with open_rt(args, []) as rt:
         n = rt.revoke_waits(run_id=args.run, session=args.session)
     if args.json:

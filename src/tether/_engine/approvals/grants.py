@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from tether._engine.approvals.rights import ANY, APPROVE, RUN, SIGNED_IN, Access, Grant
-from tether.errors import UsageError
+from tether.errors import ConfigError, TokenRequired
 
 ENV_NAME = "TETHER_TOKEN"
 
@@ -42,19 +42,19 @@ def server_access(server: Any, env_tokens: Sequence[str], env: Mapping[str, str]
     for table in tables:
         value = (env.get(table.token_env) or "").strip()
         if not value:
-            raise UsageError(f"[[server.tokens]] {table.name!r} takes its token from ${table.token_env}, which is "
-                             "not set; nothing was started", code="token_required",
-                             next_action=f"Set {table.token_env} (e.g. `openssl rand -hex 32`), or remove the "
-                                         "table.")
+            raise TokenRequired(f"[[server.tokens]] {table.name!r} takes its token from ${table.token_env}, which is "
+                                "not set; nothing was started",
+                                next_action=f"Set {table.token_env} (e.g. `openssl rand -hex 32`), or remove the "
+                                            "table.")
         named.append((table.name, value, frozenset(table.rights), list(table.approves_for)))
     env_named: list[tuple[str, str, frozenset[str], list[str]]] = [(env_token_name(i, len(env_tokens)), t, frozenset({RUN, APPROVE}), [])
                  for i, t in enumerate(env_tokens)]
     everyone = env_named + named
     tokens = tuple(t for _, t, _, _ in everyone)
     if len(set(tokens)) != len(tokens):
-        raise UsageError("two configured tokens are the same token, so their rights cannot be told apart; "
-                         "nothing was started", code="config_invalid",
-                         next_action="Give each [[server.tokens]] entry (and TETHER_TOKEN) its own token.")
+        raise ConfigError("two configured tokens are the same token, so their rights cannot be told apart; "
+                          "nothing was started",
+                          next_action="Give each [[server.tokens]] entry (and TETHER_TOKEN) its own token.")
     if not everyone and oauth:
         # Only the identity provider's users: their rights come with their tokens and sign-ins.
         return Access.of([], self_approval=bool(configured), links=links, local_runs=local_runs), ()

@@ -7,11 +7,11 @@ The service (service.py) is what acts on them.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 from tether._store.base import CallRecord, RunRecord
 from tether._store.states import CallState, RunStatus
-from tether.errors import UsageError
+from tether.errors import InvalidApproval
 
 # A paused write is a durable wait named approval:<seq>; its value is the decision.
 APPROVAL_PREFIX = "approval:"
@@ -89,6 +89,11 @@ class PendingWrite:
 
 # What an inline approver (``execute(on_approval=...)``) may answer.
 ApprovalAnswer = Union["Decision", str, bool, tuple[Union[str, bool], Union[str, None]]]
+# An inline approver decides a write at once instead of pausing the run: it
+# gets the pending call and answers with any ApprovalAnswer (see
+# approval_verdict), returned or awaited.
+Approver = Callable[[dict[str, Any]], Any]
+
 _VERDICTS = {"approve": "approve", "decline": "decline", True: "approve", False: "decline"}
 
 
@@ -106,10 +111,9 @@ def approval_verdict(answer: Any) -> tuple[str, str | None]:
         verdict, reason = answer
     found = _VERDICTS.get(verdict) if isinstance(verdict, (str, bool)) else None
     if found is None or not (reason is None or isinstance(reason, str)):
-        raise UsageError(
+        raise InvalidApproval(
             f"on_approval answered {_show(answer)}; it must answer 'approve' or 'decline', True or False, "
             "a (verdict, reason) tuple or a tether.Decision. The write was not sent",
-            code="invalid_approval",
             next_action="Return one of those from the on_approval callback.",
             details={"answer": _show(answer)},
         )

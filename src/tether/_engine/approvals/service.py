@@ -39,17 +39,17 @@ from tether._store.base import CallRecord, RunRecord, Store, WaitRecord
 from tether._store.states import CallState, RunStatus, WaitStatus
 from tether.errors import (
     AlreadyDecided,
+    InvalidArguments,
     NotPaused,
     RunExpired,
     RunNotFound,
     SeqRequired,
     TetherError,
-    UsageError,
     WriteNotPending,
 )
 
 if TYPE_CHECKING:
-    from tether._runtime import Runtime
+    from tether._engine.host import RunHost
 
 
 def ask(store: Store, key: str, run: RunRecord, seq: int, deadline: float, now: float) -> str:
@@ -70,7 +70,7 @@ def decision_of(value: Any, error: str | None) -> tuple[str | None, str | None]:
     return None, None
 
 
-def recorded_decision(rt: "Runtime", run_id: str, seq: int, entry: CallRecord | None = None) -> Decision | None:
+def recorded_decision(rt: RunHost, run_id: str, seq: int, entry: CallRecord | None = None) -> Decision | None:
     """The decision taken on write ``seq`` of a run, with who took it, or None if none was."""
     entry = entry if entry is not None else rt.store.get_call(run_id, seq)
     which = taken(entry)
@@ -82,7 +82,7 @@ def recorded_decision(rt: "Runtime", run_id: str, seq: int, entry: CallRecord | 
     return Decision.from_wait(seq, which, row.value, row.resolved_at)
 
 
-def pending(rt: "Runtime", run: RunRecord) -> list[PendingWrite]:
+def pending(rt: RunHost, run: RunRecord) -> list[PendingWrite]:
     """The writes of a run's pause, each with its key and any decision taken (empty when not paused)."""
     out = []
     for w in batch_of(run):
@@ -112,24 +112,21 @@ def _pending_details(writes: list[PendingWrite]) -> list[dict[str, Any]]:
 
 def _parse(decisions: Mapping[Any, Any]) -> dict[int, tuple[str, str | None]]:
     if not isinstance(decisions, Mapping) or not decisions:
-        raise UsageError("decisions must map each write's seq to a decision, e.g. {3: 'approve'}",
-                         code="invalid_arguments")
+        raise InvalidArguments("decisions must map each write's seq to a decision, e.g. {3: 'approve'}")
     out: dict[int, tuple[str, str | None]] = {}
     for seq, value in decisions.items():
         if isinstance(seq, bool) or not isinstance(seq, (int, str)) or not str(seq).isdigit():
-            raise UsageError(f"a decision is keyed by the write's seq (an integer), not {seq!r}",
-                             code="invalid_arguments")
+            raise InvalidArguments(f"a decision is keyed by the write's seq (an integer), not {seq!r}")
         decision, reason = (value, None) if isinstance(value, str) else (tuple(value) + (None,))[:2]
         if decision not in DECISIONS:
-            raise UsageError(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}",
-                             code="invalid_arguments")
+            raise InvalidArguments(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
         if reason is not None and not isinstance(reason, str):
-            raise UsageError("a decision's reason must be text", code="invalid_arguments")
+            raise InvalidArguments("a decision's reason must be text")
         out[int(seq)] = (decision, reason)
     return out
 
 
-def unnamed_target(rt: "Runtime", run: RunRecord, decision: str) -> int:
+def unnamed_target(rt: RunHost, run: RunRecord, decision: str) -> int:
     """The write a decision without seq is for, when it can only be one (P-28).
 
     That is the case when the run has asked about exactly one write in its
@@ -157,7 +154,7 @@ def unnamed_target(rt: "Runtime", run: RunRecord, decision: str) -> int:
         details={"pending": _pending_details(writes)})
 
 
-def _paused_view(rt: "Runtime", run: RunRecord) -> RunResult:
+def _paused_view(rt: RunHost, run: RunRecord) -> RunResult:
     """The run's paused envelope with the decisions its batch holds so far."""
     result = RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run.run_id)
     if result.pending:
@@ -174,7 +171,7 @@ def _paused_view(rt: "Runtime", run: RunRecord) -> RunResult:
     return result
 
 
-async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, principal: str | None = None,
+async def decide(rt: RunHost, run_id: str, decisions: Mapping[Any, Any], *, principal: str | None = None,
                  actor: str | None = None, via: str = "python", origin: str | None = None, on_approval: Any = None,
                  on_progress: Any = None, on_question: Any = None, t0: float | None = None) -> RunResult:
     """Decide writes of a paused run by seq; continue it once its whole pause is decided (P-10, P-27..P-29)."""
@@ -183,7 +180,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
     t0 = time.perf_counter() if t0 is None else t0
     wanted = _parse(decisions)
     if via not in CHANNELS:
-        raise UsageError(f"via must be one of {', '.join(CHANNELS)}, not {via!r}", code="invalid_arguments")
+        raise InvalidArguments(f"via must be one of {', '.join(CHANNELS)}, not {via!r}")
     run = rt.get_run(run_id, principal)
     if run.status == RunStatus.PAUSED:
         refused = await _untrusted(rt, run, wanted, t0)
@@ -249,7 +246,7 @@ async def decide(rt: "Runtime", run_id: str, decisions: Mapping[Any, Any], *, pr
                            on_question=on_question).result()
 
 
-async def _untrusted(rt: "Runtime", run: RunRecord, wanted: dict[int, tuple[str, str | None]],
+async def _untrusted(rt: RunHost, run: RunRecord, wanted: dict[int, tuple[str, str | None]],
                      t0: float) -> RunResult | None:
     """Check what a decision acts on before acting (P-35): None when the run and its pause verify.
 
@@ -277,7 +274,7 @@ async def _untrusted(rt: "Runtime", run: RunRecord, wanted: dict[int, tuple[str,
     return None
 
 
-def _record(rt: "Runtime", run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
+def _record(rt: RunHost, run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
             who: dict[str, Any], now: float, expect: tuple[str, ...] = (CallState.ASKED,)) -> Decision:
     """Take one decision: the journal's compare-and-set decides who wins (P-28); then say who (P-29)."""
     from tether._engine.guest_errors import guest_error
@@ -305,14 +302,14 @@ def _record(rt: "Runtime", run: RunRecord, write: dict[str, Any], decision: str,
     return record
 
 
-def _settle_approval(rt: "Runtime", run_id: str, record: Decision) -> None:
+def _settle_approval(rt: RunHost, run_id: str, record: Decision) -> None:
     name = approval_wait_name(record.seq)
     now = rt.clock()
     rt.store.settle_wait(WaitRecord(rt.wait_key(run_id, name), run_id, name, WaitStatus.RESOLVED, now,
                                     seq=record.seq, value=record.wait_value(), resolved_at=now))
 
 
-async def _cancel(rt: "Runtime", run: RunRecord, fresh: dict[int, tuple[str, str | None]], who: dict[str, Any],
+async def _cancel(rt: RunHost, run: RunRecord, fresh: dict[int, tuple[str, str | None]], who: dict[str, Any],
                   now: float, t0: float, principal: str | None) -> RunResult:
     """A cancel of any write of the pause ends the run; no write of it is sent (P-10)."""
     seq, (_, reason) = next((s, v) for s, v in fresh.items() if v[0] == "cancel")
@@ -331,7 +328,7 @@ async def _cancel(rt: "Runtime", run: RunRecord, fresh: dict[int, tuple[str, str
         f"the run was cancelled at the write {address}; nothing further was sent", {"reason": reason}), t0=t0)
 
 
-def refusal(rt: "Runtime", run_id: str, seqs: list[int], decision: str, *, principal: str | None,
+def refusal(rt: RunHost, run_id: str, seqs: list[int], decision: str, *, principal: str | None,
             allowed: tuple[str, ...] = DECISIONS) -> tuple[RunRecord | None, TetherError | None]:
     """(the run, why a decision on writes ``seqs`` would take nothing — or None when it would take effect).
 
@@ -340,7 +337,7 @@ def refusal(rt: "Runtime", run_id: str, seqs: list[int], decision: str, *, princ
     cases as it acts.
     """
     if decision not in allowed:
-        return None, UsageError(f"a decision is {' or '.join(allowed)}", code="invalid_arguments")
+        return None, InvalidArguments(f"a decision is {' or '.join(allowed)}")
     try:
         run = rt.get_run(run_id, principal)
     except RunNotFound:
@@ -358,7 +355,7 @@ def refusal(rt: "Runtime", run_id: str, seqs: list[int], decision: str, *, princ
     return run, None
 
 
-def expire(rt: "Runtime") -> list[str]:
+def expire(rt: RunHost) -> list[str]:
     """End paused runs past their approval time to live (`run_expired`); nothing was sent for them."""
     ended = []
     for run in rt.store.paused_runs_past_expiry(rt.clock()):
@@ -371,5 +368,4 @@ def expire(rt: "Runtime") -> list[str]:
     return ended
 
 
-__all__ = ["APPROVAL_PREFIX", "CHANNELS", "DECISIONS", "Decision", "PendingWrite", "ask", "batch_of", "decide",
-           "decision_of", "expire", "pending", "recorded_decision", "refusal", "taken", "unnamed_target"]
+__all__ = ["ask", "decide", "decision_of", "expire", "pending", "recorded_decision", "refusal", "unnamed_target"]

@@ -9,7 +9,19 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from tether._engine.approvals.rights import Verdict, needs_signed_in
-from tether.errors import ApprovalElsewhere, RunNotFound, TetherError, UsageError
+from tether.errors import (
+    ApprovalElsewhere,
+    ApprovalRefused,
+    NotAnApprover,
+    RunNotFound,
+    SelfApproval,
+    SignInRequired,
+    TetherError,
+)
+
+# A refusal's class by the verdict's code (rights.py decides the code; each code is one class).
+_REFUSED: dict[str, type[ApprovalRefused]] = {
+    "sign_in_required": SignInRequired, "not_an_approver": NotAnApprover, "self_approval": SelfApproval}
 
 
 def batch(run: Any) -> list[dict[str, Any]]:
@@ -53,5 +65,4 @@ def refusal(verdict: Verdict, run_id: str, public_url: str | None, *, paused: bo
     if verdict.code == "approval_elsewhere":
         where = where_to_approve(public_url, run_id, console=console)
         return ApprovalElsewhere(f"{text}. {where[0].upper()}{where[1:]}.")
-    return UsageError(text, code=verdict.code or "approval_refused",
-                      next_action="Ask a person whose token may approve this run's writes to decide it.")
+    return _REFUSED.get(verdict.code or "", ApprovalRefused)(text)

@@ -1,0 +1,108 @@
+"""The checked value types a config key may hold, shared by the config and the engine's value objects.
+
+``Limits`` and ``Policy`` (tether._engine) declare their fields with these types, so a ``[limits]`` or
+``[policy]`` table parses straight into the object the engine runs with: one declaration of each field.
+Scalars are strict (see below); each type carries the words an error message uses (``Expected``).
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, Field, Strict
+from pydantic_core import PydanticCustomError
+
+
+class Expected:
+    """What a key must hold, in the words an error message uses."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+# Scalars are strict so that TOML's `"5"` or `true` is an error rather than a
+# silently coerced 5 or 1: a config typo should never change a limit.
+PositiveInt = Annotated[int, Strict(), Field(gt=0), Expected("must be a positive integer")]
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0), Expected("must be a non-negative integer")]
+Seconds = Annotated[float, Strict(), Field(gt=0), Expected("must be a positive number of seconds")]
+Bool = Annotated[bool, Strict(), Expected("must be true or false")]
+Text = Annotated[str, Strict(), Field(min_length=1), Expected("must be a non-empty string")]
+Days = Annotated[float, Strict(), Field(ge=0), Expected("must be a number of days, 0 to keep forever")]
+Port = Annotated[
+    int,
+    Strict(),
+    Field(ge=0, le=65535),
+    Expected("must be a port number from 0 to 65535 (0 picks a free port)"),
+]
+StrTable = Annotated[dict[str, Annotated[str, Strict()]], Expected("must be a table of strings")]
+
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+STORE_SCHEMES = ("sqlite:///", "postgresql://", "postgres://")
+
+
+# Custom checks raise with an empty message: the key's _Expected text says
+# what was wrong, so the message is written once.
+def _check_identifier(value: str) -> str:
+    # ASCII and not a keyword: the namespace is written `tools.<namespace>`.
+    if not IDENTIFIER.fullmatch(value) or keyword.iskeyword(value):
+        raise PydanticCustomError("identifier", "")
+    return value
+
+
+def _check_env_name(value: str) -> str:
+    if not IDENTIFIER.fullmatch(value):
+        raise PydanticCustomError("env_name", "")
+    return value
+
+
+def _check_http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise PydanticCustomError("http_url", "")
+    return value
+
+
+def _check_store_url(value: str) -> str:
+    if not value.startswith(STORE_SCHEMES):
+        raise PydanticCustomError("store_url", "")
+    return value
+
+
+def _check_glob(value: str) -> str:
+    if value != "*" and "." not in value:
+        raise PydanticCustomError("glob", "")
+    return value
+
+
+Identifier = Annotated[
+    str,
+    Strict(),
+    AfterValidator(_check_identifier),
+    Expected(
+        "must be a Python identifier (ASCII letters, digits and underscores, not starting with a digit)"
+    ),
+]
+EnvName = Annotated[
+    str, Strict(), AfterValidator(_check_env_name), Expected("must be the name of an environment variable")
+]
+HttpUrl = Annotated[
+    str, Strict(), AfterValidator(_check_http_url), Expected("must be an http:// or https:// URL")
+]
+StoreUrl = Annotated[
+    str,
+    Strict(),
+    AfterValidator(_check_store_url),
+    Expected("must be a sqlite:///path or postgresql:// URL"),
+]
+Glob = Annotated[
+    str,
+    Strict(),
+    AfterValidator(_check_glob),
+    Expected("must be a 'namespace.tool' glob such as 'helpdesk.*', or '*'"),
+]
+StrList = Annotated[
+    list[Annotated[str, Strict()]], Field(min_length=1), Expected("must be a non-empty list of strings")
+]
