@@ -202,7 +202,9 @@ async def measure(convs: list[dict[str, Any]], classes: dict[str, type], warmup:
 
         async def teth(code: str) -> Any:
             r = await rt.execute(code)
-            outcomes[str(r.status)] = outcomes.get(str(r.status), 0) + 1
+            # By status, and a failure by its code: a turn tether refuses is a finding, not a timing.
+            label = str(r.status) if not r.error else f"{r.status}: {r.error.get('code')}"
+            outcomes[label] = outcomes.get(label, 0) + 1
             return r
 
         by_conv: dict[int, list[str]] = {}
