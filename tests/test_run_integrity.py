@@ -365,3 +365,39 @@ async def test_p35_edited_source_definitions_are_never_loaded_by_a_worker(backen
         assert r.status == "failed" and r.error["code"] == "run_tampered"
         assert r.error["details"]["fields"] == ["meta.sources"]
     assert not marker.exists()
+
+
+async def test_p35_the_process_that_signed_a_run_still_checks_it_when_read_back(backend):
+    # D-45: a record signed here is not checked again while it is the object signed, with the values signed;
+    # the same runtime reading the run back from the store checks it in full.
+    rec = Recorder()
+    async with backend.runtime(rec) as rt:
+        paused = await rt.execute(TWO_WRITES)
+        assert paused.status == "paused"
+        backend.sql("UPDATE runs SET policy = ? WHERE run_id = ?",
+                    (json.dumps(Policy(writes="allow").to_dict(), sort_keys=True, separators=(",", ":")),
+                     paused.run_id))
+        r = await rt.resume(paused.run_id, "approve")
+        assert r.status == "failed" and r.error["code"] == "run_tampered" and "policy" in r.error["details"]["fields"]
+    assert rec.deliveries == []
+
+
+def test_p35_a_record_signed_here_and_then_changed_is_checked_in_full(tmp_path):
+    from tether._engine.approvals.capabilities import keyring_for
+    from tether._engine.integrity import sign_run, verify_run
+    from tether._store.base import RunRecord
+    from tether._store.states import RunStatus
+    from tether.errors import RunTampered
+
+    store = open_store(f"sqlite:///{tmp_path}/tether.db")
+    try:
+        ring = keyring_for(store)
+        run = RunRecord("r1", RunStatus.RUNNING, "1 + 1", {"clock": "2026-01-01T00:00:00", "seed": 1}, {}, {}, 0.0, 0.0)
+        run.mac = sign_run(ring, run)
+        verify_run(ring, run)
+        run.program = "import os"  # a signed field given another value after signing
+        with pytest.raises(RunTampered) as exc:
+            verify_run(ring, run)
+        assert exc.value.details["fields"] == ["program"]
+    finally:
+        store.close()

@@ -243,9 +243,16 @@ class HostBudget:
         self.limit = seconds
         self.spent = 0.0
 
-    async def run(self, fn: Callable[..., T], *args: Any, what: str, **kwargs: Any) -> T:
+    async def run(self, fn: Callable[..., T], *args: Any, what: str, inline: bool = False, **kwargs: Any) -> T:
+        """``fn`` on the host-work threads, bounded by what is left of the budget.
+
+        ``inline``: the caller knows this step is a lookup (a remembered verdict, memoized values), so it
+        runs on the loop; a thread's round trip would cost more than the step (bench/README.md).
+        """
         t = time.monotonic()
         try:
+            if inline:
+                return fn(*args, **kwargs)
             return await off_loop(fn, *args, seconds=self.limit - self.spent, what=what, **kwargs)
         finally:
             self.spent += time.monotonic() - t

@@ -39,13 +39,25 @@ STORE_SECONDS = Histogram("tether_store_call_seconds", "Store transactions, by r
 WEBHOOK_FAILURES = Counter("tether_webhook_failures", "Webhook delivery attempts that failed.", registry=REGISTRY)
 
 
+# Each metric's child per label values, looked up once: ``labels()`` costs ~5 us (it takes a lock and
+# builds the key) and runs for every call, store transaction and run end. The vocabularies are bounded.
+_CHILDREN: dict[tuple[Any, ...], Any] = {}
+
+
+def _child(metric: Any, *values: str) -> Any:
+    child = _CHILDREN.get((id(metric), *values))
+    if child is None:
+        child = _CHILDREN[(id(metric), *values)] = metric.labels(*values)
+    return child
+
+
 def run_ended(status: str, error: dict[str, Any] | None) -> None:
     code = str((error or {}).get("code") or "") if status != "completed" else ""
-    RUNS_ENDED.labels(status=status, code=code).inc()
+    _child(RUNS_ENDED, str(status), code).inc()
 
 
 def call_settled(op: str, kind: str, outcome: str) -> None:
-    CALLS.labels(kind=kind if op == "tool" else op, outcome=str(outcome)).inc()
+    _child(CALLS, kind if op == "tool" else op, str(outcome)).inc()
 
 
 class _Live(Collector):
@@ -102,7 +114,7 @@ class timed_store_call:
         self.t = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
-        STORE_SECONDS.labels(access=self.access).observe(time.perf_counter() - self.t)
+        _child(STORE_SECONDS, self.access).observe(time.perf_counter() - self.t)
 
 
 __all__ = ["REGISTRY", "render", "run_ended", "call_settled"]

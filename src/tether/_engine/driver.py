@@ -48,12 +48,13 @@ from tether._engine.resend import resendable
 from tether._engine.restore import SnapshotMismatch
 from tether._engine.result import RunResult, preview, to_json_value
 from tether._engine.sessions import Sessions
-from tether._engine.spec import build_spec, precheck, remember_verdict
+from tether._engine.spec import build_spec, builds_stubs, precheck, remember_verdict
 from tether._engine.waits import Waits
 from tether._hostwork import HostBudget, off_loop
 from tether._sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxPool, SandboxSpec, Stopped
 from tether._store.base import CallRecord, RunRecord, SnapshotRecord, Store
 from tether._store.states import CallState, RunStatus
+from tether._tools.precheck import remembered
 from tether.errors import (
     ExecutionDiverged,
     HostWorkTimeout,
@@ -247,13 +248,16 @@ class Attempt:
         reach, refused = None, None
         if self.mode == "fresh":
             try:
-                reach = await self.host_budget.run(precheck, d, run, what="the pre-run check")
+                reach = await self.host_budget.run(precheck, d, run, what="the pre-run check",
+                                                   inline=remembered(run.program, d.catalog))
             except TetherError as exc:
                 refused = exc  # reported below, before the sandbox starts: nothing runs
         spec: SandboxSpec | None = None
         try:
-            spec = await self.host_budget.run(build_spec, d, run, self.limits, continuing=self.mode != "fresh",
-                                              reach=reach, what="building the program's type stubs")
+            continuing = self.mode != "fresh"
+            spec = await self.host_budget.run(build_spec, d, run, self.limits, continuing=continuing, reach=reach,
+                                              what="building the program's type stubs",
+                                              inline=not builds_stubs(d, run, continuing=continuing))
         except HostWorkTimeout as exc:
             refused = exc
         journaled = await self.astore.journal_bytes(run.run_id) if self.mode != "fresh" else 0

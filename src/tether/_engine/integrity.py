@@ -18,6 +18,7 @@ write to, for :func:`update_call_signed`).
 from __future__ import annotations
 
 import hashlib
+import weakref
 from typing import TYPE_CHECKING, Any, Sequence
 
 from tether._engine.approvals.capabilities import Keyring, same
@@ -66,16 +67,47 @@ def signed_run_fields(run: "RunRecord") -> list[tuple[str, Any]]:
     ]
 
 
+class _SignedHere(dict[str, Any]):
+    """A run MAC as :func:`sign_run` made it for one record object in this process (D-45).
+
+    Stored, it is the plain dict it holds (the store keeps no Python type); read back, a record's MAC is a
+    plain dict and is verified in full. Kept with it: the record it was made for and the very values it
+    covers, so a record given another value for a signed field after signing is verified in full too.
+    """
+
+    __slots__ = ("record", "signed")
+
+    def __init__(self, mac: dict[str, Any], run: "RunRecord", values: list[Any]) -> None:
+        super().__init__(mac)
+        self.record = weakref.ref(run)
+        self.signed = values  # held, not their ids: an id is reused once its object is gone
+
+
 def sign_run(keyring: Keyring, run: "RunRecord") -> dict[str, Any]:
     key = keyring.current
-    fields = {name: Keyring.mac(key, "run", run.run_id, name, value)[:_FIELD_HEX]
-              for name, value in signed_run_fields(run)}
-    return {"secret_id": keyring.current_id, "fields": fields}
+    signed = signed_run_fields(run)
+    fields = {name: Keyring.mac(key, "run", run.run_id, name, value)[:_FIELD_HEX] for name, value in signed}
+    return _SignedHere({"secret_id": keyring.current_id, "fields": fields}, run, [v for _, v in signed])
+
+
+def _signed_here(run: "RunRecord", mac: Any) -> bool:
+    """Whether ``mac`` is the one this process made for this record object, over the values it holds now."""
+    if type(mac) is not _SignedHere or mac.record() is not run:
+        return False
+    now = signed_run_fields(run)
+    return len(now) == len(mac.signed) and all(v is held for (_, v), held in zip(now, mac.signed))
 
 
 def verify_run(keyring: Keyring, run: "RunRecord") -> None:
-    """Raise ``RunTampered`` (naming the fields) or ``WrongSecret``; return when every field verifies."""
+    """Raise ``RunTampered`` (naming the fields) or ``WrongSecret``; return when every field verifies.
+
+    A record this process signed and never read back is not checked again (D-45): its fields are the
+    values signed microseconds before, in memory, where no one but this process can change them. Every
+    record read from the store (what a resume, a replay or a worker's claim acts on) is checked in full.
+    """
     mac = getattr(run, "mac", None)
+    if _signed_here(run, mac):
+        return
     if not isinstance(mac, dict) or not isinstance(mac.get("fields"), dict) or not isinstance(mac.get("secret_id"), str):
         raise RunTampered(
             f"run {run.run_id} carries no valid signature (its mac is missing: recorded by a tether without run "

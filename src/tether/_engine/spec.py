@@ -92,11 +92,19 @@ def _namespaces(src: SpecSource) -> dict[str, tuple[str, ...]]:
     return memo("sandbox-namespaces", group) if memo else group()
 
 
+def builds_stubs(src: SpecSource, run: RunRecord, *, continuing: bool) -> bool:
+    """Whether :func:`build_spec` builds type stubs (work that grows with the catalog) for this attempt.
+
+    Without them it reads memoized values and parses two fields: no reason to leave the event loop.
+    """
+    return run_check_mode(src, run) == "full" and not continuing
+
+
 def build_spec(src: SpecSource, run: RunRecord, limits: Limits, *, continuing: bool = False,
                reach: Reach | None = None) -> SandboxSpec:
     # A program that already passed the check at its first attempt is not
     # checked again when it continues (restore or replay).
-    type_check = run_check_mode(src, run) == "full" and not continuing
+    type_check = builds_stubs(src, run, continuing=continuing)
     stubs = None
     if continuing or run.session or reach is None:
         # A continuing program must find the module it started with, and a
