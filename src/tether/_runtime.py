@@ -943,12 +943,6 @@ class Runtime:
             return False, None
         return ended is None, ended
 
-    def update_call_signed(self, entry: Any, expect: list[str], **fields: Any) -> bool:
-        """Move a journal entry on and re-sign it, keeping its link to the call before (P-35)."""
-        from tether._engine.integrity import update_call_signed
-
-        return update_call_signed(self.store, self.keyring, entry, expect, **fields)
-
     def verify_snapshot(self, snap: SnapshotRecord) -> None:
         from tether._engine.integrity import verify_snapshot_record
 

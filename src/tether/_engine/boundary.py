@@ -26,8 +26,8 @@ from tether import _metrics as metrics
 from tether._engine import integrity, journal, resend, telemetry
 from tether._engine import policy as policy_mod
 from tether._engine.attempt_state import AttemptState, CallStat, RaisedError
+from tether._engine.calls.ledger import Ledger
 from tether._engine.guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
-from tether._engine.journal_writer import JournalWriter
 from tether._engine.lifecycle import outcome_unknown
 from tether._engine.pausing import Parked, Paused, Pauses  # noqa: F401 - Parked, Paused: re-exported for callers
 from tether._engine.restore import plan_restore
@@ -115,8 +115,8 @@ class EffectBoundary:
         self.builtins_impl = builtins_impl
         self._checkpoint_sink = checkpoint_sink
         self.clock = clock
-        # The journal as this attempt reads and writes it (journal_writer.py).
-        self.writer = JournalWriter(run_id=run_id, store=store, keyring=keyring, clock=clock,
+        # The journal as this attempt reads and writes it (calls/ledger.py).
+        self.ledger = Ledger(run_id=run_id, store=store, keyring=keyring, clock=clock,
                                     entries=journal_entries)
         self.state = AttemptState()
         self.state.writes_spent = (writes_spent if writes_spent is not None
@@ -236,7 +236,7 @@ class EffectBoundary:
                 )
             )
             return await self.pauses.hold(seq, op, address, args)
-        self.writer.note_key(seq, key)
+        self.ledger.note_key(seq, key)
         decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
         if decision.action == journal.DIVERGED:
             self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
@@ -295,15 +295,15 @@ class EffectBoundary:
         impl = self.builtins_impl.get(op)
         t = time.perf_counter()
         if decision.entry is not None:
-            await self.writer.record_intent(seq, op, address, args, key, "read", CallState.PENDING, decision.entry)
+            await self.ledger.record_intent(seq, op, address, args, key, "read", CallState.PENDING, decision.entry)
         else:
-            self.writer.buffer_intent(seq, op, address, args, key)
+            self.ledger.buffer_intent(seq, op, address, args, key)
         try:
             if impl is None:
                 raise GuestRaise("NameError", f"name {op!r} is not defined")
             value = await impl(tuple(args.get("args", ())), dict(args.get("kwargs", {})))
         except GuestRaise as exc:
-            await self.writer.record_outcome(seq, CallState.PENDING, CallState.FAILED,
+            await self.ledger.record_outcome(seq, CallState.PENDING, CallState.FAILED,
                                        error={"type": exc.exc_type, "message": exc.message})
             self._stat(seq, op, address, "read", CallState.FAILED, t)
             if exc.message.startswith(f"[{HostWorkTimeout.code}]"):
@@ -313,13 +313,13 @@ class EffectBoundary:
         value = to_json_value(value)[0]
         refused = self._journal_room(journal.value_size(value), op, "result")
         if refused is not None:
-            await self.writer.record_outcome(seq, CallState.PENDING, CallState.FAILED, error=err_json(refused))
+            await self.ledger.record_outcome(seq, CallState.PENDING, CallState.FAILED, error=err_json(refused))
             self._stat(seq, op, address, "read", CallState.FAILED, t)
             if self.state.failure is not None:
                 return await self.pauses.hold(seq, op, address, args)
             self._remember(refused, seq, address)
             raise refused
-        await self.writer.record_outcome(seq, CallState.PENDING, CallState.DONE, outcome=value)
+        await self.ledger.record_outcome(seq, CallState.PENDING, CallState.DONE, outcome=value)
         self._stat(seq, op, address, "read", CallState.DONE, t)
         return value
 
@@ -349,9 +349,9 @@ class EffectBoundary:
                 raise err
             if decision.entry is not None:
                 # A read a dead attempt left pending: re-issue it under its seq.
-                await self.writer.record_intent(seq, "tool", address, args, key, kind, CallState.PENDING, decision.entry)
+                await self.ledger.record_intent(seq, "tool", address, args, key, kind, CallState.PENDING, decision.entry)
             else:
-                self.writer.buffer_intent(seq, "tool", address, args, key)
+                self.ledger.buffer_intent(seq, "tool", address, args, key)
             return await self._dispatch(seq, tool, valid, CallState.PENDING, CallState.DONE, t)
 
         # A write. SEND: approved earlier (by resume), never marked sending.
@@ -382,17 +382,17 @@ class EffectBoundary:
             # Spent before the intent is stored (an await): writes issued with this one are
             # checked against the budget meanwhile, and must count it.
             self.state.writes_spent += 1
-            await self.writer.record_intent(seq, "tool", address, args, key, kind, CallState.APPROVED, decision.entry)
+            await self.ledger.record_intent(seq, "tool", address, args, key, kind, CallState.APPROVED, decision.entry)
             return await self._send(seq, tool, valid, t, spent=True)
         # ask
-        await self.writer.record_intent(seq, "tool", address, args, key, kind, CallState.ASKED, decision.entry)
+        await self.ledger.record_intent(seq, "tool", address, args, key, kind, CallState.ASKED, decision.entry)
         return await self.pauses.ask(seq, tool, args, valid, t)
 
     async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, spent: bool = False) -> Any:
         if not spent:
             self.state.writes_spent += 1  # before the await below, for the same reason as in _tool_call
         # P-7: `sending` is committed before the request leaves.
-        if not await self.writer.move(seq, [CallState.APPROVED], state=CallState.SENDING, started_at=self.clock(), sends=1):
+        if not await self.ledger.move(seq, [CallState.APPROVED], state=CallState.SENDING, started_at=self.clock(), sends=1):
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state approved; nothing was sent"))
         return await self._dispatch(seq, tool, args, CallState.SENDING, CallState.SENT, t)
 
@@ -402,7 +402,7 @@ class EffectBoundary:
     async def _resend(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, entry: CallRecord) -> Any:
         # The write was already counted against the budget when first sent.
         send = max(entry.sends, 1) + 1
-        if not await self.writer.move(seq, [CallState.SENDING], state=CallState.SENDING, sends=send):
+        if not await self.ledger.move(seq, [CallState.SENDING], state=CallState.SENDING, sends=send):
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state sending; nothing was sent"))
         return await self._dispatch(seq, tool, args, CallState.SENDING, CallState.SENT, t, send=send)
 
@@ -434,7 +434,7 @@ class EffectBoundary:
                     f"{tool.address}: {why}",
                     "TimeoutError",
                 )
-                await self.writer.record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
+                await self.ledger.record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
                 self._stat(seq, "tool", tool.address, "read", CallState.FAILED, t)
             self._remember(err, seq, tool.address)
             raise err from None
@@ -459,7 +459,7 @@ class EffectBoundary:
                 err = guest_error("invalid_arguments", exc.message, "TypeError")
             else:
                 err = tool_error(tool.address, exc)
-            await self.writer.record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
+            await self.ledger.record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", CallState.FAILED, t)
             self._remember(err, seq, tool.address)
             raise err from None
@@ -472,13 +472,13 @@ class EffectBoundary:
             # P-22: neither the store nor the sandbox gets the value. A write
             # happened all the same: its entry says so, and it is never re-sent.
             settled = ok_state if is_write else CallState.FAILED
-            await self.writer.record_outcome(seq, from_state, settled, error=err_json(refused))
+            await self.ledger.record_outcome(seq, from_state, settled, error=err_json(refused))
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", settled, t)
             if self.state.failure is not None:
                 return await self.pauses.hold(seq, "tool", tool.address, args)
             self._remember(refused, seq, tool.address)
             raise refused
-        await self.writer.record_outcome(seq, from_state, ok_state, outcome=value)
+        await self.ledger.record_outcome(seq, from_state, ok_state, outcome=value)
         self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state, t)
         await self._maybe_checkpoint(seq)
         return value
@@ -486,9 +486,9 @@ class EffectBoundary:
     async def _unknown(self, seq: int, tool: "Tool", t: float, why: str) -> GuestRaise:
         """Record a write whose outcome is unknown (P-8, P-31); the error for the program."""
         self.state.unknown_writes.append({"seq": seq, "address": tool.address})
-        message = resend.unknown_message(tool.address, why, self._sends.get(seq, 1), self.writer.idempotency_key(seq))
+        message = resend.unknown_message(tool.address, why, self._sends.get(seq, 1), self.ledger.idempotency_key(seq))
         err = guest_error("write_outcome_unknown", message, "TimeoutError")
-        await self.writer.record_outcome(seq, CallState.SENDING, CallState.UNKNOWN, error=err_json(err))
+        await self.ledger.record_outcome(seq, CallState.SENDING, CallState.UNKNOWN, error=err_json(err))
         self._stat(seq, "tool", tool.address, "write", CallState.UNKNOWN, t)
         return err
 
@@ -503,7 +503,7 @@ class EffectBoundary:
             return await self._invoke(tool, args, seq, n)
 
         return await resend.deliver(tool, send, self.limits, invoke,
-                                    lambda n: self.writer.move(seq, [CallState.SENDING], state=CallState.SENDING, sends=n))
+                                    lambda n: self.ledger.move(seq, [CallState.SENDING], state=CallState.SENDING, sends=n))
 
     async def _invoke(self, tool: "Tool", args: dict[str, Any], seq: int, send: int = 1) -> Any:
         address = tool.address
@@ -511,7 +511,7 @@ class EffectBoundary:
         # The tool (and the source building its request) reads the call's
         # idempotency key from here (P-25).
         token = call_context.enter(call_context.CallContext(
-            self.run_id, seq, address, self.writer.idempotency_key(seq), send, "write" if tool.is_write else "read"))
+            self.run_id, seq, address, self.ledger.idempotency_key(seq), send, "write" if tool.is_write else "read"))
         try:
             async with asyncio.timeout(tool.timeout_seconds or self.limits.call_timeout_seconds):
                 return await tool.handler(args)
@@ -530,14 +530,14 @@ class EffectBoundary:
         except BaseException as exc:  # noqa: BLE001 - recorded, not raised
             lost = from_state == CallState.SENDING and isinstance(exc, (asyncio.TimeoutError, asyncio.CancelledError))
             state = CallState.UNKNOWN if lost else CallState.FAILED
-            await self.writer.record_outcome(seq, from_state, state, error={"type": type(exc).__name__, "message": str(exc)})
+            await self.ledger.record_outcome(seq, from_state, state, error={"type": type(exc).__name__, "message": str(exc)})
             return
         value = to_json_value(value)[0]
         refused = self._journal_room(journal.value_size(value), f"call {seq}", "result", sent=True)
         if refused is not None:
-            await self.writer.record_outcome(seq, from_state, ok_state, error=err_json(refused))
+            await self.ledger.record_outcome(seq, from_state, ok_state, error=err_json(refused))
             return
-        await self.writer.record_outcome(seq, from_state, ok_state, outcome=value)
+        await self.ledger.record_outcome(seq, from_state, ok_state, outcome=value)
 
     async def drain(self) -> None:
         """Wait for requests already on the wire to finish and be journaled."""
@@ -559,7 +559,7 @@ class EffectBoundary:
 
     def reset_for_replay(self, entries: list[CallRecord]) -> None:
         """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""
-        self.writer.reset(entries)
+        self.ledger.reset(entries)
         self.state = AttemptState(writes_spent=self.state.writes_spent)
         self.pauses.reset()
         self._idle.set()
@@ -586,7 +586,7 @@ class EffectBoundary:
 
     async def _mark_unknown(self, entry: CallRecord) -> None:
         lost, err = outcome_unknown(entry)
-        await self.writer.move(entry.seq, [CallState.SENDING], finished_at=self.clock(), **lost)
+        await self.ledger.move(entry.seq, [CallState.SENDING], finished_at=self.clock(), **lost)
         self._fail(err)
 
     # -- what the pausing unit calls (pausing.PauseHost) -------------------------
@@ -603,11 +603,11 @@ class EffectBoundary:
         return await self._send(seq, tool, args, t)
 
     async def move_call(self, seq: int, expect: list[str], **fields: Any) -> bool:
-        return await self.writer.move(seq, expect, **fields)
+        return await self.ledger.move(seq, expect, **fields)
 
     async def record_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
                             state: CallState, existing: CallRecord | None) -> None:
-        await self.writer.record_intent(seq, op, address, args, key, kind, state, existing)
+        await self.ledger.record_intent(seq, op, address, args, key, kind, state, existing)
 
     def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
         return self._journal_room(size, what, part)
@@ -620,32 +620,32 @@ class EffectBoundary:
         await self._record_rejected(seq, op, address, args, kind, err, key=key, existing=existing)
 
     async def record_new(self, record: CallRecord) -> None:
-        await self.writer.record_new(record)
+        await self.ledger.record_new(record)
 
     def stat(self, seq: int, op: str, address: str, kind: str, state: str, t: float) -> None:
         self._stat(seq, op, address, kind, state, t)
 
-    # -- the journal (journal_writer.py) -------------------------------------------
+    # -- the journal (calls/ledger.py) -------------------------------------------
 
     @property
     def journal(self) -> dict[int, CallRecord]:
         """The run's journal entries this attempt knows, by seq."""
-        return self.writer.entries
+        return self.ledger.entries
 
     @property
     def last_recorded_seq(self) -> int:
-        return self.writer.last_recorded_seq
+        return self.ledger.last_recorded_seq
 
     async def flush(self) -> None:
         """Write the settled reads still held in memory, in one transaction (P-7)."""
-        await self.writer.flush()
+        await self.ledger.flush()
 
     async def _record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], kind: str,
                                err: GuestRaise, *, key: str | None = None, state: CallState = CallState.FAILED,
                                existing: CallRecord | None = None) -> None:
         if existing is None:
             json_args = to_json_value(args)[0]
-            await self.writer.record_rejected(seq, op, address, json_args, key or journal.call_key(op, address, json_args),
+            await self.ledger.record_rejected(seq, op, address, json_args, key or journal.call_key(op, address, json_args),
                                         kind, err_json(err), state)
         self._remember(err, seq, address)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tether._engine import telemetry
 from tether._engine.boundary import SPENT_STATES, Approver, Cancelled, EffectBoundary
+from tether._engine.calls import ledger
 from tether._engine.envelopes import (
     LogBuffer,
     diagnostics,
@@ -31,7 +32,6 @@ from tether._engine.integrity import (
     Keyring,
     sign_run,
     sign_snapshot_record,
-    update_call_signed,
     verify_calls,
     verify_run,
     verify_snapshot_record,
@@ -204,7 +204,7 @@ class Attempt:
         for e in stuck:
             if e.state == CallState.SENDING and resendable(d.catalog, e, self.limits) is None:
                 lost, err = outcome_unknown(e)
-                update_call_signed(d.store, d.keyring, e, [CallState.SENDING], finished_at=d.clock(), **lost)
+                await ledger.move_async(self.astore, d.keyring, e, [CallState.SENDING], finished_at=d.clock(), **lost)
                 return await d.finisher.end_attempt(run, RunStatus.FAILED, error=err.to_dict(), calls=e.seq)
         return None
 

@@ -33,6 +33,7 @@ from tether._engine.approvals.model import (
     batch_of,
     taken,
 )
+from tether._engine.calls import ledger
 from tether._engine.lifecycle import cancelled_error
 from tether._engine.result import RunResult
 from tether._store.base import CallRecord, RunRecord, Store, WaitRecord
@@ -283,14 +284,14 @@ def _record(rt: "Runtime", run: RunRecord, write: dict[str, Any], decision: str,
     seq = write["seq"]
     entry = rt.store.get_call(run.run_id, seq)
     if decision == "approve":
-        won = rt.update_call_signed(entry, list(expect), state=CallState.APPROVED)
+        won = ledger.move(rt.store, rt.keyring, entry, expect, state=CallState.APPROVED)
     else:
         why = "cancelled" if decision == "cancel" else "declined"
         err = guest_error(f"write_{why}",
                           f"the write {write['address']} was {why}{': ' + reason if reason else ''}; it was not sent",
                           "PermissionError")
-        won = rt.update_call_signed(entry, list(expect), state=CallState.DECLINED,
-                                    error={"type": err.exc_type, "message": err.message}, finished_at=now)
+        won = ledger.move(rt.store, rt.keyring, entry, expect, state=CallState.DECLINED,
+                          error={"type": err.exc_type, "message": err.message}, finished_at=now)
     if not won:
         already = taken(rt.store.get_call(run.run_id, seq))
         if already != decision:

@@ -1,27 +1,109 @@
-"""The journal as one attempt writes it: intents ahead of sends, reads in batches, every entry signed.
+"""The ledger: the one writer of journal entries, and so the owner of the write-ahead call lifecycle.
 
-Reads are journaled in batches (P-7): a read's entry is written with its
-outcome, at the latest before the next write, wait, snapshot or the end of the
-attempt. A crash loses at most the tail of reads after the last write, and
-those are simply issued again; writes never wait in a buffer. Every entry is
-signed when written and re-signed when it moves on (P-35); its MAC chains to
-the key of the call before it.
+Every call row is written here and nowhere else: an intent ahead of its send
+(P-7), each change of state, each outcome. A change is checked against
+``CALL_TRANSITIONS`` (tether._store.states) and made with the store's
+compare-and-set, so of two processes moving the same entry exactly one wins and
+the loser gets ``False``; a change the table does not list is a bug in tether:
+it is refused with ``InvalidTransition`` and nothing is written. Every entry is
+signed when written and re-signed when it moves on (P-35), its MAC chained to
+the key of the call before it (the MACs themselves are made by
+tether._engine.integrity, through the approvals capabilities' keyring).
+
+Two faces:
+
+- :func:`move` / :func:`move_async`: one entry moved outside an attempt (a
+  decision on a paused write, a write a dead attempt left ``sending``);
+- :class:`Ledger`: one attempt's journal. Reads are journaled in batches
+  (P-7): a read's entry is written with its outcome, at the latest before the
+  next write, wait, snapshot or the end of the attempt, so a crash loses at most
+  the tail of reads after the last write, and those are simply issued again;
+  writes never wait in a buffer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from tether._engine import integrity
 from tether._store.aio import AsyncStore
 from tether._store.base import CallRecord, Store
-from tether._store.states import CallState
+from tether._store.states import CALL_TRANSITIONS, NEW_CALL_STATES, CallState
 from tether._tools.context import idempotency_key
+from tether.errors import InvalidTransition
+
+# The table as plain strings, restating included: checked on every move of every call, so no enum is built.
+_MAY_BECOME: dict[str, frozenset[str]] = {
+    frm.value: frozenset(to.value for to in tos) | {frm.value} for frm, tos in CALL_TRANSITIONS.items()}
 
 
-class JournalWriter:
+def check_move(entry: CallRecord, expect: Sequence[str], fields: dict[str, Any]) -> list[str]:
+    """The states in ``expect``, if the table lets each one move to the state ``fields`` give
+    (the entry's own when they give none); else ``InvalidTransition``, before anything is written."""
+    to = fields.get("state", entry.state)
+    sources = list(expect)
+    refused = [s for s in sources if to not in _MAY_BECOME.get(s, ())]
+    if refused or not sources:
+        raise InvalidTransition(
+            f"journal entry {entry.seq} of run {entry.run_id} cannot move from "
+            f"{', '.join(map(str, refused)) or 'no state'} to {to}; nothing was written",
+            details={"run_id": entry.run_id, "seq": entry.seq, "from": [str(s) for s in refused], "to": str(to)})
+    return sources
+
+
+def check_new(record: CallRecord) -> None:
+    """Refuse, with ``InvalidTransition``, an entry first written in a state no call starts in."""
+    if record.state not in NEW_CALL_STATES:
+        raise InvalidTransition(
+            f"journal entry {record.seq} of run {record.run_id} cannot be first written as {record.state}; "
+            "nothing was written",
+            details={"run_id": record.run_id, "seq": record.seq, "from": [], "to": str(record.state)})
+
+
+def _signed(keyring: integrity.Keyring, entry: CallRecord, expect: Sequence[str],
+            fields: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    return check_move(entry, expect, fields), integrity.signed_update(keyring, entry, **fields)
+
+
+def _apply(entry: CallRecord, fields: dict[str, Any]) -> None:
+    """Give ``entry`` the values the store now holds."""
+    for name, value in fields.items():
+        setattr(entry, name, value)
+
+
+def move(store: Store, keyring: integrity.Keyring, entry: CallRecord | None, expect: Sequence[str],
+         **fields: Any) -> bool:
+    """Move an entry on from one of ``expect`` (compare-and-set), re-signed; on success ``entry`` holds
+    the new values. False when there is no entry or it is no longer in ``expect``.
+
+    Every signed field that can change is written with the MAC, not only
+    ``fields``: the row then always holds exactly what was signed, even if a
+    process that lost its lease wrote the same entry meanwhile.
+    """
+    if entry is None:
+        return False
+    sources, signed = _signed(keyring, entry, expect, fields)
+    if not store.update_call(entry.run_id, entry.seq, sources, **signed):
+        return False
+    _apply(entry, signed)
+    return True
+
+
+async def move_async(astore: AsyncStore, keyring: integrity.Keyring, entry: CallRecord | None,
+                     expect: Sequence[str], **fields: Any) -> bool:
+    """:func:`move` for a caller on the event loop: the write leaves it on Postgres (D-27)."""
+    if entry is None:
+        return False
+    sources, signed = _signed(keyring, entry, expect, fields)
+    if not await astore.update_call(entry.run_id, entry.seq, sources, **signed):
+        return False
+    _apply(entry, signed)
+    return True
+
+
+class Ledger:
     """One attempt's view of its run's journal: what was recorded, and what it records now."""
 
     def __init__(self, *, run_id: str, store: Store, keyring: integrity.Keyring, clock: Callable[[], float],
@@ -80,6 +162,7 @@ class JournalWriter:
                 return
             settled.sort(key=lambda r: r.seq)
             for r in settled:
+                check_new(r)
                 self._sign(r)
             await self.astore.record_calls(settled)
             for r in settled:
@@ -107,6 +190,7 @@ class JournalWriter:
 
     async def record_new(self, record: CallRecord) -> None:
         """Write an entry now (a write's, a wait's), after the reads before it."""
+        check_new(record)
         await self.flush()
         self._sign(record)
         await self.astore.record_call(record)
@@ -116,17 +200,19 @@ class JournalWriter:
                              error: dict[str, Any] | None = None) -> None:
         buffered = self._unsaved.get(seq)
         if buffered is not None:
+            check_move(buffered, [from_state], {"state": state})
             buffered.state, buffered.outcome, buffered.error, buffered.finished_at = state, outcome, error, self.clock()
             await self._maybe_flush()
             return
         await self.move(seq, [from_state], state=state, outcome=outcome, error=error, finished_at=self.clock())
 
     async def record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
-                        error: dict[str, Any], state: CallState = CallState.FAILED) -> None:
+                              error: dict[str, Any], state: CallState = CallState.FAILED) -> None:
         """A call refused before it was sent (unknown tool, bad arguments, denied): its entry, written now."""
         now = self.clock()
         record = CallRecord(self.run_id, seq, op, address, args, key, kind, state, error=error, started_at=now,
                             finished_at=now)
+        check_new(record)
         self._unsaved[seq] = record
         self.entries[seq] = record
         await self.flush()
@@ -137,13 +223,7 @@ class JournalWriter:
         The entry in memory changes only once the store has the change.
         """
         entry = self.entries.get(seq) or await self.astore.get_call(self.run_id, seq)
-        if entry is None:
-            return False
-        signed = integrity.signed_update(self.keyring, entry, **fields)
-        if not await self.astore.update_call(entry.run_id, entry.seq, list(expect), **signed):
-            return False
-        integrity.apply_update(entry, signed)
-        return True
+        return await move_async(self.astore, self.keyring, entry, expect, **fields)
 
     # -- signing -------------------------------------------------------------------
 
