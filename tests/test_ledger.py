@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tether._engine.calls import ledger
+from tether._engine.calls.call import Call
 from tether._engine.integrity import keyring_for, verify_calls
 from tether._store import CallRecord, RunRecord, open_store
 from tether._store.states import CALL_TRANSITIONS, NEW_CALL_STATES, CallState, call_move_allowed
@@ -87,7 +88,7 @@ async def test_an_entry_is_first_written_only_in_a_state_a_call_starts_in(store_
             await book.record_new(_entry("r", seq, state))
         assert store.get_call("r", seq) is None and book.get(seq) is None
     # A read held in memory settles only along the table too (pending -> done | failed).
-    book.buffer_intent(9, "tool", "shop.get", {"id": 9}, "k9")
+    book.buffer_intent(Call(9, "tool", "shop.get", {"id": 9}, "k9"))
     with pytest.raises(InvalidTransition):
         await book.record_outcome(9, CallState.PENDING, CallState.SENT, outcome=1)
     await book.record_outcome(9, CallState.PENDING, CallState.DONE, outcome=1)

@@ -26,6 +26,7 @@ from tether import _metrics as metrics
 from tether._engine import integrity, journal, resend, telemetry
 from tether._engine import policy as policy_mod
 from tether._engine.attempt_state import AttemptState, CallStat, RaisedError
+from tether._engine.calls.call import Call
 from tether._engine.calls.ledger import Ledger
 from tether._engine.guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
 from tether._engine.lifecycle import outcome_unknown
@@ -170,7 +171,7 @@ class EffectBoundary:
         self.state.issued += 1
         seq = self.state.issued
         if err is not None:
-            await self._record_rejected(seq, op, address, call_args, "read", err)
+            await self._record_rejected(Call(seq, op, address, call_args), "read", err)
             raise err
         return await self.call(seq, op, address, call_args)
 
@@ -195,7 +196,7 @@ class EffectBoundary:
         async def one(seq: int, op: str, address: str, call_args: dict[str, Any], err: GuestRaise | None) -> Any:
             try:
                 if err is not None:
-                    await self._record_rejected(seq, op, address, call_args, "read", err,
+                    await self._record_rejected(Call(seq, op, address, call_args), "read", err,
                                                 existing=self.journal.get(seq))
                     raise err
                 return await self.call(seq, op, address, call_args)
@@ -209,6 +210,7 @@ class EffectBoundary:
     # -- the boundary ----------------------------------------------------------
 
     async def call(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
+        """Serve one host call: replay → resolve and validate → policy → intent → dispatch → outcome."""
         st = self.state
         st.last_arrival = time.monotonic()
         if _holds_tuple(args):
@@ -223,10 +225,11 @@ class EffectBoundary:
             # for approval and sent are one value (P-26).
             args = to_json_value(args)[0]
             key, size = journal.call_key_and_size(op, address, args)
+        call = Call(seq, op, address, args, key, size)
         if st.pausing or (self.execution is not None and self.execution.stopping):
             if st.batch is not None and op == "tool" and not (self.execution is not None and self.execution.stopping):
-                return await self.pauses.join_batch(seq, address, args)
-            return await self.pauses.hold(seq, op, address, args)
+                return await self.pauses.join_batch(call)
+            return await self.pauses.hold(call)
         if seq > self.limits.host_calls:
             self._fail(
                 LimitExceeded(
@@ -235,31 +238,30 @@ class EffectBoundary:
                     next_action="Make fewer calls per run: batch, page, or reduce upstream; or raise limits.host_calls.",
                 )
             )
-            return await self.pauses.hold(seq, op, address, args)
+            return await self.pauses.hold(call)
         self.ledger.note_key(seq, key)
         decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
         if decision.action == journal.DIVERGED:
             self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
                                          details={"seq": seq, "address": address}))
-            return await self.pauses.hold(seq, op, address, args)
+            return await self.pauses.hold(call)
         if decision.action == journal.REPLAY:
             return self._replay(_entry(decision))
         if decision.action == journal.UNKNOWN and self._resendable(_entry(decision)) is None:
             await self._mark_unknown(_entry(decision))
-            return await self.pauses.hold(seq, op, address, args)
+            return await self.pauses.hold(call)
         if decision.action == journal.WAIT and op not in WAIT_OPS:
             self._fail(ExecutionDiverged(f"call {seq} was journaled as a wait", details={"seq": seq}))
-            return await self.pauses.hold(seq, op, address, args)
+            return await self.pauses.hold(call)
         if decision.entry is None:
             # P-22: arguments too large to journal are refused before anything is sent.
             refused = self._journal_room(size, address, "arguments")
             if refused is not None:
                 if self.state.failure is not None:
-                    return await self.pauses.hold(seq, op, address, args)
-                await self._record_rejected(seq, op, address, {"_omitted_bytes": size}, "read", refused, key=key)
+                    return await self.pauses.hold(call)
+                await self._record_rejected(Call(seq, op, address, {"_omitted_bytes": size}, key), "read", refused)
                 raise refused
 
-        started = self.clock()
         st.inflight += 1
         self._idle.clear()
         if st.inflight_since is None:
@@ -267,11 +269,11 @@ class EffectBoundary:
         error: GuestRaise | None = None
         try:
             if op == "tool":
-                value = await self._tool_call(seq, address, args, key, decision, started)
+                value = await self._tool_call(call, decision)
             elif op in WAIT_OPS:
-                value = await self.pauses.wait(seq, op, args, key, decision)
+                value = await self.pauses.wait(call, decision)
             else:
-                value = await self._builtin_call(seq, op, address, args, key, decision)
+                value = await self._builtin_call(call, decision)
         except GuestRaise as exc:
             error = exc
         finally:
@@ -285,19 +287,19 @@ class EffectBoundary:
             # A pause began while this call was out: its outcome is journaled,
             # but handing it back now would let the program run on while the
             # pause is being dumped. It is answered from the journal on resume.
-            return await self.pauses.hold(seq, op, address, args)
+            return await self.pauses.hold(call)
         if error is not None:
             raise error
         return value
 
-    async def _builtin_call(self, seq: int, op: str, address: str, args: dict[str, Any], key: str,
-                            decision: journal.Decision) -> Any:
+    async def _builtin_call(self, call: Call, decision: journal.Decision) -> Any:
+        seq, op, address, args = call.seq, call.op, call.address, call.args
         impl = self.builtins_impl.get(op)
         t = time.perf_counter()
         if decision.entry is not None:
-            await self.ledger.record_intent(seq, op, address, args, key, "read", CallState.PENDING, decision.entry)
+            await self.ledger.record_intent(call, "read", CallState.PENDING, decision.entry)
         else:
-            self.ledger.buffer_intent(seq, op, address, args, key)
+            self.ledger.buffer_intent(call)
         try:
             if impl is None:
                 raise GuestRaise("NameError", f"name {op!r} is not defined")
@@ -316,20 +318,20 @@ class EffectBoundary:
             await self.ledger.record_outcome(seq, CallState.PENDING, CallState.FAILED, error=err_json(refused))
             self._stat(seq, op, address, "read", CallState.FAILED, t)
             if self.state.failure is not None:
-                return await self.pauses.hold(seq, op, address, args)
+                return await self.pauses.hold(call)
             self._remember(refused, seq, address)
             raise refused
         await self.ledger.record_outcome(seq, CallState.PENDING, CallState.DONE, outcome=value)
         self._stat(seq, op, address, "read", CallState.DONE, t)
         return value
 
-    async def _tool_call(self, seq: int, address: str, args: dict[str, Any], key: str, decision: journal.Decision,
-                         started: float) -> Any:
+    async def _tool_call(self, call: Call, decision: journal.Decision) -> Any:
+        seq, address, args = call.seq, call.address, call.args
         t = time.perf_counter()
         found = self.catalog.find(address)
         if found is None:
             err = guest_error("unknown_tool", (await self._no_such_tool(address)).message, "LookupError")
-            await self._record_rejected(seq, "tool", address, args, "read", err, key=key, existing=decision.entry)
+            await self._record_rejected(call, "read", err, existing=decision.entry)
             raise err from None
         tool: Tool = found
         kind = "write" if tool.is_write else "read"
@@ -337,21 +339,20 @@ class EffectBoundary:
             valid = args if (kind == "read" and tool.validates_args) else self.catalog.validate_args(address, args)
         except InvalidArguments as exc:
             err = guest_error("invalid_arguments", exc.message, "TypeError")
-            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, existing=decision.entry)
+            await self._record_rejected(call, kind, err, existing=decision.entry)
             raise err from None
 
         if kind == "read":
             verdict = policy_mod.decide_call(self.policy, address, False, 0)
             if verdict == policy_mod.DENY:
                 err = guest_error("call_denied", f"policy denies {address}; it was not called", "PermissionError")
-                await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CallState.DENIED,
-                                            existing=decision.entry)
+                await self._record_rejected(call, kind, err, state=CallState.DENIED, existing=decision.entry)
                 raise err
             if decision.entry is not None:
                 # A read a dead attempt left pending: re-issue it under its seq.
-                await self.ledger.record_intent(seq, "tool", address, args, key, kind, CallState.PENDING, decision.entry)
+                await self.ledger.record_intent(call, kind, CallState.PENDING, decision.entry)
             else:
-                self.ledger.buffer_intent(seq, "tool", address, args, key)
+                self.ledger.buffer_intent(call)
             return await self._dispatch(seq, tool, valid, CallState.PENDING, CallState.DONE, t)
 
         # A write. SEND: approved earlier (by resume), never marked sending.
@@ -361,13 +362,12 @@ class EffectBoundary:
             # Left sending by a dead attempt, to a tool that dedupes by key (P-31).
             return await self._resend(seq, tool, valid, t, _entry(decision))
         if decision.action == journal.ASK:
-            return await self.pauses.ask(seq, tool, args, valid, t, entry=decision.entry)
+            return await self.pauses.ask(call, tool, valid, t)
 
         verdict = policy_mod.decide_call(self.policy, address, True, self.state.writes_spent)
         if verdict == policy_mod.DENY:
             err = guest_error("write_denied", f"policy denies the write {address}; it was not sent", "PermissionError")
-            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CallState.DENIED,
-                                        existing=decision.entry)
+            await self._record_rejected(call, kind, err, state=CallState.DENIED, existing=decision.entry)
             raise err
         if verdict == policy_mod.OVER_BUDGET:
             err = guest_error(
@@ -375,18 +375,17 @@ class EffectBoundary:
                 f"the run's write budget of {self.policy.write_budget} is spent; {address} was not sent",
                 "PermissionError",
             )
-            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CallState.DENIED,
-                                        existing=decision.entry)
+            await self._record_rejected(call, kind, err, state=CallState.DENIED, existing=decision.entry)
             raise err
         if verdict == policy_mod.ALLOW:
             # Spent before the intent is stored (an await): writes issued with this one are
             # checked against the budget meanwhile, and must count it.
             self.state.writes_spent += 1
-            await self.ledger.record_intent(seq, "tool", address, args, key, kind, CallState.APPROVED, decision.entry)
+            await self.ledger.record_intent(call, kind, CallState.APPROVED, decision.entry)
             return await self._send(seq, tool, valid, t, spent=True)
         # ask
-        await self.ledger.record_intent(seq, "tool", address, args, key, kind, CallState.ASKED, decision.entry)
-        return await self.pauses.ask(seq, tool, args, valid, t)
+        await self.ledger.record_intent(call, kind, CallState.ASKED, decision.entry)
+        return await self.pauses.ask(call, tool, valid, t)
 
     async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, spent: bool = False) -> Any:
         if not spent:
@@ -475,7 +474,7 @@ class EffectBoundary:
             await self.ledger.record_outcome(seq, from_state, settled, error=err_json(refused))
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", settled, t)
             if self.state.failure is not None:
-                return await self.pauses.hold(seq, "tool", tool.address, args)
+                return await self.pauses.hold(Call(seq, "tool", tool.address, args))
             self._remember(refused, seq, tool.address)
             raise refused
         await self.ledger.record_outcome(seq, from_state, ok_state, outcome=value)
@@ -605,9 +604,8 @@ class EffectBoundary:
     async def move_call(self, seq: int, expect: list[str], **fields: Any) -> bool:
         return await self.ledger.move(seq, expect, **fields)
 
-    async def record_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
-                            state: CallState, existing: CallRecord | None) -> None:
-        await self.ledger.record_intent(seq, op, address, args, key, kind, state, existing)
+    async def record_intent(self, call: Call, kind: str, state: CallState, existing: CallRecord | None) -> None:
+        await self.ledger.record_intent(call, kind, state, existing)
 
     def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
         return self._journal_room(size, what, part)
@@ -615,9 +613,9 @@ class EffectBoundary:
     def remember(self, err: GuestRaise, seq: int, address: str) -> None:
         self._remember(err, seq, address)
 
-    async def record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], kind: str,
-                              err: GuestRaise, *, key: str | None = None, existing: CallRecord | None = None) -> None:
-        await self._record_rejected(seq, op, address, args, kind, err, key=key, existing=existing)
+    async def record_rejected(self, call: Call, kind: str, err: GuestRaise, *,
+                              existing: CallRecord | None = None) -> None:
+        await self._record_rejected(call, kind, err, existing=existing)
 
     async def record_new(self, record: CallRecord) -> None:
         await self.ledger.record_new(record)
@@ -640,14 +638,14 @@ class EffectBoundary:
         """Write the settled reads still held in memory, in one transaction (P-7)."""
         await self.ledger.flush()
 
-    async def _record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], kind: str,
-                               err: GuestRaise, *, key: str | None = None, state: CallState = CallState.FAILED,
+    async def _record_rejected(self, call: Call, kind: str, err: GuestRaise, *, state: CallState = CallState.FAILED,
                                existing: CallRecord | None = None) -> None:
+        """Journal a call refused before it was sent, as ``state`` with ``err`` (unless a dead attempt did)."""
         if existing is None:
-            json_args = to_json_value(args)[0]
-            await self.ledger.record_rejected(seq, op, address, json_args, key or journal.call_key(op, address, json_args),
-                                        kind, err_json(err), state)
-        self._remember(err, seq, address)
+            args = to_json_value(call.args)[0]  # a call refused as it was parsed has not been made JSON yet
+            call = Call(call.seq, call.op, call.address, args, call.key or journal.call_key(call.op, call.address, args))
+            await self.ledger.record_rejected(call, kind, err_json(err), state)
+        self._remember(err, call.seq, call.address)
 
     async def _no_such_tool(self, address: str) -> UnknownTool:
         """The unknown_tool error with suggestions, found off the event loop: comparing an address with

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Liter
 
 from tether._engine import journal
 from tether._engine import policy as policy_mod
+from tether._engine.calls.call import Call
 from tether._engine.guest_errors import err_json, guest_error
 from tether._engine.inputs import wait_name_problem
 from tether._engine.pending import AskedWrite, ParkedWait, Stop, WritePause
@@ -100,8 +101,7 @@ class PauseHost(Protocol):
     async def move_call(self, seq: int, expect: list[str], **fields: Any) -> bool:
         """Move a journaled call on from one of `expect` (signed, compare-and-set)."""
 
-    async def record_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
-                            state: CallState, existing: CallRecord | None) -> None:
+    async def record_intent(self, call: Call, kind: str, state: CallState, existing: CallRecord | None) -> None:
         """Journal a call before it is sent (write-ahead)."""
 
     def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
@@ -110,8 +110,7 @@ class PauseHost(Protocol):
     def remember(self, err: GuestRaise, seq: int, address: str) -> None:
         """Note an error raised into the program as this call's."""
 
-    async def record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], kind: str,
-                              err: GuestRaise, *, key: str | None = None,
+    async def record_rejected(self, call: Call, kind: str, err: GuestRaise, *,
                               existing: CallRecord | None = None) -> None:
         """Journal a call refused before it was sent, as failed with `err`."""
 
@@ -134,14 +133,14 @@ class Pauses:
         self.batch_window_seconds = batch_window_seconds
         self._release = asyncio.Event()
 
-    async def hold(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
+    async def hold(self, call: Call) -> Any:
         """Park a call issued while the attempt is stopping; it is not journaled.
 
         Once the stop is recorded the call is answered with a BaseException,
         which unwinds the program (its state is already saved, or no longer wanted)
         so its worker can be reused instead of killed.
         """
-        self.host.state.held.append({"seq": seq, "op": op, "address": address, "args": args})
+        self.host.state.held.append(call.held())
         await self._release.wait()
         raise _UNWIND
 
@@ -171,9 +170,10 @@ class Pauses:
         """Stop the program until the wait is settled; like a pause, but for the world to answer."""
         return await self.stop_at(pending, Parked(pending))
 
-    async def wait(self, seq: int, op: str, args: dict[str, Any], key: str, decision: Any) -> Any:
+    async def wait(self, call: Call, decision: Any) -> Any:
         """wait_for / wait_for_signal / sleep: settle now, or park the run (P-18)."""
         host = self.host
+        seq, op, args, key = call.seq, call.op, call.args, call.key
         pos, kw = list(args.get("args", ())), dict(args.get("kwargs", {}))
         t = time.perf_counter()
         name: str
@@ -186,7 +186,7 @@ class Pauses:
                     err = guest_error("sleep_too_long",
                                       f"a sleep of {seconds:g} s is longer than limits.max_sleep_seconds "
                                       f"({host.limits.max_sleep_seconds:g} s); the run was not parked", "ValueError")
-                    await host.record_rejected(seq, op, op, args, "wait", err, key=key)
+                    await host.record_rejected(call, "wait", err)
                     raise err
             else:
                 given = pos[0] if pos else kw.get("name")
@@ -202,7 +202,7 @@ class Pauses:
                     name = SIGNAL_PREFIX + name
         except (TypeError, ValueError, IndexError) as exc:
             err = guest_error("invalid_arguments", f"{op}: {exc}", "TypeError")
-            await host.record_rejected(seq, op, op, args, "wait", err, key=key, existing=decision.entry)
+            await host.record_rejected(call, "wait", err, existing=decision.entry)
             raise err from None
         entry = decision.entry
         now = host.clock()
@@ -238,7 +238,7 @@ class Pauses:
                 await host.move_call(seq, [CallState.WAITING], state=CallState.FAILED, error=err_json(refused),
                                       finished_at=host.clock())
                 if host.state.failure is not None:
-                    return await self.hold(seq, op, op, args)
+                    return await self.hold(call)
                 host.remember(refused, seq, name)
                 raise refused
             await host.move_call(seq, [CallState.WAITING], state=CallState.DONE, outcome=row.value,
@@ -259,10 +259,11 @@ class Pauses:
         host.remember(err, seq, name)
         raise err
 
-    async def ask(self, seq: int, tool: Tool, args: dict[str, Any], valid: dict[str, Any], t: float,
-                  entry: CallRecord | None = None) -> Any:
+    async def ask(self, call: Call, tool: Tool, valid: dict[str, Any], t: float) -> Any:
+        """A write that asks: decided at once by an inline approver, or the run pauses (P-4, P-27)."""
         host = self.host
-        pending = AskedWrite.of(seq, tool, args)
+        seq = call.seq
+        pending = AskedWrite.of(seq, tool, call.args)
         # A rule that requires a signed-in approver keeps the write from an inline
         # approver (an MCP client's form): the run pauses for the console, a
         # signed-in link page or the operator, unless the approver is the operator's own prompt.
@@ -301,7 +302,7 @@ class Pauses:
                          via=getattr(host.on_approval, "via", "prompt"), at=host.clock())
         await AsyncStore(host.store).add_event(host.run_id, "decided", taken.event(address), host.clock())
 
-    async def join_batch(self, seq: int, address: str, args: dict[str, Any]) -> Any:
+    async def join_batch(self, call: Call) -> Any:
         """A call issued while a write pause forms: a write that would ask joins the pause (P-27).
 
         Everything else — reads, writes that policy allows or denies, a write
@@ -310,6 +311,7 @@ class Pauses:
         """
         host = self.host
         st = host.state
+        seq, address, args = call.seq, call.address, call.args
         batch = st.batch
         joined = False
         try:
@@ -319,10 +321,11 @@ class Pauses:
         if tool is not None and tool.is_write and seq <= host.limits.host_calls and batch is not None:
             try:
                 host.catalog.validate_args(address, args)
-                key, size = journal.call_key_and_size("tool", address, args)
-            except (InvalidArguments, TypeError, ValueError):
-                key, size = None, 0
-            if key is not None:
+                valid = True
+            except InvalidArguments:
+                valid = False
+            key, size = call.key, call.size
+            if valid:
                 decision = journal.decide(host.journal.get(seq), key, seq, host.last_recorded_seq)
                 # Arguments the journal cannot take are refused when the call is issued again (P-22).
                 fits = (size <= host.limits.journal_value_bytes
@@ -338,11 +341,11 @@ class Pauses:
                         # Counted in flight while its intent is stored (an await, off the loop on
                         # Postgres): the pause waits for it to join before the state is saved.
                         async with self._in_flight():
-                            await host.record_intent(seq, "tool", address, args, key, "write", CallState.ASKED, None)
+                            await host.record_intent(call, "write", CallState.ASKED, None)
                         joined = True
         if joined and tool is not None and batch is not None and st.batch is batch:
             batch.append(AskedWrite.of(seq, tool, args))
-        return await self.hold(seq, "tool", address, args)
+        return await self.hold(call)
 
     async def stop_at(self, pending: AskedWrite | ParkedWait, stop: Stopped) -> Any:
         """Pause or park at this call (P-4, P-18): the first call to stop wins; later ones are held."""
@@ -354,9 +357,8 @@ class Pauses:
             # issued later; either way it is held, and no longer in flight.
             if isinstance(pending, AskedWrite) and st.batch is not None:
                 st.batch.append(pending)
-            call = pending.call()
             async with self._in_flight(-1):
-                return await self.hold(call["seq"], call["op"], call["address"], call["args"])
+                return await self.hold(Call(**pending.call()))
         st.pausing = True
         is_write_pause = isinstance(stop, Paused)
         if is_write_pause:

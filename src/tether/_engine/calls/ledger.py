@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from tether._engine import integrity
+from tether._engine.calls.call import Call
 from tether._store.aio import AsyncStore
 from tether._store.base import CallRecord, Store
 from tether._store.states import CALL_TRANSITIONS, NEW_CALL_STATES, CallState
@@ -145,12 +146,15 @@ class Ledger:
 
     # -- writing -----------------------------------------------------------------
 
-    def buffer_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str) -> None:
+    def buffer_intent(self, call: Call) -> None:
         """A read's intent, held until its outcome and written with it."""
-        record = CallRecord(self.run_id, seq, op, address, args, key, "read", CallState.PENDING, started_at=self.clock(),
-                            idempotency_key=self.idempotency_key(seq) if op == "tool" else None)
-        self._unsaved[seq] = record
-        self.entries[seq] = record
+        record = self._record(call, "read", CallState.PENDING, started_at=self.clock())
+        self._unsaved[call.seq] = record
+        self.entries[call.seq] = record
+
+    def _record(self, call: Call, kind: str, state: CallState, **fields: Any) -> CallRecord:
+        return CallRecord(self.run_id, call.seq, call.op, call.address, call.args, call.key, kind, state, **fields,
+                          idempotency_key=self.idempotency_key(call.seq) if call.op == "tool" else None)
 
     async def flush(self) -> None:
         """Write the settled reads still held in memory, in one transaction."""
@@ -173,20 +177,17 @@ class Ledger:
         if len(self._unsaved) >= self.flush_every_calls or time.monotonic() - self._flushed_at > self.flush_every_seconds:
             await self.flush()
 
-    async def record_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
-                            state: CallState, existing: CallRecord | None) -> None:
+    async def record_intent(self, call: Call, kind: str, state: CallState, existing: CallRecord | None) -> None:
         """Write a call's intent ahead of sending it (P-7); buffered reads go first so the order holds."""
         if kind != "read":
             await self.flush()
         now = self.clock()
         if existing is not None:
             # A read left pending by a dead attempt is re-issued under the same seq.
-            await self.move(seq, [existing.state], state=state, started_at=now, outcome=None, error=None,
+            await self.move(call.seq, [existing.state], state=state, started_at=now, outcome=None, error=None,
                             finished_at=None)
             return
-        record = CallRecord(self.run_id, seq, op, address, args, key, kind, state, started_at=now,
-                            idempotency_key=self.idempotency_key(seq) if op == "tool" else None)
-        await self.record_new(record)
+        await self.record_new(self._record(call, kind, state, started_at=now))
 
     async def record_new(self, record: CallRecord) -> None:
         """Write an entry now (a write's, a wait's), after the reads before it."""
@@ -206,15 +207,15 @@ class Ledger:
             return
         await self.move(seq, [from_state], state=state, outcome=outcome, error=error, finished_at=self.clock())
 
-    async def record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
-                              error: dict[str, Any], state: CallState = CallState.FAILED) -> None:
+    async def record_rejected(self, call: Call, kind: str, error: dict[str, Any],
+                              state: CallState = CallState.FAILED) -> None:
         """A call refused before it was sent (unknown tool, bad arguments, denied): its entry, written now."""
         now = self.clock()
-        record = CallRecord(self.run_id, seq, op, address, args, key, kind, state, error=error, started_at=now,
-                            finished_at=now)
+        record = CallRecord(self.run_id, call.seq, call.op, call.address, call.args, call.key, kind, state,
+                            error=error, started_at=now, finished_at=now)
         check_new(record)
-        self._unsaved[seq] = record
-        self.entries[seq] = record
+        self._unsaved[call.seq] = record
+        self.entries[call.seq] = record
         await self.flush()
 
     async def move(self, seq: int, expect: list[str], **fields: Any) -> bool:
