@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 from tether._engine import run_keys
 from tether._engine.approvals.model import DECISIONS
-from tether._engine.boundary import Approver, Cancelled, EffectBoundary
+from tether._engine.calls.boundary import Approver, Cancelled, EffectBoundary
 from tether._engine.driver import Attempt, Collaborators, Settings
 from tether._engine.events import EventBus
 from tether._engine.finish import Finisher

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from tether._engine import telemetry
-from tether._engine.boundary import SPENT_STATES, Approver, Cancelled, EffectBoundary
 from tether._engine.calls import ledger
+from tether._engine.calls.boundary import SPENT_STATES, Approver, Cancelled, EffectBoundary
+from tether._engine.calls.resend import resendable
+from tether._engine.calls.stops import Parked, Paused
 from tether._engine.envelopes import (
     LogBuffer,
     diagnostics,
@@ -39,11 +41,9 @@ from tether._engine.integrity import (
 from tether._engine.lifecycle import Lifecycle, outcome_unknown
 from tether._engine.limits import Limits
 from tether._engine.notices import CANCEL, wait_a_little
-from tether._engine.pausing import Parked, Paused
 from tether._engine.pending import ParkedWait, Stop, as_stored
 from tether._engine.policy import Policy
 from tether._engine.quarantine import takeovers, without_takeovers
-from tether._engine.resend import resendable
 from tether._engine.restore import SnapshotMismatch
 from tether._engine.result import RunResult, preview, to_json_value
 from tether._engine.sessions import Sessions

@@ -18,7 +18,7 @@ from tether._tools.shown import show_call
 from tether.errors import SandboxCrashed, TetherError
 
 if TYPE_CHECKING:
-    from tether._engine.boundary import EffectBoundary
+    from tether._engine.calls.boundary import EffectBoundary
 
 
 class LogBuffer:

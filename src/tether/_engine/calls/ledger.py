@@ -24,11 +24,13 @@ Two faces:
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any, Callable, Sequence
 
 from tether._engine import integrity
 from tether._engine.calls.call import Call
+from tether._engine.limits import Limits
 from tether._store.aio import AsyncStore
 from tether._store.base import CallRecord, Store
 from tether._store.states import CALL_TRANSITIONS, NEW_CALL_STATES, CallState
@@ -102,6 +104,31 @@ async def move_async(astore: AsyncStore, keyring: integrity.Keyring, entry: Call
         return False
     _apply(entry, signed)
     return True
+
+
+def value_size(value: Any) -> int:
+    """Bytes of a JSON value's text: what journaling it costs (P-22)."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+
+
+def refuse_value(limits: Limits, journaled: int, size: int, what: str, part: str, sent: bool) -> tuple[str, str] | None:
+    """Why a value of ``size`` bytes may not be journaled, as (code, message); None if it may (P-22).
+
+    ``part`` is "arguments" or "result". A value over ``journal_value_bytes``
+    (a result also over ``memory_bytes``, what the sandbox could hold) fails
+    its call; one that would take the run past ``journal_bytes`` ends the run.
+    """
+    cap = limits.journal_value_bytes if part == "arguments" else min(limits.journal_value_bytes, limits.memory_bytes)
+    done = "it was sent and happened, but its result was not kept" if sent else (
+        "it was not sent" if part == "arguments" else "it was not kept or given to the program")
+    if size > cap:
+        verb = "are" if part == "arguments" else "is"
+        return (f"{part}_too_large", f"the {part} of {what} {verb} {size} bytes, over the {cap}-byte limit "
+                                     f"(limits.journal_value_bytes); {done}")
+    if journaled + size > limits.journal_bytes:
+        return ("journal_limit", f"the run's journal would pass its {limits.journal_bytes}-byte total with the "
+                                 f"{size}-byte {part} of {what}; {done}, and the run stopped")
+    return None
 
 
 class Ledger:

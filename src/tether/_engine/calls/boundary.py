@@ -1,19 +1,20 @@
 """The effect boundary: the one function every host call passes through.
 
-Data path, top to bottom (P-1):
+Data path, top to bottom (P-1), each step taking one :class:`~tether._engine.calls.call.Call`:
 
-    program ──> sandbox ──> EffectBoundary.call(seq, op, address, args)
-                               │ decide(): replay or live?        (journal.py, pure)
-                               │ decide_call(): may this run?     (policy.py, pure)
-                               │ record intent (write-ahead)      (store)
-                               │ dispatch to the tool's source    (with per-call timeout)
-                               │ record outcome                   (store)
+    program ──> sandbox ──> EffectBoundary.call(seq, op, address, args) -> Call
+                               │ replay.decide(): replay or live?   (replay.py, pure)
+                               │ resolve the tool, validate args    (the catalog)
+                               │ decide_call(): may this run?       (policy.py, pure)
+                               │ record intent (write-ahead)        (ledger.py)
+                               │ dispatch to the tool's source      (with per-call timeout; resend.py)
+                               │ record outcome                     (ledger.py)
     program <── sandbox <──────┘ value, or an exception raised in the program
 
 One :class:`EffectBoundary` serves one *attempt*: a fresh run, a restore from
 a snapshot, or a replay from the journal. Nothing else dispatches tools.
-Stopping at a call (a write that asks, a wait, a long sleep) is pausing.py's
-job; the boundary owns its :class:`~tether._engine.pausing.Pauses`.
+Stopping at a call (a write that asks, a wait, a long sleep) is stops.py's
+job; the boundary owns its :class:`~tether._engine.calls.stops.Stops`.
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from tether import _metrics as metrics
-from tether._engine import integrity, journal, resend, telemetry
+from tether._engine import integrity, telemetry
 from tether._engine import policy as policy_mod
 from tether._engine.attempt_state import AttemptState, CallStat, RaisedError
-from tether._engine.calls.call import Call
-from tether._engine.calls.ledger import Ledger
+from tether._engine.calls import replay, resend
+from tether._engine.calls.call import Call, call_key, call_key_and_size
+from tether._engine.calls.ledger import Ledger, refuse_value, value_size
+from tether._engine.calls.stops import Stops
 from tether._engine.guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
 from tether._engine.lifecycle import outcome_unknown
-from tether._engine.pausing import Parked, Paused, Pauses  # noqa: F401 - Parked, Paused: re-exported for callers
 from tether._engine.restore import plan_restore
 from tether._engine.result import to_json_value
 from tether._hostwork import HostWorkTimeout, off_loop
@@ -141,8 +143,8 @@ class EffectBoundary:
         self._dispatches: set[asyncio.Task[Any]] = set()
         self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
         self._t0 = time.perf_counter()
-        # Pausing, parking and the calls held while the attempt stops (pausing.py).
-        self.pauses = Pauses(self, pause_sink, batch_window_seconds=batch_window_seconds)
+        # Pausing, parking and the calls held while the attempt stops (stops.py).
+        self.stops = Stops(self, pause_sink, batch_window_seconds=batch_window_seconds)
 
     # -- the sandbox's entry point ---------------------------------------------
 
@@ -218,18 +220,18 @@ class EffectBoundary:
             # validated and journaled as the list it becomes, as a resumed write is (P-26).
             args = to_json_value(args)[0]
         try:
-            key, size = journal.call_key_and_size(op, address, args)
+            key, size = call_key_and_size(op, address, args)
         except (TypeError, ValueError):
             # Not JSON as given (a set, bytes, NaN, an int past 4,300 digits):
             # the call goes on with its JSON form, so what is journaled, shown
             # for approval and sent are one value (P-26).
             args = to_json_value(args)[0]
-            key, size = journal.call_key_and_size(op, address, args)
+            key, size = call_key_and_size(op, address, args)
         call = Call(seq, op, address, args, key, size)
         if st.pausing or (self.execution is not None and self.execution.stopping):
             if st.batch is not None and op == "tool" and not (self.execution is not None and self.execution.stopping):
-                return await self.pauses.join_batch(call)
-            return await self.pauses.hold(call)
+                return await self.stops.join_batch(call)
+            return await self.stops.hold(call)
         if seq > self.limits.host_calls:
             self._fail(
                 LimitExceeded(
@@ -238,27 +240,27 @@ class EffectBoundary:
                     next_action="Make fewer calls per run: batch, page, or reduce upstream; or raise limits.host_calls.",
                 )
             )
-            return await self.pauses.hold(call)
+            return await self.stops.hold(call)
         self.ledger.note_key(seq, key)
-        decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
-        if decision.action == journal.DIVERGED:
+        decision = replay.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
+        if decision.action == replay.DIVERGED:
             self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
                                          details={"seq": seq, "address": address}))
-            return await self.pauses.hold(call)
-        if decision.action == journal.REPLAY:
-            return self._replay(_entry(decision))
-        if decision.action == journal.UNKNOWN and self._resendable(_entry(decision)) is None:
-            await self._mark_unknown(_entry(decision))
-            return await self.pauses.hold(call)
-        if decision.action == journal.WAIT and op not in WAIT_OPS:
+            return await self.stops.hold(call)
+        if decision.action == replay.REPLAY:
+            return self._replay(replay.entry_of(decision))
+        if decision.action == replay.UNKNOWN and self._resendable(replay.entry_of(decision)) is None:
+            await self._mark_unknown(replay.entry_of(decision))
+            return await self.stops.hold(call)
+        if decision.action == replay.WAIT and op not in WAIT_OPS:
             self._fail(ExecutionDiverged(f"call {seq} was journaled as a wait", details={"seq": seq}))
-            return await self.pauses.hold(call)
+            return await self.stops.hold(call)
         if decision.entry is None:
             # P-22: arguments too large to journal are refused before anything is sent.
             refused = self._journal_room(size, address, "arguments")
             if refused is not None:
                 if self.state.failure is not None:
-                    return await self.pauses.hold(call)
+                    return await self.stops.hold(call)
                 await self._record_rejected(Call(seq, op, address, {"_omitted_bytes": size}, key), "read", refused)
                 raise refused
 
@@ -271,7 +273,7 @@ class EffectBoundary:
             if op == "tool":
                 value = await self._tool_call(call, decision)
             elif op in WAIT_OPS:
-                value = await self.pauses.wait(call, decision)
+                value = await self.stops.wait(call, decision)
             else:
                 value = await self._builtin_call(call, decision)
         except GuestRaise as exc:
@@ -287,12 +289,12 @@ class EffectBoundary:
             # A pause began while this call was out: its outcome is journaled,
             # but handing it back now would let the program run on while the
             # pause is being dumped. It is answered from the journal on resume.
-            return await self.pauses.hold(call)
+            return await self.stops.hold(call)
         if error is not None:
             raise error
         return value
 
-    async def _builtin_call(self, call: Call, decision: journal.Decision) -> Any:
+    async def _builtin_call(self, call: Call, decision: replay.Decision) -> Any:
         seq, op, address, args = call.seq, call.op, call.address, call.args
         impl = self.builtins_impl.get(op)
         t = time.perf_counter()
@@ -313,19 +315,19 @@ class EffectBoundary:
                 self._remember(exc, seq, op)
             raise
         value = to_json_value(value)[0]
-        refused = self._journal_room(journal.value_size(value), op, "result")
+        refused = self._journal_room(value_size(value), op, "result")
         if refused is not None:
             await self.ledger.record_outcome(seq, CallState.PENDING, CallState.FAILED, error=err_json(refused))
             self._stat(seq, op, address, "read", CallState.FAILED, t)
             if self.state.failure is not None:
-                return await self.pauses.hold(call)
+                return await self.stops.hold(call)
             self._remember(refused, seq, address)
             raise refused
         await self.ledger.record_outcome(seq, CallState.PENDING, CallState.DONE, outcome=value)
         self._stat(seq, op, address, "read", CallState.DONE, t)
         return value
 
-    async def _tool_call(self, call: Call, decision: journal.Decision) -> Any:
+    async def _tool_call(self, call: Call, decision: replay.Decision) -> Any:
         seq, address, args = call.seq, call.address, call.args
         t = time.perf_counter()
         found = self.catalog.find(address)
@@ -356,13 +358,13 @@ class EffectBoundary:
             return await self._dispatch(seq, tool, valid, CallState.PENDING, CallState.DONE, t)
 
         # A write. SEND: approved earlier (by resume), never marked sending.
-        if decision.action == journal.SEND:
+        if decision.action == replay.SEND:
             return await self._send(seq, tool, valid, t)
-        if decision.action == journal.UNKNOWN:
+        if decision.action == replay.UNKNOWN:
             # Left sending by a dead attempt, to a tool that dedupes by key (P-31).
-            return await self._resend(seq, tool, valid, t, _entry(decision))
-        if decision.action == journal.ASK:
-            return await self.pauses.ask(call, tool, valid, t)
+            return await self._resend(seq, tool, valid, t, replay.entry_of(decision))
+        if decision.action == replay.ASK:
+            return await self.stops.ask(call, tool, valid, t)
 
         verdict = policy_mod.decide_call(self.policy, address, True, self.state.writes_spent)
         if verdict == policy_mod.DENY:
@@ -385,7 +387,7 @@ class EffectBoundary:
             return await self._send(seq, tool, valid, t, spent=True)
         # ask
         await self.ledger.record_intent(call, kind, CallState.ASKED, decision.entry)
-        return await self.pauses.ask(call, tool, valid, t)
+        return await self.stops.ask(call, tool, valid, t)
 
     async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, spent: bool = False) -> Any:
         if not spent:
@@ -466,7 +468,7 @@ class EffectBoundary:
         if notes:
             seen = self.state.conversions.setdefault(tool.address, [])
             seen.extend(n for n in notes if n not in seen)
-        refused = self._journal_room(journal.value_size(value), tool.address, "result", sent=is_write)
+        refused = self._journal_room(value_size(value), tool.address, "result", sent=is_write)
         if refused is not None:
             # P-22: neither the store nor the sandbox gets the value. A write
             # happened all the same: its entry says so, and it is never re-sent.
@@ -474,7 +476,7 @@ class EffectBoundary:
             await self.ledger.record_outcome(seq, from_state, settled, error=err_json(refused))
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", settled, t)
             if self.state.failure is not None:
-                return await self.pauses.hold(Call(seq, "tool", tool.address, args))
+                return await self.stops.hold(Call(seq, "tool", tool.address, args))
             self._remember(refused, seq, tool.address)
             raise refused
         await self.ledger.record_outcome(seq, from_state, ok_state, outcome=value)
@@ -532,7 +534,7 @@ class EffectBoundary:
             await self.ledger.record_outcome(seq, from_state, state, error={"type": type(exc).__name__, "message": str(exc)})
             return
         value = to_json_value(value)[0]
-        refused = self._journal_room(journal.value_size(value), f"call {seq}", "result", sent=True)
+        refused = self._journal_room(value_size(value), f"call {seq}", "result", sent=True)
         if refused is not None:
             await self.ledger.record_outcome(seq, from_state, ok_state, error=err_json(refused))
             return
@@ -547,25 +549,25 @@ class EffectBoundary:
     # -- replay, hold, fail ------------------------------------------------------
 
     def _replay(self, entry: CallRecord) -> Any:
-        if entry.error:
-            err = GuestRaise(entry.error.get("type", "RuntimeError"), entry.error.get("message", ""))
+        err = replay.raised(entry)
+        if err is not None:
             self._remember(err, entry.seq, entry.address)
             raise err
         return entry.outcome
 
     def release_held(self) -> None:
-        self.pauses.release_held()
+        self.stops.release_held()
 
     def reset_for_replay(self, entries: list[CallRecord]) -> None:
         """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""
         self.ledger.reset(entries)
         self.state = AttemptState(writes_spent=self.state.writes_spent)
-        self.pauses.reset()
+        self.stops.reset()
         self._idle.set()
 
     def _journal_room(self, size: int, what: str, part: str, *, sent: bool = False) -> GuestRaise | None:
         """Count a value against the journal's limits (P-22); the error to raise if it does not fit."""
-        refused = journal.refuse_value(self.limits, self.journaled_bytes, size, what, part, sent)
+        refused = refuse_value(self.limits, self.journaled_bytes, size, what, part, sent)
         if refused is None:
             self.journaled_bytes += size
             return None
@@ -588,7 +590,7 @@ class EffectBoundary:
         await self.ledger.move(entry.seq, [CallState.SENDING], finished_at=self.clock(), **lost)
         self._fail(err)
 
-    # -- what the pausing unit calls (pausing.PauseHost) -------------------------
+    # -- what the stops unit calls (stops.StopHost) -------------------------------
 
     async def wait_idle(self) -> None:
         while self.state.inflight > 0:
@@ -643,7 +645,7 @@ class EffectBoundary:
         """Journal a call refused before it was sent, as ``state`` with ``err`` (unless a dead attempt did)."""
         if existing is None:
             args = to_json_value(call.args)[0]  # a call refused as it was parsed has not been made JSON yet
-            call = Call(call.seq, call.op, call.address, args, call.key or journal.call_key(call.op, call.address, args))
+            call = Call(call.seq, call.op, call.address, args, call.key or call_key(call.op, call.address, args))
             await self.ledger.record_rejected(call, kind, err_json(err), state)
         self._remember(err, call.seq, call.address)
 
@@ -678,9 +680,3 @@ class EffectBoundary:
             return
         await self._checkpoint_sink(self, self.journal[seq])
 
-
-def _entry(decision: journal.Decision) -> CallRecord:
-    """The journal entry a replayed or unknown call's decision always carries (journal.decide)."""
-    if decision.entry is None:
-        raise RuntimeError(f"journal decision {decision.action!r} without its entry")
-    return decision.entry

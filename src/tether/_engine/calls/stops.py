@@ -1,13 +1,13 @@
-"""Pausing and parking: how an attempt stops at a host call (P-4, P-18, P-27).
+"""Stops: how an attempt pauses or parks at a host call (P-4, P-18, P-27).
 
 A write that asks pauses the run; a durable wait, a signal or a long sleep
-parks it. Both take one path (:meth:`Pauses.stop_at`): calls in flight finish
+parks it. Both take one path (:meth:`Stops.stop_at`): calls in flight finish
 and are journaled, the state is handed to the pause sink (which dumps and
 stores it), and the program is unwound. Calls issued while the attempt stops
 are held, not journaled; a write that would ask joins a forming write pause.
 
-:class:`Pauses` is owned by the :class:`~tether._engine.boundary.EffectBoundary`
-of one attempt and reaches it only through :class:`PauseHost`.
+:class:`Stops` is owned by the :class:`~tether._engine.calls.boundary.EffectBoundary`
+of one attempt and reaches it only through :class:`StopHost`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import inspect
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
 
-from tether._engine import journal
 from tether._engine import policy as policy_mod
+from tether._engine.calls import replay
 from tether._engine.calls.call import Call
+from tether._engine.calls.ledger import value_size
 from tether._engine.guest_errors import err_json, guest_error
 from tether._engine.inputs import wait_name_problem
 from tether._engine.pending import AskedWrite, ParkedWait, Stop, WritePause
@@ -33,7 +34,7 @@ from tether.errors import InvalidArguments, UnknownTool
 
 if TYPE_CHECKING:
     from tether._engine.attempt_state import AttemptState
-    from tether._engine.boundary import Approver
+    from tether._engine.calls.boundary import Approver
     from tether._engine.integrity import Keyring
     from tether._engine.limits import Limits
     from tether._sandbox.monty import Execution
@@ -63,8 +64,8 @@ class Parked(Stopped):
 _UNWIND = GuestRaise("BaseException", "the run stopped here")
 
 
-class PauseHost(Protocol):
-    """What the pausing unit needs from the boundary that owns it."""
+class StopHost(Protocol):
+    """What the stops unit needs from the boundary that owns it."""
 
     run_id: str
     store: Store
@@ -121,10 +122,10 @@ class PauseHost(Protocol):
         """Count a finished call in the attempt's stats and progress."""
 
 
-class Pauses:
+class Stops:
     """Stops one attempt at a host call: pauses, parks, and the calls held meanwhile."""
 
-    def __init__(self, host: PauseHost, pause_sink: Callable[[Any, Stop], Awaitable[None]], *,
+    def __init__(self, host: StopHost, pause_sink: Callable[[Any, Stop], Awaitable[None]], *,
                  batch_window_seconds: float = 0.05) -> None:
         self.host = host
         self.pause_sink = pause_sink  # called with (host, pending): saves the state before the program unwinds
@@ -233,7 +234,7 @@ class Pauses:
             return await self.park(ParkedWait(kind, seq, op, args, name, wkey, deadline))
         # Settled: journal the outcome, then answer the program.
         if row.status == WaitStatus.RESOLVED:
-            refused = host.journal_room(journal.value_size(row.value), name, "result")
+            refused = host.journal_room(value_size(row.value), name, "result")
             if refused is not None:
                 await host.move_call(seq, [CallState.WAITING], state=CallState.FAILED, error=err_json(refused),
                                       finished_at=host.clock())
@@ -326,13 +327,13 @@ class Pauses:
                 valid = False
             key, size = call.key, call.size
             if valid:
-                decision = journal.decide(host.journal.get(seq), key, seq, host.last_recorded_seq)
+                decision = replay.decide(host.journal.get(seq), key, seq, host.last_recorded_seq)
                 # Arguments the journal cannot take are refused when the call is issued again (P-22).
                 fits = (size <= host.limits.journal_value_bytes
                         and host.journaled_bytes + size <= host.limits.journal_bytes)
-                if decision.action == journal.ASK:
+                if decision.action == replay.ASK:
                     joined = True  # asked before this attempt and still undecided
-                elif decision.action == journal.LIVE and decision.entry is None and fits:
+                elif decision.action == replay.LIVE and decision.entry is None and fits:
                     # The first write of the pause and the batch are not spent yet
                     # but may all be approved: count them against the budget.
                     prospective = st.writes_spent + 1 + len(batch)
