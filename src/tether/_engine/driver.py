@@ -405,7 +405,7 @@ class Attempt:
         if st.answering and st.restore_pending is not None:
             waits_on = list(st.restore_pending)
         else:
-            waits_on = [stop.call()] + list(st.held)
+            waits_on = [stop.call()] + list(boundary.stops.held)
         waits_on.sort(key=lambda c: c["seq"])
         await self.astore.put_snapshot(self._snapshot_record(st.issued, data, waits_on, "pause"))
         now = d.clock()

@@ -144,7 +144,7 @@ class EffectBoundary:
         self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
         self._t0 = time.perf_counter()
         # Pausing, parking and the calls held while the attempt stops (stops.py).
-        self.stops = Stops(self, pause_sink, batch_window_seconds=batch_window_seconds)
+        self.stops = Stops(self, self.ledger, pause_sink, batch_window_seconds=batch_window_seconds)
 
     # -- the sandbox's entry point ---------------------------------------------
 
@@ -214,7 +214,7 @@ class EffectBoundary:
     async def call(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
         """Serve one host call: replay → resolve and validate → policy → intent → dispatch → outcome."""
         st = self.state
-        st.last_arrival = time.monotonic()
+        self.stops.arrived()
         if _holds_tuple(args):
             # A tuple is a JSON array to every tool (`(lat, lon)`, `tuple(ids)`): sent,
             # validated and journaled as the list it becomes, as a resumed write is (P-26).
@@ -228,8 +228,8 @@ class EffectBoundary:
             args = to_json_value(args)[0]
             key, size = call_key_and_size(op, address, args)
         call = Call(seq, op, address, args, key, size)
-        if st.pausing or (self.execution is not None and self.execution.stopping):
-            if st.batch is not None and op == "tool" and not (self.execution is not None and self.execution.stopping):
+        if self.stops.pausing or (self.execution is not None and self.execution.stopping):
+            if self.stops.batch is not None and op == "tool" and not (self.execution is not None and self.execution.stopping):
                 return await self.stops.join_batch(call)
             return await self.stops.hold(call)
         if seq > self.limits.host_calls:
@@ -285,7 +285,7 @@ class EffectBoundary:
                     st.host_seconds += time.perf_counter() - st.inflight_since
                 st.inflight_since = None
                 self._idle.set()
-        if st.pausing and not st.answering:
+        if self.stops.pausing and not st.answering:
             # A pause began while this call was out: its outcome is journaled,
             # but handing it back now would let the program run on while the
             # pause is being dumped. It is answered from the journal on resume.
@@ -603,12 +603,6 @@ class EffectBoundary:
     async def send_approved(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
         return await self._send(seq, tool, args, t)
 
-    async def move_call(self, seq: int, expect: list[str], **fields: Any) -> bool:
-        return await self.ledger.move(seq, expect, **fields)
-
-    async def record_intent(self, call: Call, kind: str, state: CallState, existing: CallRecord | None) -> None:
-        await self.ledger.record_intent(call, kind, state, existing)
-
     def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
         return self._journal_room(size, what, part)
 
@@ -618,9 +612,6 @@ class EffectBoundary:
     async def record_rejected(self, call: Call, kind: str, err: GuestRaise, *,
                               existing: CallRecord | None = None) -> None:
         await self._record_rejected(call, kind, err, existing=existing)
-
-    async def record_new(self, record: CallRecord) -> None:
-        await self.ledger.record_new(record)
 
     def stat(self, seq: int, op: str, address: str, kind: str, state: str, t: float) -> None:
         self._stat(seq, op, address, kind, state, t)
@@ -676,7 +667,7 @@ class EffectBoundary:
             self.on_progress(len(self.state.stats), address)
 
     async def _maybe_checkpoint(self, seq: int) -> None:
-        if self._checkpoint_sink is None or self.state.pausing or self.state.inflight != 1:
+        if self._checkpoint_sink is None or self.stops.pausing or self.state.inflight != 1:
             return
         await self._checkpoint_sink(self, self.journal[seq])
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Liter
 from tether._engine import policy as policy_mod
 from tether._engine.calls import replay
 from tether._engine.calls.call import Call
-from tether._engine.calls.ledger import value_size
+from tether._engine.calls.ledger import Ledger, value_size
 from tether._engine.guest_errors import err_json, guest_error
 from tether._engine.inputs import wait_name_problem
 from tether._engine.pending import AskedWrite, ParkedWait, Stop, WritePause
@@ -82,14 +82,6 @@ class StopHost(Protocol):
     session: str | None
     inline_sleep_seconds: float  # sleeps up to this long are waited out, not parked
 
-    @property
-    def journal(self) -> dict[int, CallRecord]:
-        """The run's journal entries this attempt knows, by seq."""
-
-    @property
-    def last_recorded_seq(self) -> int:
-        """The highest seq earlier attempts recorded: a live call past it is new."""
-
     async def wait_idle(self) -> None:
         """Return once no call is in flight."""
 
@@ -98,12 +90,6 @@ class StopHost(Protocol):
 
     async def send_approved(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
         """Send a write already in state approved; its outcome for the program."""
-
-    async def move_call(self, seq: int, expect: list[str], **fields: Any) -> bool:
-        """Move a journaled call on from one of `expect` (signed, compare-and-set)."""
-
-    async def record_intent(self, call: Call, kind: str, state: CallState, existing: CallRecord | None) -> None:
-        """Journal a call before it is sent (write-ahead)."""
 
     def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
         """Count a value against the journal's limits; the error to raise if it does not fit."""
@@ -115,24 +101,40 @@ class StopHost(Protocol):
                               existing: CallRecord | None = None) -> None:
         """Journal a call refused before it was sent, as failed with `err`."""
 
-    async def record_new(self, record: CallRecord) -> None:
-        """Sign and store a new journal entry, after the reads still buffered."""
-
     def stat(self, seq: int, op: str, address: str, kind: str, state: str, t: float) -> None:
         """Count a finished call in the attempt's stats and progress."""
 
 
 class Stops:
-    """Stops one attempt at a host call: pauses, parks, and the calls held meanwhile."""
+    """Stops one attempt at a host call: pauses, parks, and the calls held meanwhile.
 
-    def __init__(self, host: StopHost, pause_sink: Callable[[Any, Stop], Awaitable[None]], *,
+    It owns what stopping knows (whether a stop is under way, the write batch
+    forming, the calls held) and journals through the attempt's ledger; the
+    boundary that owns it reads ``pausing`` and ``batch`` to route a call here.
+    """
+
+    def __init__(self, host: StopHost, ledger: Ledger, pause_sink: Callable[[Any, Stop], Awaitable[None]], *,
                  batch_window_seconds: float = 0.05) -> None:
         self.host = host
+        self.ledger = ledger
         self.pause_sink = pause_sink  # called with (host, pending): saves the state before the program unwinds
         # A write pause is stored once the program has issued no call for this
         # long, so writes issued together (asyncio.gather) pause as one batch (P-27).
         self.batch_window_seconds = batch_window_seconds
+        self.reset()
+
+    def reset(self) -> None:
+        """Nothing stopped, nothing held (an attempt, or a replay starting over from call 1)."""
         self._release = asyncio.Event()
+        self.pausing = False  # a pause or a park is under way: later calls are held
+        self.held: list[dict[str, Any]] = []  # calls issued while stopping, listed in the dump (P-9)
+        # While a write pause forms: the other writes that ask, issued with it (P-27).
+        self.batch: list[AskedWrite] | None = None
+        self.last_arrival = 0.0  # time.monotonic() of the latest call the program issued
+
+    def arrived(self) -> None:
+        """The program issued a call: a forming write pause waits until it goes quiet."""
+        self.last_arrival = time.monotonic()
 
     async def hold(self, call: Call) -> Any:
         """Park a call issued while the attempt is stopping; it is not journaled.
@@ -141,7 +143,7 @@ class Stops:
         which unwinds the program (its state is already saved, or no longer wanted)
         so its worker can be reused instead of killed.
         """
-        self.host.state.held.append(call.held())
+        self.held.append(call.held())
         await self._release.wait()
         raise _UNWIND
 
@@ -162,10 +164,6 @@ class Stops:
         st.inflight += delta
         if st.inflight == 0:
             self.host.woke_idle()
-
-    def reset(self) -> None:
-        """Hold calls again (the attempt starts over from call 1)."""
-        self._release = asyncio.Event()
 
     async def park(self, pending: ParkedWait) -> Any:
         """Stop the program until the wait is settled; like a pause, but for the world to answer."""
@@ -209,7 +207,7 @@ class Stops:
         now = host.clock()
         if entry is None:
             entry = CallRecord(host.run_id, seq, op, name, args, key, "wait", CallState.WAITING, started_at=now)
-            await host.record_new(entry)
+            await self.ledger.record_new(entry)
         # The deadline counts from when the program first reached the wait, so
         # a restart continues with only the remaining time.
         deadline = None if timeout is None else (entry.started_at or now) + timeout
@@ -236,13 +234,13 @@ class Stops:
         if row.status == WaitStatus.RESOLVED:
             refused = host.journal_room(value_size(row.value), name, "result")
             if refused is not None:
-                await host.move_call(seq, [CallState.WAITING], state=CallState.FAILED, error=err_json(refused),
+                await self.ledger.move(seq, [CallState.WAITING], state=CallState.FAILED, error=err_json(refused),
                                       finished_at=host.clock())
                 if host.state.failure is not None:
                     return await self.hold(call)
                 host.remember(refused, seq, name)
                 raise refused
-            await host.move_call(seq, [CallState.WAITING], state=CallState.DONE, outcome=row.value,
+            await self.ledger.move(seq, [CallState.WAITING], state=CallState.DONE, outcome=row.value,
                                   finished_at=host.clock())
             host.stat(seq, op, name, "wait", CallState.DONE, t)
             return row.value
@@ -254,7 +252,7 @@ class Stops:
             err = guest_error("wait_cancelled", f"{name} was cancelled", "RuntimeError")
         else:
             err = guest_error("wait_revoked", f"{name} was revoked", "RuntimeError")
-        await host.move_call(seq, [CallState.WAITING], state=CallState.FAILED, error=err_json(err),
+        await self.ledger.move(seq, [CallState.WAITING], state=CallState.FAILED, error=err_json(err),
                               finished_at=host.clock())
         host.stat(seq, op, name, "wait", CallState.FAILED, t)
         host.remember(err, seq, name)
@@ -279,14 +277,14 @@ class Stops:
             await self._record_inline_decision(seq, tool.address, "approve" if verdict == "approve" else "decline",
                                                reason)
             if verdict == "approve":
-                await host.move_call(seq, [CallState.ASKED], state=CallState.APPROVED)
+                await self.ledger.move(seq, [CallState.ASKED], state=CallState.APPROVED)
                 return await host.send_approved(seq, tool, valid, t)
             err = guest_error(
                 "write_declined",
                 f"the write {tool.address} was declined{': ' + reason if reason else ''}; it was not sent",
                 "PermissionError",
             )
-            await host.move_call(seq, [CallState.ASKED], state=CallState.DECLINED, error=err_json(err),
+            await self.ledger.move(seq, [CallState.ASKED], state=CallState.DECLINED, error=err_json(err),
                                  finished_at=host.clock())
             host.remember(err, seq, tool.address)
             raise err
@@ -313,7 +311,7 @@ class Stops:
         host = self.host
         st = host.state
         seq, address, args = call.seq, call.address, call.args
-        batch = st.batch
+        batch = self.batch
         joined = False
         try:
             tool = host.catalog.get(address)
@@ -325,10 +323,10 @@ class Stops:
                 valid = True
             except InvalidArguments:
                 valid = False
-            key, size = call.key, call.size
             if valid:
-                decision = replay.decide(host.journal.get(seq), key, seq, host.last_recorded_seq)
+                decision = replay.decide(self.ledger.get(seq), call.key, seq, self.ledger.last_recorded_seq)
                 # Arguments the journal cannot take are refused when the call is issued again (P-22).
+                size = call.size
                 fits = (size <= host.limits.journal_value_bytes
                         and host.journaled_bytes + size <= host.limits.journal_bytes)
                 if decision.action == replay.ASK:
@@ -342,9 +340,9 @@ class Stops:
                         # Counted in flight while its intent is stored (an await, off the loop on
                         # Postgres): the pause waits for it to join before the state is saved.
                         async with self._in_flight():
-                            await host.record_intent(call, "write", CallState.ASKED, None)
+                            await self.ledger.record_intent(call, "write", CallState.ASKED, None)
                         joined = True
-        if joined and tool is not None and batch is not None and st.batch is batch:
+        if joined and tool is not None and batch is not None and self.batch is batch:
             batch.append(AskedWrite.of(seq, tool, args))
         return await self.hold(call)
 
@@ -352,18 +350,18 @@ class Stops:
         """Pause or park at this call (P-4, P-18): the first call to stop wins; later ones are held."""
         host = self.host
         st = host.state
-        if st.pausing:
+        if self.pausing:
             # A call issued before the stop began that reached it after (its intent was being
             # stored): a write that asks joins a forming batch (P-27), as join_batch takes one
             # issued later; either way it is held, and no longer in flight.
-            if isinstance(pending, AskedWrite) and st.batch is not None:
-                st.batch.append(pending)
+            if isinstance(pending, AskedWrite) and self.batch is not None:
+                self.batch.append(pending)
             async with self._in_flight(-1):
                 return await self.hold(Call(**pending.call()))
-        st.pausing = True
+        self.pausing = True
         is_write_pause = isinstance(stop, Paused)
         if is_write_pause:
-            st.batch = []
+            self.batch = []
         # Calls in flight finish and are journaled before the snapshot is stored.
         st.inflight -= 1  # this call waits, it is not dispatching
         try:
@@ -373,7 +371,7 @@ class Stops:
                     await asyncio.sleep(0)
                 # Gathered calls reach the host one sandbox round trip apart:
                 # a write pause waits until the program has gone quiet.
-                quiet = time.monotonic() - st.last_arrival
+                quiet = time.monotonic() - self.last_arrival
                 if not is_write_pause or (quiet >= self.batch_window_seconds and st.inflight == 0):
                     break
                 await asyncio.sleep(self.batch_window_seconds - quiet)
@@ -381,7 +379,7 @@ class Stops:
             st.inflight += 1
         stopped: Stop
         if isinstance(pending, AskedWrite):
-            batch, st.batch = st.batch or [], None
+            batch, self.batch = self.batch or [], None
             stopped = WritePause(pending, tuple(sorted([pending, *batch], key=lambda w: w.seq)))
         else:
             stopped = pending
