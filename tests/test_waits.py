@@ -272,3 +272,34 @@ async def test_p19_a_cancel_from_another_process_while_the_run_parks_ends_it(sto
         await attempt
         assert other.get_run(run_id).status == "cancelled"
         assert [w["status"] for w in other.list_waits(run_id, status=None)] == ["cancelled"]
+
+
+# The store's writers of wait rows.
+_WAIT_WRITERS = {"create_wait", "settle_wait"}
+# The approvals service creates and settles approval waits itself (test_decisions.py holds it to that:
+# one home for approvals); every other wait row is written by _engine/waits.py.
+_WAIT_HOMES = {"_engine/waits.py", "_engine/approvals/service.py"}
+
+
+def _wait_writes_outside_their_homes() -> list[str]:
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "src" / "tether"
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src).as_posix()
+        if rel.startswith("_store/") or rel in _WAIT_HOMES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in _WAIT_WRITERS:
+                found.append(f"{rel}:{node.lineno} {ast.unparse(node)}")  # a call, or the method handed on
+            if isinstance(node, ast.Constant) and node.value in _WAIT_WRITERS:
+                found.append(f"{rel}:{node.lineno} {node.value!r}")
+    return found
+
+
+def test_only_the_waits_service_writes_a_wait_row():
+    """A wait the program reaches (wait_for, a signal, a sleep), settled, timed out, revoked or cancelled:
+    its row is written by _engine/waits.py, whose keys and rules every path shares (P-18)."""
+    assert _wait_writes_outside_their_homes() == []

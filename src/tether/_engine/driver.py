@@ -360,7 +360,7 @@ class Attempt:
             checkpoint_sink=self.checkpoint,
             clock=d.clock,
             keyring=d.keyring,
-            wait_secret=d.keyring.current,
+            waits=d.waits,
             session=run.session,
             on_progress=self.on_progress,
             on_question=self.on_question,

@@ -181,6 +181,22 @@ class Waits:
             self._left(run_id)  # parked here on it, a runner continues it; running, it finds the value itself
         return out
 
+    def reach(self, run_id: str, name: str, *, seq: int, deadline: float | None,
+              session: str | None) -> tuple[str, WaitRecord]:
+        """The wait a program reached (``wait_for``, ``wait_for_signal``, ``sleep``), created pending unless it
+        exists (a resolution may have come first, or an earlier attempt reached it): its key and its row."""
+        key = self.key(run_id, name)
+        row = self.store.create_wait(WaitRecord(key, run_id, name, WaitStatus.PENDING, self.clock(), seq=seq,
+                                                deadline=deadline, session=session))
+        return key, row
+
+    def end(self, key: str, run_id: str, name: str, *, seq: int, status: WaitStatus) -> WaitRecord:
+        """Settle a wait its run ends itself (its deadline passed, a short sleep waited out); the row after
+        (a resolution that came first wins)."""
+        now = self.clock()
+        _, row = self.store.settle_wait(WaitRecord(key, run_id, name, status, now, seq=seq, resolved_at=now))
+        return row
+
     def approval(self, run: RunRecord, seq: int, deadline: float) -> str:
         """Create the wait a paused write is (named approval:<seq>) and return its key."""
         return approvals.ask(self.store, self.key(run.run_id, approval_wait_name(seq)), run, seq,

@@ -46,6 +46,7 @@ from tether.errors import ExecutionDiverged, InvalidArguments, LimitExceeded, Te
 if TYPE_CHECKING:
     from tether._engine.limits import Limits
     from tether._engine.pending import Stop
+    from tether._engine.waits import Waits
     from tether._sandbox.monty import Execution
     from tether._tools.catalog import Catalog
     from tether._tools.model import Tool
@@ -100,7 +101,7 @@ class EffectBoundary:
         clock: Callable[[], float],
         keyring: integrity.Keyring,
         writes_spent: int | None = None,
-        wait_secret: bytes = b"",
+        waits: "Waits",
         session: str | None = None,
         on_progress: Callable[[int, str], None] | None = None,
         on_question: Any = None,
@@ -131,7 +132,7 @@ class EffectBoundary:
         self.span = span  # the run's OpenTelemetry span, when one is recording
         # Tools with a call on the wire now: an upstream's question is tied to its run by these.
         self.inflight_addresses: dict[str, int] = {}
-        self.secret = wait_secret  # keys the run's waits (P-18)
+        self.waits = waits  # creates and settles the waits the program reaches (P-18)
         self.session = session
         # Sleeps up to this long are waited out in the worker instead of parking.
         self.inline_sleep_seconds = inline_sleep_seconds

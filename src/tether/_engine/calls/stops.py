@@ -25,18 +25,18 @@ from tether._engine.calls.ledger import Ledger, value_size
 from tether._engine.guest_errors import err_json, guest_error
 from tether._engine.inputs import wait_name_problem
 from tether._engine.pending import AskedWrite, ParkedWait, Stop, WritePause
-from tether._engine.waits import SIGNAL_PREFIX, SLEEP_PREFIX, key_for
+from tether._engine.waits import SIGNAL_PREFIX, SLEEP_PREFIX
 from tether._sandbox.monty import GuestRaise, Stopped
 from tether._store.aio import AsyncStore
-from tether._store.base import CallRecord, Store, WaitRecord
+from tether._store.base import CallRecord, Store
 from tether._store.states import CallState, WaitStatus
 from tether.errors import InvalidArguments, UnknownTool
 
 if TYPE_CHECKING:
     from tether._engine.attempt_state import AttemptState
     from tether._engine.calls.boundary import Approver
-    from tether._engine.integrity import Keyring
     from tether._engine.limits import Limits
+    from tether._engine.waits import Waits
     from tether._sandbox.monty import Execution
     from tether._tools.catalog import Catalog
     from tether._tools.model import Tool
@@ -77,8 +77,7 @@ class StopHost(Protocol):
     state: "AttemptState"
     execution: "Execution | None"
     clock: Callable[[], float]
-    secret: bytes  # signs wait keys
-    keyring: Keyring  # older secrets in it: keys handed out before a rotation stay the waits' keys
+    waits: "Waits"  # the one place wait rows are written (their keys signed, rotations kept)
     session: str | None
     inline_sleep_seconds: float  # sleeps up to this long are waited out, not parked
 
@@ -211,21 +210,19 @@ class Stops:
         # The deadline counts from when the program first reached the wait, so
         # a restart continues with only the remaining time.
         deadline = None if timeout is None else (entry.started_at or now) + timeout
-        astore = AsyncStore(host.store)  # off the event loop on Postgres (D-27)
-        wkey = await astore.call(key_for, host.store, host.secret, host.run_id, name, host.keyring.previous)
-        row = await astore.call(host.store.create_wait, WaitRecord(
-            wkey, host.run_id, name, WaitStatus.PENDING, now, seq=seq, deadline=deadline, session=host.session))
+        # Wait rows are the waits service's (waits.py); off the event loop on Postgres (D-27).
+        astore = AsyncStore(host.store)
+        wkey, row = await astore.call(host.waits.reach, host.run_id, name, seq=seq, deadline=deadline,
+                                      session=host.session)
         if row.status == WaitStatus.PENDING and deadline is not None and now >= deadline:
             status = WaitStatus.RESOLVED if op == "sleep" else WaitStatus.TIMEOUT
-            _, row = await astore.call(host.store.settle_wait, WaitRecord(wkey, host.run_id, name, status, now,
-                                                                          seq=seq, resolved_at=now))
+            row = await astore.call(host.waits.end, wkey, host.run_id, name, seq=seq, status=status)
         # (A sleep always has a deadline.)
         if (row.status == WaitStatus.PENDING and op == "sleep" and deadline is not None
                 and deadline - now <= host.inline_sleep_seconds):
             # A short sleep is cheaper to wait out than to park.
             await asyncio.sleep(max(0.0, deadline - now))
-            _, row = await astore.call(host.store.settle_wait, WaitRecord(
-                wkey, host.run_id, name, WaitStatus.RESOLVED, host.clock(), seq=seq, resolved_at=host.clock()))
+            row = await astore.call(host.waits.end, wkey, host.run_id, name, seq=seq, status=WaitStatus.RESOLVED)
         if row.status == WaitStatus.PENDING:
             kind: Literal["wait", "signal", "sleep"] = (
                 "sleep" if op == "sleep" else "signal" if op == "wait_for_signal" else "wait")
