@@ -329,7 +329,7 @@ class EffectBoundary:
         return value
 
     async def _tool_call(self, call: Call, decision: replay.Decision) -> Any:
-        seq, address, args = call.seq, call.address, call.args
+        address, args = call.address, call.args
         t = time.perf_counter()
         found = self.catalog.find(address)
         if found is None:
@@ -356,14 +356,14 @@ class EffectBoundary:
                 await self.ledger.record_intent(call, kind, CallState.PENDING, decision.entry)
             else:
                 self.ledger.buffer_intent(call)
-            return await self._dispatch(seq, tool, valid, CallState.PENDING, CallState.DONE, t)
+            return await self._dispatch(call, tool, valid, CallState.PENDING, CallState.DONE, t)
 
         # A write. SEND: approved earlier (by resume), never marked sending.
         if decision.action == replay.SEND:
-            return await self._send(seq, tool, valid, t)
+            return await self._send(call, tool, valid, t)
         if decision.action == replay.UNKNOWN:
             # Left sending by a dead attempt, to a tool that dedupes by key (P-31).
-            return await self._resend(seq, tool, valid, t, replay.entry_of(decision))
+            return await self._resend(call, tool, valid, t, replay.entry_of(decision))
         if decision.action == replay.ASK:
             return await self.stops.ask(call, tool, valid, t)
 
@@ -385,31 +385,36 @@ class EffectBoundary:
             # checked against the budget meanwhile, and must count it.
             self.state.writes_spent += 1
             await self.ledger.record_intent(call, kind, CallState.APPROVED, decision.entry)
-            return await self._send(seq, tool, valid, t, spent=True)
+            return await self._send(call, tool, valid, t, spent=True)
         # ask
         await self.ledger.record_intent(call, kind, CallState.ASKED, decision.entry)
         return await self.stops.ask(call, tool, valid, t)
 
-    async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, spent: bool = False) -> Any:
+    async def _send(self, call: Call, tool: "Tool", args: dict[str, Any], t: float, spent: bool = False) -> Any:
+        """Send an approved write (``args`` validated): ``sending`` is journaled first (P-7)."""
+        seq = call.seq
         if not spent:
             self.state.writes_spent += 1  # before the await below, for the same reason as in _tool_call
         # P-7: `sending` is committed before the request leaves.
         if not await self.ledger.move(seq, [CallState.APPROVED], state=CallState.SENDING, started_at=self.clock(), sends=1):
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state approved; nothing was sent"))
-        return await self._dispatch(seq, tool, args, CallState.SENDING, CallState.SENT, t)
+        return await self._dispatch(call, tool, args, CallState.SENDING, CallState.SENT, t)
 
     def _resendable(self, entry: CallRecord) -> "Tool | None":
         return resend.resendable(self.catalog, entry, self.limits)
 
-    async def _resend(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, entry: CallRecord) -> Any:
+    async def _resend(self, call: Call, tool: "Tool", args: dict[str, Any], t: float, entry: CallRecord) -> Any:
         # The write was already counted against the budget when first sent.
+        seq = call.seq
         send = max(entry.sends, 1) + 1
         if not await self.ledger.move(seq, [CallState.SENDING], state=CallState.SENDING, sends=send):
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state sending; nothing was sent"))
-        return await self._dispatch(seq, tool, args, CallState.SENDING, CallState.SENT, t, send=send)
+        return await self._dispatch(call, tool, args, CallState.SENDING, CallState.SENT, t, send=send)
 
-    async def _dispatch(self, seq: int, tool: "Tool", args: dict[str, Any], from_state: CallState, ok_state: CallState, t: float,
-                        send: int = 1) -> Any:
+    async def _dispatch(self, call: Call, tool: "Tool", args: dict[str, Any], from_state: CallState,
+                        ok_state: CallState, t: float, send: int = 1) -> Any:
+        """Call the tool with its validated ``args`` and journal the outcome; a write in its own task (P-8)."""
+        seq = call.seq
         is_write = from_state == CallState.SENDING
         task = None
         try:
@@ -601,8 +606,8 @@ class EffectBoundary:
     def woke_idle(self) -> None:
         self._idle.set()
 
-    async def send_approved(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
-        return await self._send(seq, tool, args, t)
+    async def send_approved(self, call: Call, tool: "Tool", args: dict[str, Any], t: float) -> Any:
+        return await self._send(call, tool, args, t)
 
     def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
         return self._journal_room(size, what, part)

@@ -87,7 +87,7 @@ class StopHost(Protocol):
     def woke_idle(self) -> None:
         """Wake ``wait_idle`` after ``state.inflight`` was lowered to 0 outside a call's own end."""
 
-    async def send_approved(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
+    async def send_approved(self, call: Call, tool: "Tool", args: dict[str, Any], t: float) -> Any:
         """Send a write already in state approved; its outcome for the program."""
 
     def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
@@ -275,7 +275,7 @@ class Stops:
                                                reason)
             if verdict == "approve":
                 await self.ledger.move(seq, [CallState.ASKED], state=CallState.APPROVED)
-                return await host.send_approved(seq, tool, valid, t)
+                return await host.send_approved(call, tool, valid, t)
             err = guest_error(
                 "write_declined",
                 f"the write {tool.address} was declined{': ' + reason if reason else ''}; it was not sent",
