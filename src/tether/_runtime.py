@@ -633,7 +633,9 @@ class Runtime:
 
     def approval_wait(self, run: RunRecord, seq: int, deadline: float) -> str:
         """Create the wait a paused write is (named approval:<seq>) and return its key."""
-        return self._waits.approval(run, seq, deadline)
+        from tether._engine.approvals.service import ask
+
+        return ask(self._waits, run, seq, deadline)
 
     async def signal(self, run_id: str, name: str, value: Any = None, *, principal: str | None = None) -> dict[str, Any]:
         """Send a named signal; `await wait_for_signal(name)` receives it (kept if it comes first)."""

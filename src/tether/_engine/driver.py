@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from tether._engine import telemetry
+from tether._engine.approvals import service as approvals
 from tether._engine.calls import ledger
 from tether._engine.calls.boundary import SPENT_STATES, Approver, Cancelled, EffectBoundary
 from tether._engine.calls.resend import resendable
@@ -417,7 +418,8 @@ class Attempt:
             expires = now + d.settings.approval_ttl_seconds
             # A paused write is also a durable wait (P-18): its key resolves it
             # like resume() does, from anywhere that holds the key.
-            writes = [w.stored(await self.astore.call(d.waits.approval, run, w.seq, expires)) for w in stop.writes]
+            writes = [w.stored(await self.astore.call(approvals.ask, d.waits, run, w.seq, expires))
+                      for w in stop.writes]
             # The first write at the top level, as before batches; every write
             # of the pause, that one included, under "writes" (P-27).
             public = {**next(w for w in writes if w["seq"] == stop.first.seq), "writes": writes}
