@@ -168,7 +168,8 @@ async def call_parts(iterations: int, store_dir: str) -> list[dict[str, Any]]:
     """
     import time
 
-    from tether._engine import journal, policy
+    from tether._engine import policy
+    from tether._engine.calls.call import call_key
     from tether._engine.result import to_json_value
     from tether._store import open_store
     from tether._store.base import CallRecord, RunRecord
@@ -213,7 +214,7 @@ async def call_parts(iterations: int, store_dir: str) -> list[dict[str, Any]]:
         ("catalog.get", lambda: catalog.get("bench.get"), False),
         ("catalog.validate_args (not on the read path of self-validating tools)",
          lambda: catalog.validate_args("bench.get", args), False),
-        ("journal.call_key (json + sha256)", lambda: journal.call_key("tool", "bench.get", args), False),
+        ("call_key (json + sha256)", lambda: call_key("tool", "bench.get", args), False),
         ("policy.decide_call", lambda: policy.decide_call(policy.Policy(), "bench.get", False, 0), False),
         ("to_json_value(result)", lambda: to_json_value({"id": 3, "value": 6}), False),
         ("journal, batched (reads), file SQLite", lambda: journal_batched(stores["file"]), False),

@@ -75,9 +75,9 @@ async def test_an_attempt_runs_pauses_and_finishes_with_its_collaborators_only()
         assert d.live == {}  # the attempt took its boundary out when it stopped
 
         # Approve as a decider would, then continue from the signed snapshot in a new attempt.
-        from tether._engine.integrity import update_call_signed
+        from tether._engine.calls import ledger
 
-        update_call_signed(store, d.keyring, store.get_call(run.run_id, 2), ["asked"], state="approved")
+        assert ledger.move(store, d.keyring, store.get_call(run.run_id, 2), ["asked"], state="approved")
         assert d.lifecycle.resume(run.run_id, {"seq": 2, "decision": "approve"})
         done = await Attempt(store.get_run(run.run_id), d, mode="continue").run_to_end()
         assert done.status == "completed" and done.result == "ticket 2"

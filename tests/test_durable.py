@@ -335,7 +335,7 @@ def test_p3_call_key_is_canonical():
     from hypothesis import given
     from hypothesis import strategies as st
 
-    from tether._engine.journal import call_key
+    from tether._engine.calls.call import call_key
 
     values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
@@ -391,8 +391,8 @@ async def test_p8_cancel_never_cuts_a_write_on_the_wire(store_url):
 
 
 async def test_p13_a_recorded_write_the_replay_does_not_repeat_is_divergence(store_url):
+    from tether._engine.calls.call import call_key
     from tether._engine.integrity import sign_call
-    from tether._engine.journal import call_key
     from tether._store.base import CallRecord
 
     rec = Recorder()

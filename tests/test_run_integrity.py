@@ -13,6 +13,7 @@ import pytest
 
 from helpers import Recorder
 from tether._engine.approvals.capabilities import secret_id
+from tether._engine.calls import ledger
 from tether._engine.policy import Policy
 from tether._runtime import Runtime
 from tether._store import open_store
@@ -251,7 +252,7 @@ async def orphan(backend: Backend, rec: Recorder) -> str:
         decided = {"seq": 2, "decision": "approve", "reason": None, "at": 0.0}
         assert rt.store.update_run(run_id, ["paused"], status="running", owner="dead:1", lease_until=1.0,
                                    decision=decided)
-        assert rt.update_call_signed(rt.store.get_call(run_id, 2), ["asked"], state="approved")
+        assert ledger.move(rt.store, rt.keyring, rt.store.get_call(run_id, 2), ["asked"], state="approved")
     return run_id
 
 

@@ -272,3 +272,58 @@ async def test_p19_a_cancel_from_another_process_while_the_run_parks_ends_it(sto
         await attempt
         assert other.get_run(run_id).status == "cancelled"
         assert [w["status"] for w in other.list_waits(run_id, status=None)] == ["cancelled"]
+
+
+# The store's writers of wait rows.
+_WAIT_WRITERS = {"create_wait", "settle_wait"}
+# Every wait row is written by _engine/waits.py; the approvals service decides when an approval wait is
+# created and settled (test_decisions.py holds it to that) and has waits.py write it.
+_WAIT_HOMES = {"_engine/waits.py"}
+
+
+def _wait_writes_outside_their_homes() -> list[str]:
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "src" / "tether"
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src).as_posix()
+        if rel.startswith("_store/") or rel in _WAIT_HOMES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in _WAIT_WRITERS:
+                found.append(f"{rel}:{node.lineno} {ast.unparse(node)}")  # a call, or the method handed on
+            if isinstance(node, ast.Constant) and node.value in _WAIT_WRITERS:
+                found.append(f"{rel}:{node.lineno} {node.value!r}")
+    return found
+
+
+def test_only_the_waits_service_writes_a_wait_row():
+    """A wait the program reaches (wait_for, a signal, a sleep), a paused write's approval wait, settled, timed
+    out, revoked or cancelled: its row is written by _engine/waits.py, whose keys and rules every path shares
+    (P-18)."""
+    assert _wait_writes_outside_their_homes() == []
+
+
+def test_a_wait_row_is_created_pending_and_settled_once_or_refused(store_url):
+    """waits.create / waits.settle check the wait table before writing: nothing written on a refusal."""
+    from tether._engine import waits
+    from tether._store import RunRecord
+    from tether._store.base import WaitRecord
+    from tether.errors import InvalidTransition
+
+    store = open_store(store_url)
+    rt_run = "run_1"
+    store.create_run(RunRecord(run_id=rt_run, status="running", program="1", environment={}, policy={}, limits={},
+                               created_at=1.0, updated_at=1.0))
+    with pytest.raises(InvalidTransition):
+        waits.create(store, WaitRecord("k", rt_run, "go", "resolved", 1.0))
+    assert store.get_wait("k") is None
+    waits.create(store, WaitRecord("k", rt_run, "go", "pending", 1.0))
+    with pytest.raises(InvalidTransition):
+        waits.settle(store, WaitRecord("k", rt_run, "go", "pending", 2.0))
+    assert waits.settle(store, WaitRecord("k", rt_run, "go", "resolved", 2.0, value=1, resolved_at=2.0))[0]
+    accepted, row = waits.settle(store, WaitRecord("k", rt_run, "go", "cancelled", 3.0, resolved_at=3.0))
+    assert not accepted and (row.status, row.value) == ("resolved", 1)  # the first settlement wins
+    store.close()

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 from tether._engine import run_keys
 from tether._engine.approvals.model import DECISIONS, Approver
-from tether._engine.boundary import Cancelled, EffectBoundary
+from tether._engine.calls.boundary import Cancelled, EffectBoundary
 from tether._engine.driver import Attempt, Collaborators, Settings
 from tether._engine.events import EventBus
 from tether._engine.finish import Finisher
@@ -637,7 +637,9 @@ class Runtime:
 
     def approval_wait(self, run: RunRecord, seq: int, deadline: float) -> str:
         """Create the wait a paused write is (named approval:<seq>) and return its key."""
-        return self._waits.approval(run, seq, deadline)
+        from tether._engine.approvals.service import ask
+
+        return ask(self._waits, run, seq, deadline)
 
     async def signal(self, run_id: str, name: str, value: Any = None, *, principal: str | None = None) -> dict[str, Any]:
         """Send a named signal; `await wait_for_signal(name)` receives it (kept if it comes first)."""
@@ -946,12 +948,6 @@ class Runtime:
             logging.getLogger("tether").warning("run %s not taken: %s", run.run_id, exc.message)
             return False, None
         return ended is None, ended
-
-    def update_call_signed(self, entry: Any, expect: list[str], **fields: Any) -> bool:
-        """Move a journal entry on and re-sign it, keeping its link to the call before (P-35)."""
-        from tether._engine.integrity import update_call_signed
-
-        return update_call_signed(self.store, self.keyring, entry, expect, **fields)
 
     def verify_snapshot(self, snap: SnapshotRecord) -> None:
         from tether._engine.integrity import verify_snapshot_record

@@ -1,14 +1,14 @@
-"""What one attempt knows while it drives the program: seqs issued, calls in flight, timings, failures."""
+"""What one attempt knows while it drives the program: seqs issued, calls in flight, timings, failures.
+
+What stopping knows (a stop under way, the write batch forming, the calls held) is the
+attempt's Stops' own (_engine/calls/stops.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tether.errors import TetherError
-
-if TYPE_CHECKING:
-    from tether._engine.pending import AskedWrite
 
 
 @dataclass
@@ -42,8 +42,6 @@ class AttemptState:
     inflight: int = 0
     host_seconds: float = 0.0
     inflight_since: float | None = None
-    pausing: bool = False
-    held: list[dict[str, Any]] = field(default_factory=list)
     restore_pending: list[dict[str, Any]] | None = None
     answering: bool = False
     raised: dict[str, "RaisedError"] = field(default_factory=dict)  # message raised in program -> its call
@@ -54,6 +52,3 @@ class AttemptState:
     unknown_writes: list[dict[str, Any]] = field(default_factory=list)
     # What had to change in tool results to make them JSON, by address (for the run's notes).
     conversions: dict[str, list[str]] = field(default_factory=dict)
-    # While a write pause forms: the other writes that ask, issued with it (P-27).
-    batch: list["AskedWrite"] | None = None
-    last_arrival: float = 0.0  # time.monotonic() of the latest call the program issued

@@ -17,9 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from tether._engine import telemetry
+from tether._engine.approvals import service as approvals
 from tether._engine.approvals.capabilities import Keyring
 from tether._engine.approvals.model import Approver
-from tether._engine.boundary import SPENT_STATES, Cancelled, EffectBoundary
+from tether._engine.calls import ledger
+from tether._engine.calls.boundary import SPENT_STATES, Cancelled, EffectBoundary
+from tether._engine.calls.resend import resendable
+from tether._engine.calls.stops import Parked, Paused
 from tether._engine.envelopes import (
     LogBuffer,
     diagnostics,
@@ -32,7 +36,6 @@ from tether._engine.finish import Finisher
 from tether._engine.integrity import (
     sign_run,
     sign_snapshot_record,
-    update_call_signed,
     verify_calls,
     verify_run,
     verify_snapshot_record,
@@ -40,11 +43,9 @@ from tether._engine.integrity import (
 from tether._engine.lifecycle import Lifecycle, outcome_unknown
 from tether._engine.limits import Limits
 from tether._engine.notices import CANCEL, wait_a_little
-from tether._engine.pausing import Parked, Paused
 from tether._engine.pending import ParkedWait, Stop, as_stored
 from tether._engine.policy import Policy
 from tether._engine.quarantine import takeovers, without_takeovers
-from tether._engine.resend import resendable
 from tether._engine.restore import SnapshotMismatch
 from tether._engine.result import RunResult, preview, to_json_value
 from tether._engine.sessions import Sessions
@@ -206,7 +207,7 @@ class Attempt:
         for e in stuck:
             if e.state == CallState.SENDING and resendable(d.catalog, e, self.limits) is None:
                 lost, err = outcome_unknown(e)
-                update_call_signed(d.store, d.keyring, e, [CallState.SENDING], finished_at=d.clock(), **lost)
+                await ledger.move_async(self.astore, d.keyring, e, [CallState.SENDING], finished_at=d.clock(), **lost)
                 return await d.finisher.end_attempt(run, RunStatus.FAILED, error=err.to_dict(), calls=e.seq)
         return None
 
@@ -365,7 +366,7 @@ class Attempt:
             checkpoint_sink=self.checkpoint,
             clock=d.clock,
             keyring=d.keyring,
-            wait_secret=d.keyring.current,
+            waits=d.waits,
             session=run.session,
             on_progress=self.on_progress,
             on_question=self.on_question,
@@ -410,7 +411,7 @@ class Attempt:
         if st.answering and st.restore_pending is not None:
             waits_on = list(st.restore_pending)
         else:
-            waits_on = [stop.call()] + list(st.held)
+            waits_on = [stop.call()] + list(boundary.stops.held)
         waits_on.sort(key=lambda c: c["seq"])
         await self.astore.put_snapshot(self._snapshot_record(st.issued, data, waits_on, "pause"))
         now = d.clock()
@@ -422,7 +423,8 @@ class Attempt:
             expires = now + d.settings.approval_ttl_seconds
             # A paused write is also a durable wait (P-18): its key resolves it
             # like resume() does, from anywhere that holds the key.
-            writes = [w.stored(await self.astore.call(d.waits.approval, run, w.seq, expires)) for w in stop.writes]
+            writes = [w.stored(await self.astore.call(approvals.ask, d.waits, run, w.seq, expires))
+                      for w in stop.writes]
             # The first write at the top level, as before batches; every write
             # of the pause, that one included, under "writes" (P-27).
             public = {**next(w for w in writes if w["seq"] == stop.first.seq), "writes": writes}

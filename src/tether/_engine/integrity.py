@@ -11,8 +11,9 @@ secret can say so instead of reporting tampering:
   outcome, chained to the key of the call before it;
 - the **snapshot MAC** (``snapshots.mac``): the dump and the calls it waits on.
 
-Nothing here reads the store; callers pass records in (and the store to
-write to, for :func:`update_call_signed`).
+Nothing here reads or writes the store: callers pass records in, and the
+journal's entries are written, signed with these MACs, by the one writer of
+call rows (tether._engine.calls.ledger).
 """
 
 from __future__ import annotations
@@ -167,33 +168,11 @@ def resign_call(keyring: Keyring, call: "CallRecord", **fields: Any) -> str:
                      None if prev == "-" else prev)
 
 
-def update_call_signed(store: Any, keyring: Keyring, entry: "CallRecord | None", expect: Sequence[str],
-                       **fields: Any) -> bool:
-    """Move a journal entry on (compare-and-set) and re-sign it; on success ``entry`` holds the new values.
-
-    Every signed field that can change is written with the MAC, not only
-    ``fields``: the row then always holds exactly what was signed, even if a
-    process that lost its lease wrote the same entry meanwhile.
-    """
-    if entry is None:
-        return False
-    fields = signed_update(keyring, entry, **fields)
-    if not store.update_call(entry.run_id, entry.seq, list(expect), **fields):
-        return False
-    apply_update(entry, fields)
-    return True
-
-
 def signed_update(keyring: Keyring, entry: "CallRecord", **fields: Any) -> dict[str, Any]:
-    """What ``update_call_signed`` writes: every signed field that can change, and the new MAC (``mac``)."""
+    """What a move of ``entry`` writes (tether._engine.calls.ledger): every signed field that can change,
+    with ``fields`` applied, and the new MAC (``mac``)."""
     fields = {**{name: getattr(entry, name) for name in _MUTABLE_CALL_FIELDS}, **fields}
     return {**fields, "mac": resign_call(keyring, entry, **fields)}
-
-
-def apply_update(entry: "CallRecord", fields: dict[str, Any]) -> None:
-    """Give ``entry`` the values a signed update stored."""
-    for name, value in fields.items():
-        setattr(entry, name, value)
 
 
 def verify_calls(keyring: Keyring, run_id: str, calls: Sequence["CallRecord"]) -> None:
@@ -243,7 +222,6 @@ __all__ = [
     "sign_snapshot_record",
     "signed_call_fields",
     "signed_run_fields",
-    "update_call_signed",
     "verify_calls",
     "verify_run",
     "verify_snapshot_record",

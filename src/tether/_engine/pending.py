@@ -1,6 +1,6 @@
 """What a stopped attempt waits on: the writes of a pause, or the wait it parks on (P-18, P-27).
 
-Built where the attempt stops (_engine/pausing.py), handed to the pause sink
+Built where the attempt stops (_engine/calls/stops.py), handed to the pause sink
 (``driver.Attempt.pause``), which stores it on the run as plain JSON
 (``runs.pending``): the record's type says pause or park, where a dict's keys
 used to. What is stored, signed and returned is exactly the dict it was.

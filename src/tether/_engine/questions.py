@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Mapping
 
-from tether._engine.boundary import EffectBoundary
+from tether._engine.calls.boundary import EffectBoundary
 from tether._engine.events import EventBus
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tether._engine.boundary import BUILTIN_OPS
+from tether._engine.calls.boundary import BUILTIN_OPS
 from tether._engine.limits import Limits
 from tether._sandbox.monty import SandboxLimits, SandboxSpec
 from tether._store.base import RunRecord

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Sequence
 
-from tether._engine.approvals import service as approvals
 from tether._engine.approvals.capabilities import WAIT_KEY
 
 # A paused write is a wait named approval:<seq>; what resolves it is a decision.
-from tether._engine.approvals.model import APPROVAL_PREFIX, DECISIONS, approval_wait_name
+from tether._engine.approvals.model import APPROVAL_PREFIX, DECISIONS, decision_of
 from tether._engine.result import to_json_value
-from tether._store.base import LOCAL_PRINCIPAL, WAIT_DIGEST_PREFIX, RunRecord, Store, WaitRecord, wait_digest
-from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
-from tether.errors import AlreadyDecided, InvalidArguments, ToolsUnavailable, WrongSecret
+from tether._store.base import LOCAL_PRINCIPAL, WAIT_DIGEST_PREFIX, Store, WaitRecord, wait_digest
+from tether._store.states import TERMINAL_RUN_STATUSES, WAIT_TRANSITIONS, RunStatus, WaitStatus
+from tether.errors import AlreadyDecided, InvalidArguments, InvalidTransition, ToolsUnavailable, WrongSecret
 
 SIGNAL_PREFIX = "signal:"
 SLEEP_PREFIX = "sleep:"
@@ -97,6 +96,23 @@ def wait_view(w: WaitRecord, key: str | None = None) -> dict[str, Any]:
             "resolved_at": w.resolved_at}
 
 
+def create(store: Store, wait: WaitRecord) -> WaitRecord:
+    """Write a new wait row, pending (or find the one already there): every wait row is created here."""
+    if wait.status != WaitStatus.PENDING:
+        raise InvalidTransition(f"wait {wait.name} of run {wait.run_id} cannot start {wait.status}; nothing was "
+                                "written", details={"run_id": wait.run_id, "to": str(wait.status)})
+    return store.create_wait(wait)
+
+
+def settle(store: Store, wait: WaitRecord) -> tuple[bool, WaitRecord]:
+    """Settle a wait row (the first settlement wins, WAIT_TRANSITIONS): every wait row is settled here."""
+    if wait.status not in WAIT_TRANSITIONS[WaitStatus.PENDING]:
+        raise InvalidTransition(f"wait {wait.name} of run {wait.run_id} cannot settle as {wait.status}; nothing "
+                                "was written", details={"run_id": wait.run_id, "from": [str(WaitStatus.PENDING)],
+                                                        "to": str(wait.status)})
+    return store.settle_wait(wait)
+
+
 class Waits:
     """A store's waits, signals and timers (P-18): their keys, settling, revoking.
 
@@ -161,8 +177,8 @@ class Waits:
         status = WaitStatus.FAILED if error is not None else WaitStatus.RESOLVED
         err = {"message": error} if error is not None else None
         value = to_json_value(value)[0]
-        accepted, row = await self.store.aio.settle_wait(WaitRecord(key, run_id, name, status, now, value=value,
-                                                                    error=err, resolved_at=now))
+        accepted, row = await self.store.aio.call(settle, self.store, WaitRecord(
+            key, run_id, name, status, now, value=value, error=err, resolved_at=now))
         out = {"status": "accepted" if accepted else "already_resolved", "key": key, "wait": wait_view(row, key)}
         # A resolution kept while the run could not continue (tools_unavailable) wakes it on a later try.
         result = None
@@ -181,16 +197,27 @@ class Waits:
             self._left(run_id)  # parked here on it, a runner continues it; running, it finds the value itself
         return out
 
-    def approval(self, run: RunRecord, seq: int, deadline: float) -> str:
-        """Create the wait a paused write is (named approval:<seq>) and return its key."""
-        return approvals.ask(self.store, self.key(run.run_id, approval_wait_name(seq)), run, seq,
-                             deadline, self.clock())
+    def reach(self, run_id: str, name: str, *, seq: int, deadline: float | None,
+              session: str | None) -> tuple[str, WaitRecord]:
+        """The wait a program reached (``wait_for``, ``wait_for_signal``, ``sleep``), created pending unless it
+        exists (a resolution may have come first, or an earlier attempt reached it): its key and its row."""
+        key = self.key(run_id, name)
+        row = create(self.store, WaitRecord(key, run_id, name, WaitStatus.PENDING, self.clock(), seq=seq,
+                                            deadline=deadline, session=session))
+        return key, row
+
+    def end(self, key: str, run_id: str, name: str, *, seq: int, status: WaitStatus) -> WaitRecord:
+        """Settle a wait its run ends itself (its deadline passed, a short sleep waited out); the row after
+        (a resolution that came first wins)."""
+        now = self.clock()
+        _, row = settle(self.store, WaitRecord(key, run_id, name, status, now, seq=seq, resolved_at=now))
+        return row
 
     async def _resolve_approval(self, key: str, run_id: str, name: str, value: Any,
                                 error: str | None, owner: str | None) -> dict[str, Any]:
         """Resolving an approval wait is deciding the paused write: resume() does the work."""
         seq = int(name.split(":", 1)[1])
-        decision, reason = approvals.decision_of(value, error)
+        decision, reason = decision_of(value, error)
         if decision not in DECISIONS:
             return {"status": "invalid_value", "key": key,
                     "next_action": 'Resolve an approval with {"decision": "approve" | "decline" | "cancel", '
@@ -216,7 +243,7 @@ class Waits:
         now, n = self.clock(), 0
         for w in self.store.list_waits(run_id=run_id, session=session):
             revoked = WaitRecord(w.key, w.run_id, w.name, WaitStatus.REVOKED, now, resolved_at=now)
-            accepted, _ = self.store.settle_wait(revoked)
+            accepted, _ = settle(self.store, revoked)
             n += accepted
         return n
 
@@ -235,4 +262,4 @@ class Waits:
         """End a cancelled run's waits with it."""
         now = self.clock()
         for w in self.store.list_waits(run_id=run_id):
-            self.store.settle_wait(WaitRecord(w.key, w.run_id, w.name, WaitStatus.CANCELLED, now, resolved_at=now))
+            settle(self.store, WaitRecord(w.key, w.run_id, w.name, WaitStatus.CANCELLED, now, resolved_at=now))

@@ -36,7 +36,7 @@ from tether._tools.model import Tool
 from tether.errors import ConfigError, NamespaceTaken, SourceUnavailable, TetherError, ToolsUnavailable
 
 if TYPE_CHECKING:
-    from tether._engine.boundary import EffectBoundary
+    from tether._engine.calls.boundary import EffectBoundary
     from tether._sources.mcp import MCPSource
     from tether._store.base import Store
     from tether._tools.catalog import Catalog

@@ -2,7 +2,8 @@
 
 One vocabulary for the whole code base: the store persists these values,
 ``tether._engine.lifecycle`` is the one place that takes a run from one to the
-next, and the tables below are what it checks. The members are ``str``
+next, ``tether._engine.calls.ledger`` the one place that writes a journal entry,
+and the tables below are what they check. The members are ``str``
 subclasses whose values are the strings stored and sent today, so rows,
 JSON envelopes and run MACs stay byte for byte what they were.
 
@@ -88,7 +89,10 @@ RUN_TRANSITIONS: Mapping[RunStatus, frozenset[RunStatus]] = {
 }
 
 _C = CallState
-# A journal entry's transitions (the boundary and decisions make them; update_call is their compare-and-set).
+# A journal entry's transitions, by the state it leaves; tether._engine.calls.ledger makes each
+# (the store's update_call is their compare-and-set) and nothing else changes an entry.
+# Restating a state (a read a dead attempt left pending, issued again; an entry's
+# recorded idempotency key) is not a transition and is not listed.
 CALL_TRANSITIONS: Mapping[CallState, frozenset[CallState]] = {
     _C.PENDING: frozenset({_C.DONE, _C.FAILED}),
     _C.ASKED: frozenset({_C.APPROVED, _C.DECLINED}),
@@ -104,6 +108,11 @@ CALL_TRANSITIONS: Mapping[CallState, frozenset[CallState]] = {
     _C.UNKNOWN: frozenset(),
 }
 
+# The states an entry is first written in: an intent (a read's is held in memory and written with
+# its outcome, P-7; a write asks or is approved by policy; a wait), or a call refused before it was sent.
+NEW_CALL_STATES: frozenset[CallState] = frozenset(
+    {_C.PENDING, _C.DONE, _C.FAILED, _C.ASKED, _C.APPROVED, _C.WAITING, _C.DENIED})
+
 _W = WaitStatus
 WAIT_TRANSITIONS: Mapping[WaitStatus, frozenset[WaitStatus]] = {
     _W.PENDING: frozenset({_W.RESOLVED, _W.FAILED, _W.TIMEOUT, _W.CANCELLED, _W.REVOKED}),
@@ -116,3 +125,10 @@ def run_move_allowed(frm: str, to: str) -> bool:
     source = RunStatus(frm)
     target = RunStatus(to)
     return target in RUN_TRANSITIONS[source] or source is target
+
+
+def call_move_allowed(frm: str, to: str) -> bool:
+    """Whether a journal entry in state ``frm`` may move to ``to``; restating its state is allowed."""
+    source = CallState(frm)
+    target = CallState(to)
+    return target in CALL_TRANSITIONS[source] or source is target

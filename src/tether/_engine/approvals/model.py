@@ -142,3 +142,14 @@ def taken(entry: CallRecord | None) -> str | None:
         message = (entry.error or {}).get("message", "")
         return "cancel" if message.startswith("[write_cancelled]") else "decline"
     return None
+
+
+def decision_of(value: Any, error: str | None) -> tuple[str | None, str | None]:
+    """(decision, reason) an approval wait is resolved with by its key; decision None when it names none."""
+    if error is not None:
+        return "decline", error
+    if isinstance(value, str):
+        return value, None
+    if isinstance(value, dict):
+        return value.get("decision"), value.get("reason")
+    return None, None

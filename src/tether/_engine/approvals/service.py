@@ -6,7 +6,8 @@ write is decided on its own, by its seq: the journal entry's compare-and-set
 one wins and a repeat changes nothing (P-28). The run continues once every
 write of the pause is decided; a ``cancel`` of any of them ends the run.
 
-    ask(...)          a paused write's approval wait, created when the run pauses (driver, via Waits)
+    ask(...)          a paused write's approval wait, created when the run pauses (driver; the row
+                      written by _engine/waits.py, the one writer of wait rows)
     pending(rt, run)  -> [PendingWrite, ...]                       (rt.pending)
     decide(rt, run_id, {3: "approve", 4: ("decline", "why")}, actor=..., via=...)
                       every surface's decision: Python, CLI, MCP resume and forms, the console,
@@ -23,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tether import _metrics as metrics
+from tether._engine import waits as waits_mod
 from tether._engine.approvals.model import (
     APPROVAL_PREFIX,
     CHANNELS,
@@ -33,9 +35,10 @@ from tether._engine.approvals.model import (
     batch_of,
     taken,
 )
+from tether._engine.calls import ledger
 from tether._engine.lifecycle import cancelled_error
 from tether._engine.result import RunResult
-from tether._store.base import CallRecord, RunRecord, Store, WaitRecord
+from tether._store.base import CallRecord, RunRecord, WaitRecord
 from tether._store.states import CallState, RunStatus, WaitStatus
 from tether.errors import (
     AlreadyDecided,
@@ -50,24 +53,17 @@ from tether.errors import (
 
 if TYPE_CHECKING:
     from tether._engine.host import RunHost
+    from tether._engine.waits import Waits
 
 
-def ask(store: Store, key: str, run: RunRecord, seq: int, deadline: float, now: float) -> str:
-    """Create the wait paused write ``seq`` is, under ``key``; return the key."""
-    store.create_wait(WaitRecord(key, run.run_id, approval_wait_name(seq), WaitStatus.PENDING, now, seq=seq,
-                                 deadline=deadline, session=run.session))
+def ask(waits: Waits, run: RunRecord, seq: int, deadline: float) -> str:
+    """Create the wait paused write ``seq`` is (named approval:<seq>), through the waits service's row
+    writer; return its key."""
+    name = approval_wait_name(seq)
+    key = waits.key(run.run_id, name)
+    waits_mod.create(waits.store, WaitRecord(key, run.run_id, name, WaitStatus.PENDING, waits.clock(), seq=seq,
+                                             deadline=deadline, session=run.session))
     return key
-
-
-def decision_of(value: Any, error: str | None) -> tuple[str | None, str | None]:
-    """(decision, reason) an approval wait is resolved with by its key; decision None when it names none."""
-    if error is not None:
-        return "decline", error
-    if isinstance(value, str):
-        return value, None
-    if isinstance(value, dict):
-        return value.get("decision"), value.get("reason")
-    return None, None
 
 
 def recorded_decision(rt: RunHost, run_id: str, seq: int, entry: CallRecord | None = None) -> Decision | None:
@@ -282,14 +278,14 @@ def _record(rt: RunHost, run: RunRecord, write: dict[str, Any], decision: str, r
     seq = write["seq"]
     entry = rt.store.get_call(run.run_id, seq)
     if decision == "approve":
-        won = rt.update_call_signed(entry, list(expect), state=CallState.APPROVED)
+        won = ledger.move(rt.store, rt.keyring, entry, expect, state=CallState.APPROVED)
     else:
         why = "cancelled" if decision == "cancel" else "declined"
         err = guest_error(f"write_{why}",
                           f"the write {write['address']} was {why}{': ' + reason if reason else ''}; it was not sent",
                           "PermissionError")
-        won = rt.update_call_signed(entry, list(expect), state=CallState.DECLINED,
-                                    error={"type": err.exc_type, "message": err.message}, finished_at=now)
+        won = ledger.move(rt.store, rt.keyring, entry, expect, state=CallState.DECLINED,
+                          error={"type": err.exc_type, "message": err.message}, finished_at=now)
     if not won:
         already = taken(rt.store.get_call(run.run_id, seq))
         if already != decision:
@@ -305,8 +301,8 @@ def _record(rt: RunHost, run: RunRecord, write: dict[str, Any], decision: str, r
 def _settle_approval(rt: RunHost, run_id: str, record: Decision) -> None:
     name = approval_wait_name(record.seq)
     now = rt.clock()
-    rt.store.settle_wait(WaitRecord(rt.wait_key(run_id, name), run_id, name, WaitStatus.RESOLVED, now,
-                                    seq=record.seq, value=record.wait_value(), resolved_at=now))
+    waits_mod.settle(rt.store, WaitRecord(rt.wait_key(run_id, name), run_id, name, WaitStatus.RESOLVED, now,
+                                          seq=record.seq, value=record.wait_value(), resolved_at=now))
 
 
 async def _cancel(rt: RunHost, run: RunRecord, fresh: dict[int, tuple[str, str | None]], who: dict[str, Any],
@@ -368,4 +364,4 @@ def expire(rt: RunHost) -> list[str]:
     return ended
 
 
-__all__ = ["ask", "decide", "decision_of", "expire", "pending", "recorded_decision", "refusal", "unnamed_target"]
+__all__ = ["ask", "decide", "expire", "pending", "recorded_decision", "refusal", "unnamed_target"]

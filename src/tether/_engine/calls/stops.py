@@ -1,13 +1,13 @@
-"""Pausing and parking: how an attempt stops at a host call (P-4, P-18, P-27).
+"""Stops: how an attempt pauses or parks at a host call (P-4, P-18, P-27).
 
 A write that asks pauses the run; a durable wait, a signal or a long sleep
-parks it. Both take one path (:meth:`Pauses.stop_at`): calls in flight finish
+parks it. Both take one path (:meth:`Stops.stop_at`): calls in flight finish
 and are journaled, the state is handed to the pause sink (which dumps and
 stores it), and the program is unwound. Calls issued while the attempt stops
 are held, not journaled; a write that would ask joins a forming write pause.
 
-:class:`Pauses` is owned by the :class:`~tether._engine.boundary.EffectBoundary`
-of one attempt and reaches it only through :class:`PauseHost`.
+:class:`Stops` is owned by the :class:`~tether._engine.calls.boundary.EffectBoundary`
+of one attempt and reaches it only through :class:`StopHost`.
 """
 
 from __future__ import annotations
@@ -18,22 +18,24 @@ import inspect
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
 
-from tether._engine import journal
 from tether._engine import policy as policy_mod
+from tether._engine.calls import replay
+from tether._engine.calls.call import Call
+from tether._engine.calls.ledger import Ledger, value_size
 from tether._engine.guest_errors import err_json, guest_error
 from tether._engine.inputs import wait_name_problem
 from tether._engine.pending import AskedWrite, ParkedWait, Stop, WritePause
-from tether._engine.waits import SIGNAL_PREFIX, SLEEP_PREFIX, key_for
+from tether._engine.waits import SIGNAL_PREFIX, SLEEP_PREFIX
 from tether._sandbox.monty import GuestRaise, Stopped
-from tether._store.base import CallRecord, Store, WaitRecord
+from tether._store.base import CallRecord, Store
 from tether._store.states import CallState, WaitStatus
 from tether.errors import InvalidArguments, UnknownTool
 
 if TYPE_CHECKING:
-    from tether._engine.approvals.capabilities import Keyring
     from tether._engine.approvals.model import Approver
     from tether._engine.attempt_state import AttemptState
     from tether._engine.limits import Limits
+    from tether._engine.waits import Waits
     from tether._sandbox.monty import Execution
     from tether._tools.catalog import Catalog
     from tether._tools.model import Tool
@@ -61,8 +63,8 @@ class Parked(Stopped):
 _UNWIND = GuestRaise("BaseException", "the run stopped here")
 
 
-class PauseHost(Protocol):
-    """What the pausing unit needs from the boundary that owns it."""
+class StopHost(Protocol):
+    """What the stops unit needs from the boundary that owns it."""
 
     run_id: str
     store: Store
@@ -74,18 +76,9 @@ class PauseHost(Protocol):
     state: "AttemptState"
     execution: "Execution | None"
     clock: Callable[[], float]
-    secret: bytes  # signs wait keys
-    keyring: Keyring  # older secrets in it: keys handed out before a rotation stay the waits' keys
+    waits: "Waits"  # the one place wait rows are written (their keys signed, rotations kept)
     session: str | None
     inline_sleep_seconds: float  # sleeps up to this long are waited out, not parked
-
-    @property
-    def journal(self) -> dict[int, CallRecord]:
-        """The run's journal entries this attempt knows, by seq."""
-
-    @property
-    def last_recorded_seq(self) -> int:
-        """The highest seq earlier attempts recorded: a live call past it is new."""
 
     async def wait_idle(self) -> None:
         """Return once no call is in flight."""
@@ -93,15 +86,8 @@ class PauseHost(Protocol):
     def woke_idle(self) -> None:
         """Wake ``wait_idle`` after ``state.inflight`` was lowered to 0 outside a call's own end."""
 
-    async def send_approved(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
+    async def send_approved(self, call: Call, tool: "Tool", args: dict[str, Any], t: float) -> Any:
         """Send a write already in state approved; its outcome for the program."""
-
-    async def move_call(self, seq: int, expect: list[str], **fields: Any) -> bool:
-        """Move a journaled call on from one of `expect` (signed, compare-and-set)."""
-
-    async def record_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
-                            state: CallState, existing: CallRecord | None) -> None:
-        """Journal a call before it is sent (write-ahead)."""
 
     def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
         """Count a value against the journal's limits; the error to raise if it does not fit."""
@@ -109,38 +95,53 @@ class PauseHost(Protocol):
     def remember(self, err: GuestRaise, seq: int, address: str) -> None:
         """Note an error raised into the program as this call's."""
 
-    async def record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], kind: str,
-                              err: GuestRaise, *, key: str | None = None,
+    async def record_rejected(self, call: Call, kind: str, err: GuestRaise, *,
                               existing: CallRecord | None = None) -> None:
         """Journal a call refused before it was sent, as failed with `err`."""
-
-    async def record_new(self, record: CallRecord) -> None:
-        """Sign and store a new journal entry, after the reads still buffered."""
 
     def stat(self, seq: int, op: str, address: str, kind: str, state: str, t: float) -> None:
         """Count a finished call in the attempt's stats and progress."""
 
 
-class Pauses:
-    """Stops one attempt at a host call: pauses, parks, and the calls held meanwhile."""
+class Stops:
+    """Stops one attempt at a host call: pauses, parks, and the calls held meanwhile.
 
-    def __init__(self, host: PauseHost, pause_sink: Callable[[Any, Stop], Awaitable[None]], *,
+    It owns what stopping knows (whether a stop is under way, the write batch
+    forming, the calls held) and journals through the attempt's ledger; the
+    boundary that owns it reads ``pausing`` and ``batch`` to route a call here.
+    """
+
+    def __init__(self, host: StopHost, ledger: Ledger, pause_sink: Callable[[Any, Stop], Awaitable[None]], *,
                  batch_window_seconds: float = 0.05) -> None:
         self.host = host
+        self.ledger = ledger
         self.pause_sink = pause_sink  # called with (host, pending): saves the state before the program unwinds
         # A write pause is stored once the program has issued no call for this
         # long, so writes issued together (asyncio.gather) pause as one batch (P-27).
         self.batch_window_seconds = batch_window_seconds
-        self._release = asyncio.Event()
+        self.reset()
 
-    async def hold(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
+    def reset(self) -> None:
+        """Nothing stopped, nothing held (an attempt, or a replay starting over from call 1)."""
+        self._release = asyncio.Event()
+        self.pausing = False  # a pause or a park is under way: later calls are held
+        self.held: list[dict[str, Any]] = []  # calls issued while stopping, listed in the dump (P-9)
+        # While a write pause forms: the other writes that ask, issued with it (P-27).
+        self.batch: list[AskedWrite] | None = None
+        self.last_arrival = 0.0  # time.monotonic() of the latest call the program issued
+
+    def arrived(self) -> None:
+        """The program issued a call: a forming write pause waits until it goes quiet."""
+        self.last_arrival = time.monotonic()
+
+    async def hold(self, call: Call) -> Any:
         """Park a call issued while the attempt is stopping; it is not journaled.
 
         Once the stop is recorded the call is answered with a BaseException,
         which unwinds the program (its state is already saved, or no longer wanted)
         so its worker can be reused instead of killed.
         """
-        self.host.state.held.append({"seq": seq, "op": op, "address": address, "args": args})
+        self.held.append(call.held())
         await self._release.wait()
         raise _UNWIND
 
@@ -162,17 +163,14 @@ class Pauses:
         if st.inflight == 0:
             self.host.woke_idle()
 
-    def reset(self) -> None:
-        """Hold calls again (the attempt starts over from call 1)."""
-        self._release = asyncio.Event()
-
     async def park(self, pending: ParkedWait) -> Any:
         """Stop the program until the wait is settled; like a pause, but for the world to answer."""
         return await self.stop_at(pending, Parked(pending))
 
-    async def wait(self, seq: int, op: str, args: dict[str, Any], key: str, decision: Any) -> Any:
+    async def wait(self, call: Call, decision: Any) -> Any:
         """wait_for / wait_for_signal / sleep: settle now, or park the run (P-18)."""
         host = self.host
+        seq, op, args, key = call.seq, call.op, call.args, call.key
         pos, kw = list(args.get("args", ())), dict(args.get("kwargs", {}))
         t = time.perf_counter()
         name: str
@@ -185,7 +183,7 @@ class Pauses:
                     err = guest_error("sleep_too_long",
                                       f"a sleep of {seconds:g} s is longer than limits.max_sleep_seconds "
                                       f"({host.limits.max_sleep_seconds:g} s); the run was not parked", "ValueError")
-                    await host.record_rejected(seq, op, op, args, "wait", err, key=key)
+                    await host.record_rejected(call, "wait", err)
                     raise err
             else:
                 given = pos[0] if pos else kw.get("name")
@@ -201,46 +199,44 @@ class Pauses:
                     name = SIGNAL_PREFIX + name
         except (TypeError, ValueError, IndexError) as exc:
             err = guest_error("invalid_arguments", f"{op}: {exc}", "TypeError")
-            await host.record_rejected(seq, op, op, args, "wait", err, key=key, existing=decision.entry)
+            await host.record_rejected(call, "wait", err, existing=decision.entry)
             raise err from None
         entry = decision.entry
         now = host.clock()
         if entry is None:
             entry = CallRecord(host.run_id, seq, op, name, args, key, "wait", CallState.WAITING, started_at=now)
-            await host.record_new(entry)
+            await self.ledger.record_new(entry)
         # The deadline counts from when the program first reached the wait, so
         # a restart continues with only the remaining time.
         deadline = None if timeout is None else (entry.started_at or now) + timeout
-        astore = host.store.aio  # off the event loop on Postgres (D-27)
-        wkey = await astore.call(key_for, host.store, host.secret, host.run_id, name, host.keyring.previous)
-        row = await astore.call(host.store.create_wait, WaitRecord(
-            wkey, host.run_id, name, WaitStatus.PENDING, now, seq=seq, deadline=deadline, session=host.session))
+        # Wait rows are the waits service's (waits.py); off the event loop on Postgres (D-27).
+        astore = host.store.aio
+        wkey, row = await astore.call(host.waits.reach, host.run_id, name, seq=seq, deadline=deadline,
+                                      session=host.session)
         if row.status == WaitStatus.PENDING and deadline is not None and now >= deadline:
             status = WaitStatus.RESOLVED if op == "sleep" else WaitStatus.TIMEOUT
-            _, row = await astore.call(host.store.settle_wait, WaitRecord(wkey, host.run_id, name, status, now,
-                                                                          seq=seq, resolved_at=now))
+            row = await astore.call(host.waits.end, wkey, host.run_id, name, seq=seq, status=status)
         # (A sleep always has a deadline.)
         if (row.status == WaitStatus.PENDING and op == "sleep" and deadline is not None
                 and deadline - now <= host.inline_sleep_seconds):
             # A short sleep is cheaper to wait out than to park.
             await asyncio.sleep(max(0.0, deadline - now))
-            _, row = await astore.call(host.store.settle_wait, WaitRecord(
-                wkey, host.run_id, name, WaitStatus.RESOLVED, host.clock(), seq=seq, resolved_at=host.clock()))
+            row = await astore.call(host.waits.end, wkey, host.run_id, name, seq=seq, status=WaitStatus.RESOLVED)
         if row.status == WaitStatus.PENDING:
             kind: Literal["wait", "signal", "sleep"] = (
                 "sleep" if op == "sleep" else "signal" if op == "wait_for_signal" else "wait")
             return await self.park(ParkedWait(kind, seq, op, args, name, wkey, deadline))
         # Settled: journal the outcome, then answer the program.
         if row.status == WaitStatus.RESOLVED:
-            refused = host.journal_room(journal.value_size(row.value), name, "result")
+            refused = host.journal_room(value_size(row.value), name, "result")
             if refused is not None:
-                await host.move_call(seq, [CallState.WAITING], state=CallState.FAILED, error=err_json(refused),
+                await self.ledger.move(seq, [CallState.WAITING], state=CallState.FAILED, error=err_json(refused),
                                       finished_at=host.clock())
                 if host.state.failure is not None:
-                    return await self.hold(seq, op, op, args)
+                    return await self.hold(call)
                 host.remember(refused, seq, name)
                 raise refused
-            await host.move_call(seq, [CallState.WAITING], state=CallState.DONE, outcome=row.value,
+            await self.ledger.move(seq, [CallState.WAITING], state=CallState.DONE, outcome=row.value,
                                   finished_at=host.clock())
             host.stat(seq, op, name, "wait", CallState.DONE, t)
             return row.value
@@ -252,16 +248,17 @@ class Pauses:
             err = guest_error("wait_cancelled", f"{name} was cancelled", "RuntimeError")
         else:
             err = guest_error("wait_revoked", f"{name} was revoked", "RuntimeError")
-        await host.move_call(seq, [CallState.WAITING], state=CallState.FAILED, error=err_json(err),
+        await self.ledger.move(seq, [CallState.WAITING], state=CallState.FAILED, error=err_json(err),
                               finished_at=host.clock())
         host.stat(seq, op, name, "wait", CallState.FAILED, t)
         host.remember(err, seq, name)
         raise err
 
-    async def ask(self, seq: int, tool: Tool, args: dict[str, Any], valid: dict[str, Any], t: float,
-                  entry: CallRecord | None = None) -> Any:
+    async def ask(self, call: Call, tool: Tool, valid: dict[str, Any], t: float) -> Any:
+        """A write that asks: decided at once by an inline approver, or the run pauses (P-4, P-27)."""
         host = self.host
-        pending = AskedWrite.of(seq, tool, args)
+        seq = call.seq
+        pending = AskedWrite.of(seq, tool, call.args)
         # A rule that requires a signed-in approver keeps the write from an inline
         # approver (an MCP client's form): the run pauses for the console, a
         # signed-in link page or the operator, unless the approver is the operator's own prompt.
@@ -276,14 +273,14 @@ class Pauses:
             await self._record_inline_decision(seq, tool.address, "approve" if verdict == "approve" else "decline",
                                                reason)
             if verdict == "approve":
-                await host.move_call(seq, [CallState.ASKED], state=CallState.APPROVED)
-                return await host.send_approved(seq, tool, valid, t)
+                await self.ledger.move(seq, [CallState.ASKED], state=CallState.APPROVED)
+                return await host.send_approved(call, tool, valid, t)
             err = guest_error(
                 "write_declined",
                 f"the write {tool.address} was declined{': ' + reason if reason else ''}; it was not sent",
                 "PermissionError",
             )
-            await host.move_call(seq, [CallState.ASKED], state=CallState.DECLINED, error=err_json(err),
+            await self.ledger.move(seq, [CallState.ASKED], state=CallState.DECLINED, error=err_json(err),
                                  finished_at=host.clock())
             host.remember(err, seq, tool.address)
             raise err
@@ -300,7 +297,7 @@ class Pauses:
                          via=getattr(host.on_approval, "via", "prompt"), at=host.clock())
         await host.store.aio.add_event(host.run_id, "decided", taken.event(address), host.clock())
 
-    async def join_batch(self, seq: int, address: str, args: dict[str, Any]) -> Any:
+    async def join_batch(self, call: Call) -> Any:
         """A call issued while a write pause forms: a write that would ask joins the pause (P-27).
 
         Everything else — reads, writes that policy allows or denies, a write
@@ -309,7 +306,8 @@ class Pauses:
         """
         host = self.host
         st = host.state
-        batch = st.batch
+        seq, address, args = call.seq, call.address, call.args
+        batch = self.batch
         joined = False
         try:
             tool = host.catalog.get(address)
@@ -318,17 +316,18 @@ class Pauses:
         if tool is not None and tool.is_write and seq <= host.limits.host_calls and batch is not None:
             try:
                 host.catalog.validate_args(address, args)
-                key, size = journal.call_key_and_size("tool", address, args)
-            except (InvalidArguments, TypeError, ValueError):
-                key, size = None, 0
-            if key is not None:
-                decision = journal.decide(host.journal.get(seq), key, seq, host.last_recorded_seq)
+                valid = True
+            except InvalidArguments:
+                valid = False
+            if valid:
+                decision = replay.decide(self.ledger.get(seq), call.key, seq, self.ledger.last_recorded_seq)
                 # Arguments the journal cannot take are refused when the call is issued again (P-22).
+                size = call.size
                 fits = (size <= host.limits.journal_value_bytes
                         and host.journaled_bytes + size <= host.limits.journal_bytes)
-                if decision.action == journal.ASK:
+                if decision.action == replay.ASK:
                     joined = True  # asked before this attempt and still undecided
-                elif decision.action == journal.LIVE and decision.entry is None and fits:
+                elif decision.action == replay.LIVE and decision.entry is None and fits:
                     # The first write of the pause and the batch are not spent yet
                     # but may all be approved: count them against the budget.
                     prospective = st.writes_spent + 1 + len(batch)
@@ -337,29 +336,28 @@ class Pauses:
                         # Counted in flight while its intent is stored (an await, off the loop on
                         # Postgres): the pause waits for it to join before the state is saved.
                         async with self._in_flight():
-                            await host.record_intent(seq, "tool", address, args, key, "write", CallState.ASKED, None)
+                            await self.ledger.record_intent(call, "write", CallState.ASKED, None)
                         joined = True
-        if joined and tool is not None and batch is not None and st.batch is batch:
+        if joined and tool is not None and batch is not None and self.batch is batch:
             batch.append(AskedWrite.of(seq, tool, args))
-        return await self.hold(seq, "tool", address, args)
+        return await self.hold(call)
 
     async def stop_at(self, pending: AskedWrite | ParkedWait, stop: Stopped) -> Any:
         """Pause or park at this call (P-4, P-18): the first call to stop wins; later ones are held."""
         host = self.host
         st = host.state
-        if st.pausing:
+        if self.pausing:
             # A call issued before the stop began that reached it after (its intent was being
             # stored): a write that asks joins a forming batch (P-27), as join_batch takes one
             # issued later; either way it is held, and no longer in flight.
-            if isinstance(pending, AskedWrite) and st.batch is not None:
-                st.batch.append(pending)
-            call = pending.call()
+            if isinstance(pending, AskedWrite) and self.batch is not None:
+                self.batch.append(pending)
             async with self._in_flight(-1):
-                return await self.hold(call["seq"], call["op"], call["address"], call["args"])
-        st.pausing = True
+                return await self.hold(Call(**pending.call()))
+        self.pausing = True
         is_write_pause = isinstance(stop, Paused)
         if is_write_pause:
-            st.batch = []
+            self.batch = []
         # Calls in flight finish and are journaled before the snapshot is stored.
         st.inflight -= 1  # this call waits, it is not dispatching
         try:
@@ -369,7 +367,7 @@ class Pauses:
                     await asyncio.sleep(0)
                 # Gathered calls reach the host one sandbox round trip apart:
                 # a write pause waits until the program has gone quiet.
-                quiet = time.monotonic() - st.last_arrival
+                quiet = time.monotonic() - self.last_arrival
                 if not is_write_pause or (quiet >= self.batch_window_seconds and st.inflight == 0):
                     break
                 await asyncio.sleep(self.batch_window_seconds - quiet)
@@ -377,7 +375,7 @@ class Pauses:
             st.inflight += 1
         stopped: Stop
         if isinstance(pending, AskedWrite):
-            batch, st.batch = st.batch or [], None
+            batch, self.batch = self.batch or [], None
             stopped = WritePause(pending, tuple(sorted([pending, *batch], key=lambda w: w.seq)))
         else:
             stopped = pending

@@ -1,19 +1,20 @@
 """The effect boundary: the one function every host call passes through.
 
-Data path, top to bottom (P-1):
+Data path, top to bottom (P-1), each step taking one :class:`~tether._engine.calls.call.Call`:
 
-    program ──> sandbox ──> EffectBoundary.call(seq, op, address, args)
-                               │ decide(): replay or live?        (journal.py, pure)
-                               │ decide_call(): may this run?     (policy.py, pure)
-                               │ record intent (write-ahead)      (store)
-                               │ dispatch to the tool's source    (with per-call timeout)
-                               │ record outcome                   (store)
+    program ──> sandbox ──> EffectBoundary.call(seq, op, address, args) -> Call
+                               │ replay.decide(): replay or live?   (replay.py, pure)
+                               │ resolve the tool, validate args    (the catalog)
+                               │ decide_call(): may this run?       (policy.py, pure)
+                               │ record intent (write-ahead)        (ledger.py)
+                               │ dispatch to the tool's source      (with per-call timeout; resend.py)
+                               │ record outcome                     (ledger.py)
     program <── sandbox <──────┘ value, or an exception raised in the program
 
 One :class:`EffectBoundary` serves one *attempt*: a fresh run, a restore from
 a snapshot, or a replay from the journal. Nothing else dispatches tools.
-Stopping at a call (a write that asks, a wait, a long sleep) is pausing.py's
-job; the boundary owns its :class:`~tether._engine.pausing.Pauses`.
+Stopping at a call (a write that asks, a wait, a long sleep) is stops.py's
+job; the boundary owns its :class:`~tether._engine.calls.stops.Stops`.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from tether import _metrics as metrics
-from tether._engine import journal, resend, telemetry
 from tether._engine import policy as policy_mod
+from tether._engine import telemetry
 from tether._engine.attempt_state import AttemptState, CallStat, RaisedError
+from tether._engine.calls import replay, resend
+from tether._engine.calls.call import Call, call_key, call_key_and_size
+from tether._engine.calls.ledger import Ledger, refuse_value, value_size
+from tether._engine.calls.stops import Stops
 from tether._engine.guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
-from tether._engine.journal_writer import JournalWriter
 from tether._engine.lifecycle import outcome_unknown
-from tether._engine.pausing import Pauses
 from tether._engine.restore import plan_restore
 from tether._engine.result import to_json_value
 from tether._hostwork import off_loop
@@ -53,6 +56,7 @@ if TYPE_CHECKING:
     from tether._engine.approvals.model import Approver
     from tether._engine.limits import Limits
     from tether._engine.pending import Stop
+    from tether._engine.waits import Waits
     from tether._sandbox.monty import Execution
     from tether._tools.catalog import Catalog
     from tether._tools.model import Tool
@@ -102,7 +106,7 @@ class EffectBoundary:
         clock: Callable[[], float],
         keyring: Keyring,
         writes_spent: int | None = None,
-        wait_secret: bytes = b"",
+        waits: "Waits",
         session: str | None = None,
         on_progress: Callable[[int, str], None] | None = None,
         on_question: Any = None,
@@ -120,8 +124,8 @@ class EffectBoundary:
         self.builtins_impl = builtins_impl
         self._checkpoint_sink = checkpoint_sink
         self.clock = clock
-        # The journal as this attempt reads and writes it (journal_writer.py).
-        self.writer = JournalWriter(run_id=run_id, store=store, keyring=keyring, clock=clock,
+        # The journal as this attempt reads and writes it (calls/ledger.py).
+        self.ledger = Ledger(run_id=run_id, store=store, keyring=keyring, clock=clock,
                                     entries=journal_entries)
         self.state = AttemptState()
         self.state.writes_spent = (writes_spent if writes_spent is not None
@@ -133,7 +137,7 @@ class EffectBoundary:
         self.span = span  # the run's OpenTelemetry span, when one is recording
         # Tools with a call on the wire now: an upstream's question is tied to its run by these.
         self.inflight_addresses: dict[str, int] = {}
-        self.secret = wait_secret  # keys the run's waits (P-18)
+        self.waits = waits  # creates and settles the waits the program reaches (P-18)
         self.session = session
         # Sleeps up to this long are waited out in the worker instead of parking.
         self.inline_sleep_seconds = inline_sleep_seconds
@@ -145,8 +149,8 @@ class EffectBoundary:
         self._dispatches: set[asyncio.Task[Any]] = set()
         self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
         self._t0 = time.perf_counter()
-        # Pausing, parking and the calls held while the attempt stops (pausing.py).
-        self.pauses = Pauses(self, pause_sink, batch_window_seconds=batch_window_seconds)
+        # Pausing, parking and the calls held while the attempt stops (stops.py).
+        self.stops = Stops(self, self.ledger, pause_sink, batch_window_seconds=batch_window_seconds)
 
     # -- the sandbox's entry point ---------------------------------------------
 
@@ -175,7 +179,7 @@ class EffectBoundary:
         self.state.issued += 1
         seq = self.state.issued
         if err is not None:
-            await self._record_rejected(seq, op, address, call_args, "read", err)
+            await self._record_rejected(Call(seq, op, address, call_args), "read", err)
             raise err
         return await self.call(seq, op, address, call_args)
 
@@ -200,7 +204,7 @@ class EffectBoundary:
         async def one(seq: int, op: str, address: str, call_args: dict[str, Any], err: GuestRaise | None) -> Any:
             try:
                 if err is not None:
-                    await self._record_rejected(seq, op, address, call_args, "read", err,
+                    await self._record_rejected(Call(seq, op, address, call_args), "read", err,
                                                 existing=self.journal.get(seq))
                     raise err
                 return await self.call(seq, op, address, call_args)
@@ -214,24 +218,26 @@ class EffectBoundary:
     # -- the boundary ----------------------------------------------------------
 
     async def call(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
+        """Serve one host call: replay → resolve and validate → policy → intent → dispatch → outcome."""
         st = self.state
-        st.last_arrival = time.monotonic()
+        self.stops.arrived()
         if _holds_tuple(args):
             # A tuple is a JSON array to every tool (`(lat, lon)`, `tuple(ids)`): sent,
             # validated and journaled as the list it becomes, as a resumed write is (P-26).
             args = to_json_value(args)[0]
         try:
-            key, size = journal.call_key_and_size(op, address, args)
+            key, size = call_key_and_size(op, address, args)
         except (TypeError, ValueError):
             # Not JSON as given (a set, bytes, NaN, an int past 4,300 digits):
             # the call goes on with its JSON form, so what is journaled, shown
             # for approval and sent are one value (P-26).
             args = to_json_value(args)[0]
-            key, size = journal.call_key_and_size(op, address, args)
-        if st.pausing or (self.execution is not None and self.execution.stopping):
-            if st.batch is not None and op == "tool" and not (self.execution is not None and self.execution.stopping):
-                return await self.pauses.join_batch(seq, address, args)
-            return await self.pauses.hold(seq, op, address, args)
+            key, size = call_key_and_size(op, address, args)
+        call = Call(seq, op, address, args, key, size)
+        if self.stops.pausing or (self.execution is not None and self.execution.stopping):
+            if self.stops.batch is not None and op == "tool" and not (self.execution is not None and self.execution.stopping):
+                return await self.stops.join_batch(call)
+            return await self.stops.hold(call)
         if seq > self.limits.host_calls:
             self._fail(
                 CallLimit(
@@ -239,31 +245,30 @@ class EffectBoundary:
                     next_action="Make fewer calls per run: batch, page, or reduce upstream; or raise limits.host_calls.",
                 )
             )
-            return await self.pauses.hold(seq, op, address, args)
-        self.writer.note_key(seq, key)
-        decision = journal.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
-        if decision.action == journal.DIVERGED:
+            return await self.stops.hold(call)
+        self.ledger.note_key(seq, key)
+        decision = replay.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
+        if decision.action == replay.DIVERGED:
             self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
                                          details={"seq": seq, "address": address}))
-            return await self.pauses.hold(seq, op, address, args)
-        if decision.action == journal.REPLAY:
-            return self._replay(_entry(decision))
-        if decision.action == journal.UNKNOWN and self._resendable(_entry(decision)) is None:
-            await self._mark_unknown(_entry(decision))
-            return await self.pauses.hold(seq, op, address, args)
-        if decision.action == journal.WAIT and op not in WAIT_OPS:
+            return await self.stops.hold(call)
+        if decision.action == replay.REPLAY:
+            return self._replay(replay.entry_of(decision))
+        if decision.action == replay.UNKNOWN and self._resendable(replay.entry_of(decision)) is None:
+            await self._mark_unknown(replay.entry_of(decision))
+            return await self.stops.hold(call)
+        if decision.action == replay.WAIT and op not in WAIT_OPS:
             self._fail(ExecutionDiverged(f"call {seq} was journaled as a wait", details={"seq": seq}))
-            return await self.pauses.hold(seq, op, address, args)
+            return await self.stops.hold(call)
         if decision.entry is None:
             # P-22: arguments too large to journal are refused before anything is sent.
             refused = self._journal_room(size, address, "arguments")
             if refused is not None:
                 if self.state.failure is not None:
-                    return await self.pauses.hold(seq, op, address, args)
-                await self._record_rejected(seq, op, address, {"_omitted_bytes": size}, "read", refused, key=key)
+                    return await self.stops.hold(call)
+                await self._record_rejected(Call(seq, op, address, {"_omitted_bytes": size}, key), "read", refused)
                 raise refused
 
-        started = self.clock()
         st.inflight += 1
         self._idle.clear()
         if st.inflight_since is None:
@@ -271,11 +276,11 @@ class EffectBoundary:
         error: GuestRaise | None = None
         try:
             if op == "tool":
-                value = await self._tool_call(seq, address, args, key, decision, started)
+                value = await self._tool_call(call, decision)
             elif op in WAIT_OPS:
-                value = await self.pauses.wait(seq, op, args, key, decision)
+                value = await self.stops.wait(call, decision)
             else:
-                value = await self._builtin_call(seq, op, address, args, key, decision)
+                value = await self._builtin_call(call, decision)
         except GuestRaise as exc:
             error = exc
         finally:
@@ -285,29 +290,29 @@ class EffectBoundary:
                     st.host_seconds += time.perf_counter() - st.inflight_since
                 st.inflight_since = None
                 self._idle.set()
-        if st.pausing and not st.answering:
+        if self.stops.pausing and not st.answering:
             # A pause began while this call was out: its outcome is journaled,
             # but handing it back now would let the program run on while the
             # pause is being dumped. It is answered from the journal on resume.
-            return await self.pauses.hold(seq, op, address, args)
+            return await self.stops.hold(call)
         if error is not None:
             raise error
         return value
 
-    async def _builtin_call(self, seq: int, op: str, address: str, args: dict[str, Any], key: str,
-                            decision: journal.JournalAnswer) -> Any:
+    async def _builtin_call(self, call: Call, decision: replay.JournalAnswer) -> Any:
+        seq, op, address, args = call.seq, call.op, call.address, call.args
         impl = self.builtins_impl.get(op)
         t = time.perf_counter()
         if decision.entry is not None:
-            await self.writer.record_intent(seq, op, address, args, key, "read", CallState.PENDING, decision.entry)
+            await self.ledger.record_intent(call, "read", CallState.PENDING, decision.entry)
         else:
-            self.writer.buffer_intent(seq, op, address, args, key)
+            self.ledger.buffer_intent(call)
         try:
             if impl is None:
                 raise GuestRaise("NameError", f"name {op!r} is not defined")
             value = await impl(tuple(args.get("args", ())), dict(args.get("kwargs", {})))
         except GuestRaise as exc:
-            await self.writer.record_outcome(seq, CallState.PENDING, CallState.FAILED,
+            await self.ledger.record_outcome(seq, CallState.PENDING, CallState.FAILED,
                                        error={"type": exc.exc_type, "message": exc.message})
             self._stat(seq, op, address, "read", CallState.FAILED, t)
             if exc.message.startswith(f"[{HostWorkTimeout.code}]"):
@@ -315,25 +320,25 @@ class EffectBoundary:
                 self._remember(exc, seq, op)
             raise
         value = to_json_value(value)[0]
-        refused = self._journal_room(journal.value_size(value), op, "result")
+        refused = self._journal_room(value_size(value), op, "result")
         if refused is not None:
-            await self.writer.record_outcome(seq, CallState.PENDING, CallState.FAILED, error=err_json(refused))
+            await self.ledger.record_outcome(seq, CallState.PENDING, CallState.FAILED, error=err_json(refused))
             self._stat(seq, op, address, "read", CallState.FAILED, t)
             if self.state.failure is not None:
-                return await self.pauses.hold(seq, op, address, args)
+                return await self.stops.hold(call)
             self._remember(refused, seq, address)
             raise refused
-        await self.writer.record_outcome(seq, CallState.PENDING, CallState.DONE, outcome=value)
+        await self.ledger.record_outcome(seq, CallState.PENDING, CallState.DONE, outcome=value)
         self._stat(seq, op, address, "read", CallState.DONE, t)
         return value
 
-    async def _tool_call(self, seq: int, address: str, args: dict[str, Any], key: str, decision: journal.JournalAnswer,
-                         started: float) -> Any:
+    async def _tool_call(self, call: Call, decision: replay.JournalAnswer) -> Any:
+        address, args = call.address, call.args
         t = time.perf_counter()
         found = self.catalog.find(address)
         if found is None:
             err = guest_error("unknown_tool", (await self._no_such_tool(address)).message, "LookupError")
-            await self._record_rejected(seq, "tool", address, args, "read", err, key=key, existing=decision.entry)
+            await self._record_rejected(call, "read", err, existing=decision.entry)
             raise err from None
         tool: Tool = found
         kind = "write" if tool.is_write else "read"
@@ -341,37 +346,35 @@ class EffectBoundary:
             valid = args if (kind == "read" and tool.validates_args) else self.catalog.validate_args(address, args)
         except InvalidArguments as exc:
             err = guest_error("invalid_arguments", exc.message, "TypeError")
-            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, existing=decision.entry)
+            await self._record_rejected(call, kind, err, existing=decision.entry)
             raise err from None
 
         if kind == "read":
             verdict = policy_mod.decide_call(self.policy, address, False, 0)
             if verdict == policy_mod.DENY:
                 err = guest_error("call_denied", f"policy denies {address}; it was not called", "PermissionError")
-                await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CallState.DENIED,
-                                            existing=decision.entry)
+                await self._record_rejected(call, kind, err, state=CallState.DENIED, existing=decision.entry)
                 raise err
             if decision.entry is not None:
                 # A read a dead attempt left pending: re-issue it under its seq.
-                await self.writer.record_intent(seq, "tool", address, args, key, kind, CallState.PENDING, decision.entry)
+                await self.ledger.record_intent(call, kind, CallState.PENDING, decision.entry)
             else:
-                self.writer.buffer_intent(seq, "tool", address, args, key)
-            return await self._dispatch(seq, tool, valid, CallState.PENDING, CallState.DONE, t)
+                self.ledger.buffer_intent(call)
+            return await self._dispatch(call, tool, valid, CallState.PENDING, CallState.DONE, t)
 
         # A write. SEND: approved earlier (by resume), never marked sending.
-        if decision.action == journal.SEND:
-            return await self._send(seq, tool, valid, t)
-        if decision.action == journal.UNKNOWN:
+        if decision.action == replay.SEND:
+            return await self._send(call, tool, valid, t)
+        if decision.action == replay.UNKNOWN:
             # Left sending by a dead attempt, to a tool that dedupes by key (P-31).
-            return await self._resend(seq, tool, valid, t, _entry(decision))
-        if decision.action == journal.ASK:
-            return await self.pauses.ask(seq, tool, args, valid, t, entry=decision.entry)
+            return await self._resend(call, tool, valid, t, replay.entry_of(decision))
+        if decision.action == replay.ASK:
+            return await self.stops.ask(call, tool, valid, t)
 
         verdict = policy_mod.decide_call(self.policy, address, True, self.state.writes_spent)
         if verdict == policy_mod.DENY:
             err = guest_error("write_denied", f"policy denies the write {address}; it was not sent", "PermissionError")
-            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CallState.DENIED,
-                                        existing=decision.entry)
+            await self._record_rejected(call, kind, err, state=CallState.DENIED, existing=decision.entry)
             raise err
         if verdict == policy_mod.OVER_BUDGET:
             err = guest_error(
@@ -379,39 +382,43 @@ class EffectBoundary:
                 f"the run's write budget of {self.policy.write_budget} is spent; {address} was not sent",
                 "PermissionError",
             )
-            await self._record_rejected(seq, "tool", address, args, kind, err, key=key, state=CallState.DENIED,
-                                        existing=decision.entry)
+            await self._record_rejected(call, kind, err, state=CallState.DENIED, existing=decision.entry)
             raise err
         if verdict == policy_mod.ALLOW:
             # Spent before the intent is stored (an await): writes issued with this one are
             # checked against the budget meanwhile, and must count it.
             self.state.writes_spent += 1
-            await self.writer.record_intent(seq, "tool", address, args, key, kind, CallState.APPROVED, decision.entry)
-            return await self._send(seq, tool, valid, t, spent=True)
+            await self.ledger.record_intent(call, kind, CallState.APPROVED, decision.entry)
+            return await self._send(call, tool, valid, t, spent=True)
         # ask
-        await self.writer.record_intent(seq, "tool", address, args, key, kind, CallState.ASKED, decision.entry)
-        return await self.pauses.ask(seq, tool, args, valid, t)
+        await self.ledger.record_intent(call, kind, CallState.ASKED, decision.entry)
+        return await self.stops.ask(call, tool, valid, t)
 
-    async def _send(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, spent: bool = False) -> Any:
+    async def _send(self, call: Call, tool: "Tool", args: dict[str, Any], t: float, spent: bool = False) -> Any:
+        """Send an approved write (``args`` validated): ``sending`` is journaled first (P-7)."""
+        seq = call.seq
         if not spent:
             self.state.writes_spent += 1  # before the await below, for the same reason as in _tool_call
         # P-7: `sending` is committed before the request leaves.
-        if not await self.writer.move(seq, [CallState.APPROVED], state=CallState.SENDING, started_at=self.clock(), sends=1):
+        if not await self.ledger.move(seq, [CallState.APPROVED], state=CallState.SENDING, started_at=self.clock(), sends=1):
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state approved; nothing was sent"))
-        return await self._dispatch(seq, tool, args, CallState.SENDING, CallState.SENT, t)
+        return await self._dispatch(call, tool, args, CallState.SENDING, CallState.SENT, t)
 
     def _resendable(self, entry: CallRecord) -> "Tool | None":
         return resend.resendable(self.catalog, entry, self.limits)
 
-    async def _resend(self, seq: int, tool: "Tool", args: dict[str, Any], t: float, entry: CallRecord) -> Any:
+    async def _resend(self, call: Call, tool: "Tool", args: dict[str, Any], t: float, entry: CallRecord) -> Any:
         # The write was already counted against the budget when first sent.
+        seq = call.seq
         send = max(entry.sends, 1) + 1
-        if not await self.writer.move(seq, [CallState.SENDING], state=CallState.SENDING, sends=send):
+        if not await self.ledger.move(seq, [CallState.SENDING], state=CallState.SENDING, sends=send):
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state sending; nothing was sent"))
-        return await self._dispatch(seq, tool, args, CallState.SENDING, CallState.SENT, t, send=send)
+        return await self._dispatch(call, tool, args, CallState.SENDING, CallState.SENT, t, send=send)
 
-    async def _dispatch(self, seq: int, tool: "Tool", args: dict[str, Any], from_state: CallState, ok_state: CallState, t: float,
-                        send: int = 1) -> Any:
+    async def _dispatch(self, call: Call, tool: "Tool", args: dict[str, Any], from_state: CallState,
+                        ok_state: CallState, t: float, send: int = 1) -> Any:
+        """Call the tool with its validated ``args`` and journal the outcome; a write in its own task (P-8)."""
+        seq = call.seq
         is_write = from_state == CallState.SENDING
         task = None
         try:
@@ -438,7 +445,7 @@ class EffectBoundary:
                     f"{tool.address}: {why}",
                     "TimeoutError",
                 )
-                await self.writer.record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
+                await self.ledger.record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
                 self._stat(seq, "tool", tool.address, "read", CallState.FAILED, t)
             self._remember(err, seq, tool.address)
             raise err from None
@@ -463,7 +470,7 @@ class EffectBoundary:
                 err = guest_error("invalid_arguments", exc.message, "TypeError")
             else:
                 err = tool_error(tool.address, exc)
-            await self.writer.record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
+            await self.ledger.record_outcome(seq, from_state, CallState.FAILED, error=err_json(err))
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", CallState.FAILED, t)
             self._remember(err, seq, tool.address)
             raise err from None
@@ -471,18 +478,18 @@ class EffectBoundary:
         if notes:
             seen = self.state.conversions.setdefault(tool.address, [])
             seen.extend(n for n in notes if n not in seen)
-        refused = self._journal_room(journal.value_size(value), tool.address, "result", sent=is_write)
+        refused = self._journal_room(value_size(value), tool.address, "result", sent=is_write)
         if refused is not None:
             # P-22: neither the store nor the sandbox gets the value. A write
             # happened all the same: its entry says so, and it is never re-sent.
             settled = ok_state if is_write else CallState.FAILED
-            await self.writer.record_outcome(seq, from_state, settled, error=err_json(refused))
+            await self.ledger.record_outcome(seq, from_state, settled, error=err_json(refused))
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", settled, t)
             if self.state.failure is not None:
-                return await self.pauses.hold(seq, "tool", tool.address, args)
+                return await self.stops.hold(Call(seq, "tool", tool.address, args))
             self._remember(refused, seq, tool.address)
             raise refused
-        await self.writer.record_outcome(seq, from_state, ok_state, outcome=value)
+        await self.ledger.record_outcome(seq, from_state, ok_state, outcome=value)
         self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state, t)
         await self._maybe_checkpoint(seq)
         return value
@@ -490,9 +497,9 @@ class EffectBoundary:
     async def _unknown(self, seq: int, tool: "Tool", t: float, why: str) -> GuestRaise:
         """Record a write whose outcome is unknown (P-8, P-31); the error for the program."""
         self.state.unknown_writes.append({"seq": seq, "address": tool.address})
-        message = resend.unknown_message(tool.address, why, self._sends.get(seq, 1), self.writer.idempotency_key(seq))
+        message = resend.unknown_message(tool.address, why, self._sends.get(seq, 1), self.ledger.idempotency_key(seq))
         err = guest_error("write_outcome_unknown", message, "TimeoutError")
-        await self.writer.record_outcome(seq, CallState.SENDING, CallState.UNKNOWN, error=err_json(err))
+        await self.ledger.record_outcome(seq, CallState.SENDING, CallState.UNKNOWN, error=err_json(err))
         self._stat(seq, "tool", tool.address, "write", CallState.UNKNOWN, t)
         return err
 
@@ -507,7 +514,7 @@ class EffectBoundary:
             return await self._invoke(tool, args, seq, n)
 
         return await resend.deliver(tool, send, self.limits, invoke,
-                                    lambda n: self.writer.move(seq, [CallState.SENDING], state=CallState.SENDING, sends=n))
+                                    lambda n: self.ledger.move(seq, [CallState.SENDING], state=CallState.SENDING, sends=n))
 
     async def _invoke(self, tool: "Tool", args: dict[str, Any], seq: int, send: int = 1) -> Any:
         address = tool.address
@@ -515,7 +522,7 @@ class EffectBoundary:
         # The tool (and the source building its request) reads the call's
         # idempotency key from here (P-25).
         token = call_context.enter(call_context.CallContext(
-            self.run_id, seq, address, self.writer.idempotency_key(seq), send, "write" if tool.is_write else "read"))
+            self.run_id, seq, address, self.ledger.idempotency_key(seq), send, "write" if tool.is_write else "read"))
         try:
             async with asyncio.timeout(tool.timeout_seconds or self.limits.call_timeout_seconds):
                 return await tool.handler(args)
@@ -534,14 +541,14 @@ class EffectBoundary:
         except BaseException as exc:  # noqa: BLE001 - recorded, not raised
             lost = from_state == CallState.SENDING and isinstance(exc, (asyncio.TimeoutError, asyncio.CancelledError))
             state = CallState.UNKNOWN if lost else CallState.FAILED
-            await self.writer.record_outcome(seq, from_state, state, error={"type": type(exc).__name__, "message": str(exc)})
+            await self.ledger.record_outcome(seq, from_state, state, error={"type": type(exc).__name__, "message": str(exc)})
             return
         value = to_json_value(value)[0]
-        refused = self._journal_room(journal.value_size(value), f"call {seq}", "result", sent=True)
+        refused = self._journal_room(value_size(value), f"call {seq}", "result", sent=True)
         if refused is not None:
-            await self.writer.record_outcome(seq, from_state, ok_state, error=err_json(refused))
+            await self.ledger.record_outcome(seq, from_state, ok_state, error=err_json(refused))
             return
-        await self.writer.record_outcome(seq, from_state, ok_state, outcome=value)
+        await self.ledger.record_outcome(seq, from_state, ok_state, outcome=value)
 
     async def drain(self) -> None:
         """Wait for requests already on the wire to finish and be journaled."""
@@ -552,25 +559,25 @@ class EffectBoundary:
     # -- replay, hold, fail ------------------------------------------------------
 
     def _replay(self, entry: CallRecord) -> Any:
-        if entry.error:
-            err = GuestRaise(entry.error.get("type", "RuntimeError"), entry.error.get("message", ""))
+        err = replay.raised(entry)
+        if err is not None:
             self._remember(err, entry.seq, entry.address)
             raise err
         return entry.outcome
 
     def release_held(self) -> None:
-        self.pauses.release_held()
+        self.stops.release_held()
 
     def reset_for_replay(self, entries: list[CallRecord]) -> None:
         """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""
-        self.writer.reset(entries)
+        self.ledger.reset(entries)
         self.state = AttemptState(writes_spent=self.state.writes_spent)
-        self.pauses.reset()
+        self.stops.reset()
         self._idle.set()
 
     def _journal_room(self, size: int, what: str, part: str, *, sent: bool = False) -> GuestRaise | None:
         """Count a value against the journal's limits (P-22); the error to raise if it does not fit."""
-        refused = journal.refuse_value(self.limits, self.journaled_bytes, size, what, part, sent)
+        refused = refuse_value(self.limits, self.journaled_bytes, size, what, part, sent)
         if refused is None:
             self.journaled_bytes += size
             return None
@@ -589,10 +596,10 @@ class EffectBoundary:
 
     async def _mark_unknown(self, entry: CallRecord) -> None:
         lost, err = outcome_unknown(entry)
-        await self.writer.move(entry.seq, [CallState.SENDING], finished_at=self.clock(), **lost)
+        await self.ledger.move(entry.seq, [CallState.SENDING], finished_at=self.clock(), **lost)
         self._fail(err)
 
-    # -- what the pausing unit calls (pausing.PauseHost) -------------------------
+    # -- what the stops unit calls (stops.StopHost) -------------------------------
 
     async def wait_idle(self) -> None:
         while self.state.inflight > 0:
@@ -602,15 +609,8 @@ class EffectBoundary:
     def woke_idle(self) -> None:
         self._idle.set()
 
-    async def send_approved(self, seq: int, tool: "Tool", args: dict[str, Any], t: float) -> Any:
-        return await self._send(seq, tool, args, t)
-
-    async def move_call(self, seq: int, expect: list[str], **fields: Any) -> bool:
-        return await self.writer.move(seq, expect, **fields)
-
-    async def record_intent(self, seq: int, op: str, address: str, args: dict[str, Any], key: str, kind: str,
-                            state: CallState, existing: CallRecord | None) -> None:
-        await self.writer.record_intent(seq, op, address, args, key, kind, state, existing)
+    async def send_approved(self, call: Call, tool: "Tool", args: dict[str, Any], t: float) -> Any:
+        return await self._send(call, tool, args, t)
 
     def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
         return self._journal_room(size, what, part)
@@ -618,39 +618,36 @@ class EffectBoundary:
     def remember(self, err: GuestRaise, seq: int, address: str) -> None:
         self._remember(err, seq, address)
 
-    async def record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], kind: str,
-                              err: GuestRaise, *, key: str | None = None, existing: CallRecord | None = None) -> None:
-        await self._record_rejected(seq, op, address, args, kind, err, key=key, existing=existing)
-
-    async def record_new(self, record: CallRecord) -> None:
-        await self.writer.record_new(record)
+    async def record_rejected(self, call: Call, kind: str, err: GuestRaise, *,
+                              existing: CallRecord | None = None) -> None:
+        await self._record_rejected(call, kind, err, existing=existing)
 
     def stat(self, seq: int, op: str, address: str, kind: str, state: str, t: float) -> None:
         self._stat(seq, op, address, kind, state, t)
 
-    # -- the journal (journal_writer.py) -------------------------------------------
+    # -- the journal (calls/ledger.py) -------------------------------------------
 
     @property
     def journal(self) -> dict[int, CallRecord]:
         """The run's journal entries this attempt knows, by seq."""
-        return self.writer.entries
+        return self.ledger.entries
 
     @property
     def last_recorded_seq(self) -> int:
-        return self.writer.last_recorded_seq
+        return self.ledger.last_recorded_seq
 
     async def flush(self) -> None:
         """Write the settled reads still held in memory, in one transaction (P-7)."""
-        await self.writer.flush()
+        await self.ledger.flush()
 
-    async def _record_rejected(self, seq: int, op: str, address: str, args: dict[str, Any], kind: str,
-                               err: GuestRaise, *, key: str | None = None, state: CallState = CallState.FAILED,
+    async def _record_rejected(self, call: Call, kind: str, err: GuestRaise, *, state: CallState = CallState.FAILED,
                                existing: CallRecord | None = None) -> None:
+        """Journal a call refused before it was sent, as ``state`` with ``err`` (unless a dead attempt did)."""
         if existing is None:
-            json_args = to_json_value(args)[0]
-            await self.writer.record_rejected(seq, op, address, json_args, key or journal.call_key(op, address, json_args),
-                                        kind, err_json(err), state)
-        self._remember(err, seq, address)
+            args = to_json_value(call.args)[0]  # a call refused as it was parsed has not been made JSON yet
+            call = Call(call.seq, call.op, call.address, args, call.key or call_key(call.op, call.address, args))
+            await self.ledger.record_rejected(call, kind, err_json(err), state)
+        self._remember(err, call.seq, call.address)
 
     async def _no_such_tool(self, address: str) -> UnknownTool:
         """The unknown_tool error with suggestions, found off the event loop: comparing an address with
@@ -679,13 +676,7 @@ class EffectBoundary:
             self.on_progress(len(self.state.stats), address)
 
     async def _maybe_checkpoint(self, seq: int) -> None:
-        if self._checkpoint_sink is None or self.state.pausing or self.state.inflight != 1:
+        if self._checkpoint_sink is None or self.stops.pausing or self.state.inflight != 1:
             return
         await self._checkpoint_sink(self, self.journal[seq])
 
-
-def _entry(decision: journal.JournalAnswer) -> CallRecord:
-    """The journal entry a replayed or unknown call's decision always carries (journal.decide)."""
-    if decision.entry is None:
-        raise RuntimeError(f"journal decision {decision.action!r} without its entry")
-    return decision.entry

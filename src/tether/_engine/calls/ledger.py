@@ -1,0 +1,263 @@
+"""The ledger: the one writer of journal entries, and so the owner of the write-ahead call lifecycle.
+
+Every call row is written here and nowhere else: an intent ahead of its send
+(P-7), each change of state, each outcome. A change is checked against
+``CALL_TRANSITIONS`` (tether._store.states) and made with the store's
+compare-and-set, so of two processes moving the same entry exactly one wins and
+the loser gets ``False``; a change the table does not list is a bug in tether:
+it is refused with ``InvalidTransition`` and nothing is written. Every entry is
+signed when written and re-signed when it moves on (P-35), its MAC chained to
+the key of the call before it (the MACs themselves are made by
+tether._engine.integrity, through the approvals capabilities' keyring).
+
+Two faces:
+
+- :func:`move` / :func:`move_async`: one entry moved outside an attempt (a
+  decision on a paused write, a write a dead attempt left ``sending``);
+- :class:`Ledger`: one attempt's journal. Reads are journaled in batches
+  (P-7): a read's entry is written with its outcome, at the latest before the
+  next write, wait, snapshot or the end of the attempt, so a crash loses at most
+  the tail of reads after the last write, and those are simply issued again;
+  writes never wait in a buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Callable, Sequence
+
+from tether._engine import integrity
+from tether._engine.approvals.capabilities import Keyring
+from tether._engine.calls.call import Call
+from tether._engine.limits import Limits
+from tether._store.base import AsyncStore, CallRecord, Store
+from tether._store.states import CALL_TRANSITIONS, NEW_CALL_STATES, CallState
+from tether._tools.context import idempotency_key
+from tether.errors import InvalidTransition
+
+# The table as plain strings, restating included: checked on every move of every call, so no enum is built.
+_MAY_BECOME: dict[str, frozenset[str]] = {
+    frm.value: frozenset(to.value for to in tos) | {frm.value} for frm, tos in CALL_TRANSITIONS.items()}
+
+
+def check_move(entry: CallRecord, expect: Sequence[str], fields: dict[str, Any]) -> list[str]:
+    """The states in ``expect``, if the table lets each one move to the state ``fields`` give
+    (the entry's own when they give none); else ``InvalidTransition``, before anything is written."""
+    to = fields.get("state", entry.state)
+    sources = list(expect)
+    refused = [s for s in sources if to not in _MAY_BECOME.get(s, ())]
+    if refused or not sources:
+        raise InvalidTransition(
+            f"journal entry {entry.seq} of run {entry.run_id} cannot move from "
+            f"{', '.join(map(str, refused)) or 'no state'} to {to}; nothing was written",
+            details={"run_id": entry.run_id, "seq": entry.seq, "from": [str(s) for s in refused], "to": str(to)})
+    return sources
+
+
+def check_new(record: CallRecord) -> None:
+    """Refuse, with ``InvalidTransition``, an entry first written in a state no call starts in."""
+    if record.state not in NEW_CALL_STATES:
+        raise InvalidTransition(
+            f"journal entry {record.seq} of run {record.run_id} cannot be first written as {record.state}; "
+            "nothing was written",
+            details={"run_id": record.run_id, "seq": record.seq, "from": [], "to": str(record.state)})
+
+
+def _signed(keyring: Keyring, entry: CallRecord, expect: Sequence[str],
+            fields: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    return check_move(entry, expect, fields), integrity.signed_update(keyring, entry, **fields)
+
+
+def _apply(entry: CallRecord, fields: dict[str, Any]) -> None:
+    """Give ``entry`` the values the store now holds."""
+    for name, value in fields.items():
+        setattr(entry, name, value)
+
+
+def move(store: Store, keyring: Keyring, entry: CallRecord | None, expect: Sequence[str],
+         **fields: Any) -> bool:
+    """Move an entry on from one of ``expect`` (compare-and-set), re-signed; on success ``entry`` holds
+    the new values. False when there is no entry or it is no longer in ``expect``.
+
+    Every signed field that can change is written with the MAC, not only
+    ``fields``: the row then always holds exactly what was signed, even if a
+    process that lost its lease wrote the same entry meanwhile.
+    """
+    if entry is None:
+        return False
+    sources, signed = _signed(keyring, entry, expect, fields)
+    if not store.update_call(entry.run_id, entry.seq, sources, **signed):
+        return False
+    _apply(entry, signed)
+    return True
+
+
+async def move_async(astore: AsyncStore, keyring: Keyring, entry: CallRecord | None,
+                     expect: Sequence[str], **fields: Any) -> bool:
+    """:func:`move` for a caller on the event loop: the write leaves it on Postgres (D-27)."""
+    if entry is None:
+        return False
+    sources, signed = _signed(keyring, entry, expect, fields)
+    if not await astore.update_call(entry.run_id, entry.seq, sources, **signed):
+        return False
+    _apply(entry, signed)
+    return True
+
+
+def value_size(value: Any) -> int:
+    """Bytes of a JSON value's text: what journaling it costs (P-22)."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+
+
+def refuse_value(limits: Limits, journaled: int, size: int, what: str, part: str, sent: bool) -> tuple[str, str] | None:
+    """Why a value of ``size`` bytes may not be journaled, as (code, message); None if it may (P-22).
+
+    ``part`` is "arguments" or "result". A value over ``journal_value_bytes``
+    (a result also over ``memory_bytes``, what the sandbox could hold) fails
+    its call; one that would take the run past ``journal_bytes`` ends the run.
+    """
+    cap = limits.journal_value_bytes if part == "arguments" else min(limits.journal_value_bytes, limits.memory_bytes)
+    done = "it was sent and happened, but its result was not kept" if sent else (
+        "it was not sent" if part == "arguments" else "it was not kept or given to the program")
+    if size > cap:
+        verb = "are" if part == "arguments" else "is"
+        return (f"{part}_too_large", f"the {part} of {what} {verb} {size} bytes, over the {cap}-byte limit "
+                                     f"(limits.journal_value_bytes); {done}")
+    if journaled + size > limits.journal_bytes:
+        return ("journal_limit", f"the run's journal would pass its {limits.journal_bytes}-byte total with the "
+                                 f"{size}-byte {part} of {what}; {done}, and the run stopped")
+    return None
+
+
+class Ledger:
+    """One attempt's view of its run's journal: what was recorded, and what it records now."""
+
+    def __init__(self, *, run_id: str, store: Store, keyring: Keyring, clock: Callable[[], float],
+                 entries: list[CallRecord], flush_every_calls: int = 64, flush_every_seconds: float = 0.25) -> None:
+        self.run_id = run_id
+        self.store = store
+        # Every write is awaited: on Postgres it leaves the event loop (D-27).
+        self.astore = store.aio
+        # One flush at a time: a write's intent waits for the reads a flush already took (P-7).
+        self._flushing = asyncio.Lock()
+        self.keyring = keyring
+        self.clock = clock
+        self.flush_every_calls = flush_every_calls
+        self.flush_every_seconds = flush_every_seconds
+        self.reset(entries)
+
+    def reset(self, entries: list[CallRecord]) -> None:
+        """Start from ``entries`` (a replay after a restore that could not be used reads the whole journal)."""
+        self.entries: dict[int, CallRecord] = {e.seq: e for e in entries}
+        # The highest seq earlier attempts recorded: a live call past it is new.
+        self.last_recorded_seq = max(self.entries, default=0)
+        self._unsaved: dict[int, CallRecord] = {}
+        self._keys: dict[int, str] = {}  # seq -> call key, for chaining MACs (P-35)
+        self._flushed_at = time.monotonic()
+
+    def get(self, seq: int) -> CallRecord | None:
+        return self.entries.get(seq)
+
+    def note_key(self, seq: int, key: str) -> None:
+        """The key of call ``seq`` as issued, which the next entry's MAC chains to."""
+        self._keys[seq] = key
+
+    def idempotency_key(self, seq: int) -> str:
+        """The recorded key if the journal has one, else the derived one (P-25)."""
+        entry = self.entries.get(seq)
+        if entry is not None and entry.idempotency_key:
+            return entry.idempotency_key
+        return idempotency_key(self.run_id, seq)
+
+    # -- writing -----------------------------------------------------------------
+
+    def buffer_intent(self, call: Call) -> None:
+        """A read's intent, held until its outcome and written with it."""
+        record = self._record(call, "read", CallState.PENDING, started_at=self.clock())
+        self._unsaved[call.seq] = record
+        self.entries[call.seq] = record
+
+    def _record(self, call: Call, kind: str, state: CallState, **fields: Any) -> CallRecord:
+        return CallRecord(self.run_id, call.seq, call.op, call.address, call.args, call.key, kind, state, **fields,
+                          idempotency_key=self.idempotency_key(call.seq) if call.op == "tool" else None)
+
+    async def flush(self) -> None:
+        """Write the settled reads still held in memory, in one transaction."""
+        if not self._unsaved:
+            return  # nothing buffered, and so no flush in flight either
+        async with self._flushing:
+            settled = [r for r in self._unsaved.values() if r.state != CallState.PENDING]
+            if not settled:
+                return
+            settled.sort(key=lambda r: r.seq)
+            for r in settled:
+                check_new(r)
+                self._sign(r)
+            await self.astore.record_calls(settled)
+            for r in settled:
+                del self._unsaved[r.seq]
+            self._flushed_at = time.monotonic()
+
+    async def _maybe_flush(self) -> None:
+        if len(self._unsaved) >= self.flush_every_calls or time.monotonic() - self._flushed_at > self.flush_every_seconds:
+            await self.flush()
+
+    async def record_intent(self, call: Call, kind: str, state: CallState, existing: CallRecord | None) -> None:
+        """Write a call's intent ahead of sending it (P-7); buffered reads go first so the order holds."""
+        if kind != "read":
+            await self.flush()
+        now = self.clock()
+        if existing is not None:
+            # A read left pending by a dead attempt is re-issued under the same seq.
+            await self.move(call.seq, [existing.state], state=state, started_at=now, outcome=None, error=None,
+                            finished_at=None)
+            return
+        await self.record_new(self._record(call, kind, state, started_at=now))
+
+    async def record_new(self, record: CallRecord) -> None:
+        """Write an entry now (a write's, a wait's), after the reads before it."""
+        check_new(record)
+        await self.flush()
+        self._sign(record)
+        await self.astore.record_call(record)
+        self.entries[record.seq] = record
+
+    async def record_outcome(self, seq: int, from_state: CallState, state: CallState, *, outcome: Any = None,
+                             error: dict[str, Any] | None = None) -> None:
+        buffered = self._unsaved.get(seq)
+        if buffered is not None:
+            check_move(buffered, [from_state], {"state": state})
+            buffered.state, buffered.outcome, buffered.error, buffered.finished_at = state, outcome, error, self.clock()
+            await self._maybe_flush()
+            return
+        await self.move(seq, [from_state], state=state, outcome=outcome, error=error, finished_at=self.clock())
+
+    async def record_rejected(self, call: Call, kind: str, error: dict[str, Any],
+                              state: CallState = CallState.FAILED) -> None:
+        """A call refused before it was sent (unknown tool, bad arguments, denied): its entry, written now."""
+        now = self.clock()
+        record = CallRecord(self.run_id, call.seq, call.op, call.address, call.args, call.key, kind, state,
+                            error=error, started_at=now, finished_at=now)
+        check_new(record)
+        self._unsaved[call.seq] = record
+        self.entries[call.seq] = record
+        await self.flush()
+
+    async def move(self, seq: int, expect: list[str], **fields: Any) -> bool:
+        """Compare-and-set an entry from one of ``expect`` to ``fields``, re-signed (P-35).
+
+        The entry in memory changes only once the store has the change.
+        """
+        entry = self.entries.get(seq) or await self.astore.get_call(self.run_id, seq)
+        return await move_async(self.astore, self.keyring, entry, expect, **fields)
+
+    # -- signing -------------------------------------------------------------------
+
+    def _prev_key(self, seq: int) -> str | None:
+        before = self.entries.get(seq - 1)
+        return before.key if before is not None else self._keys.get(seq - 1)
+
+    def _sign(self, record: CallRecord) -> None:
+        record.mac = integrity.sign_call(self.keyring, record, self._prev_key(record.seq))
