@@ -13,6 +13,7 @@ import pytest
 
 from helpers import Clock, KeyedApi
 from tether import CallContext, Limits, current_call, tool
+from tether._engine.integrity import update_call_signed
 from tether._engine.policy import Policy
 from tether._runtime import Runtime
 from tether._sources.mcp import MCPSource
@@ -97,7 +98,7 @@ async def test_p25_a_recorded_key_wins_over_the_derivation(store_url):
     async with runtime(store_url, seen) as rt:
         paused = await rt.execute(PROGRAM)
         # Re-signed as tether would have recorded it (an unsigned edit is run_tampered, P-35).
-        assert rt.update_call_signed(rt.store.get_call(paused.run_id, 2), ["asked"],
+        assert update_call_signed(rt.engine.store, rt.engine.keyring, rt.store.get_call(paused.run_id, 2), ["asked"],
                                      idempotency_key="recorded-elsewhere")
         done = await rt.resume(paused.run_id, "approve")
         assert done.status == "completed", done.error
@@ -285,7 +286,7 @@ async def _left_sending(store_url: str, sends: int, tool: Tool) -> str:
         paused = await rt.execute("import tools\nawait tools.shop.charge(id=7)")
         assert paused.status == "paused"
         # Signed as the dead process would have written it (P-35).
-        assert rt.update_call_signed(rt.store.get_call(paused.run_id, 1), ["asked"], state="sending", sends=sends)
+        assert update_call_signed(rt.engine.store, rt.engine.keyring, rt.store.get_call(paused.run_id, 1), ["asked"], state="sending", sends=sends)
         assert rt.store.update_run(paused.run_id, ["paused"], status="running", owner="dead", lease_until=0.0)
         return paused.run_id
 

@@ -57,3 +57,15 @@ def test_the_readme_config_example_is_valid(tmp_path):
     path.write_text(keyed)
     config = load_config(path)
     assert [(s.type, s.idempotency) for s in config.sources] == [("openapi", "key"), ("mcp", "key")]
+
+
+def test_the_runtime_is_a_small_documented_face():
+    """Runtime keeps at most 20 public methods, each with a docstring (issue 21): plumbing lives on the
+    engine's services (tether._engine), which never receive the Runtime."""
+    from tether import Runtime
+
+    methods = [n for n in dir(Runtime) if not n.startswith("_") and callable(getattr(Runtime, n))]
+    assert len(methods) <= 20, methods
+    assert [n for n in methods if not (getattr(Runtime, n).__doc__ or "").strip()] == []
+    # Its services are reached through one attribute, not set on it from outside.
+    assert {"engine", "store", "catalog"} <= {n for n in dir(Runtime) if not n.startswith("_")}

@@ -86,7 +86,7 @@ async def test_two_tools_with_a_bounded_byte_stable_description(server, rt, rec,
         tools = {t.name: t for t in (await c.list_tools()).tools}
     assert set(tools) == {"execute", "resume", "cell_start", "cell_wait", "cell_terminate"}
     # The model description, then how to retry a request whose reply was lost (P-36), within the same budget.
-    assert tools["execute"].description == rt.model_description()
+    assert tools["execute"].description == rt.engine.model_description()
     assert tools["execute"].description.endswith("\n" + KEY_NOTE + "\n")
     assert len(tools["execute"].description.encode()) <= 1200
     key = tools["execute"].input_schema["properties"]["key"]
@@ -375,7 +375,6 @@ async def test_progress_notifications_follow_the_calls(server, mode):
 
 @pytest.mark.parametrize("mode", ERAS)
 async def test_a_cancelled_request_cancels_its_run_and_sends_nothing_more(server, rt, rec, mode):
-    rt.policy = Policy(writes="allow")
     code = "import tools\nawait tools.slowpoke.wait(seconds=1)\nawait tools.helpdesk.close_ticket(id=3)"
     async with Client(server.mcp, mode=mode) as c:
         with anyio.move_on_after(0.5):

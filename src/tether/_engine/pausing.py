@@ -270,7 +270,7 @@ class Pauses:
             policy_mod.rule_approver(host.policy, tool.address) != "signed_in"
             or getattr(host.on_approval, "signed_in", False))
         if host.on_approval is not None and inline:
-            from tether._engine.decisions import approval_verdict
+            from tether._engine.approvals.model import approval_verdict
 
             answer = host.on_approval(pending.for_approver())
             verdict, reason = approval_verdict(await answer if inspect.isawaitable(answer) else answer)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 async def settled(rt: "Runtime", principal: str, key: str) -> bool:
     """Whether ``key`` names a run that is not running now: its envelope is answered without a run slot."""
-    run = await rt.astore.call(rt.store.get_run_by_key, principal, key)
+    run = await rt.engine.astore.call(rt.store.get_run_by_key, principal, key)
     return run is not None and run.status not in (RunStatus.RUNNING, RunStatus.QUEUED)
 
 

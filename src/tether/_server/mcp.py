@@ -191,12 +191,12 @@ class TetherServer:
         self.console = console
         # Who may decide what (tether._engine.approvals): `tether serve` passes the
         # server's; without one, nobody is told apart (standard input/output).
-        self.access = access or Access.open(local_runs=getattr(rt, "local_runs", "private"))
+        self.access = access or Access.open(local_runs=rt.engine.settings.local_runs)
         # [server] approvals: how a paused write is put to the client's user (see urlmode).
         self.approvals = approvals
         self.public_url = public_url
         self.url_wait_seconds = urlmode.URL_WAIT_SECONDS if url_wait_seconds is None else url_wait_seconds
-        self.admission = admission or Admission(rt.pool.max_workers, queue_depth=16, queue_timeout=10.0)
+        self.admission = admission or Admission(rt.engine.pool.max_workers, queue_depth=16, queue_timeout=10.0)
         self.principal_of = principal_of or (lambda ctx: LOCAL)
         self.run_meta = dict(run_meta or {})
         self._background: set[asyncio.Task] = set()
@@ -205,13 +205,13 @@ class TetherServer:
         # process sharing the store can open and verify what another minted.
         # The current secret's keys seal and sign; a rotated keyring's older
         # ones still open and verify state minted before the rotation.
-        self._state_macs = rt.keyring.derive("mcp/request-state/mac")
-        seal_keys = list(rt.keyring.derive("mcp/request-state/seal").keys)
+        self._state_macs = rt.engine.keyring.derive("mcp/request-state/mac")
+        seal_keys = list(rt.engine.keyring.derive("mcp/request-state/seal").keys)
         security = RequestStateSecurity(
             keys=seal_keys,
             # A paused run waits this long for its decision; the answer to the
             # form is good for as long as the run is.
-            ttl=float(rt.approval_ttl_seconds),
+            ttl=float(rt.engine.settings.approval_ttl_seconds),
             # tether binds the principal into its own signature, and reports a
             # mismatch as run_not_found like every other foreign run.
             bind_principal=None,
@@ -221,7 +221,7 @@ class TetherServer:
                                         request_state_security=security)
         self.mcp.middleware.append(_check_arguments)
         self.mcp.add_tool(self.execute, name="execute", title="Run a Python program against the tools",
-                          description=rt.model_description(), annotations=ToolAnnotations(
+                          description=rt.engine.model_description(), annotations=ToolAnnotations(
                               read_only_hint=False, destructive_hint=_writes_unasked(rt.policy),
                               idempotent_hint=False, open_world_hint=True))
         self.mcp.add_tool(self.resume, name="resume", title="Decide a paused write and continue the run",
@@ -463,7 +463,7 @@ class TetherServer:
     def _refused(self, run_id: str, principal: str, channel: str, seqs: list[int] | None, *,
                  ctx: Context | None = None) -> TetherError | None:
         """Why ``principal`` may not approve writes ``seqs`` of the run through ``channel``; None when it may."""
-        run = self.rt.get_run(run_id, principal)
+        run = self.rt.engine.get_run(run_id, principal)
         # An access token's rights are its own (they come with each request); a static token's are configured.
         grant = request_scope_value(ctx, GRANT_KEY) if ctx is not None else None
         verdict = may_decide(self.access, grant or self._grant(principal), run.principal, "approve", channel,
@@ -568,11 +568,11 @@ class TetherServer:
                 return self._respond(result, INPUT_REQUIRED, principal, diagnostics, how="url")
             if reply is None:
                 # A retry without an answer: ask again if the run still waits on it.
-                run = self.rt.get_run(run_id, principal)
+                run = self.rt.engine.get_run(run_id, principal)
                 paused = run.result if run.status == RunStatus.PAUSED else None
                 if paused and _first_undecided(RunResult.from_dict(paused).pending or {}).get("seq") == seq:
                     return self._input_required(RunResult.from_dict(paused), principal)
-                return self.paused_result(self.rt.recorded(run), diagnostics=diagnostics)
+                return self.paused_result(self.rt.engine.recorded(run), diagnostics=diagnostics)
             decision, reason = _decision(reply)
             if decision == "approve":
                 refused = self._refused(run_id, principal, Channel.FORM, [seq], ctx=ctx)
@@ -581,7 +581,7 @@ class TetherServer:
             if decision is None:
                 # Dismissed without a choice: nothing is decided and the run
                 # stays paused; the model can ask in words and call resume.
-                return self.paused_result(self.rt.recorded(self.rt.get_run(run_id, principal)), diagnostics=diagnostics)
+                return self.paused_result(self.rt.engine.recorded(self.rt.engine.get_run(run_id, principal)), diagnostics=diagnostics)
             try:
                 result = await self.run_in_slot(
                     lambda progress: self.rt.resume(run_id, decision, reason, seq=seq, principal=principal,

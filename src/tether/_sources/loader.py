@@ -35,9 +35,11 @@ from tether._tools.model import Tool
 from tether.errors import ConfigError, SourceUnavailable, TetherError, ToolsUnavailable
 
 if TYPE_CHECKING:
-    from tether._runtime import Runtime
+    from tether._engine.engine import Attempts
+    from tether._engine.events import EventBus
     from tether._sources.mcp import MCPSource
     from tether._store.base import Store
+    from tether._tools.catalog import Catalog
 
 __all__ = ["LoadedSource", "SourceSet", "definition_key", "record_definition"]
 
@@ -143,7 +145,7 @@ def _check_resolvable(definition: dict[str, Any]) -> None:
         raise ConfigError(f"the OpenAPI description {spec} does not exist")
 
 
-def forward_progress(rt: Runtime) -> Callable[[Any], None]:
+def forward_progress(store: Store, attempts: Attempts, events: EventBus) -> Callable[[Any], None]:
     """An MCP source's progress reports, delivered to the run whose call they are about.
 
     A cell gets a ``progress`` event; a client watching the run (``on_progress``,
@@ -153,12 +155,12 @@ def forward_progress(rt: Runtime) -> Callable[[Any], None]:
 
     def forward(report: Any) -> None:
         address = f"{report.namespace}.{report.tool}"
-        for boundary in rt.boundaries_calling(address):
+        for boundary in attempts.boundaries_calling(address):
             data = {"address": address, "progress": report.progress, "total": report.total,
                     "message": report.message}
-            run = rt.store.get_run(boundary.run_id)  # a live boundary's run exists; None only if deleted under it
+            run = store.get_run(boundary.run_id)  # a live boundary's run exists; None only if deleted under it
             if run is not None and (run.meta or {}).get("cell"):
-                rt.event(boundary.run_id, "progress", data)
+                events.emit(boundary.run_id, "progress", data)
             if boundary.on_progress is not None:
                 p = max(report.progress, 0.0)
                 fraction = p / report.total if report.total else p / (p + 1.0)
@@ -208,15 +210,18 @@ class LoadedSource:
 class SourceSet:
     """The sources loaded in one process, keyed by definition.
 
-    ``runtime`` receives their tools (``catalog``, ``check_namespaces``,
-    ``elicitation_handler``); ``store`` keeps MCP listings; ``log_dir`` gets
+    ``catalog`` receives their tools; an MCP server's mid-call question goes to
+    the run with a call to it on the wire (``attempts``, ``events``; see
+    tether._engine.questions); ``store`` keeps MCP listings; ``log_dir`` gets
     one ``<namespace>.log`` per stdio server for its stderr.
     """
 
-    def __init__(self, runtime: Runtime, *, store: Store | None = None, log_dir: Path | None = None,
-                 local: Iterable[Any] = (), default_call_timeout: float | None = None,
+    def __init__(self, catalog: Catalog, *, attempts: Attempts, events: EventBus, store: Store | None = None,
+                 log_dir: Path | None = None, local: Iterable[Any] = (), default_call_timeout: float | None = None,
                  progress: Callable[[Any], None] | None = None) -> None:
-        self.runtime = runtime
+        self.catalog = catalog
+        self.attempts = attempts
+        self.events = events
         self.store = store
         keyring = keyring_for(store) if store is not None else Keyring(b"")
         self.secret: bytes = keyring.current
@@ -318,23 +323,25 @@ class SourceSet:
         raise ConfigError(f"unknown source type {kind!r}")
 
     def _register(self, entry: LoadedSource, found: list[Tool], summary: str | None = None) -> None:
-        rt = self.runtime
-        rt.check_namespaces(found)
+        from tether._sandbox.monty import check_namespaces
+
+        check_namespaces(found)
         for ns in sorted({t.namespace for t in found}):
-            if any(t.namespace == ns for t in rt.catalog.tools()):
+            if any(t.namespace == ns for t in self.catalog.tools()):
                 raise ConfigError(f"namespace {ns!r} is already taken by another source in this process",
                                   code="namespace_taken")
-        rt.catalog.add_many(found)
+        self.catalog.add_many(found)
         entry.tools = list(found)
         if summary:
             # The source's one line (API title, server name, module docstring) for
             # sources() and the prompt; the same for each namespace it filled.
             for ns in sorted({t.namespace for t in found}):
-                rt.catalog.set_namespace_summary(ns, summary)
+                self.catalog.set_namespace_summary(ns, summary)
 
     # -- MCP: listing from the cache, server on first call
 
     def _mcp_source(self, definition: dict[str, Any], timeout: float) -> MCPSource:
+        from tether._engine.questions import elicitation_handler
         from tether._sources.mcp import MCPSource
 
         namespace = definition["namespace"]
@@ -352,7 +359,7 @@ class SourceSet:
             call_timeout=definition.get("call_timeout") or (
                 self.default_call_timeout if definition.get("max_call_seconds") else None),
             max_call_seconds=definition.get("max_call_seconds"),
-            elicitation_handler=self.runtime.elicitation_handler(namespace),
+            elicitation_handler=elicitation_handler(namespace, self.attempts.live, self.events),
             progress_handler=self.progress, errlog=errlog,
         )
 
@@ -482,7 +489,7 @@ class SourceSet:
             return
         tools, upstream, problems = build_tools(entry.name, source.listing, lazy.handler, lazy.ceiling,
                                                 idempotency=entry.definition.get("idempotency", "none"))
-        catalog = self.runtime.catalog
+        catalog = self.catalog
         for tool in entry.tools:
             if tool.address in catalog:
                 catalog.remove(tool.address)
