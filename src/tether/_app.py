@@ -9,14 +9,17 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Sequence
 
-from tether._config import Config, load_config
 from tether._engine.limits import Limits
 from tether._engine.policy import Policy, Rule
 from tether._runtime import Runtime
 from tether._store import open_store
 from tether.errors import ConfigError
+
+if TYPE_CHECKING:
+    # Imported when a config is loaded, not with `import tether` (its models take a while to build).
+    from tether._config import Config
 
 
 def policy_from_config(config: Config) -> Policy:
@@ -53,6 +56,7 @@ async def open_runtime(
     ``sources`` are recorded definitions (a run's) to load instead of the
     config's own. ``report`` receives one line per source that failed.
     """
+    from tether._config import load_config
     from tether._sources.loader import record_definition
 
     config = config or load_config(config_path)
