@@ -307,6 +307,30 @@ async def test_modern_an_answer_that_meets_a_full_server_names_the_run_to_resume
     assert rec.deliveries == [("close_ticket", {"id": 3})]
 
 
+async def test_tethers_tools_are_one_table_each_entry_its_schema_check_and_handler(rt):
+    """A tool of tether's own server is one entry of _server/mcp.py's TOOLS: what tools/list shows
+    (name, title, input schema with its limits) and what a call is checked against come from it."""
+    from tether._server.mcp import TOOLS
+
+    async with Client(TetherServer(rt).mcp) as c:
+        listed = {t.name: t for t in (await c.list_tools()).tools}
+        assert list(listed) == [tool.name for tool in TOOLS]
+        for tool in TOOLS:
+            schema = tool.arguments.model_json_schema()
+            shown = listed[tool.name]
+            assert shown.title == tool.title and shown.description == tool.description(rt)
+            assert shown.input_schema["properties"] == schema["properties"], tool.name
+            assert shown.input_schema.get("required", []) == schema.get("required", []), tool.name
+            # A call the entry's model refuses is refused before its handler, with the entry's usage.
+            r = await c.call_tool(tool.name, {"not_an_argument": 1})
+            assert r.structured_content["error"]["code"] == "invalid_arguments", tool.name
+            assert r.structured_content["error"]["next_action"] == tool.usage
+        # The advertised limits are the ones enforced: a key past its length is refused by name.
+        assert listed["execute"].input_schema["properties"]["key"]["anyOf"][0]["maxLength"] == 200
+        r = await c.call_tool("execute", {"code": "1", "key": "k" * 201})
+        assert r.is_error and "key:" in r.content[0].text
+
+
 # -- errors ---------------------------------------------------------------------------
 
 
