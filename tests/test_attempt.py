@@ -39,7 +39,7 @@ def new_run(d: Engine, code: str, policy: Policy) -> RunRecord:
     return run
 
 
-async def test_an_attempt_runs_pauses_and_finishes_with_its_collaborators_only():
+async def test_an_attempt_runs_pauses_and_finishes_with_the_engine_alone():
     rec = Recorder()
     catalog = Catalog()
     catalog.add_many(rec.tools())

@@ -10,7 +10,7 @@ winner. A transition the table does not list is a bug in tether: it is refused w
     create          (new) -> queued | running            launcher.begin, launcher.start
     claim_queued    queued -> running                    worker (work, run_queued)
     claim_due       waiting -> running (deadline came)   worker
-    wake            waiting -> running (wait settled)    Runtime.wake
+    wake            waiting -> running (wait settled)    launcher.wake
     resume          paused -> running (pause decided)    approvals.service.decide
     claim_orphan    running, lease lapsed -> ours        worker (release_orphan hands it back)
     take_over       running, owner gone -> ours          worker, launcher (a keyed retry), control.cancel

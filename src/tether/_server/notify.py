@@ -1,6 +1,6 @@
 """Notifications: ``[[notify]]`` webhooks told when a run pauses, waits, fails, completes or is cancelled.
 
-    run pauses/ends ──> Runtime.announce ──> outbox row per webhook (one INSERT, in the store)
+    run pauses/ends ──> EventBus.announce ──> outbox row per webhook (one INSERT, in the store)
                                                    │
            deliverer (any tether process) ──claim──┘──> POST signed JSON ──> 2xx: delivered
                                                              └─ else: retried with backoff, then given up
