@@ -60,6 +60,10 @@ class Runtime:
     The public face over the engine (tether._engine.engine.Engine): each
     method here checks its arguments and hands the work to the engine's
     services; ``rt.engine`` is what tether's own server, worker and CLI use.
+
+    ``config`` (a loaded tether.toml) is what :func:`tether.open_runtime`
+    passes: the runtime then has the config's sources set up (open_runtime
+    loads them) and a worker on it reads the config's ``[retention]``.
     """
 
     def __init__(

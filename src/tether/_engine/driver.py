@@ -17,6 +17,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tether._engine import telemetry
+from tether._engine.approvals import service as approvals
+from tether._engine.approvals.model import approval_wait_name
 from tether._engine.boundary import SPENT_STATES, Cancelled, EffectBoundary
 from tether._engine.engine import NO_HOOKS, Hooks
 from tether._engine.envelopes import (
@@ -366,7 +368,8 @@ class Attempt:
             expires = now + self.settings.approval_ttl_seconds
             # A paused write is also a durable wait (P-18): its key resolves it
             # like resume() does, from anywhere that holds the key.
-            writes = [w.stored(await self.astore.call(d.waits.approval, run, w.seq, expires)) for w in stop.writes]
+            writes = [w.stored(await self.astore.call(approvals.ask, d.store, d.waits.key(run.run_id, approval_wait_name(
+                w.seq)), run, w.seq, expires, now)) for w in stop.writes]
             # The first write at the top level, as before batches; every write
             # of the pause, that one included, under "writes" (P-27).
             public = {**next(w for w in writes if w["seq"] == stop.first.seq), "writes": writes}

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Sequence
 
-from tether._engine.approvals import service as approvals
 from tether._engine.approvals.capabilities import WAIT_KEY
 
 # A paused write is a wait named approval:<seq>; what resolves it is a decision.
-from tether._engine.approvals.model import APPROVAL_PREFIX, DECISIONS, approval_wait_name
+from tether._engine.approvals.model import APPROVAL_PREFIX, DECISIONS, decision_of
 from tether._engine.result import to_json_value
-from tether._store.base import LOCAL_PRINCIPAL, WAIT_DIGEST_PREFIX, RunRecord, Store, WaitRecord, wait_digest
+from tether._store.base import LOCAL_PRINCIPAL, WAIT_DIGEST_PREFIX, Store, WaitRecord, wait_digest
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
 from tether.errors import AlreadyDecided, ToolsUnavailable, UsageError, WrongSecret
 
@@ -181,16 +180,11 @@ class Waits:
             self._left(run_id)  # parked here on it, a runner continues it; running, it finds the value itself
         return out
 
-    def approval(self, run: RunRecord, seq: int, deadline: float) -> str:
-        """Create the wait a paused write is (named approval:<seq>) and return its key."""
-        return approvals.ask(self.store, self.key(run.run_id, approval_wait_name(seq)), run, seq,
-                             deadline, self.clock())
-
     async def _resolve_approval(self, key: str, run_id: str, name: str, value: Any,
                                 error: str | None, owner: str | None) -> dict[str, Any]:
         """Resolving an approval wait is deciding the paused write: resume() does the work."""
         seq = int(name.split(":", 1)[1])
-        decision, reason = approvals.decision_of(value, error)
+        decision, reason = decision_of(value, error)
         if decision not in DECISIONS:
             return {"status": "invalid_value", "key": key,
                     "next_action": 'Resolve an approval with {"decision": "approve" | "decline" | "cancel", '

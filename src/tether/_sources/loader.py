@@ -27,7 +27,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 from tether._engine.approvals.capabilities import Keyring, keyring_for, mac_hex, same, secret_id
 from tether._sources.base import ENV_REF, Source
@@ -35,7 +35,6 @@ from tether._tools.model import Tool
 from tether.errors import ConfigError, SourceUnavailable, TetherError, ToolsUnavailable
 
 if TYPE_CHECKING:
-    from tether._engine.engine import Attempts
     from tether._engine.events import EventBus
     from tether._sources.mcp import MCPSource
     from tether._store.base import Store
@@ -143,6 +142,16 @@ def _check_resolvable(definition: dict[str, Any]) -> None:
     spec = definition.get("spec")
     if spec and not str(spec).startswith(("http://", "https://")) and not os.path.isfile(spec):
         raise ConfigError(f"the OpenAPI description {spec} does not exist")
+
+
+class Attempts(Protocol):
+    """What the sources read of the attempts running in this process (tether._engine.engine.Attempts):
+    an upstream's question or progress goes to the run with a call to it on the wire."""
+
+    @property
+    def live(self) -> Mapping[str, Any]: ...
+
+    def boundaries_calling(self, address: str) -> list[Any]: ...
 
 
 def forward_progress(store: Store, attempts: Attempts, events: EventBus) -> Callable[[Any], None]:

@@ -6,7 +6,7 @@ write is decided on its own, by its seq: the journal entry's compare-and-set
 one wins and a repeat changes nothing (P-28). The run continues once every
 write of the pause is decided; a ``cancel`` of any of them ends the run.
 
-    ask(...)          a paused write's approval wait, created when the run pauses (driver, via Waits)
+    ask(...)          a paused write's approval wait, created when the run pauses (driver)
     pending(engine, run)  -> [PendingWrite, ...]                   (Runtime.pending)
     decide(engine, run_id, {3: "approve", 4: ("decline", "why")}, actor=..., via=...)
                       every surface's decision: Python, CLI, MCP resume and forms, the console,
@@ -34,6 +34,7 @@ from tether._engine.approvals.model import (
     PendingWrite,
     approval_wait_name,
     batch_of,
+    decision_of,
     taken,
 )
 from tether._engine.integrity import update_call_signed
@@ -68,17 +69,6 @@ def ask(store: Store, key: str, run: RunRecord, seq: int, deadline: float, now: 
     store.create_wait(WaitRecord(key, run.run_id, approval_wait_name(seq), WaitStatus.PENDING, now, seq=seq,
                                  deadline=deadline, session=run.session))
     return key
-
-
-def decision_of(value: Any, error: str | None) -> tuple[str | None, str | None]:
-    """(decision, reason) an approval wait is resolved with by its key; decision None when it names none."""
-    if error is not None:
-        return "decline", error
-    if isinstance(value, str):
-        return value, None
-    if isinstance(value, dict):
-        return value.get("decision"), value.get("reason")
-    return None, None
 
 
 def recorded_decision(engine: Engine, run_id: str, seq: int, entry: CallRecord | None = None) -> Decision | None:
