@@ -31,9 +31,11 @@ import pydantic_monty as pm
 
 import common
 from common import EXPECTED, PROGRAM, get
+from tether._engine.integrity import sign_snapshot_record
 from tether._engine.limits import Limits
 from tether._runtime import Runtime
 from tether._store import open_store
+from tether._store.base import SnapshotRecord
 
 NS = (1, 100, 1000)
 RESUME_TARGET = 1.5
@@ -74,8 +76,10 @@ def force_replay(rt: Runtime, run_id: str) -> None:
     """Re-sign the pause snapshot as another Monty build's: resume must fall back to replay (P-12)."""
     snap = rt.store.latest_snapshot(run_id)
     # Signed as the runtime signs (pending calls and kind included): only the build differs.
-    rt.store.put_snapshot(rt.snapshot_record(snap.run_id, snap.seq, snap.data, snap.pending, snap.kind,
-                                             version=OTHER_BUILD))
+    mac = sign_snapshot_record(rt.engine.keyring, snap.run_id, snap.seq, OTHER_BUILD, snap.data, snap.pending,
+                               snap.kind)
+    rt.store.put_snapshot(SnapshotRecord(snap.run_id, snap.seq, OTHER_BUILD, snap.data, mac, snap.pending,
+                                         rt.engine.clock(), snap.kind))
 
 
 async def resume_latency(url: str, rounds: int, warmup: int, type_check: bool) -> dict[str, Any]:
@@ -185,7 +189,7 @@ async def many_paused(tmp: Path, count: int, resume_sample: int) -> dict[str, An
         procs = common.child_processes()
         out["workers_with_pool_open"] = common.live(procs)
         out["zombies"] = sum(1 for p in procs if p["state"] == "Z")
-        out["pool_max_workers"] = rt.pool.max_workers
+        out["pool_max_workers"] = rt.engine.pool.max_workers
         out["paused_in_store"] = rt.store.count_runs("paused")
         out["store_mb"] = round(rt.store.store_size_bytes() / 1e6, 2)
         db = Path(f"{tmp}/paused.db")

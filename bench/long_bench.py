@@ -117,7 +117,7 @@ async def cell_latency(store_url: str, n: int) -> dict:
 
 async def parked_runs(store_url: str, path: Path, runs: int) -> dict:
     rt = Runtime(store=open_store(store_url), type_check=False, policy=Policy(writes="allow"))
-    await rt.pool.start()
+    await rt.engine.pool.start()
     t0 = time.perf_counter()
     ids = []
     for i in range(runs):
@@ -128,7 +128,7 @@ async def parked_runs(store_url: str, path: Path, runs: int) -> dict:
         ids.append(r.run_id)
     park_s = time.perf_counter() - t0
     workers_with_pool = monty_workers()
-    await rt.pool.close()
+    await rt.engine.pool.close()
     workers_after_close = monty_workers()
     size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
     # Still resumable with no worker alive beforehand: a new runtime continues one of each kind.

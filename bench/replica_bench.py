@@ -87,9 +87,9 @@ async def follow(url: str, kind: str, n: int, listen: bool) -> list[float]:
     received: dict[int, float] = {}
     async with Runtime(store=open_store(url), type_check=False) as rt:
         if not listen:
-            rt.notices.start = lambda: None  # polling only, the fallback
+            rt.engine.events.notices.start = lambda: None  # polling only, the fallback
         else:
-            rt.bus.listen()
+            rt.engine.events.listen()
             await asyncio.sleep(0.3)  # the listener's connection is up before A starts
         child.stdin.write("go\n")
         child.stdin.flush()
@@ -133,10 +133,10 @@ tool = Tool("slow", "block", "Blocks.", {"type": "object", "properties": {}}, bl
 async def main():
     async with Runtime(store=open_store(url), tools=[tool], type_check=False) as rt:  # the default lease, 30 s
         if listen:
-            rt.listen_for_events()
+            rt.engine.events.listen()
             await asyncio.sleep(0.5)
         else:
-            rt.notices.start = lambda: None
+            rt.engine.events.notices.start = lambda: None
         for i in range(n):
             handle = await rt.begin("import tools\nawait tools.slow.block()")
             await started.wait()
@@ -183,7 +183,7 @@ async def cancels(url: str, n: int, listen: bool) -> list[float]:
     out = []
     async with Runtime(store=open_store(url), type_check=False) as rt:
         if not listen:
-            rt.notices.start = lambda: None
+            rt.engine.events.notices.start = lambda: None
         for _ in range(n):
             run_id = child.stdout.readline().strip()
             t0 = time.time()
@@ -209,11 +209,11 @@ url, listen = sys.argv[1], sys.argv[2] == "1"
 async def main():
     async with Runtime(store=open_store(url), type_check=False) as rt:
         if not listen:
-            rt.notices.start = lambda: None
+            rt.engine.events.notices.start = lambda: None
         stop = asyncio.Event()
         asyncio.get_running_loop().add_reader(sys.stdin, stop.set)  # B closes our stdin when done
         print("ready", flush=True)
-        await work(rt, stop=stop)
+        await work(rt.engine, stop=stop)
 asyncio.run(main())
 """
 
@@ -229,7 +229,7 @@ async def settles(url: str, n: int, listen: bool) -> list[float]:
     received: dict[int, float] = {}
     async with Runtime(store=open_store(url), type_check=False) as rt:
         if not listen:
-            rt.notices.start = lambda: None
+            rt.engine.events.notices.start = lambda: None
         run_id = rt.start(RESOLVED.replace("N", str(n)))
         cursor, deadline = 0, time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -238,7 +238,7 @@ async def settles(url: str, n: int, listen: bool) -> list[float]:
                 break
             if run.status == "waiting":
                 # The run's record keeps the key's digest (D-33): the key is recomputed from the secret.
-                key = rt.wait_key(run_id, run.pending["name"])
+                key = rt.engine.waits.key(run_id, run.pending["name"])
                 await rt.resolve_wait(key, run.pending["name"], continue_run=False)
                 while time.monotonic() < deadline:
                     obs = await rt.wait_cell(run_id, after=cursor, timeout_ms=5000)

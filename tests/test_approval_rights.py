@@ -249,7 +249,7 @@ async def test_an_approver_decides_in_the_console_and_is_recorded_by_name(rt, re
         done = await person.post(f"/console/runs/{paused['run_id']}/decide",
                                  data={"csrf": csrf_of(page.text), "seq": "1", "decision": "approve"})
         assert done.status_code == 303
-    assert (await rt.wait_for_run(paused["run_id"])).status == "completed"
+    assert (await rt.engine.wait_for_run(paused["run_id"])).status == "completed"
     assert rec.deliveries == [("close_ticket", {"id": 3})]
     decided = [e.data for e in rt.store.get_events(paused["run_id"]) if e.type == "decided"]
     assert [(d["actor"], d["via"]) for d in decided] == [("pat", "console")]

@@ -1,4 +1,4 @@
-"""An attempt works from its collaborators alone: no Runtime is needed to run, pause and finish a run."""
+"""An attempt works from the Engine alone: no Runtime is needed to run, pause and finish a run."""
 
 from __future__ import annotations
 
@@ -8,46 +8,27 @@ from typing import Any
 import pytest
 
 from helpers import Recorder
-from tether._engine.approvals.capabilities import keyring_for
-from tether._engine.driver import Attempt, Collaborators, Settings
-from tether._engine.events import EventBus
-from tether._engine.finish import Finisher
+from tether._engine.build import build_engine
+from tether._engine.driver import Attempt
+from tether._engine.engine import Engine, Settings
 from tether._engine.integrity import sign_run
-from tether._engine.lifecycle import Lifecycle
 from tether._engine.limits import Limits
 from tether._engine.policy import Policy
 from tether._engine.restore import SnapshotMismatch, plan_restore
-from tether._engine.sessions import Sessions
-from tether._engine.waits import Waits
 from tether._sandbox.monty import SandboxPool
 from tether._store import open_store
 from tether._store.base import RunRecord
 from tether._tools.catalog import Catalog
 
 
-async def _unused(*args: Any, **kwargs: Any) -> Any:
-    raise AssertionError("nothing here continues another run")
+def collaborators(store: Any, catalog: Catalog, pool: SandboxPool) -> Engine:
+    settings = Settings(principal="local", check="off", local_runs="private", approval_ttl_seconds=60.0,
+                        checkpoint_every_calls=100, checkpoint_every_seconds=30.0)
+    return build_engine(store=store, catalog=catalog, pool=pool, policy=Policy(), limits=Limits(),
+                        settings=settings, owner="me", lease_seconds=30.0)
 
 
-def collaborators(store: Any, catalog: Catalog, pool: SandboxPool) -> Collaborators:
-    keyring = keyring_for(store)
-    bus = EventBus(store=store, clock=time.time)
-    waits = Waits(store=store, secret=keyring.current, clock=time.time, wake=_unused, resume=_unused)
-    lifecycle = Lifecycle(store, owner="me", clock=time.time, lease_seconds=30.0)
-    return Collaborators(
-        store=store, keyring=keyring, clock=time.time, catalog=catalog, pool=pool, bus=bus, lifecycle=lifecycle,
-        finisher=Finisher(store=store, lifecycle=lifecycle, bus=bus, clock=time.time, cancel_waits=waits.cancel,
-                          revoke_waits=lambda run_id: waits.revoke(run_id=run_id)),
-        waits=waits, sessions=Sessions(store=store, secret=keyring.current, clock=time.time),
-        settings=Settings(principal="local", type_check=False, approval_ttl_seconds=60.0, lease_seconds=30.0,
-                          checkpoint_every_calls=100, checkpoint_every_seconds=30.0, inline_sleep_seconds=1.0,
-                          batch_window_seconds=0.05),
-        verdicts={}, live={}, search=lambda *a, **k: {"results": []}, describe=lambda *a, **k: [],
-        list_sources=lambda: [], source_failures=dict,
-    )
-
-
-def new_run(d: Collaborators, code: str, policy: Policy) -> RunRecord:
+def new_run(d: Engine, code: str, policy: Policy) -> RunRecord:
     now = time.time()
     run = RunRecord(run_id="run_attempt_test", status="running", program=code,
                     environment={"clock": "2026-01-01T00:00:00+00:00", "seed": 7}, policy=policy.to_dict(),
@@ -58,7 +39,7 @@ def new_run(d: Collaborators, code: str, policy: Policy) -> RunRecord:
     return run
 
 
-async def test_an_attempt_runs_pauses_and_finishes_with_its_collaborators_only():
+async def test_an_attempt_runs_pauses_and_finishes_with_the_engine_alone():
     rec = Recorder()
     catalog = Catalog()
     catalog.add_many(rec.tools())
@@ -72,7 +53,7 @@ async def test_an_attempt_runs_pauses_and_finishes_with_its_collaborators_only()
         paused = await Attempt(run, d, mode="fresh").run_to_end()
         assert paused.status == "paused" and paused.pending["address"] == "helpdesk.close_ticket"
         assert store.get_run(run.run_id).status == "paused" and rec.deliveries == []
-        assert d.live == {}  # the attempt took its boundary out when it stopped
+        assert d.attempts.live == {}  # the attempt took its boundary out when it stopped
 
         # Approve as a decider would, then continue from the signed snapshot in a new attempt.
         from tether._engine.calls import ledger

@@ -140,7 +140,7 @@ async def test_p20_a_started_cell_is_never_offered_to_another_processs_runner(st
 
         def create_then_race(run):
             create(run)
-            now = rt.clock()
+            now = rt.engine.clock()
             got = other.claim_queued("other-replica", now + 30, now)
             claimed.append(got.run_id if got else None)
 

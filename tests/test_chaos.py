@@ -235,7 +235,7 @@ async def action(n: int, i: int, kind: str, url: str, mode: str, tally: Tally, o
                 if i % 2:  # continued by the process that signals, if parked (as `tether runs signal`) ...
                     await other.settle(kind, tag, run_id, lambda: other.rt.signal(run_id, "go", "now"))
                 else:  # ... or by a replica's runner, told by a notice
-                    key = other.rt.wait_key(run_id, "signal:go")
+                    key = other.rt.engine.waits.key(run_id, "signal:go")
                     await other.settle(kind, tag, run_id, lambda: other.rt.resolve_wait(key, "now", continue_run=False))
                 await follow(tally, url, mode, kind, tag, out, stop_at + 30)
         elif kind == "wait":

@@ -6,6 +6,7 @@ import pytest
 
 from check_corpus import INVALID, VALID, corpus_tools
 from helpers import Recorder
+from tether._engine import launcher
 from tether._engine.policy import Policy, Rule
 from tether._runtime import Runtime
 from tether._sandbox.monty import probe_names
@@ -90,7 +91,7 @@ async def test_newer_syntax_than_the_hosts_python_is_left_to_the_sandbox(corpus_
 
 @pytest.mark.slow
 async def test_every_name_and_module_the_sandbox_accepts_passes_every_check(corpus_rt):
-    names, modules = await probe_names(corpus_rt.pool)
+    names, modules = await probe_names(corpus_rt.engine.pool)
     assert "PermissionError" in names and "getattr" in names and "json" in modules
     exceptions = [n for n in names if n[0].isupper() and n.endswith(("Error", "Exception", "Exit", "Interrupt",
                                                                      "Iteration"))]
@@ -139,7 +140,7 @@ async def test_a_remembered_pass_skips_the_checker_but_not_the_call_check():
         first = await rt.execute(code)
         second = await rt.execute(code)
         assert first.result == second.result == 2
-        assert len(rt.verdicts) == 1 and list(rt.verdicts.values()) == [True]
+        assert len(rt.engine.verdicts) == 1 and list(rt.engine.verdicts.values()) == [True]
 
 
 async def test_full_check_stubs_only_what_the_program_reaches():
@@ -148,20 +149,20 @@ async def test_full_check_stubs_only_what_the_program_reaches():
 
     rec = Recorder()
     async with Runtime(tools=rec.tools(), check="full") as rt:
-        run = rt._new_run("import tools\nawait tools.helpdesk.get_ticket(1)", principal=None, meta=None,
+        run = launcher.new_run(rt.engine, "import tools\nawait tools.helpdesk.get_ticket(1)", principal=None, meta=None,
                           check="full", status="running")
-        spec = build_spec(rt, run, Limits(), reach=precheck(rt, run))
+        spec = build_spec(rt.engine, run, Limits(), reach=precheck(rt.engine, run))
         assert list(spec.namespace_stubs) == ["helpdesk"]
         assert "get_ticket" in spec.namespace_stubs["helpdesk"] and "add_comment" not in spec.namespace_stubs["helpdesk"]
         # An alias assigned once is followed like an import...
-        run = rt._new_run("import tools\nns = tools.slowpoke\nawait ns.wait()", principal=None, meta=None,
+        run = launcher.new_run(rt.engine, "import tools\nns = tools.slowpoke\nawait ns.wait()", principal=None, meta=None,
                           check="full", status="running")
-        spec = build_spec(rt, run, Limits(), reach=precheck(rt, run))
+        spec = build_spec(rt.engine, run, Limits(), reach=precheck(rt.engine, run))
         assert list(spec.namespace_stubs) == ["slowpoke"] and "def write(" not in spec.namespace_stubs["slowpoke"]
         # ...a namespace reached dynamically gets all its tools.
-        run = rt._new_run("import tools\nawait getattr(tools.slowpoke, 'wait')()", principal=None, meta=None,
+        run = launcher.new_run(rt.engine, "import tools\nawait getattr(tools.slowpoke, 'wait')()", principal=None, meta=None,
                           check="full", status="running")
-        spec = build_spec(rt, run, Limits(), reach=precheck(rt, run))
+        spec = build_spec(rt.engine, run, Limits(), reach=precheck(rt.engine, run))
         assert list(spec.namespace_stubs) == ["slowpoke"] and "def write(" in spec.namespace_stubs["slowpoke"]
 
 

@@ -137,7 +137,7 @@ async def test_every_decision_records_who_and_through_what(rt):
         again = await c.post(f"/console/runs/{paused.run_id}/decide",
                              data={"csrf": csrf, "seq": "1", "decision": "approve"})
         assert again.status_code == 403 and "nothing was sent" in again.text
-    result = await rt.wait_for_run(paused.run_id)
+    result = await rt.engine.wait_for_run(paused.run_id)
     assert "over the limit" in result.result and sent == []
     decided = [e.data for e in rt.store.get_events(paused.run_id) if e.type == "decided"]
     # Who decided is the token's name, the person, never a channel.
@@ -186,7 +186,7 @@ async def test_p28_decide_all_covers_only_the_writes_the_page_showed(rt):
         done = await c.post(f"/console/runs/{paused.run_id}/decide",
                             data={"csrf": csrf_of(fresh), "seq": "all", "shown": "3,4", "decision": "decline"})
         assert done.status_code == 303
-    result = await rt.wait_for_run(paused.run_id)
+    result = await rt.engine.wait_for_run(paused.run_id)
     assert result.result[0] == [{"refunded": 1.0}, {"refunded": 1.0}]
     assert all(r.startswith("not sent: ") for r in result.result[1])
     assert [s["order_id"] for s in sent] == ["A1", "A2"]
@@ -219,7 +219,7 @@ async def test_p33_an_approval_link_shows_its_write_and_decides_once_for_a_signe
         twice = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})
         assert twice.status_code == 409 and "already approved" in twice.text
     assert sent == [{"order_id": "A1", "amount": 12.5}]
-    assert (await rt.wait_for_run(paused.run_id)).result == {"refunded": 12.5}
+    assert (await rt.engine.wait_for_run(paused.run_id)).result == {"refunded": 12.5}
     decided = [e.data for e in rt.store.get_events(paused.run_id) if e.type == "decided"]
     assert [(d["actor"], d["via"]) for d in decided] == [("pat", "link")]
 
@@ -239,7 +239,7 @@ async def test_a_capability_link_decides_without_sign_in_only_when_configured_an
 
 async def test_p33_an_expired_link_decides_nothing(rt):
     paused = await rt.execute(PROGRAM)
-    token = link_token(rt.store.secret(), paused.run_id, 1, rt.clock() - 5)
+    token = link_token(rt.store.secret(), paused.run_id, 1, rt.engine.clock() - 5)
     async with client(console_for(rt)) as c:
         page = await c.get(f"/approve/{token}")
         assert page.status_code == 410 and "expired" in page.text

@@ -46,7 +46,7 @@ def make_runtime(store_url, rec, **kw) -> Runtime:
     rt = Runtime(store=open_store(store_url), tools=rec.tools(), **kw)
     # These tests are about what a batch means, not how long it takes to form:
     # a wider window keeps a starved CI machine from splitting one (D-16 measures the default).
-    rt.batch_window_seconds = 0.2
+    rt.engine.settings.batch_window_seconds = 0.2
     return rt
 
 
@@ -169,7 +169,7 @@ async def test_p28_approve_and_decline_sent_together_decide_only_the_write_they_
                                         return_exceptions=True)
         errors = [o for o in outcomes if isinstance(o, BaseException)]
         assert len(errors) == 1 and isinstance(errors[0], AlreadyDecided), outcomes
-        run = rt.get_run(r.run_id)
+        run = rt.engine.get_run(r.run_id)
         if run.status == "paused":  # approve won: the second write waits, undecided
             assert run.pending["seq"] == 2 and rt.store.get_call(r.run_id, 2).state == "asked"
             assert rec.deliveries == [("close_ticket", {"id": 1})]
@@ -187,7 +187,7 @@ async def test_p28_a_decision_without_seq_is_refused_when_more_than_one_write_wa
         assert [p["seq"] for p in info.value.details["pending"]] == [2, 3, 4]
         assert info.value.code == "seq_required"
         assert {c.state for c in rt.store.get_calls(r.run_id) if c.kind == "write"} == {"asked"}
-        assert rt.get_run(r.run_id).status == "paused" and rec.deliveries == []
+        assert rt.engine.get_run(r.run_id).status == "paused" and rec.deliveries == []
 
 
 async def test_p28_a_seq_that_is_not_pending_is_refused_with_the_pending_list(store_url):
@@ -272,8 +272,8 @@ async def test_p10_a_pause_decided_but_not_continued_is_continued_by_a_repeat(st
         r = await rt.execute(GATHER3)
         await rt.decide(r.run_id, {2: "approve", 3: "decline"})
         # Recorded as that process would have (signed, P-35).
-        assert ledger.move(rt.store, rt.keyring, rt.store.get_call(r.run_id, 4), ["asked"], state="approved")
-        assert rt.get_run(r.run_id).status == "paused"
+        assert ledger.move(rt.engine.store, rt.engine.keyring, rt.store.get_call(r.run_id, 4), ["asked"], state="approved")
+        assert rt.engine.get_run(r.run_id).status == "paused"
         done = await rt.resume(r.run_id, "approve", seq=4)
         assert done.status == "completed", done.error
         assert [d[1]["body"] for d in rec.deliveries] == ["one", "three"]
@@ -303,7 +303,7 @@ async def test_p28_concurrent_deciders_of_one_batch_in_two_processes_continue_it
             a.decide(paused.run_id, {4: ("decline", "no")}, actor="ann"), b.decide(paused.run_id, {2: "approve"}),
             return_exceptions=True)
         assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
-        final = await a.wait_for_run(paused.run_id)
+        final = await a.engine.wait_for_run(paused.run_id)
         assert final.status == "completed", final.error
         assert sorted(d[1]["body"] for d in rec.deliveries) == ["one", "two"]
         decided = [e.data["seq"] for e in a.store.get_events(paused.run_id) if e.type == "decided"]

@@ -7,9 +7,11 @@ import asyncio
 import pytest
 
 from helpers import Clock, Recorder
+from tether._engine.integrity import sign_run, sign_snapshot_record
 from tether._engine.policy import Policy, Rule
 from tether._runtime import Runtime
 from tether._store import open_store
+from tether._store.base import SnapshotRecord
 from tether.errors import AlreadyDecided, RunExpired, RunNotFound
 
 WRITE_PROGRAM = """
@@ -23,6 +25,15 @@ print("closed", closed["id"])
 """
 
 
+def resigned(rt, snap, version):
+    """``snap`` signed as tether signs snapshots (pending calls and kind included), as ``version``'s."""
+    mac = sign_snapshot_record(rt.engine.keyring, snap.run_id, snap.seq, version, snap.data, snap.pending, snap.kind)
+    return SnapshotRecord(snap.run_id, snap.seq, version, snap.data, mac, snap.pending, rt.engine.clock(), snap.kind)
+
+
+def signed(rt, run):
+    run.mac = sign_run(rt.engine.keyring, run)
+    return run
 
 
 @pytest.fixture
@@ -46,7 +57,7 @@ async def test_p4_a_write_needing_approval_pauses_and_holds_no_worker(store_url,
         assert "approve" in r.instructions
         assert rec.deliveries == []  # nothing sent before the decision
         assert r.logs == ["read 1 2"]
-        run = rt.get_run(r.run_id)
+        run = rt.engine.get_run(r.run_id)
         assert run.status == "paused" and run.owner is None
         snap = rt.store.latest_snapshot(r.run_id)
         assert snap.kind == "pause" and len(snap.data) > 0
@@ -102,7 +113,7 @@ async def test_p10_cancel_ends_the_run_and_sends_nothing(store_url):
         r = await rt.resume(paused.run_id, "cancel")
         assert r.status == "cancelled"
         assert rec.deliveries == []
-        assert rt.get_run(paused.run_id).status == "cancelled"
+        assert rt.engine.get_run(paused.run_id).status == "cancelled"
 
 
 async def test_p10_concurrent_duplicate_resumes_send_once(store_url):
@@ -180,8 +191,7 @@ async def test_p12_another_monty_version_falls_back_to_replay(store_url):
         paused = await rt.execute(WRITE_PROGRAM)
         snap = rt.store.latest_snapshot(paused.run_id)
         # Signed as the store would have: only the version differs.
-        snap = rt.snapshot_record(snap.run_id, snap.seq, snap.data, snap.pending, snap.kind,
-                                  version="pydantic-monty-0.0.1")
+        snap = resigned(rt, snap, "pydantic-monty-0.0.1")
         rt.store.put_snapshot(snap)
         reads_before = len(rec.events)
         r = await rt.resume(paused.run_id, "approve")
@@ -196,14 +206,13 @@ async def test_p6_journal_altered_so_replay_differs_is_execution_diverged(store_
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:
         paused = await rt.execute(WRITE_PROGRAM)
-        run = rt.get_run(paused.run_id)
+        run = rt.engine.get_run(paused.run_id)
         # The program now asks for ticket 5 first: the journal says ticket 1.
         # Signed as tether would: this is divergence, not tampering (P-35 has its own tests).
         run.program = WRITE_PROGRAM.replace("id=1)", "id=5)", 1)
-        rt.store.update_run(run.run_id, None, program=run.program, mac=rt._sign(run).mac)
+        rt.store.update_run(run.run_id, None, program=run.program, mac=sign_run(rt.engine.keyring, run))
         snap = rt.store.latest_snapshot(run.run_id)
-        rt.store.put_snapshot(rt.snapshot_record(snap.run_id, snap.seq, snap.data, snap.pending, snap.kind,
-                                                 version="pydantic-monty-0.0.1"))
+        rt.store.put_snapshot(resigned(rt, snap, "pydantic-monty-0.0.1"))
         r = await rt.resume(paused.run_id, "approve")
         assert r.status == "failed"
         assert r.error["code"] == "execution_diverged"
@@ -289,8 +298,7 @@ await tools.helpdesk.close_ticket(id=3)
     async with make_runtime(store_url, rec) as rt:
         paused = await rt.execute(code)
         snap = rt.store.latest_snapshot(paused.run_id)
-        rt.store.put_snapshot(rt.snapshot_record(snap.run_id, snap.seq, snap.data, snap.pending, snap.kind,
-                                                 version="other"))
+        rt.store.put_snapshot(resigned(rt, snap, "other"))
         replayed = await rt.resume(paused.run_id, "approve")
         assert replayed.diagnostics["attempt"] == "replay"
         # The replay re-ran the program from its first line with the same
@@ -401,11 +409,10 @@ async def test_p13_a_recorded_write_the_replay_does_not_repeat_is_divergence(sto
         args = {"id": 99, "body": "ghost"}
         ghost = CallRecord(paused.run_id, 9, "tool", "helpdesk.add_comment", args,
                            call_key("tool", "helpdesk.add_comment", args), "write", "sent", outcome={"ticket": 99})
-        ghost.mac = sign_call(rt.keyring, ghost, None)  # recorded by tether, on a path the replay does not take
+        ghost.mac = sign_call(rt.engine.keyring, ghost, None)  # recorded by tether, on a path the replay does not take
         rt.store.record_call(ghost)
         snap = rt.store.latest_snapshot(paused.run_id)
-        rt.store.put_snapshot(rt.snapshot_record(snap.run_id, snap.seq, snap.data, snap.pending, snap.kind,
-                                                 version="other"))
+        rt.store.put_snapshot(resigned(rt, snap, "other"))
         r = await rt.resume(paused.run_id, "approve")
         assert r.status == "failed" and r.error["code"] == "execution_diverged"
 
@@ -418,7 +425,7 @@ async def test_p16_two_recoverers_one_owner(store_url, clock):
         run_id = "run_orphan"
         from tether._store.base import RunRecord
 
-        a.store.create_run(a._sign(RunRecord(run_id, "running", "import tools\nawait tools.helpdesk.add_comment(id=5, body='x')\n'ok'",
+        a.store.create_run(signed(a, RunRecord(run_id, "running", "import tools\nawait tools.helpdesk.add_comment(id=5, body='x')\n'ok'",
                                      {"clock": "2027-01-15T08:00:00+00:00", "seed": 7}, Policy(writes="allow").to_dict(),
                                      a.limits.to_dict(), clock.now, clock.now, owner="dead:1", lease_until=clock.now - 1,
                                      meta={"type_check": False})))

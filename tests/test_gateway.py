@@ -74,7 +74,7 @@ log = await tools.git.git_log(repo_path={str(repo)!r})
 {{"untracked_before": "notes.txt" in str(status), "log": str(log)}}
 """
     async with open_runtime(load_config(config)) as rt:
-        statuses = {s.name: s for s in rt.source_status}
+        statuses = {s.name: s for s in rt.engine.sources.statuses()}
         assert statuses["git"].ok and statuses["clock"].ok
         assert not statuses["broken"].ok and statuses["broken"].error  # reported, not fatal
         r = await rt.execute(program, type_check=False)
@@ -116,5 +116,5 @@ async def test_a_namespace_the_sandbox_keeps_is_refused_with_a_named_error(tmp_p
     config = tmp_path / "tether.toml"
     config.write_text(f'[[sources]]\ntype = "mcp"\nnamespace = "time"\ncommand = ["{BIN / "mcp-server-time"}"]\n')
     async with open_runtime(load_config(config)) as rt:
-        (status,) = rt.source_status
+        (status,) = rt.engine.sources.statuses()
         assert not status.ok and "namespace_reserved" in status.error and "tools.time" in status.error

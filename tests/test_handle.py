@@ -37,15 +37,15 @@ async def test_begin_returns_the_run_id_while_the_run_is_still_running():
         handle = await rt.begin(PROGRAM)
         await asyncio.wait_for(gate.entered.wait(), 60)
         assert not handle.done()
-        run = rt.get_run(handle.run_id)
-        assert run.status == "running" and run.owner == rt.owner
+        run = rt.engine.get_run(handle.run_id)
+        assert run.status == "running" and run.owner == rt.engine.owner
         assert rt.running(handle.run_id) is handle
         gate.open.set()
         result = await handle.result()
         assert result.status == "completed" and result.result == "through" and result.run_id == handle.run_id
         assert rt.running(handle.run_id) is None
         # The stored envelope is what the handle returned.
-        assert rt.get_run(handle.run_id).result["result"] == "through"
+        assert rt.engine.get_run(handle.run_id).result["result"] == "through"
 
 
 async def test_events_stream_while_the_run_runs_and_end_with_it():
@@ -71,7 +71,7 @@ async def test_cancel_through_the_handle_stops_the_run_and_sends_nothing_further
         assert cancelled.status == "cancelled" and "not needed" in cancelled.error["message"]
         assert (await handle.result()).status == "cancelled"
         assert rec.deliveries == []
-        assert rt.get_run(handle.run_id).status == "cancelled"
+        assert rt.engine.get_run(handle.run_id).status == "cancelled"
 
 
 async def test_execute_is_begin_then_result():

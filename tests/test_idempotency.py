@@ -98,7 +98,7 @@ async def test_p25_a_recorded_key_wins_over_the_derivation(store_url):
     async with runtime(store_url, seen) as rt:
         paused = await rt.execute(PROGRAM)
         # Re-signed as tether would have recorded it (an unsigned edit is run_tampered, P-35).
-        assert ledger.move(rt.store, rt.keyring, rt.store.get_call(paused.run_id, 2), ["asked"],
+        assert ledger.move(rt.engine.store, rt.engine.keyring, rt.store.get_call(paused.run_id, 2), ["asked"],
                            idempotency_key="recorded-elsewhere")
         done = await rt.resume(paused.run_id, "approve")
         assert done.status == "completed", done.error
@@ -287,8 +287,8 @@ async def _left_sending(store_url: str, sends: int, tool: Tool) -> str:
         assert paused.status == "paused"
         # Signed as the dead process would have written it (P-35).
         entry = rt.store.get_call(paused.run_id, 1)
-        assert ledger.move(rt.store, rt.keyring, entry, ["asked"], state="approved")
-        assert ledger.move(rt.store, rt.keyring, entry, ["approved"], state="sending", sends=sends)
+        assert ledger.move(rt.engine.store, rt.engine.keyring, entry, ["asked"], state="approved")
+        assert ledger.move(rt.engine.store, rt.engine.keyring, entry, ["approved"], state="sending", sends=sends)
         assert rt.store.update_run(paused.run_id, ["paused"], status="running", owner="dead", lease_until=0.0)
         return paused.run_id
 

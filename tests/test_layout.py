@@ -89,7 +89,7 @@ def _cycles(graph: dict[str, set[str]], within: str) -> list[list[str]]:
 
 def test_tether_has_no_import_cycle():
     graph = _graph()
-    assert graph["tether._runtime"] >= {"tether._engine.driver", "tether._engine.handle"}  # the check sees imports
+    assert graph["tether._runtime"] >= {"tether._engine.launcher", "tether._engine.handle"}  # the check sees imports
     assert "tether._tools.stubs" in graph["tether._tools.binding"]  # and imports inside functions or below
     for package in ("tether._engine.", "tether._server.", "tether."):
         assert _cycles(graph, package) == [], f"import cycle in {package}: {_cycles(graph, package)}"
@@ -98,11 +98,11 @@ def test_tether_has_no_import_cycle():
 def test_tether_has_no_import_cycle_counting_type_only_imports():
     # A cycle closed only by a TYPE_CHECKING import is still two modules that cannot change apart
     # (_server/mcp.py and urlmode.py were one: the channels now use _server/channels.py's interface;
-    # the engine's services and the loader named the Runtime that imports them: they name
-    # _engine/host.py's RunHost and the loader's SourceHost; envelopes name the boundary's Attempted).
+    # the engine's services and the loader named the Runtime that imports them: they take the Engine,
+    # the loader its catalog, attempts and events; envelopes name the boundary's Attempted).
     graph = _imports(_modules(), typing=True)
     assert "tether._server.channels" in graph["tether._server.urlmode"]  # the check sees type-only imports
-    assert "tether._engine.host" in graph["tether._engine.worker"]
+    assert "tether._engine.engine" in graph["tether._engine.worker"]  # a type-only import of the Engine
     for package in ("tether._engine.approvals.", "tether._server.", "tether._engine.", "tether."):
         assert _cycles(graph, package) == [], f"import cycle in {package}: {_cycles(graph, package)}"
 
@@ -133,6 +133,30 @@ def test_the_attempt_never_imports_the_runtime():
                 reach.add(dep)
                 todo.append(dep)
     assert "tether._runtime" not in reach
+
+
+def test_nothing_under_the_engine_imports_the_runtime():
+    """Services receive the Engine (tether._engine.engine), never the Runtime facade over it (issue 21):
+    not at the top, not inside a function, not for type annotations only."""
+    graph = _imports(_modules(), typing=True)
+    assert "tether._engine.engine" in graph["tether._engine.launcher"]  # the check sees the engine's imports
+    found = sorted(name for name, deps in graph.items()
+                   if name.startswith("tether._engine.") and "tether._runtime" in deps)
+    assert found == []
+
+
+def test_callbacks_travel_as_one_hooks_object():
+    """on_approval / on_progress / on_question reach an attempt as one Hooks (tether._engine.engine); below
+    the Runtime no function takes them as three parameters (the effect boundary gets the hooks' parts)."""
+    found = []
+    for path in (PACKAGE / "_engine").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = {a.arg for a in node.args.args + node.args.kwonlyargs}
+                if {"on_approval", "on_progress", "on_question"} <= names:
+                    found.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}")
+    # The effect boundary (tether._engine.calls.boundary) is built from the hooks' parts.
+    assert [f for f in found if "boundary.py" not in f] == []
 
 
 def test_nothing_outside_the_runtime_reaches_into_its_private_fields():

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tether._engine import launcher
 from tether._engine.lifecycle import Lifecycle, check_move
 from tether._store import RunRecord, open_store
 from tether._store.states import RUN_TRANSITIONS, TERMINAL_RUN_STATUSES, RunStatus, run_move_allowed
@@ -156,7 +157,7 @@ def _calls_outside_lifecycle() -> list[str]:
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in guarded:
-                # Calls on the lifecycle itself (rt.lifecycle.claim_queued) are what every other place makes.
+                # Calls on the lifecycle itself (rt.engine.lifecycle.claim_queued) are what every other place makes.
                 owner = node.func.value
                 via = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
                 if via not in ("lifecycle", "life"):
@@ -193,7 +194,7 @@ async def test_every_journal_entry_state_change_a_run_makes_is_listed_in_the_cal
               "    except PermissionError:\n        return None\n"
               "await asyncio.gather(c(1), c(2))\n")
     async with Runtime(store=store, tools=rec.tools(), clock=clock, type_check=False) as rt:
-        rt.batch_window_seconds = 0.5  # a starved machine must not split a batch (D-16)
+        rt.engine.settings.batch_window_seconds = 0.5  # a starved machine must not split a batch (D-16)
         one = await rt.execute("import tools\nawait tools.helpdesk.get_ticket(id=1)\n"
                                "await tools.helpdesk.close_ticket(id=1)")
         assert (await rt.resume(one.run_id, "approve")).status == "completed"
@@ -206,7 +207,7 @@ async def test_every_journal_entry_state_change_a_run_makes_is_listed_in_the_cal
         await rt.resolve_wait(parked.pending["key"], 1)
         timed = await rt.execute("try:\n    await wait_for('never', timeout=60)\nexcept TimeoutError:\n    pass")
         clock.now += 120
-        assert [r.status for r in await rt.wake_due()] == ["completed"]
+        assert [r.status for r in await launcher.wake_due(rt.engine)] == ["completed"]
         assert timed.status == "waiting"
     async with Runtime(store=store, tools=rec.tools(), clock=clock, type_check=False,
                        policy=Policy(writes="allow")) as rt:
@@ -281,7 +282,7 @@ async def test_a_runtime_claims_runs_for_the_lease_it_is_given_even_when_changed
 
     clock = Clock()
     async with Runtime(store=open_store(store_url), clock=clock, lease_seconds=30.0) as rt:
-        rt.lease_seconds = 5.0
+        rt.engine.lifecycle.lease_seconds = 5.0
         run_id = rt.start("1")
-        claimed = rt.lifecycle.claim_queued()
-        assert (claimed.run_id, claimed.owner, claimed.lease_until) == (run_id, rt.owner, clock.now + 5.0)
+        claimed = rt.engine.lifecycle.claim_queued()
+        assert (claimed.run_id, claimed.owner, claimed.lease_until) == (run_id, rt.engine.owner, clock.now + 5.0)

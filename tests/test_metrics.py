@@ -106,7 +106,7 @@ async def test_every_series_is_parsed_and_moves_after_a_run(served):
     assert after[("tether_store_size_bytes", ())] > 0
     assert after[("tether_outbox_backlog", ())] == 0
     workers = {s: after[("tether_sandbox_workers", (("state", s),))] for s in ("busy", "idle")}
-    assert workers == {"busy": 0, "idle": rt.pool.max_workers}
+    assert workers == {"busy": 0, "idle": rt.engine.pool.max_workers}
 
 
 async def test_the_separate_listener_app_needs_no_token_and_serves_only_metrics(served):

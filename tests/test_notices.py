@@ -26,11 +26,11 @@ LONG_LEASE = 600.0
 
 async def hears(listener: Runtime, sender: Runtime) -> None:
     """Return once ``listener`` hears ``sender``'s notices."""
-    with listener.notices.watch("probe", "run_probe") as heard:
-        listener.listen_for_events()
+    with listener.engine.events.notices.watch("probe", "run_probe") as heard:
+        listener.engine.events.listen()
         with anyio.fail_after(60):
             while True:
-                sender.notices.publish("probe", "run_probe")
+                sender.engine.events.notices.publish("probe", "run_probe")
                 if await wait_a_little(heard, 0.2):
                     return
 
@@ -108,14 +108,14 @@ async def test_a_wait_settled_where_the_run_cannot_continue_is_continued_by_one_
 
     stop = asyncio.Event()
     async with runtime(lease_seconds=LONG_LEASE) as a1, runtime(lease_seconds=LONG_LEASE) as a2, runtime() as b:
-        runners = [asyncio.ensure_future(work(rt, stop=stop)) for rt in (a1, a2)]
+        runners = [asyncio.ensure_future(work(rt.engine, stop=stop)) for rt in (a1, a2)]
         try:
             run_id = b.start(PARKED)
             await until_status(b, run_id, "waiting")
             if backend == "postgres":
                 await hears(a1, b)
                 await hears(a2, b)
-            key = b.wait_key(run_id, "go")  # the run's record keeps only its digest (D-33)
+            key = b.engine.waits.key(run_id, "go")  # the run's record keeps only its digest (D-33)
             out = await b.resolve_wait(key, "go on", continue_run=False)
             assert out["status"] == "accepted" and "run" not in out, out
             await until_status(b, run_id, "completed")
@@ -135,11 +135,11 @@ async def test_a_run_parked_on_a_revoked_wait_is_woken_with_wait_revoked(tmp_pat
     stop = asyncio.Event()
     async with Runtime(store=open_store(url), type_check=False) as runner, \
             Runtime(store=open_store(url), type_check=False) as b:
-        task = asyncio.ensure_future(work(runner, stop=stop))
+        task = asyncio.ensure_future(work(runner.engine, stop=stop))
         try:
             run_id = b.start('try:\n    await wait_for("go")\nexcept RuntimeError as e:\n    out = str(e)\nout')
             await until_status(b, run_id, "waiting")
-            assert b.revoke_waits(run_id=run_id) == 1
+            assert b.engine.waits.revoke(run_id=run_id) == 1
             await until_status(b, run_id, "completed")
         finally:
             stop.set()

@@ -146,7 +146,7 @@ async def test_p34_a_failing_webhook_is_retried_with_backoff_until_it_answers(tm
     async with Receiver(statuses=[500, 503]) as hook, Runtime(tools=[refund]) as rt:
         notifier = Notifier(rt, [Webhook(hook.url, SECRET.encode(), frozenset({"completed"}))],
                             backoff_base=0.05, poll_seconds=0.02)
-        rt.listeners.append(notifier)
+        rt.engine.events.listeners.append(notifier)
         delivering = asyncio.ensure_future(notifier.run())
         try:
             result = await rt.execute("6 * 7")
@@ -170,7 +170,7 @@ async def test_p34_a_slow_webhook_never_delays_a_run():
     async with Receiver(hold=True) as hook, Runtime(tools=[refund]) as rt:
         notifier = Notifier(rt, [Webhook(hook.url, SECRET.encode(), frozenset({"paused", "completed"}))],
                             poll_seconds=0.02)
-        rt.listeners.append(notifier)
+        rt.engine.events.listeners.append(notifier)
         delivering = asyncio.ensure_future(notifier.run())
         try:
             paused = await rt.execute("import tools\nawait tools.shop.refund(order_id='A1')")
@@ -192,7 +192,7 @@ async def test_p34_the_outbox_outlives_the_process_that_queued_it(store_url):
 
         # A process queues the event and stops before delivering it.
         async with Runtime(store=open_store(store_url), tools=[refund]) as first:
-            first.listeners.append(Notifier(first, [Webhook(hook.url, SECRET.encode(), frozenset({"completed"}))]))
+            first.engine.events.listeners.append(Notifier(first, [Webhook(hook.url, SECRET.encode(), frozenset({"completed"}))]))
             assert (await first.execute("'done'")).status == "completed"
         assert hook.requests == []
         # The next one delivers it.
@@ -232,7 +232,7 @@ def test_a_webhook_without_its_secret_is_off_and_says_so(capsys):
 async def test_a_wait_is_announced_with_its_name(tmp_path):
     async with Receiver() as hook, Runtime(tools=[refund]) as rt:
         notifier = Notifier(rt, [Webhook(hook.url, SECRET.encode(), frozenset({"waiting"}))], poll_seconds=0.02)
-        rt.listeners.append(notifier)
+        rt.engine.events.listeners.append(notifier)
         delivering = asyncio.ensure_future(notifier.run())
         try:
             parked = await rt.execute("await wait_for('invoice-approved')")

@@ -42,7 +42,7 @@ async def test_p24_a_token_cannot_act_on_a_local_run(store_url):
             with pytest.raises(RunNotFound):
                 await act()
         with pytest.raises(RunNotFound):
-            rt.get_run(paused.run_id, TOKEN)
+            rt.engine.get_run(paused.run_id, TOKEN)
         with pytest.raises(RunNotFound):
             rt.list_waits(paused.run_id, principal=TOKEN)
         assert rt.store.get_run(paused.run_id).status == "paused" and rec.deliveries == []
@@ -169,8 +169,8 @@ async def test_p24_a_migrated_run_is_checked_like_any_other(tmp_path):
     store.close()
     async with Runtime(store=open_store(url), type_check=False) as rt:
         with pytest.raises(RunNotFound):
-            rt.get_run("run_old", TOKEN)
-        assert rt.get_run("run_old").run_id == "run_old"
+            rt.engine.get_run("run_old", TOKEN)
+        assert rt.engine.get_run("run_old").run_id == "run_old"
 
 
 async def test_p24_local_runs_comes_from_the_config(tmp_path):
@@ -186,4 +186,4 @@ async def test_p24_local_runs_comes_from_the_config(tmp_path):
     path.write_text('[server]\nlocal_runs = "shared"\n')
     config = load_config(path, env={"TETHER_HOME": str(tmp_path / "home")})
     async with open_runtime(config) as rt:
-        assert rt.local_runs == "shared" and rt.principal == "local"
+        assert rt.engine.settings.local_runs == "shared" and rt.principal == "local"

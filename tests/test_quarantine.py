@@ -44,7 +44,7 @@ def _orphaned(store_url: str, clock: Clock, code: str, limits: Limits) -> str:
     with_tools = dict(tools=[ping], clock=clock, limits=limits, type_check=False)
     ghost = Runtime(store=open_store(store_url), owner="elsewhere:1:dead", **with_tools)
     run_id = ghost.start(code)
-    assert ghost.lifecycle.claim_queued() is not None
+    assert ghost.engine.lifecycle.claim_queued() is not None
     clock.now += 120
     return run_id
 
@@ -61,7 +61,7 @@ async def test_a_run_at_its_takeover_limit_is_ended_quarantined_and_nothing_runs
     assert "Nothing was sent by this attempt" in result.error["message"]
     (attempt,) = result.error["details"]["attempts"]
     assert attempt["owner"] == "elsewhere:1:dead" and attempt["ended"] == "lease_lapsed"
-    assert attempt["taken_by"] == rt.owner
+    assert attempt["taken_by"] == rt.engine.owner
     assert CALLS == [] and stored is not None and stored.status == "failed" and stored.owner is None
 
 
@@ -117,7 +117,7 @@ async def test_runs_show_lists_the_takeovers_of_a_run_that_is_still_running(stor
     env.update(TETHER_HOME=str(tmp_path / "home"), TETHER_STORE_URL=store_url)
     async with Runtime(store=open_store(store_url), tools=[ping, hold], clock=clock, type_check=False) as rt:
         recovering = asyncio.ensure_future(rt.recover())
-        while (r := rt.store.get_run(run_id)) is None or not r.meta.get(TAKEOVERS) or r.owner != rt.owner:
+        while (r := rt.store.get_run(run_id)) is None or not r.meta.get(TAKEOVERS) or r.owner != rt.engine.owner:
             await asyncio.sleep(0.05)
         shown = await asyncio.to_thread(run_cli, ["runs", "show", run_id], env, tmp_path)
         as_json = await asyncio.to_thread(run_cli, ["runs", "show", run_id, "--json"], env, tmp_path)
@@ -128,7 +128,7 @@ async def test_runs_show_lists_the_takeovers_of_a_run_that_is_still_running(stor
     assert f"run {run_id}: running" in shown.stdout
     assert "taken over: attempt of elsewhere:1:dead lease_lapsed" in shown.stdout, shown.stdout
     [taken] = json.loads(as_json.stdout)["takeovers"]
-    assert taken["owner"] == "elsewhere:1:dead" and taken["taken_by"] == rt.owner
+    assert taken["owner"] == "elsewhere:1:dead" and taken["taken_by"] == rt.engine.owner
 
 
 async def test_an_attempt_that_parks_clears_its_takeovers(store_url):
@@ -289,7 +289,7 @@ async def test_a_client_retrying_its_run_key_counts_as_a_takeover_and_is_quarant
     with_tools = dict(tools=[ping], clock=clock, limits=Limits(quarantine_after=1), type_check=False)
     ghost = Runtime(store=open_store(store_url), owner="elsewhere:1:dead", **with_tools)
     run_id = ghost.start(code, key="retry-me")
-    assert ghost.lifecycle.claim_queued() is not None
+    assert ghost.engine.lifecycle.claim_queued() is not None
     clock.now += 120
     async with Runtime(store=open_store(store_url), **with_tools) as rt:
         again = await rt.execute(code, key="retry-me")

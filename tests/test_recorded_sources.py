@@ -176,14 +176,14 @@ async def test_p30_a_wait_resolved_where_the_sources_cannot_load_is_kept_and_con
         parked = await rt.execute(program)
         assert parked.status == "waiting", parked.error
         key = parked.pending["key"]
-        recorded = rt.get_run(parked.run_id).meta["sources"]
+        recorded = rt.engine.get_run(parked.run_id).meta["sources"]
 
     monkeypatch.delenv("FX_SECRET")
     async with open_runtime(config, sources=recorded) as rt:
         with pytest.raises(ToolsUnavailable) as info:
             await rt.resolve_wait(key, "once")
         assert "FX_SECRET" in info.value.message and info.value.details["wait"] == "accepted"
-        assert rt.get_run(parked.run_id).status == "waiting"
+        assert rt.engine.get_run(parked.run_id).status == "waiting"
     assert _writes(log) == []
 
     monkeypatch.setenv("FX_SECRET", "x")
@@ -228,11 +228,11 @@ async def test_p30_a_worker_never_loads_edited_source_definitions(tmp_path, monk
                       f'[[sources]]\ntype = "python"\nmodule = "{tmp_path / "desk.py"}"\n')
     async with open_runtime(config_path=config) as rt:
         run_id = rt.start("import tools\nawait tools.desk.get(id=1)")
-        rt.store.update_run(run_id, None, meta={**rt.get_run(run_id).meta, "sources": [
+        rt.store.update_run(run_id, None, meta={**rt.engine.get_run(run_id).meta, "sources": [
             {"type": "python", "module": str(tmp_path / "evil.py")}]})
     config.write_text(f'[store]\nurl = "{url}"\n[sandbox]\ncheck = "off"\n')
     async with open_runtime(config_path=config) as rt:
-        await work(rt, idle_exit_seconds=0.3)
-        run = rt.get_run(run_id)
+        await work(rt.engine, idle_exit_seconds=0.3)
+        run = rt.engine.get_run(run_id)
     assert not marker.exists()
     assert run.status == "failed" and run.error["code"] == "run_tampered"

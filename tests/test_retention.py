@@ -6,6 +6,7 @@ approval waits, run keys and sessions, then time moves on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -72,7 +73,7 @@ async def _every_kind_of_run(rt: Runtime) -> dict[str, str]:
     ids["waiting"] = waiting.run_id
     ids["queued"] = rt.start("1 + 1")
     ids["running"] = rt.start("2 + 2")
-    claimed = rt.store.claim_queued("another-process", rt.clock() + 10**9, rt.clock(), skip=[ids["queued"]])
+    claimed = rt.store.claim_queued("another-process", rt.engine.clock() + 10**9, rt.engine.clock(), skip=[ids["queued"]])
     assert claimed is not None and claimed.run_id == ids["running"]
     return ids
 
@@ -206,9 +207,10 @@ async def test_the_worker_prunes_in_batches(tmp_path):
     async with runtime(store, clock) as rt:
         ended = [(await rt.execute("1 + 1")).run_id for _ in range(3)]
         paused = (await rt.execute(ASK)).run_id
-        rt.config = Config.from_dict({"retention": {"completed_days": 1, "batch": 2}})
+        # The engine as one opened from a config with [retention] (open_runtime's): the same parts.
+        engine = dataclasses.replace(rt.engine, config=Config.from_dict({"retention": {"completed_days": 1, "batch": 2}}))
         clock.now += 2 * DAY
-        await work(rt, idle_exit_seconds=0.5, poll_seconds=0.05)
+        await work(engine, idle_exit_seconds=0.5, poll_seconds=0.05)
         assert [store.get_run(r) for r in ended] == [None, None, None]
         assert store.get_run(paused).status == "paused"
     store.close()
@@ -276,6 +278,6 @@ async def test_what_quotas_and_metrics_read_works_on_both_stores(open_backend):
         assert live["runs_by_status"] == {"completed": 1, "paused": 1, "queued": 1}
         assert live["pauses"]["paused"][0] == 1 and clock.now + 5 - live["pauses"]["paused"][1] >= 5
         assert live["outbox_pending"] == 0 and live["size_bytes"] > 0
-        rt.quotas = Quotas(default=Quota(concurrent_runs=1))
+        rt.engine.settings.quotas = Quotas(default=Quota(concurrent_runs=1))
         with pytest.raises(QuotaExceeded):
             await rt.execute("2")

@@ -58,7 +58,7 @@ async def test_pauses_waits_links_and_sessions_survive_a_rotation_and_removing_t
 
     # Rotated: the new secret signs, the old one only verifies. Everything handed out before works.
     async with replica(NEW, OLD, rec=rec) as b:
-        claim = open_token([b.keyring.current, *b.keyring.previous], link)
+        claim = open_token([b.engine.keyring.current, *b.engine.keyring.previous], link)
         assert claim is not None and claim.run_id == approved.run_id
         done = await b.resolve_wait(approved.pending["key"], {"decision": "approve"})
         assert done["status"] == "accepted" and done["run"]["status"] == "completed", done
@@ -76,7 +76,7 @@ async def test_pauses_waits_links_and_sessions_survive_a_rotation_and_removing_t
         assert snapshot.mac.split(":")[0] == secret_id(NEW_KEY)
         assert b.store.get_run(fresh.run_id).mac["secret_id"] == secret_id(NEW_KEY)
         # The wait a run made before the rotation keeps its key when the run comes back to it.
-        assert b.wait_key(left_parked.run_id, "go") == left_parked.pending["key"]
+        assert b.engine.waits.key(left_parked.run_id, "go") == left_parked.pending["key"]
 
     # The old secret removed: what only it signed is refused by name; nothing is sent or changed.
     async with replica(NEW, rec=rec) as c:
@@ -88,7 +88,7 @@ async def test_pauses_waits_links_and_sessions_survive_a_rotation_and_removing_t
         assert rec.deliveries == [("close_ticket", {"id": 1})]
         assert c.store.get_run(left_paused.run_id).status == "paused"
         assert c.store.get_run(left_parked.run_id).status == "waiting"
-        assert open_token([c.keyring.current], link) is None
+        assert open_token([c.engine.keyring.current], link) is None
         # What the new secret made goes on.
         done = await c.resolve_wait(fresh.pending["key"], "new")
         assert done["run"]["status"] == "completed" and done["run"]["result"] == ["got", "new"], done

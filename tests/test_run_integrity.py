@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from helpers import Recorder
+from tether._engine import launcher
 from tether._engine.approvals.capabilities import secret_id
 from tether._engine.calls import ledger
 from tether._engine.policy import Policy
+from tether._engine.worker import run_queued
 from tether._runtime import Runtime
 from tether._store import open_store
 from tether.errors import WrongSecret
@@ -170,7 +172,7 @@ async def test_p35_a_wrong_secret_is_told_apart_and_the_run_stays_paused(backend
         assert info.value.code == "wrong_secret" and "signed with another key" in info.value.message
         assert rt.store.get_run(run_id).status == "paused"
         # A worker holding the wrong secret leaves it alone too.
-        assert await rt.recover() == [] and await rt.wake_due() == []
+        assert await rt.recover() == [] and await launcher.wake_due(rt.engine) == []
     monkeypatch.delenv("TETHER_SECRET")
     async with backend.runtime(rec) as rt:
         assert (await rt.resume(run_id, "approve")).status == "paused"
@@ -252,7 +254,7 @@ async def orphan(backend: Backend, rec: Recorder) -> str:
         decided = {"seq": 2, "decision": "approve", "reason": None, "at": 0.0}
         assert rt.store.update_run(run_id, ["paused"], status="running", owner="dead:1", lease_until=1.0,
                                    decision=decided)
-        assert ledger.move(rt.store, rt.keyring, rt.store.get_call(run_id, 2), ["asked"], state="approved")
+        assert ledger.move(rt.engine.store, rt.engine.keyring, rt.store.get_call(run_id, 2), ["asked"], state="approved")
     return run_id
 
 
@@ -362,7 +364,7 @@ async def test_p35_edited_source_definitions_are_never_loaded_by_a_worker(backen
     backend.sql("UPDATE runs SET meta = replace(meta, 'desk.py', 'evil.py') WHERE run_id = ?", (run_id,))
     (tmp_path / "tether.toml").write_text(f'[store]\nurl = "{backend.url}"\n[sandbox]\ncheck = "off"\n')
     async with open_runtime(config_path=config) as rt:
-        [r] = await rt.run_queued()
+        [r] = await run_queued(rt.engine)
         assert r.status == "failed" and r.error["code"] == "run_tampered"
         assert r.error["details"]["fields"] == ["meta.sources"]
     assert not marker.exists()

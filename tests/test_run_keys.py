@@ -10,6 +10,7 @@ import pytest
 from helpers import Recorder
 from tether import IdempotencyConflict
 from tether._engine.policy import Policy
+from tether._engine.worker import run_queued
 from tether._runtime import Runtime
 from tether._store import open_store
 
@@ -101,7 +102,7 @@ async def test_p36_a_repeat_while_it_runs_here_awaits_the_same_run(store_url):
 async def test_p36_past_the_wait_a_repeat_gets_a_running_envelope_naming_the_run(store_url):
     rec = Recorder()
     async with runtime(store_url, rec) as rt:
-        rt.rejoin_wait_seconds = 0.2
+        rt.engine.settings.rejoin_wait_seconds = 0.2
         handle = await rt.begin(SLOW_WRITE.replace("SECONDS", "3"), key="long")
         again = await rt.execute(SLOW_WRITE.replace("SECONDS", "3"), key="long")
         assert again.status == "running" and again.run_id == handle.run_id
@@ -118,7 +119,7 @@ async def test_p36_start_with_a_key_queues_one_run(store_url):
             rt.start(WRITE + "\n2", key="bg")
         # execute with the same key waits for the queued run, which a worker runs.
         waiting = asyncio.ensure_future(rt.execute(WRITE, key="bg"))
-        (ran,) = await rt.run_queued()
+        (ran,) = await run_queued(rt.engine)
         out = await waiting
         assert ran.run_id == out.run_id == run_id and out.status == "completed"
         assert rec.deliveries == [("close_ticket", {"id": 7})]

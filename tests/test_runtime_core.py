@@ -331,10 +331,10 @@ async def test_no_files_env_network_or_processes(rt, code, expected):
 async def test_pinned_clock_and_seed_are_recorded(rt):
     code = "import random\nimport time\n[time.time(), random.random()]"
     r = await rt.execute(code)
-    run = rt.get_run(r.run_id)
+    run = rt.engine.get_run(r.run_id)
     assert run.environment["seed"] and run.environment["clock"]
     t, _ = r.result
-    assert abs(t - rt.clock()) < 60
+    assert abs(t - rt.engine.clock()) < 60
 
 
 async def test_builtins_search_describe_sources(rt):

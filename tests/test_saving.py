@@ -106,7 +106,7 @@ async def test_with_the_default_30_s_checkpoint_interval_too(store_url):
                                 annotations=Annotations(read_only=True))]
     async with Runtime(store=open_store(store_url), tools=tools, clock=clock, type_check=False,
                        policy=Policy(writes="allow")) as rt:
-        assert rt.checkpoint_every_seconds == 30 and rt.checkpoint_every_calls == 100
+        assert rt.engine.settings.checkpoint_every_seconds == 30 and rt.engine.settings.checkpoint_every_calls == 100
         r = await rt.execute(BIG + "await tools.clock.tick()\nawait tools.helpdesk.add_comment(id=3, body='last')\n"
                              "len(big)")
         assert r.status == "completed", r.error

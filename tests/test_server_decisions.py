@@ -37,7 +37,7 @@ def rec():
 async def rt(rec):
     async with Runtime(tools=rec.tools(), type_check=False,
                        limits=Limits(run_seconds=10, call_timeout_seconds=5)) as runtime:
-        runtime.batch_window_seconds = 0.2  # a starved CI machine must not split a batch (D-16)
+        runtime.engine.settings.batch_window_seconds = 0.2  # a starved CI machine must not split a batch (D-16)
         yield runtime
 
 

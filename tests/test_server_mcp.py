@@ -86,7 +86,7 @@ async def test_two_tools_with_a_bounded_byte_stable_description(server, rt, rec,
         tools = {t.name: t for t in (await c.list_tools()).tools}
     assert set(tools) == {"execute", "resume", "cell_start", "cell_wait", "cell_terminate"}
     # The model description, then how to retry a request whose reply was lost (P-36), within the same budget.
-    assert tools["execute"].description == rt.model_description()
+    assert tools["execute"].description == rt.engine.model_description()
     assert tools["execute"].description.endswith("\n" + KEY_NOTE + "\n")
     assert len(tools["execute"].description.encode()) <= 1200
     key = tools["execute"].input_schema["properties"]["key"]
@@ -307,6 +307,30 @@ async def test_modern_an_answer_that_meets_a_full_server_names_the_run_to_resume
     assert rec.deliveries == [("close_ticket", {"id": 3})]
 
 
+async def test_tethers_tools_are_one_table_each_entry_its_schema_check_and_handler(rt):
+    """A tool of tether's own server is one entry of _server/mcp.py's TOOLS: what tools/list shows
+    (name, title, input schema with its limits) and what a call is checked against come from it."""
+    from tether._server.mcp import TOOLS
+
+    async with Client(TetherServer(rt).mcp) as c:
+        listed = {t.name: t for t in (await c.list_tools()).tools}
+        assert list(listed) == [tool.name for tool in TOOLS]
+        for tool in TOOLS:
+            schema = tool.arguments.model_json_schema()
+            shown = listed[tool.name]
+            assert shown.title == tool.title and shown.description == tool.description(rt)
+            assert shown.input_schema["properties"] == schema["properties"], tool.name
+            assert shown.input_schema.get("required", []) == schema.get("required", []), tool.name
+            # A call the entry's model refuses is refused before its handler, with the entry's usage.
+            r = await c.call_tool(tool.name, {"not_an_argument": 1})
+            assert r.structured_content["error"]["code"] == "invalid_arguments", tool.name
+            assert r.structured_content["error"]["next_action"] == tool.usage
+        # The advertised limits are the ones enforced: a key past its length is refused by name.
+        assert listed["execute"].input_schema["properties"]["key"]["anyOf"][0]["maxLength"] == 200
+        r = await c.call_tool("execute", {"code": "1", "key": "k" * 201})
+        assert r.is_error and "key:" in r.content[0].text
+
+
 # -- errors ---------------------------------------------------------------------------
 
 
@@ -375,7 +399,6 @@ async def test_progress_notifications_follow_the_calls(server, mode):
 
 @pytest.mark.parametrize("mode", ERAS)
 async def test_a_cancelled_request_cancels_its_run_and_sends_nothing_more(server, rt, rec, mode):
-    rt.policy = Policy(writes="allow")
     code = "import tools\nawait tools.slowpoke.wait(seconds=1)\nawait tools.helpdesk.close_ticket(id=3)"
     async with Client(server.mcp, mode=mode) as c:
         with anyio.move_on_after(0.5):

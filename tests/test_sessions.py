@@ -45,7 +45,7 @@ async def test_p21_reset_and_expiry(store_url):
         r = await rt.execute("x", session="s")
         assert r.status == "failed"
         await rt.execute("y = 5", session="t")
-        clock.now += rt.session_ttl_seconds + 1
+        clock.now += rt.engine.sessions.ttl_seconds + 1
         r = await rt.execute("y", session="t")
         assert r.status == "failed" and any("expired" in n for n in r.notes)
 

@@ -96,7 +96,7 @@ async def test_every_surface_shows_a_paused_write_without_its_secrets(rt):
     from tether._server.console import Console
     from tether._server.notify import Notifier, Webhook
 
-    rt.listeners.append(Notifier(rt, [Webhook("http://127.0.0.1:9/hook", b"s" * 16, frozenset({"paused"}))]))
+    rt.engine.events.listeners.append(Notifier(rt, [Webhook("http://127.0.0.1:9/hook", b"s" * 16, frozenset({"paused"}))]))
     card = await rt.execute(OPENAPI_PROGRAM)
     vendor = await rt.execute(PYTHON_PROGRAM)
     assert card.status == vendor.status == "paused"

@@ -118,7 +118,7 @@ async def test_a_webhook_body_names_every_argument_escaped(rt):
     from tether._server.notify import Notifier, Webhook
 
     notifier = Notifier(rt, [Webhook("http://127.0.0.1:9/hook", b"s" * 16, frozenset({"paused"}))])
-    rt.listeners.append(notifier)
+    rt.engine.events.listeners.append(notifier)
     paused = await rt.execute(PROGRAM)
     [row] = rt.store.list_outbox()
     _no_raw_controls(row.body)

@@ -71,8 +71,7 @@ def greeting_kind():
 
 async def test_a_registered_kind_is_loaded_and_its_tools_called(tmp_path, greeting_kind):
     async with Runtime(store=SQLiteStore(f"sqlite:///{tmp_path / 's.db'}"), type_check=False) as rt:
-        sources = SourceSet(rt)
-        rt.source_set = sources
+        sources = SourceSet(rt.catalog, attempts=rt.engine.attempts, events=rt.engine.events, store=rt.store)
         try:
             [entry] = await sources.add([{"type": "greeting", "namespace": "hi", "word": "hej"}])
             assert entry.ok, entry.error
@@ -88,7 +87,7 @@ async def test_an_unknown_kind_fails_its_source_and_names_the_known_ones(tmp_pat
     with pytest.raises(ConfigError, match="knows mcp, openapi, python"):
         kind_of("greeting")
     async with Runtime(store=SQLiteStore(f"sqlite:///{tmp_path / 's.db'}"), type_check=False) as rt:
-        sources = SourceSet(rt)
+        sources = SourceSet(rt.catalog, attempts=rt.engine.attempts, events=rt.engine.events, store=rt.store)
         try:
             [entry] = await sources.add([{"type": "greeting", "namespace": "hi"}])
         finally:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers import run_cli
+from tether._engine import launcher
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -181,7 +182,7 @@ async def test_a_read_only_copy_of_the_store_approves_nothing(db, secret_outside
                        type_check=False) as rt:
         notifier = Notifier(rt, [Webhook("http://127.0.0.1:9/hook", HOOK_SECRET.encode(), frozenset({"paused"}))],
                             public_url="https://tether.example.com")
-        rt.listeners.append(notifier)
+        rt.engine.events.listeners.append(notifier)
         paused = await rt.execute(WRITE)
         assert paused.status == "paused"
         # The caller that ran the program was handed its approval key; the store was not.
@@ -255,7 +256,7 @@ async def test_an_inserted_outbox_row_is_never_signed_or_sent(db, secret_outside
                            type_check=False) as rt:
             notifier = Notifier(rt, [Webhook(url, HOOK_SECRET.encode(), frozenset({"paused", "completed"}))],
                                 public_url="https://tether.example.com")
-            rt.listeners.append(notifier)
+            rt.engine.events.listeners.append(notifier)
             paused = await rt.execute(WRITE)
             # The attack: a row written straight into the table, wanting the webhook's signature.
             forged = json.dumps({"v": 1, "id": "evt_forged", "type": "run.completed",
@@ -321,7 +322,7 @@ async def test_a_read_only_copy_of_the_store_resolves_no_parked_wait(db, secret_
             assert (await rt.resolve_wait(key, "forged"))["status"] == "unknown_or_revoked", key
         assert rt.store.get_run(parked.run_id).status == "waiting"
         # Whoever may see the run gets the key recomputed from the secret, in its envelope and its list.
-        assert (await rt.wait_for_run(parked.run_id)).pending["key"] == handed
+        assert (await rt.engine.wait_for_run(parked.run_id)).pending["key"] == handed
         assert [w["key"] for w in rt.list_waits(parked.run_id)] == [handed]
         # So does the operator's `tether runs show`.
         env = {k: v for k, v in __import__("os").environ.items() if k != "TETHER_HOME"}
@@ -336,7 +337,7 @@ async def test_a_read_only_copy_of_the_store_resolves_no_parked_wait(db, secret_
         assert parked.run_id in rt.store.runs_with_settled_wait()
         stored_key = rt.store.get_run(parked.run_id).pending["key"]
         assert stored_key.startswith("wd1.")
-        done = await rt.wake(parked.run_id, key=stored_key)
+        done = await launcher.wake(rt.engine, parked.run_id, key=stored_key)
         assert done is not None and done.status == "completed" and done.result == "real"
 
 
@@ -355,9 +356,9 @@ async def test_a_run_parked_before_keys_were_digested_still_continues(db, secret
         old = {**run.pending, "key": handed}
         older = dataclasses.replace(run, pending=old, result={**run.result, "pending": old})
         assert rt.store.update_run(run.run_id, ["waiting"], pending=old, result=older.result,
-                                   mac=sign_run(rt.keyring, older))
-        assert (await rt.wait_for_run(run.run_id)).pending["key"] == handed
+                                   mac=sign_run(rt.engine.keyring, older))
+        assert (await rt.engine.wait_for_run(run.run_id)).pending["key"] == handed
         await rt.resolve_wait(handed, "old", continue_run=False)
         assert run.run_id in rt.store.runs_with_settled_wait()
-        done = await rt.wake(run.run_id, key=rt.store.get_run(run.run_id).pending["key"])
+        done = await launcher.wake(rt.engine, run.run_id, key=rt.store.get_run(run.run_id).pending["key"])
         assert done is not None and done.status == "completed" and done.result == "old"

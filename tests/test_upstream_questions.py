@@ -10,6 +10,7 @@ from mcp import Client
 from mcp_types import ElicitResult
 
 from tether._engine.policy import Policy
+from tether._engine.questions import elicitation_handler
 from tether._runtime import Runtime
 from tether._server.mcp import TetherServer
 from tether._sources.mcp import MCPSource
@@ -23,7 +24,7 @@ GREET = "import tools\nawait tools.fx.greet()"
 async def rt():
     source = MCPSource("fx", command=[sys.executable, SERVER], env={"TETHER_TEST_TAG": "questions"})
     async with Runtime(type_check=False, policy=Policy(writes="allow")) as runtime:
-        source.elicitation_handler = runtime.elicitation_handler("fx")
+        source.elicitation_handler = elicitation_handler("fx", runtime.engine.attempts.live, runtime.engine.events)
         await source.start()
         runtime.add_tools(*source.tools())
         try:

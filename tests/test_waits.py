@@ -7,7 +7,10 @@ import asyncio
 import pytest
 
 from helpers import Clock, Recorder
+from tether._engine import launcher
+from tether._engine.approvals.service import expire as expire_paused
 from tether._engine.policy import Policy
+from tether._engine.worker import run_queued
 from tether._runtime import Runtime
 from tether._store import open_store
 
@@ -18,8 +21,9 @@ def clock():
 
 
 def runtime(store_url, clock, rec=None, **kw) -> Runtime:
+    kw.setdefault("policy", Policy(writes="allow"))
     return Runtime(store=open_store(store_url), tools=(rec or Recorder()).tools(), clock=clock, type_check=False,
-                   policy=Policy(writes="allow"), **kw)
+                   **kw)
 
 
 WAIT_PROGRAM = """
@@ -37,7 +41,7 @@ async def test_p18_a_wait_parks_the_run_and_a_resolution_continues_it_elsewhere(
         parked = await rt.execute(WAIT_PROGRAM)
         assert parked.status == "waiting"
         assert parked.pending["kind"] == "wait" and parked.pending["name"] == "approval"
-        assert rt.get_run(parked.run_id).owner is None  # no worker, no owner
+        assert rt.engine.get_run(parked.run_id).owner is None  # no worker, no owner
         (listed,) = rt.list_waits(parked.run_id)
         key = listed["key"]
         assert key == parked.pending["key"] and parked.run_id not in key  # not derivable from the run id
@@ -62,8 +66,8 @@ async def test_p18_a_forged_or_unknown_key_is_rejected(store_url, clock):
         assert (await rt.resolve_wait("w1.garbage.key", 1))["status"] == "unknown_or_revoked"
         other = Runtime(store=open_store(f"{store_url}-other"), type_check=False)
         # A key signed by another store's secret is as good as forged here.
-        assert (await rt.resolve_wait(other.wait_key(parked.run_id, "approval"), 1))["status"] == "unknown_or_revoked"
-        assert rt.get_run(parked.run_id).status == "waiting"
+        assert (await rt.resolve_wait(other.engine.waits.key(parked.run_id, "approval"), 1))["status"] == "unknown_or_revoked"
+        assert rt.engine.get_run(parked.run_id).status == "waiting"
 
 
 async def test_p18_a_resolution_before_the_wait_is_kept(store_url, clock):
@@ -76,8 +80,8 @@ second = await wait_for("later")
         run_id = rt.start(code)
         # Both arrive before the run has even started.
         assert (await rt.signal(run_id, "go", 1))["status"] == "accepted"
-        assert (await rt.resolve_wait(rt.wait_key(run_id, "later"), 2))["status"] == "accepted"
-        (result,) = await rt.run_queued()
+        assert (await rt.resolve_wait(rt.engine.waits.key(run_id, "later"), 2))["status"] == "accepted"
+        (result,) = await run_queued(rt.engine)
         assert result.status == "completed" and result.result == [1, 2]
 
 
@@ -94,9 +98,9 @@ out
         parked = await rt.execute(code)
         assert parked.status == "waiting" and parked.expires_at == clock.now + 60
         clock.now += 30
-        assert await rt.wake_due() == []  # not yet
+        assert await launcher.wake_due(rt.engine) == []  # not yet
         clock.now += 31
-        (done,) = await rt.wake_due()
+        (done,) = await launcher.wake_due(rt.engine)
         assert done.status == "completed" and done.result.startswith("[wait_timeout]")
         assert (await rt.resolve_wait(parked.pending["key"], 1))["status"] == "already_resolved"
 
@@ -114,7 +118,7 @@ async def test_p18_cancelling_a_run_cancels_its_waits(store_url, clock):
 async def test_p18_revoke_removes_every_wait(store_url, clock):
     async with runtime(store_url, clock) as rt:
         parked = await rt.execute(WAIT_PROGRAM)
-        assert rt.revoke_waits(run_id=parked.run_id) == 1
+        assert rt.engine.waits.revoke(run_id=parked.run_id) == 1
         assert (await rt.resolve_wait(parked.pending["key"], {"note": "x"}))["status"] == "unknown_or_revoked"
         assert rt.list_waits(parked.run_id) == []
 
@@ -134,10 +138,10 @@ await asyncio.sleep(300)
     # A new runtime ("after a restart"), 200 s later: 100 s remain, nothing wakes.
     clock.now += 200
     async with runtime(store_url, clock) as rt2:
-        assert await rt2.wake_due() == []
-        assert rt2.get_run(parked.run_id).expires_at == parked.expires_at
+        assert await launcher.wake_due(rt2.engine) == []
+        assert rt2.engine.get_run(parked.run_id).expires_at == parked.expires_at
         clock.now += 100
-        (done,) = await rt2.wake_due()
+        (done,) = await launcher.wake_due(rt2.engine)
         assert done.status == "completed" and done.result == "woke"
 
 
@@ -167,10 +171,10 @@ async def test_p19_background_runs_are_queued_and_run_by_a_worker(store_url, clo
     rec = Recorder()
     async with runtime(store_url, clock, rec) as rt:
         ids = [rt.start(f"import tools\nawait tools.helpdesk.add_comment(id={i}, body='bg')\n{i}") for i in range(3)]
-        assert all(rt.get_run(i).status == "queued" for i in ids)
+        assert all(rt.engine.get_run(i).status == "queued" for i in ids)
         stop = asyncio.Event()
-        worker = asyncio.ensure_future(work(rt, stop=stop, poll_seconds=0.01))
-        results = [await rt.wait_for_run(i, timeout=30) for i in ids]
+        worker = asyncio.ensure_future(work(rt.engine, stop=stop, poll_seconds=0.01))
+        results = [await rt.engine.wait_for_run(i, timeout=30) for i in ids]
         stop.set()
         await worker
         assert [r.result for r in results] == [0, 1, 2]
@@ -182,7 +186,7 @@ async def test_p19_cancel_a_queued_run(store_url, clock):
         run_id = rt.start("1")
         r = await rt.cancel(run_id)
         assert r.status == "cancelled"
-        assert await rt.run_queued() == []
+        assert await run_queued(rt.engine) == []
 
 
 async def test_p18_a_paused_write_is_a_wait_whose_key_decides_it(store_url, clock):
@@ -220,15 +224,13 @@ async def test_p18_resume_settles_the_approval_wait(store_url, clock):
 async def test_p10_a_worker_ends_paused_runs_past_their_ttl(store_url, clock):
     from tether.errors import NotPaused
 
-    async with runtime(store_url, clock, approval_ttl_seconds=60) as rt:
-        rt.policy = Policy(writes="ask")
-        rt._policy_dict = rt.policy.to_dict()
+    async with runtime(store_url, clock, approval_ttl_seconds=60, policy=Policy(writes="ask")) as rt:
         paused = await rt.execute("import tools\nawait tools.helpdesk.close_ticket(id=1)")
         assert paused.status == "paused"
-        assert rt.expire_paused() == []
+        assert expire_paused(rt.engine) == []
         clock.now += 61
-        assert rt.expire_paused() == [paused.run_id]
-        run = rt.get_run(paused.run_id)
+        assert expire_paused(rt.engine) == [paused.run_id]
+        run = rt.engine.get_run(paused.run_id)
         assert run.status == "failed" and run.error["code"] == "run_expired"
         with pytest.raises(NotPaused):
             await rt.resume(paused.run_id, "approve")
@@ -244,16 +246,16 @@ async def test_p18_a_resolution_arriving_while_the_run_parks_continues_it(store_
     code = 'v = await wait_for_signal("go")\n["got", v]'
     async with runtime(store_url, clock) as rt, runtime(store_url, clock) as other:
         run_id = rt.start(code)
-        key = rt.wait_key(run_id, "signal:go")
-        attempt = asyncio.ensure_future(rt.run_queued())
+        key = rt.engine.waits.key(run_id, "signal:go")
+        attempt = asyncio.ensure_future(run_queued(rt.engine))
         while other.store.get_wait(key) is None:  # the run has reached the wait ...
             assert not attempt.done(), attempt.result()
             await asyncio.sleep(0)
-        assert other.get_run(run_id).status == "running"  # ... and is not parked yet
+        assert other.engine.get_run(run_id).status == "running"  # ... and is not parked yet
         assert (await other.signal(run_id, "go", "now"))["status"] == "accepted"
         (done,) = await attempt
         assert done.status == "completed" and done.result == ["got", "now"]
-        assert other.get_run(run_id).status == "completed"
+        assert other.engine.get_run(run_id).status == "completed"
 
 
 async def test_p19_a_cancel_from_another_process_while_the_run_parks_ends_it(store_url, clock):
@@ -264,13 +266,13 @@ async def test_p19_a_cancel_from_another_process_while_the_run_parks_ends_it(sto
     code = 'import tools\nawait tools.helpdesk.get_ticket(id=1)\nawait wait_for_signal("never")\n"not cancelled"'
     async with runtime(store_url, clock, Recorder(delay=0.3)) as rt, runtime(store_url, clock) as other:
         run_id = rt.start(code)
-        attempt = asyncio.ensure_future(rt.run_queued())
-        while other.get_run(run_id).status != "running":
+        attempt = asyncio.ensure_future(run_queued(rt.engine))
+        while other.engine.get_run(run_id).status != "running":
             await asyncio.sleep(0.01)
         cancelled = await other.cancel(run_id, "stop")
         assert cancelled.status == "cancelled", cancelled
         await attempt
-        assert other.get_run(run_id).status == "cancelled"
+        assert other.engine.get_run(run_id).status == "cancelled"
         assert [w["status"] for w in other.list_waits(run_id, status=None)] == ["cancelled"]
 
 

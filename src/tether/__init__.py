@@ -1,9 +1,12 @@
 """tether: a durable code-mode execution engine for AI agents.
 
-The public API is what this module exports; everything else is private to the
-package and may change.
+The public API is what this module exports (``__all__``), and the public
+modules ``tether.errors``, ``tether.store`` (the backend interface) and
+``tether.sources`` (the source interface); everything under a leading
+underscore is private to the package and may change.
 """
 
+from tether._app import open_runtime
 from tether._engine.approvals.model import Decision, PendingWrite
 from tether._engine.limits import Limits
 from tether._engine.policy import Policy, Rule
@@ -61,6 +64,13 @@ __all__ = [
     "WriteOutcomeUnknown",
     "WrongSecret",
     "current_call",
+    "open_runtime",
     "tool",
     "tools_from_module",
 ]
+
+# Every public name says it is tether's (httpx does the same): reprs, tracebacks and docs show
+# tether.Runtime, not the private module that defines it, and pickles name the stable path.
+for _name in __all__:
+    globals()[_name].__module__ = "tether"
+del _name

@@ -9,12 +9,16 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Sequence
 
 from tether._config import Config, load_config
 from tether._runtime import Runtime
 from tether._store import open_store
 from tether.errors import ConfigError
+
+if TYPE_CHECKING:
+    # Imported when a config is loaded, not with `import tether` (its models take a while to build).
+    from tether._config import Config
 
 
 def resolve_tool_spec(spec: str) -> str:
@@ -41,7 +45,7 @@ async def open_runtime(
     ``sources`` are recorded definitions (a run's) to load instead of the
     config's own. ``report`` receives one line per source that failed.
     """
-    from tether._sources.loader import SourceSet, forward_progress, record_definition
+    from tether._sources.loader import record_definition
 
     config = config or load_config(config_path)
     store = open_store(store_url or config.store.url)
@@ -60,12 +64,11 @@ async def open_runtime(
         lease_seconds=float(os.environ.get("TETHER_LEASE_SECONDS", "30")),
         local_runs=config.server.local_runs,
         quotas=config.quotas.quotas(),
+        # Its sources are set up with the engine (loaded below); the worker reads its [retention].
+        config=config,
     )
-    runtime.config = config
-    source_set = SourceSet(runtime, store=store, log_dir=config.home / "logs", local=config.sources,
-                           progress=forward_progress(runtime),
-                           default_call_timeout=config.limits.call_timeout_seconds)
-    runtime.source_set = source_set
+    source_set = runtime.engine.sources
+    assert source_set is not None  # a runtime built with a config has its source set
     try:
         python = [{"type": "python", "module": resolve_tool_spec(spec)} for spec in tools]
         for entry in await source_set.add(python, [f"--tools {spec}" for spec in tools]):
@@ -78,7 +81,6 @@ async def open_runtime(
         else:
             definitions, origins = list(sources), ["recorded with the run"] * len(sources)
         entries = await source_set.add(definitions, origins)
-        runtime.source_status = source_set.statuses()
         failed = [e for e in source_set.statuses() if not e.ok]
         for entry in failed:
             if report is not None:
@@ -86,7 +88,7 @@ async def open_runtime(
         if strict_sources and failed:
             raise ConfigError(f"source {failed[0].name} failed to load: {failed[0].error}")
         del entries
-        await runtime.pool.start()
+        await runtime.engine.pool.start()
         from tether._server.notify import notifications
 
         # [[notify]] webhooks: queued as runs pause and end, delivered in the background.

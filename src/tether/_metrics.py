@@ -67,13 +67,13 @@ class _Live(Collector):
         self.rt, self.read_store = rt, read_store
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        pool = self.rt.pool
+        pool = self.rt.engine.pool
         workers = GaugeMetricFamily("tether_sandbox_workers", "Sandbox workers by state (this process).",
                                     labels=["state"])
         workers.add_metric(["busy"], pool.busy)
         workers.add_metric(["idle"], max(0, pool.max_workers - pool.busy))
         yield workers
-        now = self.rt.clock()
+        now = self.rt.engine.clock()
         live = self.read_store(self.rt.store, now)
         runs = GaugeMetricFamily("tether_runs", "Runs in the store, by status.", labels=["status"])
         for status, n in live["runs_by_status"].items():

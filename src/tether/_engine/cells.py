@@ -11,30 +11,16 @@ A cell's id is its run id.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from tether._engine.events import ANY_EVENT, STOPPING_EVENTS, EventBus
-from tether._engine.handle import RunHandle
-from tether._engine.result import RunResult
-from tether._store.base import RunRecord, Store
+from tether._engine import control, launcher
+from tether._engine.events import ANY_EVENT, STOPPING_EVENTS
 from tether._store.states import RunStatus
 from tether.errors import RunNotFound
 
+if TYPE_CHECKING:
+    from tether._engine.engine import Engine
 
-class Runs(Protocol):
-    """What cells use of the runtime: its store and event bus, starting, finding and cancelling runs."""
-
-    store: Store
-    bus: EventBus
-
-    async def begin(self, code: str, *, principal: str | None = None,
-                    meta: dict[str, Any] | None = None, key: str | None = None) -> RunHandle: ...
-
-    def get_run(self, run_id: str, principal: str | None = None) -> RunRecord: ...
-
-    def running(self, run_id: str) -> RunHandle | None: ...
-
-    async def cancel(self, run_id: str, reason: str = ..., *, principal: str | None = None) -> RunResult: ...
 
 STATUS_OF_EVENT = {"completed": "completed", "failed": "failed", "terminated": "terminated", "paused": "paused"}
 # What an observer is told for the run's status: a cancelled cell was terminated; a parked one is paused for it.
@@ -42,8 +28,8 @@ _CELL_STATUS = {RunStatus.COMPLETED: "completed", RunStatus.FAILED: "failed", Ru
                 RunStatus.PAUSED: "paused", RunStatus.WAITING: "paused"}
 
 
-def observation(rt: Runs, cell_id: str, events: list[Any], after: int) -> dict[str, Any]:
-    run = rt.store.get_run(cell_id)
+def observation(engine: Engine, cell_id: str, events: list[Any], after: int) -> dict[str, Any]:
+    run = engine.store.get_run(cell_id)
     if run is None:
         raise RunNotFound(f"no cell {cell_id!r}")
     by_run = _CELL_STATUS.get(run.status, "running")
@@ -51,7 +37,7 @@ def observation(rt: Runs, cell_id: str, events: list[Any], after: int) -> dict[s
     # The status the observer has reached: a finished run whose last events
     # it has not read yet is still "running" for it.
     status = by_run
-    if by_run != "running" and rt.store.get_events(cell_id, after=cursor, limit=1):
+    if by_run != "running" and engine.store.get_events(cell_id, after=cursor, limit=1):
         status = "running"
     out: dict[str, Any] = {
         "status": status,
@@ -70,36 +56,37 @@ def observation(rt: Runs, cell_id: str, events: list[Any], after: int) -> dict[s
     return out
 
 
-async def wait_events(rt: Runs, cell_id: str, after: int, timeout_ms: int,
+async def wait_events(engine: Engine, cell_id: str, after: int, timeout_ms: int,
                       stop_on: frozenset[str] = STOPPING_EVENTS, task: asyncio.Future[Any] | None = None) -> list[Any]:
     """Events after ``after``: returns at the first stopping event, or when the time is up with what came."""
-    return await rt.bus.wait(cell_id, after, timeout_ms, stop_on=stop_on, task=task)
+    return await engine.events.wait(cell_id, after, timeout_ms, stop_on=stop_on, task=task)
 
 
-async def start_cell(rt: Runs, code: str, *, yield_after_ms: int = 1000, principal: str | None = None,
+async def start_cell(engine: Engine, code: str, *, yield_after_ms: int = 1000, principal: str | None = None,
                      meta: dict[str, Any] | None = None, key: str | None = None) -> dict[str, Any]:
     """Start ``code`` in this process (a run begun like any other) and observe it for up to ``yield_after_ms``.
 
     With a ``key`` that already names a cell (P-36), that cell is observed from its first event.
     """
-    handle = await rt.begin(code, principal=principal, meta={**(meta or {}), "cell": True}, key=key)
-    events = await wait_events(rt, handle.run_id, 0, yield_after_ms, task=handle.task)
-    return observation(rt, handle.run_id, events, 0)
+    handle = await launcher.begin(engine, code, check=engine.settings.check, principal=principal,
+                                  meta={**(meta or {}), "cell": True}, detached=True, key=key)
+    events = await wait_events(engine, handle.run_id, 0, yield_after_ms, task=handle.task)
+    return observation(engine, handle.run_id, events, 0)
 
 
-async def wait_cell(rt: Runs, cell_id: str, *, after: int = 0, timeout_ms: int = 30_000,
+async def wait_cell(engine: Engine, cell_id: str, *, after: int = 0, timeout_ms: int = 30_000,
                     principal: str | None = None) -> dict[str, Any]:
-    rt.get_run(cell_id, principal)
-    handle = rt.running(cell_id)
-    events = await wait_events(rt, cell_id, after, timeout_ms, stop_on=ANY_EVENT,
+    engine.get_run(cell_id, principal)
+    handle = engine.attempts.handle(cell_id)
+    events = await wait_events(engine, cell_id, after, timeout_ms, stop_on=ANY_EVENT,
                                task=handle.task if handle is not None else None)
-    return observation(rt, cell_id, events, after)
+    return observation(engine, cell_id, events, after)
 
 
-async def terminate_cell(rt: Runs, cell_id: str, *, principal: str | None = None) -> dict[str, Any]:
-    await rt.cancel(cell_id, "terminated by the observer", principal=principal)
-    handle = rt.running(cell_id)
+async def terminate_cell(engine: Engine, cell_id: str, *, principal: str | None = None) -> dict[str, Any]:
+    await control.cancel(engine, cell_id, "terminated by the observer", principal=principal)
+    handle = engine.attempts.handle(cell_id)
     if handle is not None:
         await asyncio.wait({handle.task}, timeout=30)
-    events = await rt.store.aio.get_events(cell_id)
-    return observation(rt, cell_id, events, 0)
+    events = await engine.store.aio.get_events(cell_id)
+    return observation(engine, cell_id, events, 0)

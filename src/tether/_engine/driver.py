@@ -1,9 +1,10 @@
 """One attempt of a run, as an object: prepare, restore or replay, run, pause or park, finish.
 
-An :class:`Attempt` takes its collaborators (:class:`Collaborators`: the store,
-the keyring that signs, the clock, the catalog, the sandbox pool, the event
-bus, the finisher, the waits and sessions services) and never the runtime, so
-it reads on its own and nothing here reaches into another module's state.
+An :class:`Attempt` takes the :class:`~tether._engine.engine.Engine` (the
+store, the keyring that signs, the clock, the catalog, the sandbox pool, the
+event bus, the finisher, the waits and sessions services) and the caller's
+:class:`~tether._engine.engine.Hooks`, never the runtime, so it reads on its
+own and nothing here reaches into another module's state.
 """
 
 from __future__ import annotations
@@ -13,17 +14,15 @@ import base64
 import dataclasses
 import json
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from tether._engine import telemetry
 from tether._engine.approvals import service as approvals
-from tether._engine.approvals.capabilities import Keyring
-from tether._engine.approvals.model import Approver
 from tether._engine.calls import ledger
 from tether._engine.calls.boundary import SPENT_STATES, Cancelled, EffectBoundary
 from tether._engine.calls.resend import resendable
 from tether._engine.calls.stops import Parked, Paused
+from tether._engine.engine import NO_HOOKS, Hooks
 from tether._engine.envelopes import (
     LogBuffer,
     diagnostics,
@@ -32,7 +31,6 @@ from tether._engine.envelopes import (
     waiting_envelope,
 )
 from tether._engine.events import EventBus
-from tether._engine.finish import Finisher
 from tether._engine.integrity import (
     sign_run,
     sign_snapshot_record,
@@ -40,7 +38,7 @@ from tether._engine.integrity import (
     verify_run,
     verify_snapshot_record,
 )
-from tether._engine.lifecycle import Lifecycle, outcome_unknown
+from tether._engine.lifecycle import outcome_unknown
 from tether._engine.limits import Limits
 from tether._engine.notices import CANCEL, wait_a_little
 from tether._engine.pending import ParkedWait, Stop, as_stored
@@ -48,12 +46,10 @@ from tether._engine.policy import Policy
 from tether._engine.quarantine import takeovers, without_takeovers
 from tether._engine.restore import SnapshotMismatch
 from tether._engine.result import RunResult, preview, to_json_value
-from tether._engine.sessions import Sessions
 from tether._engine.spec import build_spec, builds_stubs, precheck, remember_verdict
-from tether._engine.waits import Waits
 from tether._hostwork import HostBudget, off_loop
-from tether._sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxPool, SandboxSpec, Stopped
-from tether._store.base import CallRecord, RunRecord, SnapshotRecord, Store
+from tether._sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxSpec, Stopped
+from tether._store.base import CallRecord, RunRecord, SnapshotRecord
 from tether._store.states import CallState, RunStatus
 from tether._tools.precheck import remembered
 from tether.errors import (
@@ -69,55 +65,9 @@ from tether.errors import (
 )
 
 if TYPE_CHECKING:
-    from tether._tools.catalog import Catalog
+    from tether._engine.engine import Engine
 
 EMIT_BUDGET_BYTES = 4 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The runtime's knobs an attempt reads, taken when it starts."""
-
-    principal: str  # whose run a row without one is (rows from before every run had one)
-    type_check: bool  # the check of runs that recorded only the older type_check flag
-    approval_ttl_seconds: float
-    lease_seconds: float
-    checkpoint_every_calls: int
-    checkpoint_every_seconds: float
-    inline_sleep_seconds: float
-    batch_window_seconds: float
-
-
-@dataclass(frozen=True)
-class Collaborators:
-    """Everything an attempt works with. The runtime builds one per attempt; a test can build its own."""
-
-    store: Store
-    keyring: Keyring  # signs and verifies the run, its journal and its snapshots (P-35)
-    clock: Callable[[], float]
-    catalog: Catalog
-    pool: SandboxPool
-    bus: EventBus
-    finisher: Finisher
-    lifecycle: Lifecycle  # makes every change of the run's status and lease
-    waits: Waits
-    sessions: Sessions
-    settings: Settings
-    # Checker verdicts by (program, stubs), shared by the runtime's attempts.
-    verdicts: dict[str, bool]
-    # The effect boundaries of attempts running in this process, by run id: an attempt adds its own
-    # while it runs (upstream questions and progress find their run through them; cancel stops it).
-    live: dict[str, EffectBoundary]
-    # The program's search / describe / sources built-ins.
-    search: Callable[..., Any]
-    describe: Callable[..., Any]
-    list_sources: Callable[[], list[dict[str, Any]]]
-    # Sources configured here that failed to load, by namespace (a refusal names them).
-    source_failures: Callable[[], dict[str, str]]
-
-    @property
-    def type_check(self) -> bool:
-        return self.settings.type_check
 
 
 class Attempt:
@@ -126,17 +76,16 @@ class Attempt:
     ``mode`` is "fresh" or "continue" (restore when a usable snapshot exists, else replay).
     """
 
-    def __init__(self, run: RunRecord, deps: Collaborators, *, mode: str, on_approval: Approver | None = None,
-                 t0: float | None = None, on_progress: Callable[[int, str], None] | None = None,
-                 on_question: Any = None) -> None:
+    def __init__(self, run: RunRecord, engine: Engine, *, mode: str, hooks: Hooks = NO_HOOKS,
+                 t0: float | None = None) -> None:
         self.run = run
-        self.deps = deps
+        self.deps = engine
+        # The engine's knobs as they are now: one attempt sees one set.
+        self.settings = engine.settings.copy()
         # The store as the attempt awaits it: on Postgres its calls leave the event loop (D-27).
-        self.astore = deps.store.aio
+        self.astore = engine.astore
         self.mode = mode
-        self.on_approval = on_approval
-        self.on_progress = on_progress
-        self.on_question = on_question
+        self.hooks = hooks
         self.t0 = time.perf_counter() if t0 is None else t0
         self.span: Any = None
         self.limits = Limits.from_dict(run.limits)
@@ -263,7 +212,7 @@ class Attempt:
             refused = exc
         journaled = await self.astore.journal_bytes(run.run_id) if self.mode != "fresh" else 0
         boundary = self.boundary = self._boundary(journaled)
-        d.live[run.run_id] = boundary
+        d.attempts.live[run.run_id] = boundary
         heartbeat = asyncio.ensure_future(self._heartbeat(boundary))
         self.setup_ms = (time.perf_counter() - t_setup) * 1000
         self.t_exec = time.perf_counter()
@@ -272,7 +221,7 @@ class Attempt:
             already_emitted = sum(1 for e in await self.astore.get_events(run.run_id, limit=100_000)
                                   if e.type == "output")
         # One output budget per run: images and large values are cut, not dropped silently.
-        emitter = Emitter(d.bus, run.run_id, 0, EMIT_BUDGET_BYTES)
+        emitter = Emitter(d.events, run.run_id, 0, EMIT_BUDGET_BYTES)
         session_base = self._session_base() if run.session else None
         try:
             try:
@@ -297,8 +246,8 @@ class Attempt:
             return await self._failed(failure)
         finally:
             heartbeat.cancel()
-            if d.live.get(run.run_id) is boundary:
-                del d.live[run.run_id]
+            if d.attempts.live.get(run.run_id) is boundary:
+                del d.attempts.live[run.run_id]
         return await self._completed(value)
 
     async def _replay(self, spec: SandboxSpec, emitter: "Emitter", already_emitted: int,
@@ -343,7 +292,7 @@ class Attempt:
                         self.extra_notes.append(f"the session state was not saved ({exc.message}); session "
                                                 f"{run.session!r} keeps the globals of its previous execute")
                     else:
-                        d.sessions.save(run.session, run.principal or d.settings.principal, state)
+                        d.sessions.save(run.session, run.principal or self.settings.principal, state)
                 return value
             finally:
                 boundary.release_held()
@@ -360,7 +309,7 @@ class Attempt:
             limits=self.limits,
             journal_entries=self.entries,
             writes_spent=self.writes_spent,
-            on_approval=self.on_approval,
+            on_approval=self.hooks.on_approval,
             builtins_impl=builtins_for(d, run.run_id, self.host_budget),
             pause_sink=self.pause,
             checkpoint_sink=self.checkpoint,
@@ -368,11 +317,11 @@ class Attempt:
             keyring=d.keyring,
             waits=d.waits,
             session=run.session,
-            on_progress=self.on_progress,
-            on_question=self.on_question,
+            on_progress=self.hooks.on_progress,
+            on_question=self.hooks.on_question,
             span=self.span,
-            inline_sleep_seconds=d.settings.inline_sleep_seconds,
-            batch_window_seconds=d.settings.batch_window_seconds,
+            inline_sleep_seconds=self.settings.inline_sleep_seconds,
+            batch_window_seconds=self.settings.batch_window_seconds,
             journaled_bytes=journaled_bytes,
         )
 
@@ -386,7 +335,7 @@ class Attempt:
         if base.get("monty_version") != MONTY_VERSION:
             return None
         # str(): the name the base was signed under; a base without a session fails the check, as before.
-        self.deps.sessions.verify(str(run.session), run.principal or self.deps.settings.principal, data, base["mac"])
+        self.deps.sessions.verify(str(run.session), run.principal or self.settings.principal, data, base["mac"])
         return data
 
     # -- pause / park, checkpoints ----------------------------------------------------
@@ -420,7 +369,7 @@ class Attempt:
             envelope = waiting_envelope(run.run_id, public, self.logs, boundary, self.t0)
             status, expires = RunStatus.WAITING, stop.deadline
         else:
-            expires = now + d.settings.approval_ttl_seconds
+            expires = now + self.settings.approval_ttl_seconds
             # A paused write is also a durable wait (P-18): its key resolves it
             # like resume() does, from anywhere that holds the key.
             writes = [w.stored(await self.astore.call(approvals.ask, d.waits, run, w.seq, expires))
@@ -442,16 +391,16 @@ class Attempt:
         await self.astore.call(d.lifecycle.park, run.run_id, status, pending=kept, expires_at=expires,
                                envelope=stored.to_dict(), mac=signed,
                                meta=without_takeovers(fresh.meta if fresh is not None else None))
-        await d.bus.emit_awaited(run.run_id, "paused" if status == RunStatus.PAUSED else "waiting", {"pending": kept})
-        d.bus.announce(run.run_id, status, {"pending": kept, "expires_at": expires})
+        await d.events.emit_awaited(run.run_id, "paused" if status == RunStatus.PAUSED else "waiting", {"pending": kept})
+        d.events.announce(run.run_id, status, {"pending": kept, "expires_at": expires})
         self.stopped_at = envelope
 
     async def checkpoint(self, boundary: EffectBoundary, entry: CallRecord) -> None:
         """A signed dump every so many calls or seconds, so a crash replays little."""
         d, run, st = self.deps, self.run, boundary.state
         now = d.clock()
-        if (st.issued - st.checkpoint_at_seq < d.settings.checkpoint_every_calls
-                and now - (st.checkpoint_at_time or run.created_at) < d.settings.checkpoint_every_seconds):
+        if (st.issued - st.checkpoint_at_seq < self.settings.checkpoint_every_calls
+                and now - (st.checkpoint_at_time or run.created_at) < self.settings.checkpoint_every_seconds):
             return
         if self.checkpoints_off:
             return
@@ -485,9 +434,9 @@ class Attempt:
         arrives (Postgres), else at the next renewal.
         """
         d, run_id = self.deps, self.run.run_id
-        interval = max(d.settings.lease_seconds / 3, 0.05)
-        with d.bus.notices.watch(CANCEL, run_id) as cancel:
-            d.bus.listen()
+        interval = max(d.lifecycle.lease_seconds / 3, 0.05)
+        with d.events.notices.watch(CANCEL, run_id) as cancel:
+            d.events.listen()
             renewed = time.monotonic()
             while True:
                 await wait_a_little(cancel, max(0.0, renewed + interval - time.monotonic()))
@@ -559,7 +508,7 @@ class Attempt:
 # -- what the program reaches besides tools ----------------------------------------
 
 
-def builtins_for(d: Collaborators, run_id: str, budget: HostBudget) -> dict[str, Any]:
+def builtins_for(d: Engine, run_id: str, budget: HostBudget) -> dict[str, Any]:
     """search / describe / sources / yield_control, as host calls through the boundary.
 
     The first three leave the event loop and spend the attempt's host budget
@@ -582,7 +531,7 @@ def builtins_for(d: Collaborators, run_id: str, budget: HostBudget) -> dict[str,
 
     async def yield_control(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Journaled like any call, so a replay does not yield twice.
-        await d.bus.emit_awaited(run_id, "yielded", {})
+        await d.events.emit_awaited(run_id, "yielded", {})
         return None
 
     return {"search": _guarded(search), "describe": _guarded(describe), "sources": _guarded(sources),

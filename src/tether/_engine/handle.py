@@ -4,7 +4,7 @@
 attempt started; ``await handle.result()`` is the envelope ``execute`` returns,
 ``await handle.cancel()`` stops it, ``handle.events()`` streams what it stores
 (outputs, yields, questions, its end). Every start path (execute, begin, cells,
-the worker, resume, recover, wake) goes through one: ``Runtime.launch``.
+the worker, resume, recover, wake) goes through one: ``tether._engine.launcher.launch``.
 """
 
 from __future__ import annotations

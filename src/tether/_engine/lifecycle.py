@@ -7,16 +7,16 @@ one wins; the loser gets ``False`` (or ``None``) and leaves the run to the
 winner. A transition the table does not list is a bug in tether: it is refused with
 ``InvalidTransition`` and nothing is written.
 
-    create          (new) -> queued | running            Runtime._begin, Runtime.start
-    claim_queued    queued -> running                    worker, Runtime.run_queued
+    create          (new) -> queued | running            launcher.begin, launcher.start
+    claim_queued    queued -> running                    worker (work, run_queued)
     claim_due       waiting -> running (deadline came)   worker
-    wake            waiting -> running (wait settled)    Runtime.wake
+    wake            waiting -> running (wait settled)    launcher.wake
     resume          paused -> running (pause decided)    approvals.service.decide
     claim_orphan    running, lease lapsed -> ours        worker (release_orphan hands it back)
-    take_over       running, owner gone -> ours          Runtime.recover, worker, Runtime.cancel
-    unclaim         running -> queued | waiting          worker, Runtime.run_queued (cannot run it here)
+    take_over       running, owner gone -> ours          worker, launcher (a keyed retry), control.cancel
+    unclaim         running -> queued | waiting          worker (work, run_queued) (cannot run it here)
     renew           running: lease extended              Attempt heartbeat and checkpoints (driver.py)
-    request_cancel  running: a cancel its owner sees     Runtime.cancel
+    request_cancel  running: a cancel its owner sees     control.cancel
     park            running -> paused | waiting          Attempt.pause (driver.py)
     finish          -> completed | failed | cancelled    Finisher.finish (finish.py)
     fail_internal   running -> failed                    Finisher.internal_error (finish.py)

@@ -21,7 +21,7 @@ from tether._store.states import CallState, RunStatus
 from tether.errors import RunQuarantined
 
 if TYPE_CHECKING:
-    from tether._engine.host import RunHost
+    from tether._engine.engine import Engine
 
 TAKEOVERS = "takeovers"
 
@@ -39,19 +39,19 @@ def without_takeovers(meta: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for k, v in meta.items() if k != TAKEOVERS}
 
 
-async def continue_or_quarantine(rt: RunHost, run: RunRecord, *, gone_owner: str | None,
+async def continue_or_quarantine(engine: Engine, run: RunRecord, *, gone_owner: str | None,
                                  how: str) -> tuple[RunRecord | None, RunResult | None]:
     """Record this takeover of ``run`` (owned here now); the run to continue, or its envelope if quarantined."""
-    now = rt.clock()
-    ended = [*takeovers(run), {"owner": gone_owner, "ended": how, "noticed_at": now, "taken_by": rt.owner}]
+    now = engine.clock()
+    ended = [*takeovers(run), {"owner": gone_owner, "ended": how, "noticed_at": now, "taken_by": engine.owner}]
     limit = Limits.from_dict(run.limits).quarantine_after
     if len(ended) < limit:
         meta = {**(run.meta or {}), TAKEOVERS: ended}
-        if not await rt.astore.call(rt.lifecycle.note_takeover, run.run_id, meta):
+        if not await engine.astore.call(engine.lifecycle.note_takeover, run.run_id, meta):
             return None, None  # no longer ours or no longer running: nothing to continue here
-        return await rt.astore.get_run(run.run_id), None
-    in_doubt = [e.seq for e in await rt.astore.get_calls(run.run_id, states=[CallState.SENDING])]
-    last = await rt.astore.get_calls(run.run_id, after=max(0, await rt.astore.count_calls(run.run_id) - 1))
+        return await engine.astore.get_run(run.run_id), None
+    in_doubt = [e.seq for e in await engine.astore.get_calls(run.run_id, states=[CallState.SENDING])]
+    last = await engine.astore.get_calls(run.run_id, after=max(0, await engine.astore.count_calls(run.run_id) - 1))
     err = RunQuarantined(
         f"run {run.run_id} was not taken over again: its last {len(ended)} attempts in a row ended with their "
         f"process gone (a crash, a hang past its limits, or a lost lease; limits.quarantine_after = {limit}). "
@@ -62,6 +62,6 @@ async def continue_or_quarantine(rt: RunHost, run: RunRecord, *, gone_owner: str
                  "last_call": {"seq": last[-1].seq, "address": last[-1].address, "state": str(last[-1].state)}
                  if last else None},
     )
-    envelope = await rt.finisher.end_attempt(run, RunStatus.FAILED, error=err.to_dict(),
+    envelope = await engine.finisher.end_attempt(run, RunStatus.FAILED, error=err.to_dict(),
                                              calls=last[-1].seq if last else 0)
     return None, envelope

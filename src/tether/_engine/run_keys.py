@@ -13,21 +13,17 @@ succeeds, the other reads the winner's row. Nothing here reads before writing.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-import time
 from typing import TYPE_CHECKING, Any
 
-from tether._engine.ownership import owner_gone
-from tether._engine.quarantine import continue_or_quarantine
 from tether._engine.result import RunResult
 from tether._store.base import Conflict, RunRecord
-from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus
+from tether._store.states import RunStatus
 from tether.errors import IdempotencyConflict, InvalidArguments
 
 if TYPE_CHECKING:
-    from tether._engine.host import RunHost
+    from tether._engine.engine import Engine
 
 # Long enough for a UUID with a prefix, or "<workflow id>:<step>" of a durable engine.
 MAX_RUN_KEY_CHARS = 200
@@ -62,7 +58,7 @@ def mark(run: RunRecord, key: str, fingerprint: str) -> None:
     run.meta[FINGERPRINT] = fingerprint
 
 
-def create_or_find(rt: RunHost, run: RunRecord) -> RunRecord | None:
+def create_or_find(engine: Engine, run: RunRecord) -> RunRecord | None:
     """Record ``run``; None if it was recorded, else the run its key already names.
 
     Raises ``IdempotencyConflict`` when that run was started by a different request.
@@ -70,10 +66,10 @@ def create_or_find(rt: RunHost, run: RunRecord) -> RunRecord | None:
     assert run.run_key is not None and run.principal is not None
     for _ in range(3):
         try:
-            rt.lifecycle.create(run)
+            engine.lifecycle.create(run)
             return None
         except Conflict:
-            existing = rt.store.get_run_by_key(run.principal, run.run_key)
+            existing = engine.store.get_run_by_key(run.principal, run.run_key)
         if existing is None:
             continue  # the holder of the key was deleted between our insert and our read: try again
         if existing.meta.get(FINGERPRINT) != run.meta.get(FINGERPRINT):
@@ -85,12 +81,12 @@ def create_or_find(rt: RunHost, run: RunRecord) -> RunRecord | None:
     raise Conflict(f"run key {run.run_key!r} kept changing hands; nothing was started")
 
 
-def current_envelope(rt: RunHost, run: RunRecord) -> RunResult | None:
+def current_envelope(engine: Engine, run: RunRecord) -> RunResult | None:
     """The envelope of a run that is not running now (ended, paused, waiting); None while it runs or waits in line."""
     if run.status in (RunStatus.RUNNING, RunStatus.QUEUED):
         return None
     if run.result is not None:
-        return rt.recorded(run)  # a parked wait's key recomputed for the key's holder (D-33)
+        return engine.recorded(run)  # a parked wait's key recomputed for the key's holder (D-33)
     return RunResult(status=run.status, run_id=run.run_id, error=run.error)
 
 
@@ -101,69 +97,3 @@ def still_running(run_id: str, status: str, waited: float) -> RunResult:
                    "no second run was started",
         "next_action": f"Call again with the same key to get its outcome, or wait with `tether runs await {run_id}`.",
         "details": {"run_id": run_id}})
-
-
-async def rejoin(rt: RunHost, run: RunRecord, *, wait_seconds: float, detached: bool = False) -> RunResult:
-    """The outcome of a run a repeated request names: at once if it is not running, else once it ends.
-
-    Running in this process: awaited. Running in another: watched through the
-    store until it stops running. Its owner gone (lease lapsed, or its process
-    on this host ended): taken over and continued here, as ``recover`` would.
-    Past ``wait_seconds``: a ``running`` envelope naming the run.
-    """
-    deadline = time.monotonic() + wait_seconds
-    run_id = run.run_id
-    while True:
-        fresh = await rt.astore.get_run(run_id)
-        if fresh is None:
-            raise Conflict(f"run {run_id} was deleted while a request with its key waited on it")
-        run = fresh
-        done = current_envelope(rt, run)
-        if done is not None:
-            return done
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return still_running(run_id, str(run.status), wait_seconds)
-        handle = rt.running(run_id)
-        if handle is not None:
-            finished, _ = await asyncio.wait({handle.task}, timeout=left)
-            if finished:
-                return await asyncio.shield(handle.task)
-            continue
-        if run.status == RunStatus.RUNNING:
-            continued = await _take_over(rt, run, detached)
-            if continued is not None:
-                return continued
-        # Running in another process, or queued for a worker: watch the store.
-        result = await rt.wait_for_run(run_id, timeout=min(left, 5.0))
-        if result.status not in (RunStatus.RUNNING, RunStatus.QUEUED):
-            return result
-        if (result.error or {}).get("code") == "run_unowned":
-            # Its owner is gone but it was not taken here (another process took it, or it is signed
-            # with a secret this process does not hold): look again shortly, not at once.
-            await asyncio.sleep(min(0.2, max(left, 0.0)))
-
-
-async def _take_over(rt: RunHost, run: RunRecord, detached: bool) -> RunResult | None:
-    """Continue ``run`` here if its owner is gone; None if it has a live owner or another process took it."""
-    gone = owner_gone(run.owner)
-    if not gone and run.lease_until is not None and run.lease_until >= rt.clock():
-        return None
-    trusted, ended = rt.vet(run)
-    if not trusted:
-        return ended
-    await rt.require_sources(run)
-    if not rt.lifecycle.take_over(run.run_id, gone_owner=run.owner if gone else None):
-        return None
-    taken = await rt.astore.get_run(run.run_id)
-    if taken is None or taken.status in TERMINAL_RUN_STATUSES:
-        return None
-    # A retry is a takeover like the worker's: it counts towards quarantine (P-39), so a run that
-    # wedges every process cannot be revived forever by a client that keeps retrying its key.
-    going_on, quarantined = await continue_or_quarantine(
-        rt, taken, gone_owner=run.owner, how="process_gone" if gone else "lease_lapsed")
-    if quarantined is not None:
-        return quarantined
-    if going_on is None:
-        return None
-    return await rt.launch(going_on, mode="continue", detached=detached).result()

@@ -1,7 +1,7 @@
 """What a sandbox is built with for one attempt: the pre-run check's reach, stubs, limits, the pinned clock.
 
 ``build_spec`` and ``precheck`` take anything with ``catalog``, ``verdicts``
-and ``type_check`` (a runtime, or an attempt's collaborators).
+and ``type_check`` (the Engine an attempt runs with, or a test's stand-in).
 """
 
 from __future__ import annotations

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Sequence
 
+from tether._engine import launcher
+from tether._engine.approvals.service import expire
 from tether._engine.notices import SETTLED
 from tether._store.base import RunRecord
 
 if TYPE_CHECKING:
-    from tether._engine.host import RunHost
+    from tether._engine.engine import Engine
     from tether._engine.result import RunResult
 
 # How often a runner looks for parked runs whose wait was settled and nobody continued,
@@ -29,11 +32,11 @@ if TYPE_CHECKING:
 SETTLED_SCAN_SECONDS = 2.0
 
 
-async def work(rt: RunHost, *, stop: asyncio.Event | None = None, poll_seconds: float = 0.2,
+async def work(engine: Engine, *, stop: asyncio.Event | None = None, poll_seconds: float = 0.2,
                idle_exit_seconds: float | None = None, concurrency: int | None = None) -> int:
     """Serve the store until ``stop`` is set (or idle for ``idle_exit_seconds``). Returns runs handled."""
     stop = stop or asyncio.Event()
-    slots = asyncio.Semaphore(concurrency or rt.pool.max_workers)
+    slots = asyncio.Semaphore(concurrency or engine.pool.max_workers)
     tasks: set[asyncio.Task[None]] = set()
     handled = 0
     idle_since = time.monotonic()
@@ -55,24 +58,24 @@ async def work(rt: RunHost, *, stop: asyncio.Event | None = None, poll_seconds: 
             with contextlib.suppress(Exception):
                 await coro
 
-    rt.notices.handlers.append(heard)
-    rt.listen_for_events()
+    engine.events.notices.handlers.append(heard)
+    engine.events.listen()
     try:
         while not stop.is_set():
             busy = bool(tasks)
-            free = max(0, (concurrency or rt.pool.max_workers) - len(tasks))
+            free = max(0, (concurrency or engine.pool.max_workers) - len(tasks))
             if free and time.monotonic() - scanned >= SETTLED_SCAN_SECONDS:
-                settled.update(await rt.store.aio.runs_with_settled_wait())
+                settled.update(await engine.store.aio.runs_with_settled_wait())
                 scanned = time.monotonic()
             if free:
-                for coro in await _claims(rt, free, reported, settled):
+                for coro in await _claims(engine, free, reported, settled):
                     task = asyncio.ensure_future(one(coro))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                     handled += 1
                     busy = True
             if time.monotonic() >= prune_at:
-                delay = await _prune_batch(rt)
+                delay = await _prune_batch(engine)
                 prune_at = time.monotonic() + delay
                 busy = busy or delay == 0  # more ended runs are due: not idle yet
             if busy:
@@ -81,13 +84,13 @@ async def work(rt: RunHost, *, stop: asyncio.Event | None = None, poll_seconds: 
                 break
             await _pause(stop, nudge, poll_seconds)
     finally:
-        rt.notices.handlers.remove(heard)
+        engine.events.notices.handlers.remove(heard)
     if tasks:
         await asyncio.gather(*tasks, return_exceptions=True)
     return handled
 
 
-async def _prune_batch(rt: RunHost) -> float:
+async def _prune_batch(engine: Engine) -> float:
     """Forget one batch of ended runs past their [retention] days; seconds until the next batch.
 
     One short transaction per batch; a full batch means more are due, so the next comes next round.
@@ -95,11 +98,12 @@ async def _prune_batch(rt: RunHost) -> float:
     """
     from tether._store.retention import prune
 
-    retention = rt.config.retention if rt.config is not None else None
+    retention = engine.config.retention if engine.config is not None else None
     if retention is None:
         return float("inf")
     try:
-        report = await rt.astore.call(prune, rt.store, retention.rules(), rt.clock(), limit=retention.batch)
+        report = await engine.store.aio.call(prune, engine.store, retention.rules(), engine.clock(),
+                                             limit=retention.batch)
     except Exception as exc:  # noqa: BLE001 - reported, retried next round
         print(f"tether worker: retention prune failed: {exc}", file=sys.stderr, flush=True)
         return retention.every_seconds
@@ -117,27 +121,27 @@ async def _pause(stop: asyncio.Event, nudge: asyncio.Event, seconds: float) -> N
         nudge.clear()
 
 
-async def _settled_runs(rt: RunHost, settled: set[str], free: int, reported: set[str]) -> list[Awaitable[Any]]:
+async def _settled_runs(engine: Engine, settled: set[str], free: int, reported: set[str]) -> list[Awaitable[Any]]:
     """Wake-ups for parked runs whose wait was settled elsewhere; wake() claims each by compare-and-set."""
     from tether._store.states import RunStatus, WaitStatus
 
     out: list[Awaitable[Any]] = []
     while settled and len(out) < free:
-        run = await rt.store.aio.get_run(settled.pop())
+        run = await engine.store.aio.get_run(settled.pop())
         key = (run.pending or {}).get("key") if run is not None and run.status == RunStatus.WAITING else None
-        wait = await rt.store.aio.get_wait(key) if key else None
+        wait = await engine.store.aio.get_wait(key) if key else None
         if (run is not None and wait is not None and wait.status != WaitStatus.PENDING
-                and await _available(rt, run, reported)):
-            out.append(rt.wake(run.run_id, key=key))
+                and await _available(engine, run, reported)):
+            out.append(launcher.wake(engine, run.run_id, key=key))
     return out
 
 
-async def _available(rt: RunHost, run: RunRecord, reported: set[str]) -> bool:
+async def _available(engine: Engine, run: RunRecord, reported: set[str]) -> bool:
     """Whether this worker can load the run's sources; said once per run on stderr when not."""
     from tether.errors import RunTampered, ToolsUnavailable, WrongSecret
 
     try:
-        await rt.require_sources(run)
+        await engine.require_sources(run)
         return True
     except (RunTampered, WrongSecret):
         # Nothing was loaded for it; claiming it takes the usual path, which vets the run
@@ -172,7 +176,7 @@ async def claimed(room: Callable[[], bool], claim: Callable[[Sequence[str]], Run
         yield run
 
 
-async def orphans_taken(rt: RunHost, room: Callable[[], bool],
+async def orphans_taken(engine: Engine, room: Callable[[], bool],
                         usable: Callable[[RunRecord], Awaitable[bool]],
                         quarantined: Callable[[RunResult], None] | None = None) -> AsyncIterator[RunRecord]:
     """Running runs whose owner died, taken over here one at a time while there is ``room`` (P-11).
@@ -183,27 +187,27 @@ async def orphans_taken(rt: RunHost, room: Callable[[], bool],
     with this takeover recorded on it; one taken over too many times in a row is ended
     ``run_quarantined`` instead and handed to ``quarantined`` (P-39).
     """
-    life = rt.lifecycle
+    life = engine.lifecycle
     async for before in claimed(room, life.claim_orphan, usable, life.release_orphan):
-        run = await rt.store.aio.get_run(before.run_id)
+        run = await engine.store.aio.get_run(before.run_id)
         if run is not None:
-            run = await _counted(rt, run, before.owner, "lease_lapsed", quarantined)
+            run = await _counted(engine, run, before.owner, "lease_lapsed", quarantined)
         if run is not None:
             yield run
-    for gone in rt.gone_owners() if room() else []:
+    for gone in launcher.gone_owners(engine) if room() else []:
         if room() and await usable(gone) and life.take_over(gone.run_id, gone_owner=gone.owner):
-            run = await rt.store.aio.get_run(gone.run_id)
+            run = await engine.store.aio.get_run(gone.run_id)
             if run is not None:
-                run = await _counted(rt, run, gone.owner, "process_gone", quarantined)
+                run = await _counted(engine, run, gone.owner, "process_gone", quarantined)
             if run is not None:
                 yield run
 
 
-async def _counted(rt: RunHost, run: RunRecord, gone_owner: str | None, how: str,
+async def _counted(engine: Engine, run: RunRecord, gone_owner: str | None, how: str,
                    quarantined: Callable[[RunResult], None] | None) -> RunRecord | None:
     from tether._engine.quarantine import continue_or_quarantine
 
-    going_on, ended = await continue_or_quarantine(rt, run, gone_owner=gone_owner, how=how)
+    going_on, ended = await continue_or_quarantine(engine, run, gone_owner=gone_owner, how=how)
     if ended is not None:
         error = ended.error or {}
         print(f"tether: run {run.run_id} quarantined ({error.get('code')}): "
@@ -214,7 +218,7 @@ async def _counted(rt: RunHost, run: RunRecord, gone_owner: str | None, how: str
     return going_on
 
 
-async def _claims(rt: RunHost, free: int, reported: set[str],
+async def _claims(engine: Engine, free: int, reported: set[str],
                   settled: set[str] | None = None) -> list[Awaitable[Any]]:
     """Coroutines for work this worker may take now, most urgent first.
 
@@ -223,32 +227,75 @@ async def _claims(rt: RunHost, free: int, reported: set[str],
     """
     from tether._store.states import RunStatus
 
-    life = rt.lifecycle
-    rt.expire_paused()
+    life = engine.lifecycle
+    expire(engine)
     # Runs a resolution is waiting for first: someone is waiting on them.
-    out = await _settled_runs(rt, settled, free, reported) if settled else []
+    out = await _settled_runs(engine, settled, free, reported) if settled else []
 
     def room() -> bool:
         return len(out) < free
 
     async def available(run: RunRecord) -> bool:
-        return await _available(rt, run, reported)
+        return await _available(engine, run, reported)
 
     async def trusted_and_available(run: RunRecord) -> bool:
         # A tampered run ends failed here (giving it back then changes nothing); one signed
         # with a secret not held here, or whose sources are not here, goes back to waiting.
-        return rt.vet(run)[0] and await available(run)
+        return launcher.vet(engine, run)[0] and await available(run)
 
     # Orphans first: their writes wait on us.
-    async for run in orphans_taken(rt, room, available):
-        out.append(rt.launch(run, mode="continue").result())
+    async for run in orphans_taken(engine, room, available):
+        out.append(launcher.launch(engine, run, mode="continue").result())
     # Due timers and wait deadlines, the same way.
     async for run in claimed(room, life.claim_due, trusted_and_available,
                              lambda r: life.unclaim(r, RunStatus.WAITING)):
-        out.append(rt.launch(run, mode="continue").result())
+        out.append(launcher.launch(engine, run, mode="continue").result())
     # Queued runs, oldest first; one this process cannot load the sources of goes back in the queue.
     async for run in claimed(room, life.claim_queued, available, lambda r: life.unclaim(r, RunStatus.QUEUED)):
-        out.append(rt.launch(run, mode="fresh").result())
+        out.append(launcher.launch(engine, run, mode="fresh").result())
+    return out
+
+
+# -- the same duties, once, on demand (Runtime.recover, tether recover; tests) --------------
+
+
+async def recover(engine: Engine) -> list[RunResult]:
+    """Continue runs whose owner died: lease expired, or its process on this host is gone (P-11)."""
+    out: list[RunResult] = []
+
+    async def usable(run: RunRecord) -> bool:
+        # A tampered run ends failed; one signed with another secret, or whose sources
+        # cannot be loaded here, is left to a process that can continue it.
+        trusted, ended = launcher.vet(engine, run)
+        if not trusted:
+            if ended is not None:
+                out.append(ended)
+            return False
+        return await launcher.sources_or_note(engine, run, out)
+
+    async for run in orphans_taken(engine, lambda: True, usable, out.append):
+        out.append(await launcher.launch(engine, run, mode="continue").result())
+    return out
+
+
+async def run_queued(engine: Engine, limit: int = 1) -> list[RunResult]:
+    """Claim up to ``limit`` queued runs (oldest first) and run them here."""
+    from tether._store.states import RunStatus
+
+    out: list[RunResult] = []
+
+    async def usable(run: RunRecord) -> bool:
+        trusted, ended = launcher.vet(engine, run)
+        if not trusted:
+            if ended is not None:
+                out.append(ended)
+            return False
+        # Reported as it stays: back in the queue for a process that can load its sources.
+        return await launcher.sources_or_note(engine, dataclasses.replace(run, status=RunStatus.QUEUED), out)
+
+    async for run in claimed(lambda: len(out) < limit, engine.lifecycle.claim_queued, usable,
+                             lambda r: engine.lifecycle.unclaim(r, RunStatus.QUEUED)):
+        out.append(await launcher.launch(engine, run, mode="fresh").result())
     return out
 
 

@@ -26,7 +26,7 @@ import keyword
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, cast
+from typing import Any, Awaitable, Callable, Iterable, cast
 
 import pydantic_monty as _pm
 
@@ -161,6 +161,19 @@ def reserved_module_names() -> frozenset[str]:
                 found.add(name)
         _reserved = frozenset(found)
     return _reserved
+
+
+def check_namespaces(tools: Iterable[Any]) -> None:
+    """Refuse namespaces the sandbox keeps for its own modules (`tools.time` cannot exist)."""
+    from tether.errors import NamespaceReserved
+
+    reserved = reserved_module_names()
+    for ns in sorted({t.namespace for t in tools} & reserved):
+        raise NamespaceReserved(
+            f"namespace {ns!r} is the name of a module the sandbox provides, so tools.{ns} cannot exist",
+            next_action=f"Give the source another namespace, e.g. {ns + '_tools'!r} "
+                        "(namespace = ... in [[sources]], or TETHER_NAMESPACE / @tool(namespace=...)).",
+        )
 
 
 _CURRENT: contextvars.ContextVar["Execution"] = contextvars.ContextVar("tether_execution")

@@ -84,7 +84,7 @@ def run_links(rt: Runtime, public_url: str | None, run: RunRecord) -> list[dict[
     if run.status != RunStatus.PAUSED or run.expires_at is None:
         return []
     return [{"seq": w["seq"], "address": w["address"],
-             "url": approval_url(public_url, rt.keyring.current, run.run_id, w["seq"], run.expires_at)}
+             "url": approval_url(public_url, rt.engine.keyring.current, run.run_id, w["seq"], run.expires_at)}
             for w in pending_writes(rt, run)]
 
 
@@ -99,7 +99,7 @@ def pending_writes(rt: Runtime, run: RunRecord) -> list[dict[str, Any]]:
     if run.status != RunStatus.PAUSED or not run.pending:
         return []
     return [{"seq": w.seq, "address": w.address, "args": w.args, "annotations": w.annotations,
-             "description": w.description} for w in pending(rt, run) if w.decision is None]
+             "description": w.description} for w in pending(rt.engine, run) if w.decision is None]
 
 
 # -- deciding --------------------------------------------------------------------------
@@ -129,7 +129,7 @@ class Decider:
         """Decide the writes ``seqs`` of a paused run; nothing is decided unless each is still pending."""
         # What would make the decision take nothing is the service's to say (the same rules as decide);
         # asked first, since the decision itself may wait for a slot.
-        run, refused = refusal(self.rt, run_id, seqs, decision, principal=principal, allowed=("approve", "decline"))
+        run, refused = refusal(self.rt.engine, run_id, seqs, decision, principal=principal, allowed=("approve", "decline"))
         if refused is not None:
             return Outcome(False, refused.code, refused.message, status=run.status if run is not None else None)
         return await self._decide(run_id, sorted(seqs), decision, reason, principal=principal, who=who, via=via,

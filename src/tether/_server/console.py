@@ -255,7 +255,7 @@ class Console:
         self.decider = decider or Decider(rt, admission)
         # Sessions, CSRF tokens and the sign-in flow verify under the current secret
         # only: a rotation signs people out, as it always has.
-        self._keyring = Keyring(rt.keyring.current)
+        self._keyring = Keyring(rt.engine.keyring.current)
         self._csrf_keys = self._keyring.derive("console/csrf")
         self._principals = set(self.access.grants) if self.tokens else {LOCAL}
         # People signed in through the IdP: their rights travel in their signed session cookie
@@ -657,7 +657,7 @@ class Console:
 
     def _link_state(self, token: str) -> tuple[Any, Any, Response | None]:
         """(claim, run, None) for a link that may decide now, else (.., .., the page saying why not)."""
-        claim = open_token(self.rt.keyring, token)
+        claim = open_token(self.rt.engine.keyring, token)
         if claim is None:
             return None, None, self.message(
                 "This approval link is not valid", "The link is incomplete or was altered, so it decides nothing.",
@@ -666,7 +666,7 @@ class Console:
         if run is None:
             return claim, None, self.message("This approval link is not valid",
                                              "The run it names no longer exists; nothing was decided.", status=404)
-        decided = recorded_decision(self.rt, run.run_id, claim.seq)
+        decided = recorded_decision(self.rt.engine, run.run_id, claim.seq)
         if decided is not None:
             verb = {"approve": "approved", "decline": "declined", "cancel": "cancelled"}.get(decided.decision,
                                                                                            decided.decision)
@@ -675,7 +675,7 @@ class Console:
                 "An approval link decides once; nothing more was decided.", status=409, tone="info",
                 detail=f"The run is {run.status}.")
         expiry = min(claim.expires_at, run.expires_at or claim.expires_at)
-        if self.rt.clock() > expiry:
+        if self.rt.engine.clock() > expiry:
             return claim, run, self.message(
                 "This approval link has expired", f"It was good until {_when(expiry)}; nothing was decided "
                 "and nothing was sent.", status=410, detail="Approvals wait as long as the approval time to live.")
@@ -788,7 +788,7 @@ def _default_access(rt: Runtime, tokens: Sequence[str]) -> Access:
 
     from tether._engine.approvals.grants import server_access
 
-    server = SimpleNamespace(local_runs=getattr(rt, "local_runs", "private"))
+    server = SimpleNamespace(local_runs=rt.engine.settings.local_runs)
     return server_access(server, tuple(tokens), {}, principal_for_token, http=True)[0]
 
 

@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import inspect
 import json
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Awaitable, Callable, Literal, Mapping
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.request_state import RequestStateSecurity
@@ -34,6 +37,7 @@ from mcp_types import (
 )
 from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticUndefined
 
 from tether._engine.approvals import Access, Channel, Grant, may_decide
 from tether._engine.approvals.rights import APPROVE, RUN
@@ -93,54 +97,48 @@ KEY_DESCRIPTION = (
     "The same key with different code is refused (idempotency_conflict)."
 )
 
+# Each tool's arguments, as one model: its input schema (advertised, descriptions included) and what a
+# call is checked against before it runs (a named invalid_arguments error instead of the SDK's dump).
+
+
 class ExecuteArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    code: str
-    diagnostics: bool = False
-    session: str | None = Field(default=None, min_length=1, max_length=128)
-    key: str | None = Field(default=None, min_length=1, max_length=MAX_RUN_KEY_CHARS)
+    code: str = Field(description="The Python program. Its last expression is the result.")
+    diagnostics: bool = Field(default=False, description="Include per-call timings in the result.")
+    session: str | None = Field(default=None, min_length=1, max_length=128,
+                                description="Keep globals across executes under this name.")
+    key: str | None = Field(default=None, min_length=1, max_length=MAX_RUN_KEY_CHARS, description=KEY_DESCRIPTION)
 
 
 class CellStartArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    code: str
-    yield_after_ms: int = Field(default=1000, ge=0, le=600_000)
-    key: str | None = Field(default=None, min_length=1, max_length=MAX_RUN_KEY_CHARS)
+    code: str = Field(description="The Python program.")
+    yield_after_ms: int = Field(default=1000, ge=0, le=600_000,
+                                description="Return an observation after this long at most.")
+    key: str | None = Field(default=None, min_length=1, max_length=MAX_RUN_KEY_CHARS, description=KEY_DESCRIPTION)
 
 
 class CellWaitArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    cell_id: str
-    after: int = Field(default=0, ge=0)
-    timeout_ms: int = Field(default=30_000, ge=0, le=600_000)
+    cell_id: str = Field(description="The cell_id from cell_start.")
+    after: int = Field(default=0, ge=0, description="The cursor of the last observation.")
+    timeout_ms: int = Field(default=30_000, ge=0, le=600_000, description="Wait at most this long.")
 
 
 class CellTerminateArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    cell_id: str
+    cell_id: str = Field(description="The cell_id from cell_start.")
 
 
 class ResumeArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    run_id: str
-    decision: Literal["approve", "decline", "cancel"]
-    reason: str | None = None
-    seq: int | list[int] | None = None
+    run_id: str = Field(description="The run_id of the paused result.")
+    decision: Literal["approve", "decline", "cancel"] = Field(description="What to do with the write.")
+    reason: str | None = Field(default=None, description="Why; told to the program when declining.")
+    seq: int | list[int] | None = Field(
+        default=None, description="The seq of the write this decision is for (from pending.writes), or a list of "
+                                  "them. Required once the run has asked about more than one write.")
 
-
-_ARGUMENTS: dict[str, type[BaseModel]] = {
-    "execute": ExecuteArguments, "resume": ResumeArguments, "cell_start": CellStartArguments,
-    "cell_wait": CellWaitArguments, "cell_terminate": CellTerminateArguments,
-}
-_USAGE = {
-    "execute": 'Call execute with {"code": "<a Python program>"} (and optionally "key": "<a unique id, reused '
-               'on a retry>", "diagnostics": true).',
-    "resume": 'Call resume with {"run_id": "run_...", "decision": "approve" | "decline" | "cancel", '
-              '"seq": <a seq of pending.writes, or a list of them>, "reason": "..."} taken from the paused result.',
-    "cell_start": 'Call cell_start with {"code": "<a Python program>", "yield_after_ms": 1000}.',
-    "cell_wait": 'Call cell_wait with {"cell_id": "run_...", "after": <cursor>, "timeout_ms": 30000}.',
-    "cell_terminate": 'Call cell_terminate with {"cell_id": "run_..."}.',
-}
 CELL_START_DESCRIPTION = (
     "Start a long program as a cell and get an observation as soon as it yields (await yield_control()), "
     "ends, pauses, or yield_after_ms passes; the program keeps running. emit(value) in the program adds "
@@ -191,12 +189,12 @@ class TetherServer:
         self.console = console
         # Who may decide what (tether._engine.approvals): `tether serve` passes the
         # server's; without one, nobody is told apart (standard input/output).
-        self.access = access or Access.open(local_runs=getattr(rt, "local_runs", "private"))
+        self.access = access or Access.open(local_runs=rt.engine.settings.local_runs)
         # [server] approvals: how a paused write is put to the client's user (see urlmode).
         self.approvals = approvals
         self.public_url = public_url
         self.url_wait_seconds = urlmode.URL_WAIT_SECONDS if url_wait_seconds is None else url_wait_seconds
-        self.admission = admission or Admission(rt.pool.max_workers, queue_depth=16, queue_timeout=10.0)
+        self.admission = admission or Admission(rt.engine.pool.max_workers, queue_depth=16, queue_timeout=10.0)
         self.principal_of = principal_of or (lambda ctx: LOCAL)
         self.run_meta = dict(run_meta or {})
         self._background: set[asyncio.Task] = set()
@@ -205,13 +203,13 @@ class TetherServer:
         # process sharing the store can open and verify what another minted.
         # The current secret's keys seal and sign; a rotated keyring's older
         # ones still open and verify state minted before the rotation.
-        self._state_macs = rt.keyring.derive("mcp/request-state/mac")
-        seal_keys = list(rt.keyring.derive("mcp/request-state/seal").keys)
+        self._state_macs = rt.engine.keyring.derive("mcp/request-state/mac")
+        seal_keys = list(rt.engine.keyring.derive("mcp/request-state/seal").keys)
         security = RequestStateSecurity(
             keys=seal_keys,
             # A paused run waits this long for its decision; the answer to the
             # form is good for as long as the run is.
-            ttl=float(rt.approval_ttl_seconds),
+            ttl=float(rt.engine.settings.approval_ttl_seconds),
             # tether binds the principal into its own signature, and reports a
             # mismatch as run_not_found like every other foreign run.
             bind_principal=None,
@@ -220,27 +218,9 @@ class TetherServer:
         self.mcp: MCPServer = MCPServer(name, instructions=INSTRUCTIONS, log_level="WARNING",
                                         request_state_security=security)
         self.mcp.middleware.append(_check_arguments)
-        self.mcp.add_tool(self.execute, name="execute", title="Run a Python program against the tools",
-                          description=rt.model_description(), annotations=ToolAnnotations(
-                              read_only_hint=False, destructive_hint=_writes_unasked(rt.policy),
-                              idempotent_hint=False, open_world_hint=True))
-        self.mcp.add_tool(self.resume, name="resume", title="Decide a paused write and continue the run",
-                          description=RESUME_DESCRIPTION, annotations=ToolAnnotations(
-                              read_only_hint=False, destructive_hint=True, idempotent_hint=False,
-                              open_world_hint=True))
-
-        self.mcp.add_tool(self.cell_start, name="cell_start", title="Start a long program and observe it",
-                          description=CELL_START_DESCRIPTION, annotations=ToolAnnotations(
-                              read_only_hint=False, destructive_hint=_writes_unasked(rt.policy),
-                              idempotent_hint=False, open_world_hint=True))
-        self.mcp.add_tool(self.cell_wait, name="cell_wait", title="Wait for a cell's next events",
-                          description=CELL_WAIT_DESCRIPTION, annotations=ToolAnnotations(
-                              read_only_hint=True, destructive_hint=False, idempotent_hint=True,
-                              open_world_hint=False))
-        self.mcp.add_tool(self.cell_terminate, name="cell_terminate", title="Stop a cell",
-                          description=CELL_TERMINATE_DESCRIPTION, annotations=ToolAnnotations(
-                              read_only_hint=False, destructive_hint=True, idempotent_hint=True,
-                              open_world_hint=False))
+        for tool in TOOLS:
+            self.mcp.add_tool(tool.function(self), name=tool.name, title=tool.title,
+                              description=tool.description(rt), annotations=tool.annotations(rt.policy))
 
     async def close(self) -> None:
         """Wait for cancellations handed to the background to finish."""
@@ -249,14 +229,8 @@ class TetherServer:
 
     # -- tools ---------------------------------------------------------------------
 
-    async def execute(
-        self,
-        code: Annotated[str, Field(description="The Python program. Its last expression is the result.")],
-        ctx: Context,
-        diagnostics: Annotated[bool, Field(description="Include per-call timings in the result.")] = False,
-        session: Annotated[str | None, Field(description="Keep globals across executes under this name.")] = None,
-        key: Annotated[str | None, Field(description=KEY_DESCRIPTION)] = None,
-    ) -> Annotated[CallToolResult, RunEnvelope] | InputRequiredResult:
+    async def execute(self, ctx: Context, args: ExecuteArguments) -> CallToolResult | InputRequiredResult:
+        code, diagnostics, session, key = args.code, args.diagnostics, args.session, args.key
         principal = self.principal_of(ctx)
         if ctx.request_state is not None:
             return await self._answer(ctx, principal, diagnostics)
@@ -293,16 +267,8 @@ class TetherServer:
             return error_result(exc)
         return self._respond(keyed.cancelled(result, key), era if how else None, principal, diagnostics, how=how)
 
-    async def resume(
-        self,
-        run_id: Annotated[str, Field(description="The run_id of the paused result.")],
-        decision: Annotated[Literal["approve", "decline", "cancel"], Field(description="What to do with the write.")],
-        ctx: Context,
-        reason: Annotated[str | None, Field(description="Why; told to the program when declining.")] = None,
-        seq: Annotated[int | list[int] | None, Field(
-            description="The seq of the write this decision is for (from pending.writes), or a list of them. "
-                        "Required once the run has asked about more than one write.")] = None,
-    ) -> Annotated[CallToolResult, RunEnvelope]:
+    async def resume(self, ctx: Context, args: ResumeArguments) -> CallToolResult:
+        run_id, decision, reason, seq = args.run_id, args.decision, args.reason, args.seq
         principal = self.principal_of(ctx)
         era, how = self._how(ctx)
         # A resumed run may pause at a later write: a legacy client gets that
@@ -337,13 +303,8 @@ class TetherServer:
 
     # -- cells -----------------------------------------------------------------------
 
-    async def cell_start(
-        self,
-        code: Annotated[str, Field(description="The Python program.")],
-        ctx: Context,
-        yield_after_ms: Annotated[int, Field(description="Return an observation after this long at most.")] = 1000,
-        key: Annotated[str | None, Field(description=KEY_DESCRIPTION)] = None,
-    ) -> CallToolResult:
+    async def cell_start(self, ctx: Context, args: CellStartArguments) -> CallToolResult:
+        code, yield_after_ms, key = args.code, args.yield_after_ms, args.key
         principal = self.principal_of(ctx)
         try:
             # A running cell holds a sandbox worker: it takes a run slot until it ends or parks.
@@ -366,27 +327,17 @@ class TetherServer:
             return error_result(exc)
         return self.observation(obs)
 
-    async def cell_wait(
-        self,
-        cell_id: Annotated[str, Field(description="The cell_id from cell_start.")],
-        ctx: Context,
-        after: Annotated[int, Field(description="The cursor of the last observation.")] = 0,
-        timeout_ms: Annotated[int, Field(description="Wait at most this long.")] = 30_000,
-    ) -> CallToolResult:
+    async def cell_wait(self, ctx: Context, args: CellWaitArguments) -> CallToolResult:
         try:
-            obs = await self.rt.wait_cell(cell_id, after=after, timeout_ms=timeout_ms,
+            obs = await self.rt.wait_cell(args.cell_id, after=args.after, timeout_ms=args.timeout_ms,
                                           principal=self.principal_of(ctx))
         except TetherError as exc:
             return error_result(exc)
         return self.observation(obs)
 
-    async def cell_terminate(
-        self,
-        cell_id: Annotated[str, Field(description="The cell_id from cell_start.")],
-        ctx: Context,
-    ) -> CallToolResult:
+    async def cell_terminate(self, ctx: Context, args: CellTerminateArguments) -> CallToolResult:
         try:
-            obs = await self.rt.terminate_cell(cell_id, principal=self.principal_of(ctx))
+            obs = await self.rt.terminate_cell(args.cell_id, principal=self.principal_of(ctx))
         except TetherError as exc:
             return error_result(exc)
         return self.observation(obs)
@@ -463,7 +414,7 @@ class TetherServer:
     def _refused(self, run_id: str, principal: str, channel: str, seqs: list[int] | None, *,
                  ctx: Context | None = None) -> TetherError | None:
         """Why ``principal`` may not approve writes ``seqs`` of the run through ``channel``; None when it may."""
-        run = self.rt.get_run(run_id, principal)
+        run = self.rt.engine.get_run(run_id, principal)
         # An access token's rights are its own (they come with each request); a static token's are configured.
         grant = request_scope_value(ctx, GRANT_KEY) if ctx is not None else None
         verdict = may_decide(self.access, grant or self._grant(principal), run.principal, "approve", channel,
@@ -568,11 +519,11 @@ class TetherServer:
                 return self._respond(result, INPUT_REQUIRED, principal, diagnostics, how="url")
             if reply is None:
                 # A retry without an answer: ask again if the run still waits on it.
-                run = self.rt.get_run(run_id, principal)
+                run = self.rt.engine.get_run(run_id, principal)
                 paused = run.result if run.status == RunStatus.PAUSED else None
                 if paused and _first_undecided(RunResult.from_dict(paused).pending or {}).get("seq") == seq:
                     return self._input_required(RunResult.from_dict(paused), principal)
-                return self.paused_result(self.rt.recorded(run), diagnostics=diagnostics)
+                return self.paused_result(self.rt.engine.recorded(run), diagnostics=diagnostics)
             decision, reason = _decision(reply)
             if decision == "approve":
                 refused = self._refused(run_id, principal, Channel.FORM, [seq], ctx=ctx)
@@ -581,7 +532,7 @@ class TetherServer:
             if decision is None:
                 # Dismissed without a choice: nothing is decided and the run
                 # stays paused; the model can ask in words and call resume.
-                return self.paused_result(self.rt.recorded(self.rt.get_run(run_id, principal)), diagnostics=diagnostics)
+                return self.paused_result(self.rt.engine.recorded(self.rt.engine.get_run(run_id, principal)), diagnostics=diagnostics)
             try:
                 result = await self.run_in_slot(
                     lambda progress: self.rt.resume(run_id, decision, reason, seq=seq, principal=principal,
@@ -735,16 +686,104 @@ def _writes_unasked(policy: Policy) -> bool:
 
 
 async def _check_arguments(ctx: Any, call_next: Any) -> Any:
-    """Malformed arguments to execute/resume get a named error, not the SDK's validation dump."""
+    """Malformed arguments to one of tether's tools get a named error, not the SDK's validation dump."""
     params = ctx.params if ctx.method == "tools/call" else None
     name = params.get("name") if params else None
-    model = _ARGUMENTS.get(name) if isinstance(name, str) else None
-    if model is not None and params and isinstance(name, str):  # (a model is found only by a name)
+    tool = TOOLS_BY_NAME.get(name) if isinstance(name, str) else None
+    if tool is not None and params:
         try:
-            model.model_validate(params.get("arguments") or {})
+            tool.arguments.model_validate(params.get("arguments") or {})
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
                                  for e in exc.errors())
             return error_result(InvalidArguments(
-                f"{name} got arguments it cannot use ({problems}); nothing was run", next_action=_USAGE[name]))
+                f"{tool.name} got arguments it cannot use ({problems}); nothing was run", next_action=tool.usage))
     return await call_next(ctx)
+
+
+# -- tether's own tools, as a table ------------------------------------------------------------
+# A new tool is one entry here (and its handler on TetherServer): its name, its arguments model
+# (input schema and check), how to call it (the next_action of a refused call), its handler, and what
+# its result is (output schema).
+
+
+@dataclass(frozen=True)
+class ServerTool:
+    """One of tether's own MCP tools."""
+
+    name: str
+    title: str
+    arguments: type[BaseModel]  # the input schema, and what a call is checked against first
+    usage: str  # how to call it: the next_action when its arguments are refused
+    handler: Callable[[TetherServer, Context, Any], Awaitable[Any]]  # TetherServer.<method>(ctx, args)
+    annotations: Callable[[Policy], ToolAnnotations]
+    # Its description: a fixed text, or built from the runtime (execute's lists the catalog).
+    describe: str | Callable[[Runtime], str]
+    # What a call returns, as the SDK reads it: RunEnvelope is the structured output of a run's envelope.
+    returns: Any = CallToolResult
+
+    def description(self, rt: Runtime) -> str:
+        return self.describe if isinstance(self.describe, str) else self.describe(rt)
+
+    def function(self, server: TetherServer) -> Callable[..., Awaitable[Any]]:
+        """The handler as the SDK registers it: keyword arguments named and described by the model."""
+        model, handler = self.arguments, self.handler
+
+        async def call(ctx: Context, **arguments: Any) -> Any:
+            return await handler(server, ctx, model.model_validate(arguments))
+
+        params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)]
+        for name, field in model.model_fields.items():
+            # The field as a parameter: its constraints and description in Annotated, its default apart.
+            info = copy.copy(field)
+            info.default = PydanticUndefined
+            params.append(inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[field.annotation, info],
+                default=inspect.Parameter.empty if field.is_required() else field.default))
+        call.__signature__ = inspect.Signature(params, return_annotation=self.returns)  # type: ignore[attr-defined]
+        call.__annotations__ = {p.name: p.annotation for p in params} | {"return": self.returns}
+        call.__name__ = call.__qualname__ = self.name
+        call.__doc__ = self.describe if isinstance(self.describe, str) else None
+        return call
+
+
+def _annotations(*, read_only: bool, destructive: bool | None, idempotent: bool,
+                 open_world: bool) -> Callable[[Policy], ToolAnnotations]:
+    """Fixed hints; ``destructive=None``: destructive only when a write can go out without anyone asking."""
+    return lambda policy: ToolAnnotations(
+        read_only_hint=read_only, destructive_hint=_writes_unasked(policy) if destructive is None else destructive,
+        idempotent_hint=idempotent, open_world_hint=open_world)
+
+
+TOOLS: tuple[ServerTool, ...] = (
+    ServerTool(
+        "execute", "Run a Python program against the tools", ExecuteArguments,
+        'Call execute with {"code": "<a Python program>"} (and optionally "key": "<a unique id, reused '
+        'on a retry>", "diagnostics": true).',
+        TetherServer.execute, _annotations(read_only=False, destructive=None, idempotent=False, open_world=True),
+        lambda rt: rt.engine.model_description(),
+        returns=Annotated[CallToolResult, RunEnvelope] | InputRequiredResult),
+    ServerTool(
+        "resume", "Decide a paused write and continue the run", ResumeArguments,
+        'Call resume with {"run_id": "run_...", "decision": "approve" | "decline" | "cancel", '
+        '"seq": <a seq of pending.writes, or a list of them>, "reason": "..."} taken from the paused result.',
+        TetherServer.resume, _annotations(read_only=False, destructive=True, idempotent=False, open_world=True),
+        RESUME_DESCRIPTION, returns=Annotated[CallToolResult, RunEnvelope]),
+    ServerTool(
+        "cell_start", "Start a long program and observe it", CellStartArguments,
+        'Call cell_start with {"code": "<a Python program>", "yield_after_ms": 1000}.',
+        TetherServer.cell_start, _annotations(read_only=False, destructive=None, idempotent=False, open_world=True),
+        CELL_START_DESCRIPTION),
+    ServerTool(
+        "cell_wait", "Wait for a cell's next events", CellWaitArguments,
+        'Call cell_wait with {"cell_id": "run_...", "after": <cursor>, "timeout_ms": 30000}.',
+        TetherServer.cell_wait, _annotations(read_only=True, destructive=False, idempotent=True, open_world=False),
+        CELL_WAIT_DESCRIPTION),
+    ServerTool(
+        "cell_terminate", "Stop a cell", CellTerminateArguments,
+        'Call cell_terminate with {"cell_id": "run_..."}.',
+        TetherServer.cell_terminate,
+        _annotations(read_only=False, destructive=True, idempotent=True, open_world=False),
+        CELL_TERMINATE_DESCRIPTION),
+)
+TOOLS_BY_NAME = {tool.name: tool for tool in TOOLS}

@@ -1,6 +1,6 @@
 """Notifications: ``[[notify]]`` webhooks told when a run pauses, waits, fails, completes or is cancelled.
 
-    run pauses/ends ──> Runtime.announce ──> outbox row per webhook (one INSERT, in the store)
+    run pauses/ends ──> EventBus.announce ──> outbox row per webhook (one INSERT, in the store)
                                                    │
            deliverer (any tether process) ──claim──┘──> POST signed JSON ──> 2xx: delivered
                                                              └─ else: retried with backoff, then given up
@@ -140,7 +140,7 @@ class Notifier:
             return
         event = self.event(run, kind, data)
         body = json.dumps(event, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
-        now = self.rt.clock()
+        now = self.rt.engine.clock()
         for hook in wanted:
             self.rt.store.add_outbox(hook.url, event["id"], body, now, mac=self._mac(hook.url, event["id"], body))
         if self._wake is not None:
@@ -152,7 +152,7 @@ class Notifier:
         # Deterministic: the same transition queued twice (a retried finish) is one event.
         event_id = "evt_" + hashlib.sha256(f"{run.run_id}:{kind}:{seq}".encode()).hexdigest()[:24]
         out: dict[str, Any] = {
-            "v": SCHEMA_VERSION, "id": event_id, "type": f"run.{kind}", "created_at": self.rt.clock(),
+            "v": SCHEMA_VERSION, "id": event_id, "type": f"run.{kind}", "created_at": self.rt.engine.clock(),
             "run": {"run_id": run.run_id, "status": kind, "principal": run.principal, "created_at": run.created_at},
         }
         if self.public_url:
@@ -174,13 +174,13 @@ class Notifier:
         return out
 
     def _mac(self, target: str, event_id: str, body: str, key: bytes | None = None) -> str:
-        key = self.rt.keyring.current if key is None else key
+        key = self.rt.engine.keyring.current if key is None else key
         return f"{secret_id(key)}.{Keyring.mac(key, OUTBOX_PURPOSE, target, event_id, body)}"
 
     def genuine(self, item: OutboxRecord) -> bool:
         """Whether tether queued this row as it is: its MAC verifies under a secret this process holds."""
         sid, _, _ = (item.mac or "").partition(".")
-        key = self.rt.keyring.get(sid)
+        key = self.rt.engine.keyring.get(sid)
         return key is not None and same(self._mac(item.target, item.event_id, item.body, key),
                                                        item.mac or "")
 
@@ -195,7 +195,7 @@ class Notifier:
             return item.body
         for write in event.get("pending") or []:
             if isinstance(write, dict) and type(write.get("seq")) is int:
-                write["approval_url"] = approval_url(self.public_url, self.rt.keyring.current, run_id,
+                write["approval_url"] = approval_url(self.public_url, self.rt.engine.keyring.current, run_id,
                                                      write["seq"], float(expires))
         return json.dumps(event, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
 
@@ -216,7 +216,7 @@ class Notifier:
                     await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
 
     async def deliver_due(self, http: Any) -> int:
-        due = await self.rt.store.aio.claim_outbox(self.rt.clock(), CLAIM_SECONDS)
+        due = await self.rt.store.aio.claim_outbox(self.rt.engine.clock(), CLAIM_SECONDS)
         if due:
             await asyncio.gather(*(self._deliver(http, item) for item in due))
         return len(due)
@@ -250,13 +250,13 @@ class Notifier:
                 # The last failure stays on the row: why it took more than one attempt.
                 await self.rt.store.aio.settle_outbox(item.id, status=OUTBOX_DELIVERED, attempts=attempts,
                                                       next_at=item.next_at, last_error=item.last_error,
-                                                      delivered_at=self.rt.clock())
+                                                      delivered_at=self.rt.engine.clock())
                 return
             error = f"HTTP {response.status_code}"
         except Exception as exc:  # the receiver is down, slow or refusing: try again later
             error = f"{type(exc).__name__}: {exc}"[:300]
         metrics.WEBHOOK_FAILURES.inc()
-        now = self.rt.clock()
+        now = self.rt.engine.clock()
         if attempts >= MAX_ATTEMPTS:
             await self.rt.store.aio.settle_outbox(item.id, status=OUTBOX_FAILED, attempts=attempts, next_at=now,
                                                   last_error=error)
@@ -275,14 +275,14 @@ async def notifications(rt: Runtime, config: Any, **options: Any):
         return
     notifier = Notifier(rt, hooks, public_url=getattr(getattr(config, "server", None), "public_url", None),
                         **options)
-    rt.listeners.append(notifier)
+    rt.engine.events.listeners.append(notifier)
     stop = asyncio.Event()
     task = asyncio.ensure_future(notifier.run(stop))
     try:
         yield notifier
     finally:
         with contextlib.suppress(ValueError):
-            rt.listeners.remove(notifier)
+            rt.engine.events.listeners.remove(notifier)
         stop.set()
         # A delivery in flight is abandoned, not awaited: its claim lapses and
         # the next process sends it again.

@@ -208,10 +208,10 @@ async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], t
         # timers and due waits, and takes over runs whose process died.
         from tether._engine.worker import work
 
-        if rt.source_set is not None:  # open_runtime always sets it
-            rt.source_set.refresh_in_background()
+        if rt.engine.sources is not None:  # open_runtime always sets it
+            rt.engine.sources.refresh_in_background()
         stop_worker = asyncio.Event()
-        runner = asyncio.ensure_future(work(rt, stop=stop_worker))
+        runner = asyncio.ensure_future(work(rt.engine, stop=stop_worker))
         try:
             if address is None:
                 await _serve_stdio(server, stopping)
@@ -284,7 +284,7 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
     console = Console(server.rt, tokens=tokens, admission=server.admission, public_url=public_url, host=host,
                       access=server.access, sign_in=_sign_in(server, resource, auth, public_url, host, port),
                       dev=not tokens and resource is None)
-    quotas = server.rt.quotas
+    quotas = server.rt.engine.settings.quotas
     mcp_app = server.mcp.streamable_http_app(host=host, stateless_http=stateless,
                                              transport_security=_mcp_hosts(host, public_url))
     mcp: Any = BearerAuth(mcp_app, tokens, resource,

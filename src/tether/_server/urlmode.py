@@ -58,7 +58,7 @@ def waiting_write(server: "ApprovalHost", run_id: str) -> dict[str, Any] | None:
 def link_to(server: "ApprovalHost", run_id: str, write: dict[str, Any]) -> str | None:
     if write.get("expires_at") is None:
         return None
-    return approval_url(server.public_url, server.rt.keyring.current, run_id, int(write["seq"]),
+    return approval_url(server.public_url, server.rt.engine.keyring.current, run_id, int(write["seq"]),
                         float(write["expires_at"]))
 
 
@@ -99,7 +99,7 @@ async def settled(server: "ApprovalHost", run_id: str) -> RunResult:
             await asyncio.sleep(0.05)
             continue
         break
-    return await server.rt.wait_for_run(run_id)
+    return await server.rt.engine.wait_for_run(run_id)
 
 
 async def legacy(server: "ApprovalHost", ctx: Any, result: RunResult, principal: str) -> RunResult:
@@ -162,4 +162,4 @@ async def answer(server: "ApprovalHost", ctx: Any, run_id: str, seq: int, reply:
             lambda progress: server.rt.resume(run_id, "decline", DECLINED_TO_OPEN, seq=seq, principal=principal,
                                               actor=principal, via="mcp", on_progress=progress),
             ctx, principal, run_id=run_id)
-    return server.rt.recorded(server.rt.get_run(run_id, principal))
+    return server.rt.engine.recorded(server.rt.engine.get_run(run_id, principal))

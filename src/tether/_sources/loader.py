@@ -27,7 +27,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Mapping, Protocol
 
 from tether._engine.approvals.capabilities import Keyring, keyring_for, mac_hex, same, secret_id
 from tether._sources.base import ENV_REF, Source
@@ -36,7 +36,7 @@ from tether._tools.model import Tool
 from tether.errors import ConfigError, NamespaceTaken, SourceUnavailable, TetherError, ToolsUnavailable
 
 if TYPE_CHECKING:
-    from tether._engine.calls.boundary import EffectBoundary
+    from tether._engine.events import EventBus
     from tether._sources.mcp import MCPSource
     from tether._store.base import Store
     from tether._tools.catalog import Catalog
@@ -144,7 +144,17 @@ def _check_resolvable(definition: dict[str, Any]) -> None:
         raise ConfigError(f"the OpenAPI description {spec} does not exist")
 
 
-def forward_progress(rt: SourceHost) -> Callable[[Any], None]:
+class LiveAttempts(Protocol):
+    """What the sources read of the attempts running in this process (tether._engine.engine.Attempts):
+    an upstream's question or progress goes to the run with a call to it on the wire."""
+
+    @property
+    def live(self) -> Mapping[str, Any]: ...
+
+    def boundaries_calling(self, address: str) -> list[Any]: ...
+
+
+def forward_progress(store: Store, attempts: LiveAttempts, events: EventBus) -> Callable[[Any], None]:
     """An MCP source's progress reports, delivered to the run whose call they are about.
 
     A cell gets a ``progress`` event; a client watching the run (``on_progress``,
@@ -154,12 +164,12 @@ def forward_progress(rt: SourceHost) -> Callable[[Any], None]:
 
     def forward(report: Any) -> None:
         address = f"{report.namespace}.{report.tool}"
-        for boundary in rt.boundaries_calling(address):
+        for boundary in attempts.boundaries_calling(address):
             data = {"address": address, "progress": report.progress, "total": report.total,
                     "message": report.message}
-            run = rt.store.get_run(boundary.run_id)  # a live boundary's run exists; None only if deleted under it
+            run = store.get_run(boundary.run_id)  # a live boundary's run exists; None only if deleted under it
             if run is not None and (run.meta or {}).get("cell"):
-                rt.event(boundary.run_id, "progress", data)
+                events.emit(boundary.run_id, "progress", data)
             if boundary.on_progress is not None:
                 p = max(report.progress, 0.0)
                 fraction = p / report.total if report.total else p / (p + 1.0)
@@ -167,25 +177,6 @@ def forward_progress(rt: SourceHost) -> Callable[[Any], None]:
                 boundary.on_progress(len(boundary.state.stats) + min(fraction, 0.99), text)
 
     return forward
-
-
-class SourceHost(Protocol):
-    """What sources need of the process they are loaded into (the Runtime), named here so that the
-    loader does not import the runtime that imports it."""
-
-    @property
-    def catalog(self) -> Catalog: ...
-
-    @property
-    def store(self) -> Store: ...
-
-    def check_namespaces(self, tools: Iterable[Any]) -> None: ...
-
-    def elicitation_handler(self, namespace: str) -> Callable[[Any], Awaitable[Any]]: ...
-
-    def boundaries_calling(self, address: str) -> list[EffectBoundary]: ...
-
-    def event(self, run_id: str, type: str, data: dict[str, Any]) -> int: ...
 
 
 # --- one loaded source ------------------------------------------------------------
@@ -228,15 +219,18 @@ class LoadedSource:
 class SourceSet:
     """The sources loaded in one process, keyed by definition.
 
-    ``runtime`` receives their tools (``catalog``, ``check_namespaces``,
-    ``elicitation_handler``); ``store`` keeps MCP listings; ``log_dir`` gets
+    ``catalog`` receives their tools; an MCP server's mid-call question goes to
+    the run with a call to it on the wire (``attempts``, ``events``; see
+    tether._engine.questions); ``store`` keeps MCP listings; ``log_dir`` gets
     one ``<namespace>.log`` per stdio server for its stderr.
     """
 
-    def __init__(self, runtime: SourceHost, *, store: Store | None = None, log_dir: Path | None = None,
-                 local: Iterable[Any] = (), default_call_timeout: float | None = None,
+    def __init__(self, catalog: Catalog, *, attempts: LiveAttempts, events: EventBus, store: Store | None = None,
+                 log_dir: Path | None = None, local: Iterable[Any] = (), default_call_timeout: float | None = None,
                  progress: Callable[[Any], None] | None = None) -> None:
-        self.runtime = runtime
+        self.catalog = catalog
+        self.attempts = attempts
+        self.events = events
         self.store = store
         keyring = keyring_for(store) if store is not None else Keyring(b"")
         self.secret: bytes = keyring.current
@@ -326,7 +320,13 @@ class SourceSet:
         return kind.build(definition, SourceContext(
             timeout=timeout, errlog=self._errlog, default_call_timeout=self.default_call_timeout,
             catalogs=_SignedCatalogs(self.store, self._verify_with) if self.store is not None else None,
-            ask=self.runtime.elicitation_handler if kind.asks_questions else None, progress=self.progress))
+            ask=self._ask if kind.asks_questions else None, progress=self.progress))
+
+    def _ask(self, namespace: str) -> Callable[[Any], Awaitable[Any]]:
+        """The handler an upstream's mid-call question to ``namespace`` goes to (tether._engine.questions)."""
+        from tether._engine.questions import elicitation_handler
+
+        return elicitation_handler(namespace, self.attempts.live, self.events)
 
     def _errlog(self, namespace: str) -> Any:
         """``<log_dir>/<namespace>.log`` for a stdio server's stderr, closed with the set; None without a log_dir."""
@@ -338,18 +338,19 @@ class SourceSet:
         return log
 
     def _register(self, entry: LoadedSource, found: list[Tool], summary: str | None = None) -> None:
-        rt = self.runtime
-        rt.check_namespaces(found)
+        from tether._sandbox.monty import check_namespaces
+
+        check_namespaces(found)
         for ns in sorted({t.namespace for t in found}):
-            if any(t.namespace == ns for t in rt.catalog.tools()):
+            if any(t.namespace == ns for t in self.catalog.tools()):
                 raise NamespaceTaken(f"namespace {ns!r} is already taken by another source in this process")
-        rt.catalog.add_many(found)
+        self.catalog.add_many(found)
         entry.tools = list(found)
         if summary:
             # The source's one line (API title, server name, module docstring) for
             # sources() and the prompt; the same for each namespace it filled.
             for ns in sorted({t.namespace for t in found}):
-                rt.catalog.set_namespace_summary(ns, summary)
+                self.catalog.set_namespace_summary(ns, summary)
 
     # -- a kind that caches its listing (MCP): listing from the cache, server on first call
 
@@ -479,7 +480,7 @@ class SourceSet:
             return
         tools, upstream, problems = build_tools(entry.name, source.listing, lazy.handler, lazy.ceiling,
                                                 idempotency=entry.definition.get("idempotency", "none"))
-        catalog = self.runtime.catalog
+        catalog = self.catalog
         for tool in entry.tools:
             if tool.address in catalog:
                 catalog.remove(tool.address)

@@ -192,7 +192,7 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
             if run.status == RunStatus.PAUSED:
                 data["approval_links"] = run_links(rt, config.server.public_url, run)
             else:
-                data["outcome"] = rt.recorded(run).to_dict()
+                data["outcome"] = rt.engine.recorded(run).to_dict()
                 data["pending"] = data["outcome"].get("pending") or data["pending"]
     finally:
         store.close()
@@ -349,9 +349,9 @@ async def cmd_worker(args: argparse.Namespace) -> int:
             async with open_rt(args, list(args.tools), report=True) as rt:
                 from tether._logs import configure_from
 
-                configure_from(rt.config.log if rt.config is not None else None)
-                rt.source_set.refresh_in_background()
-                handled = await work(rt, stop=stop, poll_seconds=args.poll, idle_exit_seconds=args.idle_exit)
+                configure_from(rt.engine.config.log if rt.engine.config is not None else None)
+                rt.engine.sources.refresh_in_background()
+                handled = await work(rt.engine, stop=stop, poll_seconds=args.poll, idle_exit_seconds=args.idle_exit)
     finally:
         watchdog.stop()
         if worker_alive(home) == os.getpid():

@@ -11,9 +11,9 @@ from tether.cli._common import EXIT_FAILED, EXIT_OK, add_common, open_rt, print_
 async def cmd_sources_list(args: argparse.Namespace) -> int:
     async with open_rt(args, list(args.tools)) as rt:
         if getattr(args, "refresh", False):
-            await rt.source_set.refresh()
-        statuses = [s.status() for s in rt.source_set.statuses()]
-        namespaces = rt.sources()
+            await rt.engine.sources.refresh()
+        statuses = [s.status() for s in rt.engine.sources.statuses()]
+        namespaces = rt.engine.list_sources()
     all_ok = all(s["ok"] for s in statuses)
     if args.json:
         print_json({"sources": statuses, "namespaces": namespaces})

@@ -56,7 +56,7 @@ async def cmd_tools_describe(args: argparse.Namespace) -> int:
 
 async def cmd_prompt(args: argparse.Namespace) -> int:
     async with open_rt(args, list(args.tools)) as rt:
-        print(rt.model_description())
+        print(rt.engine.model_description())
     return EXIT_OK
 
 

@@ -55,7 +55,7 @@ async def cmd_waits_revoke(args: argparse.Namespace) -> int:
     if not (args.run or args.session):
         raise InvalidArguments("say whose waits to revoke: --run RUN_ID or --session NAME")
     async with open_rt(args, []) as rt:
-        n = rt.revoke_waits(run_id=args.run, session=args.session)
+        n = rt.engine.waits.revoke(run_id=args.run, session=args.session)
     if args.json:
         print_json({"revoked": n})
     else:

@@ -24,6 +24,17 @@ def approval_wait_name(seq: int) -> str:
     return f"{APPROVAL_PREFIX}{seq}"
 
 
+def decision_of(value: Any, error: str | None) -> tuple[str | None, str | None]:
+    """(decision, reason) an approval wait is resolved with by its key; decision None when it names none."""
+    if error is not None:
+        return "decline", error
+    if isinstance(value, str):
+        return value, None
+    if isinstance(value, dict):
+        return value.get("decision"), value.get("reason")
+    return None, None
+
+
 # Where a decision came from, recorded with it (P-29).
 CHANNELS = ("python", "cli", "mcp", "console", "link", "key", "prompt")
 # Journal states of a write someone approved (it may have been sent since).
@@ -142,14 +153,3 @@ def taken(entry: CallRecord | None) -> str | None:
         message = (entry.error or {}).get("message", "")
         return "cancel" if message.startswith("[write_cancelled]") else "decline"
     return None
-
-
-def decision_of(value: Any, error: str | None) -> tuple[str | None, str | None]:
-    """(decision, reason) an approval wait is resolved with by its key; decision None when it names none."""
-    if error is not None:
-        return "decline", error
-    if isinstance(value, str):
-        return value, None
-    if isinstance(value, dict):
-        return value.get("decision"), value.get("reason")
-    return None, None

@@ -8,12 +8,14 @@ write of the pause is decided; a ``cancel`` of any of them ends the run.
 
     ask(...)          a paused write's approval wait, created when the run pauses (driver; the row
                       written by _engine/waits.py, the one writer of wait rows)
-    pending(rt, run)  -> [PendingWrite, ...]                       (rt.pending)
-    decide(rt, run_id, {3: "approve", 4: ("decline", "why")}, actor=..., via=...)
+    pending(engine, run)  -> [PendingWrite, ...]                   (Runtime.pending)
+    decide(engine, run_id, {3: "approve", 4: ("decline", "why")}, actor=..., via=...)
                       every surface's decision: Python, CLI, MCP resume and forms, the console,
-                      approval links (_server/approvals.py's Decider), wait keys (_engine/waits.py)
+                      approval links (_server/approvals.py's Decider), wait keys (_engine/waits.py);
+                      a run whose whole pause is now decided comes back as Resumed, and its
+                      caller continues it (tether._engine.control.decide launches it)
     refusal(...)      why a decision would take nothing, asked before queueing one (Decider)
-    expire(rt)        paused runs past their approval time to live end run_expired
+    expire(engine)    paused runs past their approval time to live end run_expired
 
 Who may decide is asked before, of ``tether._engine.approvals.may_decide``; the
 capabilities that name a write (wait keys, links) are made in capabilities.py.
@@ -21,6 +23,7 @@ capabilities that name a write (wait keys, links) are made in capabilities.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tether import _metrics as metrics
@@ -52,8 +55,15 @@ from tether.errors import (
 )
 
 if TYPE_CHECKING:
-    from tether._engine.host import RunHost
+    from tether._engine.engine import Engine
     from tether._engine.waits import Waits
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What ``decide`` returns when it moved the run ``paused -> running``: the run, to continue here."""
+
+    run: RunRecord
 
 
 def ask(waits: Waits, run: RunRecord, seq: int, deadline: float) -> str:
@@ -66,31 +76,31 @@ def ask(waits: Waits, run: RunRecord, seq: int, deadline: float) -> str:
     return key
 
 
-def recorded_decision(rt: RunHost, run_id: str, seq: int, entry: CallRecord | None = None) -> Decision | None:
+def recorded_decision(engine: Engine, run_id: str, seq: int, entry: CallRecord | None = None) -> Decision | None:
     """The decision taken on write ``seq`` of a run, with who took it, or None if none was."""
-    entry = entry if entry is not None else rt.store.get_call(run_id, seq)
+    entry = entry if entry is not None else engine.store.get_call(run_id, seq)
     which = taken(entry)
     if which is None:
         return None
-    row = rt.store.get_wait(rt.wait_key(run_id, approval_wait_name(seq)))
+    row = engine.store.get_wait(engine.waits.key(run_id, approval_wait_name(seq)))
     if row is None:
         return Decision(seq, which)
     return Decision.from_wait(seq, which, row.value, row.resolved_at)
 
 
-def pending(rt: RunHost, run: RunRecord) -> list[PendingWrite]:
+def pending(engine: Engine, run: RunRecord) -> list[PendingWrite]:
     """The writes of a run's pause, each with its key and any decision taken (empty when not paused)."""
     out = []
     for w in batch_of(run):
-        entry = rt.store.get_call(run.run_id, w["seq"])
+        entry = engine.store.get_call(run.run_id, w["seq"])
         description = None
-        if w["address"] in rt.catalog:
-            description = rt.catalog.get(w["address"]).description
+        if w["address"] in engine.catalog:
+            description = engine.catalog.get(w["address"]).description
         # The store holds no approval key (it is a capability): recomputed for whoever may see this run.
-        key = w.get("key") or rt.wait_key(run.run_id, approval_wait_name(w["seq"]))
+        key = w.get("key") or engine.waits.key(run.run_id, approval_wait_name(w["seq"]))
         out.append(PendingWrite(run.run_id, w["seq"], w["address"], w.get("args") or {}, w.get("annotations") or {},
                                 description, key, run.expires_at,
-                                recorded_decision(rt, run.run_id, w["seq"], entry)))
+                                recorded_decision(engine, run.run_id, w["seq"], entry)))
     return out
 
 
@@ -122,7 +132,7 @@ def _parse(decisions: Mapping[Any, Any]) -> dict[int, tuple[str, str | None]]:
     return out
 
 
-def unnamed_target(rt: RunHost, run: RunRecord, decision: str) -> int:
+def unnamed_target(engine: Engine, run: RunRecord, decision: str) -> int:
     """The write a decision without seq is for, when it can only be one (P-28).
 
     That is the case when the run has asked about exactly one write in its
@@ -130,7 +140,7 @@ def unnamed_target(rt: RunHost, run: RunRecord, decision: str) -> int:
     decision could land on a write its sender never saw (a repeated command
     after the run moved on to the next write) and is refused with the list.
     """
-    asked = sorted({w.seq for w in rt.store.list_waits(run_id=run.run_id, status=None)
+    asked = sorted({w.seq for w in engine.store.list_waits(run_id=run.run_id, status=None)
                     if w.name.startswith(APPROVAL_PREFIX) and w.seq is not None})
     batch = batch_of(run)
     if decision == "cancel" and batch:
@@ -143,18 +153,18 @@ def unnamed_target(rt: RunHost, run: RunRecord, decision: str) -> int:
         return only
     if not asked and not batch:
         raise NotPaused(f"run {run.run_id} is {run.status} and has no write waiting for a decision")
-    writes = pending(rt, run)
+    writes = pending(engine, run)
     raise SeqRequired(
         f"run {run.run_id} has asked about more than one write, so a decision must name its write; "
         f"{_pending_text(writes)}; nothing was decided",
         details={"pending": _pending_details(writes)})
 
 
-def _paused_view(rt: RunHost, run: RunRecord) -> RunResult:
+def _paused_view(engine: Engine, run: RunRecord) -> RunResult:
     """The run's paused envelope with the decisions its batch holds so far."""
     result = RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run.run_id)
     if result.pending:
-        decided = {w.seq: w.decision for w in pending(rt, run) if w.decision}
+        decided = {w.seq: w.decision for w in pending(engine, run) if w.decision}
         writes = [dict(w, decision=decided[w["seq"]].to_dict() if w["seq"] in decided else None)
                   for w in result.pending.get("writes") or [result.pending]]
         result.pending = {**result.pending, "writes": writes}
@@ -163,31 +173,31 @@ def _paused_view(rt: RunHost, run: RunRecord) -> RunResult:
             from tether._engine.envelopes import pause_instructions, tool_schemas
 
             # What is left to decide, not what the pause first asked.
-            result.instructions = pause_instructions(run.run_id, {"writes": undecided}, tool_schemas(rt.catalog))
+            result.instructions = pause_instructions(run.run_id, {"writes": undecided}, tool_schemas(engine.catalog))
     return result
 
 
-async def decide(rt: RunHost, run_id: str, decisions: Mapping[Any, Any], *, principal: str | None = None,
-                 actor: str | None = None, via: str = "python", origin: str | None = None, on_approval: Any = None,
-                 on_progress: Any = None, on_question: Any = None, t0: float | None = None) -> RunResult:
-    """Decide writes of a paused run by seq; continue it once its whole pause is decided (P-10, P-27..P-29)."""
+async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, principal: str | None = None,
+                 actor: str | None = None, via: str = "python", origin: str | None = None, t0: float | None = None) -> RunResult | Resumed:
+    """Decide writes of a paused run by seq (P-10, P-27..P-29): the run's envelope, or Resumed once its whole
+    pause is decided (this process won the ``paused -> running`` compare-and-set; the caller continues it)."""
     import time
 
     t0 = time.perf_counter() if t0 is None else t0
     wanted = _parse(decisions)
     if via not in CHANNELS:
         raise InvalidArguments(f"via must be one of {', '.join(CHANNELS)}, not {via!r}")
-    run = rt.get_run(run_id, principal)
+    run = engine.get_run(run_id, principal)
     if run.status == RunStatus.PAUSED:
-        refused = await _untrusted(rt, run, wanted, t0)
+        refused = await _untrusted(engine, run, wanted, t0)
         if refused is not None:
             return refused
-    who = {"actor": actor or (principal if principal is not None else getattr(rt, "principal", None)) or "local",
+    who = {"actor": actor or (principal if principal is not None else engine.settings.principal) or "local",
            "via": via, "origin": origin}
     batch = {w["seq"]: w for w in batch_of(run)}
     fresh: dict[int, tuple[str, str | None]] = {}
     for seq, (decision, reason) in sorted(wanted.items()):
-        entry = await rt.store.aio.get_call(run_id, seq)
+        entry = await engine.store.aio.get_call(run_id, seq)
         already = taken(entry)
         if decision == "cancel" and seq in batch and already != "cancel":
             # Cancel ends the paused run, whatever was decided on this write so far.
@@ -203,46 +213,45 @@ async def decide(rt: RunHost, run_id: str, decisions: Mapping[Any, Any], *, prin
             continue
         if run.status != RunStatus.PAUSED:
             raise NotPaused(f"run {run_id} is {run.status}; call {seq} is not a write waiting for a decision")
-        writes = pending(rt, run)
+        writes = pending(engine, run)
         raise WriteNotPending(f"call {seq} of run {run_id} is not a write waiting for a decision; "
                               f"{_pending_text(writes)}; nothing was decided",
                               details={"seq": seq, "pending": _pending_details(writes)})
 
     if run.status != RunStatus.PAUSED:
         # Every named write was decided before: return what the run did since.
-        return await rt.wait_for_run(run_id)
-    now = rt.clock()
+        return await engine.wait_for_run(run_id)
+    now = engine.clock()
     if fresh and run.expires_at is not None and now > run.expires_at:
-        rt.finisher.finish(run, RunStatus.FAILED, error=RunExpired(f"run {run_id} passed its approval time to live").to_dict())
+        engine.finisher.finish(run, RunStatus.FAILED, error=RunExpired(f"run {run_id} passed its approval time to live").to_dict())
         raise RunExpired(f"run {run_id} waited longer than its approval time to live; nothing was sent")
 
     if any(d == "cancel" for d, _ in fresh.values()):
-        return await _cancel(rt, run, fresh, who, now, t0, principal)
+        return await _cancel(engine, run, fresh, who, now, t0, principal)
     if fresh:
         # Before anything is decided (P-30): a run whose sources cannot be loaded here
         # stays paused, and an approved write's server must answer now or it is not sent.
-        await rt.require_sources(run, live=tuple(batch[s]["address"] for s, (d, _) in fresh.items()
+        await engine.require_sources(run, live=tuple(batch[s]["address"] for s, (d, _) in fresh.items()
                                                  if d == "approve"))
     last = None
     for seq, (decision, reason) in fresh.items():
-        last = _record(rt, run, batch[seq], decision, reason, who, now)
+        last = _record(engine, run, batch[seq], decision, reason, who, now)
         # The run's updated_at is when it paused: nothing touches a paused run but a decision.
         metrics.APPROVAL_SECONDS.observe(max(0.0, now - run.updated_at))
     # The run continues when nothing in its pause is left undecided; whoever
     # sees that first continues it (paused -> running is a compare-and-set).
     undecided = [s for s in batch
-                 if (e := await rt.store.aio.get_call(run_id, s)) is not None and e.state == CallState.ASKED]
+                 if (e := await engine.store.aio.get_call(run_id, s)) is not None and e.state == CallState.ASKED]
     if undecided:
-        return _paused_view(rt, rt.get_run(run_id, principal))
+        return _paused_view(engine, engine.get_run(run_id, principal))
     record = last.to_dict() if last is not None else (run.decision or {})
-    if not rt.lifecycle.resume(run_id, record):
-        return await rt.wait_for_run(run_id)
-    run = rt.get_run(run_id, principal)
-    return await rt.launch(run, mode="continue", on_approval=on_approval, t0=t0, on_progress=on_progress,
-                           on_question=on_question).result()
+    if not engine.lifecycle.resume(run_id, record):
+        return await engine.wait_for_run(run_id)
+    run = engine.get_run(run_id, principal)
+    return Resumed(run)
 
 
-async def _untrusted(rt: RunHost, run: RunRecord, wanted: dict[int, tuple[str, str | None]],
+async def _untrusted(engine: Engine, run: RunRecord, wanted: dict[int, tuple[str, str | None]],
                      t0: float) -> RunResult | None:
     """Check what a decision acts on before acting (P-35): None when the run and its pause verify.
 
@@ -250,81 +259,81 @@ async def _untrusted(rt: RunHost, run: RunRecord, wanted: dict[int, tuple[str, s
     simply ends the run. ``WrongSecret`` propagates and leaves the run paused
     for a process holding the secret it was signed with.
     """
-    from tether._engine.integrity import verify_calls
+    from tether._engine.integrity import verify_calls, verify_run
     from tether.errors import RunTampered, WrongSecret
 
     cancel = next((reason for decision, reason in wanted.values() if decision == "cancel"), "")
     try:
-        rt.verify_run(run)
-        verify_calls(rt.keyring, run.run_id, [e for w in batch_of(run)
-                                              if (e := await rt.store.aio.get_call(run.run_id, w["seq"])) is not None])
+        verify_run(engine.keyring, run)
+        verify_calls(engine.keyring, run.run_id, [e for w in batch_of(run)
+                                                  if (e := await engine.store.aio.get_call(run.run_id, w["seq"])) is not None])
     except (RunTampered, WrongSecret) as exc:
         if any(d == "cancel" for d, _ in wanted.values()):
-            ended = rt.finisher.cancel_now(run, cancel or "cancelled")
+            ended = engine.finisher.cancel_now(run, cancel or "cancelled")
             if ended is not None:
                 return ended
         if isinstance(exc, WrongSecret):
             raise
-        rt.revoke_waits(run_id=run.run_id)
-        return rt.finisher.finish(run, RunStatus.FAILED, error=exc.to_dict(), t0=t0)
+        engine.waits.revoke(run_id=run.run_id)
+        return engine.finisher.finish(run, RunStatus.FAILED, error=exc.to_dict(), t0=t0)
     return None
 
 
-def _record(rt: RunHost, run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
+def _record(engine: Engine, run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
             who: dict[str, Any], now: float, expect: tuple[str, ...] = (CallState.ASKED,)) -> Decision:
     """Take one decision: the journal's compare-and-set decides who wins (P-28); then say who (P-29)."""
     from tether._engine.guest_errors import guest_error
 
     seq = write["seq"]
-    entry = rt.store.get_call(run.run_id, seq)
+    entry = engine.store.get_call(run.run_id, seq)
     if decision == "approve":
-        won = ledger.move(rt.store, rt.keyring, entry, expect, state=CallState.APPROVED)
+        won = ledger.move(engine.store, engine.keyring, entry, expect, state=CallState.APPROVED)
     else:
         why = "cancelled" if decision == "cancel" else "declined"
         err = guest_error(f"write_{why}",
                           f"the write {write['address']} was {why}{': ' + reason if reason else ''}; it was not sent",
                           "PermissionError")
-        won = ledger.move(rt.store, rt.keyring, entry, expect, state=CallState.DECLINED,
+        won = ledger.move(engine.store, engine.keyring, entry, expect, state=CallState.DECLINED,
                           error={"type": err.exc_type, "message": err.message}, finished_at=now)
     if not won:
-        already = taken(rt.store.get_call(run.run_id, seq))
+        already = taken(engine.store.get_call(run.run_id, seq))
         if already != decision:
             raise AlreadyDecided(f"call {seq} of run {run.run_id} was already decided: {already}; nothing was changed",
                                  details={"decision": already, "seq": seq})
     record = Decision(seq, decision, reason, **who, at=now)
     if won:
-        _settle_approval(rt, run.run_id, record)
-        rt.event(run.run_id, "decided", record.event(write["address"]))
+        _settle_approval(engine, run.run_id, record)
+        engine.events.emit(run.run_id, "decided", record.event(write["address"]))
     return record
 
 
-def _settle_approval(rt: RunHost, run_id: str, record: Decision) -> None:
+def _settle_approval(engine: Engine, run_id: str, record: Decision) -> None:
     name = approval_wait_name(record.seq)
-    now = rt.clock()
-    waits_mod.settle(rt.store, WaitRecord(rt.wait_key(run_id, name), run_id, name, WaitStatus.RESOLVED, now,
-                                          seq=record.seq, value=record.wait_value(), resolved_at=now))
+    now = engine.clock()
+    waits_mod.settle(engine.store, WaitRecord(engine.waits.key(run_id, name), run_id, name, WaitStatus.RESOLVED, now,
+                                              seq=record.seq, value=record.wait_value(), resolved_at=now))
 
 
-async def _cancel(rt: RunHost, run: RunRecord, fresh: dict[int, tuple[str, str | None]], who: dict[str, Any],
-                  now: float, t0: float, principal: str | None) -> RunResult:
+async def _cancel(engine: Engine, run: RunRecord, fresh: dict[int, tuple[str, str | None]], who: dict[str, Any],
+                  now: float, t0: float, principal: str | None) -> RunResult | Resumed:
     """A cancel of any write of the pause ends the run; no write of it is sent (P-10)."""
     seq, (_, reason) = next((s, v) for s, v in fresh.items() if v[0] == "cancel")
     record = Decision(seq, "cancel", reason, **who, at=now)
-    if not rt.lifecycle.cancel_decided(run.run_id, record.to_dict()):
+    if not engine.lifecycle.cancel_decided(run.run_id, record.to_dict()):
         # The run moved on meanwhile: decide again against what it is now.
-        return await decide(rt, run.run_id, dict(fresh), principal=principal, t0=t0, **who)
+        return await decide(engine, run.run_id, dict(fresh), principal=principal, t0=t0, **who)
     for write in batch_of(run):
-        entry = await rt.store.aio.get_call(run.run_id, write["seq"])
+        entry = await engine.store.aio.get_call(run.run_id, write["seq"])
         # A write approved earlier in this batch was not sent, and now never will be.
         if entry is not None and entry.state in (CallState.ASKED, CallState.APPROVED):
-            _record(rt, run, write, "cancel", reason if write["seq"] == seq else None, who, now,
+            _record(engine, run, write, "cancel", reason if write["seq"] == seq else None, who, now,
                     expect=(CallState.ASKED, CallState.APPROVED))
     address = next(w["address"] for w in batch_of(run) if w["seq"] == seq)
-    return rt.finisher.finish(run, RunStatus.CANCELLED, error=cancelled_error(
+    return engine.finisher.finish(run, RunStatus.CANCELLED, error=cancelled_error(
         f"the run was cancelled at the write {address}; nothing further was sent", {"reason": reason}), t0=t0)
 
 
-def refusal(rt: RunHost, run_id: str, seqs: list[int], decision: str, *, principal: str | None,
+def refusal(engine: Engine, run_id: str, seqs: list[int], decision: str, *, principal: str | None,
             allowed: tuple[str, ...] = DECISIONS) -> tuple[RunRecord | None, TetherError | None]:
     """(the run, why a decision on writes ``seqs`` would take nothing — or None when it would take effect).
 
@@ -335,33 +344,33 @@ def refusal(rt: RunHost, run_id: str, seqs: list[int], decision: str, *, princip
     if decision not in allowed:
         return None, InvalidArguments(f"a decision is {' or '.join(allowed)}")
     try:
-        run = rt.get_run(run_id, principal)
+        run = engine.get_run(run_id, principal)
     except RunNotFound:
         return None, RunNotFound(f"there is no run {run_id} for you")
-    waiting = {w.seq for w in pending(rt, run) if w.decision is None}
+    waiting = {w.seq for w in pending(engine, run) if w.decision is None}
     if not seqs or any(s not in waiting for s in seqs):
-        decided = [d for s in seqs if (d := recorded_decision(rt, run.run_id, s)) is not None]
+        decided = [d for s in seqs if (d := recorded_decision(engine, run.run_id, s)) is not None]
         if decided:
             d = decided[0]
             return run, AlreadyDecided(f"write {d.seq} was already decided: {d.decision}; nothing more was decided")
         return run, NotPaused(f"run {run.run_id} is {run.status} and does not wait on "
                               f"write {', '.join(map(str, seqs))}; nothing was decided")
-    if run.expires_at is not None and rt.clock() > run.expires_at:
+    if run.expires_at is not None and engine.clock() > run.expires_at:
         return run, RunExpired("the approval's time to live has passed; nothing was decided and nothing was sent")
     return run, None
 
 
-def expire(rt: RunHost) -> list[str]:
+def expire(engine: Engine) -> list[str]:
     """End paused runs past their approval time to live (`run_expired`); nothing was sent for them."""
     ended = []
-    for run in rt.store.paused_runs_past_expiry(rt.clock()):
+    for run in engine.store.paused_runs_past_expiry(engine.clock()):
         err = RunExpired(f"run {run.run_id} waited longer than its approval time to live; "
                          f"the write {(run.pending or {}).get('address')} was not sent")
-        if rt.lifecycle.expire(run.run_id):
-            rt.revoke_waits(run_id=run.run_id)
-            rt.finisher.finish(run, RunStatus.FAILED, error=err.to_dict())
+        if engine.lifecycle.expire(run.run_id):
+            engine.waits.revoke(run_id=run.run_id)
+            engine.finisher.finish(run, RunStatus.FAILED, error=err.to_dict())
             ended.append(run.run_id)
     return ended
 
 
-__all__ = ["ask", "decide", "expire", "pending", "recorded_decision", "refusal", "unnamed_target"]
+__all__ = ["Resumed", "ask", "decide", "expire", "pending", "recorded_decision", "refusal", "unnamed_target"]

@@ -1,0 +1,38 @@
+"""The store interface: what keeps runs, their journals, waits, sessions and events.
+
+Open one by URL with :func:`open_store` (``sqlite:///path/to/tether.db``, the
+embedded default, or ``postgresql://...``) and pass it to
+``Runtime(store=...)``. A new backend implements the :class:`Store` protocol
+over these record types; the contract suite in tether's tests
+(``tests/test_store.py``) is what it must pass.
+"""
+
+from tether._store import open_store
+from tether._store.base import (
+    CallRecord,
+    Conflict,
+    EventRecord,
+    OutboxRecord,
+    RunRecord,
+    SessionRecord,
+    SnapshotRecord,
+    Store,
+    WaitRecord,
+)
+from tether._store.states import CallState, RunStatus, WaitStatus
+
+__all__ = [
+    "CallRecord",
+    "CallState",
+    "Conflict",
+    "EventRecord",
+    "OutboxRecord",
+    "RunRecord",
+    "RunStatus",
+    "SessionRecord",
+    "SnapshotRecord",
+    "Store",
+    "WaitRecord",
+    "WaitStatus",
+    "open_store",
+]
