@@ -18,6 +18,7 @@ import asyncio
 import copy
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
@@ -35,12 +36,16 @@ from . import _openapi_bodies as bodies
 from ._names import identifier as _identifier
 from ._names import unique as _unique
 from ._openapi_compiled import (
+    FORMAT,
     CompiledCache,
     Outputs,
+    Parts,
     compile_catalog,
-    compile_outputs,
     compiled_key,
     no_gc,
+    read_and_hash,
+    record_digest,
+    recorded_digest,
     remember,
 )
 from ._openapi_http import excerpt, http_error, redact
@@ -259,9 +264,6 @@ class _Operation:
 
 _OPERATION_FIELDS = tuple(f.name for f in dataclasses.fields(_Operation))
 _PARAM_FIELDS = tuple(f.name for f in dataclasses.fields(_Param))
-_METHOD_FIELD = _OPERATION_FIELDS.index("method")
-_PATH_FIELD = _OPERATION_FIELDS.index("path")
-_SERVER_FIELD = _OPERATION_FIELDS.index("server")
 
 
 def restore_operation(raw: list[Any]) -> _Operation:
@@ -332,6 +334,7 @@ class OpenAPISource:
         self._tools: list[Tool] | None = None
         self._operations: dict[str, _Operation] = {}
         self._cache = cache
+        self._key: str | None = None  # the compiled catalog's, once start() has the spec's digest
         self._client: httpx.AsyncClient | None = None  # made at the first call
         self._client_args: dict[str, Any] | None = None  # set by start(), cleared by close()
         # The namespace's one line for sources() and the prompt: the document's info.title.
@@ -356,9 +359,7 @@ class OpenAPISource:
             a.value()  # a missing variable is a load error, not a first-call surprise
         where = f"of OpenAPI source {self.namespace!r}"
         headers = {k: expand_env(v, f"header {k!r} {where}") for k, v in self._headers.items()}
-        text, spec_url = await self._read()
-        key = compiled_key(self._compile_inputs(), text) if self._cache is not None and text is not None else None
-        restored = self._restore(key, spec_url) if key else None
+        restored, text, spec_url = await self._from_cache()
         if restored is not None:
             base_url = restored
         else:
@@ -375,11 +376,10 @@ class OpenAPISource:
             # Building thousands of operations with deep schemas is CPU work too: off the loop as well.
             self._tools = await in_thread(self._build, doc, base_url)
             self.summary = _info_summary(doc.get("info"))
-            if self._cache is not None and key and not isinstance(spec, Mapping):
-                remember(self._cache, self._compile_inputs(), os.fspath(spec), key,
+            if self._cache is not None and self._key and not isinstance(spec, Mapping):
+                remember(self._cache, self._compile_inputs(), os.fspath(spec), self._key,
                          compile_catalog(self._tools, self._operations, self.problems, self.summary,
-                                         doc.get("servers") or []),
-                         compile_outputs(self._tools))
+                                         doc.get("servers") or []))
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -428,41 +428,66 @@ class OpenAPISource:
                 "auth": [[a.kind, a.name] for a in self._auth], "headers": sorted(self._static_headers()),
                 "idempotency": self._idempotency, "idempotency_header": self._idempotency_header}
 
+    async def _from_cache(self) -> tuple[str | None, bytes | None, str | None]:
+        """The base URL of a catalog restored from the cache (else None), the spec's bytes if read, its URL.
+
+        A local spec whose stat matches its signed record is not even read
+        (D-43); otherwise it is read and hashed on a thread, and its stat
+        recorded for the next start.
+        """
+        cache, self._key = self._cache, None
+        location = None if isinstance(self._spec, Mapping) else os.fspath(self._spec)
+        if cache is None or location is None:
+            return None, *(await self._read())
+        if location.startswith(("http://", "https://")):
+            text, spec_url = await self._read()
+            self._key = compiled_key(self._compile_inputs(), hashlib.sha256(text or b"").hexdigest())
+            return self._restore(self._key, spec_url), text, spec_url
+        path, known = recorded_digest(cache, location)
+        if known is not None:
+            self._key = compiled_key(self._compile_inputs(), known)
+            restored = self._restore(self._key, None)
+            if restored is not None:
+                return restored, None, None
+        try:
+            text, digest, before, began = await asyncio.to_thread(read_and_hash, path)
+        except OSError as exc:
+            raise ConfigError(f"OpenAPI source {self.namespace!r}: cannot read the spec {location}: "
+                              f"{exc.strerror}") from None
+        record_digest(cache, path, before, began, digest)
+        self._key = compiled_key(self._compile_inputs(), digest)
+        return self._restore(self._key, None), text, None
+
     def _restore(self, key: str, spec_url: str | None) -> str | None:
         """Tools from a compiled catalog; the base URL, or None when there is nothing usable."""
-        compiled = self._cache.get(key) if self._cache is not None else None
-        if compiled is None or self._cache is None:
+        cache = self._cache
+        head = cache.get(key) if cache is not None else None
+        if cache is None or head is None or head.get("format") != FORMAT:
             return None
-        outputs = Outputs(self._cache, key)
+        text = cache.get_text(f"{key}:parts")
+        if not text:
+            return None
+        parts, outputs, ns, idempotency = Parts(text), Outputs(cache, key), self.namespace, self._idempotency
         try:
-            base_url = self._base_url or self._default_base_url({"servers": compiled["servers"]}, spec_url)
-            operations = compiled["operations"]
+            base_url = self._base_url or self._default_base_url({"servers": head["servers"]}, spec_url)
+            tools = []
             with no_gc():
-                tools = [self._restored_tool(entry, operations[entry["name"]],
-                                             outputs.loader(entry["name"]) if entry.get("has_output") else None,
-                                             base_url)
-                         for entry in compiled["tools"]]
+                for name, title, method, server, path, has_output, start, end in head["tools"]:
+                    if not isinstance(method, str) or method.lower() not in _METHODS:
+                        raise ValueError("not a compiled operation")
+                    tools.append(Tool.deferred(
+                        parts.loader(start, end), namespace=ns, name=name, title=title,
+                        handler=self._compiled_handler(name, parts, start, end),
+                        output_schema_loader=outputs.loader(name) if has_output else None,
+                        # From the (signed) method, never from a stored flag: the policy reads read_only.
+                        annotations=_annotations(method.lower()), source="openapi", idempotency=idempotency,
+                        # Where the call goes, for approvers (tools.model.Tool.target), as a fresh build sets it.
+                        target=(method, (server or base_url).rstrip("/") + "/" + str(path).lstrip("/"))))
         except (KeyError, TypeError, ValueError, UsageError):
             return None  # a cache from another shape: build afresh
         self._operations, self._tools = {}, tools
-        self.problems, self.summary = list(compiled["problems"]), compiled["summary"]
+        self.problems, self.summary = list(head["problems"]), head["summary"]
         return base_url
-
-    def _restored_tool(self, entry: Mapping[str, Any], raw: list[Any], outputs: Any, base_url: str) -> Tool:
-        method = raw[_METHOD_FIELD]
-        if len(raw) != len(_OPERATION_FIELDS) or not isinstance(method, str) or method.lower() not in _METHODS:
-            raise ValueError("not a compiled operation")
-        method = method.lower()
-        return Tool(
-            namespace=self.namespace, name=entry["name"], description=entry["description"],
-            input_schema=entry["input_schema"], handler=self._compiled_handler(entry["name"], raw),
-            title=entry.get("title"),
-            output_schema_loader=outputs,
-            # From the (signed) method, never from a stored flag: the policy reads read_only.
-            annotations=_annotations(method), source="openapi", idempotency=self._idempotency,
-            # Where the call goes, for approvers (tools.model.Tool.target), as a fresh build sets it.
-            target=(raw[_METHOD_FIELD], (raw[_SERVER_FIELD] or base_url).rstrip("/") + "/" + str(raw[_PATH_FIELD]).lstrip("/")),
-        )
 
     async def _read(self) -> tuple[bytes | None, str | None]:
         """The spec's bytes and the URL it came from (None, None for a spec given as a dict)."""
@@ -706,13 +731,13 @@ class OpenAPISource:
 
     # -- calling --
 
-    def _compiled_handler(self, name: str, raw: list[Any]) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+    def _compiled_handler(self, name: str, parts: Parts, start: int, end: int) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         """A restored tool's handler: its operation is rebuilt at its first call (most tools are never called)."""
         built: list[_Operation] = []
 
         async def handler(args: dict[str, Any]) -> Any:
             if not built:
-                built.append(restore_operation(raw))
+                built.append(restore_operation(parts.part(start, end)[2]))
             return await self._call(built[0], args)
 
         handler.__qualname__ = f"openapi:{self.namespace}.{name}"
