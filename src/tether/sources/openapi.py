@@ -454,7 +454,8 @@ class OpenAPISource:
         except OSError as exc:
             raise ConfigError(f"OpenAPI source {self.namespace!r}: cannot read the spec {location}: "
                               f"{exc.strerror}") from None
-        record_digest(cache, path, before, began, digest)
+        if digest != known:  # the same record again would be a write on every start of a spec that fails
+            record_digest(cache, path, before, began, digest)
         self._key = compiled_key(self._compile_inputs(), digest)
         return self._restore(self._key, None), text, None
 
