@@ -203,7 +203,7 @@ def compile_catalog(tools: list[Any], operations: dict[str, Any], problems: list
 
 
 class Parts:
-    """The parts text of one restored catalog (verified at start): a tool's part decoded at first use."""
+    """The parts text of one restored catalog (verified at start): a tool's part decoded when asked for."""
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -215,13 +215,6 @@ class Parts:
             raise ValueError("not a compiled tool")  # signed, so only a bug in this module gets here
         return found
 
-    def loader(self, start: int, end: int) -> Any:
-        def load() -> tuple[str, dict[str, Any]]:
-            description, schema, _ = self.part(start, end)
-            return description, schema
-
-        return load
-
 
 class Outputs:
     """The output schemas of one restored catalog, read from the cache at the first stub that needs one."""
@@ -230,19 +223,16 @@ class Outputs:
         self.cache, self.key = cache, key
         self._texts: dict[str, str] | None = None
 
-    def loader(self, name: str) -> Any:
-        def load() -> dict[str, Any] | None:
-            if self._texts is None:
-                found = self.cache.get(f"{self.key}:outputs")
-                texts = found.get("outputs") if isinstance(found, dict) else None
-                self._texts = texts if isinstance(texts, dict) else {}
-            text = self._texts.get(name)
-            if not isinstance(text, str):
-                return None  # the part is gone or does not verify: a stub without a return type
-            schema = json.loads(text)
-            return schema if isinstance(schema, dict) else None
-
-        return load
+    def schema(self, name: str) -> dict[str, Any] | None:
+        if self._texts is None:
+            found = self.cache.get(f"{self.key}:outputs")
+            texts = found.get("outputs") if isinstance(found, dict) else None
+            self._texts = texts if isinstance(texts, dict) else {}
+        text = self._texts.get(name)
+        if not isinstance(text, str):
+            return None  # the part is gone or does not verify: a stub without a return type
+        schema = json.loads(text)
+        return schema if isinstance(schema, dict) else None
 
 
 def _row(value: Any) -> Any:
