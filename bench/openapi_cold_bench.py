@@ -60,8 +60,10 @@ def _specs(tmp: Path) -> dict[str, Path]:
 
 
 def _config(specs: dict[str, Path]) -> str:
+    # start_timeout: on a loaded machine the compiling start passed the default 10 s, the source failed,
+    # nothing was cached, and every "cached" run compiled again.
     return "".join(f'[[sources]]\ntype = "openapi"\nnamespace = "{name}"\nspec = "{path}"\n'
-                   f'base_url = "http://127.0.0.1:9/{name}"\n\n' for name, path in specs.items())
+                   f'base_url = "http://127.0.0.1:9/{name}"\nstart_timeout = 600\n\n' for name, path in specs.items())
 
 
 def main() -> None:

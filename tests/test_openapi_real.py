@@ -23,7 +23,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from tether._sources._openapi_compiled import latest_key
 from tether._sources.openapi import OpenAPISource
+from tether._store import open_store
 from tether._tools.catalog import Catalog
 from tether._tools.describe import describe
 from tether._tools.stubs import declaration
@@ -288,3 +290,38 @@ async def test_a_tool_restored_from_the_compiled_catalog_sends_the_same_request(
         assert json.loads(second["body"]) == {"labels": ["bug"]}
     finally:
         store.close()
+
+
+def test_search_describe_and_call_from_a_cached_start(tmp_path, echo):
+    """`tether run` twice on one store: compiled, then restored (the spec not even read) with the same answers."""
+    from helpers import run_cli
+
+    base_url, seen, _ = echo
+    (tmp_path / "tether.toml").write_text(
+        f'[policy]\nwrites = "allow"\n\n[[sources]]\ntype = "openapi"\nnamespace = "github"\n'
+        f'spec = "{FIXTURES / "real_github_trim.json"}"\nbase_url = "{base_url}"\n')
+    (tmp_path / "prog.py").write_text(
+        "import tools\n"
+        "found = await search('add labels to an issue')\n"
+        "shown = await describe('github.issues_add_labels', detail='input_schema')\n"
+        "await tools.github.issues_add_labels(owner='o', repo='r', issue_number=7, labels=['bug'])\n"
+        "[found['results'][0]['address'], shown]\n")
+    env = {**__import__("os").environ, "TETHER_HOME": str(tmp_path / "home")}
+    env.pop("TETHER_STORE_URL", None)
+    spec = str(FIXTURES / "real_github_trim.json")
+    pointer = latest_key(OpenAPISource("github", spec, base_url=base_url)._compile_inputs(), spec)  # noqa: SLF001
+    outs, compiled_at = [], []
+    for _ in range(2):
+        r = run_cli(["run", "prog.py", "--json"], env, tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        outs.append(json.loads(r.stdout)["result"])
+        store = open_store(f"sqlite:///{tmp_path / 'home' / 'tether.db'}")
+        compiled_at.append(store.get_listing(f"openapi:{pointer}")[1])
+        store.close()
+    assert compiled_at[1] == compiled_at[0]  # the second run compiled nothing
+    assert outs[0][0] == "github.issues_add_labels"
+    assert outs[1] == outs[0]  # search ranks and describe shows the restored tools as the compiled ones
+    assert '"labels"' in json.dumps(outs[1][1])
+    first, second = seen[-2:]
+    assert (first["method"], first["path"], first["body"]) == (second["method"], second["path"], second["body"])
+    assert second["path"] == "/repos/o/r/issues/7/labels" and json.loads(second["body"]) == {"labels": ["bug"]}

@@ -520,7 +520,7 @@ class _SignedCatalogs:
         # The bytes it always signed; the MAC itself is the capabilities module's (_engine/approvals/capabilities.py).
         return mac_hex(secret, f"openapi-catalog:{key}\n{body}".encode())
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get_text(self, key: str) -> str | None:
         try:
             row = self.store.get_listing(f"openapi:{key}")
         except TetherError:
@@ -530,19 +530,27 @@ class _SignedCatalogs:
             return None
         if not any(same(self._mac(s, key, data["body"]), data["mac"]) for s in self.secrets):
             return None
+        return data["body"]
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        body = self.get_text(key)
+        if body is None:
+            return None
         from tether._sources._openapi_compiled import no_gc
 
         try:
             with no_gc():
-                found = json.loads(data["body"])
+                found = json.loads(body)
         except ValueError:
             return None
         return found if isinstance(found, dict) else None
 
     def put(self, key: str, compiled: dict[str, Any]) -> None:
-        body = json.dumps(compiled, separators=(",", ":"), default=str)  # YAML dates in examples
+        self.put_text(key, json.dumps(compiled, separators=(",", ":"), default=str))  # default: YAML dates
+
+    def put_text(self, key: str, text: str) -> None:
         try:
-            self.store.put_listing(f"openapi:{key}", {"mac": self._mac(self.secrets[0], key, body), "body": body},
+            self.store.put_listing(f"openapi:{key}", {"mac": self._mac(self.secrets[0], key, text), "body": text},
                                    time.time())
         except TetherError:
             pass  # a cache: the next start compiles again

@@ -18,6 +18,7 @@ import asyncio
 import copy
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
@@ -32,15 +33,22 @@ from tether._sources import _openapi_bodies as bodies
 from tether._sources._names import identifier as _identifier
 from tether._sources._names import unique as _unique
 from tether._sources._openapi_compiled import (
+    FORMAT,
     CompiledCache,
     Outputs,
+    Parts,
     compile_catalog,
-    compile_outputs,
     compiled_key,
     no_gc,
+    read_and_hash,
+    record_digest,
+    recorded_digest,
     remember,
 )
 from tether._sources._openapi_http import excerpt, http_error, redact
+from tether._sources._openapi_schema import Refs as _Refs
+from tether._sources._openapi_schema import Unsupported as _Unsupported
+from tether._sources._openapi_schema import json_schema as _json_schema
 from tether._sources._openapi_text import decode_spec, parse_spec
 from tether._sources.base import expand_env
 from tether._sources.kinds import SourceContext
@@ -63,14 +71,6 @@ _SAFE_METHODS = {"get", "head", "options", "trace"}
 DEFAULT_IDEMPOTENCY_HEADER = "Idempotency-Key"
 # OpenAPI says these header parameters are ignored: the client owns them.
 _RESERVED_HEADERS = {"accept", "content-type", "authorization"}
-# Values under these keys are data, not schemas: never chase $refs into them.
-_LITERAL_KEYS = {"example", "examples", "default", "enum", "const"}
-
-
-class _Unsupported(Exception):
-    """An operation uses something this module does not call; it is skipped."""
-
-
 # --- auth -------------------------------------------------------------------------
 
 
@@ -109,129 +109,6 @@ class _Auth:
         return location == "header" and name.lower() == self.name.lower()
 
 
-# --- $ref resolution and 3.0 → JSON Schema ---------------------------------------
-
-
-# The most nodes one operation's schema may have once its $refs are inlined: the
-# largest in GitHub's, Box's and OpenAI's descriptions have 1,300 to 5,500.
-MAX_INLINED_NODES = 200_000
-
-
-class _Refs:
-    def __init__(self, doc: Mapping[str, Any]) -> None:
-        self.doc = doc
-        self._left = MAX_INLINED_NODES
-
-    def lookup(self, ref: str) -> Any:
-        if not ref.startswith("#"):
-            raise _Unsupported(f"external $ref {ref!r} is not supported")
-        node: Any = self.doc
-        for part in [p for p in ref[1:].split("/") if p]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, Mapping) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                raise _Unsupported(f"$ref {ref!r} does not resolve")
-        return node
-
-    def deref(self, node: Any) -> Any:
-        """Follow a chain of $refs (parameters, bodies, responses)."""
-        seen: set[str] = set()
-        while isinstance(node, Mapping) and isinstance(node.get("$ref"), str):
-            if node["$ref"] in seen:
-                raise _Unsupported(f"circular $ref {node['$ref']!r}")
-            seen.add(node["$ref"])
-            node = self.lookup(node["$ref"])
-        return node
-
-    def inline(self, node: Any) -> Any:
-        """A schema with every local $ref inlined; a ref back into itself becomes ``{}``.
-
-        A ref used several times is copied each time, so a few components that
-        each name the one before twice expand exponentially: past
-        ``MAX_INLINED_NODES`` the schema is refused (``_Unsupported``).
-        """
-        self._left = MAX_INLINED_NODES
-        return self._inline(node, ())
-
-    def _inline(self, node: Any, active: tuple[str, ...]) -> Any:
-        if isinstance(node, (list, Mapping)):
-            self._left -= 1
-            if self._left < 0:
-                raise _Unsupported(f"a schema expands past {MAX_INLINED_NODES:,} nodes once its $refs are inlined")
-        if isinstance(node, list):
-            return [self._inline(v, active) for v in node]
-        if not isinstance(node, Mapping):
-            return node
-        ref = node.get("$ref")
-        if isinstance(ref, str):
-            if ref in active:
-                return {}
-            target = self._inline(self.lookup(ref), (*active, ref))
-            siblings = {k: v for k, v in node.items() if k != "$ref"}
-            if not siblings:
-                return target
-            # 3.1 allows keywords beside $ref; they refine the target.
-            return {**(target if isinstance(target, dict) else {}), **self._inline(siblings, active)}
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            if key == "properties" and isinstance(value, Mapping):
-                # Property names are not keywords: a property called "default" is a schema.
-                out[key] = {name: self._inline(sub, active) for name, sub in value.items()}
-            elif key in _LITERAL_KEYS:
-                out[key] = copy.deepcopy(value)
-            else:
-                out[key] = self._inline(value, active)
-        if isinstance(node.get("discriminator"), Mapping):
-            bodies.tag_variants(node, out)
-        return out
-
-
-def _json_schema(node: Any, *, request: bool) -> Any:
-    """OpenAPI 3.0 schema dialect to JSON Schema; 3.1 schemas pass through.
-
-    In a request, ``readOnly`` properties are dropped: the server sets them.
-    """
-    if isinstance(node, list):
-        return [_json_schema(v, request=request) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in _LITERAL_KEYS:
-            out[key] = value
-        elif key in ("nullable", "discriminator", "xml", "externalDocs"):
-            continue
-        elif key == "properties" and isinstance(value, dict):
-            props = {
-                name: _json_schema(sub, request=request)
-                for name, sub in value.items()
-                if not (request and isinstance(sub, dict) and sub.get("readOnly"))
-            }
-            out[key] = props
-        elif isinstance(value, (dict, list)):
-            out[key] = _json_schema(value, request=request)
-        else:
-            out[key] = value
-    if request and isinstance(out.get("properties"), dict) and isinstance(out.get("required"), list):
-        out["required"] = [n for n in out["required"] if n in out["properties"]]
-    for bound in ("Minimum", "Maximum"):
-        flag = out.get(f"exclusive{bound}")
-        if isinstance(flag, bool):
-            del out[f"exclusive{bound}"]
-            if flag and bound.lower() in out:
-                out[f"exclusive{bound}"] = out.pop(bound.lower())
-    if node.get("nullable") is True:
-        kind = out.get("type")
-        if isinstance(kind, str):
-            out["type"] = [kind, "null"]
-        elif kind is None and out:
-            out = {"anyOf": [out, {"type": "null"}]}
-    return out
-
-
 # --- operations -----------------------------------------------------------------
 
 
@@ -260,9 +137,6 @@ class _Operation:
 
 _OPERATION_FIELDS = tuple(f.name for f in dataclasses.fields(_Operation))
 _PARAM_FIELDS = tuple(f.name for f in dataclasses.fields(_Param))
-_METHOD_FIELD = _OPERATION_FIELDS.index("method")
-_PATH_FIELD = _OPERATION_FIELDS.index("path")
-_SERVER_FIELD = _OPERATION_FIELDS.index("server")
 
 
 def restore_operation(raw: list[Any]) -> _Operation:
@@ -270,6 +144,36 @@ def restore_operation(raw: list[Any]) -> _Operation:
     values = dict(zip(_OPERATION_FIELDS, raw, strict=True))
     values["params"] = [_Param(**dict(zip(_PARAM_FIELDS, p, strict=True))) for p in values["params"]]
     return _Operation(**values)
+
+
+class _Restored:
+    """A tool restored from a compiled catalog: its handler, and the loaders of what it reads at first use.
+
+    One object rather than three closures: a start restores 1,759 of them, and
+    each object is built, walked by the collector and freed at exit (D-47).
+    The operation is rebuilt at the first call (most tools are never called).
+    """
+
+    __slots__ = ("end", "name", "operation", "outputs", "parts", "source", "start")
+
+    def __init__(self, source: OpenAPISource, parts: Parts, outputs: Outputs, name: str, start: int, end: int) -> None:
+        self.source, self.parts, self.outputs, self.name, self.start, self.end = source, parts, outputs, name, start, end
+        self.operation: _Operation | None = None
+
+    async def __call__(self, args: dict[str, Any]) -> Any:
+        if self.operation is None:
+            self.operation = restore_operation(self.parts.part(self.start, self.end)[2])
+        return await self.source._call(self.operation, args)  # noqa: SLF001 - the source's own tool
+
+    def __repr__(self) -> str:
+        return f"<openapi:{self.source.namespace}.{self.name}>"
+
+    def load(self) -> tuple[str, dict[str, Any]]:
+        description, schema, _ = self.parts.part(self.start, self.end)
+        return description, schema
+
+    def output(self) -> dict[str, Any] | None:
+        return self.outputs.schema(self.name)
 
 
 class OpenAPISource:
@@ -333,6 +237,7 @@ class OpenAPISource:
         self._tools: list[Tool] | None = None
         self._operations: dict[str, _Operation] = {}
         self._cache = cache
+        self._key: str | None = None  # the compiled catalog's, once start() has the spec's digest
         self._client: httpx.AsyncClient | None = None  # made at the first call
         self._client_args: dict[str, Any] | None = None  # set by start(), cleared by close()
         # The namespace's one line for sources() and the prompt: the document's info.title.
@@ -357,9 +262,7 @@ class OpenAPISource:
             a.value()  # a missing variable is a load error, not a first-call surprise
         where = f"of OpenAPI source {self.namespace!r}"
         headers = {k: expand_env(v, f"header {k!r} {where}") for k, v in self._headers.items()}
-        text, spec_url = await self._read()
-        key = compiled_key(self._compile_inputs(), text) if self._cache is not None and text is not None else None
-        restored = self._restore(key, spec_url) if key else None
+        restored, text, spec_url = await self._from_cache()
         if restored is not None:
             base_url = restored
         else:
@@ -376,11 +279,10 @@ class OpenAPISource:
             # Building thousands of operations with deep schemas is CPU work too: off the loop as well.
             self._tools = await in_thread(self._build, doc, base_url)
             self.summary = _info_summary(doc.get("info"))
-            if self._cache is not None and key and not isinstance(spec, Mapping):
-                remember(self._cache, self._compile_inputs(), os.fspath(spec), key,
+            if self._cache is not None and self._key and not isinstance(spec, Mapping):
+                remember(self._cache, self._compile_inputs(), os.fspath(spec), self._key,
                          compile_catalog(self._tools, self._operations, self.problems, self.summary,
-                                         doc.get("servers") or []),
-                         compile_outputs(self._tools))
+                                         doc.get("servers") or []))
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -428,41 +330,67 @@ class OpenAPISource:
                 "auth": [[a.kind, a.name] for a in self._auth], "headers": sorted(self._static_headers()),
                 "idempotency": self._idempotency, "idempotency_header": self._idempotency_header}
 
+    async def _from_cache(self) -> tuple[str | None, bytes | None, str | None]:
+        """The base URL of a catalog restored from the cache (else None), the spec's bytes if read, its URL.
+
+        A local spec whose stat matches its signed record is not even read
+        (D-47); otherwise it is read and hashed on a thread, and its stat
+        recorded for the next start.
+        """
+        cache, self._key = self._cache, None
+        location = None if isinstance(self._spec, Mapping) else os.fspath(self._spec)
+        if cache is None or location is None:
+            return None, *(await self._read())
+        if location.startswith(("http://", "https://")):
+            text, spec_url = await self._read()
+            self._key = compiled_key(self._compile_inputs(), hashlib.sha256(text or b"").hexdigest())
+            return self._restore(self._key, spec_url), text, spec_url
+        path, known = recorded_digest(cache, location)
+        if known is not None:
+            self._key = compiled_key(self._compile_inputs(), known)
+            restored = self._restore(self._key, None)
+            if restored is not None:
+                return restored, None, None
+        try:
+            text, digest, before, began = await asyncio.to_thread(read_and_hash, path)
+        except OSError as exc:
+            raise ConfigError(f"OpenAPI source {self.namespace!r}: cannot read the spec {location}: "
+                              f"{exc.strerror}") from None
+        if digest != known:  # the same record again would be a write on every start of a spec that fails
+            record_digest(cache, path, before, began, digest)
+        self._key = compiled_key(self._compile_inputs(), digest)
+        return self._restore(self._key, None), text, None
+
     def _restore(self, key: str, spec_url: str | None) -> str | None:
         """Tools from a compiled catalog; the base URL, or None when there is nothing usable."""
-        compiled = self._cache.get(key) if self._cache is not None else None
-        if compiled is None or self._cache is None:
+        cache = self._cache
+        head = cache.get(key) if cache is not None else None
+        if cache is None or head is None or head.get("format") != FORMAT:
             return None
-        outputs = Outputs(self._cache, key)
+        text = cache.get_text(f"{key}:parts")
+        if not text:
+            return None
+        parts, outputs, ns, idempotency = Parts(text), Outputs(cache, key), self.namespace, self._idempotency
         try:
-            base_url = self._base_url or self._default_base_url({"servers": compiled["servers"]}, spec_url)
-            operations = compiled["operations"]
+            base_url = self._base_url or self._default_base_url({"servers": head["servers"]}, spec_url)
+            tools = []
             with no_gc():
-                tools = [self._restored_tool(entry, operations[entry["name"]],
-                                             outputs.loader(entry["name"]) if entry.get("has_output") else None,
-                                             base_url)
-                         for entry in compiled["tools"]]
+                for name, title, method, server, path, has_output, start, end in head["tools"]:
+                    if not isinstance(method, str) or method.lower() not in _METHODS:
+                        raise ValueError("not a compiled operation")
+                    restored = _Restored(self, parts, outputs, name, start, end)
+                    tools.append(Tool.deferred(
+                        restored.load, namespace=ns, name=name, title=title, handler=restored,
+                        output_schema_loader=restored.output if has_output else None,
+                        # From the (signed) method, never from a stored flag: the policy reads read_only.
+                        annotations=_annotations(method.lower()), source="openapi", idempotency=idempotency,
+                        # Where the call goes, for approvers (tools.model.Tool.target), as a fresh build sets it.
+                        target=(method, (server or base_url).rstrip("/") + "/" + str(path).lstrip("/"))))
         except (KeyError, TypeError, ValueError, UsageError):
             return None  # a cache from another shape: build afresh
         self._operations, self._tools = {}, tools
-        self.problems, self.summary = list(compiled["problems"]), compiled["summary"]
+        self.problems, self.summary = list(head["problems"]), head["summary"]
         return base_url
-
-    def _restored_tool(self, entry: Mapping[str, Any], raw: list[Any], outputs: Any, base_url: str) -> Tool:
-        method = raw[_METHOD_FIELD]
-        if len(raw) != len(_OPERATION_FIELDS) or not isinstance(method, str) or method.lower() not in _METHODS:
-            raise ValueError("not a compiled operation")
-        method = method.lower()
-        return Tool(
-            namespace=self.namespace, name=entry["name"], description=entry["description"],
-            input_schema=entry["input_schema"], handler=self._compiled_handler(entry["name"], raw),
-            title=entry.get("title"),
-            output_schema_loader=outputs,
-            # From the (signed) method, never from a stored flag: the policy reads read_only.
-            annotations=_annotations(method), source="openapi", idempotency=self._idempotency,
-            # Where the call goes, for approvers (tools.model.Tool.target), as a fresh build sets it.
-            target=(raw[_METHOD_FIELD], (raw[_SERVER_FIELD] or base_url).rstrip("/") + "/" + str(raw[_PATH_FIELD]).lstrip("/")),
-        )
 
     async def _read(self) -> tuple[bytes | None, str | None]:
         """The spec's bytes and the URL it came from (None, None for a spec given as a dict)."""
@@ -706,18 +634,6 @@ class OpenAPISource:
 
     # -- calling --
 
-    def _compiled_handler(self, name: str, raw: list[Any]) -> Callable[[dict[str, Any]], Awaitable[Any]]:
-        """A restored tool's handler: its operation is rebuilt at its first call (most tools are never called)."""
-        built: list[_Operation] = []
-
-        async def handler(args: dict[str, Any]) -> Any:
-            if not built:
-                built.append(restore_operation(raw))
-            return await self._call(built[0], args)
-
-        handler.__qualname__ = f"openapi:{self.namespace}.{name}"
-        return handler
-
     def _handler(self, operation: _Operation) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         async def handler(args: dict[str, Any]) -> Any:
             return await self._call(operation, args)
@@ -869,8 +785,6 @@ def _snake(text: str) -> str:
     return re.sub(r"[^0-9a-zA-Z]+", "_", text).strip("_").lower()
 
 
-
-
 def _operation_name(operation_id: Any, method: str, path: str) -> str:
     if isinstance(operation_id, str) and _snake(operation_id):
         return _identifier(_snake(operation_id), "op")
@@ -884,8 +798,6 @@ def _arg_name(wire: str, location: str, taken: Mapping[str, Any]) -> str:
     if arg in taken:
         arg = _unique(f"{arg}_{location}", set(taken))
     return arg
-
-
 
 
 def _info_summary(info: Any) -> str | None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from tether.errors import InvalidToolDefinition
 
@@ -104,11 +104,36 @@ class Tool:
                 f"tool {self.address}: idempotency must be 'none' or 'key', not {self.idempotency!r}",
                 next_action="Say 'key' only when the tool dedupes calls by their idempotency key.",
             )
-        if self.input_schema.get("type", "object") != "object":
-            raise InvalidToolDefinition(
-                f"tool {self.address}: input schema must describe an object",
-                next_action="Give the tool keyword parameters.",
-            )
+        _check_object(self.address, self.input_schema)
+
+    @classmethod
+    def deferred(cls, load: Callable[[], tuple[str, dict[str, Any]]], **values: Any) -> Tool:
+        """A tool whose ``description`` and ``input_schema`` are read by ``load()`` when first asked for.
+
+        For a source restoring a catalog it compiled and signed earlier (OpenAPI:
+        GitHub's 1,223 tools): a trivial run reads only names, and decoding every
+        schema at start was most of what four cached descriptions cost (D-47).
+        The name checks of ``__init__`` ran when the catalog was compiled; the
+        schema is checked when loaded. Every other field is given here, as to
+        ``Tool(...)``.
+        """
+        tool = cls.__new__(cls)
+        # Frozen: the fields go into __dict__ directly, as the generated __init__ would set them.
+        tool.__dict__.update(_DEFAULTS, **values, _load=load)
+        return tool
+
+    if not TYPE_CHECKING:  # hidden from mypy, which would otherwise accept any attribute of any Tool
+
+        def __getattr__(self, name: str) -> Any:
+            # Reached only for an attribute not in __dict__: a deferred tool's description or input schema.
+            load = self.__dict__.get("_load") if name in _DEFERRED else None
+            if load is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            description, schema = load()
+            _check_object(f"{self.namespace}.{self.name}", schema)
+            # Two threads may load at once (describe on the host-work threads): both get the same values.
+            self.__dict__.update(description=description, input_schema=schema)
+            return self.__dict__[name]
 
     @property
     def address(self) -> str:
@@ -137,3 +162,17 @@ class Tool:
             "description": self.description,
             "annotations": self.annotations.to_dict(),
         }
+
+
+# What Tool.deferred leaves to its loader; both have no default, so a missing one reaches __getattr__.
+_DEFERRED = frozenset({"description", "input_schema"})
+# (No field has a default_factory: tests/test_openapi_cache.py compares a deferred tool with a built one.)
+_DEFAULTS = {f.name: f.default for f in fields(Tool) if f.default is not MISSING}
+
+
+def _check_object(address: str, schema: dict[str, Any]) -> None:
+    if not isinstance(schema, dict) or schema.get("type", "object") != "object":
+        raise InvalidToolDefinition(
+            f"tool {address}: input schema must describe an object",
+            next_action="Give the tool keyword parameters.",
+        )
