@@ -292,7 +292,8 @@ class Attempt:
                         self.extra_notes.append(f"the session state was not saved ({exc.message}); session "
                                                 f"{run.session!r} keeps the globals of its previous execute")
                     else:
-                        d.sessions.save(run.session, run.principal or self.settings.principal, state)
+                        await self.astore.call(d.sessions.save, run.session,
+                                               run.principal or self.settings.principal, state)
                 return value
             finally:
                 boundary.release_held()

@@ -61,7 +61,9 @@ async def begin(engine: Engine, code: str, *, check: str, hooks: Hooks = NO_HOOK
     notes: list[str] = []
     if session is not None:
         run.session = session
-        run.meta["session_base"] = engine.sessions.base(session, run.principal or engine.settings.principal, notes)
+        # Off the event loop on Postgres, as every store read of this path (D-27).
+        run.meta["session_base"] = await engine.astore.call(
+            engine.sessions.base, session, run.principal or engine.settings.principal, notes)
     if key is not None:
         run_keys.mark(run, key, run_keys.request_fingerprint(code, session=session, check=check, meta=meta))
     await engine.astore.call(check_run_start, engine.settings.quotas, engine.store, run, session, engine.clock())
