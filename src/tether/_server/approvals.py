@@ -137,10 +137,12 @@ class Decider:
 
     async def _decide(self, run_id: str, seqs: list[int], decision: str, reason: str | None, *,
                       principal: str | None, who: str, via: str, origin: str | None) -> Outcome:
-        def taken() -> bool:
+        async def taken() -> bool:
             # The journal's compare-and-set is the decision (P-28): once every
             # named write holds it, the page can say so, whatever the run does next.
-            return all(taken_of(self.rt.store.get_call(run_id, s)) == decision for s in seqs)
+            # Awaited: this polls while the server serves others (D-27).
+            entries = [await self.rt.store.aio.get_call(run_id, s) for s in seqs]
+            return all(taken_of(e) == decision for e in entries)
 
         async def go() -> Any:
             async with self._slot():
@@ -155,7 +157,7 @@ class Decider:
         deadline = asyncio.get_running_loop().time() + self.settle_seconds
         decided = False
         while not task.done() and asyncio.get_running_loop().time() < deadline:
-            if taken():
+            if await taken():
                 decided = True
                 break
             await asyncio.wait({task}, timeout=0.02)
@@ -168,7 +170,7 @@ class Decider:
             if exc is not None:
                 return Outcome(False, "internal_error", f"the decision failed ({type(exc).__name__}); "
                                "check the run before trying again")
-            if not taken():
+            if not await taken():
                 return Outcome(False, "already_decided", "someone else decided this write first; nothing was decided")
         # Decided: give a quick run the rest of the moment to finish, so the
         # page can show its outcome.
