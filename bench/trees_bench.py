@@ -14,7 +14,8 @@ Workloads, per tree:
   execute_db the same with the journal in a SQLite file and type check off (durable_bench's (iii)).
   pause      one read then a write: ``execute`` to the pause (SQLite file).
   resume     ``resume(run_id, "approve")`` of such a paused run, restored from its snapshot, to completion.
-  cold_start ``tether run one.py`` of ``1 + 1`` as a fresh process (no tether.toml: no sources), bytecode cached.
+  cold_start ``tether run one.py`` of ``1 + 1`` as a fresh process (no tether.toml: no sources), bytecode cached;
+             wall time, and (cold_start_cpu) the child's user + system CPU time.
 
     python bench/trees_bench.py [--quick] [--rounds N] [--warmup N] [--before 97d6cdf|DIR] [--after DIR]
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -162,14 +164,20 @@ class Worker:
         self.proc.wait(timeout=60)
 
 
-def cold_start(tree: Path, cwd: Path) -> float:
+def cold_start(tree: Path, cwd: Path) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system of the child) of one `tether run one.py`.
+
+    CPU is the steadier figure on a shared machine: waiting for a core counts in wall time only.
+    """
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     proc = subprocess.run([str(Path(sys.executable).parent / "tether"), "run", "one.py"], cwd=cwd,
                           env=dict(env_for(tree), TETHER_HOME=str(cwd / "home")), capture_output=True, text=True)
     took = time.perf_counter() - t
     if proc.returncode != 0 or proc.stdout.strip() != "2":
         raise SystemExit(f"tether run failed with {tree}: {proc.stdout}{proc.stderr}")
-    return took
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return took, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
@@ -202,7 +210,7 @@ def main() -> None:
             (d / "one.py").write_text("1 + 1\n")
             dirs[k] = d
         samples: dict[str, dict[str, list[float]]] = {w: {"before": [], "after": []}
-                                                      for w in WORKLOADS + ("cold_start",)}
+                                                      for w in WORKLOADS + ("cold_start", "cold_start_cpu")}
         for r in range(warmup + rounds):
             names = list(WORKLOADS)
             names = names[r % len(names):] + names[:r % len(names)]
@@ -212,11 +220,13 @@ def main() -> None:
                     took = workers[side].sample(name)
                     if r >= warmup:
                         samples[name][side].append(took)
-            if r % cold_every == 0:
+            # Two warm-up starts write both trees' bytecode; then a pair every cold_every measured rounds.
+            if r < min(warmup, 2) or (r >= warmup and (r - warmup) % cold_every == 0):
                 for side in sides:
-                    took = cold_start(trees[side], dirs[side])
+                    took, cpu = cold_start(trees[side], dirs[side])
                     if r >= warmup:
                         samples["cold_start"][side].append(took)
+                        samples["cold_start_cpu"][side].append(cpu)
         for w in workers.values():
             w.close()
     finally:
