@@ -22,7 +22,8 @@ BENCHES = {"core": "core_bench.py", "search": "search_bench.py", "durable": "dur
            "long": "long_bench.py", "mcp": "mcp_bench.py", "check": "check_bench.py",
            "discovery": "discovery_bench.py", "sources": "sources_bench.py", "retention": "retention_bench.py",
            "roundtrip": "roundtrip_bench.py", "openapi_cold": "openapi_cold_bench.py",
-           "serve": "serve_bench.py", "store_latency": "store_latency_bench.py", "bfcl": "bfcl_bench.py"}
+           "serve": "serve_bench.py", "store_latency": "store_latency_bench.py", "bfcl": "bfcl_bench.py",
+           "trees": "trees_bench.py"}
 # Not run here: replica_bench.py (two processes on Postgres, minutes long, no quick mode).
 NOT_RUN = {"replica_bench.py"}
 QUICK_TIMEOUT_S = 600
