@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Sequence
 
-from tether._config import Config, load_config
 from tether._runtime import Runtime
 from tether._store import open_store
 from tether.errors import ConfigError
@@ -45,6 +44,7 @@ async def open_runtime(
     ``sources`` are recorded definitions (a run's) to load instead of the
     config's own. ``report`` receives one line per source that failed.
     """
+    from tether._config import load_config
     from tether._sources.loader import record_definition
 
     config = config or load_config(config_path)
