@@ -94,7 +94,7 @@ def test_five_operations_at_once_fit_the_result_limit(github: Catalog) -> None:
 def test_the_same_catalog_describes_identically_in_another_process(github: Catalog) -> None:
     here = json.dumps(describe(github, [t.address for t in github.tools()]), sort_keys=True)
     code = (
-        "import json, sys; sys.path.insert(0, 'tests'); import test_describe as t\n"
+        "import json, sys; sys.path.insert(0, 'tests/tools'); import test_describe as t\n"
         "c = t._catalog(); from tether._tools import describe\n"
         "print(json.dumps(describe(c, [x.address for x in c.tools()]), sort_keys=True))"
     )
