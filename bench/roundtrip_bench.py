@@ -1,7 +1,7 @@
 """Round trips: what one run asks of its store — transactions, statements and, on Postgres, round trips.
 
 Counted by the store itself (``store.traffic``, held to the wire by
-tests/test_store_traffic.py), as the difference across each step on a warm
+tests/store/test_store_traffic.py), as the difference across each step on a warm
 runtime with nothing else running, so the figures are exact counts, not
 timings: the machine's load does not move them. Steps:
 

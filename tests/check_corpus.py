@@ -1,6 +1,6 @@
 """Programs as models write them, with the results they must give.
 
-Used by tests/test_check.py: every VALID program must pass the pre-run check
+Used by tests/tools/test_check.py: every VALID program must pass the pre-run check
 (in every check mode) and give its expected result; every INVALID program must
 be refused before any call, with the code and the words given.
 """

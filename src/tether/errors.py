@@ -59,7 +59,7 @@
         └── InvalidTransition            invalid_transition (not in the run state table: a bug)
 
 Each code is one class and each class one code, so ``except InvalidArguments``
-catches every ``invalid_arguments`` (tests/test_errors_tree.py walks the tree
+catches every ``invalid_arguments`` (tests/shape/test_errors_tree.py walks the tree
 against every raise site and this list). The code is the class's: a raise site
 chooses the class, never a code.
 

@@ -4,7 +4,7 @@ Open one by URL with :func:`open_store` (``sqlite:///path/to/tether.db``, the
 embedded default, or ``postgresql://...``) and pass it to
 ``Runtime(store=...)``. A new backend implements the :class:`Store` protocol
 over these record types; the contract suite in tether's tests
-(``tests/test_store.py``) is what it must pass.
+(``tests/store/test_store.py``) is what it must pass.
 """
 
 from tether._store import open_store

@@ -1,4 +1,4 @@
-"""A DBOS application whose workflow calls tether in a step (a helper process of tests/test_durable_engines.py).
+"""A DBOS application whose workflow calls tether in a step (a helper process of tests/engine/test_durable_engines.py).
 
     dbos_app.py STORE_URL API_URL SYSDB_URL start|recover WORKFLOW_ID [approval]
 

@@ -211,7 +211,7 @@ def _routed(name: str) -> Callable[..., Awaitable[Any]]:
 # (SIGABRT, exit 134) after the program's work is done. tether counts the
 # threads inside call_soon_threadsafe and waits for them (bounded) when a pool
 # closes and at exit. docs/decisions.md D-23; reproduction in
-# tests/test_python_api_exit.py.
+# tests/api/test_python_api_exit.py.
 
 _inside = 0
 _inside_lock = threading.Lock()

@@ -8,7 +8,7 @@ waiting ``queue_timeout`` seconds, they fail at once with ``Overloaded`` and a
 request cancelled while it waits leaves the queue and never starts.
 
 Pure asyncio and free of MCP, so it is tested on its own
-(tests/test_admission.py).
+(tests/server/test_admission.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Why a request's credentials cannot be used: shared by the bearer check (auth.py) and OAuth (oauth.py).
 
 Its own module so that oauth.py needs nothing of auth.py, which holds an OAuth
-resource server: neither imports the other back (tests/test_layout.py).
+resource server: neither imports the other back (tests/shape/test_layout.py).
 """
 
 from __future__ import annotations

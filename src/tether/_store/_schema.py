@@ -279,7 +279,7 @@ class StoreTraffic:
 
     ``round_trips`` are the waits for the server a backend with a wire pays (Postgres: each statement, and the
     ``BEGIN`` and ``COMMIT`` psycopg sends apart), counted as the driver sends them and checked against the
-    wire in tests/test_store_traffic.py; SQLite runs in-process and pays none. Not counted: connection
+    wire in tests/store/test_store_traffic.py; SQLite runs in-process and pays none. Not counted: connection
     handshakes (``connections`` opened are counted apart) and the one extra wait psycopg spends preparing a
     statement on a connection, once, at its fifth use there. The benchmarks report the difference across one
     run (bench/README.md); the counts are the store object's, not a run's, so they include any other run's

@@ -415,7 +415,7 @@ class AsyncStore:
     """The store as event-loop code sees it: every method of the Store protocol, awaitable.
 
     One per store, made with it (``store.aio``): code inside ``async def`` calls the store only through
-    it (tests/test_store_shape.py), so no transaction blocks the loop on a backend that offloads.
+    it (tests/shape/test_store_shape.py), so no transaction blocks the loop on a backend that offloads.
     Calls run in place unless the store's capabilities say it ``offloads`` (Postgres; a
     benchmark clears that to measure the loop-blocking path, as before D-27).
     """

@@ -166,7 +166,7 @@ class Tool:
 
 # What Tool.deferred leaves to its loader; both have no default, so a missing one reaches __getattr__.
 _DEFERRED = frozenset({"description", "input_schema"})
-# (No field has a default_factory: tests/test_openapi_cache.py compares a deferred tool with a built one.)
+# (No field has a default_factory: tests/sources/test_openapi_cache.py compares a deferred tool with a built one.)
 _DEFAULTS = {f.name: f.default for f in fields(Tool) if f.default is not MISSING}
 
 

@@ -8,7 +8,7 @@ argument and points at the declaration — before any tool runs.
 How to pass a :class:`Stubs` to ``pydantic_monty`` 1.4.0
 ---------------------------------------------------------
 Three pieces, all verified against the real checker (see
-``tests/test_stubs.py::test_checker_*``):
+``tests/tools/test_stubs.py::test_checker_*``):
 
 1. ``type_check_stubs=stubs.prelude`` at checkout. It declares the built-ins
    (``search``, ``describe``, ``sources``, ``emit``, ``yield_control``,

@@ -5,7 +5,7 @@ no other module reads ``store.secret()`` — and every HMAC is computed here, so
 rotation (sign with the first secret, verify with any held one) is written
 once. What each purpose signs, and in which format, stays with its owner; the
 formats are the ones tokens and stored MACs were always made in, so whatever
-was handed out or stored before keeps verifying (tests/test_rotation.py):
+was handed out or stored before keeps verifying (tests/engine/test_rotation.py):
 
 - canonical-JSON MACs named by secret id (:meth:`Keyring.mac`): run fields,
   journal entries, snapshots (_engine/integrity.py), outbox rows (_server/notify.py),

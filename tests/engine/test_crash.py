@@ -1,0 +1,186 @@
+"""P-11: a crash test that really kills.
+
+The runtime runs in a child process and is SIGKILLed at each seam (after a
+call is journaled, after a write is marked sending, after an outcome, after a
+snapshot) and at random moments; a fresh process recovers the run. The tool
+server is a separate process that counts deliveries. Across every kill: no
+write is delivered twice, and every run ends completed, or failed with a
+named error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tether._store import open_store
+
+HERE = Path(__file__).parent.parent / "crash"
+PY = sys.executable
+NAMED_FAILURES = {"write_outcome_unknown", "execution_diverged"}
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("shop")
+    ledger, port_file = tmp / "ledger.jsonl", tmp / "port"
+    proc = subprocess.Popen([PY, str(HERE / "delivery_server.py"), str(ledger), str(port_file)])
+    deadline = time.monotonic() + 10
+    while not port_file.exists():
+        assert time.monotonic() < deadline, "delivery server did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port_file.read_text()}", ledger
+    proc.kill()
+    proc.wait()
+
+
+def _run_started(store_url: str) -> bool:
+    path = store_url[len("sqlite:///"):]
+    if not os.path.exists(path):
+        return False
+    try:
+        store = open_store(store_url)
+        try:
+            return bool(store.list_runs())
+        finally:
+            store.close()
+    except Exception:
+        return False
+
+
+def child(store_url: str, server_url: str, mode: str, kill_at: str | None = None, kill_after: float | None = None,
+          timing: dict | None = None, env: dict | None = None):
+    args = [PY, str(HERE / "child.py"), store_url, server_url, mode] + ([kill_at] if kill_at else [])
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    if kill_after is not None or timing is not None:
+        # Time kill points from the moment the run exists, not from process start.
+        while proc.poll() is None and not _run_started(store_url):
+            time.sleep(0.002)
+        started = time.monotonic()
+        if kill_after is not None:
+            try:
+                proc.wait(timeout=kill_after)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+        else:
+            proc.wait()
+            timing["span"] = time.monotonic() - started
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
+def deliveries(ledger: Path, prefix: str) -> Counter:
+    if not ledger.exists():
+        return Counter()
+    return Counter(
+        json.loads(line)["order"] for line in ledger.read_text().splitlines()
+        if json.loads(line)["order"].startswith(prefix)
+    )
+
+
+def run_trial(tmp_path, server, name: str, kill_at: str | None = None, kill_after: float | None = None,
+              timing: dict | None = None, env: dict | None = None):
+    server_url, ledger = server
+    db = tmp_path / f"{name}.db"
+    store_url = f"sqlite:///{db}"
+    code, out, err = child(store_url, server_url, "start", kill_at, kill_after, timing, env)
+    killed = code == -signal.SIGKILL
+    final = None
+    if not killed:
+        assert code == 0, err
+        final = json.loads(out)[0]
+    # Recover until no run is left running (a lease outlives its process by up to 0.3 s).
+    for _ in range(5):
+        store = open_store(store_url)
+        runs = store.list_runs()
+        store.close()
+        if not runs or all(r.status != "running" for r in runs):
+            break
+        time.sleep(0.4)
+        code, out, err = child(store_url, server_url, "recover", env=env)
+        assert code == 0, err
+    store = open_store(store_url)
+    runs = store.list_runs()
+    calls = {r.run_id: store.get_calls(r.run_id) for r in runs}
+    store.close()
+    return killed, final, runs, calls
+
+
+def check(runs, calls, ledger: Path):
+    delivered = Counter(json.loads(line)["order"] for line in ledger.read_text().splitlines()) if ledger.exists() else Counter()
+    # Orders are the same across trials: count only this trial's deliveries,
+    # which the journal names (sent or unknown).
+    for run in runs:
+        assert run.status in ("completed", "failed"), run.status
+        if run.status == "failed":
+            assert run.error["code"] in NAMED_FAILURES, run.error
+        if run.status == "completed":
+            assert run.result["result"] == {"total": 210, "last": "order-6"}
+        writes = [c for c in calls[run.run_id] if c.kind == "write"]
+        sent = [c for c in writes if c.state == "sent"]
+        assert len({c.args["order"] for c in sent}) == len(sent)  # journaled as sent once each
+    return delivered
+
+
+@pytest.mark.parametrize("seam, n", [
+    ("record", 1), ("record", 4), ("record", 9),
+    ("sending", 1), ("sending", 3),
+    ("outcome", 2), ("outcome", 3), ("outcome", 10),
+    ("snapshot", 1), ("snapshot", 2),
+])
+def test_p11_kill_at_each_seam_never_delivers_a_write_twice(tmp_path, server, seam, n):
+    _, ledger = server
+    before = deliveries(ledger, "order-")
+    killed, final, runs, calls = run_trial(tmp_path, server, f"{seam}{n}", kill_at=f"{seam}:{n}")
+    assert killed, "the kill point was not reached"
+    check(runs, calls, ledger)
+    after = deliveries(ledger, "order-")
+    new = after - before
+    assert all(v == 1 for v in new.values()), f"delivered twice: {new}"
+    (run,) = runs
+    if run.status == "completed":
+        assert set(new) == {f"order-{i}" for i in range(1, 7)}
+    if seam == "sending":
+        assert run.status == "failed" and run.error["code"] == "write_outcome_unknown"
+        assert f"call {run.error['details']['seq']}" in run.error["message"]
+
+
+def test_p11_random_kill_points_never_deliver_a_write_twice(tmp_path, server):
+    _, ledger = server
+    rng = random.Random(int(os.environ.get("TETHER_CRASH_SEED", "1234")))
+    # Calibrate on this machine: how long one unkilled start takes. The
+    # fastest of three, so that a slow first start on a loaded machine does
+    # not push most kill points past the end of the run.
+    spans = []
+    for k in range(3):
+        timing: dict = {}
+        run_trial(tmp_path, server, f"calibrate{k}", timing=timing)
+        spans.append(timing["span"])
+    span = min(spans)
+    outcomes = Counter()
+    for i in range(20):
+        before = deliveries(ledger, "order-")
+        killed, final, runs, calls = run_trial(tmp_path, server, f"random{i}", kill_after=rng.uniform(0, span))
+        check(runs, calls, ledger)
+        new = deliveries(ledger, "order-") - before
+        assert all(v == 1 for v in new.values()), f"trial {i}: delivered twice: {new}"
+        for run in runs:
+            outcomes[run.status if run.status == "completed" else run.error["code"]] += 1
+        outcomes["killed" if killed else "not killed"] += 1
+        if killed and runs:
+            outcomes["killed mid-run"] += 1
+    print("random kill outcomes:", dict(outcomes))
+    # Most kill points must land inside the run, or this shows nothing.
+    assert outcomes["killed mid-run"] >= 10, dict(outcomes)

@@ -1,0 +1,169 @@
+"""The store's shape stays as issue 21 left it: code on an event loop reaches the store only through its
+awaitable face (``store.aio``), which is built once with the store, never at a call site.
+
+A sync store call inside ``async def`` runs a transaction on the event loop: on Postgres that is a round
+trip or three during which every other run and the server stand still (docs/decisions.md D-27).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+from tether._store import _migrations, base
+from tether._store.base import AsyncStore, Capabilities, Store
+from tether._store.postgres import PostgresStore
+from tether._store.sqlite import SQLiteStore
+
+PACKAGE = Path(__file__).parent.parent.parent / "src" / "tether"
+
+# Every transaction-running method of the protocol's ports. ``close`` releases connections, the secrets are
+# held in memory since the store opened, and ``listen`` starts a thread: none of them runs a transaction.
+SYNC_METHODS = frozenset(name for name in dir(Store) if not name.startswith("_")
+                         and callable(getattr(Store, name))) - {"close", "secret", "previous_secrets", "listen"}
+
+
+def _chain(node: ast.expr) -> list[str]:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return parts[::-1]
+
+
+def sync_store_calls_in_async(source: str) -> list[tuple[int, str]]:
+    """(line, call) for each ``<...>.store.<method>(...)`` or ``store.<method>(...)`` made directly in the
+    body of an ``async def``; a nested ``def`` or ``lambda`` is not counted (it may be handed to a thread)."""
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, in_async: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.AsyncFunctionDef):
+                visit(child, True)
+            elif isinstance(child, (ast.FunctionDef, ast.Lambda)):
+                visit(child, False)
+            else:
+                if in_async and isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
+                    chain = _chain(child.func)
+                    if len(chain) >= 2 and chain[-2] == "store" and chain[-1] in SYNC_METHODS:
+                        found.append((child.lineno, ".".join(chain)))
+                visit(child, in_async)
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def test_the_check_sees_a_sync_store_call_planted_in_an_async_def():
+    planted = (
+        "async def handler(rt, run_id):\n"
+        "    run = rt.store.get_run(run_id)\n"            # blocks the loop: found
+        "    ok = await rt.store.aio.get_run(run_id)\n"   # awaited face: fine
+        "    await rt.astore.call(lambda: store.get_run(run_id))\n"  # runs off the loop: fine
+        "    store.close()\n"                              # no transaction: fine
+        "    return store.settle_wait(w)\n"                # found
+        "def sync(store):\n"
+        "    return store.get_run('x')\n"                  # not on a loop: fine
+    )
+    assert sync_store_calls_in_async(planted) == [(2, "rt.store.get_run"), (6, "store.settle_wait")]
+
+
+def test_no_sync_store_call_sits_inside_an_async_def():
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}: {call}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             for line, call in sync_store_calls_in_async(path.read_text())]
+    assert found == [], "await the store's face instead (store.aio.<method>):\n" + "\n".join(found)
+
+
+def test_the_async_face_covers_every_store_method_with_the_same_parameters():
+    for name in SYNC_METHODS:
+        sync, awaitable = inspect.signature(getattr(Store, name)), inspect.signature(getattr(AsyncStore, name))
+        assert inspect.iscoroutinefunction(getattr(AsyncStore, name)), name
+        assert list(sync.parameters) == list(awaitable.parameters), name
+
+
+def test_the_async_face_is_built_only_by_the_store_itself():
+    makers = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "_store":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "AsyncStore":
+                makers.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert makers == [], "use store.aio, the face made with the store:\n" + "\n".join(makers)
+
+
+def test_what_a_backend_can_do_is_declared_not_guessed():
+    """Optional features are read from ``store.capabilities``, never probed with getattr or a class's name."""
+    probes = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            text = ast.unparse(node)
+            probed = (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                      and node.func.id in ("getattr", "hasattr") and bool(node.args)
+                      and (_chain(node.args[0]) or [""])[-1] == "store")
+            # A class's name tested to decide what to do (naming one in a message is fine).
+            named = isinstance(node, ast.Compare) and re.search(r"type\((\w+\.)*store\)\.__name__", text)
+            if probed or named:
+                probes.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {text}")
+    assert probes == [], "declare it in Capabilities instead:\n" + "\n".join(probes)
+    assert SQLiteStore.capabilities == Capabilities()
+    assert PostgresStore.capabilities == Capabilities(offloads=True, notifies=True, secret_with_data=True)
+
+
+PORTS = [base.RunsPort, base.JournalPort, base.SnapshotsPort, base.WaitsPort, base.SessionsPort, base.EventsPort,
+         base.OutboxPort, base.ListingCachePort, base.SignOutsPort]
+
+
+def test_the_store_is_its_ports_and_each_backend_has_every_port_method_with_the_same_parameters():
+    methods = {name for port in PORTS for name, fn in vars(port).items() if callable(fn) and not name.startswith("_")}
+    assert set(Store.__mro__[1:len(PORTS) + 1]) == set(PORTS)
+    assert len(methods) == sum(len([n for n, f in vars(p).items() if callable(f) and not n.startswith("_")])
+                               for p in PORTS), "a method belongs to one port"
+    for backend in (SQLiteStore, PostgresStore):
+        for name in sorted(methods):
+            declared = inspect.signature(getattr(Store, name))
+            assert list(inspect.signature(getattr(backend, name)).parameters) == list(declared.parameters), \
+                f"{backend.__name__}.{name}"
+
+
+def _sqlite_columns(store: SQLiteStore) -> dict[str, set[str]]:
+    with store._transaction(write=False) as tx:
+        tables = [r[0] for r in tx.run("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()]
+        return {t: {r[1] for r in tx.run(f"PRAGMA table_info({t})").fetchall()}
+                for t in tables if not t.startswith("sqlite_")}
+
+
+def _postgres_columns(store: PostgresStore) -> dict[str, set[str]]:
+    with store._transaction(write=False) as tx:
+        rows = tx.run("SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = ?",
+                      (store.schema,)).fetchall()
+    out: dict[str, set[str]] = {}
+    for table, column in rows:
+        out.setdefault(table, set()).add(column)
+    return out
+
+
+def test_the_one_migration_list_gives_both_backends_the_same_tables(tmp_path, pg_url):
+    """Rendered for each dialect, the list builds the same tables and columns; only Postgres keeps its
+    secret in a table (a SQLite store keeps it in a file beside the database)."""
+    import uuid
+
+    import psycopg
+
+    lite = SQLiteStore(f"sqlite:///{tmp_path / 'shape.db'}")
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    pg = PostgresStore(pg_url, schema=schema)
+    try:
+        on_sqlite, on_postgres = _sqlite_columns(lite), _postgres_columns(pg)
+        assert lite.schema_version() == pg.schema_version() == len(_migrations.MIGRATIONS)
+    finally:
+        lite.close()
+        pg.close()
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    assert set(on_postgres) - set(on_sqlite) == {"store_secret"}
+    assert {t: on_postgres[t] for t in on_sqlite} == on_sqlite
