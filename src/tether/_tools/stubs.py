@@ -132,7 +132,7 @@ async def wait_for(name: str, timeout: float | None = None) -> Any: ...
 async def wait_for_signal(name: str) -> Any: ...
 ''' + (
     # Names the sandbox has at run time but the bundled checker's builtins
-    # lack (tests/test_check_names.py probes both, so a new release cannot
+    # lack (tests/tools/test_check.py probes both, so a new release cannot
     # drift): without these, `except PermissionError` — what a declined write
     # raises — would be refused by the check.
     "class ImportError(Exception): ...\n"
