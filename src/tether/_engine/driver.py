@@ -296,9 +296,7 @@ class Attempt:
                                                run.principal or self.settings.principal, state)
                 return value
             finally:
-                boundary.release_held()
-                await boundary.drain()
-                await boundary.flush()
+                await boundary.close()
 
     def _boundary(self, journaled_bytes: int) -> EffectBoundary:
         d, run = self.deps, self.run

@@ -568,6 +568,13 @@ class EffectBoundary:
     def release_held(self) -> None:
         self.stops.release_held()
 
+    async def close(self) -> None:
+        """The program ended (returned, raised or stopped): let held calls go, wait for requests already on
+        the wire to finish and be journaled, and write the settled reads still in memory (P-7)."""
+        self.release_held()
+        await self.drain()
+        await self.flush()
+
     def reset_for_replay(self, entries: list[CallRecord]) -> None:
         """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""
         self.ledger.reset(entries)
