@@ -114,7 +114,8 @@ async def test_p35_program_edited_and_snapshot_deleted_is_not_replayed(backend):
     evil = TWO_WRITES.replace("close_ticket(id=2)", "close_ticket(id=666)")
     backend.sql("UPDATE runs SET program = ? WHERE run_id = ?", (evil, run_id))
     backend.sql("DELETE FROM snapshots WHERE run_id = ?", (run_id,))
-    await assert_tampered(backend, rec, run_id, "program", secret_word="666")
+    # "id=666", not "666": a run id is random hex and holds "666" now and then (CI saw run_3197772366674ff4).
+    await assert_tampered(backend, rec, run_id, "program", secret_word="id=666")
 
 
 async def test_p35_a_forged_journal_outcome_is_not_replayed(backend):
