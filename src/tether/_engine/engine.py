@@ -99,7 +99,7 @@ class Settings:
 class Attempts:
     """The attempts running in this process: their handles, and their effect boundaries while they run."""
 
-    # By run id; the launcher adds and removes them.
+    # By run id, from the launch of an attempt until its task ends (add() keeps and forgets them).
     handles: dict[str, RunHandle] = field(default_factory=dict)
     # By run id; each attempt adds its own while its program runs (upstream questions and
     # progress find their run through them; cancel stops it).
@@ -107,6 +107,24 @@ class Attempts:
 
     def handle(self, run_id: str) -> RunHandle | None:
         return self.handles.get(run_id)
+
+    def add(self, handle: RunHandle, bus: EventBus) -> None:
+        """Keep ``handle`` as its run's attempt here until its task ends, then forget it.
+
+        Forgotten in the task's done callback, not in the attempt's own ``finally``: a task
+        cancelled before its first step never runs its body, and its handle must go all the same.
+        """
+        self.handles[handle.run_id] = handle
+
+        def ended(t: asyncio.Task[Any]) -> None:
+            if self.handles.get(handle.run_id) is handle:
+                del self.handles[handle.run_id]
+            # Observers here were woken by the run's last event; later ones poll the store.
+            bus.forget(handle.run_id)
+            if not t.cancelled():
+                t.exception()  # retrieved: whoever awaits the handle gets it; the store has the outcome
+
+        handle.task.add_done_callback(ended)
 
     def boundaries_calling(self, address: str) -> list[EffectBoundary]:
         """The effect boundaries of attempts here with a call to ``address`` on the wire now."""

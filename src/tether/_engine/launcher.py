@@ -134,7 +134,6 @@ def launch(engine: Engine, run: RunRecord, *, mode: str, hooks: Hooks = NO_HOOKS
     ``"continue"`` otherwise) all come through here.
     """
     t0 = time.perf_counter() if t0 is None else t0
-    attempts = engine.attempts
 
     async def attempt() -> RunResult:
         result = await Attempt(run, engine, mode=mode, hooks=hooks, t0=t0).run_to_end()
@@ -144,20 +143,10 @@ def launch(engine: Engine, run: RunRecord, *, mode: str, hooks: Hooks = NO_HOOKS
             result.notes = list(notes) + result.notes
         return result
 
-    task = asyncio.ensure_future(attempt())
-    handle = RunHandle(run.run_id, task, bus=engine.events, cancel=engine.cancel_run, detached=detached)
-    attempts.handles[run.run_id] = handle
-    run_id = run.run_id
-
-    def ended(t: asyncio.Task[Any]) -> None:
-        if attempts.handles.get(run_id) is handle:
-            del attempts.handles[run_id]
-        # Observers here were woken by the run's last event; later ones poll the store.
-        engine.events.forget(run_id)
-        if not t.cancelled():
-            t.exception()  # retrieved: whoever awaits the handle gets it; the store has the outcome
-
-    task.add_done_callback(ended)
+    handle = RunHandle(run.run_id, asyncio.ensure_future(attempt()), bus=engine.events, cancel=engine.cancel_run,
+                       detached=detached)
+    # The registry of attempts here keeps the handle while its task runs and forgets it when it ends.
+    engine.attempts.add(handle, engine.events)
     return handle
 
 
