@@ -46,12 +46,11 @@ from tether._engine.policy import Policy
 from tether._engine.quarantine import takeovers, without_takeovers
 from tether._engine.restore import SnapshotMismatch
 from tether._engine.result import RunResult, preview, to_json_value
-from tether._engine.spec import build_spec, builds_stubs, precheck, remember_verdict
+from tether._engine.spec import prepare
 from tether._hostwork import HostBudget, off_loop
 from tether._sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxSpec, Stopped
 from tether._store.base import CallRecord, RunRecord, SnapshotRecord
 from tether._store.states import CallState, RunStatus
-from tether._tools.precheck import remembered
 from tether.errors import (
     ExecutionDiverged,
     HostWorkTimeout,
@@ -103,6 +102,7 @@ class Attempt:
         self.stopped_at: RunResult | None = None  # the paused / waiting envelope, once it stops at a call
         self.checkpoints_off: str | None = None  # why, once a checkpoint could not be taken
         self.extra_notes: list[str] = []
+        self.verdict_key: str | None = None  # set by spec.prepare when the sandbox type-checks the program
 
     # -- the whole attempt ---------------------------------------------------------
 
@@ -195,21 +195,8 @@ class Attempt:
     async def execute(self) -> RunResult:
         d, run = self.deps, self.run
         t_setup = time.perf_counter()
-        reach, refused = None, None
-        if self.mode == "fresh":
-            try:
-                reach = await self.host_budget.run(precheck, d, run, what="the pre-run check",
-                                                   inline=remembered(run.program, d.catalog))
-            except TetherError as exc:
-                refused = exc  # reported below, before the sandbox starts: nothing runs
-        spec: SandboxSpec | None = None
-        try:
-            continuing = self.mode != "fresh"
-            spec = await self.host_budget.run(build_spec, d, run, self.limits, continuing=continuing, reach=reach,
-                                              what="building the program's type stubs",
-                                              inline=not builds_stubs(d, run, continuing=continuing))
-        except HostWorkTimeout as exc:
-            refused = exc
+        prepared = await prepare(d, run, self.limits, self.host_budget, continuing=self.mode != "fresh")
+        spec, refused, self.verdict_key = prepared.spec, prepared.refused, prepared.verdict_key
         journaled = await self.astore.journal_bytes(run.run_id) if self.mode != "fresh" else 0
         boundary = self.boundary = self._boundary(journaled)
         d.attempts.live[run.run_id] = boundary
@@ -277,12 +264,12 @@ class Attempt:
                     try:
                         value = await execution.run(run.program, session_base)
                     except TypeCheckError:
-                        remember_verdict(d, spec, run.program, False)
+                        self._remember_verdict(False)
                         raise
                     except (ProgramFailed, Stopped, LimitExceeded):
-                        remember_verdict(d, spec, run.program, True)  # it ran: the check passed
+                        self._remember_verdict(True)  # it ran: the check passed
                         raise
-                    remember_verdict(d, spec, run.program, True)
+                    self._remember_verdict(True)
                 if run.session:
                     # The globals the next execute of this session starts from (P-21). The run is done and its
                     # writes are sent: state that cannot be saved is a note, never a failure to retry.
@@ -297,6 +284,15 @@ class Attempt:
                 return value
             finally:
                 await boundary.close()
+
+    def _remember_verdict(self, passed: bool) -> None:
+        """What the type checker said of this program against its stubs: a resent one is not checked again."""
+        if self.verdict_key is None:
+            return  # the sandbox did not type-check it
+        verdicts = self.deps.verdicts
+        verdicts[self.verdict_key] = passed
+        if len(verdicts) > 1024:
+            verdicts.pop(next(iter(verdicts)))
 
     def _boundary(self, journaled_bytes: int) -> EffectBoundary:
         d, run = self.deps, self.run

@@ -1,23 +1,27 @@
 """What a sandbox is built with for one attempt: the pre-run check's reach, stubs, limits, the pinned clock.
 
-``build_spec`` and ``precheck`` take anything with ``catalog``, ``verdicts``
-and ``type_check`` (the Engine an attempt runs with, or a test's stand-in).
+An attempt enters this module once, through :func:`prepare`: the pre-run check and the spec in one
+step, with the key the type checker's verdict is remembered under (the attempt remembers it once
+the program ran). ``build_spec`` and ``precheck`` take anything with ``catalog``, ``verdicts`` and
+``type_check`` (the Engine an attempt runs with, or a test's stand-in).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tether._engine.calls.boundary import BUILTIN_OPS
 from tether._engine.limits import Limits
 from tether._sandbox.monty import SandboxLimits, SandboxSpec
 from tether._store.base import RunRecord
-from tether._tools.precheck import EVERYTHING, Reach, check_program
+from tether._tools.precheck import EVERYTHING, Reach, check_program, remembered
 from tether._tools.stubs import stubs_for
-from tether.errors import SourceUnavailable, TetherError, UnknownTool
+from tether.errors import HostWorkTimeout, SourceUnavailable, TetherError, UnknownTool
 
 if TYPE_CHECKING:
+    from tether._hostwork import HostBudget
     from tether._tools.catalog import Catalog
 
 # Awaited built-ins the program reaches by bare name; emit is a plain call.
@@ -36,6 +40,46 @@ class SpecSource(Protocol):
 
     @property
     def type_check(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What an attempt's sandbox is built with, or why its program is refused before it starts."""
+
+    spec: SandboxSpec | None  # None only when the work timed out (``refused`` says so)
+    refused: TetherError | None  # the pre-run check's finding, or a timeout: raised before anything runs
+    # Set when the sandbox type-checks the program: the key the checker's verdict is remembered under.
+    verdict_key: str | None = None
+
+
+async def prepare(src: SpecSource, run: RunRecord, limits: Limits, budget: HostBudget, *,
+                  continuing: bool) -> Prepared:
+    """The pre-run check of a fresh run, then its sandbox spec, as one step of the host budget.
+
+    On the host-work threads unless both are lookups (a remembered check, no stubs to build): then a
+    thread's round trip would cost more than the work (bench/README.md).
+    """
+    slow = []
+    if not continuing and not remembered(run.program, src.catalog):
+        slow.append("the pre-run check")
+    if builds_stubs(src, run, continuing=continuing):
+        slow.append("building the program's type stubs")
+    try:
+        return await budget.run(_prepare, src, run, limits, continuing=continuing, what=" and ".join(slow),
+                                inline=not slow)
+    except HostWorkTimeout as exc:
+        return Prepared(None, exc)
+
+
+def _prepare(src: SpecSource, run: RunRecord, limits: Limits, *, continuing: bool) -> Prepared:
+    reach, refused = None, None
+    if not continuing:
+        try:
+            reach = precheck(src, run)
+        except TetherError as exc:
+            refused = exc  # reported before the sandbox starts: nothing runs
+    spec, key = _build(src, run, limits, continuing=continuing, reach=reach)
+    return Prepared(spec, refused, key)
 
 
 def run_check_mode(src: SpecSource, run: RunRecord) -> str:
@@ -102,20 +146,27 @@ def builds_stubs(src: SpecSource, run: RunRecord, *, continuing: bool) -> bool:
 
 def build_spec(src: SpecSource, run: RunRecord, limits: Limits, *, continuing: bool = False,
                reach: Reach | None = None) -> SandboxSpec:
+    """The sandbox spec alone (what :func:`prepare` builds after the check)."""
+    return _build(src, run, limits, continuing=continuing, reach=reach)[0]
+
+
+def _build(src: SpecSource, run: RunRecord, limits: Limits, *, continuing: bool,
+           reach: Reach | None) -> tuple[SandboxSpec, str | None]:
     # A program that already passed the check at its first attempt is not
     # checked again when it continues (restore or replay).
     type_check = builds_stubs(src, run, continuing=continuing)
-    stubs = None
+    stubs, key = None, None
     if continuing or run.session or reach is None:
         # A continuing program must find the module it started with, and a
         # session's globals may hold `tools` from an earlier execute.
         reach = EVERYTHING
     if type_check:
         stubs = stubs_for(src.catalog, reach.addresses, reach.namespaces, reach.everything)
-        if src.verdicts.get(_verdict_key(run.program, stubs)) is True:
+        key = _verdict_key(run.program, stubs)
+        if src.verdicts.get(key) is True:
             # The same program against the same stubs passed before: the
             # checker would say the same again.
-            type_check = False
+            type_check, key = False, None
     return SandboxSpec(
         namespaces=_namespaces(src),
         builtins=BUILTINS,
@@ -134,7 +185,7 @@ def build_spec(src: SpecSource, run: RunRecord, limits: Limits, *, continuing: b
         namespace_stubs=dict(getattr(stubs, "namespace_modules", {}) or {}),
         modules_key=(id(src.catalog), getattr(src.catalog, "version", None)),
         reach=None if reach.everything else (reach.addresses, reach.namespaces),
-    )
+    ), key
 
 
 def _verdict_key(code: str, stubs: Any) -> str:
@@ -145,17 +196,3 @@ def _verdict_key(code: str, stubs: Any) -> str:
         h.update(repr(part).encode())
         h.update(b"\0")
     return h.hexdigest()
-
-
-def remember_verdict(src: SpecSource, spec: SandboxSpec, code: str, passed: bool) -> None:
-    """Record that the checker passed (or refused) this program against these stubs."""
-    from tether._tools.stubs import Stubs
-
-    if not spec.type_check:
-        return
-    stubs = Stubs(prelude=spec.prelude_stubs or "", tools_module=spec.tools_stubs or "",
-                  namespace_modules=spec.namespace_stubs, tool_stubs={})
-    verdicts = src.verdicts
-    verdicts[_verdict_key(code, stubs)] = passed
-    if len(verdicts) > 1024:
-        verdicts.pop(next(iter(verdicts)))
