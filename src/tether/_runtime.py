@@ -379,7 +379,7 @@ class Runtime:
     async def resolve_wait(self, key: str, value: Any = None, *, error: str | None = None,
                            continue_run: bool = True) -> dict[str, Any]:
         """Settle a wait: the first resolution wins; the run continues here if it was parked on it."""
-        return await self._engine.waits.resolve(key, value, error=error, continue_run=continue_run)
+        return await control.resolve_wait(self._engine, key, value, error=error, continue_run=continue_run)
 
     def list_waits(self, run_id: str | None = None, *, principal: str | None = None,
                    status: str | None = "pending") -> list[dict[str, Any]]:
@@ -391,7 +391,7 @@ class Runtime:
     async def signal(self, run_id: str, name: str, value: Any = None, *, principal: str | None = None) -> dict[str, Any]:
         """Send a named signal; `await wait_for_signal(name)` receives it (kept if it comes first)."""
         self._engine.get_run(run_id, principal)
-        return await self._engine.waits.signal(run_id, name, value)
+        return await control.signal(self._engine, run_id, name, value)
 
     # -- cells (P-20) ----------------------------------------------------------------
 

@@ -1,9 +1,8 @@
 """Building an Engine: every service made once, in order, and wired explicitly.
 
-The one place that knows how the parts fit: the waits service continues a
-parked run through the launcher and decides an approval through
-``control.resume``; a RunHandle's ``cancel`` goes to ``control.cancel``; the
-sources (when a config names them) receive the catalog, the attempts running
+The one place that knows how the parts fit: a RunHandle's ``cancel`` goes to
+``control.cancel`` (the waits service needs nothing handed back: continuing a
+run once its wait settles is ``control.resolve_wait``'s); the sources (when a config names them) receive the catalog, the attempts running
 here and the event bus. Each is handed the Engine it belongs to, never the
 runtime over it.
 """
@@ -11,16 +10,15 @@ runtime over it.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
-from tether._engine import control, launcher
+from tether._engine import control
 from tether._engine.approvals.capabilities import keyring_for
 from tether._engine.engine import Attempts, Engine, Settings
 from tether._engine.events import EventBus
 from tether._engine.finish import Finisher
 from tether._engine.lifecycle import Lifecycle
 from tether._engine.limits import Limits
-from tether._engine.notices import SETTLED
 from tether._engine.policy import Policy
 from tether._engine.result import RunResult
 from tether._engine.sessions import Sessions
@@ -43,18 +41,11 @@ def build_engine(*, store: Store, catalog: Catalog, pool: SandboxPool, policy: P
     attempts = Attempts()
     engine: Engine  # assigned below; the callbacks read it when called, once it exists
 
-    async def wake(run_id: str, key: str | None = None) -> RunResult | None:
-        return await launcher.wake(engine, run_id, key=key)
-
-    async def resume(run_id: str, decision: str, reason: str | None = None, **kwargs: Any) -> RunResult:
-        return await control.resume(engine, run_id, decision, reason, **kwargs)
-
     async def cancel_run(run_id: str, reason: str) -> RunResult:
         return await control.cancel_for_handle(engine, run_id, reason)
 
     sessions = Sessions(store=store, secret=secret, clock=clock, older=keyring.previous)
-    waits = Waits(store=store, secret=secret, clock=clock, wake=wake, resume=resume,
-                  left=lambda run_id: events.notices.publish(SETTLED, run_id), older=keyring.previous)
+    waits = Waits(store=store, secret=secret, clock=clock, older=keyring.previous)
     lifecycle = Lifecycle(store, owner=owner, clock=clock, lease_seconds=lease_seconds)
     finisher = Finisher(store=store, lifecycle=lifecycle, bus=events, clock=clock, cancel_waits=waits.cancel,
                         revoke_waits=lambda run_id: waits.revoke(run_id=run_id))

@@ -1,7 +1,10 @@
-"""Steering a run from outside it: deciding a paused write (resume) and cancelling.
+"""Steering a run from outside it: deciding a paused write (resume), cancelling, resolving a wait.
 
-Apart from the launcher because both reach the approvals service, which
-continues a decided run through the launcher; each takes the Engine.
+Apart from the launcher because these reach the approvals service, which
+continues a decided run through the launcher; each takes the Engine. A wait is
+settled by the waits service (the one writer of wait rows); continuing its run
+(waking it, or deciding the paused write an approval's wait stands for) is done
+here, so the waits service needs nothing handed back to it.
 """
 
 from __future__ import annotations
@@ -12,14 +15,16 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from tether._engine import launcher
 from tether._engine.approvals import service
-from tether._engine.approvals.model import DECISIONS
+from tether._engine.approvals.model import APPROVAL_PREFIX, DECISIONS, decision_of
 from tether._engine.calls.boundary import Cancelled
 from tether._engine.engine import NO_HOOKS, Hooks
-from tether._engine.notices import CANCEL
+from tether._engine.notices import CANCEL, SETTLED
 from tether._engine.ownership import owner_gone
 from tether._engine.result import RunResult
-from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus
-from tether.errors import InvalidArguments
+from tether._engine.waits import SIGNAL_PREFIX, wait_view
+from tether._store.base import WAIT_DIGEST_PREFIX
+from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
+from tether.errors import AlreadyDecided, InvalidArguments, ToolsUnavailable, WrongSecret
 
 if TYPE_CHECKING:
     from tether._engine.engine import Engine
@@ -107,3 +112,84 @@ async def cancel_for_handle(engine: Engine, run_id: str, reason: str) -> RunResu
     """A RunHandle's cancel(): as its run's own principal."""
     run = await engine.store.aio.get_run(run_id)
     return await cancel(engine, run_id, reason, principal=run.principal if run is not None else None)
+
+
+# -- resolving a wait from outside (P-18) ------------------------------------------------
+
+
+async def resolve_wait(engine: Engine, key: str, value: Any = None, *, error: str | None = None,
+                       continue_run: bool = True) -> dict[str, Any]:
+    """Settle a wait (Runtime.resolve_wait): the first resolution wins; the run continues here if it was
+    parked on it. An approval's wait is its paused write's decision, made through :func:`resume`."""
+    waits, astore = engine.waits, engine.astore
+    parsed = waits.parse(key)
+    if (parsed is None and isinstance(key, str) and not key.startswith(WAIT_DIGEST_PREFIX)
+            and await astore.get_wait(key) is not None):
+        # tether made this key (it names a stored wait), under a secret no longer held here.
+        raise WrongSecret("the wait key was made with a secret this process does not hold; nothing was "
+                          "resolved or sent", details={"key": key})
+    run = await astore.get_run(parsed[0]) if parsed else None
+    existing = await astore.get_wait(key) if parsed else None
+    if parsed is None or run is None or (existing is not None and existing.status == WaitStatus.REVOKED):
+        return {"status": "unknown_or_revoked", "key": key,
+                "next_action": "Check the key (tether waits list); the wait may have been revoked."}
+    run_id, name = parsed
+    if name.startswith(APPROVAL_PREFIX):
+        if not continue_run:
+            # Settling the wait row alone would record a decision the journal never took, and a name in
+            # the timeline nobody checked: an approval is decided by the approvals service, or not at all.
+            raise InvalidArguments(
+                f"{name} of run {run_id} is a paused write's approval; it is decided through the approvals "
+                "service, which continues the run, so it cannot be resolved with continue_run=False. Nothing "
+                "was decided or sent",
+                next_action="Resolve the key with continue_run=True, or decide with rt.decide / "
+                            "`tether runs approve`.")
+        # The key is the capability: whoever holds it decides as the run's owner.
+        return await _resolve_approval(engine, key, run_id, name, value, error, run.principal)
+    if existing is None and run.status in TERMINAL_RUN_STATUSES:
+        return {"status": "unknown_or_revoked", "key": key, "next_action": f"Run {run_id} has ended."}
+    accepted, row = await astore.call(waits.resolve, key, run_id, name, value, error)
+    out = {"status": "accepted" if accepted else "already_resolved", "key": key, "wait": wait_view(row, key)}
+    # A resolution kept while the run could not continue (tools_unavailable) wakes it on a later try.
+    result = None
+    if continue_run and (accepted or (row.status == WaitStatus.RESOLVED and run.status == RunStatus.WAITING)):
+        try:
+            result = await launcher.wake(engine, run_id, key=key)
+        except ToolsUnavailable as exc:
+            engine.events.notices.publish(SETTLED, run_id)
+            raise ToolsUnavailable(
+                f"{exc.message}; the wait's resolution is kept: resolve it again where the sources load "
+                "(or let a worker that has them wake the run)",
+                details={**exc.details, "wait": out["status"]}) from None
+        if result is not None:
+            out["run"] = result.to_dict()
+    if accepted and result is None:
+        # Parked here on it, a runner continues it (told at once through a notice); running, it finds
+        # the value itself.
+        engine.events.notices.publish(SETTLED, run_id)
+    return out
+
+
+async def signal(engine: Engine, run_id: str, name: str, value: Any = None) -> dict[str, Any]:
+    """Send a named signal (Runtime.signal); ``await wait_for_signal(name)`` receives it (kept if it comes
+    first)."""
+    return await resolve_wait(engine, engine.waits.key(run_id, SIGNAL_PREFIX + name), value)
+
+
+async def _resolve_approval(engine: Engine, key: str, run_id: str, name: str, value: Any,
+                            error: str | None, owner: str | None) -> dict[str, Any]:
+    """Resolving an approval wait is deciding the paused write: resume() does the work."""
+    seq = int(name.split(":", 1)[1])
+    decision, reason = decision_of(value, error)
+    if decision not in DECISIONS:
+        return {"status": "invalid_value", "key": key,
+                "next_action": 'Resolve an approval with {"decision": "approve" | "decline" | "cancel", '
+                               '"reason": "..."}.'}
+    row = await engine.astore.get_wait(key)
+    if row is not None and row.status != WaitStatus.PENDING:
+        return {"status": "already_resolved", "key": key, "wait": wait_view(row, key)}
+    try:
+        result = await resume(engine, run_id, decision, reason, seq=seq, principal=owner, via="key")
+    except AlreadyDecided:
+        return {"status": "already_resolved", "key": key, "wait": engine.waits.view(key)}
+    return {"status": "accepted", "key": key, "wait": engine.waits.view(key), "run": result.to_dict()}

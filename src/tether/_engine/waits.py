@@ -18,16 +18,13 @@ verification; only waits made after the rotation get keys under the new one.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from tether._engine.approvals.capabilities import WAIT_KEY
-
-# A paused write is a wait named approval:<seq>; what resolves it is a decision.
-from tether._engine.approvals.model import APPROVAL_PREFIX, DECISIONS, decision_of
 from tether._engine.result import to_json_value
 from tether._store.base import LOCAL_PRINCIPAL, WAIT_DIGEST_PREFIX, Store, WaitRecord, wait_digest
-from tether._store.states import TERMINAL_RUN_STATUSES, WAIT_TRANSITIONS, RunStatus, WaitStatus
-from tether.errors import AlreadyDecided, InvalidArguments, InvalidTransition, ToolsUnavailable, WrongSecret
+from tether._store.states import WAIT_TRANSITIONS, WaitStatus
+from tether.errors import InvalidTransition
 
 SIGNAL_PREFIX = "signal:"
 SLEEP_PREFIX = "sleep:"
@@ -116,23 +113,17 @@ def settle(store: Store, wait: WaitRecord) -> tuple[bool, WaitRecord]:
 class Waits:
     """A store's waits, signals and timers (P-18): their keys, settling, revoking.
 
-    Continuing a run once its wait settles is the runtime's work, handed in:
-    ``wake(run_id, key=...)`` continues a parked run here, ``resume(run_id,
-    decision, reason, seq=..., principal=..., via=...)`` decides a paused write.
+    Continuing a run once its wait settles is not done here: ``control.resolve_wait``
+    settles through this service, then wakes the run or decides the paused write.
     """
 
     def __init__(self, *, store: Store, secret: bytes, clock: Callable[[], float],
-                 wake: Callable[..., Awaitable[Any]], resume: Callable[..., Awaitable[Any]],
-                 left: Callable[[str], None] = lambda run_id: None, older: Sequence[bytes] = ()) -> None:
+                 older: Sequence[bytes] = ()) -> None:
         self.store = store
         self._secret = secret
         # Older secrets (a rotated keyring's): keys made under them still verify.
         self._verify_with = [secret, *older]
         self.clock = clock
-        self._wake = wake
-        self._resume = resume
-        # Told when a wait was settled and the run not continued here: a runner elsewhere may.
-        self._left = left
 
     def key(self, run_id: str, name: str) -> str:
         return key_for(self.store, self._secret, run_id, name, self._verify_with[1:])
@@ -144,58 +135,17 @@ class Waits:
         return [wait_view(w, key_of(w, self._verify_with))
                 for w in self.store.list_waits(run_id=run_id, status=status)]
 
-    async def resolve(self, key: str, value: Any = None, *, error: str | None = None,
-                      continue_run: bool = True) -> dict[str, Any]:
-        """Settle a wait: the first resolution wins; the run continues here if it was parked on it."""
-        parsed = parse_wait_key(self._verify_with, key)
-        if (parsed is None and isinstance(key, str) and not key.startswith(WAIT_DIGEST_PREFIX)
-                and await self.store.aio.get_wait(key) is not None):
-            # tether made this key (it names a stored wait), under a secret no longer held here.
-            raise WrongSecret("the wait key was made with a secret this process does not hold; nothing was "
-                              "resolved or sent", details={"key": key})
-        run = await self.store.aio.get_run(parsed[0]) if parsed else None
-        existing = await self.store.aio.get_wait(key) if parsed else None
-        if parsed is None or run is None or (existing is not None and existing.status == WaitStatus.REVOKED):
-            return {"status": "unknown_or_revoked", "key": key,
-                    "next_action": "Check the key (tether waits list); the wait may have been revoked."}
-        run_id, name = parsed
-        if name.startswith(APPROVAL_PREFIX):
-            if not continue_run:
-                # Settling the wait row alone would record a decision the journal never took, and a name in
-                # the timeline nobody checked: an approval is decided by the approvals service, or not at all.
-                raise InvalidArguments(
-                    f"{name} of run {run_id} is a paused write's approval; it is decided through the approvals "
-                    "service, which continues the run, so it cannot be resolved with continue_run=False. Nothing "
-                    "was decided or sent",
-                    next_action="Resolve the key with continue_run=True, or decide with rt.decide / "
-                                "`tether runs approve`.")
-            # The key is the capability: whoever holds it decides as the run's owner.
-            return await self._resolve_approval(key, run_id, name, value, error, run.principal)
-        if existing is None and run.status in TERMINAL_RUN_STATUSES:
-            return {"status": "unknown_or_revoked", "key": key, "next_action": f"Run {run_id} has ended."}
+    def parse(self, key: str) -> tuple[str, str] | None:
+        """The (run id, wait name) a key made under a secret held here names; None for any other string."""
+        return parse_wait_key(self._verify_with, key)
+
+    def resolve(self, key: str, run_id: str, name: str, value: Any, error: str | None) -> tuple[bool, WaitRecord]:
+        """Settle the wait ``key`` names with a resolution from outside the run (the first one wins)."""
         now = self.clock()
         status = WaitStatus.FAILED if error is not None else WaitStatus.RESOLVED
         err = {"message": error} if error is not None else None
-        value = to_json_value(value)[0]
-        accepted, row = await self.store.aio.call(settle, self.store, WaitRecord(
-            key, run_id, name, status, now, value=value, error=err, resolved_at=now))
-        out = {"status": "accepted" if accepted else "already_resolved", "key": key, "wait": wait_view(row, key)}
-        # A resolution kept while the run could not continue (tools_unavailable) wakes it on a later try.
-        result = None
-        if continue_run and (accepted or (row.status == WaitStatus.RESOLVED and run.status == RunStatus.WAITING)):
-            try:
-                result = await self._wake(run_id, key=key)
-            except ToolsUnavailable as exc:
-                self._left(run_id)
-                raise ToolsUnavailable(
-                    f"{exc.message}; the wait's resolution is kept: resolve it again where the sources load "
-                    "(or let a worker that has them wake the run)",
-                    details={**exc.details, "wait": out["status"]}) from None
-            if result is not None:
-                out["run"] = result.to_dict()
-        if accepted and result is None:
-            self._left(run_id)  # parked here on it, a runner continues it; running, it finds the value itself
-        return out
+        return settle(self.store, WaitRecord(key, run_id, name, status, now, value=to_json_value(value)[0],
+                                             error=err, resolved_at=now))
 
     def reach(self, run_id: str, name: str, *, seq: int, deadline: float | None,
               session: str | None) -> tuple[str, WaitRecord]:
@@ -213,30 +163,10 @@ class Waits:
         _, row = settle(self.store, WaitRecord(key, run_id, name, status, now, seq=seq, resolved_at=now))
         return row
 
-    async def _resolve_approval(self, key: str, run_id: str, name: str, value: Any,
-                                error: str | None, owner: str | None) -> dict[str, Any]:
-        """Resolving an approval wait is deciding the paused write: resume() does the work."""
-        seq = int(name.split(":", 1)[1])
-        decision, reason = decision_of(value, error)
-        if decision not in DECISIONS:
-            return {"status": "invalid_value", "key": key,
-                    "next_action": 'Resolve an approval with {"decision": "approve" | "decline" | "cancel", '
-                                   '"reason": "..."}.'}
-        row = await self.store.aio.get_wait(key)
-        if row is not None and row.status != WaitStatus.PENDING:
-            return {"status": "already_resolved", "key": key, "wait": wait_view(row, key)}
-        try:
-            result = await self._resume(run_id, decision, reason, seq=seq, principal=owner, via="key")
-        except AlreadyDecided:
-            return {"status": "already_resolved", "key": key, "wait": self._view(key)}
-        return {"status": "accepted", "key": key, "wait": self._view(key), "run": result.to_dict()}
-
-    def _view(self, key: str) -> dict[str, Any] | None:
-        row = self.store.get_wait(key)  # an approval's wait row exists while its key does
+    def view(self, key: str) -> dict[str, Any] | None:
+        """A stored wait as a resolver is shown it; None once its row is gone."""
+        row = self.store.get_wait(key)
         return wait_view(row, key) if row is not None else None
-
-    async def signal(self, run_id: str, name: str, value: Any = None) -> dict[str, Any]:
-        return await self.resolve(self.key(run_id, SIGNAL_PREFIX + name), value)
 
     def revoke(self, *, run_id: str | None = None, session: str | None = None) -> int:
         """Revoke every pending wait of a run or a session; their keys stop working."""
