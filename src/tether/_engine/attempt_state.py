@@ -42,8 +42,6 @@ class AttemptState:
     inflight: int = 0
     host_seconds: float = 0.0
     inflight_since: float | None = None
-    restore_pending: list[dict[str, Any]] | None = None
-    answering: bool = False
     raised: dict[str, "RaisedError"] = field(default_factory=dict)  # message raised in program -> its call
     stats: list[CallStat] = field(default_factory=list)
     checkpoint_at_seq: int = 0

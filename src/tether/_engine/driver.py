@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import functools
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -258,8 +259,9 @@ class Attempt:
                 if restore:
                     assert self.snapshot is not None
                     boundary.state.issued = self.snapshot.seq
-                    boundary.state.restore_pending = list(self.snapshot.pending)
-                    value = await execution.resume(self.snapshot.data, boundary.answer_restored)
+                    value = await execution.resume(self.snapshot.data,
+                                                   functools.partial(boundary.answer_restored,
+                                                                     list(self.snapshot.pending)))
                 else:
                     try:
                         value = await execution.run(run.program, session_base)
@@ -352,11 +354,7 @@ class Attempt:
                             f"{call['seq']} ({call['address']}): {exc.message}; nothing of that call was sent (the "
                             "calls before it are in the journal)", next_action=exc.next_action,
                             details={"call": call}) from None
-        if st.answering and st.restore_pending is not None:
-            waits_on = list(st.restore_pending)
-        else:
-            waits_on = [stop.call()] + list(boundary.stops.held)
-        waits_on.sort(key=lambda c: c["seq"])
+        waits_on = boundary.stops.waits_on(stop)
         await self.astore.put_snapshot(self._snapshot_record(st.issued, data, waits_on, "pause"))
         now = d.clock()
         if isinstance(stop, ParkedWait):  # parked on a wait, a signal or a timer (P-18)

@@ -183,8 +183,9 @@ class EffectBoundary:
             raise err
         return await self.call(seq, op, address, call_args)
 
-    async def answer_restored(self, call_ids: list[int], announced: list[Any]) -> dict[int, Any]:
-        """Settle the calls a restored snapshot waits on (P-9).
+    async def answer_restored(self, pending: list[dict[str, Any]], call_ids: list[int],
+                              announced: list[Any]) -> dict[int, Any]:
+        """Settle the calls a restored snapshot waits on (P-9); ``pending`` is what the snapshot recorded.
 
         The calls are mapped to the snapshot's record first (restore.py), so a
         mismatch can still fall back to replay; then each is answered through
@@ -194,12 +195,11 @@ class EffectBoundary:
             self.state.issued += 1
             return self.state.issued
 
-        plan = plan_restore(self.state.restore_pending or [], call_ids, announced, self._parse, next_seq)
+        plan = plan_restore(pending, call_ids, announced, self._parse, next_seq)
         wanted = set(call_ids)
         # If answering pauses again, the new dump waits on every call of the plan.
-        self.state.restore_pending = [{"seq": p.seq, "op": p.op, "address": p.address, "args": p.args}
-                                      for p in plan if p.call_id in wanted]
-        self.state.answering = True
+        self.stops.answering = [{"seq": p.seq, "op": p.op, "address": p.address, "args": p.args}
+                                for p in plan if p.call_id in wanted]
 
         async def one(seq: int, op: str, address: str, call_args: dict[str, Any], err: GuestRaise | None) -> Any:
             try:
@@ -212,7 +212,7 @@ class EffectBoundary:
                 return exc
 
         results = await asyncio.gather(*(one(*p[1:]) for p in plan))
-        self.state.answering = False
+        self.stops.answering = None
         return {p.call_id: r for p, r in zip(plan, results) if p.call_id in wanted}
 
     # -- the boundary ----------------------------------------------------------
@@ -290,7 +290,7 @@ class EffectBoundary:
                     st.host_seconds += time.perf_counter() - st.inflight_since
                 st.inflight_since = None
                 self._idle.set()
-        if self.stops.pausing and not st.answering:
+        if self.stops.pausing and self.stops.answering is None:
             # A pause began while this call was out: its outcome is journaled,
             # but handing it back now would let the program run on while the
             # pause is being dumped. It is answered from the journal on resume.

@@ -129,6 +129,15 @@ class Stops:
         # While a write pause forms: the other writes that ask, issued with it (P-27).
         self.batch: list[AskedWrite] | None = None
         self.last_arrival = 0.0  # time.monotonic() of the latest call the program issued
+        # While a restored program's waiting calls are answered (EffectBoundary.answer_restored): those
+        # calls. A stop then is not one call's: its dump waits on them all, and no call is held.
+        self.answering: list[dict[str, Any]] | None = None
+
+    def waits_on(self, stop: Stop) -> list[dict[str, Any]]:
+        """The calls a stop's dump waits on, by seq: the restored ones being answered, else the call that
+        stopped and those held meanwhile (P-9)."""
+        calls = list(self.answering) if self.answering is not None else [stop.call(), *self.held]
+        return sorted(calls, key=lambda c: c["seq"])
 
     def arrived(self) -> None:
         """The program issued a call: a forming write pause waits until it goes quiet."""
