@@ -108,8 +108,8 @@ class Attempts:
     def handle(self, run_id: str) -> RunHandle | None:
         return self.handles.get(run_id)
 
-    def add(self, handle: RunHandle, bus: EventBus) -> None:
-        """Keep ``handle`` as its run's attempt here until its task ends, then forget it.
+    def add(self, handle: RunHandle, task: asyncio.Task[Any], bus: EventBus) -> None:
+        """Keep ``handle`` as its run's attempt here until ``task`` (its attempt's) ends, then forget it.
 
         Forgotten in the task's done callback, not in the attempt's own ``finally``: a task
         cancelled before its first step never runs its body, and its handle must go all the same.
@@ -124,7 +124,7 @@ class Attempts:
             if not t.cancelled():
                 t.exception()  # retrieved: whoever awaits the handle gets it; the store has the outcome
 
-        handle.task.add_done_callback(ended)
+        task.add_done_callback(ended)
 
     def boundaries_calling(self, address: str) -> list[EffectBoundary]:
         """The effect boundaries of attempts here with a call to ``address`` on the wire now."""

@@ -143,10 +143,10 @@ def launch(engine: Engine, run: RunRecord, *, mode: str, hooks: Hooks = NO_HOOKS
             result.notes = list(notes) + result.notes
         return result
 
-    handle = RunHandle(run.run_id, asyncio.ensure_future(attempt()), bus=engine.events, cancel=engine.cancel_run,
-                       detached=detached)
+    task = asyncio.ensure_future(attempt())
+    handle = RunHandle(run.run_id, task, bus=engine.events, cancel=engine.cancel_run, detached=detached)
     # The registry of attempts here keeps the handle while its task runs and forgets it when it ends.
-    engine.attempts.add(handle, engine.events)
+    engine.attempts.add(handle, task, engine.events)
     return handle
 
 
