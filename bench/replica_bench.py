@@ -203,7 +203,7 @@ for i in range(N):
 RUNNER = r"""
 import asyncio, sys
 from tether._runtime import Runtime
-from tether._engine.worker import work
+from tether._engine.worker import Worker
 from tether._store import open_store
 url, listen = sys.argv[1], sys.argv[2] == "1"
 async def main():
@@ -213,7 +213,7 @@ async def main():
         stop = asyncio.Event()
         asyncio.get_running_loop().add_reader(sys.stdin, stop.set)  # B closes our stdin when done
         print("ready", flush=True)
-        await work(rt.engine, stop=stop)
+        await Worker(rt.engine).work(stop=stop)
 asyncio.run(main())
 """
 

@@ -38,6 +38,7 @@ from tether.errors import InvalidArguments, UsageError
 
 if TYPE_CHECKING:
     from tether._config import Config
+    from tether._engine.worker import Worker
     from tether._tools.catalog import Catalog
 
 CHECK_MODES = ("calls", "full", "off")
@@ -130,6 +131,8 @@ class Runtime:
             catalog=catalog if catalog is not None else Catalog(), pool=pool, policy=policy or Policy(),
             limits=limits, settings=settings, owner=owner or new_owner(), lease_seconds=lease_seconds, clock=clock,
             config=config)
+        # Made on the first recover() (tether._engine.worker is not imported before it is needed).
+        self._worker: Worker | None = None
         if tools:
             self.add_tools(*tools)
 
@@ -370,9 +373,11 @@ class Runtime:
 
     async def recover(self) -> list[RunResult]:
         """Continue runs whose owner died: lease expired, or its process on this host is gone (P-11)."""
-        from tether._engine.worker import recover
+        if self._worker is None:
+            from tether._engine.worker import Worker
 
-        return await recover(self._engine)
+            self._worker = Worker(self._engine)
+        return await self._worker.recover()
 
     # -- waits, signals, timers (P-18): tether._engine.waits ------------------------------
 

@@ -97,7 +97,7 @@ v
 async def test_a_wait_settled_where_the_run_cannot_continue_is_continued_by_one_runner(backend, request, tmp_path):
     """Settled without continuing the run (continue_run=False here; a resolver lacking the run's sources
     likewise): one of two runners continues it, told by a notice on Postgres, by its scan on SQLite."""
-    from tether._engine.worker import work
+    from tether._engine.worker import Worker
 
     url = request.getfixturevalue("pg_url") if backend == "postgres" else f"sqlite:///{tmp_path}/t.db"
     rec = Recorder()
@@ -108,7 +108,7 @@ async def test_a_wait_settled_where_the_run_cannot_continue_is_continued_by_one_
 
     stop = asyncio.Event()
     async with runtime(lease_seconds=LONG_LEASE) as a1, runtime(lease_seconds=LONG_LEASE) as a2, runtime() as b:
-        runners = [asyncio.ensure_future(work(rt.engine, stop=stop)) for rt in (a1, a2)]
+        runners = [asyncio.ensure_future(Worker(rt.engine).work(stop=stop)) for rt in (a1, a2)]
         try:
             run_id = b.start(PARKED)
             await until_status(b, run_id, "waiting")
@@ -129,13 +129,13 @@ async def test_a_wait_settled_where_the_run_cannot_continue_is_continued_by_one_
 
 async def test_a_run_parked_on_a_revoked_wait_is_woken_with_wait_revoked(tmp_path):
     """Revoking a parked run's wait (a session reset does) no longer leaves the run parked for ever."""
-    from tether._engine.worker import work
+    from tether._engine.worker import Worker
 
     url = f"sqlite:///{tmp_path}/t.db"
     stop = asyncio.Event()
     async with Runtime(store=open_store(url), type_check=False) as runner, \
             Runtime(store=open_store(url), type_check=False) as b:
-        task = asyncio.ensure_future(work(runner.engine, stop=stop))
+        task = asyncio.ensure_future(Worker(runner.engine).work(stop=stop))
         try:
             run_id = b.start('try:\n    await wait_for("go")\nexcept RuntimeError as e:\n    out = str(e)\nout')
             await until_status(b, run_id, "waiting")

@@ -15,7 +15,7 @@ import pytest
 from helpers import Clock, Recorder
 from tether._engine.policy import Policy
 from tether._engine.quotas import Quota, Quotas
-from tether._engine.worker import run_queued
+from tether._engine.worker import Worker
 from tether._runtime import Runtime
 from tether._store import open_store
 from tether.errors import QuotaExceeded
@@ -49,7 +49,7 @@ async def test_concurrent_runs(store_url):
         # Another principal is not held back by this one's runs.
         assert (await rt.execute("5", principal="someone-else")).status == "completed"
         # Once they ran, there is room again.
-        await run_queued(rt.engine, limit=2)
+        await Worker(rt.engine).run_queued(limit=2)
         assert (await rt.execute("6")).status == "completed"
 
 

@@ -215,7 +215,7 @@ def test_p30_a_literal_secret_is_never_recorded_and_comes_from_a_matching_local_
 async def test_p30_a_worker_never_loads_edited_source_definitions(tmp_path, monkeypatch):
     # The worker checks a run's sources before claiming it: that check must not load unsigned ones (P-35).
     from tether._app import open_runtime
-    from tether._engine.worker import work
+    from tether._engine.worker import Worker
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "desk.py").write_text('from tether import tool\n\n@tool(namespace="desk", read_only=True)\n'
@@ -232,7 +232,7 @@ async def test_p30_a_worker_never_loads_edited_source_definitions(tmp_path, monk
             {"type": "python", "module": str(tmp_path / "evil.py")}]})
     config.write_text(f'[store]\nurl = "{url}"\n[sandbox]\ncheck = "off"\n')
     async with open_runtime(config_path=config) as rt:
-        await work(rt.engine, idle_exit_seconds=0.3)
+        await Worker(rt.engine).work(idle_exit_seconds=0.3)
         run = rt.engine.get_run(run_id)
     assert not marker.exists()
     assert run.status == "failed" and run.error["code"] == "run_tampered"

@@ -199,7 +199,7 @@ def test_cli_runs_prune_and_store_stats(tmp_path):
 
 async def test_the_worker_prunes_in_batches(tmp_path):
     from tether._config import Config
-    from tether._engine.worker import work
+    from tether._engine.worker import Worker
     from tether._store import open_store
 
     clock = Clock()
@@ -210,7 +210,7 @@ async def test_the_worker_prunes_in_batches(tmp_path):
         # The engine as one opened from a config with [retention] (open_runtime's): the same parts.
         engine = dataclasses.replace(rt.engine, config=Config.from_dict({"retention": {"completed_days": 1, "batch": 2}}))
         clock.now += 2 * DAY
-        await work(engine, idle_exit_seconds=0.5, poll_seconds=0.05)
+        await Worker(engine).work(idle_exit_seconds=0.5, poll_seconds=0.05)
         assert [store.get_run(r) for r in ended] == [None, None, None]
         assert store.get_run(paused).status == "paused"
     store.close()

@@ -16,7 +16,7 @@ from tether._engine import launcher
 from tether._engine.approvals.capabilities import secret_id
 from tether._engine.calls import ledger
 from tether._engine.policy import Policy
-from tether._engine.worker import run_queued
+from tether._engine.worker import Worker
 from tether._runtime import Runtime
 from tether._store import open_store
 from tether.errors import WrongSecret
@@ -365,7 +365,7 @@ async def test_p35_edited_source_definitions_are_never_loaded_by_a_worker(backen
     backend.sql("UPDATE runs SET meta = replace(meta, 'desk.py', 'evil.py') WHERE run_id = ?", (run_id,))
     (tmp_path / "tether.toml").write_text(f'[store]\nurl = "{backend.url}"\n[sandbox]\ncheck = "off"\n')
     async with open_runtime(config_path=config) as rt:
-        [r] = await run_queued(rt.engine)
+        [r] = await Worker(rt.engine).run_queued()
         assert r.status == "failed" and r.error["code"] == "run_tampered"
         assert r.error["details"]["fields"] == ["meta.sources"]
     assert not marker.exists()

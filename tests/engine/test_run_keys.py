@@ -10,7 +10,7 @@ import pytest
 from helpers import Recorder
 from tether import IdempotencyConflict
 from tether._engine.policy import Policy
-from tether._engine.worker import run_queued
+from tether._engine.worker import Worker
 from tether._runtime import Runtime
 from tether._store import open_store
 
@@ -119,7 +119,7 @@ async def test_p36_start_with_a_key_queues_one_run(store_url):
             rt.start(WRITE + "\n2", key="bg")
         # execute with the same key waits for the queued run, which a worker runs.
         waiting = asyncio.ensure_future(rt.execute(WRITE, key="bg"))
-        (ran,) = await run_queued(rt.engine)
+        (ran,) = await Worker(rt.engine).run_queued()
         out = await waiting
         assert ran.run_id == out.run_id == run_id and out.status == "completed"
         assert rec.deliveries == [("close_ticket", {"id": 7})]

@@ -10,7 +10,7 @@ from helpers import Clock, Recorder
 from tether._engine import launcher
 from tether._engine.approvals.service import expire as expire_paused
 from tether._engine.policy import Policy
-from tether._engine.worker import run_queued
+from tether._engine.worker import Worker
 from tether._runtime import Runtime
 from tether._store import open_store
 
@@ -81,7 +81,7 @@ second = await wait_for("later")
         # Both arrive before the run has even started.
         assert (await rt.signal(run_id, "go", 1))["status"] == "accepted"
         assert (await rt.resolve_wait(rt.engine.waits.key(run_id, "later"), 2))["status"] == "accepted"
-        (result,) = await run_queued(rt.engine)
+        (result,) = await Worker(rt.engine).run_queued()
         assert result.status == "completed" and result.result == [1, 2]
 
 
@@ -166,14 +166,14 @@ async def test_short_sleeps_are_waited_out_in_place(store_url, clock):
 
 
 async def test_p19_background_runs_are_queued_and_run_by_a_worker(store_url, clock):
-    from tether._engine.worker import work
+    from tether._engine.worker import Worker
 
     rec = Recorder()
     async with runtime(store_url, clock, rec) as rt:
         ids = [rt.start(f"import tools\nawait tools.helpdesk.add_comment(id={i}, body='bg')\n{i}") for i in range(3)]
         assert all(rt.engine.get_run(i).status == "queued" for i in ids)
         stop = asyncio.Event()
-        worker = asyncio.ensure_future(work(rt.engine, stop=stop, poll_seconds=0.01))
+        worker = asyncio.ensure_future(Worker(rt.engine).work(stop=stop, poll_seconds=0.01))
         results = [await rt.engine.wait_for_run(i, timeout=30) for i in ids]
         stop.set()
         await worker
@@ -186,7 +186,7 @@ async def test_p19_cancel_a_queued_run(store_url, clock):
         run_id = rt.start("1")
         r = await rt.cancel(run_id)
         assert r.status == "cancelled"
-        assert await run_queued(rt.engine) == []
+        assert await Worker(rt.engine).run_queued() == []
 
 
 async def test_p18_a_paused_write_is_a_wait_whose_key_decides_it(store_url, clock):
@@ -247,7 +247,7 @@ async def test_p18_a_resolution_arriving_while_the_run_parks_continues_it(store_
     async with runtime(store_url, clock) as rt, runtime(store_url, clock) as other:
         run_id = rt.start(code)
         key = rt.engine.waits.key(run_id, "signal:go")
-        attempt = asyncio.ensure_future(run_queued(rt.engine))
+        attempt = asyncio.ensure_future(Worker(rt.engine).run_queued())
         while other.store.get_wait(key) is None:  # the run has reached the wait ...
             assert not attempt.done(), attempt.result()
             await asyncio.sleep(0)
@@ -266,7 +266,7 @@ async def test_p19_a_cancel_from_another_process_while_the_run_parks_ends_it(sto
     code = 'import tools\nawait tools.helpdesk.get_ticket(id=1)\nawait wait_for_signal("never")\n"not cancelled"'
     async with runtime(store_url, clock, Recorder(delay=0.3)) as rt, runtime(store_url, clock) as other:
         run_id = rt.start(code)
-        attempt = asyncio.ensure_future(run_queued(rt.engine))
+        attempt = asyncio.ensure_future(Worker(rt.engine).run_queued())
         while other.engine.get_run(run_id).status != "running":
             await asyncio.sleep(0.01)
         cancelled = await other.cancel(run_id, "stop")

@@ -32,82 +32,244 @@ if TYPE_CHECKING:
 SETTLED_SCAN_SECONDS = 2.0
 
 
-async def work(engine: Engine, *, stop: asyncio.Event | None = None, poll_seconds: float = 0.2,
-               idle_exit_seconds: float | None = None, concurrency: int | None = None) -> int:
-    """Serve the store until ``stop`` is set (or idle for ``idle_exit_seconds``). Returns runs handled."""
-    stop = stop or asyncio.Event()
-    slots = asyncio.Semaphore(concurrency or engine.pool.max_workers)
-    tasks: set[asyncio.Task[None]] = set()
-    handled = 0
-    idle_since = time.monotonic()
-    reported: set[str] = set()
-    # Parked runs whose wait another process settled without continuing them (P-18): named by a
-    # notice at once (Postgres), else found by a scan every SETTLED_SCAN_SECONDS.
-    settled: set[str] = set()
-    nudge = asyncio.Event()
-    scanned = 0.0
-    prune_at = 0.0  # [retention]: a first batch at start, then every every_seconds
+class Worker:
+    """The runner of one Engine: its loop (:meth:`work`), and the same duties once (:meth:`recover`,
+    :meth:`run_queued`).
 
-    def heard(kind: str, run_id: str) -> None:
-        if kind == SETTLED:
-            settled.add(run_id)
-            nudge.set()
-
-    async def one(coro: Awaitable[Any]) -> None:
-        async with slots:
-            with contextlib.suppress(Exception):
-                await coro
-
-    engine.events.notices.handlers.append(heard)
-    engine.events.listen()
-    try:
-        while not stop.is_set():
-            busy = bool(tasks)
-            free = max(0, (concurrency or engine.pool.max_workers) - len(tasks))
-            if free and time.monotonic() - scanned >= SETTLED_SCAN_SECONDS:
-                settled.update(await engine.store.aio.runs_with_settled_wait())
-                scanned = time.monotonic()
-            if free:
-                for coro in await _claims(engine, free, reported, settled):
-                    task = asyncio.ensure_future(one(coro))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    handled += 1
-                    busy = True
-            if time.monotonic() >= prune_at:
-                delay = await _prune_batch(engine)
-                prune_at = time.monotonic() + delay
-                busy = busy or delay == 0  # more ended runs are due: not idle yet
-            if busy:
-                idle_since = time.monotonic()
-            elif idle_exit_seconds is not None and time.monotonic() - idle_since > idle_exit_seconds:
-                break
-            await _pause(stop, nudge, poll_seconds)
-    finally:
-        engine.events.notices.handlers.remove(heard)
-    if tasks:
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return handled
-
-
-async def _prune_batch(engine: Engine) -> float:
-    """Forget one batch of ended runs past their [retention] days; seconds until the next batch.
-
-    One short transaction per batch; a full batch means more are due, so the next comes next round.
-    A store failure here is the next round's business, never the worker's end.
+    Made once by whatever runs the engine's background work: the Runtime (``recover``), ``tether
+    serve`` and ``tether worker`` (the loop). It remembers the runs whose sources it could not load,
+    so each is said once on stderr however many rounds pass.
     """
-    from tether._store.retention import prune
 
-    retention = engine.config.retention if engine.config is not None else None
-    if retention is None:
-        return float("inf")
-    try:
-        report = await engine.store.aio.call(prune, engine.store, retention.rules(), engine.clock(),
-                                             limit=retention.batch)
-    except Exception as exc:  # noqa: BLE001 - reported, retried next round
-        print(f"tether worker: retention prune failed: {exc}", file=sys.stderr, flush=True)
-        return retention.every_seconds
-    return 0.0 if report.runs >= retention.batch else retention.every_seconds
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.reported: set[str] = set()  # runs whose sources cannot be loaded here, said once
+
+    async def work(self, *, stop: asyncio.Event | None = None, poll_seconds: float = 0.2,
+                   idle_exit_seconds: float | None = None, concurrency: int | None = None) -> int:
+        """Serve the store until ``stop`` is set (or idle for ``idle_exit_seconds``). Returns runs handled."""
+        engine = self.engine
+        stop = stop or asyncio.Event()
+        slots = asyncio.Semaphore(concurrency or engine.pool.max_workers)
+        tasks: set[asyncio.Task[None]] = set()
+        handled = 0
+        idle_since = time.monotonic()
+        # Parked runs whose wait another process settled without continuing them (P-18): named by a
+        # notice at once (Postgres), else found by a scan every SETTLED_SCAN_SECONDS.
+        settled: set[str] = set()
+        nudge = asyncio.Event()
+        scanned = 0.0
+        prune_at = 0.0  # [retention]: a first batch at start, then every every_seconds
+
+        def heard(kind: str, run_id: str) -> None:
+            if kind == SETTLED:
+                settled.add(run_id)
+                nudge.set()
+
+        async def one(coro: Awaitable[Any]) -> None:
+            async with slots:
+                with contextlib.suppress(Exception):
+                    await coro
+
+        engine.events.notices.handlers.append(heard)
+        engine.events.listen()
+        try:
+            while not stop.is_set():
+                busy = bool(tasks)
+                free = max(0, (concurrency or engine.pool.max_workers) - len(tasks))
+                if free and time.monotonic() - scanned >= SETTLED_SCAN_SECONDS:
+                    settled.update(await engine.store.aio.runs_with_settled_wait())
+                    scanned = time.monotonic()
+                if free:
+                    for coro in await self._claims(free, settled):
+                        task = asyncio.ensure_future(one(coro))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                        handled += 1
+                        busy = True
+                if time.monotonic() >= prune_at:
+                    delay = await self._prune_batch()
+                    prune_at = time.monotonic() + delay
+                    busy = busy or delay == 0  # more ended runs are due: not idle yet
+                if busy:
+                    idle_since = time.monotonic()
+                elif idle_exit_seconds is not None and time.monotonic() - idle_since > idle_exit_seconds:
+                    break
+                await _pause(stop, nudge, poll_seconds)
+        finally:
+            engine.events.notices.handlers.remove(heard)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return handled
+
+    async def _prune_batch(self) -> float:
+        """Forget one batch of ended runs past their [retention] days; seconds until the next batch.
+
+        One short transaction per batch; a full batch means more are due, so the next comes next round.
+        A store failure here is the next round's business, never the worker's end.
+        """
+        from tether._store.retention import prune
+
+        engine = self.engine
+        retention = engine.config.retention if engine.config is not None else None
+        if retention is None:
+            return float("inf")
+        try:
+            report = await engine.store.aio.call(prune, engine.store, retention.rules(), engine.clock(),
+                                                 limit=retention.batch)
+        except Exception as exc:  # noqa: BLE001 - reported, retried next round
+            print(f"tether worker: retention prune failed: {exc}", file=sys.stderr, flush=True)
+            return retention.every_seconds
+        return 0.0 if report.runs >= retention.batch else retention.every_seconds
+
+    async def _settled_runs(self, settled: set[str], free: int) -> list[Awaitable[Any]]:
+        """Wake-ups for parked runs whose wait was settled elsewhere; wake() claims each by compare-and-set."""
+        from tether._store.states import RunStatus, WaitStatus
+
+        engine = self.engine
+        out: list[Awaitable[Any]] = []
+        while settled and len(out) < free:
+            run = await engine.store.aio.get_run(settled.pop())
+            key = (run.pending or {}).get("key") if run is not None and run.status == RunStatus.WAITING else None
+            wait = await engine.store.aio.get_wait(key) if key else None
+            if (run is not None and wait is not None and wait.status != WaitStatus.PENDING
+                    and await self._available(run)):
+                out.append(launcher.wake(engine, run.run_id, key=key))
+        return out
+
+    async def _available(self, run: RunRecord) -> bool:
+        """Whether this worker can load the run's sources; said once per run on stderr when not."""
+        from tether.errors import RunTampered, ToolsUnavailable, WrongSecret
+
+        try:
+            await self.engine.require_sources(run)
+            return True
+        except (RunTampered, WrongSecret):
+            # Nothing was loaded for it; claiming it takes the usual path, which vets the run
+            # (a tampered run ends run_tampered, one signed with another secret is left alone).
+            return True
+        except ToolsUnavailable as exc:
+            if run.run_id not in self.reported:
+                self.reported.add(run.run_id)
+                print(f"tether worker: {exc.message}", file=sys.stderr, flush=True)
+            return False
+
+    async def _orphans_taken(self, room: Callable[[], bool], usable: Callable[[RunRecord], Awaitable[bool]],
+                             quarantined: Callable[[RunResult], None] | None = None) -> AsyncIterator[RunRecord]:
+        """Running runs whose owner died, taken over here one at a time while there is ``room`` (P-11).
+
+        Those whose lease lapsed are claimed by compare-and-set (Postgres: SKIP LOCKED) and
+        handed back if not ``usable`` here; those of a process known gone from this host are
+        taken from that owner at once, lease or not. Each is yielded as it is now, owned here,
+        with this takeover recorded on it; one taken over too many times in a row is ended
+        ``run_quarantined`` instead and handed to ``quarantined`` (P-39).
+        """
+        engine = self.engine
+        life = engine.lifecycle
+        async for before in claimed(room, life.claim_orphan, usable, life.release_orphan):
+            run = await engine.store.aio.get_run(before.run_id)
+            if run is not None:
+                run = await self._counted(run, before.owner, "lease_lapsed", quarantined)
+            if run is not None:
+                yield run
+        for gone in launcher.gone_owners(engine) if room() else []:
+            if room() and await usable(gone) and life.take_over(gone.run_id, gone_owner=gone.owner):
+                run = await engine.store.aio.get_run(gone.run_id)
+                if run is not None:
+                    run = await self._counted(run, gone.owner, "process_gone", quarantined)
+                if run is not None:
+                    yield run
+
+    async def _counted(self, run: RunRecord, gone_owner: str | None, how: str,
+                       quarantined: Callable[[RunResult], None] | None) -> RunRecord | None:
+        from tether._engine.quarantine import continue_or_quarantine
+
+        going_on, ended = await continue_or_quarantine(self.engine, run, gone_owner=gone_owner, how=how)
+        if ended is not None:
+            error = ended.error or {}
+            print(f"tether: run {run.run_id} quarantined ({error.get('code')}): "
+                  f"{len(error.get('details', {}).get('attempts', []))} attempts in a row ended with their process "
+                  "gone", file=sys.stderr, flush=True)
+            if quarantined is not None:
+                quarantined(ended)
+        return going_on
+
+    async def _claims(self, free: int, settled: set[str] | None = None) -> list[Awaitable[Any]]:
+        """Coroutines for work this worker may take now, most urgent first.
+
+        A run whose sources cannot be loaded here is left as it is (P-30) for a
+        process that has them.
+        """
+        from tether._store.states import RunStatus
+
+        engine = self.engine
+        life = engine.lifecycle
+        expire(engine)
+        # Runs a resolution is waiting for first: someone is waiting on them.
+        out = await self._settled_runs(settled, free) if settled else []
+
+        def room() -> bool:
+            return len(out) < free
+
+        async def trusted_and_available(run: RunRecord) -> bool:
+            # A tampered run ends failed here (giving it back then changes nothing); one signed
+            # with a secret not held here, or whose sources are not here, goes back to waiting.
+            return launcher.vet(engine, run)[0] and await self._available(run)
+
+        # Orphans first: their writes wait on us.
+        async for run in self._orphans_taken(room, self._available):
+            out.append(launcher.launch(engine, run, mode="continue").result())
+        # Due timers and wait deadlines, the same way.
+        async for run in claimed(room, life.claim_due, trusted_and_available,
+                                 lambda r: life.unclaim(r, RunStatus.WAITING)):
+            out.append(launcher.launch(engine, run, mode="continue").result())
+        # Queued runs, oldest first; one this process cannot load the sources of goes back in the queue.
+        async for run in claimed(room, life.claim_queued, self._available,
+                                 lambda r: life.unclaim(r, RunStatus.QUEUED)):
+            out.append(launcher.launch(engine, run, mode="fresh").result())
+        return out
+
+    # -- the same duties, once, on demand (Runtime.recover, tether recover; tests) --------------
+
+    async def recover(self) -> list[RunResult]:
+        """Continue runs whose owner died: lease expired, or its process on this host is gone (P-11)."""
+        engine = self.engine
+        out: list[RunResult] = []
+
+        async def usable(run: RunRecord) -> bool:
+            # A tampered run ends failed; one signed with another secret, or whose sources
+            # cannot be loaded here, is left to a process that can continue it.
+            trusted, ended = launcher.vet(engine, run)
+            if not trusted:
+                if ended is not None:
+                    out.append(ended)
+                return False
+            return await launcher.sources_or_note(engine, run, out)
+
+        async for run in self._orphans_taken(lambda: True, usable, out.append):
+            out.append(await launcher.launch(engine, run, mode="continue").result())
+        return out
+
+    async def run_queued(self, limit: int = 1) -> list[RunResult]:
+        """Claim up to ``limit`` queued runs (oldest first) and run them here."""
+        from tether._store.states import RunStatus
+
+        engine = self.engine
+        out: list[RunResult] = []
+
+        async def usable(run: RunRecord) -> bool:
+            trusted, ended = launcher.vet(engine, run)
+            if not trusted:
+                if ended is not None:
+                    out.append(ended)
+                return False
+            # Reported as it stays: back in the queue for a process that can load its sources.
+            return await launcher.sources_or_note(engine, dataclasses.replace(run, status=RunStatus.QUEUED), out)
+
+        async for run in claimed(lambda: len(out) < limit, engine.lifecycle.claim_queued, usable,
+                                 lambda r: engine.lifecycle.unclaim(r, RunStatus.QUEUED)):
+            out.append(await launcher.launch(engine, run, mode="fresh").result())
+        return out
 
 
 async def _pause(stop: asyncio.Event, nudge: asyncio.Event, seconds: float) -> None:
@@ -119,39 +281,6 @@ async def _pause(stop: asyncio.Event, nudge: asyncio.Event, seconds: float) -> N
         for w in waiters:
             w.cancel()
         nudge.clear()
-
-
-async def _settled_runs(engine: Engine, settled: set[str], free: int, reported: set[str]) -> list[Awaitable[Any]]:
-    """Wake-ups for parked runs whose wait was settled elsewhere; wake() claims each by compare-and-set."""
-    from tether._store.states import RunStatus, WaitStatus
-
-    out: list[Awaitable[Any]] = []
-    while settled and len(out) < free:
-        run = await engine.store.aio.get_run(settled.pop())
-        key = (run.pending or {}).get("key") if run is not None and run.status == RunStatus.WAITING else None
-        wait = await engine.store.aio.get_wait(key) if key else None
-        if (run is not None and wait is not None and wait.status != WaitStatus.PENDING
-                and await _available(engine, run, reported)):
-            out.append(launcher.wake(engine, run.run_id, key=key))
-    return out
-
-
-async def _available(engine: Engine, run: RunRecord, reported: set[str]) -> bool:
-    """Whether this worker can load the run's sources; said once per run on stderr when not."""
-    from tether.errors import RunTampered, ToolsUnavailable, WrongSecret
-
-    try:
-        await engine.require_sources(run)
-        return True
-    except (RunTampered, WrongSecret):
-        # Nothing was loaded for it; claiming it takes the usual path, which vets the run
-        # (a tampered run ends run_tampered, one signed with another secret is left alone).
-        return True
-    except ToolsUnavailable as exc:
-        if run.run_id not in reported:
-            reported.add(run.run_id)
-            print(f"tether worker: {exc.message}", file=sys.stderr, flush=True)
-        return False
 
 
 async def claimed(room: Callable[[], bool], claim: Callable[[Sequence[str]], RunRecord | None],
@@ -174,129 +303,6 @@ async def claimed(room: Callable[[], bool], claim: Callable[[Sequence[str]], Run
             skip.append(run.run_id)
             continue
         yield run
-
-
-async def orphans_taken(engine: Engine, room: Callable[[], bool],
-                        usable: Callable[[RunRecord], Awaitable[bool]],
-                        quarantined: Callable[[RunResult], None] | None = None) -> AsyncIterator[RunRecord]:
-    """Running runs whose owner died, taken over here one at a time while there is ``room`` (P-11).
-
-    Those whose lease lapsed are claimed by compare-and-set (Postgres: SKIP LOCKED) and
-    handed back if not ``usable`` here; those of a process known gone from this host are
-    taken from that owner at once, lease or not. Each is yielded as it is now, owned here,
-    with this takeover recorded on it; one taken over too many times in a row is ended
-    ``run_quarantined`` instead and handed to ``quarantined`` (P-39).
-    """
-    life = engine.lifecycle
-    async for before in claimed(room, life.claim_orphan, usable, life.release_orphan):
-        run = await engine.store.aio.get_run(before.run_id)
-        if run is not None:
-            run = await _counted(engine, run, before.owner, "lease_lapsed", quarantined)
-        if run is not None:
-            yield run
-    for gone in launcher.gone_owners(engine) if room() else []:
-        if room() and await usable(gone) and life.take_over(gone.run_id, gone_owner=gone.owner):
-            run = await engine.store.aio.get_run(gone.run_id)
-            if run is not None:
-                run = await _counted(engine, run, gone.owner, "process_gone", quarantined)
-            if run is not None:
-                yield run
-
-
-async def _counted(engine: Engine, run: RunRecord, gone_owner: str | None, how: str,
-                   quarantined: Callable[[RunResult], None] | None) -> RunRecord | None:
-    from tether._engine.quarantine import continue_or_quarantine
-
-    going_on, ended = await continue_or_quarantine(engine, run, gone_owner=gone_owner, how=how)
-    if ended is not None:
-        error = ended.error or {}
-        print(f"tether: run {run.run_id} quarantined ({error.get('code')}): "
-              f"{len(error.get('details', {}).get('attempts', []))} attempts in a row ended with their process gone",
-              file=sys.stderr, flush=True)
-        if quarantined is not None:
-            quarantined(ended)
-    return going_on
-
-
-async def _claims(engine: Engine, free: int, reported: set[str],
-                  settled: set[str] | None = None) -> list[Awaitable[Any]]:
-    """Coroutines for work this worker may take now, most urgent first.
-
-    A run whose sources cannot be loaded here is left as it is (P-30) for a
-    process that has them.
-    """
-    from tether._store.states import RunStatus
-
-    life = engine.lifecycle
-    expire(engine)
-    # Runs a resolution is waiting for first: someone is waiting on them.
-    out = await _settled_runs(engine, settled, free, reported) if settled else []
-
-    def room() -> bool:
-        return len(out) < free
-
-    async def available(run: RunRecord) -> bool:
-        return await _available(engine, run, reported)
-
-    async def trusted_and_available(run: RunRecord) -> bool:
-        # A tampered run ends failed here (giving it back then changes nothing); one signed
-        # with a secret not held here, or whose sources are not here, goes back to waiting.
-        return launcher.vet(engine, run)[0] and await available(run)
-
-    # Orphans first: their writes wait on us.
-    async for run in orphans_taken(engine, room, available):
-        out.append(launcher.launch(engine, run, mode="continue").result())
-    # Due timers and wait deadlines, the same way.
-    async for run in claimed(room, life.claim_due, trusted_and_available,
-                             lambda r: life.unclaim(r, RunStatus.WAITING)):
-        out.append(launcher.launch(engine, run, mode="continue").result())
-    # Queued runs, oldest first; one this process cannot load the sources of goes back in the queue.
-    async for run in claimed(room, life.claim_queued, available, lambda r: life.unclaim(r, RunStatus.QUEUED)):
-        out.append(launcher.launch(engine, run, mode="fresh").result())
-    return out
-
-
-# -- the same duties, once, on demand (Runtime.recover, tether recover; tests) --------------
-
-
-async def recover(engine: Engine) -> list[RunResult]:
-    """Continue runs whose owner died: lease expired, or its process on this host is gone (P-11)."""
-    out: list[RunResult] = []
-
-    async def usable(run: RunRecord) -> bool:
-        # A tampered run ends failed; one signed with another secret, or whose sources
-        # cannot be loaded here, is left to a process that can continue it.
-        trusted, ended = launcher.vet(engine, run)
-        if not trusted:
-            if ended is not None:
-                out.append(ended)
-            return False
-        return await launcher.sources_or_note(engine, run, out)
-
-    async for run in orphans_taken(engine, lambda: True, usable, out.append):
-        out.append(await launcher.launch(engine, run, mode="continue").result())
-    return out
-
-
-async def run_queued(engine: Engine, limit: int = 1) -> list[RunResult]:
-    """Claim up to ``limit`` queued runs (oldest first) and run them here."""
-    from tether._store.states import RunStatus
-
-    out: list[RunResult] = []
-
-    async def usable(run: RunRecord) -> bool:
-        trusted, ended = launcher.vet(engine, run)
-        if not trusted:
-            if ended is not None:
-                out.append(ended)
-            return False
-        # Reported as it stays: back in the queue for a process that can load its sources.
-        return await launcher.sources_or_note(engine, dataclasses.replace(run, status=RunStatus.QUEUED), out)
-
-    async for run in claimed(lambda: len(out) < limit, engine.lifecycle.claim_queued, usable,
-                             lambda r: engine.lifecycle.unclaim(r, RunStatus.QUEUED)):
-        out.append(await launcher.launch(engine, run, mode="fresh").result())
-    return out
 
 
 # -- one worker per home, started on demand ---------------------------------------

@@ -206,12 +206,12 @@ async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], t
         )
         # The server is also a runner (P-19): it executes queued runs, wakes
         # timers and due waits, and takes over runs whose process died.
-        from tether._engine.worker import work
+        from tether._engine.worker import Worker
 
         if rt.engine.sources is not None:  # open_runtime always sets it
             rt.engine.sources.refresh_in_background()
         stop_worker = asyncio.Event()
-        runner = asyncio.ensure_future(work(rt.engine, stop=stop_worker))
+        runner = asyncio.ensure_future(Worker(rt.engine).work(stop=stop_worker))
         try:
             if address is None:
                 await _serve_stdio(server, stopping)

@@ -322,7 +322,7 @@ async def cmd_start(args: argparse.Namespace) -> int:
 
 async def cmd_worker(args: argparse.Namespace) -> int:
     from tether._config import load_config
-    from tether._engine.worker import pid_file, work, worker_alive
+    from tether._engine.worker import Worker, pid_file, worker_alive
     from tether._hostwork import GraceOnSignal, LoopWatchdog
 
     home = home_of(args)
@@ -351,7 +351,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
                 configure_from(rt.engine.config.log if rt.engine.config is not None else None)
                 rt.engine.sources.refresh_in_background()
-                handled = await work(rt.engine, stop=stop, poll_seconds=args.poll, idle_exit_seconds=args.idle_exit)
+                handled = await Worker(rt.engine).work(stop=stop, poll_seconds=args.poll,
+                                                       idle_exit_seconds=args.idle_exit)
     finally:
         watchdog.stop()
         if worker_alive(home) == os.getpid():
