@@ -19,10 +19,12 @@ import types
 from pathlib import Path
 from typing import Any
 
-import common
-from tether._engine.policy import Policy
-from tether._runtime import Runtime
-from tether._store import open_store
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common, when loaded from a test
+
+import common  # noqa: E402
+from tether._engine.policy import Policy  # noqa: E402
+from tether._runtime import Runtime  # noqa: E402
+from tether._store import open_store  # noqa: E402
 
 PROGRAM = "import tools\nr = await tools.bench.get(id=1)\nawait tools.bench.put(id=1, value='x')\nr['value']\n"
 SRC = str(Path(__file__).resolve().parent.parent / "src" / "tether") + "/"
