@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 import psycopg
 import psycopg.conninfo
 
-from tether._store._migrations import POSTGRES_MIGRATIONS
+from tether._store._migrations import Dialect, render
 from tether._store._schema import _SELECT_RUN, SQLStore, Tx, _run
 from tether._store.base import Capabilities, RunRecord
 from tether.errors import ConfigError
@@ -45,6 +45,11 @@ _SECRET_BYTES = 32
 # to keep tens of concurrent runs off each other's round trips (D-27), few
 # enough that several replicas stay far below Postgres's default 100.
 POOL_SIZE = 8
+POSTGRES = Dialect(
+    "postgres", real="DOUBLE PRECISION", blob="BYTEA", serial="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+    # A Postgres store has no directory of its own to keep its secret beside it (P-35).
+    own={1: ("CREATE TABLE store_secret (id INTEGER PRIMARY KEY CHECK (id = 1), value {blob} NOT NULL)",)},
+)
 
 
 @lru_cache(maxsize=256)
@@ -53,7 +58,7 @@ def _placeholders(sql: str) -> str:
 
 
 class PostgresStore(SQLStore):
-    migrations = POSTGRES_MIGRATIONS
+    migrations = render(POSTGRES)
     driver_error = psycopg.Error
     # The byte length of a TEXT or BYTEA value (retention's estimates).
     octets = "OCTET_LENGTH({})"
@@ -354,4 +359,4 @@ def _lock_key(schema: str) -> int:
     return int.from_bytes(hashlib.sha256(f"tether.migrate.{schema}".encode()).digest()[:8], "big", signed=True)
 
 
-__all__ = ["PostgresStore"]
+__all__ = ["POSTGRES", "PostgresStore"]

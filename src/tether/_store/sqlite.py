@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from tether._store._migrations import SQLITE_MIGRATIONS
+from tether._store._migrations import Dialect, render
 from tether._store._schema import SQLStore, Tx
 from tether.errors import ConfigError, StoreError
 
@@ -36,6 +36,7 @@ _MEMORY = ":memory:"
 # lock means a writer is stuck, and the caller should hear about it.
 _BUSY_TIMEOUT_MS = 5000
 _SECRET_BYTES = 32
+SQLITE = Dialect("sqlite", real="REAL", blob="BLOB", serial="INTEGER PRIMARY KEY AUTOINCREMENT")
 
 
 def _identity(sql: str) -> str:
@@ -67,7 +68,7 @@ def _enter_wal(conn: sqlite3.Connection) -> None:
 
 
 class SQLiteStore(SQLStore):
-    migrations = SQLITE_MIGRATIONS
+    migrations = render(SQLITE)
     driver_error = sqlite3.Error
     # The byte length of a TEXT or BLOB value (retention's estimates).
     octets = "LENGTH(CAST({} AS BLOB))"
@@ -205,4 +206,4 @@ class SQLiteStore(SQLStore):
         return total
 
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SQLITE", "SQLiteStore"]
