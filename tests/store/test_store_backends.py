@@ -40,9 +40,10 @@ from tether.errors import ConfigError
 # --- the backend: everything a new one needs, in one module ---------------------------------------------
 
 SCHEME = "litevariant:///"
-# Its own statement joins schema version 1, after the shared ones (as Postgres's store_secret does).
-VARIANT = dataclasses.replace(SQLITE, name="litevariant",
-                              own={1: ("CREATE TABLE variant_marks (mark TEXT NOT NULL, at {real} NOT NULL)",)})
+# Its own statement joins schema version 1, after the shared ones (as Postgres's store_secret does); SQLite's
+# own statements (which have none at version 1) stay.
+VARIANT = dataclasses.replace(SQLITE, name="litevariant", own={
+    **SQLITE.own, 1: ("CREATE TABLE variant_marks (mark TEXT NOT NULL, at {real} NOT NULL)",)})
 
 
 class VariantStore(SQLiteStore):

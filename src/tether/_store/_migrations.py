@@ -184,6 +184,21 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE TABLE console_signouts (session TEXT PRIMARY KEY, expires_at {real} NOT NULL)",
         "CREATE INDEX runs_principal_created ON runs (principal, created_at)",
     ),
+    (
+        # 11: three columns called "key" get names that say which digest each holds (D-48): a call's
+        # identity digest, a wait key's digest, a source definition's digest. Expand only: the new
+        # columns are added and filled, and each backend's triggers (its Dialect.own) keep old and new
+        # in step on insert, for replicas of the previous release still writing and reading "key"
+        # during a rolling upgrade. Dropping the old columns is a later migration (docs/deploy.md).
+        "ALTER TABLE calls ADD COLUMN identity_digest TEXT",
+        "UPDATE calls SET identity_digest = key",
+        "ALTER TABLE waits ADD COLUMN key_digest TEXT",
+        "UPDATE waits SET key_digest = key",
+        "CREATE UNIQUE INDEX waits_key_digest ON waits (key_digest)",
+        "ALTER TABLE source_listings ADD COLUMN definition_digest TEXT",
+        "UPDATE source_listings SET definition_digest = key",
+        "CREATE UNIQUE INDEX source_listings_definition_digest ON source_listings (definition_digest)",
+    ),
 ]
 
 

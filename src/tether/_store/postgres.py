@@ -45,10 +45,28 @@ _SECRET_BYTES = 32
 # to keep tens of concurrent runs off each other's round trips (D-27), few
 # enough that several replicas stay far below Postgres's default 100.
 POOL_SIZE = 8
+
+
+# Migration 11's Postgres half (D-48): before a row is inserted, whichever of the old and new column the
+# writer left NULL takes the other's value (an older replica writes "key", this tether the digest column),
+# so the NOT NULL and primary keys on "key" still hold. No "?" or "%" in the bodies: placeholders.
+def _in_step(table: str, new: str) -> tuple[str, str]:
+    function = f"{table}_{new}_in_step"
+    return (f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"NEW.{new} := COALESCE(NEW.{new}, NEW.key); NEW.key := COALESCE(NEW.key, NEW.{new}); "
+            "RETURN NEW; END $$",
+            f"CREATE TRIGGER {function} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {function}()")
+
+
 POSTGRES = Dialect(
     "postgres", real="DOUBLE PRECISION", blob="BYTEA", serial="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
-    # A Postgres store has no directory of its own to keep its secret beside it (P-35).
-    own={1: ("CREATE TABLE store_secret (id INTEGER PRIMARY KEY CHECK (id = 1), value {blob} NOT NULL)",)},
+    own={
+        # A Postgres store has no directory of its own to keep its secret beside it (P-35).
+        1: ("CREATE TABLE store_secret (id INTEGER PRIMARY KEY CHECK (id = 1), value {blob} NOT NULL)",),
+        11: tuple(statement for table, new in (("calls", "identity_digest"), ("waits", "key_digest"),
+                                               ("source_listings", "definition_digest"))
+                  for statement in _in_step(table, new)),
+    },
 )
 
 
