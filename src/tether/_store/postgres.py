@@ -49,8 +49,9 @@ POOL_SIZE = 8
 
 # Migration 11's Postgres half (D-48): before a row is inserted, whichever of the old and new column the
 # writer left NULL takes the other's value (an older replica writes "key", this tether the digest column),
-# so the NOT NULL and primary keys on "key" still hold. No "?" or "%" in the bodies: placeholders.
-def _in_step(table: str, new: str) -> tuple[str, str]:
+# so the NOT NULL and primary keys on "key" still hold. No "?" or "%" in the bodies: placeholders. Released
+# SQL: this function must never change (tests/shape/test_store_shape.py pins what it renders).
+def _v11_in_step(table: str, new: str) -> tuple[str, str]:
     function = f"{table}_{new}_in_step"
     return (f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
             f"NEW.{new} := COALESCE(NEW.{new}, NEW.key); NEW.key := COALESCE(NEW.key, NEW.{new}); "
@@ -65,7 +66,7 @@ POSTGRES = Dialect(
         1: ("CREATE TABLE store_secret (id INTEGER PRIMARY KEY CHECK (id = 1), value {blob} NOT NULL)",),
         11: tuple(statement for table, new in (("calls", "identity_digest"), ("waits", "key_digest"),
                                                ("source_listings", "definition_digest"))
-                  for statement in _in_step(table, new)),
+                  for statement in _v11_in_step(table, new)),
     },
 )
 

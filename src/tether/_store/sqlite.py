@@ -41,8 +41,9 @@ _SECRET_BYTES = 32
 # trigger fills whichever of the old and new column the writer left NULL: an older replica writes "key",
 # this tether the digest column. For that, calls.key loses its NOT NULL, which SQLite can only do by
 # rebuilding the table (same columns, same order; nothing references calls, and its only index is the
-# primary key). waits.key and source_listings.key are TEXT primary keys, which SQLite lets be NULL.
-def _in_step(table: str, new: str) -> str:
+# primary key). waits.key and source_listings.key are TEXT primary keys, which SQLite lets be NULL. Released
+# SQL: this function must never change (tests/shape/test_store_shape.py pins what it renders).
+def _v11_in_step(table: str, new: str) -> str:
     return (f"CREATE TRIGGER {table}_{new}_in_step AFTER INSERT ON {table} "
             f"WHEN NEW.{new} IS NULL OR NEW.key IS NULL BEGIN "
             f"UPDATE {table} SET {new} = COALESCE({new}, key), key = COALESCE(key, {new}) "
@@ -74,9 +75,9 @@ SQLITE = Dialect("sqlite", real="REAL", blob="BLOB", serial="INTEGER PRIMARY KEY
     f"INSERT INTO calls_v11 ({_CALLS_V11}) SELECT {_CALLS_V11} FROM calls",
     "DROP TABLE calls",
     "ALTER TABLE calls_v11 RENAME TO calls",
-    _in_step("calls", "identity_digest"),
-    _in_step("waits", "key_digest"),
-    _in_step("source_listings", "definition_digest"),
+    _v11_in_step("calls", "identity_digest"),
+    _v11_in_step("waits", "key_digest"),
+    _v11_in_step("source_listings", "definition_digest"),
 )})
 
 
