@@ -4,8 +4,8 @@
 ``definition_digest``. This release adds and fills the new columns and keeps the old ones, which triggers
 keep in step on insert, because replicas of the previous release go on writing and reading ``key`` during a
 rolling upgrade (docs/deploy.md). So: a store at schema version 10 upgrades and its rows keep their
-meaning, a row an older replica writes the old way is seen by this code, and a row this code writes is seen
-by an older replica.
+meaning, a row an older replica writes the old way is seen by this code, a row this code writes is seen by
+an older replica, and this code still runs once the later contract step has dropped the old columns.
 
 The version-10 store is made from a real one: a run is parked by this tether, then the store is taken back
 to version 10 (the new columns, their triggers and indexes dropped, version 11 forgotten) with the rows the
@@ -84,6 +84,28 @@ class Backend:
                 self.sql(f"DROP INDEX {table}_{column}")
             self.sql(f"ALTER TABLE {table} DROP COLUMN {column}")
         self.sql("DELETE FROM schema_version WHERE version = 11")
+
+    def contract(self) -> None:
+        """What the later contract migration does (docs/deploy.md): no trigger, no old "key" column."""
+        for table, column in RENAMED.items():
+            name = f"{table}_{column}_in_step"
+            if self.kind == "postgres":
+                self.sql(f"DROP FUNCTION {name}() CASCADE")
+                self.sql(f"ALTER TABLE {table} DROP COLUMN key")
+                continue
+            self.sql(f"DROP TRIGGER {name}")
+            if table == "calls":
+                self.sql("ALTER TABLE calls DROP COLUMN key")
+                continue
+            # SQLite drops no primary key column: the table is copied without it (the indexes made again).
+            kept = ", ".join(sorted(self.columns(table) - {"key"}))
+            indexes = [sql for (sql,) in self.sql("SELECT sql FROM sqlite_master WHERE type = 'index' "
+                                                  "AND tbl_name = ? AND sql IS NOT NULL", (table,))]
+            self.sql(f"CREATE TABLE {table}_c AS SELECT {kept} FROM {table}")
+            self.sql(f"DROP TABLE {table}")
+            self.sql(f"ALTER TABLE {table}_c RENAME TO {table}")
+            for sql in indexes:
+                self.sql(sql)
 
     def columns(self, table: str) -> set[str]:
         if self.kind == "sqlite":
@@ -184,3 +206,22 @@ def test_rows_this_code_writes_are_seen_by_an_older_replica(backend):
         assert json.loads(backend.sql("SELECT data FROM source_listings WHERE key = 'def-2'")[0][0]) == {"tools": []}
     finally:
         store.close()
+
+
+async def test_this_release_runs_on_the_store_after_the_contract_step(backend):
+    """The contract migration may roll out while this release's replicas still run: they never name "key"."""
+    backend.store().close()
+    backend.contract()
+    assert "key" not in backend.columns("calls") | backend.columns("waits") | backend.columns("source_listings")
+    rec = Recorder()
+    async with backend.runtime(rec) as rt:
+        parked = await rt.execute(PROGRAM)
+        assert parked.status == "waiting"
+        backend.sql("DELETE FROM snapshots WHERE run_id = ?", (parked.run_id,))  # the resume replays
+        out = await rt.resolve_wait(parked.pending["key"], {"note": "go ahead"})
+        assert out["run"]["status"] == "completed" and out["run"]["result"] == ["ticket 1", "go ahead"], out
+        assert [w.status for w in rt.store.list_waits(run_id=parked.run_id, status=None)] == ["resolved"]
+        rt.store.put_listing("def-3", [1], 8.0)
+        rt.store.put_listing("def-3", [2], 9.0)
+        assert rt.store.get_listing("def-3") == ([2], 9.0)
+    assert [e for e in rec.events if e[0] == "start"] == [("start", "get_ticket", 1)]
