@@ -29,7 +29,6 @@ from pydantic_core import PydanticCustomError
 from tether._engine.limits import Limits
 from tether._engine.policy import PolicyConfig
 from tether._fields import (
-    STORE_SCHEMES,
     Bool,
     Days,
     EnvName,
@@ -44,6 +43,7 @@ from tether._fields import (
     Text,
 )
 from tether._sources.kinds import SourceDefinition
+from tether._store import backend_for, expected_url
 from tether.errors import ConfigError
 
 __all__ = [
@@ -453,8 +453,8 @@ class Config(_Section):
         errors = [{"file": source, "key": key, "message": message} for key, message in problems]
         home = _home_from(env)
         store_url = env.get("TETHER_STORE_URL") or None
-        if store_url is not None and not store_url.startswith(STORE_SCHEMES):
-            message = f"must be a sqlite:///path or postgresql:// URL (got {_redact_url(store_url)!r})"
+        if store_url is not None and backend_for(store_url) is None:
+            message = f"{expected_url()} (got {_redact_url(store_url)!r})"
             errors.append({"env": "TETHER_STORE_URL", "message": message})
         if errors or config is None:
             raise ConfigError(

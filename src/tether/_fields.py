@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import keyword
 import re
-from typing import Annotated
+from typing import Annotated, Callable
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, Strict
@@ -17,10 +17,15 @@ from pydantic_core import PydanticCustomError
 
 
 class Expected:
-    """What a key must hold, in the words an error message uses."""
+    """What a key must hold, in the words an error message uses; a function gives words known only later
+    (the store schemes that backends registered)."""
 
-    def __init__(self, text: str) -> None:
-        self.text = text
+    def __init__(self, text: str | Callable[[], str]) -> None:
+        self._text = text
+
+    @property
+    def text(self) -> str:
+        return self._text if isinstance(self._text, str) else self._text()
 
 
 # Scalars are strict so that TOML's `"5"` or `true` is an error rather than a
@@ -40,7 +45,6 @@ Port = Annotated[
 StrTable = Annotated[dict[str, Annotated[str, Strict()]], Expected("must be a table of strings")]
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-STORE_SCHEMES = ("sqlite:///", "postgresql://", "postgres://")
 
 
 # Custom checks raise with an empty message: the key's _Expected text says
@@ -66,9 +70,18 @@ def _check_http_url(value: str) -> str:
 
 
 def _check_store_url(value: str) -> str:
-    if not value.startswith(STORE_SCHEMES):
+    # Imported here: the registry is filled by the store package, which need not load to read this module.
+    from tether._store import backend_for
+
+    if backend_for(value) is None:
         raise PydanticCustomError("store_url", "")
     return value
+
+
+def _expected_store_url() -> str:
+    from tether._store import expected_url
+
+    return expected_url()
 
 
 def _check_glob(value: str) -> str:
@@ -95,7 +108,7 @@ StoreUrl = Annotated[
     str,
     Strict(),
     AfterValidator(_check_store_url),
-    Expected("must be a sqlite:///path or postgresql:// URL"),
+    Expected(_expected_store_url),
 ]
 Glob = Annotated[
     str,

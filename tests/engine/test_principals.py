@@ -9,13 +9,15 @@ import pytest
 from helpers import Clock, Recorder
 from tether._runtime import Runtime
 from tether._store import RunRecord, open_store
-from tether._store._migrations import POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS
 from tether._store.postgres import PostgresStore
 from tether._store.sqlite import SQLiteStore
 from tether.errors import RunNotFound, UsageError
 
 TOKEN = "token:" + "a" * 32
 WRITE = "import tools\nawait tools.helpdesk.close_ticket(id=1)"
+# Each backend's migrations as it runs them (the one list, rendered for its dialect).
+SQLITE_MIGRATIONS = SQLiteStore.migrations
+POSTGRES_MIGRATIONS = PostgresStore.migrations
 
 
 def runtime(store_url, rec, **kw) -> Runtime:

@@ -49,11 +49,6 @@ def _own_names(tree: ast.Module) -> set[str]:
     return own
 
 
-# The store's own leftovers (the migrations named through _schema.py) go with its one migration list
-# (issue 21, the store's part); nothing else may be exempt.
-_STORE_PART = {("tether._store._schema", "POSTGRES_MIGRATIONS"), ("tether._store._schema", "SQLITE_MIGRATIONS")}
-
-
 def test_a_name_is_imported_from_the_module_that_defines_it():
     """No "importable from here, as before" shims: a caller names the home module, so moving a thing
     breaks its callers at once instead of leaving a second address that drifts. A package's __init__
@@ -71,8 +66,7 @@ def test_a_name_is_imported_from_the_module_that_defines_it():
                 for alias in node.names:
                     if alias.name in own[node.module] or f"{node.module}.{alias.name}" in modules:
                         continue
-                    if (node.module, alias.name) not in _STORE_PART:
-                        found.append(f"{path.name}:{node.lineno} from {node.module} import {alias.name}")
+                    found.append(f"{path.name}:{node.lineno} from {node.module} import {alias.name}")
     assert found == []
     reexported = []
     for name, path in modules.items():
@@ -81,6 +75,5 @@ def test_a_name_is_imported_from_the_module_that_defines_it():
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
                 listed = {e.value for e in node.value.elts if isinstance(e, ast.Constant)}  # type: ignore[attr-defined]
-                reexported += [f"{name}.{n}" for n in sorted(listed - own[name])
-                               if (name, n) not in _STORE_PART]
+                reexported += [f"{name}.{n}" for n in sorted(listed - own[name])]
     assert reexported == []

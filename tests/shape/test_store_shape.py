@@ -167,3 +167,28 @@ def test_the_one_migration_list_gives_both_backends_the_same_tables(tmp_path, pg
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     assert set(on_postgres) - set(on_sqlite) == {"store_secret"}
     assert {t: on_postgres[t] for t in on_sqlite} == on_sqlite
+
+
+# sha256 (first 16 hex digits) of each released schema version's statements as each backend runs them, joined
+# by NUL: versions 1-10 as the two hand-written lists before they became one list with dialect hooks gave
+# them, 11 the column renames' expand step (D-48). A released
+# migration is never edited (_migrations.py): a changed digest is a database that would upgrade differently
+# from one already upgraded. A new migration appends one digest per backend.
+RELEASED = {
+    "sqlite": ["d10b736b884d2639", "41c469176112376f", "ee0c872a66ce14b3", "2e60b28916cb7d39", "b0a9bdc606ec465e",
+               "9a72ff8f56d60ed2", "6cd36289cf1e6ff0", "c5475bbf79ca7a67", "c68944be38308961", "5bd9a14810a66ed4",
+               "3ba527ee087cce58"],
+    "postgres": ["82d30c92be892c82", "cb5ea863ea4c1af0", "b0dbf6c37b07688f", "2e60b28916cb7d39", "b0a9bdc606ec465e",
+                 "64ba73961dc4a8d1", "f50baa5f3b2f3db3", "c5475bbf79ca7a67", "c68944be38308961", "6bf05643d57a1918",
+                 "3e760dce73149d4e"],
+}
+
+
+def test_released_migrations_render_byte_identical_for_each_backend():
+    import hashlib
+
+    for backend in (SQLiteStore, PostgresStore):
+        dialect = {SQLiteStore: "sqlite", PostgresStore: "postgres"}[backend]
+        rendered = [hashlib.sha256("\0".join(m).encode()).hexdigest()[:16] for m in backend.migrations]
+        assert rendered == RELEASED[dialect], f"{dialect}: a released migration's SQL changed"
+    assert len(SQLiteStore.migrations) == len(PostgresStore.migrations) == len(_migrations.MIGRATIONS)

@@ -89,13 +89,13 @@ def _sent(log: Path) -> list[str]:
 def _make_record_read_only(db: Db) -> int:
     """The attack: the cached listing says the write tool ``record`` is read-only."""
     changed = 0
-    for key, data in db.sql("SELECT key, data FROM source_listings"):
+    for digest, data in db.sql("SELECT definition_digest, data FROM source_listings"):
         listing = json.loads(data)
         for tool in listing["tools"]:
             if tool["name"] == "record":
                 tool["annotations"] = {**(tool.get("annotations") or {}), "readOnlyHint": True}
                 changed += 1
-        db.sql("UPDATE source_listings SET data = ? WHERE key = ?", (json.dumps(listing), key))
+        db.sql("UPDATE source_listings SET data = ? WHERE definition_digest = ?", (json.dumps(listing), digest))
     return changed
 
 
@@ -196,8 +196,10 @@ async def test_a_read_only_copy_of_the_store_approves_nothing(db, secret_outside
     assert handed not in stolen
     assert CAPABILITY.findall(stolen) == []
 
-    # Everything that looks like a key in the waits table, tried as one: nothing is decided.
-    keys = [k for (k,) in db.sql("SELECT key FROM waits")]
+    # Everything that looks like a key in the waits table, tried as one: nothing is decided. The old "key"
+    # column (kept in step until the contract migration, D-48) holds the same digests.
+    keys = [k for (k,) in db.sql("SELECT key_digest FROM waits")]
+    assert sorted(keys) == sorted(k for (k,) in db.sql("SELECT key FROM waits"))
     assert keys and all(k.startswith("wd1.") for k in keys)
     async with Runtime(store=open_store(db.url), tools=rec.tools(), policy=Policy(writes="ask"),
                        type_check=False) as rt:

@@ -4,9 +4,10 @@ Migrations are numbered, forward-only and never edited once released: a new
 column is a new entry at the end of the list, written out as literal SQL (not
 generated from the record field lists in ``_schema.py``, which change with the
 code). Where the backends' SQL differs, a statement names the difference —
-``{real}``, ``{blob}``, ``{serial}`` — and each dialect fills it in; a statement
-only one backend needs is ``Only(dialect, sql)``. ``schema_version`` holds one
-row per applied migration. Entry n of the list is schema version n.
+``{real}``, ``{blob}``, ``{serial}`` — and each dialect fills it in. A statement
+only one backend needs is that backend's own (``Dialect.own``, given in its
+module, so this list names no backend). ``schema_version`` holds one row per
+applied migration. Entry n of the list is schema version n.
 
 JSON is TEXT, not jsonb: jsonb refuses "\u0000" and would make the two
 backends store different bytes.
@@ -14,36 +15,24 @@ backends store different bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 
 @dataclass(frozen=True)
 class Dialect:
-    """How one backend spells what the SQL standard leaves open."""
+    """How one backend spells what the SQL standard leaves open, and the statements only it runs."""
 
     name: str
     real: str  # a float column
     blob: str  # a bytes column
     serial: str  # an id column: the primary key, assigned in write order and never reused
+    # Statements only this backend runs, by the schema version whose migration they end (after the shared
+    # statements of that version): the hook that keeps a dialect's own tables in the backend's module.
+    own: Mapping[int, tuple[str, ...]] = field(default_factory=dict, hash=False)
 
 
-SQLITE = Dialect("sqlite", real="REAL", blob="BLOB", serial="INTEGER PRIMARY KEY AUTOINCREMENT")
-POSTGRES = Dialect("postgres", real="DOUBLE PRECISION", blob="BYTEA",
-                   serial="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY")
-
-
-@dataclass(frozen=True)
-class Only:
-    """A statement for one dialect alone."""
-
-    dialect: Dialect
-    sql: str
-
-
-Statement = str | Only
-
-
-MIGRATIONS: list[tuple[Statement, ...]] = [
+MIGRATIONS: list[tuple[str, ...]] = [
     (
         """CREATE TABLE runs (
             run_id TEXT PRIMARY KEY,
@@ -107,8 +96,6 @@ MIGRATIONS: list[tuple[Statement, ...]] = [
             created_at {real} NOT NULL
         )""",
         "CREATE INDEX events_run ON events (run_id, id)",
-        # A Postgres store has no directory of its own to keep its secret beside it (P-35).
-        Only(POSTGRES, "CREATE TABLE store_secret (id INTEGER PRIMARY KEY CHECK (id = 1), value {blob} NOT NULL)"),
     ),
     (
         # 2: durable waits. No foreign key: a resolution may be buffered
@@ -197,18 +184,34 @@ MIGRATIONS: list[tuple[Statement, ...]] = [
         "CREATE TABLE console_signouts (session TEXT PRIMARY KEY, expires_at {real} NOT NULL)",
         "CREATE INDEX runs_principal_created ON runs (principal, created_at)",
     ),
+    (
+        # 11: three columns called "key" get names that say which digest each holds (D-48): a call's
+        # identity digest, a wait key's digest, a source definition's digest. Expand only: the new
+        # columns are added and filled, and each backend's triggers (its Dialect.own) keep old and new
+        # in step on insert, for replicas of the previous release still writing and reading "key"
+        # during a rolling upgrade. Dropping the old columns is a later migration (docs/deploy.md).
+        "ALTER TABLE calls ADD COLUMN identity_digest TEXT",
+        "UPDATE calls SET identity_digest = key",
+        "ALTER TABLE waits ADD COLUMN key_digest TEXT",
+        "UPDATE waits SET key_digest = key",
+        "CREATE UNIQUE INDEX waits_key_digest ON waits (key_digest)",
+        "ALTER TABLE source_listings ADD COLUMN definition_digest TEXT",
+        "UPDATE source_listings SET definition_digest = key",
+        "CREATE UNIQUE INDEX source_listings_definition_digest ON source_listings (definition_digest)",
+    ),
 ]
 
 
 def render(dialect: Dialect) -> list[tuple[str, ...]]:
-    """The migrations as ``dialect`` runs them: entry n is schema version n."""
+    """The migrations as ``dialect`` runs them: entry n is schema version n, its shared statements, then
+    the dialect's own."""
+    beyond = sorted(version for version in dialect.own if not 1 <= version <= len(MIGRATIONS))
+    if beyond:
+        raise ValueError(f"dialect {dialect.name!r} adds statements to schema versions {beyond}, "
+                         f"which the list (1 to {len(MIGRATIONS)}) does not have")
     fill = {"real": dialect.real, "blob": dialect.blob, "serial": dialect.serial}
-    return [tuple((s if isinstance(s, str) else s.sql).format(**fill) for s in migration
-                  if isinstance(s, str) or s.dialect == dialect)
-            for migration in MIGRATIONS]
+    return [tuple(statement.format(**fill) for statement in (*migration, *dialect.own.get(version, ())))
+            for version, migration in enumerate(MIGRATIONS, start=1)]
 
 
-SQLITE_MIGRATIONS = render(SQLITE)
-POSTGRES_MIGRATIONS = render(POSTGRES)
-
-__all__ = ["MIGRATIONS", "POSTGRES", "POSTGRES_MIGRATIONS", "SQLITE", "SQLITE_MIGRATIONS", "Dialect", "Only", "render"]
+__all__ = ["MIGRATIONS", "Dialect", "render"]

@@ -92,9 +92,15 @@ SESSION_COLUMNS = _columns(SessionRecord, set(), {"data"})
 OUTBOX_COLUMNS = _columns(OutboxRecord, set())
 EVENT_COLUMNS = {"id": _PLAIN, "run_id": _PLAIN, "type": _PLAIN, "data": _JSON, "created_at": _PLAIN}
 
-# Fields an update may set: everything but the key.
+# A record field whose column is named otherwise: the column says which digest it holds (migration 11,
+# D-48); the field keeps the name the engine uses. The old "key" columns stay until the contract
+# migration (docs/deploy.md), filled by the backends' triggers; this code never names them.
+CALL_COLUMN_NAMES = {"key": "identity_digest"}
+WAIT_COLUMN_NAMES = {"key": "key_digest"}
+
+# Fields an update may set: everything but the row's key. A call's identity digest never changes.
 _RUN_UPDATABLE = frozenset(RUN_COLUMNS) - {"run_id", "run_key"}
-_CALL_UPDATABLE = frozenset(CALL_COLUMNS) - {"run_id", "seq"}
+_CALL_UPDATABLE = frozenset(CALL_COLUMNS) - {"run_id", "seq", "key"}
 
 
 # Built once: json.dumps with options builds a new encoder on each call (same bytes either way).
@@ -128,22 +134,23 @@ def _decode(kinds: dict[str, str], row: Sequence[Any]) -> dict[str, Any]:
     return out
 
 
-def _select(table: str, kinds: dict[str, str]) -> str:
-    return f"SELECT {', '.join(kinds)} FROM {table}"
+def _select(table: str, kinds: dict[str, str], names: dict[str, str] | None = None) -> str:
+    return f"SELECT {', '.join((names or {}).get(n, n) for n in kinds)} FROM {table}"
 
 
-def _insert(table: str, kinds: dict[str, str]) -> str:
-    return f"INSERT INTO {table} ({', '.join(kinds)}) VALUES ({', '.join('?' * len(kinds))})"
+def _insert(table: str, kinds: dict[str, str], names: dict[str, str] | None = None) -> str:
+    columns = ", ".join((names or {}).get(n, n) for n in kinds)
+    return f"INSERT INTO {table} ({columns}) VALUES ({', '.join('?' * len(kinds))})"
 
 
 _SELECT_RUN = _select("runs", RUN_COLUMNS)
-_SELECT_CALL = _select("calls", CALL_COLUMNS)
+_SELECT_CALL = _select("calls", CALL_COLUMNS, CALL_COLUMN_NAMES)
 _SELECT_SNAPSHOT = _select("snapshots", SNAPSHOT_COLUMNS)
 _SELECT_EVENT = _select("events", EVENT_COLUMNS)
-_SELECT_WAIT = _select("waits", WAIT_COLUMNS)
-_INSERT_WAIT = _insert("waits", WAIT_COLUMNS)
+_SELECT_WAIT = _select("waits", WAIT_COLUMNS, WAIT_COLUMN_NAMES)
+_INSERT_WAIT = _insert("waits", WAIT_COLUMNS, WAIT_COLUMN_NAMES)
 _INSERT_RUN = _insert("runs", RUN_COLUMNS)
-_INSERT_CALL = _insert("calls", CALL_COLUMNS)
+_INSERT_CALL = _insert("calls", CALL_COLUMNS, CALL_COLUMN_NAMES)
 _INSERT_SNAPSHOT = _insert("snapshots", SNAPSHOT_COLUMNS)
 # Rows per multi-row INSERT: journal batches fit in one statement, far below SQLite's 32,766 and Postgres's
 # 65,535 parameters.
@@ -694,12 +701,12 @@ class SQLStore:
         stored = dataclasses.replace(wait, key=wait_digest(wait.key))
         values = [_encode(WAIT_COLUMNS, n, getattr(stored, n)) for n in WAIT_COLUMNS]
         with self._transaction(write=True) as tx:
-            row = tx.run(f"{_SELECT_WAIT} WHERE key IN (?, ?)", (stored.key, wait.key)).fetchone()
+            row = tx.run(f"{_SELECT_WAIT} WHERE key_digest IN (?, ?)", (stored.key, wait.key)).fetchone()
             if row is not None:
                 found = _wait(row)
                 if found.seq is None and wait.seq is not None:
                     # A resolution buffered before the run reached its wait: attach it.
-                    tx.run("UPDATE waits SET seq = ?, deadline = ? WHERE key = ?", (wait.seq, wait.deadline, found.key))
+                    tx.run("UPDATE waits SET seq = ?, deadline = ? WHERE key_digest = ?", (wait.seq, wait.deadline, found.key))
                     found.seq, found.deadline = wait.seq, wait.deadline
                 return found
             tx.run(_INSERT_WAIT, values)
@@ -708,13 +715,13 @@ class SQLStore:
     def get_wait(self, key: str) -> WaitRecord | None:
         # The digest; or the key itself, for a row written before keys were kept as digests.
         with self._transaction(write=False, single=True) as tx:
-            row = tx.run(f"{_SELECT_WAIT} WHERE key IN (?, ?)", (wait_digest(key), key)).fetchone()
+            row = tx.run(f"{_SELECT_WAIT} WHERE key_digest IN (?, ?)", (wait_digest(key), key)).fetchone()
         return None if row is None else _wait(row)
 
     def settle_wait(self, wait: WaitRecord) -> tuple[bool, WaitRecord]:
         stored = dataclasses.replace(wait, key=wait_digest(wait.key))
         with self._transaction(write=True) as tx:
-            row = tx.run(f"{_SELECT_WAIT} WHERE key IN (?, ?)", (stored.key, wait.key)).fetchone()
+            row = tx.run(f"{_SELECT_WAIT} WHERE key_digest IN (?, ?)", (stored.key, wait.key)).fetchone()
             if row is None:
                 values = [_encode(WAIT_COLUMNS, n, getattr(stored, n)) for n in WAIT_COLUMNS]
                 tx.run(_INSERT_WAIT, values)
@@ -723,7 +730,7 @@ class SQLStore:
             if found.status != WaitStatus.PENDING:
                 return False, found
             tx.run(
-                "UPDATE waits SET status = ?, value = ?, error = ?, resolved_at = ? WHERE key = ? AND status = ?",
+                "UPDATE waits SET status = ?, value = ?, error = ?, resolved_at = ? WHERE key_digest = ? AND status = ?",
                 (wait.status, dump_json(wait.value), dump_json(wait.error), wait.resolved_at, found.key,
                  WaitStatus.PENDING),
             )
@@ -737,7 +744,7 @@ class SQLStore:
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
-        sql = _SELECT_WAIT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created_at, key"
+        sql = _SELECT_WAIT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created_at, key_digest"
         with self._transaction(write=False, single=True) as tx:
             return [_wait(row) for row in tx.run(sql, params).fetchall()]
 
@@ -745,7 +752,7 @@ class SQLStore:
         """Parked runs whose wait was settled and that nobody continued (the runners' fallback, P-18)."""
         # The run's pending names the wait it is parked on by its key's digest, as the waits table does:
         # LIKE on its seq narrows (dump_json sorts keys, "seq" last), the exact check is in Python.
-        sql = ("SELECT r.run_id, r.pending, w.key FROM runs r JOIN waits w ON w.run_id = r.run_id"
+        sql = ("SELECT r.run_id, r.pending, w.key_digest FROM runs r JOIN waits w ON w.run_id = r.run_id"
                " WHERE r.status = 'waiting' AND w.status <> 'pending' AND w.seq IS NOT NULL"
                " AND r.pending LIKE ? || w.seq || ? LIMIT ?")
         with self._transaction(write=False, single=True) as tx:
@@ -785,13 +792,14 @@ class SQLStore:
 
     def get_listing(self, key: str) -> tuple[Any, float] | None:
         with self._transaction(write=False, single=True) as tx:
-            row = tx.run("SELECT data, updated_at FROM source_listings WHERE key = ?", (key,)).fetchone()
+            row = tx.run("SELECT data, updated_at FROM source_listings WHERE definition_digest = ?", (key,)).fetchone()
         return None if row is None else (json.loads(row[0]), float(row[1]))
 
     def put_listing(self, key: str, data: Any, now: float) -> None:
         with self._transaction(write=True) as tx:
-            tx.run("DELETE FROM source_listings WHERE key = ?", (key,))
-            tx.run("INSERT INTO source_listings (key, data, updated_at) VALUES (?, ?, ?)", (key, dump_json(data), now))
+            tx.run("DELETE FROM source_listings WHERE definition_digest = ?", (key,))
+            tx.run("INSERT INTO source_listings (definition_digest, data, updated_at) VALUES (?, ?, ?)",
+                   (key, dump_json(data), now))
 
     # -- events
 

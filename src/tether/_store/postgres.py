@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 import psycopg
 import psycopg.conninfo
 
-from tether._store._migrations import POSTGRES_MIGRATIONS
+from tether._store._migrations import Dialect, render
 from tether._store._schema import _SELECT_RUN, SQLStore, Tx, _run
 from tether._store.base import Capabilities, RunRecord
 from tether.errors import ConfigError
@@ -47,13 +47,37 @@ _SECRET_BYTES = 32
 POOL_SIZE = 8
 
 
+# Migration 11's Postgres half (D-48): before a row is inserted, whichever of the old and new column the
+# writer left NULL takes the other's value (an older replica writes "key", this tether the digest column),
+# so the NOT NULL and primary keys on "key" still hold. No "?" or "%" in the bodies: placeholders. Released
+# SQL: this function must never change (tests/shape/test_store_shape.py pins what it renders).
+def _v11_in_step(table: str, new: str) -> tuple[str, str]:
+    function = f"{table}_{new}_in_step"
+    return (f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"NEW.{new} := COALESCE(NEW.{new}, NEW.key); NEW.key := COALESCE(NEW.key, NEW.{new}); "
+            "RETURN NEW; END $$",
+            f"CREATE TRIGGER {function} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {function}()")
+
+
+POSTGRES = Dialect(
+    "postgres", real="DOUBLE PRECISION", blob="BYTEA", serial="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+    own={
+        # A Postgres store has no directory of its own to keep its secret beside it (P-35).
+        1: ("CREATE TABLE store_secret (id INTEGER PRIMARY KEY CHECK (id = 1), value {blob} NOT NULL)",),
+        11: tuple(statement for table, new in (("calls", "identity_digest"), ("waits", "key_digest"),
+                                               ("source_listings", "definition_digest"))
+                  for statement in _v11_in_step(table, new)),
+    },
+)
+
+
 @lru_cache(maxsize=256)
 def _placeholders(sql: str) -> str:
     return sql.replace("?", "%s")
 
 
 class PostgresStore(SQLStore):
-    migrations = POSTGRES_MIGRATIONS
+    migrations = render(POSTGRES)
     driver_error = psycopg.Error
     # The byte length of a TEXT or BYTEA value (retention's estimates).
     octets = "OCTET_LENGTH({})"
@@ -354,4 +378,4 @@ def _lock_key(schema: str) -> int:
     return int.from_bytes(hashlib.sha256(f"tether.migrate.{schema}".encode()).digest()[:8], "big", signed=True)
 
 
-__all__ = ["PostgresStore"]
+__all__ = ["POSTGRES", "PostgresStore"]

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from tether._store._migrations import SQLITE_MIGRATIONS
+from tether._store._migrations import Dialect, render
 from tether._store._schema import SQLStore, Tx
 from tether.errors import ConfigError, StoreError
 
@@ -36,6 +36,49 @@ _MEMORY = ":memory:"
 # lock means a writer is stuck, and the caller should hear about it.
 _BUSY_TIMEOUT_MS = 5000
 _SECRET_BYTES = 32
+
+# Migration 11's SQLite half (D-48). A BEFORE trigger cannot change the row SQLite inserts, so an AFTER
+# trigger fills whichever of the old and new column the writer left NULL: an older replica writes "key",
+# this tether the digest column. For that, calls.key loses its NOT NULL, which SQLite can only do by
+# rebuilding the table (same columns, same order; nothing references calls, and its only index is the
+# primary key). waits.key and source_listings.key are TEXT primary keys, which SQLite lets be NULL. Released
+# SQL: this function must never change (tests/shape/test_store_shape.py pins what it renders).
+def _v11_in_step(table: str, new: str) -> str:
+    return (f"CREATE TRIGGER {table}_{new}_in_step AFTER INSERT ON {table} "
+            f"WHEN NEW.{new} IS NULL OR NEW.key IS NULL BEGIN "
+            f"UPDATE {table} SET {new} = COALESCE({new}, key), key = COALESCE(key, {new}) "
+            "WHERE rowid = NEW.rowid; END")
+
+
+_CALLS_V11 = ("run_id, seq, op, address, args, key, kind, state, outcome, error, started_at, finished_at, "
+              "idempotency_key, sends, mac, identity_digest")
+SQLITE = Dialect("sqlite", real="REAL", blob="BLOB", serial="INTEGER PRIMARY KEY AUTOINCREMENT", own={11: (
+    """CREATE TABLE calls_v11 (
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            op TEXT NOT NULL,
+            address TEXT NOT NULL,
+            args TEXT NOT NULL,
+            key TEXT,
+            kind TEXT NOT NULL,
+            state TEXT NOT NULL,
+            outcome TEXT,
+            error TEXT,
+            started_at {real},
+            finished_at {real},
+            idempotency_key TEXT,
+            sends INTEGER NOT NULL DEFAULT 0,
+            mac TEXT,
+            identity_digest TEXT,
+            PRIMARY KEY (run_id, seq)
+        )""",
+    f"INSERT INTO calls_v11 ({_CALLS_V11}) SELECT {_CALLS_V11} FROM calls",
+    "DROP TABLE calls",
+    "ALTER TABLE calls_v11 RENAME TO calls",
+    _v11_in_step("calls", "identity_digest"),
+    _v11_in_step("waits", "key_digest"),
+    _v11_in_step("source_listings", "definition_digest"),
+)})
 
 
 def _identity(sql: str) -> str:
@@ -67,7 +110,7 @@ def _enter_wal(conn: sqlite3.Connection) -> None:
 
 
 class SQLiteStore(SQLStore):
-    migrations = SQLITE_MIGRATIONS
+    migrations = render(SQLITE)
     driver_error = sqlite3.Error
     # The byte length of a TEXT or BLOB value (retention's estimates).
     octets = "LENGTH(CAST({} AS BLOB))"
@@ -205,4 +248,4 @@ class SQLiteStore(SQLStore):
         return total
 
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SQLITE", "SQLiteStore"]
