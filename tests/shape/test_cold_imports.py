@@ -13,8 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-# Imported only when used: a tool's arguments checked (jsonschema), a tracer provider set (OpenTelemetry).
-NOT_ON_A_PLAIN_RUN = ("jsonschema", "opentelemetry")
+# Imported only when used: a tool's arguments checked (jsonschema), a tracer provider set (OpenTelemetry),
+# metrics scraped (prometheus_client, and the http.server its exporter imports).
+NOT_ON_A_PLAIN_RUN = ("jsonschema", "opentelemetry", "prometheus_client", "http.server")
 
 _PROBE = """
 import atexit, json, sys
