@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 # Imported only when used: a tool's arguments checked (jsonschema), a tracer provider set (OpenTelemetry),
-# metrics scraped (prometheus_client, and the http.server its exporter imports).
-NOT_ON_A_PLAIN_RUN = ("jsonschema", "opentelemetry", "prometheus_client", "http.server")
+# metrics scraped (prometheus_client, and the http.server its exporter imports), [[notify]] webhooks set
+# (the server's notifier), a server started at all (tether._server).
+NOT_ON_A_PLAIN_RUN = ("jsonschema", "opentelemetry", "prometheus_client", "http.server", "tether._server")
 
 _PROBE = """
 import atexit, json, sys
