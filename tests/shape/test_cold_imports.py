@@ -44,8 +44,11 @@ def test_a_run_that_uses_no_optional_feature_does_not_import_it(tmp_path: Path) 
     assert loaded == []
 
 
-def test_import_tether_leaves_the_app_and_config_for_open_runtime() -> None:
-    probe = "import sys, tether; print(sorted(m for m in ('tether._app', 'tether._config') if m in sys.modules))"
+def test_import_tether_leaves_the_app_config_and_source_kinds_for_open_runtime() -> None:
+    """A program that builds a Runtime of its own tools never loads a tether.toml: it does not pay for the
+    config's models or the [[sources]] kinds' (pydantic models built at import)."""
+    probe = ("import sys, tether; "
+             "print(sorted(m for m in ('tether._app', 'tether._config', 'tether._sources.kinds') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
