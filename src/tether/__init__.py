@@ -6,7 +6,8 @@ modules ``tether.errors``, ``tether.store`` (the backend interface) and
 underscore is private to the package and may change.
 """
 
-from tether._app import open_runtime
+import typing as _typing
+
 from tether._engine.approvals.model import Decision, PendingWrite
 from tether._engine.limits import Limits
 from tether._engine.policy import Policy, Rule
@@ -34,6 +35,42 @@ from tether.errors import (
     WriteOutcomeUnknown,
     WrongSecret,
 )
+
+# Names for the annotations only (strings below): every other name of this module is public.
+if _typing.TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from contextlib import AbstractAsyncContextManager
+    from pathlib import Path
+    from typing import Any
+
+    from tether._config import Config
+
+
+def open_runtime(
+    config: "Config | None" = None,
+    *,
+    config_path: "str | Path | None" = None,
+    tools: "Sequence[str]" = (),
+    type_check: "bool | None" = None,
+    store_url: "str | None" = None,
+    strict_sources: bool = False,
+    sources: "list[dict[str, Any]] | None" = None,
+    report: "Callable[[str], None] | None" = None,
+) -> "AbstractAsyncContextManager[Runtime]":
+    """A started Runtime over tether.toml (``config_path``, else ./tether.toml, else the defaults), as the
+    CLI opens it: its store, sources, policy and limits; the sources are closed on exit.
+
+    ``tools`` are modules or files of Python tools (the CLI's ``--tools``); ``sources`` are recorded
+    definitions (a run's) to load instead of the config's own; ``report`` receives one line per source
+    that failed to load (``strict_sources`` makes that an error instead).
+    """
+    # Here rather than in tether._app so that `import tether` does not import the app and its config
+    # models: a program that only builds a Runtime, or the CLI's other commands, never needs them.
+    from tether._app import open_runtime as _open_runtime
+
+    return _open_runtime(config, config_path=config_path, tools=tools, type_check=type_check,
+                         store_url=store_url, strict_sources=strict_sources, sources=sources, report=report)
+
 
 __all__ = [
     "AlreadyDecided",

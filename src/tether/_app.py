@@ -89,6 +89,10 @@ async def open_runtime(
             raise ConfigError(f"source {failed[0].name} failed to load: {failed[0].error}")
         del entries
         await runtime.engine.pool.start()
+        if not config.notify:
+            # No [[notify]]: nothing to queue or deliver, and no need to import the server's notifier.
+            yield runtime
+            return
         from tether._server.notify import notifications
 
         # [[notify]] webhooks: queued as runs pause and end, delivered in the background.

@@ -12,6 +12,7 @@ because a raw validation dump names Python types, not the keys a user wrote.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
@@ -41,6 +42,7 @@ from tether._fields import (
     StoreUrl,
     StrList,
     Text,
+    checked_fields,
 )
 from tether._sources.kinds import SourceDefinition
 from tether._store import backend_for, expected_url
@@ -614,10 +616,12 @@ def _unwrap(tp: Any) -> Any:
 
 
 def _table_fields(tp: Any) -> dict[str, FieldInfo] | None:
-    """The keys of a table type: a config section (a model) or an engine value object (a pydantic dataclass)."""
+    """The keys of a table type: a config section (a model) or an engine value object (Limits, Policy, Rule)."""
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return tp.model_fields
-    return getattr(tp, "__pydantic_fields__", None) if isinstance(tp, type) else None
+    if isinstance(tp, type) and hasattr(tp, "__pydantic_config__") and dataclasses.is_dataclass(tp):
+        return checked_fields(tp)
+    return None
 
 
 def _walk(loc: tuple[int | str, ...]) -> tuple[str, FieldInfo | None, type | None]:

@@ -7,9 +7,10 @@ Scalars are strict (see below); each type carries the words an error message use
 
 from __future__ import annotations
 
+import dataclasses
 import keyword
 import re
-from typing import Annotated, Callable
+from typing import Annotated, Any, Callable
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, Strict
@@ -116,6 +117,61 @@ Glob = Annotated[
     AfterValidator(_check_glob),
     Expected("must be a 'namespace.tool' glob such as 'helpdesk.*', or '*'"),
 ]
+# --- value objects checked like their table -------------------------------------------------------------
+# Limits, Policy and Rule are plain frozen dataclasses whose fields are declared with the types above. The
+# config's pydantic model parses a table straight into them (pydantic checks a stdlib dataclass by its field
+# types, honouring its __pydantic_config__). Built in Python, each checks itself in __post_init__: by hand on
+# the usual path (right types, in range: microseconds), and only when that fails by a pydantic dataclass
+# twin, built on first need, which refuses the value with the error a table in tether.toml would get.
+# Declaring them as pydantic dataclasses did the same but built three validators at every `import tether`
+# (~11 ms of a cold `tether run`, bench/README.md "Session 6: cold start").
+
+_TWINS: dict[type, type] = {}
+
+
+def _twin(cls: type) -> type:
+    twin = _TWINS.get(cls)
+    if twin is None:
+        from pydantic.dataclasses import dataclass
+
+        # A subclass: the class itself stays a plain dataclass. Its config is the class's __pydantic_config__.
+        twin = _TWINS[cls] = dataclass(cls, frozen=True)
+        twin.__tether_twin__ = True  # type: ignore[attr-defined]
+    return twin
+
+
+def recheck(value: Any) -> None:
+    """Check ``value``'s fields as its table in tether.toml is checked, raising pydantic's ValidationError;
+    what pydantic converts (a list of rule tables to a tuple of Rule) is stored back on ``value``."""
+    cls = type(value)
+    if getattr(cls, "__tether_twin__", False):
+        return  # the twin's own __post_init__: pydantic has just checked these values
+    names = [f.name for f in dataclasses.fields(cls)]
+    checked = _twin(cls)(**{name: getattr(value, name) for name in names})
+    for name in names:
+        object.__setattr__(value, name, getattr(checked, name))
+
+
+def checked_fields(cls: type) -> dict[str, Any]:
+    """The pydantic FieldInfo of each field of such a class (for the config's error messages)."""
+    return _twin(cls).__pydantic_fields__  # type: ignore[attr-defined]
+
+
+def positive_int(value: Any) -> bool:
+    """PositiveInt's hand check; anything it does not pass (a bool, a float, 0) goes to :func:`recheck`."""
+    return type(value) is int and value > 0
+
+
+def seconds(value: Any, name: str) -> bool:
+    """Seconds' hand check of ``value.<name>``. An int is a number of seconds too, stored as a float as
+    pydantic's strict float does (a run records its limits: 1 and 1.0 sign differently)."""
+    number = getattr(value, name)
+    if type(number) is int and number > 0:
+        object.__setattr__(value, name, float(number))
+        return True
+    return type(number) is float and number > 0
+
+
 StrList = Annotated[
     list[Annotated[str, Strict()]], Field(min_length=1), Expected("must be a non-empty list of strings")
 ]

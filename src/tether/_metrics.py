@@ -11,40 +11,102 @@ tool arguments or principals.
 
 from __future__ import annotations
 
+import bisect
+import os
+import threading
 import time
 from typing import Any, Callable, Iterator
-
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 # Reads the store at a scrape (tether._store.retention.live_counts, handed in: the store imports this module).
 StoreReader = Callable[[Any, float], dict[str, Any]]
 
-REGISTRY = CollectorRegistry(auto_describe=True)
+# The counters and histograms are kept here, in plain numbers, and handed to prometheus_client only at a
+# scrape (render): importing it (with http.server, http.client and email, which it imports for its own
+# exporter) cost every cold `tether run` ~25 ms of CPU, for metrics that only a serving process exposes
+# (bench/README.md "Session 6: cold start"). The exposition is the one prometheus_client's own Counter
+# and Histogram write: the same families, samples, `le` buckets and `_created` series.
 
-RUNS_ENDED = Counter("tether_runs_ended", "Runs that ended in this process, by status and error code.",
-                     ["status", "code"], registry=REGISTRY)
-CALLS = Counter("tether_calls", "Host calls settled in this process, by kind (read, write, or the built-in) and "
-                "outcome (the journal state).", ["kind", "outcome"], registry=REGISTRY)
+
+class _Child:
+    """One label combination's value: a count, or a histogram's bucket counts and sum."""
+
+    __slots__ = ("family", "value", "counts", "created")
+
+    def __init__(self, family: _Family) -> None:
+        self.family = family
+        self.value = 0.0
+        self.counts = [0] * (len(family.buckets) + 1) if family.buckets is not None else []
+        self.created = time.time()
+
+    def inc(self, amount: float = 1.0) -> None:
+        with self.family.lock:
+            self.value += amount
+
+    def observe(self, amount: float) -> None:
+        # le buckets: the first bound at or above the value; past the last, +Inf.
+        i = bisect.bisect_left(self.family.buckets or (), amount)
+        with self.family.lock:
+            self.counts[i] += 1
+            self.value += amount
+
+
+class _Family:
+    """A counter (no ``buckets``) or a histogram: its children by label values."""
+
+    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...] = (),
+                 buckets: tuple[float, ...] | None = None) -> None:
+        self.name, self.documentation, self.labelnames, self.buckets = name, documentation, labelnames, buckets
+        self.lock = threading.Lock()
+        self.children: dict[tuple[str, ...], _Child] = {}
+        if not labelnames:  # shown from the start, at 0, as prometheus_client shows an unlabelled metric
+            self.children[()] = _Child(self)
+
+    def labels(self, *values: str) -> _Child:
+        child = self.children.get(values)
+        if child is None:
+            with self.lock:
+                child = self.children.setdefault(values, _Child(self))
+        return child
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.children[()].inc(amount)
+
+    def observe(self, amount: float) -> None:
+        self.children[()].observe(amount)
+
+
+FAMILIES: list[_Family] = []
+
+
+def _counter(name: str, documentation: str, labelnames: tuple[str, ...] = ()) -> _Family:
+    FAMILIES.append(family := _Family(name, documentation, labelnames))
+    return family
+
+
+def _histogram(name: str, documentation: str, buckets: tuple[float, ...], labelnames: tuple[str, ...] = ()) -> _Family:
+    FAMILIES.append(family := _Family(name, documentation, labelnames, buckets))
+    return family
+
+
+RUNS_ENDED = _counter("tether_runs_ended", "Runs that ended in this process, by status and error code.",
+                      ("status", "code"))
+CALLS = _counter("tether_calls", "Host calls settled in this process, by kind (read, write, or the built-in) and "
+                 "outcome (the journal state).", ("kind", "outcome"))
 # Seconds a person took: from the pause to the decision.
-APPROVAL_SECONDS = Histogram("tether_approval_latency_seconds", "Time from a write's pause to its decision.",
-                             registry=REGISTRY,
-                             buckets=(1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 86400, 7 * 86400))
-OVERLOADED = Counter("tether_overloaded_answers", "Requests answered `overloaded` (no run slot or queue room).",
-                     registry=REGISTRY)
-STORE_SECONDS = Histogram("tether_store_call_seconds", "Store transactions, by read or write.", ["access"],
-                          registry=REGISTRY,
-                          buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5))
-WEBHOOK_FAILURES = Counter("tether_webhook_failures", "Webhook delivery attempts that failed.", registry=REGISTRY)
+APPROVAL_SECONDS = _histogram("tether_approval_latency_seconds", "Time from a write's pause to its decision.",
+                              (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 86400, 7 * 86400))
+OVERLOADED = _counter("tether_overloaded_answers", "Requests answered `overloaded` (no run slot or queue room).")
+STORE_SECONDS = _histogram("tether_store_call_seconds", "Store transactions, by read or write.",
+                           (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5), ("access",))
+WEBHOOK_FAILURES = _counter("tether_webhook_failures", "Webhook delivery attempts that failed.")
 
 
-# Each metric's child per label values, looked up once: ``labels()`` costs ~5 us (it takes a lock and
-# builds the key) and runs for every call, store transaction and run end. The vocabularies are bounded.
-_CHILDREN: dict[tuple[Any, ...], Any] = {}
+# Each metric's child per label values, looked up once (one dict lookup, no lock, on every call, store
+# transaction and run end). The vocabularies are bounded.
+_CHILDREN: dict[tuple[Any, ...], _Child] = {}
 
 
-def _child(metric: Any, *values: str) -> Any:
+def _child(metric: _Family, *values: str) -> _Child:
     child = _CHILDREN.get((id(metric), *values))
     if child is None:
         child = _CHILDREN[(id(metric), *values)] = metric.labels(*values)
@@ -60,13 +122,48 @@ def call_settled(op: str, kind: str, outcome: str) -> None:
     _child(CALLS, kind if op == "tool" else op, str(outcome)).inc()
 
 
-class _Live(Collector):
+class _Recorded:
+    """The counters and histograms above, as prometheus_client's families (a collector, at a scrape)."""
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+        from prometheus_client.samples import Sample
+        from prometheus_client.utils import floatToGoString
+
+        # prometheus_client's own switch for the _created series.
+        created = os.environ.get("PROMETHEUS_DISABLE_CREATED_SERIES", "False").lower() != "true"
+        for family in FAMILIES:
+            with family.lock:
+                children = [(values, c.value, list(c.counts), c.created) for values, c in family.children.items()]
+            if family.buckets is None:
+                counter = CounterMetricFamily(family.name, family.documentation, labels=family.labelnames)
+                for values, value, _, since in children:
+                    counter.add_metric(values, value, created=since if created else None)
+                yield counter
+                continue
+            histogram = HistogramMetricFamily(family.name, family.documentation, labels=family.labelnames)
+            bounds = [floatToGoString(b) for b in family.buckets] + ["+Inf"]
+            for values, total, counts, since in children:
+                running, buckets = 0, []
+                for bound, n in zip(bounds, counts):
+                    running += n
+                    buckets.append((bound, float(running)))
+                histogram.add_metric(values, buckets, total)
+                if created:
+                    histogram.samples.append(Sample(family.name + "_created", dict(zip(family.labelnames, values)),
+                                                    since))
+            yield histogram
+
+
+class _Live:
     """What is true now: read from the store and the pool at each scrape."""
 
     def __init__(self, rt: Any, read_store: StoreReader) -> None:
         self.rt, self.read_store = rt, read_store
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
         pool = self.rt.engine.pool
         workers = GaugeMetricFamily("tether_sandbox_workers", "Sandbox workers by state (this process).",
                                     labels=["state"])
@@ -97,9 +194,12 @@ class _Live(Collector):
 def render(rt: Any, read_store: StoreReader) -> bytes:
     """The Prometheus text exposition: this process's counters and what is live now (a Runtime's pool and
     store). Blocking: it reads the store."""
-    live = CollectorRegistry(auto_describe=False)
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    recorded, live = CollectorRegistry(auto_describe=False), CollectorRegistry(auto_describe=False)
+    recorded.register(_Recorded())
     live.register(_Live(rt, read_store))
-    return generate_latest(REGISTRY) + generate_latest(live)
+    return generate_latest(recorded) + generate_latest(live)
 
 
 class timed_store_call:
@@ -117,4 +217,4 @@ class timed_store_call:
         _child(STORE_SECONDS, self.access).observe(time.perf_counter() - self.t)
 
 
-__all__ = ["REGISTRY", "render", "run_ended", "call_settled"]
+__all__ = ["render", "run_ended", "call_settled"]

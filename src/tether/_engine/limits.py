@@ -2,22 +2,26 @@
 
 The one declaration of the limits: ``[limits]`` in tether.toml parses straight into :class:`Limits` (its fields'
 types check each key, tether._fields), and the engine runs with that value. A Python caller builds it the same
-way, checked the same way.
+way, checked the same way (``__post_init__``: by hand, then by pydantic when that fails, tether._fields.recheck).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: the fields' types are objects, not names, so pydantic checks
+# this class wherever it is used without looking names up in its module (which reads `tether` once
+# tether/__init__.py renames __module__).
 
 import dataclasses
 from typing import Any
 
-from pydantic import ConfigDict
-from pydantic.dataclasses import dataclass
+from tether._fields import PositiveInt, Seconds, positive_int, recheck, seconds
 
-from tether._fields import PositiveInt, Seconds
+_SECONDS = frozenset({"run_seconds", "call_timeout_seconds", "max_sleep_seconds", "key_backoff_seconds"})
 
 
-@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+@dataclasses.dataclass(frozen=True)
 class Limits:
+    # How pydantic checks this class as [limits] (the config's model) or in recheck(): unknown keys refused.
+    __pydantic_config__ = {"extra": "forbid"}
+
     # 64 KiB: longer model-written programs are nearly always data pasted into
     # literals, which belongs in tool calls (connecta uses the same cap).
     code_bytes: PositiveInt = 65_536
@@ -62,14 +66,18 @@ class Limits:
     # replica in turn. Three: a deploy or two may interrupt an honest run.
     quarantine_after: PositiveInt = 3
 
+    def __post_init__(self) -> None:
+        if not all(seconds(self, k) if k in _SECONDS else positive_int(v) for k, v in list(self.__dict__.items())):
+            recheck(self)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Limits:
+    def from_dict(cls, data: dict[str, Any]) -> "Limits":
         """The limits a run recorded; keys this version does not know (or no longer has) are left out."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
-    def replace(self, **changes: Any) -> Limits:
+    def replace(self, **changes: Any) -> "Limits":
         return dataclasses.replace(self, **changes)

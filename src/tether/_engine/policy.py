@@ -2,31 +2,34 @@
 
 :class:`Policy` and :class:`Rule` are declared once: ``[policy]`` in tether.toml parses straight into a
 :class:`PolicyConfig` (a Policy plus the keys of that table that are not recorded on a run), and a Python
-caller builds a Policy checked by the same field types (tether._fields).
+caller builds a Policy checked by the same field types (``__post_init__``: by hand, then by pydantic when that
+fails, tether._fields.recheck).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: the fields' types are objects, not names, so pydantic checks
+# this class wherever it is used without looking names up in its module (which reads `tether` once
+# tether/__init__.py renames __module__).
 
+import dataclasses
 import fnmatch
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
-from pydantic.dataclasses import dataclass
-
-from tether._fields import Expected, Glob, PositiveInt, Seconds
+from tether._fields import Expected, Glob, PositiveInt, Seconds, positive_int, recheck, seconds
 
 ALLOW = "allow"
 ASK = "ask"
 DENY = "deny"
 OVER_BUDGET = "over_budget"
 ACTIONS = (ALLOW, ASK, DENY)
+APPROVERS = ("any", "signed_in")
 
-_CHECKED = ConfigDict(extra="forbid")
 
-
-@dataclass(frozen=True, config=_CHECKED)
+@dataclasses.dataclass(frozen=True)
 class Rule:
     """One policy rule; the first rule whose glob matches a tool address wins."""
+
+    # How pydantic checks this class as a table (the config's model) or in recheck(): unknown keys refused.
+    __pydantic_config__ = {"extra": "forbid"}
 
     match: Glob  # a glob over "namespace.tool"
     action: Literal["allow", "ask", "deny"]
@@ -35,10 +38,19 @@ class Rule:
     # client's approval form (money, deletes, pushes: docs/security.md).
     approver: Literal["any", "signed_in"] = "any"
 
+    def __post_init__(self) -> None:
+        # Glob's check (tether._fields) by hand: "*" or a dotted "namespace.tool" pattern.
+        if not (type(self.match) is str and (self.match == "*" or "." in self.match)
+                and type(self.action) is str and self.action in ACTIONS
+                and type(self.approver) is str and self.approver in APPROVERS):
+            recheck(self)
 
-@dataclass(frozen=True, config=_CHECKED)
+
+@dataclasses.dataclass(frozen=True)
 class Policy:
     """What happens to writes. Reads (tools annotated read-only) always run."""
+
+    __pydantic_config__ = {"extra": "forbid"}
 
     # An unannotated tool counts as a write, so the safe default is a human
     # in the loop; trusted setups say "allow" explicitly.
@@ -48,7 +60,13 @@ class Policy:
     write_budget: PositiveInt = 10
     rules: Annotated[
         tuple[Rule, ...], Expected('must be a list of tables like {match = "helpdesk.*", action = "ask"}')
-    ] = Field(default_factory=tuple)
+    ] = ()
+
+    def __post_init__(self) -> None:
+        # A list of rules, or rules as tables, goes to pydantic, which makes them a tuple of Rule.
+        if not (type(self.writes) is str and self.writes in ACTIONS and positive_int(self.write_budget)
+                and type(self.rules) is tuple and all(type(r) is Rule for r in self.rules)):
+            recheck(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The policy as a run records it (signed, P-35): these three keys only, whatever the subclass."""
@@ -61,19 +79,19 @@ class Policy:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Policy:
+    def from_dict(cls, data: dict[str, Any]) -> "Policy":
         return cls(
             writes=data.get("writes", ASK),
             write_budget=int(data.get("write_budget", 10)),
             rules=tuple(Rule(r["match"], r["action"], r.get("approver", "any")) for r in data.get("rules", ())),
         )
 
-    def recorded(self) -> Policy:
+    def recorded(self) -> "Policy":
         """Only the policy, without what a subclass adds (PolicyConfig's timings): what a Runtime runs with."""
         return Policy(self.writes, self.write_budget, self.rules)
 
 
-@dataclass(frozen=True, config=_CHECKED)
+@dataclasses.dataclass(frozen=True)
 class PolicyConfig(Policy):
     """``[policy]`` as tether.toml writes it: the Policy, plus how long a pause waits and how often a run
     checkpoints (Runtime arguments of their own, never recorded with the policy)."""
@@ -84,6 +102,12 @@ class PolicyConfig(Policy):
     # replays to 100 calls or 30 s of work.
     checkpoint_every_calls: PositiveInt = 100
     checkpoint_every_seconds: Seconds = 30
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (seconds(self, "approval_ttl_seconds") and positive_int(self.checkpoint_every_calls)
+                and seconds(self, "checkpoint_every_seconds")):
+            recheck(self)
 
 
 def rule_action(policy: Policy, address: str) -> str:

@@ -36,12 +36,11 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, overload
 
 import pydantic
 from pydantic_core import ArgsKwargs, PydanticSerializationError, to_jsonable_python
 
-from tether._sources.kinds import SourceContext
 from tether._tools.context import CallContext, current_call
 from tether._tools.model import Annotations, Tool
 from tether.errors import (
@@ -52,6 +51,11 @@ from tether.errors import (
     ToolsInvalid,
     UsageError,
 )
+
+if TYPE_CHECKING:
+    # The kinds' registry holds every [[sources]] model (pydantic, ~10 ms to build): a program that only
+    # decorates tools with @tether.tool never needs it; the config and the loader import it.
+    from tether._sources.kinds import SourceContext
 
 __all__ = ["PythonSource", "ToolSpec", "tool", "tools_from_module"]
 

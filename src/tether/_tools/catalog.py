@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import difflib
 import json
-from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
-
-import jsonschema
-from jsonschema.exceptions import SchemaError, ValidationError
-from jsonschema.protocols import Validator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, TypeVar
 
 from tether._tools.model import Tool
-from tether._tools.regexes import bounded
 from tether.errors import DuplicateTool, InvalidArguments, UnknownTool
+
+if TYPE_CHECKING:
+    # jsonschema (with referencing, attrs, rpds: ~15 ms) is imported when a tool's arguments are first
+    # checked, not with the catalog: a program that calls no tool (and `import tether`) never needs it.
+    from jsonschema.exceptions import ValidationError
+    from jsonschema.protocols import Validator
 
 T = TypeVar("T")
 
@@ -189,6 +190,11 @@ class Catalog:
     def validator(self, tool: Tool) -> Validator | Literal[False]:
         validator = self._validators.get(tool.address)
         if validator is None:
+            import jsonschema
+            from jsonschema.exceptions import SchemaError
+
+            from tether._tools.regexes import bounded
+
             cls = bounded(jsonschema.validators.validator_for(tool.input_schema,
                                                               default=jsonschema.Draft202012Validator),
                           tool.input_schema)
