@@ -11,7 +11,7 @@ winner. A transition the table does not list is a bug in tether: it is refused w
     claim_queued    queued -> running                    worker (work, run_queued)
     claim_due       waiting -> running (deadline came)   worker
     wake            waiting -> running (wait settled)    launcher.wake
-    resume          paused -> running (pause decided)    approvals.service.decide
+    resume          paused -> running (pause decided)    approvals.service.decide (resume_run: the record too)
     claim_orphan    running, lease lapsed -> ours        worker (release_orphan hands it back)
     take_over       running, owner gone -> ours          worker, launcher (a keyed retry), control.cancel
     unclaim         running -> queued | waiting          worker (work, run_queued) (cannot run it here)
@@ -30,6 +30,7 @@ write that used to be spelled out at each place that wrote them.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
 from tether._store.base import CallRecord, RunRecord, Store
@@ -118,6 +119,14 @@ class Lifecycle:
         """A paused run whose pause is decided: paused -> running here, with the decision that let it go on."""
         return self._move(run_id, [RunStatus.PAUSED], RunStatus.RUNNING, decision=decision,
                           **self._owned(self.clock()))
+
+    def resume_run(self, run: RunRecord, decision: dict[str, Any]) -> RunRecord | None:
+        """:meth:`resume` for the paused ``run`` as read: the record as stored now, without reading it back
+        (nothing but this compare-and-set changes a paused run); None if it was no longer paused."""
+        owned = self._owned(self.clock())
+        if not self._move(run.run_id, [RunStatus.PAUSED], RunStatus.RUNNING, decision=decision, **owned):
+            return None
+        return dataclasses.replace(run, status=RunStatus.RUNNING, decision=decision, **owned)
 
     def claim_orphan(self, skip: Sequence[str] = ()) -> RunRecord | None:
         """A running run whose lease lapsed, now leased here; returned as it was before (for release_orphan)."""
