@@ -493,6 +493,28 @@ def test_journal_bytes_counts_stored_arguments_and_outcomes(store):
     assert store.journal_bytes("other") == 0
 
 
+def test_journal_totals_are_the_bytes_the_spent_writes_and_the_outputs_in_one_read(store):
+    """What continuing a run reads besides its entries (driver.prepare): the same figures journal_bytes,
+    count_calls and the run's output events give, in one statement."""
+    store.create_run(make_run())
+    spent = ["sending", "sent", "unknown", "failed"]
+    assert store.journal_totals("r1", spent) == (0, 0, 0)
+    store.record_call(make_call(seq=1, state="done", outcome={"a": 1}))
+    store.record_call(make_call(seq=2, kind="write", state="sent", outcome=True))
+    store.record_call(make_call(seq=3, kind="write", state="asked"))
+    store.record_call(make_call(seq=4, kind="write", state="unknown"))
+    for n in range(3):
+        store.add_event("r1", "output", {"n": n}, 1000.0 + n)
+    store.add_event("r1", "decided", {}, 1010.0)
+    before = store.traffic.snapshot()["statements"]
+    totals = store.journal_totals("r1", spent)
+    assert store.traffic.snapshot()["statements"] == before + 1
+    assert totals == (store.journal_bytes("r1"), store.count_calls("r1", kind="write", states=spent), 3)
+    assert totals[1] == 2
+    assert store.journal_totals("r1", []) == (totals[0], 0, 3)
+    assert store.journal_totals("other", spent) == (0, 0, 0)
+
+
 # ---------------------------------------------------------------------------
 # Snapshots
 

@@ -671,6 +671,20 @@ class SQLStore:
         with self._transaction(write=False, single=True) as tx:
             return int(tx.run(sql, (run_id,)).fetchone()[0])
 
+    def journal_totals(self, run_id: str, spent_states: Sequence[str]) -> tuple[int, int, int]:
+        """(``journal_bytes``, writes in ``spent_states``, output events): what continuing a run needs of
+        its journal besides its entries, in one statement (issue 24: three reads before)."""
+        expected = _expected(spent_states, "spent_states")
+        spent = f"kind = ? AND state IN {_in(len(expected))}" if expected else "1 = 0"
+        sql = ("SELECT COALESCE(SUM(LENGTH(args) + COALESCE(LENGTH(outcome), 0)), 0),"
+               f" COALESCE(SUM(CASE WHEN {spent} THEN 1 ELSE 0 END), 0),"
+               " (SELECT COUNT(*) FROM events WHERE run_id = ? AND type = ?)"
+               " FROM calls WHERE run_id = ?")
+        params = (["write", *expected] if expected else []) + [run_id, "output", run_id]
+        with self._transaction(write=False, single=True) as tx:
+            size, spent_writes, outputs = tx.run(sql, params).fetchone()
+            return int(size), int(spent_writes), int(outputs)
+
     # -- snapshots
 
     def put_snapshot(self, snapshot: SnapshotRecord) -> None:

@@ -267,6 +267,9 @@ class JournalPort(Protocol):
     def journal_bytes(self, run_id: str) -> int:
         """Bytes of the run's journaled arguments and outcomes, as stored (P-22)."""
 
+    def journal_totals(self, run_id: str, spent_states: Sequence[str]) -> tuple[int, int, int]:
+        """(``journal_bytes``, writes in ``spent_states``, the run's ``output`` events), in one read."""
+
 
 class SnapshotsPort(Protocol):
     """Signed sandbox dumps of a run (pauses, checkpoints)."""
@@ -525,6 +528,9 @@ class AsyncStore:
 
     async def journal_bytes(self, run_id: str) -> int:
         return await self.call(self.store.journal_bytes, run_id)
+
+    async def journal_totals(self, run_id: str, spent_states: Sequence[str]) -> tuple[int, int, int]:
+        return await self.call(self.store.journal_totals, run_id, spent_states)
 
     # -- snapshots
 
