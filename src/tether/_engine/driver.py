@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import json
 import time
@@ -124,6 +125,11 @@ class Attempt:
             # caller is told; the run is handled by its own rules.
             raise
         except Exception as exc:  # a bug or a value tether could not handle: the run ends, the host goes on
+            if self.boundary is not None:
+                # Reads a returned program left for its end to write (P-7): written before it ends, if the
+                # store lets them be.
+                with contextlib.suppress(Exception):
+                    await self.boundary.flush()
             return self.deps.finisher.internal_error(self.run, exc)
 
     async def _run_refusing_forgeries(self) -> RunResult:
@@ -285,6 +291,7 @@ class Attempt:
         emitter.count, emitter.skip = (already_emitted, 0) if restore else (0, already_emitted)
         async with d.pool.execution(spec, boundary.host, self.logs, emitter) as execution:
             boundary.execution = execution
+            returned = False  # the program returned: its run's end writes the last reads (_completed)
             try:
                 if restore:
                     assert self.snapshot is not None
@@ -312,9 +319,10 @@ class Attempt:
                     else:
                         await self.astore.call(d.sessions.save, run.session,
                                                run.principal or self.settings.principal, state)
+                returned = True
                 return value
             finally:
-                await boundary.close()
+                await boundary.close(hold=returned)
 
     def _boundary(self, journaled_bytes: int) -> EffectBoundary:
         d, run = self.deps, self.run
@@ -501,7 +509,8 @@ class Attempt:
         if cut:
             diag["result_truncated"] = cut
         return await d.finisher.end_attempt(run, RunStatus.COMPLETED, result=result, logs=self.logs.lines(),
-                                            calls=boundary.state.issued, diagnostics=diag, notes=notes)
+                                            calls=boundary.state.issued, diagnostics=diag, notes=notes,
+                                            journal=boundary.ledger)
 
     async def _failed(self, exc: BaseException) -> RunResult:
         d, boundary = self.deps, self.boundary
@@ -515,7 +524,8 @@ class Attempt:
         except HostWorkTimeout:
             error = failure_error(exc, boundary, d.source_failures, lambda _address: [])
         return await d.finisher.end_attempt(self.run, RunStatus.FAILED, error=error, logs=self.logs.lines(),
-                                            calls=boundary.state.issued, diagnostics=self._diagnostics())
+                                            calls=boundary.state.issued, diagnostics=self._diagnostics(),
+                                            journal=boundary.ledger)
 
     def _diagnostics(self) -> dict[str, Any]:
         assert self.boundary is not None

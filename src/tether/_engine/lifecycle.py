@@ -183,14 +183,22 @@ class Lifecycle:
 
     # -- ending ---------------------------------------------------------------------------
 
-    def finish(self, run_id: str, to: RunStatus, envelope: dict[str, Any], error: dict[str, Any] | None) -> bool:
+    def finish(self, run_id: str, to: RunStatus, envelope: dict[str, Any], error: dict[str, Any] | None, *,
+               calls: Sequence[CallRecord] = (), notice: str | None = None) -> bool:
         """Record how a run ended, with its envelope. From any status that may end so, or restating it
-        (a compare-and-set elsewhere ended it first; this writes the envelope)."""
+        (a compare-and-set elsewhere ended it first; this writes the envelope).
+
+        ``calls``: the attempt's last journal batch, written in the same transaction, before the end
+        (P-7); ``notice``: the other processes' notice of the end, sent with it (store.end_run).
+        """
         if not RunStatus(to).terminal:
             raise InvalidTransition(f"run {run_id} cannot finish as {to}; nothing was written",
                                     details={"run_id": run_id, "to": str(to)})
-        return self._move(run_id, None, to, result=envelope, error=error, updated_at=self.clock(), owner=None,
-                          lease_until=None, pending=None)
+        fields = dict(result=envelope, error=error, updated_at=self.clock(), owner=None, lease_until=None,
+                      pending=None)
+        if calls or notice is not None:
+            return self.store.end_run(run_id, sources_of(to), calls, notice, status=to, **fields)
+        return self._move(run_id, None, to, **fields)
 
     def fail_internal(self, run_id: str, envelope: dict[str, Any], error: dict[str, Any]) -> bool:
         """A running run tether itself failed ends failed; one that had ended or paused keeps that record."""

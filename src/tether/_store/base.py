@@ -196,6 +196,11 @@ class RunsPort(Protocol):
     def update_run(self, run_id: str, expect_status: Sequence[str] | None, **fields: Any) -> bool:
         """Set ``fields`` if the run's status is in ``expect_status`` (any, if None). CAS."""
 
+    def end_run(self, run_id: str, expect_status: Sequence[str] | None, calls: Sequence[CallRecord] = (),
+                notice: str | None = None, **fields: Any) -> bool:
+        """``update_run`` with journal entries ``calls`` inserted before it and ``notice`` sent to the other
+        processes (where the store notifies), in one transaction."""
+
     def list_runs(self, status: str | None = None, limit: int = 100,
                   principals: Sequence[str] | None = None) -> list[RunRecord]:
         """The newest runs first; with ``principals``, only theirs (a NULL principal is ``local``)."""
@@ -469,6 +474,10 @@ class AsyncStore:
 
     async def update_run(self, run_id: str, expect_status: Sequence[str] | None, **fields: Any) -> bool:
         return await self.call(self.store.update_run, run_id, expect_status, **fields)
+
+    async def end_run(self, run_id: str, expect_status: Sequence[str] | None, calls: Sequence[CallRecord] = (),
+                      notice: str | None = None, **fields: Any) -> bool:
+        return await self.call(self.store.end_run, run_id, expect_status, calls, notice, **fields)
 
     async def list_runs(self, status: str | None = None, limit: int = 100,
                         principals: Sequence[str] | None = None) -> list[RunRecord]:

@@ -570,12 +570,13 @@ class EffectBoundary:
     def release_held(self) -> None:
         self.stops.release_held()
 
-    async def close(self) -> None:
+    async def close(self, *, hold: bool = False) -> None:
         """The program ended (returned, raised or stopped): let held calls go, wait for requests already on
-        the wire to finish and be journaled, and write the settled reads still in memory (P-7)."""
+        the wire to finish and be journaled, and write the settled reads still in memory (P-7) — unless
+        ``hold``: the run's end writes them with it (Finisher.end_attempt)."""
         self.release_held()
         await self.drain()
-        await self.ledger.close()
+        await self.ledger.close(hold=hold)
 
     def reset_for_replay(self, entries: list[CallRecord]) -> None:
         """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""

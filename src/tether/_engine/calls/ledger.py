@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from tether._engine import integrity
 from tether._engine.approvals.capabilities import Keyring
@@ -46,6 +46,7 @@ from tether._tools.context import idempotency_key
 from tether.errors import InvalidTransition
 
 _log = logging.getLogger("tether.runs")
+T = TypeVar("T")
 
 # The table as plain strings, restating included: checked on every move of every call, so no enum is built.
 _MAY_BECOME: dict[str, frozenset[str]] = {
@@ -178,13 +179,31 @@ class Ledger:
         self._closed = False
         self._disarm()
 
-    async def close(self) -> None:
-        """The attempt's end: write the held reads, and the timer writes nothing after it (P-7)."""
+    async def close(self, *, hold: bool = False) -> None:
+        """The attempt's end: write the held reads, and the timer writes nothing after it (P-7).
+
+        ``hold``: the run's end writes them, in its own transaction (:meth:`write_with`, Finisher.end_attempt).
+        """
         try:
-            await self.flush()
+            if not hold:
+                await self.flush()
         finally:
             self._closed = True
             self._disarm()
+
+    async def write_with(self, write: Callable[[list[CallRecord]], Awaitable[T]]) -> T:
+        """Hand the settled reads still held, checked and signed, to ``write``, which writes them with what
+        else it writes (the run's end) in one transaction; they are written once it returns."""
+        async with self._flushing:
+            settled = sorted((r for r in self._unsaved.values() if r.state != CallState.PENDING), key=lambda r: r.seq)
+            for r in settled:
+                check_new(r)
+                self._sign(r)
+            out = await write(settled)
+            for r in settled:
+                del self._unsaved[r.seq]
+                self._held_bytes -= self._held.pop(r.seq, 0)
+            return out
 
     def get(self, seq: int) -> CallRecord | None:
         return self.entries.get(seq)
