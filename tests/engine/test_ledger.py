@@ -8,6 +8,7 @@ compare-and-set, so an entry that moved meanwhile is left to whoever moved it.
 from __future__ import annotations
 
 import ast
+import asyncio
 import itertools
 from pathlib import Path
 
@@ -95,6 +96,81 @@ async def test_an_entry_is_first_written_only_in_a_state_a_call_starts_in(store_
     await book.record_outcome(9, CallState.PENDING, CallState.DONE, outcome=1)
     await book.flush()
     assert store.get_call("r", 9).state == CallState.DONE
+    store.close()
+
+
+class _SlowClock:
+    """The run's clock on a machine so loaded that every reading is ten seconds after the one before."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        self.now += 10.0
+        return self.now
+
+
+async def _settle_reads(book: ledger.Ledger, seqs: range, value: object = 1, size: int = 1) -> None:
+    for seq in seqs:
+        book.buffer_intent(Call(seq, "tool", "shop.get", {"id": seq}, f"k{seq}"))
+        await book.record_outcome(seq, CallState.PENDING, CallState.DONE, outcome=value, size=size)
+
+
+async def test_held_reads_are_written_by_how_many_they_are_never_by_how_slow_the_run_is(store_url):
+    """P-7: a batch closes at 64 settled reads (or the attempt's end), however long the run's clock says they
+    took: a loaded machine writes them in as few transactions as a quiet one (issue 24)."""
+    store = open_store(store_url)
+    store.create_run(_run("r"))
+    book = ledger.Ledger(run_id="r", store=store, keyring=keyring_for(store), clock=_SlowClock(), entries=[])
+    def transactions() -> int:
+        return store.traffic.snapshot()["transactions"]
+
+    before = transactions()
+    await _settle_reads(book, range(1, 64))
+    assert transactions() == before
+    await _settle_reads(book, range(64, 101))  # the 64th closes the first batch
+    assert transactions() == before + 1
+    assert [c.seq for c in store.get_calls("r")] == list(range(1, 65))
+    before = transactions()
+    await book.close()  # the attempt's end writes the rest, in one more
+    assert transactions() == before + 1
+    assert [c.seq for c in store.get_calls("r")] == list(range(1, 101))
+    verify_calls(keyring_for(store), "r", store.get_calls("r"))  # each signed, chained to the one before
+    store.close()
+
+
+async def test_held_reads_are_written_once_their_values_pass_the_byte_bound(store_url):
+    store = open_store(store_url)
+    store.create_run(_run("r"))
+    book = ledger.Ledger(run_id="r", store=store, keyring=keyring_for(store), clock=_SlowClock(), entries=[],
+                         flush_every_bytes=1000)
+    await _settle_reads(book, range(1, 3), value="x" * 400, size=402)
+    assert store.get_calls("r") == []
+    await _settle_reads(book, range(3, 4), value="x" * 400, size=402)  # 1,206 bytes held: written
+    assert [c.seq for c in store.get_calls("r")] == [1, 2, 3]
+    await book.close()
+    store.close()
+
+
+async def test_a_settled_read_waits_no_longer_than_the_timer_allows(store_url):
+    """P-7's cap: with nothing else to close the batch (the program computes, or waits on a slow call), the
+    event loop's timer writes held reads — here with no quiet time at all, at its next turn."""
+    store = open_store(store_url)
+    store.create_run(_run("r"))
+    book = ledger.Ledger(run_id="r", store=store, keyring=keyring_for(store), clock=_SlowClock(), entries=[],
+                         flush_quiet_seconds=0.0)
+    await _settle_reads(book, range(1, 3))
+    for _ in range(100):  # turns of the loop, not time: bounded so a broken timer fails instead of hanging
+        if len(store.get_calls("r")) == 2:
+            break
+        await asyncio.sleep(0)
+    assert [c.seq for c in store.get_calls("r")] == [1, 2]
+    await book.close()
+    # After the attempt's end the timer writes nothing, even for a read that settles late.
+    await _settle_reads(book, range(3, 4))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert [c.seq for c in store.get_calls("r")] == [1, 2]
     store.close()
 
 

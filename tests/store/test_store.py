@@ -380,6 +380,52 @@ def test_a_listener_on_postgres_hears_of_events_other_stores_add(backend):
     assert heard and set(heard) == {"r1"}
 
 
+def test_end_run_writes_the_last_journal_batch_the_end_and_its_notice_in_one_transaction(backend):
+    """A run's end (Finisher.end_attempt): the reads its attempt still held, the end and the notice other
+    processes wait on, one transaction — on Postgres one statement, one round trip (issue 24)."""
+    store, listener = backend.open(), backend.open()
+    store.create_run(make_run("r1", status="running"))
+    heard: list[str] = []
+    got = threading.Event()
+    stop = listener.listen(lambda payload: (heard.append(payload), got.set())) if backend.kind == "postgres" else None
+    try:
+        if stop is not None:  # the listener connects in the background: notify until it hears
+            deadline = time.monotonic() + 20
+            while not got.is_set() and time.monotonic() < deadline:
+                store.notify("ready")
+                got.wait(0.2)
+            heard.clear()
+            got.clear()
+        reads = [make_call("r1", 1, state="done", outcome={"n": 1}), make_call("r1", 2, state="done", outcome=2)]
+        before = store.traffic.snapshot()
+        won = store.end_run("r1", ["running"], reads, "ended:r1" if stop is not None else None,
+                            status="completed", result={"status": "completed"}, updated_at=2000.0, owner=None)
+        after = store.traffic.snapshot()
+        assert won
+        assert after["transactions"] - before["transactions"] == 1
+        if backend.kind == "postgres":
+            assert after["round_trips"] - before["round_trips"] == 1
+            assert got.wait(20) and heard == ["ended:r1"]
+        assert [(c.seq, c.outcome) for c in store.get_calls("r1")] == [(1, {"n": 1}), (2, 2)]
+        ended = store.get_run("r1")
+        assert (ended.status, ended.result, ended.updated_at) == ("completed", {"status": "completed"}, 2000.0)
+    finally:
+        if stop is not None:
+            stop()
+    # A batch that cannot be written (an entry already there) leaves the run as it was: all or nothing.
+    store.create_run(make_run("r2", status="running"))
+    store.record_call(make_call("r2", 1, state="done"))
+    with pytest.raises(Conflict):
+        store.end_run("r2", ["running"], [make_call("r2", 1, state="done"), make_call("r2", 2, state="done")],
+                      None, status="completed", updated_at=2000.0)
+    assert store.get_run("r2").status == "running" and [c.seq for c in store.get_calls("r2")] == [1]
+    # A run another process ended first keeps its end; the reads that happened are journaled all the same.
+    store.create_run(make_run("r3", status="cancelled"))
+    assert not store.end_run("r3", ["running"], [make_call("r3", 1, state="done")], None, status="completed",
+                             updated_at=2000.0)
+    assert store.get_run("r3").status == "cancelled" and [c.seq for c in store.get_calls("r3")] == [1]
+
+
 def test_paused_runs_past_expiry(store):
     store.create_run(make_run("old", status="paused", expires_at=500.0))
     store.create_run(make_run("older", status="paused", expires_at=400.0))
@@ -491,6 +537,28 @@ def test_journal_bytes_counts_stored_arguments_and_outcomes(store):
     expected = len('{"text":"' + "\\u00e9" * 10 + '"}') + len("{}") + len('"' + "x" * 1000 + '"')
     assert store.journal_bytes("r1") == expected
     assert store.journal_bytes("other") == 0
+
+
+def test_journal_totals_are_the_bytes_the_spent_writes_and_the_outputs_in_one_read(store):
+    """What continuing a run reads besides its entries (driver.prepare): the same figures journal_bytes,
+    count_calls and the run's output events give, in one statement."""
+    store.create_run(make_run())
+    spent = ["sending", "sent", "unknown", "failed"]
+    assert store.journal_totals("r1", spent) == (0, 0, 0)
+    store.record_call(make_call(seq=1, state="done", outcome={"a": 1}))
+    store.record_call(make_call(seq=2, kind="write", state="sent", outcome=True))
+    store.record_call(make_call(seq=3, kind="write", state="asked"))
+    store.record_call(make_call(seq=4, kind="write", state="unknown"))
+    for n in range(3):
+        store.add_event("r1", "output", {"n": n}, 1000.0 + n)
+    store.add_event("r1", "decided", {}, 1010.0)
+    before = store.traffic.snapshot()["statements"]
+    totals = store.journal_totals("r1", spent)
+    assert store.traffic.snapshot()["statements"] == before + 1
+    assert totals == (store.journal_bytes("r1"), store.count_calls("r1", kind="write", states=spent), 3)
+    assert totals[1] == 2
+    assert store.journal_totals("r1", []) == (totals[0], 0, 3)
+    assert store.journal_totals("other", spent) == (0, 0, 0)
 
 
 # ---------------------------------------------------------------------------

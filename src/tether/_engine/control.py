@@ -22,7 +22,7 @@ from tether._engine.notices import CANCEL, SETTLED
 from tether._engine.ownership import owner_gone
 from tether._engine.result import RunResult
 from tether._engine.waits import SIGNAL_PREFIX, wait_view
-from tether._store.base import WAIT_DIGEST_PREFIX
+from tether._store.base import WAIT_DIGEST_PREFIX, RunRecord
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
 from tether.errors import AlreadyDecided, InvalidArguments, ToolsUnavailable, WrongSecret
 
@@ -37,20 +37,23 @@ async def resume(engine: Engine, run_id: str, decision: str, reason: str | None 
     t0 = time.perf_counter()
     if decision not in DECISIONS:
         raise InvalidArguments(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
+    run = None
     if seq is None:
-        seq = service.unnamed_target(engine, engine.get_run(run_id, principal), decision)
+        # The run read to find the write is the one decided on: service.decide does not read it again.
+        run = engine.get_run(run_id, principal)
+        seq = service.unnamed_target(engine, run, decision)
     return await decide(engine, run_id, {seq: (decision, reason)}, principal=principal, actor=actor, via=via,
-                        origin=origin, hooks=hooks, t0=t0)
+                        origin=origin, hooks=hooks, t0=t0, run=run)
 
 
 async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, principal: str | None = None,
                  actor: str | None = None, via: str = "python", origin: str | None = None, hooks: Hooks = NO_HOOKS,
-                 t0: float | None = None) -> RunResult:
+                 t0: float | None = None, run: RunRecord | None = None) -> RunResult:
     """Decide writes of a paused run by seq (Runtime.decide); once its whole pause is decided, continue it
-    here with the caller's ``hooks`` (P-10, P-27..P-29)."""
+    here with the caller's ``hooks`` (P-10, P-27..P-29). ``run``: the record just read for ``principal``."""
     t0 = time.perf_counter() if t0 is None else t0
     out = await service.decide(engine, run_id, decisions, principal=principal, actor=actor, via=via,
-                               origin=origin, t0=t0)
+                               origin=origin, t0=t0, run=run)
     if isinstance(out, service.Resumed):
         return await launcher.launch(engine, out.run, mode="continue", hooks=hooks, t0=t0).result()
     return out

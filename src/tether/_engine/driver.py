@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import functools
 import json
@@ -96,6 +97,8 @@ class Attempt:
         self.snapshot: SnapshotRecord | None = None
         self.entries: list[CallRecord] = []
         self.writes_spent: int | None = None
+        # A continued run's (journal bytes, writes spent, output events), read with its journal (prepare).
+        self.totals: tuple[int, int, int] = (0, 0, 0)
         self.kind = "fresh"  # fresh | restore | replay
         self.boundary: EffectBoundary | None = None
         self.setup_ms = 0.0
@@ -123,6 +126,11 @@ class Attempt:
             # caller is told; the run is handled by its own rules.
             raise
         except Exception as exc:  # a bug or a value tether could not handle: the run ends, the host goes on
+            if self.boundary is not None:
+                # Reads a returned program left for its end to write (P-7): written before it ends, if the
+                # store lets them be.
+                with contextlib.suppress(Exception):
+                    await self.boundary.flush()
             return self.deps.finisher.internal_error(self.run, exc)
 
     async def _run_refusing_forgeries(self) -> RunResult:
@@ -142,17 +150,40 @@ class Attempt:
         d, run = self.deps, self.run
         verify_run(d.keyring, run)
         if self.mode != "fresh":
-            ended = await self._settle_stuck_writes()
+            # Read once, checked below in the order they are acted on (issue 24: the journal was read twice,
+            # its totals three times over).
+            snapshot = await self.astore.latest_snapshot(run.run_id)
+            # Checked now, refused below (after what a dead attempt left is settled, as before): a forged
+            # snapshot does not get to say which part of the journal is read.
+            genuine: bool | WrongSecret
+            try:
+                genuine = snapshot is not None and verify_snapshot_record(d.keyring, snapshot)
+            except WrongSecret as exc:
+                genuine = exc  # raised where it was before
+            low = self._restore_from(snapshot) if genuine is True else None
+            # A restore never re-issues calls before its snapshot: read only the calls it waits on and those
+            # after, and one more, the first one's MAC chains to it, so resuming does not slow down with the
+            # length of the journal. Every write a dead attempt left `sending` is among them: one in flight
+            # when the snapshot was taken is one it waits on, and any later is after it.
+            self.entries = await self.astore.get_calls(run.run_id, after=low - 2 if low is not None else None)
+            self.totals = await self.astore.journal_totals(run.run_id, SPENT_STATES)
+            ended = await self._settle_stuck_writes([e for e in self.entries if e.state == CallState.SENDING])
             if ended is not None:
                 return ended
-            await self._restore_or_replay()
+            self._restore_or_replay(snapshot, genuine)
         return None
 
-    async def _settle_stuck_writes(self) -> RunResult | None:
+    @staticmethod
+    def _restore_from(snapshot: SnapshotRecord | None) -> int | None:
+        """The lowest seq a restore from ``snapshot`` needs; None when it will not be restored from."""
+        if snapshot is None or snapshot.monty_version != MONTY_VERSION:
+            return None
+        return int(min([p["seq"] for p in snapshot.pending] + [snapshot.seq + 1]))
+
+    async def _settle_stuck_writes(self, stuck: list[CallRecord]) -> RunResult | None:
         """P-11: a write left `sending` by a dead attempt is never re-sent, unless its tool dedupes by
         idempotency key and has sends left (P-31): then it is re-sent with its recorded key when reached."""
         d, run = self.deps, self.run
-        stuck = await self.astore.get_calls(run.run_id, states=[CallState.SENDING])
         verify_calls(d.keyring, run.run_id, stuck)
         for e in stuck:
             if e.state == CallState.SENDING and resendable(d.catalog, e, self.limits) is None:
@@ -161,11 +192,12 @@ class Attempt:
                 return await d.finisher.end_attempt(run, RunStatus.FAILED, error=err.to_dict(), calls=e.seq)
         return None
 
-    async def _restore_or_replay(self) -> None:
+    def _restore_or_replay(self, snapshot: SnapshotRecord | None, genuine: bool | WrongSecret) -> None:
         d, run = self.deps, self.run
-        snapshot = await self.astore.latest_snapshot(run.run_id)
         if snapshot is not None:
-            if not verify_snapshot_record(d.keyring, snapshot):
+            if isinstance(genuine, WrongSecret):
+                raise genuine
+            if not genuine:
                 # Refuse, do not replay past a forgery.
                 raise SnapshotTampered(
                     f"the stored snapshot of run {snapshot.run_id} at call {snapshot.seq} failed its signature "
@@ -173,20 +205,13 @@ class Attempt:
             if snapshot.monty_version != MONTY_VERSION:
                 snapshot = None  # another build cannot load it: replay from the journal (P-12)
         if snapshot is not None:
-            # A restore never re-issues calls before its snapshot: read only the
-            # calls it waits on and those after, so resuming does not slow down
-            # with the length of the journal.
-            low = min([p["seq"] for p in snapshot.pending] + [snapshot.seq + 1])
-            # One entry more than needed: the first one's MAC chains to it.
-            self.entries = await self.astore.get_calls(run.run_id, after=low - 2)
-            self.writes_spent = await self.astore.count_calls(run.run_id, kind="write", states=SPENT_STATES)
+            # Its entries from the calls it waits on (prepare); the writes spent before them, counted.
+            self.writes_spent = self.totals[1]
             if isinstance(run.result, dict):
                 # A restore continues the program where it stopped: keep what it
                 # printed before. A replay prints it all again by itself.
                 for line in run.result.get("logs", []):
                     self.logs("stdout", line + "\n")
-        else:
-            self.entries = await self.astore.get_calls(run.run_id)
         verify_calls(d.keyring, run.run_id, self.entries)
         self.snapshot = snapshot
         self.kind = "restore" if snapshot is not None else "replay"
@@ -198,7 +223,7 @@ class Attempt:
         t_setup = time.perf_counter()
         prepared = await prepare(d, run, self.limits, self.host_budget, continuing=self.mode != "fresh")
         spec, refused, self.verdict_key = prepared.spec, prepared.refused, prepared.verdict_key
-        journaled = await self.astore.journal_bytes(run.run_id) if self.mode != "fresh" else 0
+        journaled = self.totals[0]
         boundary = self.boundary = self._boundary(journaled)
         d.attempts.live[run.run_id] = boundary
         heartbeat = asyncio.ensure_future(self._heartbeat(boundary))
@@ -206,8 +231,7 @@ class Attempt:
         self.t_exec = time.perf_counter()
         already_emitted = 0
         if self.mode != "fresh":
-            already_emitted = sum(1 for e in await self.astore.get_events(run.run_id, limit=100_000)
-                                  if e.type == "output")
+            already_emitted = self.totals[2]
         # One output budget per run: images and large values are cut, not dropped silently.
         emitter = Emitter(d.events, run.run_id, 0, EMIT_BUDGET_BYTES)
         session_base = self._session_base() if run.session else None
@@ -255,6 +279,7 @@ class Attempt:
         emitter.count, emitter.skip = (already_emitted, 0) if restore else (0, already_emitted)
         async with d.pool.execution(spec, boundary.host, self.logs, emitter) as execution:
             boundary.execution = execution
+            returned = False  # the program returned: its run's end writes the last reads (_completed)
             try:
                 if restore:
                     assert self.snapshot is not None
@@ -283,9 +308,10 @@ class Attempt:
                     else:
                         await self.astore.call(d.sessions.save, run.session,
                                                run.principal or self.settings.principal, state)
+                returned = True
                 return value
             finally:
-                await boundary.close()
+                await boundary.close(hold=returned)
 
     def _remember_verdict(self, passed: bool) -> None:
         """What the type checker said of this program against its stubs: a resent one is not checked again."""
@@ -477,7 +503,8 @@ class Attempt:
         if cut:
             diag["result_truncated"] = cut
         return await d.finisher.end_attempt(run, RunStatus.COMPLETED, result=result, logs=self.logs.lines(),
-                                            calls=boundary.state.issued, diagnostics=diag, notes=notes)
+                                            calls=boundary.state.issued, diagnostics=diag, notes=notes,
+                                            journal=boundary.ledger)
 
     async def _failed(self, exc: BaseException) -> RunResult:
         d, boundary = self.deps, self.boundary
@@ -491,7 +518,8 @@ class Attempt:
         except HostWorkTimeout:
             error = failure_error(exc, boundary, d.source_failures, lambda _address: [])
         return await d.finisher.end_attempt(self.run, RunStatus.FAILED, error=error, logs=self.logs.lines(),
-                                            calls=boundary.state.issued, diagnostics=self._diagnostics())
+                                            calls=boundary.state.issued, diagnostics=self._diagnostics(),
+                                            journal=boundary.ledger)
 
     def _diagnostics(self) -> dict[str, Any]:
         assert self.boundary is not None

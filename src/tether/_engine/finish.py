@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tether import _metrics as metrics
 from tether._engine.events import EventBus
 from tether._engine.lifecycle import Lifecycle, cancelled_error
-from tether._engine.notices import ENDED
+from tether._engine.notices import ENDED, encode
 from tether._engine.result import RunResult
-from tether._store.base import RunRecord, Store
+from tether._store.base import CallRecord, RunRecord, Store
 from tether._store.states import RunStatus
 from tether.errors import TetherError
+
+if TYPE_CHECKING:
+    from tether._engine.calls.ledger import Ledger
 
 _log = logging.getLogger("tether.runs")
 
@@ -61,24 +64,44 @@ class Finisher:
 
     async def end_attempt(self, run: RunRecord, status: str, *, result: Any = None,
                           error: dict[str, Any] | None = None, logs: list[str] | None = None, calls: int = 0,
-                          diagnostics: dict[str, Any] | None = None, notes: list[str] | None = None) -> RunResult:
-        """``finish`` for an attempt's own end, the store write awaited: off the event loop on Postgres (D-27)."""
+                          diagnostics: dict[str, Any] | None = None, notes: list[str] | None = None,
+                          journal: Ledger | None = None) -> RunResult:
+        """``finish`` for an attempt's own end, the store write awaited: off the event loop on Postgres (D-27).
+
+        One transaction (one statement on Postgres) writes the settled reads ``journal`` still holds, the
+        run's end and, when no observer's event carries it, the notice other processes wait on: the journal
+        is never behind the end (P-7) and a woken waiter finds the end (issue 24: three round trips before).
+        """
         envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
                              calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
-        await self.astore.call(self.lifecycle.finish, run.run_id, RunStatus(status), envelope.to_dict(), error)
-        _ended(run, status, error)
-        event = self._told(run, envelope)
-        if event is not None:
-            await self.bus.emit_awaited(run.run_id, *event)
+        event = self._event(run, envelope)
+        notice = encode(ENDED, run.run_id) if event is None and self.store.capabilities.notifies else None
+
+        async def end(entries: list[CallRecord]) -> bool:
+            return await self.astore.call(self.lifecycle.finish, run.run_id, RunStatus(status), envelope.to_dict(),
+                                          error, calls=entries, notice=notice)
+
+        if journal is not None:
+            await journal.write_with(end)
         else:
-            # A NOTIFY is a transaction too: off the loop with the rest.
-            await self.astore.call(self.bus.notices.publish, ENDED, run.run_id)
+            await end([])
+        _ended(run, status, error)
+        self._announce(run, envelope)
+        if event is not None:
+            await self.bus.emit_awaited(run.run_id, *event)  # its notice is the "ended" one too
         return envelope
 
     def _told(self, run: RunRecord, envelope: RunResult) -> tuple[str, dict[str, Any]] | None:
         """Tell this process's listeners; the event observers wait for (P-20), if any observes the run."""
+        self._announce(run, envelope)
+        return self._event(run, envelope)
+
+    def _announce(self, run: RunRecord, envelope: RunResult) -> None:
+        self.bus.announce(run.run_id, envelope.status, {"error": envelope.error} if envelope.error else {})
+
+    def _event(self, run: RunRecord, envelope: RunResult) -> tuple[str, dict[str, Any]] | None:
+        """The event observers wait for (P-20), if any observes the run."""
         status, result, error, notes = envelope.status, envelope.result, envelope.error, envelope.notes
-        self.bus.announce(run.run_id, status, {"error": error} if error else {})
         # The event a cell observer waits for (P-20); a plain execute has no
         # observer and saves the write.
         if (run.meta or {}).get("cell") or self.bus.observed(run.run_id):

@@ -11,7 +11,7 @@ winner. A transition the table does not list is a bug in tether: it is refused w
     claim_queued    queued -> running                    worker (work, run_queued)
     claim_due       waiting -> running (deadline came)   worker
     wake            waiting -> running (wait settled)    launcher.wake
-    resume          paused -> running (pause decided)    approvals.service.decide
+    resume          paused -> running (pause decided)    approvals.service.decide (resume_run: the record too)
     claim_orphan    running, lease lapsed -> ours        worker (release_orphan hands it back)
     take_over       running, owner gone -> ours          worker, launcher (a keyed retry), control.cancel
     unclaim         running -> queued | waiting          worker (work, run_queued) (cannot run it here)
@@ -30,6 +30,7 @@ write that used to be spelled out at each place that wrote them.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
 from tether._store.base import CallRecord, RunRecord, Store
@@ -119,6 +120,14 @@ class Lifecycle:
         return self._move(run_id, [RunStatus.PAUSED], RunStatus.RUNNING, decision=decision,
                           **self._owned(self.clock()))
 
+    def resume_run(self, run: RunRecord, decision: dict[str, Any]) -> RunRecord | None:
+        """:meth:`resume` for the paused ``run`` as read: the record as stored now, without reading it back
+        (nothing but this compare-and-set changes a paused run); None if it was no longer paused."""
+        owned = self._owned(self.clock())
+        if not self._move(run.run_id, [RunStatus.PAUSED], RunStatus.RUNNING, decision=decision, **owned):
+            return None
+        return dataclasses.replace(run, status=RunStatus.RUNNING, decision=decision, **owned)
+
     def claim_orphan(self, skip: Sequence[str] = ()) -> RunRecord | None:
         """A running run whose lease lapsed, now leased here; returned as it was before (for release_orphan)."""
         now = self.clock()
@@ -174,14 +183,22 @@ class Lifecycle:
 
     # -- ending ---------------------------------------------------------------------------
 
-    def finish(self, run_id: str, to: RunStatus, envelope: dict[str, Any], error: dict[str, Any] | None) -> bool:
+    def finish(self, run_id: str, to: RunStatus, envelope: dict[str, Any], error: dict[str, Any] | None, *,
+               calls: Sequence[CallRecord] = (), notice: str | None = None) -> bool:
         """Record how a run ended, with its envelope. From any status that may end so, or restating it
-        (a compare-and-set elsewhere ended it first; this writes the envelope)."""
+        (a compare-and-set elsewhere ended it first; this writes the envelope).
+
+        ``calls``: the attempt's last journal batch, written in the same transaction, before the end
+        (P-7); ``notice``: the other processes' notice of the end, sent with it (store.end_run).
+        """
         if not RunStatus(to).terminal:
             raise InvalidTransition(f"run {run_id} cannot finish as {to}; nothing was written",
                                     details={"run_id": run_id, "to": str(to)})
-        return self._move(run_id, None, to, result=envelope, error=error, updated_at=self.clock(), owner=None,
-                          lease_until=None, pending=None)
+        fields = dict(result=envelope, error=error, updated_at=self.clock(), owner=None, lease_until=None,
+                      pending=None)
+        if calls or notice is not None:
+            return self.store.end_run(run_id, sources_of(to), calls, notice, status=to, **fields)
+        return self._move(run_id, None, to, **fields)
 
     def fail_internal(self, run_id: str, envelope: dict[str, Any], error: dict[str, Any]) -> bool:
         """A running run tether itself failed ends failed; one that had ended or paused keeps that record."""

@@ -188,6 +188,51 @@ def _event(row: Sequence[Any]) -> EventRecord:
     return EventRecord(**values)
 
 
+def _run_where(run_id: str, expect_status: Sequence[str] | None,
+               fields: dict[str, Any]) -> tuple[str, list[Any]] | None:
+    """update_run's WHERE clause and its parameters; None when ``expect_status`` is empty (nothing matches)."""
+    unknown = fields.keys() - _RUN_UPDATABLE
+    if unknown:
+        raise TypeError(f"update_run cannot set {sorted(unknown)}; settable: {sorted(_RUN_UPDATABLE)}")
+    if "status" in fields:
+        _check_status(fields["status"])
+    where, params = "run_id = ?", [run_id]
+    if expect_status is not None:
+        expected = _expected(expect_status, "expect_status")
+        if not expected:
+            return None
+        where += f" AND status IN {_in(len(expected))}"
+        params += expected
+    if "status" in fields:
+        # Restating a terminal status is allowed: finishing writes the result envelope with it.
+        where += f" AND (status NOT IN {_TERMINAL_SQL} OR status = ?)"
+        params.append(fields["status"])
+    return where, params
+
+
+def _run_update(where: tuple[str, list[Any]], fields: dict[str, Any]) -> tuple[str, list[Any]]:
+    sets = ", ".join(f"{name} = ?" for name in fields)
+    values = [_encode(RUN_COLUMNS, n, v) for n, v in fields.items()]
+    return f"UPDATE runs SET {sets} WHERE {where[0]}", values + where[1]
+
+
+def _call_inserts(calls: Sequence[CallRecord]) -> list[tuple[str, list[Any]]]:
+    """A journal batch as INSERT statements: one per chunk of rows, not per row (on Postgres each statement
+    is a round trip)."""
+    for call in calls:
+        _check_state(call.state)
+    rows = [[_encode(CALL_COLUMNS, n, getattr(c, n)) for n in CALL_COLUMNS] for c in calls]
+    chunks = [rows[i:i + _ROWS_PER_INSERT] for i in range(0, len(rows), _ROWS_PER_INSERT)]
+    return [(_insert_rows(_INSERT_CALL, len(CALL_COLUMNS), len(chunk)), [v for row in chunk for v in row])
+            for chunk in chunks]
+
+
+def _batch_conflict(calls: Sequence[CallRecord]) -> str | None:
+    if not calls:
+        return None
+    return f"a call of run {calls[0].run_id!r} in seqs {calls[0].seq}..{calls[-1].seq} is already recorded"
+
+
 def _expected(expect: Sequence[str], what: str) -> tuple[str, ...]:
     # A bare string is a Sequence[str] of letters and would silently match nothing.
     if isinstance(expect, str):
@@ -489,28 +534,31 @@ class SQLStore:
         return None if row is None else _run(row)
 
     def update_run(self, run_id: str, expect_status: Sequence[str] | None, **fields: Any) -> bool:
-        unknown = fields.keys() - _RUN_UPDATABLE
-        if unknown:
-            raise TypeError(f"update_run cannot set {sorted(unknown)}; settable: {sorted(_RUN_UPDATABLE)}")
-        if "status" in fields:
-            _check_status(fields["status"])
-        where, params = "run_id = ?", [run_id]
-        if expect_status is not None:
-            expected = _expected(expect_status, "expect_status")
-            if not expected:
-                return False
-            where += f" AND status IN {_in(len(expected))}"
-            params += expected
-        if "status" in fields:
-            # Restating a terminal status is allowed: finishing writes the result envelope with it.
-            where += f" AND (status NOT IN {_TERMINAL_SQL} OR status = ?)"
-            params.append(fields["status"])
+        where = _run_where(run_id, expect_status, fields)
+        if where is None:
+            return False
         with self._transaction(write=bool(fields), single=True) as tx:
             if not fields:
-                return tx.run(f"SELECT 1 FROM runs WHERE {where}", params).fetchone() is not None
-            sets = ", ".join(f"{name} = ?" for name in fields)
-            values = [_encode(RUN_COLUMNS, n, v) for n, v in fields.items()]
-            return tx.run(f"UPDATE runs SET {sets} WHERE {where}", values + params).rowcount == 1
+                return tx.run(f"SELECT 1 FROM runs WHERE {where[0]}", where[1]).fetchone() is not None
+            return tx.run(*_run_update(where, fields)).rowcount == 1
+
+    def end_run(self, run_id: str, expect_status: Sequence[str] | None, calls: Sequence[CallRecord] = (),
+                notice: str | None = None, **fields: Any) -> bool:
+        """``update_run`` with the run's last journal batch (``calls``) written before it and ``notice`` sent
+        with it where the store notifies, in one transaction: the journal is never behind the run's end
+        (P-7), and a listener woken by the notice finds the end (issue 24: three transactions before)."""
+        where = _run_where(run_id, expect_status, fields)
+        inserts = _call_inserts(calls)
+        with self._transaction(write=True, conflict=_batch_conflict(calls), run_id=run_id) as tx:
+            for insert in inserts:
+                tx.run(*insert)
+            won = where is not None and bool(fields) and tx.run(*_run_update(where, fields)).rowcount == 1
+            if notice is not None:
+                self._notice(tx, notice)
+            return won
+
+    def _notice(self, tx: Tx, payload: str) -> None:
+        """Send ``payload`` to the other processes on this store at commit; a store that cannot, does not."""
 
     def list_runs(self, status: str | None = None, limit: int = 100,
                   principals: Sequence[str] | None = None) -> list[RunRecord]:
@@ -606,16 +654,11 @@ class SQLStore:
     def record_calls(self, calls: Sequence[CallRecord]) -> None:
         if not calls:
             return
-        for call in calls:
-            _check_state(call.state)
-        rows = [[_encode(CALL_COLUMNS, n, getattr(c, n)) for n in CALL_COLUMNS] for c in calls]
-        run_id = calls[0].run_id
-        conflict = f"a call of run {run_id!r} in seqs {calls[0].seq}..{calls[-1].seq} is already recorded"
-        # One statement per chunk of rows, not per row: on Postgres each statement is a round trip.
-        chunks = [rows[i:i + _ROWS_PER_INSERT] for i in range(0, len(rows), _ROWS_PER_INSERT)]
-        with self._transaction(write=True, conflict=conflict, run_id=run_id, single=len(chunks) == 1) as tx:
-            for chunk in chunks:
-                tx.run(_insert_rows(_INSERT_CALL, len(CALL_COLUMNS), len(chunk)), [v for row in chunk for v in row])
+        inserts = _call_inserts(calls)
+        with self._transaction(write=True, conflict=_batch_conflict(calls), run_id=calls[0].run_id,
+                               single=len(inserts) == 1) as tx:
+            for insert in inserts:
+                tx.run(*insert)
 
     def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], **fields: Any) -> bool:
         unknown = fields.keys() - _CALL_UPDATABLE
@@ -677,6 +720,20 @@ class SQLStore:
                " FROM calls WHERE run_id = ?")
         with self._transaction(write=False, single=True) as tx:
             return int(tx.run(sql, (run_id,)).fetchone()[0])
+
+    def journal_totals(self, run_id: str, spent_states: Sequence[str]) -> tuple[int, int, int]:
+        """(``journal_bytes``, writes in ``spent_states``, output events): what continuing a run needs of
+        its journal besides its entries, in one statement (issue 24: three reads before)."""
+        expected = _expected(spent_states, "spent_states")
+        spent = f"kind = ? AND state IN {_in(len(expected))}" if expected else "1 = 0"
+        sql = ("SELECT COALESCE(SUM(LENGTH(args) + COALESCE(LENGTH(outcome), 0)), 0),"
+               f" COALESCE(SUM(CASE WHEN {spent} THEN 1 ELSE 0 END), 0),"
+               " (SELECT COUNT(*) FROM events WHERE run_id = ? AND type = ?)"
+               " FROM calls WHERE run_id = ?")
+        params = (["write", *expected] if expected else []) + [run_id, "output", run_id]
+        with self._transaction(write=False, single=True) as tx:
+            size, spent_writes, outputs = tx.run(sql, params).fetchone()
+            return int(size), int(spent_writes), int(outputs)
 
     # -- snapshots
 

@@ -196,6 +196,11 @@ class RunsPort(Protocol):
     def update_run(self, run_id: str, expect_status: Sequence[str] | None, **fields: Any) -> bool:
         """Set ``fields`` if the run's status is in ``expect_status`` (any, if None). CAS."""
 
+    def end_run(self, run_id: str, expect_status: Sequence[str] | None, calls: Sequence[CallRecord] = (),
+                notice: str | None = None, **fields: Any) -> bool:
+        """``update_run`` with journal entries ``calls`` inserted before it and ``notice`` sent to the other
+        processes (where the store notifies), in one transaction."""
+
     def list_runs(self, status: str | None = None, limit: int = 100,
                   principals: Sequence[str] | None = None) -> list[RunRecord]:
         """The newest runs first; with ``principals``, only theirs (a NULL principal is ``local``)."""
@@ -266,6 +271,9 @@ class JournalPort(Protocol):
     def count_calls(self, run_id: str, kind: str | None = None, states: Sequence[str] | None = None) -> int: ...
     def journal_bytes(self, run_id: str) -> int:
         """Bytes of the run's journaled arguments and outcomes, as stored (P-22)."""
+
+    def journal_totals(self, run_id: str, spent_states: Sequence[str]) -> tuple[int, int, int]:
+        """(``journal_bytes``, writes in ``spent_states``, the run's ``output`` events), in one read."""
 
 
 class SnapshotsPort(Protocol):
@@ -467,6 +475,10 @@ class AsyncStore:
     async def update_run(self, run_id: str, expect_status: Sequence[str] | None, **fields: Any) -> bool:
         return await self.call(self.store.update_run, run_id, expect_status, **fields)
 
+    async def end_run(self, run_id: str, expect_status: Sequence[str] | None, calls: Sequence[CallRecord] = (),
+                      notice: str | None = None, **fields: Any) -> bool:
+        return await self.call(self.store.end_run, run_id, expect_status, calls, notice, **fields)
+
     async def list_runs(self, status: str | None = None, limit: int = 100,
                         principals: Sequence[str] | None = None) -> list[RunRecord]:
         return await self.call(self.store.list_runs, status, limit, principals)
@@ -525,6 +537,9 @@ class AsyncStore:
 
     async def journal_bytes(self, run_id: str) -> int:
         return await self.call(self.store.journal_bytes, run_id)
+
+    async def journal_totals(self, run_id: str, spent_states: Sequence[str]) -> tuple[int, int, int]:
+        return await self.call(self.store.journal_totals, run_id, spent_states)
 
     # -- snapshots
 

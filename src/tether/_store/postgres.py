@@ -34,8 +34,17 @@ import psycopg
 import psycopg.conninfo
 
 from tether._store._migrations import Dialect, render
-from tether._store._schema import _SELECT_RUN, SQLStore, Tx, _run
-from tether._store.base import Capabilities, RunRecord
+from tether._store._schema import (
+    _SELECT_RUN,
+    SQLStore,
+    Tx,
+    _batch_conflict,
+    _call_inserts,
+    _run,
+    _run_update,
+    _run_where,
+)
+from tether._store.base import CallRecord, Capabilities, RunRecord
 from tether.errors import ConfigError
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -218,6 +227,32 @@ class PostgresStore(SQLStore):
     def notify(self, payload: str) -> None:
         with self._transaction(write=True, single=True) as tx:
             tx.run("SELECT pg_notify(?, ?)", (self._channel, payload))
+
+    def _notice(self, tx: Tx, payload: str) -> None:
+        tx.run("SELECT pg_notify(?, ?)", (self._channel, payload))
+
+    def end_run(self, run_id: str, expect_status: Sequence[str] | None, calls: Sequence[CallRecord] = (),
+                notice: str | None = None, **fields: Any) -> bool:
+        """One statement, and so one round trip without BEGIN and COMMIT (D-40): the journal batch and the
+        run's update as data-modifying CTEs, which both take effect whatever the outer SELECT reads, and the
+        notice, delivered at commit. A batch of more than one INSERT is a transaction of several."""
+        where = _run_where(run_id, expect_status, fields)
+        inserts = _call_inserts(calls)
+        if len(inserts) > 1 or where is None or not fields:
+            return super().end_run(run_id, expect_status, calls, notice, **fields)
+        parts, params = [], []
+        if inserts:
+            parts.append(f"journal AS ({inserts[0][0]})")
+            params += inserts[0][1]
+        update, update_params = _run_update(where, fields)
+        parts.append(f"ended AS ({update} RETURNING 1)")
+        params += update_params
+        select = "SELECT (SELECT COUNT(*) FROM ended)"
+        if notice is not None:
+            select += ", pg_notify(?, ?)"
+            params += [self._channel, notice]
+        with self._transaction(write=True, conflict=_batch_conflict(calls), run_id=run_id, single=True) as tx:
+            return bool(tx.run(f"WITH {', '.join(parts)} {select}", params).fetchone()[0] == 1)
 
     @property
     def _channel(self) -> str:

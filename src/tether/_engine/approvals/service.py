@@ -178,18 +178,25 @@ def _paused_view(engine: Engine, run: RunRecord) -> RunResult:
 
 
 async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, principal: str | None = None,
-                 actor: str | None = None, via: str = "python", origin: str | None = None, t0: float | None = None) -> RunResult | Resumed:
+                 actor: str | None = None, via: str = "python", origin: str | None = None, t0: float | None = None,
+                 run: RunRecord | None = None) -> RunResult | Resumed:
     """Decide writes of a paused run by seq (P-10, P-27..P-29): the run's envelope, or Resumed once its whole
-    pause is decided (this process won the ``paused -> running`` compare-and-set; the caller continues it)."""
+    pause is decided (this process won the ``paused -> running`` compare-and-set; the caller continues it).
+
+    ``run``: the record the caller just read for ``principal`` (engine.get_run), so it is not read again.
+    """
     import time
 
     t0 = time.perf_counter() if t0 is None else t0
     wanted = _parse(decisions)
     if via not in CHANNELS:
         raise InvalidArguments(f"via must be one of {', '.join(CHANNELS)}, not {via!r}")
-    run = engine.get_run(run_id, principal)
+    run = run if run is not None and run.run_id == run_id else engine.get_run(run_id, principal)
+    # The pause's journal entries, read once and verified before anything acts on them (P-35); each decision
+    # below reads its entry from here, and a won compare-and-set updates it in place (calls/ledger.py).
+    entries: dict[int, CallRecord] = {}
     if run.status == RunStatus.PAUSED:
-        refused = await _untrusted(engine, run, wanted, t0)
+        refused = await _untrusted(engine, run, wanted, t0, entries)
         if refused is not None:
             return refused
     who = {"actor": actor or (principal if principal is not None else engine.settings.principal) or "local",
@@ -197,7 +204,7 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
     batch = {w["seq"]: w for w in batch_of(run)}
     fresh: dict[int, tuple[str, str | None]] = {}
     for seq, (decision, reason) in sorted(wanted.items()):
-        entry = await engine.store.aio.get_call(run_id, seq)
+        entry = entries[seq] if seq in entries else await engine.store.aio.get_call(run_id, seq)
         already = taken(entry)
         if decision == "cancel" and seq in batch and already != "cancel":
             # Cancel ends the paused run, whatever was decided on this write so far.
@@ -235,25 +242,34 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
                                                  if d == "approve"))
     last = None
     for seq, (decision, reason) in fresh.items():
-        last = _record(engine, run, batch[seq], decision, reason, who, now)
+        last = _record(engine, run, batch[seq], decision, reason, who, now, entry=entries.get(seq))
         # The run's updated_at is when it paused: nothing touches a paused run but a decision.
         metrics.APPROVAL_SECONDS.observe(max(0.0, now - run.updated_at))
     # The run continues when nothing in its pause is left undecided; whoever
     # sees that first continues it (paused -> running is a compare-and-set).
+    # A write this call decided is known decided; any other is read now, as
+    # another process may have decided it meanwhile.
     undecided = [s for s in batch
-                 if (e := await engine.store.aio.get_call(run_id, s)) is not None and e.state == CallState.ASKED]
+                 if (e := _known_decided(entries.get(s)) or await engine.store.aio.get_call(run_id, s)) is not None
+                 and e.state == CallState.ASKED]
     if undecided:
         return _paused_view(engine, engine.get_run(run_id, principal))
     record = last.to_dict() if last is not None else (run.decision or {})
-    if not engine.lifecycle.resume(run_id, record):
+    resumed = engine.lifecycle.resume_run(run, record)
+    if resumed is None:
         return await engine.wait_for_run(run_id)
-    run = engine.get_run(run_id, principal)
-    return Resumed(run)
+    return Resumed(resumed)
+
+
+def _known_decided(entry: CallRecord | None) -> CallRecord | None:
+    """``entry`` if this process has seen it leave ``asked`` (a move it won); None when it must be read again."""
+    return entry if entry is not None and entry.state != CallState.ASKED else None
 
 
 async def _untrusted(engine: Engine, run: RunRecord, wanted: dict[int, tuple[str, str | None]],
-                     t0: float) -> RunResult | None:
-    """Check what a decision acts on before acting (P-35): None when the run and its pause verify.
+                     t0: float, entries: dict[int, CallRecord]) -> RunResult | None:
+    """Check what a decision acts on before acting (P-35): None when the run and its pause verify, and then
+    ``entries`` holds the pause's journal entries as read and verified, by seq.
 
     A tampered run ends ``run_tampered``; a cancel needs no trusted record and
     simply ends the run. ``WrongSecret`` propagates and leaves the run paused
@@ -265,8 +281,9 @@ async def _untrusted(engine: Engine, run: RunRecord, wanted: dict[int, tuple[str
     cancel = next((reason for decision, reason in wanted.values() if decision == "cancel"), "")
     try:
         verify_run(engine.keyring, run)
-        verify_calls(engine.keyring, run.run_id, [e for w in batch_of(run)
-                                                  if (e := await engine.store.aio.get_call(run.run_id, w["seq"])) is not None])
+        read = [e for w in batch_of(run) if (e := await engine.store.aio.get_call(run.run_id, w["seq"])) is not None]
+        verify_calls(engine.keyring, run.run_id, read)
+        entries.update((e.seq, e) for e in read)
     except (RunTampered, WrongSecret) as exc:
         if any(d == "cancel" for d, _ in wanted.values()):
             ended = engine.finisher.cancel_now(run, cancel or "cancelled")
@@ -280,12 +297,17 @@ async def _untrusted(engine: Engine, run: RunRecord, wanted: dict[int, tuple[str
 
 
 def _record(engine: Engine, run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
-            who: dict[str, Any], now: float, expect: tuple[str, ...] = (CallState.ASKED,)) -> Decision:
-    """Take one decision: the journal's compare-and-set decides who wins (P-28); then say who (P-29)."""
+            who: dict[str, Any], now: float, expect: tuple[str, ...] = (CallState.ASKED,),
+            entry: CallRecord | None = None) -> Decision:
+    """Take one decision: the journal's compare-and-set decides who wins (P-28); then say who (P-29).
+
+    ``entry``: the write's entry as just read and verified, else it is read here; the compare-and-set is
+    on the stored row either way, so an entry read a moment ago loses to a decision taken since.
+    """
     from tether._engine.guest_errors import guest_error
 
     seq = write["seq"]
-    entry = engine.store.get_call(run.run_id, seq)
+    entry = entry if entry is not None else engine.store.get_call(run.run_id, seq)
     if decision == "approve":
         won = ledger.move(engine.store, engine.keyring, entry, expect, state=CallState.APPROVED)
     else:

@@ -320,7 +320,8 @@ class EffectBoundary:
                 self._remember(exc, seq, op)
             raise
         value = to_json_value(value)[0]
-        refused = self._journal_room(value_size(value), op, "result")
+        size = value_size(value)
+        refused = self._journal_room(size, op, "result")
         if refused is not None:
             await self.ledger.record_outcome(seq, CallState.PENDING, CallState.FAILED, error=err_json(refused))
             self._stat(seq, op, address, "read", CallState.FAILED, t)
@@ -328,7 +329,7 @@ class EffectBoundary:
                 return await self.stops.hold(call)
             self._remember(refused, seq, address)
             raise refused
-        await self.ledger.record_outcome(seq, CallState.PENDING, CallState.DONE, outcome=value)
+        await self.ledger.record_outcome(seq, CallState.PENDING, CallState.DONE, outcome=value, size=size)
         self._stat(seq, op, address, "read", CallState.DONE, t)
         return value
 
@@ -478,7 +479,8 @@ class EffectBoundary:
         if notes:
             seen = self.state.conversions.setdefault(tool.address, [])
             seen.extend(n for n in notes if n not in seen)
-        refused = self._journal_room(value_size(value), tool.address, "result", sent=is_write)
+        size = value_size(value)
+        refused = self._journal_room(size, tool.address, "result", sent=is_write)
         if refused is not None:
             # P-22: neither the store nor the sandbox gets the value. A write
             # happened all the same: its entry says so, and it is never re-sent.
@@ -489,7 +491,7 @@ class EffectBoundary:
                 return await self.stops.hold(Call(seq, "tool", tool.address, args))
             self._remember(refused, seq, tool.address)
             raise refused
-        await self.ledger.record_outcome(seq, from_state, ok_state, outcome=value)
+        await self.ledger.record_outcome(seq, from_state, ok_state, outcome=value, size=size)
         self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state, t)
         await self._maybe_checkpoint(seq)
         return value
@@ -568,12 +570,13 @@ class EffectBoundary:
     def release_held(self) -> None:
         self.stops.release_held()
 
-    async def close(self) -> None:
+    async def close(self, *, hold: bool = False) -> None:
         """The program ended (returned, raised or stopped): let held calls go, wait for requests already on
-        the wire to finish and be journaled, and write the settled reads still in memory (P-7)."""
+        the wire to finish and be journaled, and write the settled reads still in memory (P-7) — unless
+        ``hold``: the run's end writes them with it (Finisher.end_attempt)."""
         self.release_held()
         await self.drain()
-        await self.flush()
+        await self.ledger.close(hold=hold)
 
     def reset_for_replay(self, entries: list[CallRecord]) -> None:
         """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""

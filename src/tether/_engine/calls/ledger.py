@@ -19,14 +19,22 @@ Two faces:
   next write, wait, snapshot or the end of the attempt, so a crash loses at most
   the tail of reads after the last write, and those are simply issued again;
   writes never wait in a buffer.
+
+A batch closes on what it holds (64 settled reads, or 1 MiB of their values),
+never on how long the run has taken: a loaded machine that takes a second over
+ten reads writes them in the same one transaction as a quiet one (issue 24: the
+old "0.25 s since the last flush" split a 10-call run into up to six on CI).
+Time is only a cap, on the event loop's clock: a settled read is written once
+no read has settled for 0.25 s (the program computes, or waits on a slow call)
+or it has waited 2 s, whichever is first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
-from typing import Any, Callable, Sequence
+import logging
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from tether._engine import integrity
 from tether._engine.approvals.capabilities import Keyring
@@ -36,6 +44,9 @@ from tether._store.base import AsyncStore, CallRecord, Store
 from tether._store.states import CALL_TRANSITIONS, NEW_CALL_STATES, CallState
 from tether._tools.context import idempotency_key
 from tether.errors import InvalidTransition
+
+_log = logging.getLogger("tether.runs")
+T = TypeVar("T")
 
 # The table as plain strings, restating included: checked on every move of every call, so no enum is built.
 _MAY_BECOME: dict[str, frozenset[str]] = {
@@ -135,7 +146,8 @@ class Ledger:
     """One attempt's view of its run's journal: what was recorded, and what it records now."""
 
     def __init__(self, *, run_id: str, store: Store, keyring: Keyring, clock: Callable[[], float],
-                 entries: list[CallRecord], flush_every_calls: int = 64, flush_every_seconds: float = 0.25) -> None:
+                 entries: list[CallRecord], flush_every_calls: int = 64, flush_every_bytes: int = 1 << 20,
+                 flush_quiet_seconds: float = 0.25, flush_wait_cap_seconds: float = 2.0) -> None:
         self.run_id = run_id
         self.store = store
         # Every write is awaited: on Postgres it leaves the event loop (D-27).
@@ -145,7 +157,11 @@ class Ledger:
         self.keyring = keyring
         self.clock = clock
         self.flush_every_calls = flush_every_calls
-        self.flush_every_seconds = flush_every_seconds
+        self.flush_every_bytes = flush_every_bytes
+        self.flush_quiet_seconds = flush_quiet_seconds
+        self.flush_wait_cap_seconds = flush_wait_cap_seconds
+        self._timer: asyncio.TimerHandle | None = None
+        self._timed: asyncio.Task[None] | None = None  # a flush the timer started, held so it is not collected
         self.reset(entries)
 
     def reset(self, entries: list[CallRecord]) -> None:
@@ -155,7 +171,39 @@ class Ledger:
         self.last_recorded_seq = max(self.entries, default=0)
         self._unsaved: dict[int, CallRecord] = {}
         self._keys: dict[int, str] = {}  # seq -> call key, for chaining MACs (P-35)
-        self._flushed_at = time.monotonic()
+        # Settled reads held (seq -> bytes of the value), what closes a batch; when the oldest and the
+        # newest of them settled, on the loop's clock, what the timer caps.
+        self._held: dict[int, int] = {}
+        self._held_bytes = 0
+        self._first_settled = self._last_settled = 0.0
+        self._closed = False
+        self._disarm()
+
+    async def close(self, *, hold: bool = False) -> None:
+        """The attempt's end: write the held reads, and the timer writes nothing after it (P-7).
+
+        ``hold``: the run's end writes them, in its own transaction (:meth:`write_with`, Finisher.end_attempt).
+        """
+        try:
+            if not hold:
+                await self.flush()
+        finally:
+            self._closed = True
+            self._disarm()
+
+    async def write_with(self, write: Callable[[list[CallRecord]], Awaitable[T]]) -> T:
+        """Hand the settled reads still held, checked and signed, to ``write``, which writes them with what
+        else it writes (the run's end) in one transaction; they are written once it returns."""
+        async with self._flushing:
+            settled = sorted((r for r in self._unsaved.values() if r.state != CallState.PENDING), key=lambda r: r.seq)
+            for r in settled:
+                check_new(r)
+                self._sign(r)
+            out = await write(settled)
+            for r in settled:
+                del self._unsaved[r.seq]
+                self._held_bytes -= self._held.pop(r.seq, 0)
+            return out
 
     def get(self, seq: int) -> CallRecord | None:
         return self.entries.get(seq)
@@ -198,11 +246,48 @@ class Ledger:
             await self.astore.record_calls(settled)
             for r in settled:
                 del self._unsaved[r.seq]
-            self._flushed_at = time.monotonic()
+                self._held_bytes -= self._held.pop(r.seq, 0)
+            if not self._held:
+                self._disarm()
+            else:  # settled while the batch was on its way: they start a batch of their own
+                self._first_settled = asyncio.get_running_loop().time()
 
-    async def _maybe_flush(self) -> None:
-        if len(self._unsaved) >= self.flush_every_calls or time.monotonic() - self._flushed_at > self.flush_every_seconds:
+    async def _settled(self, seq: int, size: int) -> None:
+        """A held read has its outcome: write the batch if it is full, else make sure the timer caps its wait."""
+        self._held[seq] = size
+        self._held_bytes += size
+        if len(self._held) >= self.flush_every_calls or self._held_bytes >= self.flush_every_bytes:
             await self.flush()
+            return
+        loop = asyncio.get_running_loop()
+        self._last_settled = loop.time()
+        if self._timer is None:
+            self._first_settled = self._last_settled
+            self._timer = loop.call_at(self._last_settled + self.flush_quiet_seconds, self._due)
+
+    def _due(self) -> None:
+        """The timer: write the held reads if none settled for the quiet time or the oldest waited the cap."""
+        self._timer = None
+        if not self._held or self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        at = min(self._last_settled + self.flush_quiet_seconds, self._first_settled + self.flush_wait_cap_seconds)
+        if loop.time() < at:
+            self._timer = loop.call_at(at, self._due)
+            return
+        self._timed = loop.create_task(self._timed_flush())
+
+    async def _timed_flush(self) -> None:
+        try:
+            await self.flush()
+        except Exception:  # noqa: BLE001 - the reads stay held: the next flush (at the latest the attempt's end) writes them or fails the attempt
+            _log.warning("could not write the settled reads of run %s yet; they stay held", self.run_id,
+                         exc_info=True, extra={"run_id": self.run_id})
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def record_intent(self, call: Call, kind: str, state: CallState, existing: CallRecord | None) -> None:
         """Write a call's intent ahead of sending it (P-7); buffered reads go first so the order holds."""
@@ -225,12 +310,13 @@ class Ledger:
         self.entries[record.seq] = record
 
     async def record_outcome(self, seq: int, from_state: CallState, state: CallState, *, outcome: Any = None,
-                             error: dict[str, Any] | None = None) -> None:
+                             error: dict[str, Any] | None = None, size: int = 0) -> None:
+        """A call's outcome; a held read's stays held with its intent (``size``: its value's bytes, P-22)."""
         buffered = self._unsaved.get(seq)
         if buffered is not None:
             check_move(buffered, [from_state], {"state": state})
             buffered.state, buffered.outcome, buffered.error, buffered.finished_at = state, outcome, error, self.clock()
-            await self._maybe_flush()
+            await self._settled(seq, size)
             return
         await self.move(seq, [from_state], state=state, outcome=outcome, error=error, finished_at=self.clock())
 
