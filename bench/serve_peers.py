@@ -64,6 +64,7 @@ def engine_app() -> Any:
     the gap from the serving layer's (bench/README.md, issue 24).
     """
     import contextlib
+    import gc
 
     from mcp.server.mcpserver import MCPServer
 
@@ -82,6 +83,10 @@ def engine_app() -> Any:
                 state["rt"] = await stack.enter_async_context(
                     open_runtime(config, tools=[resolve_tool_spec(common.__file__)]))
                 state["stack"] = stack  # open for the server's life
+                # As `tether serve` does once its app is built (start.py): what startup made is frozen out of the
+                # collector's sight, so the two differ only by tether's serving layer.
+                gc.collect()
+                gc.freeze()
         return state["rt"]
 
     @server.tool()
