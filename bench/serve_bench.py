@@ -15,9 +15,9 @@ first measurement and kept up to the end:
 
 Two more on request, to take tether's gap to the floor apart: ``--only ...,engine``
 adds the floor's server running tether's ``Runtime.execute`` (the engine without
-tether's serving layer); ``--base SRC`` adds ``tether serve`` from another source
-tree (``git archive <commit> src | tar -x -C DIR``, then ``--base DIR/src``), for
-before/after ratios taken in the same windows.
+tether's serving layer); ``--base COMMIT|DIR`` adds ``tether serve`` from another
+build (a commit's ``src`` by ``git archive``, or a folder holding ``src/tether``, as
+trees_bench.py takes them), for before/after ratios taken in the same windows.
 
 Every client calls ``execute`` with the core program (10 sequential reads of
 the same ``get`` function, in each server's dialect) in a loop. Windows
@@ -33,7 +33,7 @@ One Python process runs all the clients, on the same 2 shared cores as the
 servers: it is part of what is measured, and its own CPU is printed.
 
     python bench/serve_bench.py [--quick] [--clients 16] [--seconds 5] [--rounds 3] [--mode legacy|auto] [--no-pg]
-                                [--base SRC] [--only floor,tether_file,...]
+                                [--base COMMIT|DIR] [--only floor,engine,tether_file,...]
 """
 
 from __future__ import annotations
@@ -160,8 +160,8 @@ def servers(tmp: Path, with_pg: bool, only: set[str], base: str | None = None) -
                                             {**base_env, "TETHER_HOME": str(tmp / "home_file")},
                                             tmp / "tether_file.log")
         if base is not None:
-            # Another build's source tree (e.g. `git archive main src | tar -x -C DIR`), served the same way: a
-            # before/after pair measured in the same windows, on the same machine at the same moment.
+            # Another build's src, served the same way: a before/after pair measured in the same windows, on
+            # the same machine at the same moment.
             base_path = os.pathsep.join([str(HERE), base, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
             started["tether_base"] = Served("tether_base", tether,
                                             {**base_env, "PYTHONPATH": base_path,
@@ -325,9 +325,9 @@ def main() -> None:
     p.add_argument("--mode", choices=("legacy", "auto"), default="legacy",
                    help="protocol era of the clients: legacy (2025-11-25, every server speaks it) or auto")
     p.add_argument("--no-pg", action="store_true", help="leave out tether on Postgres")
-    p.add_argument("--base", default=None, metavar="SRC",
-                   help="also serve tether from this source tree (its src/ directory) as tether_base: before/after "
-                        "in one run")
+    p.add_argument("--base", default=None, metavar="COMMIT|DIR",
+                   help="also serve tether from this commit (its src by git archive) or folder (holding src/tether) "
+                        "as tether_base: before/after in one run")
     p.add_argument("--only", default=None, help="comma-separated subset of " + ", ".join(LABELS)
                    + " (targets need their servers)")
     args = p.parse_args()
@@ -343,8 +343,14 @@ def main() -> None:
     unknown = only - set(LABELS)
     if unknown:
         p.error(f"unknown server(s) {', '.join(sorted(unknown))}; choose from {', '.join(LABELS)}")
-    with tempfile.TemporaryDirectory(prefix="tether-serve-bench-") as tmp, \
-            servers(Path(tmp), not args.no_pg and "tether_pg" in only, only, args.base) as (started, note):
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tether-serve-bench-"))
+        base = None
+        if args.base:
+            from trees_bench import tree_of
+
+            base = str(tree_of(args.base, Path(tmp)) / "src")
+        started, note = stack.enter_context(servers(Path(tmp), not args.no_pg and "tether_pg" in only, only, base))
         print(f"serve: {clients} MCP clients ({args.mode}) over streamable HTTP, {rounds} rounds of {seconds:g} s "
               f"windows per server, rotated; the core program ({common.CALLS} reads)", flush=True)
         if note:
