@@ -123,6 +123,10 @@ class Attempt:
             raise
         except Exception as exc:  # a bug or a value tether could not handle: the run ends, the host goes on
             return self.deps.finisher.internal_error(self.run, exc)
+        finally:
+            # The boundary calls back into this attempt (pause, checkpoint): with the attempt over, the cycle is
+            # cut so the attempt's graph is freed at once, not by the cyclic collector (bench/README.md).
+            self.boundary = None
 
     async def _run_refusing_forgeries(self) -> RunResult:
         try:
@@ -297,6 +301,9 @@ class Attempt:
                 return value
             finally:
                 await boundary.close()
+                # The execution holds the boundary's host function: the program has ended, so the pair is
+                # let go now, not left a cycle for the collector (bench/README.md, issue 24).
+                boundary.execution = None
 
     def _boundary(self, journaled_bytes: int) -> EffectBoundary:
         d, run = self.deps, self.run
