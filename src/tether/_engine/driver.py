@@ -124,9 +124,12 @@ class Attempt:
         except Exception as exc:  # a bug or a value tether could not handle: the run ends, the host goes on
             return self.deps.finisher.internal_error(self.run, exc)
         finally:
-            # The boundary calls back into this attempt (pause, checkpoint): with the attempt over, the cycle is
-            # cut so the attempt's graph is freed at once, not by the cyclic collector (bench/README.md).
-            self.boundary = None
+            # The boundary calls back into this attempt (pause, checkpoint) and its Stops back into the boundary:
+            # with the attempt over (its boundary closed and out of attempts.live), both cycles are cut so the
+            # attempt's graph is freed at once by reference counting, not by the cyclic collector (bench/README.md).
+            boundary, self.boundary = self.boundary, None
+            if boundary is not None:
+                boundary.stops.host = None  # type: ignore[assignment]
 
     async def _run_refusing_forgeries(self) -> RunResult:
         try:
