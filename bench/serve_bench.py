@@ -13,6 +13,12 @@ first measurement and kept up to the end:
 - **FastMCP Code Mode** — FastMCP with its ``CodeMode()`` transform, its defaults
   (a new Monty pool per execute).
 
+Two more on request, to take tether's gap to the floor apart: ``--only ...,engine``
+adds the floor's server running tether's ``Runtime.execute`` (the engine without
+tether's serving layer); ``--base COMMIT|DIR`` adds ``tether serve`` from another
+build (a commit's ``src`` by ``git archive``, or a folder holding ``src/tether``, as
+trees_bench.py takes them), for before/after ratios taken in the same windows.
+
 Every client calls ``execute`` with the core program (10 sequential reads of
 the same ``get`` function, in each server's dialect) in a loop. Windows
 alternate: in each round every server gets one window of ``--seconds`` with
@@ -27,6 +33,7 @@ One Python process runs all the clients, on the same 2 shared cores as the
 servers: it is part of what is measured, and its own CPU is printed.
 
     python bench/serve_bench.py [--quick] [--clients 16] [--seconds 5] [--rounds 3] [--mode legacy|auto] [--no-pg]
+                                [--base COMMIT|DIR] [--only floor,engine,tether_file,...]
 """
 
 from __future__ import annotations
@@ -55,7 +62,9 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 TARGETS = {"floor": 0.7, "fastmcp": 3.0, "postgres": 0.7}
 LABELS = {"floor": "floor: MCP SDK server + warm bare Monty", "tether_file": "tether serve, defaults (file store)",
-          "tether_pg": "tether serve, Postgres store", "fastmcp": "FastMCP Code Mode (defaults)"}
+          "tether_pg": "tether serve, Postgres store", "fastmcp": "FastMCP Code Mode (defaults)",
+          "tether_base": "tether serve, defaults, the --base build",
+          "engine": "floor's server + tether's Runtime.execute"}
 _TICK = os.sysconf("SC_CLK_TCK")
 WINDOW_GRACE_S = 120.0
 
@@ -131,7 +140,7 @@ class Served:
 
 
 @contextlib.contextmanager
-def servers(tmp: Path, with_pg: bool, only: set[str]) -> Iterator[tuple[dict[str, Served], str]]:
+def servers(tmp: Path, with_pg: bool, only: set[str], base: str | None = None) -> Iterator[tuple[dict[str, Served], str]]:
     """Every server started; yields them and a note on what was skipped."""
     base_env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "TETHER_STORE_URL")}
     src = str(HERE.parent / "src")
@@ -150,6 +159,13 @@ def servers(tmp: Path, with_pg: bool, only: set[str]) -> Iterator[tuple[dict[str
             started["tether_file"] = Served("tether_file", tether,
                                             {**base_env, "TETHER_HOME": str(tmp / "home_file")},
                                             tmp / "tether_file.log")
+        if base is not None:
+            # Another build's src, served the same way: a before/after pair measured in the same windows, on
+            # the same machine at the same moment.
+            base_path = os.pathsep.join([str(HERE), base, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+            started["tether_base"] = Served("tether_base", tether,
+                                            {**base_env, "PYTHONPATH": base_path,
+                                             "TETHER_HOME": str(tmp / "home_base")}, tmp / "tether_base.log")
         if with_pg:
             import pg
 
@@ -169,6 +185,9 @@ def servers(tmp: Path, with_pg: bool, only: set[str]) -> Iterator[tuple[dict[str
                 note = f"tether on Postgres skipped: {reason}"
         elif "tether_pg" in only:
             note = "tether on Postgres skipped (--no-pg)"
+        if "engine" in only:
+            started["engine"] = Served("engine", [sys.executable, str(HERE / "serve_peers.py"), "engine", "{port}"],
+                                       {**base_env, "TETHER_HOME": str(tmp / "home_engine")}, tmp / "engine.log")
         if "fastmcp" in only:
             peer = [sys.executable, str(HERE / "serve_peers.py"), "fastmcp", "{port}"]
             started["fastmcp"] = Served("fastmcp", peer, base_env, tmp / "fastmcp.log")
@@ -288,7 +307,7 @@ def summarize(windows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             "client_cpu_ms_per_program": round(sum(w["client_cpu"] for w in ws) / done * 1e3, 2) if done else float("nan"),
             "errors": errors,
         }
-        for base in ("floor", "fastmcp", "tether_file"):
+        for base in ("floor", "fastmcp", "tether_file", "tether_base", "engine"):
             if base in rate and base != name:
                 row[f"x_{base}"] = round(row["programs_per_s"] / (sum(rate[base]) / len(rate[base])), 3)
                 row[f"x_{base}_paired"] = round(statistics.median(a / b for a, b in zip(rate[name], rate[base]) if b),
@@ -306,6 +325,9 @@ def main() -> None:
     p.add_argument("--mode", choices=("legacy", "auto"), default="legacy",
                    help="protocol era of the clients: legacy (2025-11-25, every server speaks it) or auto")
     p.add_argument("--no-pg", action="store_true", help="leave out tether on Postgres")
+    p.add_argument("--base", default=None, metavar="COMMIT|DIR",
+                   help="also serve tether from this commit (its src by git archive) or folder (holding src/tether) "
+                        "as tether_base: before/after in one run")
     p.add_argument("--only", default=None, help="comma-separated subset of " + ", ".join(LABELS)
                    + " (targets need their servers)")
     args = p.parse_args()
@@ -315,12 +337,20 @@ def main() -> None:
     for name in ("httpx", "httpx2", "mcp"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
-    only = set(args.only.split(",")) if args.only else set(LABELS)
+    only = set(args.only.split(",")) if args.only else set(LABELS) - {"tether_base", "engine"}
+    if args.base:
+        only.add("tether_base")
     unknown = only - set(LABELS)
     if unknown:
         p.error(f"unknown server(s) {', '.join(sorted(unknown))}; choose from {', '.join(LABELS)}")
-    with tempfile.TemporaryDirectory(prefix="tether-serve-bench-") as tmp, \
-            servers(Path(tmp), not args.no_pg and "tether_pg" in only, only) as (started, note):
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tether-serve-bench-"))
+        base = None
+        if args.base:
+            from trees_bench import tree_of
+
+            base = str(tree_of(args.base, Path(tmp)) / "src")
+        started, note = stack.enter_context(servers(Path(tmp), not args.no_pg and "tether_pg" in only, only, base))
         print(f"serve: {clients} MCP clients ({args.mode}) over streamable HTTP, {rounds} rounds of {seconds:g} s "
               f"windows per server, rotated; the core program ({common.CALLS} reads)", flush=True)
         if note:
@@ -332,7 +362,9 @@ def main() -> None:
                               ("p99_ms", "p99 ms"), ("cpu_ms_per_program", "server CPU ms/program"),
                               ("client_cpu_ms_per_program", "client CPU ms/program"),
                               ("x_floor_paired", "x floor"), ("x_fastmcp_paired", "x FastMCP"),
-                              ("x_tether_file_paired", "x file store")]))
+                              ("x_tether_file_paired", "x file store")]
+                             + ([("x_tether_base_paired", "x base build")] if args.base else [])
+                             + ([("x_engine_paired", "x engine peer")] if "engine" in only else [])))
     by = {r["server"]: r for r in rows}
     targets = []
 

@@ -1,6 +1,7 @@
 """The servers serve_bench.py measures tether against, each run in a process of its own.
 
     python bench/serve_peers.py floor PORT     # the MCP SDK's own server, bare Monty, no journal
+    python bench/serve_peers.py engine PORT    # the floor's server running tether's Runtime.execute
     python bench/serve_peers.py fastmcp PORT   # FastMCP with its Code Mode transform, its defaults
 
 Both serve MCP over streamable HTTP at http://127.0.0.1:PORT/mcp and offer one
@@ -54,6 +55,49 @@ def floor_app() -> Any:
     return server.streamable_http_app(host=HOST)
 
 
+def engine_app() -> Any:
+    """The floor's server with tether's engine in place of bare Monty: ``execute`` is ``Runtime.execute``.
+
+    tether's runtime as ``tether serve`` opens it (its defaults: the SQLite file store under TETHER_HOME,
+    quotas, signing, the journal), without tether's serving layer (admission, auth, console and metrics
+    routes, progress, result shaping). Between the floor and tether serve, it tells the engine's share of
+    the gap from the serving layer's (bench/README.md, issue 24).
+    """
+    import contextlib
+    import gc
+
+    from mcp.server.mcpserver import MCPServer
+
+    from tether._app import open_runtime, resolve_tool_spec
+    from tether._config import load_config
+
+    server = MCPServer("engine", log_level="WARNING")
+    state: dict[str, Any] = {}
+    lock = asyncio.Lock()
+
+    async def runtime() -> Any:
+        async with lock:
+            if "rt" not in state:
+                stack = contextlib.AsyncExitStack()
+                config = load_config(None)
+                state["rt"] = await stack.enter_async_context(
+                    open_runtime(config, tools=[resolve_tool_spec(common.__file__)]))
+                state["stack"] = stack  # open for the server's life
+                # As `tether serve` does once its app is built (start.py): what startup made is frozen out of the
+                # collector's sight, so the two differ only by tether's serving layer.
+                gc.collect()
+                gc.freeze()
+        return state["rt"]
+
+    @server.tool()
+    async def execute(code: str) -> str:
+        """Run a Python program that calls tools.bench.get; its last expression is the result."""
+        result = await (await runtime()).execute(code)
+        return str(result.result) if result.status == "completed" else f"{result.status}: {result.error}"
+
+    return server.streamable_http_app(host=HOST)
+
+
 def fastmcp_app() -> Any:
     from fastmcp import FastMCP
     from fastmcp.experimental.transforms.code_mode import CodeMode
@@ -66,7 +110,7 @@ def fastmcp_app() -> Any:
 
 def main() -> None:
     kind, port = sys.argv[1], int(sys.argv[2])
-    app = {"floor": floor_app, "fastmcp": fastmcp_app}[kind]()
+    app = {"floor": floor_app, "engine": engine_app, "fastmcp": fastmcp_app}[kind]()
     logging.basicConfig(level=logging.WARNING)
     uvicorn.run(app, host=HOST, port=port, log_level="warning", access_log=False)
 

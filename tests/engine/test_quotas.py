@@ -190,3 +190,41 @@ def test_mcp_sessions_a_flood_from_one_token_never_touches_another(server):
         side = client.get(scrape_url)
         assert side.status_code == 200 and "tether_runs" in side.text
         assert client.post(scrape_url.removesuffix("/metrics") + "/mcp", json=INIT).status_code == 404
+
+
+async def test_a_start_reads_the_active_runs_not_the_principals_history(store_url):
+    # concurrent_runs is checked at every start: its count reads the few active runs. It once read every run
+    # the principal ever had, 1 ms a start at 1,000 runs and growing with the store (bench/README.md, issue 24).
+    async with runtime(store_url, Quota(concurrent_runs=100)) as rt:
+        await rt.execute("1")
+        rt.start("2")  # one active run, to be counted
+        store = rt.store
+        conn = store._connection()
+        cols = [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
+        ended = next(r.run_id for r in store.list_runs() if r.status == "completed")
+
+        def steps() -> int:
+            count = [0]
+
+            def tick() -> int:
+                count[0] += 1
+                return 0
+
+            conn.set_progress_handler(tick, 50)
+            try:
+                from tether._store import usage
+
+                assert usage.active_runs(store, "local") == 1
+            finally:
+                conn.set_progress_handler(None, 0)
+            return count[0]
+
+        before = steps()
+        copy = ", ".join("printf('run_old_%d', n)" if c == "run_id" else "NULL" if c == "run_key" else c for c in cols)
+        with conn:
+            conn.execute(f"WITH RECURSIVE seq(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM seq WHERE n < 2000) "
+                         f"INSERT INTO runs ({', '.join(cols)}) SELECT {copy} FROM seq, runs WHERE run_id = ?",
+                         (ended,))
+        assert len(store.list_runs(limit=5000)) >= 2002
+        # 2,000 more ended runs of the same principal: the count does the same work as before.
+        assert steps() <= before + 2

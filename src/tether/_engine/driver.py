@@ -132,6 +132,13 @@ class Attempt:
                 with contextlib.suppress(Exception):
                     await self.boundary.flush()
             return self.deps.finisher.internal_error(self.run, exc)
+        finally:
+            # The boundary calls back into this attempt (pause, checkpoint) and its Stops back into the boundary:
+            # with the attempt over (its boundary closed and out of attempts.live), both cycles are cut so the
+            # attempt's graph is freed at once by reference counting, not by the cyclic collector (bench/README.md).
+            boundary, self.boundary = self.boundary, None
+            if boundary is not None:
+                boundary.stops.host = None  # type: ignore[assignment]
 
     async def _run_refusing_forgeries(self) -> RunResult:
         try:
@@ -312,6 +319,9 @@ class Attempt:
                 return value
             finally:
                 await boundary.close(hold=returned)
+                # The execution holds the boundary's host function: the program has ended, so the pair is
+                # let go now, not left a cycle for the collector (bench/README.md, issue 24).
+                boundary.execution = None
 
     def _remember_verdict(self, passed: bool) -> None:
         """What the type checker said of this program against its stubs: a resent one is not checked again."""

@@ -59,14 +59,18 @@ class Quotas:
     def check_start(self, store: Store, principal: str, now: float, *, session: str | None = None) -> None:
         """Raise QuotaExceeded if ``principal`` may not start a run now (with ``session``, if named)."""
         q = self.of(principal)
+        active = started = 0
+        if q.concurrent_runs is not None or q.runs_per_period is not None:
+            # Both counts in one statement: one transaction (one Postgres round trip) per start.
+            active, started = usage.start_counts(store, principal, now - q.period_seconds)
         if q.concurrent_runs is not None:
-            used = usage.active_runs(store, principal)
+            used = active
             if used >= q.concurrent_runs:
                 raise _refused("concurrent_runs", q.concurrent_runs, used,
                                f"{used} runs of this principal are queued or running",
                                "Wait for one to end (or cancel one), then start this again.")
         if q.runs_per_period is not None:
-            used = usage.runs_started_since(store, principal, now - q.period_seconds)
+            used = started
             if used >= q.runs_per_period:
                 raise _refused("runs_per_period", q.runs_per_period, used,
                                f"this principal started {used} runs in the last {q.period_seconds:g} s",

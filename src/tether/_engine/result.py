@@ -13,7 +13,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from tether._store.states import RunStatus
 
@@ -52,6 +52,7 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
     # sandbox and a copy per appearance here, so its size is not bounded by the
     # sandbox heap and could grow exponentially with the nesting.
     left = [MAX_EXPANDED_ITEMS, MAX_EXPANDED_CHARS]
+    slow: list[Callable[[Any, int], Any]] = []  # convert, once defined (below)
 
     def conv(v: Any, depth: int) -> Any:
         # The common values first, without a call: most results are records of these.
@@ -66,7 +67,7 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
         if t is float and math.isfinite(v):
             return v
         try:
-            return convert(v, depth)
+            return slow[0](v, depth)
         except Exception as exc:  # noqa: BLE001 - nothing a value does may stop the conversion
             notes.append(f"a value of type {_type_name(v)} could not be converted ({type(exc).__name__}) "
                          "and became a placeholder")
@@ -140,7 +141,11 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
         notes.append(f"a value of type {_type_name(v)} became its repr")
         return _text(safe_repr(v), notes)
 
+    slow.append(convert)
     converted = conv(value, 0)
+    # conv reached convert through this list, convert calls conv: emptied, the pair is no reference cycle and
+    # is freed now, not by the cyclic collector (11 pairs an execute of 10 calls; bench/README.md, issue 24).
+    slow.clear()
     # Keep notes short and unique: a set of 10,000 elements is one note.
     unique = list(dict.fromkeys(notes))
     return converted, unique

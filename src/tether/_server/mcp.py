@@ -352,7 +352,8 @@ class TetherServer:
         starts) or, continuing ``run_id``, its result.
         """
         slot = await self.admission.acquire()
-        progress = _Progress(ctx)
+        # Only for a client that asked: otherwise every host call would wake a task to send what the SDK drops.
+        progress = _Progress(ctx) if _asked_progress(ctx) else None
         started = False
         current = run_id
 
@@ -373,16 +374,19 @@ class TetherServer:
         try:
             result = await asyncio.shield(task)
         except asyncio.CancelledError:
-            progress.stop()
+            if progress is not None:
+                progress.stop()
             if not started or current is None:
                 task.cancel()  # nothing started, or nothing left to stop
             else:
                 self._spawn(self._cancel(current, principal, task))
             raise
         except BaseException:
-            progress.stop()
+            if progress is not None:
+                progress.stop()
             raise
-        await progress.flush()
+        if progress is not None:
+            await progress.flush()
         return result
 
     async def _cancel(self, run_id: str, principal: str, task: asyncio.Future) -> None:
@@ -623,6 +627,20 @@ class _Progress:
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+
+
+def _asked_progress(ctx: Context) -> bool:
+    """Whether the client may want progress notifications on this request.
+
+    Over JSON-RPC (HTTP, stdio) only a ``progressToken`` in the request's ``_meta`` asks for them, and the SDK
+    drops the rest. In process (the SDK's direct dispatch) a caller's callback travels beside the request, so
+    there, and wherever the SDK's shape is not the one known here, the answer is yes.
+    """
+    request = ctx.request_context
+    if (request.meta or {}).get("progress_token") is not None:
+        return True
+    outbound = getattr(request.session, "_request_outbound", None)
+    return getattr(getattr(outbound, "transport", None), "kind", None) != "jsonrpc"
 
 
 def _actor(ctx: Context, principal: str) -> str:
