@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
 from test_store import backend, make_run  # noqa: F401 - the fixture, shared with test_store.py
-
 from tether._store import SnapshotRecord
 from tether._store.base import ParkEvent, WaitRecord, wait_digest
 from tether._store.states import WaitStatus
