@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from test_store import backend, make_run  # noqa: F401 - the fixture, shared with test_store.py
 from tether._store import SnapshotRecord
 from tether._store.base import ParkEvent, WaitRecord, wait_digest
@@ -24,6 +26,8 @@ def test_a_pause_is_one_transaction_and_a_lost_move_writes_nothing(backend):  # 
     store = backend.open()
     store.create_run(make_run("r1", status="running"))
     store.put_snapshot(_snapshot("r1", 1))
+    # A checkpoint taken after the last pause: the new pause's snapshot is the one restored from.
+    store.put_snapshot(dataclasses.replace(_snapshot("r1", 1), kind="checkpoint"))
     early = WaitRecord("key-r1-3", "r1", "approval:3", WaitStatus.RESOLVED, 1400.0, value={"decision": "approve"},
                        resolved_at=1400.0)
     assert store.settle_wait(early)[0]
@@ -34,9 +38,12 @@ def test_a_pause_is_one_transaction_and_a_lost_move_writes_nothing(backend):  # 
     after = store.traffic.snapshot()
     assert won
     assert after["transactions"] - before["transactions"] == 1
+    if backend.kind == "postgres":  # one statement without BEGIN and COMMIT (D-40)
+        assert (after["statements"] - before["statements"], after["round_trips"] - before["round_trips"]) == (1, 1)
     run = store.get_run("r1")
     assert (run.status, run.pending, run.updated_at) == ("paused", {"seq": 2}, 1500.0)
-    assert store.latest_snapshot("r1").seq == 2
+    latest = store.latest_snapshot("r1")
+    assert (latest.seq, latest.kind) == (2, "pause")
     waits = {w.name: w for w in store.list_waits(run_id="r1", status=None)}
     assert waits["approval:2"].status == "pending" and waits["approval:2"].key == wait_digest("key-r1-2")
     assert (waits["approval:3"].status, waits["approval:3"].seq, waits["approval:3"].deadline) == (

@@ -80,3 +80,55 @@ def _create_waits(tx: Tx, waits: Sequence[WaitRecord]) -> None:
         many = ", ".join([one[1]] * len(new))
         tx.run(f"{one[0]} VALUES {many}",
                [_encode(WAIT_COLUMNS, n, getattr(w, n)) for w in new for n in WAIT_COLUMNS])
+
+
+def park_run_statement(store: SQLStore, run_id: str, expect_status: Sequence[str], snapshot: SnapshotRecord,
+                       waits: Sequence[WaitRecord], event: ParkEvent | None, channel: str, **fields: Any) -> bool:
+    """``park_run`` as one statement (Postgres): data-modifying CTEs, each of the snapshot, wait and event
+    writes conditional on the run's move (``EXISTS (SELECT 1 FROM parked)``), and the event's notice (on
+    ``channel``) selected from the move's row, so a lost move writes and sends nothing. One statement needs
+    no ``BEGIN``/``COMMIT`` (D-40): one round trip. The event waits for the move's row lock, as ``add_event``
+    waits for its own: it takes its id only once ``parked`` has a row. A CTE sees the tables as they were
+    before the statement, so the snapshot replaces the one of its kind by an upsert (a ``DELETE`` beside the
+    ``INSERT`` could run after it), and a wait is inserted only where no row had its key (``create_wait``'s rule: a row already there is kept, given
+    its seq and deadline if it had none)."""
+    where = _run_where(run_id, expect_status, fields)
+    if where is None or not fields:
+        return False
+    for w in waits:
+        if w.status != WaitStatus.PENDING or w.run_id != run_id:
+            raise InvalidTransition(f"wait {w.name} of run {w.run_id} cannot start {w.status} with run {run_id}'s "
+                                    "stop; nothing was written", details={"run_id": w.run_id, "to": str(w.status)})
+    moved = " WHERE EXISTS (SELECT 1 FROM parked)"
+    update, params = _run_update(where, fields)
+    parts = [f"parked AS ({update} RETURNING 1)"]
+    # The one snapshot of its kind replaced, under a new id: ids are write order (the latest is restored).
+    replaced = ", ".join(f"{n} = EXCLUDED.{n}" for n in SNAPSHOT_COLUMNS if n not in ("run_id", "kind"))
+    parts.append(f"snap AS ({_as_select(_INSERT_SNAPSHOT)}{moved}"
+                 f" ON CONFLICT (run_id, kind) DO UPDATE SET id = DEFAULT, {replaced})")
+    params += [_encode(SNAPSHOT_COLUMNS, n, getattr(snapshot, n)) for n in SNAPSHOT_COLUMNS]
+    for i, w in enumerate(waits):
+        digest = wait_digest(w.key)
+        parts.append(f"seen{i} AS (UPDATE waits SET seq = ?, deadline = ? WHERE key_digest IN (?, ?) AND seq IS NULL"
+                     " AND EXISTS (SELECT 1 FROM parked))")
+        params += [w.seq, w.deadline, digest, w.key]
+        parts.append(f"wait{i} AS ({_as_select(_INSERT_WAIT)}{moved}"
+                     " AND NOT EXISTS (SELECT 1 FROM waits WHERE key_digest IN (?, ?)))")
+        stored = dataclasses.replace(w, key=digest)
+        params += [_encode(WAIT_COLUMNS, n, getattr(stored, n)) for n in WAIT_COLUMNS] + [digest, w.key]
+    if event is not None:
+        parts.append("ev AS (INSERT INTO events (run_id, type, data, created_at) SELECT ?, ?, ?, ?"
+                     f"{moved})")
+        params += [run_id, event.type, dump_json(event.data), event.at]
+        select = "SELECT 1, pg_notify(?, ?) FROM parked"
+        params += [channel, run_id]
+    else:
+        select = "SELECT 1 FROM parked"
+    with store._transaction(write=True, run_id=run_id, single=True) as tx:
+        return tx.run(f"WITH {', '.join(parts)} {select}", params).fetchone() is not None
+
+
+def _as_select(insert: str) -> str:
+    """``INSERT INTO t (...) VALUES (?, ...)`` as ``INSERT INTO t (...) SELECT ?, ...`` (a WHERE may follow)."""
+    head, values = insert.split(" VALUES ")
+    return f"{head} SELECT {values.strip()[1:-1]}"
