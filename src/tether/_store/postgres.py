@@ -45,7 +45,7 @@ from tether._store._schema import (
     _run_where,
 )
 from tether._store.base import CallRecord, Capabilities, ParkEvent, RunRecord, SnapshotRecord, WaitRecord
-from tether._store.parking import park_run_statement
+from tether._store.parking import park_run, park_run_statement
 from tether.errors import ConfigError
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -259,7 +259,7 @@ class PostgresStore(SQLStore):
                  waits: Sequence[WaitRecord], event: ParkEvent | None, **fields: Any) -> bool:
         """One statement, one round trip (tether._store.parking.park_run_statement)."""
         if not self.autocommit_single:
-            return super().park_run(run_id, expect_status, snapshot, waits, event, **fields)
+            return park_run(self, run_id, expect_status, snapshot, waits, event, **fields)
         return park_run_statement(self, run_id, expect_status, snapshot, waits, event, self._channel, **fields)
 
     @property
