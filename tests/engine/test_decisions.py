@@ -50,6 +50,23 @@ def make_runtime(store_url, rec, **kw) -> Runtime:
     return rt
 
 
+async def test_p27_writes_called_before_either_is_awaited_pause_together_without_asyncio(store_url):
+    """A call reaches the host when the program makes it, not when it awaits it: the first of these writes
+    arrives with no other call in flight, the second some milliseconds of work later (about 5 ms here). The
+    pause still waits its window and lists both: nothing in flight does not mean nothing is coming (P-27)."""
+    code = ("import tools\na = tools.helpdesk.add_comment(id=7, body='one')\n"
+            "n = 0\nfor i in range(50000):\n    n += i\n"
+            "b = tools.helpdesk.add_comment(id=7, body='two')\n[await a, await b]\n")
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        r = await rt.execute(code)
+        assert r.status == "paused"
+        assert [w["args"]["body"] for w in r.pending["writes"]] == ["one", "two"]
+        r = await rt.decide(r.run_id, {w["seq"]: "approve" for w in r.pending["writes"]})
+        assert r.status == "completed", r.error
+    assert rec.deliveries == [("add_comment", {"id": 7, "body": "one"}), ("add_comment", {"id": 7, "body": "two"})]
+
+
 async def test_p27_gathered_writes_pause_once_listing_each(store_url):
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:
