@@ -40,10 +40,7 @@ def park_run(store: SQLStore, run_id: str, expect_status: Sequence[str], snapsho
     where = _run_where(run_id, expect_status, fields)
     if where is None or not fields:
         return False
-    for w in waits:
-        if w.status != WaitStatus.PENDING or w.run_id != run_id:
-            raise InvalidTransition(f"wait {w.name} of run {w.run_id} cannot start {w.status} with run {run_id}'s "
-                                    "stop; nothing was written", details={"run_id": w.run_id, "to": str(w.status)})
+    _check(run_id, waits)
     with store._transaction(write=True, run_id=run_id) as tx:
         if tx.run(*_run_update(where, fields)).rowcount != 1:
             return False
@@ -60,14 +57,21 @@ def park_run(store: SQLStore, run_id: str, expect_status: Sequence[str], snapsho
         return True
 
 
+def _check(run_id: str, waits: Sequence[WaitRecord]) -> None:
+    """A stop creates its own run's waits, pending (a wait starts so, WAIT_TRANSITIONS); else nothing is written."""
+    for w in waits:
+        if w.status != WaitStatus.PENDING or w.run_id != run_id:
+            raise InvalidTransition(f"wait {w.name} of run {w.run_id} cannot start {w.status} with run {run_id}'s "
+                                    "stop; nothing was written", details={"run_id": w.run_id, "to": str(w.status)})
+
+
 def _create_waits(tx: Tx, waits: Sequence[WaitRecord]) -> None:
     """``create_wait`` for several waits in one read and one insert: a wait whose row exists (a resolution
     buffered before the run reached it, or an earlier attempt's) is kept, given its seq and deadline if it
     had none; the others are inserted pending."""
     keys = [k for w in waits for k in (wait_digest(w.key), w.key)]
-    found = {}
-    for row in tx.run(f"{_SELECT_WAIT} WHERE key_digest IN {_in(len(keys))}", keys).fetchall():
-        found[_wait(row).key] = _wait(row)
+    rows = tx.run(f"{_SELECT_WAIT} WHERE key_digest IN {_in(len(keys))}", keys).fetchall()
+    found = {w.key: w for w in map(_wait, rows)}
     new = []
     for w in waits:
         row = found.get(wait_digest(w.key)) or found.get(w.key)
@@ -95,10 +99,7 @@ def park_run_statement(store: SQLStore, run_id: str, expect_status: Sequence[str
     where = _run_where(run_id, expect_status, fields)
     if where is None or not fields:
         return False
-    for w in waits:
-        if w.status != WaitStatus.PENDING or w.run_id != run_id:
-            raise InvalidTransition(f"wait {w.name} of run {w.run_id} cannot start {w.status} with run {run_id}'s "
-                                    "stop; nothing was written", details={"run_id": w.run_id, "to": str(w.status)})
+    _check(run_id, waits)
     moved = " WHERE EXISTS (SELECT 1 FROM parked)"
     update, params = _run_update(where, fields)
     parts = [f"parked AS ({update} RETURNING 1)"]
