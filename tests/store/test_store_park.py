@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 
 from test_store import backend, make_run  # noqa: F401 - the fixture, shared with test_store.py
 from tether._store import SnapshotRecord
@@ -23,7 +25,17 @@ def test_a_pause_is_one_transaction_and_a_lost_move_writes_nothing(backend):  # 
     """The paused record, its snapshot (the only one of its kind), its approval waits and its `paused` event
     are written together or not at all (issue 24: four transactions before); a wait whose row was there
     first (a buffered resolution) is kept and given its seq and deadline."""
-    store = backend.open()
+    store, listener = backend.open(), backend.open()
+    heard: list[str] = []
+    got = threading.Event()
+    stop = listener.listen(lambda payload: (heard.append(payload), got.set())) if backend.kind == "postgres" else None
+    if stop is not None:  # the listener connects in the background: notify until it hears
+        deadline = time.monotonic() + 20
+        while not got.is_set() and time.monotonic() < deadline:
+            store.notify("ready")
+            got.wait(0.2)
+        heard.clear()
+        got.clear()
     store.create_run(make_run("r1", status="running"))
     store.put_snapshot(_snapshot("r1", 1))
     # A checkpoint taken after the last pause: the new pause's snapshot is the one restored from.
@@ -49,6 +61,9 @@ def test_a_pause_is_one_transaction_and_a_lost_move_writes_nothing(backend):  # 
     assert (waits["approval:3"].status, waits["approval:3"].seq, waits["approval:3"].deadline) == (
         "resolved", 3, 9000.0)
     assert [(e.type, e.data) for e in store.get_events("r1")] == [("paused", {"pending": {"seq": 2}})]
+    if stop is not None:  # other processes hear of the event (P-20), as from add_event
+        assert got.wait(20) and heard == ["r1"]
+        stop()
     # A run no longer running (cancelled meanwhile) is not paused, and nothing of the pause is written.
     store.create_run(make_run("r2", status="cancelled"))
     assert not store.park_run("r2", ["running"], _snapshot("r2", 1), [_wait("r2", 1)],
