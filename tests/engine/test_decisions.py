@@ -50,6 +50,23 @@ def make_runtime(store_url, rec, **kw) -> Runtime:
     return rt
 
 
+async def test_p27_writes_called_before_either_is_awaited_pause_together_without_asyncio(store_url):
+    """A call reaches the host when the program makes it, not when it awaits it: the first of these writes
+    arrives with no other call in flight, the second some milliseconds of work later (about 5 ms here). The
+    pause still waits its window and lists both: nothing in flight does not mean nothing is coming (P-27)."""
+    code = ("import tools\na = tools.helpdesk.add_comment(id=7, body='one')\n"
+            "n = 0\nfor i in range(50000):\n    n += i\n"
+            "b = tools.helpdesk.add_comment(id=7, body='two')\n[await a, await b]\n")
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        r = await rt.execute(code)
+        assert r.status == "paused"
+        assert [w["args"]["body"] for w in r.pending["writes"]] == ["one", "two"]
+        r = await rt.decide(r.run_id, {w["seq"]: "approve" for w in r.pending["writes"]})
+        assert r.status == "completed", r.error
+    assert rec.deliveries == [("add_comment", {"id": 7, "body": "one"}), ("add_comment", {"id": 7, "body": "two"})]
+
+
 async def test_p27_gathered_writes_pause_once_listing_each(store_url):
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:
@@ -373,6 +390,19 @@ async def test_only_the_approvals_service_creates_and_settles_approval_waits(sto
                 return _real(record)
 
             setattr(rt.store, method, noting)
+        park_run = rt.store.park_run
+
+        def parking(run_id, expect, snapshot, waits, event, **fields):
+            # A pause's approval waits are created with the pause (store.park_run), through waits.py and the
+            # lifecycle's compare-and-set: who asked them to.
+            if any(w.name.startswith("approval:") for w in waits):
+                frame = sys._getframe(1)
+                while frame.f_globals["__name__"] in ("tether._engine.waits", "tether._engine.lifecycle"):
+                    frame = frame.f_back
+                writers.add(("create_wait", frame.f_globals["__name__"]))
+            return park_run(run_id, expect, snapshot, waits, event, **fields)
+
+        rt.store.park_run = parking
         first = await rt.execute(TWO_PAUSES)
         (one,) = rt.pending(first.run_id)
         assert (await rt.resume(first.run_id, "approve", seq=one.seq)).status == "paused"

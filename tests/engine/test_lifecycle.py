@@ -149,14 +149,18 @@ async def test_what_a_stopped_run_waits_on_is_stored_in_the_shape_runs_were_sign
 def _calls_outside_lifecycle() -> list[str]:
     """Calls of the store's run compare-and-set methods anywhere but the lifecycle (and the store itself)."""
     guarded = {"update_run", "create_run", "claim_run", "claim_queued", "claim_due", "claim_orphan",
-               "release_orphan"}
+               "release_orphan", "park_run", "create_parking"}
+    # A stop's compare-and-set travels with the waits it creates (store.park_run): the lifecycle hands it to
+    # waits.create_parking, the one writer of wait rows, which alone calls the store's park_run.
+    relayed = {("_engine/waits.py", "park_run")}
     found = []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
         if rel.startswith("_store/") or rel == "_engine/lifecycle.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in guarded:
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in guarded
+                    and (rel, node.func.attr) not in relayed):
                 # Calls on the lifecycle itself (rt.engine.lifecycle.claim_queued) are what every other place makes.
                 owner = node.func.value
                 via = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")

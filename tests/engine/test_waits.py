@@ -277,7 +277,7 @@ async def test_p19_a_cancel_from_another_process_while_the_run_parks_ends_it(sto
 
 
 # The store's writers of wait rows.
-_WAIT_WRITERS = {"create_wait", "settle_wait"}
+_WAIT_WRITERS = {"create_wait", "settle_wait", "park_run"}  # park_run: a pause's approval waits, with the pause
 # Every wait row is written by _engine/waits.py; the approvals service decides when an approval wait is
 # created and settled (test_decisions.py holds it to that) and has waits.py write it.
 _WAIT_HOMES = {"_engine/waits.py"}

@@ -51,7 +51,7 @@ from tether._engine.result import RunResult, preview, to_json_value
 from tether._engine.spec import prepare
 from tether._hostwork import HostBudget, off_loop
 from tether._sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxSpec, Stopped
-from tether._store.base import CallRecord, RunRecord, SnapshotRecord
+from tether._store.base import CallRecord, ParkEvent, RunRecord, SnapshotRecord, WaitRecord
 from tether._store.states import CallState, RunStatus
 from tether.errors import (
     ExecutionDiverged,
@@ -391,8 +391,9 @@ class Attempt:
                             "calls before it are in the journal)", next_action=exc.next_action,
                             details={"call": call}) from None
         waits_on = boundary.stops.waits_on(stop)
-        await self.astore.put_snapshot(self._snapshot_record(st.issued, data, waits_on, "pause"))
+        snapshot = self._snapshot_record(st.issued, data, waits_on, "pause")
         now = d.clock()
+        asked: list[WaitRecord] = []
         if isinstance(stop, ParkedWait):  # parked on a wait, a signal or a timer (P-18)
             public = stop.stored()
             envelope = waiting_envelope(run.run_id, public, self.logs, boundary, self.t0)
@@ -401,8 +402,8 @@ class Attempt:
             expires = now + self.settings.approval_ttl_seconds
             # A paused write is also a durable wait (P-18): its key resolves it
             # like resume() does, from anywhere that holds the key.
-            writes = [w.stored(await self.astore.call(approvals.ask, d.waits, run, w.seq, expires))
-                      for w in stop.writes]
+            asked = await self.astore.call(approvals.ask, d.waits, run, [w.seq for w in stop.writes], expires)
+            writes = [w.stored(a.key) for w, a in zip(stop.writes, asked)]
             # The first write at the top level, as before batches; every write
             # of the pause, that one included, under "writes" (P-27).
             public = {**next(w for w in writes if w["seq"] == stop.first.seq), "writes": writes}
@@ -417,10 +418,17 @@ class Attempt:
         signed = sign_run(d.keyring, dataclasses.replace(run, pending=kept, expires_at=expires))
         # An attempt that parks ended normally: the takeovers before it no longer count (P-39).
         fresh = await self.astore.get_run(run.run_id) if takeovers(run) else None
-        await self.astore.call(d.lifecycle.park, run.run_id, status, pending=kept, expires_at=expires,
-                               envelope=stored.to_dict(), mac=signed,
-                               meta=without_takeovers(fresh.meta if fresh is not None else None))
-        await d.events.emit_awaited(run.run_id, "paused" if status == RunStatus.PAUSED else "waiting", {"pending": kept})
+        # The snapshot, the approval waits, paused (or waiting) and its event: one transaction (issue 24).
+        event = ParkEvent("paused" if status == RunStatus.PAUSED else "waiting", to_json_value({"pending": kept})[0],
+                          d.clock())
+        park: dict[str, Any] = dict(pending=kept, expires_at=expires, envelope=stored.to_dict(), mac=signed,
+                                    meta=without_takeovers(fresh.meta if fresh is not None else None),
+                                    snapshot=snapshot, event=event)
+        if status == RunStatus.PAUSED:
+            await self.astore.call(approvals.pause, d.lifecycle, run.run_id, asked, **park)
+        else:
+            await self.astore.call(d.lifecycle.park, run.run_id, status, **park)
+        d.events.stored(run.run_id)
         d.events.announce(run.run_id, status, {"pending": kept, "expires_at": expires})
         self.stopped_at = envelope
 

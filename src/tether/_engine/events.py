@@ -52,6 +52,10 @@ class EventBus:
         self._wake(run_id)
         return event_id
 
+    def stored(self, run_id: str) -> None:
+        """An event of ``run_id`` was stored with another write (a pause's, store.park_run): observers here wake."""
+        self._wake(run_id)
+
     def _wake(self, run_id: str) -> None:
         signal = self._signals.get(run_id)
         if signal is not None:

@@ -33,7 +33,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
-from tether._store.base import CallRecord, RunRecord, Store
+from tether._engine import waits as waits_mod
+from tether._store.base import CallRecord, ParkEvent, RunRecord, SnapshotRecord, Store, WaitRecord
 from tether._store.states import RUN_TRANSITIONS, CallState, RunStatus, run_move_allowed
 from tether.errors import InvalidTransition, WriteOutcomeUnknown
 
@@ -165,17 +166,26 @@ class Lifecycle:
                                      meta={**run.meta, "cancel_requested": reason})
 
     def park(self, run_id: str, to: RunStatus, *, pending: dict[str, Any], expires_at: float | None,
-             envelope: dict[str, Any], mac: dict[str, Any], meta: dict[str, Any] | None = None) -> bool:
+             envelope: dict[str, Any], mac: dict[str, Any], meta: dict[str, Any] | None = None,
+             snapshot: SnapshotRecord | None = None, waits: Sequence[WaitRecord] = (),
+             event: ParkEvent | None = None) -> bool:
         """Stop at a write that asks (paused) or a wait (waiting); no process holds the run meanwhile.
 
         ``meta``: the run's meta as it is to be from now (an attempt that parks clears its takeovers, P-39).
+        ``snapshot``, ``waits``, ``event``: the stop's signed dump, the waits it creates (a pause's approval
+        waits) and its event, written with the move in one transaction (store.park_run; nothing of it when
+        the move loses).
         """
         if to not in (RunStatus.PAUSED, RunStatus.WAITING):
             raise InvalidTransition(f"run {run_id} cannot park as {to}; nothing was written",
                                     details={"run_id": run_id, "from": [str(RunStatus.RUNNING)], "to": str(to)})
         more = {"meta": meta} if meta is not None else {}
-        return self._move(run_id, [RunStatus.RUNNING], to, pending=pending, expires_at=expires_at, owner=None,
-                          lease_until=None, updated_at=self.clock(), decision=None, result=envelope, mac=mac, **more)
+        fields = dict(pending=pending, expires_at=expires_at, owner=None, lease_until=None, updated_at=self.clock(),
+                      decision=None, result=envelope, mac=mac, **more)
+        expect = check_move(run_id, [RunStatus.RUNNING], to)
+        if snapshot is not None:
+            return waits_mod.create_parking(self.store, waits, run_id, expect, snapshot, event, status=to, **fields)
+        return self.store.update_run(run_id, expect, status=to, **fields)
 
     def note_takeover(self, run_id: str, meta: dict[str, Any]) -> bool:
         """Record on a run just taken over here how its earlier attempts ended (``meta``, P-39)."""

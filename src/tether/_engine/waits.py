@@ -22,7 +22,15 @@ from typing import Any, Callable, Sequence
 
 from tether._engine.approvals.capabilities import WAIT_KEY
 from tether._engine.result import to_json_value
-from tether._store.base import LOCAL_PRINCIPAL, WAIT_DIGEST_PREFIX, Store, WaitRecord, wait_digest
+from tether._store.base import (
+    LOCAL_PRINCIPAL,
+    WAIT_DIGEST_PREFIX,
+    ParkEvent,
+    SnapshotRecord,
+    Store,
+    WaitRecord,
+    wait_digest,
+)
 from tether._store.states import WAIT_TRANSITIONS, WaitStatus
 from tether.errors import InvalidTransition
 
@@ -99,6 +107,17 @@ def create(store: Store, wait: WaitRecord) -> WaitRecord:
         raise InvalidTransition(f"wait {wait.name} of run {wait.run_id} cannot start {wait.status}; nothing was "
                                 "written", details={"run_id": wait.run_id, "to": str(wait.status)})
     return store.create_wait(wait)
+
+
+def create_parking(store: Store, waits: Sequence[WaitRecord], run_id: str, expect: Sequence[str],
+                   snapshot: SnapshotRecord, event: ParkEvent | None, **fields: Any) -> bool:
+    """``create`` for the new waits of a run stopping at a host call, written with its stop in one transaction
+    (``store.park_run``: the run's compare-and-set, its snapshot, these waits, its event)."""
+    for wait in waits:
+        if wait.status != WaitStatus.PENDING:
+            raise InvalidTransition(f"wait {wait.name} of run {wait.run_id} cannot start {wait.status}; nothing "
+                                    "was written", details={"run_id": wait.run_id, "to": str(wait.status)})
+    return store.park_run(run_id, expect, snapshot, waits, event, **fields)
 
 
 def settle(store: Store, wait: WaitRecord) -> tuple[bool, WaitRecord]:

@@ -50,6 +50,7 @@ from tether._store.base import (
     Conflict,
     EventRecord,
     OutboxRecord,
+    ParkEvent,
     RunRecord,
     SessionRecord,
     SnapshotRecord,
@@ -556,6 +557,11 @@ class SQLStore:
             if notice is not None:
                 self._notice(tx, notice)
             return won
+
+    def park_run(self, run_id: str, expect_status: Sequence[str], snapshot: SnapshotRecord,
+                 waits: Sequence[WaitRecord], event: ParkEvent | None, **fields: Any) -> bool:
+        """Each backend's, from tether._store.parking (whose SQL this module, near its size limit, leaves out)."""
+        raise NotImplementedError
 
     def _notice(self, tx: Tx, payload: str) -> None:
         """Send ``payload`` to the other processes on this store at commit; a store that cannot, does not."""

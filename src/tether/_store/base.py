@@ -164,6 +164,15 @@ class OutboxRecord:
     mac: str | None = None  # the body signed under the store's secret: a row tether did not queue is not sent
 
 
+@dataclass(frozen=True)
+class ParkEvent:
+    """The event a run stopping at a host call adds (``paused`` or ``waiting``), its data JSON-ready."""
+
+    type: str
+    data: dict[str, Any]
+    at: float
+
+
 class Conflict(Exception):
     """A unique key already existed (another process recorded it first)."""
 
@@ -200,6 +209,11 @@ class RunsPort(Protocol):
                 notice: str | None = None, **fields: Any) -> bool:
         """``update_run`` with journal entries ``calls`` inserted before it and ``notice`` sent to the other
         processes (where the store notifies), in one transaction."""
+
+    def park_run(self, run_id: str, expect_status: Sequence[str], snapshot: SnapshotRecord,
+                 waits: Sequence[WaitRecord], event: ParkEvent | None, **fields: Any) -> bool:
+        """``update_run`` of a run stopping at a host call with its snapshot, its new waits (``create_wait``
+        each) and its event, in one transaction; nothing is written when the compare-and-set loses."""
 
     def list_runs(self, status: str | None = None, limit: int = 100,
                   principals: Sequence[str] | None = None) -> list[RunRecord]:
@@ -478,6 +492,10 @@ class AsyncStore:
     async def end_run(self, run_id: str, expect_status: Sequence[str] | None, calls: Sequence[CallRecord] = (),
                       notice: str | None = None, **fields: Any) -> bool:
         return await self.call(self.store.end_run, run_id, expect_status, calls, notice, **fields)
+
+    async def park_run(self, run_id: str, expect_status: Sequence[str], snapshot: SnapshotRecord,
+                       waits: Sequence[WaitRecord], event: ParkEvent | None, **fields: Any) -> bool:
+        return await self.call(self.store.park_run, run_id, expect_status, snapshot, waits, event, **fields)
 
     async def list_runs(self, status: str | None = None, limit: int = 100,
                         principals: Sequence[str] | None = None) -> list[RunRecord]:

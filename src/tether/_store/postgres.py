@@ -44,7 +44,8 @@ from tether._store._schema import (
     _run_update,
     _run_where,
 )
-from tether._store.base import CallRecord, Capabilities, RunRecord
+from tether._store.base import CallRecord, Capabilities, ParkEvent, RunRecord, SnapshotRecord, WaitRecord
+from tether._store.parking import park_run, park_run_statement
 from tether.errors import ConfigError
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -253,6 +254,13 @@ class PostgresStore(SQLStore):
             params += [self._channel, notice]
         with self._transaction(write=True, conflict=_batch_conflict(calls), run_id=run_id, single=True) as tx:
             return bool(tx.run(f"WITH {', '.join(parts)} {select}", params).fetchone()[0] == 1)
+
+    def park_run(self, run_id: str, expect_status: Sequence[str], snapshot: SnapshotRecord,
+                 waits: Sequence[WaitRecord], event: ParkEvent | None, **fields: Any) -> bool:
+        """One statement, one round trip (tether._store.parking.park_run_statement)."""
+        if not self.autocommit_single:
+            return park_run(self, run_id, expect_status, snapshot, waits, event, **fields)
+        return park_run_statement(self, run_id, expect_status, snapshot, waits, event, self._channel, **fields)
 
     @property
     def _channel(self) -> str:

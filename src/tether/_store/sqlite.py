@@ -25,10 +25,12 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Sequence
 
 from tether._store._migrations import Dialect, render
 from tether._store._schema import SQLStore, Tx
+from tether._store.base import ParkEvent, SnapshotRecord, WaitRecord
+from tether._store.parking import park_run
 from tether.errors import ConfigError, StoreError
 
 _MEMORY = ":memory:"
@@ -246,6 +248,10 @@ class SQLiteStore(SQLStore):
             except FileNotFoundError:
                 pass
         return total
+
+    def park_run(self, run_id: str, expect_status: Sequence[str], snapshot: SnapshotRecord,
+                 waits: Sequence[WaitRecord], event: ParkEvent | None, **fields: Any) -> bool:
+        return park_run(self, run_id, expect_status, snapshot, waits, event, **fields)
 
 
 __all__ = ["SQLITE", "SQLiteStore"]

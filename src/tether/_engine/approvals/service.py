@@ -6,8 +6,8 @@ write is decided on its own, by its seq: the journal entry's compare-and-set
 one wins and a repeat changes nothing (P-28). The run continues once every
 write of the pause is decided; a ``cancel`` of any of them ends the run.
 
-    ask(...)          a paused write's approval wait, created when the run pauses (driver; the row
-                      written by _engine/waits.py, the one writer of wait rows)
+    ask(...), pause(...)  a pause's approval waits, created with the pause in one transaction (driver;
+                      the rows written by _engine/waits.py, the one writer of wait rows)
     pending(engine, run)  -> [PendingWrite, ...]                   (Runtime.pending)
     decide(engine, run_id, {3: "approve", 4: ("decline", "why")}, actor=..., via=...)
                       every surface's decision: Python, CLI, MCP resume and forms, the console,
@@ -24,7 +24,7 @@ capabilities that name a write (wait keys, links) are made in capabilities.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from tether import _metrics as metrics
 from tether._engine import waits as waits_mod
@@ -56,6 +56,7 @@ from tether.errors import (
 
 if TYPE_CHECKING:
     from tether._engine.engine import Engine
+    from tether._engine.lifecycle import Lifecycle
     from tether._engine.waits import Waits
 
 
@@ -66,14 +67,18 @@ class Resumed:
     run: RunRecord
 
 
-def ask(waits: Waits, run: RunRecord, seq: int, deadline: float) -> str:
-    """Create the wait paused write ``seq`` is (named approval:<seq>), through the waits service's row
-    writer; return its key."""
-    name = approval_wait_name(seq)
-    key = waits.key(run.run_id, name)
-    waits_mod.create(waits.store, WaitRecord(key, run.run_id, name, WaitStatus.PENDING, waits.clock(), seq=seq,
-                                             deadline=deadline, session=run.session))
-    return key
+def ask(waits: Waits, run: RunRecord, seqs: Sequence[int], deadline: float) -> list[WaitRecord]:
+    """The waits the paused writes ``seqs`` are (each named approval:<seq>), keys made, nothing written:
+    ``pause`` creates them with the pause."""
+    return [WaitRecord(waits.key(run.run_id, approval_wait_name(seq)), run.run_id, approval_wait_name(seq),
+                       WaitStatus.PENDING, waits.clock(), seq=seq, deadline=deadline, session=run.session)
+            for seq in seqs]
+
+
+def pause(life: Lifecycle, run_id: str, asked: Sequence[WaitRecord], **park: Any) -> bool:
+    """Pause the run with its approval waits (``ask``): created in the transaction that stores the pause
+    (``Lifecycle.park``, whose wait rows _engine/waits.py writes), so a pause is never stored without them."""
+    return life.park(run_id, RunStatus.PAUSED, waits=asked, **park)
 
 
 def recorded_decision(engine: Engine, run_id: str, seq: int, entry: CallRecord | None = None) -> Decision | None:
