@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import dataclasses
 import functools
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from tether._engine import telemetry
 from tether._engine.approvals import service as approvals
@@ -88,10 +89,10 @@ class Attempt:
         self.hooks = hooks
         self.t0 = time.perf_counter() if t0 is None else t0
         self.span: Any = None
-        self.limits = Limits.from_dict(run.limits)
+        self.limits = _LIMITS(run.limits)
         # Host work done for this program (built-ins, the check, stubs) counts against its time limit.
         self.host_budget = HostBudget(self.limits.run_seconds)
-        self.policy = Policy.from_dict(run.policy)
+        self.policy = _POLICY(run.policy)
         self.logs = LogBuffer(self.limits.log_bytes)
         self.snapshot: SnapshotRecord | None = None
         self.entries: list[CallRecord] = []
@@ -529,6 +530,37 @@ def builtins_for(d: Engine, run_id: str, budget: HostBudget) -> dict[str, Any]:
 
     return {"search": _guarded(search), "describe": _guarded(describe), "sources": _guarded(sources),
             "yield_control": _guarded(yield_control)}
+
+
+class _Parsed:
+    """A run's recorded limits or policy, parsed once per dict a fresh run records.
+
+    Every run this process creates records the engine's own ``limits_dict`` and ``policy_dict``
+    (the same objects), and every attempt parsed them again: ~25 µs of an execute, the
+    dataclasses checking themselves field by field. The value parsed from one of those dicts is
+    kept while the dict still equals what was parsed (compared in full, so a dict changed in place
+    is parsed again); a record read from the store is a new dict, parsed as before. The values
+    are frozen dataclasses, so attempts share them.
+    """
+
+    def __init__(self, parse: Callable[[dict[str, Any]], Any], size: int = 8) -> None:
+        self.parse, self.size = parse, size
+        self.kept: dict[int, tuple[dict[str, Any], dict[str, Any], Any]] = {}
+
+    def __call__(self, data: dict[str, Any]) -> Any:
+        hit = self.kept.get(id(data))
+        # The dict itself is held, so its id is not reused while it is kept.
+        if hit is not None and hit[0] is data and hit[1] == data:
+            return hit[2]
+        value = self.parse(data)
+        if len(self.kept) >= self.size:
+            self.kept.pop(next(iter(self.kept)))
+        self.kept[id(data)] = (data, copy.deepcopy(data), value)
+        return value
+
+
+_LIMITS: Callable[[dict[str, Any]], Limits] = _Parsed(Limits.from_dict)
+_POLICY: Callable[[dict[str, Any]], Policy] = _Parsed(Policy.from_dict)
 
 
 class _CheckpointSkipped(Exception):
