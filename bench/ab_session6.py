@@ -3,17 +3,19 @@
 Not a benchmark run by run_all.py: a one-off measurement kept so the figures in bench/README.md ("Issue 24,
 session 6: the 10-call program") can be taken again. It swaps the old behaviour back in on alternate executes
 of one warm runtime: the worker given back to the pool before the answer (``Execution.__aexit__`` awaiting the
-return) and the run's limits and policy parsed on every attempt. It reaches into private names, so it breaks
+return), the run's limits and policy parsed on every attempt, the heartbeat's task started with every
+attempt, and a value's journal size measured with ``json.dumps`` (a new encoder each call). It reaches into private names, so it breaks
 (loudly) when they are renamed; bare Monty ``feed_run`` (checkout, run, return) runs in the same rounds.
 
     python bench/ab_session6.py ROUNDS CALLS [file|memory]     # e.g. 300 10 memory
-    ONLY=giveback|parse python bench/ab_session6.py ...       # one change alone (the other stays on)
+    ONLY=giveback|parse|heartbeat|size python bench/ab_session6.py ...  # one change alone (the others on)
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 import statistics
 import sys
@@ -24,6 +26,8 @@ from typing import Any
 import pydantic_monty as pm
 
 import common
+import tether._engine.calls.boundary as boundary
+import tether._engine.calls.ledger as ledger
 import tether._engine.driver as driver
 import tether._sandbox.monty as monty
 from tether._engine.limits import Limits
@@ -32,7 +36,18 @@ from tether._runtime import Runtime
 from tether._store import open_store
 
 ONLY = os.environ.get("ONLY", "both")
-_AEXIT, _LIMITS, _POLICY = monty.Execution.__aexit__, driver._LIMITS, driver._POLICY
+_AEXIT, _LIMITS, _POLICY, _HEARTBEAT = monty.Execution.__aexit__, driver._LIMITS, driver._POLICY, driver._Heartbeat
+_VALUE_SIZE = ledger.value_size
+
+
+def _value_size_dumps(value: Any) -> int:
+    """Session 5's value_size: json.dumps with options, a new encoder on every call."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+
+
+def _heartbeat_task(attempt: Any, boundary: Any) -> Any:
+    """Session 5's heartbeat: its task started with every attempt."""
+    return asyncio.ensure_future(attempt._heartbeat(boundary))
 
 
 async def _aexit_awaited(self: Any, *exc: Any) -> None:
@@ -47,8 +62,12 @@ async def _aexit_awaited(self: Any, *exc: Any) -> None:
 
 
 def switch(on: bool) -> None:
-    giveback = on or ONLY == "parse"
-    parse = on or ONLY == "giveback"
+    giveback = on or ONLY not in ("both", "giveback")
+    parse = on or ONLY not in ("both", "parse")
+    heartbeat = on or ONLY not in ("both", "heartbeat")
+    size = on or ONLY not in ("both", "size")
+    boundary.value_size = ledger.value_size = _VALUE_SIZE if size else _value_size_dumps
+    driver._Heartbeat = _HEARTBEAT if heartbeat else _heartbeat_task  # type: ignore[misc, assignment]
     monty.Execution.__aexit__ = _AEXIT if giveback else _aexit_awaited  # type: ignore[method-assign]
     driver._LIMITS = _LIMITS if parse else Limits.from_dict
     driver._POLICY = _POLICY if parse else Policy.from_dict
