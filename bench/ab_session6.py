@@ -4,11 +4,12 @@ Not a benchmark run by run_all.py: a one-off measurement kept so the figures in 
 session 6: the 10-call program") can be taken again. It swaps the old behaviour back in on alternate executes
 of one warm runtime: the worker given back to the pool before the answer (``Execution.__aexit__`` awaiting the
 return), the run's limits and policy parsed on every attempt, the heartbeat's task started with every
-attempt, and a value's journal size measured with ``json.dumps`` (a new encoder each call). It reaches into private names, so it breaks
+attempt, a value's journal size measured with ``json.dumps`` (a new encoder each call), and the run signature's
+shared head hashed again for each field. It reaches into private names, so it breaks
 (loudly) when they are renamed; bare Monty ``feed_run`` (checkout, run, return) runs in the same rounds.
 
     python bench/ab_session6.py ROUNDS CALLS [file|memory]     # e.g. 300 10 memory
-    ONLY=giveback|parse|heartbeat|size python bench/ab_session6.py ...  # one change alone (the others on)
+    ONLY=giveback|parse|heartbeat|size|sign python bench/ab_session6.py ...  # one alone (the others on)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import tether._engine.calls.boundary as boundary
 import tether._engine.calls.ledger as ledger
 import tether._engine.driver as driver
 import tether._sandbox.monty as monty
+from tether._engine.approvals.capabilities import Keyring
 from tether._engine.limits import Limits
 from tether._engine.policy import Policy
 from tether._runtime import Runtime
@@ -38,6 +40,12 @@ from tether._store import open_store
 ONLY = os.environ.get("ONLY", "both")
 _AEXIT, _LIMITS, _POLICY, _HEARTBEAT = monty.Execution.__aexit__, driver._LIMITS, driver._POLICY, driver._Heartbeat
 _VALUE_SIZE = ledger.value_size
+_MACS = Keyring.macs
+
+
+def _macs_one_by_one(key: bytes, head: Any, tails: Any) -> list[str]:
+    """Session 5's run signature: each field's MAC hashing the shared head again."""
+    return [Keyring.mac(key, *head, a, b) for a, b in tails]
 
 
 def _value_size_dumps(value: Any) -> int:
@@ -66,7 +74,10 @@ def switch(on: bool) -> None:
     parse = on or ONLY not in ("both", "parse")
     heartbeat = on or ONLY not in ("both", "heartbeat")
     size = on or ONLY not in ("both", "size")
-    boundary.value_size = ledger.value_size = _VALUE_SIZE if size else _value_size_dumps
+    sign = on or ONLY not in ("both", "sign")
+    Keyring.macs = staticmethod(_MACS if sign else _macs_one_by_one)  # type: ignore[method-assign]
+    setattr(boundary, "value_size", _VALUE_SIZE if size else _value_size_dumps)
+    ledger.value_size = _VALUE_SIZE if size else _value_size_dumps
     driver._Heartbeat = _HEARTBEAT if heartbeat else _heartbeat_task  # type: ignore[misc, assignment]
     monty.Execution.__aexit__ = _AEXIT if giveback else _aexit_awaited  # type: ignore[method-assign]
     driver._LIMITS = _LIMITS if parse else Limits.from_dict
