@@ -76,7 +76,7 @@ def switch(on: bool) -> None:
     size = on or ONLY not in ("both", "size")
     sign = on or ONLY not in ("both", "sign")
     Keyring.macs = staticmethod(_MACS if sign else _macs_one_by_one)  # type: ignore[method-assign]
-    setattr(boundary, "value_size", _VALUE_SIZE if size else _value_size_dumps)
+    boundary.value_size = _VALUE_SIZE if size else _value_size_dumps  # type: ignore[attr-defined]
     ledger.value_size = _VALUE_SIZE if size else _value_size_dumps
     driver._Heartbeat = _HEARTBEAT if heartbeat else _heartbeat_task  # type: ignore[misc, assignment]
     monty.Execution.__aexit__ = _AEXIT if giveback else _aexit_awaited  # type: ignore[method-assign]
