@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import dataclasses
 import functools
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from tether._engine import telemetry
 from tether._engine.approvals import service as approvals
@@ -89,10 +90,10 @@ class Attempt:
         self.hooks = hooks
         self.t0 = time.perf_counter() if t0 is None else t0
         self.span: Any = None
-        self.limits = Limits.from_dict(run.limits)
+        self.limits = _LIMITS(run.limits)
         # Host work done for this program (built-ins, the check, stubs) counts against its time limit.
         self.host_budget = HostBudget(self.limits.run_seconds)
-        self.policy = Policy.from_dict(run.policy)
+        self.policy = _POLICY(run.policy)
         self.logs = LogBuffer(self.limits.log_bytes)
         self.snapshot: SnapshotRecord | None = None
         self.entries: list[CallRecord] = []
@@ -233,7 +234,7 @@ class Attempt:
         journaled = self.totals[0]
         boundary = self.boundary = self._boundary(journaled)
         d.attempts.live[run.run_id] = boundary
-        heartbeat = asyncio.ensure_future(self._heartbeat(boundary))
+        heartbeat = _Heartbeat(self, boundary)
         self.setup_ms = (time.perf_counter() - t_setup) * 1000
         self.t_exec = time.perf_counter()
         already_emitted = 0
@@ -464,17 +465,18 @@ class Attempt:
         mac = sign_snapshot_record(d.keyring, run_id, seq, MONTY_VERSION, data, pending, kind)
         return SnapshotRecord(run_id, seq, MONTY_VERSION, data, mac, pending, d.clock(), kind)
 
-    async def _heartbeat(self, boundary: EffectBoundary) -> None:
+    async def _heartbeat(self, boundary: EffectBoundary, renewed: float | None = None) -> None:
         """Keep this process's lease on the run while the attempt lives; see cancel requests.
 
         A cancel requested from another process is seen at once when its notice
-        arrives (Postgres), else at the next renewal.
+        arrives (Postgres), else at the next renewal. ``renewed``: when the lease
+        was last taken (monotonic), if not now.
         """
         d, run_id = self.deps, self.run.run_id
-        interval = max(d.lifecycle.lease_seconds / 3, 0.05)
+        interval = heartbeat_interval(d)
         with d.events.notices.watch(CANCEL, run_id) as cancel:
             d.events.listen()
-            renewed = time.monotonic()
+            renewed = time.monotonic() if renewed is None else renewed
             while True:
                 await wait_a_little(cancel, max(0.0, renewed + interval - time.monotonic()))
                 if time.monotonic() - renewed >= interval:
@@ -575,6 +577,73 @@ def builtins_for(d: Engine, run_id: str, budget: HostBudget) -> dict[str, Any]:
 
     return {"search": _guarded(search), "describe": _guarded(describe), "sources": _guarded(sources),
             "yield_control": _guarded(yield_control)}
+
+
+def heartbeat_interval(d: Engine) -> float:
+    return max(d.lifecycle.lease_seconds / 3, 0.05)
+
+
+class _Heartbeat:
+    """An attempt's heartbeat (``Attempt._heartbeat``), started when it first has something to do.
+
+    On a store that can say when another process asks for a cancel (Postgres), it watches for that
+    notice from the start. On one that cannot (SQLite), it has nothing to do before its first renewal
+    one interval in: a timer stands in for it until then, so an attempt shorter than that (most
+    executes: the interval is seconds) costs a timer, not two tasks, an event and a ``wait_for``
+    (bench/README.md, "Issue 24, session 6"). The lease and the cancel checks happen when they did.
+    """
+
+    def __init__(self, attempt: Attempt, boundary: EffectBoundary) -> None:
+        d = attempt.deps
+        self.task: asyncio.Future[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        if d.store.capabilities.notifies:
+            self.task = asyncio.ensure_future(attempt._heartbeat(boundary))
+        else:
+            started = time.monotonic()
+            self.timer = asyncio.get_running_loop().call_later(
+                heartbeat_interval(d), self._start, attempt, boundary, started)
+
+    def _start(self, attempt: Attempt, boundary: EffectBoundary, started: float) -> None:
+        self.timer = None
+        self.task = asyncio.ensure_future(attempt._heartbeat(boundary, renewed=started))
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.task is not None:
+            self.task.cancel()
+
+
+class _Parsed:
+    """A run's recorded limits or policy, parsed once per dict a fresh run records.
+
+    Every run this process creates records the engine's own ``limits_dict`` and ``policy_dict``
+    (the same objects), and every attempt parsed them again: ~25 µs of an execute, the
+    dataclasses checking themselves field by field. The value parsed from one of those dicts is
+    kept while the dict still equals what was parsed (compared in full, so a dict changed in place
+    is parsed again); a record read from the store is a new dict, parsed as before. The values
+    are frozen dataclasses, so attempts share them.
+    """
+
+    def __init__(self, parse: Callable[[dict[str, Any]], Any], size: int = 8) -> None:
+        self.parse, self.size = parse, size
+        self.kept: dict[int, tuple[dict[str, Any], dict[str, Any], Any]] = {}
+
+    def __call__(self, data: dict[str, Any]) -> Any:
+        hit = self.kept.get(id(data))
+        # The dict itself is held, so its id is not reused while it is kept.
+        if hit is not None and hit[0] is data and hit[1] == data:
+            return hit[2]
+        value = self.parse(data)
+        if len(self.kept) >= self.size:
+            self.kept.pop(next(iter(self.kept)))
+        self.kept[id(data)] = (data, copy.deepcopy(data), value)
+        return value
+
+
+_LIMITS: Callable[[dict[str, Any]], Limits] = _Parsed(Limits.from_dict)
+_POLICY: Callable[[dict[str, Any]], Policy] = _Parsed(Policy.from_dict)
 
 
 class _CheckpointSkipped(Exception):

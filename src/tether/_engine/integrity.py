@@ -85,9 +85,9 @@ class _SignedHere(dict[str, Any]):
 
 
 def sign_run(keyring: Keyring, run: "RunRecord") -> dict[str, Any]:
-    key = keyring.current
     signed = signed_run_fields(run)
-    fields = {name: Keyring.mac(key, "run", run.run_id, name, value)[:_FIELD_HEX] for name, value in signed}
+    macs = Keyring.macs(keyring.current, ("run", run.run_id), signed)
+    fields = {name: mac[:_FIELD_HEX] for (name, _), mac in zip(signed, macs)}
     return _SignedHere({"secret_id": keyring.current_id, "fields": fields}, run, [v for _, v in signed])
 
 
@@ -118,13 +118,13 @@ def verify_run(keyring: Keyring, run: "RunRecord") -> None:
     key = keyring.key_for(mac["secret_id"], f"run {run.run_id}")
     stored = mac["fields"]
     bad = []
-    for name, value in signed_run_fields(run):
+    signed = signed_run_fields(run)
+    for (name, value), expected in zip(signed, Keyring.macs(key, ("run", run.run_id), signed)):
         if name not in stored:
             if value is not None:
                 bad.append(name)
             continue
-        expected = Keyring.mac(key, "run", run.run_id, name, value)[:_FIELD_HEX]
-        if not isinstance(stored[name], str) or not same(expected, stored[name]):
+        if not isinstance(stored[name], str) or not same(expected[:_FIELD_HEX], stored[name]):
             bad.append(name)
     if bad:
         raise RunTampered(

@@ -139,6 +139,22 @@ class Keyring:
         """The MAC of ``parts`` as canonical JSON: what stored records are signed with (P-35)."""
         return mac_hex(key, _canonical(list(parts)))
 
+    @staticmethod
+    def macs(key: bytes, head: Sequence[Any], tails: Sequence[tuple[Any, Any]]) -> list[str]:
+        """``[mac(key, *head, a, b) for a, b in tails]``, the same MACs: the shared head is hashed once.
+
+        A run's signature is one MAC per field over ``["run", run_id, name, value]`` (integrity.py);
+        the canonical JSON of a list is its items' joined by ``,``, so the HMAC state after the head
+        is copied for each field instead of hashing the head again (~0.4 of ``sign_run``'s cost).
+        """
+        base = hmac.new(key, ("[" + ",".join(_CANONICAL.encode(p) for p in head) + ",").encode(), hashlib.sha256)
+        out = []
+        for a, b in tails:
+            h = base.copy()
+            h.update((_CANONICAL.encode(a) + "," + _CANONICAL.encode(b) + "]").encode())
+            out.append(h.hexdigest())
+        return out
+
 
 def keyring_for(store: Store) -> Keyring:
     """The keyring of an open store: its current secret and the older ones it was given.
