@@ -405,3 +405,17 @@ def test_p35_a_record_signed_here_and_then_changed_is_checked_in_full(tmp_path):
         assert exc.value.details["fields"] == ["program"]
     finally:
         store.close()
+
+
+def test_p35_every_mac_is_plain_hmac_sha256_under_its_own_key():
+    """A MAC is reproducible by any HMAC-SHA256 library (what an operator checks a record with), whichever
+    key made the one before it: the keyed state kept per key never carries one key's MAC to another."""
+    import hashlib
+    import hmac
+
+    from tether._engine.approvals.capabilities import mac_hex
+
+    keys = [b"", b"k" * 32, b"x" * 100, b"k" * 31 + b"j"]
+    for message in (b"", b"[1,2]", "é".encode() * 2000):
+        for key in keys + keys[::-1]:
+            assert mac_hex(key, message) == hmac.new(key, message, hashlib.sha256).hexdigest()
