@@ -38,7 +38,7 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from tether._engine import integrity
 from tether._engine.approvals.capabilities import Keyring
-from tether._engine.calls.call import Call
+from tether._engine.calls.call import Call, canonical_json
 from tether._engine.limits import Limits
 from tether._store.base import AsyncStore, CallRecord, Store
 from tether._store.states import CALL_TRANSITIONS, NEW_CALL_STATES, CallState
@@ -119,7 +119,16 @@ async def move_async(astore: AsyncStore, keyring: Keyring, entry: CallRecord | N
 
 def value_size(value: Any) -> int:
     """Bytes of a JSON value's text: what journaling it costs (P-22)."""
-    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+    # The canonical encoder is built once (json.dumps with options built one per call, per host call);
+    # sorting keys changes no length. An ASCII text is its own byte count: no UTF-8 copy made to count it.
+    try:
+        text = canonical_json(value)
+    except ValueError:  # a NaN from outside the sandbox (a wait's value as stored) is counted as it is written
+        text = _NAN_ALLOWED.encode(value)
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+_NAN_ALLOWED = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def refuse_value(limits: Limits, journaled: int, size: int, what: str, part: str, sent: bool) -> tuple[str, str] | None:
