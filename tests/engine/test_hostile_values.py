@@ -206,6 +206,24 @@ def test_a_tool_returning_a_huge_int_bytes_or_nan_is_converted_with_a_note(rt, l
         assert r.status == "completed" and any(note in n and "t.give" in n for n in r.notes), r.notes
 
 
+def test_a_flat_record_with_one_hostile_entry_is_converted_with_a_note_and_journaled_as_returned(rt, loop):
+    """A tool's result that is one flat dict — most are — converts like any value: one entry that is not
+    plain JSON is changed and noted; and the journal keeps the value as returned, whatever the tool does to
+    its dict afterwards."""
+    for value, note in ((10**5000, "5001 digits"), (float("inf"), "non-finite"), ("a\ud800b", "surrogate"),
+                        (b"\xff", "base64")):
+        CURRENT["value"] = {"id": 1, "x": value, "ok": True}
+        r = loop.run_until_complete(rt.execute("import tools\n(await tools.t.give())['x']"))
+        check_envelope(rt, r)
+        assert r.status == "completed" and any(note in n and "t.give" in n for n in r.notes), (value, r.notes)
+    kept = {"id": 1, "name": "ticket", "score": 0.5, "gone": None}
+    CURRENT["value"] = kept
+    r = loop.run_until_complete(rt.execute("import tools\nawait tools.t.give()"))
+    kept["name"] = "changed by the tool later"
+    assert r.status == "completed" and r.result["name"] == "ticket" and not r.notes
+    assert rt.store.get_calls(r.run_id)[0].outcome == {"id": 1, "name": "ticket", "score": 0.5, "gone": None}
+
+
 def test_a_tool_returning_bytes_reaches_the_program_as_text(rt, loop):
     r = loop.run_until_complete(rt.execute("import tools\nx = await tools.t.give_bytes()\n[type(x).__name__, x]"))
     check_envelope(rt, r)
