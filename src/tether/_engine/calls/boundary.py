@@ -29,8 +29,8 @@ from tether._engine import policy as policy_mod
 from tether._engine import telemetry
 from tether._engine.attempt_state import AttemptState, CallStat, RaisedError
 from tether._engine.calls import replay, resend
-from tether._engine.calls.call import Call, call_key, call_key_and_size
-from tether._engine.calls.ledger import Ledger, refuse_value, value_size
+from tether._engine.calls.call import Call, call_key, identify
+from tether._engine.calls.ledger import Ledger, refuse_value, value_size, value_text
 from tether._engine.calls.stops import Stops
 from tether._engine.guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
 from tether._engine.lifecycle import outcome_unknown
@@ -316,14 +316,14 @@ class EffectBoundary:
             # validated and journaled as the list it becomes, as a resumed write is (P-26).
             args = to_json_value(args)[0]
         try:
-            key, size = call_key_and_size(op, address, args)
+            key, size, text = identify(op, address, args)
         except (TypeError, ValueError):
             # Not JSON as given (a set, bytes, NaN, an int past 4,300 digits):
             # the call goes on with its JSON form, so what is journaled, shown
             # for approval and sent are one value (P-26).
             args = to_json_value(args)[0]
-            key, size = call_key_and_size(op, address, args)
-        call = Call(seq, op, address, args, key, size)
+            key, size, text = identify(op, address, args)
+        call = Call(seq, op, address, args, key, size, text)
         if self.stops.pausing or (self.execution is not None and self.execution.stopping):
             if self.stops.batch is not None and op == "tool" and not (self.execution is not None and self.execution.stopping):
                 return await self.stops.join_batch(call)
@@ -569,7 +569,7 @@ class EffectBoundary:
         if notes:
             seen = self.state.conversions.setdefault(tool.address, [])
             seen.extend(n for n in notes if n not in seen)
-        size = value_size(value)
+        text, size = value_text(value)
         refused = self._journal_room(size, tool.address, "result", sent=is_write)
         if refused is not None:
             # P-22: neither the store nor the sandbox gets the value. A write
@@ -581,7 +581,7 @@ class EffectBoundary:
                 return await self.stops.hold(Call(seq, "tool", tool.address, args))
             self._remember(refused, seq, tool.address)
             raise refused
-        await self.ledger.record_outcome(seq, from_state, ok_state, outcome=value, size=size)
+        await self.ledger.record_outcome(seq, from_state, ok_state, outcome=value, size=size, text=text)
         self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state, t)
         await self._maybe_checkpoint(seq)
         return value

@@ -119,13 +119,24 @@ async def move_async(astore: AsyncStore, keyring: Keyring, entry: CallRecord | N
 
 def value_size(value: Any) -> int:
     """Bytes of a JSON value's text: what journaling it costs (P-22)."""
+    return value_text(value)[1]
+
+
+def value_text(value: Any) -> tuple[str, int]:
+    """A JSON value's canonical text and its bytes (P-22): the size check's encoding, which the entry's MAC
+    reuses (:meth:`Ledger.record_outcome`)."""
     # The canonical encoder is built once (json.dumps with options built one per call, per host call);
     # sorting keys changes no length. An ASCII text is its own byte count: no UTF-8 copy made to count it.
     try:
         text = canonical_json(value)
     except ValueError:  # a NaN from outside the sandbox (a wait's value as stored) is counted as it is written
-        text = _NAN_ALLOWED.encode(value)
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        return "", len(_NAN_ALLOWED.encode(value).encode("utf-8", "surrogatepass"))
+    return text, len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+# A text shorter than this is encoded again for the MAC: one encoding of all the signed fields costs less
+# than three of the fields around a text spliced in (measured: bench/README.md, "one host call").
+REUSE_TEXT_CHARS = 256
 
 
 _NAN_ALLOWED = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
@@ -180,6 +191,8 @@ class Ledger:
         self.last_recorded_seq = max(self.entries, default=0)
         self._unsaved: dict[int, CallRecord] = {}
         self._keys: dict[int, str] = {}  # seq -> call key, for chaining MACs (P-35)
+        # seq -> {"args" / "outcome": (the value, its canonical text)} of a held read, for its MAC (P-35).
+        self._texts: dict[int, dict[str, tuple[Any, str]]] = {}
         # Settled reads held (seq -> bytes of the value), what closes a batch; when the oldest and the
         # newest of them settled, on the loop's clock, what the timer caps.
         self._held: dict[int, int] = {}
@@ -233,6 +246,8 @@ class Ledger:
     def buffer_intent(self, call: Call) -> None:
         """A read's intent, held until its outcome and written with it."""
         record = self._record(call, "read", CallState.PENDING, started_at=self.clock())
+        if len(call.text) >= REUSE_TEXT_CHARS:
+            self._texts[call.seq] = {"args": (record.args, call.text)}
         self._unsaved[call.seq] = record
         self.entries[call.seq] = record
 
@@ -319,12 +334,15 @@ class Ledger:
         self.entries[record.seq] = record
 
     async def record_outcome(self, seq: int, from_state: CallState, state: CallState, *, outcome: Any = None,
-                             error: dict[str, Any] | None = None, size: int = 0) -> None:
-        """A call's outcome; a held read's stays held with its intent (``size``: its value's bytes, P-22)."""
+                             error: dict[str, Any] | None = None, size: int = 0, text: str = "") -> None:
+        """A call's outcome; a held read's stays held with its intent (``size``: its value's bytes, P-22;
+        ``text``: its canonical JSON, which the entry's MAC reuses)."""
         buffered = self._unsaved.get(seq)
         if buffered is not None:
             check_move(buffered, [from_state], {"state": state})
             buffered.state, buffered.outcome, buffered.error, buffered.finished_at = state, outcome, error, self.clock()
+            if len(text) >= REUSE_TEXT_CHARS:
+                self._texts.setdefault(seq, {})["outcome"] = (outcome, text)
             await self._settled(seq, size)
             return
         await self.move(seq, [from_state], state=state, outcome=outcome, error=error, finished_at=self.clock())
@@ -355,4 +373,5 @@ class Ledger:
         return before.key if before is not None else self._keys.get(seq - 1)
 
     def _sign(self, record: CallRecord) -> None:
-        record.mac = integrity.sign_call(self.keyring, record, self._prev_key(record.seq))
+        record.mac = integrity.sign_call(self.keyring, record, self._prev_key(record.seq),
+                                         self._texts.pop(record.seq, None))
