@@ -8,7 +8,10 @@ metrics), divided by the 10 calls. The tool itself does no I/O, so that wall tim
 Bare Monty ``feed_run`` of the same program runs in each worker as the floor. It reaches into the private
 ``tether._engine.calls.boundary.EffectBoundary``: both trees must have it (main from session 5 on).
 
-    python bench/percall_bench.py [--rounds 300] [--warmup 30] [--before COMMIT|DIR] [--after DIR]
+``--rows N`` makes each call's result carry N records besides its value (a search's or a listing's page):
+``--rows 50`` is a ~3.5 KB result.
+
+    python bench/percall_bench.py [--rounds 300] [--warmup 30] [--rows 0] [--before COMMIT|DIR] [--after DIR]
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ sys.path.insert(0, str(HERE))
 from trees_bench import EXPECTED, PROGRAM, ROOT, env_for, tree_of  # noqa: E402
 
 
-async def worker() -> None:
+async def worker(rows: int) -> None:
     import pydantic_monty as pm
 
     import tether
@@ -39,6 +42,9 @@ async def worker() -> None:
     @tether.tool(namespace="bench", read_only=True)
     async def get(id: int) -> dict[str, int]:
         """Get one record by id."""
+        if rows:
+            return {"id": id, "value": id * 2, "rows": [{"id": i, "name": f"record {i}", "ok": True, "score": i / 4}
+                                                         for i in range(rows)]}
         return {"id": id, "value": id * 2}
 
     inside = [0]
@@ -70,8 +76,8 @@ async def worker() -> None:
 
 
 class Worker:
-    def __init__(self, tree: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker"],
+    def __init__(self, tree: Path, rows: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(rows)],
                                      env=env_for(tree), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.file = json.loads(self._line())["ready"]
 
@@ -102,11 +108,12 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--before", required=True, help="a commit or a folder holding src/tether")
     p.add_argument("--after", default=str(ROOT), help="a folder holding src/tether (default: this checkout)")
+    p.add_argument("--rows", type=int, default=0, help="records in each call's result besides its value")
     args = p.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="percall-bench-"))
     try:
         trees = {"before": tree_of(args.before, scratch), "after": tree_of(args.after, scratch)}
-        workers = {k: Worker(t) for k, t in trees.items()}
+        workers = {k: Worker(t, args.rows) for k, t in trees.items()}
         for k, w in workers.items():
             print(f"{k}: {trees[k]} (imports {w.file})")
         got: dict[str, dict[str, list[float]]] = {k: {"bare": [], "execute": [], "call": []} for k in trees}
@@ -132,12 +139,13 @@ def main() -> None:
     print(common.table(rows, [("measure", "measure"), ("before_p50_us", "before p50 µs"),
                               ("after_p50_us", "after p50 µs"), ("paired", "after/before (paired)")],
                        title=f"=== one host call: after ({args.after}) against before ({args.before}), "
-                             f"{args.rounds} rounds"))
-    common.emit("percall", False, {"rounds": args.rounds, "before": args.before, "rows": rows, "targets": []})
+                             f"{args.rounds} rounds, {args.rows} records a result"))
+    common.emit("percall", False, {"rounds": args.rounds, "before": args.before, "result_rows": args.rows,
+                                   "rows": rows, "targets": []})
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--worker"]:
-        asyncio.run(worker())
+    if sys.argv[1:2] == ["--worker"]:
+        asyncio.run(worker(int(sys.argv[2])))
     else:
         main()
