@@ -31,11 +31,12 @@ from tether._engine.attempt_state import AttemptState, CallStat, RaisedError
 from tether._engine.calls import replay, resend
 from tether._engine.calls.call import Call, call_key, identify
 from tether._engine.calls.ledger import Ledger, refuse_value, value_size, value_text
+from tether._engine.calls.plain import as_json
 from tether._engine.calls.stops import Stops
 from tether._engine.guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
 from tether._engine.lifecycle import outcome_unknown
 from tether._engine.restore import plan_restore
-from tether._engine.result import MAX_INT_DIGITS, to_json_value
+from tether._engine.result import to_json_value
 from tether._hostwork import off_loop
 from tether._sandbox.monty import GuestRaise, Stopped
 from tether._store.base import CallRecord, Store
@@ -75,44 +76,6 @@ class Cancelled(Stopped):
         super().__init__(reason)
         self.reason = reason
 
-
-
-# A result this small and flat is checked here in one pass; anything else goes through to_json_value.
-_FLAT_ITEMS = 64
-_FLAT_CHARS = 1 << 20
-_SAFE_INT = 10 ** (MAX_INT_DIGITS - 1)  # as to_json_value: an int below it in absolute value prints as it is
-
-
-def _as_json(value: Any) -> tuple[Any, list[str]]:
-    """``to_json_value(value)``, a flat record of plain values (the common tool result) copied in one loop.
-
-    A dict of at most 64 ASCII-keyed entries, each an ASCII string, a bool, None, an int that prints or a
-    finite float, is already what the conversion makes of it, with nothing to note: the general walk set up
-    its closures and called itself per entry to find that out (~5 µs a host call on the event loop). A copy
-    all the same, so a tool that later changes the dict it returned changes nothing journaled.
-    """
-    if type(value) is dict and len(value) <= _FLAT_ITEMS:
-        chars = 0
-        for k, v in value.items():
-            if type(k) is not str or not k.isascii():
-                break
-            t = type(v)
-            if t is str:
-                if not v.isascii():
-                    break
-                chars += len(v)
-            elif t is int:
-                if not -_SAFE_INT < v < _SAFE_INT:
-                    break
-            elif t is float:
-                if v - v != 0.0:  # inf or nan
-                    break
-            elif v is not None and t is not bool:
-                break
-        else:
-            if chars <= _FLAT_CHARS:
-                return dict(value), []
-    return to_json_value(value)
 
 
 def _holds_tuple(value: Any) -> bool:
@@ -409,7 +372,7 @@ class EffectBoundary:
                 # Uncaught, the run ends with this call's code, not program_error (P-14).
                 self._remember(exc, seq, op)
             raise
-        value = _as_json(value)[0]
+        value = as_json(value)[0]
         size = value_size(value)
         refused = self._journal_room(size, op, "result")
         if refused is not None:
@@ -565,7 +528,7 @@ class EffectBoundary:
             self._stat(seq, "tool", tool.address, "write" if is_write else "read", CallState.FAILED, t)
             self._remember(err, seq, tool.address)
             raise err from None
-        value, notes = _as_json(value)
+        value, notes = as_json(value)
         if notes:
             seen = self.state.conversions.setdefault(tool.address, [])
             seen.extend(n for n in notes if n not in seen)
