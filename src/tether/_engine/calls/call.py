@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from json.encoder import encode_basestring
 from typing import Any
 
 
@@ -25,7 +24,6 @@ class Call:
     args: dict[str, Any]  # as journaled: keyword arguments for a tool, {"args", "kwargs"} otherwise
     key: str = ""  # its identity (call_key, P-3): what replay compares
     size: int = 0  # bytes of what identifies it, counted against the journal's limits (P-22)
-    text: str = ""  # ``args`` as canonical JSON, from the key's encoding: the entry's MAC reuses it (ledger)
 
     def held(self) -> dict[str, Any]:
         """How a call held while the attempt stops is listed (and restored, P-9)."""
@@ -48,16 +46,5 @@ def call_key(op: str, address: str, args: dict[str, Any]) -> str:
 
 def call_key_and_size(op: str, address: str, args: dict[str, Any]) -> tuple[str, int]:
     """The call's key and the size in bytes of what identifies it, from one serialization."""
-    return identify(op, address, args)[:2]
-
-
-def identify(op: str, address: str, args: dict[str, Any]) -> tuple[str, int, str]:
-    """The call's key, its size, and ``args`` as canonical JSON: the arguments are encoded once, for the key,
-    the journal's size check and (ledger) the entry's MAC.
-
-    ``canonical_json([op, address, args])`` spelled from its parts: the same text (a str is spelled by
-    ``encode_basestring`` in a list as alone), so every key made before still matches.
-    """
-    args_text = canonical_json(args)
-    data = f"[{encode_basestring(op)},{encode_basestring(address)},{args_text}]".encode("utf-8", "surrogatepass")
-    return hashlib.sha256(data).hexdigest(), len(data), args_text
+    data = canonical_json([op, address, args]).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest(), len(data)

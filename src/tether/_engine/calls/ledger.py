@@ -191,7 +191,9 @@ class Ledger:
         self.last_recorded_seq = max(self.entries, default=0)
         self._unsaved: dict[int, CallRecord] = {}
         self._keys: dict[int, str] = {}  # seq -> call key, for chaining MACs (P-35)
-        # seq -> {"args" / "outcome": (the value, its canonical text)} of a held read, for its MAC (P-35).
+        # seq -> {"outcome": (the value, its canonical text)} of a held read, for its MAC (P-35). Only the
+        # outcome: it is tether's own copy (calls/plain.py), whereas the arguments are the very dict the tool
+        # was handed, which a tool could change in place after their text was made.
         self._texts: dict[int, dict[str, tuple[Any, str]]] = {}
         # Settled reads held (seq -> bytes of the value), what closes a batch; when the oldest and the
         # newest of them settled, on the loop's clock, what the timer caps.
@@ -246,8 +248,6 @@ class Ledger:
     def buffer_intent(self, call: Call) -> None:
         """A read's intent, held until its outcome and written with it."""
         record = self._record(call, "read", CallState.PENDING, started_at=self.clock())
-        if len(call.text) >= REUSE_TEXT_CHARS:
-            self._texts[call.seq] = {"args": (record.args, call.text)}
         self._unsaved[call.seq] = record
         self.entries[call.seq] = record
 
