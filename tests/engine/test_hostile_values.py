@@ -206,6 +206,34 @@ def test_a_tool_returning_a_huge_int_bytes_or_nan_is_converted_with_a_note(rt, l
         assert r.status == "completed" and any(note in n and "t.give" in n for n in r.notes), r.notes
 
 
+def test_a_record_or_page_with_one_hostile_entry_is_converted_with_a_note_and_journaled_as_returned(rt, loop):
+    """A tool's result that is a record or a page of them — most are — converts like any value: one entry
+    that is not plain JSON, however deep, is changed and noted; a page repeated by reference is refused; and the
+    journal keeps the value as returned, whatever the tool does to its dict afterwards."""
+    for value, note in ((10**5000, "5001 digits"), (float("inf"), "non-finite"), ("a\ud800b", "surrogate"),
+                        (b"\xff", "base64")):
+        for shape, read in (({"id": 1, "x": value, "ok": True}, "['x']"),
+                            ({"id": 1, "page": [{"n": 2, "x": value}], "more": None}, "['page'][0]['x']")):
+            CURRENT["value"] = shape
+            r = loop.run_until_complete(rt.execute(f"import tools\n(await tools.t.give()){read}"))
+            check_envelope(rt, r)
+            assert r.status == "completed" and any(note in n and "t.give" in n for n in r.notes), (value, r.notes)
+    record = {"id": 1, "name": "x" * 100}
+    repeated: object = [record, record]
+    for _ in range(40):  # a page repeated by reference: 2**40 records once expanded, cut, and still too large
+        repeated = [repeated, repeated]
+    CURRENT["value"] = {"page": repeated}
+    r = loop.run_until_complete(rt.execute("import tools\nx = await tools.t.give()\n1"))
+    check_envelope(rt, r)
+    assert r.error["code"] == "result_too_large", r.error
+    kept = {"id": 1, "name": "ticket", "score": 0.5, "gone": None}
+    CURRENT["value"] = kept
+    r = loop.run_until_complete(rt.execute("import tools\nawait tools.t.give()"))
+    kept["name"] = "changed by the tool later"
+    assert r.status == "completed" and r.result["name"] == "ticket" and not r.notes
+    assert rt.store.get_calls(r.run_id)[0].outcome == {"id": 1, "name": "ticket", "score": 0.5, "gone": None}
+
+
 def test_a_tool_returning_bytes_reaches_the_program_as_text(rt, loop):
     r = loop.run_until_complete(rt.execute("import tools\nx = await tools.t.give_bytes()\n[type(x).__name__, x]"))
     check_envelope(rt, r)

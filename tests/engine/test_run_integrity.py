@@ -405,3 +405,55 @@ def test_p35_a_record_signed_here_and_then_changed_is_checked_in_full(tmp_path):
         assert exc.value.details["fields"] == ["program"]
     finally:
         store.close()
+
+
+def test_p35_every_mac_is_plain_hmac_sha256_under_its_own_key():
+    """A MAC is reproducible by any HMAC-SHA256 library (what an operator checks a record with), whichever
+    key made the one before it: the keyed state kept per key never carries one key's MAC to another."""
+    import hashlib
+    import hmac
+
+    from tether._engine.approvals.capabilities import mac_hex
+
+    keys = [b"", b"k" * 32, b"x" * 100, b"k" * 31 + b"j"]
+    for message in (b"", b"[1,2]", "é".encode() * 2000):
+        for key in keys + keys[::-1]:
+            assert mac_hex(key, message) == hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+async def test_p35_a_read_signed_from_its_encoded_result_verifies_field_by_field(tmp_path):
+    """A large read's MAC is made with the text its size check already encoded; what a resume checks —
+    each entry MACed again from its stored fields — must agree, for UTF-8 and ASCII alike, also when the
+    tool changed the arguments it was handed, and still refuse an entry changed afterwards."""
+    import tether
+    from tether._engine import integrity
+    from tether._engine.approvals.capabilities import keyring_for
+    from tether._tools.model import Annotations, Tool
+    from tether.errors import RunTampered
+
+    @tether.tool(namespace="big", read_only=True)
+    async def rows(q: str, n: int) -> dict[str, Any]:
+        """Rows matching q."""
+        return {"rows": [{"id": i, "name": f"{q} {i}", "note": None, "score": i / 3} for i in range(n)]}
+
+    async def tidy(args: dict[str, Any]) -> Any:
+        args["q"] = args["q"].strip()  # in place: the very dict the journal holds
+        return {"q": args["q"], "pad": "p" * 300}
+
+    tidies = Tool(namespace="big", name="tidy", description="tidy", handler=tidy, annotations=Annotations(read_only=True),
+                  input_schema={"type": "object", "additionalProperties": True})
+    store = open_store(f"sqlite:///{tmp_path}/j.db")
+    async with Runtime(tools=[rows, tidies], store=store, type_check=False) as rt:
+        program = ("import tools\na = await tools.big.rows(q='x' * 400, n=200)\n"
+                   "b = await tools.big.rows(q='é' * 300, n=50)\nc = await tools.big.rows(q='s', n=1)\n"
+                   "d = await tools.big.tidy(q=' ' + 'y' * 400 + ' ')\n"
+                   "len(a['rows']) + len(b['rows']) + len(c['rows']) + len(d['q'])")
+        r = await rt.execute(program)
+        assert r.status == "completed" and r.result == 651, r.error
+        calls = rt.store.get_calls(r.run_id)
+        assert len(calls) == 4
+        keyring = keyring_for(rt.store)
+        integrity.verify_calls(keyring, r.run_id, calls)
+        calls[0].outcome["rows"][5]["name"] = "x" * 400 + " 6"
+        with pytest.raises(RunTampered):
+            integrity.verify_calls(keyring, r.run_id, calls)

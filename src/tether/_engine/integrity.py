@@ -22,7 +22,7 @@ import hashlib
 import weakref
 from typing import TYPE_CHECKING, Any, Sequence
 
-from tether._engine.approvals.capabilities import Keyring, same
+from tether._engine.approvals.capabilities import Keyring, canonical_text, mac_hex, same
 from tether.errors import RunTampered
 
 if TYPE_CHECKING:
@@ -151,10 +151,50 @@ def signed_call_fields(call: "CallRecord") -> list[Any]:
             call.outcome, call.error, call.idempotency_key, call.sends]
 
 
-def sign_call(keyring: Keyring, call: "CallRecord", prev_key: str | None) -> str:
-    """``<secret id>:<prev>:<hex>``: the MAC chains to the key of the call before (``-`` when not known)."""
+def sign_call(keyring: Keyring, call: "CallRecord", prev_key: str | None,
+              texts: dict[str, tuple[Any, str]] | None = None) -> str:
+    """``<secret id>:<prev>:<hex>``: the MAC chains to the key of the call before (``-`` when not known).
+
+    ``texts``: ``args`` / ``outcome`` already encoded, as ``(the value, its canonical JSON)`` — used only
+    while the entry still holds that very value (the ledger's, see :func:`_call_message`).
+    """
     prev = (prev_key or "-")[:16]
-    return f"{keyring.current_id}:{prev}:{Keyring.mac(keyring.current, 'call', prev, *signed_call_fields(call))}"
+    message = _call_message(prev, call, texts) if texts else None
+    if message is None:
+        return f"{keyring.current_id}:{prev}:{Keyring.mac(keyring.current, 'call', prev, *signed_call_fields(call))}"
+    return f"{keyring.current_id}:{prev}:{mac_hex(keyring.current, message)}"
+
+
+def _call_message(prev: str, call: "CallRecord", texts: dict[str, tuple[Any, str]]) -> bytes | None:
+    """What :meth:`Keyring.mac` signs for ``call``, byte for byte, with ``args`` or ``outcome`` taken from
+    the text the ledger already made of it rather than encoded again (None: nothing to take).
+
+    A JSON list is its items' texts between commas: the signed fields around a taken text are encoded as
+    lists of their own and the texts put between, in :func:`signed_call_fields`' order. The ledger's texts
+    keep UTF-8 (``ensure_ascii=False``) and the MAC's escape it, so only an ASCII text is the same spelling;
+    any other is encoded again.
+    """
+    taken: dict[int, str] = {}
+    for name, value in (("args", call.args), ("outcome", call.outcome)):
+        held = texts.get(name)
+        if held is not None and held[0] is value and held[1].isascii():
+            taken[id(value)] = held[1]
+    if not taken:
+        return None
+    out: list[str] = []
+    run: list[Any] = []
+    for part in ["call", prev, *signed_call_fields(call)]:
+        text = taken.get(id(part))
+        if text is None:
+            run.append(part)
+            continue
+        if run:
+            out.append(canonical_text(run)[1:-1])
+            run = []
+        out.append(text)
+    if run:
+        out.append(canonical_text(run)[1:-1])
+    return f"[{','.join(out)}]".encode()
 
 
 def resign_call(keyring: Keyring, call: "CallRecord", **fields: Any) -> str:

@@ -42,9 +42,24 @@ def secret_id(secret: bytes) -> str:
     return hashlib.sha256(b"tether/secret-id\x00" + secret).hexdigest()[:12]
 
 
+# An HMAC keyed once per key, copied for each message: keying pads and hashes the key twice, which was
+# half of a MAC's cost (2.1 → 0.95 µs for a journal entry's MAC), and every host call and run makes MACs.
+# A process holds a handful of keys (its secrets, the keys derived from them per purpose); the bound only
+# stops a caller that MACs under many one-off keys from growing this without end.
+_KEYED: dict[bytes, hmac.HMAC] = {}
+_KEYED_MAX = 64
+
+
 def mac_hex(key: bytes, message: bytes) -> str:
     """HMAC-SHA256 of ``message`` under ``key``, in hex: the one MAC every capability is made of."""
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
+    keyed = _KEYED.get(key)
+    if keyed is None:
+        if len(_KEYED) >= _KEYED_MAX:
+            _KEYED.clear()
+        keyed = _KEYED[key] = hmac.new(key, digestmod=hashlib.sha256)
+    h = keyed.copy()
+    h.update(message)
+    return h.hexdigest()
 
 
 def same(a: str, b: str) -> bool:
@@ -64,6 +79,11 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 
 def _canonical(value: Any) -> bytes:
     return _CANONICAL.encode(value).encode()
+
+
+def canonical_text(value: Any) -> str:
+    """``value`` as :meth:`Keyring.mac` spells it, before UTF-8: for a MAC assembled from parts."""
+    return _CANONICAL.encode(value)
 
 
 def b64(data: bytes) -> str:

@@ -38,7 +38,7 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from tether._engine import integrity
 from tether._engine.approvals.capabilities import Keyring
-from tether._engine.calls.call import Call
+from tether._engine.calls.call import Call, canonical_json
 from tether._engine.limits import Limits
 from tether._store.base import AsyncStore, CallRecord, Store
 from tether._store.states import CALL_TRANSITIONS, NEW_CALL_STATES, CallState
@@ -117,13 +117,29 @@ async def move_async(astore: AsyncStore, keyring: Keyring, entry: CallRecord | N
     return True
 
 
-# Built once: json.dumps with options builds a new encoder on every call (a third of this, twice a call).
-_SIZED = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-
-
 def value_size(value: Any) -> int:
     """Bytes of a JSON value's text: what journaling it costs (P-22)."""
-    return len(_SIZED.encode(value).encode("utf-8", "surrogatepass"))
+    return value_text(value)[1]
+
+
+def value_text(value: Any) -> tuple[str, int]:
+    """A JSON value's canonical text and its bytes (P-22): the size check's encoding, which the entry's MAC
+    reuses (:meth:`Ledger.record_outcome`)."""
+    # The canonical encoder is built once (json.dumps with options built one per call, per host call);
+    # sorting keys changes no length. An ASCII text is its own byte count: no UTF-8 copy made to count it.
+    try:
+        text = canonical_json(value)
+    except ValueError:  # a NaN from outside the sandbox (a wait's value as stored) is counted as it is written
+        return "", len(_NAN_ALLOWED.encode(value).encode("utf-8", "surrogatepass"))
+    return text, len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+# A text shorter than this is encoded again for the MAC: one encoding of all the signed fields costs less
+# than three of the fields around a text spliced in (measured: bench/README.md, "one host call").
+REUSE_TEXT_CHARS = 256
+
+
+_NAN_ALLOWED = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def refuse_value(limits: Limits, journaled: int, size: int, what: str, part: str, sent: bool) -> tuple[str, str] | None:
@@ -175,6 +191,10 @@ class Ledger:
         self.last_recorded_seq = max(self.entries, default=0)
         self._unsaved: dict[int, CallRecord] = {}
         self._keys: dict[int, str] = {}  # seq -> call key, for chaining MACs (P-35)
+        # seq -> {"outcome": (the value, its canonical text)} of a held read, for its MAC (P-35). Only the
+        # outcome: it is tether's own copy (calls/plain.py), whereas the arguments are the very dict the tool
+        # was handed, which a tool could change in place after their text was made.
+        self._texts: dict[int, dict[str, tuple[Any, str]]] = {}
         # Settled reads held (seq -> bytes of the value), what closes a batch; when the oldest and the
         # newest of them settled, on the loop's clock, what the timer caps.
         self._held: dict[int, int] = {}
@@ -314,12 +334,15 @@ class Ledger:
         self.entries[record.seq] = record
 
     async def record_outcome(self, seq: int, from_state: CallState, state: CallState, *, outcome: Any = None,
-                             error: dict[str, Any] | None = None, size: int = 0) -> None:
-        """A call's outcome; a held read's stays held with its intent (``size``: its value's bytes, P-22)."""
+                             error: dict[str, Any] | None = None, size: int = 0, text: str = "") -> None:
+        """A call's outcome; a held read's stays held with its intent (``size``: its value's bytes, P-22;
+        ``text``: its canonical JSON, which the entry's MAC reuses)."""
         buffered = self._unsaved.get(seq)
         if buffered is not None:
             check_move(buffered, [from_state], {"state": state})
             buffered.state, buffered.outcome, buffered.error, buffered.finished_at = state, outcome, error, self.clock()
+            if len(text) >= REUSE_TEXT_CHARS:
+                self._texts.setdefault(seq, {})["outcome"] = (outcome, text)
             await self._settled(seq, size)
             return
         await self.move(seq, [from_state], state=state, outcome=outcome, error=error, finished_at=self.clock())
@@ -350,4 +373,5 @@ class Ledger:
         return before.key if before is not None else self._keys.get(seq - 1)
 
     def _sign(self, record: CallRecord) -> None:
-        record.mac = integrity.sign_call(self.keyring, record, self._prev_key(record.seq))
+        record.mac = integrity.sign_call(self.keyring, record, self._prev_key(record.seq),
+                                         self._texts.pop(record.seq, None))
