@@ -27,13 +27,13 @@ from typing import Any
 import pydantic_monty as pm
 
 import common
+import tether._engine.attempt.driver as driver
 import tether._engine.calls.boundary as boundary
 import tether._engine.calls.ledger as ledger
-import tether._engine.driver as driver
 import tether._sandbox.monty as monty
 from tether._engine.approvals.capabilities import Keyring
-from tether._engine.limits import Limits
-from tether._engine.policy import Policy
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._store import open_store
 

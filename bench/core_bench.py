@@ -168,9 +168,9 @@ async def call_parts(iterations: int, store_dir: str) -> list[dict[str, Any]]:
     """
     import time
 
-    from tether._engine import policy
+    from tether._engine.attempt.result import to_json_value
     from tether._engine.calls.call import call_key
-    from tether._engine.result import to_json_value
+    from tether._engine.rules import policy
     from tether._store import open_store
     from tether._store.base import CallRecord, RunRecord
 

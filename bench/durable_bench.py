@@ -32,7 +32,7 @@ import pydantic_monty as pm
 import common
 from common import EXPECTED, PROGRAM, get
 from tether._engine.integrity import sign_snapshot_record
-from tether._engine.limits import Limits
+from tether._engine.rules.limits import Limits
 from tether._runtime import Runtime
 from tether._store import open_store
 from tether._store.base import SnapshotRecord

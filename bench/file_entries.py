@@ -22,7 +22,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common, when loaded from a test
 
 import common  # noqa: E402
-from tether._engine.policy import Policy  # noqa: E402
+from tether._engine.rules.policy import Policy  # noqa: E402
 from tether._runtime import Runtime  # noqa: E402
 from tether._store import open_store  # noqa: E402
 

@@ -30,7 +30,7 @@ _SRC = Path(__file__).resolve().parent.parent / "src"
 if _SRC.is_dir() and str(_SRC) not in sys.path:
     sys.path.insert(0, str(_SRC))
 
-from tether._engine.policy import Policy, Rule  # noqa: E402
+from tether._engine.rules.policy import Policy, Rule  # noqa: E402
 from tether._metrics import render, timed_store_call  # noqa: E402
 from tether._runtime import Runtime  # noqa: E402
 from tether._sources.python import tool  # noqa: E402

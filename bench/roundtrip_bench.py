@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable
 
 import common
 from common import EXPECTED, PROGRAM
-from tether._engine.policy import Policy
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._store import open_store
 

@@ -9,9 +9,9 @@ underscore is private to the package and may change.
 import typing as _typing
 
 from tether._engine.approvals.model import Decision, PendingWrite
-from tether._engine.limits import Limits
-from tether._engine.policy import Policy, Rule
-from tether._engine.result import RunResult
+from tether._engine.attempt.result import RunResult
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy, Rule
 from tether._runtime import Runtime
 from tether._sources.python import tool, tools_from_module
 from tether._tools.catalog import Catalog

@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, mode
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from tether._engine.limits import Limits
-from tether._engine.policy import PolicyConfig
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import PolicyConfig
 from tether._fields import (
     Bool,
     Days,
@@ -72,8 +72,8 @@ class _Section(BaseModel):
 
 
 # --- [limits], [policy] ------------------------------------------------------
-# Parsed straight into the engine's own value objects (tether._engine.limits.Limits,
-# tether._engine.policy.PolicyConfig): each field is declared once, with its reason, there.
+# Parsed straight into the engine's own value objects (tether._engine.rules.limits.Limits,
+# tether._engine.rules.policy.PolicyConfig): each field is declared once, with its reason, there.
 
 
 # --- [store] -----------------------------------------------------------------
@@ -115,7 +115,7 @@ class RetentionConfig(_Section):
 
 
 class QuotaConfig(_Section):
-    """One principal's quotas (tether._engine.quotas); 0 is unlimited."""
+    """One principal's quotas (tether._engine.rules.quotas); 0 is unlimited."""
 
     # Generous defaults: they stop one runaway agent, not normal work.
     concurrent_runs: NonNegativeInt = 256  # queued or running
@@ -129,7 +129,7 @@ class QuotaConfig(_Section):
     mcp_sessions: NonNegativeInt = 1000
 
     def quota(self) -> Any:
-        from tether._engine.quotas import Quota
+        from tether._engine.rules.quotas import Quota
 
         return Quota(concurrent_runs=self.concurrent_runs or None, runs_per_period=self.runs_per_period or None,
                      period_seconds=self.period_seconds, stored_bytes=self.stored_bytes or None,
@@ -143,7 +143,7 @@ class QuotasConfig(QuotaConfig):
         default_factory=dict)
 
     def quotas(self) -> Any:
-        from tether._engine.quotas import Quotas
+        from tether._engine.rules.quotas import Quotas
 
         base = self.model_dump(exclude={"principals"})
         overrides = {p: QuotaConfig(**{**base, **q.model_dump(exclude_unset=True)}).quota()

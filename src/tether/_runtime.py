@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from tether._engine import control, launcher
 from tether._engine.approvals.model import Approver
+from tether._engine.attempt.handle import RunHandle
+from tether._engine.attempt.result import RunResult
 from tether._engine.engine import Asker, Engine, Hooks, Settings
-from tether._engine.handle import RunHandle
-from tether._engine.limits import Limits
 from tether._engine.ownership import new_owner
-from tether._engine.policy import Policy
-from tether._engine.quotas import Quotas
-from tether._engine.result import RunResult
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy
+from tether._engine.rules.quotas import Quotas
 from tether._sandbox.monty import SandboxPool
 from tether._store.base import LOCAL_PRINCIPAL, Store
 from tether.errors import InvalidArguments, UsageError

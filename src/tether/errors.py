@@ -68,7 +68,7 @@ declined) reach the program as ordinary Python exceptions whose message starts
 with ``[code]`` so the program can branch on it; the run's own error code is
 decided by the host's record of what happened, never by text the program
 produced. Those in-program codes (``call_timeout``, ``budget_exceeded``,
-``write_declined``, ``arguments_too_large`` …, tether._engine.envelopes) are
+``write_declined``, ``arguments_too_large`` …, tether._engine.attempt.envelopes) are
 not classes here: no tether call raises them.
 """
 

@@ -10,8 +10,8 @@ import re
 import pytest
 
 from helpers import run_cli
-from tether._engine.envelopes import pause_instructions
-from tether._engine.redaction import HIDDEN, is_secret_name, shown_args
+from tether._engine.attempt.envelopes import pause_instructions
+from tether._engine.attempt.redaction import HIDDEN, is_secret_name, shown_args
 
 TOOLS = (
     '"""Accounts."""\n'
@@ -67,7 +67,7 @@ def test_pause_text_hides_secret_arguments_and_shows_expiry_in_iso(project):
 
 
 def test_openapi_format_password_and_write_only_are_hidden():
-    from tether._engine.pending import AskedWrite
+    from tether._engine.attempt.pending import AskedWrite
     from tether._tools.model import Annotations, Tool
 
     async def handler(args):

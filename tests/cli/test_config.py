@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from tether._config import Config, load_config
-from tether._engine.limits import Limits
-from tether._engine.policy import Policy, Rule
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy, Rule
 from tether._sources.kinds import (
     MCPSourceDefinition,
     OpenAPISourceDefinition,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from tether._engine.policy import Policy
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._store.sqlite import SQLiteStore
 from tether._tools.model import Annotations, Tool

@@ -26,7 +26,7 @@ from typing import Any
 
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 
-from tether._engine.policy import Policy
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._sources.openapi import OpenAPISource
 from tether._store import open_store

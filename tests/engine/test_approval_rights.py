@@ -20,8 +20,8 @@ from mcp_types import ElicitResult, InputRequiredResult
 
 from helpers import Recorder
 from tether._engine.approvals import APPROVE, OPERATE, RUN, Access, Channel, Grant, may_decide, may_see
-from tether._engine.limits import Limits
-from tether._engine.policy import Policy, Rule
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy, Rule
 from tether._runtime import Runtime
 from tether._server.approvals import link_token
 from tether._server.auth import principal_for_token

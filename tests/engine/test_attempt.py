@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 
 from helpers import Recorder
+from tether._engine.attempt.driver import Attempt
+from tether._engine.attempt.restore import SnapshotMismatch, plan_restore
 from tether._engine.build import build_engine
-from tether._engine.driver import Attempt
 from tether._engine.engine import Engine, Settings
 from tether._engine.integrity import sign_run
-from tether._engine.limits import Limits
-from tether._engine.policy import Policy
-from tether._engine.restore import SnapshotMismatch, plan_restore
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy
 from tether._sandbox.monty import SandboxPool
 from tether._store import open_store
 from tether._store.base import RunRecord

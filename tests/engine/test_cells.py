@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from helpers import Recorder
-from tether._engine.limits import Limits
-from tether._engine.policy import Policy
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._store import open_store
 

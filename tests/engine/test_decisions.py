@@ -10,7 +10,7 @@ from helpers import Clock, Recorder
 from tether import AlreadyDecided, PendingWrite, SeqRequired, UsageError, WriteNotPending
 from tether._engine.calls import ledger
 from tether._engine.inspect import run_timeline
-from tether._engine.policy import Policy
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._store import open_store
 
@@ -339,7 +339,7 @@ async def test_p10_cancel_ends_a_batch_that_is_partly_decided(store_url):
 
 
 async def test_p27_a_gathered_write_too_large_to_journal_does_not_join_the_batch(store_url):
-    from tether._engine.limits import Limits
+    from tether._engine.rules.limits import Limits
 
     rec = Recorder()
     code = """

@@ -8,7 +8,7 @@ import pytest
 
 from helpers import Clock, Recorder
 from tether._engine.integrity import sign_run, sign_snapshot_record
-from tether._engine.policy import Policy, Rule
+from tether._engine.rules.policy import Policy, Rule
 from tether._runtime import Runtime
 from tether._store import open_store
 from tether._store.base import SnapshotRecord

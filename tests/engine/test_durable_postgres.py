@@ -36,7 +36,7 @@ async def test_pause_resume_and_wait_across_runtimes_on_postgres(pg_url):
 async def test_p2_gathered_writes_each_spend_the_budget_on_postgres(pg_url):
     # Store calls leave the event loop on Postgres (D-27), so gathered writes interleave
     # while their intents are stored: each must still be counted before the next is checked.
-    from tether._engine.policy import Policy
+    from tether._engine.rules.policy import Policy
 
     rec = Recorder()
     code = """

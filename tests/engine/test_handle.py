@@ -7,7 +7,7 @@ from typing import Any
 
 from helpers import Recorder
 from tether import Runtime
-from tether._engine.policy import Policy
+from tether._engine.rules.policy import Policy
 from tether._tools.model import Annotations, Tool
 
 

@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import Any
 
-from tether._engine.limits import Limits
+from tether._engine.rules.limits import Limits
 from tether._hostwork import LoopWatchdog, off_loop
 from tether._runtime import Runtime
 from tether._tools import Tool

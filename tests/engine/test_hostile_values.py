@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tether._engine.result import to_json_value
+from tether._engine.attempt.result import to_json_value
 from tether._runtime import Runtime
 from tether._server.results import run_result
 from tether._tools.model import Annotations, Tool

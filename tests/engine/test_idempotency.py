@@ -14,7 +14,7 @@ import pytest
 from helpers import Clock, KeyedApi
 from tether import CallContext, Limits, current_call, tool
 from tether._engine.calls import ledger
-from tether._engine.policy import Policy
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._sources.mcp import MCPSource
 from tether._sources.openapi import OpenAPISource

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether._engine.limits import Limits
-from tether._engine.policy import Policy
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._store import open_store
 from tether._tools.model import Annotations, Tool

@@ -177,7 +177,7 @@ async def test_every_journal_entry_state_change_a_run_makes_is_listed_in_the_cal
     """Reads, writes approved, declined and cancelled in a batch, writes policy allows, waits settled and
     timed out: each compare-and-set of a journal entry is a transition CALL_TRANSITIONS lists."""
     from helpers import Clock, Recorder
-    from tether._engine.policy import Policy
+    from tether._engine.rules.policy import Policy
     from tether._runtime import Runtime
     from tether._store.states import CALL_TRANSITIONS, CallState
 

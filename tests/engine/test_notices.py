@@ -16,7 +16,7 @@ import pytest
 
 from helpers import Recorder
 from tether._engine.notices import wait_a_little
-from tether._engine.policy import Policy
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._store import open_store
 from tether._tools.model import Annotations, Tool

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from helpers import Clock, run_cli
-from tether._engine.limits import Limits
-from tether._engine.quarantine import TAKEOVERS
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.quarantine import TAKEOVERS
 from tether._runtime import Runtime
 from tether._sources.python import tool, tools_from_module
 from tether._store import open_store

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from helpers import Clock, Recorder
-from tether._engine.policy import Policy
-from tether._engine.quotas import Quota, Quotas
+from tether._engine.rules.policy import Policy
+from tether._engine.rules.quotas import Quota, Quotas
 from tether._engine.worker import Worker
 from tether._runtime import Runtime
 from tether._store import open_store

@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from helpers import Clock, Recorder, run_cli
-from tether._engine.policy import Policy, Rule
+from tether._engine.rules.policy import Policy, Rule
 from tether._runtime import Runtime
 from tether._store.retention import DAY, RetentionRules, prune, prune_all, stats
 
@@ -258,7 +258,7 @@ def test_a_backup_taken_while_serving_restores_and_its_paused_run_resumes(tmp_pa
 
 
 async def test_what_quotas_and_metrics_read_works_on_both_stores(open_backend):
-    from tether._engine.quotas import Quota, Quotas
+    from tether._engine.rules.quotas import Quota, Quotas
     from tether._store import usage
     from tether._store.retention import live_counts
     from tether.errors import QuotaExceeded

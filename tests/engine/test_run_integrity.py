@@ -15,7 +15,7 @@ from helpers import Recorder
 from tether._engine import launcher
 from tether._engine.approvals.capabilities import secret_id
 from tether._engine.calls import ledger
-from tether._engine.policy import Policy
+from tether._engine.rules.policy import Policy
 from tether._engine.worker import Worker
 from tether._runtime import Runtime
 from tether._store import open_store

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import Recorder
 from tether import IdempotencyConflict
-from tether._engine.policy import Policy
+from tether._engine.rules.policy import Policy
 from tether._engine.worker import Worker
 from tether._runtime import Runtime
 from tether._store import open_store

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from helpers import Recorder
-from tether._engine.limits import Limits
-from tether._engine.policy import Policy
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether.errors import CodeTooLarge
 

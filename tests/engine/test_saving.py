@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from helpers import Clock, Recorder
-from tether._engine.limits import Limits
-from tether._engine.policy import Policy, Rule
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy, Rule
 from tether._runtime import Runtime
 from tether._store import open_store
 

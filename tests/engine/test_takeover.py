@@ -44,7 +44,7 @@ def crashed_mid_write(tmp_path, server_url: str) -> tuple[str, str]:  # noqa: F8
 
 async def recover_with(store_url: str, server_url: str, clock=None):
     from crash.child import shop_tools
-    from tether._engine.policy import Policy
+    from tether._engine.rules.policy import Policy
 
     rt = Runtime(store=open_store(store_url), tools=shop_tools(server_url), type_check=False,
                  policy=Policy(writes="allow"), **({"clock": clock} if clock else {}))

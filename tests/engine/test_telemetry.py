@@ -15,7 +15,7 @@ async def test_runs_and_calls_become_spans():
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from tether._engine import telemetry
+    from tether._engine.attempt import telemetry
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

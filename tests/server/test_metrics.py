@@ -7,7 +7,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import Recorder
-from tether._engine.policy import Policy, Rule
+from tether._engine.rules.policy import Policy, Rule
 from tether._runtime import Runtime
 from tether._server.metrics import MetricsApp, MetricsRoute
 from tether._store import open_store

@@ -178,7 +178,7 @@ async def test_a_run_executing_on_one_replica_is_cancelled_from_another_process(
 
 
 async def test_queued_runs_are_shared_by_the_replicas_runners_and_each_runs_once(replicas):
-    from tether._engine.policy import Policy
+    from tether._engine.rules.policy import Policy
     from tether._runtime import Runtime
 
     # The policy is recorded with each run when it is queued.

@@ -16,8 +16,8 @@ from mcp.client.stdio import StdioServerParameters
 from mcp_types import ElicitResult, InputRequiredResult
 
 from helpers import Recorder
-from tether._engine.limits import Limits
-from tether._engine.policy import Policy
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._server.admission import Admission
 from tether._server.mcp import TetherServer

@@ -17,7 +17,7 @@ from mcp import Client
 from mcp_types import ElicitResult
 
 from helpers import Recorder
-from tether._engine.limits import Limits
+from tether._engine.rules.limits import Limits
 from tether._runtime import Runtime
 from tether._server.console import Console
 from tether._server.mcp import TetherServer

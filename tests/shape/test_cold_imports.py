@@ -39,7 +39,7 @@ def _modules_of_a_run(tmp_path: Path) -> list[str]:
 
 def test_a_run_that_uses_no_optional_feature_does_not_import_it(tmp_path: Path) -> None:
     modules = _modules_of_a_run(tmp_path)
-    assert "tether._engine.driver" in modules  # the probe did run a program
+    assert "tether._engine.attempt.driver" in modules  # the probe did run a program
     loaded = [m for m in modules if any(m == name or m.startswith(name + ".") for name in NOT_ON_A_PLAIN_RUN)]
     assert loaded == []
 

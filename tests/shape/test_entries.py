@@ -23,6 +23,6 @@ async def test_one_execute_enters_the_files_of_its_path_at_most_twice():
     assert counts["_runtime.py"] == 1 and counts["_engine/calls/ledger.py"] >= 5, counts
     # Starting, preparing and ending an attempt: begin and the attempt's task; the check and the spec
     # as one step; the handle made and awaited; the run created and finished.
-    for name in ("_engine/launcher.py", "_engine/spec.py", "_engine/handle.py", "_engine/lifecycle.py",
+    for name in ("_engine/launcher.py", "_engine/attempt/spec.py", "_engine/attempt/handle.py", "_engine/lifecycle.py",
                  "_engine/finish.py", "_hostwork.py"):
         assert counts[name] <= 2, (name, functions[name])

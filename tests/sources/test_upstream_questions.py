@@ -9,8 +9,8 @@ import pytest
 from mcp import Client
 from mcp_types import ElicitResult
 
-from tether._engine.policy import Policy
-from tether._engine.questions import elicitation_handler
+from tether._engine.attempt.questions import elicitation_handler
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._server.mcp import TetherServer
 from tether._sources.mcp import MCPSource

@@ -171,7 +171,7 @@ def secret_outside(monkeypatch):
 
 async def test_a_read_only_copy_of_the_store_approves_nothing(db, secret_outside, monkeypatch):
     from helpers import Recorder
-    from tether._engine.policy import Policy
+    from tether._engine.rules.policy import Policy
     from tether._runtime import Runtime
     from tether._server.console import Console
     from tether._server.notify import Notifier, Webhook
@@ -230,7 +230,7 @@ async def test_an_inserted_outbox_row_is_never_signed_or_sent(db, secret_outside
     from starlette.routing import Route
 
     from helpers import Recorder
-    from tether._engine.policy import Policy
+    from tether._engine.rules.policy import Policy
     from tether._runtime import Runtime
     from tether._server.notify import Notifier, Webhook
     from tether._store import open_store

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from helpers import Recorder
-from tether._engine.policy import Policy
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._store import open_store
 from tether._store._migrations import MIGRATIONS

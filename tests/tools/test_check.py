@@ -7,7 +7,7 @@ import pytest
 from check_corpus import INVALID, VALID, corpus_tools
 from helpers import Recorder
 from tether._engine import launcher
-from tether._engine.policy import Policy, Rule
+from tether._engine.rules.policy import Policy, Rule
 from tether._runtime import Runtime
 from tether._sandbox.monty import probe_names
 
@@ -144,8 +144,8 @@ async def test_a_remembered_pass_skips_the_checker_but_not_the_call_check():
 
 
 async def test_full_check_stubs_only_what_the_program_reaches():
-    from tether._engine.limits import Limits
-    from tether._engine.spec import build_spec, precheck
+    from tether._engine.attempt.spec import build_spec, precheck
+    from tether._engine.rules.limits import Limits
 
     rec = Recorder()
     async with Runtime(tools=rec.tools(), check="full") as rt:

@@ -16,8 +16,8 @@ import pytest
 
 from helpers import run_cli
 from tether import Runtime, tool
-from tether._engine.envelopes import pause_instructions
-from tether._engine.result import RunResult
+from tether._engine.attempt.envelopes import pause_instructions
+from tether._engine.attempt.result import RunResult
 from tether._server.approvals import link_token
 from tether._server.results import approval_message, resume_instructions
 from tether._tools.shown import MAX_NAMED_ARGS, show_call

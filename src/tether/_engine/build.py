@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Callable
 
 from tether._engine import control
 from tether._engine.approvals.capabilities import keyring_for
+from tether._engine.attempt.result import RunResult
 from tether._engine.engine import Attempts, Engine, Settings
 from tether._engine.events import EventBus
 from tether._engine.finish import Finisher
 from tether._engine.lifecycle import Lifecycle
-from tether._engine.limits import Limits
-from tether._engine.policy import Policy
-from tether._engine.result import RunResult
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy
 from tether._engine.sessions import Sessions
 from tether._engine.waits import Waits
 from tether._sandbox.monty import SandboxPool

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, Mapping
 from tether._engine import launcher
 from tether._engine.approvals import service
 from tether._engine.approvals.model import APPROVAL_PREFIX, DECISIONS, decision_of
+from tether._engine.attempt.result import RunResult
 from tether._engine.calls.boundary import Cancelled
 from tether._engine.engine import NO_HOOKS, Hooks
 from tether._engine.notices import CANCEL, SETTLED
 from tether._engine.ownership import owner_gone
-from tether._engine.result import RunResult
 from tether._engine.waits import SIGNAL_PREFIX, wait_view
 from tether._store.base import WAIT_DIGEST_PREFIX, RunRecord
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus

@@ -19,14 +19,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from tether._engine.attempt.result import RunResult
 from tether._engine.events import EventBus
 from tether._engine.finish import Finisher
 from tether._engine.lifecycle import Lifecycle
-from tether._engine.limits import Limits
 from tether._engine.notices import ENDED, wait_a_little
-from tether._engine.policy import Policy
-from tether._engine.quotas import Quotas
-from tether._engine.result import RunResult
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy
+from tether._engine.rules.quotas import Quotas
 from tether._engine.sessions import Sessions
 from tether._engine.waits import Waits
 from tether._sandbox.monty import SandboxPool
@@ -37,8 +37,8 @@ from tether.errors import RunNotFound
 if TYPE_CHECKING:
     from tether._config import Config
     from tether._engine.approvals.capabilities import Keyring
+    from tether._engine.attempt.handle import RunHandle
     from tether._engine.calls.boundary import EffectBoundary
-    from tether._engine.handle import RunHandle
     from tether._sources.loader import SourceSet
     from tether._tools.catalog import Catalog
 

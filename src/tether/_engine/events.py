@@ -12,8 +12,8 @@ import asyncio
 import time
 from typing import Any, Callable
 
+from tether._engine.attempt.result import to_json_value
 from tether._engine.notices import ENDED, EVENT, Notices
-from tether._engine.result import to_json_value
 from tether._store.base import Store
 from tether._store.states import TERMINAL_RUN_STATUSES
 from tether.errors import RunNotFound

@@ -12,10 +12,10 @@ import secrets
 from typing import TYPE_CHECKING, Any, Callable
 
 from tether import _metrics as metrics
+from tether._engine.attempt.result import RunResult
 from tether._engine.events import EventBus
 from tether._engine.lifecycle import Lifecycle, cancelled_error
 from tether._engine.notices import ENDED, encode
-from tether._engine.result import RunResult
 from tether._store.base import CallRecord, RunRecord, Store
 from tether._store.states import RunStatus
 from tether.errors import TetherError

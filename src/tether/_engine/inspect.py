@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tether._engine.quarantine import takeovers
+from tether._engine.rules.quarantine import takeovers
 from tether._store.base import Store
 from tether.errors import RunNotFound
 

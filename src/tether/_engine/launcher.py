@@ -19,17 +19,17 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
-from tether._engine import run_keys
-from tether._engine.driver import Attempt
+from tether._engine.attempt.driver import Attempt
+from tether._engine.attempt.handle import RunHandle
+from tether._engine.attempt.inputs import check_code_size, check_session_name
+from tether._engine.attempt.result import RunResult
 from tether._engine.engine import NO_HOOKS, Hooks
-from tether._engine.handle import RunHandle
-from tether._engine.inputs import check_code_size, check_session_name
 from tether._engine.integrity import sign_run, verify_run
 from tether._engine.ownership import owner_gone
-from tether._engine.quarantine import continue_or_quarantine
-from tether._engine.quotas import check_run_start
-from tether._engine.result import RunResult
-from tether._engine.run_keys import check_run_key, current_envelope, still_running
+from tether._engine.rules import run_keys
+from tether._engine.rules.quarantine import continue_or_quarantine
+from tether._engine.rules.quotas import check_run_start
+from tether._engine.rules.run_keys import check_run_key, current_envelope, still_running
 from tether._engine.waits import same_wait
 from tether._store.base import Conflict, RunRecord
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from tether._engine.approvals.capabilities import WAIT_KEY
-from tether._engine.result import to_json_value
+from tether._engine.attempt.result import to_json_value
 from tether._store.base import (
     LOCAL_PRINCIPAL,
     WAIT_DIGEST_PREFIX,

@@ -24,8 +24,8 @@ from tether._engine.notices import SETTLED
 from tether._store.base import RunRecord
 
 if TYPE_CHECKING:
+    from tether._engine.attempt.result import RunResult
     from tether._engine.engine import Engine
-    from tether._engine.result import RunResult
 
 # How often a runner looks for parked runs whose wait was settled and nobody continued,
 # when no notice named them (SQLite, or a notice lost).
@@ -182,7 +182,7 @@ class Worker:
 
     async def _counted(self, run: RunRecord, gone_owner: str | None, how: str,
                        quarantined: Callable[[RunResult], None] | None) -> RunRecord | None:
-        from tether._engine.quarantine import continue_or_quarantine
+        from tether._engine.rules.quarantine import continue_or_quarantine
 
         going_on, ended = await continue_or_quarantine(self.engine, run, gone_owner=gone_owner, how=how)
         if ended is not None:

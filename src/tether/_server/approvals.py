@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from tether._engine.approvals.capabilities import APPROVAL_LINK, Keyring
 from tether._engine.approvals.model import taken as taken_of
 from tether._engine.approvals.service import pending, refusal
-from tether._engine.redaction import secret_args, shown_args
+from tether._engine.attempt.redaction import secret_args, shown_args
 from tether._sources.kinds import KINDS
 from tether._store.base import RunRecord
 from tether._store.states import RunStatus

@@ -17,7 +17,7 @@ from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResul
 from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
-    from tether._engine.result import RunResult
+    from tether._engine.attempt.result import RunResult
     from tether._runtime import Runtime
 
 

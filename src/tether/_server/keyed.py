@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from mcp_types import CallToolResult
 
-from tether._engine.result import RunResult
+from tether._engine.attempt.result import RunResult
 from tether._server.results import error_result
 from tether._store.states import RunStatus
 from tether.errors import Overloaded

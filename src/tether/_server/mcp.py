@@ -42,9 +42,9 @@ from pydantic_core import PydanticUndefined
 from tether._engine.approvals import Access, Channel, Grant, may_decide
 from tether._engine.approvals.rights import APPROVE, RUN
 from tether._engine.approvals.surface import refusal, signed_in_required, where_to_approve
-from tether._engine.handle import RunHandle
-from tether._engine.result import RunResult
-from tether._engine.run_keys import MAX_RUN_KEY_CHARS
+from tether._engine.attempt.handle import RunHandle
+from tether._engine.attempt.result import RunResult
+from tether._engine.rules.run_keys import MAX_RUN_KEY_CHARS
 from tether._server import channels, keyed, urlmode
 from tether._server.admission import Admission
 from tether._server.auth import GRANT_KEY, IDENTITY_KEY, LOCAL, request_scope_value
@@ -59,7 +59,7 @@ from tether._store.states import RunStatus
 from tether.errors import InvalidArguments, Overloaded, RunNotFound, TetherError
 
 if TYPE_CHECKING:
-    from tether._engine.policy import Policy
+    from tether._engine.rules.policy import Policy
     from tether._runtime import Runtime
 
 SERVER_NAME = "tether"

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from tether import _metrics as metrics
 from tether._engine.approvals.capabilities import Keyring, mac_hex, same, secret_id
-from tether._engine.redaction import shown_args
+from tether._engine.attempt.redaction import shown_args
 from tether._server.approvals import approval_url, input_schema, pending_writes
 from tether._store.base import OUTBOX_DELIVERED, OUTBOX_FAILED, OUTBOX_PENDING, OutboxRecord, RunRecord
 from tether._tools.shown import show_call

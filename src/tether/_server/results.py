@@ -11,8 +11,8 @@ from typing import Any, Mapping
 
 from mcp_types import CallToolResult, TextContent
 
-from tether._engine.redaction import shown_args
-from tether._engine.result import RunResult
+from tether._engine.attempt.redaction import shown_args
+from tether._engine.attempt.result import RunResult
 from tether._store.states import RunStatus
 from tether._tools.shown import show_call
 from tether.errors import TetherError

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from mcp.server.elicitation import AcceptedUrlElicitation, DeclinedElicitation
 from mcp_types import ElicitRequest, ElicitRequestURLParams, InputRequiredResult
 
-from tether._engine.result import RunResult
+from tether._engine.attempt.result import RunResult
 from tether._server.approvals import approval_url, pending_writes
 from tether._store.states import RunStatus
 

@@ -8,7 +8,7 @@ in an MCP client stack), and its capabilities:
 - ``caches_listing``: its tool listing is kept, signed, in the store, and the source starts at the first
   call of one of its tools (the listing is an MCP server's tools/list answer: tether._sources._mcp_tools);
 - ``asks_questions``: a call may put a question to the run's user mid-call (it is given an elicitation
-  handler, tether._engine.questions).
+  handler, tether._engine.attempt.questions).
 
 Adding a kind (docs/architecture.md, "Adding a source kind"): its module under ``_sources/`` implements the
 Source protocol (base.py) and a ``from_definition(definition, context)``; its table's model and one

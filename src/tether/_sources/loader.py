@@ -221,7 +221,7 @@ class SourceSet:
 
     ``catalog`` receives their tools; an MCP server's mid-call question goes to
     the run with a call to it on the wire (``attempts``, ``events``; see
-    tether._engine.questions); ``store`` keeps MCP listings; ``log_dir`` gets
+    tether._engine.attempt.questions); ``store`` keeps MCP listings; ``log_dir`` gets
     one ``<namespace>.log`` per stdio server for its stderr.
     """
 
@@ -323,8 +323,8 @@ class SourceSet:
             ask=self._ask if kind.asks_questions else None, progress=self.progress))
 
     def _ask(self, namespace: str) -> Callable[[Any], Awaitable[Any]]:
-        """The handler an upstream's mid-call question to ``namespace`` goes to (tether._engine.questions)."""
-        from tether._engine.questions import elicitation_handler
+        """The handler an upstream's mid-call question to ``namespace`` goes to (tether._engine.attempt.questions)."""
+        from tether._engine.attempt.questions import elicitation_handler
 
         return elicitation_handler(namespace, self.attempts.live, self.events)
 

@@ -1,4 +1,4 @@
-"""What a principal holds in the store, for its quotas (tether._engine.quotas)."""
+"""What a principal holds in the store, for its quotas (tether._engine.rules.quotas)."""
 
 from __future__ import annotations
 

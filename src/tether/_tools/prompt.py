@@ -26,7 +26,7 @@ _MAX_SUMMARY_BYTES = 90
 # Below this a summary says nothing; the namespaces are then listed by name.
 _MIN_SUMMARY_BYTES = 16
 
-# Defaults match tether._engine.limits.Limits, used when no limits are given.
+# Defaults match tether._engine.rules.limits.Limits, used when no limits are given.
 _DEFAULT_LIMITS = {"code_bytes": 65536, "host_calls": 50, "run_seconds": 60}
 
 _API = """\
@@ -59,7 +59,7 @@ def model_description(
 ) -> str:
     """The model-facing description of the sandbox API and the catalog.
 
-    ``limits`` takes the keys of ``tether._engine.limits.Limits.to_dict()``
+    ``limits`` takes the keys of ``tether._engine.rules.limits.Limits.to_dict()``
     (``code_bytes``, ``host_calls``, ``run_seconds``); missing keys use its
     defaults. The text is at most ``budget`` bytes of UTF-8 unless the fixed
     part alone is longer, and is byte-identical for equal catalogs.

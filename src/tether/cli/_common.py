@@ -100,7 +100,7 @@ def print_result(result: Any, as_json: bool) -> int:
 
 def call_text(w: dict, budget: int = 600) -> str:
     """A write as the terminal shows it: every argument named (secrets hidden), values shortened evenly, escaped."""
-    from tether._engine.redaction import shown_args
+    from tether._engine.attempt.redaction import shown_args
 
     return f"call {w['seq']}: " + show_call(str(w["address"]), shown_args(w), budget=budget).line()
 

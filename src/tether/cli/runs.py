@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from tether._engine.redaction import shown_args
+from tether._engine.attempt.redaction import shown_args
 from tether._store.states import RunStatus
 from tether._tools.shown import escape, show_call
 from tether.cli._common import (
@@ -244,7 +244,7 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
 
 async def cmd_runs_await(args: argparse.Namespace) -> int:
     from tether._config import load_config
-    from tether._engine.result import RunResult
+    from tether._engine.attempt.result import RunResult
     from tether._store import open_store
 
     store = open_store(load_config(args.config).store.url)

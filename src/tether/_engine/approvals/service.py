@@ -38,9 +38,9 @@ from tether._engine.approvals.model import (
     batch_of,
     taken,
 )
+from tether._engine.attempt.result import RunResult
 from tether._engine.calls import ledger
 from tether._engine.lifecycle import cancelled_error
-from tether._engine.result import RunResult
 from tether._store.base import CallRecord, RunRecord, WaitRecord
 from tether._store.states import CallState, RunStatus, WaitStatus
 from tether.errors import (
@@ -175,7 +175,7 @@ def _paused_view(engine: Engine, run: RunRecord) -> RunResult:
         result.pending = {**result.pending, "writes": writes}
         undecided = [w for w in writes if w["decision"] is None]
         if undecided:
-            from tether._engine.envelopes import pause_instructions, tool_schemas
+            from tether._engine.attempt.envelopes import pause_instructions, tool_schemas
 
             # What is left to decide, not what the pause first asked.
             result.instructions = pause_instructions(run.run_id, {"writes": undecided}, tool_schemas(engine.catalog))
@@ -309,7 +309,7 @@ def _record(engine: Engine, run: RunRecord, write: dict[str, Any], decision: str
     ``entry``: the write's entry as just read and verified, else it is read here; the compare-and-set is
     on the stored row either way, so an entry read a moment ago loses to a decision taken since.
     """
-    from tether._engine.guest_errors import guest_error
+    from tether._engine.attempt.guest_errors import guest_error
 
     seq = write["seq"]
     entry = entry if entry is not None else engine.store.get_call(run.run_id, seq)

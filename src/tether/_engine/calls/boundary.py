@@ -25,18 +25,18 @@ from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator
 
 from tether import _metrics as metrics
-from tether._engine import policy as policy_mod
-from tether._engine import telemetry
-from tether._engine.attempt_state import AttemptState, CallStat, RaisedError
+from tether._engine.attempt import telemetry
+from tether._engine.attempt.guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
+from tether._engine.attempt.restore import plan_restore
+from tether._engine.attempt.result import to_json_value
+from tether._engine.attempt.state import AttemptState, CallStat, RaisedError
 from tether._engine.calls import replay, resend
 from tether._engine.calls.call import Call, call_key, call_key_and_size
 from tether._engine.calls.ledger import Ledger, refuse_value, value_size, value_text
 from tether._engine.calls.plain import as_json
 from tether._engine.calls.stops import Stops
-from tether._engine.guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
 from tether._engine.lifecycle import outcome_unknown
-from tether._engine.restore import plan_restore
-from tether._engine.result import to_json_value
+from tether._engine.rules import policy as policy_mod
 from tether._hostwork import off_loop
 from tether._sandbox.monty import GuestRaise, Stopped
 from tether._store.base import CallRecord, Store
@@ -56,8 +56,8 @@ from tether.errors import (
 if TYPE_CHECKING:
     from tether._engine.approvals.capabilities import Keyring
     from tether._engine.approvals.model import Approver
-    from tether._engine.limits import Limits
-    from tether._engine.pending import Stop
+    from tether._engine.attempt.pending import Stop
+    from tether._engine.rules.limits import Limits
     from tether._engine.waits import Waits
     from tether._sandbox.monty import Execution
     from tether._tools.catalog import Catalog

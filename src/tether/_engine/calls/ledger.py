@@ -39,7 +39,7 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 from tether._engine import integrity
 from tether._engine.approvals.capabilities import Keyring
 from tether._engine.calls.call import Call, canonical_json
-from tether._engine.limits import Limits
+from tether._engine.rules.limits import Limits
 from tether._store.base import AsyncStore, CallRecord, Store
 from tether._store.states import CALL_TRANSITIONS, NEW_CALL_STATES, CallState
 from tether._tools.context import idempotency_key

@@ -1,4 +1,4 @@
-"""A tool's result as JSON, the common case fast: :func:`as_json` is ``to_json_value`` (tether._engine.result)
+"""A tool's result as JSON, the common case fast: :func:`as_json` is ``to_json_value`` (tether._engine.attempt.result)
 with dicts and lists of strings, numbers, bools and None copied by one tight recursion.
 
 Such a value is already what the conversion makes of it, with nothing to note; the general walk (cycle
@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable
 
-from tether._engine.result import MAX_DEPTH, MAX_INT_DIGITS, to_json_value
+from tether._engine.attempt.result import MAX_DEPTH, MAX_INT_DIGITS, to_json_value
 
 # Below to_json_value's bounds: past either, the general walk cuts and notes.
 _ITEMS = 100_000

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from tether.errors import TetherError, UnknownTool
 
 if TYPE_CHECKING:
-    from tether._engine.limits import Limits
+    from tether._engine.rules.limits import Limits
     from tether._store.base import CallRecord
     from tether._tools.catalog import Catalog
     from tether._tools.model import Tool

@@ -18,13 +18,13 @@ import inspect
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
 
-from tether._engine import policy as policy_mod
+from tether._engine.attempt.guest_errors import err_json, guest_error
+from tether._engine.attempt.inputs import wait_name_problem
+from tether._engine.attempt.pending import AskedWrite, ParkedWait, Stop, WritePause
 from tether._engine.calls import replay
 from tether._engine.calls.call import Call
 from tether._engine.calls.ledger import Ledger, value_size
-from tether._engine.guest_errors import err_json, guest_error
-from tether._engine.inputs import wait_name_problem
-from tether._engine.pending import AskedWrite, ParkedWait, Stop, WritePause
+from tether._engine.rules import policy as policy_mod
 from tether._engine.waits import SIGNAL_PREFIX, SLEEP_PREFIX
 from tether._sandbox.monty import GuestRaise, Stopped
 from tether._store.base import CallRecord, Store
@@ -33,8 +33,8 @@ from tether.errors import InvalidArguments, UnknownTool
 
 if TYPE_CHECKING:
     from tether._engine.approvals.model import Approver
-    from tether._engine.attempt_state import AttemptState
-    from tether._engine.limits import Limits
+    from tether._engine.attempt.state import AttemptState
+    from tether._engine.rules.limits import Limits
     from tether._engine.waits import Waits
     from tether._sandbox.monty import Execution
     from tether._tools.catalog import Catalog

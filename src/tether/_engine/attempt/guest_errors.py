@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-from tether._engine.result import to_json_value
+from tether._engine.attempt.result import to_json_value
 from tether._sandbox.monty import GuestRaise
 from tether.errors import SourceUnavailable, TetherError
 

@@ -10,15 +10,15 @@ import ast
 import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from tether._engine.redaction import shown_args
-from tether._engine.result import RunResult
+from tether._engine.attempt.redaction import shown_args
+from tether._engine.attempt.result import RunResult
 from tether._sandbox.monty import ProgramFailed
 from tether._store.states import RunStatus
 from tether._tools.shown import show_call
 from tether.errors import SandboxCrashed, TetherError
 
 if TYPE_CHECKING:
-    from tether._engine.attempt_state import AttemptState
+    from tether._engine.attempt.state import AttemptState
     from tether._tools.catalog import Catalog
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+from tether._engine.attempt.result import RunResult
 from tether._engine.events import ANY_EVENT, EventBus
-from tether._engine.result import RunResult
 
 
 class RunHandle:

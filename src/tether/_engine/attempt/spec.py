@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tether._engine.calls.boundary import BUILTIN_OPS
-from tether._engine.limits import Limits
+from tether._engine.rules.limits import Limits
 from tether._sandbox.monty import SandboxLimits, SandboxSpec
 from tether._store.base import RunRecord
 from tether._tools.precheck import EVERYTHING, Reach, check_program, remembered

@@ -17,7 +17,7 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from tether._engine.result import RunResult
+from tether._engine.attempt.result import RunResult
 from tether._store.base import Conflict, RunRecord
 from tether._store.states import RunStatus
 from tether.errors import IdempotencyConflict, InvalidArguments

@@ -19,20 +19,24 @@ import json
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from tether._engine import telemetry
 from tether._engine.approvals import service as approvals
-from tether._engine.calls import ledger
-from tether._engine.calls.boundary import SPENT_STATES, Cancelled, EffectBoundary
-from tether._engine.calls.resend import resendable
-from tether._engine.calls.stops import Parked, Paused
-from tether._engine.engine import NO_HOOKS, Hooks
-from tether._engine.envelopes import (
+from tether._engine.attempt import telemetry
+from tether._engine.attempt.envelopes import (
     LogBuffer,
     diagnostics,
     failure_error,
     paused_envelope,
     waiting_envelope,
 )
+from tether._engine.attempt.pending import ParkedWait, Stop, as_stored
+from tether._engine.attempt.restore import SnapshotMismatch
+from tether._engine.attempt.result import RunResult, preview, to_json_value
+from tether._engine.attempt.spec import prepare
+from tether._engine.calls import ledger
+from tether._engine.calls.boundary import SPENT_STATES, Cancelled, EffectBoundary
+from tether._engine.calls.resend import resendable
+from tether._engine.calls.stops import Parked, Paused
+from tether._engine.engine import NO_HOOKS, Hooks
 from tether._engine.events import EventBus
 from tether._engine.integrity import (
     sign_run,
@@ -42,14 +46,10 @@ from tether._engine.integrity import (
     verify_snapshot_record,
 )
 from tether._engine.lifecycle import outcome_unknown
-from tether._engine.limits import Limits
 from tether._engine.notices import CANCEL, wait_a_little
-from tether._engine.pending import ParkedWait, Stop, as_stored
-from tether._engine.policy import Policy
-from tether._engine.quarantine import takeovers, without_takeovers
-from tether._engine.restore import SnapshotMismatch
-from tether._engine.result import RunResult, preview, to_json_value
-from tether._engine.spec import prepare
+from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy
+from tether._engine.rules.quarantine import takeovers, without_takeovers
 from tether._hostwork import HostBudget, off_loop
 from tether._sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxSpec, Stopped
 from tether._store.base import CallRecord, ParkEvent, RunRecord, SnapshotRecord, WaitRecord

@@ -26,12 +26,12 @@ class AskedWrite:
     args: dict[str, Any]
     annotations: dict[str, Any]
     description: str | None = None
-    secret_args: tuple[str, ...] = ()  # arguments shown as *** to people (_engine/redaction.py)
+    secret_args: tuple[str, ...] = ()  # arguments shown as *** to people (_engine/attempt/redaction.py)
     op: ClassVar[str] = "tool"
 
     @classmethod
     def of(cls, seq: int, tool: "Tool", args: dict[str, Any]) -> "AskedWrite":
-        from tether._engine.redaction import secret_args
+        from tether._engine.attempt.redaction import secret_args
 
         hidden = tuple(name for name in secret_args(tool) if name in args)
         return cls(seq, tool.address, args, tool.annotations.to_dict(), tool.description, hidden)

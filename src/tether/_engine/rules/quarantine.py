@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tether._engine.limits import Limits
-from tether._engine.result import RunResult
+from tether._engine.attempt.result import RunResult
+from tether._engine.rules.limits import Limits
 from tether._store.base import RunRecord
 from tether._store.states import CallState, RunStatus
 from tether.errors import RunQuarantined
