@@ -86,6 +86,7 @@ async def test_every_series_is_parsed_and_moves_after_a_run(served):
         with pytest.raises(Overloaded):
             await admission.acquire()
 
+    await rt.engine.pool.returned()  # an execute answers before its worker is back in the pool
     after_text = await _scrape(client)
     assert set(SERIES) <= _families(after_text)
     after = _samples(after_text)

@@ -291,10 +291,14 @@ class SandboxPool:
         async with self._lock:
             if self._started:
                 self._started = False
-                while self._returns:
-                    await asyncio.gather(*self._returns, return_exceptions=True)
+                await self.returned()
                 await self._pool.__aexit__(None, None, None)
                 await _settle()
+
+    async def returned(self) -> None:
+        """Wait until every worker being given back is back (an execute returns before its worker is)."""
+        while self._returns:
+            await asyncio.gather(*self._returns, return_exceptions=True)
 
     def returning(self, cm: Any) -> None:
         """Give a checked-out worker back to the pool in a task of its own (the caller does not wait)."""
