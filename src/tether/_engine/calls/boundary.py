@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from types import CoroutineType
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from tether import _metrics as metrics
 from tether._engine.attempt import telemetry
@@ -87,57 +86,6 @@ def _holds_tuple(value: Any) -> bool:
     if t is list:
         return any(_holds_tuple(v) for v in value)
     return False
-
-
-async def _within(answer: Awaitable[Any], seconds: float) -> Any:
-    """Await a tool's ``answer``, cut off after ``seconds`` — a timer armed only if it has to wait.
-
-    A tool that answers without suspending (an in-process function, a cached value) cannot be cut off by a
-    timer anyway: the loop runs nothing else until it returns. Arming and cancelling ``asyncio.timeout``'s
-    timer for it was ~5 µs of every such host call. One that suspends goes on under the timeout as before.
-    """
-    if type(answer) is not CoroutineType:
-        async with asyncio.timeout(seconds):
-            return await answer
-    try:
-        waits_on = answer.send(None)
-    except StopIteration as done:
-        return done.value
-    except BaseException:
-        answer.close()
-        raise
-    async with asyncio.timeout(seconds):
-        return await _Resumed(answer, waits_on)
-
-
-class _Resumed:
-    """A coroutine already stepped once, awaited from where it suspended: what it waits on goes to the task
-    running it, and what the task sends or throws (a result, a cancellation) goes back into it."""
-
-    __slots__ = ("coro", "waits_on")
-
-    def __init__(self, coro: CoroutineType[Any, Any, Any], waits_on: Any) -> None:
-        self.coro, self.waits_on = coro, waits_on
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, waits_on = self.coro, self.waits_on
-        self.waits_on = None
-        while True:
-            try:
-                sent = yield waits_on
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # noqa: BLE001 - thrown in by the task (a cancellation): the tool's to handle
-                try:
-                    waits_on = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value
-                continue
-            try:
-                waits_on = coro.send(sent)
-            except StopIteration as done:
-                return done.value
 
 
 class EffectBoundary:
@@ -579,7 +527,8 @@ class EffectBoundary:
         token = call_context.enter(call_context.CallContext(
             self.run_id, seq, address, self.ledger.idempotency_key(seq), send, "write" if tool.is_write else "read"))
         try:
-            return await _within(tool.handler(args), tool.timeout_seconds or self.limits.call_timeout_seconds)
+            async with asyncio.timeout(tool.timeout_seconds or self.limits.call_timeout_seconds):
+                return await tool.handler(args)
         except (SystemExit, KeyboardInterrupt) as exc:
             # A tool's sys.exit() or KeyboardInterrupt is the tool failing, not
             # a request to end the host: the run (and the CLI) carry on and report it.
