@@ -275,6 +275,37 @@ async def test_per_call_timeout(rt):
     await assert_alive(rt)
 
 
+async def test_a_call_timeout_holds_for_a_tool_that_waits_after_answering_steps_at_once():
+    """A tool that steps several times before it waits is still cut off at its timeout, one that suspends
+    and then answers gets its value to the program, and one that answers without suspending too."""
+    import asyncio
+
+    import tether
+
+    @tether.tool(namespace="t", read_only=True)
+    async def steps(n: int) -> int:
+        """Answer after n turns of the event loop."""
+        for _ in range(n):
+            await asyncio.sleep(0)
+        return n
+
+    @tether.tool(namespace="t", read_only=True)
+    async def stalls() -> int:
+        """Step twice, then wait far past the timeout."""
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        await asyncio.sleep(30)
+        return 0
+
+    async with Runtime(tools=[steps, stalls], type_check=False,
+                       limits=Limits(run_seconds=5, call_timeout_seconds=0.3)) as rt:
+        r = await rt.execute("import tools\n[await tools.t.steps(n=0), await tools.t.steps(n=3)]")
+        assert r.status == "completed" and r.result == [0, 3], r.error
+        r = await rt.execute("import tools\nawait tools.t.stalls()")
+        assert r.error["code"] == "call_timeout"
+        assert (await rt.execute("import tools\nawait tools.t.steps(n=2)")).result == 2
+
+
 async def test_p8_a_write_that_times_out_is_unknown_and_not_resent(rt, rec):
     r = await rt.execute("""
 import tools
