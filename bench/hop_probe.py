@@ -204,7 +204,7 @@ def _segmenting() -> None:
             cb = self._callback
             _handles.append((t, time.perf_counter_ns(), getattr(cb, "__name__", type(cb).__name__)))
 
-    events.Handle._run = timed  # type: ignore[method-assign]
+    events.Handle._run = timed
     global _stamps
     _stamps = _CpuStamps()
 
