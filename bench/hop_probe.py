@@ -204,12 +204,12 @@ def _segmenting() -> None:
             cb = self._callback
             _handles.append((t, time.perf_counter_ns(), getattr(cb, "__name__", type(cb).__name__)))
 
-    events.Handle._run = timed
+    events.Handle._run = timed  # type: ignore[method-assign]
     global _stamps
     _stamps = _CpuStamps()
 
 
-class _CpuStamps(list):  # type: ignore[type-arg]
+class _CpuStamps(list):
     def append(self, t: Any) -> None:
         _cpu.append(time.thread_time_ns())
         super().append(t)
