@@ -7,6 +7,9 @@ check; the contenders differ only in how the host function is reached:
 
 * ``bare``: ``checkout(external_modules=...)`` + ``feed_run(code)``, the function itself in the module
   (core_bench's baseline);
+* ``bare_sync``: ``bare`` with ``get`` a plain function (the program calls it without ``await``): Monty calls
+  it on its own threads, no event-loop turn — what the async bridge itself costs;
+* ``bare_spin`` / ``bare_sync_spin``: ``bare`` / ``bare_sync`` with ``get`` spinning ``BUSY_US`` first;
 * ``opts``: the same with the checkout options tether passes (limits, ``os_policy`` with ``sleep: call_host``);
 * ``kwargs``: ``opts`` plus the ``feed_run`` keywords tether passes (``external_lookup``, ``print_callback``,
   ``os``);
@@ -66,6 +69,30 @@ async def get(id: int) -> dict[str, int]:
     out = {"id": id, "value": id * 2}
     _stamps.append(time.perf_counter_ns())
     return out
+
+
+def sync_get(id: int) -> dict[str, int]:
+    """``get`` as a plain function: Monty calls it on its own threads, with no event-loop turn."""
+    _stamps.append(time.perf_counter_ns())
+    out = {"id": id, "value": id * 2}
+    _stamps.append(time.perf_counter_ns())
+    return out
+
+
+def sync_spin_get(id: int) -> dict[str, int]:
+    """``sync_get`` spinning ``BUSY_US`` first (``spin_host``'s work)."""
+    _stamps.append(time.perf_counter_ns())
+    end = _stamps[-1] + BUSY_US * 1000
+    while time.perf_counter_ns() < end:
+        pass
+    out = {"id": id, "value": id * 2}
+    _stamps.append(time.perf_counter_ns())
+    return out
+
+
+async def spin_get(id: int) -> dict[str, int]:
+    """``get`` spinning ``BUSY_US`` first."""
+    return sync_spin_get(id)
 
 
 async def host(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -257,6 +284,16 @@ async def main(rounds: int, segments: bool) -> None:
         async with raw.checkout(external_modules=bare_mod) as s:
             return await s.feed_run(PROGRAM)
 
+    def bare_with(fn: Any, program: str = PROGRAM) -> Any:
+        modules = {"tools": pm.ExternalModule({"bench": pm.ExternalModule({"get": fn})})}
+
+        async def run() -> Any:
+            async with raw.checkout(external_modules=modules) as s:
+                return await s.feed_run(program)
+        return run
+
+    sync_program = PROGRAM.replace("await ", "")
+
     async def with_opts() -> Any:
         async with raw.checkout(external_modules=bare_mod, **opts) as s:
             return await s.feed_run(PROGRAM)
@@ -290,7 +327,8 @@ async def main(rounds: int, segments: bool) -> None:
         assert r.status == "completed", r.error
         return r.result
 
-    contenders = {"bare": bare, "opts": with_opts, "kwargs": with_kwargs, "routed": routed,
+    contenders = {"bare": bare, "bare_sync": bare_with(sync_get, sync_program), "bare_spin": bare_with(spin_get),
+                  "bare_sync_spin": bare_with(sync_spin_get, sync_program), "opts": with_opts, "kwargs": with_kwargs, "routed": routed,
                   "exec": with_host(host), "exec_spin": with_host(spin_host), "exec_busy": with_host(busy_host),
                   "exec_churn": with_host(churn_host), "exec_sleep": with_host(sleep_host),
                   "exec_split": with_host(split_host), "tether": tether}
@@ -332,13 +370,13 @@ async def main(rounds: int, segments: bool) -> None:
         for k in SEGMENTS:
             print(f"{k:42}" + "".join(f"{statistics.median(parts[n][k]) / 1e3:11.1f}" for n in names))
         return
-    print(f"{'contender':10} {'run p50 µs':>11} {'x bare paired':>14} {'gap p50 µs':>11} {'gap - bare':>11} "
+    print(f"{'contender':14} {'run p50 µs':>11} {'x bare paired':>14} {'gap p50 µs':>11} {'gap - bare':>11} "
           f"{'in call µs':>11}")
     base_gap = statistics.median(gaps["bare"])
     for n in names:
         ratio = statistics.median(a / b for a, b in zip(wall[n], wall["bare"]))
         g = statistics.median(gaps[n])
-        print(f"{n:10} {statistics.median(wall[n]):11.0f} {ratio:14.3f} {g:11.1f} {g - base_gap:11.1f} "
+        print(f"{n:14} {statistics.median(wall[n]):11.0f} {ratio:14.3f} {g:11.1f} {g - base_gap:11.1f} "
               f"{statistics.median(inside[n]):11.1f}")
     print(f"tether's Execution.run (feed_run, its 10 calls included) p50 {statistics.median(feeds):.0f} µs")
 
