@@ -26,6 +26,7 @@ from tether._store.base import RunRecord
 if TYPE_CHECKING:
     from tether._engine.attempt.result import RunResult
     from tether._engine.engine import Engine
+    from tether._store.states import RunStatus
 
 # How often a runner looks for parked runs whose wait was settled and nobody continued,
 # when no notice named them (SQLite, or a notice lost).
@@ -237,18 +238,23 @@ class Worker:
         out: list[RunResult] = []
 
         async def usable(run: RunRecord) -> bool:
-            # A tampered run ends failed; one signed with another secret, or whose sources
-            # cannot be loaded here, is left to a process that can continue it.
-            trusted, ended = launcher.vet(engine, run)
-            if not trusted:
-                if ended is not None:
-                    out.append(ended)
-                return False
-            return await launcher.sources_or_note(engine, run, out)
+            return await self._usable(run, out)
 
         async for run in self._orphans_taken(lambda: True, usable, out.append):
             out.append(await launcher.launch(engine, run, mode="continue").result())
         return out
+
+    async def _usable(self, run: RunRecord, out: list[RunResult], *, reported_as: RunStatus | None = None) -> bool:
+        """Whether this process can run ``run``: a tampered run ends failed (its envelope into ``out``); one
+        signed with another secret, or whose sources cannot be loaded here, is left to a process that can
+        (noted in ``out`` as ``reported_as``, else as it is)."""
+        trusted, ended = launcher.vet(self.engine, run)
+        if not trusted:
+            if ended is not None:
+                out.append(ended)
+            return False
+        shown = run if reported_as is None else dataclasses.replace(run, status=reported_as)
+        return await launcher.sources_or_note(self.engine, shown, out)
 
     async def run_queued(self, limit: int = 1) -> list[RunResult]:
         """Claim up to ``limit`` queued runs (oldest first) and run them here."""
@@ -258,13 +264,8 @@ class Worker:
         out: list[RunResult] = []
 
         async def usable(run: RunRecord) -> bool:
-            trusted, ended = launcher.vet(engine, run)
-            if not trusted:
-                if ended is not None:
-                    out.append(ended)
-                return False
             # Reported as it stays: back in the queue for a process that can load its sources.
-            return await launcher.sources_or_note(engine, dataclasses.replace(run, status=RunStatus.QUEUED), out)
+            return await self._usable(run, out, reported_as=RunStatus.QUEUED)
 
         async for run in claimed(lambda: len(out) < limit, engine.lifecycle.claim_queued, usable,
                                  lambda r: engine.lifecycle.unclaim(r, RunStatus.QUEUED)):
