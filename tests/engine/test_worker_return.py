@@ -24,3 +24,44 @@ async def test_one_worker_serves_executes_back_to_back_and_concurrently():
         while pool.busy and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert pool.busy == 0
+
+
+def _monty_children() -> int:
+    """Live descendants of this process running a Monty worker (Linux /proc)."""
+    import os
+
+    parent: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] != "Z":
+            parent[int(entry)], names[int(entry)] = int(fields[1]), stat[stat.index("(") + 1:stat.rindex(")")]
+
+    def ours(pid: int) -> bool:
+        while pid in parent:
+            pid = parent[pid]
+            if pid == os.getpid():
+                return True
+        return False
+
+    return sum(1 for pid, name in names.items() if "monty" in name and ours(pid))
+
+
+async def test_executes_one_after_another_do_not_start_a_second_worker():
+    # The answer comes before the worker is back; the next execute waits for it (~0.1 ms) instead of having
+    # the pool start another process (durable_bench: "monty workers held by paused runs" went 0 -> 1).
+    rec = Recorder()
+    async with Runtime(tools=rec.tools(), max_workers=2) as rt:
+        await rt.execute("1")
+        first = _monty_children()
+        for _ in range(10):  # a pause: its dump is taken, then the worker goes back while the answer returns
+            paused = await rt.execute("import tools\nawait tools.helpdesk.add_comment(id=1, body='x')")
+            assert paused.status == "paused"
+        assert first >= 1 and _monty_children() == first

@@ -401,6 +401,9 @@ class Execution:
 
     async def __aenter__(self) -> "Execution":
         await self._pool.start()
+        # A worker on its way back is about to be idle: wait for it (~0.1 ms) rather than have the pool
+        # start another process for a run that follows one that just answered.
+        await self._pool.returned()
         spec = self._spec
         tools = self._pool.tools_module(spec)
         self._cm = self._pool._pool.checkout(
