@@ -26,33 +26,12 @@ async def test_one_worker_serves_executes_back_to_back_and_concurrently():
         assert pool.busy == 0
 
 
+
 def _monty_children() -> int:
-    """Live descendants of this process running a Monty worker (Linux /proc)."""
-    import os
+    """Live descendants of this process running a Monty worker (bench/common.py reads /proc)."""
+    from bench.common import child_processes, live
 
-    parent: dict[int, int] = {}
-    names: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] != "Z":
-            parent[int(entry)], names[int(entry)] = int(fields[1]), stat[stat.index("(") + 1:stat.rindex(")")]
-
-    def ours(pid: int) -> bool:
-        while pid in parent:
-            pid = parent[pid]
-            if pid == os.getpid():
-                return True
-        return False
-
-    return sum(1 for pid, name in names.items() if "monty" in name and ours(pid))
-
+    return live(child_processes("monty"))
 
 async def test_executes_one_after_another_do_not_start_a_second_worker():
     # The answer comes before the worker is back; the next execute waits for it (~0.1 ms) instead of having
