@@ -302,13 +302,15 @@ def test_a_forged_csrf_token_is_refused_and_nothing_is_decided(browser, server, 
     context, page = signed_in(browser, server, PAT)
     try:
         page.goto(f"{server.base}/console/runs/{run_id}")
-        # A different first character, whatever the real one is (a fixed 'f'
-        # left a token starting with 'f' unchanged: no forgery at all).
-        page.eval_on_selector("article.write input[name=csrf]",
-                              "el => el.value = (el.value[0] === 'f' ? 'e' : 'f') + el.value.slice(1)")
         response_status = []
         page.on("response", lambda r: response_status.append(r.status) if r.request.method == "POST" else None)
-        page.locator("article.write button[value=approve]").click()
+        # A different first character, whatever the real one is (a fixed 'f' left a token starting with 'f'
+        # unchanged: no forgery at all). Forged and submitted in one step: the page's live refresh replaces
+        # the run's HTML, forms included, and once put the real token back between a forgery and a click.
+        with page.expect_navigation():
+            page.eval_on_selector("article.write button[value=approve]",
+                                  "b => { const c = b.form.querySelector('input[name=csrf]');"
+                                  " c.value = (c.value[0] === 'f' ? 'e' : 'f') + c.value.slice(1); b.click(); }")
         page.wait_for_load_state()
         assert response_status == [403]
         assert "nothing was decided" in page.inner_text("main")
