@@ -143,3 +143,21 @@ def run_cli(args: list[str], env: dict[str, str], cwd: Any, stdin: str | bytes |
         os.environ.clear()
         os.environ.update(saved_env)
     return subprocess.CompletedProcess(["tether", *args], code, out.getvalue(), err.getvalue())
+
+
+class Gate:
+    """A read tool, `gate.hold`, that answers only once the test opens the gate: the run's progress is the
+    test's to decide (no sleeps)."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.open = asyncio.Event()
+
+    def tool(self) -> Tool:
+        async def hold(args: dict) -> Any:
+            self.entered.set()
+            await self.open.wait()
+            return "through"
+
+        return Tool("gate", "hold", "Answers once the gate opens.", {"type": "object", "properties": {}}, hold,
+                    annotations=Annotations(read_only=True))

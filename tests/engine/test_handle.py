@@ -5,28 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from helpers import Recorder
+from helpers import Gate, Recorder
 from tether import Runtime
 from tether._engine.rules.policy import Policy
-from tether._tools.model import Annotations, Tool
-
-
-class Gate:
-    """A read tool that answers only once the test opens the gate: the run's progress is the test's to decide."""
-
-    def __init__(self) -> None:
-        self.entered = asyncio.Event()
-        self.open = asyncio.Event()
-
-    def tool(self) -> Tool:
-        async def hold(args: dict) -> Any:
-            self.entered.set()
-            await self.open.wait()
-            return "through"
-
-        return Tool("gate", "hold", "Answers once the gate opens.", {"type": "object", "properties": {}}, hold,
-                    annotations=Annotations(read_only=True))
-
 
 PROGRAM = "import tools\nemit('before')\nv = await tools.gate.hold()\nemit('after')\nv"
 

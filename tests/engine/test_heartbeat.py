@@ -7,27 +7,9 @@ import asyncio
 import time
 from typing import Any
 
+from helpers import Gate
 from tether import Runtime
 from tether._store import open_store
-from tether._tools.model import Annotations, Tool
-
-
-class Gate:
-    """A read tool that answers only once the test opens the gate."""
-
-    def __init__(self) -> None:
-        self.entered = asyncio.Event()
-        self.open = asyncio.Event()
-
-    def tool(self) -> Tool:
-        async def hold(args: dict) -> Any:
-            self.entered.set()
-            await self.open.wait()
-            return "through"
-
-        return Tool("gate", "hold", "Answers once the gate opens.", {"type": "object", "properties": {}}, hold,
-                    annotations=Annotations(read_only=True))
-
 
 PROGRAM = "import tools\nawait tools.gate.hold()"
 
