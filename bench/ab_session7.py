@@ -18,7 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import hashlib
+import hmac
 import os
+import secrets
 import statistics
 import tempfile
 import time
@@ -27,7 +30,9 @@ from typing import Any
 import pydantic_monty as pm
 
 import common
+import tether._engine.launcher as launcher
 import tether._sandbox.monty as monty
+from tether._engine.approvals.capabilities import _CANONICAL, Keyring
 from tether._runtime import Runtime
 from tether._store import open_store
 
@@ -37,27 +42,43 @@ ONLY = os.environ.get("ONLY", "all")
 # -- session 6's behaviour, for "before" -----------------------------------------------------------
 
 
-def _returning_in_a_task(self: Any, cm: Any) -> None:
-    """Session 6: the worker given back in a task of its own, whose first step runs after the attempt's end."""
-
-    async def give_back() -> None:
-        try:
-            await cm.__aexit__(None, None, None)
-        except Exception:  # noqa: BLE001
-            pass
-        finally:
-            self.busy -= 1
-
-    task = asyncio.ensure_future(give_back())
-    self._returns.add(task)
-    task.add_done_callback(self._returns.discard)
+async def _give_back_at_once(self: Any, cm: Any) -> None:
+    """Session 6: the worker's return started in its task's first step, queued ahead of the caller's wake-up."""
+    try:
+        await cm.__aexit__(None, None, None)
+    except Exception:  # noqa: BLE001
+        pass
+    finally:
+        self.busy -= 1
 
 
+def _new_run_two_reads(engine: Any, code: str, **kw: Any) -> Any:
+    """Session 6: the run id and the seed from two reads of the OS's randomness."""
+    run = _NEW_RUN(engine, code, **kw)
+    run.run_id = f"run_{secrets.token_hex(8)}"
+    run.environment["seed"] = secrets.randbits(63)
+    return run
+
+
+def _macs_encoding_nulls(key: bytes, head: Any, tails: Any) -> list[str]:
+    """Session 6: every field's value through the encoder, None included."""
+    base = hmac.new(key, ("[" + ",".join(_CANONICAL.encode(p) for p in head) + ",").encode(), hashlib.sha256)
+    out = []
+    for a, b in tails:
+        h = base.copy()
+        h.update((_CANONICAL.encode(a) + "," + _CANONICAL.encode(b) + "]").encode())
+        out.append(h.hexdigest())
+    return out
+
+
+_NEW_RUN = launcher.new_run
 # name -> (object, attribute, the value before). Each is put back by switch(on=False).
 CHANGES: dict[str, tuple[Any, str, Any]] = {
-    "giveback": (monty.SandboxPool, "returning", _returning_in_a_task),
+    "giveback": (monty.SandboxPool, "_give_back", _give_back_at_once),
+    "random": (launcher, "new_run", _new_run_two_reads),
+    "nulls": (Keyring, "macs", staticmethod(_macs_encoding_nulls)),
 }
-_AFTER = {name: getattr(owner, attr) for name, (owner, attr, _old) in CHANGES.items()}
+_AFTER = {name: owner.__dict__[attr] for name, (owner, attr, _old) in CHANGES.items()}
 
 
 def switch(on: bool) -> None:

@@ -168,10 +168,13 @@ class Keyring:
         is copied for each field instead of hashing the head again (~0.4 of ``sign_run``'s cost).
         """
         base = hmac.new(key, ("[" + ",".join(_CANONICAL.encode(p) for p in head) + ",").encode(), hashlib.sha256)
+        encode = _CANONICAL.encode
         out = []
         for a, b in tails:
             h = base.copy()
-            h.update((_CANONICAL.encode(a) + "," + _CANONICAL.encode(b) + "]").encode())
+            # Most of a run's 14 signed fields are None: "null" is their canonical JSON, without the encoder's
+            # ~0.7 µs a call (the same bytes, so every stored MAC still verifies).
+            h.update((encode(a) + "," + ("null" if b is None else encode(b)) + "]").encode())
             out.append(h.hexdigest())
         return out
 
