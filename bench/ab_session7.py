@@ -71,12 +71,21 @@ def _macs_encoding_nulls(key: bytes, head: Any, tails: Any) -> list[str]:
     return out
 
 
+async def _reserve_and_wait(self: Any, spec: Any) -> Any:
+    """Session 6: the worker checked out before the rest of the attempt is built (nothing overlaps its trip)."""
+    reserved = await _RESERVE(self, spec)
+    await asyncio.wait([reserved.session])
+    return reserved
+
+
 _NEW_RUN = launcher.new_run
+_RESERVE = monty.SandboxPool.reserve
 # name -> (object, attribute, the value before). Each is put back by switch(on=False).
 CHANGES: dict[str, tuple[Any, str, Any]] = {
     "giveback": (monty.SandboxPool, "_give_back", _give_back_at_once),
     "random": (launcher, "new_run", _new_run_two_reads),
     "nulls": (Keyring, "macs", staticmethod(_macs_encoding_nulls)),
+    "overlap": (monty.SandboxPool, "reserve", _reserve_and_wait),
 }
 _AFTER = {name: owner.__dict__[attr] for name, (owner, attr, _old) in CHANGES.items()}
 

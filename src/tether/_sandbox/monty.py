@@ -375,8 +375,64 @@ class SandboxPool:
         host: HostFunction,
         print_sink: Callable[[str, str], None],
         sync_host: SyncHostFunction | None = None,
+        *,
+        reserved: "Reserved | None" = None,
     ) -> "Execution":
-        return Execution(self, spec, host, print_sink, sync_host)
+        """One program's execution; ``reserved``: a checkout of ``spec`` already under way (:meth:`reserve`)."""
+        return Execution(self, spec, host, print_sink, sync_host, reserved=reserved)
+
+    async def reserve(self, spec: SandboxSpec) -> "Reserved":
+        """Start checking out a worker for ``spec`` and return at once; the execution entered with it awaits it.
+
+        The checkout is a round trip to a worker process (~0.1 ms) during which the event loop is idle: an
+        attempt starts it as soon as its spec is known and builds the rest of what it runs with meanwhile.
+        Nothing is sent to a tool by a checkout. A reservation that is not entered must be released.
+        """
+        await self.start()
+        # A worker on its way back is about to be idle: wait for it (~0.1 ms) rather than have the pool
+        # start another process for a run that follows one that just answered.
+        await self.returned()
+        cm = self._pool.checkout(
+            limits=_limits(spec.limits),
+            type_check=spec.type_check,
+            type_check_stubs=spec.prelude_stubs if spec.type_check else None,
+            # Sleeps come to the host: a long one parks the run (a durable timer).
+            os_policy={"datetime": spec.clock, "random_start": {"seed": spec.seed}, "sleep": "call_host"},
+            external_modules={"tools": self.tools_module(spec)},
+        )
+        return Reserved(self, spec, cm, asyncio.ensure_future(cm.__aenter__()))
+
+
+class Reserved:
+    """A worker being checked out for one spec (:meth:`SandboxPool.reserve`): entered once, or released."""
+
+    def __init__(self, pool: SandboxPool, spec: SandboxSpec, cm: Any, session: asyncio.Future[Any]) -> None:
+        self.pool, self.spec, self.cm, self.session = pool, spec, cm, session
+        self.taken = False
+
+    async def enter(self) -> Any:
+        """The checked-out session (once); SandboxCrashed if no worker could be started."""
+        self.taken = True
+        try:
+            session = await self.session
+        except _pm.MontyError as exc:
+            raise SandboxCrashed(f"could not start a sandbox worker: {exc}") from None
+        self.pool.busy += 1
+        return session
+
+    def release(self) -> None:
+        """Give the worker back if the reservation was never entered (the attempt ended before its program)."""
+        if self.taken:
+            return
+        self.taken = True
+
+        def checked_out(done: asyncio.Future[Any]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                return  # no worker was taken
+            self.pool.busy += 1
+            self.pool.returning(self.cm)
+
+        self.session.add_done_callback(checked_out)
 
 
 class Execution:
@@ -389,8 +445,11 @@ class Execution:
         host: HostFunction,
         print_sink: Callable[[str, str], None],
         sync_host: SyncHostFunction | None = None,
+        *,
+        reserved: Reserved | None = None,
     ) -> None:
         self._pool = pool
+        self._reserved = reserved
         self._sync_host = sync_host
         self._spec = spec
         self._host = host
@@ -405,25 +464,13 @@ class Execution:
     # -- lifecycle ----------------------------------------------------------
 
     async def __aenter__(self) -> "Execution":
-        await self._pool.start()
-        # A worker on its way back is about to be idle: wait for it (~0.1 ms) rather than have the pool
-        # start another process for a run that follows one that just answered.
-        await self._pool.returned()
-        spec = self._spec
-        tools = self._pool.tools_module(spec)
-        self._cm = self._pool._pool.checkout(
-            limits=_limits(spec.limits),
-            type_check=spec.type_check,
-            type_check_stubs=spec.prelude_stubs if spec.type_check else None,
-            # Sleeps come to the host: a long one parks the run (a durable timer).
-            os_policy={"datetime": spec.clock, "random_start": {"seed": spec.seed}, "sleep": "call_host"},
-            external_modules={"tools": tools},
-        )
-        try:
-            self._session = await self._cm.__aenter__()
-        except _pm.MontyError as exc:
-            raise SandboxCrashed(f"could not start a sandbox worker: {exc}") from None
-        self._pool.busy += 1
+        reserved, self._reserved = self._reserved, None
+        if reserved is None or reserved.spec is not self._spec:
+            if reserved is not None:
+                reserved.release()
+            reserved = await self._pool.reserve(self._spec)
+        self._cm = reserved.cm
+        self._session = await reserved.enter()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
