@@ -74,7 +74,10 @@ def _macs_encoding_nulls(key: bytes, head: Any, tails: Any) -> list[str]:
 async def _reserve_and_wait(self: Any, spec: Any) -> Any:
     """Session 6: the worker checked out before the rest of the attempt is built (nothing overlaps its trip)."""
     reserved = await _RESERVE(self, spec)
-    await asyncio.wait([reserved.session])
+    try:
+        await reserved.session  # awaited here, as Execution.__aenter__ awaited the checkout before
+    except Exception:  # noqa: BLE001 - raised again where the execution enters it
+        pass
     return reserved
 
 

@@ -83,6 +83,7 @@ STAMPED: list[tuple[Any, str, str]] = [
     (driver._Heartbeat, "__init__", "heartbeat"),
     (monty.SandboxPool, "start", "pool.start"),
     (monty.SandboxPool, "returned", "pool.returned"),
+    (monty.SandboxPool, "reserve", "reserve"),
     (monty.SandboxPool, "tools_module", "tools_module"),
     (monty.Execution, "__aenter__", "checkout"),
     (monty.Execution, "run", "run"),
@@ -98,6 +99,8 @@ STAMPED: list[tuple[Any, str, str]] = [
 
 def install() -> None:
     for owner, attr, label in STAMPED:
+        if not hasattr(owner, attr):
+            continue  # a tree from before the function existed (a timeline of main, for comparison)
         setattr(owner, attr, _stamped(getattr(owner, attr), label))
     returning = monty.SandboxPool.returning
     seen: set[Any] = set()
