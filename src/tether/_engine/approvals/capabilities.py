@@ -29,6 +29,7 @@ import hmac
 import json
 from dataclasses import dataclass
 from functools import cached_property
+from json.encoder import encode_basestring_ascii
 from typing import TYPE_CHECKING, Any, Sequence
 
 from tether.errors import WrongSecret
@@ -75,6 +76,19 @@ def derive(secret: bytes, purpose: str) -> bytes:
 # One encoder for every MAC: json.dumps with options builds a new encoder on each call, which was a third of
 # what a field's MAC cost (27 MACs per execute, bench/README.md). The same bytes as json.dumps.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def _encoded(value: Any) -> str:
+    """``_CANONICAL.encode(value)``, the same text, without the encoder's Python call for the commonest values.
+
+    A run's signature encodes 14 field names and values (most of them None) per run: the encoder's own
+    fast path for a string is this very function, and None is "null" (bench/README.md, "Issue 24, session 7").
+    """
+    if value is None:
+        return "null"
+    if type(value) is str:
+        return encode_basestring_ascii(value)
+    return _CANONICAL.encode(value)
 
 
 def _canonical(value: Any) -> bytes:
@@ -168,13 +182,10 @@ class Keyring:
         is copied for each field instead of hashing the head again (~0.4 of ``sign_run``'s cost).
         """
         base = hmac.new(key, ("[" + ",".join(_CANONICAL.encode(p) for p in head) + ",").encode(), hashlib.sha256)
-        encode = _CANONICAL.encode
         out = []
         for a, b in tails:
             h = base.copy()
-            # Most of a run's 14 signed fields are None: "null" is their canonical JSON, without the encoder's
-            # ~0.7 µs a call (the same bytes, so every stored MAC still verifies).
-            h.update((encode(a) + "," + ("null" if b is None else encode(b)) + "]").encode())
+            h.update((_encoded(a) + "," + _encoded(b) + "]").encode())
             out.append(h.hexdigest())
         return out
 
