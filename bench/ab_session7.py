@@ -7,7 +7,7 @@ rounds, and reports p50s and the paired ratio. It reaches into private names, so
 they are renamed.
 
     python bench/ab_session7.py [--rounds 400] [--calls 0|10] [--store memory|file] [--settled]
-    ONLY=giveback python bench/ab_session7.py ...   # that change alone switched (the others on in both)
+    ONLY=giveback|random|nulls|overlap|sparse python bench/ab_session7.py ...   # one alone (the others on)
 
 By default each execute follows the previous one at once (the previous run's worker may still be on its
 way back); ``--settled`` waits for every worker to be back before each timed execute.
@@ -30,6 +30,7 @@ from typing import Any
 import pydantic_monty as pm
 
 import common
+import tether._engine.integrity as integrity
 import tether._engine.launcher as launcher
 import tether._sandbox.monty as monty
 from tether._engine.approvals.capabilities import _CANONICAL, Keyring
@@ -81,6 +82,14 @@ async def _reserve_and_wait(self: Any, spec: Any) -> Any:
     return reserved
 
 
+def _sign_every_field(keyring: Any, run: Any) -> Any:
+    """Session 6: a MAC for each of the 14 signed fields, None ones included (D-51 signs those by absence)."""
+    signed = integrity.signed_run_fields(run)
+    macs = Keyring.macs(keyring.current, ("run", run.run_id), signed)
+    fields = {name: mac[:32] for (name, _), mac in zip(signed, macs)}
+    return integrity._SignedHere({"secret_id": keyring.current_id, "fields": fields}, run, [v for _, v in signed])
+
+
 _NEW_RUN = launcher.new_run
 _RESERVE = monty.SandboxPool.reserve
 # name -> (object, attribute, the value before). Each is put back by switch(on=False).
@@ -89,6 +98,7 @@ CHANGES: dict[str, tuple[Any, str, Any]] = {
     "random": (launcher, "new_run", _new_run_two_reads),
     "nulls": (Keyring, "macs", staticmethod(_macs_encoding_nulls)),
     "overlap": (monty.SandboxPool, "reserve", _reserve_and_wait),
+    "sparse": (launcher, "sign_run", _sign_every_field),
 }
 _AFTER = {name: owner.__dict__[attr] for name, (owner, attr, _old) in CHANGES.items()}
 
