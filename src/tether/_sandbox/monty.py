@@ -4,7 +4,8 @@ Monty's API has broken between releases (renamed limit keys, removed
 constructor arguments, a changed ``external_lookup``), so everything tether
 needs from it is expressed here in tether's own terms:
 
-* :class:`SandboxPool` — one pool of worker processes for the whole process.
+* :class:`SandboxPool` — one pool of worker processes for the whole process; ``reserve`` starts a
+  worker's checkout (:class:`Reserved`) that an :class:`Execution` then enters.
 * :class:`Execution` — one program's life in one checked-out worker: run it
   fresh (``feed_run``: one worker round trip per host call, the fastest way
   Monty offers), or continue it from a dump (``load_snapshot``), dump it while
