@@ -385,8 +385,9 @@ class SandboxPool:
     async def reserve(self, spec: SandboxSpec) -> "Reserved":
         """Start checking out a worker for ``spec`` and return at once; the execution entered with it awaits it.
 
-        The checkout is a round trip to a worker process (~0.1 ms) during which the event loop is idle: an
-        attempt starts it as soon as its spec is known and builds the rest of what it runs with meanwhile.
+        The checkout is a round trip to a worker process (~0.1 ms) that moves only while the event loop is
+        idle (its side needs the GIL), but started before the attempt builds the rest of what it runs with,
+        Monty's thread is awake and waiting when the loop goes idle (bench/README.md, "Issue 24, session 7").
         Nothing is sent to a tool by a checkout. A reservation that is not entered must be released.
         """
         await self.start()
