@@ -231,9 +231,9 @@ class Attempt:
         t_setup = time.perf_counter()
         prepared = await prepare(d, run, self.limits, self.host_budget, continuing=self.mode != "fresh")
         spec, refused, self.verdict_key = prepared.spec, prepared.refused, prepared.verdict_key
-        # The worker's checkout is started before the rest is built: Monty's thread is awake and waiting by
-        # the time the loop goes idle, which measured 3-6 % of a short execute (bench/README.md, "Issue 24,
-        # session 7"). It serves no call and writes nothing: the run's row is already written (P-7, P-11).
+        # The worker's checkout is started before the rest is built: measured 3-6 % of a short execute
+        # (bench/README.md, "Issue 24, session 7"). It serves no call and writes nothing: the run's row is
+        # already written (P-7, P-11).
         # Released below if the program never gets to run in it.
         reserved = await d.pool.reserve(spec) if refused is None and spec is not None else None
         try:
