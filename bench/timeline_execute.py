@@ -13,6 +13,7 @@ stamped apart (not in the sequence), with when it ended relative to the execute'
 
     python bench/timeline_execute.py [--rounds 300] [--warmup 30] [--calls 0|1|10] [--store memory|file]
                                      [--check off|calls] [--settled]
+    python bench/timeline_execute.py --probe 200 [--rounds 500]   # does a checkout move while Python runs?
 
 By default each measured execute follows another at once (a client sending executes one after another:
 the previous run's worker may still be on its way back); ``--settled`` waits for every worker first.
@@ -213,6 +214,32 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"tether / bare (p50s): {p50(totals) / p50(bare['total']):.2f}")
 
 
+async def probe_async(rounds: int, work_us: int) -> None:
+    """Does a Monty checkout move while the loop runs Python? Started, then ``work_us`` of work, then awaited."""
+    async with pm.AsyncMonty(min_processes=1, max_processes=2) as pool:
+        left: dict[str, list[int]] = {"nothing": [], "python": [], "asleep": []}
+        for i in range(rounds + 50):
+            for how in left:
+                cm = pool.checkout()
+                started = asyncio.ensure_future(cm.__aenter__())
+                t = time.perf_counter_ns()
+                if how == "python":
+                    while time.perf_counter_ns() < t + work_us * 1000:
+                        pass
+                elif how == "asleep":
+                    time.sleep(work_us / 1e6)  # noqa: ASYNC251 - the GIL released on purpose, the loop held
+                t1 = time.perf_counter_ns()
+                await started
+                t2 = time.perf_counter_ns()
+                await cm.__aexit__(None, None, None)
+                if i >= 50:
+                    left[how].append(t2 - t1)
+        print(f"checkout started, then {work_us} µs of: " + ", ".join(
+            f"{how} -> {statistics.median(v) / 1000:.1f} µs left to wait" for how, v in left.items())
+            + f" (p50, {rounds} rounds, load {os.getloadavg()[0]:.2f})")
+    await monty._settle()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=300)
@@ -221,7 +248,10 @@ def main() -> None:
     p.add_argument("--store", choices=("memory", "file"), default="memory")
     p.add_argument("--check", choices=("off", "calls", "full"), default="off")
     p.add_argument("--settled", action="store_true", help="the measured execute starts with every worker back")
-    asyncio.run(main_async(p.parse_args()))
+    p.add_argument("--probe", type=int, metavar="US", default=None,
+                   help="instead: a checkout started, US µs of Python or of sleep, then awaited")
+    args = p.parse_args()
+    asyncio.run(probe_async(args.rounds, args.probe) if args.probe is not None else main_async(args))
 
 
 if __name__ == "__main__":
