@@ -134,6 +134,21 @@ async def test_p35_a_write_moved_from_asked_to_approved_is_not_sent(backend):
     await assert_tampered(backend, rec, run_id, "journal[2]")
 
 
+async def test_d51_a_field_that_was_none_when_signed_is_refused_once_it_holds_a_value(backend):
+    # A None field is signed by its absence (D-51): given a value in the store, it no longer verifies.
+    rec = Recorder()
+    run_id = await paused_run(backend, rec)
+    backend.sql("UPDATE runs SET session = ? WHERE run_id = ?", ("someone-elses-session", run_id))
+    await assert_tampered(backend, rec, run_id, "session", secret_word="someone-elses-session")
+
+
+async def test_d51_a_signed_field_set_to_none_is_refused(backend):
+    rec = Recorder()
+    run_id = await paused_run(backend, rec)
+    backend.sql("UPDATE runs SET expires_at = NULL WHERE run_id = ?", (run_id,))
+    await assert_tampered(backend, rec, run_id, "expires_at")
+
+
 async def test_p35_the_pending_call_and_limits_are_signed(backend):
     rec = Recorder()
     run_id = await paused_run(backend, rec)

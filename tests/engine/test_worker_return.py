@@ -44,3 +44,23 @@ async def test_executes_one_after_another_do_not_start_a_second_worker():
             paused = await rt.execute("import tools\nawait tools.helpdesk.add_comment(id=1, body='x')")
             assert paused.status == "paused"
         assert first >= 1 and _monty_children() == first
+
+
+async def test_a_checkout_started_and_not_used_gives_its_worker_back():
+    # An attempt starts its worker's checkout before it builds the rest (bench/README.md, "Issue 24, session 7");
+    # if it ends before its program runs, the worker goes back: with one worker, the next execute still runs.
+    import datetime as _dt
+
+    from tether._sandbox.monty import SandboxLimits, SandboxSpec
+
+    spec = SandboxSpec(namespaces={}, builtins=(), sync_builtins=(), clock=_dt.datetime(2026, 1, 1),
+                       limits=SandboxLimits(memory_bytes=64 * 1024 * 1024, run_seconds=10.0, host_calls=10),
+                       seed=1, type_check=False)
+    async with Runtime(max_workers=1) as rt:
+        pool = rt.engine.pool
+        for _ in range(3):
+            (await pool.reserve(spec)).release()
+        result = await asyncio.wait_for(rt.execute("1 + 1"), timeout=30)
+        assert (result.status, result.result) == ("completed", 2)
+        await pool.returned()
+        assert pool.busy == 0

@@ -20,5 +20,9 @@ def test_every_bench_script_is_run_by_run_all_or_named_as_not_run():
     scripts = {p.name for p in BENCH.glob("*_bench.py")}
     listed = set(run_all.BENCHES.values())
     assert listed <= scripts, f"run_all.py lists benchmarks that do not exist: {sorted(listed - scripts)}"
-    assert scripts - listed == run_all.NOT_RUN, (
-        f"benchmarks neither run by run_all.py nor in its NOT_RUN: {sorted(scripts - listed - run_all.NOT_RUN)}")
+    # NOT_RUN may also name a measuring tool that is not a *_bench.py (timeline_execute.py): it must exist.
+    missing = {name for name in run_all.NOT_RUN if not (BENCH / name).is_file()}
+    assert not missing, f"run_all.py's NOT_RUN names scripts that do not exist: {sorted(missing)}"
+    not_run = {name for name in run_all.NOT_RUN if name in scripts}
+    assert scripts - listed == not_run, (
+        f"benchmarks neither run by run_all.py nor in its NOT_RUN: {sorted(scripts - listed - not_run)}")

@@ -14,6 +14,7 @@ Callbacks a caller gives a run (``on_approval``, ``on_progress``,
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -92,7 +93,8 @@ class Settings:
         return self.check == "full"
 
     def copy(self) -> Settings:
-        return dataclasses.replace(self)
+        # A shallow copy, as dataclasses.replace made, without calling __init__ again field by field.
+        return copy.copy(self)
 
 
 @dataclass

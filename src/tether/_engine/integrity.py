@@ -5,8 +5,9 @@ tagged with the id of the secret that made them, so a store can rotate its
 secret and keep old runs verifiable, and so a process holding the wrong
 secret can say so instead of reporting tampering:
 
-- the **run MAC** (``runs.mac``): one MAC per field of :func:`signed_run_fields`,
-  so a mismatch names the field (never its value);
+- the **run MAC** (``runs.mac``): one MAC per field of :func:`signed_run_fields`
+  that is not None (a None field is signed by its absence, D-51), so a mismatch
+  names the field (never its value);
 - the **call MAC** (``calls.mac``): each journal entry's identity, state and
   outcome, chained to the key of the call before it;
 - the **snapshot MAC** (``snapshots.mac``): the dump and the calls it waits on.
@@ -86,8 +87,11 @@ class _SignedHere(dict[str, Any]):
 
 def sign_run(keyring: Keyring, run: "RunRecord") -> dict[str, Any]:
     signed = signed_run_fields(run)
-    macs = Keyring.macs(keyring.current, ("run", run.run_id), signed)
-    fields = {name: mac[:_FIELD_HEX] for (name, _), mac in zip(signed, macs)}
+    # A field that is None is signed by its absence (D-51): verify_run holds a field without a MAC to be
+    # None, as it always did for runs signed before the field existed. Most of a plain run's 14 are None.
+    valued = [(name, value) for name, value in signed if value is not None]
+    macs = Keyring.macs(keyring.current, ("run", run.run_id), valued)
+    fields = {name: mac[:_FIELD_HEX] for (name, _), mac in zip(valued, macs)}
     return _SignedHere({"secret_id": keyring.current_id, "fields": fields}, run, [v for _, v in signed])
 
 
@@ -117,15 +121,15 @@ def verify_run(keyring: Keyring, run: "RunRecord") -> None:
         )
     key = keyring.key_for(mac["secret_id"], f"run {run.run_id}")
     stored = mac["fields"]
-    bad = []
     signed = signed_run_fields(run)
-    for (name, value), expected in zip(signed, Keyring.macs(key, ("run", run.run_id), signed)):
-        if name not in stored:
-            if value is not None:
-                bad.append(name)
-            continue
+    # A field without a MAC must be None (D-51: a None field is signed by its absence; a run signed before
+    # the field existed has none); one with a MAC must match it, None or not.
+    macced = [(name, value) for name, value in signed if name in stored]
+    wrong = {name for name, value in signed if name not in stored and value is not None}
+    for (name, _), expected in zip(macced, Keyring.macs(key, ("run", run.run_id), macced)):
         if not isinstance(stored[name], str) or not same(expected[:_FIELD_HEX], stored[name]):
-            bad.append(name)
+            wrong.add(name)
+    bad = [name for name, _ in signed if name in wrong]
     if bad:
         raise RunTampered(
             f"run {run.run_id} was changed outside tether: {', '.join(bad)} no longer match"

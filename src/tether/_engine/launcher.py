@@ -104,11 +104,14 @@ def new_run(engine: Engine, code: str, *, principal: str | None, meta: dict[str,
     now = engine.clock()
     clock = _dt.datetime.fromtimestamp(round(now, 3), _dt.timezone.utc)
     running = status == RunStatus.RUNNING
+    # The id's 64 bits and the seed's 63 from one read of the OS's randomness, not two (each a system call,
+    # ~10 µs under load); the same source and as many bits as secrets.token_hex(8) and secrets.randbits(63).
+    random = secrets.token_bytes(16)
     return RunRecord(
-        run_id=f"run_{secrets.token_hex(8)}",
+        run_id=f"run_{random[:8].hex()}",
         status=status,
         program=code,
-        environment={"clock": clock.isoformat(), "seed": secrets.randbits(63)},
+        environment={"clock": clock.isoformat(), "seed": int.from_bytes(random[8:], "big") >> 1},
         policy=engine.policy_dict,
         limits=engine.limits_dict,
         created_at=now,

@@ -29,6 +29,7 @@ import hmac
 import json
 from dataclasses import dataclass
 from functools import cached_property
+from json.encoder import encode_basestring_ascii
 from typing import TYPE_CHECKING, Any, Sequence
 
 from tether.errors import WrongSecret
@@ -75,6 +76,19 @@ def derive(secret: bytes, purpose: str) -> bytes:
 # One encoder for every MAC: json.dumps with options builds a new encoder on each call, which was a third of
 # what a field's MAC cost (27 MACs per execute, bench/README.md). The same bytes as json.dumps.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def _encoded(value: Any) -> str:
+    """``_CANONICAL.encode(value)``, the same text, without the encoder's Python call for the commonest values.
+
+    A run's signature encodes 14 field names and values (most of them None) per run: the encoder's own
+    fast path for a string is this very function, and None is "null" (bench/README.md, "Issue 24, session 7").
+    """
+    if value is None:
+        return "null"
+    if type(value) is str:
+        return encode_basestring_ascii(value)
+    return _CANONICAL.encode(value)
 
 
 def _canonical(value: Any) -> bytes:
@@ -171,7 +185,7 @@ class Keyring:
         out = []
         for a, b in tails:
             h = base.copy()
-            h.update((_CANONICAL.encode(a) + "," + _CANONICAL.encode(b) + "]").encode())
+            h.update((_encoded(a) + "," + _encoded(b) + "]").encode())
             out.append(h.hexdigest())
         return out
 

@@ -51,7 +51,7 @@ from tether._engine.rules.limits import Limits
 from tether._engine.rules.policy import Policy
 from tether._engine.rules.quarantine import takeovers, without_takeovers
 from tether._hostwork import HostBudget, off_loop
-from tether._sandbox.monty import MONTY_VERSION, ProgramFailed, SandboxSpec, Stopped
+from tether._sandbox.monty import MONTY_VERSION, ProgramFailed, Reserved, SandboxSpec, Stopped
 from tether._store.base import CallRecord, ParkEvent, RunRecord, SnapshotRecord, WaitRecord
 from tether._store.states import CallState, RunStatus
 from tether.errors import (
@@ -231,23 +231,33 @@ class Attempt:
         t_setup = time.perf_counter()
         prepared = await prepare(d, run, self.limits, self.host_budget, continuing=self.mode != "fresh")
         spec, refused, self.verdict_key = prepared.spec, prepared.refused, prepared.verdict_key
-        journaled = self.totals[0]
-        boundary = self.boundary = self._boundary(journaled)
-        d.attempts.live[run.run_id] = boundary
-        heartbeat = _Heartbeat(self, boundary)
-        self.setup_ms = (time.perf_counter() - t_setup) * 1000
-        self.t_exec = time.perf_counter()
-        already_emitted = 0
-        if self.mode != "fresh":
-            already_emitted = self.totals[2]
-        # One output budget per run: images and large values are cut, not dropped silently.
-        emitter = Emitter(d.events, run.run_id, 0, EMIT_BUDGET_BYTES)
-        session_base = self._session_base() if run.session else None
+        # The worker's checkout is started before the rest is built: measured 3-6 % of a short execute
+        # (bench/README.md, "Issue 24, session 7"). It serves no call and writes nothing: the run's row is
+        # already written (P-7, P-11).
+        # Released below if the program never gets to run in it.
+        reserved = await d.pool.reserve(spec) if refused is None and spec is not None else None
+        try:
+            journaled = self.totals[0]
+            boundary = self.boundary = self._boundary(journaled)
+            d.attempts.live[run.run_id] = boundary
+            heartbeat = _Heartbeat(self, boundary)
+            self.setup_ms = (time.perf_counter() - t_setup) * 1000
+            self.t_exec = time.perf_counter()
+            already_emitted = 0
+            if self.mode != "fresh":
+                already_emitted = self.totals[2]
+            # One output budget per run: images and large values are cut, not dropped silently.
+            emitter = Emitter(d.events, run.run_id, 0, EMIT_BUDGET_BYTES)
+            session_base = self._session_base() if run.session else None
+        except BaseException:
+            if reserved is not None:
+                reserved.release()
+            raise
         try:
             try:
                 if refused is not None or spec is None:
                     raise refused or AssertionError("no sandbox spec")
-                value = await self._run_once(spec, emitter, already_emitted, session_base)
+                value = await self._run_once(spec, emitter, already_emitted, session_base, reserved)
             except SnapshotMismatch:
                 # Nothing was sent: the mapping is checked before any dispatch.
                 assert spec is not None  # a mismatch comes from running it
@@ -268,6 +278,8 @@ class Attempt:
             heartbeat.cancel()
             if d.attempts.live.get(run.run_id) is boundary:
                 del d.attempts.live[run.run_id]
+            if reserved is not None:
+                reserved.release()  # nothing if its execution took it
         return await self._completed(value)
 
     async def _replay(self, spec: SandboxSpec, emitter: "Emitter", already_emitted: int,
@@ -279,13 +291,13 @@ class Attempt:
         return await self._run_once(spec, emitter, already_emitted, session_base)
 
     async def _run_once(self, spec: SandboxSpec, emitter: "Emitter", already_emitted: int,
-                        session_base: bytes | None) -> Any:
+                        session_base: bytes | None, reserved: Reserved | None = None) -> Any:
         d, run, boundary = self.deps, self.run, self.boundary
         assert boundary is not None
         restore = self.kind == "restore"
         # A restore continues past earlier emits; a replay repeats them.
         emitter.count, emitter.skip = (already_emitted, 0) if restore else (0, already_emitted)
-        async with d.pool.execution(spec, boundary.host, self.logs, emitter) as execution:
+        async with d.pool.execution(spec, boundary.host, self.logs, emitter, reserved=reserved) as execution:
             boundary.execution = execution
             returned = False  # the program returned: its run's end writes the last reads (_completed)
             try:

@@ -35,6 +35,8 @@ _LOG10_2 = math.log10(2)
 _SAFE_INT = 10 ** (MAX_INT_DIGITS - 1)
 # A str holding one of these cannot be encoded as UTF-8 (so not stored or sent).
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# json.dumps with an option builds a new encoder on every call: one, built once (the same text).
+_PREVIEW = json.JSONEncoder(ensure_ascii=False)
 
 
 def to_json_value(value: Any) -> tuple[Any, list[str]]:
@@ -216,11 +218,12 @@ def _text(s: str, notes: list[str]) -> str:
 
 def preview(value: Any, max_bytes: int) -> tuple[Any, dict[str, Any] | None]:
     """Cut a JSON value to ``max_bytes`` of its JSON text; say how much was cut."""
-    text = json.dumps(value, ensure_ascii=False, sort_keys=False)
-    size = len(text.encode())
+    text = _PREVIEW.encode(value)
+    data = text.encode()
+    size = len(data)
     if size <= max_bytes:
         return value, None
-    cut = text.encode()[:max_bytes].decode("utf-8", "ignore")
+    cut = data[:max_bytes].decode("utf-8", "ignore")
     return cut, {"original_bytes": size, "kept_bytes": len(cut.encode())}
 
 
