@@ -103,7 +103,8 @@ class EffectBoundary:
         on_approval: Approver | None,
         builtins_impl: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Awaitable[Any]]],
         pause_sink: Callable[["EffectBoundary", Stop], Awaitable[None]],
-        checkpoint_sink: Callable[["EffectBoundary", CallRecord], Awaitable[None]] | None,
+        # Asked after each call settles: the checkpoint to await if one is due, else None.
+        checkpoint_sink: Callable[["EffectBoundary", CallRecord], Awaitable[None] | None] | None,
         clock: Callable[[], float],
         keyring: Keyring,
         writes_spent: int | None = None,
@@ -174,15 +175,22 @@ class EffectBoundary:
             return "tool", address, dict(kwargs), None
         return name, name, {"args": list(args), "kwargs": dict(kwargs)}, None
 
-    async def host(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Host function for the sandbox: map the name to (op, address, args) and call."""
+    def host(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Awaitable[Any]:
+        """Host function for the sandbox: map the name to (op, address, args) and call.
+
+        A plain function handing back :meth:`call`'s coroutine, which the sandbox awaits at once: an
+        ``async def`` here would add a coroutine frame to every host call for nothing (issue 24).
+        """
         op, address, call_args, err = self._parse(name, args, kwargs)
         self.state.issued += 1
         seq = self.state.issued
         if err is not None:
-            await self._record_rejected(Call(seq, op, address, call_args), "read", err)
-            raise err
-        return await self.call(seq, op, address, call_args)
+            return self._refuse_parsed(Call(seq, op, address, call_args), err)
+        return self.call(seq, op, address, call_args)
+
+    async def _refuse_parsed(self, call: Call, err: GuestRaise) -> Any:
+        await self._record_rejected(call, "read", err)
+        raise err
 
     async def answer_restored(self, pending: list[dict[str, Any]], call_ids: list[int],
                               announced: list[Any]) -> dict[int, Any]:
@@ -492,9 +500,14 @@ class EffectBoundary:
                 return await self.stops.hold(Call(seq, "tool", tool.address, args))
             self._remember(refused, seq, tool.address)
             raise refused
-        await self.ledger.record_outcome(seq, from_state, ok_state, outcome=value, size=size, text=text)
+        written = self.ledger.settle(seq, from_state, ok_state, outcome=value, size=size, text=text)
+        if written is not None:
+            await written
         self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state, t)
-        await self._maybe_checkpoint(seq)
+        if self._checkpoint_sink is not None and self.state.inflight == 1 and not self.stops.pausing:
+            due = self._checkpoint_sink(self, self.journal[seq])
+            if due is not None:
+                await due
         return value
 
     async def _unknown(self, seq: int, tool: "Tool", t: float, why: str) -> GuestRaise:
@@ -685,9 +698,4 @@ class EffectBoundary:
             telemetry.record_call(self.span, seq, op, address, kind, state, now - t)
         if self.on_progress is not None:
             self.on_progress(len(self.state.stats), address)
-
-    async def _maybe_checkpoint(self, seq: int) -> None:
-        if self._checkpoint_sink is None or self.stops.pausing or self.state.inflight != 1:
-            return
-        await self._checkpoint_sink(self, self.journal[seq])
 
