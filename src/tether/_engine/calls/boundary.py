@@ -129,6 +129,7 @@ class EffectBoundary:
         # The journal as this attempt reads and writes it (calls/ledger.py).
         self.ledger = Ledger(run_id=run_id, store=store, keyring=keyring, clock=clock,
                                     entries=journal_entries)
+        self._idempotency_key = self.ledger.idempotency_key  # what a tool's call context reads its key from
         self.state = AttemptState()
         self.state.writes_spent = (writes_spent if writes_spent is not None
                                    else sum(1 for e in journal_entries if e.kind == "write" and e.state in SPENT_STATES))
@@ -537,8 +538,8 @@ class EffectBoundary:
         self.inflight_addresses[address] = self.inflight_addresses.get(address, 0) + 1
         # The tool (and the source building its request) reads the call's
         # idempotency key from here (P-25).
-        token = call_context.enter(call_context.CallContext(
-            self.run_id, seq, address, self.ledger.idempotency_key(seq), send, "write" if tool.is_write else "read"))
+        token = call_context.enter_call(self.run_id, seq, address, self._idempotency_key, send,
+                                        "write" if tool.is_write else "read")
         try:
             async with asyncio.timeout(tool.timeout_seconds or self.limits.call_timeout_seconds):
                 return await tool.handler(args)
