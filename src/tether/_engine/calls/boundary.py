@@ -151,6 +151,7 @@ class EffectBoundary:
         self._idle.set()
         self._dispatches: set[asyncio.Task[Any]] = set()
         self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
+        self._read_verdicts: dict[str, str] = {}  # address -> the policy's verdict on reading it
         self._t0 = time.perf_counter()
         # Pausing, parking and the calls held while the attempt stops (stops.py).
         self.stops = Stops(self, self.ledger, pause_sink, batch_window_seconds=batch_window_seconds)
@@ -361,7 +362,9 @@ class EffectBoundary:
             raise err from None
 
         if kind == "read":
-            verdict = policy_mod.decide_call(self.policy, address, False, 0)
+            verdict = self._read_verdicts.get(address)
+            if verdict is None:  # a read's verdict depends on its address alone: matched once per attempt
+                verdict = self._read_verdicts[address] = policy_mod.decide_call(self.policy, address, False, 0)
             if verdict == policy_mod.DENY:
                 err = guest_error("call_denied", f"policy denies {address}; it was not called", "PermissionError")
                 await self._record_rejected(call, kind, err, state=CallState.DENIED, existing=decision.entry)
