@@ -605,7 +605,13 @@ class EffectBoundary:
 
     def _journal_room(self, size: int, what: str, part: str, *, sent: bool = False) -> GuestRaise | None:
         """Count a value against the journal's limits (P-22); the error to raise if it does not fit."""
-        refused = refuse_value(self.limits, self.journaled_bytes, size, what, part, sent)
+        limits = self.limits
+        if (size <= limits.journal_value_bytes and size <= limits.memory_bytes
+                and self.journaled_bytes + size <= limits.journal_bytes):
+            # Fits every cap refuse_value applies (twice a host call: no message is made for a value that fits).
+            self.journaled_bytes += size
+            return None
+        refused = refuse_value(limits, self.journaled_bytes, size, what, part, sent)
         if refused is None:
             self.journaled_bytes += size
             return None
