@@ -28,7 +28,7 @@ from tether._engine.attempt import telemetry
 from tether._engine.attempt.guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
 from tether._engine.attempt.restore import plan_restore
 from tether._engine.attempt.result import to_json_value
-from tether._engine.attempt.state import AttemptState, CallStat, RaisedError
+from tether._engine.attempt.state import AttemptState, RaisedError
 from tether._engine.calls import replay, resend
 from tether._engine.calls.call import Call, call_key, call_key_and_size
 from tether._engine.calls.ledger import Ledger, refuse_value, value_size, value_text
@@ -152,7 +152,6 @@ class EffectBoundary:
         self._dispatches: set[asyncio.Task[Any]] = set()
         self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
         self._read_verdicts: dict[str, str] = {}  # address -> the policy's verdict on reading it
-        self._t0 = time.perf_counter()
         # Pausing, parking and the calls held while the attempt stops (stops.py).
         self.stops = Stops(self, self.ledger, pause_sink, batch_window_seconds=batch_window_seconds)
 
@@ -599,7 +598,7 @@ class EffectBoundary:
     def reset_for_replay(self, entries: list[CallRecord]) -> None:
         """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""
         self.ledger.reset(entries)
-        self.state = AttemptState(writes_spent=self.state.writes_spent)
+        self.state = AttemptState(writes_spent=self.state.writes_spent, t0=self.state.t0)
         self.stops.reset()
         self._idle.set()
 
@@ -702,7 +701,7 @@ class EffectBoundary:
 
     def _stat(self, seq: int, op: str, address: str, kind: str, state: str, t: float) -> None:
         now = time.perf_counter()
-        self.state.stats.append(CallStat(seq, op, address, kind, state, (now - t) * 1000, t - self._t0, now - self._t0))
+        self.state.stats.append((seq, op, address, kind, state, t, now))
         metrics.call_settled(op, kind, state)
         if self.span is not None:
             telemetry.record_call(self.span, seq, op, address, kind, state, now - t)
