@@ -345,39 +345,56 @@ class EffectBoundary:
         self._stat(seq, op, address, "read", CallState.DONE, t)
         return value
 
-    async def _tool_call(self, call: Call, decision: replay.JournalAnswer) -> Any:
+    def _tool_call(self, call: Call, decision: replay.JournalAnswer) -> Awaitable[Any]:
+        """Resolve, validate and decide a tool call: the coroutine that sends it, or refuses it.
+
+        Decided without awaiting anything, so a live read's dispatch is handed back as it is: one coroutine
+        frame fewer on every read (issue 24). What has to be awaited first (a refusal's entry, a write's
+        intent) is in the coroutine handed back, which the caller awaits at once.
+        """
         address, args = call.address, call.args
         t = time.perf_counter()
-        found = self.catalog.find(address)
-        if found is None:
-            err = guest_error("unknown_tool", (await self._no_such_tool(address)).message, "LookupError")
-            await self._record_rejected(call, "read", err, existing=decision.entry)
-            raise err from None
-        tool: Tool = found
+        tool = self.catalog.find(address)
+        if tool is None:
+            return self._unknown_tool(call, decision)
         kind = "write" if tool.is_write else "read"
         try:
             valid = args if (kind == "read" and tool.validates_args) else self.catalog.validate_args(address, args)
         except InvalidArguments as exc:
-            err = guest_error("invalid_arguments", exc.message, "TypeError")
-            await self._record_rejected(call, kind, err, existing=decision.entry)
-            raise err from None
+            return self._refuse(call, kind, guest_error("invalid_arguments", exc.message, "TypeError"),
+                                CallState.FAILED, decision.entry)
+        if kind == "write":
+            return self._write(call, tool, valid, t, decision)
+        verdict = self._read_verdicts.get(address)
+        if verdict is None:  # a read's verdict depends on its address alone: matched once per attempt
+            verdict = self._read_verdicts[address] = policy_mod.decide_call(self.policy, address, False, 0)
+        if verdict == policy_mod.DENY:
+            return self._refuse(call, kind, guest_error("call_denied", f"policy denies {address}; it was not called",
+                                                        "PermissionError"), CallState.DENIED, decision.entry)
+        if decision.entry is not None:
+            return self._reissue(call, tool, valid, t, decision.entry)
+        self.ledger.buffer_intent(call)
+        return self._dispatch(call, tool, valid, CallState.PENDING, CallState.DONE, t)
 
-        if kind == "read":
-            verdict = self._read_verdicts.get(address)
-            if verdict is None:  # a read's verdict depends on its address alone: matched once per attempt
-                verdict = self._read_verdicts[address] = policy_mod.decide_call(self.policy, address, False, 0)
-            if verdict == policy_mod.DENY:
-                err = guest_error("call_denied", f"policy denies {address}; it was not called", "PermissionError")
-                await self._record_rejected(call, kind, err, state=CallState.DENIED, existing=decision.entry)
-                raise err
-            if decision.entry is not None:
-                # A read a dead attempt left pending: re-issue it under its seq.
-                await self.ledger.record_intent(call, kind, CallState.PENDING, decision.entry)
-            else:
-                self.ledger.buffer_intent(call)
-            return await self._dispatch(call, tool, valid, CallState.PENDING, CallState.DONE, t)
+    async def _unknown_tool(self, call: Call, decision: replay.JournalAnswer) -> Any:
+        err = guest_error("unknown_tool", (await self._no_such_tool(call.address)).message, "LookupError")
+        await self._record_rejected(call, "read", err, existing=decision.entry)
+        raise err
 
-        # A write. SEND: approved earlier (by resume), never marked sending.
+    async def _refuse(self, call: Call, kind: str, err: GuestRaise, state: CallState,
+                      existing: CallRecord | None) -> Any:
+        await self._record_rejected(call, kind, err, state=state, existing=existing)
+        raise err
+
+    async def _reissue(self, call: Call, tool: "Tool", args: dict[str, Any], t: float, entry: CallRecord) -> Any:
+        """A read a dead attempt left pending: re-issued under its seq."""
+        await self.ledger.record_intent(call, "read", CallState.PENDING, entry)
+        return await self._dispatch(call, tool, args, CallState.PENDING, CallState.DONE, t)
+
+    async def _write(self, call: Call, tool: "Tool", valid: dict[str, Any], t: float,
+                     decision: replay.JournalAnswer) -> Any:
+        address, kind = call.address, "write"
+        # SEND: approved earlier (by resume), never marked sending.
         if decision.action == replay.SEND:
             return await self._send(call, tool, valid, t)
         if decision.action == replay.UNKNOWN:
@@ -413,7 +430,7 @@ class EffectBoundary:
         """Send an approved write (``args`` validated): ``sending`` is journaled first (P-7)."""
         seq = call.seq
         if not spent:
-            self.state.writes_spent += 1  # before the await below, for the same reason as in _tool_call
+            self.state.writes_spent += 1  # before the await below, for the same reason as in _write
         # P-7: `sending` is committed before the request leaves.
         if not await self.ledger.move(seq, [CallState.APPROVED], state=CallState.SENDING, started_at=self.clock(), sends=1):
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state approved; nothing was sent"))
