@@ -77,7 +77,11 @@ class Cancelled(Stopped):
 
 
 
+_CONTAINERS = (tuple, dict, list)
+
+
 def _holds_tuple(value: Any) -> bool:
+    """Whether a tuple is anywhere in ``value``."""
     t = type(value)
     if t is tuple:
         return True
@@ -231,10 +235,13 @@ class EffectBoundary:
         """Serve one host call: replay → resolve and validate → policy → intent → dispatch → outcome."""
         st, stops, ledger = self.state, self.stops, self.ledger
         stops.arrived()
-        if _holds_tuple(args):
-            # A tuple is a JSON array to every tool (`(lat, lon)`, `tuple(ids)`): sent,
-            # validated and journaled as the list it becomes, as a resumed write is (P-26).
-            args = to_json_value(args)[0]
+        for v in args.values():  # most arguments are scalars: a loop, not a recursion, says there is no tuple
+            if type(v) in _CONTAINERS:
+                if _holds_tuple(args):
+                    # A tuple is a JSON array to every tool (`(lat, lon)`, `tuple(ids)`): sent,
+                    # validated and journaled as the list it becomes, as a resumed write is (P-26).
+                    args = to_json_value(args)[0]
+                break
         try:
             key, size = call_key_and_size(op, address, args)
         except (TypeError, ValueError):

@@ -247,9 +247,13 @@ class Ledger:
 
     def buffer_intent(self, call: Call) -> None:
         """A read's intent, held until its outcome and written with it."""
-        record = self._record(call, "read", CallState.PENDING, started_at=self.clock())
-        self._unsaved[call.seq] = record
-        self.entries[call.seq] = record
+        seq = call.seq
+        # _record's entry, built with its fields in order (every live read makes one).
+        record = CallRecord(self.run_id, seq, call.op, call.address, call.args, call.key, "read", CallState.PENDING,
+                            None, None, self.clock(), None,
+                            self.idempotency_key(seq) if call.op == "tool" else None)
+        self._unsaved[seq] = record
+        self.entries[seq] = record
 
     def _record(self, call: Call, kind: str, state: CallState, **fields: Any) -> CallRecord:
         return CallRecord(self.run_id, call.seq, call.op, call.address, call.args, call.key, kind, state, **fields,
