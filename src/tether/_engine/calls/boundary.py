@@ -233,8 +233,8 @@ class EffectBoundary:
 
     async def call(self, seq: int, op: str, address: str, args: dict[str, Any]) -> Any:
         """Serve one host call: replay → resolve and validate → policy → intent → dispatch → outcome."""
-        st, stops, ledger = self.state, self.stops, self.ledger
-        stops.arrived()
+        st = self.state
+        self.stops.arrived()
         for v in args.values():  # most arguments are scalars: a loop, not a recursion, says there is no tuple
             if type(v) in _CONTAINERS:
                 if _holds_tuple(args):
@@ -251,10 +251,10 @@ class EffectBoundary:
             args = to_json_value(args)[0]
             key, size = call_key_and_size(op, address, args)
         call = Call(seq, op, address, args, key, size)
-        if stops.pausing or (self.execution is not None and self.execution.stopping):
-            if stops.batch is not None and op == "tool" and not (self.execution is not None and self.execution.stopping):
-                return await stops.join_batch(call)
-            return await stops.hold(call)
+        if self.stops.pausing or (self.execution is not None and self.execution.stopping):
+            if self.stops.batch is not None and op == "tool" and not (self.execution is not None and self.execution.stopping):
+                return await self.stops.join_batch(call)
+            return await self.stops.hold(call)
         if seq > self.limits.host_calls:
             self._fail(
                 CallLimit(
@@ -262,34 +262,32 @@ class EffectBoundary:
                     next_action="Make fewer calls per run: batch, page, or reduce upstream; or raise limits.host_calls.",
                 )
             )
-            return await stops.hold(call)
-        ledger.note_key(seq, key)
-        decision = replay.decide(ledger.entries.get(seq), key, seq, ledger.last_recorded_seq)
-        if decision.action != replay.LIVE:  # a fresh run's every call is live: none of these is asked
-            if decision.action == replay.DIVERGED:
-                self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
-                                             details={"seq": seq, "address": address}))
-                return await stops.hold(call)
-            if decision.action == replay.REPLAY:
-                return self._replay(replay.entry_of(decision))
-            if decision.action == replay.UNKNOWN and self._resendable(replay.entry_of(decision)) is None:
-                await self._mark_unknown(replay.entry_of(decision))
-                return await stops.hold(call)
-            if decision.action == replay.WAIT and op not in WAIT_OPS:
-                self._fail(ExecutionDiverged(f"call {seq} was journaled as a wait", details={"seq": seq}))
-                return await stops.hold(call)
+            return await self.stops.hold(call)
+        self.ledger.note_key(seq, key)
+        decision = replay.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
+        if decision.action == replay.DIVERGED:
+            self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
+                                         details={"seq": seq, "address": address}))
+            return await self.stops.hold(call)
+        if decision.action == replay.REPLAY:
+            return self._replay(replay.entry_of(decision))
+        if decision.action == replay.UNKNOWN and self._resendable(replay.entry_of(decision)) is None:
+            await self._mark_unknown(replay.entry_of(decision))
+            return await self.stops.hold(call)
+        if decision.action == replay.WAIT and op not in WAIT_OPS:
+            self._fail(ExecutionDiverged(f"call {seq} was journaled as a wait", details={"seq": seq}))
+            return await self.stops.hold(call)
         if decision.entry is None:
             # P-22: arguments too large to journal are refused before anything is sent.
             refused = self._journal_room(size, address, "arguments")
             if refused is not None:
                 if self.state.failure is not None:
-                    return await stops.hold(call)
+                    return await self.stops.hold(call)
                 await self._record_rejected(Call(seq, op, address, {"_omitted_bytes": size}, key), "read", refused)
                 raise refused
 
         st.inflight += 1
-        if st.inflight == 1:  # set only while nothing is in flight (or by woke_idle, which wait_idle clears again)
-            self._idle.clear()
+        self._idle.clear()
         if st.inflight_since is None:
             st.inflight_since = time.perf_counter()
         error: GuestRaise | None = None
@@ -309,11 +307,11 @@ class EffectBoundary:
                     st.host_seconds += time.perf_counter() - st.inflight_since
                 st.inflight_since = None
                 self._idle.set()
-        if stops.pausing and stops.answering is None:
+        if self.stops.pausing and self.stops.answering is None:
             # A pause began while this call was out: its outcome is journaled,
             # but handing it back now would let the program run on while the
             # pause is being dumped. It is answered from the journal on resume.
-            return await stops.hold(call)
+            return await self.stops.hold(call)
         if error is not None:
             raise error
         return value
