@@ -190,12 +190,8 @@ class EffectBoundary:
         self.state.issued += 1
         seq = self.state.issued
         if err is not None:
-            return self._refuse_parsed(Call(seq, op, address, call_args), err)
+            return self._refuse(Call(seq, op, address, call_args), "read", err, CallState.FAILED, None)
         return self.call(seq, op, address, call_args)
-
-    async def _refuse_parsed(self, call: Call, err: GuestRaise) -> Any:
-        await self._record_rejected(call, "read", err)
-        raise err
 
     async def answer_restored(self, pending: list[dict[str, Any]], call_ids: list[int],
                               announced: list[Any]) -> dict[int, Any]:
@@ -388,6 +384,7 @@ class EffectBoundary:
 
     async def _refuse(self, call: Call, kind: str, err: GuestRaise, state: CallState,
                       existing: CallRecord | None) -> Any:
+        """Journal a call refused before it was sent (unless a dead attempt did), and raise why in the program."""
         await self._record_rejected(call, kind, err, state=state, existing=existing)
         raise err
 
