@@ -118,8 +118,15 @@ def run_ended(status: str, error: dict[str, Any] | None) -> None:
     _child(RUNS_ENDED, str(status), code).inc()
 
 
+# Host calls' children by (op, kind, outcome) as given: looked up on every host call, with no key built.
+_CALL_CHILDREN: dict[tuple[str, str, str], _Child] = {}
+
+
 def call_settled(op: str, kind: str, outcome: str) -> None:
-    _child(CALLS, kind if op == "tool" else op, str(outcome)).inc()
+    child = _CALL_CHILDREN.get((op, kind, outcome))
+    if child is None:
+        child = _CALL_CHILDREN[(op, kind, outcome)] = _child(CALLS, kind if op == "tool" else op, str(outcome))
+    child.inc()
 
 
 class _Recorded:

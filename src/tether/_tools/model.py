@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -135,8 +136,9 @@ class Tool:
             self.__dict__.update(description=description, input_schema=schema)
             return self.__dict__[name]
 
-    @property
+    @functools.cached_property
     def address(self) -> str:
+        # Kept once made (in the instance's __dict__, beside the fields): read several times on every host call.
         return f"{self.namespace}.{self.name}"
 
     def returns_schema(self) -> dict[str, Any] | None:

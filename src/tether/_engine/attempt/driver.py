@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import json
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from tether._engine.approvals import service as approvals
 from tether._engine.attempt import telemetry
@@ -445,15 +445,20 @@ class Attempt:
         d.events.announce(run.run_id, status, {"pending": kept, "expires_at": expires})
         self.stopped_at = envelope
 
-    async def checkpoint(self, boundary: EffectBoundary, entry: CallRecord) -> None:
-        """A signed dump every so many calls or seconds, so a crash replays little."""
-        d, run, st = self.deps, self.run, boundary.state
-        now = d.clock()
+    def checkpoint(self, boundary: EffectBoundary, entry: CallRecord) -> Awaitable[None] | None:
+        """A signed dump every so many calls or seconds, so a crash replays little: the dump to await when
+        one is due, else None (asked after every call: no coroutine is made for the calls that take none)."""
+        st = boundary.state
+        now = self.deps.clock()
         if (st.issued - st.checkpoint_at_seq < self.settings.checkpoint_every_calls
-                and now - (st.checkpoint_at_time or run.created_at) < self.settings.checkpoint_every_seconds):
-            return
+                and now - (st.checkpoint_at_time or self.run.created_at) < self.settings.checkpoint_every_seconds):
+            return None
         if self.checkpoints_off:
-            return
+            return None
+        return self._checkpoint(boundary, entry, now)
+
+    async def _checkpoint(self, boundary: EffectBoundary, entry: CallRecord, now: float) -> None:
+        d, run, st = self.deps, self.run, boundary.state
         await boundary.flush()
         assert boundary.execution is not None
         try:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from tether._engine.attempt.redaction import shown_args
 from tether._engine.attempt.result import RunResult
+from tether._engine.attempt.state import CallStat
 from tether._sandbox.monty import ProgramFailed
 from tether._store.states import RunStatus
 from tether._tools.shown import show_call
@@ -246,7 +247,8 @@ def classify(exc: ProgramFailed, failures: SourceFailures, suggest: Suggest) -> 
 
 def diagnostics(boundary: Attempted, setup_ms: float, t_exec: float, t0: float, attempt: str) -> dict[str, Any]:
     now = time.perf_counter()
-    stats = boundary.state.stats
+    began = boundary.state.t0
+    stats = [CallStat(*s) for s in boundary.state.stats]
     return {
         "attempt": attempt,
         "setup_ms": round(setup_ms, 3),
@@ -256,8 +258,8 @@ def diagnostics(boundary: Attempted, setup_ms: float, t_exec: float, t0: float, 
         "calls": len(stats),
         "writes": sum(1 for s in stats if s.kind == "write"),
         "per_call": [
-            {"seq": s.seq, "op": s.op, "address": s.address, "state": s.state, "ms": round(s.ms, 3),
-             "start_ms": round(s.started * 1000, 3), "end_ms": round(s.ended * 1000, 3)}
+            {"seq": s.seq, "op": s.op, "address": s.address, "state": s.state, "ms": round((s.ended - s.began) * 1000, 3),
+             "start_ms": round((s.began - began) * 1000, 3), "end_ms": round((s.ended - began) * 1000, 3)}
             for s in stats
         ],
     }

@@ -5,22 +5,28 @@ attempt's Stops' own (_engine/calls/stops.py)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from tether.errors import TetherError
 
 
-@dataclass
-class CallStat:
+class CallStat(NamedTuple):
+    """One settled call's timing, as the diagnostics show it (built from ``AttemptState.stats`` when asked)."""
+
     seq: int
     op: str
     address: str
     kind: str
     state: str
-    ms: float
-    started: float  # seconds since the attempt began
-    ended: float
+    began: float  # time.perf_counter() when the call was taken up
+    ended: float  # and when it settled
+
+
+# What is recorded per settled call: CallStat's fields as a plain tuple (a tuple costs nothing to build; every
+# host call makes one, and few runs ask for their diagnostics' per-call list).
+CallTiming = tuple[int, str, str, str, str, float, float]
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,8 @@ class AttemptState:
     host_seconds: float = 0.0
     inflight_since: float | None = None
     raised: dict[str, "RaisedError"] = field(default_factory=dict)  # message raised in program -> its call
-    stats: list[CallStat] = field(default_factory=list)
+    stats: list[CallTiming] = field(default_factory=list)  # see CallStat
+    t0: float = field(default_factory=time.perf_counter)  # when the attempt began, what the stats are shown from
     checkpoint_at_seq: int = 0
     checkpoint_at_time: float = 0.0
     failure: TetherError | None = None

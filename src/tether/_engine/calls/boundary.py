@@ -28,7 +28,7 @@ from tether._engine.attempt import telemetry
 from tether._engine.attempt.guest_errors import ToolAborted, err_json, exit_detail, guest_error, tool_error
 from tether._engine.attempt.restore import plan_restore
 from tether._engine.attempt.result import to_json_value
-from tether._engine.attempt.state import AttemptState, CallStat, RaisedError
+from tether._engine.attempt.state import AttemptState, RaisedError
 from tether._engine.calls import replay, resend
 from tether._engine.calls.call import Call, call_key, call_key_and_size
 from tether._engine.calls.ledger import Ledger, refuse_value, value_size, value_text
@@ -77,7 +77,11 @@ class Cancelled(Stopped):
 
 
 
+_CONTAINERS = (tuple, dict, list)
+
+
 def _holds_tuple(value: Any) -> bool:
+    """Whether a tuple is anywhere in ``value``."""
     t = type(value)
     if t is tuple:
         return True
@@ -103,7 +107,8 @@ class EffectBoundary:
         on_approval: Approver | None,
         builtins_impl: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Awaitable[Any]]],
         pause_sink: Callable[["EffectBoundary", Stop], Awaitable[None]],
-        checkpoint_sink: Callable[["EffectBoundary", CallRecord], Awaitable[None]] | None,
+        # Asked after each call settles: the checkpoint to await if one is due, else None.
+        checkpoint_sink: Callable[["EffectBoundary", CallRecord], Awaitable[None] | None] | None,
         clock: Callable[[], float],
         keyring: Keyring,
         writes_spent: int | None = None,
@@ -128,6 +133,7 @@ class EffectBoundary:
         # The journal as this attempt reads and writes it (calls/ledger.py).
         self.ledger = Ledger(run_id=run_id, store=store, keyring=keyring, clock=clock,
                                     entries=journal_entries)
+        self._idempotency_key = self.ledger.idempotency_key  # what a tool's call context reads its key from
         self.state = AttemptState()
         self.state.writes_spent = (writes_spent if writes_spent is not None
                                    else sum(1 for e in journal_entries if e.kind == "write" and e.state in SPENT_STATES))
@@ -149,7 +155,7 @@ class EffectBoundary:
         self._idle.set()
         self._dispatches: set[asyncio.Task[Any]] = set()
         self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
-        self._t0 = time.perf_counter()
+        self._read_verdicts: dict[str, str] = {}  # address -> the policy's verdict on reading it
         # Pausing, parking and the calls held while the attempt stops (stops.py).
         self.stops = Stops(self, self.ledger, pause_sink, batch_window_seconds=batch_window_seconds)
 
@@ -174,15 +180,18 @@ class EffectBoundary:
             return "tool", address, dict(kwargs), None
         return name, name, {"args": list(args), "kwargs": dict(kwargs)}, None
 
-    async def host(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Host function for the sandbox: map the name to (op, address, args) and call."""
+    def host(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Awaitable[Any]:
+        """Host function for the sandbox: map the name to (op, address, args) and call.
+
+        A plain function handing back :meth:`call`'s coroutine, which the sandbox awaits at once: an
+        ``async def`` here would add a coroutine frame to every host call for nothing (issue 24).
+        """
         op, address, call_args, err = self._parse(name, args, kwargs)
         self.state.issued += 1
         seq = self.state.issued
         if err is not None:
-            await self._record_rejected(Call(seq, op, address, call_args), "read", err)
-            raise err
-        return await self.call(seq, op, address, call_args)
+            return self._refuse(Call(seq, op, address, call_args), "read", err, CallState.FAILED, None)
+        return self.call(seq, op, address, call_args)
 
     async def answer_restored(self, pending: list[dict[str, Any]], call_ids: list[int],
                               announced: list[Any]) -> dict[int, Any]:
@@ -222,10 +231,13 @@ class EffectBoundary:
         """Serve one host call: replay → resolve and validate → policy → intent → dispatch → outcome."""
         st = self.state
         self.stops.arrived()
-        if _holds_tuple(args):
-            # A tuple is a JSON array to every tool (`(lat, lon)`, `tuple(ids)`): sent,
-            # validated and journaled as the list it becomes, as a resumed write is (P-26).
-            args = to_json_value(args)[0]
+        for v in args.values():  # most arguments are scalars: a loop, not a recursion, says there is no tuple
+            if type(v) in _CONTAINERS:
+                if _holds_tuple(args):
+                    # A tuple is a JSON array to every tool (`(lat, lon)`, `tuple(ids)`): sent,
+                    # validated and journaled as the list it becomes, as a resumed write is (P-26).
+                    args = to_json_value(args)[0]
+                break
         try:
             key, size = call_key_and_size(op, address, args)
         except (TypeError, ValueError):
@@ -334,37 +346,57 @@ class EffectBoundary:
         self._stat(seq, op, address, "read", CallState.DONE, t)
         return value
 
-    async def _tool_call(self, call: Call, decision: replay.JournalAnswer) -> Any:
+    def _tool_call(self, call: Call, decision: replay.JournalAnswer) -> Awaitable[Any]:
+        """Resolve, validate and decide a tool call: the coroutine that sends it, or refuses it.
+
+        Decided without awaiting anything, so a live read's dispatch is handed back as it is: one coroutine
+        frame fewer on every read (issue 24). What has to be awaited first (a refusal's entry, a write's
+        intent) is in the coroutine handed back, which the caller awaits at once.
+        """
         address, args = call.address, call.args
         t = time.perf_counter()
-        found = self.catalog.find(address)
-        if found is None:
-            err = guest_error("unknown_tool", (await self._no_such_tool(address)).message, "LookupError")
-            await self._record_rejected(call, "read", err, existing=decision.entry)
-            raise err from None
-        tool: Tool = found
+        tool = self.catalog.find(address)
+        if tool is None:
+            return self._unknown_tool(call, decision)
         kind = "write" if tool.is_write else "read"
         try:
             valid = args if (kind == "read" and tool.validates_args) else self.catalog.validate_args(address, args)
         except InvalidArguments as exc:
-            err = guest_error("invalid_arguments", exc.message, "TypeError")
-            await self._record_rejected(call, kind, err, existing=decision.entry)
-            raise err from None
+            return self._refuse(call, kind, guest_error("invalid_arguments", exc.message, "TypeError"),
+                                CallState.FAILED, decision.entry)
+        if kind == "write":
+            return self._write(call, tool, valid, t, decision)
+        verdict = self._read_verdicts.get(address)
+        if verdict is None:  # a read's verdict depends on its address alone: matched once per attempt
+            verdict = self._read_verdicts[address] = policy_mod.decide_call(self.policy, address, False, 0)
+        if verdict == policy_mod.DENY:
+            return self._refuse(call, kind, guest_error("call_denied", f"policy denies {address}; it was not called",
+                                                        "PermissionError"), CallState.DENIED, decision.entry)
+        if decision.entry is not None:
+            return self._reissue(call, tool, valid, t, decision.entry)
+        self.ledger.buffer_intent(call)
+        return self._dispatch(call, tool, valid, CallState.PENDING, CallState.DONE, t)
 
-        if kind == "read":
-            verdict = policy_mod.decide_call(self.policy, address, False, 0)
-            if verdict == policy_mod.DENY:
-                err = guest_error("call_denied", f"policy denies {address}; it was not called", "PermissionError")
-                await self._record_rejected(call, kind, err, state=CallState.DENIED, existing=decision.entry)
-                raise err
-            if decision.entry is not None:
-                # A read a dead attempt left pending: re-issue it under its seq.
-                await self.ledger.record_intent(call, kind, CallState.PENDING, decision.entry)
-            else:
-                self.ledger.buffer_intent(call)
-            return await self._dispatch(call, tool, valid, CallState.PENDING, CallState.DONE, t)
+    async def _unknown_tool(self, call: Call, decision: replay.JournalAnswer) -> Any:
+        err = guest_error("unknown_tool", (await self._no_such_tool(call.address)).message, "LookupError")
+        await self._record_rejected(call, "read", err, existing=decision.entry)
+        raise err
 
-        # A write. SEND: approved earlier (by resume), never marked sending.
+    async def _refuse(self, call: Call, kind: str, err: GuestRaise, state: CallState,
+                      existing: CallRecord | None) -> Any:
+        """Journal a call refused before it was sent (unless a dead attempt did), and raise why in the program."""
+        await self._record_rejected(call, kind, err, state=state, existing=existing)
+        raise err
+
+    async def _reissue(self, call: Call, tool: "Tool", args: dict[str, Any], t: float, entry: CallRecord) -> Any:
+        """A read a dead attempt left pending: re-issued under its seq."""
+        await self.ledger.record_intent(call, "read", CallState.PENDING, entry)
+        return await self._dispatch(call, tool, args, CallState.PENDING, CallState.DONE, t)
+
+    async def _write(self, call: Call, tool: "Tool", valid: dict[str, Any], t: float,
+                     decision: replay.JournalAnswer) -> Any:
+        address, kind = call.address, "write"
+        # SEND: approved earlier (by resume), never marked sending.
         if decision.action == replay.SEND:
             return await self._send(call, tool, valid, t)
         if decision.action == replay.UNKNOWN:
@@ -400,7 +432,7 @@ class EffectBoundary:
         """Send an approved write (``args`` validated): ``sending`` is journaled first (P-7)."""
         seq = call.seq
         if not spent:
-            self.state.writes_spent += 1  # before the await below, for the same reason as in _tool_call
+            self.state.writes_spent += 1  # before the await below, for the same reason as in _write
         # P-7: `sending` is committed before the request leaves.
         if not await self.ledger.move(seq, [CallState.APPROVED], state=CallState.SENDING, started_at=self.clock(), sends=1):
             raise self._fail(ExecutionDiverged(f"call {seq} was not in state approved; nothing was sent"))
@@ -492,9 +524,14 @@ class EffectBoundary:
                 return await self.stops.hold(Call(seq, "tool", tool.address, args))
             self._remember(refused, seq, tool.address)
             raise refused
-        await self.ledger.record_outcome(seq, from_state, ok_state, outcome=value, size=size, text=text)
+        written = self.ledger.settle(seq, from_state, ok_state, outcome=value, size=size, text=text)
+        if written is not None:
+            await written
         self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state, t)
-        await self._maybe_checkpoint(seq)
+        if self._checkpoint_sink is not None and self.state.inflight == 1 and not self.stops.pausing:
+            due = self._checkpoint_sink(self, self.journal[seq])
+            if due is not None:
+                await due
         return value
 
     async def _unknown(self, seq: int, tool: "Tool", t: float, why: str) -> GuestRaise:
@@ -524,8 +561,8 @@ class EffectBoundary:
         self.inflight_addresses[address] = self.inflight_addresses.get(address, 0) + 1
         # The tool (and the source building its request) reads the call's
         # idempotency key from here (P-25).
-        token = call_context.enter(call_context.CallContext(
-            self.run_id, seq, address, self.ledger.idempotency_key(seq), send, "write" if tool.is_write else "read"))
+        token = call_context.enter_call(self.run_id, seq, address, self._idempotency_key, send,
+                                        "write" if tool.is_write else "read")
         try:
             async with asyncio.timeout(tool.timeout_seconds or self.limits.call_timeout_seconds):
                 return await tool.handler(args)
@@ -582,13 +619,19 @@ class EffectBoundary:
     def reset_for_replay(self, entries: list[CallRecord]) -> None:
         """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""
         self.ledger.reset(entries)
-        self.state = AttemptState(writes_spent=self.state.writes_spent)
+        self.state = AttemptState(writes_spent=self.state.writes_spent, t0=self.state.t0)
         self.stops.reset()
         self._idle.set()
 
     def _journal_room(self, size: int, what: str, part: str, *, sent: bool = False) -> GuestRaise | None:
         """Count a value against the journal's limits (P-22); the error to raise if it does not fit."""
-        refused = refuse_value(self.limits, self.journaled_bytes, size, what, part, sent)
+        limits = self.limits
+        if (size <= limits.journal_value_bytes and size <= limits.memory_bytes
+                and self.journaled_bytes + size <= limits.journal_bytes):
+            # Fits every cap refuse_value applies (twice a host call: no message is made for a value that fits).
+            self.journaled_bytes += size
+            return None
+        refused = refuse_value(limits, self.journaled_bytes, size, what, part, sent)
         if refused is None:
             self.journaled_bytes += size
             return None
@@ -679,15 +722,10 @@ class EffectBoundary:
 
     def _stat(self, seq: int, op: str, address: str, kind: str, state: str, t: float) -> None:
         now = time.perf_counter()
-        self.state.stats.append(CallStat(seq, op, address, kind, state, (now - t) * 1000, t - self._t0, now - self._t0))
+        self.state.stats.append((seq, op, address, kind, state, t, now))
         metrics.call_settled(op, kind, state)
         if self.span is not None:
             telemetry.record_call(self.span, seq, op, address, kind, state, now - t)
         if self.on_progress is not None:
             self.on_progress(len(self.state.stats), address)
-
-    async def _maybe_checkpoint(self, seq: int) -> None:
-        if self._checkpoint_sink is None or self.stops.pausing or self.state.inflight != 1:
-            return
-        await self._checkpoint_sink(self, self.journal[seq])
 

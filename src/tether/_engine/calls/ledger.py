@@ -247,9 +247,13 @@ class Ledger:
 
     def buffer_intent(self, call: Call) -> None:
         """A read's intent, held until its outcome and written with it."""
-        record = self._record(call, "read", CallState.PENDING, started_at=self.clock())
-        self._unsaved[call.seq] = record
-        self.entries[call.seq] = record
+        seq = call.seq
+        # _record's entry, built with its fields in order (every live read makes one).
+        record = CallRecord(self.run_id, seq, call.op, call.address, call.args, call.key, "read", CallState.PENDING,
+                            None, None, self.clock(), None,
+                            self.idempotency_key(seq) if call.op == "tool" else None)
+        self._unsaved[seq] = record
+        self.entries[seq] = record
 
     def _record(self, call: Call, kind: str, state: CallState, **fields: Any) -> CallRecord:
         return CallRecord(self.run_id, call.seq, call.op, call.address, call.args, call.key, kind, state, **fields,
@@ -276,18 +280,19 @@ class Ledger:
             else:  # settled while the batch was on its way: they start a batch of their own
                 self._first_settled = asyncio.get_running_loop().time()
 
-    async def _settled(self, seq: int, size: int) -> None:
-        """A held read has its outcome: write the batch if it is full, else make sure the timer caps its wait."""
+    def _settled(self, seq: int, size: int) -> Awaitable[None] | None:
+        """A held read has its outcome: the batch's flush if it is full, else None, the timer made sure to cap
+        its wait."""
         self._held[seq] = size
         self._held_bytes += size
         if len(self._held) >= self.flush_every_calls or self._held_bytes >= self.flush_every_bytes:
-            await self.flush()
-            return
+            return self.flush()
         loop = asyncio.get_running_loop()
         self._last_settled = loop.time()
         if self._timer is None:
             self._first_settled = self._last_settled
             self._timer = loop.call_at(self._last_settled + self.flush_quiet_seconds, self._due)
+        return None
 
     def _due(self) -> None:
         """The timer: write the held reads if none settled for the quiet time or the oldest waited the cap."""
@@ -337,15 +342,26 @@ class Ledger:
                              error: dict[str, Any] | None = None, size: int = 0, text: str = "") -> None:
         """A call's outcome; a held read's stays held with its intent (``size``: its value's bytes, P-22;
         ``text``: its canonical JSON, which the entry's MAC reuses)."""
+        written = self.settle(seq, from_state, state, outcome=outcome, error=error, size=size, text=text)
+        if written is not None:
+            await written
+
+    def settle(self, seq: int, from_state: CallState, state: CallState, *, outcome: Any = None,
+               error: dict[str, Any] | None = None, size: int = 0, text: str = "") -> Awaitable[Any] | None:
+        """:meth:`record_outcome`, for the boundary's path of every call: what is left to await, if anything.
+
+        A held read's outcome is kept with its intent in memory, so usually nothing is: no coroutine is made
+        for it (issue 24). A full batch hands back its flush; an entry already written, its move.
+        """
         buffered = self._unsaved.get(seq)
-        if buffered is not None:
-            check_move(buffered, [from_state], {"state": state})
-            buffered.state, buffered.outcome, buffered.error, buffered.finished_at = state, outcome, error, self.clock()
-            if len(text) >= REUSE_TEXT_CHARS:
-                self._texts.setdefault(seq, {})["outcome"] = (outcome, text)
-            await self._settled(seq, size)
-            return
-        await self.move(seq, [from_state], state=state, outcome=outcome, error=error, finished_at=self.clock())
+        if buffered is None:
+            return self.move(seq, [from_state], state=state, outcome=outcome, error=error, finished_at=self.clock())
+        if state not in _MAY_BECOME.get(from_state, ()):
+            check_move(buffered, [from_state], {"state": state})  # raises InvalidTransition, naming the move
+        buffered.state, buffered.outcome, buffered.error, buffered.finished_at = state, outcome, error, self.clock()
+        if len(text) >= REUSE_TEXT_CHARS:
+            self._texts.setdefault(seq, {})["outcome"] = (outcome, text)
+        return self._settled(seq, size)
 
     async def record_rejected(self, call: Call, kind: str, error: dict[str, Any],
                               state: CallState = CallState.FAILED) -> None:
