@@ -1,0 +1,192 @@
+"""What a warm 10-call read-only execute asks of its SQLite store, per phase (issue 24, session 7).
+
+Not a benchmark run by run_all.py: a probe kept so bench/README.md's "Issue 24, session 7: the SQLite
+store's share" can be taken again. Wrappers put around the functions from outside (no source edited, no
+profiler; a wrapper costs ~0.3 µs a call) stamp ``time.perf_counter_ns`` on entry and exit and sum the time
+per execute; each phase's p50 over the executes is printed, for the SQLite file store and the in-memory one,
+with the store's own counts (``store.traffic``: transactions and statements a run) and how many column
+values the store encoded as JSON.
+
+Phases (nested ones are part of the one above them):
+
+* ``create``: ``Lifecycle.create``, the run's row (transaction 1);
+* ``end``: ``Finisher.end_attempt``, the journal's held reads signed and written with the run's end
+  (transaction 2, D-49) — of which ``sign``: the entries' MACs (``integrity.sign_call``); ``store.end_run``:
+  the store method, of which ``encode``: the column values' JSON (``_encode`` of JSON columns) and
+  ``sql``: the statements themselves (``Tx.run``), ``begin`` / ``commit``: SQLite's ``BEGIN`` and ``COMMIT``
+  (the backend's ``_begin``, both transactions); what is left of ``store.*`` is the lock, the metrics and the
+  counting;
+* ``flush``: ``store.record_calls`` (a journal batch written apart from the end: none on a quick run).
+
+    python bench/store_phases.py [--runs 400] [--calls 10] [--stores file,memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import functools
+import inspect
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Iterator
+
+import common
+import tether._engine.integrity as integrity
+import tether._store._schema as schema
+import tether._store.sqlite as sqlite_store
+from tether._engine.finish import Finisher
+from tether._engine.lifecycle import Lifecycle
+from tether._runtime import Runtime
+from tether._store import open_store
+
+_sums: collections.Counter[str] = collections.Counter()
+_within = [""]  # the store method being timed, to which an encode is charged
+
+
+def _wrap(owner: Any, name: str, phase: str, counted: bool = False) -> Callable[[], None]:
+    """Put a timing wrapper around ``owner.name``; returns what takes it off again."""
+    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    fn = original.__func__ if isinstance(original, staticmethod) else original
+    perf = time.perf_counter_ns
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def timed_async(*args: Any, **kwargs: Any) -> Any:
+            t = perf()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                _sums[phase] += perf() - t
+        wrapper: Any = timed_async
+    else:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            outer, _within[0] = _within[0], phase
+            t = perf()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _sums[phase] += perf() - t
+                _within[0] = outer
+                if counted:
+                    _sums[phase + " (count)"] += 1
+        wrapper = timed
+    setattr(owner, name, staticmethod(wrapper) if isinstance(original, staticmethod) else wrapper)
+    return lambda: setattr(owner, name, original)
+
+
+def _encode_json(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``_encode`` timed and counted for the JSON columns only (a plain column costs a dict lookup)."""
+    perf = time.perf_counter_ns
+
+    def encode(kinds: dict[str, str], name: str, value: Any) -> Any:
+        if kinds[name] != schema._JSON or value is None:
+            return original(kinds, name, value)
+        t = perf()
+        try:
+            return original(kinds, name, value)
+        finally:
+            _sums["encode"] += perf() - t
+            _sums["encode (count)"] += 1
+            _sums[f"encode in {_within[0]} (count)"] += 1
+    return encode
+
+
+def _begin_timed(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The backend's ``_begin``: ``BEGIN`` (to the yield) and ``COMMIT`` (after it) timed apart."""
+    perf = time.perf_counter_ns
+
+    @contextlib.contextmanager
+    def begin(self: Any, conn: Any, write: bool, single: bool = False) -> Iterator[Any]:
+        t = perf()
+        cm = original(self, conn, write, single)
+        tx = cm.__enter__()
+        _sums["begin"] += perf() - t
+        try:
+            yield tx
+        except BaseException:
+            if not cm.__exit__(*sys.exc_info()):
+                raise
+            return
+        t = perf()
+        cm.__exit__(None, None, None)
+        _sums["commit"] += perf() - t
+    return begin
+
+
+PHASES = ["execute", "create", "store.create_run", "end", "sign", "store.end_run", "encode", "sql", "begin", "commit",
+          "flush"]
+
+
+async def _measure(url: str, calls: int, runs: int) -> tuple[dict[str, float], dict[str, float]]:
+    code = common.PROGRAM.replace(f"range({common.CALLS})", f"range({calls})")
+    undo = [
+        _wrap(Lifecycle, "create", "create"),
+        _wrap(schema.SQLStore, "create_run", "store.create_run"),
+        _wrap(Finisher, "end_attempt", "end"),
+        _wrap(integrity, "sign_call", "sign", counted=True),
+        _wrap(schema.SQLStore, "end_run", "store.end_run"),
+        _wrap(schema.SQLStore, "record_calls", "flush", counted=True),
+        _wrap(schema.Tx, "run", "sql", counted=True),
+    ]
+    original_encode, original_begin = schema._encode, sqlite_store.SQLiteStore._begin
+    schema._encode = _encode_json(original_encode)  # type: ignore[assignment]
+    sqlite_store.SQLiteStore._begin = _begin_timed(original_begin)  # type: ignore[method-assign]
+    per_run: dict[str, list[float]] = collections.defaultdict(list)
+    traffic: dict[str, list[int]] = collections.defaultdict(list)
+    try:
+        store = open_store(url)
+        async with Runtime(tools=common.bench_tools(), store=store) as rt:
+            for _ in range(30):
+                assert (await rt.execute(code)).status == "completed"
+            for _ in range(runs):
+                _sums.clear()
+                before = store.traffic.snapshot()
+                t = time.perf_counter_ns()
+                result = await rt.execute(code)
+                _sums["execute"] += time.perf_counter_ns() - t
+                after = store.traffic.snapshot()
+                assert result.status == "completed", result
+                for phase in PHASES:
+                    per_run[phase].append(_sums[phase] / 1000)
+                for count in ("sign", "encode", "encode in store.create_run", "encode in store.end_run", "sql",
+                              "flush"):
+                    traffic[f"{count} (count)"].append(_sums[f"{count} (count)"])
+                for k in ("transactions", "statements"):
+                    traffic[k].append(after[k] - before[k])
+    finally:
+        schema._encode = original_encode  # type: ignore[assignment]
+        sqlite_store.SQLiteStore._begin = original_begin  # type: ignore[method-assign]
+        for u in undo:
+            u()
+    return ({p: statistics.median(v) for p, v in per_run.items()},
+            {k: statistics.median(v) for k, v in traffic.items()})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=400)
+    p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--stores", default="file,memory")
+    args = p.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in args.stores.split(","):
+            url = f"sqlite:///{tmp}/phases.db" if kind == "file" else "sqlite:///:memory:"
+            results[kind] = asyncio.run(_measure(url, args.calls, args.runs))
+    kinds = list(results)
+    print(f"{args.calls}-call read-only execute, {args.runs} runs after 30 warm-up; p50 per phase, µs (wall)")
+    print(f"{'phase':<22}" + "".join(f"{k:>12}" for k in kinds))
+    for phase in PHASES:
+        print(f"{phase:<22}" + "".join(f"{results[k][0][phase]:>12.1f}" for k in kinds))
+    print("per execute (median):")
+    for name in results[kinds[0]][1]:
+        print(f"{name:<22}" + "".join(f"{results[k][1][name]:>12g}" for k in kinds))
+
+
+if __name__ == "__main__":
+    main()
