@@ -72,6 +72,16 @@ class CallRecord:
     mac: str | None = None  # "<secret id>:<prev key>:<hex>" over the entry (P-35)
 
 
+def escapes_alike(text: str) -> bool:
+    """Whether a canonical JSON text that keeps UTF-8 (``ensure_ascii=False``, the call boundary's) is spelled
+    byte for byte as the escaping encoder (the store's JSON columns, the MACs) spells the same value.
+
+    Only ASCII text is, and not all of it: DEL (U+007F) is escaped by the ASCII encoder alone (``\\u007f``),
+    the other control characters by both alike.
+    """
+    return text.isascii() and "\x7f" not in text
+
+
 @dataclass
 class SnapshotRecord:
     run_id: str
