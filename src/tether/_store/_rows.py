@@ -20,6 +20,7 @@ from tether._store.base import (
     SessionRecord,
     SnapshotRecord,
     WaitRecord,
+    escapes_alike,
 )
 from tether._store.states import TERMINAL_RUN_STATUSES, CallState, RunStatus, WaitStatus
 
@@ -42,6 +43,8 @@ _BLOB = "blob"
 def _columns(record: type, json_fields: set[str], blob_fields: set[str] | None = None) -> dict[str, str]:
     kinds = {}
     for f in dataclass_fields(record):
+        if f.metadata.get("column") is False:  # carried beside the row (CallRecord.texts), never stored
+            continue
         kinds[f.name] = _JSON if f.name in json_fields else _BLOB if f.name in (blob_fields or ()) else _PLAIN
     return kinds
 
@@ -63,6 +66,9 @@ CALL_COLUMN_NAMES = {"key": "identity_digest"}
 WAIT_COLUMN_NAMES = {"key": "key_digest"}
 
 # Fields an update may set: everything but the row's key. A call's identity digest never changes.
+# A journal row is built per entry on every batch: the columns' kinds as pairs, looked up once.
+_CALL_KINDS = tuple(CALL_COLUMNS.items())
+
 _RUN_UPDATABLE = frozenset(RUN_COLUMNS) - {"run_id", "run_key"}
 _CALL_UPDATABLE = frozenset(CALL_COLUMNS) - {"run_id", "seq", "key"}
 
@@ -84,6 +90,23 @@ def _encode(kinds: dict[str, str], name: str, value: Any) -> Any:
     if kind == _BLOB:
         return bytes(value)
     return value
+
+
+def _call_row(call: CallRecord) -> list[Any]:
+    """A journal entry's column values, in ``CALL_COLUMNS`` order: its JSON fields encoded here, or taken from
+    the text the entry carries of them (``CallRecord.texts``: the call boundary encoded them already)."""
+    texts = call.texts
+    row = []
+    for name, kind in _CALL_KINDS:
+        value = getattr(call, name)
+        if kind == _JSON and value is not None:
+            held = texts.get(name) if texts else None
+            if held is not None and held[0] is value and escapes_alike(held[1]):
+                value = held[1]
+            else:
+                value = _JSON_COLUMN.encode(value)
+        row.append(value)
+    return row
 
 
 def _decode(kinds: dict[str, str], row: Sequence[Any]) -> dict[str, Any]:
@@ -185,7 +208,7 @@ def _call_inserts(calls: Sequence[CallRecord]) -> list[tuple[str, list[Any]]]:
     is a round trip)."""
     for call in calls:
         _check_state(call.state)
-    rows = [[_encode(CALL_COLUMNS, n, getattr(c, n)) for n in CALL_COLUMNS] for c in calls]
+    rows = [_call_row(c) for c in calls]
     chunks = [rows[i:i + _ROWS_PER_INSERT] for i in range(0, len(rows), _ROWS_PER_INSERT)]
     return [(_insert_rows(_INSERT_CALL, len(CALL_COLUMNS), len(chunk)), [v for row in chunk for v in row])
             for chunk in chunks]

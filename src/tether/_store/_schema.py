@@ -58,6 +58,7 @@ from tether._store._rows import (
     _batch_conflict,
     _call,
     _call_inserts,
+    _call_row,
     _check_state,
     _check_status,
     _decode,
@@ -454,7 +455,7 @@ class SQLStore:
 
     def record_call(self, call: CallRecord) -> None:
         _check_state(call.state)
-        values = [_encode(CALL_COLUMNS, n, getattr(call, n)) for n in CALL_COLUMNS]
+        values = _call_row(call)
         conflict = f"call {call.seq} of run {call.run_id!r} is already recorded"
         with self._transaction(write=True, conflict=conflict, run_id=call.run_id, single=True) as tx:
             tx.run(_INSERT_CALL, values)
