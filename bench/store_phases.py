@@ -12,13 +12,13 @@ Phases (nested ones are part of the one above them):
 * ``create``: ``Lifecycle.create``, the run's row (transaction 1);
 * ``end``: ``Finisher.end_attempt``, the journal's held reads signed and written with the run's end
   (transaction 2, D-49) — of which ``sign``: the entries' MACs (``integrity.sign_call``); ``store.end_run``:
-  the store method, of which ``encode``: the column values' JSON (``_encode`` of JSON columns) and
+  the store method, of which ``encode``: the column values' JSON (the store's column encoder) and
   ``sql``: the statements themselves (``Tx.run``), ``begin`` / ``commit``: SQLite's ``BEGIN`` and ``COMMIT``
   (the backend's ``_begin``, both transactions); what is left of ``store.*`` is the lock, the metrics and the
   counting;
 * ``flush``: ``store.record_calls`` (a journal batch written apart from the end: none on a quick run).
 
-    python bench/store_phases.py [--runs 400] [--calls 10] [--stores file,memory]
+    python bench/store_phases.py [--runs 400] [--calls 10] [--stores file,memory] [--args-texts]
 """
 
 from __future__ import annotations
@@ -28,14 +28,18 @@ import asyncio
 import collections
 import contextlib
 import functools
+import importlib
 import inspect
+import json
 import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import common
+import tether
 import tether._engine.integrity as integrity
 import tether._store._schema as schema
 import tether._store.sqlite as sqlite_store
@@ -79,21 +83,25 @@ def _wrap(owner: Any, name: str, phase: str, counted: bool = False) -> Callable[
     return lambda: setattr(owner, name, original)
 
 
-def _encode_json(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``_encode`` timed and counted for the JSON columns only (a plain column costs a dict lookup)."""
-    perf = time.perf_counter_ns
+class _CountingEncoder(json.JSONEncoder):
+    """The store's column encoder, each encode timed, counted and charged to the store method running it."""
 
-    def encode(kinds: dict[str, str], name: str, value: Any) -> Any:
-        if kinds[name] != schema._JSON or value is None:
-            return original(kinds, name, value)
-        t = perf()
+    def encode(self, o: Any) -> str:
+        t = time.perf_counter_ns()
         try:
-            return original(kinds, name, value)
+            return super().encode(o)
         finally:
-            _sums["encode"] += perf() - t
+            _sums["encode"] += time.perf_counter_ns() - t
             _sums["encode (count)"] += 1
             _sums[f"encode in {_within[0]} (count)"] += 1
-    return encode
+
+
+def _rows_module() -> Any:
+    """Where the column encoder lives: ``_store/_rows.py``, or ``_schema.py`` in a tree from before the split."""
+    try:
+        return importlib.import_module("tether._store._rows")
+    except ImportError:
+        return schema
 
 
 def _begin_timed(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -122,9 +130,27 @@ PHASES = ["execute", "create", "store.create_run", "end", "sign", "store.end_run
           "flush"]
 
 
-async def _measure(url: str, calls: int, runs: int) -> tuple[dict[str, float], dict[str, float]]:
+def _hand_args_texts() -> Callable[[], None]:
+    """What the call boundary's side is to do (issue 24, the percall helper's): hand the arguments' canonical
+    text to the ledger with the intent, as it does the result's. Simulated here by encoding them at
+    ``buffer_intent`` (outside the store's phases), to show what the store's side takes."""
+    from tether._engine.calls.call import canonical_json
+    from tether._engine.calls.ledger import Ledger
+
+    original = Ledger.buffer_intent
+
+    def buffer_intent(self: Any, call: Any) -> None:
+        original(self, call)
+        self._texts.setdefault(call.seq, {})["args"] = (call.args, canonical_json(call.args))
+
+    Ledger.buffer_intent = buffer_intent  # type: ignore[method-assign]
+    return lambda: setattr(Ledger, "buffer_intent", original)
+
+
+async def _measure(url: str, calls: int, runs: int, args_texts: bool) -> tuple[dict[str, Any], dict[str, float]]:
     code = common.PROGRAM.replace(f"range({common.CALLS})", f"range({calls})")
-    undo = [
+    undo = [_hand_args_texts()] if args_texts else []
+    undo += [
         _wrap(Lifecycle, "create", "create"),
         _wrap(schema.SQLStore, "create_run", "store.create_run"),
         _wrap(Finisher, "end_attempt", "end"),
@@ -133,8 +159,9 @@ async def _measure(url: str, calls: int, runs: int) -> tuple[dict[str, float], d
         _wrap(schema.SQLStore, "record_calls", "flush", counted=True),
         _wrap(schema.Tx, "run", "sql", counted=True),
     ]
-    original_encode, original_begin = schema._encode, sqlite_store.SQLiteStore._begin
-    schema._encode = _encode_json(original_encode)  # type: ignore[assignment]
+    rows = _rows_module()
+    original_encoder, original_begin = rows._JSON_COLUMN, sqlite_store.SQLiteStore._begin
+    rows._JSON_COLUMN = _CountingEncoder(sort_keys=True, separators=(",", ":"))
     sqlite_store.SQLiteStore._begin = _begin_timed(original_begin)  # type: ignore[method-assign]
     per_run: dict[str, list[float]] = collections.defaultdict(list)
     traffic: dict[str, list[int]] = collections.defaultdict(list)
@@ -159,11 +186,11 @@ async def _measure(url: str, calls: int, runs: int) -> tuple[dict[str, float], d
                 for k in ("transactions", "statements"):
                     traffic[k].append(after[k] - before[k])
     finally:
-        schema._encode = original_encode  # type: ignore[assignment]
+        rows._JSON_COLUMN = original_encoder
         sqlite_store.SQLiteStore._begin = original_begin  # type: ignore[method-assign]
         for u in undo:
             u()
-    return ({p: statistics.median(v) for p, v in per_run.items()},
+    return ({p: (statistics.median(v), statistics.fmean(v)) for p, v in per_run.items()},
             {k: statistics.median(v) for k, v in traffic.items()})
 
 
@@ -172,17 +199,22 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=400)
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--stores", default="file,memory")
+    p.add_argument("--args-texts", action="store_true",
+                   help="hand the arguments' texts to the ledger as the boundary is to (a tree with CallRecord.texts)")
     args = p.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.stores.split(","):
             url = f"sqlite:///{tmp}/phases.db" if kind == "file" else "sqlite:///:memory:"
-            results[kind] = asyncio.run(_measure(url, args.calls, args.runs))
+            results[kind] = asyncio.run(_measure(url, args.calls, args.runs, args.args_texts))
     kinds = list(results)
-    print(f"{args.calls}-call read-only execute, {args.runs} runs after 30 warm-up; p50 per phase, µs (wall)")
-    print(f"{'phase':<22}" + "".join(f"{k:>12}" for k in kinds))
+    print(f"tether from {Path(tether.__file__).parent}")
+    print(f"{args.calls}-call read-only execute, {args.runs} runs after 30 warm-up; per phase, µs (wall): p50, and the"
+          " mean (which the rare slow commit — SQLite's WAL checkpoint — moves)")
+    print(f"{'phase':<22}" + "".join(f"{k + ' p50':>14}{k + ' mean':>14}" for k in kinds))
     for phase in PHASES:
-        print(f"{phase:<22}" + "".join(f"{results[k][0][phase]:>12.1f}" for k in kinds))
+        print(f"{phase:<22}" + "".join(f"{results[k][0][phase][0]:>14.1f}{results[k][0][phase][1]:>14.1f}"
+                                       for k in kinds))
     print("per execute (median):")
     for name in results[kinds[0]][1]:
         print(f"{name:<22}" + "".join(f"{results[k][1][name]:>12g}" for k in kinds))
