@@ -13,12 +13,13 @@ Phases (nested ones are part of the one above them):
 * ``end``: ``Finisher.end_attempt``, the journal's held reads signed and written with the run's end
   (transaction 2, D-49) — of which ``sign``: the entries' MACs (``integrity.sign_call``); ``store.end_run``:
   the store method, of which ``encode``: the column values' JSON (the store's column encoder) and
-  ``sql``: the statements themselves (``Tx.run``), ``begin`` / ``commit``: SQLite's ``BEGIN`` and ``COMMIT``
+  ``sql``: the statements themselves (``Tx.run``, ``Tx.run_many``), ``begin`` / ``commit``: SQLite's ``BEGIN`` and ``COMMIT``
   (the backend's ``_begin``, both transactions); what is left of ``store.*`` is the lock, the metrics and the
   counting;
 * ``flush``: ``store.record_calls`` (a journal batch written apart from the end: none on a quick run).
 
     python bench/store_phases.py [--runs 400] [--calls 10] [--stores file,memory] [--args-texts]
+    python bench/store_phases.py --statements [--runs 400]   # the batch's SQL: multi-row INSERT or executemany
 """
 
 from __future__ import annotations
@@ -159,6 +160,8 @@ async def _measure(url: str, calls: int, runs: int, args_texts: bool) -> tuple[d
         _wrap(schema.SQLStore, "record_calls", "flush", counted=True),
         _wrap(schema.Tx, "run", "sql", counted=True),
     ]
+    if hasattr(schema.Tx, "run_many"):  # a batch run once per row (SQLite, session 7)
+        undo.append(_wrap(schema.Tx, "run_many", "sql", counted=True))
     rows = _rows_module()
     original_encoder, original_begin = rows._JSON_COLUMN, sqlite_store.SQLiteStore._begin
     rows._JSON_COLUMN = _CountingEncoder(sort_keys=True, separators=(",", ":"))
@@ -194,6 +197,74 @@ async def _measure(url: str, calls: int, runs: int, args_texts: bool) -> tuple[d
             {k: statistics.median(v) for k, v in traffic.items()})
 
 
+def _batch_statements(tmp: str, rounds: int) -> None:
+    """The end's transaction on the file store written four ways, round-robin on four files: the journal batch
+    as one multi-row ``INSERT`` (what the store does) or ``executemany`` of the one-row ``INSERT``, with and
+    without migration 11's in-step trigger (D-48); then the 10-row ``INSERT`` prepared anew against cached."""
+    import sqlite3
+
+    from tether._store.base import CallRecord, RunRecord
+    from tether._store.sqlite import SQLiteStore
+
+    rows_mod = _rows_module()
+
+    def run(i: int) -> RunRecord:
+        return RunRecord(run_id=f"r{i}", status="running", program="x" * 200,  # type: ignore[arg-type]
+                         environment={"seed": 7}, policy={"writes": "ask"}, limits={"host_calls": 50},
+                         created_at=1.0, updated_at=1.0, principal="local", owner="me", lease_until=5.0)
+
+    def batch(i: int) -> list[list[Any]]:
+        calls = [CallRecord(f"r{i}", s, "tool", "bench.get", {"id": s}, "k" * 64, "read", "done",  # type: ignore[arg-type]
+                            outcome={"id": s, "value": 2 * s}, started_at=1.0, finished_at=2.0,
+                            idempotency_key="x" * 40, mac="m" * 90) for s in range(1, 11)]
+        return [[rows_mod._encode(rows_mod.CALL_COLUMNS, n, getattr(c, n)) for n in rows_mod.CALL_COLUMNS]
+                for c in calls]
+
+    one = rows_mod._INSERT_CALL
+    multi = rows_mod._insert_rows(one, len(rows_mod.CALL_COLUMNS), 10)
+    ways = ["multi-row INSERT", "executemany", "multi-row, no trigger", "executemany, no trigger"]
+    stores, times = {}, {w: [] for w in ways}
+    for k, way in enumerate(ways):
+        stores[way] = SQLiteStore(f"sqlite:///{tmp}/batch{k}.db", secret=b"k" * 32)
+        if "no trigger" in way:
+            stores[way]._connection().execute("DROP TRIGGER calls_identity_digest_in_step")
+    for i in range(rounds):
+        for way in ways[i % 4:] + ways[:i % 4]:
+            store, rows = stores[way], batch(i)
+            store.create_run(run(i))
+            conn = store._connection()
+            t = time.perf_counter_ns()
+            conn.execute("BEGIN IMMEDIATE")
+            if way.startswith("multi"):
+                conn.execute(multi, [v for row in rows for v in row])
+            else:
+                conn.executemany(one, rows)
+            conn.execute("UPDATE runs SET status = ?, updated_at = ? WHERE run_id = ?", ("completed", 2.0, f"r{i}"))
+            conn.execute("COMMIT")
+            times[way].append(time.perf_counter_ns() - t)
+    print(f"the end's transaction, file store, 10-row batch, p50 of {rounds} (µs):")
+    for way in ways:
+        print(f"  {way:<26}{statistics.median(times[way]) / 1000:>8.1f}")
+    prepared = {0: [], 1: []}
+    path = stores[ways[0]].path
+    conns = {0: sqlite3.connect(str(path), isolation_level=None, cached_statements=0),
+             1: sqlite3.connect(str(path), isolation_level=None)}
+    for i in range(rounds):
+        values = [v for row in batch(rounds + i) for v in row]
+        for k in (0, 1) if i % 2 else (1, 0):
+            conns[k].execute("BEGIN IMMEDIATE")
+            t = time.perf_counter_ns()
+            conns[k].execute(multi, values)
+            prepared[k].append(time.perf_counter_ns() - t)
+            conns[k].execute("ROLLBACK")
+    print(f"  the 10-row INSERT alone: prepared each time {statistics.median(prepared[0]) / 1000:.1f}, "
+          f"cached {statistics.median(prepared[1]) / 1000:.1f}")
+    for conn in conns.values():
+        conn.close()
+    for store in stores.values():
+        store.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=400)
@@ -201,7 +272,13 @@ def main() -> None:
     p.add_argument("--stores", default="file,memory")
     p.add_argument("--args-texts", action="store_true",
                    help="hand the arguments' texts to the ledger as the boundary is to (a tree with CallRecord.texts)")
+    p.add_argument("--statements", action="store_true",
+                   help="instead: the journal batch as one multi-row INSERT against executemany, and a prepare's cost")
     args = p.parse_args()
+    if args.statements:
+        with tempfile.TemporaryDirectory() as tmp:
+            _batch_statements(tmp, args.runs)
+        return
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.stores.split(","):
