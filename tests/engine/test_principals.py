@@ -111,7 +111,7 @@ def _owner_migration(migrations) -> int:
 
 def _create_old(store, run: RunRecord) -> None:
     """Insert ``run`` into a store at an older schema: only the columns that schema has."""
-    from tether._store._schema import RUN_COLUMNS, _encode
+    from tether._store._rows import RUN_COLUMNS, _encode
 
     with store._transaction(write=True) as tx:
         have = [d[0] for d in tx.run("SELECT * FROM runs WHERE 1 = 0").description]

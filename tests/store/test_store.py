@@ -644,6 +644,74 @@ def test_any_json_value_round_trips_as_a_call_outcome(store, value):
     assert store.get_call("r1", seq).outcome == value
 
 
+# The call boundary's texts keep UTF-8 (canonical_json, ensure_ascii=False); the columns escape. Every
+# character class where the two spellings can differ: non-ASCII, a lone surrogate, DEL, the other controls.
+texts_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+    | st.text(alphabet=st.sampled_from(["a", "\x7f", "\x00", "\n", "\"", "\\", "é", "\ud800", "🦀"])) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def _boundary_texts(call: CallRecord) -> dict[str, tuple[Any, str]]:
+    """What the call boundary hands along: each JSON field's canonical text, where it could make one."""
+    from tether._engine.calls.call import canonical_json
+
+    texts = {}
+    for name in ("args", "outcome"):
+        try:
+            texts[name] = (getattr(call, name), canonical_json(getattr(call, name)))
+        except ValueError:  # infinity: the boundary makes no text (ledger.value_text) and the store encodes
+            pass
+    return texts
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=texts_values, args=st.dictionaries(st.text(max_size=8), texts_values, max_size=3))
+def test_a_journal_row_given_its_values_texts_holds_the_bytes_the_store_would_have_encoded(store, value, args):
+    """A row built from the texts an entry carries is byte for byte the row the store encodes itself, so a
+    MAC made over either verifies over both (issue 24: the column takes the boundary's text)."""
+    if store.get_run("r1") is None:
+        store.create_run(make_run())
+    seq = len(store.get_calls("r1")) + 1
+    plain = make_call(seq=seq, args=args, outcome=value, state="done")
+    given_texts = make_call(seq=seq + 1, args=args, outcome=value, state="done")
+    given_texts.texts = _boundary_texts(given_texts)
+    store.record_calls([plain, given_texts])
+    with store._transaction(write=False) as tx:
+        rows = tx.run("SELECT args, outcome FROM calls WHERE run_id = ? AND seq IN (?, ?) ORDER BY seq",
+                      ("r1", seq, seq + 1)).fetchall()
+    assert tuple(rows[1]) == tuple(rows[0])
+    assert store.get_call("r1", seq + 1).outcome == value
+
+
+def test_a_journal_row_takes_the_texts_its_entry_still_holds_instead_of_encoding_again(store, monkeypatch):
+    from tether._store import _rows
+
+    encoded: list[Any] = []
+
+    class Counting(json.JSONEncoder):
+        def encode(self, o: Any) -> str:
+            encoded.append(o)
+            return super().encode(o)
+
+    monkeypatch.setattr(_rows, "_JSON_COLUMN", Counting(sort_keys=True, separators=(",", ":")))
+    store.create_run(make_run())
+    encoded.clear()
+    args, outcome = {"id": 1}, {"value": [1, 2], "name": "x"}
+    taken = make_call(seq=1, args=args, outcome=outcome, state="done",
+                      texts={"args": (args, '{"id":1}'), "outcome": (outcome, '{"name":"x","value":[1,2]}')})
+    # A text made of another value, however equal, is not the entry's: it is encoded again.
+    stale = make_call(seq=2, args=args, outcome=outcome, state="done",
+                      texts={"outcome": (dict(outcome), '{"name":"x","value":[1,2]}')})
+    store.record_calls([taken])
+    assert encoded == []
+    store.record_call(stale)
+    assert encoded == [args, outcome]
+    assert store.get_call("r1", 1).outcome == store.get_call("r1", 2).outcome == outcome
+
+
 # ---------------------------------------------------------------------------
 # Secret and schema
 

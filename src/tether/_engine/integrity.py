@@ -24,6 +24,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Sequence
 
 from tether._engine.approvals.capabilities import Keyring, canonical_text, mac_hex, same
+from tether._store.base import escapes_alike
 from tether.errors import RunTampered
 
 if TYPE_CHECKING:
@@ -175,13 +176,13 @@ def _call_message(prev: str, call: "CallRecord", texts: dict[str, tuple[Any, str
 
     A JSON list is its items' texts between commas: the signed fields around a taken text are encoded as
     lists of their own and the texts put between, in :func:`signed_call_fields`' order. The ledger's texts
-    keep UTF-8 (``ensure_ascii=False``) and the MAC's escape it, so only an ASCII text is the same spelling;
-    any other is encoded again.
+    keep UTF-8 (``ensure_ascii=False``) and the MAC's escape it, so only an ASCII text without DEL is the
+    same spelling (:func:`escapes_alike`); any other is encoded again.
     """
     taken: dict[int, str] = {}
     for name, value in (("args", call.args), ("outcome", call.outcome)):
         held = texts.get(name)
-        if held is not None and held[0] is value and held[1].isascii():
+        if held is not None and held[0] is value and escapes_alike(held[1]):
             taken[id(value)] = held[1]
     if not taken:
         return None

@@ -2,7 +2,7 @@
 
 Migrations are numbered, forward-only and never edited once released: a new
 column is a new entry at the end of the list, written out as literal SQL (not
-generated from the record field lists in ``_schema.py``, which change with the
+generated from the record field lists in ``_rows.py``, which change with the
 code). Where the backends' SQL differs, a statement names the difference —
 ``{real}``, ``{blob}``, ``{serial}`` — and each dialect fills it in. A statement
 only one backend needs is that backend's own (``Dialect.own``, given in its

@@ -29,18 +29,52 @@ Semantics beyond ``base.py`` that both backends share:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import fields as dataclass_fields
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from tether._metrics import timed_store_call
+from tether._store._rows import (
+    _CALL_UPDATABLE,
+    _INSERT_CALL,
+    _INSERT_RUN,
+    _INSERT_SNAPSHOT,
+    _INSERT_WAIT,
+    _SELECT_CALL,
+    _SELECT_EVENT,
+    _SELECT_RUN,
+    _SELECT_SNAPSHOT,
+    _SELECT_WAIT,
+    _TERMINAL_SQL,
+    CALL_COLUMNS,
+    OUTBOX_COLUMNS,
+    RUN_COLUMNS,
+    SESSION_COLUMNS,
+    SNAPSHOT_COLUMNS,
+    WAIT_COLUMNS,
+    _batch_conflict,
+    _call,
+    _call_inserts,
+    _call_row,
+    _check_state,
+    _check_status,
+    _decode,
+    _encode,
+    _event,
+    _expected,
+    _in,
+    _insert,
+    _run,
+    _run_update,
+    _run_where,
+    _select,
+    _wait,
+    dump_json,
+)
+from tether._store._secret import secrets_from_env
 from tether._store.base import (
     LOCAL_PRINCIPAL,
     OUTBOX_PENDING,
@@ -57,239 +91,8 @@ from tether._store.base import (
     WaitRecord,
     wait_digest,
 )
-from tether._store.states import TERMINAL_RUN_STATUSES, CallState, RunStatus, WaitStatus
+from tether._store.states import RunStatus, WaitStatus
 from tether.errors import RunNotFound, StoreError
-
-RUN_STATUSES = frozenset(RunStatus)
-CALL_STATES = frozenset(CallState)
-# Spelled into SQL as literals: statuses are fixed strings, never user input,
-# and a literal lets the planner use the partial indexes (_migrations.py).
-_TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in sorted(TERMINAL_RUN_STATUSES)) + ")"
-
-# ---------------------------------------------------------------------------
-# Rows <-> records. A column's kind says how it is encoded; names match the
-# record fields so one list drives INSERT, SELECT and UPDATE. A field added to
-# a record therefore needs a migration adding its column, or every query fails.
-
-_JSON = "json"
-_PLAIN = "plain"
-_BLOB = "blob"
-
-
-def _columns(record: type, json_fields: set[str], blob_fields: set[str] | None = None) -> dict[str, str]:
-    kinds = {}
-    for f in dataclass_fields(record):
-        kinds[f.name] = _JSON if f.name in json_fields else _BLOB if f.name in (blob_fields or ()) else _PLAIN
-    return kinds
-
-
-RUN_COLUMNS = _columns(
-    RunRecord, {"environment", "policy", "limits", "result", "error", "pending", "decision", "meta", "mac"}
-)
-CALL_COLUMNS = _columns(CallRecord, {"args", "outcome", "error"})
-SNAPSHOT_COLUMNS = _columns(SnapshotRecord, {"pending"}, {"data"})
-WAIT_COLUMNS = _columns(WaitRecord, {"value", "error"})
-SESSION_COLUMNS = _columns(SessionRecord, set(), {"data"})
-OUTBOX_COLUMNS = _columns(OutboxRecord, set())
-EVENT_COLUMNS = {"id": _PLAIN, "run_id": _PLAIN, "type": _PLAIN, "data": _JSON, "created_at": _PLAIN}
-
-# A record field whose column is named otherwise: the column says which digest it holds (migration 11,
-# D-48); the field keeps the name the engine uses. The old "key" columns stay until the contract
-# migration (docs/deploy.md), filled by the backends' triggers; this code never names them.
-CALL_COLUMN_NAMES = {"key": "identity_digest"}
-WAIT_COLUMN_NAMES = {"key": "key_digest"}
-
-# Fields an update may set: everything but the row's key. A call's identity digest never changes.
-_RUN_UPDATABLE = frozenset(RUN_COLUMNS) - {"run_id", "run_key"}
-_CALL_UPDATABLE = frozenset(CALL_COLUMNS) - {"run_id", "seq", "key"}
-
-
-# Built once: json.dumps with options builds a new encoder on each call (same bytes either way).
-_JSON_COLUMN = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
-
-
-def dump_json(value: Any) -> str | None:
-    if value is None:
-        return None
-    return _JSON_COLUMN.encode(value)
-
-
-def _encode(kinds: dict[str, str], name: str, value: Any) -> Any:
-    kind = kinds[name]
-    if kind == _JSON:
-        return dump_json(value)
-    if kind == _BLOB:
-        return bytes(value)
-    return value
-
-
-def _decode(kinds: dict[str, str], row: Sequence[Any]) -> dict[str, Any]:
-    """A row selected with ``_select(table, kinds)``, by field name."""
-    out = {}
-    for (name, kind), value in zip(kinds.items(), row):
-        if value is not None and kind == _JSON:
-            value = json.loads(value)
-        elif value is not None and kind == _BLOB:
-            value = bytes(value)
-        out[name] = value
-    return out
-
-
-def _select(table: str, kinds: dict[str, str], names: dict[str, str] | None = None) -> str:
-    return f"SELECT {', '.join((names or {}).get(n, n) for n in kinds)} FROM {table}"
-
-
-def _insert(table: str, kinds: dict[str, str], names: dict[str, str] | None = None) -> str:
-    columns = ", ".join((names or {}).get(n, n) for n in kinds)
-    return f"INSERT INTO {table} ({columns}) VALUES ({', '.join('?' * len(kinds))})"
-
-
-_SELECT_RUN = _select("runs", RUN_COLUMNS)
-_SELECT_CALL = _select("calls", CALL_COLUMNS, CALL_COLUMN_NAMES)
-_SELECT_SNAPSHOT = _select("snapshots", SNAPSHOT_COLUMNS)
-_SELECT_EVENT = _select("events", EVENT_COLUMNS)
-_SELECT_WAIT = _select("waits", WAIT_COLUMNS, WAIT_COLUMN_NAMES)
-_INSERT_WAIT = _insert("waits", WAIT_COLUMNS, WAIT_COLUMN_NAMES)
-_INSERT_RUN = _insert("runs", RUN_COLUMNS)
-_INSERT_CALL = _insert("calls", CALL_COLUMNS, CALL_COLUMN_NAMES)
-_INSERT_SNAPSHOT = _insert("snapshots", SNAPSHOT_COLUMNS)
-# Rows per multi-row INSERT: journal batches fit in one statement, far below SQLite's 32,766 and Postgres's
-# 65,535 parameters.
-_ROWS_PER_INSERT = 100
-
-
-@lru_cache(maxsize=128)
-def _insert_rows(insert: str, columns: int, rows: int) -> str:
-    """``insert`` (one row of ``columns`` placeholders) extended to ``rows`` rows."""
-    one = "(" + ", ".join("?" * columns) + ")"
-    return insert[: insert.rindex(" VALUES ")] + " VALUES " + ", ".join([one] * rows)
-
-
-def _run(row: Sequence[Any]) -> RunRecord:
-    values = _decode(RUN_COLUMNS, row)
-    values["status"] = RunStatus(values["status"])
-    return RunRecord(**values)
-
-
-def _call(row: Sequence[Any]) -> CallRecord:
-    values = _decode(CALL_COLUMNS, row)
-    values["state"] = CallState(values["state"])
-    return CallRecord(**values)
-
-
-def _wait(row: Sequence[Any]) -> WaitRecord:
-    values = _decode(WAIT_COLUMNS, row)
-    values["status"] = WaitStatus(values["status"])
-    return WaitRecord(**values)
-
-
-def _event(row: Sequence[Any]) -> EventRecord:
-    values = _decode(EVENT_COLUMNS, row)
-    values["event_id"] = values.pop("id")
-    return EventRecord(**values)
-
-
-def _run_where(run_id: str, expect_status: Sequence[str] | None,
-               fields: dict[str, Any]) -> tuple[str, list[Any]] | None:
-    """update_run's WHERE clause and its parameters; None when ``expect_status`` is empty (nothing matches)."""
-    unknown = fields.keys() - _RUN_UPDATABLE
-    if unknown:
-        raise TypeError(f"update_run cannot set {sorted(unknown)}; settable: {sorted(_RUN_UPDATABLE)}")
-    if "status" in fields:
-        _check_status(fields["status"])
-    where, params = "run_id = ?", [run_id]
-    if expect_status is not None:
-        expected = _expected(expect_status, "expect_status")
-        if not expected:
-            return None
-        where += f" AND status IN {_in(len(expected))}"
-        params += expected
-    if "status" in fields:
-        # Restating a terminal status is allowed: finishing writes the result envelope with it.
-        where += f" AND (status NOT IN {_TERMINAL_SQL} OR status = ?)"
-        params.append(fields["status"])
-    return where, params
-
-
-def _run_update(where: tuple[str, list[Any]], fields: dict[str, Any]) -> tuple[str, list[Any]]:
-    sets = ", ".join(f"{name} = ?" for name in fields)
-    values = [_encode(RUN_COLUMNS, n, v) for n, v in fields.items()]
-    return f"UPDATE runs SET {sets} WHERE {where[0]}", values + where[1]
-
-
-def _call_inserts(calls: Sequence[CallRecord]) -> list[tuple[str, list[Any]]]:
-    """A journal batch as INSERT statements: one per chunk of rows, not per row (on Postgres each statement
-    is a round trip)."""
-    for call in calls:
-        _check_state(call.state)
-    rows = [[_encode(CALL_COLUMNS, n, getattr(c, n)) for n in CALL_COLUMNS] for c in calls]
-    chunks = [rows[i:i + _ROWS_PER_INSERT] for i in range(0, len(rows), _ROWS_PER_INSERT)]
-    return [(_insert_rows(_INSERT_CALL, len(CALL_COLUMNS), len(chunk)), [v for row in chunk for v in row])
-            for chunk in chunks]
-
-
-def _batch_conflict(calls: Sequence[CallRecord]) -> str | None:
-    if not calls:
-        return None
-    return f"a call of run {calls[0].run_id!r} in seqs {calls[0].seq}..{calls[-1].seq} is already recorded"
-
-
-def _expected(expect: Sequence[str], what: str) -> tuple[str, ...]:
-    # A bare string is a Sequence[str] of letters and would silently match nothing.
-    if isinstance(expect, str):
-        raise TypeError(f"{what} must be a list of strings, not the string {expect!r}")
-    return tuple(expect)
-
-
-def _in(n: int) -> str:
-    return "(" + ", ".join("?" * n) + ")"
-
-
-# ---------------------------------------------------------------------------
-# The secret
-
-
-def _key(raw: str) -> bytes:
-    """64 hex digits are the key itself; any other text is hashed to one."""
-    try:
-        key = bytes.fromhex(raw)
-    except ValueError:
-        key = b""
-    return key if len(key) == 32 else hashlib.sha256(raw.encode()).digest()
-
-
-def secret_from_env() -> bytes | None:
-    """``TETHER_SECRET``, else the first secret of ``TETHER_SECRET_FILE``."""
-    found = secrets_from_env()
-    return found[0][0] if found else None
-
-
-def secrets_from_env() -> tuple[list[bytes], str] | None:
-    """The secrets given outside the store, current first, and where they came from.
-
-    ``TETHER_SECRET`` is one secret. ``TETHER_SECRET_FILE`` names a file of
-    secrets, one a line (``#`` starts a comment): the first signs, the later
-    ones only verify, so a rotated store keeps its older runs verifiable.
-    Either wins over the secret kept with the store.
-    """
-    raw = os.environ.get("TETHER_SECRET")
-    if raw:
-        return [_key(raw)], "env"
-    path = os.environ.get("TETHER_SECRET_FILE")
-    if not path:
-        return None
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise StoreError(f"cannot read the secret file {path} (TETHER_SECRET_FILE): {reason}",
-                         next_action="Point TETHER_SECRET_FILE at a readable file with one secret a line.") from None
-    keys = [_key(line.strip()) for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    if not keys:
-        raise StoreError(f"the secret file {path} (TETHER_SECRET_FILE) holds no secret",
-                         next_action="Write one secret a line (e.g. 64 hex digits), the current one first.")
-    return keys, "file"
-
 
 # ---------------------------------------------------------------------------
 # The shared implementation
@@ -652,7 +455,7 @@ class SQLStore:
 
     def record_call(self, call: CallRecord) -> None:
         _check_state(call.state)
-        values = [_encode(CALL_COLUMNS, n, getattr(call, n)) for n in CALL_COLUMNS]
+        values = _call_row(call)
         conflict = f"call {call.seq} of run {call.run_id!r} is already recorded"
         with self._transaction(write=True, conflict=conflict, run_id=call.run_id, single=True) as tx:
             tx.run(_INSERT_CALL, values)
@@ -954,16 +757,6 @@ class SQLStore:
             return tx.run("SELECT 1 FROM console_signouts WHERE session = ?", (session,)).fetchone() is not None
 
 
-def _check_status(status: str) -> None:
-    if status not in RUN_STATUSES:
-        raise ValueError(f"unknown run status {status!r}; one of {sorted(RUN_STATUSES)}")
-
-
-def _check_state(state: str) -> None:
-    if state not in CALL_STATES:
-        raise ValueError(f"unknown call state {state!r}; one of {sorted(CALL_STATES)}")
-
-
 def _no_run(run_id: str) -> RunNotFound:
     return RunNotFound(f"run {run_id!r} does not exist in the store")
 
@@ -972,7 +765,4 @@ __all__ = [
     "SQLStore",
     "StoreTraffic",
     "Tx",
-    "dump_json",
-    "secret_from_env",
-    "secrets_from_env",
 ]

@@ -70,6 +70,23 @@ class CallRecord:
     # How many times a write was sent: 1, or more when re-sent by key (P-31).
     sends: int = 0
     mac: str | None = None  # "<secret id>:<prev key>:<hex>" over the entry (P-35)
+    # Not a column: JSON fields already encoded, ``{"args" | "outcome": (the value, its canonical JSON)}``, which
+    # the row takes instead of encoding the value again (issue 24), while the entry still holds that very value
+    # and the text is spelled as the column spells it (:func:`escapes_alike`). The writer (the ledger) puts a
+    # text here only for a value nobody changes before the row is written, or one the entry's MAC is made from
+    # too: the row must hold what was signed.
+    texts: dict[str, tuple[Any, str]] | None = field(default=None, repr=False, compare=False,
+                                                     metadata={"column": False})
+
+
+def escapes_alike(text: str) -> bool:
+    """Whether a canonical JSON text that keeps UTF-8 (``ensure_ascii=False``, the call boundary's) is spelled
+    byte for byte as the escaping encoder (the store's JSON columns, the MACs) spells the same value.
+
+    Only ASCII text is, and not all of it: DEL (U+007F) is escaped by the ASCII encoder alone (``\\u007f``),
+    the other control characters by both alike.
+    """
+    return text.isascii() and "\x7f" not in text
 
 
 @dataclass

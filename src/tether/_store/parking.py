@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Sequence
 
-from tether._store._schema import (
+from tether._store._rows import (
     _INSERT_SNAPSHOT,
     _INSERT_WAIT,
     _SELECT_WAIT,

@@ -34,16 +34,8 @@ import psycopg
 import psycopg.conninfo
 
 from tether._store._migrations import Dialect, render
-from tether._store._schema import (
-    _SELECT_RUN,
-    SQLStore,
-    Tx,
-    _batch_conflict,
-    _call_inserts,
-    _run,
-    _run_update,
-    _run_where,
-)
+from tether._store._rows import _SELECT_RUN, _batch_conflict, _call_inserts, _run, _run_update, _run_where
+from tether._store._schema import SQLStore, Tx
 from tether._store.base import CallRecord, Capabilities, ParkEvent, RunRecord, SnapshotRecord, WaitRecord
 from tether._store.parking import park_run, park_run_statement
 from tether.errors import ConfigError

@@ -191,9 +191,9 @@ class Ledger:
         self.last_recorded_seq = max(self.entries, default=0)
         self._unsaved: dict[int, CallRecord] = {}
         self._keys: dict[int, str] = {}  # seq -> call key, for chaining MACs (P-35)
-        # seq -> {"outcome": (the value, its canonical text)} of a held read, for its MAC (P-35). Only the
-        # outcome: it is tether's own copy (calls/plain.py), whereas the arguments are the very dict the tool
-        # was handed, which a tool could change in place after their text was made.
+        # seq -> {"outcome": (the value, its canonical text)} of a held read, for its row and its MAC (P-35).
+        # Only the outcome: it is tether's own copy (calls/plain.py), whereas the arguments are the very dict the
+        # tool was handed, which a tool could change in place after their text was made.
         self._texts: dict[int, dict[str, tuple[Any, str]]] = {}
         # Settled reads held (seq -> bytes of the value), what closes a batch; when the oldest and the
         # newest of them settled, on the loop's clock, what the timer caps.
@@ -225,6 +225,7 @@ class Ledger:
                 self._sign(r)
             out = await write(settled)
             for r in settled:
+                r.texts = None  # written: the entry no longer holds a second copy of its values
                 del self._unsaved[r.seq]
                 self._held_bytes -= self._held.pop(r.seq, 0)
             return out
@@ -273,6 +274,7 @@ class Ledger:
                 self._sign(r)
             await self.astore.record_calls(settled)
             for r in settled:
+                r.texts = None  # written: the entry no longer holds a second copy of its values
                 del self._unsaved[r.seq]
                 self._held_bytes -= self._held.pop(r.seq, 0)
             if not self._held:
@@ -359,7 +361,7 @@ class Ledger:
         if state not in _MAY_BECOME.get(from_state, ()):
             check_move(buffered, [from_state], {"state": state})  # raises InvalidTransition, naming the move
         buffered.state, buffered.outcome, buffered.error, buffered.finished_at = state, outcome, error, self.clock()
-        if len(text) >= REUSE_TEXT_CHARS:
+        if text:
             self._texts.setdefault(seq, {})["outcome"] = (outcome, text)
         return self._settled(seq, size)
 
@@ -389,5 +391,13 @@ class Ledger:
         return before.key if before is not None else self._keys.get(seq - 1)
 
     def _sign(self, record: CallRecord) -> None:
-        record.mac = integrity.sign_call(self.keyring, record, self._prev_key(record.seq),
-                                         self._texts.pop(record.seq, None))
+        """Sign ``record``, and hand its row the texts already made of its values (the store's JSON columns
+        take them instead of encoding again, ``CallRecord.texts``)."""
+        texts = record.texts = self._texts.pop(record.seq, None)
+        if texts is not None:
+            # The row takes every text (the outcome is tether's own copy: nothing changes it before the write);
+            # the MAC a short outcome's not: encoding all the signed fields once costs less than three
+            # encodings around a short text spliced in. Any other text is taken by both or by neither, so the
+            # row always holds what was signed.
+            texts = {k: v for k, v in texts.items() if k != "outcome" or len(v[1]) >= REUSE_TEXT_CHARS} or None
+        record.mac = integrity.sign_call(self.keyring, record, self._prev_key(record.seq), texts)
