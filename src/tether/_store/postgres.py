@@ -100,12 +100,20 @@ _INSERT_CALL_ROWS = (
 _ROWS_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
+# A time goes as its repr, text the cast reads back to the same double: JSON has no infinity or NaN.
+_FLOAT_AT = [i for i, name in enumerate(CALL_COLUMNS) if _CALL_CASTS.get(name) == "::double precision"]
+
+
 def _call_batch(calls: Sequence[CallRecord]) -> tuple[str, list[str]]:
     """A journal batch as one statement: the INSERT above and its one parameter."""
     rows = []
     for call in calls:
         _check_state(call.state)
-        rows.append([_encode(CALL_COLUMNS, name, getattr(call, name)) for name in CALL_COLUMNS])
+        row = [_encode(CALL_COLUMNS, name, getattr(call, name)) for name in CALL_COLUMNS]
+        for i in _FLOAT_AT:
+            if row[i] is not None:
+                row[i] = repr(float(row[i]))
+        rows.append(row)
     return _INSERT_CALL_ROWS, [_ROWS_JSON.encode(rows)]
 
 
