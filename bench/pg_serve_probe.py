@@ -13,11 +13,13 @@ alternating windows and reports CPU milliseconds a program split by:
 - the cluster: ``backend`` (the pool's connections), ``backend-listen`` (the
   listener's), ``cluster-other`` (walwriter, checkpointer, autovacuum...).
 
-``--statements`` preloads pg_stat_statements and prints what the cluster ran a
+``--durable`` restarts the cluster with ``fsync``, ``synchronous_commit`` and
+``full_page_writes`` on, as docs/deploy.md asks of a real one (tests/pg.py
+starts clusters with them off). ``--statements`` preloads pg_stat_statements and prints what the cluster ran a
 program, by statement: calls, plans, execution and planning time. It costs the
 cluster CPU of its own, so the CPU split is best read from a run without it.
 
-    python bench/pg_serve_probe.py [--file] [--clients 16] [--seconds 4] [--rounds 3] [--statements]
+    python bench/pg_serve_probe.py [--file] [--clients 16] [--seconds 4] [--rounds 3] [--statements] [--durable]
 """
 
 from __future__ import annotations
@@ -122,16 +124,29 @@ def statements(url: str) -> list[tuple[str, int, int, float, float]]:
             " WHERE query NOT LIKE '%pg_stat%' ORDER BY total_exec_time + total_plan_time DESC"))
 
 
+def _restart(cluster: Any, options: str | None = None) -> None:
+    """pg_ctl restart: with ``options`` (all of them) or, without, the options the cluster started with."""
+    # With its log named: a restarted server would otherwise hold pg_ctl's output open, and this wait with it.
+    subprocess.run([*cluster._as_user, cluster._pg_ctl, "-D", str(cluster.directory / "data"), "-l",
+                    str(cluster.directory / "log"), *(["-o", options] if options else []), "-w", "restart"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def durable(cluster: Any) -> None:
+    """Restart ``cluster`` as docs/deploy.md asks (fsync and synchronous_commit on), not as tests/pg.py starts it."""
+    import pg
+
+    _restart(cluster, f"-c listen_addresses='' -k {cluster.directory} -p {pg._PORT} -c max_connections=100"
+                      " -c fsync=on -c synchronous_commit=on -c full_page_writes=on")
+
+
 def with_statements(cluster: Any) -> None:
     """Restart ``cluster`` with pg_stat_statements loaded (pg_ctl restart keeps its start options)."""
     import psycopg
 
     with psycopg.connect(cluster.url, autocommit=True) as conn:
         conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
-    # With its log named: a restarted server would otherwise hold pg_ctl's output open, and this wait with it.
-    subprocess.run([*cluster._as_user, cluster._pg_ctl, "-D", str(cluster.directory / "data"), "-l",
-                    str(cluster.directory / "log"), "-w", "restart"], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    _restart(cluster)
     with psycopg.connect(cluster.url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         # Known only once the library is loaded.
@@ -166,6 +181,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--statements", action="store_true", help="load pg_stat_statements and list statements a program")
+    p.add_argument("--durable", action="store_true",
+                   help="fsync, synchronous_commit and full_page_writes on (docs/deploy.md), not off (tests/pg.py)")
     args = p.parse_args()
     import pg
 
@@ -178,6 +195,8 @@ def main() -> None:
     cluster = pg.start()
     probes: dict[str, Probe] = {}
     try:
+        if args.durable:
+            durable(cluster)
         if args.statements:
             with_statements(cluster)
         postmaster = int((cluster.directory / "data" / "postmaster.pid").read_text().split()[0])
