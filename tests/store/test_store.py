@@ -651,7 +651,7 @@ journal_rows = st.lists(
     st.fixed_dictionaries({
         "op": stored_text, "address": stored_text, "args": st.dictionaries(st.text(max_size=8), json_values, max_size=4),
         "key": stored_text,
-        "kind": st.sampled_from(["read", "write"]), "state": st.sampled_from([s.value for s in CallState]),
+        "kind": st.sampled_from(["read", "write"]), "state": st.sampled_from(list(CallState)),
         "outcome": json_values, "error": st.none() | st.dictionaries(st.text(max_size=8), json_values, max_size=3),
         "started_at": st.none() | st.floats(allow_nan=False), "finished_at": st.none() | st.floats(allow_nan=False),
         "idempotency_key": st.none() | stored_text, "sends": st.integers(0, 2**31 - 1),
