@@ -25,9 +25,10 @@ BENCHES = {"core": "core_bench.py", "search": "search_bench.py", "durable": "dur
            "serve": "serve_bench.py", "store_latency": "store_latency_bench.py", "bfcl": "bfcl_bench.py",
            "trees": "trees_bench.py"}
 # Not run here: replica_bench.py (two processes on Postgres, minutes long, no quick mode); percall_bench.py
-# (an A/B of two source trees, one of them a commit to name: a measure taken for a change, not a target);
-# timeline_execute.py (not a benchmark: a per-phase timeline of one warm execute, no target, no ratio).
-NOT_RUN = {"replica_bench.py", "percall_bench.py", "timeline_execute.py"}
+# (an A/B of two source trees, one of them a commit to name: a measure taken for a change, not a target),
+# pg_cpu_bench.py (the same for Postgres CPU per program) and timeline_execute.py (not a benchmark: a
+# per-phase timeline of one warm execute, no target, no ratio).
+NOT_RUN = {"replica_bench.py", "percall_bench.py", "pg_cpu_bench.py", "timeline_execute.py"}
 QUICK_TIMEOUT_S = 600
 
 

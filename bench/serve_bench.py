@@ -64,6 +64,7 @@ TARGETS = {"floor": 0.7, "fastmcp": 3.0, "postgres": 0.7}
 LABELS = {"floor": "floor: MCP SDK server + warm bare Monty", "tether_file": "tether serve, defaults (file store)",
           "tether_pg": "tether serve, Postgres store", "fastmcp": "FastMCP Code Mode (defaults)",
           "tether_base": "tether serve, defaults, the --base build",
+          "tether_pg_base": "tether serve, Postgres store, the --base build",
           "engine": "floor's server + tether's Runtime.execute"}
 _TICK = os.sysconf("SC_CLK_TCK")
 WINDOW_GRACE_S = 120.0
@@ -149,7 +150,8 @@ def servers(tmp: Path, with_pg: bool, only: set[str], base: str | None = None) -
     config.write_text("# tether's defaults: nothing set\n")
     tether = [sys.executable, "-m", "tether.cli", "--config", str(config), "serve", "--http", "127.0.0.1:{port}",
               "--dev", "--tools", str(HERE / "common.py")]
-    cluster, note = None, ""
+    clusters: list[Any] = []
+    note = ""
     started: dict[str, Served] = {}
     try:
         if "floor" in only:
@@ -159,6 +161,7 @@ def servers(tmp: Path, with_pg: bool, only: set[str], base: str | None = None) -
             started["tether_file"] = Served("tether_file", tether,
                                             {**base_env, "TETHER_HOME": str(tmp / "home_file")},
                                             tmp / "tether_file.log")
+        base_path = ""
         if base is not None:
             # Another build's src, served the same way: a before/after pair measured in the same windows, on
             # the same machine at the same moment.
@@ -172,15 +175,21 @@ def servers(tmp: Path, with_pg: bool, only: set[str], base: str | None = None) -
             reason = pg.missing_reason()
             if reason is None:
                 # A server of the caller's (TETHER_TEST_PG_URL) is used as it is; its CPU is not counted.
-                url, db_pid = os.environ.get("TETHER_TEST_PG_URL"), None
-                if url is None:
-                    cluster = pg.start()
-                    url = cluster.url
-                    db_pid = int((cluster.directory / "data" / "postmaster.pid").read_text().split()[0])
-                started["tether_pg"] = Served(
-                    "tether_pg", tether,
-                    {**base_env, "TETHER_HOME": str(tmp / "home_pg"), "TETHER_STORE_URL": url},
-                    tmp / "tether_pg.log", db_pid=db_pid)
+                given = os.environ.get("TETHER_TEST_PG_URL")
+                pg_servers = [("tether_pg", base_env)]
+                if base is not None and given is None:
+                    # The --base build on Postgres too, on a cluster of its own so each server's cluster CPU is
+                    # its own: the Postgres before/after from the same windows.
+                    pg_servers.append(("tether_pg_base", {**base_env, "PYTHONPATH": base_path}))
+                for name, env in pg_servers:
+                    url, db_pid = given, None
+                    if url is None:
+                        clusters.append(pg.start())
+                        url = clusters[-1].url
+                        db_pid = int((clusters[-1].directory / "data" / "postmaster.pid").read_text().split()[0])
+                    started[name] = Served(
+                        name, tether, {**env, "TETHER_HOME": str(tmp / f"home_{name}"), "TETHER_STORE_URL": url},
+                        tmp / f"{name}.log", db_pid=db_pid)
             else:
                 note = f"tether on Postgres skipped: {reason}"
         elif "tether_pg" in only:
@@ -197,7 +206,7 @@ def servers(tmp: Path, with_pg: bool, only: set[str], base: str | None = None) -
     finally:
         for s in started.values():
             s.stop()
-        if cluster is not None:
+        for cluster in clusters:
             cluster.stop()
 
 
@@ -307,7 +316,7 @@ def summarize(windows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             "client_cpu_ms_per_program": round(sum(w["client_cpu"] for w in ws) / done * 1e3, 2) if done else float("nan"),
             "errors": errors,
         }
-        for base in ("floor", "fastmcp", "tether_file", "tether_base", "engine"):
+        for base in ("floor", "fastmcp", "tether_file", "tether_base", "tether_pg_base", "engine"):
             if base in rate and base != name:
                 row[f"x_{base}"] = round(row["programs_per_s"] / (sum(rate[base]) / len(rate[base])), 3)
                 row[f"x_{base}_paired"] = round(statistics.median(a / b for a, b in zip(rate[name], rate[base]) if b),
@@ -340,6 +349,8 @@ def main() -> None:
     only = set(args.only.split(",")) if args.only else set(LABELS) - {"tether_base", "engine"}
     if args.base:
         only.add("tether_base")
+        if "tether_pg" in only and not args.no_pg:
+            only.add("tether_pg_base")
     unknown = only - set(LABELS)
     if unknown:
         p.error(f"unknown server(s) {', '.join(sorted(unknown))}; choose from {', '.join(LABELS)}")
@@ -364,6 +375,8 @@ def main() -> None:
                               ("x_floor_paired", "x floor"), ("x_fastmcp_paired", "x FastMCP"),
                               ("x_tether_file_paired", "x file store")]
                              + ([("x_tether_base_paired", "x base build")] if args.base else [])
+                             + ([("x_tether_pg_base_paired", "x base build on Postgres")]
+                                if any(r["server"] == "tether_pg_base" for r in rows) else [])
                              + ([("x_engine_paired", "x engine peer")] if "engine" in only else [])))
     by = {r["server"]: r for r in rows}
     targets = []

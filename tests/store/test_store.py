@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tether._store import CallRecord, Conflict, RunRecord, SnapshotRecord, open_store
 from tether._store._schema import SQLStore
 from tether._store.postgres import PostgresStore
 from tether._store.sqlite import SQLiteStore
+from tether._store.states import CallState
 from tether.errors import ConfigError, RunNotFound, StoreError
 
 # ---------------------------------------------------------------------------
@@ -710,6 +711,42 @@ def test_a_journal_row_takes_the_texts_its_entry_still_holds_instead_of_encoding
     store.record_call(stale)
     assert encoded == [args, outcome]
     assert store.get_call("r1", 1).outcome == store.get_call("r1", 2).outcome == outcome
+
+# Text a store of either backend keeps: Postgres's TEXT holds no NUL and UTF-8 no lone surrogate.
+stored_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
+journal_rows = st.lists(
+    st.fixed_dictionaries({
+        "op": stored_text, "address": stored_text, "args": st.dictionaries(st.text(max_size=8), json_values, max_size=4),
+        "key": stored_text,
+        "kind": st.sampled_from(["read", "write"]), "state": st.sampled_from(list(CallState)),
+        "outcome": json_values, "error": st.none() | st.dictionaries(st.text(max_size=8), json_values, max_size=3),
+        "started_at": st.none() | st.floats(allow_nan=False), "finished_at": st.none() | st.floats(allow_nan=False),
+        "idempotency_key": st.none() | stored_text, "sends": st.integers(0, 2**31 - 1),
+        "mac": st.none() | stored_text,
+    }),
+    min_size=1, max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=journal_rows, at_end=st.booleans())
+@example(rows=[{"op": "tool", "address": "a.b", "args": {"q": "it's \\ \"x\" ✓"}, "key": "k", "kind": "read",
+                "state": "done", "outcome": WEIRD, "error": None, "started_at": float("inf"),
+                "finished_at": 5e-324, "idempotency_key": None, "sends": 0, "mac": "m"}], at_end=False)
+@example(rows=[{"op": "tool", "address": "a.b", "args": {}, "key": "k", "kind": "write", "state": "sent",
+                "outcome": None, "error": {"code": "x"}, "started_at": -0.0, "finished_at": -float("inf"),
+                "idempotency_key": "i", "sends": 2**31 - 1, "mac": None}], at_end=True)
+def test_a_journal_batch_reads_back_exactly_as_written(store, rows, at_end):
+    # A batch goes as one statement however many rows it has (on Postgres the rows travel as one JSON text,
+    # times included, infinities too), written alone or with the run's end; every field comes back as it was.
+    run_id = uuid.uuid4().hex
+    store.create_run(make_run(run_id, status="running"))
+    batch = [CallRecord(run_id=run_id, seq=i, **row) for i, row in enumerate(rows, 1)]
+    if at_end:
+        assert store.end_run(run_id, ["running"], batch, status="completed")
+    else:
+        store.record_calls(batch)
+    assert store.get_calls(run_id) == batch
 
 
 # ---------------------------------------------------------------------------
