@@ -86,14 +86,33 @@ class _SignedHere(dict[str, Any]):
         self.signed = values  # held, not their ids: an id is reused once its object is gone
 
 
-def sign_run(keyring: Keyring, run: "RunRecord") -> dict[str, Any]:
+# The run signature's formats (D-55). 1: one MAC per field over ``["run", run_id, name, value]`` and nothing over
+# which fields carry one (runs signed before D-55 verify so, until they end). 2: every MAC's signed bytes begin
+# ``["run", 2, run_id`` — so no MAC of format 2 verifies as one of format 1 — and one more MAC, under the name
+# ``*`` (no field's name), covers the sorted names of the fields that carry a MAC.
+RUN_SIGNATURES = (1, 2)
+_NAMES = "*"
+_LOST_SEARCH = 1 << 12  # sets of dropped names tried when naming them: only a refused run pays for it
+
+
+def _head(run_id: str, version: int) -> tuple[Any, ...]:
+    return ("run", run_id) if version == 1 else ("run", 2, run_id)
+
+
+def sign_run(keyring: Keyring, run: "RunRecord", version: int = 2) -> dict[str, Any]:
+    """The run's MAC in format ``version`` (``[store] run_signature``; 2 unless a rolling upgrade asks for 1)."""
     signed = signed_run_fields(run)
-    # A field that is None is signed by its absence (D-51): verify_run holds a field without a MAC to be
-    # None, as it always did for runs signed before the field existed. Most of a plain run's 14 are None.
+    # A field that is None is signed by its absence (D-51); in format 2 the MAC over the names of the fields
+    # that carry one says which are absent (D-55). Most of a plain run's 14 fields are None.
     valued = [(name, value) for name, value in signed if value is not None]
-    macs = Keyring.macs(keyring.current, ("run", run.run_id), valued)
+    tails = valued if version == 1 else [*valued, (_NAMES, sorted(name for name, _ in valued))]
+    macs = Keyring.macs(keyring.current, _head(run.run_id, version), tails)
     fields = {name: mac[:_FIELD_HEX] for (name, _), mac in zip(valued, macs)}
-    return _SignedHere({"secret_id": keyring.current_id, "fields": fields}, run, [v for _, v in signed])
+    mac: dict[str, Any] = {"secret_id": keyring.current_id, "fields": fields}
+    if version != 1:
+        mac["format"] = version
+        mac["names"] = macs[-1][:_FIELD_HEX]
+    return _SignedHere(mac, run, [v for _, v in signed])
 
 
 def _signed_here(run: "RunRecord", mac: Any) -> bool:
@@ -114,29 +133,64 @@ def verify_run(keyring: Keyring, run: "RunRecord") -> None:
     mac = getattr(run, "mac", None)
     if _signed_here(run, mac):
         return
-    if not isinstance(mac, dict) or not isinstance(mac.get("fields"), dict) or not isinstance(mac.get("secret_id"), str):
+    if (not isinstance(mac, dict) or not isinstance(mac.get("fields"), dict)
+            or not isinstance(mac.get("secret_id"), str) or mac.get("format", 1) not in RUN_SIGNATURES):
         raise RunTampered(
             f"run {run.run_id} carries no valid signature (its mac is missing: recorded by a tether without run "
             "signatures, or the signature was removed); nothing was resumed or sent",
             details={"fields": ["mac"]},
         )
+    version = mac.get("format", 1)
     key = keyring.key_for(mac["secret_id"], f"run {run.run_id}")
     stored = mac["fields"]
     signed = signed_run_fields(run)
+    head = _head(run.run_id, version)
     # A field without a MAC must be None (D-51: a None field is signed by its absence; a run signed before
     # the field existed has none); one with a MAC must match it, None or not.
     macced = [(name, value) for name, value in signed if name in stored]
     wrong = {name for name, value in signed if name not in stored and value is not None}
-    for (name, _), expected in zip(macced, Keyring.macs(key, ("run", run.run_id), macced)):
-        if not isinstance(stored[name], str) or not same(expected[:_FIELD_HEX], stored[name]):
+    names = sorted(name for name, _ in macced)
+    tails = macced if version == 1 else [*macced, (_NAMES, names)]
+    expected = Keyring.macs(key, head, tails)
+    for (name, _), digest in zip(macced, expected):
+        if not isinstance(stored[name], str) or not same(digest[:_FIELD_HEX], stored[name]):
             wrong.add(name)
-    bad = [name for name, _ in signed if name in wrong]
+    if version == 1:
+        # Format 1 signs no set of fields (its gap, kept for the runs signed so until they end), but every run
+        # has a program: without its MAC this is no run format 1 signed — e.g. a run of format 2 whose MACs
+        # were removed and its fields set to None to pass it off as format 1 (D-55).
+        if "program" not in stored:
+            wrong.add("program")
+    elif not isinstance(mac.get("names"), str) or not same(expected[-1][:_FIELD_HEX], mac["names"]):
+        wrong.update(_lost(key, head, mac.get("names"), names, [n for n, v in signed if n not in stored and v is None]))
+    bad = [name for name, _ in signed if name in wrong] + (["mac"] if "mac" in wrong else [])
     if bad:
         raise RunTampered(
             f"run {run.run_id} was changed outside tether: {', '.join(bad)} no longer match"
             f"{'es' if len(bad) == 1 else ''} the run's signature; nothing was resumed or sent",
             details={"fields": bad},
         )
+
+
+def _lost(key: bytes, head: tuple[Any, ...], names_mac: Any, present: list[str], absent: list[str]) -> list[str]:
+    """The fields whose MACs were removed (each set to None), found by which names the names MAC was made over;
+    ``["mac"]`` when no such set is found (the names MAC itself was changed or removed).
+
+    Fewest first, so one dropped field costs a MAC per absent field; only a refused run gets here.
+    """
+    import itertools
+
+    if isinstance(names_mac, str):
+        tried = 0
+        for size in range(1, len(absent) + 1):
+            for dropped in itertools.combinations(absent, size):
+                tried += 1
+                if tried > _LOST_SEARCH:
+                    return ["mac"]
+                digest = Keyring.mac(key, *head, _NAMES, sorted([*present, *dropped]))
+                if same(digest[:_FIELD_HEX], names_mac):
+                    return list(dropped)
+    return ["mac"]
 
 
 # ---------------------------------------------------------------------------
