@@ -89,7 +89,8 @@ class _SignedHere(dict[str, Any]):
 # The run signature's formats (D-55). 1: one MAC per field over ``["run", run_id, name, value]`` and nothing over
 # which fields carry one (runs signed before D-55 verify so, until they end). 2: every MAC's signed bytes begin
 # ``["run", 2, run_id`` — so no MAC of format 2 verifies as one of format 1 — and one more MAC, under the name
-# ``*`` (no field's name), covers the sorted names of the fields that carry a MAC.
+# ``*`` (no field's name), covers the names of the fields that carry a MAC: sorted, joined by commas (no name
+# holds one), a string, which the MACs' encoder writes without a Python call (a list cost ~1.3 µs more).
 RUN_SIGNATURES = (1, 2)
 _NAMES = "*"
 _LOST_SEARCH = 1 << 12  # sets of dropped names tried when naming them: only a refused run pays for it
@@ -105,7 +106,7 @@ def sign_run(keyring: Keyring, run: "RunRecord", version: int = 2) -> dict[str, 
     # A field that is None is signed by its absence (D-51); in format 2 the MAC over the names of the fields
     # that carry one says which are absent (D-55). Most of a plain run's 14 fields are None.
     valued = [(name, value) for name, value in signed if value is not None]
-    tails = valued if version == 1 else [*valued, (_NAMES, sorted(name for name, _ in valued))]
+    tails = valued if version == 1 else [*valued, (_NAMES, ",".join(sorted(name for name, _ in valued)))]
     macs = Keyring.macs(keyring.current, _head(run.run_id, version), tails)
     fields = {name: mac[:_FIELD_HEX] for (name, _), mac in zip(valued, macs)}
     mac: dict[str, Any] = {"secret_id": keyring.current_id, "fields": fields}
@@ -150,7 +151,7 @@ def verify_run(keyring: Keyring, run: "RunRecord") -> None:
     macced = [(name, value) for name, value in signed if name in stored]
     wrong = {name for name, value in signed if name not in stored and value is not None}
     names = sorted(name for name, _ in macced)
-    tails = macced if version == 1 else [*macced, (_NAMES, names)]
+    tails = macced if version == 1 else [*macced, (_NAMES, ",".join(names))]
     expected = Keyring.macs(key, head, tails)
     for (name, _), digest in zip(macced, expected):
         if not isinstance(stored[name], str) or not same(digest[:_FIELD_HEX], stored[name]):
@@ -187,7 +188,7 @@ def _lost(key: bytes, head: tuple[Any, ...], names_mac: Any, present: list[str],
                 tried += 1
                 if tried > _LOST_SEARCH:
                     return ["mac"]
-                digest = Keyring.mac(key, *head, _NAMES, sorted([*present, *dropped]))
+                digest = Keyring.mac(key, *head, _NAMES, ",".join(sorted([*present, *dropped])))
                 if same(digest[:_FIELD_HEX], names_mac):
                     return list(dropped)
     return ["mac"]
