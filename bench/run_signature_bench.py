@@ -53,10 +53,10 @@ def main() -> None:
         times: dict[str, list[float]] = {f"{op} {v}": [] for op in ("sign", "verify") for v in (1, 2)}
         for _ in range(args.rounds):
             for v in (1, 2):  # alternated within a round: the pair sees the same load
-                times[f"sign {v}"].append(per_call(lambda v=v: sign_run(ring, run, v), args.n))
-                times[f"verify {v}"].append(per_call(lambda v=v: verify_run(ring, read[v]), args.n))
+                times[f"sign {v}"].append(per_call(lambda v=v, run=run: sign_run(ring, run, v), args.n))
+                times[f"verify {v}"].append(per_call(lambda v=v, read=read: verify_run(ring, read[v]), args.n))
         p50 = {k: statistics.median(t) for k, t in times.items()}
-        print(f"{'paused' if paused else 'plain'} run ({sum(1 for _ in dict(read[2].mac)['fields'])} field MACs): "
+        print(f"{'paused' if paused else 'plain'} run ({len(dict(read[2].mac or {})['fields'])} field MACs): "
               + ", ".join(f"{op} {p50[op + ' 1']:.1f} -> {p50[op + ' 2']:.1f} us ({p50[op + ' 2'] / p50[op + ' 1']:.3f}x)"
                           for op in ("sign", "verify")))
     print(f"rounds {args.rounds} x {args.n}; load average {os.getloadavg()[0]:.2f}")
