@@ -5,7 +5,7 @@ signature's set of fields") can be taken again. The records are a plain execute'
 value) and a paused one (7), as ``launcher.new_run`` and the pause make them; each verify is of a record read
 back (a plain dict MAC, checked in full), not one signed here (D-45's fast path, unchanged).
 
-    python bench/run_signature_bench.py [--rounds 30] [--n 2000]
+    python bench/ab_run_signature.py [--rounds 30] [--n 2000]
 """
 
 from __future__ import annotations
