@@ -650,3 +650,20 @@ def test_d55_any_set_of_dropped_fields_is_named_and_old_signatures_keep_verifyin
         verify_run(ring, old)
 
     check()
+
+
+def test_d55_a_stored_key_spelling_two_field_names_is_refused():
+    """The names MAC joins names with commas: a stored key holding one is never taken as two fields."""
+    from tether._engine.approvals.capabilities import Keyring
+    from tether._engine.integrity import sign_run, verify_run
+    from tether.errors import RunTampered
+
+    ring = Keyring(b"k" * 32)
+    run = _record()
+    run.mac = dict(sign_run(ring, run))
+    limits, policy = run.mac["fields"].pop("limits"), run.mac["fields"].pop("policy")
+    run.mac["fields"]["limits,policy"] = limits + policy
+    run.limits = run.policy = None
+    with pytest.raises(RunTampered) as info:
+        verify_run(ring, run)
+    assert info.value.details["fields"] == ["policy", "limits"]

@@ -43,7 +43,9 @@ def signed_run_fields(run: "RunRecord") -> list[tuple[str, Any]]:
     The run MAC is computed over exactly this list, one MAC per entry, so a
     mismatch names the field. To sign a new field add one line here, e.g.
     ``("meta.sources", meta.get("sources"))``; runs signed before the field
-    existed still verify while it is None on them.
+    existed still verify while it is None on them. Never remove a line: a run
+    signed in format 2 signs the names of its fields with a MAC (D-55), and
+    one whose name was removed would no longer verify; keep it, None from then on.
 
     Not signed, on purpose: status, owner, lease and timestamps (compare-and-set
     guards them, and they decide nothing a resume sends), the result envelope,
@@ -150,6 +152,8 @@ def verify_run(keyring: Keyring, run: "RunRecord") -> None:
     # the field existed has none); one with a MAC must match it, None or not.
     macced = [(name, value) for name, value in signed if name in stored]
     wrong = {name for name, value in signed if name not in stored and value is not None}
+    # The names of signed fields only, not every key of the stored MAC: a key of its own such as "limits,policy"
+    # would spell the same joined names as two fields whose MACs were removed.
     names = sorted(name for name, _ in macced)
     tails = macced if version == 1 else [*macced, (_NAMES, ",".join(names))]
     expected = Keyring.macs(key, head, tails)
