@@ -667,3 +667,16 @@ def test_d55_a_stored_key_spelling_two_field_names_is_refused():
     with pytest.raises(RunTampered) as info:
         verify_run(ring, run)
     assert info.value.details["fields"] == ["policy", "limits"]
+
+
+def test_d55_a_format_this_tether_does_not_know_is_refused_and_said_so():
+    from tether._engine.approvals.capabilities import Keyring
+    from tether._engine.integrity import sign_run, verify_run
+    from tether.errors import RunTampered
+
+    ring = Keyring(b"k" * 32)
+    run = _record()
+    run.mac = {**sign_run(ring, run), "format": 3}
+    with pytest.raises(RunTampered) as info:
+        verify_run(ring, run)
+    assert info.value.details["fields"] == ["mac"] and "format 3" in info.value.message

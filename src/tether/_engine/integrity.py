@@ -136,11 +136,16 @@ def verify_run(keyring: Keyring, run: "RunRecord") -> None:
     mac = getattr(run, "mac", None)
     if _signed_here(run, mac):
         return
-    if (not isinstance(mac, dict) or not isinstance(mac.get("fields"), dict)
-            or not isinstance(mac.get("secret_id"), str) or mac.get("format", 1) not in RUN_SIGNATURES):
+    if not isinstance(mac, dict) or not isinstance(mac.get("fields"), dict) or not isinstance(mac.get("secret_id"), str):
         raise RunTampered(
             f"run {run.run_id} carries no valid signature (its mac is missing: recorded by a tether without run "
             "signatures, or the signature was removed); nothing was resumed or sent",
+            details={"fields": ["mac"]},
+        )
+    if mac.get("format", 1) not in RUN_SIGNATURES:
+        raise RunTampered(
+            f"run {run.run_id} carries a run signature of format {str(mac.get('format'))[:20]!r}, which this tether "
+            f"does not know (it verifies formats {', '.join(map(str, RUN_SIGNATURES))}); nothing was resumed or sent",
             details={"fields": ["mac"]},
         )
     version = mac.get("format", 1)
