@@ -144,7 +144,7 @@ def verify_run(keyring: Keyring, run: "RunRecord") -> None:
         )
     if mac.get("format", 1) not in RUN_SIGNATURES:
         raise RunTampered(
-            f"run {run.run_id} carries a run signature of format {str(mac.get('format'))[:20]!r}, which this tether "
+            f"run {run.run_id} carries a run signature of format {str(mac.get('format'))[:20]}, which this tether "
             f"does not know (it verifies formats {', '.join(map(str, RUN_SIGNATURES))}); nothing was resumed or sent",
             details={"fields": ["mac"]},
         )
