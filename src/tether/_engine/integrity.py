@@ -7,7 +7,8 @@ secret can say so instead of reporting tampering:
 
 - the **run MAC** (``runs.mac``): one MAC per field of :func:`signed_run_fields`
   that is not None (a None field is signed by its absence, D-51), so a mismatch
-  names the field (never its value);
+  names the field (never its value), and one over the names of those fields
+  (format 2, D-55), so removing a field's MAC is refused too;
 - the **call MAC** (``calls.mac``): each journal entry's identity, state and
   outcome, chained to the key of the call before it;
 - the **snapshot MAC** (``snapshots.mac``): the dump and the calls it waits on.
