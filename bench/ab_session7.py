@@ -7,7 +7,7 @@ rounds, and reports p50s and the paired ratio. It reaches into private names, so
 they are renamed.
 
     python bench/ab_session7.py [--rounds 400] [--calls 0|10] [--store memory|file] [--settled]
-    ONLY=giveback|random|nulls|overlap|sparse python bench/ab_session7.py ...   # one alone (the others on)
+    ONLY=giveback|random|nulls|overlap|sparse|format1 python bench/ab_session7.py ...   # one alone (the others on)
 
 By default each execute follows the previous one at once (the previous run's worker may still be on its
 way back); ``--settled`` waits for every worker to be back before each timed execute.
@@ -82,7 +82,7 @@ async def _reserve_and_wait(self: Any, spec: Any) -> Any:
     return reserved
 
 
-def _sign_every_field(keyring: Any, run: Any) -> Any:
+def _sign_every_field(keyring: Any, run: Any, version: int = 1) -> Any:
     """Session 6: a MAC for each of the 14 signed fields, None ones included (D-51 signs those by absence)."""
     signed = integrity.signed_run_fields(run)
     macs = Keyring.macs(keyring.current, ("run", run.run_id), signed)
@@ -90,6 +90,12 @@ def _sign_every_field(keyring: Any, run: Any) -> Any:
     return integrity._SignedHere({"secret_id": keyring.current_id, "fields": fields}, run, [v for _, v in signed])
 
 
+def _sign_format_1(keyring: Any, run: Any, version: int = 2) -> Any:
+    """Before D-55: the run signature of format 1 (no version tag, no MAC over the names of the fields)."""
+    return _SIGN_RUN(keyring, run, 1)
+
+
+_SIGN_RUN = integrity.sign_run
 _NEW_RUN = launcher.new_run
 _RESERVE = monty.SandboxPool.reserve
 # name -> (object, attribute, the value before). Each is put back by switch(on=False).
@@ -98,15 +104,21 @@ CHANGES: dict[str, tuple[Any, str, Any]] = {
     "random": (launcher, "new_run", _new_run_two_reads),
     "nulls": (Keyring, "macs", staticmethod(_macs_encoding_nulls)),
     "overlap": (monty.SandboxPool, "reserve", _reserve_and_wait),
-    "sparse": (launcher, "sign_run", _sign_every_field),
+    "format1": (launcher, "sign_run", _sign_format_1),
+    "sparse": (launcher, "sign_run", _sign_every_field),  # after format1: with both before, session 6's wins
 }
 _AFTER = {name: owner.__dict__[attr] for name, (owner, attr, _old) in CHANGES.items()}
 
 
 def switch(on: bool) -> None:
-    for name, (owner, attr, old) in CHANGES.items():
-        after = on or ONLY not in ("all", name)
-        setattr(owner, attr, _AFTER[name] if after else old)
+    # Every change's "after" first, then the "before" ones: two changes of one attribute (format1, sparse)
+    # must not have the one left on undo the one being measured.
+    befores = [(owner, attr, old) for name, (owner, attr, old) in CHANGES.items()
+               if not (on or ONLY not in ("all", name))]
+    for name, (owner, attr, _old) in CHANGES.items():
+        setattr(owner, attr, _AFTER[name])
+    for owner, attr, old in befores:
+        setattr(owner, attr, old)
 
 
 def program(calls: int) -> str:

@@ -64,6 +64,7 @@ async def open_runtime(
         lease_seconds=float(os.environ.get("TETHER_LEASE_SECONDS", "30")),
         local_runs=config.server.local_runs,
         quotas=config.quotas.quotas(),
+        run_signature=config.store.run_signature,
         # Its sources are set up with the engine (loaded below); the worker reads its [retention].
         config=config,
     )

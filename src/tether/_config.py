@@ -83,6 +83,10 @@ class StoreConfig(_Section):
     # Relative to the default TETHER_HOME; load_config writes the absolute
     # path of the home in force.
     url: StoreUrl = f"sqlite:///{DEFAULT_HOME}/tether.db"
+    # The format runs are signed in (D-55, P-35): 2 signs which fields carry a MAC; 1 is the format of the
+    # release before, which its replicas can read — set it only while such replicas still run (docs/deploy.md
+    # "Upgrading"). Both formats verify either way.
+    run_signature: Literal[1, 2] = 2
 
 
 # --- [retention] -------------------------------------------------------------

@@ -89,6 +89,7 @@ class Runtime:
         principal: str = LOCAL_PRINCIPAL,
         local_runs: str = "private",
         quotas: Quotas | None = None,
+        run_signature: int = 2,
         config: Config | None = None,
     ) -> None:
         from tether._engine.build import build_engine
@@ -102,6 +103,8 @@ class Runtime:
             raise InvalidArguments("principal must be a non-empty string")
         if local_runs not in ("private", "shared"):
             raise InvalidArguments(f"local_runs must be 'private' or 'shared', not {local_runs!r}")
+        if run_signature not in (1, 2):
+            raise InvalidArguments(f"run_signature must be 1 or 2 (D-55), not {run_signature!r}")
         limits = limits or Limits()
         self._own_pool = pool is None
         pool = pool or SandboxPool(
@@ -125,6 +128,7 @@ class Runtime:
             # the run's own time limit, and a margin.
             rejoin_wait_seconds=limits.run_seconds + 10.0,
             quotas=quotas,
+            run_signature=run_signature,
         )
         self._engine = build_engine(
             store=store if store is not None else open_store("sqlite:///:memory:"),

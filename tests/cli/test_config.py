@@ -513,3 +513,17 @@ def test_from_dict_names_its_source() -> None:
     with pytest.raises(ConfigError) as caught:
         Config.from_dict({"limits": {"host_calls": 0}}, source="inline", env={})
     assert caught.value.message == "inline: limits.host_calls: must be a positive integer (got 0)"
+
+
+async def test_store_run_signature_reaches_the_runtime_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    """[store] run_signature = 1 (a rolling upgrade, docs/deploy.md) makes the runtime sign runs in format 1."""
+    from tether import open_runtime
+
+    text = f'[store]\nurl = "sqlite:///{tmp_path}/t.db"\nrun_signature = 1\n'
+    assert load_config(write(tmp_path, f'[store]\nurl = "sqlite:///{tmp_path}/t.db"\n'), env={}).store.run_signature == 2
+    async with open_runtime(load_config(write(tmp_path, text), env={})) as rt:
+        r = await rt.execute("1 + 1")
+        assert r.status == "completed"
+        mac = rt.store.get_run(r.run_id).mac
+        assert "format" not in mac and "names" not in mac
+    assert one_problem(tmp_path, "[store]\nrun_signature = 3\n") == "store.run_signature: must be one of 1, 2 (got 3)"

@@ -472,3 +472,211 @@ async def test_p35_a_read_signed_from_its_encoded_result_verifies_field_by_field
         calls[0].outcome["rows"][5]["name"] = "x" * 400 + " 6"
         with pytest.raises(RunTampered):
             integrity.verify_calls(keyring, r.run_id, calls)
+
+
+# -- D-55: the run signature covers which fields carry a MAC ----------------------------------------------
+
+
+def stored_mac(backend: Backend, run_id: str) -> dict[str, Any]:
+    store = backend.store()
+    try:
+        mac = store.get_run(run_id).mac
+    finally:
+        store.close()
+    return dict(mac)
+
+
+def write_mac(backend: Backend, run_id: str, mac: dict[str, Any]) -> None:
+    backend.sql("UPDATE runs SET mac = ? WHERE run_id = ?", (json.dumps(mac), run_id))
+
+
+@pytest.mark.parametrize("field, column, none", [
+    ("principal", "principal", None),  # a principal's run passed off as a local one
+    ("limits", "limits", "null"),  # a NOT NULL JSON column: its JSON null reads back as None
+    ("expires_at", "expires_at", None),  # a pause that never expires
+])
+async def test_d55_a_fields_mac_removed_with_the_field_set_to_none_is_refused_naming_it(backend, field, column, none):
+    rec = Recorder()
+    run_id = await paused_run(backend, rec)
+    mac = stored_mac(backend, run_id)
+    assert mac["format"] == 2 and field in mac["fields"]
+    del mac["fields"][field]
+    write_mac(backend, run_id, mac)
+    backend.sql(f"UPDATE runs SET {column} = ? WHERE run_id = ?", (none, run_id))
+    async with backend.runtime(rec) as rt:
+        r = await rt.resume(run_id, "approve")
+        assert r.status == "failed" and r.error["code"] == "run_tampered", r.error
+        assert r.error["details"]["fields"] == [field] and field in r.error["message"]
+    assert rec.deliveries == []
+
+
+async def test_d55_a_signature_rewritten_as_the_old_format_is_refused(backend):
+    rec = Recorder()
+    run_id = await paused_run(backend, rec)
+    mac = stored_mac(backend, run_id)
+    old = {"secret_id": mac["secret_id"], "fields": mac["fields"]}  # format 1 has neither a format nor names
+    write_mac(backend, run_id, old)
+    await assert_tampered(backend, rec, run_id, "program")
+    # Every MAC removed as well, every field that may be None set to None: format 1's gap, were it accepted.
+    rec2 = Recorder()
+    other = await paused_run(backend, rec2)
+    write_mac(backend, other, {"secret_id": mac["secret_id"], "fields": {}})
+    backend.sql("UPDATE runs SET principal = NULL, pending = NULL, expires_at = NULL, policy = 'null', "
+                "limits = 'null', environment = 'null', meta = '{}' WHERE run_id = ?", (other,))
+    async with backend.runtime(rec2) as rt:
+        r = await rt.resume(other, "approve")
+        assert r.status == "failed" and r.error["code"] == "run_tampered", r.error
+        assert r.error["details"]["fields"] == ["program"]
+    assert rec2.deliveries == []
+
+
+async def test_d55_a_removed_names_mac_is_refused(backend):
+    rec = Recorder()
+    run_id = await paused_run(backend, rec)
+    mac = stored_mac(backend, run_id)
+    del mac["names"]
+    write_mac(backend, run_id, mac)
+    await assert_tampered(backend, rec, run_id, "mac")
+
+
+async def test_d55_a_run_signed_in_the_old_format_still_verifies_and_resumes(backend):
+    """Runs signed before D-55 are in stores today: they verify as they did, and the pause they next make
+    is signed in the new format."""
+    from tether._engine.approvals.capabilities import keyring_for
+    from tether._engine.integrity import sign_run
+
+    rec = Recorder()
+    run_id = await paused_run(backend, rec)
+    store = backend.store()
+    try:
+        run = store.get_run(run_id)
+        old = dict(sign_run(keyring_for(store), run, 1))
+    finally:
+        store.close()
+    assert "format" not in old and "names" not in old
+    write_mac(backend, run_id, old)
+    async with backend.runtime(rec) as rt:
+        r = await rt.resume(run_id, "approve")
+        assert r.status == "paused" and r.pending["seq"] == 3, r.error
+        assert rt.store.get_run(run_id).mac["format"] == 2
+        r = await rt.resume(run_id, "approve", seq=3)
+        assert r.status == "completed" and r.result == ["ticket 1", "closed", "closed"], r.error
+    assert rec.deliveries == [("close_ticket", {"id": 1}), ("close_ticket", {"id": 2})]
+
+
+async def test_d55_run_signature_1_writes_what_the_previous_release_reads_and_2_resumes_it(backend):
+    """A rolling upgrade (docs/deploy.md): replicas of this release set to format 1 sign runs the previous
+    release's replicas verify; once none is left, format 2 (the default) resumes them."""
+    from tether._engine.approvals.capabilities import keyring_for
+    from tether._engine.integrity import signed_run_fields
+
+    rec = Recorder()
+    async with backend.runtime(rec, run_signature=1) as rt:
+        paused = await rt.execute(TWO_WRITES)
+        run = rt.store.get_run(paused.run_id)
+        assert "format" not in run.mac and "names" not in run.mac
+        # The previous release's check, by hand: one MAC per field over ["run", run_id, name, value].
+        ring = keyring_for(rt.store)
+        for name, value in signed_run_fields(run):
+            if name in run.mac["fields"]:
+                assert ring.mac(ring.current, "run", run.run_id, name, value)[:32] == run.mac["fields"][name]
+    async with backend.runtime(rec) as rt:
+        r = await rt.resume(paused.run_id, "approve")
+        assert r.status == "paused" and rt.store.get_run(paused.run_id).mac["format"] == 2, r.error
+    with pytest.raises(Exception) as info:
+        backend.runtime(rec, run_signature=3)
+    assert getattr(info.value, "code", None) == "invalid_arguments"
+
+
+def _record(**fields: Any) -> Any:
+    from tether._store.base import RunRecord
+    from tether._store.states import RunStatus
+
+    run = RunRecord("run_0123456789abcdef", RunStatus.PAUSED, "1 + 1", {"clock": "2026-01-01T00:00:00", "seed": 1},
+                    {"writes": "ask"}, {"host_calls": 10}, 0.0, 0.0, principal="p", expires_at=5.0,
+                    pending={"seq": 2}, session="s",
+                    meta={"tools": ["m"], "config": {"a": 1}, "type_check": True, "session_base": {"b": 1},
+                          "sources": [{"type": "python"}], "client": {"name": "c"}})
+    for name, value in fields.items():
+        setattr(run, name, value)
+    return run
+
+
+_NULLABLE = ["principal", "session", "environment", "policy", "limits", "meta.tools", "meta.config",
+             "meta.type_check", "meta.session_base", "meta.sources", "meta.client", "pending", "expires_at"]
+
+
+def _set_none(run: Any, name: str) -> None:
+    if name.startswith("meta."):
+        run.meta.pop(name[5:])
+    else:
+        setattr(run, name, None)
+
+
+def test_d55_any_set_of_dropped_fields_is_named_and_old_signatures_keep_verifying():
+    """Property: removing the MACs of any set of fields, each set to None, is refused naming exactly those
+    (format 2); the same record signed in format 1 verifies (the gap format 1 keeps, D-55)."""
+    import copy
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from tether._engine.approvals.capabilities import Keyring
+    from tether._engine.integrity import sign_run, verify_run
+    from tether.errors import RunTampered
+
+    ring = Keyring(b"k" * 32, (b"old" * 11,))
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.sets(st.sampled_from(_NULLABLE), min_size=1, max_size=4), st.booleans())
+    def check(dropped: set[str], rotated: bool) -> None:
+        signer = Keyring(ring.previous[0]) if rotated else ring  # signed before a rotation: verifies after it
+        run = _record()
+        stored = copy.deepcopy(dict(sign_run(signer, run)))
+        run = copy.deepcopy(run)
+        run.mac = copy.deepcopy(stored)
+        verify_run(ring, run)
+        for name in dropped:
+            del run.mac["fields"][name]
+            _set_none(run, name)
+        with pytest.raises(RunTampered) as info:
+            verify_run(ring, run)
+        assert info.value.details["fields"] == [n for n in ["principal", "session", "program", *_NULLABLE[2:]]
+                                                if n in dropped]
+        old = copy.deepcopy(run)
+        old.mac = copy.deepcopy(dict(sign_run(signer, _record(), 1)))
+        for name in dropped:
+            del old.mac["fields"][name]
+        verify_run(ring, old)
+
+    check()
+
+
+def test_d55_a_stored_key_spelling_two_field_names_is_refused():
+    """The names MAC joins names with commas: a stored key holding one is never taken as two fields."""
+    from tether._engine.approvals.capabilities import Keyring
+    from tether._engine.integrity import sign_run, verify_run
+    from tether.errors import RunTampered
+
+    ring = Keyring(b"k" * 32)
+    run = _record()
+    run.mac = dict(sign_run(ring, run))
+    limits, policy = run.mac["fields"].pop("limits"), run.mac["fields"].pop("policy")
+    run.mac["fields"]["limits,policy"] = limits + policy
+    run.limits = run.policy = None
+    with pytest.raises(RunTampered) as info:
+        verify_run(ring, run)
+    assert info.value.details["fields"] == ["policy", "limits"]
+
+
+def test_d55_a_format_this_tether_does_not_know_is_refused_and_said_so():
+    from tether._engine.approvals.capabilities import Keyring
+    from tether._engine.integrity import sign_run, verify_run
+    from tether.errors import RunTampered
+
+    ring = Keyring(b"k" * 32)
+    run = _record()
+    run.mac = {**sign_run(ring, run), "format": 3}
+    with pytest.raises(RunTampered) as info:
+        verify_run(ring, run)
+    assert info.value.details["fields"] == ["mac"] and "format 3" in info.value.message

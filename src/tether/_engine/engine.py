@@ -86,6 +86,7 @@ class Settings:
     # before it gets a `running` envelope (P-36).
     rejoin_wait_seconds: float = 310.0
     quotas: Quotas | None = None  # per-principal limits on starting runs ([quotas]); None: none
+    run_signature: int = 2  # the format runs are signed in ([store] run_signature, D-55)
 
     @property
     def type_check(self) -> bool:

@@ -7,7 +7,8 @@ secret can say so instead of reporting tampering:
 
 - the **run MAC** (``runs.mac``): one MAC per field of :func:`signed_run_fields`
   that is not None (a None field is signed by its absence, D-51), so a mismatch
-  names the field (never its value);
+  names the field (never its value), and one over the names of those fields
+  (format 2, D-55), so removing a field's MAC is refused too;
 - the **call MAC** (``calls.mac``): each journal entry's identity, state and
   outcome, chained to the key of the call before it;
 - the **snapshot MAC** (``snapshots.mac``): the dump and the calls it waits on.
@@ -43,7 +44,9 @@ def signed_run_fields(run: "RunRecord") -> list[tuple[str, Any]]:
     The run MAC is computed over exactly this list, one MAC per entry, so a
     mismatch names the field. To sign a new field add one line here, e.g.
     ``("meta.sources", meta.get("sources"))``; runs signed before the field
-    existed still verify while it is None on them.
+    existed still verify while it is None on them. Never remove a line: a run
+    signed in format 2 signs the names of its fields with a MAC (D-55), and
+    one whose name was removed would no longer verify; keep it, None from then on.
 
     Not signed, on purpose: status, owner, lease and timestamps (compare-and-set
     guards them, and they decide nothing a resume sends), the result envelope,
@@ -86,14 +89,34 @@ class _SignedHere(dict[str, Any]):
         self.signed = values  # held, not their ids: an id is reused once its object is gone
 
 
-def sign_run(keyring: Keyring, run: "RunRecord") -> dict[str, Any]:
+# The run signature's formats (D-55). 1: one MAC per field over ``["run", run_id, name, value]`` and nothing over
+# which fields carry one (runs signed before D-55 verify so, until they end). 2: every MAC's signed bytes begin
+# ``["run", 2, run_id`` — so no MAC of format 2 verifies as one of format 1 — and one more MAC, under the name
+# ``*`` (no field's name), covers the names of the fields that carry a MAC: sorted, joined by commas (no name
+# holds one), a string, which the MACs' encoder writes without a Python call (a list cost ~1.3 µs more).
+RUN_SIGNATURES = (1, 2)
+_NAMES = "*"
+_LOST_SEARCH = 1 << 12  # sets of dropped names tried when naming them: only a refused run pays for it
+
+
+def _head(run_id: str, version: int) -> tuple[Any, ...]:
+    return ("run", run_id) if version == 1 else ("run", 2, run_id)
+
+
+def sign_run(keyring: Keyring, run: "RunRecord", version: int = 2) -> dict[str, Any]:
+    """The run's MAC in format ``version`` (``[store] run_signature``; 2 unless a rolling upgrade asks for 1)."""
     signed = signed_run_fields(run)
-    # A field that is None is signed by its absence (D-51): verify_run holds a field without a MAC to be
-    # None, as it always did for runs signed before the field existed. Most of a plain run's 14 are None.
+    # A field that is None is signed by its absence (D-51); in format 2 the MAC over the names of the fields
+    # that carry one says which are absent (D-55). Most of a plain run's 14 fields are None.
     valued = [(name, value) for name, value in signed if value is not None]
-    macs = Keyring.macs(keyring.current, ("run", run.run_id), valued)
+    tails = valued if version == 1 else [*valued, (_NAMES, ",".join(sorted(name for name, _ in valued)))]
+    macs = Keyring.macs(keyring.current, _head(run.run_id, version), tails)
     fields = {name: mac[:_FIELD_HEX] for (name, _), mac in zip(valued, macs)}
-    return _SignedHere({"secret_id": keyring.current_id, "fields": fields}, run, [v for _, v in signed])
+    mac: dict[str, Any] = {"secret_id": keyring.current_id, "fields": fields}
+    if version != 1:
+        mac["format"] = version
+        mac["names"] = macs[-1][:_FIELD_HEX]
+    return _SignedHere(mac, run, [v for _, v in signed])
 
 
 def _signed_here(run: "RunRecord", mac: Any) -> bool:
@@ -120,23 +143,65 @@ def verify_run(keyring: Keyring, run: "RunRecord") -> None:
             "signatures, or the signature was removed); nothing was resumed or sent",
             details={"fields": ["mac"]},
         )
+    if mac.get("format", 1) not in RUN_SIGNATURES:
+        raise RunTampered(
+            f"run {run.run_id} carries a run signature of format {str(mac.get('format'))[:20]}, which this tether "
+            f"does not know (it verifies formats {', '.join(map(str, RUN_SIGNATURES))}); nothing was resumed or sent",
+            details={"fields": ["mac"]},
+        )
+    version = mac.get("format", 1)
     key = keyring.key_for(mac["secret_id"], f"run {run.run_id}")
     stored = mac["fields"]
     signed = signed_run_fields(run)
+    head = _head(run.run_id, version)
     # A field without a MAC must be None (D-51: a None field is signed by its absence; a run signed before
     # the field existed has none); one with a MAC must match it, None or not.
     macced = [(name, value) for name, value in signed if name in stored]
     wrong = {name for name, value in signed if name not in stored and value is not None}
-    for (name, _), expected in zip(macced, Keyring.macs(key, ("run", run.run_id), macced)):
-        if not isinstance(stored[name], str) or not same(expected[:_FIELD_HEX], stored[name]):
+    # The names of signed fields only, not every key of the stored MAC: a key of its own such as "limits,policy"
+    # would spell the same joined names as two fields whose MACs were removed.
+    names = sorted(name for name, _ in macced)
+    tails = macced if version == 1 else [*macced, (_NAMES, ",".join(names))]
+    expected = Keyring.macs(key, head, tails)
+    for (name, _), digest in zip(macced, expected):
+        if not isinstance(stored[name], str) or not same(digest[:_FIELD_HEX], stored[name]):
             wrong.add(name)
-    bad = [name for name, _ in signed if name in wrong]
+    if version == 1:
+        # Format 1 signs no set of fields (its gap, kept for the runs signed so until they end), but every run
+        # has a program: without its MAC this is no run format 1 signed — e.g. a run of format 2 whose MACs
+        # were removed and its fields set to None to pass it off as format 1 (D-55).
+        if "program" not in stored:
+            wrong.add("program")
+    elif not isinstance(mac.get("names"), str) or not same(expected[-1][:_FIELD_HEX], mac["names"]):
+        wrong.update(_lost(key, head, mac.get("names"), names, [n for n, v in signed if n not in stored and v is None]))
+    bad = [name for name, _ in signed if name in wrong] + (["mac"] if "mac" in wrong else [])
     if bad:
         raise RunTampered(
             f"run {run.run_id} was changed outside tether: {', '.join(bad)} no longer match"
             f"{'es' if len(bad) == 1 else ''} the run's signature; nothing was resumed or sent",
             details={"fields": bad},
         )
+
+
+def _lost(key: bytes, head: tuple[Any, ...], names_mac: Any, present: list[str], absent: list[str]) -> list[str]:
+    """The fields whose MACs were removed (each set to None), found by which names the names MAC was made over;
+    ``["mac"]`` when no such set is found (the names MAC itself was changed or removed).
+
+    Fewest first, so one dropped field costs a MAC per absent field; only a refused run gets here.
+    """
+    import itertools
+
+    if isinstance(names_mac, str):
+        tried = 0
+        for size in range(1, len(absent) + 1):
+            for dropped in itertools.combinations(absent, size):
+                tried += 1
+                if tried > _LOST_SEARCH:
+                    return ["mac"]
+                digest = Keyring.mac(key, *head, _NAMES, ",".join(sorted([*present, *dropped])))
+                if same(digest[:_FIELD_HEX], names_mac):
+                    return list(dropped)
+    return ["mac"]
 
 
 # ---------------------------------------------------------------------------

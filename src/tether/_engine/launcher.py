@@ -67,7 +67,7 @@ async def begin(engine: Engine, code: str, *, check: str, hooks: Hooks = NO_HOOK
     if key is not None:
         run_keys.mark(run, key, run_keys.request_fingerprint(code, session=session, check=check, meta=meta))
     await engine.astore.call(check_run_start, engine.settings.quotas, engine.store, run, session, engine.clock())
-    run.mac = sign_run(engine.keyring, run)
+    run.mac = sign_run(engine.keyring, run, engine.settings.run_signature)
     if key is None:
         await engine.astore.call(engine.lifecycle.create, run)
     else:
@@ -90,7 +90,7 @@ def start(engine: Engine, code: str, *, check: str, principal: str | None = None
         run_keys.mark(run, check_run_key(key), run_keys.request_fingerprint(code, session=None, check=check,
                                                                             meta=meta))
     check_run_start(engine.settings.quotas, engine.store, run, None, engine.clock())
-    run.mac = sign_run(engine.keyring, run)
+    run.mac = sign_run(engine.keyring, run, engine.settings.run_signature)
     if key is None:
         engine.lifecycle.create(run)
         return run.run_id

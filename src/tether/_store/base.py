@@ -45,7 +45,7 @@ class RunRecord:
     decision: dict[str, Any] | None = None
     session: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
-    # The run MAC (P-35): {"secret_id", "fields": {name: mac}}; see _engine/integrity.py.
+    # The run MAC (P-35): {"format": 2, "secret_id", "fields": {name: mac}, "names": mac}; see _engine/integrity.py.
     mac: dict[str, Any] | None = None
     # The caller's key for the request that started it (P-36): (principal, run_key) names one run.
     run_key: str | None = None

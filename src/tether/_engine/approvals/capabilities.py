@@ -82,12 +82,15 @@ def _encoded(value: Any) -> str:
     """``_CANONICAL.encode(value)``, the same text, without the encoder's Python call for the commonest values.
 
     A run's signature encodes 14 field names and values (most of them None) per run: the encoder's own
-    fast path for a string is this very function, and None is "null" (bench/README.md, "Issue 24, session 7").
+    fast path for a string is this very function, None is "null" (bench/README.md, "Issue 24, session 7"), and
+    an int (not a bool) is its ``int.__repr__``, as the encoder writes it (the run signature's format tag, D-55).
     """
     if value is None:
         return "null"
     if type(value) is str:
         return encode_basestring_ascii(value)
+    if type(value) is int:
+        return int.__repr__(value)
     return _CANONICAL.encode(value)
 
 
@@ -177,11 +180,11 @@ class Keyring:
     def macs(key: bytes, head: Sequence[Any], tails: Sequence[tuple[Any, Any]]) -> list[str]:
         """``[mac(key, *head, a, b) for a, b in tails]``, the same MACs: the shared head is hashed once.
 
-        A run's signature is one MAC per field over ``["run", run_id, name, value]`` (integrity.py);
+        A run's signature is one MAC per field over ``["run", 2, run_id, name, value]`` (integrity.py);
         the canonical JSON of a list is its items' joined by ``,``, so the HMAC state after the head
         is copied for each field instead of hashing the head again (~0.4 of ``sign_run``'s cost).
         """
-        base = hmac.new(key, ("[" + ",".join(_CANONICAL.encode(p) for p in head) + ",").encode(), hashlib.sha256)
+        base = hmac.new(key, ("[" + ",".join(_encoded(p) for p in head) + ",").encode(), hashlib.sha256)
         out = []
         for a, b in tails:
             h = base.copy()

@@ -428,7 +428,8 @@ class Attempt:
         kept = as_stored(public)
         stored = envelope if kept is public else dataclasses.replace(envelope, pending=kept)
         # The run's MAC covers what it waits on (P-35).
-        signed = sign_run(d.keyring, dataclasses.replace(run, pending=kept, expires_at=expires))
+        signed = sign_run(d.keyring, dataclasses.replace(run, pending=kept, expires_at=expires),
+                          self.settings.run_signature)
         # An attempt that parks ended normally: the takeovers before it no longer count (P-39).
         fresh = await self.astore.get_run(run.run_id) if takeovers(run) else None
         # The snapshot, the approval waits, paused (or waiting) and its event: one transaction (issue 24).
