@@ -66,12 +66,13 @@ async def begin(engine: Engine, code: str, *, check: str, hooks: Hooks = NO_HOOK
             engine.sessions.base, session, run.principal or engine.settings.principal, notes)
     if key is not None:
         run_keys.mark(run, key, run_keys.request_fingerprint(code, session=session, check=check, meta=meta))
-    await engine.astore.call(check_run_start, engine.settings.quotas, engine.store, run, session, engine.clock())
+    admission = await engine.astore.call(check_run_start, engine.settings.quotas, engine.store, run, session,
+                                         engine.clock())
     run.mac = sign_run(engine.keyring, run)
     if key is None:
-        await engine.astore.call(engine.lifecycle.create, run)
+        await engine.astore.call(engine.lifecycle.create, run, admission)
     else:
-        existing = await engine.astore.call(run_keys.create_or_find, engine, run)
+        existing = await engine.astore.call(run_keys.create_or_find, engine, run, admission)
         if existing is not None:
             # A repeat of the request that started it: its run, never a second one.
             task = asyncio.ensure_future(rejoin(engine, existing, wait_seconds=engine.settings.rejoin_wait_seconds,
@@ -89,12 +90,12 @@ def start(engine: Engine, code: str, *, check: str, principal: str | None = None
     if key is not None:
         run_keys.mark(run, check_run_key(key), run_keys.request_fingerprint(code, session=None, check=check,
                                                                             meta=meta))
-    check_run_start(engine.settings.quotas, engine.store, run, None, engine.clock())
+    admission = check_run_start(engine.settings.quotas, engine.store, run, None, engine.clock())
     run.mac = sign_run(engine.keyring, run)
     if key is None:
-        engine.lifecycle.create(run)
+        engine.lifecycle.create(run, admission)
         return run.run_id
-    existing = run_keys.create_or_find(engine, run)
+    existing = run_keys.create_or_find(engine, run, admission)
     return run.run_id if existing is None else existing.run_id
 
 

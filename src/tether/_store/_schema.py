@@ -222,6 +222,11 @@ class SQLStore:
         """Serialize writers of one run's snapshots and events; False if the run is missing."""
         return tx.run("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is not None
 
+    def _lock_principal(self, tx: Tx, principal: str) -> None:
+        """Serialize the starts of one principal that count its quota in their transaction (D-54).
+
+        Nothing here: a write transaction already holds the database's one write lock (SQLite)."""
+
     def store_size_bytes(self) -> int:
         raise NotImplementedError
 
