@@ -63,6 +63,12 @@ class Quotas:
     def of(self, principal: str) -> Quota:
         return self.principals.get(principal, self.default)
 
+    def reads_store(self, principal: str, session: str | None) -> bool:
+        """Whether :meth:`check_start` reads the store for this start (else it only returns an Admission)."""
+        q = self.of(principal)
+        return ((q.concurrent_runs is not None and q.runs_per_period is None) or q.stored_bytes is not None
+                or (session is not None and q.repl_sessions is not None))
+
     def check_start(self, store: Store, principal: str, now: float, *,
                     session: str | None = None) -> Admission | None:
         """Raise QuotaExceeded if ``principal`` may not start a run now (with ``session``, if named).
