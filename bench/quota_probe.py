@@ -7,7 +7,7 @@ upgrade does). Then, in alternating batches on the same store:
 
 - ``exact``: the start as it was at eae4c22 — ``usage.start_counts`` (the active and the period's runs
   counted from the runs table) then ``create_run``: two transactions;
-- ``bucketed``: ``Admission.create`` — the principal's lock (Postgres), the active count and the
+- ``bucketed``: ``CountedStart.create`` — the principal's lock (Postgres), the active count and the
   buckets' sum in one statement, the run's insert and its bucket's increment: one transaction.
 
 Each batch's runs are deleted after it (untimed), so N stays N. Reported per start: wall p50 (µs), this
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import common  # noqa: F401  (puts this checkout's src first on sys.path)
-from tether._engine.rules.quotas import Admission, Quota
+from tether._engine.rules.quotas import CountedStart, Quota
 from tether._store import open_store, usage
 from tether._store._migrations import backfill_run_counts
 from tether._store._rows import _INSERT_RUN, RUN_COLUMNS, _encode
@@ -79,7 +79,7 @@ def measure(store: Any, kind: str, n: int, batches: int, starts: int) -> dict[st
         store.create_run(run)
 
     def bucketed(run: RunRecord) -> None:
-        Admission(quota, time.time() - PERIOD).create(store, run)
+        CountedStart(quota, time.time() - PERIOD).create(store, run)
 
     ways: dict[str, Callable[[RunRecord], None]] = {"exact": exact, "bucketed": bucketed}
     got: dict[str, dict[str, list[float]]] = {w: {"wall": [], "cpu": [], "backend": []} for w in ways}

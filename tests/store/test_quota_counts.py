@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from helpers import Clock, Recorder
 from tether._engine.rules.policy import Policy
-from tether._engine.rules.quotas import Admission, Quota, Quotas
+from tether._engine.rules.quotas import CountedStart, Quota, Quotas
 from tether._runtime import Runtime
 from tether._store import open_store, usage
 from tether._store.base import RunRecord
@@ -111,14 +111,14 @@ async def test_the_quota_refuses_at_its_limit_and_admits_once_the_window_moves(b
 
 def test_two_starts_racing_for_the_last_slot_let_one_through(backend):
     quota = Quota(runs_per_period=1, period_seconds=3600)
-    admission = Admission(quota, T0 - 3600)
+    counted = CountedStart(quota, T0 - 3600)
     width = usage.bucket_width(quota.period_seconds)
     first, second = backend.store(), backend.store()  # two connections, as two replicas have
     outcome: dict[str, Any] = {}
 
     def the_other_replica() -> None:
         try:
-            admission.create(second, _run(T0))
+            counted.create(second, _run(T0))
             outcome["second"] = "created"
         except QuotaExceeded as exc:
             outcome["second"] = exc.to_dict()["details"]
@@ -126,13 +126,13 @@ def test_two_starts_racing_for_the_last_slot_let_one_through(backend):
     other = threading.Thread(target=the_other_replica)
 
     def admit_then_let_the_other_try(active: int, started: int) -> None:
-        admission.admit(active, started)  # 0 runs: admitted; its run is not yet committed
+        counted.admit(active, started)  # 0 runs: admitted; its run is not yet committed
         other.start()
         # The other start runs its whole check now unless it waits for this transaction (D-54's lock).
         other.join(timeout=1.0)
 
     try:
-        usage.create_counted(first, _run(T0), admission.since, width, admit_then_let_the_other_try)
+        usage.create_counted(first, _run(T0), counted.since, width, admit_then_let_the_other_try)
         other.join()
         assert outcome["second"] == {"quota": "runs_per_period", "limit": 1, "used": 1}
         assert first.count_runs() == 1
@@ -158,11 +158,11 @@ def test_a_version_11_store_upgrades_keeping_the_count_of_the_runs_in_its_period
         assert store.schema_version() == 12
         assert usage.started_in_window(store, "local", T0 - 3600) == 3
         assert usage.started_in_window(store, "other", T0 - 3600) == 1
-        admission = Admission(Quota(runs_per_period=3), T0 - 3600)
+        counted = CountedStart(Quota(runs_per_period=3), T0 - 3600)
         with pytest.raises(QuotaExceeded) as exc:
-            admission.create(store, _run(T0))
+            counted.create(store, _run(T0))
         assert exc.value.to_dict()["details"]["used"] == 3
-        Admission(Quota(runs_per_period=4), T0 - 3600).create(store, _run(T0))
+        CountedStart(Quota(runs_per_period=4), T0 - 3600).create(store, _run(T0))
         assert usage.started_in_window(store, "local", T0 - 3600) == 4
     finally:
         store.close()
@@ -173,9 +173,9 @@ def test_a_prune_forgets_the_buckets_past_the_shortest_retention(backend):
 
     store = backend.store()
     try:
-        admission = Admission(Quota(runs_per_period=100), 0.0)
+        counted = CountedStart(Quota(runs_per_period=100), 0.0)
         for at in (T0 - 3 * 86400, T0 - 60):
-            admission.create(store, _run(at))
+            counted.create(store, _run(at))
         prune(store, RetentionRules({"completed": 1}), T0)
         assert backend.sql("SELECT ends_at FROM run_counts") == [(T0,)]
     finally:

@@ -69,14 +69,14 @@ async def begin(engine: Engine, code: str, *, check: str, hooks: Hooks = NO_HOOK
     quotas = engine.settings.quotas
     if key is None and (quotas is None or not quotas.reads_store(run.principal or LOCAL_PRINCIPAL, session)):
         # Nothing to read before the insert (the runs counts are made in its transaction, D-54): no hop.
-        admission = check_run_start(quotas, engine.store, run, session, engine.clock())
+        counted = check_run_start(quotas, engine.store, run, session, engine.clock())
     else:
-        admission = await engine.astore.call(check_run_start, quotas, engine.store, run, session, engine.clock())
+        counted = await engine.astore.call(check_run_start, quotas, engine.store, run, session, engine.clock())
     run.mac = sign_run(engine.keyring, run)
     if key is None:
-        await engine.astore.call(engine.lifecycle.create, run, admission)
+        await engine.astore.call(engine.lifecycle.create, run, counted)
     else:
-        existing = await engine.astore.call(run_keys.create_or_find, engine, run, admission)
+        existing = await engine.astore.call(run_keys.create_or_find, engine, run, counted)
         if existing is not None:
             # A repeat of the request that started it: its run, never a second one.
             task = asyncio.ensure_future(rejoin(engine, existing, wait_seconds=engine.settings.rejoin_wait_seconds,
@@ -94,12 +94,12 @@ def start(engine: Engine, code: str, *, check: str, principal: str | None = None
     if key is not None:
         run_keys.mark(run, check_run_key(key), run_keys.request_fingerprint(code, session=None, check=check,
                                                                             meta=meta))
-    admission = check_run_start(engine.settings.quotas, engine.store, run, None, engine.clock())
+    counted = check_run_start(engine.settings.quotas, engine.store, run, None, engine.clock())
     run.mac = sign_run(engine.keyring, run)
     if key is None:
-        engine.lifecycle.create(run, admission)
+        engine.lifecycle.create(run, counted)
         return run.run_id
-    existing = run_keys.create_or_find(engine, run, admission)
+    existing = run_keys.create_or_find(engine, run, counted)
     return run.run_id if existing is None else existing.run_id
 
 

@@ -39,7 +39,7 @@ from tether._store.states import RUN_TRANSITIONS, CallState, RunStatus, run_move
 from tether.errors import InvalidTransition, WriteOutcomeUnknown
 
 if TYPE_CHECKING:
-    from tether._engine.rules.quotas import Admission
+    from tether._engine.rules.quotas import CountedStart
 
 
 def check_move(run_id: str, frm: Iterable[str], to: str) -> list[RunStatus]:
@@ -98,18 +98,18 @@ class Lifecycle:
 
     # -- starting and claiming --------------------------------------------------------
 
-    def create(self, run: RunRecord, admission: Admission | None = None) -> None:
+    def create(self, run: RunRecord, counted: CountedStart | None = None) -> None:
         """Record a new run: queued for a worker, or running and owned by this process.
 
-        With ``admission``, its principal's runs quotas are counted in the same transaction (D-54).
+        With ``counted``, its principal's runs quotas are counted in the same transaction (D-54).
         """
         if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
             raise InvalidTransition(f"run {run.run_id} cannot start {run.status}; nothing was written",
                                     details={"run_id": run.run_id, "to": str(run.status)})
-        if admission is None:
+        if counted is None:
             self.store.create_run(run)
         else:
-            admission.create(self.store, run)
+            counted.create(self.store, run)
 
     def claim_queued(self, skip: Sequence[str] = ()) -> RunRecord | None:
         """The oldest queued run not in ``skip``, now running here; None if there is none."""

@@ -14,7 +14,7 @@ hold or start, so one agent cannot crowd out the others sharing a server:
 
 ``concurrent_runs`` and ``runs_per_period`` are checked where the run is
 recorded, in its transaction, when ``runs_per_period`` is set (D-54:
-:class:`Admission`); the rest before. ``runs_per_period`` counts per-bucket
+:class:`CountedStart`); the rest before. ``runs_per_period`` counts per-bucket
 counters, not runs: its cost does not grow with the runs of the period, and
 the count may include runs up to period/60 older than the window (never
 fewer than the exact count).
@@ -64,22 +64,22 @@ class Quotas:
         return self.principals.get(principal, self.default)
 
     def reads_store(self, principal: str, session: str | None) -> bool:
-        """Whether :meth:`check_start` reads the store for this start (else it only returns an Admission)."""
+        """Whether :meth:`check_start` reads the store for this start (else it only returns an CountedStart)."""
         q = self.of(principal)
         return ((q.concurrent_runs is not None and q.runs_per_period is None) or q.stored_bytes is not None
                 or (session is not None and q.repl_sessions is not None))
 
     def check_start(self, store: Store, principal: str, now: float, *,
-                    session: str | None = None) -> Admission | None:
+                    session: str | None = None) -> CountedStart | None:
         """Raise QuotaExceeded if ``principal`` may not start a run now (with ``session``, if named).
 
         With ``runs_per_period`` set, the runs counts are made where the run is recorded: the
-        :class:`Admission` returned, for ``Lifecycle.create``. None: nothing left to count there.
+        :class:`CountedStart` returned, for ``Lifecycle.create``. None: nothing left to count there.
         """
         q = self.of(principal)
-        admission = None
+        counted = None
         if q.runs_per_period is not None:
-            admission = Admission(q, now - q.period_seconds)
+            counted = CountedStart(q, now - q.period_seconds)
         elif q.concurrent_runs is not None:
             _check_active(q, usage.active_runs(store, principal))
         if q.stored_bytes is not None:
@@ -97,7 +97,7 @@ class Quotas:
                                "Continue one of your sessions, or reset one you no longer need "
                                "(tether sessions reset NAME).")
 
-        return admission
+        return counted
 
     def _stored(self, store: Store, principal: str) -> int:
         at, n = self._bytes.get(principal, (0.0, 0))
@@ -108,7 +108,7 @@ class Quotas:
 
 
 @dataclass(frozen=True)
-class Admission:
+class CountedStart:
     """A start's runs counts, made in the transaction that records the run (D-54).
 
     The count and the insert under one lock: a start checked apart from its insert let two replicas
@@ -142,7 +142,7 @@ def _check_active(q: Quota, used: int) -> None:
 
 
 def check_run_start(quotas: Quotas | None, store: Store, run: RunRecord, session: str | None,
-                    now: float) -> Admission | None:
+                    now: float) -> CountedStart | None:
     """Refuse ``run``'s start past its principal's quotas, before anything is written; what is left to
     count where the run is recorded (``Lifecycle.create``), or None.
 
@@ -159,4 +159,4 @@ def _refused(quota: str, limit: int, used: int, why: str, next_action: str) -> Q
                          details={"quota": quota, "limit": limit, "used": used})
 
 
-__all__ = ["Admission", "Quota", "Quotas", "STORED_BYTES_TTL", "check_run_start"]
+__all__ = ["CountedStart", "Quota", "Quotas", "STORED_BYTES_TTL", "check_run_start"]
