@@ -227,6 +227,14 @@ class SQLStore:
 
         Nothing here: a write transaction already holds the database's one write lock (SQLite)."""
 
+    def _insert_counting(self, tx: Tx, insert: tuple[str, Sequence[Any]], bump: tuple[str, Sequence[Any]],
+                         count: tuple[str, Sequence[Any]]) -> Any:
+        """Run the ``count`` query as it stands before the writes ``insert`` and ``bump``, then both; its row."""
+        row = tx.run(*count).fetchone()
+        tx.run(*insert)
+        tx.run(*bump)
+        return row
+
     def store_size_bytes(self) -> int:
         raise NotImplementedError
 

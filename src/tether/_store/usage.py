@@ -82,8 +82,9 @@ def create_counted(any_store: Store, run: RunRecord, since: float, width: float,
                    admit: Callable[[int, int], None]) -> None:
     """Record ``run`` and count it in its principal's bucket, if ``admit(active, started)`` returns.
 
-    ``active`` is the principal's runs queued or running, ``started`` its runs since ``since`` (bucketed);
-    ``admit`` raises to refuse, and then nothing is written. One transaction, holding the principal's lock
+    ``active`` is the principal's runs queued or running, ``started`` its runs since ``since`` (bucketed),
+    both without this run; ``admit`` raises to refuse, and then nothing is written (the transaction is
+    rolled back; on Postgres the writes and the count are one statement, D-54). One transaction, holding the principal's lock
     from the count to the commit, so two starts (two replicas) never both take the last slot.
     """
     store = _sql(any_store)
@@ -93,10 +94,10 @@ def create_counted(any_store: Store, run: RunRecord, since: float, width: float,
     values = [_encode(RUN_COLUMNS, n, getattr(run, n)) for n in RUN_COLUMNS]
     with store._transaction(write=True, conflict=f"run {run.run_id!r} already exists") as tx:
         store._lock_principal(tx, principal)
-        row = tx.run(f"SELECT ({_ACTIVE}), ({_WINDOW})", (*ACTIVE, principal, principal, since)).fetchone()
-        admit(int(row[0]), int(row[1]))
-        tx.run(_INSERT_RUN, values)
-        tx.run(_BUMP, (principal, bucket_end(run.created_at, width), width))
+        row = store._insert_counting(tx, (_INSERT_RUN, values), (_BUMP, (principal, bucket_end(run.created_at, width),
+                                                                       width)),
+                                     (f"SELECT ({_ACTIVE}), ({_WINDOW})", (*ACTIVE, principal, principal, since)))
+        admit(int(row[0]), int(row[1]))  # counted before the run's writes; a refusal rolls them back
 
 
 def stored_bytes(any_store: Store, principal: str) -> int:
