@@ -64,7 +64,7 @@ class Quotas:
         return self.principals.get(principal, self.default)
 
     def reads_store(self, principal: str, session: str | None) -> bool:
-        """Whether :meth:`check_start` reads the store for this start (else it only returns an CountedStart)."""
+        """Whether :meth:`check_start` reads the store for this start (else it only returns a CountedStart)."""
         q = self.of(principal)
         return ((q.concurrent_runs is not None and q.runs_per_period is None) or q.stored_bytes is not None
                 or (session is not None and q.repl_sessions is not None))
