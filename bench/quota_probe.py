@@ -10,8 +10,11 @@ upgrade does). Then, in alternating batches on the same store:
 - ``bucketed``: ``CountedStart.create`` — the principal's lock (Postgres), the active count and the
   buckets' sum in one statement, the run's insert and its bucket's increment: one transaction.
 
-Each batch's runs are deleted after it (untimed), so N stays N. Reported per start: wall p50 (µs), this
+Each batch's runs are deleted after it (untimed, and on Postgres vacuumed), so N stays N. Reported per start: wall p50 (µs), this
 process's CPU (µs) and, on Postgres, the backend's CPU (µs), each the median over the batches.
+
+``QUOTA_PROBE_VACUUM=runs`` leaves the counters' dead row versions to pile up between batches, as a busy
+server's would until autovacuum.
 
     python bench/quota_probe.py [--runs 1000 10000] [--batches 8] [--starts 100] [--no-postgres]
 """
@@ -36,6 +39,8 @@ from tether._store._rows import _INSERT_RUN, RUN_COLUMNS, _encode
 from tether._store.base import RunRecord
 
 PERIOD = 3600.0
+# Tables vacuumed between batches on Postgres (run_counts left out: its counter rows churn as a server's would).
+VACUUMED = os.environ.get("QUOTA_PROBE_VACUUM", "runs run_counts").split()
 BUCKET_END = {"sqlite": "(CAST(created_at / 60 AS INTEGER) + 1) * 60", "postgres": "(FLOOR(created_at / 60) + 1) * 60"}
 
 
@@ -66,7 +71,7 @@ def _backend_cpu(pid: int | None) -> float:
 
 
 def measure(store: Any, kind: str, n: int, batches: int, starts: int) -> dict[str, dict[str, float]]:
-    quota = Quota(concurrent_runs=256, runs_per_period=10_000_000, period_seconds=PERIOD)
+    quota = Quota(concurrent_runs=10_000_000, runs_per_period=10_000_000, period_seconds=PERIOD)
     now = time.time()
     fill(store, kind, n, now)
     pid = None
@@ -96,6 +101,12 @@ def measure(store: Any, kind: str, n: int, batches: int, starts: int) -> dict[st
             with store._transaction(write=True) as tx:
                 for run in runs:
                     tx.run("DELETE FROM runs WHERE run_id = ?", (run.run_id,))
+            if kind == "postgres":
+                # What autovacuum would do between batches: the deleted runs' index entries and the
+                # counter's dead row versions are not left to slow the next batch (either way).
+                for table in VACUUMED:
+                    with store._transaction(write=True, single=True) as tx:
+                        tx.run(f"VACUUM {table}")
             if b:
                 got[name]["wall"].append(statistics.median(walls) * 1e6)
                 got[name]["cpu"].append(cpu / starts * 1e6)
