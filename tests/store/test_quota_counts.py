@@ -207,3 +207,15 @@ def test_the_bucketed_count_is_never_below_the_exact_count(lite, period, ages, w
     exact = sum(1 for age in ages if now - age >= since)
     widest = max(width, widths or 0.0)
     assert exact <= counted <= exact + sum(1 for age in ages if since - widest <= now - age < since)
+
+
+async def test_concurrent_runs_is_checked_in_the_same_transaction_when_runs_per_period_is_set(backend):
+    clock = Clock(T0)
+    async with backend.runtime(Quota(concurrent_runs=2, runs_per_period=100), clock) as rt:
+        rt.start("1")
+        rt.start("2")
+        with pytest.raises(QuotaExceeded) as exc:
+            rt.start("3")
+        assert exc.value.to_dict()["details"] == {"quota": "concurrent_runs", "limit": 2, "used": 2}
+        assert rt.store.count_runs() == 2
+        assert backend.sql("SELECT SUM(runs) FROM run_counts") == [(2,)]  # the refused start counted nothing
