@@ -1,8 +1,9 @@
 """The runs_per_period quota counted from per-principal time buckets (D-54, store migration 12), on SQLite
 and Postgres: it refuses at its limit and admits once the window has moved (a clock moved, never slept);
 two starts racing for the last slot through two store connections let at most one through; a store
-upgraded from schema version 11 keeps the count of the runs already in the period; and the bucketed count
-is never below the exact count of runs in the window, nor above it by more than one bucket's runs.
+upgraded from schema version 11 keeps the count of the runs already in the period; a prune forgets old
+buckets; concurrent_runs is refused in the same transaction; and the bucketed count is never below the
+exact count of runs in the window, nor above it by more than one bucket's runs.
 """
 
 from __future__ import annotations
