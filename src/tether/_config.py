@@ -123,6 +123,7 @@ class QuotaConfig(_Section):
 
     # Generous defaults: they stop one runaway agent, not normal work.
     concurrent_runs: NonNegativeInt = 256  # queued or running
+    # Counted in steps of period_seconds / 60 (D-54): a run counts until its whole step has left the window.
     runs_per_period: NonNegativeInt = 10_000
     period_seconds: Seconds = 3600
     # Off by default: measuring it reads every row a principal owns (once a

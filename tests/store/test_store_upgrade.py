@@ -73,7 +73,10 @@ class Backend:
             return cursor.fetchall() if cursor.description else []
 
     def to_version_10(self) -> None:
-        """Take the store back to schema version 10: no new column, trigger or index of migration 11."""
+        """Take the store back to schema version 10: no new column, trigger or index of migration 11 (nor
+        migration 12's table, tests/store/test_quota_counts.py)."""
+        self.sql("DROP TABLE run_counts")
+        self.sql("DELETE FROM schema_version WHERE version = 12")
         for table, column in RENAMED.items():
             name = f"{table}_{column}_in_step"
             if self.kind == "sqlite":
@@ -143,7 +146,7 @@ async def test_a_version_10_store_upgrades_and_its_parked_run_resumes_by_its_key
 
     store = backend.store()
     try:
-        assert store.schema_version() == len(MIGRATIONS) == 11
+        assert store.schema_version() == len(MIGRATIONS) >= 11
         calls = store.get_calls(parked.run_id)
         old = backend.sql("SELECT seq, key FROM calls WHERE run_id = ? ORDER BY seq", (parked.run_id,))
         assert [(c.seq, c.key) for c in calls] == old and all(key for _, key in old)

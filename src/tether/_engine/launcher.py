@@ -31,7 +31,7 @@ from tether._engine.rules.quarantine import continue_or_quarantine
 from tether._engine.rules.quotas import check_run_start
 from tether._engine.rules.run_keys import check_run_key, current_envelope, still_running
 from tether._engine.waits import same_wait
-from tether._store.base import Conflict, RunRecord
+from tether._store.base import LOCAL_PRINCIPAL, Conflict, RunRecord
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
 from tether.errors import RunTampered, ToolsUnavailable, WrongSecret
 
@@ -66,12 +66,17 @@ async def begin(engine: Engine, code: str, *, check: str, hooks: Hooks = NO_HOOK
             engine.sessions.base, session, run.principal or engine.settings.principal, notes)
     if key is not None:
         run_keys.mark(run, key, run_keys.request_fingerprint(code, session=session, check=check, meta=meta))
-    await engine.astore.call(check_run_start, engine.settings.quotas, engine.store, run, session, engine.clock())
+    quotas = engine.settings.quotas
+    if key is None and (quotas is None or not quotas.reads_store(run.principal or LOCAL_PRINCIPAL, session)):
+        # Nothing to read before the insert (the runs counts are made in its transaction, D-54): no hop.
+        counted = check_run_start(quotas, engine.store, run, session, engine.clock())
+    else:
+        counted = await engine.astore.call(check_run_start, quotas, engine.store, run, session, engine.clock())
     run.mac = sign_run(engine.keyring, run, engine.settings.run_signature)
     if key is None:
-        await engine.astore.call(engine.lifecycle.create, run)
+        await engine.astore.call(engine.lifecycle.create, run, counted)
     else:
-        existing = await engine.astore.call(run_keys.create_or_find, engine, run)
+        existing = await engine.astore.call(run_keys.create_or_find, engine, run, counted)
         if existing is not None:
             # A repeat of the request that started it: its run, never a second one.
             task = asyncio.ensure_future(rejoin(engine, existing, wait_seconds=engine.settings.rejoin_wait_seconds,
@@ -89,12 +94,12 @@ def start(engine: Engine, code: str, *, check: str, principal: str | None = None
     if key is not None:
         run_keys.mark(run, check_run_key(key), run_keys.request_fingerprint(code, session=None, check=check,
                                                                             meta=meta))
-    check_run_start(engine.settings.quotas, engine.store, run, None, engine.clock())
+    counted = check_run_start(engine.settings.quotas, engine.store, run, None, engine.clock())
     run.mac = sign_run(engine.keyring, run, engine.settings.run_signature)
     if key is None:
-        engine.lifecycle.create(run)
+        engine.lifecycle.create(run, counted)
         return run.run_id
-    existing = run_keys.create_or_find(engine, run)
+    existing = run_keys.create_or_find(engine, run, counted)
     return run.run_id if existing is None else existing.run_id
 
 

@@ -31,12 +31,15 @@ write that used to be spelled out at each place that wrote them.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from tether._engine import waits as waits_mod
 from tether._store.base import CallRecord, ParkEvent, RunRecord, SnapshotRecord, Store, WaitRecord
 from tether._store.states import RUN_TRANSITIONS, CallState, RunStatus, run_move_allowed
 from tether.errors import InvalidTransition, WriteOutcomeUnknown
+
+if TYPE_CHECKING:
+    from tether._engine.rules.quotas import CountedStart
 
 
 def check_move(run_id: str, frm: Iterable[str], to: str) -> list[RunStatus]:
@@ -95,12 +98,18 @@ class Lifecycle:
 
     # -- starting and claiming --------------------------------------------------------
 
-    def create(self, run: RunRecord) -> None:
-        """Record a new run: queued for a worker, or running and owned by this process."""
+    def create(self, run: RunRecord, counted: CountedStart | None = None) -> None:
+        """Record a new run: queued for a worker, or running and owned by this process.
+
+        With ``counted``, its principal's runs quotas are counted in the same transaction (D-54).
+        """
         if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
             raise InvalidTransition(f"run {run.run_id} cannot start {run.status}; nothing was written",
                                     details={"run_id": run.run_id, "to": str(run.status)})
-        self.store.create_run(run)
+        if counted is None:
+            self.store.create_run(run)
+        else:
+            counted.create(self.store, run)
 
     def claim_queued(self, skip: Sequence[str] = ()) -> RunRecord | None:
         """The oldest queued run not in ``skip``, now running here; None if there is none."""

@@ -199,7 +199,31 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "UPDATE source_listings SET definition_digest = key",
         "CREATE UNIQUE INDEX source_listings_definition_digest ON source_listings (definition_digest)",
     ),
+    (
+        # 12: runs started per principal and time bucket (D-54), so a start's runs_per_period count
+        # sums at most period/width + 1 rows instead of reading every run of the period. A bucket is
+        # [ends_at - width, ends_at); width is the principal's period / 60 when the run started, so a
+        # changed period adds rows of another width rather than meeting the old ones. The primary key
+        # is the index the count reads (principal, then a range of ends_at). Each backend's own
+        # statement (its Dialect.own) fills it from the runs already there, in 60 s buckets.
+        """CREATE TABLE run_counts (
+            principal TEXT NOT NULL,
+            ends_at {real} NOT NULL,
+            width {real} NOT NULL,
+            runs INTEGER NOT NULL,
+            PRIMARY KEY (principal, ends_at, width)
+        )""",
+    ),
 ]
+
+
+# Migration 12's backfill, the one expression that differs: a bucket's end from a run's created_at (its
+# 60 s bucket), where Postgres has FLOOR and SQLite truncates a positive number with CAST.
+def backfill_run_counts(bucket_end: str) -> str:
+    """The statement that counts the runs already stored into 60 s buckets (migration 12)."""
+    return ("INSERT INTO run_counts (principal, ends_at, width, runs) "
+            f"SELECT principal, {bucket_end}, 60, COUNT(*) FROM runs WHERE principal IS NOT NULL "
+            f"GROUP BY principal, {bucket_end}")
 
 
 def render(dialect: Dialect) -> list[tuple[str, ...]]:
@@ -214,4 +238,4 @@ def render(dialect: Dialect) -> list[tuple[str, ...]]:
             for version, migration in enumerate(MIGRATIONS, start=1)]
 
 
-__all__ = ["MIGRATIONS", "Dialect", "render"]
+__all__ = ["MIGRATIONS", "Dialect", "backfill_run_counts", "render"]

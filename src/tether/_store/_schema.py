@@ -222,6 +222,19 @@ class SQLStore:
         """Serialize writers of one run's snapshots and events; False if the run is missing."""
         return tx.run("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is not None
 
+    def _lock_principal(self, tx: Tx, principal: str) -> None:
+        """Serialize the starts of one principal that count its quota in their transaction (D-54).
+
+        Nothing here: a write transaction already holds the database's one write lock (SQLite)."""
+
+    def _insert_counting(self, tx: Tx, insert: tuple[str, Sequence[Any]], bump: tuple[str, Sequence[Any]],
+                         count: tuple[str, Sequence[Any]]) -> Any:
+        """Run the ``count`` query as it stands before the writes ``insert`` and ``bump``, then both; its row."""
+        row = tx.run(*count).fetchone()
+        tx.run(*insert)
+        tx.run(*bump)
+        return row
+
     def store_size_bytes(self) -> int:
         raise NotImplementedError
 

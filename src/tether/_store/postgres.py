@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Sequence
 import psycopg
 import psycopg.conninfo
 
-from tether._store._migrations import Dialect, render
+from tether._store._migrations import Dialect, backfill_run_counts, render
 from tether._store._rows import (
     _SELECT_RUN,
     CALL_COLUMN_NAMES,
@@ -80,6 +80,7 @@ POSTGRES = Dialect(
         11: tuple(statement for table, new in (("calls", "identity_digest"), ("waits", "key_digest"),
                                                ("source_listings", "definition_digest"))
                   for statement in _v11_in_step(table, new)),
+        12: (backfill_run_counts("(FLOOR(created_at / 60) + 1) * 60"),),
     },
 )
 
@@ -253,6 +254,17 @@ class PostgresStore(SQLStore):
 
     def _lock_run(self, tx: Tx, run_id: str) -> bool:
         return tx.run("SELECT 1 FROM runs WHERE run_id = ? FOR NO KEY UPDATE", (run_id,)).fetchone() is not None
+
+    def _insert_counting(self, tx: Tx, insert: tuple[str, Sequence[Any]], bump: tuple[str, Sequence[Any]],
+                         count: tuple[str, Sequence[Any]]) -> Any:
+        # One statement, one round trip, not three: the writes as data-modifying WITH clauses (always run to
+        # completion, read or not), the count from the statement's snapshot, which does not see them.
+        return tx.run(f"WITH new_run AS ({insert[0]}), new_count AS ({bump[0]}) {count[0]}",
+                      (*insert[1], *bump[1], *count[1])).fetchone()
+
+    def _lock_principal(self, tx: Tx, principal: str) -> None:
+        # Held to commit: a replica counting this principal's starts waits until this one's run is counted.
+        tx.run("SELECT pg_advisory_xact_lock(?)", (_lock_key(f"{self.schema}.quota.{principal}"),))
 
     # -- events across processes
 

@@ -167,7 +167,7 @@ def prune(any_store: Store, rules: RetentionRules, now: float, *, limit: int | N
 
 
 def _forget_leftovers(store: SQLStore, tx: Tx, rules: RetentionRules, now: float, report: PruneReport) -> None:
-    """Sessions expired and webhook deliveries ended longer ago than the shortest retention."""
+    """Sessions expired, webhook deliveries ended and quota buckets ended longer ago than the shortest retention."""
     days = rules.horizon()
     if days is None:
         return
@@ -183,6 +183,10 @@ def _forget_leftovers(store: SQLStore, tx: Tx, rules: RetentionRules, now: float
         report.bytes += int(size)
         if not report.dry_run and n:
             tx.run(f"DELETE FROM {table} WHERE {where}", params)
+    if not report.dry_run:
+        # Quota buckets (D-54) that ended before the horizon: the runs they counted are prunable too, so
+        # a period longer than the shortest retention counts no more than its runs still stored would.
+        tx.run("DELETE FROM run_counts WHERE ends_at < ?", [before])
 
 
 def prune_all(store: Store, rules: RetentionRules, now: float, *, batch: int = BATCH) -> PruneReport:

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from tether._store._migrations import Dialect, render
+from tether._store._migrations import Dialect, backfill_run_counts, render
 from tether._store._schema import SQLStore, Tx
 from tether._store.base import ParkEvent, SnapshotRecord, WaitRecord
 from tether._store.parking import park_run
@@ -80,7 +80,7 @@ SQLITE = Dialect("sqlite", real="REAL", blob="BLOB", serial="INTEGER PRIMARY KEY
     _v11_in_step("calls", "identity_digest"),
     _v11_in_step("waits", "key_digest"),
     _v11_in_step("source_listings", "definition_digest"),
-)})
+), 12: (backfill_run_counts("(CAST(created_at / 60 AS INTEGER) + 1) * 60"),)})
 
 
 def _identity(sql: str) -> str:

@@ -24,6 +24,7 @@ from tether.errors import IdempotencyConflict, InvalidArguments
 
 if TYPE_CHECKING:
     from tether._engine.engine import Engine
+    from tether._engine.rules.quotas import CountedStart
 
 # Long enough for a UUID with a prefix, or "<workflow id>:<step>" of a durable engine.
 MAX_RUN_KEY_CHARS = 200
@@ -58,7 +59,7 @@ def mark(run: RunRecord, key: str, fingerprint: str) -> None:
     run.meta[FINGERPRINT] = fingerprint
 
 
-def create_or_find(engine: Engine, run: RunRecord) -> RunRecord | None:
+def create_or_find(engine: Engine, run: RunRecord, counted: CountedStart | None = None) -> RunRecord | None:
     """Record ``run``; None if it was recorded, else the run its key already names.
 
     Raises ``IdempotencyConflict`` when that run was started by a different request.
@@ -66,7 +67,7 @@ def create_or_find(engine: Engine, run: RunRecord) -> RunRecord | None:
     assert run.run_key is not None and run.principal is not None
     for _ in range(3):
         try:
-            engine.lifecycle.create(run)
+            engine.lifecycle.create(run, counted)
             return None
         except Conflict:
             existing = engine.store.get_run_by_key(run.principal, run.run_key)

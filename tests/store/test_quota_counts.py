@@ -1,0 +1,222 @@
+"""The runs_per_period quota counted from per-principal time buckets (D-54, store migration 12), on SQLite
+and Postgres: it refuses at its limit and admits once the window has moved (a clock moved, never slept);
+two starts racing for the last slot through two store connections let at most one through; a store
+upgraded from schema version 11 keeps the count of the runs already in the period; a prune forgets old
+buckets; concurrent_runs is refused in the same transaction; and the bucketed count is never below the
+exact count of runs in the window, nor above it by more than one bucket's runs.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import Clock, Recorder
+from tether._engine.rules.policy import Policy
+from tether._engine.rules.quotas import CountedStart, Quota, Quotas
+from tether._runtime import Runtime
+from tether._store import open_store, usage
+from tether._store.base import RunRecord
+from tether.errors import QuotaExceeded
+
+T0 = 1_800_000_000.0
+
+
+@dataclass
+class Backend:
+    kind: str
+    url: str
+    schema: str = "tether"
+
+    def store(self) -> Any:
+        if self.kind == "sqlite":
+            return open_store(self.url)
+        from tether._store.postgres import PostgresStore
+
+        return PostgresStore(self.url, schema=self.schema)
+
+    def runtime(self, quota: Quota, clock: Clock) -> Runtime:
+        return Runtime(store=self.store(), tools=Recorder().tools(), type_check=False, clock=clock,
+                       policy=Policy(writes="allow"), quotas=Quotas(default=quota))
+
+    def sql(self, statement: str, params: tuple = ()) -> list[tuple]:
+        """Rows read or written directly, as an operator (or the previous release) would."""
+        if self.kind == "sqlite":
+            conn = sqlite3.connect(self.url[len("sqlite:///"):])
+            try:
+                with conn:
+                    return conn.execute(statement, params).fetchall()
+            finally:
+                conn.close()
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f"SET search_path TO {self.schema}")
+            cursor = conn.execute(statement.replace("?", "%s"), params)
+            return cursor.fetchall() if cursor.description else []
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend(request, tmp_path, monkeypatch):
+    monkeypatch.delenv("TETHER_SECRET", raising=False)
+    monkeypatch.delenv("TETHER_SECRET_FILE", raising=False)
+    if request.param == "sqlite":
+        yield Backend("sqlite", f"sqlite:///{tmp_path}/tether.db")
+        return
+    import psycopg
+
+    b = Backend("postgres", request.getfixturevalue("pg_url"), f"t_{uuid.uuid4().hex[:16]}")
+    yield b
+    with psycopg.connect(b.url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {b.schema} CASCADE")
+
+
+def _run(at: float, principal: str = "local") -> RunRecord:
+    return RunRecord(run_id=f"run_{uuid.uuid4().hex[:16]}", status="queued", program="1", environment={}, policy={},
+                     limits={}, created_at=at, updated_at=at, principal=principal, meta={})
+
+
+async def test_the_quota_refuses_at_its_limit_and_admits_once_the_window_moves(backend):
+    clock = Clock(T0)
+    async with backend.runtime(Quota(runs_per_period=3, period_seconds=60), clock) as rt:
+        for step in range(3):
+            clock.now = T0 + 10 * step
+            rt.start("1")
+        clock.now = T0 + 30
+        with pytest.raises(QuotaExceeded) as exc:
+            rt.start("1")
+        assert exc.value.to_dict()["details"] == {"quota": "runs_per_period", "limit": 3, "used": 3}
+        assert rt.store.count_runs() == 3
+        # The refused start counted nothing: 3 runs in three 1 s buckets (60 s / 60).
+        assert backend.sql("SELECT SUM(runs), COUNT(*) FROM run_counts") == [(3, 3)]
+        # Half a second past the first run's 60 s its bucket [T0, T0 + 1) still overlaps the window:
+        # counted (conservatively) though the exact count is 2.
+        clock.now = T0 + 60.5
+        with pytest.raises(QuotaExceeded):
+            rt.start("1")
+        # Once its whole bucket is out of the window, there is room again; another principal never waited.
+        clock.now = T0 + 61
+        rt.start("1")
+        rt.start("1", principal="someone-else")
+        with pytest.raises(QuotaExceeded):
+            rt.start("1")
+        assert rt.store.count_runs() == 5
+
+
+def test_two_starts_racing_for_the_last_slot_let_one_through(backend):
+    quota = Quota(runs_per_period=1, period_seconds=3600)
+    counted = CountedStart(quota, T0 - 3600)
+    width = usage.bucket_width(quota.period_seconds)
+    first, second = backend.store(), backend.store()  # two connections, as two replicas have
+    outcome: dict[str, Any] = {}
+
+    def the_other_replica() -> None:
+        try:
+            counted.create(second, _run(T0))
+            outcome["second"] = "created"
+        except QuotaExceeded as exc:
+            outcome["second"] = exc.to_dict()["details"]
+
+    other = threading.Thread(target=the_other_replica)
+
+    def admit_then_let_the_other_try(active: int, started: int) -> None:
+        counted.admit(active, started)  # 0 runs: admitted; its run is not yet committed
+        other.start()
+        # The other start runs its whole check now unless it waits for this transaction (D-54's lock).
+        other.join(timeout=1.0)
+
+    try:
+        usage.create_counted(first, _run(T0), counted.since, width, admit_then_let_the_other_try)
+        other.join()
+        assert outcome["second"] == {"quota": "runs_per_period", "limit": 1, "used": 1}
+        assert first.count_runs() == 1
+        assert backend.sql("SELECT runs FROM run_counts") == [(1,)]
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_version_11_store_upgrades_keeping_the_count_of_the_runs_in_its_period(backend):
+    store = backend.store()
+    try:
+        for at in (T0 - 4000, T0 - 3630, T0 - 100, T0 - 99, T0 - 1):  # three in the last hour
+            store.create_run(_run(at))
+        store.create_run(_run(T0 - 50, principal="other"))
+    finally:
+        store.close()
+    # Back to version 11, as the previous release left it: no run_counts table.
+    backend.sql("DROP TABLE run_counts")
+    backend.sql("DELETE FROM schema_version WHERE version = 12")
+    store = backend.store()
+    try:
+        assert store.schema_version() == 12
+        assert usage.started_in_window(store, "local", T0 - 3600) == 3
+        assert usage.started_in_window(store, "other", T0 - 3600) == 1
+        counted = CountedStart(Quota(runs_per_period=3), T0 - 3600)
+        with pytest.raises(QuotaExceeded) as exc:
+            counted.create(store, _run(T0))
+        assert exc.value.to_dict()["details"]["used"] == 3
+        CountedStart(Quota(runs_per_period=4), T0 - 3600).create(store, _run(T0))
+        assert usage.started_in_window(store, "local", T0 - 3600) == 4
+    finally:
+        store.close()
+
+
+def test_a_prune_forgets_the_buckets_past_the_shortest_retention(backend):
+    from tether._store.retention import RetentionRules, prune
+
+    store = backend.store()
+    try:
+        counted = CountedStart(Quota(runs_per_period=100), 0.0)
+        for at in (T0 - 3 * 86400, T0 - 60):
+            counted.create(store, _run(at))
+        prune(store, RetentionRules({"completed": 1}), T0)
+        assert backend.sql("SELECT ends_at FROM run_counts") == [(T0,)]
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def lite(tmp_path_factory):
+    store = open_store(f"sqlite:///{tmp_path_factory.mktemp('buckets')}/tether.db")
+    yield store
+    store.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(period=st.floats(min_value=1.0, max_value=86400.0),
+       ages=st.lists(st.floats(min_value=0.0, max_value=2 * 86400.0), max_size=40),
+       widths=st.sampled_from([None, 60.0]))
+def test_the_bucketed_count_is_never_below_the_exact_count(lite, period, ages, widths):
+    """Ages are seconds before now; with ``widths`` 60 some runs were counted as a backfill counts them."""
+    now = T0 + 0.37
+    width = usage.bucket_width(period)
+    with lite._transaction(write=True) as tx:
+        tx.run("DELETE FROM run_counts")
+        for i, age in enumerate(ages):
+            w = widths if widths is not None and i % 2 else width
+            tx.run(usage._BUMP, ("p", usage.bucket_end(now - age, w), w))
+    since = now - period
+    counted = usage.started_in_window(lite, "p", since)
+    exact = sum(1 for age in ages if now - age >= since)
+    widest = max(width, widths or 0.0)
+    assert exact <= counted <= exact + sum(1 for age in ages if since - widest <= now - age < since)
+
+
+async def test_concurrent_runs_is_checked_in_the_same_transaction_when_runs_per_period_is_set(backend):
+    clock = Clock(T0)
+    async with backend.runtime(Quota(concurrent_runs=2, runs_per_period=100), clock) as rt:
+        rt.start("1")
+        rt.start("2")
+        with pytest.raises(QuotaExceeded) as exc:
+            rt.start("3")
+        assert exc.value.to_dict()["details"] == {"quota": "concurrent_runs", "limit": 2, "used": 2}
+        assert rt.store.count_runs() == 2
+        assert backend.sql("SELECT SUM(runs) FROM run_counts") == [(2,)]  # the refused start counted nothing
