@@ -286,6 +286,27 @@ async def test_p35_a_repeated_resume_reports_a_run_nobody_owns_at_once(backend):
         assert "tether recover" in r.error["next_action"]
 
 
+async def test_p35_a_serving_worker_leaves_runs_signed_with_another_secret_alone(backend, monkeypatch):
+    # `tether worker` / serve's loop (Worker.work) took queued runs and orphans without vetting them, and
+    # their attempt then ended them failed wrong_secret: a replica given the wrong secret file ate them.
+    rec = Recorder()
+    stranded = await orphan(backend, rec)
+    async with backend.runtime(rec) as rt:
+        queued = rt.start(TWO_WRITES)
+    monkeypatch.setenv("TETHER_SECRET", "not the secret these runs were signed with")
+    async with backend.runtime(rec) as rt:
+        handled = await Worker(rt.engine).work(idle_exit_seconds=0)
+        assert handled == 0
+        assert rt.store.get_run(stranded).status == "running"
+        assert rt.store.get_run(queued).status == "queued"
+    monkeypatch.delenv("TETHER_SECRET")
+    async with backend.runtime(rec) as rt:  # the replica holding the secret still runs both
+        assert await Worker(rt.engine).work(idle_exit_seconds=0) == 2
+        assert rt.store.get_run(queued).status == "paused"
+        assert rt.store.get_run(stranded).status == "paused"  # its approved write sent, the next one asks
+    assert rec.deliveries == [("close_ticket", {"id": 1})]
+
+
 async def test_p35_runs_cancel_ends_a_run_nobody_owns(backend):
     rec = Recorder()
     run_id = await orphan(backend, rec)

@@ -213,19 +213,20 @@ class Worker:
             return len(out) < free
 
         async def trusted_and_available(run: RunRecord) -> bool:
-            # A tampered run ends failed here (giving it back then changes nothing); one signed
-            # with a secret not held here, or whose sources are not here, goes back to waiting.
+            # Vetted before it is taken (P-35): a tampered run ends failed here (giving it back then
+            # changes nothing); one signed with a secret not held here, or whose sources are not here,
+            # goes back as it was, for a process that has them. Every kind of claim below passes here.
             return launcher.vet(engine, run)[0] and await self._available(run)
 
         # Orphans first: their writes wait on us.
-        async for run in self._orphans_taken(room, self._available):
+        async for run in self._orphans_taken(room, trusted_and_available):
             out.append(launcher.launch(engine, run, mode="continue").result())
         # Due timers and wait deadlines, the same way.
         async for run in claimed(room, life.claim_due, trusted_and_available,
                                  lambda r: life.unclaim(r, RunStatus.WAITING)):
             out.append(launcher.launch(engine, run, mode="continue").result())
         # Queued runs, oldest first; one this process cannot load the sources of goes back in the queue.
-        async for run in claimed(room, life.claim_queued, self._available,
+        async for run in claimed(room, life.claim_queued, trusted_and_available,
                                  lambda r: life.unclaim(r, RunStatus.QUEUED)):
             out.append(launcher.launch(engine, run, mode="fresh").result())
         return out
