@@ -161,3 +161,23 @@ class Gate:
 
         return Tool("gate", "hold", "Answers once the gate opens.", {"type": "object", "properties": {}}, hold,
                     annotations=Annotations(read_only=True))
+
+
+def direct_sql(kind: str, url: str, schema: str, statement: str, params: tuple = ()) -> list[tuple]:
+    """Rows read or written straight in a test's database, as an operator, an attacker with write access, or
+    the previous release would: ``?`` placeholders on either backend, committed at once."""
+    if kind == "sqlite":
+        import sqlite3
+
+        conn = sqlite3.connect(url[len("sqlite:///"):])
+        try:
+            with conn:
+                return conn.execute(statement, params).fetchall()
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {schema}")
+        cursor = conn.execute(statement.replace("?", "%s"), params)
+        return cursor.fetchall() if cursor.description else []

@@ -5,13 +5,12 @@ on SQLite and on Postgres, and shows that a resume refuses what was not signed.
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from helpers import Recorder
+from helpers import Recorder, direct_sql
 from tether._engine import launcher
 from tether._engine.approvals.capabilities import secret_id
 from tether._engine.calls import ledger
@@ -48,19 +47,9 @@ class Backend:
         kw.setdefault("policy", Policy(writes="ask"))
         return Runtime(store=self.store(), tools=rec.tools(), **kw)
 
-    def sql(self, statement: str, params: tuple = ()) -> None:
+    def sql(self, statement: str, params: tuple = ()) -> list[tuple]:
         """Edit the rows directly, as someone with write access to the database would."""
-        if self.kind == "sqlite":
-            conn = sqlite3.connect(self.url[len("sqlite:///"):])
-            with conn:
-                conn.execute(statement, params)
-            conn.close()
-        else:
-            import psycopg
-
-            with psycopg.connect(self.url, autocommit=True) as conn:
-                conn.execute(f"SET search_path TO {self.schema}")
-                conn.execute(statement.replace("?", "%s"), params)
+        return direct_sql(self.kind, self.url, self.schema, statement, params)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

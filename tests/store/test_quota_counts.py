@@ -8,7 +8,6 @@ exact count of runs in the window, nor above it by more than one bucket's runs.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import uuid
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import Clock, Recorder
+from helpers import Clock, Recorder, direct_sql
 from tether._engine.rules.policy import Policy
 from tether._engine.rules.quotas import CountedStart, Quota, Quotas
 from tether._runtime import Runtime
@@ -48,19 +47,7 @@ class Backend:
 
     def sql(self, statement: str, params: tuple = ()) -> list[tuple]:
         """Rows read or written directly, as an operator (or the previous release) would."""
-        if self.kind == "sqlite":
-            conn = sqlite3.connect(self.url[len("sqlite:///"):])
-            try:
-                with conn:
-                    return conn.execute(statement, params).fetchall()
-            finally:
-                conn.close()
-        import psycopg
-
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            conn.execute(f"SET search_path TO {self.schema}")
-            cursor = conn.execute(statement.replace("?", "%s"), params)
-            return cursor.fetchall() if cursor.description else []
+        return direct_sql(self.kind, self.url, self.schema, statement, params)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

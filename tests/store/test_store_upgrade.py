@@ -15,14 +15,13 @@ previous release would have written, since the triggers filled their ``key`` col
 from __future__ import annotations
 
 import json
-import sqlite3
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from helpers import Recorder
+from helpers import Recorder, direct_sql
 from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._store import open_store
@@ -58,19 +57,7 @@ class Backend:
 
     def sql(self, statement: str, params: tuple = ()) -> list[tuple]:
         """Rows read or written directly, as a replica of the previous release (or an operator) would."""
-        if self.kind == "sqlite":
-            conn = sqlite3.connect(self.url[len("sqlite:///"):])
-            try:
-                with conn:
-                    return conn.execute(statement, params).fetchall()
-            finally:
-                conn.close()
-        import psycopg
-
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            conn.execute(f"SET search_path TO {self.schema}")
-            cursor = conn.execute(statement.replace("?", "%s"), params)
-            return cursor.fetchall() if cursor.description else []
+        return direct_sql(self.kind, self.url, self.schema, statement, params)
 
     def to_version_10(self) -> None:
         """Take the store back to schema version 10: no new column, trigger or index of migration 11 (nor
