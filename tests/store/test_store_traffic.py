@@ -15,6 +15,7 @@ import pytest
 
 from latency_proxy import LatencyProxy, target_of
 from tether import Runtime
+from tether._engine.rules.quotas import Quota, Quotas
 from tether._sources.python import tool
 from tether._store import Conflict
 from tether._store.base import RunRecord
@@ -82,6 +83,35 @@ async def test_postgres_round_trips_counted_are_the_ones_on_the_wire(pg_url):
                     resumed = await rt.resume(result.run_id, "approve")
                     assert resumed.status == "completed" and resumed.result is True, resumed.error
                     assert store.traffic.snapshot()["round_trips"] - counted["round_trips"] == settle(proxy) - wire
+            finally:
+                store.close()
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.mark.postgres
+async def test_postgres_a_start_counted_against_the_default_quotas_is_counted_as_the_wire_sees_it(pg_url):
+    # `tether serve` checks [quotas] at every start (D-54: the count, the run and its bucket in one
+    # transaction, under the principal's lock): BEGIN, the lock, the statement and COMMIT, then the end
+    # with the journal. The count holds to the wire; 5 waits for a 10-call read-only run (3 before D-54,
+    # when the count and the insert were two statements of their own and two replicas could both take a
+    # quota's last slot).
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    quotas = Quotas(default=Quota(concurrent_runs=256, runs_per_period=10_000))
+    try:
+        with LatencyProxy(target_of(pg_url), 0.0) as proxy:
+            store = PostgresStore(proxy.url(pg_url), schema=schema)
+            try:
+                async with Runtime(store=store, tools=[price, buy], quotas=quotas) as rt:
+                    for _ in range(6):  # warm, as above
+                        await rt.execute(READS)
+                    wire, counted = settle(proxy), store.traffic.snapshot()
+                    result = await rt.execute(READS)
+                    assert result.status == "completed", result.error
+                    after = store.traffic.snapshot()
+                    assert after["round_trips"] - counted["round_trips"] == settle(proxy) - wire
+                    assert after["round_trips"] - counted["round_trips"] <= 5, after
             finally:
                 store.close()
     finally:
