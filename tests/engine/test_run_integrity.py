@@ -536,7 +536,7 @@ async def test_d55_a_signature_rewritten_as_the_old_format_is_refused(backend):
     async with backend.runtime(rec2) as rt:
         r = await rt.resume(other, "approve")
         assert r.status == "failed" and r.error["code"] == "run_tampered", r.error
-        assert r.error["details"]["fields"] == ["program"]
+        assert r.error["details"]["fields"] == ["program", "environment", "policy", "limits"]
     assert rec2.deliveries == []
 
 
@@ -572,6 +572,27 @@ async def test_d55_a_run_signed_in_the_old_format_still_verifies_and_resumes(bac
         r = await rt.resume(run_id, "approve", seq=3)
         assert r.status == "completed" and r.result == ["ticket 1", "closed", "closed"], r.error
     assert rec.deliveries == [("close_ticket", {"id": 1}), ("close_ticket", {"id": 2})]
+
+
+@pytest.mark.parametrize("field", ["policy", "limits", "environment"])
+async def test_d55_an_old_format_run_whose_policy_limits_or_environment_lost_its_mac_is_refused(backend, field):
+    # Format 1 has the gap D-55 closes for new runs; these fields are never None on a real run, so a format-1
+    # signature without their MAC was edited. Before: policy or limits set to None made resume raise a bare
+    # AttributeError (no code), environment ended the run internal_error.
+    from tether._engine.approvals.capabilities import keyring_for
+    from tether._engine.integrity import sign_run
+
+    rec = Recorder()
+    run_id = await paused_run(backend, rec)
+    store = backend.store()
+    try:
+        old = dict(sign_run(keyring_for(store), store.get_run(run_id), 1))
+    finally:
+        store.close()
+    old["fields"] = {k: v for k, v in old["fields"].items() if k != field}
+    write_mac(backend, run_id, old)
+    backend.sql(f"UPDATE runs SET {field} = 'null' WHERE run_id = ?", (run_id,))  # JSON null: read as None
+    await assert_tampered(backend, rec, run_id, field)
 
 
 async def test_d55_run_signature_1_writes_what_the_previous_release_reads_and_2_resumes_it(backend):
@@ -625,7 +646,8 @@ def _set_none(run: Any, name: str) -> None:
 
 def test_d55_any_set_of_dropped_fields_is_named_and_old_signatures_keep_verifying():
     """Property: removing the MACs of any set of fields, each set to None, is refused naming exactly those
-    (format 2); the same record signed in format 1 verifies (the gap format 1 keeps, D-55)."""
+    (format 2); the same record signed in format 1 verifies (the gap format 1 keeps, D-55) unless a field
+    no run is ever without lost its MAC."""
     import copy
 
     from hypothesis import given, settings
@@ -657,7 +679,13 @@ def test_d55_any_set_of_dropped_fields_is_named_and_old_signatures_keep_verifyin
         old.mac = copy.deepcopy(dict(sign_run(signer, _record(), 1)))
         for name in dropped:
             del old.mac["fields"][name]
-        verify_run(ring, old)
+        always = [n for n in ["environment", "policy", "limits"] if n in dropped]  # never None on a real run
+        if always:
+            with pytest.raises(RunTampered) as info:
+                verify_run(ring, old)
+            assert info.value.details["fields"] == always
+        else:
+            verify_run(ring, old)  # format 1's gap, kept for the runs signed so
 
     check()
 

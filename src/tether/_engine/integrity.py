@@ -38,6 +38,10 @@ _FIELD_HEX = 32  # 128 bits per run field: forging one is as hard as forging the
 # Runs
 
 
+# Fields no run is ever without (signed since the first run signature): a format-1 signature missing one of
+# their MACs was edited (D-55).
+_ALWAYS_SIGNED = ("program", "environment", "policy", "limits")
+
 def signed_run_fields(run: "RunRecord") -> list[tuple[str, Any]]:
     """Every field of a run that a resume, a replay or ``tether resume``'s setup acts on, by name.
 
@@ -168,10 +172,10 @@ def verify_run(keyring: Keyring, run: "RunRecord") -> None:
             wrong.add(name)
     if version == 1:
         # Format 1 signs no set of fields (its gap, kept for the runs signed so until they end), but every run
-        # has a program: without its MAC this is no run format 1 signed — e.g. a run of format 2 whose MACs
-        # were removed and its fields set to None to pass it off as format 1 (D-55).
-        if "program" not in stored:
-            wrong.add("program")
+        # ever signed has a program, an environment, a policy and limits, each with its MAC: without one this
+        # is no run format 1 signed — e.g. a run of format 2 whose MACs were removed and its fields set to None
+        # to pass it off as format 1 (D-55) — and a resume would act on None where they are always a value.
+        wrong.update(name for name in _ALWAYS_SIGNED if name not in stored)
     elif not isinstance(mac.get("names"), str) or not same(expected[-1][:_FIELD_HEX], mac["names"]):
         wrong.update(_lost(key, head, mac.get("names"), names, [n for n, v in signed if n not in stored and v is None]))
     bad = [name for name, _ in signed if name in wrong] + (["mac"] if "mac" in wrong else [])
