@@ -181,3 +181,29 @@ def direct_sql(kind: str, url: str, schema: str, statement: str, params: tuple =
         conn.execute(f"SET search_path TO {schema}")
         cursor = conn.execute(statement.replace("?", "%s"), params)
         return cursor.fetchall() if cursor.description else []
+
+
+# The two store backends a test runs on; Postgres only where tests/pg.py can start (or is given) a server.
+def store_backend_params() -> list:
+    import pytest
+
+    return ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def each_store_backend(request: Any, tmp_path: Any, monkeypatch: Any, make: Any) -> Any:
+    """A fixture's body: ``make(kind, url[, schema])`` for ``request.param``, the store's secret its own
+    (no TETHER_SECRET from the environment); on Postgres in a schema of its own, dropped afterwards."""
+    import uuid
+
+    monkeypatch.delenv("TETHER_SECRET", raising=False)
+    monkeypatch.delenv("TETHER_SECRET_FILE", raising=False)
+    if request.param == "sqlite":
+        yield make("sqlite", f"sqlite:///{tmp_path}/tether.db")
+        return
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    made = make("postgres", request.getfixturevalue("pg_url"), schema)
+    yield made
+    with psycopg.connect(made.url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from helpers import Recorder, direct_sql
+from helpers import Recorder, direct_sql, each_store_backend, store_backend_params
 from tether._engine import launcher
 from tether._engine.approvals.capabilities import secret_id
 from tether._engine.calls import ledger
@@ -52,22 +52,9 @@ class Backend:
         return direct_sql(self.kind, self.url, self.schema, statement, params)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=store_backend_params())
 def backend(request, tmp_path, monkeypatch):
-    monkeypatch.delenv("TETHER_SECRET", raising=False)
-    monkeypatch.delenv("TETHER_SECRET_FILE", raising=False)
-    if request.param == "sqlite":
-        yield Backend("sqlite", f"sqlite:///{tmp_path}/tether.db")
-        return
-    import uuid
-
-    import psycopg
-
-    schema = f"t_{uuid.uuid4().hex[:16]}"
-    b = Backend("postgres", request.getfixturevalue("pg_url"), schema)
-    yield b
-    with psycopg.connect(b.url, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    yield from each_store_backend(request, tmp_path, monkeypatch, Backend)
 
 
 async def paused_run(backend: Backend, rec: Recorder, program: str = TWO_WRITES) -> str:

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import Clock, Recorder, direct_sql
+from helpers import Clock, Recorder, direct_sql, each_store_backend, store_backend_params
 from tether._engine.rules.policy import Policy
 from tether._engine.rules.quotas import CountedStart, Quota, Quotas
 from tether._runtime import Runtime
@@ -50,19 +50,9 @@ class Backend:
         return direct_sql(self.kind, self.url, self.schema, statement, params)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=store_backend_params())
 def backend(request, tmp_path, monkeypatch):
-    monkeypatch.delenv("TETHER_SECRET", raising=False)
-    monkeypatch.delenv("TETHER_SECRET_FILE", raising=False)
-    if request.param == "sqlite":
-        yield Backend("sqlite", f"sqlite:///{tmp_path}/tether.db")
-        return
-    import psycopg
-
-    b = Backend("postgres", request.getfixturevalue("pg_url"), f"t_{uuid.uuid4().hex[:16]}")
-    yield b
-    with psycopg.connect(b.url, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {b.schema} CASCADE")
+    yield from each_store_backend(request, tmp_path, monkeypatch, Backend)
 
 
 def _run(at: float, principal: str = "local") -> RunRecord:

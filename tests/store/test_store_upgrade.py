@@ -15,13 +15,12 @@ previous release would have written, since the triggers filled their ``key`` col
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from helpers import Recorder, direct_sql
+from helpers import Recorder, direct_sql, each_store_backend, store_backend_params
 from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._store import open_store
@@ -104,19 +103,9 @@ class Backend:
                                            "WHERE table_schema = ? AND table_name = ?", (self.schema, table))}
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=store_backend_params())
 def backend(request, tmp_path, monkeypatch):
-    monkeypatch.delenv("TETHER_SECRET", raising=False)
-    monkeypatch.delenv("TETHER_SECRET_FILE", raising=False)
-    if request.param == "sqlite":
-        yield Backend("sqlite", f"sqlite:///{tmp_path}/tether.db")
-        return
-    import psycopg
-
-    b = Backend("postgres", request.getfixturevalue("pg_url"), f"t_{uuid.uuid4().hex[:16]}")
-    yield b
-    with psycopg.connect(b.url, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {b.schema} CASCADE")
+    yield from each_store_backend(request, tmp_path, monkeypatch, Backend)
 
 
 async def test_a_version_10_store_upgrades_and_its_parked_run_resumes_by_its_key_replaying_its_journal(backend):
