@@ -21,7 +21,7 @@ from helpers import Clock, Recorder, direct_sql, each_store_backend, store_backe
 from tether._engine.rules.policy import Policy
 from tether._engine.rules.quotas import CountedStart, Quota, Quotas
 from tether._runtime import Runtime
-from tether._store import open_store, usage
+from tether._store import Conflict, open_store, usage
 from tether._store.base import RunRecord
 from tether.errors import QuotaExceeded
 
@@ -118,6 +118,33 @@ def test_two_starts_racing_for_the_last_slot_let_one_through(backend):
     finally:
         first.close()
         second.close()
+
+
+def test_a_counted_start_that_fails_or_is_refused_writes_nothing_and_leaves_the_store_usable(backend):
+    # On Postgres the counted start is a pipeline of its own (BEGIN, the lock and the statement in one flight,
+    # COMMIT or ROLLBACK in the next): a statement failing on the server, or a refusal, must end that
+    # transaction and give the connection back as it found it.
+    quota = Quota(runs_per_period=5, period_seconds=3600)
+    counted = CountedStart(quota, T0 - 3600)
+    width = usage.bucket_width(quota.period_seconds)
+    store = backend.store()
+    try:
+        run = _run(T0)
+        usage.create_counted(store, run, counted.since, width, counted.admit)
+        with pytest.raises(Conflict):  # the same run id again: the insert fails on the server
+            usage.create_counted(store, run, counted.since, width, counted.admit)
+
+        def refuse(active: int, started: int) -> None:
+            raise QuotaExceeded("refused by the test")
+
+        with pytest.raises(QuotaExceeded):
+            usage.create_counted(store, _run(T0), counted.since, width, refuse)
+        assert store.count_runs() == 1
+        assert backend.sql("SELECT runs FROM run_counts") == [(1,)]
+        usage.create_counted(store, _run(T0), counted.since, width, counted.admit)  # the connection still works
+        assert store.count_runs() == 2
+    finally:
+        store.close()
 
 
 def test_a_version_11_store_upgrades_keeping_the_count_of_the_runs_in_its_period(backend):

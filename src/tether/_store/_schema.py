@@ -112,7 +112,7 @@ class Cursor(Protocol):
 class Tx:
     """One open transaction: ``run`` executes a statement with ``?`` placeholders."""
 
-    __slots__ = ("cursor", "_fix", "statements", "single")
+    __slots__ = ("cursor", "_fix", "statements", "single", "saved")
 
     def __init__(self, cursor: Any, fix: Callable[[str], str], single: bool = False) -> None:
         self.cursor = cursor
@@ -120,6 +120,7 @@ class Tx:
         self.statements = 0
         # Declared one statement: a backend may run it without BEGIN and COMMIT, so a second would not be atomic.
         self.single = single
+        self.saved = 0  # waits a pipeline saved: BEGIN, statements and COMMIT sent in fewer flights
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         if self.single and self.statements:
@@ -203,7 +204,7 @@ class SQLStore:
     def _usable(self, conn: Any) -> bool:
         return True
 
-    def _begin(self, conn: Any, write: bool, single: bool = False) -> ContextManager[Tx]:
+    def _begin(self, conn: Any, write: bool, single: bool = False, pipelined: bool = False) -> ContextManager[Tx]:
         """Open a transaction on ``conn``; commit on exit, roll back on error.
 
         ``single``: the caller runs exactly one statement, which is atomic by itself.
@@ -276,16 +277,18 @@ class SQLStore:
 
     @contextmanager
     def _transaction(self, write: bool, conflict: str | None = None, run_id: str | None = None,
-                     single: bool = False) -> Iterator[Tx]:
+                     single: bool = False, pipelined: bool = False) -> Iterator[Tx]:
         """One protocol method's transaction, with driver errors translated at this boundary.
 
         ``single``: the method runs exactly one statement (enforced by ``Tx.run``), so a backend whose
         ``BEGIN`` and ``COMMIT`` are round trips of their own may leave them out (Postgres, D-40).
+        ``pipelined``: the method reads one row, at its last statement, and decides on it; a backend with a
+        wire may send ``BEGIN`` and the statements in one flight and ``COMMIT`` in the next (Postgres, D-54).
         """
         with self._checkout() as conn, timed_store_call(write):
             tx: Tx | None = None
             try:
-                with self._begin(conn, write, single) as tx:
+                with self._begin(conn, write, single, pipelined) as tx:
                     yield tx
             except self.driver_error as exc:
                 violation = self._violation(exc)
@@ -296,7 +299,7 @@ class SQLStore:
                 raise StoreError(f"the store at {self.where} failed: {exc}") from exc
             finally:
                 if tx is not None:
-                    self.traffic.add(tx.statements, self._round_trips(tx.statements, tx.single))
+                    self.traffic.add(tx.statements, self._round_trips(tx.statements, tx.single) - tx.saved)
 
     def close(self) -> None:
         with self._lock:

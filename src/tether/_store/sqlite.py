@@ -156,8 +156,10 @@ class SQLiteStore(SQLStore):
         return conn
 
     @contextmanager
-    def _begin(self, conn: sqlite3.Connection, write: bool, single: bool = False) -> Iterator[Tx]:
-        # BEGIN and COMMIT stay for one statement too: in-process they cost no round trip.
+    def _begin(self, conn: sqlite3.Connection, write: bool, single: bool = False,
+               pipelined: bool = False) -> Iterator[Tx]:
+        # BEGIN and COMMIT stay for one statement too: in-process they cost no round trip (nor is there a
+        # wire to pipeline on).
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         try:
             yield Tx(conn.cursor(), _identity, single=single)

@@ -92,7 +92,7 @@ def create_counted(any_store: Store, run: RunRecord, since: float, width: float,
     principal = run.principal
     assert principal is not None, "a new run has its principal"
     values = [_encode(RUN_COLUMNS, n, getattr(run, n)) for n in RUN_COLUMNS]
-    with store._transaction(write=True, conflict=f"run {run.run_id!r} already exists") as tx:
+    with store._transaction(write=True, conflict=f"run {run.run_id!r} already exists", pipelined=True) as tx:
         store._lock_principal(tx, principal)
         row = store._insert_counting(tx, (_INSERT_RUN, values), (_BUMP, (principal, bucket_end(run.created_at, width),
                                                                        width)),
