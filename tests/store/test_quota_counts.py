@@ -174,15 +174,18 @@ def test_a_version_11_store_upgrades_keeping_the_count_of_the_runs_in_its_period
 
 
 def test_a_prune_forgets_the_buckets_past_the_shortest_retention(backend):
-    from tether._store.retention import RetentionRules, prune
+    from tether._store.retention import RetentionRules, prune, stats
 
     store = backend.store()
     try:
         counted = CountedStart(Quota(runs_per_period=100), 0.0)
         for at in (T0 - 3 * 86400, T0 - 60):
             counted.create(store, _run(at))
-        prune(store, RetentionRules({"completed": 1}), T0)
+        rules = RetentionRules({"completed": 1})
+        assert stats(store, rules, T0)["rows"]["run_counts"] == 2  # `tether store stats` shows the counters
+        prune(store, rules, T0)
         assert backend.sql("SELECT ends_at FROM run_counts") == [(T0,)]
+        assert stats(store, rules, T0)["rows"]["run_counts"] == 1
     finally:
         store.close()
 

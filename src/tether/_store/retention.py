@@ -206,7 +206,7 @@ def stats(any_store: Store, rules: RetentionRules, now: float) -> dict[str, Any]
         by_status = {row[0]: int(row[1]) for row in
                      tx.run("SELECT status, COUNT(*) FROM runs GROUP BY status ORDER BY status").fetchall()}
         rows = {t: int(tx.run(f"SELECT COUNT(*) FROM {t}").fetchone()[0])
-                for t in ("runs", "calls", "snapshots", "events", "waits", "sessions", "outbox")}
+                for t in ("runs", "calls", "snapshots", "events", "waits", "sessions", "outbox", "run_counts")}
     return {"size_bytes": store.store_size_bytes(), "runs_by_status": by_status, "rows": rows,
             "retention": {"days": dict(rules.days), "keep_journals": rules.keep_journals},
             "prune": prune(store, rules, now, dry_run=True).to_dict()}
