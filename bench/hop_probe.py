@@ -47,19 +47,9 @@ import pydantic_monty as pm
 
 import tether._engine.calls.boundary as boundary
 import tether._sandbox.monty as monty
+from common import EXPECTED, PROGRAM  # the program every core contender runs
 from tether._runtime import Runtime
 from tether._store import open_store
-
-CALLS = 10
-PROGRAM = f"""\
-import tools
-total = 0
-for i in range({CALLS}):
-    r = await tools.bench.get(id=i)
-    total += r["value"]
-total
-"""
-EXPECTED = sum(i * 2 for i in range(CALLS))
 
 _stamps: list[int] = []
 
