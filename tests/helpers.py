@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from tether._tools.model import Annotations, Tool
@@ -207,3 +208,27 @@ def each_store_backend(request: Any, tmp_path: Any, monkeypatch: Any, make: Any)
     yield made
     with psycopg.connect(made.url, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@dataclass
+class StoreBackend:
+    """One of the two store backends a test runs on (``each_store_backend`` makes it): its store, and its rows
+    edited straight in the database."""
+
+    kind: str
+    url: str
+    schema: str = "tether"  # Postgres: a schema per test keeps other tests' runs out of its way
+
+    def store(self) -> Any:
+        if self.kind == "sqlite":
+            from tether._store import open_store
+
+            return open_store(self.url)
+        from tether._store.postgres import PostgresStore
+
+        return PostgresStore(self.url, schema=self.schema)
+
+    def sql(self, statement: str, params: tuple = ()) -> list[tuple]:
+        """Rows read or written directly, as an operator, an attacker with write access, or the previous
+        release would."""
+        return direct_sql(self.kind, self.url, self.schema, statement, params)

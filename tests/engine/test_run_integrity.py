@@ -5,12 +5,11 @@ on SQLite and on Postgres, and shows that a resume refuses what was not signed.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from helpers import Recorder, direct_sql, each_store_backend, store_backend_params
+from helpers import Recorder, StoreBackend, each_store_backend, store_backend_params
 from tether._engine import launcher
 from tether._engine.approvals.capabilities import secret_id
 from tether._engine.calls import ledger
@@ -29,27 +28,11 @@ b = await tools.helpdesk.close_ticket(id=2)
 """
 
 
-@dataclass
-class Backend:
-    kind: str
-    url: str
-    schema: str = "tether"  # Postgres: a schema per test keeps other tests' orphans out of recover()
-
-    def store(self) -> Any:
-        if self.kind == "sqlite":
-            return open_store(self.url)
-        from tether._store.postgres import PostgresStore
-
-        return PostgresStore(self.url, schema=self.schema)
-
+class Backend(StoreBackend):
     def runtime(self, rec: Recorder, **kw: Any) -> Runtime:
         kw.setdefault("type_check", False)
         kw.setdefault("policy", Policy(writes="ask"))
         return Runtime(store=self.store(), tools=rec.tools(), **kw)
-
-    def sql(self, statement: str, params: tuple = ()) -> list[tuple]:
-        """Edit the rows directly, as someone with write access to the database would."""
-        return direct_sql(self.kind, self.url, self.schema, statement, params)
 
 
 @pytest.fixture(params=store_backend_params())

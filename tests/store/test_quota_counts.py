@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import threading
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import Clock, Recorder, direct_sql, each_store_backend, store_backend_params
+from helpers import Clock, Recorder, StoreBackend, each_store_backend, store_backend_params
 from tether._engine.rules.policy import Policy
 from tether._engine.rules.quotas import CountedStart, Quota, Quotas
 from tether._runtime import Runtime
@@ -28,26 +27,10 @@ from tether.errors import QuotaExceeded
 T0 = 1_800_000_000.0
 
 
-@dataclass
-class Backend:
-    kind: str
-    url: str
-    schema: str = "tether"
-
-    def store(self) -> Any:
-        if self.kind == "sqlite":
-            return open_store(self.url)
-        from tether._store.postgres import PostgresStore
-
-        return PostgresStore(self.url, schema=self.schema)
-
+class Backend(StoreBackend):
     def runtime(self, quota: Quota, clock: Clock) -> Runtime:
         return Runtime(store=self.store(), tools=Recorder().tools(), type_check=False, clock=clock,
                        policy=Policy(writes="allow"), quotas=Quotas(default=quota))
-
-    def sql(self, statement: str, params: tuple = ()) -> list[tuple]:
-        """Rows read or written directly, as an operator (or the previous release) would."""
-        return direct_sql(self.kind, self.url, self.schema, statement, params)
 
 
 @pytest.fixture(params=store_backend_params())

@@ -15,15 +15,12 @@ previous release would have written, since the triggers filled their ``key`` col
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
-from helpers import Recorder, direct_sql, each_store_backend, store_backend_params
+from helpers import Recorder, StoreBackend, each_store_backend, store_backend_params
 from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
-from tether._store import open_store
 from tether._store._migrations import MIGRATIONS
 from tether._store.base import CallRecord, RunRecord
 
@@ -38,25 +35,9 @@ await tools.helpdesk.add_comment(id=1, body=answer["note"])
 """
 
 
-@dataclass
-class Backend:
-    kind: str
-    url: str
-    schema: str = "tether"
-
-    def store(self) -> Any:
-        if self.kind == "sqlite":
-            return open_store(self.url)
-        from tether._store.postgres import PostgresStore
-
-        return PostgresStore(self.url, schema=self.schema)
-
+class Backend(StoreBackend):
     def runtime(self, rec: Recorder) -> Runtime:
         return Runtime(store=self.store(), tools=rec.tools(), type_check=False, policy=Policy(writes="allow"))
-
-    def sql(self, statement: str, params: tuple = ()) -> list[tuple]:
-        """Rows read or written directly, as a replica of the previous release (or an operator) would."""
-        return direct_sql(self.kind, self.url, self.schema, statement, params)
 
     def to_version_10(self) -> None:
         """Take the store back to schema version 10: no new column, trigger or index of migration 11 (nor
