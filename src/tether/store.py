@@ -4,9 +4,9 @@ Open one by URL with :func:`open_store` (``sqlite:///path/to/tether.db``, the
 embedded default, or ``postgresql://...``) and pass it to
 ``Runtime(store=...)``. A new backend implements the :class:`Store` protocol
 over these record types; the contract suite in tether's tests
-(``tests/store/test_store.py``) is what it must pass. Its module gives
-:func:`register_backend` a :class:`StoreBackend` (its URL schemes and what
-opens one); ``open_store`` and the config's ``[store] url`` and
+(``tests/store/test_store_{runs,journal,events,schema,concurrency}.py``) is
+what it must pass. Its module gives :func:`register_backend` a
+:class:`StoreBackend` (its URL schemes and what opens one); ``open_store`` and the config's ``[store] url`` and
 ``TETHER_STORE_URL`` then accept its scheme.
 """
 

@@ -140,10 +140,10 @@ def test_a_version_11_store_upgrades_keeping_the_count_of_the_runs_in_its_period
         store.close()
     # Back to version 11, as the previous release left it: no run_counts table.
     backend.sql("DROP TABLE run_counts")
-    backend.sql("DELETE FROM schema_version WHERE version = 12")
+    backend.sql("DELETE FROM schema_version WHERE version >= 12")  # and 13's indexes, gone with the table
     store = backend.store()
     try:
-        assert store.schema_version() == 12
+        assert store.schema_version() == 13
         assert usage.started_in_window(store, "local", T0 - 3600) == 3
         assert usage.started_in_window(store, "other", T0 - 3600) == 1
         counted = CountedStart(Quota(runs_per_period=3), T0 - 3600)
@@ -169,6 +169,71 @@ def test_a_prune_forgets_the_buckets_past_the_shortest_retention(backend):
         prune(store, rules, T0)
         assert backend.sql("SELECT ends_at FROM run_counts") == [(T0,)]
         assert stats(store, rules, T0)["rows"]["run_counts"] == 1
+    finally:
+        store.close()
+
+
+NO_RETENTION = {"retention": {"completed_days": 0, "failed_days": 0, "cancelled_days": 0}}
+
+
+async def test_without_retention_the_runners_maintenance_forgets_the_buckets_no_window_reaches(backend):
+    """Months of starts with no [retention] days leave only the buckets a window can still count."""
+    import dataclasses
+
+    from tether._config import Config
+    from tether._engine.worker import Worker
+
+    clock = Clock(T0)
+    async with backend.runtime(Quota(runs_per_period=3, period_seconds=60), clock) as rt:
+        # The engine as `tether serve` opens it from a config with no [retention] days.
+        worker = Worker(dataclasses.replace(rt.engine, config=Config.from_dict(NO_RETENTION)))
+        for day in range(30, 0, -1):  # a month, a start a day: a bucket each
+            clock.now = T0 - day * 86400
+            rt.start("1")
+        for step in range(3):
+            clock.now = T0 + 10 * step
+            rt.start("1")
+        clock.now = T0 + 30
+        await worker.work(idle_exit_seconds=0)
+        # The three buckets inside the window are kept, so the quota refuses exactly as before ...
+        assert backend.sql("SELECT ends_at FROM run_counts ORDER BY ends_at") == [(T0 + 1,), (T0 + 11,), (T0 + 21,)]
+        with pytest.raises(QuotaExceeded) as exc:
+            rt.start("1")
+        assert exc.value.to_dict()["details"]["used"] == 3
+        # ... and admits exactly as before once the first whole bucket has left the window.
+        clock.now = T0 + 60.5
+        with pytest.raises(QuotaExceeded):
+            rt.start("1")
+        clock.now = T0 + 61
+        rt.start("1")
+        # A month on, with no start since, nothing is left.
+        clock.now = T0 + 30 * 86400
+        await worker.work(idle_exit_seconds=0)
+        assert backend.sql("SELECT COUNT(*) FROM run_counts") == [(0,)]
+        assert rt.store.count_runs() == 34  # the runs are [retention]'s business: all kept
+
+
+def test_forgetting_keeps_what_the_longest_window_of_any_replica_can_count(backend):
+    """A bucket goes once it ended before this process's longest period and BUCKETS times the widest bucket
+    stored (another replica's longer period), plus FORGET_SLACK; in batches of ``limit``."""
+    store = backend.store()
+    try:
+        hourly = CountedStart(Quota(runs_per_period=100, period_seconds=3600), 0.0)
+        for age in (3600 + usage.FORGET_SLACK + 61, 3600 + usage.FORGET_SLACK + 122, 3600 + usage.FORGET_SLACK - 60):
+            hourly.create(store, _run(T0 - age))
+        # This process counts in an hour: the two buckets past the hour and the slack go, one per batch.
+        assert usage.forget_counts(store, T0, 3600.0, limit=1) == 1
+        assert usage.forget_counts(store, T0, 3600.0, limit=1) == 1
+        assert usage.forget_counts(store, T0, 3600.0, limit=1) == 0
+        assert backend.sql("SELECT COUNT(*) FROM run_counts") == [(1,)]
+        # A replica counting in days started a run: its wide bucket keeps the hourly ones a day.
+        CountedStart(Quota(runs_per_period=100, period_seconds=86400), 0.0).create(store, _run(T0))
+        hourly.create(store, _run(T0 - 7200))
+        assert usage.forget_counts(store, T0, 3600.0) == 0
+        assert usage.started_in_window(store, "local", T0 - 86400) == 3
+        # A process with no runs_per_period quota (longest period 0) keeps them as long.
+        assert usage.forget_counts(store, T0 + 86400 - 7200, 0.0) == 0
+        assert usage.forget_counts(store, T0 + 2 * 86400 + usage.FORGET_SLACK, 0.0) == 3
     finally:
         store.close()
 

@@ -5,7 +5,7 @@ from there (docs/architecture.md, "A new store backend").
 This file is such a module: a SQLite variant under the scheme ``litevariant:///`` with one statement only
 its dialect runs, registered below and nowhere else (for each test, so that other files see only the
 built-in schemes), then driven through a slice of the contract suite
-(tests/store/test_store.py) and through a runtime assembled from a config file.
+(tests/store/test_store_{runs,journal,events,schema}.py) and through a runtime assembled from a config file.
 """
 
 from __future__ import annotations
@@ -15,19 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from test_store import (
-    Backend,
-    test_a_call_round_trips,
-    test_a_given_secret_wins_and_is_not_stored,
-    test_a_run_round_trips_every_field,
-    test_a_terminal_status_never_changes,
+from contract import Backend
+from test_store_events import (
     test_events_after_a_cursor,
     test_latest_snapshot_is_the_last_written_and_one_is_kept_per_kind,
-    test_migrations_apply_once_and_a_newer_schema_is_refused,
     test_the_outbox_queues_once_claims_once_and_keeps_attempts,
-    test_the_secret_is_stable_across_reopening,
-    test_update_call_cas,
+)
+from test_store_journal import test_a_call_round_trips, test_update_call_cas
+from test_store_runs import (
+    test_a_run_round_trips_every_field,
+    test_a_terminal_status_never_changes,
     test_update_run_cas_has_one_winner_and_the_loser_changes_nothing,
+)
+from test_store_schema import (
+    test_a_given_secret_wins_and_is_not_stored,
+    test_migrations_apply_once_and_a_newer_schema_is_refused,
+    test_the_secret_is_stable_across_reopening,
 )
 from tether._app import open_runtime
 from tether._config import load_config

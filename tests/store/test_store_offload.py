@@ -15,7 +15,7 @@ import uuid
 import psycopg
 import pytest
 
-from test_store import make_run
+from contract import make_run
 from tether._store.postgres import PostgresStore
 from tether._store.sqlite import SQLiteStore
 

@@ -6,7 +6,7 @@ import dataclasses
 import threading
 import time
 
-from test_store import backend, make_run  # noqa: F401 - the fixture, shared with test_store.py
+from contract import make_run
 from tether._store import SnapshotRecord
 from tether._store.base import ParkEvent, WaitRecord, wait_digest
 from tether._store.states import WaitStatus
@@ -21,7 +21,7 @@ def _wait(run_id: str, seq: int) -> WaitRecord:
                       deadline=9000.0)
 
 
-def test_a_pause_is_one_transaction_and_a_lost_move_writes_nothing(backend):  # noqa: F811
+def test_a_pause_is_one_transaction_and_a_lost_move_writes_nothing(backend):
     """The paused record, its snapshot (the only one of its kind), its approval waits and its `paused` event
     are written together or not at all (issue 24: four transactions before); a wait whose row was there
     first (a buffered resolution) is kept and given its seq and deadline."""
@@ -74,7 +74,7 @@ def test_a_pause_is_one_transaction_and_a_lost_move_writes_nothing(backend):  # 
     assert store.get_events("r2") == []
 
 
-def test_a_park_on_a_missing_run_writes_nothing(backend):  # noqa: F811
+def test_a_park_on_a_missing_run_writes_nothing(backend):
     store = backend.open()
     assert not store.park_run("nope", ["running"], _snapshot("nope", 1), [], None, status="waiting",
                               updated_at=1.0)

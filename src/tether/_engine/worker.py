@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 # How often a runner looks for parked runs whose wait was settled and nobody continued,
 # when no notice named them (SQLite, or a notice lost).
 SETTLED_SCAN_SECONDS = 2.0
+# How often a runner without a config ([retention] every_seconds) forgets old quota counters: a server's
+# default, and a minute or two of extra rows is nothing.
+MAINTENANCE_SECONDS = 300.0
 
 
 class Worker:
@@ -60,7 +63,7 @@ class Worker:
         settled: set[str] = set()
         nudge = asyncio.Event()
         scanned = 0.0
-        prune_at = 0.0  # [retention]: a first batch at start, then every every_seconds
+        prune_at = 0.0  # maintenance ([retention], quota counters): a first batch at start, then every every_seconds
 
         def heard(kind: str, run_id: str) -> None:
             if kind == SETTLED:
@@ -89,7 +92,7 @@ class Worker:
                         handled += 1
                         busy = True
                 if time.monotonic() >= prune_at:
-                    delay = await self._prune_batch()
+                    delay = min(await self._prune_batch(), await self._forget_counts())
                     prune_at = time.monotonic() + delay
                     busy = busy or delay == 0  # more ended runs are due: not idle yet
                 if busy:
@@ -122,6 +125,23 @@ class Worker:
             print(f"tether worker: retention prune failed: {exc}", file=sys.stderr, flush=True)
             return retention.every_seconds
         return 0.0 if report.runs >= retention.batch else retention.every_seconds
+
+    async def _forget_counts(self) -> float:
+        """Delete one batch of quota counters no window reaches any more, with or without [retention]
+        (usage.forget_counts); seconds until the next batch, 0 when more are due."""
+        from tether._store import usage
+
+        engine = self.engine
+        retention = engine.config.retention if engine.config is not None else None
+        every = retention.every_seconds if retention is not None else MAINTENANCE_SECONDS
+        quotas = engine.settings.quotas
+        longest = quotas.longest_period() if quotas is not None else 0.0
+        try:
+            gone = await engine.store.aio.call(usage.forget_counts, engine.store, engine.clock(), longest)
+        except Exception as exc:  # noqa: BLE001 - reported, retried next round
+            print(f"tether worker: forgetting old quota counters failed: {exc}", file=sys.stderr, flush=True)
+            return every
+        return 0.0 if gone >= usage.FORGET_BATCH else every
 
     async def _settled_runs(self, settled: set[str], free: int) -> list[Awaitable[Any]]:
         """Wake-ups for parked runs whose wait was settled elsewhere; wake() claims each by compare-and-set."""

@@ -214,6 +214,14 @@ MIGRATIONS: list[tuple[str, ...]] = [
             PRIMARY KEY (principal, ends_at, width)
         )""",
     ),
+    (
+        # 13: what the periodic forgetting of quota counters reads (usage.forget_counts): the buckets that
+        # ended longest ago (a range of ends_at, in batches), and the widest bucket stored (its width times
+        # 60 is the longest period a replica sharing the store has counted in). The primary key leads with
+        # the principal, so neither was index-backed.
+        "CREATE INDEX run_counts_ends_at ON run_counts (ends_at)",
+        "CREATE INDEX run_counts_width ON run_counts (width)",
+    ),
 ]
 
 

@@ -100,6 +100,38 @@ def create_counted(any_store: Store, run: RunRecord, since: float, width: float,
         admit(int(row[0]), int(row[1]))  # counted before the run's writes; a refusal rolls them back
 
 
+# -- forgetting buckets no window reaches (store migration 13) ------------------------------------
+# Without it the counters only went with a retention prune: a server with no [retention] days kept one row
+# per principal a minute it started runs in, for ever. A bucket that ended before the longest window any
+# start can count is deleted by the runner's periodic maintenance (tether._engine.worker).
+#
+# Longest window: this process's longest period, and BUCKETS times the widest bucket stored, since a bucket's
+# width is the period of the config that wrote it: a replica sharing the store with a longer period keeps
+# its own buckets, and everyone's it can count, while it starts runs (D-NEW-s8-months).
+FORGET_BATCH = 1000  # rows per transaction: short enough not to hold SQLite's one writer for long
+# Kept past the window: a start computes its window from its own clock before its transaction, and
+# replicas' clocks differ; neither reaches minutes, and minutes of buckets are at most a few rows.
+FORGET_SLACK = 300.0
+_WIDEST = "SELECT MAX(width) FROM run_counts"
+_FORGET = ("DELETE FROM run_counts WHERE (principal, ends_at, width) IN "
+           "(SELECT principal, ends_at, width FROM run_counts WHERE ends_at < ? ORDER BY ends_at LIMIT ?)")
+
+
+def forget_counts(any_store: Store, now: float, longest_period: float, *, limit: int = FORGET_BATCH) -> int:
+    """Delete up to ``limit`` buckets that ended before any window can reach them; returns how many went.
+
+    ``longest_period`` is the longest ``period_seconds`` this process counts runs in (0: none). Both
+    statements are index-backed (migration 13): the widest bucket, then the oldest buckets by their end.
+    """
+    store = _sql(any_store)
+    with store._transaction(write=True) as tx:
+        widest = tx.run(_WIDEST).fetchone()[0]
+        if widest is None:
+            return 0
+        before = now - max(longest_period, BUCKETS * float(widest)) - FORGET_SLACK
+        return int(tx.run(_FORGET, (before, int(limit))).rowcount)
+
+
 def stored_bytes(any_store: Store, principal: str) -> int:
     """Payload bytes of ``principal``'s runs (with their journals, snapshots, events) and REPL sessions."""
     store = _sql(any_store)
@@ -125,5 +157,5 @@ def repl_sessions(any_store: Store, principal: str, now: float) -> set[str]:
     return {row[0] for row in rows}
 
 
-__all__ = ["BUCKETS", "active_runs", "bucket_end", "bucket_width", "create_counted", "repl_sessions",
-           "runs_started_since", "start_counts", "started_in_window", "stored_bytes"]
+__all__ = ["BUCKETS", "FORGET_BATCH", "FORGET_SLACK", "active_runs", "bucket_end", "bucket_width", "create_counted",
+           "forget_counts", "repl_sessions", "runs_started_since", "start_counts", "started_in_window", "stored_bytes"]

@@ -63,6 +63,12 @@ class Quotas:
     def of(self, principal: str) -> Quota:
         return self.principals.get(principal, self.default)
 
+    def longest_period(self) -> float:
+        """The longest window a start here counts runs in (0.0: no quota counts them); what the runner's
+        maintenance keeps quota counters for (usage.forget_counts)."""
+        counted = [q.period_seconds for q in (self.default, *self.principals.values()) if q.runs_per_period is not None]
+        return max(counted, default=0.0)
+
     def reads_store(self, principal: str, session: str | None) -> bool:
         """Whether :meth:`check_start` reads the store for this start (else it only returns a CountedStart)."""
         q = self.of(principal)
