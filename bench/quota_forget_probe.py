@@ -1,7 +1,7 @@
 """What migration 13's two run_counts indexes cost a start, and what one batch of forgetting old counters costs.
 
 Migration 13 indexes ``run_counts`` on ``ends_at`` and on ``width`` so that the runner's maintenance can delete
-the counters no window reaches (``usage.forget_counts``, D-NEW-s8-months). An index is written when a counter
+the counters no window reaches (``usage.forget_counts``, D-56). An index is written when a counter
 row is inserted, once per principal and bucket; the other starts only add to ``runs``, which no index holds.
 This probe takes the worst case, every start a new row (each start a principal of its own), on two stores of
 one backend side by side: ``before`` with the two indexes dropped, ``after`` as migrated. Alternating

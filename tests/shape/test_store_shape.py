@@ -172,7 +172,7 @@ def test_the_one_migration_list_gives_both_backends_the_same_tables(tmp_path, pg
 # sha256 (first 16 hex digits) of each released schema version's statements as each backend runs them, joined
 # by NUL: versions 1-10 as the two hand-written lists before they became one list with dialect hooks gave
 # them, 11 the column renames' expand step (D-48), 12 the quota buckets (D-54), 13 the indexes that forget
-# old buckets (D-NEW-s8-months). A released
+# old buckets (D-56). A released
 # migration is never edited (_migrations.py): a changed digest is a database that would upgrade differently
 # from one already upgraded. A new migration appends one digest per backend.
 RELEASED = {

@@ -130,8 +130,11 @@ class Worker:
         """Delete one batch of quota counters no window reaches any more, with or without [retention]
         (usage.forget_counts); seconds until the next batch, 0 when more are due."""
         from tether._store import usage
+        from tether._store._schema import SQLStore
 
         engine = self.engine
+        if not isinstance(engine.store, SQLStore):
+            return MAINTENANCE_SECONDS  # a backend without SQL keeps no quota counters (usage.create_counted)
         retention = engine.config.retention if engine.config is not None else None
         every = retention.every_seconds if retention is not None else MAINTENANCE_SECONDS
         quotas = engine.settings.quotas

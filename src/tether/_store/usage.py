@@ -107,7 +107,7 @@ def create_counted(any_store: Store, run: RunRecord, since: float, width: float,
 #
 # Longest window: this process's longest period, and BUCKETS times the widest bucket stored, since a bucket's
 # width is the period of the config that wrote it: a replica sharing the store with a longer period keeps
-# its own buckets, and everyone's it can count, while it starts runs (D-NEW-s8-months).
+# its own buckets, and everyone's it can count, while it starts runs (D-56).
 FORGET_BATCH = 1000  # rows per transaction: short enough not to hold SQLite's one writer for long
 # Kept past the window: a start computes its window from its own clock before its transaction, and
 # replicas' clocks differ; neither reaches minutes, and minutes of buckets are at most a few rows.
