@@ -65,12 +65,19 @@ def _gc_probe(path: str) -> None:
             name = f"cyclic {type(o).__module__}.{type(o).__qualname__}"
             cyclic[name] = cyclic.get(name, 0) + 1
         gc.garbage.clear()
+        # The loop's timer heap at this moment: every call_at pushes onto it, in Python comparisons.
+        import asyncio
+
+        loop = asyncio.events._get_running_loop()
+        heap = getattr(loop, "_scheduled", [])
+        timers.append((len(heap), sum(1 for h in heap if h.cancelled())))
         with open(f"{path}.tmp", "w") as f:
             json.dump({**{str(g): v for g, v in totals.items()}, "young": young, "samples": seen[0],
-                       "cyclic": cyclic}, f)
+                       "cyclic": cyclic, "timers": timers}, f)
         os.replace(f"{path}.tmp", path)
 
     cyclic: dict[str, int] = {}
+    timers: list[tuple[int, int]] = []
     if os.environ.get("NAMED_THREADS_SAVEALL"):
         gc.set_debug(gc.DEBUG_SAVEALL)
     gc.callbacks.append(watch)

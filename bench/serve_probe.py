@@ -60,6 +60,7 @@ class Probe:
         totals = json.loads(self.gc_path.read_text())
         self.young, self.samples = totals.pop("young", {}), totals.pop("samples", 0)
         self.cyclic = totals.pop("cyclic", {})
+        self.timers = totals.pop("timers", [])
         out = {f"gc gen{g} passes": float(v[0]) for g, v in totals.items()}
         out.update({f"gc gen{g} s": v[1] / 1e9 for g, v in totals.items()})
         out["gc s"] = sum(v[1] for v in totals.values()) / 1e9
@@ -235,6 +236,10 @@ def main() -> None:
             # Passes a program as they are; seconds as milliseconds a program.
             row[name] = round(value / max(done, 1) * (1 if kind.endswith("passes") else 1e3), 3)
         rows.append(row)
+    for name, probe in probes.items():
+        if isinstance(probe, Probe) and probe.timers:
+            print(f"{name}: the loop's timer heap at each sample (timers, of them cancelled): "
+                  + " ".join(f"{n}/{c}" for n, c in probe.timers))
     if args.young:
         for name, probe in probes.items():
             if not isinstance(probe, Probe):
