@@ -449,3 +449,26 @@ async def test_another_principals_thousand_newest_runs_do_not_hide_yours(store_u
             for page in ("/console/", "/console/?status=paused"):
                 listing = (await c.get(page)).text
                 assert mine.run_id in listing and "run_bob" not in listing, page
+
+
+async def test_d42_who_asked_is_the_configured_name_not_a_column_anyone_with_the_store_can_write(tmp_path):
+    """A person approves a write partly on who asked: for a token the server names, that name comes from the
+    configuration, never from the run's unsigned ``meta.principal_name`` (someone who can write the store but
+    lacks the secret must not make alice's write look like the approver's own colleague's)."""
+    import sqlite3
+
+    from tether._store import open_store
+
+    sent.clear()
+    async with Runtime(store=open_store(f"sqlite:///{tmp_path}/t.db"), tools=[refund]) as rt:
+        paused = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
+        assert paused.status == "paused"
+        with sqlite3.connect(tmp_path / "t.db") as db:
+            db.execute("UPDATE runs SET meta = json_set(meta, '$.principal_name', 'the CFO') WHERE run_id = ?",
+                       (paused.run_id,))
+        async with client(console_for(rt)) as c:
+            await sign_in(c, PAT)
+            pages = [await c.get(f"/console/runs/{paused.run_id}"), await c.get("/console/")]
+    for page in pages:
+        assert page.status_code == 200
+        assert "the CFO" not in page.text and "alice" in page.text
