@@ -472,3 +472,17 @@ async def test_d42_who_asked_is_the_configured_name_not_a_column_anyone_with_the
     for page in pages:
         assert page.status_code == 200
         assert "the CFO" not in page.text and "alice" in page.text
+
+
+async def test_a_seq_past_any_column_is_refused_by_name_not_a_500(rt):
+    """The seq of a console form is the caller's number: one too large for the store's column decides nothing
+    and says so, as any seq the run does not wait on."""
+    paused = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
+    async with client(console_for(rt)) as c:
+        await sign_in(c, PAT)
+        page = await c.get(f"/console/runs/{paused.run_id}")
+        for form in ({"seq": str(10**30)}, {"seq": "all", "shown": f"{paused.pending['seq']},{10**30}"}):
+            r = await c.post(f"/console/runs/{paused.run_id}/decide",
+                             data={"csrf": csrf_of(page.text), "decision": "approve", **form})
+            assert r.status_code == 409 and "Nothing decided" in r.text, r.text[:300]
+    assert sent == [] and rt.store.get_run(paused.run_id).status == "paused"
