@@ -102,3 +102,28 @@ def test_the_operator_signals_and_lists_the_waits_of_a_token_owned_run(store_env
 
 def test_as_needs_a_principal(store_env, capsys):
     assert main(["runs", "signal", "run_x", "go", "1", "--as", " "]) == EXIT_USAGE
+
+
+def test_where_a_refused_approve_points_the_model_is_a_command_that_approves(store_env, capsys):
+    """approval_elsewhere tells the agent (to tell its user) how a person approves on the store; the command it
+    names must exist and, followed as written, approve the token's write."""
+    import shlex
+
+    from tether._engine.approvals.rights import Verdict
+    from tether._engine.approvals.surface import refusal
+
+    paused = started_by_token(PAUSES)
+    run_id, seq = paused["run_id"], str(paused["pending"]["seq"])
+    text = refusal(Verdict(False, "approval_elsewhere", "refused"), run_id, None, console=False).message
+    (command,) = [c for c in text.split("`")[1::2] if c.startswith("tether ")]
+    argv = [seq if word == "N" else word for word in shlex.split(command)[1:]]
+    try:
+        code, out = tether(capsys, *argv)
+    except SystemExit as exc:  # argparse: no such command
+        pytest.fail(f"`{command}` is not a tether command ({exc.code}): {capsys.readouterr().err}")
+    approve = [line.split("approve:", 1)[1] for line in out.get("text", "").splitlines()
+               if line.strip().startswith("approve:")]
+    if approve:  # the command showed the run, with the exact approve command for it
+        code, out = tether(capsys, *shlex.split(approve[0])[1:], "--json")
+    assert code == EXIT_OK and out.get("status") == "completed", (command, out)
+    assert notes(store_env) == ["from a token"]

@@ -223,6 +223,30 @@ async def test_p14_error_code_comes_from_the_host_record_not_program_text(rt):
     assert r.error["code"] == "program_error"
 
 
+@pytest.mark.parametrize("raised", [
+    "MemoryError('memory limit exceeded: 1 bytes > 67108864 bytes')",
+    "TimeoutError('feed time limit exceeded: 60.1s > 60s')",
+    "RuntimeError('suspension limit 1000 exceeded')",
+    "RecursionError('maximum recursion depth exceeded')",
+    "ModuleNotFoundError(\"No module named 'os'\")",
+])
+@pytest.mark.parametrize("how", ["raise {}", "def f():\n    x = 1; raise   {} from None\nf()",
+                                 "e = {}\ntry:\n    raise e\nexcept Exception as again:\n    raise again"])
+async def test_p14_a_program_raising_a_limits_own_exception_does_not_choose_the_limits_code(rt, raised, how):
+    """The limit codes (memory_limit, time_limit, call_limit, recursion_limit) say the host stopped the run; a
+    program that raises the very exception, message and all, failed on its own: program_error (P-14)."""
+    r = await rt.execute(how.format(raised))
+    assert r.error["code"] == "program_error", r.error
+    assert r.error["details"]["type"] == raised.split("(")[0]
+
+
+async def test_p14_a_limit_hit_inside_a_raise_statement_is_still_the_limit(rt):
+    r = await rt.execute("raise ValueError('x' * 10**9)")
+    assert r.error["code"] == "memory_limit", r.error
+    r = await rt.execute("def f(n):\n    raise ValueError(f(n + 1))\nf(0)")
+    assert r.error["code"] == "recursion_limit", r.error
+
+
 async def test_memory_bomb_is_stopped(rt):
     r = await rt.execute("x = 'a' * (10 ** 9)")
     assert r.error["code"] == "memory_limit"

@@ -329,3 +329,30 @@ def test_a_wait_row_is_created_pending_and_settled_once_or_refused(store_url):
     accepted, row = waits.settle(store, WaitRecord("k", rt_run, "go", "cancelled", 3.0, resolved_at=3.0))
     assert not accepted and (row.status, row.value) == ("resolved", 1)  # the first settlement wins
     store.close()
+
+
+@pytest.mark.parametrize("name", ["approval:2", "signal:go", "sleep:3"])
+async def test_p18_a_program_cannot_name_a_wait_in_tethers_own_namespace(store_url, clock, name):
+    """A wait's key is HMAC(run, name): a program naming its wait ``approval:2`` would be handed (and show the
+    agent) the approval key of its own next write, and park on a wait whose key resolves nothing (an approval
+    key is decided through the approvals service, and the run is not paused), so it could never continue."""
+    rec = Recorder()
+    program = f"""
+import tools
+try:
+    await wait_for({name!r})
+    outcome = "parked"
+except TypeError as exc:
+    outcome = str(exc)
+await tools.helpdesk.add_comment(id=1, body=outcome)
+outcome
+"""
+    async with runtime(store_url, clock, rec, policy=Policy(writes="ask")) as rt:
+        result = await rt.execute(program)
+        assert result.status == "paused", result.to_dict()  # it went on to its write: nothing parked
+        assert "[invalid_arguments]" in result.pending["args"]["body"]
+        assert "reserved" in result.pending["args"]["body"]
+        (call, _) = rt.engine.store.get_calls(result.run_id)
+        assert call.state == "failed"
+        # The only wait of the run is the write's own approval, made by its pause.
+        assert [w["name"] for w in rt.list_waits(result.run_id)] == ["approval:2"]

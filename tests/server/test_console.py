@@ -449,3 +449,40 @@ async def test_another_principals_thousand_newest_runs_do_not_hide_yours(store_u
             for page in ("/console/", "/console/?status=paused"):
                 listing = (await c.get(page)).text
                 assert mine.run_id in listing and "run_bob" not in listing, page
+
+
+async def test_d42_who_asked_is_the_configured_name_not_a_column_anyone_with_the_store_can_write(tmp_path):
+    """A person approves a write partly on who asked: for a token the server names, that name comes from the
+    configuration, never from the run's unsigned ``meta.principal_name`` (someone who can write the store but
+    lacks the secret must not make alice's write look like the approver's own colleague's)."""
+    import sqlite3
+
+    from tether._store import open_store
+
+    sent.clear()
+    async with Runtime(store=open_store(f"sqlite:///{tmp_path}/t.db"), tools=[refund]) as rt:
+        paused = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
+        assert paused.status == "paused"
+        with sqlite3.connect(tmp_path / "t.db") as db:
+            db.execute("UPDATE runs SET meta = json_set(meta, '$.principal_name', 'the CFO') WHERE run_id = ?",
+                       (paused.run_id,))
+        async with client(console_for(rt)) as c:
+            await sign_in(c, PAT)
+            pages = [await c.get(f"/console/runs/{paused.run_id}"), await c.get("/console/")]
+    for page in pages:
+        assert page.status_code == 200
+        assert "the CFO" not in page.text and "alice" in page.text
+
+
+async def test_a_seq_past_any_column_is_refused_by_name_not_a_500(rt):
+    """The seq of a console form is the caller's number: one too large for the store's column decides nothing
+    and says so, as any seq the run does not wait on."""
+    paused = await rt.execute(PROGRAM, principal=principal_for_token(ALICE))
+    async with client(console_for(rt)) as c:
+        await sign_in(c, PAT)
+        page = await c.get(f"/console/runs/{paused.run_id}")
+        for form in ({"seq": str(10**30)}, {"seq": "all", "shown": f"{paused.pending['seq']},{10**30}"}):
+            r = await c.post(f"/console/runs/{paused.run_id}/decide",
+                             data={"csrf": csrf_of(page.text), "decision": "approve", **form})
+            assert r.status_code == 409 and "Nothing decided" in r.text, r.text[:300]
+    assert sent == [] and rt.store.get_run(paused.run_id).status == "paused"

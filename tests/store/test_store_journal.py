@@ -36,6 +36,17 @@ def test_a_call_round_trips(store):
     assert store.get_call("r1", 2) is None
 
 
+@pytest.mark.parametrize("number", [2**63, 10**30, -(2**63) - 1])
+def test_a_seq_or_cursor_no_row_can_have_finds_nothing(store, number):
+    """A seq, or an ``after`` cursor, is a caller's number (MCP resume/cell_wait, a console form): one past a
+    64-bit column finds no row rather than raising the driver's OverflowError out of a request."""
+    store.create_run(make_run())
+    store.record_call(make_call())
+    assert store.get_call("r1", number) is None
+    assert store.get_calls("r1", after=number) == ([] if number > 0 else store.get_calls("r1"))
+    assert store.get_events("r1", after=number) == ([] if number > 0 else store.get_events("r1"))
+
+
 def test_recording_a_seq_twice_conflicts_and_keeps_the_first(store):
     store.create_run(make_run())
     store.record_call(make_call(address="first"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from tether._engine.approvals.capabilities import WAIT_KEY
+from tether._engine.approvals.model import APPROVAL_PREFIX
 from tether._engine.attempt.result import to_json_value
 from tether._store.base import (
     LOCAL_PRINCIPAL,
@@ -36,6 +37,18 @@ from tether.errors import InvalidTransition
 
 SIGNAL_PREFIX = "signal:"
 SLEEP_PREFIX = "sleep:"
+# Names tether gives its own waits. A key is HMAC(run, name), so a program's ``wait_for("approval:2")`` would be
+# handed the approval key of its own write 2 (shown to the agent) and park on a wait only the approvals service
+# settles: the run could never continue. A program's own wait names stay outside them.
+RESERVED_PREFIXES = (APPROVAL_PREFIX, SIGNAL_PREFIX, SLEEP_PREFIX)
+
+
+def reserved_name_problem(name: str) -> str | None:
+    """Why a program's ``wait_for`` may not use ``name`` (it is in tether's own namespace), or None."""
+    if name.startswith(RESERVED_PREFIXES):
+        return (f"a wait's name may not start with {', '.join(map(repr, RESERVED_PREFIXES))}: those are reserved "
+                "for tether's own waits (approvals, signals, sleeps); name it otherwise")
+    return None
 
 
 def wait_key(secret: bytes, run_id: str, name: str) -> str:

@@ -24,6 +24,7 @@ import builtins
 import contextvars
 import datetime as _dt
 import keyword
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -96,6 +97,8 @@ class ProgramFailed(Exception):
     message: str
     traceback: list[dict[str, Any]] = field(default_factory=list)
     line: int | None = None
+    # The program's own ``raise`` raised it: never a limit or a sandbox refusal, whatever it says (P-14).
+    raised: bool = False
 
     def __str__(self) -> str:
         return f"{self.exc_type}: {self.message}"
@@ -710,12 +713,14 @@ def map_monty_error(exc: BaseException, limits: SandboxLimits) -> BaseException:
         exc_type = type(inner).__name__
         message = str(inner)
         frames = _frames(exc)
-        if exc_type == "MemoryError":
+        # The program's own exception, message and all, is program_error, never a limit (P-14).
+        raised = _raised_by_program(exc)
+        if not raised and exc_type == "MemoryError":
             # Whatever the allocation that failed, it failed against the sandbox's heap limit.
             return MemoryLimit(
                 f"the program used more than {limits.memory_bytes} bytes of memory"
             )
-        if exc_type == "RuntimeError" and "suspension limit" in message:
+        if not raised and exc_type == "RuntimeError" and "suspension limit" in message:
             # emit() and imports suspend the VM too; Monty stops the program
             # at its ceiling, uncatchable: the run made too many host calls.
             return CallLimit(
@@ -723,12 +728,12 @@ def map_monty_error(exc: BaseException, limits: SandboxLimits) -> BaseException:
                 "and imports each count); the sandbox stopped it",
                 next_action="Batch the work: fewer, larger tool calls and emit()s per run.",
             )
-        if exc_type == "TimeoutError" and "time limit exceeded" in message:
+        if not raised and exc_type == "TimeoutError" and "time limit exceeded" in message:
             return TimeLimit(
                 f"the program ran longer than the {limits.run_seconds:g} s time limit "
                 "(time inside tool calls does not count)",
             )
-        return ProgramFailed(exc_type, message, frames, frames[-1]["line"] if frames else None)
+        return ProgramFailed(exc_type, message, frames, frames[-1]["line"] if frames else None, raised=raised)
     if isinstance(exc, _pm.MontyError):
         return SandboxCrashed(f"sandbox error: {exc}")
     return exc
@@ -736,7 +741,6 @@ def map_monty_error(exc: BaseException, limits: SandboxLimits) -> BaseException:
 
 def _first_diagnostic(text: str) -> tuple[int | None, int | None, str]:
     """(line, column, message) of the first diagnostic in the checker's rendered text."""
-    import re
 
     head = re.search(r"error\[invalid-syntax\]: (.*)", text) or re.search(r"error\[[\w-]+\]: (.*)", text)
     if head is not None:
@@ -746,6 +750,30 @@ def _first_diagnostic(text: str) -> tuple[int | None, int | None, str]:
     return (int(where.group(1)), int(where.group(2)), msg) if where else (None, None, msg)
 
 
+def _is_program_frame(frame: Any) -> bool:
+    # The REPL names the program's frames <python-input-N>; the host's are nobody's business.
+    return bool(frame.filename.startswith("<python-input") or frame.filename == "main.py")
+
+
+def _raised_by_program(exc: Any) -> bool:
+    """Whether a ``raise`` statement of the program raised ``exc`` (rather than the VM, at a limit).
+
+    The VM marks the expression that hit a limit (``'x' * 10**9``, even inside a ``raise``), or no frame at
+    all; a ``raise`` marks the raised expression right after its keyword. Limits cannot be caught, so a
+    limit's exception is never re-raised by the program either.
+    """
+    try:
+        frames = exc.traceback()
+    except Exception:
+        return False
+    if not frames or not _is_program_frame(frames[-1]):
+        return False
+    source, column = frames[-1].source_line, frames[-1].column
+    if not isinstance(source, str) or not isinstance(column, int) or column < 1:
+        return False
+    return re.search(r"(?:^|[^\w.])raise$", source[:column - 1].rstrip()) is not None
+
+
 def _frames(exc: Any) -> list[dict[str, Any]]:
     try:
         frames = exc.traceback()
@@ -753,9 +781,7 @@ def _frames(exc: Any) -> list[dict[str, Any]]:
         return []
     out = []
     for frame in frames:
-        # Only the program's own frames (the REPL names them <python-input-N>):
-        # the host's are nobody's business.
-        if not (frame.filename.startswith("<python-input") or frame.filename == "main.py"):
+        if not _is_program_frame(frame):
             continue
         out.append({"line": frame.line, "column": frame.column, "function": frame.function_name,
                     "source": frame.source_line})

@@ -515,6 +515,18 @@ class Console:
             return grant.name
         return self._people.get(principal or "") or principal or "anyone"
 
+    def _owner_name(self, run: RunRecord) -> str:
+        """Who started a run, as a person deciding its writes is shown it (D-42).
+
+        A token the server knows is named by the configuration; ``meta.principal_name`` (the IdP's name for an
+        access token, recorded with the run) is not signed, so it names only principals the configuration
+        does not.
+        """
+        grant = self.access.grant(run.principal or LOCAL)
+        if grant is not None:
+            return grant.name
+        return str((run.meta or {}).get("principal_name") or self._name(run.principal))
+
     async def home(self, request: Request) -> Response:
         session = self.session(request)
         if session is None:
@@ -533,7 +545,7 @@ class Console:
         else:
             who = None
         rows = [{"run_id": r.run_id, "status": r.status,
-                 "principal": (r.meta or {}).get("principal_name") or self._name(r.principal),
+                 "principal": self._owner_name(r),
                  "updated_at": r.updated_at, "summary": run_summary(r.program),
                  "waits": ", ".join(w["address"] for w in pending_writes(self.rt, r)) or None,
                  "error": (r.error or {}).get("code")} for r in runs]
@@ -563,7 +575,7 @@ class Console:
         """Who asked for a run's writes: the principal's name, the client it came through, what it says it does."""
         meta = run.meta or {}
         client = meta.get("client") if isinstance(meta.get("client"), dict) else None
-        return {"name": meta.get("principal_name") or self._name(run.principal),
+        return {"name": self._owner_name(run),
                 "client": " ".join(str(client[k]) for k in ("name", "version") if client.get(k)) if client else None,
                 "summary": run_summary(run.program)}
 
@@ -581,7 +593,7 @@ class Console:
         return self.render("run.html", principal=session["p"], csrf=self.csrf_for(session["n"]),
                            live=run.run_id, flash=flash_text(self.rt, run, flash, request.query_params.get("seqs")),
                            flash_error=(flash or "").startswith("e_"),
-                           owner_name=(run.meta or {}).get("principal_name") or self._name(run.principal),
+                           owner_name=self._owner_name(run),
                            approve_note=self._approve_note(run, session["p"]), **self._run_context(run))
 
     async def decide(self, request: Request) -> Response:

@@ -504,6 +504,8 @@ class SQLStore:
             return tx.run(f"UPDATE calls SET {sets} WHERE {where}", values + params).rowcount == 1
 
     def get_call(self, run_id: str, seq: int) -> CallRecord | None:
+        if _int64(seq) != seq:
+            return None  # a caller's number no row can have (a seq is a 64-bit column)
         with self._transaction(write=False, single=True) as tx:
             row = tx.run(f"{_SELECT_CALL} WHERE run_id = ? AND seq = ?", (run_id, seq)).fetchone()
         return None if row is None else _call(row)
@@ -513,7 +515,7 @@ class SQLStore:
         params: list[Any] = [run_id]
         if after is not None:
             where += " AND seq > ?"
-            params.append(after)
+            params.append(_int64(after))
         if states is not None:
             expected = _expected(states, "states")
             if not expected:
@@ -711,7 +713,7 @@ class SQLStore:
     def get_events(self, run_id: str, after: int = 0, limit: int = 1000) -> list[EventRecord]:
         sql = f"{_SELECT_EVENT} WHERE run_id = ? AND id > ? ORDER BY id LIMIT ?"
         with self._transaction(write=False, single=True) as tx:
-            return [_event(row) for row in tx.run(sql, (run_id, after, limit)).fetchall()]
+            return [_event(row) for row in tx.run(sql, (run_id, _int64(after), limit)).fetchall()]
 
     # -- changes
 
@@ -771,6 +773,15 @@ class SQLStore:
     def signed_out(self, session: str) -> bool:
         with self._transaction(write=False) as tx:
             return tx.run("SELECT 1 FROM console_signouts WHERE session = ?", (session,)).fetchone() is not None
+
+
+# A seq or a cursor can be a caller's number (MCP resume and cell_wait, a console form). Past a 64-bit column it
+# names no row, but SQLite's driver raises OverflowError for it: clamped, a comparison keeps its meaning.
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _int64(n: int) -> int:
+    return max(_INT64_MIN, min(_INT64_MAX, n))
 
 
 def _no_run(run_id: str) -> RunNotFound:

@@ -46,7 +46,9 @@ def where_to_approve(public_url: str | None, run_id: str, *, console: bool = Tru
 
     ``console``: whether this server has one (HTTP); a public URL implies it.
     """
-    store = f"with `tether runs approve {run_id} --seq N` on the store"
+    # The store's operator approves with `tether resume ... --as OWNER`; `runs show` prints that line exactly,
+    # so the owner (a token's hash) is not written into text the model reads.
+    store = f"on the store with the approve command `tether runs show {run_id}` prints"
     if not public_url and not console:
         return f"a person approves it {store}"
     where = f"{public_url.rstrip('/')}/console/runs/{run_id}" if public_url else f"/console/runs/{run_id} on this server"

@@ -209,6 +209,8 @@ def _cap(text: str) -> str:
 
 def classify(exc: ProgramFailed, failures: SourceFailures, suggest: Suggest) -> tuple[str | None, str | None]:
     """Name what the sandbox itself refused, so the model knows what to write instead."""
+    if exc.raised:
+        return None, None  # the program's own raise: what it says is the program's, not the sandbox's (P-14)
     msg = exc.message
     if exc.exc_type == "AttributeError" and msg.startswith("module 'tools"):
         # module 'tools.ns' has no attribute 'x' / module 'tools' has no attribute 'ns'

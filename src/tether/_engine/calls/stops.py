@@ -25,7 +25,7 @@ from tether._engine.calls import replay
 from tether._engine.calls.call import Call
 from tether._engine.calls.ledger import Ledger, value_size
 from tether._engine.rules import policy as policy_mod
-from tether._engine.waits import SIGNAL_PREFIX, SLEEP_PREFIX
+from tether._engine.waits import SIGNAL_PREFIX, SLEEP_PREFIX, reserved_name_problem
 from tether._sandbox.monty import GuestRaise, Stopped
 from tether._store.base import CallRecord, Store
 from tether._store.states import CallState, WaitStatus
@@ -200,7 +200,7 @@ class Stops:
                 if not isinstance(given, str) or not given:
                     raise TypeError("needs a non-empty name")
                 name = given
-                problem = wait_name_problem(name)
+                problem = wait_name_problem(name) or (reserved_name_problem(name) if op == "wait_for" else None)
                 if problem:
                     raise ValueError(problem)
                 timeout = float(given_timeout) if given_timeout is not None else None
