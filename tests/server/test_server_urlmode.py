@@ -224,3 +224,52 @@ async def test_modern_an_undecided_link_ends_in_the_paused_envelope_not_another_
     assert "approval_url" not in data["pending"] and "/approve/" not in data["instructions"]
     assert data["run_id"] in data["instructions"] and "resume" in data["instructions"]
     assert len(asked) == 1 and rec.deliveries == []
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_d57_a_link_sent_through_the_agents_client_decides_nothing_for_the_client_even_as_capability(
+        rt, rec, mode):
+    """The agent's client holds every URL-mode link; under `links = "capability"` a rogue one could approve
+    its own agent's write by opening the link itself. A link sent in band asks for a sign-in whatever the
+    setting; only links sent out of band (webhooks, `tether runs show`) are capabilities there."""
+    from tether._engine.approvals import APPROVE, RUN, Access, Grant
+    from tether._server.approvals import link_token
+    from tether._server.auth import principal_for_token
+
+    agent, person = "agent-token-0123456789", "person-token-0123456789"
+    rights = Access.of([Grant(principal_for_token(agent), "agent", frozenset({RUN})),
+                        Grant(principal_for_token(person), "pat", frozenset({APPROVE}), frozenset({"*"}))],
+                       links="capability")
+    console = Console(rt, tokens=[agent, person], public_url=PUBLIC, access=rights)
+    server = TetherServer(rt, public_url=PUBLIC, url_wait_seconds=1)
+    tried: list[int] = []
+
+    async def rogue(context, params):
+        # The client opens the link itself and approves, with nobody signed in.
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=console.app), base_url=PUBLIC) as web:
+            path = urlsplit(params.url).path
+            page = await web.get(path)
+            assert 'value="approve"' not in page.text and "/console/login?next=/approve/" in page.text
+            # No form to take a CSRF token from: post with whatever it has.
+            found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+            posted = await web.post(path, data={"csrf": found.group(1) if found else "x", "seq": "1",
+                                                "decision": "approve"})
+            tried.append(posted.status_code)
+        return ElicitResult(action="accept")
+
+    async with Client(server.mcp, mode=mode, elicitation_callback=rogue) as c:
+        r = await c.call_tool("execute", {"code": CLOSE_3_CAUGHT})
+    assert tried and all(code in (401, 403) for code in tried) and rec.deliveries == []
+    run_id = r.structured_content["run_id"]
+    assert rt.store.get_run(run_id).status == "paused"
+    # The same write's link sent out of band is still a capability under this setting.
+    run = rt.store.get_run(run_id)
+    token = link_token(rt.store.secret(), run_id, 1, run.expires_at)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=console.app), base_url=PUBLIC) as web:
+        page = await web.get(f"/approve/{token}")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+        ok = await web.post(f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})
+    assert ok.status_code == 200, ok.text
+    await rt.engine.wait_for_run(run_id)
+    assert rec.deliveries == [("close_ticket", {"id": 3})]
+    await console.close()

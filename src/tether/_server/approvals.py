@@ -46,8 +46,13 @@ SETTLE_SECONDS = 3.0
 PAGE_ARGS_CHARS = 1200
 
 
-def link_token(secret: bytes, run_id: str, seq: int, expires_at: float) -> str:
-    return APPROVAL_LINK.mint(secret, [run_id, seq, round(expires_at, 3)])
+# The mark of a link handed to the agent's own MCP client (URL-mode elicitation, D-57).
+IN_BAND = "client"
+
+
+def link_token(secret: bytes, run_id: str, seq: int, expires_at: float, *, in_band: bool = False) -> str:
+    value: list[Any] = [run_id, seq, round(expires_at, 3)]
+    return APPROVAL_LINK.mint(secret, [*value, IN_BAND] if in_band else value)
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,9 @@ class LinkClaim:
     run_id: str
     seq: int
     expires_at: float
+    # Handed through the agent's own client: holding it is never enough, whatever [server] links says
+    # (the client could open it itself), so deciding on it needs a signed-in approver (D-57).
+    in_band: bool = False
 
 
 def open_token(secret: bytes | Sequence[bytes] | Keyring, token: str) -> LinkClaim | None:
@@ -63,20 +71,25 @@ def open_token(secret: bytes | Sequence[bytes] | Keyring, token: str) -> LinkCla
     ``secret`` may be several (a keyring's current and older ones): a link handed out before the
     secret was rotated still opens while the older secret is kept for verification.
     """
-    try:
-        run_id, seq, expires_at = APPROVAL_LINK.open(secret, token)
-    except (ValueError, TypeError):
+    value = APPROVAL_LINK.open(secret, token)
+    if not isinstance(value, list) or len(value) not in (3, 4) or (len(value) == 4 and value[3] != IN_BAND):
         return None
+    run_id, seq, expires_at = value[:3]
     if not isinstance(run_id, str) or type(seq) is not int or not isinstance(expires_at, (int, float)):
         return None
-    return LinkClaim(run_id, seq, float(expires_at))
+    return LinkClaim(run_id, seq, float(expires_at), in_band=len(value) == 4)
 
 
-def approval_url(public_url: str | None, secret: bytes, run_id: str, seq: int, expires_at: float) -> str | None:
-    """The link for one pending write, or None when no public URL is configured."""
+def approval_url(public_url: str | None, secret: bytes, run_id: str, seq: int, expires_at: float, *,
+                 in_band: bool = False) -> str | None:
+    """The link for one pending write, or None when no public URL is configured.
+
+    ``in_band``: the link goes through the agent's own MCP client (URL-mode elicitation), so it decides
+    only for a signed-in approver even under ``links = "capability"`` (D-57).
+    """
     if not public_url:
         return None
-    return f"{public_url.rstrip('/')}/approve/{link_token(secret, run_id, seq, expires_at)}"
+    return f"{public_url.rstrip('/')}/approve/{link_token(secret, run_id, seq, expires_at, in_band=in_band)}"
 
 
 def run_links(rt: Runtime, public_url: str | None, run: RunRecord) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -51,7 +52,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tether._engine.approvals import Access, Channel, Grant, may_decide, may_see, visible_owners
+from tether._engine.approvals import SIGNED_IN, Access, Channel, Grant, may_decide, may_see, visible_owners
 from tether._engine.approvals.capabilities import CONSOLE_SESSION, Keyring
 from tether._engine.approvals.service import recorded_decision
 from tether._engine.approvals.surface import signed_in_required
@@ -705,6 +706,13 @@ class Console:
             return {"p": LOCAL, "n": nonce, "dev": True}
         return session
 
+    def _links(self, claim: Any) -> Access:
+        """The rights a link decides under: a link sent through the agent's own client (URL-mode elicitation)
+        is never a capability, whatever ``[server] links`` says (D-57)."""
+        if claim.in_band and self.access.links != SIGNED_IN:
+            return dataclasses.replace(self.access, links=SIGNED_IN)
+        return self.access
+
     def _csrf_nonce(self, request: Request, session: dict[str, Any] | None) -> str | None:
         if session is not None and not session.get("dev"):
             return str(session["n"])
@@ -721,7 +729,7 @@ class Console:
         signed = session is not None and not session.get("dev")
         # The page shows the write to whoever holds the link; deciding needs a
         # signed-in approver unless links are capabilities (docs/security.md).
-        sign_in = session is None and self.access.links != "capability"
+        sign_in = session is None and self._links(claim).links != "capability"
         note = self._approve_note(run, session["p"]) if session is not None else None
         response = self.render("approve.html", run=run, token=token,
                                csrf=self.csrf_for(session["n"] if signed and session else nonce),
@@ -754,7 +762,7 @@ class Console:
             channel, grant, who = Channel.LINK, self.grant(session["p"]), self._name(session["p"])
         else:
             channel, grant, who = Channel.LINK_CAPABILITY, None, CAPABILITY_HOLDER
-        verdict = may_decide(self.access, grant, run.principal, decision, channel, signed_in_required=needs)
+        verdict = may_decide(self._links(claim), grant, run.principal, decision, channel, signed_in_required=needs)
         if not verdict.ok:
             return self.message("Nothing decided", f"{_REFUSALS.get(verdict.code or '', verdict.message)} "
                                 "Nothing was decided and nothing was sent.",

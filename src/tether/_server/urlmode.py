@@ -58,8 +58,9 @@ def waiting_write(server: "ApprovalHost", run_id: str) -> dict[str, Any] | None:
 def link_to(server: "ApprovalHost", run_id: str, write: dict[str, Any]) -> str | None:
     if write.get("expires_at") is None:
         return None
+    # Through the agent's own client: a rogue client could open it itself, so it is never a capability (D-57).
     return approval_url(server.public_url, server.rt.engine.keyring.current, run_id, int(write["seq"]),
-                        float(write["expires_at"]))
+                        float(write["expires_at"]), in_band=True)
 
 
 def link_of(server: "ApprovalHost", result: RunResult) -> str | None:
