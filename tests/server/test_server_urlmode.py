@@ -227,7 +227,7 @@ async def test_modern_an_undecided_link_ends_in_the_paused_envelope_not_another_
 
 
 @pytest.mark.parametrize("mode", ERAS)
-async def test_d57_a_link_sent_through_the_agents_client_decides_nothing_for_the_client_even_as_capability(
+async def test_p33_d57_a_link_sent_through_the_agents_client_decides_nothing_for_the_client_even_as_capability(
         rt, rec, mode):
     """The agent's client holds every URL-mode link; under `links = "capability"` a rogue one could approve
     its own agent's write by opening the link itself. A link sent in band asks for a sign-in whatever the
