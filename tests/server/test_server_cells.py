@@ -85,3 +85,34 @@ async def test_p36_cell_start_with_a_key_twice_observes_one_cell(server, mode):
                                                    "timeout_ms": 10_000})).structured_content
         assert obs["status"] == "completed" and obs["result"] == 6
     assert len(server.rt.store.list_runs()) == 1
+
+
+WRITE_CELL = """
+import tools
+await tools.helpdesk.close_ticket(id=7)
+'closed'
+"""
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_the_agent_sees_who_decided_its_write_but_not_from_where(server, mode):
+    """A `decided` event names the approver and the channel for the agent following its cell; the client
+    address a person decided from (the console's `origin`) is the person's, not the agent's to read."""
+    async with Client(server.mcp, mode=mode) as c:
+        r = await c.call_tool("cell_start", {"code": WRITE_CELL, "yield_after_ms": 10_000})
+        obs = r.structured_content
+        while obs["status"] == "running":
+            obs = (await c.call_tool("cell_wait", {"cell_id": obs["cell_id"], "after": obs["cursor"],
+                                                   "timeout_ms": 10_000})).structured_content
+        assert obs["status"] == "paused"
+        await server.rt.decide(obs["cell_id"], {1: "approve"}, actor="pat", via="console", origin="203.0.113.7")
+        seen = []
+        while obs["status"] in ("paused", "running"):
+            r = await c.call_tool("cell_wait", {"cell_id": obs["cell_id"], "after": obs["cursor"],
+                                                "timeout_ms": 10_000})
+            obs = r.structured_content
+            seen += obs["events"]
+            assert "203.0.113.7" not in r.content[0].text
+    decided = [e for e in seen if e["type"] == "decided"]
+    assert obs["status"] == "completed" and decided
+    assert decided[0]["actor"] == "pat" and decided[0]["via"] == "console" and "origin" not in decided[0]

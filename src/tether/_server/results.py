@@ -87,6 +87,12 @@ def _without_capabilities(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "pending": pending}
 
 
+def _decided_as_shown(event: dict[str, Any]) -> dict[str, Any]:
+    """A decision as the agent following its cell sees it: who and through what, not the address the person
+    decided from (the console's client address is the person's, not the agent's to read)."""
+    return {k: v for k, v in event.items() if k != "origin"}
+
+
 def run_result(result: RunResult, *, diagnostics: bool, approve_here: bool = True,
                elsewhere: str | None = None) -> CallToolResult:
     data = result.to_dict()
@@ -113,7 +119,8 @@ def observation_result(obs: dict[str, Any], *, approve_here: bool = True,
     events, lose their approval keys, and its instructions are the MCP ones
     (D-32): what the model reads decides nothing.
     """
-    events = [_without_capabilities(e) if e.get("type") == "paused" else e for e in obs.get("events") or []]
+    events = [_without_capabilities(e) if e.get("type") == "paused" else _decided_as_shown(e) if e.get("type") == "decided"
+              else e for e in obs.get("events") or []]
     obs = {**_without_capabilities(obs), "events": events}
     if obs.get("status") == "paused" and isinstance(obs.get("pending"), dict):
         paused = RunResult(status=RunStatus.PAUSED, run_id=obs["cell_id"], pending=obs["pending"])
