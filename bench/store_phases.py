@@ -80,10 +80,13 @@ def _wrap(owner: Any, name: str, phase: str, counted: bool = False) -> Callable[
             try:
                 return fn(*args, **kwargs)
             finally:
-                _sums[phase] += perf() - t
+                took = perf() - t
+                _sums[phase] += took
                 _within[0] = outer
                 if counted:
                     _sums[phase + " (count)"] += 1
+                if phase == "sql":  # the statements of the end's transaction apart from the start's
+                    _sums[f"sql in {outer}"] += took
         wrapper = timed
     setattr(owner, name, staticmethod(wrapper) if isinstance(original, staticmethod) else wrapper)
     return lambda: setattr(owner, name, original)
@@ -133,7 +136,7 @@ def _begin_timed(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 PHASES = ["execute", "create", "store.create_run", "end", "envelope", "write_with", "sign", "finish", "store.end_run",
-          "rows", "run update", "encode", "sql", "begin", "commit", "flush"]
+          "rows", "run update", "encode", "sql", "sql in store.end_run", "begin", "commit", "flush"]
 
 
 def _hand_args_texts() -> Callable[[], None]:
