@@ -13,7 +13,6 @@ import pytest
 import tether
 from tether._engine import integrity
 from tether._engine.approvals.capabilities import Keyring, keyring_for
-from tether._engine.calls.call import call_key_and_size, call_key_size_text, canonical_json
 from tether._runtime import Runtime
 from tether._store import open_store
 from tether._store._rows import dump_json
@@ -84,15 +83,3 @@ def test_an_entry_signed_from_its_row_texts_verifies_and_the_row_holds_them(valu
     entry.mac = integrity.sign_call(keyring, entry, "cd" * 32, texts)
     integrity.verify_calls(keyring, entry.run_id, [entry])
     assert all(text == dump_json(v) for v, text in texts.values())
-
-
-@pytest.mark.parametrize("address", ["t.echo", "t.é\\\"x", "search"])
-@pytest.mark.parametrize("value", [v for v in _VALUES if v == v and v not in (float("inf"),)] + ["日本\u2028"], ids=repr)
-def test_the_arguments_text_cut_from_the_call_key_is_their_canonical_text(address, value):
-    """The entry's MAC and row take the arguments' text cut from the key's serialization (P-3): it must be
-    the text the canonical encoder makes of them alone, or the row would hold other arguments. (A NaN or an
-    infinity never reaches the key: the boundary turns the arguments to their JSON form first.)"""
-    args = {"v": value, "w": [value]}
-    key, size, text = call_key_size_text("tool", address, args)
-    assert text == canonical_json(args)
-    assert (key, size) == call_key_and_size("tool", address, args)

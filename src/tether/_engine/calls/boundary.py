@@ -30,7 +30,7 @@ from tether._engine.attempt.restore import plan_restore
 from tether._engine.attempt.result import to_json_value
 from tether._engine.attempt.state import AttemptState, RaisedError
 from tether._engine.calls import replay, resend
-from tether._engine.calls.call import Call, call_key, call_key_size_text
+from tether._engine.calls.call import Call, call_key, call_key_and_size
 from tether._engine.calls.ledger import Ledger, refuse_value, value_size, value_text
 from tether._engine.calls.plain import as_json
 from tether._engine.calls.stops import Stops
@@ -239,14 +239,14 @@ class EffectBoundary:
                     args = to_json_value(args)[0]
                 break
         try:
-            key, size, text = call_key_size_text(op, address, args)
+            key, size = call_key_and_size(op, address, args)
         except (TypeError, ValueError):
             # Not JSON as given (a set, bytes, NaN, an int past 4,300 digits):
             # the call goes on with its JSON form, so what is journaled, shown
             # for approval and sent are one value (P-26).
             args = to_json_value(args)[0]
-            key, size, text = call_key_size_text(op, address, args)
-        call = Call(seq, op, address, args, key, size, text)
+            key, size = call_key_and_size(op, address, args)
+        call = Call(seq, op, address, args, key, size)
         if self.stops.pausing or (self.execution is not None and self.execution.stopping):
             if self.stops.batch is not None and op == "tool" and not (self.execution is not None and self.execution.stopping):
                 return await self.stops.join_batch(call)

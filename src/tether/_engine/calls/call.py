@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from json.encoder import encode_basestring  # the canonical encoder's own, for a str (UTF-8 kept)
 from typing import Any, NamedTuple
 
 
@@ -25,9 +24,6 @@ class Call(NamedTuple):
     args: dict[str, Any]  # as journaled: keyword arguments for a tool, {"args", "kwargs"} otherwise
     key: str = ""  # its identity (call_key, P-3): what replay compares
     size: int = 0  # bytes of what identifies it, counted against the journal's limits (P-22)
-    # The arguments' canonical text (UTF-8 kept), cut from the key's serialization: the journal entry's MAC
-    # and row take it instead of encoding the arguments again (Ledger.buffer_intent); "" when not made.
-    args_text: str = ""
 
     def held(self) -> dict[str, Any]:
         """How a call held while the attempt stops is listed (and restored, P-9)."""
@@ -52,12 +48,3 @@ def call_key_and_size(op: str, address: str, args: dict[str, Any]) -> tuple[str,
     """The call's key and the size in bytes of what identifies it, from one serialization."""
     data = canonical_json([op, address, args]).encode("utf-8", "surrogatepass")
     return hashlib.sha256(data).hexdigest(), len(data)
-
-
-def call_key_size_text(op: str, address: str, args: dict[str, Any]) -> tuple[str, int, str]:
-    """:func:`call_key_and_size`, and the arguments' canonical text cut from that one serialization: a JSON
-    list is its items' texts between commas, so the arguments' text follows the op's and the address's."""
-    text = canonical_json([op, address, args])
-    data = text.encode("utf-8", "surrogatepass")
-    start = len(encode_basestring(op)) + len(encode_basestring(address)) + 3  # '[' op ',' address ','
-    return hashlib.sha256(data).hexdigest(), len(data), text[start:-1]

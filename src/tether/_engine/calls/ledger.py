@@ -186,10 +186,9 @@ class Ledger:
         self.last_recorded_seq = max(self.entries, default=0)
         self._unsaved: dict[int, CallRecord] = {}
         self._keys: dict[int, str] = {}  # seq -> call key, for chaining MACs (P-35)
-        # seq -> {"args" | "outcome": (the value, its canonical text)} of a held read, for its row and its MAC
-        # (P-35): the arguments' text cut from the call key's serialization, the outcome's from the size check's.
-        # The MAC and the row take the same text (integrity.call_texts), so the row holds what was signed even
-        # if a tool changed its arguments dict in place after the key was made.
+        # seq -> {"outcome": (the value, its canonical text)} of a held read, for its row and its MAC (P-35).
+        # Only the outcome: it is tether's own copy (calls/plain.py), whereas the arguments are the very dict the
+        # tool was handed, which a tool could change in place after their text was made.
         self._texts: dict[int, dict[str, tuple[Any, str]]] = {}
         # Settled reads held (seq -> bytes of the value), what closes a batch; when the oldest and the
         # newest of them settled, on the loop's clock, what the timer caps.
@@ -251,8 +250,6 @@ class Ledger:
                             self.idempotency_key(seq) if call.op == "tool" else None)
         self._unsaved[seq] = record
         self.entries[seq] = record
-        if call.args_text:  # the key's text of the arguments: the entry's MAC and row take it (call_texts)
-            self._texts[seq] = {"args": (call.args, call.args_text)}
 
     def _record(self, call: Call, kind: str, state: CallState, **fields: Any) -> CallRecord:
         return CallRecord(self.run_id, call.seq, call.op, call.address, call.args, call.key, kind, state, **fields,
