@@ -6,10 +6,9 @@ back in on alternate executes of one warm runtime, bare Monty in the same rounds
 only the changes differ. It reaches into private names, so it breaks (loudly) when they are renamed.
 
     python bench/ab_session8.py [--rounds 400] [--calls 0|10] [--store memory|file] [--settled]
-    ONLY=entrymac|argstext python bench/ab_session8.py ...   # one alone (the others on)
+    ONLY=entrymac python bench/ab_session8.py ...   # one alone (the others on)
 
-``entrymac``: a journal entry's MAC put together from the texts its row takes (D-NEW-s8-values);
-``argstext``: the arguments' text cut from the call key's serialization and handed to the entry.
+``entrymac``: a journal entry's MAC put together from the texts its row takes (D-NEW-s8-values).
 """
 
 from __future__ import annotations
@@ -20,10 +19,8 @@ import time
 from typing import Any
 
 import ab_session7 as harness
-import tether._engine.calls.boundary as boundary
 from tether._engine import integrity
 from tether._engine.approvals.capabilities import Keyring
-from tether._engine.calls.call import call_key_and_size
 from tether._engine.calls.ledger import Ledger
 from tether._engine.finish import Finisher
 from tether._store.base import CallRecord
@@ -34,23 +31,15 @@ from tether._store.base import CallRecord
 def _sign_before(self: Ledger, record: CallRecord) -> None:
     """6061d9b, for a result under 256 characters (every one here): the row takes the boundary's text of the
     outcome and encodes the arguments itself; the MAC encodes every signed field again."""
-    held = self._texts.pop(record.seq, None)
-    record.texts = {"outcome": held["outcome"]} if held and "outcome" in held else None  # main had no args' text
+    record.texts = self._texts.pop(record.seq, None)
     prev = (self._prev_key(record.seq) or "-")[:16]
     mac = Keyring.mac(self.keyring.current, "call", prev, *integrity.signed_call_fields(record))
     record.mac = f"{self.keyring.current_id}:{prev}:{mac}"
 
 
-def _key_and_size_only(op: str, address: str, args: dict[str, Any]) -> tuple[str, int, str]:
-    """6061d9b: the call key and size, the arguments' text not cut from it (the entry encodes them itself)."""
-    key, size = call_key_and_size(op, address, args)
-    return key, size, ""
-
-
 # name -> (object, attribute, the value before). Each is put back by switch(on=False).
 CHANGES: dict[str, tuple[Any, str, Any]] = {
     "entrymac": (Ledger, "_sign", _sign_before),
-    "argstext": (boundary, "call_key_size_text", _key_and_size_only),
 }
 
 
