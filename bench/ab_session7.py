@@ -38,6 +38,7 @@ from tether._runtime import Runtime
 from tether._store import open_store
 
 ONLY = os.environ.get("ONLY", "all")
+NAME = "ab_session7"  # what the report is headed with (ab_session8.py runs this harness on its own changes)
 
 
 # -- session 6's behaviour, for "before" -----------------------------------------------------------
@@ -179,7 +180,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
     ratio = statistics.median(a / b for a, b in zip(wall["after"], wall["before"]))
     cpu_ratio = statistics.median(a / b for a, b in zip(cpu["after"], cpu["before"]) if b > 0)
-    print(f"ab_session7 {ONLY}: {args.calls} calls, {args.store} store, check {args.check}, "
+    print(f"{NAME} {ONLY}: {args.calls} calls, {args.store} store, check {args.check}, "
           f"{'settled' if args.settled else 'back to back'}, {args.rounds} rounds, "
           f"load {os.getloadavg()[0]:.2f}")
     print(f"  p50 ms: bare {p50(wall['bare']):.3f}  before {p50(wall['before']):.3f}  after {p50(wall['after']):.3f}")

@@ -11,11 +11,14 @@ Phases (nested ones are part of the one above them):
 
 * ``create``: ``Lifecycle.create``, the run's row (transaction 1);
 * ``end``: ``Finisher.end_attempt``, the journal's held reads signed and written with the run's end
-  (transaction 2, D-49) — of which ``sign``: the entries' MACs (``integrity.sign_call``); ``store.end_run``:
-  the store method, of which ``encode``: the column values' JSON (the store's column encoder) and
-  ``sql``: the statements themselves (``Tx.run``, ``Tx.run_many``), ``begin`` / ``commit``: SQLite's ``BEGIN`` and ``COMMIT``
-  (the backend's ``_begin``, both transactions); what is left of ``store.*`` is the lock, the metrics and the
-  counting;
+  (transaction 2, D-49) — of which ``envelope``: ``RunResult.to_dict``; ``write_with``: ``Ledger.write_with``,
+  of which ``sign``: the entries' MACs (``integrity.sign_call``) and ``finish``: ``Lifecycle.finish``, of which
+  ``store.end_run``: the store method, of which ``rows``: the journal batch's rows and SQL built
+  (``_call_inserts``, their encodes included), ``run update``: the end's ``UPDATE`` built (``_run_update``, the
+  envelope's encode included); ``encode``: the column values' JSON (the store's column encoder, both
+  transactions) and ``sql``: the statements themselves (``Tx.run``, ``Tx.run_many``), ``begin`` / ``commit``:
+  SQLite's ``BEGIN`` and ``COMMIT`` (the backend's ``_begin``, both transactions); what is left of ``store.*`` is
+  the lock, the metrics and the counting;
 * ``flush``: ``store.record_calls`` (a journal batch written apart from the end: none on a quick run).
 
     python bench/store_phases.py [--runs 400] [--calls 10] [--stores file,memory] [--args-texts]
@@ -44,6 +47,8 @@ import tether
 import tether._engine.integrity as integrity
 import tether._store._schema as schema
 import tether._store.sqlite as sqlite_store
+from tether._engine.attempt.result import RunResult
+from tether._engine.calls.ledger import Ledger
 from tether._engine.finish import Finisher
 from tether._engine.lifecycle import Lifecycle
 from tether._runtime import Runtime
@@ -75,10 +80,13 @@ def _wrap(owner: Any, name: str, phase: str, counted: bool = False) -> Callable[
             try:
                 return fn(*args, **kwargs)
             finally:
-                _sums[phase] += perf() - t
+                took = perf() - t
+                _sums[phase] += took
                 _within[0] = outer
                 if counted:
                     _sums[phase + " (count)"] += 1
+                if phase == "sql":  # the statements of the end's transaction apart from the start's
+                    _sums[f"sql in {outer}"] += took
         wrapper = timed
     setattr(owner, name, staticmethod(wrapper) if isinstance(original, staticmethod) else wrapper)
     return lambda: setattr(owner, name, original)
@@ -110,9 +118,9 @@ def _begin_timed(original: Callable[..., Any]) -> Callable[..., Any]:
     perf = time.perf_counter_ns
 
     @contextlib.contextmanager
-    def begin(self: Any, conn: Any, write: bool, single: bool = False) -> Iterator[Any]:
+    def begin(self: Any, conn: Any, write: bool, *rest: Any) -> Iterator[Any]:
         t = perf()
-        cm = original(self, conn, write, single)
+        cm = original(self, conn, write, *rest)
         tx = cm.__enter__()
         _sums["begin"] += perf() - t
         try:
@@ -127,8 +135,8 @@ def _begin_timed(original: Callable[..., Any]) -> Callable[..., Any]:
     return begin
 
 
-PHASES = ["execute", "create", "store.create_run", "end", "sign", "store.end_run", "encode", "sql", "begin", "commit",
-          "flush"]
+PHASES = ["execute", "create", "store.create_run", "end", "envelope", "write_with", "sign", "finish", "store.end_run",
+          "rows", "run update", "encode", "sql", "sql in store.end_run", "begin", "commit", "flush"]
 
 
 def _hand_args_texts() -> Callable[[], None]:
@@ -155,11 +163,17 @@ async def _measure(url: str, calls: int, runs: int, args_texts: bool) -> tuple[d
         _wrap(Lifecycle, "create", "create"),
         _wrap(schema.SQLStore, "create_run", "store.create_run"),
         _wrap(Finisher, "end_attempt", "end"),
+        _wrap(RunResult, "to_dict", "envelope"),
+        _wrap(Ledger, "write_with", "write_with"),
+        _wrap(Lifecycle, "finish", "finish"),
         _wrap(integrity, "sign_call", "sign", counted=True),
         _wrap(schema.SQLStore, "end_run", "store.end_run"),
         _wrap(schema.SQLStore, "record_calls", "flush", counted=True),
         _wrap(schema.Tx, "run", "sql", counted=True),
     ]
+    for name, phase in (("_call_inserts", "rows"), ("_run_update", "run update")):
+        if hasattr(schema, name):  # the journal rows built (encodes included); the end's UPDATE built
+            undo.append(_wrap(schema, name, phase))
     if hasattr(schema.Tx, "run_many"):  # a batch run once per row (SQLite, session 7)
         undo.append(_wrap(schema.Tx, "run_many", "sql", counted=True))
     rows = _rows_module()

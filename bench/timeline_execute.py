@@ -37,8 +37,11 @@ import pydantic_monty as pm
 import common
 import tether._engine.attempt.driver as driver
 import tether._engine.calls.boundary as boundary
+import tether._engine.integrity as integrity
 import tether._engine.launcher as launcher
 import tether._sandbox.monty as monty
+import tether._store._schema as schema
+from tether._engine.calls.ledger import Ledger
 from tether._engine.finish import Finisher
 from tether._engine.lifecycle import Lifecycle
 from tether._runtime import Runtime
@@ -94,7 +97,14 @@ STAMPED: list[tuple[Any, str, str]] = [
     (driver.Attempt, "_completed", "completed"),
     (driver, "to_json_value", "to_json_value"),
     (Finisher, "end_attempt", "end_attempt"),
+    # The end, piece by piece (issue 24, session 8): the journal batch signed, then the one transaction.
+    (Ledger, "write_with", "write_with"),
+    (integrity, "call_texts", "call_texts"),
+    (integrity, "sign_call", "sign_call"),
     (Lifecycle, "finish", "finish"),
+    (schema.SQLStore, "end_run", "end_run"),
+    (schema, "_call_inserts", "rows"),
+    (schema, "_run_update", "run_update"),
 ]
 
 
@@ -103,6 +113,18 @@ def install() -> None:
         if not hasattr(owner, attr):
             continue  # a tree from before the function existed (a timeline of main, for comparison)
         setattr(owner, attr, _stamped(getattr(owner, attr), label))
+    run = schema.Tx.run
+
+    def statement(self: Any, sql: str, params: Any = ()) -> Any:
+        """Each statement stamped by its verb and table (``INSERT INTO calls``, ``UPDATE runs``)."""
+        label = " ".join(sql.split()[:3]) if sql.startswith("INSERT") else " ".join(sql.split()[:2])
+        EVENTS.append((label + ">", time.perf_counter_ns()))
+        try:
+            return run(self, sql, params)
+        finally:
+            EVENTS.append(("<" + label, time.perf_counter_ns()))
+
+    schema.Tx.run = statement  # type: ignore[method-assign]
     returning = monty.SandboxPool.returning
     seen: set[Any] = set()
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import weakref
+from json.encoder import encode_basestring_ascii
 from typing import TYPE_CHECKING, Any, Sequence
 
 from tether._engine.approvals.capabilities import Keyring, canonical_text, mac_hex, same
@@ -219,7 +220,8 @@ _MUTABLE_CALL_FIELDS = ("state", "outcome", "error", "idempotency_key", "sends")
 def signed_call_fields(call: "CallRecord") -> list[Any]:
     """What a call's MAC covers: everything replay answers from or decides by (P-5), and what a send carries.
 
-    Add a journal field that a resume acts on here, in one line.
+    Add a journal field that a resume acts on here, in one line, and in :func:`_call_message` (the same
+    list spelled out; a test fails until both agree).
     """
     return [call.run_id, call.seq, call.op, call.address, call.args, call.key, call.kind, call.state,
             call.outcome, call.error, call.idempotency_key, call.sends]
@@ -229,46 +231,66 @@ def sign_call(keyring: Keyring, call: "CallRecord", prev_key: str | None,
               texts: dict[str, tuple[Any, str]] | None = None) -> str:
     """``<secret id>:<prev>:<hex>``: the MAC chains to the key of the call before (``-`` when not known).
 
-    ``texts``: ``args`` / ``outcome`` already encoded, as ``(the value, its canonical JSON)`` — used only
-    while the entry still holds that very value (the ledger's, see :func:`_call_message`).
+    ``texts``: the entry's JSON fields already spelled (:func:`call_texts`), as ``(the value, its text)`` —
+    the MAC is put together from them instead of encoding the entry again (the same bytes).
     """
     prev = (prev_key or "-")[:16]
-    message = _call_message(prev, call, texts) if texts else None
-    if message is None:
+    if not texts:
         return f"{keyring.current_id}:{prev}:{Keyring.mac(keyring.current, 'call', prev, *signed_call_fields(call))}"
-    return f"{keyring.current_id}:{prev}:{mac_hex(keyring.current, message)}"
+    return f"{keyring.current_id}:{prev}:{mac_hex(keyring.current, _call_message(prev, call, texts))}"
 
 
-def _call_message(prev: str, call: "CallRecord", texts: dict[str, tuple[Any, str]]) -> bytes | None:
-    """What :meth:`Keyring.mac` signs for ``call``, byte for byte, with ``args`` or ``outcome`` taken from
-    the text the ledger already made of it rather than encoded again (None: nothing to take).
+def call_texts(call: "CallRecord", held: dict[str, tuple[Any, str]] | None = None) -> dict[str, tuple[Any, str]]:
+    """Each JSON field of ``call`` that holds a value, as ``(the value, its text)``, the text spelled as both
+    the entry's MAC and the store's JSON columns spell it (sorted keys, no spaces, ASCII escapes): the writer
+    (the ledger) signs the entry from these texts and its row takes them (``CallRecord.texts``), so each
+    value is encoded once between the two, and the row holds the bytes that were signed.
 
-    A JSON list is its items' texts between commas: the signed fields around a taken text are encoded as
-    lists of their own and the texts put between, in :func:`signed_call_fields`' order. The ledger's texts
-    keep UTF-8 (``ensure_ascii=False``) and the MAC's escape it, so only an ASCII text without DEL is the
-    same spelling (:func:`escapes_alike`); any other is encoded again.
+    ``held``: texts made earlier of the same values (the call boundary's, which keep UTF-8), taken where
+    they are that very value and spelled alike (:func:`escapes_alike`); any other field is encoded here.
     """
-    taken: dict[int, str] = {}
-    for name, value in (("args", call.args), ("outcome", call.outcome)):
-        held = texts.get(name)
-        if held is not None and held[0] is value and escapes_alike(held[1]):
-            taken[id(value)] = held[1]
-    if not taken:
-        return None
-    out: list[str] = []
-    run: list[Any] = []
-    for part in ["call", prev, *signed_call_fields(call)]:
-        text = taken.get(id(part))
-        if text is None:
-            run.append(part)
+    out: dict[str, tuple[Any, str]] = {}
+    for name, value in (("args", call.args), ("outcome", call.outcome), ("error", call.error)):
+        if value is None:
             continue
-        if run:
-            out.append(canonical_text(run)[1:-1])
-            run = []
-        out.append(text)
-    if run:
-        out.append(canonical_text(run)[1:-1])
-    return f"[{','.join(out)}]".encode()
+        text = held.get(name) if held else None
+        out[name] = text if text is not None and text[0] is value and escapes_alike(text[1]) else (
+            value, canonical_text(value))
+    return out
+
+
+def _spelled(value: Any) -> str:
+    """One signed field as :meth:`Keyring.mac`'s encoder spells it inside its list, without the encoder's
+    Python call for a string (a ``CallState`` too: the encoder writes a ``str`` subclass as its text), an int or
+    None."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+    if type(value) is int:
+        return int.__repr__(value)
+    return canonical_text(value)
+
+
+def _taken(texts: dict[str, tuple[Any, str]], name: str, value: Any) -> str:
+    held = texts.get(name)
+    return held[1] if held is not None and held[0] is value else _spelled(value)
+
+
+def _call_message(prev: str, call: "CallRecord", texts: dict[str, tuple[Any, str]]) -> bytes:
+    """What :meth:`Keyring.mac` signs for ``call``, byte for byte: the canonical JSON of the list
+    ``["call", prev, *signed_call_fields(call)]``, which is its items' texts between commas, with ``args``,
+    ``outcome`` and ``error`` taken from ``texts`` while the entry still holds that very value (else encoded
+    here). A held text must be spelled as the MAC's encoder spells it: :func:`call_texts` makes them so.
+
+    Spelled out field by field, not looped over :func:`signed_call_fields`: a loop's per-field Python cost
+    was as much as the one encode it replaces. ``tests/engine/test_journal_texts.py`` holds the two equal.
+    """
+    s = _spelled
+    return (f'["call",{s(prev)},{s(call.run_id)},{s(call.seq)},{s(call.op)},{s(call.address)},'
+            f'{_taken(texts, "args", call.args)},{s(call.key)},{s(call.kind)},{s(call.state)},'
+            f'{_taken(texts, "outcome", call.outcome)},{_taken(texts, "error", call.error)},'
+            f'{s(call.idempotency_key)},{s(call.sends)}]').encode()
 
 
 def resign_call(keyring: Keyring, call: "CallRecord", **fields: Any) -> str:
@@ -330,6 +352,7 @@ def verify_snapshot_record(keyring: Keyring, snap: "SnapshotRecord") -> bool:
 
 
 __all__ = [
+    "call_texts",
     "resign_call",
     "sign_call",
     "sign_run",

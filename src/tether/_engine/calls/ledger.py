@@ -134,11 +134,6 @@ def value_text(value: Any) -> tuple[str, int]:
     return text, len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
-# A text shorter than this is encoded again for the MAC: one encoding of all the signed fields costs less
-# than three of the fields around a text spliced in (measured: bench/README.md, "one host call").
-REUSE_TEXT_CHARS = 256
-
-
 _NAN_ALLOWED = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
@@ -338,6 +333,7 @@ class Ledger:
         await self.flush()
         self._sign(record)
         await self.astore.record_call(record)
+        record.texts = None  # written: the entry no longer holds a second copy of its values
         self.entries[record.seq] = record
 
     async def record_outcome(self, seq: int, from_state: CallState, state: CallState, *, outcome: Any = None,
@@ -391,13 +387,8 @@ class Ledger:
         return before.key if before is not None else self._keys.get(seq - 1)
 
     def _sign(self, record: CallRecord) -> None:
-        """Sign ``record``, and hand its row the texts already made of its values (the store's JSON columns
-        take them instead of encoding again, ``CallRecord.texts``)."""
-        texts = record.texts = self._texts.pop(record.seq, None)
-        if texts is not None:
-            # The row takes every text (the outcome is tether's own copy: nothing changes it before the write);
-            # the MAC a short outcome's not: encoding all the signed fields once costs less than three
-            # encodings around a short text spliced in. Any other text is taken by both or by neither, so the
-            # row always holds what was signed.
-            texts = {k: v for k, v in texts.items() if k != "outcome" or len(v[1]) >= REUSE_TEXT_CHARS} or None
+        """Sign ``record`` from the texts of its JSON fields, and hand its row the same texts: each value is
+        encoded once for both (``integrity.call_texts``; the outcome's text the call boundary made is taken
+        where it is spelled alike), and the row holds the bytes that were signed (``CallRecord.texts``)."""
+        texts = record.texts = integrity.call_texts(record, self._texts.pop(record.seq, None) or record.texts)
         record.mac = integrity.sign_call(self.keyring, record, self._prev_key(record.seq), texts)
