@@ -423,8 +423,8 @@ class TetherServer:
         grant = request_scope_value(ctx, GRANT_KEY) if ctx is not None else None
         verdict = may_decide(self.access, grant or self._grant(principal), run.principal, "approve", channel,
                              signed_in_required=signed_in_required(run, seqs))
-        return None if verdict.ok else refusal(verdict, run_id, self.public_url,
-                                               paused=run.status == RunStatus.PAUSED, console=self.console)
+        return None if verdict.ok else refusal(verdict, run_id, self.public_url, paused=run.status == RunStatus.PAUSED,
+                                               console=self.console, owner=run.principal)
 
     def _needs_sign_in(self, result: RunResult, *, first_only: bool = False) -> bool:
         run = self.rt.store.get_run(result.run_id) if result.run_id else None
@@ -458,7 +458,8 @@ class TetherServer:
                           signed_in_required=signed_in_required(run)).ok
 
     def _where(self, run_id: str) -> str:
-        return where_to_approve(self.public_url, run_id, console=self.console)
+        run = self.rt.store.get_run(run_id)
+        return where_to_approve(self.public_url, run_id, console=self.console, owner=run.principal if run else None)
 
     def _how(self, ctx: Context) -> tuple[str | None, str | None]:
         """(era, "form" | "url" | None): how this client's user can be asked about a paused write."""

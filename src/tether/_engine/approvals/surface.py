@@ -41,12 +41,14 @@ def signed_in_required(run: Any, seqs: Iterable[int] | None = None) -> bool:
                for w in batch(run) if wanted is None or w.get("seq") in wanted)
 
 
-def where_to_approve(public_url: str | None, run_id: str, *, console: bool = True) -> str:
+def where_to_approve(public_url: str | None, run_id: str, *, console: bool = True, owner: str | None = None) -> str:
     """Where a person approves a run's writes, in words an agent can pass on.
 
-    ``console``: whether this server has one (HTTP); a public URL implies it.
+    ``console``: whether this server has one (HTTP); a public URL implies it. ``owner``: the run's principal,
+    which the command line must name to act on a run it did not start.
     """
-    store = f"with `tether runs approve {run_id} --seq N` on the store"
+    acting = f" --as {owner}" if owner and owner != "local" else ""
+    store = f"with `tether resume {run_id} --approve --seq N{acting}` on the store"
     if not public_url and not console:
         return f"a person approves it {store}"
     where = f"{public_url.rstrip('/')}/console/runs/{run_id}" if public_url else f"/console/runs/{run_id} on this server"
@@ -55,7 +57,7 @@ def where_to_approve(public_url: str | None, run_id: str, *, console: bool = Tru
 
 
 def refusal(verdict: Verdict, run_id: str, public_url: str | None, *, paused: bool = True,
-            console: bool = True) -> TetherError:
+            console: bool = True, owner: str | None = None) -> TetherError:
     """The error a surface reports for a refused decision: nothing was decided, nothing was sent."""
     if verdict.code == "run_not_found":
         return RunNotFound(f"no run {run_id!r}")
@@ -63,6 +65,6 @@ def refusal(verdict: Verdict, run_id: str, public_url: str | None, *, paused: bo
     if paused:
         text += f"; run {run_id} stays paused"
     if verdict.code == "approval_elsewhere":
-        where = where_to_approve(public_url, run_id, console=console)
+        where = where_to_approve(public_url, run_id, console=console, owner=owner)
         return ApprovalElsewhere(f"{text}. {where[0].upper()}{where[1:]}.")
     return _REFUSED.get(verdict.code or "", ApprovalRefused)(text)
