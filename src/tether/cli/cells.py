@@ -59,8 +59,8 @@ async def cmd_cells_start(args: argparse.Namespace) -> int:
     async with open_rt(args, tools) as rt:
         cell_id = rt.start(code, meta={"tools": tools, "cell": True})
         ensure_worker(args, tools)
-        events = await wait_events(rt, cell_id, 0, args.yield_after_ms)
-        return _print_obs(observation(rt, cell_id, events, 0), args.json)
+        events = await wait_events(rt.engine, cell_id, 0, args.yield_after_ms)
+        return _print_obs(observation(rt.engine, cell_id, events, 0), args.json)
 
 
 async def cmd_cells_wait(args: argparse.Namespace) -> int:

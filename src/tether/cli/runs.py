@@ -350,7 +350,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
                 from tether._logs import configure_from
 
                 configure_from(rt.engine.config.log if rt.engine.config is not None else None)
-                rt.engine.sources.refresh_in_background()
+                if rt.engine.sources is not None:
+                    rt.engine.sources.refresh_in_background()
                 handled = await Worker(rt.engine).work(stop=stop, poll_seconds=args.poll,
                                                        idle_exit_seconds=args.idle_exit)
     finally:
@@ -374,7 +375,7 @@ async def cmd_recover(args: argparse.Namespace) -> int:
             code = (r.error or {}).get("code")
             print(f"{r.run_id}: {r.status}" + (f" [{code}]" if code else ""))
             if r in left:
-                print(f"  {r.error['message']}", file=sys.stderr)
+                print(f"  {(r.error or {}).get('message')}", file=sys.stderr)
     return EXIT_FAILED if left else EXIT_OK
 
 
