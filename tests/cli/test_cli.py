@@ -369,3 +369,12 @@ def test_every_command_and_option_says_what_it_does_in_help():
 def test_a_mistyped_status_is_a_usage_error_naming_the_real_ones(tmp_path, env):
     r = cli(["runs", "list", "--status", "done"], env, tmp_path)
     assert r.returncode == 2 and "completed" in r.stderr and "paused" in r.stderr
+
+
+@pytest.mark.parametrize("args", [["prompt"], ["demo"], ["tools", "search", "ticket", "--tools", "tether.demo.helpdesk"],
+                                  ["store", "stats"], ["runs", "list"], ["sources", "list"]])
+def test_json_output_is_json_alone(tmp_path, env, args):
+    """`--json` is for scripts: what it prints parses as one JSON document, with no text around it."""
+    r = cli([*args, "--json"], env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    json.loads(r.stdout)

@@ -56,7 +56,11 @@ async def cmd_tools_describe(args: argparse.Namespace) -> int:
 
 async def cmd_prompt(args: argparse.Namespace) -> int:
     async with open_rt(args, list(args.tools)) as rt:
-        print(rt.engine.model_description())
+        text = rt.engine.model_description()
+    if args.json:
+        print_json({"prompt": text, "bytes": len(text.encode())})
+    else:
+        print(text)
     return EXIT_OK
 
 
