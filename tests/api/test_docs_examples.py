@@ -42,6 +42,17 @@ def test_every_toml_block_in_the_docs_loads(doc, tmp_path):
         load_config(path, env={})  # raises ConfigError naming each bad key
 
 
+@pytest.mark.parametrize("doc", USER_DOCS)
+def test_every_python_and_json_block_in_the_docs_parses(doc):
+    """Program snippets use top-level await as the sandbox does; client configs are JSON a client will read."""
+    import ast
+
+    for text in blocks(doc, "python"):
+        compile(text, doc, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    for text in blocks(doc, "json"):
+        json.loads(text)
+
+
 def test_the_readme_config_example_is_valid(tmp_path):
     from tether._config import load_config
 
