@@ -522,7 +522,10 @@ def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None
     try:
         text = file.read_bytes().decode("utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"{name}: file not found", details={"file": name}) from None
+        # There is no key to fix: say where the path came from and how to do without it.
+        raise ConfigError(f"{name}: file not found", details={"file": name},
+                          next_action="Check the path given with --config or $TETHER_CONFIG, or leave both unset to "
+                                      "use ./tether.toml if there is one, else the defaults.") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{name}: not UTF-8 text (bad byte at offset {exc.start})", details={"file": name}

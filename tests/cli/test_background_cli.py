@@ -172,3 +172,21 @@ def test_waits_from_the_command_line(tmp_path, env):
     assert forged.returncode == 1 and "unknown_or_revoked" in forged.stdout
     bad = tether(["waits", "resolve", parked["pending"]["key"], "--value", "{not json"], env, tmp_path)
     assert bad.returncode == 2 and "not valid JSON" in bad.stderr
+
+
+def test_the_readmes_long_job_starts_as_a_cell_and_is_watched_to_its_result(tmp_path, env):
+    """README "Long work": `tether cells start examples/long_job.py --tools tether.demo.helpdesk --json`, then
+    `tether cells watch CELL_ID` draws the progress and ends with the result."""
+    job = Path(__file__).parent.parent.parent / "examples" / "long_job.py"
+    try:
+        started = tether(["cells", "start", str(job), "--tools", "tether.demo.helpdesk", "--json"], env, tmp_path)
+        assert started.returncode == 0, started.stdout + started.stderr
+        obs = json.loads(started.stdout)
+        assert obs["status"] == "running" and obs["cell_id"].startswith("run_")
+        watched = tether(["cells", "watch", obs["cell_id"]], env, tmp_path)
+        assert watched.returncode == 0, watched.stdout + watched.stderr
+        lines = watched.stdout.splitlines()
+        assert "[##############################] 200/200 records" in lines
+        assert lines[-2].startswith('result: {"flagged": [') and lines[-1] == f"[completed] cell {obs['cell_id']}"
+    finally:
+        stop_worker(env)

@@ -341,3 +341,40 @@ def test_p36_start_with_a_key_queues_one_run_and_refuses_another_program(tmp_pat
     assert error["details"]["run_id"] == first["run_id"] and first["run_id"] in error["message"]
     listed = json.loads(cli(["runs", "list", "--json"], env, tmp_path).stdout)
     assert [r["run_id"] for r in listed] == [first["run_id"]]
+
+
+def test_every_command_and_option_says_what_it_does_in_help():
+    """A new user's first reference is `tether X --help`: no subcommand or option is listed bare."""
+    import argparse
+
+    from tether.cli import build_parser
+
+    bare = []
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helped = {choice.dest for choice in action._choices_actions}
+                for name, child in action.choices.items():
+                    if name not in helped:
+                        bare.append(f"{path} {name}")
+                    walk(child, f"{path} {name}")
+            elif action.option_strings and not action.help:
+                bare.append(f"{path} {action.option_strings[0]}")
+
+    walk(build_parser(), "tether")
+    assert bare == []
+
+
+def test_a_mistyped_status_is_a_usage_error_naming_the_real_ones(tmp_path, env):
+    r = cli(["runs", "list", "--status", "done"], env, tmp_path)
+    assert r.returncode == 2 and "completed" in r.stderr and "paused" in r.stderr
+
+
+@pytest.mark.parametrize("args", [["prompt"], ["demo"], ["tools", "search", "ticket", "--tools", "tether.demo.helpdesk"],
+                                  ["store", "stats"], ["runs", "list"], ["sources", "list"]])
+def test_json_output_is_json_alone(tmp_path, env, args):
+    """`--json` is for scripts: what it prints parses as one JSON document, with no text around it."""
+    r = cli([*args, "--json"], env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    json.loads(r.stdout)

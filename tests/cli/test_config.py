@@ -498,8 +498,10 @@ def test_invalid_toml_at_end_of_document(tmp_path: Path) -> None:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="file not found"):
+    with pytest.raises(ConfigError, match="file not found") as caught:
         load_config(tmp_path / "nope.toml", env={})
+    # No key to fix in a file that is not there: the next action is about the path.
+    assert "--config" in caught.value.next_action and "key" not in caught.value.next_action
 
 
 def test_not_utf8(tmp_path: Path) -> None:

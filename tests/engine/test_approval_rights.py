@@ -150,6 +150,23 @@ async def test_resume_answers_an_approve_from_the_runs_own_token_with_approval_e
     assert rec.deliveries == []
 
 
+async def test_the_store_command_approval_elsewhere_names_is_one_the_cli_takes(rt, rec):
+    """The operator is told to approve "on the store" with a command: it must exist and name the run, or the
+    advice ends in a usage error. It is `tether runs show RUN`, which prints the approve line with the run's
+    owner (tests/cli/test_operator_cli.py runs that line), so the owner is not written into what the model reads."""
+    from tether.cli import build_parser
+
+    server, _ = served(rt)
+    async with Client(server.mcp, mode="legacy") as c:
+        paused = (await c.call_tool("execute", {"code": COMMENT})).structured_content
+        r = await c.call_tool("resume", {"run_id": paused["run_id"], "decision": "approve", "seq": 1})
+    for text in (paused["instructions"], r.structured_content["error"]["message"]):
+        command = re.search(r"`(tether [^`]+)`", text)
+        assert command is not None, text
+        args = build_parser().parse_args(command.group(1).split()[1:])
+        assert args.run_id == paused["run_id"] and AGENT_P not in text
+
+
 async def test_self_approval_is_an_explicit_setting(rt, rec):
     server, _ = served(rt, access=access(self_approval=True))
     async with Client(server.mcp, mode="legacy") as c:

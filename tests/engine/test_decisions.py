@@ -117,6 +117,21 @@ async def test_p27_approve_one_decline_two_each_call_sees_its_outcome_in_another
             await rt2.resume(paused.run_id, "approve", seq=2)
 
 
+async def test_p27_a_partly_decided_pause_names_a_write_still_undecided(store_url):
+    """The README's loop (``while paused: resume(run_id, "approve", seq=result.pending["seq"])``) ends on a batch:
+    after each decision the envelope's ``pending`` is a write still waiting, not the one just decided."""
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        result = await rt.execute(GATHER3)
+        seen = []
+        while result.status == "paused" and len(seen) < 5:
+            seen.append(result.pending["seq"])
+            result = await rt.resume(result.run_id, "approve", seq=result.pending["seq"])
+        assert seen == [2, 3, 4]
+        assert result.status == "completed", result.error
+        assert len(rec.deliveries) == 3
+
+
 async def test_p27_cancel_of_one_write_ends_the_run_and_sends_none_of_the_batch(store_url):
     rec = Recorder()
     async with make_runtime(store_url, rec) as rt:

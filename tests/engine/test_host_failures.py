@@ -123,7 +123,9 @@ def test_cli_names_what_is_wrong_instead_of_a_traceback(tmp_path):
     (tmp_path / "raises.py").write_text("raise RuntimeError('boom at import')\n")
     (tmp_path / "broken.py").write_text("def f(:\n")
     (tmp_path / "latin1.py").write_bytes("'caf\xe9'\n".encode("latin-1"))
+    (tmp_path / "plain.py").write_text("def get_ticket(ticket_id):\n    return {}\n")  # no @tool
     cases = [
+        (("run", "ok.py", "--tools", "plain.py"), None, 2, "[tools_invalid]", "no @tool functions"),
         (("run", "ok.py", "--tools", "raises.py"), None, 2, "[tools_invalid]", "boom at import"),
         (("run", "ok.py", "--tools", "broken.py"), None, 2, "[tools_invalid]", "line 1"),
         (("run", "latin1.py"), None, 2, "[program_not_utf8]", "0xe9"),

@@ -206,6 +206,22 @@ async def test_p34_the_outbox_outlives_the_process_that_queued_it(store_url):
         assert len(hook.requests) == 1 and json.loads(hook.requests[0][1])["type"] == "run.completed"
 
 
+async def test_p34_a_process_that_ends_right_after_its_run_still_sends_its_events(tmp_path, monkeypatch):
+    """`tether run` with [[notify]] closes as soon as its run pauses or ends; it sends what it queued on the way
+    out, or a CLI-only user never hears of a pause (docs/notifications.md, "Delivery")."""
+    monkeypatch.setenv("HOOK_SECRET", SECRET)
+    async with Receiver() as hook:
+        config = Config.from_dict({"notify": [{"url": hook.url, "secret_env": "HOOK_SECRET"}]},
+                                  env={"TETHER_HOME": str(tmp_path / "home")})
+        async with open_runtime(config, store_url=f"sqlite:///{tmp_path}/t.db") as rt:
+            assert (await rt.execute("1 / 0")).status == "failed"
+        # Closed without waiting for anything: the event went out as the runtime closed.
+        assert [json.loads(body)["type"] for _, body in hook.requests] == ["run.failed"]
+        from tether._store import open_store
+
+        assert [r.status for r in open_store(f"sqlite:///{tmp_path}/t.db").list_outbox()] == ["delivered"]
+
+
 def test_backoff_doubles_and_is_capped():
     assert 0.8 <= backoff(1) <= 1.2 and 1.6 <= backoff(2) <= 2.4
     assert backoff(40) <= 3600 * 1.2

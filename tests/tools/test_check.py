@@ -174,3 +174,12 @@ async def test_a_declined_write_that_ends_the_program_is_reported_as_that_call()
     assert r.error["code"] == "write_declined"
     assert r.error["details"]["call"] == {"seq": 2, "address": "helpdesk.close_ticket"}
     assert "declined: no" in r.error["message"] and rec.deliveries == []
+
+
+async def test_a_program_run_with_no_tools_loaded_is_told_to_load_some():
+    """The first mistake of a new user: the README's program run without --tools. search() would find nothing,
+    so the next action names the ways to load tools, not sources()."""
+    async with Runtime() as rt:
+        r = await rt.execute("import tools\nawait tools.helpdesk.search_customers(query='')")
+    assert r.status == "failed" and r.error["code"] == "unknown_tool"
+    assert "no tools are loaded" in r.error["message"] and "--tools" in r.error["next_action"]

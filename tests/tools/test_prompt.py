@@ -150,3 +150,8 @@ def test_a_short_summary_is_kept_whole_and_long_ones_share_the_rest() -> None:
 def test_namespace_lines_are_byte_stable() -> None:
     shuffled = list(reversed(FIVE))
     assert model_description(_named(FIVE)).encode() == model_description(_named(shuffled)).encode()
+
+
+def test_one_namespace_reads_as_one() -> None:
+    """The demo's catalog, as every agent reads it: "1 namespace, 10 tools", not "1 namespaces"."""
+    assert "\n1 namespace, 20 tools:\n" in model_description(_catalog(tools=20, namespaces=1))

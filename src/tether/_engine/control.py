@@ -146,7 +146,7 @@ async def resolve_wait(engine: Engine, key: str, value: Any = None, *, error: st
                 "service, which continues the run, so it cannot be resolved with continue_run=False. Nothing "
                 "was decided or sent",
                 next_action="Resolve the key with continue_run=True, or decide with rt.decide / "
-                            "`tether resume RUN --approve --seq N`.")
+                            "`tether resume RUN_ID --approve --seq N`.")
         # The key is the capability: whoever holds it decides as the run's owner.
         return await _resolve_approval(engine, key, run_id, name, value, error, run.principal)
     if existing is None and run.status in TERMINAL_RUN_STATUSES:

@@ -59,6 +59,10 @@ MAX_ATTEMPTS = 15
 # deliverer that died mid-attempt); above the request timeout.
 CLAIM_SECONDS = 60.0
 POLL_SECONDS = 0.5
+# A process that closes (a `tether run` ending right after its run) sends what is due once more before it goes,
+# for at most this long: a short-lived CLI would otherwise cancel every delivery it queued. What is not sent
+# by then stays in the outbox for the next `tether serve` or `tether worker`.
+FINAL_PASS_SECONDS = 3.0
 # Receivers should refuse a signature older than this (replay window).
 TOLERANCE_SECONDS = 300
 KINDS = ("paused", "waiting", "failed", "completed", "cancelled")
@@ -214,6 +218,8 @@ class Notifier:
                 self._wake.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
+            with contextlib.suppress(Exception):  # the final pass: what was queued since the last one
+                await self.deliver_due(http)
 
     async def deliver_due(self, http: Any) -> int:
         due = await self.rt.store.aio.claim_outbox(self.rt.engine.clock(), CLAIM_SECONDS)
@@ -284,8 +290,11 @@ async def notifications(rt: Runtime, config: Any, **options: Any):
         with contextlib.suppress(ValueError):
             rt.engine.events.listeners.remove(notifier)
         stop.set()
-        # A delivery in flight is abandoned, not awaited: its claim lapses and
-        # the next process sends it again.
+        if notifier._wake is not None:
+            notifier._wake.set()
+        # One last pass, bounded; a delivery still in flight after it is abandoned: its claim lapses and the
+        # next process sends it again.
+        await asyncio.wait({task}, timeout=FINAL_PASS_SECONDS)
         task.cancel()
         with contextlib.suppress(BaseException):
             await task

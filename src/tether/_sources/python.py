@@ -245,7 +245,7 @@ def from_definition(definition: dict[str, Any], context: SourceContext) -> Pytho
 def _import_tools(spec: str) -> list[Tool]:
     """The tools of a ``--tools`` module or file; a module that cannot load is a named error, not a traceback."""
     try:
-        return tools_from_module(spec)
+        tools = tools_from_module(spec)
     except TetherError:
         raise
     except SyntaxError as exc:
@@ -257,6 +257,12 @@ def _import_tools(spec: str) -> list[Tool]:
                            details={"tools": spec, "type": type(exc).__name__},
                            next_action=f"Fix the error {spec} raises at import time (python -c 'import ...' "
                                        "shows the traceback).") from None
+    if not tools:
+        # Plain functions are not tools; without this the program meets an empty catalog and blames itself.
+        raise ToolsInvalid(f"--tools {spec}: defines no @tool functions; nothing was run", details={"tools": spec},
+                           next_action="Decorate the functions the program may call with @tool (from tether import "
+                                       "tool), or pass the module that does.")
+    return tools
 
 
 def _short(exc: BaseException) -> str:

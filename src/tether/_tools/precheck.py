@@ -315,6 +315,15 @@ class _Walker:
             self._known_ns = {entry["namespace"] for entry in self.catalog.namespaces()}
         if ns in self._known_ns:
             return
+        if not self._known_ns:
+            # Nothing loaded at all is the set-up's problem, not the program's: search() would find nothing.
+            raise UnknownTool(
+                f"{_at(node)}no namespace {ns!r} in tools: no tools are loaded; nothing was run",
+                next_action="Load tools first: --tools with a module or .py file of @tool functions (e.g. --tools "
+                            "tether.demo.helpdesk), [[sources]] in tether.toml, or Runtime(tools=[...]); "
+                            "`tether sources list` shows what loaded.",
+                details={**_where(node), "address": ns, "suggestions": []},
+            )
         close = difflib.get_close_matches(ns, sorted(self._known_ns), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise UnknownTool(

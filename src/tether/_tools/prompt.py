@@ -70,7 +70,7 @@ def model_description(
     head = (
         _API
         + f"Limits: {lim['code_bytes']} B code, {lim['host_calls']} calls, {_seconds(lim['run_seconds'])} s.\n"
-        + f"{len(namespaces)} namespaces, {total_tools} tools:\n"
+        + f"{_count(len(namespaces), 'namespace')}, {_count(total_tools, 'tool')}:\n"
     )
     # Most tools first: with a truncated list, they are the likeliest to matter.
     ordered = sorted(namespaces, key=lambda ns: (-ns["tools"], ns["namespace"]))
@@ -135,3 +135,7 @@ def _clip(text: str, limit: int) -> str:
         return text
     # Cut on a character boundary, never inside a multi-byte sequence.
     return data[: max(0, limit - 3)].decode(errors="ignore").rstrip() + "…"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -15,6 +15,9 @@ from tether._tools.shown import escape, show_call
 from tether.errors import InvalidArguments, ProgramFileNotFound, ProgramNotUtf8
 
 if TYPE_CHECKING:  # the command line imports the engine lazily, to start fast
+    from contextlib import AbstractAsyncContextManager
+
+    from tether._runtime import Runtime
     from tether._store.base import RunRecord, Store
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PAUSED = 0, 1, 2, 3
@@ -157,7 +160,8 @@ def read_program(path: str) -> str:
 
 
 def open_rt(args: argparse.Namespace, tools: Sequence[str] = (), *, sources: list[dict] | None = None,
-            report: bool = False) -> Any:
+            report: bool = False) -> AbstractAsyncContextManager[Runtime]:
+    # Typed, so the checker sees a command that hands the Runtime where its engine is wanted (`cells start` did).
     from tether._app import open_runtime
 
     type_check = False if getattr(args, "no_check", False) else None

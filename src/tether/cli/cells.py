@@ -59,8 +59,8 @@ async def cmd_cells_start(args: argparse.Namespace) -> int:
     async with open_rt(args, tools) as rt:
         cell_id = rt.start(code, meta={"tools": tools, "cell": True})
         ensure_worker(args, tools)
-        events = await wait_events(rt, cell_id, 0, args.yield_after_ms)
-        return _print_obs(observation(rt, cell_id, events, 0), args.json)
+        events = await wait_events(rt.engine, cell_id, 0, args.yield_after_ms)
+        return _print_obs(observation(rt.engine, cell_id, events, 0), args.json)
 
 
 async def cmd_cells_wait(args: argparse.Namespace) -> int:
@@ -114,19 +114,19 @@ def add_cells(sub: Any) -> None:
     cells = sub.add_parser("cells", help="observe programs while they run").add_subparsers(
         dest="cells_command", required=True)
     sp = cells.add_parser("start", help="start a program on the worker and print its first observation")
-    sp.add_argument("program")
-    sp.add_argument("--yield-after-ms", type=int, default=1000)
+    sp.add_argument("program", help="path to a .py file, or - for standard input")
+    sp.add_argument("--yield-after-ms", type=int, default=1000, help="observe it this long before printing (default 1000)")
     add_common(sp)
     sp.set_defaults(func=cmd_cells_start)
     sp = cells.add_parser("wait", help="long-poll a cell's events after a cursor")
     sp.add_argument("cell_id")
-    sp.add_argument("--after", type=int, default=0)
-    sp.add_argument("--timeout-ms", type=int, default=30_000)
+    sp.add_argument("--after", type=int, default=0, metavar="CURSOR", help="events after this cursor (default 0: all)")
+    sp.add_argument("--timeout-ms", type=int, default=30_000, help="return after this long with what came (default 30000)")
     add_common(sp, tools=False)
     sp.set_defaults(func=cmd_cells_wait)
     sp = cells.add_parser("watch", help="follow a cell live until it stops")
     sp.add_argument("cell_id")
-    sp.add_argument("--after", type=int, default=0)
+    sp.add_argument("--after", type=int, default=0, metavar="CURSOR", help="events after this cursor (default 0: all)")
     add_common(sp, tools=False)
     sp.set_defaults(func=cmd_cells_watch)
     sp = cells.add_parser("terminate", help="stop a cell; nothing further is sent")

@@ -12,11 +12,12 @@ from tether.cli._common import EXIT_OK, add_common, exit_code, open_rt, print_js
 async def cmd_demo(args: argparse.Namespace) -> int:
     from tether.demo import DEMO_PROGRAM
 
-    print("tether demo: a help desk with customers, tickets and comments.\n")
-    print("The program an agent would send:\n")
-    for line in DEMO_PROGRAM.strip().splitlines():
-        print(f"    {line}")
-    print()
+    if not args.json:  # --json prints the envelope alone, so a script can parse what it reads
+        print("tether demo: a help desk with customers, tickets and comments.\n")
+        print("The program an agent would send:\n")
+        for line in DEMO_PROGRAM.strip().splitlines():
+            print(f"    {line}")
+        print()
     async with open_rt(args, ["tether.demo.helpdesk"]) as rt:
         result = await rt.execute(DEMO_PROGRAM, meta={"tools": ["tether.demo.helpdesk"]})
     if args.json:

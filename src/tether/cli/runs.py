@@ -350,7 +350,8 @@ async def cmd_worker(args: argparse.Namespace) -> int:
                 from tether._logs import configure_from
 
                 configure_from(rt.engine.config.log if rt.engine.config is not None else None)
-                rt.engine.sources.refresh_in_background()
+                if rt.engine.sources is not None:
+                    rt.engine.sources.refresh_in_background()
                 handled = await Worker(rt.engine).work(stop=stop, poll_seconds=args.poll,
                                                        idle_exit_seconds=args.idle_exit)
     finally:
@@ -374,7 +375,7 @@ async def cmd_recover(args: argparse.Namespace) -> int:
             code = (r.error or {}).get("code")
             print(f"{r.run_id}: {r.status}" + (f" [{code}]" if code else ""))
             if r in left:
-                print(f"  {r.error['message']}", file=sys.stderr)
+                print(f"  {(r.error or {}).get('message')}", file=sys.stderr)
     return EXIT_FAILED if left else EXIT_OK
 
 
@@ -395,11 +396,11 @@ def add_run(sub: Any) -> None:
 
 def add_resume(sub: Any) -> None:
     sp = sub.add_parser("resume", help="decide a paused run's pending write and continue it")
-    sp.add_argument("run_id")
+    sp.add_argument("run_id", help="the paused run (tether runs list --status paused)")
     g = sp.add_mutually_exclusive_group(required=True)
-    g.add_argument("--approve", action="store_true")
-    g.add_argument("--decline", action="store_true")
-    g.add_argument("--cancel", action="store_true")
+    g.add_argument("--approve", action="store_true", help="send the write(s)")
+    g.add_argument("--decline", action="store_true", help="do not send them; the program gets a PermissionError")
+    g.add_argument("--cancel", action="store_true", help="end the run; nothing further is sent")
     sp.add_argument("--reason", help="told to the program when declining")
     sp.add_argument("--seq", type=int, action="append",
                     help="a paused write this decision is for (repeatable); see the pause or `runs show`")
@@ -411,12 +412,13 @@ def add_resume(sub: Any) -> None:
 
 def add_runs(sub: Any) -> None:
     runs = sub.add_parser("runs", help="list and inspect runs").add_subparsers(dest="runs_command", required=True)
-    sp = runs.add_parser("list")
-    sp.add_argument("--status")
-    sp.add_argument("--limit", type=int, default=50)
+    sp = runs.add_parser("list", help="runs, newest first")
+    # Choices, so a mistyped status is a usage error naming the real ones rather than an empty list.
+    sp.add_argument("--status", choices=[s.value for s in RunStatus], help="only runs in this state")
+    sp.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     add_common(sp, tools=False)
     sp.set_defaults(func=cmd_runs_list)
-    sp = runs.add_parser("show")
+    sp = runs.add_parser("show", help="one run: its program, call timeline, decisions and outcome")
     sp.add_argument("run_id")
     add_common(sp, tools=False)
     sp.set_defaults(func=cmd_runs_show)
@@ -426,12 +428,13 @@ def add_runs(sub: Any) -> None:
 
     sp = runs.add_parser("await", help="wait until a run ends (or pauses)")
     sp.add_argument("run_id")
-    sp.add_argument("--timeout", type=float, default=300.0)
+    sp.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                    help="give up after this long, exit 4 (default 300)")
     add_common(sp, tools=False)
     sp.set_defaults(func=cmd_runs_await)
     sp = runs.add_parser("cancel", help="cancel a run: nothing further is sent")
     sp.add_argument("run_id")
-    sp.add_argument("--reason")
+    sp.add_argument("--reason", help="recorded with the cancellation")
     add_common(sp)
     sp.set_defaults(func=cmd_runs_cancel)
     sp = runs.add_parser("signal", help="send a named signal to a run (await wait_for_signal(name))")
@@ -459,7 +462,8 @@ def add_worker(sub: Any) -> None:
     sp = sub.add_parser("worker", help="run queued runs, timers and orphans for this store")
     sp.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
                     help="exit after this long with nothing to do")
-    sp.add_argument("--poll", type=float, default=0.2, metavar="SECONDS")
+    sp.add_argument("--poll", type=float, default=0.2, metavar="SECONDS",
+                    help="how often to look for work the store did not announce (default 0.2)")
     add_common(sp)
     sp.set_defaults(func=cmd_worker)
 

@@ -10,9 +10,11 @@ from tether.cli._common import EXIT_FAILED, EXIT_OK, add_common, open_rt, print_
 
 async def cmd_sources_list(args: argparse.Namespace) -> int:
     async with open_rt(args, list(args.tools)) as rt:
+        sources = rt.engine.sources
+        assert sources is not None  # open_runtime always sets a runtime's sources up
         if getattr(args, "refresh", False):
-            await rt.engine.sources.refresh()
-        statuses = [s.status() for s in rt.engine.sources.statuses()]
+            await sources.refresh()
+        statuses = [s.status() for s in sources.statuses()]
         namespaces = rt.engine.list_sources()
     all_ok = all(s["ok"] for s in statuses)
     if args.json:

@@ -56,21 +56,25 @@ async def cmd_tools_describe(args: argparse.Namespace) -> int:
 
 async def cmd_prompt(args: argparse.Namespace) -> int:
     async with open_rt(args, list(args.tools)) as rt:
-        print(rt.engine.model_description())
+        text = rt.engine.model_description()
+    if args.json:
+        print_json({"prompt": text, "bytes": len(text.encode())})
+    else:
+        print(text)
     return EXIT_OK
 
 
 def add_tools(sub: Any) -> None:
     tools = sub.add_parser("tools", help="search and describe tools").add_subparsers(dest="tools_command", required=True)
-    sp = tools.add_parser("search")
-    sp.add_argument("query", nargs="?", default="")
-    sp.add_argument("--namespace")
-    sp.add_argument("--limit", type=int, default=12)
-    sp.add_argument("--offset", type=int, default=0)
+    sp = tools.add_parser("search", help="tools ranked for a query, as search() in a program")
+    sp.add_argument("query", nargs="?", default="", help="words; none lists tools alphabetically")
+    sp.add_argument("--namespace", help="search only this namespace")
+    sp.add_argument("--limit", type=int, default=12, help="results per page, 1..100 (default 12)")
+    sp.add_argument("--offset", type=int, default=0, help="where the page starts (the previous page's next offset)")
     add_common(sp)
     sp.set_defaults(func=cmd_tools_search)
-    sp = tools.add_parser("describe")
-    sp.add_argument("address", nargs="+")
+    sp = tools.add_parser("describe", help="tools' signatures and shapes, as describe() in a program")
+    sp.add_argument("address", nargs="+", help="namespace.tool")
     sp.add_argument("--full", action="store_true", help="every shape and the whole description (default: at most 2 KB a tool)")
     add_common(sp)
     sp.set_defaults(func=cmd_tools_describe)

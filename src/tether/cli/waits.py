@@ -84,7 +84,7 @@ def recorded_setup_for_key(args: argparse.Namespace) -> tuple[list[str], str | N
 def add_waits(sub: Any) -> None:
     waits = sub.add_parser("waits", help="durable waits").add_subparsers(dest="waits_command", required=True)
     sp = waits.add_parser("list", help="pending waits with their keys")
-    sp.add_argument("--run")
+    sp.add_argument("--run", metavar="RUN_ID", help="only this run's waits")
     add_acting_as(sp)
     add_common(sp, tools=False)
     sp.set_defaults(func=cmd_waits_list)
@@ -96,7 +96,7 @@ def add_waits(sub: Any) -> None:
     add_common(sp)
     sp.set_defaults(func=cmd_waits_resolve)
     sp = waits.add_parser("revoke", help="revoke every pending wait of a run or a session")
-    sp.add_argument("--run")
-    sp.add_argument("--session")
+    sp.add_argument("--run", metavar="RUN_ID", help="the run whose waits to revoke")
+    sp.add_argument("--session", help="the REPL session whose waits to revoke")
     add_common(sp, tools=False)
     sp.set_defaults(func=cmd_waits_revoke)

@@ -4,7 +4,7 @@
 programs: each such token gets the rights run and approve, its own runs only.
 Since a principal does not approve its own writes unless ``self_approval`` is
 set, a single-token server's writes are approved by the operator (``tether
-resume RUN --approve --as PRINCIPAL`` on the store), or by a second, named token (docs/mcp.md
+resume RUN_ID --approve --seq N --as OWNER`` on the store), or by a second, named token (docs/mcp.md
 "Migrating a single-token set-up").
 """
 

@@ -172,8 +172,11 @@ def _paused_view(engine: Engine, run: RunRecord) -> RunResult:
         decided = {w.seq: w.decision for w in pending(engine, run) if w.decision}
         writes = [dict(w, decision=decided[w["seq"]].to_dict() if w["seq"] in decided else None)
                   for w in result.pending.get("writes") or [result.pending]]
-        result.pending = {**result.pending, "writes": writes}
         undecided = [w for w in writes if w["decision"] is None]
+        # The write the envelope names is one still to decide: a caller that decides `pending["seq"]` until the
+        # run moves on (the README's loop) would otherwise repeat a decided write forever (P-27).
+        first = {k: v for k, v in (undecided or writes)[0].items() if k != "decision"}
+        result.pending = {**result.pending, **first, "writes": writes}
         if undecided:
             from tether._engine.attempt.envelopes import pause_instructions, tool_schemas
 

@@ -1,0 +1,160 @@
+"""What README.md and the user docs show a user works as shown: each config block loads, each `tether ...`
+command exists with the options given, and the Python examples run as written (a new user copies them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli
+
+ROOT = Path(__file__).parent.parent.parent
+# The documents a user reads; docs/decisions.md and protocol.md are records for maintainers.
+USER_DOCS = ("README.md", "docs/deploy.md", "docs/mcp.md", "docs/security.md", "docs/notifications.md")
+FENCED = re.compile(r"^( *)```(\w*)\n(.*?)^ *```", re.S | re.M)
+
+
+def blocks(doc: str, lang: str) -> list[str]:
+    return [textwrap.dedent(body) for _, kind, body in FENCED.findall((ROOT / doc).read_text()) if kind == lang]
+
+
+def readme_python_block(after_heading: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(after_heading):]
+    return textwrap.dedent(FENCED.search(section).group(3))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("doc", USER_DOCS)
+def test_every_toml_block_in_the_docs_loads(doc, tmp_path):
+    from tether._config import load_config
+
+    for text in blocks(doc, "toml"):
+        path = tmp_path / "tether.toml"
+        path.write_text(text)
+        load_config(path, env={})  # raises ConfigError naming each bad key
+
+
+@pytest.mark.parametrize("doc", USER_DOCS)
+def test_every_python_and_json_block_in_the_docs_parses(doc):
+    """Program snippets use top-level await as the sandbox does; client configs are JSON a client will read."""
+    import ast
+
+    for text in blocks(doc, "python"):
+        compile(text, doc, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    for text in blocks(doc, "json"):
+        json.loads(text)
+
+
+def test_the_readme_config_example_is_valid(tmp_path):
+    from tether._config import load_config
+
+    # The OAuth steps' snippet, the configuration section's example, then the idempotency one.
+    oauth, block, keyed = blocks("README.md", "toml")
+    path = tmp_path / "tether.toml"
+    path.write_text(block)
+    config = load_config(path)
+    assert [s.type for s in config.sources] == ["python", "mcp", "openapi"]
+    assert config.policy.rules[0].match == "helpdesk.add_*"
+    assert config.auth is not None and config.auth.rights["approve"].values == ["tether-approvers"]
+    path.write_text(oauth)
+    config = load_config(path)
+    assert config.auth is not None and config.auth.console_client_secret_env == "TETHER_CONSOLE_SECRET"
+    path.write_text(keyed)
+    config = load_config(path)
+    assert [(s.type, s.idempotency) for s in config.sources] == [("openapi", "key"), ("mcp", "key")]
+
+
+def shown_commands(doc: str) -> list[str]:
+    """Every `tether ...` a user is shown: inline code and the lines of shell blocks."""
+    text = (ROOT / doc).read_text()
+    found = []
+    for _, kind, body in FENCED.findall(text):
+        if kind in ("sh", ""):
+            for line in body.splitlines():
+                line = line.strip().removeprefix("$ ")
+                command = re.match(r"(?:[A-Z_]+=\S+\s+)*(tether [a-z].*)$", line)  # after VAR=value, if any
+                if command:
+                    found.append(command.group(1).split(" #")[0])
+    prose = FENCED.sub("", text)
+    found += [" ".join(span.split()) for span in re.findall(r"`(tether [a-z][^`]*)`", prose)]
+    return found
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def unknown_parts(command: str, root: argparse.ArgumentParser) -> list[str]:
+    """The subcommands and options of ``command`` the CLI does not have (alternatives as `a|b` or `a/b`)."""
+    words = command.replace("\\|", "|").split()[1:]
+    parsers, wrong = [root], []
+    for word in words:
+        choices = _subcommands(parsers[0])
+        if not choices or not re.fullmatch(r"[a-z]+([|/][a-z]+)*", word):
+            break
+        names = re.split(r"[|/]", word)
+        wrong += [n for n in names if n not in choices]
+        parsers = [choices[n] for n in names if n in choices] or parsers
+        if wrong:
+            return wrong
+    known = {o for p in (root, *parsers) for a in p._actions for o in a.option_strings}
+    options = re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", command)
+    return [o for o in options if o not in known]
+
+
+@pytest.mark.parametrize("doc", USER_DOCS)
+def test_every_tether_command_the_docs_show_exists(doc):
+    from tether.cli import build_parser
+
+    root = build_parser()
+    commands = shown_commands(doc)
+    assert commands or doc == "docs/security.md"
+    assert {c: unknown_parts(c, root) for c in commands if unknown_parts(c, root)} == {}
+
+
+def test_the_command_check_sees_a_command_that_does_not_exist():
+    from tether.cli import build_parser
+
+    root = build_parser()
+    assert unknown_parts("tether runs approve RUN --seq N", root) == ["approve"]
+    assert unknown_parts("tether resume RUN_ID --approve --seq N --as OWNER", root) == []
+    assert unknown_parts("tether runs await\\|cancel\\|signal", root) == []
+    assert unknown_parts("tether run PROGRAM.py [--tools X] [--json] [--no-check] [--no-wait]", root) == ["--no-wait"]
+
+
+def test_the_readme_python_api_example_runs_as_written(tmp_path):
+    """Copied into a file and run: the write pauses, the loop approves it, the run completes."""
+    script = tmp_path / "example.py"
+    script.write_text(readme_python_block("## Python API"))
+    env = {**os.environ, "TETHER_HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "completed open"
+
+
+def test_the_readme_program_runs_against_the_demo_tools_as_the_readme_says(tmp_path):
+    """The model-facing example, saved as program.py and run with the demo's tools: it pauses at its write,
+    and the `tether resume` line printed at the pause finishes it."""
+    (tmp_path / "program.py").write_text(readme_python_block("## The program's view"))
+    env = {**os.environ, "TETHER_HOME": str(tmp_path / "home")}
+    env.pop("TETHER_STORE_URL", None)
+    env.pop("TETHER_CONFIG", None)
+    paused = run_cli(["run", "program.py", "--tools", "tether.demo.helpdesk", "--no-prompt"], env, tmp_path)
+    assert paused.returncode == 3, paused.stdout + paused.stderr
+    approve = re.search(r"approve: (tether resume \S+ --approve --seq \d+)", paused.stdout + paused.stderr)
+    assert approve is not None, paused.stdout + paused.stderr
+    done = run_cli([*approve.group(1).split()[1:], "--json"], env, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["result"] == {"open": 14}
