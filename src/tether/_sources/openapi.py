@@ -183,8 +183,8 @@ class OpenAPISource:
     YAML when PyYAML is installed). ``base_url`` defaults to the spec's first
     ``servers`` entry. ``auth`` is one of ``{"type": "bearer", "token_env":
     ...}``, ``{"type": "header", "name": ..., "value_env": ...}`` or ``{"type":
-    "query", "name": ..., "value_env": ...}`` (or a list of them); the values
-    are read from the environment at each call. ``headers`` are sent on every
+    "query", "name": ..., "value_env": ...}`` (or a list of them); each variable
+    must be set at start, and its value is read again at each call. ``headers`` are sent on every
     request (``${NAME}`` is replaced from the environment at start).
 
     A request whose method is not safe carries the call's idempotency key in
