@@ -10,6 +10,7 @@ asserts on time: targets are printed as met or missed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -19,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence
 
 # Run from a checkout without installing: `python bench/core_bench.py`.
 _SRC = Path(__file__).resolve().parent.parent / "src"
@@ -321,3 +322,21 @@ def cold_start_samples(base: Path, configs: dict[str, str], *, cleared: str, rou
             if r >= warmup:
                 samples[name].append(took)
     return samples
+
+
+@contextlib.contextmanager
+def postgres_cluster() -> Iterator[Any | None]:
+    """A throwaway Postgres cluster (tests/pg.py) for a probe's Postgres half, or None with why printed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import pg
+
+    reason = pg.missing_reason()
+    if reason:
+        print(f"postgres skipped: {reason}")
+        yield None
+        return
+    cluster = pg.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

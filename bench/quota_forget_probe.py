@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
-import common  # noqa: F401  (puts this checkout's src first on sys.path)
+import common  # puts this checkout's src first on sys.path; postgres_cluster
 from tether._engine.rules.quotas import CountedStart, Quota
 from tether._store import open_store, usage
 from tether._store.base import RunRecord
@@ -104,20 +102,12 @@ def main() -> None:
         probe("sqlite", lambda name: open_store(f"sqlite:///{tmp}/{name}.db"), args)
     if args.no_postgres:
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    import pg
-
-    reason = pg.missing_reason()
-    if reason:
-        print(f"postgres skipped: {reason}")
-        return
     from tether._store.postgres import PostgresStore
 
-    cluster = pg.start()
-    try:
+    with common.postgres_cluster() as cluster:
+        if cluster is None:
+            return
         probe("postgres", lambda name: PostgresStore(cluster.url, schema=f"forget_{name}", pool_size=1), args)
-    finally:
-        cluster.stop()
     print(f"load average {os.getloadavg()[0]:.2f} at the end", flush=True)
 
 

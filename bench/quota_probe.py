@@ -24,14 +24,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-import common  # noqa: F401  (puts this checkout's src first on sys.path)
+import common  # puts this checkout's src first on sys.path; postgres_cluster
 from tether._engine.rules.quotas import CountedStart, Quota
 from tether._store import open_store, usage
 from tether._store._migrations import backfill_run_counts
@@ -141,25 +140,17 @@ def main() -> None:
             store.close()
     if args.no_postgres:
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    import pg
-
-    reason = pg.missing_reason()
-    if reason:
-        print(f"postgres skipped: {reason}")
-        return
     from tether._store.postgres import PostgresStore
 
-    cluster = pg.start()
-    try:
+    with common.postgres_cluster() as cluster:
+        if cluster is None:
+            return
         store = PostgresStore(cluster.url, schema="quota_probe", pool_size=1)
         try:
             for n in args.runs:
                 report("postgres", n, measure(store, "postgres", n, args.batches, args.starts))
         finally:
             store.close()
-    finally:
-        cluster.stop()
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 
