@@ -149,3 +149,21 @@ def test_serve_stdio_stops_cleanly_on_sigterm_while_its_client_stays_connected(t
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=5)
+
+
+def test_http_stops_on_a_sigterm_sent_while_it_is_still_starting(tmp_path):
+    """A SIGTERM between `serve --http` saying what it serves and uvicorn taking the signals over reached
+    serve's own handler only: the server went on serving. A supervisor stops a server as soon as it likes."""
+    import socket
+
+    cmd, env = _setup(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([*cmd, "serve", "--http", f"127.0.0.1:{port}", "--dev"], env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    _until(lambda: "serving MCP at" in log.read_text(), 30, "serve --http never said what it serves", log)
+    proc.send_signal(signal.SIGTERM)
+    assert _stops(proc, within=GRACE + 10) == 0, log.read_text()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any, Sequence
 
 from tether._engine.approvals import Access
 from tether._hostwork import GraceOnSignal
+from tether._logs import say
 from tether._server.admission import Admission
 from tether._server.auth import (
     MIN_TOKEN_CHARS,
@@ -98,19 +100,19 @@ def check_http_auth(host: str, tokens: tuple[str, ...], dev: bool, *, oauth: boo
             next_action="Generate one with `openssl rand -hex 32` and set it as TETHER_TOKEN "
                         "(--dev accepts short tokens on loopback, with a warning).")
     if short:
-        print(f"tether: warning: a bearer token is shorter than {MIN_TOKEN_CHARS} characters; "
-              "accepted only because of --dev", file=sys.stderr, flush=True)
+        say(f"tether: warning: a bearer token is shorter than {MIN_TOKEN_CHARS} characters; "
+            "accepted only because of --dev", level=logging.WARNING)
 
 
 def warn_if_secret_beside_data(store: Store) -> bool:
     """Say loudly when the signing secret is a row of the database it protects (P-35)."""
     if not store.capabilities.secret_with_data or store.secret_source != "stored":
         return False
-    print(
+    say(
         "WARNING: tether's signing secret is stored in the same Postgres database as the runs it signs.\n"
         "WARNING: whoever can write those tables can read the secret and forge a run's program, policy or\n"
         "WARNING: journal. Set TETHER_SECRET or TETHER_SECRET_FILE (a file only this service can read).",
-        file=sys.stderr, flush=True,
+        level=logging.WARNING,
     )
     return True
 
@@ -158,7 +160,7 @@ async def serve(options: ServeOptions) -> int:
     run_meta = {"tools": tools, "config": _absolute(options.config_path)}
 
     def report(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
+        say(line, level=logging.WARNING)
 
     from tether._hostwork import LoopWatchdog
 
@@ -219,7 +221,8 @@ async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], t
                 await _serve_http(server, *address, tokens, public_url=config.server.public_url,
                                   stateless=config.server.stateless_http, watchdog=watchdog,
                                   grace=config.server.shutdown_grace_seconds, report=report, resource=resource,
-                                  auth=config.auth, settings=config.server, metrics_listen=config.metrics.listen)
+                                  auth=config.auth, settings=config.server, metrics_listen=config.metrics.listen,
+                                  stopping=stopping)
         finally:
             stop_worker.set()
             with contextlib.suppress(Exception):
@@ -245,7 +248,8 @@ async def _serve_stdio(server: TetherServer, stopping: asyncio.Event) -> None:
 async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[str, ...], *,
                       public_url: str | None = None, stateless: bool = False, watchdog: Any = None,
                       grace: float = 15.0, report: Any = print, resource: Any = None, auth: Any = None,
-                      settings: Any = None, metrics_listen: str | None = None) -> None:
+                      settings: Any = None, metrics_listen: str | None = None,
+                      stopping: asyncio.Event | None = None) -> None:
     import uvicorn
 
     from tether._config import ServerConfig
@@ -299,8 +303,7 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
     shown = f"[{host}]" if ":" in host else host
     how = ("bearer token or OAuth access token" if resource is not None else
            "bearer token required" if tokens else "no token (--dev, loopback only)")
-    print(f"tether: serving MCP at http://{shown}:{port}/mcp ({how}), the console at "
-          f"http://{shown}:{port}/console/", file=sys.stderr, flush=True)
+    say(f"tether: serving MCP at http://{shown}:{port}/mcp ({how}), the console at http://{shown}:{port}/console/")
     # What is built by now (modules, pydantic models, the catalog, the app) lives as long as the server: frozen
     # out of the cyclic collector's sight, a full collection walks only what requests made. Under serve_bench's
     # load a full collection paused the loop 124 ms, and 14 ms frozen (bench/README.md, issue 24).
@@ -315,8 +318,14 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
         m_host, m_port = parse_address(metrics_listen, "127.0.0.1", 9464)
         scrape = SideListener(uvicorn.Config(MetricsApp(server.rt), host=m_host, port=m_port,
                                               log_level="warning", lifespan="off", **uvicorn_options(settings)))
-        print(f"tether: metrics at http://{m_host}:{m_port}/metrics (no token)", file=sys.stderr, flush=True)
+        say(f"tether: metrics at http://{m_host}:{m_port}/metrics (no token)")
     main = Uvicorn(config)
+    # A signal before uvicorn takes the signals over (while it starts) reached serve's own handler: it asked
+    # for a stop that uvicorn would never hear, and the server went on serving (seen: a SIGTERM right after
+    # the "serving" line). Whenever that handler asks, uvicorn stops too.
+    asked = asyncio.ensure_future(stopping.wait()) if stopping is not None else None
+    if asked is not None:
+        asked.add_done_callback(lambda t: None if t.cancelled() else setattr(main, "should_exit", True))
     try:
         if scrape is None:
             await main.serve()
@@ -329,6 +338,8 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
                 with contextlib.suppress(Exception):
                     await side
     finally:
+        if asked is not None:
+            asked.cancel()
         await console.close()
 
 
