@@ -60,4 +60,14 @@ def configure_from(log: Any) -> logging.Handler | None:
     return configure(log.format, log.level)
 
 
-__all__ = ["FIELDS", "JsonFormatter", "configure", "configure_from"]
+def say(line: str, *, level: int = logging.INFO, logger: str = "tether.server") -> None:
+    """A line for the operator (what a server serves, a warning about its settings): through [log]'s handler
+    when [log] configured one, so a pipeline reading JSON lines gets JSON lines from start to end; else on
+    stderr as it is, as a terminal expects."""
+    if any(h.get_name() == _HANDLER_NAME for h in logging.getLogger("tether").handlers):
+        logging.getLogger(logger).log(level, line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+__all__ = ["FIELDS", "JsonFormatter", "configure", "configure_from", "say"]

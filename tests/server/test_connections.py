@@ -130,3 +130,42 @@ def test_json_logs_carry_the_run_id_and_correlation_id():
     data = json.loads(line)
     assert data["run_id"] == "r1" and data["correlation_id"] == "c0ffee"
     assert data["level"] == "error" and data["logger"] == "tether.runs" and data["ts"].endswith("Z")
+
+
+def test_json_logs_are_json_from_the_servers_first_line_to_its_last(tmp_path):
+    """With [log] format = "json" a log pipeline reads every line `serve` writes: what it serves, and the
+    warnings about its settings (a webhook left off for want of its secret, a short token under --dev)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "tether.toml").write_text(
+        '[log]\nformat = "json"\n\n[[notify]]\nurl = "http://127.0.0.1:9/hook"\nsecret_env = "UNSET_HOOK_SECRET"\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "UNSET_HOOK_SECRET")}
+    env.update(TETHER_HOME=str(tmp_path / "home"), TETHER_TOKEN="short")
+    log = tmp_path / "server.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "tether.cli", "--config", str(tmp_path / "tether.toml"),
+                                 "serve", "--http", f"127.0.0.1:{port}", "--dev"],
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    messages = [(d["level"], d["message"]) for d in lines]
+    assert any(level == "warning" and "notify[0]" in m and "is off" in m for level, m in messages), messages
+    assert any(level == "warning" and "shorter than" in m for level, m in messages), messages
+    assert any(level == "info" and m.startswith("tether: serving MCP at") for level, m in messages), messages

@@ -29,9 +29,9 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import random
-import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from tether import _metrics as metrics
 from tether._engine.approvals.capabilities import Keyring, mac_hex, same, secret_id
 from tether._engine.attempt.redaction import shown_args
+from tether._logs import say
 from tether._server.approvals import approval_url, input_schema, pending_writes
 from tether._store.base import OUTBOX_DELIVERED, OUTBOX_FAILED, OUTBOX_PENDING, OutboxRecord, RunRecord
 from tether._tools.shown import show_call
@@ -106,8 +107,8 @@ def webhooks_from_config(config: Any, env: Mapping[str, str] | None = None) -> l
     for i, hook in enumerate(getattr(config, "notify", None) or []):
         secret = env.get(hook.secret_env)
         if not secret:
-            print(f"tether: notify[{i}] ({hook.url}) is off: ${hook.secret_env} is not set; "
-                  "nothing is sent to it unsigned", file=sys.stderr, flush=True)
+            say(f"tether: notify[{i}] ({hook.url}) is off: ${hook.secret_env} is not set; "
+                "nothing is sent to it unsigned", level=logging.WARNING, logger="tether.notify")
             continue
         out.append(Webhook(hook.url, secret.encode(), frozenset(hook.events)))
     return out
