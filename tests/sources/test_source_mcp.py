@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 SERVER = str(FIXTURES / "mcp_fixture_server.py")
 PAGED = str(FIXTURES / "mcp_paged_server.py")
+FLOOD = str(FIXTURES / "mcp_flood_server.py")
 BIN = Path(sys.executable).parent
 PY = sys.executable
 
@@ -426,3 +427,23 @@ def test_interpreter_exit_is_clean(tag, tmp_path):
     assert result.stdout.splitlines() == ["crash: upstream_disconnected", "done"]
     for marker in ("Task was destroyed", "never retrieved", "Exception ignored", "Traceback", "ResourceWarning"):
         assert marker not in result.stderr, result.stderr
+
+
+async def test_an_answer_over_the_message_limit_ends_the_connection_not_the_host(tag, tmp_path):
+    # The SDK's stdio reader joined every chunk to the partial line before it: a 60 MB answer
+    # held the event loop (every run and request of the host) for 34 of 38 s, and no size was
+    # too large. tether's reader scans each chunk once and ends a connection past 64 MiB.
+    errlog = (tmp_path / "server.log").open("w")
+    try:
+        async with MCPSource("flood", command=[PY, FLOOD], env={"TETHER_TEST_TAG": tag}, call_timeout=900,
+                             errlog=errlog) as source:
+            tools = _by_name(source)
+            whole = await tools["big"].handler({"mb": 24})
+            assert whole == "y" * (24 << 20)  # a large answer under the limit arrives intact
+            with pytest.raises(ToolError) as caught:
+                await tools["big"].handler({"mb": 70})
+            assert "lost after the call was sent" in caught.value.message
+            assert await tools["ping"].handler({"mb": 0}) == "pong"  # a new connection serves the next call
+    finally:
+        errlog.close()
+    assert "over 64 MiB" in (tmp_path / "server.log").read_text()

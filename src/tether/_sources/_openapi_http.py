@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import http.cookiejar
 import json
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from tether._sources._openapi_bodies import body_kind
 from tether.errors import ToolError
@@ -13,10 +15,14 @@ from tether.errors import ToolError
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["ERROR_BODY_LIMIT", "excerpt", "http_error", "redact", "retry_after"]
+__all__ = ["ERROR_BODY_LIMIT", "RESPONSE_LIMIT", "cookieless", "excerpt", "http_error", "read_answer", "redact",
+           "retry_after", "same_origin"]
 
 # Enough of an error body to see what the API objected to, never a whole page.
 ERROR_BODY_LIMIT = 1000
+# The most of one answer held in the host: as much as a converted value may hold (README, limits);
+# an API (or whatever answers in its place) cannot make the host buffer more.
+RESPONSE_LIMIT = 64 << 20
 
 
 def excerpt(text: str) -> str:
@@ -78,3 +84,53 @@ def redact(text: str, secrets: list[str]) -> str:
             if secret.startswith("Bearer "):
                 text = text.replace(secret[len("Bearer ") :], "***")
     return text
+
+
+class _NoCookies(http.cookiejar.DefaultCookiePolicy):
+    def set_ok(self, cookie: http.cookiejar.Cookie, request: Any) -> bool:
+        return False
+
+
+def cookieless() -> http.cookiejar.CookieJar:
+    """A jar that keeps nothing: one source's client serves every run and principal of the
+    process, so a cookie kept from one call would be sent with another caller's."""
+    return http.cookiejar.CookieJar(policy=_NoCookies())
+
+
+def same_origin(url: str, base_url: str) -> bool:
+    """Whether ``url`` has ``base_url``'s scheme, host and port (RFC 6454), the default port spelled or not."""
+    def origin(text: str) -> tuple[str, str, int | None]:
+        parts = urlsplit(text)
+        scheme = parts.scheme.lower()
+        return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
+
+    return origin(url) == origin(base_url)
+
+
+async def read_answer(client: httpx.AsyncClient, request: httpx.Request) -> tuple[httpx.Response, bool]:
+    """The answer to ``request``, its body read up to RESPONSE_LIMIT, and whether the body was read whole.
+
+    The limit counts decoded bytes, so a compressed answer cannot inflate past it;
+    an error answer is read only as far as ``http_error`` shows it.
+    """
+    import httpx
+
+    response = await client.send(request, stream=True)
+    limit = RESPONSE_LIMIT if 200 <= response.status_code < 300 else ERROR_BODY_LIMIT * 8
+    chunks: list[bytes] = []
+    size, whole = 0, True
+    try:
+        async for chunk in response.aiter_bytes():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                whole = False
+                break
+    finally:
+        await response.aclose()
+    # The body is decoded already: the new answer must not claim an encoding or a length it no longer has.
+    headers = [(k, v) for k, v in response.headers.multi_items()
+               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+    # An answer not read whole is refused (a success) or shown cut (an error), never passed on as the API's data.
+    body = b"".join(chunks)[:limit]
+    return httpx.Response(response.status_code, headers=headers, content=body, request=request), whole

@@ -28,7 +28,6 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import httpx2
 from mcp import Client, MCPError, StdioServerParameters
-from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import (
     CONNECTION_CLOSED,
@@ -47,6 +46,7 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
+from tether._sources._mcp_stdio import stdio_transport
 from tether._sources._mcp_tools import build_tools, listing_json, server_summary
 from tether._sources.base import expand_env
 from tether._sources.kinds import SourceContext
@@ -517,7 +517,7 @@ class MCPSource:
                 env={k: expand_env(v, f"env {k!r} of MCP source {self.namespace!r}") for k, v in self._env.items()},
                 cwd=self._cwd,
             )
-            transport = stdio_client(params, errlog=self._errlog or sys.stderr)
+            transport = stdio_transport(params, errlog=self._errlog or sys.stderr)
         else:
             where = f"of MCP source {self.namespace!r}"
             headers = {k: expand_env(v, f"header {k!r} {where}") for k, v in self._headers.items()}

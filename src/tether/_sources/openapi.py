@@ -45,7 +45,15 @@ from tether._sources._openapi_compiled import (
     recorded_digest,
     remember,
 )
-from tether._sources._openapi_http import excerpt, http_error, redact
+from tether._sources._openapi_http import (
+    RESPONSE_LIMIT,
+    cookieless,
+    excerpt,
+    http_error,
+    read_answer,
+    redact,
+    same_origin,
+)
 from tether._sources._openapi_schema import Refs as _Refs
 from tether._sources._openapi_schema import Unsupported as _Unsupported
 from tether._sources._openapi_schema import json_schema as _json_schema
@@ -240,6 +248,7 @@ class OpenAPISource:
         self._key: str | None = None  # the compiled catalog's, once start() has the spec's digest
         self._client: httpx.AsyncClient | None = None  # made at the first call
         self._client_args: dict[str, Any] | None = None  # set by start(), cleared by close()
+        self._sent_headers: dict[str, str] = {}
         # The namespace's one line for sources() and the prompt: the document's info.title.
         self.summary: str | None = None
 
@@ -297,7 +306,9 @@ class OpenAPISource:
                               next_action="Give base_url as http(s)://host[:port]/path.")
         # The client is made at the first call: loading its TLS roots costs ~0.1 s a
         # source, which a run that never calls this API should not pay.
-        self._client_args = {"base_url": base_url, "headers": headers, "timeout": self._timeout}
+        # The configured headers are added per request, like auth: only a request to base_url's origin gets them.
+        self._client_args = {"base_url": base_url, "timeout": self._timeout, "cookies": cookieless()}
+        self._sent_headers = headers
 
     @property
     def started(self) -> bool:
@@ -657,7 +668,10 @@ class OpenAPISource:
         path = op.path
         # httpx's own item type: a list of plain (str, str) pairs would not match it (lists are invariant).
         query: list[tuple[str, str | int | float | bool | None]] = []
-        headers: dict[str, str] = {}
+        # An operation's own servers entry may name another origin: what the operator configured
+        # for this API (auth, headers) is not sent there (httpx would not strip it either).
+        trusted = op.server is None or same_origin(op.server, str(client.base_url))
+        headers: dict[str, str] = dict(self._sent_headers) if trusted else {}
         body: Any = None
         has_body = False
         for p in op.params:
@@ -695,7 +709,7 @@ class OpenAPISource:
         if op.body_required and not has_body and op.media_type is not None:
             body, has_body = {}, True
         secrets: list[str] = []
-        for a in self._auth:
+        for a in self._auth if trusted else ():
             value = a.value()
             secrets.append(value)
             if a.kind == "query":
@@ -716,8 +730,8 @@ class OpenAPISource:
         import httpx  # imported when a call is made: a run that never calls the API does not pay for it
 
         try:
-            response = await client.request(op.method, url, params=query, headers=headers, content=content,
-                                            data=form, files=files)
+            response, whole = await read_answer(client, client.build_request(
+                op.method, url, params=query, headers=headers, content=content, data=form, files=files))
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise ToolError(
                 f"{label}: could not reach the API ({type(exc).__name__}); the request was not sent",
@@ -733,6 +747,13 @@ class OpenAPISource:
             raise http_error(response, label, details, secrets,
                               in_progress=response.status_code == 409 and call is not None and call.send > 1
                               and bool(self._idempotency_header) and op.method.lower() not in _SAFE_METHODS)
+        if not whole:
+            raise ToolError(
+                f"{label} answered HTTP {response.status_code} with a body over {RESPONSE_LIMIT >> 20} MiB; the "
+                "request was sent and succeeded, its answer was not read",
+                details={**details, "code": "response_too_large", "sent": True, "status": response.status_code},
+                next_action="Ask the API for less (a page, a filter, fewer fields).",
+            )
         if response.status_code == 204 or not response.content:
             return None
         if _is_json(response.headers.get("content-type", "")):

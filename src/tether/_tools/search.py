@@ -331,7 +331,7 @@ class SearchIndex:
                 floor = min(floor, self._score(i, terms, merged, idf_total))
                 ordered.append((floor, i))
             results = [
-                {**self._tools[i].summary(), "score": round(score, 4)} for score, i in ordered[offset : offset + limit]
+                _result(self._tools[i], round(score, 4)) for score, i in ordered[offset : offset + limit]
             ]
         return _page(results, total, offset)
 
@@ -426,7 +426,7 @@ class SearchIndex:
                 for t in tools:
                     by_namespace.setdefault(t.namespace, []).append(t)
             tools = by_namespace.get(namespace, [])
-        results = [{**t.summary(), "score": 0.0} for t in tools[offset : offset + limit]]
+        results = [_result(t, 0.0) for t in tools[offset : offset + limit]]
         return _page(results, len(tools), offset)
 
 
@@ -488,6 +488,23 @@ def _tiers(in_identity: list[set[int]], anywhere: list[set[int]]) -> Iterator[tu
     some_identity = set().union(*in_identity)
     yield some_identity - every_identity, True
     yield set().union(*anywhere) - some_identity, True
+
+
+# A result's text is the upstream's own: bounded, so a page of 100 results fits a journaled value (1 MiB by
+# default) even when every character is one JSON escapes in six bytes. Real descriptions rarely reach it.
+_RESULT_DESCRIPTION_CHARS = 1000
+_RESULT_TITLE_CHARS = 200
+
+
+def _result(tool: Tool, score: float) -> dict[str, Any]:
+    entry = {**tool.summary(), "score": score}
+    description, title = entry["description"] or "", entry["title"]
+    if len(description) > _RESULT_DESCRIPTION_CHARS:
+        entry["description"] = (f"{description[:_RESULT_DESCRIPTION_CHARS]} … (cut: "
+                                f"describe({tool.address!r}, detail='description') shows all of it)")
+    if title and len(title) > _RESULT_TITLE_CHARS:
+        entry["title"] = title[:_RESULT_TITLE_CHARS] + " …"
+    return entry
 
 
 def _page(results: list[dict[str, Any]], total: int, offset: int) -> dict[str, Any]:
