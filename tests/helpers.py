@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from tether._tools.model import Annotations, Tool
 
@@ -232,3 +236,26 @@ class StoreBackend:
         """Rows read or written directly, as an operator, an attacker with write access, or the previous
         release would."""
         return direct_sql(self.kind, self.url, self.schema, statement, params)
+
+
+@contextlib.contextmanager
+def served_in_thread(app: Any) -> Iterator[str]:
+    """A real uvicorn serving ``app`` on a free loopback port, in a thread stopped afterwards; its base URL."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+    assert not thread.is_alive()

@@ -8,17 +8,16 @@ the host's memory.
 from __future__ import annotations
 
 import asyncio
-import socket
+import contextlib
 import threading
-import time
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from helpers import served_in_thread
 from tether._sources._openapi_http import RESPONSE_LIMIT
 from tether._sources.openapi import OpenAPISource
 from tether.errors import ToolError
@@ -45,32 +44,16 @@ class _Api:
         return JSONResponse({"ok": True})
 
 
-def _serve(api: _Api) -> tuple[uvicorn.Server, threading.Thread, socket.socket]:
-    app = Starlette(routes=[Route("/{rest:path}", api.endpoint, methods=["GET", "POST"])])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    api.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.01)
-    return server, thread, sock
-
-
 @pytest.fixture
 def origins(monkeypatch):
     """The API and another origin (same host, another port: another origin, as browsers and httpx count them)."""
     monkeypatch.setenv("TETHER_TEST_HOSTILE_KEY", KEY)
     apis = [_Api(), _Api()]
-    running = [_serve(api) for api in apis]
-    yield apis
-    for server, thread, sock in running:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with contextlib.ExitStack() as running:
+        for api in apis:
+            app = Starlette(routes=[Route("/{rest:path}", api.endpoint, methods=["GET", "POST"])])
+            api.url = running.enter_context(served_in_thread(app))
+        yield apis
 
 
 @pytest.fixture

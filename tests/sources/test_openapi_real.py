@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from helpers import served_in_thread
 from tether._sources._openapi_compiled import latest_key
 from tether._sources.openapi import OpenAPISource
 from tether._store import open_store
@@ -50,21 +47,8 @@ def echo():
         return Response(content, status_code=status, headers=headers)
 
     app = Starlette(routes=[Route("/{rest:path}", any_route, methods=["GET", "POST", "PATCH", "PUT", "DELETE"])])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", seen, answers
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with served_in_thread(app) as url:
+        yield url, seen, answers
 
 
 async def _source(name: str, base_url: str) -> tuple[OpenAPISource, dict]:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import uvicorn
 
+from helpers import served_in_thread
 from tether._sources.openapi import OpenAPISource
 from tether.errors import ConfigError, InvalidArguments, ToolError
 
@@ -32,23 +30,8 @@ def _load_app_module():
 def api():
     """The users API on a free port, in a uvicorn thread stopped after the test."""
     app = _load_app_module().build_app(API_KEY)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{port}/v1", app
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-    assert not thread.is_alive()
+    with served_in_thread(app) as url:
+        yield f"{url}/v1", app
 
 
 @pytest.fixture
