@@ -62,6 +62,13 @@ def exit_code(status: str) -> int:
     return codes.get(status, EXIT_FAILED)
 
 
+def show(text: str = "") -> None:
+    """Print text that may hold what an upstream wrote (a tool's name, description, a source's summary) with
+    its control and format characters escaped: a description cannot clear, retitle or reorder the operator's
+    terminal. Newlines and tabs stay."""
+    print(escape(text, keep_lines=True))
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 

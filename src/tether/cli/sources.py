@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tether.cli._common import EXIT_FAILED, EXIT_OK, add_common, open_rt, print_json
+from tether.cli._common import EXIT_FAILED, EXIT_OK, add_common, open_rt, print_json, show
 
 
 async def cmd_sources_list(args: argparse.Namespace) -> int:
@@ -22,19 +22,19 @@ async def cmd_sources_list(args: argparse.Namespace) -> int:
         return EXIT_OK if all_ok else EXIT_FAILED
     for s in statuses:
         state = f"{s['tools']} tools" if s["ok"] else f"FAILED: {s['error']}"
-        print(f"{s['source']:<24} {s['type']:<8} {state}")
+        show(f"{s['source']:<24} {s['type']:<8} {state}")
         if s.get("origin"):
-            print(f"    from {s['origin']}")
+            show(f"    from {s['origin']}")
         for p in s["problems"]:
-            print(f"    skipped {p.get('operation')}: {p.get('problem')}")
+            show(f"    skipped {p.get('operation')}: {p.get('problem')}")
     if not statuses:
-        print("no sources configured (add [[sources]] to tether.toml or pass --tools)")
+        show("no sources configured (add [[sources]] to tether.toml or pass --tools)")
     # The same lines a program gets from sources() and the prompt names.
     if namespaces:
-        print("namespaces:")
+        show("namespaces:")
     for ns in namespaces:
         what = ns.get("summary") or (f"unavailable: {ns['error']}" if ns.get("error") else "")
-        print(f"  {ns['namespace']} ({ns['tools']} tools): {what}")
+        show(f"  {ns['namespace']} ({ns['tools']} tools): {what}")
     return EXIT_OK if all(s["ok"] for s in statuses) else EXIT_FAILED
 
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from tether.cli._common import EXIT_FAILED, EXIT_OK, add_common, open_rt, print_json
+from tether.cli._common import EXIT_FAILED, EXIT_OK, add_common, open_rt, print_json, show
 
 
 async def cmd_tools_search(args: argparse.Namespace) -> int:
@@ -17,9 +17,9 @@ async def cmd_tools_search(args: argparse.Namespace) -> int:
         return EXIT_OK
     for item in found["results"]:
         ro = "read " if item["annotations"]["read_only"] else "write"
-        print(f"{item['address']:<36} {ro}  {(item.get('description') or '').splitlines()[0][:70] if item.get('description') else ''}")
+        show(f"{item['address']:<36} {ro}  {(item.get('description') or '').splitlines()[0][:70] if item.get('description') else ''}")
     if found.get("next_offset") is not None:
-        print(f"... more: --offset {found['next_offset']}")
+        show(f"... more: --offset {found['next_offset']}")
     return EXIT_OK
 
 
@@ -34,23 +34,23 @@ async def cmd_tools_describe(args: argparse.Namespace) -> int:
     for d in described:
         if d.get("error"):
             status = EXIT_FAILED
-            print(f"{d['address']}: unknown tool; did you mean: {', '.join(d.get('suggestions') or []) or '-'}")
+            show(f"{d['address']}: unknown tool; did you mean: {', '.join(d.get('suggestions') or []) or '-'}")
             continue
-        print(d["signature"])
+        show(d["signature"])
         if d.get("parameters"):
-            print(f"    # parameters {d['parameters']}")
+            show(f"    # parameters {d['parameters']}")
         if d.get("description"):
-            print(f'    """{d["description"]}"""')
+            show(f'    """{d["description"]}"""')
         if d.get("types"):
-            print()
-            print(d["types"])
+            show()
+            show(d["types"])
         if d.get("input_schema") is not None and args.full:
-            print()
-            print("# input_schema")
-            print(json.dumps(d["input_schema"], indent=2, ensure_ascii=False))
+            show()
+            show("# input_schema")
+            show(json.dumps(d["input_schema"], indent=2, ensure_ascii=False))
         if d.get("note"):
-            print(f"# {d['note']}")
-        print()
+            show(f"# {d['note']}")
+        show()
     return status
 
 
