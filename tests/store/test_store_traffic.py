@@ -1,7 +1,7 @@
-"""The store counts what it asks of its database, and on Postgres the count is what the wire sees (issue 24).
+"""The store counts what it asks of its database, and on Postgres the count is what the wire sees.
 
 The benchmarks report statements and round trips per run from ``store.traffic``
-(bench/README.md); these tests hold that count to the truth: on Postgres, the
+(bench/roundtrip_bench.py, store_latency_bench.py); these tests hold that count to the truth: on Postgres, the
 waits tests/latency_proxy.py saw on the wire between tether and the server.
 """
 
