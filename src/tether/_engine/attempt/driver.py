@@ -136,7 +136,7 @@ class Attempt:
         finally:
             # The boundary calls back into this attempt (pause, checkpoint) and its Stops back into the boundary:
             # with the attempt over (its boundary closed and out of attempts.live), both cycles are cut so the
-            # attempt's graph is freed at once by reference counting, not by the cyclic collector (bench/README.md).
+            # attempt's graph is freed at once by reference counting, not by the cyclic collector (core_bench.py).
             boundary, self.boundary = self.boundary, None
             if boundary is not None:
                 boundary.stops.host = None  # type: ignore[assignment]
@@ -333,7 +333,7 @@ class Attempt:
             finally:
                 await boundary.close(hold=returned)
                 # The execution holds the boundary's host function: the program has ended, so the pair is
-                # let go now, not left a cycle for the collector (bench/README.md, issue 24).
+                # let go now, not left a cycle for the collector (core_bench.py).
                 boundary.execution = None
 
     def _remember_verdict(self, passed: bool) -> None:
