@@ -14,26 +14,15 @@ import types
 from pathlib import Path
 from typing import Any
 
+from bench.common import bench_tools
+
 import tether
-from tether import tool
 from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._store import open_store
 
 PROGRAM = "import tools\nr = await tools.bench.get(id=1)\nawait tools.bench.put(id=1, value='x')\nr['value']\n"
 SRC = str(Path(tether.__file__).resolve().parent) + "/"
-
-
-@tool(namespace="bench", read_only=True)
-async def get(id: int) -> dict[str, int]:
-    """Get one record by id."""
-    return {"id": id, "value": id * 2}
-
-
-@tool(namespace="bench", destructive=True)
-async def put(id: int, value: str) -> dict[str, Any]:
-    """Store a value under an id."""
-    return {"id": id, "value": value, "stored": True}
 
 
 def _file(code: types.CodeType) -> str | None:
@@ -67,7 +56,7 @@ async def count() -> tuple[collections.Counter[str], dict[str, list[str]]]:
         functions[target].append(frame.f_code.co_qualname)
 
     with tempfile.TemporaryDirectory() as tmp:
-        async with Runtime(tools=[get.__tether_tool__.to_tool(), put.__tether_tool__.to_tool()], store=open_store(f"sqlite:///{tmp}/entries.db"),
+        async with Runtime(tools=bench_tools(), store=open_store(f"sqlite:///{tmp}/entries.db"),
                            policy=Policy(writes="allow")) as rt:
             for _ in range(3):  # warm: the pool, the catalog's memos, the checker's verdict
                 assert (await rt.execute(PROGRAM)).status == "completed"
