@@ -340,7 +340,7 @@ def tree_of(spec: str, scratch: Path) -> Path:
 
 @contextlib.contextmanager
 def postgres_cluster() -> Iterator[Any | None]:
-    """A throwaway Postgres cluster (tests/pg.py) for a probe's Postgres half, or None with why printed."""
+    """A throwaway Postgres cluster (tests/pg.py) for a bench's Postgres half, or None with why printed."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     import pg
 
