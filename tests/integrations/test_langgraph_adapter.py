@@ -1,7 +1,7 @@
 """tether's tool in a LangGraph agent (tether.integrations.langgraph; docs/integrations.md, D-69, D-70).
 
 The graph is LangGraph's own (a model node, a ``ToolNode``, a checkpointer); the model is a LangChain chat
-model emitting scripted tool calls (tests/agents/scripted_langchain.py): a program that reads a ticket,
+model emitting scripted tool calls (tests/frameworks/scripted_langchain.py): a program that reads a ticket,
 then comments on it. The comment's pause is an ``interrupt()``; the process is killed; a fresh process
 resumes the thread from a SQLite checkpointer with ``Command(resume=...)``, and the model's next turn sees
 what the program did. The comment tool appends each send to a file, so a send is counted across processes.
@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
-from tests.agents.desk import PROGRAM, TOOLS, sent
-from tests.agents.processes import finished, kill_when_paused, spawn
-from tests.agents.scripted_langchain import graph_of
+from tests.frameworks.desk import PROGRAM, TOOLS, sent
+from tests.frameworks.processes import finished, kill_when_paused, spawn
+from tests.frameworks.scripted_langchain import graph_of
 
 from tether import Runtime
 from tether._store.states import RunStatus

@@ -15,8 +15,8 @@ import pytest
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from tests.agents.desk import PROGRAM, TOOLS, sent
-from tests.agents.processes import env, finished, kill_when_paused, spawn
+from tests.frameworks.desk import PROGRAM, TOOLS, sent
+from tests.frameworks.processes import env, finished, kill_when_paused, spawn
 
 from tether import Policy, Rule, Runtime
 from tether._store.states import RunStatus

@@ -29,7 +29,7 @@ from pydantic_ai.messages import (
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from tests.agents.desk import PROGRAM, TOOLS
+from tests.frameworks.desk import PROGRAM, TOOLS
 
 from tether import Runtime
 from tether.integrations.pydantic_ai import TetherCapability, with_approver

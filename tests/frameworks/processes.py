@@ -1,4 +1,4 @@
-"""Running a framework app (tests/agents/*_app.py) as a process of its own, and killing it."""
+"""Running a framework app (tests/frameworks/*_app.py) as a process of its own, and killing it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent.parent
-AGENTS = ROOT / "tests" / "agents"
+AGENTS = ROOT / "tests" / "frameworks"
 
 
 def env(tmp_path: Path) -> dict[str, str]:

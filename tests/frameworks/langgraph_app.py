@@ -18,8 +18,8 @@ import sys
 
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.types import Command
-from tests.agents.desk import PROGRAM, TOOLS
-from tests.agents.scripted_langchain import graph_of
+from tests.frameworks.desk import PROGRAM, TOOLS
+from tests.frameworks.scripted_langchain import graph_of
 
 from tether import Runtime
 from tether.integrations.langgraph import decision
