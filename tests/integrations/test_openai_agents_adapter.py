@@ -111,6 +111,16 @@ async def test_a_write_whose_rule_needs_a_signed_in_approver_is_not_approved_thr
         assert sent(desk) == []
 
 
+async def test_an_always_approve_is_no_persons_decision_on_later_writes_and_sends_nothing(desk):
+    async with Runtime(tools=TOOLS) as rt:
+        agent, state, item = await _interrupted(rt, approver="alice")
+        state.approve(item, always_approve=True)
+        with pytest.raises(UserError) as refused:
+            await Runner.run(agent, state)
+        assert isinstance(refused.value.__cause__, ApprovalRefused) and "always_approve" in str(refused.value)
+        assert rt.store.list_runs()[0].status == RunStatus.PAUSED and sent(desk) == []
+
+
 class _AsksAgain(Model):
     """Calls execute; when told the program paused again, calls it again with the key it was given."""
 

@@ -56,7 +56,8 @@ def execute_tool(rt: Runtime, *, principal: str | None = None) -> StructuredTool
                       key: str | None = None) -> dict[str, Any]:
         thread = (config.get("configurable") or {}).get("thread_id")
         # The same on every replay of this node for this call, different for every other call (P-36).
-        run_key = key or f"langgraph:{thread}:{tool_call_id}"
+        # The model's own key (P-36) is scoped to the thread too: it names a run of this conversation only.
+        run_key = f"langgraph:{thread}:{'key:' + key if key else tool_call_id}"
         result = await rt.execute(code, key=run_key, principal=principal)
         refused: dict[str, Any] | None = None
         while result.status == "paused":

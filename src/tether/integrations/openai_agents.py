@@ -10,7 +10,8 @@ and runs it again (D-69, D-70):
 
 * an approve is taken for the person ``approver(ctx)`` names (by default ``context["approver"]`` of a
   mapping context, which the host sets from its own sign-in), never the principal that ran the program,
-  never a write whose rule needs a signed-in approver; a refused approve raises, and nothing is sent;
+  never a write whose rule needs a signed-in approver, never an ``always_approve`` (no person saw the
+  later calls' writes); a refused approve raises, and nothing is sent;
 * a reject cancels the run, nothing of it sent (the model reads the rejection message); :class:`TetherHooks`
   takes it on the agent's next model call, so the run is not left paused for someone to approve later.
 
@@ -29,7 +30,7 @@ from agents.tool import set_function_tool_failure_error_function
 from agents.tool_context import ToolContext
 
 from tether._store.states import RunStatus
-from tether.errors import InvalidArguments
+from tether.errors import ApprovalRefused, InvalidArguments
 from tether.integrations._core import TOOL_NAME, answer, decide, description, for_model, pause_of
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["TetherHooks", "execute_tool", "pause_for"]
 
 ORIGIN = "openai-agents"
+# A call id no model issues: an approval that reaches it too was given for every call, not this one.
+_NEVER_ISSUED = "tether-never-issued-call"
 _PARAMS = {
     "type": "object",
     "properties": {"code": {"type": "string", "description": "The Python program to run."},
@@ -85,6 +88,13 @@ def execute_tool(rt: Runtime, *, principal: str | None = None,
             if ctx.is_tool_approved(TOOL_NAME, ctx.tool_call_id) is not True:
                 # Asked again by the model after a pause this call did not ask about: ask the SDK's way.
                 return json.dumps(_paused_for_model(rt, result, key))
+            if ctx.is_tool_approved(TOOL_NAME, _NEVER_ISSUED) is True:
+                # state.approve(item, always_approve=True): every later call reads approved, and no person
+                # was shown their writes.
+                raise ApprovalRefused(
+                    f"execute is approved for every call (always_approve), which is no person's decision on "
+                    f"these writes; approve each interruption instead. Nothing was decided and nothing was "
+                    f"sent; run {result.run_id} stays paused")
             given = answer(pause_of(rt, result), "approve", approver=approver(ctx))
             result = await decide(rt, given, code=code, origin=ORIGIN, principal=principal)
             if result.status == RunStatus.PAUSED:
