@@ -20,27 +20,16 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command
 
-from tether import Runtime, tool
+from tether import Runtime
+from tether.demo.helpdesk import make_helpdesk  # the demo's help desk: reads, and writes that ask
 from tether.integrations.langgraph import decision, execute_tool
 from tether.store import open_store
 
 
-@tool(read_only=True, namespace="helpdesk")
-def get_ticket(ticket_id: str) -> dict:
-    """Get one ticket."""
-    return {"id": ticket_id, "status": "open", "customer": "ACME"}
-
-
-@tool(namespace="helpdesk")  # a write: it asks a person first
-def add_comment(ticket_id: str, body: str) -> dict:
-    """Add a comment to a ticket."""
-    return {"ticket_id": ticket_id, "body": body}
-
-
 PROGRAM = """
 import tools
-ticket = await tools.helpdesk.get_ticket("T1")
-await tools.helpdesk.add_comment("T1", "Hello " + ticket["customer"] + ", we are on it")
+ticket = await tools.helpdesk.get_ticket("T1004")
+await tools.helpdesk.add_comment("T1004", "On it: " + ticket["title"])
 ticket["status"]
 """
 
@@ -85,14 +74,14 @@ async def main() -> None:
     checkpointer = InMemorySaver()  # a durable one keeps the thread across processes
     with tempfile.TemporaryDirectory() as tmp:
         store = f"sqlite:///{tmp}/runs.db"
-        async with Runtime(store=open_store(store), tools=[get_ticket, add_comment]) as rt:
+        async with Runtime(store=open_store(store), tools=make_helpdesk()) as rt:
             out = await graph(rt, checkpointer).ainvoke({"messages": [("user", "Tell T1 we are on it")]}, config)
             (waiting,) = out["__interrupt__"]  # the write waits; its interrupt shows every argument
             for write in waiting.value["writes"]:
                 print("waiting for approval:", write["shown"].splitlines()[0], write["args"])
 
         # Later, in a fresh runtime on the same store and checkpointer: the person the host signed in decides.
-        async with Runtime(store=open_store(store), tools=[get_ticket, add_comment]) as rt:
+        async with Runtime(store=open_store(store), tools=make_helpdesk()) as rt:
             app = graph(rt, checkpointer)
             (waiting,) = (await app.aget_state(config)).interrupts
             out = await app.ainvoke(Command(resume=decision(waiting.value, "approve", approver="alice")), config)

@@ -14,27 +14,16 @@ from typing import Any
 from agents import Agent, Model, ModelResponse, RunState, Runner, Usage, set_tracing_disabled
 from agents.testing import assistant_message, function_call
 
-from tether import Runtime, tool
+from tether import Runtime
+from tether.demo.helpdesk import make_helpdesk  # the demo's help desk: reads, and writes that ask
 from tether.integrations.openai_agents import TetherHooks, execute_tool, pause_for
 from tether.store import open_store
 
 
-@tool(read_only=True, namespace="helpdesk")
-def get_ticket(ticket_id: str) -> dict:
-    """Get one ticket."""
-    return {"id": ticket_id, "status": "open", "customer": "ACME"}
-
-
-@tool(namespace="helpdesk")  # a write: it asks a person first
-def add_comment(ticket_id: str, body: str) -> dict:
-    """Add a comment to a ticket."""
-    return {"ticket_id": ticket_id, "body": body}
-
-
 PROGRAM = """
 import tools
-ticket = await tools.helpdesk.get_ticket("T1")
-await tools.helpdesk.add_comment("T1", "Hello " + ticket["customer"] + ", we are on it")
+ticket = await tools.helpdesk.get_ticket("T1004")
+await tools.helpdesk.add_comment("T1004", "On it: " + ticket["title"])
 ticket["status"]
 """
 
@@ -63,7 +52,7 @@ async def main() -> None:
     set_tracing_disabled(True)  # offline: no trace export
     with tempfile.TemporaryDirectory() as tmp:
         store = f"sqlite:///{tmp}/runs.db"
-        async with Runtime(store=open_store(store), tools=[get_ticket, add_comment]) as rt:
+        async with Runtime(store=open_store(store), tools=make_helpdesk()) as rt:
             result = await Runner.run(agent(rt), "Tell T1 we are on it", context={})
             for item in result.interruptions:  # the write waits; pause_for shows every argument
                 for write in pause_for(rt, item)["writes"]:
@@ -71,7 +60,7 @@ async def main() -> None:
             saved = result.to_state().to_string()
 
         # Later, in a fresh runtime on the same store: the person the host signed in approves.
-        async with Runtime(store=open_store(store), tools=[get_ticket, add_comment]) as rt:
+        async with Runtime(store=open_store(store), tools=make_helpdesk()) as rt:
             helpdesk = agent(rt)
             state = await RunState.from_string(helpdesk, saved, context_override={"approver": "alice"})
             for item in state.get_interruptions():

@@ -17,27 +17,16 @@ from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import FunctionModel
 
-from tether import Runtime, tool
+from tether import Runtime
+from tether.demo.helpdesk import make_helpdesk  # the demo's help desk: reads, and writes that ask
 from tether.integrations.pydantic_ai import TetherCapability, with_approver
 from tether.store import open_store
 
 
-@tool(read_only=True, namespace="helpdesk")
-def get_ticket(ticket_id: str) -> dict:
-    """Get one ticket."""
-    return {"id": ticket_id, "status": "open", "customer": "ACME"}
-
-
-@tool(namespace="helpdesk")  # a write: it asks a person first
-def add_comment(ticket_id: str, body: str) -> dict:
-    """Add a comment to a ticket."""
-    return {"ticket_id": ticket_id, "body": body}
-
-
 PROGRAM = """
 import tools
-ticket = await tools.helpdesk.get_ticket("T1")
-await tools.helpdesk.add_comment("T1", "Hello " + ticket["customer"] + ", we are on it")
+ticket = await tools.helpdesk.get_ticket("T1004")
+await tools.helpdesk.add_comment("T1004", "On it: " + ticket["title"])
 ticket["status"]
 """
 
@@ -58,7 +47,7 @@ REQUESTS = TypeAdapter(DeferredToolRequests)
 
 
 async def ask(store: str, saved: Path) -> None:
-    async with Runtime(store=open_store(store), tools=[get_ticket, add_comment]) as rt:
+    async with Runtime(store=open_store(store), tools=make_helpdesk()) as rt:
         result = await agent(rt).run("Tell the customer on T1 we are on it")
         requests = result.output  # DeferredToolRequests: the write waits
         for pause in requests.metadata.values():
@@ -70,7 +59,7 @@ async def ask(store: str, saved: Path) -> None:
 
 async def approve(store: str, saved: Path, person: str) -> None:
     # Another process, another day: the same store and tools, the saved history and requests.
-    async with Runtime(store=open_store(store), tools=[get_ticket, add_comment]) as rt:
+    async with Runtime(store=open_store(store), tools=make_helpdesk()) as rt:
         history = ModelMessagesTypeAdapter.validate_json((saved / "history.json").read_bytes())
         requests = REQUESTS.validate_json((saved / "requests.json").read_bytes())
         results = DeferredToolResults(approvals={call.tool_call_id: True for call in requests.approvals},

@@ -170,5 +170,5 @@ def test_each_framework_example_runs_offline_as_written(example, tmp_path):
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("waiting for approval: helpdesk.add_comment ") and "Hello ACME, we are on it" in lines[0]
+    assert lines[0].startswith("waiting for approval: helpdesk.add_comment ") and "On it: Add a second admin" in lines[0]
     assert lines[-1] == 'completed: "open"'
