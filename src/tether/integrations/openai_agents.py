@@ -155,7 +155,7 @@ class TetherHooks(AgentHooks[Any]):
                 code, key = _call(str(item.get("arguments") or "{}"), call_id)
             except (InvalidArguments, ValueError):
                 continue
-            run = self.rt.store.get_run_by_key(self.principal or self.rt.principal, key)
+            run = await self.rt.store.aio.get_run_by_key(self.principal or self.rt.principal, key)
             if run is None or run.status != RunStatus.PAUSED or run.program != code:
                 continue  # never started, decided already, or not this call's
             output = outputs.get(call_id)
