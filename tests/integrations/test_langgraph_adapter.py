@@ -110,3 +110,9 @@ async def test_the_principal_that_ran_the_program_does_not_approve_its_own_write
         out = await graph.ainvoke(Command(resume=decision(pause, "approve", approver="agent-7")), CONFIG)
         (again,) = out["__interrupt__"]
         assert again.value["refused"]["code"] == "self_approval" and sent(desk) == []
+
+
+async def test_a_program_tether_refuses_to_start_is_a_failed_result_for_the_model_not_a_crash_of_the_graph(desk):
+    async with Runtime(tools=TOOLS) as rt:
+        out = await graph_of(rt, "x = 1\n" * 20_000, InMemorySaver()).ainvoke({"messages": [("user", "go")]}, CONFIG)
+        assert '"code_too_large"' in out["messages"][-1].content

@@ -162,3 +162,10 @@ async def test_a_program_that_pauses_again_is_asked_for_again_and_its_run_is_nev
 async def test_the_tool_is_described_by_the_text_tether_prompt_prints(desk):
     async with Runtime(tools=TOOLS) as rt:
         assert execute_tool(rt).description == rt.engine.model_description()
+
+
+async def test_a_program_tether_refuses_to_start_is_a_failed_result_for_the_model_not_a_crash_of_the_run(desk):
+    async with Runtime(tools=TOOLS) as rt:
+        agent = Agent(name="desk", model=ScriptedAgentModel("x = 1\n" * 20_000), tools=[execute_tool(rt)])
+        result = await Runner.run(agent, "go", context={})
+        assert json.loads(json.loads(result.final_output)["saw"])["error"]["code"] == "code_too_large"

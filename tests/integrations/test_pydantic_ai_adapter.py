@@ -164,3 +164,10 @@ async def test_the_tool_is_described_by_the_text_tether_prompt_prints(desk):
         await Agent(FunctionModel(model), capabilities=[TetherCapability(rt)]).run("hi")
         assert seen == [rt.engine.model_description()]
         assert "desk" in seen[0] and "await tools.ns.tool" in seen[0]
+
+
+async def test_a_program_tether_refuses_to_start_is_a_failed_result_for_the_model_not_a_crash_of_the_host(desk):
+    async with Runtime(tools=TOOLS) as rt:
+        done = await agent_of(rt, "x = 1\n" * 20_000).run("go")  # past the 64 KiB code limit
+        seen = json.loads(done.output)["saw"]
+        assert seen["status"] == "failed" and seen["error"]["code"] == "code_too_large"

@@ -16,7 +16,7 @@ from tether._engine.approvals.rights import ALLOWED, APPROVE, Access, Channel, G
 from tether._engine.approvals.surface import refusal, signed_in_required
 from tether._engine.attempt.redaction import shown_args
 from tether._tools.shown import show_call
-from tether.errors import InvalidApproval
+from tether.errors import InvalidApproval, LimitExceeded, UsageError
 
 if TYPE_CHECKING:
     from tether import RunResult, Runtime
@@ -32,6 +32,18 @@ RUN_ID = "tether_run_id"
 def description(rt: Runtime) -> str:
     """What ``tether prompt`` prints: the sandbox API, the limits and the catalog, and how to retry."""
     return rt.engine.model_description()
+
+
+async def start(rt: Runtime, code: str, *, key: str | None, principal: str | None) -> RunResult:
+    """Run the model's program; what refuses to start it (too large, a key naming another program, a
+    quota) is a failed envelope the model reads, as over MCP, not an error that ends the host's agent run."""
+    from tether._engine.attempt.result import RunResult
+    from tether._store.states import RunStatus
+
+    try:
+        return await rt.execute(code, key=key, principal=principal)
+    except (UsageError, LimitExceeded) as exc:
+        return RunResult(status=RunStatus.FAILED, run_id="", error=exc.to_dict())
 
 
 def pause_of(rt: Runtime, result: RunResult) -> dict[str, Any]:

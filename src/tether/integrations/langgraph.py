@@ -26,7 +26,7 @@ from langchain_core.tools import InjectedToolCallId, StructuredTool
 from langgraph.types import interrupt
 
 from tether.errors import ApprovalElsewhere, ApprovalRefused, InvalidApproval
-from tether.integrations._core import RUN_ID, TOOL_NAME, answer, decide, description, for_model, pause_of
+from tether.integrations._core import RUN_ID, TOOL_NAME, answer, decide, description, for_model, pause_of, start
 
 if TYPE_CHECKING:
     from tether import Runtime
@@ -58,7 +58,7 @@ def execute_tool(rt: Runtime, *, principal: str | None = None) -> StructuredTool
         # The same on every replay of this node for this call, different for every other call (P-36).
         # The model's own key (P-36) is scoped to the thread too: it names a run of this conversation only.
         run_key = f"langgraph:{thread}:{'key:' + key if key else tool_call_id}"
-        result = await rt.execute(code, key=run_key, principal=principal)
+        result = await start(rt, code, key=run_key, principal=principal)
         refused: dict[str, Any] | None = None
         while result.status == "paused":
             # A refused answer asks again, saying why: raised out of the node, it would stay recorded as this

@@ -31,7 +31,7 @@ from agents.tool_context import ToolContext
 
 from tether._store.states import RunStatus
 from tether.errors import ApprovalRefused, InvalidArguments
-from tether.integrations._core import TOOL_NAME, answer, decide, description, for_model, pause_of
+from tether.integrations._core import TOOL_NAME, answer, decide, description, for_model, pause_of, start
 
 if TYPE_CHECKING:
     from tether import RunResult, Runtime
@@ -75,14 +75,23 @@ def execute_tool(rt: Runtime, *, principal: str | None = None,
     """
 
     async def run(code: str, key: str) -> RunResult:
-        return await rt.execute(code, key=key, principal=principal)
+        return await start(rt, code, key=key, principal=principal)
 
     async def needs_approval(ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
         # The program runs here: whether the call needs a person is whether it paused at a write.
-        return (await run(*_call(params, call_id))).status == RunStatus.PAUSED
+        try:
+            code, key = _call(params, call_id)
+        except InvalidArguments:
+            return False  # nothing to run: the call itself tells the model
+        return (await run(code, key)).status == RunStatus.PAUSED
 
     async def invoke(ctx: ToolContext[Any], arguments: str) -> str:
-        code, key = _call(arguments, ctx.tool_call_id)
+        try:
+            code, key = _call(arguments, ctx.tool_call_id)
+        except (InvalidArguments, ValueError) as exc:
+            error = exc.to_dict() if isinstance(exc, InvalidArguments) else {"code": "invalid_arguments",
+                                                                            "message": str(exc)}
+            return json.dumps({"status": "failed", "error": error})
         result = await run(code, key)  # the run needs_approval started (P-36), not a second one
         if result.status == RunStatus.PAUSED:
             if ctx.is_tool_approved(TOOL_NAME, ctx.tool_call_id) is not True:

@@ -28,7 +28,7 @@ from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import ApprovalRequired
 
 from tether.errors import InvalidApproval
-from tether.integrations._core import RUN_ID, TOOL_NAME, answer, decide, description, for_model, pause_of
+from tether.integrations._core import RUN_ID, TOOL_NAME, answer, decide, description, for_model, pause_of, start
 
 if TYPE_CHECKING:
     from tether import Runtime
@@ -64,7 +64,7 @@ class TetherCapability(AbstractCapability[Any]):
                 given = answer(given, "approve", approver=approver if isinstance(approver, str) else None)
             result = await decide(rt, given, code=code, origin=ORIGIN, principal=self.principal)
         else:
-            result = await rt.execute(code, key=key, principal=self.principal)
+            result = await start(rt, code, key=key, principal=self.principal)
         if result.status == "paused":
             raise ApprovalRequired(metadata=pause_of(rt, result))
         return for_model(result)
