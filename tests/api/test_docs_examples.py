@@ -18,7 +18,8 @@ from helpers import run_cli
 
 ROOT = Path(__file__).parent.parent.parent
 # The documents a user reads; docs/decisions.md and protocol.md are records for maintainers.
-USER_DOCS = ("README.md", "docs/deploy.md", "docs/mcp.md", "docs/security.md", "docs/notifications.md")
+USER_DOCS = ("README.md", "docs/deploy.md", "docs/mcp.md", "docs/security.md", "docs/notifications.md",
+             "docs/integrations.md")
 FENCED = re.compile(r"^( *)```(\w*)\n(.*?)^ *```", re.S | re.M)
 
 
@@ -158,3 +159,16 @@ def test_the_readme_program_runs_against_the_demo_tools_as_the_readme_says(tmp_p
     done = run_cli([*approve.group(1).split()[1:], "--json"], env, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["result"] == {"open": 14}
+
+
+@pytest.mark.parametrize("example", ["pydantic_ai_approval.py", "langgraph_approval.py", "openai_agents_approval.py"])
+def test_each_framework_example_runs_offline_as_written(example, tmp_path):
+    """docs/integrations.md: each framework's example, run as a user runs it, with the framework's own test
+    model: the write waits, showing its arguments; a fresh runtime approves it; the agent reads the result."""
+    env = {**os.environ, "TETHER_HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / example)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("waiting for approval: helpdesk.add_comment ") and "On it: Add a second admin" in lines[0]
+    assert lines[-1] == 'completed: "open"'
