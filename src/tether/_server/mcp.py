@@ -399,6 +399,9 @@ class TetherServer:
     def actor_of(self, ctx: Context, principal: str) -> str:
         return _actor(ctx, principal)
 
+    def where(self, run_id: str) -> str:
+        return self._where(run_id)
+
     # -- running -------------------------------------------------------------------
 
     async def run_in_slot(self, start: Callable[[Any], Any], ctx: Context, principal: str, *,

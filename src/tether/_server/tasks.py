@@ -55,7 +55,7 @@ from tether._engine.attempt.result import RunResult
 from tether._server import urlmode
 from tether._server.channels import APPROVAL_KEY, APPROVAL_SCHEMA, ApprovalForm, ApprovalHost
 from tether._store.states import RunStatus
-from tether.errors import InvalidArguments, RunNotFound, TetherError
+from tether.errors import ApprovalElsewhere, InvalidArguments, RunNotFound, TetherError
 
 if TYPE_CHECKING:
     from tether._runtime import Runtime
@@ -136,15 +136,21 @@ def answer_of(kind: str | None, action: str, content: Mapping[str, Any] | None) 
     """(decision, reason) an answer asks for; (None, None) when it decides nothing.
 
     Accepting a link means the user went to the page, where the decision is taken; declining to open it
-    declines the write (as without a task); dismissing anything decides nothing. Only a form's accept
-    carries a decision, and it is checked against the form channel's rule before it is taken.
+    declines the write (as without a task); dismissing anything decides nothing. Any other accept is read
+    as the approval form; an approve it carries is taken only if ``may_approve_by_form`` says so.
     """
     if action == "decline":
         return "decline", urlmode.DECLINED_TO_OPEN if kind == "url" else DECLINED_ON_FORM
-    if action != "accept" or kind != "form":
+    if action != "accept" or kind == "url":
         return None, None
     form = ApprovalForm.model_validate(dict(content or {}))
     return form.decision, form.reason
+
+
+def may_approve_by_form(kind: str | None) -> bool:
+    """Whether an approve answered through ``tasks/update`` can be taken at all: only where the write was
+    put to the client's user as the form. The form channel's own rule (``may_decide``) is checked next."""
+    return kind == "form"
 
 
 def input_key(seq: int) -> str:
@@ -175,6 +181,10 @@ class TaskHost(ApprovalHost, Protocol):
                          ctx: Any) -> TetherError | None: ...
 
     def actor_of(self, ctx: Any, principal: str) -> str: ...
+
+    def where(self, run_id: str) -> str:
+        """Where a person approves the run's writes (the console page, a link, the CLI)."""
+        ...
 
     async def start_run(self, ctx: Any, arguments: Mapping[str, Any], principal: str,
                         started: Callable[[str], None]) -> Any:
@@ -382,8 +392,13 @@ class TasksExtension(Extension):
             raise _wire_error(InvalidArguments(
                 "the answer is not an elicitation result with a decision 'approve' or 'decline'; nothing was "
                 "decided", next_action="Answer the task's question with the form it asked for.")) from None
-        refused = None
-        if decision == "approve":
+        refused: TetherError | None = None
+        if decision == "approve" and not may_approve_by_form(kind):
+            refused = ApprovalElsewhere(
+                f"write {seq} of run {run.run_id} was not put to this client's user as a form, so an approve "
+                "through tasks/update decides nothing; nothing was sent",
+                next_action=f"A person approves it: {self.host.where(run.run_id)}.")
+        elif decision == "approve":
             refused = self.host.approval_refused(run.run_id, principal, Channel.FORM, [seq], context)
         if decision is None or refused is not None:
             # Decided nothing: the timeline says so, and the task stops putting this question.
