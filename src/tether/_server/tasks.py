@@ -69,6 +69,9 @@ POLL_INTERVAL_MS = 1000
 # The run's timeline event recording an answer that decided nothing (an opened link, a refused approve,
 # a dismissed form): the task stops asking that write's question.
 ANSWERED = "task_answered"
+# How the run's timeline is read for that event: pages of PAGE, at most MAX_PAGES (a million events is
+# more than a run's limits let it write).
+PAGE, MAX_PAGES = 1000, 1000
 # The task id: <run id>.<MAC>; 32 hex digits (128 bits) of HMAC-SHA-256 under the store's key for tasks.
 MAC_CHARS = 32
 TASK_ID_PURPOSE = "mcp/task-id"
@@ -429,9 +432,19 @@ def declared(ctx: ServerRequestContext[Any, Any]) -> bool:
 
 
 async def _answered(rt: Runtime, run_id: str, seq: int) -> bool:
-    """Whether an answer through the task already decided nothing about write ``seq`` (recorded, any process)."""
-    return any(e.type == ANSWERED and (e.data or {}).get("seq") == seq
-               for e in await rt.store.aio.get_events(run_id, limit=10_000))
+    """Whether an answer through the task already decided nothing about write ``seq`` (recorded, any process).
+
+    The run's events are read a page at a time (a program's outputs are events too), at most MAX_PAGES.
+    """
+    after = 0
+    for _ in range(MAX_PAGES):
+        page = await rt.store.aio.get_events(run_id, after=after, limit=PAGE)
+        if any(e.type == ANSWERED and (e.data or {}).get("seq") == seq for e in page):
+            return True
+        if len(page) < PAGE or page[-1].event_id <= after:
+            return False
+        after = page[-1].event_id
+    return False
 
 
 def _wire_error(exc: TetherError, *, message: str | None = None) -> MCPError:
