@@ -350,12 +350,14 @@ async def test_p47_a_client_without_the_extension_sees_no_task(tether_url):
     assert result.structured_content["result"] == "t7" and server.tags() == ["t7"]
 
 
-def test_p47_a_task_on_a_replica_that_dies_is_finished_on_another(tmp_path):
-    """Two replicas on one SQLite store. A run becomes a task on the first, which is SIGKILLed mid-program;
-    the second takes the run over, and the client, now talking to it with the same task id, answers the
-    write's question and gets the result. The write is sent once."""
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_p47_a_task_on_a_replica_that_dies_is_finished_on_another(tmp_path, backend, request):
+    """Two replicas on one store (SQLite, Postgres). A run becomes a task on the first, which is SIGKILLed
+    mid-program; the second takes the run over, and the client, now talking to it with the same task id,
+    answers the write's question and gets the result. The write is sent once."""
     root = tmp_path / "rs"
-    rs = ReplicaSet(root, f"sqlite:///{tmp_path / 'store.db'}", 2,
+    store_url = f"sqlite:///{tmp_path / 'store.db'}" if backend == "sqlite" else request.getfixturevalue("pg_url")
+    rs = ReplicaSet(root, store_url, 2,
                     server_extra='approvals = "form"\ntask_after_seconds = 1', lease_seconds=3)
     code = ("import tools\nawait tools.ledger.wait(seconds=3)\n"
             "await tools.ledger.guarded_write(tag='r1')\n'done'")
@@ -378,7 +380,7 @@ def test_p47_a_task_on_a_replica_that_dies_is_finished_on_another(tmp_path):
         create, result = asyncio.run(scenario())
         assert result.structured_content["status"] == "completed" and result.structured_content["result"] == "done"
         assert rs.tags() == ["r1"]
-        store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+        store = open_store(store_url)
         try:
             run = store.get_run(create.task_id.rpartition(".")[0])
             assert run.status == "completed"

@@ -8,7 +8,12 @@ from __future__ import annotations
 import pytest
 from fastmcp import Client as FastMCPClient
 from fastmcp_tasks import call_tool_task
-from fastmcp_tasks.client_models import GetTaskRequest, GetTaskRequestParams
+from fastmcp_tasks.client_models import (
+    GetTaskRequest,
+    GetTaskRequestParams,
+    UpdateTaskRequest,
+    UpdateTaskRequestParams,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 from mcp import Client
@@ -79,8 +84,13 @@ def test_d72_what_an_answer_decides():
 
 
 @pytest.fixture
-async def rt():
-    async with Runtime(tools=Recorder().tools(), type_check=False,
+def rec():
+    return Recorder()
+
+
+@pytest.fixture
+async def rt(rec):
+    async with Runtime(tools=rec.tools(), type_check=False,
                        limits=Limits(run_seconds=10, call_timeout_seconds=5)) as runtime:
         yield runtime
 
@@ -110,3 +120,47 @@ async def test_p47_an_answer_that_decided_nothing_is_found_past_many_pages_of_ev
     assert not await tasks._answered(rt, run_id, 1)
     rt.store.add_event(run_id, tasks.ANSWERED, {"seq": 1}, 0.0)
     assert await tasks._answered(rt, run_id, 1) and not await tasks._answered(rt, run_id, 2)
+
+
+def forged_approve(task_id: str, key: str) -> UpdateTaskRequest:
+    return UpdateTaskRequest(params=UpdateTaskRequestParams(
+        task_id=task_id, input_responses={key: {"action": "accept", "content": {"decision": "approve"}}}))
+
+
+async def test_d72_a_client_cannot_choose_the_form_channel_by_the_shape_of_its_answer(rt, rec):
+    """A client that declared no elicitation is asked nothing (working); a form-shaped approve it sends through
+    tasks/update anyway is refused (approval_elsewhere) and recorded, and nothing is sent."""
+    server = TetherServer(rt, approvals="form")
+    async with FastMCPClient(server.mcp) as client:
+        task = await call_tool_task(client, "execute", {"code": CLOSE})
+        assert (await task.status()).status == "working"
+        await client.session.send_request(forged_approve(task.task_id, tasks.input_key(1)), Result)
+        after = await task.status()
+    run_id = task.task_id.rpartition(".")[0]
+    answered = [e.data for e in rt.store.get_events(run_id) if e.type == tasks.ANSWERED]
+    assert rec.deliveries == [] and rt.store.get_run(run_id).status == "paused"
+    assert answered == [{"seq": 1, "action": "accept", "channel": "none", "refused": "approval_elsewhere"}]
+    assert after.status == "working" and "resume" in (after.status_message or "")
+
+
+async def test_d72_an_approve_answering_a_link_decides_nothing(rt, rec):
+    """The server put the write as its approval link: an accept is the user going to the page; the approve it
+    carries is not read; the task stops asking and waits for the page."""
+    server = TetherServer(rt, approvals="url", public_url="https://tether.example.com")
+
+    async def opens(message, response_type, params, context):
+        raise AssertionError("the test answers itself")
+
+    async with FastMCPClient(server.mcp, elicitation_handler=opens) as client:
+        task = await call_tool_task(client, "execute", {"code": CLOSE})
+        parked = await task.status()
+        assert parked.status == "input_required"
+        [(key, request)] = parked.input_requests.items()
+        assert request["params"]["mode"] == "url"
+        assert request["params"]["url"].startswith("https://tether.example.com/approve/")
+        await client.session.send_request(forged_approve(task.task_id, key), Result)
+        after = await task.status()
+    run_id = task.task_id.rpartition(".")[0]
+    answered = [e.data for e in rt.store.get_events(run_id) if e.type == tasks.ANSWERED]
+    assert rec.deliveries == [] and rt.store.get_run(run_id).status == "paused"
+    assert answered == [{"seq": 1, "action": "accept", "channel": "url"}] and after.status == "working"
