@@ -34,7 +34,10 @@ CLOSE = "import tools\nr = await tools.helpdesk.close_ticket(id=3)\nr"
 
 def test_p47_a_task_id_names_its_run_for_its_principal_only():
     task_id = tasks.task_id_for("run_0123456789abcdef", "token:alice", KEYS.sign)
-    assert tasks.run_of_task(task_id, "token:alice", KEYS.verifies) == "run_0123456789abcdef"
+    assert tasks.run_of_task(task_id, "token:alice", KEYS.verifies) == ("run_0123456789abcdef", None)
+    cell = tasks.task_id_for("run_0123456789abcdef", "token:alice", KEYS.sign, cursor=7)
+    assert tasks.run_of_task(cell, "token:alice", KEYS.verifies) == ("run_0123456789abcdef", 7)
+    assert tasks.run_of_task(cell.replace(".c7.", ".c8."), "token:alice", KEYS.verifies) is None
     assert tasks.run_of_task(task_id, "token:bob", KEYS.verifies) is None
     # Made under the store's secret: another store's (or a rotated-away) key opens nothing.
     assert tasks.run_of_task(task_id, "token:alice", Keyring(b"o" * 32, ()).verifies) is None
@@ -58,6 +61,9 @@ def test_p47_which_runs_become_tasks_and_their_status():
     assert tasks.task_status("waiting", asks=True) == "working"
     assert tasks.task_status("failed", asks=False) == "completed"  # a tool error result, as without a task
     assert tasks.task_status("cancelled", asks=False) == "cancelled"
+    # A cell's task is its pause: past it, complete (the cell goes on; the client follows it with cell_wait).
+    assert tasks.task_status("running", asks=False, cell=True) == "completed"
+    assert tasks.task_status("paused", asks=True, cell=True) == "input_required"
 
 
 def test_d72_a_question_is_the_channels_and_a_signed_in_write_is_never_a_form():
@@ -164,3 +170,26 @@ async def test_d72_an_approve_answering_a_link_decides_nothing(rt, rec):
     answered = [e.data for e in rt.store.get_events(run_id) if e.type == tasks.ANSWERED]
     assert rec.deliveries == [] and rt.store.get_run(run_id).status == "paused"
     assert answered == [{"seq": 1, "action": "accept", "channel": "url"}] and after.status == "working"
+
+
+async def test_p47_a_cell_that_pauses_is_a_task_and_the_client_follows_it_with_cell_wait(rt, rec):
+    """cell_start answers as before unless its cell pauses; the pause is a task whose question the client's
+    user answers, and the task's result is the cell's observation since the pause."""
+    server = TetherServer(rt, approvals="form")
+
+    async def yes(message, response_type, params, context):
+        return {"decision": "approve"}
+
+    code = "import tools\nr = await tools.helpdesk.close_ticket(id=3)\nemit('closed')\nr['status']"
+    async with FastMCPClient(server.mcp, elicitation_handler=yes) as client:
+        plain = await client.call_tool("cell_start", {"code": "emit('hi')\n1", "yield_after_ms": 5000})
+        assert plain.structured_content["status"] == "completed"
+        task = await call_tool_task(client, "cell_start", {"code": code, "yield_after_ms": 5000})
+        assert ".c" in task.task_id and (await task.status()).status == "input_required"
+        after_pause = (await task.result()).structured_content
+        cell_id = after_pause["cell_id"]
+        obs = after_pause
+        while obs["status"] not in ("completed", "failed"):
+            obs = (await client.call_tool("cell_wait", {"cell_id": cell_id, "after": obs["cursor"]})).structured_content
+    assert cell_id == task.task_id.split(".")[0] and obs["status"] == "completed" and obs["result"] == "closed"
+    assert rec.deliveries == [("close_ticket", {"id": 3})]

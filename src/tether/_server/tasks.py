@@ -7,6 +7,9 @@
     client ──tasks/update {taskId, inputResponses}──> the answer, held to its channel's rule
     client ──tasks/cancel {taskId}──> the run is cancelled
 
+``cell_start`` answers with its observation as before, unless the cell paused: its pause is the task, done
+once the run is past it, with the cell's observation since as its result.
+
 A task is a view of one run, nothing more: its state is the run's, read from the
 store, so any process sharing the store answers for it after a restart (D-71). The
 task id is the run id and an HMAC over the run id and the principal that started it,
@@ -63,7 +66,7 @@ if TYPE_CHECKING:
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 # Which of tether's tools a client's call may turn into a task.
-TASKABLE = frozenset({"execute"})
+TASKABLE = frozenset({"execute", "cell_start"})
 # How often a client is asked to poll: a paused run waits on a person, so once a second is plenty.
 POLL_INTERVAL_MS = 1000
 # The run's timeline event recording an answer that decided nothing (an opened link, a refused approve,
@@ -81,19 +84,31 @@ DECLINED_ON_FORM = "the user declined it"
 # -- the decisions (pure) --------------------------------------------------------------------------
 
 
-def task_id_for(run_id: str, principal: str, sign: Callable[[bytes], str]) -> str:
-    """The task id of ``run_id`` for ``principal``: the run id and a MAC binding the two (P-47)."""
-    return f"{run_id}.{sign(_bound(run_id, principal))[:MAC_CHARS]}"
+def task_id_for(run_id: str, principal: str, sign: Callable[[bytes], str], cursor: int | None = None) -> str:
+    """The task id of ``run_id`` for ``principal``: the run id and a MAC binding the two (P-47).
+
+    A cell's task (``cell_start``) also names the cursor of the observation it replaced: its result is the
+    cell's observation after it.
+    """
+    name = run_id if cursor is None else f"{run_id}.c{cursor}"
+    return f"{name}.{sign(_bound(name, principal))[:MAC_CHARS]}"
 
 
-def run_of_task(task_id: Any, principal: str, verifies: Callable[[bytes, str, int], bool]) -> str | None:
-    """The run a task id names for ``principal``; None for an altered id or another principal's."""
+def run_of_task(task_id: Any, principal: str,
+                verifies: Callable[[bytes, str, int], bool]) -> tuple[str, int | None] | None:
+    """(run id, a cell task's cursor or None) a task id names for ``principal``; None for an altered id or
+    another principal's."""
     if not isinstance(task_id, str) or "." not in task_id or len(task_id) > 200:
         return None
-    run_id, _, mac = task_id.rpartition(".")
-    if not run_id or len(mac) != MAC_CHARS or not verifies(_bound(run_id, principal), mac, MAC_CHARS):
+    name, _, mac = task_id.rpartition(".")
+    if not name or len(mac) != MAC_CHARS or not verifies(_bound(name, principal), mac, MAC_CHARS):
         return None
-    return run_id
+    run_id, _, cell = name.partition(".")
+    if not cell:
+        return run_id, None
+    if cell[:1] == "c" and cell[1:].isdigit() and len(cell) < 16:
+        return run_id, int(cell[1:])
+    return None
 
 
 def _bound(run_id: str, principal: str) -> bytes:
@@ -109,10 +124,16 @@ def becomes_task(status: str | None) -> bool:
     return status is None or not RunStatus(status).terminal
 
 
-def task_status(run_status: str, *, asks: bool) -> str:
-    """The task's status for its run's: ``asks`` — a question for the client's user is open."""
+def task_status(run_status: str, *, asks: bool, cell: bool = False) -> str:
+    """The task's status for its run's: ``asks`` — a question for the client's user is open.
+
+    A cell's task stands for its pause only: once the run is past it, the task is complete and its result
+    is the cell's observation since (the client goes on with cell_wait).
+    """
     if run_status == RunStatus.CANCELLED:
         return "cancelled"
+    if cell and run_status != RunStatus.PAUSED:
+        return "completed"
     if RunStatus(run_status).terminal:
         # A failed program is a completed tool call with an error result, as without a task: the envelope
         # carries its code and next action.
@@ -187,6 +208,10 @@ class TaskHost(ApprovalHost, Protocol):
 
     def where(self, run_id: str) -> str:
         """Where a person approves the run's writes (the console page, a link, the CLI)."""
+        ...
+
+    def observation(self, obs: dict[str, Any]) -> Any:
+        """A cell's observation as the tool result cell_start and cell_wait return."""
         ...
 
     async def start_run(self, ctx: Any, arguments: Mapping[str, Any], principal: str,
@@ -265,6 +290,8 @@ class TasksExtension(Extension):
             return await call_next(ctx)
         context = self.context(ctx, params)
         principal = self.host.principal_of(context)
+        if params.name == "cell_start":
+            return await self._cell(ctx, context, principal, call_next)
         loop = asyncio.get_running_loop()
         begun: asyncio.Future[str] = loop.create_future()
 
@@ -295,14 +322,25 @@ class TasksExtension(Extension):
         shape = await self._shape(record, principal, context)
         return {"resultType": "task", **{k: v for k, v in shape.items() if k not in ("inputRequests", "result")}}
 
+    async def _cell(self, ctx: ServerRequestContext[Any, Any], context: Any, principal: str,
+                    call_next: CallNext) -> HandlerResult:
+        """cell_start as before, unless its observation is a pause: then the pause is a task (P-47)."""
+        out = await call_next(ctx)
+        obs = getattr(out, "structured_content", None) or {}
+        if obs.get("status") != RunStatus.PAUSED or not isinstance(obs.get("cell_id"), str):
+            return out
+        record = self.host.rt.engine.get_run(obs["cell_id"], principal)
+        shape = await self._shape(record, principal, context, int(obs.get("cursor") or 0))
+        return {"resultType": "task", **{k: v for k, v in shape.items() if k not in ("inputRequests", "result")}}
+
     # -- tasks/* ----------------------------------------------------------------------------------------
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
-        context, principal, run = self._open(ctx, params.task_id)
-        return await self._shape(run, principal, context)
+        context, principal, run, cursor = self._open(ctx, params.task_id)
+        return await self._shape(run, principal, context, cursor)
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: UpdateParams) -> dict[str, Any]:
-        context, principal, run = self._open(ctx, params.task_id)
+        context, principal, run, _ = self._open(ctx, params.task_id)
         write = urlmode.waiting_write(self.host, run.run_id) if run.status == RunStatus.PAUSED else None
         for key, reply in params.input_responses.items():
             seq = seq_of_key(key) if isinstance(key, str) else None
@@ -313,7 +351,7 @@ class TasksExtension(Extension):
         return {}
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
-        context, principal, run = self._open(ctx, params.task_id)
+        context, principal, run, _ = self._open(ctx, params.task_id)
         if not RunStatus(run.status).terminal:
             try:
                 await self.host.rt.cancel(run.run_id, "the MCP client cancelled the task; nothing further was sent",
@@ -324,27 +362,27 @@ class TasksExtension(Extension):
 
     # -- helpers ----------------------------------------------------------------------------------------
 
-    def _open(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> tuple[Any, str, RunRecord]:
+    def _open(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> tuple[Any, str, RunRecord, int | None]:
         if not declared(ctx):
             raise MCPError(code=MISSING_REQUIRED_CLIENT_CAPABILITY,
                            message=f"tasks/* needs the {TASKS_EXTENSION} extension declared on the request",
                            data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
         context = self.context(ctx, None)
         principal = self.host.principal_of(context)
-        run_id = run_of_task(task_id, principal, self.keys.verifies)
+        named = run_of_task(task_id, principal, self.keys.verifies)
         try:
-            if run_id is None:
+            if named is None:
                 raise RunNotFound("no task with this id is yours; nothing was read or changed",
                                   next_action="Use the taskId the tools/call result gave this token.")
-            return context, principal, self.host.rt.engine.get_run(run_id, principal)
+            return context, principal, self.host.rt.engine.get_run(named[0], principal), named[1]
         except RunNotFound as exc:
             raise _wire_error(exc, message="Task not found") from None
 
-    async def _shape(self, run: RunRecord, principal: str, context: Any) -> dict[str, Any]:
+    async def _shape(self, run: RunRecord, principal: str, context: Any, cursor: int | None = None) -> dict[str, Any]:
         """The task as ``tasks/get`` returns it: the run's state, and its question or result."""
-        status, question, message = await self._state(run, context)
+        status, question, message = await self._state(run, context, cell=cursor is not None)
         shape: dict[str, Any] = {
-            "taskId": task_id_for(run.run_id, principal, self.keys.sign), "status": status,
+            "taskId": task_id_for(run.run_id, principal, self.keys.sign, cursor), "status": status,
             "createdAt": _iso(run.created_at), "lastUpdatedAt": _iso(run.updated_at),
             "ttlMs": int(self.host.rt.engine.settings.approval_ttl_seconds * 1000),
             "pollIntervalMs": POLL_INTERVAL_MS,
@@ -353,13 +391,16 @@ class TasksExtension(Extension):
             shape["statusMessage"] = message
         if question is not None:
             shape["inputRequests"] = {question.key: question.request}
-        if status in ("completed", "cancelled"):
+        if status in ("completed", "cancelled") and cursor is not None:
+            obs = await self.host.rt.wait_cell(run.run_id, after=cursor, timeout_ms=0, principal=principal)
+            shape["result"] = _dump(self.host.observation(obs))
+        elif status in ("completed", "cancelled"):
             shape["result"] = _dump(self.host.paused_result(self.host.rt.engine.recorded(run), diagnostics=False))
         return shape
 
-    async def _state(self, run: RunRecord, context: Any) -> tuple[str, Question | None, str | None]:
+    async def _state(self, run: RunRecord, context: Any, *, cell: bool) -> tuple[str, Question | None, str | None]:
         if run.status != RunStatus.PAUSED:
-            return task_status(run.status, asks=False), None, None
+            return task_status(run.status, asks=False, cell=cell), None, None
         write = urlmode.waiting_write(self.host, run.run_id)
         if write is None:  # every write decided: the run is about to continue
             return "working", None, None
