@@ -10,7 +10,6 @@ decides on the approval link page or the console, signed in with a token of thei
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
@@ -28,7 +27,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitRequestFormParams, ElicitRequestURLParams, ElicitResult, Result
 from tests.server.test_server_http import LEDGER_TOOLS, free_port, stop_server
 
-from replicas import ReplicaSet
+from replicas import ReplicaSet, wait_ready
 from tether._store import open_store
 
 pytestmark = pytest.mark.slow
@@ -105,16 +104,7 @@ class Tether:
                 [sys.executable, "-m", "tether.cli", "--config", str(self.root / "tether.toml"), "serve",
                  "--http", f"127.0.0.1:{self.port}", "--tools", str(self.root / "ledger_tools.py")],
                 env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited {self.proc.returncode}: {log.read_text()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.base}/readyz", timeout=1).status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"server not ready: {log.read_text()}")
-            time.sleep(0.1)
+        wait_ready(self.proc, self.base, log)
 
     def restart(self) -> None:
         assert self.proc is not None

@@ -21,10 +21,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import MISSING_REQUIRED_CLIENT_CAPABILITY, Result
 from pydantic import ValidationError
 
-from helpers import Recorder
 from tether._engine.approvals.capabilities import Keyring
-from tether._engine.rules.limits import Limits
-from tether._runtime import Runtime
 from tether._server import tasks
 from tether._server.mcp import TetherServer
 
@@ -87,18 +84,6 @@ def test_d72_what_an_answer_decides():
     assert tasks.seq_of_key(tasks.input_key(4)) == 4
     assert [tasks.seq_of_key(k) for k in ("approval", "approval:", "approval:x", "other:1", "approval:" + "9" * 12)] \
         == [None] * 5
-
-
-@pytest.fixture
-def rec():
-    return Recorder()
-
-
-@pytest.fixture
-async def rt(rec):
-    async with Runtime(tools=rec.tools(), type_check=False,
-                       limits=Limits(run_seconds=10, call_timeout_seconds=5)) as runtime:
-        yield runtime
 
 
 async def test_p47_tasks_methods_need_the_extension_declared(rt):
