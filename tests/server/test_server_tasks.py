@@ -301,22 +301,24 @@ async def test_p47_another_principals_task_id_is_not_found(tether_url):
     server = tether_url("form")
     async with Client(server.url, auth=AGENT, elicitation_handler=never_answered, timeout=120) as mine:
         task = await call_tool_task(mine, "execute", {"code": asked_write("t6")})
-        async with Client(server.url, auth=OTHER, elicitation_handler=never_answered, timeout=120) as theirs:
-            foreign = ToolTask(theirs, "execute", task.create_result)
-            for attempt in (foreign.status(), foreign.cancel()):
+        # Another agent's token, and the approver's own (which may decide this run's writes on the console,
+        # never through the agent's task).
+        for token in (OTHER, PAT):
+            async with Client(server.url, auth=token, elicitation_handler=never_answered, timeout=120) as theirs:
+                foreign = ToolTask(theirs, "execute", task.create_result)
+                for attempt in (foreign.status(), foreign.cancel()):
+                    with pytest.raises(MCPError, match="Task not found"):
+                        await attempt
+                forged = UpdateTaskRequest(params=UpdateTaskRequestParams(
+                    task_id=task.task_id, input_responses={"approval:1": {"action": "accept",
+                                                                          "content": {"decision": "approve"}}}))
                 with pytest.raises(MCPError, match="Task not found"):
-                    await attempt
-            forged = UpdateTaskRequest(params=UpdateTaskRequestParams(
-                task_id=task.task_id, input_responses={"approval:1": {"action": "accept",
-                                                                      "content": {"decision": "approve"}}}))
-            with pytest.raises(MCPError, match="Task not found"):
-                await theirs.session.send_request(forged, Result)
-            # An altered id is no task either, even for the principal it was made for.
-            run_id, _, mac = task.task_id.rpartition(".")
-            altered = ToolTask(mine, "execute", task.create_result.model_copy(
-                update={"task_id": f"{run_id}.{mac[::-1]}"}))
-            with pytest.raises(MCPError, match="Task not found"):
-                await altered.status()
+                    await theirs.session.send_request(forged, Result)
+        # An altered id is no task either, even for the principal it was made for.
+        run_id, _, mac = task.task_id.rpartition(".")
+        altered = ToolTask(mine, "execute", task.create_result.model_copy(update={"task_id": f"{run_id}.{mac[::-1]}"}))
+        with pytest.raises(MCPError, match="Task not found"):
+            await altered.status()
         assert (await task.status()).status == "input_required"
     run, _ = server.run(run_of(task))
     assert run.status == "paused" and server.tags() == []

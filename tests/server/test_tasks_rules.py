@@ -178,3 +178,17 @@ async def test_p47_a_cell_that_pauses_is_a_task_and_the_client_follows_it_with_c
             obs = (await client.call_tool("cell_wait", {"cell_id": cell_id, "after": obs["cursor"]})).structured_content
     assert cell_id == task.task_id.split(".")[0] and obs["status"] == "completed" and obs["result"] == "closed"
     assert rec.deliveries == [("close_ticket", {"id": 3})]
+
+
+async def test_p47_a_parked_run_is_a_working_task_until_its_signal_ends_it(rt):
+    """A run parked on a durable wait (P-18) is a task: working while it waits, completed with the run's
+    result once a signal wakes it — here in this process, as any process on the store would."""
+    server = TetherServer(rt, approvals="form")
+    async with FastMCPClient(server.mcp) as client:
+        task = await call_tool_task(client, "execute", {"code": "v = await wait_for_signal('go')\nv * 2"})
+        waiting = await task.status()
+        run_id = task.task_id.rpartition(".")[0]
+        assert waiting.status == "working" and rt.store.get_run(run_id).status == "waiting"
+        await rt.signal(run_id, "go", 21)
+        final = await task.wait(timeout=30)
+    assert final.status == "completed" and final.result["structuredContent"]["result"] == 42
