@@ -203,6 +203,7 @@ class TetherServer:
         self.principal_of = principal_of or (lambda ctx: LOCAL)
         self.run_meta = dict(run_meta or {})
         self._background: set[asyncio.Future[Any]] = set()
+        self._tasked: set[asyncio.Future[Any]] = set()
         # One key for the SDK's sealing of request state and one for tether's
         # own signature inside it, both derived from the store's secret: every
         # process sharing the store can open and verify what another minted.
@@ -386,8 +387,10 @@ class TetherServer:
         return None
 
     def keep(self, task: asyncio.Future[Any]) -> None:
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        # Not awaited by close(): a run handed over as a task is stopped with the runtime, and its lease
+        # lapses for another process to take it over (P-16), as for any run this process was running.
+        self._tasked.add(task)
+        task.add_done_callback(self._tasked.discard)
 
     def channel_of(self, ctx: Context) -> str | None:
         return self._how(ctx)[1]
