@@ -255,6 +255,9 @@ class ServerConfig(_Section):
     # approval link (URL-mode elicitation), "form" a form, "auto" the link
     # when the client declares URL elicitation and public_url is set.
     approvals: Annotated[Literal["url", "form", "auto"], Expected("must be one of 'url', 'form', 'auto'")] = "auto"
+    # MCP Tasks (P-47): a client declaring the extension gets a task instead of a result once execute's run
+    # pauses, parks, or is still running after this long (a client's tool-call timeout is a minute or two).
+    task_after_seconds: Seconds = 5
     # Several replicas behind a balancer without sticky routing: no MCP session
     # is kept in a process's memory, so any replica answers any request
     # (2025-11-25 clients then get no mid-call requests; see docs/deploy.md).
