@@ -1,0 +1,182 @@
+"""P-46: undoing what a run did — a person's decline-and-undo at a pause, or an undo of an ended run.
+
+Each compensation is a journaled write of its own (write-ahead, its idempotency key derived from the
+original call's), sent once, newest first; a write without an undo, or whose outcome is unknown, is listed
+as not undone with why. The same tests run on SQLite and on Postgres.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tether import Limits, Policy, Runtime, tool
+from tether._engine.rollback.plan import UNDO_OP, undo_key
+from tether._sources.python import tools_from_module
+from tether._store import open_store
+from tether._store.states import CallState, RunStatus
+from tether.errors import NotPaused
+
+PROGRAM = """
+import tools
+a = await tools.shop.charge(order="a", amount=10)
+b = await tools.shop.charge(order="b", amount=20)
+n = await tools.shop.note(text="charged a and b")
+c = await tools.shop.charge(order="c", amount=30)
+t = await tools.shop.transfer(amount=60)
+t
+"""
+
+# The fourth write asks; everything else is allowed, undos included (a rule could make them ask).
+POLICY = Policy(writes="allow", rules=[{"match": "shop.transfer", "action": "ask"}])
+
+
+class Shop:
+    """A shop's tools whose every effect is kept in order, with the idempotency key it came with."""
+
+    def __init__(self) -> None:
+        self.effects: list[tuple[str, str, str | None]] = []
+        self.refunded: dict[str, str] = {}  # idempotency key -> charge id: repeats take effect once
+
+    def module(self):
+        shop = self
+        import types
+
+        from tether import current_call
+
+        mod = types.ModuleType("shop_tools")
+
+        @tool(namespace="shop", undo="shop.refund", undo_args=lambda args, result: {"charge_id": result["id"]})
+        async def charge(order: str, amount: int) -> dict:
+            """Charge an order."""
+            if order == "slow":
+                await asyncio.sleep(2)  # past the call timeout: its outcome is unknown (P-8)
+            shop.effects.append(("charge", order, current_call().key))
+            return {"id": f"ch_{order}", "amount": amount}
+
+        @tool(namespace="shop", idempotent_with_key=True)
+        def refund(charge_id: str) -> dict:
+            """Refund a charge (dedupes by idempotency key)."""
+            key = current_call().key
+            if key not in shop.refunded:
+                shop.refunded[key] = charge_id
+                shop.effects.append(("refund", charge_id, key))
+            return {"refunded": charge_id}
+
+        @tool(namespace="shop")
+        def note(text: str) -> str:
+            """Write a note to the customer (cannot be taken back)."""
+            shop.effects.append(("note", text, current_call().key))
+            return "ok"
+
+        @tool(namespace="shop")
+        def transfer(amount: int) -> str:
+            """Transfer money out."""
+            shop.effects.append(("transfer", str(amount), current_call().key))
+            return "sent"
+
+        for f in (charge, refund, note, transfer):
+            setattr(mod, f.__name__, f)
+        return tools_from_module(mod)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/tether.db"
+    return request.getfixturevalue("pg_url")
+
+
+def _fresh(url: str) -> None:
+    if url.startswith("postgres"):
+        store = open_store(url)
+        try:
+            for run in store.list_runs(limit=10_000):
+                store.delete_run(run.run_id)
+        finally:
+            store.close()
+
+
+async def test_p46_decline_and_undo_at_the_fourth_write_undoes_the_three_newest_first(url):
+    _fresh(url)
+    shop = Shop()
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False) as rt:
+        paused = await rt.execute(PROGRAM)
+        assert paused.status == "paused" and paused.pending["address"] == "shop.transfer"
+        run_id = paused.run_id
+        result = await rt.decide(run_id, {paused.pending["seq"]: ("decline_and_undo", "wrong customer")})
+
+        assert result.status == RunStatus.ROLLED_BACK
+        # Each undo sent once, in reverse order of the writes, with a key derived from the original's.
+        refunds = [e for e in shop.effects if e[0] == "refund"]
+        assert [e[1] for e in refunds] == ["ch_c", "ch_b", "ch_a"]
+        assert [e[2] for e in refunds] == [undo_key(f"tether-{run_id}-{s}") for s in (4, 2, 1)]
+        assert not any(e[0] == "transfer" for e in shop.effects)
+        # The note has no undo: listed as not undone, with why; nothing silently skipped.
+        lines = {x["seq"]: x for x in result.rollback}
+        assert [x["seq"] for x in result.rollback] == [4, 3, 2, 1]
+        assert lines[3] == {"seq": 3, "address": "shop.note", "undone": False,
+                            "why": "shop.note declares no undo"}
+        assert all(lines[s]["undone"] and lines[s]["undo"]["address"] == "shop.refund" for s in (4, 2, 1))
+        assert result.error["code"] == "rolled_back" and "call 3 shop.note" in result.error["message"]
+
+        calls = rt.store.get_calls(run_id)
+        undos = [c for c in calls if c.op == UNDO_OP]
+        assert [(c.seq, c.state, c.sends, c.args) for c in undos] == [
+            (6, CallState.SENT, 1, {"charge_id": "ch_c"}), (7, CallState.SENT, 1, {"charge_id": "ch_b"}),
+            (8, CallState.SENT, 1, {"charge_id": "ch_a"})]
+        # The declined write names what was undone: what the program is told at that call.
+        declined = next(c for c in calls if c.seq == 5)
+        assert declined.state == CallState.DECLINED
+        assert declined.error["message"].startswith("[write_rolled_back]")
+        assert "call 4 shop.charge by shop.refund" in declined.error["message"]
+        assert rt.store.get_run(run_id).status == RunStatus.ROLLED_BACK
+
+        # A repeat changes nothing and sends nothing.
+        again = await rt.resume(run_id, "undo")
+        assert again.status == RunStatus.ROLLED_BACK
+        assert len([e for e in shop.effects if e[0] == "refund"]) == 3
+
+
+
+async def test_p46_an_ended_run_is_undone_and_an_unknown_write_is_reported_not_undone(url):
+    _fresh(url)
+    shop = Shop()
+    program = """
+import tools
+a = await tools.shop.charge(order="a", amount=10)
+try:
+    await tools.shop.charge(order="slow", amount=5)
+except TimeoutError:
+    pass
+b = await tools.shop.charge(order="b", amount=20)
+b["id"]
+"""
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False,
+                       limits=Limits(call_timeout_seconds=0.3)) as rt:
+        done = await rt.execute(program)
+        assert done.status == "completed", done.error
+        assert rt.store.get_call(done.run_id, 2).state == CallState.UNKNOWN
+
+        result = await rt.resume(done.run_id, "undo", "the customer cancelled")
+
+        assert result.status == RunStatus.ROLLED_BACK
+        assert [e[1] for e in shop.effects if e[0] == "refund"] == ["ch_b", "ch_a"]
+        assert [(x["seq"], x["undone"]) for x in result.rollback] == [(3, True), (2, False), (1, True)]
+        assert "outcome is unknown" in result.rollback[1]["why"]
+        assert "not undone: call 2 shop.charge" in result.error["message"]
+        assert rt.store.get_run(done.run_id).status == RunStatus.ROLLED_BACK
+
+
+async def test_p46_a_running_run_is_not_undone(url):
+    _fresh(url)
+    shop = Shop()
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False) as rt:
+        handle = await rt.begin("import asyncio\nawait asyncio.sleep(0.5)\n1")
+        with pytest.raises(NotPaused) as raised:
+            await rt.resume(handle.run_id, "undo")
+        assert "nothing was undone" in raised.value.message
+        await handle.result()
+        assert shop.effects == []
+    await asyncio.sleep(0)
