@@ -35,7 +35,7 @@ from tether._engine.rollback.plan import (
 )
 from tether._engine.rules.policy import Policy
 from tether._store.base import CallRecord, RunRecord
-from tether._store.states import CallState, RunStatus
+from tether._store.states import TERMINAL_RUN_STATUSES, CallState, RunStatus
 from tether._tools import context as call_context
 from tether._tools.undo import Undo
 from tether.errors import InvalidArguments, RunTampered, UnknownTool
@@ -78,7 +78,10 @@ async def begin(engine: Engine, run: RunRecord, *, declined: Sequence[dict[str, 
                 decision: dict[str, Any] | None = None) -> RunRecord | None:
     """Record the rollback of ``run`` (paused: ``declined`` are its pause's writes; or ended) and own it here;
     the run as now stored, or None if its status changed meanwhile. Nothing is sent yet."""
-    await engine.require_sources(run)  # P-30: the undo declarations come with the run's own sources
+    if run.status in TERMINAL_RUN_STATUSES:
+        await _require_sources_ended(engine, run)
+    else:
+        await engine.require_sources(run)  # P-30: the undo declarations come with the run's own sources
     entries = await engine.astore.get_calls(run.run_id)
     integrity.verify_calls(engine.keyring, run.run_id, entries)
     steps = make_plan(entries, _undo_of(engine), Policy.from_dict(run.policy))
@@ -87,6 +90,19 @@ async def begin(engine: Engine, run: RunRecord, *, declined: Sequence[dict[str, 
     return engine.lifecycle.begin_rollback(
         run, {ROLLBACK: plan}, decision,
         lambda r: integrity.sign_run(engine.keyring, r, engine.settings.run_signature))
+
+
+async def _require_sources_ended(engine: Engine, run: RunRecord) -> None:
+    """``engine.require_sources`` for an ended run: every signed field verifies but ``pending``, which ending
+    a run clears without signing again (it decides nothing once the run has ended, D-67)."""
+    try:
+        integrity.verify_run(engine.keyring, run)
+    except RunTampered as exc:
+        if exc.details.get("fields") != ["pending"] or run.pending is not None:
+            raise
+    recorded = (run.meta or {}).get("sources")
+    if engine.sources is not None and recorded is not None:
+        await engine.sources.require(recorded, live=(), run_id=run.run_id, status=run.status)
 
 
 def _planned_text(steps: list[Step]) -> str:
