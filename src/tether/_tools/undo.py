@@ -16,7 +16,8 @@ from typing import Any, Callable, Mapping
 
 from tether.errors import InvalidToolDefinition
 
-# A mapping value naming a path into the original call: "args.<key>[.<key>...]" or "result.<key>[...]".
+# A mapping value naming the original call's arguments or result ("args", "result"), or a path into them:
+# "args.<key>[.<key>...]", "result.<key>[...]" (a list's item by its index).
 PATH_ROOTS = ("args", "result")
 # A path is at most this many keys deep: a config value, never outside input, but bounded all the same.
 MAX_PATH_KEYS = 16
@@ -72,6 +73,8 @@ class Undo:
 def _value(spec: Any, args: dict[str, Any], result: Any) -> Any:
     if not isinstance(spec, str):
         return spec
+    if spec in PATH_ROOTS:  # the whole of it
+        return dict(args) if spec == "args" else result
     root, dot, rest = spec.partition(".")
     if root not in PATH_ROOTS or not dot:
         return spec  # a literal string
