@@ -180,3 +180,47 @@ async def test_p46_a_running_run_is_not_undone(url):
         await handle.result()
         assert shop.effects == []
     await asyncio.sleep(0)
+
+
+async def test_p46_undo_is_a_write_policy_denies_it_and_the_budget_counts_it(url):
+    """D-68: a rule denying the undo's tool, or a budget with no room, leaves the write not undone, with why."""
+    _fresh(url)
+    shop = Shop()
+    program = "import tools\nawait tools.shop.charge(order='a', amount=1)\nawait tools.shop.charge(order='b', amount=2)\n"
+    denied = Policy(writes="allow", rules=[{"match": "shop.refund", "action": "deny"}])
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=denied, type_check=False) as rt:
+        done = await rt.execute(program)
+        result = await rt.resume(done.run_id, "undo")
+        assert [x["why"] for x in result.rollback] == ["the policy denies its undo shop.refund"] * 2
+    tight = Policy(writes="allow", write_budget=3)
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=tight, type_check=False) as rt:
+        done = await rt.execute(program)
+        result = await rt.resume(done.run_id, "undo")
+        # Two writes spent, room for one undo: the newest is undone, the older is not.
+        assert [(x["seq"], x["undone"]) for x in result.rollback] == [(2, True), (1, False)]
+        assert result.rollback[1]["why"] == "its undo shop.refund would pass the write budget (3)"
+    assert [e[1] for e in shop.effects if e[0] == "refund"] == ["ch_b"]
+
+
+async def test_p46_a_rollback_whose_process_stopped_is_finished_by_another_runtime(url):
+    """P-46 with P-11: the plan recorded and nothing sent when its owner stops; a second runtime on the same
+    store takes the run over once the lease lapses and sends each undo once, newest first."""
+    from tether._engine.approvals.model import batch_of
+    from tether._engine.rollback import runner
+
+    _fresh(url)
+    shop = Shop()
+    first = Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False, lease_seconds=0.3)
+    async with first:
+        paused = await first.execute(PROGRAM)
+        run = first.store.get_run(paused.run_id)
+        taken = await runner.begin(first.engine, run, declined=batch_of(run), decision={"decision": "decline_and_undo"})
+        assert taken is not None and first.store.get_run(run.run_id).status == RunStatus.RUNNING
+        # Its process stops here: the plan is stored, no undo was recorded or sent.
+    assert not any(e[0] == "refund" for e in shop.effects)
+    await asyncio.sleep(0.4)
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False) as second:
+        (result,) = [r for r in await second.recover() if r.run_id == run.run_id]
+        assert result.status == RunStatus.ROLLED_BACK
+        assert [e[1] for e in shop.effects if e[0] == "refund"] == ["ch_c", "ch_b", "ch_a"]
+        assert second.store.get_call(run.run_id, 5).error["message"].startswith("[write_rolled_back]")
