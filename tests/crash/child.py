@@ -16,7 +16,7 @@ hand-written HTTP tools for tests/crash/delivery_server.py.
 CRASH_PROGRAM=undo runs three charges (each undone by a refund that dedupes by
 key) and a transfer that asks: `start` pauses at the transfer, `undo` declines
 it and rolls the run back (P-46), with the seam rollback (the plan recorded)
-besides the others.
+besides the others; CRASH_UNDO_UNKEYED=1 declares the refund not to dedupe by key.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def shop_tools(base: str) -> list[Tool]:
              undo=Undo("shop.refund", {"order": "result.charged"})),
         Tool("shop", "refund", "Refund an order (dedupes by idempotency key).",
              {"type": "object", "properties": {"order": {"type": "string"}}, "required": ["order"]}, refund,
-             idempotency="key"),
+             idempotency="none" if os.environ.get("CRASH_UNDO_UNKEYED") else "key"),
         Tool("shop", "transfer", "Transfer money out (asks).",
              {"type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]}, transfer),
     ]

@@ -243,3 +243,29 @@ def test_p46_a_rollback_killed_at_each_seam_then_taken_over_undoes_each_write_on
     assert [x["undone"] for x in run.result["rollback"]] == [True, True, True]
     transfer = next(c for c in calls if c.address == "shop.transfer")
     assert transfer.state == "declined" and transfer.error["message"].startswith("[write_rolled_back]")
+
+
+@pytest.mark.parametrize("seam", ["sending", "delivered"])
+def test_p46_an_undo_left_sending_to_a_tool_that_does_not_dedupe_is_unknown_and_never_sent_again(tmp_path, server,
+                                                                                                   seam):
+    server_url, ledger = server
+    env = {**UNDO_ENV, "CRASH_UNDO_UNKEYED": "1"}
+    store_url = f"sqlite:///{tmp_path / 'undo.db'}"
+    code, out, err = child(store_url, server_url, "start", env=env)
+    assert code == 0, err
+    code, out, err = child(store_url, server_url, "undo", f"{seam}:1", env=env)
+    assert code == -signal.SIGKILL, f"the kill point was not reached: {code} {err[-2000:]}"
+    time.sleep(0.4)
+    code, out, err = child(store_url, server_url, "recover", env=env)
+    assert code == 0, err
+    store = open_store(store_url)
+    (run,) = store.list_runs()
+    store.close()
+    assert run.status == "rolled_back", (run.status, run.error)
+    delivered, _ = refunds(ledger, run.run_id)
+    # At most once: the lost undo is not sent again (P-8, P-11); the others are sent once each.
+    assert delivered["undo-3"] == (1 if seam == "delivered" else 0)
+    assert delivered["undo-2"] == delivered["undo-1"] == 1
+    first = run.result["rollback"][0]
+    assert first["seq"] == 3 and not first["undone"] and first["undo"]["state"] == "unknown"
+    assert "outcome is unknown" in first["why"] and "not undone: call 3 shop.charge" in run.error["message"]
