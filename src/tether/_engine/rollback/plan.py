@@ -154,6 +154,8 @@ def report(steps: Iterable[Step], journal: Mapping[int, CallRecord]) -> list[dic
                 line["why"] = f"its undo {entry.address} was sent and its outcome is unknown"
             elif entry.state == CallState.FAILED:
                 line["why"] = f"its undo {entry.address} failed: {(entry.error or {}).get('message', '')}"
+            elif entry.state != CallState.SENT:
+                line["why"] = f"its undo {entry.address} was left {entry.state}"
         out.append(line)
     return out
 

@@ -34,7 +34,7 @@ from tether._engine.rollback.plan import (
     summary,
 )
 from tether._engine.rules.policy import Policy
-from tether._store.base import CallRecord, RunRecord
+from tether._store.base import CallRecord, Conflict, RunRecord
 from tether._store.states import TERMINAL_RUN_STATUSES, CallState, RunStatus
 from tether._tools import context as call_context
 from tether._tools.undo import Undo
@@ -127,7 +127,10 @@ async def run_to_end(engine: Engine, run: RunRecord, t0: float | None = None) ->
                     entries=entries)
     await _decline(engine, ledger, plan, steps)
     limits = engine.limits
-    while True:
+    # Each move settles a step or moves its entry on; one that changed nothing (another process's
+    # compare-and-set won) reads the entry again. Bounded all the same: a journal that will not move (edited
+    # under the rollback) ends it with what it holds, reported.
+    for _ in range(len(steps) * (limits.key_sends + 4) + 1):
         move = next_move(steps, ledger.entries, _dedupes(engine), limits.key_sends)
         if move.step is None:
             break
@@ -135,22 +138,29 @@ async def run_to_end(engine: Engine, run: RunRecord, t0: float | None = None) ->
             return await engine.wait_for_run(run.run_id)  # another process holds it now and finishes it
         step = move.step
         assert step.undo_seq is not None and step.undo is not None
-        if move.kind == "record":
-            await _record(engine, ledger, step)
-        elif move.kind == "send":
-            await _send(engine, ledger, step, send=1)
-        elif move.kind == "resend":
-            entry = ledger.entries[step.undo_seq]
-            await _send(engine, ledger, step, send=max(entry.sends, 1) + 1)
-        else:  # lost: left sending by a process that stopped, to a tool that does not dedupe by key
-            await ledger.move(step.undo_seq, [CallState.SENDING], state=CallState.UNKNOWN, finished_at=engine.clock(),
-                              error={"type": "TimeoutError", "message": f"[write_outcome_unknown] {step.undo} was "
-                                     "being sent when the process stopped; it may or may not have happened and "
-                                     "was not sent again"})
+        if not await _take(engine, ledger, move.kind, step):
+            fresh = await engine.astore.get_call(run.run_id, step.undo_seq)
+            if fresh is not None:
+                ledger.entries[step.undo_seq] = fresh
     lines = report(steps, ledger.entries)
     engine.events.emit(run.run_id, "rolled_back", {"rollback": lines})
     return engine.finisher.finish(run, RunStatus.ROLLED_BACK, rollback=lines, t0=t0,
                                   error=rolled_back_error(lines, plan.get("declined_address")))
+
+
+async def _take(engine: Engine, ledger: Ledger, kind: str, step: Step) -> bool:
+    """One move of the rollback (plan.next_move); False when the journal did not take it."""
+    assert step.undo_seq is not None
+    if kind == "record":
+        return await _record(engine, ledger, step)
+    if kind in ("send", "resend"):
+        entry = ledger.entries[step.undo_seq]
+        return await _send(engine, ledger, step, send=1 if kind == "send" else max(entry.sends, 1) + 1)
+    # lost: left sending by a process that stopped, to a tool that does not dedupe by key (P-11)
+    return await ledger.move(step.undo_seq, [CallState.SENDING], state=CallState.UNKNOWN, finished_at=engine.clock(),
+                             error={"type": "TimeoutError", "message": f"[write_outcome_unknown] {step.undo} was "
+                                    "being sent when the process stopped; it may or may not have happened and was "
+                                    "not sent again"})
 
 
 def _dedupes(engine: Engine) -> Any:
@@ -172,7 +182,7 @@ async def _decline(engine: Engine, ledger: Ledger, plan: dict[str, Any], steps: 
                           finished_at=engine.clock())
 
 
-async def _record(engine: Engine, ledger: Ledger, step: Step) -> None:
+async def _record(engine: Engine, ledger: Ledger, step: Step) -> bool:
     """The compensation's intent, ahead of its send (P-7); refused here, it is recorded failed, never sent."""
     assert step.undo is not None and step.undo_seq is not None
     now = engine.clock()
@@ -187,17 +197,21 @@ async def _record(engine: Engine, ledger: Ledger, step: Step) -> None:
     except (UnknownTool, InvalidArguments) as exc:
         record.state, record.finished_at = CallState.FAILED, now
         record.error = {"type": "LookupError", "message": f"[{exc.code}] {exc.message}; it was not sent"}
-    await ledger.record_new(record)
+    try:
+        await ledger.record_new(record)
+    except Conflict:  # another process recorded it first
+        return False
+    return True
 
 
-async def _send(engine: Engine, ledger: Ledger, step: Step, *, send: int) -> None:
+async def _send(engine: Engine, ledger: Ledger, step: Step, *, send: int) -> bool:
     """Send the compensation: ``sending`` (with its count) is committed before it leaves (P-7, P-31)."""
     assert step.undo is not None and step.undo_seq is not None
     seq = step.undo_seq
     tool = engine.catalog.get(step.undo)
     frm = CallState.APPROVED if send == 1 else CallState.SENDING
     if not await ledger.move(seq, [frm], state=CallState.SENDING, sends=send, started_at=engine.clock()):
-        return  # another process moved it; next_move reads the journal again
+        return False  # another process moved it
     key = step.key or ""
 
     async def invoke(n: int) -> Any:
@@ -213,12 +227,13 @@ async def _send(engine: Engine, ledger: Ledger, step: Step, *, send: int) -> Non
                                      lambda n: ledger.move(seq, [CallState.SENDING], state=CallState.SENDING, sends=n))
     except Exception as exc:  # noqa: BLE001 - the compensation's outcome, journaled
         await _settle_failure(engine, ledger, tool, seq, exc)
-        return
+        return True
     from tether._engine.attempt.result import to_json_value
 
     value = to_json_value(value)[0]
     text, size = value_text(value)
     await ledger.record_outcome(seq, CallState.SENDING, CallState.SENT, outcome=value, size=size, text=text)
+    return True
 
 
 async def _settle_failure(engine: Engine, ledger: Ledger, tool: Tool, seq: int, exc: BaseException) -> None:
