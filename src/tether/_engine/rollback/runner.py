@@ -126,6 +126,24 @@ async def run_to_end(engine: Engine, run: RunRecord, t0: float | None = None) ->
     ledger = Ledger(run_id=run.run_id, store=engine.store, keyring=engine.keyring, clock=engine.clock,
                     entries=entries)
     await _decline(engine, ledger, plan, steps)
+    beat = asyncio.ensure_future(_heartbeat(engine, run.run_id))
+    try:
+        return await _carry_out(engine, run, plan, steps, ledger, t0)
+    finally:
+        beat.cancel()
+
+
+async def _heartbeat(engine: Engine, run_id: str) -> None:
+    """Keep the lease while an undo is on the wire (a send may take longer than a lease): as an attempt does."""
+    interval = max(engine.lifecycle.lease_seconds / 3, 0.05)
+    while True:
+        await asyncio.sleep(interval)
+        if not await engine.astore.call(engine.lifecycle.renew, run_id):
+            return  # no longer ours: the next move finds that out and leaves the run to its owner
+
+
+async def _carry_out(engine: Engine, run: RunRecord, plan: dict[str, Any], steps: list[Step], ledger: Ledger,
+                     t0: float) -> RunResult:
     limits = engine.limits
     # Each move settles a step or moves its entry on; one that changed nothing (another process's
     # compare-and-set won) reads the entry again. Bounded all the same: a journal that will not move (edited
