@@ -63,7 +63,7 @@ from tether._server.pagetext import flash_text, run_summary
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus
 from tether._tools.shown import escape as escape_controls
 from tether._tools.shown import mask, mask_source, redacted, secret_values
-from tether.errors import RunNotFound
+from tether.errors import RunNotFound, TetherError
 
 if TYPE_CHECKING:
     from tether._runtime import Runtime
@@ -658,6 +658,18 @@ class Console:
                                                     actor=self._name(session["p"]), via="console",
                                                     origin=_origin(request)))
         self.decider.keep(task)
+        # The page is drawn once the rollback is recorded (the run running again) or over, never before.
+        deadline = asyncio.get_running_loop().time() + self.decider.settle_seconds
+        while not task.done() and asyncio.get_running_loop().time() < deadline:
+            now = await self.rt.store.aio.get_run(run.run_id)
+            if now is None or now.status != run.status:
+                break
+            await asyncio.wait({task}, timeout=0.02)
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            text = exc.message if isinstance(exc, TetherError) else "The undo could not start."
+            return self.message("Nothing undone", f"{text} Nothing was undone.", status=409,
+                                principal=session["p"], csrf=csrf, link=back)
         return RedirectResponse(f"/console/runs/{run.run_id}?flash=rolling_back", status_code=303)
 
     # -- the live feed ----------------------------------------------------------------
