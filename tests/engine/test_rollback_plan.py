@@ -49,3 +49,12 @@ def test_p46_next_move_sends_one_undo_at_a_time_newest_first_and_never_twice():
     assert move({5: entry(5, "s.refund", "failed", op="undo")}) == ("record", 1)  # a failed undo is reported
     done = {5: entry(5, "s.refund", "sent", op="undo"), 6: entry(6, "s.refund", "unknown", op="undo")}
     assert move(done) == ("done", None)
+
+
+def test_p46_a_write_an_earlier_rollback_undid_is_not_undone_again():
+    journal = [entry(1, "s.charge", "sent", outcome={"id": "a"}), entry(2, "s.charge", "sent", outcome={"id": "b"}),
+               CallRecord("r", 3, "undo", "s.refund", {"id": "b"}, "k3", "write", CallState.SENT,
+                          idempotency_key=undo_key("tether-r-2"))]
+    steps = make_plan(journal, UNDOS.get, Policy(writes="allow", write_budget=20))
+    assert [(s.seq, s.undo, s.undo_seq, s.why) for s in steps] == [
+        (2, None, None, "an earlier rollback sent its undo (call 3)"), (1, "s.refund", 4, None)]

@@ -68,10 +68,17 @@ def make_plan(entries: Iterable[CallRecord], undo_of: Callable[[str], Undo | Non
     spent = sum(1 for e in writes if e.state not in (CallState.ASKED, CallState.DECLINED, CallState.DENIED))
     spent += sum(1 for e in journal if e.op == UNDO_OP)
     next_seq = max((e.seq for e in journal), default=0) + 1
+    # Undos an earlier rollback of this run sent (or may have): by their key, which names the original's.
+    earlier = {e.idempotency_key: e.seq for e in journal
+               if e.op == UNDO_OP and e.state in _APPLIED and e.idempotency_key}
     steps: list[Step] = []
     for entry in reversed(writes):
         if entry.state not in _APPLIED:
             continue  # never sent (declined, denied, asked) or failed: nothing of it to undo
+        done = earlier.get(undo_key(entry.idempotency_key or f"{entry.run_id}-{entry.seq}"))
+        if done is not None:
+            steps.append(Step(entry.seq, entry.address, why=f"an earlier rollback sent its undo (call {done})"))
+            continue
         if entry.state != CallState.SENT:
             steps.append(Step(entry.seq, entry.address, why="its outcome is unknown: it may or may not have "
                                                             "happened, so it is not undone"))
