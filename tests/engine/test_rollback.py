@@ -18,6 +18,16 @@ from tether._store import open_store
 from tether._store.states import CallState, RunStatus
 from tether.errors import NotPaused
 
+THREE_WRITES = """
+import tools
+a = await tools.shop.charge(order="a", amount=10)
+b = await tools.shop.charge(order="b", amount=20)
+c = await tools.shop.charge(order="c", amount=30)
+t = await tools.shop.transfer(amount=60)
+t
+"""
+
+# With a note between the charges: a write that declares no undo.
 PROGRAM = """
 import tools
 a = await tools.shop.charge(order="a", amount=10)
@@ -102,42 +112,53 @@ async def test_p46_decline_and_undo_at_the_fourth_write_undoes_the_three_newest_
     _fresh(url)
     shop = Shop()
     async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False) as rt:
-        paused = await rt.execute(PROGRAM)
-        assert paused.status == "paused" and paused.pending["address"] == "shop.transfer"
+        paused = await rt.execute(THREE_WRITES)
+        assert paused.status == "paused" and (paused.pending["seq"], paused.pending["address"]) == (4, "shop.transfer")
         run_id = paused.run_id
-        result = await rt.decide(run_id, {paused.pending["seq"]: ("decline_and_undo", "wrong customer")})
+        result = await rt.decide(run_id, {4: ("decline_and_undo", "wrong customer")})
 
         assert result.status == RunStatus.ROLLED_BACK
         # Each undo sent once, in reverse order of the writes, with a key derived from the original's.
         refunds = [e for e in shop.effects if e[0] == "refund"]
         assert [e[1] for e in refunds] == ["ch_c", "ch_b", "ch_a"]
-        assert [e[2] for e in refunds] == [undo_key(f"tether-{run_id}-{s}") for s in (4, 2, 1)]
+        assert [e[2] for e in refunds] == [undo_key(f"tether-{run_id}-{s}") for s in (3, 2, 1)]
         assert not any(e[0] == "transfer" for e in shop.effects)
-        # The note has no undo: listed as not undone, with why; nothing silently skipped.
-        lines = {x["seq"]: x for x in result.rollback}
-        assert [x["seq"] for x in result.rollback] == [4, 3, 2, 1]
-        assert lines[3] == {"seq": 3, "address": "shop.note", "undone": False,
-                            "why": "shop.note declares no undo"}
-        assert all(lines[s]["undone"] and lines[s]["undo"]["address"] == "shop.refund" for s in (4, 2, 1))
-        assert result.error["code"] == "rolled_back" and "call 3 shop.note" in result.error["message"]
+        assert [(x["seq"], x["undone"], x["undo"]["seq"]) for x in result.rollback] == [(3, True, 5), (2, True, 6),
+                                                                                        (1, True, 7)]
+        assert result.error["code"] == "rolled_back"
+        assert "undone: call 3 shop.charge, call 2 shop.charge, call 1 shop.charge" in result.error["message"]
 
         calls = rt.store.get_calls(run_id)
         undos = [c for c in calls if c.op == UNDO_OP]
         assert [(c.seq, c.state, c.sends, c.args) for c in undos] == [
-            (6, CallState.SENT, 1, {"charge_id": "ch_c"}), (7, CallState.SENT, 1, {"charge_id": "ch_b"}),
-            (8, CallState.SENT, 1, {"charge_id": "ch_a"})]
+            (5, CallState.SENT, 1, {"charge_id": "ch_c"}), (6, CallState.SENT, 1, {"charge_id": "ch_b"}),
+            (7, CallState.SENT, 1, {"charge_id": "ch_a"})]
         # The declined write names what was undone: what the program is told at that call.
-        declined = next(c for c in calls if c.seq == 5)
+        declined = next(c for c in calls if c.seq == 4)
         assert declined.state == CallState.DECLINED
         assert declined.error["message"].startswith("[write_rolled_back]")
-        assert "call 4 shop.charge by shop.refund" in declined.error["message"]
+        assert "call 3 shop.charge by shop.refund" in declined.error["message"]
         assert rt.store.get_run(run_id).status == RunStatus.ROLLED_BACK
+        decided = [e.data for e in rt.store.get_events(run_id) if e.type == "decided"]
+        assert [(d["seq"], d["decision"], d["reason"]) for d in decided] == [(4, "decline_and_undo", "wrong customer")]
 
         # A repeat changes nothing and sends nothing.
         again = await rt.resume(run_id, "undo")
         assert again.status == RunStatus.ROLLED_BACK
         assert len([e for e in shop.effects if e[0] == "refund"]) == 3
 
+
+async def test_p46_a_write_without_an_undo_is_listed_not_undone_with_why(url):
+    _fresh(url)
+    shop = Shop()
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False) as rt:
+        paused = await rt.execute(PROGRAM)
+        result = await rt.decide(paused.run_id, {paused.pending["seq"]: "decline_and_undo"})
+        assert [e[1] for e in shop.effects if e[0] == "refund"] == ["ch_c", "ch_b", "ch_a"]
+        lines = {x["seq"]: x for x in result.rollback}
+        assert [x["seq"] for x in result.rollback] == [4, 3, 2, 1]
+        assert lines[3] == {"seq": 3, "address": "shop.note", "undone": False, "why": "shop.note declares no undo"}
+        assert "not undone: call 3 shop.note (shop.note declares no undo)" in result.error["message"]
 
 
 async def test_p46_an_ended_run_is_undone_and_an_unknown_write_is_reported_not_undone(url):
