@@ -37,6 +37,8 @@ def test_p46_decline_and_undo_from_the_cli_then_runs_show_pairs_each_write(tmp_p
                        "await tools.shop.charge(order='b', amount=2)\n")
     r = run_cli(["run", str(program), "--tools", TOOLS, "--json"], env, tmp_path)
     run_id = json.loads(r.stdout)["run_id"]
+    # The paused write says what would undo it (P-46).
+    assert json.loads(r.stdout)["pending"]["writes"][0]["undo"] == "shop.refund"
     for seq in (1, 2):
         r = run_cli(["resume", run_id, "--approve", "--seq", str(seq), "--json"], env, tmp_path)
         assert json.loads(r.stdout)["status"] == "paused", r.stderr

@@ -114,6 +114,7 @@ async def test_p46_decline_and_undo_at_the_fourth_write_undoes_the_three_newest_
     async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False) as rt:
         paused = await rt.execute(THREE_WRITES)
         assert paused.status == "paused" and (paused.pending["seq"], paused.pending["address"]) == (4, "shop.transfer")
+        assert "undo" not in paused.pending["writes"][0]  # shop.transfer declares none; a charge would say so
         run_id = paused.run_id
         result = await rt.decide(run_id, {4: ("decline_and_undo", "wrong customer")})
 
