@@ -57,8 +57,8 @@ def test_every_python_and_json_block_in_the_docs_parses(doc):
 def test_the_readme_config_example_is_valid(tmp_path):
     from tether._config import load_config
 
-    # The OAuth steps' snippet, the configuration section's example, then the idempotency one.
-    oauth, block, keyed = blocks("README.md", "toml")
+    # The OAuth steps' snippet, the configuration section's example, the idempotency one, then the undo one.
+    oauth, block, keyed, undo = blocks("README.md", "toml")
     path = tmp_path / "tether.toml"
     path.write_text(block)
     config = load_config(path)
@@ -71,6 +71,10 @@ def test_the_readme_config_example_is_valid(tmp_path):
     path.write_text(keyed)
     config = load_config(path)
     assert [(s.type, s.idempotency) for s in config.sources] == [("openapi", "key"), ("mcp", "key")]
+    path.write_text(undo)
+    config = load_config(path)
+    (github,) = config.sources
+    assert github.undo["create_issue"].tool == "github.update_issue"  # P-46
 
 
 def shown_commands(doc: str) -> list[str]:

@@ -134,7 +134,8 @@ class CellTerminateArguments(BaseModel):
 class ResumeArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
     run_id: str = Field(description="The run_id of the paused result.")
-    decision: Literal["approve", "decline", "cancel"] = Field(description="What to do with the write.")
+    decision: Literal["approve", "decline", "cancel", "decline_and_undo"] = Field(
+        description="What to do with the write; decline_and_undo also undoes the run's applied writes (P-46).")
     reason: str | None = Field(default=None, description="Why; told to the program when declining.")
     seq: int | list[int] | None = Field(
         default=None, description="The seq of the write this decision is for (from pending.writes), or a list of "
@@ -287,9 +288,10 @@ class TetherServer:
         # one as a form or link too. (A modern one gets the paused result
         # from resume; input-required rounds belong to execute's own call.)
         approver = self._approver(ctx) if era == INLINE and how == "form" else None
-        if decision == "approve":
+        if decision in ("approve", "decline_and_undo"):
             # resume is the agent's own call: an approve through it is taken only
-            # when the configuration lets a principal approve its own writes.
+            # when the configuration lets a principal approve its own writes; so is
+            # an undo, which sends writes of its own (P-46).
             try:
                 refused = self._refused(run_id, principal, Channel.RESUME,
                                         seq if isinstance(seq, list) else None if seq is None else [seq], ctx=ctx)
