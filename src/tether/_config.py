@@ -100,6 +100,8 @@ class RetentionConfig(_Section):
     completed_days: Days = 30
     failed_days: Days = 90
     cancelled_days: Days = 30
+    # A rolled-back run is kept as long as a failure: someone comes back to see what was undone (P-46).
+    rolled_back_days: Days = 90
     # true: a run past its days keeps its row, result and journal (audit);
     # only its snapshots, events and waits go.
     keep_journals: Bool = False
@@ -111,7 +113,8 @@ class RetentionConfig(_Section):
     def rules(self) -> Any:
         from tether._store.retention import RetentionRules
 
-        days = {"completed": self.completed_days, "failed": self.failed_days, "cancelled": self.cancelled_days}
+        days = {"completed": self.completed_days, "failed": self.failed_days, "cancelled": self.cancelled_days,
+                "rolled_back": self.rolled_back_days}
         return RetentionRules({k: (v or None) for k, v in days.items()}, keep_journals=self.keep_journals)
 
 

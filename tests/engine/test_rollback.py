@@ -246,3 +246,21 @@ async def test_p46_a_rollback_whose_process_stopped_is_finished_by_another_runti
         assert result.status == RunStatus.ROLLED_BACK
         assert [e[1] for e in shop.effects if e[0] == "refund"] == ["ch_c", "ch_b", "ch_a"]
         assert second.store.get_call(run.run_id, 5).error["message"].startswith("[write_rolled_back]")
+
+
+async def test_p42_a_rolled_back_run_is_forgotten_after_its_days_as_the_config_defaults_say(url):
+    # A rolled_back run is ended: retention must reach it, or every rollback is kept forever (P-42, P-46).
+    from tether._config import RetentionConfig
+    from tether._store.retention import DAY, prune_all
+
+    _fresh(url)
+    shop = Shop()
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False) as rt:
+        paused = await rt.execute(THREE_WRITES)
+        rolled = await rt.decide(paused.run_id, {4: "decline_and_undo"})
+        assert rolled.status == RunStatus.ROLLED_BACK
+        rules = RetentionConfig().rules()
+        now = rt.engine.clock()
+        assert prune_all(rt.store, rules, now + 89 * DAY).runs == 0  # kept as long as a failure
+        assert prune_all(rt.store, rules, now + 91 * DAY).runs == 1
+        assert rt.store.get_run(paused.run_id) is None and rt.store.get_calls(paused.run_id) == []
