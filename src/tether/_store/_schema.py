@@ -73,6 +73,8 @@ from tether._store._rows import (
     _select,
     _wait,
     dump_json,
+    mark_digest,
+    mark_inserts,
 )
 from tether._store._secret import secrets_from_env
 from tether._store.base import (
@@ -83,6 +85,7 @@ from tether._store.base import (
     Capabilities,
     Conflict,
     EventRecord,
+    LineageMark,
     OutboxRecord,
     ParkEvent,
     RunRecord,
@@ -96,6 +99,20 @@ from tether.errors import RunNotFound, StoreError
 
 # ---------------------------------------------------------------------------
 # The shared implementation
+
+
+# The normalised values one lookup asks about: a write's arguments give a few; the rest are not looked up.
+_LINEAGE_NORMS = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class _Marked:
+    """An entry's lineage moved in by update_call: what its index rows are made from."""
+
+    run_id: str
+    seq: int
+    lineage: dict[str, Any]
+
 
 
 class Cursor(Protocol):
@@ -463,6 +480,20 @@ class SQLStore:
         with self._transaction(write=False, single=True) as tx:
             return [_run(row) for row in tx.run(sql, (now, limit)).fetchall()]
 
+    def lineage_marks(self, principal: str, norms: Sequence[str], *, before: float, since: float,
+                      session: str | None = None, limit: int = 256) -> list[LineageMark]:
+        if not norms:
+            return []
+        by_digest = {mark_digest(n): n for n in list(norms)[:_LINEAGE_NORMS]}
+        where = (f"principal = ? AND digest IN {_in(len(by_digest))} AND created_at < ? "
+                 "AND (created_at >= ?" + (" OR session = ?)" if session is not None else ")"))
+        params: list[Any] = [principal, *by_digest, before, since, *([session] if session is not None else [])]
+        sql = (f"SELECT digest, kind, run_id, seq, address, path, created_at FROM lineage_marks WHERE {where} "
+               f"ORDER BY created_at DESC, run_id, seq LIMIT {int(limit)}")
+        with self._transaction(write=False, single=True) as tx:
+            rows = tx.run(sql, params).fetchall()
+        return [LineageMark(by_digest[r[0]], r[1], r[2], int(r[3]), r[4], r[5], float(r[6])) for r in rows]
+
     def delete_run(self, run_id: str) -> bool:
         with self._transaction(write=True, single=True) as tx:
             return tx.run("DELETE FROM runs WHERE run_id = ?", (run_id,)).rowcount == 1
@@ -479,7 +510,8 @@ class SQLStore:
     def record_calls(self, calls: Sequence[CallRecord]) -> None:
         if not calls:
             return
-        inserts = _call_inserts(calls)
+        # An untrusted read's marks go into the cross-run index with its entry, in one transaction (P-45).
+        inserts = _call_inserts(calls) + mark_inserts(calls)
         with self._transaction(write=True, conflict=_batch_conflict(calls), run_id=calls[0].run_id,
                                single=len(inserts) == 1) as tx:
             for insert in inserts:
@@ -496,12 +528,20 @@ class SQLStore:
             return False
         where = f"run_id = ? AND seq = ? AND state IN {_in(len(expected))}"
         params = [run_id, seq, *expected]
-        with self._transaction(write=bool(fields), single=True) as tx:
+        lineage = fields.get("lineage")
+        marks = mark_inserts([_Marked(run_id, seq, lineage)]) if isinstance(lineage, dict) else []
+        with self._transaction(write=bool(fields), single=not marks) as tx:
             if not fields:
                 return tx.run(f"SELECT 1 FROM calls WHERE {where}", params).fetchone() is not None
             sets = ", ".join(f"{name} = ?" for name in fields)
             values = [_encode(CALL_COLUMNS, n, v) for n, v in fields.items()]
-            return tx.run(f"UPDATE calls SET {sets} WHERE {where}", values + params).rowcount == 1
+            moved = tx.run(f"UPDATE calls SET {sets} WHERE {where}", values + params).rowcount == 1
+            if moved and marks:
+                # A read re-issued under its seq: its index rows are its outcome's (P-45).
+                tx.run("DELETE FROM lineage_marks WHERE run_id = ? AND seq = ?", (run_id, seq))
+                for insert in marks:
+                    tx.run(*insert)
+            return moved
 
     def get_call(self, run_id: str, seq: int) -> CallRecord | None:
         if _int64(seq) != seq:
