@@ -53,6 +53,8 @@ class _Table(BaseModel):
 # the operator put there. Without a label every tool of a source is untrusted (docs/security.md).
 Trust = Annotated[Literal["trusted", "untrusted"], Expected('must be "trusted" or "untrusted"')]
 TrustTable = Annotated[dict[str, Trust], Expected('must be a table of "trusted" / "untrusted"')]
+RoleTable = Annotated[dict[str, Literal["destination", "content"]],
+                      Expected('must be a table of "<tool>.<argument>" = "destination" / "content"')]
 
 
 class _Definition(_Table):
@@ -61,6 +63,9 @@ class _Definition(_Table):
     trust: Trust | None = None
     trust_tools: TrustTable | None = None
     trust_fields: TrustTable | None = None
+    # Which arguments of a tool are destinations (a recipient, an account) or content, where their names and
+    # schemas do not say (tether._engine.lineage.roles): "<tool>.<argument>" = "destination" | "content".
+    roles: RoleTable | None = None
 
     def resolved(self, base: Path) -> _Definition:
         """The definition with the paths it holds made absolute against ``base`` (the config file's folder)."""

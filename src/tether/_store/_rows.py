@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any, Sequence
 
 from tether._store.base import (
+    LOCAL_PRINCIPAL,
     CallRecord,
     EventRecord,
     OutboxRecord,
@@ -218,7 +219,7 @@ def _call_inserts(calls: Sequence[CallRecord]) -> list[tuple[str, list[Any]]]:
 # The cross-run index of untrusted marks (migration 14, P-45): one row per distinct mark of an entry, written
 # after the entry in its transaction; the principal, session and created_at are the run's, the address the entry's.
 _INSERT_MARK = ("INSERT INTO lineage_marks (run_id, seq, digest, principal, session, created_at, kind, address, path) "
-                "SELECT c.run_id, c.seq, ?, COALESCE(r.principal, ''), r.session, r.created_at, ?, c.address, ? "
+                f"SELECT c.run_id, c.seq, ?, COALESCE(r.principal, '{LOCAL_PRINCIPAL}'), r.session, r.created_at, ?, c.address, ? "
                 "FROM calls c JOIN runs r ON r.run_id = c.run_id WHERE c.run_id = ? AND c.seq = ?")
 # Marks one entry puts in the index: the journal keeps them all (bounded where they are made, values.marks).
 MARKS_PER_ENTRY = 256

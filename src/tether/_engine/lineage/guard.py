@@ -1,0 +1,139 @@
+"""A guarded run's lineage at the effect boundary: what an untrusted read journals, and a write's verdict (P-45).
+
+Made for an attempt only when the run's policy says ``writes = "guard"`` (rules/policy.py), so other runs pay
+nothing. The boundary asks it two things:
+
+- :meth:`Guard.read_lineage`: the label of a read's tool and the marks of its result (values.marks), which
+  the ledger signs with the entry and the store copies into the cross-run index (``lineage_marks``);
+- :meth:`Guard.verdict`: must this write wait for a person, and why — ``judge()`` (judge.py) given the
+  program's flow, the untrusted reads of this run's journal, the untrusted marks this principal's earlier runs
+  were given (the same session, or within ``[policy] lineage_window_seconds`` before this run was created), the
+  values trusted reads of this run returned and the policy's allowlist.
+
+Every input is the run's program, its signed journal and index rows written before the run was created, so a
+resume in another process, or after a restart, judges a write it reaches the same way; a write judged once
+keeps its verdict in its own journal entry (replay answers from it, never judging again).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from tether._engine.integrity import verify_calls
+from tether._engine.lineage.flow import Flow, analyse
+from tether._engine.lineage.judge import Origin, Verdict, judge
+from tether._engine.lineage.trust import UNTRUSTED, Labels
+from tether._engine.lineage.values import marks
+from tether._store.base import LOCAL_PRINCIPAL, CallRecord
+from tether._store.states import CallState
+from tether._tools.params import parameters
+
+if TYPE_CHECKING:
+    from tether._engine.approvals.capabilities import Keyring
+    from tether._engine.rules.policy import Policy
+    from tether._store.base import AsyncStore, RunRecord
+    from tether._tools.model import Tool
+
+# Index rows one write's lookup reads: the newest first; older copies of the same value say no more.
+LOOKUP_LIMIT = 256
+# Norms of one write's arguments looked up in the index.
+QUERY_MARKS = 512
+# Trusted results whose values one attempt keeps in memory to say "a trusted result holds it".
+TRUSTED_RESULTS = 1000
+
+
+class Guard:
+    """What one attempt of a guarded run judges its writes with."""
+
+    def __init__(self, *, run: "RunRecord", policy: "Policy", labels: Labels, astore: "AsyncStore",
+                 keyring: "Keyring") -> None:
+        self.run_id = run.run_id
+        self.program = run.program
+        self.principal = run.principal or LOCAL_PRINCIPAL
+        self.session = run.session
+        self.created_at = run.created_at
+        self.policy = policy
+        self.labels = labels
+        self.astore = astore
+        self.keyring = keyring
+        self._flow: Flow | None = None
+        self._earlier: dict[int, CallRecord] | None = None  # entries before the attempt's, read once
+        self._trusted: dict[int, frozenset[str]] = {}  # seq -> the norms of a trusted read's result
+
+    # -- reads ---------------------------------------------------------------------------------------------
+
+    def read_lineage(self, address: str, value: Any) -> dict[str, Any] | None:
+        """An untrusted read's label and the marks of its result, as its journal entry keeps them; None for a
+        trusted one (its values are read back from its outcome when a write needs them)."""
+        trust = self.labels.of(address)
+        if not trust.untrusted:
+            return None
+        found = marks(value)
+        kept = [[m.kind, m.norm, m.path] for m in found if trust.label_at(m.path) == UNTRUSTED]
+        return {"trust": UNTRUSTED, "marks": kept}
+
+    # -- writes --------------------------------------------------------------------------------------------
+
+    @property
+    def flow(self) -> Flow:
+        if self._flow is None:
+            self._flow = analyse(self.program)
+        return self._flow
+
+    async def verdict(self, seq: int, tool: "Tool", args: dict[str, Any],
+                      journal: Mapping[int, CallRecord]) -> Verdict:
+        """The verdict on write ``seq`` of ``tool`` with validated ``args``, from the calls before it."""
+        entries = await self._entries(journal)
+        called: dict[str, Origin] = {}
+        untrusted: dict[str, Origin] = {}
+        trusted: set[str] = set()
+        for s in sorted(entries):
+            if s >= seq:
+                break
+            entry = entries[s]
+            if entry.op != "tool" or entry.kind != "read" or entry.state != CallState.DONE:
+                continue
+            lineage = entry.lineage
+            if isinstance(lineage, dict) and lineage.get("trust") == UNTRUSTED:
+                called[entry.address] = Origin(entry.address, self.run_id, s)
+                for mark in lineage.get("marks") or ():
+                    if isinstance(mark, list) and len(mark) == 3:
+                        untrusted.setdefault(str(mark[1]), Origin(entry.address, self.run_id, s, str(mark[2]),
+                                                                  str(mark[0])))
+            else:
+                trusted |= self._trusted_norms(entry)
+        norms = [n for n in _query_norms(args) if n not in untrusted]
+        if norms:
+            window = self.policy.lineage_window_seconds
+            for row in await self.astore.lineage_marks(self.principal, norms, before=self.created_at,
+                                                        since=self.created_at - window, session=self.session,
+                                                        limit=LOOKUP_LIMIT):
+                untrusted.setdefault(row.norm, Origin(row.address, row.run_id, row.seq, row.path, row.kind))
+        return judge(address=tool.address, input_schema=tool.input_schema, args=args, flow=self.flow,
+                     untrusted_called=called, untrusted_values=untrusted, trusted_values=trusted,
+                     allowlist=self.policy.allowlist, role_overrides=self.labels.roles_of(tool.address),
+                     positional=parameters(tool).positional, run_id=self.run_id)
+
+    def _trusted_norms(self, entry: CallRecord) -> frozenset[str]:
+        held = self._trusted.get(entry.seq)
+        if held is None:
+            held = frozenset(m.norm for m in marks(entry.outcome)) if len(self._trusted) < TRUSTED_RESULTS \
+                else frozenset()
+            self._trusted[entry.seq] = held
+        return held
+
+    async def _entries(self, journal: Mapping[int, CallRecord]) -> Mapping[int, CallRecord]:
+        """The run's entries before this attempt's too: a restored attempt holds only the journal's tail. Read
+        once, and verified (P-35) like every entry a resume acts on."""
+        if not journal or min(journal) <= 1:
+            return journal
+        if self._earlier is None:
+            earlier = await self.astore.get_calls(self.run_id)
+            verify_calls(self.keyring, self.run_id, earlier)
+            self._earlier = {e.seq: e for e in earlier}
+        return {**self._earlier, **journal}
+
+
+def _query_norms(args: dict[str, Any]) -> list[str]:
+    """The norms of a write's arguments to look up in the cross-run index."""
+    return [m.norm for m in marks(args, limit=QUERY_MARKS)]
