@@ -385,7 +385,7 @@ class SQLStore:
         with it where the store notifies, in one transaction: the journal is never behind the run's end
         (P-7), and a listener woken by the notice finds the end (issue 24: three transactions before)."""
         where = _run_where(run_id, expect_status, fields)
-        inserts = _call_inserts(calls)
+        inserts = _call_inserts(calls) + mark_inserts(calls)
         with self._transaction(write=True, conflict=_batch_conflict(calls), run_id=run_id) as tx:
             for insert in inserts:
                 tx.run(*insert)

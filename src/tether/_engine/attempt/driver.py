@@ -47,8 +47,8 @@ from tether._engine.integrity import (
 )
 from tether._engine.lifecycle import outcome_unknown
 from tether._engine.notices import CANCEL, wait_a_little
-from tether._engine.rules.limits import Limits
 from tether._engine.rules import policy as policy_mod
+from tether._engine.rules.limits import Limits
 from tether._engine.rules.policy import Policy
 from tether._engine.rules.quarantine import takeovers, without_takeovers
 from tether._hostwork import HostBudget, off_loop
