@@ -257,3 +257,10 @@ def test_generated_programs_never_raise(lines):
 @given(st.text(max_size=300))
 def test_any_text_never_raises(code):
     assert isinstance(analyse(code), Flow)
+
+
+def test_functions_that_store_into_their_first_argument():
+    for store in ("setattr(box, 'v', e[0])", "heapq.heappush(box, e[0])", "bisect.insort(box, e[0])"):
+        code = ("import tools, heapq, bisect\nbox = []\nkeep = box\ne = await tools.mail.get_received_emails()\n"
+                f"{store}\nawait tools.mail.send_email(to=keep)\n")
+        assert src(code) == {READ}, store

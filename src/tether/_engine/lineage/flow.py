@@ -65,6 +65,8 @@ _PURE_METHODS = frozenset(
     "start end findall finditer match search fullmatch sub subn most_common elements hexdigest digest "
     "as_integer_ratio is_integer bit_length to_bytes conjugate".split()
 )
+# Functions of the sandbox's modules (tools/prompt.py) that store their later arguments in their first.
+_STORES_IN_FIRST = frozenset({"heappush", "heappushpop", "heapreplace", "insort", "insort_left", "insort_right"})
 # Methods that call a function they are given (``lst.sort(key=f)``) and keep no hold of it.
 _CALLS_BACK = frozenset({"sort"})
 # Python's built-ins and the sandbox's own (tools/stubs.py PRELUDE): none runs the program's code later.
@@ -566,6 +568,16 @@ class _Graph:
             for n in nodes:
                 for p in fn.all_params():
                     self.edge(n, p)
+        stores_in_first = (kind == "builtin" and isinstance(node.func, ast.Name) and node.func.id == "setattr") or (
+            kind == "library" and method in _STORES_IN_FIRST)
+        if stores_in_first and len(given) >= 2:
+            # setattr(obj, name, v), heapq.heappush(h, v), bisect.insort(a, v): v is now inside the first argument.
+            stored = self.join(nodes[1:])
+            for root in self.roots(given[0], scope):
+                if stored is not None:
+                    self.mutations.append((root, stored))
+                for v in arg_vars:
+                    self.union(v, root)
         if kind == "method" and method not in _PURE_METHODS:
             # `lst.append(x)`, `d.update(x)`, an unknown method: the arguments may now be inside the object.
             stored = self.join(nodes)
