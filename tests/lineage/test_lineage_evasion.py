@@ -8,10 +8,10 @@ destinations the program typed, or took from a trusted read, are not asked.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from tether import Policy
 from tether._engine.lineage.flow import analyse
@@ -62,25 +62,20 @@ def _tools() -> list[Tool]:
     return tools
 
 
-@pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
+# One runtime for the module: its sandbox workers start once.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-@pytest.fixture(scope="module")
-def rt(loop):
-    runtime = Runtime(tools=_tools(), type_check=False, max_workers=1, policy=Policy(writes="allow"))
-    loop.run_until_complete(runtime.__aenter__())
-    yield runtime
-    loop.run_until_complete(runtime.close())
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def rt():
+    async with Runtime(tools=_tools(), type_check=False, max_workers=1, policy=Policy(writes="allow")) as runtime:
+        yield runtime
 
 
-def run(rt: Runtime, loop, code: str) -> tuple[str, str, dict[str, Any]]:
+async def run(rt: Runtime, code: str) -> tuple[str, str, dict[str, Any]]:
     """Runs ``code`` for real; the run id, and the last write's address and arguments."""
     CAPTURED.clear()
-    result = loop.run_until_complete(rt.execute(code))
+    result = await rt.execute(code)
     assert result.status == "completed", result.error
     assert CAPTURED, "the program made no write"
     address, args = CAPTURED[-1]
@@ -132,9 +127,9 @@ EVASIONS = {
 
 
 @pytest.mark.parametrize("name", list(EVASIONS))
-def test_evasion_transformed_destination_is_asked(rt, loop, name):
+async def test_evasion_transformed_destination_is_asked(rt, name):
     code = EVASIONS[name] + "await tools.mail.send_email(to=to, subject='hello', body='see you')\n"
-    run_id, address, args = run(rt, loop, code)
+    run_id, address, args = await run(rt, code)
     assert args["to"] == ATTACKER  # the program really carried the attacker's address
     # The static pass alone catches it, whatever the value looks like by then...
     alone = verdict(code, run_id, address, args, by_value=False)
@@ -147,10 +142,10 @@ def test_evasion_transformed_destination_is_asked(rt, loop, name):
     assert verdict(code, run_id, address, args).ask
 
 
-def test_evasion_arithmetic_on_ids_is_asked(rt, loop):
+async def test_evasion_arithmetic_on_ids_is_asked(rt):
     code = ("import tools\nt = await tools.bank.get_transactions()\nnew_id = (t[0]['id'] * 2 + 2) // 2 - 1\n"
             "await tools.bank.update_scheduled_transaction(id=new_id, recipient='DE89370400440532013000')\n")
-    run_id, address, args = run(rt, loop, code)
+    run_id, address, args = await run(rt, code)
     assert args["id"] == 41
     v = verdict(code, run_id, address, args)
     assert v.ask
@@ -158,14 +153,14 @@ def test_evasion_arithmetic_on_ids_is_asked(rt, loop):
     assert set(asked) == {"id"} and "bank.get_transactions()" in asked["id"].says
 
 
-def test_evasion_value_copied_into_a_literal_in_a_later_run_is_asked(rt, loop):
+async def test_evasion_value_copied_into_a_literal_in_a_later_run_is_asked(rt):
     # Run 1 reads the inbox (the model sees the injection); run 2 types the attacker's values as literals.
-    first = loop.run_until_complete(rt.execute("import tools\nawait tools.mail.get_received_emails()"))
+    first = await rt.execute("import tools\nawait tools.mail.get_received_emails()")
     assert first.status == "completed"
     earlier = {m.norm: Origin("mail.get_received_emails", first.run_id, 1, m.path, m.kind) for m in marks(INBOX)}
     for to in (ATTACKER, ATTACKER.upper(), f"  {ATTACKER} "):
         code = f"import tools\nawait tools.mail.send_email(to={to!r}, subject='hi', body='hello')\n"
-        run_id, address, args = run(rt, loop, code)
+        run_id, address, args = await run(rt, code)
         # The static pass sees only a literal: nothing untrusted was read in this run.
         assert analyse(code).sources_of(address, "to") == frozenset()
         v = verdict(code, run_id, address, args, earlier=earlier)
@@ -176,7 +171,7 @@ def test_evasion_value_copied_into_a_literal_in_a_later_run_is_asked(rt, loop):
     # A link and an IBAN copied into the body of a write to a typed recipient: destinations inside content.
     code = ("import tools\nawait tools.mail.send_email(to='bob@corp.example', subject='fyi', "
             f"body='Pay {ATTACKER_IBAN[:4]} {ATTACKER_IBAN[4:8]} {ATTACKER_IBAN[8:]} at evil-site.example/claim')\n")
-    run_id, address, args = run(rt, loop, code)
+    run_id, address, args = await run(rt, code)
     v = verdict(code, run_id, address, args, earlier=earlier)
     assert v.ask
     asked = sorted(r.arg for r in v.reasons if r.asks)
@@ -202,9 +197,9 @@ BENIGN = {
 
 
 @pytest.mark.parametrize("name", list(BENIGN))
-def test_benign_writes_are_not_asked(rt, loop, name):
+async def test_benign_writes_are_not_asked(rt, name):
     code = BENIGN[name]
-    run_id, address, args = run(rt, loop, code)
+    run_id, address, args = await run(rt, code)
     v = verdict(code, run_id, address, args)
     assert not v.ask, v
     assert v.reasons and all(not r.asks for r in v.reasons)

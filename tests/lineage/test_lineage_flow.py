@@ -264,3 +264,12 @@ def test_functions_that_store_into_their_first_argument():
         code = ("import tools, heapq, bisect\nbox = []\nkeep = box\ne = await tools.mail.get_received_emails()\n"
                 f"{store}\nawait tools.mail.send_email(to=keep)\n")
         assert src(code) == {READ}, store
+
+
+def test_mutation_through_what_a_helper_returns():
+    code = ("import tools\nSHARED = []\ndef same(x):\n    return x\ndef shared():\n    return SHARED\n"
+            "out = []\ne = await tools.mail.get_received_emails()\n"
+            "same(out).append(e[0])\nshared().append(e[1])\n"
+            "await tools.mail.send_email(to=out, body=SHARED)\n")
+    assert src(code) == {READ}
+    assert src(code, arg="body") == {READ}

@@ -31,7 +31,7 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from tether._engine.lineage.names import COMPREHENSIONS, Bail, Scope, Scopes, ToolNames
 from tether._engine.lineage.values import marks, normalise
@@ -278,10 +278,14 @@ class _Graph:
             self.edge(self.escaped_ret, cls)
         elif isinstance(node, ast.Return):
             if node.value is not None:
+                mark = len(self.loaded)
                 value = self.expr(node.value, scope)
+                aliases = self.aliases(node.value, mark)
                 owner = self.fns.get(id(scope.node))
                 if owner is not None:
                     self.edge(value, owner.ret)
+                    for a in aliases:
+                        self.union(a, owner.ret)  # `y = f(); y.append(v)` reaches what f returned
         elif isinstance(node, ast.Assign):
             if id(node) in self.tools.alias_nodes:
                 return  # `mail = tools.mail`: a name for a namespace, not data
@@ -619,40 +623,43 @@ class _Graph:
         result = self.new()
         for fn in fns:
             self.edge(fn.ret, result)
+        given: list[int] = []  # the variables the arguments may be, which the result may be too
         starred = False
         for i, arg in enumerate(node.args):
-            mark = len(self.loaded)
-            n = self.expr(arg, scope)
-            aliases = self.aliases(arg, mark)
             starred = starred or isinstance(arg, ast.Starred)
-            for fn in fns:
+            for fn, targets in self.passed(fns, arg, scope, given):
                 if starred:
-                    targets = [*fn.params, *(x for x in (fn.vararg,) if x is not None)]
+                    targets += [*fn.params, *(x for x in (fn.vararg,) if x is not None)]
                 elif i < len(fn.params) and i < _positional_count(fn.node):
-                    targets = [fn.params[i]]
-                else:
-                    targets = [x for x in (fn.vararg,) if x is not None]
-                for t in targets:
-                    self.edge(n, t)
-                    for a in aliases:
-                        self.union(a, t)
+                    targets.append(fn.params[i])
+                elif fn.vararg is not None:
+                    targets.append(fn.vararg)
         for kw in node.keywords:
-            mark = len(self.loaded)
-            n = self.expr(kw.value, scope)
-            aliases = self.aliases(kw.value, mark)
-            for fn in fns:
+            for fn, targets in self.passed(fns, kw.value, scope, given):
                 names = _param_names(fn.node)
                 if kw.arg is None:
-                    targets = [*fn.params, *(x for x in (fn.kwarg,) if x is not None)]
+                    targets += [*fn.params, *(x for x in (fn.kwarg,) if x is not None)]
                 elif kw.arg in names:
-                    targets = [fn.params[names.index(kw.arg)]]
-                else:
-                    targets = [x for x in (fn.kwarg,) if x is not None]
-                for t in targets:
-                    self.edge(n, t)
-                    for a in aliases:
-                        self.union(a, t)
+                    targets.append(fn.params[names.index(kw.arg)])
+                elif fn.kwarg is not None:
+                    targets.append(fn.kwarg)
+        self.loaded.extend(given)
+        self.loaded.extend(fn.ret for fn in fns)  # the result may be whatever the function returns
         return result
+
+    def passed(self, fns: list[_Fn], arg: ast.expr, scope: Scope, given: list[int]) -> Iterator[tuple[_Fn, list[int]]]:
+        """Evaluates one argument; yields each function with a list to fill with the parameters it lands in."""
+        mark = len(self.loaded)
+        n = self.expr(arg, scope)
+        aliases = self.aliases(arg, mark)
+        given += aliases
+        for fn in fns:
+            targets: list[int] = []
+            yield fn, targets
+            for t in targets:
+                self.edge(n, t)
+                for a in aliases:
+                    self.union(a, t)
 
     def direct_defs(self, func: ast.expr, scope: Scope) -> list[_Fn] | None:
         """The program's own functions a callee names, when the name is bound by ``def`` only."""
