@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tether._engine.lineage.flow import UNKNOWN, analyse
-from tether._engine.lineage.judge import MAX_REASONS, Origin, Reason, Verdict, judge
+from tether._engine.lineage.judge import MAX_REASONS, Origin, Reason, Verdict, judge, lookups
 from tether._engine.lineage.roles import CONTENT, DESTINATION, destinations_in, role_of_name, roles
-from tether._engine.lineage.values import marks
+from tether._engine.lineage.values import find, marks, query_norms
 
 READ = "mail.get_received_emails"
 SEND = "mail.send_email"
@@ -176,3 +176,36 @@ def test_judge_bounded_on_huge_arguments():
     v = judge(address=SEND, input_schema=SCHEMA, args=args, flow=UNKNOWN, untrusted_called=CALLED,
               untrusted_values=EARLIER)
     assert v.ask and len(v.reasons) <= MAX_REASONS
+
+
+class Recording(dict):
+    """A mapping that notes every key asked for, as an index queried by norm would see."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.asked: set[str] = set()
+
+    def __contains__(self, key):
+        self.asked.add(key)
+        return super().__contains__(key)
+
+    def __getitem__(self, key):
+        self.asked.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.asked.add(key)
+        return super().get(key, default)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ARGS)
+def test_lookups_are_every_norm_the_judge_asks_for(args):
+    untrusted, trusted = Recording(EARLIER), Recording()
+    judge(address=SEND, input_schema=SCHEMA, args=args, flow=UNKNOWN, untrusted_called=CALLED,
+          untrusted_values=untrusted, trusted_values=trusted)
+    assert (untrusted.asked | trusted.asked) <= set(lookups(args))
+    # values.query_norms is exactly what find() asks for.
+    known = Recording({m.norm: m for m in marks(INBOX)})
+    find(args, known)
+    assert known.asked == set(query_norms(args))

@@ -202,11 +202,7 @@ class _Context:
 
     def inside(self, name: str, value: object, static: frozenset[str] | None) -> list[Reason]:
         """Links, addresses and IBANs inside a content argument, each judged like a destination."""
-        found = destinations_in(value)
-        by_url = {host_of(m.norm) for m in found if m.kind == "url"}
-        units = [_Unit(f"{name} → {_KIND_WORDS.get(m.kind, m.kind).removeprefix('the ')}", m.norm, [m], None)
-                 for m in found if not (m.kind == "host" and m.norm in by_url)]
-        return [self.unit(u, static, inside=name) for u in units[:MAX_UNITS]]
+        return [self.unit(u, static, inside=name) for u in _carried(name, value)]
 
     def unit(self, u: _Unit, static: frozenset[str] | None, *, inside: str | None) -> Reason:
         def reason(says: str, *, asks: bool, untrusted: bool = False, origin: Origin | None = None) -> Reason:
@@ -285,6 +281,27 @@ class _Context:
         if origin.run_id and origin.run_id != self.run_id:
             return f"{what} was copied from {self.result_of(origin)}"
         return f"{what} is in {self.result_of(origin)}"
+
+
+def lookups(args: Mapping[str, object]) -> list[str]:
+    """Every norm :func:`judge` may look up in ``untrusted_values`` and ``trusted_values`` for these arguments,
+    whatever their roles: an index can be asked for these alone, and ``judge`` given what it found."""
+    out: dict[str, None] = {}
+    for i, (name, value) in enumerate(args.items()):
+        if i >= MAX_ARGS:
+            break
+        for u in [*_units(str(name), value)[:MAX_UNITS], *_carried(str(name), value)]:
+            out.update(dict.fromkeys(u.norms))
+    return list(out)
+
+
+def _carried(name: str, value: object) -> list[_Unit]:
+    """The destinations inside a content value, one unit each (a link's host goes with its link)."""
+    found = destinations_in(value)
+    by_url = {host_of(m.norm) for m in found if m.kind == "url"}
+    units = [_Unit(f"{name} → {_KIND_WORDS.get(m.kind, m.kind).removeprefix('the ')}", m.norm, [m], None)
+             for m in found if not (m.kind == "host" and m.norm in by_url)]
+    return units[:MAX_UNITS]
 
 
 def _units(name: str, value: object) -> list[_Unit]:

@@ -109,11 +109,20 @@ def find(value: object, known: Mapping[str, T]) -> list[tuple[Mark, T]]:
     if not known:
         return []
     found = []
-    for mark in _Scanner(MAX_QUERY_WINDOWS + DEFAULT_LIMIT, query=True).run(value):
+    for mark in _query_marks(value):
         hit = known.get(mark.norm)
         if hit is not None:
             found.append((mark, hit))
     return found
+
+
+def query_norms(value: object) -> list[str]:
+    """Exactly the norms :func:`find` looks up for ``value`` (an index can be asked for these alone)."""
+    return list(dict.fromkeys(m.norm for m in _query_marks(value)))
+
+
+def _query_marks(value: object) -> list[Mark]:
+    return _Scanner(MAX_QUERY_WINDOWS + DEFAULT_LIMIT, query=True).run(value)
 
 
 def host_of(url_norm: str) -> str:
