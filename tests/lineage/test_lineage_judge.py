@@ -209,3 +209,17 @@ def test_lookups_are_every_norm_the_judge_asks_for(args):
     known = Recording({m.norm: m for m in marks(INBOX)})
     find(args, known)
     assert known.asked == set(query_norms(args))
+
+
+def test_a_trusted_copy_does_not_excuse_a_destination_traced_to_an_untrusted_result():
+    code = f"import tools\ne = await tools.mail.get_received_emails()\nawait tools.{SEND}(recipients=[e[0]['sender']], " \
+           "subject='s', body='b')\n"
+    args = {"recipients": ["ceo@corp.example"], "subject": "s", "body": "b"}
+    v = decide(code, args, trusted_values={"ceo@corp.example"})
+    assert v.ask and v.reasons[0].says.endswith("in run r-earlier, call 2")
+    # Typed by the program and seen in no untrusted result: the trace of another call site does not matter.
+    code = (f"import tools\ne = await tools.mail.get_received_emails()\n"
+            f"await tools.{SEND}(recipients=[e[0]['sender']], subject='s', body='b')\n"
+            f"await tools.{SEND}(recipients=['dana@corp.example'], subject='s', body='b')\n")
+    v = decide(code, {"recipients": ["dana@corp.example"], "subject": "s", "body": "b"})
+    assert not v.ask and v.reasons[0].says == "typed in the program"
