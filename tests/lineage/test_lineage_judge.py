@@ -223,3 +223,15 @@ def test_a_trusted_copy_does_not_excuse_a_destination_traced_to_an_untrusted_res
             f"await tools.{SEND}(recipients=['dana@corp.example'], subject='s', body='b')\n")
     v = decide(code, {"recipients": ["dana@corp.example"], "subject": "s", "body": "b"})
     assert not v.ask and v.reasons[0].says == "typed in the program"
+
+
+def test_a_fault_in_judging_makes_the_write_wait():
+    class Hostile(dict):
+        def items(self):
+            raise RuntimeError("boom")
+
+    v = judge(address=SEND, input_schema=SCHEMA, args=Hostile(to="x"), flow=UNKNOWN, untrusted_called={},
+              untrusted_values={})
+    assert v.ask and v.reasons[0].says == "the lineage of this call could not be judged"
+    assert not judge(address=SEND, input_schema=SCHEMA, args=None, flow=UNKNOWN,  # type: ignore[arg-type]
+                     untrusted_called={}, untrusted_values={}).ask

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import builtins
 import hashlib
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -115,21 +116,26 @@ def analyse(code: str) -> Flow:
     if not isinstance(code, str) or len(code) > MAX_CODE_CHARS:
         return UNKNOWN
     key = hashlib.blake2b(code.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-    hit = _CACHE.get(key)
-    if hit is not None:
-        _CACHE.move_to_end(key)
-        return hit
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
     try:
         flow = _analyse(code)
     except (Bail, RecursionError, MemoryError, SyntaxError, ValueError, TypeError):
         flow = UNKNOWN
-    _CACHE[key] = flow
-    if len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
+    except Exception:  # a fault in the pass must cost a person's look (None asks), never the run
+        flow = UNKNOWN
+    with _LOCK:  # callers may run on the host-work threads
+        _CACHE[key] = flow
+        if len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
     return flow
 
 
 _CACHE: OrderedDict[bytes, Flow] = OrderedDict()
+_LOCK = threading.Lock()
 
 
 def _analyse(code: str) -> Flow:

@@ -130,6 +130,19 @@ def judge(
     without it, the schema's order (required first), as MCP and OpenAPI tools bind. ``run_id``: this run,
     so a reason says "at call 3" for it and "in run r-1, call 2" for another.
     """
+    try:
+        return _judge(address, input_schema, args, flow, untrusted_called, untrusted_values, trusted_values,
+                      allowlist, role_overrides, positional, run_id)
+    except Exception:  # a fault here must make the write wait for a person, never let it pass
+        return Verdict(True, (Reason("", "the lineage of this call could not be judged", None, True, True),))
+
+
+def _judge(address: str, input_schema: Mapping[str, Any] | None, args: Mapping[str, object], flow: Flow,
+           untrusted_called: Mapping[str, Origin], untrusted_values: Mapping[str, Origin],
+           trusted_values: Container[str], allowlist: Sequence[str], role_overrides: Mapping[str, str] | None,
+           positional: Sequence[str] | None, run_id: str) -> Verdict:
+    if not isinstance(args, Mapping):
+        args = {}
     order = list(positional) if positional is not None else _schema_order(input_schema)
     role = roles(input_schema, args, role_overrides)
     allowed = _Allowlist(allowlist)
@@ -306,6 +319,8 @@ def lookups(args: Mapping[str, object]) -> list[str]:
     """Every norm :func:`judge` may look up in ``untrusted_values`` and ``trusted_values`` for these arguments,
     whatever their roles: an index can be asked for these alone, and ``judge`` given what it found."""
     out: dict[str, None] = {}
+    if not isinstance(args, Mapping):
+        return []
     for i, (name, value) in enumerate(args.items()):
         if i >= MAX_ARGS:
             break
