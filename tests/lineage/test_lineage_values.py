@@ -145,3 +145,21 @@ def test_marks_and_find_never_raise_and_stay_in_bounds(result, argument):
     # A value always meets its own marks.
     if found:
         assert find(result, known)
+
+
+def test_wide_nested_values_stay_bounded():
+    row = ["x"] * 10_000
+    wide = [row] * 10_000  # 100 million leaves by reference
+    start = time.process_time()
+    assert marks(wide) == []
+    assert marks([[f"u{i}@x.example"] * 3 for i in range(20_000)])  # visits the first ones only
+    assert time.process_time() - start < 30  # a hang guard, not a speed target
+
+
+def test_a_value_that_fails_when_read_gives_what_was_found():
+    class Hostile(dict):
+        def items(self):
+            raise RuntimeError("boom")
+
+    assert kinds(marks(["bob@x.example", Hostile(a=1)]))["email"] == {"bob@x.example"}
+    assert find(Hostile(a=1), {"x": 1}) == []

@@ -30,6 +30,8 @@ MAX_CHARS = 65_536
 MAX_STRING = 16_384
 # Containers and leaves visited: a list of 100,000 tiny items says nothing more after the first 10,000.
 MAX_NODES = 10_000
+# Items read of one list or object, so a wide first level leaves room for what its items hold.
+MAX_ITEMS = 1_000
 # JSON nesting this deep is data shaped to hurt, not a result.
 MAX_DEPTH = 32
 # Marks kept per value: enough for a page of e-mails (addresses, links, sentence windows), small to journal.
@@ -170,11 +172,19 @@ class _Scanner:
         self.seen: set[tuple[str, str]] = set()
 
     def run(self, value: object) -> list[Mark]:
+        try:
+            self._walk(value)
+        except Exception:  # a container that fails when read (not JSON): what was found so far
+            pass
+        return self.out
+
+    def _walk(self, value: object) -> None:
         # An explicit stack: a value nested 100,000 deep costs no Python recursion.
         stack: list[tuple[object, str, int]] = [(value, "", 0)]
-        while stack and self.nodes > 0 and self.chars > 0 and len(self.out) < self.limit:
+        # Nodes are counted when pushed, so the stack never holds more than MAX_NODES whatever the shape.
+        self.nodes -= 1
+        while stack and self.chars > 0 and len(self.out) < self.limit:
             item, path, depth = stack.pop()
-            self.nodes -= 1
             if isinstance(item, str):
                 self._string(item, path)
             elif isinstance(item, bool) or item is None or isinstance(item, float):
@@ -184,14 +194,16 @@ class _Scanner:
             elif depth >= MAX_DEPTH:
                 continue
             elif isinstance(item, Mapping):
-                pairs: Iterator[tuple[object, object]] = _first(item.items(), self.nodes)
-                stack.extend(reversed([(child, _key_path(path, key), depth + 1) for key, child in pairs]))
+                pairs: Iterator[tuple[object, object]] = _first(item.items(), min(self.nodes, MAX_ITEMS))
+                children = [(child, _key_path(path, key), depth + 1) for key, child in pairs]
+                self.nodes -= len(children)
+                stack.extend(reversed(children))
             elif isinstance(item, (list, tuple)):
-                children = [(child, f"{path}[{i}]", depth + 1) for i, child in enumerate(_first(item, self.nodes))]
+                children = [(child, f"{path}[{i}]", depth + 1) for i, child in enumerate(_first(item, min(self.nodes, MAX_ITEMS)))]
+                self.nodes -= len(children)
                 stack.extend(reversed(children))
             elif isinstance(item, (bytes, bytearray)):
                 self._string(bytes(item[:MAX_STRING]).decode("utf-8", "ignore"), path)
-        return self.out
 
     def _add(self, kind: str, norm: str, path: str) -> None:
         if not norm or len(self.out) >= self.limit or (kind, norm) in self.seen:
