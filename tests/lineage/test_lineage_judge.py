@@ -235,3 +235,17 @@ def test_a_fault_in_judging_makes_the_write_wait():
     assert v.ask and v.reasons[0].says == "the lineage of this call could not be judged"
     assert not judge(address=SEND, input_schema=SCHEMA, args=None, flow=UNKNOWN,  # type: ignore[arg-type]
                      untrusted_called={}, untrusted_values={}).ask
+
+
+def test_a_literal_is_never_a_copy_of_its_own_runs_results():
+    code = (f"import tools\ne = await tools.mail.get_received_emails()\n"
+            f"await tools.{SEND}(recipients=['ceo@corp.example'], subject='s', body=str(len(e)))\n")
+    args = {"recipients": ["ceo@corp.example"], "subject": "s", "body": "2"}
+    this_run = {m.norm: Origin(READ, "r-now", 1, m.path, m.kind) for m in marks(INBOX)}
+    v = decide(code, args, untrusted_values=this_run)
+    assert not v.ask and v.reasons[0].says == "typed in the program"
+    # The same literal seen in an earlier run's result may have been copied from it.
+    assert decide(code, args, untrusted_values={**this_run, **EARLIER}).ask
+    # A value the program computed is matched against this run's results too.
+    computed = f"import tools\nc = await tools.contacts.list()\nawait tools.{SEND}(recipients=[c[0]], subject='s', body='b')\n"
+    assert decide(computed, args, untrusted_values=this_run).ask

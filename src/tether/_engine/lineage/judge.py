@@ -8,7 +8,8 @@ content argument — is judged on its own, in this order:
    the program matching no untrusted mark (a program is fixed before any result of its run arrives, so its
    literals cannot carry them; an earlier run's value matches a mark) or, for a link inside content, a
    trusted result holds it (the trace is the content's, not the link's).
-3. its value matches a mark of an untrusted result (this run's or this principal's recent runs'): ask —
+3. its value matches a mark of an untrusted result (this run's or this principal's recent runs'; a literal
+   of the program only an earlier run's, for the reason above): ask —
    unless a trusted result holds the same value too (the attacker could then only pick among destinations
    the user's trusted sources hold: the selection limit docs/security.md states).
 4. the static pass cannot tell and the run read an untrusted result: ask, "never seen in this
@@ -228,7 +229,7 @@ class _Context:
             return reason("on the allowlist", asks=False)
         trusted = self.trusted_holder(u)
         literal = any(n in self.flow.literals for n in u.norms)
-        hits = self.hits(u, static)
+        hits = self.hits(u, static, literal=literal)
         derived = sorted(set(static) & set(self.called)) if static else []
         if derived:
             # The static pass traces it to an untrusted result of this run. A literal of the program cannot carry
@@ -266,7 +267,7 @@ class _Context:
             return reason("no untrusted result was read before this call", asks=False)
         return reason("built by the program from its own values", asks=False)
 
-    def hits(self, u: _Unit, static: frozenset[str] | None) -> Origin | None:
+    def hits(self, u: _Unit, static: frozenset[str] | None, *, literal: bool) -> Origin | None:
         """The untrusted result a value matches, if any: the most specific mark, this run's call first."""
         if not u.matchable:
             return None
@@ -274,6 +275,9 @@ class _Context:
         # A link to a host an untrusted result named, whatever its path: where the data goes is the host.
         hits += [(m, self.untrusted[n]) for m in u.marks if m.kind == "url"
                  for n in [host_of(m.norm)] if n in self.untrusted]
+        if literal and self.run_id:
+            # A literal was typed before any result of this run arrived: only an earlier run can be its source.
+            hits = [h for h in hits if h[1].run_id != self.run_id]
         if not hits:
             return None
         if static:
