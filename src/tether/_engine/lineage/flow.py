@@ -28,10 +28,11 @@ from __future__ import annotations
 import ast
 import builtins
 import hashlib
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from tether._engine.lineage.names import COMPREHENSIONS, Bail, Scope, Scopes, ToolNames
 from tether._engine.lineage.values import marks, normalise
@@ -65,6 +66,8 @@ _PURE_METHODS = frozenset(
     "start end findall finditer match search fullmatch sub subn most_common elements hexdigest digest "
     "as_integer_ratio is_integer bit_length to_bytes conjugate".split()
 )
+# Functions of the sandbox's modules (tools/prompt.py) that store their later arguments in their first.
+_STORES_IN_FIRST = frozenset({"heappush", "heappushpop", "heapreplace", "insort", "insort_left", "insort_right"})
 # Methods that call a function they are given (``lst.sort(key=f)``) and keep no hold of it.
 _CALLS_BACK = frozenset({"sort"})
 # Python's built-ins and the sandbox's own (tools/stubs.py PRELUDE): none runs the program's code later.
@@ -113,21 +116,26 @@ def analyse(code: str) -> Flow:
     if not isinstance(code, str) or len(code) > MAX_CODE_CHARS:
         return UNKNOWN
     key = hashlib.blake2b(code.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-    hit = _CACHE.get(key)
-    if hit is not None:
-        _CACHE.move_to_end(key)
-        return hit
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
     try:
         flow = _analyse(code)
     except (Bail, RecursionError, MemoryError, SyntaxError, ValueError, TypeError):
         flow = UNKNOWN
-    _CACHE[key] = flow
-    if len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
+    except Exception:  # a fault in the pass must cost a person's look (None asks), never the run
+        flow = UNKNOWN
+    with _LOCK:  # callers may run on the host-work threads
+        _CACHE[key] = flow
+        if len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
     return flow
 
 
 _CACHE: OrderedDict[bytes, Flow] = OrderedDict()
+_LOCK = threading.Lock()
 
 
 def _analyse(code: str) -> Flow:
@@ -276,10 +284,14 @@ class _Graph:
             self.edge(self.escaped_ret, cls)
         elif isinstance(node, ast.Return):
             if node.value is not None:
+                mark = len(self.loaded)
                 value = self.expr(node.value, scope)
+                aliases = self.aliases(node.value, mark)
                 owner = self.fns.get(id(scope.node))
                 if owner is not None:
                     self.edge(value, owner.ret)
+                    for a in aliases:
+                        self.union(a, owner.ret)  # `y = f(); y.append(v)` reaches what f returned
         elif isinstance(node, ast.Assign):
             if id(node) in self.tools.alias_nodes:
                 return  # `mail = tools.mail`: a name for a namespace, not data
@@ -566,6 +578,16 @@ class _Graph:
             for n in nodes:
                 for p in fn.all_params():
                     self.edge(n, p)
+        stores_in_first = (kind == "builtin" and isinstance(node.func, ast.Name) and node.func.id == "setattr") or (
+            kind == "library" and method in _STORES_IN_FIRST)
+        if stores_in_first and len(given) >= 2:
+            # setattr(obj, name, v), heapq.heappush(h, v), bisect.insort(a, v): v is now inside the first argument.
+            stored = self.join(nodes[1:])
+            for root in self.roots(given[0], scope):
+                if stored is not None:
+                    self.mutations.append((root, stored))
+                for v in arg_vars:
+                    self.union(v, root)
         if kind == "method" and method not in _PURE_METHODS:
             # `lst.append(x)`, `d.update(x)`, an unknown method: the arguments may now be inside the object.
             stored = self.join(nodes)
@@ -607,40 +629,43 @@ class _Graph:
         result = self.new()
         for fn in fns:
             self.edge(fn.ret, result)
+        given: list[int] = []  # the variables the arguments may be, which the result may be too
         starred = False
         for i, arg in enumerate(node.args):
-            mark = len(self.loaded)
-            n = self.expr(arg, scope)
-            aliases = self.aliases(arg, mark)
             starred = starred or isinstance(arg, ast.Starred)
-            for fn in fns:
+            for fn, targets in self.passed(fns, arg, scope, given):
                 if starred:
-                    targets = [*fn.params, *(x for x in (fn.vararg,) if x is not None)]
+                    targets += [*fn.params, *(x for x in (fn.vararg,) if x is not None)]
                 elif i < len(fn.params) and i < _positional_count(fn.node):
-                    targets = [fn.params[i]]
-                else:
-                    targets = [x for x in (fn.vararg,) if x is not None]
-                for t in targets:
-                    self.edge(n, t)
-                    for a in aliases:
-                        self.union(a, t)
+                    targets.append(fn.params[i])
+                elif fn.vararg is not None:
+                    targets.append(fn.vararg)
         for kw in node.keywords:
-            mark = len(self.loaded)
-            n = self.expr(kw.value, scope)
-            aliases = self.aliases(kw.value, mark)
-            for fn in fns:
+            for fn, targets in self.passed(fns, kw.value, scope, given):
                 names = _param_names(fn.node)
                 if kw.arg is None:
-                    targets = [*fn.params, *(x for x in (fn.kwarg,) if x is not None)]
+                    targets += [*fn.params, *(x for x in (fn.kwarg,) if x is not None)]
                 elif kw.arg in names:
-                    targets = [fn.params[names.index(kw.arg)]]
-                else:
-                    targets = [x for x in (fn.kwarg,) if x is not None]
-                for t in targets:
-                    self.edge(n, t)
-                    for a in aliases:
-                        self.union(a, t)
+                    targets.append(fn.params[names.index(kw.arg)])
+                elif fn.kwarg is not None:
+                    targets.append(fn.kwarg)
+        self.loaded.extend(given)
+        self.loaded.extend(fn.ret for fn in fns)  # the result may be whatever the function returns
         return result
+
+    def passed(self, fns: list[_Fn], arg: ast.expr, scope: Scope, given: list[int]) -> Iterator[tuple[_Fn, list[int]]]:
+        """Evaluates one argument; yields each function with a list to fill with the parameters it lands in."""
+        mark = len(self.loaded)
+        n = self.expr(arg, scope)
+        aliases = self.aliases(arg, mark)
+        given += aliases
+        for fn in fns:
+            targets: list[int] = []
+            yield fn, targets
+            for t in targets:
+                self.edge(n, t)
+                for a in aliases:
+                    self.union(a, t)
 
     def direct_defs(self, func: ast.expr, scope: Scope) -> list[_Fn] | None:
         """The program's own functions a callee names, when the name is bound by ``def`` only."""

@@ -3,14 +3,18 @@
 Each destination of a call — a destination argument (roles.py), or a link, address or IBAN inside a
 content argument — is judged on its own, in this order:
 
-1. on the allowlist (exact, or a glob such as ``*@example.com``): it may go.
-2. its value matches a mark of an untrusted result (this run's or this principal's recent runs'):
-   ask — unless a trusted result holds the same value too.
-3. the static pass says it may derive from an untrusted tool this run called (or cannot tell, and one
-   was called): ask — unless the value is one the program typed itself (a program is fixed before any
-   result of its run arrives, so its literals cannot carry them; an earlier run's values are step 2's)
-   or, when the pass could not tell, a trusted result holds it.
-4. otherwise it may go, and the reason says what holds it: the program's literals, a trusted result,
+1. on the allowlist (exact, or a glob such as ``*@example.com``): it may go — the operator's word.
+2. the static pass traces it to an untrusted tool this run called: ask — unless the value is a literal of
+   the program matching no untrusted mark (a program is fixed before any result of its run arrives, so its
+   literals cannot carry them; an earlier run's value matches a mark) or, for a link inside content, a
+   trusted result holds it (the trace is the content's, not the link's).
+3. its value matches a mark of an untrusted result (this run's or this principal's recent runs'; a literal
+   of the program only an earlier run's, for the reason above): ask —
+   unless a trusted result holds the same value too (the attacker could then only pick among destinations
+   the user's trusted sources hold: the selection limit docs/security.md states).
+4. the static pass cannot tell and the run read an untrusted result: ask, "never seen in this
+   conversation", unless a literal of the program or a trusted result holds the value.
+5. otherwise it may go, and the reason says what holds it: the program's literals, a trusted result,
    results not marked untrusted, or the program's own computation.
 
 A value with nothing to match (a short number, a word: values.is_low_entropy) is judged by the static pass
@@ -127,6 +131,19 @@ def judge(
     without it, the schema's order (required first), as MCP and OpenAPI tools bind. ``run_id``: this run,
     so a reason says "at call 3" for it and "in run r-1, call 2" for another.
     """
+    try:
+        return _judge(address, input_schema, args, flow, untrusted_called, untrusted_values, trusted_values,
+                      allowlist, role_overrides, positional, run_id)
+    except Exception:  # a fault here must make the write wait for a person, never let it pass
+        return Verdict(True, (Reason("", "the lineage of this call could not be judged", None, True, True),))
+
+
+def _judge(address: str, input_schema: Mapping[str, Any] | None, args: Mapping[str, object], flow: Flow,
+           untrusted_called: Mapping[str, Origin], untrusted_values: Mapping[str, Origin],
+           trusted_values: Container[str], allowlist: Sequence[str], role_overrides: Mapping[str, str] | None,
+           positional: Sequence[str] | None, run_id: str) -> Verdict:
+    if not isinstance(args, Mapping):
+        args = {}
     order = list(positional) if positional is not None else _schema_order(input_schema)
     role = roles(input_schema, args, role_overrides)
     allowed = _Allowlist(allowlist)
@@ -202,11 +219,7 @@ class _Context:
 
     def inside(self, name: str, value: object, static: frozenset[str] | None) -> list[Reason]:
         """Links, addresses and IBANs inside a content argument, each judged like a destination."""
-        found = destinations_in(value)
-        by_url = {host_of(m.norm) for m in found if m.kind == "url"}
-        units = [_Unit(f"{name} → {_KIND_WORDS.get(m.kind, m.kind).removeprefix('the ')}", m.norm, [m], None)
-                 for m in found if not (m.kind == "host" and m.norm in by_url)]
-        return [self.unit(u, static, inside=name) for u in units[:MAX_UNITS]]
+        return [self.unit(u, static, inside=name) for u in _carried(name, value)]
 
     def unit(self, u: _Unit, static: frozenset[str] | None, *, inside: str | None) -> Reason:
         def reason(says: str, *, asks: bool, untrusted: bool = False, origin: Origin | None = None) -> Reason:
@@ -215,39 +228,34 @@ class _Context:
         if self.allowed.holds(u.norms):
             return reason("on the allowlist", asks=False)
         trusted = self.trusted_holder(u)
-        if u.matchable:
-            hits = [(m, self.untrusted[m.norm]) for m in u.marks if m.norm in self.untrusted]
-            # A link to a host an untrusted result named, whatever its path: where the data goes is the host.
-            hits += [(m, self.untrusted[n]) for m in u.marks if m.kind == "url"
-                     for n in [host_of(m.norm)] if n in self.untrusted]
-            if hits and static:
-                # Derived in this run too: name this run's call, which is what the program did.
-                mine = [h for h in hits if h[1].address in static and h[1].address in self.called
-                        and (not h[1].run_id or h[1].run_id == self.run_id)]
-                hits = mine or hits
-            if hits:
-                mark, origin = _first_hit(hits)
-                origin = Origin(origin.address, origin.run_id, origin.seq, origin.path, origin.kind or mark.kind)
-                if trusted is not None:
-                    return reason(f"also held by {trusted}, though {self.copied(origin)}", asks=False,
-                                  untrusted=True, origin=origin)
-                return reason(self.copied(origin), asks=True, untrusted=True, origin=origin)
         literal = any(n in self.flow.literals for n in u.norms)
-        sources = set(self.called) if static is None else set(static) & set(self.called)
-        if sources:
-            if u.matchable and literal:
-                return reason("typed in the program", asks=False)
-            if static is None and u.matchable and trusted is not None:
-                return reason(f"held by {trusted}", asks=False)
-            origin = self.called[sorted(sources, key=lambda a: (-(self.called[a].seq or 0), a))[0]]
-            if static is None:
-                says = (f"never seen in this conversation: no trusted result, literal of the program or allowlist "
-                        f"holds it, and the program's flow could not be followed past {self.result_of(origin)}")
-            elif inside is not None:
-                says = f"in {inside}, which is built from {self.result_of(origin)}"
-            else:
-                says = f"from {self.result_of(origin)}"
+        hits = self.hits(u, static, literal=literal)
+        derived = sorted(set(static) & set(self.called)) if static else []
+        if derived:
+            # The static pass traces it to an untrusted result of this run. A literal of the program cannot carry
+            # one (the program was fixed before its run's results arrived); an earlier run's value is a hit.
+            # Inside content the trace is the content's, not the link's: a link a trusted result holds may go.
+            if u.matchable and not hits and (literal or (inside is not None and trusted is not None)):
+                return reason("typed in the program" if literal else f"held by {trusted}", asks=False)
+            if hits:
+                return reason(self.copied(hits), asks=True, untrusted=True, origin=hits)
+            origin = self.latest(derived)
+            says = (f"in {inside}, which is built from {self.result_of(origin)}" if inside is not None
+                    else f"from {self.result_of(origin)}")
             return reason(says, asks=True, untrusted=True, origin=origin)
+        if hits:
+            if trusted is not None:
+                return reason(f"also held by {trusted}, though {self.copied(hits)}", asks=False, untrusted=True,
+                              origin=hits)
+            return reason(self.copied(hits), asks=True, untrusted=True, origin=hits)
+        if static is None and self.called:
+            # The pass cannot tell, and the run read untrusted results: what nothing trusted holds asks.
+            if u.matchable and (literal or trusted is not None):
+                return reason("typed in the program" if literal else f"held by {trusted}", asks=False)
+            origin = self.latest(sorted(self.called))
+            return reason(f"never seen in this conversation: no trusted result, literal of the program or allowlist "
+                          f"holds it, and the program's flow could not be followed past {self.result_of(origin)}",
+                          asks=True, untrusted=True, origin=origin)
         if literal:
             return reason("typed in the program", asks=False)
         if trusted is not None:
@@ -258,6 +266,30 @@ class _Context:
         if static is None:
             return reason("no untrusted result was read before this call", asks=False)
         return reason("built by the program from its own values", asks=False)
+
+    def hits(self, u: _Unit, static: frozenset[str] | None, *, literal: bool) -> Origin | None:
+        """The untrusted result a value matches, if any: the most specific mark, this run's call first."""
+        if not u.matchable:
+            return None
+        hits = [(m, self.untrusted[m.norm]) for m in u.marks if m.norm in self.untrusted]
+        # A link to a host an untrusted result named, whatever its path: where the data goes is the host.
+        hits += [(m, self.untrusted[n]) for m in u.marks if m.kind == "url"
+                 for n in [host_of(m.norm)] if n in self.untrusted]
+        if literal and self.run_id:
+            # A literal was typed before any result of this run arrived: only an earlier run can be its source.
+            hits = [h for h in hits if h[1].run_id != self.run_id]
+        if not hits:
+            return None
+        if static:
+            # Derived in this run too: name this run's call, which is what the program did.
+            mine = [h for h in hits if h[1].address in static and h[1].address in self.called
+                    and (not h[1].run_id or h[1].run_id == self.run_id)]
+            hits = mine or hits
+        mark, origin = _first_hit(hits)
+        return Origin(origin.address, origin.run_id, origin.seq, origin.path, origin.kind or mark.kind)
+
+    def latest(self, addresses: Sequence[str]) -> Origin:
+        return self.called[sorted(addresses, key=lambda a: (-(self.called[a].seq or 0), a))[0]]
 
     # -- phrases --
 
@@ -285,6 +317,29 @@ class _Context:
         if origin.run_id and origin.run_id != self.run_id:
             return f"{what} was copied from {self.result_of(origin)}"
         return f"{what} is in {self.result_of(origin)}"
+
+
+def lookups(args: Mapping[str, object]) -> list[str]:
+    """Every norm :func:`judge` may look up in ``untrusted_values`` and ``trusted_values`` for these arguments,
+    whatever their roles: an index can be asked for these alone, and ``judge`` given what it found."""
+    out: dict[str, None] = {}
+    if not isinstance(args, Mapping):
+        return []
+    for i, (name, value) in enumerate(args.items()):
+        if i >= MAX_ARGS:
+            break
+        for u in [*_units(str(name), value)[:MAX_UNITS], *_carried(str(name), value)]:
+            out.update(dict.fromkeys(u.norms))
+    return list(out)
+
+
+def _carried(name: str, value: object) -> list[_Unit]:
+    """The destinations inside a content value, one unit each (a link's host goes with its link)."""
+    found = destinations_in(value)
+    by_url = {host_of(m.norm) for m in found if m.kind == "url"}
+    units = [_Unit(f"{name} → {_KIND_WORDS.get(m.kind, m.kind).removeprefix('the ')}", m.norm, [m], None)
+             for m in found if not (m.kind == "host" and m.norm in by_url)]
+    return units[:MAX_UNITS]
 
 
 def _units(name: str, value: object) -> list[_Unit]:

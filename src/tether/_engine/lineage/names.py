@@ -16,6 +16,19 @@ from typing import Iterable
 _TOOLS = "tools"
 
 
+# Node types that bind a name or open a scope (the others are walked through); the Load/Store singletons
+# carry nothing and are skipped; the types ToolNames.see reads.
+_BINDING = frozenset({
+    ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+    ast.GeneratorExp, ast.comprehension, ast.Name, ast.NamedExpr, ast.Import, ast.ImportFrom, ast.ExceptHandler,
+    ast.MatchAs, ast.MatchStar, ast.MatchMapping, ast.Global, ast.Nonlocal,
+})
+_CONTEXTS = frozenset({ast.Load, ast.Store, ast.Del})
+_SEEN_BY_TOOLS = frozenset({
+    ast.Import, ast.ImportFrom, ast.Name, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg, ast.Assign,
+})
+
+
 class Bail(Exception):
     """Past a cap: the pass gives up and says "cannot tell"."""
 
@@ -54,9 +67,13 @@ class Scopes:
             count += 1
             if count > max_nodes:
                 raise Bail
-            tools.see(node)
+            kind = type(node)
+            if kind in _SEEN_BY_TOOLS:
+                tools.see(node)
             for child in ast.iter_child_nodes(node):
-                stack.append((child, self._enter(child, scope)))
+                if type(child) in _CONTEXTS:
+                    continue
+                stack.append((child, self._enter(child, scope) if type(child) in _BINDING else scope))
 
     def _bind(self, scope: Scope, name: str, how: str) -> None:
         scope.locals.add(name)
