@@ -148,6 +148,33 @@ async def test_p45_the_index_forgets_marks_older_than_the_window(backend):
         assert later.status == "completed", later.error
 
 
+async def test_p45_runs_of_the_same_session_count_past_the_window(backend):
+    mail = Mail()
+    now = [1_800_000_000.0]
+    async with backend.runtime(mail, clock=lambda: now[0],
+                               policy=Policy(writes="guard", lineage_window_seconds=60)) as rt:
+        assert (await rt.execute(READ, session="desk")).status == "completed"
+        now[0] += 3600
+        later = await rt.execute("import tools\n"
+                                 f"await tools.mail.send_email(recipients=[{ATTACKER!r}], subject='x', body='y')\n",
+                                 session="desk")
+        assert later.status == "paused", later.error
+
+
+async def test_p45_an_address_copied_in_another_case_beside_a_long_copied_body_asks(backend):
+    # The body copies the whole injected text (hundreds of windows the index also holds); the address
+    # typed beside it is still found.
+    mail = Mail()
+    async with backend.runtime(mail) as rt:
+        assert (await rt.execute(READ)).status == "completed"
+        long_body = (INBOX[1]["body"] + " ") * 60
+        later = await rt.execute("import tools\n"
+                                 f"await tools.mail.send_email(body={long_body!r}, subject='x', "
+                                 f"recipients=[{ATTACKER.upper()!r}])\n")
+        assert later.status == "paused", later.error
+        assert any(r["asks"] and r["arg"].startswith("recipients") for r in later.pending["writes"][0]["reasons"])
+
+
 async def test_p45_a_rule_still_forces_ask_and_allow_ask_deny_keep_their_meaning(backend):
     mail = Mail()
     from tether._engine.rules.policy import Rule
@@ -190,7 +217,7 @@ EVASIONS = {
     "base64": ('import base64\n'
                'to = base64.b64decode(base64.b64encode([w for w in mails[1]["body"].split() if "@" in w][0]'
                '.encode())).decode()'),
-    "slicing": 'b = mails[1]["body"]\ni = b.index("mallory")\nto = b[i:i + len("mallory@evil.example")]',
+    "slicing": 'b = mails[1]["body"]\ni = b.index("@") - 7\nto = b[i:i + 20]',
     "f_string": 'user = mails[1]["body"].split()[9].split("@")[0]\nto = f"{user}@evil.example"',
     "id_arithmetic": 'n = len(mails[1]["id"]) * 0 + 1\nto = INBOX_IDS[n]',
     "comprehension_filter": 'to = [w for w in mails[1]["body"].split() if w.endswith(".example")][0]',

@@ -101,8 +101,8 @@ from tether.errors import RunNotFound, StoreError
 # The shared implementation
 
 
-# The normalised values one lookup asks about: a write's arguments give a few; the rest are not looked up.
-_LINEAGE_NORMS = 512
+# The normalised values one statement of a lookup asks about (a write's arguments give at most 768, values.py).
+_LINEAGE_NORMS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -480,19 +480,26 @@ class SQLStore:
         with self._transaction(write=False, single=True) as tx:
             return [_run(row) for row in tx.run(sql, (now, limit)).fetchall()]
 
-    def lineage_marks(self, principal: str, norms: Sequence[str], *, before: float, since: float,
-                      session: str | None = None, limit: int = 256) -> list[LineageMark]:
-        if not norms:
-            return []
-        by_digest = {mark_digest(n): n for n in list(norms)[:_LINEAGE_NORMS]}
-        where = (f"principal = ? AND digest IN {_in(len(by_digest))} AND created_at < ? "
-                 "AND (created_at >= ?" + (" OR session = ?)" if session is not None else ")"))
-        params: list[Any] = [principal, *by_digest, before, since, *([session] if session is not None else [])]
-        sql = (f"SELECT digest, kind, run_id, seq, address, path, created_at FROM lineage_marks WHERE {where} "
-               f"ORDER BY created_at DESC, run_id, seq LIMIT {int(limit)}")
-        with self._transaction(write=False, single=True) as tx:
-            rows = tx.run(sql, params).fetchall()
-        return [LineageMark(by_digest[r[0]], r[1], r[2], int(r[3]), r[4], r[5], float(r[6])) for r in rows]
+    def lineage_marks(self, principal: str, norms: Sequence[str], *, before: float,
+                      since: float, session: str | None = None) -> list[LineageMark]:
+        by_digest = {mark_digest(n): n for n in norms}
+        digests = list(by_digest)
+        found: list[LineageMark] = []
+        # Every norm is asked about, in chunks of bounded size, and each gets its newest row: a long body's text
+        # windows can neither push a recipient's address out of the lookup nor crowd out its row.
+        with self._transaction(write=False) as tx:
+            for i in range(0, len(digests), _LINEAGE_NORMS):
+                chunk = digests[i:i + _LINEAGE_NORMS]
+                where = (f"principal = ? AND digest IN {_in(len(chunk))} AND created_at < ? "
+                         "AND (created_at >= ?" + (" OR session = ?)" if session is not None else ")"))
+                params: list[Any] = [principal, *chunk, before, since, *([session] if session is not None else [])]
+                sql = ("SELECT digest, kind, run_id, seq, address, path, created_at FROM ("
+                       "SELECT digest, kind, run_id, seq, address, path, created_at, ROW_NUMBER() OVER "
+                       "(PARTITION BY digest ORDER BY created_at DESC, run_id, seq) AS newest "
+                       f"FROM lineage_marks WHERE {where}) AS m WHERE newest = 1")
+                found += [LineageMark(by_digest[r[0]], r[1], r[2], int(r[3]), r[4], r[5], float(r[6]))
+                          for r in tx.run(sql, params).fetchall()]
+        return found
 
     def delete_run(self, run_id: str) -> bool:
         with self._transaction(write=True, single=True) as tx:

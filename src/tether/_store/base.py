@@ -326,10 +326,10 @@ class LineageMark:
 class LineagePort(Protocol):
     """The cross-run index of untrusted marks, written with the journal entries that carry them (P-45)."""
 
-    def lineage_marks(self, principal: str, norms: Sequence[str], *, before: float, since: float,
-                      session: str | None = None, limit: int = 256) -> list[LineageMark]:
-        """Marks with one of ``norms`` given to ``principal``'s runs created before ``before`` and at or after
-        ``since`` (or, with ``session``, in that session), the newest first, at most ``limit``."""
+    def lineage_marks(self, principal: str, norms: Sequence[str], *, before: float,
+                      since: float, session: str | None = None) -> list[LineageMark]:
+        """For each of ``norms``, the newest mark with it given to ``principal``'s runs created before ``before``
+        and at or after ``since`` (or, with ``session``, in that session); norms never seen have none."""
 
 
 class SnapshotsPort(Protocol):
@@ -601,10 +601,10 @@ class AsyncStore:
     async def journal_totals(self, run_id: str, spent_states: Sequence[str]) -> tuple[int, int, int]:
         return await self.call(self.store.journal_totals, run_id, spent_states)
 
-    async def lineage_marks(self, principal: str, norms: Sequence[str], *, before: float, since: float,
-                            session: str | None = None, limit: int = 256) -> list[LineageMark]:
+    async def lineage_marks(self, principal: str, norms: Sequence[str], *, before: float,
+                            since: float, session: str | None = None) -> list[LineageMark]:
         return await self.call(self.store.lineage_marks, principal, norms, before=before, since=since,
-                               session=session, limit=limit)
+                               session=session)
 
     # -- snapshots
 

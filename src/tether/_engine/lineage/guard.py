@@ -23,7 +23,7 @@ from tether._engine.integrity import verify_calls
 from tether._engine.lineage.flow import Flow, analyse
 from tether._engine.lineage.judge import Origin, Verdict, judge
 from tether._engine.lineage.trust import UNTRUSTED, Labels
-from tether._engine.lineage.values import marks
+from tether._engine.lineage.values import marks, query_norms
 from tether._store.base import LOCAL_PRINCIPAL, CallRecord
 from tether._store.states import CallState
 from tether._tools.params import parameters
@@ -34,10 +34,6 @@ if TYPE_CHECKING:
     from tether._store.base import AsyncStore, RunRecord
     from tether._tools.model import Tool
 
-# Index rows one write's lookup reads: the newest first; older copies of the same value say no more.
-LOOKUP_LIMIT = 256
-# Norms of one write's arguments looked up in the index.
-QUERY_MARKS = 512
 # Trusted results whose values one attempt keeps in memory to say "a trusted result holds it".
 TRUSTED_RESULTS = 1000
 
@@ -102,12 +98,11 @@ class Guard:
                                                                   str(mark[0])))
             else:
                 trusted |= self._trusted_norms(entry)
-        norms = [n for n in _query_norms(args) if n not in untrusted]
+        norms = [n for n in query_norms(args) if n not in untrusted]
         if norms:
             window = self.policy.lineage_window_seconds
             for row in await self.astore.lineage_marks(self.principal, norms, before=self.created_at,
-                                                        since=self.created_at - window, session=self.session,
-                                                        limit=LOOKUP_LIMIT):
+                                                        since=self.created_at - window, session=self.session):
                 untrusted.setdefault(row.norm, Origin(row.address, row.run_id, row.seq, row.path, row.kind))
         return judge(address=tool.address, input_schema=tool.input_schema, args=args, flow=self.flow,
                      untrusted_called=called, untrusted_values=untrusted, trusted_values=trusted,
@@ -133,7 +128,3 @@ class Guard:
             self._earlier = {e.seq: e for e in earlier}
         return {**self._earlier, **journal}
 
-
-def _query_norms(args: dict[str, Any]) -> list[str]:
-    """The norms of a write's arguments to look up in the cross-run index."""
-    return [m.norm for m in marks(args, limit=QUERY_MARKS)]
