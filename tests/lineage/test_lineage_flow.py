@@ -273,3 +273,32 @@ def test_mutation_through_what_a_helper_returns():
             "await tools.mail.send_email(to=out, body=SHARED)\n")
     assert src(code) == {READ}
     assert src(code, arg="body") == {READ}
+
+
+def test_a_module_name_reassigned_in_straight_line_code_takes_its_new_value():
+    code = ("import tools\nr = await tools.mail.get_received_emails()\nn = len(r)\n"
+            "subjects = [m['subject'] for m in r]\n"
+            "r = await tools.contacts.search(q='bob')\n"
+            "await tools.mail.send_email(to=r[0]['email'], body=str(subjects) + str(n))\n")
+    assert src(code) == {OTHER}
+    assert src(code, arg="body") == {READ}
+    # Swaps read both sides first; += keeps the old value.
+    code = ("import tools\na = await tools.mail.get_received_emails()\nb = 'x@y.io'\na, b = b, a\n"
+            "await tools.mail.send_email(to=b, cc=a)\n")
+    assert src(code) == {READ} and src(code, arg="cc") == frozenset()
+    code = "import tools\nacc = await tools.mail.get_received_emails()\nacc += ['x']\nawait tools.mail.send_email(to=acc)\n"
+    assert src(code) == {READ}
+
+
+@pytest.mark.parametrize("early, late", [
+    ("def f():\n    return r", "await tools.mail.send_email(to=f())"),
+    ("g = (r for _ in [1])", "await tools.mail.send_email(to=next(g))"),
+    ("f = lambda: r", "await tools.mail.send_email(to=f())"),
+    ("", "for i in range(2):\n    r = 'x@y.io' if i else r\nawait tools.mail.send_email(to=r)"),
+    ("", "if len(r) > 1:\n    r = 'x@y.io'\nawait tools.mail.send_email(to=r)"),
+    ("b = [r]", "b[0] = r\nawait tools.mail.send_email(to=b)"),
+])
+def test_names_read_out_of_order_keep_every_value(early, late):
+    # `r` holds a typed address, then an untrusted result; whatever reads it late may see the second.
+    code = f"import tools\nr = 'x@y.io'\n{early}\nr = await tools.mail.get_received_emails()\n{late}\n"
+    assert src(code) == {READ}, code

@@ -2,7 +2,9 @@
 
 A program is fixed before it runs, so its data flow can be read from its syntax tree before any tool
 answers. The pass is conservative and flow-insensitive: a name that ever holds a value derived from a
-tool's result is taken to hold it everywhere, in every branch, before and after. What it follows:
+tool's result is taken to hold it everywhere, in every branch, before and after — except a module name
+assigned only by top-level statements and read only in program order, which gets one variable per
+assignment (names.py, ``straight``). What it follows:
 names (per scope, with ``global``, ``nonlocal`` and closures), attributes, subscripts and slices (the
 index too), f-strings, operators, comprehensions and generator expressions, ``for`` targets, ``with``
 targets, augmented assignment, the walrus, tuple unpacking (element by element for ``a, b = x, y`` and
@@ -174,7 +176,11 @@ class _Graph:
         self.tools = tools
         self.succ: list[list[int]] = []
         self.mask: list[int] = []
-        self.vars: dict[tuple[int, str], int] = {}
+        self.vars: dict[tuple[int, str, int], int] = {}
+        # Module names assigned only by top-level simple statements and read only at the top level: each
+        # assignment makes a new variable, so `r = untrusted(); ...; r = trusted()` leaves the second `r` clean.
+        self.versioned = scopes.straight
+        self.versions: dict[str, int] = {}
         self.bits: dict[str, int] = {}
         self.sites: list[tuple[str, str | int | None, int | None]] = []  # (address, arg or None: every arg, node)
         self.dynamic = bool(tools.star)
@@ -216,11 +222,17 @@ class _Graph:
 
     def var(self, scope: Scope, name: str) -> int:
         owner = self.scopes.resolve(scope, name)
-        key = (id(owner.node), name)
+        key = (id(owner.node), name, self.versions.get(name, 0) if owner is self.scopes.module else 0)
         node = self.vars.get(key)
         if node is None:
             node = self.vars[key] = self.new()
         return node
+
+    def stored(self, scope: Scope, name: str) -> int:
+        """The variable an assignment to ``name`` writes: a new version of a straight-line module name."""
+        if name in self.versioned and self.scopes.resolve(scope, name) is self.scopes.module:
+            self.versions[name] = self.versions.get(name, 0) + 1
+        return self.var(scope, name)
 
     def bit(self, address: str) -> int:
         b = self.bits.get(address)
@@ -305,7 +317,10 @@ class _Graph:
         elif isinstance(node, ast.AugAssign):
             value = self.expr(node.value, scope)
             if isinstance(node.target, ast.Name):
-                self.edge(value, self.var(scope, node.target.id))
+                old = self.var(scope, node.target.id)
+                new = self.stored(scope, node.target.id)
+                self.edge(old, new)
+                self.edge(value, new)
             else:
                 self.expr(node.target, scope)
                 self.assign(node.target, value, [], scope)
@@ -407,10 +422,12 @@ class _Graph:
             return False
         if len(items) != len(elts) or any(isinstance(e, ast.Starred) for e in [*items, *elts]):
             return False
-        for target, item in zip(elts, items):
+        values = []
+        for item in items:  # every element read before any target is written (`a, b = b, a`)
             mark = len(self.loaded)
-            node = self.expr(item, scope)
-            self.assign(target, node, self.aliases(item, mark), scope)
+            values.append((self.expr(item, scope), self.aliases(item, mark)))
+        for target, (node, aliases) in zip(elts, values):
+            self.assign(target, node, aliases, scope)
         return True
 
     def aliases(self, value: ast.expr, mark: int) -> list[int]:
@@ -423,7 +440,7 @@ class _Graph:
 
     def assign(self, target: ast.AST, value: int | None, aliases: list[int], scope: Scope) -> None:
         if isinstance(target, ast.Name):
-            v = self.var(scope, target.id)
+            v = self.stored(scope, target.id)
             self.edge(value, v)
             for a in aliases:
                 self.union(a, v)
