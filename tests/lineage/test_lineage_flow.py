@@ -302,3 +302,52 @@ def test_names_read_out_of_order_keep_every_value(early, late):
     # `r` holds a typed address, then an untrusted result; whatever reads it late may see the second.
     code = f"import tools\nr = 'x@y.io'\n{early}\nr = await tools.mail.get_received_emails()\n{late}\n"
     assert src(code) == {READ}, code
+
+
+# Each step turns the value in `{a}` into `{b}` the way a program might; composed at random, the written value
+# must still trace back to the untrusted read (and a typed value composed the same way must stay clean).
+STEPS = [
+    "{b} = '@'.join({a}.split('@'))",
+    "{b} = {a}.upper().lower()",
+    "{b} = ''.join(reversed({a}))[::-1]",
+    "{b} = base64.b64decode(base64.b64encode({a}.encode())).decode()",
+    "{b} = {a}[0:len({a})]",
+    "{b} = f'{{{a}}}'",
+    "{b} = '%s' % {a}",
+    "{b} = '{{}}'.format({a})",
+    "{b} = json.loads(json.dumps({{'v': {a}}}))['v']",
+    "{b}_box = []\n{b}_alias = {b}_box\n{b}_alias.append({a})\n{b} = {b}_box[0]",
+    "{b}_d = {{}}\n{b}_d['k'] = {a}\n{b} = {b}_d.get('k')",
+    "def {b}_f(v):\n    return v.strip()\n{b} = {b}_f({a})",
+    "{b} = list(map(lambda c: c, {a}))\n{b} = ''.join({b})",
+    "{b} = ''.join(c for c in {a} if c != '\\x00')",
+    "{b} = [c for c in {a}]\n{b} = ''.join({b})",
+    "({b} := {a})",
+    "{b}, {b}_other = {a}, 1",
+    "{b} = ''\n{b} += {a}",
+    "{b} = {a} if len({a}) else {a}",
+    "{b} = str({a}).replace('x', 'x')",
+    "{b} = sorted([{a}], key=lambda s: len(s))[0]",
+    "class {b}_C:\n    def __init__(self, v):\n        self.v = v\n{b} = {b}_C({a}).v",
+]
+
+
+def chain(start: str, steps: list[int]) -> tuple[str, str]:
+    lines, current = [], start
+    for n, i in enumerate(steps):
+        nxt = f"v{n}"
+        lines.append(STEPS[i].format(a=current, b=nxt))
+        current = nxt
+    return "\n".join(lines), current
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(0, len(STEPS) - 1), min_size=1, max_size=6))
+def test_composed_transformations_keep_the_trace(steps):
+    body, last = chain("seed", steps)
+    head = "import tools, base64, json\nseed = (await tools.mail.get_received_emails())[0]['body']\n"
+    assert src(head + body + f"\nawait tools.mail.send_email(to={last})\n") == {READ}
+    # The same chain over a typed value, beside an untrusted read that goes elsewhere, stays clean.
+    typed = ("import tools, base64, json\nseed = 'bob@corp.example'\n"
+             "mail = (await tools.mail.get_received_emails())[0]['body']\n")
+    assert src(typed + body + f"\nawait tools.mail.send_email(to={last}, body=mail)\n") == frozenset()
