@@ -184,12 +184,13 @@ class _Allowlist:
 class _Unit:
     """One value judged: a whole scalar, one address in a string, one item of a list."""
 
-    __slots__ = ("label", "shown", "marks", "norms")
+    __slots__ = ("label", "shown", "marks", "norms", "whole")
 
     def __init__(self, label: str, shown: str, found: list[Mark], whole: str | None) -> None:
         self.label = label
         self.shown = shown[:_SHOWN]
         self.marks = found
+        self.whole = whole or None
         norms = [m.norm for m in found]
         norms += [host_of(m.norm) for m in found if m.kind == "url"]
         if whole is not None:
@@ -269,12 +270,13 @@ class _Context:
 
     def hits(self, u: _Unit, static: frozenset[str] | None, *, literal: bool) -> Origin | None:
         """The untrusted result a value matches, if any: the most specific mark, this run's call first."""
-        if not u.matchable:
-            return None
         hits = [(m, self.untrusted[m.norm]) for m in u.marks if m.norm in self.untrusted]
         # A link to a host an untrusted result named, whatever its path: where the data goes is the host.
         hits += [(m, self.untrusted[n]) for m in u.marks if m.kind == "url"
                  for n in [host_of(m.norm)] if n in self.untrusted]
+        # The whole value, even a short one, against values an untrusted text quoted ("the file with ID '13'").
+        if u.whole is not None and u.whole in self.untrusted and not any(h[0].norm == u.whole for h in hits):
+            hits.append((Mark("id", u.whole, ""), self.untrusted[u.whole]))
         if literal and self.run_id:
             # A literal was typed before any result of this run arrived: only an earlier run can be its source.
             hits = [h for h in hits if h[1].run_id != self.run_id]
