@@ -351,3 +351,10 @@ def test_composed_transformations_keep_the_trace(steps):
     typed = ("import tools, base64, json\nseed = 'bob@corp.example'\n"
              "mail = (await tools.mail.get_received_emails())[0]['body']\n")
     assert src(typed + body + f"\nawait tools.mail.send_email(to={last}, body=mail)\n") == frozenset()
+
+
+def test_reflection_cannot_tell():
+    for read in ("globals()['secret']", "vars()['secret']", "eval('secret')"):
+        code = (f"import tools\nsecret = await tools.mail.get_received_emails()\n"
+                f"await tools.mail.send_email(to={read})\n")
+        assert src(code) is None, read

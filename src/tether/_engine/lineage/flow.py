@@ -70,6 +70,8 @@ _PURE_METHODS = frozenset(
 )
 # Functions of the sandbox's modules (tools/prompt.py) that store their later arguments in their first.
 _STORES_IN_FIRST = frozenset({"heappush", "heappushpop", "heapreplace", "insort", "insort_left", "insort_right"})
+# Built-ins that reach variables by name at run time.
+_REFLECTIVE = frozenset({"globals", "locals", "vars", "eval", "exec", "compile", "__import__", "dir"})
 # Methods that call a function they are given (``lst.sort(key=f)``) and keep no hold of it.
 _CALLS_BACK = frozenset({"sort"})
 # Python's built-ins and the sandbox's own (tools/stubs.py PRELUDE): none runs the program's code later.
@@ -568,6 +570,8 @@ class _Graph:
         method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
         mark = len(self.loaded)
         callee = self.expr(node.func, scope) if kind != "builtin" else None
+        if kind == "builtin" and isinstance(node.func, ast.Name) and node.func.id in _REFLECTIVE:
+            callee = self.new(_ANY)  # globals()['x'], eval(...): any variable, so any result
         receiver = self.loaded[mark:]
         del self.loaded[mark:]
         given: list[ast.expr] = [*node.args, *(k.value for k in node.keywords)]
