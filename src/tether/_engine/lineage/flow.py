@@ -79,7 +79,7 @@ _BUILTINS = frozenset(dir(builtins)) | {"search", "describe", "sources", "emit",
                                         "wait_for_signal"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: its maps are not hashable
 class Flow:
     """Which tools' results may reach which arguments of which tool's calls in one program."""
 
