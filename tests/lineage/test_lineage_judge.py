@@ -268,3 +268,17 @@ def test_short_values_an_untrusted_text_quoted_or_snake_case_tokens_are_matched_
     code = "import tools\nawait tools.files.change(file_id='12')\n"
     assert not judge(address="files.change", input_schema=schema, args={"file_id": "12"}, flow=analyse(code),
                      untrusted_called={}, untrusted_values=earlier, run_id="r-now").ask
+
+
+def test_allowlisting_a_link_does_not_allow_its_whole_site():
+    schema = {"properties": {"url": {"type": "string"}}}
+    dynamic = analyse("import tools\nf = getattr(tools.web, 'post')\nawait f(url='x')\n")
+
+    def asks(url: str, allow: list[str]) -> bool:
+        return judge(address="web.post", input_schema=schema, args={"url": url}, flow=dynamic,
+                     untrusted_called=CALLED, untrusted_values={}, allowlist=allow).ask
+
+    assert not asks("https://hooks.corp.example/in", ["https://hooks.corp.example/in"])
+    assert asks("https://hooks.corp.example/other", ["https://hooks.corp.example/in"])
+    assert not asks("https://hooks.corp.example/other", ["hooks.corp.example"])
+    assert not asks("https://a.corp.example/x", ["*.corp.example"])

@@ -174,8 +174,12 @@ class _Allowlist:
             if any(ch in entry for ch in "*?["):
                 self.globs.append(entry.strip().casefold())
             else:
-                self.exact.add(normalise(entry))
-                self.exact.update(m.norm for m in marks(entry, limit=8) if m.kind != "text")
+                whole = normalise(entry)
+                self.exact.add(whole)
+                # An entry's own address or link; a link's host only when the entry is that host (allowing one
+                # URL does not allow every page of its site).
+                self.exact.update(m.norm for m in marks(entry, limit=8)
+                                  if m.kind != "text" and (m.kind != "host" or m.norm == whole))
 
     def holds(self, norms: Sequence[str]) -> bool:
         return any(n in self.exact or any(fnmatch.fnmatchcase(n, g) for g in self.globs) for n in norms)

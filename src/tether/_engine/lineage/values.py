@@ -5,7 +5,8 @@ addresses, URLs and their hosts, IBANs (checksum valid), phone numbers, identifi
 ids, UUIDs) and windows of long text. Each is kept as a :class:`Mark` in a normalised form (NFKC,
 case folded, surrounding punctuation and spacing dropped), so the same value written in another case or
 with other spacing still meets it. Values that would match by chance do not count: short numbers,
-booleans, dates, words without digits, strings shorter than an identifier.
+booleans, dates, plain words, strings shorter than an identifier — unless a text quotes one as a value
+("delete the file with ID '13'"), which is what an injected instruction does.
 
 The work is bounded whatever the value: at most ``MAX_CHARS`` characters of strings are read in all (and
 ``MAX_STRING`` of one string), ``MAX_NODES`` containers and leaves visited, ``MAX_DEPTH`` levels deep,
@@ -363,11 +364,11 @@ class _Scanner:
         words = _WORD.findall(text.casefold())
         if len(words) < WINDOW:
             return
-        step = 1 if self.query else WINDOW
+        stride = 1 if self.query else WINDOW
         cap = MAX_QUERY_WINDOWS if self.query else MAX_WINDOWS
         last = len(words) - WINDOW
         # The last window too, so the end of a result is matched as surely as its start.
-        starts = list(range(0, last + 1, step))[:cap]
+        starts = list(range(0, last + 1, stride))[:cap]
         if not self.query and starts[-1] != last and len(starts) < cap:
             starts.append(last)
         for i in starts:
