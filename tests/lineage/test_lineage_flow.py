@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tether._engine.lineage import flow as flow_module
-from tether._engine.lineage.flow import UNKNOWN, Flow, analyse
+from tether._engine.lineage.flow import UNKNOWN, DataFlow, analyse
 
 READ = "mail.get_received_emails"
 OTHER = "contacts.search"
@@ -247,7 +247,7 @@ STMT = st.one_of(
 def test_generated_programs_never_raise(lines):
     code = "\n".join(lines)
     flow = analyse(code)
-    assert isinstance(flow, Flow)
+    assert isinstance(flow, DataFlow)
     for address in flow.addresses:
         result = flow.sources_of(address, "to")
         assert result is None or isinstance(result, frozenset)
@@ -256,7 +256,7 @@ def test_generated_programs_never_raise(lines):
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=300))
 def test_any_text_never_raises(code):
-    assert isinstance(analyse(code), Flow)
+    assert isinstance(analyse(code), DataFlow)
 
 
 def test_functions_that_store_into_their_first_argument():

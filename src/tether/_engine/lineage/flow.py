@@ -80,7 +80,7 @@ _BUILTINS = frozenset(dir(builtins)) | {"search", "describe", "sources", "emit",
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: its maps are not hashable
-class Flow:
+class DataFlow:
     """Which tools' results may reach which arguments of which tool's calls in one program."""
 
     literals: frozenset[str] = frozenset()  # the program's own literals, normalised as values.marks does
@@ -112,10 +112,13 @@ class Flow:
         return None if by_position is None else by_name | by_position
 
 
-UNKNOWN = Flow()
+UNKNOWN = DataFlow()
+# Callers written against the shorter name (lineage/guard.py) keep working until they use DataFlow; no class may
+# be called Flow (tests/shape/test_names.py: _server/signin.py has one).
+Flow = DataFlow
 
 
-def analyse(code: str) -> Flow:
+def analyse(code: str) -> DataFlow:
     """The flow of ``code``; never raises. Unparsable text, or text past a cap, gives the all-``None`` flow."""
     if not isinstance(code, str) or len(code) > MAX_CODE_CHARS:
         return UNKNOWN
@@ -138,11 +141,11 @@ def analyse(code: str) -> Flow:
     return flow
 
 
-_CACHE: OrderedDict[bytes, Flow] = OrderedDict()
+_CACHE: OrderedDict[bytes, DataFlow] = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def _analyse(code: str) -> Flow:
+def _analyse(code: str) -> DataFlow:
     tree = ast.parse(code)
     tools = ToolNames()
     scopes = Scopes(tree, tools, MAX_NODES)
@@ -736,7 +739,7 @@ class _Graph:
 
     # -- the end --
 
-    def finish(self) -> Flow:
+    def finish(self) -> DataFlow:
         for key in self.escaped_names:
             for d in self.scopes.defs.get(key, []):
                 fn = self.fns.get(id(d))
@@ -783,7 +786,7 @@ class _Graph:
             else:
                 was = named.get((address, arg), frozenset())
                 named[(address, arg)] = None if was is None or sources is None else was | sources
-        return Flow(
+        return DataFlow(
             literals=self.literal_norms(),
             parsed=True,
             dynamic=self.dynamic,

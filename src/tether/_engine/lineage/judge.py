@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Container, Mapping, Sequence
 
-from tether._engine.lineage.flow import Flow
+from tether._engine.lineage.flow import DataFlow
 from tether._engine.lineage.roles import DESTINATION, destinations_in, roles
 from tether._engine.lineage.values import Mark, host_of, marks, normalise
 
@@ -94,7 +94,7 @@ class Reason:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class LineageVerdict:
     ask: bool
     reasons: tuple[Reason, ...]  # one per destination looked at
 
@@ -102,10 +102,15 @@ class Verdict:
         return {"ask": self.ask, "reasons": [r.to_dict() for r in self.reasons]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Verdict":
+    def from_dict(cls, data: Mapping[str, Any]) -> "LineageVerdict":
         reasons = data.get("reasons")
         items = reasons if isinstance(reasons, list) else []
         return cls(bool(data.get("ask")), tuple(Reason.from_dict(r) for r in items if isinstance(r, Mapping)))
+
+
+# Callers written against the shorter name (lineage/guard.py) keep working until they use LineageVerdict; no
+# class may be called Verdict (tests/shape/test_names.py: approvals/rights.py has one).
+Verdict = LineageVerdict
 
 
 def judge(
@@ -113,7 +118,7 @@ def judge(
     address: str,
     input_schema: Mapping[str, Any] | None,
     args: Mapping[str, object],
-    flow: Flow,
+    flow: DataFlow,
     untrusted_called: Mapping[str, Origin],
     untrusted_values: Mapping[str, Origin],
     trusted_values: Container[str] = frozenset(),
@@ -121,7 +126,7 @@ def judge(
     role_overrides: Mapping[str, str] | None = None,
     positional: Sequence[str] | None = None,
     run_id: str = "",
-) -> Verdict:
+) -> LineageVerdict:
     """The verdict on one call of ``address`` with bound keyword ``args``.
 
     ``untrusted_called``: the untrusted tools this run called before this call (address -> its latest
@@ -135,13 +140,13 @@ def judge(
         return _judge(address, input_schema, args, flow, untrusted_called, untrusted_values, trusted_values,
                       allowlist, role_overrides, positional, run_id)
     except Exception:  # a fault here must make the write wait for a person, never let it pass
-        return Verdict(True, (Reason("", "the lineage of this call could not be judged", None, True, True),))
+        return LineageVerdict(True, (Reason("", "the lineage of this call could not be judged", None, True, True),))
 
 
-def _judge(address: str, input_schema: Mapping[str, Any] | None, args: Mapping[str, object], flow: Flow,
+def _judge(address: str, input_schema: Mapping[str, Any] | None, args: Mapping[str, object], flow: DataFlow,
            untrusted_called: Mapping[str, Origin], untrusted_values: Mapping[str, Origin],
            trusted_values: Container[str], allowlist: Sequence[str], role_overrides: Mapping[str, str] | None,
-           positional: Sequence[str] | None, run_id: str) -> Verdict:
+           positional: Sequence[str] | None, run_id: str) -> LineageVerdict:
     if not isinstance(args, Mapping):
         args = {}
     order = list(positional) if positional is not None else _schema_order(input_schema)
@@ -158,7 +163,7 @@ def _judge(address: str, input_schema: Mapping[str, Any] | None, args: Mapping[s
         else:
             reasons += ctx.inside(str(name), value, static)
     reasons = reasons[:MAX_REASONS]
-    return Verdict(any(r.asks for r in reasons), tuple(reasons))
+    return LineageVerdict(any(r.asks for r in reasons), tuple(reasons))
 
 
 # -- the parts ------------------------------------------------------------------------------------------------
@@ -207,7 +212,7 @@ class _Unit:
 
 
 class _Context:
-    def __init__(self, flow: Flow, called: Mapping[str, Origin], untrusted: Mapping[str, Origin],
+    def __init__(self, flow: DataFlow, called: Mapping[str, Origin], untrusted: Mapping[str, Origin],
                  trusted: Container[str], allowed: _Allowlist, run_id: str) -> None:
         self.flow = flow
         self.called = called
