@@ -15,7 +15,7 @@ import pytest_asyncio
 
 from tether import Policy
 from tether._engine.lineage.flow import analyse
-from tether._engine.lineage.judge import Origin, Verdict, judge
+from tether._engine.lineage.judge import LineageVerdict, Origin, judge
 from tether._engine.lineage.values import marks
 from tether._runtime import Runtime
 from tether._tools.model import Annotations, Tool
@@ -100,7 +100,7 @@ def marks_of(called: dict[str, Origin]) -> dict[str, Origin]:
 
 
 def verdict(code: str, run_id: str, address: str, args: dict[str, Any], *, by_value: bool = True,
-            earlier: dict[str, Origin] | None = None) -> Verdict:
+            earlier: dict[str, Origin] | None = None) -> LineageVerdict:
     called = called_in(code, run_id)
     known = {**(earlier or {}), **(marks_of(called) if by_value else {})}
     return judge(address=address, input_schema=WRITES[address], args=args, flow=analyse(code),

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tether._engine.lineage import flow as flow_module
-from tether._engine.lineage.flow import UNKNOWN, Flow, analyse
+from tether._engine.lineage.flow import UNKNOWN, DataFlow, analyse
 
 READ = "mail.get_received_emails"
 OTHER = "contacts.search"
@@ -247,7 +247,7 @@ STMT = st.one_of(
 def test_generated_programs_never_raise(lines):
     code = "\n".join(lines)
     flow = analyse(code)
-    assert isinstance(flow, Flow)
+    assert isinstance(flow, DataFlow)
     for address in flow.addresses:
         result = flow.sources_of(address, "to")
         assert result is None or isinstance(result, frozenset)
@@ -256,7 +256,7 @@ def test_generated_programs_never_raise(lines):
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=300))
 def test_any_text_never_raises(code):
-    assert isinstance(analyse(code), Flow)
+    assert isinstance(analyse(code), DataFlow)
 
 
 def test_functions_that_store_into_their_first_argument():
@@ -273,3 +273,88 @@ def test_mutation_through_what_a_helper_returns():
             "await tools.mail.send_email(to=out, body=SHARED)\n")
     assert src(code) == {READ}
     assert src(code, arg="body") == {READ}
+
+
+def test_a_module_name_reassigned_in_straight_line_code_takes_its_new_value():
+    code = ("import tools\nr = await tools.mail.get_received_emails()\nn = len(r)\n"
+            "subjects = [m['subject'] for m in r]\n"
+            "r = await tools.contacts.search(q='bob')\n"
+            "await tools.mail.send_email(to=r[0]['email'], body=str(subjects) + str(n))\n")
+    assert src(code) == {OTHER}
+    assert src(code, arg="body") == {READ}
+    # Swaps read both sides first; += keeps the old value.
+    code = ("import tools\na = await tools.mail.get_received_emails()\nb = 'x@y.io'\na, b = b, a\n"
+            "await tools.mail.send_email(to=b, cc=a)\n")
+    assert src(code) == {READ} and src(code, arg="cc") == frozenset()
+    code = "import tools\nacc = await tools.mail.get_received_emails()\nacc += ['x']\nawait tools.mail.send_email(to=acc)\n"
+    assert src(code) == {READ}
+
+
+@pytest.mark.parametrize("early, late", [
+    ("def f():\n    return r", "await tools.mail.send_email(to=f())"),
+    ("g = (r for _ in [1])", "await tools.mail.send_email(to=next(g))"),
+    ("f = lambda: r", "await tools.mail.send_email(to=f())"),
+    ("", "for i in range(2):\n    r = 'x@y.io' if i else r\nawait tools.mail.send_email(to=r)"),
+    ("", "if len(r) > 1:\n    r = 'x@y.io'\nawait tools.mail.send_email(to=r)"),
+    ("b = [r]", "b[0] = r\nawait tools.mail.send_email(to=b)"),
+])
+def test_names_read_out_of_order_keep_every_value(early, late):
+    # `r` holds a typed address, then an untrusted result; whatever reads it late may see the second.
+    code = f"import tools\nr = 'x@y.io'\n{early}\nr = await tools.mail.get_received_emails()\n{late}\n"
+    assert src(code) == {READ}, code
+
+
+# Each step turns the value in `{a}` into `{b}` the way a program might; composed at random, the written value
+# must still trace back to the untrusted read (and a typed value composed the same way must stay clean).
+STEPS = [
+    "{b} = '@'.join({a}.split('@'))",
+    "{b} = {a}.upper().lower()",
+    "{b} = ''.join(reversed({a}))[::-1]",
+    "{b} = base64.b64decode(base64.b64encode({a}.encode())).decode()",
+    "{b} = {a}[0:len({a})]",
+    "{b} = f'{{{a}}}'",
+    "{b} = '%s' % {a}",
+    "{b} = '{{}}'.format({a})",
+    "{b} = json.loads(json.dumps({{'v': {a}}}))['v']",
+    "{b}_box = []\n{b}_alias = {b}_box\n{b}_alias.append({a})\n{b} = {b}_box[0]",
+    "{b}_d = {{}}\n{b}_d['k'] = {a}\n{b} = {b}_d.get('k')",
+    "def {b}_f(v):\n    return v.strip()\n{b} = {b}_f({a})",
+    "{b} = list(map(lambda c: c, {a}))\n{b} = ''.join({b})",
+    "{b} = ''.join(c for c in {a} if c != '\\x00')",
+    "{b} = [c for c in {a}]\n{b} = ''.join({b})",
+    "({b} := {a})",
+    "{b}, {b}_other = {a}, 1",
+    "{b} = ''\n{b} += {a}",
+    "{b} = {a} if len({a}) else {a}",
+    "{b} = str({a}).replace('x', 'x')",
+    "{b} = sorted([{a}], key=lambda s: len(s))[0]",
+    "class {b}_C:\n    def __init__(self, v):\n        self.v = v\n{b} = {b}_C({a}).v",
+]
+
+
+def chain(start: str, steps: list[int]) -> tuple[str, str]:
+    lines, current = [], start
+    for n, i in enumerate(steps):
+        nxt = f"v{n}"
+        lines.append(STEPS[i].format(a=current, b=nxt))
+        current = nxt
+    return "\n".join(lines), current
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(0, len(STEPS) - 1), min_size=1, max_size=6))
+def test_composed_transformations_keep_the_trace(steps):
+    body, last = chain("seed", steps)
+    head = "import tools, base64, json\nseed = (await tools.mail.get_received_emails())[0]['body']\n"
+    assert src(head + body + f"\nawait tools.mail.send_email(to={last})\n") == {READ}
+    # The same chain over a typed value, beside an untrusted read that goes elsewhere, stays clean.
+    typed = ("import tools, base64, json\nseed = 'bob@corp.example'\n"
+             "mail = (await tools.mail.get_received_emails())[0]['body']\n")
+    assert src(typed + body + f"\nawait tools.mail.send_email(to={last}, body=mail)\n") == frozenset()
+
+
+def test_reflection_cannot_tell():
+    for read in ("globals()['secret']", "vars()['secret']", "eval('secret')"):
+        code = (f"import tools\nsecret = await tools.mail.get_received_emails()\n"
+                f"await tools.mail.send_email(to={read})\n")
+        assert src(code) is None, read

@@ -2,7 +2,9 @@
 
 A program is fixed before it runs, so its data flow can be read from its syntax tree before any tool
 answers. The pass is conservative and flow-insensitive: a name that ever holds a value derived from a
-tool's result is taken to hold it everywhere, in every branch, before and after. What it follows:
+tool's result is taken to hold it everywhere, in every branch, before and after — except a module name
+assigned only by top-level statements and read only in program order, which gets one variable per
+assignment (names.py, ``straight``). What it follows:
 names (per scope, with ``global``, ``nonlocal`` and closures), attributes, subscripts and slices (the
 index too), f-strings, operators, comprehensions and generator expressions, ``for`` targets, ``with``
 targets, augmented assignment, the walrus, tuple unpacking (element by element for ``a, b = x, y`` and
@@ -68,6 +70,8 @@ _PURE_METHODS = frozenset(
 )
 # Functions of the sandbox's modules (tools/prompt.py) that store their later arguments in their first.
 _STORES_IN_FIRST = frozenset({"heappush", "heappushpop", "heapreplace", "insort", "insort_left", "insort_right"})
+# Built-ins that reach variables by name at run time.
+_REFLECTIVE = frozenset({"globals", "locals", "vars", "eval", "exec", "compile", "__import__", "dir"})
 # Methods that call a function they are given (``lst.sort(key=f)``) and keep no hold of it.
 _CALLS_BACK = frozenset({"sort"})
 # Python's built-ins and the sandbox's own (tools/stubs.py PRELUDE): none runs the program's code later.
@@ -75,8 +79,8 @@ _BUILTINS = frozenset(dir(builtins)) | {"search", "describe", "sources", "emit",
                                         "wait_for_signal"}
 
 
-@dataclass(frozen=True)
-class Flow:
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: its maps are not hashable
+class DataFlow:
     """Which tools' results may reach which arguments of which tool's calls in one program."""
 
     literals: frozenset[str] = frozenset()  # the program's own literals, normalised as values.marks does
@@ -108,10 +112,13 @@ class Flow:
         return None if by_position is None else by_name | by_position
 
 
-UNKNOWN = Flow()
+UNKNOWN = DataFlow()
+# Callers written against the shorter name (lineage/guard.py) keep working until they use DataFlow; no class may
+# be called Flow (tests/shape/test_names.py: _server/signin.py has one).
+Flow = DataFlow
 
 
-def analyse(code: str) -> Flow:
+def analyse(code: str) -> DataFlow:
     """The flow of ``code``; never raises. Unparsable text, or text past a cap, gives the all-``None`` flow."""
     if not isinstance(code, str) or len(code) > MAX_CODE_CHARS:
         return UNKNOWN
@@ -134,11 +141,11 @@ def analyse(code: str) -> Flow:
     return flow
 
 
-_CACHE: OrderedDict[bytes, Flow] = OrderedDict()
+_CACHE: OrderedDict[bytes, DataFlow] = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def _analyse(code: str) -> Flow:
+def _analyse(code: str) -> DataFlow:
     tree = ast.parse(code)
     tools = ToolNames()
     scopes = Scopes(tree, tools, MAX_NODES)
@@ -174,7 +181,11 @@ class _Graph:
         self.tools = tools
         self.succ: list[list[int]] = []
         self.mask: list[int] = []
-        self.vars: dict[tuple[int, str], int] = {}
+        self.vars: dict[tuple[int, str, int], int] = {}
+        # Module names assigned only by top-level simple statements and read only at the top level: each
+        # assignment makes a new variable, so `r = untrusted(); ...; r = trusted()` leaves the second `r` clean.
+        self.versioned = scopes.straight
+        self.versions: dict[str, int] = {}
         self.bits: dict[str, int] = {}
         self.sites: list[tuple[str, str | int | None, int | None]] = []  # (address, arg or None: every arg, node)
         self.dynamic = bool(tools.star)
@@ -216,11 +227,17 @@ class _Graph:
 
     def var(self, scope: Scope, name: str) -> int:
         owner = self.scopes.resolve(scope, name)
-        key = (id(owner.node), name)
+        key = (id(owner.node), name, self.versions.get(name, 0) if owner is self.scopes.module else 0)
         node = self.vars.get(key)
         if node is None:
             node = self.vars[key] = self.new()
         return node
+
+    def stored(self, scope: Scope, name: str) -> int:
+        """The variable an assignment to ``name`` writes: a new version of a straight-line module name."""
+        if name in self.versioned and self.scopes.resolve(scope, name) is self.scopes.module:
+            self.versions[name] = self.versions.get(name, 0) + 1
+        return self.var(scope, name)
 
     def bit(self, address: str) -> int:
         b = self.bits.get(address)
@@ -305,7 +322,10 @@ class _Graph:
         elif isinstance(node, ast.AugAssign):
             value = self.expr(node.value, scope)
             if isinstance(node.target, ast.Name):
-                self.edge(value, self.var(scope, node.target.id))
+                old = self.var(scope, node.target.id)
+                new = self.stored(scope, node.target.id)
+                self.edge(old, new)
+                self.edge(value, new)
             else:
                 self.expr(node.target, scope)
                 self.assign(node.target, value, [], scope)
@@ -407,10 +427,12 @@ class _Graph:
             return False
         if len(items) != len(elts) or any(isinstance(e, ast.Starred) for e in [*items, *elts]):
             return False
-        for target, item in zip(elts, items):
+        values = []
+        for item in items:  # every element read before any target is written (`a, b = b, a`)
             mark = len(self.loaded)
-            node = self.expr(item, scope)
-            self.assign(target, node, self.aliases(item, mark), scope)
+            values.append((self.expr(item, scope), self.aliases(item, mark)))
+        for target, (node, aliases) in zip(elts, values):
+            self.assign(target, node, aliases, scope)
         return True
 
     def aliases(self, value: ast.expr, mark: int) -> list[int]:
@@ -423,7 +445,7 @@ class _Graph:
 
     def assign(self, target: ast.AST, value: int | None, aliases: list[int], scope: Scope) -> None:
         if isinstance(target, ast.Name):
-            v = self.var(scope, target.id)
+            v = self.stored(scope, target.id)
             self.edge(value, v)
             for a in aliases:
                 self.union(a, v)
@@ -551,6 +573,8 @@ class _Graph:
         method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
         mark = len(self.loaded)
         callee = self.expr(node.func, scope) if kind != "builtin" else None
+        if kind == "builtin" and isinstance(node.func, ast.Name) and node.func.id in _REFLECTIVE:
+            callee = self.new(_ANY)  # globals()['x'], eval(...): any variable, so any result
         receiver = self.loaded[mark:]
         del self.loaded[mark:]
         given: list[ast.expr] = [*node.args, *(k.value for k in node.keywords)]
@@ -715,7 +739,7 @@ class _Graph:
 
     # -- the end --
 
-    def finish(self) -> Flow:
+    def finish(self) -> DataFlow:
         for key in self.escaped_names:
             for d in self.scopes.defs.get(key, []):
                 fn = self.fns.get(id(d))
@@ -762,7 +786,7 @@ class _Graph:
             else:
                 was = named.get((address, arg), frozenset())
                 named[(address, arg)] = None if was is None or sources is None else was | sources
-        return Flow(
+        return DataFlow(
             literals=self.literal_norms(),
             parsed=True,
             dynamic=self.dynamic,

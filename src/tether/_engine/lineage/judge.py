@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Container, Mapping, Sequence
 
-from tether._engine.lineage.flow import Flow
+from tether._engine.lineage.flow import DataFlow
 from tether._engine.lineage.roles import DESTINATION, destinations_in, roles
 from tether._engine.lineage.values import Mark, host_of, marks, normalise
 
@@ -94,7 +94,7 @@ class Reason:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class LineageVerdict:
     ask: bool
     reasons: tuple[Reason, ...]  # one per destination looked at
 
@@ -102,10 +102,15 @@ class Verdict:
         return {"ask": self.ask, "reasons": [r.to_dict() for r in self.reasons]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Verdict":
+    def from_dict(cls, data: Mapping[str, Any]) -> "LineageVerdict":
         reasons = data.get("reasons")
         items = reasons if isinstance(reasons, list) else []
         return cls(bool(data.get("ask")), tuple(Reason.from_dict(r) for r in items if isinstance(r, Mapping)))
+
+
+# Callers written against the shorter name (lineage/guard.py) keep working until they use LineageVerdict; no
+# class may be called Verdict (tests/shape/test_names.py: approvals/rights.py has one).
+Verdict = LineageVerdict
 
 
 def judge(
@@ -113,7 +118,7 @@ def judge(
     address: str,
     input_schema: Mapping[str, Any] | None,
     args: Mapping[str, object],
-    flow: Flow,
+    flow: DataFlow,
     untrusted_called: Mapping[str, Origin],
     untrusted_values: Mapping[str, Origin],
     trusted_values: Container[str] = frozenset(),
@@ -121,7 +126,7 @@ def judge(
     role_overrides: Mapping[str, str] | None = None,
     positional: Sequence[str] | None = None,
     run_id: str = "",
-) -> Verdict:
+) -> LineageVerdict:
     """The verdict on one call of ``address`` with bound keyword ``args``.
 
     ``untrusted_called``: the untrusted tools this run called before this call (address -> its latest
@@ -135,13 +140,13 @@ def judge(
         return _judge(address, input_schema, args, flow, untrusted_called, untrusted_values, trusted_values,
                       allowlist, role_overrides, positional, run_id)
     except Exception:  # a fault here must make the write wait for a person, never let it pass
-        return Verdict(True, (Reason("", "the lineage of this call could not be judged", None, True, True),))
+        return LineageVerdict(True, (Reason("", "the lineage of this call could not be judged", None, True, True),))
 
 
-def _judge(address: str, input_schema: Mapping[str, Any] | None, args: Mapping[str, object], flow: Flow,
+def _judge(address: str, input_schema: Mapping[str, Any] | None, args: Mapping[str, object], flow: DataFlow,
            untrusted_called: Mapping[str, Origin], untrusted_values: Mapping[str, Origin],
            trusted_values: Container[str], allowlist: Sequence[str], role_overrides: Mapping[str, str] | None,
-           positional: Sequence[str] | None, run_id: str) -> Verdict:
+           positional: Sequence[str] | None, run_id: str) -> LineageVerdict:
     if not isinstance(args, Mapping):
         args = {}
     order = list(positional) if positional is not None else _schema_order(input_schema)
@@ -158,7 +163,7 @@ def _judge(address: str, input_schema: Mapping[str, Any] | None, args: Mapping[s
         else:
             reasons += ctx.inside(str(name), value, static)
     reasons = reasons[:MAX_REASONS]
-    return Verdict(any(r.asks for r in reasons), tuple(reasons))
+    return LineageVerdict(any(r.asks for r in reasons), tuple(reasons))
 
 
 # -- the parts ------------------------------------------------------------------------------------------------
@@ -174,8 +179,12 @@ class _Allowlist:
             if any(ch in entry for ch in "*?["):
                 self.globs.append(entry.strip().casefold())
             else:
-                self.exact.add(normalise(entry))
-                self.exact.update(m.norm for m in marks(entry, limit=8) if m.kind != "text")
+                whole = normalise(entry)
+                self.exact.add(whole)
+                # An entry's own address or link; a link's host only when the entry is that host (allowing one
+                # URL does not allow every page of its site).
+                self.exact.update(m.norm for m in marks(entry, limit=8)
+                                  if m.kind != "text" and (m.kind != "host" or m.norm == whole))
 
     def holds(self, norms: Sequence[str]) -> bool:
         return any(n in self.exact or any(fnmatch.fnmatchcase(n, g) for g in self.globs) for n in norms)
@@ -184,12 +193,13 @@ class _Allowlist:
 class _Unit:
     """One value judged: a whole scalar, one address in a string, one item of a list."""
 
-    __slots__ = ("label", "shown", "marks", "norms")
+    __slots__ = ("label", "shown", "marks", "norms", "whole")
 
     def __init__(self, label: str, shown: str, found: list[Mark], whole: str | None) -> None:
         self.label = label
         self.shown = shown[:_SHOWN]
         self.marks = found
+        self.whole = whole or None
         norms = [m.norm for m in found]
         norms += [host_of(m.norm) for m in found if m.kind == "url"]
         if whole is not None:
@@ -202,7 +212,7 @@ class _Unit:
 
 
 class _Context:
-    def __init__(self, flow: Flow, called: Mapping[str, Origin], untrusted: Mapping[str, Origin],
+    def __init__(self, flow: DataFlow, called: Mapping[str, Origin], untrusted: Mapping[str, Origin],
                  trusted: Container[str], allowed: _Allowlist, run_id: str) -> None:
         self.flow = flow
         self.called = called
@@ -269,12 +279,13 @@ class _Context:
 
     def hits(self, u: _Unit, static: frozenset[str] | None, *, literal: bool) -> Origin | None:
         """The untrusted result a value matches, if any: the most specific mark, this run's call first."""
-        if not u.matchable:
-            return None
         hits = [(m, self.untrusted[m.norm]) for m in u.marks if m.norm in self.untrusted]
         # A link to a host an untrusted result named, whatever its path: where the data goes is the host.
         hits += [(m, self.untrusted[n]) for m in u.marks if m.kind == "url"
                  for n in [host_of(m.norm)] if n in self.untrusted]
+        # The whole value, even a short one, against values an untrusted text quoted ("the file with ID '13'").
+        if u.whole is not None and u.whole in self.untrusted and not any(h[0].norm == u.whole for h in hits):
+            hits.append((Mark("id", u.whole, ""), self.untrusted[u.whole]))
         if literal and self.run_id:
             # A literal was typed before any result of this run arrived: only an earlier run can be its source.
             hits = [h for h in hits if h[1].run_id != self.run_id]

@@ -59,6 +59,7 @@ class Scopes:
         self.defs: dict[tuple[int, str], list[ast.AST]] = {}  # (scope, name) -> the defs binding it
         self.other: set[tuple[int, str]] = set()  # (scope, name) bound by something other than a def
         self.imported: set[tuple[int, str]] = set()  # (scope, name) bound by a non-tools import only
+        self.straight: frozenset[str] = frozenset()  # module names safe to version (see _straight)
         # One walk for the scopes, the names bound to tools and the node cap.
         stack: list[tuple[ast.AST, Scope]] = [(tree, self.module)]
         count = 0
@@ -74,6 +75,7 @@ class Scopes:
                 if type(child) in _CONTEXTS:
                     continue
                 stack.append((child, self._enter(child, scope) if type(child) in _BINDING else scope))
+        self.straight = _straight(tree, self.module)
 
     def _bind(self, scope: Scope, name: str, how: str) -> None:
         scope.locals.add(name)
@@ -260,3 +262,51 @@ class ToolNames:
             if ns is not None:
                 return f"{ns}.{node.attr}"
         return None
+
+
+def _straight(tree: ast.Module, module: Scope) -> frozenset[str]:
+    """Module names whose every binding is a top-level ``x = ...`` / ``x: T = ...`` / ``x += ...`` and every
+    read happens in program order (not in a function, lambda, class or a generator's lazy part): one version
+    per assignment is then exact."""
+    simple: set[str] = set()
+    other: set[str] = set()
+    for stmt in tree.body:
+        direct: set[int] = set()
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
+                elts = target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]
+                for elt in elts:
+                    elt = elt.value if isinstance(elt, ast.Starred) else elt
+                    if isinstance(elt, ast.Name):
+                        direct.add(id(elt))
+        stack: list[tuple[ast.AST, bool]] = [(stmt, False)]
+        while stack:
+            node, later = stack.pop()  # later: read at a time the order of statements does not tell
+            if isinstance(node, ast.Name):
+                if later or isinstance(node.ctx, ast.Del) or (isinstance(node.ctx, ast.Store) and id(node) not in direct):
+                    other.add(node.id)
+                elif isinstance(node.ctx, ast.Store):
+                    simple.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                other.add(node.name)
+            elif isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+                other.add(node.target.id)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                other.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.Global, ast.Nonlocal)):
+                other.update(node.names)
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                other.add(node.name)
+            elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+                other.add(node.name)
+            elif isinstance(node, ast.MatchMapping) and node.rest:
+                other.add(node.rest)
+            if isinstance(node, ast.GeneratorExp):
+                first = node.generators[0].iter
+                stack.append((first, later))
+                stack.extend((child, True) for child in ast.iter_child_nodes(node) if child is not node.generators[0])
+                stack.extend((child, True) for child in ast.iter_child_nodes(node.generators[0]) if child is not first)
+                continue
+            deferred = later or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
+            stack.extend((child, deferred) for child in ast.iter_child_nodes(node))
+    return frozenset(n for n in simple - other if n in module.locals)

@@ -5,7 +5,8 @@ addresses, URLs and their hosts, IBANs (checksum valid), phone numbers, identifi
 ids, UUIDs) and windows of long text. Each is kept as a :class:`Mark` in a normalised form (NFKC,
 case folded, surrounding punctuation and spacing dropped), so the same value written in another case or
 with other spacing still meets it. Values that would match by chance do not count: short numbers,
-booleans, dates, words without digits, strings shorter than an identifier.
+booleans, dates, plain words, strings shorter than an identifier — unless a text quotes one as a value
+("delete the file with ID '13'"), which is what an injected instruction does.
 
 The work is bounded whatever the value: at most ``MAX_CHARS`` characters of strings are read in all (and
 ``MAX_STRING`` of one string), ``MAX_NODES`` containers and leaves visited, ``MAX_DEPTH`` levels deep,
@@ -76,6 +77,9 @@ _PHONE = re.compile(r"(?<![\w+])\+?\d[\d \-().]{6,24}\d(?!\w)")
 _UUID = re.compile(r"(?i:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
 _TOKEN = re.compile(r"[^\W_][\w-]{5,127}")
 _WORD = re.compile(r"[^\W_]+")
+# A quoted value: opened after a space or a bracket (never inside a word, as an apostrophe is), closed before one.
+_QUOTED = re.compile(r"(?<![\w'\"])(?:'([^'\n]{1,64})'|\"([^\"\n]{1,64})\"|\u2018([^\u2019\n]{1,64})\u2019|"
+                     r"\u201c([^\u201d\n]{1,64})\u201d)(?![\w'\"])")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}|\d{1,2}[/.]\d{1,2}[/.]\d{2,4}$")
 _SPACE = re.compile(r"\s+")
 _NO_DIGITS = str.maketrans("", "", "0123456789")
@@ -245,7 +249,10 @@ class _Scanner:
                 masked = self._sub(_IBAN, masked, lambda m: self._iban(m, path))
             if digits >= 8:
                 masked = self._sub(_PHONE, masked, lambda m: self._phone(m, path))
+        if digits >= 2 or "_" in masked:
             self._ids(masked, path)
+        if "'" in text or '"' in text or "\u2018" in text or "\u201c" in text:
+            self._quoted(text, path)
         self._windows(text, path)
 
     def _each(self, pattern: re.Pattern[str], word: str, keep: Callable[[str], object]) -> bool:
@@ -327,16 +334,29 @@ class _Scanner:
             token = m.group().strip("-").casefold()
             size = len(token)
             digits = size - len(token.translate(_NO_DIGITS))
-            if size < 6 or digits < 2:
+            if size < 6 or (digits < 2 and "_" not in token):
                 continue
             if _UUID.fullmatch(token):
                 self._add("id", token, path)
                 continue
             letters = size - digits - token.count("-") - token.count("_")
-            # Letters and at least two digits (order ids, user handles, tokens), or a long number: values a
-            # person does not produce by chance. Words without digits (names, common words) never count.
-            if ((digits >= 2 and letters >= 1) or (digits >= 8 and letters == 0)) and not _DATE.match(token):
+            # Letters and at least two digits (order ids, user handles, tokens), a long number, or words joined
+            # by "_" (new_password, ext_channel_7): values a person does not produce by chance. Words without
+            # digits (names, common words) never count.
+            if ((digits >= 2 and letters >= 1) or (digits >= 8 and letters == 0)
+                    or ("_" in token.strip("_") and letters >= 4)) and not _DATE.match(token):
                 self._add("id", token, path)
+
+    def _quoted(self, text: str, path: str) -> None:
+        """A short value quoted in prose ("delete the file with ID '13'"): text hands it to its reader as a
+        value, so even a short one is kept, and matched against a destination's whole value."""
+        for m in _QUOTED.finditer(text):
+            if len(self.out) >= self.limit:
+                return
+            inner = next(g for g in m.groups() if g is not None)
+            norm = normalise(inner)
+            if norm and len(norm) <= 64:
+                self._add("id", norm, path)
 
     def _windows(self, text: str, path: str) -> None:
         if len(text) < 40:
@@ -344,11 +364,11 @@ class _Scanner:
         words = _WORD.findall(text.casefold())
         if len(words) < WINDOW:
             return
-        step = 1 if self.query else WINDOW
+        stride = 1 if self.query else WINDOW
         cap = MAX_QUERY_WINDOWS if self.query else MAX_WINDOWS
         last = len(words) - WINDOW
         # The last window too, so the end of a result is matched as surely as its start.
-        starts = list(range(0, last + 1, step))[:cap]
+        starts = list(range(0, last + 1, stride))[:cap]
         if not self.query and starts[-1] != last and len(starts) < cap:
             starts.append(last)
         for i in starts:
