@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tether._engine.integrity import verify_calls
-from tether._engine.lineage.flow import Flow, analyse
-from tether._engine.lineage.judge import Origin, Verdict, judge
+from tether._engine.lineage.flow import DataFlow, analyse
+from tether._engine.lineage.judge import LineageVerdict, Origin, judge
 from tether._engine.lineage.trust import UNTRUSTED, Labels
 from tether._engine.lineage.values import marks, query_norms
 from tether._store.base import LOCAL_PRINCIPAL, CallRecord
@@ -52,7 +52,7 @@ class Guard:
         self.labels = labels
         self.astore = astore
         self.keyring = keyring
-        self._flow: Flow | None = None
+        self._flow: DataFlow | None = None
         self._earlier: dict[int, CallRecord] | None = None  # entries before the attempt's, read once
         self._trusted: dict[int, frozenset[str]] = {}  # seq -> the norms of a trusted read's result
 
@@ -71,13 +71,13 @@ class Guard:
     # -- writes --------------------------------------------------------------------------------------------
 
     @property
-    def flow(self) -> Flow:
+    def flow(self) -> DataFlow:
         if self._flow is None:
             self._flow = analyse(self.program)
         return self._flow
 
     async def verdict(self, seq: int, tool: "Tool", args: dict[str, Any],
-                      journal: Mapping[int, CallRecord]) -> Verdict:
+                      journal: Mapping[int, CallRecord]) -> LineageVerdict:
         """The verdict on write ``seq`` of ``tool`` with validated ``args``, from the calls before it."""
         entries = await self._entries(journal)
         called: dict[str, Origin] = {}
