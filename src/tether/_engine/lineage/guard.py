@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from tether._engine.integrity import verify_calls
 from tether._engine.lineage.flow import DataFlow, analyse
-from tether._engine.lineage.judge import LineageVerdict, Origin, judge
+from tether._engine.lineage.judge import LineageVerdict, Origin, Reason, judge
 from tether._engine.lineage.trust import UNTRUSTED, Labels
 from tether._engine.lineage.values import marks, query_norms
+from tether._hostwork import off_loop
 from tether._store.base import LOCAL_PRINCIPAL, CallRecord
 from tether._store.states import CallState
 from tether._tools.params import parameters
+from tether.errors import HostWorkTimeout
 
 if TYPE_CHECKING:
     from tether._engine.approvals.capabilities import Keyring
@@ -34,6 +36,9 @@ if TYPE_CHECKING:
     from tether._store.base import AsyncStore, RunRecord
     from tether._tools.model import Tool
 
+# How long judging one write may take (the static pass of its program included, cached after): far past what a
+# 100 KiB program and 64 arguments take, short enough that a stuck judgement does not hold a run.
+JUDGE_SECONDS = 2.0
 # Trusted results whose values one attempt keeps in memory to say "a trusted result holds it".
 TRUSTED_RESULTS = 1000
 
@@ -104,6 +109,18 @@ class Guard:
             for row in await self.astore.lineage_marks(self.principal, norms, before=self.created_at,
                                                         since=self.created_at - window, session=self.session):
                 untrusted.setdefault(row.norm, Origin(row.address, row.run_id, row.seq, row.path, row.kind))
+        try:
+            # Host work with a deadline, off the event loop: the pass over a long program and the judging of
+            # many arguments are bounded, but not free.
+            return await off_loop(self._judge, tool, args, called, untrusted, trusted, seconds=JUDGE_SECONDS,
+                                  what=f"judging the lineage of {tool.address}")
+        except HostWorkTimeout:
+            # Not judged: the conservative answer is a person's.
+            return LineageVerdict(True, (Reason("", f"its lineage could not be judged within {JUDGE_SECONDS:g} s, so "
+                                                    "a person decides", None, True, asks=True),))
+
+    def _judge(self, tool: "Tool", args: dict[str, Any], called: dict[str, Origin], untrusted: dict[str, Origin],
+               trusted: set[str]) -> LineageVerdict:
         return judge(address=tool.address, input_schema=tool.input_schema, args=args, flow=self.flow,
                      untrusted_called=called, untrusted_values=untrusted, trusted_values=trusted,
                      allowlist=self.policy.allowlist, role_overrides=self.labels.roles_of(tool.address),
