@@ -242,3 +242,16 @@ async def test_p45_a_transformed_untrusted_destination_still_asks(backend, name)
         assert reasons and all(r["untrusted"] for r in reasons), reasons
         assert "mail.get_received_emails" in reasons[0]["says"]
     assert mail.sent == []
+
+
+async def test_p45_an_untrusted_reads_marks_edited_in_the_store_are_refused_on_resume(backend):
+    # Someone with the store's rows empties the read's marks and label, hoping a later write is judged clean.
+    mail = Mail()
+    async with backend.runtime(mail) as rt:
+        paused = await rt.execute(FROM_BODY)
+    backend.sql("UPDATE calls SET lineage = NULL WHERE run_id = ? AND seq = 1", (paused.run_id,))
+    async with backend.runtime(mail) as rt:
+        r = await rt.resume(paused.run_id, "approve")
+        assert r.status == "failed" and r.error["code"] == "run_tampered", r.error
+        assert "journal[1]" in r.error["details"]["fields"]
+    assert mail.sent == []
