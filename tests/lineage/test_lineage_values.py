@@ -163,3 +163,9 @@ def test_a_value_that_fails_when_read_gives_what_was_found():
 
     assert kinds(marks(["bob@x.example", Hostile(a=1)]))["email"] == {"bob@x.example"}
     assert find(Hostile(a=1), {"x": 1}) == []
+
+
+def test_a_host_without_a_scheme_needs_an_ending_hosts_have():
+    by = kinds(marks("Hello Mr.Smith, etc.Then node.js report.pdf; see bit.ly/abc and shop.example.co.uk today"))
+    assert by["host"] == {"bit.ly", "shop.example.co.uk"}
+    assert by["url"] == {"bit.ly/abc"}

@@ -4,7 +4,7 @@ A program is fixed before it runs, so its data flow can be read from its syntax 
 answers. The pass is conservative and flow-insensitive: a name that ever holds a value derived from a
 tool's result is taken to hold it everywhere, in every branch, before and after — except a module name
 assigned only by top-level statements and read only in program order, which gets one variable per
-assignment (names.py, ``straight``). What it follows:
+assignment (names.py, ``Scopes.straight``). What it follows:
 names (per scope, with ``global``, ``nonlocal`` and closures), attributes, subscripts and slices (the
 index too), f-strings, operators, comprehensions and generator expressions, ``for`` targets, ``with``
 targets, augmented assignment, the walrus, tuple unpacking (element by element for ``a, b = x, y`` and

@@ -24,6 +24,7 @@ _BINDING = frozenset({
     ast.MatchAs, ast.MatchStar, ast.MatchMapping, ast.Global, ast.Nonlocal,
 })
 _CONTEXTS = frozenset({ast.Load, ast.Store, ast.Del})
+_SIMPLE = frozenset({ast.Assign, ast.AnnAssign, ast.AugAssign})
 _SEEN_BY_TOOLS = frozenset({
     ast.Import, ast.ImportFrom, ast.Name, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg, ast.Assign,
 })
@@ -39,12 +40,16 @@ COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
 class Scope:
-    __slots__ = ("node", "parent", "kind", "locals", "globals", "nonlocals")
+    __slots__ = ("node", "parent", "kind", "locals", "globals", "nonlocals", "later")
 
     def __init__(self, node: ast.AST, parent: "Scope | None", kind: str) -> None:
         self.node = node
         self.parent = parent
         self.kind = kind  # "module" | "function" | "class" | "comprehension"
+        # Code here runs at a time the order of the module's statements does not tell: a function's or class's
+        # body, a generator expression (lazy; its first iterable too, conservatively).
+        self.later: bool = parent is not None and (parent.later or kind in ("function", "class")
+                                                   or isinstance(node, ast.GeneratorExp))
         self.locals: set[str] = set()
         self.globals: set[str] = set()
         self.nonlocals: set[str] = set()
@@ -59,8 +64,14 @@ class Scopes:
         self.defs: dict[tuple[int, str], list[ast.AST]] = {}  # (scope, name) -> the defs binding it
         self.other: set[tuple[int, str]] = set()  # (scope, name) bound by something other than a def
         self.imported: set[tuple[int, str]] = set()  # (scope, name) bound by a non-tools import only
-        self.straight: frozenset[str] = frozenset()  # module names safe to version (see _straight)
-        # One walk for the scopes, the names bound to tools and the node cap.
+        # Module names bound only by top-level `x = ...` / `x: T = ...` / `x += ...` and read only in program
+        # order: one variable per assignment is then exact (flow.py versions them).
+        self.straight: frozenset[str] = frozenset()
+        self._simple: set[str] = set()
+        self._unordered: set[str] = set()
+        self._direct: set[int] = set()  # ids of the Name targets of top-level simple assignments
+        top = {id(stmt) for stmt in tree.body}
+        # One walk for the scopes, the names bound to tools, the straight names and the node cap.
         stack: list[tuple[ast.AST, Scope]] = [(tree, self.module)]
         count = 0
         while stack:
@@ -71,11 +82,13 @@ class Scopes:
             kind = type(node)
             if kind in _SEEN_BY_TOOLS:
                 tools.see(node)
+            if kind in _SIMPLE and id(node) in top:
+                self._direct.update(_direct_targets(node))
             for child in ast.iter_child_nodes(node):
                 if type(child) in _CONTEXTS:
                     continue
                 stack.append((child, self._enter(child, scope) if type(child) in _BINDING else scope))
-        self.straight = _straight(tree, self.module)
+        self.straight = frozenset((self._simple - self._unordered) & self.module.locals)
 
     def _bind(self, scope: Scope, name: str, how: str) -> None:
         scope.locals.add(name)
@@ -87,6 +100,22 @@ class Scopes:
 
     def _enter(self, node: ast.AST, scope: Scope) -> Scope:
         """Records what ``node`` binds in ``scope``; the scope its children live in."""
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Store) and id(node) in self._direct:
+                self._simple.add(node.id)
+            elif not isinstance(node.ctx, ast.Load) or scope.later:
+                self._unordered.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)):
+            self._unordered.update((a if isinstance(a, str) else (a.asname or a.name).split(".")[0])
+                                   for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            self._unordered.add(node.name)
+        elif isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+            self._unordered.add(node.target.id)
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            self._unordered.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            self._unordered.add(node.rest)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             scope.locals.add(node.name)
             self.defs.setdefault((id(scope.node), node.name), []).append(node)
@@ -264,49 +293,11 @@ class ToolNames:
         return None
 
 
-def _straight(tree: ast.Module, module: Scope) -> frozenset[str]:
-    """Module names whose every binding is a top-level ``x = ...`` / ``x: T = ...`` / ``x += ...`` and every
-    read happens in program order (not in a function, lambda, class or a generator's lazy part): one version
-    per assignment is then exact."""
-    simple: set[str] = set()
-    other: set[str] = set()
-    for stmt in tree.body:
-        direct: set[int] = set()
-        if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            for target in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
-                elts = target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]
-                for elt in elts:
-                    elt = elt.value if isinstance(elt, ast.Starred) else elt
-                    if isinstance(elt, ast.Name):
-                        direct.add(id(elt))
-        stack: list[tuple[ast.AST, bool]] = [(stmt, False)]
-        while stack:
-            node, later = stack.pop()  # later: read at a time the order of statements does not tell
-            if isinstance(node, ast.Name):
-                if later or isinstance(node.ctx, ast.Del) or (isinstance(node.ctx, ast.Store) and id(node) not in direct):
-                    other.add(node.id)
-                elif isinstance(node.ctx, ast.Store):
-                    simple.add(node.id)
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                other.add(node.name)
-            elif isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
-                other.add(node.target.id)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                other.update((a.asname or a.name).split(".")[0] for a in node.names)
-            elif isinstance(node, (ast.Global, ast.Nonlocal)):
-                other.update(node.names)
-            elif isinstance(node, ast.ExceptHandler) and node.name:
-                other.add(node.name)
-            elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
-                other.add(node.name)
-            elif isinstance(node, ast.MatchMapping) and node.rest:
-                other.add(node.rest)
-            if isinstance(node, ast.GeneratorExp):
-                first = node.generators[0].iter
-                stack.append((first, later))
-                stack.extend((child, True) for child in ast.iter_child_nodes(node) if child is not node.generators[0])
-                stack.extend((child, True) for child in ast.iter_child_nodes(node.generators[0]) if child is not first)
-                continue
-            deferred = later or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
-            stack.extend((child, deferred) for child in ast.iter_child_nodes(node))
-    return frozenset(n for n in simple - other if n in module.locals)
+def _direct_targets(stmt: ast.AST) -> Iterable[int]:
+    """Ids of the names a simple assignment binds directly (``x = ...``, ``a, *b = ...``)."""
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]  # type: ignore[attr-defined]
+    for target in targets:
+        for elt in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
+            elt = elt.value if isinstance(elt, ast.Starred) else elt
+            if isinstance(elt, ast.Name):
+                yield id(elt)

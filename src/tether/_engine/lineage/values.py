@@ -86,6 +86,13 @@ _NO_DIGITS = str.maketrans("", "", "0123456789")
 # Trailing characters a sentence puts after a link or an address, never part of it.
 _TRAIL = ".,;:!?)]}'\"*_>"
 # Endings that make ``name.ext`` a file, not a host (a bare host is only guessed, never required).
+# Generic endings of hosts written without a scheme (every two-letter country ending counts too).
+_GENERIC_TLDS = frozenset(
+    "com net org edu gov mil int info biz name pro io ai app dev co xyz site online tech store shop blog page "
+    "cloud email link live news world today space website web digital agency company services global group "
+    "network systems solutions media club top icu vip onion local internal corp home lan example test invalid "
+    "localhost".split()
+)
 _FILE_ENDINGS = frozenset(
     "txt pdf doc docx xls xlsx ppt pptx csv json md py js ts html htm xml png jpg jpeg gif svg zip gz tar "
     "log ini cfg toml yaml yml sh exe dll bin dat eml msg rtf odt ods mp3 mp4 wav mov avi sql db".split()
@@ -297,7 +304,9 @@ class _Scanner:
     def _bare_host(self, raw: str, path: str) -> bool:
         url = _strip_url(raw)
         host = host_of(url)
-        if not host or host.rsplit(".", 1)[-1] in _FILE_ENDINGS or len(host) < 4:
+        tld = host.rsplit(".", 1)[-1]
+        # Without a scheme or "www." a host is a guess: only endings hosts have ("Mr.Smith", "etc.Then" are not).
+        if not host or len(host) < 4 or tld in _FILE_ENDINGS or not (len(tld) == 2 or tld in _GENERIC_TLDS):
             return False
         labels = host.split(".")
         if any(not label for label in labels) or all(label.isdigit() for label in labels[:-1]):
