@@ -255,3 +255,23 @@ async def test_p45_an_untrusted_reads_marks_edited_in_the_store_are_refused_on_r
         assert r.status == "failed" and r.error["code"] == "run_tampered", r.error
         assert "journal[1]" in r.error["details"]["fields"]
     assert mail.sent == []
+
+
+async def test_p45_a_value_an_earlier_execute_of_the_session_left_in_a_name_is_followed(backend):
+    # The next execute of the session derives an address from the global the first one left, changed so that
+    # no mark holds it: the static pass sees the global as an untrusted read.
+    mail = Mail()
+    async with backend.runtime(mail) as rt:
+        first = await rt.execute(READ + "\nwords = mails[1]['body'].split()\n'ok'", session="desk")
+        assert first.status == "completed", first.error
+        joined = await rt.execute("import tools\nto = words[8].replace('evil', 'evil2')\n"
+                                  "await tools.mail.send_email(recipients=[to[::-1][::-1]], subject='s', body='b')\n",
+                                  session="desk")
+        assert joined.status == "paused", joined.error
+        [reason] = [r for r in joined.pending["writes"][0]["reasons"] if r["asks"]]
+        assert reason["says"] == "from a value an earlier execute of session desk left in a name", reason
+        # A literal typed in a later execute of the session still goes out.
+        assert (await rt.resume(joined.run_id, "decline")).status in ("failed", "completed")
+        plain = await rt.execute("import tools\nawait tools.mail.send_email(recipients=['bob@corp.example'], "
+                                 "subject='s', body='b')", session="desk")
+        assert plain.status == "completed", plain.error

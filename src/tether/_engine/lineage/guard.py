@@ -17,13 +17,16 @@ keeps its verdict in its own journal entry (replay answers from it, never judgin
 
 from __future__ import annotations
 
+import ast
+import builtins
+import dataclasses
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tether._engine.integrity import verify_calls
-from tether._engine.lineage.flow import DataFlow, analyse
-from tether._engine.lineage.judge import LineageVerdict, Origin, Reason, judge
+from tether._engine.lineage.flow import UNKNOWN, DataFlow, analyse
+from tether._engine.lineage.judge import LineageVerdict, Origin, Reason, judge, lookups
 from tether._engine.lineage.trust import UNTRUSTED, Labels
-from tether._engine.lineage.values import marks, query_norms
+from tether._engine.lineage.values import marks
 from tether._hostwork import off_loop
 from tether._store.base import LOCAL_PRINCIPAL, CallRecord
 from tether._store.states import CallState
@@ -50,6 +53,9 @@ class Guard:
                  keyring: "Keyring") -> None:
         self.run_id = run.run_id
         self.program = run.program
+        # A REPL session's later execute starts from the globals earlier ones left (P-21): their values are
+        # results the static pass of this program cannot see.
+        self.continues_session = bool(run.session and (run.meta or {}).get("session_base"))
         self.principal = run.principal or LOCAL_PRINCIPAL
         self.session = run.session
         self.created_at = run.created_at
@@ -78,7 +84,18 @@ class Guard:
     @property
     def flow(self) -> DataFlow:
         if self._flow is None:
-            self._flow = analyse(self.program)
+            program = self.program
+            if self.continues_session:
+                # Each name the program reads without binding it holds what an earlier execute left: the pass
+                # sees it as the result of one more (untrusted) tool, so whatever derives from it is followed.
+                free = _free_names(program)
+                if len(free) > MAX_SESSION_NAMES:
+                    self._flow = UNKNOWN  # past the cap: every argument "cannot tell"
+                    return self._flow
+                if free:
+                    program = "import tools\n" + "".join(f"{n} = await tools.{SESSION_ADDRESS}()\n" for n in free) \
+                        + program
+            self._flow = analyse(program)
         return self._flow
 
     async def verdict(self, seq: int, tool: "Tool", args: dict[str, Any],
@@ -103,7 +120,9 @@ class Guard:
                                                                   str(mark[0])))
             else:
                 trusted |= self._trusted_norms(entry)
-        norms = [n for n in query_norms(args) if n not in untrusted]
+        if self.continues_session:
+            called[SESSION_ADDRESS] = Origin(SESSION_ADDRESS, self.run_id)
+        norms = [n for n in lookups(args) if n not in untrusted]
         if norms:
             window = self.policy.lineage_window_seconds
             for row in await self.astore.lineage_marks(self.principal, norms, before=self.created_at,
@@ -121,10 +140,16 @@ class Guard:
 
     def _judge(self, tool: "Tool", args: dict[str, Any], called: dict[str, Origin], untrusted: dict[str, Origin],
                trusted: set[str]) -> LineageVerdict:
-        return judge(address=tool.address, input_schema=tool.input_schema, args=args, flow=self.flow,
-                     untrusted_called=called, untrusted_values=untrusted, trusted_values=trusted,
-                     allowlist=self.policy.allowlist, role_overrides=self.labels.roles_of(tool.address),
-                     positional=parameters(tool).positional, run_id=self.run_id)
+        verdict = judge(address=tool.address, input_schema=tool.input_schema, args=args, flow=self.flow,
+                        untrusted_called=called, untrusted_values=untrusted, trusted_values=trusted,
+                        allowlist=self.policy.allowlist, role_overrides=self.labels.roles_of(tool.address),
+                        positional=parameters(tool).positional, run_id=self.run_id)
+        if not self.continues_session:
+            return verdict
+        said = f"the result of {SESSION_ADDRESS}()"
+        shown = f"a value an earlier execute of session {self.session} left in a name"
+        return LineageVerdict(verdict.ask, tuple(dataclasses.replace(r, says=r.says.replace(said, shown))
+                                                 for r in verdict.reasons))
 
     def _trusted_norms(self, entry: CallRecord) -> frozenset[str]:
         held = self._trusted.get(entry.seq)
@@ -145,3 +170,38 @@ class Guard:
             self._earlier = {e.seq: e for e in earlier}
         return {**self._earlier, **journal}
 
+
+# The pseudo tool a session's earlier executes stand for in the static pass (no namespace can be spelled so).
+SESSION_ADDRESS = "__session__.globals"
+# Names a program reads that are the sandbox's own, never a session's globals (tools/stubs.py's prelude).
+_SANDBOX_NAMES = frozenset(dir(builtins)) | {"tools", "search", "describe", "sources", "emit", "yield_control",
+                                            "wait_for", "wait_for_signal", "sleep"}
+
+
+def _free_names(code: str) -> list[str]:
+    """Names ``code`` reads and never binds: a session's globals. Over-counting only makes more writes ask."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    bound: set[str] = set()
+    read: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound |= set(node.names)
+    return sorted(read - bound - _SANDBOX_NAMES)
+
+
+# Names of a session's globals one program is given as reads of earlier executes (a program reads a few; past
+# this many the pass is not asked at all).
+MAX_SESSION_NAMES = 256
