@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from tether._store.base import AsyncStore, RunRecord
     from tether._tools.model import Tool
 
+# Characters of marks one read journals (values.marks keeps 256 of any length; a link may be 2,000 characters):
+# what the entry adds to the journal stays small beside the result it describes (P-22).
+MARKS_CHARS = 16_384
 # How long judging one write may take (the static pass of its program included, cached after): far past what a
 # 100 KiB program and 64 arguments take, short enough that a stuck judgement does not hold a run.
 JUDGE_SECONDS = 2.0
@@ -75,8 +78,14 @@ class Guard:
         trust = self.labels.of(address)
         if not trust.untrusted:
             return None
-        found = marks(value)
-        kept = [[m.kind, m.norm, m.path] for m in found if trust.label_at(m.path) == UNTRUSTED]
+        kept, room = [], MARKS_CHARS
+        for m in marks(value):
+            if trust.label_at(m.path) != UNTRUSTED:
+                continue
+            room -= len(m.norm) + len(m.path)
+            if room < 0:
+                break
+            kept.append([m.kind, m.norm, m.path])
         return {"trust": UNTRUSTED, "marks": kept}
 
     # -- writes --------------------------------------------------------------------------------------------
