@@ -9,7 +9,7 @@ settings at most 1.3x that floor on a quiet machine and 1.6x on a busy one
 (quiet: the 1-minute load average at most 0.5 per core before the bench
 starts, and at the end no more above that than the bench's own process and
 its Monty worker add, 1.3); with the type check off (the engine itself), at
-most 1.2x. Lineage (issue 32): the same execute under ``[policy] writes =
+most 1.2x. Lineage (P-45, D-64): the same execute under ``[policy] writes =
 "guard"``, where each read's tool is untrusted (no label says otherwise) and
 journals its label and marks, at most 1.1x the same execute under the default
 policy (paired, check off both).
