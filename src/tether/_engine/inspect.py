@@ -62,10 +62,13 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
 def _lineage_shown(lineage: dict[str, Any]) -> dict[str, Any]:
     """A journal entry's lineage as the timeline keeps it (P-45): an untrusted read's label and how many marks
     its result gave (the values stay in the journal), or a guarded write's verdict with every reason."""
+    shown: dict[str, Any] = {}
+    if "ask" in lineage:
+        shown.update(asked=bool(lineage.get("ask")), reasons=lineage.get("reasons") or [])
     if "trust" in lineage:
         marks = lineage.get("marks")
-        return {"trust": lineage.get("trust"), "marks": len(marks) if isinstance(marks, list) else 0}
-    return {"asked": bool(lineage.get("ask")), "reasons": lineage.get("reasons") or []}
+        shown.update(trust=lineage.get("trust"), marks=len(marks) if isinstance(marks, list) else 0)
+    return shown
 
 
 # Comment lines that say how to read the file, not what the program does.

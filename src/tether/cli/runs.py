@@ -99,15 +99,15 @@ def _print_lineage(call: dict[str, Any]) -> None:
     lineage = call.get("lineage")
     if not isinstance(lineage, dict):
         return
+    if "asked" in lineage:
+        lines = why_lines(lineage.get("reasons") or (), call.get("args") or {})
+        if lineage["asked"]:
+            for line in lines:
+                print(f"       asked: {line}")
+        else:
+            print("       lineage: no destination from untrusted data")
     if "trust" in lineage:
         print(f"       {lineage['trust']} result, {lineage.get('marks', 0)} values kept to match later writes")
-        return
-    lines = why_lines(lineage.get("reasons") or (), call.get("args") or {})
-    if lineage.get("asked"):
-        for line in lines:
-            print(f"       asked: {line}")
-    else:
-        print("       lineage: no destination from untrusted data")
 
 
 async def cmd_resume(args: argparse.Namespace) -> int:

@@ -376,10 +376,25 @@ class EffectBoundary:
         if verdict == policy_mod.DENY:
             return self._refuse(call, kind, guest_error("call_denied", f"policy denies {address}; it was not called",
                                                         "PermissionError"), CallState.DENIED, decision.entry)
+        if self.guard is not None and tool.annotations.open_world:
+            # A read that reaches out (a page, a URL) sends its arguments where they point (P-45): judged as a
+            # write is; one that asks is journaled, asked and sent as a write.
+            if decision.entry is None:
+                return self._guarded_read(call, tool, valid, t)
+            if decision.entry.kind == "write":
+                return self._write(call, tool, valid, t, decision)
         if decision.entry is not None:
             return self._reissue(call, tool, valid, t, decision.entry)
         self.ledger.buffer_intent(call)
         return self._dispatch(call, tool, valid, CallState.PENDING, CallState.DONE, t)
+
+    async def _guarded_read(self, call: Call, tool: "Tool", valid: dict[str, Any], t: float) -> Any:
+        lineage = await self.judge_write(call, tool, valid)
+        if not lineage["ask"]:
+            self.ledger.buffer_intent(call)
+            return await self._dispatch(call, tool, valid, CallState.PENDING, CallState.DONE, t)
+        await self.ledger.record_intent(call, "write", CallState.ASKED, None, lineage)
+        return await self.stops.ask(call, tool, valid, t)
 
     async def _unknown_tool(self, call: Call, decision: replay.JournalAnswer) -> Any:
         err = guest_error("unknown_tool", (await self._no_such_tool(call.address)).message, "LookupError")
@@ -539,7 +554,11 @@ class EffectBoundary:
                 return await self.stops.hold(Call(seq, "tool", tool.address, args))
             self._remember(refused, seq, tool.address)
             raise refused
-        lineage = self.guard.read_lineage(tool.address, value) if self.guard is not None and not is_write else None
+        lineage = None
+        if self.guard is not None and not tool.is_write:
+            lineage = self.guard.read_lineage(tool.address, value)
+            if is_write and lineage is not None:  # a guarded read sent as a write keeps its verdict beside its marks
+                lineage = {**(self.journal[seq].lineage or {}), **lineage}
         written = self.ledger.settle(seq, from_state, ok_state, outcome=value, size=size, text=text, lineage=lineage)
         if written is not None:
             await written

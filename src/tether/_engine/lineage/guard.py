@@ -118,7 +118,8 @@ class Guard:
             if s >= seq:
                 break
             entry = entries[s]
-            if entry.op != "tool" or entry.kind != "read" or entry.state != CallState.DONE:
+            # A read, or a guarded read asked and sent as a write (its state is then "sent").
+            if entry.op != "tool" or entry.state not in (CallState.DONE, CallState.SENT):
                 continue
             lineage = entry.lineage
             if isinstance(lineage, dict) and lineage.get("trust") == UNTRUSTED:
@@ -127,7 +128,7 @@ class Guard:
                     if isinstance(mark, list) and len(mark) == 3:
                         untrusted.setdefault(str(mark[1]), Origin(entry.address, self.run_id, s, str(mark[2]),
                                                                   str(mark[0])))
-            else:
+            elif entry.kind == "read":
                 trusted |= self._trusted_norms(entry)
         if self.continues_session:
             called[SESSION_ADDRESS] = Origin(SESSION_ADDRESS, self.run_id)
