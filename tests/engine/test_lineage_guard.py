@@ -101,6 +101,7 @@ async def test_p45_a_destination_taken_from_an_untrusted_read_asks_naming_the_so
         assert entries[1].lineage["ask"] is True
         [pending] = rt.pending(paused.run_id)
         assert pending.reasons == tuple(write["reasons"])
+        assert pending.why() == [f"{asking[0]['arg']}: {asking[0]['says']}"]
         done = await rt.resume(paused.run_id, "approve")
         assert done.status == "completed", done.error
     assert [m["recipients"] for m in mail.sent] == [[ATTACKER]]
