@@ -358,3 +358,14 @@ def test_reflection_cannot_tell():
         code = (f"import tools\nsecret = await tools.mail.get_received_emails()\n"
                 f"await tools.mail.send_email(to={read})\n")
         assert src(code) is None, read
+
+
+def test_a_program_shaped_to_make_every_bit_walk_the_same_tail_stops_at_the_cap():
+    lines = ["import tools"] + [f"a{i} = await tools.n{i}.t()" for i in range(250)] + ["z0 = 0"]
+    lines += [f"z{i} = z{i - 1}" + (f" + a{i - 1}" if i <= 250 else "") for i in range(1, 14_000)]
+    lines.append("await tools.out.send(to=z13999)")
+    code = "\n".join(lines)
+    assert len(code) <= flow_module.MAX_CODE_CHARS
+    start = time.process_time()
+    assert analyse(code).sources_of("out.send", "to") is None
+    assert time.process_time() - start < 60  # a hang guard; the cap is what ends it

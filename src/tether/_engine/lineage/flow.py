@@ -50,6 +50,9 @@ MAX_DEPTH = 150
 # Distinct tools a program names: the propagation costs one bit per tool, and a run makes at most 50 calls by
 # default (rules/limits.py).
 MAX_TOOLS = 256
+# Edges followed while propagating: each bit crosses each edge at most once, so a program of MAX_NODES nodes and
+# a few tools stays far below; a program shaped to make every tool's bit walk the same long tail stops here.
+MAX_STEPS = 2_000_000
 # Program literals kept for the judge (each string's marks and its normalised whole).
 MAX_LITERALS = 4_096
 _CACHE_SIZE = 128
@@ -797,11 +800,18 @@ class _Graph:
 
     def propagate(self) -> None:
         mask, succ = self.mask, self.succ
-        work = [n for n, m in enumerate(mask) if m]
+        # Oldest first: a tool's bit usually flows forward through the program, so it meets the later ones on
+        # the way instead of each walking the same tail alone.
+        work = [n for n, m in enumerate(mask) if m][::-1]
+        budget = MAX_STEPS
         while work:
             n = work.pop()
             m = mask[n]
-            for s in succ[n]:
+            edges = succ[n]
+            budget -= len(edges)
+            if budget < 0:
+                raise Bail
+            for s in edges:
                 if m & ~mask[s]:
                     mask[s] |= m
                     work.append(s)
