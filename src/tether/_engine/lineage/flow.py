@@ -208,6 +208,7 @@ class _Graph:
         self.depth = 0
         self.callback_ok: set[int] = set()  # ids of Name/Lambda nodes passed straight to a call that calls back
         self.escaped_names: set[tuple[int, str]] = set()  # (scope, name) read as a value somewhere
+        self.decoded: dict[int, frozenset[str]] = {}
         self.escaped_param = self.new()
         self.escaped_ret = self.new()
 
@@ -853,7 +854,11 @@ class _Graph:
         m = self.mask[node]
         if m & _ANY:
             return None
-        return frozenset(a for b, a in names.items() if m & b)
+        # Sites share few distinct masks: each is decoded once, not once per site and tool.
+        hit = self.decoded.get(m)
+        if hit is None:
+            hit = self.decoded[m] = frozenset(a for b, a in names.items() if m & b)
+        return hit
 
     def literal_norms(self) -> frozenset[str]:
         out: set[str] = set(self.numbers)
