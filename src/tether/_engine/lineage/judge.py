@@ -6,8 +6,9 @@ content argument — is judged on its own, in this order:
 1. on the allowlist (exact, or a glob such as ``*@example.com``): it may go — the operator's word.
 2. the static pass traces it to an untrusted tool this run called: ask — unless the value is a literal of
    the program matching no untrusted mark (a program is fixed before any result of its run arrives, so its
-   literals cannot carry them; an earlier run's value matches a mark) or, for a link inside content, a
-   trusted result holds it (the trace is the content's, not the link's).
+   literals cannot carry them; an earlier run's value matches a mark), or a trusted result holds it and no
+   untrusted result does (the trace could then only have picked among the user's own destinations: another
+   call site of the same tool, an index computed from untrusted data — the selection limit of step 3).
 3. its value matches a mark of an untrusted result (this run's or this principal's recent runs'; a literal
    of the program only an earlier run's, for the reason above): ask —
    unless a trusted result holds the same value too (the attacker could then only pick among destinations
@@ -244,9 +245,13 @@ class _Context:
         if derived:
             # The static pass traces it to an untrusted result of this run. A literal of the program cannot carry
             # one (the program was fixed before its run's results arrived); an earlier run's value is a hit.
-            # Inside content the trace is the content's, not the link's: a link a trusted result holds may go.
-            if u.matchable and not hits and (literal or (inside is not None and trusted is not None)):
-                return reason("typed in the program" if literal else f"held by {trusted}", asks=False)
+            # A value a trusted result holds and no untrusted result does is one the trace could only have picked
+            # among the user's own (another call site of the tool, an index computed from untrusted data): the
+            # selection limit, as for a match by value.
+            if u.matchable and not hits and literal:
+                return reason("typed in the program", asks=False)
+            if u.matchable and trusted is not None and not self.hits(u, static, literal=False):
+                return reason(f"held by {trusted}, and by no untrusted result", asks=False)
             if hits:
                 return reason(self.copied(hits), asks=True, untrusted=True, origin=hits)
             origin = self.latest(derived)
