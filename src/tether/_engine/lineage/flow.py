@@ -120,9 +120,6 @@ class DataFlow:
 
 
 UNKNOWN = DataFlow()
-# Callers written against the shorter name (lineage/guard.py) keep working until they use DataFlow; no class may
-# be called Flow (tests/shape/test_names.py: _server/signin.py has one).
-Flow = DataFlow
 
 
 def analyse(code: str) -> DataFlow:

@@ -109,11 +109,6 @@ class LineageVerdict:
         return cls(bool(data.get("ask")), tuple(Reason.from_dict(r) for r in items if isinstance(r, Mapping)))
 
 
-# Callers written against the shorter name (lineage/guard.py) keep working until they use LineageVerdict; no
-# class may be called Verdict (tests/shape/test_names.py: approvals/rights.py has one).
-Verdict = LineageVerdict
-
-
 def judge(
     *,
     address: str,
