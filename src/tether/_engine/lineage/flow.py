@@ -32,9 +32,9 @@ import builtins
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterable, Iterator, Mapping, Sequence
 
 from tether._engine.lineage.names import COMPREHENSIONS, Bail, Scope, Scopes, ToolNames
 from tether._engine.lineage.values import marks, normalise

@@ -28,8 +28,9 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Container, Mapping, Sequence
+from typing import Any
 
 from tether._engine.lineage.flow import DataFlow
 from tether._engine.lineage.roles import DESTINATION, destinations_in, roles
