@@ -20,9 +20,15 @@ comprehension's ``if``, a loop's count) — docs/security.md states this limit. 
 chosen by data, ``getattr(tools.ns, name)``, ``tools`` passed around, a program it cannot parse, one past
 the caps) makes every argument "cannot tell" (``None``), which the judge counts as dependent.
 
-Bounded: the program text, its syntax-tree nodes, nesting depth and the number of distinct tools are capped;
-past a cap the all-``None`` flow is returned. The propagation is a worklist over bit sets on a graph with at
-most one node per syntax node, so the whole pass is linear in the program times the number of tools.
+A function's result is what its ``return``s may hold (explicit flows), not every argument it was given: what
+its body computes from an argument without returning it is an implicit flow. ``globals()``, ``vars()``,
+``eval()`` and their kind reach any variable, so what they give cannot be told.
+
+Bounded: the program text, its syntax-tree nodes, nesting depth, the number of distinct tools and the edges
+followed while propagating are capped; past a cap the all-``None`` flow is returned. The graph has a bounded
+number of nodes and edges per syntax node (starred arguments, callbacks and defaults reach a function's
+parameters through one node; a name defined more than ``MAX_DEFS`` times is called unresolved), and the
+propagation is a worklist over bit sets, one bit per tool.
 """
 
 from __future__ import annotations
