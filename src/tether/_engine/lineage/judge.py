@@ -10,16 +10,16 @@ content argument — is judged on its own, in this order:
    untrusted result does (the trace could then only have picked among the user's own destinations: another
    call site of the same tool, an index computed from untrusted data — the selection limit of step 3).
 3. its value matches a mark of an untrusted result (this run's or this principal's recent runs'; a literal
-   of the program only an earlier run's, for the reason above): ask —
-   unless a trusted result holds the same value too (the attacker could then only pick among destinations
-   the user's trusted sources hold: the selection limit docs/security.md states).
+   of the program only an earlier run's, for the reason above): ask — unless a trusted result holds the
+   same value too (the attacker could then only pick among destinations the user's trusted sources hold:
+   the selection limit docs/security.md states).
 4. the static pass cannot tell and the run read an untrusted result: ask, "never seen in this
    conversation", unless a literal of the program or a trusted result holds the value.
 5. otherwise it may go, and the reason says what holds it: the program's literals, a trusted result,
    results not marked untrusted, or the program's own computation.
 
-A value with nothing to match (a short number, a word: values.is_low_entropy) is judged by the static pass
-only. A content argument never asks by itself. Every destination looked at gets a :class:`Reason` with the
+A value with nothing to match (a short number, a word: values.is_low_entropy) is matched only against values
+an untrusted text quoted ("the file with ID '13'") and is otherwise judged by the static pass. A content argument never asks by itself. Every destination looked at gets a :class:`Reason` with the
 sentence a person reads, whether it asks or not.
 """
 
