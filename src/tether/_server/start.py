@@ -203,6 +203,7 @@ async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], t
             run_meta=run_meta,
             approvals=config.server.approvals,
             public_url=config.server.public_url,
+            task_after_seconds=float(config.server.task_after_seconds),
             access=access,
             console=address is not None,
         )

@@ -30,6 +30,7 @@ class AskedWrite:
     secret_args: tuple[str, ...] = ()  # arguments shown as *** to people (_engine/attempt/redaction.py)
     # Under writes = "guard": why it asks, per destination (lineage/judge.py Reason.to_dict(), P-45).
     reasons: tuple[dict[str, Any], ...] = ()
+    undo: str | None = None  # the tool that undoes it, when its tool declares one (P-46)
     op: ClassVar[str] = "tool"
 
     @classmethod
@@ -38,12 +39,14 @@ class AskedWrite:
         from tether._engine.attempt.redaction import secret_args
 
         hidden = tuple(name for name in secret_args(tool) if name in args)
-        return cls(seq, tool.address, args, tool.annotations.to_dict(), tool.description, hidden, reasons)
+        return cls(seq, tool.address, args, tool.annotations.to_dict(), tool.description, hidden,
+                   undo=tool.undo.address if tool.undo is not None else None, reasons=reasons)
 
     def for_approver(self) -> dict[str, Any]:
         """What an inline approver is given (``execute(on_approval=...)``)."""
         return {"seq": self.seq, "op": self.op, "address": self.address, "args": self.args,
                 "annotations": self.annotations, "description": self.description,
+                **({"undo": self.undo} if self.undo else {}),
                 **({"reasons": list(self.reasons)} if self.reasons else {})}
 
     def call(self) -> dict[str, Any]:
@@ -54,6 +57,7 @@ class AskedWrite:
         """As the run lists it, with its approval key (the durable wait it also is)."""
         return {"seq": self.seq, "address": self.address, "args": self.args, "annotations": self.annotations,
                 "key": key, **({"secret_args": list(self.secret_args)} if self.secret_args else {}),
+                **({"undo": self.undo} if self.undo else {}),
                 **({"reasons": list(self.reasons)} if self.reasons else {})}
 
 

@@ -242,6 +242,8 @@ class RunResult:
     expires_at: float | None = None
     instructions: str | None = None
     notes: list[str] = field(default_factory=list)
+    # A rolled-back run's writes, newest first: each with its undo, or why it was not undone (P-46).
+    rollback: list[dict[str, Any]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -259,6 +261,8 @@ class RunResult:
         }
         if self.notes:
             out["notes"] = self.notes
+        if self.rollback is not None:
+            out["rollback"] = self.rollback
         if self.status in (RunStatus.PAUSED, RunStatus.WAITING):
             out["pending"] = self.pending
             out["expires_at"] = self.expires_at
