@@ -330,3 +330,14 @@ async def test_p45_a_writes_untrusted_result_is_labelled_too(backend):
         entry = rt.store.get_calls(paused.run_id)[0]
         assert entry.kind == "write" and entry.lineage["trust"] == "untrusted"
         assert ["email", ATTACKER, "[1].body"] in entry.lineage["marks"]
+
+
+async def test_p45_a_framework_adapters_pause_shows_the_person_why(backend):
+    from tether.integrations._core import pause_of
+
+    mail = Mail()
+    async with backend.runtime(mail) as rt:
+        paused = await rt.execute(FROM_BODY)
+        [write] = pause_of(rt, paused)["writes"]
+        assert any(line.startswith("recipients[0]: ") and "mail.get_received_emails() at call 1" in line
+                   for line in write["why"]), write
