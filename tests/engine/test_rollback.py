@@ -264,3 +264,17 @@ async def test_p42_a_rolled_back_run_is_forgotten_after_its_days_as_the_config_d
         assert prune_all(rt.store, rules, now + 89 * DAY).runs == 0  # kept as long as a failure
         assert prune_all(rt.store, rules, now + 91 * DAY).runs == 1
         assert rt.store.get_run(paused.run_id) is None and rt.store.get_calls(paused.run_id) == []
+
+
+async def test_p46_p45_decline_and_undo_of_a_guarded_run_sends_the_undos(url):
+    # Under writes = "guard" an undo left at the mode's default goes as an asked one does (D-68): the charges
+    # (literal orders) went out unasked, the transfer asks by a rule, and the person's decline undoes them.
+    _fresh(url)
+    shop = Shop()
+    guarded = Policy(writes="guard", rules=[{"match": "shop.transfer", "action": "ask"}])
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=guarded, type_check=False) as rt:
+        paused = await rt.execute(THREE_WRITES)
+        assert paused.status == "paused" and paused.pending["seq"] == 4, paused.error
+        result = await rt.decide(paused.run_id, {4: "decline_and_undo"})
+        assert result.status == RunStatus.ROLLED_BACK, result.error
+        assert [e[1] for e in shop.effects if e[0] == "refund"] == ["ch_c", "ch_b", "ch_a"]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from tether._engine.approvals.rights import ALLOWED, APPROVE, Access, Channel, Grant, Verdict, may_decide
 from tether._engine.approvals.surface import refusal, signed_in_required
 from tether._engine.attempt.redaction import shown_args
+from tether._engine.lineage.why import why_lines
 from tether._tools.shown import show_call
 from tether.errors import InvalidApproval, LimitExceeded, UsageError
 
@@ -64,9 +65,12 @@ def pause_of(rt: Runtime, result: RunResult) -> dict[str, Any]:
         schema = tool.input_schema if tool is not None else None
         args = shown_args(w, schema)
         about = tool.description if tool is not None else None
+        # "why": what made lineage ask (writes = "guard", P-45), as every approval surface shows it.
+        why = why_lines(w.get("reasons") or (), w.get("args") or {})
         shown.append({"seq": w["seq"], "address": address, "args": args,
                       "annotations": w.get("annotations") or {},
-                      "shown": show_call(address, args, description=about, schema=schema).block()})
+                      "shown": show_call(address, args, description=about, schema=schema).block(),
+                      **({"why": why} if why else {})})
     return {RUN_ID: result.run_id, "writes": shown, "expires_at": result.expires_at}
 
 
