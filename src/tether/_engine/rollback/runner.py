@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from tether._engine import integrity
+from tether._engine.approvals import rights
 from tether._engine.attempt.guest_errors import err_json, guest_error, tool_error
 from tether._engine.attempt.result import RunResult
 from tether._engine.calls import resend
@@ -32,6 +33,7 @@ from tether._engine.rollback.plan import (
     next_move,
     report,
     summary,
+    undo_tools,
 )
 from tether._engine.rules.policy import Policy
 from tether._store.base import CallRecord, Conflict, RunRecord
@@ -90,6 +92,14 @@ async def begin(engine: Engine, run: RunRecord, *, declined: Sequence[dict[str, 
     return engine.lifecycle.begin_rollback(
         run, {ROLLBACK: plan}, decision,
         lambda r: integrity.sign_run(engine.keyring, r, engine.settings.run_signature))
+
+
+async def needs_signed_in(engine: Engine, run: RunRecord) -> bool:
+    """Whether a rollback of ``run`` would send an undo whose rule keeps it for a signed-in approver: then
+    only such a person asks for it, never a channel that cannot say who it is (D-68)."""
+    rules = (run.policy or {}).get("rules") or []
+    entries = await engine.astore.get_calls(run.run_id)
+    return any(rights.needs_signed_in(rules, address) for address in undo_tools(entries, _undo_of(engine)))
 
 
 async def _require_sources_ended(engine: Engine, run: RunRecord) -> None:
