@@ -264,3 +264,29 @@ async def test_p42_a_rolled_back_run_is_forgotten_after_its_days_as_the_config_d
         assert prune_all(rt.store, rules, now + 89 * DAY).runs == 0  # kept as long as a failure
         assert prune_all(rt.store, rules, now + 91 * DAY).runs == 1
         assert rt.store.get_run(paused.run_id) is None and rt.store.get_calls(paused.run_id) == []
+
+
+async def test_p46_p35_a_rollback_whose_journal_was_edited_is_refused_by_the_process_taking_it_over(tmp_path):
+    """P-46 with P-35: the plan recorded, its owner stopped, a journal row edited outside tether. The process
+    that takes the run over refuses it (ended ``run_tampered``, not left running for takeover after takeover)
+    and sends no undo."""
+    import sqlite3
+
+    from tether._engine.approvals.model import batch_of
+    from tether._engine.rollback import runner
+
+    url = f"sqlite:///{tmp_path}/tether.db"
+    shop = Shop()
+    first = Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False, lease_seconds=0.3)
+    async with first:
+        paused = await first.execute(PROGRAM)
+        run = first.store.get_run(paused.run_id)
+        assert await runner.begin(first.engine, run, declined=batch_of(run), decision={"decision": "decline_and_undo"})
+    with sqlite3.connect(tmp_path / "tether.db") as db:
+        db.execute("UPDATE calls SET args = ? WHERE run_id = ? AND seq = 1", ('{"order":"z","amount":1}', run.run_id))
+    await asyncio.sleep(0.4)
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False) as second:
+        (result,) = [r for r in await second.recover() if r.run_id == run.run_id]
+        assert result.status == RunStatus.FAILED and result.error["code"] == "run_tampered", result
+        assert second.store.get_run(run.run_id).status == RunStatus.FAILED
+    assert not any(e[0] == "refund" for e in shop.effects)

@@ -40,7 +40,7 @@ from tether._store.base import CallRecord, Conflict, RunRecord
 from tether._store.states import TERMINAL_RUN_STATUSES, CallState, RunStatus
 from tether._tools import context as call_context
 from tether._tools.undo import Undo
-from tether.errors import InvalidArguments, RunTampered, UnknownTool
+from tether.errors import InvalidArguments, RunTampered, UnknownTool, WrongSecret
 
 if TYPE_CHECKING:
     from tether._engine.engine import Engine
@@ -123,12 +123,21 @@ def _planned_text(steps: list[Step]) -> str:
 
 
 async def run_to_end(engine: Engine, run: RunRecord, t0: float | None = None) -> RunResult:
-    """Carry out the rollback ``run`` holds (owned here) and end it ``rolled_back`` (P-46)."""
+    """Carry out the rollback ``run`` holds (owned here) and end it ``rolled_back`` (P-46).
+
+    A record or journal that fails its check ends the run refused (P-35), and a failure of tether's own ends
+    it ``internal_error``, as an attempt does: never left running for one takeover after another."""
     t0 = time.perf_counter() if t0 is None else t0
     try:
-        integrity.verify_run(engine.keyring, run)  # P-35: the plan it carries out is signed
-    except RunTampered as exc:
+        return await _verified_run_to_end(engine, run, t0)
+    except (RunTampered, WrongSecret) as exc:
         return engine.finisher.refused(run, exc, t0=t0)
+    except Exception as exc:  # noqa: BLE001 - ended and logged with a correlation id, as an attempt's
+        return engine.finisher.internal_error(run, exc)
+
+
+async def _verified_run_to_end(engine: Engine, run: RunRecord, t0: float) -> RunResult:
+    integrity.verify_run(engine.keyring, run)  # P-35: the plan it carries out is signed
     plan = plan_of(run) or {}
     steps = [Step.from_dict(s) for s in plan.get("steps") or []]
     entries = await engine.astore.get_calls(run.run_id)
