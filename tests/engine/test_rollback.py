@@ -8,6 +8,7 @@ as not undone with why. The same tests run on SQLite and on Postgres.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -48,6 +49,7 @@ class Shop:
     def __init__(self) -> None:
         self.effects: list[tuple[str, str, str | None]] = []
         self.refunded: dict[str, str] = {}  # idempotency key -> charge id: repeats take effect once
+        self.on_refund: Any = None  # called with each refund's charge id as it arrives
 
     def module(self):
         shop = self
@@ -69,6 +71,8 @@ class Shop:
         def refund(charge_id: str) -> dict:
             """Refund a charge (dedupes by idempotency key)."""
             key = current_call().key
+            if shop.on_refund is not None:
+                shop.on_refund(charge_id)
             if key not in shop.refunded:
                 shop.refunded[key] = charge_id
                 shop.effects.append(("refund", charge_id, key))
@@ -290,3 +294,29 @@ async def test_p46_p35_a_rollback_whose_journal_was_edited_is_refused_by_the_pro
         assert result.status == RunStatus.FAILED and result.error["code"] == "run_tampered", result
         assert second.store.get_run(run.run_id).status == RunStatus.FAILED
     assert not any(e[0] == "refund" for e in shop.effects)
+
+
+async def test_p46_p35_an_undo_entry_forged_in_the_store_under_a_rollback_is_refused_not_reported_undone(tmp_path):
+    """P-46 with P-35: while the first undo is on the wire, a row is written outside tether where the next undo
+    will be journaled, saying it was sent. The rollback reads that entry when its own record is refused: the
+    forgery fails its check and the run ends refused, never reporting a write undone that no undo reached."""
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path}/tether.db"
+    shop = Shop()
+
+    def forge(charge_id: str) -> None:
+        if charge_id != "ch_c":
+            return
+        with sqlite3.connect(tmp_path / "tether.db") as db:
+            cols = [r[1] for r in db.execute("PRAGMA table_info(calls)")]
+            picked = ", ".join("6" if c == "seq" else "'sent'" if c == "state" else c for c in cols)
+            db.execute(f"INSERT INTO calls ({', '.join(cols)}) SELECT {picked} FROM calls WHERE seq = 5")
+
+    shop.on_refund = forge
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False) as rt:
+        paused = await rt.execute(THREE_WRITES)
+        result = await rt.decide(paused.run_id, {4: ("decline_and_undo", "wrong customer")})
+        assert result.status == RunStatus.FAILED and result.error["code"] == "run_tampered", result
+        assert not any(line.get("undone") and line["seq"] == 2 for line in result.rollback or [])
+    assert [e[1] for e in shop.effects if e[0] == "refund"] == ["ch_c"]

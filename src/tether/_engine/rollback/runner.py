@@ -178,6 +178,8 @@ async def _carry_out(engine: Engine, run: RunRecord, plan: dict[str, Any], steps
         if not await _take(engine, ledger, move.kind, step):
             fresh = await engine.astore.get_call(run.run_id, step.undo_seq)
             if fresh is not None:
+                # What another writer left is read as any journal entry is: checked before it is trusted (P-35).
+                integrity.verify_calls(engine.keyring, run.run_id, [fresh])
                 ledger.entries[step.undo_seq] = fresh
     lines = report(steps, ledger.entries)
     engine.events.emit(run.run_id, "rolled_back", {"rollback": lines})
