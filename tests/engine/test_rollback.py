@@ -68,11 +68,11 @@ class Shop:
             return {"id": f"ch_{order}", "amount": amount}
 
         @tool(namespace="shop", idempotent_with_key=True)
-        def refund(charge_id: str) -> dict:
+        async def refund(charge_id: str) -> dict:
             """Refund a charge (dedupes by idempotency key)."""
             key = current_call().key
-            if shop.on_refund is not None:
-                shop.on_refund(charge_id)
+            if shop.on_refund is not None and (hang := shop.on_refund(charge_id)) is not None:
+                await hang
             if key not in shop.refunded:
                 shop.refunded[key] = charge_id
                 shop.effects.append(("refund", charge_id, key))
@@ -320,3 +320,19 @@ async def test_p46_p35_an_undo_entry_forged_in_the_store_under_a_rollback_is_ref
         assert result.status == RunStatus.FAILED and result.error["code"] == "run_tampered", result
         assert not any(line.get("undone") and line["seq"] == 2 for line in result.rollback or [])
     assert [e[1] for e in shop.effects if e[0] == "refund"] == ["ch_c"]
+
+
+async def test_p46_p8_an_undo_whose_tool_hangs_is_cut_at_the_call_timeout_and_listed_unknown(tmp_path):
+    """P-46 with P-8: a compensation is host work with a deadline. An undo tool that does not answer is cut at
+    the call timeout, its outcome recorded unknown (never sent again), and the run ends rolled_back naming it."""
+    url = f"sqlite:///{tmp_path}/tether.db"
+    shop = Shop()
+    shop.on_refund = lambda charge_id: asyncio.sleep(30) if charge_id == "ch_c" else None
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False,
+                       limits=Limits(call_timeout_seconds=0.3)) as rt:
+        paused = await rt.execute(THREE_WRITES)
+        result = await rt.decide(paused.run_id, {4: ("decline_and_undo", None)})
+        assert result.status == RunStatus.ROLLED_BACK
+        assert [(x["seq"], x["undone"], x["undo"]["state"]) for x in result.rollback] == [
+            (3, False, "unknown"), (2, True, "sent"), (1, True, "sent")]
+        assert "outcome is unknown" in result.rollback[0]["why"]
