@@ -236,7 +236,9 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
         _print_lineage(c)
     for d in data.get("decisions") or []:
         why = f" ({escape(str(d['reason']))})" if d.get("reason") else ""
-        print(f"decided: call {d['seq']} {d['decision']}{why} by {d.get('actor')} via {d.get('via')}")
+        # An ended run's undo (seq 0) decides the run, not a call; who decided may be a name its user chose.
+        what = d["decision"] if d.get("seq") == 0 else f"call {d['seq']} {d['decision']}"
+        print(f"decided: {what}{why} by {escape(str(d.get('actor')))} via {escape(str(d.get('via')))}")
     if data.get("pending") and data["status"] == RunStatus.PAUSED:
         print_pause(data["run_id"], data["pending"], owner=data.get("principal"), expires_at=data.get("expires_at"))
     elif data.get("pending") and "rollback" in data["pending"]:

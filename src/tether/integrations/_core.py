@@ -110,6 +110,9 @@ def verdict(owner: str, approver: str | None, decision: str, *, signed_in: bool)
     """
     if decision != "approve":
         return ALLOWED
+    # A name is the person's without the blanks around it: blanks alone name nobody, and the run's own
+    # principal padded with them is still that principal.
+    approver = (approver or "").strip()
     if not approver:
         return Verdict(False, "approval_refused", "an approval through the framework names no person (approver); "
                        "tether does not count it as a person's")
@@ -142,5 +145,5 @@ async def decide(rt: Runtime, given: Mapping[str, Any], *, code: str | None, ori
         raise refusal(checked, run_id, None, paused=True, console=False)
     reason = given.get("reason")
     return await rt.decide(run_id, {int(s): (decision, reason if isinstance(reason, str) else None) for s in seqs},
-                           principal=principal, actor=approver if isinstance(approver, str) and approver else None,
+                           principal=principal, actor=(approver.strip() or None) if isinstance(approver, str) else None,
                            via="python", origin=origin)

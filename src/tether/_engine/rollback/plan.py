@@ -110,6 +110,17 @@ def make_plan(entries: Iterable[CallRecord], undo_of: Callable[[str], Undo | Non
     return steps
 
 
+def undo_tools(entries: Iterable[CallRecord], undo_of: Callable[[str], Undo | None]) -> set[str]:
+    """The compensation tools a rollback of a run whose journal is ``entries`` may send: the declared undo of
+    each write it sent. A surface checks who may ask for the rollback against their rules (D-68)."""
+    tools = set()
+    for entry in entries:
+        undo = undo_of(entry.address) if entry.kind == "write" and entry.op == "tool" else None
+        if undo is not None and entry.state == CallState.SENT:
+            tools.add(undo.address)
+    return tools
+
+
 @dataclass(frozen=True)
 class Move:
     """What the rollback does next: ``record`` the step's compensation ``approved`` (write-ahead), ``send``
