@@ -194,13 +194,19 @@ class Current:
 CURRENT = Current()
 
 
-def suite_tools(name: str, suite: Any) -> list[Any]:
-    """The suite's functions as tether tools: reads annotated read-only, writes destructive."""
+def suite_module(name: str, suite: Any) -> str:
+    """The suite's functions as ``@tool`` functions of a module (reads annotated read-only, writes destructive),
+    registered under a module name a ``[[sources]] type = "python"`` table loads; returns that name."""
     import inspect
+    import sys
+    import types
 
     from tether._sources.python import tool
 
-    out = []
+    module_name = f"agentdojo_bench_{name}"
+    if module_name in sys.modules:
+        return module_name
+    module = types.ModuleType(module_name, f"AgentDojo's {name} suite, over the current pair's environment.")
     for f in suite.tools:
         params, annotations = [], {}
         for pname, info in f.parameters.model_fields.items():
@@ -213,9 +219,21 @@ def suite_tools(name: str, suite: Any) -> list[Any]:
         call.__annotations__ = annotations
         call.__name__ = call.__qualname__ = f.name
         call.__doc__ = f.description
+        call.__module__ = module_name
         write = f.name in WRITES[name]
-        out.append(tool(namespace=name, read_only=not write, destructive=write)(call).__tether_tool__.to_tool())
-    return out
+        setattr(module, f.name, tool(namespace=name, read_only=not write, destructive=write)(call))
+    sys.modules[module_name] = module
+    return module_name
+
+
+def source_table(name: str, suite: Any, labelled: bool) -> dict[str, Any]:
+    """The suite as a ``[[sources]]`` table: trusted but for the tools ``UNTRUSTED`` names (when tether has
+    trust labels, ``labelled``)."""
+    table: dict[str, Any] = {"type": "python", "module": suite_module(name, suite)}
+    if labelled:
+        table["trust"] = "trusted"
+        table["trust_tools"] = {t: "untrusted" for t in sorted(UNTRUSTED[name])}
+    return table
 
 
 def _caller(function: str) -> Callable[..., Any]:
@@ -376,7 +394,9 @@ class Outcome:
 def _key(function: str, args: dict[str, Any]) -> str:
     from pydantic_core import to_jsonable_python
 
-    return function + json.dumps(to_jsonable_python(args), sort_keys=True, default=str)
+    # A tool is handed its defaults too (None for an optional list): an argument left out is the same call.
+    given = {k: v for k, v in args.items() if v is not None}
+    return function + json.dumps(to_jsonable_python(given), sort_keys=True, default=str)
 
 
 def _reasons(pending: Any) -> list[dict[str, Any]]:
@@ -393,15 +413,23 @@ def _reasons(pending: Any) -> list[dict[str, Any]]:
     return out
 
 
-async def run_pair(rt: Any, ns: str, suite: Any, user_task: Any, injection_task: Any,
-                   injections: dict[str, str], principal: str) -> Outcome:
+def prepare(ns: str, suite: Any, user_task: Any, injection_task: Any,
+            injections: dict[str, str]) -> tuple[Any, Plan]:
+    """A pair's environment (the suite's vectors filled, the task's own set-up done) and its programs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = user_task.init_environment(suite.load_and_inject_default_environment(injections))
+    return env, plan(ns, suite, user_task, injection_task, env)
+
+
+async def run_pair(rt: Any, ns: str, suite: Any, user_task: Any, injection_task: Any, prepared: tuple[Any, Plan],
+                   principal: str) -> Outcome:
+    """Run a pair's programs on a fresh copy of its environment; the suite's judges decide what happened."""
     from agentdojo.functions_runtime import FunctionsRuntime
     from agentdojo.types import text_content_block_from_string
 
-    env = suite.load_and_inject_default_environment(injections)
-    env = user_task.init_environment(env)
-    pre_env = env.model_copy(deep=True)
-    the_plan = plan(ns, suite, user_task, injection_task, pre_env)
+    pre_env, the_plan = prepared
+    env = pre_env.model_copy(deep=True)
     user_keys = {_key(c.function, c.args) for c in the_plan.calls if c.who == "user"}
     CURRENT.env, CURRENT.runtime, CURRENT.trace = env, FunctionsRuntime(suite.tools), []
     asks: list[Ask] = []
@@ -433,10 +461,13 @@ async def run_pair(rt: Any, ns: str, suite: Any, user_task: Any, injection_task:
                 attack_writes += 1
     answer = user_task.GROUND_TRUTH_OUTPUT + ("\n" + injection_task.GROUND_TRUTH_OUTPUT if injection_task else "")
     output = [text_content_block_from_string(answer)]
+    # The judges may change the environment they are given (get_unread() marks mail read): each run of the
+    # pair is judged on a copy of its own, as AgentDojo copies the environment before every run.
+    judged = pre_env.model_copy(deep=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        utility = suite._check_task_result(user_task, output, pre_env, env, CURRENT.trace)
-        security = (suite._check_task_result(injection_task, output, pre_env, env, CURRENT.trace)
+        utility = suite._check_task_result(user_task, output, judged, env, CURRENT.trace)
+        security = (suite._check_task_result(injection_task, output, judged, env, CURRENT.trace)
                     if injection_task is not None else None)
     return Outcome(bool(utility), None if security is None else bool(security), asks, attack_writes, failed)
 
@@ -471,11 +502,19 @@ def guard_available() -> bool:
     return "guard" in str(hints.get("writes"))
 
 
-def runtime_for(mode: str, tools: list[Any]) -> Any:
-    from tether._engine.rules.policy import Policy
-    from tether._runtime import Runtime
+def runtime_for(mode: str, ns: str, suite: Any) -> Any:
+    """A started Runtime (in-memory SQLite store) with the suite as its one source, under ``mode``; an async
+    context manager, as tether.open_runtime is."""
+    import tempfile
 
-    return Runtime(tools=tools, policy=Policy(writes=mode, write_budget=BUDGET))  # type: ignore[arg-type]
+    from tether._app import open_runtime
+    from tether._config import Config
+
+    home = tempfile.mkdtemp(prefix="agentdojo-bench-")
+    config = Config.from_dict({"policy": {"writes": mode, "write_budget": BUDGET},
+                               "sources": [source_table(ns, suite, labelled=guard_available())]},
+                              source="<agentdojo bench>", env={"TETHER_HOME": home})
+    return open_runtime(config, store_url="sqlite:///:memory:", strict_sources=True)
 
 
 @dataclass
@@ -509,6 +548,47 @@ class Tally:
                 "named": f"{self.attacker_asks_named}/{self.attacker_asks}",
                 "under_attack": f"{self.utility_under_attack}/{self.pairs}"}
 
+    def benign_outcome(self, ns: str, uid: str, mode: str, out: Outcome) -> None:
+        self.benign += 1
+        self.benign_asks += len(out.asks)
+        self.benign_asked += bool(out.asks)
+        self.benign_completed += out.utility
+        self.failed_runs += len(out.failed_runs)
+        self.asks += len(out.asks)
+        for ask in out.asks:
+            self.reasons["benign " + ask.address + " - " + _reason_summary(ask)] += 1
+            self.asks_named += ask.names_untrusted_source()
+        if out.asks and mode == "guard":
+            self.misses.append(f"benign {ns}/{uid} asked: " + " | ".join(
+                f"{a.address}({_reason_summary(a)})" for a in out.asks))
+        if not out.utility:
+            self.misses.append(f"benign {ns}/{uid} not completed ({mode}): {out.failed_runs}")
+
+    def pair_outcome(self, ns: str, uid: str, iid: str, mode: str, out: Outcome) -> None:
+        self.pairs += 1
+        self.utility_under_attack += out.utility
+        self.failed_runs += len(out.failed_runs)
+        attacker = [a for a in out.asks if a.attacker]
+        self.asks += len(out.asks)
+        self.attacker_asks += len(attacker)
+        self.attacker_asks_named += sum(a.names_untrusted_source() for a in attacker)
+        self.asks_named += sum(a.names_untrusted_source() for a in out.asks)
+        for ask in attacker:
+            self.reasons["attack " + ask.address + " - " + _reason_summary(ask)] += 1
+        if out.attack_writes == 0:
+            self.no_write_attacks += 1
+            self.no_write_carried += bool(out.security)
+            return
+        self.attack_pairs += 1
+        if out.security and not attacker:
+            self.attacks_unasked += 1
+            if mode == "guard":
+                self.misses.append(f"attack {ns}/{uid}/{iid} carried out, nobody asked")
+        elif out.security:
+            self.attacks_asked_approved += 1
+        elif mode == "allow":
+            self.misses.append(f"attack {ns}/{uid}/{iid} not carried out under allow: {out.failed_runs}")
+
     def add(self, other: "Tally") -> None:
         for k, v in vars(other).items():
             if isinstance(v, int):
@@ -534,51 +614,28 @@ def _reason_summary(ask: Ask) -> str:
     return "; ".join(parts)
 
 
-async def measure(ns: str, suite: Any, mode: str, users: list[str], injs: list[str]) -> Tally:
-    tally = Tally()
-    async with runtime_for(mode, suite_tools(ns, suite)) as rt:
+async def measure(ns: str, suite: Any, modes: list[str], users: list[str], injs: list[str]) -> dict[str, Tally]:
+    """Every pair of the suite under every mode; a pair's environment and programs are made once."""
+    import contextlib
+
+    tallies = {mode: Tally() for mode in modes}
+    async with contextlib.AsyncExitStack() as stack:
+        rts = {mode: await stack.enter_async_context(runtime_for(mode, ns, suite)) for mode in modes}
         for uid in users:
             user_task = suite.user_tasks[uid]
-            out = await run_pair(rt, ns, suite, user_task, None, {}, f"{PRINCIPAL}/{ns}/{uid}")
-            tally.benign += 1
-            tally.benign_asks += len(out.asks)
-            tally.benign_asked += bool(out.asks)
-            tally.benign_completed += out.utility
-            tally.failed_runs += len(out.failed_runs)
-            tally.asks += len(out.asks)
-            for ask in out.asks:
-                tally.reasons["benign " + ask.address + " - " + _reason_summary(ask)] += 1
-                tally.asks_named += ask.names_untrusted_source()
-            if out.asks and mode == "guard":
-                tally.misses.append(f"benign {ns}/{uid} asked: " + " | ".join(
-                    f"{a.address}({_reason_summary(a)})" for a in out.asks))
+            prepared = prepare(ns, suite, user_task, None, {})
+            for mode, rt in rts.items():
+                out = await run_pair(rt, ns, suite, user_task, None, prepared, f"{PRINCIPAL}/{ns}/{uid}")
+                tallies[mode].benign_outcome(ns, uid, mode, out)
             for iid in injs:
                 injection_task = suite.injection_tasks[iid]
                 injections = injections_for(suite, user_task, injection_task)
-                out = await run_pair(rt, ns, suite, user_task, injection_task, injections,
-                                     f"{PRINCIPAL}/{ns}/{uid}/{iid}")
-                tally.pairs += 1
-                tally.utility_under_attack += out.utility
-                tally.failed_runs += len(out.failed_runs)
-                attacker = [a for a in out.asks if a.attacker]
-                tally.asks += len(out.asks)
-                tally.attacker_asks += len(attacker)
-                tally.attacker_asks_named += sum(a.names_untrusted_source() for a in attacker)
-                tally.asks_named += sum(a.names_untrusted_source() for a in out.asks)
-                for ask in attacker:
-                    tally.reasons["attack " + ask.address + " - " + _reason_summary(ask)] += 1
-                if out.attack_writes == 0:
-                    tally.no_write_attacks += 1
-                    tally.no_write_carried += bool(out.security)
-                    continue
-                tally.attack_pairs += 1
-                if out.security and not attacker:
-                    tally.attacks_unasked += 1
-                    if mode == "guard":
-                        tally.misses.append(f"attack {ns}/{uid}/{iid} carried out, nobody asked")
-                elif out.security:
-                    tally.attacks_asked_approved += 1
-    return tally
+                prepared = prepare(ns, suite, user_task, injection_task, injections)
+                for mode, rt in rts.items():
+                    out = await run_pair(rt, ns, suite, user_task, injection_task, prepared,
+                                         f"{PRINCIPAL}/{ns}/{uid}/{iid}")
+                    tallies[mode].pair_outcome(ns, uid, iid, mode, out)
+    return tallies
 
 
 def main() -> None:
@@ -604,21 +661,21 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     per: dict[str, dict[str, Tally]] = {}
     t0 = time.perf_counter()
+    totals = {mode: Tally() for mode in modes}
+    for ns in [s for s in args.suites.split(",") if s]:
+        suite = suites[ns]
+        users = sorted(suite.user_tasks, key=lambda k: int(k.rsplit("_", 1)[1]))[:n_users]
+        injs = sorted(suite.injection_tasks, key=lambda k: int(k.rsplit("_", 1)[1]))
+        t = time.perf_counter()
+        tallies = asyncio.run(measure(ns, suite, modes, users, injs))
+        print(f"{ns:9} {len(users)} user tasks x {len(injs)} injection tasks, modes {', '.join(modes)}: "
+              f"{time.perf_counter() - t:.1f} s", flush=True)
+        for mode in modes:
+            per.setdefault(mode, {})[ns] = tallies[mode]
+            totals[mode].add(tallies[mode])
     for mode in modes:
-        total = Tally()
-        for ns in [s for s in args.suites.split(",") if s]:
-            suite = suites[ns]
-            users = sorted(suite.user_tasks, key=lambda k: int(k.rsplit("_", 1)[1]))[:n_users]
-            injs = sorted(suite.injection_tasks, key=lambda k: int(k.rsplit("_", 1)[1]))
-            t = time.perf_counter()
-            tally = asyncio.run(measure(ns, suite, mode, users, injs))
-            print(f"{mode:5} {ns:9} {tally.pairs} pairs, {tally.benign} benign, {time.perf_counter() - t:.1f} s, "
-                  f"{tally.failed_runs} runs not completed", flush=True)
-            per.setdefault(mode, {})[ns] = tally
-            rows.append(tally.row(ns, mode))
-            total.add(tally)
-        per[mode]["all"] = total
-        rows.append(total.row("all", mode))
+        per[mode]["all"] = totals[mode]
+        rows += [per[mode][ns].row(ns, mode) for ns in per[mode]]
     print(common.table(rows, COLUMNS, title=f"AgentDojo {BENCHMARK} (agentdojo {AGENTDOJO_VERSION}), no model, "
                                              "a simulated person approves every ask"))
     for mode in modes:

@@ -23,7 +23,7 @@ BENCHES = {"core": "core_bench.py", "search": "search_bench.py", "durable": "dur
            "discovery": "discovery_bench.py", "sources": "sources_bench.py", "retention": "retention_bench.py",
            "roundtrip": "roundtrip_bench.py", "openapi_cold": "openapi_cold_bench.py",
            "serve": "serve_bench.py", "store_latency": "store_latency_bench.py", "bfcl": "bfcl_bench.py",
-           "trees": "trees_bench.py"}
+           "trees": "trees_bench.py", "agentdojo": "agentdojo_bench.py"}
 # Not run here: replica_bench.py (two processes on Postgres, minutes long, no quick mode); percall_bench.py
 # (an A/B of two source trees, one of them a commit to name: a measure taken for a change, not a target),
 # pg_cpu_bench.py (the same for Postgres CPU per program) and timeline_execute.py (not a benchmark: a
