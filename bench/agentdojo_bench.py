@@ -418,8 +418,23 @@ def prepare(ns: str, suite: Any, user_task: Any, injection_task: Any,
     """A pair's environment (the suite's vectors filled, the task's own set-up done) and its programs."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        env = user_task.init_environment(suite.load_and_inject_default_environment(injections))
+        env = user_task.init_environment(load_environment(suite, injections))
     return env, plan(ns, suite, user_task, injection_task, env)
+
+
+def load_environment(suite: Any, injections: dict[str, str]) -> Any:
+    """``suite.load_and_inject_default_environment(injections)``, step for step, parsed by libyaml when PyYAML
+    has it: the same safe loader, a fraction of the time on workspace's environment (~1 s a pair otherwise)."""
+    import yaml
+    from agentdojo.task_suite.task_suite import read_suite_file, validate_injections
+
+    loader = getattr(yaml, "CSafeLoader", None)
+    if loader is None:
+        return suite.load_and_inject_default_environment(injections)
+    text = read_suite_file(suite.name, "environment.yaml", suite.data_path)
+    defaults = suite.get_injection_vector_defaults()
+    validate_injections(injections, defaults)
+    return suite.environment_type.model_validate(yaml.load(text.format(**dict(defaults, **injections)), Loader=loader))
 
 
 async def run_pair(rt: Any, ns: str, suite: Any, user_task: Any, injection_task: Any, prepared: tuple[Any, Plan],
@@ -608,7 +623,8 @@ def _reason_summary(ask: Ask) -> str:
         return "(no reason given)"
     parts = []
     for r in ask.reasons:
-        says = re.sub(r"\d+", "N", str(r.get("says") or ""))
+        says = re.sub(r"\brun_\w+", "run R", str(r.get("says") or ""))
+        says = re.sub(r"\d+", "N", says)
         says = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", says)
         parts.append(f"{r.get('arg')}: {says}" + (" [untrusted]" if r.get("untrusted") else ""))
     return "; ".join(parts)

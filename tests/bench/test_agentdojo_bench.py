@@ -16,8 +16,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-agentdojo_bench = pytest.importorskip("agentdojo_bench")
-pytest.importorskip("agentdojo")
+import agentdojo_bench  # noqa: E402 - after the path is set; agentdojo comes with the test extra
 
 
 @pytest.fixture(scope="module")
