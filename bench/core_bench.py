@@ -4,21 +4,36 @@ Every contender runs the same program (10 sequentially awaited calls of the
 same tool function, then a reduce) in the same process, interleaved round
 by round. The baseline is bare Monty driven the fastest way it offers: one
 pool reused, ``checkout(external_modules=...)`` + ``feed_run(code)`` with
-async host functions. Targets (issue 24): tether's warm execute with default
+async host functions. Targets: tether's warm execute with default
 settings at most 1.3x that floor on a quiet machine and 1.6x on a busy one
 (quiet: the 1-minute load average at most 0.5 per core before the bench
 starts, and at the end no more above that than the bench's own process and
 its Monty worker add, 1.3); with the type check off (the engine itself), at
-most 1.2x.
+most 1.2x. Lineage (P-45, D-64): the same execute under ``[policy] writes =
+"guard"``, where each read's tool is untrusted (no label says otherwise) and
+journals its label and marks, at most 1.1x the same execute under the default
+policy (paired, check off both).
 
     python bench/core_bench.py [--quick] [--rounds N]
+    python bench/core_bench.py --profile [--runs 300] [--store file|memory] [--top 30] [--calls 1,10]
+
+``--profile`` measures nothing against anything: cProfile over many warm executes of a 1-call and a
+10-call program, with the HMACs and JSON encodes an execute makes counted. The profiler's own overhead
+inflates the many small calls, so read it for what is called and how often, and the ratios for the cost.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import cProfile
+import hmac
+import io
+import json
 import os
+import pstats
 import statistics
+import sys
 import tempfile
 from typing import Any
 
@@ -26,11 +41,14 @@ import pydantic_monty as pm
 
 import common
 from common import CALLS, EXPECTED, FASTMCP_PROGRAM, PROGRAM, get
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
+from tether._store import open_store
 from tether._tools.catalog import Catalog
 from tether._tools.stubs import build_stubs
 
 TARGET_RATIO = 1.2
+GUARD_RATIO = 1.1
 DEFAULT_QUIET, DEFAULT_BUSY = 1.3, 1.6
 # Read before any contender runs: the bench itself keeps about a core busy.
 LOAD_AT_START = os.getloadavg()[0]
@@ -49,6 +67,7 @@ LABELS = {
     "bare_feed_run_tc": "bare Monty feed_run + type check",
     "tether_default": "tether execute, default settings (check = calls)",
     "tether_tc_off": "tether execute, check off",
+    "tether_guard": "tether execute, check off, writes = \"guard\" (P-45)",
     "tether_tc_on": "tether execute, check = full (ty; the verdict remembered)",
     "fastmcp": "FastMCP Code Mode (in-memory client)",
     "fastmcp_warm": "FastMCP Code Mode, warm-pool provider",
@@ -56,6 +75,10 @@ LABELS = {
     "bare_0": "bare Monty, program without calls",
     "tether_0": "tether execute tc off, program without calls",
 }
+# What an inbox read returns: an untrusted result whose marks a guarded run journals (P-45).
+INBOX = [{"id": f"m-{i}", "sender": f"user{i}@corp.example", "subject": "Quarterly numbers",
+          "body": f"Hi, the figures are at https://files.corp.example/q{i}.pdf; call +41 44 668 18 0{i} if the "
+                  "link does not open. Best regards from the finance team."} for i in range(3)]
 # A program without host calls: splits tether's cost into per-execute and per-call parts.
 PROGRAM_0 = "import tools\ntotal = 0\nfor i in range(10):\n    total += i * 2\ntotal\n"
 
@@ -107,6 +130,7 @@ async def run(rounds: int, warmup: int) -> dict[str, Any]:
         pm.AsyncMonty(min_processes=1, max_processes=2) as pool,
         pm.AsyncMonty(min_processes=1, max_processes=2) as fm_pool,
         Runtime(tools=common.bench_tools()) as rt,
+        Runtime(tools=common.bench_tools(), policy=Policy(writes="guard")) as rt_guard,
     ):
         modules = bare_modules()
         modules_tc = bare_modules(stubs)
@@ -124,8 +148,8 @@ async def run(rounds: int, warmup: int) -> dict[str, Any]:
             async with pool.checkout(external_modules=modules) as session:
                 return await session.feed_run(PROGRAM_0)
 
-        async def tether(check: str | None, code: str = PROGRAM) -> Any:
-            result = await (rt.execute(code, check=check) if check else rt.execute(code))
+        async def tether(check: str | None, code: str = PROGRAM, runtime: Runtime = rt) -> Any:
+            result = await (runtime.execute(code, check=check) if check else runtime.execute(code))
             if result.status != "completed":
                 raise RuntimeError(f"tether run {result.status}: {result.error}")
             return result
@@ -147,6 +171,7 @@ async def run(rounds: int, warmup: int) -> dict[str, Any]:
                 "bare_feed_run": bare_feed_run,
                 "tether_default": lambda: tether(None),
                 "tether_tc_off": lambda: tether("off"),
+                "tether_guard": lambda: tether("off", runtime=rt_guard),
                 "tether_tc_on": lambda: tether("full"),
                 "bare_feed_start": lambda: feed_start_loop(pool, modules),
                 "bare_feed_run_tc": bare_feed_run_tc,
@@ -171,7 +196,8 @@ async def run(rounds: int, warmup: int) -> dict[str, Any]:
     rows = common.ratio_rows(samples, "bare_feed_run", LABELS)
     with tempfile.TemporaryDirectory() as tmp:
         parts = await call_parts(500 if rounds < 100 else 5000, tmp)
-    return {"rows": rows, "phases": phases(diag), "parts": parts}
+    guard = common.paired_ratio(samples["tether_guard"], samples["tether_tc_off"])
+    return {"rows": rows, "phases": phases(diag), "parts": parts, "guard_ratio": round(guard, 3)}
 
 
 async def call_parts(iterations: int, store_dir: str) -> list[dict[str, Any]]:
@@ -186,6 +212,7 @@ async def call_parts(iterations: int, store_dir: str) -> list[dict[str, Any]]:
 
     from tether._engine.attempt.result import to_json_value
     from tether._engine.calls.call import call_key
+    from tether._engine.lineage.values import marks
     from tether._engine.rules import policy
     from tether._store import open_store
     from tether._store.base import CallRecord, RunRecord
@@ -239,6 +266,8 @@ async def call_parts(iterations: int, store_dir: str) -> list[dict[str, Any]]:
         ("tool.handler (pydantic validate + jsonable)", plain, True),
         ("handler under asyncio.timeout (reads)", inline_timeout, True),
         ("handler via task+shield (writes only)", task_shield_wait_for, True),
+        ("lineage marks of an untrusted read (writes = \"guard\"): a 3-mail inbox",
+         lambda: marks(INBOX), False),
     ]
     # Interleaved like the contenders: one batch of each piece per round.
     batch = 20
@@ -276,7 +305,84 @@ def phases(diag: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
+# -- --profile: where a warm execute's time goes (no ratios) ------------------------------------------
+
+
+def profile_program(calls: int) -> str:
+    return f"import tools\ntotal = 0\nfor i in range({calls}):\n    r = await tools.bench.get(id=i)\n" \
+           "    total += r[\"value\"]\ntotal\n"
+
+
+class Counted:
+    """How often an execute makes the costs the signing and the journal add: HMACs, json.dumps, encodes."""
+
+    def __init__(self) -> None:
+        self.counts = {"hmac.new": 0, "json.dumps": 0, "JSONEncoder.encode": 0}
+        self._hmac_new, self._dumps, self._encode = hmac.new, json.dumps, json.JSONEncoder.encode
+
+    def __enter__(self) -> "Counted":
+        counts = self.counts
+        hmac_new, dumps, encode = self._hmac_new, self._dumps, self._encode
+
+        def counted_hmac(*a: Any, **k: Any) -> Any:
+            counts["hmac.new"] += 1
+            return hmac_new(*a, **k)
+
+        def counted_dumps(*a: Any, **k: Any) -> Any:
+            counts["json.dumps"] += 1
+            return dumps(*a, **k)
+
+        def counted_encode(self_: Any, o: Any) -> Any:
+            counts["JSONEncoder.encode"] += 1
+            return encode(self_, o)
+
+        hmac.new, json.dumps, json.JSONEncoder.encode = counted_hmac, counted_dumps, counted_encode  # type: ignore[assignment, method-assign]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        hmac.new, json.dumps, json.JSONEncoder.encode = self._hmac_new, self._dumps, self._encode  # type: ignore[method-assign]
+
+
+async def profile(calls: int, runs: int, store_url: str, top: int) -> None:
+    code = profile_program(calls)
+    async with Runtime(tools=common.bench_tools(), store=open_store(store_url)) as rt:
+        for _ in range(30):
+            assert (await rt.execute(code)).status == "completed"
+        with Counted() as counted:
+            for _ in range(20):
+                await rt.execute(code)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(runs):
+            await rt.execute(code)
+        prof.disable()
+    print(f"\n== {calls}-call execute, {runs} runs, store {store_url.split('?')[0]}")
+    print("per execute: " + ", ".join(f"{k} {v / 20:g}" for k, v in counted.counts.items()))
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    print(out.getvalue())
+
+
+def profile_main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(description="core_bench --profile: cProfile over warm executes")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--runs", type=int, default=300)
+    p.add_argument("--store", choices=("file", "memory"), default="file")
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--calls", default="1,10")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{tmp}/profile.db" if args.store == "file" else "sqlite:///:memory:"
+        for calls in (int(c) for c in args.calls.split(",")):
+            asyncio.run(profile(calls, args.runs, url, args.top))
+
+
 def main() -> None:
+    if "--profile" in sys.argv[1:]:
+        profile_main(sys.argv[1:])
+        return
     args = common.parser(__doc__.splitlines()[0], rounds=200, quick_rounds=20).parse_args()
     rounds, warmup = common.rounds_of(args)
     out = asyncio.run(run(rounds, warmup))
@@ -308,6 +414,8 @@ def main() -> None:
         common.target(f"tether execute (default settings) / bare Monty, {'quiet' if is_quiet else 'busy'} "
                       f"({loads})", by["tether_default"]["paired_ratio"],
                       DEFAULT_QUIET if is_quiet else DEFAULT_BUSY, "x"),
+        common.target("tether execute under writes = \"guard\" / the same under the default policy (check off)",
+                      out["guard_ratio"], GUARD_RATIO, "x"),
     ]
     print()
     print(common.table(targets, common.TARGET_COLUMNS))

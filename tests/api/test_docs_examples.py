@@ -56,8 +56,8 @@ def test_every_python_and_json_block_in_the_docs_parses(doc):
 def test_the_readme_config_example_is_valid(tmp_path):
     from tether._config import load_config
 
-    # The OAuth steps' snippet, the configuration section's example, then the idempotency one.
-    oauth, block, keyed = blocks("README.md", "toml")
+    # The OAuth steps' snippet, the configuration section's example, guarded writes (P-45), the idempotency one.
+    oauth, block, guarded, keyed = blocks("README.md", "toml")
     path = tmp_path / "tether.toml"
     path.write_text(block)
     config = load_config(path)
@@ -70,6 +70,10 @@ def test_the_readme_config_example_is_valid(tmp_path):
     path.write_text(keyed)
     config = load_config(path)
     assert [(s.type, s.idempotency) for s in config.sources] == [("openapi", "key"), ("mcp", "key")]
+    path.write_text(guarded)
+    config = load_config(path)
+    assert config.policy.writes == "guard" and config.policy.allowlist[0] == "*@mycompany.com"
+    assert config.sources[0].trust_tools == {"get_contacts": "trusted"}
 
 
 def shown_commands(doc: str) -> list[str]:

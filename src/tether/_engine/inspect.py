@@ -23,6 +23,7 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
             "seq": c.seq, "op": c.op, "address": c.address, "args": c.args, "kind": c.kind, "state": c.state,
             "started_at": c.started_at, "finished_at": c.finished_at, "ms": ms,
             "error": c.error,
+            **({"lineage": _lineage_shown(c.lineage)} if c.lineage is not None else {}),
         })
     snap = store.latest_snapshot(run_id)
     # Who decided each paused write, and from where (P-29).
@@ -56,6 +57,18 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
                                                "monty_version": snap.monty_version},
         "outcome": run.result,
     }
+
+
+def _lineage_shown(lineage: dict[str, Any]) -> dict[str, Any]:
+    """A journal entry's lineage as the timeline keeps it (P-45): an untrusted read's label and how many marks
+    its result gave (the values stay in the journal), or a guarded write's verdict with every reason."""
+    shown: dict[str, Any] = {}
+    if "ask" in lineage:
+        shown.update(asked=bool(lineage.get("ask")), reasons=lineage.get("reasons") or [])
+    if "trust" in lineage:
+        marks = lineage.get("marks")
+        shown.update(trust=lineage.get("trust"), marks=len(marks) if isinstance(marks, list) else 0)
+    return shown
 
 
 # Comment lines that say how to read the file, not what the program does.

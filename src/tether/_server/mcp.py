@@ -700,7 +700,8 @@ def _decision(reply: Any) -> tuple[str | None, str | None]:
 
 def _writes_unasked(policy: Policy) -> bool:
     """Whether a write can go out without anyone approving it: only then is execute destructive."""
-    return policy.writes == "allow" or any(rule.action == "allow" for rule in policy.rules)
+    # Under "guard" most writes go out unasked: only a write whose lineage is untrusted waits (P-45).
+    return policy.writes in ("allow", "guard") or any(rule.action == "allow" for rule in policy.rules)
 
 
 async def _check_arguments(ctx: Any, call_next: Any) -> Any:

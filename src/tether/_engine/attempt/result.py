@@ -146,7 +146,7 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
     slow.append(convert)
     converted = conv(value, 0)
     # conv reached convert through this list, convert calls conv: emptied, the pair is no reference cycle and
-    # is freed now, not by the cyclic collector (11 pairs an execute of 10 calls; bench/README.md, issue 24).
+    # is freed now, not by the cyclic collector (11 pairs an execute of 10 calls; core_bench.py).
     slow.clear()
     # Keep notes short and unique: a set of 10,000 elements is one note.
     unique = list(dict.fromkeys(notes))
