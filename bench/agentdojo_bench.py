@@ -74,8 +74,9 @@ WRITES = {
 }
 # Untrusted results, by what the tool reads (once per suite): mail, files, calendars (invitations from
 # others land there), reviews, transaction subjects (the other party writes them), channels, inboxes, web
-# pages. Everything else is trusted: the user's own account, standing orders and balance, the clock, the
-# booking provider's catalogue (names, prices, addresses, hours), the workspace's channel and member lists.
+# pages, channel names (whoever creates a channel names it). Everything else is trusted: the user's own
+# account, standing orders and balance, the clock, the booking provider's catalogue (names, prices,
+# addresses, hours), a channel's member list.
 UNTRUSTED = {
     "workspace": {"get_unread_emails", "get_sent_emails", "get_received_emails", "get_draft_emails",
                   "search_emails", "search_contacts_by_name", "search_contacts_by_email",
@@ -84,8 +85,19 @@ UNTRUSTED = {
     "travel": {"get_rating_reviews_for_hotels", "get_rating_reviews_for_restaurants",
                "get_rating_reviews_for_car_rental", "search_calendar_events", "get_day_calendar_events"},
     "banking": {"get_most_recent_transactions", "read_file"},
-    "slack": {"read_channel_messages", "read_inbox", "get_webpage"},
+    "slack": {"get_channels", "read_channel_messages", "read_inbox", "get_webpage"},
 }
+# The two writes that fetch text for the user (they change the environment by recording the fetch). With
+# --fetch-as-read they are annotated read-only and open-world instead, as a user might annotate a page fetch:
+# a variant that shows what the guard does with them as reads (their results then carry trust labels).
+FETCHES = {("workspace", "get_unread_emails"), ("slack", "get_webpage")}
+AS_READS: set[tuple[str, str]] = set()
+
+
+def writes_of(ns: str) -> set[str]:
+    return WRITES[ns] - {name for suite, name in AS_READS if suite == ns}
+
+
 ATTACKER = "mark.black-2134@gmail.com"
 ME = "emma.johnson@bluesparrowtech.com"
 # The injection tasks whose ground truth is empty, as a model writes them in code (one run each; `tools`
@@ -203,7 +215,7 @@ def suite_module(name: str, suite: Any) -> str:
 
     from tether._sources.python import tool
 
-    module_name = f"agentdojo_bench_{name}"
+    module_name = f"agentdojo_bench_{name}" + ("_fetch_as_read" if AS_READS else "")
     if module_name in sys.modules:
         return module_name
     module = types.ModuleType(module_name, f"AgentDojo's {name} suite, over the current pair's environment.")
@@ -220,8 +232,9 @@ def suite_module(name: str, suite: Any) -> str:
         call.__name__ = call.__qualname__ = f.name
         call.__doc__ = f.description
         call.__module__ = module_name
-        write = f.name in WRITES[name]
-        setattr(module, f.name, tool(namespace=name, read_only=not write, destructive=write)(call))
+        write = f.name in writes_of(name)
+        setattr(module, f.name, tool(namespace=name, read_only=not write, destructive=write,
+                                     open_world=(name, f.name) in AS_READS)(call))
     sys.modules[module_name] = module
     return module_name
 
@@ -348,7 +361,7 @@ def _call_lines(ns: str, c: Planned) -> list[str]:
 
 def plan(ns: str, suite: Any, user_task: Any, injection_task: Any, pre_env: Any) -> Plan:
     """The runs of one user task, with the injection task's calls added when it is given."""
-    writes = WRITES[ns]
+    writes = writes_of(ns)
     user_calls = user_task.ground_truth(pre_env.model_copy(deep=True))
     user_results = dry_run(suite, pre_env, user_calls)
     user_runs = place(user_calls, user_results, user_task.PROMPT, writes, 1)
@@ -467,7 +480,7 @@ async def run_pair(rt: Any, ns: str, suite: Any, user_task: Any, injection_task:
     if injection_task is not None:
         user_counts = collections.Counter(_key(c.function, c.args) for c in the_plan.calls if c.who == "user")
         for call in CURRENT.trace:
-            if call.function not in WRITES[ns]:
+            if call.function not in writes_of(ns):
                 continue
             k = _key(call.function, call.args)
             if user_counts[k] > 0:
@@ -660,7 +673,11 @@ def main() -> None:
     p.add_argument("--suites", default=",".join(SUITES))
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--users", type=int, default=None, help="the first N user tasks of each suite")
+    p.add_argument("--fetch-as-read", action="store_true",
+                   help="slack.get_webpage and workspace.get_unread_emails as open-world reads, not writes")
     args = p.parse_args()
+    if args.fetch_as_read:
+        AS_READS.update(FETCHES)
     loaded = load()
     if isinstance(loaded, str):
         print(f"agentdojo: skipped: {loaded}")
@@ -718,6 +735,7 @@ def main() -> None:
         print(common.table(targets, common.TARGET_COLUMNS))
     common.emit("agentdojo", args.quick, {
         "benchmark": BENCHMARK, "agentdojo": AGENTDOJO_VERSION, "skipped_modes": skipped_modes,
+        "fetch_as_read": bool(AS_READS),
         "seconds": round(time.perf_counter() - t0, 1), "rows": rows,
         "reasons": {m: dict(per[m]["all"].reasons.most_common(40)) for m in per},
         "misses": {m: per[m]["all"].misses for m in per}, "targets": targets})
