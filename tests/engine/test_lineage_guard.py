@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from helpers import StoreBackend, each_store_backend, store_backend_params
-from tether._engine.rules.policy import Policy
+from tether._engine.rules.policy import Policy, Rule
 from tether._runtime import Runtime
 from tether._tools.model import Annotations, Tool
 
@@ -101,6 +101,7 @@ async def test_p45_a_destination_taken_from_an_untrusted_read_asks_naming_the_so
         assert entries[1].lineage["ask"] is True
         [pending] = rt.pending(paused.run_id)
         assert pending.reasons == tuple(write["reasons"])
+        assert pending.why() == [f"{asking[0]['arg']}: {asking[0]['says']}"]
         done = await rt.resume(paused.run_id, "approve")
         assert done.status == "completed", done.error
     assert [m["recipients"] for m in mail.sent] == [[ATTACKER]]
@@ -306,3 +307,26 @@ async def test_p45_a_read_that_reaches_out_to_an_address_from_untrusted_data_ask
         assert (entry.kind, entry.state, entry.lineage["ask"], entry.lineage["trust"]) == ("write", "sent", True,
                                                                                            "untrusted")
     assert len(fetched) == 2
+
+
+async def test_p45_a_writes_untrusted_result_is_labelled_too(backend):
+    # Reading unread mail marks it read: a write, whose result is still text someone else wrote.
+    mail = Mail()
+
+    async def get_unread(args: dict) -> Any:
+        return INBOX
+
+    tools = [*mail.tools(), Tool("mail", "get_unread", "Unread mail (marks it read).",
+                                 {"type": "object", "properties": {}}, get_unread)]
+    program = ("import tools\nmails = await tools.mail.get_unread()\n"
+               "to = [w for w in mails[1]['body'].split() if '@' in w][0]\n"
+               "await tools.mail.send_email(recipients=[to], subject='s', body='b')\n")
+    async with Runtime(store=backend.store(), tools=tools, type_check=False,
+                       policy=Policy(writes="guard", rules=(Rule("mail.get_unread", "allow"),))) as rt:
+        paused = await rt.execute(program)
+        assert paused.status == "paused", paused.error
+        [reason] = [r for r in paused.pending["writes"][0]["reasons"] if r["asks"]]
+        assert "mail.get_unread" in reason["says"]
+        entry = rt.store.get_calls(paused.run_id)[0]
+        assert entry.kind == "write" and entry.lineage["trust"] == "untrusted"
+        assert ["email", ATTACKER, "[1].body"] in entry.lineage["marks"]

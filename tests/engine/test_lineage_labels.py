@@ -68,3 +68,18 @@ async def test_p45_a_role_override_makes_an_argument_a_destination(tmp_path, mon
         async with open_runtime(config, store_url=f"sqlite:///{tmp_path}/{status}.db", type_check=False) as rt:
             result = await rt.execute(program)
             assert result.status == status, (roles, result.error)
+
+
+def test_p45_a_reason_is_shown_escaped_with_secret_arguments_masked_and_bounded():
+    from tether._engine.lineage.why import LINES, why_lines, why_text
+
+    # A reason quotes what an untrusted source wrote: a field name can carry a bidi override.
+    reasons = [{"arg": "to", "says": 'the e-mail address is in the "bo\u202edy" field of the result of x.y() at call 1',
+                "asks": True},
+               {"arg": "cc", "says": "typed in the program", "asks": False},
+               {"arg": "api_key", "says": "from the result of x.y(): sk-live-0123456789", "asks": True}]
+    lines = why_lines(reasons, {"to": "a@b.example", "api_key": "sk-live-0123456789"})
+    assert lines[0] == 'to: the e-mail address is in the "bo\\u202edy" field of the result of x.y() at call 1'
+    assert len(lines) == 2 and "sk-live-0123456789" not in lines[1]  # only reasons that asked; secrets masked
+    assert why_lines([{"arg": "a", "says": "s", "asks": True}] * 50) == ["a: s"] * LINES
+    assert why_text([{"arg": "cc", "says": "typed in the program", "asks": False}]) == ""

@@ -10,10 +10,11 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
+
+from helpers import own_database
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 TETHER = [sys.executable, "-m", "tether.cli"]
@@ -34,23 +35,11 @@ await tools.mail.send_email(recipients=[to.upper().lower()], subject="again", bo
 """
 
 
-def _own_database(url: str) -> str:
-    from urllib.parse import urlsplit
-
-    import psycopg
-
-    name = f"lineage_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}/{name}" + (f"?{parts.query}" if parts.query else "")
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/tether.db"
-    return _own_database(request.getfixturevalue("pg_url"))
+    return own_database(request.getfixturevalue("pg_url"), "lineage")
 
 
 def tether(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ import pytest_asyncio
 from tether import Policy
 from tether._engine.lineage.flow import analyse
 from tether._engine.lineage.judge import LineageVerdict, Origin, judge
-from tether._engine.lineage.values import marks
+from tether._engine.lineage.values import find, marks
 from tether._runtime import Runtime
 from tether._tools.model import Annotations, Tool
 
@@ -161,8 +161,9 @@ async def test_evasion_value_copied_into_a_literal_in_a_later_run_is_asked(rt):
     for to in (ATTACKER, ATTACKER.upper(), f"  {ATTACKER} "):
         code = f"import tools\nawait tools.mail.send_email(to={to!r}, subject='hi', body='hello')\n"
         run_id, address, args = await run(rt, code)
-        # The static pass sees only a literal: nothing untrusted was read in this run.
+        # The static pass sees only a literal: nothing untrusted was read in this run; find() meets the value.
         assert analyse(code).sources_of(address, "to") == frozenset()
+        assert [(m.kind, o.run_id) for m, o in find(args["to"], earlier)] == [("email", first.run_id)]
         v = verdict(code, run_id, address, args, earlier=earlier)
         assert v.ask, to
         (reason,) = v.reasons

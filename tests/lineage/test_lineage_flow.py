@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import time
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from tether._engine.lineage import flow as flow_module
 from tether._engine.lineage.flow import UNKNOWN, DataFlow, analyse
+from tether._engine.lineage.names import Scopes, ToolNames
 
 READ = "mail.get_received_emails"
 OTHER = "contacts.search"
@@ -358,3 +360,42 @@ def test_reflection_cannot_tell():
         code = (f"import tools\nsecret = await tools.mail.get_received_emails()\n"
                 f"await tools.mail.send_email(to={read})\n")
         assert src(code) is None, read
+
+
+def test_a_program_shaped_to_make_every_bit_walk_the_same_tail_stops_at_the_cap():
+    lines = ["import tools"] + [f"a{i} = await tools.n{i}.t()" for i in range(250)] + ["z0 = 0"]
+    lines += [f"z{i} = z{i - 1}" + (f" + a{i - 1}" if i <= 250 else "") for i in range(1, 14_000)]
+    lines.append("await tools.out.send(to=z13999)")
+    code = "\n".join(lines)
+    assert len(code) <= flow_module.MAX_CODE_CHARS
+    start = time.process_time()
+    assert analyse(code).sources_of("out.send", "to") is None
+    assert time.process_time() - start < 60  # a hang guard; the cap is what ends it
+
+
+@pytest.mark.parametrize("shape", [
+    # one lambda of many parameters handed to map with many arguments
+    "f = map(lambda {params}: 0, {args})",
+    # a function of many parameters called with many starred arguments
+    "def g({params}):\n    return a0\nv = g({stars})",
+    # a name defined over and over, called as often
+    "{defs}\n{calls}",
+])
+def test_shapes_that_would_be_quadratic_stay_linear(shape):
+    n = 4000
+    code = "import tools\n" + shape.format(
+        params=", ".join(f"a{i}" for i in range(n)), args=", ".join(f"x{i}" for i in range(n)),
+        stars=", ".join(f"*x{i}" for i in range(n)),
+        defs="\n".join(f"def h(p):\n    return p + {i}" for i in range(n // 4)),
+        calls="\n".join(f"y{i} = h({i})" for i in range(n // 4)),
+    ) + "\nawait tools.out.send(to=1)\n"
+    assert analyse(code).parsed
+    # The graph the pass builds grows with the program, not with its square (16 million edges here if it did).
+    tree = ast.parse(code)
+    tools = ToolNames()
+    scopes = Scopes(tree, tools, flow_module.MAX_NODES)
+    tools.aliases()
+    graph = flow_module._Graph(scopes, tools)
+    graph.module(tree)
+    nodes = sum(1 for _ in ast.walk(tree))
+    assert sum(len(edges) for edges in graph.succ) < 10 * nodes

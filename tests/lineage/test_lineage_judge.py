@@ -282,3 +282,20 @@ def test_allowlisting_a_link_does_not_allow_its_whole_site():
     assert asks("https://hooks.corp.example/other", ["https://hooks.corp.example/in"])
     assert not asks("https://hooks.corp.example/other", ["hooks.corp.example"])
     assert not asks("https://a.corp.example/x", ["*.corp.example"])
+
+
+def test_another_call_sites_trace_does_not_ask_about_a_value_only_trusted_results_hold():
+    code = (f"import tools\nbook = await tools.contacts.list()\ne = await tools.mail.get_received_emails()\n"
+            f"await tools.{SEND}(recipients=[book[0]['email']], subject='s', body='b')\n"
+            f"await tools.{SEND}(recipients=[e[0]['sender']], subject='s', body='b')\n")
+    args = {"recipients": ["bob@corp.example"], "subject": "s", "body": "b"}
+    this_run = {m.norm: Origin(READ, "r-now", 2, m.path, m.kind) for m in marks(INBOX)}
+    held = {"bob@corp.example": Origin("contacts.list", "r-now", 1)}
+    v = decide(code, args, untrusted_values=this_run, trusted_values=held)
+    assert not v.ask
+    assert v.reasons[0].says == "held by the trusted result of contacts.list() at call 1, and by no untrusted result"
+    # Nothing trusted holds it: the trace asks.
+    assert decide(code, args, untrusted_values=this_run).ask
+    # An untrusted result holds it too (the inbox's sender): the trace asks, whoever else holds it.
+    sender = {"recipients": ["eve@evil.example"], "subject": "s", "body": "b"}
+    assert decide(code, sender, untrusted_values=this_run, trusted_values={"eve@evil.example"}).ask

@@ -102,8 +102,11 @@ class PendingWrite:
         return out
 
     def why(self) -> list[str]:
-        """The reasons a person reads first: those that made it ask (each "<argument>: <sentence>")."""
-        return [f"{r.get('arg')}: {r.get('says')}" for r in self.reasons if r.get("asks")]
+        """The reasons a person reads: those that made it ask, "<argument>: <sentence>" each, escaped and with
+        secret arguments masked as every approval surface shows them (lineage/why.py)."""
+        from tether._engine.lineage.why import why_lines
+
+        return why_lines(self.reasons, self.args)
 
 
 # What an inline approver (``execute(on_approval=...)``) may answer.

@@ -555,9 +555,11 @@ class EffectBoundary:
             self._remember(refused, seq, tool.address)
             raise refused
         lineage = None
-        if self.guard is not None and not tool.is_write:
+        if self.guard is not None:
+            # Every result an untrusted tool returns is labelled, a write's too (a read that marks mail read is
+            # a write): a write keeps its verdict beside its result's marks.
             lineage = self.guard.read_lineage(tool.address, value)
-            if is_write and lineage is not None:  # a guarded read sent as a write keeps its verdict beside its marks
+            if is_write and lineage is not None:
                 lineage = {**(self.journal[seq].lineage or {}), **lineage}
         written = self.ledger.settle(seq, from_state, ok_state, outcome=value, size=size, text=text, lineage=lineage)
         if written is not None:

@@ -20,9 +20,15 @@ comprehension's ``if``, a loop's count) — docs/security.md states this limit. 
 chosen by data, ``getattr(tools.ns, name)``, ``tools`` passed around, a program it cannot parse, one past
 the caps) makes every argument "cannot tell" (``None``), which the judge counts as dependent.
 
-Bounded: the program text, its syntax-tree nodes, nesting depth and the number of distinct tools are capped;
-past a cap the all-``None`` flow is returned. The propagation is a worklist over bit sets on a graph with at
-most one node per syntax node, so the whole pass is linear in the program times the number of tools.
+A function's result is what its ``return``s may hold (explicit flows), not every argument it was given: what
+its body computes from an argument without returning it is an implicit flow. ``globals()``, ``vars()``,
+``eval()`` and their kind reach any variable, so what they give cannot be told.
+
+Bounded: the program text, its syntax-tree nodes, nesting depth, the number of distinct tools and the edges
+followed while propagating are capped; past a cap the all-``None`` flow is returned. The graph has a bounded
+number of nodes and edges per syntax node (starred arguments, callbacks and defaults reach a function's
+parameters through one node; a name defined more than ``MAX_DEFS`` times is called unresolved), and the
+propagation is a worklist over bit sets, one bit per tool.
 """
 
 from __future__ import annotations
@@ -32,9 +38,9 @@ import builtins
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterable, Iterator, Mapping, Sequence
 
 from tether._engine.lineage.names import COMPREHENSIONS, Bail, Scope, Scopes, ToolNames
 from tether._engine.lineage.values import marks, normalise
@@ -50,10 +56,17 @@ MAX_DEPTH = 150
 # Distinct tools a program names: the propagation costs one bit per tool, and a run makes at most 50 calls by
 # default (rules/limits.py).
 MAX_TOOLS = 256
+# Edges followed while propagating: each bit crosses each edge at most once, so a program of MAX_NODES nodes and
+# a few tools stays far below; a program shaped to make every tool's bit walk the same long tail stops here.
+MAX_STEPS = 2_000_000
+# Functions of one name a call is linked to directly; more (a name redefined over and over) would make calls
+# times definitions edges, so past this the call is unresolved and the definitions escaped (linear).
+MAX_DEFS = 8
 # Program literals kept for the judge (each string's marks and its normalised whole).
 MAX_LITERALS = 4_096
 _CACHE_SIZE = 128
 
+_SPREAD = -1  # a parameter target meaning "any parameter" (starred arguments)
 _ANY = 1  # bit 0: "any result" (a dynamic tool call, a caught exception)
 
 # Methods of str, bytes, dict, list, set and tuple that only read their object: the result depends on the
@@ -113,9 +126,6 @@ class DataFlow:
 
 
 UNKNOWN = DataFlow()
-# Callers written against the shorter name (lineage/guard.py) keep working until they use DataFlow; no class may
-# be called Flow (tests/shape/test_names.py: _server/signin.py has one).
-Flow = DataFlow
 
 
 def analyse(code: str) -> DataFlow:
@@ -159,7 +169,7 @@ def _analyse(code: str) -> DataFlow:
 
 
 class _Fn:
-    __slots__ = ("node", "params", "vararg", "kwarg", "ret", "escaped")
+    __slots__ = ("node", "params", "vararg", "kwarg", "ret", "escaped", "spread", "merged")
 
     def __init__(self, node: ast.AST, params: list[int], vararg: int | None, kwarg: int | None, ret: int) -> None:
         self.node = node
@@ -168,6 +178,8 @@ class _Fn:
         self.kwarg = kwarg
         self.ret = ret
         self.escaped = False
+        self.spread: int | None = None
+        self.merged = False
 
     def all_params(self) -> list[int]:
         return [*self.params, *(x for x in (self.vararg, self.kwarg) if x is not None)]
@@ -199,6 +211,7 @@ class _Graph:
         self.depth = 0
         self.callback_ok: set[int] = set()  # ids of Name/Lambda nodes passed straight to a call that calls back
         self.escaped_names: set[tuple[int, str]] = set()  # (scope, name) read as a value somewhere
+        self.decoded: dict[int, frozenset[str]] = {}
         self.escaped_param = self.new()
         self.escaped_ret = self.new()
 
@@ -401,10 +414,10 @@ class _Graph:
         fn.params += [self.var(inner, a.arg) for a in args.kwonlyargs]
         self.fns[id(node)] = fn
         # Defaults are evaluated in the enclosing scope and may land in any parameter that has one.
-        for default in [*args.defaults, *(d for d in args.kw_defaults if d is not None)]:
-            value = self.expr(default, scope)
-            for p in fn.params:
-                self.edge(value, p)
+        defaults = [self.expr(d, scope) for d in [*args.defaults, *(d for d in args.kw_defaults if d is not None)]]
+        joined = self.join(defaults)
+        if joined is not None:
+            self.edge(joined, self.spread(fn))
         if isinstance(node, ast.Lambda):
             self.edge(self.expr(node.body, inner), fn.ret)
         else:
@@ -595,13 +608,13 @@ class _Graph:
             if calls_back:
                 callbacks.extend(self.function_values(inner, scope))
         result = self.join([callee, *nodes])
+        everything = self.join(nodes) if callbacks else None
         for fn in callbacks:
             if result is None:
                 result = self.new()
             self.edge(fn.ret, result)
-            for n in nodes:
-                for p in fn.all_params():
-                    self.edge(n, p)
+            if everything is not None:
+                self.edge(everything, self.spread(fn))
         stores_in_first = (kind == "builtin" and isinstance(node.func, ast.Name) and node.func.id == "setattr") or (
             kind == "library" and method in _STORES_IN_FIRST)
         if stores_in_first and len(given) >= 2:
@@ -659,7 +672,7 @@ class _Graph:
             starred = starred or isinstance(arg, ast.Starred)
             for fn, targets in self.passed(fns, arg, scope, given):
                 if starred:
-                    targets += [*fn.params, *(x for x in (fn.vararg,) if x is not None)]
+                    targets.append(_SPREAD)
                 elif i < len(fn.params) and i < _positional_count(fn.node):
                     targets.append(fn.params[i])
                 elif fn.vararg is not None:
@@ -668,7 +681,7 @@ class _Graph:
             for fn, targets in self.passed(fns, kw.value, scope, given):
                 names = _param_names(fn.node)
                 if kw.arg is None:
-                    targets += [*fn.params, *(x for x in (fn.kwarg,) if x is not None)]
+                    targets.append(_SPREAD)
                 elif kw.arg in names:
                     targets.append(fn.params[names.index(kw.arg)])
                 elif fn.kwarg is not None:
@@ -687,9 +700,34 @@ class _Graph:
             targets: list[int] = []
             yield fn, targets
             for t in targets:
+                if t == _SPREAD:  # `*args` / `**kwargs`: any parameter, through one node each way
+                    self.edge(n, self.spread(fn))
+                    one = self.merged(fn)
+                    if one is not None:
+                        for a in aliases:
+                            self.union(a, one)
+                    continue
                 self.edge(n, t)
                 for a in aliases:
                     self.union(a, t)
+
+    def spread(self, fn: _Fn) -> int:
+        """One node that reaches every parameter of ``fn`` (made once: linear however many callers spread)."""
+        if fn.spread is None:
+            fn.spread = self.new()
+            self.succ[fn.spread].extend(fn.all_params())
+        return fn.spread
+
+    def merged(self, fn: _Fn) -> int | None:
+        """A parameter of ``fn`` in one alias class with all the others, for a value that may be any of them."""
+        params = fn.all_params()
+        if not params:
+            return None
+        if not fn.merged:
+            for p in params[1:]:
+                self.union(params[0], p)
+            fn.merged = True
+        return params[0]
 
     def direct_defs(self, func: ast.expr, scope: Scope) -> list[_Fn] | None:
         """The program's own functions a callee names, when the name is bound by ``def`` only."""
@@ -698,8 +736,8 @@ class _Graph:
         owner = self.scopes.resolve(scope, func.id)
         key = (id(owner.node), func.id)
         defs = self.scopes.defs.get(key)
-        if not defs or key in self.scopes.other or key in self.scopes.imported:
-            return None
+        if not defs or key in self.scopes.other or key in self.scopes.imported or len(defs) > MAX_DEFS:
+            return None  # past MAX_DEFS: an unresolved call, through the escaped functions' hubs
         if any(isinstance(d, ast.ClassDef) for d in defs):
             return None
         fns = [self.fns.get(id(d)) for d in defs]
@@ -797,11 +835,18 @@ class _Graph:
 
     def propagate(self) -> None:
         mask, succ = self.mask, self.succ
-        work = [n for n, m in enumerate(mask) if m]
+        # Oldest first: a tool's bit usually flows forward through the program, so it meets the later ones on
+        # the way instead of each walking the same tail alone.
+        work = [n for n, m in enumerate(mask) if m][::-1]
+        budget = MAX_STEPS
         while work:
             n = work.pop()
             m = mask[n]
-            for s in succ[n]:
+            edges = succ[n]
+            budget -= len(edges)
+            if budget < 0:
+                raise Bail
+            for s in edges:
                 if m & ~mask[s]:
                     mask[s] |= m
                     work.append(s)
@@ -812,7 +857,11 @@ class _Graph:
         m = self.mask[node]
         if m & _ANY:
             return None
-        return frozenset(a for b, a in names.items() if m & b)
+        # Sites share few distinct masks: each is decoded once, not once per site and tool.
+        hit = self.decoded.get(m)
+        if hit is None:
+            hit = self.decoded[m] = frozenset(a for b, a in names.items() if m & b)
+        return hit
 
     def literal_norms(self) -> frozenset[str]:
         out: set[str] = set(self.numbers)

@@ -68,7 +68,7 @@ class Guard:
         self.keyring = keyring
         self._flow: DataFlow | None = None
         self._earlier: dict[int, CallRecord] | None = None  # entries before the attempt's, read once
-        self._trusted: dict[int, frozenset[str]] = {}  # seq -> the norms of a trusted read's result
+        self._trusted: dict[int, dict[str, Origin]] = {}  # seq -> the norms of a trusted read's result
 
     # -- reads ---------------------------------------------------------------------------------------------
 
@@ -113,7 +113,7 @@ class Guard:
         entries = await self._entries(journal)
         called: dict[str, Origin] = {}
         untrusted: dict[str, Origin] = {}
-        trusted: set[str] = set()
+        trusted: dict[str, Origin] = {}
         for s in sorted(entries):
             if s >= seq:
                 break
@@ -129,7 +129,8 @@ class Guard:
                         untrusted.setdefault(str(mark[1]), Origin(entry.address, self.run_id, s, str(mark[2]),
                                                                   str(mark[0])))
             elif entry.kind == "read":
-                trusted |= self._trusted_norms(entry)
+                for norm, origin in self._trusted_norms(entry).items():
+                    trusted.setdefault(norm, origin)
         if self.continues_session:
             called[SESSION_ADDRESS] = Origin(SESSION_ADDRESS, self.run_id)
         norms = [n for n in lookups(args) if n not in untrusted]
@@ -149,7 +150,7 @@ class Guard:
                                                     "a person decides", None, True, asks=True),))
 
     def _judge(self, tool: "Tool", args: dict[str, Any], called: dict[str, Origin], untrusted: dict[str, Origin],
-               trusted: set[str]) -> LineageVerdict:
+               trusted: dict[str, Origin]) -> LineageVerdict:
         verdict = judge(address=tool.address, input_schema=tool.input_schema, args=args, flow=self.flow,
                         untrusted_called=called, untrusted_values=untrusted, trusted_values=trusted,
                         allowlist=self.policy.allowlist, role_overrides=self.labels.roles_of(tool.address),
@@ -161,11 +162,14 @@ class Guard:
         return LineageVerdict(verdict.ask, tuple(dataclasses.replace(r, says=r.says.replace(said, shown))
                                                  for r in verdict.reasons))
 
-    def _trusted_norms(self, entry: CallRecord) -> frozenset[str]:
+    def _trusted_norms(self, entry: CallRecord) -> dict[str, Origin]:
+        """What a trusted read's result holds, norm -> where (the judge names it: "your contacts hold it")."""
         held = self._trusted.get(entry.seq)
         if held is None:
-            held = frozenset(m.norm for m in marks(entry.outcome)) if len(self._trusted) < TRUSTED_RESULTS \
-                else frozenset()
+            held = {}
+            if len(self._trusted) < TRUSTED_RESULTS:
+                for m in marks(entry.outcome):
+                    held.setdefault(m.norm, Origin(entry.address, self.run_id, entry.seq, m.path, m.kind))
             self._trusted[entry.seq] = held
         return held
 

@@ -6,19 +6,20 @@ content argument — is judged on its own, in this order:
 1. on the allowlist (exact, or a glob such as ``*@example.com``): it may go — the operator's word.
 2. the static pass traces it to an untrusted tool this run called: ask — unless the value is a literal of
    the program matching no untrusted mark (a program is fixed before any result of its run arrives, so its
-   literals cannot carry them; an earlier run's value matches a mark) or, for a link inside content, a
-   trusted result holds it (the trace is the content's, not the link's).
+   literals cannot carry them; an earlier run's value matches a mark), or a trusted result holds it and no
+   untrusted result does (the trace could then only have picked among the user's own destinations: another
+   call site of the same tool, an index computed from untrusted data — the selection limit of step 3).
 3. its value matches a mark of an untrusted result (this run's or this principal's recent runs'; a literal
-   of the program only an earlier run's, for the reason above): ask —
-   unless a trusted result holds the same value too (the attacker could then only pick among destinations
-   the user's trusted sources hold: the selection limit docs/security.md states).
+   of the program only an earlier run's, for the reason above): ask — unless a trusted result holds the
+   same value too (the attacker could then only pick among destinations the user's trusted sources hold:
+   the selection limit docs/security.md states).
 4. the static pass cannot tell and the run read an untrusted result: ask, "never seen in this
    conversation", unless a literal of the program or a trusted result holds the value.
 5. otherwise it may go, and the reason says what holds it: the program's literals, a trusted result,
    results not marked untrusted, or the program's own computation.
 
-A value with nothing to match (a short number, a word: values.is_low_entropy) is judged by the static pass
-only. A content argument never asks by itself. Every destination looked at gets a :class:`Reason` with the
+A value with nothing to match (a short number, a word: values.is_low_entropy) is matched only against values
+an untrusted text quoted ("the file with ID '13'") and is otherwise judged by the static pass. A content argument never asks by itself. Every destination looked at gets a :class:`Reason` with the
 sentence a person reads, whether it asks or not.
 """
 
@@ -27,8 +28,9 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Container, Mapping, Sequence
+from typing import Any
 
 from tether._engine.lineage.flow import DataFlow
 from tether._engine.lineage.roles import DESTINATION, destinations_in, roles
@@ -106,11 +108,6 @@ class LineageVerdict:
         reasons = data.get("reasons")
         items = reasons if isinstance(reasons, list) else []
         return cls(bool(data.get("ask")), tuple(Reason.from_dict(r) for r in items if isinstance(r, Mapping)))
-
-
-# Callers written against the shorter name (lineage/guard.py) keep working until they use LineageVerdict; no
-# class may be called Verdict (tests/shape/test_names.py: approvals/rights.py has one).
-Verdict = LineageVerdict
 
 
 def judge(
@@ -244,9 +241,13 @@ class _Context:
         if derived:
             # The static pass traces it to an untrusted result of this run. A literal of the program cannot carry
             # one (the program was fixed before its run's results arrived); an earlier run's value is a hit.
-            # Inside content the trace is the content's, not the link's: a link a trusted result holds may go.
-            if u.matchable and not hits and (literal or (inside is not None and trusted is not None)):
-                return reason("typed in the program" if literal else f"held by {trusted}", asks=False)
+            # A value a trusted result holds and no untrusted result does is one the trace could only have picked
+            # among the user's own (another call site of the tool, an index computed from untrusted data): the
+            # selection limit, as for a match by value.
+            if u.matchable and not hits and literal:
+                return reason("typed in the program", asks=False)
+            if u.matchable and trusted is not None and not self.hits(u, static, literal=False):
+                return reason(f"held by {trusted}, and by no untrusted result", asks=False)
             if hits:
                 return reason(self.copied(hits), asks=True, untrusted=True, origin=hits)
             origin = self.latest(derived)

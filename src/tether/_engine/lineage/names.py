@@ -11,7 +11,7 @@ sandbox exposes them (tools/stubs.py): ``import tools [as t]``, ``import tools.n
 from __future__ import annotations
 
 import ast
-from typing import Iterable
+from collections.abc import Iterable
 
 _TOOLS = "tools"
 

@@ -12,7 +12,8 @@ content is a destination too: :func:`destinations_in` finds them.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tether._engine.lineage.values import Mark, marks
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping, TypeVar
+from itertools import islice
+from typing import TypeVar
 
 T = TypeVar("T")
-U = TypeVar("U")
 
 # A tool result in tether is a journaled JSON value (a few KiB typically); 64 KiB of its strings is well past
 # what a copied address or sentence needs, and keeps a hostile 60 MB answer from costing more than a small one.
@@ -77,6 +78,8 @@ _PHONE = re.compile(r"(?<![\w+])\+?\d[\d \-().]{6,24}\d(?!\w)")
 _UUID = re.compile(r"(?i:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
 _TOKEN = re.compile(r"[^\W_][\w-]{5,127}")
 _WORD = re.compile(r"[^\W_]+")
+# A word (from a space to a space) with an "@" or a "." that something follows: where addresses and links are.
+_CANDIDATE = re.compile(r"(?<!\S)\S*[@.]\S+")
 # A quoted value: opened after a space or a bracket (never inside a word, as an apostrophe is), closed before one.
 _QUOTED = re.compile(r"(?<![\w'\"])(?:'([^'\n]{1,64})'|\"([^\"\n]{1,64})\"|\u2018([^\u2019\n]{1,64})\u2019|"
                      r"\u201c([^\u201d\n]{1,64})\u201d)(?![\w'\"])")
@@ -205,14 +208,16 @@ class _Scanner:
             elif depth >= MAX_DEPTH:
                 continue
             elif isinstance(item, Mapping):
-                pairs: Iterator[tuple[object, object]] = _first(item.items(), min(self.nodes, MAX_ITEMS))
-                children = [(child, _key_path(path, key), depth + 1) for key, child in pairs]
-                self.nodes -= len(children)
-                stack.extend(reversed(children))
+                pairs = list(islice(item.items(), min(self.nodes, MAX_ITEMS)))
+                self.nodes -= len(pairs)
+                # Leaves that cannot hold a mark are dropped here, before a path is built for them.
+                stack.extend(reversed([(child, _key_path(path, key), depth + 1) for key, child in pairs
+                                       if not _barren(child)]))
             elif isinstance(item, (list, tuple)):
-                children = [(child, f"{path}[{i}]", depth + 1) for i, child in enumerate(_first(item, min(self.nodes, MAX_ITEMS)))]
-                self.nodes -= len(children)
-                stack.extend(reversed(children))
+                items = list(islice(item, min(self.nodes, MAX_ITEMS)))
+                self.nodes -= len(items)
+                stack.extend(reversed([(child, f"{path}[{i}]", depth + 1) for i, child in enumerate(items)
+                                       if not _barren(child)]))
             elif isinstance(item, (bytes, bytearray)):
                 self._string(bytes(item[:MAX_STRING]).decode("utf-8", "ignore"), path)
 
@@ -236,18 +241,9 @@ class _Scanner:
             return
         masked = text
         if "@" in text or "." in text:
-            # Addresses and links hold no spaces: looking for them word by word, and only in words with an "@"
-            # or a ".", is several times cheaper than running their patterns over the whole text.
-            kept = []
-            for word in text.split():
-                if "." not in word and "@" not in word:
-                    kept.append(word)
-                elif not (("@" in word and self._each(_EMAIL, word, lambda m: self._add("email", m.casefold(), path)))
-                          or (("://" in word or "www." in word.lower()) and self._each(_URL, word,
-                                                                                     lambda m: self._url(m, path)))
-                          or self._each(_HOST, word, lambda m: self._bare_host(m, path))):
-                    kept.append(word)
-            masked = " ".join(kept)
+            # Addresses and links hold no spaces: only the words with an "@" or an inner "." are looked at (found
+            # by one pass in C), and each is blanked once used, so it counts once.
+            masked = _CANDIDATE.sub(lambda m: " " if self._word(m.group(), path) else m.group(), text)
         digits = len(masked) - len(masked.translate(_NO_DIGITS))
         if digits >= 2:
             if "-" in masked:
@@ -261,6 +257,13 @@ class _Scanner:
         if "'" in text or '"' in text or "\u2018" in text or "\u201c" in text:
             self._quoted(text, path)
         self._windows(text, path)
+
+    def _word(self, word: str, path: str) -> bool:
+        """Whether ``word`` holds an address, a link or a host (kept as marks)."""
+        return bool(("@" in word and self._each(_EMAIL, word, lambda m: self._add("email", m.casefold(), path)))
+                    or (("://" in word or "www." in word.lower()) and self._each(_URL, word,
+                                                                               lambda m: self._url(m, path)))
+                    or self._each(_HOST, word, lambda m: self._bare_host(m, path)))
 
     def _each(self, pattern: re.Pattern[str], word: str, keep: Callable[[str], object]) -> bool:
         """Calls ``keep(match)`` for each match in ``word``; whether any was kept (the word is then used up)."""
@@ -410,11 +413,9 @@ def _key_path(path: str, key: object) -> str:
     return f"{path}.{text}" if text.isidentifier() else f"{path}[{text!r}]"
 
 
-def _first(items: Iterable[U], n: int) -> Iterator[U]:
-    """At most ``n`` items of an iterable, without building the rest."""
-    count = 0
-    for item in items:
-        if count >= max(n, 0):
-            return
-        count += 1
-        yield item
+def _barren(value: object) -> bool:
+    """A leaf no mark can come from: nothing, a boolean, a float, a short number, a short string."""
+    kind = type(value)
+    if kind is str:
+        return len(value) < 2  # type: ignore[arg-type]  # a quoted value of one character is still a mark
+    return value is None or kind is bool or kind is float or (kind is int and -10_000_000 < value < 10_000_000)  # type: ignore[operator]
