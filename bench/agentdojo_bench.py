@@ -91,6 +91,13 @@ UNTRUSTED = {
 # --fetch-as-read they are annotated read-only and open-world instead, as a user might annotate a page fetch:
 # a variant that shows what the guard does with them as reads (their results then carry trust labels).
 FETCHES = {("workspace", "get_unread_emails"), ("slack", "get_webpage")}
+# Arguments whose names say nothing to tether but which say who receives the user's money (once per suite,
+# as a user deploying the tools would write them in the source's ``roles``): the hotel, restaurant or
+# rental company a booking pays.
+ROLES = {
+    "travel": {"reserve_hotel.hotel": "destination", "reserve_restaurant.restaurant": "destination",
+               "reserve_car_rental.company": "destination"},
+}
 AS_READS: set[tuple[str, str]] = set()
 
 
@@ -235,6 +242,8 @@ def source_table(name: str, suite: Any, labelled: bool) -> dict[str, Any]:
     if labelled:
         table["trust"] = "trusted"
         table["trust_tools"] = {t: "untrusted" for t in sorted(UNTRUSTED[name])}
+        if name in ROLES:
+            table["roles"] = dict(ROLES[name])
     return table
 
 

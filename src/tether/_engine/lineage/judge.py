@@ -45,7 +45,7 @@ _SHOWN = 120  # characters of a value a reason quotes
 
 _KIND_WORDS = {
     "email": "the e-mail address", "url": "the link", "host": "the host", "iban": "the IBAN",
-    "phone": "the phone number", "id": "the identifier", "text": "the text",
+    "phone": "the phone number", "id": "the identifier", "text": "the text", "name": "the name",
 }
 _FIELD = re.compile(r"(?:\.([^.\[\]]+)|\[(?:'([^']*)'|\"([^\"]*)\")\])$")
 
@@ -366,7 +366,8 @@ def _units(name: str, value: object) -> list[_Unit]:
         if item is None or isinstance(item, bool):
             continue
         shown = item if isinstance(item, str) else _dump(item)
-        found = [m for m in marks(item, limit=MAX_UNITS * 2) if m.kind != "text"]
+        # A name is matched as the whole value (values.py keeps names from results for that lookup alone).
+        found = [m for m in marks(item, limit=MAX_UNITS * 2) if m.kind not in ("text", "name")]
         by_url = {host_of(m.norm) for m in found if m.kind == "url"}
         found = [m for m in found if not (m.kind == "host" and m.norm in by_url)]
         whole = normalise(shown) if isinstance(item, (str, int, float)) else None
