@@ -202,7 +202,7 @@ class SandboxConfig(_Section):
 # --- [server] ----------------------------------------------------------------
 
 
-Right = Literal["run", "approve", "operate"]
+Right = Literal["run", "approve", "metrics", "operate"]
 
 
 class TokenConfig(_Section):
@@ -214,9 +214,9 @@ class TokenConfig(_Section):
     token_env: EnvName
     # run: execute, see and cancel its runs, decline their writes; approve: decide
     # writes (of the runs of `approves_for`; its own only with self_approval);
-    # operate: everything, on every principal's runs.
+    # metrics: scrape /metrics; operate: everything, on every principal's runs (P-44).
     rights: Annotated[list[Right], Field(min_length=1),
-                      Expected("must be a non-empty list of 'run', 'approve', 'operate'")] = Field(
+                      Expected("must be a non-empty list of 'run', 'approve', 'metrics', 'operate'")] = Field(
         default_factory=lambda: list[Right](["run"]))
     # Names of other [[server.tokens]] (or "TETHER_TOKEN", or "*" for every
     # principal) whose runs this token may approve.

@@ -19,7 +19,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitResult, InputRequiredResult
 
 from helpers import Recorder
-from tether._engine.approvals import APPROVE, OPERATE, RUN, Access, Channel, Grant, may_decide, may_see
+from tether._engine.approvals import APPROVE, METRICS, OPERATE, RUN, Access, Channel, Grant, may_decide, may_see
 from tether._engine.rules.limits import Limits
 from tether._engine.rules.policy import Policy, Rule
 from tether._runtime import Runtime
@@ -335,7 +335,7 @@ def test_tokens_get_their_rights_from_the_configuration():
     assert set(tokens) == {legacy, AGENT, PAT} and got.self_approval is False and got.links == "signed_in"
     pat = got.grant(PAT_P)
     assert pat.name == "pat" and pat.approves_for == {AGENT_P, principal_for_token(legacy)}
-    assert got.grant(principal_for_token(legacy)).rights == {RUN, APPROVE}  # TETHER_TOKEN: as before, minus self-approval
+    assert got.grant(principal_for_token(legacy)).rights == {RUN, APPROVE, METRICS}  # TETHER_TOKEN: as before, minus self-approval
     assert got.grant(principal_for_token(legacy)).name == "TETHER_TOKEN"
     # Standard input/output tells nobody apart: the one principal is local, and it approves its own writes (D-31).
     stdio, _ = server_access(config.server, (legacy,), {}, principal_for_token, http=False)  # no token needed

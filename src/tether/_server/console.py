@@ -52,8 +52,19 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tether._engine.approvals import SIGNED_IN, Access, Channel, Grant, may_decide, may_see, visible_owners
+from tether._engine.approvals import (
+    SIGNED_IN,
+    Access,
+    Channel,
+    Grant,
+    Verdict,
+    may_decide,
+    may_see,
+    sees_local,
+    visible_owners,
+)
 from tether._engine.approvals.capabilities import CONSOLE_SESSION, Keyring
+from tether._engine.approvals.doors import Door, admits, door_of_decision
 from tether._engine.approvals.service import recorded_decision
 from tether._engine.approvals.surface import signed_in_required
 from tether._engine.inspect import run_timeline
@@ -314,10 +325,11 @@ class Console:
                           frozenset(person.get("a") or ()))
             _SESSION_GRANT.set(grant)
             self._people[grant.principal] = grant.name
-            return data
+            # The console's door, like every other (P-44): a session whose rights do not open it opens nothing.
+            return data if admits(grant, Door.CONSOLE).ok else None
         if data.get("p") not in self._principals:
             return None
-        return data
+        return data if admits(self.grant(data["p"]), Door.CONSOLE).ok else None
 
     async def form(self, request: Request) -> Any:
         """The request's form, or the Response refusing it: read only if it is a form and small.
@@ -425,6 +437,9 @@ class Console:
                 principal = None
         if principal is None or (not self.dev and self.access.grant(principal) is None):
             return self._login_page(request, "That is not a token this server accepts.", status=401, after=after)
+        if not admits(self.grant(principal), Door.CONSOLE).ok:
+            return self._login_page(request, "That token's rights do not open the console (it needs run or "
+                                    "approve).", status=403, after=after)
         response = RedirectResponse(after or "/console/", status_code=303)
         self._set_cookie(response, request, SESSION_COOKIE, self.make_session(principal), path="/",
                          max_age=SESSION_SECONDS)
@@ -488,7 +503,8 @@ class Console:
         if owners is not None and not owners:
             return []
         runs = self.rt.store.list_runs(status=status or None, limit=RUN_LIST_LIMIT,
-                                       principals=None if owners is None else sorted(owners))
+                                       principals=None if owners is None else sorted(owners),
+                                       local=sees_local(self.access, grant))
         return [r for r in runs if may_see(self.access, grant, r.principal)]
 
     def grant(self, principal: str) -> Grant | None:
@@ -622,8 +638,10 @@ class Console:
                                 principal=session["p"], csrf=csrf,
                                 link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
         grant = self.grant(session["p"])
-        verdict = may_decide(self.access, grant, run.principal, decision, Channel.CONSOLE,
-                             signed_in_required=signed_in_required(run, seqs))
+        verdict = admits(grant, door_of_decision(decision))
+        if verdict.ok:
+            verdict = may_decide(self.access, grant, run.principal, decision, Channel.CONSOLE,
+                                 signed_in_required=signed_in_required(run, seqs))
         if not verdict.ok:
             return self.message("Nothing decided", f"{_REFUSALS.get(verdict.code or '', verdict.message)} "
                                 "Nothing was decided and nothing was sent.", status=403,
@@ -762,7 +780,10 @@ class Console:
             channel, grant, who = Channel.LINK, self.grant(session["p"]), self._name(session["p"])
         else:
             channel, grant, who = Channel.LINK_CAPABILITY, None, CAPABILITY_HOLDER
-        verdict = may_decide(self._links(claim), grant, run.principal, decision, channel, signed_in_required=needs)
+        verdict = admits(grant, door_of_decision(decision)) if grant is not None else Verdict(True)
+        if verdict.ok:
+            verdict = may_decide(self._links(claim), grant, run.principal, decision, channel,
+                                 signed_in_required=needs)
         if not verdict.ok:
             return self.message("Nothing decided", f"{_REFUSALS.get(verdict.code or '', verdict.message)} "
                                 "Nothing was decided and nothing was sent.",
@@ -785,6 +806,7 @@ class Console:
 # Who a capability-mode link decision is recorded as: nobody signed in, so no person can be named.
 CAPABILITY_HOLDER = "whoever held the approval link (links = capability, not signed in)"
 _REFUSALS = {
+    "insufficient_rights": "Your rights do not include deciding this (approving needs the approve right).",
     "self_approval": "You started this run: the principal that ran a program does not approve its own writes "
                      "here ([server] self_approval is off). A person with a token that may approve decides it; "
                      "you may decline it.",

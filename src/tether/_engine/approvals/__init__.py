@@ -13,6 +13,7 @@ model.py without loading the service.
 from tether._engine.approvals.rights import (
            APPROVE,
            CAPABILITY,
+           METRICS,
            OPERATE,
            OPERATOR,
            RIGHTS,
@@ -25,9 +26,10 @@ from tether._engine.approvals.rights import (
            may_decide,
            may_see,
            needs_signed_in,
+           sees_local,
            visible_owners,
 )
 
-__all__ = ["APPROVE", "CAPABILITY", "OPERATE", "OPERATOR", "RIGHTS", "RUN", "SIGNED_IN", "Access", "Channel",
-           "Grant", "Verdict", "may_decide", "may_see", "needs_signed_in",
+__all__ = ["APPROVE", "CAPABILITY", "METRICS", "OPERATE", "OPERATOR", "RIGHTS", "RUN", "SIGNED_IN", "Access", "Channel",
+           "Grant", "Verdict", "may_decide", "may_see", "needs_signed_in", "sees_local",
            "visible_owners"]

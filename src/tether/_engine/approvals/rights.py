@@ -5,7 +5,10 @@ Rights (configured per token, ``[[server.tokens]]``):
 * **run**: execute programs, see one's own runs, cancel them, decline their writes;
 * **approve**: decide writes, of one's own runs (only with ``self_approval``)
   or of the principals the token approves for;
+* **metrics**: scrape ``GET /metrics`` (counts across every principal, no runs);
 * **operate**: everything, on every principal's runs (as the CLI on the store).
+
+Which right each door needs is :mod:`tether._engine.approvals.doors` (P-44).
 
 The threat this answers (docs/security.md): the agent holds its token, sees
 every result and may have a fetch tool. So whoever *ran* a program is not, by
@@ -18,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-RUN, APPROVE, OPERATE = "run", "approve", "operate"
-RIGHTS = (RUN, APPROVE, OPERATE)
+RUN, APPROVE, METRICS, OPERATE = "run", "approve", "metrics", "operate"
+RIGHTS = (RUN, APPROVE, METRICS, OPERATE)
 # Approval-link modes; SIGNED_IN is also what a policy rule's `approver` may require.
 SIGNED_IN, CAPABILITY = "signed_in", "capability"
 # approves_for: every principal.
@@ -111,8 +114,10 @@ def may_see(access: Access, grant: Grant | None, owner: str | None) -> bool:
     owner = owner or LOCAL
     if OPERATE in grant.rights or owner == grant.principal:
         return True
-    if owner == LOCAL and access.local_runs == "shared":
-        return True
+    if owner == LOCAL:
+        # The operator's own runs (CLI, Python API): shared only by local_runs, never by approves_for,
+        # not even "*" nor an approver from the identity provider (D-61).
+        return access.local_runs == "shared"
     return APPROVE in grant.rights and (ANY in grant.approves_for or owner in grant.approves_for)
 
 
@@ -125,13 +130,18 @@ def visible_owners(access: Access, grant: Grant | None) -> frozenset[str] | None
     if grant is None:
         return frozenset()
     if OPERATE in grant.rights or (APPROVE in grant.rights and ANY in grant.approves_for):
-        return None
+        return None  # every owner; local's runs too only where sees_local says so
     owners = {grant.principal}
     if access.local_runs == "shared":
         owners.add(LOCAL)
     if APPROVE in grant.rights:
         owners |= grant.approves_for
     return frozenset(owners)
+
+
+def sees_local(access: Access, grant: Grant | None) -> bool:
+    """Whether ``grant`` sees the runs of ``local`` (the operator's: CLI, Python API, stdio)."""
+    return may_see(access, grant, LOCAL)
 
 
 def may_decide(access: Access, grant: Grant | None, owner: str | None, decision: str, channel: str, *,
