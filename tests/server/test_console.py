@@ -140,9 +140,9 @@ async def test_every_decision_records_who_and_through_what(rt):
     result = await rt.engine.wait_for_run(paused.run_id)
     assert "over the limit" in result.result and sent == []
     decided = [e.data for e in rt.store.get_events(paused.run_id) if e.type == "decided"]
-    # Who decided is the token's name, the person, never a channel.
+    # Who decided is the token's name with its kind (D-62), the person, never a channel.
     assert [(d["seq"], d["decision"], d["reason"], d["actor"], d["via"], d["origin"]) for d in decided] == [
-        (1, "decline", "over the limit", "alice", "console", "127.0.0.1")]
+        (1, "decline", "over the limit", "token “alice”", "console", "127.0.0.1")]
 
 
 TWO_BATCHES = """import asyncio
@@ -221,7 +221,7 @@ async def test_p33_an_approval_link_shows_its_write_and_decides_once_for_a_signe
     assert sent == [{"order_id": "A1", "amount": 12.5}]
     assert (await rt.engine.wait_for_run(paused.run_id)).result == {"refunded": 12.5}
     decided = [e.data for e in rt.store.get_events(paused.run_id) if e.type == "decided"]
-    assert [(d["actor"], d["via"]) for d in decided] == [("pat", "link")]
+    assert [(d["actor"], d["via"]) for d in decided] == [("token “pat”", "link")]
 
 
 async def test_a_capability_link_decides_without_sign_in_only_when_configured_and_says_so(rt):

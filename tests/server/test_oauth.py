@@ -325,7 +325,7 @@ async def test_the_principal_is_the_same_across_two_access_tokens_of_one_user(se
     # The timeline names the person the token stands for.
     decided = served.show(paused["run_id"])["decisions"]
     assert [(d["decision"], d["actor"], d["via"]) for d in decided] == \
-        [("decline", "Alice Agent-Owner <alice@example.test>", "mcp")]
+        [("decline", "IdP user “Alice Agent-Owner <alice@example.test>”", "mcp")]
 
 
 # -- opaque tokens: introspection --------------------------------------------------------

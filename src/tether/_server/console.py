@@ -58,9 +58,11 @@ from tether._engine.approvals import (
     Channel,
     Grant,
     Verdict,
+    kind_of,
     may_decide,
     may_see,
     sees_local,
+    shown_as,
     visible_owners,
 )
 from tether._engine.approvals.capabilities import CONSOLE_SESSION, Keyring
@@ -474,7 +476,7 @@ class Console:
         # A 200 page that moves on, not a redirect: the session cookie is SameSite=Strict and this
         # request came from the IdP's site, so the browser must make the next request from here.
         after = (flow.after if flow is not None else None) or "/console/"
-        response = self.render("signed_in.html", 200, after=after, who=grant.name)
+        response = self.render("signed_in.html", 200, after=after, who=shown_as(grant.principal, grant.name))
         self._set_cookie(response, request, SESSION_COOKIE, self.make_session(grant.principal, grant), path="/",
                          max_age=SESSION_SECONDS)
         response.delete_cookie(FLOW_COOKIE, path="/console/oidc/")
@@ -527,10 +529,11 @@ class Console:
         return None if verdict.ok else _REFUSALS.get(verdict.code or "", verdict.message)
 
     def _name(self, principal: str | None) -> str:
-        grant = self.grant(principal) if principal is not None else None
-        if grant is not None:
-            return grant.name
-        return self._people.get(principal or "") or principal or "anyone"
+        """A principal as people read it: its kind and its name (D-62), so no name reads as another kind's."""
+        if principal is None:
+            return "anyone"
+        grant = self.grant(principal)
+        return shown_as(principal, grant.name if grant is not None else self._people.get(principal))
 
     def _owner_name(self, run: RunRecord) -> str:
         """Who started a run, as a person deciding its writes is shown it (D-42).
@@ -539,10 +542,13 @@ class Console:
         access token, recorded with the run) is not signed, so it names only principals the configuration
         does not.
         """
-        grant = self.access.grant(run.principal or LOCAL)
+        owner = run.principal or LOCAL
+        grant = self.access.grant(owner)
         if grant is not None:
-            return grant.name
-        return str((run.meta or {}).get("principal_name") or self._name(run.principal))
+            return shown_as(owner, grant.name)
+        name = (run.meta or {}).get("principal_name")
+        # The kind comes from the run's principal, never from the recorded name (D-62).
+        return shown_as(owner, str(name)) if name else self._name(owner)
 
     async def home(self, request: Request) -> Response:
         session = self.session(request)
@@ -592,7 +598,7 @@ class Console:
         """Who asked for a run's writes: the principal's name, the client it came through, what it says it does."""
         meta = run.meta or {}
         client = meta.get("client") if isinstance(meta.get("client"), dict) else None
-        return {"name": self._owner_name(run),
+        return {"name": self._owner_name(run), "kind": kind_of(run.principal),
                 "client": " ".join(str(client[k]) for k in ("name", "version") if client.get(k)) if client else None,
                 "summary": run_summary(run.program)}
 

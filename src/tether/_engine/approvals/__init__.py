@@ -23,13 +23,15 @@ from tether._engine.approvals.rights import (
            Channel,
            Grant,
            Verdict,
+           kind_of,
            may_decide,
            may_see,
            needs_signed_in,
            sees_local,
+           shown_as,
            visible_owners,
 )
 
 __all__ = ["APPROVE", "CAPABILITY", "METRICS", "OPERATE", "OPERATOR", "RIGHTS", "RUN", "SIGNED_IN", "Access", "Channel",
-           "Grant", "Verdict", "may_decide", "may_see", "needs_signed_in", "sees_local",
+           "Grant", "Verdict", "may_decide", "kind_of", "may_see", "needs_signed_in", "sees_local", "shown_as",
            "visible_owners"]

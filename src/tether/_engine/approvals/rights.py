@@ -66,6 +66,32 @@ class Grant:
 
 OPERATOR = Grant(LOCAL, "operator", frozenset({OPERATE}))
 
+# What kind of principal a name belongs to, from its principal id (which the store and the verified token
+# set), never from the name (which a token's holder or an identity provider's user may choose), D-62.
+KINDS = {"token": "token", "oauth": "IdP user", "oauth-client": "IdP client", LOCAL: "local operator"}
+# Quotes and what could fake them, or a line break, inside a name: shown as an apostrophe or a space.
+_QUOTES = dict.fromkeys(map(ord, "\"“”„‟«»‹›「」"), "'")
+
+
+def kind_of(principal: str | None) -> str:
+    """``token``, ``oauth`` (a person), ``oauth-client`` (a client of the IdP on its own) or ``local``."""
+    prefix = (principal or LOCAL).split(":", 1)[0]
+    return prefix if prefix in KINDS else "token"
+
+
+def shown_as(principal: str | None, name: str | None) -> str:
+    """How every surface names a principal: its kind, then its name in quotes.
+
+    Two principals of different kinds never read alike whatever names they were given: an IdP user named
+    ``pat`` is ``IdP user “pat”``, the token named ``pat`` is ``token “pat”``. Quotes and control
+    characters in a name are replaced, so a name cannot close its quote and start another label.
+    """
+    kind = kind_of(principal)
+    if kind == LOCAL:
+        return KINDS[LOCAL]
+    text = "".join(" " if not c.isprintable() else c for c in (name or principal or "")).translate(_QUOTES)
+    return f"{KINDS[kind]} “{' '.join(text.split())[:120]}”"
+
 
 @dataclass(frozen=True)
 class Access:
