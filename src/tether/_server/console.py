@@ -57,7 +57,6 @@ from tether._engine.approvals import (
     Access,
     Channel,
     Grant,
-    Verdict,
     kind_of,
     may_decide,
     may_see,
@@ -633,21 +632,24 @@ class Console:
                                 status=403, detail="Reload the run's page and decide again.",
                                 principal=session["p"], csrf=csrf,
                                 link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
+        decision, reason, seqs = _read_decision(form)
+        grant = self.grant(session["p"])
+        # The door first (P-44): rights that do not open it learn nothing, not even whether the run exists.
+        if decision is not None and not (door := admits(grant, door_of_decision(decision))).ok:
+            return self.message("Nothing decided", f"{_REFUSALS['insufficient_rights']} Nothing was decided and "
+                                "nothing was sent.", status=403, detail=door.message, principal=session["p"],
+                                csrf=csrf)
         try:
             run = self._run_for(run_id, session["p"])  # a run it may not see does not exist for it
         except RunNotFound:
             return self.message("No such run", "There is no run with that id for you; nothing was decided.",
                                 status=404, principal=session["p"], csrf=csrf)
-        decision, reason, seqs = _read_decision(form)
         if decision is None or seqs is None:
             return self.message("Nothing decided", "The form named no decision or no write.", status=400,
                                 principal=session["p"], csrf=csrf,
                                 link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
-        grant = self.grant(session["p"])
-        verdict = admits(grant, door_of_decision(decision))
-        if verdict.ok:
-            verdict = may_decide(self.access, grant, run.principal, decision, Channel.CONSOLE,
-                                 signed_in_required=signed_in_required(run, seqs))
+        verdict = may_decide(self.access, grant, run.principal, decision, Channel.CONSOLE,
+                             signed_in_required=signed_in_required(run, seqs))
         if not verdict.ok:
             return self.message("Nothing decided", f"{_REFUSALS.get(verdict.code or '', verdict.message)} "
                                 "Nothing was decided and nothing was sent.", status=403,
@@ -770,10 +772,18 @@ class Console:
         form = await self.form(request)
         if isinstance(form, Response):
             return form
+        session = self._link_session(request)
+        decision = form.get("decision")
+        if session is not None and decision in ("approve", "decline"):
+            # A signed-in approver's rights open this door or not (P-44), before the link is even read;
+            # without a session the link itself is the capability (links = "capability") or nothing.
+            door = admits(self.grant(session["p"]), door_of_decision(decision))
+            if not door.ok:
+                return self.message("Nothing decided", f"{_REFUSALS['insufficient_rights']} Nothing was decided "
+                                    "and nothing was sent.", status=403, detail=door.message)
         claim, run, refusal = self._link_state(token)
         if refusal is not None:
             return refusal
-        session = self._link_session(request)
         if not self._csrf_ok(self._csrf_nonce(request, session), form.get("csrf")):
             return self.message("Refused", "This form's security token is not valid, so nothing was decided.",
                                 status=403, detail="Open the approval link again and decide from that page.")
@@ -786,10 +796,7 @@ class Console:
             channel, grant, who = Channel.LINK, self.grant(session["p"]), self._name(session["p"])
         else:
             channel, grant, who = Channel.LINK_CAPABILITY, None, CAPABILITY_HOLDER
-        verdict = admits(grant, door_of_decision(decision)) if grant is not None else Verdict(True)
-        if verdict.ok:
-            verdict = may_decide(self._links(claim), grant, run.principal, decision, channel,
-                                 signed_in_required=needs)
+        verdict = may_decide(self._links(claim), grant, run.principal, decision, channel, signed_in_required=needs)
         if not verdict.ok:
             return self.message("Nothing decided", f"{_REFUSALS.get(verdict.code or '', verdict.message)} "
                                 "Nothing was decided and nothing was sent.",
