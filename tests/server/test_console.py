@@ -486,3 +486,31 @@ async def test_a_seq_past_any_column_is_refused_by_name_not_a_500(rt):
                              data={"csrf": csrf_of(page.text), "decision": "approve", **form})
             assert r.status_code == 409 and "Nothing decided" in r.text, r.text[:300]
     assert sent == [] and rt.store.get_run(paused.run_id).status == "paused"
+
+
+async def test_d62_an_idp_user_whose_name_is_a_tokens_name_is_not_shown_as_that_token(rt):
+    """An access token's user named "pat" (no e-mail) asks for a write beside the token named "pat": where a
+    person decides, "Asked by" says which is which, from the principal, whatever the name says."""
+    mallory = "oauth:https://idp.example#mallory"
+    runs = {}
+    forged = "pat\u201d (token \u201cpat"
+    for principal, name in ((mallory, "pat"), (mallory, forged), (principal_for_token(PAT), None)):
+        meta = {"principal_name": name} if name else None
+        paused = await rt.execute(PROGRAM, principal=principal, meta=meta)
+        assert paused.status == "paused"
+        runs[(principal, name)] = paused.run_id
+    people = Access.of([*access().grants.values(), Grant(principal_for_token("op-token-0123456789"), "op",
+                                                         frozenset({"operate"}))])
+    async with client(Console(rt, tokens=[ALICE, BOB, PAT, "op-token-0123456789"], access=people)) as c:
+        await sign_in(c, "op-token-0123456789")
+        asked = {}
+        for key, run_id in runs.items():
+            page = (await c.get(f"/console/runs/{run_id}")).text
+            asked[key] = re.search(r'<strong class="requester kind-([a-z-]+)">([^<]*)</strong>', page).groups()
+    import html
+
+    shown = {k: (kind, html.unescape(text)) for k, (kind, text) in asked.items()}
+    assert shown[(mallory, "pat")] == ("oauth", "IdP user \u201cpat\u201d")
+    assert shown[(principal_for_token(PAT), None)] == ("token", "token \u201cpat\u201d")
+    # A name cannot close its quote and open a label of another kind.
+    assert shown[(mallory, forged)] == ("oauth", "IdP user \u201cpat' (token 'pat\u201d")

@@ -1,0 +1,289 @@
+"""Every door of ``tether serve --http`` against the rights of every kind of principal (P-44).
+
+One real server and one real identity provider (tests/idp) serve the module.
+Principals: static tokens (``[[server.tokens]]``), access tokens the IdP
+issues for a client (scopes), and people who sign in to the console at the IdP
+(rights from their groups). Each has every right but one, in turn, or only
+``operate``. Each door is tried by each: a door its rights do not open refuses
+(403, or no console session) before anything else happens; a door they open
+lets the request through to what lies behind it (which may then say, for
+instance, that the run does not exist for this caller).
+
+``DOORS`` below is docs/security.md's table "Doors and rights", written out
+here rather than imported, so the server is checked against the table people
+read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tests.idp.run import IdP, free_port, log_in, start_idp
+from tests.server.test_server_http import LEDGER_TOOLS, stop_server
+
+pytestmark = pytest.mark.slow
+
+RIGHTS = ("run", "approve", "metrics")
+# docs/security.md, "Doors and rights": the rights that open each door (any one of them; operate opens all).
+DOORS = {
+    "mcp:execute": {"run"}, "mcp:resume": {"run"}, "mcp:cell_start": {"run"}, "mcp:cell_wait": {"run"},
+    "mcp:cell_terminate": {"run"},
+    "metrics": {"metrics"},
+    "console:runs": {"run", "approve"}, "console:run": {"run", "approve"}, "console:events": {"run", "approve"},
+    "console:decline": {"run", "approve"}, "console:approve": {"approve"},
+    "link:decline": {"run", "approve"}, "link:approve": {"approve"},
+}
+# Every right but one, in turn; and operate alone.
+RIGHT_SETS = {f"no-{r}": sorted(set(RIGHTS) - {r}) for r in RIGHTS} | {"operate": ["operate"]}
+KINDS = ("token", "idp-token", "idp-person")
+CONSOLE_SECRET = "console-secret-" + "z" * 32
+CC_SECRET = "agent-secret-" + "w" * 32
+
+
+def token_of(name: str) -> str:
+    return f"{name}-token-0123456789abcdef"
+
+
+def config(base: str, issuer: str) -> str:
+    tokens = "".join(f'\n[[server.tokens]]\nname = "{n}"\ntoken_env = "T_{n.upper().replace("-", "_")}"\n'
+                     f"rights = {json.dumps(r)}\napproves_for = [\"*\"]\n" for n, r in RIGHT_SETS.items())
+    claims = "".join(f'\n[auth.rights.{r}]\nclaim = "groups"\nvalues = ["{r}"]\n' for r in (*RIGHTS, "operate"))
+    return f"""[server]
+public_url = "{base}"
+{tokens}
+[auth]
+issuer = "{issuer}"
+console_client_id = "tether-console"
+console_client_secret_env = "CONSOLE_SECRET"
+{claims}
+[[policy.rules]]
+match = "ledger.write"
+action = "allow"
+"""
+
+
+class Served:
+    def __init__(self, base: str, idp: IdP, root: Path) -> None:
+        self.base, self.idp, self.root = base, idp, root
+        self.proc: subprocess.Popen | None = None
+        self.sessions: dict[str, httpx.Client] = {}
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "TETHER_STORE_URL")}
+        env.update(TETHER_HOME=str(self.root / "home"), LEDGER=str(self.root / "ledger.txt"),
+                   CONSOLE_SECRET=CONSOLE_SECRET)
+        env.update({f"T_{n.upper().replace('-', '_')}": token_of(n) for n in RIGHT_SETS})
+        return env
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tether.cli", "--config", str(self.root / "tether.toml"),
+                               *args], env=self.env(), capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("doors")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    users = {name: {"name": f"Person {name}", "email": f"{name}@example.test", "groups": rights}
+             for name, rights in RIGHT_SETS.items()}
+    clients = [{"client_id": "agent-cc", "client_secret": CC_SECRET, "grant_types": ["client_credentials"],
+                "redirect_uris": [], "response_types": []},
+               {"client_id": "tether-console", "client_secret": CONSOLE_SECRET,
+                "grant_types": ["authorization_code"], "redirect_uris": [f"{base}/console/oidc/callback"],
+                "response_types": ["code"]}]
+    idp = start_idp(root / "idp", resources=[base + "/mcp"], clients=clients, users=users)
+    s = Served(base, idp, root / "tether")
+    try:
+        s.root.mkdir()
+        (s.root / "ledger_tools.py").write_text(LEDGER_TOOLS)
+        (s.root / "tether.toml").write_text(config(base, idp.issuer))
+        log = s.root / "server.log"
+        with open(log, "wb") as err:
+            s.proc = subprocess.Popen(
+                [sys.executable, "-m", "tether.cli", "--config", str(s.root / "tether.toml"), "serve", "--http",
+                 f"127.0.0.1:{port}", "--tools", str(s.root / "ledger_tools.py")],
+                env=s.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 60
+        while True:
+            assert s.proc.poll() is None, log.read_text()
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        yield s
+    finally:
+        for c in s.sessions.values():
+            c.close()
+        if s.proc is not None:
+            stop_server(s.proc)
+        idp.stop()
+
+
+# -- who knocks ----------------------------------------------------------------------
+
+
+def bearer(served: Served, kind: str, name: str) -> str:
+    if kind == "token":
+        return token_of(name)
+    scope = " ".join(f"tether:{r}" for r in RIGHT_SETS[name])
+    return served.idp.client_token(served.base + "/mcp", scope)["access_token"]
+
+
+def console(served: Served, kind: str, name: str) -> httpx.Client:
+    """A browser signed in to the console as this principal (token form, or the IdP's own pages)."""
+    key = f"{kind}/{name}"
+    if key in served.sessions:
+        return served.sessions[key]
+    c = httpx.Client(base_url=served.base, follow_redirects=False, timeout=30)
+    if kind == "idp-person":
+        start = c.get("/console/oidc/start")
+        assert start.status_code == 303, start.text
+        back = log_in(start.headers["location"], name)
+        landed = urlsplit(back)
+        done = c.get(landed.path + "?" + landed.query)
+        assert done.status_code == 200, done.text
+    else:
+        page = c.get("/console/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+        c.post("/console/login", data={"csrf": csrf, "token": bearer(served, kind, name)})
+    served.sessions[key] = c
+    return c
+
+
+# -- the doors -----------------------------------------------------------------------
+
+MCP_ARGS = {"execute": {"code": "1 + 1"}, "resume": {"run_id": "run_0000000000000000", "decision": "decline"},
+            "cell_start": {"code": "1 + 1"}, "cell_wait": {"cell_id": "run_0000000000000000", "timeout_ms": 0},
+            "cell_terminate": {"cell_id": "run_0000000000000000"}}
+
+
+def knock(served: Served, door: str, kind: str, name: str) -> tuple[bool, str]:
+    """Whether ``door`` let this principal through, and what it answered (for the failure message)."""
+    area, _, what = door.partition(":")
+    if area == "mcp":
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": what, "arguments": MCP_ARGS[what],
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {},
+                      "io.modelcontextprotocol/clientInfo": {"name": "doors", "version": "0"}}}}
+        r = httpx.post(served.base + "/mcp", json=body, timeout=60, headers={
+            "Authorization": f"Bearer {bearer(served, 'token' if kind == 'token' else 'idp-token', name)}",
+            "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
+            "Mcp-Method": "tools/call", "Mcp-Name": what})
+        if r.status_code == 403:
+            assert r.json()["error"]["code"] == "insufficient_scope" and "tether:run" in r.headers["www-authenticate"]
+            return False, r.text
+        assert r.status_code == 200, r.text
+        if what in ("execute", "cell_start"):  # let through, the program ran
+            assert '"status": "completed"' in json.dumps(r.json()["result"]["structuredContent"]), r.text
+        return True, r.text
+    if area == "metrics":
+        token = bearer(served, "token" if kind == "token" else "idp-token", name)
+        r = httpx.get(served.base + "/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        assert r.status_code in (200, 403), r.text
+        return r.status_code == 200 and "tether_" in r.text, r.text[:200]
+    c = console(served, "token" if kind == "token" else "idp-person", name)
+    if door == "console:runs":
+        r = c.get("/console/")
+        return r.status_code == 200, r.text[:200]
+    if door == "console:run":
+        r = c.get("/console/runs/run_0000000000000000")
+        assert r.status_code in (303, 404), r.text[:200]
+        return r.status_code == 404, r.text[:200]  # let in, and told there is no such run for it
+    if door == "console:events":
+        with c.stream("GET", "/console/events") as r:
+            return r.status_code == 200, str(r.status_code)
+    csrf_page = c.get("/console/")
+    found = re.search(r'name="csrf" value="([^"]+)"', csrf_page.text)
+    csrf = found.group(1) if found else "none"
+    form = {"csrf": csrf, "decision": what, "seq": "1"}
+    path = "/console/runs/run_0000000000000000/decide" if area == "console" else "/approve/not-a-link"
+    r = c.post(path, data=form)
+    if r.status_code == 403:
+        assert "Nothing was decided" in r.text and "lacks the right" in r.text, r.text
+        return False, r.text[:200]
+    # Let through: what lies behind says there is no such run or link (or, signed out, sends to sign-in).
+    assert r.status_code in (303, 404), r.text[:300]
+    return r.status_code == 404, r.text[:200]
+
+
+CASES = [pytest.param(door, kind, name, id=f"{door}-{kind}-{name}")
+         for door in DOORS for kind in KINDS for name in RIGHT_SETS
+         # An IdP person has no bearer token (it signs in to the console); an IdP token no console session.
+         if not (kind == "idp-person" and door.split(":")[0] in ("mcp", "metrics"))
+         and not (kind == "idp-token" and door.split(":")[0] in ("console", "link"))]
+
+
+@pytest.mark.parametrize(("door", "kind", "name"), CASES)
+def test_p44_each_door_opens_to_the_rights_it_names_and_to_no_other(served, door, kind, name):
+    rights = set(RIGHT_SETS[name])
+    expected = "operate" in rights or bool(rights & DOORS[door])
+    admitted, answer = knock(served, door, kind, name)
+    assert admitted == expected, (door, kind, name, answer)
+
+
+# -- the findings, one by one ------------------------------------------------------------------
+
+
+def test_p44_a_token_with_only_approve_runs_nothing_and_approves_nothing_of_its_own(served):
+    """An approver's token leaked to an agent is not an agent: no program runs, nothing is written."""
+    for kind in ("token", "idp-token"):
+        token = bearer(served, kind, "no-run")
+        r = httpx.post(served.base + "/mcp", headers={
+            "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"},
+            json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {"elicitation": {"form": {}}},
+                "clientInfo": {"name": "leaked", "version": "1"}}}, timeout=30)
+        assert r.status_code == 403, (kind, r.text)
+    assert not (served.root / "ledger.txt").exists() or "leaked" not in (served.root / "ledger.txt").read_text()
+
+
+def test_p44_metrics_is_never_open_while_authentication_is_configured(served):
+    assert httpx.get(served.base + "/metrics", timeout=30).status_code == 401
+    for bad in ("not-a-token-of-this-server-0000", token_of("no-metrics")):
+        assert httpx.get(served.base + "/metrics", headers={"Authorization": f"Bearer {bad}"},
+                         timeout=30).status_code in (401, 403)
+
+
+def test_p44_local_runs_stay_the_operators_whatever_approves_for_says(served):
+    """A run started with ``tether run`` pauses at a write; approvers for everyone, tokens and IdP people alike,
+    neither list it, open it, follow it nor decide it (local_runs = "private", the default)."""
+    program = served.root / "local.py"
+    program.write_text("import tools\nawait tools.ledger.guarded_write(tag='local-secret')\n")
+    out = served.cli("run", str(program), "--tools", str(served.root / "ledger_tools.py"), "--json")
+    run = json.loads(out.stdout)
+    assert run["status"] == "paused", out.stdout + out.stderr
+    for kind in ("token", "idp-person"):
+        c = console(served, kind, "no-metrics")  # run and approve, approves_for = ["*"] / every IdP approver
+        listing = c.get("/console/")
+        assert listing.status_code == 200 and run["run_id"] not in listing.text, kind
+        assert c.get(f"/console/runs/{run['run_id']}").status_code == 404, kind
+        page = c.get("/console/")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+        r = c.post(f"/console/runs/{run['run_id']}/decide", data={"csrf": csrf, "decision": "approve", "seq": "1"})
+        assert r.status_code == 404, (kind, r.text[:300])
+    # operate is the operator's right: it sees the run (as the CLI on the store does).
+    assert console(served, "token", "operate").get(f"/console/runs/{run['run_id']}").status_code == 200
+    assert "local-secret" not in ((served.root / "ledger.txt").read_text()
+                                  if (served.root / "ledger.txt").exists() else "")
+    # The operator, on the store, decides it.
+    assert "declined" in served.cli("resume", run["run_id"], "--decline").stderr
+
+
+def test_d62_the_console_names_a_person_from_the_idp_and_a_token_by_their_kind(served):
+    """Who is signed in is shown with its kind: an IdP user's name never reads as a configured token's."""
+    assert "IdP user \u201cPerson" in console(served, "idp-person", "no-approve").get("/console/").text
+    assert "token \u201cno-approve\u201d" in console(served, "token", "no-approve").get("/console/").text
