@@ -48,6 +48,9 @@ RIGHT_SETS = {f"no-{r}": sorted(set(RIGHTS) - {r}) for r in RIGHTS} | {"operate"
 KINDS = ("token", "idp-token", "idp-person")
 CONSOLE_SECRET = "console-secret-" + "z" * 32
 CC_SECRET = "agent-secret-" + "w" * 32
+# A second server's resource: [auth] alone, no static token.
+ONLY_AUTH_PORT = free_port()
+ONLY_AUTH = f"http://127.0.0.1:{ONLY_AUTH_PORT}/mcp"
 
 
 def token_of(name: str) -> str:
@@ -90,6 +93,29 @@ class Served:
                                *args], env=self.env(), capture_output=True, text=True, timeout=120)
 
 
+def start(s: "Served", port: int, text: str) -> None:
+    """``tether serve --http`` on ``port`` with ``text`` as its config, listening when this returns."""
+    s.root.mkdir(parents=True, exist_ok=True)
+    (s.root / "ledger_tools.py").write_text(LEDGER_TOOLS)
+    (s.root / "tether.toml").write_text(text)
+    log = s.root / "server.log"
+    with open(log, "wb") as err:
+        s.proc = subprocess.Popen(
+            [sys.executable, "-m", "tether.cli", "--config", str(s.root / "tether.toml"), "serve", "--http",
+             f"127.0.0.1:{port}", "--tools", str(s.root / "ledger_tools.py")],
+            env=s.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 60
+    while True:
+        assert s.proc.poll() is None, log.read_text()
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(s.base + "/healthz", timeout=1).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            stop_server(s.proc)
+            raise AssertionError(log.read_text())
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("doors")
@@ -102,26 +128,10 @@ def served(tmp_path_factory):
                {"client_id": "tether-console", "client_secret": CONSOLE_SECRET,
                 "grant_types": ["authorization_code"], "redirect_uris": [f"{base}/console/oidc/callback"],
                 "response_types": ["code"]}]
-    idp = start_idp(root / "idp", resources=[base + "/mcp"], clients=clients, users=users)
+    idp = start_idp(root / "idp", resources=[base + "/mcp", ONLY_AUTH], clients=clients, users=users)
     s = Served(base, idp, root / "tether")
     try:
-        s.root.mkdir()
-        (s.root / "ledger_tools.py").write_text(LEDGER_TOOLS)
-        (s.root / "tether.toml").write_text(config(base, idp.issuer))
-        log = s.root / "server.log"
-        with open(log, "wb") as err:
-            s.proc = subprocess.Popen(
-                [sys.executable, "-m", "tether.cli", "--config", str(s.root / "tether.toml"), "serve", "--http",
-                 f"127.0.0.1:{port}", "--tools", str(s.root / "ledger_tools.py")],
-                env=s.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 60
-        while True:
-            assert s.proc.poll() is None, log.read_text()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        start(s, port, config(base, idp.issuer))
         yield s
     finally:
         for c in s.sessions.values():
@@ -286,3 +296,64 @@ def test_d62_the_console_names_a_person_from_the_idp_and_a_token_by_their_kind(s
     """Who is signed in is shown with its kind: an IdP user's name never reads as a configured token's."""
     assert "IdP user \u201cPerson" in console(served, "idp-person", "no-approve").get("/console/").text
     assert "token \u201cno-approve\u201d" in console(served, "token", "no-approve").get("/console/").text
+
+
+def test_p44_metrics_is_not_open_when_only_an_identity_provider_is_configured(served, tmp_path):
+    """[auth] and no static token: /metrics answers 401 without a token, 403 to an access token without the
+    metrics right, and 200 to one with it."""
+    only = Served(ONLY_AUTH.removesuffix("/mcp"), served.idp, tmp_path / "only-auth")
+    text = f"""[server]\npublic_url = "{only.base}"\n\n[auth]\nissuer = "{served.idp.issuer}"\n"""
+    start(only, ONLY_AUTH_PORT, text)
+    try:
+        assert httpx.get(only.base + "/metrics", timeout=30).status_code == 401
+        assert httpx.get(only.base + "/mcp", timeout=30).status_code == 401
+        for scope, status in (("tether:run tether:approve", 403), ("tether:metrics", 200), ("tether:operate", 200)):
+            token = served.idp.client_token(ONLY_AUTH, scope)["access_token"]
+            r = httpx.get(only.base + "/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+            assert r.status_code == status, (scope, r.text[:300])
+    finally:
+        assert only.proc is not None
+        stop_server(only.proc)
+
+
+def test_d62_a_client_acting_for_itself_is_not_a_user_of_the_same_name(served):
+    """Client credentials: the client id is the subject, in the clients' own namespace."""
+    import asyncio
+
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    token = bearer(served, "idp-token", "no-approve")
+
+    async def run() -> dict:
+        async with create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http:
+            async with Client(streamable_http_client(served.base + "/mcp", http_client=http), mode="legacy") as c:
+                return (await c.call_tool("execute", {"code": "1"})).structured_content
+
+    out = asyncio.run(run())
+    shown = json.loads(served.cli("runs", "show", out["run_id"], "--json").stdout)
+    assert shown["principal"] == f"oauth-client:{served.idp.issuer}#agent-cc"
+
+
+@pytest.mark.parametrize("typ", ["logout+jwt", "secevent+jwt", "dpop+jwt", "id_token+jwt"])
+def test_d62_a_jwt_of_another_type_signed_by_the_idp_is_not_an_access_token(served, typ):
+    import jwt
+
+    now = int(time.time())
+    claims = {"iss": served.idp.issuer, "sub": "no-approve", "aud": served.base + "/mcp", "iat": now,
+              "exp": now + 300, "scope": "tether:run"}
+    token = jwt.encode(claims, served.idp.key, algorithm="RS256", headers={"kid": served.idp.kid, "typ": typ})
+    r = httpx.post(served.base + "/mcp", headers={"Authorization": f"Bearer {token}",
+                                                   "Accept": "application/json, text/event-stream"},
+                   json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                       "protocolVersion": "2025-11-25", "capabilities": {},
+                       "clientInfo": {"name": "t", "version": "1"}}}, timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_token", r.text
+    # The same claims as an access token are accepted: only the type differs.
+    good = jwt.encode(claims, served.idp.key, algorithm="RS256", headers={"kid": served.idp.kid, "typ": "at+jwt"})
+    assert httpx.post(served.base + "/mcp", headers={"Authorization": f"Bearer {good}",
+                                                      "Accept": "application/json, text/event-stream"},
+                      json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                          "protocolVersion": "2025-11-25", "capabilities": {},
+                          "clientInfo": {"name": "t", "version": "1"}}}, timeout=30).status_code == 200
