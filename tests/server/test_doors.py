@@ -357,3 +357,93 @@ def test_d62_a_jwt_of_another_type_signed_by_the_idp_is_not_an_access_token(serv
                       json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
                           "protocolVersion": "2025-11-25", "capabilities": {},
                           "clientInfo": {"name": "t", "version": "1"}}}, timeout=30).status_code == 200
+
+
+def test_d62_unknown_opaque_tokens_are_asked_about_once_and_never_more_than_eight_at_a_time(served):
+    """Introspection at the real IdP, through a forwarder that counts: a refused token is refused again without
+    asking for a minute, and a flood of distinct made-up tokens never has more than 8 questions in flight."""
+    import asyncio
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tether._server.credentials import CredentialProblem
+    from tether._server.oauth import MAX_INTROSPECTIONS, ResourceServer
+
+    idp = served.idp
+    discovery = httpx.get(idp.issuer + "/.well-known/openid-configuration").json()
+    seen = {"calls": 0, "in_flight": 0, "most": 0}
+    lock = threading.Lock()
+
+    class Forward(BaseHTTPRequestHandler):
+        def do_POST(self):
+            with lock:
+                seen["calls"] += 1
+                seen["in_flight"] += 1
+                seen["most"] = max(seen["most"], seen["in_flight"])
+            try:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                time.sleep(0.05)  # long enough for a flood to pile up behind the bound
+                r = httpx.post(discovery["introspection_endpoint"], content=body, timeout=30, headers={
+                    "content-type": self.headers["content-type"], "authorization": self.headers["authorization"]})
+            finally:
+                with lock:
+                    seen["in_flight"] -= 1
+            self.send_response(r.status_code)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(r.content)))
+            self.end_headers()
+            self.wfile.write(r.content)
+
+        def log_message(self, *args):
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    resource = ResourceServer(issuer=idp.issuer, audience=served.base + "/mcp", jwks_url=discovery["jwks_uri"],
+                              algorithms=["RS256"], leeway=30,
+                              introspection_url=f"http://127.0.0.1:{http.server_port}/introspect",
+                              client_id="agent-cc", client_secret=CC_SECRET, discovery=discovery)
+
+    async def refused(token: str) -> str:
+        with pytest.raises(CredentialProblem) as problem:
+            await resource.identify(token)
+        return problem.value.code
+
+    async def scenario() -> None:
+        for _ in range(20):
+            assert await refused("made-up-opaque-token-0123456789") == "invalid_token"
+        assert seen["calls"] == 1
+        codes = await asyncio.gather(*(refused(f"flood-{i}-0123456789abcdef") for i in range(40)))
+        assert set(codes) == {"invalid_token"} and seen["calls"] == 41
+        assert seen["most"] <= MAX_INTROSPECTIONS
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        http.shutdown()
+
+
+def test_d60_over_mcp_operate_reaches_only_its_own_runs(served):
+    """MCP is the agent's door: an operate token there acts on its own runs; other principals' runs are the
+    console's and the CLI's to act on (docs/mcp.md says so)."""
+    def call(token: str, name: str, arguments: dict) -> dict:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": name, "arguments": arguments,
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {},
+                      "io.modelcontextprotocol/clientInfo": {"name": "doors", "version": "0"}}}}
+        r = httpx.post(served.base + "/mcp", json=body, timeout=60, headers={
+            "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": name})
+        assert r.status_code == 200, r.text
+        return r.json()["result"]["structuredContent"]
+
+    paused = call(token_of("no-approve"), "execute",
+                  {"code": "import tools\nawait tools.ledger.guarded_write(tag='others')"})
+    assert paused["status"] == "paused", paused
+    other = call(token_of("operate"), "resume", {"run_id": paused["run_id"], "decision": "cancel"})
+    assert other["error"]["code"] == "run_not_found", other
+    # The console, signed in with the same operate token, does reach it.
+    assert console(served, "token", "operate").get(f"/console/runs/{paused['run_id']}").status_code == 200
+    assert call(token_of("no-approve"), "resume", {"run_id": paused["run_id"], "decision": "cancel"})["status"] \
+        == "cancelled"
