@@ -136,6 +136,12 @@ def _short(text: str | None) -> str:
     return text if len(text) <= 20 else text[:18] + "…"
 
 
+def _short_name(text: str | None) -> str:
+    # A principal's kind and name (D-62): room for both.
+    text = text or ""
+    return text if len(text) <= 44 else text[:42] + "…"
+
+
 def _compact(value: Any) -> str:
     # Every call's arguments are shown with their secrets replaced (_tools/shown.py's one rule).
     text = json.dumps(redacted(value), ensure_ascii=False, sort_keys=True, default=str)
@@ -157,7 +163,7 @@ def _shown(value: Any) -> Any:
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(str(HERE / "templates")), autoescape=select_autoescape(default=True),
                       trim_blocks=False, lstrip_blocks=False, finalize=_shown)
-    env.filters.update(when=_when, short=_short, compact=_compact, pretty=_pretty)
+    env.filters.update(when=_when, short=_short, compact=_compact, pretty=_pretty, short_name=_short_name)
     return env
 
 
@@ -439,8 +445,8 @@ class Console:
         if principal is None or (not self.dev and self.access.grant(principal) is None):
             return self._login_page(request, "That is not a token this server accepts.", status=401, after=after)
         if not admits(self.grant(principal), Door.CONSOLE).ok:
-            return self._login_page(request, "That token's rights do not open the console (it needs run or "
-                                    "approve).", status=403, after=after)
+            return self._login_page(request, "That token's rights do not open the console.", status=403,
+                                    after=after)
         response = RedirectResponse(after or "/console/", status_code=303)
         self._set_cookie(response, request, SESSION_COOKIE, self.make_session(principal), path="/",
                          max_age=SESSION_SECONDS)

@@ -36,13 +36,17 @@ class Door:
     STORE = "store"
 
 
-# The rights that open each door (any one of them).
+# The rights that open each door (any one of them); none: every principal the server knows. The console's
+# pages, its feed and declining show or stop only runs the principal may see (its own, those it approves
+# for), so they need no right beyond being someone: a person signed in through the identity provider has no
+# scopes there, only what [auth.rights] grants by claim, and still follows and stops the runs their agents
+# started with `tether:run`.
 DOORS: Mapping[str, frozenset[str]] = {
     Door.MCP: frozenset({RUN}),
     Door.METRICS: frozenset({METRICS}),
-    Door.CONSOLE: frozenset({RUN, APPROVE}),
-    Door.EVENTS: frozenset({RUN, APPROVE}),
-    Door.DECLINE: frozenset({RUN, APPROVE}),
+    Door.CONSOLE: frozenset(),
+    Door.EVENTS: frozenset(),
+    Door.DECLINE: frozenset(),
     Door.APPROVE: frozenset({APPROVE}),
     Door.STORE: frozenset({OPERATE}),
 }
@@ -51,7 +55,7 @@ DOORS: Mapping[str, frozenset[str]] = {
 def admits(grant: Grant | None, door: str) -> Verdict:
     """May ``grant`` come in through ``door``: ``ok``, or ``insufficient_rights`` naming the right it lacks."""
     needed = DOORS[door]
-    if grant is not None and any(grant.can(right) for right in needed):
+    if grant is not None and (not needed or any(grant.can(right) for right in needed)):
         return Verdict(True)
     names = " or ".join(sorted(needed))
     who = grant.name if grant is not None else "this caller"
@@ -60,7 +64,7 @@ def admits(grant: Grant | None, door: str) -> Verdict:
 
 def needed(door: str) -> str:
     """The right named in a refusal (and in an OAuth challenge's scope): the door's first, alphabetically."""
-    return sorted(DOORS[door])[0]
+    return min(DOORS[door], default=RUN)
 
 
 def door_of_decision(decision: str) -> str:
