@@ -118,9 +118,20 @@ def start(s: "Served", port: int, text: str) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def served(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("doors")
+    store = ""
+    if request.param == "postgres":
+        # A database of the module's own in the throwaway cluster: the server and `tether run` share it.
+        import psycopg
+
+        url = request.getfixturevalue("pg_url")
+        name = f"doors_{os.getpid()}_{int(time.time())}"
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        store = f'[store]\nurl = "{url.replace("/postgres?", f"/{name}?", 1)}"\n\n'
+        assert name in store
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     users = {name: {"name": f"Person {name}", "email": f"{name}@example.test", "groups": rights}
@@ -133,7 +144,7 @@ def served(tmp_path_factory):
     idp = start_idp(root / "idp", resources=[base + "/mcp", ONLY_AUTH], clients=clients, users=users)
     s = Served(base, idp, root / "tether")
     try:
-        start(s, port, config(base, idp.issuer))
+        start(s, port, store + config(base, idp.issuer))
         yield s
     finally:
         for c in s.sessions.values():
@@ -177,7 +188,7 @@ def console(served: Served, kind: str, name: str) -> httpx.Client:
 # -- the doors -----------------------------------------------------------------------
 
 MCP_ARGS = {"execute": {"code": "1 + 1"}, "resume": {"run_id": "run_0000000000000000", "decision": "decline"},
-            "cell_start": {"code": "1 + 1"}, "cell_wait": {"cell_id": "run_0000000000000000", "timeout_ms": 0},
+            "cell_start": {"code": "1 + 1", "yield_after_ms": 60_000}, "cell_wait": {"cell_id": "run_0000000000000000", "timeout_ms": 0},
             "cell_terminate": {"cell_id": "run_0000000000000000"}}
 
 
