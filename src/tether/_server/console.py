@@ -528,6 +528,14 @@ class Console:
             raise RunNotFound(f"no run {run_id!r}")
         return run
 
+    def _shut(self, grant: Grant | None, decision: Any, **context: Any) -> Response | None:
+        """The 403 page for a decision whose door ``grant``'s rights do not open (P-44); None when they do."""
+        door = admits(grant, door_of_decision(decision)) if decision in ("approve", "decline") else None
+        if door is None or door.ok:
+            return None
+        return self.message("Nothing decided", f"{_REFUSALS['insufficient_rights']} Nothing was decided and nothing "
+                            "was sent.", status=403, detail=door.message, **context)
+
     def _approve_note(self, run: RunRecord, principal: str) -> str | None:
         """Why this principal cannot approve the run's writes here (the page offers decline only), or None."""
         verdict = may_decide(self.access, self.grant(principal), run.principal, "approve", Channel.CONSOLE)
@@ -641,10 +649,8 @@ class Console:
         decision, reason, seqs = _read_decision(form)
         grant = self.grant(session["p"])
         # The door first (P-44): rights that do not open it learn nothing, not even whether the run exists.
-        if decision is not None and not (door := admits(grant, door_of_decision(decision))).ok:
-            return self.message("Nothing decided", f"{_REFUSALS['insufficient_rights']} Nothing was decided and "
-                                "nothing was sent.", status=403, detail=door.message, principal=session["p"],
-                                csrf=csrf)
+        if (shut := self._shut(grant, decision, principal=session["p"], csrf=csrf)) is not None:
+            return shut
         try:
             run = self._run_for(run_id, session["p"])  # a run it may not see does not exist for it
         except RunNotFound:
@@ -779,14 +785,10 @@ class Console:
         if isinstance(form, Response):
             return form
         session = self._link_session(request)
-        decision = form.get("decision")
-        if session is not None and decision in ("approve", "decline"):
-            # A signed-in approver's rights open this door or not (P-44), before the link is even read;
-            # without a session the link itself is the capability (links = "capability") or nothing.
-            door = admits(self.grant(session["p"]), door_of_decision(decision))
-            if not door.ok:
-                return self.message("Nothing decided", f"{_REFUSALS['insufficient_rights']} Nothing was decided "
-                                    "and nothing was sent.", status=403, detail=door.message)
+        # A signed-in approver's rights open this door or not (P-44), before the link is even read;
+        # without a session the link itself is the capability (links = "capability") or nothing.
+        if session is not None and (shut := self._shut(self.grant(session["p"]), form.get("decision"))):
+            return shut
         claim, run, refusal = self._link_state(token)
         if refusal is not None:
             return refusal
