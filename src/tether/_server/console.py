@@ -530,7 +530,7 @@ class Console:
 
     def _shut(self, grant: Grant | None, decision: Any, **context: Any) -> Response | None:
         """The 403 page for a decision whose door ``grant``'s rights do not open (P-44); None when they do."""
-        door = admits(grant, door_of_decision(decision)) if decision in ("approve", "decline") else None
+        door = admits(grant, door_of_decision(decision)) if isinstance(decision, str) and decision else None
         if door is None or door.ok:
             return None
         return self.message("Nothing decided", f"{_REFUSALS['insufficient_rights']} Nothing was decided and nothing "

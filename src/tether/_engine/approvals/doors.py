@@ -68,5 +68,6 @@ def needed(door: str) -> str:
 
 
 def door_of_decision(decision: str) -> str:
-    """The door a console or approval-link decision comes through: approving sends a write, declining does not."""
-    return Door.APPROVE if decision == "approve" else Door.DECLINE
+    """The door a console or approval-link decision comes through: declining sends nothing; every other
+    decision (approving, and any that sends or undoes a write) is the approver's door."""
+    return Door.DECLINE if decision == "decline" else Door.APPROVE
