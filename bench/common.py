@@ -324,9 +324,23 @@ def cold_start_samples(base: Path, configs: dict[str, str], *, cleared: str, rou
     return samples
 
 
+def tree_of(spec: str, scratch: Path) -> Path:
+    """A folder holding src/tether for ``spec``: a folder as it is, or a commit's src by git archive."""
+    import subprocess
+
+    if (Path(spec) / "src" / "tether").is_dir():
+        return Path(spec).resolve()
+    out = scratch / spec.replace("/", "_")
+    out.mkdir()
+    root = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(["git", "-C", str(root), "archive", spec, "src"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+    return out
+
+
 @contextlib.contextmanager
 def postgres_cluster() -> Iterator[Any | None]:
-    """A throwaway Postgres cluster (tests/pg.py) for a probe's Postgres half, or None with why printed."""
+    """A throwaway Postgres cluster (tests/pg.py) for a bench's Postgres half, or None with why printed."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     import pg
 

@@ -4,7 +4,7 @@ Every contender runs the same program (10 sequentially awaited calls of the
 same tool function, then a reduce) in the same process, interleaved round
 by round. The baseline is bare Monty driven the fastest way it offers: one
 pool reused, ``checkout(external_modules=...)`` + ``feed_run(code)`` with
-async host functions. Targets (issue 24): tether's warm execute with default
+async host functions. Targets: tether's warm execute with default
 settings at most 1.3x that floor on a quiet machine and 1.6x on a busy one
 (quiet: the 1-minute load average at most 0.5 per core before the bench
 starts, and at the end no more above that than the bench's own process and
@@ -12,13 +12,25 @@ its Monty worker add, 1.3); with the type check off (the engine itself), at
 most 1.2x.
 
     python bench/core_bench.py [--quick] [--rounds N]
+    python bench/core_bench.py --profile [--runs 300] [--store file|memory] [--top 30] [--calls 1,10]
+
+``--profile`` measures nothing against anything: cProfile over many warm executes of a 1-call and a
+10-call program, with the HMACs and JSON encodes an execute makes counted. The profiler's own overhead
+inflates the many small calls, so read it for what is called and how often, and the ratios for the cost.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import cProfile
+import hmac
+import io
+import json
 import os
+import pstats
 import statistics
+import sys
 import tempfile
 from typing import Any
 
@@ -27,6 +39,7 @@ import pydantic_monty as pm
 import common
 from common import CALLS, EXPECTED, FASTMCP_PROGRAM, PROGRAM, get
 from tether._runtime import Runtime
+from tether._store import open_store
 from tether._tools.catalog import Catalog
 from tether._tools.stubs import build_stubs
 
@@ -276,7 +289,84 @@ def phases(diag: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
+# -- --profile: where a warm execute's time goes (no ratios) ------------------------------------------
+
+
+def profile_program(calls: int) -> str:
+    return f"import tools\ntotal = 0\nfor i in range({calls}):\n    r = await tools.bench.get(id=i)\n" \
+           "    total += r[\"value\"]\ntotal\n"
+
+
+class Counted:
+    """How often an execute makes the costs the signing and the journal add: HMACs, json.dumps, encodes."""
+
+    def __init__(self) -> None:
+        self.counts = {"hmac.new": 0, "json.dumps": 0, "JSONEncoder.encode": 0}
+        self._hmac_new, self._dumps, self._encode = hmac.new, json.dumps, json.JSONEncoder.encode
+
+    def __enter__(self) -> "Counted":
+        counts = self.counts
+        hmac_new, dumps, encode = self._hmac_new, self._dumps, self._encode
+
+        def counted_hmac(*a: Any, **k: Any) -> Any:
+            counts["hmac.new"] += 1
+            return hmac_new(*a, **k)
+
+        def counted_dumps(*a: Any, **k: Any) -> Any:
+            counts["json.dumps"] += 1
+            return dumps(*a, **k)
+
+        def counted_encode(self_: Any, o: Any) -> Any:
+            counts["JSONEncoder.encode"] += 1
+            return encode(self_, o)
+
+        hmac.new, json.dumps, json.JSONEncoder.encode = counted_hmac, counted_dumps, counted_encode  # type: ignore[assignment, method-assign]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        hmac.new, json.dumps, json.JSONEncoder.encode = self._hmac_new, self._dumps, self._encode  # type: ignore[method-assign]
+
+
+async def profile(calls: int, runs: int, store_url: str, top: int) -> None:
+    code = profile_program(calls)
+    async with Runtime(tools=common.bench_tools(), store=open_store(store_url)) as rt:
+        for _ in range(30):
+            assert (await rt.execute(code)).status == "completed"
+        with Counted() as counted:
+            for _ in range(20):
+                await rt.execute(code)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(runs):
+            await rt.execute(code)
+        prof.disable()
+    print(f"\n== {calls}-call execute, {runs} runs, store {store_url.split('?')[0]}")
+    print("per execute: " + ", ".join(f"{k} {v / 20:g}" for k, v in counted.counts.items()))
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    print(out.getvalue())
+
+
+def profile_main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(description="core_bench --profile: cProfile over warm executes")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--runs", type=int, default=300)
+    p.add_argument("--store", choices=("file", "memory"), default="file")
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--calls", default="1,10")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{tmp}/profile.db" if args.store == "file" else "sqlite:///:memory:"
+        for calls in (int(c) for c in args.calls.split(",")):
+            asyncio.run(profile(calls, args.runs, url, args.top))
+
+
 def main() -> None:
+    if "--profile" in sys.argv[1:]:
+        profile_main(sys.argv[1:])
+        return
     args = common.parser(__doc__.splitlines()[0], rounds=200, quick_rounds=20).parse_args()
     rounds, warmup = common.rounds_of(args)
     out = asyncio.run(run(rounds, warmup))

@@ -240,7 +240,7 @@ def main() -> None:
 
 def combined(modules: Path, args: Any) -> None:
     """Every query set searched across one catalog of all the APIs: the right API must win, not just the right
-    operation within it (issue 22: a GitHub question answered from another API first)."""
+    operation within it (D-44: a GitHub question answered from another API first)."""
     names = {**CATALOGS, **EXTRA}
     catalogs = {name: asyncio.run(load(name, spec_path(modules, rel))) for name, rel in names.items()}
     catalog = Catalog([t for c in catalogs.values() for t in c.tools()])
@@ -259,7 +259,7 @@ def combined(modules: Path, args: Any) -> None:
         rows.append({"catalog": "all", "set": part, **_scores(totals[part])})
     everything = _scores([r for part in SETS for r in totals[part]])
     rows.append({"catalog": "all", "set": "every query", **everything})
-    # A set written for the combined catalog (session 5): agent phrasing across all five APIs, every query
+    # A set written for the combined catalog (D-44): agent phrasing across all five APIs, every query
     # blind. Reported on its own so the 184-query figure stays comparable with earlier runs; never --misses.
     agents = json.loads((HERE / "queries" / "agents.json").read_text())["queries"]
     rows.append({"catalog": "agents.json", "set": "blind", **evaluate(catalog, "", agents)["blind"]})

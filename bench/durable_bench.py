@@ -13,13 +13,18 @@
       alive — target: none held by paused runs (the pool's idle workers are
       the pool's, reported apart); then the pool is closed and a sample of the
       paused runs is resumed by a new runtime.
+(v)   a rollback of 10 writes (P-46): `resume(run_id, "undo")` of an ended run
+      whose 10 writes each declare an undo — 10 compensations, each journaled
+      approved -> sending -> sent — against the run that made the 10 writes,
+      in the same round on the same SQLite file. Reported, no target.
 
-    python bench/durable_bench.py [--quick] [--rounds N] [--runs 10000]
+    python bench/durable_bench.py [--quick] [--rounds N] [--runs 10000] [--rollback-only]
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import statistics
 import tempfile
@@ -33,9 +38,13 @@ import common
 from common import EXPECTED, PROGRAM, get
 from tether._engine.integrity import sign_snapshot_record
 from tether._engine.rules.limits import Limits
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
+from tether._sources.python import tool
 from tether._store import open_store
 from tether._store.base import SnapshotRecord
+from tether._tools.model import Tool
+from tether._tools.undo import Undo
 
 NS = (1, 100, 1000)
 RESUME_TARGET = 1.5
@@ -55,6 +64,48 @@ def reads_then_write(n: int) -> str:
         f'w = await tools.bench.put(id={n}, value="done")\n'
         '{"total": total, "stored": w["stored"]}\n'
     )
+
+
+ROLLBACK_WRITES = 10
+TEN_WRITES = ("import tools\n"
+              f"for i in range({ROLLBACK_WRITES}):\n"
+              "    await tools.bench.put(id=i, value='x')\n")
+
+
+@tool(namespace="bench", destructive=True)
+async def unput(id: int) -> dict[str, Any]:
+    """Undo a put (the rollback bench's compensation)."""
+    return {"removed": id}
+
+
+def undoable_tools() -> list[Tool]:
+    """The bench tools, with put undone by unput."""
+    undone = dataclasses.replace(common.put.__tether_tool__, undo=Undo("bench.unput", {"id": "args.id"}))
+    return [common.get.__tether_tool__.to_tool(), undone.to_tool(), unput.__tether_tool__.to_tool()]
+
+
+async def rollback_cost(tmp: Path, rounds: int, warmup: int) -> list[dict[str, Any]]:
+    """(v): undoing an ended run's 10 writes against making them, paired per round."""
+    rt = Runtime(store=open_store(f"sqlite:///{tmp}/rollback.db"), tools=undoable_tools(), type_check=False,
+                 policy=Policy(writes="allow", write_budget=ROLLBACK_WRITES * 2 + 1))
+    samples: dict[str, list[float]] = {"writes": [], "rollback": []}
+    async with rt:
+        for i in range(warmup + rounds):
+            t0 = time.perf_counter()
+            done = await rt.execute(TEN_WRITES)
+            t1 = time.perf_counter()
+            undone = await rt.resume(done.run_id, "undo")
+            t2 = time.perf_counter()
+            if done.status != "completed" or undone.status != "rolled_back" or not all(
+                    x["undone"] for x in undone.rollback or []) or len(undone.rollback or []) != ROLLBACK_WRITES:
+                raise RuntimeError(f"rollback bench: {done.status} then {undone.status}: {undone.error}")
+            if i >= warmup:
+                samples["writes"].append(t1 - t0)
+                samples["rollback"].append(t2 - t1)
+    return common.ratio_rows(samples, "writes", {
+        "writes": f"the run making {ROLLBACK_WRITES} writes (baseline)",
+        "rollback": f"resume(run, 'undo'): {ROLLBACK_WRITES} compensations",
+    })
 
 
 def runtime(url: str, type_check: bool, **kw: Any) -> Runtime:
@@ -247,17 +298,26 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=None, help="paused runs for (iv) (default 10,000; 100 with --quick)")
     p.add_argument("--type-check", choices=("on", "off"), default="on",
                    help="type check for the resume/replay runs of (i) and (ii) (default on, tether's default)")
+    p.add_argument("--rollback-only", action="store_true", help="only (v), the rollback of 10 writes")
     args = p.parse_args()
     rounds, warmup = common.rounds_of(args)
     warmup = min(warmup, 2)
     runs = args.runs if args.runs is not None else (100 if args.quick else 10_000)
     tc = args.type_check == "on"
 
+    if args.rollback_only:
+        with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp_s:
+            rollback = asyncio.run(rollback_cost(Path(tmp_s), rounds, warmup))
+        print(common.table(rollback, common.RATIO_COLUMNS, title="(v) a rollback of 10 writes"))
+        common.emit("durable_rollback", args.quick, {"rounds": rounds, "rollback": rollback})
+        return
+
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp_s:
         tmp = Path(tmp_s)
         res = asyncio.run(resume_latency(f"sqlite:///{tmp}/durable.db", rounds, warmup, tc))
         journal = asyncio.run(journal_cost(tmp, max(rounds * 10, 20), 5))
         paused = asyncio.run(many_paused(tmp, runs, 5 if args.quick else 20))
+        rollback = asyncio.run(rollback_cost(tmp, rounds, warmup))
 
     print(common.table(res["rows"], [("label", f"(i)/(ii) resume(approve), type check {args.type_check}"),
                                      ("p50_ms", "p50 ms"), ("p90_ms", "p90 ms"), ("paired_ratio", "x N=1"),
@@ -269,6 +329,8 @@ def main() -> None:
                        title="(iii) core program, type check off"))
     print()
     print(common.table([{"k": k, "v": v} for k, v in paused.items()], [("k", "(iv) paused runs"), ("v", "")]))
+    print()
+    print(common.table(rollback, common.RATIO_COLUMNS, title="(v) a rollback of 10 writes"))
 
     by = {r["contender"]: r for r in res["rows"]}
     jby = {r["contender"]: r for r in journal}
@@ -280,7 +342,8 @@ def main() -> None:
     print()
     print(common.table(targets, common.TARGET_COLUMNS))
     common.emit("durable", args.quick, {"rounds": rounds, "type_check": tc, "resume": res["rows"],
-                                        "journal": journal, "paused": paused, "targets": targets})
+                                        "journal": journal, "paused": paused, "rollback": rollback,
+                                        "targets": targets})
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python bench/openapi_cold_bench.py [--quick] [--rounds N] [--warmup N]
 
-The descriptions users brought (issue 22), from the bench cache
+Four descriptions users brought (D-41, D-47), from the bench cache
 (``$TETHER_BENCH_CACHE``, default ``~/.cache/tether-bench``):
 
 - GitHub, npm ``@octokit/openapi`` ``generated/api.github.com.json`` (JSON, 12 MB);

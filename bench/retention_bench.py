@@ -1,6 +1,6 @@
 """Running for months: store growth and what retention gives back; metrics' cost; the largest state a pause saves.
 
-1. Growth: R runs, each a 30-write program with 500 KB arguments (the issue's shape, halved so it fits the
+1. Growth: R runs, each a 30-write program with 500 KB arguments (a long-running deployment's shape, halved to fit the
    default journal limits), on SQLite: store size, `store stats` time, pruning them all in batches of 2,
    the file before and after `VACUUM`.
 2. Metrics: a `/metrics` rendering (counters plus the store read at scrape) on that store, and the cost

@@ -14,7 +14,7 @@ timings: the machine's load does not move them. Steps:
 
 On SQLite (a file, the default store) and on Postgres (a throwaway cluster,
 tests/pg.py, when PostgreSQL's binaries are installed; ``--pg-url`` for
-another). Target (issue 24): a 10-call read-only run costs at most 4 round
+another). Target: a 10-call read-only run costs at most 4 round
 trips on Postgres.
 
     python bench/roundtrip_bench.py [--quick] [--repeat N] [--pg-url URL] [--no-pg]

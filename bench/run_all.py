@@ -18,17 +18,16 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHES = {"core": "core_bench.py", "search": "search_bench.py", "durable": "durable_bench.py",
-           "long": "long_bench.py", "mcp": "mcp_bench.py", "check": "check_bench.py",
-           "discovery": "discovery_bench.py", "sources": "sources_bench.py", "retention": "retention_bench.py",
-           "roundtrip": "roundtrip_bench.py", "openapi_cold": "openapi_cold_bench.py",
-           "serve": "serve_bench.py", "store_latency": "store_latency_bench.py", "bfcl": "bfcl_bench.py",
-           "trees": "trees_bench.py"}
-# Not run here: replica_bench.py (two processes on Postgres, minutes long, no quick mode); percall_bench.py
-# (an A/B of two source trees, one of them a commit to name: a measure taken for a change, not a target),
-# pg_cpu_bench.py (the same for Postgres CPU per program) and timeline_execute.py (not a benchmark: a
-# per-phase timeline of one warm execute, no target, no ratio).
-NOT_RUN = {"replica_bench.py", "percall_bench.py", "pg_cpu_bench.py", "timeline_execute.py"}
+# By the question each answers (bench/README.md has the table): what a program costs, what discovery
+# finds, what durability costs, what serving holds, what the store is asked, what a start costs, what
+# months of runs leave behind.
+BENCHES = {"core": "core_bench.py", "check": "check_bench.py", "bfcl": "bfcl_bench.py",
+           "search": "search_bench.py", "discovery": "discovery_bench.py",
+           "durable": "durable_bench.py", "long": "long_bench.py",
+           "serve": "serve_bench.py",
+           "roundtrip": "roundtrip_bench.py", "store_latency": "store_latency_bench.py", "replica": "replica_bench.py",
+           "sources": "sources_bench.py", "openapi_cold": "openapi_cold_bench.py",
+           "retention": "retention_bench.py"}
 QUICK_TIMEOUT_S = 600
 
 

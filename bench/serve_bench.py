@@ -16,8 +16,8 @@ first measurement and kept up to the end:
 Two more on request, to take tether's gap to the floor apart: ``--only ...,engine``
 adds the floor's server running tether's ``Runtime.execute`` (the engine without
 tether's serving layer); ``--base COMMIT|DIR`` adds ``tether serve`` from another
-build (a commit's ``src`` by ``git archive``, or a folder holding ``src/tether``, as
-trees_bench.py takes them), for before/after ratios taken in the same windows.
+build (a commit's ``src`` by ``git archive``, or a folder holding ``src/tether``,
+``common.tree_of``), for before/after ratios taken in the same windows.
 
 Every client calls ``execute`` with the core program (10 sequential reads of
 the same ``get`` function, in each server's dialect) in a loop. Windows
@@ -358,9 +358,7 @@ def main() -> None:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tether-serve-bench-"))
         base = None
         if args.base:
-            from trees_bench import tree_of
-
-            base = str(tree_of(args.base, Path(tmp)) / "src")
+            base = str(common.tree_of(args.base, Path(tmp)) / "src")
         started, note = stack.enter_context(servers(Path(tmp), not args.no_pg and "tether_pg" in only, only, base))
         print(f"serve: {clients} MCP clients ({args.mode}) over streamable HTTP, {rounds} rounds of {seconds:g} s "
               f"windows per server, rotated; the core program ({common.CALLS} reads)", flush=True)

@@ -61,7 +61,7 @@ def engine_app() -> Any:
     tether's runtime as ``tether serve`` opens it (its defaults: the SQLite file store under TETHER_HOME,
     quotas, signing, the journal), without tether's serving layer (admission, auth, console and metrics
     routes, progress, result shaping). Between the floor and tether serve, it tells the engine's share of
-    the gap from the serving layer's (bench/README.md, issue 24).
+    the gap from the serving layer's (serve_bench.py --only floor,engine,tether_file).
     """
     import contextlib
     import gc

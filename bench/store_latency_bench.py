@@ -16,10 +16,9 @@ Contenders, measured in the same run, interleaved:
 - ``offloaded``: the default, as ``offloaded_tx`` but a store method that runs
   one statement runs it in autocommit (D-40): one round trip instead of three.
 
-Targets, printed as met or missed, never asserted: (issue 12) offloaded ≥ 5×
-faster than inline, i.e. inline/offloaded_tx p50 ≥ 5; round trips per run
-are counted by the store (``store.traffic``) and shown beside the times
-(issue 24).
+Targets, printed as met or missed, never asserted: offloaded ≥ 5× faster
+than inline (D-27), i.e. inline/offloaded_tx p50 ≥ 5; round trips per run
+are counted by the store (``store.traffic``) and shown beside the times.
 """
 
 from __future__ import annotations
@@ -99,12 +98,12 @@ async def main() -> None:
             store = PostgresStore(proxy.url(url), schema=f"bench_{name}")
             stores.append(store)
             rt = Runtime(store=store, tools=common.bench_tools(), max_workers=4)
-            # Calls in place, on the loop, as before D-27 (and as main did); a revision before issue 21 read a flag.
+            # Calls in place, on the loop, as before D-27; a store before D-43 read a flag.
             if hasattr(store, "capabilities"):
                 store.capabilities = dataclasses.replace(store.capabilities, offloads=name != "inline")
             else:
                 store.offload = name != "inline"
-            # BEGIN and COMMIT around every statement, as before D-40 (issue 24).
+            # BEGIN and COMMIT around every statement, as before D-40.
             if hasattr(store, "autocommit_single"):
                 store.autocommit_single = name == "offloaded"
             await rt.__aenter__()

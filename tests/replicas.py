@@ -81,16 +81,7 @@ class ReplicaSet:
         return Replica(proc, port, log)
 
     def _wait_ready(self, r: Replica) -> None:
-        deadline = time.monotonic() + 60
-        while True:
-            if r.proc.poll() is not None:
-                raise AssertionError(f"replica exited {r.proc.returncode}: {r.log.read_text()}")
-            with contextlib.suppress(httpx2.HTTPError):
-                if httpx2.get(f"{r.base}/readyz", timeout=1).status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"replica not ready: {r.log.read_text()}")
-            time.sleep(0.1)
+        wait_ready(r.proc, r.base, r.log)
 
     def tags(self) -> list[str]:
         return self.ledger.read_text().splitlines() if self.ledger.exists() else []
@@ -104,6 +95,20 @@ class ReplicaSet:
     def stop(self) -> None:
         for r in self.replicas:
             stop_server(r.proc)
+
+
+def wait_ready(proc: subprocess.Popen, base: str, log: Path, timeout: float = 60) -> None:
+    """Until ``tether serve --http`` at ``base`` answers /readyz; its log in the error when it exits or never does."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited {proc.returncode}: {log.read_text()}")
+        with contextlib.suppress(httpx2.HTTPError):
+            if httpx2.get(f"{base}/readyz", timeout=1).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"server not ready: {log.read_text()}")
+        time.sleep(0.1)
 
 
 class RoundRobin(httpx2.AsyncBaseTransport):

@@ -100,6 +100,8 @@ class RetentionConfig(_Section):
     completed_days: Days = 30
     failed_days: Days = 90
     cancelled_days: Days = 30
+    # A rolled-back run is kept as long as a failure: someone comes back to see what was undone (P-46).
+    rolled_back_days: Days = 90
     # true: a run past its days keeps its row, result and journal (audit);
     # only its snapshots, events and waits go.
     keep_journals: Bool = False
@@ -111,7 +113,8 @@ class RetentionConfig(_Section):
     def rules(self) -> Any:
         from tether._store.retention import RetentionRules
 
-        days = {"completed": self.completed_days, "failed": self.failed_days, "cancelled": self.cancelled_days}
+        days = {"completed": self.completed_days, "failed": self.failed_days, "cancelled": self.cancelled_days,
+                "rolled_back": self.rolled_back_days}
         return RetentionRules({k: (v or None) for k, v in days.items()}, keep_journals=self.keep_journals)
 
 
@@ -265,6 +268,9 @@ class ServerConfig(_Section):
     # approval link (URL-mode elicitation), "form" a form, "auto" the link
     # when the client declares URL elicitation and public_url is set.
     approvals: Annotated[Literal["url", "form", "auto"], Expected("must be one of 'url', 'form', 'auto'")] = "auto"
+    # MCP Tasks (P-47): a client declaring the extension gets a task instead of a result once execute's run
+    # pauses, parks, or is still running after this long (a client's tool-call timeout is a minute or two).
+    task_after_seconds: Seconds = 5
     # Several replicas behind a balancer without sticky routing: no MCP session
     # is kept in a process's memory, so any replica answers any request
     # (2025-11-25 clients then get no mid-call requests; see docs/deploy.md).

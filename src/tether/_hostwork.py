@@ -247,7 +247,7 @@ class HostBudget:
         """``fn`` on the host-work threads, bounded by what is left of the budget.
 
         ``inline``: the caller knows this step is a lookup (a remembered verdict, memoized values), so it
-        runs on the loop; a thread's round trip would cost more than the step (bench/README.md).
+        runs on the loop; a thread's round trip would cost more than the step (core_bench.py).
         """
         t = time.monotonic()
         try:

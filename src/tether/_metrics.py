@@ -23,7 +23,7 @@ StoreReader = Callable[[Any, float], dict[str, Any]]
 # The counters and histograms are kept here, in plain numbers, and handed to prometheus_client only at a
 # scrape (render): importing it (with http.server, http.client and email, which it imports for its own
 # exporter) cost every cold `tether run` ~25 ms of CPU, for metrics that only a serving process exposes
-# (bench/README.md "Session 6: cold start"). The exposition is the one prometheus_client's own Counter
+# (tests/shape/test_cold_imports.py; sources_bench). The exposition is the one prometheus_client's own Counter
 # and Histogram write: the same families, samples, `le` buckets and `_created` series.
 
 

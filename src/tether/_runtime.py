@@ -336,6 +336,9 @@ class Runtime:
         Without ``seq`` the decision is taken only when the run has asked about
         exactly one write in its life; otherwise it is refused (``seq_required``)
         with the pending writes, so it cannot land on a write nobody saw (P-28).
+        ``"decline_and_undo"`` declines the pause and undoes the writes the run
+        applied; ``"undo"`` does the same for a run that has ended (P-46): the run
+        ends ``rolled_back``, its ``rollback`` listing what was and was not undone.
         """
         return await control.resume(
             self._engine, run_id, decision, reason, seq=seq, principal=principal, actor=actor, via=via, origin=origin,

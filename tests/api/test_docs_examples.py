@@ -18,7 +18,8 @@ from helpers import run_cli
 
 ROOT = Path(__file__).parent.parent.parent
 # The documents a user reads; docs/decisions.md and protocol.md are records for maintainers.
-USER_DOCS = ("README.md", "docs/deploy.md", "docs/mcp.md", "docs/security.md", "docs/notifications.md")
+USER_DOCS = ("README.md", "docs/deploy.md", "docs/mcp.md", "docs/security.md", "docs/notifications.md",
+             "docs/integrations.md")
 FENCED = re.compile(r"^( *)```(\w*)\n(.*?)^ *```", re.S | re.M)
 
 
@@ -56,8 +57,8 @@ def test_every_python_and_json_block_in_the_docs_parses(doc):
 def test_the_readme_config_example_is_valid(tmp_path):
     from tether._config import load_config
 
-    # The OAuth steps' snippet, the configuration section's example, then the idempotency one.
-    oauth, block, keyed = blocks("README.md", "toml")
+    # The OAuth steps' snippet, the configuration section's example, the idempotency one, then the undo one.
+    oauth, block, keyed, undo = blocks("README.md", "toml")
     path = tmp_path / "tether.toml"
     path.write_text(block)
     config = load_config(path)
@@ -70,6 +71,10 @@ def test_the_readme_config_example_is_valid(tmp_path):
     path.write_text(keyed)
     config = load_config(path)
     assert [(s.type, s.idempotency) for s in config.sources] == [("openapi", "key"), ("mcp", "key")]
+    path.write_text(undo)
+    config = load_config(path)
+    (github,) = config.sources
+    assert github.undo["create_issue"].tool == "github.update_issue"  # P-46
 
 
 def shown_commands(doc: str) -> list[str]:
@@ -158,3 +163,16 @@ def test_the_readme_program_runs_against_the_demo_tools_as_the_readme_says(tmp_p
     done = run_cli([*approve.group(1).split()[1:], "--json"], env, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["result"] == {"open": 14}
+
+
+@pytest.mark.parametrize("example", ["pydantic_ai_approval.py", "langgraph_approval.py", "openai_agents_approval.py"])
+def test_each_framework_example_runs_offline_as_written(example, tmp_path):
+    """docs/integrations.md: each framework's example, run as a user runs it, with the framework's own test
+    model: the write waits, showing its arguments; a fresh runtime approves it; the agent reads the result."""
+    env = {**os.environ, "TETHER_HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / example)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("waiting for approval: helpdesk.add_comment ") and "On it: Add a second admin" in lines[0]
+    assert lines[-1] == 'completed: "open"'

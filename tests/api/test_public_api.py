@@ -78,3 +78,12 @@ def test_the_runtime_is_a_small_documented_face():
     assert [n for n in methods if not (getattr(Runtime, n).__doc__ or "").strip()] == []
     # Its services are reached through one attribute, not set on it from outside.
     assert {"engine", "store", "catalog"} <= {n for n in dir(Runtime) if not n.startswith("_")}
+
+
+def test_the_framework_adapters_export_what_they_name():
+    """docs/integrations.md: each adapter is a public module of its own (an extra), with a sorted __all__."""
+    for name in ("pydantic_ai", "langgraph", "openai_agents"):
+        module = importlib.import_module(f"tether.integrations.{name}")
+        assert module.__all__ == sorted(module.__all__) and module.__all__
+        for exported in module.__all__:
+            assert getattr(module, exported) is not None, (name, exported)

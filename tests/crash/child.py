@@ -1,6 +1,6 @@
 """The runtime process of the crash tests: start a run, or recover runs.
 
-    child.py STORE_URL SERVER_URL start|recover [KILL_AT]
+    child.py STORE_URL SERVER_URL start|recover|undo [KILL_AT]
 
 KILL_AT = "<seam>:<n>" SIGKILLs this process right after the n-th commit of
 that seam: record (a call journaled), sending (a write marked sending, also
@@ -12,6 +12,11 @@ CRASH_API=declared|undeclared in the environment takes the tools from the
 keyed payments API's OpenAPI document (tests/fixtures/keyed_api.json) at
 SERVER_URL, with idempotency = "key" declared or not; otherwise they are
 hand-written HTTP tools for tests/crash/delivery_server.py.
+
+CRASH_PROGRAM=undo runs three charges (each undone by a refund that dedupes by
+key) and a transfer that asks: `start` pauses at the transfer, `undo` declines
+it and rolls the run back (P-46), with the seam rollback (the plan recorded)
+besides the others; CRASH_UNDO_UNKEYED=1 declares the refund not to dedupe by key.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ import httpx
 from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._store.sqlite import SQLiteStore
+from tether._tools.context import current_call
 from tether._tools.model import Annotations, Tool
+from tether._tools.undo import Undo
 
 PROGRAM = """
 import asyncio
@@ -39,6 +46,14 @@ for i in range(1, 7):
     r = await tools.shop.CHARGE(order="order-" + str(i), amount=a["price"])
     total += a["price"]
 {"total": total, "last": r["charged"]}
+"""
+
+
+UNDO_PROGRAM = """
+import tools
+for i in range(1, 4):
+    await tools.shop.charge(order="undo-" + str(i), amount=i)
+await tools.shop.transfer(amount=6)
 """
 
 
@@ -63,6 +78,12 @@ class KillingStore(SQLiteStore):
         self._hit("record")
         self._hit("outcome")
 
+    def update_run(self, run_id, expect_status, **fields):
+        ok = super().update_run(run_id, expect_status, **fields)
+        if isinstance(fields.get("pending"), dict) and "rollback" in fields["pending"]:
+            self._hit("rollback")
+        return ok
+
     def update_call(self, run_id, seq, expect_state, **fields):
         state = fields.get("state")
         if state == "sent":
@@ -82,6 +103,14 @@ class KillingStore(SQLiteStore):
 def shop_tools(base: str) -> list[Tool]:
     client = httpx.AsyncClient(base_url=base, timeout=5)
 
+    async def refund(args):
+        call = current_call()
+        headers = {"idempotency-key": call.key} if call is not None else {}
+        return (await client.post("/refund", json=args, headers=headers)).json()
+
+    async def transfer(args):
+        return (await client.post("/charge", json={"order": f"transfer-{args['amount']}", "amount": 0})).json()
+
     async def get_item(args):
         return (await client.get("/item", params={"id": args["id"]})).json()
 
@@ -94,7 +123,13 @@ def shop_tools(base: str) -> list[Tool]:
              annotations=Annotations(read_only=True)),
         Tool("shop", "charge", "Charge an order (a write).",
              {"type": "object", "properties": {"order": {"type": "string"}, "amount": {"type": "integer"}},
-              "required": ["order", "amount"]}, charge),
+              "required": ["order", "amount"]}, charge,
+             undo=Undo("shop.refund", {"order": "result.charged"})),
+        Tool("shop", "refund", "Refund an order (dedupes by idempotency key).",
+             {"type": "object", "properties": {"order": {"type": "string"}}, "required": ["order"]}, refund,
+             idempotency="none" if os.environ.get("CRASH_UNDO_UNKEYED") else "key"),
+        Tool("shop", "transfer", "Transfer money out (asks).",
+             {"type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]}, transfer),
     ]
 
 
@@ -112,12 +147,18 @@ async def main() -> None:
         tools, program = source.tools(), PROGRAM.replace("CHARGE", "create_charge")
     else:
         tools, program = shop_tools(server), PROGRAM.replace("CHARGE", "charge")
-    rt = Runtime(store=store, tools=tools, type_check=False, policy=Policy(writes="allow"),
+    if os.environ.get("CRASH_PROGRAM") == "undo":
+        program = UNDO_PROGRAM
+    policy = Policy(writes="allow", rules=[{"match": "shop.transfer", "action": "ask"}])
+    rt = Runtime(store=store, tools=tools, type_check=False, policy=policy,
                  lease_seconds=float(os.environ.get("CRASH_LEASE_SECONDS", "0.3")), checkpoint_every_calls=4)
     async with rt:
         if mode == "start":
             result = await rt.execute(program)
             out = [result.to_dict()]
+        elif mode == "undo":
+            (run,) = rt.store.list_runs()
+            out = [(await rt.resume(run.run_id, "decline_and_undo", seq=(run.pending or {})["seq"])).to_dict()]
         else:
             out = [r.to_dict() for r in await rt.recover()]
     sys.stdout.write(json.dumps(out) + "\n")

@@ -2,7 +2,10 @@
 
 POST /charge {"order": str, "amount": int} appends one line per delivery to
 the ledger file; GET /item?id=N answers a read. A write delivered twice shows
-as two ledger lines with the same order.
+as two ledger lines with the same order. POST /refund {"order": str} is the
+charge's undo: it dedupes by its Idempotency-Key header (the first delivery of
+a key takes effect, later ones answer the same), and appends one line per
+delivery with "refund", "key" and "applied".
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from urllib.parse import parse_qs, urlparse
 LEDGER = sys.argv[1]
 PORT_FILE = sys.argv[2]
 LOCK = threading.Lock()
+REFUNDED: dict[str, str] = {}  # idempotency key -> order
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -39,6 +43,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        if self.path == "/refund":
+            key = self.headers.get("idempotency-key") or ""
+            with LOCK:
+                applied = key not in REFUNDED
+                REFUNDED.setdefault(key, body["order"])
+                with open(LEDGER, "a") as f:
+                    f.write(json.dumps({"refund": body["order"], "key": key, "applied": applied}) + "\n")
+                    f.flush()
+            time.sleep(0.004)
+            self._send({"refunded": body["order"]})
+            return
         with LOCK:
             with open(LEDGER, "a") as f:
                 f.write(json.dumps(body) + "\n")

@@ -317,6 +317,20 @@ def test_who_may_decide():
     assert may_decide(cap, None, AGENT_P, "approve", Channel.LINK_CAPABILITY).ok
 
 
+def test_p46_undoing_a_runs_writes_needs_what_approving_needs():
+    """D-68: an undo sends writes, so decline_and_undo is decided like approve, and never on a capability link."""
+    a = access()
+    agent, pat = a.grant(AGENT_P), a.grant(PAT_P)
+    assert may_decide(a, agent, AGENT_P, "decline_and_undo", Channel.RESUME).code == "approval_elsewhere"
+    assert may_decide(a, agent, AGENT_P, "decline_and_undo", Channel.CONSOLE).code == "self_approval"
+    assert may_decide(a, pat, AGENT_P, "decline_and_undo", Channel.CONSOLE).ok
+    assert may_decide(a, Grant("token:ci", "ci", frozenset({RUN})), "token:ci", "decline_and_undo",
+                      Channel.CONSOLE).code == "not_an_approver"
+    cap = access(links="capability")
+    assert may_decide(cap, None, AGENT_P, "decline_and_undo", Channel.LINK_CAPABILITY).code == "sign_in_required"
+    assert may_decide(access(self_approval=True), agent, AGENT_P, "decline_and_undo", Channel.RESUME).ok
+
+
 # -- configuration ------------------------------------------------------------------------
 
 

@@ -184,3 +184,88 @@ def test_p11_random_kill_points_never_deliver_a_write_twice(tmp_path, server):
     print("random kill outcomes:", dict(outcomes))
     # Most kill points must land inside the run, or this shows nothing.
     assert outcomes["killed mid-run"] >= 10, dict(outcomes)
+
+
+# -- P-46: a rollback killed at each of its seams, then taken over ------------------------------------------
+
+UNDO_ENV = {"CRASH_PROGRAM": "undo"}
+
+
+def refunds(ledger: Path, run_id: str) -> tuple[Counter, Counter]:
+    """(deliveries, effects) of the refunds run ``run_id``'s rollback sent, by order."""
+    lines = [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
+    mine = [x for x in lines if "refund" in x and f"-{run_id}-" in x["key"]]
+    return Counter(x["refund"] for x in mine), Counter(x["refund"] for x in mine if x["applied"])
+
+
+@pytest.mark.parametrize("seam, n", [
+    ("rollback", 1),
+    ("record", 1), ("record", 3),
+    ("sending", 1), ("sending", 2), ("sending", 3),
+    ("delivered", 1), ("delivered", 3),
+    ("outcome", 1), ("outcome", 2), ("outcome", 3),
+])
+def test_p46_a_rollback_killed_at_each_seam_then_taken_over_undoes_each_write_once(tmp_path, server, seam, n):
+    server_url, ledger = server
+    store_url = f"sqlite:///{tmp_path / 'undo.db'}"
+    code, out, err = child(store_url, server_url, "start", env=UNDO_ENV)
+    assert code == 0, err
+    (paused,) = json.loads(out)
+    assert paused["status"] == "paused" and paused["pending"]["address"] == "shop.transfer"
+
+    code, out, err = child(store_url, server_url, "undo", f"{seam}:{n}", env=UNDO_ENV)
+    assert code == -signal.SIGKILL, f"the kill point was not reached: {code} {err[-2000:]}"
+    for _ in range(5):  # a fresh process takes the rollback over and finishes it
+        store = open_store(store_url)
+        (run,) = store.list_runs()
+        store.close()
+        if run.status != "running":
+            break
+        time.sleep(0.4)
+        code, out, err = child(store_url, server_url, "recover", env=UNDO_ENV)
+        assert code == 0, err
+
+    store = open_store(store_url)
+    (run,) = store.list_runs()
+    calls = store.get_calls(run.run_id)
+    store.close()
+    assert run.status == "rolled_back", (run.status, run.error)
+    delivered, applied = refunds(ledger, run.run_id)
+    # Each undo took effect exactly once, whatever was re-sent by its key (P-31).
+    assert applied == Counter({"undo-1": 1, "undo-2": 1, "undo-3": 1}), (delivered, applied)
+    if seam == "delivered":  # it had arrived when the process died: sent again by its key, taking effect once
+        assert delivered[f"undo-{4 - n}"] == 2, delivered
+    else:
+        assert set(delivered.values()) == {1}, delivered
+    undos = [c for c in calls if c.op == "undo"]
+    assert [(c.args["order"], c.state) for c in undos] == [
+        ("undo-3", "sent"), ("undo-2", "sent"), ("undo-1", "sent")]
+    assert [x["undone"] for x in run.result["rollback"]] == [True, True, True]
+    transfer = next(c for c in calls if c.address == "shop.transfer")
+    assert transfer.state == "declined" and transfer.error["message"].startswith("[write_rolled_back]")
+
+
+@pytest.mark.parametrize("seam", ["sending", "delivered"])
+def test_p46_an_undo_left_sending_to_a_tool_that_does_not_dedupe_is_unknown_and_never_sent_again(tmp_path, server,
+                                                                                                   seam):
+    server_url, ledger = server
+    env = {**UNDO_ENV, "CRASH_UNDO_UNKEYED": "1"}
+    store_url = f"sqlite:///{tmp_path / 'undo.db'}"
+    code, out, err = child(store_url, server_url, "start", env=env)
+    assert code == 0, err
+    code, out, err = child(store_url, server_url, "undo", f"{seam}:1", env=env)
+    assert code == -signal.SIGKILL, f"the kill point was not reached: {code} {err[-2000:]}"
+    time.sleep(0.4)
+    code, out, err = child(store_url, server_url, "recover", env=env)
+    assert code == 0, err
+    store = open_store(store_url)
+    (run,) = store.list_runs()
+    store.close()
+    assert run.status == "rolled_back", (run.status, run.error)
+    delivered, _ = refunds(ledger, run.run_id)
+    # At most once: the lost undo is not sent again (P-8, P-11); the others are sent once each.
+    assert delivered["undo-3"] == (1 if seam == "delivered" else 0)
+    assert delivered["undo-2"] == delivered["undo-1"] == 1
+    first = run.result["rollback"][0]
+    assert first["seq"] == 3 and not first["undone"] and first["undo"]["state"] == "unknown"
+    assert "outcome is unknown" in first["why"] and "not undone: call 3 shop.charge" in run.error["message"]

@@ -194,7 +194,7 @@ def test_mcp_sessions_a_flood_from_one_token_never_touches_another(server):
 
 async def test_a_start_reads_the_active_runs_not_the_principals_history(store_url):
     # concurrent_runs is checked at every start: its count reads the few active runs. It once read every run
-    # the principal ever had, 1 ms a start at 1,000 runs and growing with the store (bench/README.md, issue 24).
+    # the principal ever had, 1 ms a start at 1,000 runs and growing with the store (D-38).
     async with runtime(store_url, Quota(concurrent_runs=100)) as rt:
         await rt.execute("1")
         rt.start("2")  # one active run, to be counted

@@ -13,7 +13,7 @@ import re
 import httpx
 import pytest
 
-from tether import Runtime, tool
+from tether import Policy, Runtime, tool
 from tether._engine.approvals import APPROVE, RUN, Access, Grant
 from tether._server.approvals import link_token, open_token
 from tether._server.auth import principal_for_token
@@ -514,3 +514,41 @@ async def test_d62_an_idp_user_whose_name_is_a_tokens_name_is_not_shown_as_that_
     assert shown[(principal_for_token(PAT), None)] == ("token", "token \u201cpat\u201d")
     # A name cannot close its quote and open a label of another kind.
     assert shown[(mallory, forged)] == ("oauth", "IdP user \u201cpat' (token 'pat\u201d")
+
+
+@tool(namespace="shop", undo="shop.refund", undo_args={"order_id": "args.order_id", "amount": "args.amount"})
+def charge(order_id: str, amount: float) -> dict:
+    """Charge an order (undone by a refund)."""
+    sent.append({"charge": order_id})
+    return {"charged": amount}
+
+
+async def test_p46_an_ended_runs_writes_are_undone_from_the_console_by_an_approver_only():
+    sent.clear()
+    async with Runtime(tools=[refund, charge], policy=Policy(writes="allow")) as rt:
+        done = await rt.execute("import tools\nawait tools.shop.charge(order_id='A1', amount=3.0)\n",
+                                principal=principal_for_token(ALICE))
+        assert done.status == "completed"
+        async with client(console_for(rt)) as c:
+            await sign_in(c, ALICE)  # it ran the program: it may not undo its writes (an undo sends writes)
+            page = await c.get(f"/console/runs/{done.run_id}")
+            assert "Undo this run's writes" in page.text
+            refused = await c.post(f"/console/runs/{done.run_id}/decide",
+                                   data={"csrf": csrf_of(page.text), "seq": "run", "decision": "undo"})
+            assert refused.status_code == 403 and "Nothing was undone" in refused.text
+        async with client(console_for(rt)) as c:
+            await sign_in(c, PAT)
+            page = await c.get(f"/console/runs/{done.run_id}")
+            undone = await c.post(f"/console/runs/{done.run_id}/decide",
+                                  data={"csrf": csrf_of(page.text), "seq": "run", "decision": "undo",
+                                        "reason": "charged twice"})
+            assert undone.status_code == 303
+            result = await rt.engine.wait_for_run(done.run_id)
+            assert result.status == "rolled_back"
+            page = await c.get(f"/console/runs/{done.run_id}")
+            assert "undone by call 2" in page.text and "undone by #2" in page.text and "undoes #1" in page.text
+            assert "Undo this run&#39;s writes" not in page.text and "Undo this run's writes" not in page.text
+    assert sent == [{"charge": "A1"}, {"order_id": "A1", "amount": 3.0}]
+    decided = [e.data for e in rt.store.get_events(done.run_id) if e.type == "decided"]
+    assert [(d["decision"], d["reason"], d["actor"], d["via"]) for d in decided] == [
+        ("undo", "charged twice", "token \u201cpat\u201d", "console")]

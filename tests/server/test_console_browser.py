@@ -65,6 +65,22 @@ async def pay(tag: str, amount: float) -> str:
     with open(os.environ["LEDGER"], "a", encoding="utf-8") as f:
         f.write(tag + "\\n")
     return tag
+
+
+@tool(undo="ledger.refund", undo_args={"tag": "result"})
+async def charge(tag: str) -> str:
+    """Charge for `tag` (undone by a refund)."""
+    with open(os.environ["LEDGER"], "a", encoding="utf-8") as f:
+        f.write("charge " + tag + "\\n")
+    return tag
+
+
+@tool
+async def refund(tag: str) -> str:
+    """Refund the charge for `tag`."""
+    with open(os.environ["LEDGER"], "a", encoding="utf-8") as f:
+        f.write("refund " + tag + "\\n")
+    return tag
 '''
 
 CONFIG = """\
@@ -643,3 +659,34 @@ def test_a_bidi_argument_is_shown_escaped_and_flagged_on_the_link_page(browser, 
     finally:
         context.close()
     assert server.store.get_run(run_id).status == "paused"
+
+
+def test_p46_decline_and_undo_in_the_console_undoes_the_sent_write_and_pairs_it_in_the_calls(browser, server, shots):
+    context, page = signed_in(browser, server, PAT)
+    try:
+        run_id = server.queue("import tools\n"
+                              "await tools.ledger.charge(tag='undo-a')\n"
+                              "await tools.ledger.charge(tag='undo-b')\n")
+        server.wait_status(run_id, "paused")
+        page.goto(f"{server.base}/console/runs/{run_id}")
+        write = page.locator("article.write")
+        assert "Can be undone by ledger.refund" in write.inner_text()
+        write.locator("button[value=approve]").click()
+        page.wait_for_function("document.querySelector('article.write') && "
+                               "document.querySelector('article.write').dataset.seq === '2'", timeout=15_000)
+        assert [t for t in server.tags() if "undo-" in t] == ["charge undo-a"]
+        shots(page, "console-run-undo-asked")
+        page.fill("article.write textarea", "wrong customer")
+        page.locator("article.write button[value=decline_and_undo]").click()
+        page.locator("#run-status.rolled_back").wait_for(timeout=15_000)
+        # The sent charge was refunded once; the declined one was never sent.
+        assert [t for t in server.tags() if "undo-" in t] == ["charge undo-a", "refund undo-a"]
+        outcome = page.locator("ol.rollback").inner_text()
+        assert "call 1 ledger.charge: undone by call 3 ledger.refund" in outcome
+        calls = page.locator("table.calls").inner_text()
+        assert "undone by #3" in calls and "undoes #1" in calls
+        timeline = page.locator(".timeline").inner_text()
+        assert "call 2: decline_and_undo by pat" in timeline and "wrong customer" in timeline
+        shots(page, "console-run-rolled-back")
+    finally:
+        context.close()

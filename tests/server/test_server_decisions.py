@@ -6,9 +6,6 @@ import pytest
 from mcp import Client
 from mcp_types import ElicitResult
 
-from helpers import Recorder
-from tether._engine.rules.limits import Limits
-from tether._runtime import Runtime
 from tether._server.mcp import TetherServer
 
 ERAS = [pytest.param("legacy", id="legacy"), pytest.param("auto", id="modern")]
@@ -29,16 +26,9 @@ await asyncio.gather(close(1), close(2), close(3))
 
 
 @pytest.fixture
-def rec():
-    return Recorder()
-
-
-@pytest.fixture
-async def rt(rec):
-    async with Runtime(tools=rec.tools(), type_check=False,
-                       limits=Limits(run_seconds=10, call_timeout_seconds=5)) as runtime:
-        runtime.engine.settings.batch_window_seconds = 0.2  # a starved CI machine must not split a batch (D-16)
-        yield runtime
+async def rt(rt):
+    rt.engine.settings.batch_window_seconds = 0.2  # a starved CI machine must not split a batch (D-16)
+    return rt
 
 
 @pytest.mark.parametrize("mode", ERAS)

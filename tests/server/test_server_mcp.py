@@ -38,18 +38,6 @@ r
 
 
 @pytest.fixture
-def rec():
-    return Recorder()
-
-
-@pytest.fixture
-async def rt(rec):
-    async with Runtime(tools=rec.tools(), type_check=False,
-                       limits=Limits(run_seconds=10, call_timeout_seconds=5)) as runtime:
-        yield runtime
-
-
-@pytest.fixture
 def server(rt):
     return TetherServer(rt)
 

@@ -16,9 +16,6 @@ import pytest
 from mcp import Client
 from mcp_types import ElicitResult
 
-from helpers import Recorder
-from tether._engine.rules.limits import Limits
-from tether._runtime import Runtime
 from tether._server.console import Console
 from tether._server.mcp import TetherServer
 from tether._server.urlmode import DECLINED_TO_OPEN
@@ -34,18 +31,6 @@ except PermissionError as e:
 r
 """
 TWO_WRITES = "import tools\nawait tools.helpdesk.close_ticket(id=1)\nawait tools.helpdesk.close_ticket(id=2)\n'ok'"
-
-
-@pytest.fixture
-def rec():
-    return Recorder()
-
-
-@pytest.fixture
-async def rt(rec):
-    async with Runtime(tools=rec.tools(), type_check=False,
-                       limits=Limits(run_seconds=10, call_timeout_seconds=5)) as runtime:
-        yield runtime
 
 
 class Person:

@@ -1,7 +1,7 @@
-"""Every benchmark runs in CI's quick pass or says why not (issue 24: benches that never rot).
+"""Every benchmark runs in CI's quick pass (bench/README.md: "How the benches run").
 
 `.ci/run` runs `make bench BENCH_ARGS=--quick`, i.e. bench/run_all.py, which runs the benchmarks it lists;
-a benchmark it does not list is run by nobody and rots unseen, as three did before.
+a benchmark it does not list is run by nobody and rots unseen.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent.parent.parent / "bench"
 
 
-def test_every_bench_script_is_run_by_run_all_or_named_as_not_run():
+def test_every_bench_script_is_run_by_run_all():
     spec = importlib.util.spec_from_file_location("run_all", BENCH / "run_all.py")
     assert spec is not None and spec.loader is not None
     run_all = importlib.util.module_from_spec(spec)
@@ -20,9 +20,4 @@ def test_every_bench_script_is_run_by_run_all_or_named_as_not_run():
     scripts = {p.name for p in BENCH.glob("*_bench.py")}
     listed = set(run_all.BENCHES.values())
     assert listed <= scripts, f"run_all.py lists benchmarks that do not exist: {sorted(listed - scripts)}"
-    # NOT_RUN may also name a measuring tool that is not a *_bench.py (timeline_execute.py): it must exist.
-    missing = {name for name in run_all.NOT_RUN if not (BENCH / name).is_file()}
-    assert not missing, f"run_all.py's NOT_RUN names scripts that do not exist: {sorted(missing)}"
-    not_run = {name for name in run_all.NOT_RUN if name in scripts}
-    assert scripts - listed == not_run, (
-        f"benchmarks neither run by run_all.py nor in its NOT_RUN: {sorted(scripts - listed - not_run)}")
+    assert scripts == listed, f"benchmarks run_all.py does not run: {sorted(scripts - listed)}"

@@ -1,8 +1,9 @@
-"""A cold `tether run` imports what the run uses, not every optional feature (issue 21: cold start).
+"""A cold `tether run` imports what the run uses, not every optional feature.
 
 Each module named here was once on the path of `tether run` of a program that uses none of it, and cost a
-cold start milliseconds of CPU (bench/README.md "Session 6: cold start"); bench/trees_bench.py measures the
-time itself. A failure names the module and the chain is printed by `python -X importtime`.
+cold start milliseconds of CPU (measured apart: jsonschema ~45 ms, prometheus_client ~25, OpenTelemetry's
+API ~4); bench/sources_bench.py measures the start itself (its no-source row). A failure names the module
+and the chain is printed by `python -X importtime`.
 """
 
 from __future__ import annotations
@@ -52,3 +53,22 @@ def test_import_tether_leaves_the_app_config_and_source_kinds_for_open_runtime()
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+# The framework adapters (tether.integrations) and the frameworks themselves: each an optional extra,
+# imported only by a host that uses it (docs/integrations.md).
+FRAMEWORKS = ("tether.integrations", "pydantic_ai", "langgraph", "langchain_core", "agents", "openai")
+
+
+def test_import_tether_and_a_plain_run_import_no_agent_framework(tmp_path: Path) -> None:
+    probe = ("import sys, tether; "
+             f"print(sorted(m for m in sys.modules if any(m == f or m.startswith(f + '.') for f in {FRAMEWORKS!r})))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+    modules = _modules_of_a_run(tmp_path)
+    assert [m for m in modules if any(m == f or m.startswith(f + ".") for f in FRAMEWORKS)] == []
+    # The check can see one: the frameworks are installed here (the test extra), and an adapter loads its own.
+    proc = subprocess.run([sys.executable, "-c", "import sys, tether.integrations.pydantic_ai; "
+                           "print('pydantic_ai' in sys.modules)"], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "True", proc.stderr

@@ -91,6 +91,16 @@ def test_a_terminal_status_never_changes(store):
     assert run.status == "completed" and run.result == {"value": 2}
 
 
+def test_p46_an_ended_run_reopens_only_to_running_from_the_status_named(store):
+    """D-67: undoing an ended run's writes runs it again; nothing else changes a terminal status."""
+    store.create_run(make_run(status="running"))
+    assert store.update_run("r1", ["running"], status="completed", result={"value": 1})
+    assert not store.update_run("r1", ["failed"], status="running")
+    assert not store.update_run("r1", None, status="running")
+    assert store.update_run("r1", ["completed"], status="running")
+    assert store.get_run("r1").status == "running"
+
+
 def test_update_run_refuses_misuse(store):
     store.create_run(make_run())
     with pytest.raises(TypeError, match="run_id"):

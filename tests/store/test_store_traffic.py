@@ -1,7 +1,7 @@
-"""The store counts what it asks of its database, and on Postgres the count is what the wire sees (issue 24).
+"""The store counts what it asks of its database, and on Postgres the count is what the wire sees.
 
 The benchmarks report statements and round trips per run from ``store.traffic``
-(bench/README.md); these tests hold that count to the truth: on Postgres, the
+(bench/roundtrip_bench.py, store_latency_bench.py); these tests hold that count to the truth: on Postgres, the
 waits tests/latency_proxy.py saw on the wire between tether and the server.
 """
 
@@ -158,7 +158,7 @@ def test_postgres_statement_failing_without_begin_leaves_the_connection_for_the_
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 async def test_a_slow_run_journals_its_ten_reads_in_as_few_transactions_as_a_quick_one(backend, store_url, request):
-    """Issue 24: on a loaded machine (CI) the 10-call run cost 9 round trips instead of 4, because held reads
+    """D-6: on a loaded machine (CI) the 10-call run cost 9 round trips instead of 4, because held reads
     were written every 0.25 s. A batch now closes on how many reads it holds, never on how long they took
     (P-7): here each read takes ten seconds by the run's clock and the count is exactly a quick run's."""
     from helpers import Clock

@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from tether._engine import launcher
 from tether._engine.approvals import service
-from tether._engine.approvals.model import APPROVAL_PREFIX, DECISIONS, decision_of
+from tether._engine.approvals.model import APPROVAL_PREFIX, DECISIONS, UNDO, Decision, batch_of, decision_of
 from tether._engine.attempt.result import RunResult
 from tether._engine.calls.boundary import Cancelled
 from tether._engine.engine import NO_HOOKS, Hooks
 from tether._engine.notices import CANCEL, SETTLED
 from tether._engine.ownership import owner_gone
+from tether._engine.rollback import runner as rollback
 from tether._engine.waits import SIGNAL_PREFIX, wait_view
 from tether._store.base import WAIT_DIGEST_PREFIX, RunRecord
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus, WaitStatus
-from tether.errors import AlreadyDecided, InvalidArguments, ToolsUnavailable, WrongSecret
+from tether.errors import AlreadyDecided, InvalidArguments, NotPaused, ToolsUnavailable, WrongSecret
 
 if TYPE_CHECKING:
     from tether._engine.engine import Engine
@@ -35,6 +36,9 @@ async def resume(engine: Engine, run_id: str, decision: str, reason: str | None 
                  origin: str | None = None, hooks: Hooks = NO_HOOKS) -> RunResult:
     """Decide the paused write ``seq`` of ``run_id`` (Runtime.resume; P-10, P-28)."""
     t0 = time.perf_counter()
+    if decision == UNDO:
+        return await undo(engine, run_id, reason, principal=principal, actor=actor, via=via, origin=origin,
+                          hooks=hooks, t0=t0)
     if decision not in DECISIONS:
         raise InvalidArguments(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
     run = None
@@ -57,6 +61,32 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
     if isinstance(out, service.Resumed):
         return await launcher.launch(engine, out.run, mode="continue", hooks=hooks, t0=t0).result()
     return out
+
+
+async def undo(engine: Engine, run_id: str, reason: str | None = None, *, principal: str | None = None,
+               actor: str | None = None, via: str = "python", origin: str | None = None, hooks: Hooks = NO_HOOKS,
+               t0: float | None = None) -> RunResult:
+    """Undo the writes of ``run_id`` (P-46): a paused run's pause is declined and undone; an ended run's
+    writes are undone; the run ends ``rolled_back``. A repeat returns the rollback's outcome."""
+    t0 = time.perf_counter() if t0 is None else t0
+    run = engine.get_run(run_id, principal)
+    if run.status == RunStatus.PAUSED and batch_of(run):
+        return await resume(engine, run_id, "decline_and_undo", reason, seq=batch_of(run)[0]["seq"],
+                            principal=principal, actor=actor, via=via, origin=origin, hooks=hooks)
+    if run.status == RunStatus.ROLLED_BACK or rollback.plan_of(run) is not None:
+        return await engine.wait_for_run(run_id)
+    if run.status not in TERMINAL_RUN_STATUSES:
+        raise NotPaused(f"run {run_id} is {run.status}; its writes are undone at a pause (decline_and_undo) or "
+                        "once it has ended; nothing was undone",
+                        next_action="Wait for the run to pause or end (tether runs show), or cancel it first.")
+    who = {"actor": actor or (principal if principal is not None else engine.settings.principal) or "local",
+           "via": via, "origin": origin}
+    record = Decision(0, UNDO, reason, **who, at=engine.clock())
+    taken = await rollback.begin(engine, run, decision=record.to_dict())
+    if taken is None:  # its status changed meanwhile (another undo won): what that one did
+        return await engine.wait_for_run(run_id)
+    engine.events.emit(run_id, "decided", record.event("*"))
+    return await launcher.launch(engine, taken, mode="continue", hooks=hooks, t0=t0).result()
 
 
 async def cancel(engine: Engine, run_id: str, reason: str = "cancelled by the client", *,

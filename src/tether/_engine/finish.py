@@ -50,9 +50,10 @@ class Finisher:
 
     def finish(self, run: RunRecord, status: str, *, result: Any = None, error: dict[str, Any] | None = None,
                logs: list[str] | None = None, calls: int = 0, diagnostics: dict[str, Any] | None = None,
-               notes: list[str] | None = None, t0: float | None = None) -> RunResult:
+               notes: list[str] | None = None, t0: float | None = None,
+               rollback: list[dict[str, Any]] | None = None) -> RunResult:
         envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
-                             calls=calls, diagnostics=diagnostics or {}, notes=notes or [])
+                             calls=calls, diagnostics=diagnostics or {}, notes=notes or [], rollback=rollback)
         self.lifecycle.finish(run.run_id, RunStatus(status), envelope.to_dict(), error)
         _ended(run, status, error)
         event = self._told(run, envelope)

@@ -15,6 +15,8 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
     if run is None:
         raise RunNotFound(f"no run {run_id!r}")
     calls = []
+    rollback, undone_by = rollback_of(run.result, run.pending)
+    undoes = {u: s for s, u in undone_by.items()}
     for c in store.get_calls(run_id):
         ms = None
         if c.started_at is not None and c.finished_at is not None:
@@ -23,6 +25,9 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
             "seq": c.seq, "op": c.op, "address": c.address, "args": c.args, "kind": c.kind, "state": c.state,
             "started_at": c.started_at, "finished_at": c.finished_at, "ms": ms,
             "error": c.error,
+            # Each original write beside its compensation (P-46).
+            **({"undone_by": undone_by[c.seq]} if c.seq in undone_by and c.op != "undo" else {}),
+            **({"undoes": undoes[c.seq]} if c.op == "undo" and c.seq in undoes else {}),
         })
     snap = store.latest_snapshot(run_id)
     # Who decided each paused write, and from where (P-29).
@@ -55,7 +60,21 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
         "snapshot": None if snap is None else {"seq": snap.seq, "kind": snap.kind, "bytes": len(snap.data),
                                                "monty_version": snap.monty_version},
         "outcome": run.result,
+        "rollback": rollback,
     }
+
+
+def rollback_of(result: Any, pending: Any) -> tuple[list[dict[str, Any]] | None, dict[int, int]]:
+    """A run's rollback (P-46) — the ended run's list, or the plan one in progress carries out — and, by the
+    seq of each original write, the seq of its compensation."""
+    lines = result.get("rollback") if isinstance(result, dict) else None
+    if isinstance(lines, list):
+        return lines, {x["seq"]: x["undo"]["seq"] for x in lines if isinstance(x, dict) and x.get("undo")}
+    plan = pending.get("rollback") if isinstance(pending, dict) else None
+    if isinstance(plan, dict):
+        steps = [s for s in plan.get("steps") or [] if isinstance(s, dict)]
+        return steps, {s["seq"]: s["undo_seq"] for s in steps if s.get("undo_seq") is not None}
+    return None, {}
 
 
 # Comment lines that say how to read the file, not what the program does.

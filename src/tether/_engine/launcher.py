@@ -26,6 +26,7 @@ from tether._engine.attempt.result import RunResult
 from tether._engine.engine import NO_HOOKS, Hooks
 from tether._engine.integrity import sign_run, verify_run
 from tether._engine.ownership import owner_gone
+from tether._engine.rollback import runner as rollback
 from tether._engine.rules import run_keys
 from tether._engine.rules.quarantine import continue_or_quarantine
 from tether._engine.rules.quotas import check_run_start
@@ -144,6 +145,9 @@ def launch(engine: Engine, run: RunRecord, *, mode: str, hooks: Hooks = NO_HOOKS
     t0 = time.perf_counter() if t0 is None else t0
 
     async def attempt() -> RunResult:
+        if rollback.plan_of(run) is not None:
+            # A rollback in progress (P-46): its compensations, not the program, whoever continues it.
+            return await rollback.run_to_end(engine, run, t0)
         result = await Attempt(run, engine, mode=mode, hooks=hooks, t0=t0).run_to_end()
         if result.status == RunStatus.WAITING:
             result = await _settled_while_parking(engine, run.run_id, result)

@@ -23,6 +23,7 @@ winner. A transition the table does not list is a bug in tether: it is refused w
     expire          paused -> failed                     approvals.service.expire
     cancel_idle     (not executing) -> cancelled         Finisher.cancel_now (finish.py)
     cancel_decided  paused -> cancelled                  approvals.service._cancel
+    begin_rollback  paused | ended -> running (undoing)  rollback.runner.begin (D-67)
 
 ``cancelled_error`` and ``outcome_unknown`` are the two records these transitions
 write that used to be spelled out at each place that wrote them.
@@ -239,3 +240,20 @@ class Lifecycle:
         """A cancel decided on a paused write: paused -> cancelled, held here while its writes are settled."""
         return self._move(run_id, [RunStatus.PAUSED], RunStatus.CANCELLED, decision=decision,
                           **self._owned(self.clock()))
+
+    # -- undoing ----------------------------------------------------------------------------
+
+    def begin_rollback(self, run: RunRecord, pending: dict[str, Any], decision: dict[str, Any] | None,
+                       sign: Callable[[RunRecord], dict[str, Any]]) -> RunRecord | None:
+        """A person asked to undo the run's writes (D-67, P-46): from the status it was read in (paused, or
+        ended) to running here, holding the rollback's plan as its signed ``pending``; None if that status
+        changed meanwhile. It ends ``rolled_back`` through :meth:`finish`."""
+        owned = self._owned(self.clock())
+        taken = dataclasses.replace(run, status=RunStatus.RUNNING, pending=pending, expires_at=None,
+                                    decision=decision if decision is not None else run.decision, **owned)
+        taken.mac = sign(taken)
+        expect = check_move(run.run_id, [run.status], RunStatus.RUNNING)
+        if not self.store.update_run(run.run_id, expect, status=RunStatus.RUNNING, pending=pending, expires_at=None,
+                                     decision=taken.decision, mac=taken.mac, **owned):
+            return None
+        return taken

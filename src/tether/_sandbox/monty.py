@@ -314,8 +314,8 @@ class SandboxPool:
         try:
             # One loop turn first, so the caller has its answer before the return starts: Monty's __aexit__
             # holds the loop ~40 µs before its round trip, and this task's first step was queued ahead of the
-            # caller's wake-up (the attempt's task ends in the step that queued it). bench/README.md,
-            # "Issue 24, session 7".
+            # caller's wake-up (the attempt's task ends in the step that queued it): 0.96x a 0-call execute,
+            # paired in one process.
             await asyncio.sleep(0)
             await cm.__aexit__(None, None, None)
         except Exception:  # noqa: BLE001 - the pool replaces a worker that died or was cut off mid-feed
@@ -390,7 +390,7 @@ class SandboxPool:
 
         The checkout is a round trip to a worker process (~0.1 ms) that moves only while the event loop is
         idle (its side needs the GIL); started before the attempt builds the rest of what it runs with, a
-        short execute measured 3-6 % faster (bench/README.md, "Issue 24, session 7").
+        short execute measured 3-6 % faster (paired in one process; core_bench's tether_0 row).
         Nothing is sent to a tool by a checkout. A reservation that is not entered must be released.
         """
         await self.start()

@@ -142,7 +142,7 @@ class Decider:
         """Decide the writes ``seqs`` of a paused run; nothing is decided unless each is still pending."""
         # What would make the decision take nothing is the service's to say (the same rules as decide);
         # asked first, since the decision itself may wait for a slot.
-        run, refused = refusal(self.rt.engine, run_id, seqs, decision, principal=principal, allowed=("approve", "decline"))
+        run, refused = refusal(self.rt.engine, run_id, seqs, decision, principal=principal, allowed=("approve", "decline", "decline_and_undo"))
         if refused is not None:
             return Outcome(False, refused.code, refused.message, status=run.status if run is not None else None)
         return await self._decide(run_id, sorted(seqs), decision, reason, principal=principal, who=who, via=via,
@@ -195,6 +195,11 @@ class Decider:
     def _slot(self) -> Any:
         return self.admission.slot() if self.admission is not None else contextlib.nullcontext()
 
+    def keep(self, task: asyncio.Task) -> None:
+        """Hold a task the page started (an undo of an ended run, P-46) until it ends or the server closes."""
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+
     def _finished(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         if not task.cancelled():
@@ -231,7 +236,9 @@ def describe_write(rt: Runtime, write: dict[str, Any], run: RunRecord | None = N
     shown = show_call(str(address), shown_args(write), description=description, budget=PAGE_ARGS_CHARS,
                       schema=tool.input_schema if tool is not None else None)
     return {**write, "shown": shown, "destructive": bool(annotations.get("destructive")),
-            "target": write_target(tool, str(address), write.get("args") or {}, run)}
+            "target": write_target(tool, str(address), write.get("args") or {}, run),
+            # Whether this write can be undone, and by what (P-46).
+            "undo": tool.undo.address if tool is not None and tool.undo is not None else None}
 
 
 def input_schema(rt: Runtime, address: Any) -> dict[str, Any] | None:

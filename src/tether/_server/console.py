@@ -75,7 +75,7 @@ from tether._server.pagetext import flash_text, run_summary
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus
 from tether._tools.shown import escape as escape_controls
 from tether._tools.shown import mask, mask_source, redacted, secret_values
-from tether.errors import RunNotFound
+from tether.errors import RunNotFound, TetherError
 
 if TYPE_CHECKING:
     from tether._runtime import Runtime
@@ -108,7 +108,7 @@ FORM_TYPE = "application/x-www-form-urlencoded"
 RUN_LIST_LIMIT = 200
 # The console's filter order: what needs someone first.
 STATUSES = (RunStatus.PAUSED, RunStatus.WAITING, RunStatus.RUNNING, RunStatus.QUEUED, RunStatus.COMPLETED,
-            RunStatus.FAILED, RunStatus.CANCELLED)
+            RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.ROLLED_BACK)
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -656,6 +656,8 @@ class Console:
         except RunNotFound:
             return self.message("No such run", "There is no run with that id for you; nothing was decided.",
                                 status=404, principal=session["p"], csrf=csrf)
+        if decision == "undo":
+            return await self._undo(request, session, run, reason, csrf)
         if decision is None or seqs is None:
             return self.message("Nothing decided", "The form named no decision or no write.", status=400,
                                 principal=session["p"], csrf=csrf,
@@ -674,9 +676,39 @@ class Console:
             return self.message("Nothing decided", outcome.message or "Nothing was decided.", status=409,
                                 principal=session["p"], csrf=csrf,
                                 link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
-        flash = "queued" if outcome.status == "queued" else "approved" if decision == "approve" else "declined"
+        flash = ("queued" if outcome.status == "queued" else "approved" if decision == "approve" else
+                 "rolling_back" if decision == "decline_and_undo" else "declined")
         shown = ",".join(str(s) for s in seqs)
         return RedirectResponse(f"/console/runs/{run_id}?flash={flash}&seqs={shown}", status_code=303)
+
+    async def _undo(self, request: Request, session: dict[str, Any], run: RunRecord, reason: str | None,
+                    csrf: str) -> Response:
+        """Undo an ended run's writes (P-46): who may is who may approve (an undo sends writes, D-68)."""
+        verdict = may_decide(self.access, self.grant(session["p"]), run.principal, "decline_and_undo",
+                             Channel.CONSOLE)
+        back = {"href": f"/console/runs/{run.run_id}", "text": "Back to the run"}
+        if not verdict.ok or run.status not in TERMINAL_RUN_STATUSES or run.status == RunStatus.ROLLED_BACK:
+            why = (_REFUSALS.get(verdict.code or "", verdict.message) if not verdict.ok
+                   else f"The run is {run.status}; only an ended run's writes are undone here.")
+            return self.message("Nothing undone", f"{why} Nothing was undone and nothing was sent.",
+                                status=403 if not verdict.ok else 409, principal=session["p"], csrf=csrf, link=back)
+        task = asyncio.ensure_future(self.rt.resume(run.run_id, "undo", reason, principal=run.principal,
+                                                    actor=self._name(session["p"]), via="console",
+                                                    origin=_origin(request)))
+        self.decider.keep(task)
+        # The page is drawn once the rollback is recorded (the run running again) or over, never before.
+        deadline = asyncio.get_running_loop().time() + self.decider.settle_seconds
+        while not task.done() and asyncio.get_running_loop().time() < deadline:
+            now = await self.rt.store.aio.get_run(run.run_id)
+            if now is None or now.status != run.status:
+                break
+            await asyncio.wait({task}, timeout=0.02)
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            text = exc.message if isinstance(exc, TetherError) else "The undo could not start."
+            return self.message("Nothing undone", f"{text} Nothing was undone.", status=409,
+                                principal=session["p"], csrf=csrf, link=back)
+        return RedirectResponse(f"/console/runs/{run.run_id}?flash=rolling_back", status_code=303)
 
     # -- the live feed ----------------------------------------------------------------
 
@@ -867,10 +899,12 @@ def _too_large() -> Response:
 
 def _read_decision(form: Any) -> tuple[str | None, str | None, list[int] | None]:
     decision = form.get("decision")
-    if decision not in ("approve", "decline"):
+    if decision not in ("approve", "decline", "decline_and_undo", "undo"):
         return None, None, None
     reason = form.get("reason")
     reason = reason.strip()[:MAX_REASON_CHARS] if isinstance(reason, str) and reason.strip() else None
+    if decision == "undo":  # an ended run's writes, not one write (P-46)
+        return decision, reason, []
     raw = form.get("seq")
     if raw == "all":
         # "All" is the writes the page showed, never whatever waits when the

@@ -55,6 +55,7 @@ from tether._server.results import (
     observation_result,
     run_result,
 )
+from tether._server.tasks import TasksExtension
 from tether._store.states import RunStatus
 from tether.errors import InvalidArguments, Overloaded, RunNotFound, TetherError
 
@@ -133,7 +134,8 @@ class CellTerminateArguments(BaseModel):
 class ResumeArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
     run_id: str = Field(description="The run_id of the paused result.")
-    decision: Literal["approve", "decline", "cancel"] = Field(description="What to do with the write.")
+    decision: Literal["approve", "decline", "cancel", "decline_and_undo"] = Field(
+        description="What to do with the write; decline_and_undo also undoes the run's applied writes (P-46).")
     reason: str | None = Field(default=None, description="Why; told to the program when declining.")
     seq: int | list[int] | None = Field(
         default=None, description="The seq of the write this decision is for (from pending.writes), or a list of "
@@ -183,8 +185,12 @@ class TetherServer:
         url_wait_seconds: float | None = None,
         access: Access | None = None,
         console: bool = False,
+        task_after_seconds: float = 5.0,
     ) -> None:
         self.rt = rt
+        # MCP Tasks (P-47): a call from a client declaring the extension whose run has not ended by then
+        # is answered with a task.
+        self.task_after_seconds = task_after_seconds
         # Whether people reach a console on this server (HTTP): where approvals are sent.
         self.console = console
         # Who may decide what (tether._engine.approvals): `tether serve` passes the
@@ -197,7 +203,8 @@ class TetherServer:
         self.admission = admission or Admission(rt.engine.pool.max_workers, queue_depth=16, queue_timeout=10.0)
         self.principal_of = principal_of or (lambda ctx: LOCAL)
         self.run_meta = dict(run_meta or {})
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Future[Any]] = set()
+        self._tasked: set[asyncio.Future[Any]] = set()
         # One key for the SDK's sealing of request state and one for tether's
         # own signature inside it, both derived from the store's secret: every
         # process sharing the store can open and verify what another minted.
@@ -215,8 +222,10 @@ class TetherServer:
             bind_principal=None,
             audience=name,
         )
+        tasks = TasksExtension(self, lambda request, params: Context(request_context=request, mcp_server=self.mcp,
+                                                                     input_params=params))
         self.mcp: MCPServer = MCPServer(name, instructions=INSTRUCTIONS, log_level="WARNING",
-                                        request_state_security=security)
+                                        request_state_security=security, extensions=[tasks])
         self.mcp.middleware.append(_check_arguments)
         for tool in TOOLS:
             self.mcp.add_tool(tool.function(self), name=tool.name, title=tool.title,
@@ -238,15 +247,7 @@ class TetherServer:
         asks = era if how == "form" else None
         approver = self._approver(ctx) if asks == INLINE else None
         asker = self._asker(ctx) if _elicitation(ctx) == INLINE else None
-        meta = dict(self.run_meta)
-        identity = request_scope_value(ctx, IDENTITY_KEY)
-        if identity is not None:
-            # Who the access token names, as the IdP put it: shown by runs show, the console and the timeline.
-            meta["principal_name"] = identity.shown
-        client = _client_of(ctx)
-        if client is not None:
-            # Which agent asked, as it named itself: shown to the people who approve its writes.
-            meta["client"] = client
+        meta = self._meta_for(ctx)
 
         def begin(progress: Any) -> Any:
             return self.rt.begin(code, on_approval=approver, principal=principal, meta=meta,
@@ -267,6 +268,18 @@ class TetherServer:
             return error_result(exc)
         return self._respond(keyed.cancelled(result, key), era if how else None, principal, diagnostics, how=how)
 
+    def _meta_for(self, ctx: Context) -> dict[str, Any]:
+        meta = dict(self.run_meta)
+        identity = request_scope_value(ctx, IDENTITY_KEY)
+        if identity is not None:
+            # Who the access token names, as the IdP put it: shown by runs show, the console and the timeline.
+            meta["principal_name"] = identity.shown
+        client = _client_of(ctx)
+        if client is not None:
+            # Which agent asked, as it named itself: shown to the people who approve its writes.
+            meta["client"] = client
+        return meta
+
     async def resume(self, ctx: Context, args: ResumeArguments) -> CallToolResult:
         run_id, decision, reason, seq = args.run_id, args.decision, args.reason, args.seq
         principal = self.principal_of(ctx)
@@ -275,9 +288,10 @@ class TetherServer:
         # one as a form or link too. (A modern one gets the paused result
         # from resume; input-required rounds belong to execute's own call.)
         approver = self._approver(ctx) if era == INLINE and how == "form" else None
-        if decision == "approve":
+        if decision in ("approve", "decline_and_undo"):
             # resume is the agent's own call: an approve through it is taken only
-            # when the configuration lets a principal approve its own writes.
+            # when the configuration lets a principal approve its own writes; so is
+            # an undo, which sends writes of its own (P-46).
             try:
                 refused = self._refused(run_id, principal, Channel.RESUME,
                                         seq if isinstance(seq, list) else None if seq is None else [seq], ctx=ctx)
@@ -341,6 +355,57 @@ class TetherServer:
         except TetherError as exc:
             return error_result(exc)
         return self.observation(obs)
+
+    # -- tasks (tasks.py, P-47) ----------------------------------------------------------
+
+    async def start_run(self, ctx: Context, arguments: Mapping[str, Any], principal: str,
+                        started: Callable[[str], None]) -> RunResult | CallToolResult:
+        """execute's run for a client that declared MCP Tasks: nobody is asked inline; ``started(run_id)``."""
+        args = ExecuteArguments.model_validate(arguments)
+        meta = self._meta_for(ctx)
+
+        async def begin(progress: Any) -> RunHandle:
+            handle = await self.rt.begin(args.code, principal=principal, meta=meta, on_progress=progress,
+                                         session=args.session, key=args.key)
+            started(handle.run_id)
+            return handle
+
+        try:
+            try:
+                result = await self.run_in_slot(begin, ctx, principal)
+            except Overloaded as exc:
+                if args.key is None or not await keyed.settled(self.rt, principal, args.key):
+                    return await keyed.overloaded(self.rt, exc, principal, args.key)
+                result = await (await begin(None)).result()
+        except TetherError as exc:
+            return error_result(exc)
+        return keyed.cancelled(result, args.key)
+
+    async def continue_run(self, ctx: Context, principal: str, run_id: str,
+                           decide: Callable[[Any], Any]) -> RunResult | None:
+        """A decision taken through a task, continuing its run in the background; its outcome is the run's."""
+        with contextlib.suppress(TetherError):
+            return await self.run_in_slot(decide, ctx, principal, run_id=run_id)
+        return None
+
+    def keep(self, task: asyncio.Future[Any]) -> None:
+        # Not awaited by close(): a run handed over as a task is stopped with the runtime, and its lease
+        # lapses for another process to take it over (P-16), as for any run this process was running.
+        self._tasked.add(task)
+        task.add_done_callback(self._tasked.discard)
+
+    def channel_of(self, ctx: Context) -> str | None:
+        return self._how(ctx)[1]
+
+    def approval_refused(self, run_id: str, principal: str, channel: str, seqs: list[int],
+                         ctx: Context) -> TetherError | None:
+        return self._refused(run_id, principal, channel, seqs, ctx=ctx)
+
+    def actor_of(self, ctx: Context, principal: str) -> str:
+        return _actor(ctx, principal)
+
+    def where(self, run_id: str) -> str:
+        return self._where(run_id)
 
     # -- running -------------------------------------------------------------------
 

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from tether._store.base import RunRecord
 
 
-_FLASHES = {"queued": "The decision waits for a free run slot; this page updates when it is taken."}
+_FLASHES = {"queued": "The decision waits for a free run slot; this page updates when it is taken.",
+            "rolling_back": "Declined; the run's writes are being undone, newest first (see Calls below)."}
 
 
 def flash_text(rt: Runtime, run: RunRecord, key: str | None, seqs: str | None) -> str | None:

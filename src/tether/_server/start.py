@@ -203,6 +203,7 @@ async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], t
             run_meta=run_meta,
             approvals=config.server.approvals,
             public_url=config.server.public_url,
+            task_after_seconds=float(config.server.task_after_seconds),
             access=access,
             console=address is not None,
         )
@@ -307,7 +308,7 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
     say(f"tether: serving MCP at http://{shown}:{port}/mcp ({how}), the console at http://{shown}:{port}/console/")
     # What is built by now (modules, pydantic models, the catalog, the app) lives as long as the server: frozen
     # out of the cyclic collector's sight, a full collection walks only what requests made. Under serve_bench's
-    # load a full collection paused the loop 124 ms, and 14 ms frozen (bench/README.md, issue 24).
+    # load a full collection paused the loop 124 ms, and 14 ms frozen (serve_bench.py).
     gc.collect()
     gc.freeze()
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",

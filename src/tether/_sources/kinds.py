@@ -54,6 +54,18 @@ class _Definition(_Table):
         return self
 
 
+class UndoTable(_Table):
+    """``[sources.undo.<tool>]``: the tool that undoes a call of ``<tool>``, and how each of its arguments
+    follows from the call (``"args.<key>"``, ``"result.<key>"``, or a literal) (P-46)."""
+
+    tool: Text
+    args: dict[str, Any] | None = None
+
+
+# Undo declarations by the name of the tool (in the source's namespace) they undo.
+Undos = dict[str, UndoTable]
+
+
 def _path_against(value: str, base: Path) -> str:
     # Paths in the file are relative to the file, not to wherever tether runs.
     return str((base / value).resolve())
@@ -89,6 +101,7 @@ class MCPSourceDefinition(_Definition):
     headers: StrTable = Field(default_factory=dict)
     cwd: Text | None = None
     idempotency: Idempotency = "none"
+    undo: Undos = Field(default_factory=dict)
     start_timeout: Seconds = DEFAULT_START_TIMEOUT
     # Without progress, a call may take this long (default: [limits] call_timeout_seconds);
     # each progress notification from the server restarts it ...
@@ -150,6 +163,9 @@ class OpenAPISourceDefinition(_Definition):
     ] = "Idempotency-Key"
     start_timeout: Seconds = DEFAULT_START_TIMEOUT
     call_timeout: Seconds | None = None
+    # How a call is undone (P-46), by tool name; a POST that creates is paired with the DELETE of what it
+    # returned unless this names another undo, or false for none.
+    undo: dict[str, UndoTable | Literal[False]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _key_needs_header(self) -> OpenAPISourceDefinition:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Mapping, P
 from tether._engine.approvals.capabilities import Keyring, keyring_for, mac_hex, same, secret_id
 from tether._sources.base import ENV_REF, Source
 from tether._sources.kinds import DEFAULT_START_TIMEOUT, SourceContext, kind_of
+from tether._sources.undos import with_undos
 from tether._tools.model import Tool
 from tether.errors import ConfigError, NamespaceTaken, SourceUnavailable, TetherError, ToolsUnavailable
 
@@ -341,6 +342,7 @@ class SourceSet:
         from tether._sandbox.monty import check_namespaces
 
         check_namespaces(found)
+        found = with_undos(found, entry.definition)  # P-46: the undos its definition declares or pairs
         for ns in sorted({t.namespace for t in found}):
             if any(t.namespace == ns for t in self.catalog.tools()):
                 raise NamespaceTaken(f"namespace {ns!r} is already taken by another source in this process")
@@ -480,6 +482,7 @@ class SourceSet:
             return
         tools, upstream, problems = build_tools(entry.name, source.listing, lazy.handler, lazy.ceiling,
                                                 idempotency=entry.definition.get("idempotency", "none"))
+        tools = with_undos(tools, entry.definition)
         catalog = self.catalog
         for tool in entry.tools:
             if tool.address in catalog:

@@ -36,13 +36,14 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar, overload
 
 import pydantic
 from pydantic_core import ArgsKwargs, PydanticSerializationError, to_jsonable_python
 
 from tether._tools.context import CallContext, current_call
 from tether._tools.model import Annotations, Tool
+from tether._tools.undo import Undo, UndoArgs
 from tether.errors import (
     InvalidArguments,
     InvalidToolDefinition,
@@ -80,6 +81,7 @@ class ToolSpec:
     title: str | None
     annotations: Annotations
     idempotency: str = "none"
+    undo: Undo | None = None
 
     def to_tool(self, default_namespace: str | None = None) -> Tool:
         """Build the tool; ``default_namespace`` applies when neither ``@tool`` nor the module names one."""
@@ -102,6 +104,8 @@ def tool(
     idempotent: bool = False,
     open_world: bool = False,
     idempotent_with_key: bool = False,
+    undo: str | None = None,
+    undo_args: UndoArgs | Mapping[str, Any] | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -116,6 +120,8 @@ def tool(
     idempotent: bool = False,
     open_world: bool = False,
     idempotent_with_key: bool = False,
+    undo: str | None = None,
+    undo_args: UndoArgs | Mapping[str, Any] | None = None,
 ) -> Any:
     """Mark a sync or async function as a tool; use bare (``@tool``) or with options.
 
@@ -126,6 +132,10 @@ def tool(
     with one idempotency key (``current_call().key``) take effect once, so
     tether may call it again with the same key when a call's outcome was lost
     (P-31); ``idempotent`` alone is a hint and never does.
+    ``undo`` names the tool that undoes a call of this one (its compensation,
+    P-46) and ``undo_args`` how its arguments follow: a function of
+    ``(args, result)`` returning them, or a mapping of each to ``"args.<key>"``,
+    ``"result.<key>"`` or a literal (without it: the result, when an object).
     """
 
     def mark(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -138,6 +148,7 @@ def tool(
             title=title,
             annotations=Annotations(read_only, destructive, idempotent, open_world),
             idempotency="key" if idempotent_with_key else "none",
+            undo=Undo(undo, undo_args) if undo is not None else None,
         )
         return f
 
@@ -405,6 +416,7 @@ def _build(spec: ToolSpec, namespace: str) -> Tool:
         keyword_only=tuple(p.name for p in signature.parameters.values() if p.kind is p.KEYWORD_ONLY
                            and p.name not in context_params),
         idempotency=spec.idempotency,
+        undo=spec.undo,
     )
 
 

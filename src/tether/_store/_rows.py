@@ -190,11 +190,17 @@ def _run_where(run_id: str, expect_status: Sequence[str] | None,
             return None
         where += f" AND status IN {_in(len(expected))}"
         params += expected
-    if "status" in fields:
+    if "status" in fields and not _reopens(expect_status, fields["status"]):
         # Restating a terminal status is allowed: finishing writes the result envelope with it.
         where += f" AND (status NOT IN {_TERMINAL_SQL} OR status = ?)"
         params.append(fields["status"])
     return where, params
+
+
+def _reopens(expect_status: Sequence[str] | None, to: str) -> bool:
+    """An ended run reopened to undo its writes (D-67): to running, from ended statuses the caller names."""
+    return (to == RunStatus.RUNNING and bool(expect_status)
+            and all(s in TERMINAL_RUN_STATUSES for s in expect_status or ()))
 
 
 def _run_update(where: tuple[str, list[Any]], fields: dict[str, Any]) -> tuple[str, list[Any]]:

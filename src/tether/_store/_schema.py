@@ -139,7 +139,7 @@ class StoreTraffic:
     wire in tests/store/test_store_traffic.py; SQLite runs in-process and pays none. Not counted: connection
     handshakes (``connections`` opened are counted apart) and the one extra wait psycopg spends preparing a
     statement on a connection, once, at its fifth use there. The benchmarks report the difference across one
-    run (bench/README.md); the counts are the store object's, not a run's, so they include any other run's
+    run (bench/roundtrip_bench.py); the counts are the store object's, not a run's, so they include any other run's
     work in between.
     """
 

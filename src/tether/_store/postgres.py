@@ -89,7 +89,7 @@ POSTGRES = Dialect(
 # apart: the same statement text for any number of rows, so psycopg converts it once (it re-parses on every
 # call a query of more than 50 parameters, and 10 rows of 15 columns are 150) and the server prepares it
 # once per connection, not once per batch size; and one C-encoded text instead of 150 values adapted in
-# Python. bench/README.md, "Issue 24, session 7".
+# Python (D-53).
 _CALL_CASTS = {"seq": "::integer", "sends": "::integer", "started_at": "::double precision",
                "finished_at": "::double precision"}
 _INSERT_CALL_ROWS = (

@@ -26,7 +26,7 @@ from tether._store.base import Store
 
 DAY = 86400.0
 # Statuses a prune may select: nothing else, ever.
-ENDED = ("completed", "failed", "cancelled")
+ENDED = ("completed", "failed", "cancelled", "rolled_back")
 # Runs forgotten per transaction: short enough not to hold SQLite's one writer for long.
 BATCH = 100
 

@@ -27,6 +27,8 @@ class RunStatus(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # Its writes were undone by their compensations (D-67, P-46); the run's result lists what was and was not.
+    ROLLED_BACK = "rolled_back"
 
     @property
     def terminal(self) -> bool:
@@ -65,7 +67,7 @@ class WaitStatus(StrEnum):
 
 
 TERMINAL_RUN_STATUSES: frozenset[RunStatus] = frozenset(
-    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.ROLLED_BACK})
 SETTLED_CALL_STATES: frozenset[CallState] = frozenset(
     {CallState.DONE, CallState.FAILED, CallState.SENT, CallState.DECLINED, CallState.DENIED, CallState.UNKNOWN})
 
@@ -77,15 +79,19 @@ _R = RunStatus
 RUN_TRANSITIONS: Mapping[RunStatus, frozenset[RunStatus]] = {
     # claim_queued; cancel_idle; finish (a tampered record ends failed)
     _R.QUEUED: frozenset({_R.RUNNING, _R.CANCELLED, _R.FAILED}),
-    # park; finish, fail_internal, cancel_idle; unclaim (claimed where it cannot run)
-    _R.RUNNING: frozenset({_R.PAUSED, _R.WAITING, _R.COMPLETED, _R.FAILED, _R.CANCELLED, _R.QUEUED}),
-    # resume (its pause decided); cancel_decided, cancel_idle; expire, finish
+    # park; finish, fail_internal, cancel_idle; unclaim (claimed where it cannot run); a rollback's end
+    _R.RUNNING: frozenset({_R.PAUSED, _R.WAITING, _R.COMPLETED, _R.FAILED, _R.CANCELLED, _R.QUEUED,
+                           _R.ROLLED_BACK}),
+    # resume (its pause decided), begin_rollback; cancel_decided, cancel_idle; expire, finish
     _R.PAUSED: frozenset({_R.RUNNING, _R.CANCELLED, _R.FAILED}),
     # wake, claim_due; cancel_idle; finish
     _R.WAITING: frozenset({_R.RUNNING, _R.CANCELLED, _R.FAILED}),
-    _R.COMPLETED: frozenset(),
-    _R.FAILED: frozenset(),
-    _R.CANCELLED: frozenset(),
+    # An ended run reopens only to undo its writes (begin_rollback, D-67): running while its
+    # compensations are sent, then rolled_back, which never changes again.
+    _R.COMPLETED: frozenset({_R.RUNNING}),
+    _R.FAILED: frozenset({_R.RUNNING}),
+    _R.CANCELLED: frozenset({_R.RUNNING}),
+    _R.ROLLED_BACK: frozenset(),
 }
 
 _C = CallState

@@ -21,7 +21,7 @@ def _sql(store: Store) -> SQLStore:
 
 # Checked at every run's start, so it reads the few active runs (runs_status_created), never the principal's
 # whole history: on `principal = ?` SQLite's planner took runs_principal_created and read every run the principal
-# ever had, 1 ms a start at 1,000 runs and growing (bench/README.md, issue 24). `|| ''` keeps the comparison and
+# ever had, 1 ms a start at 1,000 runs and growing (D-38). `|| ''` keeps the comparison and
 # takes the column out of index selection, in SQLite and Postgres alike.
 _ACTIVE = "SELECT COUNT(*) FROM runs WHERE status IN (?, ?) AND principal || '' = ?"
 _STARTED = "SELECT COUNT(*) FROM runs WHERE principal = ? AND created_at >= ?"
@@ -54,7 +54,7 @@ def start_counts(any_store: Store, principal: str, since: float) -> tuple[int, i
 # -- runs started per period, counted in buckets (D-54, store migration 12) ---------------------------
 # A period's count sums the buckets it overlaps, at most BUCKETS + 1 rows whatever the runs in it, where
 # counting the runs themselves read every run of the period (0.9 ms of Postgres per start at 4,000 runs,
-# bench/README.md). A whole bucket counts if any of it is in the window, so the count can include runs
+# D-54). A whole bucket counts if any of it is in the window, so the count can include runs
 # up to one width (period / BUCKETS) older than the window, never fewer than the exact count.
 BUCKETS = 60
 _WINDOW = "SELECT COALESCE(SUM(runs), 0) FROM run_counts WHERE principal = ? AND ends_at > ?"

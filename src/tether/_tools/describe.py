@@ -91,6 +91,7 @@ def _full(tool: Tool, whole: bool = False) -> dict[str, Any]:
         "types": "\n\n".join(text for _, text in shapes),
         "description": tool.description,
         "annotations": tool.annotations.to_dict(),
+        **_undo(tool),
         "input_schema": tool.input_schema,
     }
     left_out: list[str] = []
@@ -137,13 +138,19 @@ def _section(tool: Tool, name: str, offset: int) -> dict[str, Any]:
             "next_offset": end if end < total else None}
 
 
+def _undo(tool: Tool) -> dict[str, Any]:
+    """Whether a write of the tool can be undone, and by what (P-46)."""
+    return {"undo": tool.undo.shown()} if tool.undo is not None else {}
+
+
 def _bounded(tool: Tool) -> dict[str, Any]:
     """The default entry: signature, then shapes nearest first while they fit."""
     signature, shapes = declaration(tool)
     description = _clip(tool.description or "", _DESCRIPTION_CHARS)
     cut_description = description != (tool.description or "").strip()
     entry: dict[str, Any] = {"address": tool.address, "signature": signature, **_parameters(tool), "types": "",
-                             "description": description, "annotations": tool.annotations.to_dict()}
+                             "description": description, "annotations": tool.annotations.to_dict(),
+                             **_undo(tool)}
     schema_cut = False
     if "parameters" in entry:
         # The signature cannot name these parameters: the schema is how their types are seen.

@@ -7,6 +7,7 @@ import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from tether._tools.undo import Undo
 from tether.errors import InvalidToolDefinition
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -96,6 +97,9 @@ class Tool:
     # Where a call goes, for the people who approve it: an OpenAPI operation's
     # (HTTP method, URL template with its {path} parameters); None elsewhere.
     target: tuple[str, str] | None = None
+    # How a write of this tool is undone (P-46): its compensation tool and how that tool's arguments follow
+    # from this call's arguments and result; None when nothing declares one.
+    undo: Undo | None = None
 
     def __post_init__(self) -> None:
         check_identifier(self.namespace, "namespace")
@@ -163,6 +167,8 @@ class Tool:
             "title": self.title,
             "description": self.description,
             "annotations": self.annotations.to_dict(),
+            # Whether a write can be undone, and by what (P-46): shown with every write a person decides.
+            **({"undo": self.undo.shown()} if self.undo is not None else {}),
         }
 
 

@@ -93,7 +93,7 @@ def remembered(code: str, catalog: Catalog) -> bool:
     """Whether :func:`check_program`'s verdict on ``code`` is remembered for this catalog version.
 
     Then checking it is a dictionary lookup, which the caller may do on the event loop rather than pay
-    a thread's round trip for (bench/README.md: ~0.2 ms an execute on a busy machine).
+    a thread's round trip for (core_bench.py: ~0.2 ms an execute on a busy machine).
     """
     cache: OrderedDict[str, Reach | TetherError] = catalog.memo("precheck", OrderedDict)
     return hashlib.blake2b(code.encode(), digest_size=16).hexdigest() in cache

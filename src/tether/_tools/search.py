@@ -91,7 +91,7 @@ _W_COVERAGE = 1.0
 _W_NAME_PRECISION = 1.5
 _W_TITLE_PRECISION = 1.5
 # Across namespaces, each tool already placed from the same namespace discounts the next one's score by
-# this share. 0.05 on the combined bench catalog (bench/README.md): 0.02 changed nothing, 0.10 pushed
+# this share. 0.05 on the combined bench catalog (D-44): 0.02 changed nothing, 0.10 pushed
 # single-API answers ("assign an issue to someone") out of the first three.
 _DIVERSE = 0.05
 _KEEP = tuple((1.0 - _DIVERSE) ** k for k in range(_WINDOW))

@@ -103,9 +103,20 @@ def print_result(result: Any, as_json: bool) -> int:
             print(escape(str(err["details"]["diagnostics"]), keep_lines=True), file=sys.stderr)
         if err.get("next_action"):
             print(escape(f"next: {err['next_action']}", keep_lines=True), file=sys.stderr)
+    for line in data.get("rollback") or []:
+        print(escape(rollback_line(line), keep_lines=True))
     for note in data.get("notes") or []:
         print(escape(f"note: {note}", keep_lines=True), file=sys.stderr)
     return exit_code(status)
+
+
+def rollback_line(line: dict[str, Any]) -> str:
+    """One write of a rollback as the terminal shows it (P-46): undone by which call, or why not."""
+    undo = line.get("undo") or {}
+    head = f"call {line.get('seq')} {line.get('address')}"
+    if line.get("undone"):
+        return f"  undone: {head} by call {undo.get('seq')} {undo.get('address')}"
+    return f"  not undone: {head}: {line.get('why')}"
 
 
 def call_text(w: dict, budget: int = 600) -> str:

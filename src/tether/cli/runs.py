@@ -89,7 +89,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def cmd_resume(args: argparse.Namespace) -> int:
-    decision = "approve" if args.approve else "decline" if args.decline else "cancel"
+    decision = ("approve" if args.approve else "decline" if args.decline else
+                "decline_and_undo" if args.decline_and_undo else "cancel")
     tools, config, sources = run_setup(args)
     args.config = config
     actor, principal = actor_for(args), args.acting_as
@@ -207,12 +208,16 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
     print("calls:")
     for c in data["calls"]:
         ms = f"{c['ms']:.1f} ms" if c.get("ms") is not None else "-"
-        print(f"  #{c['seq']:<3} {c['kind']:<5} {escape(str(c['address'])):<32} {c['state']:<9} {ms}")
+        beside = (f"  undone by #{c['undone_by']}" if "undone_by" in c else
+                  f"  undoes #{c['undoes']}" if "undoes" in c else "")
+        print(f"  #{c['seq']:<3} {c['kind']:<5} {escape(str(c['address'])):<32} {c['state']:<9} {ms}{beside}")
     for d in data.get("decisions") or []:
         why = f" ({escape(str(d['reason']))})" if d.get("reason") else ""
         print(f"decided: call {d['seq']} {d['decision']}{why} by {d.get('actor')} via {d.get('via')}")
     if data.get("pending") and data["status"] == RunStatus.PAUSED:
         print_pause(data["run_id"], data["pending"], owner=data.get("principal"), expires_at=data.get("expires_at"))
+    elif data.get("pending") and "rollback" in data["pending"]:
+        print("rolling back: its writes are being undone, newest first")
     elif data.get("pending"):
         print(f"pending: call {data['pending']['seq']} "
               f"{escape(str(data['pending'].get('address') or data['pending'].get('name')))}")
@@ -271,6 +276,22 @@ async def cmd_runs_await(args: argparse.Namespace) -> int:
 
 def raise_not_found(run_id: str) -> NoReturn:
     raise RunNotFound(f"no run {run_id!r}")
+
+
+async def cmd_runs_undo(args: argparse.Namespace) -> int:
+    """Undo a run's writes (P-46); exit 0 only when every write it applied was undone."""
+    tools, config, sources = run_setup(args)
+    args.config = config
+    principal = args.acting_as
+    async with open_rt(args, tools, sources=sources) as rt:
+        try:
+            result = await rt.resume(args.run_id, "undo", args.reason, principal=principal, actor=actor_for(args),
+                                     via="cli")
+        except RunNotFound as exc:
+            raise _owned_elsewhere(rt, args.run_id, principal, exc) from None
+    code = print_result(result, args.json)
+    undone = result.status == RunStatus.ROLLED_BACK and all(x.get("undone") for x in result.rollback or [])
+    return 0 if undone else code
 
 
 async def cmd_runs_cancel(args: argparse.Namespace) -> int:
@@ -402,6 +423,8 @@ def add_resume(sub: Any) -> None:
     g.add_argument("--approve", action="store_true", help="send the write(s)")
     g.add_argument("--decline", action="store_true", help="do not send them; the program gets a PermissionError")
     g.add_argument("--cancel", action="store_true", help="end the run; nothing further is sent")
+    g.add_argument("--decline-and-undo", action="store_true",
+                   help="decline the pause and undo the writes the run applied, newest first (P-46)")
     sp.add_argument("--reason", help="told to the program when declining")
     sp.add_argument("--seq", type=int, action="append",
                     help="a paused write this decision is for (repeatable); see the pause or `runs show`")
@@ -438,6 +461,12 @@ def add_runs(sub: Any) -> None:
     sp.add_argument("--reason", help="recorded with the cancellation")
     add_common(sp)
     sp.set_defaults(func=cmd_runs_cancel)
+    sp = runs.add_parser("undo", help="undo the writes of an ended (or paused) run, newest first (P-46)")
+    sp.add_argument("run_id")
+    sp.add_argument("--reason", help="recorded with the rollback")
+    add_acting_as(sp)
+    add_common(sp)
+    sp.set_defaults(func=cmd_runs_undo)
     sp = runs.add_parser("signal", help="send a named signal to a run (await wait_for_signal(name))")
     sp.add_argument("run_id")
     sp.add_argument("name")

@@ -74,7 +74,7 @@ def derive(secret: bytes, purpose: str) -> bytes:
 
 
 # One encoder for every MAC: json.dumps with options builds a new encoder on each call, which was a third of
-# what a field's MAC cost (27 MACs per execute, bench/README.md). The same bytes as json.dumps.
+# what a field's MAC cost (27 MACs per execute, core_bench.py --profile). The same bytes as json.dumps.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
@@ -82,7 +82,7 @@ def _encoded(value: Any) -> str:
     """``_CANONICAL.encode(value)``, the same text, without the encoder's Python call for the commonest values.
 
     A run's signature encodes 14 field names and values (most of them None) per run: the encoder's own
-    fast path for a string is this very function, None is "null" (bench/README.md, "Issue 24, session 7"), and
+    fast path for a string is this very function, None is "null" (D-51: a None field is not MACed), and
     an int (not a bool) is its ``int.__repr__``, as the encoder writes it (the run signature's format tag, D-55).
     """
     if value is None:

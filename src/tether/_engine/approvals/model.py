@@ -15,8 +15,11 @@ from tether.errors import InvalidApproval
 
 # A paused write is a durable wait named approval:<seq>; its value is the decision.
 APPROVAL_PREFIX = "approval:"
-# What resolves an approval wait: the decisions a paused write can get (P-10).
-DECISIONS = ("approve", "decline", "cancel")
+# What resolves an approval wait: the decisions a paused write can get (P-10); decline_and_undo also
+# undoes the writes the run applied (P-46).
+DECISIONS = ("approve", "decline", "cancel", "decline_and_undo")
+# What undoes an ended run's writes (P-46): not a decision on a write, so no approval wait takes it.
+UNDO = "undo"
 
 
 def approval_wait_name(seq: int) -> str:
@@ -51,7 +54,7 @@ class Decision:
     """
 
     seq: int
-    decision: str  # approve | decline | cancel
+    decision: str  # approve | decline | cancel | decline_and_undo
     reason: str | None = None
     actor: str | None = None  # who: a principal, a user name the console knows
     via: str | None = None  # through what: one of CHANNELS
@@ -151,5 +154,7 @@ def taken(entry: CallRecord | None) -> str | None:
         return "approve"
     if entry.state == CallState.DECLINED:
         message = (entry.error or {}).get("message", "")
+        if message.startswith("[write_rolled_back]"):
+            return "decline_and_undo"
         return "cancel" if message.startswith("[write_cancelled]") else "decline"
     return None

@@ -186,11 +186,13 @@ def may_decide(access: Access, grant: Grant | None, owner: str | None, decision:
             return Verdict(False, "sign_in_required", "deciding on an approval link needs a signed-in approver")
         if decision == "approve" and signed_in_required:
             return Verdict(False, "approval_elsewhere", "the policy requires a signed-in approver for this tool")
+        if decision == "decline_and_undo":  # a link decides its one write; an undo acts on the whole run
+            return Verdict(False, "sign_in_required", "undoing a run's writes needs a signed-in approver")
         return ALLOWED
     if not may_see(access, grant, owner):
         return Verdict(False, "run_not_found", "there is no such run for you")
     assert grant is not None  # may_see says so
-    if decision != "approve":
+    if decision != "approve" and decision != "decline_and_undo":  # an undo sends writes too (D-68)
         return ALLOWED
     if signed_in_required and channel in (Channel.RESUME, Channel.FORM):
         return Verdict(False, "approval_elsewhere", "the policy requires a signed-in approver for this tool")

@@ -60,6 +60,10 @@ if TYPE_CHECKING:
     from tether._engine.waits import Waits
 
 
+# Decisions on one write that end its whole pause: no write of it is sent.
+_ENDS_PAUSE = ("cancel", "decline_and_undo")
+
+
 @dataclass(frozen=True)
 class Resumed:
     """What ``decide`` returns when it moved the run ``paused -> running``: the run, to continue here."""
@@ -148,9 +152,9 @@ def unnamed_target(engine: Engine, run: RunRecord, decision: str) -> int:
     asked = sorted({w.seq for w in engine.store.list_waits(run_id=run.run_id, status=None)
                     if w.name.startswith(APPROVAL_PREFIX) and w.seq is not None})
     batch = batch_of(run)
-    if decision == "cancel" and batch:
+    if decision in _ENDS_PAUSE and batch:
         first: int = batch[0]["seq"]
-        return first  # cancel ends the run, whichever write it names
+        return first  # cancel (or a rollback) ends the pause, whichever write it names
     if len(asked) == 1:
         return asked[0]
     if not asked and len(batch) == 1:
@@ -214,8 +218,8 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
     for seq, (decision, reason) in sorted(wanted.items()):
         entry = entries[seq] if seq in entries else await engine.store.aio.get_call(run_id, seq)
         already = taken(entry)
-        if decision == "cancel" and seq in batch and already != "cancel":
-            # Cancel ends the paused run, whatever was decided on this write so far.
+        if decision in _ENDS_PAUSE and seq in batch and already != decision:
+            # Cancel ends the paused run, whatever was decided on this write so far; so does a rollback (P-46).
             fresh[seq] = (decision, reason)
             continue
         if already is not None:
@@ -243,6 +247,8 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
 
     if any(d == "cancel" for d, _ in fresh.values()):
         return await _cancel(engine, run, fresh, who, now, t0, principal)
+    if any(d == "decline_and_undo" for d, _ in fresh.values()):
+        return await _roll_back(engine, run, fresh, who, now, t0, principal)
     if fresh:
         # Before anything is decided (P-30): a run whose sources cannot be loaded here
         # stays paused, and an approved write's server must answer now or it is not sent.
@@ -361,6 +367,25 @@ async def _cancel(engine: Engine, run: RunRecord, fresh: dict[int, tuple[str, st
     address = next(w["address"] for w in batch_of(run) if w["seq"] == seq)
     return engine.finisher.finish(run, RunStatus.CANCELLED, error=cancelled_error(
         f"the run was cancelled at the write {address}; nothing further was sent", {"reason": reason}), t0=t0)
+
+
+async def _roll_back(engine: Engine, run: RunRecord, fresh: dict[int, tuple[str, str | None]],
+                     who: dict[str, Any], now: float, t0: float, principal: str | None) -> RunResult | Resumed:
+    """A decline-and-undo of any write of the pause declines the whole pause and undoes the writes the run
+    applied (P-46): the plan is recorded with the run's move to running here; the caller carries it out."""
+    from tether._engine.rollback import runner
+
+    seq, (_, reason) = next((s, v) for s, v in fresh.items() if v[0] == "decline_and_undo")
+    record = Decision(seq, "decline_and_undo", reason, **who, at=now)
+    taken = await runner.begin(engine, run, declined=batch_of(run), decision=record.to_dict())
+    if taken is None:
+        # The run moved on meanwhile: decide again against what it is now.
+        return await decide(engine, run.run_id, dict(fresh), principal=principal, t0=t0, **who)
+    _settle_approval(engine, run.run_id, record)
+    engine.waits.revoke(run_id=run.run_id)  # the pause's other approval keys decide nothing now
+    address = next(w["address"] for w in batch_of(run) if w["seq"] == seq)
+    engine.events.emit(run.run_id, "decided", record.event(address))
+    return Resumed(taken)
 
 
 def refusal(engine: Engine, run_id: str, seqs: list[int], decision: str, *, principal: str | None,

@@ -27,6 +27,7 @@ class AskedWrite:
     annotations: dict[str, Any]
     description: str | None = None
     secret_args: tuple[str, ...] = ()  # arguments shown as *** to people (_engine/attempt/redaction.py)
+    undo: str | None = None  # the tool that undoes it, when its tool declares one (P-46)
     op: ClassVar[str] = "tool"
 
     @classmethod
@@ -34,12 +35,14 @@ class AskedWrite:
         from tether._engine.attempt.redaction import secret_args
 
         hidden = tuple(name for name in secret_args(tool) if name in args)
-        return cls(seq, tool.address, args, tool.annotations.to_dict(), tool.description, hidden)
+        return cls(seq, tool.address, args, tool.annotations.to_dict(), tool.description, hidden,
+                   tool.undo.address if tool.undo is not None else None)
 
     def for_approver(self) -> dict[str, Any]:
         """What an inline approver is given (``execute(on_approval=...)``)."""
         return {"seq": self.seq, "op": self.op, "address": self.address, "args": self.args,
-                "annotations": self.annotations, "description": self.description}
+                "annotations": self.annotations, "description": self.description,
+                **({"undo": self.undo} if self.undo else {})}
 
     def call(self) -> dict[str, Any]:
         """The call a pause snapshot waits on."""
@@ -48,7 +51,8 @@ class AskedWrite:
     def stored(self, key: str) -> dict[str, Any]:
         """As the run lists it, with its approval key (the durable wait it also is)."""
         return {"seq": self.seq, "address": self.address, "args": self.args, "annotations": self.annotations,
-                "key": key, **({"secret_args": list(self.secret_args)} if self.secret_args else {})}
+                "key": key, **({"secret_args": list(self.secret_args)} if self.secret_args else {}),
+                **({"undo": self.undo} if self.undo else {})}
 
 
 @dataclass(frozen=True)

@@ -146,7 +146,7 @@ def to_json_value(value: Any) -> tuple[Any, list[str]]:
     slow.append(convert)
     converted = conv(value, 0)
     # conv reached convert through this list, convert calls conv: emptied, the pair is no reference cycle and
-    # is freed now, not by the cyclic collector (11 pairs an execute of 10 calls; bench/README.md, issue 24).
+    # is freed now, not by the cyclic collector (11 pairs an execute of 10 calls; core_bench.py).
     slow.clear()
     # Keep notes short and unique: a set of 10,000 elements is one note.
     unique = list(dict.fromkeys(notes))
@@ -242,6 +242,8 @@ class RunResult:
     expires_at: float | None = None
     instructions: str | None = None
     notes: list[str] = field(default_factory=list)
+    # A rolled-back run's writes, newest first: each with its undo, or why it was not undone (P-46).
+    rollback: list[dict[str, Any]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -259,6 +261,8 @@ class RunResult:
         }
         if self.notes:
             out["notes"] = self.notes
+        if self.rollback is not None:
+            out["rollback"] = self.rollback
         if self.status in (RunStatus.PAUSED, RunStatus.WAITING):
             out["pending"] = self.pending
             out["expires_at"] = self.expires_at

@@ -57,7 +57,7 @@ async def prepare(src: SpecSource, run: RunRecord, limits: Limits, budget: HostB
     """The pre-run check of a fresh run, then its sandbox spec, as one step of the host budget.
 
     On the host-work threads unless both are lookups (a remembered check, no stubs to build): then a
-    thread's round trip would cost more than the work (bench/README.md).
+    thread's round trip would cost more than the work (core_bench.py).
     """
     slow = []
     if not continuing and not remembered(run.program, src.catalog):

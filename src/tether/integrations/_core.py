@@ -1,0 +1,142 @@
+"""What the framework adapters share (D-69, D-70): the tool's description, a pause as the deciding person sees
+it, what the model reads, and whether a decision that arrived through a framework may be taken.
+
+A framework's approval is a value the host's code builds (``DeferredToolResults``, ``Command(resume=...)``,
+``RunState.approve``); the framework cannot say who took it. So tether counts it as a person's only when the
+host names that person (``approver``), never the principal that ran the program, and it is held to the rule
+of the form a client application shows its user (docs/security.md): never an approval of a write whose
+policy rule says ``approver = "signed_in"``. Declining stops things and needs nobody.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from tether._engine.approvals.rights import ALLOWED, APPROVE, Access, Channel, Grant, Verdict, may_decide
+from tether._engine.approvals.surface import refusal, signed_in_required
+from tether._engine.attempt.redaction import shown_args
+from tether._tools.shown import show_call
+from tether.errors import InvalidApproval, LimitExceeded, UsageError
+
+if TYPE_CHECKING:
+    from tether import RunResult, Runtime
+
+# The name the agent calls: the same as tether's MCP tool, whose description the adapters give it.
+TOOL_NAME = "execute"
+# What a framework's answer may decide; a cancel is the host's, through Runtime.cancel.
+DECISIONS = ("approve", "decline")
+# The field of a pause, and of an answer, that names the run (the rest of the framework's data is its own).
+RUN_ID = "tether_run_id"
+
+
+def description(rt: Runtime) -> str:
+    """What ``tether prompt`` prints: the sandbox API, the limits and the catalog, and how to retry."""
+    return rt.engine.model_description()
+
+
+async def start(rt: Runtime, code: str, *, key: str | None, principal: str | None) -> RunResult:
+    """Run the model's program; what refuses to start it (too large, a key naming another program, a
+    quota) is a failed envelope the model reads, as over MCP, not an error that ends the host's agent run."""
+    from tether._engine.attempt.result import RunResult
+    from tether._store.states import RunStatus
+
+    try:
+        return await rt.execute(code, key=key, principal=principal)
+    except (UsageError, LimitExceeded) as exc:
+        return RunResult(status=RunStatus.FAILED, run_id="", error=exc.to_dict())
+
+
+def pause_of(rt: Runtime, result: RunResult) -> dict[str, Any]:
+    """A paused run as the deciding person is shown it: every undecided write, every argument named.
+
+    ``args`` has secrets hidden by the rule every surface uses (tether/_tools/shown.py) and ``shown`` is
+    the call as the console shows it, escaped; no approval key (a capability) is included: this travels
+    through the framework's state, its UI and its storage.
+    """
+    pending = result.pending or {}
+    writes = [w for w in (pending.get("writes") or [pending]) if isinstance(w, dict) and w.get("seq") is not None]
+    shown = []
+    for w in writes:
+        if w.get("decision"):
+            continue  # decided already; the run waits on the rest of its batch
+        address = str(w.get("address"))
+        tool = rt.catalog.get(address) if address in rt.catalog else None
+        schema = tool.input_schema if tool is not None else None
+        args = shown_args(w, schema)
+        about = tool.description if tool is not None else None
+        shown.append({"seq": w["seq"], "address": address, "args": args,
+                      "annotations": w.get("annotations") or {},
+                      "shown": show_call(address, args, description=about, schema=schema).block()})
+    return {RUN_ID: result.run_id, "writes": shown, "expires_at": result.expires_at}
+
+
+def for_model(result: RunResult) -> dict[str, Any]:
+    """The run's envelope as the model reads it: no diagnostics, and a pause without approval keys (D-32)."""
+    data = result.to_dict()
+    data.pop("diagnostics", None)
+    pending = data.get("pending")
+    if isinstance(pending, dict):
+        data["pending"] = {k: v for k, v in pending.items() if k != "key"}
+        if isinstance(pending.get("writes"), list):
+            data["pending"]["writes"] = [{k: v for k, v in w.items() if k != "key"} for w in pending["writes"]]
+    return data
+
+
+def answer(pause: Mapping[str, Any], decision: str | bool, *, approver: str | None = None,
+           reason: str | None = None) -> dict[str, Any]:
+    """A decision on every write ``pause`` shows: what the adapters take back (a resume value, metadata).
+
+    ``approver`` is the person the host established took it (its own sign-in); without one, an approve
+    is refused when it arrives.
+    """
+    verdict = {True: "approve", False: "decline"}.get(decision, decision) if isinstance(decision, bool) else decision
+    if verdict not in DECISIONS:
+        raise InvalidApproval(f"a decision is 'approve' or 'decline' (or True / False), not {decision!r}; "
+                              "nothing was decided")
+    return {RUN_ID: pause.get(RUN_ID), "seqs": [w["seq"] for w in pause.get("writes") or []], "decision": verdict,
+            "approver": approver, "reason": reason}
+
+
+def verdict(owner: str, approver: str | None, decision: str, *, signed_in: bool) -> Verdict:
+    """May a decision that arrived through a framework be taken on a write of a run ``owner`` ran? (D-69)
+
+    Pure: an approve needs the person the host named (``approver``), who is not the run's own principal,
+    and is then what a form answered by the client application's user is (``Channel.FORM``): refused for a
+    write whose rule requires a signed-in approver (``signed_in``).
+    """
+    if decision != "approve":
+        return ALLOWED
+    if not approver:
+        return Verdict(False, "approval_refused", "an approval through the framework names no person (approver); "
+                       "tether does not count it as a person's")
+    if approver == owner:
+        return Verdict(False, "self_approval", f"{approver} ran this program, and the principal that ran a program "
+                       "does not approve its own writes")
+    grant = Grant(approver, approver, frozenset({APPROVE}), approves_for=frozenset({owner}))
+    return may_decide(Access.of([grant]), grant, owner, decision, Channel.FORM, signed_in_required=signed_in)
+
+
+async def decide(rt: Runtime, given: Mapping[str, Any], *, code: str | None, origin: str,
+                 principal: str | None = None) -> RunResult:
+    """Take ``given`` (an :func:`answer`) on its run, checked first; the run's next result.
+
+    ``code`` is the program of the framework's tool call the answer arrived with: a run that ran another
+    program is not this call's (an answer copied onto another call), and nothing is decided.
+    """
+    run_id, seqs, decision = given.get(RUN_ID), given.get("seqs"), given.get("decision")
+    if not isinstance(run_id, str) or not isinstance(seqs, Sequence) or decision not in DECISIONS:
+        raise InvalidApproval(f"a decision names the run ({RUN_ID}), its writes (seqs) and 'approve' or 'decline'; "
+                              f"got {sorted(given)}; nothing was decided")
+    run = rt.engine.get_run(run_id, principal)
+    if code is not None and run.program != code:
+        raise InvalidApproval(f"run {run_id} ran another program than this tool call's; nothing was decided")
+    owner = run.principal or rt.principal
+    approver = given.get("approver")
+    checked = verdict(owner, approver if isinstance(approver, str) else None, str(decision),
+                      signed_in=signed_in_required(run, [s for s in seqs if isinstance(s, int)]))
+    if not checked.ok:
+        raise refusal(checked, run_id, None, paused=True, console=False)
+    reason = given.get("reason")
+    return await rt.decide(run_id, {int(s): (decision, reason if isinstance(reason, str) else None) for s in seqs},
+                           principal=principal, actor=approver if isinstance(approver, str) and approver else None,
+                           via="python", origin=origin)

@@ -1,0 +1,79 @@
+"""tether's ``execute`` as a LangGraph tool; a paused write is an ``interrupt()`` (docs/integrations.md).
+
+    tools = [execute_tool(rt)]
+    graph = builder.compile(checkpointer=checkpointer)   # ToolNode(tools), the model bound to tools
+
+The tool runs the program; a pause calls ``interrupt(pause)`` with the run id and every undecided write
+(secrets hidden, no approval key), so the graph stops and its checkpointer keeps the thread. In any
+process with the same store, tools and checkpointer, ``graph.ainvoke(Command(resume=decision(pause,
+"approve", approver="alice")), config)`` decides it (D-69, D-70): an approve only for the person the host
+names, never the principal that ran the program, never a write whose rule needs a signed-in approver; a
+decline gives the program its ``PermissionError``. The run continues from its snapshot, nothing sent
+twice, and the tool's message is the run's envelope. An answer tether refuses decides nothing: the graph
+is interrupted again with the same pause and ``refused`` (the error's code, message and next action).
+
+LangGraph runs an interrupted node again from its start when it resumes, so the tool names its run with a
+run key (P-36) made of the thread and the tool call: the repeat gets the same run, never a second one; and
+a decision names its run and writes, so a node that paused twice takes each answer for its own pause.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Mapping
+
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import InjectedToolCallId, StructuredTool
+from langgraph.types import interrupt
+
+from tether.errors import ApprovalElsewhere, ApprovalRefused, InvalidApproval
+from tether.integrations._core import RUN_ID, TOOL_NAME, answer, decide, description, for_model, pause_of, start
+
+if TYPE_CHECKING:
+    from tether import Runtime
+
+__all__ = ["decision", "execute_tool"]
+
+ORIGIN = "langgraph"
+
+
+def decision(pause: Mapping[str, Any], verdict: str | bool, *, approver: str | None = None,
+             reason: str | None = None) -> dict[str, Any]:
+    """The resume value deciding every write of ``pause`` (the interrupt's value): ``Command(resume=...)``.
+
+    ``approver`` is the person the host established decides (its own sign-in); an approve without one is
+    refused when the graph resumes, and nothing is sent.
+    """
+    return answer(pause, verdict, approver=approver, reason=reason)
+
+
+def execute_tool(rt: Runtime, *, principal: str | None = None) -> StructuredTool:
+    """The ``execute`` tool for a ToolNode, described by the text ``tether prompt`` prints.
+
+    ``principal`` is whose runs it starts (the runtime's by default): an approval by that name is refused.
+    """
+
+    async def execute(code: str, tool_call_id: Annotated[str, InjectedToolCallId], config: RunnableConfig,
+                      key: str | None = None) -> dict[str, Any]:
+        thread = (config.get("configurable") or {}).get("thread_id")
+        # The same on every replay of this node for this call, different for every other call (P-36).
+        # The model's own key (P-36) is scoped to the thread too: it names a run of this conversation only.
+        run_key = f"langgraph:{thread}:{'key:' + key if key else tool_call_id}"
+        result = await start(rt, code, key=run_key, principal=principal)
+        refused: dict[str, Any] | None = None
+        while result.status == "paused":
+            # A refused answer asks again, saying why: raised out of the node, it would stay recorded as this
+            # interrupt's answer and be refused on every resume of the thread.
+            pause = pause_of(rt, result) if refused is None else {**pause_of(rt, result), "refused": refused}
+            given = interrupt(pause)
+            try:
+                if not isinstance(given, Mapping) or RUN_ID not in given:
+                    raise InvalidApproval(
+                        "resume a paused tether call with Command(resume=decision(pause, 'approve' | 'decline', "
+                        f"approver=...)), which names its run and writes; got {given!r:.200}; nothing was decided")
+                result = await decide(rt, given, code=code, origin=ORIGIN, principal=principal)
+                refused = None
+            except (ApprovalElsewhere, ApprovalRefused, InvalidApproval) as exc:
+                refused = exc.to_dict()
+        return for_model(result)
+
+    return StructuredTool.from_function(coroutine=execute, name=TOOL_NAME, description=description(rt))

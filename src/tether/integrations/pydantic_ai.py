@@ -1,0 +1,105 @@
+"""tether's ``execute`` as a Pydantic AI capability; a paused write is a deferred tool call (docs/integrations.md).
+
+    agent = Agent(model, capabilities=[TetherCapability(rt)], output_type=[str, DeferredToolRequests])
+
+The agent gets one tool, ``execute(code, key=None)``, described by the text ``tether prompt`` prints. A
+program that pauses at a write ends the agent's run with ``DeferredToolRequests``: the call waits for
+approval, and its ``metadata`` is the pause (the run id and every undecided write, secrets hidden). The
+host keeps the message history and those requests as long as it likes; in any process with the same
+store and tools, ``DeferredToolResults`` decide it (D-69, D-70):
+
+* an approval (``True`` / ``ToolApproved()``) is taken for the person the host names in the call's
+  metadata (``approver``, see :func:`with_approver`), and only as tether's rules allow (never the
+  principal that ran the program, never a write whose rule needs a signed-in approver);
+* a denial (``False`` / ``ToolDenied(message)``) declines the writes with its message as the reason: the
+  program gets its ``PermissionError`` and the model reads what the program did next.
+
+Either way the run continues from its snapshot — nothing is run or sent a second time — and the tool's
+result is the run's envelope; a run that pauses again defers the same call again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from pydantic_ai import CallToolsNode, DeferredToolRequests, FunctionToolset, RunContext, Tool, ToolApproved, ToolDenied
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import ApprovalRequired
+
+from tether.errors import InvalidApproval
+from tether.integrations._core import RUN_ID, TOOL_NAME, answer, decide, description, for_model, pause_of, start
+
+if TYPE_CHECKING:
+    from tether import Runtime
+
+__all__ = ["TetherCapability", "with_approver"]
+
+# Recorded with each decision (the timeline's origin) so a reader sees which framework carried it.
+ORIGIN = "pydantic-ai"
+
+
+@dataclasses.dataclass
+class TetherCapability(AbstractCapability[Any]):
+    """Gives the agent tether's ``execute``; pauses become deferred tool calls awaiting approval.
+
+    ``principal`` is whose runs the agent starts (``Runtime(principal=...)``'s by default): an approval by
+    that same name is refused, as the agent's own.
+    """
+
+    runtime: Runtime
+    principal: str | None = None
+
+    def get_toolset(self) -> FunctionToolset[Any]:
+        tool = Tool(self._execute, name=TOOL_NAME, description=description(self.runtime))
+        return FunctionToolset([tool])
+
+    async def _execute(self, ctx: RunContext[Any], code: str, key: str | None = None) -> dict[str, Any]:
+        rt = self.runtime
+        if ctx.tool_call_approved:
+            # A deferred call decided: the pause it showed rides in its metadata (D-70).
+            given = ctx.tool_call_metadata if isinstance(ctx.tool_call_metadata, dict) else {}
+            if "decision" not in given:
+                approver = given.get("approver")
+                given = answer(given, "approve", approver=approver if isinstance(approver, str) else None)
+            result = await decide(rt, given, code=code, origin=ORIGIN, principal=self.principal)
+        else:
+            result = await start(rt, code, key=key, principal=self.principal)
+        if result.status == "paused":
+            raise ApprovalRequired(metadata=pause_of(rt, result))
+        return for_model(result)
+
+    async def before_node_run(self, ctx: RunContext[Any], *, node: Any) -> Any:
+        """A denial of a tether call becomes a decline tether takes, instead of leaving the run paused.
+
+        Pydantic AI answers a denied call without calling its tool; a run left paused could still be approved
+        on the console after the model was told no. So the denial is turned into the call's own decline.
+        """
+        if not isinstance(node, CallToolsNode) or not node.tool_call_results:
+            return node
+        ours = {c.tool_call_id for c in node.model_response.tool_calls if c.tool_name == TOOL_NAME}
+        results, metadata = dict(node.tool_call_results), dict(node.tool_call_metadata or {})
+        changed = False
+        for call_id, result in node.tool_call_results.items():
+            if call_id not in ours or not isinstance(result, ToolDenied):
+                continue
+            pause = metadata.get(call_id)
+            if not isinstance(pause, dict) or RUN_ID not in pause:
+                raise InvalidApproval(
+                    f"the denial of tool call {call_id!r} carries no tether pause: pass the requests' metadata "
+                    "in DeferredToolResults(metadata=...) so tether declines the run; nothing was decided")
+            approver = pause.get("approver")
+            metadata[call_id] = answer(pause, "decline", reason=result.message,
+                                       approver=approver if isinstance(approver, str) else None)
+            results[call_id] = ToolApproved()
+            changed = True
+        if not changed:
+            return node
+        return dataclasses.replace(node, tool_call_results=results, tool_call_metadata=metadata)
+
+
+def with_approver(requests: DeferredToolRequests, approver: str) -> dict[str, dict[str, Any]]:
+    """The metadata to pass back in ``DeferredToolResults(metadata=...)``: each tether pause, with the
+    person the host established decides it (its own sign-in, not anything the agent said)."""
+    return {call_id: {**meta, "approver": approver} for call_id, meta in requests.metadata.items()
+            if isinstance(meta, dict) and RUN_ID in meta}

@@ -1,0 +1,118 @@
+"""tether's tool in a LangGraph agent (tether.integrations.langgraph; docs/integrations.md, D-69, D-70).
+
+The graph is LangGraph's own (a model node, a ``ToolNode``, a checkpointer); the model is a LangChain chat
+model emitting scripted tool calls (tests/frameworks/scripted_langchain.py): a program that reads a ticket,
+then comments on it. The comment's pause is an ``interrupt()``; the process is killed; a fresh process
+resumes the thread from a SQLite checkpointer with ``Command(resume=...)``, and the model's next turn sees
+what the program did. The comment tool appends each send to a file, so a send is counted across processes.
+"""
+
+from __future__ import annotations
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
+from tests.frameworks.desk import PROGRAM, TOOLS, sent
+from tests.frameworks.processes import finished, kill_when_paused, spawn
+from tests.frameworks.scripted_langchain import graph_of
+
+from tether import Runtime
+from tether._store.states import RunStatus
+from tether.integrations.langgraph import decision
+
+CONFIG = {"configurable": {"thread_id": "ticket-T1"}}
+
+
+@pytest.fixture
+def desk(tmp_path, monkeypatch):
+    monkeypatch.setenv("DESK_SENT", str(tmp_path / "sent.jsonl"))
+    return str(tmp_path / "sent.jsonl")
+
+
+def _app(tmp_path, mode: str, *extra: str):
+    return spawn("langgraph_app.py", tmp_path, f"sqlite:///{tmp_path}/tether.db", str(tmp_path / "graph.db"), mode,
+                 *extra)
+
+
+@pytest.mark.slow
+def test_an_interrupted_write_survives_a_killed_process_and_is_sent_once_when_resumed_with_approve(tmp_path):
+    kill_when_paused(_app(tmp_path, "start"))
+    assert sent(str(tmp_path / "sent.jsonl")) == []
+
+    out = finished(_app(tmp_path, "approve", "alice"))
+
+    # The interrupt carried the write with every argument, and no approval key.
+    (write,) = out["pause"]["writes"]
+    assert (write["address"], write["args"]) == ("desk.add_comment", {"ticket_id": "T1", "body": "On it"})
+    assert "key" not in write
+    # The model's next turn sees the program's result.
+    assert out["last"].startswith("the tool returned: ") and '"status": "completed"' in out["last"]
+    assert '"commented": true' in out["last"] and out["pause"]["tether_run_id"] in out["last"]
+    assert sent(str(tmp_path / "sent.jsonl")) == [{"ticket_id": "T1", "body": "On it"}]
+
+
+@pytest.mark.slow
+def test_a_decline_in_a_fresh_process_is_not_sent_and_the_model_sees_the_program_fail_on_it(tmp_path):
+    kill_when_paused(_app(tmp_path, "start"))
+
+    out = finished(_app(tmp_path, "decline"))
+
+    assert '"write_declined"' in out["last"] and '"status": "failed"' in out["last"]
+    assert sent(str(tmp_path / "sent.jsonl")) == []
+
+
+async def _interrupted(rt: Runtime, program: str = PROGRAM):
+    graph = graph_of(rt, program, InMemorySaver())
+    out = await graph.ainvoke({"messages": [("user", "Comment on ticket T1")]}, CONFIG)
+    (pending,) = out["__interrupt__"]
+    return graph, pending.value
+
+
+async def test_a_node_that_pauses_twice_takes_each_answer_for_its_own_pause_when_replayed(desk):
+    """LangGraph runs the interrupted node again from its start on each resume: the first answer, replayed,
+    must not land on the second pause, and the program must not run a second time."""
+    two = PROGRAM.replace('{"status"', 'await tools.desk.add_comment("T1", "Done")\n{"status"')
+    async with Runtime(tools=TOOLS) as rt:
+        graph, first = await _interrupted(rt, two)
+        out = await graph.ainvoke(Command(resume=decision(first, "approve", approver="alice")), CONFIG)
+        (second,) = out["__interrupt__"]
+        assert second.value["tether_run_id"] == first["tether_run_id"]
+        assert [w["args"]["body"] for w in second.value["writes"]] == ["Done"]
+        out = await graph.ainvoke(Command(resume=decision(second.value, "decline", reason="one is enough")), CONFIG)
+        assert "one is enough" in out["messages"][-1].content
+        assert [s["body"] for s in sent(desk)] == ["On it"]
+        assert len(rt.store.list_runs()) == 1
+
+
+async def test_a_resume_that_names_no_person_is_refused_and_the_thread_can_still_be_approved(desk):
+    async with Runtime(tools=TOOLS) as rt:
+        graph, pause = await _interrupted(rt)
+        out = await graph.ainvoke(Command(resume=decision(pause, "approve")), CONFIG)
+        (again,) = out["__interrupt__"]  # asked again, saying why; nothing decided
+        assert again.value["refused"]["code"] == "approval_refused" and "names no person" in again.value["refused"]["message"]
+        assert [(w["seq"], w["args"]) for w in again.value["writes"]] == [(w["seq"], w["args"]) for w in pause["writes"]]
+        assert rt.store.get_run(pause["tether_run_id"]).status == RunStatus.PAUSED and sent(desk) == []
+        out = await graph.ainvoke(Command(resume=decision(pause, "approve", approver="alice")), CONFIG)
+        assert '"status": "completed"' in out["messages"][-1].content and len(sent(desk)) == 1
+
+
+async def test_a_bare_resume_value_is_refused_since_it_names_no_write(desk):
+    async with Runtime(tools=TOOLS) as rt:
+        graph, pause = await _interrupted(rt)
+        out = await graph.ainvoke(Command(resume="approve"), CONFIG)
+        (again,) = out["__interrupt__"]
+        assert again.value["refused"]["code"] == "invalid_approval" and sent(desk) == []
+
+
+async def test_the_principal_that_ran_the_program_does_not_approve_its_own_write(desk):
+    async with Runtime(tools=TOOLS, principal="agent-7") as rt:
+        graph, pause = await _interrupted(rt)
+        out = await graph.ainvoke(Command(resume=decision(pause, "approve", approver="agent-7")), CONFIG)
+        (again,) = out["__interrupt__"]
+        assert again.value["refused"]["code"] == "self_approval" and sent(desk) == []
+
+
+async def test_a_program_tether_refuses_to_start_is_a_failed_result_for_the_model_not_a_crash_of_the_graph(desk):
+    async with Runtime(tools=TOOLS) as rt:
+        out = await graph_of(rt, "x = 1\n" * 20_000, InMemorySaver()).ainvoke({"messages": [("user", "go")]}, CONFIG)
+        assert '"code_too_large"' in out["messages"][-1].content
