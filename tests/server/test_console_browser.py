@@ -686,7 +686,7 @@ def test_p46_decline_and_undo_in_the_console_undoes_the_sent_write_and_pairs_it_
         calls = page.locator("table.calls").inner_text()
         assert "undone by #3" in calls and "undoes #1" in calls
         timeline = page.locator(".timeline").inner_text()
-        assert "call 2: decline_and_undo by pat" in timeline and "wrong customer" in timeline
+        assert "call 2: decline_and_undo by token \u201cpat\u201d" in timeline and "wrong customer" in timeline
         shots(page, "console-run-rolled-back")
     finally:
         context.close()
