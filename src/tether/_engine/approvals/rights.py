@@ -141,9 +141,11 @@ def may_see(access: Access, grant: Grant | None, owner: str | None) -> bool:
     if OPERATE in grant.rights or owner == grant.principal:
         return True
     if owner == LOCAL:
-        # The operator's own runs (CLI, Python API): shared only by local_runs, never by approves_for,
-        # not even "*" nor an approver from the identity provider (D-61).
-        return access.local_runs == "shared"
+        # The operator's own runs (CLI, Python API): shared by local_runs, never by "*" (a token's, or an
+        # approver's from the identity provider), D-61. Only the operator's own code names `local` itself
+        # in approves_for (an in-process framework host naming its approver): no token name and no
+        # identity provider's grant can.
+        return access.local_runs == "shared" or (APPROVE in grant.rights and LOCAL in grant.approves_for)
     return APPROVE in grant.rights and (ANY in grant.approves_for or owner in grant.approves_for)
 
 
