@@ -9,7 +9,10 @@ settings at most 1.3x that floor on a quiet machine and 1.6x on a busy one
 (quiet: the 1-minute load average at most 0.5 per core before the bench
 starts, and at the end no more above that than the bench's own process and
 its Monty worker add, 1.3); with the type check off (the engine itself), at
-most 1.2x.
+most 1.2x. Lineage (P-45, D-64): the same execute under ``[policy] writes =
+"guard"``, where each read's tool is untrusted (no label says otherwise) and
+journals its label and marks, at most 1.1x the same execute under the default
+policy (paired, check off both).
 
     python bench/core_bench.py [--quick] [--rounds N]
     python bench/core_bench.py --profile [--runs 300] [--store file|memory] [--top 30] [--calls 1,10]
@@ -38,12 +41,14 @@ import pydantic_monty as pm
 
 import common
 from common import CALLS, EXPECTED, FASTMCP_PROGRAM, PROGRAM, get
+from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._store import open_store
 from tether._tools.catalog import Catalog
 from tether._tools.stubs import build_stubs
 
 TARGET_RATIO = 1.2
+GUARD_RATIO = 1.1
 DEFAULT_QUIET, DEFAULT_BUSY = 1.3, 1.6
 # Read before any contender runs: the bench itself keeps about a core busy.
 LOAD_AT_START = os.getloadavg()[0]
@@ -62,6 +67,7 @@ LABELS = {
     "bare_feed_run_tc": "bare Monty feed_run + type check",
     "tether_default": "tether execute, default settings (check = calls)",
     "tether_tc_off": "tether execute, check off",
+    "tether_guard": "tether execute, check off, writes = \"guard\" (P-45)",
     "tether_tc_on": "tether execute, check = full (ty; the verdict remembered)",
     "fastmcp": "FastMCP Code Mode (in-memory client)",
     "fastmcp_warm": "FastMCP Code Mode, warm-pool provider",
@@ -69,6 +75,10 @@ LABELS = {
     "bare_0": "bare Monty, program without calls",
     "tether_0": "tether execute tc off, program without calls",
 }
+# What an inbox read returns: an untrusted result whose marks a guarded run journals (P-45).
+INBOX = [{"id": f"m-{i}", "sender": f"user{i}@corp.example", "subject": "Quarterly numbers",
+          "body": f"Hi, the figures are at https://files.corp.example/q{i}.pdf; call +41 44 668 18 0{i} if the "
+                  "link does not open. Best regards from the finance team."} for i in range(3)]
 # A program without host calls: splits tether's cost into per-execute and per-call parts.
 PROGRAM_0 = "import tools\ntotal = 0\nfor i in range(10):\n    total += i * 2\ntotal\n"
 
@@ -120,6 +130,7 @@ async def run(rounds: int, warmup: int) -> dict[str, Any]:
         pm.AsyncMonty(min_processes=1, max_processes=2) as pool,
         pm.AsyncMonty(min_processes=1, max_processes=2) as fm_pool,
         Runtime(tools=common.bench_tools()) as rt,
+        Runtime(tools=common.bench_tools(), policy=Policy(writes="guard")) as rt_guard,
     ):
         modules = bare_modules()
         modules_tc = bare_modules(stubs)
@@ -137,8 +148,8 @@ async def run(rounds: int, warmup: int) -> dict[str, Any]:
             async with pool.checkout(external_modules=modules) as session:
                 return await session.feed_run(PROGRAM_0)
 
-        async def tether(check: str | None, code: str = PROGRAM) -> Any:
-            result = await (rt.execute(code, check=check) if check else rt.execute(code))
+        async def tether(check: str | None, code: str = PROGRAM, runtime: Runtime = rt) -> Any:
+            result = await (runtime.execute(code, check=check) if check else runtime.execute(code))
             if result.status != "completed":
                 raise RuntimeError(f"tether run {result.status}: {result.error}")
             return result
@@ -160,6 +171,7 @@ async def run(rounds: int, warmup: int) -> dict[str, Any]:
                 "bare_feed_run": bare_feed_run,
                 "tether_default": lambda: tether(None),
                 "tether_tc_off": lambda: tether("off"),
+                "tether_guard": lambda: tether("off", runtime=rt_guard),
                 "tether_tc_on": lambda: tether("full"),
                 "bare_feed_start": lambda: feed_start_loop(pool, modules),
                 "bare_feed_run_tc": bare_feed_run_tc,
@@ -184,7 +196,8 @@ async def run(rounds: int, warmup: int) -> dict[str, Any]:
     rows = common.ratio_rows(samples, "bare_feed_run", LABELS)
     with tempfile.TemporaryDirectory() as tmp:
         parts = await call_parts(500 if rounds < 100 else 5000, tmp)
-    return {"rows": rows, "phases": phases(diag), "parts": parts}
+    guard = common.paired_ratio(samples["tether_guard"], samples["tether_tc_off"])
+    return {"rows": rows, "phases": phases(diag), "parts": parts, "guard_ratio": round(guard, 3)}
 
 
 async def call_parts(iterations: int, store_dir: str) -> list[dict[str, Any]]:
@@ -199,6 +212,7 @@ async def call_parts(iterations: int, store_dir: str) -> list[dict[str, Any]]:
 
     from tether._engine.attempt.result import to_json_value
     from tether._engine.calls.call import call_key
+    from tether._engine.lineage.values import marks
     from tether._engine.rules import policy
     from tether._store import open_store
     from tether._store.base import CallRecord, RunRecord
@@ -252,6 +266,8 @@ async def call_parts(iterations: int, store_dir: str) -> list[dict[str, Any]]:
         ("tool.handler (pydantic validate + jsonable)", plain, True),
         ("handler under asyncio.timeout (reads)", inline_timeout, True),
         ("handler via task+shield (writes only)", task_shield_wait_for, True),
+        ("lineage marks of an untrusted read (writes = \"guard\"): a 3-mail inbox",
+         lambda: marks(INBOX), False),
     ]
     # Interleaved like the contenders: one batch of each piece per round.
     batch = 20
@@ -398,6 +414,8 @@ def main() -> None:
         common.target(f"tether execute (default settings) / bare Monty, {'quiet' if is_quiet else 'busy'} "
                       f"({loads})", by["tether_default"]["paired_ratio"],
                       DEFAULT_QUIET if is_quiet else DEFAULT_BUSY, "x"),
+        common.target("tether execute under writes = \"guard\" / the same under the default policy (check off)",
+                      out["guard_ratio"], GUARD_RATIO, "x"),
     ]
     print()
     print(common.table(targets, common.TARGET_COLUMNS))

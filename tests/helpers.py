@@ -259,3 +259,19 @@ def served_in_thread(app: Any) -> Iterator[str]:
         thread.join(10)
         sock.close()
     assert not thread.is_alive()
+
+
+def own_database(url: str, prefix: str) -> str:
+    """A database of a test's own on the session's Postgres cluster (its URL): processes a test starts see no
+    other test's runs."""
+    import uuid
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    # postgresql:///postgres?host=... : the database is the path; urlunsplit would drop the empty host.
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}/{name}" + (f"?{parts.query}" if parts.query else "")

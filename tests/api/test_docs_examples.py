@@ -57,8 +57,9 @@ def test_every_python_and_json_block_in_the_docs_parses(doc):
 def test_the_readme_config_example_is_valid(tmp_path):
     from tether._config import load_config
 
-    # The OAuth steps' snippet, the configuration section's example, the idempotency one, then the undo one.
-    oauth, block, keyed, undo = blocks("README.md", "toml")
+    # The OAuth steps' snippet, the configuration section's example, guarded writes (P-45), the idempotency
+    # one, then the undo one.
+    oauth, block, guarded, keyed, undo = blocks("README.md", "toml")
     path = tmp_path / "tether.toml"
     path.write_text(block)
     config = load_config(path)
@@ -71,6 +72,10 @@ def test_the_readme_config_example_is_valid(tmp_path):
     path.write_text(keyed)
     config = load_config(path)
     assert [(s.type, s.idempotency) for s in config.sources] == [("openapi", "key"), ("mcp", "key")]
+    path.write_text(guarded)
+    config = load_config(path)
+    assert config.policy.writes == "guard" and config.policy.allowlist[0] == "*@mycompany.com"
+    assert config.sources[0].trust_tools == {"get_contacts": "trusted"}
     path.write_text(undo)
     config = load_config(path)
     (github,) = config.sources

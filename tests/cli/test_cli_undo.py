@@ -3,6 +3,7 @@ run, and `tether runs show` listing each original write beside its compensation.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -84,3 +85,33 @@ def test_p46_runs_undo_undoes_an_ended_run_once(tmp_path, env):
     assert effects(env)[2:] == [("refund", "ch_b"), ("refund", "ch_a")]
     again = run_cli(["runs", "undo", run_id, "--json"], env, tmp_path)
     assert json.loads(again.stdout)["status"] == "rolled_back" and len(effects(env)) == 4
+
+
+def test_p46_runs_show_names_an_ended_runs_undo_as_the_runs_and_escapes_who_asked_for_it(tmp_path, env, monkeypatch):
+    """An ended run's undo decides the whole run, not a call 0; whoever it names (a framework's approver is
+    the host's user, a name its user chose) is printed escaped, as every other text of the run is."""
+    import importlib.util
+
+    from tether import Policy, Runtime
+    from tether._sources.python import tools_from_module
+    from tether._store import open_store
+
+    env["TETHER_STORE_URL"] = f"sqlite:///{tmp_path}/tether.db"
+    spec = importlib.util.spec_from_file_location("undo_tools", TOOLS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("SHOP_FILE", env["SHOP_FILE"])
+
+    async def undo() -> str:
+        async with Runtime(store=open_store(env["TETHER_STORE_URL"]), tools=tools_from_module(module),
+                           policy=Policy(writes="allow"), type_check=False) as rt:
+            done = await rt.execute("import tools\nawait tools.shop.charge(order='a', amount=1)\n")
+            undone = await rt.resume(done.run_id, "undo", "by request", actor="mallory\x1b]0;pwned\x07\x1b[2J")
+            assert undone.status == "rolled_back"
+            return done.run_id
+
+    run_id = asyncio.run(undo())
+    shown = run_cli(["runs", "show", run_id], env, tmp_path).stdout
+
+    assert "call 0" not in shown and "decided: undo (by request) by mallory" in shown, shown
+    assert "\x1b" not in shown and "\x07" not in shown

@@ -290,7 +290,7 @@ def test_negative_limit(tmp_path: Path) -> None:
         ("[limits]\nhost_calls = 2.5", "limits.host_calls: must be a positive integer (got 2.5)"),
         ("[limits]\nrun_seconds = -0.5", "limits.run_seconds: must be a positive number of seconds (got -0.5)"),
         ("limits = 5", "limits: must be a table (got 5)"),
-        ('[policy]\nwrites = "maybe"', "policy.writes: must be one of 'ask', 'allow', 'deny' (got 'maybe')"),
+        ('[policy]\nwrites = "maybe"', "policy.writes: must be one of 'ask', 'allow', 'guard', 'deny' (got 'maybe')"),
         (
             '[policy]\nrules = [{match = "helpdesk.*", action = "yes"}]',
             "policy.rules[0].action: must be one of 'allow', 'ask', 'deny' (got 'yes')",

@@ -17,12 +17,11 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from helpers import Clock, run_cli
+from helpers import Clock, own_database, run_cli
 from tether._engine.rules.limits import Limits
 from tether._engine.rules.quarantine import TAKEOVERS
 from tether._runtime import Runtime
@@ -263,21 +262,7 @@ def test_a_run_that_wedges_every_worker_is_quarantined_across_two_processes_on_s
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_a_run_that_wedges_every_worker_is_quarantined_across_two_processes_on_postgres(tmp_path, pg_url):
-    _poison_run_is_quarantined_across_two_processes(tmp_path / "w", _own_database(pg_url))
-
-
-def _own_database(url: str) -> str:
-    """A database of this test's own on the session's cluster: its workers must not take other tests' runs."""
-    from urllib.parse import urlsplit
-
-    import psycopg
-
-    name = f"quarantine_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    # postgresql:///postgres?host=... : the database is the path; urlunsplit would drop the empty host.
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}/{name}" + (f"?{parts.query}" if parts.query else "")
+    _poison_run_is_quarantined_across_two_processes(tmp_path / "w", own_database(pg_url, "quarantine"))
 
 
 async def test_a_client_retrying_its_run_key_counts_as_a_takeover_and_is_quarantined(store_url):

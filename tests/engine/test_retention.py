@@ -183,7 +183,7 @@ def test_cli_runs_prune_and_store_stats(tmp_path):
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["size_bytes"] > 0 and data["prune"]["runs"] == 1
-    assert data["retention"]["days"] == {"completed": 0.000001, "failed": None, "cancelled": 30}
+    assert data["retention"]["days"] == {"completed": 0.000001, "failed": None, "cancelled": 30, "rolled_back": 90}
     out = run_cli(["runs", "prune", "--dry-run", "--json"], env, tmp_path)
     assert json.loads(out.stdout)["runs"] == 1 and json.loads(out.stdout)["dry_run"] is True
     assert store.get_run(done.run_id) is not None

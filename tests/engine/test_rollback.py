@@ -8,6 +8,7 @@ as not undone with why. The same tests run on SQLite and on Postgres.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -48,6 +49,7 @@ class Shop:
     def __init__(self) -> None:
         self.effects: list[tuple[str, str, str | None]] = []
         self.refunded: dict[str, str] = {}  # idempotency key -> charge id: repeats take effect once
+        self.on_refund: Any = None  # called with each refund's charge id as it arrives
 
     def module(self):
         shop = self
@@ -66,9 +68,11 @@ class Shop:
             return {"id": f"ch_{order}", "amount": amount}
 
         @tool(namespace="shop", idempotent_with_key=True)
-        def refund(charge_id: str) -> dict:
+        async def refund(charge_id: str) -> dict:
             """Refund a charge (dedupes by idempotency key)."""
             key = current_call().key
+            if shop.on_refund is not None and (hang := shop.on_refund(charge_id)) is not None:
+                await hang
             if key not in shop.refunded:
                 shop.refunded[key] = charge_id
                 shop.effects.append(("refund", charge_id, key))
@@ -264,3 +268,85 @@ async def test_p42_a_rolled_back_run_is_forgotten_after_its_days_as_the_config_d
         assert prune_all(rt.store, rules, now + 89 * DAY).runs == 0  # kept as long as a failure
         assert prune_all(rt.store, rules, now + 91 * DAY).runs == 1
         assert rt.store.get_run(paused.run_id) is None and rt.store.get_calls(paused.run_id) == []
+
+
+async def test_p46_p45_decline_and_undo_of_a_guarded_run_sends_the_undos(url):
+    # Under writes = "guard" an undo left at the mode's default goes as an asked one does (D-68): the charges
+    # (literal orders) went out unasked, the transfer asks by a rule, and the person's decline undoes them.
+    _fresh(url)
+    shop = Shop()
+    guarded = Policy(writes="guard", rules=[{"match": "shop.transfer", "action": "ask"}])
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=guarded, type_check=False) as rt:
+        paused = await rt.execute(THREE_WRITES)
+        assert paused.status == "paused" and paused.pending["seq"] == 4, paused.error
+        result = await rt.decide(paused.run_id, {4: "decline_and_undo"})
+        assert result.status == RunStatus.ROLLED_BACK, result.error
+        assert [e[1] for e in shop.effects if e[0] == "refund"] == ["ch_c", "ch_b", "ch_a"]
+
+
+async def test_p46_p35_a_rollback_whose_journal_was_edited_is_refused_by_the_process_taking_it_over(tmp_path):
+    """P-46 with P-35: the plan recorded, its owner stopped, a journal row edited outside tether. The process
+    that takes the run over refuses it (ended ``run_tampered``, not left running for takeover after takeover)
+    and sends no undo."""
+    import sqlite3
+
+    from tether._engine.approvals.model import batch_of
+    from tether._engine.rollback import runner
+
+    url = f"sqlite:///{tmp_path}/tether.db"
+    shop = Shop()
+    first = Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False, lease_seconds=0.3)
+    async with first:
+        paused = await first.execute(PROGRAM)
+        run = first.store.get_run(paused.run_id)
+        assert await runner.begin(first.engine, run, declined=batch_of(run), decision={"decision": "decline_and_undo"})
+    with sqlite3.connect(tmp_path / "tether.db") as db:
+        db.execute("UPDATE calls SET args = ? WHERE run_id = ? AND seq = 1", ('{"order":"z","amount":1}', run.run_id))
+    await asyncio.sleep(0.4)
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False) as second:
+        (result,) = [r for r in await second.recover() if r.run_id == run.run_id]
+        assert result.status == RunStatus.FAILED and result.error["code"] == "run_tampered", result
+        assert second.store.get_run(run.run_id).status == RunStatus.FAILED
+    assert not any(e[0] == "refund" for e in shop.effects)
+
+
+async def test_p46_p35_an_undo_entry_forged_in_the_store_under_a_rollback_is_refused_not_reported_undone(tmp_path):
+    """P-46 with P-35: while the first undo is on the wire, a row is written outside tether where the next undo
+    will be journaled, saying it was sent. The rollback reads that entry when its own record is refused: the
+    forgery fails its check and the run ends refused, never reporting a write undone that no undo reached."""
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path}/tether.db"
+    shop = Shop()
+
+    def forge(charge_id: str) -> None:
+        if charge_id != "ch_c":
+            return
+        with sqlite3.connect(tmp_path / "tether.db") as db:
+            cols = [r[1] for r in db.execute("PRAGMA table_info(calls)")]
+            picked = ", ".join("6" if c == "seq" else "'sent'" if c == "state" else c for c in cols)
+            db.execute(f"INSERT INTO calls ({', '.join(cols)}) SELECT {picked} FROM calls WHERE seq = 5")
+
+    shop.on_refund = forge
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False) as rt:
+        paused = await rt.execute(THREE_WRITES)
+        result = await rt.decide(paused.run_id, {4: ("decline_and_undo", "wrong customer")})
+        assert result.status == RunStatus.FAILED and result.error["code"] == "run_tampered", result
+        assert not any(line.get("undone") and line["seq"] == 2 for line in result.rollback or [])
+    assert [e[1] for e in shop.effects if e[0] == "refund"] == ["ch_c"]
+
+
+async def test_p46_p8_an_undo_whose_tool_hangs_is_cut_at_the_call_timeout_and_listed_unknown(tmp_path):
+    """P-46 with P-8: a compensation is host work with a deadline. An undo tool that does not answer is cut at
+    the call timeout, its outcome recorded unknown (never sent again), and the run ends rolled_back naming it."""
+    url = f"sqlite:///{tmp_path}/tether.db"
+    shop = Shop()
+    shop.on_refund = lambda charge_id: asyncio.sleep(30) if charge_id == "ch_c" else None
+    async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False,
+                       limits=Limits(call_timeout_seconds=0.3)) as rt:
+        paused = await rt.execute(THREE_WRITES)
+        result = await rt.decide(paused.run_id, {4: ("decline_and_undo", None)})
+        assert result.status == RunStatus.ROLLED_BACK
+        assert [(x["seq"], x["undone"], x["undo"]["state"]) for x in result.rollback] == [
+            (3, False, "unknown"), (2, True, "sent"), (1, True, "sent")]
+        assert "outcome is unknown" in result.rollback[0]["why"]

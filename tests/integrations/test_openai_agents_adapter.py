@@ -169,3 +169,19 @@ async def test_a_program_tether_refuses_to_start_is_a_failed_result_for_the_mode
         agent = Agent(name="desk", model=ScriptedAgentModel("x = 1\n" * 20_000), tools=[execute_tool(rt)])
         result = await Runner.run(agent, "go", context={})
         assert json.loads(json.loads(result.final_output)["saw"])["error"]["code"] == "code_too_large"
+
+
+async def test_an_approved_run_state_run_a_second_time_does_not_approve_the_next_pause(desk):
+    """D-69: a host that runs the same approved RunState again (a retried request, a replayed string) decided
+    the pause it showed once; the run's next pause, which nobody was shown, is not approved by it."""
+    two = PROGRAM.replace('{"status"', 'await tools.desk.add_comment("T1", "Unseen")\n{"status"')
+    async with Runtime(tools=TOOLS) as rt:
+        agent, state, item = await _interrupted(rt, ScriptedAgentModel(two), approver="alice")
+        state.approve(item)
+        saved = state.to_string()
+        await Runner.run(agent, state)
+        assert [s["body"] for s in sent(desk)] == ["On it"]
+        again = await RunState.from_string(agent, saved, context_override={"approver": "alice"})
+        await Runner.run(agent, again)
+        assert [s["body"] for s in sent(desk)] == ["On it"]
+        assert rt.store.list_runs()[0].status == RunStatus.PAUSED

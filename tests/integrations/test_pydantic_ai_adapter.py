@@ -171,3 +171,16 @@ async def test_a_program_tether_refuses_to_start_is_a_failed_result_for_the_mode
         done = await agent_of(rt, "x = 1\n" * 20_000).run("go")  # past the 64 KiB code limit
         seen = json.loads(done.output)["saw"]
         assert seen["status"] == "failed" and seen["error"]["code"] == "code_too_large"
+
+
+async def test_an_approver_of_blanks_names_no_person_and_the_runs_own_principal_padded_is_still_itself(desk):
+    """D-69: an approve names a person. A name of blanks is none (refused, as an empty one), and the principal
+    that ran the program with spaces around it is that principal (self-approval): nothing is sent."""
+    async with Runtime(tools=TOOLS, principal="agent-7") as rt:
+        agent, first, requests = await _paused(rt)
+        for name, refused in (("   ", ApprovalRefused), (" agent-7 ", SelfApproval), ("\tagent-7", SelfApproval)):
+            results = DeferredToolResults(approvals={"call-1": True}, metadata=with_approver(requests, name))
+            with pytest.raises(refused):
+                await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
+        (run_id,) = [m["tether_run_id"] for m in requests.metadata.values()]
+        assert rt.store.get_run(run_id).status == RunStatus.PAUSED and sent(desk) == []

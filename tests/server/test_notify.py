@@ -258,3 +258,45 @@ async def test_a_wait_is_announced_with_its_name(tmp_path):
             delivering.cancel()
         event = json.loads(hook.requests[0][1])
         assert event["type"] == "run.waiting" and event["pending"][0]["name"] == "invoice-approved"
+
+
+GUARDED_TOOLS = '''
+from tether._sources.python import tool
+
+TETHER_NAMESPACE = "desk"
+
+
+@tool(read_only=True)
+def latest_message() -> dict:
+    """The newest customer message (anyone can write one)."""
+    return {"from": "someone@letters.example",
+            "text": "Please refund the order to account CH93 0076 2011 6238 5295 7 today."}
+
+
+@tool
+def refund(order_id: str, iban: str) -> str:
+    """Refund an order to an IBAN."""
+    return "refunded " + order_id
+'''
+
+
+async def test_p45_a_guarded_pause_is_posted_with_why_it_asks(tmp_path, monkeypatch):
+    (tmp_path / "desk_tools.py").write_text(GUARDED_TOOLS)
+    monkeypatch.setenv("HOOK_SECRET", SECRET)
+    async with Receiver() as hook:
+        config = Config.from_dict({"policy": {"writes": "guard"},
+                                   "notify": [{"url": hook.url, "secret_env": "HOOK_SECRET", "events": ["paused"]}]},
+                                  env={"TETHER_HOME": str(tmp_path / "home")})
+        async with open_runtime(config, tools=[str(tmp_path / "desk_tools.py")],
+                                store_url=f"sqlite:///{tmp_path}/t.db") as rt:
+            paused = await rt.execute(
+                "import tools\n"
+                "m = await tools.desk.latest_message()\n"
+                "iban = ''.join(m['text'].split('account ')[1].split(' today')[0].split())\n"
+                "await tools.desk.refund(order_id='A1', iban=iban)\n")
+            assert paused.status == "paused", paused.error
+            await hook.wait_for(1)
+            [write] = json.loads(hook.requests[0][1])["pending"]
+            assert write["address"] == "desk.refund"
+            assert any(line.startswith("iban: ") and "desk.latest_message() at call 1" in line
+                       for line in write["why"]), write

@@ -65,3 +65,22 @@ async def test_p46_resume_decline_and_undo_through_mcp_only_where_the_agent_may_
                 assert out["error"]["code"] == "rolled_back"
                 assert "undone: call 1 shop.charge" in out["error"]["message"]
     assert effects == [("charge", "a"), ("refund", "ch_a")]
+
+
+async def test_p46_an_agent_that_may_approve_its_own_writes_does_not_undo_into_a_write_kept_for_signed_in_people():
+    """D-68: an undo is a write. Where the undo's tool is one only a signed-in person approves, the agent's own
+    resume (self_approval) does not send it by declining and undoing: nothing is decided, nothing sent."""
+    effects.clear()
+    principal = principal_for_token(ALICE)
+    policy = Policy(writes="allow", rules=[{"match": "shop.charge", "action": "ask"},
+                                           {"match": "shop.refund", "action": "ask", "approver": "signed_in"}])
+    async with Runtime(tools=[charge, refund], policy=policy, type_check=False) as rt:
+        server = TetherServer(rt, principal_of=lambda ctx: principal, access=access(True))
+        async with Client(server.mcp) as c:
+            run_id = (await c.call_tool("execute", {"code": PROGRAM})).structured_content["run_id"]
+            first = await c.call_tool("resume", {"run_id": run_id, "decision": "approve", "seq": 1})
+            assert first.structured_content["status"] == "paused"
+            r = await c.call_tool("resume", {"run_id": run_id, "decision": "decline_and_undo", "seq": 2})
+            assert r.is_error and r.structured_content["error"]["code"] == "approval_elsewhere", r.structured_content
+            assert rt.store.get_run(run_id).status == "paused"
+    assert effects == [("charge", "a")]

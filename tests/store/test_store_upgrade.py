@@ -43,6 +43,8 @@ class Backend(StoreBackend):
         """Take the store back to schema version 10: no new column, trigger or index of migration 11 (nor
         migration 12's table and 13's indexes on it, tests/store/test_quota_counts.py)."""
         self.sql("DROP TABLE run_counts")
+        self.sql("DROP TABLE lineage_marks")  # migration 14's table and column (P-45)
+        self.sql("ALTER TABLE calls DROP COLUMN lineage")
         self.sql("DELETE FROM schema_version WHERE version >= 12")
         for table, column in RENAMED.items():
             name = f"{table}_{column}_in_step"

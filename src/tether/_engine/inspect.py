@@ -28,6 +28,7 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
             # Each original write beside its compensation (P-46).
             **({"undone_by": undone_by[c.seq]} if c.seq in undone_by and c.op != "undo" else {}),
             **({"undoes": undoes[c.seq]} if c.op == "undo" and c.seq in undoes else {}),
+            **({"lineage": _lineage_shown(c.lineage)} if c.lineage is not None else {}),
         })
     snap = store.latest_snapshot(run_id)
     # Who decided each paused write, and from where (P-29).
@@ -62,6 +63,18 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
         "outcome": run.result,
         "rollback": rollback,
     }
+
+
+def _lineage_shown(lineage: dict[str, Any]) -> dict[str, Any]:
+    """A journal entry's lineage as the timeline keeps it (P-45): an untrusted read's label and how many marks
+    its result gave (the values stay in the journal), or a guarded write's verdict with every reason."""
+    shown: dict[str, Any] = {}
+    if "ask" in lineage:
+        shown.update(asked=bool(lineage.get("ask")), reasons=lineage.get("reasons") or [])
+    if "trust" in lineage:
+        marks = lineage.get("marks")
+        shown.update(trust=lineage.get("trust"), marks=len(marks) if isinstance(marks, list) else 0)
+    return shown
 
 
 def rollback_of(result: Any, pending: Any) -> tuple[list[dict[str, Any]] | None, dict[int, int]]:

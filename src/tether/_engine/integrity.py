@@ -223,8 +223,12 @@ def signed_call_fields(call: "CallRecord") -> list[Any]:
     Add a journal field that a resume acts on here, in one line, and in :func:`_call_message` (the same
     list spelled out; a test fails until both agree).
     """
-    return [call.run_id, call.seq, call.op, call.address, call.args, call.key, call.kind, call.state,
-            call.outcome, call.error, call.idempotency_key, call.sends]
+    fields = [call.run_id, call.seq, call.op, call.address, call.args, call.key, call.kind, call.state,
+              call.outcome, call.error, call.idempotency_key, call.sends]
+    if call.lineage is not None:
+        # Only when set: an entry recorded without lineage keeps its signature (P-45).
+        fields.append(call.lineage)
+    return fields
 
 
 def sign_call(keyring: Keyring, call: "CallRecord", prev_key: str | None,
@@ -290,7 +294,8 @@ def _call_message(prev: str, call: "CallRecord", texts: dict[str, tuple[Any, str
     return (f'["call",{s(prev)},{s(call.run_id)},{s(call.seq)},{s(call.op)},{s(call.address)},'
             f'{_taken(texts, "args", call.args)},{s(call.key)},{s(call.kind)},{s(call.state)},'
             f'{_taken(texts, "outcome", call.outcome)},{_taken(texts, "error", call.error)},'
-            f'{s(call.idempotency_key)},{s(call.sends)}]').encode()
+            f'{s(call.idempotency_key)},{s(call.sends)}'
+            f'{"" if call.lineage is None else "," + canonical_text(call.lineage)}]').encode()
 
 
 def resign_call(keyring: Keyring, call: "CallRecord", **fields: Any) -> str:

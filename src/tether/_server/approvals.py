@@ -107,12 +107,14 @@ def run_links(rt: Runtime, public_url: str | None, run: RunRecord) -> list[dict[
 def pending_writes(rt: Runtime, run: RunRecord) -> list[dict[str, Any]]:
     """The writes a paused run still waits on (a batch pause's decided ones left out).
 
-    ``[{seq, address, args, annotations, description}]``, from ``Runtime.pending``.
+    ``[{seq, address, args, annotations, description, reasons}]``, from ``Runtime.pending`` (``reasons``
+    only when lineage asked, P-45).
     """
     if run.status != RunStatus.PAUSED or not run.pending:
         return []
     return [{"seq": w.seq, "address": w.address, "args": w.args, "annotations": w.annotations,
-             "description": w.description} for w in pending(rt.engine, run) if w.decision is None]
+             "description": w.description, **({"reasons": list(w.reasons)} if w.reasons else {})}
+            for w in pending(rt.engine, run) if w.decision is None]
 
 
 # -- deciding --------------------------------------------------------------------------
@@ -217,6 +219,7 @@ def describe_write(rt: Runtime, write: dict[str, Any], run: RunRecord | None = N
     """A pending write as its page shows it: ``shown`` (_tools/shown.py: every argument named, escaped,
     flagged, secrets redacted, values shortened evenly, the description last), ``target`` (where it goes,
     see :func:`write_target`) and whether its tool is destructive."""
+    from tether._engine.lineage.why import why_lines
     from tether._tools.shown import show_call
 
     address = write.get("address")
@@ -238,7 +241,9 @@ def describe_write(rt: Runtime, write: dict[str, Any], run: RunRecord | None = N
     return {**write, "shown": shown, "destructive": bool(annotations.get("destructive")),
             "target": write_target(tool, str(address), write.get("args") or {}, run),
             # Whether this write can be undone, and by what (P-46).
-            "undo": tool.undo.address if tool is not None and tool.undo is not None else None}
+            "undo": tool.undo.address if tool is not None and tool.undo is not None else None,
+            # Why lineage made it wait (writes = "guard", P-45): one line per destination that asked.
+            "why": why_lines(write.get("reasons") or (), write.get("args") or {})}
 
 
 def input_schema(rt: Runtime, address: Any) -> dict[str, Any] | None:

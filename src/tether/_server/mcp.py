@@ -44,6 +44,7 @@ from tether._engine.approvals.rights import APPROVE, RUN
 from tether._engine.approvals.surface import refusal, signed_in_required, where_to_approve
 from tether._engine.attempt.handle import RunHandle
 from tether._engine.attempt.result import RunResult
+from tether._engine.rollback import runner as rollback
 from tether._engine.rules.run_keys import MAX_RUN_KEY_CHARS
 from tether._server import channels, keyed, urlmode
 from tether._server.admission import Admission
@@ -293,8 +294,12 @@ class TetherServer:
             # when the configuration lets a principal approve its own writes; so is
             # an undo, which sends writes of its own (P-46).
             try:
+                # An undo's own tools count too: one kept for signed-in approvers is not sent on the agent's word.
+                undo = (decision == "decline_and_undo"
+                        and await rollback.needs_signed_in(self.rt.engine, self.rt.engine.get_run(run_id, principal)))
                 refused = self._refused(run_id, principal, Channel.RESUME,
-                                        seq if isinstance(seq, list) else None if seq is None else [seq], ctx=ctx)
+                                        seq if isinstance(seq, list) else None if seq is None else [seq], ctx=ctx,
+                                        signed_in=undo)
             except TetherError as exc:
                 return error_result(exc)
             if refused is not None:
@@ -481,13 +486,16 @@ class TetherServer:
         return self.access.grant(principal) or Grant(principal, principal, frozenset({RUN, APPROVE}))
 
     def _refused(self, run_id: str, principal: str, channel: str, seqs: list[int] | None, *,
-                 ctx: Context | None = None) -> TetherError | None:
-        """Why ``principal`` may not approve writes ``seqs`` of the run through ``channel``; None when it may."""
+                 ctx: Context | None = None, signed_in: bool = False) -> TetherError | None:
+        """Why ``principal`` may not approve writes ``seqs`` of the run through ``channel``; None when it may.
+
+        ``signed_in``: what is asked for needs a signed-in approver whatever the writes' rules say (an undo
+        whose tool's rule does, D-68)."""
         run = self.rt.engine.get_run(run_id, principal)
         # An access token's rights are its own (they come with each request); a static token's are configured.
         grant = request_scope_value(ctx, GRANT_KEY) if ctx is not None else None
         verdict = may_decide(self.access, grant or self._grant(principal), run.principal, "approve", channel,
-                             signed_in_required=signed_in_required(run, seqs))
+                             signed_in_required=signed_in or signed_in_required(run, seqs))
         return None if verdict.ok else refusal(verdict, run_id, self.public_url,
                                                paused=run.status == RunStatus.PAUSED, console=self.console)
 
@@ -765,7 +773,8 @@ def _decision(reply: Any) -> tuple[str | None, str | None]:
 
 def _writes_unasked(policy: Policy) -> bool:
     """Whether a write can go out without anyone approving it: only then is execute destructive."""
-    return policy.writes == "allow" or any(rule.action == "allow" for rule in policy.rules)
+    # Under "guard" most writes go out unasked: only a write whose lineage is untrusted waits (P-45).
+    return policy.writes in ("allow", "guard") or any(rule.action == "allow" for rule in policy.rules)
 
 
 async def _check_arguments(ctx: Any, call_next: Any) -> Any:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from tether import _metrics as metrics
 from tether._engine.approvals.capabilities import Keyring, mac_hex, same, secret_id
 from tether._engine.attempt.redaction import shown_args
+from tether._engine.lineage.why import why_lines
 from tether._logs import say
 from tether._server.approvals import approval_url, input_schema, pending_writes
 from tether._store.base import OUTBOX_DELIVERED, OUTBOX_FAILED, OUTBOX_PENDING, OutboxRecord, RunRecord
@@ -187,9 +188,12 @@ class Notifier:
             out["expires_at"] = expires
             # Every argument named, values shortened evenly and control characters escaped
             # (_tools/shown.py): what a receiver shows a person is what the console shows.
+            # "why": what made lineage ask (writes = "guard", P-45), escaped as the console shows it.
             out["pending"] = [{"seq": w.get("seq"), "address": w.get("address"),
                                **show_call(str(w.get("address")), shown_args(w),
-                                           schema=input_schema(self.rt, w.get("address"))).to_dict()} for w in writes]
+                                           schema=input_schema(self.rt, w.get("address"))).to_dict(),
+                               **({"why": why} if (why := why_lines(w.get("reasons") or (), w.get("args"))) else {})}
+                              for w in writes]
         elif kind == "waiting":
             out["pending"] = [{"seq": seq, "name": pending.get("name"), "deadline": pending.get("deadline")}]
         error = data.get("error")

@@ -13,6 +13,7 @@ from mcp_types import CallToolResult, TextContent
 
 from tether._engine.attempt.redaction import shown_args
 from tether._engine.attempt.result import RunResult
+from tether._engine.lineage.why import why_text
 from tether._store.states import RunStatus
 from tether._tools.shown import show_call
 from tether.errors import TetherError
@@ -31,6 +32,9 @@ def approval_message(pending: Mapping[str, Any], description: str | None = None,
     text = f"A program wants to call {shown.line()}. Allow this write?"
     if (pending.get("annotations") or {}).get("destructive"):
         text += " The tool is marked destructive."
+    why = why_text(pending.get("reasons") or (), pending.get("args") or {})
+    if why:
+        text += f"\n\n{why}"
     about = shown.about()
     return text + (f"\n\n{about}" if about else "")
 
@@ -47,7 +51,8 @@ def resume_instructions(result: RunResult, *, approve_here: bool = True, elsewhe
 
     def show(w: Mapping[str, Any]) -> str:
         line = show_call(str(w.get("address")), shown_args(w), budget=MAX_ARGS_CHARS // len(writes)).line()
-        return f"{line} [seq {w.get('seq')}]"
+        why = why_text(w.get("reasons") or (), w.get("args") or {}, lead=" — it waits because ")
+        return f"{line} [seq {w.get('seq')}]{why.removesuffix('.')}"
 
     seq: Any = writes[0].get("seq") if len(writes) == 1 else [w.get("seq") for w in writes]
     if len(writes) == 1:

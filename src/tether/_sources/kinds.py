@@ -48,7 +48,25 @@ class _Table(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# Where a source's results come from, for a write guarded by lineage (P-45, D-64): "untrusted" results may hold
+# text someone other than the user wrote (mail, files, web pages, chat); "trusted" ones only what the user or
+# the operator put there. Without a label every tool of a source is untrusted (docs/security.md).
+Trust = Annotated[Literal["trusted", "untrusted"], Expected('must be "trusted" or "untrusted"')]
+TrustTable = Annotated[dict[str, Trust], Expected('must be a table of "trusted" / "untrusted"')]
+RoleTable = Annotated[dict[str, Literal["destination", "content"]],
+                      Expected('must be a table of "<tool>.<argument>" = "destination" / "content"')]
+
+
 class _Definition(_Table):
+    # The label of every tool of the source; per tool (`trust_tools`, by tool name) and per field of a tool's
+    # result (`trust_fields`, "<tool>.<field>[.<field>...]") it can be changed. None: not recorded with a run.
+    trust: Trust | None = None
+    trust_tools: TrustTable | None = None
+    trust_fields: TrustTable | None = None
+    # Which arguments of a tool are destinations (a recipient, an account) or content, where their names and
+    # schemas do not say (tether._engine.lineage.roles): "<tool>.<argument>" = "destination" | "content".
+    roles: RoleTable | None = None
+
     def resolved(self, base: Path) -> _Definition:
         """The definition with the paths it holds made absolute against ``base`` (the config file's folder)."""
         return self

@@ -222,6 +222,26 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE INDEX run_counts_ends_at ON run_counts (ends_at)",
         "CREATE INDEX run_counts_width ON run_counts (width)",
     ),
+    (
+        # 14: lineage under a guarded policy (P-45, D-65). A journal entry's label and marks, or a write's
+        # verdict and reasons, signed with it. And the cross-run index: a digest of each untrusted mark a
+        # principal's runs were given, which a later run's write is looked up against by principal and
+        # digest; the run's created_at and session bound the lookup to a window. Rows go with their run.
+        "ALTER TABLE calls ADD COLUMN lineage TEXT",
+        """CREATE TABLE lineage_marks (
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            digest TEXT NOT NULL,
+            principal TEXT NOT NULL,
+            session TEXT,
+            created_at {real} NOT NULL,
+            kind TEXT NOT NULL,
+            address TEXT NOT NULL,
+            path TEXT NOT NULL,
+            PRIMARY KEY (run_id, seq, digest)
+        )""",
+        "CREATE INDEX lineage_marks_lookup ON lineage_marks (principal, digest, created_at)",
+    ),
 ]
 
 

@@ -7,12 +7,14 @@ ASCII escapes; blobs are bytes; the rest as they are).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import fields as dataclass_fields
 from functools import lru_cache
 from typing import Any, Sequence
 
 from tether._store.base import (
+    LOCAL_PRINCIPAL,
     CallRecord,
     EventRecord,
     OutboxRecord,
@@ -52,7 +54,7 @@ def _columns(record: type, json_fields: set[str], blob_fields: set[str] | None =
 RUN_COLUMNS = _columns(
     RunRecord, {"environment", "policy", "limits", "result", "error", "pending", "decision", "meta", "mac"}
 )
-CALL_COLUMNS = _columns(CallRecord, {"args", "outcome", "error"})
+CALL_COLUMNS = _columns(CallRecord, {"args", "outcome", "error", "lineage"})
 SNAPSHOT_COLUMNS = _columns(SnapshotRecord, {"pending"}, {"data"})
 WAIT_COLUMNS = _columns(WaitRecord, {"value", "error"})
 SESSION_COLUMNS = _columns(SessionRecord, set(), {"data"})
@@ -218,6 +220,40 @@ def _call_inserts(calls: Sequence[CallRecord]) -> list[tuple[str, list[Any]]]:
     chunks = [rows[i:i + _ROWS_PER_INSERT] for i in range(0, len(rows), _ROWS_PER_INSERT)]
     return [(_insert_rows(_INSERT_CALL, len(CALL_COLUMNS), len(chunk)), [v for row in chunk for v in row])
             for chunk in chunks]
+
+
+# The cross-run index of untrusted marks (migration 14, P-45): one row per distinct mark of an entry, written
+# after the entry in its transaction; the principal, session and created_at are the run's, the address the entry's.
+_INSERT_MARK = ("INSERT INTO lineage_marks (run_id, seq, digest, principal, session, created_at, kind, address, path) "
+                f"SELECT c.run_id, c.seq, ?, COALESCE(r.principal, '{LOCAL_PRINCIPAL}'), r.session, r.created_at, ?, c.address, ? "
+                "FROM calls c JOIN runs r ON r.run_id = c.run_id WHERE c.run_id = ? AND c.seq = ?")
+# Marks one entry puts in the index: the journal keeps them all (bounded where they are made, values.marks).
+MARKS_PER_ENTRY = 256
+
+
+def mark_digest(norm: str) -> str:
+    """What the index keeps of a mark's normalised value: its digest (the value itself stays in the journal)."""
+    return hashlib.sha256(norm.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def mark_inserts(calls: Sequence[Any]) -> list[tuple[str, list[Any]]]:
+    """The index rows of each entry that carries untrusted marks (``lineage["marks"]``), one statement per
+    mark; a mark seen twice in one entry once."""
+    out: list[tuple[str, list[Any]]] = []
+    for call in calls:
+        marks = call.lineage.get("marks") if isinstance(call.lineage, dict) else None
+        if not isinstance(marks, list):
+            continue
+        seen: set[str] = set()
+        for mark in marks[:MARKS_PER_ENTRY]:
+            if not (isinstance(mark, list) and len(mark) == 3 and all(isinstance(m, str) for m in mark)):
+                continue
+            digest = mark_digest(mark[1])
+            if digest in seen:
+                continue
+            seen.add(digest)
+            out.append((_INSERT_MARK, [digest, mark[0], mark[2][:200], call.run_id, call.seq]))
+    return out
 
 
 def _batch_conflict(calls: Sequence[CallRecord]) -> str | None:

@@ -73,6 +73,8 @@ from tether._store._rows import (
     _select,
     _wait,
     dump_json,
+    mark_digest,
+    mark_inserts,
 )
 from tether._store._secret import secrets_from_env
 from tether._store.base import (
@@ -83,6 +85,7 @@ from tether._store.base import (
     Capabilities,
     Conflict,
     EventRecord,
+    LineageMark,
     OutboxRecord,
     ParkEvent,
     RunRecord,
@@ -96,6 +99,20 @@ from tether.errors import RunNotFound, StoreError
 
 # ---------------------------------------------------------------------------
 # The shared implementation
+
+
+# The normalised values one statement of a lookup asks about (a write's arguments give at most 768, values.py).
+_LINEAGE_NORMS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class _Marked:
+    """An entry's lineage moved in by update_call: what its index rows are made from."""
+
+    run_id: str
+    seq: int
+    lineage: dict[str, Any]
+
 
 
 class Cursor(Protocol):
@@ -368,7 +385,7 @@ class SQLStore:
         with it where the store notifies, in one transaction: the journal is never behind the run's end
         (P-7), and a listener woken by the notice finds the end (issue 24: three transactions before)."""
         where = _run_where(run_id, expect_status, fields)
-        inserts = _call_inserts(calls)
+        inserts = _call_inserts(calls) + mark_inserts(calls)
         with self._transaction(write=True, conflict=_batch_conflict(calls), run_id=run_id) as tx:
             for insert in inserts:
                 tx.run(*insert)
@@ -466,6 +483,27 @@ class SQLStore:
         with self._transaction(write=False, single=True) as tx:
             return [_run(row) for row in tx.run(sql, (now, limit)).fetchall()]
 
+    def lineage_marks(self, principal: str, norms: Sequence[str], *, before: float,
+                      since: float, session: str | None = None) -> list[LineageMark]:
+        by_digest = {mark_digest(n): n for n in norms}
+        digests = list(by_digest)
+        found: list[LineageMark] = []
+        # Every norm is asked about, in chunks of bounded size, and each gets its newest row: a long body's text
+        # windows can neither push a recipient's address out of the lookup nor crowd out its row.
+        with self._transaction(write=False) as tx:
+            for i in range(0, len(digests), _LINEAGE_NORMS):
+                chunk = digests[i:i + _LINEAGE_NORMS]
+                where = (f"principal = ? AND digest IN {_in(len(chunk))} AND created_at < ? "
+                         "AND (created_at >= ?" + (" OR session = ?)" if session is not None else ")"))
+                params: list[Any] = [principal, *chunk, before, since, *([session] if session is not None else [])]
+                sql = ("SELECT digest, kind, run_id, seq, address, path, created_at FROM ("
+                       "SELECT digest, kind, run_id, seq, address, path, created_at, ROW_NUMBER() OVER "
+                       "(PARTITION BY digest ORDER BY created_at DESC, run_id, seq) AS newest "
+                       f"FROM lineage_marks WHERE {where}) AS m WHERE newest = 1")
+                found += [LineageMark(by_digest[r[0]], r[1], r[2], int(r[3]), r[4], r[5], float(r[6]))
+                          for r in tx.run(sql, params).fetchall()]
+        return found
+
     def delete_run(self, run_id: str) -> bool:
         with self._transaction(write=True, single=True) as tx:
             return tx.run("DELETE FROM runs WHERE run_id = ?", (run_id,)).rowcount == 1
@@ -482,7 +520,8 @@ class SQLStore:
     def record_calls(self, calls: Sequence[CallRecord]) -> None:
         if not calls:
             return
-        inserts = _call_inserts(calls)
+        # An untrusted read's marks go into the cross-run index with its entry, in one transaction (P-45).
+        inserts = _call_inserts(calls) + mark_inserts(calls)
         with self._transaction(write=True, conflict=_batch_conflict(calls), run_id=calls[0].run_id,
                                single=len(inserts) == 1) as tx:
             for insert in inserts:
@@ -499,12 +538,20 @@ class SQLStore:
             return False
         where = f"run_id = ? AND seq = ? AND state IN {_in(len(expected))}"
         params = [run_id, seq, *expected]
-        with self._transaction(write=bool(fields), single=True) as tx:
+        lineage = fields.get("lineage")
+        marks = mark_inserts([_Marked(run_id, seq, lineage)]) if isinstance(lineage, dict) else []
+        with self._transaction(write=bool(fields), single=not marks) as tx:
             if not fields:
                 return tx.run(f"SELECT 1 FROM calls WHERE {where}", params).fetchone() is not None
             sets = ", ".join(f"{name} = ?" for name in fields)
             values = [_encode(CALL_COLUMNS, n, v) for n, v in fields.items()]
-            return tx.run(f"UPDATE calls SET {sets} WHERE {where}", values + params).rowcount == 1
+            moved = tx.run(f"UPDATE calls SET {sets} WHERE {where}", values + params).rowcount == 1
+            if moved and marks:
+                # A read re-issued under its seq: its index rows are its outcome's (P-45).
+                tx.run("DELETE FROM lineage_marks WHERE run_id = ? AND seq = ?", (run_id, seq))
+                for insert in marks:
+                    tx.run(*insert)
+            return moved
 
     def get_call(self, run_id: str, seq: int) -> CallRecord | None:
         if _int64(seq) != seq:

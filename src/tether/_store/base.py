@@ -69,6 +69,9 @@ class CallRecord:
     idempotency_key: str | None = None
     # How many times a write was sent: 1, or more when re-sent by key (P-31).
     sends: int = 0
+    # Under a guarded policy (P-45): an untrusted read's label and the marks of its result
+    # ({"trust", "marks": [[kind, norm, path], ...]}), or a write's verdict and reasons ({"ask", "reasons"}).
+    lineage: dict[str, Any] | None = None
     mac: str | None = None  # "<secret id>:<prev key>:<hex>" over the entry (P-35)
     # Not a column: JSON fields already encoded, ``{"args" | "outcome": (the value, its canonical JSON)}``, which
     # the row takes instead of encoding the value again (issue 24), while the entry still holds that very value
@@ -308,6 +311,28 @@ class JournalPort(Protocol):
         """(``journal_bytes``, writes in ``spent_states``, the run's ``output`` events), in one read."""
 
 
+@dataclass(frozen=True)
+class LineageMark:
+    """One untrusted value a principal's earlier run was given, found by the normalised value (P-45)."""
+
+    norm: str
+    kind: str  # what values.marks found: "email", "url", "iban", ...
+    run_id: str
+    seq: int  # the call that returned it
+    address: str  # the tool that did
+    path: str  # where in its result
+    created_at: float  # the run's
+
+
+class LineagePort(Protocol):
+    """The cross-run index of untrusted marks, written with the journal entries that carry them (P-45)."""
+
+    def lineage_marks(self, principal: str, norms: Sequence[str], *, before: float,
+                      since: float, session: str | None = None) -> list[LineageMark]:
+        """For each of ``norms``, the newest mark with it given to ``principal``'s runs created before ``before``
+        and at or after ``since`` (or, with ``session``, in that session); norms never seen have none."""
+
+
 class SnapshotsPort(Protocol):
     """Signed sandbox dumps of a run (pauses, checkpoints)."""
 
@@ -396,7 +421,7 @@ class SignOutsPort(Protocol):
     def signed_out(self, session: str) -> bool: ...
 
 
-class Store(RunsPort, JournalPort, SnapshotsPort, WaitsPort, SessionsPort, EventsPort, OutboxPort, ListingCachePort,
+class Store(RunsPort, JournalPort, LineagePort, SnapshotsPort, WaitsPort, SessionsPort, EventsPort, OutboxPort, ListingCachePort,
             SignOutsPort, Protocol):
     """What the runtime needs from durable storage: every port, and what the backend can do.
 
@@ -576,6 +601,11 @@ class AsyncStore:
 
     async def journal_totals(self, run_id: str, spent_states: Sequence[str]) -> tuple[int, int, int]:
         return await self.call(self.store.journal_totals, run_id, spent_states)
+
+    async def lineage_marks(self, principal: str, norms: Sequence[str], *, before: float,
+                            since: float, session: str | None = None) -> list[LineageMark]:
+        return await self.call(self.store.lineage_marks, principal, norms, before=before, since=since,
+                               session=session)
 
     # -- snapshots
 

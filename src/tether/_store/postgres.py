@@ -45,6 +45,7 @@ from tether._store._rows import (
     _run,
     _run_update,
     _run_where,
+    mark_inserts,
 )
 from tether._store._schema import SQLStore, Tx
 from tether._store.base import CallRecord, Capabilities, ParkEvent, RunRecord, SnapshotRecord, WaitRecord
@@ -319,9 +320,12 @@ class PostgresStore(SQLStore):
         """One statement for the whole batch, so one round trip in autocommit (D-40)."""
         if not calls:
             return
+        marks = mark_inserts(calls)  # an untrusted read's index rows, after its entry (P-45)
         with self._transaction(write=True, conflict=_batch_conflict(calls), run_id=calls[0].run_id,
-                               single=True) as tx:
+                               single=not marks) as tx:
             tx.run(*_call_batch(calls))
+            for insert in marks:
+                tx.run(*insert)
 
     def end_run(self, run_id: str, expect_status: Sequence[str] | None, calls: Sequence[CallRecord] = (),
                 notice: str | None = None, **fields: Any) -> bool:
@@ -329,7 +333,8 @@ class PostgresStore(SQLStore):
         run's update as data-modifying CTEs, which both take effect whatever the outer SELECT reads, and the
         notice, delivered at commit."""
         where = _run_where(run_id, expect_status, fields)
-        if where is None or not fields:
+        if where is None or not fields or mark_inserts(calls):
+            # An untrusted read's index rows read its entry back (P-45): statements one after the other.
             return super().end_run(run_id, expect_status, calls, notice, **fields)
         parts, params = [], []
         if calls:

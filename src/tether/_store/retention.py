@@ -160,6 +160,8 @@ def prune(any_store: Store, rules: RetentionRules, now: float, *, limit: int | N
             for table in ("waits", "snapshots", "events"):
                 tx.run(f"DELETE FROM {table} WHERE {scope}", scope_params)
             if not rules.keep_journals:
+                # The cross-run index of untrusted marks (P-45) is forgotten with the journal it was made from.
+                tx.run(f"DELETE FROM lineage_marks WHERE {scope}", scope_params)
                 tx.run(f"DELETE FROM calls WHERE {scope}", scope_params)
                 tx.run(f"DELETE FROM runs WHERE {scope}", scope_params)
         _forget_leftovers(store, tx, rules, now, report)

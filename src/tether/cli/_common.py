@@ -133,6 +133,14 @@ def when(moment: float | None) -> str:
     return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+def _print_why(write: dict, indent: str) -> None:
+    """Why lineage made a write wait (writes = "guard", P-45), one line per destination that asked."""
+    from tether._engine.lineage.why import why_lines
+
+    for line in why_lines(write.get("reasons") or (), write.get("args") or {}):
+        print(f"{indent}why: {line}")
+
+
 def print_pause(run_id: str, pending: dict, owner: str | None = None, expires_at: float | None = None) -> None:
     """The writes a pause waits on, each with the commands that decide it by its seq (P-28).
 
@@ -144,11 +152,13 @@ def print_pause(run_id: str, pending: dict, owner: str | None = None, expires_at
     undecided = [w for w in writes if not w.get("decision")]
     if len(writes) == 1:
         print(f"paused: run {run_id} waits for approval of {call_text(writes[0])}")
+        _print_why(writes[0], "  ")
     else:
         print(f"paused: run {run_id} waits for approval of {len(writes)} writes issued together:")
         for w in writes:
             taken = w.get("decision")
             print(f"  {call_text(w)}" + (f"  [{taken['decision']}d]" if taken else ""))
+            _print_why(w, "    ")
     seqs = " ".join(f"--seq {w['seq']}" for w in undecided)
     print(f"  approve: tether resume {run_id} --approve {seqs}{acting}")
     print(f"  decline: tether resume {run_id} --decline {seqs} --reason '...'{acting}")

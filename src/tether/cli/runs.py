@@ -39,7 +39,11 @@ from tether.errors import RunNotFound
 
 
 async def _ask_inline(pending: dict) -> tuple[str, str | None]:
-    prompt = f"Allow write {show_call(str(pending['address']), shown_args(pending)).line()}? [y/N] "
+    from tether._engine.lineage.why import why_lines
+
+    # Why lineage made it wait (writes = "guard", P-45), before the question.
+    why = "".join(f"  why: {line}\n" for line in why_lines(pending.get("reasons") or (), pending.get("args") or {}))
+    prompt = f"{why}Allow write {show_call(str(pending['address']), shown_args(pending)).line()}? [y/N] "
     answer = await asyncio.to_thread(input, prompt)
     return ("approve", None) if answer.strip().lower() in ("y", "yes") else ("decline", "declined at the terminal")
 
@@ -86,6 +90,24 @@ async def cmd_run(args: argparse.Namespace) -> int:
         # A timer or a timeout must fire with nobody watching: make sure a worker will.
         ensure_worker(args, tools)
     return print_result(result, args.json)
+
+
+def _print_lineage(call: dict[str, Any]) -> None:
+    """A call's lineage in the timeline (writes = "guard", P-45): an untrusted read, or why a write asked."""
+    from tether._engine.lineage.why import why_lines
+
+    lineage = call.get("lineage")
+    if not isinstance(lineage, dict):
+        return
+    if "asked" in lineage:
+        lines = why_lines(lineage.get("reasons") or (), call.get("args") or {})
+        if lineage["asked"]:
+            for line in lines:
+                print(f"       asked: {line}")
+        else:
+            print("       lineage: no destination from untrusted data")
+    if "trust" in lineage:
+        print(f"       {lineage['trust']} result, {lineage.get('marks', 0)} values kept to match later writes")
 
 
 async def cmd_resume(args: argparse.Namespace) -> int:
@@ -211,9 +233,12 @@ async def cmd_runs_show(args: argparse.Namespace) -> int:
         beside = (f"  undone by #{c['undone_by']}" if "undone_by" in c else
                   f"  undoes #{c['undoes']}" if "undoes" in c else "")
         print(f"  #{c['seq']:<3} {c['kind']:<5} {escape(str(c['address'])):<32} {c['state']:<9} {ms}{beside}")
+        _print_lineage(c)
     for d in data.get("decisions") or []:
         why = f" ({escape(str(d['reason']))})" if d.get("reason") else ""
-        print(f"decided: call {d['seq']} {d['decision']}{why} by {d.get('actor')} via {d.get('via')}")
+        # An ended run's undo (seq 0) decides the run, not a call; who decided may be a name its user chose.
+        what = d["decision"] if d.get("seq") == 0 else f"call {d['seq']} {d['decision']}"
+        print(f"decided: {what}{why} by {escape(str(d.get('actor')))} via {escape(str(d.get('via')))}")
     if data.get("pending") and data["status"] == RunStatus.PAUSED:
         print_pause(data["run_id"], data["pending"], owner=data.get("principal"), expires_at=data.get("expires_at"))
     elif data.get("pending") and "rollback" in data["pending"]:

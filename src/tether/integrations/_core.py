@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from tether._engine.approvals.rights import ALLOWED, APPROVE, Access, Channel, Grant, Verdict, may_decide
 from tether._engine.approvals.surface import refusal, signed_in_required
 from tether._engine.attempt.redaction import shown_args
+from tether._engine.lineage.why import why_lines
 from tether._tools.shown import show_call
 from tether.errors import InvalidApproval, LimitExceeded, UsageError
 
@@ -64,9 +65,12 @@ def pause_of(rt: Runtime, result: RunResult) -> dict[str, Any]:
         schema = tool.input_schema if tool is not None else None
         args = shown_args(w, schema)
         about = tool.description if tool is not None else None
+        # "why": what made lineage ask (writes = "guard", P-45), as every approval surface shows it.
+        why = why_lines(w.get("reasons") or (), w.get("args") or {})
         shown.append({"seq": w["seq"], "address": address, "args": args,
                       "annotations": w.get("annotations") or {},
-                      "shown": show_call(address, args, description=about, schema=schema).block()})
+                      "shown": show_call(address, args, description=about, schema=schema).block(),
+                      **({"why": why} if why else {})})
     return {RUN_ID: result.run_id, "writes": shown, "expires_at": result.expires_at}
 
 
@@ -106,6 +110,9 @@ def verdict(owner: str, approver: str | None, decision: str, *, signed_in: bool)
     """
     if decision != "approve":
         return ALLOWED
+    # A name is the person's without the blanks around it: blanks alone name nobody, and the run's own
+    # principal padded with them is still that principal.
+    approver = (approver or "").strip()
     if not approver:
         return Verdict(False, "approval_refused", "an approval through the framework names no person (approver); "
                        "tether does not count it as a person's")
@@ -138,5 +145,5 @@ async def decide(rt: Runtime, given: Mapping[str, Any], *, code: str | None, ori
         raise refusal(checked, run_id, None, paused=True, console=False)
     reason = given.get("reason")
     return await rt.decide(run_id, {int(s): (decision, reason if isinstance(reason, str) else None) for s in seqs},
-                           principal=principal, actor=approver if isinstance(approver, str) and approver else None,
+                           principal=principal, actor=(approver.strip() or None) if isinstance(approver, str) else None,
                            via="python", origin=origin)

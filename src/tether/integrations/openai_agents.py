@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 __all__ = ["TetherHooks", "execute_tool", "pause_for"]
 
 ORIGIN = "openai-agents"
+# The run's timeline event naming the writes an interruption of a tool call asked about: its approval
+# decides those and no others (D-69), however often the approved RunState is run.
+ASKED = "openai_agents_asked"
+# How the run's timeline is read for that event: pages of PAGE, at most MAX_PAGES.
+PAGE, MAX_PAGES = 1000, 1000
 # A call id no model issues: an approval that reaches it too was given for every call, not this one.
 _NEVER_ISSUED = "tether-never-issued-call"
 _PARAMS = {
@@ -83,7 +88,11 @@ def execute_tool(rt: Runtime, *, principal: str | None = None,
             code, key = _call(params, call_id)
         except InvalidArguments:
             return False  # nothing to run: the call itself tells the model
-        return (await run(code, key)).status == RunStatus.PAUSED
+        result = await run(code, key)
+        if result.status != RunStatus.PAUSED:
+            return False
+        await rt.engine.events.emit_awaited(result.run_id, ASKED, {"call_id": call_id, "seqs": _seqs(rt, result)})
+        return True
 
     async def invoke(ctx: ToolContext[Any], arguments: str) -> str:
         try:
@@ -104,7 +113,12 @@ def execute_tool(rt: Runtime, *, principal: str | None = None,
                     f"execute is approved for every call (always_approve), which is no person's decision on "
                     f"these writes; approve each interruption instead. Nothing was decided and nothing was "
                     f"sent; run {result.run_id} stays paused")
-            given = answer(pause_of(rt, result), "approve", approver=approver(ctx))
+            pause = pause_of(rt, result)
+            if await _asked(rt, result.run_id, ctx.tool_call_id) != _seqs(rt, result, pause):
+                # Approved for writes this run has decided since (a RunState run again, a twin call of the same
+                # run): no person was shown these. Ask for them the SDK's way.
+                return json.dumps(_paused_for_model(rt, result, key))
+            given = answer(pause, "approve", approver=approver(ctx))
             result = await decide(rt, given, code=code, origin=ORIGIN, principal=principal)
             if result.status == RunStatus.PAUSED:
                 return json.dumps(_paused_for_model(rt, result, key))
@@ -114,6 +128,26 @@ def execute_tool(rt: Runtime, *, principal: str | None = None,
                         on_invoke_tool=invoke, needs_approval=needs_approval, strict_json_schema=True)
     # A refused approval is the host's error to see, not a message for the model: nothing was decided.
     return set_function_tool_failure_error_function(tool, None)
+
+
+def _seqs(rt: Runtime, result: RunResult, pause: Mapping[str, Any] | None = None) -> list[int]:
+    """The undecided writes of a paused run, as its interruption shows them."""
+    return [int(w["seq"]) for w in (pause or pause_of(rt, result))["writes"]]
+
+
+async def _asked(rt: Runtime, run_id: str, call_id: str) -> list[int] | None:
+    """The writes the latest interruption of tool call ``call_id`` asked about (recorded, any process)."""
+    asked, after = None, 0
+    for _ in range(MAX_PAGES):
+        page = await rt.store.aio.get_events(run_id, after=after, limit=PAGE)
+        for event in page:
+            data = event.data or {}
+            if event.type == ASKED and data.get("call_id") == call_id and isinstance(data.get("seqs"), list):
+                asked = data["seqs"]
+        if len(page) < PAGE or page[-1].event_id <= after:
+            break
+        after = page[-1].event_id
+    return asked
 
 
 def _paused_for_model(rt: Runtime, result: RunResult, key: str) -> dict[str, Any]:

@@ -94,11 +94,22 @@ class PendingWrite:
     key: str | None = None  # the approval key: a capability that decides this write alone
     expires_at: float | None = None
     decision: Decision | None = None  # taken already; the run waits on the rest of its batch
+    # Why it waits, per destination, when lineage asked (writes = "guard", P-45): each a Reason.to_dict()
+    # of lineage/judge.py — "arg", "says" (the sentence a person reads), "origin", "untrusted", "asks".
+    reasons: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["decision"] = self.decision.to_dict() if self.decision else None
+        out["reasons"] = [dict(r) for r in self.reasons]
         return out
+
+    def why(self) -> list[str]:
+        """The reasons a person reads: those that made it ask, "<argument>: <sentence>" each, escaped and with
+        secret arguments masked as every approval surface shows them (lineage/why.py)."""
+        from tether._engine.lineage.why import why_lines
+
+        return why_lines(self.reasons, self.args)
 
 
 # What an inline approver (``execute(on_approval=...)``) may answer.

@@ -109,7 +109,8 @@ def pending(engine: Engine, run: RunRecord) -> list[PendingWrite]:
         key = w.get("key") or engine.waits.key(run.run_id, approval_wait_name(w["seq"]))
         out.append(PendingWrite(run.run_id, w["seq"], w["address"], w.get("args") or {}, w.get("annotations") or {},
                                 description, key, run.expires_at,
-                                recorded_decision(engine, run.run_id, w["seq"], entry)))
+                                recorded_decision(engine, run.run_id, w["seq"], entry),
+                                tuple(r for r in w.get("reasons") or () if isinstance(r, dict))))
     return out
 
 

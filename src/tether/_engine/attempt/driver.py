@@ -47,6 +47,7 @@ from tether._engine.integrity import (
 )
 from tether._engine.lifecycle import outcome_unknown
 from tether._engine.notices import CANCEL, wait_a_little
+from tether._engine.rules import policy as policy_mod
 from tether._engine.rules.limits import Limits
 from tether._engine.rules.policy import Policy
 from tether._engine.rules.quarantine import takeovers, without_takeovers
@@ -68,6 +69,7 @@ from tether.errors import (
 
 if TYPE_CHECKING:
     from tether._engine.engine import Engine
+    from tether._engine.lineage.guard import Guard
 
 EMIT_BUDGET_BYTES = 4 * 1024 * 1024
 
@@ -369,7 +371,20 @@ class Attempt:
             inline_sleep_seconds=self.settings.inline_sleep_seconds,
             batch_window_seconds=self.settings.batch_window_seconds,
             journaled_bytes=journaled_bytes,
+            guard=self._guard(),
         )
+
+    def _guard(self) -> "Guard | None":
+        """What judges the run's writes under writes = "guard" (P-45); None, and nothing imported, otherwise."""
+        if self.policy.writes != policy_mod.GUARD:
+            return None
+        from tether._engine.lineage.guard import Guard
+        from tether._engine.lineage.trust import labels_from
+
+        d = self.deps
+        loaded = d.sources.statuses() if d.sources is not None else []
+        return Guard(run=self.run, policy=self.policy, labels=labels_from((s.namespace, s.definition) for s in loaded),
+                     astore=d.astore, keyring=d.keyring)
 
     def _session_base(self) -> bytes | None:
         """The session globals this run started from, recorded on the run so a replay starts there too."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from tether._store.base import wait_digest
 
 if TYPE_CHECKING:
+    from tether._store.base import CallRecord
     from tether._tools.model import Tool
 
 
@@ -27,22 +28,26 @@ class AskedWrite:
     annotations: dict[str, Any]
     description: str | None = None
     secret_args: tuple[str, ...] = ()  # arguments shown as *** to people (_engine/attempt/redaction.py)
+    # Under writes = "guard": why it asks, per destination (lineage/judge.py Reason.to_dict(), P-45).
+    reasons: tuple[dict[str, Any], ...] = ()
     undo: str | None = None  # the tool that undoes it, when its tool declares one (P-46)
     op: ClassVar[str] = "tool"
 
     @classmethod
-    def of(cls, seq: int, tool: "Tool", args: dict[str, Any]) -> "AskedWrite":
+    def of(cls, seq: int, tool: "Tool", args: dict[str, Any],
+           reasons: tuple[dict[str, Any], ...] = ()) -> "AskedWrite":
         from tether._engine.attempt.redaction import secret_args
 
         hidden = tuple(name for name in secret_args(tool) if name in args)
         return cls(seq, tool.address, args, tool.annotations.to_dict(), tool.description, hidden,
-                   tool.undo.address if tool.undo is not None else None)
+                   undo=tool.undo.address if tool.undo is not None else None, reasons=reasons)
 
     def for_approver(self) -> dict[str, Any]:
         """What an inline approver is given (``execute(on_approval=...)``)."""
         return {"seq": self.seq, "op": self.op, "address": self.address, "args": self.args,
                 "annotations": self.annotations, "description": self.description,
-                **({"undo": self.undo} if self.undo else {})}
+                **({"undo": self.undo} if self.undo else {}),
+                **({"reasons": list(self.reasons)} if self.reasons else {})}
 
     def call(self) -> dict[str, Any]:
         """The call a pause snapshot waits on."""
@@ -52,7 +57,15 @@ class AskedWrite:
         """As the run lists it, with its approval key (the durable wait it also is)."""
         return {"seq": self.seq, "address": self.address, "args": self.args, "annotations": self.annotations,
                 "key": key, **({"secret_args": list(self.secret_args)} if self.secret_args else {}),
-                **({"undo": self.undo} if self.undo else {})}
+                **({"undo": self.undo} if self.undo else {}),
+                **({"reasons": list(self.reasons)} if self.reasons else {})}
+
+
+def reasons_of(entry: "CallRecord | None") -> tuple[dict[str, Any], ...]:
+    """The reasons a guarded write's journal entry keeps with its verdict (P-45): what a person is shown."""
+    lineage = entry.lineage if entry is not None else None
+    reasons = lineage.get("reasons") if isinstance(lineage, dict) else None
+    return tuple(r for r in reasons if isinstance(r, dict)) if isinstance(reasons, list) else ()
 
 
 @dataclass(frozen=True)

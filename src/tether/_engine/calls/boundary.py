@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from tether._engine.approvals.capabilities import Keyring
     from tether._engine.approvals.model import Approver
     from tether._engine.attempt.pending import Stop
+    from tether._engine.lineage.guard import Guard
     from tether._engine.rules.limits import Limits
     from tether._engine.waits import Waits
     from tether._sandbox.monty import Execution
@@ -120,6 +121,7 @@ class EffectBoundary:
         inline_sleep_seconds: float = 1.0,
         batch_window_seconds: float = 0.05,
         journaled_bytes: int = 0,
+        guard: "Guard | None" = None,
     ) -> None:
         self.run_id = run_id
         self.store = store
@@ -151,6 +153,8 @@ class EffectBoundary:
         # Bytes of arguments and outcomes this run has journaled (P-22), earlier attempts included.
         self.journaled_bytes = journaled_bytes
         self.keyring = keyring  # signs each journal entry (P-35)
+        # Under writes = "guard" only: untrusted reads journal their marks, writes are judged (P-45).
+        self.guard = guard
         self._idle = asyncio.Event()
         self._idle.set()
         self._dispatches: set[asyncio.Task[Any]] = set()
@@ -372,10 +376,25 @@ class EffectBoundary:
         if verdict == policy_mod.DENY:
             return self._refuse(call, kind, guest_error("call_denied", f"policy denies {address}; it was not called",
                                                         "PermissionError"), CallState.DENIED, decision.entry)
+        if self.guard is not None and tool.annotations.open_world:
+            # A read that reaches out (a page, a URL) sends its arguments where they point (P-45): judged as a
+            # write is; one that asks is journaled, asked and sent as a write.
+            if decision.entry is None:
+                return self._guarded_read(call, tool, valid, t)
+            if decision.entry.kind == "write":
+                return self._write(call, tool, valid, t, decision)
         if decision.entry is not None:
             return self._reissue(call, tool, valid, t, decision.entry)
         self.ledger.buffer_intent(call)
         return self._dispatch(call, tool, valid, CallState.PENDING, CallState.DONE, t)
+
+    async def _guarded_read(self, call: Call, tool: "Tool", valid: dict[str, Any], t: float) -> Any:
+        lineage = await self.judge_write(call, tool, valid)
+        if not lineage["ask"]:
+            self.ledger.buffer_intent(call)
+            return await self._dispatch(call, tool, valid, CallState.PENDING, CallState.DONE, t)
+        await self.ledger.record_intent(call, "write", CallState.ASKED, None, lineage)
+        return await self.stops.ask(call, tool, valid, t)
 
     async def _unknown_tool(self, call: Call, decision: replay.JournalAnswer) -> Any:
         err = guest_error("unknown_tool", (await self._no_such_tool(call.address)).message, "LookupError")
@@ -418,15 +437,26 @@ class EffectBoundary:
             )
             await self._record_rejected(call, kind, err, state=CallState.DENIED, existing=decision.entry)
             raise err
+        lineage = None
+        if verdict == policy_mod.GUARD:
+            # The rules left the write at the mode's default: its lineage decides (P-45).
+            lineage = await self.judge_write(call, tool, valid)
+            verdict = policy_mod.ASK if lineage["ask"] else policy_mod.ALLOW
         if verdict == policy_mod.ALLOW:
             # Spent before the intent is stored (an await): writes issued with this one are
             # checked against the budget meanwhile, and must count it.
             self.state.writes_spent += 1
-            await self.ledger.record_intent(call, kind, CallState.APPROVED, decision.entry)
+            await self.ledger.record_intent(call, kind, CallState.APPROVED, decision.entry, lineage)
             return await self._send(call, tool, valid, t, spent=True)
         # ask
-        await self.ledger.record_intent(call, kind, CallState.ASKED, decision.entry)
+        await self.ledger.record_intent(call, kind, CallState.ASKED, decision.entry, lineage)
         return await self.stops.ask(call, tool, valid, t)
+
+    async def judge_write(self, call: Call, tool: "Tool", valid: dict[str, Any]) -> dict[str, Any]:
+        """A guarded write's verdict and reasons, as its journal entry keeps them (P-45)."""
+        assert self.guard is not None  # decide_call says guard only when the attempt has one
+        verdict = await self.guard.verdict(call.seq, tool, valid, self.journal)
+        return verdict.to_dict()
 
     async def _send(self, call: Call, tool: "Tool", args: dict[str, Any], t: float, spent: bool = False) -> Any:
         """Send an approved write (``args`` validated): ``sending`` is journaled first (P-7)."""
@@ -524,7 +554,14 @@ class EffectBoundary:
                 return await self.stops.hold(Call(seq, "tool", tool.address, args))
             self._remember(refused, seq, tool.address)
             raise refused
-        written = self.ledger.settle(seq, from_state, ok_state, outcome=value, size=size, text=text)
+        lineage = None
+        if self.guard is not None:
+            # Every result an untrusted tool returns is labelled, a write's too (a read that marks mail read is
+            # a write): a write keeps its verdict beside its result's marks.
+            lineage = self.guard.read_lineage(tool.address, value)
+            if is_write and lineage is not None:
+                lineage = {**(self.journal[seq].lineage or {}), **lineage}
+        written = self.ledger.settle(seq, from_state, ok_state, outcome=value, size=size, text=text, lineage=lineage)
         if written is not None:
             await written
         self._stat(seq, "tool", tool.address, "write" if is_write else "read", ok_state, t)

@@ -315,17 +315,19 @@ class Ledger:
             self._timer.cancel()
             self._timer = None
 
-    async def record_intent(self, call: Call, kind: str, state: CallState, existing: CallRecord | None) -> None:
-        """Write a call's intent ahead of sending it (P-7); buffered reads go first so the order holds."""
+    async def record_intent(self, call: Call, kind: str, state: CallState, existing: CallRecord | None,
+                            lineage: dict[str, Any] | None = None) -> None:
+        """Write a call's intent ahead of sending it (P-7); buffered reads go first so the order holds.
+        ``lineage``: a guarded write's verdict and reasons, signed with its intent (P-45)."""
         if kind != "read":
             await self.flush()
         now = self.clock()
         if existing is not None:
             # A read left pending by a dead attempt is re-issued under the same seq.
             await self.move(call.seq, [existing.state], state=state, started_at=now, outcome=None, error=None,
-                            finished_at=None)
+                            finished_at=None, **({"lineage": lineage} if lineage is not None else {}))
             return
-        await self.record_new(self._record(call, kind, state, started_at=now))
+        await self.record_new(self._record(call, kind, state, started_at=now, lineage=lineage))
 
     async def record_new(self, record: CallRecord) -> None:
         """Write an entry now (a write's, a wait's), after the reads before it."""
@@ -345,18 +347,25 @@ class Ledger:
             await written
 
     def settle(self, seq: int, from_state: CallState, state: CallState, *, outcome: Any = None,
-               error: dict[str, Any] | None = None, size: int = 0, text: str = "") -> Awaitable[Any] | None:
+               error: dict[str, Any] | None = None, size: int = 0, text: str = "",
+               lineage: dict[str, Any] | None = None) -> Awaitable[Any] | None:
         """:meth:`record_outcome`, for the boundary's path of every call: what is left to await, if anything.
 
         A held read's outcome is kept with its intent in memory, so usually nothing is: no coroutine is made
         for it (issue 24). A full batch hands back its flush; an entry already written, its move.
+        ``lineage``: an untrusted read's label and marks, signed with its outcome (P-45).
         """
         buffered = self._unsaved.get(seq)
         if buffered is None:
+            if lineage is not None:
+                return self.move(seq, [from_state], state=state, outcome=outcome, error=error,
+                                 finished_at=self.clock(), lineage=lineage)
             return self.move(seq, [from_state], state=state, outcome=outcome, error=error, finished_at=self.clock())
         if state not in _MAY_BECOME.get(from_state, ()):
             check_move(buffered, [from_state], {"state": state})  # raises InvalidTransition, naming the move
         buffered.state, buffered.outcome, buffered.error, buffered.finished_at = state, outcome, error, self.clock()
+        if lineage is not None:
+            buffered.lineage = lineage
         if text:
             self._texts.setdefault(seq, {})["outcome"] = (outcome, text)
         return self._settled(seq, size)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Liter
 
 from tether._engine.attempt.guest_errors import err_json, guest_error
 from tether._engine.attempt.inputs import wait_name_problem
-from tether._engine.attempt.pending import AskedWrite, ParkedWait, Stop, WritePause
+from tether._engine.attempt.pending import AskedWrite, ParkedWait, Stop, WritePause, reasons_of
 from tether._engine.calls import replay
 from tether._engine.calls.call import Call
 from tether._engine.calls.ledger import Ledger, value_size
@@ -88,6 +88,9 @@ class StopHost(Protocol):
 
     async def send_approved(self, call: Call, tool: "Tool", args: dict[str, Any], t: float) -> Any:
         """Send a write already in state approved; its outcome for the program."""
+
+    async def judge_write(self, call: Call, tool: "Tool", valid: dict[str, Any]) -> dict[str, Any]:
+        """A write under writes = "guard": its verdict and reasons (P-45)."""
 
     def journal_room(self, size: int, what: str, part: str) -> GuestRaise | None:
         """Count a value against the journal's limits; the error to raise if it does not fit."""
@@ -267,7 +270,7 @@ class Stops:
         """A write that asks: decided at once by an inline approver, or the run pauses (P-4, P-27)."""
         host = self.host
         seq = call.seq
-        pending = AskedWrite.of(seq, tool, call.args)
+        pending = AskedWrite.of(seq, tool, call.args, reasons_of(self.ledger.get(seq)))
         # A rule that requires a signed-in approver keeps the write from an inline
         # approver (an MCP client's form): the run pauses for the console, a
         # signed-in link page or the operator, unless the approver is the operator's own prompt.
@@ -340,15 +343,21 @@ class Stops:
                     # The first write of the pause and the batch are not spent yet
                     # but may all be approved: count them against the budget.
                     prospective = st.writes_spent + 1 + len(batch)
-                    if policy_mod.decide_call(host.policy, address, True, prospective) == policy_mod.ASK:
+                    verdict = policy_mod.decide_call(host.policy, address, True, prospective)
+                    lineage = None
+                    if verdict == policy_mod.GUARD:
+                        async with self._in_flight():
+                            lineage = await host.judge_write(call, tool, args)
+                        verdict = policy_mod.ASK if lineage["ask"] else policy_mod.ALLOW
+                    if verdict == policy_mod.ASK:
                         host.journal_room(size, address, "arguments")
                         # Counted in flight while its intent is stored (an await, off the loop on
                         # Postgres): the pause waits for it to join before the state is saved.
                         async with self._in_flight():
-                            await self.ledger.record_intent(call, "write", CallState.ASKED, None)
+                            await self.ledger.record_intent(call, "write", CallState.ASKED, None, lineage)
                         joined = True
         if joined and tool is not None and batch is not None and self.batch is batch:
-            batch.append(AskedWrite.of(seq, tool, args))
+            batch.append(AskedWrite.of(seq, tool, args, reasons_of(self.ledger.get(seq))))
         return await self.hold(call)
 
     async def stop_at(self, pending: AskedWrite | ParkedWait, stop: Stopped) -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from tether._engine.rules.policy import ALLOW, ASK, DENY, OVER_BUDGET, Policy, decide_call
+from tether._engine.rules.policy import ALLOW, ASK, DENY, GUARD, OVER_BUDGET, Policy, decide_call
 from tether._store.base import CallRecord
 from tether._store.states import SETTLED_CALL_STATES, CallState
 from tether._tools.undo import Undo, UndoArgsError
@@ -95,7 +95,9 @@ def make_plan(entries: Iterable[CallRecord], undo_of: Callable[[str], Undo | Non
             steps.append(Step(entry.seq, entry.address,
                               why=f"its undo {undo.address} would pass the write budget ({policy.write_budget})"))
             continue
-        assert verdict in (ALLOW, ASK)
+        # Under writes = "guard" (P-45) an undo left at the mode's default is sent as an asked one is: the person
+        # who asked for the rollback decided it (D-68).
+        assert verdict in (ALLOW, ASK, GUARD)
         try:
             args = undo.arguments(entry.args, entry.outcome)
         except UndoArgsError as exc:
@@ -106,6 +108,17 @@ def make_plan(entries: Iterable[CallRecord], undo_of: Callable[[str], Undo | Non
         next_seq += 1
         spent += 1
     return steps
+
+
+def undo_tools(entries: Iterable[CallRecord], undo_of: Callable[[str], Undo | None]) -> set[str]:
+    """The compensation tools a rollback of a run whose journal is ``entries`` may send: the declared undo of
+    each write it sent. A surface checks who may ask for the rollback against their rules (D-68)."""
+    tools = set()
+    for entry in entries:
+        undo = undo_of(entry.address) if entry.kind == "write" and entry.op == "tool" else None
+        if undo is not None and entry.state == CallState.SENT:
+            tools.add(undo.address)
+    return tools
 
 
 @dataclass(frozen=True)

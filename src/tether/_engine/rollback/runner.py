@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from tether._engine import integrity
+from tether._engine.approvals import rights
 from tether._engine.attempt.guest_errors import err_json, guest_error, tool_error
 from tether._engine.attempt.result import RunResult
 from tether._engine.calls import resend
@@ -32,13 +33,14 @@ from tether._engine.rollback.plan import (
     next_move,
     report,
     summary,
+    undo_tools,
 )
 from tether._engine.rules.policy import Policy
 from tether._store.base import CallRecord, Conflict, RunRecord
 from tether._store.states import TERMINAL_RUN_STATUSES, CallState, RunStatus
 from tether._tools import context as call_context
 from tether._tools.undo import Undo
-from tether.errors import InvalidArguments, RunTampered, UnknownTool
+from tether.errors import InvalidArguments, RunTampered, UnknownTool, WrongSecret
 
 if TYPE_CHECKING:
     from tether._engine.engine import Engine
@@ -92,6 +94,14 @@ async def begin(engine: Engine, run: RunRecord, *, declined: Sequence[dict[str, 
         lambda r: integrity.sign_run(engine.keyring, r, engine.settings.run_signature))
 
 
+async def needs_signed_in(engine: Engine, run: RunRecord) -> bool:
+    """Whether a rollback of ``run`` would send an undo whose rule keeps it for a signed-in approver: then
+    only such a person asks for it, never a channel that cannot say who it is (D-68)."""
+    rules = (run.policy or {}).get("rules") or []
+    entries = await engine.astore.get_calls(run.run_id)
+    return any(rights.needs_signed_in(rules, address) for address in undo_tools(entries, _undo_of(engine)))
+
+
 async def _require_sources_ended(engine: Engine, run: RunRecord) -> None:
     """``engine.require_sources`` for an ended run: every signed field verifies but ``pending``, which ending
     a run clears without signing again (it decides nothing once the run has ended, D-67)."""
@@ -113,12 +123,21 @@ def _planned_text(steps: list[Step]) -> str:
 
 
 async def run_to_end(engine: Engine, run: RunRecord, t0: float | None = None) -> RunResult:
-    """Carry out the rollback ``run`` holds (owned here) and end it ``rolled_back`` (P-46)."""
+    """Carry out the rollback ``run`` holds (owned here) and end it ``rolled_back`` (P-46).
+
+    A record or journal that fails its check ends the run refused (P-35), and a failure of tether's own ends
+    it ``internal_error``, as an attempt does: never left running for one takeover after another."""
     t0 = time.perf_counter() if t0 is None else t0
     try:
-        integrity.verify_run(engine.keyring, run)  # P-35: the plan it carries out is signed
-    except RunTampered as exc:
+        return await _verified_run_to_end(engine, run, t0)
+    except (RunTampered, WrongSecret) as exc:
         return engine.finisher.refused(run, exc, t0=t0)
+    except Exception as exc:  # noqa: BLE001 - ended and logged with a correlation id, as an attempt's
+        return engine.finisher.internal_error(run, exc)
+
+
+async def _verified_run_to_end(engine: Engine, run: RunRecord, t0: float) -> RunResult:
+    integrity.verify_run(engine.keyring, run)  # P-35: the plan it carries out is signed
     plan = plan_of(run) or {}
     steps = [Step.from_dict(s) for s in plan.get("steps") or []]
     entries = await engine.astore.get_calls(run.run_id)
@@ -159,6 +178,8 @@ async def _carry_out(engine: Engine, run: RunRecord, plan: dict[str, Any], steps
         if not await _take(engine, ledger, move.kind, step):
             fresh = await engine.astore.get_call(run.run_id, step.undo_seq)
             if fresh is not None:
+                # What another writer left is read as any journal entry is: checked before it is trusted (P-35).
+                integrity.verify_calls(engine.keyring, run.run_id, [fresh])
                 ledger.entries[step.undo_seq] = fresh
     lines = report(steps, ledger.entries)
     engine.events.emit(run.run_id, "rolled_back", {"rollback": lines})

@@ -19,8 +19,14 @@ from tether._fields import Expected, Glob, PositiveInt, Seconds, positive_int, r
 ALLOW = "allow"
 ASK = "ask"
 DENY = "deny"
+# A write goes out without a person unless lineage says a destination derives from untrusted data (P-45, D-64).
+GUARD = "guard"
 OVER_BUDGET = "over_budget"
 ACTIONS = (ALLOW, ASK, DENY)
+MODES = (ALLOW, GUARD, ASK, DENY)
+# How far back the results of this principal's earlier runs are remembered for a guarded write (D-65): a
+# day covers the conversations an agent host keeps open; a longer one makes more writes ask.
+LINEAGE_WINDOW_SECONDS = 86400.0
 APPROVERS = ("any", "signed_in")
 
 
@@ -54,28 +60,40 @@ class Policy:
 
     # An unannotated tool counts as a write, so the safe default is a human
     # in the loop; trusted setups say "allow" explicitly.
-    writes: Literal["ask", "allow", "deny"] = "ask"
+    writes: Literal["ask", "allow", "guard", "deny"] = "ask"
     # More than 10 writes in one run is usually a loop gone wrong (agents were
     # seen re-sending one billable write 9 times after a truncated result).
     write_budget: PositiveInt = 10
     rules: Annotated[
         tuple[Rule, ...], Expected('must be a list of tables like {match = "helpdesk.*", action = "ask"}')
     ] = ()
+    # Under "guard": destination values (or globs over them, such as "*@example.com") a write may name
+    # without a person, whatever their lineage (D-64).
+    allowlist: Annotated[tuple[str, ...], Expected("must be a list of strings (destination values or globs)")] = ()
+    # Under "guard": how long the untrusted results a principal's runs were given count against its later
+    # runs' writes; runs of the same REPL session count whatever their age (D-65).
+    lineage_window_seconds: Seconds = LINEAGE_WINDOW_SECONDS
 
     def __post_init__(self) -> None:
         # A list of rules, or rules as tables, goes to pydantic, which makes them a tuple of Rule.
-        if not (type(self.writes) is str and self.writes in ACTIONS and positive_int(self.write_budget)
-                and type(self.rules) is tuple and all(type(r) is Rule for r in self.rules)):
+        if not (type(self.writes) is str and self.writes in MODES and positive_int(self.write_budget)
+                and type(self.rules) is tuple and all(type(r) is Rule for r in self.rules)
+                and type(self.allowlist) is tuple and all(type(a) is str and a for a in self.allowlist)
+                and seconds(self, "lineage_window_seconds")):
             recheck(self)
 
     def to_dict(self) -> dict[str, Any]:
-        """The policy as a run records it (signed, P-35): these three keys only, whatever the subclass."""
+        """The policy as a run records it (signed, P-35): these three keys, and the guard settings only when set
+        (a run recorded before they existed keeps its signature), whatever the subclass."""
         return {
             "writes": self.writes,
             "write_budget": self.write_budget,
             # `approver` only when set: a run recorded before it existed keeps its signature.
             "rules": [{"match": r.match, "action": r.action, **({"approver": r.approver} if r.approver != "any" else {})}
                       for r in self.rules],
+            **({"allowlist": list(self.allowlist)} if self.allowlist else {}),
+            **({"lineage_window_seconds": self.lineage_window_seconds}
+               if self.lineage_window_seconds != LINEAGE_WINDOW_SECONDS else {}),
         }
 
     @classmethod
@@ -84,11 +102,13 @@ class Policy:
             writes=data.get("writes", ASK),
             write_budget=int(data.get("write_budget", 10)),
             rules=tuple(Rule(r["match"], r["action"], r.get("approver", "any")) for r in data.get("rules", ())),
+            allowlist=tuple(data.get("allowlist", ())),
+            lineage_window_seconds=float(data.get("lineage_window_seconds", LINEAGE_WINDOW_SECONDS)),
         )
 
     def recorded(self) -> "Policy":
         """Only the policy, without what a subclass adds (PolicyConfig's timings): what a Runtime runs with."""
-        return Policy(self.writes, self.write_budget, self.rules)
+        return Policy(self.writes, self.write_budget, self.rules, self.allowlist, self.lineage_window_seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,10 +147,11 @@ def rule_approver(policy: Policy, address: str) -> str:
 
 
 def decide_call(policy: Policy, address: str, is_write: bool, writes_spent: int) -> str:
-    """allow / ask / deny / over_budget for one call.
+    """allow / ask / guard / deny / over_budget for one call.
 
     A rule can deny a read too (an operator may fence off a namespace), but
-    only writes ask and spend budget.
+    only writes ask and spend budget. ``guard`` (only ever the mode's default, never a rule's action): the
+    write's lineage decides between allow and ask (tether._engine.lineage.guard, P-45).
     """
     action = rule_action(policy, address)
     if not is_write:
