@@ -124,14 +124,16 @@ class RetentionConfig(_Section):
 class QuotaConfig(_Section):
     """One principal's quotas (tether._engine.rules.quotas); 0 is unlimited."""
 
-    # Generous defaults: they stop one runaway agent, not normal work.
-    concurrent_runs: NonNegativeInt = 256  # queued or running
+    # Defaults that stop one runaway agent, not normal work, and keep one token from holding every run slot
+    # or filling the disk (D-62). The operator (`local`: CLI, Python API, stdio) is not bounded by the two
+    # below unless they are set here or under [quotas.principals.local].
+    concurrent_runs: NonNegativeInt = 16  # queued or running
     # Counted in steps of period_seconds / 60 (D-54): a run counts until its whole step has left the window.
     runs_per_period: NonNegativeInt = 10_000
     period_seconds: Seconds = 3600
-    # Off by default: measuring it reads every row a principal owns (once a
-    # minute per principal and process), which a CLI start would pay each time.
-    stored_bytes: NonNegativeInt = 0
+    # Measuring it reads every row a principal owns (once a minute per principal and process): a server pays
+    # that, and a CLI start does not (local is left out unless this is set).
+    stored_bytes: NonNegativeInt = 1 << 30
     repl_sessions: NonNegativeInt = 1000
     # ~38 KB each in the MCP SDK (measured): 1,000 idle sessions cost one token ~38 MB.
     mcp_sessions: NonNegativeInt = 1000
@@ -142,6 +144,11 @@ class QuotaConfig(_Section):
         return Quota(concurrent_runs=self.concurrent_runs or None, runs_per_period=self.runs_per_period or None,
                      period_seconds=self.period_seconds, stored_bytes=self.stored_bytes or None,
                      repl_sessions=self.repl_sessions or None, mcp_sessions=self.mcp_sessions or None)
+
+
+# Default quotas the operator's own runs are not held to (0: unlimited), unless [quotas] sets them.
+OPERATOR_UNBOUNDED = ("concurrent_runs", "stored_bytes")
+LOCAL_PRINCIPAL = "local"
 
 
 class QuotasConfig(QuotaConfig):
@@ -156,6 +163,9 @@ class QuotasConfig(QuotaConfig):
         base = self.model_dump(exclude={"principals"})
         overrides = {p: QuotaConfig(**{**base, **q.model_dump(exclude_unset=True)}).quota()
                      for p, q in self.principals.items()}
+        operator = {k: 0 for k in OPERATOR_UNBOUNDED if k not in self.model_fields_set}
+        if operator and LOCAL_PRINCIPAL not in overrides:
+            overrides[LOCAL_PRINCIPAL] = QuotaConfig(**{**base, **operator}).quota()
         return Quotas(default=self.quota(), principals=overrides)
 
 
@@ -205,7 +215,7 @@ class SandboxConfig(_Section):
 # --- [server] ----------------------------------------------------------------
 
 
-Right = Literal["run", "approve", "operate"]
+Right = Literal["run", "approve", "metrics", "operate"]
 
 
 class TokenConfig(_Section):
@@ -217,9 +227,9 @@ class TokenConfig(_Section):
     token_env: EnvName
     # run: execute, see and cancel its runs, decline their writes; approve: decide
     # writes (of the runs of `approves_for`; its own only with self_approval);
-    # operate: everything, on every principal's runs.
+    # metrics: scrape /metrics; operate: everything, on every principal's runs (P-44).
     rights: Annotated[list[Right], Field(min_length=1),
-                      Expected("must be a non-empty list of 'run', 'approve', 'operate'")] = Field(
+                      Expected("must be a non-empty list of 'run', 'approve', 'metrics', 'operate'")] = Field(
         default_factory=lambda: list[Right](["run"]))
     # Names of other [[server.tokens]] (or "TETHER_TOKEN", or "*" for every
     # principal) whose runs this token may approve.

@@ -19,7 +19,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitResult, InputRequiredResult
 
 from helpers import Recorder
-from tether._engine.approvals import APPROVE, OPERATE, RUN, Access, Channel, Grant, may_decide, may_see
+from tether._engine.approvals import APPROVE, METRICS, OPERATE, RUN, Access, Channel, Grant, may_decide, may_see
 from tether._engine.rules.limits import Limits
 from tether._engine.rules.policy import Policy, Rule
 from tether._runtime import Runtime
@@ -216,7 +216,7 @@ async def test_a_client_that_fetches_its_approval_link_approves_nothing(rt, rec,
         assert done.status_code == 200 and "Approved call 1: sent." in done.text
     assert rec.deliveries == [("add_comment", {"id": 3, "body": "refund 10000 USD"})]
     decided = [e.data for e in rt.store.get_events(data["run_id"]) if e.type == "decided"]
-    assert [(d["actor"], d["via"]) for d in decided] == [("pat", "link")]
+    assert [(d["actor"], d["via"]) for d in decided] == [("token \u201cpat\u201d", "link")]
 
 
 # -- a rule that requires a signed-in approver ----------------------------------------------
@@ -269,7 +269,7 @@ async def test_an_approver_decides_in_the_console_and_is_recorded_by_name(rt, re
     assert (await rt.engine.wait_for_run(paused["run_id"])).status == "completed"
     assert rec.deliveries == [("close_ticket", {"id": 3})]
     decided = [e.data for e in rt.store.get_events(paused["run_id"]) if e.type == "decided"]
-    assert [(d["actor"], d["via"]) for d in decided] == [("pat", "console")]
+    assert [(d["actor"], d["via"]) for d in decided] == [("token \u201cpat\u201d", "console")]
 
 
 async def test_a_link_in_capability_mode_still_refuses_a_signed_in_tool_without_sign_in(rt, rec):
@@ -349,7 +349,7 @@ def test_tokens_get_their_rights_from_the_configuration():
     assert set(tokens) == {legacy, AGENT, PAT} and got.self_approval is False and got.links == "signed_in"
     pat = got.grant(PAT_P)
     assert pat.name == "pat" and pat.approves_for == {AGENT_P, principal_for_token(legacy)}
-    assert got.grant(principal_for_token(legacy)).rights == {RUN, APPROVE}  # TETHER_TOKEN: as before, minus self-approval
+    assert got.grant(principal_for_token(legacy)).rights == {RUN, APPROVE, METRICS}  # TETHER_TOKEN: as before, minus self-approval
     assert got.grant(principal_for_token(legacy)).name == "TETHER_TOKEN"
     # Standard input/output tells nobody apart: the one principal is local, and it approves its own writes (D-31).
     stdio, _ = server_access(config.server, (legacy,), {}, principal_for_token, http=False)  # no token needed

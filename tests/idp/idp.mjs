@@ -7,7 +7,7 @@ import Provider from 'oidc-provider';
 
 const config = JSON.parse(readFileSync(process.argv[2], 'utf8'));
 const users = config.users;
-const SCOPES = 'tether:run tether:approve tether:operate';
+const SCOPES = 'tether:run tether:approve tether:metrics tether:operate';
 
 const provider = new Provider(config.issuer, {
   clients: config.clients,

@@ -82,7 +82,8 @@ def ensure_installed() -> None:
                        timeout=300)
 
 
-def start_idp(workdir: Path, *, resources: list[str], clients: list[dict], port: int | None = None) -> IdP:
+def start_idp(workdir: Path, *, resources: list[str], clients: list[dict], port: int | None = None,
+              users: dict[str, dict] | None = None) -> IdP:
     if shutil.which("node") is None:
         raise RuntimeError("node is not installed; the OAuth tests need Node.js 20+ for oidc-provider")
     ensure_installed()
@@ -91,7 +92,7 @@ def start_idp(workdir: Path, *, resources: list[str], clients: list[dict], port:
     key, jwk = new_key("idp-key-1")
     workdir.mkdir(parents=True, exist_ok=True)
     config = {"issuer": issuer, "port": port, "jwks": {"keys": [jwk]}, "resources": resources,
-              "clients": clients, "users": USERS}
+              "clients": clients, "users": USERS if users is None else users}
     path = workdir / "idp.json"
     path.write_text(json.dumps(config))
     log = workdir / "idp.log"

@@ -140,9 +140,9 @@ async def test_every_decision_records_who_and_through_what(rt):
     result = await rt.engine.wait_for_run(paused.run_id)
     assert "over the limit" in result.result and sent == []
     decided = [e.data for e in rt.store.get_events(paused.run_id) if e.type == "decided"]
-    # Who decided is the token's name, the person, never a channel.
+    # Who decided is the token's name with its kind (D-62), the person, never a channel.
     assert [(d["seq"], d["decision"], d["reason"], d["actor"], d["via"], d["origin"]) for d in decided] == [
-        (1, "decline", "over the limit", "alice", "console", "127.0.0.1")]
+        (1, "decline", "over the limit", "token “alice”", "console", "127.0.0.1")]
 
 
 TWO_BATCHES = """import asyncio
@@ -221,7 +221,7 @@ async def test_p33_an_approval_link_shows_its_write_and_decides_once_for_a_signe
     assert sent == [{"order_id": "A1", "amount": 12.5}]
     assert (await rt.engine.wait_for_run(paused.run_id)).result == {"refunded": 12.5}
     decided = [e.data for e in rt.store.get_events(paused.run_id) if e.type == "decided"]
-    assert [(d["actor"], d["via"]) for d in decided] == [("pat", "link")]
+    assert [(d["actor"], d["via"]) for d in decided] == [("token “pat”", "link")]
 
 
 async def test_a_capability_link_decides_without_sign_in_only_when_configured_and_says_so(rt):
@@ -488,6 +488,34 @@ async def test_a_seq_past_any_column_is_refused_by_name_not_a_500(rt):
     assert sent == [] and rt.store.get_run(paused.run_id).status == "paused"
 
 
+async def test_d62_an_idp_user_whose_name_is_a_tokens_name_is_not_shown_as_that_token(rt):
+    """An access token's user named "pat" (no e-mail) asks for a write beside the token named "pat": where a
+    person decides, "Asked by" says which is which, from the principal, whatever the name says."""
+    mallory = "oauth:https://idp.example#mallory"
+    runs = {}
+    forged = "pat\u201d (token \u201cpat"
+    for principal, name in ((mallory, "pat"), (mallory, forged), (principal_for_token(PAT), None)):
+        meta = {"principal_name": name} if name else None
+        paused = await rt.execute(PROGRAM, principal=principal, meta=meta)
+        assert paused.status == "paused"
+        runs[(principal, name)] = paused.run_id
+    people = Access.of([*access().grants.values(), Grant(principal_for_token("op-token-0123456789"), "op",
+                                                         frozenset({"operate"}))])
+    async with client(Console(rt, tokens=[ALICE, BOB, PAT, "op-token-0123456789"], access=people)) as c:
+        await sign_in(c, "op-token-0123456789")
+        asked = {}
+        for key, run_id in runs.items():
+            page = (await c.get(f"/console/runs/{run_id}")).text
+            asked[key] = re.search(r'<strong class="requester kind-([a-z-]+)">([^<]*)</strong>', page).groups()
+    import html
+
+    shown = {k: (kind, html.unescape(text)) for k, (kind, text) in asked.items()}
+    assert shown[(mallory, "pat")] == ("oauth", "IdP user \u201cpat\u201d")
+    assert shown[(principal_for_token(PAT), None)] == ("token", "token \u201cpat\u201d")
+    # A name cannot close its quote and open a label of another kind.
+    assert shown[(mallory, forged)] == ("oauth", "IdP user \u201cpat' (token 'pat\u201d")
+
+
 @tool(namespace="shop", undo="shop.refund", undo_args={"order_id": "args.order_id", "amount": "args.amount"})
 def charge(order_id: str, amount: float) -> dict:
     """Charge an order (undone by a refund)."""
@@ -523,4 +551,4 @@ async def test_p46_an_ended_runs_writes_are_undone_from_the_console_by_an_approv
     assert sent == [{"charge": "A1"}, {"order_id": "A1", "amount": 3.0}]
     decided = [e.data for e in rt.store.get_events(done.run_id) if e.type == "decided"]
     assert [(d["decision"], d["reason"], d["actor"], d["via"]) for d in decided] == [
-        ("undo", "charged twice", "pat", "console")]
+        ("undo", "charged twice", "token \u201cpat\u201d", "console")]

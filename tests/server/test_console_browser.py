@@ -285,7 +285,7 @@ def test_a_pause_appears_live_is_approved_in_the_page_and_the_write_is_sent_once
         shots(page, "console-run-completed")
         assert server.tags().count("console-approve") == 1
         timeline = page.locator(".timeline").inner_text()
-        assert "decided call 1: approve by pat" in timeline and "via console" in timeline
+        assert "decided call 1: approve by token \u201cpat\u201d" in timeline and "via console" in timeline
     finally:
         context.close()
 
@@ -390,7 +390,7 @@ def test_p33_an_approval_link_shows_its_write_and_decides_once_after_sign_in(bro
         shots(page, "approval-link-approved")
         # The console page follows without a reload (server-sent events).
         console_page.locator("#run-status.completed").wait_for(timeout=15_000)
-        assert "approve by pat" in console_page.locator(".timeline").inner_text()
+        assert "approve by token \u201cpat\u201d" in console_page.locator(".timeline").inner_text()
         assert "via link" in console_page.locator(".timeline").inner_text()
         assert server.tags().count("link-approve") == 1
         # Opened again: a clear page, nothing decided.
@@ -617,7 +617,7 @@ def test_a_compromised_agent_cannot_approve_and_a_person_in_the_console_can(brow
         write.locator("button[value=approve]").click()
         page.locator("#run-status.completed").wait_for(timeout=15_000)
         timeline = page.locator(".timeline").inner_text()
-        assert "approve by pat" in timeline and "via console" in timeline
+        assert "approve by token \u201cpat\u201d" in timeline and "via console" in timeline
     finally:
         context.close()
     assert server.tags().count("agent-pay") == 1
@@ -732,7 +732,7 @@ def test_p46_decline_and_undo_in_the_console_undoes_the_sent_write_and_pairs_it_
         calls = page.locator("table.calls").inner_text()
         assert "undone by #3" in calls and "undoes #1" in calls
         timeline = page.locator(".timeline").inner_text()
-        assert "call 2: decline_and_undo by pat" in timeline and "wrong customer" in timeline
+        assert "call 2: decline_and_undo by token \u201cpat\u201d" in timeline and "wrong customer" in timeline
         shots(page, "console-run-rolled-back")
     finally:
         context.close()

@@ -325,7 +325,7 @@ async def test_the_principal_is_the_same_across_two_access_tokens_of_one_user(se
     # The timeline names the person the token stands for.
     decided = served.show(paused["run_id"])["decisions"]
     assert [(d["decision"], d["actor"], d["via"]) for d in decided] == \
-        [("decline", "Alice Agent-Owner <alice@example.test>", "mcp")]
+        [("decline", "IdP user “Alice Agent-Owner <alice@example.test>”", "mcp")]
 
 
 # -- opaque tokens: introspection --------------------------------------------------------
@@ -346,7 +346,7 @@ def test_an_opaque_token_is_checked_by_introspection(served):
     token = idp.client_token(OPAQUE_RESOURCE, "tether:run tether:approve")["access_token"]
     assert token.count(".") != 2  # really opaque
     who = asyncio.run(resource.identify(token))
-    assert who.principal == f"oauth:{idp.issuer}#agent-cc" and who.rights == {"run", "approve"}
+    assert who.principal == f"oauth-client:{idp.issuer}#agent-cc" and who.rights == {"run", "approve"}
     # The same check through the MCP SDK's TokenVerifier shape, for embeddings that use the SDK's middleware.
     checked = asyncio.run(resource.verify_token(token))
     assert checked is not None and checked.subject == "agent-cc" and checked.resource == OPAQUE_RESOURCE

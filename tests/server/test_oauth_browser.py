@@ -115,14 +115,14 @@ def test_an_approver_signed_in_through_the_idp_approves_an_agents_write(browser,
         page.wait_for_url(re.compile(r".*flash=approved.*"))
         page.wait_for_selector("#result", timeout=30_000)
         timeline = page.locator(".timeline").inner_text()
-        assert re.search(r"call 1: approve by Bob Approver", timeline), timeline
+        assert re.search("call 1: approve by IdP user “Bob Approver", timeline), timeline
         assert "via console" in timeline
     finally:
         context.close()
     assert ledger(served).count("oidc-approve") == 1
     shown = served.show(run_id)
     assert [(d["decision"], d["actor"]) for d in shown["decisions"]] == \
-        [("approve", "Bob Approver <bob@example.test>")]
+        [("approve", "IdP user “Bob Approver <bob@example.test>”")]
 
 
 def test_a_sign_in_begun_on_one_replica_finishes_on_another_and_its_session_works_on_both(

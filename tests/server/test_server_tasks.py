@@ -301,9 +301,13 @@ async def test_p47_another_principals_task_id_is_not_found(tether_url):
     server = tether_url("form")
     async with Client(server.url, auth=AGENT, elicitation_handler=never_answered, timeout=120) as mine:
         task = await call_tool_task(mine, "execute", {"code": asked_write("t6")})
-        # Another agent's token, and the approver's own (which may decide this run's writes on the console,
-        # never through the agent's task).
-        for token in (OTHER, PAT):
+        # The approver's own token (which may decide this run's writes on the console, never through the
+        # agent's task) opens no MCP door at all (P-44): it is refused before any task is looked up.
+        with pytest.raises(MCPError):
+            async with Client(server.url, auth=PAT, elicitation_handler=never_answered, timeout=120) as theirs:
+                await ToolTask(theirs, "execute", task.create_result).status()
+        # Another agent's token.
+        for token in (OTHER,):
             async with Client(server.url, auth=token, elicitation_handler=never_answered, timeout=120) as theirs:
                 foreign = ToolTask(theirs, "execute", task.create_result)
                 for attempt in (foreign.status(), foreign.cancel()):

@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tether._engine.approvals.doors import Door, admits, needed
+from tether._engine.approvals.grants import ENV_RIGHTS
+from tether._engine.approvals.rights import Access, Grant
 from tether._server.credentials import CredentialProblem
 
 if TYPE_CHECKING:
@@ -44,6 +47,8 @@ _LOOPBACK_NAMES = ("localhost",)
 _TOKEN68 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=")
 
 HEALTH_PATH, READY_PATH = "/healthz", "/readyz"
+# How a refusal names the door it was refused at.
+_DOOR_TEXT = {Door.MCP: "calling tether's MCP tools", Door.METRICS: "scraping /metrics"}
 SESSION_HEADER = b"mcp-session-id"
 # Sessions remembered per process; past this the oldest is forgotten and its
 # client must initialize again (idle legacy sessions are long gone by then).
@@ -180,14 +185,21 @@ class BearerAuth:
     ``resource`` server ([auth]), a token that is none of ``tokens`` is checked
     as an access token from the identity provider, and refusals carry the
     challenge that sends an MCP client to tether's Protected Resource Metadata.
+
+    Whoever the token names, static or OAuth, must then hold a right that opens
+    ``door`` (P-44, ``tether._engine.approvals.doors``): a static token's rights
+    come from ``access`` (``[[server.tokens]]``), an access token's from its
+    scopes and claims.
     """
 
     def __init__(self, app: ASGIApp, tokens: Sequence[str], resource: ResourceServer | None = None, *,
+                 access: Access | None = None, door: str = Door.MCP,
                  session_quota: Callable[[str], int | None] | None = None,
                  idle_seconds: float = SESSION_IDLE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
         self.app = app
         self.tokens = tuple(t.encode() for t in tokens)
         self.resource = resource
+        self.access, self.door = access, door
         # Legacy (2025-11-25) MCP sessions live in this process's memory, so
         # their binding to a principal can too: a session id is usable only
         # with the token that opened it (the SDK does not bind them).
@@ -220,9 +232,11 @@ class BearerAuth:
         matched = False
         for known in self.tokens:
             matched |= hmac.compare_digest(presented, known)
+        identity = None
         if matched:
             # The principal comes from the token just verified, and from nothing else.
             principal = principal_for_token(token)
+            grant = self.static_grant(principal)
         elif self.resource is not None:
             try:
                 identity = await self.resource.identify(token)
@@ -230,19 +244,23 @@ class BearerAuth:
                 await self._refuse(send, problem)
                 return
             grant = identity.grant()
-            if not grant.can("run"):
-                # RFC 6750 §3.1: the token is good, the scope is not enough; the
-                # challenge names the scope so a client can step up.
-                await self._refuse(send, CredentialProblem(
-                    403, "insufficient_scope", "the access token lacks the scope tether:run, which calling "
-                    "tether's MCP tools needs"), scope="tether:run")
-                return
             principal = identity.principal
-            scope[GRANT_KEY], scope[IDENTITY_KEY] = grant, identity
         else:
             await self._refuse(send, CredentialProblem(401, "invalid_token",
                                                        "the bearer token is not one this server accepts"))
             return
+        verdict = admits(grant, self.door)
+        if not verdict.ok:
+            # RFC 6750 §3.1: the token is good, its rights are not enough; for an access token the
+            # challenge names the scope so a client can step up.
+            right = needed(self.door)
+            await self._refuse(send, CredentialProblem(
+                403, "insufficient_scope", f"the {'access ' if identity is not None else ''}token lacks the right "
+                f"{right} (scope tether:{right}), which {_DOOR_TEXT.get(self.door, self.door)} needs"),
+                scope=f"tether:{right}")
+            return
+        if identity is not None:
+            scope[GRANT_KEY], scope[IDENTITY_KEY] = grant, identity
         scope[SCOPE_KEY] = principal
         session_ids = [v for k, v in scope.get("headers", []) if k.lower() == SESSION_HEADER]
         if len(session_ids) > 1:
@@ -265,6 +283,12 @@ class BearerAuth:
             return
         ending = session_ids[0] if session_ids and scope.get("method") == "DELETE" else None
         await self.app(scope, receive, self._binding_sessions(send, principal, ending))
+
+    def static_grant(self, principal: str) -> Grant | None:
+        """The rights of a static token: from ``access``; without one, what a TETHER_TOKEN may do."""
+        if self.access is not None:
+            return self.access.grant(principal)
+        return Grant(principal, "TETHER_TOKEN", ENV_RIGHTS)
 
     def open_sessions(self, principal: str) -> int:
         """MCP sessions ``principal`` used within the SDK's idle time (older ones the SDK has closed)."""
@@ -321,10 +345,19 @@ class BearerAuth:
 
     async def _refuse(self, send: Send, problem: CredentialProblem, *, scope: str | None = None) -> None:
         if self.resource is None:
+            if problem.code == "insufficient_scope":
+                await _json(send, problem.status, {"error": {
+                    "code": problem.code, "message": problem.message + "; nothing was run or read",
+                    "next_action": "Use a token whose [[server.tokens]] rights include it (docs/security.md, "
+                                   "\"Doors and rights\")."}},
+                    [(b"www-authenticate", f'Bearer realm="tether", error="insufficient_scope", scope="{scope}"'
+                      .encode())])
+                return
             await _refuse(send, problem)
             return
-        next_action = ("Get an access token with the scope tether:run from the identity provider named in "
-                       f"{self.resource.metadata_url}." if problem.code == "insufficient_scope" else
+        next_action = (f"Get an access token with the scope {scope} from the identity provider named in "
+                       f"{self.resource.metadata_url}, or use a token whose rights include it."
+                       if problem.code == "insufficient_scope" else
                        "Send exactly one `Authorization: Bearer <token>` header: one of the server's tokens, or an "
                        f"access token for {self.resource.audience} from the identity provider named in "
                        f"{self.resource.metadata_url}.")

@@ -52,8 +52,20 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tether._engine.approvals import SIGNED_IN, Access, Channel, Grant, may_decide, may_see, visible_owners
+from tether._engine.approvals import (
+    SIGNED_IN,
+    Access,
+    Channel,
+    Grant,
+    kind_of,
+    may_decide,
+    may_see,
+    sees_local,
+    shown_as,
+    visible_owners,
+)
 from tether._engine.approvals.capabilities import CONSOLE_SESSION, Keyring
+from tether._engine.approvals.doors import Door, admits, door_of_decision
 from tether._engine.approvals.service import recorded_decision
 from tether._engine.approvals.surface import signed_in_required
 from tether._engine.inspect import run_timeline
@@ -124,6 +136,12 @@ def _short(text: str | None) -> str:
     return text if len(text) <= 20 else text[:18] + "…"
 
 
+def _short_name(text: str | None) -> str:
+    # A principal's kind and name (D-62): room for both.
+    text = text or ""
+    return text if len(text) <= 44 else text[:42] + "…"
+
+
 def _compact(value: Any) -> str:
     # Every call's arguments are shown with their secrets replaced (_tools/shown.py's one rule).
     text = json.dumps(redacted(value), ensure_ascii=False, sort_keys=True, default=str)
@@ -145,7 +163,7 @@ def _shown(value: Any) -> Any:
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(str(HERE / "templates")), autoescape=select_autoescape(default=True),
                       trim_blocks=False, lstrip_blocks=False, finalize=_shown)
-    env.filters.update(when=_when, short=_short, compact=_compact, pretty=_pretty)
+    env.filters.update(when=_when, short=_short, compact=_compact, pretty=_pretty, short_name=_short_name)
     return env
 
 
@@ -314,10 +332,11 @@ class Console:
                           frozenset(person.get("a") or ()))
             _SESSION_GRANT.set(grant)
             self._people[grant.principal] = grant.name
-            return data
+            # The console's door, like every other (P-44): a session whose rights do not open it opens nothing.
+            return data if admits(grant, Door.CONSOLE).ok else None
         if data.get("p") not in self._principals:
             return None
-        return data
+        return data if admits(self.grant(data["p"]), Door.CONSOLE).ok else None
 
     async def form(self, request: Request) -> Any:
         """The request's form, or the Response refusing it: read only if it is a form and small.
@@ -425,6 +444,9 @@ class Console:
                 principal = None
         if principal is None or (not self.dev and self.access.grant(principal) is None):
             return self._login_page(request, "That is not a token this server accepts.", status=401, after=after)
+        if not admits(self.grant(principal), Door.CONSOLE).ok:
+            return self._login_page(request, "That token's rights do not open the console.", status=403,
+                                    after=after)
         response = RedirectResponse(after or "/console/", status_code=303)
         self._set_cookie(response, request, SESSION_COOKIE, self.make_session(principal), path="/",
                          max_age=SESSION_SECONDS)
@@ -459,7 +481,7 @@ class Console:
         # A 200 page that moves on, not a redirect: the session cookie is SameSite=Strict and this
         # request came from the IdP's site, so the browser must make the next request from here.
         after = (flow.after if flow is not None else None) or "/console/"
-        response = self.render("signed_in.html", 200, after=after, who=grant.name)
+        response = self.render("signed_in.html", 200, after=after, who=shown_as(grant.principal, grant.name))
         self._set_cookie(response, request, SESSION_COOKIE, self.make_session(grant.principal, grant), path="/",
                          max_age=SESSION_SECONDS)
         response.delete_cookie(FLOW_COOKIE, path="/console/oidc/")
@@ -488,7 +510,8 @@ class Console:
         if owners is not None and not owners:
             return []
         runs = self.rt.store.list_runs(status=status or None, limit=RUN_LIST_LIMIT,
-                                       principals=None if owners is None else sorted(owners))
+                                       principals=None if owners is None else sorted(owners),
+                                       local=sees_local(self.access, grant))
         return [r for r in runs if may_see(self.access, grant, r.principal)]
 
     def grant(self, principal: str) -> Grant | None:
@@ -505,16 +528,25 @@ class Console:
             raise RunNotFound(f"no run {run_id!r}")
         return run
 
+    def _shut(self, grant: Grant | None, decision: Any, **context: Any) -> Response | None:
+        """The 403 page for a decision whose door ``grant``'s rights do not open (P-44); None when they do."""
+        door = admits(grant, door_of_decision(decision)) if isinstance(decision, str) and decision else None
+        if door is None or door.ok:
+            return None
+        return self.message("Nothing decided", f"{_REFUSALS['insufficient_rights']} Nothing was decided and nothing "
+                            "was sent.", status=403, detail=door.message, **context)
+
     def _approve_note(self, run: RunRecord, principal: str) -> str | None:
         """Why this principal cannot approve the run's writes here (the page offers decline only), or None."""
         verdict = may_decide(self.access, self.grant(principal), run.principal, "approve", Channel.CONSOLE)
         return None if verdict.ok else _REFUSALS.get(verdict.code or "", verdict.message)
 
     def _name(self, principal: str | None) -> str:
-        grant = self.grant(principal) if principal is not None else None
-        if grant is not None:
-            return grant.name
-        return self._people.get(principal or "") or principal or "anyone"
+        """A principal as people read it: its kind and its name (D-62), so no name reads as another kind's."""
+        if principal is None:
+            return "anyone"
+        grant = self.grant(principal)
+        return shown_as(principal, grant.name if grant is not None else self._people.get(principal))
 
     def _owner_name(self, run: RunRecord) -> str:
         """Who started a run, as a person deciding its writes is shown it (D-42).
@@ -523,10 +555,13 @@ class Console:
         access token, recorded with the run) is not signed, so it names only principals the configuration
         does not.
         """
-        grant = self.access.grant(run.principal or LOCAL)
+        owner = run.principal or LOCAL
+        grant = self.access.grant(owner)
         if grant is not None:
-            return grant.name
-        return str((run.meta or {}).get("principal_name") or self._name(run.principal))
+            return shown_as(owner, grant.name)
+        name = (run.meta or {}).get("principal_name")
+        # The kind comes from the run's principal, never from the recorded name (D-62).
+        return shown_as(owner, str(name)) if name else self._name(owner)
 
     async def home(self, request: Request) -> Response:
         session = self.session(request)
@@ -576,7 +611,7 @@ class Console:
         """Who asked for a run's writes: the principal's name, the client it came through, what it says it does."""
         meta = run.meta or {}
         client = meta.get("client") if isinstance(meta.get("client"), dict) else None
-        return {"name": self._owner_name(run),
+        return {"name": self._owner_name(run), "kind": kind_of(run.principal),
                 "client": " ".join(str(client[k]) for k in ("name", "version") if client.get(k)) if client else None,
                 "summary": run_summary(run.program)}
 
@@ -611,19 +646,22 @@ class Console:
                                 status=403, detail="Reload the run's page and decide again.",
                                 principal=session["p"], csrf=csrf,
                                 link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
+        decision, reason, seqs = _read_decision(form)
+        grant = self.grant(session["p"])
+        # The door first (P-44): rights that do not open it learn nothing, not even whether the run exists.
+        if (shut := self._shut(grant, decision, principal=session["p"], csrf=csrf)) is not None:
+            return shut
         try:
             run = self._run_for(run_id, session["p"])  # a run it may not see does not exist for it
         except RunNotFound:
             return self.message("No such run", "There is no run with that id for you; nothing was decided.",
                                 status=404, principal=session["p"], csrf=csrf)
-        decision, reason, seqs = _read_decision(form)
         if decision == "undo":
             return await self._undo(request, session, run, reason, csrf)
         if decision is None or seqs is None:
             return self.message("Nothing decided", "The form named no decision or no write.", status=400,
                                 principal=session["p"], csrf=csrf,
                                 link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
-        grant = self.grant(session["p"])
         verdict = may_decide(self.access, grant, run.principal, decision, Channel.CONSOLE,
                              signed_in_required=signed_in_required(run, seqs))
         if not verdict.ok:
@@ -778,10 +816,14 @@ class Console:
         form = await self.form(request)
         if isinstance(form, Response):
             return form
+        session = self._link_session(request)
+        # A signed-in approver's rights open this door or not (P-44), before the link is even read;
+        # without a session the link itself is the capability (links = "capability") or nothing.
+        if session is not None and (shut := self._shut(self.grant(session["p"]), form.get("decision"))):
+            return shut
         claim, run, refusal = self._link_state(token)
         if refusal is not None:
             return refusal
-        session = self._link_session(request)
         if not self._csrf_ok(self._csrf_nonce(request, session), form.get("csrf")):
             return self.message("Refused", "This form's security token is not valid, so nothing was decided.",
                                 status=403, detail="Open the approval link again and decide from that page.")
@@ -817,6 +859,7 @@ class Console:
 # Who a capability-mode link decision is recorded as: nobody signed in, so no person can be named.
 CAPABILITY_HOLDER = "whoever held the approval link (links = capability, not signed in)"
 _REFUSALS = {
+    "insufficient_rights": "Your rights do not include deciding this (approving needs the approve right).",
     "self_approval": "You started this run: the principal that ran a program does not approve its own writes "
                      "here ([server] self_approval is off). A person with a token that may approve decides it; "
                      "you may decline it.",

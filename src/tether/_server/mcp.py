@@ -39,7 +39,7 @@ from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticUndefined
 
-from tether._engine.approvals import Access, Channel, Grant, may_decide
+from tether._engine.approvals import Access, Channel, Grant, may_decide, shown_as
 from tether._engine.approvals.rights import APPROVE, RUN
 from tether._engine.approvals.surface import refusal, signed_in_required, where_to_approve
 from tether._engine.attempt.handle import RunHandle
@@ -719,7 +719,7 @@ def _asked_progress(ctx: Context) -> bool:
 def _actor(ctx: Context, principal: str) -> str:
     """Who the timeline says decided: the person an access token names, else the principal."""
     identity = request_scope_value(ctx, IDENTITY_KEY)
-    return identity.shown if identity is not None else principal
+    return shown_as(principal, identity.shown) if identity is not None else principal
 
 
 _first_undecided = channels.first_undecided

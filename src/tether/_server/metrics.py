@@ -1,19 +1,22 @@
 """``GET /metrics``: the Prometheus text exposition of :mod:`tether._metrics`.
 
 On the main listener it sits behind the bearer token like everything but the
-health probes (a scrape job sends ``Authorization: Bearer ...``); ``[metrics]
-listen`` adds a separate listener without a token, for a network only the
-scraper reaches (docs/deploy.md "Metrics").
+health probes (a scrape job sends ``Authorization: Bearer ...``): a static
+token or an identity provider's access token whose rights include metrics (or
+operate), and never open while any authentication is configured (P-44);
+``[metrics] listen`` adds a separate listener without a token, for a network
+only the scraper reaches (docs/deploy.md "Metrics").
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tether._engine.approvals.doors import Door
 from tether._metrics import render
 from tether._server.auth import BearerAuth
 from tether._store.retention import live_counts
@@ -45,11 +48,12 @@ class MetricsApp:
 
 
 class MetricsRoute:
-    """``/metrics`` behind the bearer token; every other path goes on to ``app``."""
+    """``/metrics`` behind the bearer token (static or OAuth, with the metrics right); every other path goes on."""
 
-    def __init__(self, app: ASGIApp, rt: "Runtime", tokens: Sequence[str]) -> None:
+    def __init__(self, app: ASGIApp, rt: "Runtime", tokens: Sequence[str], resource: Any = None,
+                 access: Any = None) -> None:
         self.app = app
-        self.metrics = BearerAuth(MetricsApp(rt), tokens)
+        self.metrics = BearerAuth(MetricsApp(rt), tokens, resource, access=access, door=Door.METRICS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("path") == METRICS_PATH:

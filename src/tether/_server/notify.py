@@ -101,6 +101,25 @@ class Webhook:
     events: frozenset[str]
 
 
+def shown_url(url: str) -> str:
+    """A webhook URL as a log line may show it: no user, password, query or fragment.
+
+    Many services put the webhook's own key in the URL (``?token=...``, ``https://key@host``), so the
+    line names where, never the key (D-62).
+    """
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(a URL that cannot be read)"
+    hidden = " (query not shown)" if parts.query or parts.fragment else ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}{port}{parts.path}{hidden}"
+
+
 def webhooks_from_config(config: Any, env: Mapping[str, str] | None = None) -> list[Webhook]:
     """The configured webhooks whose secret is set; each one without is reported and left off."""
     env = os.environ if env is None else env
@@ -108,7 +127,7 @@ def webhooks_from_config(config: Any, env: Mapping[str, str] | None = None) -> l
     for i, hook in enumerate(getattr(config, "notify", None) or []):
         secret = env.get(hook.secret_env)
         if not secret:
-            say(f"tether: notify[{i}] ({hook.url}) is off: ${hook.secret_env} is not set; "
+            say(f"tether: notify[{i}] ({shown_url(hook.url)}) is off: ${hook.secret_env} is not set; "
                 "nothing is sent to it unsigned", level=logging.WARNING, logger="tether.notify")
             continue
         out.append(Webhook(hook.url, secret.encode(), frozenset(hook.events)))

@@ -15,7 +15,9 @@ a new sign-in) is the same principal. Rights come from scopes (``tether:run``,
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -42,11 +44,23 @@ UNKNOWN_KID_REFETCH_SECONDS = 30.0
 # Keys are refetched anyway after this long, so a key the IdP withdrew stops being accepted.
 KEYS_MAX_AGE_SECONDS = 3600.0
 FETCH_TIMEOUT_SECONDS = 10.0
+# Introspection of opaque tokens (D-62): a token the IdP said is not good here is refused without asking again
+# for this long (a flood of made-up tokens costs the IdP one call each, once), at most this many remembered;
+# and at most this many introspections are in flight, so a flood queues here instead of opening a connection
+# per request. A negative answer may be cached: a token never becomes active later.
+REFUSED_CACHE_SECONDS, REFUSED_CACHE_ENTRIES = 60.0, 10_000
+MAX_INTROSPECTIONS = 8
+# JWT typ values of an access token: RFC 9068's, and plain JWT, which most IdPs still put on theirs (D-62).
+ACCESS_TOKEN_TYPES = frozenset({"at+jwt", "application/at+jwt", "jwt"})
 
 
-def principal_for_subject(issuer: str, subject: str) -> str:
-    """The principal of a user of an identity provider: the same for every token of theirs."""
-    return f"oauth:{issuer}#{subject}"
+def principal_for_subject(issuer: str, subject: str, *, client: bool = False) -> str:
+    """The principal of a user of an identity provider: the same for every token of theirs.
+
+    A client acting on its own (client credentials: no user, its id is the subject) is another namespace,
+    so a client id that equals some user's subject never makes the client that user (D-62).
+    """
+    return f"oauth-client:{issuer}#{subject}" if client else f"oauth:{issuer}#{subject}"
 
 
 @dataclass(frozen=True)
@@ -60,10 +74,12 @@ class Identity:
     email: str | None = None
     scopes: frozenset[str] = frozenset()
     claims: Mapping[str, Any] = field(default_factory=dict)
+    # A client's own token (client credentials), not a person's.
+    client: bool = False
 
     @property
     def principal(self) -> str:
-        return principal_for_subject(self.issuer, self.subject)
+        return principal_for_subject(self.issuer, self.subject, client=self.client)
 
     @property
     def shown(self) -> str:
@@ -94,7 +110,15 @@ def _scopes(claims: Mapping[str, Any]) -> frozenset[str]:
     scope = claims.get("scope", claims.get("scp", ""))
     if isinstance(scope, list):
         return frozenset(str(s) for s in scope)
-    return frozenset(str(scope).split())
+    # RFC 6749 §3.3: scopes are separated by spaces (0x20) only. str.split() would also split on other
+    # Unicode whitespace, so "x\u2003tether:operate" would grant operate where the IdP granted one odd scope.
+    return frozenset(s for s in str(scope).split(" ") if s)
+
+
+def _is_client(claims: Mapping[str, Any]) -> bool:
+    """A token a client got for itself (RFC 9068 §2.2: its subject is then the client's id), not a person's."""
+    client = claims.get("client_id", claims.get("azp"))
+    return claims.get("sub") is None or (isinstance(client, str) and claims.get("sub") == client)
 
 
 def _text(value: Any) -> str | None:
@@ -118,6 +142,8 @@ class ResourceServer:
         self._keys: dict[str, jwt.PyJWK] = {}
         self._fetched_at = 0.0
         self._lock = asyncio.Lock()
+        self._refused: OrderedDict[bytes, tuple[float, CredentialProblem]] = OrderedDict()
+        self._introspecting = asyncio.Semaphore(MAX_INTROSPECTIONS)
 
     # -- configuration ----------------------------------------------------------------
 
@@ -222,6 +248,10 @@ class ResourceServer:
         except jwt.PyJWTError:
             raise _invalid("the access token is not a well-formed JWT") from None
         alg, kid = header.get("alg"), header.get("kid")
+        typ = header.get("typ")
+        if typ is not None and (not isinstance(typ, str) or typ.lower() not in ACCESS_TOKEN_TYPES):
+            # An ID token, a logout token, a signed request: signed by the same keys, not an access token.
+            raise _invalid(f"the JWT's typ is {_quoted(str(typ))!r}, not an access token's (at+jwt, RFC 9068)")
         if alg not in self.algorithms:
             raise _invalid(f"the access token is signed with {alg!r}; this server accepts only "
                            f"{', '.join(self.algorithms)}")
@@ -245,13 +275,31 @@ class ResourceServer:
             raise _invalid("the access token's signature could not be verified with the issuer's key") from None
         return self.identity(claims)
 
-    def identity(self, claims: Mapping[str, Any]) -> Identity:
+    def identity(self, claims: Mapping[str, Any], *, client: bool | None = None) -> Identity:
         scopes = _scopes(claims)
         return Identity(issuer=str(claims["iss"]), subject=str(claims["sub"]),
                         rights=rights_of(scopes, claims, self.claim_rights), name=_text(claims.get("name")),
-                        email=_text(claims.get("email")), scopes=scopes, claims=dict(claims))
+                        email=_text(claims.get("email")), scopes=scopes, claims=dict(claims),
+                        client=_is_client(claims) if client is None else client)
 
     async def _introspect(self, token: str) -> Identity:
+        key = hashlib.sha256(token.encode()).digest()  # never the token itself, even in memory's cache
+        now = time.monotonic()
+        known = self._refused.get(key)
+        if known is not None and known[0] > now:
+            raise known[1]
+        async with self._introspecting:
+            try:
+                return await self._ask_introspection(token)
+            except CredentialProblem as problem:
+                if problem.status == 401:  # the IdP's word; an IdP that did not answer is asked again
+                    self._refused[key] = (time.monotonic() + REFUSED_CACHE_SECONDS, problem)
+                    self._refused.move_to_end(key)
+                    while len(self._refused) > REFUSED_CACHE_ENTRIES:
+                        self._refused.popitem(last=False)
+                raise
+
+    async def _ask_introspection(self, token: str) -> Identity:
         assert self.introspection_url is not None
         try:
             async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_SECONDS, follow_redirects=False) as http:
@@ -272,13 +320,14 @@ class ResourceServer:
             raise _invalid(f"the access token is for another audience, not {self.audience}")
         if data.get("iss", self.issuer) != self.issuer:
             raise _invalid(f"the access token is from another issuer, not {self.issuer}")
-        # A client's own token (client credentials) has no user: the client is its subject, as in its JWT form.
+        # A client's own token (client credentials) has no user: the client is its subject, as in its JWT
+        # form, in the clients' namespace (D-62).
         subject = data.get("sub") or data.get("client_id")
         if not isinstance(subject, str):
             raise _invalid("the introspected token names no subject")
         if isinstance(data.get("exp"), (int, float)) and data["exp"] + self.leeway < time.time():
             raise _invalid("the access token has expired")
-        return self.identity({**data, "iss": self.issuer, "sub": subject})
+        return self.identity({**data, "iss": self.issuer, "sub": subject}, client=_is_client(data))
 
     async def verify_token(self, token: str) -> AccessToken | None:
         """The MCP SDK's TokenVerifier protocol, for embeddings that use the SDK's own auth middleware."""

@@ -292,14 +292,15 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
     quotas = server.rt.engine.settings.quotas
     mcp_app = server.mcp.streamable_http_app(host=host, stateless_http=stateless,
                                              transport_security=_mcp_hosts(host, public_url))
-    mcp: Any = BearerAuth(mcp_app, tokens, resource,
+    # Each door checks the rights it needs (P-44): /mcp here, /metrics in MetricsRoute, the console per route.
+    mcp: Any = BearerAuth(mcp_app, tokens, resource, access=server.access,
                           session_quota=(lambda p: quotas.of(p).mcp_sessions) if quotas is not None else None)
     if resource is not None:
         from tether._server.oauth import MetadataRoutes
 
         mcp = MetadataRoutes(mcp, resource)
     settings = settings or ServerConfig()
-    app = BodyDeadline(HealthRoutes(Router(console.app, MetricsRoute(mcp, server.rt, tokens)), ready),
+    app = BodyDeadline(HealthRoutes(Router(console.app, MetricsRoute(mcp, server.rt, tokens, resource, server.access)), ready),
                        settings.body_timeout_seconds)
     shown = f"[{host}]" if ":" in host else host
     how = ("bearer token or OAuth access token" if resource is not None else

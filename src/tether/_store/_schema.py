@@ -403,7 +403,7 @@ class SQLStore:
         """Send ``payload`` to the other processes on this store at commit; a store that cannot, does not."""
 
     def list_runs(self, status: str | None = None, limit: int = 100,
-                  principals: Sequence[str] | None = None) -> list[RunRecord]:
+                  principals: Sequence[str] | None = None, local: bool = True) -> list[RunRecord]:
         where: list[str] = []
         params: list[Any] = []
         if status is not None:
@@ -417,6 +417,9 @@ class SQLStore:
                 either.append("principal IS NULL")  # rows from before every run had an owner (migration 4)
             where.append(f"({' OR '.join(either)})" if either else "1 = 0")
             params += names
+        if not local:
+            where.append("principal IS NOT NULL AND principal <> ?")
+            params.append(LOCAL_PRINCIPAL)
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         with self._transaction(write=False, single=True) as tx:
             rows = tx.run(f"{_SELECT_RUN}{clause} ORDER BY created_at DESC, run_id DESC LIMIT ?", (*params, limit))

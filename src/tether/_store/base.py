@@ -236,8 +236,9 @@ class RunsPort(Protocol):
         each) and its event, in one transaction; nothing is written when the compare-and-set loses."""
 
     def list_runs(self, status: str | None = None, limit: int = 100,
-                  principals: Sequence[str] | None = None) -> list[RunRecord]:
-        """The newest runs first; with ``principals``, only theirs (a NULL principal is ``local``)."""
+                  principals: Sequence[str] | None = None, local: bool = True) -> list[RunRecord]:
+        """The newest runs first; with ``principals``, only theirs (a NULL principal is ``local``);
+        ``local=False`` leaves out ``local``'s runs (an approver for everyone who is not shown them)."""
 
     def claim_run(self, run_id: str, owner: str, lease_until: float, now: float,
                   gone_owner: str | None = None) -> bool:
@@ -540,8 +541,8 @@ class AsyncStore:
         return await self.call(self.store.park_run, run_id, expect_status, snapshot, waits, event, **fields)
 
     async def list_runs(self, status: str | None = None, limit: int = 100,
-                        principals: Sequence[str] | None = None) -> list[RunRecord]:
-        return await self.call(self.store.list_runs, status, limit, principals)
+                        principals: Sequence[str] | None = None, local: bool = True) -> list[RunRecord]:
+        return await self.call(self.store.list_runs, status, limit, principals, local)
 
     async def claim_run(self, run_id: str, owner: str, lease_until: float, now: float,
                         gone_owner: str | None = None) -> bool:

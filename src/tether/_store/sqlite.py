@@ -31,6 +31,7 @@ from tether._store._migrations import Dialect, backfill_run_counts, render
 from tether._store._schema import SQLStore, Tx
 from tether._store.base import ParkEvent, SnapshotRecord, WaitRecord
 from tether._store.parking import park_run
+from tether._store.private import private_dir, private_file
 from tether.errors import ConfigError, StoreError
 
 _MEMORY = ":memory:"
@@ -128,7 +129,9 @@ class SQLiteStore(SQLStore):
         self.path: Path | None = None if name == _MEMORY else Path(name).expanduser()
         if self.path is not None:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                # Private before SQLite creates anything: its WAL and journal files take the database's mode.
+                private_dir(self.path.parent)
+                private_file(self.path)
             except OSError as exc:
                 raise StoreError(f"cannot create the directory for {self.path}: {exc}") from exc
         try:
@@ -222,12 +225,15 @@ class SQLiteStore(SQLStore):
     def backup_to(self, dest: Path) -> int:
         """A consistent copy of the database at ``dest`` (SQLite's online backup, while others write); its bytes.
 
-        The signing secret (``<db>.secret``) is not part of it: back it up separately, or the copy's runs
+        Written 0600 whatever the umask. The signing secret (``<db>.secret``) is not part of it: back it up separately, or the copy's runs
         cannot be resumed (docs/deploy.md "Backups").
         """
-        if dest.exists():
-            raise StoreError(f"{dest} exists; nothing was written", next_action="Name a new file.")
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(dest.parent)
+        try:
+            # 0600 from its first byte: the copy holds every journal, as the store does (P-44).
+            private_file(dest, exclusive=True)
+        except FileExistsError:
+            raise StoreError(f"{dest} exists; nothing was written", next_action="Name a new file.") from None
         target = sqlite3.connect(dest)
         try:
             with self._checkout() as conn:

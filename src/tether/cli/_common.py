@@ -275,12 +275,13 @@ def ensure_worker(args: argparse.Namespace, tools: Sequence[str]) -> int | None:
     import subprocess
 
     from tether._engine.worker import worker_alive
+    from tether._store.private import private_dir
 
     home = home_of(args)
     pid = worker_alive(home)
     if pid is not None:
         return pid
-    home.mkdir(parents=True, exist_ok=True)
+    private_dir(home)  # beside the store: 0700 when made here (P-44)
     cmd = [sys.executable, "-m", "tether.cli"]
     if args.config:
         cmd += ["--config", str(Path(args.config).resolve())]

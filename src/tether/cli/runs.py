@@ -370,9 +370,10 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from tether._config import load_config
     from tether._engine.worker import Worker, pid_file, worker_alive
     from tether._hostwork import GraceOnSignal, LoopWatchdog
+    from tether._store.private import private_dir
 
     home = home_of(args)
-    home.mkdir(parents=True, exist_ok=True)
+    private_dir(home)  # beside the store: 0700 when made here (P-44)
     other = worker_alive(home)
     if other is not None and other != os.getpid():
         print(f"a worker is already running for {home} (pid {other})", file=sys.stderr)

@@ -93,12 +93,15 @@ def _backup(args: argparse.Namespace) -> int:
         secret = Path(f"{store.path}.secret")
     finally:
         store.close()
-    data = {"backup": str(dest), "bytes": size,
+    from tether._store.private import mode_of
+
+    data = {"backup": str(dest), "bytes": size, "mode": mode_of(dest),
             "secret": str(secret) if secret.exists() else None}
     if args.json:
         print_json(data)
         return EXIT_OK
-    print(f"backed up {store.path} to {dest} ({_size(size)})")
+    # Where and with what mode: the copy holds every journal, so who can read it matters (P-44).
+    print(f"backed up {store.path} to {dest} ({_size(size)}, mode {data['mode']}: readable by this user only)")
     if data["secret"]:
         print(f"not copied: the signing secret {secret}; keep a copy of it apart from the data and restore it "
               f"as {dest}.secret (or set TETHER_SECRET), or the copy's paused runs cannot be resumed")

@@ -13,6 +13,7 @@ model.py without loading the service.
 from tether._engine.approvals.rights import (
            APPROVE,
            CAPABILITY,
+           METRICS,
            OPERATE,
            OPERATOR,
            RIGHTS,
@@ -22,12 +23,15 @@ from tether._engine.approvals.rights import (
            Channel,
            Grant,
            Verdict,
+           kind_of,
            may_decide,
            may_see,
            needs_signed_in,
+           sees_local,
+           shown_as,
            visible_owners,
 )
 
-__all__ = ["APPROVE", "CAPABILITY", "OPERATE", "OPERATOR", "RIGHTS", "RUN", "SIGNED_IN", "Access", "Channel",
-           "Grant", "Verdict", "may_decide", "may_see", "needs_signed_in",
+__all__ = ["APPROVE", "CAPABILITY", "METRICS", "OPERATE", "OPERATOR", "RIGHTS", "RUN", "SIGNED_IN", "Access", "Channel",
+           "Grant", "Verdict", "may_decide", "kind_of", "may_see", "needs_signed_in", "sees_local", "shown_as",
            "visible_owners"]

@@ -1,7 +1,7 @@
 """The rights each bearer token carries, from ``[server]`` and the environment.
 
 ``TETHER_TOKEN`` (and ``[server] token``) keep working as before for running
-programs: each such token gets the rights run and approve, its own runs only.
+programs: each such token gets the rights run, approve and metrics, its own runs only.
 Since a principal does not approve its own writes unless ``self_approval`` is
 set, a single-token server's writes are approved by the operator (``tether
 resume RUN_ID --approve --seq N --as OWNER`` on the store), or by a second, named token (docs/mcp.md
@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from tether._engine.approvals.rights import ANY, APPROVE, RUN, SIGNED_IN, Access, Grant
+from tether._engine.approvals.rights import ANY, APPROVE, METRICS, RUN, SIGNED_IN, Access, Grant
 from tether.errors import ConfigError, TokenRequired
 
 ENV_NAME = "TETHER_TOKEN"
+# What a TETHER_TOKEN may do: run, approve (others' runs only where approves_for or self_approval says),
+# and scrape /metrics, as the one token of a single-token server always could.
+ENV_RIGHTS = frozenset({RUN, APPROVE, METRICS})
 
 
 def env_token_name(index: int, count: int) -> str:
@@ -47,7 +50,7 @@ def server_access(server: Any, env_tokens: Sequence[str], env: Mapping[str, str]
                                 next_action=f"Set {table.token_env} (e.g. `openssl rand -hex 32`), or remove the "
                                             "table.")
         named.append((table.name, value, frozenset(table.rights), list(table.approves_for)))
-    env_named: list[tuple[str, str, frozenset[str], list[str]]] = [(env_token_name(i, len(env_tokens)), t, frozenset({RUN, APPROVE}), [])
+    env_named: list[tuple[str, str, frozenset[str], list[str]]] = [(env_token_name(i, len(env_tokens)), t, ENV_RIGHTS, [])
                  for i, t in enumerate(env_tokens)]
     everyone = env_named + named
     tokens = tuple(t for _, t, _, _ in everyone)

@@ -5,7 +5,10 @@ Rights (configured per token, ``[[server.tokens]]``):
 * **run**: execute programs, see one's own runs, cancel them, decline their writes;
 * **approve**: decide writes, of one's own runs (only with ``self_approval``)
   or of the principals the token approves for;
+* **metrics**: scrape ``GET /metrics`` (counts across every principal, no runs);
 * **operate**: everything, on every principal's runs (as the CLI on the store).
+
+Which right each door needs is :mod:`tether._engine.approvals.doors` (P-44).
 
 The threat this answers (docs/security.md): the agent holds its token, sees
 every result and may have a fetch tool. So whoever *ran* a program is not, by
@@ -18,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-RUN, APPROVE, OPERATE = "run", "approve", "operate"
-RIGHTS = (RUN, APPROVE, OPERATE)
+RUN, APPROVE, METRICS, OPERATE = "run", "approve", "metrics", "operate"
+RIGHTS = (RUN, APPROVE, METRICS, OPERATE)
 # Approval-link modes; SIGNED_IN is also what a policy rule's `approver` may require.
 SIGNED_IN, CAPABILITY = "signed_in", "capability"
 # approves_for: every principal.
@@ -62,6 +65,32 @@ class Grant:
 
 
 OPERATOR = Grant(LOCAL, "operator", frozenset({OPERATE}))
+
+# What kind of principal a name belongs to, from its principal id (which the store and the verified token
+# set), never from the name (which a token's holder or an identity provider's user may choose), D-62.
+KINDS = {"token": "token", "oauth": "IdP user", "oauth-client": "IdP client", LOCAL: "local operator"}
+# Quotes and what could fake them, or a line break, inside a name: shown as an apostrophe or a space.
+_QUOTES = dict.fromkeys(map(ord, "\"“”„‟«»‹›「」"), "'")
+
+
+def kind_of(principal: str | None) -> str:
+    """``token``, ``oauth`` (a person), ``oauth-client`` (a client of the IdP on its own) or ``local``."""
+    prefix = (principal or LOCAL).split(":", 1)[0]
+    return prefix if prefix in KINDS else "token"
+
+
+def shown_as(principal: str | None, name: str | None) -> str:
+    """How every surface names a principal: its kind, then its name in quotes.
+
+    Two principals of different kinds never read alike whatever names they were given: an IdP user named
+    ``pat`` is ``IdP user “pat”``, the token named ``pat`` is ``token “pat”``. Quotes and control
+    characters in a name are replaced, so a name cannot close its quote and start another label.
+    """
+    kind = kind_of(principal)
+    if kind == LOCAL:
+        return KINDS[LOCAL]
+    text = "".join(" " if not c.isprintable() else c for c in (name or principal or "")).translate(_QUOTES)
+    return f"{KINDS[kind]} “{' '.join(text.split())[:120]}”"
 
 
 @dataclass(frozen=True)
@@ -111,8 +140,12 @@ def may_see(access: Access, grant: Grant | None, owner: str | None) -> bool:
     owner = owner or LOCAL
     if OPERATE in grant.rights or owner == grant.principal:
         return True
-    if owner == LOCAL and access.local_runs == "shared":
-        return True
+    if owner == LOCAL:
+        # The operator's own runs (CLI, Python API): shared by local_runs, never by "*" (a token's, or an
+        # approver's from the identity provider), D-61. Only the operator's own code names `local` itself
+        # in approves_for (an in-process framework host naming its approver): no token name and no
+        # identity provider's grant can.
+        return access.local_runs == "shared" or (APPROVE in grant.rights and LOCAL in grant.approves_for)
     return APPROVE in grant.rights and (ANY in grant.approves_for or owner in grant.approves_for)
 
 
@@ -125,13 +158,18 @@ def visible_owners(access: Access, grant: Grant | None) -> frozenset[str] | None
     if grant is None:
         return frozenset()
     if OPERATE in grant.rights or (APPROVE in grant.rights and ANY in grant.approves_for):
-        return None
+        return None  # every owner; local's runs too only where sees_local says so
     owners = {grant.principal}
     if access.local_runs == "shared":
         owners.add(LOCAL)
     if APPROVE in grant.rights:
         owners |= grant.approves_for
     return frozenset(owners)
+
+
+def sees_local(access: Access, grant: Grant | None) -> bool:
+    """Whether ``grant`` sees the runs of ``local`` (the operator's: CLI, Python API, stdio)."""
+    return may_see(access, grant, LOCAL)
 
 
 def may_decide(access: Access, grant: Grant | None, owner: str | None, decision: str, channel: str, *,
