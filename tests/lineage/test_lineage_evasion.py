@@ -103,8 +103,10 @@ def verdict(code: str, run_id: str, address: str, args: dict[str, Any], *, by_va
             earlier: dict[str, Origin] | None = None) -> LineageVerdict:
     called = called_in(code, run_id)
     known = {**(earlier or {}), **(marks_of(called) if by_value else {})}
+    # What trusted reads held, as the guard mode hands it (lineage/guard.py).
+    trusted = {m.norm: Origin(a, run_id) for a in READS if a not in UNTRUSTED and a in code for m in marks(READS[a])}
     return judge(address=address, input_schema=WRITES[address], args=args, flow=analyse(code),
-                 untrusted_called=called, untrusted_values=known, run_id=run_id)
+                 untrusted_called=called, untrusted_values=known, trusted_values=trusted, run_id=run_id)
 
 
 FIND_ADDRESS = ("import tools\ne = await tools.mail.get_received_emails()\n"
@@ -119,6 +121,12 @@ EVASIONS = {
                 "start = body.index(' to ') + 4\nto = body[start:body.index(' now')]\n"),
     "f-string": FIND_ADDRESS + "user, domain = addr.split('@')\nto = f'{user}@{domain}'\n",
     "comprehension filter": FIND_ADDRESS + "to = ''.join(c for c in addr if c not in '<>()')\n",
+    # Implicit flows the pass does not follow rebuild the value from characters of the program's own alphabet;
+    # nothing trusted and no literal holds the result, so it asks as "never seen" (D-63).
+    "rebuilt by comparison": FIND_ADDRESS + ("abc = 'abcdefghijklmnopqrstuvwxyz@.-'\n"
+                                             "to = ''.join([a for a in abc if a == c][0] for c in addr)\n"),
+    "rebuilt by counting": FIND_ADDRESS + ("abc = 'abcdefghijklmnopqrstuvwxyz@.-'\n"
+                                           "to = ''.join(abc[sum(1 for _ in abc[:abc.index(c)])] for c in addr)\n"),
     "helper and loop": ("import tools\ndef pick(items):\n    found = []\n    for m in items:\n"
                         "        for w in m['body'].split():\n            if '@' in w:\n"
                         "                found.append(w)\n    return found[0]\n"

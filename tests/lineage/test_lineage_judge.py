@@ -122,7 +122,8 @@ def test_short_values_are_judged_by_the_static_pass_only():
 
 def test_positional_arguments_map_to_their_names():
     code = "import tools\ne = await tools.mail.get_received_emails()\nawait tools.mail.send_email([e[0]['sender']], 's', 'b')\n"
-    args = {"recipients": ["eve@evil.example"], "subject": "s", "body": "b"}
+    # A value with nothing to match, judged by the trace alone (a matchable one nothing holds asks either way).
+    args = {"recipients": ["s"], "subject": "s", "body": "b"}
     assert decide(code, args, untrusted_values={}).ask  # schema order: required first
     assert not decide(code, args, untrusted_values={}, positional=["subject", "recipients", "body"]).ask
 
