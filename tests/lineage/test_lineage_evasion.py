@@ -221,6 +221,10 @@ EQUIVALENT_FORMS = {
     "soft hyphen in an address": "attacker@evil\u00ad-mail.com",
     "zero-width joiner in a link's host": "https://evil\u200d-site.example/claim",
     "BOM inside an IBAN": ATTACKER_IBAN[:8] + "\ufeff" + ATTACKER_IBAN[8:],
+    "a tag on the mailbox": "attacker+invoices@evil-mail.com",
+    "a user part before the link's host": "https://bob@evil-site.example/claim",
+    "the host's trailing root dot": "https://evil-site.example./claim",
+    "a percent-encoded host": "https://evil%2Dsite.example/claim",
 }
 
 

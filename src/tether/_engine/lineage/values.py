@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from typing import TypeVar
+from urllib.parse import unquote
 
 T = TypeVar("T")
 
@@ -265,9 +266,10 @@ class _Scanner:
 
     def _word(self, word: str, path: str) -> bool:
         """Whether ``word`` holds an address, a link or a host (kept as marks)."""
-        return bool(("@" in word and self._each(_EMAIL, word, lambda m: self._add("email", m.casefold(), path)))
-                    or (("://" in word or "www." in word.lower()) and self._each(_URL, word,
-                                                                               lambda m: self._url(m, path)))
+        # A link first: "https://x@evil.com/" goes to evil.com, whatever address its user part looks like.
+        return bool((("://" in word or "www." in word.lower()) and self._each(_URL, word,
+                                                                            lambda m: self._url(m, path)))
+                    or ("@" in word and self._each(_EMAIL, word, lambda m: self._add("email", _email(m), path)))
                     or self._each(_HOST, word, lambda m: self._bare_host(m, path)))
 
     def _each(self, pattern: re.Pattern[str], word: str, keep: Callable[[str], object]) -> bool:
@@ -395,6 +397,13 @@ class _Scanner:
                 self._add("text", " ".join(window), path)
 
 
+def _email(raw: str) -> str:
+    """An address as compared: case folded, a ``+tag`` of its mailbox dropped (``a+x@d`` is delivered to ``a@d``)."""
+    local, _, domain = raw.casefold().rpartition("@")
+    mailbox = local.split("+", 1)[0]
+    return f"{mailbox or local}@{domain}"
+
+
 def _strip_url(raw: str) -> str:
     url = raw.casefold().rstrip(_TRAIL)
     scheme = url.find("://")
@@ -410,6 +419,11 @@ def _strip_url(raw: str) -> str:
         bare, _, port = host.partition(":")
         if port.isdigit():
             url = bare + url[len(host):]
+            host = bare
+    # A host is reached the same percent-decoded (URL parsers decode it) and without its root's trailing dot.
+    plain = (unquote(host) if "%" in host else host).rstrip(".")
+    if plain != host and plain:
+        url = plain + url[len(host):]
     return url.rstrip("/")
 
 
