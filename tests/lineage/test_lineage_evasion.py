@@ -225,6 +225,7 @@ EQUIVALENT_FORMS = {
     "a user part before the link's host": "https://bob@evil-site.example/claim",
     "the host's trailing root dot": "https://evil-site.example./claim",
     "a percent-encoded host": "https://evil%2Dsite.example/claim",
+    "a subdomain of the host": "https://claims.evil-site.example/claim",
 }
 
 

@@ -191,7 +191,7 @@ class _Allowlist:
 class _Unit:
     """One value judged: a whole scalar, one address in a string, one item of a list."""
 
-    __slots__ = ("label", "shown", "marks", "norms", "whole")
+    __slots__ = ("label", "shown", "marks", "norms", "whole", "parents")
 
     def __init__(self, label: str, shown: str, found: list[Mark], whole: str | None) -> None:
         self.label = label
@@ -203,6 +203,9 @@ class _Unit:
         if whole is not None:
             norms.append(whole)
         self.norms = list(dict.fromkeys(n for n in norms if n))
+        # The domains a link's host lies under: whoever holds evil.com holds a.evil.com (matched, never holding).
+        hosts = [host_of(m.norm) if m.kind == "url" else m.norm for m in found if m.kind in ("url", "host")]
+        self.parents = list(dict.fromkeys(p for h in hosts for p in _parents(h) if p not in self.norms))
 
     @property
     def matchable(self) -> bool:
@@ -293,6 +296,7 @@ class _Context:
         # A link to a host an untrusted result named, whatever its path: where the data goes is the host.
         hits += [(m, self.untrusted[n]) for m in u.marks if m.kind == "url"
                  for n in [host_of(m.norm)] if n in self.untrusted]
+        hits += [(Mark("host", p, ""), self.untrusted[p]) for p in u.parents if p in self.untrusted]
         # The whole value, even a short one, against values an untrusted text quoted ("the file with ID '13'").
         if u.whole is not None and u.whole in self.untrusted and not any(h[0].norm == u.whole for h in hits):
             hits.append((Mark("id", u.whole, ""), self.untrusted[u.whole]))
@@ -351,6 +355,7 @@ def lookups(args: Mapping[str, object]) -> list[str]:
             break
         for u in [*_units(str(name), value)[:MAX_UNITS], *_carried(str(name), value)]:
             out.update(dict.fromkeys(u.norms))
+            out.update(dict.fromkeys(u.parents))
     return list(out)
 
 
@@ -384,6 +389,22 @@ def _units(name: str, value: object) -> list[_Unit]:
         else:
             units += [_Unit(label, m.norm, [m], None) for m in found]
     return units
+
+
+# Second-level labels under a two-letter ending that registries hand out (co.uk, com.au): not one owner's domain.
+_SHARED_SECOND = frozenset({"co", "com", "net", "org", "gov", "ac", "edu", "ne", "or", "go", "gv", "ltd", "plc"})
+
+
+def _parents(host: str) -> list[str]:
+    """``a.b.evil.com`` -> ``["b.evil.com", "evil.com"]``: the domains above a host, down to two labels."""
+    labels = host.split(".")[:10]
+    out = []
+    for i in range(1, len(labels) - 1):
+        parent = labels[i:]
+        if len(parent) == 2 and len(parent[1]) == 2 and parent[0] in _SHARED_SECOND:
+            break
+        out.append(".".join(parent))
+    return out
 
 
 def _first_hit(hits: list[tuple[Mark, Origin]]) -> tuple[Mark, Origin]:
