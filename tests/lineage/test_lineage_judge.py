@@ -300,3 +300,21 @@ def test_another_call_sites_trace_does_not_ask_about_a_value_only_trusted_result
     # An untrusted result holds it too (the inbox's sender): the trace asks, whoever else holds it.
     sender = {"recipients": ["eve@evil.example"], "subject": "s", "body": "b"}
     assert decide(code, sender, untrusted_values=this_run, trusted_values={"eve@evil.example"}).ask
+
+
+WHO_NAMES = ("share_with", "grantee", "handle", "slack_handle", "login", "who", "person", "customer", "client",
+             "counterparty", "creditor", "merchant", "callback", "notify", "sink", "server", "site", "mailbox",
+             "inbox", "forward", "redirect", "hook", "upstream", "remote", "wallet", "principal", "dm")
+
+
+def test_names_that_say_who_or_where_are_destinations():
+    # A user name taken from an untrusted read has no mark to find inside content: only the destination role makes
+    # the traced value ask (D-63).
+    for name in WHO_NAMES:
+        assert role_of_name(name) == DESTINATION, name
+        code = f"import tools\ne = await tools.mail.get_received_emails()\nawait tools.mail.send_email({name}=e[0]['subject'])\n"
+        v = judge(address=SEND, input_schema={}, args={name: "Mallory"}, flow=analyse(code), untrusted_called=CALLED,
+                  untrusted_values={}, run_id="r-now")
+        assert v.ask, name
+    for name in ("location", "subject", "body", "amount", "company", "hotel"):
+        assert role_of_name(name) == CONTENT, name

@@ -40,6 +40,10 @@ _DESTINATION_WORDS = frozenset({
     # Who holds access, and where post goes: changing them redirects what follows as surely as a recipient.
     "password", "passphrase", "secret", "credential", "credentials", "token", "street", "city", "zip",
     "postcode", "postal",
+    # Who else gets it, or where it is posted back: a share's grantee, a chat handle, a hook.
+    "who", "handle", "login", "person", "customer", "client", "counterparty", "creditor", "merchant", "grantee",
+    "principal", "share", "dm", "wallet", "callback", "notify", "hook", "sink", "server", "site", "mailbox",
+    "inbox", "forward", "redirect", "upstream", "remote",
 })
 # Name words that, last, make an argument content whatever came before (``email_body``, ``recipient_name``
 # stays a destination: a name is how a recipient is chosen).
