@@ -226,6 +226,8 @@ EQUIVALENT_FORMS = {
     "the host's trailing root dot": "https://evil-site.example./claim",
     "a percent-encoded host": "https://evil%2Dsite.example/claim",
     "a subdomain of the host": "https://claims.evil-site.example/claim",
+    "an IBAN parted by dashes": "-".join(ATTACKER_IBAN[i:i + 4] for i in range(0, len(ATTACKER_IBAN), 4)),
+    "an IBAN parted by dots": ".".join(ATTACKER_IBAN[i:i + 4] for i in range(0, len(ATTACKER_IBAN), 4)),
 }
 
 

@@ -73,7 +73,9 @@ _URL = re.compile(r"(?:\b[a-z][a-z0-9+.-]{1,15}://|\bwww\.)[^\s<>\"'`{}|\\^]{1,2
 _HOST = re.compile(r"(?<![\w@./:-])(?:[^\W_][\w-]{0,62}\.){1,8}[^\W\d_]{2,24}(?:/[^\s<>\"'`{}|\\^]{0,2048})?"
                    r"(?![\w@-])")
 # Printed in groups of four or compact; the checksum (iban_valid) is what makes a match an IBAN.
-_IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b", re.IGNORECASE)
+# Groups of four, run together or parted by a space, a dash or a dot (a payee form strips any of them).
+_IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?:[ .-]?[A-Z0-9]{4}){2,7}(?:[ .-]?[A-Z0-9]{1,4})?\b", re.IGNORECASE)
+_IBAN_SEP = re.compile(r"[ .-]")
 _IBAN_HINT = re.compile(r"[A-Z]{2}\d{2}", re.IGNORECASE)
 _PHONE = re.compile(r"(?<![\w+])\+?\d[\d \-().]{6,24}\d(?!\w)")
 _UUID = re.compile(r"(?i:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
@@ -327,7 +329,7 @@ class _Scanner:
         return True
 
     def _iban(self, raw: str, path: str) -> bool:
-        groups = raw.upper().split(" ")
+        groups = _IBAN_SEP.split(raw.upper())
         # A printed IBAN followed by a short word ("... 0130 00 OR") matches one group too far: drop it.
         for end in range(len(groups), 0, -1):
             compact = "".join(groups[:end])
