@@ -14,8 +14,8 @@ content argument — is judged on its own, in this order:
    same value too (the attacker could then only pick among destinations the user's trusted sources hold:
    the selection limit docs/security.md states).
 4. the run read an untrusted result and a literal of the program, a trusted result or the allowlist does
-   not hold the value: ask, "never seen in this conversation" — whether the static pass cannot tell or
-   traces it to nothing untrusted (a value rebuilt from untrusted data by comparisons, an implicit flow).
+   not hold the value: ask, "never seen in this conversation" — when the static pass cannot tell, or traces
+   it to no result at all (a value rebuilt from untrusted data by comparisons, an implicit flow).
 5. otherwise it may go, and the reason says what holds it: the program's literals, a trusted result,
    results not marked untrusted, or the program's own computation.
 
@@ -275,10 +275,11 @@ class _Context:
             return reason("typed in the program", asks=False)
         if trusted is not None:
             return reason(f"held by {trusted}", asks=False)
-        if self.called and u.matchable:
-            # Traced to none of them, yet held by nothing the user or the program gave: rebuilt from untrusted
+        if self.called and u.matchable and static is not None and not static:
+            # Traced to no result at all, yet held by nothing the user or the program gave: rebuilt from untrusted
             # data by comparisons (a character picked from an alphabet where it equals one read, a loop's count),
-            # the implicit flows the pass does not follow. The mode's own rule, whatever the trace says.
+            # the implicit flows the pass does not follow. A value traced to a result not marked untrusted goes
+            # (a write's result — a new link, a new id — is no trusted read's, yet the program's to use).
             origin = self.latest(sorted(self.called))
             return reason(f"never seen in this conversation: no trusted result, literal of the program or allowlist "
                           f"holds it, and the program built it after reading {self.result_of(origin)}",
