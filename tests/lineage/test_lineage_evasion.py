@@ -202,6 +202,9 @@ BENIGN = {
     "a helper that formats a typed recipient":
         ("import tools\ndef norm(a):\n    return a.strip().lower()\ne = await tools.mail.get_received_emails()\n"
          "await tools.mail.send_email(to=norm(' BOB@corp.example '), subject=e[0]['subject'], body='ok')\n"),
+    "an address built on a typed domain":
+        ("import tools\ne = await tools.mail.get_received_emails()\nname = 'Carol'\n"
+         "await tools.mail.send_email(to=name.lower() + '@corp.example', subject='count', body=str(len(e)))\n"),
 }
 
 

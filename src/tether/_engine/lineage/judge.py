@@ -275,7 +275,7 @@ class _Context:
             return reason("typed in the program", asks=False)
         if trusted is not None:
             return reason(f"held by {trusted}", asks=False)
-        if self.called and u.matchable and static is not None and not static:
+        if self.called and u.matchable and static is not None and not static and not self.typed_domain(u):
             # Traced to no result at all, yet held by nothing the user or the program gave: rebuilt from untrusted
             # data by comparisons (a character picked from an alphabet where it equals one read, a loop's count),
             # the implicit flows the pass does not follow. A value traced to a result not marked untrusted goes
@@ -290,6 +290,12 @@ class _Context:
         if static is None:
             return reason("no untrusted result was read before this call", asks=False)
         return reason("built by the program from its own values", asks=False)
+
+    def typed_domain(self, u: _Unit) -> bool:
+        """Whether the program typed the domain of an address it built (``name + "@corp.example"``): a program is
+        fixed before its run's results arrive, so it cannot have typed a domain only they named."""
+        domains = [m.norm.rpartition("@")[2] for m in u.marks if m.kind == "email"]
+        return any(d and (d in self.flow.literals or "@" + d in self.flow.literals) for d in domains)
 
     def hits(self, u: _Unit, static: frozenset[str] | None, *, literal: bool) -> Origin | None:
         """The untrusted result a value matches, if any: the most specific mark, this run's call first."""
