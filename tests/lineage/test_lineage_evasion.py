@@ -246,3 +246,22 @@ async def test_evasion_an_equivalent_form_copied_in_a_later_run_is_asked(rt, nam
     v = verdict(code, run_id, address, args, earlier=earlier)
     assert v.ask, v
     assert any(r.asks and r.origin and r.origin["run_id"] == first.run_id for r in v.reasons)
+
+
+# A destination placed where a judge that reads only so far would not look (D-63).
+BURIED = {
+    "after forty typed links": "' '.join(['https://docs.corp.example/%d' % i for i in range(40)] + [link])",
+    "after 100 KB of text": "'hello ' * 20000 + link",
+    "among forty typed addresses": "', '.join(['u%d@corp.example' % i for i in range(40)] + [to])",
+}
+
+
+@pytest.mark.parametrize("name", list(BURIED))
+async def test_evasion_a_destination_buried_in_a_long_value_is_asked(rt, name):
+    code = (FIND_ADDRESS + "link = [w for w in e[0]['body'].split() if w.startswith('https://')][0]\nto = addr\n"
+            f"body = {BURIED[name]}\n"
+            "await tools.mail.send_email(to='bob@corp.example', subject='links', body=body)\n")
+    run_id, address, args = await run(rt, code)
+    v = verdict(code, run_id, address, args)
+    assert v.ask, [r for r in v.reasons if r.asks]
+    assert any(r.asks and r.arg.startswith("body →") for r in v.reasons)

@@ -318,3 +318,14 @@ def test_names_that_say_who_or_where_are_destinations():
         assert v.ask, name
     for name in ("location", "subject", "body", "amount", "company", "hotel"):
         assert role_of_name(name) == CONTENT, name
+
+
+def test_a_value_past_what_the_judge_reads_asks_after_an_untrusted_read():
+    # The judge's work is bounded; what it did not read cannot be let go once untrusted data was read (D-63).
+    body = "hello " * 40_000 + "https://evil.example/pay"
+    code = "import tools\ne = await tools.mail.get_received_emails()\nawait tools.mail.send_email(['bob@corp.example'], 's', 'b')\n"
+    v = decide(code, {"recipients": ["bob@corp.example"], "subject": "s", "body": body}, untrusted_values={})
+    assert v.ask and [r.arg for r in v.reasons if r.asks] == ["body → the rest"]
+    v = decide(code, {"recipients": ["bob@corp.example"], "subject": "s", "body": body}, untrusted_values={},
+               untrusted_called={})
+    assert not v.ask

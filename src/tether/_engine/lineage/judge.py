@@ -29,7 +29,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,16 @@ from tether._engine.lineage.values import Mark, host_of, marks, normalise
 # A call with more arguments than this, or a list longer, is judged on its first ones plus "cannot tell" for
 # the rest: the reasons a person reads must fit a page, and the work must stay bounded.
 MAX_ARGS = 64
-MAX_UNITS = 16  # values judged per argument (list items, addresses in one string, links in a body)
+MAX_UNITS = 16  # reasons shown per argument that need not ask (every one that asks is shown)
+# Values judged per argument: a list's items, the links and addresses in a body, read in slices of the text so a
+# link placed after many others, or deep in a long body, is judged too. Past it, what is left asks once the run
+# read an untrusted result.
+MAX_JUDGED = 1024
+_SLICE = 8_192
+_OVERLAP = 2_100  # a link is at most about 2 KiB (values._URL), so one cut by a slice's end is whole in the next
+MAX_TEXT = 131_072
+# Characters one judgement scans for marks, all arguments together: the bound on its work.
+MAX_SCANNED = 131_072
 MAX_REASONS = 128
 _SHOWN = 120  # characters of a value a reason quotes
 
@@ -151,16 +160,18 @@ def _judge(address: str, input_schema: Mapping[str, Any] | None, args: Mapping[s
     role = roles(input_schema, args, role_overrides)
     allowed = _Allowlist(allowlist)
     ctx = _Context(flow, untrusted_called, untrusted_values, trusted_values, allowed, run_id)
+
     reasons: list[Reason] = []
     for i, (name, value) in enumerate(args.items()):
-        if i >= MAX_ARGS or len(reasons) >= MAX_REASONS:
+        if i >= MAX_ARGS:
             break
         static = flow.sources_for(address, str(name), order)
         if role.get(name) == DESTINATION:
             reasons += ctx.destination(str(name), value, static)
         else:
             reasons += ctx.inside(str(name), value, static)
-    reasons = reasons[:MAX_REASONS]
+    # The reasons that ask come first when there are too many to show: a page of benign ones never hides one.
+    reasons = ([r for r in reasons if r.asks] + [r for r in reasons if not r.asks])[:MAX_REASONS]
     return LineageVerdict(any(r.asks for r in reasons), tuple(reasons))
 
 
@@ -191,10 +202,11 @@ class _Allowlist:
 class _Unit:
     """One value judged: a whole scalar, one address in a string, one item of a list."""
 
-    __slots__ = ("label", "shown", "marks", "norms", "whole", "parents")
+    __slots__ = ("label", "shown", "marks", "norms", "whole", "parents", "unread")
 
-    def __init__(self, label: str, shown: str, found: list[Mark], whole: str | None) -> None:
+    def __init__(self, label: str, shown: str, found: list[Mark], whole: str | None, unread: bool = False) -> None:
         self.label = label
+        self.unread = unread  # past what one judgement reads (MAX_SCANNED)
         self.shown = shown[:_SHOWN]
         self.marks = found
         self.whole = whole or None
@@ -221,21 +233,29 @@ class _Context:
         self.trusted = trusted
         self.allowed = allowed
         self.run_id = run_id
+        self.budget = [MAX_SCANNED]  # characters left to scan in this judgement
 
     # -- a destination argument --
 
     def destination(self, name: str, value: object, static: frozenset[str] | None) -> list[Reason]:
-        units = _units(name, value)
-        return [self.unit(u, static, inside=None) for u in units[:MAX_UNITS]]
+        units = _units(name, value, self.budget)
+        return _shown(self.unit(u, static, inside=None) for u in units)
 
     def inside(self, name: str, value: object, static: frozenset[str] | None) -> list[Reason]:
         """Links, addresses and IBANs inside a content argument, each judged like a destination."""
-        return [self.unit(u, static, inside=name) for u in _carried(name, value)]
+        return _shown(self.unit(u, static, inside=name) for u in _carried(name, value, self.budget))
 
     def unit(self, u: _Unit, static: frozenset[str] | None, *, inside: str | None) -> Reason:
         def reason(says: str, *, asks: bool, untrusted: bool = False, origin: Origin | None = None) -> Reason:
             return Reason(u.label, says, origin.to_dict() if origin is not None else None, untrusted, asks, u.shown)
 
+        if u.unread:
+            if not self.called:
+                return reason("not read past the judge's bound; no untrusted result was read before this call",
+                              asks=False)
+            origin = self.latest(sorted(self.called))
+            return reason(f"not read: the rest of this value is past what one write's judgement reads, and the run "
+                          f"read {self.result_of(origin)}", asks=True, untrusted=True, origin=origin)
         if self.allowed.holds(u.norms):
             return reason("on the allowlist", asks=False)
         trusted = self.trusted_holder(u)
@@ -360,34 +380,75 @@ def lookups(args: Mapping[str, object]) -> list[str]:
     for i, (name, value) in enumerate(args.items()):
         if i >= MAX_ARGS:
             break
-        for u in [*_units(str(name), value)[:MAX_UNITS], *_carried(str(name), value)]:
+        budget = [MAX_SCANNED]
+        for u in [*_units(str(name), value, budget), *_carried(str(name), value, budget)]:
             out.update(dict.fromkeys(u.norms))
             out.update(dict.fromkeys(u.parents))
     return list(out)
 
 
-def _carried(name: str, value: object) -> list[_Unit]:
+def _carried(name: str, value: object, budget: list[int]) -> list[_Unit]:
     """The destinations inside a content value, one unit each (a link's host goes with its link)."""
-    found = destinations_in(value)
-    by_url = {host_of(m.norm) for m in found if m.kind == "url"}
+    found: dict[tuple[str, str], Mark] = {}
+    unread = False
+    for piece in _slices(value):
+        if budget[0] <= 0:
+            unread = True
+            break
+        budget[0] -= _cost(piece)
+        for m in destinations_in(piece, limit=MAX_JUDGED):
+            found.setdefault((m.kind, m.norm), m)
+    by_url = {host_of(m.norm) for m in found.values() if m.kind == "url"}
     units = [_Unit(f"{name} → {_KIND_WORDS.get(m.kind, m.kind).removeprefix('the ')}", m.norm, [m], None)
-             for m in found if not (m.kind == "host" and m.norm in by_url)]
-    return units[:MAX_UNITS]
+             for m in found.values() if not (m.kind == "host" and m.norm in by_url)][:MAX_JUDGED]
+    if unread:
+        units.append(_Unit(f"{name} → the rest", "", [], None, unread=True))
+    return units
 
 
-def _units(name: str, value: object) -> list[_Unit]:
+def _cost(value: object) -> int:
+    """Characters the scanner may read of ``value`` (values.MAX_CHARS at most)."""
+    if isinstance(value, str):
+        return min(len(value), 16_384) + 1
+    return 65_536 if isinstance(value, (list, tuple, dict)) else 64
+
+
+def _slices(value: object) -> list[object]:
+    """A content value as it is searched for destinations: a long string in overlapping slices (the scanner reads
+    the start of each string only), anything else whole."""
+    if not isinstance(value, str) or len(value) <= _SLICE:
+        return [value]
+    text = value[:MAX_TEXT]
+    return [text[i:i + _SLICE] for i in range(0, max(1, len(text) - _OVERLAP), _SLICE - _OVERLAP)]
+
+
+def _shown(reasons: Iterable[Reason]) -> list[Reason]:
+    """Every reason that asks, and the first of those that need not."""
+    out, calm = [], 0
+    for r in reasons:
+        if r.asks or calm < MAX_UNITS:
+            out.append(r)
+            calm += not r.asks
+    return out
+
+
+def _units(name: str, value: object, budget: list[int]) -> list[_Unit]:
     """The values a destination argument holds: each item of a list, each address in a string."""
     items: list[tuple[str, object]]
     if isinstance(value, (list, tuple)):
-        items = [(f"{name}[{i}]", v) for i, v in enumerate(value[:MAX_UNITS])]
+        items = [(f"{name}[{i}]", v) for i, v in enumerate(value[:MAX_JUDGED])]
     else:
         items = [(name, value)]
     units: list[_Unit] = []
     for label, item in items:
         if item is None or isinstance(item, bool):
             continue
+        if budget[0] <= 0:
+            units.append(_Unit(label, "", [], None, unread=True))
+            break
+        budget[0] -= _cost(item)
         shown = item if isinstance(item, str) else _dump(item)
-        found = [m for m in marks(item, limit=MAX_UNITS * 2) if m.kind != "text"]
+        found = [m for m in marks(item, limit=MAX_JUDGED) if m.kind != "text"]
         by_url = {host_of(m.norm) for m in found if m.kind == "url"}
         found = [m for m in found if not (m.kind == "host" and m.norm in by_url)]
         whole = normalise(shown) if isinstance(item, (str, int, float)) else None

@@ -83,9 +83,9 @@ def role_of_name(name: str) -> str:
     return DESTINATION if _name_says(name) else CONTENT
 
 
-def destinations_in(value: object) -> list[Mark]:
+def destinations_in(value: object, *, limit: int = 256) -> list[Mark]:
     """Links, e-mail addresses, hosts and IBANs inside a content value (a body that carries a link)."""
-    return [m for m in marks(value) if m.kind in _CARRIERS]
+    return [m for m in marks(value, limit=limit) if m.kind in _CARRIERS]
 
 
 def _schema_says(schema: object, depth: int = 0) -> bool:
