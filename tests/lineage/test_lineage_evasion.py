@@ -231,6 +231,8 @@ EQUIVALENT_FORMS = {
     "a subdomain of the host": "https://claims.evil-site.example/claim",
     "an IBAN parted by dashes": "-".join(ATTACKER_IBAN[i:i + 4] for i in range(0, len(ATTACKER_IBAN), 4)),
     "an IBAN parted by dots": ".".join(ATTACKER_IBAN[i:i + 4] for i in range(0, len(ATTACKER_IBAN), 4)),
+    "spaces around the at sign": "attacker @ evil-mail.com",
+    "a percent-encoded at sign": "attacker%40evil-mail.com",
 }
 
 

@@ -32,6 +32,7 @@ import re
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from tether._engine.lineage.flow import DataFlow
 from tether._engine.lineage.roles import DESTINATION, destinations_in, roles
@@ -48,6 +49,7 @@ MAX_JUDGED = 1024
 _SLICE = 8_192
 _OVERLAP = 2_100  # a link is at most about 2 KiB (values._URL), so one cut by a slice's end is whole in the next
 MAX_TEXT = 131_072
+_SHORT = 512  # a destination string this short is also read without its spaces and percent-decoded
 # Characters one judgement scans for marks, all arguments together: the bound on its work.
 MAX_SCANNED = 131_072
 MAX_REASONS = 128
@@ -408,9 +410,21 @@ def _carried(name: str, value: object, budget: list[int]) -> list[_Unit]:
 
 def _cost(value: object) -> int:
     """Characters the scanner may read of ``value`` (values.MAX_CHARS at most)."""
-    if isinstance(value, str):
-        return min(len(value), 16_384) + 1
-    return 65_536 if isinstance(value, (list, tuple, dict)) else 64
+    total, stack, nodes = 0, [value], 0
+    while stack and total < 65_536 and nodes < 10_000:
+        item = stack.pop()
+        nodes += 1
+        if isinstance(item, str):
+            total += min(len(item), 16_384) + 1
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+            total += len(item)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+            total += 1
+        else:
+            total += 8
+    return min(total, 65_536) + (64 if stack else 0)
 
 
 def _slices(value: object) -> list[object]:
@@ -449,6 +463,13 @@ def _units(name: str, value: object, budget: list[int]) -> list[_Unit]:
         budget[0] -= _cost(item)
         shown = item if isinstance(item, str) else _dump(item)
         found = [m for m in marks(item, limit=MAX_JUDGED) if m.kind != "text"]
+        if isinstance(item, str) and len(item) <= _SHORT and ("%" in item or any(c.isspace() for c in item.strip())):
+            # A destination field is one value: "a @ evil.com" or "a%40evil.com" typed there reaches the same place
+            # once a form or a URL layer strips the spaces or decodes it.
+            seen = {m.norm for m in found}
+            compact = "".join(item.split())
+            for variant in dict.fromkeys((compact, unquote(compact))):
+                found += [m for m in marks(variant, limit=8) if m.kind != "text" and m.norm not in seen]
         by_url = {host_of(m.norm) for m in found if m.kind == "url"}
         found = [m for m in found if not (m.kind == "host" and m.norm in by_url)]
         whole = normalise(shown) if isinstance(item, (str, int, float)) else None
