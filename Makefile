@@ -46,9 +46,10 @@ lint: $(STAMP)
 
 # The benchmarks' contenders (FastMCP Code Mode) come from the bench extra, installed on first use.
 # BFCL's API classes come from bfcl-eval without its dependencies (an evaluation pipeline of model clients,
-# torch, vllm...): bench/bfcl_bench.py imports only the classes, which need mpmath.
+# torch, vllm...): bench/bfcl_bench.py imports only the classes, which need mpmath. AgentDojo (the `agentdojo`
+# extra) comes with the model clients it imports and never calls.
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/pip install -q -e '.[bench,agentdojo]'
 	$(BIN)/pip install -q --no-deps bfcl-eval==2026.3.23 mpmath==1.3.0
 	@rm -f $(VENV)/.bench-*
 	@touch $(BENCH_STAMP)

@@ -20,14 +20,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # By the question each answers (bench/README.md has the table): what a program costs, what discovery
 # finds, what durability costs, what serving holds, what the store is asked, what a start costs, what
-# months of runs leave behind.
+# months of runs leave behind, who is asked about which write.
 BENCHES = {"core": "core_bench.py", "check": "check_bench.py", "bfcl": "bfcl_bench.py",
            "search": "search_bench.py", "discovery": "discovery_bench.py",
            "durable": "durable_bench.py", "long": "long_bench.py",
            "serve": "serve_bench.py",
            "roundtrip": "roundtrip_bench.py", "store_latency": "store_latency_bench.py", "replica": "replica_bench.py",
            "sources": "sources_bench.py", "openapi_cold": "openapi_cold_bench.py",
-           "retention": "retention_bench.py"}
+           "retention": "retention_bench.py", "agentdojo": "agentdojo_bench.py"}
 QUICK_TIMEOUT_S = 600
 
 

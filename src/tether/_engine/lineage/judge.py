@@ -57,7 +57,7 @@ _SHOWN = 120  # characters of a value a reason quotes
 
 _KIND_WORDS = {
     "email": "the e-mail address", "url": "the link", "host": "the host", "iban": "the IBAN",
-    "phone": "the phone number", "id": "the identifier", "text": "the text",
+    "phone": "the phone number", "id": "the identifier", "text": "the text", "name": "the name",
 }
 _FIELD = re.compile(r"(?:\.([^.\[\]]+)|\[(?:'([^']*)'|\"([^\"]*)\")\])$")
 
@@ -462,14 +462,15 @@ def _units(name: str, value: object, budget: list[int]) -> list[_Unit]:
             break
         budget[0] -= _cost(item)
         shown = item if isinstance(item, str) else _dump(item)
-        found = [m for m in marks(item, limit=MAX_JUDGED) if m.kind != "text"]
+        # A name is matched as the whole value (values.py keeps names from results for that lookup alone).
+        found = [m for m in marks(item, limit=MAX_JUDGED) if m.kind not in ("text", "name")]
         if isinstance(item, str) and len(item) <= _SHORT and ("%" in item or any(c.isspace() for c in item.strip())):
             # A destination field is one value: "a @ evil.com" or "a%40evil.com" typed there reaches the same place
             # once a form or a URL layer strips the spaces or decodes it.
             seen = {m.norm for m in found}
             compact = "".join(item.split())
             for variant in dict.fromkeys((compact, unquote(compact))):
-                found += [m for m in marks(variant, limit=8) if m.kind != "text" and m.norm not in seen]
+                found += [m for m in marks(variant, limit=8) if m.kind not in ("text", "name") and m.norm not in seen]
         by_url = {host_of(m.norm) for m in found if m.kind == "url"}
         found = [m for m in found if not (m.kind == "host" and m.norm in by_url)]
         whole = normalise(shown) if isinstance(item, (str, int, float)) else None

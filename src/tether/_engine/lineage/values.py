@@ -46,7 +46,11 @@ WINDOW = 8
 MAX_WINDOWS = 32
 MAX_QUERY_WINDOWS = 512
 
-KINDS = ("email", "url", "host", "iban", "phone", "id", "text")
+# Proper names kept per string of a result: a review or a page names a few places; a list of names past this
+# is a catalogue, whose later names a model copies no more often than its first.
+MAX_NAMES = 16
+
+KINDS = ("email", "url", "host", "iban", "phone", "id", "text", "name")
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,9 @@ _CANDIDATE = re.compile(r"(?<!\S)\S*[@.]\S+")
 # A quoted value: opened after a space or a bracket (never inside a word, as an apostrophe is), closed before one.
 _QUOTED = re.compile(r"(?<![\w'\"])(?:'([^'\n]{1,64})'|\"([^\"\n]{1,64})\"|\u2018([^\u2019\n]{1,64})\u2019|"
                      r"\u201c([^\u201d\n]{1,64})\u201d)(?![\w'\"])")
+# A proper name written out in prose: 2 to 5 capitalised words in a row ("Riverside View Hotel"), kept from
+# results only and matched against a destination's whole value (a hotel, a restaurant, a company booked).
+_NAME = re.compile(r"(?<![\w'\u2019-])[^\W\d_a-z][^\W\d_A-Z]{1,30}(?: [^\W\d_a-z][^\W\d_A-Z]{1,30}){1,4}(?![\w'\u2019-])")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}|\d{1,2}[/.]\d{1,2}[/.]\d{2,4}$")
 _SPACE = re.compile(r"\s+")
 # Characters that print as nothing (zero-width spaces and joiners, the soft hyphen, direction marks, the BOM):
@@ -264,6 +271,8 @@ class _Scanner:
             self._ids(masked, path)
         if "'" in text or '"' in text or "\u2018" in text or "\u201c" in text:
             self._quoted(text, path)
+        if not self.query:
+            self._names(text, path)
         self._windows(text, path)
 
     def _word(self, word: str, path: str) -> bool:
@@ -378,6 +387,14 @@ class _Scanner:
             norm = normalise(inner)
             if norm and len(norm) <= 64:
                 self._add("id", norm, path)
+
+    def _names(self, text: str, path: str) -> None:
+        """Proper names in a result's text, for a destination whose whole value is a name (D-63): a booking's
+        hotel or company is who gets the user's money, and an injected review names it without quotes."""
+        for m in islice(_NAME.finditer(text), MAX_NAMES):
+            if len(self.out) >= self.limit:
+                return
+            self._add("name", normalise(m.group()), path)
 
     def _windows(self, text: str, path: str) -> None:
         if len(text) < 40:
