@@ -122,7 +122,8 @@ def test_short_values_are_judged_by_the_static_pass_only():
 
 def test_positional_arguments_map_to_their_names():
     code = "import tools\ne = await tools.mail.get_received_emails()\nawait tools.mail.send_email([e[0]['sender']], 's', 'b')\n"
-    args = {"recipients": ["eve@evil.example"], "subject": "s", "body": "b"}
+    # A value with nothing to match, judged by the trace alone (a matchable one nothing holds asks either way).
+    args = {"recipients": ["s"], "subject": "s", "body": "b"}
     assert decide(code, args, untrusted_values={}).ask  # schema order: required first
     assert not decide(code, args, untrusted_values={}, positional=["subject", "recipients", "body"]).ask
 
@@ -299,6 +300,35 @@ def test_another_call_sites_trace_does_not_ask_about_a_value_only_trusted_result
     # An untrusted result holds it too (the inbox's sender): the trace asks, whoever else holds it.
     sender = {"recipients": ["eve@evil.example"], "subject": "s", "body": "b"}
     assert decide(code, sender, untrusted_values=this_run, trusted_values={"eve@evil.example"}).ask
+
+
+WHO_NAMES = ("share_with", "grantee", "handle", "slack_handle", "login", "who", "person", "customer", "client",
+             "counterparty", "creditor", "merchant", "callback", "notify", "sink", "server", "site", "mailbox",
+             "inbox", "forward", "redirect", "hook", "upstream", "remote", "wallet", "principal", "dm")
+
+
+def test_names_that_say_who_or_where_are_destinations():
+    # A user name taken from an untrusted read has no mark to find inside content: only the destination role makes
+    # the traced value ask (D-63).
+    for name in WHO_NAMES:
+        assert role_of_name(name) == DESTINATION, name
+        code = f"import tools\ne = await tools.mail.get_received_emails()\nawait tools.mail.send_email({name}=e[0]['subject'])\n"
+        v = judge(address=SEND, input_schema={}, args={name: "Mallory"}, flow=analyse(code), untrusted_called=CALLED,
+                  untrusted_values={}, run_id="r-now")
+        assert v.ask, name
+    for name in ("location", "subject", "body", "amount", "company", "hotel"):
+        assert role_of_name(name) == CONTENT, name
+
+
+def test_a_value_past_what_the_judge_reads_asks_after_an_untrusted_read():
+    # The judge's work is bounded; what it did not read cannot be let go once untrusted data was read (D-63).
+    body = "hello " * 40_000 + "https://evil.example/pay"
+    code = "import tools\ne = await tools.mail.get_received_emails()\nawait tools.mail.send_email(['bob@corp.example'], 's', 'b')\n"
+    v = decide(code, {"recipients": ["bob@corp.example"], "subject": "s", "body": body}, untrusted_values={})
+    assert v.ask and [r.arg for r in v.reasons if r.asks] == ["body → the rest"]
+    v = decide(code, {"recipients": ["bob@corp.example"], "subject": "s", "body": body}, untrusted_values={},
+               untrusted_called={})
+    assert not v.ask
 
 
 def test_a_booked_name_copied_from_an_untrusted_review_asks_and_a_trusted_listing_alone_does_not():

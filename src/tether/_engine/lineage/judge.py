@@ -13,8 +13,9 @@ content argument — is judged on its own, in this order:
    of the program only an earlier run's, for the reason above): ask — unless a trusted result holds the
    same value too (the attacker could then only pick among destinations the user's trusted sources hold:
    the selection limit docs/security.md states).
-4. the static pass cannot tell and the run read an untrusted result: ask, "never seen in this
-   conversation", unless a literal of the program or a trusted result holds the value.
+4. the run read an untrusted result and a literal of the program, a trusted result or the allowlist does
+   not hold the value: ask, "never seen in this conversation" — when the static pass cannot tell, or traces
+   it to no result at all (a value rebuilt from untrusted data by comparisons, an implicit flow).
 5. otherwise it may go, and the reason says what holds it: the program's literals, a trusted result,
    results not marked untrusted, or the program's own computation.
 
@@ -28,9 +29,10 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from tether._engine.lineage.flow import DataFlow
 from tether._engine.lineage.roles import DESTINATION, destinations_in, roles
@@ -39,7 +41,17 @@ from tether._engine.lineage.values import Mark, host_of, marks, normalise
 # A call with more arguments than this, or a list longer, is judged on its first ones plus "cannot tell" for
 # the rest: the reasons a person reads must fit a page, and the work must stay bounded.
 MAX_ARGS = 64
-MAX_UNITS = 16  # values judged per argument (list items, addresses in one string, links in a body)
+MAX_UNITS = 16  # reasons shown per argument that need not ask (every one that asks is shown)
+# Values judged per argument: a list's items, the links and addresses in a body, read in slices of the text so a
+# link placed after many others, or deep in a long body, is judged too. Past it, what is left asks once the run
+# read an untrusted result.
+MAX_JUDGED = 1024
+_SLICE = 8_192
+_OVERLAP = 2_100  # a link is at most about 2 KiB (values._URL), so one cut by a slice's end is whole in the next
+MAX_TEXT = 131_072
+_SHORT = 512  # a destination string this short is also read without its spaces and percent-decoded
+# Characters one judgement scans for marks, all arguments together: the bound on its work.
+MAX_SCANNED = 131_072
 MAX_REASONS = 128
 _SHOWN = 120  # characters of a value a reason quotes
 
@@ -150,16 +162,18 @@ def _judge(address: str, input_schema: Mapping[str, Any] | None, args: Mapping[s
     role = roles(input_schema, args, role_overrides)
     allowed = _Allowlist(allowlist)
     ctx = _Context(flow, untrusted_called, untrusted_values, trusted_values, allowed, run_id)
+
     reasons: list[Reason] = []
     for i, (name, value) in enumerate(args.items()):
-        if i >= MAX_ARGS or len(reasons) >= MAX_REASONS:
+        if i >= MAX_ARGS:
             break
         static = flow.sources_for(address, str(name), order)
         if role.get(name) == DESTINATION:
             reasons += ctx.destination(str(name), value, static)
         else:
             reasons += ctx.inside(str(name), value, static)
-    reasons = reasons[:MAX_REASONS]
+    # The reasons that ask come first when there are too many to show: a page of benign ones never hides one.
+    reasons = ([r for r in reasons if r.asks] + [r for r in reasons if not r.asks])[:MAX_REASONS]
     return LineageVerdict(any(r.asks for r in reasons), tuple(reasons))
 
 
@@ -190,10 +204,11 @@ class _Allowlist:
 class _Unit:
     """One value judged: a whole scalar, one address in a string, one item of a list."""
 
-    __slots__ = ("label", "shown", "marks", "norms", "whole")
+    __slots__ = ("label", "shown", "marks", "norms", "whole", "parents", "unread")
 
-    def __init__(self, label: str, shown: str, found: list[Mark], whole: str | None) -> None:
+    def __init__(self, label: str, shown: str, found: list[Mark], whole: str | None, unread: bool = False) -> None:
         self.label = label
+        self.unread = unread  # past what one judgement reads (MAX_SCANNED)
         self.shown = shown[:_SHOWN]
         self.marks = found
         self.whole = whole or None
@@ -202,6 +217,9 @@ class _Unit:
         if whole is not None:
             norms.append(whole)
         self.norms = list(dict.fromkeys(n for n in norms if n))
+        # The domains a link's host lies under: whoever holds evil.com holds a.evil.com (matched, never holding).
+        hosts = [host_of(m.norm) if m.kind == "url" else m.norm for m in found if m.kind in ("url", "host")]
+        self.parents = list(dict.fromkeys(p for h in hosts for p in _parents(h) if p not in self.norms))
 
     @property
     def matchable(self) -> bool:
@@ -217,21 +235,29 @@ class _Context:
         self.trusted = trusted
         self.allowed = allowed
         self.run_id = run_id
+        self.budget = [MAX_SCANNED]  # characters left to scan in this judgement
 
     # -- a destination argument --
 
     def destination(self, name: str, value: object, static: frozenset[str] | None) -> list[Reason]:
-        units = _units(name, value)
-        return [self.unit(u, static, inside=None) for u in units[:MAX_UNITS]]
+        units = _units(name, value, self.budget)
+        return _shown(self.unit(u, static, inside=None) for u in units)
 
     def inside(self, name: str, value: object, static: frozenset[str] | None) -> list[Reason]:
         """Links, addresses and IBANs inside a content argument, each judged like a destination."""
-        return [self.unit(u, static, inside=name) for u in _carried(name, value)]
+        return _shown(self.unit(u, static, inside=name) for u in _carried(name, value, self.budget))
 
     def unit(self, u: _Unit, static: frozenset[str] | None, *, inside: str | None) -> Reason:
         def reason(says: str, *, asks: bool, untrusted: bool = False, origin: Origin | None = None) -> Reason:
             return Reason(u.label, says, origin.to_dict() if origin is not None else None, untrusted, asks, u.shown)
 
+        if u.unread:
+            if not self.called:
+                return reason("not read past the judge's bound; no untrusted result was read before this call",
+                              asks=False)
+            origin = self.latest(sorted(self.called))
+            return reason(f"not read: the rest of this value is past what one write's judgement reads, and the run "
+                          f"read {self.result_of(origin)}", asks=True, untrusted=True, origin=origin)
         if self.allowed.holds(u.norms):
             return reason("on the allowlist", asks=False)
         trusted = self.trusted_holder(u)
@@ -271,6 +297,15 @@ class _Context:
             return reason("typed in the program", asks=False)
         if trusted is not None:
             return reason(f"held by {trusted}", asks=False)
+        if self.called and u.matchable and static is not None and not static and not self.typed_domain(u):
+            # Traced to no result at all, yet held by nothing the user or the program gave: rebuilt from untrusted
+            # data by comparisons (a character picked from an alphabet where it equals one read, a loop's count),
+            # the implicit flows the pass does not follow. A value traced to a result not marked untrusted goes
+            # (a write's result — a new link, a new id — is no trusted read's, yet the program's to use).
+            origin = self.latest(sorted(self.called))
+            return reason(f"never seen in this conversation: no trusted result, literal of the program or allowlist "
+                          f"holds it, and the program built it after reading {self.result_of(origin)}",
+                          asks=True, untrusted=True, origin=origin)
         if static:
             names = ", ".join(f"{a}()" for a in sorted(static)[:3])
             return reason(f"from a result of {names}, not marked untrusted", asks=False)
@@ -278,12 +313,19 @@ class _Context:
             return reason("no untrusted result was read before this call", asks=False)
         return reason("built by the program from its own values", asks=False)
 
+    def typed_domain(self, u: _Unit) -> bool:
+        """Whether the program typed the domain of an address it built (``name + "@corp.example"``): a program is
+        fixed before its run's results arrive, so it cannot have typed a domain only they named."""
+        domains = [m.norm.rpartition("@")[2] for m in u.marks if m.kind == "email"]
+        return any(d and (d in self.flow.literals or "@" + d in self.flow.literals) for d in domains)
+
     def hits(self, u: _Unit, static: frozenset[str] | None, *, literal: bool) -> Origin | None:
         """The untrusted result a value matches, if any: the most specific mark, this run's call first."""
         hits = [(m, self.untrusted[m.norm]) for m in u.marks if m.norm in self.untrusted]
         # A link to a host an untrusted result named, whatever its path: where the data goes is the host.
         hits += [(m, self.untrusted[n]) for m in u.marks if m.kind == "url"
                  for n in [host_of(m.norm)] if n in self.untrusted]
+        hits += [(Mark("host", p, ""), self.untrusted[p]) for p in u.parents if p in self.untrusted]
         # The whole value, even a short one, against values an untrusted text quoted ("the file with ID '13'").
         if u.whole is not None and u.whole in self.untrusted and not any(h[0].norm == u.whole for h in hits):
             hits.append((Mark("id", u.whole, ""), self.untrusted[u.whole]))
@@ -340,34 +382,95 @@ def lookups(args: Mapping[str, object]) -> list[str]:
     for i, (name, value) in enumerate(args.items()):
         if i >= MAX_ARGS:
             break
-        for u in [*_units(str(name), value)[:MAX_UNITS], *_carried(str(name), value)]:
+        budget = [MAX_SCANNED]
+        for u in [*_units(str(name), value, budget), *_carried(str(name), value, budget)]:
             out.update(dict.fromkeys(u.norms))
+            out.update(dict.fromkeys(u.parents))
     return list(out)
 
 
-def _carried(name: str, value: object) -> list[_Unit]:
+def _carried(name: str, value: object, budget: list[int]) -> list[_Unit]:
     """The destinations inside a content value, one unit each (a link's host goes with its link)."""
-    found = destinations_in(value)
-    by_url = {host_of(m.norm) for m in found if m.kind == "url"}
+    found: dict[tuple[str, str], Mark] = {}
+    unread = False
+    for piece in _slices(value):
+        if budget[0] <= 0:
+            unread = True
+            break
+        budget[0] -= _cost(piece)
+        for m in destinations_in(piece, limit=MAX_JUDGED):
+            found.setdefault((m.kind, m.norm), m)
+    by_url = {host_of(m.norm) for m in found.values() if m.kind == "url"}
     units = [_Unit(f"{name} → {_KIND_WORDS.get(m.kind, m.kind).removeprefix('the ')}", m.norm, [m], None)
-             for m in found if not (m.kind == "host" and m.norm in by_url)]
-    return units[:MAX_UNITS]
+             for m in found.values() if not (m.kind == "host" and m.norm in by_url)][:MAX_JUDGED]
+    if unread:
+        units.append(_Unit(f"{name} → the rest", "", [], None, unread=True))
+    return units
 
 
-def _units(name: str, value: object) -> list[_Unit]:
+def _cost(value: object) -> int:
+    """Characters the scanner may read of ``value`` (values.MAX_CHARS at most)."""
+    total, stack, nodes = 0, [value], 0
+    while stack and total < 65_536 and nodes < 10_000:
+        item = stack.pop()
+        nodes += 1
+        if isinstance(item, str):
+            total += min(len(item), 16_384) + 1
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+            total += len(item)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+            total += 1
+        else:
+            total += 8
+    return min(total, 65_536) + (64 if stack else 0)
+
+
+def _slices(value: object) -> list[object]:
+    """A content value as it is searched for destinations: a long string in overlapping slices (the scanner reads
+    the start of each string only), anything else whole."""
+    if not isinstance(value, str) or len(value) <= _SLICE:
+        return [value]
+    text = value[:MAX_TEXT]
+    return [text[i:i + _SLICE] for i in range(0, max(1, len(text) - _OVERLAP), _SLICE - _OVERLAP)]
+
+
+def _shown(reasons: Iterable[Reason]) -> list[Reason]:
+    """Every reason that asks, and the first of those that need not."""
+    out, calm = [], 0
+    for r in reasons:
+        if r.asks or calm < MAX_UNITS:
+            out.append(r)
+            calm += not r.asks
+    return out
+
+
+def _units(name: str, value: object, budget: list[int]) -> list[_Unit]:
     """The values a destination argument holds: each item of a list, each address in a string."""
     items: list[tuple[str, object]]
     if isinstance(value, (list, tuple)):
-        items = [(f"{name}[{i}]", v) for i, v in enumerate(value[:MAX_UNITS])]
+        items = [(f"{name}[{i}]", v) for i, v in enumerate(value[:MAX_JUDGED])]
     else:
         items = [(name, value)]
     units: list[_Unit] = []
     for label, item in items:
         if item is None or isinstance(item, bool):
             continue
+        if budget[0] <= 0:
+            units.append(_Unit(label, "", [], None, unread=True))
+            break
+        budget[0] -= _cost(item)
         shown = item if isinstance(item, str) else _dump(item)
         # A name is matched as the whole value (values.py keeps names from results for that lookup alone).
-        found = [m for m in marks(item, limit=MAX_UNITS * 2) if m.kind not in ("text", "name")]
+        found = [m for m in marks(item, limit=MAX_JUDGED) if m.kind not in ("text", "name")]
+        if isinstance(item, str) and len(item) <= _SHORT and ("%" in item or any(c.isspace() for c in item.strip())):
+            # A destination field is one value: "a @ evil.com" or "a%40evil.com" typed there reaches the same place
+            # once a form or a URL layer strips the spaces or decodes it.
+            seen = {m.norm for m in found}
+            compact = "".join(item.split())
+            for variant in dict.fromkeys((compact, unquote(compact))):
+                found += [m for m in marks(variant, limit=8) if m.kind not in ("text", "name") and m.norm not in seen]
         by_url = {host_of(m.norm) for m in found if m.kind == "url"}
         found = [m for m in found if not (m.kind == "host" and m.norm in by_url)]
         whole = normalise(shown) if isinstance(item, (str, int, float)) else None
@@ -376,6 +479,22 @@ def _units(name: str, value: object) -> list[_Unit]:
         else:
             units += [_Unit(label, m.norm, [m], None) for m in found]
     return units
+
+
+# Second-level labels under a two-letter ending that registries hand out (co.uk, com.au): not one owner's domain.
+_SHARED_SECOND = frozenset({"co", "com", "net", "org", "gov", "ac", "edu", "ne", "or", "go", "gv", "ltd", "plc"})
+
+
+def _parents(host: str) -> list[str]:
+    """``a.b.evil.com`` -> ``["b.evil.com", "evil.com"]``: the domains above a host, down to two labels."""
+    labels = host.split(".")[:10]
+    out = []
+    for i in range(1, len(labels) - 1):
+        parent = labels[i:]
+        if len(parent) == 2 and len(parent[1]) == 2 and parent[0] in _SHARED_SECOND:
+            break
+        out.append(".".join(parent))
+    return out
 
 
 def _first_hit(hits: list[tuple[Mark, Origin]]) -> tuple[Mark, Origin]:

@@ -40,6 +40,10 @@ _DESTINATION_WORDS = frozenset({
     # Who holds access, and where post goes: changing them redirects what follows as surely as a recipient.
     "password", "passphrase", "secret", "credential", "credentials", "token", "street", "city", "zip",
     "postcode", "postal",
+    # Who else gets it, or where it is posted back: a share's grantee, a chat handle, a hook.
+    "who", "handle", "login", "person", "customer", "client", "counterparty", "creditor", "merchant", "grantee",
+    "principal", "share", "dm", "wallet", "callback", "notify", "hook", "sink", "server", "site", "mailbox",
+    "inbox", "forward", "redirect", "upstream", "remote",
 })
 # Name words that, last, make an argument content whatever came before (``email_body``, ``recipient_name``
 # stays a destination: a name is how a recipient is chosen).
@@ -79,9 +83,9 @@ def role_of_name(name: str) -> str:
     return DESTINATION if _name_says(name) else CONTENT
 
 
-def destinations_in(value: object) -> list[Mark]:
+def destinations_in(value: object, *, limit: int = 256) -> list[Mark]:
     """Links, e-mail addresses, hosts and IBANs inside a content value (a body that carries a link)."""
-    return [m for m in marks(value) if m.kind in _CARRIERS]
+    return [m for m in marks(value, limit=limit) if m.kind in _CARRIERS]
 
 
 def _schema_says(schema: object, depth: int = 0) -> bool:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from typing import TypeVar
+from urllib.parse import unquote
 
 T = TypeVar("T")
 
@@ -76,7 +77,9 @@ _URL = re.compile(r"(?:\b[a-z][a-z0-9+.-]{1,15}://|\bwww\.)[^\s<>\"'`{}|\\^]{1,2
 _HOST = re.compile(r"(?<![\w@./:-])(?:[^\W_][\w-]{0,62}\.){1,8}[^\W\d_]{2,24}(?:/[^\s<>\"'`{}|\\^]{0,2048})?"
                    r"(?![\w@-])")
 # Printed in groups of four or compact; the checksum (iban_valid) is what makes a match an IBAN.
-_IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b", re.IGNORECASE)
+# Groups of four, run together or parted by a space, a dash or a dot (a payee form strips any of them).
+_IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?:[ .-]?[A-Z0-9]{4}){2,7}(?:[ .-]?[A-Z0-9]{1,4})?\b", re.IGNORECASE)
+_IBAN_SEP = re.compile(r"[ .-]")
 _IBAN_HINT = re.compile(r"[A-Z]{2}\d{2}", re.IGNORECASE)
 _PHONE = re.compile(r"(?<![\w+])\+?\d[\d \-().]{6,24}\d(?!\w)")
 _UUID = re.compile(r"(?i:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
@@ -92,6 +95,11 @@ _QUOTED = re.compile(r"(?<![\w'\"])(?:'([^'\n]{1,64})'|\"([^\"\n]{1,64})\"|\u201
 _NAME = re.compile(r"(?<![\w'\u2019-])[^\W\d_a-z][^\W\d_A-Z]{1,30}(?: [^\W\d_a-z][^\W\d_A-Z]{1,30}){1,4}(?![\w'\u2019-])")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}|\d{1,2}[/.]\d{1,2}[/.]\d{2,4}$")
 _SPACE = re.compile(r"\s+")
+# Characters that print as nothing (zero-width spaces and joiners, the soft hyphen, direction marks, the BOM):
+# inside an address or a link they change the text, not where it goes (IDNA drops them from a host), so they
+# are dropped before anything is compared.
+_INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
+                        "\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0]")
 _NO_DIGITS = str.maketrans("", "", "0123456789")
 # Trailing characters a sentence puts after a link or an address, never part of it.
 _TRAIL = ".,;:!?)]}'\"*_>"
@@ -112,7 +120,7 @@ _FILE_ENDINGS = frozenset(
 def normalise(text: str) -> str:
     """The form values are compared in: NFKC, case folded, inner spacing collapsed, outer spacing and
     punctuation dropped."""
-    text = unicodedata.normalize("NFKC", text[:MAX_STRING]).casefold()
+    text = unicodedata.normalize("NFKC", _INVISIBLE.sub("", text[:MAX_STRING])).casefold()
     return _SPACE.sub(" ", text).strip().strip(_TRAIL + "([{<'\" ").strip()
 
 
@@ -243,7 +251,7 @@ class _Scanner:
     def _string(self, raw: str, path: str) -> None:
         take = min(len(raw), MAX_STRING, self.chars)
         self.chars -= take
-        text = unicodedata.normalize("NFKC", raw[:take])
+        text = unicodedata.normalize("NFKC", _INVISIBLE.sub("", raw[:take]))
         if len(text) < 6:
             return
         masked = text
@@ -269,9 +277,10 @@ class _Scanner:
 
     def _word(self, word: str, path: str) -> bool:
         """Whether ``word`` holds an address, a link or a host (kept as marks)."""
-        return bool(("@" in word and self._each(_EMAIL, word, lambda m: self._add("email", m.casefold(), path)))
-                    or (("://" in word or "www." in word.lower()) and self._each(_URL, word,
-                                                                               lambda m: self._url(m, path)))
+        # A link first: "https://x@evil.com/" goes to evil.com, whatever address its user part looks like.
+        return bool((("://" in word or "www." in word.lower()) and self._each(_URL, word,
+                                                                            lambda m: self._url(m, path)))
+                    or ("@" in word and self._each(_EMAIL, word, lambda m: self._add("email", _email(m), path)))
                     or self._each(_HOST, word, lambda m: self._bare_host(m, path)))
 
     def _each(self, pattern: re.Pattern[str], word: str, keep: Callable[[str], object]) -> bool:
@@ -329,7 +338,7 @@ class _Scanner:
         return True
 
     def _iban(self, raw: str, path: str) -> bool:
-        groups = raw.upper().split(" ")
+        groups = _IBAN_SEP.split(raw.upper())
         # A printed IBAN followed by a short word ("... 0130 00 OR") matches one group too far: drop it.
         for end in range(len(groups), 0, -1):
             compact = "".join(groups[:end])
@@ -407,6 +416,13 @@ class _Scanner:
                 self._add("text", " ".join(window), path)
 
 
+def _email(raw: str) -> str:
+    """An address as compared: case folded, a ``+tag`` of its mailbox dropped (``a+x@d`` is delivered to ``a@d``)."""
+    local, _, domain = raw.casefold().rpartition("@")
+    mailbox = local.split("+", 1)[0]
+    return f"{mailbox or local}@{domain}"
+
+
 def _strip_url(raw: str) -> str:
     url = raw.casefold().rstrip(_TRAIL)
     scheme = url.find("://")
@@ -422,6 +438,11 @@ def _strip_url(raw: str) -> str:
         bare, _, port = host.partition(":")
         if port.isdigit():
             url = bare + url[len(host):]
+            host = bare
+    # A host is reached the same percent-decoded (URL parsers decode it) and without its root's trailing dot.
+    plain = (unquote(host) if "%" in host else host).rstrip(".")
+    if plain != host and plain:
+        url = plain + url[len(host):]
     return url.rstrip("/")
 
 
