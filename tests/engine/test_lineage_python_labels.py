@@ -289,7 +289,11 @@ async def test_p45_d73_a_python_source_table_over_labelled_tools_keeps_the_stric
             self.lines.append(record.getMessage())
 
     logged = Lines()
-    logging.getLogger("tether.lineage").addHandler(logged)
+    logger = logging.getLogger("tether.lineage")
+    logger.addHandler(logged)
+    # Whatever level another test left on the "tether" loggers, warnings reach this handler.
+    level = logger.level
+    logger.setLevel(logging.WARNING)
     monkeypatch.setattr(trust, "_SAID", set())
 
     module = tmp_path / "crm_tools.py"
@@ -308,7 +312,8 @@ async def test_p45_d73_a_python_source_table_over_labelled_tools_keeps_the_stric
             [why] = asking(forwarded)
             assert "crm.lookup" in why["says"]
     finally:
-        logging.getLogger("tether.lineage").removeHandler(logged)
+        logger.removeHandler(logged)
+        logger.setLevel(level)
     sent = tmp_path / "sent.jsonl"
     assert [json.loads(line) for line in sent.read_text().splitlines()] == [[BOB]] if email == "completed" \
         else not sent.exists()
