@@ -25,7 +25,6 @@ from tether.errors import RunNotFound
 if TYPE_CHECKING:
     from tether._runtime import Runtime
     from tether._server.approvals import Decider
-    from tether._server.console.feed import RunFeed
     from tether._store.base import RunRecord
 
 # The rights of the person whose signed session cookie this request carries (IdP sign-in): per
@@ -44,7 +43,6 @@ class ConsoleBase:
     public_url: str | None
     decider: Decider
     templates: Environment
-    feed: RunFeed
     _keyring: Keyring
     _csrf_keys: Keyring
     _principals: set[str]

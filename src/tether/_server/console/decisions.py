@@ -14,7 +14,7 @@ from starlette.responses import RedirectResponse, Response
 from tether._engine.approvals import Channel, may_decide
 from tether._engine.approvals.surface import signed_in_required
 from tether._server.console.base import _REFUSALS, _origin
-from tether._server.console.sessions import MAX_REASON_CHARS, Sessions
+from tether._server.console.sessions import MAX_REASON_CHARS, ConsoleSessions
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus
 from tether.errors import RunNotFound, TetherError
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from tether._store.base import RunRecord
 
 
-class Decisions(Sessions):
+class Decisions(ConsoleSessions):
     """``POST /console/runs/{run_id}/decide``."""
 
     async def decide(self, request: Request) -> Response:

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from tether._engine.approvals import may_see
-from tether._server.console.sessions import Sessions
+from tether._server.console.sessions import ConsoleSessions
 from tether._store.states import RunStatus
 
 if TYPE_CHECKING:
@@ -87,8 +87,10 @@ class RunFeed:
             self._task.cancel()
 
 
-class EventFeed(Sessions):
+class EventFeed(ConsoleSessions):
     """``GET /console/events``: the runs a signed-in principal may see, as they change."""
+
+    feed: RunFeed
 
     async def events(self, request: Request) -> Response:
         session = self.session(request)

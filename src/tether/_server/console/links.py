@@ -18,11 +18,11 @@ from tether._server.auth import LOCAL
 from tether._server.console.base import _REFUSALS, _origin
 from tether._server.console.decisions import _read_decision
 from tether._server.console.render import _when
-from tether._server.console.sessions import PRESESSION_COOKIE, Sessions
+from tether._server.console.sessions import PRESESSION_COOKIE, ConsoleSessions
 from tether._server.pagetext import flash_text
 
 
-class ApprovalLinks(Sessions):
+class ApprovalLinks(ConsoleSessions):
     """``GET`` and ``POST /approve/{token}``."""
 
     def _link_state(self, token: str) -> tuple[Any, Any, Response | None]:

@@ -18,12 +18,12 @@ from tether._server.console.sessions import (
     PRESESSION_COOKIE,
     SESSION_COOKIE,
     SESSION_SECONDS,
-    Sessions,
+    ConsoleSessions,
     _session_id,
 )
 
 
-class SignIn(Sessions):
+class SignIn(ConsoleSessions):
     """``/console/login``, ``/console/logout`` and ``/console/oidc/*``."""
 
     async def login_form(self, request: Request) -> Response:

@@ -13,7 +13,7 @@ from tether._engine.approvals import may_see, sees_local, visible_owners
 from tether._engine.inspect import run_timeline
 from tether._server.approvals import describe_write, input_schema, pending_writes
 from tether._server.auth import LOCAL
-from tether._server.console.sessions import Sessions
+from tether._server.console.sessions import ConsoleSessions
 from tether._server.pagetext import flash_text, run_summary
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus
 from tether._tools.shown import mask, mask_source, redacted, secret_values
@@ -28,7 +28,7 @@ STATUSES = (RunStatus.PAUSED, RunStatus.WAITING, RunStatus.RUNNING, RunStatus.QU
             RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.ROLLED_BACK)
 
 
-class RunPages(Sessions):
+class RunPages(ConsoleSessions):
     """``GET /console/`` and ``GET /console/runs/{run_id}``."""
 
     def _visible_runs(self, principal: str, status: str | None) -> list[Any]:

@@ -33,7 +33,7 @@ MAX_FORM_BYTES = 32 * 1024
 FORM_TYPE = "application/x-www-form-urlencoded"
 
 
-class Sessions(ConsoleBase):
+class ConsoleSessions(ConsoleBase):
     """Session cookies, CSRF tokens and form bodies, for every console route."""
 
     def make_session(self, principal: str, person: Grant | None = None) -> str:
