@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 
@@ -453,3 +454,19 @@ async def test_d74_many_principals_arriving_and_leaving_leave_nothing_behind():
     assert adm.running == 0 and adm.queued == 0 and adm.principals == 0
     assert adm._shares == {}
     assert "ran" in outcomes and "overloaded" in outcomes
+
+
+async def test_d74_a_slot_handed_over_as_the_timeout_fires_is_used():
+    adm = Admission(1, queue_depth=4, queue_timeout=0.05)
+    held = await adm.acquire("A")
+    waiter = asyncio.ensure_future(adm.acquire("B"))
+    await settle()
+    loop = asyncio.get_running_loop()
+    loop.call_at(loop.time() + 0.01, held.release)  # due before the waiter's timeout ...
+    # ... and blocking the loop past both makes them run in one pass: the release first, then the
+    # timeout, before the waiter wakes. Its slot is used, not lost.
+    time.sleep(0.1)
+    slot = await waiter
+    assert adm.running == 1 and adm.running_for("B") == 1 and adm.principals == 1
+    slot.release()
+    assert adm.running == 0 and adm.principals == 0
