@@ -465,7 +465,7 @@ async def test_d74_a_slot_handed_over_as_the_timeout_fires_is_used():
     loop.call_at(loop.time() + 0.01, held.release)  # due before the waiter's timeout ...
     # ... and blocking the loop past both makes them run in one pass: the release first, then the
     # timeout, before the waiter wakes. Its slot is used, not lost.
-    time.sleep(0.1)
+    time.sleep(0.1)  # noqa: ASYNC251 - blocking the loop is the point here
     slot = await waiter
     assert adm.running == 1 and adm.running_for("B") == 1 and adm.principals == 1
     slot.release()
