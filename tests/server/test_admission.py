@@ -287,7 +287,7 @@ async def test_d74_one_principal_filling_the_line_cannot_make_anothers_request_f
     await settle()
     with pytest.raises(Overloaded) as own:  # A's own fifth meets A's own full line
         await adm.acquire("A")
-    assert "you have 1 programs running and 4 waiting" in own.value.message
+    assert "with your own programs: you have 1 program running and 4 waiting" in own.value.message
     assert own.value.message.endswith("this program was not started")
     assert own.value.details["your_queued"] == 4 and own.value.details["retry_after_ms"] >= MIN_RETRY_AFTER_MS
     b = in_line(adm, "B", order, "b")

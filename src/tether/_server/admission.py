@@ -256,9 +256,12 @@ class Admission:
             if not self.queue_depth:
                 why = (f"all {self.max_running} run slots are taken, {self.running_for(key)} of them by you, "
                        "and no request may wait (queue depth 0)")
+            elif self.queued_for(key) == self.queued:
+                why = (f"the line for a run slot is full (queue depth {self.queue_depth}) with your own programs: "
+                       f"you have {_programs(self.running_for(key))} running and {self.queued_for(key)} waiting")
             else:
                 why = (f"the line for a run slot is full (queue depth {self.queue_depth}) and shared evenly: "
-                       f"you have {self.running_for(key)} programs running and {self.queued_for(key)} waiting, "
+                       f"you have {_programs(self.running_for(key))} running and {self.queued_for(key)} waiting, "
                        f"and no other principal has {PUSH_OUT_MARGIN} more waiting than you")
             raise self._overloaded(key, f"{why}; this program was not started")
         share = self._shares[victim]
@@ -267,7 +270,7 @@ class Admission:
         share.waiters.remove(latest)
         latest.set_result(self._overloaded(
             victim,
-            f"you had {had} programs waiting for a run slot, more than another principal that needed a place "
+            f"you had {_programs(had)} waiting for a run slot, more than another principal that needed a place "
             f"in the full line (queue depth {self.queue_depth}); your latest, this one, gave up its place"
             f"{self._yours(victim)} and was not started",
         ))
@@ -322,6 +325,10 @@ class Admission:
         if share.running == 0 and not share.waiting:
             # What is left are waiters already cancelled, whose own tasks will find nothing to forget.
             del self._shares[key]
+
+
+def _programs(n: int) -> str:
+    return f"{n} program" if n == 1 else f"{n} programs"
 
 
 def _key(principal: str | None) -> str:
