@@ -326,7 +326,8 @@ async def test_d74_one_token_holding_every_slot_and_the_line_cannot_keep_another
             return await c.call_tool("execute", {"code": code})
 
     # Alpha: two long runs in the two slots, two more in the line of two, and a fifth refused.
-    alpha = [asyncio.ensure_future(one(ALPHA, f"{prefix}alpha-{i}", 5)) for i in range(5)]
+    # Their runs are long enough for beta's request to arrive while they hold both slots.
+    alpha = [asyncio.ensure_future(one(ALPHA, f"{prefix}alpha-{i}", 6)) for i in range(5)]
     done, _ = await asyncio.wait(alpha, timeout=30, return_when=asyncio.FIRST_COMPLETED)
     refused = done.pop().result()
     assert refused.is_error and refused.structured_content["error"]["code"] == "overloaded"
