@@ -36,13 +36,14 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, TypeVar, overload
 
 import pydantic
 from pydantic_core import ArgsKwargs, PydanticSerializationError, to_jsonable_python
 
 from tether._tools.context import CallContext, current_call
 from tether._tools.model import Annotations, Tool
+from tether._tools.trust import check_labels
 from tether._tools.undo import Undo, UndoArgs
 from tether.errors import (
     InvalidArguments,
@@ -82,6 +83,10 @@ class ToolSpec:
     annotations: Annotations
     idempotency: str = "none"
     undo: Undo | None = None
+    # Labels for a write guarded by lineage (P-45, D-73), checked by @tool (tether._tools.trust).
+    trust: str | None = None
+    trust_fields: Mapping[str, str] | None = None
+    roles: Mapping[str, str] | None = None
 
     def to_tool(self, default_namespace: str | None = None) -> Tool:
         """Build the tool; ``default_namespace`` applies when neither ``@tool`` nor the module names one."""
@@ -106,6 +111,9 @@ def tool(
     idempotent_with_key: bool = False,
     undo: str | None = None,
     undo_args: UndoArgs | Mapping[str, Any] | None = None,
+    trust: Literal["trusted", "untrusted"] | None = None,
+    trust_fields: Mapping[str, Literal["trusted", "untrusted"]] | None = None,
+    roles: Mapping[str, Literal["destination", "content"]] | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -122,6 +130,9 @@ def tool(
     idempotent_with_key: bool = False,
     undo: str | None = None,
     undo_args: UndoArgs | Mapping[str, Any] | None = None,
+    trust: Literal["trusted", "untrusted"] | None = None,
+    trust_fields: Mapping[str, Literal["trusted", "untrusted"]] | None = None,
+    roles: Mapping[str, Literal["destination", "content"]] | None = None,
 ) -> Any:
     """Mark a sync or async function as a tool; use bare (``@tool``) or with options.
 
@@ -136,11 +147,18 @@ def tool(
     P-46) and ``undo_args`` how its arguments follow: a function of
     ``(args, result)`` returning them, or a mapping of each to ``"args.<key>"``,
     ``"result.<key>"`` or a literal (without it: the result, when an object).
+    ``trust``, ``trust_fields`` and ``roles`` label the tool for ``Policy(writes="guard")`` (P-45, D-73), as a
+    ``[[sources]]`` table's keys of those names do, the tool's name left out: ``trust="trusted"`` for a tool
+    whose results only the user or the operator wrote (a contacts directory; without a label a tool is
+    untrusted), ``trust_fields={"notes": "untrusted"}`` for a field of its result that differs,
+    ``roles={"ref": "destination"}`` for an argument whose name does not say it is one.
     """
 
     def mark(f: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(f):
             raise InvalidToolDefinition(f"@tool needs a function, got {type(f).__name__}")
+        labels = check_labels(f"{namespace + '.' if namespace else ''}{name or getattr(f, '__name__', '?')}",
+                              trust, trust_fields, roles, _argument_names(f))
         f.__tether_tool__ = ToolSpec(  # type: ignore[attr-defined]
             func=f,
             namespace=namespace,
@@ -149,10 +167,25 @@ def tool(
             annotations=Annotations(read_only, destructive, idempotent, open_world),
             idempotency="key" if idempotent_with_key else "none",
             undo=Undo(undo, undo_args) if undo is not None else None,
+            trust=labels[0],
+            trust_fields=labels[1],
+            roles=labels[2],
         )
         return f
 
     return mark(func) if func is not None else mark
+
+
+def _argument_names(func: Callable[..., Any]) -> list[str] | None:
+    """The names a call can pass ``func``; None when it takes any (``**kwargs``) or has no readable signature
+    (the schema builder reports that)."""
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind is not p.VAR_POSITIONAL]
 
 
 def tools_from_module(module: ModuleType | str | Path) -> list[Tool]:
@@ -417,6 +450,9 @@ def _build(spec: ToolSpec, namespace: str) -> Tool:
                            and p.name not in context_params),
         idempotency=spec.idempotency,
         undo=spec.undo,
+        trust=spec.trust,
+        trust_fields=spec.trust_fields,
+        roles=spec.roles,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import MISSING, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 from tether._tools.undo import Undo
 from tether.errors import InvalidToolDefinition
@@ -100,6 +100,13 @@ class Tool:
     # How a write of this tool is undone (P-46): its compensation tool and how that tool's arguments follow
     # from this call's arguments and result; None when nothing declares one.
     undo: Undo | None = None
+    # What this tool's results are worth to a write guarded by lineage (P-45, D-73): "trusted" or "untrusted"
+    # (None: no label of its own), per field of its result ("<field>[.<field>...]": label), and which of its
+    # arguments are destinations or content ("<argument>": "destination" | "content"). Merged with the labels of
+    # a [[sources]] table for the same tool by tether._engine.lineage.trust.labels_from.
+    trust: str | None = None
+    trust_fields: Mapping[str, str] | None = None
+    roles: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         check_identifier(self.namespace, "namespace")
@@ -110,6 +117,16 @@ class Tool:
                 next_action="Say 'key' only when the tool dedupes calls by their idempotency key.",
             )
         _check_object(self.address, self.input_schema)
+        if self.trust is not None or self.trust_fields is not None or self.roles is not None:
+            from tether._tools.trust import check_labels
+
+            props = self.input_schema.get("properties")
+            arguments = None if self.input_schema.get("additionalProperties") or not isinstance(props, dict) \
+                else list(props)
+            _, fields, roles = check_labels(self.address, self.trust, self.trust_fields, self.roles, arguments)
+            # Copies: a mapping the caller changes later does not change what the guard reads.
+            object.__setattr__(self, "trust_fields", fields)
+            object.__setattr__(self, "roles", roles)
 
     @classmethod
     def deferred(cls, load: Callable[[], tuple[str, dict[str, Any]]], **values: Any) -> Tool:

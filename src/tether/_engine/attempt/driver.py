@@ -379,12 +379,13 @@ class Attempt:
         if self.policy.writes != policy_mod.GUARD:
             return None
         from tether._engine.lineage.guard import Guard
-        from tether._engine.lineage.trust import labels_from
+        from tether._engine.lineage.trust import guard_labels
 
         d = self.deps
         loaded = d.sources.statuses() if d.sources is not None else []
-        return Guard(run=self.run, policy=self.policy, labels=labels_from((s.namespace, s.definition) for s in loaded),
-                     astore=d.astore, keyring=d.keyring)
+        # The [[sources]] tables' labels and those tools added from Python carry (D-73).
+        labels = guard_labels(((s.namespace, s.definition) for s in loaded), d.catalog)
+        return Guard(run=self.run, policy=self.policy, labels=labels, astore=d.astore, keyring=d.keyring)
 
     def _session_base(self) -> bytes | None:
         """The session globals this run started from, recorded on the run so a replay starts there too."""

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from tether._engine.integrity import verify_calls
 from tether._engine.lineage.flow import UNKNOWN, DataFlow, analyse
 from tether._engine.lineage.judge import LineageVerdict, Origin, Reason, judge, lookups
-from tether._engine.lineage.trust import UNTRUSTED, Labels
+from tether._engine.lineage.trust import TRUSTED, UNTRUSTED, Labels, ToolTrust
 from tether._engine.lineage.values import marks
 from tether._hostwork import off_loop
 from tether._store.base import LOCAL_PRINCIPAL, CallRecord
@@ -128,6 +128,12 @@ class Guard:
                     if isinstance(mark, list) and len(mark) == 3:
                         untrusted.setdefault(str(mark[1]), Origin(entry.address, self.run_id, s, str(mark[2]),
                                                                   str(mark[0])))
+                # A tool labelled trusted but for a field (trust_fields, D-73): what its trusted fields hold is a
+                # trusted result's, as a trusted tool's is; its untrusted fields' marks above still ask.
+                trust = self.labels.of(entry.address)
+                if entry.kind == "read" and (trust.label == TRUSTED or any(lb == TRUSTED for _, lb in trust.fields)):
+                    for norm, origin in self._trusted_norms(entry, trust).items():
+                        trusted.setdefault(norm, origin)
             elif entry.kind == "read":
                 for norm, origin in self._trusted_norms(entry).items():
                     trusted.setdefault(norm, origin)
@@ -162,14 +168,16 @@ class Guard:
         return LineageVerdict(verdict.ask, tuple(dataclasses.replace(r, says=r.says.replace(said, shown))
                                                  for r in verdict.reasons))
 
-    def _trusted_norms(self, entry: CallRecord) -> dict[str, Origin]:
-        """What a trusted read's result holds, norm -> where (the judge names it: "your contacts hold it")."""
+    def _trusted_norms(self, entry: CallRecord, trust: ToolTrust | None = None) -> dict[str, Origin]:
+        """What a trusted read's result holds, norm -> where (the judge names it: "your contacts hold it");
+        given ``trust``, only what its trusted fields hold."""
         held = self._trusted.get(entry.seq)
         if held is None:
             held = {}
             if len(self._trusted) < TRUSTED_RESULTS:
                 for m in marks(entry.outcome):
-                    held.setdefault(m.norm, Origin(entry.address, self.run_id, entry.seq, m.path, m.kind))
+                    if trust is None or trust.label_at(m.path) == TRUSTED:
+                        held.setdefault(m.norm, Origin(entry.address, self.run_id, entry.seq, m.path, m.kind))
             self._trusted[entry.seq] = held
         return held
 

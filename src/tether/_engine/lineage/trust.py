@@ -10,9 +10,13 @@ knows a tool reads what the user or the operator put there marks it trusted (doc
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from tether._tools.catalog import Catalog
 
 TRUSTED = "trusted"
 UNTRUSTED = "untrusted"
@@ -55,46 +59,150 @@ class ToolTrust:
 
 @dataclass
 class Labels:
-    """The labels of the sources a process loaded, by namespace."""
+    """The labels of the sources a process loaded, by namespace, and those tools carry themselves (a Python
+    tool's ``@tool(trust=...)``, D-73), by address. Where both label one tool the stricter wins, field by field
+    and argument by argument: "untrusted" over "trusted", "destination" over "content" (D-73)."""
 
     by_namespace: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    by_tool: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     _cache: dict[str, ToolTrust] = field(default_factory=dict, repr=False)
 
     def roles_of(self, address: str) -> dict[str, str]:
-        """The roles the source's ``roles`` table gives arguments of ``address`` ("<tool>.<argument>" keys)."""
+        """The roles the source's ``roles`` table ("<tool>.<argument>" keys) and the tool's own ``roles`` give
+        arguments of ``address``."""
         namespace, _, name = address.partition(".")
         table = (self.by_namespace.get(namespace) or {}).get("roles") or {}
-        return {arg: str(role) for key, role in table.items() for tool, _, arg in [str(key).partition(".")]
-                if tool == name and arg}
+        out = {arg: str(role) for key, role in table.items() for tool, _, arg in [str(key).partition(".")]
+               if tool == name and arg}
+        for arg, role in ((self.by_tool.get(address) or {}).get("roles") or {}).items():
+            out[arg] = DESTINATION if DESTINATION in (role, out.get(arg)) else str(role)
+        return out
 
     def of(self, address: str) -> ToolTrust:
         found = self._cache.get(address)
         if found is None:
-            found = self._cache[address] = _tool_trust(self.by_namespace, address)
+            found = self._cache[address] = _tool_trust(self.by_namespace, self.by_tool, address)
         return found
 
+    def disagreements(self) -> list[str]:
+        """Where a ``[[sources]]`` table and a tool's own labels say different things, and what holds: one line
+        each, for the log (D-73: never silent)."""
+        out = []
+        for address, own in sorted(self.by_tool.items()):
+            namespace, _, name = address.partition(".")
+            table = self.by_namespace.get(namespace)
+            if not table:
+                continue
+            theirs = _side(table, name)
+            mine = _side(own, None)
+            for keys in sorted(set(theirs[1]) | set(mine[1]) | {()}):
+                a, b = _resolve(*theirs, keys), _resolve(*mine, keys)
+                if a is not None and b is not None and a != b:
+                    where = f"field {'.'.join(keys)} of " if keys else ""
+                    out.append(f"{where}{address}: the [[sources]] table says {a}, the tool says {b}; "
+                               f"{_stricter(a, b)} holds")
+            roles = self.roles_of(address)
+            table_roles = {arg: str(role) for key, role in (table.get("roles") or {}).items()
+                           for tool, _, arg in [str(key).partition(".")] if tool == name and arg}
+            for arg, role in sorted((own.get("roles") or {}).items()):
+                if arg in table_roles and table_roles[arg] != role:
+                    out.append(f"argument {arg} of {address}: the [[sources]] table says {table_roles[arg]}, the "
+                               f"tool says {role}; {roles[arg]} holds")
+        return out
 
-def _tool_trust(by_namespace: Mapping[str, Mapping[str, Any]], address: str) -> ToolTrust:
-    namespace, _, name = address.partition(".")
-    table = by_namespace.get(namespace) or {}
-    label = (table.get("trust_tools") or {}).get(name) or table.get("trust") or DEFAULT
-    fields = []
+
+DESTINATION = "destination"  # tether._engine.lineage.roles.DESTINATION, not imported: roles imports values
+
+
+def _stricter(a: str | None, b: str | None) -> str | None:
+    """The label that asks more of two (None: no label): untrusted over trusted (D-73)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return UNTRUSTED if UNTRUSTED in (a, b) else a
+
+
+def _side(table: Mapping[str, Any], name: str | None) -> tuple[str | None, dict[tuple[str, ...], str]]:
+    """One side's label for a tool and its field labels by keys: a ``[[sources]]`` table's for tool ``name``, or
+    (``name`` None) a tool's own (its ``trust_fields`` keys have no tool name)."""
+    if name is None:
+        label = table.get("trust")
+        fields = {tuple(str(k).split(".")): str(v) for k, v in (table.get("trust_fields") or {}).items()}
+        return (str(label) if label else None), fields
+    label = (table.get("trust_tools") or {}).get(name) or table.get("trust")
+    fields = {}
     for key, value in (table.get("trust_fields") or {}).items():
         tool, _, rest = str(key).partition(".")
         if tool == name and rest:
-            fields.append((tuple(rest.split(".")), str(value)))
+            fields[tuple(rest.split("."))] = str(value)
+    return (str(label) if label else None), fields
+
+
+def _resolve(label: str | None, fields: Mapping[tuple[str, ...], str], keys: tuple[str, ...]) -> str | None:
+    """What one side says of the value at ``keys``: its longest field override that is a prefix, else its tool's."""
+    best: tuple[str, ...] | None = None
+    for prefix in fields:
+        if keys[:len(prefix)] == prefix and (best is None or len(prefix) > len(best)):
+            best = prefix
+    return fields[best] if best is not None else label
+
+
+def _tool_trust(by_namespace: Mapping[str, Mapping[str, Any]], by_tool: Mapping[str, Mapping[str, Any]],
+                address: str) -> ToolTrust:
+    namespace, _, name = address.partition(".")
+    theirs = _side(by_namespace.get(namespace) or {}, name)
+    own = by_tool.get(address)
+    if own is None:
+        return ToolTrust(theirs[0] or DEFAULT, tuple(sorted(theirs[1].items(), key=lambda f: -len(f[0]))))
+    mine = _side(own, None)
+    # Every key either side names, labelled by what both sides say there: label_at then gives, for any path,
+    # the stricter of what each side alone would give it (its longest prefix is in the union).
+    keys = set(theirs[1]) | set(mine[1])
+    fields = [(k, _stricter(_resolve(*theirs, k), _resolve(*mine, k)) or DEFAULT) for k in keys]
     fields.sort(key=lambda f: -len(f[0]))
-    return ToolTrust(str(label), tuple(fields))
+    return ToolTrust(_stricter(theirs[0], mine[0]) or DEFAULT, tuple(fields))
 
 
 _KEYS = ("trust", "trust_tools", "trust_fields", "roles")
+_TOOL_KEYS = ("trust", "trust_fields", "roles")
 
 
-def labels_from(sources: Iterable[tuple[str | None, Mapping[str, Any]]]) -> Labels:
-    """Labels from ``(namespace, recorded definition)`` pairs (tether._sources.loader.LoadedSource)."""
+def labels_from(sources: Iterable[tuple[str | None, Mapping[str, Any]]], tools: Iterable[Any] = ()) -> Labels:
+    """Labels from ``(namespace, recorded definition)`` pairs (tether._sources.loader.LoadedSource) and the
+    tools of a catalog (tether._tools.model.Tool: its own ``trust``, ``trust_fields``, ``roles``). The one
+    place the guard's labels are built (D-73)."""
     out: dict[str, Mapping[str, Any]] = {}
     for namespace, definition in sources:
         name = namespace or definition.get("namespace")
         if isinstance(name, str) and any(k in definition for k in _KEYS):
             out[name] = {k: definition.get(k) for k in _KEYS}
-    return Labels(out)
+    return Labels(out, tool_labels(tools))
+
+
+def tool_labels(tools: Iterable[Any]) -> dict[str, Mapping[str, Any]]:
+    """The labels tools carry themselves, by address; tools without any are left out."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for tool in tools:
+        own = {k: getattr(tool, k, None) for k in _TOOL_KEYS}
+        if any(v is not None for v in own.values()):
+            out[tool.address] = own
+    return out
+
+
+_log = logging.getLogger("tether.lineage")
+# Disagreements already logged by this process (each once, not once per guarded attempt), bounded.
+_SAID: set[str] = set()
+
+
+def guard_labels(sources: Iterable[tuple[str | None, Mapping[str, Any]]], catalog: "Catalog") -> Labels:
+    """The labels a guarded attempt judges by: the loaded sources' tables and the catalog's labelled tools (kept
+    with the catalog until it changes: a catalog of 1,000 tools is not walked per attempt). A table and a tool
+    that disagree are logged once (D-73)."""
+    labelled = catalog.memo("lineage.labelled", lambda: [t for t in catalog.tools() if
+                                                         t.trust is not None or t.trust_fields or t.roles])
+    labels = labels_from(sources, labelled)
+    if labels.by_tool and labels.by_namespace:
+        for line in labels.disagreements():
+            if line not in _SAID and len(_SAID) < 1024:
+                _SAID.add(line)
+                _log.warning("trust labels disagree (D-73): %s", line)
+    return labels
