@@ -470,3 +470,31 @@ async def test_d74_a_slot_handed_over_as_the_timeout_fires_is_used():
     assert adm.running == 1 and adm.running_for("B") == 1 and adm.principals == 1
     slot.release()
     assert adm.running == 0 and adm.principals == 0
+
+
+async def test_d74_a_decision_from_the_console_waits_for_a_slot_as_the_run_owner(rt, rec):
+    from tether._server.approvals import Decider
+
+    paused = await rt.execute("import tools\nawait tools.helpdesk.close_ticket(id=3)\n'done'", principal="token:bob")
+    assert paused.status == "paused"
+    adm = Admission(1, queue_depth=2, queue_timeout=30)
+    held = await adm.acquire("token:alice")
+    alice = [asyncio.ensure_future(adm.acquire("token:alice")) for _ in range(2)]
+    await settle()
+    decider = Decider(rt, adm, settle_seconds=0.05)
+    try:
+        out = await decider.decide(paused.run_id, [paused.pending["seq"]], "approve", None,
+                                   principal=rt.store.get_run(paused.run_id).principal, who="carol", via="console")
+        assert out.ok and out.status == "queued"
+        # The decision waits as bob's, the run's owner: it took alice's latest place in the full line ...
+        assert adm.queued_for("token:bob") == 1 and adm.queued_for("token:alice") == 1
+        with pytest.raises(Overloaded):
+            alice[1].result()
+        held.release()
+        # ... and gets the slot alice frees before alice's earlier waiter.
+        assert adm.running_for("token:bob") == 1 and not alice[0].done()
+    finally:
+        await decider.close()
+    assert rec.deliveries == [("close_ticket", {"id": 3})]
+    (await alice[0]).release()
+    assert adm.running == 0 and adm.principals == 0
