@@ -1,4 +1,4 @@
-"""Admission control on its own: slots, the FIFO queue, overload, cancellation, retry hints."""
+"""Admission control: slots, the line shared by principal (D-74), overload, cancellation, retry hints."""
 
 from __future__ import annotations
 
@@ -457,7 +457,7 @@ async def test_d74_many_principals_arriving_and_leaving_leave_nothing_behind():
 
 
 async def test_d74_a_slot_handed_over_as_the_timeout_fires_is_used():
-    adm = Admission(1, queue_depth=4, queue_timeout=0.05)
+    adm = Admission(1, queue_depth=4, queue_timeout=0.5)
     held = await adm.acquire("A")
     waiter = asyncio.ensure_future(adm.acquire("B"))
     await settle()
@@ -465,7 +465,7 @@ async def test_d74_a_slot_handed_over_as_the_timeout_fires_is_used():
     loop.call_at(loop.time() + 0.01, held.release)  # due before the waiter's timeout ...
     # ... and blocking the loop past both makes them run in one pass: the release first, then the
     # timeout, before the waiter wakes. Its slot is used, not lost.
-    time.sleep(0.1)  # noqa: ASYNC251 - blocking the loop is the point here
+    time.sleep(0.8)  # noqa: ASYNC251 - blocking the loop is the point here
     slot = await waiter
     assert adm.running == 1 and adm.running_for("B") == 1 and adm.principals == 1
     slot.release()
