@@ -317,6 +317,32 @@ async def test_overload_two_slots_a_queue_of_two_and_ten_long_runs(served, mode)
     assert sorted(delivered) == sorted(r.structured_content["result"] for r in ok)
 
 
+async def test_d74_one_token_holding_every_slot_and_the_line_cannot_keep_anothers_run_out(served):
+    prefix = "fair-"
+
+    async def one(token: str, tag: str, seconds: float):
+        async with connect(served.url, token, "auto") as c:
+            code = f"import tools\nawait tools.ledger.write(tag='{tag}', seconds={seconds})"
+            return await c.call_tool("execute", {"code": code})
+
+    # Alpha: two long runs in the two slots, two more in the line of two, and a fifth refused.
+    # Their runs are long enough for beta's request to arrive while they hold both slots.
+    alpha = [asyncio.ensure_future(one(ALPHA, f"{prefix}alpha-{i}", 6)) for i in range(5)]
+    done, _ = await asyncio.wait(alpha, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    refused = done.pop().result()
+    assert refused.is_error and refused.structured_content["error"]["code"] == "overloaded"
+    # Beta's one request still gets in, and runs in the next slot freed.
+    beta = await one(BETA, f"{prefix}beta", 0)
+    assert not beta.is_error and beta.structured_content["result"] == f"{prefix}beta"
+    results = await asyncio.gather(*alpha)
+    over = [r.structured_content["error"] for r in results if r.is_error]
+    assert len(over) == 2 and all(e["details"]["retry_after_ms"] > 0 for e in over)
+    assert sum("gave up its place" in e["message"] for e in over) == 1  # alpha's latest, for beta's
+    delivered = [t for t in served.tags() if t.startswith(prefix)]
+    assert sorted(delivered) == sorted([f"{prefix}beta"] + [r.structured_content["result"] for r in results
+                                                            if not r.is_error])
+
+
 # -- starting ----------------------------------------------------------------------------
 
 

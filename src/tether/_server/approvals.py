@@ -160,7 +160,8 @@ class Decider:
             return all(taken_of(e) == decision for e in entries)
 
         async def go() -> Any:
-            async with self._slot():
+            # The slot is the run owner's (D-74): its program is what runs, whoever decided.
+            async with self._slot(principal):
                 # rt.decide records who decided, through what and from where (P-29),
                 # then continues the run once its whole pause is decided.
                 return await self.rt.decide(run_id, {s: (decision, reason) for s in seqs}, principal=principal,
@@ -194,8 +195,8 @@ class Decider:
         run = await self.rt.store.aio.get_run(run_id)
         return Outcome(True, status=run.status if run else None)
 
-    def _slot(self) -> Any:
-        return self.admission.slot() if self.admission is not None else contextlib.nullcontext()
+    def _slot(self, principal: str | None) -> Any:
+        return self.admission.slot(principal) if self.admission is not None else contextlib.nullcontext()
 
     def keep(self, task: asyncio.Task) -> None:
         """Hold a task the page started (an undo of an ended run, P-46) until it ends or the server closes."""

@@ -328,7 +328,7 @@ class TetherServer:
         try:
             # A running cell holds a sandbox worker: it takes a run slot until it ends or parks.
             try:
-                slot = await self.admission.acquire()
+                slot = await self.admission.acquire(principal)
             except Overloaded as exc:
                 return await keyed.overloaded(self.rt, exc, principal, key)
             try:
@@ -421,7 +421,8 @@ class TetherServer:
         ``start`` returns the run's handle (a new run: its id is known once it
         starts) or, continuing ``run_id``, its result.
         """
-        slot = await self.admission.acquire()
+        # Slots are shared out by principal (D-74): one caller's load cannot keep another's run waiting.
+        slot = await self.admission.acquire(principal)
         # Only for a client that asked: otherwise every host call would wake a task to send what the SDK drops.
         progress = _Progress(ctx) if _asked_progress(ctx) else None
         started = False
