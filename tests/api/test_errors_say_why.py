@@ -1,4 +1,4 @@
-"""Errors that say why (issue 22, item 3): an unavailable source, a tool's uncaught KeyError, another owner's run."""
+"""Errors that say why: an unavailable source, a tool's uncaught KeyError, another owner's run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""execute(on_approval=...): the answers it takes, and a usage error for anything else (issue 22, item 4)."""
+"""execute(on_approval=...): the answers it takes, and a usage error for anything else."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ def test_every_error_has_a_stable_code_and_next_action():
 
 
 def test_the_runtime_is_a_small_documented_face():
-    """Runtime keeps at most 20 public methods, each with a docstring (issue 21): plumbing lives on the
+    """Runtime keeps at most 20 public methods, each with a docstring: plumbing lives on the
     engine's services (tether._engine), which never receive the Runtime."""
     from tether import Runtime
 

@@ -1,4 +1,4 @@
-"""CLI and set-up edges people hit (issue 22, item 5): --config after the subcommand, TETHER_CONFIG,
+"""CLI and set-up edges people hit: --config after the subcommand, TETHER_CONFIG,
 people-readable expiry, secret-looking write arguments hidden where a pause is shown."""
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ def test_config_is_frozen(tmp_path: Path) -> None:
 
 
 def test_limits_and_policy_parse_into_the_engines_own_types(tmp_path: Path) -> None:
-    """One declaration each (issue 21): what [limits] and [policy] parse into is what a Runtime runs with."""
+    """One declaration each: what [limits] and [policy] parse into is what a Runtime runs with."""
     config = load_config(write(tmp_path, '[limits]\nhost_calls = 9\n[policy]\nwrites = "allow"\n'), env={})
     assert type(config.limits) is Limits and config.limits == Limits(host_calls=9)
     assert isinstance(config.policy, Policy) and config.policy.recorded() == Policy(writes="allow")

@@ -1,4 +1,4 @@
-"""Approvals the agent cannot give itself (issue 19, points 1-3), in process.
+"""Approvals the agent cannot give itself (P-33, P-37), in process.
 
 The agent here holds the token that ran the program, reads every result and
 can fetch any URL: the real ``mcp`` client plays it, with an elicitation
@@ -196,7 +196,7 @@ async def test_a_client_that_fetches_its_approval_link_approves_nothing(rt, rec,
             again = await c.session.call_tool("execute", {"code": COMMENT}, allow_input_required=True,
                                               input_responses={"approval": answer},
                                               request_state=first.request_state)
-            # Nobody decided on the page in time: the answer is the paused envelope (issue 22, item 6), which
+            # Nobody decided on the page in time: the answer is the paused envelope, which
             # still waits for a person, not another round with the same link.
             assert not isinstance(again, InputRequiredResult) and rec.deliveries == []
             r = again

@@ -380,7 +380,7 @@ await asyncio.gather(comment("small"), comment("x" * 5000))
 
 
 async def test_only_the_approvals_service_creates_and_settles_approval_waits(store_url):
-    """One home for approvals (issue 19 point 8), like the Lifecycle's single ownership of run statuses:
+    """One home for approvals (D-46), like the Lifecycle's single ownership of run statuses:
     a write's approval wait is created when its run pauses and resolved by the decision — through
     rt.resume, rt.decide, a wait key, and the Decider behind the console and links — and every one of
     those row writes comes from tether._engine.approvals.service. (Revoking all of an ended run's waits stays

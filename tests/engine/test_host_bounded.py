@@ -1,5 +1,5 @@
 """Host work done for a program is bounded: a slow describe() fails its call by name within the run's
-time limit, off the event loop, while other runs go on (issue 18, point 2)."""
+time limit, off the event loop, while other runs go on (D-34)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The host survives what it hosts: its own failures end a run, and hostile inputs get named errors (issue 8)."""
+"""The host survives what it hosts: its own failures end a run, and hostile inputs get named errors (P-26)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A journal entry is encoded once (issue 24): the text the call boundary made of a result is the one its row
+"""A journal entry is encoded once (D-52): the text the call boundary made of a result is the one its row
 holds and its MAC is made from, and each other JSON field's text is made once for both. The boundary's texts keep UTF-8 and the columns and MACs
 escape, so a text is used only where both spell it alike; whatever the result, a resume's check (P-35) of the
 stored entries must pass.

@@ -118,7 +118,7 @@ async def _settle_reads(book: ledger.Ledger, seqs: range, value: object = 1, siz
 
 async def test_held_reads_are_written_by_how_many_they_are_never_by_how_slow_the_run_is(store_url):
     """P-7: a batch closes at 64 settled reads (or the attempt's end), however long the run's clock says they
-    took: a loaded machine writes them in as few transactions as a quiet one (issue 24)."""
+    took: a loaded machine writes them in as few transactions as a quiet one (D-6)."""
     store = open_store(store_url)
     store.create_run(_run("r"))
     book = ledger.Ledger(run_id="r", store=store, keyring=keyring_for(store), clock=_SlowClock(), entries=[])

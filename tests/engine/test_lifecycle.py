@@ -122,7 +122,7 @@ async def test_what_a_stopped_run_waits_on_is_stored_in_the_shape_runs_were_sign
     async with Runtime(store=open_store(store_url), tools=rec.tools(), clock=Clock(), type_check=False) as rt:
         paused = await rt.execute("import tools\nawait tools.helpdesk.close_ticket(id=1)")
         row = rt.store.get_run(paused.run_id)
-        # The approval key is the caller's, not the store's (issue 19): runs stored before kept it,
+        # The approval key is the caller's, not the store's (D-33): runs stored before kept it,
         # and still verify, since their MAC covers what they stored.
         assert row.status == RunStatus.PAUSED and "key" in paused.pending
         assert row.pending == {k: v for k, v in paused.pending.items() if k not in ("key", "writes")} | {

@@ -140,7 +140,7 @@ def test_a_token_that_cannot_be_sent_as_one_credential_is_refused():
     assert err.value.code == "token_invalid"
 
 
-# -- health (issue 13) ------------------------------------------------------------------
+# -- health (P-23) ----------------------------------------------------------------------
 
 
 async def test_healthz_answers_without_a_token_and_says_nothing_else():

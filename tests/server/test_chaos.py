@@ -1,4 +1,4 @@
-"""Chaos (issue 13 item 5): three replicas on one Postgres behind a round-robin proxy, one SIGKILLed under load.
+"""Chaos: three replicas on one Postgres behind a round-robin proxy, one SIGKILLed under load.
 
 At the issue's scale by default: CHAOS_CLIENTS clients (100) for CHAOS_SECONDS
 (60 s), replica 0 SIGKILLed at CHAOS_KILL_AT (half-way). Each client loops

@@ -330,7 +330,7 @@ async def test_runs_are_listed_by_status_and_principal(store_url):
             assert local.run_id in only_local and mine.run_id not in only_local
 
 
-# -- console edges (issue 19, point 7) ---------------------------------------------------------
+# -- console edges (P-33) ----------------------------------------------------------------------
 
 
 async def raw(app, method: str, path: str, headers: dict[str, str], chunks: list[bytes] = ()) -> tuple[int, int]:

@@ -513,7 +513,7 @@ def test_a_batch_of_three_one_approved_two_declined(browser, server, shots):
         context.close()
 
 
-# -- the agent as an adversary of approvals (issue 19) ----------------------------------------
+# -- the agent as an adversary of approvals (P-37) --------------------------------------------
 
 
 class CompromisedAgent:
@@ -623,7 +623,7 @@ def test_a_compromised_agent_cannot_approve_and_a_person_in_the_console_can(brow
     assert server.tags().count("agent-pay") == 1
 
 
-# -- console edges (issue 19, point 7) --------------------------------------------------------
+# -- console edges (P-33) ---------------------------------------------------------------------
 
 
 def test_a_rebound_host_name_reaches_no_console_page(browser, server, shots):

@@ -1,4 +1,4 @@
-"""The console for an approver, on a desktop and on a 375 px phone, in a real browser (issue 22, item 8).
+"""The console for an approver, on a desktop and on a 375 px phone, in a real browser (P-38, D-42).
 
 One ``tether serve --http`` subprocess serves an OpenAPI source (a trimmed
 members API whose operation carries GitHub-sized boilerplate and a

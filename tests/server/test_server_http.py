@@ -372,7 +372,7 @@ async def test_dev_serves_loopback_without_a_token(tmp_path):
             assert store.get_run(r.structured_content["run_id"]).principal == "local"
         finally:
             store.close()
-        # DNS rebinding (issue 19): under --dev anyone who reaches the console may sign in, so a page
+        # DNS rebinding (P-33): under --dev anyone who reaches the console may sign in, so a page
         # under another name that resolved to 127.0.0.1 must reach neither the console nor /mcp.
         base = s.url.rsplit("/mcp", 1)[0]
         forged = {"host": "rebind.attacker.example"}

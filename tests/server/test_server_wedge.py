@@ -1,5 +1,5 @@
 """``tether serve --http`` stays answerable while host work runs long, says when its loop is stuck, and
-stops on SIGTERM whatever a run is doing (issue 18, points 2 and 3).
+stops on SIGTERM whatever a run is doing (D-34).
 
 The slow host work is a real one: describe() asked about 300 misspelled
 addresses of a 2,000-operation OpenAPI description compares each with every

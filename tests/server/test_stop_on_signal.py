@@ -1,5 +1,5 @@
-"""``tether serve --stdio`` and ``tether worker`` stop on SIGTERM like ``tether serve --http`` (issue 18,
-point 3): a free loop stops cleanly at once, a loop held by a run is ended after the grace period, and a
+"""``tether serve --stdio`` and ``tether worker`` stop on SIGTERM like ``tether serve --http`` (D-34):
+a free loop stops cleanly at once, a loop held by a run is ended after the grace period, and a
 worker's watchdog names the run and call holding its loop.
 
 The held loop is operator code: a Python tool whose synchronous ``time.sleep`` runs on the loop.

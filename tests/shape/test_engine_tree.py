@@ -1,4 +1,4 @@
-"""docs/architecture.md's tree of ``_engine/`` is the engine's map (issue 21): every module is drawn, on a
+"""docs/architecture.md's tree of ``_engine/`` is the engine's map: every module is drawn, on a
 line of its own, in the package that holds it, and every module drawn exists; so a module added, moved or
 deleted says so there."""
 

@@ -1,4 +1,4 @@
-"""Error codes map one to one to classes (issue 21): ``except InvalidArguments`` catches every ``invalid_arguments``.
+"""Error codes map one to one to classes: ``except InvalidArguments`` catches every ``invalid_arguments``.
 
 The tree is walked three ways: the classes themselves (one code each, all in tether.errors), every raise site
 in src/tether (AST: a site picks a class, never passes a code), and the documented lists (the errors.py

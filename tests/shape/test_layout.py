@@ -1,5 +1,5 @@
 """The run engine's shape stays readable: no import cycle, no reach into the Runtime's private state,
-modules under 1,000 lines (issue 12's done-when, kept true)."""
+modules under 1,000 lines."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def test_tether_has_no_import_cycle_counting_type_only_imports():
 
 
 def test_only_the_capabilities_module_reads_the_secret_or_computes_a_mac():
-    """One HMAC and rotation implementation (issue 19 point 8): every token and stored MAC is made by
+    """One HMAC and rotation implementation: every token and stored MAC is made by
     tether._engine.approvals.capabilities, from the keyring it builds; nothing else reads the store's secret."""
     home = PACKAGE / "_engine" / "approvals" / "capabilities.py"
     found = []
@@ -136,7 +136,7 @@ def test_the_attempt_never_imports_the_runtime():
 
 
 def test_nothing_under_the_engine_imports_the_runtime():
-    """Services receive the Engine (tether._engine.engine), never the Runtime facade over it (issue 21):
+    """Services receive the Engine (tether._engine.engine), never the Runtime facade over it:
     not at the top, not inside a function, not for type annotations only."""
     graph = _imports(_modules(), typing=True)
     assert "tether._engine.engine" in graph["tether._engine.launcher"]  # the check sees the engine's imports

@@ -1,4 +1,4 @@
-"""Names say what a thing is (issue 21): no two classes under src/tether share a name, not even in another case.
+"""Names say what a thing is: no two classes under src/tether share a name, not even in another case.
 
 Two classes called ``PythonSource`` (a config table and the running source) or ``McpSource`` beside
 ``MCPSource`` made every import a guess; a config model is named for the table it parses (``...Definition``,

@@ -1,4 +1,4 @@
-"""The store's shape stays as issue 21 left it: code on an event loop reaches the store only through its
+"""The store's shape stays as D-43 chose it: code on an event loop reaches the store only through its
 awaitable face (``store.aio``), which is built once with the store, never at a call site.
 
 A sync store call inside ``async def`` runs a transaction on the event loop: on Postgres that is a round

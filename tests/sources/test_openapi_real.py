@@ -1,4 +1,4 @@
-"""OpenAPI coverage against trimmed copies of real descriptions (issue 22).
+"""OpenAPI coverage against trimmed copies of real descriptions (D-41).
 
 The fixtures are operations cut, with every component they reference, from
 the descriptions users bring: GitHub (npm ``@octokit/openapi``), OpenAI (PyPI

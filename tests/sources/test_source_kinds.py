@@ -1,4 +1,4 @@
-"""A source kind is one module and one registration (issue 21): the loader and the config ask the registry.
+"""A source kind is one module and one registration: the loader and the config ask the registry.
 
 A kind registered here, with nothing else edited, is loaded from a run's recorded definition, its tools
 called by a program, and it receives the question handler because its registration says it asks questions.

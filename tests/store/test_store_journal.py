@@ -194,7 +194,7 @@ def _boundary_texts(call: CallRecord) -> dict[str, tuple[Any, str]]:
 @given(value=texts_values, args=st.dictionaries(st.text(max_size=8), texts_values, max_size=3))
 def test_a_journal_row_given_its_values_texts_holds_the_bytes_the_store_would_have_encoded(store, value, args):
     """A row built from the texts an entry carries is byte for byte the row the store encodes itself, so a
-    MAC made over either verifies over both (issue 24: the column takes the boundary's text)."""
+    MAC made over either verifies over both (D-52: the column takes the boundary's text)."""
     if store.get_run("r1") is None:
         store.create_run(make_run())
     seq = len(store.get_calls("r1")) + 1

@@ -1,4 +1,4 @@
-"""Runs on a Postgres 5 ms away never wait for each other's store calls (issue 12, D-27).
+"""Runs on a Postgres 5 ms away never wait for each other's store calls (D-27).
 
 Between tether and Postgres sits tests/latency_proxy.py (5 ms each way, in
 its own thread). Assertions are on what overlapped and in which order things

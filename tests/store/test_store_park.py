@@ -23,7 +23,7 @@ def _wait(run_id: str, seq: int) -> WaitRecord:
 
 def test_a_pause_is_one_transaction_and_a_lost_move_writes_nothing(backend):
     """The paused record, its snapshot (the only one of its kind), its approval waits and its `paused` event
-    are written together or not at all (issue 24: four transactions before); a wait whose row was there
+    are written together or not at all (D-50: four transactions before); a wait whose row was there
     first (a buffered resolution) is kept and given its seq and deadline."""
     store, listener = backend.open(), backend.open()
     heard: list[str] = []

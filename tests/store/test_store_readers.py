@@ -1,4 +1,4 @@
-"""Rows of the store decide nothing on their own (issue 19, points 4 and 5).
+"""Rows of the store decide nothing on their own (D-33).
 
 Each test edits or reads SQLite and Postgres rows directly, as someone with
 access to the database but not the secret would, and shows that nothing is

@@ -272,7 +272,7 @@ def test_a_listener_on_postgres_hears_of_events_other_stores_add(backend):
 
 def test_end_run_writes_the_last_journal_batch_the_end_and_its_notice_in_one_transaction(backend):
     """A run's end (Finisher.end_attempt): the reads its attempt still held, the end and the notice other
-    processes wait on, one transaction — on Postgres one statement, one round trip (issue 24)."""
+    processes wait on, one transaction — on Postgres one statement, one round trip (D-49)."""
     store, listener = backend.open(), backend.open()
     store.create_run(make_run("r1", status="running"))
     heard: list[str] = []

@@ -302,7 +302,7 @@ def test_pages_of_any_size_form_one_order(github: Catalog) -> None:
 
 
 def test_a_namespace_named_in_the_query_says_where_to_look() -> None:
-    """Issue 22: with several APIs loaded, "log in to directus" is Directus's login, not another API's first."""
+    """With several APIs loaded, "log in to directus" is Directus's login, not another API's first."""
     catalog = Catalog([
         _tool("box.post_oauth2_token", "Request an access token", title="Log in with OAuth"),
         _tool("directus.login", "Retrieve a temporary access token and refresh token.", title="Log in"),
@@ -317,7 +317,7 @@ def test_a_namespace_named_in_the_query_says_where_to_look() -> None:
     assert search(catalog, "github login")["total"] > 0
 
 
-# --- several real APIs in one catalog (issue 22 item 7): the trimmed real specs, and operations named and
+# --- several real APIs in one catalog (D-44): the trimmed real specs, and operations named and
 # titled as Box, Directus, OpenAI and GitHub name and title them ---
 
 _FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -393,7 +393,7 @@ def test_two_rare_words_in_a_name_outrank_a_common_one_in_many_titles(apis: Cata
 
 def test_one_apis_near_duplicates_do_not_hide_another_apis_answer() -> None:
     # Four reports that answer "report" equally well, three of them GitHub's: Jira's is shown second, after
-    # GitHub's first, not fourth behind GitHub's variants (issue 22: one API's list hid another's answer).
+    # GitHub's first, not fourth behind GitHub's variants (D-44: one API's list hid another's answer).
     catalog = Catalog([
         *(_tool(f"github.report_{what}", f"The {what} of a report.", title=f"Report {what}")
           for what in ("history", "owners", "status")),

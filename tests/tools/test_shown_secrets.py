@@ -1,4 +1,4 @@
-"""Secrets a write carries are not shown to the people who decide it (issue 22, items 5 and 8).
+"""Secrets a write carries are not shown to the people who decide it (P-38).
 
 One rule (_tools/shown.py: ``secret_paths``): an argument, or a key inside an
 object argument, named like a secret, or marked ``format: password`` or

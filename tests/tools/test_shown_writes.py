@@ -1,4 +1,4 @@
-"""Approval surfaces show the truth (issue 19, point 6).
+"""Approval surfaces show the truth (P-38).
 
 One pure function (_tools/shown.py) shows a write on every surface; these
 tests put the issue's attacks through each surface a person reads — the

@@ -71,7 +71,7 @@ class Finisher:
 
         One transaction (one statement on Postgres) writes the settled reads ``journal`` still holds, the
         run's end and, when no observer's event carries it, the notice other processes wait on: the journal
-        is never behind the end (P-7) and a woken waiter finds the end (issue 24: three round trips before).
+        is never behind the end (P-7) and a woken waiter finds the end (D-49: three round trips before).
         """
         envelope = RunResult(status=status, run_id=run.run_id, result=result, logs=logs or [], error=error,
                              calls=calls, diagnostics=diagnostics or {}, notes=notes or [])

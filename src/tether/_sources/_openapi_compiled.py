@@ -1,7 +1,7 @@
 """The compiled catalog of an OpenAPI source: what ``start()`` built, kept so a later start skips the parse.
 
 A trivial ``tether run`` with four real descriptions spent seconds parsing
-and inlining them on every start (issue 22). The tools an OpenAPI document
+and inlining them on every start (D-41). The tools an OpenAPI document
 gives depend only on its text, the source's settings and this compiler, so
 the compiled form is keyed by all three: the spec's SHA-256, the settings,
 tether's version and a digest of the compiler's own source files (an edited

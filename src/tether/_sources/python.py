@@ -413,7 +413,7 @@ def _build(spec: ToolSpec, namespace: str) -> Tool:
         input_schema.setdefault("additionalProperties", True)
 
     # pydantic's own validator, called without TypeAdapter.validate_python's wrapper (its options are not
-    # used): one Python frame fewer on every call of the tool (issue 24).
+    # used): one Python frame fewer on every call of the tool (core_bench).
     validate = adapter.validator.validate_python
     is_async = inspect.iscoroutinefunction(func)
 

@@ -177,7 +177,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
         "CREATE UNIQUE INDEX runs_key ON runs (principal, run_key) WHERE run_key IS NOT NULL",
     ),
     (
-        # 10: the store holds no live capability (issue 19). Outbox bodies carry a MAC
+        # 10: the store holds no live capability (D-33). Outbox bodies carry a MAC
         # under the store's secret; console sessions signed out before they expire;
         # run lists filtered by principal in SQL.
         "ALTER TABLE outbox ADD COLUMN mac TEXT",

@@ -383,7 +383,7 @@ class SQLStore:
                 notice: str | None = None, **fields: Any) -> bool:
         """``update_run`` with the run's last journal batch (``calls``) written before it and ``notice`` sent
         with it where the store notifies, in one transaction: the journal is never behind the run's end
-        (P-7), and a listener woken by the notice finds the end (issue 24: three transactions before)."""
+        (P-7), and a listener woken by the notice finds the end (D-49: three transactions before)."""
         where = _run_where(run_id, expect_status, fields)
         inserts = _call_inserts(calls) + mark_inserts(calls)
         with self._transaction(write=True, conflict=_batch_conflict(calls), run_id=run_id) as tx:
@@ -600,7 +600,7 @@ class SQLStore:
 
     def journal_totals(self, run_id: str, spent_states: Sequence[str]) -> tuple[int, int, int]:
         """(``journal_bytes``, writes in ``spent_states``, output events): what continuing a run needs of
-        its journal besides its entries, in one statement (issue 24: three reads before)."""
+        its journal besides its entries, in one statement (D-49: three reads before)."""
         expected = _expected(spent_states, "spent_states")
         spent = f"kind = ? AND state IN {_in(len(expected))}" if expected else "1 = 0"
         sql = ("SELECT COALESCE(SUM(LENGTH(args) + COALESCE(LENGTH(outcome), 0)), 0),"

@@ -74,7 +74,7 @@ class CallRecord:
     lineage: dict[str, Any] | None = None
     mac: str | None = None  # "<secret id>:<prev key>:<hex>" over the entry (P-35)
     # Not a column: JSON fields already encoded, ``{"args" | "outcome": (the value, its canonical JSON)}``, which
-    # the row takes instead of encoding the value again (issue 24), while the entry still holds that very value
+    # the row takes instead of encoding the value again (D-52), while the entry still holds that very value
     # and the text is spelled as the column spells it (:func:`escapes_alike`). The writer (the ledger) puts a
     # text here only for a value nobody changes before the row is written, or one the entry's MAC is made from
     # too: the row must hold what was signed.

@@ -1,7 +1,7 @@
 """A run that stops at a host call, stored in one transaction: its snapshot, its new waits, its record, its event.
 
 A pause used to be four transactions (the snapshot, each approval wait, ``running -> paused``, the ``paused``
-event), each locking or reading the run on its own (issue 24). They are one here, in this order: the run's
+event), each locking or reading the run on its own (D-50). They are one here, in this order: the run's
 compare-and-set first — it locks the run row, which is what the snapshot and the event each locked it for
 (event ids become visible in id order, P-20) — then the snapshot, the waits, the event. A compare-and-set that
 loses writes nothing: a run no longer running (cancelled, expired) needs no snapshot, waits or event.

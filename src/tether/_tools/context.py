@@ -67,7 +67,7 @@ def enter(ctx: CallContext) -> contextvars.Token[CallContext | tuple[Any, ...] |
 def enter_call(run_id: str, seq: int, address: str, key_of: Callable[[int], str], send: int,
                kind: str) -> contextvars.Token[CallContext | tuple[Any, ...] | None]:
     """:func:`enter` for the boundary's every dispatch: the context is built only if the tool asks for it
-    (most never do; a frozen dataclass and the idempotency key cost ~1 µs a host call, issue 24)."""
+    (most never do; a frozen dataclass and the idempotency key cost ~1 µs a host call, core_bench)."""
     return _CURRENT.set((run_id, seq, address, key_of, send, kind))
 
 

@@ -1,4 +1,4 @@
-"""Approvals: who may decide a paused write, through which channel (issue 19).
+"""Approvals: who may decide a paused write, through which channel (P-37).
 
 One home for approvals: the model (model.py), the service that alone creates
 and settles approval waits and takes every decision (service.py), the

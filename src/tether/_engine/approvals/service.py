@@ -1,4 +1,4 @@
-"""The approvals service: the one place approval waits are created and settled (issue 19 point 8).
+"""The approvals service: the one place approval waits are created and settled (D-46).
 
 A pause lists every write that waits (one, or a batch issued together). Each
 write is decided on its own, by its seq: the journal entry's compare-and-set

@@ -160,7 +160,7 @@ class Attempt:
         d, run = self.deps, self.run
         verify_run(d.keyring, run)
         if self.mode != "fresh":
-            # Read once, checked below in the order they are acted on (issue 24: the journal was read twice,
+            # Read once, checked below in the order they are acted on (D-49: the journal was read twice,
             # its totals three times over).
             snapshot = await self.astore.latest_snapshot(run.run_id)
             # Checked now, refused below (after what a dead attempt left is settled, as before): a forged
@@ -448,7 +448,7 @@ class Attempt:
                           self.settings.run_signature)
         # An attempt that parks ended normally: the takeovers before it no longer count (P-39).
         fresh = await self.astore.get_run(run.run_id) if takeovers(run) else None
-        # The snapshot, the approval waits, paused (or waiting) and its event: one transaction (issue 24).
+        # The snapshot, the approval waits, paused (or waiting) and its event: one transaction (D-50).
         event = ParkEvent("paused" if status == RunStatus.PAUSED else "waiting", to_json_value({"pending": kept})[0],
                           d.clock())
         park: dict[str, Any] = dict(pending=kept, expires_at=expires, envelope=stored.to_dict(), mac=signed,

@@ -2,7 +2,7 @@
 what a pause recorded.
 
 A write asks a person to approve it, so its arguments are shown; a password or
-token among them should not be (issue 22). Whether a value is a secret is
+token among them should not be (P-38). Whether a value is a secret is
 decided in one place, :mod:`tether._tools.shown` (by name, anywhere in an
 argument, and by the tool's schema: ``format: password``, ``writeOnly``). A
 pause also records the tool's secret argument names (``secret_args``), so a

@@ -27,7 +27,7 @@ MAX_EXACT_INT_DIGITS = 20_000
 MAX_REPR_CHARS = 1000
 # The most a converted value holds: far past a journaled value (1 MiB) or a
 # result preview, and about a second of conversion. Conversion is linear in
-# what it produces, so these bound its time whatever the value (issue 18).
+# what it produces, so these bound its time whatever the value (D-34).
 MAX_EXPANDED_ITEMS = 2_000_000
 MAX_EXPANDED_CHARS = 64 * 1024 * 1024
 _LOG10_2 = math.log10(2)

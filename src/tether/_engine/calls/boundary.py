@@ -188,7 +188,7 @@ class EffectBoundary:
         """Host function for the sandbox: map the name to (op, address, args) and call.
 
         A plain function handing back :meth:`call`'s coroutine, which the sandbox awaits at once: an
-        ``async def`` here would add a coroutine frame to every host call for nothing (issue 24).
+        ``async def`` here would add a coroutine frame to every host call for nothing (core_bench).
         """
         op, address, call_args, err = self._parse(name, args, kwargs)
         self.state.issued += 1
@@ -354,7 +354,7 @@ class EffectBoundary:
         """Resolve, validate and decide a tool call: the coroutine that sends it, or refuses it.
 
         Decided without awaiting anything, so a live read's dispatch is handed back as it is: one coroutine
-        frame fewer on every read (issue 24). What has to be awaited first (a refusal's entry, a write's
+        frame fewer on every read (core_bench). What has to be awaited first (a refusal's entry, a write's
         intent) is in the coroutine handed back, which the caller awaits at once.
         """
         address, args = call.address, call.args

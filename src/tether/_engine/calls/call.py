@@ -15,7 +15,7 @@ class Call(NamedTuple):
     value (P-26). The tool it resolves to and its validated arguments travel
     beside it: a call to an unknown tool is still a call. Immutable as a
     tuple: a frozen dataclass sets each field through ``object.__setattr__``,
-    ~0.4 µs more on every host call (issue 24).
+    ~0.4 µs more on every host call (core_bench).
     """
 
     seq: int  # its number in the order the program issued it (P-5)

@@ -22,7 +22,7 @@ Two faces:
 
 A batch closes on what it holds (64 settled reads, or 1 MiB of their values),
 never on how long the run has taken: a loaded machine that takes a second over
-ten reads writes them in the same one transaction as a quiet one (issue 24: the
+ten reads writes them in the same one transaction as a quiet one (D-6: the
 old "0.25 s since the last flush" split a 10-call run into up to six on CI).
 Time is only a cap, on the event loop's clock: a settled read is written once
 no read has settled for 0.25 s (the program computes, or waits on a slow call)
@@ -352,7 +352,7 @@ class Ledger:
         """:meth:`record_outcome`, for the boundary's path of every call: what is left to await, if anything.
 
         A held read's outcome is kept with its intent in memory, so usually nothing is: no coroutine is made
-        for it (issue 24). A full batch hands back its flush; an entry already written, its move.
+        for it (core_bench). A full batch hands back its flush; an entry already written, its move.
         ``lineage``: an untrusted read's label and marks, signed with its outcome (P-45).
         """
         buffered = self._unsaved.get(seq)
