@@ -7,7 +7,7 @@ import contextlib
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from tether._tools.model import Annotations, Tool
@@ -210,6 +210,12 @@ def each_store_backend(request: Any, tmp_path: Any, monkeypatch: Any, make: Any)
     schema = f"t_{uuid.uuid4().hex[:16]}"
     made = make("postgres", request.getfixturevalue("pg_url"), schema)
     yield made
+    # A Runtime leaves the store it was handed open (its caller's), so the stores a test opened close here:
+    # left open, each keeps its pooled connections until the session ends, and the session's cluster
+    # (max_connections 100) refuses a later test's replicas.
+    for store in getattr(made, "opened", ()):
+        with contextlib.suppress(Exception):
+            store.close()
     with psycopg.connect(made.url, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
@@ -222,6 +228,7 @@ class StoreBackend:
     kind: str
     url: str
     schema: str = "tether"  # Postgres: a schema per test keeps other tests' runs out of its way
+    opened: list[Any] = field(default_factory=list)  # closed by each_store_backend after the test
 
     def store(self) -> Any:
         if self.kind == "sqlite":
@@ -230,7 +237,9 @@ class StoreBackend:
             return open_store(self.url)
         from tether._store.postgres import PostgresStore
 
-        return PostgresStore(self.url, schema=self.schema)
+        store = PostgresStore(self.url, schema=self.schema)
+        self.opened.append(store)
+        return store
 
     def sql(self, statement: str, params: tuple = ()) -> list[tuple]:
         """Rows read or written directly, as an operator, an attacker with write access, or the previous
