@@ -447,6 +447,7 @@ async def test_d74_many_principals_arriving_and_leaving_leave_nothing_behind():
             gate.clear()
         await settle()
         assert adm.principals <= adm.max_running + adm.queue_depth
+        assert len(adm._left) <= adm.max_running + adm.queue_depth  # who left, remembered for their turn: bounded
         assert adm.queued <= adm.queue_depth and adm.running <= adm.max_running
     for t in live:
         t.cancel()
@@ -498,3 +499,29 @@ async def test_d74_a_decision_from_the_console_waits_for_a_slot_as_the_run_owner
     assert rec.deliveries == [("close_ticket", {"id": 3})]
     (await alice[0]).release()
     assert adm.running == 0 and adm.principals == 0
+
+
+async def test_d74_a_principal_that_leaves_the_line_between_runs_does_not_jump_ahead_on_return():
+    """D-74, attacked: a principal timing its requests at the hand-over — asking again only once its slot is
+    back, so it holds and waits for nothing in between — must not count as "never served" each time and take
+    every other slot from principals that keep waiting. Its turns stay one in three among three."""
+    adm = Admission(1, queue_depth=40, queue_timeout=30)
+    held = await adm.acquire("B")
+    order: list[str] = []
+    waiting = [in_line(adm, p, order, p) for _ in range(12) for p in "BC"]
+    await settle()
+
+    async def churn() -> None:
+        for _ in range(12):
+            async with adm.slot("A"):
+                order.append("A")
+            # Nothing held, nothing waiting: A's entry goes, and A asks again at once.
+            assert adm.running_for("A") == 0 and adm.queued_for("A") == 0
+
+    a = asyncio.ensure_future(churn())
+    await settle()
+    held.release()
+    await asyncio.gather(a, *waiting)
+    first = order[:18]
+    assert first.count("A") <= 7, first  # an even share is 6 of 18; jumping ahead gave A 9
+    assert adm.principals == 0
