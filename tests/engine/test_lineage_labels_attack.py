@@ -92,6 +92,13 @@ def test_p45_d73_a_field_name_longer_than_a_path_keeps_is_never_loosened():
     loose = Labels(by_tool={"t.read": {"trust": "untrusted", "trust_fields": {long: "trusted"}}}).of("t.read")
     [mark] = marks({"x" * KEY_CHARS + "-evil": ATTACKER})
     assert loose.label_at(mark.path) == UNTRUSTED
+    # A cut key that could be either of two fields, one trusted, takes the untrusted one's label, in either order.
+    # (A [[sources]] table's fields keep the order it wrote them in.)
+    for order in ((KEY_CHARS, "trusted"), (len(long), "untrusted")), ((len(long), "untrusted"), (KEY_CHARS, "trusted")):
+        table = {"trust": "trusted", "trust_fields": {"read." + "x" * n: label for n, label in order}}
+        for labels in (Labels(by_namespace={"t": table}), Labels(by_namespace={"t": table}, by_tool={"t.read": {}})):
+            [mark] = marks({long: ATTACKER})
+            assert labels.of("t.read").label_at(mark.path) == UNTRUSTED, order
 
 
 def test_p45_d73_an_upstream_mcp_tool_saying_trusted_is_untrusted_all_the_same():

@@ -203,19 +203,25 @@ def _resolve(label: str | None, fields: Mapping[tuple[str, ...], str], keys: tup
     return fields[best] if best is not None else label
 
 
+def _longest_first(field: tuple[tuple[str, ...], str]) -> tuple[int, bool]:
+    """The order label_at tries fields in: the longest first and, of two as long that could both hold a path (a
+    key cut to KEY_CHARS), the untrusted one."""
+    return -len(field[0]), field[1] != UNTRUSTED
+
+
 def _tool_trust(by_namespace: Mapping[str, Mapping[str, Any]], by_tool: Mapping[str, Mapping[str, Any]],
                 address: str) -> ToolTrust:
     namespace, _, name = address.partition(".")
     theirs = _side(by_namespace.get(namespace) or {}, name)
     own = by_tool.get(address)
     if own is None:
-        return ToolTrust(theirs[0] or DEFAULT, tuple(sorted(theirs[1].items(), key=lambda f: -len(f[0]))))
+        return ToolTrust(theirs[0] or DEFAULT, tuple(sorted(theirs[1].items(), key=_longest_first)))
     mine = _side(own, None)
     # Every key either side names, labelled by what both sides say there: label_at then gives, for any path,
     # the stricter of what each side alone would give it (its longest prefix is in the union).
     keys = set(theirs[1]) | set(mine[1])
     fields = [(k, _stricter(_resolve(*theirs, k), _resolve(*mine, k)) or DEFAULT) for k in keys]
-    fields.sort(key=lambda f: -len(f[0]))
+    fields.sort(key=_longest_first)
     return ToolTrust(_stricter(theirs[0], mine[0]) or DEFAULT, tuple(fields))
 
 
