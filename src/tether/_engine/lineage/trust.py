@@ -104,13 +104,17 @@ class ToolTrust:
 
     def label_at(self, path: str) -> str:
         """The label of a value found at ``path`` of a result: the longest field override that is a prefix
-        of its keys, else the tool's."""
+        of its keys, else the tool's — but untrusted under no key at all when any field is untrusted."""
         if not self.fields:
             return self.label
         keys = path_keys(path)
         for prefix, label in self.fields:
             if _matches(keys, prefix, label):
                 return label
+        if not keys and self.untrusted:
+            # Under no key (the result is text, or a list of text: an MCP tool without structuredContent): where
+            # an untrusted field's text went cannot be told, so none of it counts as trusted (D-73).
+            return UNTRUSTED
         return self.label
 
 
