@@ -447,6 +447,7 @@ async def test_d74_many_principals_arriving_and_leaving_leave_nothing_behind():
             gate.clear()
         await settle()
         assert adm.principals <= adm.max_running + adm.queue_depth
+        assert len(adm._left) <= adm.max_running + adm.queue_depth  # who left, remembered for their turn: bounded
         assert adm.queued <= adm.queue_depth and adm.running <= adm.max_running
     for t in live:
         t.cancel()
@@ -498,3 +499,87 @@ async def test_d74_a_decision_from_the_console_waits_for_a_slot_as_the_run_owner
     assert rec.deliveries == [("close_ticket", {"id": 3})]
     (await alice[0]).release()
     assert adm.running == 0 and adm.principals == 0
+
+
+async def test_d74_a_principal_that_leaves_the_line_between_runs_does_not_jump_ahead_on_return():
+    """D-74, attacked: a principal timing its requests at the hand-over — asking again only once its slot is
+    back, so it holds and waits for nothing in between — must not count as "never served" each time and take
+    every other slot from principals that keep waiting. Its turns stay one in three among three."""
+    adm = Admission(1, queue_depth=40, queue_timeout=30)
+    held = await adm.acquire("B")
+    order: list[str] = []
+    waiting = [in_line(adm, p, order, p) for _ in range(12) for p in "BC"]
+    await settle()
+
+    async def churn() -> None:
+        for _ in range(12):
+            async with adm.slot("A"):
+                order.append("A")
+            # Nothing held, nothing waiting: A's entry goes, and A asks again at once.
+            assert adm.running_for("A") == 0 and adm.queued_for("A") == 0
+
+    a = asyncio.ensure_future(churn())
+    await settle()
+    held.release()
+    await asyncio.gather(a, *waiting)
+    first = order[:18]
+    assert first.count("A") <= 7, first  # an even share is 6 of 18; jumping ahead gave A 9
+    assert adm.principals == 0
+
+
+async def test_d74_join_and_cancel_churn_cannot_push_out_anothers_oldest_waiter_nor_take_its_turn():
+    """D-74, attacked: B asks and cancels 50 times against a line A filled. Each ask may take the place of A's
+    latest waiter (told so), never A's oldest, which gets the next freed slot: churn costs A queued requests beyond
+    an even share, not its turn."""
+    adm = Admission(1, queue_depth=4, queue_timeout=30)
+    held = await adm.acquire("C")
+    order: list[str] = []
+    a_waiting = [in_line(adm, "A", order, f"a{i}") for i in range(4)]
+    await settle()
+    for _ in range(50):
+        churn = asyncio.ensure_future(adm.acquire("B"))
+        await settle()
+        churn.cancel()
+        await asyncio.gather(churn, return_exceptions=True)
+        # A refills what it lost, as a client told "gave up its place" retries.
+        for i, t in enumerate(a_waiting):
+            if t.done():
+                a_waiting[i] = in_line(adm, "A", order, f"a{i}")
+        await settle()
+        assert not a_waiting[0].done() and adm.queued_for("B") == 0
+    held.release()
+    await settle()
+    assert order[:1] == ["a0"]
+    await asyncio.gather(*a_waiting)
+    assert adm.running == 0 and adm.queued == 0 and adm.principals == 0
+
+
+async def test_d74_an_overloaded_answer_names_no_other_principal_whatever_its_name():
+    """D-74: a principal id is only a key (a token's hash, an OAuth issuer and subject of any length and
+    characters); what one principal is told names no other and gives no other's counts but the server's totals."""
+    odd = "oauth:https://idp.example#" + "\u202e\x00'\"[].%s{}" * 2000
+    adm = Admission(1, queue_depth=2, queue_timeout=30)
+    held = await adm.acquire(odd)
+    waiting = [asyncio.ensure_future(adm.acquire(odd)) for _ in range(2)]
+    await settle()
+    assert adm.running_for(odd) == 1 and adm.queued_for(odd) == 2
+    with pytest.raises(Overloaded) as b_told:  # B's second meets a line shared evenly (A 1, B 1)
+        b_first = asyncio.ensure_future(adm.acquire("token:b"))
+        await settle()
+        await adm.acquire("token:b")
+    told = [b_told.value]
+    with pytest.raises(Overloaded) as a_told:  # A's latest gave its place to B's first
+        waiting[1].result()
+    told.append(a_told.value)
+    for err, other in ((b_told.value, odd), (a_told.value, "token:b")):
+        shown = err.message + repr(err.details)
+        assert other not in shown and other[:20] not in shown
+        assert set(err.details) == {"retry_after_ms", "running", "queued", "max_running", "queue_depth",
+                                    "your_running", "your_queued"}
+    assert b_told.value.details["your_queued"] == 1 and a_told.value.details["your_running"] == 1
+    held.release()
+    await settle()
+    assert b_first.done() and not waiting[0].done()  # B held none: its one request goes first
+    b_first.result().release()
+    (await waiting[0]).release()
+    assert adm.principals == 0

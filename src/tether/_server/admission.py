@@ -164,6 +164,10 @@ class Admission:
         # Only principals holding or waiting for a slot: an entry goes when both are none,
         # so the table is bounded by max_running + queue_depth whoever calls.
         self._shares: dict[str, _Share] = {}
+        # When principals that left the table were last served, the latest max_running + queue_depth of them:
+        # one that asks again only once its slot is back (holding and waiting for nothing in between) is not
+        # "never served" on return, which would put it before everyone waiting at every hand-over (D-74).
+        self._left: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._turns = 0
         self._durations: collections.deque[float] = collections.deque(maxlen=HISTORY)
 
@@ -196,7 +200,7 @@ class Admission:
             return Slot(self, key, self.clock())
         if self.queued >= self.queue_depth:
             self._make_room(key)
-        share = self._shares.setdefault(key, _Share())
+        share = self._share(key)
         waiter: _Waiter = asyncio.get_running_loop().create_future()
         share.waiters.append(waiter)
         try:
@@ -284,8 +288,14 @@ class Admission:
                      "your_running": self.running_for(key), "your_queued": self.queued_for(key)},
         )
 
+    def _share(self, key: str) -> _Share:
+        share = self._shares.get(key)
+        if share is None:
+            share = self._shares[key] = _Share(served=self._left.pop(key, -1))
+        return share
+
     def _grant(self, key: str) -> None:
-        share = self._shares.setdefault(key, _Share())
+        share = self._share(key)
         share.running += 1
         self._running += 1
         self._turns += 1
@@ -325,6 +335,11 @@ class Admission:
         if share.running == 0 and not share.waiting:
             # What is left are waiters already cancelled, whose own tasks will find nothing to forget.
             del self._shares[key]
+            if share.served >= 0:
+                self._left[key] = share.served
+                self._left.move_to_end(key)
+                while len(self._left) > self.max_running + self.queue_depth:
+                    self._left.popitem(last=False)
 
 
 def _programs(n: int) -> str:

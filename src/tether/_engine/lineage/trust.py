@@ -10,10 +10,13 @@ knows a tool reads what the user or the operator put there marks it trusted (doc
 
 from __future__ import annotations
 
+import ast
+import functools
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from tether._engine.lineage.values import KEY_CHARS
 
 if TYPE_CHECKING:
     from tether._tools.catalog import Catalog
@@ -23,13 +26,67 @@ UNTRUSTED = "untrusted"
 # What a tool without a label gets (D-64).
 DEFAULT = UNTRUSTED
 
-# The keys of a mark's path (values.Mark.path: "[2].body", ".to[0]", "['a.b']"), list indices dropped.
-_KEY = re.compile(r"\.([^.\[\]]+)|\[(?:'([^']*)'|\"([^\"]*)\")\]")
-
-
 def path_keys(path: str) -> tuple[str, ...]:
-    """The keys along ``path``, without list indices: ``"[3].from.address"`` -> ``("from", "address")``."""
-    return tuple(next(g for g in m.groups() if g is not None) for m in _KEY.finditer(path))
+    """The keys along ``path`` (values.Mark.path: ``"[2].body"``, ``".to[0]"``, ``"['a.b']"``), without list indices:
+    ``"[3].from.address"`` -> ``("from", "address")``.
+
+    Read as values._key_path writes it — ``.name`` for an identifier, ``[repr(key)]`` for any other key — so a key a
+    result's author chose (``a'b"c``, ``x'".owner]``, a backslash) is one key, never read as other keys or none: a
+    path misread could put an untrusted value under a trusted field (P-45, D-73). Each step moves forward, so any
+    string ends; what does not read as a path ends in a key no field names."""
+    keys: list[str] = []
+    i, n = 0, len(path)
+    while i < n:
+        c = path[i]
+        if c == ".":
+            j = i + 1
+            while j < n and path[j] not in ".[":
+                j += 1
+            keys.append(path[i + 1:j])
+            i = j
+        elif c == "[" and i + 1 < n and path[i + 1] in "'\"":
+            quote, j = path[i + 1], i + 2
+            while j < n and path[j] != quote:
+                j += 2 if path[j] == "\\" else 1
+            key = _literal(path[i + 1:j + 1])
+            if key is None or path[j + 1:j + 2] != "]":
+                return (*keys, _UNREAD)
+            keys.append(key)
+            i = j + 2
+        elif c == "[" and (j := path.find("]", i)) > i and path[i + 1:j].isdigit():
+            i = j + 1  # a list index
+        else:
+            return (*keys, _UNREAD)
+    return tuple(keys)
+
+
+# What ends the keys of a path that is not one values._key_path wrote: no field is named so (a NUL byte).
+_UNREAD = "\x00"
+
+
+@functools.lru_cache(maxsize=4096)
+def _literal(text: str) -> str | None:
+    """A key as ``repr`` quoted it, or None when ``text`` is not one quoted string."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _matches(keys: tuple[str, ...], prefix: tuple[str, ...], label: str) -> bool:
+    """Whether field ``prefix`` holds the value at ``keys``. A path keeps ``KEY_CHARS`` of a key, so a longer field
+    name matches a key cut to its start only for an untrusted label: never can a key another party chose borrow a
+    trusted field's label by sharing its first characters, nor a long untrusted field go unrecognised (D-73)."""
+    if len(keys) < len(prefix):
+        return False
+    for key, part in zip(keys, prefix):
+        if key == part:
+            continue
+        if label == UNTRUSTED and len(part) > KEY_CHARS and len(key) == KEY_CHARS and part.startswith(key):
+            continue
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -47,13 +104,17 @@ class ToolTrust:
 
     def label_at(self, path: str) -> str:
         """The label of a value found at ``path`` of a result: the longest field override that is a prefix
-        of its keys, else the tool's."""
+        of its keys, else the tool's — but untrusted under no key at all when any field is untrusted."""
         if not self.fields:
             return self.label
         keys = path_keys(path)
         for prefix, label in self.fields:
-            if keys[:len(prefix)] == prefix:
+            if _matches(keys, prefix, label):
                 return label
+        if not keys and self.untrusted:
+            # Under no key (the result is text, or a list of text: an MCP tool without structuredContent): where
+            # an untrusted field's text went cannot be told, so none of it counts as trusted (D-73).
+            return UNTRUSTED
         return self.label
 
 
@@ -146,19 +207,25 @@ def _resolve(label: str | None, fields: Mapping[tuple[str, ...], str], keys: tup
     return fields[best] if best is not None else label
 
 
+def _longest_first(field: tuple[tuple[str, ...], str]) -> tuple[int, bool]:
+    """The order label_at tries fields in: the longest first and, of two as long that could both hold a path (a
+    key cut to KEY_CHARS), the untrusted one."""
+    return -len(field[0]), field[1] != UNTRUSTED
+
+
 def _tool_trust(by_namespace: Mapping[str, Mapping[str, Any]], by_tool: Mapping[str, Mapping[str, Any]],
                 address: str) -> ToolTrust:
     namespace, _, name = address.partition(".")
     theirs = _side(by_namespace.get(namespace) or {}, name)
     own = by_tool.get(address)
     if own is None:
-        return ToolTrust(theirs[0] or DEFAULT, tuple(sorted(theirs[1].items(), key=lambda f: -len(f[0]))))
+        return ToolTrust(theirs[0] or DEFAULT, tuple(sorted(theirs[1].items(), key=_longest_first)))
     mine = _side(own, None)
     # Every key either side names, labelled by what both sides say there: label_at then gives, for any path,
     # the stricter of what each side alone would give it (its longest prefix is in the union).
     keys = set(theirs[1]) | set(mine[1])
     fields = [(k, _stricter(_resolve(*theirs, k), _resolve(*mine, k)) or DEFAULT) for k in keys]
-    fields.sort(key=lambda f: -len(f[0]))
+    fields.sort(key=_longest_first)
     return ToolTrust(_stricter(theirs[0], mine[0]) or DEFAULT, tuple(fields))
 
 

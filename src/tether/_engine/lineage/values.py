@@ -446,8 +446,12 @@ def _strip_url(raw: str) -> str:
     return url.rstrip("/")
 
 
+# How much of a key a mark's path keeps: a path says where, it does not store the result's keys (trust.label_at).
+KEY_CHARS = 64
+
+
 def _key_path(path: str, key: object) -> str:
-    text = str(key)[:64]
+    text = str(key)[:KEY_CHARS]
     return f"{path}.{text}" if text.isidentifier() else f"{path}[{text!r}]"
 
 
