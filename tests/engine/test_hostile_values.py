@@ -188,7 +188,7 @@ def test_p26_any_value_a_program_makes_ends_the_run_with_an_envelope(rt, loop, e
             assert done.result == shown
 
 
-# -- the cases the issue reproduced ---------------------------------------------------
+# -- the reproduced cases ---------------------------------------------------
 
 
 def test_p26_a_huge_int_result_completes_as_a_string_with_a_note(rt, loop):

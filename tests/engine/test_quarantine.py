@@ -2,7 +2,7 @@
 ``run_quarantined`` by the process that would take it over next, and nothing of it runs there.
 
 The first tests take runs over inside one test process (an injected clock
-lapses the leases). The last ones are the issue's case with real processes: a
+lapses the leases). The last ones are the same case with real processes: a
 program that wedges every ``tether worker`` taking it over (a tool that holds
 the event loop), two workers sharing a store, SQLite and Postgres, while other
 runs on the same store complete.

@@ -1,6 +1,6 @@
 """Chaos: three replicas on one Postgres behind a round-robin proxy, one SIGKILLed under load.
 
-At the issue's scale by default: CHAOS_CLIENTS clients (100) for CHAOS_SECONDS
+At full scale by default: CHAOS_CLIENTS clients (100) for CHAOS_SECONDS
 (60 s), replica 0 SIGKILLed at CHAOS_KILL_AT (half-way). Each client loops
 over one action at a time, each on a new connection (no stickiness of any
 kind; a quarter of the clients speak the 2025-11-25 era):

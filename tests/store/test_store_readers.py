@@ -165,7 +165,7 @@ def _every_text(db: Db) -> str:
 
 @pytest.fixture
 def secret_outside(monkeypatch):
-    # The deployment the issue describes: the secret is not in the database.
+    # A deployment whose secret is not in the database.
     monkeypatch.setenv("TETHER_SECRET", "ab" * 32)
 
 

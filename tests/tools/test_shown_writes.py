@@ -1,7 +1,7 @@
 """Approval surfaces show the truth (P-38).
 
 One pure function (_tools/shown.py) shows a write on every surface; these
-tests put the issue's attacks through each surface a person reads — the
+tests put known attacks on approval pages through each surface a person reads — the
 console and link pages, the MCP approval form, the CLI, the paused
 envelope's instructions, a webhook's body — and check what reaches them.
 """
