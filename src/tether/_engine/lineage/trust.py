@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from tether._engine.lineage.roles import DESTINATION
 from tether._engine.lineage.values import KEY_CHARS
 
 if TYPE_CHECKING:
@@ -132,9 +133,7 @@ class Labels:
         """The roles the source's ``roles`` table ("<tool>.<argument>" keys) and the tool's own ``roles`` give
         arguments of ``address``."""
         namespace, _, name = address.partition(".")
-        table = (self.by_namespace.get(namespace) or {}).get("roles") or {}
-        out = {arg: str(role) for key, role in table.items() for tool, _, arg in [str(key).partition(".")]
-               if tool == name and arg}
+        out = _table_roles(self.by_namespace.get(namespace) or {}, name)
         for arg, role in ((self.by_tool.get(address) or {}).get("roles") or {}).items():
             out[arg] = DESTINATION if DESTINATION in (role, out.get(arg)) else str(role)
         return out
@@ -163,8 +162,7 @@ class Labels:
                     out.append(f"{where}{address}: the [[sources]] table says {a}, the tool says {b}; "
                                f"{_stricter(a, b)} holds")
             roles = self.roles_of(address)
-            table_roles = {arg: str(role) for key, role in (table.get("roles") or {}).items()
-                           for tool, _, arg in [str(key).partition(".")] if tool == name and arg}
+            table_roles = _table_roles(table, name)
             for arg, role in sorted((own.get("roles") or {}).items()):
                 if arg in table_roles and table_roles[arg] != role:
                     out.append(f"argument {arg} of {address}: the [[sources]] table says {table_roles[arg]}, the "
@@ -172,7 +170,10 @@ class Labels:
         return out
 
 
-DESTINATION = "destination"  # tether._engine.lineage.roles.DESTINATION, not imported: roles imports values
+def _table_roles(table: Mapping[str, Any], name: str) -> dict[str, str]:
+    """The roles a ``[[sources]]`` table's ``roles`` ("<tool>.<argument>" keys) give arguments of tool ``name``."""
+    return {arg: str(role) for key, role in (table.get("roles") or {}).items()
+            for tool, _, arg in [str(key).partition(".")] if tool == name and arg}
 
 
 def _stricter(a: str | None, b: str | None) -> str | None:
