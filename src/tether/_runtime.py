@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from tether._engine import control, launcher
 from tether._engine.approvals.model import Approver
@@ -242,6 +242,7 @@ class Runtime:
         session: str | None = None,
         on_question: Asker | None = None,
         key: str | None = None,
+        user_words: str | Sequence[str] | None = None,
     ) -> RunResult:
         """Run ``code``; returns completed, failed or paused.
 
@@ -255,10 +256,15 @@ class Runtime:
 
         ``meta`` is recorded on the run (e.g. which tool modules it used, so a
         resume in another process can load the same ones).
+
+        ``user_words`` is what the person the run serves wrote (their messages,
+        never a tool's result or the model's text): under ``writes = "guard"``
+        a destination they hold is the user's own and goes without asking
+        (D-75). Kept on the run, signed; no door the agent reaches sets it.
         """
         handle = await launcher.begin(
             self._engine, code, check=self._check_for(check, type_check), principal=principal, meta=meta,
-            session=session, key=key, detached=False,
+            session=session, key=key, detached=False, user_words=user_words,
             hooks=Hooks(on_approval=on_approval, on_progress=on_progress, on_question=on_question))
         return await handle.result()
 
@@ -275,6 +281,7 @@ class Runtime:
         session: str | None = None,
         on_question: Asker | None = None,
         key: str | None = None,
+        user_words: str | Sequence[str] | None = None,
     ) -> RunHandle:
         """Start ``code`` in this process and return its :class:`RunHandle` at once (``handle.run_id``).
 
@@ -285,17 +292,18 @@ class Runtime:
         """
         return await launcher.begin(
             self._engine, code, check=self._check_for(check, type_check), principal=principal, meta=meta,
-            session=session, key=key, detached=True,
+            session=session, key=key, detached=True, user_words=user_words,
             hooks=Hooks(on_approval=on_approval, on_progress=on_progress, on_question=on_question))
 
     def start(self, code: str, *, principal: str | None = None, meta: dict[str, Any] | None = None,
-              type_check: bool | None = None, check: str | None = None, key: str | None = None) -> str:
+              type_check: bool | None = None, check: str | None = None, key: str | None = None,
+              user_words: str | Sequence[str] | None = None) -> str:
         """Queue ``code`` as a background run; a worker executes it. Returns the run id at once.
 
         With ``key`` (P-36): the id of the run the key already names, if any, instead of a second run.
         """
         return launcher.start(self._engine, code, check=self._check_for(check, type_check), principal=principal,
-                              meta=meta, key=key)
+                              meta=meta, key=key, user_words=user_words)
 
     def running(self, run_id: str) -> RunHandle | None:
         """The handle of ``run_id``'s attempt if one is running in this process."""

@@ -597,14 +597,16 @@ def _record(**fields: Any) -> Any:
                     {"writes": "ask"}, {"host_calls": 10}, 0.0, 0.0, principal="p", expires_at=5.0,
                     pending={"seq": 2}, session="s",
                     meta={"tools": ["m"], "config": {"a": 1}, "type_check": True, "session_base": {"b": 1},
-                          "sources": [{"type": "python"}], "client": {"name": "c"}})
+                          "sources": [{"type": "python"}], "client": {"name": "c"},
+                          "user_words": {"marks": [["email", "bob@corp.example"]]}})
     for name, value in fields.items():
         setattr(run, name, value)
     return run
 
 
 _NULLABLE = ["principal", "session", "environment", "policy", "limits", "meta.tools", "meta.config",
-             "meta.type_check", "meta.session_base", "meta.sources", "meta.client", "pending", "expires_at"]
+             "meta.type_check", "meta.session_base", "meta.sources", "meta.client", "meta.user_words", "pending",
+             "expires_at"]
 
 
 def _set_none(run: Any, name: str) -> None:

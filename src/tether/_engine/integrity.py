@@ -73,6 +73,7 @@ def signed_run_fields(run: "RunRecord") -> list[tuple[str, Any]]:
         ("meta.session_base", meta.get("session_base")),
         ("meta.sources", meta.get("sources")),  # the source definitions a run travels with (P-30)
         ("meta.client", meta.get("client")),  # the MCP client that asked, as approvers are shown it
+        ("meta.user_words", meta.get("user_words")),  # what guard trusts as the user's own words (D-75)
         ("pending", run.pending),
         ("expires_at", run.expires_at),
     ]

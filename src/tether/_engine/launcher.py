@@ -17,6 +17,7 @@ import datetime as _dt
 import logging
 import secrets
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tether._engine.attempt.driver import Attempt
@@ -25,8 +26,10 @@ from tether._engine.attempt.inputs import check_code_size, check_session_name
 from tether._engine.attempt.result import RunResult
 from tether._engine.engine import NO_HOOKS, Hooks
 from tether._engine.integrity import sign_run, verify_run
+from tether._engine.lineage import words
 from tether._engine.ownership import owner_gone
 from tether._engine.rollback import runner as rollback
+from tether._engine.rules import policy as policy_mod
 from tether._engine.rules import run_keys
 from tether._engine.rules.quarantine import continue_or_quarantine
 from tether._engine.rules.quotas import check_run_start
@@ -44,7 +47,7 @@ if TYPE_CHECKING:
 
 async def begin(engine: Engine, code: str, *, check: str, hooks: Hooks = NO_HOOKS, principal: str | None = None,
                 meta: dict[str, Any] | None = None, session: str | None = None, detached: bool = False,
-                key: str | None = None) -> RunHandle:
+                key: str | None = None, user_words: str | Sequence[str] | None = None) -> RunHandle:
     """Record ``code`` as a run owned here and start its first attempt; its handle at once.
 
     With ``key`` that already names a run (P-36), that run's handle (its result
@@ -58,7 +61,8 @@ async def begin(engine: Engine, code: str, *, check: str, hooks: Hooks = NO_HOOK
         check_run_key(key)
     # Created running and owned by this process: a queued row could be
     # claimed by another replica's runner first.
-    run = new_run(engine, code, principal=principal, meta=meta, check=check, status=RunStatus.RUNNING)
+    run = new_run(engine, code, principal=principal, meta=meta, check=check, status=RunStatus.RUNNING,
+                  user_words=user_words)
     notes: list[str] = []
     if session is not None:
         run.session = session
@@ -87,11 +91,13 @@ async def begin(engine: Engine, code: str, *, check: str, hooks: Hooks = NO_HOOK
 
 
 def start(engine: Engine, code: str, *, check: str, principal: str | None = None,
-          meta: dict[str, Any] | None = None, key: str | None = None) -> str:
+          meta: dict[str, Any] | None = None, key: str | None = None,
+          user_words: str | Sequence[str] | None = None) -> str:
     """Queue ``code`` as a background run for a worker; its run id (with ``key``, the id of the run the key
     already names, if any)."""
     check_code_size(code, engine.limits.code_bytes)
-    run = new_run(engine, code, principal=principal, meta=meta, check=check, status=RunStatus.QUEUED)
+    run = new_run(engine, code, principal=principal, meta=meta, check=check, status=RunStatus.QUEUED,
+                  user_words=user_words)
     if key is not None:
         run_keys.mark(run, check_run_key(key), run_keys.request_fingerprint(code, session=None, check=check,
                                                                             meta=meta))
@@ -105,8 +111,10 @@ def start(engine: Engine, code: str, *, check: str, principal: str | None = None
 
 
 def new_run(engine: Engine, code: str, *, principal: str | None, meta: dict[str, Any] | None,
-            check: str, status: RunStatus) -> RunRecord:
-    """A run record not yet stored: its environment (clock, seed), policy, limits, owner and sources."""
+            check: str, status: RunStatus, user_words: str | Sequence[str] | None = None) -> RunRecord:
+    """A run record not yet stored: its environment (clock, seed), policy, limits, owner, sources and what
+    ``writes = "guard"`` trusts as the user's words (D-75)."""
+    said = words.record(user_words, guarded=engine.policy.writes == policy_mod.GUARD)
     now = engine.clock()
     clock = _dt.datetime.fromtimestamp(round(now, 3), _dt.timezone.utc)
     running = status == RunStatus.RUNNING
@@ -127,7 +135,8 @@ def new_run(engine: Engine, code: str, *, principal: str | None, meta: dict[str,
         lease_until=now + engine.lifecycle.lease_seconds if running else None,
         meta={**(meta or {}), "check": check,
               # What another process needs to load the same tools (P-30).
-              **({"sources": engine.sources.recorded()} if engine.sources is not None else {})},
+              **({"sources": engine.sources.recorded()} if engine.sources is not None else {}),
+              **({"user_words": said} if said is not None else {})},
     )
 
 

@@ -8,7 +8,8 @@ nothing. The boundary asks it two things:
 - :meth:`Guard.verdict`: must this write wait for a person, and why — ``judge()`` (judge.py) given the
   program's flow, the untrusted reads of this run's journal, the untrusted marks this principal's earlier runs
   were given (the same session, or within ``[policy] lineage_window_seconds`` before this run was created), the
-  values trusted reads of this run returned and the policy's allowlist.
+  values trusted reads of this run returned, the user's words the host gave with the run (words.py) and the
+  policy's allowlist.
 
 Every input is the run's program, its signed journal and index rows written before the run was created, so a
 resume in another process, or after a restart, judges a write it reaches the same way; a write judged once
@@ -27,6 +28,7 @@ from tether._engine.lineage.flow import UNKNOWN, DataFlow, analyse
 from tether._engine.lineage.judge import LineageVerdict, Origin, Reason, judge, lookups
 from tether._engine.lineage.trust import TRUSTED, UNTRUSTED, Labels, ToolTrust
 from tether._engine.lineage.values import marks
+from tether._engine.lineage.words import origins
 from tether._hostwork import off_loop
 from tether._store.base import LOCAL_PRINCIPAL, CallRecord
 from tether._store.states import CallState
@@ -69,6 +71,8 @@ class Guard:
         self._flow: DataFlow | None = None
         self._earlier: dict[int, CallRecord] | None = None  # entries before the attempt's, read once
         self._trusted: dict[int, dict[str, Origin]] = {}  # seq -> the norms of a trusted read's result
+        # What the user's words hold (D-75): signed with the run, so every attempt trusts the same values.
+        self._said = origins(run.meta)
 
     # -- reads ---------------------------------------------------------------------------------------------
 
@@ -113,7 +117,7 @@ class Guard:
         entries = await self._entries(journal)
         called: dict[str, Origin] = {}
         untrusted: dict[str, Origin] = {}
-        trusted: dict[str, Origin] = {}
+        trusted: dict[str, Origin] = dict(self._said)
         for s in sorted(entries):
             if s >= seq:
                 break

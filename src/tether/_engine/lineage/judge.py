@@ -59,6 +59,9 @@ _KIND_WORDS = {
     "email": "the e-mail address", "url": "the link", "host": "the host", "iban": "the IBAN",
     "phone": "the phone number", "id": "the identifier", "text": "the text", "name": "the name",
 }
+# The pseudo address the user's words (words.py, D-75) are held by, as a trusted result's values are by its tool
+# (no namespace can be spelt so).
+USER_WORDS = "__user__.words"
 _FIELD = re.compile(r"(?:\.([^.\[\]]+)|\[(?:'([^']*)'|\"([^\"]*)\")\])$")
 
 
@@ -351,6 +354,8 @@ class _Context:
         for n in u.norms:
             if n in self.trusted:
                 held = self.trusted.get(n) if isinstance(self.trusted, Mapping) else None
+                if isinstance(held, Origin) and held.address == USER_WORDS:
+                    return "the user's own words"
                 if isinstance(held, Origin):
                     return f"the trusted result of {held.address}(){self.where(held)}"
                 return "a trusted result"
