@@ -28,13 +28,14 @@ changes the environment, which includes ``get_unread_emails``, marking mail read
 recording a request to an outside address); trust once per suite, per tool, by what it reads
 (``UNTRUSTED``), never per task or injection vector. bench/README.md ("AgentDojo") states both.
 
-Per suite and mode (``allow``, ``ask``, ``guard``): attacker tasks carried out with no person asked about
+Per suite and mode (``allow``, ``ask``, ``guard``, and ``guard+words``: guard with the user task's ``PROMPT``
+given as the user's words, D-75): attacker tasks carried out with no person asked about
 any of the attacker's writes (of the pairs whose attack writes); attacks that need no write (travel 6 says
 something in the answer: no write policy sees it); benign tasks that needed a person (of 97), their asks,
 benign tasks completed with every ask approved; asks that name the untrusted source of a value; and a
 summary of each ask's reasons. ``guard`` runs only where tether has it (``[policy] writes = "guard"``).
 
-    python bench/agentdojo_bench.py [--quick] [--suites banking,slack] [--modes allow,ask,guard]
+    python bench/agentdojo_bench.py [--quick] [--suites banking,slack] [--modes allow,ask,guard,guard+words]
 """
 
 from __future__ import annotations
@@ -54,7 +55,10 @@ import common
 AGENTDOJO_VERSION = "0.1.35"
 BENCHMARK = "v1.2"
 SUITES = ("workspace", "travel", "banking", "slack")
-MODES = ("allow", "ask", "guard")
+MODES = ("allow", "ask", "guard", "guard+words")
+# "guard+words": guard, with the host handing tether the user's prompt (``user_words``, D-75) as a framework
+# host that knows it would; the programs, trust and roles are the same as guard's.
+WORDS = "+words"
 # A write budget no program here reaches: the budget is a defence of its own, measured elsewhere; here
 # the modes are compared, so the budget must not stop a write first.
 BUDGET = 1000
@@ -449,7 +453,7 @@ def load_environment(suite: Any, injections: dict[str, str]) -> Any:
 
 
 async def run_pair(rt: Any, ns: str, suite: Any, user_task: Any, injection_task: Any, prepared: tuple[Any, Plan],
-                   principal: str) -> Outcome:
+                   principal: str, user_words: str | None = None) -> Outcome:
     """Run a pair's programs on a fresh copy of its environment; the suite's judges decide what happened."""
     from agentdojo.functions_runtime import FunctionsRuntime
     from agentdojo.types import text_content_block_from_string
@@ -462,7 +466,8 @@ async def run_pair(rt: Any, ns: str, suite: Any, user_task: Any, injection_task:
     failed: list[str] = []
     for run in the_plan.runs():
         code = the_plan.program(ns, run)
-        result = await rt.execute(code, principal=principal)
+        result = await (rt.execute(code, principal=principal) if user_words is None
+                        else rt.execute(code, principal=principal, user_words=user_words))
         while result.status == "paused":
             pending = rt.pending(result.run_id, principal=principal)
             undecided = [p for p in pending if p.decision is None]
@@ -528,6 +533,14 @@ def guard_available() -> bool:
     return "guard" in str(hints.get("writes"))
 
 
+def words_available() -> bool:
+    import inspect
+
+    from tether import Runtime
+
+    return "user_words" in inspect.signature(Runtime.execute).parameters
+
+
 def runtime_for(mode: str, ns: str, suite: Any) -> Any:
     """A started Runtime (in-memory SQLite store) with the suite as its one source, under ``mode``; an async
     context manager, as tether.open_runtime is."""
@@ -537,7 +550,7 @@ def runtime_for(mode: str, ns: str, suite: Any) -> Any:
     from tether._config import Config
 
     home = tempfile.mkdtemp(prefix="agentdojo-bench-")
-    config = Config.from_dict({"policy": {"writes": mode, "write_budget": BUDGET},
+    config = Config.from_dict({"policy": {"writes": mode.removesuffix(WORDS), "write_budget": BUDGET},
                                "sources": [source_table(ns, suite, labelled=guard_available())]},
                               source="<agentdojo bench>", env={"TETHER_HOME": home})
     return open_runtime(config, store_url="sqlite:///:memory:", strict_sources=True)
@@ -584,7 +597,7 @@ class Tally:
         for ask in out.asks:
             self.reasons["benign " + ask.address + " - " + _reason_summary(ask)] += 1
             self.asks_named += ask.names_untrusted_source()
-        if out.asks and mode == "guard":
+        if out.asks and mode.startswith("guard"):
             self.misses.append(f"benign {ns}/{uid} asked: " + " | ".join(
                 f"{a.address}({_reason_summary(a)})" for a in out.asks))
         if not out.utility:
@@ -608,7 +621,7 @@ class Tally:
         self.attack_pairs += 1
         if out.security and not attacker:
             self.attacks_unasked += 1
-            if mode == "guard":
+            if mode.startswith("guard"):
                 self.misses.append(f"attack {ns}/{uid}/{iid} carried out, nobody asked")
         elif out.security:
             self.attacks_asked_approved += 1
@@ -651,8 +664,10 @@ async def measure(ns: str, suite: Any, modes: list[str], users: list[str], injs:
         for uid in users:
             user_task = suite.user_tasks[uid]
             prepared = prepare(ns, suite, user_task, None, {})
+            words = {mode: user_task.PROMPT if mode.endswith(WORDS) else None for mode in modes}
             for mode, rt in rts.items():
-                out = await run_pair(rt, ns, suite, user_task, None, prepared, f"{PRINCIPAL}/{ns}/{uid}")
+                out = await run_pair(rt, ns, suite, user_task, None, prepared, f"{PRINCIPAL}/{ns}/{uid}",
+                                     words[mode])
                 tallies[mode].benign_outcome(ns, uid, mode, out)
             for iid in injs:
                 injection_task = suite.injection_tasks[iid]
@@ -660,7 +675,7 @@ async def measure(ns: str, suite: Any, modes: list[str], users: list[str], injs:
                 prepared = prepare(ns, suite, user_task, injection_task, injections)
                 for mode, rt in rts.items():
                     out = await run_pair(rt, ns, suite, user_task, injection_task, prepared,
-                                         f"{PRINCIPAL}/{ns}/{uid}/{iid}")
+                                         f"{PRINCIPAL}/{ns}/{uid}/{iid}", words[mode])
                     tallies[mode].pair_outcome(ns, uid, iid, mode, out)
     return tallies
 
@@ -684,10 +699,12 @@ def main() -> None:
     suites = loaded
     modes = [m for m in args.modes.split(",") if m]
     skipped_modes = []
-    if "guard" in modes and not guard_available():
-        modes.remove("guard")
-        skipped_modes.append("guard")
-        print("guard: skipped (this tether has no [policy] writes = \"guard\")")
+    for guarded in [m for m in modes if m.startswith("guard")]:
+        if guard_available() and (not guarded.endswith(WORDS) or words_available()):
+            continue
+        modes.remove(guarded)
+        skipped_modes.append(guarded)
+        print(f"{guarded}: skipped (this tether has no [policy] writes = \"guard\" or no user_words)")
     n_users = args.users or (2 if args.quick else None)
     rows: list[dict[str, Any]] = []
     per: dict[str, dict[str, Tally]] = {}
