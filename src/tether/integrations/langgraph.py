@@ -52,8 +52,8 @@ def decision(pause: Mapping[str, Any], verdict: str | bool, *, approver: str | N
     return answer(pause, verdict, approver=approver, reason=reason)
 
 
-def _human_words(state: Any) -> list[str]:
-    """The text of every ``HumanMessage`` in ``state``'s ``messages`` (D-76); none for a state without them.
+def _human_words(state: Any) -> list[str] | None:
+    """The text of every ``HumanMessage`` in ``state``'s ``messages`` (D-76); None for a state without any.
 
     A message's string content, or the text blocks of a list content; tool, AI and system messages are not
     the user's, nor are images or other blocks.
@@ -69,7 +69,7 @@ def _human_words(state: Any) -> list[str]:
                 texts.append(block)
             elif isinstance(block, Mapping) and block.get("type") == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
-    return texts
+    return texts or None
 
 
 def execute_tool(rt: Runtime, *, principal: str | None = None, user_words: bool = False) -> StructuredTool:

@@ -108,8 +108,9 @@ class TetherCapability(AbstractCapability[Any]):
         return dataclasses.replace(node, tool_call_results=results, tool_call_metadata=metadata)
 
 
-def _user_prompts(messages: list[ModelMessage]) -> list[str]:
-    """The text of every user prompt in ``messages`` (D-76): a prompt's string, or the strings of its items.
+def _user_prompts(messages: list[ModelMessage]) -> list[str] | None:
+    """The text of every user prompt in ``messages`` (D-76): a prompt's string, or the strings of its items;
+    None when there is none.
 
     Only ``UserPromptPart``: tool returns, retry prompts, system prompts and instructions are not the user's;
     nor are typed items (``TextContent``, ``StructuredContent``: text the application attaches) or media.
@@ -123,7 +124,7 @@ def _user_prompts(messages: list[ModelMessage]) -> list[str]:
                 continue
             content = part.content
             texts.extend([content] if isinstance(content, str) else [c for c in content if isinstance(c, str)])
-    return texts
+    return texts or None
 
 
 def with_approver(requests: DeferredToolRequests, approver: str) -> dict[str, dict[str, Any]]:
