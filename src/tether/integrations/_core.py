@@ -35,14 +35,22 @@ def description(rt: Runtime) -> str:
     return rt.engine.model_description()
 
 
-async def start(rt: Runtime, code: str, *, key: str | None, principal: str | None) -> RunResult:
+async def start(rt: Runtime, code: str, *, key: str | None, principal: str | None,
+                user_words: str | Sequence[str] | None = None) -> RunResult:
     """Run the model's program; what refuses to start it (too large, a key naming another program, a
-    quota) is a failed envelope the model reads, as over MCP, not an error that ends the host's agent run."""
+    quota) is a failed envelope the model reads, as over MCP, not an error that ends the host's agent run.
+
+    ``user_words`` are the user's messages as the host's framework holds them (D-75, D-76), given only when
+    the host opted in; a run its key already names keeps the words it was started with. A value that is not
+    the user's messages is the host's mistake, not the model's: it raises (InvalidArguments), no run started.
+    """
     from tether._engine.attempt.result import RunResult
+    from tether._engine.lineage.words import record
     from tether._store.states import RunStatus
 
+    record(user_words, guarded=False)  # checks the value only; the run records the marks (D-75)
     try:
-        return await rt.execute(code, key=key, principal=principal)
+        return await rt.execute(code, key=key, principal=principal, user_words=user_words)
     except (UsageError, LimitExceeded) as exc:
         return RunResult(status=RunStatus.FAILED, run_id="", error=exc.to_dict())
 

@@ -15,14 +15,20 @@ is interrupted again with the same pause and ``refused`` (the error's code, mess
 LangGraph runs an interrupted node again from its start when it resumes, so the tool names its run with a
 run key (P-36) made of the thread and the tool call: the repeat gets the same run, never a second one; and
 a decision names its run and writes, so a node that paused twice takes each answer for its own pause.
+
+With ``execute_tool(rt, user_words=True)`` the tool reads the graph's state (``InjectedState``) and each run
+it starts carries the text of every ``HumanMessage`` in the state's ``messages`` as the user's words (D-75,
+D-76). Off by default: a host that puts retrieved text into human messages would trust that text.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Mapping, Sequence
 
+from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import InjectedToolCallId, StructuredTool
+from langgraph.prebuilt import InjectedState
 from langgraph.types import interrupt
 
 from tether.errors import ApprovalElsewhere, ApprovalRefused, InvalidApproval
@@ -46,19 +52,42 @@ def decision(pause: Mapping[str, Any], verdict: str | bool, *, approver: str | N
     return answer(pause, verdict, approver=approver, reason=reason)
 
 
-def execute_tool(rt: Runtime, *, principal: str | None = None) -> StructuredTool:
+def _human_words(state: Any) -> list[str] | None:
+    """The text of every ``HumanMessage`` in ``state``'s ``messages`` (D-76); None for a state without any.
+
+    A message's string content, or the text blocks of a list content; tool, AI and system messages are not
+    the user's, nor are images or other blocks.
+    """
+    messages = state.get("messages") if isinstance(state, Mapping) else getattr(state, "messages", None)
+    texts: list[str] = []
+    for message in messages if isinstance(messages, Sequence) and not isinstance(messages, str) else ():
+        if not isinstance(message, HumanMessage):
+            continue
+        content = message.content
+        for block in [content] if isinstance(content, str) else content:
+            if isinstance(block, str):
+                texts.append(block)
+            elif isinstance(block, Mapping) and block.get("type") == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+    return texts or None
+
+
+def execute_tool(rt: Runtime, *, principal: str | None = None, user_words: bool = False) -> StructuredTool:
     """The ``execute`` tool for a ToolNode, described by the text ``tether prompt`` prints.
 
     ``principal`` is whose runs it starts (the runtime's by default): an approval by that name is refused.
+    ``user_words=True`` gives each run the text of the state's human messages as the user's words (D-76);
+    leave it off where human messages carry anything but what the user wrote.
     """
 
-    async def execute(code: str, tool_call_id: Annotated[str, InjectedToolCallId], config: RunnableConfig,
-                      key: str | None = None) -> dict[str, Any]:
+    async def run(code: str, tool_call_id: str, config: RunnableConfig, key: str | None,
+                  said: list[str] | None) -> dict[str, Any]:
         thread = (config.get("configurable") or {}).get("thread_id")
         # The same on every replay of this node for this call, different for every other call (P-36).
         # The model's own key (P-36) is scoped to the thread too: it names a run of this conversation only.
         run_key = f"langgraph:{thread}:{'key:' + key if key else tool_call_id}"
-        result = await start(rt, code, key=run_key, principal=principal)
+        # A replay after an interrupt rejoins the run this key names, with the words it was started with.
+        result = await start(rt, code, key=run_key, principal=principal, user_words=said)
         refused: dict[str, Any] | None = None
         while result.status == "paused":
             # A refused answer asks again, saying why: raised out of the node, it would stay recorded as this
@@ -76,4 +105,14 @@ def execute_tool(rt: Runtime, *, principal: str | None = None) -> StructuredTool
                 refused = exc.to_dict()
         return for_model(result)
 
-    return StructuredTool.from_function(coroutine=execute, name=TOOL_NAME, description=description(rt))
+    async def execute(code: str, tool_call_id: Annotated[str, InjectedToolCallId], config: RunnableConfig,
+                      key: str | None = None) -> dict[str, Any]:
+        return await run(code, tool_call_id, config, key, None)
+
+    async def execute_with_words(code: str, tool_call_id: Annotated[str, InjectedToolCallId], config: RunnableConfig,
+                                 state: Annotated[Any, InjectedState], key: str | None = None) -> dict[str, Any]:
+        return await run(code, tool_call_id, config, key, _human_words(state))
+
+    # Only the opted-in tool asks for the state: without the option the tool is what it always was.
+    return StructuredTool.from_function(coroutine=execute_with_words if user_words else execute, name=TOOL_NAME,
+                                        description=description(rt))

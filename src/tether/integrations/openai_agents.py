@@ -18,12 +18,17 @@ and runs it again (D-69, D-70):
 The run continues from its snapshot, never sending twice, and the tool's output is the run's envelope. The
 SDK asks once per tool call: a program that pauses again returns its pause to the model, which calls
 ``execute`` again with the same code and ``key`` to ask for the next write.
+
+The SDK's tool context does not carry the run's input items, so the user's words (D-75, D-76) come from the
+host: ``execute_tool(rt, user_words=lambda ctx: ctx.context["user_words"])`` gives each run started what that
+function returns from the run's context (the user's messages, which the host puts there). None by default:
+a host that puts retrieved text among them would trust that text.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from agents import AgentHooks, FunctionTool, RunContextWrapper, ToolApprovalItem
 from agents.tool import set_function_tool_failure_error_function
@@ -72,15 +77,18 @@ def _call(arguments: str | Mapping[str, Any], call_id: str) -> tuple[str, str]:
 
 
 def execute_tool(rt: Runtime, *, principal: str | None = None,
-                 approver: Callable[[RunContextWrapper[Any]], str | None] = _context_approver) -> FunctionTool:
+                 approver: Callable[[RunContextWrapper[Any]], str | None] = _context_approver,
+                 user_words: Callable[[RunContextWrapper[Any]], str | Sequence[str] | None] | None = None,
+                 ) -> FunctionTool:
     """The ``execute`` tool, described by the text ``tether prompt`` prints.
 
     ``principal`` is whose runs it starts (the runtime's by default); ``approver`` gives the person the host
-    established approves, from the run's context.
+    established approves, from the run's context. ``user_words`` gives the user's messages from the run's
+    context, for each run started (D-76); leave it unset where they hold anything but what the user wrote.
     """
 
-    async def run(code: str, key: str) -> RunResult:
-        return await start(rt, code, key=key, principal=principal)
+    async def run(code: str, key: str, said: str | Sequence[str] | None = None) -> RunResult:
+        return await start(rt, code, key=key, principal=principal, user_words=said)
 
     async def needs_approval(ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
         # The program runs here: whether the call needs a person is whether it paused at a write.
@@ -88,7 +96,9 @@ def execute_tool(rt: Runtime, *, principal: str | None = None,
             code, key = _call(params, call_id)
         except InvalidArguments:
             return False  # nothing to run: the call itself tells the model
-        result = await run(code, key)
+        # The run starts here, so the user's words are read here; the tool's own call rejoins the run by its
+        # key (P-36), words and all: a RunState loaded to decide needs none in its context (D-76).
+        result = await run(code, key, user_words(ctx) if user_words is not None else None)
         if result.status != RunStatus.PAUSED:
             return False
         await rt.engine.events.emit_awaited(result.run_id, ASKED, {"call_id": call_id, "seqs": _seqs(rt, result)})

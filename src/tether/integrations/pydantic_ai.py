@@ -16,6 +16,11 @@ store and tools, ``DeferredToolResults`` decide it (D-69, D-70):
 
 Either way the run continues from its snapshot — nothing is run or sent a second time — and the tool's
 result is the run's envelope; a run that pauses again defers the same call again.
+
+With ``TetherCapability(rt, user_words=True)`` each run started carries the user's prompts of the
+conversation (every ``UserPromptPart`` of ``ctx.messages``) as the user's words (D-75, D-76): under
+``writes = "guard"`` a destination the user typed goes without a person though a result holds it too.
+Off by default: a host that puts retrieved text into user prompts would trust that text.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic_ai import CallToolsNode, DeferredToolRequests, FunctionToolset, RunContext, Tool, ToolApproved, ToolDenied
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import ApprovalRequired
+from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
 
 from tether.errors import InvalidApproval
 from tether.integrations._core import RUN_ID, TOOL_NAME, answer, decide, description, for_model, pause_of, start
@@ -44,11 +50,14 @@ class TetherCapability(AbstractCapability[Any]):
     """Gives the agent tether's ``execute``; pauses become deferred tool calls awaiting approval.
 
     ``principal`` is whose runs the agent starts (``Runtime(principal=...)``'s by default): an approval by
-    that same name is refused, as the agent's own.
+    that same name is refused, as the agent's own. ``user_words=True`` gives each run the user's prompts
+    of the conversation as the user's words (D-76); leave it off where user prompts carry anything but what
+    the user wrote.
     """
 
     runtime: Runtime
     principal: str | None = None
+    user_words: bool = False
 
     def get_toolset(self) -> FunctionToolset[Any]:
         tool = Tool(self._execute, name=TOOL_NAME, description=description(self.runtime))
@@ -64,7 +73,8 @@ class TetherCapability(AbstractCapability[Any]):
                 given = answer(given, "approve", approver=approver if isinstance(approver, str) else None)
             result = await decide(rt, given, code=code, origin=ORIGIN, principal=self.principal)
         else:
-            result = await start(rt, code, key=key, principal=self.principal)
+            said = _user_prompts(ctx.messages) if self.user_words else None
+            result = await start(rt, code, key=key, principal=self.principal, user_words=said)
         if result.status == "paused":
             raise ApprovalRequired(metadata=pause_of(rt, result))
         return for_model(result)
@@ -96,6 +106,25 @@ class TetherCapability(AbstractCapability[Any]):
         if not changed:
             return node
         return dataclasses.replace(node, tool_call_results=results, tool_call_metadata=metadata)
+
+
+def _user_prompts(messages: list[ModelMessage]) -> list[str] | None:
+    """The text of every user prompt in ``messages`` (D-76): a prompt's string, or the strings of its items;
+    None when there is none.
+
+    Only ``UserPromptPart``: tool returns, retry prompts, system prompts and instructions are not the user's;
+    nor are typed items (``TextContent``, ``StructuredContent``: text the application attaches) or media.
+    """
+    texts: list[str] = []
+    for message in messages:
+        if not isinstance(message, ModelRequest):
+            continue
+        for part in message.parts:
+            if not isinstance(part, UserPromptPart):
+                continue
+            content = part.content
+            texts.extend([content] if isinstance(content, str) else [c for c in content if isinstance(c, str)])
+    return texts or None
 
 
 def with_approver(requests: DeferredToolRequests, approver: str) -> dict[str, dict[str, Any]]:
