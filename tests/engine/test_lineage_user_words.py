@@ -174,3 +174,6 @@ def test_p48_what_a_run_keeps_is_bounded_and_a_string_is_one_message():
     assert kept is not None
     assert sum(len(n) for _, n in kept["marks"]) <= MARKS_CHARS
     assert len({n for _, n in kept["marks"]}) == len(kept["marks"])
+    # Past the bound, the latest message is the one kept: a long conversation still trusts what was said last.
+    later = record([many, ASKED_FOR])
+    assert later is not None and ["email", ALICE] in later["marks"]

@@ -45,7 +45,9 @@ def record(words: str | Sequence[str] | None, *, guarded: bool = True) -> dict[s
     kept: list[list[str]] = []
     room, read = MARKS_CHARS, MAX_CHARS
     seen: set[str] = set()
-    for text in texts:
+    # The latest message first: past the bound, what the user said last still counts (a conversation's
+    # earliest turns are the ones left out).
+    for text in reversed(texts):
         text = text[:read]
         read -= len(text)
         for m in marks(text):
