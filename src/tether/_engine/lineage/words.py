@@ -26,6 +26,8 @@ from tether.errors import InvalidArguments
 # signed record, which a long pasted text must not swell; what is past it is not trusted (only more writes ask).
 MAX_CHARS = 65_536
 MARKS_CHARS = 16_384
+# The run's meta key they are kept under (a signed run field, integrity.signed_run_fields).
+FIELD = "user_words"
 
 
 def record(words: str | Sequence[str] | None, *, guarded: bool = True) -> dict[str, Any] | None:
@@ -61,9 +63,22 @@ def record(words: str | Sequence[str] | None, *, guarded: bool = True) -> dict[s
     return {"marks": kept}
 
 
+def refuse_in_meta(meta: Mapping[str, Any] | None) -> None:
+    """Raise InvalidArguments when a run's ``meta`` would carry ``user_words`` itself.
+
+    ``meta`` is recorded on the run as the caller gives it, and a host may fill it from a request or an earlier
+    run: the signed field that vouches for destinations is only ever what :func:`record` computes from
+    ``user_words=`` (bounded, normalised, under guard alone), never marks handed in whole (D-75).
+    """
+    if isinstance(meta, Mapping) and FIELD in meta:
+        raise InvalidArguments(f"meta cannot carry {FIELD!r}: it is computed from the user_words argument only; "
+                               "no run was started",
+                               next_action="Pass the user's messages as user_words= and leave the key out of meta.")
+
+
 def origins(meta: Mapping[str, Any] | None) -> dict[str, Origin]:
     """norm -> its origin, for the judge's trusted values, from a run's ``meta`` (signed, P-35)."""
-    held = (meta or {}).get("user_words")
+    held = (meta or {}).get(FIELD)
     items = held.get("marks") if isinstance(held, Mapping) else None
     found: dict[str, Origin] = {}
     for item in items if isinstance(items, list) else ():

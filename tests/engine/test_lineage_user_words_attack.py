@@ -1,0 +1,263 @@
+"""P-48, D-75 attacked: the user's words must come from the operator's code alone, stay on the run they were
+given with, and survive no edit of the store. Each test plays the agent (a door it reaches, a repeat, a session,
+a queued run) or someone who can edit the store's rows (remove, add, move the signed field), and checks that no
+attacker's address is sent without a person. SQLite and Postgres.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import StoreBackend, each_store_backend, store_backend_params
+from tether._engine.integrity import verify_run
+from tether._engine.rules.policy import Policy
+from tether._engine.worker import Worker
+from tether._runtime import Runtime
+from tether.errors import InvalidArguments, RunTampered
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+ATTACKER = "mallory@evil.example"  # named by the fixture inbox's second mail (an injected instruction)
+ALICE = "alice@corp.example"  # the sender of the fixture inbox's first mail
+ASKED_FOR = f"Please send Alice ({ALICE}) the lunch menu."
+# What an attacker would like a run to carry: the marks words.record keeps, naming the attacker's address.
+FORGED = {"marks": [["email", ATTACKER]]}
+
+READ = "import tools\nmails = await tools.mail.get_received_emails()\nlen(mails)\n"
+
+
+def send(*recipients: str) -> str:
+    """A later run's program: each address copied into a literal, as a model that read the inbox writes it."""
+    return "import tools\n" + "".join(
+        f"await tools.mail.send_email(recipients=[{r!r}], subject='s{i}', body='b')\n"
+        for i, r in enumerate(recipients)) + "'done'\n"
+
+
+class Backend(StoreBackend):
+    def runtime(self, **kw: Any) -> Runtime:
+        sys.path.insert(0, str(FIXTURES))
+        try:
+            import mailbox_tools
+            import undo_tools
+        finally:
+            sys.path.remove(str(FIXTURES))
+        kw.setdefault("policy", Policy(writes="guard"))
+        return Runtime(store=self.store(), tools=[mailbox_tools, undo_tools], type_check=False, **kw)
+
+    def edit_run(self, run_id: str, meta: dict[str, Any], mac: dict[str, Any]) -> None:
+        """The run's meta and MAC columns rewritten, as someone with write access to the store would."""
+        self.sql("UPDATE runs SET meta = ?, mac = ? WHERE run_id = ?",
+                 (json.dumps(meta, sort_keys=True), json.dumps(mac, sort_keys=True), run_id))
+
+
+@pytest.fixture(params=store_backend_params())
+def backend(request, tmp_path, monkeypatch):
+    monkeypatch.setenv("MAILBOX_SENT", str(tmp_path / "sent.jsonl"))
+    monkeypatch.setenv("SHOP_FILE", str(tmp_path / "shop.jsonl"))
+    yield from each_store_backend(request, tmp_path, monkeypatch, Backend)
+
+
+def sent(tmp_path: Path) -> list[list[str]]:
+    path = tmp_path / "sent.jsonl"
+    return [json.loads(line)["recipients"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def asked_about(result: Any) -> list[str]:
+    """The values of the paused write's reasons that ask."""
+    return [r["value"] for w in result.pending["writes"] for r in w["reasons"] if r["asks"]]
+
+
+# -- the operator's code: meta is no second way in -------------------------------------------------------------
+
+
+async def test_p48_meta_cannot_carry_user_words_into_any_new_run(backend, tmp_path):
+    """``meta`` is recorded on the run as given: a host that forwards a client's metadata into it (or code that
+    copies an old run's meta) must not set the signed field only ``user_words=`` computes (D-75)."""
+    async with backend.runtime() as rt:
+        assert (await rt.execute(READ)).status == "completed"
+        with pytest.raises(InvalidArguments, match="user_words"):
+            await rt.execute(send(ATTACKER), meta={"user_words": FORGED})
+        with pytest.raises(InvalidArguments, match="user_words"):
+            await rt.begin(send(ATTACKER), meta={"user_words": FORGED}, key="k")
+        with pytest.raises(InvalidArguments, match="user_words"):
+            await rt.start_cell(send(ATTACKER), meta={"user_words": FORGED})
+        with pytest.raises(InvalidArguments, match="user_words"):
+            rt.start(send(ATTACKER), meta={"user_words": FORGED})
+        # Even beside real words, and under a mode that would record none.
+        with pytest.raises(InvalidArguments, match="user_words"):
+            await rt.execute(send(ATTACKER), meta={"user_words": FORGED}, user_words=ASKED_FOR)
+        assert rt.store.count_runs() == 1
+    async with backend.runtime(policy=Policy(writes="allow")) as rt:
+        with pytest.raises(InvalidArguments, match="user_words"):
+            await rt.execute(send(ATTACKER), meta={"user_words": FORGED})
+    assert sent(tmp_path) == []
+
+
+# -- the agent's own repeats: each run is judged with its own request's words ---------------------------------
+
+
+async def test_p48_p21_a_session_s_next_execute_carries_no_words(backend, tmp_path):
+    async with backend.runtime() as rt:
+        assert (await rt.execute(READ)).status == "completed"
+        first = await rt.execute("menu = 'soup'\n" + send(ALICE), session="s", user_words=ASKED_FOR)
+        assert first.status == "completed", first.error
+        # The next execute of the same session, its globals restored from the first: the words stayed behind.
+        later = await rt.execute("print(menu)\n" + send(ALICE), session="s")
+        assert later.status == "paused" and asked_about(later) == [ALICE], later.pending
+        meta = rt.store.get_run(later.run_id).meta
+        assert "user_words" not in meta and meta.get("session_base")
+        # Nor does a run of the same principal outside the session.
+        other = await rt.execute(send(ALICE))
+        assert other.status == "paused" and asked_about(other) == [ALICE]
+    assert sent(tmp_path) == [[ALICE]]
+
+
+async def test_p36_p48_a_keyed_repeat_neither_adopts_nor_drops_words(backend, tmp_path):
+    async with backend.runtime() as rt:
+        assert (await rt.execute(READ)).status == "completed"
+        # Started without words, Alice's address asks; a repeat bringing words gets that run as it is.
+        first = await rt.execute(send(ALICE), key="k1")
+        assert first.status == "paused" and asked_about(first) == [ALICE]
+        again = await rt.execute(send(ALICE), key="k1", user_words=ASKED_FOR)
+        assert again.run_id == first.run_id and again.status == "paused" and asked_about(again) == [ALICE]
+        stored = rt.store.get_run(first.run_id)
+        assert "user_words" not in stored.meta
+        verify_run(rt.engine.keyring, stored)
+        # Started with words naming Alice only; a repeat whose words name the attacker too changes nothing.
+        second = await rt.execute(send(ALICE, ATTACKER), key="k2", user_words=ASKED_FOR)
+        assert second.status == "paused" and second.pending["seq"] == 2 and asked_about(second) == [ATTACKER]
+        kept = rt.store.get_run(second.run_id).meta["user_words"]
+        repeat = await rt.execute(send(ALICE, ATTACKER), key="k2", user_words=[ASKED_FOR, f"and {ATTACKER}"])
+        assert repeat.run_id == second.run_id and repeat.status == "paused" and asked_about(repeat) == [ATTACKER]
+        stored = rt.store.get_run(second.run_id)
+        assert stored.meta["user_words"] == kept and ["email", ATTACKER] not in kept["marks"]
+        verify_run(rt.engine.keyring, stored)
+        # A queued repeat (start) likewise returns the run the key names, untouched.
+        assert rt.start(send(ALICE, ATTACKER), key="k2", user_words=ATTACKER) == second.run_id
+        assert rt.store.get_run(second.run_id).meta["user_words"] == kept
+    assert sent(tmp_path) == [[ALICE]]
+
+
+# -- a queued run, claimed by a worker ------------------------------------------------------------------------
+
+
+async def test_p48_a_queued_run_a_worker_claims_is_judged_with_its_signed_words(backend, tmp_path):
+    async with backend.runtime() as rt:
+        assert (await rt.execute(READ)).status == "completed"
+        run_id = rt.start(send(ALICE, ATTACKER), user_words=ASKED_FOR)
+        (ran,) = await Worker(rt.engine).run_queued()
+        assert ran.run_id == run_id and ran.status == "paused" and ran.pending["seq"] == 2, ran.error
+        assert asked_about(ran) == [ATTACKER]
+        # A queued run whose row gains the attacker's address before a worker claims it is refused unsent.
+        forged = rt.start(send(ATTACKER), user_words=ASKED_FOR)
+    backend.sql("UPDATE runs SET meta = replace(meta, ?, ?) WHERE run_id = ?", (ALICE, ATTACKER, forged))
+    async with backend.runtime() as rt:
+        (ran,) = await Worker(rt.engine).run_queued()
+        assert ran.run_id == forged and ran.status == "failed" and ran.error["code"] == "run_tampered", ran
+        assert ran.error["details"]["fields"] == ["meta.user_words"]
+    assert sent(tmp_path) == [[ALICE]]
+
+
+# -- the store: remove, add, move -----------------------------------------------------------------------------
+
+
+async def paused_with_words(rt: Runtime, words: Any = ASKED_FOR) -> Any:
+    """A run paused at the attacker's address (call 1), Alice's (call 2) still to be judged."""
+    assert (await rt.execute(READ)).status == "completed"
+    paused = await rt.execute(send(ATTACKER, ALICE), user_words=words)
+    assert paused.status == "paused" and paused.pending["seq"] == 1, paused.error
+    return paused
+
+
+async def test_p48_p35_removing_the_words_is_refused_with_or_without_their_mac(backend, tmp_path):
+    async with backend.runtime() as rt:
+        one = await paused_with_words(rt)
+        two = await paused_with_words(rt)
+        runs = {r: rt.store.get_run(r) for r in (one.run_id, two.run_id)}
+    for run_id, run in runs.items():
+        meta = {k: v for k, v in run.meta.items() if k != "user_words"}
+        mac = dict(run.mac)
+        if run_id == two.run_id:  # its MAC too: the names MAC (format 2, D-55) still says the field was signed
+            mac["fields"] = {k: v for k, v in mac["fields"].items() if k != "meta.user_words"}
+        backend.edit_run(run_id, meta, mac)
+    async with backend.runtime() as rt:
+        for run_id in runs:
+            refused = await rt.resume(run_id, "approve")
+            assert refused.status == "failed" and refused.error["code"] == "run_tampered", refused
+            assert refused.error["details"]["fields"] == ["meta.user_words"]
+    assert sent(tmp_path) == []
+
+
+async def test_p48_p35_words_added_to_a_run_that_had_none_are_refused(backend, tmp_path):
+    async with backend.runtime() as rt:
+        assert (await rt.execute(READ)).status == "completed"
+        paused = await rt.execute(send(ATTACKER))
+        assert paused.status == "paused" and asked_about(paused) == [ATTACKER]
+        run = rt.store.get_run(paused.run_id)
+    backend.edit_run(paused.run_id, {**run.meta, "user_words": FORGED}, run.mac)
+    async with backend.runtime() as rt:
+        refused = await rt.resume(paused.run_id, "approve")
+        assert refused.status == "failed" and refused.error["code"] == "run_tampered", refused
+        assert "meta.user_words" in refused.error["details"]["fields"]
+    assert sent(tmp_path) == []
+
+
+async def test_p48_p35_words_moved_from_another_run_with_their_mac_are_refused(backend, tmp_path):
+    async with backend.runtime() as rt:
+        # A run whose user did type the attacker's address; another that is paused asking about it.
+        assert (await rt.execute(READ)).status == "completed"
+        donor = await rt.execute(send(ALICE), user_words=[ASKED_FOR, f"cc {ATTACKER}"])
+        assert donor.status == "completed", donor.error
+        target = await rt.execute(send(ALICE, ATTACKER), user_words=ASKED_FOR)
+        assert target.status == "paused" and target.pending["seq"] == 2
+        given = rt.store.get_run(donor.run_id)
+        run = rt.store.get_run(target.run_id)
+    assert ["email", ATTACKER] in given.meta["user_words"]["marks"]
+    mac = {**run.mac, "fields": {**run.mac["fields"], "meta.user_words": given.mac["fields"]["meta.user_words"]}}
+    backend.edit_run(target.run_id, {**run.meta, "user_words": given.meta["user_words"]}, mac)
+    async with backend.runtime() as rt:
+        refused = await rt.resume(target.run_id, "approve")
+        assert refused.status == "failed" and refused.error["code"] == "run_tampered", refused
+        assert "meta.user_words" in refused.error["details"]["fields"]
+    assert sent(tmp_path) == [[ALICE], [ALICE]]  # the donor's, and the target's first write: never the attacker
+
+
+async def test_p48_d55_format_1_cannot_see_a_removal_which_only_makes_writes_ask(backend, tmp_path):
+    """Format 1 (``run_signature = 1``, a rolling upgrade) signs no set of fields: a removed field with its MAC
+    verifies. For the user's words that only takes trust away: Alice's address then asks (docs/security.md)."""
+    async with backend.runtime(run_signature=1) as rt:
+        paused = await paused_with_words(rt)
+        run = rt.store.get_run(paused.run_id)
+    mac = {**run.mac, "fields": {k: v for k, v in run.mac["fields"].items() if k != "meta.user_words"}}
+    backend.edit_run(paused.run_id, {k: v for k, v in run.meta.items() if k != "user_words"}, mac)
+    async with backend.runtime(run_signature=1) as rt:
+        again = await rt.resume(paused.run_id, "approve")
+        assert again.status == "paused" and again.pending["seq"] == 2 and asked_about(again) == [ALICE], again
+    assert sent(tmp_path) == [[ATTACKER]]
+
+
+# -- a rollback keeps the run's words --------------------------------------------------------------------------
+
+
+async def test_p46_p48_a_rollback_keeps_exactly_the_words_signed_on_the_run(backend, tmp_path):
+    program = "import tools\nawait tools.shop.charge(order='o-1', amount=5)\n" + send(ATTACKER).removeprefix(
+        "import tools\n")
+    async with backend.runtime() as rt:
+        assert (await rt.execute(READ)).status == "completed"
+        paused = await rt.execute(program, user_words=ASKED_FOR)
+        assert paused.status == "paused" and asked_about(paused) == [ATTACKER], paused.error
+        words = rt.store.get_run(paused.run_id).meta["user_words"]
+        undone = await rt.decide(paused.run_id, {paused.pending["seq"]: "decline_and_undo"})
+        assert undone.status == "rolled_back", undone.error
+        stored = rt.store.get_run(paused.run_id)
+        assert stored.meta["user_words"] == words
+        # Every signed field verifies; only pending, which ending a run clears unsigned (D-67), does not.
+        with pytest.raises(RunTampered) as caught:
+            verify_run(rt.engine.keyring, stored)
+        assert caught.value.details["fields"] == ["pending"]
+    shop = [json.loads(line)["kind"] for line in (tmp_path / "shop.jsonl").read_text().splitlines()]
+    assert shop == ["charge", "refund"] and sent(tmp_path) == []
