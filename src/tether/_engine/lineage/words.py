@@ -49,7 +49,9 @@ def record(words: str | Sequence[str] | None, *, guarded: bool = True) -> dict[s
     seen: set[str] = set()
     for text in texts:
         text = text[:read]
-        read -= len(text)
+        # An empty message counts as one character read: the bound then holds the number of messages scanned
+        # too (a million empty ones would otherwise each pay a scan, on the caller's event loop).
+        read -= max(len(text), 1)
         for m in marks(text):
             if m.norm in seen:
                 continue
