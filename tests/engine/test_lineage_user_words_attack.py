@@ -346,6 +346,22 @@ def test_p48_many_empty_messages_are_bounded_like_long_ones(monkeypatch):
     assert ["email", ALICE] in words.record([""] * 1000 + [ASKED_FOR])["marks"]
 
 
+def test_p48_the_kept_marks_are_bounded_as_the_store_writes_them():
+    """16 KiB of marks kept (P-48) is what the signed field takes in the run's row: one-character quoted values
+    of characters the store escapes (six characters each) weigh what they are stored as, not one."""
+    from tether._engine.lineage.words import MARKS_CHARS, record
+    from tether._store._rows import dump_json
+
+    quoted = [" ".join(f"'{chr(0x4E00 + i * 256 + j)}'" for j in range(256)) for i in range(100)]
+    kept = record(quoted)
+    assert kept is not None and len(kept["marks"]) > 100
+    assert len(dump_json(kept)) <= MARKS_CHARS + len(dump_json({"marks": []}))
+    # Plain addresses as before: each weighs its stored JSON.
+    many = record(" ".join(f"user{i}@corp{i}.example" for i in range(2_000)))
+    assert many is not None and 256 >= len(many["marks"]) > 100
+    assert len(dump_json(many)) <= MARKS_CHARS + len(dump_json({"marks": []}))
+
+
 HOSTILE = [
     "alice@corp.example " * 600_000,  # 11 MB in one message
     *(["\ufdfa" * 16_384] * 3),  # each character NFKC-expands to 18

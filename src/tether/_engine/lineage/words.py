@@ -16,14 +16,16 @@ that document (docs/security.md, "Lineage").
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from json.encoder import encode_basestring_ascii as _stored  # a string as the store's JSON writes it
 from typing import Any
 
 from tether._engine.lineage.judge import USER_WORDS, Origin
 from tether._engine.lineage.values import marks
 from tether.errors import InvalidArguments
 
-# Characters of the messages read for marks, and of marks kept on the run: the user's words travel in the run's
-# signed record, which a long pasted text must not swell; what is past it is not trusted (only more writes ask).
+# Characters of the messages read for marks, and of the marks' stored JSON kept on the run: the user's words travel
+# in the run's signed record, which a long pasted text must not swell; what is past it is not trusted (only more
+# writes ask).
 MAX_CHARS = 65_536
 MARKS_CHARS = 16_384
 # The run's meta key they are kept under (a signed run field, integrity.signed_run_fields).
@@ -55,7 +57,10 @@ def record(words: str | Sequence[str] | None, *, guarded: bool = True) -> dict[s
         for m in marks(text):
             if m.norm in seen:
                 continue
-            room -= len(m.norm)
+            # What the mark adds to the run's stored JSON (``["kind","norm"],``), as the store spells it: a norm of
+            # characters it escapes (``\uXXXX``) weighs six per character, so 16 KiB of one-character quoted
+            # values cannot make the signed field 18 times the bound.
+            room -= len(_stored(m.kind)) + len(_stored(m.norm)) + 4
             if room < 0:
                 break
             seen.add(m.norm)
