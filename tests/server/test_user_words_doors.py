@@ -140,6 +140,9 @@ async def try_every_door(c: Client, home: Home) -> None:
              "tether": {"user_words": FORGED}}
     out = (await c.call_tool("execute", {"code": SEND}, meta=spelt)).structured_content  # type: ignore[arg-type]
     assert asks_about_attacker(out), out
+    # Nor does a resume take any (it decides a write; it never judges one again).
+    assert refused(await c.call_tool("resume", {"run_id": out["run_id"], "decision": "approve",
+                                                "user_words": ATTACKER}))
     # A session's next execute and a keyed repeat are runs of their own request: no words come with them either.
     assert (await c.call_tool("execute", {"code": "x = 1", "session": "s"})).structured_content["status"] == "completed"
     out = (await c.call_tool("execute", {"code": SEND, "session": "s", "key": "k"}, meta=spelt)).structured_content
