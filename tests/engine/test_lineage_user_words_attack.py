@@ -386,3 +386,21 @@ async def test_p48_hostile_words_start_a_run_whose_record_is_bounded_and_verifie
         done = await rt.resume(paused.run_id, "approve")
         assert done.status == "completed", done.error
     assert sent(tmp_path) == [[ATTACKER], [ALICE]]
+
+
+def test_d77_the_words_keep_no_prose_and_a_long_conversation_keeps_its_addresses():
+    """Windows of eight words are the user's text itself: a run keeps none of them (D-75 rejects storing the
+    prompt), and their room goes to what a destination is met with, so the address at the end of each of twenty
+    long messages is kept."""
+    from tether._engine.lineage.words import record
+
+    def prose(n: int) -> str:
+        """300 lower-case words of message n's own (letters only: no mark but its windows)."""
+        return " ".join("".join(chr(97 + (n * 300 + i) // 26 ** k % 26) for k in range(4)) for i in range(300))
+
+    said = "my bank login is hunter two and my diagnosis is private so keep it to yourself please"
+    kept = record([f"{said} {prose(n)} write to person{n}@corp.example" for n in range(20)])
+    assert kept is not None
+    assert {k for k, _ in kept["marks"]} <= {"email", "url", "host", "iban", "phone", "id", "name"}
+    assert not any("hunter" in n or "diagnosis" in n for _, n in kept["marks"])
+    assert {f"person{n}@corp.example" for n in range(20)} <= {n for _, n in kept["marks"]}

@@ -55,7 +55,9 @@ def record(words: str | Sequence[str] | None, *, guarded: bool = True) -> dict[s
         # too (a million empty ones would otherwise each pay a scan, on the caller's event loop).
         read -= max(len(text), 1)
         for m in marks(text):
-            if m.norm in seen:
+            # Windows of prose are the message itself, 256 words of it (D-77): the judge meets a destination with
+            # its addresses, links, numbers, quoted values and names, never with eight words of a sentence.
+            if m.kind == "text" or m.norm in seen:
                 continue
             # What the mark adds to the run's stored JSON (``["kind","norm"],``), as the store spells it: a norm of
             # characters it escapes (``\uXXXX``) weighs six per character, so 16 KiB of one-character quoted
