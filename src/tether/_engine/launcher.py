@@ -114,6 +114,7 @@ def new_run(engine: Engine, code: str, *, principal: str | None, meta: dict[str,
             check: str, status: RunStatus, user_words: str | Sequence[str] | None = None) -> RunRecord:
     """A run record not yet stored: its environment (clock, seed), policy, limits, owner, sources and what
     ``writes = "guard"`` trusts as the user's words (D-75)."""
+    words.refuse_in_meta(meta)
     said = words.record(user_words, guarded=engine.policy.writes == policy_mod.GUARD)
     now = engine.clock()
     clock = _dt.datetime.fromtimestamp(round(now, 3), _dt.timezone.utc)
@@ -136,7 +137,7 @@ def new_run(engine: Engine, code: str, *, principal: str | None, meta: dict[str,
         meta={**(meta or {}), "check": check,
               # What another process needs to load the same tools (P-30).
               **({"sources": engine.sources.recorded()} if engine.sources is not None else {}),
-              **({"user_words": said} if said is not None else {})},
+              **({words.FIELD: said} if said is not None else {})},
     )
 
 

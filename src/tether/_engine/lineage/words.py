@@ -16,16 +16,20 @@ that document (docs/security.md, "Lineage").
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from json.encoder import encode_basestring_ascii as _stored  # a string as the store's JSON writes it
 from typing import Any
 
 from tether._engine.lineage.judge import USER_WORDS, Origin
 from tether._engine.lineage.values import marks
 from tether.errors import InvalidArguments
 
-# Characters of the messages read for marks, and of marks kept on the run: the user's words travel in the run's
-# signed record, which a long pasted text must not swell; what is past it is not trusted (only more writes ask).
+# Characters of the messages read for marks, and of the marks' stored JSON kept on the run: the user's words travel
+# in the run's signed record, which a long pasted text must not swell; what is past it is not trusted (only more
+# writes ask).
 MAX_CHARS = 65_536
 MARKS_CHARS = 16_384
+# The run's meta key they are kept under (a signed run field, integrity.signed_run_fields).
+FIELD = "user_words"
 
 
 def record(words: str | Sequence[str] | None, *, guarded: bool = True) -> dict[str, Any] | None:
@@ -49,11 +53,18 @@ def record(words: str | Sequence[str] | None, *, guarded: bool = True) -> dict[s
     # earliest turns are the ones left out).
     for text in reversed(texts):
         text = text[:read]
-        read -= len(text)
+        # An empty message counts as one character read: the bound then holds the number of messages scanned
+        # too (a million empty ones would otherwise each pay a scan, on the caller's event loop).
+        read -= max(len(text), 1)
         for m in marks(text):
-            if m.norm in seen:
+            # Windows of prose are the message itself, 256 words of it (D-77): the judge meets a destination with
+            # its addresses, links, numbers, quoted values and names, never with eight words of a sentence.
+            if m.kind == "text" or m.norm in seen:
                 continue
-            room -= len(m.norm)
+            # What the mark adds to the run's stored JSON (``["kind","norm"],``), as the store spells it: a norm of
+            # characters it escapes (``\uXXXX``) weighs six per character, so 16 KiB of one-character quoted
+            # values cannot make the signed field 18 times the bound.
+            room -= len(_stored(m.kind)) + len(_stored(m.norm)) + 4
             if room < 0:
                 break
             seen.add(m.norm)
@@ -63,9 +74,22 @@ def record(words: str | Sequence[str] | None, *, guarded: bool = True) -> dict[s
     return {"marks": kept}
 
 
+def refuse_in_meta(meta: Mapping[str, Any] | None) -> None:
+    """Raise InvalidArguments when a run's ``meta`` would carry ``user_words`` itself.
+
+    ``meta`` is recorded on the run as the caller gives it, and a host may fill it from a request or an earlier
+    run: the signed field that vouches for destinations is only ever what :func:`record` computes from
+    ``user_words=`` (bounded, normalised, under guard alone), never marks handed in whole (D-75).
+    """
+    if isinstance(meta, Mapping) and FIELD in meta:
+        raise InvalidArguments(f"meta cannot carry {FIELD!r}: it is computed from the user_words argument only; "
+                               "no run was started",
+                               next_action="Pass the user's messages as user_words= and leave the key out of meta.")
+
+
 def origins(meta: Mapping[str, Any] | None) -> dict[str, Origin]:
     """norm -> its origin, for the judge's trusted values, from a run's ``meta`` (signed, P-35)."""
-    held = (meta or {}).get("user_words")
+    held = (meta or {}).get(FIELD)
     items = held.get("marks") if isinstance(held, Mapping) else None
     found: dict[str, Origin] = {}
     for item in items if isinstance(items, list) else ():
