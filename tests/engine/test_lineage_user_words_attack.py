@@ -339,11 +339,12 @@ def test_p48_many_empty_messages_are_bounded_like_long_ones(monkeypatch):
         return real(text, **kw)
 
     monkeypatch.setattr(words, "marks", counted)
-    kept = words.record([""] * 1_000_000 + [ASKED_FOR])
+    # The latest message is read first; the empty ones before it, up to the bound, and no further.
+    kept = words.record([ASKED_FOR] + [""] * 1_000_000)
     assert kept == {"marks": []}
     assert len(scanned) <= words.MAX_CHARS
-    # Within the bound, a message after empty ones is read as any other.
-    assert ["email", ALICE] in words.record([""] * 1000 + [ASKED_FOR])["marks"]
+    # Within the bound, a message before empty ones is read as any other.
+    assert ["email", ALICE] in words.record([ASKED_FOR] + [""] * 1000)["marks"]
 
 
 def test_p48_the_kept_marks_are_bounded_as_the_store_writes_them():
@@ -362,11 +363,12 @@ def test_p48_the_kept_marks_are_bounded_as_the_store_writes_them():
     assert len(dump_json(many)) <= MARKS_CHARS + len(dump_json({"marks": []}))
 
 
-HOSTILE = [
-    "alice@corp.example " * 600_000,  # 11 MB in one message
+HOSTILE = [  # earliest first; read the latest first (P-48), so each below but the first is read before the bound
+    "alice@corp.example " * 600_000,  # 11 MB in one message (past the bound: sliced, never scanned whole)
+    *([f"u{i}@c{i}.example" for i in range(50_000)]),  # many items
     *(["\ufdfa" * 16_384] * 3),  # each character NFKC-expands to 18
     "quote '\ud800\udfff\ud800abc' and \"\x00nul\x00\" and '\u202eevil.example' " * 50,  # surrogates, NUL, bidi
-    *([f"u{i}@c{i}.example" for i in range(50_000)]),  # many items
+    "alice@corp.example",  # what the user said last
 ]
 
 
