@@ -341,3 +341,25 @@ async def test_p45_a_framework_adapters_pause_shows_the_person_why(backend):
         [write] = pause_of(rt, paused)["writes"]
         assert any(line.startswith("recipients[0]: ") and "mail.get_received_emails() at call 1" in line
                    for line in write["why"]), write
+
+
+async def test_p45_a_reads_journaled_marks_are_bounded_as_the_journal_stores_them():
+    """At most 16 KiB of marks per read (P-45), counted as the entry's JSON spells them: quoted values of
+    characters the JSON escapes (six characters each) cannot make the entry six times the bound."""
+    from tether._engine.lineage.guard import MARKS_CHARS
+    from tether._store._rows import dump_json
+
+    text = " ".join("'" + "".join(chr(0x4E00 + (i * 60 + j) % 20000) for j in range(60)) + "'" for i in range(300))
+
+    async def page(args: dict) -> Any:
+        return [text[i:i + 2000] for i in range(0, len(text), 2000)]
+
+    tool = Tool("web", "page", "A page.", {"type": "object", "properties": {}}, page,
+                annotations=Annotations(read_only=True))
+    async with Runtime(tools=[tool], policy=Policy(writes="guard"), type_check=False) as rt:
+        done = await rt.execute("import tools\nawait tools.web.page()\n1")
+        assert done.status == "completed", done.error
+        [entry] = rt.store.get_calls(done.run_id)
+        kept = entry.lineage["marks"]
+        assert len(kept) > 20  # quoted values are kept, up to the bound
+        assert len(dump_json(kept)) <= MARKS_CHARS + 2

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
+from json.encoder import encode_basestring_ascii as _stored  # a string as the store's JSON writes it
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tether._engine.integrity import verify_calls
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
     from tether._store.base import AsyncStore, RunRecord
     from tether._tools.model import Tool
 
-# Characters of marks one read journals (values.marks keeps 256 of any length; a link may be 2,000 characters):
+# Characters of marks one read journals, as stored (values.marks keeps 256 of any length; a link may be 2,000
+# characters):
 # what the entry adds to the journal stays small beside the result it describes (P-22).
 MARKS_CHARS = 16_384
 # How long judging one write may take (the static pass of its program included, cached after): far past what a
@@ -86,7 +88,9 @@ class Guard:
         for m in marks(value):
             if trust.label_at(m.path) != UNTRUSTED:
                 continue
-            room -= len(m.norm) + len(m.path)
+            # Counted as the journal stores it (``["kind","norm","path"],``): a character the JSON escapes weighs
+            # six, so a result of one-character quoted CJK values cannot make the entry six times the bound.
+            room -= len(_stored(m.kind)) + len(_stored(m.norm)) + len(_stored(m.path)) + 5
             if room < 0:
                 break
             kept.append([m.kind, m.norm, m.path])
