@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.frameworks.mail import ALICE, ASKED, ATTACKER, READ, guarded, send_each, sent
 
 from helpers import StoreBackend, each_store_backend, store_backend_params
 from tether._engine.lineage.words import MARKS_CHARS, record
@@ -26,40 +27,17 @@ from tether._runtime import Runtime
 from tether.errors import InvalidArguments
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
-ATTACKER = "mallory@evil.example"
-ALICE = "alice@corp.example"  # the sender of the fixture inbox's first mail: an untrusted result holds her address
-ASKED_FOR = f"Please send Alice ({ALICE}) the lunch menu."
-
-READ = "import tools\nmails = await tools.mail.get_received_emails()\nlen(mails)\n"
-
-
-def send(*recipients: str) -> str:
-    """A later run's program: each address copied into a literal, as a model that read the inbox writes it."""
-    return "import tools\n" + "".join(
-        f"await tools.mail.send_email(recipients=[{r!r}], subject='s{i}', body='b')\n"
-        for i, r in enumerate(recipients)) + "'done'\n"
 
 
 class Backend(StoreBackend):
     def runtime(self, **kw: Any) -> Runtime:
-        sys.path.insert(0, str(FIXTURES))
-        try:
-            import mailbox_tools
-        finally:
-            sys.path.remove(str(FIXTURES))
-        kw.setdefault("policy", Policy(writes="guard"))
-        return Runtime(store=self.store(), tools=[mailbox_tools], type_check=False, **kw)
+        return guarded(store=self.store(), **kw)
 
 
 @pytest.fixture(params=store_backend_params())
 def backend(request, tmp_path, monkeypatch):
     monkeypatch.setenv("MAILBOX_SENT", str(tmp_path / "sent.jsonl"))
     yield from each_store_backend(request, tmp_path, monkeypatch, Backend)
-
-
-def sent(tmp_path: Path) -> list[list[str]]:
-    path = tmp_path / "sent.jsonl"
-    return [json.loads(line)["recipients"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def reasons(rt: Runtime, run_id: str) -> list[dict[str, Any]]:
@@ -70,39 +48,39 @@ async def test_p48_an_address_the_user_typed_goes_out_though_the_inbox_holds_it_
     async with backend.runtime() as rt:
         assert (await rt.execute(READ)).status == "completed"
         # Without the user's words the copy looks like one taken from the inbox the model read: it asks.
-        paused = await rt.execute(send(ALICE))
+        paused = await rt.execute(send_each(ALICE))
         assert paused.status == "paused", paused.error
         [why] = [r for r in paused.pending["writes"][0]["reasons"] if r["asks"]]
         assert "mail.get_received_emails" in why["says"]
         await rt.cancel(paused.run_id)
         # With them, it is the user's own: it goes, and the journal says why.
-        done = await rt.execute(send(ALICE), user_words=[ASKED_FOR])
+        done = await rt.execute(send_each(ALICE), user_words=[ASKED])
         assert done.status == "completed", done.error
         [judged] = reasons(rt, done.run_id)
         assert not judged["asks"] and "the user's own words" in judged["says"], judged
         meta = rt.store.get_run(done.run_id).meta
         assert ["email", ALICE] in meta["user_words"]["marks"]
-    assert sent(tmp_path) == [[ALICE]]
+    assert sent(tmp_path / "sent.jsonl") == [[ALICE]]
 
 
 async def test_p48_the_user_words_do_not_vouch_for_an_address_they_do_not_hold(backend, tmp_path):
     async with backend.runtime() as rt:
         assert (await rt.execute(READ)).status == "completed"
-        paused = await rt.execute(send(ALICE, ATTACKER), user_words=ASKED_FOR)
+        paused = await rt.execute(send_each(ALICE, ATTACKER), user_words=ASKED)
         assert paused.status == "paused" and paused.pending["seq"] == 2, paused.error
         [why] = [r for r in paused.pending["writes"][0]["reasons"] if r["asks"]]
         assert "mail.get_received_emails" in why["says"] and why["untrusted"]
-    assert sent(tmp_path) == [[ALICE]]
+    assert sent(tmp_path / "sent.jsonl") == [[ALICE]]
 
 
 async def test_p48_a_bad_value_starts_no_run_and_other_modes_record_nothing(backend):
     async with backend.runtime() as rt:
-        for bad in (42, [ASKED_FOR, 3], {"text": ASKED_FOR}, b"bytes"):
+        for bad in (42, [ASKED, 3], {"text": ASKED}, b"bytes"):
             with pytest.raises(InvalidArguments, match="user_words"):
-                await rt.execute(send(ALICE), user_words=bad)  # type: ignore[arg-type]
+                await rt.execute(send_each(ALICE), user_words=bad)  # type: ignore[arg-type]
         assert rt.store.count_runs() == 0
     async with backend.runtime(policy=Policy(writes="allow")) as rt:
-        done = await rt.execute(send(ALICE), user_words=ASKED_FOR)
+        done = await rt.execute(send_each(ALICE), user_words=ASKED)
         assert done.status == "completed"
         assert "user_words" not in rt.store.get_run(done.run_id).meta
 
@@ -110,7 +88,7 @@ async def test_p48_a_bad_value_starts_no_run_and_other_modes_record_nothing(back
 async def test_p48_p35_edited_user_words_are_refused_and_nothing_is_sent(backend, tmp_path):
     async with backend.runtime() as rt:
         assert (await rt.execute(READ)).status == "completed"
-        paused = await rt.execute(send(ATTACKER, ALICE), user_words=ASKED_FOR)
+        paused = await rt.execute(send_each(ATTACKER, ALICE), user_words=ASKED)
         assert paused.status == "paused" and paused.pending["seq"] == 1
     # Someone with write access to the store makes the attacker's address one the user typed.
     backend.sql("UPDATE runs SET meta = replace(meta, ?, ?) WHERE run_id = ?", (ALICE, ATTACKER, paused.run_id))
@@ -118,7 +96,7 @@ async def test_p48_p35_edited_user_words_are_refused_and_nothing_is_sent(backend
         refused = await rt.resume(paused.run_id, "approve")
         assert refused.status == "failed" and refused.error["code"] == "run_tampered", refused
         assert refused.error["details"]["fields"] == ["meta.user_words"]
-    assert sent(tmp_path) == []
+    assert sent(tmp_path / "sent.jsonl") == []
 
 
 RESUME = textwrap.dedent("""
@@ -146,7 +124,7 @@ async def test_p48_a_resume_in_another_process_trusts_the_same_words(backend, tm
     async with backend.runtime() as rt:
         assert (await rt.execute(READ)).status == "completed"
         # The attacker's address asks first; the user's address is reached, and judged, in the other process.
-        paused = await rt.execute(send(ATTACKER, ALICE), user_words=ASKED_FOR)
+        paused = await rt.execute(send_each(ATTACKER, ALICE), user_words=ASKED)
         assert paused.status == "paused" and paused.pending["seq"] == 1, paused.error
     script = tmp_path / "resume.py"
     script.write_text(RESUME)
@@ -161,12 +139,12 @@ async def test_p48_a_resume_in_another_process_trusts_the_same_words(backend, tm
     assert verdicts == {1: True, 2: False}
     [alice] = done["calls"][1]["lineage"]["reasons"]
     assert "the user's own words" in alice["says"]
-    assert sent(tmp_path) == [[ATTACKER], [ALICE]]
+    assert sent(tmp_path / "sent.jsonl") == [[ATTACKER], [ALICE]]
 
 
 def test_p48_what_a_run_keeps_is_bounded_and_a_string_is_one_message():
-    assert record(ASKED_FOR) == record([ASKED_FOR])
-    assert record(None) is None and record(ASKED_FOR, guarded=False) is None
+    assert record(ASKED) == record([ASKED])
+    assert record(None) is None and record(ASKED, guarded=False) is None
     assert record("") == {"marks": []}
     # A long paste keeps its marks to a bound the run's signed record can carry.
     many = " ".join(f"user{i}@corp{i}.example" for i in range(20_000))
@@ -175,5 +153,5 @@ def test_p48_what_a_run_keeps_is_bounded_and_a_string_is_one_message():
     assert sum(len(n) for _, n in kept["marks"]) <= MARKS_CHARS
     assert len({n for _, n in kept["marks"]}) == len(kept["marks"])
     # Past the bound, the latest message is the one kept: a long conversation still trusts what was said last.
-    later = record([many, ASKED_FOR])
+    later = record([many, ASKED])
     assert later is not None and ["email", ALICE] in later["marks"]

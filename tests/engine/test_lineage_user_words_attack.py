@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.frameworks.mail import ALICE, ASKED, ATTACKER, READ, guarded, send_each, sent
 
 from helpers import StoreBackend, each_store_backend, store_backend_params
 from tether._engine.integrity import verify_run
@@ -21,32 +22,20 @@ from tether._runtime import Runtime
 from tether.errors import InvalidArguments, RunTampered
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
-ATTACKER = "mallory@evil.example"  # named by the fixture inbox's second mail (an injected instruction)
-ALICE = "alice@corp.example"  # the sender of the fixture inbox's first mail
-ASKED_FOR = f"Please send Alice ({ALICE}) the lunch menu."
+ASKED_FOR = ASKED
 # What an attacker would like a run to carry: the marks words.record keeps, naming the attacker's address.
 FORGED = {"marks": [["email", ATTACKER]]}
-
-READ = "import tools\nmails = await tools.mail.get_received_emails()\nlen(mails)\n"
-
-
-def send(*recipients: str) -> str:
-    """A later run's program: each address copied into a literal, as a model that read the inbox writes it."""
-    return "import tools\n" + "".join(
-        f"await tools.mail.send_email(recipients=[{r!r}], subject='s{i}', body='b')\n"
-        for i, r in enumerate(recipients)) + "'done'\n"
+send = send_each
 
 
 class Backend(StoreBackend):
     def runtime(self, **kw: Any) -> Runtime:
         sys.path.insert(0, str(FIXTURES))
         try:
-            import mailbox_tools
             import undo_tools
         finally:
             sys.path.remove(str(FIXTURES))
-        kw.setdefault("policy", Policy(writes="guard"))
-        return Runtime(store=self.store(), tools=[mailbox_tools, undo_tools], type_check=False, **kw)
+        return guarded(undo_tools, store=self.store(), **kw)
 
     def edit_run(self, run_id: str, meta: dict[str, Any], mac: dict[str, Any]) -> None:
         """The run's meta and MAC columns rewritten, as someone with write access to the store would."""
@@ -59,11 +48,6 @@ def backend(request, tmp_path, monkeypatch):
     monkeypatch.setenv("MAILBOX_SENT", str(tmp_path / "sent.jsonl"))
     monkeypatch.setenv("SHOP_FILE", str(tmp_path / "shop.jsonl"))
     yield from each_store_backend(request, tmp_path, monkeypatch, Backend)
-
-
-def sent(tmp_path: Path) -> list[list[str]]:
-    path = tmp_path / "sent.jsonl"
-    return [json.loads(line)["recipients"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def asked_about(result: Any) -> list[str]:
@@ -94,7 +78,7 @@ async def test_p48_meta_cannot_carry_user_words_into_any_new_run(backend, tmp_pa
     async with backend.runtime(policy=Policy(writes="allow")) as rt:
         with pytest.raises(InvalidArguments, match="user_words"):
             await rt.execute(send(ATTACKER), meta={"user_words": FORGED})
-    assert sent(tmp_path) == []
+    assert sent(tmp_path / "sent.jsonl") == []
 
 
 # -- the agent's own repeats: each run is judged with its own request's words ---------------------------------
@@ -113,7 +97,7 @@ async def test_p48_p21_a_session_s_next_execute_carries_no_words(backend, tmp_pa
         # Nor does a run of the same principal outside the session.
         other = await rt.execute(send(ALICE))
         assert other.status == "paused" and asked_about(other) == [ALICE]
-    assert sent(tmp_path) == [[ALICE]]
+    assert sent(tmp_path / "sent.jsonl") == [[ALICE]]
 
 
 async def test_p36_p48_a_keyed_repeat_neither_adopts_nor_drops_words(backend, tmp_path):
@@ -139,7 +123,7 @@ async def test_p36_p48_a_keyed_repeat_neither_adopts_nor_drops_words(backend, tm
         # A queued repeat (start) likewise returns the run the key names, untouched.
         assert rt.start(send(ALICE, ATTACKER), key="k2", user_words=ATTACKER) == second.run_id
         assert rt.store.get_run(second.run_id).meta["user_words"] == kept
-    assert sent(tmp_path) == [[ALICE]]
+    assert sent(tmp_path / "sent.jsonl") == [[ALICE]]
 
 
 # -- a queued run, claimed by a worker ------------------------------------------------------------------------
@@ -159,7 +143,7 @@ async def test_p48_a_queued_run_a_worker_claims_is_judged_with_its_signed_words(
         (ran,) = await Worker(rt.engine).run_queued()
         assert ran.run_id == forged and ran.status == "failed" and ran.error["code"] == "run_tampered", ran
         assert ran.error["details"]["fields"] == ["meta.user_words"]
-    assert sent(tmp_path) == [[ALICE]]
+    assert sent(tmp_path / "sent.jsonl") == [[ALICE]]
 
 
 # -- the store: remove, add, move -----------------------------------------------------------------------------
@@ -189,7 +173,7 @@ async def test_p48_p35_removing_the_words_is_refused_with_or_without_their_mac(b
             refused = await rt.resume(run_id, "approve")
             assert refused.status == "failed" and refused.error["code"] == "run_tampered", refused
             assert refused.error["details"]["fields"] == ["meta.user_words"]
-    assert sent(tmp_path) == []
+    assert sent(tmp_path / "sent.jsonl") == []
 
 
 async def test_p48_p35_words_added_to_a_run_that_had_none_are_refused(backend, tmp_path):
@@ -203,7 +187,7 @@ async def test_p48_p35_words_added_to_a_run_that_had_none_are_refused(backend, t
         refused = await rt.resume(paused.run_id, "approve")
         assert refused.status == "failed" and refused.error["code"] == "run_tampered", refused
         assert "meta.user_words" in refused.error["details"]["fields"]
-    assert sent(tmp_path) == []
+    assert sent(tmp_path / "sent.jsonl") == []
 
 
 async def test_p48_p35_words_moved_from_another_run_with_their_mac_are_refused(backend, tmp_path):
@@ -223,7 +207,7 @@ async def test_p48_p35_words_moved_from_another_run_with_their_mac_are_refused(b
         refused = await rt.resume(target.run_id, "approve")
         assert refused.status == "failed" and refused.error["code"] == "run_tampered", refused
         assert "meta.user_words" in refused.error["details"]["fields"]
-    assert sent(tmp_path) == [[ALICE], [ALICE]]  # the donor's, and the target's first write: never the attacker
+    assert sent(tmp_path / "sent.jsonl") == [[ALICE], [ALICE]]  # the donor's, and the target's first write: never the attacker
 
 
 async def test_p48_d55_format_1_cannot_see_a_removal_which_only_makes_writes_ask(backend, tmp_path):
@@ -237,7 +221,7 @@ async def test_p48_d55_format_1_cannot_see_a_removal_which_only_makes_writes_ask
     async with backend.runtime(run_signature=1) as rt:
         again = await rt.resume(paused.run_id, "approve")
         assert again.status == "paused" and again.pending["seq"] == 2 and asked_about(again) == [ALICE], again
-    assert sent(tmp_path) == [[ATTACKER]]
+    assert sent(tmp_path / "sent.jsonl") == [[ATTACKER]]
 
 
 # -- a rollback keeps the run's words --------------------------------------------------------------------------
@@ -260,7 +244,7 @@ async def test_p46_p48_a_rollback_keeps_exactly_the_words_signed_on_the_run(back
             verify_run(rt.engine.keyring, stored)
         assert caught.value.details["fields"] == ["pending"]
     shop = [json.loads(line)["kind"] for line in (tmp_path / "shop.jsonl").read_text().splitlines()]
-    assert shop == ["charge", "refund"] and sent(tmp_path) == []
+    assert shop == ["charge", "refund"] and sent(tmp_path / "sent.jsonl") == []
 
 
 # -- matching: the words are compared in the form that decides where a value goes (D-63), nothing looser -------
@@ -387,7 +371,7 @@ async def test_p48_hostile_words_start_a_run_whose_record_is_bounded_and_verifie
         # is verified in full first (P-35), and goes.
         done = await rt.resume(paused.run_id, "approve")
         assert done.status == "completed", done.error
-    assert sent(tmp_path) == [[ATTACKER], [ALICE]]
+    assert sent(tmp_path / "sent.jsonl") == [[ATTACKER], [ALICE]]
 
 
 def test_d77_the_words_keep_no_prose_and_a_long_conversation_keeps_its_addresses():

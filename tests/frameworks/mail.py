@@ -1,4 +1,4 @@
-"""The mailbox the user's-words tests' agents use (D-75, D-76): an inbox an attacker writes into (untrusted:
+"""The mailbox the user's-words tests use, the frameworks' agents and the engine's own (D-75, D-76): an inbox an attacker writes into (untrusted:
 an open-world read) that holds Alice's address as a sender and the attacker's in a body, and a send.
 
 An agent first reads the inbox (one ``execute``), then sends to an address copied into a literal (a later
@@ -28,9 +28,18 @@ def send(address: str) -> str:
     return f"import tools\nawait tools.mail.send_email(recipients=[{address!r}], subject='menu', body='b')\n'sent'\n"
 
 
-def guarded(**kw: Any) -> Runtime:
-    """A runtime over the mailbox whose writes are judged by their lineage (``MAILBOX_SENT`` set by the test)."""
-    return Runtime(tools=[mailbox_tools], policy=Policy(writes="guard"), type_check=False, **kw)
+def send_each(*recipients: str) -> str:
+    """A later run's program sending one e-mail to each address, in order, each copied into a literal."""
+    return "import tools\n" + "".join(
+        f"await tools.mail.send_email(recipients=[{r!r}], subject='s{i}', body='b')\n"
+        for i, r in enumerate(recipients)) + "'done'\n"
+
+
+def guarded(*modules: Any, **kw: Any) -> Runtime:
+    """A runtime over the mailbox (and ``modules``) whose writes are judged by their lineage unless ``policy``
+    says otherwise (``MAILBOX_SENT`` set by the test)."""
+    kw.setdefault("policy", Policy(writes="guard"))
+    return Runtime(tools=[mailbox_tools, *modules], type_check=False, **kw)
 
 
 def sent(path: Path) -> list[list[str]]:
