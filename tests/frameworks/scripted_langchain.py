@@ -45,7 +45,11 @@ class ScriptedChatModel(BaseChatModel):
 def graph_of(rt: Any, program: str, checkpointer: Any) -> Any:
     """The usual tool-calling agent: model -> tools -> model, until the model calls no tool."""
     tools = [execute_tool(rt)]
-    model = ScriptedChatModel(program=program).bind_tools(tools)
+    return agent_graph(ScriptedChatModel(program=program).bind_tools(tools), tools, checkpointer)
+
+
+def agent_graph(model: Any, tools: list[Any], checkpointer: Any) -> Any:
+    """LangGraph's own agent loop around ``model`` (already bound to ``tools``): model -> ToolNode -> model."""
 
     async def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [await model.ainvoke(state["messages"])]}

@@ -17,11 +17,12 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command
 from tests.frameworks.mail import ALICE, ASKED, ATTACKER, READ, asked_because, guarded, marks, send, sent
+from tests.frameworks.scripted_langchain import agent_graph
 from typing_extensions import TypedDict
 
 from tether.integrations.langgraph import decision, execute_tool
@@ -63,17 +64,7 @@ class ReadThenSend(BaseChatModel):
 def graph_of(rt: Any, address: str, *, said: str = "", forged: dict[str, Any] | None = None, **tool: Any) -> Any:
     tools = [execute_tool(rt, **tool)]
     model = ReadThenSend(address=address, said=said, forged=forged or {}).bind_tools(tools)
-
-    async def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [await model.ainvoke(state["messages"])]}
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", ToolNode(tools))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    return builder.compile(checkpointer=InMemorySaver())
+    return agent_graph(model, tools, InMemorySaver())
 
 
 def runs(rt: Any) -> list[str]:
