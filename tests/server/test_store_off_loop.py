@@ -138,6 +138,35 @@ async def test_d27_execute_whose_write_is_put_as_a_form_reads_the_rules_off_the_
     assert r.structured_content["result"] == {"id": 3, "status": "closed"} and len(asked) == 1
 
 
+async def test_d27_a_decline_through_resume_reads_the_run_off_the_loop(rt, pg_store):
+    """resume → the decision service reads the paused run (and its pause) off the loop, then continues it."""
+    server = TetherServer(rt)
+    caught = "import tools\ntry:\n    r = await tools.helpdesk.close_ticket(id=3)\nexcept PermissionError as e:\n" \
+             "    r = 'not sent: ' + str(e)\nr"
+    async with Client(server.mcp, mode="legacy") as c:
+        paused = (await c.call_tool("execute", {"code": caught})).structured_content
+        assert paused["status"] == "paused"
+        hold = Hold(pg_store, "get_run", _paused)
+        r, _ = await hold.while_held(
+            c.call_tool("resume", {"run_id": paused["run_id"], "decision": "decline", "seq": paused["pending"]["seq"],
+                                   "reason": "not today"}),
+            lambda: _answers(server))
+    assert r.structured_content["status"] == "completed", r.content[0].text
+    assert r.structured_content["result"].startswith("not sent") and "not today" in r.structured_content["result"]
+
+
+async def test_d27_cell_wait_reads_the_cell_off_the_loop(rt, pg_store):
+    """cell_wait → the cell's run and its observation are read off the loop."""
+    server = TetherServer(rt)
+    async with Client(server.mcp, mode="legacy") as c:
+        started = (await c.call_tool("cell_start", {"code": CLOSE_3, "yield_after_ms": 5000})).structured_content
+        assert started["status"] == "paused"
+        hold = Hold(pg_store, "get_run", _paused)
+        r, _ = await hold.while_held(c.call_tool("cell_wait", {"cell_id": started["cell_id"], "timeout_ms": 0}),
+                                     lambda: _answers(server))
+    assert r.structured_content["status"] == "paused" and r.structured_content["cell_id"] == started["cell_id"]
+
+
 def _console(rt: Runtime) -> Console:
     return Console(rt, tokens=[TOKEN], access=Access.of([Grant(principal_for_token(TOKEN), "alice",
                                                                 frozenset({RUN, APPROVE}))]))
