@@ -78,6 +78,111 @@ def test_no_sync_store_call_sits_inside_an_async_def():
     assert found == [], "await the store's face instead (store.aio.<method>):\n" + "\n".join(found)
 
 
+def _store_call(chain: list[str]) -> bool:
+    return len(chain) >= 2 and chain[-2] == "store" and chain[-1] in SYNC_METHODS
+
+
+def _direct_read(chain: list[str]) -> bool:
+    """A store transaction, or ``engine.get_run`` (the run, checked against its principal)."""
+    return _store_call(chain) or chain[-2:] == ["engine", "get_run"]
+
+
+def _defs(tree: ast.AST) -> list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, bool]]:
+    """Every function defined in ``tree``, nested ones too, with whether it is a class's method."""
+    out: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, bool]] = []
+
+    def visit(node: ast.AST, in_class: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((child, in_class))
+                visit(child, False)
+            else:
+                visit(child, isinstance(child, ast.ClassDef))
+
+    visit(tree, False)
+    return out
+
+
+def _calls_in_body(fn: ast.AST) -> list[ast.Call]:
+    """Calls made in ``fn``'s own body: not in a nested ``def`` or ``lambda`` (which may be handed to a thread),
+    and a function passed by name (``store.aio.call(helper, ...)``) is not a call."""
+    found: list[ast.Call] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                continue
+            if isinstance(child, ast.Call):
+                found.append(child)
+            visit(child)
+
+    visit(fn)
+    return found
+
+
+def sync_reads_through_helpers(sources: dict[str, str]) -> list[tuple[str, int, str]]:
+    """(module, line, call) for each call, made in the body of an ``async def``, of a sync helper that reads the
+    store: a module's own function called by name, or a method called on ``self`` (the console's classes share
+    theirs across modules, so methods are looked up among all ``sources``). A helper reads the store when it
+    makes a sync store call or ``engine.get_run``, or calls another such helper."""
+    trees = {name: _defs(ast.parse(text)) for name, text in sources.items()}
+    awaited = {fn.name for defs in trees.values() for fn, _ in defs if isinstance(fn, ast.AsyncFunctionDef)}
+    methods: set[str] = set()
+    functions: dict[str, set[str]] = {name: set() for name in trees}
+
+    def reads(call: ast.Call, module: str) -> bool:
+        chain = _chain(call.func)
+        return (_direct_read(chain) or (len(chain) == 1 and chain[0] in functions[module])
+                or (len(chain) == 2 and chain[0] == "self" and chain[1] in methods and chain[1] not in awaited))
+
+    grew = True
+    while grew:
+        grew = False
+        for module, defs in trees.items():
+            for fn, is_method in defs:
+                group = methods if is_method else functions[module]
+                if isinstance(fn, ast.AsyncFunctionDef) or fn.name in group:
+                    continue
+                if any(reads(call, module) for call in _calls_in_body(fn)):
+                    group.add(fn.name)
+                    grew = True
+    # A store call made right in the handler is the check above's (sync_store_calls_in_async).
+    return [(module, call.lineno, ".".join(_chain(call.func)))
+            for module, defs in trees.items() for fn, _ in defs if isinstance(fn, ast.AsyncFunctionDef)
+            for call in _calls_in_body(fn) if reads(call, module) and not _store_call(_chain(call.func))]
+
+
+def test_the_check_sees_a_store_read_reached_through_a_sync_helper_planted_in_a_handler():
+    planted = (
+        "def waiting(rt, run_id):\n"
+        "    return rt.store.get_run(run_id)\n"
+        "def first(rt, run_id):\n"
+        "    return waiting(rt, run_id)\n"                     # a helper of a helper reads too
+        "class Pages:\n"
+        "    def _run_for(self, run_id):\n"
+        "        return self.rt.engine.get_run(run_id, None)\n"
+        "    async def page(self, run_id):\n"
+        "        run = self._run_for(run_id)\n"                 # found
+        "        w = first(self.rt, run_id)\n"                  # found
+        "        w = await self.rt.store.aio.call(first, self.rt, run_id)\n"  # off the loop: fine
+        "        r = await self.rt.store.aio.call(lambda: self._run_for(run_id))\n"  # fine
+        "        return self.rt.engine.get_run(run_id, None)\n"  # found
+    )
+    other = "class More:\n    async def home(self):\n        return self._run_for('x')\n"  # a method of a base class
+    assert sync_reads_through_helpers({"pages.py": planted, "more.py": other}) == [
+        ("pages.py", 9, "self._run_for"), ("pages.py", 10, "first"), ("pages.py", 13, "self.rt.engine.get_run"),
+        ("more.py", 3, "self._run_for")]
+
+
+def test_no_handler_of_the_server_reads_the_store_through_a_sync_helper():
+    """An ``async def`` in the server calls a sync helper that reads the store only through ``store.aio.call``
+    (D-27): on Postgres each read is a round trip during which the server answers no other request."""
+    server = PACKAGE / "_server"
+    sources = {str(path.relative_to(PACKAGE.parent)): path.read_text() for path in sorted(server.rglob("*.py"))}
+    found = [f"{module}:{line}: {call}" for module, line, call in sync_reads_through_helpers(sources)]
+    assert found == [], "await store.aio.call(helper, ...) or make the helper async:\n" + "\n".join(found)
+
+
 def test_the_async_face_covers_every_store_method_with_the_same_parameters():
     for name in SYNC_METHODS:
         sync, awaitable = inspect.signature(getattr(Store, name)), inspect.signature(getattr(AsyncStore, name))

@@ -71,16 +71,16 @@ async def start_cell(engine: Engine, code: str, *, yield_after_ms: int = 1000, p
     handle = await launcher.begin(engine, code, check=engine.settings.check, principal=principal,
                                   meta={**(meta or {}), "cell": True}, detached=True, key=key)
     events = await wait_events(engine, handle.run_id, 0, yield_after_ms, task=handle.task)
-    return observation(engine, handle.run_id, events, 0)
+    return await engine.astore.call(observation, engine, handle.run_id, events, 0)
 
 
 async def wait_cell(engine: Engine, cell_id: str, *, after: int = 0, timeout_ms: int = 30_000,
                     principal: str | None = None) -> dict[str, Any]:
-    engine.get_run(cell_id, principal)
+    await engine.astore.call(engine.get_run, cell_id, principal)
     handle = engine.attempts.handle(cell_id)
     events = await wait_events(engine, cell_id, after, timeout_ms, stop_on=ANY_EVENT,
                                task=handle.task if handle is not None else None)
-    return observation(engine, cell_id, events, after)
+    return await engine.astore.call(observation, engine, cell_id, events, after)
 
 
 async def terminate_cell(engine: Engine, cell_id: str, *, principal: str | None = None) -> dict[str, Any]:
@@ -89,4 +89,4 @@ async def terminate_cell(engine: Engine, cell_id: str, *, principal: str | None 
     if handle is not None:
         await asyncio.wait({handle.task}, timeout=30)
     events = await engine.store.aio.get_events(cell_id)
-    return observation(engine, cell_id, events, 0)
+    return await engine.astore.call(observation, engine, cell_id, events, 0)

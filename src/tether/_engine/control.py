@@ -44,8 +44,8 @@ async def resume(engine: Engine, run_id: str, decision: str, reason: str | None 
     run = None
     if seq is None:
         # The run read to find the write is the one decided on: service.decide does not read it again.
-        run = engine.get_run(run_id, principal)
-        seq = service.unnamed_target(engine, run, decision)
+        run = await engine.astore.call(engine.get_run, run_id, principal)
+        seq = await engine.astore.call(service.unnamed_target, engine, run, decision)
     return await decide(engine, run_id, {seq: (decision, reason)}, principal=principal, actor=actor, via=via,
                         origin=origin, hooks=hooks, t0=t0, run=run)
 
@@ -69,7 +69,7 @@ async def undo(engine: Engine, run_id: str, reason: str | None = None, *, princi
     """Undo the writes of ``run_id`` (P-46): a paused run's pause is declined and undone; an ended run's
     writes are undone; the run ends ``rolled_back``. A repeat returns the rollback's outcome."""
     t0 = time.perf_counter() if t0 is None else t0
-    run = engine.get_run(run_id, principal)
+    run = await engine.astore.call(engine.get_run, run_id, principal)
     if run.status == RunStatus.PAUSED and batch_of(run):
         return await resume(engine, run_id, "decline_and_undo", reason, seq=batch_of(run)[0]["seq"],
                             principal=principal, actor=actor, via=via, origin=origin, hooks=hooks)
@@ -92,7 +92,7 @@ async def undo(engine: Engine, run_id: str, reason: str | None = None, *, princi
 async def cancel(engine: Engine, run_id: str, reason: str = "cancelled by the client", *,
                  principal: str | None = None) -> RunResult:
     """Stop a run: nothing further is sent; a write already on the wire finishes and is journaled."""
-    run = engine.get_run(run_id, principal)
+    run = await engine.astore.call(engine.get_run, run_id, principal)
     if run.status == RunStatus.PAUSED:
         return await resume(engine, run_id, "cancel", reason, seq=(run.pending or {}).get("seq"),
                             principal=principal)

@@ -144,7 +144,8 @@ class Decider:
         """Decide the writes ``seqs`` of a paused run; nothing is decided unless each is still pending."""
         # What would make the decision take nothing is the service's to say (the same rules as decide);
         # asked first, since the decision itself may wait for a slot.
-        run, refused = refusal(self.rt.engine, run_id, seqs, decision, principal=principal, allowed=("approve", "decline", "decline_and_undo"))
+        run, refused = await self.rt.store.aio.call(refusal, self.rt.engine, run_id, seqs, decision, principal=principal,
+                                                    allowed=("approve", "decline", "decline_and_undo"))
         if refused is not None:
             return Outcome(False, refused.code, refused.message, status=run.status if run is not None else None)
         return await self._decide(run_id, sorted(seqs), decision, reason, principal=principal, who=who, via=via,

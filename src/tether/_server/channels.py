@@ -32,7 +32,7 @@ class ApprovalHost(Protocol):
         """The text a person reads about one waiting write (every argument named, P-38)."""
         ...
 
-    def paused_result(self, result: RunResult, *, diagnostics: bool) -> Any:
+    async def paused_result(self, result: RunResult, *, diagnostics: bool) -> Any:
         """The run's result for the model: says how to decide it, carries no approval link (D-32)."""
         ...
 

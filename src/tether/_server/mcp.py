@@ -63,6 +63,7 @@ from tether.errors import InvalidArguments, Overloaded, RunNotFound, TetherError
 if TYPE_CHECKING:
     from tether._engine.rules.policy import Policy
     from tether._runtime import Runtime
+    from tether._store.base import RunRecord
 
 SERVER_NAME = "tether"
 # The first protocol revision without server→client requests mid-call.
@@ -267,7 +268,7 @@ class TetherServer:
                 result = await urlmode.legacy(self, ctx, result, principal)
         except TetherError as exc:
             return error_result(exc)
-        return self._respond(keyed.cancelled(result, key), era if how else None, principal, diagnostics, how=how)
+        return await self._respond(keyed.cancelled(result, key), era if how else None, principal, diagnostics, how=how)
 
     def _meta_for(self, ctx: Context) -> dict[str, Any]:
         meta = dict(self.run_meta)
@@ -296,8 +297,8 @@ class TetherServer:
             try:
                 # An undo's own tools count too: one kept for signed-in approvers is not sent on the agent's word.
                 undo = (decision == "decline_and_undo"
-                        and await rollback.needs_signed_in(self.rt.engine, self.rt.engine.get_run(run_id, principal)))
-                refused = self._refused(run_id, principal, Channel.RESUME,
+                        and await rollback.needs_signed_in(self.rt.engine, await self._run_of(run_id, principal)))
+                refused = await self._refused(run_id, principal, Channel.RESUME,
                                         seq if isinstance(seq, list) else None if seq is None else [seq], ctx=ctx,
                                         signed_in=undo)
             except TetherError as exc:
@@ -318,7 +319,7 @@ class TetherServer:
                 result = await urlmode.legacy(self, ctx, result, principal)
         except TetherError as exc:
             return error_result(exc)
-        return self.paused_result(result, diagnostics=False)
+        return await self.paused_result(result, diagnostics=False)
 
     # -- cells -----------------------------------------------------------------------
 
@@ -344,7 +345,7 @@ class TetherServer:
                 handle.add_done_callback(lambda _h: slot.release())
         except TetherError as exc:
             return error_result(exc)
-        return self.observation(obs)
+        return await self.observation(obs)
 
     async def cell_wait(self, ctx: Context, args: CellWaitArguments) -> CallToolResult:
         try:
@@ -352,14 +353,14 @@ class TetherServer:
                                           principal=self.principal_of(ctx))
         except TetherError as exc:
             return error_result(exc)
-        return self.observation(obs)
+        return await self.observation(obs)
 
     async def cell_terminate(self, ctx: Context, args: CellTerminateArguments) -> CallToolResult:
         try:
             obs = await self.rt.terminate_cell(args.cell_id, principal=self.principal_of(ctx))
         except TetherError as exc:
             return error_result(exc)
-        return self.observation(obs)
+        return await self.observation(obs)
 
     # -- tasks (tasks.py, P-47) ----------------------------------------------------------
 
@@ -402,9 +403,9 @@ class TetherServer:
     def channel_of(self, ctx: Context) -> str | None:
         return self._how(ctx)[1]
 
-    def approval_refused(self, run_id: str, principal: str, channel: str, seqs: list[int],
-                         ctx: Context) -> TetherError | None:
-        return self._refused(run_id, principal, channel, seqs, ctx=ctx)
+    async def approval_refused(self, run_id: str, principal: str, channel: str, seqs: list[int],
+                               ctx: Context) -> TetherError | None:
+        return await self._refused(run_id, principal, channel, seqs, ctx=ctx)
 
     def actor_of(self, ctx: Context, principal: str) -> str:
         return _actor(ctx, principal)
@@ -472,27 +473,31 @@ class TetherServer:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _respond(self, result: RunResult, asks: str | None, principal: str, diagnostics: bool, *,
-                 how: str | None = "form") -> Any:
+    async def _respond(self, result: RunResult, asks: str | None, principal: str, diagnostics: bool, *,
+                       how: str | None = "form") -> Any:
         if result.status == RunStatus.PAUSED and asks == INPUT_REQUIRED and result.pending:
             if how == "url":
-                return urlmode.input_required(self, result, principal)
-            if not self._needs_sign_in(result, first_only=True):
+                return await urlmode.input_required(self, result, principal)
+            if not await self._needs_sign_in(result, first_only=True):
                 return self._input_required(result, principal)
-        return self.paused_result(result, diagnostics=diagnostics)
+        return await self.paused_result(result, diagnostics=diagnostics)
 
     def _grant(self, principal: str) -> Grant:
         # Behind BearerAuth every principal has a grant; a server built without
         # an Access (an embedding, a test) treats each caller as one that runs programs.
         return self.access.grant(principal) or Grant(principal, principal, frozenset({RUN, APPROVE}))
 
-    def _refused(self, run_id: str, principal: str, channel: str, seqs: list[int] | None, *,
-                 ctx: Context | None = None, signed_in: bool = False) -> TetherError | None:
+    async def _run_of(self, run_id: str, principal: str) -> RunRecord:
+        """``engine.get_run`` read off the event loop (D-27): on Postgres a slow read holds up no other request."""
+        return await self.rt.store.aio.call(self.rt.engine.get_run, run_id, principal)
+
+    async def _refused(self, run_id: str, principal: str, channel: str, seqs: list[int] | None, *,
+                       ctx: Context | None = None, signed_in: bool = False) -> TetherError | None:
         """Why ``principal`` may not approve writes ``seqs`` of the run through ``channel``; None when it may.
 
         ``signed_in``: what is asked for needs a signed-in approver whatever the writes' rules say (an undo
         whose tool's rule does, D-68)."""
-        run = self.rt.engine.get_run(run_id, principal)
+        run = await self._run_of(run_id, principal)
         # An access token's rights are its own (they come with each request); a static token's are configured.
         grant = request_scope_value(ctx, GRANT_KEY) if ctx is not None else None
         verdict = may_decide(self.access, grant or self._grant(principal), run.principal, "approve", channel,
@@ -500,31 +505,31 @@ class TetherServer:
         return None if verdict.ok else refusal(verdict, run_id, self.public_url,
                                                paused=run.status == RunStatus.PAUSED, console=self.console)
 
-    def _needs_sign_in(self, result: RunResult, *, first_only: bool = False) -> bool:
-        run = self.rt.store.get_run(result.run_id) if result.run_id else None
+    async def _needs_sign_in(self, result: RunResult, *, first_only: bool = False) -> bool:
+        run = await self.rt.store.aio.get_run(result.run_id) if result.run_id else None
         if run is None:
             return False
         seqs = [_first_undecided(result.pending or {}).get("seq")] if first_only else None
         return signed_in_required(run, [s for s in seqs if isinstance(s, int)] if seqs is not None else None)
 
-    def observation(self, obs: dict[str, Any]) -> CallToolResult:
+    async def observation(self, obs: dict[str, Any]) -> CallToolResult:
         """A cell's observation for the model: a paused one says how to decide it, with no key or link (D-32)."""
         if obs.get("status") != "paused":
             return observation_result(obs)
-        here = self._approves_here(obs["cell_id"])
+        here = await self._approves_here(obs["cell_id"])
         return observation_result(obs, approve_here=here, elsewhere=None if here else self._where(obs["cell_id"]))
 
-    def paused_result(self, result: RunResult, *, diagnostics: bool) -> CallToolResult:
+    async def paused_result(self, result: RunResult, *, diagnostics: bool) -> CallToolResult:
         """A run's result for the model: a paused one says how to decide it, and carries no approval link (D-32)."""
         if result.status != RunStatus.PAUSED:
             return run_result(result, diagnostics=diagnostics)
-        here = self._approves_here(result.run_id)
+        here = await self._approves_here(result.run_id)
         return run_result(result, diagnostics=diagnostics, approve_here=here,
                           elsewhere=None if here else self._where(result.run_id))
 
-    def _approves_here(self, run_id: str) -> bool:
+    async def _approves_here(self, run_id: str) -> bool:
         """Whether the run's own principal may approve its waiting writes through resume (what to tell the model)."""
-        run = self.rt.store.get_run(run_id)
+        run = await self.rt.store.aio.get_run(run_id)
         if run is None:
             return False
         owner = run.principal or LOCAL
@@ -588,29 +593,30 @@ class TetherServer:
             reply = (ctx.input_responses or {}).get(APPROVAL_KEY)
             if json.loads(ctx.request_state or "{}").get("m") == "url" and reply is not None:
                 result = await urlmode.answer(self, ctx, run_id, seq, reply, principal)
-                if urlmode.still_waits_on(self, result, seq):
+                if await urlmode.still_waits_on(self, result, seq):
                     # Nobody decided on the page within the wait (or the link was dismissed):
                     # the paused envelope (run id, where a person approves, how to resume), not the
                     # same link again, which would loop until the client's round limit and lose the
                     # run id. It carries no link: the model reads it (D-32).
-                    return self.paused_result(result, diagnostics=diagnostics)
-                return self._respond(result, INPUT_REQUIRED, principal, diagnostics, how="url")
+                    return await self.paused_result(result, diagnostics=diagnostics)
+                return await self._respond(result, INPUT_REQUIRED, principal, diagnostics, how="url")
             if reply is None:
                 # A retry without an answer: ask again if the run still waits on it.
-                run = self.rt.engine.get_run(run_id, principal)
+                run = await self._run_of(run_id, principal)
                 paused = run.result if run.status == RunStatus.PAUSED else None
                 if paused and _first_undecided(RunResult.from_dict(paused).pending or {}).get("seq") == seq:
                     return self._input_required(RunResult.from_dict(paused), principal)
-                return self.paused_result(self.rt.engine.recorded(run), diagnostics=diagnostics)
+                return await self.paused_result(self.rt.engine.recorded(run), diagnostics=diagnostics)
             decision, reason = _decision(reply)
             if decision == "approve":
-                refused = self._refused(run_id, principal, Channel.FORM, [seq], ctx=ctx)
+                refused = await self._refused(run_id, principal, Channel.FORM, [seq], ctx=ctx)
                 if refused is not None:
                     return error_result(refused, run_id=run_id)
             if decision is None:
                 # Dismissed without a choice: nothing is decided and the run
                 # stays paused; the model can ask in words and call resume.
-                return self.paused_result(self.rt.engine.recorded(self.rt.engine.get_run(run_id, principal)), diagnostics=diagnostics)
+                return await self.paused_result(self.rt.engine.recorded(await self._run_of(run_id, principal)),
+                                                diagnostics=diagnostics)
             try:
                 result = await self.run_in_slot(
                     lambda progress: self.rt.resume(run_id, decision, reason, seq=seq, principal=principal,
@@ -625,7 +631,7 @@ class TetherServer:
                 return error_result(exc, run_id=run_id)
         except TetherError as exc:
             return error_result(exc)
-        return self._respond(result, INPUT_REQUIRED, principal, diagnostics)
+        return await self._respond(result, INPUT_REQUIRED, principal, diagnostics)
 
     def sign_state(self, run_id: str, seq: int, principal: str, *, mode: str | None = None) -> str:
         body: dict[str, Any] = {"v": 1, "run_id": run_id, "seq": seq}

@@ -201,8 +201,8 @@ class TaskHost(ApprovalHost, Protocol):
         """"url", "form" or None: how a paused write is put to this client's user (``[server] approvals``)."""
         ...
 
-    def approval_refused(self, run_id: str, principal: str, channel: str, seqs: list[int],
-                         ctx: Any) -> TetherError | None: ...
+    async def approval_refused(self, run_id: str, principal: str, channel: str, seqs: list[int],
+                               ctx: Any) -> TetherError | None: ...
 
     def actor_of(self, ctx: Any, principal: str) -> str: ...
 
@@ -210,7 +210,7 @@ class TaskHost(ApprovalHost, Protocol):
         """Where a person approves the run's writes (the console page, a link, the CLI)."""
         ...
 
-    def observation(self, obs: dict[str, Any]) -> Any:
+    async def observation(self, obs: dict[str, Any]) -> Any:
         """A cell's observation as the tool result cell_start and cell_wait return."""
         ...
 
@@ -313,12 +313,12 @@ class TasksExtension(Extension):
             if not isinstance(outcome, RunResult):
                 return outcome  # refused before a run: the error result, as without a task
             if not becomes_task(outcome.status):
-                return self.host.paused_result(outcome, diagnostics=bool((params.arguments or {}).get("diagnostics")))
+                return await self.host.paused_result(outcome, diagnostics=bool((params.arguments or {}).get("diagnostics")))
             run_id = outcome.run_id
         else:
             self.host.keep(run)
             run_id = begun.result()
-        record = self.host.rt.engine.get_run(run_id, principal)
+        record = await self._run(run_id, principal)
         shape = await self._shape(record, principal, context)
         return {"resultType": "task", **{k: v for k, v in shape.items() if k not in ("inputRequests", "result")}}
 
@@ -329,19 +329,19 @@ class TasksExtension(Extension):
         obs = getattr(out, "structured_content", None) or {}
         if obs.get("status") != RunStatus.PAUSED or not isinstance(obs.get("cell_id"), str):
             return out
-        record = self.host.rt.engine.get_run(obs["cell_id"], principal)
+        record = await self._run(obs["cell_id"], principal)
         shape = await self._shape(record, principal, context, int(obs.get("cursor") or 0))
         return {"resultType": "task", **{k: v for k, v in shape.items() if k not in ("inputRequests", "result")}}
 
     # -- tasks/* ----------------------------------------------------------------------------------------
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
-        context, principal, run, cursor = self._open(ctx, params.task_id)
+        context, principal, run, cursor = await self._open(ctx, params.task_id)
         return await self._shape(run, principal, context, cursor)
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: UpdateParams) -> dict[str, Any]:
-        context, principal, run, _ = self._open(ctx, params.task_id)
-        write = urlmode.waiting_write(self.host, run.run_id) if run.status == RunStatus.PAUSED else None
+        context, principal, run, _ = await self._open(ctx, params.task_id)
+        write = await urlmode.waiting_write(self.host, run.run_id) if run.status == RunStatus.PAUSED else None
         for key, reply in params.input_responses.items():
             seq = seq_of_key(key) if isinstance(key, str) else None
             # An answer to a write the run no longer waits on (decided elsewhere meanwhile) decides nothing.
@@ -351,7 +351,7 @@ class TasksExtension(Extension):
         return {}
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
-        context, principal, run, _ = self._open(ctx, params.task_id)
+        context, principal, run, _ = await self._open(ctx, params.task_id)
         if not RunStatus(run.status).terminal:
             try:
                 await self.host.rt.cancel(run.run_id, "the MCP client cancelled the task; nothing further was sent",
@@ -362,7 +362,11 @@ class TasksExtension(Extension):
 
     # -- helpers ----------------------------------------------------------------------------------------
 
-    def _open(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> tuple[Any, str, RunRecord, int | None]:
+    async def _run(self, run_id: str, principal: str) -> RunRecord:
+        """``engine.get_run`` read off the event loop (D-27)."""
+        return await self.host.rt.store.aio.call(self.host.rt.engine.get_run, run_id, principal)
+
+    async def _open(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> tuple[Any, str, RunRecord, int | None]:
         if not declared(ctx):
             raise MCPError(code=MISSING_REQUIRED_CLIENT_CAPABILITY,
                            message=f"tasks/* needs the {TASKS_EXTENSION} extension declared on the request",
@@ -374,7 +378,7 @@ class TasksExtension(Extension):
             if named is None:
                 raise RunNotFound("no task with this id is yours; nothing was read or changed",
                                   next_action="Use the taskId the tools/call result gave this token.")
-            return context, principal, self.host.rt.engine.get_run(named[0], principal), named[1]
+            return context, principal, await self._run(named[0], principal), named[1]
         except RunNotFound as exc:
             raise _wire_error(exc, message="Task not found") from None
 
@@ -393,20 +397,20 @@ class TasksExtension(Extension):
             shape["inputRequests"] = {question.key: question.request}
         if status in ("completed", "cancelled") and cursor is not None:
             obs = await self.host.rt.wait_cell(run.run_id, after=cursor, timeout_ms=0, principal=principal)
-            shape["result"] = _dump(self.host.observation(obs))
+            shape["result"] = _dump(await self.host.observation(obs))
         elif status in ("completed", "cancelled"):
-            shape["result"] = _dump(self.host.paused_result(self.host.rt.engine.recorded(run), diagnostics=False))
+            shape["result"] = _dump(await self.host.paused_result(self.host.rt.engine.recorded(run), diagnostics=False))
         return shape
 
     async def _state(self, run: RunRecord, context: Any, *, cell: bool) -> tuple[str, Question | None, str | None]:
         if run.status != RunStatus.PAUSED:
             return task_status(run.status, asks=False, cell=cell), None, None
-        write = urlmode.waiting_write(self.host, run.run_id)
+        write = await urlmode.waiting_write(self.host, run.run_id)
         if write is None:  # every write decided: the run is about to continue
             return "working", None, None
         seq = int(write["seq"])
         kind = question_kind(self.host.channel_of(context), signed_in=signed_in_required(run, [seq]))
-        where = self.host.paused_result(self.host.rt.engine.recorded(run), diagnostics=False)
+        where = await self.host.paused_result(self.host.rt.engine.recorded(run), diagnostics=False)
         waiting = (where.structured_content or {}).get("instructions")
         if kind is None or await _answered(self.host.rt, run.run_id, seq):
             return "working", None, waiting
@@ -443,7 +447,7 @@ class TasksExtension(Extension):
                 "through tasks/update decides nothing; nothing was sent",
                 next_action=f"A person approves it: {self.host.where(run.run_id)}.")
         elif decision == "approve":
-            refused = self.host.approval_refused(run.run_id, principal, Channel.FORM, [seq], context)
+            refused = await self.host.approval_refused(run.run_id, principal, Channel.FORM, [seq], context)
         if decision is None or refused is not None:
             # Decided nothing: the timeline says so, and the task stops putting this question.
             data: dict[str, Any] = {"seq": seq, "action": answer.action, "channel": kind or "none"}

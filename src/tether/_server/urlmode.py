@@ -46,12 +46,20 @@ URL_WAIT_SECONDS = 50.0
 DECLINED_TO_OPEN = "the user declined to open the approval page"
 
 
-def waiting_write(server: "ApprovalHost", run_id: str) -> dict[str, Any] | None:
-    """The first write the run still waits on (of its batch), or None."""
-    run = server.rt.store.get_run(run_id)
+async def waiting_write(server: "ApprovalHost", run_id: str) -> dict[str, Any] | None:
+    """The first write the run still waits on (of its batch), or None.
+
+    Read in the store's own thread when it offloads (D-27): the run and its journal, a round trip each on
+    Postgres, while the server goes on serving other requests.
+    """
+    return await server.rt.store.aio.call(_waiting_write, server.rt, run_id)
+
+
+def _waiting_write(rt: Runtime, run_id: str) -> dict[str, Any] | None:
+    run = rt.store.get_run(run_id)
     if run is None or run.status != RunStatus.PAUSED:
         return None
-    writes = pending_writes(server.rt, run)
+    writes = pending_writes(rt, run)
     return {**writes[0], "expires_at": run.expires_at} if writes else None
 
 
@@ -63,11 +71,11 @@ def link_to(server: "ApprovalHost", run_id: str, write: dict[str, Any]) -> str |
                         float(write["expires_at"]), in_band=True)
 
 
-def link_of(server: "ApprovalHost", result: RunResult) -> str | None:
+async def link_of(server: "ApprovalHost", result: RunResult) -> str | None:
     """The approval link of the first write a paused result still waits on."""
     if result.status != RunStatus.PAUSED or not server.public_url:
         return None
-    write = waiting_write(server, result.run_id)
+    write = await waiting_write(server, result.run_id)
     return link_to(server, result.run_id, write) if write else None
 
 
@@ -95,7 +103,7 @@ async def settled(server: "ApprovalHost", run_id: str) -> RunResult:
     """The run's next result after a decision: paused on the rest of its batch, or where it went next."""
     for _ in range(200):
         run = await server.rt.store.aio.get_run(run_id)
-        if run is not None and run.status == RunStatus.PAUSED and waiting_write(server, run_id) is None:
+        if run is not None and run.status == RunStatus.PAUSED and await waiting_write(server, run_id) is None:
             # Every write is decided and the run is about to continue.
             await asyncio.sleep(0.05)
             continue
@@ -105,7 +113,7 @@ async def settled(server: "ApprovalHost", run_id: str) -> RunResult:
 
 async def legacy(server: "ApprovalHost", ctx: Any, result: RunResult, principal: str) -> RunResult:
     """Put each write the run waits on to the user as its link, within this call, until the run moves on."""
-    while result.status == RunStatus.PAUSED and (write := waiting_write(server, result.run_id)) is not None:
+    while result.status == RunStatus.PAUSED and (write := await waiting_write(server, result.run_id)) is not None:
         link = link_to(server, result.run_id, write)
         if link is None:
             return result
@@ -133,19 +141,19 @@ async def legacy(server: "ApprovalHost", ctx: Any, result: RunResult, principal:
     return result
 
 
-def still_waits_on(server: "ApprovalHost", result: RunResult, seq: int) -> bool:
+async def still_waits_on(server: "ApprovalHost", result: RunResult, seq: int) -> bool:
     """The run is still paused on write ``seq``: the page was not used in time."""
     if result.status != RunStatus.PAUSED:
         return False
-    write = waiting_write(server, result.run_id)
+    write = await waiting_write(server, result.run_id)
     return write is not None and int(write["seq"]) == seq
 
 
-def input_required(server: "ApprovalHost", result: RunResult, principal: str) -> Any:
-    write = waiting_write(server, result.run_id)
+async def input_required(server: "ApprovalHost", result: RunResult, principal: str) -> Any:
+    write = await waiting_write(server, result.run_id)
     link = link_to(server, result.run_id, write) if write else None
     if link is None or write is None:
-        return server.paused_result(result, diagnostics=False)
+        return await server.paused_result(result, diagnostics=False)
     request = ElicitRequest(params=ElicitRequestURLParams(message=message(server, write), url=link,
                                                           elicitation_id=f"{result.run_id}:{write['seq']}"))
     state = server.sign_state(result.run_id, int(write["seq"]), principal, mode="url")
@@ -163,4 +171,4 @@ async def answer(server: "ApprovalHost", ctx: Any, run_id: str, seq: int, reply:
             lambda progress: server.rt.resume(run_id, "decline", DECLINED_TO_OPEN, seq=seq, principal=principal,
                                               actor=principal, via="mcp", on_progress=progress),
             ctx, principal, run_id=run_id)
-    return server.rt.engine.recorded(server.rt.engine.get_run(run_id, principal))
+    return server.rt.engine.recorded(await server.rt.store.aio.call(server.rt.engine.get_run, run_id, principal))

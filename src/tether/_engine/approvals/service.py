@@ -204,7 +204,7 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
     wanted = _parse(decisions)
     if via not in CHANNELS:
         raise InvalidArguments(f"via must be one of {', '.join(CHANNELS)}, not {via!r}")
-    run = run if run is not None and run.run_id == run_id else engine.get_run(run_id, principal)
+    run = run if run is not None and run.run_id == run_id else await engine.astore.call(engine.get_run, run_id, principal)
     # The pause's journal entries, read once and verified before anything acts on them (P-35); each decision
     # below reads its entry from here, and a won compare-and-set updates it in place (calls/ledger.py).
     entries: dict[int, CallRecord] = {}
@@ -233,7 +233,7 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
             continue
         if run.status != RunStatus.PAUSED:
             raise NotPaused(f"run {run_id} is {run.status}; call {seq} is not a write waiting for a decision")
-        writes = pending(engine, run)
+        writes = await engine.astore.call(pending, engine, run)
         raise WriteNotPending(f"call {seq} of run {run_id} is not a write waiting for a decision; "
                               f"{_pending_text(writes)}; nothing was decided",
                               details={"seq": seq, "pending": _pending_details(writes)})
@@ -268,7 +268,7 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
                  if (e := _known_decided(entries.get(s)) or await engine.store.aio.get_call(run_id, s)) is not None
                  and e.state == CallState.ASKED]
     if undecided:
-        return _paused_view(engine, engine.get_run(run_id, principal))
+        return await engine.astore.call(lambda: _paused_view(engine, engine.get_run(run_id, principal)))
     record = last.to_dict() if last is not None else (run.decision or {})
     resumed = engine.lifecycle.resume_run(run, record)
     if resumed is None:

@@ -71,9 +71,9 @@ class ConsoleBase:
             return signed_in
         return self.access.grant(principal)
 
-    def _run_for(self, run_id: str, principal: str) -> RunRecord:
+    async def _run_for(self, run_id: str, principal: str) -> RunRecord:
         """A run this principal may see (its own, or one it approves for); RunNotFound otherwise."""
-        run = self.rt.store.get_run(run_id) if isinstance(run_id, str) else None
+        run = await self.rt.store.aio.get_run(run_id) if isinstance(run_id, str) else None
         if run is None or not may_see(self.access, self.grant(principal), run.principal):
             raise RunNotFound(f"no run {run_id!r}")
         return run

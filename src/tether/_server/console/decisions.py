@@ -26,7 +26,7 @@ class Decisions(ConsoleSessions):
     """``POST /console/runs/{run_id}/decide``."""
 
     async def decide(self, request: Request) -> Response:
-        session = self.session(request)
+        session = await self.session(request)
         if session is None:
             return self._login_redirect()
         run_id = request.path_params["run_id"]
@@ -45,7 +45,7 @@ class Decisions(ConsoleSessions):
         if (shut := self._shut(grant, decision, principal=session["p"], csrf=csrf)) is not None:
             return shut
         try:
-            run = self._run_for(run_id, session["p"])  # a run it may not see does not exist for it
+            run = await self._run_for(run_id, session["p"])  # a run it may not see does not exist for it
         except RunNotFound:
             return self.message("No such run", "There is no run with that id for you; nothing was decided.",
                                 status=404, principal=session["p"], csrf=csrf)

@@ -61,13 +61,13 @@ class RunFeed:
     async def _poll(self) -> None:
         while True:
             with contextlib.suppress(Exception):  # a store hiccup must not end the feed
-                self._tick()
+                await self._tick()
             await asyncio.sleep(self.poll_seconds)
 
-    def _tick(self) -> None:
+    async def _tick(self) -> None:
         # Clocks of processes sharing a store differ a little: look back two
         # seconds and drop what was already announced.
-        for run in self.store.runs_updated_since(self._since - 2.0, limit=500):
+        for run in await self.store.aio.runs_updated_since(self._since - 2.0, limit=500):
             mark = (run.updated_at, run.status)
             if self._seen.get(run.run_id) == mark:
                 continue
@@ -93,7 +93,7 @@ class EventFeed(ConsoleSessions):
     feed: RunFeed
 
     async def events(self, request: Request) -> Response:
-        session = self.session(request)
+        session = await self.session(request)
         if session is None:
             return Response("sign in first", status_code=401, media_type="text/plain")
         principal = session["p"]

@@ -25,18 +25,21 @@ from tether._server.pagetext import flash_text
 class ApprovalLinks(ConsoleSessions):
     """``GET`` and ``POST /approve/{token}``."""
 
-    def _link_state(self, token: str) -> tuple[Any, Any, Response | None]:
-        """(claim, run, None) for a link that may decide now, else (.., .., the page saying why not)."""
+    async def _link_state(self, token: str) -> tuple[Any, Any, Response | None]:
+        """(claim, run, None) for a link that may decide now, else (.., .., the page saying why not).
+
+        The run and its journal are read in the store's thread (D-27): a slow read holds up no other request.
+        """
         claim = open_token(self.rt.engine.keyring, token)
         if claim is None:
             return None, None, self.message(
                 "This approval link is not valid", "The link is incomplete or was altered, so it decides nothing.",
                 status=404, detail="Copy the whole link from the message it came in, or ask for a new one.")
-        run = self.rt.store.get_run(claim.run_id)
+        run = await self.rt.store.aio.get_run(claim.run_id)
         if run is None:
             return claim, None, self.message("This approval link is not valid",
                                              "The run it names no longer exists; nothing was decided.", status=404)
-        decided = recorded_decision(self.rt.engine, run.run_id, claim.seq)
+        decided = await self.rt.store.aio.call(recorded_decision, self.rt.engine, run.run_id, claim.seq)
         if decided is not None:
             verb = {"approve": "approved", "decline": "declined", "cancel": "cancelled"}.get(decided.decision,
                                                                                            decided.decision)
@@ -49,15 +52,15 @@ class ApprovalLinks(ConsoleSessions):
             return claim, run, self.message(
                 "This approval link has expired", f"It was good until {_when(expiry)}; nothing was decided "
                 "and nothing was sent.", status=410, detail="Approvals wait as long as the approval time to live.")
-        if claim.seq not in {w["seq"] for w in pending_writes(self.rt, run)}:
+        if claim.seq not in {w["seq"] for w in await self.rt.store.aio.call(pending_writes, self.rt, run)}:
             return claim, run, self.message(
                 "Nothing to decide", f"The run is {run.status} and no longer waits on this write; "
                 "nothing was decided.", status=409, tone="info")
         return claim, run, None
 
-    def _link_session(self, request: Request) -> dict[str, Any] | None:
+    async def _link_session(self, request: Request) -> dict[str, Any] | None:
         """Who is deciding on a link page: a console session; under --dev nobody is told apart, so `local`."""
-        session = self.session(request)
+        session = await self.session(request)
         if session is None and self.dev:
             nonce, _ = self._presession(request)
             return {"p": LOCAL, "n": nonce, "dev": True}
@@ -77,11 +80,11 @@ class ApprovalLinks(ConsoleSessions):
 
     async def link_page(self, request: Request) -> Response:
         token = request.path_params["token"]
-        claim, run, refusal = self._link_state(token)
+        claim, run, refusal = await self._link_state(token)
         if refusal is not None:
             return refusal
-        write = next(w for w in pending_writes(self.rt, run) if w["seq"] == claim.seq)
-        session = self._link_session(request)
+        write = next(w for w in await self.rt.store.aio.call(pending_writes, self.rt, run) if w["seq"] == claim.seq)
+        session = await self._link_session(request)
         nonce, fresh = self._presession(request)
         signed = session is not None and not session.get("dev")
         # The page shows the write to whoever holds the link; deciding needs a
@@ -103,12 +106,12 @@ class ApprovalLinks(ConsoleSessions):
         form = await self.form(request)
         if isinstance(form, Response):
             return form
-        session = self._link_session(request)
+        session = await self._link_session(request)
         # A signed-in approver's rights open this door or not (P-44), before the link is even read;
         # without a session the link itself is the capability (links = "capability") or nothing.
         if session is not None and (shut := self._shut(self.grant(session["p"]), form.get("decision"))):
             return shut
-        claim, run, refusal = self._link_state(token)
+        claim, run, refusal = await self._link_state(token)
         if refusal is not None:
             return refusal
         if not self._csrf_ok(self._csrf_nonce(request, session), form.get("csrf")):
@@ -138,7 +141,8 @@ class ApprovalLinks(ConsoleSessions):
         verb = "Approved" if decision == "approve" else "Declined"
         now = await self.rt.store.aio.get_run(run.run_id) or run
         # What is true as the page is drawn: sent or not yet, and whether the run went on or paused again.
-        text = flash_text(self.rt, now, "approved" if decision == "approve" else "declined", str(claim.seq))
+        text = await self.rt.store.aio.call(flash_text, self.rt, now, "approved" if decision == "approve" else "declined",
+                                            str(claim.seq))
         return self.message(verb, text or verb, status=200, tone="ok",
                             detail="This link has been used and decides nothing more.")
 

@@ -28,7 +28,7 @@ class SignIn(ConsoleSessions):
 
     async def login_form(self, request: Request) -> Response:
         after = _next_page(request.query_params.get("next"))
-        if self.session(request) is not None:
+        if await self.session(request) is not None:
             return RedirectResponse(after or "/console/", status_code=303)
         return self._login_page(request, after=after)
 
@@ -106,7 +106,7 @@ class SignIn(ConsoleSessions):
         return response
 
     async def logout(self, request: Request) -> Response:
-        session = self.session(request)
+        session = await self.session(request)
         form = await self.form(request)
         if isinstance(form, Response):
             return form

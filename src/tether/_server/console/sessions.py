@@ -42,7 +42,7 @@ class ConsoleSessions(ConsoleBase):
             data["u"] = {"n": person.name, "r": sorted(person.rights), "a": sorted(person.approves_for)}
         return CONSOLE_SESSION.mint(self._keyring, data)
 
-    def session(self, request: Request) -> dict[str, Any] | None:
+    async def session(self, request: Request) -> dict[str, Any] | None:
         """``{"p": principal, "n": nonce}`` of a valid session cookie, else None."""
         _SESSION_GRANT.set(None)  # whatever this request carries decides, and nothing before it
         value = request.cookies.get(SESSION_COOKIE, "")
@@ -50,7 +50,7 @@ class ConsoleSessions(ConsoleBase):
         # A session outlives neither its time, nor its signing out, nor the token it was opened with.
         if not isinstance(data, dict) or data.get("e", 0) < time.time():
             return None
-        if not isinstance(data.get("n"), str) or self.rt.store.signed_out(_session_id(data["n"])):
+        if not isinstance(data.get("n"), str) or await self.rt.store.aio.signed_out(_session_id(data["n"])):
             return None
         person = data.get("u")
         if isinstance(person, dict) and self.sign_in is not None and isinstance(data.get("p"), str):
