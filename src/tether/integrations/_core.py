@@ -142,7 +142,8 @@ async def decide(rt: Runtime, given: Mapping[str, Any], *, code: str | None, ori
     if not isinstance(run_id, str) or not isinstance(seqs, Sequence) or decision not in DECISIONS:
         raise InvalidApproval(f"a decision names the run ({RUN_ID}), its writes (seqs) and 'approve' or 'decline'; "
                               f"got {sorted(given)}; nothing was decided")
-    run = rt.engine.get_run(run_id, principal)
+    # Off the event loop (D-27): a framework host serves other agents while a Postgres read is slow.
+    run = await rt.store.aio.call(rt.engine.get_run, run_id, principal)
     if code is not None and run.program != code:
         raise InvalidApproval(f"run {run_id} ran another program than this tool call's; nothing was decided")
     owner = run.principal or rt.principal
