@@ -25,38 +25,41 @@ from tether._server.pagetext import flash_text
 class ApprovalLinks(ConsoleSessions):
     """``GET`` and ``POST /approve/{token}``."""
 
-    async def _link_state(self, token: str) -> tuple[Any, Any, Response | None]:
-        """(claim, run, None) for a link that may decide now, else (.., .., the page saying why not).
+    async def _link_state(self, token: str) -> tuple[Any, Any, dict[str, Any] | None, Response | None]:
+        """(claim, run, the write it names, None) for a link that may decide now, else (.., .., None, the page
+        saying why not).
 
         The run and its journal are read in the store's thread (D-27): a slow read holds up no other request.
         """
         claim = open_token(self.rt.engine.keyring, token)
         if claim is None:
-            return None, None, self.message(
+            return None, None, None, self.message(
                 "This approval link is not valid", "The link is incomplete or was altered, so it decides nothing.",
                 status=404, detail="Copy the whole link from the message it came in, or ask for a new one.")
         run = await self.rt.store.aio.get_run(claim.run_id)
         if run is None:
-            return claim, None, self.message("This approval link is not valid",
+            return claim, None, None, self.message("This approval link is not valid",
                                              "The run it names no longer exists; nothing was decided.", status=404)
         decided = await self.rt.store.aio.call(recorded_decision, self.rt.engine, run.run_id, claim.seq)
         if decided is not None:
             verb = {"approve": "approved", "decline": "declined", "cancel": "cancelled"}.get(decided.decision,
                                                                                            decided.decision)
-            return claim, run, self.message(
+            return claim, run, None, self.message(
                 "Already decided", f"This write was already {verb} ({_when(decided.at)}). "
                 "An approval link decides once; nothing more was decided.", status=409, tone="info",
                 detail=f"The run is {run.status}.")
         expiry = min(claim.expires_at, run.expires_at or claim.expires_at)
         if self.rt.engine.clock() > expiry:
-            return claim, run, self.message(
+            return claim, run, None, self.message(
                 "This approval link has expired", f"It was good until {_when(expiry)}; nothing was decided "
                 "and nothing was sent.", status=410, detail="Approvals wait as long as the approval time to live.")
-        if claim.seq not in {w["seq"] for w in await self.rt.store.aio.call(pending_writes, self.rt, run)}:
-            return claim, run, self.message(
+        write = next((w for w in await self.rt.store.aio.call(pending_writes, self.rt, run) if w["seq"] == claim.seq),
+                     None)
+        if write is None:
+            return claim, run, None, self.message(
                 "Nothing to decide", f"The run is {run.status} and no longer waits on this write; "
                 "nothing was decided.", status=409, tone="info")
-        return claim, run, None
+        return claim, run, write, None
 
     async def _link_session(self, request: Request) -> dict[str, Any] | None:
         """Who is deciding on a link page: a console session; under --dev nobody is told apart, so `local`."""
@@ -80,10 +83,10 @@ class ApprovalLinks(ConsoleSessions):
 
     async def link_page(self, request: Request) -> Response:
         token = request.path_params["token"]
-        claim, run, refusal = await self._link_state(token)
+        claim, run, write, refusal = await self._link_state(token)
         if refusal is not None:
             return refusal
-        write = next(w for w in await self.rt.store.aio.call(pending_writes, self.rt, run) if w["seq"] == claim.seq)
+        assert write is not None  # _link_state names the write whenever it refuses nothing
         session = await self._link_session(request)
         nonce, fresh = self._presession(request)
         signed = session is not None and not session.get("dev")
@@ -111,7 +114,7 @@ class ApprovalLinks(ConsoleSessions):
         # without a session the link itself is the capability (links = "capability") or nothing.
         if session is not None and (shut := self._shut(self.grant(session["p"]), form.get("decision"))):
             return shut
-        claim, run, refusal = await self._link_state(token)
+        claim, run, _, refusal = await self._link_state(token)
         if refusal is not None:
             return refusal
         if not self._csrf_ok(self._csrf_nonce(request, session), form.get("csrf")):
