@@ -245,6 +245,9 @@ async def test_p14_a_limit_hit_inside_a_raise_statement_is_still_the_limit(rt):
     assert r.error["code"] == "memory_limit", r.error
     r = await rt.execute("def f(n):\n    raise ValueError(f(n + 1))\nf(0)")
     assert r.error["code"] == "recursion_limit", r.error
+    # Inside the cause of `raise X from Y`, whose own expression marks the raise on pydantic-monty 1.6.
+    r = await rt.execute("raise ValueError('a') from MemoryError('x' * 10**9)")
+    assert r.error["code"] == "memory_limit", r.error
 
 
 async def test_memory_bomb_is_stopped(rt):

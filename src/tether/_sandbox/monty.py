@@ -759,8 +759,10 @@ def _raised_by_program(exc: Any) -> bool:
     """Whether a ``raise`` statement of the program raised ``exc`` (rather than the VM, at a limit).
 
     The VM marks the expression that hit a limit (``'x' * 10**9``, even inside a ``raise``), or no frame at
-    all; a ``raise`` marks the raised expression right after its keyword. Limits cannot be caught, so a
-    limit's exception is never re-raised by the program either.
+    all; a ``raise`` marks the raised expression right after its keyword (pydantic-monty 1.4), or in
+    ``raise X from Y`` the cause right after ``from`` (1.6). Limits cannot be caught, so a limit's exception
+    is never re-raised by the program either. Left ambiguous: a limit hit by a cause that is itself the
+    whole offending expression (``raise E from 'x' * 10**9``) reads as raised.
     """
     try:
         frames = exc.traceback()
@@ -771,7 +773,9 @@ def _raised_by_program(exc: Any) -> bool:
     source, column = frames[-1].source_line, frames[-1].column
     if not isinstance(source, str) or not isinstance(column, int) or column < 1:
         return False
-    return re.search(r"(?:^|[^\w.])raise$", source[:column - 1].rstrip()) is not None
+    before = source[:column - 1].rstrip()
+    return re.search(r"(?:^|[^\w.])raise$", before) is not None or re.search(
+        r"(?:^|[^\w.])raise\b.*[^\w.]from$", before) is not None
 
 
 def _frames(exc: Any) -> list[dict[str, Any]]:
