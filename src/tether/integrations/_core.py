@@ -45,10 +45,10 @@ async def start(rt: Runtime, code: str, *, key: str | None, principal: str | Non
     the user's messages is the host's mistake, not the model's: it raises (InvalidArguments), no run started.
     """
     from tether._engine.attempt.result import RunResult
-    from tether._engine.lineage.words import record
+    from tether._engine.lineage.words import messages
     from tether._store.states import RunStatus
 
-    record(user_words, guarded=False)  # checks the value only; the run records the marks (D-75)
+    messages(user_words)  # the host's mistake raises here, not as the model's failed run; the run keeps the marks
     try:
         return await rt.execute(code, key=key, principal=principal, user_words=user_words)
     except (UsageError, LimitExceeded) as exc:

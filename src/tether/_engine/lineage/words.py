@@ -32,19 +32,26 @@ MARKS_CHARS = 16_384
 FIELD = "user_words"
 
 
-def record(words: str | Sequence[str] | None, *, guarded: bool = True) -> dict[str, Any] | None:
-    """What the run keeps of the user's words (``meta.user_words``): their marks, or None for none given or
-    for a run not ``guarded`` (only ``writes = "guard"`` reads them, and other runs compute nothing of it).
-
-    Raises InvalidArguments for anything but a string or a sequence of strings, before any run exists.
-    """
+def messages(words: object) -> Sequence[str] | None:
+    """``words`` as a list of messages (None for none given); InvalidArguments for anything but a string or a
+    sequence of strings, before any run exists."""
     if words is None:
         return None
     texts = [words] if isinstance(words, str) else words
     if not isinstance(texts, Sequence) or not all(isinstance(t, str) for t in texts):
         raise InvalidArguments(f"user_words is the user's messages, a string or a list of strings, not "
                                f"{type(words).__name__}; no run was started")
-    if not guarded:
+    return texts
+
+
+def record(words: str | Sequence[str] | None, *, guarded: bool = True) -> dict[str, Any] | None:
+    """What the run keeps of the user's words (``meta.user_words``): their marks, or None for none given or
+    for a run not ``guarded`` (only ``writes = "guard"`` reads them, and other runs compute nothing of it).
+
+    Raises InvalidArguments for anything but a string or a sequence of strings, before any run exists.
+    """
+    texts = messages(words)
+    if texts is None or not guarded:
         return None
     kept: list[list[str]] = []
     room, read = MARKS_CHARS, MAX_CHARS
