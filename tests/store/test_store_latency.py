@@ -208,3 +208,40 @@ cents
         assert [c.op for c in store.get_calls(paused.run_id)] == ["sleep", "yield_control", "tool", "tool"]
     finally:
         store.close()
+
+
+GATHERED = """
+import asyncio
+import tools
+cents = (await tools.shop.price(sku="a"))["cents"]
+await asyncio.gather(tools.shop.buy(sku="a"), tools.shop.buy(sku="b"))
+cents
+"""
+
+
+@pytest.mark.parametrize("decision", ["approve", "decline", "cancel"])
+async def test_deciding_a_paused_write_makes_no_store_call_on_the_event_loop(pg_url, schema, decision):
+    """A person's decision (D-43) reads, records and continues the run off the loop: on Postgres, an
+    approver's click must not hold up every other run on the replica for its round trips."""
+    gates.append(Gate())
+    gates[-1].open.set()
+    store = LoopWatchingStore(pg_url, schema=schema)
+    try:
+        async with Runtime(store=store, tools=[price, buy], max_workers=2) as runtime:
+            paused = await runtime.execute(GATHERED)
+            assert paused.status == "paused"
+            first, second = sorted(w["seq"] for w in paused.pending["writes"])
+            store.loop_thread = threading.current_thread()
+            if decision == "cancel":
+                ended = await runtime.resume(paused.run_id, decision, seq=first)
+            else:
+                # Half the pause first (the run stays paused), then the rest (the run goes on).
+                half = await runtime.resume(paused.run_id, decision, seq=first)
+                assert half.status == "paused"
+                ended = await runtime.resume(paused.run_id, decision, seq=second)
+            store.loop_thread = None
+        expected = {"approve": "completed", "decline": "failed", "cancel": "cancelled"}[decision]
+        assert ended.status == expected, ended
+        assert store.on_loop == [], "\n".join(store.on_loop)
+    finally:
+        store.close()

@@ -63,6 +63,23 @@ class Finisher:
             self.bus.notices.publish(ENDED, run.run_id)  # a waiter in another process looks now
         return envelope
 
+    async def finish_awaited(self, run: RunRecord, status: str, *, error: dict[str, Any] | None = None) -> RunResult:
+        """``finish`` from the event loop, the store write awaited: off the loop on Postgres (D-27, D-43).
+
+        The end and, when no observer's event carries it, the notice other processes wait on are one
+        transaction, as ``end_attempt`` writes them.
+        """
+        envelope = RunResult(status=status, run_id=run.run_id, error=error)
+        event = self._event(run, envelope)
+        notice = encode(ENDED, run.run_id) if event is None and self.store.capabilities.notifies else None
+        await self.astore.call(self.lifecycle.finish, run.run_id, RunStatus(status), envelope.to_dict(), error,
+                               notice=notice)
+        _ended(run, status, error)
+        self._announce(run, envelope)
+        if event is not None:
+            await self.bus.emit_awaited(run.run_id, *event)  # its notice is the "ended" one too
+        return envelope
+
     async def end_attempt(self, run: RunRecord, status: str, *, result: Any = None,
                           error: dict[str, Any] | None = None, logs: list[str] | None = None, calls: int = 0,
                           diagnostics: dict[str, Any] | None = None, notes: list[str] | None = None,

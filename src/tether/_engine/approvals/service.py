@@ -209,7 +209,7 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
     # below reads its entry from here, and a won compare-and-set updates it in place (calls/ledger.py).
     entries: dict[int, CallRecord] = {}
     if run.status == RunStatus.PAUSED:
-        refused = await _untrusted(engine, run, wanted, t0, entries)
+        refused = await _untrusted(engine, run, wanted, entries)
         if refused is not None:
             return refused
     who = {"actor": actor or (principal if principal is not None else engine.settings.principal) or "local",
@@ -243,7 +243,8 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
         return await engine.wait_for_run(run_id)
     now = engine.clock()
     if fresh and run.expires_at is not None and now > run.expires_at:
-        engine.finisher.finish(run, RunStatus.FAILED, error=RunExpired(f"run {run_id} passed its approval time to live").to_dict())
+        await engine.finisher.finish_awaited(run, RunStatus.FAILED,
+                                             error=RunExpired(f"run {run_id} passed its approval time to live").to_dict())
         raise RunExpired(f"run {run_id} waited longer than its approval time to live; nothing was sent")
 
     if any(d == "cancel" for d, _ in fresh.values()):
@@ -257,7 +258,7 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
                                                  if d == "approve"))
     last = None
     for seq, (decision, reason) in fresh.items():
-        last = _record(engine, run, batch[seq], decision, reason, who, now, entry=entries.get(seq))
+        last = await _record(engine, run, batch[seq], decision, reason, who, now, entry=entries.get(seq))
         # The run's updated_at is when it paused: nothing touches a paused run but a decision.
         metrics.APPROVAL_SECONDS.observe(max(0.0, now - run.updated_at))
     # The run continues when nothing in its pause is left undecided; whoever
@@ -270,7 +271,7 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
     if undecided:
         return await engine.astore.call(lambda: _paused_view(engine, engine.get_run(run_id, principal)))
     record = last.to_dict() if last is not None else (run.decision or {})
-    resumed = engine.lifecycle.resume_run(run, record)
+    resumed = await engine.astore.call(engine.lifecycle.resume_run, run, record)
     if resumed is None:
         return await engine.wait_for_run(run_id)
     return Resumed(resumed)
@@ -282,7 +283,7 @@ def _known_decided(entry: CallRecord | None) -> CallRecord | None:
 
 
 async def _untrusted(engine: Engine, run: RunRecord, wanted: dict[int, tuple[str, str | None]],
-                     t0: float, entries: dict[int, CallRecord]) -> RunResult | None:
+                     entries: dict[int, CallRecord]) -> RunResult | None:
     """Check what a decision acts on before acting (P-35): None when the run and its pause verify, and then
     ``entries`` holds the pause's journal entries as read and verified, by seq.
 
@@ -306,19 +307,29 @@ async def _untrusted(engine: Engine, run: RunRecord, wanted: dict[int, tuple[str
                 return ended
         if isinstance(exc, WrongSecret):
             raise
-        engine.waits.revoke(run_id=run.run_id)
-        return engine.finisher.finish(run, RunStatus.FAILED, error=exc.to_dict(), t0=t0)
+        await engine.astore.call(engine.waits.revoke, run_id=run.run_id)
+        return await engine.finisher.finish_awaited(run, RunStatus.FAILED, error=exc.to_dict())
     return None
 
 
-def _record(engine: Engine, run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
-            who: dict[str, Any], now: float, expect: tuple[str, ...] = (CallState.ASKED,),
-            entry: CallRecord | None = None) -> Decision:
+async def _record(engine: Engine, run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
+                  who: dict[str, Any], now: float, expect: tuple[str, ...] = (CallState.ASKED,),
+                  entry: CallRecord | None = None) -> Decision:
     """Take one decision: the journal's compare-and-set decides who wins (P-28); then say who (P-29).
 
     ``entry``: the write's entry as just read and verified, else it is read here; the compare-and-set is
-    on the stored row either way, so an entry read a moment ago loses to a decision taken since.
+    on the stored row either way, so an entry read a moment ago loses to a decision taken since. The
+    store's work runs off the event loop (D-43): a person's click does not hold up the replica's runs.
     """
+    record, won = await engine.astore.call(_take, engine, run, write, decision, reason, who, now, expect, entry)
+    if won:
+        await engine.events.emit_awaited(run.run_id, "decided", record.event(write["address"]))
+    return record
+
+
+def _take(engine: Engine, run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
+          who: dict[str, Any], now: float, expect: tuple[str, ...], entry: CallRecord | None) -> tuple[Decision, bool]:
+    """``_record``'s store work, in one of the store's threads: (the decision, whether this process won it)."""
     from tether._engine.attempt.guest_errors import guest_error
 
     seq = write["seq"]
@@ -340,8 +351,7 @@ def _record(engine: Engine, run: RunRecord, write: dict[str, Any], decision: str
     record = Decision(seq, decision, reason, **who, at=now)
     if won:
         _settle_approval(engine, run.run_id, record)
-        engine.events.emit(run.run_id, "decided", record.event(write["address"]))
-    return record
+    return record, won
 
 
 def _settle_approval(engine: Engine, run_id: str, record: Decision) -> None:
@@ -356,18 +366,18 @@ async def _cancel(engine: Engine, run: RunRecord, fresh: dict[int, tuple[str, st
     """A cancel of any write of the pause ends the run; no write of it is sent (P-10)."""
     seq, (_, reason) = next((s, v) for s, v in fresh.items() if v[0] == "cancel")
     record = Decision(seq, "cancel", reason, **who, at=now)
-    if not engine.lifecycle.cancel_decided(run.run_id, record.to_dict()):
+    if not await engine.astore.call(engine.lifecycle.cancel_decided, run.run_id, record.to_dict()):
         # The run moved on meanwhile: decide again against what it is now.
         return await decide(engine, run.run_id, dict(fresh), principal=principal, t0=t0, **who)
     for write in batch_of(run):
         entry = await engine.store.aio.get_call(run.run_id, write["seq"])
         # A write approved earlier in this batch was not sent, and now never will be.
         if entry is not None and entry.state in (CallState.ASKED, CallState.APPROVED):
-            _record(engine, run, write, "cancel", reason if write["seq"] == seq else None, who, now,
-                    expect=(CallState.ASKED, CallState.APPROVED))
+            await _record(engine, run, write, "cancel", reason if write["seq"] == seq else None, who, now,
+                          expect=(CallState.ASKED, CallState.APPROVED))
     address = next(w["address"] for w in batch_of(run) if w["seq"] == seq)
-    return engine.finisher.finish(run, RunStatus.CANCELLED, error=cancelled_error(
-        f"the run was cancelled at the write {address}; nothing further was sent", {"reason": reason}), t0=t0)
+    return await engine.finisher.finish_awaited(run, RunStatus.CANCELLED, error=cancelled_error(
+        f"the run was cancelled at the write {address}; nothing further was sent", {"reason": reason}))
 
 
 async def _roll_back(engine: Engine, run: RunRecord, fresh: dict[int, tuple[str, str | None]],
@@ -382,10 +392,10 @@ async def _roll_back(engine: Engine, run: RunRecord, fresh: dict[int, tuple[str,
     if taken is None:
         # The run moved on meanwhile: decide again against what it is now.
         return await decide(engine, run.run_id, dict(fresh), principal=principal, t0=t0, **who)
-    _settle_approval(engine, run.run_id, record)
-    engine.waits.revoke(run_id=run.run_id)  # the pause's other approval keys decide nothing now
+    await engine.astore.call(_settle_approval, engine, run.run_id, record)
+    await engine.astore.call(engine.waits.revoke, run_id=run.run_id)  # the pause's other keys decide nothing now
     address = next(w["address"] for w in batch_of(run) if w["seq"] == seq)
-    engine.events.emit(run.run_id, "decided", record.event(address))
+    await engine.events.emit_awaited(run.run_id, "decided", record.event(address))
     return Resumed(taken)
 
 
