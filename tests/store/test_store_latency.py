@@ -245,3 +245,36 @@ async def test_deciding_a_paused_write_makes_no_store_call_on_the_event_loop(pg_
         assert store.on_loop == [], "\n".join(store.on_loop)
     finally:
         store.close()
+
+
+@tool(namespace="shop", undo="shop.refund", undo_args=lambda args, result: {"charge_id": result["id"]})
+async def charge(order: str) -> dict:
+    """Charge an order (its undo is a refund)."""
+    return {"id": f"ch_{order}"}
+
+
+@tool(namespace="shop", idempotent_with_key=True)
+async def refund(charge_id: str) -> dict:
+    """Refund a charge."""
+    return {"refunded": charge_id}
+
+
+async def test_a_decline_and_undo_makes_no_store_call_on_the_event_loop(pg_url, schema):
+    """P-46's decline-and-undo from the loop: the pause declined, the plan recorded and the charge refunded,
+    all in the store's threads (D-43)."""
+    from tether import Policy
+
+    store = LoopWatchingStore(pg_url, schema=schema)
+    program = 'import tools\nawait tools.shop.charge(order="a")\nawait tools.shop.buy(sku="a")'
+    policy = Policy(writes="allow", rules=[{"match": "shop.buy", "action": "ask"}])
+    try:
+        async with Runtime(store=store, tools=[charge, refund, buy], policy=policy, max_workers=2) as runtime:
+            paused = await runtime.execute(program)
+            assert paused.status == "paused" and paused.pending["address"] == "shop.buy"
+            store.loop_thread = threading.current_thread()
+            ended = await runtime.resume(paused.run_id, "decline_and_undo", seq=paused.pending["seq"])
+            store.loop_thread = None
+        assert ended.status == "rolled_back", ended
+        assert store.on_loop == [], "\n".join(store.on_loop)
+    finally:
+        store.close()

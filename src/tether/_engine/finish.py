@@ -63,13 +63,14 @@ class Finisher:
             self.bus.notices.publish(ENDED, run.run_id)  # a waiter in another process looks now
         return envelope
 
-    async def finish_awaited(self, run: RunRecord, status: str, *, error: dict[str, Any] | None = None) -> RunResult:
+    async def finish_awaited(self, run: RunRecord, status: str, *, error: dict[str, Any] | None = None,
+                             rollback: list[dict[str, Any]] | None = None) -> RunResult:
         """``finish`` from the event loop, the store write awaited: off the loop on Postgres (D-27, D-43).
 
         The end and, when no observer's event carries it, the notice other processes wait on are one
         transaction, as ``end_attempt`` writes them.
         """
-        envelope = RunResult(status=status, run_id=run.run_id, error=error)
+        envelope = RunResult(status=status, run_id=run.run_id, error=error, rollback=rollback)
         event = self._event(run, envelope)
         notice = encode(ENDED, run.run_id) if event is None and self.store.capabilities.notifies else None
         await self.astore.call(self.lifecycle.finish, run.run_id, RunStatus(status), envelope.to_dict(), error,

@@ -89,8 +89,9 @@ async def begin(engine: Engine, run: RunRecord, *, declined: Sequence[dict[str, 
     steps = make_plan(entries, _undo_of(engine), Policy.from_dict(run.policy))
     plan = {"steps": [s.to_dict() for s in steps], "declined": [w["seq"] for w in declined],
             "declined_address": declined[0]["address"] if declined else None, "by": decision}
-    return engine.lifecycle.begin_rollback(
-        run, {ROLLBACK: plan}, decision,
+    # Off the event loop (D-43): the plan's compare-and-set is a person's click, as a decision is.
+    return await engine.astore.call(
+        engine.lifecycle.begin_rollback, run, {ROLLBACK: plan}, decision,
         lambda r: integrity.sign_run(engine.keyring, r, engine.settings.run_signature))
 
 
@@ -182,9 +183,9 @@ async def _carry_out(engine: Engine, run: RunRecord, plan: dict[str, Any], steps
                 integrity.verify_calls(engine.keyring, run.run_id, [fresh])
                 ledger.entries[step.undo_seq] = fresh
     lines = report(steps, ledger.entries)
-    engine.events.emit(run.run_id, "rolled_back", {"rollback": lines})
-    return engine.finisher.finish(run, RunStatus.ROLLED_BACK, rollback=lines, t0=t0,
-                                  error=rolled_back_error(lines, plan.get("declined_address")))
+    await engine.events.emit_awaited(run.run_id, "rolled_back", {"rollback": lines})
+    return await engine.finisher.finish_awaited(run, RunStatus.ROLLED_BACK, rollback=lines,
+                                                error=rolled_back_error(lines, plan.get("declined_address")))
 
 
 async def _take(engine: Engine, ledger: Ledger, kind: str, step: Step) -> bool:
