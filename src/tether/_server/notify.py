@@ -171,6 +171,7 @@ class Notifier:
         self.reconcile_seconds = reconcile_seconds
         self._hints: collections.deque[tuple[str, str, dict[str, Any]]] = collections.deque(maxlen=HINTS_KEPT)
         self._refused: set[str] = set()
+        self._resume: tuple[float, str] | None = None  # where the last reconciliation stopped, if it had more
         self._loop: asyncio.AbstractEventLoop | None = None
         self._hinted: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
@@ -220,8 +221,9 @@ class Notifier:
 
     async def reconcile(self) -> int:
         """One reconciliation pass (notify_reconcile.py): the stored runs' events the outbox lacks, queued."""
-        added = await notify_reconcile.reconcile(self.rt.store.aio, list(self.webhooks.values()),
-                                                 self.rt.engine.clock(), self.queue_stored, self.refuse)
+        added, self._resume = await notify_reconcile.reconcile(
+            self.rt.store.aio, list(self.webhooks.values()), self.rt.engine.clock(), self.queue_stored, self.refuse,
+            self._resume)
         if added:
             self._poke(self._wake)
         return added
@@ -370,9 +372,11 @@ class Notifier:
             with contextlib.suppress(Exception):  # a store hiccup must not end queueing: the next pass retries
                 await self.queue_hinted()
             if time.monotonic() >= next_pass:
+                behind = False
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.reconcile(), notify_reconcile.DEADLINE_SECONDS * 2)
-                next_pass = time.monotonic() + self.reconcile_seconds
+                    behind = self._resume is not None  # a backlog: the next page at once
+                next_pass = time.monotonic() + (0.0 if behind else self.reconcile_seconds)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(hinted.wait(), max(0.0, next_pass - time.monotonic()))
 

@@ -108,22 +108,26 @@ def next_mark(since: float, last: float | None, exhausted: bool, now: float) -> 
 
 async def reconcile(aio: AsyncStore, hooks: Sequence[Target], now: float,
                     queue_stored: Callable[[str, str, str, list[str]], int],
-                    refuse: Callable[[str, str], None], deadline_seconds: float = DEADLINE_SECONDS) -> int:
-    """One pass: queue what the stored runs call for and the outbox lacks. Returns the rows queued.
+                    refuse: Callable[[str, str], None], resume: tuple[float, str] | None = None,
+                    deadline_seconds: float = DEADLINE_SECONDS) -> tuple[int, tuple[float, str] | None]:
+    """One pass: queue what the stored runs call for and the outbox lacks. Returns the rows queued, and where
+    the next pass goes on (None: from the marks again, once everything changed was read).
 
     ``queue_stored(run_id, kind, event_id, targets)`` queues one run's event from its row (a sync function of
-    the store's, run off the loop); ``refuse(run_id, why)`` is told of a row that cannot be read.
+    the store's, run off the loop); ``refuse(run_id, why)`` is told of a row that cannot be read; ``resume``:
+    where the previous pass stopped, so a backlog larger than a pass is read to its end, not its first pages
+    over and over.
     Terminates: at most ``PAGES_PER_PASS`` pages of ``PAGE`` runs, and no page is begun after the deadline.
     Each webhook's mark moves forward only past what was read (never back: ``advance_outbox_mark``).
     """
     statuses = sorted({kind for hook in hooks for kind in hook.events})
     if not statuses:
-        return 0
+        return 0, None
     marks = await aio.outbox_marks([hook.url for hook in hooks], now)
     if not marks:
-        return 0
+        return 0, None
     since = min(marks.values())
-    cursor, after = since, ""
+    cursor, after = resume if resume is not None and resume[0] >= since else (since, "")
     last: float | None = None
     exhausted = False
     queued = 0
@@ -150,4 +154,4 @@ async def reconcile(aio: AsyncStore, hooks: Sequence[Target], now: float,
     for target, current in marks.items():
         if mark > current:
             await aio.advance_outbox_mark(target, mark)
-    return queued
+    return queued, None if exhausted else (cursor, after)
