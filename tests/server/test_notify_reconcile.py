@@ -1,4 +1,4 @@
-"""D-81: a webhook event is never lost and never blocks a run.
+"""P-49 (D-81): a webhook event is never lost and never blocks a run.
 
 The listener in the run's process is only a hint; what is stored is reconciled into the outbox, so a
 process that dies after a run's transition is stored, before its outbox row is written, still has the
@@ -71,7 +71,7 @@ def config_for(hook: Receiver, tmp_path: Path) -> Config:
                             env={"TETHER_HOME": str(tmp_path / "home")})
 
 
-async def test_d81_a_process_killed_between_the_pause_and_its_outbox_row_still_sends_the_event(url, tmp_path,
+async def test_p49_a_process_killed_between_the_pause_and_its_outbox_row_still_sends_the_event(url, tmp_path,
                                                                                              monkeypatch):
     monkeypatch.setenv("HOOK_SECRET", SECRET)
     async with Receiver() as hook:
@@ -104,7 +104,7 @@ async def test_d81_a_process_killed_between_the_pause_and_its_outbox_row_still_s
 
 
 @pytest.mark.postgres
-async def test_d81_two_notifiers_on_one_postgres_store_send_each_event_once(pg_url, tmp_path):
+async def test_p49_two_notifiers_on_one_postgres_store_send_each_event_once(pg_url, tmp_path):
     url = own_database(pg_url, "notify")
     async with Receiver() as hook:
         hooks = [Webhook(hook.url, SECRET.encode(), frozenset({"paused", "completed"}))]
@@ -133,7 +133,7 @@ async def test_d81_two_notifiers_on_one_postgres_store_send_each_event_once(pg_u
         assert sorted((r.status, r.attempts) for r in rows) == [("delivered", 1), ("delivered", 1)]
 
 
-async def test_d81_a_tampered_or_unreadable_run_row_is_not_announced_and_stops_nothing(tmp_path, capsys):
+async def test_p49_a_tampered_or_unreadable_run_row_is_not_announced_and_stops_nothing(tmp_path, capsys):
     db = tmp_path / "t.db"
     async with Receiver() as hook, Runtime(store=open_store(f"sqlite:///{db}"), tools=[refund]) as rt:
         notifier = Notifier(rt, [Webhook(hook.url, SECRET.encode(), frozenset({"paused"}))])
@@ -154,7 +154,7 @@ async def test_d81_a_tampered_or_unreadable_run_row_is_not_announced_and_stops_n
         assert [json.loads(body)["run"]["run_id"] for _, body in hook.requests] == [intact]
 
 
-async def test_d81_a_backlog_larger_than_a_pass_is_read_to_its_end(tmp_path, monkeypatch):
+async def test_p49_a_backlog_larger_than_a_pass_is_read_to_its_end(tmp_path, monkeypatch):
     monkeypatch.setattr(notify_reconcile, "PAGE", 2)
     monkeypatch.setattr(notify_reconcile, "PAGES_PER_PASS", 2)
     async with Runtime(store=open_store(f"sqlite:///{tmp_path}/t.db"), tools=[refund]) as rt:
@@ -167,7 +167,7 @@ async def test_d81_a_backlog_larger_than_a_pass_is_read_to_its_end(tmp_path, mon
         assert len({r.event_id for r in rt.store.list_outbox()}) == 7
 
 
-def test_d81_each_webhook_is_reconciled_from_its_own_mark():
+def test_p49_each_webhook_is_reconciled_from_its_own_watermark():
     hooks = [Webhook("https://a.example/hook", b"s", frozenset({"paused", "completed"})),
              Webhook("https://b.example/hook", b"s", frozenset({"completed"}))]
     changes = [RunChange("r1", "completed", 10.0, None), RunChange("r2", "paused", 20.0, '{"seq": 3}'),
@@ -184,9 +184,9 @@ def test_d81_each_webhook_is_reconciled_from_its_own_mark():
     assert refused == [("r3", "its pending call is not JSON")]
 
 
-def test_d81_a_mark_never_passes_what_was_read_nor_the_settle_margin():
+def test_p49_a_watermark_never_passes_what_was_read_nor_the_settle_margin():
     settle = notify_reconcile.SETTLE_SECONDS
-    assert notify_reconcile.next_mark(100.0, None, True, 1000.0) == 1000.0 - settle
-    assert notify_reconcile.next_mark(100.0, 400.0, False, 1000.0) == 400.0
-    assert notify_reconcile.next_mark(100.0, 990.0, False, 1000.0) == 1000.0 - settle
-    assert notify_reconcile.next_mark(100.0, None, False, 1000.0) == 100.0
+    assert notify_reconcile.next_watermark(100.0, None, True, 1000.0) == 1000.0 - settle
+    assert notify_reconcile.next_watermark(100.0, 400.0, False, 1000.0) == 400.0
+    assert notify_reconcile.next_watermark(100.0, 990.0, False, 1000.0) == 1000.0 - settle
+    assert notify_reconcile.next_watermark(100.0, None, False, 1000.0) == 100.0

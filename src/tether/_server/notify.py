@@ -1,8 +1,8 @@
 """Notifications: ``[[notify]]`` webhooks told when a run pauses, waits, fails, completes or is cancelled.
 
-    run pauses/ends ──> EventBus.announce ──> a hint, in memory ──┐
-    stored runs changed since the webhook's mark (reconciled) ──────┴─> outbox row per webhook (insert-or-ignore)
-                                                                          │
+    run pauses/ends ──> EventBus.announce ──> a hint, in memory ─────┐
+    stored runs changed since a webhook's watermark (reconciled) ──────┴─> outbox row per webhook
+                                                                          │  (insert-or-ignore)
            deliverer (any tether process) ──claim─────────────────────────┘──> POST signed JSON ──> 2xx: delivered
                                                              └─ else: retried with backoff, then given up
 
@@ -205,9 +205,9 @@ class Notifier:
         self._poke(self._wake)
 
     async def prepare(self) -> None:
-        """Store each webhook's mark if it has none: a run that changes from now on is reconciled even if this
+        """Store each webhook's watermark if it has none: a run that changes from now on is reconciled even if this
         process dies before its first pass."""
-        await self.rt.store.aio.outbox_marks(list(self.webhooks), self.rt.engine.clock())
+        await self.rt.store.aio.outbox_watermarks(list(self.webhooks), self.rt.engine.clock())
 
     async def queue_hinted(self) -> int:
         """Queue the events listeners were told of, off the event loop. Returns the rows added."""
@@ -448,7 +448,7 @@ async def notifications(rt: Runtime, config: Any, **options: Any):
         return
     notifier = Notifier(rt, hooks, public_url=getattr(getattr(config, "server", None), "public_url", None),
                         **options)
-    # Each webhook's mark before the first run: a run that changes from here on is reconciled even if this
+    # Each webhook's watermark before the first run: a run that changes from here on is reconciled even if this
     # process dies before its first pass (D-81). A store that cannot be reached now is tried again each pass.
     with contextlib.suppress(Exception):
         await notifier.prepare()

@@ -2,7 +2,7 @@
 
 A listener is only told in the process that stored the transition, after it is stored; a process that
 dies in between (or drops the hint) would leave the webhook untold. So the notifier also reads what is
-stored: every run in an announced status changed since each webhook's mark (``outbox_marks``), in pages,
+stored: every run in an announced status changed since each webhook's watermark (``outbox_watermarks``), in pages,
 and queues the events that are not in the outbox yet. Queueing is insert-or-ignore by (webhook, event
 id) and the id is a function of the transition, so a run reconciled by two replicas, or both hinted and
 reconciled, is one row, claimed by one deliverer at a time (``claim_outbox``): receivers get each event
@@ -29,7 +29,7 @@ PAGES_PER_PASS = 10
 DEADLINE_SECONDS = 20.0
 # How often a pass runs: the hint from the run's own process is what is quick; this is the safety net.
 RECONCILE_SECONDS = 5.0
-# A mark stays this far behind the clock: a transition committed late, or stamped by a replica whose
+# A watermark stays this far behind the clock: a transition committed late, or stamped by a replica whose
 # clock runs behind, is still read by the next pass. Reading it twice costs an outbox lookup, not a send.
 SETTLE_SECONDS = 30.0
 PARKED = ("paused", "waiting")
@@ -79,9 +79,9 @@ class Due:
     updated_at: float
 
 
-def planned(changes: Sequence[RunChange], hooks: Sequence[Target], marks: Mapping[str, float],
+def planned(changes: Sequence[RunChange], hooks: Sequence[Target], watermarks: Mapping[str, float],
             refused: list[tuple[str, str]] | None = None) -> list[Due]:
-    """The events ``changes`` call for: per run, the webhooks that want its status and whose mark it is not
+    """The events ``changes`` call for: per run, the webhooks that want its status and whose watermark it is not
     before. A row that cannot be read is left out (and named in ``refused``), never raised."""
     out = []
     for change in changes:
@@ -92,14 +92,14 @@ def planned(changes: Sequence[RunChange], hooks: Sequence[Target], marks: Mappin
                 refused.append((change.run_id, str(exc)))
             continue
         targets = tuple(h.url for h in hooks
-                        if change.status in h.events and h.url in marks and change.updated_at >= marks[h.url])
+                        if change.status in h.events and h.url in watermarks and change.updated_at >= watermarks[h.url])
         if targets:
             out.append(Due(change.run_id, change.status, event_id(change.run_id, change.status, seq), targets,
                            change.updated_at))
     return out
 
 
-def next_mark(since: float, last: float | None, exhausted: bool, now: float) -> float:
+def next_watermark(since: float, last: float | None, exhausted: bool, now: float) -> float:
     """Where the next pass may start: past everything this pass read, never closer to ``now`` than the settle
     margin. ``last``: the newest change read (None: none); ``exhausted``: the last page was not full."""
     reached = now if exhausted else (since if last is None else last)
@@ -111,22 +111,22 @@ async def reconcile(aio: AsyncStore, hooks: Sequence[Target], now: float,
                     refuse: Callable[[str, str], None], resume: tuple[float, str] | None = None,
                     deadline_seconds: float = DEADLINE_SECONDS) -> tuple[int, tuple[float, str] | None]:
     """One pass: queue what the stored runs call for and the outbox lacks. Returns the rows queued, and where
-    the next pass goes on (None: from the marks again, once everything changed was read).
+    the next pass goes on (None: from the watermarks again, once everything changed was read).
 
     ``queue_stored(run_id, kind, event_id, targets)`` queues one run's event from its row (a sync function of
     the store's, run off the loop); ``refuse(run_id, why)`` is told of a row that cannot be read; ``resume``:
     where the previous pass stopped, so a backlog larger than a pass is read to its end, not its first pages
     over and over.
     Terminates: at most ``PAGES_PER_PASS`` pages of ``PAGE`` runs, and no page is begun after the deadline.
-    Each webhook's mark moves forward only past what was read (never back: ``advance_outbox_mark``).
+    Each webhook's watermark moves forward only past what was read (never back: ``advance_outbox_watermark``).
     """
     statuses = sorted({kind for hook in hooks for kind in hook.events})
     if not statuses:
         return 0, None
-    marks = await aio.outbox_marks([hook.url for hook in hooks], now)
-    if not marks:
+    watermarks = await aio.outbox_watermarks([hook.url for hook in hooks], now)
+    if not watermarks:
         return 0, None
-    since = min(marks.values())
+    since = min(watermarks.values())
     cursor, after = resume if resume is not None and resume[0] >= since else (since, "")
     last: float | None = None
     exhausted = False
@@ -135,7 +135,7 @@ async def reconcile(aio: AsyncStore, hooks: Sequence[Target], now: float,
     for _ in range(PAGES_PER_PASS):
         page = await aio.run_changes(statuses, cursor, after, PAGE)
         refused: list[tuple[str, str]] = []
-        due = planned(page, hooks, marks, refused)
+        due = planned(page, hooks, watermarks, refused)
         for run_id, why in refused:
             refuse(run_id, why)
         known = await aio.outbox_known([d.event_id for d in due]) if due else set()
@@ -150,8 +150,8 @@ async def reconcile(aio: AsyncStore, hooks: Sequence[Target], now: float,
             break
         if time.monotonic() > ends:
             break
-    mark = next_mark(since, last, exhausted, now)
-    for target, current in marks.items():
-        if mark > current:
-            await aio.advance_outbox_mark(target, mark)
+    watermark = next_watermark(since, last, exhausted, now)
+    for target, current in watermarks.items():
+        if watermark > current:
+            await aio.advance_outbox_watermark(target, watermark)
     return queued, None if exhausted else (cursor, after)

@@ -821,20 +821,21 @@ class SQLStore:
         with self._transaction(write=False, single=True) as tx:
             return {(target, event_id) for target, event_id in tx.run(sql, ids).fetchall()}
 
-    def outbox_marks(self, targets: Sequence[str], start: float) -> dict[str, float]:
-        # Insert-or-ignore: the first replica to see a target starts its mark; the others read it.
-        insert = "INSERT INTO outbox_marks (target, mark) VALUES (?, ?) ON CONFLICT (target) DO NOTHING"
+    def outbox_watermarks(self, targets: Sequence[str], start: float) -> dict[str, float]:
+        # Insert-or-ignore: the first replica to see a target starts its watermark; the others read it.
+        insert = "INSERT INTO outbox_watermarks (target, watermark) VALUES (?, ?) ON CONFLICT (target) DO NOTHING"
         wanted = sorted(set(targets))
         with self._transaction(write=True) as tx:
             for target in wanted:
                 tx.run(insert, (target, start))
-            rows = tx.run(f"SELECT target, mark FROM outbox_marks WHERE target IN ({', '.join('?' * len(wanted))})",
+            rows = tx.run(f"SELECT target, watermark FROM outbox_watermarks WHERE target IN ({', '.join('?' * len(wanted))})",
                           wanted).fetchall() if wanted else []
-        return {target: float(mark) for target, mark in rows}
+        return {target: float(watermark) for target, watermark in rows}
 
-    def advance_outbox_mark(self, target: str, mark: float) -> None:
+    def advance_outbox_watermark(self, target: str, watermark: float) -> None:
         with self._transaction(write=True, single=True) as tx:
-            tx.run("UPDATE outbox_marks SET mark = ? WHERE target = ? AND mark < ?", (mark, target, mark))
+            tx.run("UPDATE outbox_watermarks SET watermark = ? WHERE target = ? AND watermark < ?",
+                   (watermark, target, watermark))
 
     def run_changes(self, statuses: Sequence[str], since: float, after: str = "",
                     limit: int = 200) -> list[RunChange]:

@@ -415,11 +415,12 @@ class OutboxPort(Protocol):
     def outbox_known(self, event_ids: Sequence[str]) -> set[tuple[str, str]]:
         """(target, event_id) of every row queued for one of ``event_ids``, whatever its status."""
 
-    def outbox_marks(self, targets: Sequence[str], start: float) -> dict[str, float]:
-        """Each target's mark: every run change before it was reconciled (D-81); a target without one gets ``start``."""
+    def outbox_watermarks(self, targets: Sequence[str], start: float) -> dict[str, float]:
+        """Each target's watermark: every run change before it was reconciled (D-81); a target without one gets
+        ``start``."""
 
-    def advance_outbox_mark(self, target: str, mark: float) -> None:
-        """Move ``target``'s mark forward to ``mark`` (never back: replicas advance it concurrently)."""
+    def advance_outbox_watermark(self, target: str, watermark: float) -> None:
+        """Move ``target``'s watermark forward to ``watermark`` (never back: replicas advance it concurrently)."""
 
     def run_changes(self, statuses: Sequence[str], since: float, after: str = "",
                     limit: int = 200) -> list[RunChange]:
@@ -713,11 +714,11 @@ class AsyncStore:
     async def outbox_known(self, event_ids: Sequence[str]) -> set[tuple[str, str]]:
         return await self.call(self.store.outbox_known, event_ids)
 
-    async def outbox_marks(self, targets: Sequence[str], start: float) -> dict[str, float]:
-        return await self.call(self.store.outbox_marks, targets, start)
+    async def outbox_watermarks(self, targets: Sequence[str], start: float) -> dict[str, float]:
+        return await self.call(self.store.outbox_watermarks, targets, start)
 
-    async def advance_outbox_mark(self, target: str, mark: float) -> None:
-        await self.call(self.store.advance_outbox_mark, target, mark)
+    async def advance_outbox_watermark(self, target: str, watermark: float) -> None:
+        await self.call(self.store.advance_outbox_watermark, target, watermark)
 
     async def run_changes(self, statuses: Sequence[str], since: float, after: str = "",
                           limit: int = 200) -> list[RunChange]:
