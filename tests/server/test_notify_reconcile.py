@@ -138,20 +138,33 @@ async def test_p49_a_tampered_or_unreadable_run_row_is_not_announced_and_stops_n
     async with Receiver() as hook, Runtime(store=open_store(f"sqlite:///{db}"), tools=[refund]) as rt:
         notifier = Notifier(rt, [Webhook(hook.url, SECRET.encode(), frozenset({"paused"}))])
         await notifier.prepare()
-        bad_json, edited, intact = [(await rt.execute(PAUSING)).run_id for _ in range(3)]
+        bad_json, edited, bad_meta, intact = [(await rt.execute(PAUSING)).run_id for _ in range(4)]
         with sqlite3.connect(db) as conn:
             conn.execute("UPDATE runs SET pending = '{\"seq\": 1, ' WHERE run_id = ?", (bad_json,))
             conn.execute("UPDATE runs SET pending = replace(pending, 'A1', 'Z9') WHERE run_id = ?", (edited,))
+            conn.execute("UPDATE runs SET meta = '{oops' WHERE run_id = ?", (bad_meta,))
         assert await notifier.reconcile() == 1
         assert await notifier.reconcile() == 0
         [row] = rt.store.list_outbox()
         assert json.loads(row.body)["run"]["run_id"] == intact
         err = capsys.readouterr().err
-        for run_id in (bad_json, edited):
+        for run_id in (bad_json, edited, bad_meta):
             assert err.count(f"run {run_id} is not announced to webhooks") == 1, err
         async with httpx.AsyncClient() as http:
             assert await notifier.deliver_due(http) == 1
         assert [json.loads(body)["run"]["run_id"] for _, body in hook.requests] == [intact]
+
+
+async def test_p49_a_watermark_edited_into_the_future_hides_no_run(tmp_path):
+    db = tmp_path / "t.db"
+    async with Runtime(store=open_store(f"sqlite:///{db}"), tools=[refund]) as rt:
+        notifier = Notifier(rt, [Webhook("http://127.0.0.1:9/hook", SECRET.encode(), frozenset({"paused"}))])
+        await notifier.prepare()
+        with sqlite3.connect(db) as conn:
+            conn.execute("UPDATE outbox_watermarks SET watermark = 1e12")
+        paused = await rt.execute(PAUSING)
+        assert await notifier.reconcile() == 1
+        assert json.loads(rt.store.list_outbox()[0].body)["run"]["run_id"] == paused.run_id
 
 
 async def test_p49_a_backlog_larger_than_a_pass_is_read_to_its_end(tmp_path, monkeypatch):

@@ -51,6 +51,7 @@ from tether._server import notify_reconcile
 from tether._server.approvals import approval_url, input_schema, pending_writes
 from tether._store.base import OUTBOX_DELIVERED, OUTBOX_FAILED, OUTBOX_PENDING, OutboxRecord, RunRecord
 from tether._tools.shown import show_call
+from tether.errors import StoreError
 
 if TYPE_CHECKING:
     from tether._runtime import Runtime
@@ -253,7 +254,13 @@ class Notifier:
         Only a run whose signature verifies (P-35) is announced from its row, and only while it still stands
         where the row read said (``kind``, ``event_id``): anything else is refused or left to the next pass.
         """
-        run = self.rt.store.get_run(run_id)
+        try:
+            run = self.rt.store.get_run(run_id)
+        except StoreError:
+            raise  # the store, not the row: this pass ends and the next one reads it again
+        except Exception as exc:  # a column that is not JSON, a status tether has no name for
+            self.refuse(run_id, f"it cannot be read: {type(exc).__name__}")
+            return 0
         if run is None or run.status != kind:
             return 0
         try:

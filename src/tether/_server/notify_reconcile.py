@@ -123,7 +123,10 @@ async def reconcile(aio: AsyncStore, hooks: Sequence[Target], now: float,
     statuses = sorted({kind for hook in hooks for kind in hook.events})
     if not statuses:
         return 0, None
-    watermarks = await aio.outbox_watermarks([hook.url for hook in hooks], now)
+    stored = await aio.outbox_watermarks([hook.url for hook in hooks], now)
+    # A watermark is written no closer to the clock than the settle margin (a new webhook's aside): one edited
+    # into the future is read as that, so it cannot hide the runs that change from then on.
+    watermarks = {target: min(at, now - SETTLE_SECONDS) for target, at in stored.items()}
     if not watermarks:
         return 0, None
     since = min(watermarks.values())
