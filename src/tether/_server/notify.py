@@ -186,7 +186,7 @@ class Notifier:
             self._poke(self._hinted)
 
     def _poke(self, signal: asyncio.Event | None) -> None:
-        """Set ``signal`` of the delivery loop's event loop, from that loop or from any thread."""
+        """Set ``signal`` (an event of the loop ``run`` runs on) from that loop or from any thread."""
         loop = self._loop
         if signal is None or loop is None:
             return
