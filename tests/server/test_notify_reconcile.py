@@ -155,6 +155,26 @@ async def test_p49_a_tampered_or_unreadable_run_row_is_not_announced_and_stops_n
         assert [json.loads(body)["run"]["run_id"] for _, body in hook.requests] == [intact]
 
 
+def _store_transactions() -> float:
+    from tether import _metrics
+
+    return sum(sum(child.counts) for child in _metrics.STORE_SECONDS.children.values())
+
+
+async def test_p49_the_listener_in_the_runs_step_touches_no_store(tmp_path):
+    """The run's pausing step calls the listener on the event loop: it leaves a hint and nothing else (D-27);
+    the store work happens when the notifier's own task queues it."""
+    async with Runtime(store=open_store(f"sqlite:///{tmp_path}/t.db"), tools=[refund]) as rt:
+        notifier = Notifier(rt, [Webhook("http://127.0.0.1:9/hook", SECRET.encode(), frozenset({"paused"}))])
+        paused = await rt.execute(PAUSING)
+        stored = rt.store.get_run(paused.run_id)
+        before = _store_transactions()
+        notifier(paused.run_id, "paused", {"pending": stored.pending, "expires_at": stored.expires_at})
+        assert _store_transactions() == before and rt.store.list_outbox() == []
+        assert await notifier.queue_hinted() == 1
+        assert json.loads(rt.store.list_outbox()[0].body)["run"]["run_id"] == paused.run_id
+
+
 async def test_p49_a_watermark_edited_into_the_future_hides_no_run(tmp_path):
     db = tmp_path / "t.db"
     async with Runtime(store=open_store(f"sqlite:///{db}"), tools=[refund]) as rt:
