@@ -179,7 +179,13 @@ async def test_p34_a_slow_webhook_never_delays_a_run():
             done = await rt.resume(paused.run_id, "approve")
             assert done.status == "completed" and done.result == "refunded A1"
             assert not hook.release.is_set()
+            # Nor does it hold up the queueing of the run's next event (D-81): the first request is still open.
+            for _ in range(250):
+                if len(rt.store.list_outbox()) == 2:
+                    break
+                await asyncio.sleep(0.02)
             assert [r.status for r in rt.store.list_outbox()] == ["pending", "pending"]
+            assert not hook.release.is_set() and len(hook.requests) == 1
             hook.release.set()
             await hook.wait_for(2)
         finally:
@@ -192,8 +198,10 @@ async def test_p34_the_outbox_outlives_the_process_that_queued_it(store_url):
 
         # A process queues the event and stops before delivering it.
         async with Runtime(store=open_store(store_url), tools=[refund]) as first:
-            first.engine.events.listeners.append(Notifier(first, [Webhook(hook.url, SECRET.encode(), frozenset({"completed"}))]))
+            queued = Notifier(first, [Webhook(hook.url, SECRET.encode(), frozenset({"completed"}))])
+            first.engine.events.listeners.append(queued)
             assert (await first.execute("'done'")).status == "completed"
+            assert await queued.queue_hinted() == 1
         assert hook.requests == []
         # The next one delivers it.
         async with Runtime(store=open_store(store_url), tools=[refund]) as second:

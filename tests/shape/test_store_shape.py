@@ -277,16 +277,18 @@ def test_the_one_migration_list_gives_both_backends_the_same_tables(tmp_path, pg
 # sha256 (first 16 hex digits) of each released schema version's statements as each backend runs them, joined
 # by NUL: versions 1-10 as the two hand-written lists before they became one list with dialect hooks gave
 # them, 11 the column renames' expand step (D-48), 12 the quota buckets (D-54), 13 the indexes that forget
-# old buckets (D-56). A released
+# old buckets (D-56), 15 the webhook watermarks (D-81). A released
 # migration is never edited (_migrations.py): a changed digest is a database that would upgrade differently
 # from one already upgraded. A new migration appends one digest per backend.
 RELEASED = {
     "sqlite": ["d10b736b884d2639", "41c469176112376f", "ee0c872a66ce14b3", "2e60b28916cb7d39", "b0a9bdc606ec465e",
                "9a72ff8f56d60ed2", "6cd36289cf1e6ff0", "c5475bbf79ca7a67", "c68944be38308961", "5bd9a14810a66ed4",
-               "3ba527ee087cce58", "ca81e49844642bae", "dde62412d6f8afd9", "24fce02d55da2245"],
+               "3ba527ee087cce58", "ca81e49844642bae", "dde62412d6f8afd9", "24fce02d55da2245",
+               "683f5f0228644f7d"],
     "postgres": ["82d30c92be892c82", "cb5ea863ea4c1af0", "b0dbf6c37b07688f", "2e60b28916cb7d39", "b0a9bdc606ec465e",
                  "64ba73961dc4a8d1", "f50baa5f3b2f3db3", "c5475bbf79ca7a67", "c68944be38308961", "6bf05643d57a1918",
-                 "3e760dce73149d4e", "9a2c30075573eb2b", "dde62412d6f8afd9", "96cc6239f3ac7d22"],
+                 "3e760dce73149d4e", "9a2c30075573eb2b", "dde62412d6f8afd9", "96cc6239f3ac7d22",
+                 "32be586654263b5b"],
 }
 
 

@@ -143,6 +143,7 @@ def test_a_version_11_store_upgrades_keeping_the_count_of_the_runs_in_its_period
     # Later versions' tables and columns too (14: lineage, P-45), which are applied again.
     backend.sql("DROP TABLE lineage_marks")
     backend.sql("ALTER TABLE calls DROP COLUMN lineage")
+    backend.sql("DROP TABLE outbox_watermarks")  # 15: webhook watermarks (D-81)
     backend.sql("DELETE FROM schema_version WHERE version >= 12")  # and 13's indexes, gone with the table
     store = backend.store()
     try:

@@ -188,6 +188,7 @@ async def test_a_read_only_copy_of_the_store_approves_nothing(db, secret_outside
         # The caller that ran the program was handed its approval key; the store was not.
         handed = paused.pending["key"]
         assert handed.startswith("w1.")
+        assert await notifier.queue_hinted() == 1
         [queued] = rt.store.list_outbox()
         assert "approve/" not in queued.body and "approval_url" not in queued.body
 
@@ -260,6 +261,7 @@ async def test_an_inserted_outbox_row_is_never_signed_or_sent(db, secret_outside
                                 public_url="https://tether.example.com")
             rt.engine.events.listeners.append(notifier)
             paused = await rt.execute(WRITE)
+            assert await notifier.queue_hinted() == 1
             # The attack: a row written straight into the table, wanting the webhook's signature.
             forged = json.dumps({"v": 1, "id": "evt_forged", "type": "run.completed",
                                  "run": {"run_id": paused.run_id, "status": "completed"}})
@@ -277,6 +279,7 @@ async def test_an_inserted_outbox_row_is_never_signed_or_sent(db, secret_outside
             assert received == []
             # A row tether queued is delivered, with the approval link minted as it is sent.
             again = await rt.execute(WRITE)
+            assert await notifier.queue_hinted() == 1
             async with httpx.AsyncClient() as http:
                 await notifier.deliver_due(http)
             [(headers, body)] = received

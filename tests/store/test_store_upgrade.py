@@ -45,6 +45,7 @@ class Backend(StoreBackend):
         self.sql("DROP TABLE run_counts")
         self.sql("DROP TABLE lineage_marks")  # migration 14's table and column (P-45)
         self.sql("ALTER TABLE calls DROP COLUMN lineage")
+        self.sql("DROP TABLE outbox_watermarks")  # migration 15's table (D-81)
         self.sql("DELETE FROM schema_version WHERE version >= 12")
         for table, column in RENAMED.items():
             name = f"{table}_{column}_in_step"

@@ -96,10 +96,12 @@ async def test_every_surface_shows_a_paused_write_without_its_secrets(rt):
     from tether._server.console import Console
     from tether._server.notify import Notifier, Webhook
 
-    rt.engine.events.listeners.append(Notifier(rt, [Webhook("http://127.0.0.1:9/hook", b"s" * 16, frozenset({"paused"}))]))
+    notifier = Notifier(rt, [Webhook("http://127.0.0.1:9/hook", b"s" * 16, frozenset({"paused"}))])
+    rt.engine.events.listeners.append(notifier)
     card = await rt.execute(OPENAPI_PROGRAM)
     vendor = await rt.execute(PYTHON_PROGRAM)
     assert card.status == vendor.status == "paused"
+    assert await notifier.queue_hinted() == 2
     console = Console(rt, tokens=[])
     shown: dict[str, str] = {}
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=console.app),

@@ -120,6 +120,7 @@ async def test_a_webhook_body_names_every_argument_escaped(rt):
     notifier = Notifier(rt, [Webhook("http://127.0.0.1:9/hook", b"s" * 16, frozenset({"paused"}))])
     rt.engine.events.listeners.append(notifier)
     paused = await rt.execute(PROGRAM)
+    assert await notifier.queue_hinted() == 1
     [row] = rt.store.list_outbox()
     _no_raw_controls(row.body)
     [write] = json.loads(row.body)["pending"]

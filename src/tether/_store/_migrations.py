@@ -242,6 +242,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX lineage_marks_lookup ON lineage_marks (principal, digest, created_at)",
     ),
+    (
+        # 15: webhook events are reconciled from the runs (D-81): per webhook, a watermark: the time before which every
+        # run's pause, park or end has been queued in the outbox. A replica that starts, or one that died
+        # between a run's transition and its outbox row, reads runs changed since it; it moves only forward.
+        "CREATE TABLE outbox_watermarks (target TEXT PRIMARY KEY, watermark {real} NOT NULL)",
+    ),
 ]
 
 

@@ -88,6 +88,7 @@ from tether._store.base import (
     LineageMark,
     OutboxRecord,
     ParkEvent,
+    RunChange,
     RunRecord,
     SessionRecord,
     SnapshotRecord,
@@ -811,6 +812,41 @@ class SQLStore:
         sql = f"{_select('outbox', OUTBOX_COLUMNS)} {where}ORDER BY id LIMIT ?"
         with self._transaction(write=False, single=True) as tx:
             return [OutboxRecord(**_decode(OUTBOX_COLUMNS, row)) for row in tx.run(sql, params + [limit]).fetchall()]
+
+    def outbox_known(self, event_ids: Sequence[str]) -> set[tuple[str, str]]:
+        ids = sorted(set(event_ids))
+        if not ids:
+            return set()
+        sql = f"SELECT target, event_id FROM outbox WHERE event_id IN ({', '.join('?' * len(ids))})"
+        with self._transaction(write=False, single=True) as tx:
+            return {(target, event_id) for target, event_id in tx.run(sql, ids).fetchall()}
+
+    def outbox_watermarks(self, targets: Sequence[str], start: float) -> dict[str, float]:
+        # Insert-or-ignore: the first replica to see a target starts its watermark; the others read it.
+        insert = "INSERT INTO outbox_watermarks (target, watermark) VALUES (?, ?) ON CONFLICT (target) DO NOTHING"
+        wanted = sorted(set(targets))
+        with self._transaction(write=True) as tx:
+            for target in wanted:
+                tx.run(insert, (target, start))
+            rows = tx.run(f"SELECT target, watermark FROM outbox_watermarks WHERE target IN ({', '.join('?' * len(wanted))})",
+                          wanted).fetchall() if wanted else []
+        return {target: float(watermark) for target, watermark in rows}
+
+    def advance_outbox_watermark(self, target: str, watermark: float) -> None:
+        with self._transaction(write=True, single=True) as tx:
+            tx.run("UPDATE outbox_watermarks SET watermark = ? WHERE target = ? AND watermark < ?",
+                   (watermark, target, watermark))
+
+    def run_changes(self, statuses: Sequence[str], since: float, after: str = "",
+                    limit: int = 200) -> list[RunChange]:
+        if not statuses:
+            return []
+        sql = ("SELECT run_id, status, updated_at, pending FROM runs"
+               f" WHERE status IN ({', '.join('?' * len(statuses))})"
+               " AND (updated_at > ? OR (updated_at = ? AND run_id > ?)) ORDER BY updated_at, run_id LIMIT ?")
+        with self._transaction(write=False, single=True) as tx:
+            rows = tx.run(sql, [*statuses, since, since, after, limit]).fetchall()
+        return [RunChange(run_id, str(status), float(updated_at), pending) for run_id, status, updated_at, pending in rows]
 
     # -- console sign-outs
 

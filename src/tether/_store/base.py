@@ -185,6 +185,16 @@ class OutboxRecord:
 
 
 @dataclass(frozen=True)
+class RunChange:
+    """Where a run stands, as the notifier reconciles the outbox with it: enough to name its event (D-81)."""
+
+    run_id: str
+    status: str
+    updated_at: float
+    pending: str | None  # the stored JSON text as it is: a malformed row is refused by its reader, not here
+
+
+@dataclass(frozen=True)
 class ParkEvent:
     """The event a run stopping at a host call adds (``paused`` or ``waiting``), its data JSON-ready."""
 
@@ -401,6 +411,20 @@ class OutboxPort(Protocol):
         """Record a delivery attempt and release the claim."""
 
     def list_outbox(self, status: str | None = None, limit: int = 100) -> list[OutboxRecord]: ...
+
+    def outbox_known(self, event_ids: Sequence[str]) -> set[tuple[str, str]]:
+        """(target, event_id) of every row queued for one of ``event_ids``, whatever its status."""
+
+    def outbox_watermarks(self, targets: Sequence[str], start: float) -> dict[str, float]:
+        """Each target's watermark: every run change before it was reconciled (D-81); a target without one gets
+        ``start``."""
+
+    def advance_outbox_watermark(self, target: str, watermark: float) -> None:
+        """Move ``target``'s watermark forward to ``watermark`` (never back: replicas advance it concurrently)."""
+
+    def run_changes(self, statuses: Sequence[str], since: float, after: str = "",
+                    limit: int = 200) -> list[RunChange]:
+        """Runs in ``statuses`` whose (updated_at, run_id) is after (``since``, ``after``), the oldest change first."""
 
 
 class ListingCachePort(Protocol):
@@ -686,6 +710,19 @@ class AsyncStore:
 
     async def list_outbox(self, status: str | None = None, limit: int = 100) -> list[OutboxRecord]:
         return await self.call(self.store.list_outbox, status, limit)
+
+    async def outbox_known(self, event_ids: Sequence[str]) -> set[tuple[str, str]]:
+        return await self.call(self.store.outbox_known, event_ids)
+
+    async def outbox_watermarks(self, targets: Sequence[str], start: float) -> dict[str, float]:
+        return await self.call(self.store.outbox_watermarks, targets, start)
+
+    async def advance_outbox_watermark(self, target: str, watermark: float) -> None:
+        await self.call(self.store.advance_outbox_watermark, target, watermark)
+
+    async def run_changes(self, statuses: Sequence[str], since: float, after: str = "",
+                          limit: int = 200) -> list[RunChange]:
+        return await self.call(self.store.run_changes, statuses, since, after, limit)
 
     # -- console sign-outs
 
