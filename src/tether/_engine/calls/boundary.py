@@ -265,6 +265,8 @@ class EffectBoundary:
             return await self.stops.hold(call)
         self.ledger.note_key(seq, key)
         decision = replay.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
+        if decision.action == replay.DIVERGED and decision.entry is None:
+            decision = replay.decide(None, key, seq, self.last_recorded_seq, read=self._reads(op, address))
         if decision.action == replay.DIVERGED:
             self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
                                          details={"seq": seq, "address": address}))
@@ -315,6 +317,13 @@ class EffectBoundary:
         if error is not None:
             raise error
         return value
+
+    def _reads(self, op: str, address: str) -> bool:
+        """Whether a call is a read: a built-in's lookup, or a tool that does not write."""
+        if op in BUILTIN_OPS:
+            return True
+        tool = self.catalog.find(address) if op == "tool" else None
+        return tool is not None and not tool.is_write
 
     async def _builtin_call(self, call: Call, decision: replay.JournalAnswer) -> Any:
         seq, op, address, args = call.seq, call.op, call.address, call.args

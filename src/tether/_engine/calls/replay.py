@@ -39,12 +39,22 @@ class JournalAnswer:
 _LIVE = JournalAnswer(LIVE)
 
 
-def decide(entry: CallRecord | None, key: str, seq: int, last_recorded_seq: int) -> JournalAnswer:
-    """Replay or live for the call at ``seq`` with identity ``key`` (P-5, P-6)."""
+def decide(entry: CallRecord | None, key: str, seq: int, last_recorded_seq: int, *,
+           read: bool = False) -> JournalAnswer:
+    """Replay or live for the call at ``seq`` with identity ``key`` (P-5, P-6).
+
+    ``read``: the call is a read (a tool that does not write, or search/describe/sources), which the boundary
+    works out only for a call missing below the last recorded one.
+    """
     if entry is None:
         if seq <= last_recorded_seq:
-            # A gap below the last recorded call means the program took a
-            # different path than the one the journal recorded.
+            if read:
+                # A read's intent waits in memory for its outcome (D-6) and a call held while a pause forms is
+                # not journaled (P-4), so a gathered read can be missing below a write recorded after it;
+                # like a read left pending, it is safe to issue again (D-80).
+                return _LIVE
+            # Anything else missing below the last recorded call means the program
+            # took a different path than the one the journal recorded.
             return JournalAnswer(DIVERGED, None, f"call {seq} is missing from the journal but later calls are recorded")
         return _LIVE
     if entry.key != key:
