@@ -47,7 +47,7 @@ _SLEEPS = ("asyncio.sleep", "time.sleep")
 STOP_GRACE_SECONDS = 0.25
 # Whether a call the program does not await at once (a gather's) reaches the host without suspending the
 # worker (pydantic-monty's `stream_async_calls`). D-80 says why it is what it is.
-STREAM_ASYNC_CALLS = False
+STREAM_ASYNC_CALLS = True
 
 # A host function gets the sandbox-side function name ("tools.ns.tool" or a
 # built-in name), positional args and keyword args, and returns a value the
