@@ -40,18 +40,19 @@ _LIVE = JournalAnswer(LIVE)
 
 
 def decide(entry: CallRecord | None, key: str, seq: int, last_recorded_seq: int, *,
-           read: bool = False) -> JournalAnswer:
+           unrecorded_ok: bool = False) -> JournalAnswer:
     """Replay or live for the call at ``seq`` with identity ``key`` (P-5, P-6).
 
-    ``read``: the call is a read (a tool that does not write, or search/describe/sources), which the boundary
-    works out only for a call missing below the last recorded one.
+    ``unrecorded_ok``: the call may be missing below the last recorded one — a read (a tool that does not
+    write, or search/describe/sources), or a call the restored snapshot's signed record lists as held (P-9);
+    the boundary works it out only for such a call.
     """
     if entry is None:
         if seq <= last_recorded_seq:
-            if read:
+            if unrecorded_ok:
                 # A read's intent waits in memory for its outcome (D-6) and a call held while a pause forms is
-                # not journaled (P-4), so a gathered read can be missing below a write recorded after it;
-                # like a read left pending, it is safe to issue again (D-80).
+                # not journaled (P-4), so a gathered call can be missing below a write recorded after it; a
+                # read is safe to issue again, like a read left pending, and a held call was never sent (D-80).
                 return _LIVE
             # Anything else missing below the last recorded call means the program
             # took a different path than the one the journal recorded.
