@@ -172,7 +172,8 @@ def fresh_state(conv: dict[str, Any], classes: dict[str, type]) -> None:
 # --- the run --------------------------------------------------------------------------------------------------
 
 
-async def measure(convs: list[dict[str, Any]], classes: dict[str, type], warmup: int) -> dict[str, Any]:
+async def measure(convs: list[dict[str, Any]], classes: dict[str, type], warmup: int,
+                  stream: bool = False) -> dict[str, Any]:
     import pydantic_monty as pm
 
     from tether._runtime import Runtime
@@ -194,7 +195,9 @@ async def measure(convs: list[dict[str, Any]], classes: dict[str, type], warmup:
             turns.append((i, code))
     samples: dict[str, list[float]] = {"bare": [], "tether": []}
     outcomes: dict[str, int] = {}
-    async with pm.AsyncMonty(min_processes=1, max_processes=2) as pool, Runtime(tools=tools) as rt:
+    # The baseline runs under tether's streamed-calls setting (common.stream_setting), as tether does.
+    async with pm.AsyncMonty(min_processes=1, max_processes=2, stream_async_calls=stream) as pool, \
+            Runtime(tools=tools) as rt:
 
         async def bare(code: str) -> Any:
             async with pool.checkout(external_modules=modules) as session:
@@ -248,7 +251,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="the first 50 conversations")
     p.add_argument("--conversations", type=int, default=None, help="how many conversations (default all 200)")
+    common.add_stream_flag(p)
     args = p.parse_args()
+    stream = common.stream_setting(args)
     loaded = load()
     if isinstance(loaded, str):
         print(f"bfcl: skipped: {loaded}")
@@ -256,9 +261,10 @@ def main() -> None:
         return
     convs, classes = loaded
     n = args.conversations or (50 if args.quick else len(convs))
-    out = asyncio.run(measure(convs[:n], classes, warmup=5 if args.quick else 10))
+    out = asyncio.run(measure(convs[:n], classes, warmup=5 if args.quick else 10, stream=stream))
     print(f"bfcl v4 multi_turn_base ({BFCL_VERSION}): {out['conversations']} conversations, {out['turns']} turns "
-          f"measured ({out['left_out_turns']} left out), calls per turn {out['calls_per_turn']}")
+          f"measured ({out['left_out_turns']} left out), calls per turn {out['calls_per_turn']}; streamed async "
+          f"calls {'on' if stream else 'off'} for both")
     if out["tools_failed"]:
         print("tools tether could not build: " + "; ".join(out["tools_failed"]))
     print(f"tether outcomes: {out['tether_outcomes']}")
@@ -267,7 +273,7 @@ def main() -> None:
     print(common.table(rows, common.RATIO_COLUMNS, title="one turn"))
     targets = [common.target("BFCL turn, tether defaults / bare Monty (paired)", out["paired_ratio"], TARGET_RATIO, "x")]
     print(common.table(targets, common.TARGET_COLUMNS))
-    common.emit("bfcl", args.quick, {**out, "targets": targets})
+    common.emit("bfcl", args.quick, {**out, "stream_async_calls": stream, "targets": targets})
 
 
 if __name__ == "__main__":

@@ -226,6 +226,23 @@ def parser(description: str, rounds: int, quick_rounds: int) -> argparse.Argumen
     return p
 
 
+def add_stream_flag(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--stream-async-calls", choices=("on", "off"), default=None,
+                   help="pydantic-monty's streamed async calls for bare Monty's pool and tether's alike "
+                        "(default: tether's setting, D-80)")
+    return p
+
+
+def stream_setting(args: argparse.Namespace) -> bool:
+    """The ``--stream-async-calls`` setting, made tether's too: every SandboxPool made after this takes it, so
+    bare Monty and tether run under the same one (D-80)."""
+    from tether._sandbox import monty
+
+    on = monty.STREAM_ASYNC_CALLS if args.stream_async_calls is None else args.stream_async_calls == "on"
+    monty.STREAM_ASYNC_CALLS = on
+    return bool(on)
+
+
 def rounds_of(args: argparse.Namespace) -> tuple[int, int]:
     full, quick = args._rounds
     rounds = args.rounds if args.rounds is not None else (quick if args.quick else full)

@@ -118,7 +118,7 @@ async def feed_start_loop(pool: Any, modules: dict[str, Any]) -> Any:
         return snap.output
 
 
-async def run(rounds: int, warmup: int) -> dict[str, Any]:
+async def run(rounds: int, warmup: int, stream: bool = False) -> dict[str, Any]:
     from fastmcp import Client, FastMCP
     from fastmcp.experimental.transforms.code_mode import CodeMode
 
@@ -127,7 +127,8 @@ async def run(rounds: int, warmup: int) -> dict[str, Any]:
     diag: dict[str, list[dict[str, Any]]] = {"tether_default": [], "tether_tc_off": [], "tether_tc_on": []}
 
     async with (
-        pm.AsyncMonty(min_processes=1, max_processes=2) as pool,
+        # The floor runs under tether's streamed-calls setting (common.stream_setting), as tether does.
+        pm.AsyncMonty(min_processes=1, max_processes=2, stream_async_calls=stream) as pool,
         pm.AsyncMonty(min_processes=1, max_processes=2) as fm_pool,
         Runtime(tools=common.bench_tools()) as rt,
         Runtime(tools=common.bench_tools(), policy=Policy(writes="guard")) as rt_guard,
@@ -383,13 +384,15 @@ def main() -> None:
     if "--profile" in sys.argv[1:]:
         profile_main(sys.argv[1:])
         return
-    args = common.parser(__doc__.splitlines()[0], rounds=200, quick_rounds=20).parse_args()
+    args = common.add_stream_flag(common.parser(__doc__.splitlines()[0], rounds=200, quick_rounds=20)).parse_args()
     rounds, warmup = common.rounds_of(args)
-    out = asyncio.run(run(rounds, warmup))
+    stream = common.stream_setting(args)
+    out = asyncio.run(run(rounds, warmup, stream))
     rows, by = out["rows"], {r["contender"]: r for r in out["rows"]}
     print(common.table(rows, common.RATIO_COLUMNS,
                        title=f"core: {CALLS} sequential awaited calls + reduce, {rounds} interleaved rounds "
-                             f"(ratios against bare Monty feed_run)"))
+                             f"(ratios against bare Monty feed_run; streamed async calls "
+                             f"{'on' if stream else 'off'} for both)"))
     print()
     print(common.table(out["phases"], [("label", "tether phase p50"), ("setup_ms", "setup ms"),
                                        ("execution_ms", "execution ms"), ("host_ms", "host ms"),
@@ -419,7 +422,7 @@ def main() -> None:
     ]
     print()
     print(common.table(targets, common.TARGET_COLUMNS))
-    common.emit("core", args.quick, {"rounds": rounds, "rows": rows, "phases": out["phases"], "parts": out["parts"],
+    common.emit("core", args.quick, {"rounds": rounds, "stream_async_calls": stream, "rows": rows, "phases": out["phases"], "parts": out["parts"],
                                      "where": where,
                                      "targets": targets})
 

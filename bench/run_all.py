@@ -27,7 +27,7 @@ BENCHES = {"core": "core_bench.py", "check": "check_bench.py", "bfcl": "bfcl_ben
            "serve": "serve_bench.py",
            "roundtrip": "roundtrip_bench.py", "store_latency": "store_latency_bench.py", "replica": "replica_bench.py",
            "sources": "sources_bench.py", "openapi_cold": "openapi_cold_bench.py",
-           "retention": "retention_bench.py", "agentdojo": "agentdojo_bench.py"}
+           "retention": "retention_bench.py", "agentdojo": "agentdojo_bench.py", "stream": "stream_bench.py"}
 QUICK_TIMEOUT_S = 600
 
 

@@ -13,7 +13,8 @@ keyed payments API's OpenAPI document (tests/fixtures/keyed_api.json) at
 SERVER_URL, with idempotency = "key" declared or not; otherwise they are
 hand-written HTTP tools for tests/crash/delivery_server.py.
 
-CRASH_PROGRAM=undo runs three charges (each undone by a refund that dedupes by
+CRASH_PROGRAM=gather gathers each charge with two reads; CRASH_STREAM=1|0 sets the sandbox's streamed async
+calls (D-80). CRASH_PROGRAM=undo runs three charges (each undone by a refund that dedupes by
 key) and a transfer that asks: `start` pauses at the transfer, `undo` declines
 it and rolls the run back (P-46), with the seam rollback (the plan recorded)
 besides the others; CRASH_UNDO_UNKEYED=1 declares the refund not to dedupe by key.
@@ -32,6 +33,7 @@ import httpx
 
 from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
+from tether._sandbox.monty import SandboxPool
 from tether._store.sqlite import SQLiteStore
 from tether._tools.context import current_call
 from tether._tools.model import Annotations, Tool
@@ -44,6 +46,19 @@ total = 0
 for i in range(1, 7):
     a, b = await asyncio.gather(tools.shop.get_item(id=i), tools.shop.get_item(id=i + 100))
     r = await tools.shop.CHARGE(order="order-" + str(i), amount=a["price"])
+    total += a["price"]
+{"total": total, "last": r["charged"]}
+"""
+
+
+# CRASH_PROGRAM=gather: each order's write gathered with reads, so calls are in flight at every seam.
+GATHER_PROGRAM = """
+import asyncio
+import tools
+total = 0
+for i in range(1, 7):
+    a, r, b = await asyncio.gather(tools.shop.get_item(id=i), tools.shop.CHARGE(order="order-" + str(i), amount=i),
+                                   tools.shop.get_item(id=i + 100))
     total += a["price"]
 {"total": total, "last": r["charged"]}
 """
@@ -149,9 +164,14 @@ async def main() -> None:
         tools, program = shop_tools(server), PROGRAM.replace("CHARGE", "charge")
     if os.environ.get("CRASH_PROGRAM") == "undo":
         program = UNDO_PROGRAM
+    elif os.environ.get("CRASH_PROGRAM") == "gather":
+        program = GATHER_PROGRAM.replace("CHARGE", "create_charge" if api else "charge")
+    # CRASH_STREAM=1|0: the sandbox streams calls the program does not await at once, or not (D-80).
+    stream = os.environ.get("CRASH_STREAM")
+    pool = SandboxPool(stream_async_calls=stream == "1") if stream is not None else None
     policy = Policy(writes="allow", rules=[{"match": "shop.transfer", "action": "ask"}])
     rt = Runtime(store=store, tools=tools, type_check=False, policy=policy,
-                 lease_seconds=float(os.environ.get("CRASH_LEASE_SECONDS", "0.3")), checkpoint_every_calls=4)
+                 lease_seconds=float(os.environ.get("CRASH_LEASE_SECONDS", "0.3")), checkpoint_every_calls=4, pool=pool)
     async with rt:
         if mode == "start":
             result = await rt.execute(program)

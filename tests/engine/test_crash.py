@@ -269,3 +269,37 @@ def test_p46_an_undo_left_sending_to_a_tool_that_does_not_dedupe_is_unknown_and_
     first = run.result["rollback"][0]
     assert first["seq"] == 3 and not first["undone"] and first["undo"]["state"] == "unknown"
     assert "outcome is unknown" in first["why"] and "not undone: call 3 shop.charge" in run.error["message"]
+
+
+# -- D-80: gathered calls in flight at each seam, with the sandbox's streamed async calls on and off ----------
+
+@pytest.mark.parametrize("stream", ["1", "0"], ids=["streamed", "suspended"])
+@pytest.mark.parametrize("seam, n", [
+    ("record", 1), ("record", 3), ("sending", 2), ("outcome", 2), ("outcome", 5), ("snapshot", 1),
+])
+def test_p11_p13_gathered_writes_killed_at_each_seam_recover_to_the_journal_and_deliver_once(tmp_path, server, seam,
+                                                                                             n, stream):
+    _, ledger = server
+
+    def orders() -> Counter:  # the shared ledger also holds the rollback tests' refunds, which have no order
+        lines = [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
+        return Counter(x["order"] for x in lines if str(x.get("order", "")).startswith("order-"))
+
+    env = {"CRASH_PROGRAM": "gather", "CRASH_STREAM": stream}
+    before = orders()
+    killed, final, runs, calls = run_trial(tmp_path, server, f"g{stream}{seam}{n}", kill_at=f"{seam}:{n}", env=env)
+    assert killed, "the kill point was not reached"
+    new = orders() - before
+    assert all(v == 1 for v in new.values()), f"delivered twice: {new}"
+    (run,) = runs
+    # The recovery replayed or restored to the journal: a gathered read missing below a recorded write (its
+    # intent still in memory when the process died) is issued again, not read as divergence (D-80).
+    assert run.status == "completed" or run.error["code"] == "write_outcome_unknown", run.error
+    if run.status == "completed":
+        assert run.result["result"] == {"total": 210, "last": "order-6"}
+        assert set(new) == {f"order-{i}" for i in range(1, 7)}
+    journal = calls[run.run_id]
+    if run.status == "completed":
+        assert [c.seq for c in journal] == list(range(1, 19))
+    sent = [c.args["order"] for c in journal if c.kind == "write" and c.state == "sent"]
+    assert len(set(sent)) == len(sent) and set(sent) <= set(new)

@@ -45,6 +45,9 @@ MONTY_VERSION: str = f"pydantic-monty-{_pm.__version__}"
 _SLEEPS = ("asyncio.sleep", "time.sleep")
 # How long a stopping program may take to unwind before its worker is killed.
 STOP_GRACE_SECONDS = 0.25
+# Whether a call the program does not await at once (a gather's) reaches the host without suspending the
+# worker (pydantic-monty's `stream_async_calls`). D-80 says why it is what it is.
+STREAM_ASYNC_CALLS = True
 
 # A host function gets the sandbox-side function name ("tools.ns.tool" or a
 # built-in name), positional args and keyword args, and returns a value the
@@ -269,14 +272,17 @@ def _settle_at_exit() -> None:
 class SandboxPool:
     """A pool of Monty worker processes, shared by every run of the process."""
 
-    def __init__(self, *, min_workers: int = 1, max_workers: int = 2, request_timeout: float = 120.0) -> None:
+    def __init__(self, *, min_workers: int = 1, max_workers: int = 2, request_timeout: float = 120.0,
+                 stream_async_calls: bool | None = None) -> None:
         self.max_workers = max_workers
+        self.stream_async_calls = STREAM_ASYNC_CALLS if stream_async_calls is None else stream_async_calls
         self._pool = _pm.AsyncMonty(
             min_processes=min_workers,
             max_processes=max_workers,
             # Always set: `10**(10**8)` cannot be interrupted inside the VM,
             # only by killing the worker. Host calls do not count against it.
             request_timeout=request_timeout,
+            stream_async_calls=self.stream_async_calls,
         )
         self._started = False
         self._lock = asyncio.Lock()

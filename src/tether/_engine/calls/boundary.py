@@ -160,6 +160,7 @@ class EffectBoundary:
         self._dispatches: set[asyncio.Task[Any]] = set()
         self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
         self._read_verdicts: dict[str, str] = {}  # address -> the policy's verdict on reading it
+        self._held_listed: set[int] = set()  # seqs a restored snapshot lists as held, not journaled (P-9)
         # Pausing, parking and the calls held while the attempt stops (stops.py).
         self.stops = Stops(self, self.ledger, pause_sink, batch_window_seconds=batch_window_seconds)
 
@@ -210,6 +211,9 @@ class EffectBoundary:
             return self.state.issued
 
         plan = plan_restore(pending, call_ids, announced, self._parse, next_seq)
+        # Calls the signed record lists that the journal lacks were held while the pause formed: never sent.
+        listed = {c["seq"] for c in pending}
+        self._held_listed = {p.seq for p in plan if p.seq in listed and self.journal.get(p.seq) is None}
         wanted = set(call_ids)
         # If answering pauses again, the new dump waits on every call of the plan.
         self.stops.answering = [{"seq": p.seq, "op": p.op, "address": p.address, "args": p.args}
@@ -265,6 +269,9 @@ class EffectBoundary:
             return await self.stops.hold(call)
         self.ledger.note_key(seq, key)
         decision = replay.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
+        if decision.action == replay.DIVERGED and decision.entry is None:
+            decision = replay.decide(None, key, seq, self.last_recorded_seq,
+                                     unrecorded_ok=seq in self._held_listed or self._reads(op, address))
         if decision.action == replay.DIVERGED:
             self._fail(ExecutionDiverged(f"replay diverged from the journal: {decision.reason}; nothing was sent",
                                          details={"seq": seq, "address": address}))
@@ -315,6 +322,13 @@ class EffectBoundary:
         if error is not None:
             raise error
         return value
+
+    def _reads(self, op: str, address: str) -> bool:
+        """Whether a call is a read: a built-in's lookup, or a tool that does not write."""
+        if op in BUILTIN_OPS:
+            return True
+        tool = self.catalog.find(address) if op == "tool" else None
+        return tool is not None and not tool.is_write
 
     async def _builtin_call(self, call: Call, decision: replay.JournalAnswer) -> Any:
         seq, op, address, args = call.seq, call.op, call.address, call.args
@@ -657,6 +671,7 @@ class EffectBoundary:
         """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""
         self.ledger.reset(entries)
         self.state = AttemptState(writes_spent=self.state.writes_spent, t0=self.state.t0)
+        self._held_listed = set()
         self.stops.reset()
         self._idle.set()
 

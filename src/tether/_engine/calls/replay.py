@@ -39,12 +39,23 @@ class JournalAnswer:
 _LIVE = JournalAnswer(LIVE)
 
 
-def decide(entry: CallRecord | None, key: str, seq: int, last_recorded_seq: int) -> JournalAnswer:
-    """Replay or live for the call at ``seq`` with identity ``key`` (P-5, P-6)."""
+def decide(entry: CallRecord | None, key: str, seq: int, last_recorded_seq: int, *,
+           unrecorded_ok: bool = False) -> JournalAnswer:
+    """Replay or live for the call at ``seq`` with identity ``key`` (P-5, P-6).
+
+    ``unrecorded_ok``: the call may be missing below the last recorded one — a read (a tool that does not
+    write, or search/describe/sources), or a call the restored snapshot's signed record lists as held (P-9);
+    the boundary works it out only for such a call.
+    """
     if entry is None:
         if seq <= last_recorded_seq:
-            # A gap below the last recorded call means the program took a
-            # different path than the one the journal recorded.
+            if unrecorded_ok:
+                # A read's intent waits in memory for its outcome (D-6) and a call held while a pause forms is
+                # not journaled (P-4), so a gathered call can be missing below a write recorded after it; a
+                # read is safe to issue again, like a read left pending, and a held call was never sent (D-80).
+                return _LIVE
+            # Anything else missing below the last recorded call means the program
+            # took a different path than the one the journal recorded.
             return JournalAnswer(DIVERGED, None, f"call {seq} is missing from the journal but later calls are recorded")
         return _LIVE
     if entry.key != key:
