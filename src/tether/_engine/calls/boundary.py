@@ -69,6 +69,8 @@ WAIT_OPS = ("wait_for", "wait_for_signal", "sleep")
 # approved write spends it when it is sent (`_send` counts it), so counting
 # `approved` here too would charge a resumed write twice.
 SPENT_STATES = (CallState.SENDING, CallState.SENT, CallState.UNKNOWN, CallState.FAILED)
+# How long closing waits for reads it cancelled to unwind (a tool that ignores the cancel is not waited for).
+READ_CUT_SECONDS = 1.0
 
 
 class Cancelled(Stopped):
@@ -161,6 +163,7 @@ class EffectBoundary:
         self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
         self._read_verdicts: dict[str, str] = {}  # address -> the policy's verdict on reading it
         self._held_listed: set[int] = set()  # seqs a restored snapshot lists as held, not journaled (P-9)
+        self._reads_out: set[asyncio.Task[Any]] = set()  # tasks awaiting a read on the wire, cut short at close
         # Pausing, parking and the calls held while the attempt stops (stops.py).
         self.stops = Stops(self, self.ledger, pause_sink, batch_window_seconds=batch_window_seconds)
 
@@ -511,7 +514,13 @@ class EffectBoundary:
             else:
                 # A read cut short is re-issued later (P-5): await it in place,
                 # which saves a task and two event-loop turns per call.
-                value = await self._invoke(tool, args, seq)
+                reader = asyncio.current_task()
+                if reader is not None:
+                    self._reads_out.add(reader)
+                try:
+                    value = await self._invoke(tool, args, seq)
+                finally:
+                    self._reads_out.discard(reader)
         except asyncio.TimeoutError as exc:
             # A source that times calls itself says why (e.g. no progress for N s).
             why = str(exc) or f"did not answer within {tool.timeout_seconds or self.limits.call_timeout_seconds:g} s"
@@ -664,8 +673,24 @@ class EffectBoundary:
         the wire to finish and be journaled, and write the settled reads still in memory (P-7) — unless
         ``hold``: the run's end writes them with it (Finisher.end_attempt)."""
         self.release_held()
+        await self._cut_reads()
         await self.drain()
         await self.ledger.close(hold=hold)
+
+    async def _cut_reads(self) -> None:
+        """Cancel the reads still on the wire: the program that would await them has ended (D-80).
+
+        A read the program never awaited (a gather cut short by a raise, a limit or a cancel) would otherwise
+        run on after the run's result, holding a connection to its source. It is not journaled: it has no
+        outcome, and whatever runs the program again issues it again, as any read cut short (P-5). Bounded:
+        a tool that ignores the cancel is left to its own timeout.
+        """
+        here = asyncio.current_task()
+        out = [t for t in self._reads_out if t is not here and not t.done()]
+        for task in out:
+            task.cancel()
+        if out:
+            await asyncio.wait(out, timeout=READ_CUT_SECONDS)
 
     def reset_for_replay(self, entries: list[CallRecord]) -> None:
         """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""
