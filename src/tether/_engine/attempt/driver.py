@@ -98,6 +98,9 @@ class Attempt:
         self.policy = _POLICY(run.policy)
         self.logs = LogBuffer(self.limits.log_bytes)
         self.snapshot: SnapshotRecord | None = None
+        # Seqs the latest genuine snapshot's signed record waits on: those the journal lacks were held while
+        # its pause formed, never sent, and a replay issues them rather than reading a gap (D-80).
+        self.listed: list[int] = []
         self.entries: list[CallRecord] = []
         self.writes_spent: int | None = None
         # A continued run's (journal bytes, writes spent, output events), read with its journal (prepare).
@@ -212,6 +215,7 @@ class Attempt:
                 raise SnapshotTampered(
                     f"the stored snapshot of run {snapshot.run_id} at call {snapshot.seq} failed its signature "
                     "check; nothing was resumed or sent", details={"seq": snapshot.seq})
+            self.listed = [int(p["seq"]) for p in snapshot.pending]
             if snapshot.monty_version != MONTY_VERSION:
                 snapshot = None  # another build cannot load it: replay from the journal (P-12)
         if snapshot is not None:
@@ -241,6 +245,8 @@ class Attempt:
         try:
             journaled = self.totals[0]
             boundary = self.boundary = self._boundary(journaled)
+            if self.kind == "replay":
+                boundary.list_held(self.listed)
             d.attempts.live[run.run_id] = boundary
             heartbeat = _Heartbeat(self, boundary)
             self.setup_ms = (time.perf_counter() - t_setup) * 1000
@@ -288,7 +294,7 @@ class Attempt:
                       session_base: bytes | None) -> Any:
         assert self.boundary is not None
         self.kind = "replay"
-        self.boundary.reset_for_replay(await self.astore.get_calls(self.run.run_id))
+        self.boundary.reset_for_replay(await self.astore.get_calls(self.run.run_id), listed=self.listed)
         self.logs = LogBuffer(self.limits.log_bytes)
         return await self._run_once(spec, emitter, already_emitted, session_base)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 from tether import _metrics as metrics
 from tether._engine.attempt import telemetry
@@ -200,6 +200,10 @@ class EffectBoundary:
         if err is not None:
             return self._refuse(Call(seq, op, address, call_args), "read", err, CallState.FAILED, None)
         return self.call(seq, op, address, call_args)
+
+    def list_held(self, listed: Sequence[int]) -> None:
+        """A replay's calls a genuine snapshot lists that the journal lacks: held when its pause formed (D-80)."""
+        self._held_listed = {seq for seq in listed if self.journal.get(seq) is None}
 
     async def answer_restored(self, pending: list[dict[str, Any]], call_ids: list[int],
                               announced: list[Any]) -> dict[int, Any]:
@@ -692,11 +696,15 @@ class EffectBoundary:
         if out:
             await asyncio.wait(out, timeout=READ_CUT_SECONDS)
 
-    def reset_for_replay(self, entries: list[CallRecord]) -> None:
-        """Start over from call 1 after a restore that could not be used; replay needs the whole journal."""
+    def reset_for_replay(self, entries: list[CallRecord], listed: Sequence[int] = ()) -> None:
+        """Start over from call 1 after a restore that could not be used; replay needs the whole journal.
+
+        ``listed``: the seqs the snapshot's signed record waits on; those the journal lacks were held while
+        its pause formed (P-9), never sent, so the replay issues them (D-80).
+        """
         self.ledger.reset(entries)
         self.state = AttemptState(writes_spent=self.state.writes_spent, t0=self.state.t0)
-        self._held_listed = set()
+        self.list_held(listed)
         self.stops.reset()
         self._idle.set()
 
