@@ -223,3 +223,27 @@ def test_p49_a_watermark_never_passes_what_was_read_nor_the_settle_margin():
     assert notify_reconcile.next_watermark(100.0, 400.0, False, 1000.0) == 400.0
     assert notify_reconcile.next_watermark(100.0, 990.0, False, 1000.0) == 1000.0 - settle
     assert notify_reconcile.next_watermark(100.0, None, False, 1000.0) == 100.0
+
+
+async def test_p49_an_unreadable_run_time_or_watermark_starves_no_later_run(url, tmp_path):
+    """Someone who can write the tables stores a run's time or a webhook's watermark as something that is
+    not a time (text on SQLite, NaN on Postgres, whose double precision takes it and sorts it above every
+    number): later runs are still reconciled and announced, on every pass."""
+    from helpers import direct_sql
+
+    kind = "sqlite" if url.startswith("sqlite") else "postgres"
+    bad = "'soon'" if kind == "sqlite" else "'NaN'::float8"
+    edit = lambda sql: direct_sql(kind, url, "tether", sql)  # noqa: E731
+    async with Runtime(store=open_store(url), tools=[refund]) as rt:
+        notifier = Notifier(rt, [Webhook("http://127.0.0.1:9/hook", SECRET.encode(), frozenset({"paused"}))])
+        await notifier.prepare()
+        odd = (await rt.execute(PAUSING)).run_id
+        edit(f"UPDATE runs SET updated_at = {bad} WHERE run_id = '{odd}'")
+        later = (await rt.execute(PAUSING)).run_id
+        assert await notifier.reconcile() == 1
+        edit(f"UPDATE outbox_watermarks SET watermark = {bad}")
+        latest = (await rt.execute(PAUSING)).run_id
+        assert await notifier.reconcile() == 1
+        assert await notifier.reconcile() == 0
+        announced = {json.loads(r.body)["run"]["run_id"] for r in rt.store.list_outbox()}
+        assert announced == {later, latest}

@@ -830,7 +830,9 @@ class SQLStore:
                 tx.run(insert, (target, start))
             rows = tx.run(f"SELECT target, watermark FROM outbox_watermarks WHERE target IN ({', '.join('?' * len(wanted))})",
                           wanted).fetchall() if wanted else []
-        return {target: float(watermark) for target, watermark in rows}
+        # One that is not a time (text on SQLite, NaN on Postgres: edited outside tether) is read as ``start``,
+        # as one edited into the future is read at the settle margin (D-81): it must not stop reconciliation.
+        return {target: _time_or(watermark, start) for target, watermark in rows}
 
     def advance_outbox_watermark(self, target: str, watermark: float) -> None:
         with self._transaction(write=True, single=True) as tx:
@@ -846,7 +848,11 @@ class SQLStore:
                " AND (updated_at > ? OR (updated_at = ? AND run_id > ?)) ORDER BY updated_at, run_id LIMIT ?")
         with self._transaction(write=False, single=True) as tx:
             rows = tx.run(sql, [*statuses, since, since, after, limit]).fetchall()
-        return [RunChange(run_id, str(status), float(updated_at), pending) for run_id, status, updated_at, pending in rows]
+        # A time that is not one (text on SQLite, NaN on Postgres: edited outside tether) leaves its run out
+        # rather than failing every pass; both backends sort such values after every number, so a page cut
+        # short by them has read every run that can be read (D-81).
+        return [RunChange(run_id, str(status), at, pending) for run_id, status, updated_at, pending in rows
+                if (at := _time_or(updated_at, None)) is not None]
 
     # -- console sign-outs
 
@@ -868,6 +874,15 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 def _int64(n: int) -> int:
     return max(_INT64_MIN, min(_INT64_MAX, n))
+
+
+def _time_or(value: Any, default: Any) -> Any:
+    """A stored time as a float, or ``default`` when the column holds something else (text, NaN)."""
+    try:
+        at = float(value)
+    except (TypeError, ValueError):
+        return default
+    return default if at != at else at
 
 
 def _no_run(run_id: str) -> RunNotFound:
