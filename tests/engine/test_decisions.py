@@ -437,3 +437,30 @@ async def test_only_the_approvals_service_creates_and_settles_approval_waits(sto
                               ("add_comment", {"id": 7, "body": "three"})]
     assert {m for _, m in writers} == {"tether._engine.approvals.service"}
     assert {w for w, _ in writers} == {"create_wait", "settle_wait"}  # the check saw both kinds of write
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_p10_p28_a_cancel_racing_the_approvals_of_a_whole_batch_in_two_processes(backend, request):
+    """The decision's store work runs in the store's threads (D-43): a cancel from one process racing the
+    approval of every write of the pause from another ends one way only: all sent and completed, or none sent
+    and cancelled; never some sent, never left paused with every write decided."""
+    url = request.getfixturevalue("store_url" if backend == "sqlite" else "pg_url")
+    async def cancel(rt, run_id, after):
+        await asyncio.sleep(after)
+        return await rt.decide(run_id, {3: ("cancel", "stop")}, actor="ben")
+
+    for i in range(6):
+        rec = Recorder()
+        async with make_runtime(url, rec) as a, make_runtime(url, rec) as b:
+            paused = await a.execute(GATHER3)
+            await asyncio.gather(a.decide(paused.run_id, {2: "approve", 3: "approve", 4: "approve"}, actor="ann"),
+                                 cancel(b, paused.run_id, i * 0.003), return_exceptions=True)
+            final = await a.engine.wait_for_run(paused.run_id)
+            bodies = sorted(d[1]["body"] for d in rec.deliveries)
+            assert (final.status, bodies) in (("completed", ["one", "three", "two"]), ("cancelled", [])), \
+                (final.status, final.error, bodies)
+            sent = [c.seq for c in a.store.get_calls(paused.run_id) if c.kind == "write" and c.state == "sent"]
+            assert len(sent) == len(bodies)
+            decided = [(e.data["seq"], e.data["decision"]) for e in a.store.get_events(paused.run_id)
+                       if e.type == "decided"]
+            assert len(decided) == len(set(decided)), decided  # no decision announced twice
