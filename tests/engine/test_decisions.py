@@ -464,3 +464,26 @@ async def test_p10_p28_a_cancel_racing_the_approvals_of_a_whole_batch_in_two_pro
             decided = [(e.data["seq"], e.data["decision"]) for e in a.store.get_events(paused.run_id)
                        if e.type == "decided"]
             assert len(decided) == len(set(decided)), decided  # no decision announced twice
+
+
+async def test_p6_p35_a_paused_writes_row_deleted_is_asked_again_never_sent_undecided(store_url):
+    """Someone who can delete rows deletes the journal entry of one write of a pause, then the others are
+    approved. A restore issues a call its signed snapshot lists and the journal lacks (D-80): that write is
+    judged by the policy again, so it asks again; it is never sent on the strength of the others' approvals."""
+    import sqlite3
+
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute(GATHER3)
+        assert sorted(w["seq"] for w in paused.pending["writes"]) == [2, 3, 4]
+        with sqlite3.connect(store_url[len("sqlite:///"):]) as conn:
+            conn.execute("DELETE FROM calls WHERE run_id = ? AND seq = 3", (paused.run_id,))
+        with pytest.raises(WriteNotPending):
+            await rt.decide(paused.run_id, {3: "approve"})
+        r = await rt.decide(paused.run_id, {2: "approve", 4: "approve"})
+        assert r.status == "paused" and [w["seq"] for w in r.pending["writes"]] == [3], r.error
+        assert rt.store.get_call(paused.run_id, 3).state == "asked"
+        assert "two" not in [d[1]["body"] for d in rec.deliveries]
+        done = await rt.decide(paused.run_id, {3: "approve"})
+        assert done.status == "completed", done.error
+        assert sorted(d[1]["body"] for d in rec.deliveries) == ["one", "three", "two"]
