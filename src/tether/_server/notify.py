@@ -425,14 +425,21 @@ class Notifier:
                    "tether-signature": signature_header(hook.secret, body, time.time())}
         error = None
         try:
-            response = await http.post(hook.url, content=body.encode(), headers=headers)
-            if 200 <= response.status_code < 300:
+            # The whole attempt is bounded, not each read: a receiver trickling its answer a byte at a time
+            # would otherwise hold this pass (and every other webhook's deliveries) forever. Only the status
+            # is read; a body is never taken into memory, however large or endless.
+            async with asyncio.timeout(self.timeout):
+                async with http.stream("POST", hook.url, content=body.encode(), headers=headers) as response:
+                    status = response.status_code
+            if 200 <= status < 300:
                 # The last failure stays on the row: why it took more than one attempt.
                 await self.rt.store.aio.settle_outbox(item.id, status=OUTBOX_DELIVERED, attempts=attempts,
                                                       next_at=item.next_at, last_error=item.last_error,
                                                       delivered_at=self.rt.engine.clock())
                 return
-            error = f"HTTP {response.status_code}"
+            error = f"HTTP {status}"
+        except TimeoutError:
+            error = f"no complete answer within {self.timeout:g} s"
         except Exception as exc:  # the receiver is down, slow or refusing: try again later
             error = f"{type(exc).__name__}: {exc}"[:300]
         metrics.WEBHOOK_FAILURES.inc()
