@@ -362,7 +362,9 @@ async def test_p34_a_webhook_that_never_finishes_its_answer_holds_up_no_other(pa
         rt.engine.events.listeners.append(notifier)
         assert (await rt.execute("6 * 7")).status == "completed"
         assert await notifier.queue_hinted() == 2
-        async with __import__("httpx").AsyncClient(timeout=notifier.timeout, follow_redirects=False) as http:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=notifier.timeout, follow_redirects=False) as http:
             assert await asyncio.wait_for(notifier.deliver_due(http), 5.0) == 2
         assert len(good.requests) == 1 and bad.requests == 1
         rows = {r.target: r for r in rt.store.list_outbox()}

@@ -247,3 +247,21 @@ async def test_p49_an_unreadable_run_time_or_watermark_starves_no_later_run(url,
         assert await notifier.reconcile() == 0
         announced = {json.loads(r.body)["run"]["run_id"] for r in rt.store.list_outbox()}
         assert announced == {later, latest}
+
+
+async def test_p49_a_hinted_pause_whose_stored_row_was_edited_is_not_announced(tmp_path, capsys):
+    """The hint only says which run to look at; what is announced is read from the stored run, so it is checked
+    as a reconciled one is (P-35): a pending write edited between the pause and the queueing of its hint is not
+    posted, with tether's approval link, to a person."""
+    db = tmp_path / "t.db"
+    async with Runtime(store=open_store(f"sqlite:///{db}"), tools=[refund]) as rt:
+        notifier = Notifier(rt, [Webhook("http://127.0.0.1:9/hook", SECRET.encode(), frozenset({"paused"}))],
+                            public_url="https://tether.example")
+        paused = await rt.execute(PAUSING)
+        stored = rt.store.get_run(paused.run_id)
+        notifier(paused.run_id, "paused", {"pending": stored.pending, "expires_at": stored.expires_at})
+        with sqlite3.connect(db) as conn:
+            conn.execute("UPDATE runs SET pending = replace(pending, 'A1', 'Z9') WHERE run_id = ?", (paused.run_id,))
+        assert await notifier.queue_hinted() == 0
+        assert rt.store.list_outbox() == []
+        assert f"run {paused.run_id} is not announced to webhooks" in capsys.readouterr().err

@@ -246,7 +246,20 @@ class Notifier:
         run = self.rt.store.get_run(run_id) if wanted else None
         if run is None:
             return 0
+        if kind in notify_reconcile.PARKED and not self._verified(run):
+            # The hint names the run; what a pause's event shows a person, and links to, is read from its row,
+            # which is checked as a reconciled one is (P-35). An end carries no capability: sent as stored.
+            return 0
         return self._insert(self.event(run, kind, data), wanted)
+
+    def _verified(self, run: RunRecord) -> bool:
+        """Whether ``run``'s signed fields verify (P-35); a run that does not is refused, logged once."""
+        try:
+            verify_run(self.rt.engine.keyring, run)
+        except Exception as exc:  # RunTampered, WrongSecret: this row is not announced, never sent
+            self.refuse(run.run_id, str(getattr(exc, "message", exc))[:200])
+            return False
+        return True
 
     def queue_stored(self, run_id: str, kind: str, event_id: str, targets: list[str]) -> int:
         """Queue the event of ``run_id`` as it is stored, for ``targets`` (reconciliation; called off the loop).
@@ -261,12 +274,7 @@ class Notifier:
         except Exception as exc:  # a column that is not JSON, a status tether has no name for
             self.refuse(run_id, f"it cannot be read: {type(exc).__name__}")
             return 0
-        if run is None or run.status != kind:
-            return 0
-        try:
-            verify_run(self.rt.engine.keyring, run)
-        except Exception as exc:  # RunTampered, WrongSecret: this row is not announced, never sent
-            self.refuse(run_id, str(getattr(exc, "message", exc))[:200])
+        if run is None or run.status != kind or not self._verified(run):
             return 0
         data: dict[str, Any] = ({"pending": run.pending, "expires_at": run.expires_at} if kind in notify_reconcile.PARKED
                                 else {"error": run.error} if run.error else {})
