@@ -487,3 +487,33 @@ async def test_p6_p35_a_paused_writes_row_deleted_is_asked_again_never_sent_unde
         done = await rt.decide(paused.run_id, {3: "approve"})
         assert done.status == "completed", done.error
         assert sorted(d[1]["body"] for d in rec.deliveries) == ["one", "three", "two"]
+
+
+async def test_p6_a_write_asked_by_a_dead_attempt_is_asked_again_when_its_tool_now_says_it_reads(store_url):
+    """A process died after journaling a write as asked, before its pause was stored; the process that takes
+    the run over lists the same tool as read-only (a source that changed its annotations, or a release that
+    did). The journal says the call is a write awaiting a person: it is asked again, never sent as a read, and
+    once approved it is sent once as the write it was (P-10)."""
+    import dataclasses
+
+    from tether._tools.model import Annotations
+
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as a:
+        paused = await a.execute("import tools\nawait tools.helpdesk.close_ticket(id=1)\n'done'")
+        assert paused.status == "paused" and a.store.get_call(paused.run_id, 1).state == "asked"
+        a.store.update_run(paused.run_id, ["paused"], status="running", owner="dead:1",
+                           lease_until=a.engine.clock() - 1)
+    reads = [dataclasses.replace(t, annotations=Annotations(read_only=True)) if t.name == "close_ticket" else t
+             for t in rec.tools()]
+    b = Runtime(store=open_store(store_url), tools=reads, type_check=False, clock=Clock())
+    async with b:
+        await b.recover()
+        run = b.engine.get_run(paused.run_id)
+        assert rec.deliveries == [], run.status
+        assert run.status == "paused" and b.store.get_call(paused.run_id, 1).state == "asked", run.error
+        # Approved, it is sent once, as the write it was journaled as (before, the run failed invalid_transition).
+        done = await b.resume(paused.run_id, "approve")
+        assert done.status == "completed" and done.result == "done", done.error
+        assert rec.deliveries == [("close_ticket", {"id": 1})]
+        assert b.store.get_call(paused.run_id, 1).state == "sent"
