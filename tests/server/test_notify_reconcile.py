@@ -265,3 +265,21 @@ async def test_p49_a_hinted_pause_whose_stored_row_was_edited_is_not_announced(t
         assert await notifier.queue_hinted() == 0
         assert rt.store.list_outbox() == []
         assert f"run {paused.run_id} is not announced to webhooks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("column", ["pending", "error", "program"])
+async def test_p49_a_run_row_holding_text_that_is_not_utf8_starves_no_later_run(tmp_path, capsys, column):
+    """SQLite stores whatever bytes it is given as text, and its driver fails the read of a value that is not
+    UTF-8: such a row (edited outside tether) is refused, logged once, and the runs after it are announced;
+    before, every pass ended at it."""
+    db = tmp_path / "t.db"
+    async with Runtime(store=open_store(f"sqlite:///{db}"), tools=[refund]) as rt:
+        notifier = Notifier(rt, [Webhook("http://127.0.0.1:9/hook", SECRET.encode(), frozenset({"paused"}))])
+        await notifier.prepare()
+        odd = (await rt.execute(PAUSING)).run_id
+        with sqlite3.connect(db) as conn:
+            conn.execute(f"UPDATE runs SET {column} = CAST(x'7bff' AS TEXT) WHERE run_id = ?", (odd,))
+        later = (await rt.execute(PAUSING)).run_id
+        assert [await notifier.reconcile() for _ in range(2)] == [1, 0]
+        assert [json.loads(r.body)["run"]["run_id"] for r in rt.store.list_outbox()] == [later]
+        assert capsys.readouterr().err.count(f"run {odd} is not announced to webhooks") == 1

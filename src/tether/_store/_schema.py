@@ -194,6 +194,9 @@ class SQLStore:
     driver_error: type[Exception]
     # SQL for the byte length of a column ("{}" is the column), for retention's estimates.
     octets: str = "LENGTH({})"
+    # SQL reading a text column as its bytes ("{}" is the column): a value that is not UTF-8 (written outside
+    # tether) is then the reader's to refuse, not a driver error that fails every read of its page.
+    text_bytes: str = "CAST({} AS BLOB)"
     # In process, no notices, the secret in a file of its own (SQLite); Postgres declares its own.
     capabilities = Capabilities()
 
@@ -843,7 +846,7 @@ class SQLStore:
                     limit: int = 200) -> list[RunChange]:
         if not statuses:
             return []
-        sql = ("SELECT run_id, status, updated_at, pending FROM runs"
+        sql = (f"SELECT run_id, status, updated_at, {self.text_bytes.format('pending')} FROM runs"
                f" WHERE status IN ({', '.join('?' * len(statuses))})"
                " AND (updated_at > ? OR (updated_at = ? AND run_id > ?)) ORDER BY updated_at, run_id LIMIT ?")
         with self._transaction(write=False, single=True) as tx:
@@ -851,8 +854,8 @@ class SQLStore:
         # A time that is not one (text on SQLite, NaN on Postgres: edited outside tether) leaves its run out
         # rather than failing every pass; both backends sort such values after every number, so a page cut
         # short by them has read every run that can be read (D-81).
-        return [RunChange(run_id, str(status), at, pending) for run_id, status, updated_at, pending in rows
-                if (at := _time_or(updated_at, None)) is not None]
+        return [RunChange(run_id, str(status), at, None if pending is None else bytes(pending).decode("utf-8", "replace"))
+                for run_id, status, updated_at, pending in rows if (at := _time_or(updated_at, None)) is not None]
 
     # -- console sign-outs
 
