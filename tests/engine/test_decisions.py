@@ -517,3 +517,29 @@ async def test_p6_a_write_asked_by_a_dead_attempt_is_asked_again_when_its_tool_n
         assert done.status == "completed" and done.result == "done", done.error
         assert rec.deliveries == [("close_ticket", {"id": 1})]
         assert b.store.get_call(paused.run_id, 1).state == "sent"
+
+
+async def test_p29_a_decision_whose_record_failed_is_recorded_when_it_is_repeated(store_url):
+    """The store fails after the journal took an approval and before the approval's wait and its `decided` event
+    were written (a statement erroring: here a trigger). The approver sees the error and repeats the decision:
+    the repeat changes nothing in the journal, but records who decided, and the run goes on (P-28, P-29)."""
+    import sqlite3
+
+    from tether.errors import StoreError
+
+    rec = Recorder()
+    path = store_url[len("sqlite:///"):]
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute("import tools\nawait tools.helpdesk.close_ticket(id=1)\n'done'")
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TRIGGER gone BEFORE UPDATE ON waits BEGIN SELECT RAISE(ABORT, 'disk gone'); END")
+        with pytest.raises(StoreError):
+            await rt.decide(paused.run_id, {1: "approve"}, actor="ann")
+        assert rt.store.get_call(paused.run_id, 1).state == "approved" and rec.deliveries == []
+        with sqlite3.connect(path) as conn:
+            conn.execute("DROP TRIGGER gone")
+        done = await rt.decide(paused.run_id, {1: "approve"}, actor="ann")
+        assert done.status == "completed", done.error
+        assert rec.deliveries == [("close_ticket", {"id": 1})]
+        decided = [(d["seq"], d["decision"], d["actor"]) for d in run_timeline(rt.store, paused.run_id)["decisions"]]
+        assert decided == [(1, "approve", "ann")]
