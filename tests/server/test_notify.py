@@ -374,3 +374,31 @@ async def test_p34_a_webhook_that_never_finishes_its_answer_holds_up_no_other(pa
         else:  # no answer within the timeout: tried again later
             assert (rows[bad.url].status, rows[bad.url].attempts) == ("pending", 1)
             assert rows[bad.url].last_error == "no complete answer within 1 s"
+
+
+async def test_p34_an_outbox_row_holding_text_that_is_not_utf8_stops_no_delivery(tmp_path):
+    """SQLite stores whatever bytes it is given as text, and its driver fails the read of a value that is not
+    UTF-8: an outbox row edited so is claimed and given up unsent (its MAC no longer verifies), and the other
+    events are delivered; before, every claim failed, so nothing was ever delivered again."""
+    import sqlite3
+
+    import httpx
+
+    from tether._store import open_store
+
+    db = tmp_path / "t.db"
+    async with Receiver() as hook, Runtime(store=open_store(f"sqlite:///{db}"), tools=[refund]) as rt:
+        notifier = Notifier(rt, [Webhook(hook.url, SECRET.encode(), frozenset({"completed"}))])
+        rt.engine.events.listeners.append(notifier)
+        await rt.execute("1")
+        assert await notifier.queue_hinted() == 1
+        with sqlite3.connect(db) as conn:
+            conn.execute("UPDATE outbox SET body = CAST(x'7bff' AS TEXT)")
+        later = await rt.execute("2")
+        assert await notifier.queue_hinted() == 1
+        async with httpx.AsyncClient() as http:
+            assert await notifier.deliver_due(http) == 2
+        assert [json.loads(body)["run"]["run_id"] for _, body in hook.requests] == [later.run_id]
+        with sqlite3.connect(db) as conn:
+            assert sorted(conn.execute("SELECT status, COALESCE(last_error, '') LIKE 'not sent: the row%' FROM outbox")) == [
+                ("delivered", 0), ("failed", 1)]

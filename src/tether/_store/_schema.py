@@ -789,7 +789,10 @@ class SQLStore:
         return True
 
     def claim_outbox(self, now: float, lease_seconds: float, limit: int = 20) -> list[OutboxRecord]:
-        select = (f"{_select('outbox', OUTBOX_COLUMNS)} WHERE status = ? AND next_at <= ?"
+        # Its text read as bytes: a row whose text is not UTF-8 (edited outside tether; SQLite takes any bytes) is
+        # claimed and given up unsent by its MAC (notify.py), rather than failing every claim, every delivery.
+        as_bytes = {name: self.text_bytes.format(name) for name in _OUTBOX_TEXTS}
+        select = (f"{_select('outbox', OUTBOX_COLUMNS, as_bytes)} WHERE status = ? AND next_at <= ?"
                   " AND (claimed_until IS NULL OR claimed_until < ?) ORDER BY next_at, id LIMIT ?")
         claim = ("UPDATE outbox SET claimed_until = ? WHERE id = ? AND status = ?"
                  " AND (claimed_until IS NULL OR claimed_until < ?)")
@@ -797,7 +800,11 @@ class SQLStore:
         with self._transaction(write=True) as tx:
             rows = tx.run(select, (OUTBOX_PENDING, now, now, limit)).fetchall()
             for row in rows:
-                rec = OutboxRecord(**_decode(OUTBOX_COLUMNS, row))
+                fields = _decode(OUTBOX_COLUMNS, row)
+                for name in _OUTBOX_TEXTS:
+                    if fields[name] is not None:
+                        fields[name] = bytes(fields[name]).decode("utf-8", "replace")
+                rec = OutboxRecord(**fields)
                 if tx.run(claim, (now + lease_seconds, rec.id, OUTBOX_PENDING, now)).rowcount == 1:
                     rec.claimed_until = now + lease_seconds
                     out.append(rec)
@@ -877,6 +884,10 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 def _int64(n: int) -> int:
     return max(_INT64_MIN, min(_INT64_MAX, n))
+
+
+# The outbox's text columns a claim reads as bytes (claim_outbox).
+_OUTBOX_TEXTS = ("target", "event_id", "body", "last_error", "mac")
 
 
 def _time_or(value: Any, default: Any) -> Any:
