@@ -437,3 +437,109 @@ async def test_only_the_approvals_service_creates_and_settles_approval_waits(sto
                               ("add_comment", {"id": 7, "body": "three"})]
     assert {m for _, m in writers} == {"tether._engine.approvals.service"}
     assert {w for w, _ in writers} == {"create_wait", "settle_wait"}  # the check saw both kinds of write
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_p10_p28_a_cancel_racing_the_approvals_of_a_whole_batch_in_two_processes(backend, request):
+    """The decision's store work runs in the store's threads (D-43): a cancel from one process racing the
+    approval of every write of the pause from another ends one way only: all sent and completed, or none sent
+    and cancelled; never some sent, never left paused with every write decided."""
+    url = request.getfixturevalue("store_url" if backend == "sqlite" else "pg_url")
+    async def cancel(rt, run_id, after):
+        await asyncio.sleep(after)
+        return await rt.decide(run_id, {3: ("cancel", "stop")}, actor="ben")
+
+    for i in range(6):
+        rec = Recorder()
+        async with make_runtime(url, rec) as a, make_runtime(url, rec) as b:
+            paused = await a.execute(GATHER3)
+            await asyncio.gather(a.decide(paused.run_id, {2: "approve", 3: "approve", 4: "approve"}, actor="ann"),
+                                 cancel(b, paused.run_id, i * 0.003), return_exceptions=True)
+            final = await a.engine.wait_for_run(paused.run_id)
+            bodies = sorted(d[1]["body"] for d in rec.deliveries)
+            assert (final.status, bodies) in (("completed", ["one", "three", "two"]), ("cancelled", [])), \
+                (final.status, final.error, bodies)
+            sent = [c.seq for c in a.store.get_calls(paused.run_id) if c.kind == "write" and c.state == "sent"]
+            assert len(sent) == len(bodies)
+            decided = [(e.data["seq"], e.data["decision"]) for e in a.store.get_events(paused.run_id)
+                       if e.type == "decided"]
+            assert len(decided) == len(set(decided)), decided  # no decision announced twice
+
+
+async def test_p6_p35_a_paused_writes_row_deleted_is_asked_again_never_sent_undecided(store_url):
+    """Someone who can delete rows deletes the journal entry of one write of a pause, then the others are
+    approved. A restore issues a call its signed snapshot lists and the journal lacks (D-80): that write is
+    judged by the policy again, so it asks again; it is never sent on the strength of the others' approvals."""
+    import sqlite3
+
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute(GATHER3)
+        assert sorted(w["seq"] for w in paused.pending["writes"]) == [2, 3, 4]
+        with sqlite3.connect(store_url[len("sqlite:///"):]) as conn:
+            conn.execute("DELETE FROM calls WHERE run_id = ? AND seq = 3", (paused.run_id,))
+        with pytest.raises(WriteNotPending):
+            await rt.decide(paused.run_id, {3: "approve"})
+        r = await rt.decide(paused.run_id, {2: "approve", 4: "approve"})
+        assert r.status == "paused" and [w["seq"] for w in r.pending["writes"]] == [3], r.error
+        assert rt.store.get_call(paused.run_id, 3).state == "asked"
+        assert "two" not in [d[1]["body"] for d in rec.deliveries]
+        done = await rt.decide(paused.run_id, {3: "approve"})
+        assert done.status == "completed", done.error
+        assert sorted(d[1]["body"] for d in rec.deliveries) == ["one", "three", "two"]
+
+
+async def test_p6_a_write_asked_by_a_dead_attempt_is_asked_again_when_its_tool_now_says_it_reads(store_url):
+    """A process died after journaling a write as asked, before its pause was stored; the process that takes
+    the run over lists the same tool as read-only (a source that changed its annotations, or a release that
+    did). The journal says the call is a write awaiting a person: it is asked again, never sent as a read, and
+    once approved it is sent once as the write it was (P-10)."""
+    import dataclasses
+
+    from tether._tools.model import Annotations
+
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as a:
+        paused = await a.execute("import tools\nawait tools.helpdesk.close_ticket(id=1)\n'done'")
+        assert paused.status == "paused" and a.store.get_call(paused.run_id, 1).state == "asked"
+        a.store.update_run(paused.run_id, ["paused"], status="running", owner="dead:1",
+                           lease_until=a.engine.clock() - 1)
+    reads = [dataclasses.replace(t, annotations=Annotations(read_only=True)) if t.name == "close_ticket" else t
+             for t in rec.tools()]
+    b = Runtime(store=open_store(store_url), tools=reads, type_check=False, clock=Clock())
+    async with b:
+        await b.recover()
+        run = b.engine.get_run(paused.run_id)
+        assert rec.deliveries == [], run.status
+        assert run.status == "paused" and b.store.get_call(paused.run_id, 1).state == "asked", run.error
+        # Approved, it is sent once, as the write it was journaled as (before, the run failed invalid_transition).
+        done = await b.resume(paused.run_id, "approve")
+        assert done.status == "completed" and done.result == "done", done.error
+        assert rec.deliveries == [("close_ticket", {"id": 1})]
+        assert b.store.get_call(paused.run_id, 1).state == "sent"
+
+
+async def test_p29_a_decision_whose_record_failed_is_recorded_when_it_is_repeated(store_url):
+    """The store fails after the journal took an approval and before the approval's wait and its `decided` event
+    were written (a statement erroring: here a trigger). The approver sees the error and repeats the decision:
+    the repeat changes nothing in the journal, but records who decided, and the run goes on (P-28, P-29)."""
+    import sqlite3
+
+    from tether.errors import StoreError
+
+    rec = Recorder()
+    path = store_url[len("sqlite:///"):]
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute("import tools\nawait tools.helpdesk.close_ticket(id=1)\n'done'")
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TRIGGER gone BEFORE UPDATE ON waits BEGIN SELECT RAISE(ABORT, 'disk gone'); END")
+        with pytest.raises(StoreError):
+            await rt.decide(paused.run_id, {1: "approve"}, actor="ann")
+        assert rt.store.get_call(paused.run_id, 1).state == "approved" and rec.deliveries == []
+        with sqlite3.connect(path) as conn:
+            conn.execute("DROP TRIGGER gone")
+        done = await rt.decide(paused.run_id, {1: "approve"}, actor="ann")
+        assert done.status == "completed", done.error
+        assert rec.deliveries == [("close_ticket", {"id": 1})]
+        decided = [(d["seq"], d["decision"], d["actor"]) for d in run_timeline(rt.store, paused.run_id)["decisions"]]
+        assert decided == [(1, "approve", "ann")]

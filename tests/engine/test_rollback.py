@@ -350,3 +350,32 @@ async def test_p46_p8_an_undo_whose_tool_hangs_is_cut_at_the_call_timeout_and_li
         assert [(x["seq"], x["undone"], x["undo"]["state"]) for x in result.rollback] == [
             (3, False, "unknown"), (2, True, "sent"), (1, True, "sent")]
         assert "outcome is unknown" in result.rollback[0]["why"]
+
+
+async def test_p46_p28_an_approval_racing_a_decline_and_undo_from_another_process_ends_one_way(url):
+    """Two people, two runtimes, one store: one approves the paused transfer while the other declines it and
+    asks for the run's writes undone. Either the transfer is sent and nothing is undone, or it is not sent
+    and every charge is refunded once; never both, never neither with the run left paused (P-28, P-46)."""
+    for i in range(4):
+        _fresh(url)
+        shop = Shop()
+        async with Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False) as a, \
+                Runtime(store=open_store(url), tools=shop.module(), policy=POLICY, type_check=False) as b:
+            paused = await a.execute(THREE_WRITES)
+
+            async def undo(rt: Runtime, run_id: str, after: float):
+                await asyncio.sleep(after)
+                return await rt.decide(run_id, {4: ("decline_and_undo", "no")}, actor="ben")
+
+            await asyncio.gather(a.decide(paused.run_id, {4: "approve"}, actor="ann"), undo(b, paused.run_id, i * 0.002),
+                                 return_exceptions=True)
+            final = await a.engine.wait_for_run(paused.run_id)
+            kinds = sorted(e[0] for e in shop.effects)
+            if final.status == RunStatus.ROLLED_BACK:
+                assert kinds == ["charge"] * 3 + ["refund"] * 3, kinds
+            else:
+                assert final.status == RunStatus.COMPLETED and kinds == ["charge"] * 3 + ["transfer"], (final, kinds)
+            decided = [(e.data["seq"], e.data["decision"]) for e in a.store.get_events(paused.run_id)
+                       if e.type == "decided"]
+            # An undo overrides an approval (P-46), as a cancel does: both may be recorded, once each.
+            assert len(decided) == len(set(decided)), decided

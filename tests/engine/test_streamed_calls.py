@@ -510,3 +510,22 @@ async def test_p35_a_forged_snapshot_lists_nothing_a_replay_would_send(store_url
         done = await rt.resume(paused.run_id, "approve", seq=3)
         assert done.status == "failed" and done.error["code"] == "snapshot_tampered", done.error
         assert rec.deliveries == []
+
+
+async def test_p7_a_run_that_ends_cuts_only_its_own_reads_not_those_of_a_run_sharing_its_pool(stream):
+    """Closing one run's boundary cancels the reads that run left on the wire (D-80); a concurrent run on the
+    same sandbox pool, awaiting a read of the same tool at that moment, gets its answer."""
+    rec = Traced()
+    ending = "import tools\na = tools.slowpoke.lag(id=1, seconds=5)\nb = await tools.slowpoke.lag(id=3, seconds=0.05)\nraise KeyError('x')"
+    waiting = ("import asyncio\nimport tools\nx = await tools.slowpoke.lag(id=2, seconds=0.6)\n"
+               "y = await asyncio.gather(tools.slowpoke.lag(id=4, seconds=0.3), tools.slowpoke.lag(id=5, seconds=0.3))\n"
+               "[x, *y]")
+    async with runtime(None, rec.tools(), stream) as rt:
+        other = asyncio.ensure_future(rt.execute(waiting))
+        while 2 not in rec.started:
+            await asyncio.sleep(0.01)
+        ended = await rt.execute(ending)
+        assert ended.error["code"] == "program_error"
+        done = await other
+        assert done.status == "completed" and done.result == [2, 4, 5], done.error
+        assert rec.running == set()

@@ -308,3 +308,97 @@ async def test_p45_a_guarded_pause_is_posted_with_why_it_asks(tmp_path, monkeypa
             assert write["address"] == "desk.refund"
             assert any(line.startswith("iban: ") and "desk.latest_message() at call 1" in line
                        for line in write["why"]), write
+
+
+class Trickler:
+    """A hostile webhook: reads the request, then sends its answer a few bytes at a time, forever — the status
+    line and headers (``part="head"``) or, after a 200's headers, an endless chunked body (``part="body"``)."""
+
+    def __init__(self, part: str) -> None:
+        self.part = part
+        self.requests = 0
+        self.bytes_sent = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(re.search(rb"content-length: *(\d+)", head, re.I).group(1))
+            await reader.readexactly(length)
+            self.requests += 1
+            if self.part == "head":
+                for byte in b"HTTP/1.1 200 OK\r\nx-slow: " + b"a" * 10_000:
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            chunk = b"x" * 65536
+            while True:
+                writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                await writer.drain()
+                self.bytes_sent += len(chunk)
+                await asyncio.sleep(0.01)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def __aenter__(self) -> "Trickler":
+        self.server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/hook"
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+
+
+@pytest.mark.parametrize("part", ["head", "body"])
+async def test_p34_a_webhook_that_never_finishes_its_answer_holds_up_no_other(part):
+    """A receiver that trickles its answer (each byte well within the read timeout) or answers 200 with an
+    endless body: its attempt ends within the request timeout, its body is never read into memory, and the
+    other webhook's event is delivered in the same pass."""
+    async with Trickler(part) as bad, Receiver() as good, Runtime(tools=[refund]) as rt:
+        hooks = [Webhook(u, SECRET.encode(), frozenset({"completed"})) for u in (bad.url, good.url)]
+        notifier = Notifier(rt, hooks, timeout=1.0)
+        rt.engine.events.listeners.append(notifier)
+        assert (await rt.execute("6 * 7")).status == "completed"
+        assert await notifier.queue_hinted() == 2
+        import httpx
+
+        async with httpx.AsyncClient(timeout=notifier.timeout, follow_redirects=False) as http:
+            assert await asyncio.wait_for(notifier.deliver_due(http), 5.0) == 2
+        assert len(good.requests) == 1 and bad.requests == 1
+        rows = {r.target: r for r in rt.store.list_outbox()}
+        assert rows[good.url].status == "delivered"
+        if part == "body":  # the receiver said 200: delivered, whatever it streams after
+            assert rows[bad.url].status == "delivered" and bad.bytes_sent < 8 * 1024 * 1024
+        else:  # no answer within the timeout: tried again later
+            assert (rows[bad.url].status, rows[bad.url].attempts) == ("pending", 1)
+            assert rows[bad.url].last_error == "no complete answer within 1 s"
+
+
+async def test_p34_an_outbox_row_holding_text_that_is_not_utf8_stops_no_delivery(tmp_path):
+    """SQLite stores whatever bytes it is given as text, and its driver fails the read of a value that is not
+    UTF-8: an outbox row edited so is claimed and given up unsent (its MAC no longer verifies), and the other
+    events are delivered; before, every claim failed, so nothing was ever delivered again."""
+    import sqlite3
+
+    import httpx
+
+    from tether._store import open_store
+
+    db = tmp_path / "t.db"
+    async with Receiver() as hook, Runtime(store=open_store(f"sqlite:///{db}"), tools=[refund]) as rt:
+        notifier = Notifier(rt, [Webhook(hook.url, SECRET.encode(), frozenset({"completed"}))])
+        rt.engine.events.listeners.append(notifier)
+        await rt.execute("1")
+        assert await notifier.queue_hinted() == 1
+        with sqlite3.connect(db) as conn:
+            conn.execute("UPDATE outbox SET body = CAST(x'7bff' AS TEXT)")
+        later = await rt.execute("2")
+        assert await notifier.queue_hinted() == 1
+        async with httpx.AsyncClient() as http:
+            assert await notifier.deliver_due(http) == 2
+        assert [json.loads(body)["run"]["run_id"] for _, body in hook.requests] == [later.run_id]
+        with sqlite3.connect(db) as conn:
+            assert sorted(conn.execute("SELECT status, COALESCE(last_error, '') LIKE 'not sent: the row%' FROM outbox")) == [
+                ("delivered", 0), ("failed", 1)]

@@ -223,3 +223,63 @@ def test_p49_a_watermark_never_passes_what_was_read_nor_the_settle_margin():
     assert notify_reconcile.next_watermark(100.0, 400.0, False, 1000.0) == 400.0
     assert notify_reconcile.next_watermark(100.0, 990.0, False, 1000.0) == 1000.0 - settle
     assert notify_reconcile.next_watermark(100.0, None, False, 1000.0) == 100.0
+
+
+async def test_p49_an_unreadable_run_time_or_watermark_starves_no_later_run(url, tmp_path):
+    """Someone who can write the tables stores a run's time or a webhook's watermark as something that is
+    not a time (text on SQLite, NaN on Postgres, whose double precision takes it and sorts it above every
+    number): later runs are still reconciled and announced, on every pass."""
+    from helpers import direct_sql
+
+    kind = "sqlite" if url.startswith("sqlite") else "postgres"
+    bad = "'soon'" if kind == "sqlite" else "'NaN'::float8"
+    edit = lambda sql: direct_sql(kind, url, "tether", sql)  # noqa: E731
+    async with Runtime(store=open_store(url), tools=[refund]) as rt:
+        notifier = Notifier(rt, [Webhook("http://127.0.0.1:9/hook", SECRET.encode(), frozenset({"paused"}))])
+        await notifier.prepare()
+        odd = (await rt.execute(PAUSING)).run_id
+        edit(f"UPDATE runs SET updated_at = {bad} WHERE run_id = '{odd}'")
+        later = (await rt.execute(PAUSING)).run_id
+        assert await notifier.reconcile() == 1
+        edit(f"UPDATE outbox_watermarks SET watermark = {bad}")
+        latest = (await rt.execute(PAUSING)).run_id
+        assert await notifier.reconcile() == 1
+        assert await notifier.reconcile() == 0
+        announced = {json.loads(r.body)["run"]["run_id"] for r in rt.store.list_outbox()}
+        assert announced == {later, latest}
+
+
+async def test_p49_a_hinted_pause_whose_stored_row_was_edited_is_not_announced(tmp_path, capsys):
+    """The hint only says which run to look at; what is announced is read from the stored run, so it is checked
+    as a reconciled one is (P-35): a pending write edited between the pause and the queueing of its hint is not
+    posted, with tether's approval link, to a person."""
+    db = tmp_path / "t.db"
+    async with Runtime(store=open_store(f"sqlite:///{db}"), tools=[refund]) as rt:
+        notifier = Notifier(rt, [Webhook("http://127.0.0.1:9/hook", SECRET.encode(), frozenset({"paused"}))],
+                            public_url="https://tether.example")
+        paused = await rt.execute(PAUSING)
+        stored = rt.store.get_run(paused.run_id)
+        notifier(paused.run_id, "paused", {"pending": stored.pending, "expires_at": stored.expires_at})
+        with sqlite3.connect(db) as conn:
+            conn.execute("UPDATE runs SET pending = replace(pending, 'A1', 'Z9') WHERE run_id = ?", (paused.run_id,))
+        assert await notifier.queue_hinted() == 0
+        assert rt.store.list_outbox() == []
+        assert f"run {paused.run_id} is not announced to webhooks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("column", ["pending", "error", "program"])
+async def test_p49_a_run_row_holding_text_that_is_not_utf8_starves_no_later_run(tmp_path, capsys, column):
+    """SQLite stores whatever bytes it is given as text, and its driver fails the read of a value that is not
+    UTF-8: such a row (edited outside tether) is refused, logged once, and the runs after it are announced;
+    before, every pass ended at it."""
+    db = tmp_path / "t.db"
+    async with Runtime(store=open_store(f"sqlite:///{db}"), tools=[refund]) as rt:
+        notifier = Notifier(rt, [Webhook("http://127.0.0.1:9/hook", SECRET.encode(), frozenset({"paused"}))])
+        await notifier.prepare()
+        odd = (await rt.execute(PAUSING)).run_id
+        with sqlite3.connect(db) as conn:
+            conn.execute(f"UPDATE runs SET {column} = CAST(x'7bff' AS TEXT) WHERE run_id = ?", (odd,))
+        later = (await rt.execute(PAUSING)).run_id
+        assert [await notifier.reconcile() for _ in range(2)] == [1, 0]
+        assert [json.loads(r.body)["run"]["run_id"] for r in rt.store.list_outbox()] == [later]
+        assert capsys.readouterr().err.count(f"run {odd} is not announced to webhooks") == 1

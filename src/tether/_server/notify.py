@@ -246,7 +246,28 @@ class Notifier:
         run = self.rt.store.get_run(run_id) if wanted else None
         if run is None:
             return 0
+        if kind in notify_reconcile.PARKED and not self._verified(run):
+            # The hint names the run; what a pause's event shows a person, and links to, is read from its row,
+            # which is checked as a reconciled one is (P-35). An end carries no capability: sent as stored.
+            return 0
         return self._insert(self.event(run, kind, data), wanted)
+
+    def _answers(self) -> bool:
+        """Whether the store answers a read now (a run that does not exist)."""
+        try:
+            self.rt.store.get_run("")
+        except Exception:
+            return False
+        return True
+
+    def _verified(self, run: RunRecord) -> bool:
+        """Whether ``run``'s signed fields verify (P-35); a run that does not is refused, logged once."""
+        try:
+            verify_run(self.rt.engine.keyring, run)
+        except Exception as exc:  # RunTampered, WrongSecret: this row is not announced, never sent
+            self.refuse(run.run_id, str(getattr(exc, "message", exc))[:200])
+            return False
+        return True
 
     def queue_stored(self, run_id: str, kind: str, event_id: str, targets: list[str]) -> int:
         """Queue the event of ``run_id`` as it is stored, for ``targets`` (reconciliation; called off the loop).
@@ -257,16 +278,16 @@ class Notifier:
         try:
             run = self.rt.store.get_run(run_id)
         except StoreError:
+            if self._answers():
+                # The store reads other rows but not this one (text that is not UTF-8 on SQLite): its row, not the
+                # store, is what fails; ending the pass here would end every pass here.
+                self.refuse(run_id, "the store cannot read it")
+                return 0
             raise  # the store, not the row: this pass ends and the next one reads it again
         except Exception as exc:  # a column that is not JSON, a status tether has no name for
             self.refuse(run_id, f"it cannot be read: {type(exc).__name__}")
             return 0
-        if run is None or run.status != kind:
-            return 0
-        try:
-            verify_run(self.rt.engine.keyring, run)
-        except Exception as exc:  # RunTampered, WrongSecret: this row is not announced, never sent
-            self.refuse(run_id, str(getattr(exc, "message", exc))[:200])
+        if run is None or run.status != kind or not self._verified(run):
             return 0
         data: dict[str, Any] = ({"pending": run.pending, "expires_at": run.expires_at} if kind in notify_reconcile.PARKED
                                 else {"error": run.error} if run.error else {})
@@ -425,14 +446,21 @@ class Notifier:
                    "tether-signature": signature_header(hook.secret, body, time.time())}
         error = None
         try:
-            response = await http.post(hook.url, content=body.encode(), headers=headers)
-            if 200 <= response.status_code < 300:
+            # The whole attempt is bounded, not each read: a receiver trickling its answer a byte at a time
+            # would otherwise hold this pass (and every other webhook's deliveries) forever. Only the status
+            # is read; a body is never taken into memory, however large or endless.
+            async with asyncio.timeout(self.timeout):
+                async with http.stream("POST", hook.url, content=body.encode(), headers=headers) as response:
+                    status = response.status_code
+            if 200 <= status < 300:
                 # The last failure stays on the row: why it took more than one attempt.
                 await self.rt.store.aio.settle_outbox(item.id, status=OUTBOX_DELIVERED, attempts=attempts,
                                                       next_at=item.next_at, last_error=item.last_error,
                                                       delivered_at=self.rt.engine.clock())
                 return
-            error = f"HTTP {response.status_code}"
+            error = f"HTTP {status}"
+        except TimeoutError:
+            error = f"no complete answer within {self.timeout:g} s"
         except Exception as exc:  # the receiver is down, slow or refusing: try again later
             error = f"{type(exc).__name__}: {exc}"[:300]
         metrics.WEBHOOK_FAILURES.inc()

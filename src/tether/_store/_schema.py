@@ -194,6 +194,9 @@ class SQLStore:
     driver_error: type[Exception]
     # SQL for the byte length of a column ("{}" is the column), for retention's estimates.
     octets: str = "LENGTH({})"
+    # SQL reading a text column as its bytes ("{}" is the column): a value that is not UTF-8 (written outside
+    # tether) is then the reader's to refuse, not a driver error that fails every read of its page.
+    text_bytes: str = "CAST({} AS BLOB)"
     # In process, no notices, the secret in a file of its own (SQLite); Postgres declares its own.
     capabilities = Capabilities()
 
@@ -786,7 +789,10 @@ class SQLStore:
         return True
 
     def claim_outbox(self, now: float, lease_seconds: float, limit: int = 20) -> list[OutboxRecord]:
-        select = (f"{_select('outbox', OUTBOX_COLUMNS)} WHERE status = ? AND next_at <= ?"
+        # Its text read as bytes: a row whose text is not UTF-8 (edited outside tether; SQLite takes any bytes) is
+        # claimed and given up unsent by its MAC (notify.py), rather than failing every claim, every delivery.
+        as_bytes = {name: self.text_bytes.format(name) for name in _OUTBOX_TEXTS}
+        select = (f"{_select('outbox', OUTBOX_COLUMNS, as_bytes)} WHERE status = ? AND next_at <= ?"
                   " AND (claimed_until IS NULL OR claimed_until < ?) ORDER BY next_at, id LIMIT ?")
         claim = ("UPDATE outbox SET claimed_until = ? WHERE id = ? AND status = ?"
                  " AND (claimed_until IS NULL OR claimed_until < ?)")
@@ -794,7 +800,11 @@ class SQLStore:
         with self._transaction(write=True) as tx:
             rows = tx.run(select, (OUTBOX_PENDING, now, now, limit)).fetchall()
             for row in rows:
-                rec = OutboxRecord(**_decode(OUTBOX_COLUMNS, row))
+                fields = _decode(OUTBOX_COLUMNS, row)
+                for name in _OUTBOX_TEXTS:
+                    if fields[name] is not None:
+                        fields[name] = bytes(fields[name]).decode("utf-8", "replace")
+                rec = OutboxRecord(**fields)
                 if tx.run(claim, (now + lease_seconds, rec.id, OUTBOX_PENDING, now)).rowcount == 1:
                     rec.claimed_until = now + lease_seconds
                     out.append(rec)
@@ -830,7 +840,9 @@ class SQLStore:
                 tx.run(insert, (target, start))
             rows = tx.run(f"SELECT target, watermark FROM outbox_watermarks WHERE target IN ({', '.join('?' * len(wanted))})",
                           wanted).fetchall() if wanted else []
-        return {target: float(watermark) for target, watermark in rows}
+        # One that is not a time (text on SQLite, NaN on Postgres: edited outside tether) is read as ``start``,
+        # as one edited into the future is read at the settle margin (D-81): it must not stop reconciliation.
+        return {target: _time_or(watermark, start) for target, watermark in rows}
 
     def advance_outbox_watermark(self, target: str, watermark: float) -> None:
         with self._transaction(write=True, single=True) as tx:
@@ -841,12 +853,16 @@ class SQLStore:
                     limit: int = 200) -> list[RunChange]:
         if not statuses:
             return []
-        sql = ("SELECT run_id, status, updated_at, pending FROM runs"
+        sql = (f"SELECT run_id, status, updated_at, {self.text_bytes.format('pending')} FROM runs"
                f" WHERE status IN ({', '.join('?' * len(statuses))})"
                " AND (updated_at > ? OR (updated_at = ? AND run_id > ?)) ORDER BY updated_at, run_id LIMIT ?")
         with self._transaction(write=False, single=True) as tx:
             rows = tx.run(sql, [*statuses, since, since, after, limit]).fetchall()
-        return [RunChange(run_id, str(status), float(updated_at), pending) for run_id, status, updated_at, pending in rows]
+        # A time that is not one (text on SQLite, NaN on Postgres: edited outside tether) leaves its run out
+        # rather than failing every pass; both backends sort such values after every number, so a page cut
+        # short by them has read every run that can be read (D-81).
+        return [RunChange(run_id, str(status), at, None if pending is None else bytes(pending).decode("utf-8", "replace"))
+                for run_id, status, updated_at, pending in rows if (at := _time_or(updated_at, None)) is not None]
 
     # -- console sign-outs
 
@@ -868,6 +884,19 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 def _int64(n: int) -> int:
     return max(_INT64_MIN, min(_INT64_MAX, n))
+
+
+# The outbox's text columns a claim reads as bytes (claim_outbox).
+_OUTBOX_TEXTS = ("target", "event_id", "body", "last_error", "mac")
+
+
+def _time_or(value: Any, default: Any) -> Any:
+    """A stored time as a float, or ``default`` when the column holds something else (text, NaN)."""
+    try:
+        at = float(value)
+    except (TypeError, ValueError):
+        return default
+    return default if at != at else at
 
 
 def _no_run(run_id: str) -> RunNotFound:

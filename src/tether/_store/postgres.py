@@ -128,6 +128,7 @@ class PostgresStore(SQLStore):
     driver_error = psycopg.Error
     # The byte length of a TEXT or BYTEA value (retention's estimates).
     octets = "OCTET_LENGTH({})"
+    text_bytes = "CONVERT_TO({}, 'UTF8')"
     # Callers on an event loop run this store's calls in its threads (AsyncStore in _store/base.py, D-27); other processes
     # hear its NOTIFYs (listen); a secret it keeps itself is a row beside the data it signs (P-35).
     capabilities = Capabilities(offloads=True, notifies=True, secret_with_data=True)

@@ -216,6 +216,7 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
            "via": via, "origin": origin}
     batch = {w["seq"]: w for w in batch_of(run)}
     fresh: dict[int, tuple[str, str | None]] = {}
+    repeated: list[int] = []
     for seq, (decision, reason) in sorted(wanted.items()):
         entry = entries[seq] if seq in entries else await engine.store.aio.get_call(run_id, seq)
         already = taken(entry)
@@ -227,6 +228,8 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
             if already != decision:
                 raise AlreadyDecided(f"call {seq} of run {run_id} was already decided: {already}; "
                                      f"nothing was changed", details={"decision": already, "seq": seq})
+            if seq in batch:
+                repeated.append(seq)
             continue  # a repeat of a decision taken: it changes nothing (P-28)
         if seq in batch and entry is not None and entry.state == CallState.ASKED:
             fresh[seq] = (decision, reason)
@@ -256,6 +259,10 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
         # stays paused, and an approved write's server must answer now or it is not sent.
         await engine.require_sources(run, live=tuple(batch[s]["address"] for s, (d, _) in fresh.items()
                                                  if d == "approve"))
+    for seq in repeated:
+        # The journal took this decision but its record may not have been written (the store failed between
+        # the two): the repeat writes it, with who repeated it, unless it was written (P-29).
+        await _complete_record(engine, run, batch[seq], wanted[seq][1], who, now)
     last = None
     for seq, (decision, reason) in fresh.items():
         last = await _record(engine, run, batch[seq], decision, reason, who, now, entry=entries.get(seq))
@@ -327,6 +334,25 @@ async def _record(engine: Engine, run: RunRecord, write: dict[str, Any], decisio
     return record
 
 
+async def _complete_record(engine: Engine, run: RunRecord, write: dict[str, Any], reason: str | None,
+                           who: dict[str, Any], now: float) -> None:
+    """Record a decision the journal holds whose approval wait is still pending (P-29): a repeat of it."""
+    def settle() -> Decision | None:
+        entry = engine.store.get_call(run.run_id, write["seq"])
+        which = taken(entry)
+        if which is None or which in _ENDS_PAUSE:
+            return None
+        row = engine.store.get_wait(engine.waits.key(run.run_id, approval_wait_name(write["seq"])))
+        if row is None or row.status != WaitStatus.PENDING:
+            return None
+        record = Decision(write["seq"], which, reason, **who, at=now)
+        return record if _settle_approval(engine, run.run_id, record) else None
+
+    record = await engine.astore.call(settle)
+    if record is not None:
+        await engine.events.emit_awaited(run.run_id, "decided", record.event(write["address"]))
+
+
 def _take(engine: Engine, run: RunRecord, write: dict[str, Any], decision: str, reason: str | None,
           who: dict[str, Any], now: float, expect: tuple[str, ...], entry: CallRecord | None) -> tuple[Decision, bool]:
     """``_record``'s store work, in one of the store's threads: (the decision, whether this process won it)."""
@@ -349,16 +375,18 @@ def _take(engine: Engine, run: RunRecord, write: dict[str, Any], decision: str, 
             raise AlreadyDecided(f"call {seq} of run {run.run_id} was already decided: {already}; nothing was changed",
                                  details={"decision": already, "seq": seq})
     record = Decision(seq, decision, reason, **who, at=now)
-    if won:
-        _settle_approval(engine, run.run_id, record)
+    if won and not _settle_approval(engine, run.run_id, record) and CallState.APPROVED not in expect:
+        won = False  # a repeat of this decision recorded it first (_complete_record): one `decided` event
     return record, won
 
 
-def _settle_approval(engine: Engine, run_id: str, record: Decision) -> None:
+def _settle_approval(engine: Engine, run_id: str, record: Decision) -> bool:
     name = approval_wait_name(record.seq)
     now = engine.clock()
-    waits_mod.settle(engine.store, WaitRecord(engine.waits.key(run_id, name), run_id, name, WaitStatus.RESOLVED, now,
-                                              seq=record.seq, value=record.wait_value(), resolved_at=now))
+    settled, _ = waits_mod.settle(engine.store, WaitRecord(engine.waits.key(run_id, name), run_id, name,
+                                                           WaitStatus.RESOLVED, now, seq=record.seq,
+                                                           value=record.wait_value(), resolved_at=now))
+    return settled
 
 
 async def _cancel(engine: Engine, run: RunRecord, fresh: dict[int, tuple[str, str | None]], who: dict[str, Any],

@@ -383,7 +383,9 @@ class EffectBoundary:
         tool = self.catalog.find(address)
         if tool is None:
             return self._unknown_tool(call, decision)
-        kind = "write" if tool.is_write else "read"
+        # The journal says what a call was when it was issued: a write asked, approved or on the wire stays a
+        # write if its tool is listed as a read now (its source's annotations changed between pause and resume).
+        kind = "write" if tool.is_write or (decision.entry is not None and decision.entry.kind == "write") else "read"
         try:
             valid = args if (kind == "read" and tool.validates_args) else self.catalog.validate_args(address, args)
         except InvalidArguments as exc:
