@@ -333,6 +333,8 @@ async def test_p2_the_call_limit_counts_gathered_calls_exactly(stream):
 
 
 async def test_p2_gathered_writes_each_spend_the_write_budget_once(backend, stream):
+    """On Postgres the intents leave the event loop (D-27), so gathered writes interleave while they are
+    stored: each must still be counted before the next is checked."""
     rec = Traced()
     code = """
 import asyncio
