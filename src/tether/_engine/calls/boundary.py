@@ -202,7 +202,8 @@ class EffectBoundary:
         return self.call(seq, op, address, call_args)
 
     def list_held(self, listed: Sequence[int]) -> None:
-        """A replay's calls a genuine snapshot lists that the journal lacks: held when its pause formed (D-80)."""
+        """The calls a genuine snapshot lists that the journal lacks: held when its pause formed, never sent, so
+        a restore or a replay issues them rather than reading their gap as divergence (D-80)."""
         self._held_listed = {seq for seq in listed if self.journal.get(seq) is None}
 
     async def answer_restored(self, pending: list[dict[str, Any]], call_ids: list[int],
@@ -220,7 +221,7 @@ class EffectBoundary:
         plan = plan_restore(pending, call_ids, announced, self._parse, next_seq)
         # Calls the signed record lists that the journal lacks were held while the pause formed: never sent.
         listed = {c["seq"] for c in pending}
-        self._held_listed = {p.seq for p in plan if p.seq in listed and self.journal.get(p.seq) is None}
+        self.list_held([p.seq for p in plan if p.seq in listed])
         wanted = set(call_ids)
         # If answering pauses again, the new dump waits on every call of the plan.
         self.stops.answering = [{"seq": p.seq, "op": p.op, "address": p.address, "args": p.args}
