@@ -184,3 +184,21 @@ async def test_an_approver_of_blanks_names_no_person_and_the_runs_own_principal_
                 await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
         (run_id,) = [m["tether_run_id"] for m in requests.metadata.values()]
         assert rt.store.get_run(run_id).status == RunStatus.PAUSED and sent(desk) == []
+
+
+async def test_p36_a_call_id_or_key_the_model_repeats_in_another_conversation_reaches_no_run_of_the_first(desk):
+    """P-36: the call's run is named by its conversation and its call id (or the model's key): a second
+    conversation of the same principal whose model repeats them gets its own run, not the first one's result."""
+    def keyed(key: str | None):
+        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            for part in messages[-1].parts:
+                if isinstance(part, ToolReturnPart):
+                    return ModelResponse(parts=[TextPart(json.dumps({"saw": part.content}))])
+            return ModelResponse(parts=[ToolCallPart("execute", {"code": "1 + 1", "key": key}, tool_call_id="call-1")])
+        return FunctionModel(model)
+
+    async with Runtime(tools=TOOLS) as rt:
+        for key in (None, "shared"):
+            agent = Agent(keyed(key), capabilities=[TetherCapability(rt)])
+            first, second = [json.loads((await agent.run("go")).output)["saw"] for _ in range(2)]
+            assert first["status"] == second["status"] == "completed" and first["run_id"] != second["run_id"]

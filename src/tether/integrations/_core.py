@@ -10,7 +10,9 @@ policy rule says ``approver = "signed_in"``. Declining stops things and needs no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any, Awaitable, Mapping, Sequence
 
 from tether._engine.approvals.rights import ALLOWED, APPROVE, Access, Channel, Grant, Verdict, may_decide
 from tether._engine.approvals.surface import refusal, signed_in_required
@@ -35,10 +37,42 @@ def description(rt: Runtime) -> str:
     return rt.engine.model_description()
 
 
-async def start(rt: Runtime, code: str, *, key: str | None, principal: str | None,
+# Runs being stopped because the framework cancelled the tool call that awaited them: held until stopped.
+_STOPPING: set[asyncio.Future[Any]] = set()
+
+
+async def _cancelled_with_the_call(rt: Runtime, run_id: str, attempt: Awaitable[RunResult], *,
+                                   principal: str | None, origin: str) -> RunResult:
+    """``attempt``'s result; a framework that cancels the tool call (a timeout, an abandoned agent run, a
+    task cancelled) cancels ``run_id`` too, as a cancelled MCP request does: nothing further is sent, a write
+    already on the wire finishes and is journaled (P-8), and the run ends ``cancelled`` rather than staying
+    ``running`` in a process that no longer awaits it. The cancellation then goes on to the framework."""
+    task = asyncio.ensure_future(attempt)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        stopping = asyncio.ensure_future(_stop(rt, run_id, task, principal=principal, origin=origin))
+        _STOPPING.add(stopping)
+        stopping.add_done_callback(_STOPPING.discard)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(stopping)  # cancelled again: it still ends, held by _STOPPING
+        raise
+
+
+async def _stop(rt: Runtime, run_id: str, task: asyncio.Future[RunResult], *, principal: str | None,
+                origin: str) -> None:
+    with contextlib.suppress(Exception):
+        await rt.cancel(run_id, f"the agent framework ({origin}) cancelled the tool call; nothing further was sent",
+                        principal=principal)
+    with contextlib.suppress(BaseException):
+        await task
+
+
+async def start(rt: Runtime, code: str, *, key: str | None, principal: str | None, origin: str,
                 user_words: str | Sequence[str] | None = None) -> RunResult:
     """Run the model's program; what refuses to start it (too large, a key naming another program, a
     quota) is a failed envelope the model reads, as over MCP, not an error that ends the host's agent run.
+    A tool call the framework cancels cancels its run (``origin`` names the framework in the reason).
 
     ``user_words`` are the user's messages as the host's framework holds them (D-75, D-76), given only when
     the host opted in; a run its key already names keeps the words it was started with. A value that is not
@@ -50,7 +84,8 @@ async def start(rt: Runtime, code: str, *, key: str | None, principal: str | Non
 
     messages(user_words)  # the host's mistake raises here, not as the model's failed run; the run keeps the marks
     try:
-        return await rt.execute(code, key=key, principal=principal, user_words=user_words)
+        handle = await rt.begin(code, key=key, principal=principal, user_words=user_words)
+        return await _cancelled_with_the_call(rt, handle.run_id, handle.result(), principal=principal, origin=origin)
     except (UsageError, LimitExceeded) as exc:
         return RunResult(status=RunStatus.FAILED, run_id="", error=exc.to_dict())
 
@@ -153,6 +188,8 @@ async def decide(rt: Runtime, given: Mapping[str, Any], *, code: str | None, ori
     if not checked.ok:
         raise refusal(checked, run_id, None, paused=True, console=False)
     reason = given.get("reason")
-    return await rt.decide(run_id, {int(s): (decision, reason if isinstance(reason, str) else None) for s in seqs},
-                           principal=principal, actor=(approver.strip() or None) if isinstance(approver, str) else None,
-                           via="python", origin=origin)
+    # The run continues here: a framework that cancels the call now cancels the run, as for a start.
+    return await _cancelled_with_the_call(rt, run_id, rt.decide(
+        run_id, {int(s): (decision, reason if isinstance(reason, str) else None) for s in seqs}, principal=principal,
+        actor=(approver.strip() or None) if isinstance(approver, str) else None, via="python", origin=origin),
+        principal=principal, origin=origin)

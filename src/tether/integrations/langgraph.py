@@ -87,7 +87,7 @@ def execute_tool(rt: Runtime, *, principal: str | None = None, user_words: bool 
         # The model's own key (P-36) is scoped to the thread too: it names a run of this conversation only.
         run_key = f"langgraph:{thread}:{'key:' + key if key else tool_call_id}"
         # A replay after an interrupt rejoins the run this key names, with the words it was started with.
-        result = await start(rt, code, key=run_key, principal=principal, user_words=said)
+        result = await start(rt, code, key=run_key, principal=principal, origin=ORIGIN, user_words=said)
         refused: dict[str, Any] | None = None
         while result.status == "paused":
             # A refused answer asks again, saying why: raised out of the node, it would stay recorded as this

@@ -88,7 +88,7 @@ def execute_tool(rt: Runtime, *, principal: str | None = None,
     """
 
     async def run(code: str, key: str, said: str | Sequence[str] | None = None) -> RunResult:
-        return await start(rt, code, key=key, principal=principal, user_words=said)
+        return await start(rt, code, key=key, principal=principal, origin=ORIGIN, user_words=said)
 
     async def needs_approval(ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
         # The program runs here: whether the call needs a person is whether it paused at a write.

@@ -74,7 +74,8 @@ class TetherCapability(AbstractCapability[Any]):
             result = await decide(rt, given, code=code, origin=ORIGIN, principal=self.principal)
         else:
             said = _user_prompts(ctx.messages) if self.user_words else None
-            result = await start(rt, code, key=key, principal=self.principal, user_words=said)
+            result = await start(rt, code, key=_run_key(ctx, key), principal=self.principal, origin=ORIGIN,
+                                 user_words=said)
         if result.status == "paused":
             raise ApprovalRequired(metadata=pause_of(rt, result))
         return for_model(result)
@@ -106,6 +107,20 @@ class TetherCapability(AbstractCapability[Any]):
         if not changed:
             return node
         return dataclasses.replace(node, tool_call_results=results, tool_call_metadata=metadata)
+
+
+def _run_key(ctx: RunContext[Any], key: str | None) -> str | None:
+    """The run key (P-36) of a tool call: the conversation's, with the model's own key or else the call's id.
+
+    A host that runs the same call again (an agent run resumed from a history that ends with it, a durable
+    step retried) gets the call's run, never a second one that sends its writes again. The conversation
+    (Pydantic AI's ``conversation_id``, carried by the history) scopes both: a call id or a key the model
+    names reaches no run of another conversation of the same principal.
+    """
+    conversation = ctx.conversation_id
+    if conversation is None or not ctx.tool_call_id:
+        return key  # outside an agent run (a test calling the tool): the model's key as given
+    return f"{ORIGIN}:{conversation}:{'key:' + key if key else ctx.tool_call_id}"
 
 
 def _user_prompts(messages: list[ModelMessage]) -> list[str] | None:
