@@ -116,3 +116,32 @@ async def test_a_program_tether_refuses_to_start_is_a_failed_result_for_the_mode
     async with Runtime(tools=TOOLS) as rt:
         out = await graph_of(rt, "x = 1\n" * 20_000, InMemorySaver()).ainvoke({"messages": [("user", "go")]}, CONFIG)
         assert '"code_too_large"' in out["messages"][-1].content
+
+
+async def test_an_answer_naming_another_run_or_an_unknown_write_is_refused_and_the_thread_can_still_be_approved(desk):
+    """An answer that names another thread's run (same program, same principal), a forged run id, a write the
+    pause does not wait on, or seqs that are no list of numbers decides nothing and does not end the graph:
+    the thread is asked again with ``refused``, and the right answer still decides it."""
+    async with Runtime(tools=TOOLS) as rt:
+        graph, pause = await _interrupted(rt)
+        other_graph = graph_of(rt, PROGRAM, InMemorySaver())
+        other = (await other_graph.ainvoke({"messages": [("user", "Comment on T1")]},
+                                           {"configurable": {"thread_id": "another"}}))["__interrupt__"][0].value
+        assert other["tether_run_id"] != pause["tether_run_id"]
+        good = decision(pause, "approve", approver="alice")
+        for wrong, code in (({**good, "tether_run_id": other["tether_run_id"]}, "invalid_approval"),
+                            ({**good, "tether_run_id": "run_0000000000000000"}, "invalid_approval"),
+                            ({**good, "seqs": [999]}, "write_not_pending"),
+                            ({**good, "seqs": "2"}, "invalid_approval"),
+                            ({**good, "seqs": [True]}, "invalid_approval")):
+            out = await graph.ainvoke(Command(resume=wrong), CONFIG)
+            (again,) = out["__interrupt__"]
+            assert again.value["refused"]["code"] == code, (wrong, again.value["refused"])
+            assert again.value["tether_run_id"] == pause["tether_run_id"]
+        for run_id in (pause["tether_run_id"], other["tether_run_id"]):
+            assert rt.store.get_run(run_id).status == RunStatus.PAUSED
+        assert sent(desk) == []
+        out = await graph.ainvoke(Command(resume=good), CONFIG)
+        assert '"status": "completed"' in out["messages"][-1].content and len(sent(desk)) == 1
+        assert rt.store.get_run(other["tether_run_id"]).status == RunStatus.PAUSED
+

@@ -174,9 +174,12 @@ async def decide(rt: Runtime, given: Mapping[str, Any], *, code: str | None, ori
     program is not this call's (an answer copied onto another call), and nothing is decided.
     """
     run_id, seqs, decision = given.get(RUN_ID), given.get("seqs"), given.get("decision")
-    if not isinstance(run_id, str) or not isinstance(seqs, Sequence) or decision not in DECISIONS:
-        raise InvalidApproval(f"a decision names the run ({RUN_ID}), its writes (seqs) and 'approve' or 'decline'; "
-                              f"got {sorted(given)}; nothing was decided")
+    if (not isinstance(run_id, str) or not isinstance(seqs, (list, tuple)) or not seqs
+            or not all(type(s) is int for s in seqs) or decision not in DECISIONS):
+        # seqs are the pause's own numbers: a string, a bool or a float is no write's seq.
+        raise InvalidApproval(f"a decision names the run ({RUN_ID}), its writes (seqs, a list of the pause's "
+                              f"write numbers) and 'approve' or 'decline'; got {sorted(map(str, given))}; "
+                              "nothing was decided")
     # Off the event loop (D-27): a framework host serves other agents while a Postgres read is slow.
     run = await rt.store.aio.call(rt.engine.get_run, run_id, principal)
     if code is not None and run.program != code:
@@ -184,12 +187,12 @@ async def decide(rt: Runtime, given: Mapping[str, Any], *, code: str | None, ori
     owner = run.principal or rt.principal
     approver = given.get("approver")
     checked = verdict(owner, approver if isinstance(approver, str) else None, str(decision),
-                      signed_in=signed_in_required(run, [s for s in seqs if isinstance(s, int)]))
+                      signed_in=signed_in_required(run, list(seqs)))
     if not checked.ok:
         raise refusal(checked, run_id, None, paused=True, console=False)
     reason = given.get("reason")
     # The run continues here: a framework that cancels the call now cancels the run, as for a start.
     return await _cancelled_with_the_call(rt, run_id, rt.decide(
-        run_id, {int(s): (decision, reason if isinstance(reason, str) else None) for s in seqs}, principal=principal,
+        run_id, {s: (decision, reason if isinstance(reason, str) else None) for s in seqs}, principal=principal,
         actor=(approver.strip() or None) if isinstance(approver, str) else None, via="python", origin=origin),
         principal=principal, origin=origin)

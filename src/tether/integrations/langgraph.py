@@ -31,7 +31,7 @@ from langchain_core.tools import InjectedToolCallId, StructuredTool
 from langgraph.prebuilt import InjectedState
 from langgraph.types import interrupt
 
-from tether.errors import ApprovalElsewhere, ApprovalRefused, InvalidApproval
+from tether.errors import InvalidApproval, UsageError
 from tether.integrations._core import RUN_ID, TOOL_NAME, answer, decide, description, for_model, pause_of, start
 
 if TYPE_CHECKING:
@@ -99,9 +99,17 @@ def execute_tool(rt: Runtime, *, principal: str | None = None, user_words: bool 
                     raise InvalidApproval(
                         "resume a paused tether call with Command(resume=decision(pause, 'approve' | 'decline', "
                         f"approver=...)), which names its run and writes; got {given!r:.200}; nothing was decided")
+                if given[RUN_ID] != result.run_id:
+                    # An answer to another thread's pause, or a forged id: this node's run is the one it decides.
+                    raise InvalidApproval(
+                        f"this answer decides run {given[RUN_ID]!r:.80}, and this tool call's pause is of run "
+                        f"{result.run_id}; resume with decision(pause, ...) of the pause the thread shows; "
+                        "nothing was decided")
                 result = await decide(rt, given, code=code, origin=ORIGIN, principal=principal)
                 refused = None
-            except (ApprovalElsewhere, ApprovalRefused, InvalidApproval) as exc:
+            except UsageError as exc:
+                # Any refusal of the answer (a person's rights, its shape, a write decided since, a run that
+                # expired): raised, it would end the graph and stay this interrupt's answer on every resume.
                 refused = exc.to_dict()
         return for_model(result)
 
