@@ -145,3 +145,16 @@ async def test_an_answer_naming_another_run_or_an_unknown_write_is_refused_and_t
         assert '"status": "completed"' in out["messages"][-1].content and len(sent(desk)) == 1
         assert rt.store.get_run(other["tether_run_id"]).status == RunStatus.PAUSED
 
+
+
+async def test_p36_a_long_thread_id_still_names_one_run_per_call_and_a_replay_rejoins_it(desk):
+    """P-36: the run key is made of the thread and the call; a thread id near the key limit (hosts compose
+    them of user, session and agent ids) still gives the call its run, and the resumed node rejoins it."""
+    config = {"configurable": {"thread_id": "user:" + "u" * 90 + ":session:" + "s" * 90}}
+    async with Runtime(tools=TOOLS) as rt:
+        graph = graph_of(rt, PROGRAM, InMemorySaver())
+        out = await graph.ainvoke({"messages": [("user", "Comment on ticket T1")]}, config)
+        (pending,) = out["__interrupt__"]
+        out = await graph.ainvoke(Command(resume=decision(pending.value, "approve", approver="alice")), config)
+        assert '"status": "completed"' in out["messages"][-1].content
+        assert len(sent(desk)) == 1 and len(rt.store.list_runs()) == 1

@@ -202,3 +202,21 @@ async def test_p36_a_call_id_or_key_the_model_repeats_in_another_conversation_re
             agent = Agent(keyed(key), capabilities=[TetherCapability(rt)])
             first, second = [json.loads((await agent.run("go")).output)["saw"] for _ in range(2)]
             assert first["status"] == second["status"] == "completed" and first["run_id"] != second["run_id"]
+
+
+@pytest.mark.parametrize("length, ok", [(180, True), (201, False)])
+async def test_p36_the_models_key_is_held_to_the_key_limit_by_its_own_length(desk, length, ok):
+    """P-36: a key the model may give over MCP (up to 200 printable characters) is one it may give here, though
+    the adapter scopes it to the conversation; a longer one is refused naming the model's own length."""
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        for part in messages[-1].parts:
+            if isinstance(part, ToolReturnPart):
+                return ModelResponse(parts=[TextPart(json.dumps({"saw": part.content}))])
+        return ModelResponse(parts=[ToolCallPart("execute", {"code": "1 + 1", "key": "k" * length}, tool_call_id="c")])
+
+    async with Runtime(tools=TOOLS) as rt:
+        seen = json.loads((await Agent(FunctionModel(model), capabilities=[TetherCapability(rt)]).run("go")).output)["saw"]
+        if ok:
+            assert seen["status"] == "completed"
+        else:
+            assert seen["error"]["code"] == "invalid_arguments" and f"got {length} characters" in seen["error"]["message"]

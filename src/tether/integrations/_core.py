@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 from typing import TYPE_CHECKING, Any, Awaitable, Mapping, Sequence
 
 from tether._engine.approvals.rights import ALLOWED, APPROVE, Access, Channel, Grant, Verdict, may_decide
 from tether._engine.approvals.surface import refusal, signed_in_required
 from tether._engine.attempt.redaction import shown_args
 from tether._engine.lineage.why import why_lines
+from tether._engine.rules.run_keys import MAX_RUN_KEY_CHARS, check_run_key
 from tether._tools.shown import show_call
-from tether.errors import InvalidApproval, LimitExceeded, UsageError
+from tether.errors import InvalidApproval, InvalidArguments, LimitExceeded, UsageError
 
 if TYPE_CHECKING:
     from tether import RunResult, Runtime
@@ -30,6 +33,26 @@ TOOL_NAME = "execute"
 DECISIONS = ("approve", "decline")
 # The field of a pause, and of an answer, that names the run (the rest of the framework's data is its own).
 RUN_ID = "tether_run_id"
+
+
+def run_key(origin: str, scope: object, key: str | None, call_id: str | None) -> str:
+    """The run key (P-36) of a framework's tool call: its conversation's (``scope``: a thread, a conversation
+    id), with the model's own ``key`` or else the call's id, so a repeat of the call gets its run and another
+    conversation's model naming the same key or id reaches none of this one's.
+
+    A model's key tether refuses (too long, not printable) is passed on as it is, so the refusal names the
+    model's own key; a composed key past the limit (a long thread id) is the same parts hashed.
+    """
+    if key:
+        try:
+            check_run_key(key)
+        except InvalidArguments:
+            return key
+    composed = f"{origin}:{scope}:{'key:' + key if key else call_id}"
+    if len(composed) <= MAX_RUN_KEY_CHARS and composed.isprintable():
+        return composed
+    digest = hashlib.sha256(json.dumps([str(scope), key or None, call_id]).encode()).hexdigest()
+    return f"{origin}:{digest}"
 
 
 def description(rt: Runtime) -> str:

@@ -32,7 +32,17 @@ from langgraph.prebuilt import InjectedState
 from langgraph.types import interrupt
 
 from tether.errors import InvalidApproval, UsageError
-from tether.integrations._core import RUN_ID, TOOL_NAME, answer, decide, description, for_model, pause_of, start
+from tether.integrations._core import (
+    RUN_ID,
+    TOOL_NAME,
+    answer,
+    decide,
+    description,
+    for_model,
+    pause_of,
+    run_key,
+    start,
+)
 
 if TYPE_CHECKING:
     from tether import Runtime
@@ -85,9 +95,9 @@ def execute_tool(rt: Runtime, *, principal: str | None = None, user_words: bool 
         thread = (config.get("configurable") or {}).get("thread_id")
         # The same on every replay of this node for this call, different for every other call (P-36).
         # The model's own key (P-36) is scoped to the thread too: it names a run of this conversation only.
-        run_key = f"langgraph:{thread}:{'key:' + key if key else tool_call_id}"
+        named = run_key(ORIGIN, thread, key, tool_call_id)
         # A replay after an interrupt rejoins the run this key names, with the words it was started with.
-        result = await start(rt, code, key=run_key, principal=principal, origin=ORIGIN, user_words=said)
+        result = await start(rt, code, key=named, principal=principal, origin=ORIGIN, user_words=said)
         refused: dict[str, Any] | None = None
         while result.status == "paused":
             # A refused answer asks again, saying why: raised out of the node, it would stay recorded as this

@@ -34,7 +34,17 @@ from pydantic_ai.exceptions import ApprovalRequired
 from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
 
 from tether.errors import InvalidApproval
-from tether.integrations._core import RUN_ID, TOOL_NAME, answer, decide, description, for_model, pause_of, start
+from tether.integrations._core import (
+    RUN_ID,
+    TOOL_NAME,
+    answer,
+    decide,
+    description,
+    for_model,
+    pause_of,
+    run_key,
+    start,
+)
 
 if TYPE_CHECKING:
     from tether import Runtime
@@ -117,10 +127,9 @@ def _run_key(ctx: RunContext[Any], key: str | None) -> str | None:
     (Pydantic AI's ``conversation_id``, carried by the history) scopes both: a call id or a key the model
     names reaches no run of another conversation of the same principal.
     """
-    conversation = ctx.conversation_id
-    if conversation is None or not ctx.tool_call_id:
+    if ctx.conversation_id is None or not ctx.tool_call_id:
         return key  # outside an agent run (a test calling the tool): the model's key as given
-    return f"{ORIGIN}:{conversation}:{'key:' + key if key else ctx.tool_call_id}"
+    return run_key(ORIGIN, ctx.conversation_id, key, ctx.tool_call_id)
 
 
 def _user_prompts(messages: list[ModelMessage]) -> list[str] | None:
