@@ -220,3 +220,43 @@ async def test_p36_the_models_key_is_held_to_the_key_limit_by_its_own_length(des
             assert seen["status"] == "completed"
         else:
             assert seen["error"]["code"] == "invalid_arguments" and f"got {length} characters" in seen["error"]["message"]
+
+
+@pytest.mark.parametrize("elsewhere", ["decline", "cancel"])
+@pytest.mark.parametrize("answer", [True, ToolDenied("no")], ids=["approve", "deny"])
+async def test_p28_a_pause_decided_elsewhere_meanwhile_gives_the_model_the_runs_outcome_not_an_endless_error(
+        desk, elsewhere, answer):
+    """P-28: the console (or a link, a cancel, the approval time to live) decided the run while the host held
+    the deferred call. The host's answer decides nothing, and the agent's run goes on with what the run did;
+    an error here would be raised again on every retry, leaving the conversation no way forward."""
+    async with Runtime(tools=TOOLS) as rt:
+        agent, first, requests = await _paused(rt)
+        (pause,) = requests.metadata.values()
+        run_id = pause["tether_run_id"]
+        if elsewhere == "cancel":
+            await rt.cancel(run_id, "ops said no")
+        else:
+            await rt.decide(run_id, {w["seq"]: ("decline", "ops said no") for w in pause["writes"]}, actor="ops")
+        results = DeferredToolResults(approvals={"call-1": answer}, metadata=with_approver(requests, "alice"))
+        done = await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
+        seen = json.loads(done.output)["saw"]
+        assert seen["run_id"] == run_id and "ops said no" in json.dumps(seen["error"])
+        assert seen["status"] == ("cancelled" if elsewhere == "cancel" else "failed")
+        assert sent(desk) == []
+
+
+async def test_p28_a_write_approved_on_the_console_meanwhile_defers_the_call_again_for_the_next_write(desk):
+    """The first write was approved elsewhere and the run paused at its next: the host's late denial of the
+    old pause decides nothing (not the next write either), and the call is deferred again showing the write
+    the run waits on now."""
+    two = PROGRAM.replace('{"status"', 'await tools.desk.add_comment("T1", "Done")\n{"status"')
+    async with Runtime(tools=TOOLS) as rt:
+        agent, first, requests = await _paused(rt, two)
+        (pause,) = requests.metadata.values()
+        await rt.decide(pause["tether_run_id"], {w["seq"]: "approve" for w in pause["writes"]}, actor="ops")
+        results = DeferredToolResults(approvals={"call-1": ToolDenied("too late")},
+                                      metadata=with_approver(requests, "alice"))
+        done = await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
+        (again,) = done.output.metadata.values()
+        assert [w["args"]["body"] for w in again["writes"]] == ["Done"]
+        assert [s["body"] for s in sent(desk)] == ["On it"]

@@ -22,7 +22,15 @@ from tether._engine.attempt.redaction import shown_args
 from tether._engine.lineage.why import why_lines
 from tether._engine.rules.run_keys import MAX_RUN_KEY_CHARS, check_run_key
 from tether._tools.shown import show_call
-from tether.errors import InvalidApproval, InvalidArguments, LimitExceeded, UsageError
+from tether.errors import (
+    AlreadyDecided,
+    InvalidApproval,
+    InvalidArguments,
+    LimitExceeded,
+    NotPaused,
+    RunExpired,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from tether import RunResult, Runtime
@@ -214,8 +222,14 @@ async def decide(rt: Runtime, given: Mapping[str, Any], *, code: str | None, ori
     if not checked.ok:
         raise refusal(checked, run_id, None, paused=True, console=False)
     reason = given.get("reason")
-    # The run continues here: a framework that cancels the call now cancels the run, as for a start.
-    return await _cancelled_with_the_call(rt, run_id, rt.decide(
-        run_id, {s: (decision, reason if isinstance(reason, str) else None) for s in seqs}, principal=principal,
-        actor=(approver.strip() or None) if isinstance(approver, str) else None, via="python", origin=origin),
-        principal=principal, origin=origin)
+    try:
+        # The run continues here: a framework that cancels the call now cancels the run, as for a start.
+        return await _cancelled_with_the_call(rt, run_id, rt.decide(
+            run_id, {s: (decision, reason if isinstance(reason, str) else None) for s in seqs}, principal=principal,
+            actor=(approver.strip() or None) if isinstance(approver, str) else None, via="python", origin=origin),
+            principal=principal, origin=origin)
+    except (AlreadyDecided, NotPaused, RunExpired):
+        # Decided elsewhere while the framework held its pause (the console, a link, a cancel, its time to
+        # live): nothing was decided here, and the call's result is the run as it is now (its outcome, or
+        # its next pause), not an error the framework's conversation could never get past.
+        return await rt.engine.wait_for_run(run_id)
