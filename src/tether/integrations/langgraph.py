@@ -10,7 +10,8 @@ process with the same store, tools and checkpointer, ``graph.ainvoke(Command(res
 names, never the principal that ran the program, never a write whose rule needs a signed-in approver; a
 decline gives the program its ``PermissionError``. The run continues from its snapshot, nothing sent
 twice, and the tool's message is the run's envelope. An answer tether refuses decides nothing: the graph
-is interrupted again with the same pause and ``refused`` (the error's code, message and next action).
+is interrupted again with the same pause and ``refused`` (the error's code, message and next action),
+as is an answer naming another run than the call's own.
 
 LangGraph runs an interrupted node again from its start when it resumes, so the tool names its run with a
 run key (P-36) made of the thread and the tool call: the repeat gets the same run, never a second one; and

@@ -15,7 +15,11 @@ store and tools, ``DeferredToolResults`` decide it (D-69, D-70):
   program gets its ``PermissionError`` and the model reads what the program did next.
 
 Either way the run continues from its snapshot — nothing is run or sent a second time — and the tool's
-result is the run's envelope; a run that pauses again defers the same call again.
+result is the run's envelope; a run that pauses again defers the same call again. A pause decided
+elsewhere meanwhile (the console, a cancel) decides nothing more: the result is the run as it is now.
+
+The call names its run by the conversation (``conversation_id``) and the call id, or the model's key
+(P-36): an agent run resumed from a history that ends with the call gets its run, never a second one.
 
 With ``TetherCapability(rt, user_words=True)`` each run started carries the user's prompts of the
 conversation (every ``UserPromptPart`` of ``ctx.messages``) as the user's words (D-75, D-76): under
