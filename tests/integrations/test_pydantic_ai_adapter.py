@@ -260,3 +260,16 @@ async def test_p28_a_write_approved_on_the_console_meanwhile_defers_the_call_aga
         (again,) = done.output.metadata.values()
         assert [w["args"]["body"] for w in again["writes"]] == ["Done"]
         assert [s["body"] for s in sent(desk)] == ["On it"]
+
+
+async def test_p28_an_approval_after_the_pauses_time_to_live_gives_the_model_the_expired_run(desk):
+    """A host that answers after the approval time to live decides nothing: the run ended ``run_expired``,
+    nothing sent, and that is what the model reads (not an error raised on every retry)."""
+    now = [1_000_000.0]
+    async with Runtime(tools=TOOLS, clock=lambda: now[0], approval_ttl_seconds=60) as rt:
+        agent, first, requests = await _paused(rt)
+        now[0] += 61
+        results = DeferredToolResults(approvals={"call-1": True}, metadata=with_approver(requests, "alice"))
+        done = await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
+        seen = json.loads(done.output)["saw"]
+        assert (seen["status"], seen["error"]["code"]) == ("failed", "run_expired") and sent(desk) == []
