@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any, Awaitable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 from tether._engine.approvals.rights import ALLOWED, APPROVE, Access, Channel, Grant, Verdict, may_decide
 from tether._engine.approvals.surface import refusal, signed_in_required
@@ -72,12 +72,14 @@ def description(rt: Runtime) -> str:
 _STOPPING: set[asyncio.Future[Any]] = set()
 
 
-async def _cancelled_with_the_call(rt: Runtime, run_id: str, attempt: Awaitable[RunResult], *,
-                                   principal: str | None, origin: str) -> RunResult:
+async def _cancelled_with_the_call(rt: Runtime, run_id: Callable[[], Awaitable[str | None]],
+                                   attempt: Awaitable[RunResult], *, principal: str | None, origin: str) -> RunResult:
     """``attempt``'s result; a framework that cancels the tool call (a timeout, an abandoned agent run, a
-    task cancelled) cancels ``run_id`` too, as a cancelled MCP request does: nothing further is sent, a write
-    already on the wire finishes and is journaled (P-8), and the run ends ``cancelled`` rather than staying
-    ``running`` in a process that no longer awaits it. The cancellation then goes on to the framework."""
+    task cancelled) cancels the run (``run_id()``) too, as a cancelled MCP request does: nothing further is
+    sent, a write already on the wire finishes and is journaled (P-8), and the run ends ``cancelled`` rather
+    than staying ``running`` in a process that no longer awaits it. The cancellation then goes on to the
+    framework. The attempt runs in its own task meanwhile, still the caller's (not stopped as a run begun and
+    left when the runtime closes)."""
     task = asyncio.ensure_future(attempt)
     try:
         return await asyncio.shield(task)
@@ -90,11 +92,15 @@ async def _cancelled_with_the_call(rt: Runtime, run_id: str, attempt: Awaitable[
         raise
 
 
-async def _stop(rt: Runtime, run_id: str, task: asyncio.Future[RunResult], *, principal: str | None,
-                origin: str) -> None:
+async def _stop(rt: Runtime, run_id: Callable[[], Awaitable[str | None]], task: asyncio.Future[RunResult], *,
+                principal: str | None, origin: str) -> None:
     with contextlib.suppress(Exception):
-        await rt.cancel(run_id, f"the agent framework ({origin}) cancelled the tool call; nothing further was sent",
-                        principal=principal)
+        named = await run_id()
+        if named is None:
+            task.cancel()  # no run yet (or none to name): nothing was started to stop
+        else:
+            await rt.cancel(named, f"the agent framework ({origin}) cancelled the tool call; nothing further was "
+                            "sent", principal=principal)
     with contextlib.suppress(BaseException):
         await task
 
@@ -115,8 +121,13 @@ async def start(rt: Runtime, code: str, *, key: str | None, principal: str | Non
 
     messages(user_words)  # the host's mistake raises here, not as the model's failed run; the run keeps the marks
     try:
-        handle = await rt.begin(code, key=key, principal=principal, user_words=user_words)
-        return await _cancelled_with_the_call(rt, handle.run_id, handle.result(), principal=principal, origin=origin)
+        async def named() -> str | None:  # the run the key names, once the attempt has created it
+            run = await rt.store.aio.get_run_by_key(principal or rt.principal, key) if key else None
+            return run.run_id if run is not None else None
+
+        return await _cancelled_with_the_call(rt, named, rt.execute(code, key=key, principal=principal,
+                                                                    user_words=user_words),
+                                              principal=principal, origin=origin)
     except (UsageError, LimitExceeded) as exc:
         return RunResult(status=RunStatus.FAILED, run_id="", error=exc.to_dict())
 
@@ -224,7 +235,10 @@ async def decide(rt: Runtime, given: Mapping[str, Any], *, code: str | None, ori
     reason = given.get("reason")
     try:
         # The run continues here: a framework that cancels the call now cancels the run, as for a start.
-        return await _cancelled_with_the_call(rt, run_id, rt.decide(
+        async def named() -> str:
+            return run_id
+
+        return await _cancelled_with_the_call(rt, named, rt.decide(
             run_id, {s: (decision, reason if isinstance(reason, str) else None) for s in seqs}, principal=principal,
             actor=(approver.strip() or None) if isinstance(approver, str) else None, via="python", origin=origin),
             principal=principal, origin=origin)
