@@ -31,6 +31,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import InjectedToolCallId, StructuredTool
 from langgraph.prebuilt import InjectedState
 from langgraph.types import interrupt
+from pydantic import BaseModel, ConfigDict
 
 from tether.errors import InvalidApproval, UsageError
 from tether.integrations._core import (
@@ -134,4 +135,22 @@ def execute_tool(rt: Runtime, *, principal: str | None = None, user_words: bool 
 
     # Only the opted-in tool asks for the state: without the option the tool is what it always was.
     return StructuredTool.from_function(coroutine=execute_with_words if user_words else execute, name=TOOL_NAME,
-                                        description=description(rt))
+                                        description=description(rt),
+                                        args_schema=_ArgsWithState if user_words else _Args)
+
+
+class _Args(BaseModel):
+    """execute's arguments: ``code`` and ``key`` from the model, the call id injected by LangGraph.
+
+    Nothing else: a model that adds arguments (``user_words``, ``approver``) is told they are not taken,
+    rather than have them dropped without a word (D-76: the user's words come from the host only).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    code: str
+    tool_call_id: Annotated[str, InjectedToolCallId]
+    key: str | None = None
+
+
+class _ArgsWithState(_Args):
+    state: Annotated[Any, InjectedState]
