@@ -273,3 +273,19 @@ async def test_p28_an_approval_after_the_pauses_time_to_live_gives_the_model_the
         done = await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
         seen = json.loads(done.output)["saw"]
         assert (seen["status"], seen["error"]["code"]) == ("failed", "run_expired") and sent(desk) == []
+
+
+async def test_an_approval_carrying_another_conversations_pause_of_the_same_program_decides_nothing(desk):
+    """Two conversations paused on the same program: metadata of the first passed back with the second's
+    call (a host mixing up what it stored) is refused, though the program matches; nothing is sent."""
+    async with Runtime(tools=TOOLS) as rt:
+        agent_a, first_a, requests_a = await _paused(rt)
+        agent_b, first_b, requests_b = await _paused(rt)
+        (pause_a,), (pause_b,) = requests_a.metadata.values(), requests_b.metadata.values()
+        assert pause_a["tether_run_id"] != pause_b["tether_run_id"]
+        results = DeferredToolResults(approvals={"call-1": True}, metadata=with_approver(requests_a, "alice"))
+        with pytest.raises(InvalidApproval, match="another tool call"):
+            await agent_b.run(message_history=first_b.all_messages(), deferred_tool_results=results)
+        assert sent(desk) == []
+        for pause in (pause_a, pause_b):
+            assert rt.store.get_run(pause["tether_run_id"]).status == RunStatus.PAUSED

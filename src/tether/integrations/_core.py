@@ -209,11 +209,12 @@ def verdict(owner: str, approver: str | None, decision: str, *, signed_in: bool)
 
 
 async def decide(rt: Runtime, given: Mapping[str, Any], *, code: str | None, origin: str,
-                 principal: str | None = None) -> RunResult:
+                 principal: str | None = None, key: str | None = None) -> RunResult:
     """Take ``given`` (an :func:`answer`) on its run, checked first; the run's next result.
 
     ``code`` is the program of the framework's tool call the answer arrived with: a run that ran another
-    program is not this call's (an answer copied onto another call), and nothing is decided.
+    program is not this call's (an answer copied onto another call), and nothing is decided. ``key`` is the
+    call's run key (:func:`run_key`): a run this framework started under another key is another call's too.
     """
     run_id, seqs, decision = given.get(RUN_ID), given.get("seqs"), given.get("decision")
     if (not isinstance(run_id, str) or not isinstance(seqs, (list, tuple)) or not seqs
@@ -226,6 +227,11 @@ async def decide(rt: Runtime, given: Mapping[str, Any], *, code: str | None, ori
     run = await rt.store.aio.call(rt.engine.get_run, run_id, principal)
     if code is not None and run.program != code:
         raise InvalidApproval(f"run {run_id} ran another program than this tool call's; nothing was decided")
+    if key is not None and (run.run_key or "").startswith(f"{origin}:") and run.run_key != key:
+        # The same program in another conversation (an answer's metadata mixed up between them). A run
+        # keyed otherwise was started before the framework named its runs, and is judged by its program.
+        raise InvalidApproval(f"run {run_id} was started by another tool call than this one (another "
+                              "conversation's); pass back the metadata of this call's own pause; nothing was decided")
     owner = run.principal or rt.principal
     approver = given.get("approver")
     checked = verdict(owner, approver if isinstance(approver, str) else None, str(decision),

@@ -85,7 +85,8 @@ class TetherCapability(AbstractCapability[Any]):
             if "decision" not in given:
                 approver = given.get("approver")
                 given = answer(given, "approve", approver=approver if isinstance(approver, str) else None)
-            result = await decide(rt, given, code=code, origin=ORIGIN, principal=self.principal)
+            result = await decide(rt, given, code=code, origin=ORIGIN, principal=self.principal,
+                                  key=_run_key(ctx, key))
         else:
             said = _user_prompts(ctx.messages) if self.user_words else None
             result = await start(rt, code, key=_run_key(ctx, key), principal=self.principal, origin=ORIGIN,
