@@ -44,7 +44,7 @@ RUN_ID = "tether_run_id"
 
 
 def run_key(origin: str, scope: object, key: str | None, call_id: str | None) -> str:
-    """The run key (P-36) of a framework's tool call: its conversation's (``scope``: a thread, a conversation
+    """The run key (P-36, D-84) of a framework's tool call: its conversation's (``scope``: a thread, a conversation
     id), with the model's own ``key`` or else the call's id, so a repeat of the call gets its run and another
     conversation's model naming the same key or id reaches none of this one's.
 
@@ -75,7 +75,7 @@ _STOPPING: set[asyncio.Future[Any]] = set()
 async def _cancelled_with_the_call(rt: Runtime, run_id: Callable[[], Awaitable[str | None]],
                                    attempt: Awaitable[RunResult], *, principal: str | None, origin: str) -> RunResult:
     """``attempt``'s result; a framework that cancels the tool call (a timeout, an abandoned agent run, a
-    task cancelled) cancels the run (``run_id()``) too, as a cancelled MCP request does: nothing further is
+    task cancelled) cancels the run (``run_id()``) too, as a cancelled MCP request does (D-84): nothing further is
     sent, a write already on the wire finishes and is journaled (P-8), and the run ends ``cancelled`` rather
     than staying ``running`` in a process that no longer awaits it. The cancellation then goes on to the
     framework. The attempt runs in its own task meanwhile, still the caller's (not stopped as a run begun and
@@ -250,6 +250,6 @@ async def decide(rt: Runtime, given: Mapping[str, Any], *, code: str | None, ori
             principal=principal, origin=origin)
     except (AlreadyDecided, NotPaused, RunExpired):
         # Decided elsewhere while the framework held its pause (the console, a link, a cancel, its time to
-        # live): nothing was decided here, and the call's result is the run as it is now (its outcome, or
+        # live; D-84): nothing was decided here, and the call's result is the run as it is now (its outcome, or
         # its next pause), not an error the framework's conversation could never get past.
         return await rt.engine.wait_for_run(run_id)

@@ -125,7 +125,7 @@ class TetherCapability(AbstractCapability[Any]):
 
 
 def _run_key(ctx: RunContext[Any], key: str | None) -> str | None:
-    """The run key (P-36) of a tool call: the conversation's, with the model's own key or else the call's id.
+    """The run key (P-36, D-84) of a tool call: the conversation's, with the model's own key or else the call's id.
 
     A host that runs the same call again (an agent run resumed from a history that ends with it, a durable
     step retried) gets the call's run, never a second one that sends its writes again. The conversation
