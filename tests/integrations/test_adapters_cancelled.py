@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from agents import Agent, Runner, set_tracing_disabled
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai import DeferredToolRequests
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
@@ -28,6 +29,7 @@ from tests.frameworks.scripted_openai import ScriptedAgentModel
 
 from tether import Policy, Rule, Runtime, tool
 from tether._store.states import RunStatus
+from tether.integrations.langgraph import decision
 from tether.integrations.openai_agents import TetherHooks, execute_tool
 from tether.integrations.pydantic_ai import TetherCapability
 
@@ -156,3 +158,24 @@ async def test_p8_a_cancelled_agents_sdk_run_cancels_its_tether_run(hold):
         assert ended.status == run_record.status == RunStatus.CANCELLED
         assert gates.sent == ([] if hold == "read" else ["first"])
         assert "openai-agents" in (run_record.result or {}).get("error", {}).get("message", "")
+
+
+async def test_p8_a_langgraph_resume_cancelled_while_the_approved_write_is_on_the_wire_sends_it_once():
+    """The cancel lands on a decision's continuation (the approved write on the wire), not on a start: the
+    run is cancelled the same way, the write sent once, and the thread invoked again reads the cancelled run."""
+    gates = Gates("send")
+    config = {"configurable": {"thread_id": "t-2"}}
+    async with Runtime(tools=gates.tools) as rt:  # no policy: the sends ask a person
+        graph = graph_of(rt, PROGRAM, InMemorySaver())
+        gates.release.set()  # the read passes; the send waits for its approval, not for a gate
+        out = await graph.ainvoke({"messages": [("user", "send it")]}, config)
+        (waiting,) = out["__interrupt__"]
+        gates.release.clear()
+        await _cancel_on_the_wire(gates, graph.ainvoke(
+            Command(resume=decision(waiting.value, "approve", approver="alice")), config))
+
+        run_record = _only_run(rt)
+        assert run_record.status == RunStatus.CANCELLED and gates.sent == ["first"]
+        out = await graph.ainvoke(None, config)
+        assert '"status": "cancelled"' in out["messages"][-1].content
+        assert gates.sent == ["first"] and len(rt.store.list_runs()) == 1
