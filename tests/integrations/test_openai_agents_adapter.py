@@ -185,3 +185,60 @@ async def test_an_approved_run_state_run_a_second_time_does_not_approve_the_next
         await Runner.run(agent, again)
         assert [s["body"] for s in sent(desk)] == ["On it"]
         assert rt.store.list_runs()[0].status == RunStatus.PAUSED
+
+
+class _Raw(Model):
+    """A model whose tool call carries exactly ``arguments`` (a model that ignores the strict schema)."""
+
+    def __init__(self, arguments: str) -> None:
+        self.arguments = arguments
+
+    async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> ModelResponse:
+        outputs = [i for i in input if isinstance(i, dict) and i.get("type") == "function_call_output"]
+        if outputs:
+            return ModelResponse(output=[assistant_message(json.dumps({"saw": outputs[-1]["output"]}))],
+                                 usage=Usage(), response_id=None)
+        call = function_call("execute", {}, call_id="call-raw")
+        call.arguments = self.arguments
+        return ModelResponse(output=[call], usage=Usage(), response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("arguments, says", [
+    ('{"code": "1 + 1", "key": null, "user_words": ["pay DE89 3704 0044 0532 0130 00"]}', "not user_words"),
+    ('{"code": "1 + 1", "key": null, "approver": "alice"}', "not approver"),
+    ('{"code": "1 + 1", "key": 7}', "`key` is a string"),
+    ('{"code": ["1 + 1"], "key": null}', "`code`, a string"),
+])
+async def test_d76_a_tool_call_with_arguments_execute_does_not_take_runs_nothing_and_tells_the_model(desk, arguments,
+                                                                                                    says):
+    """The model's arguments carry nothing the host gives (the user's words, who approves: D-76, D-69), and a
+    wrong type is not taken for another: each is ``invalid_arguments`` saying how to call execute; no run."""
+    async with Runtime(tools=TOOLS) as rt:
+        agent = Agent(name="desk", model=_Raw(arguments), tools=[execute_tool(rt)], hooks=TetherHooks(rt))
+        result = await Runner.run(agent, "go", context={})
+        assert result.interruptions == []
+        seen = json.loads(json.loads(result.final_output)["saw"])
+        assert seen["status"] == "failed" and seen["error"]["code"] == "invalid_arguments"
+        assert says in seen["error"]["message"] and '"code"' in seen["error"]["next_action"]
+        assert rt.store.list_runs() == []
+
+
+@pytest.mark.parametrize("arguments", ['{"code": "1 +', "[1, 2]", '"1 + 1"'])
+async def test_arguments_the_sdk_cannot_read_ask_for_approval_yet_show_no_pause_and_run_nothing(desk, arguments):
+    """The SDK asks for approval of a call whose arguments are no JSON object (it cannot evaluate
+    needs_approval): pause_for says there is no tether pause (None, not an exception in the host's approval
+    screen), and an approval runs nothing; the model reads invalid_arguments."""
+    async with Runtime(tools=TOOLS) as rt:
+        agent = Agent(name="desk", model=_Raw(arguments), tools=[execute_tool(rt)], hooks=TetherHooks(rt))
+        result = await Runner.run(agent, "go", context={})
+        (item,) = result.interruptions
+        assert pause_for(rt, item) is None
+        state = result.to_state()
+        state.approve(item)
+        done = await Runner.run(agent, state)
+        seen = json.loads(json.loads(done.final_output)["saw"])
+        assert seen["error"]["code"] == "invalid_arguments" and "nothing was run" in seen["error"]["message"]
+        assert rt.store.list_runs() == []

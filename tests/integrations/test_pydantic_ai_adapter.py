@@ -184,3 +184,108 @@ async def test_an_approver_of_blanks_names_no_person_and_the_runs_own_principal_
                 await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
         (run_id,) = [m["tether_run_id"] for m in requests.metadata.values()]
         assert rt.store.get_run(run_id).status == RunStatus.PAUSED and sent(desk) == []
+
+
+async def test_p36_a_call_id_or_key_the_model_repeats_in_another_conversation_reaches_no_run_of_the_first(desk):
+    """P-36: the call's run is named by its conversation and its call id (or the model's key): a second
+    conversation of the same principal whose model repeats them gets its own run, not the first one's result."""
+    def keyed(key: str | None):
+        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            for part in messages[-1].parts:
+                if isinstance(part, ToolReturnPart):
+                    return ModelResponse(parts=[TextPart(json.dumps({"saw": part.content}))])
+            return ModelResponse(parts=[ToolCallPart("execute", {"code": "1 + 1", "key": key}, tool_call_id="call-1")])
+        return FunctionModel(model)
+
+    async with Runtime(tools=TOOLS) as rt:
+        for key in (None, "shared"):
+            agent = Agent(keyed(key), capabilities=[TetherCapability(rt)])
+            first, second = [json.loads((await agent.run("go")).output)["saw"] for _ in range(2)]
+            assert first["status"] == second["status"] == "completed" and first["run_id"] != second["run_id"]
+
+
+@pytest.mark.parametrize("length, ok", [(180, True), (201, False)])
+async def test_p36_the_models_key_is_held_to_the_key_limit_by_its_own_length(desk, length, ok):
+    """P-36: a key the model may give over MCP (up to 200 printable characters) is one it may give here, though
+    the adapter scopes it to the conversation; a longer one is refused naming the model's own length."""
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        for part in messages[-1].parts:
+            if isinstance(part, ToolReturnPart):
+                return ModelResponse(parts=[TextPart(json.dumps({"saw": part.content}))])
+        return ModelResponse(parts=[ToolCallPart("execute", {"code": "1 + 1", "key": "k" * length}, tool_call_id="c")])
+
+    async with Runtime(tools=TOOLS) as rt:
+        seen = json.loads((await Agent(FunctionModel(model), capabilities=[TetherCapability(rt)]).run("go")).output)["saw"]
+        if ok:
+            assert seen["status"] == "completed"
+        else:
+            assert seen["error"]["code"] == "invalid_arguments" and f"got {length} characters" in seen["error"]["message"]
+
+
+@pytest.mark.parametrize("elsewhere", ["decline", "cancel"])
+@pytest.mark.parametrize("answer", [True, ToolDenied("no")], ids=["approve", "deny"])
+async def test_p28_a_pause_decided_elsewhere_meanwhile_gives_the_model_the_runs_outcome_not_an_endless_error(
+        desk, elsewhere, answer):
+    """P-28: the console (or a link, a cancel, the approval time to live) decided the run while the host held
+    the deferred call. The host's answer decides nothing, and the agent's run goes on with what the run did;
+    an error here would be raised again on every retry, leaving the conversation no way forward."""
+    async with Runtime(tools=TOOLS) as rt:
+        agent, first, requests = await _paused(rt)
+        (pause,) = requests.metadata.values()
+        run_id = pause["tether_run_id"]
+        if elsewhere == "cancel":
+            await rt.cancel(run_id, "ops said no")
+        else:
+            await rt.decide(run_id, {w["seq"]: ("decline", "ops said no") for w in pause["writes"]}, actor="ops")
+        results = DeferredToolResults(approvals={"call-1": answer}, metadata=with_approver(requests, "alice"))
+        done = await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
+        seen = json.loads(done.output)["saw"]
+        assert seen["run_id"] == run_id and "ops said no" in json.dumps(seen["error"])
+        assert seen["status"] == ("cancelled" if elsewhere == "cancel" else "failed")
+        assert sent(desk) == []
+
+
+async def test_p28_a_write_approved_on_the_console_meanwhile_defers_the_call_again_for_the_next_write(desk):
+    """The first write was approved elsewhere and the run paused at its next: the host's late denial of the
+    old pause decides nothing (not the next write either), and the call is deferred again showing the write
+    the run waits on now."""
+    two = PROGRAM.replace('{"status"', 'await tools.desk.add_comment("T1", "Done")\n{"status"')
+    async with Runtime(tools=TOOLS) as rt:
+        agent, first, requests = await _paused(rt, two)
+        (pause,) = requests.metadata.values()
+        await rt.decide(pause["tether_run_id"], {w["seq"]: "approve" for w in pause["writes"]}, actor="ops")
+        results = DeferredToolResults(approvals={"call-1": ToolDenied("too late")},
+                                      metadata=with_approver(requests, "alice"))
+        done = await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
+        (again,) = done.output.metadata.values()
+        assert [w["args"]["body"] for w in again["writes"]] == ["Done"]
+        assert [s["body"] for s in sent(desk)] == ["On it"]
+
+
+async def test_p28_an_approval_after_the_pauses_time_to_live_gives_the_model_the_expired_run(desk):
+    """A host that answers after the approval time to live decides nothing: the run ended ``run_expired``,
+    nothing sent, and that is what the model reads (not an error raised on every retry)."""
+    now = [1_000_000.0]
+    async with Runtime(tools=TOOLS, clock=lambda: now[0], approval_ttl_seconds=60) as rt:
+        agent, first, requests = await _paused(rt)
+        now[0] += 61
+        results = DeferredToolResults(approvals={"call-1": True}, metadata=with_approver(requests, "alice"))
+        done = await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
+        seen = json.loads(done.output)["saw"]
+        assert (seen["status"], seen["error"]["code"]) == ("failed", "run_expired") and sent(desk) == []
+
+
+async def test_an_approval_carrying_another_conversations_pause_of_the_same_program_decides_nothing(desk):
+    """Two conversations paused on the same program: metadata of the first passed back with the second's
+    call (a host mixing up what it stored) is refused, though the program matches; nothing is sent."""
+    async with Runtime(tools=TOOLS) as rt:
+        agent_a, first_a, requests_a = await _paused(rt)
+        agent_b, first_b, requests_b = await _paused(rt)
+        (pause_a,), (pause_b,) = requests_a.metadata.values(), requests_b.metadata.values()
+        assert pause_a["tether_run_id"] != pause_b["tether_run_id"]
+        results = DeferredToolResults(approvals={"call-1": True}, metadata=with_approver(requests_a, "alice"))
+        with pytest.raises(InvalidApproval, match="another tool call"):
+            await agent_b.run(message_history=first_b.all_messages(), deferred_tool_results=results)
+        assert sent(desk) == []
+        for pause in (pause_a, pause_b):
+            assert rt.store.get_run(pause["tether_run_id"]).status == RunStatus.PAUSED

@@ -10,7 +10,8 @@ process with the same store, tools and checkpointer, ``graph.ainvoke(Command(res
 names, never the principal that ran the program, never a write whose rule needs a signed-in approver; a
 decline gives the program its ``PermissionError``. The run continues from its snapshot, nothing sent
 twice, and the tool's message is the run's envelope. An answer tether refuses decides nothing: the graph
-is interrupted again with the same pause and ``refused`` (the error's code, message and next action).
+is interrupted again with the same pause and ``refused`` (the error's code, message and next action),
+as is an answer naming another run than the call's own.
 
 LangGraph runs an interrupted node again from its start when it resumes, so the tool names its run with a
 run key (P-36) made of the thread and the tool call: the repeat gets the same run, never a second one; and
@@ -30,9 +31,20 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import InjectedToolCallId, StructuredTool
 from langgraph.prebuilt import InjectedState
 from langgraph.types import interrupt
+from pydantic import BaseModel, ConfigDict
 
-from tether.errors import ApprovalElsewhere, ApprovalRefused, InvalidApproval
-from tether.integrations._core import RUN_ID, TOOL_NAME, answer, decide, description, for_model, pause_of, start
+from tether.errors import InvalidApproval, UsageError
+from tether.integrations._core import (
+    RUN_ID,
+    TOOL_NAME,
+    answer,
+    decide,
+    description,
+    for_model,
+    pause_of,
+    run_key,
+    start,
+)
 
 if TYPE_CHECKING:
     from tether import Runtime
@@ -85,9 +97,9 @@ def execute_tool(rt: Runtime, *, principal: str | None = None, user_words: bool 
         thread = (config.get("configurable") or {}).get("thread_id")
         # The same on every replay of this node for this call, different for every other call (P-36).
         # The model's own key (P-36) is scoped to the thread too: it names a run of this conversation only.
-        run_key = f"langgraph:{thread}:{'key:' + key if key else tool_call_id}"
+        named = run_key(ORIGIN, thread, key, tool_call_id)
         # A replay after an interrupt rejoins the run this key names, with the words it was started with.
-        result = await start(rt, code, key=run_key, principal=principal, user_words=said)
+        result = await start(rt, code, key=named, principal=principal, origin=ORIGIN, user_words=said)
         refused: dict[str, Any] | None = None
         while result.status == "paused":
             # A refused answer asks again, saying why: raised out of the node, it would stay recorded as this
@@ -99,9 +111,17 @@ def execute_tool(rt: Runtime, *, principal: str | None = None, user_words: bool 
                     raise InvalidApproval(
                         "resume a paused tether call with Command(resume=decision(pause, 'approve' | 'decline', "
                         f"approver=...)), which names its run and writes; got {given!r:.200}; nothing was decided")
+                if given[RUN_ID] != result.run_id:
+                    # An answer to another thread's pause, or a forged id: this node's run is the one it decides.
+                    raise InvalidApproval(
+                        f"this answer decides run {given[RUN_ID]!r:.80}, and this tool call's pause is of run "
+                        f"{result.run_id}; resume with decision(pause, ...) of the pause the thread shows; "
+                        "nothing was decided")
                 result = await decide(rt, given, code=code, origin=ORIGIN, principal=principal)
                 refused = None
-            except (ApprovalElsewhere, ApprovalRefused, InvalidApproval) as exc:
+            except UsageError as exc:
+                # Any refusal of the answer (a person's rights, its shape, a write decided since, a run that
+                # expired): raised, it would end the graph and stay this interrupt's answer on every resume.
                 refused = exc.to_dict()
         return for_model(result)
 
@@ -115,4 +135,22 @@ def execute_tool(rt: Runtime, *, principal: str | None = None, user_words: bool 
 
     # Only the opted-in tool asks for the state: without the option the tool is what it always was.
     return StructuredTool.from_function(coroutine=execute_with_words if user_words else execute, name=TOOL_NAME,
-                                        description=description(rt))
+                                        description=description(rt),
+                                        args_schema=_ArgsWithState if user_words else _Args)
+
+
+class _Args(BaseModel):
+    """execute's arguments: ``code`` and ``key`` from the model, the call id injected by LangGraph.
+
+    Nothing else: a model that adds arguments (``user_words``, ``approver``) is told they are not taken,
+    rather than have them dropped without a word (D-76: the user's words come from the host only).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    code: str
+    tool_call_id: Annotated[str, InjectedToolCallId]
+    key: str | None = None
+
+
+class _ArgsWithState(_Args):
+    state: Annotated[Any, InjectedState]

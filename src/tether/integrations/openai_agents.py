@@ -66,14 +66,36 @@ def _context_approver(ctx: RunContextWrapper[Any]) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+# What a model that called execute wrongly reads next (the error's own advice is for tools inside a program).
+_CALL_IT_SO = 'Call execute again with {"code": "<the Python program>", "key": null} (or a key string).'
+
+
+def _wrong(message: str) -> InvalidArguments:
+    return InvalidArguments(message, next_action=_CALL_IT_SO)
+
+
 def _call(arguments: str | Mapping[str, Any], call_id: str) -> tuple[str, str]:
-    """(code, run key) of a tool call: the model's own key, else one made of the call id (P-36)."""
-    params = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
-    code = params.get("code") if isinstance(params, dict) else None
+    """(code, run key) of a tool call: the model's own key, else one made of the call id (P-36).
+
+    The arguments are the model's: anything but ``{"code": str, "key": str | null}`` raises InvalidArguments
+    saying so (the SDK's strict schema binds only models that honour it), and nothing is run.
+    """
+    try:
+        params = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays nested past the parser's depth
+        raise _wrong(f"execute's arguments are not JSON ({type(exc).__name__}); nothing was run") from None
+    if not isinstance(params, dict):
+        raise _wrong(f"execute's arguments are a JSON object, not a JSON {type(params).__name__}; nothing was run")
+    extra = sorted(str(k)[:40] for k in params if k not in ("code", "key"))
+    if extra:
+        # Who approves and what the user said come from the host, never from a tool call's arguments (D-76).
+        raise _wrong(f"execute takes `code` and `key` only, not {', '.join(extra)[:200]}; nothing was run")
+    code, key = params.get("code"), params.get("key")
     if not isinstance(code, str):
-        raise InvalidArguments("execute takes the program as `code`, a string")
-    key = params.get("key")
-    return code, key if isinstance(key, str) and key else f"openai-agents:{call_id}"
+        raise _wrong("execute takes the program as `code`, a string; nothing was run")
+    if key is not None and not isinstance(key, str):
+        raise _wrong("execute's `key` is a string naming the run, or null; nothing was run")
+    return code, key if key else f"openai-agents:{call_id}"
 
 
 def execute_tool(rt: Runtime, *, principal: str | None = None,
@@ -88,7 +110,7 @@ def execute_tool(rt: Runtime, *, principal: str | None = None,
     """
 
     async def run(code: str, key: str, said: str | Sequence[str] | None = None) -> RunResult:
-        return await start(rt, code, key=key, principal=principal, user_words=said)
+        return await start(rt, code, key=key, principal=principal, origin=ORIGIN, user_words=said)
 
     async def needs_approval(ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
         # The program runs here: whether the call needs a person is whether it paused at a write.
@@ -107,10 +129,8 @@ def execute_tool(rt: Runtime, *, principal: str | None = None,
     async def invoke(ctx: ToolContext[Any], arguments: str) -> str:
         try:
             code, key = _call(arguments, ctx.tool_call_id)
-        except (InvalidArguments, ValueError) as exc:
-            error = exc.to_dict() if isinstance(exc, InvalidArguments) else {"code": "invalid_arguments",
-                                                                            "message": str(exc)}
-            return json.dumps({"status": "failed", "error": error})
+        except InvalidArguments as exc:
+            return json.dumps({"status": "failed", "error": exc.to_dict()})
         result = await run(code, key)  # the run needs_approval started (P-36), not a second one
         if result.status == RunStatus.PAUSED:
             if ctx.is_tool_approved(TOOL_NAME, ctx.tool_call_id) is not True:
@@ -176,7 +196,10 @@ def pause_for(rt: Runtime, item: ToolApprovalItem, *, principal: str | None = No
     arguments = raw.get("arguments") if isinstance(raw, Mapping) else getattr(raw, "arguments", None)
     if item.tool_name != TOOL_NAME or not isinstance(call_id, str) or not isinstance(arguments, str):
         return None
-    _, key = _call(arguments, call_id)
+    try:
+        _, key = _call(arguments, call_id)
+    except InvalidArguments:
+        return None  # arguments the SDK could not read ask for approval too; they run no program
     run = rt.store.get_run_by_key(principal or rt.principal, key)
     if run is None or run.status != RunStatus.PAUSED:
         return None
@@ -206,7 +229,7 @@ class TetherHooks(AgentHooks[Any]):
                 continue
             try:
                 code, key = _call(str(item.get("arguments") or "{}"), call_id)
-            except (InvalidArguments, ValueError):
+            except InvalidArguments:
                 continue
             run = await self.rt.store.aio.get_run_by_key(self.principal or self.rt.principal, key)
             if run is None or run.status != RunStatus.PAUSED or run.program != code:

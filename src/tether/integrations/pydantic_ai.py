@@ -15,7 +15,11 @@ store and tools, ``DeferredToolResults`` decide it (D-69, D-70):
   program gets its ``PermissionError`` and the model reads what the program did next.
 
 Either way the run continues from its snapshot — nothing is run or sent a second time — and the tool's
-result is the run's envelope; a run that pauses again defers the same call again.
+result is the run's envelope; a run that pauses again defers the same call again. A pause decided
+elsewhere meanwhile (the console, a cancel) decides nothing more: the result is the run as it is now.
+
+The call names its run by the conversation (``conversation_id``) and the call id, or the model's key
+(P-36): an agent run resumed from a history that ends with the call gets its run, never a second one.
 
 With ``TetherCapability(rt, user_words=True)`` each run started carries the user's prompts of the
 conversation (every ``UserPromptPart`` of ``ctx.messages``) as the user's words (D-75, D-76): under
@@ -34,7 +38,17 @@ from pydantic_ai.exceptions import ApprovalRequired
 from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
 
 from tether.errors import InvalidApproval
-from tether.integrations._core import RUN_ID, TOOL_NAME, answer, decide, description, for_model, pause_of, start
+from tether.integrations._core import (
+    RUN_ID,
+    TOOL_NAME,
+    answer,
+    decide,
+    description,
+    for_model,
+    pause_of,
+    run_key,
+    start,
+)
 
 if TYPE_CHECKING:
     from tether import Runtime
@@ -71,10 +85,12 @@ class TetherCapability(AbstractCapability[Any]):
             if "decision" not in given:
                 approver = given.get("approver")
                 given = answer(given, "approve", approver=approver if isinstance(approver, str) else None)
-            result = await decide(rt, given, code=code, origin=ORIGIN, principal=self.principal)
+            result = await decide(rt, given, code=code, origin=ORIGIN, principal=self.principal,
+                                  key=_run_key(ctx, key))
         else:
             said = _user_prompts(ctx.messages) if self.user_words else None
-            result = await start(rt, code, key=key, principal=self.principal, user_words=said)
+            result = await start(rt, code, key=_run_key(ctx, key), principal=self.principal, origin=ORIGIN,
+                                 user_words=said)
         if result.status == "paused":
             raise ApprovalRequired(metadata=pause_of(rt, result))
         return for_model(result)
@@ -106,6 +122,19 @@ class TetherCapability(AbstractCapability[Any]):
         if not changed:
             return node
         return dataclasses.replace(node, tool_call_results=results, tool_call_metadata=metadata)
+
+
+def _run_key(ctx: RunContext[Any], key: str | None) -> str | None:
+    """The run key (P-36, D-84) of a tool call: the conversation's, with the model's own key or else the call's id.
+
+    A host that runs the same call again (an agent run resumed from a history that ends with it, a durable
+    step retried) gets the call's run, never a second one that sends its writes again. The conversation
+    (Pydantic AI's ``conversation_id``, carried by the history) scopes both: a call id or a key the model
+    names reaches no run of another conversation of the same principal.
+    """
+    if ctx.conversation_id is None or not ctx.tool_call_id:
+        return key  # outside an agent run (a test calling the tool): the model's key as given
+    return run_key(ORIGIN, ctx.conversation_id, key, ctx.tool_call_id)
 
 
 def _user_prompts(messages: list[ModelMessage]) -> list[str] | None:
