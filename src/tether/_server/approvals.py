@@ -183,7 +183,8 @@ class Decider:
                 return Outcome(True, status="queued", message="the decision waits for a free run slot")
             exc = task.exception() if not task.cancelled() else None
             if isinstance(exc, TetherError):
-                return Outcome(False, exc.code, f"{exc.message}; nothing was decided")
+                said = exc.message if "nothing was decided" in exc.message else f"{exc.message}; nothing was decided"
+                return Outcome(False, exc.code, said)
             if exc is not None:
                 return Outcome(False, "internal_error", f"the decision failed ({type(exc).__name__}); "
                                "check the run before trying again")
