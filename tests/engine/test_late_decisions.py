@@ -199,3 +199,20 @@ async def test_p51_a_conflicting_decision_on_a_completed_run_says_what_was_sent(
         assert "already decided: approve; it was sent; the run has completed" in late.value.message
         again = await rt.decide(paused.run_id, {1: "approve"}, actor="ann")  # a repeat: accepted, the outcome
         assert again.to_dict() == done.to_dict() and len(rec.deliveries) == 1
+
+
+async def test_p51_p29_a_write_approved_then_cancelled_with_its_pause_is_recorded_as_the_cancel_of_who_cancelled(
+        store_url):
+    """Approved by one person, then the pause cancelled by another before the run went on: the write's
+    decision is the cancel, by whoever cancelled (its approval wait keeps the approval it was given); the
+    timeline has both, in order."""
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute(TWO)
+        await rt.decide(paused.run_id, {1: "approve"}, actor="ann", via="link")
+        await rt.decide(paused.run_id, {2: ("cancel", "stop")}, actor="ben", via="console")
+        decision = service.recorded_decision(rt.engine, paused.run_id, 1)
+        assert (decision.decision, decision.actor, decision.via, decision.reason) == ("cancel", "ben", "console", "stop")
+        assert write_states(rt, paused.run_id) == {1: "declined", 2: "declined"} and rec.deliveries == []
+        timeline = [(d["seq"], d["decision"], d["actor"]) for d in run_timeline(rt.store, paused.run_id)["decisions"]]
+        assert timeline[0] == (1, "approve", "ann") and (1, "cancel", "ben") in timeline[1:]

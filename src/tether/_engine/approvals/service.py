@@ -99,6 +99,15 @@ def recorded_decision(engine: Engine, run_id: str, seq: int, entry: CallRecord |
     row = engine.store.get_wait(engine.waits.key(run_id, approval_wait_name(seq)))
     if row is None:
         return Decision(seq, which)
+    if isinstance(row.value, dict) and row.value.get("decision") not in (None, which):
+        # Approved, then the pause was cancelled or rolled back by someone else: the wait holds the approval,
+        # the run the decision that ended it; whoever approved did not cancel (P-51).
+        run = engine.store.get_run(run_id)
+        ended = run.decision if run is not None and isinstance(run.decision, dict) else {}
+        if ended.get("decision") == which:
+            return Decision(seq, which, ended.get("reason"), ended.get("actor"), ended.get("via"),
+                            ended.get("origin"), ended.get("at"))
+        return Decision(seq, which)
     return Decision.from_wait(seq, which, row.value, row.resolved_at)
 
 
