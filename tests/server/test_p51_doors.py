@@ -163,3 +163,32 @@ async def test_p51_p29_a_repeat_through_the_console_or_a_link_completes_a_lost_d
                    for d in run_timeline(rt.store, paused.run_id)["decisions"]]
     assert decided == [(1, "approve", "token “pat”", door)]
     assert notes(store_env) == ["hello"]
+
+
+async def test_p51_a_console_approval_queued_for_a_slot_while_the_run_is_cancelled_records_nothing(store_env):
+    """The console answered "queued" (the approval waits for a run slot, D-74) and meanwhile another person
+    cancels the run: when the slot frees, the approval is refused `not_paused`; the journal says declined, the
+    timeline has no approval, nothing is sent."""
+    from tether._server.admission import Admission
+    from tether._server.approvals import Decider
+    from tether.errors import NotPaused
+
+    admission = Admission(1, 5, 30.0)
+    async with open_runtime(tools=[TOOLS], type_check=False) as rt:
+        paused = await rt.execute(ONE, principal=OWNER, meta={"tools": [TOOLS]})
+        decider = Decider(rt, admission=admission, settle_seconds=0.2)
+        held = await admission.acquire(OWNER)
+        try:
+            outcome = await decider.decide(paused.run_id, [1], "approve", None, principal=OWNER, who="pat",
+                                           via="console")
+            assert (outcome.ok, outcome.status) == (True, "queued")
+            await rt.cancel(paused.run_id, "wrong customer", principal=OWNER)
+        finally:
+            held.release()
+        (task,) = list(decider._tasks)
+        with pytest.raises(NotPaused, match="was cancelled by .* call 1 notes.add_note was not sent"):
+            await task
+        await decider.close()
+        assert rt.store.get_call(paused.run_id, 1).state == "declined"
+        decided = [(d["decision"], d["actor"]) for d in run_timeline(rt.store, paused.run_id)["decisions"]]
+    assert decided == [("cancel", OWNER)] and notes(store_env) == []
