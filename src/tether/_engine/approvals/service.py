@@ -66,8 +66,6 @@ if TYPE_CHECKING:
     from tether._engine.lifecycle import Lifecycle
     from tether._engine.waits import Waits
 
-_ENDS_PAUSE = ENDS_PAUSE
-
 
 @dataclass(frozen=True)
 class Resumed:
@@ -167,7 +165,7 @@ def unnamed_target(engine: Engine, run: RunRecord, decision: str) -> int:
     asked = sorted({w.seq for w in engine.store.list_waits(run_id=run.run_id, status=None)
                     if w.name.startswith(APPROVAL_PREFIX) and w.seq is not None})
     batch = batch_of(run)
-    if decision in _ENDS_PAUSE and batch:
+    if decision in ENDS_PAUSE and batch:
         first: int = batch[0]["seq"]
         return first  # cancel (or a rollback) ends the pause, whichever write it names
     if len(asked) == 1:
@@ -347,7 +345,7 @@ async def _complete_record(engine: Engine, run: RunRecord, write: dict[str, Any]
     def settle() -> Decision | None:
         entry = engine.store.get_call(run.run_id, write["seq"])
         which = taken(entry)
-        if which is None or which in _ENDS_PAUSE:
+        if which is None or which in ENDS_PAUSE:
             return None
         row = engine.store.get_wait(engine.waits.key(run.run_id, approval_wait_name(write["seq"])))
         if row is None or row.status != WaitStatus.PENDING:
@@ -370,7 +368,7 @@ def _take(engine: Engine, run: RunRecord, write: dict[str, Any], decision: str, 
     # An approval or a decline moves the entry only while the run is paused, in the transaction that checks
     # it: a run that ended (cancelled, rolled back, expired) meanwhile takes no decision (P-51). A cancel's
     # own moves come after the run left `paused`, held by the process cancelling it.
-    while_run = () if decision in _ENDS_PAUSE else (RunStatus.PAUSED,)
+    while_run = () if decision in ENDS_PAUSE else (RunStatus.PAUSED,)
     if decision == "approve":
         won = ledger.move(engine.store, engine.keyring, entry, expect, while_run=while_run, state=CallState.APPROVED)
     else:
@@ -383,7 +381,7 @@ def _take(engine: Engine, run: RunRecord, write: dict[str, Any], decision: str, 
                           finished_at=now)
     if not won:
         now_run, now_entry = engine.store.get_run(run.run_id), engine.store.get_call(run.run_id, seq)
-        if decision in _ENDS_PAUSE:
+        if decision in ENDS_PAUSE:
             if taken(now_entry) != decision:
                 raise AlreadyDecided(f"call {seq} of run {run.run_id} was already decided: {taken(now_entry)}; "
                                      "nothing was changed", details={"decision": taken(now_entry), "seq": seq})
