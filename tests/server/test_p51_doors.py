@@ -192,3 +192,32 @@ async def test_p51_a_console_approval_queued_for_a_slot_while_the_run_is_cancell
         assert rt.store.get_call(paused.run_id, 1).state == "declined"
         decided = [(d["decision"], d["actor"]) for d in run_timeline(rt.store, paused.run_id)["decisions"]]
     assert decided == [("cancel", OWNER)] and notes(store_env) == []
+
+
+@pytest.mark.slow
+async def test_p51_mcp_over_http_refuses_a_late_decision_and_accepts_a_repeat(tmp_path):
+    """The MCP door over streamable HTTP, as a served `tether serve --http` answers it (the agent's token may
+    decline its own run's writes but not approve them, D-31): a decline after the run was cancelled is
+    `not_paused`, saying so; the same decline again on a declined write gives the run's outcome again."""
+    from tests.server.test_server_http import ALPHA, connect, start_server, stop_server
+
+    served = start_server(tmp_path / "http", token=ALPHA)
+    try:
+        async with connect(served.url, ALPHA, "auto") as c:
+            code = "import tools\nawait tools.ledger.guarded_write(tag='p51')"
+            cancelled = (await c.call_tool("execute", {"code": code})).structured_content
+            seq = cancelled["pending"]["seq"]
+            r = await c.call_tool("resume", {"run_id": cancelled["run_id"], "decision": "cancel", "seq": seq})
+            assert r.structured_content["status"] == "cancelled", r.content[0].text
+            r = await c.call_tool("resume", {"run_id": cancelled["run_id"], "decision": "decline", "seq": seq})
+            error = r.structured_content["error"]
+            assert r.is_error and error["code"] == "not_paused", error
+            assert "was cancelled" in error["message"] and "ledger.guarded_write was not sent" in error["message"]
+            declined = (await c.call_tool("execute", {"code": code})).structured_content
+            first = await c.call_tool("resume", {"run_id": declined["run_id"], "decision": "decline", "seq": seq})
+            again = await c.call_tool("resume", {"run_id": declined["run_id"], "decision": "decline", "seq": seq})
+            assert again.structured_content == first.structured_content
+            assert first.structured_content["error"]["code"] == "write_declined"
+    finally:
+        stop_server(served.proc)
+    assert "p51" not in served.tags()
