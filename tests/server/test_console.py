@@ -173,9 +173,16 @@ async def test_p28_decide_all_covers_only_the_writes_the_page_showed(rt):
         # Meanwhile someone else decides the shown batch and the run pauses on the next one.
         again = await rt.decide(paused.run_id, {1: "approve", 2: "approve"}, principal=alice)
         assert again.status == "paused" and [w["seq"] for w in again.pending["writes"]] == [3, 4]
+        # The page's "approve all" repeats what was taken: accepted as every door accepts a repeat, it decides
+        # nothing new (P-51); a "decline all" from it conflicts and is refused.
         stale = await c.post(f"/console/runs/{paused.run_id}/decide",
                              data={"csrf": csrf_of(page), "seq": "all", "shown": shown, "decision": "approve"})
-        assert stale.status_code == 409 and "nothing more was decided" in stale.text
+        assert stale.status_code == 303
+        assert [w.decision for w in rt.pending(paused.run_id, principal=alice)] == [None, None]
+        conflict = await c.post(f"/console/runs/{paused.run_id}/decide",
+                                data={"csrf": csrf_of(page), "seq": "all", "shown": shown, "decision": "decline"})
+        assert conflict.status_code == 409 and "already decided: approve" in conflict.text
+        assert "the decline changed nothing" in conflict.text
         assert [w.decision for w in rt.pending(paused.run_id, principal=alice)] == [None, None]
         no_list = await c.post(f"/console/runs/{paused.run_id}/decide",
                                data={"csrf": csrf_of(page), "seq": "all", "decision": "approve"})
@@ -216,8 +223,13 @@ async def test_p33_an_approval_link_shows_its_write_and_decides_once_for_a_signe
         assert other_seq.status_code == 400
         ok = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})
         assert ok.status_code == 200 and "Approved call 1: sent." in ok.text
+        # The same decision again is accepted as at every other door and changes nothing (P-51); the page
+        # opened again says it was decided.
         twice = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "approve"})
-        assert twice.status_code == 409 and "already approved" in twice.text
+        assert twice.status_code == 200 and "Approved call 1: sent." in twice.text
+        assert (await c.get(f"/approve/{token}")).status_code == 409
+        other = await c.post(f"/approve/{token}", data={"csrf": csrf, "seq": "1", "decision": "decline"})
+        assert other.status_code == 409 and "already decided: approve" in other.text
     assert sent == [{"order_id": "A1", "amount": 12.5}]
     assert (await rt.engine.wait_for_run(paused.run_id)).result == {"refunded": 12.5}
     decided = [e.data for e in rt.store.get_events(paused.run_id) if e.type == "decided"]

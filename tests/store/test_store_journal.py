@@ -71,6 +71,21 @@ def test_a_journal_batch_of_any_size_is_recorded_whole_or_not_at_all(store):
     assert store.get_calls("r2") == []  # the first 150 rows were not kept either
 
 
+def test_p51_update_call_while_run_moves_an_entry_only_while_its_run_is_in_a_status(store):
+    store.create_run(make_run(status="paused"))
+    store.record_call(make_call(kind="write", state="asked"))
+    store.record_call(make_call(seq=2, kind="write", state="asked"))
+    assert store.update_call("r1", 1, ["asked"], while_run=["paused"], state="approved")
+    assert store.update_run("r1", ["paused"], status="cancelled")
+    before = store.get_call("r1", 2)
+    assert not store.update_call("r1", 2, ["asked"], while_run=["paused"], state="approved")
+    assert store.get_call("r1", 2) == before
+    assert not store.update_call("nope", 2, ["asked"], while_run=["paused"], state="approved")
+    with pytest.raises(TypeError):
+        store.update_call("r1", 2, ["asked"], while_run="paused", state="approved")
+    assert store.update_call("r1", 2, ["asked"], state="declined")  # without while_run: as before
+
+
 def test_recording_a_call_for_a_missing_run_names_the_run(store):
     with pytest.raises(RunNotFound, match="nope"):
         store.record_call(make_call("nope"))

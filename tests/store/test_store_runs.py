@@ -251,6 +251,31 @@ def test_a_claimer_on_postgres_passes_over_a_row_another_holds_instead_of_waitin
 
 
 @pytest.mark.postgres
+def test_p51_on_postgres_an_entry_moved_while_its_run_is_paused_waits_for_a_move_of_the_run_in_flight(backend):
+    """Under READ COMMITTED a plain read of the run's status sees the last committed one: an approval would pass
+    a cancel committing at that moment and land on a cancelled run. The status is read FOR SHARE: the approval
+    waits for the cancel's transaction, then reads the run as cancelled and moves nothing."""
+    import psycopg
+
+    if backend.kind != "postgres":
+        pytest.skip("row locks are Postgres's")
+    store = backend.open()
+    store.create_run(make_run(status="paused"))
+    store.record_call(make_call(kind="write", state="asked"))
+    with psycopg.connect(backend.url) as other:
+        other.execute(f"UPDATE {backend.schema}.runs SET status = 'cancelled' WHERE run_id = 'r1'")
+        moved: list[bool] = []
+        t = threading.Thread(target=lambda: moved.append(
+            store.update_call("r1", 1, ["asked"], while_run=["paused"], state="approved")))
+        t.start()
+        t.join(timeout=0.5)
+        assert t.is_alive(), "the approval did not wait for the cancel in flight"
+        other.commit()
+        t.join(timeout=20)
+    assert moved == [False] and store.get_call("r1", 1).state == "asked"
+
+
+@pytest.mark.postgres
 def test_a_listener_on_postgres_hears_of_events_other_stores_add(backend):
     if backend.kind != "postgres":
         pytest.skip("LISTEN/NOTIFY is Postgres's")

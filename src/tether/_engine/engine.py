@@ -219,7 +219,11 @@ class Engine:
             run = await self.store.aio.get_run(run_id)
             if run is None:
                 raise RunNotFound(f"no run {run_id}")
-            if run.status != RunStatus.RUNNING and run.result is not None:
+            # A run a process holds while it ends it (a cancel decided on its pause settles the pause's writes
+            # first) still carries the envelope it paused with: its end is what the caller is to see (P-51).
+            ending = (run.result is not None and run.result.get("status") != run.status
+                      and run.lease_until is not None and run.lease_until >= self.clock())
+            if run.status != RunStatus.RUNNING and run.result is not None and not ending:
                 return self.recorded(run)
             if run.status == RunStatus.RUNNING and (run.lease_until is None or run.lease_until < self.clock()):
                 # Nobody is running it, so waiting would only time out: say so at once.

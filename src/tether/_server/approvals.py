@@ -7,7 +7,8 @@ run, the write's seq and the moment the approval's time to live ends, and is
 signed with a key derived from the store's secret, so every process sharing
 the store mints and accepts the same links. It decides once: after a
 decision, after the time to live, or altered by a single character, it
-decides nothing and says why (P-33).
+decides nothing and says why (P-33); the same decision posted again is
+accepted as at every door and changes nothing but a lost record (P-51).
 
 :class:`Decider` is the console's and the links' adapter to the approvals
 service: it asks ``tether._engine.approvals.service.refusal`` whether a decision would
@@ -183,7 +184,8 @@ class Decider:
                 return Outcome(True, status="queued", message="the decision waits for a free run slot")
             exc = task.exception() if not task.cancelled() else None
             if isinstance(exc, TetherError):
-                return Outcome(False, exc.code, f"{exc.message}; nothing was decided")
+                said = exc.message if "nothing was decided" in exc.message else f"{exc.message}; nothing was decided"
+                return Outcome(False, exc.code, said)
             if exc is not None:
                 return Outcome(False, "internal_error", f"the decision failed ({type(exc).__name__}); "
                                "check the run before trying again")

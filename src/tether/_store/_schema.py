@@ -244,6 +244,12 @@ class SQLStore:
         """Serialize writers of one run's snapshots and events; False if the run is missing."""
         return tx.run("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is not None
 
+    def _run_status_held(self, tx: Tx, run_id: str) -> str | None:
+        """The run's status, which stays so until ``tx`` commits (None if there is no run): a write
+        transaction already holds the database's one write lock (SQLite)."""
+        row = tx.run("SELECT status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return None if row is None else str(row[0])
+
     def _lock_principal(self, tx: Tx, principal: str) -> None:
         """Serialize the starts of one principal that count its quota in their transaction (D-54).
 
@@ -531,7 +537,8 @@ class SQLStore:
             for insert in inserts:
                 tx.run(*insert)
 
-    def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], **fields: Any) -> bool:
+    def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], *, while_run: Sequence[str] = (),
+                    **fields: Any) -> bool:
         unknown = fields.keys() - _CALL_UPDATABLE
         if unknown:
             raise TypeError(f"update_call cannot set {sorted(unknown)}; settable: {sorted(_CALL_UPDATABLE)}")
@@ -544,7 +551,9 @@ class SQLStore:
         params = [run_id, seq, *expected]
         lineage = fields.get("lineage")
         marks = mark_inserts([_Marked(run_id, seq, lineage)]) if isinstance(lineage, dict) else []
-        with self._transaction(write=bool(fields), single=not marks) as tx:
+        with self._transaction(write=bool(fields), single=not marks and not while_run) as tx:
+            if while_run and self._run_status_held(tx, run_id) not in _expected(while_run, "while_run"):
+                return False  # the run moved on: its entry decides nothing now (P-51)
             if not fields:
                 return tx.run(f"SELECT 1 FROM calls WHERE {where}", params).fetchone() is not None
             sets = ", ".join(f"{name} = ?" for name in fields)

@@ -305,8 +305,10 @@ class JournalPort(Protocol):
     def record_calls(self, calls: Sequence[CallRecord]) -> None:
         """Insert several entries in one transaction (a batch of settled reads); Conflict if any exists."""
 
-    def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], **fields: Any) -> bool:
-        """Set ``fields`` if the entry's state is in ``expect_state``. CAS."""
+    def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], *, while_run: Sequence[str] = (),
+                    **fields: Any) -> bool:
+        """Set ``fields`` if the entry's state is in ``expect_state`` (and, with ``while_run``, its run's status
+        is one of those, held so until the change commits: P-51). CAS."""
 
     def get_call(self, run_id: str, seq: int) -> CallRecord | None: ...
     def get_calls(self, run_id: str, after: int | None = None,
@@ -607,8 +609,9 @@ class AsyncStore:
     async def record_calls(self, calls: Sequence[CallRecord]) -> None:
         await self.call(self.store.record_calls, calls)
 
-    async def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], **fields: Any) -> bool:
-        return await self.call(self.store.update_call, run_id, seq, expect_state, **fields)
+    async def update_call(self, run_id: str, seq: int, expect_state: Sequence[str], *, while_run: Sequence[str] = (),
+                          **fields: Any) -> bool:
+        return await self.call(self.store.update_call, run_id, seq, expect_state, while_run=while_run, **fields)
 
     async def get_call(self, run_id: str, seq: int) -> CallRecord | None:
         return await self.call(self.store.get_call, run_id, seq)

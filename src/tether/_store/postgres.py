@@ -293,6 +293,13 @@ class PostgresStore(SQLStore):
     def _lock_run(self, tx: Tx, run_id: str) -> bool:
         return tx.run("SELECT 1 FROM runs WHERE run_id = ? FOR NO KEY UPDATE", (run_id,)).fetchone() is not None
 
+    def _run_status_held(self, tx: Tx, run_id: str) -> str | None:
+        # FOR SHARE: a move of the run waits for this transaction, and one committed meanwhile is what it reads
+        # (READ COMMITTED reads the row's newest version after the wait), so an entry moved under it moves
+        # only while the run is still in that status (P-51).
+        row = tx.run("SELECT status FROM runs WHERE run_id = ? FOR SHARE", (run_id,)).fetchone()
+        return None if row is None else str(row[0])
+
     def _insert_counting(self, tx: Tx, insert: tuple[str, Sequence[Any]], bump: tuple[str, Sequence[Any]],
                          count: tuple[str, Sequence[Any]]) -> Any:
         # One statement, one round trip, not three: the writes as data-modifying WITH clauses (always run to

@@ -157,6 +157,38 @@ def batch_of(run: RunRecord) -> list[dict[str, Any]]:
     return list(run.pending.get("writes") or [run.pending])
 
 
+# Decisions on one write that end its whole pause: no write of it is sent.
+ENDS_PAUSE = ("cancel", "decline_and_undo")
+# The code an approved write's entry ends with when its run expired before it was sent (P-51).
+EXPIRED_WRITE = "write_expired"
+# What a decision on one write does (``judge``).
+TAKE, REPEAT, ENDED, CONFLICT, NOT_PENDING = "take", "repeat", "ended", "conflict", "not_pending"
+
+
+def judge(decision: str, already: str | None, *, paused: bool, in_pause: bool, asked: bool) -> str:
+    """What a decision on one write does, the same at every door and on every backend (P-28, P-51).
+
+    ``already``: the decision the journal holds for the write (``taken``); ``paused``: whether its run is;
+    ``in_pause``: whether the write is one its pause waits on; ``asked``: whether its entry still waits.
+
+    - ``take``: it is taken, by the journal entry's compare-and-set while the run is paused;
+    - ``repeat``: the journal holds this very decision: accepted, it changes nothing but a lost record (P-29);
+    - ``ended``: the run is no longer paused and nobody decided this write but the end of the run (a cancel,
+      a rollback, an expiry): nothing can be decided on it any more (``not_paused``);
+    - ``conflict``: another decision was taken on this write (``already_decided``);
+    - ``not_pending``: the run is paused but this write is not one it waits on (``write_not_pending``).
+    """
+    if already == decision:
+        return REPEAT
+    if decision in ENDS_PAUSE and in_pause and paused:
+        return TAKE  # a cancel or a rollback ends the pause, whatever was decided on this write so far
+    if not paused and (already is None or already in ENDS_PAUSE):
+        return ENDED
+    if already is not None:
+        return CONFLICT
+    return TAKE if in_pause and asked and paused else NOT_PENDING
+
+
 def taken(entry: CallRecord | None) -> str | None:
     """The decision the journal holds for a write, if one was taken by someone."""
     if entry is None or entry.kind != "write":
@@ -165,6 +197,8 @@ def taken(entry: CallRecord | None) -> str | None:
         return "approve"
     if entry.state == CallState.DECLINED:
         message = (entry.error or {}).get("message", "")
+        if message.startswith(f"[{EXPIRED_WRITE}]"):
+            return None  # its run ended before it was sent: nobody declined it (P-51)
         if message.startswith("[write_rolled_back]"):
             return "decline_and_undo"
         return "cancel" if message.startswith("[write_cancelled]") else "decline"

@@ -31,11 +31,18 @@ from tether._engine import waits as waits_mod
 from tether._engine.approvals.model import (
     APPROVAL_PREFIX,
     CHANNELS,
+    CONFLICT,
     DECISIONS,
+    ENDED,
+    ENDS_PAUSE,
+    EXPIRED_WRITE,
+    REPEAT,
+    TAKE,
     Decision,
     PendingWrite,
     approval_wait_name,
     batch_of,
+    judge,
     taken,
 )
 from tether._engine.attempt.result import RunResult
@@ -58,10 +65,6 @@ if TYPE_CHECKING:
     from tether._engine.engine import Engine
     from tether._engine.lifecycle import Lifecycle
     from tether._engine.waits import Waits
-
-
-# Decisions on one write that end its whole pause: no write of it is sent.
-_ENDS_PAUSE = ("cancel", "decline_and_undo")
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,15 @@ def recorded_decision(engine: Engine, run_id: str, seq: int, entry: CallRecord |
         return None
     row = engine.store.get_wait(engine.waits.key(run_id, approval_wait_name(seq)))
     if row is None:
+        return Decision(seq, which)
+    if isinstance(row.value, dict) and row.value.get("decision") not in (None, which):
+        # Approved, then the pause was cancelled or rolled back by someone else: the wait holds the approval,
+        # the run the decision that ended it; whoever approved did not cancel (P-51).
+        run = engine.store.get_run(run_id)
+        ended = run.decision if run is not None and isinstance(run.decision, dict) else {}
+        if ended.get("decision") == which:
+            return Decision(seq, which, ended.get("reason"), ended.get("actor"), ended.get("via"),
+                            ended.get("origin"), ended.get("at"))
         return Decision(seq, which)
     return Decision.from_wait(seq, which, row.value, row.resolved_at)
 
@@ -153,7 +165,7 @@ def unnamed_target(engine: Engine, run: RunRecord, decision: str) -> int:
     asked = sorted({w.seq for w in engine.store.list_waits(run_id=run.run_id, status=None)
                     if w.name.startswith(APPROVAL_PREFIX) and w.seq is not None})
     batch = batch_of(run)
-    if decision in _ENDS_PAUSE and batch:
+    if decision in ENDS_PAUSE and batch:
         first: int = batch[0]["seq"]
         return first  # cancel (or a rollback) ends the pause, whichever write it names
     if len(asked) == 1:
@@ -219,35 +231,28 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
     repeated: list[int] = []
     for seq, (decision, reason) in sorted(wanted.items()):
         entry = entries[seq] if seq in entries else await engine.store.aio.get_call(run_id, seq)
-        already = taken(entry)
-        if decision in _ENDS_PAUSE and seq in batch and already != decision:
-            # Cancel ends the paused run, whatever was decided on this write so far; so does a rollback (P-46).
+        verdict = _verdict(run, seq, decision, entry)
+        if verdict == TAKE:
             fresh[seq] = (decision, reason)
-            continue
-        if already is not None:
-            if already != decision:
-                raise AlreadyDecided(f"call {seq} of run {run_id} was already decided: {already}; "
-                                     f"nothing was changed", details={"decision": already, "seq": seq})
+        elif verdict == REPEAT:
             if seq in batch:
-                repeated.append(seq)
-            continue  # a repeat of a decision taken: it changes nothing (P-28)
-        if seq in batch and entry is not None and entry.state == CallState.ASKED:
-            fresh[seq] = (decision, reason)
-            continue
-        if run.status != RunStatus.PAUSED:
-            raise NotPaused(f"run {run_id} is {run.status}; call {seq} is not a write waiting for a decision")
-        writes = await engine.astore.call(pending, engine, run)
-        raise WriteNotPending(f"call {seq} of run {run_id} is not a write waiting for a decision; "
-                              f"{_pending_text(writes)}; nothing was decided",
-                              details={"seq": seq, "pending": _pending_details(writes)})
+                repeated.append(seq)  # a repeat of a decision taken: it changes nothing but a lost record (P-28)
+        else:
+            raise await engine.astore.call(_refused_now, engine, run, seq, decision, verdict, entry)
 
     if run.status != RunStatus.PAUSED:
         # Every named write was decided before: return what the run did since.
         return await engine.wait_for_run(run_id)
     now = engine.clock()
     if fresh and run.expires_at is not None and now > run.expires_at:
+        if not await engine.astore.call(engine.lifecycle.expire, run_id):
+            # The run moved on meanwhile (expired by the sweep, cancelled): decide again against what it is now.
+            return await decide(engine, run_id, decisions, principal=principal, actor=actor, via=via, origin=origin,
+                                t0=t0)
         await engine.finisher.finish_awaited(run, RunStatus.FAILED,
                                              error=RunExpired(f"run {run_id} passed its approval time to live").to_dict())
+        await engine.astore.call(_unsend, engine, run, now)
+        await engine.astore.call(engine.waits.revoke, run_id=run_id)
         raise RunExpired(f"run {run_id} waited longer than its approval time to live; nothing was sent")
 
     if any(d == "cancel" for d, _ in fresh.values()):
@@ -340,7 +345,7 @@ async def _complete_record(engine: Engine, run: RunRecord, write: dict[str, Any]
     def settle() -> Decision | None:
         entry = engine.store.get_call(run.run_id, write["seq"])
         which = taken(entry)
-        if which is None or which in _ENDS_PAUSE:
+        if which is None or which in ENDS_PAUSE:
             return None
         row = engine.store.get_wait(engine.waits.key(run.run_id, approval_wait_name(write["seq"])))
         if row is None or row.status != WaitStatus.PENDING:
@@ -360,20 +365,30 @@ def _take(engine: Engine, run: RunRecord, write: dict[str, Any], decision: str, 
 
     seq = write["seq"]
     entry = entry if entry is not None else engine.store.get_call(run.run_id, seq)
+    # An approval or a decline moves the entry only while the run is paused, in the transaction that checks
+    # it: a run that ended (cancelled, rolled back, expired) meanwhile takes no decision (P-51). A cancel's
+    # own moves come after the run left `paused`, held by the process cancelling it.
+    while_run = () if decision in ENDS_PAUSE else (RunStatus.PAUSED,)
     if decision == "approve":
-        won = ledger.move(engine.store, engine.keyring, entry, expect, state=CallState.APPROVED)
+        won = ledger.move(engine.store, engine.keyring, entry, expect, while_run=while_run, state=CallState.APPROVED)
     else:
         why = "cancelled" if decision == "cancel" else "declined"
         err = guest_error(f"write_{why}",
                           f"the write {write['address']} was {why}{': ' + reason if reason else ''}; it was not sent",
                           "PermissionError")
-        won = ledger.move(engine.store, engine.keyring, entry, expect, state=CallState.DECLINED,
-                          error={"type": err.exc_type, "message": err.message}, finished_at=now)
+        won = ledger.move(engine.store, engine.keyring, entry, expect, while_run=while_run,
+                          state=CallState.DECLINED, error={"type": err.exc_type, "message": err.message},
+                          finished_at=now)
     if not won:
-        already = taken(engine.store.get_call(run.run_id, seq))
-        if already != decision:
-            raise AlreadyDecided(f"call {seq} of run {run.run_id} was already decided: {already}; nothing was changed",
-                                 details={"decision": already, "seq": seq})
+        now_run, now_entry = engine.store.get_run(run.run_id), engine.store.get_call(run.run_id, seq)
+        if decision in ENDS_PAUSE:
+            if taken(now_entry) != decision:
+                raise AlreadyDecided(f"call {seq} of run {run.run_id} was already decided: {taken(now_entry)}; "
+                                     "nothing was changed", details={"decision": taken(now_entry), "seq": seq})
+        elif now_run is not None:
+            verdict = _verdict(now_run, seq, decision, now_entry)
+            if verdict != REPEAT:
+                raise refused_as(engine, now_run, seq, decision, verdict, now_entry)
     record = Decision(seq, decision, reason, **who, at=now)
     if won and not _settle_approval(engine, run.run_id, record) and CallState.APPROVED not in expect:
         won = False  # a repeat of this decision recorded it first (_complete_record): one `decided` event
@@ -427,6 +442,84 @@ async def _roll_back(engine: Engine, run: RunRecord, fresh: dict[int, tuple[str,
     return Resumed(taken)
 
 
+def _verdict(run: RunRecord, seq: int, decision: str, entry: CallRecord | None) -> str:
+    """``judge`` on what was read: the run as stored and the write's journal entry."""
+    return judge(decision, taken(entry), paused=run.status == RunStatus.PAUSED,
+                 in_pause=any(w["seq"] == seq for w in batch_of(run)),
+                 asked=entry is not None and entry.state == CallState.ASKED)
+
+
+def _fate(entry: CallRecord | None) -> str:
+    """What became of a write, as its journal entry says: sent or not."""
+    if entry is None:
+        return "has no journal entry; it was not sent"
+    if entry.state in (CallState.SENT, CallState.FAILED):
+        return "was sent"
+    if entry.state == CallState.SENDING:
+        return "was being sent"
+    if entry.state == CallState.UNKNOWN:
+        return "may have been sent (its outcome is unknown)"
+    return "was not sent"
+
+
+def _how_ended(run: RunRecord) -> str:
+    """How a run that is no longer paused got there, as a person reads it: its status and who or what did it."""
+    from tether._engine.rollback.runner import ROLLBACK
+
+    record = run.decision if isinstance(run.decision, dict) else {}
+    by = f" by {record.get('actor')} via {record.get('via')}" if record.get("actor") else ""
+    why = f" ({record['reason']})" if record.get("reason") else ""
+    if run.status == RunStatus.CANCELLED:
+        return f"was cancelled{by if record.get('decision') == 'cancel' else ''}{why}"
+    if run.status == RunStatus.ROLLED_BACK or (run.status == RunStatus.RUNNING
+                                              and isinstance(run.pending, dict) and ROLLBACK in run.pending):
+        done = "was rolled back" if run.status == RunStatus.ROLLED_BACK else "is being rolled back"
+        return f"{done}{by if record.get('decision') in ('decline_and_undo', 'undo') else ''}{why}"
+    if run.status == RunStatus.FAILED:
+        code = (run.error or {}).get("code") if isinstance(run.error, dict) else None
+        return f"failed ({code})" if code else "failed"
+    if RunStatus(run.status).terminal:
+        return f"has {run.status}"
+    return f"is {run.status}, not paused"
+
+
+def _refused_now(engine: Engine, run: RunRecord, seq: int, decision: str, verdict: str,
+                 entry: CallRecord | None) -> TetherError:
+    """``refused_as`` against the run as stored now: a caller may have handed ``decide`` the run as it read it a
+    moment ago (still paused), and the refusal is to say what the run is, as every door's does (P-51)."""
+    now = engine.store.get_run(run.run_id)
+    if now is not None and now.status != run.status:
+        now_entry = engine.store.get_call(run.run_id, seq)
+        now_verdict = _verdict(now, seq, decision, now_entry)
+        if now_verdict not in (TAKE, REPEAT):
+            return refused_as(engine, now, seq, decision, now_verdict, now_entry)
+    return refused_as(engine, run, seq, decision, verdict, entry)
+
+
+def refused_as(engine: Engine, run: RunRecord, seq: int, decision: str, verdict: str,
+               entry: CallRecord | None) -> TetherError:
+    """The error a decision ``judge`` refused gets, the same at every door (P-51): what it names, what the
+    run and the write are now, and that nothing was decided."""
+    address = f" {entry.address}" if entry is not None else ""
+    if verdict == ENDED:
+        return NotPaused(f"run {run.run_id} {_how_ended(run)}; call {seq}{address} {_fate(entry)}; "
+                         f"the {decision} was not recorded and nothing was decided",
+                         details={"seq": seq, "status": str(run.status), "state": entry.state if entry else None})
+    if verdict == CONFLICT:
+        already = taken(entry)
+        ended = "" if run.status == RunStatus.PAUSED else f"; the run {_how_ended(run)}"
+        return AlreadyDecided(f"call {seq}{address} of run {run.run_id} was already decided: {already}; "
+                              f"it {_fate(entry)}{ended}; the {decision} changed nothing",
+                              details={"decision": already, "seq": seq})
+    if run.status != RunStatus.PAUSED:
+        return NotPaused(f"run {run.run_id} is {run.status}; call {seq} is not a write waiting for a decision; "
+                         "nothing was decided", details={"seq": seq, "status": str(run.status)})
+    writes = pending(engine, run)
+    return WriteNotPending(f"call {seq} of run {run.run_id} is not a write waiting for a decision; "
+                           f"{_pending_text(writes)}; nothing was decided",
+                           details={"seq": seq, "pending": _pending_details(writes)})
+
+
 def refusal(engine: Engine, run_id: str, seqs: list[int], decision: str, *, principal: str | None,
             allowed: tuple[str, ...] = DECISIONS) -> tuple[RunRecord | None, TetherError | None]:
     """(the run, why a decision on writes ``seqs`` would take nothing — or None when it would take effect).
@@ -441,17 +534,35 @@ def refusal(engine: Engine, run_id: str, seqs: list[int], decision: str, *, prin
         run = engine.get_run(run_id, principal)
     except RunNotFound:
         return None, RunNotFound(f"there is no run {run_id} for you")
-    waiting = {w.seq for w in pending(engine, run) if w.decision is None}
-    if not seqs or any(s not in waiting for s in seqs):
-        decided = [d for s in seqs if (d := recorded_decision(engine, run.run_id, s)) is not None]
-        if decided:
-            d = decided[0]
-            return run, AlreadyDecided(f"write {d.seq} was already decided: {d.decision}; nothing more was decided")
-        return run, NotPaused(f"run {run.run_id} is {run.status} and does not wait on "
-                              f"write {', '.join(map(str, seqs))}; nothing was decided")
-    if run.expires_at is not None and engine.clock() > run.expires_at:
+    if not seqs:
+        return run, NotPaused(f"run {run.run_id} is {run.status}; no write was named; nothing was decided")
+    verdicts = []
+    for seq in sorted(seqs):
+        entry = engine.store.get_call(run.run_id, seq)
+        verdict = _verdict(run, seq, decision, entry)
+        if verdict not in (TAKE, REPEAT):
+            # The same rule and the same words as decide's (P-51): every door refuses alike.
+            return run, refused_as(engine, run, seq, decision, verdict, entry)
+        verdicts.append(verdict)
+    if TAKE in verdicts and run.expires_at is not None and engine.clock() > run.expires_at:
         return run, RunExpired("the approval's time to live has passed; nothing was decided and nothing was sent")
     return run, None
+
+
+def _unsend(engine: Engine, run: RunRecord, now: float) -> None:
+    """A write of the pause approved before the run expired was never sent, and never will be: its entry says so
+    (``[run_expired]``, a decision nobody took), never ``approved`` on an ended run (P-51)."""
+    from tether._engine.attempt.guest_errors import guest_error
+
+    for write in batch_of(run):
+        entry = engine.store.get_call(run.run_id, write["seq"])
+        if entry is None or entry.state != CallState.APPROVED:
+            continue
+        err = guest_error(EXPIRED_WRITE, f"the write {write['address']} was approved, but the run waited longer "
+                          "than its approval time to live for the rest of its pause; it was not sent",
+                          "PermissionError")
+        ledger.move(engine.store, engine.keyring, entry, (CallState.APPROVED,), state=CallState.DECLINED,
+                    error={"type": err.exc_type, "message": err.message}, finished_at=now)
 
 
 def expire(engine: Engine) -> list[str]:
@@ -461,6 +572,7 @@ def expire(engine: Engine) -> list[str]:
         err = RunExpired(f"run {run.run_id} waited longer than its approval time to live; "
                          f"the write {(run.pending or {}).get('address')} was not sent")
         if engine.lifecycle.expire(run.run_id):
+            _unsend(engine, run, engine.clock())
             engine.waits.revoke(run_id=run.run_id)
             engine.finisher.finish(run, RunStatus.FAILED, error=err.to_dict())
             ended.append(run.run_id)

@@ -88,9 +88,11 @@ def _apply(entry: CallRecord, fields: dict[str, Any]) -> None:
 
 
 def move(store: Store, keyring: Keyring, entry: CallRecord | None, expect: Sequence[str],
-         **fields: Any) -> bool:
+         *, while_run: Sequence[str] = (), **fields: Any) -> bool:
     """Move an entry on from one of ``expect`` (compare-and-set), re-signed; on success ``entry`` holds
-    the new values. False when there is no entry or it is no longer in ``expect``.
+    the new values. False when there is no entry or it is no longer in ``expect`` (or, with ``while_run``,
+    its run is no longer in one of those statuses: a decision moves an entry only while its run is paused,
+    P-51).
 
     Every signed field that can change is written with the MAC, not only
     ``fields``: the row then always holds exactly what was signed, even if a
@@ -99,7 +101,7 @@ def move(store: Store, keyring: Keyring, entry: CallRecord | None, expect: Seque
     if entry is None:
         return False
     sources, signed = _signed(keyring, entry, expect, fields)
-    if not store.update_call(entry.run_id, entry.seq, sources, **signed):
+    if not store.update_call(entry.run_id, entry.seq, sources, while_run=while_run, **signed):
         return False
     _apply(entry, signed)
     return True

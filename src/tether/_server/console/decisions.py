@@ -67,7 +67,7 @@ class Decisions(ConsoleSessions):
                                             who=self._name(session["p"]), via="console", origin=_origin(request))
         if not outcome.ok:
             return self.message("Nothing decided", outcome.message or "Nothing was decided.", status=409,
-                                principal=session["p"], csrf=csrf,
+                                detail=f"({outcome.code})" if outcome.code else None, principal=session["p"], csrf=csrf,
                                 link={"href": f"/console/runs/{run_id}", "text": "Back to the run"})
         flash = ("queued" if outcome.status == "queued" else "approved" if decision == "approve" else
                  "rolling_back" if decision == "decline_and_undo" else "declined")

@@ -25,9 +25,13 @@ from tether._server.pagetext import flash_text
 class ApprovalLinks(ConsoleSessions):
     """``GET`` and ``POST /approve/{token}``."""
 
-    async def _link_state(self, token: str) -> tuple[Any, Any, dict[str, Any] | None, Response | None]:
+    async def _link_state(self, token: str, deciding: bool = False) -> tuple[Any, Any, dict[str, Any] | None,
+                                                                            Response | None]:
         """(claim, run, the write it names, None) for a link that may decide now, else (.., .., None, the page
         saying why not).
+
+        ``deciding``: a decision was posted; whether it takes effect, repeats one taken or is refused is the
+        approvals service's rule, the same at every door (P-51): only the link itself is checked here.
 
         The run and its journal are read in the store's thread (D-27): a slow read holds up no other request.
         """
@@ -40,7 +44,8 @@ class ApprovalLinks(ConsoleSessions):
         if run is None:
             return claim, None, None, self.message("This approval link is not valid",
                                              "The run it names no longer exists; nothing was decided.", status=404)
-        decided = await self.rt.store.aio.call(recorded_decision, self.rt.engine, run.run_id, claim.seq)
+        decided = None if deciding else await self.rt.store.aio.call(recorded_decision, self.rt.engine,
+                                                                      run.run_id, claim.seq)
         if decided is not None:
             verb = {"approve": "approved", "decline": "declined", "cancel": "cancelled"}.get(decided.decision,
                                                                                            decided.decision)
@@ -53,6 +58,8 @@ class ApprovalLinks(ConsoleSessions):
             return claim, run, None, self.message(
                 "This approval link has expired", f"It was good until {_when(expiry)}; nothing was decided "
                 "and nothing was sent.", status=410, detail="Approvals wait as long as the approval time to live.")
+        if deciding:
+            return claim, run, None, None
         write = next((w for w in await self.rt.store.aio.call(pending_writes, self.rt, run) if w["seq"] == claim.seq),
                      None)
         if write is None:
@@ -114,7 +121,7 @@ class ApprovalLinks(ConsoleSessions):
         # without a session the link itself is the capability (links = "capability") or nothing.
         if session is not None and (shut := self._shut(self.grant(session["p"]), form.get("decision"))):
             return shut
-        claim, run, _, refusal = await self._link_state(token)
+        claim, run, _, refusal = await self._link_state(token, deciding=True)
         if refusal is not None:
             return refusal
         if not self._csrf_ok(self._csrf_nonce(request, session), form.get("csrf")):
@@ -140,7 +147,8 @@ class ApprovalLinks(ConsoleSessions):
         outcome = await self.decider.decide(run.run_id, seqs, decision, reason, principal=run.principal,
                                             who=who, via="link", origin=_origin(request))
         if not outcome.ok:
-            return self.message("Nothing decided", outcome.message or "Nothing was decided.", status=409)
+            return self.message("Nothing decided", outcome.message or "Nothing was decided.", status=409,
+                                detail=f"({outcome.code})" if outcome.code else None)
         verb = "Approved" if decision == "approve" else "Declined"
         now = await self.rt.store.aio.get_run(run.run_id) or run
         # What is true as the page is drawn: sent or not yet, and whether the run went on or paused again.
