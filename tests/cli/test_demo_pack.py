@@ -282,11 +282,11 @@ async def test_module_exposes_the_default_desk() -> None:
 def test_demo_program_stays_in_the_sandbox_subset() -> None:
     tree = ast.parse(DEMO_PROGRAM)
     for node in ast.walk(tree):
-        assert not (isinstance(node, ast.ClassDef) and node.bases), "no class inheritance"
+        assert not (isinstance(node, ast.ClassDef) and node.bases), "no custom exception classes"
         assert not isinstance(node, (ast.Yield, ast.YieldFrom, ast.Delete)), "no generators, no del"
         if isinstance(node, ast.GeneratorExp):
             raise AssertionError("no generator expressions")
-        if isinstance(node, ast.Attribute) and node.attr in ("create_task", "wait_for"):
+        if isinstance(node, ast.Attribute) and node.attr == "wait_for":
             raise AssertionError(f"no asyncio.{node.attr}")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "gather":
             assert not node.keywords, "gather takes positional arguments only"

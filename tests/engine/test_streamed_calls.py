@@ -202,14 +202,17 @@ await tools.helpdesk.close_ticket(id=1)
 
 async def test_p7_no_read_is_left_running_past_the_end_of_its_run(stream):
     """A read the program never awaited is cut short when the run ends (D-80): it does not run on after the
-    result. It has no outcome, so it is not journaled; the read that answered is (P-7)."""
+    result. It has no outcome, so it is not journaled; the read that answered is (P-7). Which of the two the
+    quick read is depends on whether it answered before the program's end reached the host (P-8, P-50)."""
     rec = Traced()
     program = "import tools\na = tools.slowpoke.lag(id=1, seconds=5)\nb = tools.helpdesk.get_ticket(id=2)\nraise KeyError('x')"
     async with runtime(None, rec.tools(), stream) as rt:
         r = await rt.execute(program)
         assert r.error["code"] == "program_error"
         assert rec.started == [1] and rec.running == set()
-        assert [(c.seq, c.address) for c in rt.store.get_calls(r.run_id)] == [(2, "helpdesk.get_ticket")]
+        calls = [(c.seq, c.address, c.state) for c in rt.store.get_calls(r.run_id)]
+        answered = ("end", "get_ticket", 2) in rec.events
+        assert calls == ([(2, "helpdesk.get_ticket", "done")] if answered else []), (calls, rec.events)
 
 
 @pytest.mark.parametrize("end, code", [

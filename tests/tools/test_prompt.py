@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from tether._tools import Catalog, Tool, model_description
 from tether._tools.prompt import DEFAULT_BUDGET
 
@@ -57,17 +59,33 @@ def test_states_the_api_and_the_subsets_gaps() -> None:
         "print() goes to logs",
         "[code]",
         "approval",
-        "class inheritance",
+        "custom exceptions",
+        "super()",
         "generators",
         "del",
         "@property",
-        "create_task",
+        "wait_for",
         "return_exceptions",
         "network",
         "json",
         "datetime",
+        "statistics",
     ]:
         assert needed in text, needed
+
+
+@pytest.mark.slow
+async def test_every_module_the_prompt_names_is_importable_in_the_sandbox() -> None:
+    from tether._sandbox.monty import SandboxPool, probe_names
+
+    text = model_description(_catalog(3, 1))
+    named = text.split("Modules: ", 1)[1].split(".", 1)[0].split()
+    pool = SandboxPool()
+    try:
+        _, modules = await probe_names(pool)
+    finally:
+        await pool.close()
+    assert named and set(named) <= set(modules), set(named) - set(modules)
 
 
 def test_limits_are_stated() -> None:

@@ -36,10 +36,10 @@ parallel: `await asyncio.gather(f(), g())`. Built-ins: `await search(query, name
 `await describe(address or list)`, `await sources()`, emit(v) streams, `await wait_for(name)` parks. \
 The last expression is the result; print() goes to logs. A failing tool raises, message starts with [code]; \
 writes may pause for approval.
-No: class inheritance/custom exceptions, generators, del, @property/staticmethod/classmethod, \
-create_task, asyncio.wait_for, gather(return_exceptions=), ConnectionError, files, network, env.
+No: custom exceptions, super(), generators, del, @property/staticmethod/classmethod, \
+asyncio.wait_for, gather(return_exceptions=), ConnectionError, files, network, env.
 Modules: asyncio base64 bisect collections copy csv dataclasses datetime decimal functools \
-hashlib itertools json math random re time tomllib typing unicodedata.
+hashlib itertools json math random re statistics time tomllib typing unicodedata.
 """
 
 

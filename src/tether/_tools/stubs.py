@@ -149,6 +149,7 @@ async def wait_for_signal(name: str) -> Any: ...
     "def format(value: Any, format_spec: str = '', /) -> str: ...\n"
     "def getattr(o: Any, name: str, default: Any = ..., /) -> Any: ...\n"
     "def hasattr(o: Any, name: str, /) -> bool: ...\n"
+    "def issubclass(cls: Any, class_or_tuple: Any, /) -> bool: ...\n"
     "def map(function: Any, *iterables: Any) -> Any: ...\n"
     "def open(*args: Any, **kwargs: Any) -> Any: ...\n"
     "def setattr(o: Any, name: str, value: Any, /) -> None: ...\n"

@@ -277,8 +277,9 @@ class Attempt:
             assert self.stopped_at is not None
             return self.stopped_at
         except Cancelled as exc:
+            unasked = await boundary.settle_unasked()
             return d.finisher.cancelled(run, exc.reason, logs=self.logs.lines(), calls=boundary.state.issued,
-                                        diagnostics=self._diagnostics())
+                                        diagnostics=self._diagnostics(), notes=_unasked_notes(unasked))
         except (TetherError, ProgramFailed, Stopped) as exc:
             failure = boundary.state.failure if isinstance(exc, Stopped) and boundary.state.failure else exc
             return await self._failed(failure)
@@ -325,6 +326,8 @@ class Attempt:
                         self._remember_verdict(True)  # it ran: the check passed
                         raise
                     self._remember_verdict(True)
+                # From here a call the program issued and never awaited starts no journal entry (D-82).
+                boundary.ledger.end_program()
                 if run.session:
                     # The globals the next execute of this session starts from (P-21). The run is done and its
                     # writes are sent: state that cannot be saved is a note, never a failure to retry.
@@ -543,7 +546,9 @@ class Attempt:
             return await self._failed(ExecutionDiverged(
                 f"the replay finished without repeating the recorded write {extra[0].address} (call {extra[0].seq})",
                 details={"seq": extra[0].seq}))
+        unasked = await boundary.settle_unasked()
         result, notes = to_json_value(value)
+        notes.extend(_unasked_notes(unasked))
         result, cut = preview(result, self.limits.result_bytes)
         if cut:
             notes.append(
@@ -577,13 +582,24 @@ class Attempt:
                                    suggest or (lambda _address: []), seconds=5.0, what="suggesting tools")
         except HostWorkTimeout:
             error = failure_error(exc, boundary, d.source_failures, lambda _address: [])
+        unasked = await boundary.settle_unasked()
         return await d.finisher.end_attempt(self.run, RunStatus.FAILED, error=error, logs=self.logs.lines(),
                                             calls=boundary.state.issued, diagnostics=self._diagnostics(),
-                                            journal=boundary.ledger)
+                                            notes=_unasked_notes(unasked), journal=boundary.ledger)
 
     def _diagnostics(self) -> dict[str, Any]:
         assert self.boundary is not None
         return diagnostics(self.boundary, self.setup_ms, self.t_exec, self.t0, self.kind)
+
+
+def _unasked_notes(unasked: list[dict[str, Any]]) -> list[str]:
+    """The note on a run that ended with writes it never awaited, which were not sent (D-82)."""
+    if not unasked:
+        return []
+    return ["writes that asked were not sent: the program ended before the run could pause for a decision on "
+            + ", ".join(f"{w['address']} (call {w['seq']})" for w in unasked)
+            + "; a write the program does not await (a task or a coroutine left behind) cannot pause its run: "
+            "await each write, or gather them"]
 
 
 # -- what the program reaches besides tools ----------------------------------------

@@ -20,6 +20,7 @@ job; the boundary owns its :class:`~tether._engine.calls.stops.Stops`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
@@ -679,10 +680,43 @@ class EffectBoundary:
         """The program ended (returned, raised or stopped): let held calls go, wait for requests already on
         the wire to finish and be journaled, and write the settled reads still in memory (P-7) — unless
         ``hold``: the run's end writes them with it (Finisher.end_attempt)."""
+        self.ledger.end_program()
         self.release_held()
         await self._cut_reads()
+        await self._calls_arrived()
         await self.drain()
         await self.ledger.close(hold=hold)
+
+    async def _calls_arrived(self) -> None:
+        """Wait for the calls still on their way to the journal when the program ended (an intent being stored,
+        a write being handed to its dispatch): each reaches the state the run's end reads (D-82). Bounded: a
+        call held by something slower (an inline approver's person) is left, and what it does later is refused
+        by the journal's compare-and-set."""
+        if self.state.inflight == 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.limits.call_timeout_seconds + 1.0):
+                await self.wait_idle()
+
+    async def settle_unasked(self) -> list[dict[str, Any]]:
+        """Writes still asking once the program has ended without a pause: settled `declined`, never sent (D-82).
+
+        A write the program issued and never awaited (a task or a coroutine left behind, reaching the host
+        because gathered calls stream, D-80) asks as any write does, but the program ends before its pause
+        forms: nobody can decide it now, so it is declined with `write_not_decided`, and the run says so.
+        """
+        settled = []
+        for seq in sorted(self.ledger.entries):
+            entry = self.ledger.entries[seq]
+            if seq > self.state.issued or entry.kind != "write" or entry.state != CallState.ASKED:
+                continue
+            err = guest_error("write_not_decided",
+                              f"the program ended before the run could pause for a decision on the write "
+                              f"{entry.address}; it was not sent", "PermissionError")
+            if await self.ledger.move(seq, [CallState.ASKED], state=CallState.DECLINED, error=err_json(err),
+                                      finished_at=self.clock()):
+                settled.append({"seq": seq, "address": entry.address})
+        return settled
 
     async def _cut_reads(self) -> None:
         """Cancel the reads still on the wire: the program that would await them has ended (D-80).

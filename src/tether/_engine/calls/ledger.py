@@ -40,6 +40,7 @@ from tether._engine import integrity
 from tether._engine.approvals.capabilities import Keyring
 from tether._engine.calls.call import Call, canonical_json
 from tether._engine.rules.limits import Limits
+from tether._sandbox.monty import GuestRaise
 from tether._store.base import AsyncStore, CallRecord, Store
 from tether._store.states import CALL_TRANSITIONS, NEW_CALL_STATES, CallState
 from tether._tools.context import idempotency_key
@@ -47,6 +48,9 @@ from tether.errors import InvalidTransition
 
 _log = logging.getLogger("tether.runs")
 T = TypeVar("T")
+# What a call the program issued before it ended, and that reaches the journal only after, is answered: no
+# entry is started for it and nothing is sent (D-82). Nobody reads the answer; it unwinds the host call.
+_ENDED = GuestRaise("BaseException", "the program has ended: this call was neither journaled nor sent")
 
 # The table as plain strings, restating included: checked on every move of every call, so no enum is built.
 _MAY_BECOME: dict[str, frozenset[str]] = {
@@ -198,6 +202,8 @@ class Ledger:
         self._held_bytes = 0
         self._first_settled = self._last_settled = 0.0
         self._closed = False
+        # Set once the program has returned, raised or stopped: no entry is started after (D-82).
+        self.program_ended = False
         self._disarm()
 
     async def close(self, *, hold: bool = False) -> None:
@@ -243,8 +249,14 @@ class Ledger:
 
     # -- writing -----------------------------------------------------------------
 
+    def end_program(self) -> None:
+        """The program has ended: a call it issued that has not started its entry yet never will (D-82)."""
+        self.program_ended = True
+
     def buffer_intent(self, call: Call) -> None:
         """A read's intent, held until its outcome and written with it."""
+        if self.program_ended:
+            raise _ENDED
         seq = call.seq
         # _record's entry, built with its fields in order (every live read makes one).
         record = CallRecord(self.run_id, seq, call.op, call.address, call.args, call.key, "read", CallState.PENDING,
@@ -321,6 +333,8 @@ class Ledger:
                             lineage: dict[str, Any] | None = None) -> None:
         """Write a call's intent ahead of sending it (P-7); buffered reads go first so the order holds.
         ``lineage``: a guarded write's verdict and reasons, signed with its intent (P-45)."""
+        if self.program_ended:
+            raise _ENDED
         if kind != "read":
             await self.flush()
         now = self.clock()
@@ -333,6 +347,8 @@ class Ledger:
 
     async def record_new(self, record: CallRecord) -> None:
         """Write an entry now (a write's, a wait's), after the reads before it."""
+        if self.program_ended:
+            raise _ENDED
         check_new(record)
         await self.flush()
         self._sign(record)
@@ -375,6 +391,8 @@ class Ledger:
     async def record_rejected(self, call: Call, kind: str, error: dict[str, Any],
                               state: CallState = CallState.FAILED) -> None:
         """A call refused before it was sent (unknown tool, bad arguments, denied): its entry, written now."""
+        if self.program_ended:
+            raise _ENDED
         now = self.clock()
         record = CallRecord(self.run_id, call.seq, call.op, call.address, call.args, call.key, kind, state,
                             error=error, started_at=now, finished_at=now)

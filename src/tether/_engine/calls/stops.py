@@ -285,7 +285,9 @@ class Stops:
             await self._record_inline_decision(seq, tool.address, "approve" if verdict == "approve" else "decline",
                                                reason)
             if verdict == "approve":
-                await self.ledger.move(seq, [CallState.ASKED], state=CallState.APPROVED)
+                if not await self.ledger.move(seq, [CallState.ASKED], state=CallState.APPROVED):
+                    # Settled meanwhile: its program ended before the approver answered (D-82). Not sent.
+                    raise _UNWIND
                 return await host.send_approved(call, tool, valid, t)
             err = guest_error(
                 "write_declined",
@@ -391,6 +393,11 @@ class Stops:
                 await asyncio.sleep(self.batch_window_seconds - quiet)
         finally:
             st.inflight += 1
+        if self.ledger.program_ended:
+            # The program ended while the stop formed (a write it never awaited): there is nothing to pause;
+            # the run's end settles the write (D-82).
+            self.release_held()
+            raise _UNWIND
         stopped: Stop
         if isinstance(pending, AskedWrite):
             batch, self.batch = self.batch or [], None

@@ -1,0 +1,145 @@
+"""Programs that start tasks (``asyncio.create_task``, pydantic-monty 1.7.0) and writes left unawaited.
+
+A task's calls reach the host as a gather's do: they pause, resume in another process from the snapshot or
+the journal, and are sent once (P-4, P-9, P-10, P-12, P-27), with streamed async calls on and off (D-80).
+A write the program issues and never awaits asks as any write does, but its run ends before a pause can
+form: it is declined with ``write_not_decided`` and the run says so (D-82); under ``allow`` it is sent
+once and journaled, as any write on the wire when its program ends (P-8).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, AsyncIterator
+
+import pytest
+
+from helpers import Clock, Recorder, StoreBackend, each_store_backend, store_backend_params
+from tether._engine.integrity import sign_snapshot_record
+from tether._engine.rules.policy import Policy
+from tether._runtime import Runtime
+from tether._sandbox.monty import SandboxPool
+from tether._store.base import SnapshotRecord
+from tether._tools.model import Tool
+from tether.errors import AlreadyDecided
+
+
+@pytest.fixture(params=[True, False], ids=["streamed", "suspended"])
+def stream(request: Any) -> bool:
+    return bool(request.param)
+
+
+@pytest.fixture(params=store_backend_params())
+def backend(request, tmp_path, monkeypatch):
+    yield from each_store_backend(request, tmp_path, monkeypatch, StoreBackend)
+
+
+@contextlib.asynccontextmanager
+async def runtime(store: Any, tools: list[Tool], stream: bool, **kw: Any) -> AsyncIterator[Runtime]:
+    """A runtime with a pool of its own, as another process has."""
+    pool = SandboxPool(max_workers=2, stream_async_calls=stream, request_timeout=30.0)
+    kw.setdefault("type_check", False)
+    try:
+        async with Runtime(store=store, tools=tools, pool=pool, clock=Clock(), **kw) as rt:
+            yield rt
+    finally:
+        await pool.close()
+
+
+def other_version(rt: Runtime, run_id: str) -> None:
+    """Store the run's snapshot signed as another Monty's: a resume can only replay the journal (P-12)."""
+    snap = rt.store.latest_snapshot(run_id)
+    mac = sign_snapshot_record(rt.engine.keyring, snap.run_id, snap.seq, "pydantic-monty-0.0.1", snap.data,
+                               snap.pending, snap.kind)
+    rt.store.put_snapshot(SnapshotRecord(snap.run_id, snap.seq, "pydantic-monty-0.0.1", snap.data, mac,
+                                         snap.pending, rt.engine.clock(), snap.kind))
+
+
+# Two tasks, each a read and then a write of what it read; the program awaits both at the end.
+TWO_TASKS = """
+import asyncio
+import tools
+
+async def close(i):
+    t = await tools.helpdesk.get_ticket(id=i)
+    return await tools.helpdesk.close_ticket(id=t["id"])
+
+a = asyncio.create_task(close(1))
+b = asyncio.create_task(close(2))
+after = await tools.helpdesk.get_ticket(id=3)
+[(await a)["status"], (await b)["id"], after["id"]]
+"""
+
+
+@pytest.mark.parametrize("how", ["restore", "replay"])
+async def test_p27_p10_the_writes_of_two_tasks_pause_together_and_are_sent_once_elsewhere(backend, stream, how):
+    rec = Recorder()
+    async with runtime(backend.store(), rec.tools(), stream, policy=Policy(writes="ask")) as rt:
+        paused = await rt.execute(TWO_TASKS)
+        assert paused.status == "paused", paused.error
+        assert sorted(w["args"]["id"] for w in paused.pending["writes"]) == [1, 2]
+        assert rec.deliveries == []
+        if how == "replay":
+            other_version(rt, paused.run_id)
+        seqs = sorted(w["seq"] for w in paused.pending["writes"])
+
+    async with runtime(backend.store(), rec.tools(), stream, policy=Policy(writes="ask")) as rt2:
+        assert (await rt2.resume(paused.run_id, "approve", seq=seqs[0])).status == "paused"
+        done = await rt2.resume(paused.run_id, "approve", seq=seqs[1])
+        assert done.status == "completed", done.error
+        assert done.result == ["closed", 2, 3]
+        assert done.diagnostics["attempt"] == how
+        assert sorted(args["id"] for name, args in rec.deliveries if name == "close_ticket") == [1, 2]
+        assert len(rec.deliveries) == 2
+        reads = sorted(e[2] for e in rec.events if e[0] == "start")
+        assert reads == [1, 2, 3]  # each read sent once: before the pause, or held and sent on the resume
+        states = {c.seq: c.state for c in rt2.store.get_calls(paused.run_id)}
+        assert sorted(states.values()) == ["done", "done", "done", "sent", "sent"]
+        again = await rt2.resume(paused.run_id, "approve", seq=seqs[1])
+        assert again.status == "completed" and len(rec.deliveries) == 2
+
+
+LEFT_BEHIND = {
+    "task": "import asyncio\nimport tools\nt = asyncio.create_task(tools.helpdesk.close_ticket(id=5))\n'done'",
+    "coroutine": "import tools\nc = tools.helpdesk.close_ticket(id=5)\n'done'",
+}
+
+
+@pytest.mark.parametrize("left", sorted(LEFT_BEHIND))
+async def test_d82_a_write_the_program_never_awaits_is_declined_not_left_asking(backend, left):
+    rec = Recorder()
+    # Only a streamed call reaches the host without being awaited (D-80).
+    async with runtime(backend.store(), rec.tools(), True, policy=Policy(writes="ask")) as rt:
+        r = await rt.execute(LEFT_BEHIND[left])
+        assert r.status == "completed" and r.result == "done", r.error
+        [entry] = rt.store.get_calls(r.run_id)
+        assert (entry.address, entry.state) == ("helpdesk.close_ticket", "declined")
+        assert entry.error["message"].startswith("[write_not_decided]") and "not sent" in entry.error["message"]
+        [note] = [n for n in r.notes if "not sent" in n]
+        assert "helpdesk.close_ticket (call 1)" in note and "await each write" in note
+        # Nobody can approve it afterwards: the run has ended and the write was settled.
+        with pytest.raises(AlreadyDecided):
+            await rt.resume(r.run_id, "approve", seq=1)
+        assert rec.deliveries == []
+        assert rt.store.get_run(r.run_id).status == "completed"
+
+
+async def test_d82_a_failing_program_declines_the_write_it_left_behind(backend):
+    rec = Recorder()
+    code = ("import asyncio\nimport tools\nt = asyncio.create_task(tools.helpdesk.close_ticket(id=5))\n"
+            "raise ValueError('stop here')")
+    async with runtime(backend.store(), rec.tools(), True, policy=Policy(writes="ask")) as rt:
+        r = await rt.execute(code)
+        assert r.status == "failed" and r.error["code"] == "program_error", r.error
+        assert [(c.seq, c.state) for c in rt.store.get_calls(r.run_id)] == [(1, "declined")]
+        assert any("helpdesk.close_ticket (call 1)" in n for n in r.notes)
+        assert rec.deliveries == []
+
+
+async def test_p8_under_allow_a_write_left_behind_is_sent_once_and_journaled(backend):
+    rec = Recorder()
+    async with runtime(backend.store(), rec.tools(), True, policy=Policy(writes="allow")) as rt:
+        r = await rt.execute(LEFT_BEHIND["task"])
+        assert r.status == "completed", r.error
+        assert [(c.seq, c.state) for c in rt.store.get_calls(r.run_id)] == [(1, "sent")]
+        assert rec.deliveries == [("close_ticket", {"id": 5})] and r.notes == []
