@@ -5,8 +5,8 @@ stubs a call with a missing, unknown or ill-typed argument, an unknown
 tool or an unknown namespace is refused with a diagnostic that names the
 argument and points at the declaration — before any tool runs.
 
-How to pass a :class:`Stubs` to ``pydantic_monty`` 1.4.0
----------------------------------------------------------
+How to pass a :class:`Stubs` to ``pydantic_monty``
+---------------------------------------------------
 Three pieces, all verified against the real checker (see
 ``tests/tools/test_stubs.py::test_checker_*``):
 
@@ -29,7 +29,7 @@ Three pieces, all verified against the real checker (see
    ``import tools.ns`` all check.
 3. ``type_check=True`` at checkout.
 
-Example (run against pydantic-monty 1.4.0)::
+Example::
 
     stubs = build_stubs(catalog)
     tree = {
