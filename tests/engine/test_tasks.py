@@ -21,7 +21,7 @@ from tether._runtime import Runtime
 from tether._sandbox.monty import SandboxPool
 from tether._store.base import SnapshotRecord
 from tether._tools.model import Tool
-from tether.errors import AlreadyDecided
+from tether.errors import NotPaused
 
 
 @pytest.fixture(params=[True, False], ids=["streamed", "suspended"])
@@ -117,9 +117,11 @@ async def test_d82_a_write_the_program_never_awaits_is_declined_not_left_asking(
         assert entry.error["message"].startswith("[write_not_decided]") and "not sent" in entry.error["message"]
         [note] = [n for n in r.notes if "not sent" in n]
         assert "helpdesk.close_ticket (call 1)" in note and "await each write" in note
-        # Nobody can approve it afterwards: the run has ended and the write was settled.
-        with pytest.raises(AlreadyDecided):
+        # Nobody can approve it afterwards: the run has ended, and the refusal says so, not that someone
+        # declined it (P-51).
+        with pytest.raises(NotPaused) as refused:
             await rt.resume(r.run_id, "approve", seq=1)
+        assert "completed" in refused.value.message and "not sent" in refused.value.message
         assert rec.deliveries == []
         assert rt.store.get_run(r.run_id).status == "completed"
 

@@ -161,6 +161,8 @@ def batch_of(run: RunRecord) -> list[dict[str, Any]]:
 ENDS_PAUSE = ("cancel", "decline_and_undo")
 # The code an approved write's entry ends with when its run expired before it was sent (P-51).
 EXPIRED_WRITE = "write_expired"
+# The code a write left asking ends with when its program ended before its run could pause (P-50).
+NOT_DECIDED_WRITE = "write_not_decided"
 # What a decision on one write does (``judge``).
 TAKE, REPEAT, ENDED, CONFLICT, NOT_PENDING = "take", "repeat", "ended", "conflict", "not_pending"
 
@@ -197,8 +199,8 @@ def taken(entry: CallRecord | None) -> str | None:
         return "approve"
     if entry.state == CallState.DECLINED:
         message = (entry.error or {}).get("message", "")
-        if message.startswith(f"[{EXPIRED_WRITE}]"):
-            return None  # its run ended before it was sent: nobody declined it (P-51)
+        if message.startswith((f"[{EXPIRED_WRITE}]", f"[{NOT_DECIDED_WRITE}]")):
+            return None  # its run ended before it was sent or decided: nobody declined it (P-50, P-51)
         if message.startswith("[write_rolled_back]"):
             return "decline_and_undo"
         return "cancel" if message.startswith("[write_cancelled]") else "decline"
