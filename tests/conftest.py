@@ -45,6 +45,19 @@ _ledgers: dict[str, dict[str, int]] = {}
 
 
 @pytest.fixture
+def store_env(tmp_path, monkeypatch):
+    """A working directory the CLI and a runtime share: the store in ``tmp_path``, its own TETHER_HOME, the
+    notes fixture's file (tests/fixtures/notes_tools.py), and no token from the environment."""
+    url = f"sqlite:///{tmp_path}/tether.db"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TETHER_STORE_URL", url)
+    monkeypatch.setenv("NOTES_FILE", str(tmp_path / "notes.jsonl"))
+    monkeypatch.delenv("TETHER_TOKEN", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
 def ledger_report():
     def add(matrix: str, **counts: int) -> None:
         total = _ledgers.setdefault(matrix, {})

@@ -26,17 +26,6 @@ PAUSES = "import tools\nawait tools.notes.add_note(text='from a token')\n'sent'"
 SIGNALLED = "v = await wait_for_signal('go')\n['got', v]"
 
 
-@pytest.fixture
-def store_env(tmp_path, monkeypatch):
-    url = f"sqlite:///{tmp_path}/tether.db"
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("TETHER_STORE_URL", url)
-    monkeypatch.setenv("NOTES_FILE", str(tmp_path / "notes.jsonl"))
-    monkeypatch.delenv("TETHER_TOKEN", raising=False)
-    return tmp_path
-
-
 def started_by_token(code: str) -> dict:
     """A run a caller with a token started (as the HTTP server starts them), left paused or waiting."""
     async def go() -> dict:

@@ -39,17 +39,6 @@ OWNER = principal_for_token("alice-token-0123456789")  # whose agent started the
 DOORS = ("python", "cli", "mcp", "console", "link")
 
 
-@pytest.fixture
-def store_env(tmp_path, monkeypatch):
-    url = f"sqlite:///{tmp_path}/tether.db"
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TETHER_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("TETHER_STORE_URL", url)
-    monkeypatch.setenv("NOTES_FILE", str(tmp_path / "notes.jsonl"))
-    monkeypatch.delenv("TETHER_TOKEN", raising=False)
-    return tmp_path
-
-
 def notes(root: Path) -> list[str]:
     path = root / "notes.jsonl"
     return [json.loads(line)["text"] for line in path.read_text().splitlines()] if path.exists() else []

@@ -46,6 +46,7 @@ class AttemptState:
     issued: int = 0  # seqs handed out so far
     writes_spent: int = 0
     inflight: int = 0
+    approving: int = 0  # of those, calls waiting on an inline approver's answer (a person)
     host_seconds: float = 0.0
     inflight_since: float | None = None
     raised: dict[str, "RaisedError"] = field(default_factory=dict)  # message raised in program -> its call

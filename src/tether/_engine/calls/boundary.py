@@ -689,14 +689,20 @@ class EffectBoundary:
 
     async def _calls_arrived(self) -> None:
         """Wait for the calls still on their way to the journal when the program ended (an intent being stored,
-        a write being handed to its dispatch): each reaches the state the run's end reads (D-82). Bounded: a
-        call held by something slower (an inline approver's person) is left, and what it does later is refused
-        by the journal's compare-and-set."""
-        if self.state.inflight == 0:
+        a write being handed to its dispatch): each reaches the state the run's end reads (P-50, D-82). Not for
+        a call waiting on an inline approver's person, nor past the per-call timeout: what such a call does
+        later is refused by the journal's compare-and-set."""
+        st = self.state
+        if st.inflight <= st.approving:
             return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.limits.call_timeout_seconds + 1.0):
-                await self.wait_idle()
+        deadline = time.monotonic() + self.limits.call_timeout_seconds + 1.0
+        # Polled: inflight reaches the approvers' count without passing zero, which is all _idle says. Only a
+        # program that ends with calls out gets here, and what it waits for is a store write or a send.
+        while st.inflight > st.approving and time.monotonic() < deadline:
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.02):
+                    await self._idle.wait()
 
     async def settle_unasked(self) -> list[dict[str, Any]]:
         """Writes still asking once the program has ended without a pause: settled `declined`, never sent (D-82).

@@ -281,7 +281,15 @@ class Stops:
             from tether._engine.approvals.model import approval_verdict
 
             answer = host.on_approval(pending.for_approver())
-            verdict, reason = approval_verdict(await answer if inspect.isawaitable(answer) else answer)
+            if inspect.isawaitable(answer):
+                # A person may take their time: the end of a program that left this write behind does not
+                # wait for them (P-50).
+                host.state.approving += 1
+                try:
+                    answer = await answer
+                finally:
+                    host.state.approving -= 1
+            verdict, reason = approval_verdict(answer)
             await self._record_inline_decision(seq, tool.address, "approve" if verdict == "approve" else "decline",
                                                reason)
             if verdict == "approve":
