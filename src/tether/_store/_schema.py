@@ -493,6 +493,13 @@ class SQLStore:
         with self._transaction(write=False, single=True) as tx:
             return [_run(row) for row in tx.run(sql, (now, limit)).fetchall()]
 
+    def ended_runs_holding_pause(self, limit: int = 100) -> list[RunRecord]:
+        # No index: a maintenance round's read (worker.py), not a claim's.
+        sql = (f"{_SELECT_RUN} WHERE pending IS NOT NULL AND ((status = 'cancelled' AND decision IS NOT NULL) "
+               "OR (status = 'failed' AND error IS NULL)) LIMIT ?")
+        with self._transaction(write=False, single=True) as tx:
+            return [_run(row) for row in tx.run(sql, (limit,)).fetchall()]
+
     def lineage_marks(self, principal: str, norms: Sequence[str], *, before: float,
                       since: float, session: str | None = None) -> list[LineageMark]:
         by_digest = {mark_digest(n): n for n in norms}
