@@ -228,3 +228,26 @@ async def test_p53_a_rollback_cut_between_its_plan_and_the_declines_is_carried_o
         done = await b.recover()
         assert [(r.run_id, r.status) for r in done] == [(paused.run_id, "rolled_back")]
         assert states(b, paused.run_id) == {1: "declined", 2: "declined"} and rec.deliveries == []
+
+
+async def test_p53_a_worker_serving_the_store_finishes_a_cut_cancel_in_its_maintenance_round(store_url):
+    """`tether worker` / `tether serve`: the loop's first maintenance round finishes an end another process cut."""
+    import asyncio
+
+    from tether._engine.worker import Worker
+
+    rec = Recorder()
+    clock = Clock()
+    async with make_runtime(store_url, rec, clock=clock) as a, make_runtime(store_url, rec, clock=clock) as b:
+        fault = cut(a.store)
+        run_id = await cancel_cut_in_half(a, fault)
+        clock.now += 3600
+        stop = asyncio.Event()
+        loop = asyncio.ensure_future(Worker(b.engine).work(stop=stop, poll_seconds=0.05))
+        for _ in range(200):
+            if b.store.get_run(run_id).pending is None:
+                break
+            await asyncio.sleep(0.02)
+        stop.set()
+        await loop
+        assert_cancelled_by_ben(b, rec, run_id)
