@@ -52,6 +52,26 @@ def cut(store) -> dict[str, bool]:
     return fault
 
 
+def cut_after_plan(store) -> dict[str, bool]:
+    """Arm a fault that fails every wait's settling once a rollback's plan is stored: the process stops there."""
+    real_update, real_settle = store.update_run, store.settle_wait
+    fault = {"armed": False}
+
+    def update_run(run_id, expect_status, **fields):
+        won = real_update(run_id, expect_status, **fields)
+        if isinstance(fields.get("pending"), dict) and "rollback" in fields["pending"]:
+            fault["armed"] = True
+        return won
+
+    def settle_wait(wait):
+        if fault["armed"]:
+            raise DiskGone("disk I/O error while writing the wait")
+        return real_settle(wait)
+
+    store.update_run, store.settle_wait = update_run, settle_wait
+    return fault
+
+
 def make_runtime(url: str, rec: Recorder, **kw) -> Runtime:
     kw.setdefault("type_check", False)
     rt = Runtime(store=open_store(url), tools=rec.tools(), **kw)
@@ -204,14 +224,16 @@ async def test_p53_a_rollback_cut_between_its_plan_and_the_declines_is_carried_o
     clock = Clock()
     async with make_runtime(url, rec, clock=clock) as a, make_runtime(url, rec, clock=clock) as b:
         paused = await a.execute(TWO)
-        rolling = await service.decide(a.engine, paused.run_id, {1: ("decline_and_undo", "no")}, actor="ben")
-        assert isinstance(rolling, service.Resumed)  # recorded; a stops here, before carrying it out
+        fault = cut_after_plan(a.store)
+        with pytest.raises(DiskGone):
+            await service.decide(a.engine, paused.run_id, {1: ("decline_and_undo", "no")}, actor="ben")
+        fault["armed"] = False  # the plan stored; a stopped before recording the decision or carrying it out
         assert states(a, paused.run_id) == {1: "asked", 2: "asked"}
         clock.now += 3600  # a's lease lapsed
         done = await b.decide(paused.run_id, {1: ("decline_and_undo", "no")}, actor="ben")
         assert done.status == "rolled_back", done
         assert states(b, paused.run_id) == {1: "declined", 2: "declined"} and rec.deliveries == []
-        assert service.recorded_decision(b.engine, paused.run_id, 2).decision == "decline_and_undo"
+        assert_rolled_back_by_ben(b, paused.run_id, 1)
         with pytest.raises(NotPaused):
             await b.decide(paused.run_id, {2: "approve"})
 
@@ -223,11 +245,25 @@ async def test_p53_a_rollback_cut_between_its_plan_and_the_declines_is_carried_o
     clock = Clock()
     async with make_runtime(url, rec, clock=clock) as a, make_runtime(url, rec, clock=clock) as b:
         paused = await a.execute(TWO)
-        await service.decide(a.engine, paused.run_id, {2: ("decline_and_undo", "no")}, actor="ben")
+        fault = cut_after_plan(a.store)
+        with pytest.raises(DiskGone):
+            await service.decide(a.engine, paused.run_id, {2: ("decline_and_undo", "no")}, actor="ben")
+        fault["armed"] = False
+        assert states(a, paused.run_id) == {1: "asked", 2: "asked"}
         clock.now += 3600
         done = await b.recover()
         assert [(r.run_id, r.status) for r in done] == [(paused.run_id, "rolled_back")]
         assert states(b, paused.run_id) == {1: "declined", 2: "declined"} and rec.deliveries == []
+        assert_rolled_back_by_ben(b, paused.run_id, 2)
+
+
+def assert_rolled_back_by_ben(rt: Runtime, run_id: str, named: int) -> None:
+    """The decision is named as it was taken, once, and no key of the pause is left open."""
+    decision = service.recorded_decision(rt.engine, run_id, named)
+    assert (decision.decision, decision.actor, decision.reason) == ("decline_and_undo", "ben", "no"), decision
+    assert all(w.status != "pending" for w in rt.store.list_waits(run_id=run_id, status=None))
+    decided = [e.data for e in rt.store.get_events(run_id) if e.type == "decided"]
+    assert [(d["seq"], d["decision"], d["actor"]) for d in decided] == [(named, "decline_and_undo", "ben")], decided
 
 
 async def test_p53_a_worker_serving_the_store_finishes_a_cut_cancel_in_its_maintenance_round(store_url):

@@ -453,11 +453,37 @@ async def _roll_back(engine: Engine, run: RunRecord, fresh: dict[int, tuple[str,
     if taken is None:
         # The run moved on meanwhile: decide again against what it is now.
         return await decide(engine, run.run_id, dict(fresh), principal=principal, t0=t0, **who)
-    await engine.astore.call(_settle_approval, engine, run.run_id, record)
-    await engine.astore.call(engine.waits.revoke, run_id=run.run_id)  # the pause's other keys decide nothing now
-    address = next(w["address"] for w in batch_of(run) if w["seq"] == seq)
-    await engine.events.emit_awaited(run.run_id, "decided", record.event(address))
+    await rollback_recorded(engine, taken)
     return Resumed(taken)
+
+
+async def rollback_recorded(engine: Engine, run: RunRecord) -> None:
+    """The decline-and-undo a rollback's plan was begun by (its ``by``), recorded on the named write's approval wait
+    with its ``decided`` event, and the pause's other keys revoked (they decide nothing now).
+
+    Done once the plan is stored (``_roll_back``) and again by whoever carries the plan out (the launcher), so a
+    process stopped between the two leaves no key of the pause open and the decision named (P-53); the wait
+    settles once, so the second changes nothing.
+    """
+    from tether._engine.rollback.runner import plan_of
+
+    plan = plan_of(run) or {}
+    by = plan.get("by")
+    if not isinstance(by, dict) or by.get("decision") != "decline_and_undo" or not isinstance(by.get("seq"), int):
+        return
+    def text(name: str) -> str | None:
+        value = by.get(name)
+        return value if isinstance(value, str) else None
+
+    at = by.get("at")
+    record = Decision(by["seq"], "decline_and_undo", text("reason"), text("actor"), text("via"), text("origin"),
+                      float(at) if isinstance(at, (int, float)) else None)
+    won = await engine.astore.call(_settle_approval, engine, run.run_id, record)
+    await engine.astore.call(engine.waits.revoke, run_id=run.run_id)
+    if won:
+        entry = await engine.store.aio.get_call(run.run_id, record.seq)
+        address = entry.address if entry is not None else str(plan.get("declined_address"))
+        await engine.events.emit_awaited(run.run_id, "decided", record.event(address))
 
 
 def _verdict(run: RunRecord, seq: int, decision: str, entry: CallRecord | None) -> str:
@@ -670,4 +696,4 @@ async def finish_cuts(engine: Engine, limit: int = 100) -> list[RunResult]:
 
 
 __all__ = ["Rejoin", "Resumed", "ask", "decide", "expire", "finish_cut", "finish_cuts", "pending", "recorded_decision",
-           "refusal", "unnamed_target"]
+           "refusal", "rollback_recorded", "unnamed_target"]
