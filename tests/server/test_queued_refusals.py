@@ -153,3 +153,24 @@ async def test_p51_nothing_is_kept_for_a_queued_decision_taken_nor_for_a_refusal
             assert refused_decisions(rt.store.get_events(run.run_id)) == []
         await served.decider.close()
         await served.http.aclose()
+
+
+async def test_p51_a_refusal_is_no_longer_shown_once_the_same_decision_was_taken_after_it(store_env):
+    """A refusal that left the write waiting (here stored as the Decider stores it) shows on the run's page until
+    the person decides again and it is taken."""
+    async with open_runtime(tools=[TOOLS], type_check=False) as rt:
+        served = Served(rt, Admission(1, 5, 30.0))
+        csrf = await served.sign_in()
+        paused = await rt.execute(ONE, principal=OWNER, meta={"tools": [TOOLS]})
+        await rt.engine.events.emit_awaited(paused.run_id, REFUSED_EVENT, {
+            "seqs": [1], "decision": "approve", "actor": "token “pat”", "via": "console",
+            "code": "tools_unavailable", "message": "the notes server did not start; nothing was decided"})
+        page = text_of((await served.http.get(f"/console/runs/{paused.run_id}")).text)
+        assert "[tools_unavailable] the notes server did not start" in page
+        r = await served.http.post(f"/console/runs/{paused.run_id}/decide",
+                                   data={"csrf": csrf, "seq": "1", "decision": "approve"})
+        assert r.status_code == 303
+        assert (await rt.engine.wait_for_run(paused.run_id)).status == "completed"
+        assert "not taken" not in text_of((await served.http.get(f"/console/runs/{paused.run_id}")).text)
+        await served.decider.close()
+        await served.http.aclose()

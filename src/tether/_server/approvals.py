@@ -235,9 +235,14 @@ class Decider:
 
 def refused_decisions(events: Sequence[Any], *, seq: int | None = None, via: str | None = None) -> list[dict[str, Any]]:
     """The queued decisions refused when their turn came, from a run's stored events (``REFUSED_EVENT``): each
-    ``{seqs, decision, actor, via, code, message, at}``; only those on write ``seq`` or through ``via``, if given."""
-    out = []
+    ``{seqs, decision, actor, via, code, message, at}``; only those on write ``seq`` or through ``via``, if given.
+    One the same decision taken later on its writes (decided again once the cause went) is no longer news."""
+    out: list[dict[str, Any]] = []
     for e in events:
+        if e.type == "decided" and isinstance(e.data, dict):
+            out = [r for r in out if not (e.data.get("seq") in (r.get("seqs") or [])
+                                          and e.data.get("decision") == r.get("decision"))]
+            continue
         data = e.data if e.type == REFUSED_EVENT and isinstance(e.data, dict) else None
         if data is None or (seq is not None and seq not in (data.get("seqs") or [])):
             continue
