@@ -227,9 +227,10 @@ def ended_with(run: RunRecord, seq: int, entry: CallRecord | None) -> str | None
         return "cancel"
     pending = run.pending if isinstance(run.pending, dict) else {}
     plan = pending.get("rollback") if run.status == RunStatus.RUNNING else None
-    by = plan.get("by") if isinstance(plan, dict) else None
-    if (isinstance(by, dict) and by.get("decision") == "decline_and_undo"
-            and seq in (plan.get("declined") or [])):  # type: ignore[union-attr]
+    if not isinstance(plan, dict):
+        return None
+    by = plan.get("by")
+    if isinstance(by, dict) and by.get("decision") == "decline_and_undo" and seq in (plan.get("declined") or []):
         return "decline_and_undo"
     return None
 
