@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from tether._engine import launcher
 from tether._engine.approvals import service
-from tether._engine.approvals.model import APPROVAL_PREFIX, DECISIONS, UNDO, Decision, batch_of, decision_of
+from tether._engine.approvals.model import APPROVAL_PREFIX, DECISIONS, UNDO, Decision, batch_of, cut_end, decision_of
 from tether._engine.attempt.result import RunResult
 from tether._engine.calls.boundary import Cancelled
 from tether._engine.engine import NO_HOOKS, Hooks
@@ -60,6 +60,8 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
                                origin=origin, t0=t0, run=run)
     if isinstance(out, service.Resumed):
         return await launcher.launch(engine, out.run, mode="continue", hooks=hooks, t0=t0).result()
+    if isinstance(out, service.Rejoin):
+        return await launcher.rejoin(engine, out.run, wait_seconds=engine.settings.rejoin_wait_seconds)
     return out
 
 
@@ -97,6 +99,8 @@ async def cancel(engine: Engine, run_id: str, reason: str = "cancelled by the cl
         return await resume(engine, run_id, "cancel", reason, seq=(run.pending or {}).get("seq"),
                             principal=principal)
     if run.status in TERMINAL_RUN_STATUSES:
+        if cut_end(run) is not None:  # cancelled (or expired) by a process that stopped half way: finished (P-53)
+            return await service.finish_cut(engine, run_id)
         return RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run_id)
     if run.status in (RunStatus.QUEUED, RunStatus.WAITING):
         # Nothing is executing: end it here. Its waits end with it.

@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tether._engine.approvals import service as approvals
 from tether._engine.attempt.driver import Attempt
 from tether._engine.attempt.handle import RunHandle
 from tether._engine.attempt.inputs import check_code_size, check_session_name
@@ -156,7 +157,10 @@ def launch(engine: Engine, run: RunRecord, *, mode: str, hooks: Hooks = NO_HOOKS
 
     async def attempt() -> RunResult:
         if rollback.plan_of(run) is not None:
-            # A rollback in progress (P-46): its compensations, not the program, whoever continues it.
+            # A rollback in progress (P-46): its compensations, not the program, whoever continues it; the decision
+            # that began it recorded first, if the process that stored its plan stopped before (P-53).
+            if _verifies(engine, run):
+                await approvals.rollback_recorded(engine, run)
             return await rollback.run_to_end(engine, run, t0)
         result = await Attempt(run, engine, mode=mode, hooks=hooks, t0=t0).run_to_end()
         if result.status == RunStatus.WAITING:
@@ -232,6 +236,15 @@ def check_run(engine: Engine, run: RunRecord, *, t0: float | None = None) -> Run
         logging.getLogger("tether").error("run %s: %s", run.run_id, exc.message)
         return engine.finisher.refused(run, exc, t0=t0)
     return None
+
+
+def _verifies(engine: Engine, run: RunRecord) -> bool:
+    """Whether ``run``'s record verifies (P-35); what does not is refused by whatever acts on it next."""
+    try:
+        verify_run(engine.keyring, run)
+    except (RunTampered, WrongSecret):
+        return False
+    return True
 
 
 def vet(engine: Engine, run: RunRecord) -> tuple[bool, RunResult | None]:

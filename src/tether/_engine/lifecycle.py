@@ -226,8 +226,9 @@ class Lifecycle:
                           updated_at=self.clock(), owner=None, lease_until=None, pending=None)
 
     def expire(self, run_id: str) -> bool:
-        """A paused run past its approval time to live: paused -> failed (its envelope is written by finish)."""
-        return self._move(run_id, [RunStatus.PAUSED], RunStatus.FAILED, updated_at=self.clock())
+        """A paused run past its approval time to live: paused -> failed, held here while its approved writes
+        are unsent (its envelope is written by finish; a cut in between is finished by another, P-53)."""
+        return self._move(run_id, [RunStatus.PAUSED], RunStatus.FAILED, **self._owned(self.clock()))
 
     def cancel_idle(self, run: RunRecord) -> bool:
         """End a run no process is executing, from the status it was read in; False if that changed."""

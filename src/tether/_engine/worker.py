@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from tether._engine import launcher
-from tether._engine.approvals.service import expire
+from tether._engine.approvals.service import expire, finish_cuts
 from tether._engine.notices import SETTLED
 from tether._store.base import RunRecord
 
@@ -92,6 +92,7 @@ class Worker:
                         handled += 1
                         busy = True
                 if time.monotonic() >= prune_at:
+                    await self._finish_cuts()
                     delay = min(await self._prune_batch(), await self._forget_counts())
                     prune_at = time.monotonic() + delay
                     busy = busy or delay == 0  # more ended runs are due: not idle yet
@@ -125,6 +126,13 @@ class Worker:
             print(f"tether worker: retention prune failed: {exc}", file=sys.stderr, flush=True)
             return retention.every_seconds
         return 0.0 if report.runs >= retention.batch else retention.every_seconds
+
+    async def _finish_cuts(self) -> None:
+        """Finish the ends whose process stopped half way (P-53); a store failure is the next round's business."""
+        try:
+            await finish_cuts(self.engine)
+        except Exception as exc:  # noqa: BLE001 - reported, retried next round
+            print(f"tether worker: finishing interrupted ends failed: {exc}", file=sys.stderr, flush=True)
 
     async def _forget_counts(self) -> float:
         """Delete one batch of quota counters no window reaches any more, with or without [retention]
@@ -257,7 +265,8 @@ class Worker:
     # -- the same duties, once, on demand (Runtime.recover, tether recover; tests) --------------
 
     async def recover(self) -> list[RunResult]:
-        """Continue runs whose owner died: lease expired, or its process on this host is gone (P-11)."""
+        """Continue runs whose owner died: lease expired, or its process on this host is gone (P-11); finish the
+        ends such an owner left half done (P-53)."""
         engine = self.engine
         out: list[RunResult] = []
 
@@ -266,6 +275,8 @@ class Worker:
 
         async for run in self._orphans_taken(lambda: True, usable, out.append):
             out.append(await launcher.launch(engine, run, mode="continue").result())
+        # Ends cut in half (a cancel or an expiry recorded, the pause's writes not yet settled): finished (P-53).
+        out += await finish_cuts(engine)
         return out
 
     async def _usable(self, run: RunRecord, out: list[RunResult], *, reported_as: RunStatus | None = None) -> bool:

@@ -47,6 +47,12 @@ SETTLE_SECONDS = 3.0
 PAGE_ARGS_CHARS = 1200
 
 
+# The run event that says a decision the page answered "queued" for was refused when its turn came: the
+# person is told on the run's page and the link's, where they look, with the code and message the page would
+# have shown had the decision not waited (nothing more: no origin, no reason typed).
+REFUSED_EVENT = "decision_refused"
+
+
 # The mark of a link handed to the agent's own MCP client (URL-mode elicitation, D-57).
 IN_BAND = "client"
 
@@ -161,13 +167,23 @@ class Decider:
             entries = [await self.rt.store.aio.get_call(run_id, s) for s in seqs]
             return all(taken_of(e) == decision for e in entries)
 
+        answered = {"queued": False}
+
         async def go() -> Any:
-            # The slot is the run owner's (D-74): its program is what runs, whoever decided.
-            async with self._slot(principal):
-                # rt.decide records who decided, through what and from where (P-29),
-                # then continues the run once its whole pause is decided.
-                return await self.rt.decide(run_id, {s: (decision, reason) for s in seqs}, principal=principal,
-                                            actor=who, via=via, origin=origin)
+            try:
+                # The slot is the run owner's (D-74): its program is what runs, whoever decided.
+                async with self._slot(principal):
+                    # rt.decide records who decided, through what and from where (P-29),
+                    # then continues the run once its whole pause is decided.
+                    return await self.rt.decide(run_id, {s: (decision, reason) for s in seqs}, principal=principal,
+                                                actor=who, via=via, origin=origin)
+            except TetherError as exc:
+                if answered["queued"] and not await taken():
+                    # The page said "queued" and the person left: the refusal is kept where they will look.
+                    await self.rt.engine.events.emit_awaited(run_id, REFUSED_EVENT, {
+                        "seqs": seqs, "decision": decision, "actor": who, "via": via, "code": exc.code,
+                        "message": exc.message})
+                raise
 
         task = asyncio.ensure_future(go())
         self._tasks.add(task)
@@ -181,6 +197,7 @@ class Decider:
             await asyncio.wait({task}, timeout=0.02)
         if not decided:
             if not task.done():
+                answered["queued"] = True
                 return Outcome(True, status="queued", message="the decision waits for a free run slot")
             exc = task.exception() if not task.cancelled() else None
             if isinstance(exc, TetherError):
@@ -214,6 +231,25 @@ class Decider:
     async def close(self) -> None:
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def refused_decisions(events: Sequence[Any], *, seq: int | None = None, via: str | None = None) -> list[dict[str, Any]]:
+    """The queued decisions refused when their turn came, from a run's stored events (``REFUSED_EVENT``): each
+    ``{seqs, decision, actor, via, code, message, at}``; only those on write ``seq`` or through ``via``, if given.
+    One the same decision taken later on its writes (decided again once the cause went) is no longer news."""
+    out: list[dict[str, Any]] = []
+    for e in events:
+        if e.type == "decided" and isinstance(e.data, dict):
+            out = [r for r in out if not (e.data.get("seq") in (r.get("seqs") or [])
+                                          and e.data.get("decision") == r.get("decision"))]
+            continue
+        data = e.data if e.type == REFUSED_EVENT and isinstance(e.data, dict) else None
+        if data is None or (seq is not None and seq not in (data.get("seqs") or [])):
+            continue
+        if via is not None and data.get("via") != via:
+            continue
+        out.append({**data, "at": e.created_at})
+    return out
 
 
 # -- showing a write to people ---------------------------------------------------------------

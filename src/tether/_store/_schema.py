@@ -50,7 +50,6 @@ from tether._store._rows import (
     _SELECT_WAIT,
     _TERMINAL_SQL,
     CALL_COLUMNS,
-    OUTBOX_COLUMNS,
     RUN_COLUMNS,
     SESSION_COLUMNS,
     SNAPSHOT_COLUMNS,
@@ -79,22 +78,20 @@ from tether._store._rows import (
 from tether._store._secret import secrets_from_env
 from tether._store.base import (
     LOCAL_PRINCIPAL,
-    OUTBOX_PENDING,
     AsyncStore,
     CallRecord,
     Capabilities,
     Conflict,
     EventRecord,
     LineageMark,
-    OutboxRecord,
     ParkEvent,
-    RunChange,
     RunRecord,
     SessionRecord,
     SnapshotRecord,
     WaitRecord,
     wait_digest,
 )
+from tether._store.outbox import OutboxSQL
 from tether._store.states import RunStatus, WaitStatus
 from tether.errors import RunNotFound, StoreError
 
@@ -184,8 +181,8 @@ class StoreTraffic:
                     "round_trips": self.round_trips, "connections": self.connections}
 
 
-class SQLStore:
-    """The Store protocol over a DB-API connection; subclasses bind a driver."""
+class SQLStore(OutboxSQL):
+    """The Store protocol over a DB-API connection; subclasses bind a driver (the outbox's part in outbox.py)."""
 
     url: str
     migrations: list[tuple[str, ...]]
@@ -493,6 +490,13 @@ class SQLStore:
         with self._transaction(write=False, single=True) as tx:
             return [_run(row) for row in tx.run(sql, (now, limit)).fetchall()]
 
+    def ended_runs_holding_pause(self, limit: int = 100) -> list[RunRecord]:
+        # No index: a maintenance round's read (worker.py), not a claim's.
+        sql = (f"{_SELECT_RUN} WHERE pending IS NOT NULL AND ((status = 'cancelled' AND decision IS NOT NULL) "
+               "OR (status = 'failed' AND error IS NULL)) LIMIT ?")
+        with self._transaction(write=False, single=True) as tx:
+            return [_run(row) for row in tx.run(sql, (limit,)).fetchall()]
+
     def lineage_marks(self, principal: str, norms: Sequence[str], *, before: float,
                       since: float, session: str | None = None) -> list[LineageMark]:
         by_digest = {mark_digest(n): n for n in norms}
@@ -785,94 +789,6 @@ class SQLStore:
         with self._transaction(write=False, single=True) as tx:
             return [_run(row) for row in tx.run(sql, (since, limit)).fetchall()]
 
-    # -- notification outbox
-
-    def add_outbox(self, target: str, event_id: str, body: str, now: float, mac: str | None = None) -> bool:
-        sql = ("INSERT INTO outbox (target, event_id, body, status, attempts, next_at, created_at, mac)"
-               " VALUES (?, ?, ?, ?, 0, ?, ?, ?)")
-        try:
-            with self._transaction(write=True, single=True) as tx:
-                tx.run(sql, (target, event_id, body, OUTBOX_PENDING, now, now, mac))
-        except Conflict:
-            return False
-        return True
-
-    def claim_outbox(self, now: float, lease_seconds: float, limit: int = 20) -> list[OutboxRecord]:
-        # Its text read as bytes: a row whose text is not UTF-8 (edited outside tether; SQLite takes any bytes) is
-        # claimed and given up unsent by its MAC (notify.py), rather than failing every claim, every delivery.
-        as_bytes = {name: self.text_bytes.format(name) for name in _OUTBOX_TEXTS}
-        select = (f"{_select('outbox', OUTBOX_COLUMNS, as_bytes)} WHERE status = ? AND next_at <= ?"
-                  " AND (claimed_until IS NULL OR claimed_until < ?) ORDER BY next_at, id LIMIT ?")
-        claim = ("UPDATE outbox SET claimed_until = ? WHERE id = ? AND status = ?"
-                 " AND (claimed_until IS NULL OR claimed_until < ?)")
-        out = []
-        with self._transaction(write=True) as tx:
-            rows = tx.run(select, (OUTBOX_PENDING, now, now, limit)).fetchall()
-            for row in rows:
-                fields = _decode(OUTBOX_COLUMNS, row)
-                for name in _OUTBOX_TEXTS:
-                    if fields[name] is not None:
-                        fields[name] = bytes(fields[name]).decode("utf-8", "replace")
-                rec = OutboxRecord(**fields)
-                if tx.run(claim, (now + lease_seconds, rec.id, OUTBOX_PENDING, now)).rowcount == 1:
-                    rec.claimed_until = now + lease_seconds
-                    out.append(rec)
-        return out
-
-    def settle_outbox(self, id: int, *, status: str, attempts: int, next_at: float,
-                      last_error: str | None = None, delivered_at: float | None = None) -> None:
-        sql = ("UPDATE outbox SET status = ?, attempts = ?, next_at = ?, last_error = ?, delivered_at = ?,"
-               " claimed_until = NULL WHERE id = ?")
-        with self._transaction(write=True, single=True) as tx:
-            tx.run(sql, (status, attempts, next_at, last_error, delivered_at, id))
-
-    def list_outbox(self, status: str | None = None, limit: int = 100) -> list[OutboxRecord]:
-        where, params = ("WHERE status = ? ", [status]) if status is not None else ("", [])
-        sql = f"{_select('outbox', OUTBOX_COLUMNS)} {where}ORDER BY id LIMIT ?"
-        with self._transaction(write=False, single=True) as tx:
-            return [OutboxRecord(**_decode(OUTBOX_COLUMNS, row)) for row in tx.run(sql, params + [limit]).fetchall()]
-
-    def outbox_known(self, event_ids: Sequence[str]) -> set[tuple[str, str]]:
-        ids = sorted(set(event_ids))
-        if not ids:
-            return set()
-        sql = f"SELECT target, event_id FROM outbox WHERE event_id IN ({', '.join('?' * len(ids))})"
-        with self._transaction(write=False, single=True) as tx:
-            return {(target, event_id) for target, event_id in tx.run(sql, ids).fetchall()}
-
-    def outbox_watermarks(self, targets: Sequence[str], start: float) -> dict[str, float]:
-        # Insert-or-ignore: the first replica to see a target starts its watermark; the others read it.
-        insert = "INSERT INTO outbox_watermarks (target, watermark) VALUES (?, ?) ON CONFLICT (target) DO NOTHING"
-        wanted = sorted(set(targets))
-        with self._transaction(write=True) as tx:
-            for target in wanted:
-                tx.run(insert, (target, start))
-            rows = tx.run(f"SELECT target, watermark FROM outbox_watermarks WHERE target IN ({', '.join('?' * len(wanted))})",
-                          wanted).fetchall() if wanted else []
-        # One that is not a time (text on SQLite, NaN on Postgres: edited outside tether) is read as ``start``,
-        # as one edited into the future is read at the settle margin (D-81): it must not stop reconciliation.
-        return {target: _time_or(watermark, start) for target, watermark in rows}
-
-    def advance_outbox_watermark(self, target: str, watermark: float) -> None:
-        with self._transaction(write=True, single=True) as tx:
-            tx.run("UPDATE outbox_watermarks SET watermark = ? WHERE target = ? AND watermark < ?",
-                   (watermark, target, watermark))
-
-    def run_changes(self, statuses: Sequence[str], since: float, after: str = "",
-                    limit: int = 200) -> list[RunChange]:
-        if not statuses:
-            return []
-        sql = (f"SELECT run_id, status, updated_at, {self.text_bytes.format('pending')} FROM runs"
-               f" WHERE status IN ({', '.join('?' * len(statuses))})"
-               " AND (updated_at > ? OR (updated_at = ? AND run_id > ?)) ORDER BY updated_at, run_id LIMIT ?")
-        with self._transaction(write=False, single=True) as tx:
-            rows = tx.run(sql, [*statuses, since, since, after, limit]).fetchall()
-        # A time that is not one (text on SQLite, NaN on Postgres: edited outside tether) leaves its run out
-        # rather than failing every pass; both backends sort such values after every number, so a page cut
-        # short by them has read every run that can be read (D-81).
-        return [RunChange(run_id, str(status), at, None if pending is None else bytes(pending).decode("utf-8", "replace"))
-                for run_id, status, updated_at, pending in rows if (at := _time_or(updated_at, None)) is not None]
-
     # -- console sign-outs
 
     def sign_out(self, session: str, expires_at: float, now: float) -> None:
@@ -893,19 +809,6 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 def _int64(n: int) -> int:
     return max(_INT64_MIN, min(_INT64_MAX, n))
-
-
-# The outbox's text columns a claim reads as bytes (claim_outbox).
-_OUTBOX_TEXTS = ("target", "event_id", "body", "last_error", "mac")
-
-
-def _time_or(value: Any, default: Any) -> Any:
-    """A stored time as a float, or ``default`` when the column holds something else (text, NaN)."""
-    try:
-        at = float(value)
-    except (TypeError, ValueError):
-        return default
-    return default if at != at else at
 
 
 def _no_run(run_id: str) -> RunNotFound:

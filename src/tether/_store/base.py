@@ -288,6 +288,10 @@ class RunsPort(Protocol):
     def paused_runs_past_expiry(self, now: float, limit: int = 100) -> list[RunRecord]:
         """Runs in status paused whose ``expires_at`` is before ``now``, the longest expired first."""
 
+    def ended_runs_holding_pause(self, limit: int = 100) -> list[RunRecord]:
+        """Runs cancelled by a decision, or failed without an error, that still hold their ``pending``: an end whose
+        process stopped before it settled the pause's writes and wrote the envelope (P-53); ending a run clears it."""
+
     def count_runs(self, status: str | None = None) -> int: ...
     def delete_run(self, run_id: str) -> bool:
         """Remove a run with its journal, snapshots and events; False if there was none."""
@@ -594,6 +598,9 @@ class AsyncStore:
 
     async def paused_runs_past_expiry(self, now: float, limit: int = 100) -> list[RunRecord]:
         return await self.call(self.store.paused_runs_past_expiry, now, limit)
+
+    async def ended_runs_holding_pause(self, limit: int = 100) -> list[RunRecord]:
+        return await self.call(self.store.ended_runs_holding_pause, limit)
 
     async def count_runs(self, status: str | None = None) -> int:
         return await self.call(self.store.count_runs, status)

@@ -191,6 +191,52 @@ def judge(decision: str, already: str | None, *, paused: bool, in_pause: bool, a
     return TAKE if in_pause and asked and paused else NOT_PENDING
 
 
+# The two ends of a pause whose first step (the run's move) can outlive the process that took it (P-53).
+CUT_CANCEL, CUT_EXPIRY = "cancel", "expired"
+
+
+def pause_of(run: RunRecord) -> list[dict[str, Any]]:
+    """The writes of the pause a run holds in its ``pending``, whatever its status (``batch_of`` is a paused run's)."""
+    pending = run.pending if isinstance(run.pending, dict) else {}
+    if "writes" in pending:
+        return [w for w in pending["writes"] or [] if isinstance(w, dict) and isinstance(w.get("seq"), int)]
+    return [pending] if isinstance(pending.get("seq"), int) and "address" in pending else []
+
+
+def cut_end(run: RunRecord) -> str | None:
+    """How a run's end was cut in half (P-53), or None: cancelled by a decision (``cancel``) or failed at its approval
+    time to live (``expired``), and still holding its pause, which the end's last step clears with the envelope.
+
+    Ending a run clears its ``pending`` in the same write as its envelope, so an ended run that holds one was left
+    by a process that stopped between the end's two steps (the move, then the pause's writes and the envelope).
+    """
+    if not pause_of(run):
+        return None
+    if run.status == RunStatus.CANCELLED and isinstance(run.decision, dict) and run.decision.get("decision") == "cancel":
+        return CUT_CANCEL
+    if run.status == RunStatus.FAILED and run.error is None:
+        return CUT_EXPIRY
+    return None
+
+
+def ended_with(run: RunRecord, seq: int, entry: CallRecord | None) -> str | None:
+    """The decision that ended the pause write ``seq`` belongs to while the end is still being carried out and the
+    write's entry does not say so yet (P-51, P-53): ``cancel`` on a cancelled run still holding its pause,
+    ``decline_and_undo`` on a run carrying out the rollback that declines it. None otherwise."""
+    if entry is None or entry.kind != "write" or entry.state not in (CallState.ASKED, CallState.APPROVED):
+        return None
+    if cut_end(run) == CUT_CANCEL and any(w["seq"] == seq for w in pause_of(run)):
+        return "cancel"
+    pending = run.pending if isinstance(run.pending, dict) else {}
+    plan = pending.get("rollback") if run.status == RunStatus.RUNNING else None
+    if not isinstance(plan, dict):
+        return None
+    by = plan.get("by")
+    if isinstance(by, dict) and by.get("decision") == "decline_and_undo" and seq in (plan.get("declined") or []):
+        return "decline_and_undo"
+    return None
+
+
 def taken(entry: CallRecord | None) -> str | None:
     """The decision the journal holds for a write, if one was taken by someone."""
     if entry is None or entry.kind != "write":

@@ -32,6 +32,7 @@ from tether._engine.approvals.model import (
     APPROVAL_PREFIX,
     CHANNELS,
     CONFLICT,
+    CUT_CANCEL,
     DECISIONS,
     ENDED,
     ENDS_PAUSE,
@@ -42,7 +43,10 @@ from tether._engine.approvals.model import (
     PendingWrite,
     approval_wait_name,
     batch_of,
+    cut_end,
+    ended_with,
     judge,
+    pause_of,
     taken,
 )
 from tether._engine.attempt.result import RunResult
@@ -70,6 +74,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Resumed:
     """What ``decide`` returns when it moved the run ``paused -> running``: the run, to continue here."""
+
+    run: RunRecord
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """What ``decide`` returns for a repeat of a decline-and-undo whose rollback is under way: the run, whose
+    outcome the caller waits for, carrying it out itself if its owner stopped (launcher.rejoin, P-53)."""
 
     run: RunRecord
 
@@ -204,7 +216,7 @@ def _paused_view(engine: Engine, run: RunRecord) -> RunResult:
 
 async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, principal: str | None = None,
                  actor: str | None = None, via: str = "python", origin: str | None = None, t0: float | None = None,
-                 run: RunRecord | None = None) -> RunResult | Resumed:
+                 run: RunRecord | None = None) -> RunResult | Resumed | Rejoin:
     """Decide writes of a paused run by seq (P-10, P-27..P-29): the run's envelope, or Resumed once its whole
     pause is decided (this process won the ``paused -> running`` compare-and-set; the caller continues it).
 
@@ -217,6 +229,11 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
     if via not in CHANNELS:
         raise InvalidArguments(f"via must be one of {', '.join(CHANNELS)}, not {via!r}")
     run = run if run is not None and run.run_id == run_id else await engine.astore.call(engine.get_run, run_id, principal)
+    if cut_end(run) is not None:
+        # An end whose process stopped half way (P-53): finished first, so this decision is judged against the
+        # run as it ended (a repeat of the cancel gets its outcome, any other not_paused).
+        await finish_cut(engine, run_id)
+        run = await engine.astore.call(engine.get_run, run_id, principal)
     # The pause's journal entries, read once and verified before anything acts on them (P-35); each decision
     # below reads its entry from here, and a won compare-and-set updates it in place (calls/ledger.py).
     entries: dict[int, CallRecord] = {}
@@ -241,8 +258,9 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
             raise await engine.astore.call(_refused_now, engine, run, seq, decision, verdict, entry)
 
     if run.status != RunStatus.PAUSED:
-        # Every named write was decided before: return what the run did since.
-        return await engine.wait_for_run(run_id)
+        # Every named write was decided before: return what the run did since (a rollback whose process
+        # stopped is carried out here, P-53).
+        return _rollback_under_way(run) or await engine.wait_for_run(run_id)
     now = engine.clock()
     if fresh and run.expires_at is not None and now > run.expires_at:
         if not await engine.astore.call(engine.lifecycle.expire, run_id):
@@ -405,7 +423,7 @@ def _settle_approval(engine: Engine, run_id: str, record: Decision) -> bool:
 
 
 async def _cancel(engine: Engine, run: RunRecord, fresh: dict[int, tuple[str, str | None]], who: dict[str, Any],
-                  now: float, t0: float, principal: str | None) -> RunResult | Resumed:
+                  now: float, t0: float, principal: str | None) -> RunResult | Resumed | Rejoin:
     """A cancel of any write of the pause ends the run; no write of it is sent (P-10)."""
     seq, (_, reason) = next((s, v) for s, v in fresh.items() if v[0] == "cancel")
     record = Decision(seq, "cancel", reason, **who, at=now)
@@ -423,8 +441,8 @@ async def _cancel(engine: Engine, run: RunRecord, fresh: dict[int, tuple[str, st
         f"the run was cancelled at the write {address}; nothing further was sent", {"reason": reason}))
 
 
-async def _roll_back(engine: Engine, run: RunRecord, fresh: dict[int, tuple[str, str | None]],
-                     who: dict[str, Any], now: float, t0: float, principal: str | None) -> RunResult | Resumed:
+async def _roll_back(engine: Engine, run: RunRecord, fresh: dict[int, tuple[str, str | None]], who: dict[str, Any],
+                     now: float, t0: float, principal: str | None) -> RunResult | Resumed | Rejoin:
     """A decline-and-undo of any write of the pause declines the whole pause and undoes the writes the run
     applied (P-46): the plan is recorded with the run's move to running here; the caller carries it out."""
     from tether._engine.rollback import runner
@@ -435,16 +453,43 @@ async def _roll_back(engine: Engine, run: RunRecord, fresh: dict[int, tuple[str,
     if taken is None:
         # The run moved on meanwhile: decide again against what it is now.
         return await decide(engine, run.run_id, dict(fresh), principal=principal, t0=t0, **who)
-    await engine.astore.call(_settle_approval, engine, run.run_id, record)
-    await engine.astore.call(engine.waits.revoke, run_id=run.run_id)  # the pause's other keys decide nothing now
-    address = next(w["address"] for w in batch_of(run) if w["seq"] == seq)
-    await engine.events.emit_awaited(run.run_id, "decided", record.event(address))
+    await rollback_recorded(engine, taken)
     return Resumed(taken)
 
 
+async def rollback_recorded(engine: Engine, run: RunRecord) -> None:
+    """The decline-and-undo a rollback's plan was begun by (its ``by``), recorded on the named write's approval wait
+    with its ``decided`` event, and the pause's other keys revoked (they decide nothing now).
+
+    Done once the plan is stored (``_roll_back``) and again by whoever carries the plan out (the launcher), so a
+    process stopped between the two leaves no key of the pause open and the decision named (P-53); the wait
+    settles once, so the second changes nothing.
+    """
+    from tether._engine.rollback.runner import plan_of
+
+    plan = plan_of(run) or {}
+    by = plan.get("by")
+    if not isinstance(by, dict) or by.get("decision") != "decline_and_undo" or not isinstance(by.get("seq"), int):
+        return
+    def text(name: str) -> str | None:
+        value = by.get(name)
+        return value if isinstance(value, str) else None
+
+    at = by.get("at")
+    record = Decision(by["seq"], "decline_and_undo", text("reason"), text("actor"), text("via"), text("origin"),
+                      float(at) if isinstance(at, (int, float)) else None)
+    won = await engine.astore.call(_settle_approval, engine, run.run_id, record)
+    await engine.astore.call(engine.waits.revoke, run_id=run.run_id)
+    if won:
+        entry = await engine.store.aio.get_call(run.run_id, record.seq)
+        address = entry.address if entry is not None else str(plan.get("declined_address"))
+        await engine.events.emit_awaited(run.run_id, "decided", record.event(address))
+
+
 def _verdict(run: RunRecord, seq: int, decision: str, entry: CallRecord | None) -> str:
-    """``judge`` on what was read: the run as stored and the write's journal entry."""
-    return judge(decision, taken(entry), paused=run.status == RunStatus.PAUSED,
+    """``judge`` on what was read: the run as stored and the write's journal entry (or, while the end of its pause
+    is carried out, the decision that ended it: P-53)."""
+    return judge(decision, ended_with(run, seq, entry) or taken(entry), paused=run.status == RunStatus.PAUSED,
                  in_pause=any(w["seq"] == seq for w in batch_of(run)),
                  asked=entry is not None and entry.state == CallState.ASKED)
 
@@ -554,7 +599,7 @@ def _unsend(engine: Engine, run: RunRecord, now: float) -> None:
     (``[run_expired]``, a decision nobody took), never ``approved`` on an ended run (P-51)."""
     from tether._engine.attempt.guest_errors import guest_error
 
-    for write in batch_of(run):
+    for write in pause_of(run):
         entry = engine.store.get_call(run.run_id, write["seq"])
         if entry is None or entry.state != CallState.APPROVED:
             continue
@@ -579,4 +624,76 @@ def expire(engine: Engine) -> list[str]:
     return ended
 
 
-__all__ = ["Resumed", "ask", "decide", "expire", "pending", "recorded_decision", "refusal", "unnamed_target"]
+def _rollback_under_way(run: RunRecord) -> Rejoin | None:
+    """A repeat of the decline-and-undo whose rollback is under way: the caller waits for its outcome, taking it
+    over and carrying it out if the process that recorded its plan stopped (P-53)."""
+    from tether._engine.rollback.runner import plan_of
+
+    plan = plan_of(run)
+    if plan is None or not isinstance(plan.get("by"), dict) or plan["by"].get("decision") != "decline_and_undo":
+        return None
+    return Rejoin(run)
+
+
+def _held_elsewhere(engine: Engine, run: RunRecord) -> bool:
+    """Whether a live process other than this one holds ``run`` (it is still carrying out the end it recorded)."""
+    from tether._engine.ownership import owner_gone
+
+    return (run.owner is not None and run.owner != engine.lifecycle.owner and not owner_gone(run.owner)
+            and run.lease_until is not None and run.lease_until >= engine.clock())
+
+
+async def finish_cut(engine: Engine, run_id: str, *, wait: bool = True) -> RunResult:
+    """Finish the end of a pause whose process stopped half way (P-53): the run's outcome once it is finished.
+
+    A cancel recorded on the run (``cancel_decided``) settles each write of the pause still ``asked`` or
+    ``approved`` as the cancel of whoever cancelled, as ``_cancel`` would have; an expiry recorded
+    (``Lifecycle.expire``) declines the approved ones ``write_expired`` and revokes the pause's keys. Then the
+    envelope is written. Nothing is ever sent. A process that still holds the run is given its lease to finish
+    (``wait``), else it is left to it; each write's compare-and-set keeps two finishers from settling one twice.
+    """
+    run = await engine.astore.get_run(run_id)
+    if run is not None and _held_elsewhere(engine, run):
+        if not wait:
+            return engine.recorded(run)
+        await engine.wait_for_run(run_id, timeout=max(0.0, (run.lease_until or 0.0) - engine.clock()) + 1.0)
+        run = await engine.astore.get_run(run_id)
+    if run is None:
+        raise RunNotFound(f"no run {run_id}")
+    how = cut_end(run)
+    if how is None:
+        return await engine.wait_for_run(run_id)
+    writes = pause_of(run)
+    if how == CUT_CANCEL:
+        ended = run.decision if isinstance(run.decision, dict) else {}
+        seq = ended.get("seq") if isinstance(ended.get("seq"), int) else writes[0]["seq"]
+        reason = ended.get("reason") if isinstance(ended.get("reason"), str) else None
+        who = {"actor": ended.get("actor"), "via": ended.get("via"), "origin": ended.get("origin")}
+        recorded_at = ended.get("at")
+        at = float(recorded_at) if isinstance(recorded_at, (int, float)) else engine.clock()
+        for write in writes:
+            entry = await engine.store.aio.get_call(run.run_id, write["seq"])
+            if entry is not None and entry.state in (CallState.ASKED, CallState.APPROVED):
+                await _record(engine, run, write, "cancel", reason if write["seq"] == seq else None, who, at,
+                              expect=(CallState.ASKED, CallState.APPROVED))
+        address = next((w["address"] for w in writes if w["seq"] == seq), writes[0]["address"])
+        return await engine.finisher.finish_awaited(run, RunStatus.CANCELLED, error=cancelled_error(
+            f"the run was cancelled at the write {address}; nothing further was sent", {"reason": reason}))
+    await engine.astore.call(_unsend, engine, run, engine.clock())
+    await engine.astore.call(engine.waits.revoke, run_id=run.run_id)
+    return await engine.finisher.finish_awaited(run, RunStatus.FAILED, error=RunExpired(
+        f"run {run.run_id} waited longer than its approval time to live; the write {writes[0]['address']} was not "
+        "sent").to_dict())
+
+
+async def finish_cuts(engine: Engine, limit: int = 100) -> list[RunResult]:
+    """Recovery's part (P-53): every ended run whose end was cut in half and that no live process holds, finished."""
+    out = []
+    for run in await engine.store.aio.ended_runs_holding_pause(limit):
+        if cut_end(run) is not None and not _held_elsewhere(engine, run):
+            out.append(await finish_cut(engine, run.run_id, wait=False))
+    return out
+
+
+__all__ = ["Rejoin", "Resumed", "ask", "decide", "expire", "finish_cut", "finish_cuts", "pending", "recorded_decision",
+           "refusal", "rollback_recorded", "unnamed_target"]

@@ -13,13 +13,14 @@ from starlette.responses import Response
 from tether._engine.approvals import SIGNED_IN, Access, Channel, may_decide
 from tether._engine.approvals.service import recorded_decision
 from tether._engine.approvals.surface import signed_in_required
-from tether._server.approvals import describe_write, open_token, pending_writes
+from tether._server.approvals import describe_write, open_token, pending_writes, refused_decisions
 from tether._server.auth import LOCAL
 from tether._server.console.base import _REFUSALS, _origin
 from tether._server.console.decisions import _read_decision
 from tether._server.console.render import _when
 from tether._server.console.sessions import PRESESSION_COOKIE, ConsoleSessions
 from tether._server.pagetext import flash_text
+from tether._store.states import RunStatus
 
 
 class ApprovalLinks(ConsoleSessions):
@@ -46,6 +47,15 @@ class ApprovalLinks(ConsoleSessions):
                                              "The run it names no longer exists; nothing was decided.", status=404)
         decided = None if deciding else await self.rt.store.aio.call(recorded_decision, self.rt.engine,
                                                                       run.run_id, claim.seq)
+        lost = None if deciding else await self._lost(run.run_id, claim.seq)
+        if lost is not None and ((decided is None and run.status != RunStatus.PAUSED)
+                                 or (decided is not None and (decided.at or 0.0) <= lost["at"])):
+            # A decision posted here was answered "queued" and refused when its turn came (the run was cancelled
+            # or decided elsewhere meanwhile): said first, as the page would have said it at once.
+            return claim, run, None, self.message(
+                "Your decision was not taken", f"The {lost['decision']} posted from this link ({_when(lost['at'])}) "
+                f"waited for a free run slot and was refused when its turn came: [{lost['code']}] {lost['message']}",
+                status=409, detail=f"The run is {run.status}.")
         if decided is not None:
             verb = {"approve": "approved", "decline": "declined", "cancel": "cancelled"}.get(decided.decision,
                                                                                            decided.decision)
@@ -62,11 +72,20 @@ class ApprovalLinks(ConsoleSessions):
             return claim, run, None, None
         write = next((w for w in await self.rt.store.aio.call(pending_writes, self.rt, run) if w["seq"] == claim.seq),
                      None)
+        if write is not None and lost is not None:
+            # Still waiting on it (the refusal left it so, e.g. its sources could not be loaded): decided again here.
+            write = {**write, "lost": f"Your {lost['decision']} was not taken: [{lost['code']}] {lost['message']}"}
         if write is None:
             return claim, run, None, self.message(
                 "Nothing to decide", f"The run is {run.status} and no longer waits on this write; "
                 "nothing was decided.", status=409, tone="info")
         return claim, run, write, None
+
+    async def _lost(self, run_id: str, seq: int) -> dict[str, Any] | None:
+        """The last decision posted through a link on write ``seq`` that was queued and then refused, if any."""
+        events = await self.rt.store.aio.get_events(run_id, limit=500)
+        refused = refused_decisions(events, seq=seq, via="link")
+        return refused[-1] if refused else None
 
     async def _link_session(self, request: Request) -> dict[str, Any] | None:
         """Who is deciding on a link page: a console session; under --dev nobody is told apart, so `local`."""
@@ -149,6 +168,11 @@ class ApprovalLinks(ConsoleSessions):
         if not outcome.ok:
             return self.message("Nothing decided", outcome.message or "Nothing was decided.", status=409,
                                 detail=f"({outcome.code})" if outcome.code else None)
+        if outcome.status == "queued":
+            return self.message("Queued", f"Your {decision} waits for a free run slot and is taken when its turn "
+                                "comes, unless the run was cancelled or decided elsewhere meanwhile; nothing has been "
+                                "sent yet.", status=202, tone="info",
+                                detail="Open this link again later: it says whether your decision was taken.")
         verb = "Approved" if decision == "approve" else "Declined"
         now = await self.rt.store.aio.get_run(run.run_id) or run
         # What is true as the page is drawn: sent or not yet, and whether the run went on or paused again.

@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from tether._engine.approvals import may_see, sees_local, visible_owners
 from tether._engine.inspect import run_timeline
-from tether._server.approvals import describe_write, input_schema, pending_writes
+from tether._server.approvals import describe_write, input_schema, pending_writes, refused_decisions
 from tether._server.auth import LOCAL
 from tether._server.console.sessions import ConsoleSessions
 from tether._server.pagetext import flash_text, run_summary
@@ -89,6 +89,8 @@ class RunPages(ConsoleSessions):
         program = mask(mask_source(run.program), secrets)
         logs = [mask(str(line), secrets) for line in logs]
         return {"run": run, "program": program, "calls": calls, "events": events, "logs": logs,
+                # Decisions the page answered "queued" for and that were refused when their turn came.
+                "refused": refused_decisions(stored),
                 "outcome": outcome if run.status in TERMINAL_RUN_STATUSES else None,
                 "writes": [describe_write(self.rt, w, run) for w in waiting],
                 "requester": self._requester(run)}
@@ -106,6 +108,8 @@ class RunPages(ConsoleSessions):
         flash = request.query_params.get("flash")
         timeline, events, waiting, text = await self.rt.store.aio.call(
             self._run_reads, run, flash, request.query_params.get("seqs"))
+        if flash == "queued" and refused_decisions(events):
+            text = None  # the refusal below says what became of it, not "it waits"
         return self.render("run.html", principal=session["p"], csrf=self.csrf_for(session["n"]),
                            live=run.run_id, flash=text,
                            flash_error=(flash or "").startswith("e_"),
