@@ -143,3 +143,49 @@ async def test_p8_under_allow_a_write_left_behind_is_sent_once_and_journaled(bac
         assert r.status == "completed", r.error
         assert [(c.seq, c.state) for c in rt.store.get_calls(r.run_id)] == [(1, "sent")]
         assert rec.deliveries == [("close_ticket", {"id": 5})] and r.notes == []
+
+
+# A REPL session keeps the globals an execute leaves, a task or a coroutine it never awaited among them (P-21).
+LEFT_IN_SESSION = """
+import asyncio
+import tools
+async def close_later():
+    t = await tools.helpdesk.get_ticket(id=9)
+    return await tools.helpdesk.close_ticket(id=t["id"])
+later = asyncio.create_task(close_later())
+now = asyncio.create_task(tools.helpdesk.close_ticket(id=5))
+kept = tools.helpdesk.get_ticket(id=2)
+'first'
+"""
+
+
+@pytest.mark.parametrize("writes", ["allow", "ask"])
+async def test_p52_a_task_an_earlier_execute_left_in_its_session_is_not_run_again_nor_an_internal_error(
+        backend, stream, writes):
+    rec = Recorder()
+    async with runtime(backend.store(), rec.tools(), stream, policy=Policy(writes=writes)) as rt:
+        first = await rt.execute(LEFT_IN_SESSION, session="desk")
+        assert first.status == "completed" and first.result == "first", first.error
+        # The call the first execute issued is settled at its end (P-50): sent once under allow, declined under ask.
+        sent = [("close_ticket", {"id": 5})] if writes == "allow" else []
+        assert rec.deliveries == sent
+        state = {c.address: c.state for c in rt.store.get_calls(first.run_id)}
+        assert state["helpdesk.close_ticket"] == ("sent" if writes == "allow" else "declined")
+        events_before = len(rec.events)
+        # Awaiting what it left, in any form, is the program's error with its own code, not tether's, and the
+        # session's state and the worker stay usable.
+        for code in ("await now", "await later", "await kept", "import asyncio\nawait asyncio.wait([later])",
+                     "import asyncio\nawait asyncio.gather(now, kept)"):
+            r = await rt.execute(code, session="desk")
+            assert r.status == "failed" and r.error["code"] == "task_left_behind", (code, r.error)
+            assert "earlier execute of this session" in r.error["message"] and "nothing was sent" in r.error["message"]
+            assert "Await each task" in r.error["next_action"]
+            assert rt.store.get_calls(r.run_id) == []
+        # A later execute that awaits something else does not run the old task's calls either.
+        r = await rt.execute("import asyncio\nx = await tools.helpdesk.get_ticket(id=4)\nawait asyncio.sleep(0)\n"
+                             "[x['id'], len(await asyncio.gather(tools.helpdesk.get_ticket(id=6)))]", session="desk")
+        assert r.status == "completed" and r.result == [4, 1], r.error
+        tool_calls = [(c.address, c.args) for c in rt.store.get_calls(r.run_id) if c.op == "tool"]
+        assert tool_calls == [("helpdesk.get_ticket", {"id": 4}), ("helpdesk.get_ticket", {"id": 6})]
+        assert rec.deliveries == sent
+        assert sorted(e[2] for e in rec.events[events_before:] if e[0] == "start") == [4, 6]

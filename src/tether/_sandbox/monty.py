@@ -670,9 +670,23 @@ class Execution:
                 raise self._stop_error from None
             if isinstance(exc, _pm.MontyError):
                 raise map_monty_error(exc, self._spec.limits) from None
+            if isinstance(exc, RuntimeError) and _LEFT_BEHIND_AWAITED in str(exc):
+                # The worker raises this to the host, not into the program: the program awaited a task or
+                # call a REPL session's earlier execute left behind, which that execute's end settled
+                # (P-50). The program's doing, so its error and not tether's (P-52).
+                raise ProgramFailed("RuntimeError", LEFT_BEHIND_MESSAGE) from None
             raise
         finally:
             self._task = None
+
+
+# What the worker says when the program awaits a call it no longer has (pydantic-monty 1.7.0).
+_LEFT_BEHIND_AWAITED = "No pending async tasks but ResolveFutures requested"
+LEFT_BEHIND_MESSAGE = (
+    "the program awaited a task or a call an earlier execute of this session left behind; that execute's end "
+    "settled what it had issued (a write it never awaited was sent or declined then), so it cannot be awaited "
+    "now, and nothing was sent for it"
+)
 
 
 def _cancelling_us() -> bool:
