@@ -100,7 +100,7 @@ class Attempt:
         self.snapshot: SnapshotRecord | None = None
         # Seqs the latest genuine snapshot's signed record waits on: those the journal lacks were held while
         # its pause formed, never sent, and a replay issues them rather than reading a gap (D-80).
-        self.listed: list[int] = []
+        self.listed: list[dict[str, Any]] = []
         self.entries: list[CallRecord] = []
         self.writes_spent: int | None = None
         # A continued run's (journal bytes, writes spent, output events), read with its journal (prepare).
@@ -215,7 +215,7 @@ class Attempt:
                 raise SnapshotTampered(
                     f"the stored snapshot of run {snapshot.run_id} at call {snapshot.seq} failed its signature "
                     "check; nothing was resumed or sent", details={"seq": snapshot.seq})
-            self.listed = [int(p["seq"]) for p in snapshot.pending]
+            self.listed = list(snapshot.pending)
             if snapshot.monty_version != MONTY_VERSION:
                 snapshot = None  # another build cannot load it: replay from the journal (P-12)
         if snapshot is not None:

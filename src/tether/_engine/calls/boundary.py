@@ -164,6 +164,8 @@ class EffectBoundary:
         self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
         self._read_verdicts: dict[str, str] = {}  # address -> the policy's verdict on reading it
         self._held_listed: set[int] = set()  # seqs a restored snapshot lists as held, not journaled (P-9)
+        # The same calls as the signed record lists them, each with when the program first issued it (P-18).
+        self.held_records: dict[int, dict[str, Any]] = {}
         self._reads_out: set[asyncio.Task[Any]] = set()  # tasks awaiting a read on the wire, cut short at close
         # Pausing, parking and the calls held while the attempt stops (stops.py).
         self.stops = Stops(self, self.ledger, pause_sink, batch_window_seconds=batch_window_seconds)
@@ -202,10 +204,11 @@ class EffectBoundary:
             return self._refuse(Call(seq, op, address, call_args), "read", err, CallState.FAILED, None)
         return self.call(seq, op, address, call_args)
 
-    def list_held(self, listed: Sequence[int]) -> None:
+    def list_held(self, listed: Sequence[dict[str, Any]]) -> None:
         """The calls a genuine snapshot lists that the journal lacks: held when its pause formed, never sent, so
         a restore or a replay issues them rather than reading their gap as divergence (D-80)."""
-        self._held_listed = {seq for seq in listed if self.journal.get(seq) is None}
+        self.held_records = {int(c["seq"]): c for c in listed if self.journal.get(int(c["seq"])) is None}
+        self._held_listed = set(self.held_records)
 
     async def answer_restored(self, pending: list[dict[str, Any]], call_ids: list[int],
                               announced: list[Any]) -> dict[int, Any]:
@@ -221,8 +224,8 @@ class EffectBoundary:
 
         plan = plan_restore(pending, call_ids, announced, self._parse, next_seq)
         # Calls the signed record lists that the journal lacks were held while the pause formed: never sent.
-        listed = {c["seq"] for c in pending}
-        self.list_held([p.seq for p in plan if p.seq in listed])
+        planned = {p.seq for p in plan}
+        self.list_held([c for c in pending if c["seq"] in planned])
         wanted = set(call_ids)
         # If answering pauses again, the new dump waits on every call of the plan.
         self.stops.answering = [{"seq": p.seq, "op": p.op, "address": p.address, "args": p.args}
@@ -733,10 +736,10 @@ class EffectBoundary:
         if out:
             await asyncio.wait(out, timeout=READ_CUT_SECONDS)
 
-    def reset_for_replay(self, entries: list[CallRecord], listed: Sequence[int] = ()) -> None:
+    def reset_for_replay(self, entries: list[CallRecord], listed: Sequence[dict[str, Any]] = ()) -> None:
         """Start over from call 1 after a restore that could not be used; replay needs the whole journal.
 
-        ``listed``: the seqs the snapshot's signed record waits on; those the journal lacks were held while
+        ``listed``: the calls the snapshot's signed record waits on; those the journal lacks were held while
         its pause formed (P-9), never sent, so the replay issues them (D-80).
         """
         self.ledger.reset(entries)
