@@ -9,6 +9,7 @@ once and journaled, as any write on the wire when its program ends (P-8).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any, AsyncIterator
 
@@ -281,3 +282,32 @@ async def test_p45_a_destination_one_task_read_and_another_wrote_to_asks_and_nam
             assert sent == []
             assert (await rt.resume(paused.run_id, "decline", seq=write["seq"])).status == "failed"
             assert sent == []
+
+
+CELL_OF_TASKS = """
+import asyncio
+import tools
+async def worker(i):
+    await tools.slowpoke.write(seconds=0.3)
+    await yield_control()
+    return await tools.helpdesk.close_ticket(id=i)
+tasks = [asyncio.create_task(worker(i)) for i in range(3)]
+await yield_control()
+done, waiting = await asyncio.wait(tasks)
+len(done)
+"""
+
+
+async def test_p20_p8_terminating_a_cell_with_tasks_in_flight_finishes_their_writes_and_sends_nothing_more(backend):
+    rec = Recorder()
+    async with runtime(backend.store(), rec.tools(), True, policy=Policy(writes="allow")) as rt:
+        obs = await rt.start_cell(CELL_OF_TASKS, yield_after_ms=5000)
+        assert obs["status"] == "running"
+        await asyncio.sleep(0.1)  # the three tasks' writes are on the wire
+        stopped = await rt.terminate_cell(obs["cell_id"])
+        assert stopped["status"] == "terminated"
+        assert rt.store.get_run(obs["cell_id"]).status == "cancelled"
+        journal = [(c.address, c.state) for c in rt.store.get_calls(obs["cell_id"]) if c.kind == "write"]
+        assert journal == [("slowpoke.write", "sent")] * 3
+        await asyncio.sleep(0.5)
+        assert rec.deliveries == [("slow_write", {"seconds": 0.3})] * 3  # no task went on to close a ticket
