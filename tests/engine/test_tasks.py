@@ -311,3 +311,68 @@ async def test_p20_p8_terminating_a_cell_with_tasks_in_flight_finishes_their_wri
         assert journal == [("slowpoke.write", "sent")] * 3
         await asyncio.sleep(0.5)
         assert rec.deliveries == [("slow_write", {"seconds": 0.3})] * 3  # no task went on to close a ticket
+
+
+# Two tasks' charges are sent; then a transfer that asks, with a third task's charge held while the pause forms.
+CHARGES_THEN_TRANSFER = """
+import asyncio
+import tools
+async def charge(order, amount):
+    return await tools.shop.charge(order=order, amount=amount)
+first = [asyncio.create_task(charge(o, a)) for o, a in (("a", 10), ("b", 20))]
+await asyncio.wait(first)
+transfer = asyncio.create_task(tools.shop.transfer(amount=60))
+late = asyncio.create_task(charge("c", 30))
+await asyncio.wait([transfer, late])
+"""
+
+
+async def test_p46_decline_and_undo_at_a_task_s_write_undoes_the_sent_charges_once_and_sends_the_held_one_never(
+        backend, stream):
+    import types
+
+    from tether import current_call, tool
+    from tether._sources.python import tools_from_module
+
+    effects: list[tuple[str, str]] = []
+    mod = types.ModuleType("shop_tools")
+
+    @tool(namespace="shop", undo="shop.refund", undo_args=lambda args, result: {"charge_id": result["id"]})
+    async def charge(order: str, amount: int) -> dict:
+        """Charge an order."""
+        effects.append(("charge", order))
+        return {"id": f"ch_{order}"}
+
+    @tool(namespace="shop", idempotent_with_key=True)
+    async def refund(charge_id: str) -> dict:
+        """Refund a charge."""
+        assert current_call() is not None
+        effects.append(("refund", charge_id))
+        return {"refunded": charge_id}
+
+    @tool(namespace="shop")
+    def transfer(amount: int) -> str:
+        """Transfer money out."""
+        effects.append(("transfer", str(amount)))
+        return "sent"
+
+    for f in (charge, refund, transfer):
+        setattr(mod, f.__name__, f)
+    policy = Policy(writes="allow", rules=[{"match": "shop.transfer", "action": "ask"}])
+    async with runtime(backend.store(), tools_from_module(mod), stream, policy=policy) as rt:
+        paused = await rt.execute(CHARGES_THEN_TRANSFER)
+        assert paused.status == "paused" and paused.pending["address"] == "shop.transfer", paused.error
+        # The third charge is held while the pause forms (P-4), unless it was issued while the transfer's `asked`
+        # entry was being stored (on Postgres that leaves the event loop): then it went out before the pause.
+        charged = [o for k, o in effects if k == "charge"]
+        assert charged[:2] in (["a", "b"], ["b", "a"]) and charged[2:] in ([], ["c"])
+        sent_calls = sorted((c for c in rt.store.get_calls(paused.run_id) if c.state == "sent"), key=lambda c: c.seq)
+        sent = {c.seq for c in sent_calls}
+        done = await rt.decide(paused.run_id, {paused.pending["seq"]: ("decline_and_undo", "wrong customer")})
+        assert done.status == "rolled_back", done.error
+        assert {x["seq"] for x in done.rollback if x["undone"]} == sent and len(sent) == len(charged)
+        # Every charge sent is refunded once, newest first; one held is never sent, nor the transfer.
+        assert [c for k, c in effects if k == "refund"] == [f"ch_{c.args['order']}" for c in reversed(sent_calls)]
+        again = await rt.decide(paused.run_id, {paused.pending["seq"]: ("decline_and_undo", "wrong customer")})
+        assert again.status == "rolled_back"
+        assert len(effects) == 2 * len(charged) and not any(k == "transfer" for k, _ in effects)
