@@ -17,6 +17,7 @@ import pytest
 
 from helpers import Clock, Recorder, StoreBackend, each_store_backend, store_backend_params
 from tether._engine.integrity import sign_snapshot_record
+from tether._engine.rules.limits import Limits
 from tether._engine.rules.policy import Policy
 from tether._runtime import Runtime
 from tether._sandbox.monty import SandboxPool
@@ -376,3 +377,25 @@ async def test_p46_decline_and_undo_at_a_task_s_write_undoes_the_sent_charges_on
         again = await rt.decide(paused.run_id, {paused.pending["seq"]: ("decline_and_undo", "wrong customer")})
         assert again.status == "rolled_back"
         assert len(effects) == 2 * len(charged) and not any(k == "transfer" for k, _ in effects)
+
+
+# Three tasks' writes on the wire when the main program hits a limit or raises.
+TASKS_THEN = ("import asyncio\nimport tools\nasync def w(i):\n    await tools.slowpoke.write(seconds=0.4)\n"
+              "    return await tools.helpdesk.close_ticket(id=i)\n"
+              "tasks = [asyncio.create_task(w(i)) for i in range(3)]\nawait asyncio.sleep(0.05)\n")
+ENDINGS = {"memory_limit": "x = 'a' * (200 * 1024 * 1024)\n", "time_limit": "while True:\n    pass\n",
+           "program_error": "raise ValueError('stop')\n"}
+
+
+@pytest.mark.parametrize("code", sorted(ENDINGS))
+async def test_p17_p8_a_limit_with_tasks_writes_on_the_wire_keeps_its_code_and_sends_each_once_and_no_more(
+        backend, stream, code):
+    rec = Recorder()
+    async with runtime(backend.store(), rec.tools(), stream, policy=Policy(writes="allow"),
+                       limits=Limits(run_seconds=1.0)) as rt:
+        r = await rt.execute(TASKS_THEN + ENDINGS[code])
+        assert r.status == "failed" and r.error["code"] == code, r.error
+        writes = [(c.address, c.state) for c in rt.store.get_calls(r.run_id) if c.kind == "write"]
+        assert writes == [("slowpoke.write", "sent")] * 3  # on the wire at the end: finished and journaled (P-8)
+        await asyncio.sleep(0.5)
+        assert rec.deliveries == [("slow_write", {"seconds": 0.4})] * 3  # no task went on to close a ticket
