@@ -399,3 +399,40 @@ async def test_p17_p8_a_limit_with_tasks_writes_on_the_wire_keeps_its_code_and_s
         assert writes == [("slowpoke.write", "sent")] * 3  # on the wire at the end: finished and journaled (P-8)
         await asyncio.sleep(0.5)
         assert rec.deliveries == [("slow_write", {"seconds": 0.4})] * 3  # no task went on to close a ticket
+
+
+FIVE_TASKS = """
+import asyncio
+import tools
+async def one(i):
+    t = await tools.helpdesk.get_ticket(id=i)
+    return await tools.helpdesk.close_ticket(id=t["id"])
+tasks = [asyncio.create_task(one(i)) for i in range(1, 6)]
+done, waiting = await asyncio.wait(tasks)
+sorted([(await t)["id"] for t in tasks])
+"""
+
+
+async def test_p1_p13_tasks_calls_are_journaled_in_issue_order_and_replay_without_divergence_over_runs(backend, stream):
+    rec = Recorder()
+    async with runtime(backend.store(), rec.tools(), stream, policy=Policy(writes="ask")) as rt:
+        for _ in range(10):
+            paused = await rt.execute(FIVE_TASKS)
+            assert paused.status == "paused", paused.error
+            journal = rt.store.get_calls(paused.run_id)
+            # The tasks start in the order they were created: their reads are calls 1-5, their writes 6-10.
+            assert [(c.seq, c.address, c.args["id"]) for c in journal[:5]] == [
+                (i, "helpdesk.get_ticket", i) for i in range(1, 6)]
+            # Their writes follow; those that reach the host before the batch window closes pause together
+            # (P-27), the rest ask when the run continues.
+            asked, run = [], paused
+            while run.status == "paused":
+                asked += sorted((w["seq"], w["args"]["id"]) for w in run.pending["writes"])
+                other_version(rt, run.run_id)  # each resume replays the journal (P-12)
+                run = await rt.decide(run.run_id, {w["seq"]: "approve" for w in run.pending["writes"]})
+            assert run.status == "completed" and run.result == [1, 2, 3, 4, 5], run.error
+            assert run.diagnostics["attempt"] == "replay"
+            assert [seq for seq, _ in asked] == list(range(6, 11))
+            assert [(c.seq, c.state) for c in rt.store.get_calls(run.run_id)] == (
+                [(i, "done") for i in range(1, 6)] + [(i, "sent") for i in range(6, 11)])
+    assert sorted(a["id"] for _, a in rec.deliveries) == sorted(list(range(1, 6)) * 10)
