@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator
 import pytest
 
 from helpers import Clock, Recorder, StoreBackend, each_store_backend, store_backend_params
+from tether._engine import launcher
 from tether._engine.integrity import sign_snapshot_record
 from tether._engine.rules.limits import Limits
 from tether._engine.rules.policy import Policy
@@ -436,3 +437,39 @@ async def test_p1_p13_tasks_calls_are_journaled_in_issue_order_and_replay_withou
             assert [(c.seq, c.state) for c in rt.store.get_calls(run.run_id)] == (
                 [(i, "done") for i in range(1, 6)] + [(i, "sent") for i in range(6, 11)])
     assert sorted(a["id"] for _, a in rec.deliveries) == sorted(list(range(1, 6)) * 10)
+
+
+# A task reaches a wait or a long sleep and the program returns without awaiting it.
+WAIT_LEFT_BEHIND = {
+    "wait": "import asyncio\nt = asyncio.create_task(wait_for('x', timeout=100))\n'done'",
+    "sleep": "import asyncio\nt = asyncio.create_task(asyncio.sleep(100))\n'done'",
+}
+
+
+@pytest.mark.parametrize("left", sorted(WAIT_LEFT_BEHIND))
+async def test_p52_a_wait_a_task_left_behind_either_parks_the_run_or_ends_with_it_never_both(backend, stream, left):
+    rec = Recorder()
+    clock = Clock()
+    async with runtime(backend.store(), rec.tools(), stream, policy=Policy(writes="allow"), clock=clock) as rt:
+        for _ in range(3):
+            r = await rt.execute(WAIT_LEFT_BEHIND[left])
+            stored = rt.store.get_run(r.run_id)
+            # What the caller is told is what the store holds.
+            assert r.status == stored.status, (r.status, stored.status)
+            journal = rt.store.get_calls(r.run_id)
+            pending_waits = [w for w in rt.store.list_waits(run_id=r.run_id) if w.status == "pending"]
+            if r.status == "completed":
+                # The program ended before the run could park: the wait ends with the run, none left open.
+                assert r.result == "done"
+                assert all(c.state != "waiting" for c in journal) and pending_waits == []
+                assert all(c.error["message"].startswith("[wait_cancelled]") for c in journal)
+            else:
+                # The run parked first (its snapshot taken while the program ran): it continues there.
+                assert r.status == "waiting" and len(pending_waits) == 1
+                if left == "wait":
+                    done = (await rt.resolve_wait(r.pending["key"], 1))["run"]
+                else:
+                    clock.now += 100
+                    (woke,) = await launcher.wake_due(rt.engine)
+                    done = woke.to_dict()
+                assert done["status"] == "completed" and done["result"] == "done", done.get("error")

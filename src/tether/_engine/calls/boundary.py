@@ -110,7 +110,7 @@ class EffectBoundary:
         journal_entries: list[CallRecord],
         on_approval: Approver | None,
         builtins_impl: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Awaitable[Any]]],
-        pause_sink: Callable[["EffectBoundary", Stop], Awaitable[None]],
+        pause_sink: Callable[["EffectBoundary", Stop], Awaitable[bool]],
         # Asked after each call settles: the checkpoint to await if one is due, else None.
         checkpoint_sink: Callable[["EffectBoundary", CallRecord], Awaitable[None] | None] | None,
         clock: Callable[[], float],
@@ -709,8 +709,18 @@ class EffectBoundary:
         forms: nobody can decide it now, so it is declined with `write_not_decided`, and the run says so.
         """
         settled = []
+        waits_left = False
         for seq in sorted(self.ledger.entries):
             entry = self.ledger.entries[seq]
+            if seq <= self.state.issued and entry.kind == "wait" and entry.state == CallState.WAITING:
+                # A wait a task reached but the program ended before the run could park on it: the run ends,
+                # so does the wait (P-52); nobody is handed its key, and a resolution finds it cancelled.
+                err = guest_error("wait_cancelled", f"{entry.address} was cancelled: the program ended before "
+                                  "the run could park on it", "RuntimeError")
+                await self.ledger.move(seq, [CallState.WAITING], state=CallState.FAILED, error=err_json(err),
+                                       finished_at=self.clock())
+                waits_left = True
+                continue
             if seq > self.state.issued or entry.kind != "write" or entry.state != CallState.ASKED:
                 continue
             err = guest_error("write_not_decided",
@@ -719,6 +729,8 @@ class EffectBoundary:
             if await self.ledger.move(seq, [CallState.ASKED], state=CallState.DECLINED, error=err_json(err),
                                       finished_at=self.clock()):
                 settled.append({"seq": seq, "address": entry.address})
+        if waits_left:
+            await self.store.aio.call(self.waits.cancel, self.run_id)
         return settled
 
     async def _cut_reads(self) -> None:

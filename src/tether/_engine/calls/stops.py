@@ -116,7 +116,7 @@ class Stops:
     boundary that owns it reads ``pausing`` and ``batch`` to route a call here.
     """
 
-    def __init__(self, host: StopHost, ledger: Ledger, pause_sink: Callable[[Any, Stop], Awaitable[None]], *,
+    def __init__(self, host: StopHost, ledger: Ledger, pause_sink: Callable[[Any, Stop], Awaitable[bool]], *,
                  batch_window_seconds: float = 0.05) -> None:
         self.host = host
         self.ledger = ledger
@@ -419,7 +419,11 @@ class Stops:
             stopped = WritePause(pending, tuple(sorted([pending, *batch], key=lambda w: w.seq)))
         else:
             stopped = pending
-        await self.pause_sink(host, stopped)
+        if not await self.pause_sink(host, stopped):
+            # The program ended while its state was being saved: nothing was stored, the run's end settles
+            # what the stop was for (P-50, P-52).
+            self.release_held()
+            raise _UNWIND
         # The state is saved: end the execution and unwind the program; what it
         # does while unwinding is never sent nor recorded.
         if host.execution is not None:  # set for as long as a program runs, which is when a call stops
