@@ -5,6 +5,11 @@ the journal, and are sent once (P-4, P-9, P-10, P-12, P-27), with streamed async
 A write the program issues and never awaits asks as any write does, but its run ends before a pause can
 form: it is declined with ``write_not_decided`` and the run says so (D-82); under ``allow`` it is sent
 once and journaled, as any write on the wire when its program ends (P-8).
+
+The rest plays an agent writing unusual programs with tasks against each engine feature (P-52, D-85): a REPL
+session that keeps a task its execute left, waits held or left behind by tasks, lineage across tasks, a cell
+terminated and limits hit with tasks' writes on the wire, a rollback at a task's write, and the journal's
+order over many runs. The crash matrix kills a program of tasks at each seam (tests/engine/test_crash.py).
 """
 
 from __future__ import annotations
