@@ -478,3 +478,48 @@ async def test_p52_a_wait_a_task_left_behind_either_parks_the_run_or_ends_with_i
                     (woke,) = await launcher.wake_due(rt.engine)
                     done = woke.to_dict()
                 assert done["status"] == "completed" and done["result"] == "done", done.get("error")
+
+
+# Each task's read answers later the smaller its id, so the tasks' writes are issued (and sent) in reverse order;
+# then a write that asks pauses the run.
+OUT_OF_ORDER = """
+import asyncio
+import tools
+async def one(i):
+    t = await tools.slowpoke.lag(id=i, seconds=(6 - i) * 0.06)
+    return await tools.helpdesk.close_ticket(id=t)
+tasks = [asyncio.create_task(one(i)) for i in range(1, 6)]
+done, waiting = await asyncio.wait(tasks)
+c = await tools.helpdesk.add_comment(id=1, body="closed five")
+[(await t)["id"] for t in tasks]
+"""
+
+
+def lagging(rec: Recorder) -> list[Tool]:
+    async def lag(args: dict) -> Any:
+        await asyncio.sleep(args["seconds"])
+        return args["id"]
+
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}, "seconds": {"type": "number"}},
+              "required": ["id", "seconds"]}
+    return [*rec.tools(), Tool("slowpoke", "lag", "A read that answers after `seconds`.", schema, lag,
+                               annotations=Annotations(read_only=True))]
+
+
+async def test_p5_p52_a_replay_of_tasks_whose_calls_came_back_out_of_order_matches_each_to_its_entry(backend, stream):
+    rec = Recorder()
+    policy = Policy(writes="allow", rules=[{"match": "helpdesk.add_comment", "action": "ask"}])
+    async with runtime(backend.store(), lagging(rec), stream, policy=policy) as rt:
+        paused = await rt.execute(OUT_OF_ORDER)
+        assert paused.status == "paused" and paused.pending["address"] == "helpdesk.add_comment", paused.error
+        writes = [c.args["id"] for c in rt.store.get_calls(paused.run_id) if c.address == "helpdesk.close_ticket"]
+        assert writes == [5, 4, 3, 2, 1]  # journaled as the reads came back, last task first
+        other_version(rt, paused.run_id)  # the resume replays the journal (P-12)
+    async with runtime(backend.store(), lagging(rec), stream, policy=policy) as rt2:
+        done = await rt2.resume(paused.run_id, "approve", seq=paused.pending["seq"])
+        # The replay answers the reads at once, so the tasks issue their writes in another order; each is
+        # matched to its own entry by its key and answered from it, none sent again (P-5).
+        assert done.status == "completed" and done.result == [1, 2, 3, 4, 5], done.error
+        assert done.diagnostics["attempt"] == "replay"
+        assert sorted(a["id"] for name, a in rec.deliveries if name == "close_ticket") == [1, 2, 3, 4, 5]
+        assert [name for name, _ in rec.deliveries].count("add_comment") == 1

@@ -164,6 +164,7 @@ class EffectBoundary:
         self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
         self._read_verdicts: dict[str, str] = {}  # address -> the policy's verdict on reading it
         self._held_listed: set[int] = set()  # seqs a restored snapshot lists as held, not journaled (P-9)
+        self._taken: set[int] = set()  # the journal's seqs the calls of this attempt (or replay) were matched to
         # The same calls as the signed record lists them, each with when the program first issued it (P-18).
         self.held_records: dict[int, dict[str, Any]] = {}
         self._reads_out: set[asyncio.Task[Any]] = set()  # tasks awaiting a read on the wire, cut short at close
@@ -203,6 +204,18 @@ class EffectBoundary:
         if err is not None:
             return self._refuse(Call(seq, op, address, call_args), "read", err, CallState.FAILED, None)
         return self.call(seq, op, address, call_args)
+
+    def _same_call_elsewhere(self, call: Call) -> int | None:
+        """The seq of the same call (its key, or a held call's op, address and arguments) in the journal or the
+        snapshot's held list that no call of this attempt has been matched to yet."""
+        for seq in sorted(self.journal):
+            if self.journal[seq].key == call.key and seq not in self._taken:
+                return seq
+        for seq, held in sorted(self.held_records.items()):
+            if (seq not in self._taken and held.get("op") == call.op and held.get("address") == call.address
+                    and held.get("args") == call.args):
+                return seq
+        return None
 
     def list_held(self, listed: Sequence[dict[str, Any]]) -> None:
         """The calls a genuine snapshot lists that the journal lacks: held when its pause formed, never sent, so
@@ -281,6 +294,19 @@ class EffectBoundary:
             return await self.stops.hold(call)
         self.ledger.note_key(seq, key)
         decision = replay.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
+        if decision.action == replay.DIVERGED and decision.entry is not None:
+            elsewhere = self._same_call_elsewhere(call)
+            if elsewhere is not None:
+                # Tasks issue their next calls as their answers come back, so a replay answering from the
+                # journal at once may issue them in another order: a call is the entry with its key (or the
+                # held call the signed snapshot lists) that no call of this attempt has taken yet (P-5, P-52);
+                # its seq and idempotency key are the journal's.
+                seq = elsewhere
+                call = call._replace(seq=seq)
+                self.ledger.note_key(seq, key)
+                decision = replay.decide(self.journal.get(seq), key, seq, self.last_recorded_seq,
+                                         unrecorded_ok=seq in self._held_listed)
+        self._taken.add(seq)
         if decision.action == replay.DIVERGED and decision.entry is None:
             decision = replay.decide(None, key, seq, self.last_recorded_seq,
                                      unrecorded_ok=seq in self._held_listed or self._reads(op, address))
@@ -755,6 +781,7 @@ class EffectBoundary:
         its pause formed (P-9), never sent, so the replay issues them (D-80).
         """
         self.ledger.reset(entries)
+        self._taken = set()
         self.state = AttemptState(writes_spent=self.state.writes_spent, t0=self.state.t0)
         self.list_held(listed)
         self.stops.reset()
