@@ -64,6 +64,22 @@ for i in range(1, 7):
 """
 
 
+# CRASH_PROGRAM=tasks: each order in a task of its own (asyncio.create_task), a read then its write, the tasks'
+# calls interleaved, so a kill lands mid-task with other tasks' calls in flight (P-52).
+TASKS_PROGRAM = """
+import asyncio
+import tools
+async def order(i):
+    a = await tools.shop.get_item(id=i)
+    r = await tools.shop.CHARGE(order="order-" + str(i), amount=a["price"])
+    return a["price"], r["charged"]
+tasks = [asyncio.create_task(order(i)) for i in range(1, 7)]
+done, waiting = await asyncio.wait(tasks)
+results = [await t for t in tasks]
+{"total": sum(p for p, _ in results), "last": results[-1][1]}
+"""
+
+
 UNDO_PROGRAM = """
 import tools
 for i in range(1, 4):
@@ -166,6 +182,8 @@ async def main() -> None:
         program = UNDO_PROGRAM
     elif os.environ.get("CRASH_PROGRAM") == "gather":
         program = GATHER_PROGRAM.replace("CHARGE", "create_charge" if api else "charge")
+    elif os.environ.get("CRASH_PROGRAM") == "tasks":
+        program = TASKS_PROGRAM.replace("CHARGE", "create_charge" if api else "charge")
     # CRASH_STREAM=1|0: the sandbox streams calls the program does not await at once, or not (D-80).
     stream = os.environ.get("CRASH_STREAM")
     pool = SandboxPool(stream_async_calls=stream == "1") if stream is not None else None

@@ -92,6 +92,11 @@ class Stopped(Exception):
     """The execution was stopped on purpose (a pause, a cancel or a limit)."""
 
 
+class DumpNotAtCall(Exception):
+    """A dump restored as a program stopped at a call is of a program that had already ended (an idle
+    session): it cannot continue at a call, so the run is replayed from its journal instead (P-12, P-52)."""
+
+
 @dataclass
 class ProgramFailed(Exception):
     """The program raised an exception it did not catch."""
@@ -576,6 +581,11 @@ class Execution:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    @property
+    def finished(self) -> bool:
+        """The program has returned or raised: a dump now is of the ended program, not at a call."""
+        return self._task is None or self._task.done()
+
     async def dump(self) -> bytes:
         """Serialise the program's state; valid while a host call is in flight."""
         if self._held is not None:
@@ -627,6 +637,12 @@ class Execution:
                                                          os=self._os)
             except _pm.MontyError as exc:
                 raise SandboxCrashed(f"could not load the snapshot: {exc}") from None
+            except RuntimeError as exc:
+                # A task the program never awaited parked the run as the program returned: the worker had
+                # ended the program by the time its state was dumped (pydantic-monty 1.7.0's wording).
+                if "idle session" in str(exc):
+                    raise DumpNotAtCall(str(exc)) from None
+                raise
             announced: list[Announced] = []
             while not isinstance(snap, (_pm.AsyncFutureSnapshot, _pm.MontyComplete)):
                 if isinstance(snap, _pm.AsyncFunctionSnapshot) and (
@@ -670,9 +686,23 @@ class Execution:
                 raise self._stop_error from None
             if isinstance(exc, _pm.MontyError):
                 raise map_monty_error(exc, self._spec.limits) from None
+            if isinstance(exc, RuntimeError) and _LEFT_BEHIND_AWAITED in str(exc):
+                # The worker raises this to the host, not into the program: the program awaited a task or
+                # call a REPL session's earlier execute left behind, which that execute's end settled
+                # (P-50). The program's doing, so its error and not tether's (P-52).
+                raise ProgramFailed("RuntimeError", LEFT_BEHIND_MESSAGE) from None
             raise
         finally:
             self._task = None
+
+
+# What the worker says when the program awaits a call it no longer has (pydantic-monty 1.7.0).
+_LEFT_BEHIND_AWAITED = "No pending async tasks but ResolveFutures requested"
+LEFT_BEHIND_MESSAGE = (
+    "the program awaited a task or a call an earlier execute of this session left behind; that execute's end "
+    "settled what it had issued (a write it never awaited was sent or declined then), so it cannot be awaited "
+    "now, and nothing was sent for it"
+)
 
 
 def _cancelling_us() -> bool:

@@ -52,7 +52,7 @@ from tether._engine.rules.limits import Limits
 from tether._engine.rules.policy import Policy
 from tether._engine.rules.quarantine import takeovers, without_takeovers
 from tether._hostwork import HostBudget, off_loop
-from tether._sandbox.monty import MONTY_VERSION, ProgramFailed, Reserved, SandboxSpec, Stopped
+from tether._sandbox.monty import MONTY_VERSION, DumpNotAtCall, ProgramFailed, Reserved, SandboxSpec, Stopped
 from tether._store.base import CallRecord, ParkEvent, RunRecord, SnapshotRecord, WaitRecord
 from tether._store.states import CallState, RunStatus
 from tether.errors import (
@@ -100,7 +100,7 @@ class Attempt:
         self.snapshot: SnapshotRecord | None = None
         # Seqs the latest genuine snapshot's signed record waits on: those the journal lacks were held while
         # its pause formed, never sent, and a replay issues them rather than reading a gap (D-80).
-        self.listed: list[int] = []
+        self.listed: list[dict[str, Any]] = []
         self.entries: list[CallRecord] = []
         self.writes_spent: int | None = None
         # A continued run's (journal bytes, writes spent, output events), read with its journal (prepare).
@@ -215,7 +215,7 @@ class Attempt:
                 raise SnapshotTampered(
                     f"the stored snapshot of run {snapshot.run_id} at call {snapshot.seq} failed its signature "
                     "check; nothing was resumed or sent", details={"seq": snapshot.seq})
-            self.listed = [int(p["seq"]) for p in snapshot.pending]
+            self.listed = list(snapshot.pending)
             if snapshot.monty_version != MONTY_VERSION:
                 snapshot = None  # another build cannot load it: replay from the journal (P-12)
         if snapshot is not None:
@@ -266,8 +266,9 @@ class Attempt:
                 if refused is not None or spec is None:
                     raise refused or AssertionError("no sandbox spec")
                 value = await self._run_once(spec, emitter, already_emitted, session_base, reserved)
-            except SnapshotMismatch:
-                # Nothing was sent: the mapping is checked before any dispatch.
+            except (SnapshotMismatch, DumpNotAtCall):
+                # Nothing was sent: the mapping is checked before any dispatch, and a dump of an ended program
+                # answers no call (P-52).
                 assert spec is not None  # a mismatch comes from running it
                 value = await self._replay(spec, emitter, already_emitted, session_base)
             except _CheckpointSkipped:
@@ -411,8 +412,10 @@ class Attempt:
 
     # -- pause / park, checkpoints ----------------------------------------------------
 
-    async def pause(self, boundary: EffectBoundary, stop: Stop) -> None:
-        """Stop at a host call: store the signed dump, mark the run paused or waiting (P-10, P-18)."""
+    async def pause(self, boundary: EffectBoundary, stop: Stop) -> bool:
+        """Stop at a host call: store the signed dump, mark the run paused or waiting (P-10, P-18).
+
+        False, with nothing stored, when the program ended before its state was saved (P-52)."""
         d, run = self.deps, self.run
         await boundary.flush()
         st = boundary.state
@@ -428,6 +431,12 @@ class Attempt:
                             f"{call['seq']} ({call['address']}): {exc.message}; nothing of that call was sent (the "
                             "calls before it are in the journal)", next_action=exc.next_action,
                             details={"call": call}) from None
+        if boundary.ledger.program_ended or boundary.execution.finished:
+            # A task the program never awaited reached this stop, and the program returned meanwhile: the dump
+            # may be of the ended program, which cannot continue at a call. The run ends instead; its end
+            # settles the wait or the write (P-50, P-52). A program still running at this check was running
+            # when its state was dumped, so a stop stored past it continues where it was.
+            return False
         waits_on = boundary.stops.waits_on(stop)
         snapshot = self._snapshot_record(st.issued, data, waits_on, "pause")
         now = d.clock()
@@ -470,6 +479,7 @@ class Attempt:
         d.events.stored(run.run_id)
         d.events.announce(run.run_id, status, {"pending": kept, "expires_at": expires})
         self.stopped_at = envelope
+        return True
 
     def checkpoint(self, boundary: EffectBoundary, entry: CallRecord) -> Awaitable[None] | None:
         """A signed dump every so many calls or seconds, so a crash replays little: the dump to await when
@@ -536,6 +546,11 @@ class Attempt:
     async def _completed(self, value: Any) -> RunResult:
         d, run, boundary = self.deps, self.run, self.boundary
         assert boundary is not None
+        if self.stopped_at is not None:
+            # A task the program never awaited parked the run (a wait, a sleep) just before the program ended:
+            # the park is stored, with a snapshot taken while the program ran, so the run waits, and when it
+            # continues the restored program reaches its end again (P-52).
+            return self.stopped_at
         if boundary.state.failure is not None:
             return await self._failed(boundary.state.failure)
         # P-13: a write the journal holds beyond what the program issued means
@@ -574,6 +589,8 @@ class Attempt:
     async def _failed(self, exc: BaseException) -> RunResult:
         d, boundary = self.deps, self.boundary
         assert boundary is not None
+        if self.stopped_at is not None:
+            return self.stopped_at  # parked just before the program failed: as in _completed (P-52)
         suggest = getattr(d.catalog, "suggest", None)
         try:
             # A misspelled tool gets suggestions: comparing it with a large catalog's addresses is

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from tether._engine.attempt.redaction import shown_args
 from tether._engine.attempt.result import RunResult
 from tether._engine.attempt.state import CallStat
-from tether._sandbox.monty import ProgramFailed
+from tether._sandbox.monty import LEFT_BEHIND_MESSAGE, ProgramFailed
 from tether._store.states import RunStatus
 from tether._tools.shown import show_call
 from tether.errors import SandboxCrashed, TetherError
@@ -235,6 +235,9 @@ def classify(exc: ProgramFailed, failures: SourceFailures, suggest: Suggest) -> 
     if "not supported in this environment" in msg or (exc.exc_type == "PermissionError" and "Permission denied" in msg):
         return "sandbox_denied", ("The sandbox has no files, environment, network or processes; use a tool "
                                   "for that.")
+    if exc.message == LEFT_BEHIND_MESSAGE:
+        return "task_left_behind", ("Await each task or call in the execute that starts it (or gather them); "
+                                    "start the work again here if it is still needed.")
     if exc.exc_type == "RecursionError":
         return "recursion_limit", "Recurse less deeply, or iterate instead."
     if exc.exc_type == "NotImplementedError" and "cannot suspend in this synchronous context" in msg:

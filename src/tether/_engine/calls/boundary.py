@@ -110,7 +110,7 @@ class EffectBoundary:
         journal_entries: list[CallRecord],
         on_approval: Approver | None,
         builtins_impl: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], Awaitable[Any]]],
-        pause_sink: Callable[["EffectBoundary", Stop], Awaitable[None]],
+        pause_sink: Callable[["EffectBoundary", Stop], Awaitable[bool]],
         # Asked after each call settles: the checkpoint to await if one is due, else None.
         checkpoint_sink: Callable[["EffectBoundary", CallRecord], Awaitable[None] | None] | None,
         clock: Callable[[], float],
@@ -164,6 +164,9 @@ class EffectBoundary:
         self._sends: dict[int, int] = {}  # seq -> the send on the wire now, for writes
         self._read_verdicts: dict[str, str] = {}  # address -> the policy's verdict on reading it
         self._held_listed: set[int] = set()  # seqs a restored snapshot lists as held, not journaled (P-9)
+        self._taken: set[int] = set()  # the journal's seqs the calls of this attempt (or replay) were matched to
+        # The same calls as the signed record lists them, each with when the program first issued it (P-18).
+        self.held_records: dict[int, dict[str, Any]] = {}
         self._reads_out: set[asyncio.Task[Any]] = set()  # tasks awaiting a read on the wire, cut short at close
         # Pausing, parking and the calls held while the attempt stops (stops.py).
         self.stops = Stops(self, self.ledger, pause_sink, batch_window_seconds=batch_window_seconds)
@@ -202,10 +205,23 @@ class EffectBoundary:
             return self._refuse(Call(seq, op, address, call_args), "read", err, CallState.FAILED, None)
         return self.call(seq, op, address, call_args)
 
-    def list_held(self, listed: Sequence[int]) -> None:
+    def _same_call_elsewhere(self, call: Call) -> int | None:
+        """The seq of the same call (its key, or a held call's op, address and arguments) in the journal or the
+        snapshot's held list that no call of this attempt has been matched to yet."""
+        for seq in sorted(self.journal):
+            if self.journal[seq].key == call.key and seq not in self._taken:
+                return seq
+        for seq, held in sorted(self.held_records.items()):
+            if (seq not in self._taken and held.get("op") == call.op and held.get("address") == call.address
+                    and held.get("args") == call.args):
+                return seq
+        return None
+
+    def list_held(self, listed: Sequence[dict[str, Any]]) -> None:
         """The calls a genuine snapshot lists that the journal lacks: held when its pause formed, never sent, so
         a restore or a replay issues them rather than reading their gap as divergence (D-80)."""
-        self._held_listed = {seq for seq in listed if self.journal.get(seq) is None}
+        self.held_records = {int(c["seq"]): c for c in listed if self.journal.get(int(c["seq"])) is None}
+        self._held_listed = set(self.held_records)
 
     async def answer_restored(self, pending: list[dict[str, Any]], call_ids: list[int],
                               announced: list[Any]) -> dict[int, Any]:
@@ -221,8 +237,8 @@ class EffectBoundary:
 
         plan = plan_restore(pending, call_ids, announced, self._parse, next_seq)
         # Calls the signed record lists that the journal lacks were held while the pause formed: never sent.
-        listed = {c["seq"] for c in pending}
-        self.list_held([p.seq for p in plan if p.seq in listed])
+        planned = {p.seq for p in plan}
+        self.list_held([c for c in pending if c["seq"] in planned])
         wanted = set(call_ids)
         # If answering pauses again, the new dump waits on every call of the plan.
         self.stops.answering = [{"seq": p.seq, "op": p.op, "address": p.address, "args": p.args}
@@ -278,6 +294,19 @@ class EffectBoundary:
             return await self.stops.hold(call)
         self.ledger.note_key(seq, key)
         decision = replay.decide(self.journal.get(seq), key, seq, self.last_recorded_seq)
+        if decision.action == replay.DIVERGED and decision.entry is not None:
+            elsewhere = self._same_call_elsewhere(call)
+            if elsewhere is not None:
+                # Tasks issue their next calls as their answers come back, so a replay answering from the
+                # journal at once may issue them in another order: a call is the entry with its key (or the
+                # held call the signed snapshot lists) that no call of this attempt has taken yet (P-5, P-52);
+                # its seq and idempotency key are the journal's.
+                seq = elsewhere
+                call = call._replace(seq=seq)
+                self.ledger.note_key(seq, key)
+                decision = replay.decide(self.journal.get(seq), key, seq, self.last_recorded_seq,
+                                         unrecorded_ok=seq in self._held_listed)
+        self._taken.add(seq)
         if decision.action == replay.DIVERGED and decision.entry is None:
             decision = replay.decide(None, key, seq, self.last_recorded_seq,
                                      unrecorded_ok=seq in self._held_listed or self._reads(op, address))
@@ -712,8 +741,18 @@ class EffectBoundary:
         forms: nobody can decide it now, so it is declined with `write_not_decided`, and the run says so.
         """
         settled = []
+        waits_left = False
         for seq in sorted(self.ledger.entries):
             entry = self.ledger.entries[seq]
+            if seq <= self.state.issued and entry.kind == "wait" and entry.state == CallState.WAITING:
+                # A wait a task reached but the program ended before the run could park on it: the run ends,
+                # so does the wait (P-52); nobody is handed its key, and a resolution finds it cancelled.
+                err = guest_error("wait_cancelled", f"{entry.address} was cancelled: the program ended before "
+                                  "the run could park on it", "RuntimeError")
+                await self.ledger.move(seq, [CallState.WAITING], state=CallState.FAILED, error=err_json(err),
+                                       finished_at=self.clock())
+                waits_left = True
+                continue
             if seq > self.state.issued or entry.kind != "write" or entry.state != CallState.ASKED:
                 continue
             err = guest_error("write_not_decided",
@@ -722,6 +761,8 @@ class EffectBoundary:
             if await self.ledger.move(seq, [CallState.ASKED], state=CallState.DECLINED, error=err_json(err),
                                       finished_at=self.clock()):
                 settled.append({"seq": seq, "address": entry.address})
+        if waits_left:
+            await self.store.aio.call(self.waits.cancel, self.run_id)
         return settled
 
     async def _cut_reads(self) -> None:
@@ -739,13 +780,14 @@ class EffectBoundary:
         if out:
             await asyncio.wait(out, timeout=READ_CUT_SECONDS)
 
-    def reset_for_replay(self, entries: list[CallRecord], listed: Sequence[int] = ()) -> None:
+    def reset_for_replay(self, entries: list[CallRecord], listed: Sequence[dict[str, Any]] = ()) -> None:
         """Start over from call 1 after a restore that could not be used; replay needs the whole journal.
 
-        ``listed``: the seqs the snapshot's signed record waits on; those the journal lacks were held while
+        ``listed``: the calls the snapshot's signed record waits on; those the journal lacks were held while
         its pause formed (P-9), never sent, so the replay issues them (D-80).
         """
         self.ledger.reset(entries)
+        self._taken = set()
         self.state = AttemptState(writes_spent=self.state.writes_spent, t0=self.state.t0)
         self.list_held(listed)
         self.stops.reset()

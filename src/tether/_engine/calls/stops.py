@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import math
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
 
@@ -79,6 +80,7 @@ class StopHost(Protocol):
     waits: "Waits"  # the one place wait rows are written (their keys signed, rotations kept)
     session: str | None
     inline_sleep_seconds: float  # sleeps up to this long are waited out, not parked
+    held_records: dict[int, dict[str, Any]]  # calls a snapshot lists as held, by seq, as its signed record has them
 
     async def wait_idle(self) -> None:
         """Return once no call is in flight."""
@@ -114,7 +116,7 @@ class Stops:
     boundary that owns it reads ``pausing`` and ``batch`` to route a call here.
     """
 
-    def __init__(self, host: StopHost, ledger: Ledger, pause_sink: Callable[[Any, Stop], Awaitable[None]], *,
+    def __init__(self, host: StopHost, ledger: Ledger, pause_sink: Callable[[Any, Stop], Awaitable[bool]], *,
                  batch_window_seconds: float = 0.05) -> None:
         self.host = host
         self.ledger = ledger
@@ -153,7 +155,7 @@ class Stops:
         which unwinds the program (its state is already saved, or no longer wanted)
         so its worker can be reused instead of killed.
         """
-        self.held.append(call.held())
+        self.held.append({**call.held(), "at": self.host.clock()})
         await self._release.wait()
         raise _UNWIND
 
@@ -216,7 +218,8 @@ class Stops:
         entry = decision.entry
         now = host.clock()
         if entry is None:
-            entry = CallRecord(host.run_id, seq, op, name, args, key, "wait", CallState.WAITING, started_at=now)
+            entry = CallRecord(host.run_id, seq, op, name, args, key, "wait", CallState.WAITING,
+                               started_at=self._first_reached(call, now))
             await self.ledger.record_new(entry)
         # The deadline counts from when the program first reached the wait, so
         # a restart continues with only the remaining time.
@@ -265,6 +268,18 @@ class Stops:
         host.stat(seq, op, name, "wait", CallState.FAILED, t)
         host.remember(err, seq, name)
         raise err
+
+    def _first_reached(self, call: Call, now: float) -> float:
+        """When the program first reached this wait: a wait held while the run stopped at another one (two
+        tasks each waiting or sleeping) was reached then, and its deadline counts from then (P-18)."""
+        held = self.host.held_records.get(call.seq)
+        if held is None or held.get("address") != call.address or held.get("args") != call.args:
+            return now
+        at = held.get("at")
+        # Signed with the snapshot's record (P-35); never later than now, so it can only shorten the wait.
+        if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
+            return now
+        return min(float(at), now)
 
     async def ask(self, call: Call, tool: Tool, valid: dict[str, Any], t: float) -> Any:
         """A write that asks: decided at once by an inline approver, or the run pauses (P-4, P-27)."""
@@ -412,7 +427,11 @@ class Stops:
             stopped = WritePause(pending, tuple(sorted([pending, *batch], key=lambda w: w.seq)))
         else:
             stopped = pending
-        await self.pause_sink(host, stopped)
+        if not await self.pause_sink(host, stopped):
+            # The program ended while its state was being saved: nothing was stored, the run's end settles
+            # what the stop was for (P-50, P-52).
+            self.release_held()
+            raise _UNWIND
         # The state is saved: end the execution and unwind the program; what it
         # does while unwinding is never sent nor recorded.
         if host.execution is not None:  # set for as long as a program runs, which is when a call stops
