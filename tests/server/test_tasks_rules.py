@@ -113,6 +113,45 @@ async def test_p47_an_answer_that_decided_nothing_is_found_past_many_pages_of_ev
     assert await tasks._answered(rt, run_id, 1) and not await tasks._answered(rt, run_id, 2)
 
 
+async def test_d87_polling_a_paused_task_reads_only_the_events_since_the_last_poll(rt, monkeypatch):
+    """A program that fills its timeline before it pauses does not make every tasks/get read it all again."""
+    server = TetherServer(rt, approvals="form")
+    reads: list[tuple[str, int]] = []
+    real = rt.store.aio.get_events
+
+    async def counted(run_id, after=0, limit=1000):
+        reads.append((run_id, after))
+        return await real(run_id, after=after, limit=limit)
+
+    monkeypatch.setattr(rt.store.aio, "get_events", counted)
+    async with FastMCPClient(server.mcp, elicitation_handler=never_answered) as client:
+        task = await call_tool_task(client, "execute", {"code": CLOSE})
+        run_id = task.task_id.rpartition(".")[0]
+        for n in range(tasks.PAGE * 3):
+            rt.store.add_event(run_id, "output", {"n": n}, 0.0)
+        reads.clear()
+        for _ in range(5):
+            assert (await task.status()).status == "input_required"
+        # The first poll reads the timeline once (4 pages of PAGE); each later poll one page, from where it was.
+        run_reads = [after for r, after in reads if r == run_id]
+        assert len(run_reads) == 4 + 4 and run_reads[4:] == [run_reads[3]] * 4
+        # An answer recorded after the last poll is still found.
+        rt.store.add_event(run_id, tasks.ANSWERED, {"seq": 1}, 0.0)
+        assert (await task.status()).status == "working"
+
+
+def test_d87_the_read_positions_kept_are_bounded():
+    scans = tasks.Scans(limit=3)
+    for i in range(10):
+        scans.put(f"run_{i}", i, frozenset())
+    assert list(scans.runs) == ["run_7", "run_8", "run_9"]
+    assert scans.take("run_0") == (0, frozenset())
+
+
+async def never_answered(message, response_type, params, context):
+    raise AssertionError("the test polls; nobody answers")
+
+
 def forged_approve(task_id: str, key: str) -> UpdateTaskRequest:
     return UpdateTaskRequest(params=UpdateTaskRequestParams(
         task_id=task_id, input_responses={key: {"action": "accept", "content": {"decision": "approve"}}}))
