@@ -173,6 +173,24 @@ async def test_d72_a_client_cannot_choose_the_form_channel_by_the_shape_of_its_a
     assert after.status == "working" and "resume" in (after.status_message or "")
 
 
+async def test_d87_one_tasks_update_answers_the_waiting_write_once(rt, rec):
+    """A write's key has one spelling, and one request answers the one write the run waits on once: a client
+    cannot make one tasks/update write thousands of timeline events (approval:1, approval:01, ...)."""
+    server = TetherServer(rt, approvals="form")
+    async with FastMCPClient(server.mcp) as client:
+        task = await call_tool_task(client, "execute", {"code": CLOSE})
+        keys = ["approval:1"] + ["approval:" + "0" * n + "1" for n in range(1, 6)]
+        update = UpdateTaskRequest(params=UpdateTaskRequestParams(
+            task_id=task.task_id, input_responses={k: {"action": "accept", "content": {"decision": "approve"}}
+                                                   for k in keys}))
+        await client.session.send_request(update, Result)
+    run_id = task.task_id.rpartition(".")[0]
+    answered = [e.data for e in rt.store.get_events(run_id) if e.type == tasks.ANSWERED]
+    assert rec.deliveries == [] and rt.store.get_run(run_id).status == "paused"
+    assert answered == [{"seq": 1, "action": "accept", "channel": "none", "refused": "approval_elsewhere"}]
+    assert tasks.seq_of_key("approval:01") is None and tasks.seq_of_key("approval:10") == 10
+
+
 async def test_d72_an_approve_answering_a_link_decides_nothing(rt, rec):
     """The server put the write as its approval link: an accept is the user going to the page; the approve it
     carries is not read; the task stops asking and waits for the page."""

@@ -187,7 +187,10 @@ def input_key(seq: int) -> str:
 
 def seq_of_key(key: str) -> int | None:
     head, _, seq = key.partition(":")
-    return int(seq) if head == APPROVAL_KEY and seq.isdigit() and len(seq) < 10 else None
+    # One spelling a write (as input_key makes it): "approval:01" is no key, so it cannot answer twice (D-87).
+    if head != APPROVAL_KEY or not seq.isdigit() or len(seq) >= 10 or seq != str(int(seq)):
+        return None
+    return int(seq)
 
 
 # -- what the extension needs of the server ----------------------------------------------------------
@@ -352,6 +355,7 @@ class TasksExtension(Extension):
             if write is None or seq != int(write["seq"]):
                 continue
             await self._answer(context, principal, run, seq, reply)
+            break  # the run waits on one write, answered once a request (D-87)
         return {}
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
