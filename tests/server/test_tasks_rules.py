@@ -152,6 +152,51 @@ async def never_answered(message, response_type, params, context):
     raise AssertionError("the test polls; nobody answers")
 
 
+# The client's own serializer warns about the wrong types this test sends on purpose.
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")
+async def test_p47_a_signed_task_id_of_no_run_and_malformed_ids_are_not_found_and_crash_nothing(rt):
+    """A task id correctly signed for this principal but naming no run is "Task not found" (run_not_found); a
+    task id that is too long or not a string is refused as invalid params; the server answers on."""
+    server = TetherServer(rt, approvals="form")
+    async with FastMCPClient(server.mcp) as client:
+        task = await call_tool_task(client, "execute", {"code": CLOSE})
+        principal = rt.store.get_run(task.task_id.rpartition(".")[0]).principal
+        ghost = tasks.task_id_for("run_0000000000000000", principal, rt.engine.keyring.derive(tasks.TASK_ID_PURPOSE).sign)
+        with pytest.raises(MCPError, match="Task not found") as missing:
+            await client.session.send_request(GetTaskRequest(params=GetTaskRequestParams(task_id=ghost)), Result)
+        assert missing.value.error.data["code"] == "run_not_found"
+        for bad in ("run_x." + "0" * 100_000, 12345, None, ["run_x"]):
+            request = GetTaskRequest(params=GetTaskRequestParams.model_construct(task_id=bad))
+            with pytest.raises(MCPError) as refused:
+                await client.session.send_request(request, Result)
+            assert refused.value.error.code == -32602
+        assert (await task.status()).status == "working"
+
+
+async def test_p47_a_legacy_client_is_offered_no_tasks_and_tasks_methods_do_not_exist_for_it(rt):
+    """Tasks are the modern protocol's extension only: a 2025-11-25 client sees no tasks capability, and
+    tasks/get, tasks/list, tasks/result and tasks/cancel are unknown methods to it (nothing is looked up)."""
+    from mcp_types import (
+        METHOD_NOT_FOUND,
+        CancelTaskRequest,
+        CancelTaskRequestParams,
+        GetTaskPayloadRequest,
+        GetTaskPayloadRequestParams,
+        ListTasksRequest,
+    )
+
+    server = TetherServer(rt, approvals="form")
+    async with Client(server.mcp, mode="legacy") as client:
+        assert client.session.server_capabilities.tasks is None
+        assert not client.session.server_capabilities.extensions
+        for request in (GetTaskRequest(params=GetTaskRequestParams(task_id="x")), ListTasksRequest(),
+                        GetTaskPayloadRequest(params=GetTaskPayloadRequestParams(task_id="x")),
+                        CancelTaskRequest(params=CancelTaskRequestParams(task_id="x"))):
+            with pytest.raises(MCPError) as refused:
+                await client.session.send_request(request, Result)
+            assert refused.value.error.code == METHOD_NOT_FOUND
+
+
 def forged_approve(task_id: str, key: str) -> UpdateTaskRequest:
     return UpdateTaskRequest(params=UpdateTaskRequestParams(
         task_id=task_id, input_responses={key: {"action": "accept", "content": {"decision": "approve"}}}))
