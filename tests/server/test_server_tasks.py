@@ -329,6 +329,33 @@ async def test_p8_tasks_cancel_while_a_write_is_on_the_wire_lets_it_finish_and_s
     assert [(c.args.get("tag"), c.state, c.outcome) for c in calls] == [("w1", "sent", "w1")]
 
 
+async def test_p8_a_call_dropped_before_it_became_a_task_lets_the_write_on_the_wire_finish(tether_url):
+    """The client gives up on tools/call while its run's write is on the wire, before the call became a task:
+    the run is cancelled, the write finishes and is journaled, and nothing further is sent."""
+    server = tether_url("form", ALLOWED)
+    code = ("import tools\nawait tools.ledger.write(tag='d1', seconds=3)\n"
+            "await tools.ledger.write(tag='d2')\n'done'")
+    async with Client(server.url, auth=AGENT, elicitation_handler=never_answered, timeout=120) as client:
+        call = asyncio.ensure_future(call_tool_task(client, "execute", {"code": code}, raise_on_error=False))
+        await until(lambda: server.tags() == ["d1"])  # on the wire; the call becomes a task only after 1 s
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    store = open_store(f"sqlite:///{server.root / 'home' / 'tether.db'}")
+    try:
+        deadline = time.monotonic() + 30
+        while not (runs := store.list_runs()) or not all(r.status == "cancelled" for r in runs):
+            assert time.monotonic() < deadline, [r.status for r in runs]
+            await asyncio.sleep(0.2)
+        [run] = runs
+        calls = [c for c in store.get_calls(run.run_id) if c.op == "tool"]
+    finally:
+        store.close()
+    await asyncio.sleep(1.0)
+    assert server.tags() == ["d1"]
+    assert [(c.args.get("tag"), c.state, c.outcome) for c in calls] == [("d1", "sent", "d1")]
+
+
 async def test_p47_another_principals_task_id_is_not_found(tether_url):
     server = tether_url("form")
     async with Client(server.url, auth=AGENT, elicitation_handler=never_answered, timeout=120) as mine:
