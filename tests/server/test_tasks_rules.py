@@ -197,6 +197,25 @@ async def test_p47_a_legacy_client_is_offered_no_tasks_and_tasks_methods_do_not_
             assert refused.value.error.code == METHOD_NOT_FOUND
 
 
+async def test_d87_a_reason_given_through_tasks_update_is_kept_to_the_consoles_length(rt, rec):
+    """A decline's reason through tasks/update is stored and told to the program as the console's is: at most
+    MAX_REASON_CHARS; a client's megabyte of reason is not written into the run's journal and timeline."""
+    from tether._server.console.sessions import MAX_REASON_CHARS
+
+    server = TetherServer(rt, approvals="form")
+
+    async def say_no_at_length(message, response_type, params, context):
+        return {"decision": "decline", "reason": "no" + "!" * 200_000}
+
+    async with FastMCPClient(server.mcp, elicitation_handler=say_no_at_length) as client:
+        task = await call_tool_task(client, "execute", {"code": CLOSE}, raise_on_error=False)
+        await task.result()
+    run_id = task.task_id.rpartition(".")[0]
+    [decided] = [e.data for e in rt.store.get_events(run_id) if e.type == "decided"]
+    assert decided["decision"] == "decline" and decided["reason"].startswith("no!")
+    assert len(decided["reason"]) == MAX_REASON_CHARS and rec.deliveries == []
+
+
 def forged_approve(task_id: str, key: str) -> UpdateTaskRequest:
     return UpdateTaskRequest(params=UpdateTaskRequestParams(
         task_id=task_id, input_responses={key: {"action": "accept", "content": {"decision": "approve"}}}))

@@ -58,6 +58,7 @@ from tether._engine.approvals.surface import signed_in_required
 from tether._engine.attempt.result import RunResult
 from tether._server import urlmode
 from tether._server.channels import APPROVAL_KEY, APPROVAL_SCHEMA, ApprovalForm, ApprovalHost
+from tether._server.console.sessions import MAX_REASON_CHARS
 from tether._store.states import RunStatus
 from tether.errors import ApprovalElsewhere, InvalidArguments, RunNotFound, TetherError
 
@@ -171,7 +172,9 @@ def answer_of(kind: str | None, action: str, content: Mapping[str, Any] | None) 
     if action != "accept" or kind == "url":
         return None, None
     form = ApprovalForm.model_validate(dict(content or {}))
-    return form.decision, form.reason
+    # Stored in the journal and told to the program: held to the console's length (D-87).
+    reason = form.reason.strip()[:MAX_REASON_CHARS] if form.reason and form.reason.strip() else None
+    return form.decision, reason
 
 
 def may_approve_by_form(kind: str | None) -> bool:
