@@ -356,6 +356,32 @@ async def test_p8_a_call_dropped_before_it_became_a_task_lets_the_write_on_the_w
     assert [(c.args.get("tag"), c.state, c.outcome) for c in calls] == [("d1", "sent", "d1")]
 
 
+async def test_p47_the_agent_signed_in_with_its_own_token_cannot_approve_its_tasks_link(tether_url):
+    """The task puts a signed-in write as its approval link; the agent takes the link and signs in on the console
+    with the very token that started the run: it cannot approve it there either, and nothing is sent."""
+    server = tether_url("url")
+    async with Client(server.url, auth=AGENT, elicitation_handler=never_answered, timeout=120) as client:
+        task = await call_tool_task(client, "execute", {"code": guarded("t9")})
+        parked = await task.wait(state="input_required", timeout=60)
+        [(_, request)] = parked.input_requests.items()
+        link = ElicitRequestURLParams.model_validate(request["params"]).url
+        async with httpx.AsyncClient(base_url=server.base, timeout=30) as web:
+            page = await web.get("/console/login")
+            csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+            login = await web.post("/console/login", data={"csrf": csrf, "token": AGENT})
+            assert login.status_code == 303  # signed in as the agent
+            path = link.removeprefix(server.base)
+            page = await web.get(path)
+            csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+            done = await web.post(path, data={"csrf": csrf, "seq": "1", "decision": "approve"})
+        assert done.status_code == 403 and "nothing was sent" in done.text
+        await asyncio.sleep(1.0)
+        assert (await task.status()).status in ("input_required", "working")
+    run, events = server.run(run_of(task))
+    assert run.status == "paused" and server.tags() == []
+    assert not [e for e in events if e.type == "decided"]
+
+
 async def test_p47_another_principals_task_id_is_not_found(tether_url):
     server = tether_url("form")
     async with Client(server.url, auth=AGENT, elicitation_handler=never_answered, timeout=120) as mine:
