@@ -82,12 +82,12 @@ def asked_write(tag: str) -> str:
 class Tether:
     """One ``tether serve --http`` on a store of its own; ``restart()`` is a new process on the same store and port."""
 
-    def __init__(self, root: Path, approvals: str) -> None:
+    def __init__(self, root: Path, approvals: str, config: str = CONFIG) -> None:
         self.root, self.port = root, free_port()
         self.base, self.url = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.port}/mcp"
         root.mkdir(parents=True, exist_ok=True)
         (root / "ledger_tools.py").write_text(LEDGER_TOOLS)
-        (root / "tether.toml").write_text(CONFIG.format(port=self.port, approvals=approvals))
+        (root / "tether.toml").write_text(config.format(port=self.port, approvals=approvals))
         self.ledger = root / "ledger.txt"
         self.env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "TETHER_STORE_URL")}
         self.env.update(TETHER_HOME=str(root / "home"), LEDGER=str(self.ledger), AGENT_TOKEN=AGENT,
@@ -130,8 +130,8 @@ class Tether:
 def tether_url(tmp_path):
     servers: list[Tether] = []
 
-    def make(approvals: str) -> Tether:
-        servers.append(Tether(tmp_path / f"t{len(servers)}", approvals))
+    def make(approvals: str, config: str = CONFIG) -> Tether:
+        servers.append(Tether(tmp_path / f"t{len(servers)}", approvals, config))
         return servers[-1]
 
     yield make
@@ -295,6 +295,91 @@ async def test_p47_tasks_cancel_cancels_the_run_and_nothing_is_sent(tether_url):
     assert final.status == "cancelled" and result.is_error
     run, _ = server.run(run_of(task))
     assert run.status == "cancelled" and server.tags() == []
+
+
+# ledger.write allowed: a write goes on the wire without anyone asked.
+ALLOWED = CONFIG.replace('match = "ledger.write"\naction = "ask"', 'match = "ledger.write"\naction = "allow"')
+
+
+async def test_p8_tasks_cancel_while_a_write_is_on_the_wire_lets_it_finish_and_sends_nothing_further(tether_url):
+    """tasks/cancel cuts no write: the one on the wire finishes and is journaled, the next is never sent; a
+    cancel of the task once it has ended is acknowledged and changes nothing."""
+    assert ALLOWED != CONFIG
+    server = tether_url("form", ALLOWED)
+    code = ("import tools\nawait tools.ledger.write(tag='w1', seconds=3)\n"
+            "await tools.ledger.write(tag='w2')\n'done'")
+    async with Client(server.url, auth=AGENT, elicitation_handler=never_answered, timeout=120) as client:
+        task = await call_tool_task(client, "execute", {"code": code}, raise_on_error=False)
+        await until(lambda: server.tags() == ["w1"])  # w1 is on the wire (it answers 3 s later)
+        assert (await task.status()).status == "working"
+        await task.cancel()
+        final = await task.wait(timeout=30)
+        assert final.status == "cancelled"
+        await task.cancel()  # the task has ended: acknowledged, nothing changes
+        assert (await task.status()).status == "cancelled"
+    await asyncio.sleep(1.0)
+    assert server.tags() == ["w1"]
+    run, _ = server.run(run_of(task))
+    store = open_store(f"sqlite:///{server.root / 'home' / 'tether.db'}")
+    try:
+        calls = [c for c in store.get_calls(run.run_id) if c.op == "tool"]
+    finally:
+        store.close()
+    assert run.status == "cancelled"
+    assert [(c.args.get("tag"), c.state, c.outcome) for c in calls] == [("w1", "sent", "w1")]
+
+
+async def test_p8_a_call_dropped_before_it_became_a_task_lets_the_write_on_the_wire_finish(tether_url):
+    """The client gives up on tools/call while its run's write is on the wire, before the call became a task:
+    the run is cancelled, the write finishes and is journaled, and nothing further is sent."""
+    server = tether_url("form", ALLOWED)
+    code = ("import tools\nawait tools.ledger.write(tag='d1', seconds=3)\n"
+            "await tools.ledger.write(tag='d2')\n'done'")
+    async with Client(server.url, auth=AGENT, elicitation_handler=never_answered, timeout=120) as client:
+        call = asyncio.ensure_future(call_tool_task(client, "execute", {"code": code}, raise_on_error=False))
+        await until(lambda: server.tags() == ["d1"])  # on the wire; the call becomes a task only after 1 s
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    store = open_store(f"sqlite:///{server.root / 'home' / 'tether.db'}")
+    try:
+        deadline = time.monotonic() + 30
+        while not (runs := store.list_runs()) or not all(r.status == "cancelled" for r in runs):
+            assert time.monotonic() < deadline, [r.status for r in runs]
+            await asyncio.sleep(0.2)
+        [run] = runs
+        calls = [c for c in store.get_calls(run.run_id) if c.op == "tool"]
+    finally:
+        store.close()
+    await asyncio.sleep(1.0)
+    assert server.tags() == ["d1"]
+    assert [(c.args.get("tag"), c.state, c.outcome) for c in calls] == [("d1", "sent", "d1")]
+
+
+async def test_p47_the_agent_signed_in_with_its_own_token_cannot_approve_its_tasks_link(tether_url):
+    """The task puts a signed-in write as its approval link; the agent takes the link and signs in on the console
+    with the very token that started the run: it cannot approve it there either, and nothing is sent."""
+    server = tether_url("url")
+    async with Client(server.url, auth=AGENT, elicitation_handler=never_answered, timeout=120) as client:
+        task = await call_tool_task(client, "execute", {"code": guarded("t9")})
+        parked = await task.wait(state="input_required", timeout=60)
+        [(_, request)] = parked.input_requests.items()
+        link = ElicitRequestURLParams.model_validate(request["params"]).url
+        async with httpx.AsyncClient(base_url=server.base, timeout=30) as web:
+            page = await web.get("/console/login")
+            csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+            login = await web.post("/console/login", data={"csrf": csrf, "token": AGENT})
+            assert login.status_code == 303  # signed in as the agent
+            path = link.removeprefix(server.base)
+            page = await web.get(path)
+            csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+            done = await web.post(path, data={"csrf": csrf, "seq": "1", "decision": "approve"})
+        assert done.status_code == 403 and "nothing was sent" in done.text
+        await asyncio.sleep(1.0)
+        assert (await task.status()).status in ("input_required", "working")
+    run, events = server.run(run_of(task))
+    assert run.status == "paused" and server.tags() == []
+    assert not [e for e in events if e.type == "decided"]
 
 
 async def test_p47_another_principals_task_id_is_not_found(tether_url):

@@ -113,6 +113,109 @@ async def test_p47_an_answer_that_decided_nothing_is_found_past_many_pages_of_ev
     assert await tasks._answered(rt, run_id, 1) and not await tasks._answered(rt, run_id, 2)
 
 
+async def test_d87_polling_a_paused_task_reads_only_the_events_since_the_last_poll(rt, monkeypatch):
+    """A program that fills its timeline before it pauses does not make every tasks/get read it all again."""
+    server = TetherServer(rt, approvals="form")
+    reads: list[tuple[str, int]] = []
+    real = rt.store.aio.get_events
+
+    async def counted(run_id, after=0, limit=1000):
+        reads.append((run_id, after))
+        return await real(run_id, after=after, limit=limit)
+
+    monkeypatch.setattr(rt.store.aio, "get_events", counted)
+    async with FastMCPClient(server.mcp, elicitation_handler=never_answered) as client:
+        task = await call_tool_task(client, "execute", {"code": CLOSE})
+        run_id = task.task_id.rpartition(".")[0]
+        for n in range(tasks.PAGE * 3):
+            rt.store.add_event(run_id, "output", {"n": n}, 0.0)
+        reads.clear()
+        for _ in range(5):
+            assert (await task.status()).status == "input_required"
+        # The first poll reads the timeline once (4 pages of PAGE); each later poll one page, from where it was.
+        run_reads = [after for r, after in reads if r == run_id]
+        assert len(run_reads) == 4 + 4 and run_reads[4:] == [run_reads[3]] * 4
+        # An answer recorded after the last poll is still found.
+        rt.store.add_event(run_id, tasks.ANSWERED, {"seq": 1}, 0.0)
+        assert (await task.status()).status == "working"
+
+
+def test_d87_the_read_positions_kept_are_bounded():
+    scans = tasks.Scans(limit=3)
+    for i in range(10):
+        scans.put(f"run_{i}", i, frozenset())
+    assert list(scans.runs) == ["run_7", "run_8", "run_9"]
+    assert scans.take("run_0") == (0, frozenset())
+
+
+async def never_answered(message, response_type, params, context):
+    raise AssertionError("the test polls; nobody answers")
+
+
+# The client's own serializer warns about the wrong types this test sends on purpose.
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")
+async def test_p47_a_signed_task_id_of_no_run_and_malformed_ids_are_not_found_and_crash_nothing(rt):
+    """A task id correctly signed for this principal but naming no run is "Task not found" (run_not_found); a
+    task id that is too long or not a string is refused as invalid params; the server answers on."""
+    server = TetherServer(rt, approvals="form")
+    async with FastMCPClient(server.mcp) as client:
+        task = await call_tool_task(client, "execute", {"code": CLOSE})
+        principal = rt.store.get_run(task.task_id.rpartition(".")[0]).principal
+        ghost = tasks.task_id_for("run_0000000000000000", principal, rt.engine.keyring.derive(tasks.TASK_ID_PURPOSE).sign)
+        with pytest.raises(MCPError, match="Task not found") as missing:
+            await client.session.send_request(GetTaskRequest(params=GetTaskRequestParams(task_id=ghost)), Result)
+        assert missing.value.error.data["code"] == "run_not_found"
+        for bad in ("run_x." + "0" * 100_000, 12345, None, ["run_x"]):
+            request = GetTaskRequest(params=GetTaskRequestParams.model_construct(task_id=bad))
+            with pytest.raises(MCPError) as refused:
+                await client.session.send_request(request, Result)
+            assert refused.value.error.code == -32602
+        assert (await task.status()).status == "working"
+
+
+async def test_p47_a_legacy_client_is_offered_no_tasks_and_tasks_methods_do_not_exist_for_it(rt):
+    """Tasks are the modern protocol's extension only: a 2025-11-25 client sees no tasks capability, and
+    tasks/get, tasks/list, tasks/result and tasks/cancel are unknown methods to it (nothing is looked up)."""
+    from mcp_types import (
+        METHOD_NOT_FOUND,
+        CancelTaskRequest,
+        CancelTaskRequestParams,
+        GetTaskPayloadRequest,
+        GetTaskPayloadRequestParams,
+        ListTasksRequest,
+    )
+
+    server = TetherServer(rt, approvals="form")
+    async with Client(server.mcp, mode="legacy") as client:
+        assert client.session.server_capabilities.tasks is None
+        assert not client.session.server_capabilities.extensions
+        for request in (GetTaskRequest(params=GetTaskRequestParams(task_id="x")), ListTasksRequest(),
+                        GetTaskPayloadRequest(params=GetTaskPayloadRequestParams(task_id="x")),
+                        CancelTaskRequest(params=CancelTaskRequestParams(task_id="x"))):
+            with pytest.raises(MCPError) as refused:
+                await client.session.send_request(request, Result)
+            assert refused.value.error.code == METHOD_NOT_FOUND
+
+
+async def test_d87_a_reason_given_through_tasks_update_is_kept_to_the_consoles_length(rt, rec):
+    """A decline's reason through tasks/update is stored and told to the program as the console's is: at most
+    MAX_REASON_CHARS; a client's megabyte of reason is not written into the run's journal and timeline."""
+    from tether._server.console.sessions import MAX_REASON_CHARS
+
+    server = TetherServer(rt, approvals="form")
+
+    async def say_no_at_length(message, response_type, params, context):
+        return {"decision": "decline", "reason": "no" + "!" * 200_000}
+
+    async with FastMCPClient(server.mcp, elicitation_handler=say_no_at_length) as client:
+        task = await call_tool_task(client, "execute", {"code": CLOSE}, raise_on_error=False)
+        await task.result()
+    run_id = task.task_id.rpartition(".")[0]
+    [decided] = [e.data for e in rt.store.get_events(run_id) if e.type == "decided"]
+    assert decided["decision"] == "decline" and decided["reason"].startswith("no!")
+    assert len(decided["reason"]) == MAX_REASON_CHARS and rec.deliveries == []
+
+
 def forged_approve(task_id: str, key: str) -> UpdateTaskRequest:
     return UpdateTaskRequest(params=UpdateTaskRequestParams(
         task_id=task_id, input_responses={key: {"action": "accept", "content": {"decision": "approve"}}}))
@@ -132,6 +235,24 @@ async def test_d72_a_client_cannot_choose_the_form_channel_by_the_shape_of_its_a
     assert rec.deliveries == [] and rt.store.get_run(run_id).status == "paused"
     assert answered == [{"seq": 1, "action": "accept", "channel": "none", "refused": "approval_elsewhere"}]
     assert after.status == "working" and "resume" in (after.status_message or "")
+
+
+async def test_d87_one_tasks_update_answers_the_waiting_write_once(rt, rec):
+    """A write's key has one spelling, and one request answers the one write the run waits on once: a client
+    cannot make one tasks/update write thousands of timeline events (approval:1, approval:01, ...)."""
+    server = TetherServer(rt, approvals="form")
+    async with FastMCPClient(server.mcp) as client:
+        task = await call_tool_task(client, "execute", {"code": CLOSE})
+        keys = ["approval:1"] + ["approval:" + "0" * n + "1" for n in range(1, 6)]
+        update = UpdateTaskRequest(params=UpdateTaskRequestParams(
+            task_id=task.task_id, input_responses={k: {"action": "accept", "content": {"decision": "approve"}}
+                                                   for k in keys}))
+        await client.session.send_request(update, Result)
+    run_id = task.task_id.rpartition(".")[0]
+    answered = [e.data for e in rt.store.get_events(run_id) if e.type == tasks.ANSWERED]
+    assert rec.deliveries == [] and rt.store.get_run(run_id).status == "paused"
+    assert answered == [{"seq": 1, "action": "accept", "channel": "none", "refused": "approval_elsewhere"}]
+    assert tasks.seq_of_key("approval:01") is None and tasks.seq_of_key("approval:10") == 10
 
 
 async def test_d72_an_approve_answering_a_link_decides_nothing(rt, rec):

@@ -32,6 +32,7 @@ The decisions are the small pure functions at the top; the extension below appli
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
@@ -57,6 +58,7 @@ from tether._engine.approvals.surface import signed_in_required
 from tether._engine.attempt.result import RunResult
 from tether._server import urlmode
 from tether._server.channels import APPROVAL_KEY, APPROVAL_SCHEMA, ApprovalForm, ApprovalHost
+from tether._server.console.sessions import MAX_REASON_CHARS
 from tether._store.states import RunStatus
 from tether.errors import ApprovalElsewhere, InvalidArguments, RunNotFound, TetherError
 
@@ -75,6 +77,8 @@ ANSWERED = "task_answered"
 # How the run's timeline is read for that event: pages of PAGE, at most MAX_PAGES (a million events is
 # more than a run's limits let it write).
 PAGE, MAX_PAGES = 1000, 1000
+# How many runs' read positions in their timelines a process keeps for that read (D-87).
+SCANNED_RUNS = 4096
 # The task id: <run id>.<MAC>; 32 hex digits (128 bits) of HMAC-SHA-256 under the store's key for tasks.
 MAC_CHARS = 32
 TASK_ID_PURPOSE = "mcp/task-id"
@@ -168,7 +172,9 @@ def answer_of(kind: str | None, action: str, content: Mapping[str, Any] | None) 
     if action != "accept" or kind == "url":
         return None, None
     form = ApprovalForm.model_validate(dict(content or {}))
-    return form.decision, form.reason
+    # Stored in the journal and told to the program: held to the console's length (D-87).
+    reason = form.reason.strip()[:MAX_REASON_CHARS] if form.reason and form.reason.strip() else None
+    return form.decision, reason
 
 
 def may_approve_by_form(kind: str | None) -> bool:
@@ -184,7 +190,10 @@ def input_key(seq: int) -> str:
 
 def seq_of_key(key: str) -> int | None:
     head, _, seq = key.partition(":")
-    return int(seq) if head == APPROVAL_KEY and seq.isdigit() and len(seq) < 10 else None
+    # One spelling a write (as input_key makes it): "approval:01" is no key, so it cannot answer twice (D-87).
+    if head != APPROVAL_KEY or not seq.isdigit() or len(seq) >= 10 or seq != str(int(seq)):
+        return None
+    return int(seq)
 
 
 # -- what the extension needs of the server ----------------------------------------------------------
@@ -272,6 +281,7 @@ class TasksExtension(Extension):
         # Builds the SDK's tool Context over a request (what the server's own methods read a caller from).
         self.context = context
         self.keys = host.rt.engine.keyring.derive(TASK_ID_PURPOSE)
+        self.scans = Scans()
 
     def methods(self) -> Sequence[MethodBinding]:
         modern = frozenset(MODERN_PROTOCOL_VERSIONS)
@@ -348,6 +358,7 @@ class TasksExtension(Extension):
             if write is None or seq != int(write["seq"]):
                 continue
             await self._answer(context, principal, run, seq, reply)
+            break  # the run waits on one write, answered once a request (D-87)
         return {}
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
@@ -412,7 +423,7 @@ class TasksExtension(Extension):
         kind = question_kind(self.host.channel_of(context), signed_in=signed_in_required(run, [seq]))
         where = await self.host.paused_result(self.host.rt.engine.recorded(run), diagnostics=False)
         waiting = (where.structured_content or {}).get("instructions")
-        if kind is None or await _answered(self.host.rt, run.run_id, seq):
+        if kind is None or await _answered(self.host.rt, run.run_id, seq, self.scans):
             return "working", None, waiting
         question = self._question(run.run_id, write, kind)
         return (task_status(run.status, asks=question is not None), question,
@@ -476,20 +487,57 @@ def declared(ctx: ServerRequestContext[Any, Any]) -> bool:
     return TASKS_EXTENSION in extensions
 
 
-async def _answered(rt: Runtime, run_id: str, seq: int) -> bool:
+class Scans:
+    """Where each run's timeline was last read up to, and the writes found answered there (D-87).
+
+    A paused task is polled once a second for as long as a person takes, and the agent's program can fill
+    the run's timeline first (``emit`` in a loop costs it nothing): reading it from the start on every poll
+    made each tasks/get cost the whole timeline. Events are only appended, so each poll reads what came
+    since. At most SCANNED_RUNS runs are remembered, the least recently polled forgotten first (and read
+    from the start again if polled later).
+    """
+
+    def __init__(self, limit: int = SCANNED_RUNS) -> None:
+        self.limit = limit
+        self.runs: OrderedDict[str, tuple[int, frozenset[int]]] = OrderedDict()
+
+    def take(self, run_id: str) -> tuple[int, frozenset[int]]:
+        return self.runs.pop(run_id, (0, frozenset()))
+
+    def put(self, run_id: str, after: int, answered: frozenset[int]) -> None:
+        self.runs[run_id] = (after, answered)
+        while len(self.runs) > self.limit:
+            self.runs.popitem(last=False)
+
+
+def answered_in(events: Sequence[Any]) -> frozenset[int]:
+    """The writes an answer through the task decided nothing about, in a page of a run's events."""
+    seqs = ((e.data or {}).get("seq") for e in events if e.type == ANSWERED)
+    return frozenset(s for s in seqs if isinstance(s, int))
+
+
+async def _answered(rt: Runtime, run_id: str, seq: int, scans: Scans | None = None) -> bool:
     """Whether an answer through the task already decided nothing about write ``seq`` (recorded, any process).
 
-    The run's events are read a page at a time (a program's outputs are events too), at most MAX_PAGES.
+    The run's events are read a page at a time (a program's outputs are events too), at most MAX_PAGES a
+    call, from where ``scans`` last left this run.
     """
-    after = 0
-    for _ in range(MAX_PAGES):
-        page = await rt.store.aio.get_events(run_id, after=after, limit=PAGE)
-        if any(e.type == ANSWERED and (e.data or {}).get("seq") == seq for e in page):
-            return True
-        if len(page) < PAGE or page[-1].event_id <= after:
-            return False
-        after = page[-1].event_id
-    return False
+    scans = scans if scans is not None else Scans()
+    after, found = scans.take(run_id)
+    try:
+        for _ in range(MAX_PAGES):
+            if seq in found:
+                break
+            page = await rt.store.aio.get_events(run_id, after=after, limit=PAGE)
+            found |= answered_in(page)
+            if not page or page[-1].event_id <= after:
+                break
+            after = page[-1].event_id
+            if len(page) < PAGE:
+                break
+    finally:
+        scans.put(run_id, after, found)
+    return seq in found
 
 
 def _wire_error(exc: TetherError, *, message: str | None = None) -> MCPError:
