@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 from tether._tools.model import Annotations, Tool
 
@@ -284,3 +284,31 @@ def own_database(url: str, prefix: str) -> str:
     # postgresql:///postgres?host=... : the database is the path; urlunsplit would drop the empty host.
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}/{name}" + (f"?{parts.query}" if parts.query else "")
+
+
+@contextlib.asynccontextmanager
+async def own_pool_runtime(store: Any, tools: list[Tool], stream: bool, **kw: Any) -> AsyncIterator[Any]:
+    """A runtime over ``store`` with a sandbox pool of its own that streams calls or not (D-80): what another
+    process has."""
+    from tether._runtime import Runtime
+    from tether._sandbox.monty import SandboxPool
+
+    pool = SandboxPool(max_workers=2, stream_async_calls=stream, request_timeout=30.0)
+    kw.setdefault("type_check", False)
+    try:
+        async with Runtime(store=store, tools=tools, pool=pool, clock=kw.pop("clock", None) or Clock(), **kw) as rt:
+            yield rt
+    finally:
+        await pool.close()
+
+
+def signed_as_other_monty(rt: Any, run_id: str) -> None:
+    """Store the run's snapshot signed as another Monty's: a resume can only replay the journal (P-12)."""
+    from tether._engine.integrity import sign_snapshot_record
+    from tether._store.base import SnapshotRecord
+
+    snap = rt.store.latest_snapshot(run_id)
+    mac = sign_snapshot_record(rt.engine.keyring, snap.run_id, snap.seq, "pydantic-monty-0.0.1", snap.data,
+                               snap.pending, snap.kind)
+    rt.store.put_snapshot(SnapshotRecord(snap.run_id, snap.seq, "pydantic-monty-0.0.1", snap.data, mac,
+                                         snap.pending, rt.engine.clock(), snap.kind))

@@ -11,41 +11,17 @@ store takes part.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 
-from helpers import Clock, Recorder, StoreBackend, each_store_backend, store_backend_params
-from tether._engine.integrity import sign_snapshot_record
+from helpers import Recorder
+from helpers import own_pool_runtime as runtime
+from helpers import signed_as_other_monty as other_version
 from tether._engine.rules.limits import Limits
 from tether._engine.rules.policy import Policy
-from tether._runtime import Runtime
-from tether._sandbox.monty import SandboxPool
 from tether._store.base import SnapshotRecord
 from tether._tools.model import Annotations, Tool
-
-
-@pytest.fixture(params=[True, False], ids=["streamed", "suspended"])
-def stream(request: Any) -> bool:
-    return bool(request.param)
-
-
-@pytest.fixture(params=store_backend_params())
-def backend(request, tmp_path, monkeypatch):
-    yield from each_store_backend(request, tmp_path, monkeypatch, StoreBackend)
-
-
-@contextlib.asynccontextmanager
-async def runtime(store: Any, tools: list[Tool], stream: bool, **kw: Any) -> AsyncIterator[Runtime]:
-    """A runtime over ``store`` whose sandbox streams gathered calls or not; a pool of its own, like a process."""
-    pool = SandboxPool(max_workers=2, stream_async_calls=stream, request_timeout=30.0)
-    kw.setdefault("type_check", False)
-    try:
-        async with Runtime(store=store, tools=tools, pool=pool, clock=kw.pop("clock", None) or Clock(), **kw) as rt:
-            yield rt
-    finally:
-        await pool.close()
 
 
 class Traced(Recorder):
@@ -70,15 +46,6 @@ class Traced(Recorder):
                   "required": ["id"]}
         return [*super().tools(), Tool("slowpoke", "lag", "A read that answers after `seconds`.", schema, lag,
                                        annotations=Annotations(read_only=True))]
-
-
-def other_version(rt: Runtime, run_id: str) -> None:
-    """Store the run's snapshot signed as another Monty's: a resume can only replay the journal (P-12)."""
-    snap = rt.store.latest_snapshot(run_id)
-    mac = sign_snapshot_record(rt.engine.keyring, snap.run_id, snap.seq, "pydantic-monty-0.0.1", snap.data,
-                               snap.pending, snap.kind)
-    rt.store.put_snapshot(SnapshotRecord(snap.run_id, snap.seq, "pydantic-monty-0.0.1", snap.data, mac,
-                                         snap.pending, rt.engine.clock(), snap.kind))
 
 
 # Two writes that ask, gathered with reads still on the wire when the first write asks.
