@@ -13,6 +13,20 @@ from typing import Any, AsyncIterator, Iterator
 from tether._tools.model import Annotations, Tool
 
 ID_SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+# Two writes issued together (one pause, two decisions), each task saying what became of its write.
+CLOSE_TWO = """
+import asyncio
+import tools
+
+async def close(i):
+    try:
+        await tools.helpdesk.close_ticket(id=i)
+        return "closed"
+    except PermissionError as e:
+        return str(e)
+
+await asyncio.gather(close(1), close(2))
+"""
 
 
 class Recorder:

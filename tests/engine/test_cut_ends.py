@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import CLOSE_TWO as TWO
 from helpers import Clock, Recorder
 from tether._engine.approvals import service
 from tether._engine.inspect import run_timeline
@@ -18,19 +19,6 @@ from tether._runtime import Runtime
 from tether._store import open_store
 from tether.errors import NotPaused
 
-TWO = """
-import asyncio
-import tools
-
-async def close(i):
-    try:
-        await tools.helpdesk.close_ticket(id=i)
-        return "closed"
-    except PermissionError as e:
-        return str(e)
-
-await asyncio.gather(close(1), close(2))
-"""
 BACKENDS = ["sqlite", "postgres"]
 
 

@@ -14,6 +14,7 @@ import asyncio
 
 import pytest
 
+from helpers import CLOSE_TWO as TWO
 from helpers import Clock, Recorder
 from tether._engine import control
 from tether._engine.approvals import service
@@ -32,19 +33,6 @@ from tether.errors import AlreadyDecided, NotPaused
 
 ONE = "import tools\nawait tools.helpdesk.close_ticket(id=1)\n'done'"
 # Two writes issued together: one pause, two decisions.
-TWO = """
-import asyncio
-import tools
-
-async def close(i):
-    try:
-        await tools.helpdesk.close_ticket(id=i)
-        return "closed"
-    except PermissionError as e:
-        return str(e)
-
-await asyncio.gather(close(1), close(2))
-"""
 BACKENDS = ["sqlite", "postgres"]
 
 
