@@ -32,7 +32,6 @@ from tether._store import open_store
 from tether.errors import AlreadyDecided, NotPaused
 
 ONE = "import tools\nawait tools.helpdesk.close_ticket(id=1)\n'done'"
-# Two writes issued together: one pause, two decisions.
 BACKENDS = ["sqlite", "postgres"]
 
 
