@@ -543,3 +543,26 @@ async def test_p29_a_decision_whose_record_failed_is_recorded_when_it_is_repeate
         assert rec.deliveries == [("close_ticket", {"id": 1})]
         decided = [(d["seq"], d["decision"], d["actor"]) for d in run_timeline(rt.store, paused.run_id)["decisions"]]
         assert decided == [(1, "approve", "ann")]
+
+
+async def test_p29_a_reason_is_kept_to_one_length_at_every_engine_door(store_url):
+    """A decision's reason is for a person to read: however long the text a caller or an inline approver gives,
+    the journal, the decision record and the program get at most MAX_REASON_CHARS characters (P-29)."""
+    from tether._engine.approvals.model import MAX_REASON_CHARS
+
+    code = ("import tools\ntry:\n    await tools.helpdesk.close_ticket(id=1)\nexcept PermissionError as e:\n"
+            "    r = str(e)\nlen(r)")
+    huge = "x" * 200_000
+    rec = Recorder()
+    async with make_runtime(store_url, rec) as rt:
+        paused = await rt.execute(code)
+        done = await rt.resume(paused.run_id, "decline", seq=1, reason=huge)
+        inline = await rt.execute(code, on_approval=lambda w: ("decline", huge))
+        for r in (done, inline):
+            assert r.status == "completed", r.error
+            assert MAX_REASON_CHARS < r.result < MAX_REASON_CHARS + 200  # the message around the kept reason
+            [entry] = rt.store.get_calls(r.run_id)
+            assert entry.state == "declined" and len(entry.error["message"]) < MAX_REASON_CHARS + 200
+            [decided] = run_timeline(rt.store, r.run_id)["decisions"]
+            assert decided["decision"] == "decline" and decided["reason"] == huge[:MAX_REASON_CHARS]
+    assert rec.deliveries == []

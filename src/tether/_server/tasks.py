@@ -54,11 +54,11 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ConfigDict, Field, ValidationError
 
 from tether._engine.approvals import Channel
+from tether._engine.approvals.model import MAX_REASON_CHARS
 from tether._engine.approvals.surface import signed_in_required
 from tether._engine.attempt.result import RunResult
 from tether._server import urlmode
 from tether._server.channels import APPROVAL_KEY, APPROVAL_SCHEMA, ApprovalForm, ApprovalHost
-from tether._server.console.sessions import MAX_REASON_CHARS
 from tether._store.states import RunStatus
 from tether.errors import ApprovalElsewhere, InvalidArguments, RunNotFound, TetherError
 

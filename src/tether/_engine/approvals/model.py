@@ -122,6 +122,16 @@ Approver = Callable[[dict[str, Any]], Any]
 _VERDICTS = {"approve": "approve", "decline": "decline", True: "approve", False: "decline"}
 
 
+# A decision's reason is for a person to read: kept to this many characters at every door (console, links,
+# MCP, Tasks, the Python API, an inline approver), so no door stores or hands the program a larger one.
+MAX_REASON_CHARS = 2000
+
+
+def kept_reason(reason: str | None) -> str | None:
+    """``reason`` as it is recorded and told to the program: at most MAX_REASON_CHARS characters."""
+    return reason[:MAX_REASON_CHARS] if reason is not None else None
+
+
 def approval_verdict(answer: Any) -> tuple[str, str | None]:
     """An approver's answer as ``(approve | decline, reason)``; anything else is a usage error, never a guess.
 
@@ -142,7 +152,7 @@ def approval_verdict(answer: Any) -> tuple[str, str | None]:
             next_action="Return one of those from the on_approval callback.",
             details={"answer": _show(answer)},
         )
-    return found, reason
+    return found, kept_reason(reason)
 
 
 def _show(value: Any) -> str:

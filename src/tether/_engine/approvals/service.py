@@ -46,6 +46,7 @@ from tether._engine.approvals.model import (
     cut_end,
     ended_with,
     judge,
+    kept_reason,
     pause_of,
     taken,
 )
@@ -162,7 +163,7 @@ def _parse(decisions: Mapping[Any, Any]) -> dict[int, tuple[str, str | None]]:
             raise InvalidArguments(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
         if reason is not None and not isinstance(reason, str):
             raise InvalidArguments("a decision's reason must be text")
-        out[int(seq)] = (decision, reason)
+        out[int(seq)] = (decision, kept_reason(reason))
     return out
 
 

@@ -12,9 +12,10 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from tether._engine.approvals import Channel, may_decide
+from tether._engine.approvals.model import MAX_REASON_CHARS
 from tether._engine.approvals.surface import signed_in_required
 from tether._server.console.base import _REFUSALS, _origin
-from tether._server.console.sessions import MAX_REASON_CHARS, ConsoleSessions
+from tether._server.console.sessions import ConsoleSessions
 from tether._store.states import TERMINAL_RUN_STATUSES, RunStatus
 from tether.errors import RunNotFound, TetherError
 

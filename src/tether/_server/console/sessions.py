@@ -25,7 +25,7 @@ PRESESSION_COOKIE = "tether_csrf"
 # A working day: long enough not to sign people out mid-task, short enough
 # that a forgotten browser does not hold decisions open for long.
 SESSION_SECONDS = 12 * 3600
-MAX_REASON_CHARS = 2000
+
 # The console's forms are a token, a CSRF token, a decision, seqs and a reason
 # (MAX_REASON_CHARS, up to 3 bytes a character escaped as 9): 32 KB holds any
 # genuine one and bounds what an unauthenticated POST can make the server read.
