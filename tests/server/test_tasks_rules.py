@@ -200,7 +200,7 @@ async def test_p47_a_legacy_client_is_offered_no_tasks_and_tasks_methods_do_not_
 async def test_d87_a_reason_given_through_tasks_update_is_kept_to_the_consoles_length(rt, rec):
     """A decline's reason through tasks/update is stored and told to the program as the console's is: at most
     MAX_REASON_CHARS; a client's megabyte of reason is not written into the run's journal and timeline."""
-    from tether._server.console.sessions import MAX_REASON_CHARS
+    from tether._engine.approvals.model import MAX_REASON_CHARS
 
     server = TetherServer(rt, approvals="form")
 
