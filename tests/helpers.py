@@ -326,3 +326,25 @@ def signed_as_other_monty(rt: Any, run_id: str) -> None:
                                snap.pending, snap.kind)
     rt.store.put_snapshot(SnapshotRecord(snap.run_id, snap.seq, "pydantic-monty-0.0.1", snap.data, mac,
                                          snap.pending, rt.engine.clock(), snap.kind))
+
+
+def batched_runtime(url: str, rec: Recorder, **kw: Any) -> Any:
+    """A runtime over the store at ``url`` with ``rec``'s tools, whose write pauses form over a wider window:
+    the decision tests are about what a batch means, and a starved machine must not split one (P-27)."""
+    from tether._runtime import Runtime
+    from tether._store import open_store
+
+    kw.setdefault("type_check", False)
+    rt = Runtime(store=open_store(url), tools=rec.tools(), **kw)
+    rt.engine.settings.batch_window_seconds = 0.2
+    return rt
+
+
+def store_url_of(backend: str, request: Any) -> str:
+    """The test's store URL for ``backend`` ("sqlite" or "postgres")."""
+    return str(request.getfixturevalue("store_url" if backend == "sqlite" else "pg_url"))
+
+
+def write_states(rt: Any, run_id: str) -> dict[int, str]:
+    """Each write of the run's journal, by seq, in the state it is in."""
+    return {c.seq: c.state for c in rt.store.get_calls(run_id) if c.kind == "write"}

@@ -13,10 +13,12 @@ import pytest
 
 from helpers import CLOSE_TWO as TWO
 from helpers import Clock, Recorder
+from helpers import batched_runtime as make_runtime
+from helpers import store_url_of as url_of
+from helpers import write_states as states
 from tether._engine.approvals import service
 from tether._engine.inspect import run_timeline
 from tether._runtime import Runtime
-from tether._store import open_store
 from tether.errors import NotPaused
 
 BACKENDS = ["sqlite", "postgres"]
@@ -58,21 +60,6 @@ def cut_after_plan(store) -> dict[str, bool]:
 
     store.update_run, store.settle_wait = update_run, settle_wait
     return fault
-
-
-def make_runtime(url: str, rec: Recorder, **kw) -> Runtime:
-    kw.setdefault("type_check", False)
-    rt = Runtime(store=open_store(url), tools=rec.tools(), **kw)
-    rt.engine.settings.batch_window_seconds = 0.2  # the two writes of TWO pause together on a starved machine
-    return rt
-
-
-def url_of(backend: str, request) -> str:
-    return request.getfixturevalue("store_url" if backend == "sqlite" else "pg_url")
-
-
-def states(rt: Runtime, run_id: str) -> dict[int, str]:
-    return {c.seq: c.state for c in rt.store.get_calls(run_id) if c.kind == "write"}
 
 
 async def cancel_cut_in_half(rt: Runtime, fault: dict[str, bool]) -> str:

@@ -15,7 +15,9 @@ import asyncio
 import pytest
 
 from helpers import CLOSE_TWO as TWO
-from helpers import Clock, Recorder
+from helpers import Clock, Recorder, write_states
+from helpers import batched_runtime as make_runtime
+from helpers import store_url_of as url_of
 from tether._engine import control
 from tether._engine.approvals import service
 from tether._engine.approvals.model import (
@@ -28,26 +30,10 @@ from tether._engine.approvals.model import (
 )
 from tether._engine.inspect import run_timeline
 from tether._runtime import Runtime
-from tether._store import open_store
 from tether.errors import AlreadyDecided, NotPaused
 
 ONE = "import tools\nawait tools.helpdesk.close_ticket(id=1)\n'done'"
 BACKENDS = ["sqlite", "postgres"]
-
-
-def make_runtime(url: str, rec: Recorder, **kw) -> Runtime:
-    kw.setdefault("type_check", False)
-    rt = Runtime(store=open_store(url), tools=rec.tools(), **kw)
-    rt.engine.settings.batch_window_seconds = 0.2  # the two writes of TWO pause together on a starved machine
-    return rt
-
-
-def url_of(backend: str, request) -> str:
-    return request.getfixturevalue("store_url" if backend == "sqlite" else "pg_url")
-
-
-def write_states(rt: Runtime, run_id: str) -> dict[int, str]:
-    return {c.seq: c.state for c in rt.store.get_calls(run_id) if c.kind == "write"}
 
 
 def test_p51_judge_is_one_rule_for_every_door():
