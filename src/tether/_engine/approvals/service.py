@@ -81,8 +81,9 @@ class Resumed:
 
 @dataclass(frozen=True)
 class Rejoin:
-    """What ``decide`` returns for a repeat of a decline-and-undo whose rollback is under way: the run, whose
-    outcome the caller waits for, carrying it out itself if its owner stopped (launcher.rejoin, P-53)."""
+    """What ``decide`` returns for a repeat of a decision on a run running since (a decline-and-undo's rollback
+    under way, P-53; a pause decided and continued, D-90): the run, whose outcome the caller waits for, carrying it
+    on itself if its owner stopped (launcher.rejoin)."""
 
     run: RunRecord
 
@@ -259,9 +260,10 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
             raise await engine.astore.call(_refused_now, engine, run, seq, decision, verdict, entry)
 
     if run.status != RunStatus.PAUSED:
-        # Every named write was decided before: return what the run did since (a rollback whose process
-        # stopped is carried out here, P-53).
-        return _rollback_under_way(run) or await engine.wait_for_run(run_id)
+        # Every named write was decided before: return what the run did since. A run still running is waited
+        # for, and taken over and continued here once its owner stopped, as recovery would (a rollback's plan
+        # carried out, P-53; the program continued, D-90).
+        return _rollback_under_way(run) or _still_running(run) or await engine.wait_for_run(run_id)
     now = engine.clock()
     if fresh and run.expires_at is not None and now > run.expires_at:
         if not await engine.astore.call(engine.lifecycle.expire, run_id):
@@ -634,6 +636,12 @@ def _rollback_under_way(run: RunRecord) -> Rejoin | None:
     if plan is None or not isinstance(plan.get("by"), dict) or plan["by"].get("decision") != "decline_and_undo":
         return None
     return Rejoin(run)
+
+
+def _still_running(run: RunRecord) -> Rejoin | None:
+    """A repeat of a decision on a run that continued since (D-90): the caller waits for its outcome, taking it over
+    and continuing it if the process that continued it stopped (launcher.rejoin, counted as a takeover, P-39)."""
+    return Rejoin(run) if run.status == RunStatus.RUNNING else None
 
 
 def _held_elsewhere(engine: Engine, run: RunRecord) -> bool:
