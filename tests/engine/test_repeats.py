@@ -91,3 +91,31 @@ async def test_d90_p28_a_repeated_approval_continues_a_run_whose_owner_died(stor
         # Taken over as recovery takes a run over: counted towards quarantine (P-39) in the run's record.
         assert [t["ended"] for t in run.meta["takeovers"]] == ["process_gone"]
     assert notes(store_env) == ["hello"]  # sent once, by the process that died; never again
+
+
+async def test_d90_two_processes_repeating_the_approval_at_once_continue_the_run_once(backend):
+    """Two processes (here two runtimes, each its own owner) repeat the approval of a run whose owner's lease
+    lapsed, at the same moment: one takes the run over by compare-and-set and continues it, the other waits for
+    it; both get its outcome and the approved write is sent once."""
+    from helpers import Clock, Recorder
+    from tether._engine.calls import ledger
+    from tether._runtime import Runtime
+
+    rec = Recorder()
+    clock = Clock()
+    code = "import tools\nawait tools.helpdesk.close_ticket(id=1)\n(await tools.helpdesk.get_ticket(id=2))['title']"
+    a = Runtime(store=backend.store(), tools=rec.tools(), clock=clock, type_check=False)
+    b = Runtime(store=backend.store(), tools=rec.tools(), clock=clock, type_check=False)
+    async with a, b:
+        paused = await a.execute(code)
+        # Approved, then the process continuing it stopped before sending: running, its lease gone.
+        assert ledger.move(a.engine.store, a.engine.keyring, a.store.get_call(paused.run_id, 1), ["asked"],
+                           state="approved")
+        assert a.store.update_run(paused.run_id, ["paused"], status="running", owner="gone:1",
+                                  lease_until=clock.now - 1, decision={"seq": 1, "decision": "approve"})
+        one, two = await asyncio.wait_for(asyncio.gather(a.resume(paused.run_id, "approve", seq=1),
+                                                         b.resume(paused.run_id, "approve", seq=1)), timeout=120)
+        assert (one.status, one.result) == (two.status, two.result) == ("completed", "ticket 2"), (one, two)
+        assert rec.deliveries == [("close_ticket", {"id": 1})]
+        run = a.store.get_run(paused.run_id)
+        assert [t["ended"] for t in run.meta["takeovers"]] == ["lease_lapsed"]
