@@ -76,6 +76,9 @@ async def test_d90_p53_a_cut_cancel_of_a_waiting_run_is_finished_by_a_retry(back
         # Waiting for the run answers at once with the end the cancel recorded, never the stale `waiting`.
         seen = await rt.engine.wait_for_run(waiting.run_id, timeout=5)
         assert seen.status == "cancelled" and seen.error["code"] == "cancelled", seen
+        # `tether runs show` shows the same (its outcome is engine.recorded), not the wait's instructions.
+        shown = rt.engine.recorded(rt.store.get_run(waiting.run_id))
+        assert shown.status == "cancelled" and "wrong customer" in shown.error["message"] and not shown.instructions
         again = await rt.cancel(waiting.run_id, "again")
         assert again.status == "cancelled" and "wrong customer" in again.error["message"], again
         assert_cancelled(rt, waiting.run_id)
