@@ -59,6 +59,7 @@ from tether._engine.approvals.surface import signed_in_required
 from tether._engine.attempt.result import RunResult
 from tether._server import urlmode
 from tether._server.channels import APPROVAL_KEY, APPROVAL_SCHEMA, ApprovalForm, ApprovalHost
+from tether._store.retention import DAY
 from tether._store.states import RunStatus
 from tether.errors import ApprovalElsewhere, InvalidArguments, RunNotFound, TetherError
 
@@ -191,7 +192,7 @@ def ttl_ms(status: str, created_at: float, updated_at: float, retention: Retenti
     days = retention.days.get(str(status))
     if days is None:
         return None
-    return int(max(0.0, updated_at + days * 86400.0 - created_at) * 1000)
+    return int(max(0.0, updated_at + days * DAY - created_at) * 1000)
 
 
 def answer_mark(data: Mapping[str, Any]) -> tuple[int, str, str, str] | None:

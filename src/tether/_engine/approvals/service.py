@@ -659,7 +659,8 @@ async def finish_cut(engine: Engine, run_id: str, *, wait: bool = True) -> RunRe
     A cancel recorded on the run (``cancel_decided``) settles each write of the pause still ``asked`` or
     ``approved`` as the cancel of whoever cancelled, as ``_cancel`` would have; an expiry recorded
     (``Lifecycle.expire``) declines the approved ones ``write_expired`` and revokes the pause's keys; a cancel of a
-    run nobody was executing (``cancel_idle``, D-90) cancels the run's waits. Then the envelope is written. Nothing is ever sent. A process that still holds the run is given its lease to finish
+    run nobody was executing (``cancel_idle``, D-90) cancels the run's waits. Then the envelope is written. Nothing is
+    ever sent. A process that still holds the run is given its lease to finish
     (``wait``), else it is left to it; each write's compare-and-set keeps two finishers from settling one twice.
     """
     run = await engine.astore.get_run(run_id)
