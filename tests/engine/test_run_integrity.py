@@ -233,16 +233,21 @@ async def orphan(backend: Backend, rec: Recorder) -> str:
     return run_id
 
 
-async def test_p35_a_repeated_resume_reports_a_run_nobody_owns_at_once(backend):
+async def test_p35_d90_a_repeated_resume_continues_a_run_nobody_owns_at_once(backend):
     import asyncio
 
     rec = Recorder()
     run_id = await orphan(backend, rec)
     async with backend.runtime(rec) as rt:
-        # Before: it waited 300 s and printed "running: [None] None".
-        r = await asyncio.wait_for(rt.resume(run_id, "approve"), timeout=60)
+        # Waiting for it answers at once that nobody owns it (before: 300 s, then "running: [None] None").
+        r = await asyncio.wait_for(rt.engine.wait_for_run(run_id), timeout=60)
         assert r.status == "running" and r.error["code"] == "run_unowned"
         assert "tether recover" in r.error["next_action"]
+        # The person who approved repeats it: the run is taken over and continued, as recovery would (D-90):
+        # the approved write is sent once and the run goes on to its next pause.
+        r = await asyncio.wait_for(rt.resume(run_id, "approve"), timeout=60)
+        assert r.status == "paused" and r.pending["seq"] == 3, r.error
+        assert rec.deliveries == [("close_ticket", {"id": 1})]
 
 
 async def test_p35_a_serving_worker_leaves_runs_signed_with_another_secret_alone(backend, monkeypatch):

@@ -61,7 +61,8 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
     if isinstance(out, service.Resumed):
         return await launcher.launch(engine, out.run, mode="continue", hooks=hooks, t0=t0).result()
     if isinstance(out, service.Rejoin):
-        return await launcher.rejoin(engine, out.run, wait_seconds=engine.settings.rejoin_wait_seconds)
+        return await launcher.rejoin(engine, out.run, wait_seconds=engine.settings.rejoin_wait_seconds, hooks=hooks,
+                                     named_by="this decision")
     return out
 
 

@@ -196,7 +196,11 @@ class Engine:
 
     def recorded(self, run: RunRecord) -> RunResult:
         """A run's last recorded envelope for whoever may see it: a parked wait's key recomputed (D-33)."""
-        result = RunResult.from_dict(run.result) if run.result else RunResult(status=run.status, run_id=run.run_id)
+        if run.result and (run.result.get("status") == run.status or not RunStatus(run.status).terminal):
+            result = RunResult.from_dict(run.result)
+        else:
+            # Ended, its envelope not (yet) written by the process that ended it: the end as recorded (P-53, D-90).
+            result = RunResult(status=run.status, run_id=run.run_id, error=run.error)
         if result.status == RunStatus.WAITING and result.pending:
             result = dataclasses.replace(result, pending=self.waits.reveal(run.run_id, result.pending))
         return result
@@ -221,9 +225,13 @@ class Engine:
                 raise RunNotFound(f"no run {run_id}")
             # A run a process holds while it ends it (a cancel decided on its pause settles the pause's writes
             # first) still carries the envelope it paused with: its end is what the caller is to see (P-51).
-            ending = (run.result is not None and run.result.get("status") != run.status
-                      and run.lease_until is not None and run.lease_until >= self.clock())
-            if run.status != RunStatus.RUNNING and run.result is not None and not ending:
+            # So does a run a process holds while it ends it (an ended run still owned: a cancel's envelope not yet
+            # written, D-90); once no live process holds it, the end it recorded is what the caller sees.
+            held = run.lease_until is not None and run.lease_until >= self.clock()
+            over = RunStatus(run.status).terminal
+            ending = held and ((run.result is not None and run.result.get("status") != run.status)
+                               or (over and run.owner is not None))
+            if run.status != RunStatus.RUNNING and (run.result is not None or over) and not ending:
                 return self.recorded(run)
             if run.status == RunStatus.RUNNING and (run.lease_until is None or run.lease_until < self.clock()):
                 # Nobody is running it, so waiting would only time out: say so at once.

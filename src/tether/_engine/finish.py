@@ -138,9 +138,18 @@ class Finisher:
 
     def cancel_now(self, run: RunRecord, reason: str) -> RunResult | None:
         """End a run no process is executing: compare-and-set from its status; None if that changed."""
-        if not self.lifecycle.cancel_idle(run):
+        message = f"the run was cancelled: {reason}; nothing further was sent"
+        if not self.lifecycle.cancel_idle(run, cancelled_error(message)):
             return None
-        return self.cancelled(run, f"the run was cancelled: {reason}; nothing further was sent")
+        return self.cancelled(run, message)
+
+    async def finish_cancel(self, run: RunRecord) -> RunResult:
+        """Finish a cancel whose process stopped between the run's move and its envelope (``cancel_now`` cut in half,
+        D-90): its waits end with it, and its envelope carries the error the move recorded."""
+        await self.astore.call(self._cancel_waits, run.run_id)
+        error = run.error if isinstance(run.error, dict) else cancelled_error("the run was cancelled; nothing further "
+                                                                              "was sent")
+        return await self.finish_awaited(run, RunStatus.CANCELLED, error=error)
 
     def refused(self, run: RunRecord, exc: TetherError, *, t0: float | None = None) -> RunResult:
         """End a run whose record, journal or snapshot failed its check (P-35): nothing was sent."""

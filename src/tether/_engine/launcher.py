@@ -273,13 +273,15 @@ async def sources_or_note(engine: Engine, run: RunRecord, out: list[RunResult]) 
 # -- a repeated keyed request (P-36) --------------------------------------------------------
 
 
-async def rejoin(engine: Engine, run: RunRecord, *, wait_seconds: float, detached: bool = False) -> RunResult:
+async def rejoin(engine: Engine, run: RunRecord, *, wait_seconds: float, detached: bool = False,
+                 hooks: Hooks = NO_HOOKS, named_by: str = "this key") -> RunResult:
     """The outcome of a run a repeated request names: at once if it is not running, else once it ends.
 
     Running in this process: awaited. Running in another: watched through the
     store until it stops running. Its owner gone (lease lapsed, or its process
-    on this host ended): taken over and continued here, as ``recover`` would.
-    Past ``wait_seconds``: a ``running`` envelope naming the run.
+    on this host ended): taken over and continued here with ``hooks``, as ``recover``
+    would. Past ``wait_seconds``: a ``running`` envelope naming the run (and what
+    named it: a keyed request's key, P-36, or a repeated decision, D-90).
     """
     deadline = time.monotonic() + wait_seconds
     run_id = run.run_id
@@ -293,7 +295,7 @@ async def rejoin(engine: Engine, run: RunRecord, *, wait_seconds: float, detache
             return done
         left = deadline - time.monotonic()
         if left <= 0:
-            return still_running(run_id, str(run.status), wait_seconds)
+            return still_running(run_id, str(run.status), wait_seconds, named_by=named_by)
         handle = engine.attempts.handle(run_id)
         if handle is not None:
             finished, _ = await asyncio.wait({handle.task}, timeout=left)
@@ -301,7 +303,7 @@ async def rejoin(engine: Engine, run: RunRecord, *, wait_seconds: float, detache
                 return await asyncio.shield(handle.task)
             continue
         if run.status == RunStatus.RUNNING:
-            continued = await _take_over(engine, run, detached)
+            continued = await _take_over(engine, run, detached, hooks)
             if continued is not None:
                 return continued
         # Running in another process, or queued for a worker: watch the store.
@@ -314,7 +316,7 @@ async def rejoin(engine: Engine, run: RunRecord, *, wait_seconds: float, detache
             await asyncio.sleep(min(0.2, max(left, 0.0)))
 
 
-async def _take_over(engine: Engine, run: RunRecord, detached: bool) -> RunResult | None:
+async def _take_over(engine: Engine, run: RunRecord, detached: bool, hooks: Hooks = NO_HOOKS) -> RunResult | None:
     """Continue ``run`` here if its owner is gone; None if it has a live owner or another process took it."""
     gone = owner_gone(run.owner)
     if not gone and run.lease_until is not None and run.lease_until >= engine.clock():
@@ -336,7 +338,7 @@ async def _take_over(engine: Engine, run: RunRecord, detached: bool) -> RunResul
         return quarantined
     if going_on is None:
         return None
-    return await launch(engine, going_on, mode="continue", detached=detached).result()
+    return await launch(engine, going_on, mode="continue", hooks=hooks, detached=detached).result()
 
 
 def gone_owners(engine: Engine) -> list[RunRecord]:

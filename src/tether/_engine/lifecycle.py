@@ -230,12 +230,13 @@ class Lifecycle:
         are unsent (its envelope is written by finish; a cut in between is finished by another, P-53)."""
         return self._move(run_id, [RunStatus.PAUSED], RunStatus.FAILED, **self._owned(self.clock()))
 
-    def cancel_idle(self, run: RunRecord) -> bool:
-        """End a run no process is executing, from the status it was read in; False if that changed."""
+    def cancel_idle(self, run: RunRecord, error: dict[str, Any] | None = None) -> bool:
+        """End a run no process is executing, from the status it was read in; False if that changed. The cancel's
+        ``error`` is recorded with the move and the run held here until its envelope is written (finish), so a cut in
+        between is recognised and finished by another (approvals.model.cut_end, D-90)."""
         if RunStatus(run.status).terminal:
             return False  # it ended meanwhile: a race lost, not a transition to refuse
-        return self._move(run.run_id, [run.status], RunStatus.CANCELLED, updated_at=self.clock(), owner=None,
-                          lease_until=None)
+        return self._move(run.run_id, [run.status], RunStatus.CANCELLED, error=error, **self._owned(self.clock()))
 
     def cancel_decided(self, run_id: str, decision: dict[str, Any]) -> bool:
         """A cancel decided on a paused write: paused -> cancelled, held here while its writes are settled."""

@@ -82,7 +82,10 @@ class Worker:
                 busy = bool(tasks)
                 free = max(0, (concurrency or engine.pool.max_workers) - len(tasks))
                 if free and time.monotonic() - scanned >= SETTLED_SCAN_SECONDS:
-                    settled.update(await engine.store.aio.runs_with_settled_wait())
+                    try:
+                        settled.update(await engine.store.aio.runs_with_settled_wait())
+                    except Exception as exc:  # noqa: BLE001 - reported, retried next scan
+                        said("looking for settled waits", exc)
                     scanned = time.monotonic()
                 if free:
                     for coro in await self._claims(free, settled):
@@ -230,15 +233,28 @@ class Worker:
         """Coroutines for work this worker may take now, most urgent first.
 
         A run whose sources cannot be loaded here is left as it is (P-30) for a
-        process that has them.
+        process that has them. A store that fails ends the round, never the worker: what was claimed
+        before the failure is returned (its attempts have started), and the next round tries again.
         """
+        out: list[Awaitable[Any]] = []
+        try:
+            await self._claim_into(out, free, settled)
+        except Exception as exc:  # noqa: BLE001 - reported, retried next round
+            said("claiming work", exc)
+        return out
+
+    async def _claim_into(self, out: list[Awaitable[Any]], free: int, settled: set[str] | None) -> None:
         from tether._store.states import RunStatus
 
         engine = self.engine
         life = engine.lifecycle
-        expire(engine)
+        try:
+            expire(engine)
+        except Exception as exc:  # noqa: BLE001 - reported, retried next round; the claims below go on
+            said("expiring paused runs past their approval time to live", exc)
         # Runs a resolution is waiting for first: someone is waiting on them.
-        out = await self._settled_runs(settled, free) if settled else []
+        if settled:
+            out += await self._settled_runs(settled, free)
 
         def room() -> bool:
             return len(out) < free
@@ -260,7 +276,6 @@ class Worker:
         async for run in claimed(room, life.claim_queued, trusted_and_available,
                                  lambda r: life.unclaim(r, RunStatus.QUEUED)):
             out.append(launcher.launch(engine, run, mode="fresh").result())
-        return out
 
     # -- the same duties, once, on demand (Runtime.recover, tether recover; tests) --------------
 
@@ -306,6 +321,14 @@ class Worker:
                                  lambda r: engine.lifecycle.unclaim(r, RunStatus.QUEUED)):
             out.append(await launcher.launch(engine, run, mode="fresh").result())
         return out
+
+
+def said(what: str, exc: Exception) -> None:
+    """A worker's round that failed, on stderr with its error code; the worker goes on."""
+    from tether.errors import TetherError
+
+    code, message = (exc.code, exc.message) if isinstance(exc, TetherError) else (type(exc).__name__, str(exc))
+    print(f"tether worker: {what} failed [{code}]: {message}; trying again next round", file=sys.stderr, flush=True)
 
 
 async def _pause(stop: asyncio.Event, nudge: asyncio.Event, seconds: float) -> None:

@@ -22,9 +22,9 @@ approval link, or none at all for a write only a signed-in person may approve. A
 answer through ``tasks/update`` is decided exactly as that channel decides (D-72):
 an approve on the form goes through ``may_decide`` for the form channel, so a rule
 with ``approver = "signed_in"`` refuses it; an accepted link decides nothing (the
-page does). An answer that decided nothing is recorded in the run's timeline, and
-the task then reports ``working`` until someone decides, instead of asking the
-client's user the same question again.
+page does). An answer that decided nothing is recorded in the run's timeline (once
+per distinct answer, D-90), and the task then reports ``working`` until someone
+decides, instead of asking the client's user the same question again.
 
 The decisions are the small pure functions at the top; the extension below applies them.
 """
@@ -59,12 +59,14 @@ from tether._engine.approvals.surface import signed_in_required
 from tether._engine.attempt.result import RunResult
 from tether._server import urlmode
 from tether._server.channels import APPROVAL_KEY, APPROVAL_SCHEMA, ApprovalForm, ApprovalHost
+from tether._store.retention import DAY
 from tether._store.states import RunStatus
 from tether.errors import ApprovalElsewhere, InvalidArguments, RunNotFound, TetherError
 
 if TYPE_CHECKING:
     from tether._runtime import Runtime
     from tether._store.base import RunRecord
+    from tether._store.retention import RetentionRules
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 # Which of tether's tools a client's call may turn into a task.
@@ -177,6 +179,31 @@ def answer_of(kind: str | None, action: str, content: Mapping[str, Any] | None) 
     return form.decision, reason
 
 
+def ttl_ms(status: str, created_at: float, updated_at: float, retention: RetentionRules | None) -> int | None:
+    """The task's ``ttlMs``: how long from its creation it is kept, which is as long as its run's row (D-90).
+
+    A run is never forgotten before it ends (``[retention]`` selects ended runs only), so a task whose run has not
+    ended is kept without limit for now: null (the extension lets the value change over a task's life). An ended run
+    is kept its status's ``[retention]`` days from its end (``updated_at``), or for ever (no days, no ``[retention]``,
+    or ``keep_journals``, which keeps the row and its envelope, all a task shows).
+    """
+    if not RunStatus(status).terminal or retention is None or retention.keep_journals:
+        return None
+    days = retention.days.get(str(status))
+    if days is None:
+        return None
+    return int(max(0.0, updated_at + days * DAY - created_at) * 1000)
+
+
+def answer_mark(data: Mapping[str, Any]) -> tuple[int, str, str, str] | None:
+    """What makes an answer that decided nothing distinct (D-90): its write, what the client did, the channel it was
+    put on, and why an approve was refused. One ``task_answered`` event is recorded per mark."""
+    seq = data.get("seq")
+    if not isinstance(seq, int):
+        return None
+    return seq, str(data.get("action")), str(data.get("channel")), str(data.get("refused") or "")
+
+
 def may_approve_by_form(kind: str | None) -> bool:
     """Whether an approve answered through ``tasks/update`` can be taken at all: only where the write was
     put to the client's user as the form. The form channel's own rule (``may_decide``) is checked next."""
@@ -282,6 +309,11 @@ class TasksExtension(Extension):
         self.context = context
         self.keys = host.rt.engine.keyring.derive(TASK_ID_PURPOSE)
         self.scans = Scans()
+        config = host.rt.engine.config
+        self.retention = config.retention.rules() if config is not None else None
+        # Answers being recorded in this process, by (run id, mark): a second request with the same answer waits
+        # for none of them and records nothing (D-90).
+        self.recording: set[tuple[str, tuple[int, str, str, str]]] = set()
 
     def methods(self) -> Sequence[MethodBinding]:
         modern = frozenset(MODERN_PROTOCOL_VERSIONS)
@@ -399,7 +431,7 @@ class TasksExtension(Extension):
         shape: dict[str, Any] = {
             "taskId": task_id_for(run.run_id, principal, self.keys.sign, cursor), "status": status,
             "createdAt": _iso(run.created_at), "lastUpdatedAt": _iso(run.updated_at),
-            "ttlMs": int(self.host.rt.engine.settings.approval_ttl_seconds * 1000),
+            "ttlMs": ttl_ms(run.status, run.created_at, run.updated_at, self.retention),
             "pollIntervalMs": POLL_INTERVAL_MS,
         }
         if message:
@@ -464,7 +496,7 @@ class TasksExtension(Extension):
             data: dict[str, Any] = {"seq": seq, "action": answer.action, "channel": kind or "none"}
             if refused is not None:
                 data["refused"] = refused.code
-            await self.host.rt.engine.events.emit_awaited(run.run_id, ANSWERED, data)
+            await self._record_once(run.run_id, data)
             return
         actor = self.host.actor_of(context, principal)
         rt = self.host.rt
@@ -476,6 +508,22 @@ class TasksExtension(Extension):
         self.host.keep(asyncio.ensure_future(self.host.continue_run(context, principal, run.run_id, decide)))
         # Answered once the decision is recorded: the next tasks/get must not put the same question again.
         await urlmode.decided(rt, run.run_id, seq, timeout=10.0)
+
+
+    async def _record_once(self, run_id: str, data: dict[str, Any]) -> None:
+        """Record an answer that decided nothing in the run's timeline, once per distinct mark (D-90): a client
+        repeating it (tasks/update in a loop) adds nothing a person reading the timeline did not see the first time.
+        One per process at once; processes racing may each record it once."""
+        mark = answer_mark(data)
+        if mark is None or (run_id, mark) in self.recording:
+            return
+        key = (run_id, mark)
+        self.recording.add(key)
+        try:
+            if not await _answered(self.host.rt, run_id, mark, self.scans):
+                await self.host.rt.engine.events.emit_awaited(run_id, ANSWERED, data)
+        finally:
+            self.recording.discard(key)
 
 
 def declared(ctx: ServerRequestContext[Any, Any]) -> bool:
@@ -499,34 +547,41 @@ class Scans:
 
     def __init__(self, limit: int = SCANNED_RUNS) -> None:
         self.limit = limit
-        self.runs: OrderedDict[str, tuple[int, frozenset[int]]] = OrderedDict()
+        # Per run: the last event read, and the answers found (each an answer_mark, D-90).
+        self.runs: OrderedDict[str, tuple[int, frozenset[tuple[int, str, str, str]]]] = OrderedDict()
 
-    def take(self, run_id: str) -> tuple[int, frozenset[int]]:
+    def take(self, run_id: str) -> tuple[int, frozenset[tuple[int, str, str, str]]]:
         return self.runs.pop(run_id, (0, frozenset()))
 
-    def put(self, run_id: str, after: int, answered: frozenset[int]) -> None:
+    def put(self, run_id: str, after: int, answered: frozenset[tuple[int, str, str, str]]) -> None:
         self.runs[run_id] = (after, answered)
         while len(self.runs) > self.limit:
             self.runs.popitem(last=False)
 
 
-def answered_in(events: Sequence[Any]) -> frozenset[int]:
-    """The writes an answer through the task decided nothing about, in a page of a run's events."""
-    seqs = ((e.data or {}).get("seq") for e in events if e.type == ANSWERED)
-    return frozenset(s for s in seqs if isinstance(s, int))
+def answered_in(events: Sequence[Any]) -> frozenset[tuple[int, str, str, str]]:
+    """The answers through the task that decided nothing (each an answer_mark), in a page of a run's events."""
+    marks = (answer_mark(e.data) for e in events if e.type == ANSWERED and isinstance(e.data, dict))
+    return frozenset(m for m in marks if m is not None)
 
 
-async def _answered(rt: Runtime, run_id: str, seq: int, scans: Scans | None = None) -> bool:
-    """Whether an answer through the task already decided nothing about write ``seq`` (recorded, any process).
+async def _answered(rt: Runtime, run_id: str, seq: int | tuple[int, str, str, str],
+                    scans: Scans | None = None) -> bool:
+    """Whether an answer through the task already decided nothing about write ``seq`` (recorded, any process);
+    given a mark (``answer_mark``), whether that very answer was recorded.
 
     The run's events are read a page at a time (a program's outputs are events too), at most MAX_PAGES a
     call, from where ``scans`` last left this run.
     """
     scans = scans if scans is not None else Scans()
     after, found = scans.take(run_id)
+
+    def seen() -> bool:
+        return seq in found if isinstance(seq, tuple) else any(m[0] == seq for m in found)
+
     try:
         for _ in range(MAX_PAGES):
-            if seq in found:
+            if seen():
                 break
             page = await rt.store.aio.get_events(run_id, after=after, limit=PAGE)
             found |= answered_in(page)
@@ -537,7 +592,7 @@ async def _answered(rt: Runtime, run_id: str, seq: int, scans: Scans | None = No
                 break
     finally:
         scans.put(run_id, after, found)
-    return seq in found
+    return seen()
 
 
 def _wire_error(exc: TetherError, *, message: str | None = None) -> MCPError:

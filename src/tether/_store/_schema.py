@@ -492,8 +492,8 @@ class SQLStore(OutboxSQL):
 
     def ended_runs_holding_pause(self, limit: int = 100) -> list[RunRecord]:
         # No index: a maintenance round's read (worker.py), not a claim's.
-        sql = (f"{_SELECT_RUN} WHERE pending IS NOT NULL AND ((status = 'cancelled' AND decision IS NOT NULL) "
-               "OR (status = 'failed' AND error IS NULL)) LIMIT ?")
+        sql = (f"{_SELECT_RUN} WHERE (pending IS NOT NULL AND ((status = 'cancelled' AND decision IS NOT NULL) "
+               "OR (status = 'failed' AND error IS NULL))) OR (status = 'cancelled' AND owner IS NOT NULL) LIMIT ?")
         with self._transaction(write=False, single=True) as tx:
             return [_run(row) for row in tx.run(sql, (limit,)).fetchall()]
 

@@ -290,7 +290,8 @@ class RunsPort(Protocol):
 
     def ended_runs_holding_pause(self, limit: int = 100) -> list[RunRecord]:
         """Runs cancelled by a decision, or failed without an error, that still hold their ``pending``: an end whose
-        process stopped before it settled the pause's writes and wrote the envelope (P-53); ending a run clears it."""
+        process stopped before it settled the pause's writes and wrote the envelope (P-53); ending a run clears it.
+        Also cancelled runs still held by an owner: a cancel of a run nobody executed, cut before its envelope (D-90)."""
 
     def count_runs(self, status: str | None = None) -> int: ...
     def delete_run(self, run_id: str) -> bool:

@@ -201,8 +201,9 @@ def judge(decision: str, already: str | None, *, paused: bool, in_pause: bool, a
     return TAKE if in_pause and asked and paused else NOT_PENDING
 
 
-# The two ends of a pause whose first step (the run's move) can outlive the process that took it (P-53).
-CUT_CANCEL, CUT_EXPIRY = "cancel", "expired"
+# The two ends of a pause whose first step (the run's move) can outlive the process that took it (P-53), and a
+# cancel of a run nobody was executing (Lifecycle.cancel_idle, D-90).
+CUT_CANCEL, CUT_EXPIRY, CUT_IDLE = "cancel", "expired", "cancel_idle"
 
 
 def pause_of(run: RunRecord) -> list[dict[str, Any]]:
@@ -219,13 +220,17 @@ def cut_end(run: RunRecord) -> str | None:
 
     Ending a run clears its ``pending`` in the same write as its envelope, so an ended run that holds one was left
     by a process that stopped between the end's two steps (the move, then the pause's writes and the envelope).
+    A cancel of a run nobody was executing (``cancel_idle``) holds the run from its move to its envelope, which
+    releases it: a cancelled run still held is one such cancel under way or cut (D-90).
     """
-    if not pause_of(run):
-        return None
-    if run.status == RunStatus.CANCELLED and isinstance(run.decision, dict) and run.decision.get("decision") == "cancel":
-        return CUT_CANCEL
-    if run.status == RunStatus.FAILED and run.error is None:
-        return CUT_EXPIRY
+    if pause_of(run):
+        if (run.status == RunStatus.CANCELLED and isinstance(run.decision, dict)
+                and run.decision.get("decision") == "cancel"):
+            return CUT_CANCEL
+        if run.status == RunStatus.FAILED and run.error is None:
+            return CUT_EXPIRY
+    if run.status == RunStatus.CANCELLED and run.owner is not None:
+        return CUT_IDLE
     return None
 
 

@@ -33,6 +33,7 @@ from tether._engine.approvals.model import (
     CHANNELS,
     CONFLICT,
     CUT_CANCEL,
+    CUT_IDLE,
     DECISIONS,
     ENDED,
     ENDS_PAUSE,
@@ -81,8 +82,9 @@ class Resumed:
 
 @dataclass(frozen=True)
 class Rejoin:
-    """What ``decide`` returns for a repeat of a decline-and-undo whose rollback is under way: the run, whose
-    outcome the caller waits for, carrying it out itself if its owner stopped (launcher.rejoin, P-53)."""
+    """What ``decide`` returns for a repeat of a decision on a run running since (a decline-and-undo's rollback
+    under way, P-53; a pause decided and continued, D-90): the run, whose outcome the caller waits for, carrying it
+    on itself if its owner stopped (launcher.rejoin)."""
 
     run: RunRecord
 
@@ -259,9 +261,10 @@ async def decide(engine: Engine, run_id: str, decisions: Mapping[Any, Any], *, p
             raise await engine.astore.call(_refused_now, engine, run, seq, decision, verdict, entry)
 
     if run.status != RunStatus.PAUSED:
-        # Every named write was decided before: return what the run did since (a rollback whose process
-        # stopped is carried out here, P-53).
-        return _rollback_under_way(run) or await engine.wait_for_run(run_id)
+        # Every named write was decided before: return what the run did since. A run still running is waited
+        # for, and taken over and continued here once its owner stopped, as recovery would (a rollback's plan
+        # carried out, P-53; the program continued, D-90).
+        return _rollback_under_way(run) or _still_running(run) or await engine.wait_for_run(run_id)
     now = engine.clock()
     if fresh and run.expires_at is not None and now > run.expires_at:
         if not await engine.astore.call(engine.lifecycle.expire, run_id):
@@ -636,6 +639,12 @@ def _rollback_under_way(run: RunRecord) -> Rejoin | None:
     return Rejoin(run)
 
 
+def _still_running(run: RunRecord) -> Rejoin | None:
+    """A repeat of a decision on a run that continued since (D-90): the caller waits for its outcome, taking it over
+    and continuing it if the process that continued it stopped (launcher.rejoin, counted as a takeover, P-39)."""
+    return Rejoin(run) if run.status == RunStatus.RUNNING else None
+
+
 def _held_elsewhere(engine: Engine, run: RunRecord) -> bool:
     """Whether a live process other than this one holds ``run`` (it is still carrying out the end it recorded)."""
     from tether._engine.ownership import owner_gone
@@ -649,8 +658,9 @@ async def finish_cut(engine: Engine, run_id: str, *, wait: bool = True) -> RunRe
 
     A cancel recorded on the run (``cancel_decided``) settles each write of the pause still ``asked`` or
     ``approved`` as the cancel of whoever cancelled, as ``_cancel`` would have; an expiry recorded
-    (``Lifecycle.expire``) declines the approved ones ``write_expired`` and revokes the pause's keys. Then the
-    envelope is written. Nothing is ever sent. A process that still holds the run is given its lease to finish
+    (``Lifecycle.expire``) declines the approved ones ``write_expired`` and revokes the pause's keys; a cancel of a
+    run nobody was executing (``cancel_idle``, D-90) cancels the run's waits. Then the envelope is written. Nothing is
+    ever sent. A process that still holds the run is given its lease to finish
     (``wait``), else it is left to it; each write's compare-and-set keeps two finishers from settling one twice.
     """
     run = await engine.astore.get_run(run_id)
@@ -664,6 +674,8 @@ async def finish_cut(engine: Engine, run_id: str, *, wait: bool = True) -> RunRe
     how = cut_end(run)
     if how is None:
         return await engine.wait_for_run(run_id)
+    if how == CUT_IDLE:
+        return await engine.finisher.finish_cancel(run)
     writes = pause_of(run)
     if how == CUT_CANCEL:
         ended = run.decision if isinstance(run.decision, dict) else {}

@@ -91,10 +91,11 @@ def current_envelope(engine: Engine, run: RunRecord) -> RunResult | None:
     return RunResult(status=run.status, run_id=run.run_id, error=run.error)
 
 
-def still_running(run_id: str, status: str, waited: float) -> RunResult:
+def still_running(run_id: str, status: str, waited: float, *, named_by: str = "this key") -> RunResult:
+    again = "the same key" if named_by == "this key" else "the same decision"
     return RunResult(status=status, run_id=run_id, error={
         "code": "still_running",
-        "message": f"run {run_id}, which this key names, is still {status} after {waited:g} s; "
+        "message": f"run {run_id}, which {named_by} names, is still {status} after {waited:g} s; "
                    "no second run was started",
-        "next_action": f"Call again with the same key to get its outcome, or wait with `tether runs await {run_id}`.",
+        "next_action": f"Call again with {again} to get its outcome, or wait with `tether runs await {run_id}`.",
         "details": {"run_id": run_id}})
