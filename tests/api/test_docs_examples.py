@@ -54,6 +54,51 @@ def test_every_python_and_json_block_in_the_docs_parses(doc):
         json.loads(text)
 
 
+# `[server] public_url` or `[log] format = "json"` in prose: a key a reader is told to set.
+PROSE_KEY = re.compile(r"`\[([a-z_.]+)\] ([a-z_]+)(?: = ([^`]+))?`")
+COMMENTED_KEY = re.compile(r"^( *)# ?([a-z_]+ = .*)$", re.M)
+
+
+@pytest.mark.parametrize("doc", USER_DOCS)
+def test_every_config_key_named_in_the_docs_prose_exists_and_takes_the_value_shown(doc, tmp_path):
+    """A key named in a sentence is what a reader copies into tether.toml: it must exist, and a value shown
+    with it (`a / b`: either) must load."""
+    from tether._config import Config, load_config
+    from tether.errors import ConfigError
+
+    path, wrong = tmp_path / "tether.toml", {}
+    for section, key, shown in PROSE_KEY.findall(FENCED.sub("", (ROOT / doc).read_text())):
+        if section.split(".")[0] not in Config.model_fields:
+            continue  # `[code] message`: not a config table
+        for value in shown.split(" / ") if shown else ['"?"']:
+            path.write_text(f"[{section}]\n{key} = {value}\n")
+            try:
+                load_config(path, env={})
+            except ConfigError as exc:
+                if shown or "unknown key" in str(exc):
+                    wrong[f"[{section}] {key} = {value}"] = str(exc)
+    assert wrong == {}
+
+
+@pytest.mark.parametrize("doc", USER_DOCS)
+def test_a_key_left_commented_out_in_a_toml_block_is_a_key_when_uncommented(doc, tmp_path):
+    """`# audience = ...` in an example is an option the reader may turn on: it must be one tether knows."""
+    from tether._config import load_config
+    from tether.errors import ConfigError
+
+    path, wrong = tmp_path / "tether.toml", {}
+    for text in blocks(doc, "toml"):
+        for commented in COMMENTED_KEY.finditer(text):
+            line = commented.group(2).split("  #")[0]
+            path.write_text(text[:commented.start()] + commented.group(1) + line + text[commented.end():])
+            try:
+                load_config(path, env={})
+            except ConfigError as exc:  # another key's rule (url beside command) is fine; a misspelt key is not
+                if "unknown key" in str(exc):
+                    wrong[line] = str(exc)
+    assert wrong == {}
+
+
 def test_the_readme_config_example_is_valid(tmp_path):
     from tether._config import load_config
 
