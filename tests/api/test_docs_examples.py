@@ -4,6 +4,7 @@ command exists with the options given, and the Python examples run as written (a
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -46,8 +47,6 @@ def test_every_toml_block_in_the_docs_loads(doc, tmp_path):
 @pytest.mark.parametrize("doc", USER_DOCS)
 def test_every_python_and_json_block_in_the_docs_parses(doc):
     """Program snippets use top-level await as the sandbox does; client configs are JSON a client will read."""
-    import ast
-
     for text in blocks(doc, "python"):
         compile(text, doc, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     for text in blocks(doc, "json"):
@@ -186,6 +185,44 @@ def test_the_command_check_sees_a_command_that_does_not_exist():
     assert unknown_parts("tether resume RUN_ID --approve --seq N --as OWNER", root) == []
     assert unknown_parts("tether runs await\\|cancel\\|signal", root) == []
     assert unknown_parts("tether run PROGRAM.py [--tools X] [--json] [--no-check] [--no-wait]", root) == ["--no-wait"]
+
+
+def declared_tools(text: str) -> tuple[str, ast.Module] | None:
+    """A snippet's imports and its ``@tool`` functions alone (the lines around them need a run), with the
+    namespace its ``undo="ns.tool"`` names (the functions' module name decides it, as in a user's module)."""
+    tree = compile(text, "<snippet>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    decorated = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and any("tool" in ast.unparse(d).split("(")[0] for d in node.decorator_list)]
+    if not decorated:
+        return None
+    imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    undo = re.search(r'undo="(\w+)\.', text)
+    return (undo.group(1) if undo else "docs"), ast.Module(body=[*imports, *decorated], type_ignores=[])
+
+
+@pytest.mark.parametrize("doc", USER_DOCS)
+def test_every_tool_the_docs_declare_is_accepted_and_loads_into_a_runtime(doc):
+    """`@tool(...)` with the options a snippet shows (trust labels, roles, undo, idempotent_with_key, a
+    CallContext argument) is declared as written, and a runtime takes the snippet's tools together."""
+    import asyncio
+
+    from tether import Runtime
+
+    for text in blocks(doc, "python"):
+        found = declared_tools(text)
+        if found is None:
+            continue
+        namespace, module = found
+        scope: dict = {"__name__": namespace}
+        exec(compile(module, doc, "exec"), scope)  # noqa: S102 - the docs' own snippet
+        functions = [value for value in scope.values() if hasattr(value, "__tether_tool__")]
+        assert functions, text
+
+        async def load(functions: list = functions) -> list[str]:
+            async with Runtime(tools=functions) as rt:
+                return [hit["address"] for hit in rt.search("", limit=100)["results"]]
+
+        assert len(asyncio.run(load())) == len(functions), text
 
 
 def test_the_readme_python_api_example_runs_as_written(tmp_path):
