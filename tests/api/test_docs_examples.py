@@ -177,6 +177,21 @@ def test_every_tether_command_the_docs_show_exists(doc):
     assert {c: unknown_parts(c, root) for c in commands if unknown_parts(c, root)} == {}
 
 
+def test_every_tether_command_a_message_tells_the_user_to_run_exists():
+    """Errors' next actions, pause texts and help name commands (`tether runs list`, "(tether sources list)"):
+    a user follows them as written, so each must be one the CLI has, with those options."""
+    from tether.cli import build_parser
+
+    root, named = build_parser(), {}
+    verbs = "|".join(_subcommands(root))
+    command = re.compile(rf"`(tether [a-z][^`]*)`|[(\"'](tether (?:{verbs})(?: [a-z-]+)?(?: --[a-z-]+)*)")
+    for path in (ROOT / "src" / "tether").rglob("*.py"):
+        for quoted, bare in command.findall(path.read_text()):
+            named[" ".join((quoted or bare).split())] = path.name
+    assert len(named) > 20
+    assert {c: (where, unknown_parts(c, root)) for c, where in named.items() if unknown_parts(c, root)} == {}
+
+
 def test_the_command_check_sees_a_command_that_does_not_exist():
     from tether.cli import build_parser
 
