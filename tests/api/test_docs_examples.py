@@ -251,6 +251,44 @@ def test_the_readme_python_api_example_runs_as_written(tmp_path):
     assert done.stdout.splitlines()[-1] == "completed open"
 
 
+def readme_block_containing(marker: str) -> str:
+    (found,) = [text for text in blocks("README.md", "python") if marker in text]
+    return found
+
+
+async def test_the_readme_fragments_on_a_runtime_run_as_written():
+    """The README's fragments that use a runtime (`rt`, `code`, `program`, `run_id`), run in turn on one with
+    the demo's tools: begin and stream events to a pause; decide writes 3 and 4 together with actor and via;
+    a retry with the same run key gets the same run; a run given the user's words."""
+    from tether import Runtime
+    from tether.demo.helpdesk import make_helpdesk
+
+    code = (  # reads at seqs 1 and 2, then two writes issued together at 3 and 4, as the decide fragment names
+        "import asyncio\nimport tools\n"
+        "await tools.helpdesk.get_ticket(ticket_id='T1004')\nawait tools.helpdesk.list_comments(ticket_id='T1004')\n"
+        "await asyncio.gather(tools.helpdesk.add_comment(ticket_id='T1004', body='On it'),\n"
+        "                     tools.helpdesk.add_comment(ticket_id='T1001', body='On it'))\n'done'\n")
+    async with Runtime(tools=make_helpdesk()) as rt:
+        scope: dict = {"rt": rt, "code": code, "program": code}
+
+        async def run(marker: str) -> None:
+            text = readme_block_containing(marker)
+            body = "async def _fragment():\n" + textwrap.indent(text, "    ") + "\n    return locals()\n"
+            exec(compile(body, "README.md", "exec"), scope)  # noqa: S102 - the README's own fragment
+            scope.update(await scope["_fragment"]())
+
+        await run("handle = await rt.begin(code)")
+        assert scope["result"].status == "paused" and scope["result"].pending["seq"] == 3
+        scope["run_id"] = scope["handle"].run_id
+        await run("for w in rt.pending(run_id):")
+        # 3 was sent; 4, declined, raised at its call, which the program does not catch.
+        assert scope["result"].status == "failed" and scope["result"].error["code"] == "write_declined"
+        assert scope["result"].error["details"]["call"]["seq"] == 4
+        await run('result = await rt.execute(code, key="3f1c…")')
+        await run("user_words=")
+        assert scope["result"].status == "paused"
+
+
 def test_the_readme_program_runs_against_the_demo_tools_as_the_readme_says(tmp_path):
     """The model-facing example, saved as program.py and run with the demo's tools: it pauses at its write,
     and the `tether resume` line printed at the pause finishes it."""
