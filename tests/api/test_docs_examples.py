@@ -98,6 +98,27 @@ def test_a_key_left_commented_out_in_a_toml_block_is_a_key_when_uncommented(doc,
     assert wrong == {}
 
 
+def heading_anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a document's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.*)$", FENCED.sub("", path.read_text()), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("doc", [*USER_DOCS, "docs/glossary.md"])
+def test_every_link_in_the_docs_reaches_its_file_and_heading(doc):
+    """`[Guarded writes](#guarded-writes-writes--guard)`, `docs/security.md#doors-and-rights`: a heading renamed
+    leaves the links to it pointing nowhere."""
+    path, broken = ROOT / doc, []
+    for target in re.findall(r"\]\(([^)\s]+)\)", FENCED.sub("", path.read_text())):
+        if re.match(r"[a-z]+:", target):
+            continue  # a URL
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in heading_anchors(dest)):
+            broken.append(target)
+    assert broken == []
+
+
 def test_the_readme_config_example_is_valid(tmp_path):
     from tether._config import load_config
 
