@@ -513,6 +513,6 @@ def add_worker(sub: Any) -> None:
 
 
 def add_recover(sub: Any) -> None:
-    sp = sub.add_parser("recover", help="continue runs whose process died")
+    sp = sub.add_parser("recover", help="continue runs whose process died; finish a cancel or expiry left half done")
     add_common(sp)
     sp.set_defaults(func=cmd_recover)
