@@ -119,6 +119,15 @@ def test_every_link_in_the_docs_reaches_its_file_and_heading(doc):
     assert broken == []
 
 
+@pytest.mark.parametrize("doc", [*USER_DOCS, "docs/glossary.md"])
+def test_every_repository_file_the_docs_name_exists(doc):
+    """`bench/check_bench.py`, `tests/server/test_replicas.py`, `_server/mcp.py`: where a reader is sent to look."""
+    text = (ROOT / doc).read_text()
+    named = set(re.findall(r"(?<![\w/.])((?:tests|bench|examples|deploy)/[\w./@-]+\.(?:py|json|yml|service|md))", text))
+    named |= {"src/tether/" + p for p in re.findall(r"`(_[a-z_]+/[a-z_/]+\.py)`", text)}
+    assert [p for p in sorted(named) if not (ROOT / p).exists()] == []
+
+
 def test_the_readme_config_example_is_valid(tmp_path):
     from tether._config import load_config
 
