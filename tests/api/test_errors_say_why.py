@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,15 @@ def test_cli_names_the_owner_and_the_as_to_use(tmp_path, env):
     refused = run_cli(["resume", paused.run_id, "--approve", "--seq", "1"], env, tmp_path)
     assert refused.returncode != 0
     assert f"owned by {TOKEN}" in refused.stderr and f"--as {TOKEN}" in refused.stderr, refused.stderr
+
+    # The other commands the README shows with --as say the same, each naming itself in its next action.
+    for command, example in ((["runs", "signal", paused.run_id, "go", "1"], f"tether runs signal {paused.run_id} go"),
+                             (["waits", "list", "--run", paused.run_id], f"tether waits list --run {paused.run_id}"),
+                             (["runs", "undo", paused.run_id], f"tether runs undo {paused.run_id}")):
+        refused = run_cli(command, env, tmp_path)
+        assert refused.returncode != 0 and f"owned by {TOKEN}" in refused.stderr, (command, refused.stderr)
+        assert example in refused.stderr and f"--as {TOKEN}" in refused.stderr, (command, refused.stderr)
+    listed = run_cli(["waits", "list", "--run", paused.run_id, "--as", TOKEN], env, tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    # An approval's wait times out a day later: the line gives the date, not a time of day that reads as now.
+    assert re.search(r"times out \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", listed.stdout), listed.stdout

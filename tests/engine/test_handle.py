@@ -42,6 +42,21 @@ async def test_events_stream_while_the_run_runs_and_end_with_it():
         assert (await handle.result()).result == "through"
 
 
+async def test_events_end_when_the_attempt_pauses_at_a_write():
+    """A pause is not an end of the run, but it ends the attempt: the stream stops there, as it does at an
+    end, instead of lasting its whole poll (a termination test: the poll here is ten minutes)."""
+
+    async def collect(handle: Any) -> list[str]:
+        return [event.type async for event in handle.events(poll_ms=600_000)]
+
+    rec = Recorder()
+    async with Runtime(tools=rec.tools()) as rt:
+        handle = await rt.begin("import tools\nemit('asking')\nawait tools.helpdesk.close_ticket(id=1)")
+        seen = await asyncio.wait_for(collect(handle), 60)
+        assert seen == ["output", "paused"]
+        assert (await handle.result()).status == "paused" and rec.deliveries == []
+
+
 async def test_cancel_through_the_handle_stops_the_run_and_sends_nothing_further():
     gate = Gate()
     rec = Recorder()

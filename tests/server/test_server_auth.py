@@ -183,3 +183,6 @@ async def test_p23_a_legacy_session_is_usable_only_with_the_token_that_opened_it
             *headers.items(), ("Authorization", f"Bearer {ALPHA}"), ("Mcp-Session-Id", session),
             ("Mcp-Session-Id", "another")]))
         assert r.status_code == 400 and r.json()["error"]["code"] == "ambiguous_credentials"
+        # The token was fine: the next action is about the session header, not a token to send.
+        assert "Mcp-Session-Id" in r.json()["error"]["next_action"], r.json()
+        assert "Authorization" not in r.json()["error"]["next_action"], r.json()

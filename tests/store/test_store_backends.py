@@ -169,3 +169,15 @@ def test_an_unknown_scheme_is_refused_naming_every_registered_one(tmp_path: Path
     assert f"store.url: {expected} (got 'mysql://h/db')" in str(file_error.value)
     assert f"TETHER_STORE_URL: {expected} (got 'mysql://u:<redacted>@h/db')" in str(env_error.value)
     assert expected in str(open_error.value) and "pw" not in str(open_error.value)
+
+
+def test_a_postgres_url_without_its_driver_says_which_extra_to_install(monkeypatch):
+    """`pip install tether` has no Postgres driver: a postgresql:// URL says what to install, not a traceback."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if psycopg were not installed
+    monkeypatch.delitem(sys.modules, "tether._store.postgres", raising=False)
+    with pytest.raises(ConfigError) as error:
+        open_store("postgresql://u:pw@h/db")
+    assert "'psycopg', which is not installed; nothing was opened" in str(error.value)
+    assert "pip install 'tether[postgres]'" in error.value.next_action and "pw" not in str(error.value)

@@ -34,6 +34,13 @@ def test_big_catalog_fits_the_budget() -> None:
     assert "50 namespaces, 1000 tools" in text
 
 
+def test_an_empty_catalog_says_so_without_a_list_left_open() -> None:
+    """`tether prompt` before any tool is configured: the count line ends as a sentence, not with a colon
+    introducing nothing."""
+    text = model_description(Catalog())
+    assert "0 namespaces, 0 tools.\n" in text and "tools:" not in text
+
+
 def test_same_catalog_in_any_order_gives_identical_bytes() -> None:
     a = _catalog(order_seed=1)
     b = _catalog(order_seed=2)

@@ -125,6 +125,10 @@ class EventBus:
                 raise RunNotFound(f"no cell {run_id!r}")
             if run.status in TERMINAL_RUN_STATUSES and not new:
                 return collected
+            if task is not None and task.done() and not new:
+                # The attempt ended here (paused, parked, or stopped without a stopping event): what it stored
+                # is all there is, and a pause is not terminal, so waiting on would last the whole timeout.
+                return collected
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return collected

@@ -264,8 +264,12 @@ class BearerAuth:
         scope[SCOPE_KEY] = principal
         session_ids = [v for k, v in scope.get("headers", []) if k.lower() == SESSION_HEADER]
         if len(session_ids) > 1:
-            await _refuse(send, CredentialProblem(400, "ambiguous_credentials",
-                                                  f"the request has {len(session_ids)} Mcp-Session-Id headers"))
+            # The token was good: the advice is about the session header, and no Bearer challenge goes with it.
+            await _json(send, 400, {"error": {
+                "code": "ambiguous_credentials",
+                "message": f"the request has {len(session_ids)} Mcp-Session-Id headers; nothing was run",
+                "next_action": "Send at most one Mcp-Session-Id header: the id this server gave your session "
+                               "(none on the request that starts one)."}})
             return
         if session_ids and self._sessions.get(session_ids[0]) != principal:
             # Another principal's session does not exist for this caller, as

@@ -47,12 +47,28 @@ class StoreBackend:
     # imports a database driver; or the callable itself.
     opener: str | Callable[[str], Store]
     example: str  # the URL as a config error shows it: "sqlite:///path"
+    # How to install the driver the opener imports ("pip install 'tether[postgres]'"), for the error a
+    # URL of this scheme gets where it is missing.
+    install: str = ""
 
     def open(self, url: str) -> Store:
         opener = self.opener
         if isinstance(opener, str):
             module, attribute = opener.split(":")
-            opener = getattr(importlib.import_module(module), attribute)
+            try:
+                opener = getattr(importlib.import_module(module), attribute)
+            except ModuleNotFoundError as exc:
+                if not exc.name or exc.name.split(".")[0] == "tether":
+                    raise  # tether's own module missing is a broken install, not a driver to add
+                from tether.errors import ConfigError
+
+                raise ConfigError(
+                    f"a {self.example} store needs the Python package {exc.name!r}, which is not installed; "
+                    "nothing was opened",
+                    next_action=f"Install it ({self.install or 'pip install ' + exc.name}), or set [store] url "
+                                "(or TETHER_STORE_URL) to another store.",
+                    details={"package": exc.name},
+                ) from None
         store: Store = opener(url)
         return store
 
@@ -101,4 +117,4 @@ def open_store(url: str) -> Store:
 
 register_backend(StoreBackend(("sqlite:///",), "tether._store.sqlite:SQLiteStore", example="sqlite:///path"))
 register_backend(StoreBackend(("postgresql://", "postgres://"), "tether._store.postgres:PostgresStore",
-                              example="postgresql://"))
+                              example="postgresql://", install="pip install 'tether[postgres]'"))

@@ -70,7 +70,8 @@ def model_description(
     head = (
         _API
         + f"Limits: {lim['code_bytes']} B code, {lim['host_calls']} calls, {_seconds(lim['run_seconds'])} s.\n"
-        + f"{_count(len(namespaces), 'namespace')}, {_count(total_tools, 'tool')}:\n"
+        # A colon introduces the list; with no tools there is none, and the line ends as a sentence.
+        + f"{_count(len(namespaces), 'namespace')}, {_count(total_tools, 'tool')}{':' if namespaces else '.'}\n"
     )
     # Most tools first: with a truncated list, they are the likeliest to matter.
     ordered = sorted(namespaces, key=lambda ns: (-ns["tools"], ns["namespace"]))

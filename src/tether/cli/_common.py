@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from tether._store.states import RunStatus
 from tether._tools.shown import escape, show_call
-from tether.errors import InvalidArguments, ProgramFileNotFound, ProgramNotUtf8
+from tether.errors import InvalidArguments, ProgramFileNotFound, ProgramNotUtf8, RunNotFound
 
 if TYPE_CHECKING:  # the command line imports the engine lazily, to start fast
     from contextlib import AbstractAsyncContextManager
@@ -319,3 +319,22 @@ def trusted_meta(store: Store, run: RunRecord | None, *, lenient: bool = False) 
             return {}
         raise
     return run.meta or {}
+
+
+def owned_elsewhere(store: Any, run_id: str, principal: str | None, exc: RunNotFound, *,
+                    undone: str = "nothing was decided", example: str = "") -> RunNotFound:
+    """run_not_found for a run the store holds under another principal: name the owner and the --as to use.
+
+    The command line opens the store itself, so its user is the store's operator:
+    telling them who owns a run hides nothing they could not read with `runs show`.
+    """
+    run = store.get_run(run_id)
+    owner = getattr(run, "principal", None) or "local"
+    if run is None or owner == (principal or "local"):
+        return exc
+    example = example or f"tether resume {run_id} --approve --seq N"
+    return RunNotFound(
+        f"run {run_id} is owned by {owner}, not {principal or 'local'}; {undone}",
+        next_action=f"Act for its owner: add --as {owner} (e.g. {example} --as {owner}).",
+        details={"run_id": run_id, "owner": owner},
+    )

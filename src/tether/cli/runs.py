@@ -28,6 +28,7 @@ from tether.cli._common import (
     json_arg,
     local_user,
     open_rt,
+    owned_elsewhere,
     print_json,
     print_pause,
     print_result,
@@ -120,24 +121,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
         try:
             return await _resume(args, rt, decision, actor, principal)
         except RunNotFound as exc:
-            raise _owned_elsewhere(rt, args.run_id, principal, exc) from None
-
-
-def _owned_elsewhere(rt: Any, run_id: str, principal: str | None, exc: RunNotFound) -> RunNotFound:
-    """run_not_found for a run the store holds under another principal: name the owner and the --as to use.
-
-    The command line opens the store itself, so its user is the store's operator:
-    telling them who owns a run hides nothing they could not read with `runs show`.
-    """
-    run = rt.store.get_run(run_id)
-    owner = getattr(run, "principal", None) or "local"
-    if run is None or owner == (principal or "local"):
-        return exc
-    return RunNotFound(
-        f"run {run_id} is owned by {owner}, not {principal or 'local'}; nothing was decided",
-        next_action=f"Act for its owner: add --as {owner} (e.g. tether resume {run_id} --approve --seq N --as {owner}).",
-        details={"run_id": run_id, "owner": owner},
-    )
+            raise owned_elsewhere(rt.store, args.run_id, principal, exc) from None
 
 
 async def _resume(args: argparse.Namespace, rt: Any, decision: str, actor: str, principal: str | None) -> int:
@@ -313,7 +297,8 @@ async def cmd_runs_undo(args: argparse.Namespace) -> int:
             result = await rt.resume(args.run_id, "undo", args.reason, principal=principal, actor=actor_for(args),
                                      via="cli")
         except RunNotFound as exc:
-            raise _owned_elsewhere(rt, args.run_id, principal, exc) from None
+            raise owned_elsewhere(rt.store, args.run_id, principal, exc, undone="nothing was undone",
+                                  example=f"tether runs undo {args.run_id}") from None
     code = print_result(result, args.json)
     undone = result.status == RunStatus.ROLLED_BACK and all(x.get("undone") for x in result.rollback or [])
     return 0 if undone else code
@@ -343,7 +328,11 @@ async def cmd_runs_signal(args: argparse.Namespace) -> int:
     tools, config, sources = run_setup(args)
     args.config = config
     async with open_rt(args, tools, sources=sources) as rt:
-        out = await rt.signal(args.run_id, args.name, value, principal=args.acting_as)
+        try:
+            out = await rt.signal(args.run_id, args.name, value, principal=args.acting_as)
+        except RunNotFound as exc:
+            raise owned_elsewhere(rt.store, args.run_id, args.acting_as, exc, undone="nothing was signalled",
+                                  example=f"tether runs signal {args.run_id} {args.name} VALUE") from None
     return print_wait_outcome(out, args.json)
 
 
@@ -524,6 +513,6 @@ def add_worker(sub: Any) -> None:
 
 
 def add_recover(sub: Any) -> None:
-    sp = sub.add_parser("recover", help="continue runs whose process died")
+    sp = sub.add_parser("recover", help="continue runs whose process died; finish a cancel or expiry left half done")
     add_common(sp)
     sp.set_defaults(func=cmd_recover)

@@ -116,7 +116,7 @@ def add_prune(runs: Any) -> None:
 
 
 def add_store(sub: Any) -> None:
-    store = sub.add_parser("store", help="the store: its size and what a prune would free").add_subparsers(
+    store = sub.add_parser("store", help="the store: its size, what a prune would free, a backup").add_subparsers(
         dest="store_command", required=True)
     sp = store.add_parser("stats", help="size, rows, runs by status, what a prune would free")
     add_common(sp, tools=False)

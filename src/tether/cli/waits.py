@@ -12,12 +12,13 @@ from tether.cli._common import (
     add_common,
     json_arg,
     open_rt,
+    owned_elsewhere,
     print_json,
     print_wait_outcome,
     recorded_setup,
     trusted_meta,
 )
-from tether.errors import InvalidArguments
+from tether.errors import InvalidArguments, RunNotFound
 
 
 async def cmd_waits_list(args: argparse.Namespace) -> int:
@@ -28,7 +29,11 @@ async def cmd_waits_list(args: argparse.Namespace) -> int:
     store = open_store(load_config(args.config).store.url)
     try:
         rt = Runtime(store=store, type_check=False)
-        waits = rt.list_waits(args.run, principal=args.acting_as)
+        try:
+            waits = rt.list_waits(args.run, principal=args.acting_as)
+        except RunNotFound as exc:
+            raise owned_elsewhere(store, args.run, args.acting_as, exc, undone="nothing was listed",
+                                  example=f"tether waits list --run {args.run}") from None
     finally:
         store.close()
     if args.json:
@@ -37,7 +42,8 @@ async def cmd_waits_list(args: argparse.Namespace) -> int:
     if not waits:
         print("no pending waits")
     for w in waits:
-        due = "" if w["deadline"] is None else f" (times out {time.strftime('%H:%M:%S', time.localtime(w['deadline']))})"
+        # The date too: an approval's wait times out a day later, at what reads as the time it was made.
+        due = "" if w["deadline"] is None else f" (times out {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(w['deadline']))})"
         print(f"{w['run_id']}  {w['name']:<20} {w['key']}{due}")
     return EXIT_OK
 
