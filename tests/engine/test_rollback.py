@@ -195,6 +195,15 @@ b["id"]
         assert rt.store.get_run(done.run_id).status == RunStatus.ROLLED_BACK
 
 
+async def test_p46_an_ended_run_that_wrote_nothing_says_so_rather_than_that_writes_were_rolled_back(tmp_path):
+    async with Runtime(store=open_store(f"sqlite:///{tmp_path}/t.db"), tools=Shop().module(), policy=POLICY,
+                       type_check=False) as rt:
+        done = await rt.execute("1 + 1")
+        result = await rt.resume(done.run_id, "undo", "changed my mind")
+        assert result.status == RunStatus.ROLLED_BACK and result.rollback == []
+        assert result.error["message"] == "the run made no writes to roll back; nothing was undone"
+
+
 async def test_p46_a_running_run_is_not_undone(url):
     _fresh(url)
     shop = Shop()

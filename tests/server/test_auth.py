@@ -23,7 +23,7 @@ from tether._server.auth import (
 )
 from tether._server.credentials import CredentialProblem
 from tether._server.start import check_http_auth
-from tether.errors import UsageError
+from tether.errors import UnsafeBind, UsageError
 
 GOOD, OTHER = "good-token-0123456789", "other-token-0123456789"
 
@@ -132,6 +132,13 @@ def test_short_tokens_are_refused_unless_dev():
     assert err.value.code == "token_too_short" and "11" in err.value.message
     check_http_auth("127.0.0.1", ("x",), dev=True)  # a warning on stderr, not a refusal
     check_http_auth("127.0.0.1", (GOOD,), dev=False)
+
+
+def test_a_refusal_names_the_setting_that_dropped_the_token_not_a_flag_never_passed():
+    with pytest.raises(UnsafeBind) as raised:
+        check_http_auth("0.0.0.0", (), dev=True, dev_by="[server] allow_unauthenticated_loopback")
+    assert raised.value.message.startswith("[server] allow_unauthenticated_loopback serves without a token")
+    assert "--dev" not in raised.value.message + raised.value.next_action
 
 
 def test_a_token_that_cannot_be_sent_as_one_credential_is_refused():

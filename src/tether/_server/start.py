@@ -77,12 +77,13 @@ def parse_address(value: str, default_host: str, default_port: int) -> tuple[str
     return host, number
 
 
-def check_http_auth(host: str, tokens: tuple[str, ...], dev: bool, *, oauth: bool = False) -> None:
+def check_http_auth(host: str, tokens: tuple[str, ...], dev: bool, *, oauth: bool = False,
+                    dev_by: str = "--dev") -> None:
     """Refuse to serve HTTP that anyone could call: a token, an identity provider ([auth]), or --dev on loopback."""
     if dev and not is_loopback(host):
         raise UnsafeBind(
-            f"--dev serves without a token, so it binds only to a loopback address, not {host}; nothing was started",
-            next_action="Bind to 127.0.0.1 with --dev, or set TETHER_TOKEN and drop --dev.")
+            f"{dev_by} serves without a token, so it binds only to a loopback address, not {host}; nothing was "
+            "started", next_action=f"Bind to 127.0.0.1, or set TETHER_TOKEN and drop {dev_by}.")
     if not tokens and not dev and not oauth:
         raise TokenRequired(
             "serving MCP over HTTP needs a bearer token; nothing was started",
@@ -101,7 +102,7 @@ def check_http_auth(host: str, tokens: tuple[str, ...], dev: bool, *, oauth: boo
                         "(--dev accepts short tokens on loopback, with a warning).")
     if short:
         say(f"tether: warning: a bearer token is shorter than {MIN_TOKEN_CHARS} characters; "
-            "accepted only because of --dev", level=logging.WARNING)
+            f"accepted only because of {dev_by}", level=logging.WARNING)
 
 
 def warn_if_secret_beside_data(store: Store) -> bool:
@@ -146,7 +147,8 @@ async def serve(options: ServeOptions) -> int:
     resource = None
     if address is not None:
         check_http_auth(address[0], tokens, options.dev or config.server.allow_unauthenticated_loopback,
-                        oauth=config.auth is not None)
+                        oauth=config.auth is not None,
+                        dev_by="--dev" if options.dev else "[server] allow_unauthenticated_loopback")
         if config.auth is not None:
             from tether._server.oauth import ResourceServer
 
@@ -304,7 +306,7 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
                        settings.body_timeout_seconds)
     shown = f"[{host}]" if ":" in host else host
     how = ("bearer token or OAuth access token" if resource is not None else
-           "bearer token required" if tokens else "no token (--dev, loopback only)")
+           "bearer token required" if tokens else "no token, loopback only")
     say(f"tether: serving MCP at http://{shown}:{port}/mcp ({how}), the console at http://{shown}:{port}/console/")
     # What is built by now (modules, pydantic models, the catalog, the app) lives as long as the server: frozen
     # out of the cyclic collector's sight, a full collection walks only what requests made. Under serve_bench's

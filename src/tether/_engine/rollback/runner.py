@@ -60,8 +60,9 @@ def plan_of(run: RunRecord) -> dict[str, Any] | None:
 
 def rolled_back_error(lines: list[dict[str, Any]], declined: str | None) -> dict[str, Any]:
     """The error of a rolled-back run's envelope, naming what was undone and what was not."""
-    head = (f"the write {declined} was declined and the run's writes were rolled back"
-            if declined else "the run's writes were rolled back")
+    # A run that wrote nothing has nothing rolled back: say so rather than claim writes were (P-46).
+    rolled = "the run's writes were rolled back" if lines else "the run made no writes to roll back"
+    head = f"the write {declined} was declined and {rolled}" if declined else rolled
     left = [x for x in lines if not x.get("undone")]
     return {"code": "rolled_back", "message": f"{head}; {summary(lines)}",
             "next_action": ("Check each write listed as not undone with the tool's owner (tether runs show RUN_ID)."
