@@ -33,6 +33,7 @@ from mcp.types import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
     INVALID_REQUEST,
+    URL_ELICITATION_REQUIRED,
     AudioContent,
     CallToolResult,
     ElicitResult,
@@ -46,6 +47,7 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
+from tether._sources._mcp_links import url_required
 from tether._sources._mcp_stdio import stdio_transport
 from tether._sources._mcp_tools import build_tools, listing_json, server_summary
 from tether._sources.base import expand_env
@@ -627,9 +629,17 @@ class MCPSource:
                 try:
                     return _result_value(await self._timed_call(conn, name, upstream, args, meta), address, details)
                 except MCPError as exc:
+                    if exc.code == URL_ELICITATION_REQUIRED:
+                        message, links = url_required(address, exc.data, exc.message)
+                        raise ToolError(
+                            _clip(message),
+                            next_action="Give the user the link; once they have finished there, call the tool "
+                            "again (tether does not send it again by itself).",
+                            details={**details, "code": "url_elicitation_required", "links": links},
+                        ) from None
                     if exc.code != CONNECTION_CLOSED and not _session_gone(exc):
                         raise ToolError(
-                            f"{address} failed upstream: {_clip(exc.message)}",
+                            f"{address}: failed upstream: {_clip(exc.message)}",
                             details={**details, "code": "rpc_error", "rpc_code": exc.code},
                         ) from None
                     # A 404 for our session id means the server refused the
