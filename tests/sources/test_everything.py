@@ -7,6 +7,7 @@ same SDK, does what the reference server won't (sampling and roots requests a cl
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gzip
 import json
@@ -20,6 +21,7 @@ from tests.everything.run import hostile_command, start_http, stdio_command, sto
 
 from tether._app import open_runtime
 from tether._config import Config
+from tether._sources import mcp as mcp_source
 from tether._sources._mcp_links import url_required
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -229,6 +231,34 @@ link = await tools.ev.trigger_url_elicitation(url="https://example.com/consent",
     assert second["message"] == "Consent, please"
     events = [e.type for e in rt.store.get_events(r.run_id, limit=1000)]
     assert events.count("question") == 2 and "paused" not in events
+
+
+async def test_d89_a_person_answering_an_upstream_question_is_not_the_calls_time(rt):
+    # The source's no-progress limit is 1.5 s, its ceiling 3 s and the boundary's 4 s: the person takes longer
+    # than all three, and the write neither times out nor becomes write_outcome_unknown.
+    async def slow_person(question):
+        await asyncio.sleep(4.5)
+        return {"action": "accept", "content": {"name": "Slow"}}
+
+    r = await run(rt, "await tools.ev.trigger_elicitation_request()", on_approval=approve, on_question=slow_person)
+    assert r.status == "completed", r.error
+    assert "- Name: Slow" in r.result[1]
+
+
+async def test_d89_a_question_nobody_answers_is_cancelled_and_the_call_ends(rt, monkeypatch):
+    monkeypatch.setattr(mcp_source, "QUESTION_SECONDS", 0.5)
+    gone = asyncio.Event()
+
+    async def away(question):
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            gone.set()
+
+    r = await run(rt, "await tools.ev.trigger_elicitation_request()", on_approval=approve, on_question=away)
+    assert r.status == "completed", r.error
+    assert r.result[0].startswith("⚠️ User cancelled the elicitation dialog")
+    assert gone.is_set()  # the question was withdrawn from the person, not left waiting
 
 
 async def test_d89_a_url_elicitation_required_error_reaches_the_program_with_its_link(rt):

@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, TextIO
 from urllib.parse import urlsplit, urlunsplit
@@ -52,6 +52,7 @@ from tether._sources._mcp_stdio import stdio_transport
 from tether._sources._mcp_tools import build_tools, listing_json, server_summary
 from tether._sources.base import expand_env
 from tether._sources.kinds import SourceContext
+from tether._tools.clocks import CallClocks, call_deadline
 from tether._tools.context import current_call
 from tether._tools.model import IDEMPOTENCY_MODES, Tool, check_identifier
 from tether.errors import ConfigError, SourceNotStarted, SourceUnavailable, ToolError, UsageError
@@ -71,6 +72,10 @@ IDEMPOTENCY_META_KEY = "tether/idempotency-key"
 # Enough for an error message to be actionable, short enough that a server
 # dumping a traceback or a page of HTML cannot flood the program's context.
 ERROR_MESSAGE_LIMIT = 2000
+
+# How long an upstream's question may wait for a person before it is cancelled and the call's clocks run
+# again: the reference server (server-everything) itself waits ten minutes for its answer.
+QUESTION_SECONDS = 600.0
 
 # A paginating server that never stops must not hang start().
 _MAX_LIST_PAGES = 1000
@@ -144,6 +149,7 @@ ProgressHandler = Callable[[ProgressReport], None]
 class _Call:
     tool: str
     sent: int = 0  # tools/call requests handed to the transport for this call
+    clocks: CallClocks | None = None  # its deadlines, held while its question is with a person (D-89)
 
 
 _current_call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("tether_mcp_call", default=None)
@@ -613,6 +619,8 @@ class MCPSource:
 
     async def _call(self, name: str, upstream: str, args: dict[str, Any]) -> Any:
         call = _Call(name)
+        call.clocks = CallClocks()
+        call.clocks.watch(call_deadline())
         token = _current_call.set(call)
         address = f"{self.namespace}.{name}"
         details = {"source": self.namespace, "tool": name, "upstream_tool": upstream}
@@ -627,7 +635,8 @@ class MCPSource:
                                             details={**details, "code": "source_unavailable"}) from None
                 conn.in_flight.add(call)
                 try:
-                    return _result_value(await self._timed_call(conn, name, upstream, args, meta), address, details)
+                    return _result_value(await self._timed_call(conn, name, upstream, args, meta, call.clocks),
+                                         address, details)
                 except MCPError as exc:
                     if exc.code == URL_ELICITATION_REQUIRED:
                         message, links = url_required(address, exc.data, exc.message)
@@ -676,7 +685,7 @@ class MCPSource:
             _current_call.reset(token)
 
     async def _timed_call(self, conn: _Connection, name: str, upstream: str, args: dict[str, Any],
-                          meta: Any = None) -> Any:
+                          meta: Any = None, clocks: CallClocks | None = None) -> Any:
         loop = asyncio.get_running_loop()
         started = loop.time()
         limit = self._call_timeout
@@ -686,13 +695,16 @@ class MCPSource:
         def deadline() -> float | None:
             if limit is None and ceiling is None:
                 return None
-            return min(loop.time() + (limit or ceiling), started + (ceiling or limit))  # type: ignore[operator]
+            # Time a person spent answering the call's question is not the server's (D-89).
+            held = clocks.held_seconds if clocks is not None else 0.0
+            return min(loop.time() + (limit or ceiling), started + held + (ceiling or limit))  # type: ignore[operator]
 
         scope = asyncio.timeout_at(deadline())
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-            # Progress means the server is working: the no-progress clock restarts.
-            scope.reschedule(deadline())
+            # Progress means the server is working: the no-progress clock restarts (unless it is held).
+            if clocks is None or not clocks.holding:
+                scope.reschedule(deadline())
             if handler is not None:
                 try:
                     handler(ProgressReport(self.namespace, name, progress, total, message))
@@ -701,6 +713,8 @@ class MCPSource:
 
         try:
             async with scope:
+                if clocks is not None:
+                    clocks.watch(scope)
                 return await conn.client.call_tool(upstream, args, progress_callback=on_progress, meta=meta)
         except TimeoutError:
             if not scope.expired():
@@ -729,8 +743,18 @@ class MCPSource:
             url=getattr(params, "url", None),
             elicitation_id=getattr(params, "elicitation_id", None),
         )
+        call = self._eliciting_call()
+        hold: AbstractContextManager[None] = nullcontext()
+        if call is not None and call.clocks is not None:
+            hold = call.clocks.held()
         try:
-            answer = await handler(request)
+            try:
+                with hold:
+                    async with asyncio.timeout(QUESTION_SECONDS):
+                        answer = await handler(request)
+            except TimeoutError:
+                # Nobody answered: the upstream hears "cancel" and the call's clocks run again.
+                return ElicitResult(action="cancel")
             if answer.action not in ("accept", "decline", "cancel"):
                 raise ValueError(f"unknown action {answer.action!r}")
             content = answer.content if answer.action == "accept" and request.mode == "form" else None
@@ -740,12 +764,16 @@ class MCPSource:
             return ErrorData(code=INTERNAL_ERROR, message="the client failed to answer the elicitation")
 
     def _eliciting_tool(self) -> str | None:
+        call = self._eliciting_call()
+        return call.tool if call is not None else None
+
+    def _eliciting_call(self) -> _Call | None:
         call = _current_call.get()
         if call is not None:
-            return call.tool
+            return call
         conn = self._conn
         if conn is not None and len(conn.in_flight) == 1:
-            return next(iter(conn.in_flight)).tool
+            return next(iter(conn.in_flight))
         return None
 
 
