@@ -17,10 +17,13 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from mcp import Client
+from mcp_types import ElicitResult
 from tests.everything.run import hostile_command, start_http, stdio_command, stop
 
 from tether._app import open_runtime
 from tether._config import Config
+from tether._server.mcp import TetherServer
 from tether._sources import mcp as mcp_source
 from tether._sources._mcp_links import url_required
 
@@ -49,7 +52,9 @@ async def rt(tmp_path_factory):
           "call_timeout": 1.5, "max_call_seconds": 3}
     bad = {"type": "mcp", "namespace": "bad", "command": hostile_command(), "call_timeout": 10}
     try:
-        async with open_runtime(_config(tmp_path_factory.mktemp("everything"), [ev, bad])) as runtime:
+        # Writes ask, except the two that only put questions to the user (so a client's form shows them alone).
+        policy = {"rules": [{"match": "ev.trigger_*elicitation*", "action": "allow"}]}
+        async with open_runtime(_config(tmp_path_factory.mktemp("everything"), [ev, bad], policy=policy)) as runtime:
             yield runtime
     finally:
         del os.environ[SECRET_VAR]
@@ -231,6 +236,28 @@ link = await tools.ev.trigger_url_elicitation(url="https://example.com/consent",
     assert second["message"] == "Consent, please"
     events = [e.type for e in rt.store.get_events(r.run_id, limit=1000)]
     assert events.count("question") == 2 and "paused" not in events
+
+
+async def test_d13_over_mcp_the_servers_whole_form_reaches_tethers_client_and_its_url_question_does_not(rt):
+    shown = []
+
+    async def callback(context, params):
+        shown.append(params)
+        return ElicitResult(action="accept", content={"name": "Grace", "untitledMultipleSelectEnum": ["Piano"]})
+
+    program = ("import tools\nform = await tools.ev.trigger_elicitation_request()\n"
+               "link = await tools.ev.trigger_url_elicitation(url='https://example.com/consent')\n[form, link]")
+    async with Client(TetherServer(rt).mcp, mode="legacy", elicitation_callback=callback) as client:
+        r = await client.call_tool("execute", {"code": program})
+    assert r.structured_content["status"] == "completed", r.structured_content
+    form, link = r.structured_content["result"]
+    assert "- Name: Grace" in form[1] and '"Piano"' in form[2]
+    (params,) = shown  # the URL question is declined, never shown: this client gets only tether's own links
+    assert params.message == "ev.trigger_elicitation_request asks: Please provide inputs for the following fields:"
+    props = params.requested_schema["properties"]
+    assert props["titledSingleSelectEnum"]["oneOf"][0] == {"const": "hero-1", "title": "Superman"}
+    assert props["legacyTitledEnum"]["enumNames"][0] == "Cats" and props["untitledMultipleSelectEnum"]["maxItems"] == 3
+    assert link[0].startswith("❌ User declined to open the URL")
 
 
 async def test_d89_a_person_answering_an_upstream_question_is_not_the_calls_time(rt):
