@@ -26,6 +26,7 @@ from tether._config import Config
 from tether._server.mcp import TetherServer
 from tether._sources import mcp as mcp_source
 from tether._sources._mcp_links import url_required
+from tether._sources._mcp_progress import ProgressGate
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -191,9 +192,15 @@ async def test_progress_reaches_the_caller_and_a_flood_of_it_breaks_nothing(rt):
     assert r.result == "Long running operation completed. Duration: 1 seconds, Steps: 4."
     assert len(seen) >= 4 and [d for d, _ in seen] == sorted(d for d, _ in seen)
     assert all(text == "ev.trigger_long_running_operation" for _, text in seen)
-    # 2,000 notifications in one second: the call still ends with the server's answer.
-    r = await run(rt, "await tools.ev.trigger_long_running_operation(duration=1, steps=2000)")
-    assert r.status == "completed" and r.result.endswith("Steps: 2000."), r.error
+    # 2,000 notifications in one second: the call still ends with the server's answer, and a cell's timeline
+    # gets a burst and then ten a second of them, not 2,000 rows (D-89).
+    obs = await rt.start_cell("import tools\nawait tools.ev.trigger_long_running_operation(duration=1, steps=2000)",
+                              yield_after_ms=30_000)
+    while obs["status"] == "running":
+        obs = await rt.wait_cell(obs["cell_id"], after=obs["cursor"], timeout_ms=30_000)
+    assert obs["status"] == "completed" and obs["result"].endswith("Steps: 2000."), obs
+    stored = [e for e in rt.store.get_events(obs["cell_id"], limit=100_000) if e.type == "progress"]
+    assert 10 <= len(stored) <= 60, len(stored)
 
 
 async def test_a_long_running_call_ends_at_its_deadline_with_call_timeout_and_the_source_goes_on(rt):
@@ -323,6 +330,17 @@ async def test_d89_only_a_few_http_links_of_a_hostile_url_required_error_are_sho
     for data in (None, [], {"elicitations": "x"}, {"elicitations": [{"url": "file:///etc/passwd"}]}):
         message, links = url_required("ns.tool", data, "needs a browser")
         assert links == [] and "sent no link tether can show (needs a browser); nothing was done" in message
+
+
+async def test_d89_the_progress_gate_passes_a_burst_then_ten_a_second():
+    now = [0.0]
+    gate = ProgressGate(lambda: now[0])
+    assert sum(gate.allow() for _ in range(1000)) == 10
+    now[0] = 1.0
+    assert sum(gate.allow() for _ in range(1000)) == 10
+    for _ in range(50):  # a server stepping every 0.1 s loses nothing
+        now[0] += 0.1
+        assert gate.allow()
 
 
 async def test_sampling_and_roots_requests_are_refused_by_name_and_never_hang(rt):

@@ -48,6 +48,7 @@ from mcp.types import (
 from pydantic import BaseModel
 
 from tether._sources._mcp_links import url_required
+from tether._sources._mcp_progress import ProgressGate
 from tether._sources._mcp_stdio import stdio_transport
 from tether._sources._mcp_tools import build_tools, listing_json, server_summary
 from tether._sources.base import expand_env
@@ -700,12 +701,13 @@ class MCPSource:
             return min(loop.time() + (limit or ceiling), started + held + (ceiling or limit))  # type: ignore[operator]
 
         scope = asyncio.timeout_at(deadline())
+        gate = ProgressGate(loop.time)
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
             # Progress means the server is working: the no-progress clock restarts (unless it is held).
             if clocks is None or not clocks.holding:
                 scope.reschedule(deadline())
-            if handler is not None:
+            if handler is not None and gate.allow():
                 try:
                     handler(ProgressReport(self.namespace, name, progress, total, message))
                 except Exception:  # a listener's failure must not fail the call
