@@ -4,7 +4,7 @@ Every notification restarts the call's no-progress clock, which costs nothing.
 Forwarding one does cost: a cell stores it as a `progress` event in the run's
 timeline, and a watching client is sent it. An upstream sending thousands a
 second (the reference server's long-running tool does, asked for 2,000 steps in
-a second) would write thousands of rows and slow its own call several-fold. A
+a second) would write thousands of rows, each after a read of the run. A
 token bucket per call passes a burst and then a steady rate; the call's end is
 reported by the engine whatever was dropped.
 """
