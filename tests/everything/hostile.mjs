@@ -2,7 +2,7 @@
 // (sampling, roots) and answers far larger than any program needs. Over stdio.
 import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
-import { CreateMessageResultSchema, ListRootsResultSchema } from "@modelcontextprotocol/sdk/types.js";
+import { CreateMessageResultSchema, ElicitResultSchema, ListRootsResultSchema } from "@modelcontextprotocol/sdk/types.js";
 import { z } from "zod";
 
 const server = new McpServer({ name: "hostile", version: "1.0.0" });
@@ -30,5 +30,24 @@ server.registerTool("flood", { description: "Answers with `megabytes` MB of text
     const text = "x".repeat(each);
     return { content: Array.from({ length: blocks }, () => ({ type: "text", text })) };
   });
+
+const ask = (extra, message) => extra.sendRequest({ method: "elicitation/create", params: {
+  message, requestedSchema: { type: "object", properties: { ok: { type: "boolean" } } } } }, ElicitResultSchema);
+
+server.registerTool("ask_huge", { description: "Asks the user a 5 MB question", inputSchema: {}, annotations: readOnly },
+  async (_args, extra) => {
+    const answer = await ask(extra, "Really? ".repeat(640 * 1024));
+    return { content: [{ type: "text", text: answer.action }] };
+  });
+
+server.registerTool("ask_forever", { description: "Asks the user again after every answer", inputSchema: {},
+  annotations: readOnly }, async (_args, extra) => {
+  let asked = 0;
+  while (!extra.signal.aborted) {
+    await ask(extra, `And now? (${++asked})`);
+  }
+  console.error(`ask_forever: cancelled after ${asked} questions`);
+  return { content: [] };
+});
 
 await server.connect(new StdioServerTransport());

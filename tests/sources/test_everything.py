@@ -52,10 +52,11 @@ async def rt(tmp_path_factory):
           "env": {"GZIP_MAX_FETCH_SIZE": "64", "GZIP_ALLOWED_DOMAINS": "allowed.example"},
           "call_timeout": 1.5, "max_call_seconds": 3}
     bad = {"type": "mcp", "namespace": "bad", "command": hostile_command(), "call_timeout": 10}
+    pushy = {"type": "mcp", "namespace": "pushy", "command": hostile_command(), "call_timeout": 1}
     try:
         # Writes ask, except the two that only put questions to the user (so a client's form shows them alone).
         policy = {"rules": [{"match": "ev.trigger_*elicitation*", "action": "allow"}]}
-        async with open_runtime(_config(tmp_path_factory.mktemp("everything"), [ev, bad], policy=policy)) as runtime:
+        async with open_runtime(_config(tmp_path_factory.mktemp("everything"), [ev, bad, pushy], policy=policy)) as runtime:
             yield runtime
     finally:
         del os.environ[SECRET_VAR]
@@ -293,6 +294,36 @@ async def test_d89_a_question_nobody_answers_is_cancelled_and_the_call_ends(rt, 
     assert r.status == "completed", r.error
     assert r.result[0].startswith("⚠️ User cancelled the elicitation dialog")
     assert gone.is_set()  # the question was withdrawn from the person, not left waiting
+
+
+async def test_d89_a_call_asking_again_and_again_holds_its_deadlines_only_so_long(rt, monkeypatch):
+    monkeypatch.setattr(mcp_source, "QUESTION_SECONDS", 0.6)
+    asked = []
+
+    async def patient(question):  # a person (or a program) who answers every question
+        asked.append(question)
+        await asyncio.sleep(0.25)
+        return {"action": "accept", "content": {"ok": True}}
+
+    # Without one budget for the call's questions this never ends: time between questions is all that counts.
+    r = await asyncio.wait_for(run(rt, "await tools.pushy.ask_forever()", on_question=patient), 30)
+    assert r.status == "failed" and r.error["code"] == "call_timeout", r.error
+    assert 2 <= len(asked) <= 4  # 0.6 s of answers, then the server's questions are cancelled unasked
+
+
+async def test_d89_an_outsized_question_is_clipped_before_anyone_reads_or_stores_it(rt):
+    asked = []
+
+    async def person(question):
+        asked.append(question)
+        return {"action": "decline"}
+
+    r = await run(rt, "await tools.bad.ask_huge()", on_question=person)
+    assert r.status == "completed" and r.result == "decline", r.error
+    (question,) = asked
+    assert len(question["message"]) <= 2100 and question["message"].endswith("… (truncated)")
+    (stored,) = [e for e in rt.store.get_events(r.run_id, limit=100) if e.type == "question"]
+    assert len(stored.data["message"]) <= 2100
 
 
 async def test_d89_a_url_elicitation_required_error_reaches_the_program_with_its_link(rt):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import importlib.metadata
+import json
 import logging
 import os
 import sys
@@ -74,9 +75,11 @@ IDEMPOTENCY_META_KEY = "tether/idempotency-key"
 # dumping a traceback or a page of HTML cannot flood the program's context.
 ERROR_MESSAGE_LIMIT = 2000
 
-# How long an upstream's question may wait for a person before it is cancelled and the call's clocks run
-# again: the reference server (server-everything) itself waits ten minutes for its answer.
+# How long an upstream's questions may wait for a person, in all for one call, before they are cancelled and
+# the call's clocks run again: the reference server (server-everything) itself waits ten minutes for its answer.
 QUESTION_SECONDS = 600.0
+# A form larger than this is not one a person fills in (the reference server's 13 fields: 4 KiB).
+QUESTION_SCHEMA_BYTES = 64 * 1024
 
 # A paginating server that never stops must not hang start().
 _MAX_LIST_PAGES = 1000
@@ -736,23 +739,33 @@ class MCPSource:
         schema = getattr(params, "requested_schema", None)
         if isinstance(schema, BaseModel):
             schema = schema.model_dump(mode="json", by_alias=True, exclude_none=True)
+        url = getattr(params, "url", None)
+        if len(json.dumps(schema)) > QUESTION_SCHEMA_BYTES or (url is not None and len(url) > ERROR_MESSAGE_LIMIT):
+            # Not a form or a link for a person: not shown to one, nor kept in the run's timeline.
+            return ElicitResult(action="decline")
         request = ElicitationRequest(
             namespace=self.namespace,
             tool=self._eliciting_tool(),
-            message=params.message,
+            message=_clip(params.message),
             mode="url" if getattr(params, "mode", "form") == "url" else "form",
             requested_schema=dict(schema) if schema is not None else None,
-            url=getattr(params, "url", None),
+            url=url,
             elicitation_id=getattr(params, "elicitation_id", None),
         )
         call = self._eliciting_call()
         hold: AbstractContextManager[None] = nullcontext()
+        wait = QUESTION_SECONDS
         if call is not None and call.clocks is not None:
+            # One budget for all of a call's questions, or a server asking again and again would hold its
+            # call's deadlines for ever.
+            wait -= call.clocks.held_seconds
             hold = call.clocks.held()
+        if wait <= 0:
+            return ElicitResult(action="cancel")
         try:
             try:
                 with hold:
-                    async with asyncio.timeout(QUESTION_SECONDS):
+                    async with asyncio.timeout(wait):
                         answer = await handler(request)
             except TimeoutError:
                 # Nobody answered: the upstream hears "cancel" and the call's clocks run again.
