@@ -76,8 +76,9 @@ async def test_search_and_describe_show_the_servers_tools_with_reads_and_writes_
 found = await search("sum of two numbers")
 listed = await search("", namespace="ev", limit=50)
 shown = await describe([t["address"] for t in listed["results"]])
+full = await describe([t["address"] for t in listed["results"]], detail="full")
 {"top": found["results"][0]["address"], "tools": {d["address"]: d for d in shown},
- "sources": await sources()}
+ "schemas": {d["address"]: d["input_schema"] for d in full}, "sources": await sources()}
 """)
     assert r.status == "completed", r.error
     out = r.result
@@ -99,6 +100,9 @@ shown = await describe([t["address"] for t in listed["results"]])
     (ev,) = [s for s in out["sources"] if s["namespace"] == "ev"]
     assert ev["tools"] == len(READS | WRITES) and ev["summary"].startswith("Everything Reference Server")
     (status,) = [s for s in rt.engine.sources.statuses() if s.namespace == "ev"]
+    # Each input schema as the server listed it, byte for byte ($schema, enums, defaults, formats).
+    wire = {f"ev.{e['name'].replace('-', '_')}": e["inputSchema"] for e in status.impl.listing}
+    assert out["schemas"] == {a: wire[a] for a in out["schemas"]}
     assert [p["operation"] for p in status.problems] == ["simulate-research-query"]
     assert "task augmentation" in status.problems[0]["problem"]
 
