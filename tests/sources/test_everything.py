@@ -279,9 +279,14 @@ async def test_d89_a_person_answering_an_upstream_question_is_not_the_calls_time
         await asyncio.sleep(4.5)
         return {"action": "accept", "content": {"name": "Slow"}}
 
-    r = await run(rt, "await tools.ev.trigger_elicitation_request()", on_approval=approve, on_question=slow_person)
+    # A read in flight beside it: over stdio (the 2025 era) the question cannot name its call, so both wait.
+    r = await run(rt, """import asyncio
+form, done = await asyncio.gather(tools.ev.trigger_elicitation_request(),
+                                  tools.ev.trigger_long_running_operation(duration=1, steps=2))
+[form, done]""", on_question=slow_person)
     assert r.status == "completed", r.error
-    assert "- Name: Slow" in r.result[1]
+    form, done = r.result
+    assert "- Name: Slow" in form[1] and done.endswith("Steps: 2.")
 
 
 async def test_d89_a_question_nobody_answers_is_cancelled_and_the_call_ends(rt, monkeypatch):

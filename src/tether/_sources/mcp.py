@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
+from contextlib import ExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TextIO
 from urllib.parse import urlsplit, urlunsplit
@@ -752,19 +752,18 @@ class MCPSource:
             url=url,
             elicitation_id=getattr(params, "elicitation_id", None),
         )
-        call = self._eliciting_call()
-        hold: AbstractContextManager[None] = nullcontext()
-        wait = QUESTION_SECONDS
-        if call is not None and call.clocks is not None:
-            # One budget for all of a call's questions, or a server asking again and again would hold its
-            # call's deadlines for ever.
-            wait -= call.clocks.held_seconds
-            hold = call.clocks.held()
+        # The call that asked, or (a 2025-era connection with several in flight) each that may have: their
+        # deadlines stop while the person answers. One budget for all of a call's questions, or a server
+        # asking again and again would hold its call's deadlines for ever.
+        clocks = [c.clocks for c in self._eliciting_calls() if c.clocks is not None]
+        wait = QUESTION_SECONDS - max((c.held_seconds for c in clocks), default=0.0)
         if wait <= 0:
             return ElicitResult(action="cancel")
         try:
             try:
-                with hold:
+                with ExitStack() as hold:
+                    for held in clocks:
+                        hold.enter_context(held.held())
                     async with asyncio.timeout(wait):
                         answer = await handler(request)
             except TimeoutError:
@@ -783,13 +782,15 @@ class MCPSource:
         return call.tool if call is not None else None
 
     def _eliciting_call(self) -> _Call | None:
+        calls = self._eliciting_calls()
+        return calls[0] if len(calls) == 1 else None
+
+    def _eliciting_calls(self) -> list[_Call]:
         call = _current_call.get()
         if call is not None:
-            return call
+            return [call]
         conn = self._conn
-        if conn is not None and len(conn.in_flight) == 1:
-            return next(iter(conn.in_flight))
-        return None
+        return list(conn.in_flight) if conn is not None else []
 
 
 # --- results -------------------------------------------------------------------
