@@ -32,7 +32,14 @@ $(IDP): tests/idp/package.json tests/idp/package-lock.json
 	cd tests/idp && npm ci --no-audit --no-fund
 	@touch $(IDP)
 
-test: $(STAMP) $(IDP)
+# The MCP project's reference server, an upstream for the gateway tests (pinned by tests/everything/package-lock.json).
+EVERYTHING := tests/everything/node_modules/.installed
+
+$(EVERYTHING): tests/everything/package.json tests/everything/package-lock.json
+	cd tests/everything && npm ci --no-audit --no-fund
+	@touch $(EVERYTHING)
+
+test: $(STAMP) $(IDP) $(EVERYTHING)
 	$(BIN)/python -m pytest -q
 
 # Without the tests that spawn processes or wait on real time.

@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import importlib.metadata
+import json
 import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TextIO
 from urllib.parse import urlsplit, urlunsplit
@@ -33,6 +34,7 @@ from mcp.types import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
     INVALID_REQUEST,
+    URL_ELICITATION_REQUIRED,
     AudioContent,
     CallToolResult,
     ElicitResult,
@@ -46,10 +48,13 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
+from tether._sources._mcp_links import url_required
+from tether._sources._mcp_progress import ProgressGate
 from tether._sources._mcp_stdio import stdio_transport
 from tether._sources._mcp_tools import build_tools, listing_json, server_summary
 from tether._sources.base import expand_env
 from tether._sources.kinds import SourceContext
+from tether._tools.clocks import CallClocks, call_deadline
 from tether._tools.context import current_call
 from tether._tools.model import IDEMPOTENCY_MODES, Tool, check_identifier
 from tether.errors import ConfigError, SourceNotStarted, SourceUnavailable, ToolError, UsageError
@@ -69,6 +74,12 @@ IDEMPOTENCY_META_KEY = "tether/idempotency-key"
 # Enough for an error message to be actionable, short enough that a server
 # dumping a traceback or a page of HTML cannot flood the program's context.
 ERROR_MESSAGE_LIMIT = 2000
+
+# How long an upstream's questions may wait for a person, in all for one call, before they are cancelled and
+# the call's clocks run again: the reference server (server-everything) itself waits ten minutes for its answer.
+QUESTION_SECONDS = 600.0
+# A form larger than this is not one a person fills in (the reference server's 13 fields: 4 KiB).
+QUESTION_SCHEMA_BYTES = 64 * 1024
 
 # A paginating server that never stops must not hang start().
 _MAX_LIST_PAGES = 1000
@@ -142,6 +153,7 @@ ProgressHandler = Callable[[ProgressReport], None]
 class _Call:
     tool: str
     sent: int = 0  # tools/call requests handed to the transport for this call
+    clocks: CallClocks | None = None  # its deadlines, held while its question is with a person (D-89)
 
 
 _current_call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("tether_mcp_call", default=None)
@@ -611,6 +623,8 @@ class MCPSource:
 
     async def _call(self, name: str, upstream: str, args: dict[str, Any]) -> Any:
         call = _Call(name)
+        call.clocks = CallClocks()
+        call.clocks.watch(call_deadline())
         token = _current_call.set(call)
         address = f"{self.namespace}.{name}"
         details = {"source": self.namespace, "tool": name, "upstream_tool": upstream}
@@ -625,11 +639,20 @@ class MCPSource:
                                             details={**details, "code": "source_unavailable"}) from None
                 conn.in_flight.add(call)
                 try:
-                    return _result_value(await self._timed_call(conn, name, upstream, args, meta), address, details)
+                    return _result_value(await self._timed_call(conn, name, upstream, args, meta, call.clocks),
+                                         address, details)
                 except MCPError as exc:
+                    if exc.code == URL_ELICITATION_REQUIRED:
+                        message, links = url_required(address, exc.data, exc.message)
+                        raise ToolError(
+                            _clip(message),
+                            next_action="Give the user the link; once they have finished there, call the tool "
+                            "again (tether does not send it again by itself).",
+                            details={**details, "code": "url_elicitation_required", "links": links},
+                        ) from None
                     if exc.code != CONNECTION_CLOSED and not _session_gone(exc):
                         raise ToolError(
-                            f"{address} failed upstream: {_clip(exc.message)}",
+                            f"{address}: failed upstream: {_clip(exc.message)}",
                             details={**details, "code": "rpc_error", "rpc_code": exc.code},
                         ) from None
                     # A 404 for our session id means the server refused the
@@ -666,7 +689,7 @@ class MCPSource:
             _current_call.reset(token)
 
     async def _timed_call(self, conn: _Connection, name: str, upstream: str, args: dict[str, Any],
-                          meta: Any = None) -> Any:
+                          meta: Any = None, clocks: CallClocks | None = None) -> Any:
         loop = asyncio.get_running_loop()
         started = loop.time()
         limit = self._call_timeout
@@ -676,14 +699,18 @@ class MCPSource:
         def deadline() -> float | None:
             if limit is None and ceiling is None:
                 return None
-            return min(loop.time() + (limit or ceiling), started + (ceiling or limit))  # type: ignore[operator]
+            # Time a person spent answering the call's question is not the server's (D-89).
+            held = clocks.held_seconds if clocks is not None else 0.0
+            return min(loop.time() + (limit or ceiling), started + held + (ceiling or limit))  # type: ignore[operator]
 
         scope = asyncio.timeout_at(deadline())
+        gate = ProgressGate(loop.time)
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-            # Progress means the server is working: the no-progress clock restarts.
-            scope.reschedule(deadline())
-            if handler is not None:
+            # Progress means the server is working: the no-progress clock restarts (unless it is held).
+            if clocks is None or not clocks.holding:
+                scope.reschedule(deadline())
+            if handler is not None and gate.allow():
                 try:
                     handler(ProgressReport(self.namespace, name, progress, total, message))
                 except Exception:  # a listener's failure must not fail the call
@@ -691,6 +718,8 @@ class MCPSource:
 
         try:
             async with scope:
+                if clocks is not None:
+                    clocks.watch(scope)
                 return await conn.client.call_tool(upstream, args, progress_callback=on_progress, meta=meta)
         except TimeoutError:
             if not scope.expired():
@@ -710,17 +739,36 @@ class MCPSource:
         schema = getattr(params, "requested_schema", None)
         if isinstance(schema, BaseModel):
             schema = schema.model_dump(mode="json", by_alias=True, exclude_none=True)
+        url = getattr(params, "url", None)
+        if len(json.dumps(schema)) > QUESTION_SCHEMA_BYTES or (url is not None and len(url) > ERROR_MESSAGE_LIMIT):
+            # Not a form or a link for a person: not shown to one, nor kept in the run's timeline.
+            return ElicitResult(action="decline")
         request = ElicitationRequest(
             namespace=self.namespace,
             tool=self._eliciting_tool(),
-            message=params.message,
+            message=_clip(params.message),
             mode="url" if getattr(params, "mode", "form") == "url" else "form",
             requested_schema=dict(schema) if schema is not None else None,
-            url=getattr(params, "url", None),
+            url=url,
             elicitation_id=getattr(params, "elicitation_id", None),
         )
+        # The call that asked, or (a 2025-era connection with several in flight) each that may have: their
+        # deadlines stop while the person answers. One budget for all of a call's questions, or a server
+        # asking again and again would hold its call's deadlines for ever.
+        clocks = [c.clocks for c in self._eliciting_calls() if c.clocks is not None]
+        wait = QUESTION_SECONDS - max((c.held_seconds for c in clocks), default=0.0)
+        if wait <= 0:
+            return ElicitResult(action="cancel")
         try:
-            answer = await handler(request)
+            try:
+                with ExitStack() as hold:
+                    for held in clocks:
+                        hold.enter_context(held.held())
+                    async with asyncio.timeout(wait):
+                        answer = await handler(request)
+            except TimeoutError:
+                # Nobody answered: the upstream hears "cancel" and the call's clocks run again.
+                return ElicitResult(action="cancel")
             if answer.action not in ("accept", "decline", "cancel"):
                 raise ValueError(f"unknown action {answer.action!r}")
             content = answer.content if answer.action == "accept" and request.mode == "form" else None
@@ -730,13 +778,19 @@ class MCPSource:
             return ErrorData(code=INTERNAL_ERROR, message="the client failed to answer the elicitation")
 
     def _eliciting_tool(self) -> str | None:
+        call = self._eliciting_call()
+        return call.tool if call is not None else None
+
+    def _eliciting_call(self) -> _Call | None:
+        calls = self._eliciting_calls()
+        return calls[0] if len(calls) == 1 else None
+
+    def _eliciting_calls(self) -> list[_Call]:
         call = _current_call.get()
         if call is not None:
-            return call.tool
+            return [call]
         conn = self._conn
-        if conn is not None and len(conn.in_flight) == 1:
-            return next(iter(conn.in_flight)).tool
-        return None
+        return list(conn.in_flight) if conn is not None else []
 
 
 # --- results -------------------------------------------------------------------

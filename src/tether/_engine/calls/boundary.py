@@ -41,7 +41,7 @@ from tether._hostwork import off_loop
 from tether._sandbox.monty import GuestRaise, Stopped
 from tether._store.base import CallRecord, Store
 from tether._store.states import CallState
-from tether._tools import binding
+from tether._tools import binding, clocks
 from tether._tools import context as call_context
 from tether.errors import (
     CallLimit,
@@ -661,8 +661,13 @@ class EffectBoundary:
         token = call_context.enter_call(self.run_id, seq, address, self._idempotency_key, send,
                                         "write" if tool.is_write else "read")
         try:
-            async with asyncio.timeout(tool.timeout_seconds or self.limits.call_timeout_seconds):
-                return await tool.handler(args)
+            async with asyncio.timeout(tool.timeout_seconds or self.limits.call_timeout_seconds) as scope:
+                # A person answering the tool's question mid-call stops this clock (D-89).
+                deadline = clocks.enter_deadline(scope)
+                try:
+                    return await tool.handler(args)
+                finally:
+                    clocks.leave_deadline(deadline)
         except (SystemExit, KeyboardInterrupt) as exc:
             # A tool's sys.exit() or KeyboardInterrupt is the tool failing, not
             # a request to end the host: the run (and the CLI) carry on and report it.
