@@ -16,22 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
-import functools
 import hashlib
 import json
 import os
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urljoin, urlsplit
 
 from tether._hostwork import in_thread
 from tether._sources import _openapi_bodies as bodies
-from tether._sources._names import identifier as _identifier
 from tether._sources._names import unique as _unique
+from tether._sources._openapi_auth import Auth as _Auth
 from tether._sources._openapi_compiled import (
     FORMAT,
     CompiledCache,
@@ -54,6 +51,20 @@ from tether._sources._openapi_http import (
     redact,
     same_origin,
 )
+from tether._sources._openapi_operations import READ_METHODS as _READ_METHODS
+from tether._sources._openapi_operations import Operation as _Operation
+from tether._sources._openapi_operations import Param as _Param
+from tether._sources._openapi_operations import arg_name as _arg_name
+from tether._sources._openapi_operations import description as _description
+from tether._sources._openapi_operations import info_summary as _info_summary
+from tether._sources._openapi_operations import is_json as _is_json
+from tether._sources._openapi_operations import operation_name as _operation_name
+from tether._sources._openapi_operations import output_schema as _output_schema
+from tether._sources._openapi_operations import query as _query
+from tether._sources._openapi_operations import restore_operation
+from tether._sources._openapi_operations import server_url as _server_url
+from tether._sources._openapi_operations import simple as _simple
+from tether._sources._openapi_operations import tool_annotations as _annotations
 from tether._sources._openapi_schema import Refs as _Refs
 from tether._sources._openapi_schema import Unsupported as _Unsupported
 from tether._sources._openapi_schema import json_schema as _json_schema
@@ -61,7 +72,7 @@ from tether._sources._openapi_text import decode_spec, parse_spec
 from tether._sources.base import expand_env
 from tether._sources.kinds import SourceContext
 from tether._tools.context import current_call
-from tether._tools.model import IDEMPOTENCY_MODES, Annotations, Tool, check_identifier
+from tether._tools.model import IDEMPOTENCY_MODES, Tool, check_identifier
 from tether.errors import ConfigError, InvalidArguments, SourceNotStarted, ToolError, UsageError
 
 if TYPE_CHECKING:
@@ -73,85 +84,12 @@ DEFAULT_TIMEOUT = 30.0
 
 
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
-_READ_METHODS = {"get", "head", "options"}
 # RFC 9110 safe methods: every other request carries the idempotency key (P-25).
 _SAFE_METHODS = {"get", "head", "options", "trace"}
 DEFAULT_IDEMPOTENCY_HEADER = "Idempotency-Key"
 # OpenAPI says these header parameters are ignored: the client owns them.
 _RESERVED_HEADERS = {"accept", "content-type", "authorization"}
-# --- auth -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Auth:
-    kind: str  # bearer | header | query
-    name: str  # header or query parameter name
-    env: str
-
-    @classmethod
-    def parse(cls, raw: Mapping[str, Any], namespace: str) -> _Auth:
-        kind = raw.get("type")
-        where = f"auth of OpenAPI source {namespace!r}"
-        if kind == "bearer" and isinstance(raw.get("token_env"), str):
-            return cls("bearer", "Authorization", raw["token_env"])
-        if kind in ("header", "query") and isinstance(raw.get("name"), str) and isinstance(raw.get("value_env"), str):
-            return cls(kind, raw["name"], raw["value_env"])
-        raise ConfigError(
-            f"{where}: expected {{'type': 'bearer', 'token_env': ...}}, "
-            f"{{'type': 'header', 'name': ..., 'value_env': ...}} or "
-            f"{{'type': 'query', 'name': ..., 'value_env': ...}}, got keys {sorted(raw)}"
-        )
-
-    def value(self) -> str:
-        found = os.environ.get(self.env)
-        if not found:
-            raise ConfigError(
-                f"the auth environment variable {self.env} is not set",
-                next_action=f"Set {self.env} in tether's environment.",
-            )
-        return f"Bearer {found}" if self.kind == "bearer" else found
-
-    def covers(self, location: str, name: str) -> bool:
-        if self.kind == "query":
-            return location == "query" and name == self.name
-        return location == "header" and name.lower() == self.name.lower()
-
-
 # --- operations -----------------------------------------------------------------
-
-
-@dataclass
-class _Param:
-    arg: str  # keyword argument name
-    location: str  # path | query | header | body (one body property) | body* (the whole body)
-    wire: str  # name on the wire
-    style: str = "form"
-    explode: bool = True
-    as_json: bool = False  # a `content:` parameter whose media type is JSON: sent as JSON text
-    binary: bool = False  # a multipart file field
-
-
-@dataclass
-class _Operation:
-    name: str
-    method: str
-    path: str
-    params: list[_Param] = field(default_factory=list)
-    media_type: str | None = None
-    body_kind: str = "json"  # see _openapi_bodies.body_kind
-    body_required: bool = False
-    server: str | None = None
-
-
-_OPERATION_FIELDS = tuple(f.name for f in dataclasses.fields(_Operation))
-_PARAM_FIELDS = tuple(f.name for f in dataclasses.fields(_Param))
-
-
-def restore_operation(raw: list[Any]) -> _Operation:
-    """An operation from its compiled form: its fields' values in order, each parameter's too."""
-    values = dict(zip(_OPERATION_FIELDS, raw, strict=True))
-    values["params"] = [_Param(**dict(zip(_PARAM_FIELDS, p, strict=True))) for p in values["params"]]
-    return _Operation(**values)
 
 
 class _Restored:
@@ -783,118 +721,3 @@ def from_definition(definition: dict[str, Any], context: SourceContext) -> OpenA
                          idempotency_header=definition.get("idempotency_header", "Idempotency-Key") or None,
                          cache=context.catalogs,
                          **({"timeout": definition["call_timeout"]} if definition.get("call_timeout") else {}))
-
-
-def _server_url(server: Mapping[str, Any]) -> str | None:
-    url = server.get("url")
-    if not isinstance(url, str):
-        return None
-    for var, spec in (server.get("variables") or {}).items():
-        if isinstance(spec, Mapping) and "default" in spec:
-            url = url.replace("{" + var + "}", str(spec["default"]))
-    return url
-
-
-def _is_json(media_type: str) -> bool:
-    base = media_type.split(";")[0].strip().lower()
-    return base == "application/json" or base.endswith("+json")
-
-
-def _snake(text: str) -> str:
-    text = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", text)
-    text = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", text)
-    return re.sub(r"[^0-9a-zA-Z]+", "_", text).strip("_").lower()
-
-
-def _operation_name(operation_id: Any, method: str, path: str) -> str:
-    if isinstance(operation_id, str) and _snake(operation_id):
-        return _identifier(_snake(operation_id), "op")
-    return _identifier(_snake(f"{method}_{path}"), "op")
-
-
-def _arg_name(wire: str, location: str, taken: Mapping[str, Any]) -> str:
-    # Valid identifiers keep the API's own spelling; others are snake_cased.
-    arg = wire if wire.isidentifier() else _snake(wire)
-    arg = _identifier(arg, "arg")
-    if arg in taken:
-        arg = _unique(f"{arg}_{location}", set(taken))
-    return arg
-
-
-def _info_summary(info: Any) -> str | None:
-    """``info.title``, and the description's first sentence when the title is all there is to say little."""
-    if not isinstance(info, Mapping):
-        return None
-    title, text = info.get("title"), info.get("description")
-    title = title if isinstance(title, str) else ""
-    text = text if isinstance(text, str) else ""
-    first = " ".join(text.split()).split(". ")[0].rstrip(".")
-    if title and first and len(title) < 40 and first.lower() != title.lower():
-        return f"{title}: {first}"
-    return " ".join((title or first).split()) or None
-
-
-@functools.lru_cache(maxsize=None)
-def _annotations(method: str) -> Annotations:
-    return Annotations(
-        read_only=method in _READ_METHODS,
-        destructive=method == "delete",
-        idempotent=method in ("put", "delete") or method in _READ_METHODS,
-        open_world=True,  # every call goes to an API outside tether
-    )
-
-
-def _description(op: Mapping[str, Any], operation: _Operation) -> str:
-    parts = [s.strip() for s in (op.get("summary"), op.get("description")) if isinstance(s, str) and s.strip()]
-    if len(parts) == 2 and parts[0] == parts[1]:
-        parts.pop()
-    text = "\n\n".join(parts) or f"{operation.method} {operation.path}"
-    return f"(deprecated) {text}" if op.get("deprecated") else text
-
-
-def _output_schema(refs: _Refs, op: Mapping[str, Any]) -> dict[str, Any] | None:
-    responses = op.get("responses") or {}
-    for status, response in sorted(responses.items(), key=lambda kv: str(kv[0])):
-        if not str(status).startswith("2"):
-            continue
-        try:
-            response = refs.deref(response)
-            for media_type, media in ((response or {}).get("content") or {}).items():
-                if _is_json(media_type) and isinstance(media, Mapping) and isinstance(media.get("schema"), Mapping):
-                    return _json_schema(refs.inline(media["schema"]), request=False)
-        except _Unsupported:
-            return None  # the output schema only informs; it never blocks a call
-        return None
-    return None
-
-
-def _scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value)
-    return str(value)
-
-
-def _simple(value: Any, explode: bool) -> str:
-    if isinstance(value, list):
-        return ",".join(_scalar(v) for v in value)
-    if isinstance(value, dict):
-        pairs = [f"{k}={_scalar(v)}" if explode else f"{k},{_scalar(v)}" for k, v in value.items()]
-        return ",".join(pairs)
-    return _scalar(value)
-
-
-def _query(p: _Param, value: Any) -> list[tuple[str, str]]:
-    if isinstance(value, dict):
-        if p.style == "deepObject":
-            return [(f"{p.wire}[{k}]", _scalar(v)) for k, v in value.items()]
-        if p.explode:
-            return [(str(k), _scalar(v)) for k, v in value.items()]
-        return [(p.wire, ",".join(f"{k},{_scalar(v)}" for k, v in value.items()))]
-    if isinstance(value, list):
-        if p.explode and p.style == "form":
-            return [(p.wire, _scalar(v)) for v in value]
-        sep = {"spaceDelimited": " ", "pipeDelimited": "|"}.get(p.style, ",")
-        return [(p.wire, sep.join(_scalar(v) for v in value))]
-    return [(p.wire, _scalar(value))]
