@@ -32,7 +32,15 @@ $(IDP): tests/idp/package.json tests/idp/package-lock.json
 	cd tests/idp && npm ci --no-audit --no-fund
 	@touch $(IDP)
 
-test: $(STAMP) $(IDP)
+# The official TypeScript MCP client drives the server in tests/server/test_ts_client.py
+# (npm @modelcontextprotocol/sdk, pinned by tests/tsclient/package-lock.json).
+TSCLIENT := tests/tsclient/node_modules/.installed
+
+$(TSCLIENT): tests/tsclient/package.json tests/tsclient/package-lock.json
+	cd tests/tsclient && npm ci --no-audit --no-fund
+	@touch $(TSCLIENT)
+
+test: $(STAMP) $(IDP) $(TSCLIENT)
 	$(BIN)/python -m pytest -q
 
 # Without the tests that spawn processes or wait on real time.
