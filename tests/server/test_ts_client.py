@@ -91,9 +91,14 @@ def assert_tool_error(step: dict, code: str) -> dict:
     return error
 
 
+# An approval form left open this long declines its write (D-88; 600 s by default).
+FORM_WAIT = 4
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    s = start_server(tmp_path_factory.mktemp("ts-http"), token=ALPHA)
+    config = CONFIG.replace("[server]\n", f"[server]\nform_wait_seconds = {FORM_WAIT}\n", 1)
+    s = start_server(tmp_path_factory.mktemp("ts-http"), token=ALPHA, config=config)
     try:
         yield s
     finally:
@@ -265,6 +270,27 @@ def test_a_ts_host_that_times_out_while_its_user_reads_the_form_sends_nothing(se
     assert run.status == "cancelled"
     assert tag not in served.tags()
     assert ("ledger.guarded_write", "sent") not in journal(served, run.run_id)
+
+
+def test_d88_a_ts_host_that_quits_with_a_form_open_does_not_hold_the_run_or_its_slot(served):
+    # The TypeScript client's close() (or a crash) ends no session: tether hears nothing more. Both run
+    # slots get such a run; the form's bounded wait declines each write, and the server serves again.
+    tags = ["ts-gone-1", "ts-gone-2"]
+    started = time.monotonic()
+    for tag in tags:
+        gone = ts_client(http(served), [execute(f"import tools\nawait tools.ledger.guarded_write(tag='{tag}')",
+                                                quitAfterMs=800)], elicitation=[{"action": "accept", "delayMs": 60_000}])
+        assert gone["quit"] == 0 and len(gone["elicitations"]) == 1
+    # Queued behind the two (the line waits 30 s): it runs once the first form's wait ends.
+    seen = ts_client(http(served), [execute("'served again'")], deadline_ms=(FORM_WAIT + 20) * 1000)
+    assert ok(seen["steps"][0])["result"] == "served again"
+    for tag in tags:
+        while (run := run_of(served, tag)).status == "running" and time.monotonic() - started < FORM_WAIT + 15:
+            time.sleep(0.1)
+        assert run.status == "failed" and run.error["code"] == "write_declined", run
+        assert "no answer within" in run.error["message"] and "it was not sent" in run.error["message"]
+        assert journal(served, run.run_id) == [("ledger.guarded_write", "declined")]
+    assert not set(tags) & set(served.tags())
 
 
 # -- over standard input/output ------------------------------------------------------------------

@@ -6,7 +6,8 @@
 //   elicitation?: [{action: "accept"|"decline"|"cancel", content?, match?, delayMs?}, ...]
 //       declares the form capability; a request takes the first answer whose `match` is in its message,
 //       else the next one, after `delayMs` (a user reading the form); none left: cancel
-//   steps: [{op: "listTools"} | {op: "callTool", name, arguments, abortAfterMs?, timeoutMs?} | {op: "sleep", ms}],
+//   steps: [{op: "listTools"} | {op: "callTool", name, arguments, abortAfterMs?, quitAfterMs?, timeoutMs?}
+//           | {op: "sleep", ms}],
 //   deadlineMs?: the whole script's limit
 // }
 // Output (stdout, one JSON line): what the client saw — the negotiated protocol version, each step's result
@@ -124,6 +125,8 @@ if (out.connected) {
       } else if (s.op === 'callTool') {
         const abort = new AbortController();
         if (s.abortAfterMs !== undefined) setTimeout(() => abort.abort('the user stopped it'), s.abortAfterMs);
+        // The host quits (closed, crashed) with the call open: no close(), no cancel, the process ends.
+        if (s.quitAfterMs !== undefined) setTimeout(() => { out.quit = step; finish(0); }, s.quitAfterMs);
         record.result = await client.callTool({ name: s.name, arguments: s.arguments }, undefined, {
           signal: abort.signal,
           timeout: s.timeoutMs ?? 60000,

@@ -188,8 +188,11 @@ class TetherServer:
         access: Access | None = None,
         console: bool = False,
         task_after_seconds: float = 5.0,
+        form_wait_seconds: float = 600.0,
     ) -> None:
         self.rt = rt
+        # [server] form_wait_seconds: how long an approval form asked inside the call may stay open (D-88).
+        self.form_wait_seconds = form_wait_seconds
         # MCP Tasks (P-47): a call from a client declaring the extension whose run has not ended by then
         # is answered with a task.
         self.task_after_seconds = task_after_seconds
