@@ -12,6 +12,7 @@ One ``tether serve --http`` serves the module (test_server_http's: bearer token,
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import shutil
 import subprocess
@@ -144,7 +145,8 @@ def test_p23_without_a_token_the_ts_client_gets_a_clean_401_and_does_not_hang(se
 def test_the_ts_client_negotiates_2025_11_25_lists_tools_and_runs_a_program_that_discovers(served):
     seen = ts_client(http(served), [{"op": "listTools"}, execute(DISCOVER)])
     assert seen["protocolVersion"] == "2025-11-25"
-    assert seen["serverInfo"]["name"] == "tether" and seen["serverCapabilities"]["tools"] is not None
+    assert seen["serverInfo"] == {"name": "tether", "version": importlib.metadata.version("tether")}
+    assert seen["serverCapabilities"]["tools"] is not None
     tools = {t["name"]: t for t in seen["steps"][0]["result"]["tools"]}
     assert set(tools) == {"execute", "resume", "cell_start", "cell_wait", "cell_terminate"}
     assert tools["execute"]["inputSchema"]["required"] == ["code"]

@@ -57,6 +57,7 @@ from tether._server.results import (
     run_result,
 )
 from tether._server.tasks import TasksExtension
+from tether._sources.mcp import _VERSION as TETHER_VERSION
 from tether._store.states import RunStatus
 from tether.errors import InvalidArguments, Overloaded, RunNotFound, TetherError
 
@@ -229,7 +230,8 @@ class TetherServer:
         )
         tasks = TasksExtension(self, lambda request, params: Context(request_context=request, mcp_server=self.mcp,
                                                                      input_params=params))
-        self.mcp: MCPServer = MCPServer(name, instructions=INSTRUCTIONS, log_level="WARNING",
+        # serverInfo.version: what a host shows of the server it talks to, and what a bug report names.
+        self.mcp: MCPServer = MCPServer(name, version=TETHER_VERSION, instructions=INSTRUCTIONS, log_level="WARNING",
                                         request_state_security=security, extensions=[tasks])
         self.mcp.middleware.append(_check_arguments)
         for tool in TOOLS:
