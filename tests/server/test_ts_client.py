@@ -127,6 +127,14 @@ def run_of(served, tag: str):
         store.close()
 
 
+def settled(served, tag: str, within: float = 10.0):
+    """The run whose program names ``tag``, once it stops running (or as it is after ``within`` seconds)."""
+    deadline = time.monotonic() + within
+    while (run := run_of(served, tag)).status == "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return run
+
+
 # -- over HTTP -------------------------------------------------------------------------------
 
 
@@ -250,7 +258,7 @@ def test_an_aborted_ts_call_cancels_its_run_and_nothing_further_is_sent(served):
     cancelled = [m for m in seen["sent"] if m["method"] == "notifications/cancelled"]
     assert len(cancelled) == 1 and {"method": "POST", "rpc": "notifications/cancelled", "status": 202} in seen["http"]
     assert ok(seen["steps"][2])["result"] == "still serving"
-    run = run_of(served, tag)
+    run = settled(served, tag)
     assert run.status == "cancelled"
     time.sleep(max(0.0, 2.0 - (time.monotonic() - started)))  # past when the write would have gone out
     assert tag not in served.tags()
@@ -268,7 +276,7 @@ def test_a_ts_host_that_times_out_while_its_user_reads_the_form_sends_nothing(se
     assert seen["steps"][0]["error"]["code"] == -32001 and "timed out" in seen["steps"][0]["error"]["message"]
     assert len(seen["elicitations"]) == 1
     assert any(m["method"] is None for m in seen["sent"])  # the late answer went out
-    run = run_of(served, tag)
+    run = settled(served, tag)
     assert run.status == "cancelled"
     assert tag not in served.tags()
     assert ("ledger.guarded_write", "sent") not in journal(served, run.run_id)
@@ -287,8 +295,7 @@ def test_d88_a_ts_host_that_quits_with_a_form_open_does_not_hold_the_run_or_its_
     seen = ts_client(http(served), [execute("'served again'")], deadline_ms=(FORM_WAIT + 20) * 1000)
     assert ok(seen["steps"][0])["result"] == "served again"
     for tag in tags:
-        while (run := run_of(served, tag)).status == "running" and time.monotonic() - started < FORM_WAIT + 15:
-            time.sleep(0.1)
+        run = settled(served, tag, within=FORM_WAIT + 15 - (time.monotonic() - started))
         assert run.status == "failed" and run.error["code"] == "write_declined", run
         assert "no answer within" in run.error["message"] and "it was not sent" in run.error["message"]
         assert journal(served, run.run_id) == [("ledger.guarded_write", "declined")]
