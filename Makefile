@@ -39,7 +39,15 @@ $(EVERYTHING): tests/everything/package.json tests/everything/package-lock.json
 	cd tests/everything && npm ci --no-audit --no-fund
 	@touch $(EVERYTHING)
 
-test: $(STAMP) $(IDP) $(EVERYTHING)
+# The official TypeScript MCP client drives the server in tests/server/test_ts_client.py
+# (npm @modelcontextprotocol/sdk, pinned by tests/tsclient/package-lock.json).
+TSCLIENT := tests/tsclient/node_modules/.installed
+
+$(TSCLIENT): tests/tsclient/package.json tests/tsclient/package-lock.json
+	cd tests/tsclient && npm ci --no-audit --no-fund
+	@touch $(TSCLIENT)
+
+test: $(STAMP) $(IDP) $(EVERYTHING) $(TSCLIENT)
 	$(BIN)/python -m pytest -q
 
 # Without the tests that spawn processes or wait on real time.

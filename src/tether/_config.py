@@ -271,6 +271,11 @@ class ServerConfig(_Section):
     # MCP Tasks (P-47): a client declaring the extension gets a task instead of a result once execute's run
     # pauses, parks, or is still running after this long (a client's tool-call timeout is a minute or two).
     task_after_seconds: Seconds = 5
+    # An approval form asked inside the call (2025-11-25) unanswered this long declines its write (D-88):
+    # the client that asked may be gone without a word (the TypeScript SDK's close() ends no session),
+    # and the run holds a slot and a sandbox worker while it waits. A client still there gave up on the
+    # call long before (the official TypeScript client gives a request 60 s).
+    form_wait_seconds: Seconds = 600
     # Several replicas behind a balancer without sticky routing: no MCP session
     # is kept in a process's memory, so any replica answers any request
     # (2025-11-25 clients then get no mid-call requests; see docs/deploy.md).

@@ -101,10 +101,10 @@ class Served:
         return open_store(f"sqlite:///{self.home}/tether.db")
 
 
-def start_server(root: Path, *extra: str, token: str | None = None) -> Served:
+def start_server(root: Path, *extra: str, token: str | None = None, config: str = CONFIG) -> Served:
     root.mkdir(parents=True, exist_ok=True)
     (root / "ledger_tools.py").write_text(LEDGER_TOOLS)
-    (root / "tether.toml").write_text(CONFIG)
+    (root / "tether.toml").write_text(config)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "TETHER_STORE_URL")}
     env.update(TETHER_HOME=str(root / "home"), LEDGER=str(root / "ledger.txt"))

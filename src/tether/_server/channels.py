@@ -10,6 +10,7 @@ runtime's one ``decide`` path (``rt.resume`` / ``rt.decide``).
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol
 
 from mcp.server.elicitation import AcceptedElicitation, DeclinedElicitation, render_elicitation_schema
@@ -27,6 +28,7 @@ class ApprovalHost(Protocol):
     rt: Runtime
     public_url: str | None
     url_wait_seconds: float  # how long a call waits for a decision taken on the page
+    form_wait_seconds: float  # how long an approval form asked inside the call may stay open (D-88)
 
     def approval_message_for(self, pending: Mapping[str, Any]) -> str:
         """The text a person reads about one waiting write (every argument named, P-38)."""
@@ -74,7 +76,12 @@ def inline_form(host: ApprovalHost, ctx: Any, actor: str) -> Callable[[dict], An
 
     async def approve(pending: dict) -> tuple[str, str | None]:
         try:
-            answer = await ctx.elicit(host.approval_message_for(pending), ApprovalForm)
+            # A client gone without a word never answers: the wait is bounded (D-88).
+            async with asyncio.timeout(host.form_wait_seconds):
+                answer = await ctx.elicit(host.approval_message_for(pending), ApprovalForm)
+        except TimeoutError:
+            return "decline", (f"the approval form had no answer within {host.form_wait_seconds:g} s "
+                               "(the client may be gone)")
         except Exception as exc:  # the client could not ask: the safe answer is no
             return "decline", f"the approval form could not be shown ({type(exc).__name__}); it was not sent"
         if isinstance(answer, AcceptedElicitation):

@@ -57,6 +57,7 @@ from tether._server.results import (
     run_result,
 )
 from tether._server.tasks import TasksExtension
+from tether._sources.mcp import _VERSION as TETHER_VERSION
 from tether._store.states import RunStatus
 from tether.errors import InvalidArguments, Overloaded, RunNotFound, TetherError
 
@@ -188,8 +189,11 @@ class TetherServer:
         access: Access | None = None,
         console: bool = False,
         task_after_seconds: float = 5.0,
+        form_wait_seconds: float = 600.0,
     ) -> None:
         self.rt = rt
+        # [server] form_wait_seconds: how long an approval form asked inside the call may stay open (D-88).
+        self.form_wait_seconds = form_wait_seconds
         # MCP Tasks (P-47): a call from a client declaring the extension whose run has not ended by then
         # is answered with a task.
         self.task_after_seconds = task_after_seconds
@@ -226,7 +230,8 @@ class TetherServer:
         )
         tasks = TasksExtension(self, lambda request, params: Context(request_context=request, mcp_server=self.mcp,
                                                                      input_params=params))
-        self.mcp: MCPServer = MCPServer(name, instructions=INSTRUCTIONS, log_level="WARNING",
+        # serverInfo.version: what a host shows of the server it talks to, and what a bug report names.
+        self.mcp: MCPServer = MCPServer(name, version=TETHER_VERSION, instructions=INSTRUCTIONS, log_level="WARNING",
                                         request_state_security=security, extensions=[tasks])
         self.mcp.middleware.append(_check_arguments)
         for tool in TOOLS:

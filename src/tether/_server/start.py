@@ -206,6 +206,7 @@ async def _serve_runtime(options: ServeOptions, config: Any, tools: list[Any], t
             approvals=config.server.approvals,
             public_url=config.server.public_url,
             task_after_seconds=float(config.server.task_after_seconds),
+            form_wait_seconds=float(config.server.form_wait_seconds),
             access=access,
             console=address is not None,
         )
