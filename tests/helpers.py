@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
 from tether._tools.model import Annotations, Tool
@@ -94,7 +97,7 @@ class KeyedApi:
     ``requests()`` every request it received.
     """
 
-    FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
+    FIXTURES = Path(__file__).parent / "fixtures"
     SPEC = FIXTURES / "keyed_api.json"
 
     def __init__(self, tmp) -> None:
@@ -348,3 +351,46 @@ def store_url_of(backend: str, request: Any) -> str:
 def write_states(rt: Any, run_id: str) -> dict[int, str]:
     """Each write of the run's journal, by seq, in the state it is in."""
     return {c.seq: c.state for c in rt.store.get_calls(run_id) if c.kind == "write"}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def npm_ci(folder: Path, *, installed: bool, need: str) -> None:
+    """Install ``folder``'s pinned npm packages unless ``installed``: `make test` runs `npm ci` first, and this
+    covers pytest run directly on a fresh clone. ``need`` names the tests that need Node, for the error."""
+    if shutil.which("node") is None:
+        raise RuntimeError(f"node is not installed; {need} need Node.js 20+")
+    if not installed:
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=folder, check=True, capture_output=True,
+                       timeout=300)
+
+
+def start_until(command: list[str], log: Path, ready: bytes, what: str, *, timeout: float = 30,
+                **popen: Any) -> subprocess.Popen[bytes]:
+    """Start ``command`` with its output in ``log``; return once the log holds ``ready`` (else kill it, and raise
+    naming ``what`` with what it logged)."""
+    out = open(log, "wb")
+    proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **popen)
+    deadline = time.monotonic() + timeout
+    while ready not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{what} did not start: {log.read_text()}")
+        time.sleep(0.05)
+    return proc
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate ``proc`` if it still runs; kill it if it will not go within 10 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)

@@ -18,7 +18,9 @@ from pathlib import Path
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from tests.server.test_server_http import LEDGER_TOOLS, free_port, stop_server
+from tests.server.test_server_http import LEDGER_TOOLS, stop_server
+
+from helpers import free_port
 
 CONFIG = """\
 [server]

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from helpers import Clock, Recorder
+from helpers import Clock, Recorder, free_port
 from tether._engine.rules.policy import Policy
 from tether._engine.rules.quotas import Quota, Quotas
 from tether._engine.worker import Worker
@@ -111,15 +111,9 @@ INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server(tmp_path):
-    port, scrape_port = _free_port(), _free_port()
+    port, scrape_port = free_port(), free_port()
     (tmp_path / "tether.toml").write_text(f'[quotas]\nmcp_sessions = 2\n[metrics]\nlisten = "127.0.0.1:{scrape_port}"\n')
     env = {k: v for k, v in os.environ.items() if k != "TETHER_STORE_URL"}
     env.update(TETHER_HOME=str(tmp_path / "home"), TETHER_TOKEN=f"{ALPHA},{BETA}")

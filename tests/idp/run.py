@@ -8,10 +8,7 @@ the same library any attacker would use.
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,18 +17,14 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
+from helpers import free_port, npm_ci, start_until, stop_process
+
 HERE = Path(__file__).parent
 USERS = {
     # alice runs programs; bob approves (the "approvers" group).
     "alice": {"name": "Alice Agent-Owner", "email": "alice@example.test", "groups": ["engineering"]},
     "bob": {"name": "Bob Approver", "email": "bob@example.test", "groups": ["approvers"]},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def new_key(kid: str) -> tuple[Any, dict]:
@@ -66,26 +59,15 @@ class IdP:
         return r.json()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        stop_process(self.proc)
 
 
 def ensure_installed() -> None:
-    if not (HERE / "node_modules" / "oidc-provider").is_dir():
-        # `make test` runs `npm ci` first; this covers running pytest directly on a fresh clone.
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=HERE, check=True, capture_output=True,
-                       timeout=300)
+    npm_ci(HERE, installed=(HERE / "node_modules" / "oidc-provider").is_dir(), need="the OAuth tests")
 
 
 def start_idp(workdir: Path, *, resources: list[str], clients: list[dict], port: int | None = None,
               users: dict[str, dict] | None = None) -> IdP:
-    if shutil.which("node") is None:
-        raise RuntimeError("node is not installed; the OAuth tests need Node.js 20+ for oidc-provider")
     ensure_installed()
     port = port or free_port()
     issuer = f"http://127.0.0.1:{port}"
@@ -95,16 +77,8 @@ def start_idp(workdir: Path, *, resources: list[str], clients: list[dict], port:
               "clients": clients, "users": USERS if users is None else users}
     path = workdir / "idp.json"
     path.write_text(json.dumps(config))
-    log = workdir / "idp.log"
-    out = open(log, "wb")
-    proc = subprocess.Popen(["node", str(HERE / "idp.mjs"), str(path)], cwd=HERE, stdout=out,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while b"ready" not in log.read_bytes():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"the IdP did not start: {log.read_text()}")
-        time.sleep(0.05)
+    proc = start_until(["node", str(HERE / "idp.mjs"), str(path)], workdir / "idp.log", b"ready", "the IdP",
+                       timeout=60, cwd=HERE)
     return IdP(issuer, key, "idp-key-1", proc, {c["client_id"]: c for c in clients})
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 from mcp_types import ElicitResult
 
+from helpers import free_port
 from tether._runtime import Runtime
 from tether._server.approvals import link_token
 from tether._server.auth import principal_for_token
@@ -128,16 +129,10 @@ def _missing() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     def __init__(self, root: Path, extra: str = "") -> None:
         self.root = root
-        self.port = _free_port()
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.ledger = root / "ledger.txt"
         self.config = root / "tether.toml"

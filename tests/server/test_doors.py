@@ -28,8 +28,10 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from tests.idp.run import IdP, free_port, log_in, start_idp
+from tests.idp.run import IdP, log_in, start_idp
 from tests.server.test_server_http import LEDGER_TOOLS, stop_server
+
+from helpers import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -30,8 +30,10 @@ from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
-from tests.idp.run import IdP, free_port, log_in, new_key, start_idp
+from tests.idp.run import IdP, log_in, new_key, start_idp
 from tests.server.test_server_http import LEDGER_TOOLS, stop_server
+
+from helpers import free_port
 
 pytestmark = pytest.mark.slow
 

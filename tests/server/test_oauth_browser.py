@@ -18,9 +18,10 @@ import time
 
 import httpx
 import pytest
-from tests.idp.run import free_port
 from tests.server.test_console_browser import CHROMIUM, CHROMIUM_FLAGS, _missing
 from tests.server.test_oauth import Memory, Served, connect, execute, oauth_for, serving, stop_server
+
+from helpers import free_port
 
 pytestmark = pytest.mark.slow
 

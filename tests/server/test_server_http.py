@@ -25,6 +25,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import ElicitResult
 
+from helpers import free_port
 from tether._store import open_store
 
 pytestmark = pytest.mark.slow
@@ -82,12 +83,6 @@ max_workers = 2
 match = "ledger.write"
 action = "allow"
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Served:

@@ -25,8 +25,9 @@ from fastmcp_tasks import ToolTask, call_tool_task
 from fastmcp_tasks.client_models import UpdateTaskRequest, UpdateTaskRequestParams
 from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitRequestFormParams, ElicitRequestURLParams, ElicitResult, Result
-from tests.server.test_server_http import LEDGER_TOOLS, free_port, stop_server
+from tests.server.test_server_http import LEDGER_TOOLS, stop_server
 
+from helpers import free_port
 from replicas import ReplicaSet, wait_ready
 from tether._store import open_store
 

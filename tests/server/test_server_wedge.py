@@ -27,6 +27,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from helpers import free_port
+
 pytestmark = pytest.mark.slow
 
 GRACE = 3.0
@@ -65,12 +67,6 @@ def _spec(operations: int) -> dict:
 MISSPELLED = "[f'big.report_{i}_itemz' for i in range(300)]"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Served:
     def __init__(self, proc: subprocess.Popen, port: int, log: Path) -> None:
         self.proc, self.port, self.log = proc, port, log
@@ -92,7 +88,7 @@ def _start(root: Path) -> Served:
     spec = root / "big.json"
     spec.write_text(json.dumps(_spec(2000)))
     (root / "tether.toml").write_text(CONFIG.format(grace=GRACE, spec=spec))
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("TETHER_TOKEN", "TETHER_STORE_URL")}
     env["TETHER_HOME"] = str(root / "home")
     log = root / "server.log"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from helpers import run_cli
+from helpers import npm_ci, run_cli
 from test_server_http import ALPHA, CONFIG, LEDGER_TOOLS, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -47,13 +46,9 @@ ticket, comments = await asyncio.gather(
 
 
 def ensure_installed() -> None:
-    if shutil.which("node") is None:
-        raise RuntimeError("node is not installed; the TypeScript client tests need Node.js 20+")
     installed = HERE / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json"
-    if not installed.exists() or json.loads(installed.read_text())["version"] != SDK_VERSION:
-        # `make test` runs `npm ci` first; this covers running pytest directly on a fresh clone.
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=HERE, check=True, capture_output=True,
-                       timeout=300)
+    npm_ci(HERE, installed=installed.exists() and json.loads(installed.read_text())["version"] == SDK_VERSION,
+           need="the TypeScript client tests")
 
 
 def ts_client(transport: dict, steps: list[dict], *, elicitation: list[dict] | None = None,

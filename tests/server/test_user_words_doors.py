@@ -26,8 +26,9 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import Implementation
-from tests.server.test_server_http import free_port, stop_server
+from tests.server.test_server_http import stop_server
 
+from helpers import free_port
 from replicas import wait_ready
 from tether._store import open_store
 
