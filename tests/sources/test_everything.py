@@ -320,6 +320,26 @@ async def test_d89_a_call_asking_again_and_again_holds_its_deadlines_only_so_lon
     assert 2 <= len(asked) <= 4  # 0.6 s of answers, then the server's questions are cancelled unasked
 
 
+async def test_d91_a_server_asking_after_its_question_budget_ends_its_call_at_once_by_name(rt, monkeypatch):
+    monkeypatch.setattr(mcp_source, "QUESTION_SECONDS", 0.3)
+    asked = []
+
+    async def patient(question):
+        asked.append(question)
+        await asyncio.sleep(0.2)
+        return {"action": "accept", "content": {"ok": True}}
+
+    # `bad` allows 10 s without progress: told "cancel" after the budget, ask_forever asks again at once, and
+    # without an end the call would spin thousands of round trips a second for those 10 s.
+    r = await asyncio.wait_for(run(rt, "await tools.bad.ask_forever()", on_question=patient), 5)
+    assert r.status == "failed" and r.error["code"] == "call_timeout", r.error
+    assert "asked the user again after the call's 0.3 s for questions were spent" in r.error["message"]
+    assert 1 <= len(asked) <= 3
+    # The source goes on: the next call on the same connection is served.
+    r = await run(rt, "await tools.bad.flood(megabytes=0.001, blocks=1)")
+    assert r.status == "completed" and r.result.startswith("xxx"), r.error
+
+
 async def test_d89_an_outsized_question_is_clipped_before_anyone_reads_or_stores_it(rt):
     asked = []
 

@@ -154,6 +154,9 @@ class _Call:
     tool: str
     sent: int = 0  # tools/call requests handed to the transport for this call
     clocks: CallClocks | None = None  # its deadlines, held while its question is with a person (D-89)
+    # Ends the call now: set while it is on the wire, used when its server asks after its question budget (D-91).
+    end: Callable[[], None] | None = None
+    asked_past_budget: bool = False
 
 
 _current_call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("tether_mcp_call", default=None)
@@ -639,7 +642,7 @@ class MCPSource:
                                             details={**details, "code": "source_unavailable"}) from None
                 conn.in_flight.add(call)
                 try:
-                    return _result_value(await self._timed_call(conn, name, upstream, args, meta, call.clocks),
+                    return _result_value(await self._timed_call(conn, name, upstream, args, meta, call),
                                          address, details)
                 except MCPError as exc:
                     if exc.code == URL_ELICITATION_REQUIRED:
@@ -689,8 +692,9 @@ class MCPSource:
             _current_call.reset(token)
 
     async def _timed_call(self, conn: _Connection, name: str, upstream: str, args: dict[str, Any],
-                          meta: Any = None, clocks: CallClocks | None = None) -> Any:
+                          meta: Any = None, call: _Call | None = None) -> Any:
         loop = asyncio.get_running_loop()
+        clocks = call.clocks if call is not None else None
         started = loop.time()
         limit = self._call_timeout
         ceiling = self._max_call_seconds or limit
@@ -720,10 +724,20 @@ class MCPSource:
             async with scope:
                 if clocks is not None:
                     clocks.watch(scope)
-                return await conn.client.call_tool(upstream, args, progress_callback=on_progress, meta=meta)
+                if call is not None:
+                    call.end = lambda: scope.reschedule(loop.time())
+                try:
+                    return await conn.client.call_tool(upstream, args, progress_callback=on_progress, meta=meta)
+                finally:
+                    if call is not None:
+                        call.end = None  # a scope left is not one to move
         except TimeoutError:
             if not scope.expired():
                 raise
+            if call is not None and call.asked_past_budget:
+                raise _SourceTimeout(
+                    f"the server asked the user again after the call's {QUESTION_SECONDS:g} s for questions "
+                    "were spent, so the call was ended; the server may still be working on it") from None
             waited = loop.time() - started
             ceiling_hit = limit is None or (ceiling is not None and waited >= ceiling - 0.05)
             why = f"no answer within {ceiling:g} s" if ceiling_hit else f"no answer or progress for {limit:g} s"
@@ -758,6 +772,12 @@ class MCPSource:
         clocks = [c.clocks for c in self._eliciting_calls() if c.clocks is not None]
         wait = QUESTION_SECONDS - max((c.held_seconds for c in clocks), default=0.0)
         if wait <= 0:
+            # Told "cancel", a server may ask at once again (thousands of round trips a second) until the call's
+            # deadline: the calls whose budget is spent end now instead, as a timeout (D-91).
+            for call in self._eliciting_calls():
+                if call.clocks is not None and call.clocks.held_seconds >= QUESTION_SECONDS and call.end is not None:
+                    call.asked_past_budget = True
+                    call.end()
             return ElicitResult(action="cancel")
         try:
             try:
