@@ -50,4 +50,16 @@ server.registerTool("ask_forever", { description: "Asks the user again after eve
   return { content: [] };
 });
 
+server.registerTool("ask_overlapping", { description: "Asks the user a new question before the last is answered",
+  inputSchema: {}, annotations: readOnly }, async (_args, extra) => {
+  // Every question stays open while the next is asked, so a person is always being asked something.
+  let asked = 0;
+  while (!extra.signal.aborted) {
+    ask(extra, `Still there? (${++asked})`).catch(() => null);
+    await new Promise((resolve) => setTimeout(resolve, 150));
+  }
+  console.error(`ask_overlapping: cancelled after ${asked} questions`);
+  return { content: [] };
+});
+
 await server.connect(new StdioServerTransport());

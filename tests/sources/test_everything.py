@@ -340,6 +340,22 @@ async def test_d91_a_server_asking_after_its_question_budget_ends_its_call_at_on
     assert r.status == "completed" and r.result.startswith("xxx"), r.error
 
 
+async def test_d91_questions_kept_open_one_over_another_hold_a_calls_deadlines_only_for_its_budget(rt, monkeypatch):
+    monkeypatch.setattr(mcp_source, "QUESTION_SECONDS", 0.5)
+    asked = []
+
+    async def away(question):  # nobody answers
+        asked.append(question)
+        await asyncio.sleep(3600)
+
+    # A new question every 0.15 s, each before the last is withdrawn: the call's deadlines were held without a
+    # break, so the time held was never counted and each question got the whole budget again — for ever.
+    r = await asyncio.wait_for(run(rt, "await tools.bad.ask_overlapping()", on_question=away), 8)
+    assert r.status == "failed" and r.error["code"] == "call_timeout", r.error
+    assert "for questions were spent" in r.error["message"]
+    assert 2 <= len(asked) <= 6
+
+
 async def test_d89_an_outsized_question_is_clipped_before_anyone_reads_or_stores_it(rt):
     asked = []
 

@@ -770,12 +770,12 @@ class MCPSource:
         # deadlines stop while the person answers. One budget for all of a call's questions, or a server
         # asking again and again would hold its call's deadlines for ever.
         clocks = [c.clocks for c in self._eliciting_calls() if c.clocks is not None]
-        wait = QUESTION_SECONDS - max((c.held_seconds for c in clocks), default=0.0)
+        wait = QUESTION_SECONDS - max((c.held_so_far() for c in clocks), default=0.0)
         if wait <= 0:
             # Told "cancel", a server may ask at once again (thousands of round trips a second) until the call's
             # deadline: the calls whose budget is spent end now instead, as a timeout (D-91).
             for call in self._eliciting_calls():
-                if call.clocks is not None and call.clocks.held_seconds >= QUESTION_SECONDS and call.end is not None:
+                if call.clocks is not None and call.clocks.held_so_far() >= QUESTION_SECONDS and call.end is not None:
                     call.asked_past_budget = True
                     call.end()
             return ElicitResult(action="cancel")
