@@ -62,4 +62,12 @@ server.registerTool("ask_overlapping", { description: "Asks the user a new quest
   return { content: [] };
 });
 
+server.registerTool("ask_with", { description: "Asks the user `message`, or to open `url`",
+  inputSchema: { message: z.string(), url: z.string().optional() }, annotations: readOnly },
+  async ({ message, url }, extra) => {
+    const answer = url === undefined ? await ask(extra, message) : await extra.sendRequest({
+      method: "elicitation/create", params: { mode: "url", message, url, elicitationId: "e1" } }, ElicitResultSchema);
+    return { content: [{ type: "text", text: answer.action }] };
+  });
+
 await server.connect(new StdioServerTransport());

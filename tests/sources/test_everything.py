@@ -408,6 +408,42 @@ async def test_d89_only_a_few_http_links_of_a_hostile_url_required_error_are_sho
         assert links == [] and "sent no link tether can show (needs a browser); nothing was done" in message
 
 
+async def test_d91_a_link_that_reads_as_another_or_a_message_that_drives_a_terminal_is_not_passed_on_raw():
+    hostile = {"elicitations": [
+        # Read right to left after U+202E: "https://tether.example/approve/..." — not a link to hand anyone.
+        {"url": "https://evil.example/\u202e/evorppa/elpmaxe.rehtet//:sptth", "message": "approve"},
+        {"url": "https://t\u0435ther.example/approve"},  # a Cyrillic "е": another host that looks the same
+        {"url": "https://a.example/\u200bx"}, {"url": "https://a.example/\x7f"}, {"url": "https://a.example/\x9bx"},
+        {"url": "https://ok.example/sign-in?next=%E2%80%AE", "message": "Sign in\x1b]52;c;cGF5bG9hZA==\x07 \u202edone",
+         "elicitationId": "e\x1b[2J"}]}
+    message, links = url_required("ns.tool", hostile, "needs a browser")
+    (link,) = links
+    assert link["url"] == "https://ok.example/sign-in?next=%E2%80%AE"  # percent-encoded: shown as written
+    assert link["message"] == "Sign in\\u001b]52;c;cGF5bG9hZA==\\u0007 \\u202edone"
+    assert link["elicitation_id"] == "e\\u001b[2J"
+    assert "\x1b" not in message and "\u202e" not in message and "\x07" not in message
+    message, links = url_required("ns.tool", {}, "go to \x1b[8mhidden\x1b[0m")
+    assert links == [] and "\x1b" not in message and "\\u001b[8mhidden" in message
+
+
+async def test_d91_an_upstream_question_with_a_hostile_link_or_terminal_escapes_never_reaches_a_person_raw(rt):
+    asked = []
+
+    async def person(question):
+        asked.append(question)
+        return {"action": "accept", "content": {"ok": True}} if question["mode"] == "form" else {"action": "accept"}
+
+    r = await run(rt, """[await tools.bad.ask_with(message="Open this", url="javascript:alert(document.cookie)"),
+ await tools.bad.ask_with(message="Open this", url="https://a.example/\u202egnp.exe"),
+ await tools.bad.ask_with(message="Sure?\x1b]52;c;cGF5bG9hZA==\x07\x1b[8m hidden")]""", on_question=person)
+    assert r.status == "completed", r.error
+    assert r.result == ["decline", "decline", "accept"]  # the two links declined without asking anyone
+    (question,) = asked
+    assert question["message"] == "Sure?\\u001b]52;c;cGF5bG9hZA==\\u0007\\u001b[8m hidden"
+    (stored,) = [e for e in rt.store.get_events(r.run_id, limit=100) if e.type == "question"]
+    assert stored.data["message"] == question["message"]
+
+
 async def test_d89_the_progress_gate_passes_a_burst_then_ten_a_second():
     now = [0.0]
     gate = ProgressGate(lambda: now[0])

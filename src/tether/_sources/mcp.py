@@ -48,7 +48,7 @@ from mcp.types import (
 )
 from pydantic import BaseModel
 
-from tether._sources._mcp_links import url_required
+from tether._sources._mcp_links import link_for_a_person, url_required
 from tether._sources._mcp_progress import ProgressGate
 from tether._sources._mcp_stdio import stdio_transport
 from tether._sources._mcp_tools import build_tools, listing_json, server_summary
@@ -57,6 +57,7 @@ from tether._sources.kinds import SourceContext
 from tether._tools.clocks import CallClocks, call_deadline
 from tether._tools.context import current_call
 from tether._tools.model import IDEMPOTENCY_MODES, Tool, check_identifier
+from tether._tools.shown import escape
 from tether.errors import ConfigError, SourceNotStarted, SourceUnavailable, ToolError, UsageError
 
 __all__ = ["ElicitationHandler", "ElicitationRequest", "ElicitationResponse", "MCPSource", "ProgressReport"]
@@ -754,13 +755,15 @@ class MCPSource:
         if isinstance(schema, BaseModel):
             schema = schema.model_dump(mode="json", by_alias=True, exclude_none=True)
         url = getattr(params, "url", None)
-        if len(json.dumps(schema)) > QUESTION_SCHEMA_BYTES or (url is not None and len(url) > ERROR_MESSAGE_LIMIT):
-            # Not a form or a link for a person: not shown to one, nor kept in the run's timeline.
+        if len(json.dumps(schema)) > QUESTION_SCHEMA_BYTES or (url is not None and not link_for_a_person(url)):
+            # Not a form or a link for a person (a javascript: or data: URL, one that reads as another): not shown
+            # to one, nor kept in the run's timeline (D-91).
             return ElicitResult(action="decline")
         request = ElicitationRequest(
             namespace=self.namespace,
             tool=self._eliciting_tool(),
-            message=_clip(params.message),
+            # Terminal escapes and bidi overrides are shown as text, on every surface that asks (D-91).
+            message=_clip(escape(params.message[:ERROR_MESSAGE_LIMIT + 1], keep_lines=True)),
             mode="url" if getattr(params, "mode", "form") == "url" else "form",
             requested_schema=dict(schema) if schema is not None else None,
             url=url,
