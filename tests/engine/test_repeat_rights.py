@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import Clock, Recorder
 
+from helpers import Clock, Recorder
 from tether._engine.calls import ledger
 from tether._runtime import Runtime
 from tether.errors import RunNotFound
