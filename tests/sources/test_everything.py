@@ -340,6 +340,23 @@ async def test_d91_a_server_asking_after_its_question_budget_ends_its_call_at_on
     assert r.status == "completed" and r.result.startswith("xxx"), r.error
 
 
+async def test_d91_a_server_asking_again_after_every_refusal_ends_its_call_after_so_many_questions(rt, monkeypatch):
+    monkeypatch.setattr(mcp_source, "QUESTIONS_PER_CALL", 20)
+    asked = []
+
+    async def refuses(question):  # a program's handler (or a client) that declines at once: nothing is held
+        asked.append(question)
+        return {"action": "decline"}
+
+    # Without a count the loop spins (thousands of round trips a second) until `bad`'s 10 s no-progress limit.
+    r = await asyncio.wait_for(run(rt, "await tools.bad.ask_forever()", on_question=refuses), 5)
+    assert r.status == "failed" and r.error["code"] == "call_timeout", r.error
+    assert "the server asked more than 20 questions in one call, so the call was ended" in r.error["message"]
+    assert len(asked) == 20
+    r = await asyncio.wait_for(run(rt, "await tools.bad.ask_forever()"), 5)  # nobody to ask: declined unasked
+    assert r.status == "failed" and "more than 20 questions" in r.error["message"], r.error
+
+
 async def test_d91_questions_kept_open_one_over_another_hold_a_calls_deadlines_only_for_its_budget(rt, monkeypatch):
     monkeypatch.setattr(mcp_source, "QUESTION_SECONDS", 0.5)
     asked = []

@@ -14,6 +14,7 @@ may have left this process the outcome is unknown, and the call fails with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import importlib.metadata
 import json
@@ -81,6 +82,8 @@ ERROR_MESSAGE_LIMIT = 2000
 QUESTION_SECONDS = 600.0
 # A form larger than this is not one a person fills in (the reference server's 13 fields: 4 KiB).
 QUESTION_SCHEMA_BYTES = 64 * 1024
+# More questions than a person answers in one call (the reference server asks one): past it the call ends (D-91).
+QUESTIONS_PER_CALL = 50
 
 # A paginating server that never stops must not hang start().
 _MAX_LIST_PAGES = 1000
@@ -157,7 +160,8 @@ class _Call:
     clocks: CallClocks | None = None  # its deadlines, held while its question is with a person (D-89)
     # Ends the call now: set while it is on the wire, used when its server asks after its question budget (D-91).
     end: Callable[[], None] | None = None
-    asked_past_budget: bool = False
+    questions: float = 0.0  # questions its server put while it was on the wire (a share of each it may have put)
+    ended_why: str | None = None  # why its questions ended it (D-91)
 
 
 _current_call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("tether_mcp_call", default=None)
@@ -726,7 +730,7 @@ class MCPSource:
                 if clocks is not None:
                     clocks.watch(scope)
                 if call is not None:
-                    call.end = lambda: scope.reschedule(loop.time())
+                    call.end = lambda: _expire(scope)
                 try:
                     return await conn.client.call_tool(upstream, args, progress_callback=on_progress, meta=meta)
                 finally:
@@ -735,10 +739,9 @@ class MCPSource:
         except TimeoutError:
             if not scope.expired():
                 raise
-            if call is not None and call.asked_past_budget:
-                raise _SourceTimeout(
-                    f"the server asked the user again after the call's {QUESTION_SECONDS:g} s for questions "
-                    "were spent, so the call was ended; the server may still be working on it") from None
+            if call is not None and call.ended_why is not None:
+                raise _SourceTimeout(f"{call.ended_why}, so the call was ended; the server may still be working "
+                                     "on it") from None
             waited = loop.time() - started
             ceiling_hit = limit is None or (ceiling is not None and waited >= ceiling - 0.05)
             why = f"no answer within {ceiling:g} s" if ceiling_hit else f"no answer or progress for {limit:g} s"
@@ -748,6 +751,15 @@ class MCPSource:
     # -- elicitation --
 
     async def _on_elicit(self, context: Any, params: Any) -> ElicitResult | ErrorData:
+        asking = self._eliciting_calls()
+        for call in asking:
+            # A 2025-era question that may be any of n calls' is a 1/n share of each: n calls asking once each
+            # (a gather of forms) stay at one question apiece, one call asking for ever still reaches the bound.
+            call.questions += 1 / len(asking)
+        if _end_calls(asking, lambda c: c.questions > QUESTIONS_PER_CALL,
+                      f"the server asked more than {QUESTIONS_PER_CALL} questions in one call"):
+            # Declined or answered at once, a server asking again and again holds nothing: only a count ends it.
+            return ElicitResult(action="cancel")
         handler = self.elicitation_handler
         if handler is None:
             return ElicitResult(action="decline")
@@ -772,15 +784,14 @@ class MCPSource:
         # The call that asked, or (a 2025-era connection with several in flight) each that may have: their
         # deadlines stop while the person answers. One budget for all of a call's questions, or a server
         # asking again and again would hold its call's deadlines for ever.
-        clocks = [c.clocks for c in self._eliciting_calls() if c.clocks is not None]
+        clocks = [c.clocks for c in asking if c.clocks is not None]
         wait = QUESTION_SECONDS - max((c.held_so_far() for c in clocks), default=0.0)
         if wait <= 0:
             # Told "cancel", a server may ask at once again (thousands of round trips a second) until the call's
             # deadline: the calls whose budget is spent end now instead, as a timeout (D-91).
-            for call in self._eliciting_calls():
-                if call.clocks is not None and call.clocks.held_so_far() >= QUESTION_SECONDS and call.end is not None:
-                    call.asked_past_budget = True
-                    call.end()
+            _end_calls(asking, lambda c: c.clocks is not None and c.clocks.held_so_far() >= QUESTION_SECONDS,
+                       f"the server asked the user again after the call's {QUESTION_SECONDS:g} s for questions "
+                       "were spent")
             return ElicitResult(action="cancel")
         try:
             try:
@@ -814,6 +825,23 @@ class MCPSource:
             return [call]
         conn = self._conn
         return list(conn.in_flight) if conn is not None else []
+
+
+def _expire(scope: asyncio.Timeout) -> None:
+    if not scope.expired():
+        with contextlib.suppress(RuntimeError):  # expiring already: it ends the call as asked
+            scope.reschedule(asyncio.get_running_loop().time())
+
+
+def _end_calls(calls: list[_Call], over: Callable[[_Call], bool], why: str) -> bool:
+    """End each of ``calls`` on the wire that is ``over`` its questions' bound, saying ``why`` (D-91); whether any."""
+    ended = False
+    for call in calls:
+        if call.end is not None and over(call):
+            call.ended_why = call.ended_why or why
+            call.end()
+            ended = True
+    return ended
 
 
 # --- results -------------------------------------------------------------------
