@@ -119,3 +119,23 @@ def test_an_upstreams_text_cannot_drive_the_operators_terminal(tmp_path, monkeyp
         assert r.returncode == 0, (args, r.stderr)
         assert "\x1b" not in r.stdout and "\u202e" not in r.stdout and "\x07" not in r.stdout, (args, r.stdout)
     assert "\\u001b[2J" in r.stdout and "\\u202e" in r.stdout  # shown, not obeyed
+
+
+def test_d91_an_upstream_form_at_the_terminal_shows_its_fields_escapes_as_text(monkeypatch, capsys):
+    import asyncio
+
+    from tether.cli.runs import _ask_question
+
+    prompts = []
+
+    def answer(prompt=""):
+        prompts.append(prompt)
+        return "y"
+
+    monkeypatch.setattr("builtins.input", answer)
+    question = {"address": "up.ask", "mode": "form", "message": "Pay?\x1b[8m (hidden)",
+                "schema": {"properties": {"ok": {"type": "boolean", "title": "OK\x1b]52;c;cGF5bG9hZA==\x07"}}}}
+    assert asyncio.run(_ask_question(question)) == {"action": "accept", "content": {"ok": True}}
+    shown = capsys.readouterr().out + "".join(prompts)
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "Pay?\\u001b[8m (hidden)" in shown and "OK\\u001b]52;c;cGF5bG9hZA==\\u0007" in shown

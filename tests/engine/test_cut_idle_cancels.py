@@ -106,3 +106,19 @@ async def test_d90_p53_a_cut_cancel_of_a_queued_run_is_finished_by_recovery_once
         assert_cancelled(b, queued)
         assert await b.recover() == []
         assert (await b.engine.wait_for_run(queued, timeout=5)).error["code"] == "cancelled"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_d91_p53_a_late_signal_to_a_cut_cancelled_run_is_not_accepted_and_finishes_the_cancel(backend, request):
+    """A resolution arriving after the cancel's move but before its envelope (the cut D-90 finishes) found the wait
+    still open: it was `accepted` for a run that had ended, and left the cut as it was."""
+    url = url_of(backend, request)
+    clock = Clock()
+    async with make_runtime(url, Recorder(), clock=clock) as rt:
+        fault = cut_after_cancel(rt.store)
+        waiting = await rt.execute(WAITING)
+        await cancelled_in_half(rt, fault, waiting.run_id)
+        clock.now += 3600  # the process that cancelled stopped: its hold on the run lapsed
+        late = await rt.signal(waiting.run_id, "go", 1)
+        assert late["status"] == "unknown_or_revoked" and "has ended" in late["next_action"], late
+        assert_cancelled(rt, waiting.run_id)

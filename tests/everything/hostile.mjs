@@ -50,4 +50,24 @@ server.registerTool("ask_forever", { description: "Asks the user again after eve
   return { content: [] };
 });
 
+server.registerTool("ask_overlapping", { description: "Asks the user a new question before the last is answered",
+  inputSchema: {}, annotations: readOnly }, async (_args, extra) => {
+  // Every question stays open while the next is asked, so a person is always being asked something.
+  let asked = 0;
+  while (!extra.signal.aborted) {
+    ask(extra, `Still there? (${++asked})`).catch(() => null);
+    await new Promise((resolve) => setTimeout(resolve, 150));
+  }
+  console.error(`ask_overlapping: cancelled after ${asked} questions`);
+  return { content: [] };
+});
+
+server.registerTool("ask_with", { description: "Asks the user `message`, or to open `url`",
+  inputSchema: { message: z.string(), url: z.string().optional() }, annotations: readOnly },
+  async ({ message, url }, extra) => {
+    const answer = url === undefined ? await ask(extra, message) : await extra.sendRequest({
+      method: "elicitation/create", params: { mode: "url", message, url, elicitationId: "e1" } }, ElicitResultSchema);
+    return { content: [{ type: "text", text: answer.action }] };
+  });
+
 await server.connect(new StdioServerTransport());

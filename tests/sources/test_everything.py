@@ -320,6 +320,59 @@ async def test_d89_a_call_asking_again_and_again_holds_its_deadlines_only_so_lon
     assert 2 <= len(asked) <= 4  # 0.6 s of answers, then the server's questions are cancelled unasked
 
 
+async def test_d91_a_server_asking_after_its_question_budget_ends_its_call_at_once_by_name(rt, monkeypatch):
+    monkeypatch.setattr(mcp_source, "QUESTION_SECONDS", 0.3)
+    asked = []
+
+    async def patient(question):
+        asked.append(question)
+        await asyncio.sleep(0.2)
+        return {"action": "accept", "content": {"ok": True}}
+
+    # `bad` allows 10 s without progress: told "cancel" after the budget, ask_forever asks again at once, and
+    # without an end the call would spin thousands of round trips a second for those 10 s.
+    r = await asyncio.wait_for(run(rt, "await tools.bad.ask_forever()", on_question=patient), 5)
+    assert r.status == "failed" and r.error["code"] == "call_timeout", r.error
+    assert "asked the user again after the call's 0.3 s for questions were spent" in r.error["message"]
+    assert 1 <= len(asked) <= 3
+    # The source goes on: the next call on the same connection is served.
+    r = await run(rt, "await tools.bad.flood(megabytes=0.001, blocks=1)")
+    assert r.status == "completed" and r.result.startswith("xxx"), r.error
+
+
+async def test_d91_a_server_asking_again_after_every_refusal_ends_its_call_after_so_many_questions(rt, monkeypatch):
+    monkeypatch.setattr(mcp_source, "QUESTIONS_PER_CALL", 20)
+    asked = []
+
+    async def refuses(question):  # a program's handler (or a client) that declines at once: nothing is held
+        asked.append(question)
+        return {"action": "decline"}
+
+    # Without a count the loop spins (thousands of round trips a second) until `bad`'s 10 s no-progress limit.
+    r = await asyncio.wait_for(run(rt, "await tools.bad.ask_forever()", on_question=refuses), 5)
+    assert r.status == "failed" and r.error["code"] == "call_timeout", r.error
+    assert "the server asked more than 20 questions in one call, so the call was ended" in r.error["message"]
+    assert len(asked) == 20
+    r = await asyncio.wait_for(run(rt, "await tools.bad.ask_forever()"), 5)  # nobody to ask: declined unasked
+    assert r.status == "failed" and "more than 20 questions" in r.error["message"], r.error
+
+
+async def test_d91_questions_kept_open_one_over_another_hold_a_calls_deadlines_only_for_its_budget(rt, monkeypatch):
+    monkeypatch.setattr(mcp_source, "QUESTION_SECONDS", 0.5)
+    asked = []
+
+    async def away(question):  # nobody answers
+        asked.append(question)
+        await asyncio.sleep(3600)
+
+    # A new question every 0.15 s, each before the last is withdrawn: the call's deadlines were held without a
+    # break, so the time held was never counted and each question got the whole budget again — for ever.
+    r = await asyncio.wait_for(run(rt, "await tools.bad.ask_overlapping()", on_question=away), 8)
+    assert r.status == "failed" and r.error["code"] == "call_timeout", r.error
+    assert "for questions were spent" in r.error["message"]
+    assert 2 <= len(asked) <= 6
+
+
 async def test_d89_an_outsized_question_is_clipped_before_anyone_reads_or_stores_it(rt):
     asked = []
 
@@ -370,6 +423,42 @@ async def test_d89_only_a_few_http_links_of_a_hostile_url_required_error_are_sho
     for data in (None, [], {"elicitations": "x"}, {"elicitations": [{"url": "file:///etc/passwd"}]}):
         message, links = url_required("ns.tool", data, "needs a browser")
         assert links == [] and "sent no link tether can show (needs a browser); nothing was done" in message
+
+
+async def test_d91_a_link_that_reads_as_another_or_a_message_that_drives_a_terminal_is_not_passed_on_raw():
+    hostile = {"elicitations": [
+        # Read right to left after U+202E: "https://tether.example/approve/..." — not a link to hand anyone.
+        {"url": "https://evil.example/\u202e/evorppa/elpmaxe.rehtet//:sptth", "message": "approve"},
+        {"url": "https://t\u0435ther.example/approve"},  # a Cyrillic "е": another host that looks the same
+        {"url": "https://a.example/\u200bx"}, {"url": "https://a.example/\x7f"}, {"url": "https://a.example/\x9bx"},
+        {"url": "https://ok.example/sign-in?next=%E2%80%AE", "message": "Sign in\x1b]52;c;cGF5bG9hZA==\x07 \u202edone",
+         "elicitationId": "e\x1b[2J"}]}
+    message, links = url_required("ns.tool", hostile, "needs a browser")
+    (link,) = links
+    assert link["url"] == "https://ok.example/sign-in?next=%E2%80%AE"  # percent-encoded: shown as written
+    assert link["message"] == "Sign in\\u001b]52;c;cGF5bG9hZA==\\u0007 \\u202edone"
+    assert link["elicitation_id"] == "e\\u001b[2J"
+    assert "\x1b" not in message and "\u202e" not in message and "\x07" not in message
+    message, links = url_required("ns.tool", {}, "go to \x1b[8mhidden\x1b[0m")
+    assert links == [] and "\x1b" not in message and "\\u001b[8mhidden" in message
+
+
+async def test_d91_an_upstream_question_with_a_hostile_link_or_terminal_escapes_never_reaches_a_person_raw(rt):
+    asked = []
+
+    async def person(question):
+        asked.append(question)
+        return {"action": "accept", "content": {"ok": True}} if question["mode"] == "form" else {"action": "accept"}
+
+    r = await run(rt, """[await tools.bad.ask_with(message="Open this", url="javascript:alert(document.cookie)"),
+ await tools.bad.ask_with(message="Open this", url="https://a.example/\u202egnp.exe"),
+ await tools.bad.ask_with(message="Sure?\x1b]52;c;cGF5bG9hZA==\x07\x1b[8m hidden")]""", on_question=person)
+    assert r.status == "completed", r.error
+    assert r.result == ["decline", "decline", "accept"]  # the two links declined without asking anyone
+    (question,) = asked
+    assert question["message"] == "Sure?\\u001b]52;c;cGF5bG9hZA==\\u0007\\u001b[8m hidden"
+    (stored,) = [e for e in rt.store.get_events(r.run_id, limit=100) if e.type == "question"]
+    assert stored.data["message"] == question["message"]
 
 
 async def test_d89_the_progress_gate_passes_a_burst_then_ten_a_second():

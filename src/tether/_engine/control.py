@@ -184,7 +184,11 @@ async def resolve_wait(engine: Engine, key: str, value: Any = None, *, error: st
                             "`tether resume RUN_ID --approve --seq N`.")
         # The key is the capability: whoever holds it decides as the run's owner.
         return await _resolve_approval(engine, key, run_id, name, value, error, run.principal)
-    if existing is None and run.status in TERMINAL_RUN_STATUSES:
+    if run.status in TERMINAL_RUN_STATUSES and (existing is None or existing.status == WaitStatus.PENDING):
+        # A wait still open on an ended run is one a cancel cut in half left (D-90): that cancel is finished, and
+        # the resolution is not taken for a run that will never read it (D-91).
+        if cut_end(run) is not None:
+            await service.finish_cut(engine, run_id, wait=False)  # one a live process holds is left to it
         return {"status": "unknown_or_revoked", "key": key, "next_action": f"Run {run_id} has ended."}
     accepted, row = await astore.call(waits.resolve, key, run_id, name, value, error)
     out = {"status": "accepted" if accepted else "already_resolved", "key": key, "wait": wait_view(row, key)}

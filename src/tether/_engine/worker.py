@@ -220,13 +220,13 @@ class Worker:
         from tether._engine.rules.quarantine import continue_or_quarantine
 
         going_on, ended = await continue_or_quarantine(self.engine, run, gone_owner=gone_owner, how=how)
-        if ended is not None:
+        if ended is not None and (ended.error or {}).get("code") == "run_quarantined":
             error = ended.error or {}
             print(f"tether: run {run.run_id} quarantined ({error.get('code')}): "
                   f"{len(error.get('details', {}).get('attempts', []))} attempts in a row ended with their process "
                   "gone", file=sys.stderr, flush=True)
-            if quarantined is not None:
-                quarantined(ended)
+        if ended is not None and quarantined is not None:
+            quarantined(ended)
         return going_on
 
     async def _claims(self, free: int, settled: set[str] | None = None) -> list[Awaitable[Any]]:

@@ -35,6 +35,10 @@ class UpstreamCall:
     tool: str
     sent: int = 0  # tools/call requests handed to the transport for this call
     clocks: CallClocks | None = None  # its deadlines, held while its question is with a person (D-89)
+    # Ends the call now: set while it is on the wire, used when its server asks after its question budget (D-91).
+    end: Callable[[], None] | None = None
+    questions: float = 0.0  # questions its server put while it was on the wire (a share of each it may have put)
+    ended_why: str | None = None  # why its questions ended it (D-91)
 
 
 current_upstream_call: contextvars.ContextVar[UpstreamCall | None] = contextvars.ContextVar("tether_mcp_call", default=None)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+from tether._tools.shown import escape
+
 # Enough for the flows a server asks for at once (sign-in, then consent); a
 # server listing hundreds cannot flood the program's context.
 MAX_LINKS = 3
@@ -39,25 +41,37 @@ def url_required(address: str, data: Any, rpc_message: str) -> tuple[str, list[d
             "finished there, call the tool again", links)
 
 
+def link_for_a_person(url: Any) -> bool:
+    """Whether ``url`` is a link tether hands a person: http(s), a host, printable ASCII only (D-91).
+
+    A URI is ASCII (RFC 3986; a server percent-encodes the rest): a bidi override or zero-width character would
+    make it read as another link, and a look-alike letter (a Cyrillic "е") another host.
+    """
+    if not isinstance(url, str) or len(url) > MAX_URL_CHARS or not all(" " < c < "\x7f" for c in url):
+        return False
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return False
+    # javascript:, data:, file: ... are not links to hand a person.
+    return parts.scheme in ("https", "http") and bool(host)
+
+
 def _link(item: Any) -> dict[str, str] | None:
     if not isinstance(item, dict):
         return None
     url = item.get("url")
-    if not isinstance(url, str) or len(url) > MAX_URL_CHARS or any(c.isspace() or ord(c) < 32 for c in url):
+    if not isinstance(url, str) or not link_for_a_person(url):
         return None
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # e.g. an unclosed IPv6 bracket
-        return None
-    if parts.scheme not in ("https", "http") or not parts.hostname:
-        return None  # javascript:, data:, file: ... are not links to hand a person
     message = item.get("message")
     link = {"url": url, "message": _one_line(message) if isinstance(message, str) else ""}
     if isinstance(item.get("elicitationId"), str):
-        link["elicitation_id"] = item["elicitationId"][:200]
+        link["elicitation_id"] = escape(item["elicitationId"][:200])
     return link
 
 
 def _one_line(text: str) -> str:
-    text = " ".join(text.split())
+    # Terminal escapes and bidi overrides are the server's text, not an effect on the person's view (D-91).
+    text = escape(" ".join(text.split()))
     return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "…"

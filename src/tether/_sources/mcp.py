@@ -14,6 +14,7 @@ may have left this process the outcome is unknown, and the call fails with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.metadata
 import json
 import logging
@@ -53,7 +54,7 @@ from tether._sources._mcp_connection import current_upstream_call as _current_ca
 from tether._sources._mcp_connection import describe as _describe
 from tether._sources._mcp_connection import leaf as _leaf
 from tether._sources._mcp_connection import watched as _watched
-from tether._sources._mcp_links import url_required
+from tether._sources._mcp_links import link_for_a_person, url_required
 from tether._sources._mcp_progress import ProgressGate
 from tether._sources._mcp_stdio import stdio_transport
 from tether._sources._mcp_tools import build_tools, listing_json, server_summary
@@ -62,6 +63,7 @@ from tether._sources.kinds import SourceContext
 from tether._tools.clocks import CallClocks, call_deadline
 from tether._tools.context import current_call
 from tether._tools.model import IDEMPOTENCY_MODES, Tool, check_identifier
+from tether._tools.shown import escape
 from tether.errors import ConfigError, SourceNotStarted, SourceUnavailable, ToolError, UsageError
 
 __all__ = ["ElicitationHandler", "ElicitationRequest", "ElicitationResponse", "MCPSource", "ProgressReport"]
@@ -85,6 +87,8 @@ ERROR_MESSAGE_LIMIT = 2000
 QUESTION_SECONDS = 600.0
 # A form larger than this is not one a person fills in (the reference server's 13 fields: 4 KiB).
 QUESTION_SCHEMA_BYTES = 64 * 1024
+# More questions than a person answers in one call (the reference server asks one): past it the call ends (D-91).
+QUESTIONS_PER_CALL = 50
 
 # A paginating server that never stops must not hang start().
 _MAX_LIST_PAGES = 1000
@@ -468,7 +472,7 @@ class MCPSource:
                                             details={**details, "code": "source_unavailable"}) from None
                 conn.in_flight.add(call)
                 try:
-                    return _result_value(await self._timed_call(conn, name, upstream, args, meta, call.clocks),
+                    return _result_value(await self._timed_call(conn, name, upstream, args, meta, call),
                                          address, details)
                 except MCPError as exc:
                     if exc.code == URL_ELICITATION_REQUIRED:
@@ -518,8 +522,9 @@ class MCPSource:
             _current_call.reset(token)
 
     async def _timed_call(self, conn: _Connection, name: str, upstream: str, args: dict[str, Any],
-                          meta: Any = None, clocks: CallClocks | None = None) -> Any:
+                          meta: Any = None, call: _Call | None = None) -> Any:
         loop = asyncio.get_running_loop()
+        clocks = call.clocks if call is not None else None
         started = loop.time()
         limit = self._call_timeout
         ceiling = self._max_call_seconds or limit
@@ -549,10 +554,19 @@ class MCPSource:
             async with scope:
                 if clocks is not None:
                     clocks.watch(scope)
-                return await conn.client.call_tool(upstream, args, progress_callback=on_progress, meta=meta)
+                if call is not None:
+                    call.end = lambda: _expire(scope)
+                try:
+                    return await conn.client.call_tool(upstream, args, progress_callback=on_progress, meta=meta)
+                finally:
+                    if call is not None:
+                        call.end = None  # a scope left is not one to move
         except TimeoutError:
             if not scope.expired():
                 raise
+            if call is not None and call.ended_why is not None:
+                raise _SourceTimeout(f"{call.ended_why}, so the call was ended; the server may still be working "
+                                     "on it") from None
             waited = loop.time() - started
             ceiling_hit = limit is None or (ceiling is not None and waited >= ceiling - 0.05)
             why = f"no answer within {ceiling:g} s" if ceiling_hit else f"no answer or progress for {limit:g} s"
@@ -562,6 +576,15 @@ class MCPSource:
     # -- elicitation --
 
     async def _on_elicit(self, context: Any, params: Any) -> ElicitResult | ErrorData:
+        asking = self._eliciting_calls()
+        for call in asking:
+            # A 2025-era question that may be any of n calls' is a 1/n share of each: n calls asking once each
+            # (a gather of forms) stay at one question apiece, one call asking for ever still reaches the bound.
+            call.questions += 1 / len(asking)
+        if _end_calls(asking, lambda c: c.questions > QUESTIONS_PER_CALL,
+                      f"the server asked more than {QUESTIONS_PER_CALL} questions in one call"):
+            # Declined or answered at once, a server asking again and again holds nothing: only a count ends it.
+            return ElicitResult(action="cancel")
         handler = self.elicitation_handler
         if handler is None:
             return ElicitResult(action="decline")
@@ -569,13 +592,15 @@ class MCPSource:
         if isinstance(schema, BaseModel):
             schema = schema.model_dump(mode="json", by_alias=True, exclude_none=True)
         url = getattr(params, "url", None)
-        if len(json.dumps(schema)) > QUESTION_SCHEMA_BYTES or (url is not None and len(url) > ERROR_MESSAGE_LIMIT):
-            # Not a form or a link for a person: not shown to one, nor kept in the run's timeline.
+        if len(json.dumps(schema)) > QUESTION_SCHEMA_BYTES or (url is not None and not link_for_a_person(url)):
+            # Not a form or a link for a person (a javascript: or data: URL, one that reads as another): not shown
+            # to one, nor kept in the run's timeline (D-91).
             return ElicitResult(action="decline")
         request = ElicitationRequest(
             namespace=self.namespace,
             tool=self._eliciting_tool(),
-            message=_clip(params.message),
+            # Terminal escapes and bidi overrides are shown as text, on every surface that asks (D-91).
+            message=_clip(escape(params.message[:ERROR_MESSAGE_LIMIT + 1], keep_lines=True)),
             mode="url" if getattr(params, "mode", "form") == "url" else "form",
             requested_schema=dict(schema) if schema is not None else None,
             url=url,
@@ -584,9 +609,14 @@ class MCPSource:
         # The call that asked, or (a 2025-era connection with several in flight) each that may have: their
         # deadlines stop while the person answers. One budget for all of a call's questions, or a server
         # asking again and again would hold its call's deadlines for ever.
-        clocks = [c.clocks for c in self._eliciting_calls() if c.clocks is not None]
-        wait = QUESTION_SECONDS - max((c.held_seconds for c in clocks), default=0.0)
+        clocks = [c.clocks for c in asking if c.clocks is not None]
+        wait = QUESTION_SECONDS - max((c.held_so_far() for c in clocks), default=0.0)
         if wait <= 0:
+            # Told "cancel", a server may ask at once again (thousands of round trips a second) until the call's
+            # deadline: the calls whose budget is spent end now instead, as a timeout (D-91).
+            _end_calls(asking, lambda c: c.clocks is not None and c.clocks.held_so_far() >= QUESTION_SECONDS,
+                       f"the server asked the user again after the call's {QUESTION_SECONDS:g} s for questions "
+                       "were spent")
             return ElicitResult(action="cancel")
         try:
             try:
@@ -620,6 +650,23 @@ class MCPSource:
             return [call]
         conn = self._conn
         return list(conn.in_flight) if conn is not None else []
+
+
+def _expire(scope: asyncio.Timeout) -> None:
+    if not scope.expired():
+        with contextlib.suppress(RuntimeError):  # expiring already: it ends the call as asked
+            scope.reschedule(asyncio.get_running_loop().time())
+
+
+def _end_calls(calls: list[_Call], over: Callable[[_Call], bool], why: str) -> bool:
+    """End each of ``calls`` on the wire that is ``over`` its questions' bound, saying ``why`` (D-91); whether any."""
+    ended = False
+    for call in calls:
+        if call.end is not None and over(call):
+            call.ended_why = call.ended_why or why
+            call.end()
+            ended = True
+    return ended
 
 
 # --- results -------------------------------------------------------------------

@@ -56,6 +56,11 @@ class CallClocks:
     def holding(self) -> bool:
         return self._holds > 0
 
+    def held_so_far(self) -> float:
+        """Seconds held in all, the hold under way included: questions kept open one over another hold the
+        deadlines without a break, and their time counts from the first (D-91)."""
+        return self.held_seconds + (self._now() - self._since if self.holding else 0.0)
+
     def watch(self, scope: asyncio.Timeout | None) -> None:
         if scope is not None and scope not in self._scopes:
             self._scopes.append(scope)

@@ -54,10 +54,11 @@ async def _ask_question(question: dict) -> dict:
     schema = question.get("schema") or {}
     if question.get("mode") != "form":
         return {"action": "decline"}
-    print(f"{question['address']} asks: {question['message']}")
+    # The server's words, not escapes that drive the terminal (D-91).
+    print(f"{question['address']} asks: {escape(str(question['message']), keep_lines=True)}")
     content: dict = {}
     for name, prop in (schema.get("properties") or {}).items():
-        raw = await asyncio.to_thread(input, f"  {prop.get('title') or name}: ")
+        raw = await asyncio.to_thread(input, f"  {escape(str(prop.get('title') or name))}: ")
         kind = prop.get("type")
         try:
             content[name] = (int(raw) if kind == "integer" else float(raw) if kind == "number"
