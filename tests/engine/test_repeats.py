@@ -11,6 +11,7 @@ answered `running` with `run_unowned` (once the lease lapsed) and told the perso
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from mcp import Client
@@ -38,8 +40,10 @@ def notes(root: Path) -> list[str]:
     return [json.loads(line)["text"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def continued_then_killed(root: Path, store_url: str, run_id: str) -> None:
-    """Approve write 1 of ``run_id`` in another process, which sends it and is SIGKILLed in the read after it."""
+@contextlib.contextmanager
+def continuing(root: Path, store_url: str, run_id: str) -> Iterator[None]:
+    """Approve write 1 of ``run_id`` in another process, which sends it and stalls in the read after it; it is
+    SIGKILLed there on leaving the block."""
     stalled = root / "notes.jsonl.stalled"
     env = {**os.environ, "NOTES_STALL_SECONDS": "600",
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
@@ -50,10 +54,17 @@ def continued_then_killed(root: Path, store_url: str, run_id: str) -> None:
         while not stalled.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert stalled.exists(), proc.communicate(timeout=5) if proc.poll() is not None else "never got there"
+        yield
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     stalled.unlink()
+
+
+def continued_then_killed(root: Path, store_url: str, run_id: str) -> None:
+    """Approve write 1 of ``run_id`` in another process, which sends it and is SIGKILLed in the read after it."""
+    with continuing(root, store_url, run_id):
+        pass
 
 
 async def repeat(door: str, rt, run_id: str, capsys) -> tuple[str, object, dict | None]:
@@ -119,3 +130,35 @@ async def test_d90_two_processes_repeating_the_approval_at_once_continue_the_run
         assert rec.deliveries == [("close_ticket", {"id": 1})]
         run = a.store.get_run(paused.run_id)
         assert [t["ended"] for t in run.meta["takeovers"]] == ["lease_lapsed"]
+
+
+async def test_d92_p11_waiting_for_a_run_whose_owner_on_this_host_was_killed_answers_run_unowned_at_once(
+        store_env, monkeypatch):
+    """A caller waiting on a run whose owner, a process on this host, was SIGKILLed is told `run_unowned` (and to
+    recover it) as soon as the process is known gone, not once its lease lapses. Before, the wait ran out its
+    timeout (the lease here is 60 s, the wait 20 s) and answered `still_running`. The owner's own process, alive,
+    is never judged gone: while it stalls in the run, the same wait answers `still_running`."""
+    url = os.environ["TETHER_STORE_URL"]
+    monkeypatch.setenv("TETHER_LEASE_SECONDS", "60")  # the continuing process's lease (tests/crash/continued.py)
+    async with open_runtime(tools=[TOOLS], type_check=False, store_url=url) as rt:
+        paused = await rt.execute(PROGRAM, principal=OWNER, meta={"tools": [TOOLS]})
+        continued_then_killed(store_env, url, paused.run_id)
+        left = rt.store.get_run(paused.run_id)
+        assert left.status == "running" and left.lease_until > time.time() + 30
+        waited = await asyncio.wait_for(rt.engine.wait_for_run(paused.run_id, timeout=20), timeout=60)
+        assert (waited.status, (waited.error or {}).get("code")) == ("running", "run_unowned"), waited
+        assert "tether recover" in waited.error["next_action"]
+        assert waited.error["details"]["how"] == "process_gone"
+        assert rt.store.get_run(paused.run_id).status == "running"  # waiting decides and continues nothing
+
+
+async def test_d92_a_live_owner_on_this_host_is_waited_for(store_env, monkeypatch):
+    """The other side of the test above: a run whose owner on this host is alive (stalled mid-run) is not judged
+    gone; a short wait answers `still_running`."""
+    url = os.environ["TETHER_STORE_URL"]
+    monkeypatch.setenv("TETHER_LEASE_SECONDS", "60")
+    async with open_runtime(tools=[TOOLS], type_check=False, store_url=url) as rt:
+        paused = await rt.execute(PROGRAM, principal=OWNER, meta={"tools": [TOOLS]})
+        with continuing(store_env, url, paused.run_id):
+            waited = await rt.engine.wait_for_run(paused.run_id, timeout=1)
+        assert (waited.status, (waited.error or {}).get("code")) == ("running", "still_running"), waited

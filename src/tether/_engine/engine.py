@@ -25,6 +25,7 @@ from tether._engine.events import EventBus
 from tether._engine.finish import Finisher
 from tether._engine.lifecycle import Lifecycle
 from tether._engine.notices import ENDED, wait_a_little
+from tether._engine.ownership import owner_gone
 from tether._engine.rules.limits import Limits
 from tether._engine.rules.policy import Policy
 from tether._engine.rules.quotas import Quotas
@@ -233,13 +234,17 @@ class Engine:
                                or (over and run.owner is not None))
             if run.status != RunStatus.RUNNING and (run.result is not None or over) and not ending:
                 return self.recorded(run)
-            if run.status == RunStatus.RUNNING and (run.lease_until is None or run.lease_until < self.clock()):
+            lapsed = run.lease_until is None or run.lease_until < self.clock()
+            # Its owner a process on this host that has certainly ended (pid, host key and start time, never a
+            # guess): nobody renews the lease, so waiting it out would only delay the same answer (D-92).
+            if run.status == RunStatus.RUNNING and (lapsed or owner_gone(run.owner)):
                 # Nobody is running it, so waiting would only time out: say so at once.
                 return RunResult(status=run.status, run_id=run_id, error={
                     "code": "run_unowned",
                     "message": f"run {run_id} is marked running but no process owns it (its process stopped)",
                     "next_action": f"Continue it with `tether recover` (or a worker), or end it with "
-                                   f"`tether runs cancel {run_id}`.", "details": {}})
+                                   f"`tether runs cancel {run_id}`.",
+                    "details": {"owner": run.owner, "how": "lease_lapsed" if lapsed else "process_gone"}})
             if time.monotonic() > deadline:
                 return RunResult(status=run.status, run_id=run_id, error={
                     "code": "still_running",

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Seque
 from tether._engine import launcher
 from tether._engine.approvals.service import expire, finish_cuts
 from tether._engine.notices import SETTLED
+from tether._engine.outage import Outage
 from tether._store.base import RunRecord
 
 if TYPE_CHECKING:
@@ -48,6 +49,10 @@ class Worker:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.reported: set[str] = set()  # runs whose sources cannot be loaded here, said once
+        # A failing store: each failure said once, repeats summarised, rounds backing off (D-92).
+        self.outage = Outage(engine.clock)
+        # Waits between rounds (stop, nudge, seconds); a test puts one that counts rounds instead of waiting.
+        self.pause: Callable[[asyncio.Event, asyncio.Event, float], Awaitable[None]] = _pause
 
     async def work(self, *, stop: asyncio.Event | None = None, poll_seconds: float = 0.2,
                    idle_exit_seconds: float | None = None, concurrency: int | None = None) -> int:
@@ -69,6 +74,8 @@ class Worker:
             if kind == SETTLED:
                 settled.add(run_id)
                 nudge.set()
+            elif self.outage.since is not None:
+                nudge.set()  # the store spoke: try a round now rather than wait out the backoff (D-92)
 
         async def one(coro: Awaitable[Any]) -> None:
             async with slots:
@@ -85,7 +92,7 @@ class Worker:
                     try:
                         settled.update(await engine.store.aio.runs_with_settled_wait())
                     except Exception as exc:  # noqa: BLE001 - reported, retried next scan
-                        said("looking for settled waits", exc)
+                        self._said("looking for settled waits", exc)
                     scanned = time.monotonic()
                 if free:
                     for coro in await self._claims(free, settled):
@@ -103,7 +110,10 @@ class Worker:
                     idle_since = time.monotonic()
                 elif idle_exit_seconds is not None and time.monotonic() - idle_since > idle_exit_seconds:
                     break
-                await _pause(stop, nudge, poll_seconds)
+                wait, lines = self.outage.round_ended(poll_seconds)
+                for line in lines:
+                    print(line, file=sys.stderr, flush=True)
+                await self.pause(stop, nudge, wait)
         finally:
             engine.events.notices.handlers.remove(heard)
         if tasks:
@@ -229,6 +239,13 @@ class Worker:
             quarantined(ended)
         return going_on
 
+    def _said(self, what: str, exc: Exception) -> None:
+        """A failure of this round: on stderr with its error code the first time in an outage, else counted (D-92);
+        the worker goes on."""
+        line = self.outage.failed(what, exc)
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
+
     async def _claims(self, free: int, settled: set[str] | None = None) -> list[Awaitable[Any]]:
         """Coroutines for work this worker may take now, most urgent first.
 
@@ -240,7 +257,7 @@ class Worker:
         try:
             await self._claim_into(out, free, settled)
         except Exception as exc:  # noqa: BLE001 - reported, retried next round
-            said("claiming work", exc)
+            self._said("claiming work", exc)
         return out
 
     async def _claim_into(self, out: list[Awaitable[Any]], free: int, settled: set[str] | None) -> None:
@@ -251,7 +268,7 @@ class Worker:
         try:
             expire(engine)
         except Exception as exc:  # noqa: BLE001 - reported, retried next round; the claims below go on
-            said("expiring paused runs past their approval time to live", exc)
+            self._said("expiring paused runs past their approval time to live", exc)
         # Runs a resolution is waiting for first: someone is waiting on them.
         if settled:
             out += await self._settled_runs(settled, free)
@@ -321,14 +338,6 @@ class Worker:
                                  lambda r: engine.lifecycle.unclaim(r, RunStatus.QUEUED)):
             out.append(await launcher.launch(engine, run, mode="fresh").result())
         return out
-
-
-def said(what: str, exc: Exception) -> None:
-    """A worker's round that failed, on stderr with its error code; the worker goes on."""
-    from tether.errors import TetherError
-
-    code, message = (exc.code, exc.message) if isinstance(exc, TetherError) else (type(exc).__name__, str(exc))
-    print(f"tether worker: {what} failed [{code}]: {message}; trying again next round", file=sys.stderr, flush=True)
 
 
 async def _pause(stop: asyncio.Event, nudge: asyncio.Event, seconds: float) -> None:

@@ -30,6 +30,7 @@ from tether._server.auth import (
     split_tokens,
     well_formed,
 )
+from tether._server.ended_sessions import EndedSessions
 from tether._server.mcp import TetherServer
 from tether._store.base import Store
 from tether.errors import (
@@ -293,8 +294,7 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
                       access=server.access, sign_in=_sign_in(server, resource, auth, public_url, host, port),
                       dev=not tokens and resource is None)
     quotas = server.rt.engine.settings.quotas
-    mcp_app = server.mcp.streamable_http_app(host=host, stateless_http=stateless,
-                                             transport_security=_mcp_hosts(host, public_url))
+    mcp_app = mcp_asgi(server, host, stateless, public_url)
     # Each door checks the rights it needs (P-44): /mcp here, /metrics in MetricsRoute, the console per route.
     mcp: Any = BearerAuth(mcp_app, tokens, resource, access=server.access,
                           session_quota=(lambda p: quotas.of(p).mcp_sessions) if quotas is not None else None)
@@ -346,6 +346,13 @@ async def _serve_http(server: TetherServer, host: str, port: int, tokens: tuple[
         if asked is not None:
             asked.cancel()
         await console.close()
+
+
+def mcp_asgi(server: TetherServer, host: str, stateless: bool, public_url: str | None) -> Any:
+    """The SDK's streamable HTTP app for ``/mcp``; a message reaching a session as its client ends it is one line,
+    not the SDK's two tracebacks (D-92)."""
+    return EndedSessions(server.mcp.streamable_http_app(host=host, stateless_http=stateless,
+                                                        transport_security=_mcp_hosts(host, public_url)))
 
 
 def _mcp_hosts(host: str, public_url: str | None) -> Any:
